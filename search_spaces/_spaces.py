@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterator, Mapping
+
+from tiledattention._compile import check_arch
+from tiledattention._problem import Problem, padded_head_dim
+from tiledattention._schedule import Schedule
+
+
+@dataclass(frozen=True)
+class ArchLimits:
+    """What the static feasibility check needs to know about an architecture."""
+
+    family: str
+    smem_per_sm: int  # bytes of shared memory a CTA may use, per SM
+    max_num_ctas: int  # largest cluster worth searching
+
+
+ARCH_LIMITS: dict[str, ArchLimits] = {
+    "sm_80": ArchLimits("ampere", 163 * 1024, 1),
+    "sm_86": ArchLimits("ampere", 99 * 1024, 1),
+    "sm_87": ArchLimits("ampere", 163 * 1024, 1),
+    "sm_88": ArchLimits("ampere", 99 * 1024, 1),
+    "sm_89": ArchLimits("ada", 99 * 1024, 1),
+    "sm_90": ArchLimits("hopper", 227 * 1024, 2),
+    "sm_100": ArchLimits("blackwell", 227 * 1024, 2),
+    "sm_103": ArchLimits("blackwell", 227 * 1024, 2),
+    "sm_107": ArchLimits("blackwell", 227 * 1024, 2),
+    "sm_110": ArchLimits("blackwell", 227 * 1024, 2),
+    "sm_120": ArchLimits("blackwell-consumer", 99 * 1024, 1),
+    "sm_121": ArchLimits("blackwell-consumer", 99 * 1024, 1),
+}
+
+
+def _smem_bytes(problem: Problem, schedule: Schedule) -> int:
+    """Shared memory one CTA needs at least: the Q tile plus double-buffered K and V tiles."""
+    d = padded_head_dim(problem.head_dim)
+    elem = 2  # bf16 / fp16
+    return elem * d * (schedule.tile_m + 2 * 2 * schedule.tile_n)
+
+
+def infeasibility(arch: str, problem: Problem, schedule: Schedule) -> str | None:
+    """Why ``schedule`` cannot work for ``problem`` on ``arch`` (static checks), or ``None``."""
+    limits = ARCH_LIMITS[check_arch(arch)]
+    need = _smem_bytes(problem, schedule) * schedule.occupancy
+    if need > limits.smem_per_sm:
+        return (f"shared memory: ~{need // 1024} KiB for occupancy {schedule.occupancy} exceeds "
+                f"{limits.smem_per_sm // 1024} KiB per SM on {arch}")
+    if schedule.num_ctas > limits.max_num_ctas:
+        return f"num_ctas {schedule.num_ctas} > {limits.max_num_ctas} on {arch}"
+    return None
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Candidate values per :class:`Schedule` field; fields not listed keep ``base``'s value."""
+
+    arch: str
+    choices: Mapping[str, tuple[Any, ...]]
+    base: Schedule = field(default_factory=Schedule)
+
+    def __post_init__(self) -> None:
+        known = {f.name for f in fields(Schedule)}
+        for name, values in self.choices.items():
+            if name not in known:
+                raise ValueError(f"search space dimension {name!r} is not a Schedule field")
+            if not values:
+                raise ValueError(f"search space dimension {name!r} has no candidate values")
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(v) for v in self.choices.values())
+
+    def schedule(self, params: Mapping[str, Any]) -> Schedule:
+        """The schedule of one point, given a value for each dimension."""
+        return self.base.replace(**{name: params[name] for name in self.choices})
+
+    def params(self, schedule: Schedule) -> dict[str, Any]:
+        return {name: getattr(schedule, name) for name in self.choices}
+
+    def contains(self, schedule: Schedule) -> bool:
+        return all(getattr(schedule, n) in vals for n, vals in self.choices.items()) and all(
+            getattr(schedule, f.name) == getattr(self.base, f.name)
+            for f in fields(Schedule) if f.name not in self.choices
+        )
+
+    def __iter__(self) -> Iterator[Schedule]:
+        names = list(self.choices)
+        for values in itertools.product(*(self.choices[n] for n in names)):
+            yield self.schedule(dict(zip(names, values)))
+
+    def feasible(self, problem: Problem) -> list[Schedule]:
+        return [s for s in self if infeasibility(self.arch, problem, s) is None]
+
+    def restricted(self, problem: Problem) -> "SearchSpace":
+        """Drop dimensions that cannot matter for ``problem`` (e.g. causal work order when the
+        problem is not causal; unchecked loads when the shape is not a multiple of the tiles)."""
+        choices = dict(self.choices)
+        if not problem.causal:
+            choices.pop("longest_first", None)
+        return SearchSpace(self.arch, choices, self.base)
+
+
+# Named spaces. "full" is what the tuner searches; "compact" is small enough to sweep
+# exhaustively (the tuner is measured against that sweep).
+_FULL = {
+    "tile_m": (64, 128, 256),
+    "tile_n": (32, 64, 128),
+    "occupancy": (1, 2, 3),
+    "k_latency": (None, 2, 4),
+    "v_latency": (None, 2, 4),
+    "exp2": (True, False),
+    "approx_div": (True, False),
+    "k_transposed": (True, False),
+    "kv_sawtooth": (False, True),
+    "longest_first": (False, True),
+    "unchecked_loads": (False, True),
+}
+_COMPACT = {
+    "tile_m": (64, 128),
+    "tile_n": (64, 128),
+    "occupancy": (1, 2),
+    "k_latency": (None, 4),
+    "exp2": (True, False),
+    "approx_div": (True, False),
+    "k_transposed": (True, False),
+}
+SPACES = {"full": _FULL, "compact": _COMPACT}
+
+
+def space_for(arch: str, name: str = "full") -> SearchSpace:
+    """The search space of ``arch``. Architectures differ in what is worth searching: clusters
+    (``num_ctas``) only on Hopper and datacenter Blackwell, small tiles on consumer parts."""
+    limits = ARCH_LIMITS[check_arch(arch)]
+    if name not in SPACES:
+        raise ValueError(f"space must be one of {sorted(SPACES)}; got {name!r}")
+    choices = dict(SPACES[name])
+    if name == "full" and limits.max_num_ctas > 1:
+        choices["num_ctas"] = tuple(2 ** i for i in range(limits.max_num_ctas.bit_length()))
+    if limits.family in ("blackwell-consumer", "ampere", "ada"):
+        choices["tile_m"] = tuple(t for t in choices["tile_m"] if t <= 128) or (64,)
+        choices["tile_n"] = tuple(t for t in choices["tile_n"] if t <= 64) or (64,)
+    return SearchSpace(arch, choices)
+
+
+# The untuned fallback ("seed") schedule: what the first kernel shipped with.
+SEED = Schedule(tile_m=64, tile_n=64, occupancy=1)
+
+
+def default_schedule(arch: str, problem: Problem) -> Schedule:
+    """Per-architecture default, used when no tuned schedule is known for a shape.
+
+    sm_90 values come from measurements on an H100/H200 (``docs/tuning.md``); other
+    architectures get the choices public cuTile attention code reports as good there.
+    """
+    family = ARCH_LIMITS[check_arch(arch)].family
+    fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
+    if family == "hopper":
+        if problem.head_dim > 128:
+            return Schedule(tile_m=64, tile_n=64, occupancy=2, **fast_math)
+        return Schedule(tile_m=128, tile_n=64, occupancy=2, **fast_math)
+    if family == "blackwell":
+        return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)
+    # consumer Blackwell, Ada, Ampere: 99-163 KiB of shared memory per SM
+    return Schedule(tile_m=64, tile_n=64, occupancy=2 if problem.head_dim <= 128 else 1,
+                    **fast_math)

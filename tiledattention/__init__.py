@@ -1,0 +1,74 @@
+"""tiledattention: a cuTile FlashAttention forward kernel whose schedule is tuned per GPU.
+
+``sdpa(q, k, v, causal=False, scale=None)`` computes
+``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``
+(with ``enable_gqa`` semantics for grouped-query inputs) using the best known schedule for the
+shape on this GPU; ``explain`` says which schedule that is and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._compile import ARCHITECTURES, CompileResult, compile_schedule
+from ._lookup import Resolution, Resolver
+from ._problem import Problem, problem_from_arrays
+from ._runtime import Runtime
+from ._schedule import Schedule
+from .errors import CompileError, ScheduleError, TiledAttentionError, UnsupportedProblemError
+
+__all__ = [
+    "ARCHITECTURES", "CompileError", "CompileResult", "Problem", "Resolution", "Runtime",
+    "Schedule", "ScheduleError", "TiledAttentionError", "UnsupportedProblemError",
+    "compile_schedule", "explain", "runtime", "sdpa", "use_database",
+]
+
+_runtime: Runtime | None = None
+
+
+def _make_runtime(location: str | None) -> Runtime:
+    import db
+    import search_spaces
+
+    from ._settings import database_location
+
+    where = location if location is not None else database_location()
+    resolver = Resolver(open_user=lambda: db.ScheduleDB.open_for_lookup(where),
+                        open_shipped=db.shipped_table,
+                        default=search_spaces.default_schedule)
+    return Runtime(resolver)
+
+
+def runtime() -> Runtime:
+    """The process's runtime (created on first use, reading ``TILEDATTN_DB``)."""
+    global _runtime
+    if _runtime is None:
+        _runtime = _make_runtime(None)
+    return _runtime
+
+
+def use_database(location: str | None) -> None:
+    """Look schedules up in ``location`` (a path or SQLAlchemy URL; ``None``: the default) from
+    now on; forgets memoised lookups."""
+    global _runtime
+    _runtime = _make_runtime(location)
+
+
+def sdpa(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None, *,
+         schedule: Schedule | None = None) -> Any:
+    """Scaled dot-product attention forward, ``[B, H, S, D]`` in and out.
+
+    q: ``[B, H_q, S_q, D]``; k, v: ``[B, H_kv, S_k, D]`` with ``H_q % H_kv == 0`` (grouped-query
+    attention without copies). bf16 or fp16 torch tensors on a CUDA device (launch on torch's
+    current stream) or CuPy arrays (CuPy's current stream; returns a CuPy array). The last dim
+    must be contiguous; other strides are free. ``causal`` masks top-left aligned, like torch's
+    ``is_causal``. ``scale`` defaults to ``1/sqrt(D)``. ``schedule`` overrides the lookup.
+    """
+    return runtime().sdpa(q, k, v, causal, scale, schedule=schedule)
+
+
+def explain(q: Any, k: Any, v: Any, causal: bool = False) -> Resolution:
+    """The schedule ``sdpa(q, k, v, causal)`` would run, and which lookup step chose it."""
+    problem, kind = problem_from_arrays(q, k, v, causal, None)
+    device_index = q.device.index if kind == "torch" else q.device.id
+    return runtime().resolution(problem, device_index)

@@ -1,0 +1,171 @@
+"""The typed schedule of the attention kernel template.
+
+A :class:`Schedule` is a frozen, keyword-only value: every field is one search dimension that
+changes the compiled code (see ``tiledattention/_kernel.py``). It round-trips through a plain,
+versioned dict (``to_dict`` / ``from_dict``), which is what the database and the exporters store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from .errors import ScheduleError
+
+__all__ = ["Schedule", "SCHEDULE_FORMAT"]
+
+#: Version of the dict form. Bump it when a field changes meaning; add a field with a default
+#: to stay compatible (old dicts then read with the default).
+SCHEDULE_FORMAT = 1
+
+_POW2_TILES = (16, 32, 64, 128, 256)
+_NUM_CTAS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """One point of the kernel's schedule space.
+
+    Tile shape:
+        tile_m: query rows per CTA (power of two, 16..256).
+        tile_n: keys per inner-loop step (power of two, 16..256).
+    Kernel options (``ct.kernel`` hints, applied with ``kernel.replace_hints``):
+        occupancy: CTAs the compiler plans to keep resident per SM (1..32).
+        num_ctas: CTAs per cluster (power of two, 1..16; matters on Blackwell).
+        opt_level: tileiras optimisation level (0..3).
+    Loads:
+        k_latency / v_latency: DRAM latency hint of the K / V loads (1..10), or ``None`` to let the
+            compiler infer it.
+        k_transposed: load K already transposed (``order=`` on the load) instead of loading it
+            row-major and permuting the tile.
+        allow_tma: allow the loads to lower to TMA.
+    Math:
+        exp2: base-2 exponent with log2(e) folded into the scale, flush-to-zero; else natural ``exp``.
+        approx_div: approximate division (``RoundingMode.APPROX``) for the final normalisation.
+    Work order (for L2 reuse and load balance):
+        kv_sawtooth: odd query tiles walk K/V backwards, so neighbouring CTAs meet the same K/V
+            tiles close together in time.
+        longest_first: causal only: schedule the query tiles with the most keys first.
+        unchecked_loads: drop bounds checks on K/V/Q loads when the shape is a multiple of the
+            tiles (the launcher only enables it where it is safe).
+    """
+
+    tile_m: int = 64
+    tile_n: int = 64
+    occupancy: int = 1
+    num_ctas: int = 1
+    opt_level: int = 3
+    k_latency: int | None = None
+    v_latency: int | None = None
+    k_transposed: bool = False
+    allow_tma: bool = True
+    exp2: bool = False
+    approx_div: bool = False
+    kv_sawtooth: bool = False
+    longest_first: bool = False
+    unchecked_loads: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------------
+    def validate(self) -> "Schedule":
+        """Raise :class:`ScheduleError` naming the first impossible field; return ``self``."""
+        for name in ("tile_m", "tile_n"):
+            _check_choice(name, getattr(self, name), _POW2_TILES)
+        _check_int_range("occupancy", self.occupancy, 1, 32)
+        _check_choice("num_ctas", self.num_ctas, _NUM_CTAS)
+        _check_int_range("opt_level", self.opt_level, 0, 3)
+        for name in ("k_latency", "v_latency"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int_range(name, value, 1, 10, extra=" or None")
+        for f in fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ScheduleError(
+                    f"Schedule.{f.name} must be a bool; got {getattr(self, f.name)!r}"
+                )
+        return self
+
+    # -- serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict, with the format version under ``"format"``."""
+        return {"format": SCHEDULE_FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
+        """Inverse of :meth:`to_dict`; rejects unknown fields and newer formats."""
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"a schedule must be a mapping; got {type(data).__name__}")
+        data = dict(data)
+        version = data.pop("format", SCHEDULE_FORMAT)
+        if not isinstance(version, int) or version > SCHEDULE_FORMAT:
+            raise ScheduleError(
+                f"schedule format {version!r} is newer than this tiledattention "
+                f"understands ({SCHEDULE_FORMAT}); upgrade tiledattention"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ScheduleError(f"unknown schedule field(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScheduleError(f"a schedule must be JSON; {exc}") from None
+        return cls.from_dict(data)
+
+    @property
+    def key(self) -> str:
+        """Stable short identifier: equal schedules have equal keys across processes and runs."""
+        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> "Schedule":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """One-line human summary, e.g. ``128x64 occ2 exp2 approx Kt lat(K2,V4)``."""
+        parts = [f"{self.tile_m}x{self.tile_n}", f"occ{self.occupancy}"]
+        if self.num_ctas != 1:
+            parts.append(f"cta{self.num_ctas}")
+        if self.opt_level != 3:
+            parts.append(f"O{self.opt_level}")
+        parts.append("exp2" if self.exp2 else "exp")
+        if self.approx_div:
+            parts.append("approx")
+        if self.k_transposed:
+            parts.append("Kt")
+        if self.k_latency is not None or self.v_latency is not None:
+            parts.append(f"lat(K{self.k_latency or '-'},V{self.v_latency or '-'})")
+        if not self.allow_tma:
+            parts.append("noTMA")
+        for flag in ("kv_sawtooth", "longest_first", "unchecked_loads"):
+            if getattr(self, flag):
+                parts.append(flag)
+        return " ".join(parts)
+
+
+def _check_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScheduleError(f"Schedule.{name} must be an int; got {value!r}")
+
+
+def _check_int_range(name: str, value: Any, lo: int, hi: int, extra: str = "") -> None:
+    _check_int(name, value)
+    if not lo <= value <= hi:
+        raise ScheduleError(f"Schedule.{name} must be in {lo}..{hi}{extra}; got {value}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[int, ...]) -> None:
+    _check_int(name, value)
+    if value not in choices:
+        raise ScheduleError(f"Schedule.{name} must be one of {list(choices)}; got {value}")
