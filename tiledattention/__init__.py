@@ -34,7 +34,7 @@ def _make_runtime(location: str | None) -> Runtime:
 
     where = location if location is not None else database_location()
     resolver = Resolver(open_user=lambda: db.ScheduleDB.open_for_lookup(where),
-                        open_shipped=db.shipped_table,
+                        open_shipped=lambda arch: db.shipped_table(arch),
                         default=search_spaces.default_schedule)
     return Runtime(resolver)
 

@@ -59,7 +59,8 @@ def compile_schedule(problem: Problem, schedule: Schedule, arch: str) -> Compile
     check_arch(arch)
     arr = _array(problem.dtype)
     signature = ctc.KernelSignature(
-        [arr, arr, arr, arr, ctc.ScalarConstraint(ct.float32), *constant_args(problem, schedule)],
+        [arr, arr, arr, arr, ctc.ScalarConstraint(ct.float32), ctc.ScalarConstraint(ct.int32),
+         ctc.ScalarConstraint(ct.int32), *constant_args(problem, schedule)],
         calling_convention=ctc.CallingConvention.cutile_python_v1(),
     )
     buf = io.BytesIO()

@@ -30,8 +30,8 @@ NEG_BIG = -1.0e30
 def attention_fwd(
     Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
     qk_scale: float,
-    H_Q: ConstInt,
-    GROUP: ConstInt,  # query heads per K/V head
+    heads_q: int,
+    group: int,  # query heads per K/V head
     TILE_M: ConstInt,
     TILE_N: ConstInt,
     TILE_D: ConstInt,  # head_dim rounded up to a power of two; loads zero-fill the rest
@@ -52,9 +52,9 @@ def attention_fwd(
     if LONGEST_FIRST:
         q_tile = num_q_tiles - 1 - q_tile
     bh = ct.bid(1)
-    batch = bh // H_Q
-    head = bh % H_Q
-    kv_head = head // GROUP
+    batch = bh // heads_q
+    head = bh % heads_q
+    kv_head = head // group
 
     scale = qk_scale
     if EXP2:

@@ -40,13 +40,11 @@ def default_scale(problem: Problem) -> float:
 
 
 def constant_args(problem: Problem, schedule: Schedule) -> tuple:
-    """The compile-time constants of ``attention_fwd``, in parameter order after ``qk_scale``."""
+    """The compile-time constants of ``attention_fwd``, in parameter order after ``group``."""
     tile_d = padded_head_dim(problem.head_dim)
     even_k = problem.seqlen_k % schedule.tile_n == 0
     even_all = even_k and problem.seqlen_q % schedule.tile_m == 0 and tile_d == problem.head_dim
     return (
-        problem.heads_q,
-        problem.group_size,
         schedule.tile_m,
         schedule.tile_n,
         tile_d,
@@ -66,7 +64,8 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
                 scale: float) -> tuple:
-    return (q, k, v, out, float(scale), *constant_args(problem, schedule))
+    return (q, k, v, out, float(scale), problem.heads_q, problem.group_size,
+            *constant_args(problem, schedule))
 
 
 def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,

@@ -144,8 +144,6 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
 
     dtypes = {}
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if kind == "torch" and not x.is_cuda:
-            raise ValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
         if x.ndim != 4:
             raise ValueError(
                 f"{name} must have 4 dims [batch, heads, seqlen, head_dim]; got shape "
@@ -161,10 +159,6 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
             raise ValueError(f"{name} must have seqlen >= 1; got shape {tuple(x.shape)}")
     if len(set(dtypes.values())) != 1:
         raise TypeError(f"q, k and v must have one dtype; got {dtypes}")
-    devices = {name: _device_of(x, kind) for name, x in (("q", q), ("k", k), ("v", v))}
-    if len(set(devices.values())) != 1:
-        raise ValueError(f"q, k and v must be on one device; got {devices}")
-
     b, hq, sq, d = q.shape
     bk, hkv, sk, dk = k.shape
     if tuple(v.shape) != tuple(k.shape):
@@ -179,6 +173,12 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
         )
     if d not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim must be a multiple of 8 in 32..256; got {d}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if kind == "torch" and not x.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
+    devices = {name: _device_of(x, kind) for name, x in (("q", q), ("k", k), ("v", v))}
+    if len(set(devices.values())) != 1:
+        raise ValueError(f"q, k and v must be on one device; got {devices}")
     problem = Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv), seqlen_q=int(sq),
                       seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal)
     return problem, kind

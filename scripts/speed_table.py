@@ -1,0 +1,110 @@
+"""Side-by-side speed table: tiledattention schedules vs torch SDPA (cuDNN, flash), one run.
+
+    python scripts/speed_table.py [--candidates] [--out FILE.md]
+
+Every contender is checked against a float32 reference first, then all are timed interleaved
+(tuner.timing.time_interleaved: CUDA events, L2 flushed, median). TFLOP/s = 4·B·H·S_q·S_k·D,
+halved (exactly: unmasked pairs only) for causal. With --candidates, a few hand-picked schedules
+are timed too (used to choose the per-architecture defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import search_spaces
+import tiledattention
+from tiledattention import Problem, Schedule
+from tuner.timing import time_interleaved
+
+SHAPES = [(4, 16, 4096, 128, True), (4, 16, 4096, 128, False), (8, 16, 2048, 64, False),
+          (8, 16, 2048, 64, True), (16, 8, 1024, 256, False), (4, 8, 4096, 256, True)]
+
+CANDIDATES = {
+    "128x64 o2": Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True, approx_div=True, k_transposed=True),
+    "128x128 o1": Schedule(tile_m=128, tile_n=128, occupancy=1, exp2=True, approx_div=True, k_transposed=True),
+    "128x128 o2": Schedule(tile_m=128, tile_n=128, occupancy=2, exp2=True, approx_div=True, k_transposed=True),
+    "64x64 o2": Schedule(tile_m=64, tile_n=64, occupancy=2, exp2=True, approx_div=True, k_transposed=True),
+    "64x128 o2": Schedule(tile_m=64, tile_n=128, occupancy=2, exp2=True, approx_div=True, k_transposed=True),
+    "128x32 o2": Schedule(tile_m=128, tile_n=32, occupancy=2, exp2=True, approx_div=True, k_transposed=True),
+    "256x64 o1": Schedule(tile_m=256, tile_n=64, occupancy=1, exp2=True, approx_div=True, k_transposed=True),
+    "128x64 o2 lat": Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True, approx_div=True, k_transposed=True, k_latency=2, v_latency=4),
+    "128x64 o2 saw": Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True, approx_div=True, k_transposed=True, kv_sawtooth=True),
+    "128x64 o2 unchk": Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True, approx_div=True, k_transposed=True, unchecked_loads=True),
+}
+
+
+def rel_err(out, ref):
+    return (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--candidates", action="store_true")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    lines = [f"device: {torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}, "
+             f"cuDNN {torch.backends.cudnn.version()}", ""]
+    header = "| shape | contender | schedule | ms | TFLOP/s | vs cuDNN | vs flash |"
+    lines += [header, "|" + "---|" * 7]
+    for b, h, s, d, causal in SHAPES:
+        problem = Problem(batch=b, heads_q=h, heads_kv=h, seqlen_q=s, seqlen_k=s, head_dim=d,
+                          dtype=args.dtype, causal=causal)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen)
+                   for _ in range(3))
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), is_causal=causal)
+        contenders = {}
+        schedules = {"default": search_spaces.default_schedule(arch, problem),
+                     "seed": search_spaces._spaces.SEED}
+        if args.candidates:
+            schedules.update(CANDIDATES)
+        for name, sched in schedules.items():
+            contenders[name] = (lambda sched=sched: tiledattention.sdpa(q, k, v, causal, schedule=sched))
+        for name, backend in (("torch-cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("torch-flash", SDPBackend.FLASH_ATTENTION)):
+            def run(backend=backend):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            contenders[name] = run
+        ok = {}
+        for name, fn in contenders.items():
+            try:
+                err = rel_err(fn(), ref)
+            except Exception as exc:  # a contender that cannot run this shape is reported
+                print(f"{problem.describe()} {name}: failed: {exc}", file=sys.stderr)
+                continue
+            if err > (1e-2 if dtype == torch.bfloat16 else 5e-3):
+                print(f"{problem.describe()} {name}: WRONG rel err {err:.2e}", file=sys.stderr)
+                continue
+            ok[name] = fn
+        timings = time_interleaved(ok, rounds=25)
+        cudnn = timings.get("torch-cudnn")
+        flash = timings.get("torch-flash")
+        for name, t in timings.items():
+            tflops = problem.flops / (t.median_ms * 1e-3) / 1e12
+            sched = schedules.get(name)
+            r1 = f"{cudnn.median_ms / t.median_ms:.2f}" if cudnn else "-"
+            r2 = f"{flash.median_ms / t.median_ms:.2f}" if flash else "-"
+            lines.append(f"| {problem.describe()} | {name} | {sched.describe() if sched else ''} | "
+                         f"{t.median_ms:.3f} | {tflops:.0f} | {r1} | {r2} |")
+        print("\n".join(lines[-len(timings):]), flush=True)
+    text = "\n".join(lines)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""GPU timing a kernel engineer can trust: CUDA events, warm-up, L2 flushed, median and spread.
+
+Each sample: overwrite an L2-sized scratch buffer (outside the timed region), record a start
+event, run, record an end event. Samples are collected in batches and read after one
+synchronisation, so the host never sits between two launches. Sampling stops once the median's
+95% confidence half-width is within ``rel_precision`` of it (or a sample / time cap is hit).
+``time_interleaved`` times several contenders round-robin, sample by sample, so drift of clocks
+or of a neighbour's load hits all of them alike: use it to decide near-ties.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Mapping
+
+__all__ = ["Timing", "summarize", "time_cuda", "time_interleaved"]
+
+_L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100: 50 MB, B200: 126 MB)
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    spread_ms: float  # interquartile range
+    mean_ms: float
+    min_ms: float
+    samples: int
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def summarize(samples_ms: list[float]) -> Timing:
+    if not samples_ms:
+        raise ValueError("summarize needs at least one sample")
+    ordered = sorted(samples_ms)
+    if len(ordered) >= 4:
+        q1, _, q3 = statistics.quantiles(ordered, n=4)
+    else:
+        q1 = q3 = ordered[len(ordered) // 2]
+    return Timing(median_ms=statistics.median(ordered), spread_ms=q3 - q1,
+                  mean_ms=statistics.fmean(ordered), min_ms=ordered[0], samples=len(ordered))
+
+
+def _median_halfwidth(samples: list[float]) -> float:
+    """95% half-width of the median, from the order statistics' binomial bounds."""
+    n = len(samples)
+    ordered = sorted(samples)
+    k = max(0, int(n / 2 - 1.96 * math.sqrt(n) / 2))
+    return (ordered[min(n - 1, n - 1 - k)] - ordered[k]) / 2
+
+
+class _Sampler:
+    def __init__(self, flush_l2: bool) -> None:
+        import torch
+
+        self._torch = torch
+        self._scratch = (torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+                         if flush_l2 else None)
+
+    def batch(self, fn: Callable[[], object], count: int) -> list[float]:
+        torch = self._torch
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(count)]
+        for start, end in events:
+            if self._scratch is not None:
+                self._scratch.fill_(1)
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events]
+
+
+def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples: int = 10,
+              max_samples: int = 200, max_seconds: float = 2.0, rel_precision: float = 0.01,
+              flush_l2: bool = True) -> Timing:
+    """Time ``fn`` (which enqueues GPU work on torch's current stream)."""
+    import torch
+
+    sampler = _Sampler(flush_l2)
+    fn()
+    torch.cuda.synchronize()
+    deadline = time.perf_counter() + warmup_ms / 1000
+    while time.perf_counter() < deadline:
+        sampler.batch(fn, 2)
+    samples: list[float] = []
+    stop_at = time.perf_counter() + max_seconds
+    batch = min_samples
+    while True:
+        samples += sampler.batch(fn, batch)
+        if len(samples) >= max_samples or time.perf_counter() > stop_at:
+            break
+        median = statistics.median(samples)
+        if _median_halfwidth(samples) <= rel_precision * median:
+            break
+        batch = min(len(samples), max_samples - len(samples))
+    return summarize(samples)
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 30,
+                     flush_l2: bool = True) -> dict[str, Timing]:
+    """Time every contender once per round, in rotating order; median per contender."""
+    import torch
+
+    sampler = _Sampler(flush_l2)
+    names = list(fns)
+    for name in names:  # warm-up
+        sampler.batch(fns[name], 3)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            samples[name] += sampler.batch(fns[name], 1)
+    torch.cuda.synchronize()
+    return {name: summarize(values) for name, values in samples.items()}
