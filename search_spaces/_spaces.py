@@ -153,15 +153,15 @@ SEED = Schedule(tile_m=64, tile_n=64, occupancy=1)
 def default_schedule(arch: str, problem: Problem) -> Schedule:
     """Per-architecture default, used when no tuned schedule is known for a shape.
 
-    sm_90 values come from measurements on an H100/H200 (``docs/tuning.md``); other
-    architectures get the choices public cuTile attention code reports as good there.
+    sm_90: the best of ten hand-picked schedules on an H200 for D = 64, 128 and 256, causal and
+    not (``docs/gpu-validation.md``, first speed table): 64x128 tiles at occupancy 2 with exp2,
+    approximate division and K loaded transposed. Other architectures get the choices public
+    cuTile attention code reports as good there (not measured by this project).
     """
     family = ARCH_LIMITS[check_arch(arch)].family
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
     if family == "hopper":
-        if problem.head_dim > 128:
-            return Schedule(tile_m=64, tile_n=64, occupancy=2, **fast_math)
-        return Schedule(tile_m=128, tile_n=64, occupancy=2, **fast_math)
+        return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math)
     if family == "blackwell":
         return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)
     # consumer Blackwell, Ada, Ampere: 99-163 KiB of shared memory per SM

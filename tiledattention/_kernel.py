@@ -47,6 +47,8 @@ def attention_fwd(
     LONGEST_FIRST: ConstBool,
     CHECK_BOUNDS: ConstBool,
 ):
+    # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
+    PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
     num_q_tiles = ct.num_blocks(0)
     q_tile = ct.bid(0)
     if LONGEST_FIRST:
@@ -68,7 +70,7 @@ def attention_fwd(
     acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
 
     q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, TILE_D),
-                padding_mode=ct.PaddingMode.ZERO, check_bounds=CHECK_BOUNDS,
+                padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                 allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
 
     seqlen_k = K.shape[2]
@@ -93,12 +95,12 @@ def attention_fwd(
 
         if K_TRANSPOSED:
             k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
-                        order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO,
+                        order=(0, 1, 3, 2), padding_mode=PAD,
                         check_bounds=CHECK_BOUNDS, latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
             k = k.reshape((TILE_D, TILE_N))  # [TILE_D, TILE_N]
         else:
             k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                        padding_mode=ct.PaddingMode.ZERO, check_bounds=CHECK_BOUNDS,
+                        padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                         latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
             k = ct.transpose(k.reshape((TILE_N, TILE_D)))  # [TILE_D, TILE_N]
 
@@ -124,7 +126,7 @@ def attention_fwd(
         acc = acc * alpha
 
         v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=ct.PaddingMode.ZERO, check_bounds=CHECK_BOUNDS,
+                    padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                     latency=ct.static_eval(V_LATENCY or None), allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D))
         acc = ct.mma(p.astype(Q.dtype), v, acc)  # [TILE_M, TILE_D]
         m_i = m_ij

@@ -21,7 +21,7 @@ _FORWARD_ONLY = (
     "tiledattention.sdpa_fwd is forward-only: the tiledattention kernel has no backward pass. "
     "Run it under torch.no_grad() / torch.inference_mode(), detach its inputs, or use "
     "torch.nn.functional.scaled_dot_product_attention for training (the router "
-    "tiledattention.integrations.sdpa_kernel() does this automatically for inputs that require grad)."
+    "tiledattention.integrations.sdpa_kernel() does this for inputs that require grad)."
 )
 
 
@@ -42,7 +42,7 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def sdpa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              scale: Optional[float]) -> torch.Tensor:
-    """``[B, H_q, S_q, D]`` attention output of ``q [B, H_q, S_q, D]``, ``k, v [B, H_kv, S_k, D]``."""
+    """Attention of ``q [B, H_q, S_q, D]`` over ``k, v [B, H_kv, S_k, D]``: ``[B, H_q, S_q, D]``."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
     _check_shapes(q, k, v)

@@ -1,0 +1,508 @@
+"""``ScheduleDB``: the best-per-key schedule table in SQLite (default) or any SQLAlchemy database.
+
+SQLite files run in WAL mode, so a lookup reads while a tuner writes. Every write is one
+``BEGIN IMMEDIATE`` transaction (the write lock is taken before the read that decides what to
+write), so concurrent writers serialise instead of failing with "database is locked"; other
+databases use ``SELECT ... FOR UPDATE`` and retry a transaction that lost an insert race.
+
+SQLAlchemy and Alembic are imported on first use, not with ``db``: a lookup without a database
+file costs one ``os.path.exists``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import urllib.parse
+import warnings
+from contextlib import contextmanager
+from datetime import timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from tiledattention._problem import Problem
+from tiledattention._provenance import Provenance
+from tiledattention._schedule import Schedule
+
+from ._errors import DatabaseUnavailable, SchemaTooNew
+from ._rows import ScheduleRow
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+__all__ = ["ScheduleDB", "PUT_OUTCOMES"]
+
+#: What :meth:`ScheduleDB.put` did.
+PUT_OUTCOMES = ("added", "improved", "replaced", "forced", "kept")
+
+_BUSY_TIMEOUT_S = 30.0
+_WRITE_ATTEMPTS = 8
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_WRITE_OPTION = "tiledattention_write"
+_PROVENANCE_COLUMNS = ("template_hash", "cuda_tile", "tileiras", "torch", "driver")
+
+
+class _Target:
+    """Where a location points: a SQLite file (``path``), in-memory SQLite, or another URL."""
+
+    def __init__(self, location: str | os.PathLike) -> None:
+        text = os.fspath(location)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"a database location must be a path or URL; got {location!r}")
+        self.url: str | None = None
+        self.path: Path | None = None
+        self.memory = False
+        if "://" in text:
+            from sqlalchemy.engine import make_url
+
+            try:
+                url = make_url(text)
+            except Exception as exc:
+                raise ValueError(f"not an SQLAlchemy URL: {text!r} ({exc})") from None
+            if url.get_backend_name() == "sqlite":
+                database = url.database or ""
+                if database in ("", ":memory:"):
+                    self.memory = True
+                else:
+                    self.path = Path(database)
+            else:
+                self.url = text
+            self.shown = (url.render_as_string(hide_password=True)
+                          if self.path is None else str(self.path))
+        else:
+            self.path = Path(text).expanduser()
+            self.shown = str(self.path)
+
+    @property
+    def sqlite(self) -> bool:
+        return self.url is None
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Cheap checks of a SQLite file's header, before SQLite sees it."""
+    if path.is_dir():
+        raise DatabaseUnavailable(f"{path} is a directory; expected a SQLite schedule database")
+    size = path.stat().st_size
+    if size == 0:
+        return  # SQLite reads an empty file as an empty database
+    with open(path, "rb") as f:
+        header = f.read(100)
+    if not header.startswith(_SQLITE_MAGIC[:len(header)]) or \
+            (len(header) >= 16 and header[:16] != _SQLITE_MAGIC):
+        raise DatabaseUnavailable(
+            f"{path} is not a SQLite database (no SQLite header); point TILEDATTN_DB at a "
+            "tiledattention schedule database, or move the file away")
+    if len(header) < 100:
+        raise DatabaseUnavailable(f"{path} is truncated ({size} bytes, shorter than a SQLite "
+                                  "header); delete it or restore it from a backup")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    size_valid = header[24:28] == header[92:96]  # the in-header size is trusted only then
+    if size_valid and pages and size < pages * page_size:
+        raise DatabaseUnavailable(
+            f"{path} is truncated ({size} bytes; its header says {pages * page_size}); delete "
+            "it or restore it from a backup")
+
+
+def _sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.pool import QueuePool, StaticPool
+
+    if path is None:
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        pool = StaticPool
+    elif read_only:
+        uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+        pool = QueuePool
+    else:
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+        pool = QueuePool
+    engine = create_engine("sqlite+pysqlite://", creator=connect, poolclass=pool)
+
+    # isolation_level=None hands transaction control to us: pysqlite's own implicit BEGIN
+    # would be DEFERRED, and a deferred reader that later writes fails with SQLITE_BUSY at once.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+        if path is not None and not read_only:
+            dbapi_connection.execute("PRAGMA journal_mode = WAL")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: "Connection") -> None:
+        write = connection.get_execution_options().get(_WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def _is_locked(exc: BaseException) -> bool:
+    """A lock / busy / serialisation failure: the transaction may succeed if run again."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    text = str(exc.orig).lower()
+    return "locked" in text or "busy" in text or "deadlock" in text or "serializ" in text
+
+
+class ScheduleDB:
+    """The best schedule per key ``(arch, device_name, dtype, causal, batch, heads_q, heads_kv,
+    seqlen_q, seqlen_k, head_dim)``.
+
+    ``location`` is a file path (SQLite) or an SQLAlchemy URL (``sqlite:///...``,
+    ``postgresql+psycopg://...``). For writing, a missing SQLite file and its directories are
+    created and an older schema is migrated in place; a schema newer than this tiledattention
+    knows can still be read, but :meth:`put` raises :class:`SchemaTooNew`. ``read_only=True``
+    opens SQLite files with ``mode=ro`` and never creates or migrates anything.
+    """
+
+    def __init__(self, location: str | os.PathLike, *, read_only: bool = False) -> None:
+        self._target = _Target(location)
+        self._read_only = read_only
+        self._engine: Engine | None = None
+        self._too_new: str | None = None
+        self._columns: frozenset[str] | None = None
+        path = self._target.path
+        if path is not None:
+            if read_only and not path.exists():
+                raise DatabaseUnavailable(f"{path} does not exist")
+            if path.exists():
+                _check_sqlite_file(path)
+            elif not read_only:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        from sqlalchemy import create_engine
+
+        if self._target.sqlite:
+            self._engine = _sqlite_engine(None if self._target.memory else path,
+                                          read_only=read_only)
+        else:
+            self._engine = create_engine(self._target.url, pool_pre_ping=True)
+        try:
+            if read_only:
+                self._check_schema()
+            else:
+                self._prepare_for_writing()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def open_for_lookup(cls, location: str | os.PathLike) -> "ScheduleDB | None":
+        """Open for reading at run time: ``None`` when a SQLite file does not exist (nothing is
+        created); :class:`DatabaseUnavailable` naming the file when it is not a readable
+        tiledattention database."""
+        target = _Target(location)
+        if target.path is not None and not target.path.exists():
+            return None
+        return cls(location, read_only=True)
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def __enter__(self) -> "ScheduleDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __str__(self) -> str:
+        return self._target.shown
+
+    def __repr__(self) -> str:
+        mode = ", read_only=True" if self._read_only else ""
+        return f"ScheduleDB({self._target.shown!r}{mode})"
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    # -- connections ----------------------------------------------------------------------------
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator["Connection"]:
+        from sqlalchemy.exc import DBAPIError
+
+        if self._engine is None:
+            raise RuntimeError(f"{self!r} is closed")
+        try:
+            with self._engine.connect() as connection:
+                if write:
+                    connection.execution_options(**{_WRITE_OPTION: True})
+                with connection.begin():
+                    yield connection
+        except DBAPIError as exc:
+            if write and _is_locked(exc):
+                raise  # put() retries these
+            raise DatabaseUnavailable(f"cannot use the schedule database {self}: "
+                                      f"{exc.orig or exc}") from exc
+
+    def _inspect(self, connection: "Connection") -> tuple[set[str], str | None, bool]:
+        """Table names, the recorded revision, and whether a version table exists."""
+        from sqlalchemy import inspect, text
+
+        from ._schema import VERSION_TABLE
+
+        tables = set(inspect(connection).get_table_names())
+        if VERSION_TABLE not in tables:
+            return tables, None, False
+        revisions = connection.execute(
+            text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+        return tables, (revisions[0] if len(revisions) == 1 else None), True
+
+    def _foreign(self, what: str) -> DatabaseUnavailable:
+        return DatabaseUnavailable(
+            f"{self} is not a tiledattention schedule database ({what}); point TILEDATTN_DB "
+            "elsewhere or move the file away")
+
+    def _check_schema(self) -> None:
+        from ._schema import TABLE_NAME
+
+        with self._transaction(write=False) as connection:
+            tables, revision, _ = self._inspect(connection)
+        if TABLE_NAME not in tables:
+            raise self._foreign(f"no {TABLE_NAME!r} table")
+        if revision is None:
+            raise self._foreign("no schema version record")
+
+    def _prepare_for_writing(self) -> None:
+        """Create the schema, or migrate an older one, in one write transaction (so concurrent
+        openers of a new file create it once)."""
+        from . import _migrate
+        from ._schema import HEAD_REVISION, TABLE_NAME
+
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                with self._transaction(write=True) as connection:
+                    tables, revision, has_version = self._inspect(connection)
+                    ours = TABLE_NAME in tables
+                    if not ours and not has_version:
+                        if tables and self._target.sqlite:
+                            raise self._foreign(f"it holds other tables: {sorted(tables)}")
+                        _migrate.upgrade(connection, "head")
+                    elif not ours:
+                        raise self._foreign(f"no {TABLE_NAME!r} table")
+                    elif revision is None:
+                        raise self._foreign("no schema version record")
+                    elif revision != HEAD_REVISION:
+                        if revision in _migrate.known_revisions():
+                            _migrate.upgrade(connection, "head")
+                        else:
+                            self._too_new = revision
+                return
+            except Exception as exc:
+                if not _is_locked(exc) or attempt == _WRITE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * 2 ** attempt)
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise DatabaseUnavailable(f"{self} was opened read-only")
+        if self._too_new is not None:
+            from ._schema import HEAD_REVISION
+
+            raise SchemaTooNew(
+                f"{self} has schema revision {self._too_new!r}, which this tiledattention does "
+                f"not know (it knows up to {HEAD_REVISION!r}): a newer tiledattention wrote it. "
+                "Upgrade tiledattention to write to it; reading still works")
+
+    def _present_columns(self, connection: "Connection") -> frozenset[str]:
+        if self._columns is None:
+            from sqlalchemy import inspect
+
+            from ._schema import TABLE_NAME
+
+            self._columns = frozenset(c["name"] for c in
+                                      inspect(connection).get_columns(TABLE_NAME))
+        return self._columns
+
+    # -- writing --------------------------------------------------------------------------------
+    def put(self, row: ScheduleRow, *, force: bool = False) -> str:
+        """Store ``row`` unless a faster row of the same toolchain holds its key.
+
+        Returns ``"added"`` (new key), ``"improved"`` (faster than the stored row),
+        ``"replaced"`` (the stored row came from another kernel template, cuda-tile or tileiras,
+        so its timing is not comparable), ``"forced"`` (``force=True``) or ``"kept"`` (the stored
+        row is as fast or faster; nothing written).
+        """
+        from sqlalchemy import insert, select, update
+        from sqlalchemy.exc import IntegrityError
+
+        from ._schema import schedules as t
+
+        if not isinstance(row, ScheduleRow):
+            raise TypeError(f"put() takes a ScheduleRow; got {type(row).__name__}")
+        self._check_writable()
+        values = _row_values(row)
+        where = _key_clause(t, row)
+        last: Exception | None = None
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                with self._transaction(write=True) as connection:
+                    found = connection.execute(
+                        select(t.c.id, t.c.median_ms, t.c.template_hash, t.c.cuda_tile,
+                               t.c.tileiras).where(where).with_for_update()).first()
+                    if found is None:
+                        connection.execute(insert(t).values(**values))
+                        return "added"
+                    if force:
+                        outcome = "forced"
+                    elif tuple(found[2:]) != row.provenance.toolchain():
+                        outcome = "replaced"
+                    elif row.median_ms < found.median_ms:
+                        outcome = "improved"
+                    else:
+                        return "kept"
+                    connection.execute(update(t).where(t.c.id == found.id).values(**values))
+                    return outcome
+            except IntegrityError as exc:  # another writer inserted this key first: look again
+                last = exc
+            except Exception as exc:
+                if not _is_locked(exc):
+                    raise
+                last = exc
+            time.sleep(0.02 * 2 ** attempt)
+        raise DatabaseUnavailable(f"cannot write to {self} after {_WRITE_ATTEMPTS} attempts: "
+                                  f"{last}")
+
+    def delete(self, arch: str, device_name: str, problem: Problem) -> bool:
+        """Remove the row of this key; ``True`` when there was one."""
+        from sqlalchemy import delete
+
+        from ._schema import schedules as t
+
+        self._check_writable()
+        with self._transaction(write=True) as connection:
+            result = connection.execute(delete(t).where(_key_clause(
+                t, _KeyOnly(arch, device_name, problem))))
+            return result.rowcount > 0
+
+    # -- reading --------------------------------------------------------------------------------
+    def get(self, arch: str, device_name: str, problem: Problem) -> ScheduleRow | None:
+        """The row of this exact key, or ``None`` (also when it no longer decodes: one warning)."""
+        found = self._select(_KeyOnly(arch, device_name, problem))
+        return found[0] if found else None
+
+    def rows(self, *, arch: str | None = None, device_name: str | None = None,
+             dtype: str | None = None, causal: bool | None = None,
+             head_dim: int | None = None) -> list[ScheduleRow]:
+        """The rows matching every filter that is not ``None``, in key order. A row that no
+        longer decodes (e.g. its schedule stopped validating) is skipped with one warning."""
+        filters = {"arch": arch, "device_name": device_name, "dtype": dtype, "causal": causal,
+                   "head_dim": head_dim}
+        return self._select(None, {k: v for k, v in filters.items() if v is not None})
+
+    def __len__(self) -> int:
+        from sqlalchemy import func, select
+
+        from ._schema import schedules as t
+
+        with self._transaction(write=False) as connection:
+            return connection.execute(select(func.count()).select_from(t)).scalar_one()
+
+    def _select(self, key: "_KeyOnly | None",
+                filters: dict[str, Any] | None = None) -> list[ScheduleRow]:
+        from sqlalchemy import select
+
+        from ._schema import KEY_COLUMNS, OPTIONAL_COLUMNS, schedules as t
+
+        with self._transaction(write=False) as connection:
+            present = self._present_columns(connection)
+            lacking = [c.name for c in t.c if c.name not in present
+                       and c.name not in OPTIONAL_COLUMNS]
+            if lacking:
+                raise DatabaseUnavailable(
+                    f"{self} lacks the column(s) {lacking}: its schema revision is not one this "
+                    "tiledattention can read; upgrade tiledattention")
+            query = select(*[c for c in t.c if c.name in present])
+            if key is not None:
+                query = query.where(_key_clause(t, key))
+            for name, value in (filters or {}).items():
+                query = query.where(t.c[name] == value)
+            query = query.order_by(*[t.c[name] for name in KEY_COLUMNS])
+            records = connection.execute(query).mappings().all()
+        rows = []
+        for record in records:
+            try:
+                rows.append(_decode(record))
+            except (ValueError, TypeError, KeyError) as exc:
+                warnings.warn(
+                    f"tiledattention: skipping the stored schedule for "
+                    f"{_describe_record(record)} in {self}: {exc}", RuntimeWarning, stacklevel=3)
+        return rows
+
+
+class _KeyOnly:
+    """A key without a row, for get() and delete()."""
+
+    def __init__(self, arch: str, device_name: str, problem: Problem) -> None:
+        if not isinstance(problem, Problem):
+            raise TypeError(f"problem must be a Problem; got {type(problem).__name__}")
+        self.arch, self.device_name, self.problem = arch, device_name, problem
+
+
+def _key_clause(t: Any, row: "ScheduleRow | _KeyOnly") -> Any:
+    from sqlalchemy import and_
+
+    p = row.problem
+    return and_(t.c.arch == row.arch, t.c.device_name == row.device_name, t.c.dtype == p.dtype,
+                t.c.causal == p.causal, t.c.batch == p.batch, t.c.heads_q == p.heads_q,
+                t.c.heads_kv == p.heads_kv, t.c.seqlen_q == p.seqlen_q,
+                t.c.seqlen_k == p.seqlen_k, t.c.head_dim == p.head_dim)
+
+
+def _row_values(row: ScheduleRow) -> dict[str, Any]:
+    p = row.problem
+    return {
+        "arch": row.arch, "device_name": row.device_name, "dtype": p.dtype, "causal": p.causal,
+        "batch": p.batch, "heads_q": p.heads_q, "heads_kv": p.heads_kv,
+        "seqlen_q": p.seqlen_q, "seqlen_k": p.seqlen_k, "head_dim": p.head_dim,
+        "schedule": row.schedule.to_json(), "median_ms": row.median_ms,
+        "spread_ms": row.spread_ms, "tflops": row.tflops, "default_ms": row.default_ms,
+        "torch_cudnn_ms": row.torch_cudnn_ms, "torch_flash_ms": row.torch_flash_ms,
+        "trials": row.trials, "created_at": row.created_at,
+        **row.provenance.to_dict(),
+    }
+
+
+def _describe_record(record: Any) -> str:
+    try:
+        return (f"{record['arch']} {record['device_name']!r} B{record['batch']} "
+                f"H{record['heads_q']}/{record['heads_kv']} "
+                f"S{record['seqlen_q']}x{record['seqlen_k']} D{record['head_dim']} "
+                f"{record['dtype']} {'causal' if record['causal'] else 'full'}")
+    except Exception:
+        return f"row id {record.get('id')}"
+
+
+def _decode(record: Any) -> ScheduleRow:
+    problem = Problem(batch=record["batch"], heads_q=record["heads_q"],
+                      heads_kv=record["heads_kv"], seqlen_q=record["seqlen_q"],
+                      seqlen_k=record["seqlen_k"], head_dim=record["head_dim"],
+                      dtype=record["dtype"], causal=bool(record["causal"]))
+    try:
+        schedule = Schedule.from_json(record["schedule"])
+    except TypeError as exc:
+        raise ValueError(f"schedule: {exc}") from None
+    created_at = record["created_at"]
+    if created_at.tzinfo is None:  # SQLite stores the UTC wall time without an offset
+        created_at = created_at.replace(tzinfo=timezone.utc)
+    return ScheduleRow(
+        arch=record["arch"], device_name=record["device_name"], problem=problem,
+        schedule=schedule, median_ms=record["median_ms"], spread_ms=record["spread_ms"],
+        tflops=record["tflops"], default_ms=record.get("default_ms"),
+        torch_cudnn_ms=record.get("torch_cudnn_ms"), torch_flash_ms=record.get("torch_flash_ms"),
+        trials=record["trials"], created_at=created_at,
+        provenance=Provenance.from_dict({name: record[name] for name in _PROVENANCE_COLUMNS}),
+    )

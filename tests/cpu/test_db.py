@@ -1,0 +1,386 @@
+"""The schedule database on real SQLite files: round trips, the better-wins rule, concurrent
+writers in separate processes, read-only lookups, broken files, migrations and JSON tables."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+import sqlite3
+import warnings
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+import db
+from db import _migrate, _schema
+from tiledattention._problem import Problem
+from tiledattention._provenance import Provenance
+from tiledattention._schedule import Schedule
+from tiledattention.errors import TiledAttentionError
+
+ASSETS = Path(__file__).parent / "assets"
+PROV = Provenance(template_hash="0123456789ab", cuda_tile="1.7.0", tileiras="13.1.0",
+                  torch="2.9.0", driver="13.0")
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def problem(seqlen: int = 1024, *, batch: int = 1, causal: bool = True, head_dim: int = 128,
+            dtype: str = "bf16") -> Problem:
+    return Problem(batch=batch, heads_q=16, heads_kv=4, seqlen_q=seqlen, seqlen_k=seqlen,
+                   head_dim=head_dim, dtype=dtype, causal=causal)
+
+
+def row(ms: float = 1.0, *, p: Problem | None = None, device: str = H100,
+        schedule: Schedule | None = None, prov: Provenance = PROV, **extra) -> db.ScheduleRow:
+    return db.ScheduleRow(
+        arch="sm_90", device_name=device, problem=p or problem(),
+        schedule=schedule or Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True),
+        median_ms=ms, spread_ms=0.0125, tflops=321.5, default_ms=ms * 1.7,
+        torch_cudnn_ms=ms * 1.1, trials=30,
+        created_at=datetime(2025, 7, 1, 8, 30, 15, 123456, tzinfo=timezone.utc),
+        provenance=prov, **extra)
+
+
+# -- rows -----------------------------------------------------------------------------------
+def test_row_dict_round_trip_is_json_and_lossless():
+    r = row(0.123456789, torch_flash_ms=0.2)
+    data = json.loads(json.dumps(r.to_dict()))
+    assert data["format"] == db.ROW_FORMAT
+    assert db.ScheduleRow.from_dict(data) == r
+
+
+@pytest.mark.parametrize("field, value", [
+    ("median_ms", "1.0"), ("trials", 2.5), ("arch", 90), ("created_at", "yesterday"),
+    ("created_at", "2025-07-01T08:30:15"), ("torch_flash_ms", True),
+], ids=["median-str", "trials-float", "arch-int", "time-garbage", "time-naive", "flash-bool"])
+def test_row_from_dict_names_the_bad_field(field, value):
+    data = row().to_dict()
+    data[field] = value
+    with pytest.raises(ValueError, match=field):
+        db.ScheduleRow.from_dict(data)
+
+
+def test_row_from_dict_rejects_bad_nested_and_unknown_fields():
+    data = row().to_dict()
+    data["schedule"]["tile_m"] = 48
+    with pytest.raises(ValueError, match="schedule.*tile_m"):
+        db.ScheduleRow.from_dict(data)
+    data = row().to_dict() | {"colour": "red"}
+    with pytest.raises(ValueError, match="colour"):
+        db.ScheduleRow.from_dict(data)
+    data = row().to_dict() | {"format": db.ROW_FORMAT + 1}
+    with pytest.raises(ValueError, match="upgrade tiledattention"):
+        db.ScheduleRow.from_dict(data)
+
+
+def test_row_created_at_is_normalised_to_utc():
+    local = datetime(2025, 7, 1, 10, 30, tzinfo=timezone(timedelta(hours=2)))
+    r = db.ScheduleRow(**{**row().__dict__, "created_at": local})
+    assert r.created_at.utcoffset() == timedelta(0) and r.created_at.hour == 8
+
+
+# -- put / get / rows -------------------------------------------------------------------------
+def test_put_get_rows_round_trip(tmp_path):
+    path = tmp_path / "nested" / "dir" / "schedules.sqlite"
+    a = row(1.0, torch_flash_ms=0.9)
+    b = row(2.0, p=problem(2048, causal=False))
+    c = row(3.0, p=problem(512, head_dim=64, dtype="fp16", causal=False),
+            device="NVIDIA H100 PCIe")
+    with db.ScheduleDB(path) as store:
+        assert [store.put(r) for r in (a, b, c)] == ["added"] * 3
+        assert str(store) == str(path)
+        assert store.get("sm_90", H100, a.problem) == a
+        assert store.get("sm_90", H100, problem(4096)) is None
+        assert store.get("sm_100", H100, a.problem) is None
+        assert len(store) == 3
+        assert store.rows(causal=True) == [a]
+        assert store.rows(dtype="fp16", head_dim=64) == [c]
+        assert store.rows(device_name=H100) == sorted([a, b], key=lambda r: r.key)
+        assert store.rows(arch="sm_100") == []
+        assert store.delete("sm_90", H100, b.problem) is True
+        assert store.delete("sm_90", H100, b.problem) is False
+        assert len(store) == 2
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_better_wins_rule(tmp_path):
+    with db.ScheduleDB(tmp_path / "s.sqlite") as store:
+        key = ("sm_90", H100, problem())
+        assert store.put(row(2.0)) == "added"
+        assert store.put(row(3.0)) == "kept"
+        assert store.get(*key).median_ms == 2.0
+        assert store.put(row(2.0)) == "kept"  # a tie keeps the stored row
+        assert store.put(row(1.5, schedule=Schedule(tile_m=64))) == "improved"
+        assert store.get(*key).schedule == Schedule(tile_m=64)
+        # another kernel template: the stored timing describes other code, so it goes
+        newer = Provenance(**{**PROV.to_dict(), "template_hash": "fedcba987654"})
+        assert store.put(row(9.0, prov=newer)) == "replaced"
+        assert store.get(*key).provenance == newer
+        for changed in ({"cuda_tile": "1.8.0"}, {"tileiras": "13.2.0"}):
+            prov = Provenance(**{**newer.to_dict(), **changed})
+            assert store.put(row(20.0, prov=prov)) == "replaced"
+            newer = prov
+        # torch and driver are not part of the toolchain: a slower row is still kept out
+        same_toolchain = Provenance(**{**newer.to_dict(), "torch": "3.0", "driver": "14.0"})
+        assert store.put(row(25.0, prov=same_toolchain)) == "kept"
+        assert store.put(row(30.0, prov=newer), force=True) == "forced"
+        assert store.get(*key).median_ms == 30.0
+        assert store.put(row(1.0, p=problem(64)), force=True) == "added"
+        assert len(store) == 2
+
+
+# -- lookups --------------------------------------------------------------------------------
+def test_open_for_lookup_on_missing_path_creates_nothing(tmp_path):
+    where = tmp_path / "no" / "such" / "schedules.sqlite"
+    assert db.ScheduleDB.open_for_lookup(where) is None
+    assert db.ScheduleDB.open_for_lookup(f"sqlite:///{where}") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_open_for_lookup_reads_without_writing(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with db.ScheduleDB(path) as store:
+        store.put(row(1.0))
+    lookup = db.ScheduleDB.open_for_lookup(path)
+    try:
+        assert lookup.rows(arch="sm_90", dtype="bf16", causal=True, head_dim=128) == [row(1.0)]
+        with pytest.raises(db.DatabaseUnavailable, match="read-only"):
+            lookup.put(row(0.5))
+    finally:
+        lookup.close()
+    with db.ScheduleDB(path) as store:
+        assert store.get("sm_90", H100, problem()).median_ms == 1.0
+
+
+def _broken_not_sqlite(path: Path) -> None:
+    path.write_text("tile_m,tile_n\n128,64\n" * 50)
+
+
+def _broken_truncated(path: Path) -> None:
+    with db.ScheduleDB(path) as store:
+        for i in range(60):
+            store.put(row(1.0, p=problem(16 + i, batch=1 + i)))
+    sqlite3.connect(path).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _broken_foreign(path: Path) -> None:
+    connection = sqlite3.connect(path)
+    connection.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    connection.commit()
+    connection.close()
+
+
+def _broken_tiny(path: Path) -> None:
+    path.write_bytes(b"SQLite format 3\x00" + b"\x10")
+
+
+@pytest.mark.parametrize("make", [_broken_not_sqlite, _broken_truncated, _broken_foreign,
+                                  _broken_tiny],
+                         ids=["not-sqlite", "truncated", "foreign-schema", "tiny-header"])
+def test_broken_files_raise_database_unavailable_naming_the_file(tmp_path, make):
+    path = tmp_path / "broken.sqlite"
+    make(path)
+    with pytest.raises(db.DatabaseUnavailable) as info:
+        db.ScheduleDB.open_for_lookup(path)
+    assert str(path) in str(info.value)
+    assert isinstance(info.value, TiledAttentionError)
+    with pytest.raises(db.DatabaseUnavailable, match=str(path)):
+        db.ScheduleDB(path)  # writing refuses too, and does not touch the file
+
+
+def test_foreign_schema_with_version_table_but_no_schedules(tmp_path):
+    path = tmp_path / "other.sqlite"
+    connection = sqlite3.connect(path)
+    connection.execute(f"CREATE TABLE {_schema.VERSION_TABLE} (version_num TEXT)")
+    connection.execute(f"INSERT INTO {_schema.VERSION_TABLE} VALUES ('0002')")
+    connection.commit()
+    connection.close()
+    with pytest.raises(db.DatabaseUnavailable, match="no 'schedules' table"):
+        db.ScheduleDB.open_for_lookup(path)
+
+
+def test_lookup_reads_while_a_writer_holds_a_write_transaction(tmp_path):
+    path = tmp_path / "s.sqlite"
+    with db.ScheduleDB(path) as store:
+        store.put(row(1.0))
+    writer = sqlite3.connect(path, isolation_level=None, timeout=0.1)
+    try:
+        # EXCLUSIVE would keep every reader out of a rollback-journal database; WAL lets them in
+        writer.execute("BEGIN EXCLUSIVE")
+        writer.execute("UPDATE schedules SET median_ms = 99.0")
+        lookup = db.ScheduleDB.open_for_lookup(path)
+        try:
+            found = lookup.rows(arch="sm_90")
+        finally:
+            lookup.close()
+        assert [r.median_ms for r in found] == [1.0]  # the committed state, not the open write
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+
+
+def _write_rows(path: str, worker: int, count: int) -> None:
+    with db.ScheduleDB(path) as store:
+        for i in range(count):
+            # every worker also races the others on one shared key, with its own timing
+            store.put(row(10.0 + worker, p=problem(64)))
+            store.put(row(1.0 + i, p=problem(128 + i, batch=1 + worker)))
+
+
+def test_concurrent_writers_in_processes_lose_nothing(tmp_path):
+    path = tmp_path / "concurrent" / "s.sqlite"
+    workers, count = 4, 25
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_write_rows, args=(str(path), w, count))
+                 for w in range(workers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    assert [p.exitcode for p in processes] == [0] * workers
+    with db.ScheduleDB(path, read_only=True) as store:
+        rows = store.rows()
+        assert len(rows) == workers * count + 1
+        keys = {(r.problem.batch, r.problem.seqlen_q) for r in rows}
+        assert keys == {(1 + w, 128 + i) for w in range(workers) for i in range(count)} | {(1, 64)}
+        assert store.get("sm_90", H100, problem(64)).median_ms == 10.0  # the fastest worker
+
+
+def test_row_with_invalid_stored_schedule_is_skipped_with_one_warning(tmp_path):
+    path = tmp_path / "s.sqlite"
+    good, bad = row(1.0), row(2.0, p=problem(2048))
+    with db.ScheduleDB(path) as store:
+        store.put(good)
+        store.put(bad)
+    connection = sqlite3.connect(path)
+    connection.execute("UPDATE schedules SET schedule = ? WHERE seqlen_q = 2048",
+                       (json.dumps({"format": 1, "tile_m": 48}),))
+    connection.commit()
+    connection.close()
+    lookup = db.ScheduleDB.open_for_lookup(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert lookup.rows() == [good]
+        assert lookup.get("sm_90", H100, bad.problem) is None
+    lookup.close()
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2, messages  # one per row per call
+    assert all(str(path) in m and "S2048" in m and "tile_m" in m for m in messages)
+
+
+# -- migrations -----------------------------------------------------------------------------
+def test_head_revision_constant_matches_the_migrations():
+    assert _migrate.head_revision() == _schema.HEAD_REVISION
+    assert _migrate.known_revisions() == {"0001", "0002"}
+
+
+def _revision(path: Path) -> str:
+    connection = sqlite3.connect(path)
+    try:
+        return connection.execute(f"SELECT version_num FROM {_schema.VERSION_TABLE}").fetchone()[0]
+    finally:
+        connection.close()
+
+
+def _columns(path: Path) -> set[str]:
+    connection = sqlite3.connect(path)
+    try:
+        return {r[1] for r in connection.execute("PRAGMA table_info(schedules)")}
+    finally:
+        connection.close()
+
+
+def test_v1_asset_reads_and_migrates_forward_keeping_rows(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copyfile(ASSETS / "schedules_v1.db", path)
+    assert _revision(path) == "0001" and "torch_flash_ms" not in _columns(path)
+    lookup = db.ScheduleDB.open_for_lookup(path)  # read-only: reads v1, migrates nothing
+    before = lookup.rows()
+    lookup.close()
+    assert _revision(path) == "0001"
+    assert len(before) == 3
+    assert [r.device_name for r in before] == [H100, H100, "NVIDIA H100 PCIe"]
+    assert before[0].torch_cudnn_ms == 1.5 and before[1].torch_cudnn_ms is None
+    assert before[0].created_at == datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
+    assert all(r.torch_flash_ms is None for r in before)
+
+    with db.ScheduleDB(path) as store:  # opening for writing migrates in place
+        assert _revision(path) == _schema.HEAD_REVISION
+        assert "torch_flash_ms" in _columns(path)
+        assert store.rows() == before
+        extra = row(0.5, p=problem(8192), torch_flash_ms=0.7)
+        assert store.put(extra) == "added"
+        assert store.get("sm_90", H100, extra.problem).torch_flash_ms == 0.7
+        assert len(store) == 4
+
+
+def test_newer_revision_is_readable_but_refused_for_writing(tmp_path):
+    path = tmp_path / "future.sqlite"
+    with db.ScheduleDB(path) as store:
+        store.put(row(1.0, torch_flash_ms=0.8))
+    connection = sqlite3.connect(path)
+    connection.execute(f"UPDATE {_schema.VERSION_TABLE} SET version_num = '0099'")
+    connection.execute("ALTER TABLE schedules ADD COLUMN power_watts FLOAT")
+    connection.execute("ALTER TABLE schedules DROP COLUMN torch_flash_ms")
+    connection.commit()
+    connection.close()
+
+    lookup = db.ScheduleDB.open_for_lookup(path)
+    [found] = lookup.rows()
+    lookup.close()
+    assert found.median_ms == 1.0 and found.torch_flash_ms is None
+    with db.ScheduleDB(path) as store:
+        assert store.get("sm_90", H100, problem()) == found
+        with pytest.raises(db.SchemaTooNew, match="'0099'.*[Uu]pgrade tiledattention"):
+            store.put(row(0.1))
+    assert _revision(path) == "0099"
+
+
+# -- JSON tables ----------------------------------------------------------------------------
+def test_dump_load_round_trip_is_lossless_and_deterministic(tmp_path):
+    rows = [row(1.0 / 3.0, p=problem(100 + i), torch_flash_ms=0.1 * i or None)
+            for i in range(5)]
+    first, second = tmp_path / "a.json", tmp_path / "out" / "b.json"
+    db.dump_rows(rows, first)
+    db.dump_rows(reversed(rows), second)
+    assert first.read_bytes() == second.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "out"]  # no temp files left
+    table = db.load_rows_file(first)
+    assert list(table) == sorted(rows, key=lambda r: r.key)
+    assert table.rows(causal=True, head_dim=128) == list(table)
+    assert table.rows(dtype="fp16") == []
+    assert json.loads(first.read_text())["format"] == 1
+
+
+def test_load_rows_file_is_strict_unless_asked(tmp_path):
+    path = tmp_path / "t.json"
+    data = {"format": 1, "rows": [row(1.0).to_dict(), row(2.0, p=problem(64)).to_dict()]}
+    data["rows"][1]["schedule"]["tile_n"] = 3
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"t\.json: row 1: .*tile_n"):
+        db.load_rows_file(path)
+    with pytest.warns(RuntimeWarning, match="row 1"):
+        assert list(db.load_rows_file(path, strict=False)) == [row(1.0)]
+    path.write_text(json.dumps({"format": 2, "rows": []}))
+    with pytest.raises(ValueError, match="upgrade tiledattention"):
+        db.load_rows_file(path)
+
+
+def test_shipped_table_missing_arch_is_none():
+    assert db.shipped_table("sm_999") is None
+    with pytest.raises(ValueError, match="sm_90"):
+        db.shipped_table("../../etc/passwd")
+
+
+def test_import_db_does_not_import_sqlalchemy():
+    import subprocess
+    import sys
+
+    code = "import sys, db; print('sqlalchemy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[2], check=True).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,517 @@
+"""tiledattention.integrations on the CPU: the custom op's registration, fake-tensor shapes,
+compile/export tracing, the forward-only autograd error, the SDPA router's decisions and
+restoring, and the transformers backend.
+
+No GPU here, so the kernel call (``tiledattention.sdpa``) is replaced by a float32 torch
+reference with the kernel's contract (``enable_gqa`` semantics, top-left ``is_causal``) and the
+router's accepted device types are widened to CPU where a test needs calls to reach the op.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import tiledattention
+import tiledattention.integrations as ti
+from tiledattention.integrations import _router
+
+TORCH_SDPA = _router._TORCH_SDPA  # PyTorch's own function, whatever the router does
+
+
+def reference_sdpa(q, k, v, causal=False, scale=None, *, schedule=None):
+    """The kernel's contract in float32 torch math (GQA heads grouped like enable_gqa)."""
+    group = q.shape[1] // k.shape[1]
+    out = TORCH_SDPA(q.float(), k.float().repeat_interleave(group, dim=1),
+                     v.float().repeat_interleave(group, dim=1), is_causal=causal, scale=scale)
+    return out.to(q.dtype).contiguous()
+
+
+class KernelCalls:
+    """Stands in for tiledattention.sdpa and records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, q, k, v, causal=False, scale=None, *, schedule=None):
+        self.calls.append({"q": tuple(q.shape), "k": tuple(k.shape), "causal": causal,
+                           "scale": scale, "dtype": q.dtype})
+        return reference_sdpa(q, k, v, causal, scale)
+
+
+@pytest.fixture
+def kernel(monkeypatch) -> KernelCalls:
+    calls = KernelCalls()
+    monkeypatch.setattr(tiledattention, "sdpa", calls)
+    return calls
+
+
+@pytest.fixture
+def cpu_is_kernel_device(monkeypatch):
+    """Let the router and the HF backend send CPU calls to the op (which calls ``kernel``)."""
+    monkeypatch.setattr(_router, "KERNEL_DEVICE_TYPES", ("cpu",))
+
+
+@pytest.fixture(autouse=True)
+def _router_off_and_counts_reset():
+    ti.disable()
+    ti.reset_router_stats()
+    ti.reset_hf_stats()
+    yield
+    ti.disable()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def qkv(b=2, hq=4, hkv=4, sq=17, sk=17, d=64, dtype=torch.bfloat16, device="cpu", seed=0,
+        requires_grad=False):
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(h, s):
+        return torch.randn(b, h, s, d, generator=gen).to(dtype=dtype, device=device)
+
+    q, k, v = make(hq, sq), make(hkv, sk), make(hkv, sk)
+    if requires_grad:
+        for x in (q, k, v):
+            x.requires_grad_(True)
+    return q, k, v
+
+
+# ---------------------------------------------------------------------------------- the op
+
+def test_op_is_registered_with_its_schema():
+    op = torch.ops.tiledattention.sdpa_fwd.default
+    schema = str(op._schema)
+    assert schema.startswith("tiledattention::sdpa_fwd(")
+    assert "Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor" in schema
+    assert ti.OP_NAME == "tiledattention::sdpa_fwd"
+
+
+def test_import_tiledattention_does_not_import_integrations_or_transformers():
+    code = ("import sys, tiledattention; "
+            "bad = [m for m in ('tiledattention.integrations', 'transformers') "
+            "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    code = ("import sys, tiledattention.integrations; "
+            "sys.exit(1 if 'transformers' in sys.modules else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, "importing the integrations must not import transformers"
+
+
+SHAPES = {
+    "mha": (2, 8, 8, 128, 128, 64),
+    "gqa": (2, 8, 2, 113, 113, 128),
+    "mqa": (1, 6, 1, 17, 17, 96),
+    "sq<sk": (3, 4, 4, 1, 1000, 64),
+    "sq>sk": (1, 4, 2, 300, 17, 256),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fake_cuda_tensors_propagate_shape_without_running_the_kernel(shape, dtype, monkeypatch):
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the kernel ran while tracing")
+
+    monkeypatch.setattr(tiledattention, "sdpa", must_not_run)
+    b, hq, hkv, sq, sk, d = shape
+    with FakeTensorMode():
+        q = torch.empty(b, hq, sq, d, dtype=dtype, device="cuda")
+        k = torch.empty(b, hkv, sk, d, dtype=dtype, device="cuda")
+        v = torch.empty(b, hkv, sk, d, dtype=dtype, device="cuda")
+        out = ti.attention(q, k, v, causal=True, scale=0.1)
+        assert out.shape == (b, hq, sq, d)
+        assert out.dtype == dtype
+        assert out.device.type == "cuda"
+        assert out.is_contiguous()
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_meta_tensors_propagate_shape(shape):
+    b, hq, hkv, sq, sk, d = shape
+    # non-contiguous q: the output is still a fresh contiguous tensor
+    q = torch.empty(b, sq, hq, d, dtype=torch.float16, device="meta").transpose(1, 2)
+    k = torch.empty(b, hkv, sk, d, dtype=torch.float16, device="meta")
+    out = torch.ops.tiledattention.sdpa_fwd(q, k, k, False, None)
+    assert out.shape == (b, hq, sq, d) and out.dtype == torch.float16 and out.is_contiguous()
+
+
+def test_fake_impl_rejects_bad_shapes_while_tracing():
+    q = torch.empty(2, 4, 8, 64, device="meta")
+    with pytest.raises(ValueError, match="v must have the shape of k"):
+        ti.attention(q, q, q[:, :2])
+    with pytest.raises(ValueError, match="k must have 4 dims"):
+        ti.attention(q, q[0], q)
+
+
+def test_without_a_cuda_tensor_the_kernel_says_what_is_wrong():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        ti.attention(q, k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_op_calls_the_kernel_with_its_arguments(shape, causal, kernel):
+    b, hq, hkv, sq, sk, d = shape
+    q, k, v = qkv(b, hq, hkv, sq, sk, d)
+    out = ti.attention(q, k, v, causal=causal, scale=0.25)
+    assert kernel.calls == [{"q": (b, hq, sq, d), "k": (b, hkv, sk, d), "causal": causal,
+                             "scale": 0.25, "dtype": torch.bfloat16}]
+    assert torch.equal(out, reference_sdpa(q, k, v, causal, 0.25))
+
+
+def test_opcheck(kernel):
+    q, k, v = qkv(1, 4, 2, 9, 13, 32, dtype=torch.float16)
+    torch.library.opcheck(torch.ops.tiledattention.sdpa_fwd.default, (q, k, v, True, None))
+    torch.library.opcheck(torch.ops.tiledattention.sdpa_fwd.default, (q, k, v, False, 0.5))
+
+
+def test_backward_through_the_op_raises_forward_only(kernel):
+    q, k, v = qkv(requires_grad=True)
+    out = ti.attention(q, k, v, causal=True)  # the forward runs
+    assert out.requires_grad
+    with pytest.raises(RuntimeError, match="forward-only"):
+        out.float().sum().backward()
+    assert q.grad is None
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d, dtype=torch.bfloat16)
+
+    def forward(self, q, k, v):
+        return self.proj(ti.attention(q, k, v, causal=True)).relu()
+
+
+def test_compile_fullgraph_traces_the_op(kernel):
+    model = Block()
+    q, k, v = qkv(2, 4, 2, 17, 17, 64)
+    with torch.no_grad():
+        eager = model(q, k, v)
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert torch.equal(compiled, eager)
+    assert len(kernel.calls) == 2  # one eager, one from the compiled graph
+
+
+def test_export_keeps_the_op_in_the_graph(kernel):
+    q, k, v = qkv(2, 4, 2, 17, 17, 64)
+    exported = torch.export.export(Block().eval(), (q, k, v))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert torch.ops.tiledattention.sdpa_fwd.default in targets
+    kernel.calls.clear()
+    with torch.no_grad():
+        out = exported.module()(q, k, v)
+    assert len(kernel.calls) == 1
+    assert out.shape == (2, 4, 17, 64)
+
+
+# ------------------------------------------------------------------------- route_decision
+
+def _case(**overrides):
+    args = dict(q=qkv()[0], k=qkv()[1], v=qkv()[2], attn_mask=None, dropout_p=0.0,
+                enable_gqa=False)
+    args.update(overrides)
+    return args
+
+
+def _decide(args, *, device_types=("cpu",), scale=None):
+    return ti.route_decision(args["q"], args["k"], args["v"], args["attn_mask"],
+                             args["dropout_p"], args["enable_gqa"], scale=scale,
+                             device_types=device_types)
+
+
+def _gqa(hq, hkv, enable):
+    q, k, v = qkv(hq=hq, hkv=hkv)
+    return _case(q=q, k=k, v=v, enable_gqa=enable)
+
+
+CASES = {
+    # (arguments, device types accepted, scale): expected
+    "supported": ((_case(), ("cpu",), None), None),
+    "fp16": ((_case(**dict(zip("qkv", qkv(dtype=torch.float16)))), ("cpu",), None), None),
+    "gqa-enabled": ((_gqa(8, 2, True), ("cpu",), None), None),
+    "sq!=sk": ((_case(**dict(zip("qkv", qkv(sq=1, sk=100)))), ("cpu",), None), None),
+    "head_dim-40": ((_case(**dict(zip("qkv", qkv(d=40)))), ("cpu",), None), None),
+    "scale": ((_case(), ("cpu",), 0.3), None),
+    "attn_mask": ((_case(attn_mask=torch.ones(17, 17, dtype=torch.bool)), ("cpu",), None),
+                  "attn_mask"),
+    "dropout": ((_case(dropout_p=0.1), ("cpu",), None), "dropout"),
+    "cpu": ((_case(), ("cuda",), None), "cpu"),
+    "meta": ((_case(**dict(zip("qkv", qkv(device="meta")))), ("cuda",), None), "device"),
+    "mixed-devices": ((_case(k=qkv(device="meta")[1]), ("cpu", "meta"), None), "device"),
+    "fp32": ((_case(**dict(zip("qkv", qkv(dtype=torch.float32)))), ("cpu",), None), "dtype"),
+    "mixed-dtypes": ((_case(v=qkv(dtype=torch.float16)[2]), ("cpu",), None), "dtype"),
+    "3d": ((_case(**{n: x[0] for n, x in zip("qkv", qkv())}), ("cpu",), None), "ndim"),
+    "grad": ((_case(**dict(zip("qkv", qkv(requires_grad=True)))), ("cpu",), None), "grad"),
+    "layout": ((_case(q=qkv(d=64)[0].transpose(2, 3).contiguous().transpose(2, 3)), ("cpu",),
+                None), "layout"),
+    "k!=v": ((_case(v=qkv(sk=9)[2]), ("cpu",), None), "shape"),
+    "batch": ((_case(q=qkv(b=3)[0]), ("cpu",), None), "shape"),
+    "empty": ((_case(**dict(zip("qkv", qkv(sq=0, sk=0)))), ("cpu",), None), "shape"),
+    "head_dim-16": ((_case(**dict(zip("qkv", qkv(d=16)))), ("cpu",), None), "head_dim"),
+    "head_dim-264": ((_case(**dict(zip("qkv", qkv(d=264)))), ("cpu",), None), "head_dim"),
+    "head_dim-36": ((_case(**dict(zip("qkv", qkv(d=36)))), ("cpu",), None), "head_dim"),
+    "gqa-not-enabled": ((_gqa(8, 2, False), ("cpu",), None), "gqa"),
+    "gqa-not-a-multiple": ((_gqa(6, 4, True), ("cpu",), None), "gqa"),
+    "scale-negative": ((_case(), ("cpu",), -1.0), "scale"),
+}
+
+
+@pytest.mark.parametrize("case,expected", CASES.values(), ids=CASES.keys())
+def test_route_decision(case, expected):
+    args, device_types, scale = case
+    assert _decide(args, device_types=device_types, scale=scale) == expected
+    assert expected is None or expected in ti.FALLBACK_REASONS
+
+
+def test_route_decision_accepts_inputs_that_require_grad_under_no_grad():
+    args = _case(**dict(zip("qkv", qkv(requires_grad=True))))
+    with torch.no_grad():
+        assert _decide(args) is None
+    assert _decide(args) == "grad"
+
+
+def test_route_decision_defaults_to_cuda_only():
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 33, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 2, 33, 128, dtype=torch.bfloat16, device="cuda")
+        assert ti.route_decision(q, k, k, None, 0.0, True) is None
+        assert ti.route_decision(q, k, k, None, 0.0, False) == "gqa"
+    q, k, v = qkv()
+    assert ti.route_decision(q, k, v, None, 0.0, False) == "cpu"
+
+
+def test_checks_come_in_the_documented_order():
+    """A call failing several checks reports the first in FALLBACK_REASONS."""
+    q, k, v = qkv(dtype=torch.float32, d=16)
+    mask = torch.ones(17, 17, dtype=torch.bool)
+    assert ti.route_decision(q, k, v, mask, 0.5, False) == "attn_mask"
+    assert ti.route_decision(q, k, v, None, 0.5, False) == "dropout"
+    assert ti.route_decision(q, k, v, None, 0.0, False) == "cpu"
+    assert ti.route_decision(q, k, v, None, 0.0, False, device_types=("cpu",)) == "dtype"
+
+
+# ---------------------------------------------------------------------------------- router
+
+def test_router_replaces_and_restores_sdpa():
+    assert not ti.is_enabled()
+    with ti.sdpa_kernel():
+        assert ti.is_enabled()
+        assert F.scaled_dot_product_attention is not TORCH_SDPA
+        assert torch.nn.functional.scaled_dot_product_attention is F.scaled_dot_product_attention
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_router_restores_sdpa_on_exception():
+    with pytest.raises(KeyError, match="boom"):
+        with ti.sdpa_kernel():
+            raise KeyError("boom")
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_router_nests():
+    with ti.sdpa_kernel():
+        routed = F.scaled_dot_product_attention
+        with ti.sdpa_kernel():
+            assert F.scaled_dot_product_attention is routed
+        assert F.scaled_dot_product_attention is routed  # the inner block leaves it on
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_enable_disable_are_idempotent_and_blocks_leave_enable_on():
+    ti.enable()
+    ti.enable()
+    routed = F.scaled_dot_product_attention
+    with ti.sdpa_kernel():
+        pass
+    assert F.scaled_dot_product_attention is routed
+    ti.disable()
+    ti.disable()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_router_restores_a_function_patched_before_it(monkeypatch):
+    def someone_elses(*args, **kwargs):
+        return TORCH_SDPA(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", someone_elses)
+    with ti.sdpa_kernel():
+        out = F.scaled_dot_product_attention(*qkv())
+    assert torch.equal(out, TORCH_SDPA(*qkv()))
+    assert F.scaled_dot_product_attention is someone_elses
+
+
+CPU_CALLS = {
+    "plain": (qkv(), {}),
+    "causal-scale": (qkv(sq=9, sk=30), {"is_causal": True, "scale": 0.2}),
+    "mask": (qkv(dtype=torch.float32), {"attn_mask": torch.randn(17, 17)}),
+    "gqa": (qkv(hq=8, hkv=2, dtype=torch.float16), {"enable_gqa": True}),
+}
+
+
+@pytest.mark.parametrize("args,kwargs", CPU_CALLS.values(), ids=CPU_CALLS.keys())
+def test_router_gives_cpu_calls_to_torch_unchanged(args, kwargs, kernel):
+    expected = TORCH_SDPA(*args, **kwargs)
+    with ti.sdpa_kernel():
+        out = F.scaled_dot_product_attention(*args, **kwargs)
+    assert torch.equal(out, expected)
+    assert kernel.calls == []
+    stats = ti.router_stats()
+    assert stats.tiledattention == 0 and stats.torch == 1
+    assert stats.fallbacks == {"attn_mask" if "attn_mask" in kwargs else "cpu": 1}
+
+
+def test_router_sends_supported_calls_to_the_op(kernel, cpu_is_kernel_device):
+    q, k, v = qkv(hq=8, hkv=2, sq=9, sk=30)
+    with ti.sdpa_kernel():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2, enable_gqa=True)
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, enable_gqa=True)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(9, 30, dtype=torch.bool),
+                                       enable_gqa=True)
+    assert [(c["causal"], c["scale"]) for c in kernel.calls] == [(True, 0.2), (False, None)]
+    assert torch.equal(out, reference_sdpa(q, k, v, True, 0.2))
+    stats = ti.router_stats()
+    assert (stats.tiledattention, stats.torch) == (2, 2)
+    assert stats.fallbacks == {"dropout": 1, "attn_mask": 1}
+    ti.reset_router_stats()
+    assert ti.router_stats() == ti.RouterStats(tiledattention=0, torch=0, fallbacks={})
+
+
+def test_router_trains_through_torch(kernel, cpu_is_kernel_device):
+    q, k, v = qkv(requires_grad=True)
+    with ti.sdpa_kernel():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().sum().backward()
+    assert kernel.calls == []
+    assert ti.router_stats().fallbacks == {"grad": 1}
+    q2, k2, v2 = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    TORCH_SDPA(q2, k2, v2, is_causal=True).float().square().sum().backward()
+    for mine, theirs in ((q, q2), (k, k2), (v, v2)):
+        assert torch.equal(mine.grad, theirs.grad)
+
+
+def test_router_under_compile_fullgraph(kernel, cpu_is_kernel_device):
+    def f(q, k, v, mask):
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        b = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return a + b
+
+    q, k, v = qkv()
+    mask = torch.rand(17, 17) > 0.3
+    mask[:, 0] = True
+    expected = reference_sdpa(q, k, v, True) + TORCH_SDPA(q, k, v, attn_mask=mask)
+    with ti.sdpa_kernel():
+        out = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, mask)
+    assert len(kernel.calls) == 1 and kernel.calls[0]["causal"] is True
+    assert torch.equal(out, expected)
+
+
+# ---------------------------------------------------------------------------- transformers
+
+def tiny_llama(attn_implementation: str, dtype=torch.bfloat16):
+    transformers = pytest.importorskip("transformers")
+    ti.register_hf()
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # 16 is below the kernel's 32
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn_implementation)
+    return model.to(dtype).eval()
+
+
+def test_register_hf_makes_the_name_known():
+    transformers = pytest.importorskip("transformers")
+    ti.register_hf()
+    ti.register_hf()  # idempotent
+    assert ti.ATTN_IMPLEMENTATION in transformers.AttentionInterface._global_mapping
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    assert ALL_MASK_ATTENTION_FUNCTIONS[ti.ATTN_IMPLEMENTATION] is sdpa_mask
+    model = tiny_llama("tiledattention")
+    assert model.config._attn_implementation == "tiledattention"
+
+
+def test_hf_llama_logits_match_sdpa(kernel, cpu_is_kernel_device):
+    mine, theirs = tiny_llama("tiledattention"), tiny_llama("sdpa")
+    ids = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = mine(ids).logits
+        expected = theirs(ids).logits
+    # every layer ran the kernel: causal, GQA heads passed unrepeated, [B, H, S, D] layout
+    assert kernel.calls == [{"q": (2, 4, 33, 32), "k": (2, 2, 33, 32), "causal": True,
+                             "scale": 32 ** -0.5, "dtype": torch.bfloat16}] * 2
+    assert ti.hf_stats().tiledattention == 2 and ti.hf_stats().torch == 0
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.95
+
+
+def test_hf_llama_logits_wrong_without_causal_would_be_caught(kernel, cpu_is_kernel_device,
+                                                              monkeypatch):
+    """Guards the test above: a kernel that ignored ``causal`` changes the logits."""
+    theirs = tiny_llama("sdpa")
+    ids = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(tiledattention, "sdpa",
+                        lambda q, k, v, causal=False, scale=None: reference_sdpa(q, k, v, False,
+                                                                                  scale))
+    mine = tiny_llama("tiledattention")
+    with torch.no_grad():
+        got, expected = mine(ids).logits, theirs(ids).logits
+    assert not torch.allclose(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_hf_padding_mask_goes_to_sdpa(kernel, cpu_is_kernel_device):
+    mine, theirs = tiny_llama("tiledattention"), tiny_llama("sdpa")
+    ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, :5] = 0  # left padding
+    with torch.no_grad():
+        got = mine(ids, attention_mask=mask).logits
+        expected = theirs(ids, attention_mask=mask).logits
+    assert kernel.calls == []
+    assert ti.hf_stats().fallbacks == {"attn_mask": 2}
+    assert torch.equal(got, expected)
+
+
+def test_hf_generate_matches_sdpa(kernel, cpu_is_kernel_device):
+    mine, theirs = tiny_llama("tiledattention"), tiny_llama("sdpa")
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        got = mine.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        expected = theirs.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    assert got.shape == (1, 18)
+    assert torch.equal(got, expected)
+    # prefill is causal over 12 tokens; each decode step is one query over the whole cache
+    prefill = [c for c in kernel.calls if c["q"][2] == 12]
+    decode = [c for c in kernel.calls if c["q"][2] == 1]
+    assert prefill and all(c["causal"] and c["k"][2] == 12 for c in prefill)
+    assert decode and all(not c["causal"] for c in decode)
+    assert sorted({c["k"][2] for c in decode}) == list(range(13, 18))
+
+
+def test_hf_training_goes_to_sdpa(kernel, cpu_is_kernel_device):
+    model = tiny_llama("tiledattention", dtype=torch.bfloat16).train()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(4))
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert kernel.calls == []
+    assert ti.hf_stats().fallbacks == {"grad": 2}
+    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_hf_rejects_softcap():
+    pytest.importorskip("transformers")
+    q, k, v = qkv()
+    module = torch.nn.Module()
+    with pytest.raises(ValueError, match="softcap"):
+        ti._hf.tiledattention_attention_forward(module, q, k, v, None, softcap=30.0)

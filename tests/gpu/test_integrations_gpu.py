@@ -1,0 +1,219 @@
+"""tiledattention.integrations on the GPU: the custom op under torch.compile / torch.export, the
+SDPA router, and the transformers backend, against PyTorch.
+
+Errors are relative L2 against a float32 reference (bf16 <= 1e-2, fp16 <= 5e-3). Causal masking
+is PyTorch's ``is_causal``: top-left aligned (query i sees keys 0..i).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiledattention.integrations as ti
+from tiledattention.integrations import _router
+
+from ._reference import TOLERANCE, random_qkv, reference, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+TORCH_SDPA = _router._TORCH_SDPA
+
+
+@pytest.fixture(autouse=True)
+def _router_off_and_counts_reset():
+    ti.disable()
+    ti.reset_router_stats()
+    ti.reset_hf_stats()
+    torch._dynamo.reset()
+    yield
+    ti.disable()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+SHAPES = {
+    "mha": (2, 8, 8, 128, 128, 64),
+    "gqa": (2, 8, 2, 113, 113, 128),
+    "decode": (3, 8, 2, 1, 1000, 128),
+    "sq>sk": (1, 4, 4, 300, 17, 96),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_op_matches_reference(shape, causal, dtype):
+    b, hq, hkv, sq, sk, d = shape
+    q, k, v = random_qkv(b, hq, hkv, sq, sk, d, dtype, seed=sq)
+    with torch.no_grad():
+        out = ti.attention(q, k, v, causal=causal)
+    assert out.shape == (b, hq, sq, d) and out.dtype == dtype and out.is_contiguous()
+    err = rel_l2(out, reference(q, k, v, causal))
+    assert err <= TOLERANCE[dtype], f"rel L2 {err:.2e}"
+
+
+def test_backward_through_the_op_raises_forward_only():
+    q, k, v = random_qkv(1, 4, 4, 64, 64, 64, torch.bfloat16)
+    q.requires_grad_(True)
+    out = ti.attention(q, k, v, causal=True)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        out.float().sum().backward()
+
+
+class Block(torch.nn.Module):
+    """Projections around the op, GQA, causal: the shape of a decoder's attention."""
+
+    def __init__(self, dim=512, heads=8, kv_heads=2, head_dim=64):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q = torch.nn.Linear(dim, heads * head_dim, bias=False)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * head_dim, bias=False)
+        self.o = torch.nn.Linear(heads * head_dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)  # strided, last dim 1
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.head_dim).unbind(2)
+        out = ti.attention(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _block_and_input():
+    torch.manual_seed(0)
+    model = Block().to(device="cuda", dtype=torch.bfloat16).eval()
+    x = torch.randn(2, 257, 512, device="cuda", dtype=torch.bfloat16)
+    return model, x
+
+
+def test_compile_fullgraph_matches_eager():
+    model, x = _block_and_input()
+    with torch.no_grad():
+        eager = model(x)
+        compiled = torch.compile(model, fullgraph=True)
+        out = compiled(x)
+    err = rel_l2(out, eager.float())
+    assert err <= 1e-2, f"compiled vs eager rel L2 {err:.2e}"
+
+
+def test_compile_explain_has_no_graph_breaks():
+    model, x = _block_and_input()
+    with torch.no_grad():
+        explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_export_matches_eager():
+    model, x = _block_and_input()
+    exported = torch.export.export(model, (x,))
+    targets = {node.target for node in exported.graph.nodes if node.op == "call_function"}
+    assert torch.ops.tiledattention.sdpa_fwd.default in targets
+    with torch.no_grad():
+        err = rel_l2(exported.module()(x), model(x).float())
+    assert err <= 1e-2, f"exported vs eager rel L2 {err:.2e}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_router_sends_cuda_bf16_to_tiledattention(causal):
+    q, k, v = random_qkv(2, 8, 2, 113, 300, 128, torch.bfloat16, seed=1)
+    with torch.no_grad(), ti.sdpa_kernel():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        scaled = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.05,
+                                                enable_gqa=True)
+    stats = ti.router_stats()
+    assert (stats.tiledattention, stats.torch) == (2, 0), stats
+    err = rel_l2(out, reference(q, k, v, causal))
+    assert err <= TOLERANCE[torch.bfloat16], f"rel L2 {err:.2e}"
+    err = rel_l2(scaled, reference(q, k, v, causal, scale=0.05))
+    assert err <= TOLERANCE[torch.bfloat16], f"scale=0.05: rel L2 {err:.2e}"
+
+
+def test_router_falls_back_for_what_the_kernel_cannot_do():
+    q, k, v = random_qkv(2, 4, 4, 64, 64, 64, torch.bfloat16, seed=2)
+    mask = torch.rand(64, 64, device="cuda") > 0.2
+    mask[:, 0] = True
+    cases = {
+        "attn_mask": ((q, k, v), {"attn_mask": mask}),
+        "dtype": ((q.float(), k.float(), v.float()), {}),
+        "head_dim": ((q[..., :16], k[..., :16], v[..., :16]), {}),
+        "layout": ((q.transpose(2, 3).contiguous().transpose(2, 3), k, v), {}),
+    }
+    with torch.no_grad(), ti.sdpa_kernel():
+        for reason, (args, kwargs) in cases.items():
+            out = F.scaled_dot_product_attention(*args, **kwargs)
+            assert torch.equal(out, TORCH_SDPA(*args, **kwargs)), reason
+    stats = ti.router_stats()
+    assert stats.tiledattention == 0
+    assert stats.fallbacks == {"attn_mask": 1, "dtype": 1, "head_dim": 1, "layout": 1}
+
+
+def test_router_trains_through_torch():
+    q, k, v = random_qkv(2, 4, 4, 64, 64, 64, torch.bfloat16, seed=3)
+    q.requires_grad_(True)
+    with ti.sdpa_kernel():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum().backward()
+    assert ti.router_stats().fallbacks == {"grad": 1}
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+# ---------------------------------------------------------------------------- transformers
+
+def tiny_llama(attn_implementation: str, dtype: torch.dtype, state_dict=None):
+    transformers = pytest.importorskip("transformers")
+    ti.register_hf()
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn_implementation)
+    if state_dict is not None:
+        model.load_state_dict(state_dict)
+    return model.to(device="cuda", dtype=dtype).eval()
+
+
+def test_hf_llama_logits_match_sdpa():
+    reference_model = tiny_llama("sdpa", torch.float32)
+    weights = {name: t.detach().cpu() for name, t in reference_model.state_dict().items()}
+    mine = tiny_llama("tiledattention", torch.bfloat16, weights)
+    theirs = tiny_llama("sdpa", torch.bfloat16, weights)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    ids = torch.randint(0, 512, (2, 97), device="cuda", generator=gen)
+    with torch.no_grad():
+        exact = reference_model(ids).logits
+        got = mine(ids).logits
+        expected = theirs(ids).logits
+    stats = ti.hf_stats()
+    assert (stats.tiledattention, stats.torch) == (2, 0), stats  # both layers ran the kernel
+    err, sdpa_err = rel_l2(got, exact), rel_l2(expected, exact)
+    assert err <= max(1e-2, 2 * sdpa_err), f"rel L2 {err:.2e} (torch sdpa bf16: {sdpa_err:.2e})"
+    assert rel_l2(got, expected.float()) <= 2e-2  # two bf16 models: attention rounding only
+
+
+def test_hf_llama_generate_runs_on_the_kernel():
+    model = tiny_llama("tiledattention", torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    ids = torch.randint(0, 512, (2, 31), device="cuda", generator=gen)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                             min_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 39)
+    assert torch.equal(out[:, :31], ids)
+    stats = ti.hf_stats()
+    # prefill plus 7 decode steps (the 8th token needs no forward), two layers each
+    assert stats.tiledattention == 2 * 8 and stats.torch == 0, stats
+
+
+def test_hf_padded_batch_falls_back_and_matches_sdpa():
+    mine = tiny_llama("tiledattention", torch.bfloat16)
+    theirs = tiny_llama("sdpa", torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    ids = torch.randint(0, 512, (2, 40), device="cuda", generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :9] = 0
+    with torch.no_grad():
+        got = mine(ids, attention_mask=mask).logits
+        expected = theirs(ids, attention_mask=mask).logits
+    assert ti.hf_stats().fallbacks == {"attn_mask": 2}
+    assert torch.equal(got, expected)

@@ -1,0 +1,35 @@
+"""PyTorch and Hugging Face integration for tiledattention (imported on demand, not by
+``import tiledattention``).
+
+Importing this package registers the torch custom op ``torch.ops.tiledattention.sdpa_fwd``
+(traceable by ``torch.compile(fullgraph=True)`` and ``torch.export``; forward only).
+
+- :func:`attention` — ``tiledattention.sdpa`` through that op.
+- :func:`sdpa_kernel` / :func:`enable` / :func:`disable` — route
+  ``torch.nn.functional.scaled_dot_product_attention`` calls tiledattention supports to it, the
+  rest (masks, dropout, CPU, fp32, inputs that require grad, ...) to PyTorch unchanged;
+  :func:`route_decision` is the policy, :func:`router_stats` counts where calls went.
+- :func:`register_hf` — ``attn_implementation="tiledattention"`` for transformers models.
+"""
+
+from __future__ import annotations
+
+from ._hf import ATTN_IMPLEMENTATION, hf_stats, register_hf, reset_hf_stats
+from ._router import (
+    FALLBACK_REASONS,
+    RouterStats,
+    disable,
+    enable,
+    is_enabled,
+    reset_router_stats,
+    route_decision,
+    router_stats,
+    sdpa_kernel,
+)
+from ._torch_op import OP_NAME, attention
+
+__all__ = [
+    "ATTN_IMPLEMENTATION", "FALLBACK_REASONS", "OP_NAME", "RouterStats", "attention", "disable",
+    "enable", "hf_stats", "is_enabled", "register_hf", "reset_hf_stats", "reset_router_stats",
+    "route_decision", "router_stats", "sdpa_kernel",
+]

@@ -1,0 +1,200 @@
+"""Route ``torch.nn.functional.scaled_dot_product_attention`` calls to tiledattention when it can
+run them, and to PyTorch's own function, unchanged, otherwise.
+
+``route_decision`` is the whole policy, a pure function of the call's arguments; the router only
+swaps the ``torch.nn.functional`` attribute, so callers that bound the function earlier
+(``from torch.nn.functional import scaled_dot_product_attention``) are not routed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from .._problem import SUPPORTED_HEAD_DIMS
+from ._torch_op import attention
+
+__all__ = [
+    "FALLBACK_REASONS", "RouterStats", "disable", "enable", "is_enabled", "reset_router_stats",
+    "route_decision", "router_stats", "sdpa_kernel",
+]
+
+#: Device types the kernel runs on. ``route_decision`` takes another tuple for tests.
+KERNEL_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+#: Every reason ``route_decision`` can give, in the order it checks them.
+FALLBACK_REASONS = (
+    "attn_mask",  # an attn_mask was given (the kernel knows only is_causal)
+    "dropout",    # dropout_p != 0
+    "cpu",        # a tensor is on the CPU
+    "device",     # a tensor on another non-kernel device, or q, k, v on different devices
+    "dtype",      # not bf16/fp16, or q, k, v of different dtypes
+    "ndim",       # not 4-D [B, H, S, D]
+    "grad",       # grad mode is on and an input requires grad (the kernel is forward-only)
+    "layout",     # last dim not contiguous
+    "shape",      # k, v shapes differ, batch or head_dim differ from q, or an empty dim
+    "head_dim",   # head_dim not in tiledattention._problem.SUPPORTED_HEAD_DIMS
+    "gqa",        # H_q != H_kv without enable_gqa, or H_q not a multiple of H_kv
+    "scale",      # scale not a finite positive number
+)
+
+
+def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
+                   enable_gqa: bool, *, scale: Any = None,
+                   device_types: tuple[str, ...] | None = None) -> str | None:
+    """``None`` if tiledattention runs this ``scaled_dot_product_attention`` call, else the
+    reason (one of :data:`FALLBACK_REASONS`) it goes to PyTorch.
+
+    ``device_types``: the device types to accept (default :data:`KERNEL_DEVICE_TYPES`, CUDA);
+    tests pass others to reach the later checks with CPU or meta tensors.
+    """
+    accepted = KERNEL_DEVICE_TYPES if device_types is None else device_types
+    if attn_mask is not None:
+        return "attn_mask"
+    if dropout_p != 0.0:
+        return "dropout"
+    tensors = (q, k, v)
+    if not all(isinstance(x, torch.Tensor) for x in tensors):
+        return "device"
+    types = {x.device.type for x in tensors}
+    if not types <= set(accepted):
+        return "cpu" if "cpu" in types else "device"
+    if len({x.device for x in tensors}) != 1:
+        return "device"
+    if q.dtype not in _KERNEL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return "dtype"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "ndim"
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return "grad"
+    if any(x.stride(-1) != 1 and x.shape[-1] > 1 for x in tensors):
+        return "layout"
+    b, hq, sq, d = q.shape
+    bk, hkv, sk, dk = k.shape
+    if tuple(v.shape) != tuple(k.shape) or bk != b or dk != d or 0 in (b, hq, hkv, sq, sk):
+        return "shape"
+    if d not in SUPPORTED_HEAD_DIMS:
+        return "head_dim"
+    if hq != hkv and not (enable_gqa and hq % hkv == 0):
+        return "gqa"
+    if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+        return "scale"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterStats:
+    """Where routed calls went since the last reset."""
+
+    tiledattention: int
+    torch: int
+    fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.tiledattention = 0
+        self.fallbacks: Counter[str] = Counter()
+
+    def snapshot(self) -> RouterStats:
+        return RouterStats(tiledattention=self.tiledattention, torch=sum(self.fallbacks.values()),
+                           fallbacks=dict(self.fallbacks))
+
+    def reset(self) -> None:
+        self.tiledattention = 0
+        self.fallbacks.clear()
+
+
+_counts = _Counts()
+
+
+def router_stats() -> RouterStats:
+    """How many routed calls went to tiledattention and to torch, and why each fallback happened.
+
+    Counted at run time in eager mode; inside a ``torch.compile``'d function the decision is made
+    once while tracing (guarded on the inputs' properties) and is not counted per call.
+    """
+    return _counts.snapshot()
+
+
+def reset_router_stats() -> None:
+    _counts.reset()
+
+
+_lock = threading.Lock()
+_original: Callable[..., torch.Tensor] | None = None  # the function enable() replaced
+
+
+def _routed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                 is_causal: bool = False, scale: float | None = None,
+                 enable_gqa: bool = False) -> torch.Tensor:
+    original = _original if _original is not None else _TORCH_SDPA
+    reason = route_decision(query, key, value, attn_mask, dropout_p, enable_gqa, scale=scale)
+    compiling = torch.compiler.is_compiling()
+    if reason is None:
+        if not compiling:
+            _counts.tiledattention += 1
+        return attention(query, key, value, is_causal, scale)
+    if not compiling:
+        _counts.fallbacks[reason] += 1
+    kwargs: dict[str, Any] = {"attn_mask": attn_mask, "dropout_p": dropout_p,
+                              "is_causal": is_causal, "scale": scale}
+    if enable_gqa:  # passed only when set: torch < 2.5 has no enable_gqa
+        kwargs["enable_gqa"] = enable_gqa
+    return original(query, key, value, **kwargs)
+
+
+_routed_sdpa.__doc__ = (
+    "torch.nn.functional.scaled_dot_product_attention, routed by tiledattention.integrations "
+    "(calls tiledattention supports run its kernel; the rest run PyTorch's function unchanged)."
+)
+_TORCH_SDPA = F.scaled_dot_product_attention  # as found when this module was imported
+
+
+def is_enabled() -> bool:
+    """Whether ``torch.nn.functional.scaled_dot_product_attention`` is routed now."""
+    return F.scaled_dot_product_attention is _routed_sdpa
+
+
+def enable() -> None:
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` until :func:`disable`.
+    Idempotent."""
+    global _original
+    with _lock:
+        if F.scaled_dot_product_attention is _routed_sdpa:
+            return
+        _original = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = _routed_sdpa
+
+
+def disable() -> None:
+    """Put back the function :func:`enable` replaced. Idempotent."""
+    global _original
+    with _lock:
+        if F.scaled_dot_product_attention is _routed_sdpa and _original is not None:
+            F.scaled_dot_product_attention = _original
+        _original = None
+
+
+@contextlib.contextmanager
+def sdpa_kernel() -> Iterator[None]:
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` inside the block.
+
+    Nests: the outermost block that enabled routing disables it on exit, also on exceptions; a
+    block entered while routing is on (by :func:`enable` or an outer block) leaves it on.
+    """
+    was_enabled = is_enabled()
+    enable()
+    try:
+        yield
+    finally:
+        if not was_enabled:
+            disable()
