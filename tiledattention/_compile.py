@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import re
+import struct
 import time
 from dataclasses import dataclass
 
@@ -43,6 +44,29 @@ class CompileResult:
     cubin_size: int
     seconds: float
     cubin: bytes
+    shared_bytes: int | None  # static shared memory of the kernel (None: not in the cubin)
+
+
+def cubin_shared_bytes(cubin: bytes) -> int | None:
+    """Static shared memory of the kernel: the size of the cubin's ``.nv.shared.<kernel>`` ELF
+    section. (Register counts and spills need cuobjdump, which the pip toolchain lacks.)"""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        return None
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQII", cubin, shoff + i * shentsize)
+                for i in range(shnum)]
+    names_at = sections[shstrndx][4]
+
+    def name(offset: int) -> str:
+        start = names_at + offset
+        return cubin[start:cubin.index(b"\0", start)].decode(errors="replace")
+
+    for sh_name, _, _, _, _, size, _, _ in sections:
+        label = name(sh_name)
+        if label.startswith(".nv.shared.") and not label.startswith(".nv.shared.reserved"):
+            return size
+    return None
 
 
 def _array(dtype: str) -> ctc.ArrayConstraint:
@@ -76,4 +100,4 @@ def compile_schedule(problem: Problem, schedule: Schedule, arch: str) -> Compile
         ) from exc
     cubin = buf.getvalue()
     return CompileResult(arch=arch, cubin_size=len(cubin), seconds=time.perf_counter() - start,
-                         cubin=cubin)
+                         cubin=cubin, shared_bytes=cubin_shared_bytes(cubin))

@@ -1,0 +1,416 @@
+"""Reports of ``tiledtune bench``: CSV, a markdown summary and PNG plots, from plain records.
+
+Everything here works on a list of :class:`BenchResult` (one per contender × grid point) and
+never touches a GPU, so reports can be tested on synthetic results and re-rendered from a CSV
+(``load_results``). matplotlib is optional (the ``bench`` extra): it is imported only by
+``write_plots``, which raises :class:`PlotsUnavailable` when it is missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ._bench_grid import CONTENDERS
+
+__all__ = [
+    "BenchResult", "PlotsUnavailable", "RunInfo", "STATUSES", "CSV_COLUMNS", "MAX_PNG_BYTES",
+    "geomean", "load_results", "ratio_table", "render_markdown", "write_csv", "write_plots",
+    "write_summary",
+]
+
+#: ``ok``: measured and correct; ``wrong``: ran but failed the accuracy check (not timed);
+#: ``unavailable``: raised (unsupported shape, no kernel, out of memory...); ``skipped``: not
+#: run on purpose (e.g. the S×S scores would not fit the memory budget).
+STATUSES = ("ok", "wrong", "unavailable", "skipped")
+MAX_PNG_BYTES = 200 * 1024
+_PLOT_DPIS = (90, 72, 60, 48, 36)
+_REFERENCE = "tiledattention"  # the ratio tables compare this contender with every other
+_BASELINE = "torch-cudnn"  # the ratio plot divides by this one
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchResult:
+    """One contender at one grid point. Timing fields are ``None`` unless ``status == "ok"``."""
+
+    contender: str
+    status: str
+    reason: str = ""
+    batch: int
+    heads: int
+    seqlen: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    median_ms: float | None = None
+    spread_ms: float | None = None
+    samples: int | None = None
+    tflops: float | None = None
+    rel_err: float | None = None
+    schedule: str = ""  # Schedule.describe() of tiledattention rows
+    lookup_source: str = ""  # Resolution.source ("exact-device", ..., "default"), or "forced"
+    lookup_detail: str = ""
+    device: str = ""
+    arch: str = ""
+    driver: str = ""
+    torch_version: str = ""
+    cuda_tile_version: str = ""
+    sm_clock: str = ""  # as nvidia-smi reports it, e.g. "1980 MHz"; "" when unknown
+    mem_clock: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"BenchResult.status must be one of {STATUSES}; "
+                             f"got {self.status!r}")
+        if self.status == "ok" and (self.tflops is None or self.median_ms is None):
+            raise ValueError("an ok BenchResult needs median_ms and tflops")
+
+    @property
+    def key(self) -> tuple[str, int, bool, int]:
+        """(dtype, head_dim, causal, seqlen): the grid point (B and H follow from the grid)."""
+        return (self.dtype, self.head_dim, self.causal, self.seqlen)
+
+    @property
+    def mask(self) -> str:
+        return "causal" if self.causal else "full"
+
+    @property
+    def note(self) -> str:
+        """``status: reason`` for rows that were not measured."""
+        return f"{self.status}: {self.reason}" if self.reason else self.status
+
+
+CSV_COLUMNS = tuple(f.name for f in fields(BenchResult))
+_INT_FIELDS = ("batch", "heads", "seqlen", "head_dim", "samples")
+_FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "rel_err")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """What the summary header says about the run besides what the rows carry."""
+
+    command: str
+    date: str
+
+
+# -- CSV -----------------------------------------------------------------------------------------
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:
+    """Write one row per result (atomically); floats keep full precision (``repr``)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for result in results:
+        row = asdict(result)
+        for name, value in row.items():
+            if value is None:
+                row[name] = ""
+            elif isinstance(value, bool):
+                row[name] = "yes" if value else "no"
+            elif isinstance(value, float):
+                row[name] = repr(value)
+        writer.writerow(row)
+    path = Path(path)
+    _atomic_write(path, buffer.getvalue().encode())
+    return path
+
+
+def load_results(path: str | os.PathLike) -> list[BenchResult]:
+    """Read a CSV written by :func:`write_csv` back into results (to re-render reports)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read bench results {path}: {exc.strerror}") from None
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in ("contender", "status", "batch", "heads", "seqlen", "head_dim",
+                           "dtype", "causal") if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"{path} is not a tiledtune bench CSV: it lacks columns {missing}")
+    known = set(CSV_COLUMNS)
+    results = []
+    for line, row in enumerate(reader, start=2):
+        values: dict = {}
+        try:
+            for name, raw in row.items():
+                if name not in known:
+                    continue  # a column of a newer version: ignore it
+                raw = raw or ""
+                if name in _INT_FIELDS:
+                    values[name] = int(raw) if raw else None
+                elif name in _FLOAT_FIELDS:
+                    values[name] = float(raw) if raw else None
+                elif name == "causal":
+                    if raw not in ("yes", "no"):
+                        raise ValueError(f"causal must be yes or no; got {raw!r}")
+                    values[name] = raw == "yes"
+                else:
+                    values[name] = raw
+            results.append(BenchResult(**values))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}, line {line}: {exc}") from None
+    return results
+
+
+# -- numbers -------------------------------------------------------------------------------------
+
+def geomean(values: Iterable[float]) -> float | None:
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not values:
+        return None
+    return math.exp(math.fsum(math.log(v) for v in values) / len(values))
+
+
+def _contenders_of(results: Sequence[BenchResult]) -> list[str]:
+    present = {r.contender for r in results}
+    return [c for c in CONTENDERS if c in present] + sorted(present - set(CONTENDERS))
+
+
+def _index(results: Sequence[BenchResult]) -> dict[tuple, dict[str, BenchResult]]:
+    table: dict[tuple, dict[str, BenchResult]] = defaultdict(dict)
+    for r in results:
+        table[r.key][r.contender] = r
+    return table
+
+
+def ratio_table(results: Sequence[BenchResult], reference: str = _REFERENCE
+                ) -> dict[tuple[int, bool], dict[str, float | None]]:
+    """Geometric mean over dtypes and sequence lengths of ``TFLOP/s(reference) / TFLOP/s(c)``
+    per (head_dim, causal) and contender ``c``; points where either is not ok are left out
+    (``None`` when no point is left)."""
+    ratios: dict[tuple[int, bool], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (dtype, d, causal, s), row in _index(results).items():
+        ref = row.get(reference)
+        for name, r in row.items():
+            if name == reference:
+                continue
+            ratios[(d, causal)][name]  # keep the column even when nothing is comparable
+            if ref is not None and ref.status == "ok" and r.status == "ok":
+                ratios[(d, causal)][name].append(ref.tflops / r.tflops)
+    return {key: {name: geomean(vals) for name, vals in per.items()}
+            for key, per in sorted(ratios.items())}
+
+
+# -- markdown ------------------------------------------------------------------------------------
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _cell(r: BenchResult | None) -> str:
+    if r is None:
+        return ""
+    if r.status == "ok":
+        return f"{r.tflops:.1f}"
+    return r.status
+
+
+def _unique(values: Iterable[str]) -> str:
+    seen = [v for v in dict.fromkeys(values) if v]
+    return ", ".join(seen) if seen else "unknown"
+
+
+def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
+    """The summary: header, TFLOP/s per (dtype, D, mask), ratios, geomeans, notes."""
+    contenders = _contenders_of(results)
+    index = _index(results)
+    lines = ["# tiledattention benchmark", ""]
+    lines += [
+        f"- command: `{info.command}`",
+        f"- date: {info.date}",
+        f"- device: {_unique(r.device for r in results)} ({_unique(r.arch for r in results)})",
+        f"- driver: {_unique(r.driver for r in results)}; torch "
+        f"{_unique(r.torch_version for r in results)}; cuda-tile "
+        f"{_unique(r.cuda_tile_version for r in results)}",
+        f"- GPU clocks (SM / memory): {_unique(r.sm_clock for r in results)} / "
+        f"{_unique(r.mem_clock for r in results)}",
+        f"- points: {len(index)}; contenders: {', '.join(contenders)}",
+        "",
+        "TFLOP/s counts 4·B·H·S_q·S_k·D, only the unmasked part when causal (higher is better). "
+        f"A ratio column is TFLOP/s of `{_REFERENCE}` over the contender's (> 1: "
+        f"`{_REFERENCE}` is faster). Cells that are not numbers name the status; the notes "
+        "at the end give the reasons.",
+        "",
+    ]
+    others = [c for c in contenders if c != _REFERENCE]
+    has_ref = _REFERENCE in contenders
+    groups = sorted({(k[0], k[1], k[2]) for k in index}, key=lambda g: (g[0], g[1], g[2]))
+    for dtype, d, causal in groups:
+        keys = sorted(k for k in index if k[:3] == (dtype, d, causal))
+        mask = "causal" if causal else "full"
+        lines += [f"## {dtype}, D={d}, {mask}", ""]
+        head = ["S", "B×H"] + contenders + ([f"÷ {c}" for c in others] if has_ref else [])
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for key in keys:
+            row = index[key]
+            any_row = next(iter(row.values()))
+            cells = [str(key[3]), f"{any_row.batch}×{any_row.heads}"]
+            cells += [_cell(row.get(c)) for c in contenders]
+            if has_ref:
+                ref = row.get(_REFERENCE)
+                for c in others:
+                    r = row.get(c)
+                    ok = ref is not None and r is not None and ref.status == r.status == "ok"
+                    cells.append(f"{ref.tflops / r.tflops:.2f}" if ok else "—")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        schedules = [(k[3], index[k][_REFERENCE]) for k in keys
+                     if _REFERENCE in index[k] and index[k][_REFERENCE].schedule]
+        if schedules:
+            lines.append("Schedules of `tiledattention`: " + "; ".join(
+                f"S={s}: {r.schedule} ({r.lookup_source})" for s, r in schedules) + ".")
+            lines.append("")
+
+    if has_ref and others:
+        table = ratio_table(results)
+        lines += [f"## Geometric mean of `{_REFERENCE}` ÷ contender (over dtypes and S)", ""]
+        head = ["D", "mask"] + others
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for (d, causal), per in table.items():
+            cells = [str(d), "causal" if causal else "full"]
+            cells += [_fmt(per.get(c), 2) for c in others]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+
+    notes = [r for r in results if r.status != "ok"]
+    if notes:
+        lines += ["## Notes", ""]
+        for r in sorted(notes, key=lambda r: (r.key, contenders.index(r.contender))):
+            lines.append(f"- {r.contender}, {r.dtype} D={r.head_dim} {r.mask} S={r.seqlen} "
+                         f"(B={r.batch}, H={r.heads}): {r.note}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_summary(results: Sequence[BenchResult], info: RunInfo,
+                  path: str | os.PathLike) -> Path:
+    path = Path(path)
+    _atomic_write(path, render_markdown(results, info).encode())
+    return path
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed (``pip install 'tiledattention[bench]'``)."""
+
+
+def _save_small(fig, path: Path, max_bytes: int) -> None:
+    """Save ``fig`` at the highest of ``_PLOT_DPIS`` that stays under ``max_bytes``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    data = b""
+    for dpi in _PLOT_DPIS:
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=dpi)
+        data = buffer.getvalue()
+        if len(data) <= max_bytes:
+            break
+    if len(data) > max_bytes:
+        raise RuntimeError(f"{path.name} is {len(data) // 1024} KiB even at dpi "
+                           f"{_PLOT_DPIS[-1]}; the limit is {max_bytes // 1024} KiB")
+    _atomic_write(path, data)
+
+
+def _short(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _panel_grid(keys: Sequence[tuple]) -> tuple[list[int], list[bool]]:
+    return sorted({k[1] for k in keys}), sorted({k[2] for k in keys})
+
+
+def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike, *,
+                max_bytes: int = MAX_PNG_BYTES) -> tuple[list[Path], list[str]]:
+    """Write ``tflops_<dtype>.png`` (TFLOP/s vs S, a panel per (D, mask), a line per
+    contender) and ``ratio_cudnn_<dtype>.png`` (TFLOP/s ÷ torch-cudnn's) per dtype.
+
+    Returns the files written and messages about plots left out. Raises
+    :class:`PlotsUnavailable` without matplotlib."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotsUnavailable("matplotlib is not installed, so no plots were drawn; "
+                               "install it with: pip install 'tiledattention[bench]'") from None
+
+    out_dir = Path(out_dir)
+    contenders = _contenders_of(results)
+    index = _index(results)
+    written: list[Path] = []
+    messages: list[str] = []
+    for dtype in sorted({k[0] for k in index}):
+        keys = [k for k in index if k[0] == dtype]
+        dims, masks = _panel_grid(keys)
+        for kind in ("tflops", "ratio"):
+            if kind == "ratio" and not any(
+                    r.contender == _BASELINE and r.status == "ok" and r.dtype == dtype
+                    for r in results):
+                messages.append(f"no ratio-to-cuDNN plot for {dtype}: {_BASELINE} has no "
+                                f"measured point")
+                continue
+            fig = Figure(figsize=(4.2 * len(masks), 3.0 * len(dims)), layout="constrained")
+            axes = fig.subplots(len(dims), len(masks), squeeze=False, sharex=True)
+            for i, d in enumerate(dims):
+                for j, causal in enumerate(masks):
+                    ax = axes[i][j]
+                    seqlens = sorted(k[3] for k in keys if k[1] == d and k[2] == causal)
+                    for name in contenders:
+                        xs, ys = [], []
+                        for s in seqlens:
+                            row = index[(dtype, d, causal, s)]
+                            r, base = row.get(name), row.get(_BASELINE)
+                            if r is None or r.status != "ok":
+                                continue
+                            if kind == "tflops":
+                                xs.append(s), ys.append(r.tflops)
+                            elif base is not None and base.status == "ok":
+                                xs.append(s), ys.append(r.tflops / base.tflops)
+                        if xs:
+                            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2,
+                                    label=name)
+                    if kind == "ratio":
+                        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+                    ax.set_xscale("log", base=2)
+                    if seqlens:
+                        ax.set_xticks(seqlens, labels=[_short(s) for s in seqlens])
+                        ax.minorticks_off()
+                    ax.set_title(f"{dtype} D={d} {'causal' if causal else 'full'}",
+                                 fontsize=9)
+                    ax.set_xlabel("S", fontsize=8)
+                    ax.set_ylabel("TFLOP/s" if kind == "tflops" else f"÷ {_BASELINE}",
+                                  fontsize=8)
+                    ax.tick_params(labelsize=7)
+                    ax.grid(True, alpha=0.3)
+            handles, labels = [], []
+            for ax in fig.axes:
+                for h, label in zip(*ax.get_legend_handles_labels()):
+                    if label not in labels:
+                        handles.append(h), labels.append(label)
+            if handles:
+                fig.legend(handles, labels, loc="outside lower center",
+                           ncol=min(4, len(labels)), fontsize=7)
+            name = f"tflops_{dtype}.png" if kind == "tflops" else f"ratio_cudnn_{dtype}.png"
+            path = out_dir / name
+            _save_small(fig, path, max_bytes)
+            written.append(path)
+    return written, messages

@@ -1,0 +1,137 @@
+"""Run an executor in a worker process that may crash or hang without taking the tuner down.
+
+The parent sends one request at a time over a pipe and waits at most ``deadline`` seconds. A
+worker that dies (a segfault, an illegal address that poisoned its CUDA context, ``os._exit``)
+or misses its deadline is killed, the request is answered with a ``crash`` / ``timeout``
+measurement, and the next request starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from typing import Any, Callable
+
+from ._measure import Measurement
+
+__all__ = ["IsolatedExecutor", "WorkerDied", "WorkerTimeout"]
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class WorkerTimeout(RuntimeError):
+    pass
+
+
+def _serve(conn, factory: Callable[[], Any]) -> None:
+    executor = factory()
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        method, args = request
+        try:
+            conn.send(("ok", getattr(executor, method)(*args)))
+        except Exception:  # report to the parent; the worker lives on
+            conn.send(("error", traceback.format_exc(limit=5)))
+
+
+class IsolatedExecutor:
+    """Proxy to an executor built by ``factory()`` in a ``spawn``-ed worker process."""
+
+    def __init__(self, factory: Callable[[], Any], *, name: str = "tiledtune-worker") -> None:
+        self._factory = factory
+        self._name = name
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self.restarts = 0
+
+    def _ensure(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            return
+        if self._proc is not None:
+            self.restarts += 1
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child, self._factory),
+                                       name=self._name, daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def call(self, method: str, *args: Any, deadline: float) -> Any:
+        """Run ``executor.method(*args)`` in the worker; raise WorkerDied / WorkerTimeout."""
+        self._ensure()
+        try:
+            self._conn.send((method, args))
+        except (BrokenPipeError, OSError):
+            self._kill()
+            raise WorkerDied("the worker process died before the request") from None
+        end = time.monotonic() + deadline
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                self._kill()
+                raise WorkerTimeout(f"{method} exceeded its {deadline:.0f} s deadline")
+            try:
+                ready = self._conn.poll(min(left, 0.5))
+            except (EOFError, OSError):
+                ready = True
+            if ready:
+                try:
+                    status, value = self._conn.recv()
+                except (EOFError, OSError):
+                    code = self._proc.exitcode if self._proc is not None else None
+                    self._kill()
+                    raise WorkerDied(f"the worker process died (exit code {code}) during "
+                                     f"{method}") from None
+                if status == "error":
+                    raise RuntimeError(value)
+                return value
+            if not self._proc.is_alive():
+                code = self._proc.exitcode
+                self._kill()
+                raise WorkerDied(f"the worker process died (exit code {code}) during {method}")
+
+    def measurement(self, method: str, *args: Any, deadline: float) -> Measurement:
+        """Like ``call`` for requests answering a Measurement: faults become measurements."""
+        start = time.monotonic()
+        try:
+            return self.call(method, *args, deadline=deadline)
+        except WorkerTimeout as exc:
+            return Measurement("timeout", str(exc), seconds=time.monotonic() - start)
+        except WorkerDied as exc:
+            return Measurement("crash", str(exc), seconds=time.monotonic() - start)
+        except RuntimeError as exc:
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            return Measurement("crash", f"worker raised: {last}"[:500],
+                               seconds=time.monotonic() - start)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+                self._proc.join(timeout=5)
+            except (BrokenPipeError, OSError):
+                pass
+        self._kill()
+
+    def __enter__(self) -> "IsolatedExecutor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,42 @@
+"""``tiledtune``: one command registry; each subcommand lives in its own module with
+``configure(parser)`` and ``run(args) -> int``. ``main(argv)`` returns the exit code, so tests
+call it directly."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand -> (module, one-line help)
+COMMANDS = {
+    "search": ("tuner.search_cmd", "tune schedules for shapes on a GPU (or --compile-only)"),
+    "list": ("tuner.list_cmd", "show the stored schedules"),
+    "bench": ("tuner.bench", "benchmark against PyTorch's attention backends"),
+    "export": ("tuner.export_cmd", "export stored schedules (bytarget module, json, csv)"),
+    "import": ("tuner.import_cmd", "merge exported schedule files into the database"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiledtune", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).configure(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return importlib.import_module(args._module).run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

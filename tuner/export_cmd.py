@@ -1,0 +1,190 @@
+"""``tiledtune export``: stored schedules to a ``ByTarget`` Python module, a JSON or a CSV file.
+
+* ``bytarget``: a self-contained module (``tuner._bytarget``) with ``OCCUPANCY`` / ``NUM_CTAS`` /
+  ``OPT_LEVEL`` as ``cuda.tile.ByTarget`` values, a per-architecture ``SCHEDULES`` table and a
+  stdlib-only ``select()``. Only rows of the current kernel template are exported (the runtime's
+  lookup ignores the others too) unless ``--include-stale``.
+* ``json``: lossless rows with provenance, ``{"format": 1, "rows": [...]}`` (``db.dump_rows``).
+* ``csv``: the same rows, one column per field (``CSV_COLUMNS``), the schedule as JSON in one
+  column; ``tiledtune import`` reads it back losslessly.
+
+Every file is written atomically (temp file + ``os.replace``) and deterministically: the same rows
+give the same bytes. Exit status: 0 written, 1 nothing to export, 2 the database or the output
+could not be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["configure", "run", "CSV_COLUMNS", "FORMATS", "rows_to_csv", "parse_archs"]
+
+FORMATS = ("bytarget", "json", "csv")
+_SUFFIXES = {".py": "bytarget", ".json": "json", ".csv": "csv"}
+_PROBLEM_COLUMNS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype",
+                    "causal")
+_PROVENANCE_COLUMNS = ("template_hash", "cuda_tile", "tileiras", "torch", "driver")
+#: Columns of the CSV form, in order.
+CSV_COLUMNS = ("format", "arch", "device_name", *_PROBLEM_COLUMNS, "schedule", "median_ms",
+               "spread_ms", "tflops", "default_ms", "torch_cudnn_ms", "torch_flash_ms", "trials",
+               "created_at", *_PROVENANCE_COLUMNS)
+
+
+def parse_archs(values: Sequence[str] | None) -> list[str] | None:
+    """``["sm_90,sm_121", "sm_100"]`` -> ``["sm_90", "sm_121", "sm_100"]``, each checked."""
+    if not values:
+        return None
+    from tiledattention._compile import check_arch
+
+    archs: list[str] = []
+    for value in values:
+        for arch in value.split(","):
+            arch = check_arch(arch.strip())
+            if arch not in archs:
+                archs.append(arch)
+    return archs
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        "formats:\n"
+        "  bytarget  importable Python module: OCCUPANCY/NUM_CTAS/OPT_LEVEL as ct.ByTarget,\n"
+        "            SCHEDULES per architecture and select(); needs only the stdlib\n"
+        "  json      lossless rows with provenance (read back by `tiledtune import`)\n"
+        "  csv       lossless rows, one column per field, schedule as JSON in one column\n"
+        "exit status: 0 written; 1 nothing matched the selection; 2 the database or the\n"
+        "output file could not be used")
+    parser.add_argument("--format", choices=FORMATS, default=None,
+                        help="output format (default: from the suffix of -o: .py, .json, .csv)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE",
+                        help="file to write (replaced atomically)")
+    parser.add_argument("--arch", action="append", metavar="SM_LIST",
+                        help="only these architectures, comma-separated (e.g. sm_90,sm_121); "
+                             "may be repeated")
+    parser.add_argument("--db", metavar="PATH_OR_URL", default=None,
+                        help="schedule database (default: $TILEDATTN_DB or "
+                             "~/.cache/tiledattention/schedules.sqlite)")
+    parser.add_argument("--include-stale", action="store_true",
+                        help="bytarget: also export rows tuned with another kernel template "
+                             "(the runtime ignores those)")
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"tiledtune export: {message}", file=sys.stderr)
+    return code
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same directory and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # shortest text that reads back to the same float
+    return str(value)
+
+
+def rows_to_csv(rows) -> str:
+    """The CSV text of ``rows`` (sorted like ``db.dump_rows``), header first."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in sorted(rows, key=lambda r: (r.key, r.median_ms, r.created_at.isoformat())):
+        data = row.to_dict()
+        flat = {**data, **data["problem"], **data["provenance"],
+                "schedule": json.dumps(data["schedule"], sort_keys=True, separators=(",", ":"))}
+        writer.writerow([_cell(flat[name]) for name in CSV_COLUMNS])
+    return out.getvalue()
+
+
+def run(args: argparse.Namespace) -> int:
+    from db import DatabaseUnavailable, ScheduleDB, dump_rows
+    from tiledattention._settings import database_location
+
+    output = Path(args.output)
+    fmt = args.format or _SUFFIXES.get(output.suffix.lower())
+    if fmt is None:
+        return _fail(f"cannot tell the format of {output} from its suffix; pass --format "
+                     f"{{{','.join(FORMATS)}}}", 2)
+    try:
+        archs = parse_archs(args.arch)
+    except ValueError as exc:
+        return _fail(f"--arch: {exc}", 2)
+    location = args.db or database_location()
+    try:
+        database = ScheduleDB.open_for_lookup(location)
+    except (DatabaseUnavailable, ValueError) as exc:
+        return _fail(str(exc), 2)
+    if database is None:
+        return _fail(f"no schedule database at {location}: nothing to export (tune with "
+                     "`tiledtune search`, or pass --db)", 1)
+    with database:
+        source = str(database)
+        try:
+            if archs is None:
+                rows = database.rows()
+            else:
+                rows = [r for arch in archs for r in database.rows(arch=arch)]
+        except DatabaseUnavailable as exc:
+            return _fail(str(exc), 2)
+    if archs is not None:
+        for arch in archs:
+            if not any(r.arch == arch for r in rows):
+                print(f"tiledtune export: warning: no rows for {arch} in {source}",
+                      file=sys.stderr)
+    stale = 0
+    if fmt == "bytarget" and not args.include_stale:
+        from tiledattention._provenance import template_hash
+
+        current = template_hash()
+        kept = [r for r in rows if r.provenance.template_hash == current]
+        stale = len(rows) - len(kept)
+        if stale:
+            print(f"tiledtune export: skipping {stale} row(s) tuned with another kernel template "
+                  f"(not {current}); --include-stale exports them", file=sys.stderr)
+        rows = kept
+    if not rows:
+        selection = f" for {', '.join(archs)}" if archs else ""
+        extra = f" ({stale} stale row(s) skipped)" if stale else ""
+        return _fail(f"no schedules{selection} in {source}{extra}: nothing to export; "
+                     f"nothing written to {output}", 1)
+    try:
+        if fmt == "json":
+            dump_rows(rows, output)
+        elif fmt == "csv":
+            write_text_atomic(output, rows_to_csv(rows))
+        else:
+            from ._bytarget import render_module
+
+            write_text_atomic(output, render_module(rows, source=source))
+    except OSError as exc:
+        return _fail(f"cannot write {output}: {exc}", 2)
+    print(f"wrote {len(rows)} row(s) from {source} to {output} ({fmt})")
+    return 0

@@ -1,0 +1,339 @@
+"""``tiledtune search``: tune schedules for attention shapes and store the winners.
+
+    tiledtune search --device sm_90 --shape 4,16,4096,128 --dtype bf16 --causal yes
+    tiledtune search --compile-only --device sm_121 --shape 4,16,4096,128 --limit 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from tiledattention import ARCHITECTURES, Problem
+
+#: Model presets: name -> (heads_q, heads_kv, head_dim, seqlens); batch = 16384 // seqlen.
+PRESETS = {
+    "llama-gqa": (32, 8, 128, (1024, 2048, 4096, 8192, 16384)),
+    "mha-d64": (32, 32, 64, (1024, 2048, 4096, 8192, 16384)),
+    "mha-d128": (16, 16, 128, (1024, 2048, 4096, 8192, 16384)),
+    "mha-d256": (8, 8, 256, (1024, 2048, 4096, 8192, 16384)),
+}
+
+
+def _duration(text: str) -> float:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a duration like 90s, 10m or 1h; got {text!r}")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def _shape(text: str) -> tuple[int, int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected B,H,S,D (positive ints); got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _choices(allowed: dict[str, object]):
+    def parse(text: str) -> list:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {sorted(allowed)}; got {text!r}")
+        return [allowed[v] for v in values]
+    return parse
+
+
+def _arch(text: str) -> str:
+    if text not in ARCHITECTURES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(ARCHITECTURES)}; got {text!r}")
+    return text
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", type=_arch, required=True,
+                        help="architecture to tune for, e.g. sm_90 (a local GPU must have it, "
+                             "unless --compile-only)")
+    parser.add_argument("--shape", type=_shape, action="append", default=[], metavar="B,H,S,D")
+    parser.add_argument("--preset", choices=sorted(PRESETS), action="append", default=[],
+                        help="model shapes: " + "; ".join(
+                            f"{k}: H={v[0]}/{v[1]} D={v[2]} S={v[3][0]}..{v[3][-1]}, B·S=16k"
+                            for k, v in PRESETS.items()))
+    parser.add_argument("--kv-heads", type=int, default=None, help="H_kv for --shape (GQA/MQA)")
+    parser.add_argument("--seqlen-k", type=int, default=None, help="S_k for --shape (default S)")
+    parser.add_argument("--dtype", type=_choices({"bf16": "bf16", "fp16": "fp16"}),
+                        default=["bf16"])
+    parser.add_argument("--causal", type=_choices({"yes": True, "no": False}), default=[False])
+    parser.add_argument("--trials", type=int, default=60, help="measured candidates per key")
+    parser.add_argument("--timeout", type=_duration, default=None, help="per key, e.g. 10m")
+    parser.add_argument("--patience", type=int, default=30,
+                        help="stop a key after this many candidates without improvement (0: never)")
+    parser.add_argument("--space", choices=["full", "compact"], default="full")
+    parser.add_argument("--db", default=None, help="schedule database (path or SQLAlchemy URL; "
+                                                    "default: $TILEDATTN_DB or the user cache)")
+    parser.add_argument("--storage", default=None,
+                        help="Optuna storage URL (default: an SQLite file beside --db); a "
+                             "postgresql:// URL lets workers on many hosts share one study")
+    parser.add_argument("--study", default="tiledtune", help="study name prefix")
+    parser.add_argument("--workers", type=int, default=1, help="one worker per local GPU")
+    parser.add_argument("--device-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile the space for --device on the CPU; record failures")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="--compile-only: compile a seeded sample of this many candidates")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
+    parser.add_argument("--backend", choices=["gpu", "simulated"], default="gpu",
+                        help="simulated: an analytic GPU model (for trying the tool and tests)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def problems_from(args: argparse.Namespace) -> list[Problem]:
+    shapes: list[tuple[int, int, int, int, int, int]] = []
+    for b, h, s, d in args.shape:
+        shapes.append((b, h, args.kv_heads or h, s, args.seqlen_k or s, d))
+    for name in args.preset:
+        hq, hkv, d, seqlens = PRESETS[name]
+        shapes += [(max(1, 16384 // s), hq, hkv, s, s, d) for s in seqlens]
+    if not shapes:
+        raise ValueError("give at least one --shape B,H,S,D or --preset")
+    problems = []
+    for (b, hq, hkv, sq, sk, d), dtype, causal in itertools.product(shapes, args.dtype,
+                                                                     args.causal):
+        problems.append(Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk,
+                                head_dim=d, dtype=dtype, causal=causal))
+    return list(dict.fromkeys(problems))
+
+
+def select_device(arch: str, index: int | None = None):
+    """The local GPU with ``arch`` (the ``index``-th of them), or a ValueError saying what
+    there is."""
+    from tiledattention._device import local_devices
+
+    devices = local_devices()
+    matching = [d for d in devices if d.arch == arch]
+    if not matching:
+        found = ", ".join(f"{d.arch} ({d.name})" for d in devices) or "no CUDA device"
+        raise ValueError(f"no local GPU is {arch}; found {found}")
+    if index is None:
+        return matching[0]
+    for d in matching:
+        if d.index == index:
+            return d
+    raise ValueError(f"GPU {index} is not {arch}")
+
+
+def _locations(args) -> tuple[str, str]:
+    from tiledattention._settings import database_location
+
+    db = args.db or database_location()
+    if args.storage:
+        return db, args.storage
+    if "://" in db and not db.startswith("sqlite"):
+        return db, db
+    path = Path(db.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return db, f"sqlite:///{path.with_name('tiledtune-studies.sqlite')}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    try:
+        problems = problems_from(args)
+        if args.trials < 1:
+            raise ValueError(f"--trials must be >= 1; got {args.trials}")
+        if args.compile_only:
+            return _compile_only(args, problems, console)
+        if args.workers > 1:
+            return _spawn_workers(args, console)
+        return _search(args, problems, console)
+    except ValueError as exc:
+        console.print(f"[red]tiledtune search: {exc}[/red]")
+        return 2
+
+
+def _spawn_workers(args, console) -> int:
+    """One child ``tiledtune search`` per local GPU of the architecture, sharing the study."""
+    from tiledattention._device import local_devices
+
+    devices = [d for d in local_devices() if d.arch == args.device][:args.workers]
+    if len(devices) < args.workers:
+        raise ValueError(f"--workers {args.workers}: only {len(devices)} local GPU(s) are "
+                         f"{args.device}")
+    argv = [a for a in sys.argv[1:]]
+    argv = [a for i, a in enumerate(argv) if a != "--workers" and
+            (i == 0 or argv[i - 1] != "--workers") and not a.startswith("--workers=")]
+    children = [subprocess.Popen([sys.executable, "-m", "tuner.cli", *argv, "--device-index",
+                                  str(d.index)]) for d in devices]
+    return max(child.wait() for child in children)
+
+
+def _search(args, problems, console) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from db import ScheduleDB
+
+    from ._isolation import IsolatedExecutor
+    from ._measure import GpuExecutor, SimulatedExecutor
+    from .driver import SearchConfig, Tuner
+
+    if args.backend == "gpu":
+        device = select_device(args.device, args.device_index)
+        factory = _GpuFactory(device.index)
+        arch, device_name = device.arch, device.name
+    else:
+        factory = SimulatedExecutor
+        arch, device_name = args.device, "Simulated GPU"
+    db_location, storage = _locations(args)
+    config = SearchConfig(n_trials=args.trials, timeout_s=args.timeout,
+                          patience=args.patience or None, space=args.space, seed=args.seed,
+                          study_prefix=args.study,
+                          lookahead=4 if args.backend == "gpu" else 1)
+    compile_workers = (args.jobs or max(1, min(8, (os.cpu_count() or 2) - 2))
+                       if args.backend == "gpu" else 0)
+    results = []
+    with ScheduleDB(db_location) as db, IsolatedExecutor(factory) as executor, Progress(
+            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+        task = {"id": None}
+
+        def on_event(kind: str, data: dict) -> None:
+            if kind == "trial":
+                m = data["measurement"]
+                best = data["best_ms"]
+                tflops = data["problem"].flops / (best * 1e-3) / 1e12 if best < float("inf") else 0
+                progress.update(task["id"], completed=data["measured"], status=(
+                    f"best {tflops:.0f} TFLOP/s | last: {data['schedule'].describe()} "
+                    f"{m.status} | compile queue {data['queued']}"))
+            elif kind == "warning":
+                console.print(f"[yellow]{data['message']}[/yellow]")
+
+        tuner = Tuner(executor, arch=arch, device_name=device_name, storage_url=storage, db=db,
+                      config=config, compile_workers=compile_workers, on_event=on_event)
+        try:
+            for problem in problems:
+                task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
+                results.append(tuner.tune(problem))
+        finally:
+            tuner.close()
+    _print_results(results, console)
+    return 0 if all(r.best is not None for r in results) else 1
+
+
+class _GpuFactory:
+    """Picklable factory of the GPU executor for the spawned worker."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __call__(self):
+        from ._measure import GpuExecutor
+
+        return GpuExecutor(self.index)
+
+
+def _print_results(results, console) -> None:
+    from rich.table import Table
+
+    from .timing import Timing
+
+    table = Table(title="tiledtune search")
+    for col in ("key", "best schedule", "TFLOP/s", "vs default", "vs cuDNN", "vs flash",
+                "measured", "failed", "wall", "stored"):
+        table.add_column(col)
+    for r in results:
+        t = r.timings
+        best = t.get("best")
+
+        def ratio(name):
+            other = t.get(name)
+            if isinstance(best, Timing) and isinstance(other, Timing):
+                return f"{other.median_ms / best.median_ms:.2f}x"
+            return "-" if other is None else str(other)[:20]
+
+        tflops = (f"{r.problem.flops / (best.median_ms * 1e-3) / 1e12:.0f}"
+                  if isinstance(best, Timing) else "-")
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())) or "0"
+        table.add_row(r.problem.describe(), r.best.describe() if r.best else "none", tflops,
+                      ratio("default"), ratio("torch-cudnn"), ratio("torch-flash"),
+                      str(r.measured), failed, f"{r.wall_s:.0f}s", r.stored or "-")
+    console.print(table)
+
+
+def _compile_only(args, problems, console) -> int:
+    """Compile candidates for ``--device`` on this machine; failures go into each key's study
+    as failed trials, so a later GPU search skips them without spending GPU time."""
+    import optuna
+    from rich.progress import Progress
+    from rich.table import Table
+
+    import search_spaces
+
+    from .driver import SearchConfig, open_storage, study_name
+
+    _, storage_url = _locations(args)
+    config = SearchConfig(study_prefix=args.study)
+    storage = open_storage(storage_url, config)
+    jobs = args.jobs or max(1, os.cpu_count() or 1)
+    table = Table(title=f"compile-only for {args.device}")
+    for col in ("key", "candidates", "compiled", "failed", "median s", "smem KiB (min..max)"):
+        table.add_column(col)
+    failures_total = 0
+    for problem in problems:
+        space = search_spaces.space_for(args.device, args.space).restricted(problem)
+        candidates = space.feasible(problem)
+        if args.limit is not None and args.limit < len(candidates):
+            candidates = random.Random(args.seed).sample(candidates, args.limit)
+        study = optuna.create_study(study_name=study_name(args.study, args.device, problem),
+                                    storage=storage, direction="minimize", load_if_exists=True)
+        distributions = {n: optuna.distributions.CategoricalDistribution(list(v))
+                         for n, v in space.choices.items()}
+        ok, failed = [], []
+        with ProcessPoolExecutor(max_workers=jobs) as pool, Progress(console=console) as bar:
+            task = bar.add_task(problem.describe(), total=len(candidates))
+            futures = {pool.submit(_compile_for_report, problem, s, args.device): s
+                       for s in candidates}
+            for future in as_completed(futures):
+                schedule = futures[future]
+                seconds, shared, error = future.result()
+                if error is None:
+                    ok.append((seconds, shared))
+                else:
+                    failed.append(schedule)
+                    study.add_trial(optuna.trial.create_trial(
+                        state=optuna.trial.TrialState.FAIL, params=space.params(schedule),
+                        distributions=distributions,
+                        user_attrs={"schedule_key": schedule.key, "status": "compile-error",
+                                    "schedule": schedule.describe(), "reason": error[:1000]}))
+                    console.print(f"[yellow]{schedule.describe()}: {error[:200]}[/yellow]")
+                bar.advance(task)
+        failures_total += len(failed)
+        times = sorted(s for s, _ in ok)
+        shared = [b for _, b in ok if b is not None]
+        table.add_row(problem.describe(), str(len(candidates)), str(len(ok)), str(len(failed)),
+                      f"{times[len(times) // 2]:.1f}" if times else "-",
+                      f"{min(shared) // 1024}..{max(shared) // 1024}" if shared else "-")
+    console.print(table)
+    console.print(f"failures recorded as infeasible for {args.device} in {storage_url}")
+    return 0
+
+
+def _compile_for_report(problem, schedule, arch):
+    from tiledattention import compile_schedule
+    from tiledattention.errors import CompileError
+
+    start = time.perf_counter()
+    try:
+        result = compile_schedule(problem, schedule, arch)
+    except CompileError as exc:
+        return time.perf_counter() - start, None, str(exc)
+    return result.seconds, result.shared_bytes, None
