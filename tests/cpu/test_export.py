@@ -15,7 +15,9 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import cuda.tile as ct
 import pytest
+from cuda.tile import compilation as ctc
 
 import db
 from tiledattention._lookup import pick, shape_distance
@@ -117,8 +119,6 @@ def exported(tiledtune, source_db, tmp_path):
 
 # -- the ByTarget module ------------------------------------------------------------------------
 def test_bytarget_values_are_most_common_winners_per_arch(exported):
-    import cuda.tile as ct
-
     assert exported.ARCHITECTURES == ("sm_90", "sm_121")  # the stale sm_100 row is left out
     assert exported.OCCUPANCY == ct.ByTarget(sm_90=2, sm_121=1, default=2)
     assert exported.NUM_CTAS == ct.ByTarget(sm_90=2, sm_121=1, default=1)
@@ -246,16 +246,17 @@ def test_export_is_deterministic_whatever_the_insertion_order(tiledtune, tmp_pat
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic writes left no temp files
 
 
+ConstInt = ct.Constant[int]
+
+
+def copy_tiles(x, y, TILE: ConstInt):  # decorated in the test with the exported options
+    bid = ct.bid(0)
+    tile = ct.load(x, index=(bid,), shape=(TILE,))  # [TILE]
+    ct.store(y, index=(bid,), tile=tile)
+
+
 def test_exported_options_compile_with_cutile(exported):
-    import cuda.tile as ct
-    from cuda.tile import compilation as ctc
-
-    def copy(x, y, TILE: ct.Constant[int]):
-        bid = ct.bid(0)
-        tile = ct.load(x, index=(bid,), shape=(TILE,))  # [TILE]
-        ct.store(y, index=(bid,), tile=tile)
-
-    kernel = ct.kernel(copy, occupancy=exported.OCCUPANCY, num_ctas=exported.NUM_CTAS,
+    kernel = ct.kernel(copy_tiles, occupancy=exported.OCCUPANCY, num_ctas=exported.NUM_CTAS,
                        opt_level=exported.OPT_LEVEL)
     array = ctc.ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, stride_lower_bound_incl=0,
                                 alias_groups=(), may_alias_internally=False,
@@ -290,8 +291,8 @@ def test_arch_filter(tiledtune, source_db, tmp_path):
 
 
 def table_counts(output: str, name: str) -> dict[str, str]:
-    lines = [[c.strip() for c in line.split("│")[1:-1]] for line in output.splitlines()
-             if line.count("│") > 2]
+    lines = [[c.strip() for c in line.replace("┃", "│").split("│")[1:-1]]
+             for line in output.splitlines() if line.replace("┃", "│").count("│") > 2]
     header = next(cells for cells in lines if cells and cells[0] == "file")
     row = next(cells for cells in lines if cells and cells[0] == name)
     return dict(zip(header[1:], row[1:]))

@@ -1,0 +1,60 @@
+"""A stored row decides what sdpa launches: seen through explain() and through the timing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tiledattention
+from db import ScheduleDB, ScheduleRow
+from tiledattention import Schedule
+from tiledattention._device import device_info
+from tiledattention._problem import problem_from_arrays
+from tiledattention._provenance import current_provenance
+from tuner.timing import time_interleaved
+
+from ._reference import random_qkv, reference, rel_l2
+
+pytestmark = pytest.mark.gpu
+
+# 256x64 tiles at occupancy 1 ran ~5x slower than the default on an H200: unmistakable in time
+SLOW = Schedule(tile_m=256, tile_n=64, occupancy=1, exp2=True, k_transposed=True)
+
+
+def test_stored_row_is_launched(tmp_path):
+    q, k, v = random_qkv(4, 16, 16, 2048, 2048, 128, torch.bfloat16, seed=5)
+    problem, _ = problem_from_arrays(q, k, v, False, None)
+    dev = device_info(q.device.index)
+    location = str(tmp_path / "schedules.sqlite")
+    with ScheduleDB(location) as db:
+        db.put(ScheduleRow(arch=dev.arch, device_name=dev.name, problem=problem, schedule=SLOW,
+                           median_ms=1.0, spread_ms=0.01, tflops=1.0, trials=1,
+                           provenance=current_provenance()))
+    tiledattention.use_database(location)
+    resolution = tiledattention.explain(q, k, v)
+    assert resolution.source == "exact-device"
+    assert resolution.schedule == SLOW
+
+    out = tiledattention.sdpa(q, k, v)
+    assert rel_l2(out, reference(q, k, v, False)) <= 1e-2
+    default = tiledattention.Runtime(lambda p, d: None)  # bypass: explicit default schedule
+    import search_spaces
+
+    fallback = search_spaces.default_schedule(dev.arch, problem)
+    timings = time_interleaved({
+        "looked-up": lambda: tiledattention.sdpa(q, k, v),
+        "explicit-slow": lambda: tiledattention.sdpa(q, k, v, schedule=SLOW),
+        "explicit-default": lambda: default.sdpa(q, k, v, schedule=fallback),
+    }, rounds=15)
+    looked, slow, fast = (timings[n].median_ms for n in
+                          ("looked-up", "explicit-slow", "explicit-default"))
+    assert abs(looked - slow) / slow < 0.15, timings
+    assert looked > 1.5 * fast, timings
+
+
+def test_no_database_means_default(tmp_path):
+    q, k, v = random_qkv(1, 4, 4, 300, 300, 64, torch.float16, seed=1)
+    tiledattention.use_database(str(tmp_path / "missing.sqlite"))
+    resolution = tiledattention.explain(q, k, v, causal=True)
+    assert resolution.source in ("default", "shipped")
+    assert not (tmp_path / "missing.sqlite").exists()
