@@ -1,15 +1,30 @@
-"""The runtime entry point: validate, resolve a schedule (memoised), allocate, launch."""
+"""The runtime entry point: validate, resolve a schedule (memoised), allocate, launch.
+
+The hot path: a call whose tensors have the signature of an earlier call (shapes, dtypes,
+devices, last-dim strides, ``causal``, ``scale``, explicit schedule) reuses that call's *plan*
+(the validated problem, chosen schedule, kernel object, grid and constant arguments), so a warm
+call costs a tuple build, a dict lookup, an output allocation and the launch.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
+
+import cuda.tile as ct
 
 from ._device import DeviceInfo, device_info
-from ._launch import default_scale, launch
+from ._launch import constant_args, default_scale, grid_for, kernel_for
 from ._problem import Problem, problem_from_arrays
 from ._schedule import Schedule
 
 __all__ = ["Runtime"]
+
+
+class _Plan(NamedTuple):
+    out_shape: tuple[int, int, int, int]
+    grid: tuple[int, int, int]
+    kernel: Any
+    scalars: tuple  # scale, heads_q, group, then the compile-time constants
 
 
 class Runtime:
@@ -22,6 +37,7 @@ class Runtime:
     def __init__(self, resolve: Callable[[Problem, DeviceInfo], Any]) -> None:
         self._resolve = resolve
         self._memo: dict[tuple[Problem, int], Any] = {}
+        self._plans: dict[tuple, _Plan] = {}
 
     def resolution(self, problem: Problem, device_index: int) -> Any:
         key = (problem, device_index)
@@ -32,35 +48,58 @@ class Runtime:
 
     def clear(self) -> None:
         self._memo.clear()
+        self._plans.clear()
+
+    def _plan(self, problem: Problem, device_index: int, scale: float | None,
+              schedule: Schedule | None) -> _Plan:
+        if schedule is None:
+            schedule = self.resolution(problem, device_index).schedule
+        scale = default_scale(problem) if scale is None else float(scale)
+        return _Plan(
+            out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
+            grid=grid_for(problem, schedule),
+            kernel=kernel_for(schedule),
+            scalars=(scale, problem.heads_q, problem.group_size,
+                     *constant_args(problem, schedule)),
+        )
 
     def sdpa(self, q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None, *,
              schedule: Schedule | None = None) -> Any:
-        problem, kind = problem_from_arrays(q, k, v, causal, scale)
         if schedule is not None and not isinstance(schedule, Schedule):
             raise TypeError(
                 f"schedule must be a tiledattention.Schedule or None; got {type(schedule).__name__}"
             )
+        try:  # the signature of a torch call; anything else takes the general path
+            signature = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.get_device(),
+                         k.get_device(), v.get_device(), q.stride(-1), k.stride(-1),
+                         v.stride(-1), causal, scale, schedule)
+            plan = self._plans.get(signature)
+        except (AttributeError, TypeError):  # not torch tensors (CuPy), or unhashable arguments
+            signature, plan = None, None
+        if plan is not None:
+            import torch
+
+            out = q.new_empty(plan.out_shape)
+            ct.launch(torch.cuda.current_stream(signature[6]), plan.grid, plan.kernel,
+                      (q, k, v, out, *plan.scalars))
+            return out
+
+        problem, kind = problem_from_arrays(q, k, v, causal, scale)
         if kind == "torch":
             import torch
 
-            device_index = q.device.index
-            if schedule is None:
-                schedule = self.resolution(problem, device_index).schedule
-            out = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
-                              dtype=q.dtype, device=q.device)
-            stream = torch.cuda.current_stream(device_index)
+            plan = self._plan(problem, q.device.index, scale, schedule)
+            if signature is not None:
+                self._plans[signature] = plan
+            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+            stream = torch.cuda.current_stream(q.device)
         else:
             import cupy
 
             device_index = q.device.id
-            if schedule is None:
-                schedule = self.resolution(problem, device_index).schedule
+            plan = self._plan(problem, device_index, scale, schedule)
             with cupy.cuda.Device(device_index):
-                out = cupy.empty(
-                    (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
-                    dtype=q.dtype,
-                )
+                out = cupy.empty(plan.out_shape, dtype=q.dtype)
                 stream = cupy.cuda.get_current_stream()
-        launch(stream, q, k, v, out, problem, schedule,
-               default_scale(problem) if scale is None else scale)
+        ct.launch(stream, plan.grid, plan.kernel, (q, k, v, out, *plan.scalars))
         return out

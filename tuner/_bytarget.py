@@ -27,8 +27,7 @@ Choices:
 
 from __future__ import annotations
 
-import math
-import pprint
+import json
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
@@ -71,7 +70,7 @@ def build_schedules(rows: Iterable[ScheduleRow]) -> dict[str, list[dict[str, Any
     table: dict[str, list[dict[str, Any]]] = {}
     for (arch, bucket), row in sorted(best.items(), key=lambda kv: (_arch_order(kv[0][0]),
                                                                    kv[0][1])):
-        entry = dict(zip(_BUCKET_FIELDS, bucket))
+        entry = dict(zip(_BUCKET_FIELDS, bucket))  # fixed order: the output must not vary
         entry.update(median_ms=row.median_ms, device=row.device_name,
                      schedule=row.schedule.to_dict())
         table.setdefault(arch, []).append(entry)
@@ -119,10 +118,47 @@ def _header(rows: Sequence[ScheduleRow], source: str, archs: list[str]) -> list[
     return lines
 
 
-def _assign(name: str, value: Any) -> str:
-    text = pprint.pformat(value, width=_WIDTH - len(name) - 3, sort_dicts=True)
-    indent = " " * (len(name) + 3)
-    return f"{name} = " + text.replace("\n", "\n" + indent)
+def _py(value: Any) -> str:
+    """A scalar as a Python literal; strings in double quotes (JSON escapes are valid Python)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    raise TypeError(f"cannot write {type(value).__name__} into the module")
+
+
+def _literal(data: dict, col: int) -> str:
+    """``data`` as a dict literal that starts at column ``col``: items in ``data``'s order, packed
+    greedily into lines of at most ``_WIDTH`` characters, a nested dict starting a new line."""
+    lines: list[str] = []
+    line = " " * col + "{"
+    items = list(data.items())
+    for i, (key, value) in enumerate(items):
+        tail = "}" if i == len(items) - 1 else ","
+        head = f"{_py(key)}: "
+        fresh = line.endswith("{") or not line.strip()
+        if isinstance(value, dict):
+            if not fresh:
+                lines.append(line)
+                line = " " * (col + 1)
+            sub = _literal(value, len(line) + len(head)).split("\n")
+            line += head + sub[0]
+            if len(sub) > 1:
+                lines.append(line)
+                lines.extend(sub[1:-1])
+                line = sub[-1]
+            line += tail
+            continue
+        item = head + _py(value) + tail
+        if not fresh and len(line) + 1 + len(item) > _WIDTH:
+            lines.append(line)
+            line = " " * (col + 1) + item
+        else:
+            line += ("" if fresh else " ") + item
+    if not items:
+        line += "}"
+    lines.append(line)
+    return "\n".join(lines)[col:]
 
 
 _DOC = '''"""Tuned tiledattention schedules per GPU architecture (generated, see the header).
@@ -138,6 +174,7 @@ nothing but the Python standard library.
 """'''
 
 _CODE = '''
+
 
 def _by_target(option):
     if ct is None:
@@ -204,24 +241,23 @@ def render_module(rows: Sequence[ScheduleRow], *, source: str) -> str:
         "except (ImportError, OSError):",
         "    ct = None",
         "",
-        _assign("__all__", ["ARCHITECTURES", "KERNEL_OPTIONS", *KERNEL_OPTIONS.values(),
-                            "SCHEDULES", "select", "shape_distance"]),
+        '__all__ = ["ARCHITECTURES", "KERNEL_OPTIONS", "OCCUPANCY", "NUM_CTAS", "OPT_LEVEL",',
+        '           "SCHEDULES", "select", "shape_distance"]',
         "",
         "#: Architectures with tuned rows.",
-        _assign("ARCHITECTURES", tuple(archs)),
+        f"ARCHITECTURES = ({', '.join(_py(a) for a in archs)},)",
         "",
         "#: option -> the value that won the most tuned shapes, per architecture and overall.",
-        _assign("KERNEL_OPTIONS", options),
+        "KERNEL_OPTIONS = " + _literal(options, len("KERNEL_OPTIONS = ")),
         "",
         "#: arch -> one entry per tuned shape bucket (batch_heads = batch * query heads; group =",
         "#: query heads per K/V head), with the winning schedule and its median time.",
         "SCHEDULES = {",
     ]
     for arch in archs:
-        parts.append(f"    {arch!r}: [")
+        parts.append(f"    {_py(arch)}: [")
         for entry in table[arch]:
-            text = pprint.pformat(entry, width=_WIDTH - 8, sort_dicts=True)
-            parts.append("        " + text.replace("\n", "\n         ") + ",")
+            parts.append("        " + _literal(entry, 8) + ",")
         parts.append("    ],")
     parts.append("}")
     by_target = "\n".join(f'{name} = _by_target("{option}")'

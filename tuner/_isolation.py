@@ -51,13 +51,13 @@ class IsolatedExecutor:
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
-        self.restarts = 0
+        self.started = 0  # worker processes started so far (restarts: started - 1)
 
     def _ensure(self) -> None:
         if self._proc is not None and self._proc.is_alive():
             return
-        if self._proc is not None:
-            self.restarts += 1
+        self._kill()
+        self.started += 1
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(child, self._factory),
                                        name=self._name, daemon=True)

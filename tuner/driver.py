@@ -12,8 +12,11 @@ winner in the schedule database. Stops on the trial budget, a time limit or a pa
 from __future__ import annotations
 
 import collections
+import contextlib
+import multiprocessing
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -75,12 +78,13 @@ def study_name(prefix: str, arch: str, problem: Problem) -> str:
 
 def open_storage(url: str, config: SearchConfig) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage with heartbeats: a dead worker's running trials are failed after
-    ``grace_s`` and re-enqueued once by ``RetryFailedTrialCallback``."""
+    ``grace_s`` and re-enqueued once (``RetryHeartbeatStaleTrialCallback``)."""
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     return optuna.storages.RDBStorage(
         url, engine_kwargs=engine_kwargs, heartbeat_interval=config.heartbeat_s,
         grace_period=config.grace_s,
-        failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+            max_retry=1))
 
 
 class _Heartbeat:
@@ -118,6 +122,16 @@ class _Heartbeat:
         self._thread.join(timeout=5)
 
 
+@contextlib.contextmanager
+def _quiet_optuna():
+    """Heartbeats with ask/tell (rather than ``optimize``) and ``fail_stale_trials`` are what
+    make concurrent workers safe here; silence Optuna's notes that they are unusual."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        yield
+
+
 def _compile_job(problem: Problem, schedule: Schedule, arch: str) -> float:
     """Compile in a pool process (warms cuTile's disk cache); returns seconds or raises."""
     return compile_schedule(problem, schedule, arch).seconds
@@ -137,7 +151,9 @@ class Tuner:
         self.storage = open_storage(storage_url, config)
         self.db = db
         self.config = config
-        self._pool = (ProcessPoolExecutor(max_workers=compile_workers)
+        # spawn, not fork: the parent may hold a CUDA context, which must not be forked
+        self._pool = (ProcessPoolExecutor(max_workers=compile_workers,
+                                          mp_context=multiprocessing.get_context("spawn"))
                       if compile_workers > 0 else None)
         self._on_event = on_event or (lambda kind, data: None)
 
@@ -171,16 +187,17 @@ class Tuner:
         feasible = space.feasible(problem)
         distributions = {name: optuna.distributions.CategoricalDistribution(list(values))
                          for name, values in space.choices.items()}
-        if len(feasible) <= cfg.n_trials:
-            sampler = optuna.samplers.BruteForceSampler(seed=cfg.seed)
-        else:
-            sampler = optuna.samplers.TPESampler(
-                seed=cfg.seed, multivariate=True, constant_liar=True,
-                n_startup_trials=max(5, min(15, cfg.n_trials // 4)))
+        # TPE; when the budget covers the feasible space, every feasible point is enqueued
+        # instead (brute force; Optuna's BruteForceSampler stops studies only inside optimize())
+        brute_force = len(feasible) <= cfg.n_trials
+        sampler = optuna.samplers.TPESampler(
+            seed=cfg.seed, multivariate=True, constant_liar=True,
+            n_startup_trials=max(5, min(15, cfg.n_trials // 4)))
         name = study_name(cfg.study_prefix, self.arch, problem)
-        study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
-                                    direction="minimize", load_if_exists=True)
-        optuna.storages.fail_stale_trials(study)
+        with _quiet_optuna():
+            study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
+                                        direction="minimize", load_if_exists=True)
+            optuna.storages.fail_stale_trials(study)
         budget = Budget(self.storage_url, name)
 
         # What is known for this key: measured values and recorded failures, by schedule key.
@@ -200,7 +217,7 @@ class Tuner:
                              and t.state in (TrialState.COMPLETE, TrialState.FAIL)
                              and t.user_attrs.get("status") != "stale"))
         if not study.trials:
-            for seed in self._seeds(problem, space):
+            for seed in self._seeds(problem, space) + (feasible if brute_force else []):
                 study.enqueue_trial(space.params(seed), skip_if_exists=True)
 
         best = min((v for v in known.values() if isinstance(v, float)), default=float("inf"))
@@ -218,7 +235,8 @@ class Tuner:
                        and len(pending) < max(1, cfg.lookahead)):
                     if not budget.claim(cfg.n_trials):
                         break
-                    trial = study.ask(distributions)
+                    with _quiet_optuna():
+                        trial = study.ask(distributions)
                     schedule = space.schedule(trial.params)
                     trial.set_user_attr("schedule_key", schedule.key)
                     trial.set_user_attr("schedule", schedule.describe())

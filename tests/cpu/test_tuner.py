@@ -1,0 +1,193 @@
+"""The search driver on the simulated backend: optimum, faults, resume, the CLI."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+import search_spaces
+from db import ScheduleDB
+from tiledattention import Problem, Schedule
+from tuner._isolation import IsolatedExecutor
+from tuner._measure import SimulatedExecutor, SimulatedFaults
+from tuner.cli import main
+from tuner.driver import SearchConfig, Tuner, study_name
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = Problem(batch=4, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096, head_dim=128,
+                  dtype="bf16", causal=True)
+
+
+def make_tuner(tmp_path, factory=SimulatedExecutor, db=None, **config):
+    executor = IsolatedExecutor(factory)
+    config.setdefault("lookahead", 1)
+    tuner = Tuner(executor, arch="sm_90", device_name="Simulated GPU",
+                  storage_url=f"sqlite:///{tmp_path}/studies.sqlite", db=db,
+                  config=SearchConfig(**config))
+    return tuner, executor
+
+
+def compact_feasible():
+    space = search_spaces.space_for("sm_90", "compact").restricted(PROBLEM)
+    return space.feasible(PROBLEM)
+
+
+def test_exhaustive_budget_finds_the_model_optimum(tmp_path):
+    candidates = compact_feasible()
+    optimum = SimulatedExecutor().optimum(PROBLEM, candidates)
+    with ScheduleDB(tmp_path / "s.sqlite") as db:
+        tuner, executor = make_tuner(tmp_path, db=db, n_trials=len(candidates) + 10,
+                                     space="compact", patience=None)
+        with executor:
+            result = tuner.tune(PROBLEM)
+        assert result.best == optimum
+        assert result.measured == len(candidates)  # every point once, none twice
+        stored = db.get("sm_90", "Simulated GPU", PROBLEM)
+        assert stored.schedule == optimum and result.stored == "added"
+        assert stored.default_ms is not None and stored.torch_cudnn_ms is not None
+
+
+def test_tpe_reaches_near_optimum_with_a_third_of_the_budget(tmp_path):
+    candidates = compact_feasible()
+    sim = SimulatedExecutor()
+    best_ms = sim.model_ms(PROBLEM, sim.optimum(PROBLEM, candidates))
+    tuner, executor = make_tuner(tmp_path, n_trials=len(candidates) // 3, space="compact",
+                                 patience=None)
+    with executor:
+        result = tuner.tune(PROBLEM)
+    assert result.measured <= len(candidates) // 3
+    assert best_ms / sim.model_ms(PROBLEM, result.best) >= 0.98
+
+
+def test_every_fault_is_recorded_and_the_search_goes_on(tmp_path):
+    candidates = compact_feasible()
+    sim = SimulatedExecutor()
+    ranked = sorted(candidates, key=lambda s: sim.model_ms(PROBLEM, s))
+    # the four fastest schedules fail, each differently; the fifth must win
+    faults = SimulatedFaults(compile_error=frozenset({ranked[0].key}),
+                             crash=frozenset({ranked[1].key}), hang=frozenset({ranked[2].key}),
+                             wrong=frozenset({ranked[3].key}))
+    factory = functools.partial(SimulatedExecutor, faults=faults)
+    tuner, executor = make_tuner(tmp_path, factory=factory, n_trials=len(candidates) + 5,
+                                 space="compact", patience=None, compile_deadline_s=4,
+                                 run_deadline_s=4)
+    with executor:
+        result = tuner.tune(PROBLEM)
+        assert executor.started >= 3  # restarted after the crash and after the hang
+    assert result.best == ranked[4]
+    assert result.failures == {"compile-error": 1, "crash": 1, "timeout": 1, "wrong": 1}
+    study = optuna.load_study(study_name=study_name("tiledtune", "sm_90", PROBLEM),
+                              storage=f"sqlite:///{tmp_path}/studies.sqlite")
+    reasons = {t.user_attrs["schedule_key"]: (t.user_attrs["status"], t.user_attrs.get("reason"))
+               for t in study.trials if t.state == optuna.trial.TrialState.FAIL}
+    assert reasons[ranked[0].key][0] == "compile-error"
+    assert reasons[ranked[1].key][0] == "crash" and "exit code 77" in reasons[ranked[1].key][1]
+    assert reasons[ranked[2].key][0] == "timeout"
+    assert reasons[ranked[3].key][0] == "wrong" and "0.5" in reasons[ranked[3].key][1]
+
+
+RESUME_SCRIPT = """
+import sys, functools
+sys.path.insert(0, {root!r})
+from tuner._isolation import IsolatedExecutor
+from tuner._measure import SimulatedExecutor, SimulatedFaults
+from tuner.driver import SearchConfig, Tuner
+from tiledattention import Problem
+problem = Problem(batch=4, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096, head_dim=128,
+                  dtype="bf16", causal=True)
+factory = functools.partial(SimulatedExecutor, faults=SimulatedFaults(delay_s=0.15))
+if __name__ == "__main__":
+    with IsolatedExecutor(factory) as ex:
+        tuner = Tuner(ex, arch="sm_90", device_name="Simulated GPU",
+                      storage_url="sqlite:///{tmp}/studies.sqlite",
+                      config=SearchConfig(n_trials=30, patience=None, lookahead=1,
+                                          heartbeat_s=1, grace_s=2))
+        r = tuner.tune(problem)
+        print("MEASURED", r.measured)
+"""
+
+
+def test_kill_and_resume_repeats_and_loses_no_finished_trial(tmp_path):
+    script = tmp_path / "resume.py"
+    script.write_text(RESUME_SCRIPT.format(root=str(ROOT), tmp=str(tmp_path)))
+    storage = f"sqlite:///{tmp_path}/studies.sqlite"
+    name = study_name("tiledtune", "sm_90", PROBLEM)
+
+    def finished():
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            return []
+        return [t for t in study.trials if t.user_attrs.get("ticket")
+                and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+                and t.user_attrs.get("status") not in ("stale", "cancelled", None)]
+
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(finished()) < 8 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t.number: t.user_attrs["schedule_key"] for t in finished()}
+    assert 8 <= len(before) < 30
+    time.sleep(3)  # past the heartbeat grace period: the killed trial is stale
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = finished()
+    keys = [t.user_attrs["schedule_key"] for t in after]
+    assert len(after) == 30  # the budget, exactly
+    assert len(set(keys)) == len(keys)  # nothing measured twice
+    assert all(before[n] == k for n, k in ((t.number, t.user_attrs["schedule_key"])
+                                           for t in after if t.number in before))
+    assert set(before) <= {t.number for t in after}  # nothing finished was lost
+
+
+def test_cli_simulated_search_and_list(tmp_path, capsys):
+    db = tmp_path / "s.sqlite"
+    code = main(["search", "--device", "sm_90", "--backend", "simulated", "--shape",
+                 "2,8,1024,64", "--causal", "yes,no", "--trials", "12", "--space", "compact",
+                 "--db", str(db)])
+    assert code == 0
+    with ScheduleDB(db) as store:
+        rows = store.rows()
+    assert sorted(r.problem.causal for r in rows) == [False, True]
+    assert main(["list", "--db", str(db)]) == 0
+    assert "B2 H8 S1024 D64 bf16 causal" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_missing_gpu_architecture(capsys):
+    code = main(["search", "--device", "sm_121", "--shape", "1,8,1024,128"])
+    assert code == 2
+    assert "no local GPU is sm_121; found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--shape", "1,8,1024"], "B,H,S,D"),
+    (["--shape", "1,8,1024,128", "--causal", "maybe"], "comma list"),
+    (["--shape", "1,8,1024,128", "--timeout", "soon"], "duration"),
+])
+def test_cli_bad_arguments(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["search", "--device", "sm_90", *argv])
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_compile_only_for_sm_121_records_failures_as_infeasible(tmp_path, capsys):
+    code = main(["search", "--compile-only", "--device", "sm_121", "--shape", "1,4,256,64",
+                 "--space", "compact", "--limit", "3", "--jobs", "2", "--db",
+                 str(tmp_path / "s.sqlite")])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "compile-only for sm_121" in err and "B1 H4 S256 D64 bf16 full" in err
