@@ -112,6 +112,7 @@ _FULL = {
     "tile_m": (64, 128, 256),
     "tile_n": (32, 64, 128),
     "occupancy": (1, 2, 3),
+    "num_worker_warps": (None, 8),
     "k_latency": (None, 2, 4),
     "v_latency": (None, 2, 4),
     "exp2": (True, False),

@@ -21,14 +21,17 @@ __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "constant_a
 
 
 @functools.lru_cache(maxsize=None)
-def hinted_kernel(occupancy: int, num_ctas: int, opt_level: int) -> ct.kernel:
+def hinted_kernel(occupancy: int, num_ctas: int, opt_level: int,
+                  num_worker_warps: int | None) -> ct.kernel:
     """The template with these kernel options. Cached: each object owns a JIT cache, so making
     a new one per launch would recompile every time."""
-    return attention_fwd.replace_hints(occupancy=occupancy, num_ctas=num_ctas, opt_level=opt_level)
+    return attention_fwd.replace_hints(occupancy=occupancy, num_ctas=num_ctas, opt_level=opt_level,
+                                       num_worker_warps=num_worker_warps)
 
 
 def kernel_for(schedule: Schedule) -> ct.kernel:
-    return hinted_kernel(schedule.occupancy, schedule.num_ctas, schedule.opt_level)
+    return hinted_kernel(schedule.occupancy, schedule.num_ctas, schedule.opt_level,
+                         schedule.num_worker_warps)
 
 
 def grid_for(problem: Problem, schedule: Schedule) -> tuple[int, int, int]:

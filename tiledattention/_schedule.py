@@ -36,6 +36,8 @@ class Schedule:
         occupancy: CTAs the compiler plans to keep resident per SM (1..32).
         num_ctas: CTAs per cluster (power of two, 1..16; matters on Blackwell).
         opt_level: tileiras optimisation level (0..3).
+        num_worker_warps: warps per CTA (4 or 8 with tileiras 13.4; 1..32 powers of two with
+            CUDA 13.5), or ``None`` to let the compiler choose.
     Loads:
         k_latency / v_latency: DRAM latency hint of the K / V loads (1..10), or ``None`` to let the
             compiler infer it.
@@ -58,6 +60,7 @@ class Schedule:
     occupancy: int = 1
     num_ctas: int = 1
     opt_level: int = 3
+    num_worker_warps: int | None = None
     k_latency: int | None = None
     v_latency: int | None = None
     k_transposed: bool = False
@@ -79,6 +82,8 @@ class Schedule:
         _check_int_range("occupancy", self.occupancy, 1, 32)
         _check_choice("num_ctas", self.num_ctas, _NUM_CTAS)
         _check_int_range("opt_level", self.opt_level, 0, 3)
+        if self.num_worker_warps is not None:
+            _check_choice("num_worker_warps", self.num_worker_warps, (1, 2, 4, 8, 16, 32))
         for name in ("k_latency", "v_latency"):
             value = getattr(self, name)
             if value is not None:
@@ -139,6 +144,8 @@ class Schedule:
             parts.append(f"cta{self.num_ctas}")
         if self.opt_level != 3:
             parts.append(f"O{self.opt_level}")
+        if self.num_worker_warps is not None:
+            parts.append(f"w{self.num_worker_warps}")
         parts.append("exp2" if self.exp2 else "exp")
         if self.approx_div:
             parts.append("approx")
