@@ -156,14 +156,19 @@ SEED = Schedule(tile_m=64, tile_n=64, occupancy=1)
 def default_schedule(arch: str, problem: Problem) -> Schedule:
     """Per-architecture default, used when no tuned schedule is known for a shape.
 
-    sm_90: the best of ten hand-picked schedules on an H200 for D = 64, 128 and 256, causal and
-    not (``docs/gpu-validation.md``, first speed table): 64x128 tiles at occupancy 2 with exp2,
-    approximate division and K loaded transposed. Other architectures get the choices public
-    cuTile attention code reports as good there (not measured by this project).
+    sm_90 (measured on an H200, ``docs/tuning.md``): for D <= 128 the best of ten hand-picked
+    schedules, 64x128 tiles at occupancy 2 with exp2, approximate division and K loaded
+    transposed; for D > 128 the schedule the tuner found for every D=256 key with S >= 4k
+    (128x128, 8 worker warps, occupancy 3), 1.2-1.36x faster than 64x128 there. Other
+    architectures get the choices public cuTile attention code reports as good there (not
+    measured by this project).
     """
     family = ARCH_LIMITS[check_arch(arch)].family
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
     if family == "hopper":
+        if problem.head_dim > 128:
+            return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
+                            k_transposed=True, k_latency=4, v_latency=2)
         return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math)
     if family == "blackwell":
         return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)
