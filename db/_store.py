@@ -232,7 +232,7 @@ class ScheduleDB:
     # -- connections ----------------------------------------------------------------------------
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator["Connection"]:
-        from sqlalchemy.exc import DBAPIError
+        from sqlalchemy.exc import DBAPIError, IntegrityError
 
         if self._engine is None:
             raise RuntimeError(f"{self!r} is closed")
@@ -243,8 +243,8 @@ class ScheduleDB:
                 with connection.begin():
                     yield connection
         except DBAPIError as exc:
-            if write and _is_locked(exc):
-                raise  # put() retries these
+            if write and (_is_locked(exc) or isinstance(exc, IntegrityError)):
+                raise  # put() retries these (a lock, or another writer's insert of the key)
             raise DatabaseUnavailable(f"cannot use the schedule database {self}: "
                                       f"{exc.orig or exc}") from exc
 
@@ -302,9 +302,19 @@ class ScheduleDB:
                             self._too_new = revision
                 return
             except Exception as exc:
-                if not _is_locked(exc) or attempt == _WRITE_ATTEMPTS - 1:
+                if not (_is_locked(exc) or self._lost_create_race(exc)) \
+                        or attempt == _WRITE_ATTEMPTS - 1:
                     raise
                 time.sleep(0.05 * 2 ** attempt)
+
+    def _lost_create_race(self, exc: Exception) -> bool:
+        """On a server database, another process creating the same tables at the same moment
+        makes our CREATE fail (duplicate type or table); the next attempt finds them made."""
+        from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+        return not self._target.sqlite and isinstance(
+            exc if isinstance(exc, IntegrityError) else exc.__cause__,
+            (IntegrityError, ProgrammingError))
 
     def _check_writable(self) -> None:
         if self._read_only:

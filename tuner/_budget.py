@@ -1,12 +1,16 @@
-"""An exact trial budget shared by every worker of a study.
+"""What workers of one study share beyond Optuna: an exact budget and who measures what.
 
 Optuna's own trial counting races when several processes ask at once (each sees n-1 finished
-trials and starts one more). Workers instead claim a ticket with one atomic ``UPDATE ... WHERE
-claimed < budget`` in a small table of the study's storage database, so across any number of
-processes and hosts exactly ``budget`` candidates are measured.
+trials and starts one more), and two workers may be handed the same point. Workers instead
+claim a ticket with one atomic ``UPDATE ... WHERE claimed < budget``, and a candidate by
+inserting its schedule key (a primary key: exactly one insert succeeds), in two small tables of
+the study's storage database. Across any number of processes and hosts exactly ``budget``
+candidates are measured, each once.
 """
 
 from __future__ import annotations
+
+import time
 
 import sqlalchemy as sa
 
@@ -18,6 +22,11 @@ _TABLE = sa.Table(
     sa.Column("study_name", sa.String(512), primary_key=True),
     sa.Column("claimed", sa.Integer, nullable=False),
 )
+_CLAIMS = sa.Table(
+    "tiledtune_claims", _META,
+    sa.Column("study_name", sa.String(512), primary_key=True),
+    sa.Column("schedule_key", sa.String(64), primary_key=True),
+)
 
 
 class Budget:
@@ -25,7 +34,12 @@ class Budget:
         connect_args = {"timeout": 60} if url.startswith("sqlite") else {}
         self._engine = sa.create_engine(url, connect_args=connect_args)
         self._study = study_name
-        _META.create_all(self._engine, checkfirst=True)
+        for attempt in range(5):  # concurrent workers may race to create the table
+            try:
+                _META.create_all(self._engine, checkfirst=True)
+                break
+            except sa.exc.DBAPIError:
+                time.sleep(0.2 * (attempt + 1))
         with self._engine.begin() as conn:
             exists = conn.execute(sa.select(_TABLE.c.claimed).where(
                 _TABLE.c.study_name == study_name)).first()
@@ -51,11 +65,20 @@ class Budget:
                          .where(_TABLE.c.study_name == self._study, _TABLE.c.claimed > 0)
                          .values(claimed=_TABLE.c.claimed - 1))
 
-    def reset(self, claimed: int) -> None:
-        """Set the count (resume: tickets of trials that never finished are returned)."""
+    def claim_schedule(self, key: str) -> bool:
+        """``True`` for the one worker that gets to measure schedule ``key``."""
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(_CLAIMS.insert().values(study_name=self._study, schedule_key=key))
+            return True
+        except sa.exc.IntegrityError:
+            return False
+
+    def unclaim_schedule(self, key: str) -> None:
+        """Let the schedule be measured again (its measurement was cancelled or its worker died)."""
         with self._engine.begin() as conn:
-            conn.execute(_TABLE.update().where(_TABLE.c.study_name == self._study)
-                         .values(claimed=claimed))
+            conn.execute(_CLAIMS.delete().where(_CLAIMS.c.study_name == self._study,
+                                                _CLAIMS.c.schedule_key == key))
 
     def claimed(self) -> int:
         with self._engine.connect() as conn:

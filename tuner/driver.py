@@ -76,15 +76,41 @@ def study_name(prefix: str, arch: str, problem: Problem) -> str:
             f"Sk{p.seqlen_k}-D{p.head_dim}-{p.dtype}-{'causal' if p.causal else 'full'}")
 
 
+class _StaleTrial:
+    """Called once per trial of a dead worker (heartbeat older than the grace period): gives
+    its budget ticket back and re-enqueues its candidate once."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        with _quiet_optuna():
+            self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+
+    def __call__(self, study, trial) -> None:
+        if trial.user_attrs.get("ticket"):
+            budget = Budget(self._url, study.study_name)
+            budget.release()
+            budget.unclaim_schedule(trial.user_attrs["schedule_key"])
+            budget.close()
+        self._retry(study, trial)
+
+
 def open_storage(url: str, config: SearchConfig) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage with heartbeats: a dead worker's running trials are failed after
-    ``grace_s`` and re-enqueued once (``RetryHeartbeatStaleTrialCallback``)."""
+    ``grace_s``, their tickets returned and their candidates re-enqueued once."""
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine_kwargs, heartbeat_interval=config.heartbeat_s,
-        grace_period=config.grace_s,
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-            max_retry=1))
+    attempt = 0
+    while True:  # workers starting together may race to create Optuna's tables
+        try:
+            with _quiet_optuna():
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine_kwargs, heartbeat_interval=config.heartbeat_s,
+                    grace_period=config.grace_s,
+                    heartbeat_stale_trial_callback=_StaleTrial(url))
+        except Exception:  # the losing CREATE TABLE; give up after five tries
+            attempt += 1
+            if attempt == 5:
+                raise
+            time.sleep(0.5 * attempt)
 
 
 class _Heartbeat:
@@ -130,6 +156,19 @@ def _quiet_optuna():
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         yield
+
+
+def _known_elsewhere(study, key: str) -> float | str:
+    """What the study knows of schedule ``key``, claimed by another worker: its value, its
+    failure, or ``"elsewhere"`` while that worker is still measuring it."""
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("schedule_key") != key or t.user_attrs.get("ticket") is None:
+            continue
+        if t.state == TrialState.COMPLETE:
+            return t.value
+        if t.state == TrialState.FAIL and t.user_attrs.get("status"):
+            return t.user_attrs["status"]
+    return "elsewhere"
 
 
 def _compile_job(problem: Problem, schedule: Schedule, arch: str) -> float:
@@ -210,12 +249,6 @@ class Tuner:
                 known[key] = t.value
             elif t.state == TrialState.FAIL and t.user_attrs.get("status") not in (None, "stale"):
                 known.setdefault(key, t.user_attrs["status"])
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if not running:  # nobody else works on this key: tickets equal the finished measurements
-            budget.reset(sum(1 for t in study.get_trials(deepcopy=False)
-                             if t.user_attrs.get("ticket")
-                             and t.state in (TrialState.COMPLETE, TrialState.FAIL)
-                             and t.user_attrs.get("status") != "stale"))
         if not study.trials:
             for seed in self._seeds(problem, space) + (feasible if brute_force else []):
                 study.enqueue_trial(space.params(seed), skip_if_exists=True)
@@ -241,25 +274,24 @@ class Tuner:
                     trial.set_user_attr("schedule_key", schedule.key)
                     trial.set_user_attr("schedule", schedule.describe())
                     why = search_spaces.infeasibility(self.arch, problem, schedule)
-                    if why is not None or schedule.key in known:
+                    prior = known.get(schedule.key) if why is None else "infeasible"
+                    if prior is None and not budget.claim_schedule(schedule.key):
+                        prior = _known_elsewhere(study, schedule.key)
+                    if prior is not None:  # infeasible, or measured (here or by another worker)
                         budget.release()
-                        if why is None:
-                            result.repeats_skipped += 1
-                            repeats_in_a_row += 1
-                            prior = known[schedule.key]
-                            if isinstance(prior, float):
-                                trial.set_user_attr("status", "repeat")
-                                study.tell(trial, prior)
-                            else:
-                                trial.set_user_attr("status", "repeat")
-                                study.tell(trial, state=TrialState.FAIL)
-                        else:
-                            repeats_in_a_row += 1
+                        repeats_in_a_row += 1
+                        exhausted = repeats_in_a_row > max(50, 2 * len(feasible))
+                        if why is not None:
                             trial.set_user_attr("status", "infeasible")
                             trial.set_user_attr("reason", why)
                             known[schedule.key] = "infeasible"
+                        else:
+                            result.repeats_skipped += 1
+                            trial.set_user_attr("status", "repeat")
+                        if isinstance(prior, float):
+                            study.tell(trial, prior)
+                        else:
                             study.tell(trial, state=TrialState.FAIL)
-                        exhausted = repeats_in_a_row > max(50, 2 * len(feasible))
                         continue
                     repeats_in_a_row = 0
                     trial.set_user_attr("ticket", True)
@@ -290,6 +322,7 @@ class Tuner:
                 trial.set_user_attr("status", "cancelled")
                 study.tell(trial, state=TrialState.FAIL)
                 budget.release()
+                budget.unclaim_schedule(schedule.key)
                 heartbeat.drop(trial._trial_id)
             heartbeat.close()
             budget.close()

@@ -118,6 +118,7 @@ TOGGLES = {
     "occupancy2": BASE.replace(occupancy=2),
     "num_ctas2": BASE.replace(num_ctas=2),
     "opt_level2": BASE.replace(opt_level=2),
+    "worker_warps8": BASE.replace(tile_m=128, num_worker_warps=8),
     "latency_k3_v7": BASE.replace(k_latency=3, v_latency=7),
     "exp2": BASE.replace(exp2=True),
     "approx_div": BASE.replace(approx_div=True),
