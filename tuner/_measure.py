@@ -21,7 +21,7 @@ from tiledattention.errors import CompileError
 from .timing import Timing
 
 __all__ = ["Measurement", "GpuExecutor", "SimulatedExecutor", "SimulatedFaults", "TOLERANCE",
-           "BASELINES"]
+           "BASELINES", "STATUSES", "FAILURES"]
 
 #: relative L2 error a candidate may have against the float32 reference
 TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
@@ -29,6 +29,8 @@ TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
 BASELINES = ("default", "torch-cudnn", "torch-flash")
 
 STATUSES = ("ok", "compile-error", "crash", "timeout", "wrong", "infeasible")
+#: statuses that say something about the schedule itself: never measured again for the key
+FAILURES = STATUSES[1:]
 
 
 @dataclass(frozen=True)

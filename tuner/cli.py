@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # for commands that start copies of themselves (search --workers)
     try:
         return importlib.import_module(args._module).run(args)
     except KeyboardInterrupt:

@@ -32,7 +32,7 @@ from tiledattention.errors import CompileError
 
 from ._budget import Budget
 from ._isolation import IsolatedExecutor
-from ._measure import BASELINES, Measurement
+from ._measure import BASELINES, FAILURES, Measurement
 from .timing import Timing
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "study_name", "open_storage"]
@@ -166,7 +166,7 @@ def _known_elsewhere(study, key: str) -> float | str:
             continue
         if t.state == TrialState.COMPLETE:
             return t.value
-        if t.state == TrialState.FAIL and t.user_attrs.get("status"):
+        if t.state == TrialState.FAIL and t.user_attrs.get("status") in FAILURES:
             return t.user_attrs["status"]
     return "elsewhere"
 
@@ -247,7 +247,7 @@ class Tuner:
                 continue
             if t.state == TrialState.COMPLETE:
                 known[key] = t.value
-            elif t.state == TrialState.FAIL and t.user_attrs.get("status") not in (None, "stale"):
+            elif t.state == TrialState.FAIL and t.user_attrs.get("status") in FAILURES:
                 known.setdefault(key, t.user_attrs["status"])
         if not study.trials:
             for seed in self._seeds(problem, space) + (feasible if brute_force else []):
@@ -257,49 +257,34 @@ class Tuner:
         since_best = 0
         heartbeat = _Heartbeat(self.storage, max(1, cfg.heartbeat_s))
         pending: collections.deque = collections.deque()
-        repeats_in_a_row = 0
+        skipped_in_a_row = 0
+        budget_spent = False
         try:
             while True:
                 out_of_time = cfg.timeout_s is not None and time.monotonic() - start > cfg.timeout_s
                 patient = cfg.patience is None or since_best < cfg.patience
-                exhausted = repeats_in_a_row > max(50, 2 * len(feasible))
                 # refill the lookahead queue
-                while (not out_of_time and patient and not exhausted
+                while (not (out_of_time or budget_spent) and patient
+                       and skipped_in_a_row <= max(50, 2 * len(feasible))
                        and len(pending) < max(1, cfg.lookahead)):
-                    if not budget.claim(cfg.n_trials):
-                        break
                     with _quiet_optuna():
                         trial = study.ask(distributions)
-                    schedule = space.schedule(trial.params)
-                    trial.set_user_attr("schedule_key", schedule.key)
-                    trial.set_user_attr("schedule", schedule.describe())
-                    why = search_spaces.infeasibility(self.arch, problem, schedule)
-                    prior = known.get(schedule.key) if why is None else "infeasible"
-                    if prior is None and not budget.claim_schedule(schedule.key):
-                        prior = _known_elsewhere(study, schedule.key)
-                    if prior is not None:  # infeasible, or measured (here or by another worker)
-                        budget.release()
-                        repeats_in_a_row += 1
-                        exhausted = repeats_in_a_row > max(50, 2 * len(feasible))
-                        if why is not None:
-                            trial.set_user_attr("status", "infeasible")
-                            trial.set_user_attr("reason", why)
-                            known[schedule.key] = "infeasible"
-                        else:
-                            result.repeats_skipped += 1
-                            trial.set_user_attr("status", "repeat")
-                        if isinstance(prior, float):
-                            study.tell(trial, prior)
-                        else:
-                            study.tell(trial, state=TrialState.FAIL)
-                        continue
-                    repeats_in_a_row = 0
-                    trial.set_user_attr("ticket", True)
                     heartbeat.hold(trial._trial_id)
-                    known[schedule.key] = "running"
-                    future = (self._pool.submit(_compile_job, problem, schedule, self.arch)
-                              if self._pool is not None else None)
-                    pending.append((trial, schedule, future))
+                    schedule = space.schedule(trial.params)
+                    outcome = self._admit(study, trial, schedule, problem, known, budget,
+                                          cfg.n_trials)
+                    if outcome != "measure":
+                        heartbeat.drop(trial._trial_id)
+                    if outcome == "measure":
+                        skipped_in_a_row = 0
+                        future = (self._pool.submit(_compile_job, problem, schedule, self.arch)
+                                  if self._pool is not None else None)
+                        pending.append((trial, schedule, future))
+                    elif outcome == "budget spent":
+                        budget_spent = True
+                    else:
+                        skipped_in_a_row += 1
+                        result.repeats_skipped += outcome == "repeat"
                 if not pending:
                     break
                 trial, schedule, future = pending.popleft()
@@ -329,6 +314,38 @@ class Tuner:
         self._finish(study, problem, result)
         result.wall_s = time.monotonic() - start
         return result
+
+    def _admit(self, study, trial, schedule: Schedule, problem: Problem, known: dict,
+               budget: Budget, n_trials: int) -> str:
+        """Decide what to do with an asked trial: ``"measure"`` it (this worker holds its
+        schedule's claim and a budget ticket), or finish it at once as ``"infeasible"``,
+        ``"repeat"`` (measured before, here or by another worker) or ``"budget spent"``."""
+        trial.set_user_attr("schedule_key", schedule.key)
+        trial.set_user_attr("schedule", schedule.describe())
+        why = search_spaces.infeasibility(self.arch, problem, schedule)
+        prior = known.get(schedule.key) if why is None else "infeasible"
+        if prior is None and not budget.claim_schedule(schedule.key):
+            prior = _known_elsewhere(study, schedule.key)
+        if prior is None and not budget.claim(n_trials):
+            budget.unclaim_schedule(schedule.key)
+            trial.set_user_attr("status", "over budget")
+            study.tell(trial, state=TrialState.FAIL)
+            return "budget spent"
+        if prior is None:
+            trial.set_user_attr("ticket", True)
+            known[schedule.key] = "running"
+            return "measure"
+        if why is not None:
+            trial.set_user_attr("status", "infeasible")
+            trial.set_user_attr("reason", why)
+            known[schedule.key] = "infeasible"
+        else:
+            trial.set_user_attr("status", "repeat")
+        if isinstance(prior, float):
+            study.tell(trial, prior)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+        return "infeasible" if why is not None else "repeat"
 
     def _measure(self, problem: Problem, schedule: Schedule, future: Future | None,
                  result: KeyResult) -> Measurement:

@@ -169,9 +169,8 @@ def _spawn_workers(args, console) -> int:
     if len(devices) < args.workers:
         raise ValueError(f"--workers {args.workers}: only {len(devices)} local GPU(s) are "
                          f"{args.device}")
-    argv = [a for a in sys.argv[1:]]
-    argv = [a for i, a in enumerate(argv) if a != "--workers" and
-            (i == 0 or argv[i - 1] != "--workers") and not a.startswith("--workers=")]
+    argv = [a for i, a in enumerate(args.argv) if a != "--workers" and
+            (i == 0 or args.argv[i - 1] != "--workers") and not a.startswith("--workers=")]
     children = [subprocess.Popen([sys.executable, "-m", "tuner.cli", *argv, "--device-index",
                                   str(d.index)]) for d in devices]
     return max(child.wait() for child in children)
