@@ -11,9 +11,10 @@ from __future__ import annotations
 from ._errors import DatabaseUnavailable, SchemaTooNew
 from ._rows import ROW_FORMAT, ScheduleRow
 from ._store import PUT_OUTCOMES, ScheduleDB
-from ._table import RowTable, dump_rows, load_rows_file, shipped_table
+from ._table import RowTable, dump_rows, load_rows_file, shipped_table, write_text_atomic
 
 __all__ = [
     "DatabaseUnavailable", "PUT_OUTCOMES", "ROW_FORMAT", "RowTable", "ScheduleDB", "ScheduleRow",
     "SchemaTooNew", "dump_rows", "load_rows_file", "shipped_table",
+    "write_text_atomic",
 ]

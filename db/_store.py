@@ -11,7 +11,6 @@ file costs one ``os.path.exists``.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time

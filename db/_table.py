@@ -96,15 +96,19 @@ def load_rows_file(path: str | os.PathLike, *, strict: bool = True) -> RowTable:
 def dump_rows(rows: Iterable[ScheduleRow], path: str | os.PathLike) -> None:
     """Write rows to ``path`` atomically (temp file + ``os.replace``); the output is sorted and
     byte-for-byte deterministic for a given set of rows."""
-    path = Path(path)
     items = [row.to_dict() for row in sorted(rows, key=_sort_key)]
-    text = json.dumps({"format": ROW_FORMAT, "rows": items}, sort_keys=True, indent=1,
-                      allow_nan=False) + "\n"
+    write_text_atomic(Path(path), json.dumps({"format": ROW_FORMAT, "rows": items},
+                                             sort_keys=True, indent=1, allow_nan=False) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` through a temp file in the same directory and ``os.replace``: readers see
+    the old file or the new one, never a half-written one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600; a table is meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

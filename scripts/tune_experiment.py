@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 
 from db import ScheduleDB, dump_rows
 from tiledattention import Problem

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Protocol
 
 from ._device import DeviceInfo
 from ._problem import Problem
-from ._provenance import template_hash
+from ._provenance import Provenance, template_hash
 from ._schedule import Schedule
 
 __all__ = ["Resolution", "Resolver", "SOURCES", "shape_distance"]
@@ -45,6 +45,7 @@ class _Row(Protocol):  # what the resolver needs of a stored row (``db.ScheduleR
     problem: Problem
     schedule: Schedule
     median_ms: float
+    provenance: Provenance
 
 
 def shape_distance(a: Problem, b: Problem) -> float:

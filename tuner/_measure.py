@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tiledattention import Problem, Schedule
-from tiledattention.errors import CompileError
 
 from .timing import Timing
 

@@ -16,13 +16,10 @@ could not be used.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import io
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -84,23 +81,6 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _cell(value: object) -> str:
     if value is None:
         return ""
@@ -125,7 +105,7 @@ def rows_to_csv(rows) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from db import DatabaseUnavailable, ScheduleDB, dump_rows
+    from db import DatabaseUnavailable, ScheduleDB, dump_rows, write_text_atomic
     from tiledattention._settings import database_location
 
     output = Path(args.output)

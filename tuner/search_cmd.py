@@ -182,7 +182,7 @@ def _search(args, problems, console) -> int:
     from db import ScheduleDB
 
     from ._isolation import IsolatedExecutor
-    from ._measure import GpuExecutor, SimulatedExecutor
+    from ._measure import SimulatedExecutor
     from .driver import SearchConfig, Tuner
 
     if args.backend == "gpu":
@@ -253,7 +253,7 @@ def _print_results(results, console) -> None:
         t = r.timings
         best = t.get("best")
 
-        def ratio(name):
+        def ratio(name, t=t, best=best):
             other = t.get(name)
             if isinstance(best, Timing) and isinstance(other, Timing):
                 return f"{other.median_ms / best.median_ms:.2f}x"

@@ -9,7 +9,6 @@ import importlib.util
 import io
 import itertools
 import json
-import math
 import random
 import sys
 from datetime import datetime, timedelta, timezone

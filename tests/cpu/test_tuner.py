@@ -15,7 +15,7 @@ import pytest
 
 import search_spaces
 from db import ScheduleDB
-from tiledattention import Problem, Schedule
+from tiledattention import Problem
 from tuner._isolation import IsolatedExecutor
 from tuner._measure import SimulatedExecutor, SimulatedFaults
 from tuner.cli import main
@@ -147,7 +147,7 @@ def test_kill_and_resume_repeats_and_loses_no_finished_trial(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     after = finished()
     keys = [t.user_attrs["schedule_key"] for t in after]
-    assert len(after) == 30, [(t.number, t.state.name, t.user_attrs.get("status"), t.user_attrs.get("ticket"), t.system_attrs) for t in optuna.load_study(study_name=name, storage=storage).trials if t.state.name != "COMPLETE" or t.user_attrs.get("status") != "ok"]  # the budget, exactly
+    assert len(after) == 30  # the budget, exactly
     assert len(set(keys)) == len(keys)  # nothing measured twice
     assert all(before[n] == k for n, k in ((t.number, t.user_attrs["schedule_key"])
                                            for t in after if t.number in before))
