@@ -14,6 +14,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import multiprocessing
+import os
+import socket
 import threading
 import time
 import warnings
@@ -38,6 +40,9 @@ from .timing import Timing
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "study_name", "open_storage"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+#: who measured a trial (a study may be shared by processes on many hosts)
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True)
@@ -333,6 +338,7 @@ class Tuner:
             return "budget spent"
         if prior is None:
             trial.set_user_attr("ticket", True)
+            trial.set_user_attr("worker", _WORKER)
             known[schedule.key] = "running"
             return "measure"
         if why is not None:
