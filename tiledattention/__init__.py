@@ -23,7 +23,7 @@ __all__ = [
     "compile_schedule", "explain", "runtime", "sdpa", "use_database",
 ]
 
-_runtime: Runtime | None = None
+_default_runtime: Runtime | None = None
 
 
 def _make_runtime(location: str | None) -> Runtime:
@@ -41,17 +41,17 @@ def _make_runtime(location: str | None) -> Runtime:
 
 def runtime() -> Runtime:
     """The process's runtime (created on first use, reading ``TILEDATTN_DB``)."""
-    global _runtime
-    if _runtime is None:
-        _runtime = _make_runtime(None)
-    return _runtime
+    global _default_runtime
+    if _default_runtime is None:
+        _default_runtime = _make_runtime(None)
+    return _default_runtime
 
 
 def use_database(location: str | None) -> None:
     """Look schedules up in ``location`` (a path or SQLAlchemy URL; ``None``: the default) from
     now on; forgets memoised lookups."""
-    global _runtime
-    _runtime = _make_runtime(location)
+    global _default_runtime
+    _default_runtime = _make_runtime(location)
 
 
 def sdpa(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None, *,

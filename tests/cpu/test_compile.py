@@ -1,0 +1,72 @@
+"""Compile-only builds on a machine without a GPU (cuTile + tileiras from pip)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+import search_spaces
+from tiledattention import CompileError, Problem, Schedule, compile_schedule
+
+PROBLEM = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=1000, seqlen_k=777, head_dim=96,
+                  dtype="bf16", causal=True)
+ALIGNED = Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=512, seqlen_k=1024, head_dim=128,
+                  dtype="fp16", causal=False)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100", "sm_120", "sm_121"])
+def test_default_schedule_compiles(arch):
+    schedule = search_spaces.default_schedule(arch, PROBLEM)
+    result = compile_schedule(PROBLEM, schedule, arch)
+    assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
+    assert result.shared_bytes and result.shared_bytes > 0
+
+
+BASE = Schedule(tile_m=64, tile_n=64)
+TOGGLES = {
+    "tile_m128": BASE.replace(tile_m=128), "tile_n32": BASE.replace(tile_n=32),
+    "occupancy2": BASE.replace(occupancy=2), "num_ctas2": BASE.replace(num_ctas=2),
+    "opt_level2": BASE.replace(opt_level=2), "warps8": BASE.replace(num_worker_warps=8),
+    "k_latency3": BASE.replace(k_latency=3), "v_latency5": BASE.replace(v_latency=5),
+    "k_transposed": BASE.replace(k_transposed=True), "no_tma": BASE.replace(allow_tma=False),
+    "exp2": BASE.replace(exp2=True), "approx_div": BASE.replace(approx_div=True),
+    "kv_sawtooth": BASE.replace(kv_sawtooth=True),
+    "longest_first": BASE.replace(longest_first=True),
+    "unchecked_loads": BASE.replace(unchecked_loads=True),
+}
+
+
+def _digest(problem, schedule, arch="sm_90"):
+    return hashlib.sha1(compile_schedule(problem, schedule, arch).cubin).hexdigest()
+
+
+@pytest.mark.slow
+def test_every_dimension_changes_the_compiled_code():
+    """The trap of tuners that search a knob which never reaches the compiler: each toggle must
+    give a different cubin from the base schedule (on a problem where it applies)."""
+    base = {p: _digest(p, BASE) for p in (PROBLEM, ALIGNED)}
+    same = []
+    for name, schedule in TOGGLES.items():
+        # unchecked loads only apply to tile-aligned shapes; longest-first only to causal ones
+        problem = ALIGNED if name == "unchecked_loads" else PROBLEM
+        if _digest(problem, schedule) == base[problem]:
+            same.append(name)
+    assert same == []
+
+
+def test_compile_error_names_schedule_and_arch(monkeypatch):
+    import tiledattention._compile as compile_module
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("tileiras: Return code 5")
+
+    monkeypatch.setattr(compile_module.ctc, "export_kernel", broken)
+    with pytest.raises(CompileError, match="64x64 occ1 exp does not compile for sm_121"):
+        compile_schedule(PROBLEM, BASE, "sm_121")
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm_121a", "sm_999", 90])
+def test_bad_arch_is_rejected(arch):
+    with pytest.raises(ValueError, match="arch"):
+        compile_schedule(PROBLEM, BASE, arch)

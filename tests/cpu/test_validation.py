@@ -1,0 +1,100 @@
+"""Bad input to sdpa: a TypeError / ValueError naming the argument; nothing is launched."""
+
+from __future__ import annotations
+
+import cuda.tile
+import pytest
+import torch
+
+import tiledattention
+from tiledattention import Problem, Runtime, UnsupportedProblemError
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    return calls
+
+
+def qkv(b=1, hq=4, hkv=4, sq=16, sk=16, d=64, dtype=torch.bfloat16):
+    return (torch.randn(b, hq, sq, d, dtype=dtype), torch.randn(b, hkv, sk, d, dtype=dtype),
+            torch.randn(b, hkv, sk, d, dtype=dtype))
+
+
+def case(**kw):
+    return qkv(**kw)
+
+
+BAD = {
+    "cpu tensor": (lambda: case(), {}, ValueError, "q must be a CUDA tensor; got a tensor on cpu"),
+    "fp32": (lambda: case(dtype=torch.float32), {}, TypeError, "q must be bfloat16 or float16"),
+    "ndim": (lambda: (torch.randn(4, 16, 64, dtype=torch.bfloat16),) + case()[1:], {},
+             ValueError, "q must have 4 dims"),
+    "dtype mismatch": (lambda: (case()[0], *case(dtype=torch.float16)[1:]), {}, TypeError,
+                       "one dtype"),
+    "batch mismatch": (lambda: (case(b=2)[0], *case(b=1)[1:]), {}, ValueError,
+                       "k must have the batch size of q"),
+    "head_dim mismatch": (lambda: (case(d=64)[0], *case(d=128)[1:]), {}, ValueError,
+                          "k must have the head_dim of q"),
+    "gqa ratio": (lambda: case(hq=6, hkv=4), {}, ValueError, "multiple of k's heads"),
+    "unsupported D": (lambda: case(d=20), {}, ValueError, "head_dim must be a multiple of 8"),
+    "D too big": (lambda: case(d=512), {}, ValueError, "head_dim must be a multiple of 8"),
+    "k/v shapes": (lambda: (*case()[:2], torch.randn(1, 4, 17, 64, dtype=torch.bfloat16)), {},
+                   ValueError, "v must have the shape of k"),
+    "last dim strided": (lambda: (torch.randn(1, 4, 16, 128, dtype=torch.bfloat16)[..., ::2],
+                                  *case()[1:]), {}, ValueError, "contiguous in its last dim"),
+    "not an array": (lambda: ([[1.0]], *case()[1:]), {}, TypeError,
+                     "q must be a torch.Tensor or cupy.ndarray"),
+    "causal type": (lambda: case(), {"causal": 1}, TypeError, "causal must be a bool"),
+    "scale type": (lambda: case(), {"scale": "0.1"}, TypeError, "scale must be a float"),
+    "scale value": (lambda: case(), {"scale": -1.0}, ValueError, "scale must be a finite"),
+    "schedule type": (lambda: case(), {"schedule": {"tile_m": 64}}, TypeError,
+                      "schedule must be a tiledattention.Schedule"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_rejected_before_any_launch(name, launches):
+    make, kwargs, error, message = BAD[name]
+    q, k, v = make()
+    with pytest.raises(error, match=message):
+        tiledattention.sdpa(q, k, v, **kwargs)
+    assert launches == []
+
+
+def test_problem_rejects_impossible_keys():
+    with pytest.raises(UnsupportedProblemError, match="heads_q"):
+        Problem(batch=1, heads_q=6, heads_kv=4, seqlen_q=8, seqlen_k=8, head_dim=64,
+                dtype="bf16", causal=False)
+    with pytest.raises(UnsupportedProblemError, match="dtype"):
+        Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=8, seqlen_k=8, head_dim=64,
+                dtype="fp32", causal=False)
+    with pytest.raises(UnsupportedProblemError, match="seqlen_k must be a positive int"):
+        Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=8, seqlen_k=0, head_dim=64,
+                dtype="bf16", causal=False)
+
+
+@pytest.mark.parametrize("sq, sk", [(1, 1), (5, 9), (9, 5), (17, 17), (1000, 33)])
+def test_causal_flops_count_exactly_the_unmasked_pairs(sq, sk):
+    p = Problem(batch=2, heads_q=3, heads_kv=3, seqlen_q=sq, seqlen_k=sk, head_dim=64,
+                dtype="bf16", causal=True)
+    mask = torch.ones(sq, sk, dtype=torch.bool).tril()  # torch's is_causal: top-left aligned
+    assert p.attended_pairs == int(mask.sum())
+    assert p.flops == 4 * 2 * 3 * 64 * int(mask.sum())
+
+
+def test_runtime_memoises_resolution_per_problem(monkeypatch):
+    import tiledattention._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "device_info", lambda index: None)  # no GPU here
+    calls = []
+    runtime = Runtime(lambda problem, device: calls.append(problem) or "answer")
+    p = Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=8, seqlen_k=8, head_dim=64,
+                dtype="bf16", causal=False)
+    assert runtime.resolution(p, 0) == "answer"
+    assert runtime.resolution(p, 0) == "answer"
+    assert len(calls) == 1
+    runtime.clear()
+    runtime.resolution(p, 0)
+    assert len(calls) == 2
