@@ -65,7 +65,7 @@ def main(argv=None) -> int:
             q.float(), k.float(), v.float(), is_causal=causal)
         contenders = {}
         schedules = {"default": search_spaces.default_schedule(arch, problem),
-                     "seed": search_spaces._spaces.SEED}
+                     "seed": search_spaces.SEED}
         if args.candidates:
             schedules.update(CANDIDATES)
         for name, sched in schedules.items():

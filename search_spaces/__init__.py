@@ -7,6 +7,7 @@ when nothing better is known (``default_schedule(arch, problem)``).
 
 from ._spaces import (
     ARCH_LIMITS,
+    SEED,
     ArchLimits,
     SearchSpace,
     default_schedule,
@@ -14,5 +15,5 @@ from ._spaces import (
     space_for,
 )
 
-__all__ = ["ARCH_LIMITS", "ArchLimits", "SearchSpace", "default_schedule", "infeasibility",
+__all__ = ["ARCH_LIMITS", "SEED", "ArchLimits", "SearchSpace", "default_schedule", "infeasibility",
            "space_for"]
