@@ -215,9 +215,8 @@ class Tuner:
             rows.sort(key=lambda r: (shape_distance(r.problem, problem), r.median_ms))
             seeds += [r.schedule for r in rows[:3]]
         unique = {}
-        for s in seeds:
-            params = {name: getattr(s, name) for name in space.choices}
-            s = space.schedule(params)
+        for seed in seeds:  # the seed's values on the searched dimensions
+            s = space.schedule(space.params(seed))
             if space.contains(s):
                 unique.setdefault(s.key, s)
         return list(unique.values())
@@ -278,14 +277,14 @@ class Tuner:
                     schedule = space.schedule(trial.params)
                     outcome = self._admit(study, trial, schedule, problem, known, budget,
                                           cfg.n_trials)
-                    if outcome != "measure":
-                        heartbeat.drop(trial._trial_id)
                     if outcome == "measure":
                         skipped_in_a_row = 0
                         future = (self._pool.submit(_compile_job, problem, schedule, self.arch)
                                   if self._pool is not None else None)
                         pending.append((trial, schedule, future))
-                    elif outcome == "budget spent":
+                        continue
+                    heartbeat.drop(trial._trial_id)
+                    if outcome == "budget spent":
                         budget_spent = True
                     else:
                         skipped_in_a_row += 1
