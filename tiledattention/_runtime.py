@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 import cuda.tile as ct
 
 from ._device import DeviceInfo, device_info
-from ._launch import constant_args, default_scale, grid_for, kernel_for
+from ._launch import default_scale, grid_for, kernel_args, kernel_for
 from ._problem import Problem, problem_from_arrays
 from ._schedule import Schedule
 
@@ -24,7 +24,7 @@ class _Plan(NamedTuple):
     out_shape: tuple[int, int, int, int]
     grid: tuple[int, int, int]
     kernel: Any
-    scalars: tuple  # scale, heads_q, group, then the compile-time constants
+    scalars: tuple  # the launch arguments after q, k, v, out
 
 
 class Runtime:
@@ -59,8 +59,8 @@ class Runtime:
             out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
             grid=grid_for(problem, schedule),
             kernel=kernel_for(schedule),
-            scalars=(scale, problem.heads_q, problem.group_size,
-                     *constant_args(problem, schedule)),
+            # everything after the four arrays, in the one order kernel_args defines
+            scalars=kernel_args(None, None, None, None, problem, schedule, scale)[4:],
         )
 
     def sdpa(self, q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None, *,

@@ -18,7 +18,6 @@ import gc
 import math
 import shlex
 import subprocess
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -515,8 +514,11 @@ def _console():
     return Console(stderr=True)
 
 
-def _command_line() -> str:
-    return "tiledtune " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as the user gave it (``tuner.cli.main`` keeps its argv, also when called
+    from Python rather than through the ``tiledtune`` script)."""
+    argv = getattr(args, "argv", None)
+    return "tiledtune " + shlex.join(argv) if argv is not None else ""
 
 
 def write_reports(results: Sequence[BenchResult], out_dir: Path, info: RunInfo, *,
@@ -618,7 +620,7 @@ def run(args: argparse.Namespace) -> int:
                   transient=False) as progress:
         results = run_grid(grid, settings, progress=progress)
 
-    info = RunInfo(command=_command_line(),
+    info = RunInfo(command=_command_line(args),
                    date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     csv_path = write_csv(results, out_dir / CSV_NAME)
     written = [csv_path] + write_reports(results, out_dir, info, plots=not args.no_plots,
@@ -643,7 +645,7 @@ def _report_only(args: argparse.Namespace, console: Any) -> int:
     if not results:
         raise ValueError(f"--report-only: {csv_path} holds no results")
     out_dir = Path(args.out) if args.out else csv_path.parent
-    info = RunInfo(command=_command_line() + f" (re-rendered from {csv_path})",
+    info = RunInfo(command=_command_line(args) + f" (re-rendered from {csv_path})",
                    date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
     written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
     console.print(results_table(results))

@@ -98,3 +98,19 @@ def test_runtime_memoises_resolution_per_problem(monkeypatch):
     runtime.clear()
     runtime.resolution(p, 0)
     assert len(calls) == 2
+
+
+def test_launch_plan_carries_the_arguments_kernel_args_defines():
+    import math
+
+    from tiledattention import Schedule
+    from tiledattention._launch import constant_args
+
+    p = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=500, head_dim=64,
+                dtype="bf16", causal=True)
+    schedule = Schedule(tile_m=128, tile_n=64, exp2=True)
+    plan = Runtime(lambda problem, device: None)._plan(p, 0, None, schedule)
+    assert plan.grid == (3, 16, 1)  # ceil(300 / 128) query tiles, B * H_q
+    assert plan.out_shape == (2, 8, 300, 64)
+    assert plan.scalars[:3] == (1 / math.sqrt(64), 8, 4)  # scale, heads_q, group size
+    assert plan.scalars[3:] == constant_args(p, schedule)
