@@ -91,11 +91,9 @@ class _StaleTrial:
             self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
 
     def __call__(self, study, trial) -> None:
-        if trial.user_attrs.get("ticket"):
-            budget = Budget(self._url, study.study_name)
-            budget.release()
-            budget.unclaim_schedule(trial.user_attrs["schedule_key"])
-            budget.close()
+        budget = Budget(self._url, study.study_name)
+        budget.release(trial.number)
+        budget.close()
         self._retry(study, trial)
 
 
@@ -176,9 +174,16 @@ def _known_elsewhere(study, key: str) -> float | str:
     return "elsewhere"
 
 
-def _compile_job(problem: Problem, schedule: Schedule, arch: str) -> float:
-    """Compile in a pool process (warms cuTile's disk cache); returns seconds or raises."""
-    return compile_schedule(problem, schedule, arch).seconds
+def compile_job(problem: Problem, schedule: Schedule, arch: str
+                ) -> tuple[float, int | None, str | None]:
+    """Compile in a pool process (this warms cuTile's disk cache for the later launch):
+    (seconds, static shared-memory bytes, None), or (seconds, None, the compile error)."""
+    start = time.perf_counter()
+    try:
+        built = compile_schedule(problem, schedule, arch)
+    except CompileError as exc:
+        return time.perf_counter() - start, None, str(exc)
+    return built.seconds, built.shared_bytes, None
 
 
 class Tuner:
@@ -279,7 +284,7 @@ class Tuner:
                                           cfg.n_trials)
                     if outcome == "measure":
                         skipped_in_a_row = 0
-                        future = (self._pool.submit(_compile_job, problem, schedule, self.arch)
+                        future = (self._pool.submit(compile_job, problem, schedule, self.arch)
                                   if self._pool is not None else None)
                         pending.append((trial, schedule, future))
                         continue
@@ -310,8 +315,7 @@ class Tuner:
                     future.cancel()
                 trial.set_user_attr("status", "cancelled")
                 study.tell(trial, state=TrialState.FAIL)
-                budget.release()
-                budget.unclaim_schedule(schedule.key)
+                budget.release(trial.number)
                 heartbeat.drop(trial._trial_id)
             heartbeat.close()
             budget.close()
@@ -328,10 +332,10 @@ class Tuner:
         trial.set_user_attr("schedule", schedule.describe())
         why = search_spaces.infeasibility(self.arch, problem, schedule)
         prior = known.get(schedule.key) if why is None else "infeasible"
-        if prior is None and not budget.claim_schedule(schedule.key):
+        if prior is None and not budget.claim_schedule(schedule.key, trial.number):
             prior = _known_elsewhere(study, schedule.key)
-        if prior is None and not budget.claim(n_trials):
-            budget.unclaim_schedule(schedule.key)
+        if prior is None and not budget.claim(n_trials, trial.number):
+            budget.release(trial.number)  # its schedule claim
             trial.set_user_attr("status", "over budget")
             study.tell(trial, state=TrialState.FAIL)
             return "budget spent"
@@ -358,12 +362,12 @@ class Tuner:
         if future is not None:
             waited = time.monotonic()
             try:
-                compile_s = future.result(timeout=cfg.compile_deadline_s)
-                result.compile_overlap_s += max(0.0, compile_s - (time.monotonic() - waited))
-            except CompileError as exc:
-                return Measurement("compile-error", str(exc)[:500])
+                compile_s, _, error = future.result(timeout=cfg.compile_deadline_s)
             except Exception:  # pool trouble or a compile past its deadline: let the worker try
-                pass
+                compile_s, error = 0.0, None
+            if error is not None:
+                return Measurement("compile-error", error[:500])
+            result.compile_overlap_s += max(0.0, compile_s - (time.monotonic() - waited))
         warm = self.executor.measurement("warm", problem, schedule,
                                          deadline=cfg.compile_deadline_s)
         if not warm.ok:

@@ -13,7 +13,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -277,7 +276,7 @@ def _compile_only(args, problems, console) -> int:
 
     import search_spaces
 
-    from .driver import SearchConfig, open_storage, study_name
+    from .driver import SearchConfig, compile_job, open_storage, study_name
 
     _, storage_url = _locations(args)
     config = SearchConfig(study_prefix=args.study)
@@ -299,7 +298,7 @@ def _compile_only(args, problems, console) -> int:
         ok, failed = [], []
         with ProcessPoolExecutor(max_workers=jobs) as pool, Progress(console=console) as bar:
             task = bar.add_task(problem.describe(), total=len(candidates))
-            futures = {pool.submit(_compile_for_report, problem, s, args.device): s
+            futures = {pool.submit(compile_job, problem, s, args.device): s
                        for s in candidates}
             for future in as_completed(futures):
                 schedule = futures[future]
@@ -324,15 +323,3 @@ def _compile_only(args, problems, console) -> int:
     console.print(table)
     console.print(f"failures recorded as infeasible for {args.device} in {storage_url}")
     return 0
-
-
-def _compile_for_report(problem, schedule, arch):
-    from tiledattention import compile_schedule
-    from tiledattention.errors import CompileError
-
-    start = time.perf_counter()
-    try:
-        result = compile_schedule(problem, schedule, arch)
-    except CompileError as exc:
-        return time.perf_counter() - start, None, str(exc)
-    return result.seconds, result.shared_bytes, None
