@@ -30,9 +30,14 @@ def run(args: argparse.Namespace) -> int:
                 "trials", "when"):
         table.add_column(col)
     for r in rows:
-        vs = lambda other: f"{other / r.median_ms:.2f}x" if other else "-"
+        vs = _ratio_to(r.median_ms)
         table.add_row(r.arch, r.device_name, r.problem.describe(), r.schedule.describe(),
                       f"{r.median_ms:.3f}", f"{r.tflops:.0f}", vs(r.default_ms),
                       vs(r.torch_cudnn_ms), str(r.trials), r.created_at.strftime("%Y-%m-%d %H:%M"))
     console.print(table)
     return 0
+
+
+def _ratio_to(median_ms: float):
+    """``other_ms -> "1.23x"``: how much slower another contender was than the stored row."""
+    return lambda other: f"{other / median_ms:.2f}x" if other else "-"
