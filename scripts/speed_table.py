@@ -1,17 +1,22 @@
 """Side-by-side speed table: tiledattention schedules vs torch SDPA (cuDNN, flash), one run.
 
-    python scripts/speed_table.py [--candidates] [--out FILE.md]
+    python scripts/speed_table.py [--candidates | --schedules FILE.json] [--shape B,H,S,D,causal]...
+                                  [--jobs N] [--out FILE.md]
 
 Every contender is checked against a float32 reference first, then all are timed interleaved
 (tuner.timing.time_interleaved: CUDA events, L2 flushed, median). TFLOP/s = 4·B·H·S_q·S_k·D,
 halved (exactly: unmasked pairs only) for causal. With --candidates, a few hand-picked schedules
-are timed too (used to choose the per-architecture defaults).
+are timed too (used to choose the per-architecture defaults). ``--schedules`` reads candidates
+from a JSON list of ``{"name", "schedule", "head_dims"?, "causal"?}`` (the optional filters say
+which shapes a candidate applies to); ``--jobs`` compiles them all in parallel first.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -42,12 +47,43 @@ def rel_err(out, ref):
     return (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref)).item()
 
 
+def _shape(text: str) -> tuple:
+    b, h, s, d, causal = text.split(",")
+    if causal not in ("yes", "no"):
+        raise argparse.ArgumentTypeError(f"causal must be yes or no; got {causal!r}")
+    return int(b), int(h), int(s), int(d), causal == "yes"
+
+
+def _load_candidates(path: str) -> list[tuple[str, Schedule, set | None, bool | None]]:
+    with open(path) as f:
+        entries = json.load(f)
+    return [(e["name"], Schedule.from_dict(e["schedule"]),
+             set(e["head_dims"]) if "head_dims" in e else None, e.get("causal"))
+            for e in entries]
+
+
+def _compile(job) -> str | None:
+    problem, schedule, arch = job
+    from tiledattention._compile import compile_schedule
+    try:
+        compile_schedule(problem, schedule, arch)
+    except Exception as exc:  # reported; the timing pass skips nothing on this account
+        return f"{schedule.describe()}: {exc}"
+    return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--candidates", action="store_true")
+    parser.add_argument("--schedules", metavar="FILE.json", default=None)
+    parser.add_argument("--shape", type=_shape, action="append", default=[],
+                        metavar="B,H,S,D,yes|no")
+    parser.add_argument("--jobs", type=int, default=0, help="parallel compiles before timing")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    shapes = args.shape or SHAPES
+    extra = _load_candidates(args.schedules) if args.schedules else []
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}"
@@ -55,19 +91,35 @@ def main(argv=None) -> int:
              f"cuDNN {torch.backends.cudnn.version()}", ""]
     header = "| shape | contender | schedule | ms | TFLOP/s | vs cuDNN | vs flash |"
     lines += [header, "|" + "---|" * 7]
-    for b, h, s, d, causal in SHAPES:
-        problem = Problem(batch=b, heads_q=h, heads_kv=h, seqlen_q=s, seqlen_k=s, head_dim=d,
-                          dtype=args.dtype, causal=causal)
+    problems = [Problem(batch=b, heads_q=h, heads_kv=h, seqlen_q=s, seqlen_k=s, head_dim=d,
+                        dtype=args.dtype, causal=causal) for b, h, s, d, causal in shapes]
+
+    def schedules_for(problem: Problem) -> dict[str, Schedule]:
+        found = {"default": search_spaces.default_schedule(arch, problem),
+                 "seed": search_spaces.SEED}
+        if args.candidates:
+            found.update(CANDIDATES)
+        for name, sched, dims, causal in extra:
+            if (dims is None or problem.head_dim in dims) and causal in (None, problem.causal):
+                found[name] = sched
+        return found
+
+    if args.jobs:
+        jobs = [(p, s, arch) for p in problems for s in schedules_for(p).values()]
+        with ProcessPoolExecutor(args.jobs) as pool:
+            for failure in pool.map(_compile, jobs):
+                if failure:
+                    print(f"compile failed: {failure}", file=sys.stderr)
+    for problem in problems:
+        b, h, s, d, causal = (problem.batch, problem.heads_q, problem.seqlen_q,
+                              problem.head_dim, problem.causal)
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen)
                    for _ in range(3))
         ref = torch.nn.functional.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), is_causal=causal)
         contenders = {}
-        schedules = {"default": search_spaces.default_schedule(arch, problem),
-                     "seed": search_spaces.SEED}
-        if args.candidates:
-            schedules.update(CANDIDATES)
+        schedules = schedules_for(problem)
         for name, sched in schedules.items():
             contenders[name] = (lambda sched=sched: tiledattention.sdpa(q, k, v, causal, schedule=sched))
         for name, backend in (("torch-cudnn", SDPBackend.CUDNN_ATTENTION),

@@ -26,6 +26,57 @@ LOG2_E = 1.0 / math.log(2.0)
 NEG_BIG = -1.0e30
 
 
+def _online_softmax(qk, m_i, l_i, acc, scale, EXP2):
+    """Fold one ``[rows, TILE_N]`` score tile into the running (max, denominator, accumulator);
+    return the probabilities to multiply with V and the new state."""
+    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [rows, 1]
+    shifted = qk * scale - m_ij  # [rows, TILE_N]
+    if EXP2:
+        p = ct.exp2(shifted, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)  # [rows, 1]
+    else:
+        p = ct.exp(shifted)
+        alpha = ct.exp(m_i - m_ij)
+    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+    return p, m_ij, l_i, acc * alpha
+
+
+def _attend_kv_tile(q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k,
+                    masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY,
+                    V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD):
+    """One inner-loop step: scores of the Q tile against key tile ``j``, the online softmax,
+    and the P·V product. ``masked`` (a constant, or a per-step flag) applies the causal /
+    sequence-end mask."""
+    if K_TRANSPOSED:
+        k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                    order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                    latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
+        k = k.reshape((TILE_D, TILE_N))  # [TILE_D, TILE_N]
+    else:
+        k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                    padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                    latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
+        k = ct.transpose(k.reshape((TILE_N, TILE_D)))  # [TILE_D, TILE_N]
+
+    qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
+    qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+    if masked:
+        keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+        keep = keys < seqlen_k  # [1, TILE_N]
+        if CAUSAL:
+            keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
+        qk = ct.where(keep, qk, -np.inf)
+
+    p, m_i, l_i, acc = _online_softmax(qk, m_i, l_i, acc, scale, EXP2)
+
+    v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                latency=ct.static_eval(V_LATENCY or None),
+                allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D))
+    acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
+    return m_i, l_i, acc
+
+
 @ct.kernel
 def attention_fwd(
     Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
@@ -46,14 +97,21 @@ def attention_fwd(
     KV_SAWTOOTH: ConstBool,
     LONGEST_FIRST: ConstBool,
     CHECK_BOUNDS: ConstBool,
+    SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
+    HEADS_FAST: ConstBool,  # grid layout; must match _launch.grid_for
 ):
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
-    num_q_tiles = ct.num_blocks(0)
-    q_tile = ct.bid(0)
+    if HEADS_FAST:  # grid (B * H_q, query tiles): all heads' tile i before any head's tile i+1
+        num_q_tiles = ct.num_blocks(1)
+        q_tile = ct.bid(1)
+        bh = ct.bid(0)
+    else:  # grid (query tiles, B * H_q)
+        num_q_tiles = ct.num_blocks(0)
+        q_tile = ct.bid(0)
+        bh = ct.bid(1)
     if LONGEST_FIRST:
         q_tile = num_q_tiles - 1 - q_tile
-    bh = ct.bid(1)
     batch = bh // heads_q
     head = bh % heads_q
     kv_head = head // group
@@ -63,7 +121,6 @@ def attention_fwd(
         scale = qk_scale * LOG2_E
 
     rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
-    cols = ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
 
     m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)  # running max (scaled)
     l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)  # running denominator
@@ -82,58 +139,43 @@ def attention_fwd(
     else:
         num_kv_tiles = ct.cdiv(seqlen_k, TILE_N)
         mask_from = seqlen_k // TILE_N
+    ANY_MASK = ct.static_eval(CAUSAL or not EVEN_K)
 
     backwards = False
     if KV_SAWTOOTH:
         backwards = (q_tile % 2) == 1
 
-    for step in range(num_kv_tiles):
+    # Key tiles [0, unmasked) need no mask. With SPLIT_MASKED the first loop walks only those and
+    # a second loop the masked rest, so neither branches per step; otherwise one loop tests j.
+    unmasked = num_kv_tiles
+    if ct.static_eval(ANY_MASK and SPLIT_MASKED):
+        unmasked = min(mask_from, num_kv_tiles)
+    for step in range(unmasked):
         j = step
         if KV_SAWTOOTH:
             if backwards:
-                j = num_kv_tiles - 1 - step
+                j = unmasked - 1 - step
+        masked = False
+        if ct.static_eval(ANY_MASK and not SPLIT_MASKED):
+            masked = j >= mask_from
+        m_i, l_i, acc = _attend_kv_tile(
+            q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k, masked, CAUSAL,
+            TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
+            CHECK_BOUNDS, PAD)
+    if ct.static_eval(ANY_MASK and SPLIT_MASKED):
+        for j in range(unmasked, num_kv_tiles):
+            m_i, l_i, acc = _attend_kv_tile(
+                q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k, True, CAUSAL,
+                TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
+                CHECK_BOUNDS, PAD)
 
-        if K_TRANSPOSED:
-            k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
-                        order=(0, 1, 3, 2), padding_mode=PAD,
-                        check_bounds=CHECK_BOUNDS, latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-            k = k.reshape((TILE_D, TILE_N))  # [TILE_D, TILE_N]
-        else:
-            k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                        padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                        latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-            k = ct.transpose(k.reshape((TILE_N, TILE_D)))  # [TILE_D, TILE_N]
-
-        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
-        qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
-
-        if (CAUSAL or not EVEN_K) and j >= mask_from:
-            keys = j * TILE_N + cols  # [1, TILE_N]
-            keep = keys < seqlen_k  # [1, TILE_N]
-            if CAUSAL:
-                keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
-            qk = ct.where(keep, qk, -np.inf)
-
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [TILE_M, 1]
-        shifted = qk * scale - m_ij  # [TILE_M, TILE_N]
-        if EXP2:
-            p = ct.exp2(shifted, flush_to_zero=True)
-            alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)  # [TILE_M, 1]
-        else:
-            p = ct.exp(shifted)
-            alpha = ct.exp(m_i - m_ij)
-        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
-        acc = acc * alpha
-
-        v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                    latency=ct.static_eval(V_LATENCY or None), allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D))
-        acc = ct.mma(p.astype(Q.dtype), v, acc)  # [TILE_M, TILE_D]
-        m_i = m_ij
-
+    # Normalise with one reciprocal per row and a multiply per element (not TILE_M x TILE_D
+    # divisions: at D=256 the divisions alone cost ~10% of a short-sequence kernel).
+    ones = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
     if APPROX_DIV:
-        acc = ct.truediv(acc, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+        inv_l = ct.truediv(ones, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
     else:
-        acc = acc / l_i
+        inv_l = ones / l_i
+    acc = acc * inv_l
     out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
     ct.store(Out, index=(batch, head, q_tile, 0), tile=out)

@@ -53,6 +53,10 @@ class Schedule:
         longest_first: causal only: schedule the query tiles with the most keys first.
         unchecked_loads: drop bounds checks on K/V/Q loads when the shape is a multiple of the
             tiles (the launcher only enables it where it is safe).
+        split_masked: walk the key tiles that need a mask (the causal diagonal, a ragged last
+            tile) in a second loop, so the main loop has no per-step mask branch.
+        heads_fast: grid layout with (batch, head) as the fast axis and query tiles as the slow
+            one: with ``longest_first`` the longest tiles of all heads start first.
     """
 
     tile_m: int = 64
@@ -70,6 +74,8 @@ class Schedule:
     kv_sawtooth: bool = False
     longest_first: bool = False
     unchecked_loads: bool = False
+    split_masked: bool = False
+    heads_fast: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -155,7 +161,8 @@ class Schedule:
             parts.append(f"lat(K{self.k_latency or '-'},V{self.v_latency or '-'})")
         if not self.allow_tma:
             parts.append("noTMA")
-        for flag in ("kv_sawtooth", "longest_first", "unchecked_loads"):
+        for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
+                     "heads_fast"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)

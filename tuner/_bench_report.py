@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 import tempfile
@@ -21,9 +22,9 @@ from typing import Iterable, Sequence
 from ._bench_grid import CONTENDERS
 
 __all__ = [
-    "BenchResult", "PlotsUnavailable", "RunInfo", "STATUSES", "CSV_COLUMNS", "MAX_PNG_BYTES",
-    "geomean", "load_results", "ratio_table", "render_markdown", "write_csv", "write_plots",
-    "write_summary",
+    "BenchResult", "PlotsUnavailable", "RunInfo", "MATMUL_SIZE", "STATUSES", "CSV_COLUMNS",
+    "MAX_PNG_BYTES", "geomean", "load_results", "ratio_table", "render_markdown", "write_csv",
+    "write_plots", "write_run_info", "write_summary",
 ]
 
 #: ``ok``: measured and correct; ``wrong``: ran but failed the accuracy check (not timed);
@@ -32,6 +33,8 @@ __all__ = [
 STATUSES = ("ok", "wrong", "unavailable", "skipped")
 MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
+#: Side of the square bf16 matrix product whose rate the summary compares with.
+MATMUL_SIZE = 8192
 _REFERENCE = "tiledattention"  # the ratio tables compare this contender with every other
 _BASELINE = "torch-cudnn"  # the ratio plot divides by this one
 
@@ -98,6 +101,19 @@ class RunInfo:
 
     command: str
     date: str
+    #: bf16 matrix-product rates measured in the run (before and after the grid), TFLOP/s
+    matmul_tflops: tuple[float, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunInfo":
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("run info must be a JSON object")
+        return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
+                   matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())))
 
 
 # -- CSV -----------------------------------------------------------------------------------------
@@ -244,6 +260,12 @@ def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
         f"- GPU clocks (SM / memory): {_unique(r.sm_clock for r in results)} / "
         f"{_unique(r.mem_clock for r in results)}",
         f"- points: {len(index)}; contenders: {', '.join(contenders)}",
+    ]
+    if info.matmul_tflops:
+        lines.append(f"- bf16 matrix product ({MATMUL_SIZE}³, torch.matmul), measured in this run "
+                     "before and after the grid: "
+                     + " / ".join(f"{x:.1f}" for x in info.matmul_tflops) + " TFLOP/s")
+    lines += [
         "",
         "TFLOP/s counts 4·B·H·S_q·S_k·D, only the unmasked part when causal (higher is better). "
         f"A ratio column is TFLOP/s of `{_REFERENCE}` over the contender's (> 1: "
@@ -291,6 +313,9 @@ def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
 
+    if has_ref and info.matmul_tflops:
+        lines += _matmul_fraction_section(index, max(info.matmul_tflops))
+
     notes = [r for r in results if r.status != "ok"]
     if notes:
         lines += ["## Notes", ""]
@@ -299,6 +324,29 @@ def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
                          f"(B={r.batch}, H={r.heads}): {r.note}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _matmul_fraction_section(index, matmul: float) -> list[str]:
+    """`tiledattention`'s TFLOP/s as a share of the (faster) matrix-product rate of the run."""
+    seqlens = sorted({k[3] for k in index})
+    lines = [f"## `{_REFERENCE}` as a share of the matrix-product rate ({matmul:.1f} TFLOP/s)",
+             "", "| dtype | D | mask | " + " | ".join(f"S={s}" for s in seqlens) + " |",
+             "|" + "---|" * (3 + len(seqlens))]
+    for dtype, d, causal in sorted({k[:3] for k in index}):
+        cells = [dtype, str(d), "causal" if causal else "full"]
+        for s in seqlens:
+            r = next((row.get(_REFERENCE) for k, row in index.items()
+                      if k[:3] == (dtype, d, causal) and k[3] == s), None)
+            cells.append(f"{100 * r.tflops / matmul:.0f}%" if r is not None and r.status == "ok"
+                         else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def write_run_info(info: RunInfo, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    _atomic_write(path, (info.to_json() + "\n").encode())
+    return path
 
 
 def write_summary(results: Sequence[BenchResult], info: RunInfo,

@@ -36,6 +36,7 @@ from ._bench_grid import (
     point_tflops,
 )
 from ._bench_report import (
+    MATMUL_SIZE,
     BenchResult,
     PlotsUnavailable,
     RunInfo,
@@ -43,6 +44,7 @@ from ._bench_report import (
     ratio_table,
     write_csv,
     write_plots,
+    write_run_info,
     write_summary,
 )
 
@@ -53,6 +55,7 @@ __all__ = ["configure", "run", "BenchSettings", "Contender", "TOLERANCES", "meas
 TOLERANCES = {"bf16": 1e-2, "fp16": 5e-3}
 CSV_NAME = "bench.csv"
 SUMMARY_NAME = "summary.md"
+RUN_INFO_NAME = "run.json"
 
 
 # -- settings ------------------------------------------------------------------------------------
@@ -341,6 +344,23 @@ def _schedule_fields(prepared: Prepared) -> dict[str, str]:
                 lookup_detail=prepared.lookup_detail)
 
 
+def matmul_tflops(settings: BenchSettings, n: int = MATMUL_SIZE) -> float:
+    """The bf16 matrix-product rate (``n``³, ``torch.matmul`` into a preallocated output): the
+    ceiling attention's TFLOP/s is read against, measured like every contender."""
+    import torch
+
+    from .timing import time_cuda
+
+    gen = torch.Generator(device="cuda").manual_seed(settings.seed)
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    timing = time_cuda(lambda: torch.matmul(a, b, out=c), **settings.timing_kwargs())
+    del a, b, c
+    _release(settings.device)
+    return 2 * n ** 3 / (timing.median_ms * 1e-3) / 1e12
+
+
 def gpu_clocks(device: int) -> tuple[str, str]:
     """(SM clock, memory clock) as ``nvidia-smi`` reports them; ``("", "")`` when it cannot."""
     try:
@@ -453,6 +473,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="output folder (default bench-results/, or the CSV's folder with "
                              "--report-only)")
     output.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    output.add_argument("--no-matmul", action="store_true",
+                        help="skip the bf16 matrix-product rate measured before and after the "
+                             "grid (the summary's ceiling)")
     output.add_argument("--report-only", metavar="CSV",
                         help="measure nothing: re-render summary.md and plots from a bench CSV")
     return parser
@@ -618,12 +641,17 @@ def run(args: argparse.Namespace) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                   transient=False) as progress:
+        matmul = [] if args.no_matmul else [matmul_tflops(settings)]
         results = run_grid(grid, settings, progress=progress)
+        if not args.no_matmul:
+            matmul.append(matmul_tflops(settings))
 
     info = RunInfo(command=_command_line(args),
-                   date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+                   date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                   matmul_tflops=tuple(matmul))
     csv_path = write_csv(results, out_dir / CSV_NAME)
-    written = [csv_path] + write_reports(results, out_dir, info, plots=not args.no_plots,
+    info_path = write_run_info(info, out_dir / RUN_INFO_NAME)
+    written = [csv_path, info_path] + write_reports(results, out_dir, info, plots=not args.no_plots,
                                          console=console)
     console.print(results_table(results))
     ratios = ratio_rich_table(results)
@@ -645,8 +673,11 @@ def _report_only(args: argparse.Namespace, console: Any) -> int:
     if not results:
         raise ValueError(f"--report-only: {csv_path} holds no results")
     out_dir = Path(args.out) if args.out else csv_path.parent
+    saved = csv_path.parent / RUN_INFO_NAME  # the run's matmul rate, when it was measured
+    matmul = RunInfo.from_json(saved.read_text()).matmul_tflops if saved.is_file() else ()
     info = RunInfo(command=_command_line(args) + f" (re-rendered from {csv_path})",
-                   date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+                   date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                   matmul_tflops=matmul)
     written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
     console.print(results_table(results))
     for path in written:

@@ -29,6 +29,7 @@ from tuner._bench_report import (
     render_markdown,
     write_csv,
     write_plots,
+    write_run_info,
 )
 from tuner.timing import Timing
 
@@ -356,6 +357,26 @@ def test_markdown_summary_content():
     assert "eager, bf16 D=64 full S=4096 (B=4, H=32): skipped: would need 99.0 GiB" in notes
     assert "eager, bf16 D=64 causal S=1024 (B=16, H=32): wrong: err=0.5 > 0.01" in notes
     assert "S=1024: 128x64 occ2 (nearest)" in text
+
+
+def test_markdown_reports_the_share_of_the_matmul_rate():
+    info = RunInfo(command="x", date="d", matmul_tflops=(400.0, 500.0))
+    text = render_markdown(_synthetic(), info)
+    assert "before and after the grid: 400.0 / 500.0 TFLOP/s" in text
+    section = text.split("share of the matrix-product rate (500.0 TFLOP/s)")[1].split("##")[0]
+    rows = [line.replace(" ", "") for line in section.splitlines() if line.startswith("| bf16")]
+    # the faster of the two rates is the ceiling: 200/500, 300/500, 310/500; causal 150/500
+    assert rows == ["|bf16|64|full|40%|60%|62%|", "|bf16|64|causal|30%|—|—|"]
+    assert "matrix-product" not in render_markdown(_synthetic(), INFO)
+
+
+def test_report_only_keeps_the_runs_matmul_rate(tmp_path):
+    csv_path = write_csv(_synthetic(), tmp_path / "bench.csv")
+    info = RunInfo(command="tiledtune bench", date="d", matmul_tflops=(700.0, 710.5))
+    write_run_info(info, tmp_path / "run.json")
+    assert RunInfo.from_json((tmp_path / "run.json").read_text()) == info
+    assert bench.run(_args("--report-only", str(csv_path), "--no-plots")) == 0
+    assert "700.0 / 710.5 TFLOP/s" in (tmp_path / "summary.md").read_text()
 
 
 def test_markdown_without_tiledattention_has_no_ratio_columns():

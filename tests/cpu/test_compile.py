@@ -34,6 +34,8 @@ TOGGLES = {
     "kv_sawtooth": BASE.replace(kv_sawtooth=True),
     "longest_first": BASE.replace(longest_first=True),
     "unchecked_loads": BASE.replace(unchecked_loads=True),
+    "split_masked": BASE.replace(split_masked=True),
+    "heads_fast": BASE.replace(heads_fast=True),
 }
 
 
