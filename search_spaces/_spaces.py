@@ -123,7 +123,6 @@ _FULL = {
     "longest_first": (False, True),
     "unchecked_loads": (False, True),
     "split_masked": (False, True),
-    "heads_fast": (False, True),
 }
 _COMPACT = {
     "tile_m": (64, 128),
@@ -170,8 +169,8 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
     if family == "hopper":
         if problem.head_dim > 128:
-            return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, **fast_math,
-                            k_latency=4, v_latency=2)
+            return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
+                            k_transposed=True, k_latency=4, v_latency=2)
         return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math)
     if family == "blackwell":
         return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)

@@ -98,20 +98,14 @@ def attention_fwd(
     LONGEST_FIRST: ConstBool,
     CHECK_BOUNDS: ConstBool,
     SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
-    HEADS_FAST: ConstBool,  # grid layout; must match _launch.grid_for
 ):
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
-    if HEADS_FAST:  # grid (B * H_q, query tiles): all heads' tile i before any head's tile i+1
-        num_q_tiles = ct.num_blocks(1)
-        q_tile = ct.bid(1)
-        bh = ct.bid(0)
-    else:  # grid (query tiles, B * H_q)
-        num_q_tiles = ct.num_blocks(0)
-        q_tile = ct.bid(0)
-        bh = ct.bid(1)
+    num_q_tiles = ct.num_blocks(0)
+    q_tile = ct.bid(0)
     if LONGEST_FIRST:
         q_tile = num_q_tiles - 1 - q_tile
+    bh = ct.bid(1)
     batch = bh // heads_q
     head = bh % heads_q
     kv_head = head // group

@@ -35,9 +35,7 @@ def kernel_for(schedule: Schedule) -> ct.kernel:
 
 
 def grid_for(problem: Problem, schedule: Schedule) -> tuple[int, int, int]:
-    q_tiles = math.ceil(problem.seqlen_q / schedule.tile_m)
-    heads = problem.batch * problem.heads_q
-    return (heads, q_tiles, 1) if schedule.heads_fast else (q_tiles, heads, 1)
+    return (math.ceil(problem.seqlen_q / schedule.tile_m), problem.batch * problem.heads_q, 1)
 
 
 def default_scale(problem: Problem) -> float:
@@ -65,7 +63,6 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
         schedule.longest_first and problem.causal,
         not (schedule.unchecked_loads and even_all),
         schedule.split_masked,
-        schedule.heads_fast,
     )
 
 

@@ -55,8 +55,6 @@ class Schedule:
             tiles (the launcher only enables it where it is safe).
         split_masked: walk the key tiles that need a mask (the causal diagonal, a ragged last
             tile) in a second loop, so the main loop has no per-step mask branch.
-        heads_fast: grid layout with (batch, head) as the fast axis and query tiles as the slow
-            one: with ``longest_first`` the longest tiles of all heads start first.
     """
 
     tile_m: int = 64
@@ -75,7 +73,6 @@ class Schedule:
     longest_first: bool = False
     unchecked_loads: bool = False
     split_masked: bool = False
-    heads_fast: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -161,8 +158,7 @@ class Schedule:
             parts.append(f"lat(K{self.k_latency or '-'},V{self.v_latency or '-'})")
         if not self.allow_tma:
             parts.append("noTMA")
-        for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "heads_fast"):
+        for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)

@@ -35,7 +35,6 @@ TOGGLES = {
     "longest_first": BASE.replace(longest_first=True),
     "unchecked_loads": BASE.replace(unchecked_loads=True),
     "split_masked": BASE.replace(split_masked=True),
-    "heads_fast": BASE.replace(heads_fast=True),
 }
 
 

@@ -130,8 +130,6 @@ TOGGLES = {
     "split_masked": BASE.replace(split_masked=True),
     "split_masked_sawtooth": BASE.replace(split_masked=True, kv_sawtooth=True, tile_n=32),
     "split_masked_longest_first": BASE.replace(split_masked=True, longest_first=True, tile_m=128),
-    "heads_fast": BASE.replace(heads_fast=True),
-    "heads_fast_longest_first": BASE.replace(heads_fast=True, longest_first=True),
 }
 
 
