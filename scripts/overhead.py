@@ -40,7 +40,7 @@ def main() -> None:
     problem, _ = problem_from_arrays(q, k, v, True, None)
     out = torch.empty_like(q)
     kernel = kernel_for(schedule)
-    grid = grid_for(problem, schedule)
+    grid = grid_for(problem, schedule, torch.cuda.get_device_properties(0).multi_processor_count)
     args = kernel_args(q, k, v, out, problem, schedule, default_scale(problem))
     stream = torch.cuda.current_stream()
 

@@ -13,6 +13,7 @@ class DeviceInfo:
     index: int
     arch: str  # "sm_90"
     name: str  # "NVIDIA H100 80GB HBM3"
+    sm_count: int
 
 
 @functools.lru_cache(maxsize=None)
@@ -20,8 +21,9 @@ def device_info(index: int) -> DeviceInfo:
     """Architecture and name of CUDA device ``index`` (cached: it cannot change in a process)."""
     import torch
 
-    major, minor = torch.cuda.get_device_capability(index)
-    return DeviceInfo(index=index, arch=f"sm_{major}{minor}", name=torch.cuda.get_device_name(index))
+    props = torch.cuda.get_device_properties(index)
+    return DeviceInfo(index=index, arch=f"sm_{props.major}{props.minor}", name=props.name,
+                      sm_count=props.multi_processor_count)
 
 
 def local_devices() -> list[DeviceInfo]:

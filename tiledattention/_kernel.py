@@ -77,35 +77,12 @@ def _attend_kv_tile(q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seql
     return m_i, l_i, acc
 
 
-@ct.kernel
-def attention_fwd(
-    Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
-    qk_scale: float,
-    heads_q: int,
-    group: int,  # query heads per K/V head
-    TILE_M: ConstInt,
-    TILE_N: ConstInt,
-    TILE_D: ConstInt,  # head_dim rounded up to a power of two; loads zero-fill the rest
-    CAUSAL: ConstBool,
-    EVEN_K: ConstBool,  # S_k % TILE_N == 0
-    EXP2: ConstBool,
-    APPROX_DIV: ConstBool,
-    K_TRANSPOSED: ConstBool,
-    K_LATENCY: ConstInt,  # 1..10, or 0: let the compiler infer it
-    V_LATENCY: ConstInt,
-    ALLOW_TMA: ConstBool,
-    KV_SAWTOOTH: ConstBool,
-    LONGEST_FIRST: ConstBool,
-    CHECK_BOUNDS: ConstBool,
-    SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
-):
+def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D,
+                   CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
+                   KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED):
+    """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``."""
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
-    num_q_tiles = ct.num_blocks(0)
-    q_tile = ct.bid(0)
-    if LONGEST_FIRST:
-        q_tile = num_q_tiles - 1 - q_tile
-    bh = ct.bid(1)
     batch = bh // heads_q
     head = bh % heads_q
     kv_head = head // group
@@ -163,8 +140,8 @@ def attention_fwd(
                 TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
                 CHECK_BOUNDS, PAD)
 
-    # Normalise with one reciprocal per row and a multiply per element (not TILE_M x TILE_D
-    # divisions: at D=256 the divisions alone cost ~10% of a short-sequence kernel).
+    # Normalise with one reciprocal per row and a multiply per element: TILE_M x TILE_D exact
+    # divisions cost 7-8% at D=256, S <= 2k (H100).
     ones = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
     if APPROX_DIV:
         inv_l = ct.truediv(ones, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
@@ -173,3 +150,48 @@ def attention_fwd(
     acc = acc * inv_l
     out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
     ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
+
+
+@ct.kernel
+def attention_fwd(
+    Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
+    qk_scale: float,
+    heads_q: int,
+    group: int,  # query heads per K/V head
+    TILE_M: ConstInt,
+    TILE_N: ConstInt,
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two; loads zero-fill the rest
+    CAUSAL: ConstBool,
+    EVEN_K: ConstBool,  # S_k % TILE_N == 0
+    EXP2: ConstBool,
+    APPROX_DIV: ConstBool,
+    K_TRANSPOSED: ConstBool,
+    K_LATENCY: ConstInt,  # 1..10, or 0: let the compiler infer it
+    V_LATENCY: ConstInt,
+    ALLOW_TMA: ConstBool,
+    KV_SAWTOOTH: ConstBool,
+    LONGEST_FIRST: ConstBool,
+    CHECK_BOUNDS: ConstBool,
+    SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
+    PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
+):
+    if PERSISTENT:
+        # Work item i is query tile i % q_tiles of (batch x head) i // q_tiles: the CTAs in flight
+        # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
+        num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
+        for item in range(ct.bid(0), num_q_tiles * Q.shape[0] * heads_q, ct.num_blocks(0)):
+            q_tile = item % num_q_tiles
+            if LONGEST_FIRST:
+                q_tile = num_q_tiles - 1 - q_tile
+            _attend_q_tile(Q, K, V, Out, q_tile, item // num_q_tiles, qk_scale, heads_q, group,
+                           TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
+                           K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS,
+                           SPLIT_MASKED)
+    else:
+        num_q_tiles = ct.num_blocks(0)
+        q_tile = ct.bid(0)
+        if LONGEST_FIRST:
+            q_tile = num_q_tiles - 1 - q_tile
+        _attend_q_tile(Q, K, V, Out, q_tile, ct.bid(1), qk_scale, heads_q, group, TILE_M, TILE_N,
+                       TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                       ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)

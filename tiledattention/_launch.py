@@ -34,8 +34,13 @@ def kernel_for(schedule: Schedule) -> ct.kernel:
                          schedule.num_worker_warps)
 
 
-def grid_for(problem: Problem, schedule: Schedule) -> tuple[int, int, int]:
-    return (math.ceil(problem.seqlen_q / schedule.tile_m), problem.batch * problem.heads_q, 1)
+def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, int, int]:
+    """The launch grid; ``sm_count`` is the device's number of SMs (persistent schedules)."""
+    q_tiles = math.ceil(problem.seqlen_q / schedule.tile_m)
+    if schedule.persistent:
+        work = q_tiles * problem.batch * problem.heads_q
+        return (min(work, sm_count * schedule.occupancy), 1, 1)
+    return (q_tiles, problem.batch * problem.heads_q, 1)
 
 
 def default_scale(problem: Problem) -> float:
@@ -63,6 +68,7 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
         schedule.longest_first and problem.causal,
         not (schedule.unchecked_loads and even_all),
         schedule.split_masked,
+        schedule.persistent,
     )
 
 
@@ -73,7 +79,7 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
 
 
 def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,
-           schedule: Schedule, scale: float) -> None:
+           schedule: Schedule, scale: float, sm_count: int) -> None:
     """Enqueue one forward pass on ``stream`` (validated inputs, preallocated ``out``)."""
-    ct.launch(stream, grid_for(problem, schedule), kernel_for(schedule),
+    ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
               kernel_args(q, k, v, out, problem, schedule, scale))

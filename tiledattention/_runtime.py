@@ -57,7 +57,7 @@ class Runtime:
         scale = default_scale(problem) if scale is None else float(scale)
         return _Plan(
             out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
-            grid=grid_for(problem, schedule),
+            grid=grid_for(problem, schedule, device_info(device_index).sm_count),
             kernel=kernel_for(schedule),
             # everything after the four arrays, in the one order kernel_args defines
             scalars=kernel_args(None, None, None, None, problem, schedule, scale)[4:],

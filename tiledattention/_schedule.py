@@ -55,6 +55,8 @@ class Schedule:
             tiles (the launcher only enables it where it is safe).
         split_masked: walk the key tiles that need a mask (the causal diagonal, a ragged last
             tile) in a second loop, so the main loop has no per-step mask branch.
+        persistent: launch ``occupancy`` CTAs per SM that walk the query tiles in a loop,
+            instead of one CTA per query tile.
     """
 
     tile_m: int = 64
@@ -73,6 +75,7 @@ class Schedule:
     longest_first: bool = False
     unchecked_loads: bool = False
     split_masked: bool = False
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -158,7 +161,8 @@ class Schedule:
             parts.append(f"lat(K{self.k_latency or '-'},V{self.v_latency or '-'})")
         if not self.allow_tma:
             parts.append("noTMA")
-        for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked"):
+        for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
+                     "persistent"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)

@@ -89,13 +89,15 @@ class GpuExecutor:
     def _launcher(self, problem: Problem, schedule: Schedule):
         import torch
 
+        from tiledattention._device import device_info
         from tiledattention._launch import default_scale, launch
 
         q, k, v, out, _ = self._setup(problem)
         scale = default_scale(problem)
+        sm_count = device_info(self.device_index).sm_count
 
         def run():
-            launch(torch.cuda.current_stream(), q, k, v, out, problem, schedule, scale)
+            launch(torch.cuda.current_stream(), q, k, v, out, problem, schedule, scale, sm_count)
 
         return run
 

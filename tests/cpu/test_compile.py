@@ -35,6 +35,7 @@ TOGGLES = {
     "longest_first": BASE.replace(longest_first=True),
     "unchecked_loads": BASE.replace(unchecked_loads=True),
     "split_masked": BASE.replace(split_masked=True),
+    "persistent": BASE.replace(persistent=True),
 }
 
 

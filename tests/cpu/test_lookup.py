@@ -17,7 +17,7 @@ from tiledattention._device import DeviceInfo
 from tiledattention._lookup import Resolver, shape_distance
 from tiledattention._provenance import current_provenance
 
-DEVICE = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H200")
+DEVICE = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H200", sm_count=132)
 
 
 def problem(s=4096, b=4, h=16, kv=16, d=128, dtype="bf16", causal=True):

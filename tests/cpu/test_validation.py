@@ -100,12 +100,16 @@ def test_runtime_memoises_resolution_per_problem(monkeypatch):
     assert len(calls) == 2
 
 
-def test_launch_plan_carries_the_arguments_kernel_args_defines():
+def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     import math
 
+    import tiledattention._runtime as runtime_module
     from tiledattention import Schedule
+    from tiledattention._device import DeviceInfo
     from tiledattention._launch import constant_args
 
+    device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
+    monkeypatch.setattr(runtime_module, "device_info", lambda index: device)
     p = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=500, head_dim=64,
                 dtype="bf16", causal=True)
     schedule = Schedule(tile_m=128, tile_n=64, exp2=True)
@@ -114,3 +118,10 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines():
     assert plan.out_shape == (2, 8, 300, 64)
     assert plan.scalars[:3] == (1 / math.sqrt(64), 8, 4)  # scale, heads_q, group size
     assert plan.scalars[3:] == constant_args(p, schedule)
+    # persistent: occupancy CTAs per SM, never more than the 3 x 16 work items
+    persistent = schedule.replace(persistent=True, occupancy=2)
+    assert Runtime(lambda problem, device: None)._plan(p, 0, None, persistent).grid == (48, 1, 1)
+    big = Problem(batch=8, heads_q=32, heads_kv=32, seqlen_q=4096, seqlen_k=4096, head_dim=64,
+                  dtype="bf16", causal=False)
+    assert Runtime(lambda problem, device: None)._plan(big, 0, None, persistent).grid \
+        == (264, 1, 1)

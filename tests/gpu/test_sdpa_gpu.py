@@ -32,7 +32,8 @@ def run_poisoned(q, k, v, causal, schedule, scale=None):
     out = torch.full((q.shape[0], q.shape[1], q.shape[2], q.shape[3]), float("nan"),
                      dtype=q.dtype, device=q.device)
     launch(torch.cuda.current_stream(), q, k, v, out, problem, schedule,
-           default_scale(problem) if scale is None else scale)
+           default_scale(problem) if scale is None else scale,
+           torch.cuda.get_device_properties(q.device).multi_processor_count)
     return out
 
 
@@ -130,6 +131,9 @@ TOGGLES = {
     "split_masked": BASE.replace(split_masked=True),
     "split_masked_sawtooth": BASE.replace(split_masked=True, kv_sawtooth=True, tile_n=32),
     "split_masked_longest_first": BASE.replace(split_masked=True, longest_first=True, tile_m=128),
+    "persistent": BASE.replace(persistent=True),
+    "persistent_occ2_longest_first": BASE.replace(persistent=True, occupancy=2,
+                                                  longest_first=True, split_masked=True),
 }
 
 
