@@ -2,11 +2,13 @@
 
 * ``bytarget``: a self-contained module (``tuner._bytarget``) with ``OCCUPANCY`` / ``NUM_CTAS`` /
   ``OPT_LEVEL`` as ``cuda.tile.ByTarget`` values, a per-architecture ``SCHEDULES`` table and a
-  stdlib-only ``select()``. Only rows of the current kernel template are exported (the runtime's
-  lookup ignores the others too) unless ``--include-stale``.
+  stdlib-only ``select()``.
 * ``json``: lossless rows with provenance, ``{"format": 1, "rows": [...]}`` (``db.dump_rows``).
 * ``csv``: the same rows, one column per field (``CSV_COLUMNS``), the schedule as JSON in one
   column; ``tiledtune import`` reads it back losslessly.
+
+In every format only rows of the current kernel template are exported (the runtime's lookup
+ignores the others) unless ``--include-stale``.
 
 Every file is written atomically (temp file + ``os.replace``) and deterministically: the same rows
 give the same bytes. Exit status: 0 written, 1 nothing to export, 2 the database or the output
@@ -72,8 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="schedule database (default: $TILEDATTN_DB or "
                              "~/.cache/tiledattention/schedules.sqlite)")
     parser.add_argument("--include-stale", action="store_true",
-                        help="bytarget: also export rows tuned with another kernel template "
-                             "(the runtime ignores those)")
+                        help="also export rows tuned with another kernel template (the runtime "
+                             "ignores those)")
 
 
 def _fail(message: str, code: int) -> int:
@@ -140,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"tiledtune export: warning: no rows for {arch} in {source}",
                       file=sys.stderr)
     stale = 0
-    if fmt == "bytarget" and not args.include_stale:
+    if not args.include_stale:
         from tiledattention._provenance import template_hash
 
         current = template_hash()

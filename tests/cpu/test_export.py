@@ -268,11 +268,17 @@ def test_exported_options_compile_with_cutile(exported):
 @pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_round_trip_is_lossless(tiledtune, source_db, tmp_path, fmt):
     out = tmp_path / f"rows.{fmt}"
-    assert tiledtune("export", "--format", fmt, "-o", out, "--db", source_db) == 0
+    assert tiledtune("export", "--format", fmt, "-o", out, "--db", source_db,
+                     "--include-stale") == 0
     fresh = tmp_path / "fresh.sqlite"
     assert tiledtune("import", out, "--db", fresh) == 0
     assert all_rows(fresh) == all_rows(source_db)
-    assert len(all_rows(fresh)) == 13  # stale rows too: json/csv are lossless
+    assert len(all_rows(fresh)) == 13  # stale rows too, on request
+    current = tmp_path / f"current.{fmt}"
+    assert tiledtune("export", "--format", fmt, "-o", current, "--db", source_db) == 0
+    only = tmp_path / "only.sqlite"
+    assert tiledtune("import", current, "--db", only) == 0
+    assert len(all_rows(only)) == 12  # by default the stale row stays behind
     assert {r.torch_flash_ms for r in all_rows(fresh)} & {None}  # optional columns survive
 
 
@@ -295,7 +301,7 @@ def table_counts(output: str, name: str) -> dict[str, str]:
 
 def test_merge_outcomes_are_reported(tiledtune, source_db, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert tiledtune("export", "-o", "rows.json", "--db", source_db) == 0
+    assert tiledtune("export", "-o", "rows.json", "--db", source_db, "--include-stale") == 0
     target = tmp_path / "target.sqlite"
     exported = {r.key: r for r in all_rows(source_db)}
     faster, slower, foreign = (r for r in synthetic_rows()[:3])
