@@ -357,7 +357,7 @@ def matmul_tflops(settings: BenchSettings, n: int = MATMUL_SIZE) -> float:
     c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     timing = time_cuda(lambda: torch.matmul(a, b, out=c), **settings.timing_kwargs())
     del a, b, c
-    _release(settings.device)
+    _release(torch.device("cuda", settings.device))
     return 2 * n ** 3 / (timing.median_ms * 1e-3) / 1e12
 
 
