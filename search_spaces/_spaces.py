@@ -117,7 +117,7 @@ class SearchSpace:
 _FULL = {
     "tile_m": (64, 128, 256),
     "tile_n": (32, 64, 128),
-    "occupancy": (1, 2, 3),
+    "occupancy": (1, 2, 3, 4),
     "num_worker_warps": (None, 8),
     "k_latency": (None, 2, 4),
     "v_latency": (None, 2, 4),
@@ -167,8 +167,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     sm_90 (measured on an H200, ``docs/tuning.md``): for D <= 128 the best of ten hand-picked
     schedules, 64x128 tiles at occupancy 2 with exp2, approximate division and K loaded
     transposed; for D > 128 the schedule the tuner found for every D=256 key with S >= 4k
-    (128x128, 8 worker warps, occupancy 3), 1.2-1.36x faster than 64x128 there. Non-causal
-    D <= 128 runs persistent CTAs (1.05-1.10x at S <= 2k on an H100, equal at 4k). Other
+    (128x128, 8 worker warps, occupancy 3), 1.2-1.36x faster than 64x128 there. Other
     architectures get the choices public cuTile attention code reports as good there (not
     measured by this project).
     """
@@ -178,9 +177,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
         if problem.head_dim > 128:
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
                             k_transposed=True, k_latency=4, v_latency=2)
-        # persistent CTAs: 1.05-1.10x at S <= 2k non-causal, equal at 4k (H100)
-        return Schedule(tile_m=64, tile_n=128, occupancy=2, persistent=not problem.causal,
-                        **fast_math)
+        return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math)
     if family == "blackwell":
         return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)
     # consumer Blackwell, Ada, Ampere: 99-163 KiB of shared memory per SM
