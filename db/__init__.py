@@ -11,10 +11,17 @@ from __future__ import annotations
 from ._errors import DatabaseUnavailable, SchemaTooNew
 from ._rows import ROW_FORMAT, ScheduleRow
 from ._store import PUT_OUTCOMES, ScheduleDB
-from ._table import RowTable, dump_rows, load_rows_file, shipped_table, write_text_atomic
+from ._table import (
+    RowTable,
+    dump_rows,
+    load_rows_file,
+    shipped_table,
+    write_bytes_atomic,
+    write_text_atomic,
+)
 
 __all__ = [
     "DatabaseUnavailable", "PUT_OUTCOMES", "ROW_FORMAT", "RowTable", "ScheduleDB", "ScheduleRow",
-    "SchemaTooNew", "dump_rows", "load_rows_file", "shipped_table",
+    "SchemaTooNew", "dump_rows", "load_rows_file", "shipped_table", "write_bytes_atomic",
     "write_text_atomic",
 ]

@@ -102,14 +102,20 @@ def dump_rows(rows: Iterable[ScheduleRow], path: str | os.PathLike) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` through a temp file in the same directory and ``os.replace``: readers see
+    """UTF-8 ``text`` to ``path`` atomically (see :func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` through a temp file in the same directory and ``os.replace``: readers see
     the old file or the new one, never a half-written one."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; a table is meant to be shared
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600; tables and reports are meant to be shared
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

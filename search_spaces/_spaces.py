@@ -102,7 +102,7 @@ class SearchSpace:
         loop split when it is not causal) or that measured slower everywhere for its kind."""
         choices = dict(self.choices)
         if problem.causal:
-            # persistent CTAs measured 0.66-0.89x the per-tile grid in 16 of 17 causal cases
+            # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases
             # on an H100, equal in one: a static round-robin over tiles of unequal length
             # leaves SMs idle at the end (docs/performance-notes.md)
             choices.pop("persistent", None)

@@ -13,11 +13,12 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from db import write_bytes_atomic
 
 from ._bench_grid import CONTENDERS
 
@@ -118,18 +119,6 @@ class RunInfo:
 
 # -- CSV -----------------------------------------------------------------------------------------
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:
     """Write one row per result (atomically); floats keep full precision (``repr``)."""
     buffer = io.StringIO()
@@ -146,7 +135,7 @@ def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:
                 row[name] = repr(value)
         writer.writerow(row)
     path = Path(path)
-    _atomic_write(path, buffer.getvalue().encode())
+    write_bytes_atomic(path, buffer.getvalue().encode())
     return path
 
 
@@ -345,14 +334,14 @@ def _matmul_fraction_section(index, matmul: float) -> list[str]:
 
 def write_run_info(info: RunInfo, path: str | os.PathLike) -> Path:
     path = Path(path)
-    _atomic_write(path, (info.to_json() + "\n").encode())
+    write_bytes_atomic(path, (info.to_json() + "\n").encode())
     return path
 
 
 def write_summary(results: Sequence[BenchResult], info: RunInfo,
                   path: str | os.PathLike) -> Path:
     path = Path(path)
-    _atomic_write(path, render_markdown(results, info).encode())
+    write_bytes_atomic(path, render_markdown(results, info).encode())
     return path
 
 
@@ -377,7 +366,7 @@ def _save_small(fig, path: Path, max_bytes: int) -> None:
     if len(data) > max_bytes:
         raise RuntimeError(f"{path.name} is {len(data) // 1024} KiB even at dpi "
                            f"{_PLOT_DPIS[-1]}; the limit is {max_bytes // 1024} KiB")
-    _atomic_write(path, data)
+    write_bytes_atomic(path, data)
 
 
 def _short(n: int) -> str:

@@ -349,16 +349,21 @@ def matmul_tflops(settings: BenchSettings, n: int = MATMUL_SIZE) -> float:
     ceiling attention's TFLOP/s is read against, measured like every contender."""
     import torch
 
+    timing = _time_matmul(settings, n)
+    _release(torch.device("cuda", settings.device))  # the operands are gone by now
+    return 2 * n ** 3 / (timing.median_ms * 1e-3) / 1e12
+
+
+def _time_matmul(settings: BenchSettings, n: int):
+    import torch
+
     from .timing import time_cuda
 
     gen = torch.Generator(device="cuda").manual_seed(settings.seed)
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen)
             for _ in range(2))
     c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    timing = time_cuda(lambda: torch.matmul(a, b, out=c), **settings.timing_kwargs())
-    del a, b, c
-    _release(torch.device("cuda", settings.device))
-    return 2 * n ** 3 / (timing.median_ms * 1e-3) / 1e12
+    return time_cuda(lambda: torch.matmul(a, b, out=c), **settings.timing_kwargs())
 
 
 def gpu_clocks(device: int) -> tuple[str, str]:
