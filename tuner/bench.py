@@ -72,6 +72,7 @@ class BenchSettings:
     mem_fraction: float = 0.4  # S×S contenders may use this share of the free GPU memory
     device: int = 0
     seed: int = 0
+    interleave: int = 0  # rounds of interleaved timing per point; 0: each contender on its own
 
     def timing_kwargs(self) -> dict[str, Any]:
         return dict(warmup_ms=self.warmup_ms, min_samples=self.min_samples,
@@ -254,17 +255,22 @@ def _unavailable_reason(exc: BaseException, caught: list) -> str:
 
 def measure_point(point: BenchPoint, contenders: Sequence[Contender], settings: BenchSettings,
                   *, env: Mapping[str, str], on_contender: Callable[[str], None] | None = None,
-                  time_fn: Callable[..., Any] | None = None, device: Any = None,
+                  time_fn: Callable[..., Any] | None = None,
+                  interleaved_fn: Callable[..., Any] | None = None, device: Any = None,
                   free_memory: Callable[[], int] | None = None) -> list[BenchResult]:
     """Check, then time, every contender at ``point``; one result each, whatever happens.
 
-    ``device`` defaults to ``cuda:<settings.device>``; ``time_fn`` to ``time_cuda`` and
-    ``free_memory`` to ``torch.cuda.mem_get_info`` (tests replace them to run on the CPU)."""
+    With ``settings.interleave`` the contenders that pass the check are timed together, one
+    sample each per round in rotating order (``time_interleaved``), so that drift of the shared
+    machine hits all of them alike; otherwise each is timed on its own (``time_cuda``).
+    ``device`` defaults to ``cuda:<settings.device>``; ``time_fn``, ``interleaved_fn`` and
+    ``free_memory`` to the CUDA ones (tests replace them to run on the CPU)."""
     import torch
 
-    from .timing import time_cuda
+    from .timing import time_cuda, time_interleaved
 
     time_fn = time_fn or time_cuda
+    interleaved_fn = interleaved_fn or time_interleaved
     device = torch.device("cuda", settings.device) if device is None else torch.device(device)
     if free_memory is None:
         free_memory = lambda: torch.cuda.mem_get_info(device)[0]  # noqa: E731
@@ -277,16 +283,38 @@ def measure_point(point: BenchPoint, contenders: Sequence[Contender], settings: 
     ref = reference_attention(q, k, v, point.causal, budget_bytes=max(
         64 << 20, int(settings.mem_fraction * free_memory()) // 4))
     tol = TOLERANCES[point.dtype]
-    results = []
+    results: list[BenchResult | None] = []
+    passed: dict[int, _Checked] = {}  # index in results -> contender that passed the check
     for contender in contenders:
         if on_contender is not None:
             on_contender(contender.name)
-        results.append(_measure_one(contender, point, q, k, v, ref, tol, settings, base,
-                                    env.get("arch", ""), time_fn, free_memory))
+        outcome = _check_one(contender, point, q, k, v, ref, tol, settings, base,
+                             env.get("arch", ""), free_memory)
+        if isinstance(outcome, BenchResult):
+            results.append(outcome)
+        elif settings.interleave:
+            passed[len(results)] = outcome
+            results.append(None)
+        else:
+            results.append(_timed(outcome, lambda fn: time_fn(fn, **settings.timing_kwargs()),
+                                  point, base))
         _release(device)
+    if passed:
+        for index, result in _timed_together(passed, interleaved_fn, settings.interleave,
+                                             point, base).items():
+            results[index] = result
     del q, k, v, ref
     _release(device)
     return results
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A contender that computed the right answer at this point, ready to be timed."""
+
+    name: str
+    prepared: Prepared
+    rel_err: float
 
 
 def _release(device: Any) -> None:
@@ -298,9 +326,11 @@ def _release(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
-def _measure_one(contender: Contender, point: BenchPoint, q, k, v, ref, tol: float,
-                 settings: BenchSettings, base: dict, arch: str,
-                 time_fn: Callable[..., Any], free_memory: Callable[[], int]) -> BenchResult:
+def _check_one(contender: Contender, point: BenchPoint, q, k, v, ref, tol: float,
+               settings: BenchSettings, base: dict, arch: str,
+               free_memory: Callable[[], int]) -> BenchResult | _Checked:
+    """Prepare ``contender`` and compare one poisoned run with the reference: a final result
+    (skipped, wrong, unavailable) or the prepared contender."""
     import torch
 
     need = contender.score_bytes(point)
@@ -322,21 +352,59 @@ def _measure_one(contender: Contender, point: BenchPoint, q, k, v, ref, tol: flo
                     torch.cuda.synchronize(q.device)
                 err = _rel_err(out, ref)
                 del out
-                if not err <= tol:  # NaN (poison left in the output) is wrong too
-                    return BenchResult(contender=contender.name, status="wrong",
-                                       reason=f"err={err:.3g} > {tol:g}", rel_err=err,
-                                       **_schedule_fields(prepared), **base)
-                timing = time_fn(prepared.fn, **settings.timing_kwargs())
         except Exception as exc:  # failures of contenders are data, not crashes
             if isinstance(exc, torch.cuda.OutOfMemoryError):
                 _release(q.device)
             return BenchResult(contender=contender.name, status="unavailable",
                                reason=_unavailable_reason(exc, caught),
                                **(_schedule_fields(prepared) if prepared else {}), **base)
-    return BenchResult(contender=contender.name, status="ok", median_ms=timing.median_ms,
+    if not err <= tol:  # NaN (poison left in the output) is wrong too
+        return BenchResult(contender=contender.name, status="wrong",
+                           reason=f"err={err:.3g} > {tol:g}", rel_err=err,
+                           **_schedule_fields(prepared), **base)
+    return _Checked(contender.name, prepared, err)
+
+
+def _in_context(prepared: Prepared) -> Callable[[], Any]:
+    def run():
+        with prepared.context():
+            return prepared.fn()
+    return run
+
+
+def _result(checked: _Checked, timing: Any, point: BenchPoint, base: dict) -> BenchResult:
+    return BenchResult(contender=checked.name, status="ok", median_ms=timing.median_ms,
                        spread_ms=timing.spread_ms, samples=timing.samples,
-                       tflops=point_tflops(point, timing.median_ms), rel_err=err,
-                       **_schedule_fields(prepared), **base)
+                       tflops=point_tflops(point, timing.median_ms), rel_err=checked.rel_err,
+                       **_schedule_fields(checked.prepared), **base)
+
+
+def _failed(checked: _Checked, exc: BaseException, caught: list, base: dict) -> BenchResult:
+    return BenchResult(contender=checked.name, status="unavailable",
+                       reason=_unavailable_reason(exc, caught),
+                       **_schedule_fields(checked.prepared), **base)
+
+
+def _timed(checked: _Checked, time_one: Callable[[Callable[[], Any]], Any], point: BenchPoint,
+           base: dict) -> BenchResult:
+    with _captured_warnings() as caught:
+        try:
+            with checked.prepared.context():
+                timing = time_one(checked.prepared.fn)
+        except Exception as exc:  # failures of contenders are data, not crashes
+            return _failed(checked, exc, caught, base)
+    return _result(checked, timing, point, base)
+
+
+def _timed_together(passed: Mapping[int, _Checked], interleaved_fn: Callable[..., Any],
+                    rounds: int, point: BenchPoint, base: dict) -> dict[int, BenchResult]:
+    fns = {c.name: _in_context(c.prepared) for c in passed.values()}
+    with _captured_warnings() as caught:
+        try:
+            timings = interleaved_fn(fns, rounds=rounds)
+        except Exception as exc:  # one failing contender spoils the round: all are reported
+            return {i: _failed(c, exc, caught, base) for i, c in passed.items()}
+    return {i: _result(c, timings[c.name], point, base) for i, c in passed.items()}
 
 
 def _schedule_fields(prepared: Prepared) -> dict[str, str]:
@@ -468,6 +536,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"time cap per timing (default {TIMING_DEFAULTS['max_seconds']})")
     timing.add_argument("--warmup-ms", metavar="MS",
                         help=f"warm-up per timing (default {TIMING_DEFAULTS['warmup_ms']})")
+    timing.add_argument("--interleave", metavar="ROUNDS",
+                        help="time the contenders of a point together, one sample each per "
+                             "round in rotating order, for ROUNDS rounds (default 0: each on "
+                             "its own, until --rel-precision)")
     timing.add_argument("--mem-fraction", metavar="X",
                         help="share of free GPU memory S×S contenders (eager, torch-math) may "
                              "use; beyond it they are skipped (default 0.4)")
@@ -508,6 +580,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
                 else _non_negative_int("--device", args.device)),
         seed=(0 if getattr(args, "seed", None) is None
               else _non_negative_int("--seed", args.seed)),
+        interleave=(0 if getattr(args, "interleave", None) is None
+                    else _non_negative_int("--interleave", args.interleave)),
     )
     if settings.min_samples > settings.max_samples:
         raise BenchConfigError(f"--min-samples ({settings.min_samples}) must not exceed "

@@ -239,6 +239,53 @@ def test_measure_point_classifies_contenders_on_cpu():
     assert all(r.device == "cpu" and r.arch == "sm_90" for r in results)
 
 
+def test_interleaved_timing_takes_only_the_contenders_that_passed():
+    pytest.importorskip("torch")
+    point = BenchPoint(batch=1, heads=2, seqlen=29, head_dim=64, dtype="bf16", causal=False)
+    calls = []
+
+    def fake_interleaved(fns, *, rounds):
+        calls.append((sorted(fns), rounds))
+        for fn in fns.values():
+            fn()  # each runs inside its contender's context
+        return {name: Timing(median_ms=1.0 + i, spread_ms=0.0, mean_ms=1.0 + i, min_ms=1.0 + i,
+                             samples=rounds) for i, name in enumerate(fns)}
+
+    def never(fn, **kwargs):
+        raise AssertionError("interleaved runs must not time contenders one by one")
+
+    settings = bench.BenchSettings(interleave=7)
+    results = bench.measure_point(point, _cpu_contenders(), settings,
+                                  env=dict(device="cpu", arch="sm_90"), time_fn=never,
+                                  interleaved_fn=fake_interleaved, device="cpu",
+                                  free_memory=lambda: 64 << 30)
+    assert calls == [(["eager", "torch-math"], 7)]
+    by = {r.contender: r for r in results}
+    assert [r.contender for r in results] == ["eager", "torch-math", "wrong", "nan", "broken",
+                                              "hog"]
+    assert (by["eager"].median_ms, by["torch-math"].median_ms) == (1.0, 2.0)
+    assert by["eager"].samples == 7 and by["eager"].status == "ok"
+    assert [by[n].status for n in ("wrong", "nan", "broken", "hog")] == \
+        ["wrong", "wrong", "unavailable", "skipped"]
+
+    def crash(fns, *, rounds):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    results = bench.measure_point(point, _cpu_contenders()[:2], settings,
+                                  env=dict(device="cpu", arch="sm_90"), time_fn=never,
+                                  interleaved_fn=crash, device="cpu",
+                                  free_memory=lambda: 64 << 30)
+    assert [r.status for r in results] == ["unavailable", "unavailable"]
+    assert "illegal memory access" in results[0].reason
+
+
+def test_interleave_option_is_validated():
+    assert bench.settings_from_args(_args("--interleave", "30")).interleave == 30
+    assert bench.settings_from_args(_args()).interleave == 0
+    with pytest.raises(BenchConfigError, match="--interleave"):
+        bench.settings_from_args(_args("--interleave", "-1"))
+
+
 def test_memory_budget_skips_eager_and_math_only_when_too_big():
     table = bench.make_contenders()
     big = BenchPoint(batch=1, heads=32, seqlen=16384, head_dim=64, dtype="bf16", causal=False)
