@@ -387,11 +387,15 @@ def _failed(checked: _Checked, exc: BaseException, caught: list, base: dict) -> 
 
 def _timed(checked: _Checked, time_one: Callable[[Callable[[], Any]], Any], point: BenchPoint,
            base: dict) -> BenchResult:
+    import torch
+
     with _captured_warnings() as caught:
         try:
             with checked.prepared.context():
                 timing = time_one(checked.prepared.fn)
         except Exception as exc:  # failures of contenders are data, not crashes
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                _release(torch.device("cuda"))
             return _failed(checked, exc, caught, base)
     return _result(checked, timing, point, base)
 
