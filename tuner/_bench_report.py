@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from db import write_bytes_atomic
+from db import write_bytes_atomic, write_text_atomic
 
 from ._bench_grid import CONTENDERS
 
@@ -324,8 +324,7 @@ def _matmul_fraction_section(index, matmul: float) -> list[str]:
     for dtype, d, causal in sorted({k[:3] for k in index}):
         cells = [dtype, str(d), "causal" if causal else "full"]
         for s in seqlens:
-            r = next((row.get(_REFERENCE) for k, row in index.items()
-                      if k[:3] == (dtype, d, causal) and k[3] == s), None)
+            r = index.get((dtype, d, causal, s), {}).get(_REFERENCE)
             cells.append(f"{100 * r.tflops / matmul:.0f}%" if r is not None and r.status == "ok"
                          else "—")
         lines.append("| " + " | ".join(cells) + " |")
@@ -334,7 +333,7 @@ def _matmul_fraction_section(index, matmul: float) -> list[str]:
 
 def write_run_info(info: RunInfo, path: str | os.PathLike) -> Path:
     path = Path(path)
-    write_bytes_atomic(path, (info.to_json() + "\n").encode())
+    write_text_atomic(path, info.to_json() + "\n")
     return path
 
 
