@@ -41,70 +41,45 @@ def _online_softmax(qk, m_i, l_i, acc, scale, EXP2):
     return p, m_ij, l_i, acc * alpha
 
 
-def _load_k(K, batch, kv_head, j, TILE_N, TILE_D, K_TRANSPOSED, K_LATENCY, ALLOW_TMA,
-            CHECK_BOUNDS, PAD):
-    """Key tile ``j`` as ``[TILE_D, TILE_N]`` (loaded transposed, or loaded and permuted)."""
+def _attend_kv_tile(q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k,
+                    masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY,
+                    V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD):
+    """One inner-loop step: scores of the Q tile against key tile ``j``, the online softmax,
+    and the P·V product. ``masked`` (a constant, or a per-step flag) applies the causal /
+    sequence-end mask."""
     if K_TRANSPOSED:
         k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                     order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                     latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-        return k.reshape((TILE_D, TILE_N))
-    k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-    return ct.transpose(k.reshape((TILE_N, TILE_D)))
+        k = k.reshape((TILE_D, TILE_N))  # [TILE_D, TILE_N]
+    else:
+        k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                    padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                    latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
+        k = ct.transpose(k.reshape((TILE_N, TILE_D)))  # [TILE_D, TILE_N]
 
-
-def _scores(q, K, batch, kv_head, j, rows, seqlen_k, masked, CAUSAL, TILE_M, TILE_N, TILE_D,
-            K_TRANSPOSED, K_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD):
-    """``Q·K_j^T`` as a ``[TILE_M, TILE_N]`` float32 tile; ``masked`` (a constant, or a per-step
-    flag) sets the causal / sequence-end entries to -inf."""
-    k = _load_k(K, batch, kv_head, j, TILE_N, TILE_D, K_TRANSPOSED, K_LATENCY, ALLOW_TMA,
-                CHECK_BOUNDS, PAD)
     qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
-    qk = ct.mma(q, k, qk)
+    qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
     if masked:
         keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
         keep = keys < seqlen_k  # [1, TILE_N]
         if CAUSAL:
             keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
         qk = ct.where(keep, qk, -np.inf)
-    return qk
 
-
-def _fold(qk, V, batch, kv_head, j, m_i, l_i, acc, scale, dtype, TILE_N, TILE_D, EXP2,
-          V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD):
-    """The online softmax of score tile ``qk`` (keys of tile ``j``), then ``acc += P·V_j``."""
     p, m_i, l_i, acc = _online_softmax(qk, m_i, l_i, acc, scale, EXP2)
+
     v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
                 padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                 latency=ct.static_eval(V_LATENCY or None),
                 allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D))
-    acc = ct.mma(p.astype(dtype), v, acc)  # [TILE_M, TILE_D]
+    acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
     return m_i, l_i, acc
-
-
-def _kv_tile(step, count, backwards, KV_SAWTOOTH):
-    """The key tile visited at ``step`` of ``count``: forwards, or backwards on odd query tiles
-    of the sawtooth order."""
-    j = step
-    if KV_SAWTOOTH:
-        if backwards:
-            j = count - 1 - step
-    return j
-
-
-def _step_masked(j, mask_from, STEP_MASK):
-    """Whether key tile ``j`` of a loop that tests each step needs the mask."""
-    masked = False
-    if STEP_MASK:
-        masked = j >= mask_from
-    return masked
 
 
 def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D,
                    CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
-                   KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED, QK_AHEAD):
+                   KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED):
     """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``."""
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
@@ -146,43 +121,24 @@ def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, T
     unmasked = num_kv_tiles
     if ct.static_eval(ANY_MASK and SPLIT_MASKED):
         unmasked = min(mask_from, num_kv_tiles)
-    STEP_MASK = ct.static_eval(ANY_MASK and not SPLIT_MASKED)  # the main loop tests each j
-    if QK_AHEAD:
-        # Software-pipelined main loop: the scores of step s+1 are issued before the softmax and
-        # P·V of step s, so the tensor cores have work while the softmax runs (FA3's overlap).
-        qk = ct.full((TILE_M, TILE_N), -np.inf, dtype=np.float32)
-        j_prev = 0
-        if unmasked > 0:
-            j_prev = _kv_tile(0, unmasked, backwards, KV_SAWTOOTH)
-            qk = _scores(q, K, batch, kv_head, j_prev, rows, seqlen_k,
-                         _step_masked(j_prev, mask_from, STEP_MASK), CAUSAL, TILE_M, TILE_N, TILE_D,
-                         K_TRANSPOSED, K_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
-        for step in range(1, unmasked):
-            j = _kv_tile(step, unmasked, backwards, KV_SAWTOOTH)
-            qk_next = _scores(q, K, batch, kv_head, j, rows, seqlen_k,
-                              _step_masked(j, mask_from, STEP_MASK), CAUSAL, TILE_M, TILE_N, TILE_D,
-                              K_TRANSPOSED, K_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
-            m_i, l_i, acc = _fold(qk, V, batch, kv_head, j_prev, m_i, l_i, acc, scale, q.dtype,
-                                  TILE_N, TILE_D, EXP2, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
-            qk = qk_next
-            j_prev = j
-        if unmasked > 0:
-            m_i, l_i, acc = _fold(qk, V, batch, kv_head, j_prev, m_i, l_i, acc, scale, q.dtype,
-                                  TILE_N, TILE_D, EXP2, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
-    else:
-        for step in range(unmasked):
-            j = _kv_tile(step, unmasked, backwards, KV_SAWTOOTH)
-            qk = _scores(q, K, batch, kv_head, j, rows, seqlen_k,
-                         _step_masked(j, mask_from, STEP_MASK), CAUSAL, TILE_M, TILE_N,
-                         TILE_D, K_TRANSPOSED, K_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
-            m_i, l_i, acc = _fold(qk, V, batch, kv_head, j, m_i, l_i, acc, scale, q.dtype,
-                                  TILE_N, TILE_D, EXP2, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
+    for step in range(unmasked):
+        j = step
+        if KV_SAWTOOTH:
+            if backwards:
+                j = unmasked - 1 - step
+        masked = False
+        if ct.static_eval(ANY_MASK and not SPLIT_MASKED):
+            masked = j >= mask_from
+        m_i, l_i, acc = _attend_kv_tile(
+            q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k, masked, CAUSAL,
+            TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
+            CHECK_BOUNDS, PAD)
     if ct.static_eval(ANY_MASK and SPLIT_MASKED):
         for j in range(unmasked, num_kv_tiles):
-            qk = _scores(q, K, batch, kv_head, j, rows, seqlen_k, True, CAUSAL, TILE_M, TILE_N,
-                         TILE_D, K_TRANSPOSED, K_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
-            m_i, l_i, acc = _fold(qk, V, batch, kv_head, j, m_i, l_i, acc, scale, q.dtype,
-                                  TILE_N, TILE_D, EXP2, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
+            m_i, l_i, acc = _attend_kv_tile(
+                q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k, True, CAUSAL,
+                TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
+                CHECK_BOUNDS, PAD)
 
     # Normalise with one reciprocal per row and a multiply per element: TILE_M x TILE_D exact
     # divisions cost 7-8% at D=256, S <= 2k (H100).
@@ -218,7 +174,6 @@ def attention_fwd(
     CHECK_BOUNDS: ConstBool,
     SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
     PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
-    QK_AHEAD: ConstBool,  # issue the next step's Q·K^T before this step's softmax
 ):
     if PERSISTENT:
         # Work item i is query tile i % q_tiles of (batch x head) i // q_tiles: the CTAs in flight
@@ -231,7 +186,7 @@ def attention_fwd(
             _attend_q_tile(Q, K, V, Out, q_tile, item // num_q_tiles, qk_scale, heads_q, group,
                            TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
                            K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS,
-                           SPLIT_MASKED, QK_AHEAD)
+                           SPLIT_MASKED)
     else:
         num_q_tiles = ct.num_blocks(0)
         q_tile = ct.bid(0)
@@ -239,4 +194,4 @@ def attention_fwd(
             q_tile = num_q_tiles - 1 - q_tile
         _attend_q_tile(Q, K, V, Out, q_tile, ct.bid(1), qk_scale, heads_q, group, TILE_M, TILE_N,
                        TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                       ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED, QK_AHEAD)
+                       ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)

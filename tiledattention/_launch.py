@@ -69,7 +69,6 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
         not (schedule.unchecked_loads and even_all),
         schedule.split_masked,
         schedule.persistent,
-        schedule.qk_ahead,
     )
 
 

@@ -57,8 +57,6 @@ class Schedule:
             tile) in a second loop, so the main loop has no per-step mask branch.
         persistent: launch ``occupancy`` CTAs per SM that walk the query tiles in a loop,
             instead of one CTA per query tile.
-        qk_ahead: software-pipeline the key loop: issue the next step's Q·K^T before this
-            step's softmax and P·V, so the tensor cores work while the softmax runs.
     """
 
     tile_m: int = 64
@@ -78,7 +76,6 @@ class Schedule:
     unchecked_loads: bool = False
     split_masked: bool = False
     persistent: bool = False
-    qk_ahead: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -165,7 +162,7 @@ class Schedule:
         if not self.allow_tma:
             parts.append("noTMA")
         for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "persistent", "qk_ahead"):
+                     "persistent"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)
