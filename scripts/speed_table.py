@@ -1,14 +1,15 @@
 """Side-by-side speed table: tiledattention schedules vs torch SDPA (cuDNN, flash), one run.
 
     python scripts/speed_table.py [--candidates | --schedules FILE.json] [--shape B,H,S,D,causal]...
-                                  [--jobs N] [--out FILE.md]
+                                  [--tuned] [--jobs N] [--out FILE.md]
 
 Every contender is checked against a float32 reference first, then all are timed interleaved
 (tuner.timing.time_interleaved: CUDA events, L2 flushed, median). TFLOP/s = 4·B·H·S_q·S_k·D,
 halved (exactly: unmasked pairs only) for causal. With --candidates, a few hand-picked schedules
 are timed too (used to choose the per-architecture defaults). ``--schedules`` reads candidates
 from a JSON list of ``{"name", "schedule", "head_dims"?, "causal"?}`` (the optional filters say
-which shapes a candidate applies to); ``--jobs`` compiles them all in parallel first.
+which shapes a candidate applies to); ``--tuned`` adds the schedule the lookup picks (shipped
+table or the user's database); ``--jobs`` compiles them all in parallel first.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", type=_shape, action="append", default=[],
                         metavar="B,H,S,D,yes|no")
     parser.add_argument("--jobs", type=int, default=0, help="parallel compiles before timing")
+    parser.add_argument("--tuned", action="store_true",
+                        help="time the schedule the lookup picks (shipped table, user database)")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -120,6 +123,8 @@ def main(argv=None) -> int:
             q.float(), k.float(), v.float(), is_causal=causal)
         contenders = {}
         schedules = schedules_for(problem)
+        if args.tuned:
+            schedules["tuned"] = tiledattention.explain(q, k, v, causal).schedule
         for name, sched in schedules.items():
             contenders[name] = (lambda sched=sched: tiledattention.sdpa(q, k, v, causal, schedule=sched))
         for name, backend in (("torch-cudnn", SDPBackend.CUDNN_ATTENTION),

@@ -164,12 +164,14 @@ SEED = Schedule(tile_m=64, tile_n=64, occupancy=1)
 def default_schedule(arch: str, problem: Problem) -> Schedule:
     """Per-architecture default, used when no tuned schedule is known for a shape.
 
-    sm_90 (measured on an H200, ``docs/tuning.md``): for D <= 128 the best of ten hand-picked
-    schedules, 64x128 tiles at occupancy 2 with exp2, approximate division and K loaded
-    transposed; for D > 128 the schedule the tuner found for every D=256 key with S >= 4k
-    (128x128, 8 worker warps, occupancy 3), 1.2-1.36x faster than 64x128 there. Other
-    architectures get the choices public cuTile attention code reports as good there (not
-    measured by this project).
+    sm_90 (``docs/tuning.md``, ``docs/performance-notes.md``): for D <= 128 the best of ten
+    hand-picked schedules (H200), 64x128 tiles at occupancy 2 with exp2, approximate division
+    and K loaded transposed; causal with S_q >= 4k, the same 128-row tile split over a cluster of
+    two CTAs, longest query tiles first (H100 probe 8: 1.00-1.24x the 64x128 default on all 12
+    D64/D128 bf16/fp16 points, 0.97-0.99x below 4k). For D > 128 the schedule the tuner found
+    for every D=256 key with S >= 4k (128x128, 8 worker warps, occupancy 3), 1.2-1.36x faster
+    than 64x128 there. Other architectures get the choices public cuTile attention code reports
+    as good there (not measured by this project).
     """
     family = ARCH_LIMITS[check_arch(arch)].family
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
@@ -177,6 +179,9 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
         if problem.head_dim > 128:
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
                             k_transposed=True, k_latency=4, v_latency=2)
+        if problem.causal and problem.seqlen_q >= 4096:
+            return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, longest_first=True,
+                            **fast_math)
         return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math)
     if family == "blackwell":
         return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)

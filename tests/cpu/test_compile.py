@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -21,6 +22,19 @@ def test_default_schedule_compiles(arch):
     result = compile_schedule(PROBLEM, schedule, arch)
     assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
     assert result.shared_bytes and result.shared_bytes > 0
+
+
+def test_hopper_default_splits_long_causal_tiles_over_a_cluster():
+    """sm_90, D <= 128: 128-row tiles on two-CTA clusters for causal S_q >= 4k only (probe 8)."""
+    long_causal = Problem(batch=1, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096,
+                          head_dim=128, dtype="bf16", causal=True)
+    cluster = search_spaces.default_schedule("sm_90", long_causal)
+    assert (cluster.tile_m, cluster.num_ctas, cluster.longest_first) == (128, 2, True)
+    assert compile_schedule(long_causal, cluster, "sm_90").cubin[:4] == b"\x7fELF"
+    for other in (dataclasses.replace(long_causal, seqlen_q=2048, seqlen_k=2048),
+                  dataclasses.replace(long_causal, causal=False),
+                  dataclasses.replace(long_causal, head_dim=256)):
+        assert search_spaces.default_schedule("sm_90", other).num_ctas == 1
 
 
 BASE = Schedule(tile_m=64, tile_n=64)
