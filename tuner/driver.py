@@ -1,7 +1,7 @@
 """The search driver: one Optuna study per (architecture, problem) key.
 
 For each key: seed the study with the architecture default and the winners of the nearest tuned
-shapes; ask candidates from a sampler fitting the space (brute force when the budget covers the
+shapes (of the same dtype, and the nearest of the other); ask candidates from a sampler fitting the space (brute force when the budget covers the
 feasible space, else multivariate TPE with a constant liar for concurrent workers); reject static
 infeasibility and repeats without timing; compile ahead while the GPU measures; measure each
 candidate in an isolated worker (compile deadline, run deadline, crash and hang recovery);
@@ -214,11 +214,15 @@ class Tuner:
     def _seeds(self, problem: Problem, space) -> list[Schedule]:
         seeds = [search_spaces.default_schedule(self.arch, problem)]
         if self.db is not None:
-            rows = [r for r in self.db.rows(arch=self.arch, dtype=problem.dtype,
-                                            causal=problem.causal, head_dim=problem.head_dim)
+            rows = [r for r in self.db.rows(arch=self.arch, causal=problem.causal,
+                                            head_dim=problem.head_dim)
                     if r.problem.group_size == problem.group_size]
             rows.sort(key=lambda r: (shape_distance(r.problem, problem), r.median_ms))
-            seeds += [r.schedule for r in rows[:3]]
+            # three nearest winners of this dtype, and the nearest of another (schedules carry
+            # over between bf16 and fp16: a find in one is the other's best first guess)
+            same = [r for r in rows if r.problem.dtype == problem.dtype]
+            other = [r for r in rows if r.problem.dtype != problem.dtype]
+            seeds += [r.schedule for r in same[:3] + other[:1]]
         unique = {}
         for seed in seeds:  # the seed's values on the searched dimensions
             s = space.schedule(space.params(seed))

@@ -55,6 +55,40 @@ def test_exhaustive_budget_finds_the_model_optimum(tmp_path):
         assert stored.default_ms is not None and stored.torch_cudnn_ms is not None
 
 
+def test_seeds_are_the_default_and_the_nearest_winners_of_both_dtypes(tmp_path):
+    """Three nearest winners of the key's dtype and the nearest of the other dtype seed a key;
+    winners for another head_dim or mask never do."""
+    import dataclasses
+
+    from db import ScheduleRow
+    from tiledattention import Schedule
+    from tiledattention._provenance import current_provenance
+
+    def put(store, problem, schedule):
+        store.put(ScheduleRow(arch="sm_90", device_name="Simulated GPU", problem=problem,
+                              schedule=schedule, median_ms=1.0, spread_ms=0.01, tflops=1.0,
+                              trials=1, provenance=current_provenance()))
+
+    fp16 = dataclasses.replace(PROBLEM, dtype="fp16")
+    same = [Schedule(tile_m=64, tile_n=64, occupancy=2), Schedule(tile_m=64, tile_n=128, occupancy=2),
+            Schedule(tile_m=128, tile_n=64, occupancy=2)]
+    other = Schedule(tile_m=128, tile_n=128, occupancy=1)
+    unrelated = Schedule(tile_m=128, tile_n=128, occupancy=2, exp2=True)
+    with ScheduleDB(tmp_path / "s.sqlite") as store:
+        for schedule, seqlen in zip(same, (2048, 4096, 8192)):
+            put(store, dataclasses.replace(fp16, seqlen_q=seqlen, seqlen_k=seqlen), schedule)
+        put(store, PROBLEM, other)  # bf16, same shape
+        put(store, dataclasses.replace(fp16, head_dim=64), unrelated)
+        put(store, dataclasses.replace(fp16, causal=False), unrelated)
+        tuner, _ = make_tuner(tmp_path, db=store)
+        space = search_spaces.space_for("sm_90", "compact").restricted(fp16)
+        seeds = tuner._seeds(fp16, space)
+    projected = [space.schedule(space.params(s)) for s in
+                 [search_spaces.default_schedule("sm_90", fp16), *same, other]]
+    assert set(seeds) == set(projected) and len(seeds) == len(set(projected))
+    assert space.schedule(space.params(unrelated)) not in seeds
+
+
 def test_tpe_reaches_near_optimum_with_a_third_of_the_budget(tmp_path):
     candidates = compact_feasible()
     sim = SimulatedExecutor()
