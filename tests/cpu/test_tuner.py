@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import signal
@@ -14,8 +15,9 @@ import optuna
 import pytest
 
 import search_spaces
-from db import ScheduleDB
-from tiledattention import Problem
+from db import ScheduleDB, ScheduleRow
+from tiledattention import Problem, Schedule
+from tiledattention._provenance import current_provenance
 from tuner._isolation import IsolatedExecutor
 from tuner._measure import SimulatedExecutor, SimulatedFaults
 from tuner.cli import main
@@ -58,20 +60,13 @@ def test_exhaustive_budget_finds_the_model_optimum(tmp_path):
 def test_seeds_are_the_default_and_the_nearest_winners_of_both_dtypes(tmp_path):
     """Three nearest winners of the key's dtype and the nearest of the other dtype seed a key;
     winners for another head_dim or mask never do."""
-    import dataclasses
-
-    from db import ScheduleRow
-    from tiledattention import Schedule
-    from tiledattention._provenance import current_provenance
-
     def put(store, problem, schedule):
         store.put(ScheduleRow(arch="sm_90", device_name="Simulated GPU", problem=problem,
                               schedule=schedule, median_ms=1.0, spread_ms=0.01, tflops=1.0,
                               trials=1, provenance=current_provenance()))
 
     fp16 = dataclasses.replace(PROBLEM, dtype="fp16")
-    same = [Schedule(tile_m=64, tile_n=64, occupancy=2), Schedule(tile_m=64, tile_n=128, occupancy=2),
-            Schedule(tile_m=128, tile_n=64, occupancy=2)]
+    same = [Schedule(tile_m=m, tile_n=n, occupancy=2) for m, n in ((64, 64), (64, 128), (128, 64))]
     other = Schedule(tile_m=128, tile_n=128, occupancy=1)
     unrelated = Schedule(tile_m=128, tile_n=128, occupancy=2, exp2=True)
     with ScheduleDB(tmp_path / "s.sqlite") as store:
