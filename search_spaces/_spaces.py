@@ -168,10 +168,10 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     hand-picked schedules (H200), 64x128 tiles at occupancy 2 with exp2, approximate division
     and K loaded transposed; causal with S_q >= 4k, the same 128-row tile split over a cluster of
     two CTAs, longest query tiles first (H100 probe 8: 0.99-1.24x the 64x128 default on the 12
-    D64/D128 bf16/fp16 points with S >= 4k, 1.13-1.24x at D128 S >= 8k; 0.97-1.02x below 4k). For D > 128 the schedule the tuner found
-    for every D=256 key with S >= 4k (128x128, 8 worker warps, occupancy 3), 1.2-1.36x faster
-    than 64x128 there. Other architectures get the choices public cuTile attention code reports
-    as good there (not measured by this project).
+    D64/D128 bf16/fp16 points with S >= 4k, 1.13-1.24x at D128 S >= 8k; 0.97-1.02x below 4k).
+    For D > 128 the schedule the tuner found for every D=256 key with S >= 4k (128x128, 8 worker
+    warps, occupancy 3), 1.2-1.36x faster than 64x128 there. Other architectures get the choices
+    public cuTile attention code reports as good there (not measured by this project).
     """
     family = ARCH_LIMITS[check_arch(arch)].family
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
