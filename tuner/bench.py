@@ -620,6 +620,11 @@ def _console():
     return Console(stderr=True)
 
 
+def _now() -> str:
+    """Local time with its UTC offset, to the second (the report's date)."""
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
 def _command_line(args: argparse.Namespace) -> str:
     """The command as the user gave it (``tuner.cli.main`` keeps its argv, also when called
     from Python rather than through the ``tiledtune`` script)."""
@@ -730,7 +735,7 @@ def run(args: argparse.Namespace) -> int:
             matmul.append(matmul_tflops(settings))
 
     info = RunInfo(command=_command_line(args),
-                   date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                   date=_now(),
                    matmul_tflops=tuple(matmul))
     csv_path = write_csv(results, out_dir / CSV_NAME)
     info_path = write_run_info(info, out_dir / RUN_INFO_NAME)
@@ -759,7 +764,7 @@ def _report_only(args: argparse.Namespace, console: Any) -> int:
     saved = csv_path.parent / RUN_INFO_NAME  # the run's matmul rate, when it was measured
     matmul = RunInfo.from_json(saved.read_text()).matmul_tflops if saved.is_file() else ()
     info = RunInfo(command=_command_line(args) + f" (re-rendered from {csv_path})",
-                   date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                   date=_now(),
                    matmul_tflops=matmul)
     written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
     console.print(results_table(results))

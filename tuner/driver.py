@@ -6,7 +6,8 @@ space (brute force when the budget covers the feasible space, else multivariate 
 constant liar for concurrent workers); reject static infeasibility and repeats without timing;
 compile ahead while the GPU measures; measure each candidate in an isolated worker (compile
 deadline, run deadline, crash and hang recovery); re-time the finalists interleaved with the
-default schedule and torch's backends; store the winner in the schedule database. Stops on the trial budget, a time limit or a patience window.
+default schedule and torch's backends; store the winner in the schedule database. Stops on the
+trial budget, a time limit or a patience window.
 """
 
 from __future__ import annotations
