@@ -7,9 +7,10 @@ Every contender is checked against a float32 reference first, then all are timed
 (tuner.timing.time_interleaved: CUDA events, L2 flushed, median). TFLOP/s = 4·B·H·S_q·S_k·D,
 halved (exactly: unmasked pairs only) for causal. With --candidates, a few hand-picked schedules
 are timed too (used to choose the per-architecture defaults). ``--schedules`` reads candidates
-from a JSON list of ``{"name", "schedule", "head_dims"?, "causal"?}`` (the optional filters say
-which shapes a candidate applies to); ``--tuned`` adds the schedule the lookup picks (shipped
-table or the user's database); ``--jobs`` compiles them all in parallel first.
+from a JSON list of ``{"name", "schedule", "head_dims"?, "seqlens"?, "causal"?}`` (the
+optional filters say which shapes a candidate applies to); ``--tuned`` adds the schedule the
+lookup picks (shipped table or the user's database); ``--jobs`` compiles them all in parallel
+first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from typing import Callable
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -55,12 +57,15 @@ def _shape(text: str) -> tuple:
     return int(b), int(h), int(s), int(d), causal == "yes"
 
 
-def _load_candidates(path: str) -> list[tuple[str, Schedule, set | None, bool | None]]:
+def _load_candidates(path: str) -> list[tuple[str, Schedule, Callable[[Problem], bool]]]:
     with open(path) as f:
         entries = json.load(f)
-    return [(e["name"], Schedule.from_dict(e["schedule"]),
-             set(e["head_dims"]) if "head_dims" in e else None, e.get("causal"))
-            for e in entries]
+
+    def applies(entry: dict) -> Callable[[Problem], bool]:
+        return lambda p: (p.head_dim in entry.get("head_dims", [p.head_dim])
+                          and p.seqlen_q in entry.get("seqlens", [p.seqlen_q])
+                          and entry.get("causal", p.causal) == p.causal)
+    return [(e["name"], Schedule.from_dict(e["schedule"]), applies(e)) for e in entries]
 
 
 def _compile(job) -> str | None:
@@ -102,8 +107,8 @@ def main(argv=None) -> int:
                  "seed": search_spaces.SEED}
         if args.candidates:
             found.update(CANDIDATES)
-        for name, sched, dims, causal in extra:
-            if (dims is None or problem.head_dim in dims) and causal in (None, problem.causal):
+        for name, sched, applies in extra:
+            if applies(problem):
                 found[name] = sched
         return found
 

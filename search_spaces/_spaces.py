@@ -98,8 +98,8 @@ class SearchSpace:
         return [s for s in self if infeasibility(self.arch, problem, s) is None]
 
     def restricted(self, problem: Problem) -> "SearchSpace":
-        """Drop dimensions that cannot matter for ``problem`` (causal work order and the masked
-        loop split when it is not causal) or that measured slower everywhere for its kind."""
+        """Drop dimensions that cannot matter for ``problem`` (causal work order, tile pairing
+        and the masked loop split when it is not causal) or that measured slower everywhere for its kind."""
         choices = dict(self.choices)
         if problem.causal:
             # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases
@@ -109,6 +109,7 @@ class SearchSpace:
         else:
             choices.pop("longest_first", None)
             choices.pop("split_masked", None)
+            choices.pop("paired_tiles", None)
         return SearchSpace(self.arch, choices, self.base)
 
 
@@ -129,6 +130,7 @@ _FULL = {
     "unchecked_loads": (False, True),
     "split_masked": (False, True),
     "persistent": (False, True),
+    "paired_tiles": (False, True),
 }
 _COMPACT = {
     "tile_m": (64, 128),
@@ -170,15 +172,18 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     two CTAs, longest query tiles first (H100 probe 8: 0.99-1.24x the 64x128 default on the 12
     D64/D128 bf16/fp16 points with S >= 4k, 1.13-1.24x at D128 S >= 8k; 0.97-1.02x below 4k).
     For D > 128 the schedule the tuner found for every D=256 key with S >= 4k (128x128, 8 worker
-    warps, occupancy 3), 1.2-1.36x faster than 64x128 there. Other architectures get the choices
-    public cuTile attention code reports as good there (not measured by this project).
+    warps, occupancy 3), 1.2-1.36x faster than 64x128 there; causal, with query tiles paired
+    (H100 probe 11, bf16: 1.03x, 1.08x, 1.11x, 1.12x, 1.10x the unpaired schedule at S = 1k,
+    2k, 4k, 8k, 16k). Other architectures get the choices public cuTile attention code reports
+    as good there (not measured by this project).
     """
     family = ARCH_LIMITS[check_arch(arch)].family
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
     if family == "hopper":
         if problem.head_dim > 128:
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
-                            k_transposed=True, k_latency=4, v_latency=2)
+                            k_transposed=True, k_latency=4, v_latency=2,
+                            paired_tiles=problem.causal)
         if problem.causal and problem.seqlen_q >= 4096:
             return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, longest_first=True,
                             **fast_math)

@@ -152,6 +152,32 @@ def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, T
     ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
 
 
+def _attend_slot(Q, K, V, Out, slot, bh, num_q_tiles, qk_scale, heads_q, group, TILE_M, TILE_N,
+                 TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                 ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED):
+    """One work item: query tile ``slot`` (the mirrored one with ``LONGEST_FIRST``), or with
+    ``PAIRED`` the tiles ``n-1-slot`` and then ``slot``, whose causal key counts add up to the
+    same total for every pair, so all CTAs do equal work."""
+    if PAIRED:
+        count = 1
+        if 2 * slot + 1 < num_q_tiles:
+            count = 2
+        for t in range(count):
+            q_tile = slot
+            if t == 0:
+                q_tile = num_q_tiles - 1 - slot
+            _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
+                           TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
+                           V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)
+    else:
+        q_tile = slot
+        if LONGEST_FIRST:
+            q_tile = num_q_tiles - 1 - slot
+        _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D,
+                       CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                       ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)
+
+
 @ct.kernel
 def attention_fwd(
     Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
@@ -174,24 +200,23 @@ def attention_fwd(
     CHECK_BOUNDS: ConstBool,
     SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
     PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
+    PAIRED: ConstBool,  # causal: a work item is the pair of query tiles (n-1-i, i), not one tile
 ):
+    num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
+    # work items per (batch x head): query tiles, or pairs of them (the middle tile alone if odd)
+    num_slots = num_q_tiles
+    if PAIRED:
+        num_slots = ct.cdiv(num_q_tiles, 2)
     if PERSISTENT:
-        # Work item i is query tile i % q_tiles of (batch x head) i // q_tiles: the CTAs in flight
+        # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
         # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
-        num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
-        for item in range(ct.bid(0), num_q_tiles * Q.shape[0] * heads_q, ct.num_blocks(0)):
-            q_tile = item % num_q_tiles
-            if LONGEST_FIRST:
-                q_tile = num_q_tiles - 1 - q_tile
-            _attend_q_tile(Q, K, V, Out, q_tile, item // num_q_tiles, qk_scale, heads_q, group,
-                           TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
-                           K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS,
-                           SPLIT_MASKED)
+        for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
+            _attend_slot(Q, K, V, Out, item % num_slots, item // num_slots, num_q_tiles,
+                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, EXP2,
+                         APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
+                         LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED)
     else:
-        num_q_tiles = ct.num_blocks(0)
-        q_tile = ct.bid(0)
-        if LONGEST_FIRST:
-            q_tile = num_q_tiles - 1 - q_tile
-        _attend_q_tile(Q, K, V, Out, q_tile, ct.bid(1), qk_scale, heads_q, group, TILE_M, TILE_N,
-                       TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                       ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)
+        _attend_slot(Q, K, V, Out, ct.bid(0), ct.bid(1), num_q_tiles, qk_scale, heads_q, group,
+                     TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
+                     K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS,
+                     SPLIT_MASKED, PAIRED)

@@ -36,11 +36,17 @@ def kernel_for(schedule: Schedule) -> ct.kernel:
 
 def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, int, int]:
     """The launch grid; ``sm_count`` is the device's number of SMs (persistent schedules)."""
-    q_tiles = math.ceil(problem.seqlen_q / schedule.tile_m)
+    slots = math.ceil(problem.seqlen_q / schedule.tile_m)  # work items per (batch x head)
+    if _paired(problem, schedule):
+        slots = math.ceil(slots / 2)
     if schedule.persistent:
-        work = q_tiles * problem.batch * problem.heads_q
+        work = slots * problem.batch * problem.heads_q
         return (min(work, sm_count * schedule.occupancy), 1, 1)
-    return (q_tiles, problem.batch * problem.heads_q, 1)
+    return (slots, problem.batch * problem.heads_q, 1)
+
+
+def _paired(problem: Problem, schedule: Schedule) -> bool:
+    return schedule.paired_tiles and problem.causal
 
 
 def default_scale(problem: Problem) -> float:
@@ -65,10 +71,11 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
         schedule.v_latency or 0,
         schedule.allow_tma,
         schedule.kv_sawtooth,
-        schedule.longest_first and problem.causal,
+        schedule.longest_first and problem.causal and not schedule.paired_tiles,
         not (schedule.unchecked_loads and even_all),
         schedule.split_masked,
         schedule.persistent,
+        _paired(problem, schedule),
     )
 
 

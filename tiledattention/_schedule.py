@@ -57,6 +57,8 @@ class Schedule:
             tile) in a second loop, so the main loop has no per-step mask branch.
         persistent: launch ``occupancy`` CTAs per SM that walk the query tiles in a loop,
             instead of one CTA per query tile.
+        paired_tiles: causal only: one work item is the pair of query tiles ``n-1-i`` and ``i``,
+            so every item visits the same number of key tiles (the longer one goes first).
     """
 
     tile_m: int = 64
@@ -76,6 +78,7 @@ class Schedule:
     unchecked_loads: bool = False
     split_masked: bool = False
     persistent: bool = False
+    paired_tiles: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -162,7 +165,7 @@ class Schedule:
         if not self.allow_tma:
             parts.append("noTMA")
         for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "persistent"):
+                     "persistent", "paired_tiles"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)

@@ -65,6 +65,14 @@ class IsolatedExecutor:
         child.close()
         self._conn = parent
 
+    def _exit_code(self) -> int | None:
+        """The exit code of a worker whose end of the pipe closed: the pipe closes a moment
+        before the process is reaped, so wait briefly for it."""
+        if self._proc is None:
+            return None
+        self._proc.join(timeout=5)
+        return self._proc.exitcode
+
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
@@ -95,7 +103,7 @@ class IsolatedExecutor:
                 try:
                     status, value = self._conn.recv()
                 except (EOFError, OSError):
-                    code = self._proc.exitcode if self._proc is not None else None
+                    code = self._exit_code()
                     self._kill()
                     raise WorkerDied(f"the worker process died (exit code {code}) during "
                                      f"{method}") from None

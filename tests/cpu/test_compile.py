@@ -37,6 +37,19 @@ def test_hopper_default_splits_long_causal_tiles_over_a_cluster():
         assert search_spaces.default_schedule("sm_90", other).num_ctas == 1
 
 
+def test_hopper_default_pairs_causal_query_tiles_at_head_dim_256():
+    """sm_90, D > 128, causal: (n-1-i, i) query tile pairs (probe 11); never when not causal."""
+    d256 = Problem(batch=8, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_k=2048, head_dim=256,
+                   dtype="bf16", causal=True)
+    paired = search_spaces.default_schedule("sm_90", d256)
+    assert paired.paired_tiles and paired.tile_m == 128
+    assert compile_schedule(d256, paired, "sm_90").cubin[:4] == b"\x7fELF"
+    assert not search_spaces.default_schedule(
+        "sm_90", dataclasses.replace(d256, causal=False)).paired_tiles
+    assert not search_spaces.default_schedule(
+        "sm_90", dataclasses.replace(d256, head_dim=128)).paired_tiles
+
+
 BASE = Schedule(tile_m=64, tile_n=64)
 TOGGLES = {
     "tile_m128": BASE.replace(tile_m=128), "tile_n32": BASE.replace(tile_n=32),
@@ -50,6 +63,7 @@ TOGGLES = {
     "unchecked_loads": BASE.replace(unchecked_loads=True),
     "split_masked": BASE.replace(split_masked=True),
     "persistent": BASE.replace(persistent=True),
+    "paired_tiles": BASE.replace(paired_tiles=True),
 }
 
 

@@ -42,6 +42,16 @@ def compact_feasible():
     return space.feasible(PROBLEM)
 
 
+def test_restricted_space_drops_what_cannot_matter_for_the_problem():
+    full = search_spaces.space_for("sm_90")
+    causal = full.restricted(dataclasses.replace(PROBLEM, causal=True)).choices
+    plain = full.restricted(dataclasses.replace(PROBLEM, causal=False)).choices
+    causal_only = {"longest_first", "split_masked", "paired_tiles"}
+    assert causal_only <= set(causal) and not causal_only & set(plain)
+    # persistent CTAs are searched for non-causal problems only (measured slower when causal)
+    assert "persistent" in plain and "persistent" not in causal
+
+
 def test_exhaustive_budget_finds_the_model_optimum(tmp_path):
     candidates = compact_feasible()
     optimum = SimulatedExecutor().optimum(PROBLEM, candidates)

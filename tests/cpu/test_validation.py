@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import cuda.tile
 import pytest
 import torch
@@ -125,3 +127,10 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
                   dtype="bf16", causal=False)
     assert Runtime(lambda problem, device: None)._plan(big, 0, None, persistent).grid \
         == (264, 1, 1)
+    # paired tiles: (n-1-i, i) pairs of the 3 query tiles, so 2 work items; causal only
+    paired = schedule.replace(paired_tiles=True)
+    assert Runtime(lambda problem, device: None)._plan(p, 0, None, paired).grid == (2, 16, 1)
+    assert Runtime(lambda problem, device: None)._plan(
+        p, 0, None, paired.replace(persistent=True, occupancy=2)).grid == (32, 1, 1)
+    full = dataclasses.replace(p, causal=False)
+    assert Runtime(lambda problem, device: None)._plan(full, 0, None, paired).grid == (3, 16, 1)

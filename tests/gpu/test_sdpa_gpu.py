@@ -134,6 +134,11 @@ TOGGLES = {
     "persistent": BASE.replace(persistent=True),
     "persistent_occ2_longest_first": BASE.replace(persistent=True, occupancy=2,
                                                   longest_first=True, split_masked=True),
+    "paired_tiles": BASE.replace(paired_tiles=True),
+    # 450 rows in 32-row tiles: 15 tiles, so the middle one is a work item of its own
+    "paired_tiles_odd_sawtooth": BASE.replace(paired_tiles=True, tile_m=32, kv_sawtooth=True),
+    "paired_persistent_occ2": BASE.replace(paired_tiles=True, persistent=True, occupancy=2,
+                                           tile_m=128, split_masked=True),
 }
 
 
