@@ -140,12 +140,8 @@ def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, T
                 TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
                 CHECK_BOUNDS, PAD)
 
-    _store_normalised(Out, acc, l_i, batch, head, q_tile, TILE_M, TILE_D, APPROX_DIV)
-
-
-def _store_normalised(Out, acc, l_i, batch, head, q_tile, TILE_M, TILE_D, APPROX_DIV):
-    """``acc / l`` into the output tile. One reciprocal per row and a multiply per element:
-    TILE_M x TILE_D exact divisions cost 7-8% at D=256, S <= 2k (H100)."""
+    # Normalise with one reciprocal per row and a multiply per element: TILE_M x TILE_D exact
+    # divisions cost 7-8% at D=256, S <= 2k (H100).
     ones = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
     if APPROX_DIV:
         inv_l = ct.truediv(ones, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
@@ -154,54 +150,6 @@ def _store_normalised(Out, acc, l_i, batch, head, q_tile, TILE_M, TILE_D, APPROX
     acc = acc * inv_l
     out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
     ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
-
-
-def _attend_flat(Q, K, V, Out, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, EVEN_K, EXP2,
-                 APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS):
-    """Non-causal persistent CTA with one flat loop over (work item, key tile) steps, so the
-    compiler may prefetch the next item's first K/V tiles while this item ends. A new item
-    restarts the running max at NEG_BIG: the first step's rescale factor is then 0, which wipes
-    the previous item's denominator and accumulator."""
-    PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
-    scale = qk_scale
-    if EXP2:
-        scale = qk_scale * LOG2_E
-    num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
-    seqlen_k = K.shape[2]
-    num_kv_tiles = ct.cdiv(seqlen_k, TILE_N)
-    mask_from = seqlen_k // TILE_N
-    first = ct.bid(0)
-    stride = ct.num_blocks(0)
-    my_items = ct.cdiv(num_q_tiles * Q.shape[0] * heads_q - first, stride)
-
-    m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-    l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
-    q = ct.load(Q, index=(first // num_q_tiles // heads_q, first // num_q_tiles % heads_q,
-                          first % num_q_tiles, 0), shape=(1, 1, TILE_M, TILE_D),
-                padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))
-    for step in range(my_items * num_kv_tiles):
-        item = first + (step // num_kv_tiles) * stride
-        j = step % num_kv_tiles
-        q_tile = item % num_q_tiles
-        bh = item // num_q_tiles
-        batch = bh // heads_q
-        head = bh % heads_q
-        if j == 0:
-            q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, TILE_D),
-                        padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                        allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))
-            m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-        masked = False
-        if ct.static_eval(not EVEN_K):
-            masked = j >= mask_from
-        m_i, l_i, acc = _attend_kv_tile(
-            q, K, V, batch, head // group, j, 0, m_i, l_i, acc, scale, seqlen_k, masked, False,
-            TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
-            CHECK_BOUNDS, PAD)
-        if j == num_kv_tiles - 1:
-            _store_normalised(Out, acc, l_i, batch, head, q_tile, TILE_M, TILE_D, APPROX_DIV)
 
 
 def _attend_slot(Q, K, V, Out, slot, bh, num_q_tiles, qk_scale, heads_q, group, TILE_M, TILE_N,
@@ -253,17 +201,13 @@ def attention_fwd(
     SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
     PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
     PAIRED: ConstBool,  # causal: a work item is the pair of query tiles (n-1-i, i), not one tile
-    FLAT: ConstBool,  # non-causal persistent: one loop over (work item, key tile) steps
 ):
     num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
     # work items per (batch x head): query tiles, or pairs of them (the middle tile alone if odd)
     num_slots = num_q_tiles
     if PAIRED:
         num_slots = ct.cdiv(num_q_tiles, 2)
-    if FLAT:
-        _attend_flat(Q, K, V, Out, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, EVEN_K, EXP2,
-                     APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS)
-    elif PERSISTENT:
+    if PERSISTENT:
         # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
         # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
         for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):

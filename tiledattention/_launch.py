@@ -76,7 +76,6 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
         schedule.split_masked,
         schedule.persistent,
         _paired(problem, schedule),
-        schedule.flat_loop and schedule.persistent and not problem.causal,
     )
 
 

@@ -59,8 +59,6 @@ class Schedule:
             instead of one CTA per query tile.
         paired_tiles: causal only: one work item is the pair of query tiles ``n-1-i`` and ``i``,
             so every item visits the same number of key tiles (the longer one goes first).
-        flat_loop: non-causal persistent only: one loop over (query tile, key tile) steps
-            instead of a key loop nested in a query-tile loop.
     """
 
     tile_m: int = 64
@@ -81,7 +79,6 @@ class Schedule:
     split_masked: bool = False
     persistent: bool = False
     paired_tiles: bool = False
-    flat_loop: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -168,7 +165,7 @@ class Schedule:
         if not self.allow_tma:
             parts.append("noTMA")
         for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "persistent", "paired_tiles", "flat_loop"):
+                     "persistent", "paired_tiles"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)

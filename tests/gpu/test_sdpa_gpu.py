@@ -139,9 +139,6 @@ TOGGLES = {
     "paired_tiles_odd_sawtooth": BASE.replace(paired_tiles=True, tile_m=32, kv_sawtooth=True),
     "paired_persistent_occ2": BASE.replace(paired_tiles=True, persistent=True, occupancy=2,
                                            tile_m=128, split_masked=True),
-    "flat_loop": BASE.replace(persistent=True, flat_loop=True, occupancy=2),
-    "flat_loop_unchecked": BASE.replace(persistent=True, flat_loop=True, tile_n=128,
-                                        unchecked_loads=True, k_transposed=True, exp2=True),
 }
 
 
