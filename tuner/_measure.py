@@ -208,7 +208,9 @@ class SimulatedExecutor:
         eff *= 1.02 if s.approx_div else 1.0
         eff *= 1.08 if s.k_transposed else 1.0
         eff *= 1.01 if s.kv_sawtooth else 1.0
-        eff *= 1.03 if (s.longest_first and problem.causal) else 1.0
+        paired = s.paired_tiles and problem.causal
+        eff *= 1.03 if (s.longest_first and problem.causal and not paired) else 1.0
+        eff *= 1.06 if paired else 1.0
         eff *= 0.99 if s.unchecked_loads else 1.0
         eff *= 0.97 if s.num_ctas > 1 else 1.0
         return 0.72 * eff

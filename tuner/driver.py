@@ -1,13 +1,15 @@
 """The search driver: one Optuna study per (architecture, problem) key.
 
 For each key: seed the study with the architecture default and the winners of the nearest tuned
-shapes (three of the key's dtype, one of the other); ask candidates from a sampler fitting the
-space (brute force when the budget covers the feasible space, else multivariate TPE with a
-constant liar for concurrent workers); reject static infeasibility and repeats without timing;
-compile ahead while the GPU measures; measure each candidate in an isolated worker (compile
-deadline, run deadline, crash and hang recovery); re-time the finalists interleaved with the
-default schedule and torch's backends; store the winner in the schedule database. Stops on the
-trial budget, a time limit or a patience window.
+shapes (three of the key's dtype, one of the other); then climb: measure the schedules one
+dimension away from the best so far (a third of the budget by default), so that a dimension no
+seed has switched on is still tried on a good base; ask the other candidates from a sampler
+fitting the space (brute force when the budget covers the feasible space, else multivariate TPE
+with a constant liar for concurrent workers); reject static infeasibility and repeats without
+timing; compile ahead while the GPU measures; measure each candidate in an isolated worker
+(compile deadline, run deadline, crash and hang recovery); re-time the finalists interleaved
+with the default schedule and torch's backends; store the winner in the schedule database.
+Stops on the trial budget, a time limit or a patience window.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import collections
 import contextlib
 import multiprocessing
 import os
+import random
 import socket
 import threading
 import time
@@ -53,6 +56,9 @@ class SearchConfig:
     patience: int | None = 30  # stop after this many measured candidates without improvement
     space: str = "full"
     finalists: int = 4
+    # candidates one dimension away from the best so far, per key and process; None: a third
+    # of n_trials
+    neighbour_trials: int | None = None
     lookahead: int = 4  # candidates compiled ahead while the GPU measures
     compile_deadline_s: float = 180.0
     run_deadline_s: float = 60.0
@@ -74,6 +80,11 @@ class KeyResult:
     stored: str = ""  # outcome of the database write
     wall_s: float = 0.0
     compile_overlap_s: float = 0.0  # compile time hidden behind GPU measurement
+
+
+def _waiting(study) -> bool:
+    """Whether enqueued candidates (seeds, brute force, retries) are still to be asked."""
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
 def study_name(prefix: str, arch: str, problem: Problem) -> str:
@@ -268,6 +279,9 @@ class Tuner:
                 study.enqueue_trial(space.params(seed), skip_if_exists=True)
 
         best = min((v for v in known.values() if isinstance(v, float)), default=float("inf"))
+        incumbent = self._incumbent(study, space)
+        climb_left = 0 if brute_force else (cfg.n_trials // 3 if cfg.neighbour_trials is None
+                                            else cfg.neighbour_trials)
         since_best = 0
         heartbeat = _Heartbeat(self.storage, max(1, cfg.heartbeat_s))
         pending: collections.deque = collections.deque()
@@ -281,6 +295,12 @@ class Tuner:
                 while (not (out_of_time or budget_spent) and patient
                        and skipped_in_a_row <= max(50, 2 * len(feasible))
                        and len(pending) < max(1, cfg.lookahead)):
+                    if climb_left and incumbent is not None and not _waiting(study):
+                        # hill climbing: the next untried neighbour of the best so far
+                        step = self._neighbours(space, incumbent, problem, known)[:1]
+                        for neighbour in step:
+                            study.enqueue_trial(space.params(neighbour))
+                            climb_left -= 1
                     with _quiet_optuna():
                         trial = study.ask(distributions)
                     heartbeat.hold(trial._trial_id)
@@ -306,7 +326,7 @@ class Tuner:
                 self._record(study, trial, schedule, m, known, result)
                 heartbeat.drop(trial._trial_id)
                 if m.ok and m.timing.median_ms < best * (1 - 1e-3):
-                    best, since_best = m.timing.median_ms, 0
+                    best, since_best, incumbent = m.timing.median_ms, 0, schedule
                 else:
                     since_best += 1
                 self._on_event("trial", {"problem": problem, "schedule": schedule,
@@ -327,6 +347,25 @@ class Tuner:
         self._finish(study, problem, result)
         result.wall_s = time.monotonic() - start
         return result
+
+    @staticmethod
+    def _incumbent(study, space) -> Schedule | None:
+        """The fastest correct schedule measured so far for this key (a resumed study)."""
+        ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+              if t.user_attrs.get("status") == "ok"]
+        return space.schedule(min(ok, key=lambda t: t.value).params) if ok else None
+
+    def _neighbours(self, space, incumbent: Schedule, problem: Problem,
+                    known: dict) -> list[Schedule]:
+        """The feasible, not yet tried schedules that differ from ``incumbent`` in one
+        dimension of ``space``, in a random order fixed by the seed and the incumbent."""
+        found = [incumbent.replace(**{name: value})
+                 for name, values in space.choices.items()
+                 for value in values if value != getattr(incumbent, name)]
+        found = [s for s in found if s.key not in known
+                 and search_spaces.infeasibility(self.arch, problem, s) is None]
+        random.Random(f"{self.config.seed}:{incumbent.key}").shuffle(found)
+        return found
 
     def _admit(self, study, trial, schedule: Schedule, problem: Problem, known: dict,
                budget: Budget, n_trials: int) -> str:

@@ -34,6 +34,16 @@ def _duration(text: str) -> float:
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
+    return value
+
+
 def _shape(text: str) -> tuple[int, int, int, int]:
     parts = text.split(",")
     if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
@@ -75,6 +85,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=_duration, default=None, help="per key, e.g. 10m")
     parser.add_argument("--patience", type=int, default=30,
                         help="stop a key after this many candidates without improvement (0: never)")
+    parser.add_argument("--neighbour-trials", type=_count, default=None, metavar="N",
+                        help="of --trials, candidates one dimension away from the best so far "
+                             "(hill climbing after the seeds; default: a third)")
     parser.add_argument("--space", choices=["full", "compact"], default="full")
     parser.add_argument("--db", default=None, help="schedule database (path or SQLAlchemy URL; "
                                                     "default: $TILEDATTN_DB or the user cache)")
@@ -194,7 +207,7 @@ def _search(args, problems, console) -> int:
     db_location, storage = _locations(args)
     config = SearchConfig(n_trials=args.trials, timeout_s=args.timeout,
                           patience=args.patience or None, space=args.space, seed=args.seed,
-                          study_prefix=args.study,
+                          neighbour_trials=args.neighbour_trials, study_prefix=args.study,
                           lookahead=4 if args.backend == "gpu" else 1)
     compile_workers = (args.jobs or max(1, min(8, (os.cpu_count() or 2) - 2))
                        if args.backend == "gpu" else 0)

@@ -94,6 +94,45 @@ def test_seeds_are_the_default_and_the_nearest_winners_of_both_dtypes(tmp_path):
     assert space.schedule(space.params(unrelated)) not in seeds
 
 
+def test_neighbours_differ_in_one_dimension_and_skip_the_known_and_infeasible(tmp_path):
+    tuner, _ = make_tuner(tmp_path)
+    problem = dataclasses.replace(PROBLEM, head_dim=256)
+    space = search_spaces.space_for("sm_90").restricted(problem)
+    base = search_spaces.default_schedule("sm_90", problem)
+    measured = base.replace(exp2=False)
+    too_big = base.replace(tile_m=256)  # 256-row Q tile + K and V at D=256: > 227 KiB
+    found = tuner._neighbours(space, base, problem, {measured.key: 1.0})
+    assert all(sum(getattr(s, n) != getattr(base, n) for n in space.choices) == 1 for s in found)
+    assert measured not in found and too_big not in found
+    assert len(found) == sum(len(values) - 1 for values in space.choices.values()) - 2
+    assert found == tuner._neighbours(space, base, problem, {measured.key: 1.0})  # seeded order
+
+
+def test_after_the_seeds_the_search_climbs_from_the_best_so_far(tmp_path):
+    """The neighbour_trials candidates after the seeds each differ in exactly one dimension from
+    the best schedule measured before them; the sampler's candidates after them need not."""
+    problem = dataclasses.replace(PROBLEM, seqlen_q=2048, seqlen_k=2048)
+    tuner, executor = make_tuner(tmp_path, n_trials=16, patience=None, neighbour_trials=6)
+    with executor:
+        tuner.tune(problem)
+    space = search_spaces.space_for("sm_90").restricted(problem)
+    study = optuna.load_study(study_name=study_name("tiledtune", "sm_90", problem),
+                              storage=f"sqlite:///{tmp_path}/studies.sqlite")
+    measured = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
+    assert len(measured) == 16
+    seeds = len(tuner._seeds(problem, space))
+    best, distances = None, []
+    for i, t in enumerate(measured):  # lookahead 1: each is measured before the next is asked
+        schedule = space.schedule(t.params)
+        if i >= seeds:
+            distances.append(sum(getattr(schedule, n) != getattr(best[1], n)
+                                 for n in space.choices))
+        if best is None or t.value < best[0] * (1 - 1e-3):  # the driver's improvement rule
+            best = (t.value, schedule)
+    assert distances[:6] == [1] * 6
+    assert max(distances[6:]) > 1
+
+
 def test_tpe_reaches_near_optimum_with_a_third_of_the_budget(tmp_path):
     candidates = compact_feasible()
     sim = SimulatedExecutor()
@@ -217,6 +256,7 @@ def test_cli_rejects_a_missing_gpu_architecture(capsys):
     (["--shape", "1,8,1024"], "B,H,S,D"),
     (["--shape", "1,8,1024,128", "--causal", "maybe"], "comma list"),
     (["--shape", "1,8,1024,128", "--timeout", "soon"], "duration"),
+    (["--shape", "1,8,1024,128", "--neighbour-trials", "-1"], "integer >= 0; got '-1'"),
 ])
 def test_cli_bad_arguments(argv, flag, capsys):
     with pytest.raises(SystemExit) as exc:
