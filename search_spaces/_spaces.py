@@ -99,7 +99,8 @@ class SearchSpace:
 
     def restricted(self, problem: Problem) -> "SearchSpace":
         """Drop dimensions that cannot matter for ``problem`` (causal work order, tile pairing
-        and the masked loop split when it is not causal) or that measured slower everywhere for its kind."""
+        and the masked loop split when it is not causal) or that measured slower everywhere for
+        its kind."""
         choices = dict(self.choices)
         if problem.causal:
             # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases

@@ -108,9 +108,9 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 3
                      flush_l2: bool = True) -> dict[str, Timing]:
     """Time every contender once per round, in rotating order; median per contender.
 
-    All rounds are enqueued before the one synchronisation, so the host stays ahead of the GPU:
-    a sample never includes the host's time to launch it (a contender whose launch path is
-    slower than the L2 flush before it would otherwise be charged for the gap).
+    All rounds are enqueued before the one synchronisation, so the host runs ahead of the GPU
+    and a sample does not include the host's time to launch it (synchronising after each
+    sample would charge a contender whose launch path is slower than the L2 flush before it).
     """
     import torch
 

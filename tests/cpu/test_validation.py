@@ -120,17 +120,17 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     assert plan.out_shape == (2, 8, 300, 64)
     assert plan.scalars[:3] == (1 / math.sqrt(64), 8, 4)  # scale, heads_q, group size
     assert plan.scalars[3:] == constant_args(p, schedule)
+    def grid(problem, schedule):
+        return Runtime(lambda problem, device: None)._plan(problem, 0, None, schedule).grid
+
     # persistent: occupancy CTAs per SM, never more than the 3 x 16 work items
     persistent = schedule.replace(persistent=True, occupancy=2)
-    assert Runtime(lambda problem, device: None)._plan(p, 0, None, persistent).grid == (48, 1, 1)
+    assert grid(p, persistent) == (48, 1, 1)
     big = Problem(batch=8, heads_q=32, heads_kv=32, seqlen_q=4096, seqlen_k=4096, head_dim=64,
                   dtype="bf16", causal=False)
-    assert Runtime(lambda problem, device: None)._plan(big, 0, None, persistent).grid \
-        == (264, 1, 1)
+    assert grid(big, persistent) == (264, 1, 1)
     # paired tiles: (n-1-i, i) pairs of the 3 query tiles, so 2 work items; causal only
     paired = schedule.replace(paired_tiles=True)
-    assert Runtime(lambda problem, device: None)._plan(p, 0, None, paired).grid == (2, 16, 1)
-    assert Runtime(lambda problem, device: None)._plan(
-        p, 0, None, paired.replace(persistent=True, occupancy=2)).grid == (32, 1, 1)
-    full = dataclasses.replace(p, causal=False)
-    assert Runtime(lambda problem, device: None)._plan(full, 0, None, paired).grid == (3, 16, 1)
+    assert grid(p, paired) == (2, 16, 1)
+    assert grid(p, paired.replace(persistent=True, occupancy=2)) == (32, 1, 1)
+    assert grid(dataclasses.replace(p, causal=False), paired) == (3, 16, 1)
