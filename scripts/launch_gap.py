@@ -21,17 +21,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention
+from speed_table import parse_shape  # scripts/ is on sys.path when run as a script
 from tuner.timing import _Sampler, time_interleaved
 
 SHAPES = ["16,16,1024,128,yes", "16,16,1024,128,no", "16,8,1024,256,yes", "16,32,1024,64,no",
           "4,16,4096,128,no"]
-
-
-def _shape(text: str) -> tuple[int, int, int, int, bool]:
-    b, h, s, d, causal = text.split(",")
-    if causal not in ("yes", "no"):
-        raise argparse.ArgumentTypeError(f"causal must be yes or no; got {causal!r}")
-    return int(b), int(h), int(s), int(d), causal == "yes"
 
 
 def _contenders(q, k, v, causal: bool) -> dict:
@@ -75,10 +69,10 @@ def synced_interleaved(fns: dict, rounds: int) -> dict[str, float]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", type=_shape, action="append", default=[])
+    parser.add_argument("--shape", type=parse_shape, action="append", default=[])
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args(argv)
-    shapes = args.shape or [_shape(s) for s in SHAPES]
+    shapes = args.shape or [parse_shape(s) for s in SHAPES]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"cuDNN {torch.backends.cudnn.version()}")
     print("| shape | contender | host us/call | synced ms | queued ms | synced / queued |")

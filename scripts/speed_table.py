@@ -50,7 +50,8 @@ def rel_err(out, ref):
     return (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref)).item()
 
 
-def _shape(text: str) -> tuple:
+def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
+    """``B,H,S,D,yes|no`` (the last: causal)."""
     b, h, s, d, causal = text.split(",")
     if causal not in ("yes", "no"):
         raise argparse.ArgumentTypeError(f"causal must be yes or no; got {causal!r}")
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--candidates", action="store_true")
     parser.add_argument("--schedules", metavar="FILE.json", default=None)
-    parser.add_argument("--shape", type=_shape, action="append", default=[],
+    parser.add_argument("--shape", type=parse_shape, action="append", default=[],
                         metavar="B,H,S,D,yes|no")
     parser.add_argument("--jobs", type=int, default=0, help="parallel compiles before timing")
     parser.add_argument("--tuned", action="store_true",

@@ -82,6 +82,12 @@ class KeyResult:
     compile_overlap_s: float = 0.0  # compile time hidden behind GPU measurement
 
 
+def _correct_trials(study) -> list:
+    """The key's measured, numerically correct trials, fastest first."""
+    return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if t.user_attrs.get("status") == "ok"), key=lambda t: t.value)
+
+
 def _waiting(study) -> bool:
     """Whether enqueued candidates (seeds, brute force, retries) are still to be asked."""
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
@@ -351,9 +357,8 @@ class Tuner:
     @staticmethod
     def _incumbent(study, space) -> Schedule | None:
         """The fastest correct schedule measured so far for this key (a resumed study)."""
-        ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-              if t.user_attrs.get("status") == "ok"]
-        return space.schedule(min(ok, key=lambda t: t.value).params) if ok else None
+        ok = _correct_trials(study)
+        return space.schedule(ok[0].params) if ok else None
 
     def _neighbours(self, space, incumbent: Schedule, problem: Problem,
                     known: dict) -> list[Schedule]:
@@ -439,11 +444,9 @@ class Tuner:
     def _finish(self, study, problem: Problem, result: KeyResult) -> None:
         """Re-time the finalists interleaved with the baselines; store the winner."""
         cfg = self.config
-        complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if t.user_attrs.get("status") == "ok"]
+        complete = _correct_trials(study)
         if not complete:
             return
-        complete.sort(key=lambda t: t.value)
         space = search_spaces.space_for(self.arch, cfg.space).restricted(problem)
         finalists: dict[str, Schedule] = {}
         for t in complete:
