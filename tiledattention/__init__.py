@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compile import ARCHITECTURES, CompileResult, compile_schedule
+from ._compile import ARCHITECTURES, CompileResult
 from ._lookup import Resolution, Resolver
-from ._problem import Problem, problem_from_arrays
 from ._runtime import Runtime
-from ._schedule import Schedule
+from .forward import Problem, Schedule, compile_schedule, problem_from_arrays
 from .errors import CompileError, ScheduleError, TiledAttentionError, UnsupportedProblemError
 
 __all__ = [

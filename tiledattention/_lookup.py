@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 from ._device import DeviceInfo
-from ._problem import Problem
+from .forward._problem import Problem
 from ._provenance import Provenance, template_hash
-from ._schedule import Schedule
+from .forward._schedule import Schedule
 
 __all__ = ["Resolution", "Resolver", "SOURCES", "shape_distance"]
 

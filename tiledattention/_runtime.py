@@ -13,9 +13,9 @@ from typing import Any, Callable, NamedTuple
 import cuda.tile as ct
 
 from ._device import DeviceInfo, device_info
-from ._launch import default_scale, grid_for, kernel_args, kernel_for
-from ._problem import Problem, problem_from_arrays
-from ._schedule import Schedule
+from .forward._launch import default_scale, grid_for, kernel_args, kernel_for
+from .forward._problem import Problem, problem_from_arrays
+from .forward._schedule import Schedule
 
 __all__ = ["Runtime"]
 

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from .errors import ScheduleError
+from ..errors import ScheduleError
 
 __all__ = ["Schedule", "SCHEDULE_FORMAT"]
 

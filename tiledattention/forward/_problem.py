@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UnsupportedProblemError
+from ..errors import UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "problem_from_arrays", "padded_head_dim"]
 
