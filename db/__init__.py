@@ -1,27 +1,34 @@
 """The schedule database: tuned winners per key, in SQLite/SQLAlchemy and in JSON tables.
 
-``ScheduleDB`` stores one best ``ScheduleRow`` per ``(arch, device_name, problem)`` key and is
-what the tuner writes and the runtime's lookup reads (``ScheduleDB.open_for_lookup``);
-``shipped_table`` reads the pre-tuned table packaged with tiledattention. SQLAlchemy and Alembic
-are imported only when a database is actually opened.
+``ScheduleDB`` stores one best ``ScheduleRow`` per ``(family, arch, device_name, problem)`` key;
+the tuner writes it and the runtime's lookup reads it. ``db`` is persistence only: it imports
+nothing from ``tiledattention``, ``search_spaces`` or ``tuner``; the caller describes each kernel
+family's records with a ``FamilyCodec``. SQLAlchemy and Alembic are imported only when a
+database is actually opened.
 """
 
 from __future__ import annotations
 
-from ._errors import DatabaseUnavailable, SchemaTooNew
-from ._rows import ROW_FORMAT, ScheduleRow
-from ._store import PUT_OUTCOMES, ScheduleDB
-from ._table import (
-    RowTable,
-    dump_rows,
-    load_rows_file,
-    shipped_table,
-    write_bytes_atomic,
-    write_text_atomic,
+from ._errors import DatabaseError, DatabaseUnavailable, RecordError, SchemaTooNew
+from ._rows import (
+    ARCH_PATTERN,
+    LEGACY_FAMILY,
+    PROVENANCE_FIELDS,
+    ROW_FIELDS,
+    ROW_FORMAT,
+    FamilyCodec,
+    Provenance,
+    RowField,
+    ScheduleRow,
+    canonical_json,
 )
+from ._store import PUT_OUTCOMES, ScheduleDB
+from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, write_bytes_atomic, \
+    write_text_atomic
 
 __all__ = [
-    "DatabaseUnavailable", "PUT_OUTCOMES", "ROW_FORMAT", "RowTable", "ScheduleDB", "ScheduleRow",
-    "SchemaTooNew", "dump_rows", "load_rows_file", "shipped_table", "write_bytes_atomic",
-    "write_text_atomic",
+    "ARCH_PATTERN", "DatabaseError", "DatabaseUnavailable", "FamilyCodec", "LEGACY_FAMILY",
+    "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
+    "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew", "canonical_json",
+    "dump_rows", "load_rows_file", "load_rows_text", "write_bytes_atomic", "write_text_atomic",
 ]

@@ -1,27 +1,160 @@
-"""``ScheduleRow``: one tuned result (the winner for one key), and its versioned dict form."""
+"""``ScheduleRow``: one tuned result (the winner for one key) of any kernel family, its field
+spec and its versioned dict form.
+
+The database knows nothing about kernels: a row's ``problem`` and ``schedule`` are the caller's
+typed values (frozen objects with ``to_dict()``), and a :class:`FamilyCodec` the caller passes in
+turns their stored dict forms back into those values. ``ROW_FIELDS`` is the one spelling of a
+row's fields: the dict form, the CSV form (``tuner``) and the SQL table (``_schema``) all follow it.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from tiledattention._problem import Problem
-from tiledattention._provenance import Provenance
-from tiledattention._schedule import Schedule
+from ._errors import RecordError
 
-__all__ = ["ScheduleRow", "ROW_FORMAT", "ARCH_PATTERN"]
+__all__ = ["ScheduleRow", "Provenance", "FamilyCodec", "RowField", "ROW_FIELDS", "ROW_FORMAT",
+           "ARCH_PATTERN", "LEGACY_FAMILY", "OPTIONAL_MS", "PROVENANCE_FIELDS", "canonical_json",
+           "codec_map"]
 
-#: Version of the dict form of a row (and of the JSON files made of rows).
-ROW_FORMAT = 1
+#: Version of the dict form of a row (and of the JSON files made of rows). Format 2 added
+#: ``family``; format-1 rows are read as rows of ``LEGACY_FAMILY``.
+ROW_FORMAT = 2
+#: Every row written before kernel families existed (row format 1, schema revision 0002) was the
+#: prefill forward kernel's.
+LEGACY_FAMILY = "forward"
 #: Architecture names as cuTile spells them: ``sm_90``, ``sm_100a``.
 ARCH_PATTERN = re.compile(r"sm_[0-9]{2,3}[a-z]?")
+FAMILY_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
+PROVENANCE_FIELDS = ("template_hash", "cuda_tile", "tileiras", "torch", "driver")
 
-_PROBLEM_FIELDS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype",
-                   "causal")
-_OPTIONAL_MS = ("default_ms", "torch_cudnn_ms", "torch_flash_ms")
+
+def canonical_json(value: Any) -> str:
+    """The one text form of a dict that keys and compares rows: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass(frozen=True)
+class RowField:
+    """One field of a stored row. ``kind``: ``text``, ``record`` (a problem or schedule: a dict
+    in JSON, JSON text in CSV and SQL), ``ms`` (a finite float >= 0), ``count`` (an int >= 1),
+    ``time`` (ISO 8601 with offset) or ``provenance``."""
+
+    name: str
+    kind: str
+    optional: bool = False
+
+
+ROW_FIELDS = (
+    RowField("family", "text"),
+    RowField("arch", "text"),
+    RowField("device_name", "text"),
+    RowField("problem", "record"),
+    RowField("schedule", "record"),
+    RowField("median_ms", "ms"),
+    RowField("spread_ms", "ms"),
+    RowField("tflops", "ms"),
+    RowField("default_ms", "ms", optional=True),
+    RowField("torch_cudnn_ms", "ms", optional=True),
+    RowField("torch_flash_ms", "ms", optional=True),
+    RowField("trials", "count"),
+    RowField("created_at", "time"),
+    RowField("provenance", "provenance"),
+)
+OPTIONAL_MS = tuple(f.name for f in ROW_FIELDS if f.optional)
+_MEASURES = tuple(f.name for f in ROW_FIELDS if f.kind == "ms")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where a measurement came from: the kernel template's identity and the toolchain."""
+
+    template_hash: str  # identity of the family's kernel template (tiledattention._identity)
+    cuda_tile: str
+    tileiras: str
+    torch: str
+    driver: str  # CUDA driver version as "13.0", or "" when no GPU was involved
+
+    def to_dict(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in PROVENANCE_FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Provenance":
+        if not isinstance(data, Mapping):
+            raise RecordError(f"provenance must be a mapping; got {type(data).__name__}")
+        missing = [n for n in PROVENANCE_FIELDS if n not in data]
+        unknown = sorted(set(data) - set(PROVENANCE_FIELDS))
+        if missing or unknown:
+            raise RecordError(f"provenance lacks {missing}, has unknown {unknown}")
+        bad = [n for n in PROVENANCE_FIELDS if not isinstance(data[n], str)]
+        if bad:
+            raise RecordError(f"provenance fields {bad} must be strings")
+        return cls(**{n: data[n] for n in PROVENANCE_FIELDS})
+
+    def toolchain(self) -> tuple[str, str, str]:
+        """The part that decides whether timings are comparable."""
+        return (self.template_hash, self.cuda_tile, self.tileiras)
+
+
+@dataclass(frozen=True)
+class FamilyCodec:
+    """What the database needs to know of one kernel family: its name, how to rebuild its typed
+    problem and schedule from their dict forms (raising ``ValueError``/``TypeError`` on bad
+    input), and which problem fields the lookup filters on (stored, indexed, as ``bucket``)."""
+
+    name: str
+    decode_problem: Callable[[Mapping[str, Any]], Any]
+    decode_schedule: Callable[[Mapping[str, Any]], Any]
+    bucket_fields: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not FAMILY_PATTERN.fullmatch(self.name):
+            raise RecordError(f"family name must match {FAMILY_PATTERN.pattern}; "
+                              f"got {self.name!r}")
+
+    def problem_text(self, problem: Any) -> str:
+        return canonical_json(problem.to_dict())
+
+    def bucket_text(self, problem: Any) -> str:
+        data = problem.to_dict()
+        return canonical_json({name: data[name] for name in self.bucket_fields})
+
+    def problem(self, data: Any) -> Any:
+        return _decoded("problem", self.decode_problem, data)
+
+    def schedule(self, data: Any) -> Any:
+        return _decoded("schedule", self.decode_schedule, data)
+
+
+def _decoded(what: str, decode: Callable[[Mapping[str, Any]], Any], data: Any) -> Any:
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise RecordError(f"{what} must be a mapping; got {type(data).__name__}")
+    try:
+        return decode(data)
+    except (ValueError, TypeError) as exc:
+        raise RecordError(f"{what}: {exc}") from None
+
+
+def codec_map(codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec]) -> dict[str,
+                                                                                 FamilyCodec]:
+    """``{name: codec}`` from codecs or a mapping of them."""
+    items = codecs.values() if isinstance(codecs, Mapping) else codecs
+    found: dict[str, FamilyCodec] = {}
+    for codec in items:
+        if not isinstance(codec, FamilyCodec):
+            raise TypeError(f"codecs must be FamilyCodec values; got {type(codec).__name__}")
+        found[codec.name] = codec
+    return found
 
 
 def _utc_now() -> datetime:
@@ -30,7 +163,8 @@ def _utc_now() -> datetime:
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleRow:
-    """The best schedule found for one key ``(arch, device_name, problem)``, with its timings.
+    """The best schedule found for one key ``(family, arch, device_name, problem)``, with its
+    timings.
 
     Times are milliseconds per call: ``median_ms`` of the schedule, ``spread_ms`` its
     interquartile range, and the same problem under the architecture's default schedule and under
@@ -38,10 +172,11 @@ class ScheduleRow:
     ``created_at`` is timezone-aware and normalised to UTC.
     """
 
+    family: str
     arch: str
     device_name: str
-    problem: Problem
-    schedule: Schedule
+    problem: Any
+    schedule: Any
     median_ms: float
     spread_ms: float
     tflops: float
@@ -53,134 +188,129 @@ class ScheduleRow:
     provenance: Provenance
 
     def __post_init__(self) -> None:
+        if not isinstance(self.family, str) or not FAMILY_PATTERN.fullmatch(self.family):
+            raise RecordError(f"ScheduleRow.family must be a family name; got {self.family!r}")
         if not isinstance(self.arch, str) or not ARCH_PATTERN.fullmatch(self.arch):
-            raise ValueError(f"ScheduleRow.arch must look like 'sm_90'; got {self.arch!r}")
+            raise RecordError(f"ScheduleRow.arch must look like 'sm_90'; got {self.arch!r}")
         if not isinstance(self.device_name, str) or not self.device_name.strip():
-            raise ValueError(
+            raise RecordError(
                 f"ScheduleRow.device_name must be a non-empty str; got {self.device_name!r}")
-        for name, cls in (("problem", Problem), ("schedule", Schedule),
-                          ("provenance", Provenance)):
-            if not isinstance(getattr(self, name), cls):
-                raise ValueError(f"ScheduleRow.{name} must be a {cls.__name__}; got "
-                                 f"{type(getattr(self, name)).__name__}")
-        for name in ("median_ms", "spread_ms", "tflops", *_OPTIONAL_MS):
+        for name in ("problem", "schedule"):
+            if not callable(getattr(getattr(self, name), "to_dict", None)):
+                raise RecordError(f"ScheduleRow.{name} must have a to_dict(); got "
+                                  f"{type(getattr(self, name)).__name__}")
+        if not isinstance(self.provenance, Provenance):
+            raise RecordError(f"ScheduleRow.provenance must be a Provenance; got "
+                              f"{type(self.provenance).__name__}")
+        for name in _MEASURES:
             value = getattr(self, name)
-            if value is None and name in _OPTIONAL_MS:
+            if value is None and name in OPTIONAL_MS:
                 continue
-            _check_ms(name, value, positive=name != "spread_ms" and name != "tflops")
+            _check_ms(name, value, positive=name not in ("spread_ms", "tflops"))
             object.__setattr__(self, name, float(value))
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
-            raise ValueError(f"ScheduleRow.trials must be an int >= 1; got {self.trials!r}")
+            raise RecordError(f"ScheduleRow.trials must be an int >= 1; got {self.trials!r}")
         if not isinstance(self.created_at, datetime) or self.created_at.tzinfo is None:
-            raise ValueError("ScheduleRow.created_at must be a timezone-aware datetime; got "
-                             f"{self.created_at!r}")
+            raise RecordError("ScheduleRow.created_at must be a timezone-aware datetime; got "
+                              f"{self.created_at!r}")
         object.__setattr__(self, "created_at", self.created_at.astimezone(timezone.utc))
 
     @property
-    def key(self) -> tuple:
-        """The database key: one row per ``(arch, device_name, dtype, causal, shape...)``."""
-        p = self.problem
-        return (self.arch, self.device_name, p.dtype, p.causal, p.batch, p.heads_q, p.heads_kv,
-                p.seqlen_q, p.seqlen_k, p.head_dim)
+    def key(self) -> tuple[str, str, str, str]:
+        """The database key: one row per ``(family, arch, device_name, problem)``."""
+        return (self.family, self.arch, self.device_name, canonical_json(self.problem.to_dict()))
 
     def describe_key(self) -> str:
-        return f"{self.arch} {self.device_name!r} {self.problem.describe()}"
+        describe = getattr(self.problem, "describe", None)
+        shown = describe() if callable(describe) else canonical_json(self.problem.to_dict())
+        return f"{self.family} {self.arch} {self.device_name!r} {shown}"
 
     # -- dict form ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict with the format version under ``"format"``."""
-        return {
-            "format": ROW_FORMAT,
-            "arch": self.arch,
-            "device_name": self.device_name,
-            "problem": {name: getattr(self.problem, name) for name in _PROBLEM_FIELDS},
-            "schedule": self.schedule.to_dict(),
-            "median_ms": self.median_ms,
-            "spread_ms": self.spread_ms,
-            "tflops": self.tflops,
-            "default_ms": self.default_ms,
-            "torch_cudnn_ms": self.torch_cudnn_ms,
-            "torch_flash_ms": self.torch_flash_ms,
-            "trials": self.trials,
-            "created_at": self.created_at.isoformat(),
-            "provenance": self.provenance.to_dict(),
-        }
+        data: dict[str, Any] = {"format": ROW_FORMAT}
+        for f in ROW_FIELDS:
+            value = getattr(self, f.name)
+            if f.kind in ("record", "provenance"):
+                value = value.to_dict()
+            elif f.kind == "time":
+                value = value.isoformat()
+            data[f.name] = value
+        return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ScheduleRow":
-        """Inverse of :meth:`to_dict`. Raises ``ValueError`` naming the first bad field."""
+    def from_dict(cls, data: Mapping[str, Any],
+                  codecs: Mapping[str, FamilyCodec]) -> "ScheduleRow":
+        """Inverse of :meth:`to_dict`. Raises :class:`RecordError` naming the first bad field."""
         if not isinstance(data, Mapping):
-            raise ValueError(f"a schedule row must be a mapping; got {type(data).__name__}")
+            raise RecordError(f"a schedule row must be a mapping; got {type(data).__name__}")
         data = dict(data)
         version = data.pop("format", None)
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise ValueError(f"row field 'format' must be an int >= 1; got {version!r}")
+            raise RecordError(f"row field 'format' must be an int >= 1; got {version!r}")
         if version > ROW_FORMAT:
-            raise ValueError(f"row format {version} is newer than this tiledattention "
-                             f"understands ({ROW_FORMAT}); upgrade tiledattention")
-        known = {"arch", "device_name", "problem", "schedule", "median_ms", "spread_ms", "tflops",
-                 *_OPTIONAL_MS, "trials", "created_at", "provenance"}
+            raise RecordError(f"row format {version} is newer than this tiledattention "
+                              f"understands ({ROW_FORMAT}); upgrade tiledattention")
+        if version == 1:
+            if "family" in data:
+                raise RecordError("row format 1 has no 'family' field")
+            data["family"] = LEGACY_FAMILY
+        known = {f.name for f in ROW_FIELDS}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown row field(s) {unknown}; known: {sorted(known)}")
-        optional = set(_OPTIONAL_MS)
-        missing = sorted(known - optional - set(data))
+            raise RecordError(f"unknown row field(s) {unknown}; known: {sorted(known)}")
+        missing = sorted(f.name for f in ROW_FIELDS if not f.optional and f.name not in data)
         if missing:
-            raise ValueError(f"row lacks field(s) {missing}")
+            raise RecordError(f"row lacks field(s) {missing}")
+        family = data["family"]
+        codec = codecs.get(family) if isinstance(family, str) else None
+        if codec is None:
+            raise RecordError(f"row field 'family': unknown kernel family {family!r}; known: "
+                              f"{sorted(codecs)}")
+        values: dict[str, Any] = {}
+        for f in ROW_FIELDS:
+            value = data.get(f.name)
+            try:
+                values[f.name] = _decode_field(f, value, codec)
+            except RecordError as exc:
+                raise RecordError(f"row field {f.name!r}: {exc}") from None
+        return cls(**values)
 
-        def typed(name: str, types: type | tuple[type, ...]) -> Any:
-            value = data.get(name)
-            if isinstance(value, bool) or not isinstance(value, types):
-                names = types.__name__ if isinstance(types, type) else \
-                    " or ".join(t.__name__ for t in types)
-                raise ValueError(f"row field {name!r} must be {names}; got {value!r}")
-            return value
 
-        def number(name: str) -> float:
-            return float(typed(name, (int, float)))
-
-        for name in ("problem", "schedule", "provenance"):
-            typed(name, dict)
+def _decode_field(f: RowField, value: Any, codec: FamilyCodec) -> Any:
+    if value is None and f.optional:
+        return None
+    if f.kind == "text":
+        if not isinstance(value, str):
+            raise RecordError(f"must be a str; got {value!r}")
+        return value
+    if f.kind == "record":
+        return codec.problem(value) if f.name == "problem" else codec.schedule(value)
+    if f.kind == "provenance":
+        return Provenance.from_dict(value)
+    if f.kind == "ms":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecordError(f"must be a number; got {value!r}")
+        return float(value)
+    if f.kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecordError(f"must be an int; got {value!r}")
+        return value
+    if f.kind == "time":
+        if not isinstance(value, str):
+            raise RecordError(f"must be an ISO 8601 time; got {value!r}")
         try:
-            problem = _problem_from_dict(data["problem"])
-        except ValueError as exc:
-            raise ValueError(f"row field 'problem': {exc}") from None
-        try:
-            schedule = Schedule.from_dict(data["schedule"])
-        except ValueError as exc:
-            raise ValueError(f"row field 'schedule': {exc}") from None
-        try:
-            provenance = Provenance.from_dict(data["provenance"])
-        except ValueError as exc:
-            raise ValueError(f"row field 'provenance': {exc}") from None
-        try:
-            created_at = datetime.fromisoformat(typed("created_at", str))
+            created = datetime.fromisoformat(value)
         except ValueError:
-            raise ValueError("row field 'created_at' must be an ISO 8601 time; got "
-                             f"{data['created_at']!r}") from None
-        if created_at.tzinfo is None:
-            raise ValueError("row field 'created_at' must carry a UTC offset; got "
-                             f"{data['created_at']!r}")
-        return cls(
-            arch=typed("arch", str), device_name=typed("device_name", str), problem=problem,
-            schedule=schedule, median_ms=number("median_ms"), spread_ms=number("spread_ms"),
-            tflops=number("tflops"),
-            **{name: None if data.get(name) is None else number(name) for name in _OPTIONAL_MS},
-            trials=typed("trials", int), created_at=created_at, provenance=provenance,
-        )
-
-
-def _problem_from_dict(data: Mapping[str, Any]) -> Problem:
-    unknown = sorted(set(data) - set(_PROBLEM_FIELDS))
-    missing = [name for name in _PROBLEM_FIELDS if name not in data]
-    if unknown or missing:
-        raise ValueError(f"expected fields {list(_PROBLEM_FIELDS)}; unknown {unknown}, "
-                         f"missing {missing}")
-    return Problem(**data)  # Problem checks every type itself (UnsupportedProblemError)
+            raise RecordError(f"must be an ISO 8601 time; got {value!r}") from None
+        if created.tzinfo is None:
+            raise RecordError(f"must carry a UTC offset; got {value!r}")
+        return created
+    raise AssertionError(f"unknown field kind {f.kind}")  # ROW_FIELDS is ours
 
 
 def _check_ms(name: str, value: Any, positive: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"ScheduleRow.{name} must be a finite number {bound}; got {value!r}")
+        raise RecordError(f"ScheduleRow.{name} must be a finite number {bound}; got {value!r}")

@@ -1,14 +1,17 @@
-"""The ``schedules`` table (SQLAlchemy Core) at the newest schema revision.
+"""The ``schedules`` table (SQLAlchemy Core) at the newest schema revision, built from the row
+field spec (``_rows.ROW_FIELDS``).
 
 The migrations in ``db/migrations/versions/`` are the history of this table; this module is only
-its current shape, used for queries. Change both together: add a revision, then the column here,
-then bump ``HEAD_REVISION``.
+its current shape, used for queries. Change both together: add a revision, then the field, then
+bump ``HEAD_REVISION`` (a test checks that a migrated file has exactly these columns).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import (Boolean, Column, DateTime, Float, Integer, MetaData, String, Table, Text,
+from sqlalchemy import (Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
                         UniqueConstraint)
+
+from ._rows import PROVENANCE_FIELDS, ROW_FIELDS
 
 __all__ = ["TABLE_NAME", "VERSION_TABLE", "HEAD_REVISION", "KEY_COLUMNS", "OPTIONAL_COLUMNS",
            "metadata", "schedules"]
@@ -18,42 +21,37 @@ TABLE_NAME = "schedules"
 #: history in a shared (e.g. PostgreSQL) database.
 VERSION_TABLE = "tiledattention_schema_version"
 #: The newest revision in ``db/migrations/versions`` (a test checks they agree).
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 
-KEY_COLUMNS = ("arch", "device_name", "dtype", "causal", "batch", "heads_q", "heads_kv",
-               "seqlen_q", "seqlen_k", "head_dim")
+#: One row per key; the problem is its canonical JSON (``_rows.canonical_json``).
+KEY_COLUMNS = ("family", "arch", "device_name", "problem")
 #: Nullable columns a database of another revision may lack; reading gives ``None`` for them.
-OPTIONAL_COLUMNS = ("default_ms", "torch_cudnn_ms", "torch_flash_ms")
+OPTIONAL_COLUMNS = tuple(f.name for f in ROW_FIELDS if f.optional)
+
+_TYPES = {"ms": Float, "count": Integer, "time": lambda: DateTime(timezone=True), "record": Text}
+_TEXT_WIDTH = {"family": 32, "arch": 16, "device_name": 128}
+
+
+def _columns() -> list[Column]:
+    columns = [Column("id", Integer, primary_key=True, autoincrement=True)]
+    for f in ROW_FIELDS:
+        if f.kind == "provenance":
+            columns += [Column(name, String(64), nullable=False) for name in PROVENANCE_FIELDS]
+            continue
+        kind = String(_TEXT_WIDTH[f.name]) if f.kind == "text" else _TYPES[f.kind]()
+        columns.append(Column(f.name, kind, nullable=f.optional))
+        if f.name == "problem":
+            # the problem fields the lookup filters on (``FamilyCodec.bucket_fields``), as JSON
+            columns.append(Column("bucket", Text, nullable=False))
+    return columns
+
 
 metadata = MetaData()
 
 schedules = Table(
     TABLE_NAME,
     metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("arch", String(16), nullable=False),
-    Column("device_name", String(128), nullable=False),
-    Column("dtype", String(8), nullable=False),
-    Column("causal", Boolean, nullable=False),
-    Column("batch", Integer, nullable=False),
-    Column("heads_q", Integer, nullable=False),
-    Column("heads_kv", Integer, nullable=False),
-    Column("seqlen_q", Integer, nullable=False),
-    Column("seqlen_k", Integer, nullable=False),
-    Column("head_dim", Integer, nullable=False),
-    Column("schedule", Text, nullable=False),  # Schedule.to_json()
-    Column("median_ms", Float, nullable=False),
-    Column("spread_ms", Float, nullable=False),
-    Column("tflops", Float, nullable=False),
-    Column("default_ms", Float, nullable=True),
-    Column("torch_cudnn_ms", Float, nullable=True),
-    Column("torch_flash_ms", Float, nullable=True),  # revision 0002
-    Column("trials", Integer, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("template_hash", String(64), nullable=False),
-    Column("cuda_tile", String(64), nullable=False),
-    Column("tileiras", String(64), nullable=False),
-    Column("torch", String(64), nullable=False),
-    Column("driver", String(64), nullable=False),
+    *_columns(),
     UniqueConstraint(*KEY_COLUMNS, name="uq_schedules_key"),
+    Index("ix_schedules_lookup", "family", "arch", "bucket"),
 )

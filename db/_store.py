@@ -19,14 +19,11 @@ import warnings
 from contextlib import contextmanager
 from datetime import timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
-from tiledattention._problem import Problem
-from tiledattention._provenance import Provenance
-from tiledattention._schedule import Schedule
-
-from ._errors import DatabaseUnavailable, SchemaTooNew
-from ._rows import ScheduleRow
+from ._errors import DatabaseUnavailable, RecordError, SchemaTooNew
+from ._rows import (LEGACY_FAMILY, PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow,
+                    canonical_json, codec_map)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -40,7 +37,6 @@ _BUSY_TIMEOUT_S = 30.0
 _WRITE_ATTEMPTS = 8
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _WRITE_OPTION = "tiledattention_write"
-_PROVENANCE_COLUMNS = ("template_hash", "cuda_tile", "tileiras", "torch", "driver")
 
 
 class _Target:
@@ -155,8 +151,11 @@ def _is_locked(exc: BaseException) -> bool:
 
 
 class ScheduleDB:
-    """The best schedule per key ``(arch, device_name, dtype, causal, batch, heads_q, heads_kv,
-    seqlen_q, seqlen_k, head_dim)``.
+    """The best schedule per key ``(family, arch, device_name, problem)``.
+
+    ``codecs`` (``FamilyCodec`` values, or a mapping of them) say how to store and rebuild the
+    problems and schedules of each kernel family; stored rows of a family without a codec are
+    not read.
 
     ``location`` is a file path (SQLite) or an SQLAlchemy URL (``sqlite:///...``,
     ``postgresql+psycopg://...``). For writing, a missing SQLite file and its directories are
@@ -165,7 +164,10 @@ class ScheduleDB:
     opens SQLite files with ``mode=ro`` and never creates or migrates anything.
     """
 
-    def __init__(self, location: str | os.PathLike, *, read_only: bool = False) -> None:
+    def __init__(self, location: str | os.PathLike, *,
+                 codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = (),
+                 read_only: bool = False) -> None:
+        self._codecs = codec_map(codecs)
         self._target = _Target(location)
         self._read_only = read_only
         self._engine: Engine | None = None
@@ -196,14 +198,16 @@ class ScheduleDB:
             raise
 
     @classmethod
-    def open_for_lookup(cls, location: str | os.PathLike) -> "ScheduleDB | None":
+    def open_for_lookup(cls, location: str | os.PathLike, *,
+                        codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = ()
+                        ) -> "ScheduleDB | None":
         """Open for reading at run time: ``None`` when a SQLite file does not exist (nothing is
         created); :class:`DatabaseUnavailable` naming the file when it is not a readable
         tiledattention database."""
         target = _Target(location)
         if target.path is not None and not target.path.exists():
             return None
-        return cls(location, read_only=True)
+        return cls(location, codecs=codecs, read_only=True)
 
     # -- life cycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -337,6 +341,13 @@ class ScheduleDB:
         return self._columns
 
     # -- writing --------------------------------------------------------------------------------
+    def _codec(self, family: str) -> FamilyCodec:
+        codec = self._codecs.get(family)
+        if codec is None:
+            raise RecordError(f"no codec for kernel family {family!r} was given to {self!r}; "
+                              f"known: {sorted(self._codecs)}")
+        return codec
+
     def put(self, row: ScheduleRow, *, force: bool = False) -> str:
         """Store ``row`` unless a faster row of the same toolchain holds its key.
 
@@ -353,8 +364,8 @@ class ScheduleDB:
         if not isinstance(row, ScheduleRow):
             raise TypeError(f"put() takes a ScheduleRow; got {type(row).__name__}")
         self._check_writable()
-        values = _row_values(row)
-        where = _key_clause(t, row)
+        values = _row_values(row, self._codec(row.family))
+        where = _key_clause(t, row.key)
         last: Exception | None = None
         for attempt in range(_WRITE_ATTEMPTS):
             try:
@@ -385,7 +396,7 @@ class ScheduleDB:
         raise DatabaseUnavailable(f"cannot write to {self} after {_WRITE_ATTEMPTS} attempts: "
                                   f"{last}")
 
-    def delete(self, arch: str, device_name: str, problem: Problem) -> bool:
+    def delete(self, family: str, arch: str, device_name: str, problem: Any) -> bool:
         """Remove the row of this key; ``True`` when there was one."""
         from sqlalchemy import delete
 
@@ -394,22 +405,26 @@ class ScheduleDB:
         self._check_writable()
         with self._transaction(write=True) as connection:
             result = connection.execute(delete(t).where(_key_clause(
-                t, _KeyOnly(arch, device_name, problem))))
+                t, _key(family, arch, device_name, problem))))
             return result.rowcount > 0
 
     # -- reading --------------------------------------------------------------------------------
-    def get(self, arch: str, device_name: str, problem: Problem) -> ScheduleRow | None:
+    def get(self, family: str, arch: str, device_name: str, problem: Any) -> ScheduleRow | None:
         """The row of this exact key, or ``None`` (also when it no longer decodes: one warning)."""
-        found = self._select(_KeyOnly(arch, device_name, problem))
+        found = self._select(_key(family, arch, device_name, problem), {})
         return found[0] if found else None
 
-    def rows(self, *, arch: str | None = None, device_name: str | None = None,
-             dtype: str | None = None, causal: bool | None = None,
-             head_dim: int | None = None) -> list[ScheduleRow]:
-        """The rows matching every filter that is not ``None``, in key order. A row that no
-        longer decodes (e.g. its schedule stopped validating) is skipped with one warning."""
-        filters = {"arch": arch, "device_name": device_name, "dtype": dtype, "causal": causal,
-                   "head_dim": head_dim}
+    def rows(self, *, family: str | None = None, arch: str | None = None,
+             device_name: str | None = None, like: Any = None) -> list[ScheduleRow]:
+        """The rows matching every filter that is not ``None``, in key order. ``like``: only
+        rows whose problem has the lookup fields (``FamilyCodec.bucket_fields``) of this
+        problem (needs ``family``; an indexed query). A row that no longer decodes (e.g. its
+        schedule stopped validating) is skipped with one warning."""
+        filters: dict[str, Any] = {"family": family, "arch": arch, "device_name": device_name}
+        if like is not None:
+            if family is None:
+                raise TypeError("rows(like=...) needs family=")
+            filters["bucket"] = self._codec(family).bucket_text(like)
         return self._select(None, {k: v for k, v in filters.items() if v is not None})
 
     def __len__(self) -> int:
@@ -420,14 +435,20 @@ class ScheduleDB:
         with self._transaction(write=False) as connection:
             return connection.execute(select(func.count()).select_from(t)).scalar_one()
 
-    def _select(self, key: "_KeyOnly | None",
-                filters: dict[str, Any] | None = None) -> list[ScheduleRow]:
+    def _select(self, key: tuple[str, str, str, str] | None,
+                filters: dict[str, Any]) -> list[ScheduleRow]:
         from sqlalchemy import select
 
         from ._schema import KEY_COLUMNS, OPTIONAL_COLUMNS, schedules as t
 
+        if not self._codecs:
+            return []
         with self._transaction(write=False) as connection:
             present = self._present_columns(connection)
+            if "problem" not in present and set(_LEGACY_PROBLEM) <= present:
+                records = connection.execute(select(*[c for c in _legacy_columns(present)])
+                                             ).mappings().all()
+                return self._decoded(_from_legacy(records, self._codecs, key, filters))
             lacking = [c.name for c in t.c if c.name not in present
                        and c.name not in OPTIONAL_COLUMNS]
             if lacking:
@@ -437,81 +458,98 @@ class ScheduleDB:
             query = select(*[c for c in t.c if c.name in present])
             if key is not None:
                 query = query.where(_key_clause(t, key))
-            for name, value in (filters or {}).items():
+            for name, value in filters.items():
                 query = query.where(t.c[name] == value)
+            query = query.where(t.c.family.in_(sorted(self._codecs)))
             query = query.order_by(*[t.c[name] for name in KEY_COLUMNS])
             records = connection.execute(query).mappings().all()
+        return self._decoded(records)
+
+    def _decoded(self, records: Iterable[Any]) -> list[ScheduleRow]:
         rows = []
         for record in records:
             try:
-                rows.append(_decode(record))
+                rows.append(_decode(record, self._codecs[record["family"]]))
             except (ValueError, TypeError, KeyError) as exc:
                 warnings.warn(
-                    f"tiledattention: skipping the stored schedule for "
-                    f"{_describe_record(record)} in {self}: {exc}", RuntimeWarning, stacklevel=3)
+                    f"tiledattention: skipping the stored {record.get('family')} schedule for "
+                    f"{record.get('problem')} on {record.get('arch')} in {self}: {exc}",
+                    RuntimeWarning, stacklevel=3)
         return rows
 
 
-class _KeyOnly:
-    """A key without a row, for get() and delete()."""
-
-    def __init__(self, arch: str, device_name: str, problem: Problem) -> None:
-        if not isinstance(problem, Problem):
-            raise TypeError(f"problem must be a Problem; got {type(problem).__name__}")
-        self.arch, self.device_name, self.problem = arch, device_name, problem
+#: The problem columns of schema revisions 0001-0002, when every row was the forward kernel's
+#: (``LEGACY_FAMILY``); a lookup still reads such a file without migrating it.
+_LEGACY_PROBLEM = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype",
+                   "causal")
 
 
-def _key_clause(t: Any, row: "ScheduleRow | _KeyOnly") -> Any:
+def _legacy_columns(present: frozenset[str]) -> list[Any]:
+    from sqlalchemy import Boolean, Integer, String, column, table
+
+    from ._schema import TABLE_NAME, schedules
+
+    legacy = {"causal": Boolean(), "dtype": String()}
+    return list(table(TABLE_NAME, *[
+        column(name, schedules.c[name].type if name in schedules.c else
+               legacy.get(name, Integer())) for name in sorted(present)]).c)
+
+
+def _from_legacy(records: Iterable[Any], codecs: Mapping[str, FamilyCodec],
+                 key: tuple[str, str, str, str] | None, filters: dict[str, Any]) -> list[dict]:
+    """Records of a revision-0001/0002 table in the current shape, filtered and ordered."""
+    codec = codecs.get(LEGACY_FAMILY)
+    if codec is None:
+        return []
+    found = []
+    for record in records:
+        problem = {name: record[name] for name in _LEGACY_PROBLEM}
+        problem["causal"] = bool(problem["causal"])
+        converted = {**record, "family": LEGACY_FAMILY, "problem": canonical_json(problem),
+                     "bucket": canonical_json({n: problem[n] for n in codec.bucket_fields})}
+        if key is not None and (converted["family"], converted["arch"],
+                                converted["device_name"], converted["problem"]) != key:
+            continue
+        if all(converted[name] == value for name, value in filters.items()):
+            found.append(converted)
+    return sorted(found, key=lambda r: (r["family"], r["arch"], r["device_name"], r["problem"]))
+
+
+def _key(family: str, arch: str, device_name: str, problem: Any) -> tuple[str, str, str, str]:
+    to_dict = getattr(problem, "to_dict", None)
+    if not callable(to_dict):
+        raise TypeError(f"problem must be a problem value with to_dict(); got "
+                        f"{type(problem).__name__}")
+    return (family, arch, device_name, canonical_json(to_dict()))
+
+
+def _key_clause(t: Any, key: tuple[str, str, str, str]) -> Any:
     from sqlalchemy import and_
 
-    p = row.problem
-    return and_(t.c.arch == row.arch, t.c.device_name == row.device_name, t.c.dtype == p.dtype,
-                t.c.causal == p.causal, t.c.batch == p.batch, t.c.heads_q == p.heads_q,
-                t.c.heads_kv == p.heads_kv, t.c.seqlen_q == p.seqlen_q,
-                t.c.seqlen_k == p.seqlen_k, t.c.head_dim == p.head_dim)
+    family, arch, device_name, problem = key
+    return and_(t.c.family == family, t.c.arch == arch, t.c.device_name == device_name,
+                t.c.problem == problem)
 
 
-def _row_values(row: ScheduleRow) -> dict[str, Any]:
-    p = row.problem
-    return {
-        "arch": row.arch, "device_name": row.device_name, "dtype": p.dtype, "causal": p.causal,
-        "batch": p.batch, "heads_q": p.heads_q, "heads_kv": p.heads_kv,
-        "seqlen_q": p.seqlen_q, "seqlen_k": p.seqlen_k, "head_dim": p.head_dim,
-        "schedule": row.schedule.to_json(), "median_ms": row.median_ms,
-        "spread_ms": row.spread_ms, "tflops": row.tflops, "default_ms": row.default_ms,
-        "torch_cudnn_ms": row.torch_cudnn_ms, "torch_flash_ms": row.torch_flash_ms,
-        "trials": row.trials, "created_at": row.created_at,
-        **row.provenance.to_dict(),
-    }
+def _row_values(row: ScheduleRow, codec: FamilyCodec) -> dict[str, Any]:
+    values = {name: getattr(row, name) for name in (
+        "family", "arch", "device_name", "median_ms", "spread_ms", "tflops", "default_ms",
+        "torch_cudnn_ms", "torch_flash_ms", "trials", "created_at")}
+    values.update(problem=codec.problem_text(row.problem), bucket=codec.bucket_text(row.problem),
+                  schedule=canonical_json(row.schedule.to_dict()), **row.provenance.to_dict())
+    return values
 
 
-def _describe_record(record: Any) -> str:
-    try:
-        return (f"{record['arch']} {record['device_name']!r} B{record['batch']} "
-                f"H{record['heads_q']}/{record['heads_kv']} "
-                f"S{record['seqlen_q']}x{record['seqlen_k']} D{record['head_dim']} "
-                f"{record['dtype']} {'causal' if record['causal'] else 'full'}")
-    except Exception:
-        return f"row id {record.get('id')}"
-
-
-def _decode(record: Any) -> ScheduleRow:
-    problem = Problem(batch=record["batch"], heads_q=record["heads_q"],
-                      heads_kv=record["heads_kv"], seqlen_q=record["seqlen_q"],
-                      seqlen_k=record["seqlen_k"], head_dim=record["head_dim"],
-                      dtype=record["dtype"], causal=bool(record["causal"]))
-    try:
-        schedule = Schedule.from_json(record["schedule"])
-    except TypeError as exc:
-        raise ValueError(f"schedule: {exc}") from None
+def _decode(record: Any, codec: FamilyCodec) -> ScheduleRow:
     created_at = record["created_at"]
     if created_at.tzinfo is None:  # SQLite stores the UTC wall time without an offset
         created_at = created_at.replace(tzinfo=timezone.utc)
     return ScheduleRow(
-        arch=record["arch"], device_name=record["device_name"], problem=problem,
-        schedule=schedule, median_ms=record["median_ms"], spread_ms=record["spread_ms"],
-        tflops=record["tflops"], default_ms=record.get("default_ms"),
-        torch_cudnn_ms=record.get("torch_cudnn_ms"), torch_flash_ms=record.get("torch_flash_ms"),
-        trials=record["trials"], created_at=created_at,
-        provenance=Provenance.from_dict({name: record[name] for name in _PROVENANCE_COLUMNS}),
+        family=record["family"], arch=record["arch"], device_name=record["device_name"],
+        problem=codec.problem(record["problem"]), schedule=codec.schedule(record["schedule"]),
+        median_ms=record["median_ms"], spread_ms=record["spread_ms"], tflops=record["tflops"],
+        default_ms=record.get("default_ms"), torch_cudnn_ms=record.get("torch_cudnn_ms"),
+        torch_flash_ms=record.get("torch_flash_ms"), trials=record["trials"],
+        created_at=created_at,
+        provenance=Provenance.from_dict({name: record[name] for name in PROVENANCE_FIELDS}),
     )

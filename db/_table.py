@@ -1,6 +1,7 @@
-"""Rows in JSON files: the pre-tuned table shipped with tiledattention, exports and imports.
+"""Rows in JSON files: pre-tuned tables shipped with tiledattention, exports and imports.
 
-File format: ``{"format": 1, "rows": [ScheduleRow.to_dict(), ...]}``, rows sorted by key.
+File format: ``{"format": 2, "rows": [ScheduleRow.to_dict(), ...]}``, rows sorted by key
+(format 1: the same without ``family``; such rows are the forward kernel's).
 """
 
 from __future__ import annotations
@@ -10,25 +11,13 @@ import json
 import os
 import tempfile
 import warnings
-from importlib import resources
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
-from ._rows import ARCH_PATTERN, ROW_FORMAT, ScheduleRow
+from ._errors import RecordError
+from ._rows import ROW_FORMAT, FamilyCodec, ScheduleRow, codec_map
 
-__all__ = ["RowTable", "load_rows_file", "dump_rows", "shipped_table", "filter_rows"]
-
-
-def filter_rows(rows: Iterable[ScheduleRow], *, arch: str | None = None,
-                device_name: str | None = None, dtype: str | None = None,
-                causal: bool | None = None, head_dim: int | None = None) -> list[ScheduleRow]:
-    """The rows matching every filter that is not ``None``."""
-    return [r for r in rows
-            if (arch is None or r.arch == arch)
-            and (device_name is None or r.device_name == device_name)
-            and (dtype is None or r.problem.dtype == dtype)
-            and (causal is None or r.problem.causal == causal)
-            and (head_dim is None or r.problem.head_dim == head_dim)]
+__all__ = ["RowTable", "load_rows_file", "load_rows_text", "dump_rows"]
 
 
 def _sort_key(row: ScheduleRow) -> tuple:
@@ -36,17 +25,29 @@ def _sort_key(row: ScheduleRow) -> tuple:
 
 
 class RowTable:
-    """An in-memory, read-only set of rows with the ``rows(...)`` filter of ``ScheduleDB``."""
+    """An in-memory, read-only set of rows with the ``rows(...)`` filter of ``ScheduleDB``
+    (``codecs`` are needed for its ``like=`` filter)."""
 
-    def __init__(self, rows: Iterable[ScheduleRow], *, source: str = "<memory>") -> None:
+    def __init__(self, rows: Iterable[ScheduleRow], *, source: str = "<memory>",
+                 codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = ()) -> None:
         self._rows = tuple(sorted(rows, key=_sort_key))
         self._source = source
+        self._codecs = codec_map(codecs)
 
-    def rows(self, *, arch: str | None = None, device_name: str | None = None,
-             dtype: str | None = None, causal: bool | None = None,
-             head_dim: int | None = None) -> list[ScheduleRow]:
-        return filter_rows(self._rows, arch=arch, device_name=device_name, dtype=dtype,
-                           causal=causal, head_dim=head_dim)
+    def rows(self, *, family: str | None = None, arch: str | None = None,
+             device_name: str | None = None, like: Any = None) -> list[ScheduleRow]:
+        bucket = None
+        if like is not None:
+            if family not in self._codecs:
+                raise TypeError(f"rows(like=...) needs the family= of a known codec; got "
+                                f"{family!r}")
+            codec = self._codecs[family]
+            bucket = codec.bucket_text(like)
+        return [r for r in self._rows
+                if (family is None or r.family == family)
+                and (arch is None or r.arch == arch)
+                and (device_name is None or r.device_name == device_name)
+                and (bucket is None or codec.bucket_text(r.problem) == bucket)]
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -61,36 +62,46 @@ class RowTable:
         return f"RowTable({self._source!r}, {len(self._rows)} rows)"
 
 
-def _parse(text: str, source: str, *, strict: bool) -> RowTable:
+def load_rows_text(text: str, source: str,
+                   codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec], *,
+                   strict: bool = True) -> RowTable:
+    """Rows from the JSON text of a rows file named ``source``. ``strict``: a bad row raises
+    :class:`RecordError` (naming the source and the row); otherwise it is skipped with one
+    warning."""
+    codecs = codec_map(codecs)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{source} is not JSON: {exc}") from None
+        raise RecordError(f"{source} is not JSON: {exc}") from None
     if not isinstance(data, dict) or set(data) != {"format", "rows"}:
-        raise ValueError(f'{source} must hold {{"format": {ROW_FORMAT}, "rows": [...]}}')
+        raise RecordError(f'{source} must hold {{"format": {ROW_FORMAT}, "rows": [...]}}')
     version = data["format"]
     if isinstance(version, bool) or not isinstance(version, int) or version > ROW_FORMAT:
-        raise ValueError(f"{source} has format {version!r}; this tiledattention reads format "
-                         f"{ROW_FORMAT} and older: upgrade tiledattention")
+        raise RecordError(f"{source} has format {version!r}; this tiledattention reads format "
+                          f"{ROW_FORMAT} and older: upgrade tiledattention")
     if not isinstance(data["rows"], list):
-        raise ValueError(f"{source}: 'rows' must be a list")
+        raise RecordError(f"{source}: 'rows' must be a list")
     rows = []
     for index, item in enumerate(data["rows"]):
         try:
-            rows.append(ScheduleRow.from_dict(item))
-        except ValueError as exc:
+            if isinstance(item, dict) and item.get("format") != version:
+                raise RecordError(f"row format {item.get('format')!r} in a format-{version} "
+                                  "file")
+            rows.append(ScheduleRow.from_dict(item, codecs))
+        except RecordError as exc:
             if strict:
-                raise ValueError(f"{source}: row {index}: {exc}") from None
+                raise RecordError(f"{source}: row {index}: {exc}") from None
             warnings.warn(f"tiledattention: skipping row {index} of {source}: {exc}",
                           RuntimeWarning, stacklevel=3)
-    return RowTable(rows, source=source)
+    return RowTable(rows, source=source, codecs=codecs)
 
 
-def load_rows_file(path: str | os.PathLike, *, strict: bool = True) -> RowTable:
-    """Read a rows file. ``strict``: a bad row raises ``ValueError`` (naming the file and the
-    row); otherwise it is skipped with one warning."""
+def load_rows_file(path: str | os.PathLike,
+                   codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec], *,
+                   strict: bool = True) -> RowTable:
+    """Read a rows file (see :func:`load_rows_text`)."""
     path = Path(path)
-    return _parse(path.read_text(encoding="utf-8"), str(path), strict=strict)
+    return load_rows_text(path.read_text(encoding="utf-8"), str(path), codecs, strict=strict)
 
 
 def dump_rows(rows: Iterable[ScheduleRow], path: str | os.PathLike) -> None:
@@ -123,17 +134,3 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def shipped_table(arch: str) -> RowTable | None:
-    """The pre-tuned table packaged as ``tiledattention/pretuned/<arch>.json``, or ``None``.
-
-    Rows that no longer decode (e.g. a schedule field that changed) are skipped with a warning.
-    """
-    if not isinstance(arch, str) or not ARCH_PATTERN.fullmatch(arch):
-        raise ValueError(f"arch must look like 'sm_90'; got {arch!r}")
-    resource = resources.files("tiledattention").joinpath("pretuned", f"{arch}.json")
-    if not resource.is_file():
-        return None
-    return _parse(resource.read_text(encoding="utf-8"),
-                  f"tiledattention/pretuned/{arch}.json", strict=False)

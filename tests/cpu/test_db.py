@@ -15,10 +15,18 @@ import pytest
 
 import db
 from db import _migrate, _schema
-from tiledattention._problem import Problem
-from tiledattention._provenance import Provenance
-from tiledattention._schedule import Schedule
-from tiledattention.errors import TiledAttentionError
+from tiledattention import Problem, Provenance, Schedule, codecs, shipped_table
+
+CODECS = codecs()
+
+
+def open_db(location, **options) -> db.ScheduleDB:
+    return db.ScheduleDB(location, codecs=CODECS, **options)
+
+
+def open_lookup(location) -> db.ScheduleDB | None:
+    return db.ScheduleDB.open_for_lookup(location, codecs=CODECS)
+
 
 ASSETS = Path(__file__).parent / "assets"
 PROV = Provenance(template_hash="0123456789ab", cuda_tile="1.7.0", tileiras="13.1.0",
@@ -35,7 +43,7 @@ def problem(seqlen: int = 1024, *, batch: int = 1, causal: bool = True, head_dim
 def row(ms: float = 1.0, *, p: Problem | None = None, device: str = H100,
         schedule: Schedule | None = None, prov: Provenance = PROV, **extra) -> db.ScheduleRow:
     return db.ScheduleRow(
-        arch="sm_90", device_name=device, problem=p or problem(),
+        family="forward", arch="sm_90", device_name=device, problem=p or problem(),
         schedule=schedule or Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True),
         median_ms=ms, spread_ms=0.0125, tflops=321.5, default_ms=ms * 1.7,
         torch_cudnn_ms=ms * 1.1, trials=30,
@@ -48,7 +56,7 @@ def test_row_dict_round_trip_is_json_and_lossless():
     r = row(0.123456789, torch_flash_ms=0.2)
     data = json.loads(json.dumps(r.to_dict()))
     assert data["format"] == db.ROW_FORMAT
-    assert db.ScheduleRow.from_dict(data) == r
+    assert db.ScheduleRow.from_dict(data, CODECS) == r
 
 
 @pytest.mark.parametrize("field, value", [
@@ -59,20 +67,20 @@ def test_row_from_dict_names_the_bad_field(field, value):
     data = row().to_dict()
     data[field] = value
     with pytest.raises(ValueError, match=field):
-        db.ScheduleRow.from_dict(data)
+        db.ScheduleRow.from_dict(data, CODECS)
 
 
 def test_row_from_dict_rejects_bad_nested_and_unknown_fields():
     data = row().to_dict()
     data["schedule"]["tile_m"] = 48
     with pytest.raises(ValueError, match="schedule.*tile_m"):
-        db.ScheduleRow.from_dict(data)
+        db.ScheduleRow.from_dict(data, CODECS)
     data = row().to_dict() | {"colour": "red"}
     with pytest.raises(ValueError, match="colour"):
-        db.ScheduleRow.from_dict(data)
+        db.ScheduleRow.from_dict(data, CODECS)
     data = row().to_dict() | {"format": db.ROW_FORMAT + 1}
     with pytest.raises(ValueError, match="upgrade tiledattention"):
-        db.ScheduleRow.from_dict(data)
+        db.ScheduleRow.from_dict(data, CODECS)
 
 
 def test_row_created_at_is_normalised_to_utc():
@@ -88,26 +96,27 @@ def test_put_get_rows_round_trip(tmp_path):
     b = row(2.0, p=problem(2048, causal=False))
     c = row(3.0, p=problem(512, head_dim=64, dtype="fp16", causal=False),
             device="NVIDIA H100 PCIe")
-    with db.ScheduleDB(path) as store:
+    with open_db(path) as store:
         assert [store.put(r) for r in (a, b, c)] == ["added"] * 3
         assert str(store) == str(path)
-        assert store.get("sm_90", H100, a.problem) == a
-        assert store.get("sm_90", H100, problem(4096)) is None
-        assert store.get("sm_100", H100, a.problem) is None
+        assert store.get("forward", "sm_90", H100, a.problem) == a
+        assert store.get("forward", "sm_90", H100, problem(4096)) is None
+        assert store.get("forward", "sm_100", H100, a.problem) is None
         assert len(store) == 3
-        assert store.rows(causal=True) == [a]
-        assert store.rows(dtype="fp16", head_dim=64) == [c]
+        assert store.rows(family="forward", like=problem()) == [a]
+        assert store.rows(family="forward", like=c.problem) == [c]
+        assert store.rows(family="other") == []
         assert store.rows(device_name=H100) == sorted([a, b], key=lambda r: r.key)
         assert store.rows(arch="sm_100") == []
-        assert store.delete("sm_90", H100, b.problem) is True
-        assert store.delete("sm_90", H100, b.problem) is False
+        assert store.delete("forward", "sm_90", H100, b.problem) is True
+        assert store.delete("forward", "sm_90", H100, b.problem) is False
         assert len(store) == 2
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_better_wins_rule(tmp_path):
-    with db.ScheduleDB(tmp_path / "s.sqlite") as store:
-        key = ("sm_90", H100, problem())
+    with open_db(tmp_path / "s.sqlite") as store:
+        key = ("forward", "sm_90", H100, problem())
         assert store.put(row(2.0)) == "added"
         assert store.put(row(3.0)) == "kept"
         assert store.get(*key).median_ms == 2.0
@@ -134,24 +143,24 @@ def test_better_wins_rule(tmp_path):
 # -- lookups --------------------------------------------------------------------------------
 def test_open_for_lookup_on_missing_path_creates_nothing(tmp_path):
     where = tmp_path / "no" / "such" / "schedules.sqlite"
-    assert db.ScheduleDB.open_for_lookup(where) is None
-    assert db.ScheduleDB.open_for_lookup(f"sqlite:///{where}") is None
+    assert open_lookup(where) is None
+    assert open_lookup(f"sqlite:///{where}") is None
     assert list(tmp_path.iterdir()) == []
 
 
 def test_open_for_lookup_reads_without_writing(tmp_path):
     path = tmp_path / "s.sqlite"
-    with db.ScheduleDB(path) as store:
+    with open_db(path) as store:
         store.put(row(1.0))
-    lookup = db.ScheduleDB.open_for_lookup(path)
+    lookup = open_lookup(path)
     try:
-        assert lookup.rows(arch="sm_90", dtype="bf16", causal=True, head_dim=128) == [row(1.0)]
+        assert lookup.rows(family="forward", arch="sm_90", like=problem()) == [row(1.0)]
         with pytest.raises(db.DatabaseUnavailable, match="read-only"):
             lookup.put(row(0.5))
     finally:
         lookup.close()
-    with db.ScheduleDB(path) as store:
-        assert store.get("sm_90", H100, problem()).median_ms == 1.0
+    with open_db(path) as store:
+        assert store.get("forward", "sm_90", H100, problem()).median_ms == 1.0
 
 
 def _broken_not_sqlite(path: Path) -> None:
@@ -159,7 +168,7 @@ def _broken_not_sqlite(path: Path) -> None:
 
 
 def _broken_truncated(path: Path) -> None:
-    with db.ScheduleDB(path) as store:
+    with open_db(path) as store:
         for i in range(60):
             store.put(row(1.0, p=problem(16 + i, batch=1 + i)))
     sqlite3.connect(path).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
@@ -185,11 +194,11 @@ def test_broken_files_raise_database_unavailable_naming_the_file(tmp_path, make)
     path = tmp_path / "broken.sqlite"
     make(path)
     with pytest.raises(db.DatabaseUnavailable) as info:
-        db.ScheduleDB.open_for_lookup(path)
+        open_lookup(path)
     assert str(path) in str(info.value)
-    assert isinstance(info.value, TiledAttentionError)
+    assert isinstance(info.value, db.DatabaseError)
     with pytest.raises(db.DatabaseUnavailable, match=str(path)):
-        db.ScheduleDB(path)  # writing refuses too, and does not touch the file
+        open_db(path)  # writing refuses too, and does not touch the file
 
 
 def test_foreign_schema_with_version_table_but_no_schedules(tmp_path):
@@ -200,19 +209,19 @@ def test_foreign_schema_with_version_table_but_no_schedules(tmp_path):
     connection.commit()
     connection.close()
     with pytest.raises(db.DatabaseUnavailable, match="no 'schedules' table"):
-        db.ScheduleDB.open_for_lookup(path)
+        open_lookup(path)
 
 
 def test_lookup_reads_while_a_writer_holds_a_write_transaction(tmp_path):
     path = tmp_path / "s.sqlite"
-    with db.ScheduleDB(path) as store:
+    with open_db(path) as store:
         store.put(row(1.0))
     writer = sqlite3.connect(path, isolation_level=None, timeout=0.1)
     try:
         # EXCLUSIVE would keep every reader out of a rollback-journal database; WAL lets them in
         writer.execute("BEGIN EXCLUSIVE")
         writer.execute("UPDATE schedules SET median_ms = 99.0")
-        lookup = db.ScheduleDB.open_for_lookup(path)
+        lookup = open_lookup(path)
         try:
             found = lookup.rows(arch="sm_90")
         finally:
@@ -224,7 +233,7 @@ def test_lookup_reads_while_a_writer_holds_a_write_transaction(tmp_path):
 
 
 def _write_rows(path: str, worker: int, count: int) -> None:
-    with db.ScheduleDB(path) as store:
+    with open_db(path) as store:
         for i in range(count):
             # every worker also races the others on one shared key, with its own timing
             store.put(row(10.0 + worker, p=problem(64)))
@@ -242,40 +251,77 @@ def test_concurrent_writers_in_processes_lose_nothing(tmp_path):
     for process in processes:
         process.join(timeout=120)
     assert [p.exitcode for p in processes] == [0] * workers
-    with db.ScheduleDB(path, read_only=True) as store:
+    with open_db(path, read_only=True) as store:
         rows = store.rows()
         assert len(rows) == workers * count + 1
         keys = {(r.problem.batch, r.problem.seqlen_q) for r in rows}
         assert keys == {(1 + w, 128 + i) for w in range(workers) for i in range(count)} | {(1, 64)}
-        assert store.get("sm_90", H100, problem(64)).median_ms == 10.0  # the fastest worker
+        assert store.get("forward", "sm_90", H100, problem(64)).median_ms == 10.0  # the fastest worker
 
 
 def test_row_with_invalid_stored_schedule_is_skipped_with_one_warning(tmp_path):
     path = tmp_path / "s.sqlite"
     good, bad = row(1.0), row(2.0, p=problem(2048))
-    with db.ScheduleDB(path) as store:
+    with open_db(path) as store:
         store.put(good)
         store.put(bad)
     connection = sqlite3.connect(path)
-    connection.execute("UPDATE schedules SET schedule = ? WHERE seqlen_q = 2048",
+    connection.execute("UPDATE schedules SET schedule = ? WHERE problem LIKE '%\"seqlen_q\":2048%'",
                        (json.dumps({"format": 1, "tile_m": 48}),))
     connection.commit()
     connection.close()
-    lookup = db.ScheduleDB.open_for_lookup(path)
+    lookup = open_lookup(path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert lookup.rows() == [good]
-        assert lookup.get("sm_90", H100, bad.problem) is None
+        assert lookup.get("forward", "sm_90", H100, bad.problem) is None
     lookup.close()
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2, messages  # one per row per call
-    assert all(str(path) in m and "S2048" in m and "tile_m" in m for m in messages)
+    assert all(str(path) in m and '"seqlen_q":2048' in m and "tile_m" in m for m in messages)
 
 
 # -- migrations -----------------------------------------------------------------------------
 def test_head_revision_constant_matches_the_migrations():
     assert _migrate.head_revision() == _schema.HEAD_REVISION
-    assert _migrate.known_revisions() == {"0001", "0002"}
+    assert _migrate.known_revisions() == {"0001", "0002", "0003"}
+
+
+def test_migrated_file_has_exactly_the_current_columns_and_index(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copyfile(ASSETS / "schedules_v1.db", path)
+    open_db(path).close()
+    assert _columns(path) == {c.name for c in _schema.schedules.c}
+    connection = sqlite3.connect(path)
+    indexes = {r[1] for r in connection.execute("PRAGMA index_list(schedules)")}
+    connection.close()
+    assert "ix_schedules_lookup" in indexes
+
+
+def test_file_of_revision_0002_is_read_unmigrated_and_migrated_on_write(tmp_path):
+    path = tmp_path / "r2.sqlite"
+    engine = __import__("sqlalchemy").create_engine(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        _migrate.upgrade(connection, "0002")
+        connection.exec_driver_sql(
+            "INSERT INTO schedules (arch, device_name, dtype, causal, batch, heads_q, heads_kv, "
+            "seqlen_q, seqlen_k, head_dim, schedule, median_ms, spread_ms, tflops, trials, "
+            "created_at, template_hash, cuda_tile, tileiras, torch, driver, torch_flash_ms) "
+            "VALUES ('sm_90', 'GPU', 'fp16', 0, 2, 8, 2, 100, 300, 64, "
+            "'{\"format\": 1, \"tile_m\": 128}', 0.5, 0.01, 10.0, 7, "
+            "'2026-01-02 03:04:05.000000', 'abcdefabcdef', '1.7.0', '13.4', '2.11', '13.0', 0.6)")
+    engine.dispose()
+    expected = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=100, seqlen_k=300, head_dim=64,
+                       dtype="fp16", causal=False)
+    lookup = open_lookup(path)  # read-only: the runtime reads an old file as it is
+    [found] = lookup.rows(family="forward", like=expected)
+    lookup.close()
+    assert _revision(path) == "0002"
+    assert found.family == "forward" and found.problem == expected
+    assert found.schedule == Schedule(tile_m=128) and found.torch_flash_ms == 0.6
+    with open_db(path) as store:
+        assert _revision(path) == "0003"
+        assert store.rows() == [found]
 
 
 def _revision(path: Path) -> str:
@@ -298,7 +344,7 @@ def test_v1_asset_reads_and_migrates_forward_keeping_rows(tmp_path):
     path = tmp_path / "old.db"
     shutil.copyfile(ASSETS / "schedules_v1.db", path)
     assert _revision(path) == "0001" and "torch_flash_ms" not in _columns(path)
-    lookup = db.ScheduleDB.open_for_lookup(path)  # read-only: reads v1, migrates nothing
+    lookup = open_lookup(path)  # read-only: reads v1, migrates nothing
     before = lookup.rows()
     lookup.close()
     assert _revision(path) == "0001"
@@ -308,19 +354,19 @@ def test_v1_asset_reads_and_migrates_forward_keeping_rows(tmp_path):
     assert before[0].created_at == datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
     assert all(r.torch_flash_ms is None for r in before)
 
-    with db.ScheduleDB(path) as store:  # opening for writing migrates in place
+    with open_db(path) as store:  # opening for writing migrates in place
         assert _revision(path) == _schema.HEAD_REVISION
         assert "torch_flash_ms" in _columns(path)
         assert store.rows() == before
         extra = row(0.5, p=problem(8192), torch_flash_ms=0.7)
         assert store.put(extra) == "added"
-        assert store.get("sm_90", H100, extra.problem).torch_flash_ms == 0.7
+        assert store.get("forward", "sm_90", H100, extra.problem).torch_flash_ms == 0.7
         assert len(store) == 4
 
 
 def test_newer_revision_is_readable_but_refused_for_writing(tmp_path):
     path = tmp_path / "future.sqlite"
-    with db.ScheduleDB(path) as store:
+    with open_db(path) as store:
         store.put(row(1.0, torch_flash_ms=0.8))
     connection = sqlite3.connect(path)
     connection.execute(f"UPDATE {_schema.VERSION_TABLE} SET version_num = '0099'")
@@ -329,12 +375,12 @@ def test_newer_revision_is_readable_but_refused_for_writing(tmp_path):
     connection.commit()
     connection.close()
 
-    lookup = db.ScheduleDB.open_for_lookup(path)
+    lookup = open_lookup(path)
     [found] = lookup.rows()
     lookup.close()
     assert found.median_ms == 1.0 and found.torch_flash_ms is None
-    with db.ScheduleDB(path) as store:
-        assert store.get("sm_90", H100, problem()) == found
+    with open_db(path) as store:
+        assert store.get("forward", "sm_90", H100, problem()) == found
         with pytest.raises(db.SchemaTooNew, match="'0099'.*[Uu]pgrade tiledattention"):
             store.put(row(0.1))
     assert _revision(path) == "0099"
@@ -349,31 +395,31 @@ def test_dump_load_round_trip_is_lossless_and_deterministic(tmp_path):
     db.dump_rows(reversed(rows), second)
     assert first.read_bytes() == second.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "out"]  # no temp files left
-    table = db.load_rows_file(first)
+    table = db.load_rows_file(first, CODECS)
     assert list(table) == sorted(rows, key=lambda r: r.key)
-    assert table.rows(causal=True, head_dim=128) == list(table)
-    assert table.rows(dtype="fp16") == []
-    assert json.loads(first.read_text())["format"] == 1
+    assert table.rows(family="forward", like=problem()) == list(table)
+    assert table.rows(family="forward", like=problem(dtype="fp16")) == []
+    assert json.loads(first.read_text())["format"] == db.ROW_FORMAT == 2
 
 
 def test_load_rows_file_is_strict_unless_asked(tmp_path):
     path = tmp_path / "t.json"
-    data = {"format": 1, "rows": [row(1.0).to_dict(), row(2.0, p=problem(64)).to_dict()]}
+    data = {"format": 2, "rows": [row(1.0).to_dict(), row(2.0, p=problem(64)).to_dict()]}
     data["rows"][1]["schedule"]["tile_n"] = 3
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"t\.json: row 1: .*tile_n"):
-        db.load_rows_file(path)
+        db.load_rows_file(path, CODECS)
     with pytest.warns(RuntimeWarning, match="row 1"):
-        assert list(db.load_rows_file(path, strict=False)) == [row(1.0)]
-    path.write_text(json.dumps({"format": 2, "rows": []}))
+        assert list(db.load_rows_file(path, CODECS, strict=False)) == [row(1.0)]
+    path.write_text(json.dumps({"format": 3, "rows": []}))
     with pytest.raises(ValueError, match="upgrade tiledattention"):
-        db.load_rows_file(path)
+        db.load_rows_file(path, CODECS)
 
 
 def test_shipped_table_missing_arch_is_none():
-    assert db.shipped_table("sm_999") is None
+    assert shipped_table("sm_999") is None
     with pytest.raises(ValueError, match="sm_90"):
-        db.shipped_table("../../etc/passwd")
+        shipped_table("../../etc/passwd")
 
 
 def test_import_db_does_not_import_sqlalchemy():
