@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import time
+from typing import Any, Mapping
 
 import cuda.tile as ct
 from cuda.tile import compilation as ctc
 
 from .._compile import CompileResult, check_arch, cubin_shared_bytes
 from ..errors import CompileError
-from ._launch import constant_args, kernel_for
+from ._launch import kernel_constants, kernel_for, ordered_args
 from ._problem import Problem
 from ._schedule import Schedule
 
@@ -38,26 +39,38 @@ def _array(dtype: str, shape: tuple[int, ...]) -> ctc.ArrayConstraint:
 
 
 def compile_schedule(problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
-    """Compile ``schedule`` for ``problem`` into a cubin for ``arch``; raise :class:`CompileError`."""
+    """Compile ``schedule`` for ``problem`` into a cubin for ``arch``; raise :class:`CompileError`.
+
+    The constants are ``kernel_constants(problem, schedule)``, so ``schedule`` and
+    ``normalise(problem, schedule)`` give the same cubin."""
+    return _export(problem, kernel_for(schedule), kernel_constants(problem, schedule), arch,
+                   schedule.describe())
+
+
+def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], arch: str,
+            label: str) -> CompileResult:
+    """Compile ``kernel`` with these named constants (exactly the kernel's ``ct.Constant``
+    parameters) for ``problem``'s arrays into a cubin for ``arch``. ``label`` names the build in
+    errors. Tests use it to compile constants that no normalised schedule produces."""
     check_arch(arch)
     p = problem
     q_like = _array(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
     kv_like = _array(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    runtime = {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
+               "qk_scale": ctc.ScalarConstraint(ct.float32),
+               "heads_q": ctc.ScalarConstraint(ct.int32), "group": ctc.ScalarConstraint(ct.int32)}
     signature = ctc.KernelSignature(
-        [q_like, kv_like, kv_like, q_like, ctc.ScalarConstraint(ct.float32),
-         ctc.ScalarConstraint(ct.int32),
-         ctc.ScalarConstraint(ct.int32), *constant_args(problem, schedule)],
+        list(ordered_args(runtime, constants)),
         calling_convention=ctc.CallingConvention.cutile_python_v1(),
     )
     buf = io.BytesIO()
     start = time.perf_counter()
     try:
-        ctc.export_kernel(kernel_for(schedule), [signature], buf, gpu_code=arch,
-                          output_format="cubin")
+        ctc.export_kernel(kernel, [signature], buf, gpu_code=arch, output_format="cubin")
     except Exception as exc:  # tileiras failures come as several exception types
         message = str(exc).strip().splitlines()
         raise CompileError(
-            f"{schedule.describe()} does not compile for {arch}: "
+            f"{label} does not compile for {arch}: "
             f"{type(exc).__name__}: {message[-1] if message else ''}"[:2000]
         ) from exc
     cubin = buf.getvalue()

@@ -3,8 +3,11 @@
 One CTA computes a ``[TILE_M, D]`` block of the output for one (batch, query head): it streams K
 and V in ``TILE_N``-key steps through an online softmax, so the ``S_q x S_k`` score matrix never
 exists in memory. Every UPPER_CASE parameter is a compile-time constant taken from a
-:class:`~tiledattention.Schedule` (see ``_launch.kernel_args``); the kernel options (occupancy,
-num_ctas, opt_level) are applied with ``kernel.replace_hints``.
+:class:`~tiledattention.Schedule`; the launcher passes them by parameter name
+(``_launch.kernel_constants``, laid out in this signature's order by ``_launch.ordered_args``):
+reordering parameters here needs no other change, and adding, removing or renaming one makes
+every launch and build raise until ``kernel_constants`` follows. The kernel options
+(occupancy, num_ctas, opt_level) are applied with ``kernel.replace_hints``.
 
 Masking follows ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: top-left
 aligned, query row ``i`` attends keys ``0..i``. Keys at or past ``S_k`` never enter the softmax.

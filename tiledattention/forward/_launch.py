@@ -1,14 +1,26 @@
 """From a (Problem, Schedule) pair to a cuTile launch: hinted kernel objects, grid, arguments.
 
-The long argument tuple of ``attention_fwd`` is written once, here (``kernel_args``); the launcher,
-the compile-only exporter and the tuner all go through it.
+Kernel arguments go by name. ``kernel_constants`` maps each compile-time parameter of
+``attention_fwd`` (``TILE_M`` ... ``PAIRED``) to its value, and ``ordered_args`` lays the named
+runtime arguments and constants out in the order of the kernel's own signature, refusing a
+missing, unknown or doubly supplied name. The launcher (``kernel_args``) and the compile-only
+exporter (``_compile.compile_schedule``) both go through ``ordered_args``, so the order is
+written nowhere by hand and a swapped pair of flags cannot compile quietly.
+
+``normalise`` gives each schedule flag that cannot change the kernel's work for a problem its
+canonical value (the ``Schedule`` default). The constants are a plain function of the problem
+and the normalised schedule, so two schedules with one normalised key compile one kernel.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
-from typing import Any
+import operator
+import types
+import typing
+from typing import Any, Mapping
 
 import cuda.tile as ct
 
@@ -16,8 +28,203 @@ from ._kernel import attention_fwd
 from ._problem import Problem, padded_head_dim
 from ._schedule import Schedule
 
-__all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "constant_args",
-           "default_scale", "launch"]
+__all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
+           "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
+           "default_scale", "launch", "RUNTIME_PARAMETERS"]
+
+#: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
+RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group")
+
+
+# -- the kernel's signature ---------------------------------------------------------------------
+def _python_function(kernel: ct.kernel) -> types.FunctionType:
+    """The Python function under a ``ct.kernel`` object. cuda-tile 1.7.0 keeps it as the
+    ``_pyfunc`` property (its own ``replace_hints`` rebuilds kernels from it); there is no public
+    accessor, so a release without it fails here, loudly, rather than guessing an order."""
+    pyfunc = getattr(kernel, "_pyfunc", None)
+    if not isinstance(pyfunc, types.FunctionType):
+        raise TypeError(
+            f"cannot read the parameters of kernel {kernel!r}: expected the cuda.tile.kernel "
+            f"attribute _pyfunc to be its Python function (cuda-tile 1.7.0); got {pyfunc!r}. "
+            f"Update tiledattention.forward._launch._python_function for this cuda-tile."
+        )
+    return pyfunc
+
+
+_CONSTANT_MARK = type(typing.get_args(ct.Constant[int])[1])  # cuda.tile's ConstantAnnotation
+
+
+def _read_signature(kernel: ct.kernel) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(all parameter names in order, the names annotated ``ct.Constant``)."""
+    pyfunc = _python_function(kernel)
+    parameters = inspect.signature(pyfunc).parameters
+    for p in parameters.values():
+        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.default is not p.empty:
+            raise TypeError(f"kernel parameter {p.name} of {pyfunc.__name__} must be a plain "
+                            f"positional parameter without a default; got {p}")
+    hints = typing.get_type_hints(pyfunc, include_extras=True)
+    constants = frozenset(
+        name for name in parameters
+        if typing.get_origin(hints.get(name)) is typing.Annotated
+        and any(isinstance(m, _CONSTANT_MARK) for m in hints[name].__metadata__)
+    )
+    return tuple(parameters), constants
+
+
+_PARAMETERS, _CONSTANTS = _read_signature(attention_fwd)
+_RUNTIME = frozenset(_PARAMETERS) - _CONSTANTS
+if _RUNTIME != frozenset(RUNTIME_PARAMETERS):  # the kernel gained or lost a launch-time value
+    raise TypeError(f"attention_fwd's runtime parameters are {sorted(_RUNTIME)}; this launcher "
+                    f"supplies {sorted(RUNTIME_PARAMETERS)}. Update RUNTIME_PARAMETERS and "
+                    f"kernel_args together with the kernel.")
+
+
+_SIGNATURE_TEXT = "(" + ", ".join(_PARAMETERS) + ")"
+_IN_ORDER = operator.itemgetter(*_PARAMETERS)
+
+
+def kernel_parameters() -> tuple[str, ...]:
+    """The parameter names of ``attention_fwd``, in the order of its signature."""
+    return _PARAMETERS
+
+
+def ordered_args(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> tuple:
+    """The positional argument tuple of ``attention_fwd``: each value placed by its name.
+
+    ``runtime`` must name exactly the launch-time parameters (:data:`RUNTIME_PARAMETERS`) and
+    ``constants`` exactly the ``ct.Constant`` ones; the order of either mapping does not matter.
+    Raises ``TypeError`` naming what is missing, unknown, supplied twice or in the wrong mapping.
+    """
+    if runtime.keys() != _RUNTIME or constants.keys() != _CONSTANTS:
+        raise TypeError(f"attention_fwd{_SIGNATURE_TEXT}: " + _mismatch(runtime, constants))
+    return _IN_ORDER({**constants, **runtime})
+
+
+def _mismatch(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> str:
+    """What is wrong with the names of ``ordered_args``' mappings, in words."""
+    problems = []
+    twice = sorted(runtime.keys() & constants.keys())
+    if twice:
+        problems.append(f"supplied twice (in runtime and constants): {twice}")
+    supplied = runtime.keys() | constants.keys()
+    for label, given, expected in (("runtime", runtime, _RUNTIME),
+                                   ("constants", constants, _CONSTANTS)):
+        missing = sorted(expected - supplied)
+        unknown = sorted(given.keys() - frozenset(_PARAMETERS))
+        misplaced = sorted(given.keys() & (frozenset(_PARAMETERS) - expected))
+        if missing:
+            problems.append(f"{label} missing {missing}")
+        if unknown:
+            problems.append(f"{label} has names attention_fwd does not take: {unknown}")
+        if misplaced:
+            problems.append(f"{label} has {misplaced}, which belong in the other mapping")
+    return "; ".join(problems)
+
+
+# -- normalisation ------------------------------------------------------------------------------
+_DEFAULTS = Schedule()
+
+
+def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
+    """The flags of ``schedule`` that are off their canonical value (the ``Schedule`` default)
+    yet cannot change the work the kernel does for ``problem``, each with the reason."""
+    num_q_tiles = math.ceil(problem.seqlen_q / schedule.tile_m)
+    num_k_tiles = math.ceil(problem.seqlen_k / schedule.tile_n)
+    even_k = problem.seqlen_k % schedule.tile_n == 0
+    even_all = (even_k and problem.seqlen_q % schedule.tile_m == 0
+                and padded_head_dim(problem.head_dim) == problem.head_dim)
+    any_mask = problem.causal or not even_k
+    paired = schedule.paired_tiles and problem.causal and num_q_tiles > 1
+    rules = (
+        # paired_tiles: pairs (n-1-i, i) even out causal work; without the mask every tile costs
+        # the same, and a single query tile is its own pair (one slot, tile 0 either way).
+        ("paired_tiles", not problem.causal, "only causal problems have unequal query tiles"),
+        ("paired_tiles", num_q_tiles == 1, "one query tile: the pair is the tile itself"),
+        # longest_first: reverses the tile order, which balances causal work only; the kernel
+        # reads LONGEST_FIRST only when not PAIRED (a pair already starts with the longer tile).
+        ("longest_first", not problem.causal, "only causal problems have a longest query tile"),
+        ("longest_first", paired, "paired tiles start each pair with the longer tile already"),
+        ("longest_first", num_q_tiles == 1, "reversing one query tile changes nothing"),
+        # kv_sawtooth: odd query tiles walk their key tiles backwards; needs a tile 1 to exist
+        # and more than one key tile to reverse.
+        ("kv_sawtooth", num_q_tiles == 1, "one query tile: there is no odd tile to reverse"),
+        ("kv_sawtooth", num_k_tiles == 1, "one key tile: walking it backwards changes nothing"),
+        # unchecked_loads: dropping bounds checks is safe only if no tile crosses an edge; the
+        # launcher keeps the checks otherwise.
+        ("unchecked_loads", not even_all,
+         "a tile crosses an edge (S_q % tile_m, S_k % tile_n or a padded head_dim): loads stay "
+         "bounds-checked"),
+        # split_masked: the kernel reads SPLIT_MASKED only under ANY_MASK = causal or ragged keys.
+        ("split_masked", not any_mask, "no key tile needs a mask (not causal, S_k % tile_n == 0)"),
+    )
+    reasons: dict[str, str] = {}
+    for flag, applies, reason in rules:
+        if (applies and flag not in reasons
+                and getattr(schedule, flag) != getattr(_DEFAULTS, flag)):
+            reasons[flag] = reason
+    return reasons
+
+
+def normalise(problem: Problem, schedule: Schedule) -> Schedule:
+    """``schedule`` with every flag that cannot change the kernel's work for ``problem`` set to
+    its canonical value (the ``Schedule`` default). Key schedules after normalising them: two
+    schedules get the same kernel constants for ``problem`` exactly when their normalised forms
+    agree in the flags (the other fields reach the kernel as they are). Idempotent; returns
+    ``schedule`` itself when nothing changes.
+
+    Architecture-blind: tileiras may still emit the same code for different constants on some
+    targets (unchecked_loads with TMA loads on sm_90 and sm_120, for one); pruning those is the
+    business of the architecture's search space."""
+    changes = {flag: getattr(_DEFAULTS, flag) for flag in no_effect_flags(problem, schedule)}
+    return schedule.replace(**changes) if changes else schedule
+
+
+# -- constants, grid, arguments -----------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
+    """``kernel_constants``, cached (the launch path asks on every call): never mutate it and
+    never hand it out (``kernel_constants`` returns a copy)."""
+    s = normalise(problem, schedule)
+    return {
+        "TILE_M": s.tile_m,
+        "TILE_N": s.tile_n,
+        "TILE_D": padded_head_dim(problem.head_dim),
+        "CAUSAL": problem.causal,
+        "EVEN_K": problem.seqlen_k % s.tile_n == 0,
+        "EXP2": s.exp2,
+        "APPROX_DIV": s.approx_div,
+        "K_TRANSPOSED": s.k_transposed,
+        "K_LATENCY": s.k_latency or 0,  # 0: the kernel lets the compiler infer it
+        "V_LATENCY": s.v_latency or 0,
+        "ALLOW_TMA": s.allow_tma,
+        "KV_SAWTOOTH": s.kv_sawtooth,
+        "LONGEST_FIRST": s.longest_first,
+        "CHECK_BOUNDS": not s.unchecked_loads,
+        "SPLIT_MASKED": s.split_masked,
+        "PERSISTENT": s.persistent,
+        "PAIRED": s.paired_tiles,
+    }
+
+
+def kernel_constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
+    """The compile-time constants of ``attention_fwd`` by parameter name: the problem's shape
+    facts and the flags of ``normalise(problem, schedule)``, passed through unchanged."""
+    return dict(_constants(problem, schedule))
+
+
+def constant_args(problem: Problem, schedule: Schedule) -> tuple:
+    """The constants of :func:`kernel_constants` in the kernel's parameter order (the tail of
+    :func:`kernel_args` after the runtime values)."""
+    constants = _constants(problem, schedule)
+    return tuple(constants[name] for name in _PARAMETERS if name in _CONSTANTS)
+
+
+def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
+                scale: float) -> tuple:
+    """The positional arguments of ``attention_fwd`` for ``ct.launch``."""
+    runtime = {"Q": q, "K": k, "V": v, "Out": out, "qk_scale": float(scale),
+               "heads_q": problem.heads_q, "group": problem.group_size}
+    return ordered_args(runtime, _constants(problem, schedule))
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,53 +243,18 @@ def kernel_for(schedule: Schedule) -> ct.kernel:
 
 def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, int, int]:
     """The launch grid; ``sm_count`` is the device's number of SMs (persistent schedules)."""
+    constants = _constants(problem, schedule)
     slots = math.ceil(problem.seqlen_q / schedule.tile_m)  # work items per (batch x head)
-    if _paired(problem, schedule):
+    if constants["PAIRED"]:
         slots = math.ceil(slots / 2)
-    if schedule.persistent:
+    if constants["PERSISTENT"]:
         work = slots * problem.batch * problem.heads_q
         return (min(work, sm_count * schedule.occupancy), 1, 1)
     return (slots, problem.batch * problem.heads_q, 1)
 
 
-def _paired(problem: Problem, schedule: Schedule) -> bool:
-    return schedule.paired_tiles and problem.causal
-
-
 def default_scale(problem: Problem) -> float:
     return 1.0 / math.sqrt(problem.head_dim)
-
-
-def constant_args(problem: Problem, schedule: Schedule) -> tuple:
-    """The compile-time constants of ``attention_fwd``, in parameter order after ``group``."""
-    tile_d = padded_head_dim(problem.head_dim)
-    even_k = problem.seqlen_k % schedule.tile_n == 0
-    even_all = even_k and problem.seqlen_q % schedule.tile_m == 0 and tile_d == problem.head_dim
-    return (
-        schedule.tile_m,
-        schedule.tile_n,
-        tile_d,
-        problem.causal,
-        even_k,
-        schedule.exp2,
-        schedule.approx_div,
-        schedule.k_transposed,
-        schedule.k_latency or 0,
-        schedule.v_latency or 0,
-        schedule.allow_tma,
-        schedule.kv_sawtooth,
-        schedule.longest_first and problem.causal and not schedule.paired_tiles,
-        not (schedule.unchecked_loads and even_all),
-        schedule.split_masked,
-        schedule.persistent,
-        _paired(problem, schedule),
-    )
-
-
-def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
-                scale: float) -> tuple:
-    return (q, k, v, out, float(scale), problem.heads_q, problem.group_size,
-            *constant_args(problem, schedule))
 
 
 def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,

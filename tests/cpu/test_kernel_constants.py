@@ -1,0 +1,272 @@
+"""Kernel constants go by name, and schedules are normalised before they are keyed.
+
+The argument tuple of ``attention_fwd`` is laid out from the kernel's own signature, so a swapped
+pair of constants lands on the right parameters or fails here. ``normalise`` gives flags with no
+effect for a problem their canonical value: schedules that normalise to one key compile to the
+same machine code (equal ``.text`` digests, sm_90 cubins built on the CPU), and schedules that
+do not, compile to different code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import random
+
+import pytest
+
+from tiledattention._cubin import elf_sections, text_digest
+from tiledattention.forward._compile import _export, compile_schedule
+from tiledattention.forward._kernel import attention_fwd
+from tiledattention.forward._launch import (RUNTIME_PARAMETERS, constant_args, grid_for,
+                                            kernel_args, kernel_constants, kernel_for,
+                                            kernel_parameters, no_effect_flags, normalise,
+                                            ordered_args)
+from tiledattention.forward._problem import Problem
+from tiledattention.forward._schedule import Schedule
+
+ARCH = "sm_90"
+
+
+def _problem(seqlen_q: int = 256, seqlen_k: int = 256, head_dim: int = 64,
+             causal: bool = False) -> Problem:
+    return Problem(batch=1, heads_q=2, heads_kv=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                   head_dim=head_dim, dtype="bf16", causal=causal)
+
+
+FULL = _problem()  # 4 x 4 tiles of 64, no mask at all
+RAGGED = _problem(seqlen_q=200, seqlen_k=200)  # no tile size divides it: ragged edges
+CAUSAL = _problem(causal=True)
+PROBLEMS = {
+    "full": FULL, "ragged": RAGGED, "causal": CAUSAL,
+    "causal_ragged_k": _problem(seqlen_q=512, seqlen_k=300, causal=True),
+    "padded_d": _problem(head_dim=96),
+    "one_q_tile": _problem(seqlen_q=48, seqlen_k=512, causal=True),
+    "one_k_tile": _problem(seqlen_q=512, seqlen_k=64),
+}
+BASE = Schedule(tile_m=64, tile_n=64)
+FLAGS = ("k_transposed", "allow_tma", "exp2", "approx_div", "kv_sawtooth", "longest_first",
+         "unchecked_loads", "split_masked", "persistent", "paired_tiles")
+
+
+# -- compiled code, built once per (problem, schedule) for the whole module ------------------------
+@pytest.fixture(scope="module")
+def digest():
+    """``digest(problem, schedule)``: text digest of the sm_90 cubin ``compile_schedule`` builds.
+    Cached by the schedule as given, never by its normalised key (that would make the equal-code
+    tests hold by construction)."""
+    built: dict[tuple[Problem, Schedule], str] = {}
+
+    def build(problem: Problem, schedule: Schedule) -> str:
+        if (problem, schedule) not in built:
+            built[problem, schedule] = text_digest(compile_schedule(problem, schedule, ARCH).cubin)
+        return built[problem, schedule]
+
+    return build
+
+
+# -- (a) the argument list comes from the kernel's signature -------------------------------------
+def test_parameters_are_read_from_the_kernel_function():
+    names = tuple(inspect.signature(attention_fwd._pyfunc).parameters)
+    assert kernel_parameters() == names
+    assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
+    upper = {n for n in names if n.isupper() and n not in RUNTIME_PARAMETERS}
+    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 17
+
+
+def test_values_land_on_their_parameters_whatever_the_mapping_order():
+    runtime = {"Q": "q", "K": "k", "V": "v", "Out": "out", "qk_scale": 0.5, "heads_q": 2,
+               "group": 2}
+    constants = kernel_constants(CAUSAL, BASE.replace(exp2=True))
+    # EXP2 and APPROX_DIV differ; give them in swapped insertion order, and everything reversed
+    swapped = dict(constants)
+    swapped = {k: swapped[k] for k in ("APPROX_DIV", "EXP2")} | swapped
+    reversed_ = dict(reversed(list(constants.items())))
+    names = kernel_parameters()
+    for mapping in (constants, swapped, reversed_):
+        args = ordered_args(dict(reversed(list(runtime.items()))), mapping)
+        assert len(args) == len(names)
+        for name, value in zip(names, args):
+            assert value == (runtime | constants)[name], name
+        assert args[names.index("EXP2")] is True and args[names.index("APPROX_DIV")] is False
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r, c: c.pop("PAIRED"), "constants missing ['PAIRED']"),
+    (lambda r, c: r.pop("group"), "runtime missing ['group']"),
+    (lambda r, c: c.update(TILE_K=64), "does not take: ['TILE_K']"),
+    (lambda r, c: r.update(CAUSAL=True), "supplied twice"),
+    (lambda r, c: c.update(Q=None), "belong in the other mapping"),
+], ids=["missing_constant", "missing_runtime", "extra_constant", "twice", "misplaced"])
+def test_a_missing_extra_or_doubled_name_raises(change, message):
+    runtime = dict(zip(RUNTIME_PARAMETERS, range(7)))
+    constants = kernel_constants(FULL, BASE)
+    change(runtime, constants)
+    with pytest.raises(TypeError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ordered_args(runtime, constants)
+
+
+#: schedule flag -> (constant, value of the constant when the flag is on); on the causal even
+#: problem every flag has an effect, so turning one on changes exactly its own constant.
+FLAG_CONSTANT = {
+    "k_transposed": ("K_TRANSPOSED", True), "allow_tma": ("ALLOW_TMA", True),
+    "exp2": ("EXP2", True), "approx_div": ("APPROX_DIV", True),
+    "kv_sawtooth": ("KV_SAWTOOTH", True), "longest_first": ("LONGEST_FIRST", True),
+    "unchecked_loads": ("CHECK_BOUNDS", False), "split_masked": ("SPLIT_MASKED", True),
+    "persistent": ("PERSISTENT", True), "paired_tiles": ("PAIRED", True),
+}
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_each_flag_reaches_its_own_constant_and_no_other(flag):
+    off = BASE.replace(allow_tma=False)
+    on = off.replace(**{flag: True})
+    before, after = kernel_constants(CAUSAL, off), kernel_constants(CAUSAL, on)
+    name, value = FLAG_CONSTANT[flag]
+    assert {k for k in before if before[k] != after[k]} == {name}
+    assert after[name] is value
+    args = kernel_args(None, None, None, None, CAUSAL, on, 0.125)
+    assert args[kernel_parameters().index(name)] is value
+
+
+def test_runtime_values_and_constants_in_kernel_args():
+    s = BASE.replace(k_latency=3, tile_n=32)
+    args = kernel_args("q", "k", "v", "o", CAUSAL, s, 0.125)
+    assert args[:7] == ("q", "k", "v", "o", 0.125, 2, 2)
+    assert args[7:] == constant_args(CAUSAL, s)
+    named = dict(zip(kernel_parameters(), args))
+    assert (named["TILE_M"], named["TILE_N"], named["TILE_D"], named["K_LATENCY"],
+            named["V_LATENCY"], named["EVEN_K"]) == (64, 32, 64, 3, 0, True)
+    assert kernel_constants(_problem(head_dim=96), s)["TILE_D"] == 128
+
+
+# -- (b) schedules that normalise to one key compile the same code -------------------------------
+SAME = {
+    "longest_first_full": (FULL, BASE.replace(longest_first=True), BASE),
+    "paired_tiles_full": (FULL, BASE.replace(paired_tiles=True), BASE),
+    "unchecked_loads_ragged": (RAGGED, BASE.replace(unchecked_loads=True), BASE),
+    "split_masked_full": (FULL, BASE.replace(split_masked=True), BASE),
+    "longest_first_paired_causal": (CAUSAL, BASE.replace(paired_tiles=True, longest_first=True),
+                                    BASE.replace(paired_tiles=True)),
+}
+
+
+@pytest.mark.parametrize("problem, a, b", SAME.values(), ids=SAME.keys())
+def test_schedules_with_one_normalised_key_compile_the_same_code(digest, problem, a, b):
+    assert a.key != b.key
+    assert normalise(problem, a).key == normalise(problem, b).key
+    assert kernel_constants(problem, a) == kernel_constants(problem, b)
+    assert digest(problem, a) == digest(problem, b)
+
+
+def test_split_masked_without_a_mask_is_dead_code_in_the_kernel():
+    """The rule is not only the launcher's choice: with SPLIT_MASKED forced on for a problem
+    without a mask, the kernel compiles to the same instructions."""
+    constants = kernel_constants(FULL, BASE)
+    built = [_export(FULL, kernel_for(BASE), constants | {"SPLIT_MASKED": flag}, ARCH, "raw")
+             for flag in (False, True)]
+    assert text_digest(built[0].cubin) == text_digest(built[1].cubin)
+
+
+# -- (c) schedules that do not normalise to one key compile different code -----------------------
+DIFFERENT = {
+    "longest_first_causal": (CAUSAL, BASE.replace(longest_first=True), BASE),
+    "paired_tiles_causal": (CAUSAL, BASE.replace(paired_tiles=True), BASE),
+    "split_masked_causal": (CAUSAL, BASE.replace(split_masked=True), BASE),
+    "exp2_full": (FULL, BASE.replace(exp2=True), BASE),
+    # Without TMA: with TMA loads, sm_90 (and sm_120) compile unchecked_loads to the same code
+    # as checked ones (TMA bounds-checks in hardware), while sm_80 and sm_100 do not. normalise
+    # knows no architecture, so that no-op is the search space's business.
+    "unchecked_loads_full_no_tma": (FULL, BASE.replace(allow_tma=False, unchecked_loads=True),
+                                    BASE.replace(allow_tma=False)),
+    "kv_sawtooth_full": (FULL, BASE.replace(kv_sawtooth=True), BASE),
+}
+
+
+@pytest.mark.parametrize("problem, a, b", DIFFERENT.values(), ids=DIFFERENT.keys())
+def test_schedules_with_different_normalised_keys_compile_different_code(digest, problem, a, b):
+    assert normalise(problem, a) == a and normalise(problem, b) == b
+    assert digest(problem, a) != digest(problem, b)
+
+
+# -- (d) normalise: idempotent, touches only flags, keeps constants and grid ---------------------
+def _schedules(count: int = 300) -> list[Schedule]:
+    rng = random.Random(20261)
+    out = [BASE, BASE.replace(**{f: not getattr(BASE, f) for f in FLAGS})]
+    for _ in range(count):
+        out.append(BASE.replace(
+            tile_m=rng.choice((16, 64, 128)), tile_n=rng.choice((32, 64, 256)),
+            occupancy=rng.choice((1, 2)), k_latency=rng.choice((None, 2)),
+            **{f: rng.random() < 0.5 for f in FLAGS}))
+    return out
+
+
+SCHEDULES = _schedules()
+#: what normalise may change: the flags whose effect depends on the problem
+NORMALISED = {"paired_tiles", "longest_first", "kv_sawtooth", "unchecked_loads", "split_masked"}
+
+
+@pytest.mark.parametrize("problem", PROBLEMS.values(), ids=PROBLEMS.keys())
+def test_normalise_is_idempotent_and_keeps_what_the_kernel_sees(problem):
+    defaults = Schedule()
+    changed_somewhere = set()
+    for s in SCHEDULES:
+        n = normalise(problem, s)
+        assert normalise(problem, n) == n
+        assert no_effect_flags(problem, n) == {}
+        changed = {f.name for f in dataclasses.fields(Schedule)
+                   if getattr(n, f.name) != getattr(s, f.name)}
+        assert changed <= NORMALISED
+        assert changed == set(no_effect_flags(problem, s))
+        assert all(getattr(n, f) == getattr(defaults, f) for f in changed)
+        changed_somewhere |= changed
+        assert kernel_constants(problem, n) == kernel_constants(problem, s)
+        assert grid_for(problem, n, 132) == grid_for(problem, s, 132)
+        assert kernel_for(n) is kernel_for(s)
+    assert changed_somewhere  # each problem above has some flag without effect
+
+
+@pytest.mark.parametrize("problem", PROBLEMS.values(), ids=PROBLEMS.keys())
+def test_one_normalised_key_iff_one_set_of_constants(problem):
+    """Toggling any flag of any schedule changes the constants exactly when it changes the
+    normalised schedule: no flag is dropped silently and none is kept that does nothing."""
+    for s, flag in itertools.product(SCHEDULES[:60], FLAGS):
+        t = s.replace(**{flag: not getattr(s, flag)})
+        same_key = normalise(problem, s).key == normalise(problem, t).key
+        assert same_key == (kernel_constants(problem, s) == kernel_constants(problem, t)), flag
+
+
+def test_rules_on_hand_picked_cases():
+    everything = BASE.replace(**{f: True for f in NORMALISED})
+    assert set(no_effect_flags(FULL, everything)) == {"paired_tiles", "longest_first",
+                                                      "split_masked"}
+    assert set(no_effect_flags(RAGGED, everything)) == {"paired_tiles", "longest_first",
+                                                        "unchecked_loads"}
+    assert set(no_effect_flags(CAUSAL, everything)) == {"longest_first"}  # paired wins
+    assert set(no_effect_flags(PROBLEMS["one_q_tile"], everything)) == {
+        "paired_tiles", "longest_first", "kv_sawtooth", "unchecked_loads"}
+    assert set(no_effect_flags(PROBLEMS["one_k_tile"], everything)) == {
+        "paired_tiles", "longest_first", "kv_sawtooth", "split_masked"}
+    assert set(no_effect_flags(PROBLEMS["padded_d"], everything)) >= {"unchecked_loads"}
+    assert no_effect_flags(CAUSAL, BASE) == {}
+
+
+# -- the cubin reader --------------------------------------------------------------------------
+def test_text_digest_counts_code_sections_only(digest):
+    cubin = compile_schedule(FULL, BASE, ARCH).cubin
+    sections = elf_sections(cubin)
+    names = [name for name, _ in sections]
+    text = next(name for name in names if name.startswith(".text"))
+    other = next(name for name in names if name.startswith(".debug_line")
+                 or name.startswith(".nv_debug"))
+    assert text_digest(cubin) == digest(FULL, BASE)
+
+    def flip_first_byte_of(section: str) -> bytes:
+        at = cubin.index(dict(sections)[section])
+        return cubin[:at] + bytes([cubin[at] ^ 0xFF]) + cubin[at + 1:]
+
+    assert text_digest(flip_first_byte_of(other)) == text_digest(cubin)
+    assert text_digest(flip_first_byte_of(text)) != text_digest(cubin)
+    with pytest.raises(ValueError, match="ELF"):
+        text_digest(b"not a cubin" * 10)
