@@ -12,33 +12,32 @@ import pytest
 
 from tiledattention import Problem
 from tuner import bench
-from tuner._bench_grid import (
+from tuner.bench import (
     CONTENDERS,
+    MAX_PNG_BYTES,
     BenchConfigError,
     BenchPoint,
-    build_grid,
-    point_tflops,
-)
-from tuner._bench_report import (
-    MAX_PNG_BYTES,
     BenchResult,
     PlotsUnavailable,
     RunInfo,
+    build_grid,
     load_results,
+    point_tflops,
     ratio_table,
     render_markdown,
     write_csv,
     write_plots,
     write_run_info,
 )
-from tuner.timing import Timing
+from tuner.commands import bench_cmd
+from tuner.measure import Timing
 
 INFO = RunInfo(command="tiledtune bench --quick", date="2025-01-01T00:00:00+00:00")
 
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tiledtune bench")
-    bench.configure(parser)
+    bench_cmd.configure(parser)
     return parser.parse_args(list(argv))
 
 
@@ -84,9 +83,9 @@ def test_quick_grid_is_small_and_explicit_flags_win():
     quick = build_grid(quick=True)
     assert 0 < len(quick.points()) < len(build_grid().points()) / 4
     assert build_grid(quick=True, dtypes="fp16").dtypes == ("fp16",)
-    settings = bench.settings_from_args(_args("--quick"))
+    settings = bench_cmd.settings_from_args(_args("--quick"))
     assert settings.max_seconds < bench.BenchSettings().max_seconds
-    assert bench.settings_from_args(_args("--quick", "--samples", "77")).max_samples == 77
+    assert bench_cmd.settings_from_args(_args("--quick", "--samples", "77")).max_samples == 77
 
 
 @pytest.mark.parametrize("kwargs, flag, words", [
@@ -126,7 +125,7 @@ def test_bad_grid_flags_are_rejected_naming_the_flag(kwargs, flag, words):
     (("--device", "-1"), "--device"),
 ], ids=lambda x: x if isinstance(x, str) else "-".join(x))
 def test_run_rejects_bad_flags_with_exit_2(argv, flag, capsys):
-    assert bench.run(_args(*argv)) == 2
+    assert bench_cmd.run(_args(*argv)) == 2
     err = _squash(capsys.readouterr().err)
     assert "error" in err and flag in err
 
@@ -279,11 +278,46 @@ def test_interleaved_timing_takes_only_the_contenders_that_passed():
     assert "illegal memory access" in results[0].reason
 
 
+def test_default_contender_runs_the_forward_familys_default_schedule():
+    torch = pytest.importorskip("torch")
+    from tiledattention import FORWARD
+
+    point = BenchPoint(batch=1, heads=2, seqlen=64, head_dim=64, dtype="bf16", causal=True)
+    q = torch.randn(1, 2, 64, 64).bfloat16()
+    prepared = bench.make_contenders()["tiledattention-default"].prepare(q, q, q, point, "sm_90")
+    # only prepared, not run: the schedule is chosen without a GPU
+    assert prepared.schedule == FORWARD.default_schedule("sm_90", point.problem).describe()
+    assert prepared.lookup_source == "forced"
+    assert prepared.lookup_detail == "FORWARD.default_schedule('sm_90')"
+
+
+def test_kernel_option_accepts_only_the_forward_family(capsys):
+    assert _args().kernel == "forward"
+    assert _args("--kernel", "forward").kernel == "forward"
+    with pytest.raises(SystemExit) as info:
+        _args("--kernel", "decode")
+    assert info.value.code == 2
+    err = _squash(capsys.readouterr().err)
+    assert "--kernel" in err and "forward family only" in err and "'decode'" in err
+
+
 def test_interleave_option_is_validated():
-    assert bench.settings_from_args(_args("--interleave", "30")).interleave == 30
-    assert bench.settings_from_args(_args()).interleave == 0
+    assert bench_cmd.settings_from_args(_args("--interleave", "30")).interleave == 30
+    assert bench_cmd.settings_from_args(_args()).interleave == 0
     with pytest.raises(BenchConfigError, match="--interleave"):
-        bench.settings_from_args(_args("--interleave", "-1"))
+        bench_cmd.settings_from_args(_args("--interleave", "-1"))
+
+
+def test_environment_names_the_device_and_the_forward_familys_versions(monkeypatch):
+    import tiledattention
+    from tiledattention import FORWARD, DeviceInfo, current_provenance
+
+    fake = DeviceInfo(index=3, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
+    monkeypatch.setattr(tiledattention, "device_info", lambda index: fake)
+    env = bench.environment(3)
+    prov = current_provenance(FORWARD)
+    assert env == dict(device="NVIDIA H100 80GB HBM3", arch="sm_90", driver=prov.driver,
+                       torch_version=prov.torch, cuda_tile_version=prov.cuda_tile)
 
 
 def test_memory_budget_skips_eager_and_math_only_when_too_big():
@@ -422,7 +456,7 @@ def test_report_only_keeps_the_runs_matmul_rate(tmp_path):
     info = RunInfo(command="tiledtune bench", date="d", matmul_tflops=(700.0, 710.5))
     write_run_info(info, tmp_path / "run.json")
     assert RunInfo.from_json((tmp_path / "run.json").read_text()) == info
-    assert bench.run(_args("--report-only", str(csv_path), "--no-plots")) == 0
+    assert bench_cmd.run(_args("--report-only", str(csv_path), "--no-plots")) == 0
     assert "700.0 / 710.5 TFLOP/s" in (tmp_path / "summary.md").read_text()
 
 
@@ -485,7 +519,7 @@ def test_plots_skipped_with_a_message_without_matplotlib(tmp_path, monkeypatch, 
     with pytest.raises(PlotsUnavailable, match="pip install"):
         write_plots(_synthetic(), tmp_path)
     csv_path = write_csv(_synthetic(), tmp_path / "bench.csv")
-    assert bench.run(_args("--report-only", str(csv_path))) == 0
+    assert bench_cmd.run(_args("--report-only", str(csv_path))) == 0
     assert "plots skipped" in _squash(capsys.readouterr().err)
     assert (tmp_path / "summary.md").exists() and not list(tmp_path.glob("*.png"))
 
@@ -495,7 +529,7 @@ def test_plots_skipped_with_a_message_without_matplotlib(tmp_path, monkeypatch, 
 def test_report_only_rerenders_from_csv(tmp_path, capsys):
     csv_path = write_csv(_synthetic(), tmp_path / "run" / "bench.csv")
     out = tmp_path / "rendered"
-    assert bench.run(_args("--report-only", str(csv_path), "--out", str(out))) == 0
+    assert bench_cmd.run(_args("--report-only", str(csv_path), "--out", str(out))) == 0
     summary = (out / "summary.md").read_text()
     assert "re-rendered from" in summary
     assert "| 1024 | 16×32 | 200.0 | 100.0 | 50.0 | 2.00 | 4.00 |" in summary
@@ -506,13 +540,23 @@ def test_report_only_rerenders_from_csv(tmp_path, capsys):
     assert "summary.md" in err and "unavailable" in err  # the rich table shows statuses
 
 
+def test_report_only_through_the_cli_registry(tmp_path):
+    from tuner import cli
+
+    csv_path = write_csv(_synthetic(), tmp_path / "bench.csv")
+    assert cli.main(["bench", "--report-only", str(csv_path), "--no-plots"]) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"- command: `tiledtune bench --report-only {csv_path} --no-plots (re-rendered " \
+        f"from {csv_path})`" in summary
+
+
 def test_report_only_with_no_plots_and_bad_csv(tmp_path, capsys):
     csv_path = write_csv(_synthetic(), tmp_path / "bench.csv")
-    assert bench.run(_args("--report-only", str(csv_path), "--no-plots")) == 0
+    assert bench_cmd.run(_args("--report-only", str(csv_path), "--no-plots")) == 0
     assert not list(tmp_path.glob("*.png")) and (tmp_path / "summary.md").exists()
     bad = tmp_path / "bad.csv"
     bad.write_text("x,y\n")
-    assert bench.run(_args("--report-only", str(bad))) == 2
+    assert bench_cmd.run(_args("--report-only", str(bad))) == 2
     assert "lacks columns" in _squash(capsys.readouterr().err)
 
 

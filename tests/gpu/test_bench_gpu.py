@@ -7,21 +7,21 @@ import argparse
 import pytest
 
 from tuner import bench
-from tuner._bench_grid import BenchPoint
-from tuner._bench_report import load_results
+from tuner.bench import BenchPoint, load_results
+from tuner.commands import bench_cmd
 
 pytestmark = pytest.mark.gpu
 
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tiledtune bench")
-    bench.configure(parser)
+    bench_cmd.configure(parser)
     return parser.parse_args(list(argv))
 
 
 def test_tiny_bench_end_to_end(tmp_path):
     out = tmp_path / "bench"
-    code = bench.run(_args("--tokens", "2048", "--hidden", "512", "--head-dims", "64,128",
+    code = bench_cmd.run(_args("--tokens", "2048", "--hidden", "512", "--head-dims", "64,128",
                            "--seqlens", "256,1024", "--dtypes", "bf16,fp16", "--causal",
                            "yes,no", "--quick", "--out", str(out)))
     results = load_results(out / "bench.csv")

@@ -1,4 +1,5 @@
 """The benchmark grid of ``tiledtune bench``: which attention problems and contenders to time.
+The points are problems of the forward family (``tiledattention.forward.Problem``).
 
 The grid holds the number of tokens (``B·S``) and the hidden size (``H·D``) fixed, as a model
 layer does, and varies the sequence length and head dim: ``B = tokens // S``, ``H = hidden // D``.
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from tiledattention._problem import DTYPES, SUPPORTED_HEAD_DIMS, Problem
+from tiledattention.forward import DTYPES, SUPPORTED_HEAD_DIMS, Problem
 
 __all__ = [
     "BenchConfigError", "BenchGrid", "BenchPoint", "CONTENDERS", "DEFAULT_GRID", "QUICK_GRID",
@@ -23,7 +24,7 @@ __all__ = [
 #: Every contender ``tiledtune bench`` knows, in the order tables and plots show them.
 CONTENDERS = (
     "tiledattention",  # the schedule the runtime looks up
-    "tiledattention-default",  # search_spaces.default_schedule (what an untuned GPU gets)
+    "tiledattention-default",  # FORWARD.default_schedule (what an untuned GPU gets)
     "torch-auto",  # F.scaled_dot_product_attention, torch picks the backend
     "torch-flash",
     "torch-cudnn",

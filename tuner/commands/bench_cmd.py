@@ -1,0 +1,309 @@
+"""``tiledtune bench``: tiledattention against PyTorch's attention backends over a model-like grid.
+
+For every grid point each contender's output is first checked against a float32 reference, then
+timed (``tuner.bench``); results go to ``bench.csv``, ``run.json``, ``summary.md`` and PNG plots in
+``--out``, and a rich table to the terminal. ``--report-only CSV`` measures nothing and re-renders
+the summary and plots of an earlier run. The benchmark covers the forward family (``--kernel
+forward``); other families bring their own grids.
+
+Exit status: 0 success; 1 no CUDA device, or a tiledattention result failed the accuracy check;
+2 bad options or an unreadable CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..bench import (CONTENDERS, QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, BenchGrid,
+                     BenchResult, BenchSettings, PlotsUnavailable, RunInfo, build_grid, by_point,
+                     contenders_of, load_results, matmul_tflops, parse_positive_float,
+                     parse_positive_int, ratio_table, run_grid, write_csv, write_plots,
+                     write_run_info, write_summary)
+
+__all__ = ["configure", "run", "KERNELS", "grid_from_args", "settings_from_args",
+           "write_reports", "results_table", "ratio_rich_table"]
+
+CSV_NAME = "bench.csv"
+SUMMARY_NAME = "summary.md"
+RUN_INFO_NAME = "run.json"
+#: Kernel families with a benchmark grid (``--kernel``).
+KERNELS = ("forward",)
+
+
+def _kernel(text: str) -> str:
+    if text not in KERNELS:
+        raise argparse.ArgumentTypeError(
+            f"tiledtune bench has a grid for the {', '.join(KERNELS)} family only; got {text!r} "
+            "(other kernel families bring their own benchmark grids)")
+    return text
+
+
+def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``tiledtune bench``'s options to ``parser`` (the subcommand's parser)."""
+    parser.description = (
+        "Benchmark tiledattention against PyTorch's SDPA backends and eager attention over a "
+        "grid with fixed B·S (--tokens) and H·D (--hidden); writes bench.csv, summary.md and "
+        "PNG plots into --out.")
+    parser.add_argument("--kernel", type=_kernel, default="forward", metavar="NAME",
+                        help="kernel family to benchmark (default and only choice: forward)")
+    grid = parser.add_argument_group("grid")
+    grid.add_argument("--head-dims", metavar="LIST", help="head dims D (default 64,128,256)")
+    grid.add_argument("--seqlens", metavar="LIST",
+                      help="sequence lengths S (default 512,1024,...,16384); must divide "
+                           "--tokens")
+    grid.add_argument("--dtypes", metavar="LIST", help="bf16,fp16 (default both)")
+    grid.add_argument("--causal", metavar="LIST", help="yes,no (default both)")
+    grid.add_argument("--tokens", metavar="N", help="B·S, fixed over the grid (default 16384)")
+    grid.add_argument("--hidden", metavar="N", help="H·D, fixed over the grid (default 2048)")
+    grid.add_argument("--contenders", metavar="LIST",
+                      help=f"subset of {','.join(CONTENDERS)} (default all)")
+    grid.add_argument("--quick", action="store_true",
+                      help="small grid (D 64,128; S 1024,4096; bf16) and looser timing; "
+                           "explicit options still win")
+    timing = parser.add_argument_group("timing")
+    timing.add_argument("--samples", metavar="N",
+                        help=f"most samples per timing (default {TIMING_DEFAULTS['max_samples']})")
+    timing.add_argument("--min-samples", metavar="N",
+                        help=f"fewest samples (default {TIMING_DEFAULTS['min_samples']})")
+    timing.add_argument("--rel-precision", metavar="X",
+                        help="stop once the median's 95%% CI half-width is within X of it "
+                             f"(default {TIMING_DEFAULTS['rel_precision']})")
+    timing.add_argument("--max-seconds", metavar="SEC",
+                        help=f"time cap per timing (default {TIMING_DEFAULTS['max_seconds']})")
+    timing.add_argument("--warmup-ms", metavar="MS",
+                        help=f"warm-up per timing (default {TIMING_DEFAULTS['warmup_ms']})")
+    timing.add_argument("--interleave", metavar="ROUNDS",
+                        help="time the contenders of a point together, one sample each per "
+                             "round in rotating order, for ROUNDS rounds (default 0: each on "
+                             "its own, until --rel-precision)")
+    timing.add_argument("--mem-fraction", metavar="X",
+                        help="share of free GPU memory S×S contenders (eager, torch-math) may "
+                             "use; beyond it they are skipped (default 0.4)")
+    parser.add_argument("--device", metavar="INDEX", help="CUDA device index (default 0)")
+    parser.add_argument("--seed", metavar="N", help="input seed (default 0)")
+    output = parser.add_argument_group("output")
+    output.add_argument("--out", metavar="DIR",
+                        help="output folder (default bench-results/, or the CSV's folder with "
+                             "--report-only)")
+    output.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    output.add_argument("--no-matmul", action="store_true",
+                        help="skip the bf16 matrix-product rate measured before and after the "
+                             "grid (the summary's ceiling)")
+    output.add_argument("--report-only", metavar="CSV",
+                        help="measure nothing: re-render summary.md and plots from a bench CSV")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    """Validate the timing options (``BenchConfigError`` names the flag)."""
+    quick = bool(getattr(args, "quick", False))
+    defaults = QUICK_TIMING if quick else TIMING_DEFAULTS
+
+    def pick(attr: str, flag: str, parse, key: str):
+        value = getattr(args, attr, None)
+        return defaults[key] if value is None else parse(flag, value)
+
+    settings = BenchSettings(
+        warmup_ms=pick("warmup_ms", "--warmup-ms", parse_positive_float, "warmup_ms"),
+        min_samples=pick("min_samples", "--min-samples", parse_positive_int, "min_samples"),
+        max_samples=pick("samples", "--samples", parse_positive_int, "max_samples"),
+        max_seconds=pick("max_seconds", "--max-seconds", parse_positive_float, "max_seconds"),
+        rel_precision=pick("rel_precision", "--rel-precision", parse_positive_float,
+                           "rel_precision"),
+        mem_fraction=(0.4 if getattr(args, "mem_fraction", None) is None
+                      else parse_positive_float("--mem-fraction", args.mem_fraction)),
+        device=(0 if getattr(args, "device", None) is None
+                else _non_negative_int("--device", args.device)),
+        seed=(0 if getattr(args, "seed", None) is None
+              else _non_negative_int("--seed", args.seed)),
+        interleave=(0 if getattr(args, "interleave", None) is None
+                    else _non_negative_int("--interleave", args.interleave)),
+    )
+    if settings.min_samples > settings.max_samples:
+        raise BenchConfigError(f"--min-samples ({settings.min_samples}) must not exceed "
+                               f"--samples ({settings.max_samples})")
+    if not 0 < settings.mem_fraction <= 1:
+        raise BenchConfigError(f"--mem-fraction must be in (0, 1]; got {settings.mem_fraction}")
+    if not settings.rel_precision < 1:
+        raise BenchConfigError(f"--rel-precision must be below 1 (a fraction of the median); "
+                               f"got {settings.rel_precision}")
+    return settings
+
+
+def _non_negative_int(flag: str, text: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise BenchConfigError(f"{flag} must be a non-negative integer; got {text!r}") from None
+    if value < 0:
+        raise BenchConfigError(f"{flag} must be a non-negative integer; got {text!r}")
+    return value
+
+
+def grid_from_args(args: argparse.Namespace) -> BenchGrid:
+    return build_grid(tokens=args.tokens, hidden=args.hidden, head_dims=args.head_dims,
+                      seqlens=args.seqlens, dtypes=args.dtypes, causal=args.causal,
+                      contenders=args.contenders, quick=bool(args.quick))
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _now() -> str:
+    """Local time with its UTC offset, to the second (the report's date)."""
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command as the user gave it (``tuner.cli.main`` keeps its argv, also when called
+    from Python rather than through the ``tiledtune`` script)."""
+    argv = getattr(args, "argv", None)
+    return "tiledtune " + shlex.join(argv) if argv is not None else ""
+
+
+def write_reports(results: Sequence[BenchResult], out_dir: Path, info: RunInfo, *,
+                  plots: bool, console: Any) -> list[Path]:
+    """summary.md and (unless ``plots`` is false or matplotlib is missing) the PNG plots."""
+    written = [write_summary(results, info, out_dir / SUMMARY_NAME)]
+    if plots:
+        try:
+            pngs, messages = write_plots(results, out_dir)
+        except PlotsUnavailable as exc:
+            console.print(f"[yellow]plots skipped:[/] {exc}", soft_wrap=True)
+        else:
+            written += pngs
+            for message in messages:
+                console.print(f"[yellow]{message}[/]", soft_wrap=True)
+    return written
+
+
+def results_table(results: Sequence[BenchResult]):
+    """A rich table: a row per point, TFLOP/s (or the status) per contender."""
+    from rich.table import Table
+
+    contenders = contenders_of(results)
+    table = Table(title="TFLOP/s (tiledtune bench)", show_lines=False)
+    for column in ("dtype", "D", "mask", "S", "B×H"):
+        table.add_column(column, justify="right" if column in ("D", "S") else "left")
+    for name in contenders:
+        table.add_column(name, justify="right")
+    for key, row in sorted(by_point(results).items()):
+        first = next(iter(row.values()))
+        cells = [key[0], str(key[1]), first.mask, str(key[3]), f"{first.batch}×{first.heads}"]
+        for name in contenders:
+            r = row.get(name)
+            if r is None:
+                cells.append("")
+            elif r.status == "ok":
+                cells.append(f"{r.tflops:.1f}")
+            else:
+                style = "red" if r.status == "wrong" else "dim"
+                cells.append(f"[{style}]{r.status}[/]")
+        table.add_row(*cells)
+    return table
+
+
+def ratio_rich_table(results: Sequence[BenchResult]):
+    from rich.table import Table
+
+    ratios = ratio_table(results)
+    if not ratios:
+        return None
+    others = list(next(iter(ratios.values())))
+    table = Table(title="geomean tiledattention ÷ contender (> 1: tiledattention faster)")
+    table.add_column("D", justify="right")
+    table.add_column("mask")
+    for name in others:
+        table.add_column(name, justify="right")
+    for (d, causal), per in ratios.items():
+        table.add_row(str(d), "causal" if causal else "full",
+                      *("—" if per.get(n) is None else f"{per[n]:.2f}" for n in others))
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``tiledtune bench``; 0 on success, 2 for bad options, 1 when there is no GPU or
+    tiledattention produced a wrong result."""
+    console = _console()
+    try:
+        if args.report_only:
+            return _report_only(args, console)
+        grid = grid_from_args(args)
+        settings = settings_from_args(args)
+    except (BenchConfigError, ValueError) as exc:
+        console.print(f"[red]tiledtune bench: error:[/] {exc}", soft_wrap=True)
+        return 2
+
+    import torch
+
+    if not torch.cuda.is_available():
+        console.print("[red]tiledtune bench: error:[/] no CUDA device is visible; the benchmark "
+                      "needs one (re-render an old run with --report-only CSV)", soft_wrap=True)
+        return 1
+    if settings.device >= torch.cuda.device_count():
+        console.print(f"[red]tiledtune bench: error:[/] --device {settings.device} does not "
+                      f"exist; this machine has {torch.cuda.device_count()} CUDA device(s)",
+                      soft_wrap=True)
+        return 2
+    torch.cuda.set_device(settings.device)
+    out_dir = Path(args.out or "bench-results")
+    points = grid.points()
+    console.print(f"tiledtune bench: {len(points)} points × {len(grid.contenders)} contenders "
+                  f"on {torch.cuda.get_device_name(settings.device)} → {out_dir}/",
+                  soft_wrap=True)
+
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                  transient=False) as progress:
+        matmul = [] if args.no_matmul else [matmul_tflops(settings)]
+        results = run_grid(grid, settings, progress=progress)
+        if not args.no_matmul:
+            matmul.append(matmul_tflops(settings))
+
+    info = RunInfo(command=_command_line(args),
+                   date=_now(),
+                   matmul_tflops=tuple(matmul))
+    csv_path = write_csv(results, out_dir / CSV_NAME)
+    info_path = write_run_info(info, out_dir / RUN_INFO_NAME)
+    written = [csv_path, info_path] + write_reports(results, out_dir, info,
+                                                    plots=not args.no_plots, console=console)
+    console.print(results_table(results))
+    ratios = ratio_rich_table(results)
+    if ratios is not None:
+        console.print(ratios)
+    for path in written:
+        console.print(f"wrote {path}", soft_wrap=True)
+    wrong = [r for r in results if r.status == "wrong" and r.contender.startswith("tiledattention")]
+    if wrong:
+        console.print(f"[red]{len(wrong)} tiledattention result(s) failed the accuracy check; "
+                      f"see {out_dir / SUMMARY_NAME}[/]", soft_wrap=True)
+        return 1
+    return 0
+
+
+def _report_only(args: argparse.Namespace, console: Any) -> int:
+    csv_path = Path(args.report_only)
+    results = load_results(csv_path)  # ValueError -> exit 2 with the message
+    if not results:
+        raise ValueError(f"--report-only: {csv_path} holds no results")
+    out_dir = Path(args.out) if args.out else csv_path.parent
+    saved = csv_path.parent / RUN_INFO_NAME  # the run's matmul rate, when it was measured
+    matmul = RunInfo.from_json(saved.read_text()).matmul_tflops if saved.is_file() else ()
+    info = RunInfo(command=_command_line(args) + f" (re-rendered from {csv_path})",
+                   date=_now(),
+                   matmul_tflops=matmul)
+    written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
+    console.print(results_table(results))
+    for path in written:
+        console.print(f"wrote {path}", soft_wrap=True)
+    return 0
