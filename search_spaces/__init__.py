@@ -1,19 +1,22 @@
-"""Search spaces: the candidate values of each schedule dimension, per GPU architecture.
+"""Search spaces: per kernel family and GPU architecture, the candidate values of each schedule
+dimension, static feasibility checks that run before anything compiles, the dimensions that
+cannot matter for a problem, and (optionally) an analytic time model for the simulated backend.
 
-A space is data about an architecture (``space_for("sm_90")``), plus static feasibility checks
-that run before anything compiles, and the per-architecture default schedule that ``sdpa`` uses
-when nothing better is known (``default_schedule(arch, problem)``).
+``space_for(family, arch, name)`` returns a :class:`SearchSpace`; a family registers its spaces
+with :func:`register_space` (the forward family's are in ``search_spaces.forward``).
 """
 
-from ._spaces import (
-    ARCH_LIMITS,
-    SEED,
+from ._space import (
     ArchLimits,
+    FamilySpace,
     SearchSpace,
-    default_schedule,
-    infeasibility,
+    arch_limits,
+    family_space,
+    register_space,
     space_for,
+    unregister_space,
 )
+from .forward import FORWARD_SPACE
 
-__all__ = ["ARCH_LIMITS", "SEED", "ArchLimits", "SearchSpace", "default_schedule", "infeasibility",
-           "space_for"]
+__all__ = ["ArchLimits", "FORWARD_SPACE", "FamilySpace", "SearchSpace", "arch_limits",
+           "family_space", "register_space", "space_for", "unregister_space"]

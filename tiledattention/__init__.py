@@ -1,40 +1,64 @@
-"""tiledattention: a cuTile FlashAttention forward kernel whose schedule is tuned per GPU.
+"""tiledattention: cuTile attention kernels whose schedules are tuned per GPU.
 
 ``sdpa(q, k, v, causal=False, scale=None)`` computes
 ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``
 (with ``enable_gqa`` semantics for grouped-query inputs) using the best known schedule for the
-shape on this GPU; ``explain`` says which schedule that is and why.
+shape on this GPU; ``explain`` says which schedule that is and why. Each kernel template is a
+:class:`Family` (``families()``; the prefill forward is ``"forward"``) that the tuner, the schedule
+database and the lookup serve alike.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._compile import ARCHITECTURES, CompileResult
-from ._lookup import Resolution, Resolver
+from ._compile import ARCHITECTURES, CompileResult, check_arch, generation
+from ._cubin import text_digest
+from ._device import DeviceInfo, device_info, local_devices
+from ._family import (Case, Family, codecs, families, get_family, register_family,
+                      unregister_family)
+from ._lookup import Resolution, Resolver, pick, shipped_table
+from ._provenance import Provenance, current_provenance
 from ._runtime import Runtime
-from .forward import Problem, Schedule, compile_schedule, problem_from_arrays
-from .errors import CompileError, ScheduleError, TiledAttentionError, UnsupportedProblemError
+from ._settings import database_location
+from .errors import (CompileError, InputTypeError, InputValueError, ScheduleDatabaseError,
+                     ScheduleError, TiledAttentionError, UnknownFamilyError,
+                     UnsupportedProblemError)
+from .forward import FORWARD, Problem, Schedule, compile_schedule, problem_from_arrays
+from .forward import sdpa as _forward_sdpa
 
 __all__ = [
-    "ARCHITECTURES", "CompileError", "CompileResult", "Problem", "Resolution", "Runtime",
-    "Schedule", "ScheduleError", "TiledAttentionError", "UnsupportedProblemError",
-    "compile_schedule", "explain", "runtime", "sdpa", "use_database",
+    "ARCHITECTURES", "Case", "CompileError", "CompileResult", "DeviceInfo", "FORWARD", "Family",
+    "InputTypeError", "InputValueError", "Problem", "Provenance", "Resolution", "Resolver",
+    "Runtime", "Schedule", "ScheduleDatabaseError", "ScheduleError", "TiledAttentionError",
+    "UnknownFamilyError", "UnsupportedProblemError", "check_arch", "codecs", "compile_schedule",
+    "current_provenance", "database_location", "device_info", "explain", "families",
+    "generation", "get_family", "local_devices", "open_database", "pick", "problem_from_arrays",
+    "register_family", "runtime", "sdpa", "shipped_table", "text_digest", "unregister_family",
+    "use_database",
 ]
 
 _default_runtime: Runtime | None = None
 
 
-def _make_runtime(location: str | None) -> Runtime:
+def open_database(location: str | None = None, *, read_only: bool = False) -> Any:
+    """The schedule database at ``location`` (a path or SQLAlchemy URL; ``None``: the default,
+    ``$TILEDATTN_DB`` or the user cache) with every registered family's codec: a
+    ``db.ScheduleDB``. ``read_only``: ``None`` when a SQLite file does not exist."""
     import db
-    import search_spaces
-
-    from ._settings import database_location
 
     where = location if location is not None else database_location()
-    resolver = Resolver(open_user=lambda: db.ScheduleDB.open_for_lookup(where),
-                        open_shipped=lambda arch: db.shipped_table(arch),
-                        default=search_spaces.default_schedule)
+    try:
+        if read_only:
+            return db.ScheduleDB.open_for_lookup(where, codecs=codecs())
+        return db.ScheduleDB(where, codecs=codecs())
+    except db.DatabaseError as exc:
+        raise ScheduleDatabaseError(str(exc)) from exc
+
+
+def _make_runtime(location: str | None) -> Runtime:
+    resolver = Resolver(open_user=lambda: open_database(location, read_only=True),
+                        open_shipped=shipped_table)
     return Runtime(resolver)
 
 
@@ -62,12 +86,13 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = Non
     current stream) or CuPy arrays (CuPy's current stream; returns a CuPy array). The last dim
     must be contiguous; other strides are free. ``causal`` masks top-left aligned, like torch's
     ``is_causal``. ``scale`` defaults to ``1/sqrt(D)``. ``schedule`` overrides the lookup.
+    Bad input raises an :class:`InputTypeError` / :class:`InputValueError` naming the argument.
     """
-    return runtime().sdpa(q, k, v, causal, scale, schedule=schedule)
+    return _forward_sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
 
 
 def explain(q: Any, k: Any, v: Any, causal: bool = False) -> Resolution:
     """The schedule ``sdpa(q, k, v, causal)`` would run, and which lookup step chose it."""
     problem, kind = problem_from_arrays(q, k, v, causal, None)
     device_index = q.device.index if kind == "torch" else q.device.id
-    return runtime().resolution(problem, device_index)
+    return runtime().resolution(FORWARD, problem, device_index)

@@ -7,19 +7,34 @@ import re
 import struct
 from dataclasses import dataclass
 
-__all__ = ["ARCHITECTURES", "CompileResult", "check_arch", "cubin_shared_bytes"]
+from .errors import InputValueError
 
-#: Architectures tileiras accepts (``--gpu-name``); no ``a``/``f`` suffixes.
-ARCHITECTURES = ("sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_103",
-                 "sm_107", "sm_110", "sm_120", "sm_121")
+__all__ = ["ARCHITECTURES", "CompileResult", "check_arch", "cubin_shared_bytes", "generation"]
+
+#: Architectures tileiras accepts (``--gpu-name``; no ``a``/``f`` suffixes), and the GPU
+#: generation each belongs to (defaults and search spaces differ by generation).
+GENERATIONS = {
+    "sm_80": "ampere", "sm_86": "ampere", "sm_87": "ampere", "sm_88": "ampere",
+    "sm_89": "ada",
+    "sm_90": "hopper",
+    "sm_100": "blackwell", "sm_103": "blackwell", "sm_107": "blackwell", "sm_110": "blackwell",
+    "sm_120": "blackwell-consumer", "sm_121": "blackwell-consumer",
+}
+ARCHITECTURES = tuple(GENERATIONS)
 
 
 def check_arch(arch: object) -> str:
+    """``arch`` if tileiras knows it, else :class:`InputValueError` saying what it takes."""
     if not isinstance(arch, str) or not re.fullmatch(r"sm_\d{2,3}", arch):
-        raise ValueError(f"arch must look like 'sm_90'; got {arch!r}")
+        raise InputValueError(f"arch must look like 'sm_90'; got {arch!r}")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}; got {arch!r}")
+        raise InputValueError(f"arch must be one of {', '.join(ARCHITECTURES)}; got {arch!r}")
     return arch
+
+
+def generation(arch: str) -> str:
+    """The GPU generation of ``arch``: ampere, ada, hopper, blackwell, blackwell-consumer."""
+    return GENERATIONS[check_arch(arch)]
 
 
 @dataclass(frozen=True)

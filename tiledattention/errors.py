@@ -1,21 +1,42 @@
-"""The exception hierarchy of tiledattention: catch ``TiledAttentionError`` to catch ours."""
+"""The exception hierarchy of tiledattention: catch ``TiledAttentionError`` to catch ours.
+
+Errors about a caller's input are also ``TypeError`` or ``ValueError`` (what Python code expects
+of bad arguments); messages name the argument, what was expected and what came.
+"""
 
 from __future__ import annotations
 
-__all__ = ["TiledAttentionError", "ScheduleError", "UnsupportedProblemError", "CompileError"]
+__all__ = ["TiledAttentionError", "InputTypeError", "InputValueError", "ScheduleError",
+           "UnsupportedProblemError", "UnknownFamilyError", "CompileError", "ScheduleDatabaseError"]
 
 
 class TiledAttentionError(Exception):
     """Base class of every error this project raises on purpose."""
 
 
-class ScheduleError(TiledAttentionError, ValueError):
+class InputTypeError(TiledAttentionError, TypeError):
+    """An argument has the wrong type (a tensor of another library, a dtype we do not take...)."""
+
+
+class InputValueError(TiledAttentionError, ValueError):
+    """An argument has the right type and a wrong value (a shape, a device, a stride...)."""
+
+
+class ScheduleError(InputValueError):
     """A schedule value is impossible (names the field, the expected range and the value)."""
 
 
-class UnsupportedProblemError(TiledAttentionError, ValueError):
+class UnsupportedProblemError(InputValueError):
     """The inputs describe an attention problem the kernel does not support."""
+
+
+class UnknownFamilyError(InputValueError):
+    """No kernel family of that name is registered."""
 
 
 class CompileError(TiledAttentionError, RuntimeError):
     """cuTile / tileiras failed to compile a schedule for an architecture."""
+
+
+class ScheduleDatabaseError(TiledAttentionError, RuntimeError):
+    """A schedule database named by the caller cannot be used (the message says which and why)."""

@@ -10,11 +10,14 @@ import sys
 
 #: subcommand -> (module, one-line help)
 COMMANDS = {
-    "search": ("tuner.search_cmd", "tune schedules for shapes on a GPU (or --compile-only)"),
-    "list": ("tuner.list_cmd", "show the stored schedules"),
-    "bench": ("tuner.bench", "benchmark against PyTorch's attention backends"),
-    "export": ("tuner.export_cmd", "export stored schedules (bytarget module, json, csv)"),
-    "import": ("tuner.import_cmd", "merge exported schedule files into the database"),
+    "search": ("tuner.commands.search_cmd",
+               "tune a kernel's schedules on a GPU (or --compile-only)"),
+    "list": ("tuner.commands.list_cmd", "show the stored schedules"),
+    "bench": ("tuner.commands.bench_cmd", "benchmark against PyTorch's attention backends"),
+    "export": ("tuner.commands.export_cmd", "export stored schedules (bytarget module, json, csv)"),
+    "import": ("tuner.commands.import_cmd", "merge exported schedule files into the database"),
+    "restamp": ("tuner.commands.restamp_cmd",
+                "carry rows over a template change that left their compiled code unchanged"),
 }
 
 

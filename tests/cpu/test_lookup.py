@@ -9,13 +9,14 @@ import warnings
 import pytest
 
 import db
-import search_spaces
 import tiledattention
-from db import ScheduleDB, ScheduleRow
-from tiledattention import Problem, Schedule
-from tiledattention._device import DeviceInfo
-from tiledattention._lookup import Resolver, shape_distance
-from tiledattention._provenance import current_provenance
+from db import ScheduleRow
+from tiledattention import FORWARD, DeviceInfo, Problem, Resolver, Schedule, codecs, \
+    current_provenance
+
+
+def ScheduleDB(location):  # noqa: N802 - the database with every family's codec
+    return db.ScheduleDB(location, codecs=codecs())
 
 DEVICE = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H200", sm_count=132)
 
@@ -26,17 +27,18 @@ def problem(s=4096, b=4, h=16, kv=16, d=128, dtype="bf16", causal=True):
 
 
 def row(p, schedule, device="NVIDIA H200", ms=1.0, template=None):
-    prov = current_provenance()
+    prov = current_provenance(FORWARD)
     if template:
         prov = dataclasses.replace(prov, template_hash=template)
-    return ScheduleRow(arch="sm_90", device_name=device, problem=p, schedule=schedule,
+    return ScheduleRow(family="forward", arch="sm_90", device_name=device, problem=p, schedule=schedule,
                        median_ms=ms, spread_ms=0.01, tflops=100.0, trials=5, provenance=prov)
 
 
 def resolver(location, shipped=None):
-    return Resolver(open_user=lambda: ScheduleDB.open_for_lookup(location),
-                    open_shipped=lambda arch: shipped,
-                    default=search_spaces.default_schedule)
+    resolve = Resolver(
+        open_user=lambda: db.ScheduleDB.open_for_lookup(location, codecs=codecs()),
+        open_shipped=lambda arch: shipped)
+    return lambda problem, device: resolve(FORWARD, problem, device)
 
 
 A = Schedule(tile_m=128, tile_n=64, occupancy=2)
@@ -50,7 +52,8 @@ def test_each_step_of_the_chain(tmp_path):
         store.put(row(problem(), A))  # this device
         store.put(row(problem(causal=False), B, device="NVIDIA H100 80GB HBM3"))  # same arch
         store.put(row(problem(s=2048), C))  # a neighbour for the nearest step
-    shipped = db.RowTable([row(problem(d=64), B, device="NVIDIA H200")], source="shipped")
+    shipped = db.RowTable([row(problem(d=64), B, device="NVIDIA H200")], source="shipped",
+                          codecs=codecs())
     resolve = resolver(str(path), shipped)
 
     exact = resolve(problem(), DEVICE)
@@ -64,7 +67,7 @@ def test_each_step_of_the_chain(tmp_path):
     assert (from_shipped.source, from_shipped.schedule) == ("shipped", B)
     fallback = resolve(problem(d=256), DEVICE)
     assert fallback.source == "default"
-    assert fallback.schedule == search_spaces.default_schedule("sm_90", problem(d=256))
+    assert fallback.schedule == FORWARD.default_schedule("sm_90", problem(d=256))
 
 
 def test_nearest_requires_same_dtype_causal_head_dim_and_gqa_ratio(tmp_path):
@@ -79,14 +82,23 @@ def test_nearest_requires_same_dtype_causal_head_dim_and_gqa_ratio(tmp_path):
 
 def test_distance_prefers_sequence_length_over_batch_heads():
     target = problem(s=4096, b=4)
-    assert shape_distance(problem(s=4096, b=16), target) < shape_distance(problem(s=8192), target)
+    assert FORWARD.distance(problem(s=4096, b=16), target) < FORWARD.distance(problem(s=8192), target)
 
 
-def test_rows_of_another_kernel_template_are_skipped(tmp_path):
+def test_rows_of_another_kernel_template_are_skipped_and_said_once(tmp_path):
     path = tmp_path / "s.sqlite"
     with ScheduleDB(path) as store:
         store.put(row(problem(), A, template="000000000000"))
-    assert resolver(str(path))(problem(), DEVICE).source == "default"
+        store.put(row(problem(s=2048), B, template="000000000000"))
+    resolve = resolver(str(path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve(problem(), DEVICE).source == "default"
+        assert resolve(problem(s=1024), DEVICE).source == "default"
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert "skipping 2 forward schedule(s)" in messages[0]
+    assert "tiledtune restamp" in messages[0] and "tiledtune search --kernel forward" in messages[0]
 
 
 def test_missing_database_gives_defaults_and_creates_nothing(tmp_path):

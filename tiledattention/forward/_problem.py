@@ -8,10 +8,10 @@ builds it; nothing here touches the GPU.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
-from ..errors import UnsupportedProblemError
+from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "problem_from_arrays", "padded_head_dim"]
 
@@ -78,8 +78,25 @@ class Problem:
         return full * (full + 1) // 2 + max(0, sq - sk) * sk
 
     def as_tuple(self) -> tuple:
-        return (self.batch, self.heads_q, self.heads_kv, self.seqlen_q, self.seqlen_k,
-                self.head_dim, self.dtype, self.causal)
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (the database and the row files store this)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Problem":
+        """Inverse of :meth:`to_dict`; every field is required, none may be unknown."""
+        if not isinstance(data, Mapping):
+            raise UnsupportedProblemError(f"a problem must be a mapping; got "
+                                          f"{type(data).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        missing = [name for name in names if name not in data]
+        if unknown or missing:
+            raise UnsupportedProblemError(f"expected fields {names}; unknown {unknown}, "
+                                          f"missing {missing}")
+        return cls(**data)
 
     def describe(self) -> str:
         kv = f"/{self.heads_kv}" if self.heads_kv != self.heads_q else ""
@@ -106,7 +123,7 @@ def _dtype_name(name: str, x: Any, kind: str) -> str:
     table = _TORCH_DTYPES if kind == "torch" else _CUPY_DTYPES
     dtype = str(x.dtype)
     if dtype not in table:
-        raise TypeError(
+        raise InputTypeError(
             f"{name} must be bfloat16 or float16; got {dtype} (cast with .to(torch.bfloat16))"
         )
     return table[dtype]
@@ -127,58 +144,58 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
     for name, x in (("q", q), ("k", k), ("v", v)):
         kind = _kind(x)
         if not kind:
-            raise TypeError(
+            raise InputTypeError(
                 f"{name} must be a torch.Tensor or cupy.ndarray; got {type(x).__name__}"
             )
         kinds.append(kind)
     if len(set(kinds)) != 1:
-        raise TypeError(f"q, k and v must be of one array library; got {kinds}")
+        raise InputTypeError(f"q, k and v must be of one array library; got {kinds}")
     kind = kinds[0]
     if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+        raise InputTypeError(f"causal must be a bool; got {type(causal).__name__}")
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float or None; got {type(scale).__name__}")
+            raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
         if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be a finite positive number; got {scale}")
+            raise InputValueError(f"scale must be a finite positive number; got {scale}")
 
     dtypes = {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.ndim != 4:
-            raise ValueError(
+            raise InputValueError(
                 f"{name} must have 4 dims [batch, heads, seqlen, head_dim]; got shape "
                 f"{tuple(x.shape)}"
             )
         dtypes[name] = _dtype_name(name, x, kind)
         stride = x.stride(-1) if kind == "torch" else x.strides[-1] // x.itemsize
         if stride != 1 and x.shape[-1] > 1:
-            raise ValueError(
+            raise InputValueError(
                 f"{name} must be contiguous in its last dim (head_dim); got stride {stride}"
             )
         if x.shape[2] < 1:
-            raise ValueError(f"{name} must have seqlen >= 1; got shape {tuple(x.shape)}")
+            raise InputValueError(f"{name} must have seqlen >= 1; got shape {tuple(x.shape)}")
     if len(set(dtypes.values())) != 1:
-        raise TypeError(f"q, k and v must have one dtype; got {dtypes}")
+        raise InputTypeError(f"q, k and v must have one dtype; got {dtypes}")
     b, hq, sq, d = q.shape
     bk, hkv, sk, dk = k.shape
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
+        raise InputValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
     if bk != b:
-        raise ValueError(f"k must have the batch size of q ({b}); got {bk}")
+        raise InputValueError(f"k must have the batch size of q ({b}); got {bk}")
     if dk != d:
-        raise ValueError(f"k must have the head_dim of q ({d}); got {dk}")
+        raise InputValueError(f"k must have the head_dim of q ({d}); got {dk}")
     if hq % hkv:
-        raise ValueError(
+        raise InputValueError(
             f"q's heads ({hq}) must be a multiple of k's heads ({hkv}) for grouped-query attention"
         )
     if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim must be a multiple of 8 in 32..256; got {d}")
+        raise InputValueError(f"head_dim must be a multiple of 8 in 32..256; got {d}")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if kind == "torch" and not x.is_cuda:
-            raise ValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
+            raise InputValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
     devices = {name: _device_of(x, kind) for name, x in (("q", q), ("k", k), ("v", v))}
     if len(set(devices.values())) != 1:
-        raise ValueError(f"q, k and v must be on one device; got {devices}")
+        raise InputValueError(f"q, k and v must be on one device; got {devices}")
     problem = Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv), seqlen_q=int(sq),
                       seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal)
     return problem, kind

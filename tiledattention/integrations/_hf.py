@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InputValueError
 from ._router import RouterStats, _Counts, route_decision
 from ._torch_op import attention
 
@@ -68,7 +69,7 @@ def tiledattention_attention_forward(
     [B, H_kv, S_k, D]`` in; ``(attn_output [B, S_q, H_q, D] contiguous, None)`` out."""
     for name in _UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:
-            raise ValueError(
+            raise InputValueError(
                 f"attn_implementation='tiledattention' does not support `{name}` (got a value for "
                 f"it); load the model with attn_implementation='eager' or a backend that does"
             )

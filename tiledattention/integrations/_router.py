@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ..forward._problem import SUPPORTED_HEAD_DIMS
+from ..forward import SUPPORTED_HEAD_DIMS
 from ._torch_op import attention
 
 __all__ = [

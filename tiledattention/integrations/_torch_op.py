@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from ..errors import InputValueError
+
 __all__ = ["OP_NAME", "attention", "sdpa_fwd"]
 
 #: Qualified name of the op: ``torch.ops.tiledattention.sdpa_fwd``.
@@ -29,12 +31,12 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """The shape checks that tracing can do (the kernel checks the rest when it runs)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
-            raise ValueError(
+            raise InputValueError(
                 f"{name} must have 4 dims [batch, heads, seqlen, head_dim]; got shape "
                 f"{tuple(x.shape)}"
             )
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
+        raise InputValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
 
 
 # No device_types: the op runs wherever tiledattention.sdpa accepts the tensors (CUDA), and for

@@ -18,31 +18,21 @@ could not be used.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["configure", "run", "CSV_COLUMNS", "FORMATS", "rows_to_csv", "parse_archs"]
+__all__ = ["configure", "run", "FORMATS", "parse_archs"]
 
 FORMATS = ("bytarget", "json", "csv")
 _SUFFIXES = {".py": "bytarget", ".json": "json", ".csv": "csv"}
-_PROBLEM_COLUMNS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype",
-                    "causal")
-_PROVENANCE_COLUMNS = ("template_hash", "cuda_tile", "tileiras", "torch", "driver")
-#: Columns of the CSV form, in order.
-CSV_COLUMNS = ("format", "arch", "device_name", *_PROBLEM_COLUMNS, "schedule", "median_ms",
-               "spread_ms", "tflops", "default_ms", "torch_cudnn_ms", "torch_flash_ms", "trials",
-               "created_at", *_PROVENANCE_COLUMNS)
 
 
 def parse_archs(values: Sequence[str] | None) -> list[str] | None:
     """``["sm_90,sm_121", "sm_100"]`` -> ``["sm_90", "sm_121", "sm_100"]``, each checked."""
     if not values:
         return None
-    from tiledattention._compile import check_arch
+    from tiledattention import check_arch
 
     archs: list[str] = []
     for value in values:
@@ -73,6 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH_OR_URL", default=None,
                         help="schedule database (default: $TILEDATTN_DB or "
                              "~/.cache/tiledattention/schedules.sqlite)")
+    parser.add_argument("--kernel", default=None, metavar="NAME",
+                        help="only this kernel family's rows (default: every family)")
     parser.add_argument("--include-stale", action="store_true",
                         help="also export rows tuned with another kernel template (the runtime "
                              "ignores those)")
@@ -83,32 +75,11 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _cell(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)  # shortest text that reads back to the same float
-    return str(value)
-
-
-def rows_to_csv(rows) -> str:
-    """The CSV text of ``rows`` (sorted like ``db.dump_rows``), header first."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in sorted(rows, key=lambda r: (r.key, r.median_ms, r.created_at.isoformat())):
-        data = row.to_dict()
-        flat = {**data, **data["problem"], **data["provenance"],
-                "schedule": json.dumps(data["schedule"], sort_keys=True, separators=(",", ":"))}
-        writer.writerow([_cell(flat[name]) for name in CSV_COLUMNS])
-    return out.getvalue()
-
-
 def run(args: argparse.Namespace) -> int:
-    from db import DatabaseUnavailable, ScheduleDB, dump_rows, write_text_atomic
-    from tiledattention._settings import database_location
+    from db import DatabaseError, dump_rows, write_text_atomic
+    from tiledattention import TiledAttentionError, database_location, get_family, open_database
+
+    from ..transfer import render_module, rows_to_csv
 
     output = Path(args.output)
     fmt = args.format or _SUFFIXES.get(output.suffix.lower())
@@ -121,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--arch: {exc}", 2)
     location = args.db or database_location()
     try:
-        database = ScheduleDB.open_for_lookup(location)
-    except (DatabaseUnavailable, ValueError) as exc:
+        families = None if args.kernel is None else [get_family(args.kernel).name]
+        database = open_database(location, read_only=True)
+    except TiledAttentionError as exc:
         return _fail(str(exc), 2)
     if database is None:
         return _fail(f"no schedule database at {location}: nothing to export (tune with "
@@ -130,11 +102,9 @@ def run(args: argparse.Namespace) -> int:
     with database:
         source = str(database)
         try:
-            if archs is None:
-                rows = database.rows()
-            else:
-                rows = [r for arch in archs for r in database.rows(arch=arch)]
-        except DatabaseUnavailable as exc:
+            rows = [r for arch in archs or [None] for r in database.rows(arch=arch)
+                    if families is None or r.family in families]
+        except DatabaseError as exc:
             return _fail(str(exc), 2)
     if archs is not None:
         for arch in archs:
@@ -143,14 +113,13 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
     stale = 0
     if not args.include_stale:
-        from tiledattention._provenance import template_hash
-
-        current = template_hash()
-        kept = [r for r in rows if r.provenance.template_hash == current]
+        current = {r.family: get_family(r.family).template_identity() for r in rows}
+        kept = [r for r in rows if r.provenance.template_hash == current[r.family]]
         stale = len(rows) - len(kept)
         if stale:
             print(f"tiledtune export: skipping {stale} row(s) tuned with another kernel template "
-                  f"(not {current}); --include-stale exports them", file=sys.stderr)
+                  f"(current: {', '.join(f'{k} {v}' for k, v in sorted(current.items()))}); "
+                  "--include-stale exports them", file=sys.stderr)
         rows = kept
     if not rows:
         selection = f" for {', '.join(archs)}" if archs else ""
@@ -163,8 +132,6 @@ def run(args: argparse.Namespace) -> int:
         elif fmt == "csv":
             write_text_atomic(output, rows_to_csv(rows))
         else:
-            from ._bytarget import render_module
-
             write_text_atomic(output, render_module(rows, source=source))
     except OSError as exc:
         return _fail(f"cannot write {output}: {exc}", 2)

@@ -1,12 +1,19 @@
-"""``tiledtune search``: tune schedules for attention shapes and store the winners.
+"""``tiledtune search``: tune a kernel family's schedules for problems and store the winners.
 
     tiledtune search --device sm_90 --shape 4,16,4096,128 --dtype bf16 --causal yes
     tiledtune search --compile-only --device sm_121 --shape 4,16,4096,128 --limit 8
+    tiledtune search --kernel NAME --device sm_90 --problem field=value,field=value
+
+``--shape`` / ``--preset`` (with ``--kv-heads``, ``--seqlen-k``, ``--dtype``, ``--causal``) build
+attention problems (fields batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal)
+for any family whose problem has those fields; ``--problem`` names every field of any family's
+problem directly.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import random
@@ -16,7 +23,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from tiledattention import ARCHITECTURES, Problem
+from tiledattention import ARCHITECTURES, TiledAttentionError, families, get_family
 
 #: Model presets: name -> (heads_q, heads_kv, head_dim, seqlens); batch = 16384 // seqlen.
 PRESETS = {
@@ -67,7 +74,30 @@ def _arch(text: str) -> str:
     return text
 
 
+def _problem_fields(text: str) -> dict:
+    """``"n=1024,dtype=bf16,causal=yes"`` -> ``{"n": 1024, "dtype": "bf16", "causal": True}``."""
+    found = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise argparse.ArgumentTypeError(f"expected FIELD=VALUE,...; got {text!r}")
+        if re.fullmatch(r"[+-]?\d+", value):
+            found[name] = int(value)
+        elif value.lower() in ("yes", "true", "no", "false"):
+            found[name] = value.lower() in ("yes", "true")
+        else:
+            found[name] = value
+    return found
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kernel", default="forward", metavar="NAME",
+                        help="kernel family to tune (default: forward; known: "
+                             + ", ".join(f.name for f in families()) + ")")
+    parser.add_argument("--problem", type=_problem_fields, action="append", default=[],
+                        metavar="FIELD=VALUE,...",
+                        help="one problem of the kernel family, every field named")
     parser.add_argument("--device", type=_arch, required=True,
                         help="architecture to tune for, e.g. sm_90 (a local GPU must have it, "
                              "unless --compile-only)")
@@ -88,7 +118,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--neighbour-trials", type=_count, default=None, metavar="N",
                         help="of --trials, candidates one dimension away from the best so far "
                              "(hill climbing after the seeds; default: a third)")
-    parser.add_argument("--space", choices=["full", "compact"], default="full")
+    parser.add_argument("--space", default="full", help="named search space (full, compact)")
     parser.add_argument("--db", default=None, help="schedule database (path or SQLAlchemy URL; "
                                                     "default: $TILEDATTN_DB or the user cache)")
     parser.add_argument("--storage", default=None,
@@ -107,27 +137,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def problems_from(args: argparse.Namespace) -> list[Problem]:
+def problems_from(args: argparse.Namespace) -> list:
+    """The problems of ``--kernel`` the arguments name (validated by the family's problem
+    type)."""
+    family = get_family(args.kernel)
     shapes: list[tuple[int, int, int, int, int, int]] = []
     for b, h, s, d in args.shape:
         shapes.append((b, h, args.kv_heads or h, s, args.seqlen_k or s, d))
     for name in args.preset:
         hq, hkv, d, seqlens = PRESETS[name]
         shapes += [(max(1, 16384 // s), hq, hkv, s, s, d) for s in seqlens]
-    if not shapes:
-        raise ValueError("give at least one --shape B,H,S,D or --preset")
-    problems = []
+    if not shapes and not args.problem:
+        raise ValueError("give at least one --shape B,H,S,D, --preset or --problem")
+    fields = list(args.problem)
     for (b, hq, hkv, sq, sk, d), dtype, causal in itertools.product(shapes, args.dtype,
                                                                      args.causal):
-        problems.append(Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk,
-                                head_dim=d, dtype=dtype, causal=causal))
+        fields.append(dict(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk,
+                           head_dim=d, dtype=dtype, causal=causal))
+    problems = []
+    for data in fields:
+        try:
+            problems.append(family.problem_type.from_dict(data))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a {family.name} problem: {data}: {exc}") from None
     return list(dict.fromkeys(problems))
 
 
 def select_device(arch: str, index: int | None = None):
     """The local GPU with ``arch`` (the ``index``-th of them), or a ValueError saying what
     there is."""
-    from tiledattention._device import local_devices
+    from tiledattention import local_devices
 
     devices = local_devices()
     matching = [d for d in devices if d.arch == arch]
@@ -143,7 +182,7 @@ def select_device(arch: str, index: int | None = None):
 
 
 def _locations(args) -> tuple[str, str]:
-    from tiledattention._settings import database_location
+    from tiledattention import database_location
 
     db = args.db or database_location()
     if args.storage:
@@ -168,14 +207,14 @@ def run(args: argparse.Namespace) -> int:
         if args.workers > 1:
             return _spawn_workers(args, console)
         return _search(args, problems, console)
-    except ValueError as exc:
+    except (ValueError, TiledAttentionError) as exc:
         console.print(f"[red]tiledtune search: {exc}[/red]")
         return 2
 
 
 def _spawn_workers(args, console) -> int:
     """One child ``tiledtune search`` per local GPU of the architecture, sharing the study."""
-    from tiledattention._device import local_devices
+    from tiledattention import local_devices
 
     devices = [d for d in local_devices() if d.arch == args.device][:args.workers]
     if len(devices) < args.workers:
@@ -191,19 +230,19 @@ def _spawn_workers(args, console) -> int:
 def _search(args, problems, console) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from db import ScheduleDB
+    from tiledattention import open_database
 
-    from ._isolation import IsolatedExecutor
-    from ._measure import SimulatedExecutor
-    from .driver import SearchConfig, Tuner
+    from ..measure import SIMULATED_DEVICE, IsolatedExecutor, SimulatedExecutor
+    from ..search import SearchConfig, Tuner
 
+    family = get_family(args.kernel)
     if args.backend == "gpu":
         device = select_device(args.device, args.device_index)
-        factory = _GpuFactory(device.index)
+        factory = _GpuFactory(family, device.index)
         arch, device_name = device.arch, device.name
     else:
-        factory = SimulatedExecutor
-        arch, device_name = args.device, "Simulated GPU"
+        factory = functools.partial(SimulatedExecutor, args.device, family=family)
+        arch, device_name = args.device, SIMULATED_DEVICE
     db_location, storage = _locations(args)
     config = SearchConfig(n_trials=args.trials, timeout_s=args.timeout,
                           patience=args.patience or None, space=args.space, seed=args.seed,
@@ -212,7 +251,7 @@ def _search(args, problems, console) -> int:
     compile_workers = (args.jobs or max(1, min(8, (os.cpu_count() or 2) - 2))
                        if args.backend == "gpu" else 0)
     results = []
-    with ScheduleDB(db_location) as db, IsolatedExecutor(factory) as executor, Progress(
+    with open_database(db_location) as db, IsolatedExecutor(factory) as executor, Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
         task = {"id": None}
@@ -221,41 +260,44 @@ def _search(args, problems, console) -> int:
             if kind == "trial":
                 m = data["measurement"]
                 best = data["best_ms"]
-                tflops = data["problem"].flops / (best * 1e-3) / 1e12 if best < float("inf") else 0
+                tflops = (family.flops(data["problem"]) / (best * 1e-3) / 1e12
+                          if best < float("inf") else 0)
                 progress.update(task["id"], completed=data["measured"], status=(
                     f"best {tflops:.0f} TFLOP/s | last: {data['schedule'].describe()} "
                     f"{m.status} | compile queue {data['queued']}"))
             elif kind == "warning":
                 console.print(f"[yellow]{data['message']}[/yellow]")
 
-        tuner = Tuner(executor, arch=arch, device_name=device_name, storage_url=storage, db=db,
-                      config=config, compile_workers=compile_workers, on_event=on_event)
+        tuner = Tuner(executor, family=family, arch=arch, device_name=device_name,
+                      storage_url=storage, db=db, config=config,
+                      compile_workers=compile_workers, on_event=on_event)
         try:
             for problem in problems:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
                 results.append(tuner.tune(problem))
         finally:
             tuner.close()
-    _print_results(results, console)
+    _print_results(family, results, console)
     return 0 if all(r.best is not None for r in results) else 1
 
 
 class _GpuFactory:
     """Picklable factory of the GPU executor for the spawned worker."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, family, index: int) -> None:
+        self.family = family
         self.index = index
 
     def __call__(self):
-        from ._measure import GpuExecutor
+        from ..measure import GpuExecutor
 
-        return GpuExecutor(self.index)
+        return GpuExecutor(self.family, self.index)
 
 
-def _print_results(results, console) -> None:
+def _print_results(family, results, console) -> None:
     from rich.table import Table
 
-    from .timing import Timing
+    from ..measure import Timing
 
     table = Table(title="tiledtune search")
     for col in ("key", "best schedule", "TFLOP/s", "vs default", "vs cuDNN", "vs flash",
@@ -271,7 +313,7 @@ def _print_results(results, console) -> None:
                 return f"{other.median_ms / best.median_ms:.2f}x"
             return "-" if other is None else str(other)[:20]
 
-        tflops = (f"{r.problem.flops / (best.median_ms * 1e-3) / 1e12:.0f}"
+        tflops = (f"{family.flops(r.problem) / (best.median_ms * 1e-3) / 1e12:.0f}"
                   if isinstance(best, Timing) else "-")
         failed = ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())) or "0"
         table.add_row(r.problem.describe(), r.best.describe() if r.best else "none", tflops,
@@ -289,29 +331,33 @@ def _compile_only(args, problems, console) -> int:
 
     import search_spaces
 
-    from .driver import SearchConfig, compile_job, open_storage, study_name
+    from ..search import SearchConfig, compile_job, open_storage, study_name
 
+    family = get_family(args.kernel)
+    spaces = search_spaces.family_space(family.name)
     _, storage_url = _locations(args)
     config = SearchConfig(study_prefix=args.study)
-    storage = open_storage(storage_url, config)
+    storage = open_storage(storage_url, heartbeat_s=config.heartbeat_s, grace_s=config.grace_s)
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     table = Table(title=f"compile-only for {args.device}")
     for col in ("key", "candidates", "compiled", "failed", "median s", "smem KiB (min..max)"):
         table.add_column(col)
     failures_total = 0
     for problem in problems:
-        space = search_spaces.space_for(args.device, args.space).restricted(problem)
-        candidates = space.feasible(problem)
+        space = spaces.restrict(spaces.space(args.device, args.space), problem)
+        candidates = list({s.key: s for s in (family.normalise(problem, s)
+                                              for s in space.feasible(problem))}.values())
         if args.limit is not None and args.limit < len(candidates):
             candidates = random.Random(args.seed).sample(candidates, args.limit)
-        study = optuna.create_study(study_name=study_name(args.study, args.device, problem),
+        study = optuna.create_study(study_name=study_name(args.study, family, args.device,
+                                                          problem),
                                     storage=storage, direction="minimize", load_if_exists=True)
         distributions = {n: optuna.distributions.CategoricalDistribution(list(v))
                          for n, v in space.choices.items()}
         ok, failed = [], []
         with ProcessPoolExecutor(max_workers=jobs) as pool, Progress(console=console) as bar:
             task = bar.add_task(problem.describe(), total=len(candidates))
-            futures = {pool.submit(compile_job, problem, s, args.device): s
+            futures = {pool.submit(compile_job, family, problem, s, args.device): s
                        for s in candidates}
             for future in as_completed(futures):
                 schedule = futures[future]

@@ -13,7 +13,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ._measure import Measurement
+from ._executors import Measurement
 
 __all__ = ["IsolatedExecutor", "WorkerDied", "WorkerTimeout"]
 

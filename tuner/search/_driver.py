@@ -15,33 +15,26 @@ Stops on the trial budget, a time limit or a patience window.
 from __future__ import annotations
 
 import collections
-import contextlib
 import multiprocessing
 import os
 import random
 import socket
-import threading
 import time
-import warnings
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import optuna
 from optuna.trial import TrialState
 
 import search_spaces
-from tiledattention import Problem, Schedule, compile_schedule
-from tiledattention._lookup import shape_distance
-from tiledattention._provenance import current_provenance
-from tiledattention.errors import CompileError
+from tiledattention import CompileError, Family, current_provenance
 
+from ..measure import FAILURES, IsolatedExecutor, Measurement, Timing
 from ._budget import Budget
-from ._isolation import IsolatedExecutor
-from ._measure import BASELINES, FAILURES, Measurement
-from .timing import Timing
+from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
 
-__all__ = ["SearchConfig", "KeyResult", "Tuner", "study_name", "open_storage"]
+__all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -70,9 +63,9 @@ class SearchConfig:
 
 @dataclass
 class KeyResult:
-    problem: Problem
+    problem: Any
     arch: str
-    best: Schedule | None = None
+    best: Any = None
     timings: dict[str, Timing | str] = field(default_factory=dict)  # retime: best, default, torch
     measured: int = 0  # candidates this process measured
     repeats_skipped: int = 0
@@ -93,92 +86,6 @@ def _waiting(study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
 
-def study_name(prefix: str, arch: str, problem: Problem) -> str:
-    p = problem
-    return (f"{prefix}:{arch}:B{p.batch}-Hq{p.heads_q}-Hkv{p.heads_kv}-Sq{p.seqlen_q}-"
-            f"Sk{p.seqlen_k}-D{p.head_dim}-{p.dtype}-{'causal' if p.causal else 'full'}")
-
-
-class _StaleTrial:
-    """Called once per trial of a dead worker (heartbeat older than the grace period): gives
-    its budget ticket back and re-enqueues its candidate once."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        with _quiet_optuna():
-            self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
-
-    def __call__(self, study, trial) -> None:
-        budget = Budget(self._url, study.study_name)
-        budget.release(trial.number)
-        budget.close()
-        self._retry(study, trial)
-
-
-def open_storage(url: str, config: SearchConfig) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage with heartbeats: a dead worker's running trials are failed after
-    ``grace_s``, their tickets returned and their candidates re-enqueued once."""
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    attempt = 0
-    while True:  # workers starting together may race to create Optuna's tables
-        try:
-            with _quiet_optuna():
-                return optuna.storages.RDBStorage(
-                    url, engine_kwargs=engine_kwargs, heartbeat_interval=config.heartbeat_s,
-                    grace_period=config.grace_s,
-                    heartbeat_stale_trial_callback=_StaleTrial(url))
-        except Exception:  # the losing CREATE TABLE; give up after five tries
-            attempt += 1
-            if attempt == 5:
-                raise
-            time.sleep(0.5 * attempt)
-
-
-class _Heartbeat:
-    """Records heartbeats for the trials this process holds, from a background thread."""
-
-    def __init__(self, storage: optuna.storages.RDBStorage, interval: float) -> None:
-        self._storage = storage
-        self._ids: set[int] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            with self._lock:
-                ids = list(self._ids)
-            for trial_id in ids:
-                try:
-                    self._storage.record_heartbeat(trial_id)
-                except Exception:  # a missed beat is retried next interval
-                    pass
-
-    def hold(self, trial_id: int) -> None:
-        self._storage.record_heartbeat(trial_id)
-        with self._lock:
-            self._ids.add(trial_id)
-
-    def drop(self, trial_id: int) -> None:
-        with self._lock:
-            self._ids.discard(trial_id)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
-@contextlib.contextmanager
-def _quiet_optuna():
-    """Heartbeats with ask/tell (rather than ``optimize``) and ``fail_stale_trials`` are what
-    make concurrent workers safe here; silence Optuna's notes that they are unusual."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Heartbeat of storage")
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-        yield
-
-
 def _known_elsewhere(study, key: str) -> float | str:
     """What the study knows of schedule ``key``, claimed by another worker: its value, its
     failure, or ``"elsewhere"`` while that worker is still measuring it."""
@@ -192,30 +99,34 @@ def _known_elsewhere(study, key: str) -> float | str:
     return "elsewhere"
 
 
-def compile_job(problem: Problem, schedule: Schedule, arch: str
+
+def compile_job(family: Family, problem: Any, schedule: Any, arch: str
                 ) -> tuple[float, int | None, str | None]:
     """Compile in a pool process (this warms cuTile's disk cache for the later launch):
     (seconds, static shared-memory bytes, None), or (seconds, None, the compile error)."""
     start = time.perf_counter()
     try:
-        built = compile_schedule(problem, schedule, arch)
+        built = family.compile(problem, schedule, arch)
     except CompileError as exc:
         return time.perf_counter() - start, None, str(exc)
     return built.seconds, built.shared_bytes, None
 
 
 class Tuner:
-    """Tunes keys on one device through ``executor`` (an :class:`IsolatedExecutor`)."""
+    """Tunes ``family``'s keys on one device through ``executor`` (an
+    :class:`IsolatedExecutor`); winners go into ``db`` (a ``db.ScheduleDB``) when given."""
 
-    def __init__(self, executor: IsolatedExecutor, *, arch: str, device_name: str,
-                 storage_url: str, db=None, config: SearchConfig = SearchConfig(),
-                 compile_workers: int = 0,
+    def __init__(self, executor: IsolatedExecutor, *, family: Family, arch: str,
+                 device_name: str, storage_url: str, db=None,
+                 config: SearchConfig = SearchConfig(), compile_workers: int = 0,
                  on_event: Callable[[str, dict], None] | None = None) -> None:
         self.executor = executor
+        self.family = family
         self.arch = arch
         self.device_name = device_name
         self.storage_url = storage_url
-        self.storage = open_storage(storage_url, config)
+        self.storage = open_storage(storage_url, heartbeat_s=config.heartbeat_s,
+                                    grace_s=config.grace_s)
         self.db = db
         self.config = config
         # spawn, not fork: the parent may hold a CUDA context, which must not be forked
@@ -229,32 +140,50 @@ class Tuner:
             self._pool.shutdown(cancel_futures=True)
 
     # -- seeds -----------------------------------------------------------------------------
-    def _seeds(self, problem: Problem, space) -> list[Schedule]:
-        seeds = [search_spaces.default_schedule(self.arch, problem)]
+    def _seeds(self, problem: Any, space) -> list[Any]:
+        """The default, the three nearest winners of the key's bucket and the nearest winner
+        of a bucket that differs only in the family's ``seed_across`` fields (for the forward:
+        schedules carry over between bf16 and fp16, a find in one is the other's best first
+        guess)."""
+        family = self.family
+        seeds = [family.default_schedule(self.arch, problem)]
         if self.db is not None:
-            rows = [r for r in self.db.rows(arch=self.arch, causal=problem.causal,
-                                            head_dim=problem.head_dim)
-                    if r.problem.group_size == problem.group_size]
-            rows.sort(key=lambda r: (shape_distance(r.problem, problem), r.median_ms))
-            # three nearest winners of this dtype, and the nearest of another (schedules carry
-            # over between bf16 and fp16: a find in one is the other's best first guess)
-            same = [r for r in rows if r.problem.dtype == problem.dtype]
-            other = [r for r in rows if r.problem.dtype != problem.dtype]
+            mine = problem.to_dict()
+            fixed = [f for f in family.bucket_fields if f not in family.seed_across]
+            rows = [r for r in self.db.rows(family=family.name, arch=self.arch)
+                    if all(r.problem.to_dict()[f] == mine[f] for f in fixed)
+                    and family.comparable(r.problem, problem)]
+            rows.sort(key=lambda r: (family.distance(r.problem, problem), r.median_ms))
+            same = [r for r in rows if all(r.problem.to_dict()[f] == mine[f]
+                                           for f in family.bucket_fields)]
+            other = [r for r in rows if r not in same]
             seeds += [r.schedule for r in same[:3] + other[:1]]
         unique = {}
         for seed in seeds:  # the seed's values on the searched dimensions
-            s = space.schedule(space.params(seed))
+            s = family.normalise(problem, space.schedule(space.params(seed)))
             if space.contains(s):
                 unique.setdefault(s.key, s)
         return list(unique.values())
 
+    def _space(self, problem: Any):
+        spaces = search_spaces.family_space(self.family.name)
+        return spaces.restrict(spaces.space(self.arch, self.config.space), problem)
+
+    def _feasible(self, space, problem: Any) -> list[Any]:
+        """The feasible points of ``space``, one per normalised schedule."""
+        unique = {}
+        for s in space.feasible(problem):
+            s = self.family.normalise(problem, s)
+            unique.setdefault(s.key, s)
+        return list(unique.values())
+
     # -- one key ---------------------------------------------------------------------------
-    def tune(self, problem: Problem) -> KeyResult:
+    def tune(self, problem: Any) -> KeyResult:
         cfg = self.config
         start = time.monotonic()
         result = KeyResult(problem=problem, arch=self.arch)
-        space = search_spaces.space_for(self.arch, cfg.space).restricted(problem)
-        feasible = space.feasible(problem)
+        space = self._space(problem)
+        feasible = self._feasible(space, problem)
         distributions = {name: optuna.distributions.CategoricalDistribution(list(values))
                          for name, values in space.choices.items()}
         # TPE; when the budget covers the feasible space, every feasible point is enqueued
@@ -263,8 +192,8 @@ class Tuner:
         sampler = optuna.samplers.TPESampler(
             seed=cfg.seed, multivariate=True, constant_liar=True,
             n_startup_trials=max(5, min(15, cfg.n_trials // 4)))
-        name = study_name(cfg.study_prefix, self.arch, problem)
-        with _quiet_optuna():
+        name = study_name(cfg.study_prefix, self.family, self.arch, problem)
+        with quiet_optuna():
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)
             optuna.storages.fail_stale_trials(study)
@@ -285,11 +214,11 @@ class Tuner:
                 study.enqueue_trial(space.params(seed), skip_if_exists=True)
 
         best = min((v for v in known.values() if isinstance(v, float)), default=float("inf"))
-        incumbent = self._incumbent(study, space)
+        incumbent = self._incumbent(study, space, problem)
         climb_left = 0 if brute_force else (cfg.n_trials // 3 if cfg.neighbour_trials is None
                                             else cfg.neighbour_trials)
         since_best = 0
-        heartbeat = _Heartbeat(self.storage, max(1, cfg.heartbeat_s))
+        heartbeat = Heartbeat(self.storage, max(1, cfg.heartbeat_s))
         pending: collections.deque = collections.deque()
         skipped_in_a_row = 0
         budget_spent = False
@@ -307,15 +236,16 @@ class Tuner:
                         for neighbour in step:
                             study.enqueue_trial(space.params(neighbour))
                             climb_left -= 1
-                    with _quiet_optuna():
+                    with quiet_optuna():
                         trial = study.ask(distributions)
                     heartbeat.hold(trial._trial_id)
-                    schedule = space.schedule(trial.params)
+                    schedule = self.family.normalise(problem, space.schedule(trial.params))
                     outcome = self._admit(study, trial, schedule, problem, known, budget,
-                                          cfg.n_trials)
+                                          cfg.n_trials, space)
                     if outcome == "measure":
                         skipped_in_a_row = 0
-                        future = (self._pool.submit(compile_job, problem, schedule, self.arch)
+                        future = (self._pool.submit(compile_job, self.family, problem,
+                                                    schedule, self.arch)
                                   if self._pool is not None else None)
                         pending.append((trial, schedule, future))
                         continue
@@ -354,32 +284,34 @@ class Tuner:
         result.wall_s = time.monotonic() - start
         return result
 
-    @staticmethod
-    def _incumbent(study, space) -> Schedule | None:
+    def _incumbent(self, study, space, problem: Any) -> Any:
         """The fastest correct schedule measured so far for this key (a resumed study)."""
         ok = _correct_trials(study)
-        return space.schedule(ok[0].params) if ok else None
+        return self.family.normalise(problem, space.schedule(ok[0].params)) if ok else None
 
-    def _neighbours(self, space, incumbent: Schedule, problem: Problem,
-                    known: dict) -> list[Schedule]:
+    def _neighbours(self, space, incumbent: Any, problem: Any, known: dict) -> list[Any]:
         """The feasible, not yet tried schedules that differ from ``incumbent`` in one
-        dimension of ``space``, in a random order fixed by the seed and the incumbent."""
-        found = [incumbent.replace(**{name: value})
-                 for name, values in space.choices.items()
-                 for value in values if value != getattr(incumbent, name)]
-        found = [s for s in found if s.key not in known
-                 and search_spaces.infeasibility(self.arch, problem, s) is None]
+        dimension of ``space`` (after normalisation), in a random order fixed by the seed and
+        the incumbent."""
+        found = {}
+        for name, values in space.choices.items():
+            for value in values:
+                if value != getattr(incumbent, name):
+                    s = self.family.normalise(problem, incumbent.replace(**{name: value}))
+                    found.setdefault(s.key, s)
+        found = [s for s in found.values() if s.key not in known
+                 and space.infeasibility(self.arch, problem, s) is None]
         random.Random(f"{self.config.seed}:{incumbent.key}").shuffle(found)
         return found
 
-    def _admit(self, study, trial, schedule: Schedule, problem: Problem, known: dict,
-               budget: Budget, n_trials: int) -> str:
+    def _admit(self, study, trial, schedule: Any, problem: Any, known: dict, budget: Budget,
+               n_trials: int, space) -> str:
         """Decide what to do with an asked trial: ``"measure"`` it (this worker holds its
         schedule's claim and a budget ticket), or finish it at once as ``"infeasible"``,
         ``"repeat"`` (measured before, here or by another worker) or ``"budget spent"``."""
         trial.set_user_attr("schedule_key", schedule.key)
         trial.set_user_attr("schedule", schedule.describe())
-        why = search_spaces.infeasibility(self.arch, problem, schedule)
+        why = space.infeasibility(self.arch, problem, schedule)
         prior = known.get(schedule.key) if why is None else "infeasible"
         if prior is None and not budget.claim_schedule(schedule.key, trial.number):
             prior = _known_elsewhere(study, schedule.key)
@@ -405,7 +337,7 @@ class Tuner:
             study.tell(trial, state=TrialState.FAIL)
         return "infeasible" if why is not None else "repeat"
 
-    def _measure(self, problem: Problem, schedule: Schedule, future: Future | None,
+    def _measure(self, problem: Any, schedule: Any, future: Future | None,
                  result: KeyResult) -> Measurement:
         cfg = self.config
         if future is not None:
@@ -424,7 +356,7 @@ class Tuner:
         m = self.executor.measurement("measure", problem, schedule, deadline=cfg.run_deadline_s)
         return Measurement(m.status, m.reason, m.timing, m.rel_err, warm.seconds + m.seconds)
 
-    def _record(self, study, trial, schedule: Schedule, m: Measurement, known: dict,
+    def _record(self, study, trial, schedule: Any, m: Measurement, known: dict,
                 result: KeyResult) -> None:
         trial.set_user_attr("status", m.status)
         if m.rel_err is not None:
@@ -441,24 +373,25 @@ class Tuner:
             study.tell(trial, state=TrialState.FAIL)
             known[schedule.key] = m.status
 
-    def _finish(self, study, problem: Problem, result: KeyResult) -> None:
-        """Re-time the finalists interleaved with the baselines; store the winner."""
+    def _finish(self, study, problem: Any, result: KeyResult) -> None:
+        """Re-time the finalists interleaved with the default and the family's baselines;
+        store the winner."""
         cfg = self.config
         complete = _correct_trials(study)
         if not complete:
             return
-        space = search_spaces.space_for(self.arch, cfg.space).restricted(problem)
-        finalists: dict[str, Schedule] = {}
+        space = self._space(problem)
+        finalists: dict[str, Any] = {}
         for t in complete:
-            s = space.schedule(t.params)
+            s = self.family.normalise(problem, space.schedule(t.params))
             finalists.setdefault(s.key, s)
             if len(finalists) >= cfg.finalists:
                 break
-        default = search_spaces.default_schedule(self.arch, problem)
+        default = self.family.default_schedule(self.arch, problem)
         named = {f"candidate-{i}": s for i, s in enumerate(finalists.values())}
         named["default"] = default
         try:
-            timings = self.executor.call("retime", problem, named, BASELINES[1:],
+            timings = self.executor.call("retime", problem, named, True,
                                          deadline=cfg.run_deadline_s * 2 + 30 * len(named))
         except Exception as exc:  # the finalists ran before: fall back to their own timings
             self._on_event("warning", {"message": f"re-timing failed: {exc}"})
@@ -475,7 +408,7 @@ class Tuner:
         if self.db is not None:
             result.stored = self._store(problem, result, len(study.trials))
 
-    def _store(self, problem: Problem, result: KeyResult, trials: int) -> str:
+    def _store(self, problem: Any, result: KeyResult, trials: int) -> str:
         from db import ScheduleRow
 
         t = result.timings
@@ -485,11 +418,11 @@ class Tuner:
             value = t.get(name)
             return value.median_ms if isinstance(value, Timing) else None
 
-        row = ScheduleRow(arch=self.arch, device_name=self.device_name, problem=problem,
-                          schedule=result.best, median_ms=best.median_ms,
-                          spread_ms=best.spread_ms,
-                          tflops=problem.flops / (best.median_ms * 1e-3) / 1e12,
+        row = ScheduleRow(family=self.family.name, arch=self.arch,
+                          device_name=self.device_name, problem=problem, schedule=result.best,
+                          median_ms=best.median_ms, spread_ms=best.spread_ms,
+                          tflops=self.family.flops(problem) / (best.median_ms * 1e-3) / 1e12,
                           default_ms=ms("default"), torch_cudnn_ms=ms("torch-cudnn"),
                           torch_flash_ms=ms("torch-flash"), trials=trials,
-                          provenance=current_provenance())
+                          provenance=current_provenance(self.family))
         return self.db.put(row)

@@ -1,26 +1,27 @@
 """The generator of ``tiledtune export --format bytarget``: tuned rows -> one importable module.
 
-The module it writes needs nothing but the standard library. It holds
+The module it writes needs nothing but the standard library. Per kernel family it holds
 
-* ``KERNEL_OPTIONS``: per kernel option (``occupancy``, ``num_ctas``, ``opt_level``) the value to
-  use per architecture and a ``default``, and ``OCCUPANCY`` / ``NUM_CTAS`` / ``OPT_LEVEL`` built
-  from it as ``cuda.tile.ByTarget`` objects (``None`` when cuda.tile cannot be imported: the plain
-  data stays usable in ``KERNEL_OPTIONS``);
-* ``SCHEDULES``: per architecture, one entry per tuned shape bucket (dtype, causal, head_dim,
-  group, seqlen_q, seqlen_k, batch_heads) with the winning schedule: tile sizes and the other
-  compile-time constants cannot be a ``ByTarget`` (CUTILE_NOTES.md), so they need a host table;
-* ``select(arch, dtype, causal, head_dim, seqlen_q, seqlen_k, batch_heads=None, group=1)``: the
-  exact bucket, else the nearest one with the same dtype/causal/head_dim/group, by the distance of
-  ``tiledattention._lookup.shape_distance`` (copied into the module; tests check they agree).
+* ``KERNEL_OPTIONS[family]``: per kernel option the family's schedules have (``occupancy``,
+  ``num_ctas``, ``opt_level``) the value to use per architecture and a ``default``, and
+  ``BY_TARGET[family]`` the same as ``cuda.tile.ByTarget`` objects (``None`` when cuda.tile cannot
+  be imported: the plain data stays usable);
+* ``SCHEDULES[family][arch]``: one entry per tuned problem with the winning schedule: tile sizes
+  and the other compile-time constants cannot be a ``ByTarget`` (CUTILE_NOTES.md), so they need a
+  host table;
+* ``LOOKUP[family]``: the family's lookup metric as data (``Family.bucket_fields``,
+  ``match_ratios``, ``distance_terms``), and ``select(family, arch, **problem)``: the exact
+  problem, else the nearest entry by that metric, as the runtime's lookup picks it.
 
 Choices:
 
-* One winner per bucket and architecture: the fastest row (several GPUs of one architecture, or
-  several ``batch``/``heads`` splits of one ``batch*heads``, may share a bucket). This is what
-  ``_lookup.pick`` answers for a device name that has no rows of its own.
-* Per-architecture kernel-option value: the value that won the most buckets of that architecture;
-  ``default``: the value that won the most buckets over all exported architectures. Ties go to the
-  value of ``Schedule()``'s default if it is among the tied ones, else to the smallest value.
+* One winner per problem and architecture: the fastest row (several GPUs of one architecture may
+  share a problem). This is what ``tiledattention.pick`` answers for a device name that has no
+  rows of its own.
+* Per-architecture kernel-option value: the value that won the most problems of that
+  architecture; ``default``: the value that won the most problems over all exported
+  architectures. Ties go to the value of the family's default-constructed schedule if it is among
+  the tied ones, else to the smallest value.
 * The output is a pure function of the rows and the source name: no timestamp, sorted tables,
   so the same database gives the same bytes whatever order the rows were inserted in.
 """
@@ -31,16 +32,13 @@ import json
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
-from db import ScheduleRow
-from tiledattention._problem import Problem
-from tiledattention._schedule import Schedule
+from db import ScheduleRow, canonical_json
+from tiledattention import get_family
 
-__all__ = ["KERNEL_OPTIONS", "bucket_of", "build_schedules", "choose_kernel_options",
-           "render_module"]
+__all__ = ["KERNEL_OPTIONS", "build_schedules", "choose_kernel_options", "render_module"]
 
-#: ``ct.kernel`` options exported as ``ByTarget`` values, and the module-level names they get.
-KERNEL_OPTIONS = {"occupancy": "OCCUPANCY", "num_ctas": "NUM_CTAS", "opt_level": "OPT_LEVEL"}
-_BUCKET_FIELDS = ("dtype", "causal", "head_dim", "group", "seqlen_q", "seqlen_k", "batch_heads")
+#: ``ct.kernel`` options exported as ``ByTarget`` values.
+KERNEL_OPTIONS = ("occupancy", "num_ctas", "opt_level")
 _WIDTH = 99
 
 
@@ -49,53 +47,57 @@ def _arch_order(arch: str) -> tuple[int, str]:
     return (int(digits) if digits else 0, arch)
 
 
-def bucket_of(problem: Problem) -> tuple:
-    """The shape bucket of a problem, in ``_BUCKET_FIELDS`` order."""
-    return (problem.dtype, problem.causal, problem.head_dim, problem.group_size,
-            problem.seqlen_q, problem.seqlen_k, problem.batch * problem.heads_q)
-
-
 def _winner_order(row: ScheduleRow) -> tuple:
     # fastest first; the full key and the schedule make the choice total (deterministic)
-    return (row.median_ms, row.key, row.schedule.to_json())
+    return (row.median_ms, row.key, canonical_json(row.schedule.to_dict()))
 
 
-def build_schedules(rows: Iterable[ScheduleRow]) -> dict[str, list[dict[str, Any]]]:
-    """``{arch: [entry, ...]}``, entries sorted by bucket, one (the fastest row) per bucket."""
-    best: dict[tuple[str, tuple], ScheduleRow] = {}
+def build_schedules(rows: Iterable[ScheduleRow]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """``{family: {arch: [entry, ...]}}``, entries sorted by problem, one (the fastest row) per
+    problem."""
+    best: dict[tuple[str, str, str], ScheduleRow] = {}
     for row in rows:
-        slot = (row.arch, bucket_of(row.problem))
+        slot = (row.family, row.arch, canonical_json(row.problem.to_dict()))
         if slot not in best or _winner_order(row) < _winner_order(best[slot]):
             best[slot] = row
-    table: dict[str, list[dict[str, Any]]] = {}
-    for (arch, bucket), row in sorted(best.items(), key=lambda kv: (_arch_order(kv[0][0]),
-                                                                   kv[0][1])):
-        entry = dict(zip(_BUCKET_FIELDS, bucket))  # fixed order: the output must not vary
-        entry.update(median_ms=row.median_ms, device=row.device_name,
-                     schedule=row.schedule.to_dict())
-        table.setdefault(arch, []).append(entry)
+    table: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for (family, arch, _), row in sorted(best.items(), key=lambda kv: (
+            kv[0][0], _arch_order(kv[0][1]), kv[0][2])):
+        entry = {"problem": dict(sorted(row.problem.to_dict().items())),
+                 "median_ms": row.median_ms, "device": row.device_name,
+                 "schedule": row.schedule.to_dict()}
+        table.setdefault(family, {}).setdefault(arch, []).append(entry)
     return table
 
 
-def _most_common(counts: Counter, option: str) -> int:
+def _most_common(counts: Counter, preferred: Any) -> Any:
     top = max(counts.values())
     tied = sorted(value for value, n in counts.items() if n == top)
-    preferred = getattr(Schedule(), option)
     return preferred if preferred in tied else tied[0]
 
 
-def choose_kernel_options(table: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """``{option: {"default": v, "by_arch": {arch: v}}}`` from the buckets each value won."""
+def choose_kernel_options(family: str, by_arch: dict[str, list[dict[str, Any]]]
+                          ) -> dict[str, dict[str, Any]]:
+    """``{option: {"default": v, "by_arch": {arch: v}}}`` from the problems each value won, for
+    the kernel options ``family``'s schedules have."""
+    base = get_family(family).schedule_type().to_dict()
     result = {}
-    for option in KERNEL_OPTIONS:
+    for option in (o for o in KERNEL_OPTIONS if o in base):
         overall: Counter = Counter()
-        by_arch = {}
-        for arch in sorted(table, key=_arch_order):
-            counts = Counter(entry["schedule"][option] for entry in table[arch])
+        chosen = {}
+        for arch in sorted(by_arch, key=_arch_order):
+            counts = Counter(entry["schedule"][option] for entry in by_arch[arch])
             overall.update(counts)
-            by_arch[arch] = _most_common(counts, option)
-        result[option] = {"default": _most_common(overall, option), "by_arch": by_arch}
+            chosen[arch] = _most_common(counts, base[option])
+        result[option] = {"default": _most_common(overall, base[option]), "by_arch": chosen}
     return result
+
+
+def _lookup_spec(family: str) -> dict[str, Any]:
+    f = get_family(family)
+    return {"bucket_fields": list(f.bucket_fields),
+            "match_ratios": [list(pair) for pair in f.match_ratios],
+            "distance_terms": [[list(names), weight] for names, weight in f.distance_terms]}
 
 
 def _clean(text: str) -> str:
@@ -119,11 +121,14 @@ def _header(rows: Sequence[ScheduleRow], source: str, archs: list[str]) -> list[
 
 
 def _py(value: Any) -> str:
-    """A scalar as a Python literal; strings in double quotes (JSON escapes are valid Python)."""
+    """A scalar or list as a Python literal; strings in double quotes (JSON escapes are valid
+    Python)."""
     if isinstance(value, str):
         return json.dumps(value)
     if value is None or isinstance(value, (bool, int, float)):
         return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_py(v) for v in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} into the module")
 
 
@@ -161,59 +166,70 @@ def _literal(data: dict, col: int) -> str:
     return "\n".join(lines)[col:]
 
 
-_DOC = '''"""Tuned tiledattention schedules per GPU architecture (generated, see the header).
+_DOC = '''"""Tuned tiledattention schedules per kernel family and GPU architecture (generated, see
+the header).
 
-Kernel options, for ``@ct.kernel(occupancy=OCCUPANCY, num_ctas=NUM_CTAS, opt_level=OPT_LEVEL)``:
-``cuda.tile.ByTarget`` objects whose value per architecture is the one that won the most tuned
-shapes there, and whose ``default`` won the most shapes overall. They are ``None`` when cuda.tile
-cannot be imported; ``KERNEL_OPTIONS`` holds the same values as plain data.
+Kernel options, for ``@ct.kernel(occupancy=..., num_ctas=..., opt_level=...)``:
+``BY_TARGET[family][option]``, ``cuda.tile.ByTarget`` objects whose value per architecture is the
+one that won the most tuned problems there, and whose ``default`` won the most problems overall.
+They are ``None`` when cuda.tile cannot be imported; ``KERNEL_OPTIONS`` holds the same values as
+plain data.
 
 Tile sizes and the other compile-time constants cannot be a ``ByTarget``: ``select()`` returns the
-schedule tuned for a shape (``tiledattention.Schedule.from_dict`` reads it). This module needs
-nothing but the Python standard library.
+schedule tuned for a problem (the family's schedule type's ``from_dict`` reads it). This module
+needs nothing but the Python standard library.
 """'''
 
 _CODE = '''
 
 
-def _by_target(option):
+def _by_target(values):
     if ct is None:
         return None
-    values = KERNEL_OPTIONS[option]
     return ct.ByTarget(default=values["default"], **values["by_arch"])
 
 
-{by_target}
+BY_TARGET = {family: {option: _by_target(values) for option, values in options.items()}
+             for family, options in KERNEL_OPTIONS.items()}
 
 
-def shape_distance(seqlen_q, seqlen_k, batch_heads, entry):
-    """Distance of a shape to a tuned bucket (``tiledattention._lookup.shape_distance``):
-    |log2 Sq - log2 Sq'| + |log2 Sk - log2 Sk'| + 0.5 |log2 BH - log2 BH'|; the last term is
-    left out when ``batch_heads`` is None."""
-    distance = (abs(math.log2(seqlen_q) - math.log2(entry["seqlen_q"]))
-                + abs(math.log2(seqlen_k) - math.log2(entry["seqlen_k"])))
-    if batch_heads is not None:
-        distance += 0.5 * abs(math.log2(batch_heads) - math.log2(entry["batch_heads"]))
-    return distance
+def distance(family, a, b):
+    """The lookup distance between two problems (dicts) of ``family``: the sum over
+    ``LOOKUP[family]["distance_terms"]`` of weight * |log2 prod(a[fields]) - log2 prod(b[fields])|,
+    or ``None`` when they differ in a bucket field or a matched ratio."""
+    spec = LOOKUP[family]
+    if any(a[name] != b[name] for name in spec["bucket_fields"]):
+        return None
+    if any(a[n] * b[d] != b[n] * a[d] for n, d in spec["match_ratios"]):
+        return None
+    total = 0.0
+    for names, weight in spec["distance_terms"]:
+        total += weight * abs(math.log2(math.prod(a[n] for n in names))
+                              - math.log2(math.prod(b[n] for n in names)))
+    return total
 
 
-def select(arch, dtype, causal, head_dim, seqlen_q, seqlen_k, batch_heads=None, group=1):
-    """The schedule (a dict) tuned for this shape on ``arch`` ("sm_90"): the exact bucket, else
-    the nearest one with the same dtype, causal flag, head_dim and group size (query heads per
-    K/V head); ties go to the faster row. ``None`` when ``arch`` has no such bucket.
-    ``batch_heads`` is batch * query heads; ``None`` ignores it."""
-    for name, value in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("group", group),
-                        ("batch_heads", batch_heads)):
-        if value is None and name == "batch_heads":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"select(): {{name}} must be a positive int; got {{value!r}}")
+def select(family, arch, **problem):
+    """The schedule (a dict) tuned for ``problem`` (every field of the family's problem, by
+    name) on ``arch`` ("sm_90"): the exact problem, else the nearest comparable one; ties go to
+    the faster row. ``None`` when ``arch`` has no comparable entry."""
+    if family not in SCHEDULES:
+        raise ValueError(f"select(): family must be one of {sorted(SCHEDULES)}; got {family!r}")
+    fields = set(SCHEDULES[family][next(iter(SCHEDULES[family]))][0]["problem"])
+    if set(problem) != fields:
+        raise ValueError(f"select(): give exactly the fields {sorted(fields)}; got "
+                         f"{sorted(problem)}")
+    for names, _ in LOOKUP[family]["distance_terms"]:
+        for name in names:
+            value = problem[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"select(): {name} must be a positive int; got {value!r}")
     best = None
-    for entry in SCHEDULES.get(arch, ()):
-        if (entry["dtype"] != dtype or entry["causal"] != causal
-                or entry["head_dim"] != head_dim or entry["group"] != group):
+    for entry in SCHEDULES[family].get(arch, ()):
+        d = distance(family, problem, entry["problem"])
+        if d is None:
             continue
-        rank = (shape_distance(seqlen_q, seqlen_k, batch_heads, entry), entry["median_ms"])
+        rank = (d, entry["median_ms"])
         if best is None or rank < best[0]:
             best = (rank, entry)
     return None if best is None else dict(best[1]["schedule"])
@@ -226,8 +242,9 @@ def render_module(rows: Sequence[ScheduleRow], *, source: str) -> str:
     if not rows:
         raise ValueError("render_module() needs at least one row")
     table = build_schedules(rows)
-    archs = sorted(table, key=_arch_order)
-    options = choose_kernel_options(table)
+    archs = sorted({arch for by_arch in table.values() for arch in by_arch}, key=_arch_order)
+    options = {family: choose_kernel_options(family, by_arch) for family, by_arch in table.items()}
+    lookup = {family: _lookup_spec(family) for family in table}
     parts = [
         "\n".join(_header(rows, source, archs)),
         _DOC,
@@ -241,27 +258,32 @@ def render_module(rows: Sequence[ScheduleRow], *, source: str) -> str:
         "except (ImportError, OSError):",
         "    ct = None",
         "",
-        '__all__ = ["ARCHITECTURES", "KERNEL_OPTIONS", "OCCUPANCY", "NUM_CTAS", "OPT_LEVEL",',
-        '           "SCHEDULES", "select", "shape_distance"]',
+        '__all__ = ["ARCHITECTURES", "BY_TARGET", "KERNEL_OPTIONS", "LOOKUP", "SCHEDULES",',
+        '           "distance", "select"]',
         "",
         "#: Architectures with tuned rows.",
         f"ARCHITECTURES = ({', '.join(_py(a) for a in archs)},)",
         "",
-        "#: option -> the value that won the most tuned shapes, per architecture and overall.",
+        "#: family -> option -> the value that won the most tuned problems, per architecture and",
+        "#: overall.",
         "KERNEL_OPTIONS = " + _literal(options, len("KERNEL_OPTIONS = ")),
         "",
-        "#: arch -> one entry per tuned shape bucket (batch_heads = batch * query heads; group =",
-        "#: query heads per K/V head), with the winning schedule and its median time.",
+        "#: family -> its lookup metric (see distance()).",
+        "LOOKUP = " + _literal(lookup, len("LOOKUP = ")),
+        "",
+        "#: family -> arch -> one entry per tuned problem, with the winning schedule and its",
+        "#: median time.",
         "SCHEDULES = {",
     ]
-    for arch in archs:
-        parts.append(f"    {_py(arch)}: [")
-        for entry in table[arch]:
-            parts.append("        " + _literal(entry, 8) + ",")
-        parts.append("    ],")
+    for family, by_arch in table.items():
+        parts.append(f"    {_py(family)}: {{")
+        for arch in sorted(by_arch, key=_arch_order):
+            parts.append(f"        {_py(arch)}: [")
+            for entry in by_arch[arch]:
+                parts.append("            " + _literal(entry, 12) + ",")
+            parts.append("        ],")
+        parts.append("    },")
     parts.append("}")
-    by_target = "\n".join(f'{name} = _by_target("{option}")'
-                          for option, name in KERNEL_OPTIONS.items())
-    text = "\n".join(parts) + _CODE.format(by_target=by_target)
+    text = "\n".join(parts) + _CODE
     compile(text, "<bytarget module>", "exec")  # a generator bug must not reach the file
     return text

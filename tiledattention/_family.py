@@ -1,0 +1,157 @@
+"""Kernel families: what the tuner, the database, the lookup and the exporters need of a kernel.
+
+A :class:`Family` bundles one kernel template's problem type (the key), schedule type, per-
+architecture default, schedule normalisation, lookup metric, compile-only build and GPU test case
+(inputs, float32 reference, launcher, PyTorch baselines). Its search space lives in
+``search_spaces``; everything else in the project takes a family as a parameter. Families are
+registered by name (the prefill forward, ``"forward"``, on ``import tiledattention``).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from typing import Any, Callable, ClassVar, Mapping
+
+import db
+
+from ._compile import CompileResult
+from ._identity import module_identity
+from .errors import InputTypeError, InputValueError, UnknownFamilyError
+
+__all__ = ["Family", "Case", "register_family", "unregister_family", "get_family", "families",
+           "codecs"]
+
+
+class Case(abc.ABC):
+    """One problem's inputs on a GPU, its float32 reference and its output buffer."""
+
+    @abc.abstractmethod
+    def launcher(self, schedule: Any) -> Callable[[], None]:
+        """A function that enqueues one run of ``schedule`` on the current stream."""
+
+    @abc.abstractmethod
+    def error(self, run: Callable[[], None]) -> float:
+        """Poison the outputs, ``run()`` once, and return the relative L2 error against the
+        float32 reference (``nan`` or ``inf`` when the output is not finite)."""
+
+    def baselines(self) -> Mapping[str, Callable[[], Any]]:
+        """Contenders outside this project (PyTorch's backends) by name, each a function that
+        runs once; a baseline that cannot take this problem raises when called."""
+        return {}
+
+
+class Family(abc.ABC):
+    """A kernel template and everything the tuner and the runtime need to use it.
+
+    Class attributes: ``name`` (the key in the database and on the command line),
+    ``problem_type`` / ``schedule_type`` (frozen dataclasses with ``to_dict`` / ``from_dict``,
+    ``describe()`` and, for schedules, ``key``), ``template_modules`` (the modules whose code
+    decides what a schedule compiles to: their parsed code is the template's identity),
+    ``bucket_fields`` (the problem fields a stored row must share with a problem to be used for
+    it; the database indexes them), ``seed_across`` (bucket fields whose winners still make
+    good first guesses for each other when tuning: the tuner seeds across them), and the lookup
+    metric as data (so exported tables can carry it): ``match_ratios``, pairs of fields whose
+    ratio a stored problem must share, and ``distance_terms``, ``(fields, weight)`` pairs adding
+    ``weight * |log2 prod(a.fields) - log2 prod(b.fields)|``.
+    """
+
+    name: ClassVar[str]
+    problem_type: ClassVar[type]
+    schedule_type: ClassVar[type]
+    template_modules: ClassVar[tuple[str, ...]]
+    bucket_fields: ClassVar[tuple[str, ...]]
+    seed_across: ClassVar[tuple[str, ...]] = ()
+    match_ratios: ClassVar[tuple[tuple[str, str], ...]] = ()
+    distance_terms: ClassVar[tuple[tuple[tuple[str, ...], float], ...]] = ()
+
+    def __repr__(self) -> str:
+        return f"<kernel family {self.name!r}>"
+
+    # -- identity and storage -------------------------------------------------------------------
+    def template_identity(self) -> str:
+        """12 hex digits over the parsed code of ``template_modules`` (comments, docstrings and
+        formatting do not count): rows measured under another identity are stale."""
+        return module_identity(*self.template_modules)
+
+    def codec(self) -> db.FamilyCodec:
+        return db.FamilyCodec(self.name, self.problem_type.from_dict,
+                              self.schedule_type.from_dict, tuple(self.bucket_fields))
+
+    # -- schedules ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def default_schedule(self, arch: str, problem: Any) -> Any:
+        """The schedule to run when nothing tuned is known (per architecture)."""
+
+    def normalise(self, problem: Any, schedule: Any) -> Any:
+        """``schedule`` with every choice that cannot matter for ``problem`` at its canonical
+        value: two schedules that compile the same kernel normalise to one value."""
+        return schedule
+
+    # -- lookup ---------------------------------------------------------------------------------
+    def comparable(self, stored: Any, problem: Any) -> bool:
+        """Whether a row tuned for ``stored`` may answer for ``problem`` (beyond sharing
+        ``bucket_fields``, which the database already ensured): equal ``match_ratios``."""
+        return all(getattr(stored, n) * getattr(problem, d) == getattr(problem, n) *
+                   getattr(stored, d) for n, d in self.match_ratios)
+
+    def distance(self, a: Any, b: Any) -> float:
+        """How far apart two comparable problems are (0: the same on every term)."""
+        total = 0.0
+        for names, weight in self.distance_terms:
+            total += weight * abs(math.log2(math.prod(getattr(a, n) for n in names))
+                                  - math.log2(math.prod(getattr(b, n) for n in names)))
+        return total
+
+    @abc.abstractmethod
+    def flops(self, problem: Any) -> float:
+        """Floating-point operations of one call (for TFLOP/s)."""
+
+    # -- building and running ------------------------------------------------------------------
+    @abc.abstractmethod
+    def compile(self, problem: Any, schedule: Any, arch: str) -> CompileResult:
+        """Compile-only build for ``arch`` (no GPU needed); raises ``CompileError``."""
+
+    @abc.abstractmethod
+    def case(self, problem: Any, device_index: int) -> Case:
+        """Random inputs (fixed seed) for ``problem`` on CUDA device ``device_index``."""
+
+    @abc.abstractmethod
+    def tolerance(self, problem: Any) -> float:
+        """Largest relative L2 error against the float32 reference a correct schedule has."""
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    """Make ``family`` known by its name to the tuner, the database and the lookup."""
+    if not isinstance(family, Family):
+        raise InputTypeError(f"register_family() takes a Family; got {type(family).__name__}")
+    family.codec()  # checks the name
+    if _REGISTRY.get(family.name, family) is not family:
+        raise InputValueError(f"a kernel family named {family.name!r} is already registered")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Forget the family ``name`` (tests register families of their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_family(name: Any) -> Family:
+    """The registered family ``name``; :class:`UnknownFamilyError` lists the known ones."""
+    family = _REGISTRY.get(name) if isinstance(name, str) else None
+    if family is None:
+        raise UnknownFamilyError(f"kernel must be one of {sorted(_REGISTRY)}; got {name!r}")
+    return family
+
+
+def families() -> tuple[Family, ...]:
+    return tuple(_REGISTRY[name] for name in sorted(_REGISTRY))
+
+
+def codecs() -> dict[str, db.FamilyCodec]:
+    """The database codec of every registered family."""
+    return {family.name: family.codec() for family in families()}

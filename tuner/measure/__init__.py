@@ -1,0 +1,10 @@
+"""Measurement: isolated worker processes, the GPU and simulated executors, and CUDA timing."""
+
+from ._executors import FAILURES, STATUSES, GpuExecutor, Measurement, first_line
+from ._isolation import IsolatedExecutor, WorkerDied, WorkerTimeout
+from ._simulated import SIMULATED_DEVICE, SimulatedExecutor, SimulatedFaults
+from ._timing import Timing, summarize, time_cuda, time_interleaved
+
+__all__ = ["FAILURES", "GpuExecutor", "IsolatedExecutor", "Measurement", "SIMULATED_DEVICE",
+           "STATUSES", "SimulatedExecutor", "SimulatedFaults", "Timing", "WorkerDied",
+           "WorkerTimeout", "first_line", "summarize", "time_cuda", "time_interleaved"]

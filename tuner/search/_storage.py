@@ -1,0 +1,104 @@
+"""The Optuna side of a search: study names, the RDB storage with heartbeats, and the thread
+that keeps this process's running trials alive."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import warnings
+from typing import Any
+
+import optuna
+
+from db import canonical_json
+from tiledattention import Family
+
+from ._budget import Budget
+
+__all__ = ["study_name", "open_storage", "Heartbeat", "quiet_optuna"]
+
+
+def study_name(prefix: str, family: Family, arch: str, problem: Any) -> str:
+    """The Optuna study of one key: ``prefix:family:arch:<problem as canonical JSON>``."""
+    return f"{prefix}:{family.name}:{arch}:{canonical_json(problem.to_dict())}"
+
+
+class StaleTrial:
+    """Called once per trial of a dead worker (heartbeat older than the grace period): gives
+    its budget ticket back and re-enqueues its candidate once."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        with quiet_optuna():
+            self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+
+    def __call__(self, study, trial) -> None:
+        budget = Budget(self._url, study.study_name)
+        budget.release(trial.number)
+        budget.close()
+        self._retry(study, trial)
+
+
+def open_storage(url: str, *, heartbeat_s: int, grace_s: int) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage with heartbeats: a dead worker's running trials are failed after
+    ``grace_s``, their tickets returned and their candidates re-enqueued once."""
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    attempt = 0
+    while True:  # workers starting together may race to create Optuna's tables
+        try:
+            with quiet_optuna():
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s,
+                    grace_period=grace_s,
+                    heartbeat_stale_trial_callback=StaleTrial(url))
+        except Exception:  # the losing CREATE TABLE; give up after five tries
+            attempt += 1
+            if attempt == 5:
+                raise
+            time.sleep(0.5 * attempt)
+
+
+class Heartbeat:
+    """Records heartbeats for the trials this process holds, from a background thread."""
+
+    def __init__(self, storage: optuna.storages.RDBStorage, interval: float) -> None:
+        self._storage = storage
+        self._ids: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            with self._lock:
+                ids = list(self._ids)
+            for trial_id in ids:
+                try:
+                    self._storage.record_heartbeat(trial_id)
+                except Exception:  # a missed beat is retried next interval
+                    pass
+
+    def hold(self, trial_id: int) -> None:
+        self._storage.record_heartbeat(trial_id)
+        with self._lock:
+            self._ids.add(trial_id)
+
+    def drop(self, trial_id: int) -> None:
+        with self._lock:
+            self._ids.discard(trial_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def quiet_optuna():
+    """Heartbeats with ask/tell (rather than ``optimize``) and ``fail_stale_trials`` are what
+    make concurrent workers safe here; silence Optuna's notes that they are unusual."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        yield
