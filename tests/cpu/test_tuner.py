@@ -14,14 +14,30 @@ from pathlib import Path
 import optuna
 import pytest
 
+import db as dbmod
 import search_spaces
-from db import ScheduleDB, ScheduleRow
-from tiledattention import Problem, Schedule
-from tiledattention._provenance import current_provenance
-from tuner._isolation import IsolatedExecutor
-from tuner._measure import SimulatedExecutor, SimulatedFaults
+from db import ScheduleRow
+from tiledattention import FORWARD, Problem, Schedule, codecs, current_provenance
 from tuner.cli import main
-from tuner.driver import SearchConfig, Tuner, study_name
+from tuner.measure import IsolatedExecutor, SimulatedExecutor, SimulatedFaults
+from tuner.search import SearchConfig, Tuner, study_name
+
+
+def ScheduleDB(location):  # noqa: N802 - the database with every family's codec
+    return dbmod.ScheduleDB(location, codecs=codecs())
+
+
+def space_for(arch, name="full", problem=None):
+    """The forward family's named space on ``arch``, restricted to ``problem`` when given."""
+    space = search_spaces.space_for("forward", arch, name)
+    if problem is None:
+        return space
+    return search_spaces.family_space("forward").restrict(space, problem)
+
+
+def normalised(problem, schedules):
+    return list({FORWARD.normalise(problem, s).key: FORWARD.normalise(problem, s)
+                 for s in schedules}.values())
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = Problem(batch=4, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096, head_dim=128,
@@ -31,21 +47,19 @@ PROBLEM = Problem(batch=4, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096
 def make_tuner(tmp_path, factory=SimulatedExecutor, db=None, **config):
     executor = IsolatedExecutor(factory)
     config.setdefault("lookahead", 1)
-    tuner = Tuner(executor, arch="sm_90", device_name="Simulated GPU",
+    tuner = Tuner(executor, family=FORWARD, arch="sm_90", device_name="Simulated GPU",
                   storage_url=f"sqlite:///{tmp_path}/studies.sqlite", db=db,
                   config=SearchConfig(**config))
     return tuner, executor
 
 
 def compact_feasible():
-    space = search_spaces.space_for("sm_90", "compact").restricted(PROBLEM)
-    return space.feasible(PROBLEM)
+    return normalised(PROBLEM, space_for("sm_90", "compact", PROBLEM).feasible(PROBLEM))
 
 
 def test_restricted_space_drops_what_cannot_matter_for_the_problem():
-    full = search_spaces.space_for("sm_90")
-    causal = full.restricted(dataclasses.replace(PROBLEM, causal=True)).choices
-    plain = full.restricted(dataclasses.replace(PROBLEM, causal=False)).choices
+    causal = space_for("sm_90", "full", dataclasses.replace(PROBLEM, causal=True)).choices
+    plain = space_for("sm_90", "full", dataclasses.replace(PROBLEM, causal=False)).choices
     causal_only = {"longest_first", "split_masked", "paired_tiles"}
     assert causal_only <= set(causal) and not causal_only & set(plain)
     # persistent CTAs are searched for non-causal problems only (measured slower when causal)
@@ -62,7 +76,7 @@ def test_exhaustive_budget_finds_the_model_optimum(tmp_path):
             result = tuner.tune(PROBLEM)
         assert result.best == optimum
         assert result.measured == len(candidates)  # every point once, none twice
-        stored = db.get("sm_90", "Simulated GPU", PROBLEM)
+        stored = db.get("forward", "sm_90", "Simulated GPU", PROBLEM)
         assert stored.schedule == optimum and result.stored == "added"
         assert stored.default_ms is not None and stored.torch_cudnn_ms is not None
 
@@ -71,9 +85,10 @@ def test_seeds_are_the_default_and_the_nearest_winners_of_both_dtypes(tmp_path):
     """Three nearest winners of the key's dtype and the nearest of the other dtype seed a key;
     winners for another head_dim or mask never do."""
     def put(store, problem, schedule):
-        store.put(ScheduleRow(arch="sm_90", device_name="Simulated GPU", problem=problem,
+        store.put(ScheduleRow(family="forward", arch="sm_90", device_name="Simulated GPU",
+                              problem=problem,
                               schedule=schedule, median_ms=1.0, spread_ms=0.01, tflops=1.0,
-                              trials=1, provenance=current_provenance()))
+                              trials=1, provenance=current_provenance(FORWARD)))
 
     fp16 = dataclasses.replace(PROBLEM, dtype="fp16")
     same = [Schedule(tile_m=m, tile_n=n, occupancy=2) for m, n in ((64, 64), (64, 128), (128, 64))]
@@ -86,10 +101,10 @@ def test_seeds_are_the_default_and_the_nearest_winners_of_both_dtypes(tmp_path):
         put(store, dataclasses.replace(fp16, head_dim=64), unrelated)
         put(store, dataclasses.replace(fp16, causal=False), unrelated)
         tuner, _ = make_tuner(tmp_path, db=store)
-        space = search_spaces.space_for("sm_90", "compact").restricted(fp16)
+        space = space_for("sm_90", "compact", fp16)
         seeds = tuner._seeds(fp16, space)
     projected = [space.schedule(space.params(s)) for s in
-                 [search_spaces.default_schedule("sm_90", fp16), *same, other]]
+                 [FORWARD.default_schedule("sm_90", fp16), *same, other]]
     assert set(seeds) == set(projected) and len(seeds) == len(set(projected))
     assert space.schedule(space.params(unrelated)) not in seeds
 
@@ -97,14 +112,16 @@ def test_seeds_are_the_default_and_the_nearest_winners_of_both_dtypes(tmp_path):
 def test_neighbours_differ_in_one_dimension_and_skip_the_known_and_infeasible(tmp_path):
     tuner, _ = make_tuner(tmp_path)
     problem = dataclasses.replace(PROBLEM, head_dim=256)
-    space = search_spaces.space_for("sm_90").restricted(problem)
-    base = search_spaces.default_schedule("sm_90", problem)
+    space = space_for("sm_90", "full", problem)
+    base = FORWARD.default_schedule("sm_90", problem)
     measured = base.replace(exp2=False)
     too_big = base.replace(tile_m=256)  # 256-row Q tile + K and V at D=256: > 227 KiB
     found = tuner._neighbours(space, base, problem, {measured.key: 1.0})
-    assert all(sum(getattr(s, n) != getattr(base, n) for n in space.choices) == 1 for s in found)
-    assert measured not in found and too_big not in found
-    assert len(found) == sum(len(values) - 1 for values in space.choices.values()) - 2
+    one_away = {FORWARD.normalise(problem, base.replace(**{n: v})).key
+                for n, values in space.choices.items() for v in values if v != getattr(base, n)}
+    one_away -= {base.key, measured.key, too_big.key}  # a change normalised away: not new
+    assert {s.key for s in found} == one_away and len(found) == len(one_away)
+    assert measured not in found and too_big not in found and base not in found
     assert found == tuner._neighbours(space, base, problem, {measured.key: 1.0})  # seeded order
 
 
@@ -115,8 +132,8 @@ def test_after_the_seeds_the_search_climbs_from_the_best_so_far(tmp_path):
     tuner, executor = make_tuner(tmp_path, n_trials=16, patience=None, neighbour_trials=6)
     with executor:
         tuner.tune(problem)
-    space = search_spaces.space_for("sm_90").restricted(problem)
-    study = optuna.load_study(study_name=study_name("tiledtune", "sm_90", problem),
+    space = space_for("sm_90", "full", problem)
+    study = optuna.load_study(study_name=study_name("tiledtune", FORWARD, "sm_90", problem),
                               storage=f"sqlite:///{tmp_path}/studies.sqlite")
     measured = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
     assert len(measured) == 16
@@ -162,7 +179,7 @@ def test_every_fault_is_recorded_and_the_search_goes_on(tmp_path):
         assert executor.started >= 3  # restarted after the crash and after the hang
     assert result.best == ranked[4]
     assert result.failures == {"compile-error": 1, "crash": 1, "timeout": 1, "wrong": 1}
-    study = optuna.load_study(study_name=study_name("tiledtune", "sm_90", PROBLEM),
+    study = optuna.load_study(study_name=study_name("tiledtune", FORWARD, "sm_90", PROBLEM),
                               storage=f"sqlite:///{tmp_path}/studies.sqlite")
     reasons = {t.user_attrs["schedule_key"]: (t.user_attrs["status"], t.user_attrs.get("reason"))
                for t in study.trials
@@ -176,16 +193,15 @@ def test_every_fault_is_recorded_and_the_search_goes_on(tmp_path):
 RESUME_SCRIPT = """
 import sys, functools
 sys.path.insert(0, {root!r})
-from tuner._isolation import IsolatedExecutor
-from tuner._measure import SimulatedExecutor, SimulatedFaults
-from tuner.driver import SearchConfig, Tuner
-from tiledattention import Problem
+from tuner.measure import IsolatedExecutor, SimulatedExecutor, SimulatedFaults
+from tuner.search import SearchConfig, Tuner
+from tiledattention import FORWARD, Problem
 problem = Problem(batch=4, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096, head_dim=128,
                   dtype="bf16", causal=True)
 factory = functools.partial(SimulatedExecutor, faults=SimulatedFaults(delay_s=0.15))
 if __name__ == "__main__":
     with IsolatedExecutor(factory) as ex:
-        tuner = Tuner(ex, arch="sm_90", device_name="Simulated GPU",
+        tuner = Tuner(ex, family=FORWARD, arch="sm_90", device_name="Simulated GPU",
                       storage_url="sqlite:///{tmp}/studies.sqlite",
                       config=SearchConfig(n_trials=30, patience=None, lookahead=1,
                                           heartbeat_s=1, grace_s=2))
@@ -198,7 +214,7 @@ def test_kill_and_resume_repeats_and_loses_no_finished_trial(tmp_path):
     script = tmp_path / "resume.py"
     script.write_text(RESUME_SCRIPT.format(root=str(ROOT), tmp=str(tmp_path)))
     storage = f"sqlite:///{tmp_path}/studies.sqlite"
-    name = study_name("tiledtune", "sm_90", PROBLEM)
+    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
 
     def finished():
         try:

@@ -299,7 +299,7 @@ class Tuner:
                 if value != getattr(incumbent, name):
                     s = self.family.normalise(problem, incumbent.replace(**{name: value}))
                     found.setdefault(s.key, s)
-        found = [s for s in found.values() if s.key not in known
+        found = [s for s in found.values() if s.key not in known and s.key != incumbent.key
                  and space.infeasibility(self.arch, problem, s) is None]
         random.Random(f"{self.config.seed}:{incumbent.key}").shuffle(found)
         return found

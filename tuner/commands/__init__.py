@@ -1,0 +1,1 @@
+"""The `tiledtune` subcommands: each module has `configure(parser)` and `run(args) -> int`."""
