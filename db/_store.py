@@ -12,18 +12,17 @@ file costs one ``os.path.exists``.
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
-import urllib.parse
 import warnings
 from contextlib import contextmanager
 from datetime import timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
+from ._engine import WRITE_OPTION, Target, check_sqlite_file, is_locked, sqlite_engine
 from ._errors import DatabaseUnavailable, RecordError, SchemaTooNew
-from ._rows import (LEGACY_FAMILY, PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow,
-                    canonical_json, codec_map)
+from ._legacy import LEGACY_PROBLEM, from_legacy, legacy_columns
+from ._rows import PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow, canonical_json, \
+    codec_map
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -33,121 +32,7 @@ __all__ = ["ScheduleDB", "PUT_OUTCOMES"]
 #: What :meth:`ScheduleDB.put` did.
 PUT_OUTCOMES = ("added", "improved", "replaced", "forced", "kept")
 
-_BUSY_TIMEOUT_S = 30.0
 _WRITE_ATTEMPTS = 8
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_WRITE_OPTION = "tiledattention_write"
-
-
-class _Target:
-    """Where a location points: a SQLite file (``path``), in-memory SQLite, or another URL."""
-
-    def __init__(self, location: str | os.PathLike) -> None:
-        text = os.fspath(location)
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"a database location must be a path or URL; got {location!r}")
-        self.url: str | None = None
-        self.path: Path | None = None
-        self.memory = False
-        if "://" in text:
-            from sqlalchemy.engine import make_url
-
-            try:
-                url = make_url(text)
-            except Exception as exc:
-                raise ValueError(f"not an SQLAlchemy URL: {text!r} ({exc})") from None
-            if url.get_backend_name() == "sqlite":
-                database = url.database or ""
-                if database in ("", ":memory:"):
-                    self.memory = True
-                else:
-                    self.path = Path(database)
-            else:
-                self.url = text
-            self.shown = (url.render_as_string(hide_password=True)
-                          if self.path is None else str(self.path))
-        else:
-            self.path = Path(text).expanduser()
-            self.shown = str(self.path)
-
-    @property
-    def sqlite(self) -> bool:
-        return self.url is None
-
-
-def _check_sqlite_file(path: Path) -> None:
-    """Cheap checks of a SQLite file's header, before SQLite sees it."""
-    if path.is_dir():
-        raise DatabaseUnavailable(f"{path} is a directory; expected a SQLite schedule database")
-    size = path.stat().st_size
-    if size == 0:
-        return  # SQLite reads an empty file as an empty database
-    with open(path, "rb") as f:
-        header = f.read(100)
-    if not header.startswith(_SQLITE_MAGIC[:len(header)]) or \
-            (len(header) >= 16 and header[:16] != _SQLITE_MAGIC):
-        raise DatabaseUnavailable(
-            f"{path} is not a SQLite database (no SQLite header); point TILEDATTN_DB at a "
-            "tiledattention schedule database, or move the file away")
-    if len(header) < 100:
-        raise DatabaseUnavailable(f"{path} is truncated ({size} bytes, shorter than a SQLite "
-                                  "header); delete it or restore it from a backup")
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(header[28:32], "big")
-    size_valid = header[24:28] == header[92:96]  # the in-header size is trusted only then
-    if size_valid and pages and size < pages * page_size:
-        raise DatabaseUnavailable(
-            f"{path} is truncated ({size} bytes; its header says {pages * page_size}); delete "
-            "it or restore it from a backup")
-
-
-def _sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
-    from sqlalchemy import create_engine, event
-    from sqlalchemy.pool import QueuePool, StaticPool
-
-    if path is None:
-        def connect() -> sqlite3.Connection:
-            return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        pool = StaticPool
-    elif read_only:
-        uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
-
-        def connect() -> sqlite3.Connection:
-            return sqlite3.connect(uri, uri=True, timeout=_BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
-        pool = QueuePool
-    else:
-        def connect() -> sqlite3.Connection:
-            return sqlite3.connect(str(path), timeout=_BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
-        pool = QueuePool
-    engine = create_engine("sqlite+pysqlite://", creator=connect, poolclass=pool)
-
-    # isolation_level=None hands transaction control to us: pysqlite's own implicit BEGIN
-    # would be DEFERRED, and a deferred reader that later writes fails with SQLITE_BUSY at once.
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:
-        dbapi_connection.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-        if path is not None and not read_only:
-            dbapi_connection.execute("PRAGMA journal_mode = WAL")
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(connection: "Connection") -> None:
-        write = connection.get_execution_options().get(_WRITE_OPTION, False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-    return engine
-
-
-def _is_locked(exc: BaseException) -> bool:
-    """A lock / busy / serialisation failure: the transaction may succeed if run again."""
-    from sqlalchemy.exc import DBAPIError
-
-    if not isinstance(exc, DBAPIError):
-        return False
-    text = str(exc.orig).lower()
-    return "locked" in text or "busy" in text or "deadlock" in text or "serializ" in text
 
 
 class ScheduleDB:
@@ -168,7 +53,7 @@ class ScheduleDB:
                  codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = (),
                  read_only: bool = False) -> None:
         self._codecs = codec_map(codecs)
-        self._target = _Target(location)
+        self._target = Target(location)
         self._read_only = read_only
         self._engine: Engine | None = None
         self._too_new: str | None = None
@@ -178,13 +63,13 @@ class ScheduleDB:
             if read_only and not path.exists():
                 raise DatabaseUnavailable(f"{path} does not exist")
             if path.exists():
-                _check_sqlite_file(path)
+                check_sqlite_file(path)
             elif not read_only:
                 path.parent.mkdir(parents=True, exist_ok=True)
         from sqlalchemy import create_engine
 
         if self._target.sqlite:
-            self._engine = _sqlite_engine(None if self._target.memory else path,
+            self._engine = sqlite_engine(None if self._target.memory else path,
                                           read_only=read_only)
         else:
             self._engine = create_engine(self._target.url, pool_pre_ping=True)
@@ -204,7 +89,7 @@ class ScheduleDB:
         """Open for reading at run time: ``None`` when a SQLite file does not exist (nothing is
         created); :class:`DatabaseUnavailable` naming the file when it is not a readable
         tiledattention database."""
-        target = _Target(location)
+        target = Target(location)
         if target.path is not None and not target.path.exists():
             return None
         return cls(location, codecs=codecs, read_only=True)
@@ -242,11 +127,11 @@ class ScheduleDB:
         try:
             with self._engine.connect() as connection:
                 if write:
-                    connection.execution_options(**{_WRITE_OPTION: True})
+                    connection.execution_options(**{WRITE_OPTION: True})
                 with connection.begin():
                     yield connection
         except DBAPIError as exc:
-            if write and (_is_locked(exc) or isinstance(exc, IntegrityError)):
+            if write and (is_locked(exc) or isinstance(exc, IntegrityError)):
                 raise  # put() retries these (a lock, or another writer's insert of the key)
             raise DatabaseUnavailable(f"cannot use the schedule database {self}: "
                                       f"{exc.orig or exc}") from exc
@@ -305,7 +190,7 @@ class ScheduleDB:
                             self._too_new = revision
                 return
             except Exception as exc:
-                if not (_is_locked(exc) or self._lost_create_race(exc)) \
+                if not (is_locked(exc) or self._lost_create_race(exc)) \
                         or attempt == _WRITE_ATTEMPTS - 1:
                     raise
                 time.sleep(0.05 * 2 ** attempt)
@@ -389,7 +274,7 @@ class ScheduleDB:
             except IntegrityError as exc:  # another writer inserted this key first: look again
                 last = exc
             except Exception as exc:
-                if not _is_locked(exc):
+                if not is_locked(exc):
                     raise
                 last = exc
             time.sleep(0.02 * 2 ** attempt)
@@ -445,10 +330,10 @@ class ScheduleDB:
             return []
         with self._transaction(write=False) as connection:
             present = self._present_columns(connection)
-            if "problem" not in present and set(_LEGACY_PROBLEM) <= present:
-                records = connection.execute(select(*[c for c in _legacy_columns(present)])
+            if "problem" not in present and set(LEGACY_PROBLEM) <= present:
+                records = connection.execute(select(*[c for c in legacy_columns(present)])
                                              ).mappings().all()
-                return self._decoded(_from_legacy(records, self._codecs, key, filters))
+                return self._decoded(from_legacy(records, self._codecs, key, filters))
             lacking = [c.name for c in t.c if c.name not in present
                        and c.name not in OPTIONAL_COLUMNS]
             if lacking:
@@ -476,43 +361,6 @@ class ScheduleDB:
                     f"{record.get('problem')} on {record.get('arch')} in {self}: {exc}",
                     RuntimeWarning, stacklevel=3)
         return rows
-
-
-#: The problem columns of schema revisions 0001-0002, when every row was the forward kernel's
-#: (``LEGACY_FAMILY``); a lookup still reads such a file without migrating it.
-_LEGACY_PROBLEM = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype",
-                   "causal")
-
-
-def _legacy_columns(present: frozenset[str]) -> list[Any]:
-    from sqlalchemy import Boolean, Integer, String, column, table
-
-    from ._schema import TABLE_NAME, schedules
-
-    legacy = {"causal": Boolean(), "dtype": String()}
-    return list(table(TABLE_NAME, *[
-        column(name, schedules.c[name].type if name in schedules.c else
-               legacy.get(name, Integer())) for name in sorted(present)]).c)
-
-
-def _from_legacy(records: Iterable[Any], codecs: Mapping[str, FamilyCodec],
-                 key: tuple[str, str, str, str] | None, filters: dict[str, Any]) -> list[dict]:
-    """Records of a revision-0001/0002 table in the current shape, filtered and ordered."""
-    codec = codecs.get(LEGACY_FAMILY)
-    if codec is None:
-        return []
-    found = []
-    for record in records:
-        problem = {name: record[name] for name in _LEGACY_PROBLEM}
-        problem["causal"] = bool(problem["causal"])
-        converted = {**record, "family": LEGACY_FAMILY, "problem": canonical_json(problem),
-                     "bucket": canonical_json({n: problem[n] for n in codec.bucket_fields})}
-        if key is not None and (converted["family"], converted["arch"],
-                                converted["device_name"], converted["problem"]) != key:
-            continue
-        if all(converted[name] == value for name, value in filters.items()):
-            found.append(converted)
-    return sorted(found, key=lambda r: (r["family"], r["arch"], r["device_name"], r["problem"]))
 
 
 def _key(family: str, arch: str, device_name: str, problem: Any) -> tuple[str, str, str, str]:

@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterator, Mapping
 
-from tiledattention import InputValueError, UnknownFamilyError, check_arch, generation
+from tiledattention import InputTypeError, InputValueError, UnknownFamilyError, check_arch, \
+    generation
 
 __all__ = ["ArchLimits", "arch_limits", "SearchSpace", "FamilySpace", "register_space",
            "unregister_space", "family_space", "space_for"]
@@ -110,7 +111,7 @@ _REGISTRY: dict[str, FamilySpace] = {}
 
 def register_space(space: FamilySpace) -> FamilySpace:
     if not isinstance(space, FamilySpace):
-        raise TypeError(f"register_space() takes a FamilySpace; got {type(space).__name__}")
+        raise InputTypeError(f"register_space() takes a FamilySpace; got {type(space).__name__}")
     _REGISTRY[space.family] = space
     return space
 

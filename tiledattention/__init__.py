@@ -21,21 +21,22 @@ from ._lookup import Resolution, Resolver, pick, shipped_table
 from ._provenance import Provenance, current_provenance
 from ._runtime import Runtime
 from ._settings import database_location
-from .errors import (CompileError, InputTypeError, InputValueError, ScheduleDatabaseError,
-                     ScheduleError, TiledAttentionError, UnknownFamilyError,
-                     UnsupportedProblemError)
+from .errors import (CompileError, InputTypeError, InputValueError, KernelArgumentError,
+                     ScheduleDatabaseError, ScheduleError, TiledAttentionError,
+                     UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
 from .forward import FORWARD, Problem, Schedule, compile_schedule, problem_from_arrays
 from .forward import sdpa as _forward_sdpa
 
 __all__ = [
-    "ARCHITECTURES", "Case", "CompileError", "CompileResult", "DeviceInfo", "FORWARD", "Family",
-    "InputTypeError", "InputValueError", "Problem", "Provenance", "Resolution", "Resolver",
-    "Runtime", "Schedule", "ScheduleDatabaseError", "ScheduleError", "TiledAttentionError",
-    "UnknownFamilyError", "UnsupportedProblemError", "check_arch", "codecs", "compile_schedule",
+    "ARCHITECTURES", "Case", "CompileError", "CompileResult", "DeviceInfo", "FORWARD",
+    "Family", "InputTypeError", "InputValueError", "KernelArgumentError", "Problem",
+    "Provenance", "Resolution", "Resolver", "Runtime", "Schedule", "ScheduleDatabaseError",
+    "ScheduleError", "TiledAttentionError", "UnknownFamilyError", "UnsupportedOperationError",
+    "UnsupportedProblemError", "check_arch", "codecs", "compile_schedule",
     "current_provenance", "database_location", "device_info", "explain", "families",
-    "generation", "get_family", "local_devices", "open_database", "pick", "problem_from_arrays",
-    "register_family", "runtime", "sdpa", "shipped_table", "text_digest", "unregister_family",
-    "use_database",
+    "generation", "get_family", "local_devices", "open_database", "pick",
+    "problem_from_arrays", "register_family", "runtime", "sdpa", "shipped_table",
+    "text_digest", "unregister_family", "use_database",
 ]
 
 _default_runtime: Runtime | None = None

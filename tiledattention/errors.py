@@ -7,7 +7,8 @@ of bad arguments); messages name the argument, what was expected and what came.
 from __future__ import annotations
 
 __all__ = ["TiledAttentionError", "InputTypeError", "InputValueError", "ScheduleError",
-           "UnsupportedProblemError", "UnknownFamilyError", "CompileError", "ScheduleDatabaseError"]
+           "UnsupportedProblemError", "UnknownFamilyError", "CompileError", "KernelArgumentError",
+           "ScheduleDatabaseError", "UnsupportedOperationError"]
 
 
 class TiledAttentionError(Exception):
@@ -36,6 +37,15 @@ class UnknownFamilyError(InputValueError):
 
 class CompileError(TiledAttentionError, RuntimeError):
     """cuTile / tileiras failed to compile a schedule for an architecture."""
+
+
+class KernelArgumentError(TiledAttentionError, TypeError):
+    """A kernel's launch arguments do not match its signature (a launcher bug or a cuda-tile
+    whose kernel objects changed shape)."""
+
+
+class UnsupportedOperationError(TiledAttentionError, RuntimeError):
+    """The operation exists in PyTorch but not (yet) here, e.g. a backward pass."""
 
 
 class ScheduleDatabaseError(TiledAttentionError, RuntimeError):

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import cuda.tile as ct
 
+from ..errors import KernelArgumentError
 from ._kernel import attention_fwd
 from ._problem import Problem, padded_head_dim
 from ._schedule import Schedule
@@ -43,7 +44,7 @@ def _python_function(kernel: ct.kernel) -> types.FunctionType:
     accessor, so a release without it fails here, loudly, rather than guessing an order."""
     pyfunc = getattr(kernel, "_pyfunc", None)
     if not isinstance(pyfunc, types.FunctionType):
-        raise TypeError(
+        raise KernelArgumentError(
             f"cannot read the parameters of kernel {kernel!r}: expected the cuda.tile.kernel "
             f"attribute _pyfunc to be its Python function (cuda-tile 1.7.0); got {pyfunc!r}. "
             f"Update tiledattention.forward._launch._python_function for this cuda-tile."
@@ -60,7 +61,7 @@ def _read_signature(kernel: ct.kernel) -> tuple[tuple[str, ...], frozenset[str]]
     parameters = inspect.signature(pyfunc).parameters
     for p in parameters.values():
         if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.default is not p.empty:
-            raise TypeError(f"kernel parameter {p.name} of {pyfunc.__name__} must be a plain "
+            raise KernelArgumentError(f"kernel parameter {p.name} of {pyfunc.__name__} must be a plain "
                             f"positional parameter without a default; got {p}")
     hints = typing.get_type_hints(pyfunc, include_extras=True)
     constants = frozenset(
@@ -74,7 +75,7 @@ def _read_signature(kernel: ct.kernel) -> tuple[tuple[str, ...], frozenset[str]]
 _PARAMETERS, _CONSTANTS = _read_signature(attention_fwd)
 _RUNTIME = frozenset(_PARAMETERS) - _CONSTANTS
 if _RUNTIME != frozenset(RUNTIME_PARAMETERS):  # the kernel gained or lost a launch-time value
-    raise TypeError(f"attention_fwd's runtime parameters are {sorted(_RUNTIME)}; this launcher "
+    raise KernelArgumentError(f"attention_fwd's runtime parameters are {sorted(_RUNTIME)}; this launcher "
                     f"supplies {sorted(RUNTIME_PARAMETERS)}. Update RUNTIME_PARAMETERS and "
                     f"kernel_args together with the kernel.")
 
@@ -96,7 +97,7 @@ def ordered_args(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> tu
     Raises ``TypeError`` naming what is missing, unknown, supplied twice or in the wrong mapping.
     """
     if runtime.keys() != _RUNTIME or constants.keys() != _CONSTANTS:
-        raise TypeError(f"attention_fwd{_SIGNATURE_TEXT}: " + _mismatch(runtime, constants))
+        raise KernelArgumentError(f"attention_fwd{_SIGNATURE_TEXT}: " + _mismatch(runtime, constants))
     return _IN_ORDER({**constants, **runtime})
 
 

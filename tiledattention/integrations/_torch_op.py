@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from ..errors import InputValueError
+from ..errors import InputValueError, UnsupportedOperationError
 
 __all__ = ["OP_NAME", "attention", "sdpa_fwd"]
 
@@ -64,7 +64,7 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad_output):
-    raise RuntimeError(_FORWARD_ONLY)
+    raise UnsupportedOperationError(_FORWARD_ONLY)
 
 
 sdpa_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,14 +1,17 @@
-"""The search driver: one Optuna study per (architecture, problem) key.
+"""The search driver: one Optuna study per (kernel family, architecture, problem) key.
 
-For each key: seed the study with the architecture default and the winners of the nearest tuned
-shapes (three of the key's dtype, one of the other); then climb: measure the schedules one
+For each key: seed the study with the family's architecture default and the winners of the
+nearest tuned problems (three of the key's bucket, one across the family's ``seed_across``
+fields, e.g. the other dtype); normalise every candidate, so schedules that compile the same
+kernel are one candidate; then climb: measure the schedules one
 dimension away from the best so far (a third of the budget by default), so that a dimension no
 seed has switched on is still tried on a good base; ask the other candidates from a sampler
 fitting the space (brute force when the budget covers the feasible space, else multivariate TPE
 with a constant liar for concurrent workers); reject static infeasibility and repeats without
 timing; compile ahead while the GPU measures; measure each candidate in an isolated worker
 (compile deadline, run deadline, crash and hang recovery); re-time the finalists interleaved
-with the default schedule and torch's backends; store the winner in the schedule database.
+with the default schedule and the family's baselines (torch's backends); store the winner in the
+schedule database.
 Stops on the trial budget, a time limit or a patience window.
 """
 
@@ -28,11 +31,12 @@ import optuna
 from optuna.trial import TrialState
 
 import search_spaces
-from tiledattention import CompileError, Family, current_provenance
+from tiledattention import Family, current_provenance
 
 from ..measure import FAILURES, IsolatedExecutor, Measurement, Timing
 from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
+from ._trials import compile_job, correct_trials, known_elsewhere, waiting
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
 
@@ -73,43 +77,6 @@ class KeyResult:
     stored: str = ""  # outcome of the database write
     wall_s: float = 0.0
     compile_overlap_s: float = 0.0  # compile time hidden behind GPU measurement
-
-
-def _correct_trials(study) -> list:
-    """The key's measured, numerically correct trials, fastest first."""
-    return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if t.user_attrs.get("status") == "ok"), key=lambda t: t.value)
-
-
-def _waiting(study) -> bool:
-    """Whether enqueued candidates (seeds, brute force, retries) are still to be asked."""
-    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-
-
-def _known_elsewhere(study, key: str) -> float | str:
-    """What the study knows of schedule ``key``, claimed by another worker: its value, its
-    failure, or ``"elsewhere"`` while that worker is still measuring it."""
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("schedule_key") != key or t.user_attrs.get("ticket") is None:
-            continue
-        if t.state == TrialState.COMPLETE:
-            return t.value
-        if t.state == TrialState.FAIL and t.user_attrs.get("status") in FAILURES:
-            return t.user_attrs["status"]
-    return "elsewhere"
-
-
-
-def compile_job(family: Family, problem: Any, schedule: Any, arch: str
-                ) -> tuple[float, int | None, str | None]:
-    """Compile in a pool process (this warms cuTile's disk cache for the later launch):
-    (seconds, static shared-memory bytes, None), or (seconds, None, the compile error)."""
-    start = time.perf_counter()
-    try:
-        built = family.compile(problem, schedule, arch)
-    except CompileError as exc:
-        return time.perf_counter() - start, None, str(exc)
-    return built.seconds, built.shared_bytes, None
 
 
 class Tuner:
@@ -230,7 +197,7 @@ class Tuner:
                 while (not (out_of_time or budget_spent) and patient
                        and skipped_in_a_row <= max(50, 2 * len(feasible))
                        and len(pending) < max(1, cfg.lookahead)):
-                    if climb_left and incumbent is not None and not _waiting(study):
+                    if climb_left and incumbent is not None and not waiting(study):
                         # hill climbing: the next untried neighbour of the best so far
                         step = self._neighbours(space, incumbent, problem, known)[:1]
                         for neighbour in step:
@@ -286,7 +253,7 @@ class Tuner:
 
     def _incumbent(self, study, space, problem: Any) -> Any:
         """The fastest correct schedule measured so far for this key (a resumed study)."""
-        ok = _correct_trials(study)
+        ok = correct_trials(study)
         return self.family.normalise(problem, space.schedule(ok[0].params)) if ok else None
 
     def _neighbours(self, space, incumbent: Any, problem: Any, known: dict) -> list[Any]:
@@ -314,7 +281,7 @@ class Tuner:
         why = space.infeasibility(self.arch, problem, schedule)
         prior = known.get(schedule.key) if why is None else "infeasible"
         if prior is None and not budget.claim_schedule(schedule.key, trial.number):
-            prior = _known_elsewhere(study, schedule.key)
+            prior = known_elsewhere(study, schedule.key)
         if prior is None and not budget.claim(n_trials, trial.number):
             budget.release(trial.number)  # its schedule claim
             trial.set_user_attr("status", "over budget")
@@ -377,7 +344,7 @@ class Tuner:
         """Re-time the finalists interleaved with the default and the family's baselines;
         store the winner."""
         cfg = self.config
-        complete = _correct_trials(study)
+        complete = correct_trials(study)
         if not complete:
             return
         space = self._space(problem)

@@ -1,0 +1,134 @@
+"""Connections to a schedule database: where a location points, cheap checks of a SQLite file
+before SQLite opens it, and the SQLite engine (WAL, busy timeout, ``BEGIN IMMEDIATE`` writes)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import urllib.parse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+__all__ = ["Target", "check_sqlite_file", "sqlite_engine", "is_locked", "BUSY_TIMEOUT_S",
+           "WRITE_OPTION"]
+
+BUSY_TIMEOUT_S = 30.0
+#: execution option that makes a connection's transactions ``BEGIN IMMEDIATE``
+WRITE_OPTION = "tiledattention_write"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class Target:
+    """Where a location points: a SQLite file (``path``), in-memory SQLite, or another URL."""
+
+    def __init__(self, location: str | os.PathLike) -> None:
+        text = os.fspath(location)
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"a database location must be a path or URL; got {location!r}")
+        self.url: str | None = None
+        self.path: Path | None = None
+        self.memory = False
+        if "://" in text:
+            from sqlalchemy.engine import make_url
+
+            try:
+                url = make_url(text)
+            except Exception as exc:
+                raise ValueError(f"not an SQLAlchemy URL: {text!r} ({exc})") from None
+            if url.get_backend_name() == "sqlite":
+                database = url.database or ""
+                if database in ("", ":memory:"):
+                    self.memory = True
+                else:
+                    self.path = Path(database)
+            else:
+                self.url = text
+            self.shown = (url.render_as_string(hide_password=True)
+                          if self.path is None else str(self.path))
+        else:
+            self.path = Path(text).expanduser()
+            self.shown = str(self.path)
+
+    @property
+    def sqlite(self) -> bool:
+        return self.url is None
+
+
+def check_sqlite_file(path: Path) -> None:
+    """Cheap checks of a SQLite file's header, before SQLite sees it."""
+    if path.is_dir():
+        raise DatabaseUnavailable(f"{path} is a directory; expected a SQLite schedule database")
+    size = path.stat().st_size
+    if size == 0:
+        return  # SQLite reads an empty file as an empty database
+    with open(path, "rb") as f:
+        header = f.read(100)
+    if not header.startswith(_SQLITE_MAGIC[:len(header)]) or \
+            (len(header) >= 16 and header[:16] != _SQLITE_MAGIC):
+        raise DatabaseUnavailable(
+            f"{path} is not a SQLite database (no SQLite header); point TILEDATTN_DB at a "
+            "tiledattention schedule database, or move the file away")
+    if len(header) < 100:
+        raise DatabaseUnavailable(f"{path} is truncated ({size} bytes, shorter than a SQLite "
+                                  "header); delete it or restore it from a backup")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    size_valid = header[24:28] == header[92:96]  # the in-header size is trusted only then
+    if size_valid and pages and size < pages * page_size:
+        raise DatabaseUnavailable(
+            f"{path} is truncated ({size} bytes; its header says {pages * page_size}); delete "
+            "it or restore it from a backup")
+
+
+def sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.pool import QueuePool, StaticPool
+
+    if path is None:
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        pool = StaticPool
+    elif read_only:
+        uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+        pool = QueuePool
+    else:
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+        pool = QueuePool
+    engine = create_engine("sqlite+pysqlite://", creator=connect, poolclass=pool)
+
+    # isolation_level=None hands transaction control to us: pysqlite's own implicit BEGIN
+    # would be DEFERRED, and a deferred reader that later writes fails with SQLITE_BUSY at once.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if path is not None and not read_only:
+            dbapi_connection.execute("PRAGMA journal_mode = WAL")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: "Connection") -> None:
+        write = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+    return engine
+
+
+def is_locked(exc: BaseException) -> bool:
+    """A lock / busy / serialisation failure: the transaction may succeed if run again."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    text = str(exc.orig).lower()
+    return "locked" in text or "busy" in text or "deadlock" in text or "serializ" in text

@@ -1,0 +1,52 @@
+"""What a study knows: its correct trials, its queue, another worker's claim of a schedule; and
+the compile job the driver runs ahead in a process pool."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from optuna.trial import TrialState
+
+from tiledattention import CompileError, Family
+
+from ..measure import FAILURES
+
+__all__ = ["correct_trials", "waiting", "known_elsewhere", "compile_job"]
+
+
+def correct_trials(study) -> list:
+    """The key's measured, numerically correct trials, fastest first."""
+    return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                   if t.user_attrs.get("status") == "ok"), key=lambda t: t.value)
+
+
+def waiting(study) -> bool:
+    """Whether enqueued candidates (seeds, brute force, retries) are still to be asked."""
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def known_elsewhere(study, key: str) -> float | str:
+    """What the study knows of schedule ``key``, claimed by another worker: its value, its
+    failure, or ``"elsewhere"`` while that worker is still measuring it."""
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("schedule_key") != key or t.user_attrs.get("ticket") is None:
+            continue
+        if t.state == TrialState.COMPLETE:
+            return t.value
+        if t.state == TrialState.FAIL and t.user_attrs.get("status") in FAILURES:
+            return t.user_attrs["status"]
+    return "elsewhere"
+
+
+
+def compile_job(family: Family, problem: Any, schedule: Any, arch: str
+                ) -> tuple[float, int | None, str | None]:
+    """Compile in a pool process (this warms cuTile's disk cache for the later launch):
+    (seconds, static shared-memory bytes, None), or (seconds, None, the compile error)."""
+    start = time.perf_counter()
+    try:
+        built = family.compile(problem, schedule, arch)
+    except CompileError as exc:
+        return time.perf_counter() - start, None, str(exc)
+    return built.seconds, built.shared_bytes, None
