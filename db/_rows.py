@@ -2,9 +2,9 @@
 spec and its versioned dict form.
 
 The database knows nothing about kernels: a row's ``problem`` and ``schedule`` are the caller's
-typed values (frozen objects with ``to_dict()``), and a :class:`FamilyCodec` the caller passes in
-turns their stored dict forms back into those values. ``ROW_FIELDS`` is the one spelling of a
-row's fields: the dict form, the CSV form (``tuner``) and the SQL table (``_schema``) all follow it.
+typed values (frozen objects with ``to_dict()``), and a :class:`FamilyCodec` the caller passes
+in turns their stored dict forms back into those values. ``ROW_FIELDS`` is the one spelling of a
+row's fields: the dict form, the CSV form (``tuner``) and the SQL table (``_schema``) follow it.
 """
 
 from __future__ import annotations

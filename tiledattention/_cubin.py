@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from .errors import InputValueError
+
 __all__ = ["elf_sections", "text_digest"]
 
 _ELF_MAGIC = b"\x7fELF"
@@ -27,10 +29,10 @@ def elf_sections(cubin: bytes) -> list[tuple[str, bytes]]:
     """
     data = bytes(cubin)
     if len(data) < 0x40 or data[:4] != _ELF_MAGIC:
-        raise ValueError(f"cubin must be an ELF file; got {len(data)} bytes starting "
+        raise InputValueError(f"cubin must be an ELF file; got {len(data)} bytes starting "
                          f"{data[:4]!r}")
     if data[4] != _ELFCLASS64 or data[5] != _ELFDATA2LSB:
-        raise ValueError(f"cubin must be a 64-bit little-endian ELF file; got class {data[4]}, "
+        raise InputValueError(f"cubin must be a 64-bit little-endian ELF file; got class {data[4]}, "
                          f"data encoding {data[5]}")
     try:
         shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -40,13 +42,13 @@ def elf_sections(cubin: bytes) -> list[tuple[str, bytes]]:
                    for i in range(shnum)]
         names_at = headers[shstrndx][4]
     except (struct.error, IndexError) as exc:
-        raise ValueError(f"cubin has a truncated or corrupt ELF section table: {exc}") from None
+        raise InputValueError(f"cubin has a truncated or corrupt ELF section table: {exc}") from None
 
     def name(offset: int) -> str:
         start = names_at + offset
         end = data.find(b"\0", start)
         if start >= len(data) or end < 0:
-            raise ValueError(f"cubin has a section name outside its string table (offset {offset})")
+            raise InputValueError(f"cubin has a section name outside its string table (offset {offset})")
         return data[start:end].decode(errors="replace")
 
     sections = []
@@ -55,7 +57,7 @@ def elf_sections(cubin: bytes) -> list[tuple[str, bytes]]:
             contents = bytes(sh_size)
         else:
             if sh_offset + sh_size > len(data):
-                raise ValueError(f"cubin section {name(sh_name)!r} runs past the end of the file")
+                raise InputValueError(f"cubin section {name(sh_name)!r} runs past the end of the file")
             contents = data[sh_offset:sh_offset + sh_size]
         sections.append((name(sh_name), contents))
     return sections

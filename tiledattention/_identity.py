@@ -37,6 +37,8 @@ import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
 
+from .errors import InputValueError
+
 __all__ = ["module_identity", "source_identity"]
 
 #: Hex digits kept of the sha256: 48 bits, ample to tell template versions apart.
@@ -118,7 +120,7 @@ def module_identity(*module_names: str) -> str:
                 f"template module {module_name!r} not found; expected an importable module "
                 f"name such as 'tiledattention.forward._kernel'", name=module_name)
         if not spec.has_location or not (spec.origin or "").endswith(".py"):
-            raise ValueError(
+            raise InputValueError(
                 f"template module {module_name!r} has no Python source file (origin: "
                 f"{spec.origin!r}); a template identity is taken over .py source")
         text = importlib.util.decode_source(Path(spec.origin).read_bytes())

@@ -114,3 +114,25 @@ def test_runtime_packages_do_not_pull_in_the_tuner(name):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
+
+
+_BUILTIN_ERRORS = {"ValueError", "TypeError", "RuntimeError", "KeyError", "OSError",
+                   "Exception", "AssertionError", "NotImplementedError"}
+
+
+def test_runtime_raises_only_the_package_errors():
+    """Every error tiledattention and search_spaces raise on purpose is a TiledAttentionError
+    (and a TypeError / ValueError where it is about an argument), so one except catches ours."""
+    bad = []
+    for top in ("tiledattention", "search_spaces"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
+                        and isinstance(node.exc.func, ast.Name) \
+                        and node.exc.func.id in _BUILTIN_ERRORS:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.exc.func.id}")
+    assert bad == []
+    import tiledattention.errors as errors
+
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.TiledAttentionError)
