@@ -240,6 +240,7 @@ def _write_rows(path: str, worker: int, count: int) -> None:
             store.put(row(1.0 + i, p=problem(128 + i, batch=1 + worker)))
 
 
+@pytest.mark.slow  # spawns writer processes
 def test_concurrent_writers_in_processes_lose_nothing(tmp_path):
     path = tmp_path / "concurrent" / "s.sqlite"
     workers, count = 4, 25

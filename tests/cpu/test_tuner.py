@@ -66,6 +66,7 @@ def test_restricted_space_drops_what_cannot_matter_for_the_problem():
     assert "persistent" in plain and "persistent" not in causal
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_exhaustive_budget_finds_the_model_optimum(tmp_path):
     candidates = compact_feasible()
     optimum = SimulatedExecutor().optimum(PROBLEM, candidates)
@@ -125,6 +126,7 @@ def test_neighbours_differ_in_one_dimension_and_skip_the_known_and_infeasible(tm
     assert found == tuner._neighbours(space, base, problem, {measured.key: 1.0})  # seeded order
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_after_the_seeds_the_search_climbs_from_the_best_so_far(tmp_path):
     """The neighbour_trials candidates after the seeds each differ in exactly one dimension from
     the best schedule measured before them; the sampler's candidates after them need not."""
@@ -150,6 +152,7 @@ def test_after_the_seeds_the_search_climbs_from_the_best_so_far(tmp_path):
     assert max(distances[6:]) > 1
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_tpe_reaches_near_optimum_with_a_third_of_the_budget(tmp_path):
     candidates = compact_feasible()
     sim = SimulatedExecutor()
@@ -162,6 +165,7 @@ def test_tpe_reaches_near_optimum_with_a_third_of_the_budget(tmp_path):
     assert best_ms / sim.model_ms(PROBLEM, result.best) >= 0.98
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_every_fault_is_recorded_and_the_search_goes_on(tmp_path):
     candidates = compact_feasible()
     sim = SimulatedExecutor()
@@ -210,6 +214,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_kill_and_resume_repeats_and_loses_no_finished_trial(tmp_path):
     script = tmp_path / "resume.py"
     script.write_text(RESUME_SCRIPT.format(root=str(ROOT), tmp=str(tmp_path)))
@@ -248,6 +253,7 @@ def test_kill_and_resume_repeats_and_loses_no_finished_trial(tmp_path):
     assert set(before) <= {t.number for t in after}  # nothing finished was lost
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_cli_simulated_search_and_list(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # rich wraps table cells to the terminal's width
     db = tmp_path / "s.sqlite"
@@ -281,6 +287,7 @@ def test_cli_bad_arguments(argv, flag, capsys):
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.slow  # spawns worker processes
 def test_compile_only_for_sm_121_records_failures_as_infeasible(tmp_path, capsys):
     code = main(["search", "--compile-only", "--device", "sm_121", "--shape", "1,4,256,64",
                  "--space", "compact", "--limit", "3", "--jobs", "2", "--db",
