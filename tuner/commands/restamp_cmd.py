@@ -22,7 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = __doc__.split("\n\n", 2)[2]
     parser.add_argument("--from", dest="revision", required=True, metavar="REV",
-                        help="git revision of this repository whose code tuned the stale rows")
+                        help="the code that tuned the stale rows: a git revision of this "
+                             "repository, or a directory holding its tiledattention/ package")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--db", metavar="PATH_OR_URL", default=None,
                        help="schedule database (default: $TILEDATTN_DB or the user cache)")

@@ -1,7 +1,8 @@
 """Carry tuned rows over a change of kernel template that left their compiled code unchanged.
 
 A row whose template identity is not the current one is ignored by the lookup. When the change
-between the code that tuned it (a git revision of this repository) and the code installed now did
+between the code that tuned it (a git revision of this repository, or a directory holding that
+code's packages) and the code installed now did
 not change what its schedule compiles to, its timing still holds: ``restamp`` compiles every such
 row's schedule with both versions of the code (compile-only, for the row's architecture) and
 compares the executable ``.text`` sections of the two cubins (debug-line sections change with
@@ -9,8 +10,8 @@ comments and do not count). Rows whose code is identical get the current identit
 are listed for re-tuning.
 
 The old code runs in a separate Python process whose ``PYTHONPATH`` starts with a ``git archive``
-of the revision; it is driven by a small script that speaks both the family API
-(``tiledattention.get_family``) and the single-kernel API the project had before families.
+of the revision (or the directory); it is driven by a small script that speaks both the family
+API (``tiledattention.get_family``) and the single-kernel API the project had before families.
 """
 
 from __future__ import annotations
@@ -111,21 +112,30 @@ def _repository() -> Path:
     return root
 
 
-def old_code_digests(revision: str, jobs: Sequence[tuple], families: Iterable[str], *,
-                     workers: int) -> tuple[dict[str, str], list[str]]:
-    """``({family: old identity}, [digest or "error: ..." per job])`` from the code of git
-    ``revision`` of this repository."""
+def _old_tree(source: str, tmp: Path) -> Path:
+    """The directory holding the old ``tiledattention`` package: ``source`` itself when it is
+    such a directory, else a ``git archive`` of revision ``source`` of this repository."""
+    if (Path(source) / "tiledattention" / "__init__.py").is_file():
+        return Path(source)
     root = _repository()
+    archive = tmp / "old.tar"
+    done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", "-o",
+                           str(archive), source], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ValueError(f"--from {source!r}: neither a directory holding tiledattention/ nor "
+                         f"a revision git archive can read: {done.stderr.strip()[:300]}")
+    tree = tmp / "tree"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def old_code_digests(source: str, jobs: Sequence[tuple], families: Iterable[str], *,
+                     workers: int) -> tuple[dict[str, str], list[str]]:
+    """``({family: old identity}, [digest or "error: ..." per job])`` from the old code:
+    ``source`` is a git revision of this repository or a directory holding its packages."""
     with tempfile.TemporaryDirectory(prefix="tiledtune-restamp-") as tmp:
-        archive = Path(tmp) / "old.tar"
-        done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", "-o",
-                               str(archive), revision], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ValueError(f"--from {revision!r}: git archive failed: "
-                             f"{done.stderr.strip()[:300]}")
-        tree = Path(tmp) / "tree"
-        with tarfile.open(archive) as tar:
-            tar.extractall(tree, filter="data")
+        tree = _old_tree(source, Path(tmp))
         script = Path(tmp) / "old_code.py"
         script.write_text(_OLD_SCRIPT)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -135,7 +145,7 @@ def old_code_digests(revision: str, jobs: Sequence[tuple], families: Iterable[st
         done = subprocess.run([sys.executable, str(script)], input=json.dumps(request),
                               capture_output=True, text=True, cwd=tmp, env=env)
         if done.returncode != 0:
-            raise ValueError(f"the code of {revision!r} failed: "
+            raise ValueError(f"the code of {source!r} failed: "
                              f"{done.stderr.strip().splitlines()[-1:]}")
         answer = json.loads(done.stdout.strip().splitlines()[-1])
         if not Path(answer["module"]).resolve().is_relative_to(tree.resolve()):
