@@ -7,8 +7,8 @@ import hashlib
 
 import pytest
 
-import search_spaces
-from tiledattention import CompileError, Problem, Schedule, compile_schedule
+from tiledattention import FORWARD, CompileError, InputValueError, Problem, Schedule, \
+    compile_schedule
 
 PROBLEM = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=1000, seqlen_k=777, head_dim=96,
                   dtype="bf16", causal=True)
@@ -18,8 +18,8 @@ ALIGNED = Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=512, seqlen_k=1024, h
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100", "sm_120", "sm_121"])
 def test_default_schedule_compiles(arch):
-    schedule = search_spaces.default_schedule(arch, PROBLEM)
-    result = compile_schedule(PROBLEM, schedule, arch)
+    schedule = FORWARD.default_schedule(arch, PROBLEM)
+    result = FORWARD.compile(PROBLEM, schedule, arch)  # the family's build, as the tuner runs it
     assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
     assert result.shared_bytes and result.shared_bytes > 0
 
@@ -28,25 +28,25 @@ def test_hopper_default_splits_long_causal_tiles_over_a_cluster():
     """sm_90, D <= 128: 128-row tiles on two-CTA clusters for causal S_q >= 4k only (probe 8)."""
     long_causal = Problem(batch=1, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096,
                           head_dim=128, dtype="bf16", causal=True)
-    cluster = search_spaces.default_schedule("sm_90", long_causal)
+    cluster = FORWARD.default_schedule("sm_90", long_causal)
     assert (cluster.tile_m, cluster.num_ctas, cluster.longest_first) == (128, 2, True)
     assert compile_schedule(long_causal, cluster, "sm_90").cubin[:4] == b"\x7fELF"
     for other in (dataclasses.replace(long_causal, seqlen_q=2048, seqlen_k=2048),
                   dataclasses.replace(long_causal, causal=False),
                   dataclasses.replace(long_causal, head_dim=256)):
-        assert search_spaces.default_schedule("sm_90", other).num_ctas == 1
+        assert FORWARD.default_schedule("sm_90", other).num_ctas == 1
 
 
 def test_hopper_default_pairs_causal_query_tiles_at_head_dim_256():
     """sm_90, D > 128, causal: (n-1-i, i) query tile pairs (probe 11); never when not causal."""
     d256 = Problem(batch=8, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_k=2048, head_dim=256,
                    dtype="bf16", causal=True)
-    paired = search_spaces.default_schedule("sm_90", d256)
+    paired = FORWARD.default_schedule("sm_90", d256)
     assert paired.paired_tiles and paired.tile_m == 128
     assert compile_schedule(d256, paired, "sm_90").cubin[:4] == b"\x7fELF"
-    assert not search_spaces.default_schedule(
+    assert not FORWARD.default_schedule(
         "sm_90", dataclasses.replace(d256, causal=False)).paired_tiles
-    assert not search_spaces.default_schedule(
+    assert not FORWARD.default_schedule(
         "sm_90", dataclasses.replace(d256, head_dim=128)).paired_tiles
 
 
@@ -86,7 +86,7 @@ def test_every_dimension_changes_the_compiled_code():
 
 
 def test_compile_error_names_schedule_and_arch(monkeypatch):
-    import tiledattention._compile as compile_module
+    import tiledattention.forward._compile as compile_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("tileiras: Return code 5")
@@ -94,9 +94,13 @@ def test_compile_error_names_schedule_and_arch(monkeypatch):
     monkeypatch.setattr(compile_module.ctc, "export_kernel", broken)
     with pytest.raises(CompileError, match="64x64 occ1 exp does not compile for sm_121"):
         compile_schedule(PROBLEM, BASE, "sm_121")
+    with pytest.raises(CompileError, match="does not compile for sm_121"):
+        FORWARD.compile(PROBLEM, BASE, "sm_121")
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm_121a", "sm_999", 90])
 def test_bad_arch_is_rejected(arch):
-    with pytest.raises(ValueError, match="arch"):
+    with pytest.raises(InputValueError, match="arch"):
         compile_schedule(PROBLEM, BASE, arch)
+    with pytest.raises(InputValueError, match="arch"):
+        FORWARD.compile(PROBLEM, BASE, arch)

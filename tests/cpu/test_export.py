@@ -1,9 +1,11 @@
 """``tiledtune export`` / ``tiledtune import`` on temporary SQLite databases: the generated
-ByTarget module (agrees with the runtime lookup, deterministic, accepted by cuTile's compiler),
-lossless JSON/CSV round trips, the merge rules, and hostile input rejected row by row."""
+ByTarget module (per kernel family; agrees with the runtime lookup, deterministic, accepted by
+cuTile's compiler), lossless JSON/CSV round trips (CSV format 2, format-1 files still read as
+forward rows), the ``--kernel`` filter, the merge rules, and hostile input rejected row by row."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib.util
 import io
@@ -19,14 +21,14 @@ import pytest
 from cuda.tile import compilation as ctc
 
 import db
-from tiledattention._lookup import pick, shape_distance
-from tiledattention._problem import Problem
-from tiledattention._provenance import current_provenance
-from tiledattention._schedule import Schedule
-from tuner import cli, import_cmd
+from tiledattention import FORWARD, Family, Problem, Schedule, codecs, current_provenance, \
+    pick, register_family, unregister_family
+from tuner import cli
+from tuner.transfer import CSV_COLUMNS, MAX_FILE_BYTES, rows_to_csv
 
-PROV = current_provenance()
-STALE = dataclasses.replace(PROV, template_hash="000000000000")
+CODECS = codecs()
+PROV = current_provenance(FORWARD)
+STALE = dataclasses.replace(PROV, template_hash="0000000000ff")
 OTHER_TOOLCHAIN = dataclasses.replace(PROV, cuda_tile="0.9.0")
 H100, H200, GB10, GB10_SLOW = ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA GB10",
                                "NVIDIA GB10 (slow)")
@@ -40,7 +42,8 @@ def mk(arch: str, device: str, *, S: int, Sk: int | None = None, B: int = 1, hq:
     problem = Problem(batch=B, heads_q=hq, heads_kv=hkv, seqlen_q=S, seqlen_k=Sk or S,
                       head_dim=D, dtype=dtype, causal=causal)
     return db.ScheduleRow(
-        arch=arch, device_name=device, problem=problem, schedule=Schedule(**schedule),
+        family="forward", arch=arch, device_name=device, problem=problem,
+        schedule=Schedule(**schedule),
         median_ms=ms, spread_ms=ms / 97, tflops=problem.flops / (ms * 1e9), default_ms=ms * 1.3,
         torch_cudnn_ms=None if n % 2 else ms * 1.1, torch_flash_ms=ms * 1.7 if n % 3 else None,
         trials=7 + n, created_at=T0 + timedelta(seconds=n, microseconds=n), provenance=prov)
@@ -75,14 +78,14 @@ def synthetic_rows() -> list[db.ScheduleRow]:
 
 
 def fill(path: Path, rows) -> Path:
-    with db.ScheduleDB(path) as database:
+    with db.ScheduleDB(path, codecs=codecs()) as database:
         for row in rows:
             assert database.put(row) == "added"
     return path
 
 
 def all_rows(path: Path) -> list[db.ScheduleRow]:
-    with db.ScheduleDB(path, read_only=True) as database:
+    with db.ScheduleDB(path, codecs=codecs(), read_only=True) as database:
         return database.rows()
 
 
@@ -115,12 +118,29 @@ def exported(tiledtune, source_db, tmp_path):
 # -- the ByTarget module ------------------------------------------------------------------------
 def test_bytarget_values_are_most_common_winners_per_arch(exported):
     assert exported.ARCHITECTURES == ("sm_90", "sm_121")  # the stale sm_100 row is left out
-    assert exported.OCCUPANCY == ct.ByTarget(sm_90=2, sm_121=1, default=2)
-    assert exported.NUM_CTAS == ct.ByTarget(sm_90=2, sm_121=1, default=1)
-    assert exported.OPT_LEVEL == ct.ByTarget(sm_90=3, sm_121=2, default=3)
-    assert exported.KERNEL_OPTIONS["occupancy"] == {"default": 2,
-                                                    "by_arch": {"sm_90": 2, "sm_121": 1}}
-    assert [len(exported.SCHEDULES[a]) for a in ("sm_90", "sm_121")] == [8, 2]
+    assert list(exported.BY_TARGET) == list(exported.KERNEL_OPTIONS) == ["forward"]
+    options = exported.BY_TARGET["forward"]
+    assert options["occupancy"] == ct.ByTarget(sm_90=2, sm_121=1, default=2)
+    assert options["num_ctas"] == ct.ByTarget(sm_90=2, sm_121=1, default=1)
+    assert options["opt_level"] == ct.ByTarget(sm_90=3, sm_121=2, default=3)
+    assert exported.KERNEL_OPTIONS["forward"]["occupancy"] == {
+        "default": 2, "by_arch": {"sm_90": 2, "sm_121": 1}}
+    assert list(exported.SCHEDULES) == ["forward"]
+    assert list(exported.SCHEDULES["forward"]) == ["sm_90", "sm_121"]
+    assert [len(exported.SCHEDULES["forward"][a]) for a in ("sm_90", "sm_121")] == [8, 2]
+    # an entry: the problem (every field), the winner's time, device and schedule
+    entry = exported.SCHEDULES["forward"]["sm_121"][0]
+    assert set(entry) == {"problem", "median_ms", "device", "schedule"}
+    assert Problem.from_dict(entry["problem"]) == Problem(
+        batch=1, heads_q=16, heads_kv=4, seqlen_q=1024, seqlen_k=1024, head_dim=128,
+        dtype="bf16", causal=True)
+    assert (entry["median_ms"], entry["device"]) == (1.0, GB10)
+    assert Schedule.from_dict(entry["schedule"]) == Schedule(occupancy=1, opt_level=2)
+    # the lookup metric travels with the table
+    assert exported.LOOKUP["forward"] == {
+        "bucket_fields": list(FORWARD.bucket_fields),
+        "match_ratios": [list(pair) for pair in FORWARD.match_ratios],
+        "distance_terms": [[list(names), weight] for names, weight in FORWARD.distance_terms]}
 
 
 def test_header_states_provenance_without_timestamp(tiledtune, source_db, tmp_path):
@@ -131,7 +151,7 @@ def test_header_states_provenance_without_timestamp(tiledtune, source_db, tmp_pa
     assert f"Source database: {source_db}" in text
     assert "Rows: 12;" in text  # 13 stored, the stale one skipped
     assert f"cuda_tile={PROV.cuda_tile}" in text and f"template_hash={PROV.template_hash}" in text
-    assert "000000000000" not in text
+    assert STALE.template_hash not in text
     assert str(datetime.now().year) not in text.replace(str(source_db), "")
 
 
@@ -140,7 +160,7 @@ def test_include_stale_exports_other_templates(tiledtune, source_db, tmp_path):
     assert tiledtune("export", "-o", out, "--db", source_db, "--include-stale") == 0
     module = load_module(out, "stale")
     assert module.ARCHITECTURES == ("sm_90", "sm_100", "sm_121")
-    assert module.KERNEL_OPTIONS["occupancy"]["by_arch"]["sm_100"] == 3
+    assert module.KERNEL_OPTIONS["forward"]["occupancy"]["by_arch"]["sm_100"] == 3
 
 
 def query_problems() -> list[Problem]:
@@ -165,47 +185,94 @@ def query_problems() -> list[Problem]:
     return problems
 
 
+def select(module, arch: str, problem: Problem):
+    return module.select("forward", arch, **problem.to_dict())
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_121", "sm_100"])
 def test_select_agrees_with_runtime_pick(exported, source_db, arch):
-    with db.ScheduleDB(source_db, read_only=True) as database:
-        rows = [r for r in database.rows(arch=arch)
-                if r.provenance.template_hash == PROV.template_hash]  # as the Resolver does
     answered = 0
-    for p in query_problems():
-        found = pick(rows, p, NO_DEVICE)
-        got = exported.select(arch, p.dtype, p.causal, p.head_dim, p.seqlen_q, p.seqlen_k,
-                              batch_heads=p.batch * p.heads_q, group=p.group_size)
-        expected = None if found is None else found[0].schedule.to_dict()
-        assert got == expected, (arch, p.describe())
-        answered += got is not None
+    with db.ScheduleDB(source_db, codecs=CODECS, read_only=True) as database:
+        for p in query_problems():
+            # the rows the Resolver hands to pick: this family, arch and bucket, current template
+            rows = [r for r in database.rows(family="forward", arch=arch, like=p)
+                    if r.provenance.template_hash == PROV.template_hash]
+            found = pick(FORWARD, rows, p, NO_DEVICE)
+            got = select(exported, arch, p)
+            expected = None if found is None else found[0].schedule.to_dict()
+            assert got == expected, (arch, p.describe())
+            answered += got is not None
     assert answered > (40 if arch == "sm_90" else 30 if arch == "sm_121" else -1)
     if arch == "sm_90":  # the H200 row wins its bucket; the result is a copy, not the table
-        got = exported.select("sm_90", "bf16", True, 128, 1024, 1024, 16, 4)
+        p = Problem(batch=1, heads_q=16, heads_kv=4, seqlen_q=1024, seqlen_k=1024, head_dim=128,
+                    dtype="bf16", causal=True)
+        got = select(exported, "sm_90", p)
         assert Schedule.from_dict(got) == Schedule(tile_m=128, occupancy=4, num_ctas=2,
                                                    exp2=True)
         got["tile_m"] = 16
-        assert exported.select("sm_90", "bf16", True, 128, 1024, 1024, 16, 4)["tile_m"] == 128
+        assert select(exported, "sm_90", p)["tile_m"] == 128
 
 
-def test_select_without_batch_heads_and_bad_input(exported):
-    # batch_heads=None ignores that term: S=1024 ties B1 (H200, 0.15 ms) and B4 (0.12 ms)
-    assert exported.select("sm_90", "bf16", True, 128, 1024, 1024, group=4)["approx_div"]
-    assert exported.select("sm_90", "bf16", True, 128, 1024, 1024) is None  # group 1: none
-    assert exported.select("sm_999", "bf16", True, 128, 1024, 1024, group=4) is None
+@pytest.mark.xfail(strict=True, reason="select() ranks an exact entry and a distinct problem at "
+                   "distance 0 (same S_q, S_k, B*H_q and group) by speed; pick() prefers the "
+                   "exact problem")
+def test_select_prefers_the_exact_problem_like_pick(tiledtune, tmp_path):
+    exact = mk("sm_90", H100, S=1024, B=1, hq=16, hkv=4, ms=0.5, tile_m=128)
+    # same S_q, S_k, batch * heads_q and group size: distance 0, but another problem
+    twin = mk("sm_90", H100, S=1024, B=2, hq=8, hkv=2, ms=0.1, tile_n=32)
+    assert FORWARD.distance(exact.problem, twin.problem) == 0
+    assert FORWARD.comparable(twin.problem, exact.problem)
+    found = pick(FORWARD, [exact, twin], exact.problem, NO_DEVICE)
+    assert found == (exact, "exact-arch")
+    out = tmp_path / "tuned.py"
+    assert tiledtune("export", "-o", out, "--db", fill(tmp_path / "db.sqlite",
+                                                       [exact, twin])) == 0
+    assert select(load_module(out, "twins"), "sm_90", exact.problem) == \
+        exact.schedule.to_dict()
+
+
+def test_select_rejects_bad_input(exported):
+    p = Problem(batch=1, heads_q=16, heads_kv=4, seqlen_q=1024, seqlen_k=1024, head_dim=128,
+                dtype="bf16", causal=True)
+    fields = p.to_dict()
+    assert exported.select("forward", "sm_999", **fields) is None  # no such arch: no entry
+    # no comparable entry: another group size, head_dim, dtype or mask
+    for change in ({"heads_kv": 16}, {"head_dim": 64}, {"dtype": "fp16"}, {"causal": False}):
+        assert exported.select("forward", "sm_90", **{**fields, **change}) is None, change
+    with pytest.raises(ValueError, match="family must be one of"):
+        exported.select("backward", "sm_90", **fields)
+    with pytest.raises(ValueError, match="give exactly the fields"):
+        exported.select("forward", "sm_90", **{k: v for k, v in fields.items() if k != "batch"})
+    with pytest.raises(ValueError, match="give exactly the fields"):
+        exported.select("forward", "sm_90", **fields, group=4)
     with pytest.raises(ValueError, match="seqlen_q must be a positive int"):
-        exported.select("sm_90", "bf16", True, 128, 0, 1024)
+        exported.select("forward", "sm_90", **{**fields, "seqlen_q": 0})
+    with pytest.raises(ValueError, match="batch must be a positive int"):
+        exported.select("forward", "sm_90", **{**fields, "batch": True})
 
 
 def test_module_distance_is_the_lookup_distance(exported):
+    """``distance(family, a, b)`` in the module is ``FORWARD.distance`` on comparable problems
+    of one bucket and ``None`` otherwise (another bucket field or GQA group size)."""
     rng = random.Random(7)
+    changes = [{}] * 6 + [{"dtype": "fp16"}, {"causal": True}, {"head_dim": 128},
+                          {"heads_kv": 1}]  # heads_kv 1: another group size (MQA)
+    compared = 0
     for _ in range(2000):
-        a, b = (Problem(batch=rng.randint(1, 64), heads_q=rng.choice((8, 16, 32)), heads_kv=8,
+        group = rng.choice((1, 2, 4))
+        a, b = (Problem(batch=rng.randint(1, 64), heads_q=group * kv, heads_kv=kv,
                         seqlen_q=rng.randint(1, 70000), seqlen_k=rng.randint(1, 70000),
-                        head_dim=64, dtype="bf16", causal=False) for _ in range(2))
-        entry = {"seqlen_q": b.seqlen_q, "seqlen_k": b.seqlen_k,
-                 "batch_heads": b.batch * b.heads_q}
-        assert exported.shape_distance(a.seqlen_q, a.seqlen_k, a.batch * a.heads_q, entry) \
-            == shape_distance(a, b)
+                        head_dim=64, dtype="bf16", causal=False)
+                for kv in (rng.choice((2, 4, 8)), rng.choice((2, 4, 8))))
+        b = dataclasses.replace(b, **rng.choice(changes))
+        got = exported.distance("forward", a.to_dict(), b.to_dict())
+        same_bucket = all(getattr(a, n) == getattr(b, n) for n in FORWARD.bucket_fields)
+        if same_bucket and FORWARD.comparable(b, a):
+            assert got == FORWARD.distance(a, b)
+            compared += 1
+        else:
+            assert got is None, (a.describe(), b.describe())
+    assert 1000 < compared < 1400
 
 
 def test_module_imports_without_cuda_tile(tiledtune, source_db, tmp_path, monkeypatch):
@@ -214,9 +281,12 @@ def test_module_imports_without_cuda_tile(tiledtune, source_db, tmp_path, monkey
     monkeypatch.setitem(sys.modules, "cuda.tile", None)  # `import cuda.tile` now fails
     module = load_module(out, "no_cuda_tile")
     assert module.ct is None
-    assert (module.OCCUPANCY, module.NUM_CTAS, module.OPT_LEVEL) == (None, None, None)
-    assert module.KERNEL_OPTIONS["num_ctas"]["by_arch"] == {"sm_90": 2, "sm_121": 1}
-    assert module.select("sm_121", "bf16", True, 128, 4096, 4096, 16, 4)["exp2"] is True
+    assert module.BY_TARGET == {"forward": {"occupancy": None, "num_ctas": None,
+                                            "opt_level": None}}
+    assert module.KERNEL_OPTIONS["forward"]["num_ctas"]["by_arch"] == {"sm_90": 2, "sm_121": 1}
+    p = Problem(batch=1, heads_q=16, heads_kv=4, seqlen_q=4096, seqlen_k=4096, head_dim=128,
+                dtype="bf16", causal=True)
+    assert select(module, "sm_121", p)["exp2"] is True
 
 
 def test_export_is_deterministic_whatever_the_insertion_order(tiledtune, tmp_path):
@@ -251,8 +321,9 @@ def copy_tiles(x, y, TILE: ConstInt):  # decorated in the test with the exported
 
 
 def test_exported_options_compile_with_cutile(exported):
-    kernel = ct.kernel(copy_tiles, occupancy=exported.OCCUPANCY, num_ctas=exported.NUM_CTAS,
-                       opt_level=exported.OPT_LEVEL)
+    options = exported.BY_TARGET["forward"]
+    kernel = ct.kernel(copy_tiles, occupancy=options["occupancy"], num_ctas=options["num_ctas"],
+                       opt_level=options["opt_level"])
     array = ctc.ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, stride_lower_bound_incl=0,
                                 alias_groups=(), may_alias_internally=False,
                                 stride_constant=(1,), base_addr_divisible_by=16)
@@ -280,6 +351,79 @@ def test_round_trip_is_lossless(tiledtune, source_db, tmp_path, fmt):
     assert tiledtune("import", current, "--db", only) == 0
     assert len(all_rows(only)) == 12  # by default the stale row stays behind
     assert {r.torch_flash_ms for r in all_rows(fresh)} & {None}  # optional columns survive
+
+
+def test_csv_format_2_has_family_and_problem_as_json(tiledtune, source_db, tmp_path):
+    assert CSV_COLUMNS == ("format", "family", "arch", "device_name", "problem", "schedule",
+                           "median_ms", "spread_ms", "tflops", "default_ms", "torch_cudnn_ms",
+                           "torch_flash_ms", "trials", "created_at", *db.PROVENANCE_FIELDS)
+    out = tmp_path / "rows.csv"
+    assert tiledtune("export", "-o", out, "--db", source_db) == 0
+    with open(out, newline="") as f:
+        cells = list(csv.DictReader(f))
+    rows = sorted((r for r in all_rows(source_db)
+                   if r.provenance.template_hash == PROV.template_hash), key=lambda r: r.key)
+    assert len(cells) == len(rows) == 12
+    for cell, row in zip(cells, rows):
+        assert (cell["format"], cell["family"], cell["arch"]) == ("2", "forward", row.arch)
+        assert json.loads(cell["problem"]) == row.problem.to_dict()
+        assert cell["problem"] == db.canonical_json(row.problem.to_dict())
+        assert Schedule.from_dict(json.loads(cell["schedule"])) == row.schedule
+
+
+#: The columns of a format-1 CSV file (before kernel families): one column per problem field.
+LEGACY_CSV_COLUMNS = ("format", "arch", "device_name", "batch", "heads_q", "heads_kv",
+                      "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal", "schedule",
+                      "median_ms", "spread_ms", "tflops", "default_ms", "torch_cudnn_ms",
+                      "torch_flash_ms", "trials", "created_at", *db.PROVENANCE_FIELDS)
+
+
+def legacy_csv(rows) -> str:
+    def text(value):
+        if value is None:
+            return ""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return repr(value) if isinstance(value, float) else str(value)
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(LEGACY_CSV_COLUMNS)
+    for row in rows:
+        data = row.to_dict()
+        flat = {**data, **data["problem"], **data["provenance"], "format": 1,
+                "schedule": db.canonical_json(data["schedule"])}
+        writer.writerow([text(flat[name]) for name in LEGACY_CSV_COLUMNS])
+    return out.getvalue()
+
+
+def test_format_1_csv_imports_as_forward_rows(tiledtune, tmp_path, capsys):
+    rows = synthetic_rows()[:6]
+    path = tmp_path / "old.csv"
+    path.write_text(legacy_csv(rows))
+    target = tmp_path / "target.sqlite"
+    assert tiledtune("import", path, "--db", target) == 0
+    assert sorted(all_rows(target), key=lambda r: r.key) == sorted(rows, key=lambda r: r.key)
+    assert {r.family for r in all_rows(target)} == {"forward"}
+    # a bad problem cell in a format-1 file is still rejected with its reason
+    first = legacy_csv(rows[:1]).splitlines()
+    path.write_text("\n".join([first[0], first[1].replace(",true,", ",maybe,", 1)]) + "\n")
+    capsys.readouterr()
+    assert tiledtune("import", path, "--db", target) == 1
+    assert "causal must be a bool" in capsys.readouterr().err
+
+
+@pytest.mark.xfail(strict=True, reason="tuner/transfer/_rowfiles.py _csv_value turns provenance "
+                   "cells of digits only (kind None) into ints, so the row is rejected")
+def test_csv_keeps_provenance_text_that_looks_like_a_number(tiledtune, tmp_path, capsys):
+    rows = [mk("sm_90", H100, S=1024, ms=1.0,
+               prov=dataclasses.replace(PROV, template_hash="000000000000")),
+            mk("sm_90", H100, S=2048, ms=2.0, prov=dataclasses.replace(PROV, driver="13"))]
+    path = tmp_path / "rows.csv"
+    path.write_text(rows_to_csv(rows))
+    target = tmp_path / "target.sqlite"
+    assert tiledtune("import", path, "--db", target) == 0, capsys.readouterr().err
+    assert sorted(all_rows(target), key=lambda r: r.key) == sorted(rows, key=lambda r: r.key)
 
 
 def test_arch_filter(tiledtune, source_db, tmp_path):
@@ -327,8 +471,11 @@ def test_merge_outcomes_are_reported(tiledtune, source_db, tmp_path, monkeypatch
 
 # -- hostile input --------------------------------------------------------------------------------
 def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
-    good = [mk("sm_90", H100, S=1024, ms=0.5, n=1), mk("sm_90", H100, S=2048, ms=0.9, n=2)]
+    good = [mk("sm_90", H100, S=1024, ms=0.5, n=1), mk("sm_90", H100, S=2048, ms=0.9, n=2),
+            mk("sm_90", H100, S=4096, ms=3.0, n=3)]
     first = good[0].to_dict()
+    legacy = {**good[2].to_dict(), "format": 1}
+    del legacy["family"]
 
     def variant(**changes):
         data = json.loads(json.dumps(first))
@@ -351,18 +498,25 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
         variant(extra="field"),                                        # unknown field
         variant(device_name="x" * 5000),                               # absurd string
         variant(median_ms=1e400),                                      # inf after parsing
+        variant(family="backward"),                                    # unknown family
+        variant(format=1),                                             # format 1 has no family
+        variant(format=3),                                             # newer row format
+        variant(problem="{not json"),                                  # problem text not JSON
         good[1].to_dict(),
+        legacy,                                                        # format 1: a forward row
     ]
     reasons = ["'median_ms'", "batch must be a positive int", "unknown architecture 'sm_999'",
                "tile_m must be one of", "duplicate key", "must be a mapping", "unknown row field",
-               "device_name must be printable text", "median_ms must be a finite number"]
+               "device_name must be printable text", "median_ms must be a finite number",
+               "unknown kernel family 'backward'", "row format 1 has no 'family' field",
+               "row format 3 is newer", "problem is not JSON"]
     return items, reasons, good
 
 
 def test_hostile_json_rows_are_rejected_with_reasons(tiledtune, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     items, reasons, good = hostile_rows()
-    Path("hostile.json").write_text(json.dumps({"format": 1, "rows": items}))
+    Path("hostile.json").write_text(json.dumps({"format": db.ROW_FORMAT, "rows": items}))
     target = fill(tmp_path / "target.sqlite", [mk("sm_121", GB10, S=64, ms=3.0)])
     before = all_rows(target)
     capsys.readouterr()
@@ -370,19 +524,25 @@ def test_hostile_json_rows_are_rejected_with_reasons(tiledtune, tmp_path, monkey
     captured = capsys.readouterr()
     for reason in reasons:
         assert reason in captured.err, reason
-    assert table_counts(captured.out, "hostile.json")["rejected"] == str(len(items) - 2)
-    assert table_counts(captured.out, "hostile.json")["added"] == "2"
+    assert table_counts(captured.out, "hostile.json")["rejected"] == str(len(items) - 3)
+    assert table_counts(captured.out, "hostile.json")["added"] == "3"
     assert sorted(all_rows(target), key=lambda r: r.key) == sorted(before + good,
                                                                    key=lambda r: r.key)
 
 
 def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_path, capsys):
-    from tuner.export_cmd import rows_to_csv
-
     good = [mk("sm_90", H100, S=1024, ms=0.5, n=1), mk("sm_90", H100, S=2048, ms=0.9, n=2)]
     header, first, second = rows_to_csv(good).splitlines()
-    bad = [first.replace("sm_90", "sm_999", 1), first.replace(",true,", ",maybe,", 1),
-           first.replace('""tile_m"":64', '""tile_m"":48'), first.replace(",bf16,", ",int8,", 1),
+    for cell in (',"{""batch"":1,""causal"":true,', '""tile_m"":64', '""dtype"":""bf16""',
+                 "2,forward,sm_90,"):
+        assert cell in first, cell
+    bad = [first.replace("sm_90", "sm_999", 1),
+           first.replace('""causal"":true', '""causal"":""maybe""', 1),
+           first.replace('""tile_m"":64', '""tile_m"":48'),
+           first.replace('""dtype"":""bf16""', '""dtype"":""int8""', 1),
+           first.replace(",forward,", ",backward,", 1),
+           first.replace('"{""batch"":1,', '"{""batch"":1,""colour"":1,', 1),
+           first.replace('"{""batch"":1,', '"{not json', 1),
            first + ",extra", first]
     path = tmp_path / "hostile.csv"
     path.write_text("\n".join([header, first, *bad, second]) + "\n")
@@ -391,8 +551,12 @@ def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_pa
     assert tiledtune("import", path, "--db", target) == 1
     err = capsys.readouterr().err
     for reason in ("sm_999", "causal must be a bool", "tile_m must be one of",
-                   "dtype must be one of", "cells; the header has", "duplicate key"):
+                   "dtype must be one of", "unknown kernel family 'backward'",
+                   "unknown ['colour']", "column 'problem' must hold a JSON object",
+                   "cells; the header has", "duplicate key"):
         assert reason in err, reason
+    for index in range(1, len(bad) + 1):  # every bad row is named
+        assert f"row {index}: " in err, index
     assert all_rows(target) == good
 
 
@@ -405,7 +569,7 @@ def test_unreadable_files_are_rejected_whole(tiledtune, source_db, tmp_path, cap
     db.dump_rows([mk("sm_90", H100, S=777, ms=1.0)], good)
     if kind == "huge":
         with open(path, "wb") as f:  # sparse: large on stat, nothing on disk
-            f.truncate(import_cmd.MAX_FILE_BYTES + 1)
+            f.truncate(MAX_FILE_BYTES + 1)
     elif kind.startswith("garbage"):
         path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x00garbage" * 50)
     elif kind == "text":
@@ -429,7 +593,191 @@ def test_unreadable_files_are_rejected_whole(tiledtune, source_db, tmp_path, cap
     assert expected in err
     # the readable file next to it is still imported, the rest of the database is untouched
     assert sorted(all_rows(target), key=lambda r: r.key) == sorted(
-        before + db.load_rows_file(good).rows(), key=lambda r: r.key)
+        before + db.load_rows_file(good, CODECS).rows(), key=lambda r: r.key)
+
+
+# -- several kernel families --------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToyProblem:
+    rows: int
+    width: int
+    dtype: str = "bf16"
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**data)
+
+    def describe(self):
+        return f"toy {self.rows}x{self.width} {self.dtype}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToySchedule:
+    block: int = 32
+    occupancy: int = 1
+
+    def __post_init__(self):
+        if self.block not in (16, 32, 64):
+            raise ValueError(f"ToySchedule.block must be one of [16, 32, 64]; got {self.block}")
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**data)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def describe(self):
+        return f"block{self.block} occ{self.occupancy}"
+
+
+class ToyFamily(Family):
+    """A second kernel family with only what the database and the exporters use. Not
+    ``toy_family.TOY``: this one has a kernel option (``occupancy``) and two distance terms, and
+    these tests register and unregister it."""
+
+    name = "export_toy"
+    problem_type = ToyProblem
+    schedule_type = ToySchedule
+    template_modules = ("json.decoder",)
+    bucket_fields = ("dtype",)
+    distance_terms = ((("rows",), 1.0), (("width",), 0.25))
+
+    def default_schedule(self, arch, problem):
+        return ToySchedule()
+
+    def flops(self, problem):
+        return 2.0 * problem.rows * problem.width
+
+    def compile(self, problem, schedule, arch):
+        raise NotImplementedError
+
+    def case(self, problem, device_index):
+        raise NotImplementedError
+
+    def tolerance(self, problem):
+        return 0.0
+
+
+@pytest.fixture
+def toy():
+    family = register_family(ToyFamily())
+    try:
+        yield family
+    finally:
+        unregister_family("export_toy")
+
+
+def toy_row(arch: str, rows: int, width: int, ms: float, *, device: str = H100, **schedule):
+    problem = ToyProblem(rows=rows, width=width)
+    return db.ScheduleRow(
+        family="export_toy", arch=arch, device_name=device, problem=problem,
+        schedule=ToySchedule(**schedule), median_ms=ms, spread_ms=ms / 50, tflops=1.0,
+        trials=3, created_at=T0, provenance=current_provenance(ToyFamily()))
+
+
+def toy_rows() -> list[db.ScheduleRow]:
+    return [toy_row("sm_90", 1024, 64, 0.5, block=64, occupancy=4),
+            toy_row("sm_90", 4096, 64, 2.0, block=16, occupancy=4),
+            toy_row("sm_90", 4096, 64, 1.5, device=H200, block=32, occupancy=2),
+            toy_row("sm_100", 1024, 128, 0.2, occupancy=3)]
+
+
+@pytest.fixture
+def mixed_db(toy, tmp_path) -> Path:
+    return fill(tmp_path / "mixed.sqlite", synthetic_rows() + toy_rows())
+
+
+def test_module_has_one_table_per_family(tiledtune, mixed_db, toy, tmp_path):
+    out = tmp_path / "tuned.py"
+    assert tiledtune("export", "-o", out, "--db", mixed_db) == 0
+    module = load_module(out, "mixed")
+    assert module.ARCHITECTURES == ("sm_90", "sm_100", "sm_121")
+    assert sorted(module.SCHEDULES) == ["export_toy", "forward"]
+    assert list(module.SCHEDULES["export_toy"]) == ["sm_90", "sm_100"]
+    assert [len(module.SCHEDULES["export_toy"][a]) for a in ("sm_90", "sm_100")] == [2, 1]
+    # the forward tables are those of a forward-only export
+    only = tmp_path / "forward.py"
+    assert tiledtune("export", "-o", only, "--db", mixed_db, "--kernel", "forward") == 0
+    forward = load_module(only, "forward_only")
+    assert module.SCHEDULES["forward"] == forward.SCHEDULES["forward"]
+    assert module.KERNEL_OPTIONS["forward"] == forward.KERNEL_OPTIONS["forward"]
+    # kernel options only for the options the family's schedules have, counted over the
+    # problems' winners (sm_90: 4 and 2, not the slower H100 row's 4 again); a tie without the
+    # default schedule's value (1) goes to the smallest value
+    assert module.KERNEL_OPTIONS["export_toy"] == {
+        "occupancy": {"default": 2, "by_arch": {"sm_90": 2, "sm_100": 3}}}
+    assert module.BY_TARGET["export_toy"]["occupancy"] == ct.ByTarget(sm_90=2, sm_100=3, default=2)
+    assert module.LOOKUP["export_toy"] == {"bucket_fields": ["dtype"], "match_ratios": [],
+                                    "distance_terms": [[["rows"], 1.0], [["width"], 0.25]]}
+    # select() and distance() follow the family's own metric, as pick does
+    family = toy
+    for rows, width in itertools.product((1, 900, 1024, 3000, 4096, 10000), (1, 64, 128, 300)):
+        problem = ToyProblem(rows=rows, width=width)
+        for arch in ("sm_90", "sm_100", "sm_121"):
+            candidates = [r for r in toy_rows() if r.arch == arch]
+            found = pick(family, candidates, problem, NO_DEVICE)
+            expected = None if found is None else found[0].schedule.to_dict()
+            got = module.select("export_toy", arch, **problem.to_dict())
+            assert got == expected, (arch, problem)
+        other = ToyProblem(rows=1024, width=64)
+        assert module.distance("export_toy", problem.to_dict(), other.to_dict()) == \
+            family.distance(problem, other)
+    assert module.select("export_toy", "sm_90", rows=4096, width=64, dtype="bf16") == \
+        {"block": 32, "occupancy": 2}  # the faster H200 row wins the problem
+    assert module.select("export_toy", "sm_90", rows=4096, width=64, dtype="fp16") is None
+    with pytest.raises(ValueError, match="give exactly the fields"):
+        module.select("export_toy", "sm_90", rows=4096, width=64)
+
+
+def test_kernel_filter_selects_one_family(tiledtune, mixed_db, toy, tmp_path, capsys):
+    for kernel, expected in (("export_toy", 4), ("forward", 12)):
+        out = tmp_path / f"{kernel}.json"
+        assert tiledtune("export", "-o", out, "--db", mixed_db, "--kernel", kernel) == 0
+        rows = db.load_rows_file(out, codecs()).rows()
+        assert len(rows) == expected and {r.family for r in rows} == {kernel}
+    module_path = tmp_path / "toy.py"
+    assert tiledtune("export", "-o", module_path, "--db", mixed_db, "--kernel",
+                     "export_toy") == 0
+    assert list(load_module(module_path, "toy_only").SCHEDULES) == ["export_toy"]
+    # --kernel with --arch: the toy family has no sm_121 rows
+    assert tiledtune("export", "-o", tmp_path / "x.csv", "--db", mixed_db, "--kernel",
+                     "export_toy", "--arch", "sm_121") == 1
+    capsys.readouterr()
+    assert tiledtune("export", "-o", tmp_path / "x.csv", "--db", mixed_db, "--kernel",
+                     "backward") == 2
+    err = capsys.readouterr().err
+    assert "kernel must be one of" in err and "'export_toy'" in err and "'forward'" in err
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_round_trip_of_several_families_is_lossless(tiledtune, mixed_db, toy, tmp_path, fmt):
+    out = tmp_path / f"rows.{fmt}"
+    assert tiledtune("export", "-o", out, "--db", mixed_db, "--include-stale") == 0
+    fresh = tmp_path / "fresh.sqlite"
+    assert tiledtune("import", out, "--db", fresh) == 0
+    assert all_rows(fresh) == all_rows(mixed_db)
+    assert len(all_rows(fresh)) == 13 + 4
+
+
+def test_rows_of_an_unregistered_family_are_rejected_on_import(tiledtune, mixed_db, toy,
+                                                               tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert tiledtune("export", "-o", "rows.json", "--db", mixed_db) == 0
+    unregister_family("export_toy")
+    target = tmp_path / "target.sqlite"
+    capsys.readouterr()
+    assert tiledtune("import", "rows.json", "--db", target) == 1
+    captured = capsys.readouterr()
+    assert "unknown kernel family 'export_toy'" in captured.err
+    assert table_counts(captured.out, "rows.json")["rejected"] == "4"
+    assert {r.family for r in all_rows(target)} == {"forward"}
 
 
 # -- empty selections -----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tiledattention
 import tiledattention.integrations as ti
+from tiledattention import InputValueError
 from tiledattention.integrations import _router
 
 TORCH_SDPA = _router._TORCH_SDPA  # PyTorch's own function, whatever the router does
@@ -143,15 +144,15 @@ def test_meta_tensors_propagate_shape(shape):
 
 def test_fake_impl_rejects_bad_shapes_while_tracing():
     q = torch.empty(2, 4, 8, 64, device="meta")
-    with pytest.raises(ValueError, match="v must have the shape of k"):
+    with pytest.raises(InputValueError, match="v must have the shape of k"):
         ti.attention(q, q, q[:, :2])
-    with pytest.raises(ValueError, match="k must have 4 dims"):
+    with pytest.raises(InputValueError, match="k must have 4 dims"):
         ti.attention(q, q[0], q)
 
 
 def test_without_a_cuda_tensor_the_kernel_says_what_is_wrong():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+    with pytest.raises(InputValueError, match="must be a CUDA tensor"):
         ti.attention(q, k, v)
 
 
@@ -513,5 +514,5 @@ def test_hf_rejects_softcap():
     pytest.importorskip("transformers")
     q, k, v = qkv()
     module = torch.nn.Module()
-    with pytest.raises(ValueError, match="softcap"):
+    with pytest.raises(InputValueError, match="softcap"):
         ti._hf.tiledattention_attention_forward(module, q, k, v, None, softcap=30.0)

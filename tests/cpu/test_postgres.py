@@ -19,9 +19,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from db import ScheduleDB
-from tiledattention import Problem
-from tuner.driver import study_name
+from tiledattention import FORWARD, Problem, open_database
+from tuner.search import study_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,13 +79,14 @@ def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     assert [w.returncode for w in workers] == [0, 0, 0], "\n".join(outputs)[-3000:]
 
     storage = optuna.storages.RDBStorage(postgres_url)
-    with ScheduleDB(postgres_url) as db:
+    with open_database(postgres_url) as db:
         rows = db.rows()
+    assert {r.family for r in rows} == {"forward"}
     assert sorted(r.problem.causal for r in rows) == [False, True]  # one winner per key
     for causal in (False, True):
         problem = Problem(batch=2, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_k=1024,
                           head_dim=64, dtype="bf16", causal=causal)
-        study = optuna.load_study(study_name=study_name("tiledtune", "sm_90", problem),
+        study = optuna.load_study(study_name=study_name("tiledtune", FORWARD, "sm_90", problem),
                                   storage=storage)
         measured = [t for t in study.trials if t.user_attrs.get("ticket")
                     and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)

@@ -1,4 +1,5 @@
-"""Schedule: validation names the field; dict/JSON round trip; stable key."""
+"""Schedule (the forward family's schedule type): validation names the field; dict/JSON round
+trip, also through the family's database codec; stable key."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import sys
 
 import pytest
 
-from tiledattention import Schedule, ScheduleError
+from tiledattention import FORWARD, InputValueError, Schedule, ScheduleError, \
+    TiledAttentionError
 
 TOGGLED = Schedule(tile_m=128, tile_n=32, occupancy=3, num_ctas=2, opt_level=2,
                    num_worker_warps=8, k_latency=3, v_latency=10, k_transposed=True,
                    allow_tma=False, exp2=True, approx_div=True, kv_sawtooth=True,
-                   longest_first=True, unchecked_loads=True)
+                   longest_first=True, unchecked_loads=True, split_masked=True,
+                   persistent=True, paired_tiles=True)
 
 
 @pytest.mark.parametrize("schedule", [Schedule(), TOGGLED], ids=["default", "toggled"])
@@ -21,6 +24,14 @@ def test_round_trip_through_dict_and_json(schedule):
     assert Schedule.from_dict(schedule.to_dict()) == schedule
     assert Schedule.from_json(schedule.to_json()) == schedule
     assert json.loads(schedule.to_json())["format"] == 1
+
+
+@pytest.mark.parametrize("schedule", [Schedule(), TOGGLED], ids=["default", "toggled"])
+def test_forward_family_stores_schedules_of_this_type(schedule):
+    assert FORWARD.schedule_type is Schedule
+    codec = FORWARD.codec()
+    assert codec.schedule(schedule.to_dict()) == schedule
+    assert codec.schedule(schedule.to_json()) == schedule  # the SQL / CSV cell form
 
 
 def test_key_is_stable_and_distinguishes_every_field():
@@ -33,7 +44,10 @@ def test_key_is_stable_and_distinguishes_every_field():
     for name, value in TOGGLED.to_dict().items():
         if name != "format" and value != getattr(Schedule(), name):
             keys.add(Schedule().replace(**{name: value}).key)
-    assert len(keys) == 16  # the default plus one per toggled field
+    toggled = [f for f, v in TOGGLED.to_dict().items() if f != "format"
+               and v != getattr(Schedule(), f)]
+    assert len(toggled) == len(Schedule().to_dict()) - 1  # TOGGLED changes every field
+    assert len(keys) == 1 + len(toggled)  # the default plus one per toggled field
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -53,6 +67,7 @@ def test_validation_names_the_field(field, value, message):
     with pytest.raises(ScheduleError, match=message) as exc:
         Schedule(**{field: value})
     assert isinstance(exc.value, ValueError)
+    assert isinstance(exc.value, InputValueError) and isinstance(exc.value, TiledAttentionError)
 
 
 def test_from_dict_rejects_unknown_fields_and_newer_formats():

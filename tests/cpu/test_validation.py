@@ -1,4 +1,6 @@
-"""Bad input to sdpa: a TypeError / ValueError naming the argument; nothing is launched."""
+"""Bad input to sdpa: an InputTypeError / InputValueError (a TypeError / ValueError and a
+TiledAttentionError) naming the argument; nothing is launched. The runtime's memory (resolutions
+per family, problem and device; launch plans) and the forward family's launch plan."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import pytest
 import torch
 
 import tiledattention
-from tiledattention import Problem, Runtime, UnsupportedProblemError
+from tiledattention import FORWARD, InputTypeError, InputValueError, Problem, Runtime, \
+    TiledAttentionError, UnsupportedProblemError
 
 
 @pytest.fixture
@@ -29,29 +32,31 @@ def case(**kw):
 
 
 BAD = {
-    "cpu tensor": (lambda: case(), {}, ValueError, "q must be a CUDA tensor; got a tensor on cpu"),
-    "fp32": (lambda: case(dtype=torch.float32), {}, TypeError, "q must be bfloat16 or float16"),
+    "cpu tensor": (lambda: case(), {}, InputValueError,
+                   "q must be a CUDA tensor; got a tensor on cpu"),
+    "fp32": (lambda: case(dtype=torch.float32), {}, InputTypeError,
+             "q must be bfloat16 or float16"),
     "ndim": (lambda: (torch.randn(4, 16, 64, dtype=torch.bfloat16),) + case()[1:], {},
-             ValueError, "q must have 4 dims"),
-    "dtype mismatch": (lambda: (case()[0], *case(dtype=torch.float16)[1:]), {}, TypeError,
+             InputValueError, "q must have 4 dims"),
+    "dtype mismatch": (lambda: (case()[0], *case(dtype=torch.float16)[1:]), {}, InputTypeError,
                        "one dtype"),
-    "batch mismatch": (lambda: (case(b=2)[0], *case(b=1)[1:]), {}, ValueError,
+    "batch mismatch": (lambda: (case(b=2)[0], *case(b=1)[1:]), {}, InputValueError,
                        "k must have the batch size of q"),
-    "head_dim mismatch": (lambda: (case(d=64)[0], *case(d=128)[1:]), {}, ValueError,
+    "head_dim mismatch": (lambda: (case(d=64)[0], *case(d=128)[1:]), {}, InputValueError,
                           "k must have the head_dim of q"),
-    "gqa ratio": (lambda: case(hq=6, hkv=4), {}, ValueError, "multiple of k's heads"),
-    "unsupported D": (lambda: case(d=20), {}, ValueError, "head_dim must be a multiple of 8"),
-    "D too big": (lambda: case(d=512), {}, ValueError, "head_dim must be a multiple of 8"),
+    "gqa ratio": (lambda: case(hq=6, hkv=4), {}, InputValueError, "multiple of k's heads"),
+    "unsupported D": (lambda: case(d=20), {}, InputValueError, "head_dim must be a multiple of 8"),
+    "D too big": (lambda: case(d=512), {}, InputValueError, "head_dim must be a multiple of 8"),
     "k/v shapes": (lambda: (*case()[:2], torch.randn(1, 4, 17, 64, dtype=torch.bfloat16)), {},
-                   ValueError, "v must have the shape of k"),
+                   InputValueError, "v must have the shape of k"),
     "last dim strided": (lambda: (torch.randn(1, 4, 16, 128, dtype=torch.bfloat16)[..., ::2],
-                                  *case()[1:]), {}, ValueError, "contiguous in its last dim"),
-    "not an array": (lambda: ([[1.0]], *case()[1:]), {}, TypeError,
+                                  *case()[1:]), {}, InputValueError, "contiguous in its last dim"),
+    "not an array": (lambda: ([[1.0]], *case()[1:]), {}, InputTypeError,
                      "q must be a torch.Tensor or cupy.ndarray"),
-    "causal type": (lambda: case(), {"causal": 1}, TypeError, "causal must be a bool"),
-    "scale type": (lambda: case(), {"scale": "0.1"}, TypeError, "scale must be a float"),
-    "scale value": (lambda: case(), {"scale": -1.0}, ValueError, "scale must be a finite"),
-    "schedule type": (lambda: case(), {"schedule": {"tile_m": 64}}, TypeError,
+    "causal type": (lambda: case(), {"causal": 1}, InputTypeError, "causal must be a bool"),
+    "scale type": (lambda: case(), {"scale": "0.1"}, InputTypeError, "scale must be a float"),
+    "scale value": (lambda: case(), {"scale": -1.0}, InputValueError, "scale must be a finite"),
+    "schedule type": (lambda: case(), {"schedule": {"tile_m": 64}}, InputTypeError,
                       "schedule must be a tiledattention.Schedule"),
 }
 
@@ -60,9 +65,12 @@ BAD = {
 def test_bad_input_is_rejected_before_any_launch(name, launches):
     make, kwargs, error, message = BAD[name]
     q, k, v = make()
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as exc:
         tiledattention.sdpa(q, k, v, **kwargs)
     assert launches == []
+    # what Python code expects of bad arguments, and catchable as ours
+    assert isinstance(exc.value, ValueError if error is InputValueError else TypeError)
+    assert isinstance(exc.value, TiledAttentionError)
 
 
 def test_problem_rejects_impossible_keys():
@@ -86,42 +94,64 @@ def test_causal_flops_count_exactly_the_unmasked_pairs(sq, sk):
     assert p.flops == 4 * 2 * 3 * 64 * int(mask.sum())
 
 
-def test_runtime_memoises_resolution_per_problem(monkeypatch):
+def test_runtime_memoises_resolution_per_family_problem_and_device(monkeypatch):
+    import types
+
     import tiledattention._runtime as runtime_module
 
-    monkeypatch.setattr(runtime_module, "device_info", lambda index: None)  # no GPU here
+    monkeypatch.setattr(runtime_module, "device_info", lambda index: index)  # no GPU here
     calls = []
-    runtime = Runtime(lambda problem, device: calls.append(problem) or "answer")
+    runtime = Runtime(lambda family, problem, device: calls.append((family.name, problem, device))
+                      or "answer")
     p = Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=8, seqlen_k=8, head_dim=64,
                 dtype="bf16", causal=False)
-    assert runtime.resolution(p, 0) == "answer"
-    assert runtime.resolution(p, 0) == "answer"
-    assert len(calls) == 1
+    assert runtime.resolution(FORWARD, p, 0) == "answer"
+    assert runtime.resolution(FORWARD, p, 0) == "answer"
+    assert calls == [("forward", p, 0)]
+    other = types.SimpleNamespace(name="other")  # another family: its own resolution
+    runtime.resolution(other, p, 0)
+    runtime.resolution(FORWARD, p, 1)  # another device: its own resolution
+    assert calls[1:] == [("other", p, 0), ("forward", p, 1)]
     runtime.clear()
-    runtime.resolution(p, 0)
-    assert len(calls) == 2
+    runtime.resolution(FORWARD, p, 0)
+    assert len(calls) == 4
+
+
+def test_runtime_keeps_at_most_max_plans_oldest_out():
+    runtime = Runtime(lambda family, problem, device: None, max_plans=2)
+    assert runtime.plan("a") is None
+    for name in "abc":
+        runtime.keep_plan(name, name.upper())
+    assert [runtime.plan(n) for n in "abc"] == [None, "B", "C"]
+    runtime.clear()
+    assert runtime.plan("c") is None
 
 
 def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     import math
 
-    import tiledattention._runtime as runtime_module
+    import tiledattention.forward._sdpa as sdpa_module
     from tiledattention import Schedule
     from tiledattention._device import DeviceInfo
-    from tiledattention._launch import constant_args
+    from tiledattention.forward._launch import constant_args
 
     device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
-    monkeypatch.setattr(runtime_module, "device_info", lambda index: device)
+    monkeypatch.setattr(sdpa_module, "device_info", lambda index: device)
     p = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=500, head_dim=64,
                 dtype="bf16", causal=True)
     schedule = Schedule(tile_m=128, tile_n=64, exp2=True)
-    plan = Runtime(lambda problem, device: None)._plan(p, 0, None, schedule)
+
+    def plan_for(problem, schedule):
+        return sdpa_module._make_plan(Runtime(lambda *a: None), problem, 0, None, schedule)
+
+    plan = plan_for(p, schedule)
     assert plan.grid == (3, 16, 1)  # ceil(300 / 128) query tiles, B * H_q
     assert plan.out_shape == (2, 8, 300, 64)
     assert plan.scalars[:3] == (1 / math.sqrt(64), 8, 4)  # scale, heads_q, group size
     assert plan.scalars[3:] == constant_args(p, schedule)
+
     def grid(problem, schedule):
-        return Runtime(lambda problem, device: None)._plan(problem, 0, None, schedule).grid
+        return plan_for(problem, schedule).grid
 
     # persistent: occupancy CTAs per SM, never more than the 3 x 16 work items
     persistent = schedule.replace(persistent=True, occupancy=2)
@@ -134,3 +164,31 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     assert grid(p, paired) == (2, 16, 1)
     assert grid(p, paired.replace(persistent=True, occupancy=2)) == (32, 1, 1)
     assert grid(dataclasses.replace(p, causal=False), paired) == (3, 16, 1)
+
+
+def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
+    """Without an explicit schedule the plan runs what the runtime resolved for (FORWARD,
+    problem, device), normalised for the problem."""
+    import tiledattention._runtime as runtime_module
+    import tiledattention.forward._sdpa as sdpa_module
+    from tiledattention import Resolution, Schedule
+    from tiledattention._device import DeviceInfo
+    from tiledattention.forward._launch import constant_args
+
+    device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
+    monkeypatch.setattr(sdpa_module, "device_info", lambda index: device)
+    monkeypatch.setattr(runtime_module, "device_info", lambda index: device)
+    p = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=500, head_dim=64,
+                dtype="bf16", causal=False)
+    resolved = Schedule(tile_m=128, tile_n=64, paired_tiles=True, longest_first=True)
+    asked = []
+
+    def resolve(family, problem, dev):
+        asked.append((family, problem, dev))
+        return Resolution(resolved, "default", "test")
+
+    plan = sdpa_module._make_plan(Runtime(resolve), p, 0, None, None)
+    assert asked == [(FORWARD, p, device)]
+    assert FORWARD.normalise(p, resolved) == Schedule(tile_m=128, tile_n=64)  # not causal
+    assert plan.grid == (3, 16, 1)  # unpaired
+    assert plan.scalars[3:] == constant_args(p, FORWARD.normalise(p, resolved))
