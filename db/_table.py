@@ -84,9 +84,6 @@ def load_rows_text(text: str, source: str,
     rows = []
     for index, item in enumerate(data["rows"]):
         try:
-            if isinstance(item, dict) and item.get("format") != version:
-                raise RecordError(f"row format {item.get('format')!r} in a format-{version} "
-                                  "file")
             rows.append(ScheduleRow.from_dict(item, codecs))
         except RecordError as exc:
             if strict:

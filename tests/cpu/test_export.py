@@ -213,9 +213,6 @@ def test_select_agrees_with_runtime_pick(exported, source_db, arch):
         assert select(exported, "sm_90", p)["tile_m"] == 128
 
 
-@pytest.mark.xfail(strict=True, reason="select() ranks an exact entry and a distinct problem at "
-                   "distance 0 (same S_q, S_k, B*H_q and group) by speed; pick() prefers the "
-                   "exact problem")
 def test_select_prefers_the_exact_problem_like_pick(tiledtune, tmp_path):
     exact = mk("sm_90", H100, S=1024, B=1, hq=16, hkv=4, ms=0.5, tile_m=128)
     # same S_q, S_k, batch * heads_q and group size: distance 0, but another problem
@@ -413,8 +410,6 @@ def test_format_1_csv_imports_as_forward_rows(tiledtune, tmp_path, capsys):
     assert "causal must be a bool" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="tuner/transfer/_rowfiles.py _csv_value turns provenance "
-                   "cells of digits only (kind None) into ints, so the row is rejected")
 def test_csv_keeps_provenance_text_that_looks_like_a_number(tiledtune, tmp_path, capsys):
     rows = [mk("sm_90", H100, S=1024, ms=1.0,
                prov=dataclasses.replace(PROV, template_hash="000000000000")),

@@ -229,7 +229,7 @@ def select(family, arch, **problem):
         d = distance(family, problem, entry["problem"])
         if d is None:
             continue
-        rank = (d, entry["median_ms"])
+        rank = (entry["problem"] != problem, d, entry["median_ms"])  # the exact problem first
         if best is None or rank < best[0]:
             best = (rank, entry)
     return None if best is None else dict(best[1]["schedule"])

@@ -122,6 +122,8 @@ def _csv_value(name: str, text: str) -> Any:
     kind = _KINDS.get(name)
     if name in _OPTIONAL and text == "":
         return None
+    if name in PROVENANCE_FIELDS:
+        return text  # version strings and hashes stay text, even when all digits
     if name == "format" or kind == "count" or kind is None:
         if _INT_TEXT.fullmatch(text.strip()):
             return int(text)
