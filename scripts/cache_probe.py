@@ -18,7 +18,7 @@ os.environ["CUDA_TILE_CACHE_DIR"] = cache_dir
 import torch  # noqa: E402
 
 from tiledattention import Problem, Schedule, compile_schedule  # noqa: E402
-from tiledattention._launch import default_scale, launch  # noqa: E402
+from tiledattention.forward._launch import default_scale, launch  # noqa: E402
 
 
 def names() -> list[str]:

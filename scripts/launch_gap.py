@@ -5,7 +5,7 @@
 For each shape and contender (tiledattention's looked-up schedule, torch SDPA with cuDNN and
 with flash) this prints the host time of one call (the mean of 200 calls enqueued behind a
 busy GPU, so no call waits for it) and the median kernel time twice, interleaved as
-``tuner.timing.time_interleaved`` does: once synchronising after every sample (the GPU is idle
+``tuner.measure.time_interleaved`` does: once synchronising after every sample (the GPU is idle
 when each sample's L2 flush is enqueued, so a launch path slower than the flush shows up as a
 gap inside the sample) and once with all rounds enqueued before one synchronisation.
 """
@@ -22,7 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention
 from speed_table import parse_shape  # scripts/ is on sys.path when run as a script
-from tuner.timing import _Sampler, time_interleaved
+from tuner.measure import time_interleaved
+from tuner.measure._timing import _Sampler
 
 SHAPES = ["16,16,1024,128,yes", "16,16,1024,128,no", "16,8,1024,256,yes", "16,32,1024,64,no",
           "4,16,4096,128,no"]

@@ -15,10 +15,9 @@ import tempfile
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import search_spaces
 import tiledattention
-from tiledattention._problem import problem_from_arrays
-from tuner.timing import time_cuda, time_interleaved
+from tiledattention import FORWARD, problem_from_arrays
+from tuner.measure import time_cuda, time_interleaved
 
 SHAPES = [(4, 16, 4096, 128, True), (4, 16, 4096, 128, False), (4, 8, 4096, 256, False),
           (1, 8, 16384, 256, True), (2, 32, 8192, 64, True), (8, 16, 2048, 128, False)]
@@ -47,7 +46,7 @@ def main() -> None:
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         problem, _ = problem_from_arrays(q, k, v, causal, None)
         found = tiledattention.explain(q, k, v, causal=causal)
-        default = search_spaces.default_schedule(arch, problem)
+        default = FORWARD.default_schedule(arch, problem)
 
         def cudnn():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -4,7 +4,7 @@
                                   [--tuned] [--jobs N] [--out FILE.md]
 
 Every contender is checked against a float32 reference first, then all are timed interleaved
-(tuner.timing.time_interleaved: CUDA events, L2 flushed, median). TFLOP/s = 4·B·H·S_q·S_k·D,
+(tuner.measure.time_interleaved: CUDA events, L2 flushed, median). TFLOP/s = 4·B·H·S_q·S_k·D,
 halved (exactly: unmasked pairs only) for causal. With --candidates, a few hand-picked schedules
 are timed too (used to choose the per-architecture defaults). ``--schedules`` reads candidates
 from a JSON list of ``{"name", "schedule", "head_dims"?, "seqlens"?, "causal"?}`` (the
@@ -24,13 +24,16 @@ from typing import Callable
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import search_spaces
 import tiledattention
-from tiledattention import Problem, Schedule
-from tuner.timing import time_interleaved
+from tiledattention import FORWARD, Problem, Schedule
+from tuner.measure import time_interleaved
 
 SHAPES = [(4, 16, 4096, 128, True), (4, 16, 4096, 128, False), (8, 16, 2048, 64, False),
           (8, 16, 2048, 64, True), (16, 8, 1024, 256, False), (4, 8, 4096, 256, True)]
+
+# The untuned fallback ("seed") schedule: what the first kernel shipped with (search_spaces.SEED
+# until the kernel-family renovation removed it).
+SEED = Schedule(tile_m=64, tile_n=64, occupancy=1)
 
 CANDIDATES = {
     "128x64 o2": Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True, approx_div=True, k_transposed=True),
@@ -71,9 +74,8 @@ def _load_candidates(path: str) -> list[tuple[str, Schedule, Callable[[Problem],
 
 def _compile(job) -> str | None:
     problem, schedule, arch = job
-    from tiledattention._compile import compile_schedule
     try:
-        compile_schedule(problem, schedule, arch)
+        FORWARD.compile(problem, schedule, arch)
     except Exception as exc:  # reported; the timing pass skips nothing on this account
         return f"{schedule.describe()}: {exc}"
     return None
@@ -104,8 +106,7 @@ def main(argv=None) -> int:
                         dtype=args.dtype, causal=causal) for b, h, s, d, causal in shapes]
 
     def schedules_for(problem: Problem) -> dict[str, Schedule]:
-        found = {"default": search_spaces.default_schedule(arch, problem),
-                 "seed": search_spaces.SEED}
+        found = {"default": FORWARD.default_schedule(arch, problem), "seed": SEED}
         if args.candidates:
             found.update(CANDIDATES)
         for name, sched, applies in extra:

@@ -14,12 +14,11 @@ import os
 import sys
 import tempfile
 
-from db import ScheduleDB, dump_rows
-from tiledattention import Problem
-from tuner._isolation import IsolatedExecutor
-from tuner.driver import SearchConfig, Tuner
-from tuner.search_cmd import _GpuFactory, select_device
-from tuner.timing import Timing
+from db import dump_rows
+from tiledattention import FORWARD, Problem, open_database
+from tuner.commands.search_cmd import _GpuFactory, select_device
+from tuner.measure import IsolatedExecutor, Timing
+from tuner.search import SearchConfig, Tuner
 
 
 def fresh_cache() -> None:
@@ -28,9 +27,9 @@ def fresh_cache() -> None:
 
 def tune(problem, db, storage, config, compile_workers):
     device = select_device("sm_90")
-    with IsolatedExecutor(_GpuFactory(device.index)) as executor:
-        tuner = Tuner(executor, arch=device.arch, device_name=device.name, storage_url=storage,
-                      db=db, config=config, compile_workers=compile_workers)
+    with IsolatedExecutor(_GpuFactory(FORWARD, device.index)) as executor:
+        tuner = Tuner(executor, family=FORWARD, arch=device.arch, device_name=device.name,
+                      storage_url=storage, db=db, config=config, compile_workers=compile_workers)
         try:
             return tuner.tune(problem), executor
         finally:
@@ -45,7 +44,7 @@ def main(out: str) -> int:
     os.makedirs(out, exist_ok=True)
     storage = f"sqlite:///{out}/studies.sqlite"
     lines = []
-    with ScheduleDB(f"{out}/schedules.sqlite") as db:
+    with open_database(f"{out}/schedules.sqlite") as db:
         fresh_cache()
         causal = Problem(batch=4, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096,
                          head_dim=128, dtype="bf16", causal=True)
@@ -80,10 +79,10 @@ def main(out: str) -> int:
             results[name] = tune(small, None, storage, cfg, compile_workers=workers)[0]
             print(name, results[name].measured, f"{results[name].wall_s:.0f}s", flush=True)
         device = select_device("sm_90")
-        with IsolatedExecutor(_GpuFactory(device.index)) as executor:
+        with IsolatedExecutor(_GpuFactory(FORWARD, device.index)) as executor:
             both = executor.call("retime", small, {
                 "exhaustive": results["exhaustive"].best, "search": results["search"].best},
-                (), deadline=300)
+                False, deadline=300)  # False: no torch baselines
         ex, se = both["exhaustive"], both["search"]
         lines.append("| run | candidates timed | wall s | compile hidden s | winner | "
                      "re-timed ms |")

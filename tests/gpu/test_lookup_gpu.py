@@ -5,14 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import search_spaces
 import tiledattention
-from db import ScheduleDB, ScheduleRow
-from tiledattention import Schedule
-from tiledattention._device import device_info
-from tiledattention._problem import problem_from_arrays
-from tiledattention._provenance import current_provenance
-from tuner.timing import time_interleaved
+from db import ScheduleRow
+from tiledattention import FORWARD, Schedule, current_provenance, device_info, problem_from_arrays
+from tuner.measure import time_interleaved
 
 from ._reference import random_qkv, reference, rel_l2
 
@@ -27,10 +23,10 @@ def test_stored_row_is_launched(tmp_path):
     problem, _ = problem_from_arrays(q, k, v, False, None)
     dev = device_info(q.device.index)
     location = str(tmp_path / "schedules.sqlite")
-    with ScheduleDB(location) as db:
-        db.put(ScheduleRow(arch=dev.arch, device_name=dev.name, problem=problem, schedule=SLOW,
-                           median_ms=1.0, spread_ms=0.01, tflops=1.0, trials=1,
-                           provenance=current_provenance()))
+    with tiledattention.open_database(location) as db:
+        db.put(ScheduleRow(family=FORWARD.name, arch=dev.arch, device_name=dev.name,
+                           problem=problem, schedule=SLOW, median_ms=1.0, spread_ms=0.01,
+                           tflops=1.0, trials=1, provenance=current_provenance(FORWARD)))
     tiledattention.use_database(location)
     resolution = tiledattention.explain(q, k, v)
     assert resolution.source == "exact-device"
@@ -38,7 +34,7 @@ def test_stored_row_is_launched(tmp_path):
 
     out = tiledattention.sdpa(q, k, v)
     assert rel_l2(out, reference(q, k, v, False)) <= 1e-2
-    fallback = search_spaces.default_schedule(dev.arch, problem)
+    fallback = FORWARD.default_schedule(dev.arch, problem)
     timings = time_interleaved({
         "looked-up": lambda: tiledattention.sdpa(q, k, v),
         "explicit-slow": lambda: tiledattention.sdpa(q, k, v, schedule=SLOW),

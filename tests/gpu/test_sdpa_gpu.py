@@ -10,11 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import search_spaces
 import tiledattention
-from tiledattention import Schedule
-from tiledattention._launch import default_scale, launch
-from tiledattention._problem import problem_from_arrays
+from tiledattention import FORWARD, Schedule, problem_from_arrays
+from tiledattention.forward._launch import default_scale, launch
 
 from ._reference import TOLERANCE, random_qkv, reference, rel_l2
 
@@ -46,7 +44,7 @@ def check(q, k, v, causal, schedule, scale=None):
 
 def default_for(q, k, v, causal):
     problem, _ = problem_from_arrays(q, k, v, causal, None)
-    return search_spaces.default_schedule(arch(), problem)
+    return FORWARD.default_schedule(arch(), problem)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
