@@ -84,7 +84,6 @@ def main() -> int:
                        "old_over_new": ratios[len(ratios) // 2], "ratios": ratios}
                 results.append(row)
                 print(json.dumps(row), flush=True)
-                del q, k, v, ref, out_new, out_old
                 torch.cuda.empty_cache()
     geomean = math.exp(sum(math.log(r["old_over_new"]) for r in results) / len(results))
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
