@@ -39,8 +39,11 @@ def test_stored_row_is_launched(tmp_path):
         "looked-up": lambda: tiledattention.sdpa(q, k, v),
         "explicit-slow": lambda: tiledattention.sdpa(q, k, v, schedule=SLOW),
         "explicit-default": lambda: tiledattention.sdpa(q, k, v, schedule=fallback),
-    }, rounds=15)
-    looked, slow, fast = (timings[n].median_ms for n in
+    }, rounds=30)
+    # minima: the suite runs with pytest -n 8, so other tests share the GPU and the medians of
+    # identical launches can differ by 20% (seen on an H100); the fastest sample of each is the
+    # one least disturbed
+    looked, slow, fast = (timings[n].min_ms for n in
                           ("looked-up", "explicit-slow", "explicit-default"))
     assert abs(looked - slow) / slow < 0.15, timings
     assert looked > 1.5 * fast, timings
