@@ -28,6 +28,7 @@ import db
 
 from ._device import DeviceInfo
 from ._family import Family, codecs
+from .errors import InputValueError
 
 __all__ = ["Resolution", "Resolver", "SOURCES", "pick", "shipped_table"]
 
@@ -65,8 +66,6 @@ def shipped_table(arch: str) -> db.RowTable | None:
     """The pre-tuned table packaged as ``tiledattention/pretuned/<arch>.json`` (rows of every
     registered family), or ``None``. Rows that no longer decode are skipped with a warning."""
     if not isinstance(arch, str) or not db.ARCH_PATTERN.fullmatch(arch):
-        from .errors import InputValueError
-
         raise InputValueError(f"arch must look like 'sm_90'; got {arch!r}")
     resource = resources.files("tiledattention").joinpath("pretuned", f"{arch}.json")
     if not resource.is_file():
