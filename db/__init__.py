@@ -9,9 +9,11 @@ database is actually opened.
 
 from __future__ import annotations
 
+from ._encode import Candidates
 from ._errors import DatabaseError, DatabaseUnavailable, RecordError, SchemaTooNew
 from ._rows import (
     ARCH_PATTERN,
+    BACKENDS,
     LEGACY_FAMILY,
     PROVENANCE_FIELDS,
     ROW_FIELDS,
@@ -27,7 +29,7 @@ from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, write_b
     write_text_atomic
 
 __all__ = [
-    "ARCH_PATTERN", "DatabaseError", "DatabaseUnavailable", "FamilyCodec", "LEGACY_FAMILY",
+    "ARCH_PATTERN", "BACKENDS", "Candidates", "DatabaseError", "DatabaseUnavailable", "FamilyCodec", "LEGACY_FAMILY",
     "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
     "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew", "canonical_json",
     "dump_rows", "load_rows_file", "load_rows_text", "write_bytes_atomic", "write_text_atomic",

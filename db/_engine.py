@@ -14,8 +14,8 @@ from ._errors import DatabaseUnavailable
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
-__all__ = ["Target", "check_sqlite_file", "sqlite_engine", "is_locked", "BUSY_TIMEOUT_S",
-           "WRITE_OPTION"]
+__all__ = ["Target", "check_sqlite_file", "inspect_sqlite_file", "check_writable_path",
+           "server_engine", "sqlite_engine", "is_locked", "BUSY_TIMEOUT_S", "WRITE_OPTION"]
 
 BUSY_TIMEOUT_S = 30.0
 #: execution option that makes a connection's transactions ``BEGIN IMMEDIATE``
@@ -29,7 +29,8 @@ class Target:
     def __init__(self, location: str | os.PathLike) -> None:
         text = os.fspath(location)
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"a database location must be a path or URL; got {location!r}")
+            raise DatabaseUnavailable(f"a database location must be a path or URL; got "
+                                      f"{location!r}")
         self.url: str | None = None
         self.path: Path | None = None
         self.memory = False
@@ -39,7 +40,9 @@ class Target:
             try:
                 url = make_url(text)
             except Exception as exc:
-                raise ValueError(f"not an SQLAlchemy URL: {text!r} ({exc})") from None
+                raise DatabaseUnavailable(
+                    f"{text!r} is not an SQLAlchemy URL ({exc}); give a file path or a URL "
+                    "such as sqlite:///path or postgresql+psycopg://user@host/db") from None
             if url.get_backend_name() == "sqlite":
                 database = url.database or ""
                 if database in ("", ":memory:"):
@@ -86,6 +89,60 @@ def check_sqlite_file(path: Path) -> None:
             "it or restore it from a backup")
 
 
+def inspect_sqlite_file(path: Path, version_table: str) -> tuple[set[str], str | None]:
+    """The table names and the recorded schema revision of an existing SQLite file, read through
+    a read-only connection after SQLite's integrity check (``PRAGMA quick_check``), before any
+    connection that could write opens it. A file not in WAL mode is opened ``immutable``, so
+    no ``-wal``/``-shm`` file appears beside a file we then refuse."""
+    with open(path, "rb") as f:
+        header = f.read(20)
+    wal = len(header) >= 20 and header[18] == 2
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro" + \
+        ("" if wal else "&immutable=1")
+    try:
+        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise DatabaseUnavailable(f"{path} cannot be opened: {exc}") from None
+    try:
+        problems = [r[0] for r in connection.execute("PRAGMA quick_check(5)").fetchall()]
+        if problems != ["ok"]:
+            raise DatabaseUnavailable(
+                f"{path} is corrupt (SQLite's integrity check: {'; '.join(problems)[:300]}); "
+                "restore it from a backup, or move it away and re-tune")
+        tables = {r[0] for r in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        revision = None
+        if version_table in tables:
+            found = [r[0] for r in connection.execute(
+                f"SELECT version_num FROM {version_table}")]
+            revision = found[0] if len(found) == 1 else None
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseUnavailable(f"{path} is not a readable SQLite database ({exc}); restore "
+                                  "it from a backup, or move it away") from None
+    finally:
+        connection.close()
+    return tables, revision
+
+
+def check_writable_path(path: Path) -> None:
+    """Raise :class:`DatabaseUnavailable` unless a SQLite database at ``path`` can be written:
+    the file (when it exists) and its directory (for the journal), or the nearest existing
+    ancestor when they are still to be created."""
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise DatabaseUnavailable(f"{path} is read-only (no write permission, or a "
+                                      "read-only mount); pass --db with a writable location")
+        folder = path.parent
+    else:
+        folder = next((p for p in path.parents if p.exists()), Path("/"))
+        if not folder.is_dir():
+            raise DatabaseUnavailable(f"cannot create {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise DatabaseUnavailable(f"cannot write to {path}: its directory {folder} is not "
+                                  "writable (SQLite keeps its journal there); pass --db with a "
+                                  "writable location")
+
+
 def sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
     from sqlalchemy import create_engine, event
     from sqlalchemy.pool import QueuePool, StaticPool
@@ -122,6 +179,19 @@ def sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
     return engine
+
+
+def server_engine(target: Target) -> "Engine":
+    """The engine of a server database URL (connections are made on first use)."""
+    from sqlalchemy import create_engine
+
+    try:
+        return create_engine(target.url, pool_pre_ping=True)
+    except Exception as exc:  # an unknown dialect or a missing driver
+        raise DatabaseUnavailable(
+            f"cannot use the schedule database {target.shown}: {type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:200]}; give a file path or an SQLAlchemy URL "
+            "whose driver is installed (e.g. postgresql+psycopg://...)") from None
 
 
 def is_locked(exc: BaseException) -> bool:

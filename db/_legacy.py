@@ -27,9 +27,19 @@ def legacy_columns(present: frozenset[str]) -> list[Any]:
                legacy.get(name, Integer())) for name in sorted(present)]).c)
 
 
+class _Fields:
+    """A problem's dict form, for ``FamilyCodec`` methods that take a problem value."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._data
+
+
 def from_legacy(records: Iterable[Any], codecs: Mapping[str, FamilyCodec],
-                 key: tuple[str, str, str, str] | None, filters: dict[str, Any]) -> list[dict]:
-    """Records of a revision-0001/0002 table in the current shape, filtered and ordered."""
+                filters: Mapping[str, Any]) -> list[dict]:
+    """Records of a revision-0001/0002 table in the current shape, filtered, in key order."""
     codec = codecs.get(LEGACY_FAMILY)
     if codec is None:
         return []
@@ -37,11 +47,9 @@ def from_legacy(records: Iterable[Any], codecs: Mapping[str, FamilyCodec],
     for record in records:
         problem = {name: record[name] for name in LEGACY_PROBLEM}
         problem["causal"] = bool(problem["causal"])
-        converted = {**record, "family": LEGACY_FAMILY, "problem": canonical_json(problem),
-                     "bucket": canonical_json({n: problem[n] for n in codec.bucket_fields})}
-        if key is not None and (converted["family"], converted["arch"],
-                                converted["device_name"], converted["problem"]) != key:
-            continue
-        if all(converted[name] == value for name, value in filters.items()):
+        converted = {**record, "family": LEGACY_FAMILY, "backend": "gpu",
+                     "problem": canonical_json(problem),
+                     "bucket": codec.bucket_text(_Fields(problem))}
+        if all(converted.get(name) == value for name, value in filters.items()):
             found.append(converted)
-    return sorted(found, key=lambda r: (r["family"], r["arch"], r["device_name"], r["problem"]))
+    return sorted(found, key=lambda r: (r["family"], r["arch"], r["problem"], r["device_name"]))

@@ -19,12 +19,15 @@ from typing import Any, Callable, Iterable, Mapping
 from ._errors import RecordError
 
 __all__ = ["ScheduleRow", "Provenance", "FamilyCodec", "RowField", "ROW_FIELDS", "ROW_FORMAT",
-           "ARCH_PATTERN", "LEGACY_FAMILY", "OPTIONAL_MS", "PROVENANCE_FIELDS", "canonical_json",
-           "codec_map"]
+           "ARCH_PATTERN", "BACKENDS", "LEGACY_FAMILY", "MAX_TERMS", "OPTIONAL_MS",
+           "PROVENANCE_FIELDS", "canonical_json", "codec_map"]
 
 #: Version of the dict form of a row (and of the JSON files made of rows). Format 2 added
-#: ``family``; format-1 rows are read as rows of ``LEGACY_FAMILY``.
-ROW_FORMAT = 2
+#: ``family`` (format-1 rows are read as rows of ``LEGACY_FAMILY``), format 3 ``backend``
+#: (older rows were all measured on a GPU).
+ROW_FORMAT = 3
+#: What measured a row: a real GPU, or the tuner's analytic model (never used by the runtime).
+BACKENDS = ("gpu", "simulated")
 #: Every row written before kernel families existed (row format 1, schema revision 0002) was the
 #: prefill forward kernel's.
 LEGACY_FAMILY = "forward"
@@ -54,6 +57,7 @@ ROW_FIELDS = (
     RowField("family", "text"),
     RowField("arch", "text"),
     RowField("device_name", "text"),
+    RowField("backend", "text"),
     RowField("problem", "record"),
     RowField("schedule", "record"),
     RowField("median_ms", "ms"),
@@ -101,28 +105,54 @@ class Provenance:
         return (self.template_hash, self.cuda_tile, self.tileiras)
 
 
+#: Distance terms a family may have (one REAL column each in the table).
+MAX_TERMS = 4
+
+
 @dataclass(frozen=True)
 class FamilyCodec:
     """What the database needs to know of one kernel family: its name, how to rebuild its typed
     problem and schedule from their dict forms (raising ``ValueError``/``TypeError`` on bad
-    input), and which problem fields the lookup filters on (stored, indexed, as ``bucket``)."""
+    input), and its lookup metric: the problem fields and field ratios a stored row must share
+    with a problem to answer for it (stored, indexed, as ``bucket``), and the distance terms,
+    ``(fields, weight)`` pairs adding ``weight * |log2 prod(a.fields) - log2 prod(b.fields)|``
+    (stored as ``term0..`` so the database orders candidates by distance itself)."""
 
     name: str
     decode_problem: Callable[[Mapping[str, Any]], Any]
     decode_schedule: Callable[[Mapping[str, Any]], Any]
     bucket_fields: tuple[str, ...]
+    match_ratios: tuple[tuple[str, str], ...] = ()
+    distance_terms: tuple[tuple[tuple[str, ...], float], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not FAMILY_PATTERN.fullmatch(self.name):
             raise RecordError(f"family name must match {FAMILY_PATTERN.pattern}; "
                               f"got {self.name!r}")
+        if len(self.distance_terms) > MAX_TERMS:
+            raise RecordError(f"a family has at most {MAX_TERMS} distance terms; "
+                              f"{self.name!r} has {len(self.distance_terms)}")
 
     def problem_text(self, problem: Any) -> str:
         return canonical_json(problem.to_dict())
 
     def bucket_text(self, problem: Any) -> str:
+        """The fields and reduced ratios a row must share with ``problem``, as JSON."""
         data = problem.to_dict()
-        return canonical_json({name: data[name] for name in self.bucket_fields})
+        bucket: dict[str, Any] = {name: data[name] for name in self.bucket_fields}
+        for num, den in self.match_ratios:
+            common = math.gcd(data[num], data[den]) or 1
+            bucket[f"{num}/{den}"] = f"{data[num] // common}/{data[den] // common}"
+        return canonical_json(bucket)
+
+    def terms(self, problem: Any) -> tuple[float, ...]:
+        """``log2 prod(fields)`` of each distance term (``term0..`` in the table)."""
+        data = problem.to_dict()
+        return tuple(math.log2(math.prod(data[name] for name in names))
+                     for names, _ in self.distance_terms)
+
+    def weights(self) -> tuple[float, ...]:
+        return tuple(weight for _, weight in self.distance_terms)
 
     def problem(self, data: Any) -> Any:
         return _decoded("problem", self.decode_problem, data)
@@ -175,6 +205,7 @@ class ScheduleRow:
     family: str
     arch: str
     device_name: str
+    backend: str = "gpu"
     problem: Any
     schedule: Any
     median_ms: float
@@ -195,6 +226,9 @@ class ScheduleRow:
         if not isinstance(self.device_name, str) or not self.device_name.strip():
             raise RecordError(
                 f"ScheduleRow.device_name must be a non-empty str; got {self.device_name!r}")
+        if self.backend not in BACKENDS:
+            raise RecordError(f"ScheduleRow.backend must be one of {BACKENDS}; got "
+                              f"{self.backend!r}")
         for name in ("problem", "schedule"):
             if not callable(getattr(getattr(self, name), "to_dict", None)):
                 raise RecordError(f"ScheduleRow.{name} must have a to_dict(); got "
@@ -255,6 +289,10 @@ class ScheduleRow:
             if "family" in data:
                 raise RecordError("row format 1 has no 'family' field")
             data["family"] = LEGACY_FAMILY
+        if version <= 2:
+            if "backend" in data:
+                raise RecordError(f"row format {version} has no 'backend' field")
+            data["backend"] = "gpu"
         known = {f.name for f in ROW_FIELDS}
         unknown = sorted(set(data) - known)
         if unknown:

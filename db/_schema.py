@@ -11,10 +11,10 @@ from __future__ import annotations
 from sqlalchemy import (Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
                         UniqueConstraint)
 
-from ._rows import PROVENANCE_FIELDS, ROW_FIELDS
+from ._rows import MAX_TERMS, PROVENANCE_FIELDS, ROW_FIELDS
 
 __all__ = ["TABLE_NAME", "VERSION_TABLE", "HEAD_REVISION", "KEY_COLUMNS", "OPTIONAL_COLUMNS",
-           "metadata", "schedules"]
+           "TERM_COLUMNS", "metadata", "schedules"]
 
 TABLE_NAME = "schedules"
 #: Alembic's version table, named for us so it cannot clash with an application's own Alembic
@@ -23,13 +23,16 @@ VERSION_TABLE = "tiledattention_schema_version"
 #: The newest revision in ``db/migrations/versions`` (a test checks they agree).
 HEAD_REVISION = "0003"
 
-#: One row per key; the problem is its canonical JSON (``_rows.canonical_json``).
-KEY_COLUMNS = ("family", "arch", "device_name", "problem")
+#: One row per key; the problem is its canonical JSON (``_rows.canonical_json``). The order is
+#: the unique index's: an exact lookup (family, arch, problem; any device) uses its prefix.
+KEY_COLUMNS = ("family", "arch", "problem", "device_name")
+#: ``term0..``: the family's distance terms of the problem (``FamilyCodec.terms``).
+TERM_COLUMNS = tuple(f"term{i}" for i in range(MAX_TERMS))
 #: Nullable columns a database of another revision may lack; reading gives ``None`` for them.
 OPTIONAL_COLUMNS = tuple(f.name for f in ROW_FIELDS if f.optional)
 
 _TYPES = {"ms": Float, "count": Integer, "time": lambda: DateTime(timezone=True), "record": Text}
-_TEXT_WIDTH = {"family": 32, "arch": 16, "device_name": 128}
+_TEXT_WIDTH = {"family": 32, "arch": 16, "device_name": 128, "backend": 16}
 
 
 def _columns() -> list[Column]:
@@ -41,8 +44,9 @@ def _columns() -> list[Column]:
         kind = String(_TEXT_WIDTH[f.name]) if f.kind == "text" else _TYPES[f.kind]()
         columns.append(Column(f.name, kind, nullable=f.optional))
         if f.name == "problem":
-            # the problem fields the lookup filters on (``FamilyCodec.bucket_fields``), as JSON
+            # what the lookup filters on (``FamilyCodec.bucket_text``) and orders by
             columns.append(Column("bucket", Text, nullable=False))
+            columns += [Column(name, Float, nullable=True) for name in TERM_COLUMNS]
     return columns
 
 

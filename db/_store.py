@@ -15,14 +15,16 @@ import os
 import time
 import warnings
 from contextlib import contextmanager
-from datetime import timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
-from ._engine import WRITE_OPTION, Target, check_sqlite_file, is_locked, sqlite_engine
+from ._engine import (WRITE_OPTION, Target, check_sqlite_file, check_writable_path,
+                      inspect_sqlite_file, is_locked, server_engine, sqlite_engine)
+from ._encode import Candidates, decode_record, pick_candidates, problem_key, row_values
 from ._errors import DatabaseUnavailable, RecordError, SchemaTooNew
 from ._legacy import LEGACY_PROBLEM, from_legacy, legacy_columns
-from ._rows import PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow, canonical_json, \
-    codec_map
+from ._merge import verdict
+from ._rows import FamilyCodec, Provenance, ScheduleRow, codec_map
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["ScheduleDB", "PUT_OUTCOMES"]
 
 #: What :meth:`ScheduleDB.put` did.
-PUT_OUTCOMES = ("added", "improved", "replaced", "forced", "kept")
+PUT_OUTCOMES = ("added", "improved", "replaced", "forced", "kept", "skipped")
 
 _WRITE_ATTEMPTS = 8
 
@@ -56,23 +58,15 @@ class ScheduleDB:
         self._target = Target(location)
         self._read_only = read_only
         self._engine: Engine | None = None
-        self._too_new: str | None = None
         self._columns: frozenset[str] | None = None
         path = self._target.path
         if path is not None:
-            if read_only and not path.exists():
-                raise DatabaseUnavailable(f"{path} does not exist")
-            if path.exists():
-                check_sqlite_file(path)
-            elif not read_only:
-                path.parent.mkdir(parents=True, exist_ok=True)
-        from sqlalchemy import create_engine
-
+            self._check_file(path)
         if self._target.sqlite:
             self._engine = sqlite_engine(None if self._target.memory else path,
-                                          read_only=read_only)
+                                         read_only=read_only)
         else:
-            self._engine = create_engine(self._target.url, pool_pre_ping=True)
+            self._engine = server_engine(self._target)
         try:
             if read_only:
                 self._check_schema()
@@ -136,6 +130,43 @@ class ScheduleDB:
             raise DatabaseUnavailable(f"cannot use the schedule database {self}: "
                                       f"{exc.orig or exc}") from exc
 
+    def _check_file(self, path: Path) -> None:
+        """Everything that can be said of a SQLite file before a connection that may write it
+        opens: it exists (reading), is SQLite, passes the integrity check, is ours, of a revision
+        this code can write (writing), and can be written (writing). A file refused here is left
+        byte for byte as it was."""
+        from . import _migrate
+        from ._schema import HEAD_REVISION, TABLE_NAME, VERSION_TABLE
+
+        if not path.exists():
+            if self._read_only:
+                raise DatabaseUnavailable(f"{path} does not exist")
+            check_writable_path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return
+        check_sqlite_file(path)
+        if path.stat().st_size:
+            tables, revision = inspect_sqlite_file(path, VERSION_TABLE)
+            if TABLE_NAME not in tables and VERSION_TABLE in tables:
+                raise self._foreign(f"no {TABLE_NAME!r} table")
+            if TABLE_NAME not in tables and tables:
+                raise self._foreign(f"it holds other tables: {sorted(tables)[:5]}")
+            if TABLE_NAME in tables and revision is None:
+                raise self._foreign("no schema version record")
+            if not self._read_only and revision is not None and revision != HEAD_REVISION \
+                    and revision not in _migrate.known_revisions():
+                raise self._too_new_error(revision)
+        if not self._read_only:
+            check_writable_path(path)
+
+    def _too_new_error(self, revision: str) -> SchemaTooNew:
+        from ._schema import HEAD_REVISION
+
+        return SchemaTooNew(
+            f"{self} has schema revision {revision!r}, which this tiledattention does not know "
+            f"(it knows up to {HEAD_REVISION!r}): a newer tiledattention wrote it. Upgrade "
+            "tiledattention to write to it (reading still works), or pass --db elsewhere")
+
     def _inspect(self, connection: "Connection") -> tuple[set[str], str | None, bool]:
         """Table names, the recorded revision, and whether a version table exists."""
         from sqlalchemy import inspect, text
@@ -184,10 +215,9 @@ class ScheduleDB:
                     elif revision is None:
                         raise self._foreign("no schema version record")
                     elif revision != HEAD_REVISION:
-                        if revision in _migrate.known_revisions():
-                            _migrate.upgrade(connection, "head")
-                        else:
-                            self._too_new = revision
+                        if revision not in _migrate.known_revisions():
+                            raise self._too_new_error(revision)
+                        _migrate.upgrade(connection, "head")
                 return
             except Exception as exc:
                 if not (is_locked(exc) or self._lost_create_race(exc)) \
@@ -207,13 +237,6 @@ class ScheduleDB:
     def _check_writable(self) -> None:
         if self._read_only:
             raise DatabaseUnavailable(f"{self} was opened read-only")
-        if self._too_new is not None:
-            from ._schema import HEAD_REVISION
-
-            raise SchemaTooNew(
-                f"{self} has schema revision {self._too_new!r}, which this tiledattention does "
-                f"not know (it knows up to {HEAD_REVISION!r}): a newer tiledattention wrote it. "
-                "Upgrade tiledattention to write to it; reading still works")
 
     def _present_columns(self, connection: "Connection") -> frozenset[str]:
         if self._columns is None:
@@ -233,13 +256,24 @@ class ScheduleDB:
                               f"known: {sorted(self._codecs)}")
         return codec
 
-    def put(self, row: ScheduleRow, *, force: bool = False) -> str:
-        """Store ``row`` unless a faster row of the same toolchain holds its key.
+    def put(self, row: ScheduleRow, *, force: bool = False,
+            current: Provenance | None = None) -> str:
+        """Store ``row`` unless the stored row of its key should stay; returns the outcome (see
+        :meth:`merge`)."""
+        return self.merge(row, force=force, current=current)[0]
 
-        Returns ``"added"`` (new key), ``"improved"`` (faster than the stored row),
-        ``"replaced"`` (the stored row came from another kernel template, cuda-tile or tileiras,
-        so its timing is not comparable), ``"forced"`` (``force=True``) or ``"kept"`` (the stored
-        row is as fast or faster; nothing written).
+    def merge(self, row: ScheduleRow, *, force: bool = False,
+              current: Provenance | None = None) -> tuple[str, str]:
+        """Store ``row`` unless the stored row of its key should stay: ``(outcome, why)``.
+
+        A row the runtime would use is never replaced by one it would ignore. ``current`` is the
+        provenance a measurement of the row's family would carry now (``None``: unknown); a row
+        is *usable* when its template is ``current``'s and it was measured on a GPU. Outcomes:
+        ``added`` (new key); ``improved`` / ``kept``: the same toolchain, the faster row wins;
+        ``replaced``: the stored row was not usable (or of another cuda-tile/tileiras than
+        ``current``) and ``row`` is; ``skipped``: ``row`` is not usable and the stored row is, or
+        neither is, or their toolchains differ and nothing says which is current (nothing
+        written); ``forced``: ``force=True`` overwrote whatever was stored.
         """
         from sqlalchemy import insert, select, update
         from sqlalchemy.exc import IntegrityError
@@ -248,29 +282,29 @@ class ScheduleDB:
 
         if not isinstance(row, ScheduleRow):
             raise TypeError(f"put() takes a ScheduleRow; got {type(row).__name__}")
+        if current is not None and not isinstance(current, Provenance):
+            raise TypeError(f"current must be a Provenance or None; got "
+                            f"{type(current).__name__}")
         self._check_writable()
-        values = _row_values(row, self._codec(row.family))
+        values = row_values(row, self._codec(row.family))
         where = _key_clause(t, row.key)
         last: Exception | None = None
         for attempt in range(_WRITE_ATTEMPTS):
             try:
                 with self._transaction(write=True) as connection:
                     found = connection.execute(
-                        select(t.c.id, t.c.median_ms, t.c.template_hash, t.c.cuda_tile,
-                               t.c.tileiras).where(where).with_for_update()).first()
+                        select(t.c.id, t.c.median_ms, t.c.backend, t.c.template_hash,
+                               t.c.cuda_tile, t.c.tileiras).where(where).with_for_update()
+                    ).mappings().first()
                     if found is None:
                         connection.execute(insert(t).values(**values))
-                        return "added"
-                    if force:
-                        outcome = "forced"
-                    elif tuple(found[2:]) != row.provenance.toolchain():
-                        outcome = "replaced"
-                    elif row.median_ms < found.median_ms:
-                        outcome = "improved"
-                    else:
-                        return "kept"
-                    connection.execute(update(t).where(t.c.id == found.id).values(**values))
-                    return outcome
+                        return "added", ""
+                    outcome, why = ("forced", "--force") if force else verdict(found, row,
+                                                                               current)
+                    if outcome in ("skipped", "kept"):
+                        return outcome, why
+                    connection.execute(update(t).where(t.c.id == found["id"]).values(**values))
+                    return outcome, why
             except IntegrityError as exc:  # another writer inserted this key first: look again
                 last = exc
             except Exception as exc:
@@ -290,63 +324,123 @@ class ScheduleDB:
         self._check_writable()
         with self._transaction(write=True) as connection:
             result = connection.execute(delete(t).where(_key_clause(
-                t, _key(family, arch, device_name, problem))))
+                t, (family, arch, device_name, problem_key(problem)))))
             return result.rowcount > 0
 
     # -- reading --------------------------------------------------------------------------------
     def get(self, family: str, arch: str, device_name: str, problem: Any) -> ScheduleRow | None:
         """The row of this exact key, or ``None`` (also when it no longer decodes: one warning)."""
-        found = self._select(_key(family, arch, device_name, problem), {})
+        found = self._select({"family": family, "arch": arch, "device_name": device_name,
+                              "problem": problem_key(problem)})
         return found[0] if found else None
 
     def rows(self, *, family: str | None = None, arch: str | None = None,
-             device_name: str | None = None, like: Any = None) -> list[ScheduleRow]:
-        """The rows matching every filter that is not ``None``, in key order. ``like``: only
-        rows whose problem has the lookup fields (``FamilyCodec.bucket_fields``) of this
-        problem (needs ``family``; an indexed query). A row that no longer decodes (e.g. its
-        schedule stopped validating) is skipped with one warning."""
+             device_name: str | None = None, like: Any = None, limit: int | None = None,
+             offset: int = 0) -> list[ScheduleRow]:
+        """The rows matching every filter that is not ``None``, in key order (``limit`` /
+        ``offset``: one page of them). ``like``: only rows that may answer for this problem
+        (its ``FamilyCodec.bucket_text``; needs ``family``; an indexed query). A row that no
+        longer decodes (e.g. its schedule stopped validating) is skipped with one warning."""
+        return self._select(self._filters(family, arch, device_name, like), limit=limit,
+                            offset=offset)
+
+    def count(self, *, family: str | None = None, arch: str | None = None,
+              device_name: str | None = None, like: Any = None) -> int:
+        """How many stored rows ``rows(...)`` with these filters would see (before decoding)."""
+        from sqlalchemy import func, select
+
+        from ._schema import schedules as t
+
+        filters = self._filters(family, arch, device_name, like)
+        with self._transaction(write=False) as connection:
+            if self._legacy(connection):
+                return len(self._select(filters))
+            query = select(func.count()).select_from(t).where(*self._where(t, filters))
+            return connection.execute(query).scalar_one()
+
+    def candidates(self, family: str, arch: str, problem: Any, *, template: str,
+                   limit: int = 8) -> Candidates:
+        """What the lookup needs for ``problem``, in three indexed queries: the GPU-measured rows
+        of this exact problem (any device), the ``limit`` nearest GPU-measured rows of its bucket
+        by the family's distance terms, both of template ``template``; and how many rows of the
+        bucket belong to another template (stale)."""
+        from sqlalchemy import func, select
+
+        from ._schema import TERM_COLUMNS, schedules as t
+
+        codec = self._codec(family)
+        with self._transaction(write=False) as connection:
+            if self._legacy(connection):
+                return pick_candidates(self._select({"family": family, "arch": arch}), codec,
+                                       problem, template=template, limit=limit)
+            bucket = self._where(t, {"family": family, "arch": arch,
+                                     "bucket": codec.bucket_text(problem)})
+            usable = (*bucket, t.c.template_hash == template, t.c.backend == "gpu")
+            exact = connection.execute(self._query(t, connection).where(
+                *usable, t.c.problem == problem_key(problem))).mappings().all()
+            distance = sum(weight * func.abs(t.c[column] - value) for column, weight, value in
+                           zip(TERM_COLUMNS, codec.weights(), codec.terms(problem)))
+            near = connection.execute(self._query(t, connection).where(*usable).order_by(
+                distance, t.c.median_ms).limit(limit)).mappings().all() if limit else []
+            stale = connection.execute(select(func.count()).select_from(t).where(
+                *bucket, t.c.template_hash != template)).scalar_one()
+        return Candidates(self._decoded(exact), self._decoded(near), stale)
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def _filters(self, family: str | None, arch: str | None, device_name: str | None,
+                 like: Any) -> dict[str, Any]:
         filters: dict[str, Any] = {"family": family, "arch": arch, "device_name": device_name}
         if like is not None:
             if family is None:
                 raise TypeError("rows(like=...) needs family=")
             filters["bucket"] = self._codec(family).bucket_text(like)
-        return self._select(None, {k: v for k, v in filters.items() if v is not None})
+        return {k: v for k, v in filters.items() if v is not None}
 
-    def __len__(self) -> int:
-        from sqlalchemy import func, select
+    def _where(self, t: Any, filters: dict[str, Any]) -> list[Any]:
+        return [t.c[name] == value for name, value in filters.items()] + [
+            t.c.family.in_(sorted(self._codecs))]
 
-        from ._schema import schedules as t
+    def _legacy(self, connection: "Connection") -> bool:
+        """Whether the table has the layout of revision 0001-0002 (read without migrating)."""
+        present = self._present_columns(connection)
+        return "problem" not in present and set(LEGACY_PROBLEM) <= present
 
-        with self._transaction(write=False) as connection:
-            return connection.execute(select(func.count()).select_from(t)).scalar_one()
+    def _query(self, t: Any, connection: "Connection") -> Any:
+        """``SELECT`` of the columns this file has; ``created_at`` as stored text on SQLite, so
+        one malformed value skips its row instead of failing the whole query."""
+        from sqlalchemy import String, select, type_coerce
 
-    def _select(self, key: tuple[str, str, str, str] | None,
-                filters: dict[str, Any]) -> list[ScheduleRow]:
+        from ._schema import OPTIONAL_COLUMNS
+
+        present = self._present_columns(connection)
+        lacking = [c.name for c in t.c if c.name not in present
+                   and c.name not in OPTIONAL_COLUMNS]
+        if lacking:
+            raise DatabaseUnavailable(
+                f"{self} lacks the column(s) {lacking}: its schema revision is not one this "
+                "tiledattention can read; upgrade tiledattention")
+        columns = [type_coerce(c, String).label(c.name) if c.name == "created_at"
+                   and self._target.sqlite else c for c in t.c if c.name in present]
+        return select(*columns)
+
+    def _select(self, filters: dict[str, Any], *, limit: int | None = None,
+                offset: int = 0) -> list[ScheduleRow]:
         from sqlalchemy import select
 
-        from ._schema import KEY_COLUMNS, OPTIONAL_COLUMNS, schedules as t
+        from ._schema import KEY_COLUMNS, schedules as t
 
         if not self._codecs:
             return []
         with self._transaction(write=False) as connection:
-            present = self._present_columns(connection)
-            if "problem" not in present and set(LEGACY_PROBLEM) <= present:
-                records = connection.execute(select(*[c for c in legacy_columns(present)])
-                                             ).mappings().all()
-                return self._decoded(from_legacy(records, self._codecs, key, filters))
-            lacking = [c.name for c in t.c if c.name not in present
-                       and c.name not in OPTIONAL_COLUMNS]
-            if lacking:
-                raise DatabaseUnavailable(
-                    f"{self} lacks the column(s) {lacking}: its schema revision is not one this "
-                    "tiledattention can read; upgrade tiledattention")
-            query = select(*[c for c in t.c if c.name in present])
-            if key is not None:
-                query = query.where(_key_clause(t, key))
-            for name, value in filters.items():
-                query = query.where(t.c[name] == value)
-            query = query.where(t.c.family.in_(sorted(self._codecs)))
-            query = query.order_by(*[t.c[name] for name in KEY_COLUMNS])
+            if self._legacy(connection):
+                records = connection.execute(select(*legacy_columns(
+                    self._present_columns(connection)))).mappings().all()
+                found = from_legacy(records, self._codecs, filters)
+                return self._decoded(found[offset:None if limit is None else offset + limit])
+            query = self._query(t, connection).where(*self._where(t, filters)).order_by(
+                *[t.c[name] for name in KEY_COLUMNS]).offset(offset or None).limit(limit)
             records = connection.execute(query).mappings().all()
         return self._decoded(records)
 
@@ -354,7 +448,7 @@ class ScheduleDB:
         rows = []
         for record in records:
             try:
-                rows.append(_decode(record, self._codecs[record["family"]]))
+                rows.append(decode_record(record, self._codecs[record["family"]]))
             except (ValueError, TypeError, KeyError) as exc:
                 warnings.warn(
                     f"tiledattention: skipping the stored {record.get('family')} schedule for "
@@ -363,41 +457,10 @@ class ScheduleDB:
         return rows
 
 
-def _key(family: str, arch: str, device_name: str, problem: Any) -> tuple[str, str, str, str]:
-    to_dict = getattr(problem, "to_dict", None)
-    if not callable(to_dict):
-        raise TypeError(f"problem must be a problem value with to_dict(); got "
-                        f"{type(problem).__name__}")
-    return (family, arch, device_name, canonical_json(to_dict()))
-
-
 def _key_clause(t: Any, key: tuple[str, str, str, str]) -> Any:
     from sqlalchemy import and_
 
     family, arch, device_name, problem = key
-    return and_(t.c.family == family, t.c.arch == arch, t.c.device_name == device_name,
-                t.c.problem == problem)
+    return and_(t.c.family == family, t.c.arch == arch, t.c.problem == problem,
+                t.c.device_name == device_name)
 
-
-def _row_values(row: ScheduleRow, codec: FamilyCodec) -> dict[str, Any]:
-    values = {name: getattr(row, name) for name in (
-        "family", "arch", "device_name", "median_ms", "spread_ms", "tflops", "default_ms",
-        "torch_cudnn_ms", "torch_flash_ms", "trials", "created_at")}
-    values.update(problem=codec.problem_text(row.problem), bucket=codec.bucket_text(row.problem),
-                  schedule=canonical_json(row.schedule.to_dict()), **row.provenance.to_dict())
-    return values
-
-
-def _decode(record: Any, codec: FamilyCodec) -> ScheduleRow:
-    created_at = record["created_at"]
-    if created_at.tzinfo is None:  # SQLite stores the UTC wall time without an offset
-        created_at = created_at.replace(tzinfo=timezone.utc)
-    return ScheduleRow(
-        family=record["family"], arch=record["arch"], device_name=record["device_name"],
-        problem=codec.problem(record["problem"]), schedule=codec.schedule(record["schedule"]),
-        median_ms=record["median_ms"], spread_ms=record["spread_ms"], tflops=record["tflops"],
-        default_ms=record.get("default_ms"), torch_cudnn_ms=record.get("torch_cudnn_ms"),
-        torch_flash_ms=record.get("torch_flash_ms"), trials=record["trials"],
-        created_at=created_at,
-        provenance=Provenance.from_dict({name: record[name] for name in PROVENANCE_FIELDS}),
-    )

@@ -1,7 +1,8 @@
 """Rows in JSON files: pre-tuned tables shipped with tiledattention, exports and imports.
 
-File format: ``{"format": 2, "rows": [ScheduleRow.to_dict(), ...]}``, rows sorted by key
-(format 1: the same without ``family``; such rows are the forward kernel's).
+File format: ``{"format": 3, "rows": [ScheduleRow.to_dict(), ...]}``, rows sorted by key
+(older formats: without ``backend``, rows measured on a GPU; format 1 also without ``family``,
+rows of the forward kernel).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from ._encode import Candidates, pick_candidates
 from ._errors import RecordError
 from ._rows import ROW_FORMAT, FamilyCodec, ScheduleRow, codec_map
 
@@ -35,7 +37,8 @@ class RowTable:
         self._codecs = codec_map(codecs)
 
     def rows(self, *, family: str | None = None, arch: str | None = None,
-             device_name: str | None = None, like: Any = None) -> list[ScheduleRow]:
+             device_name: str | None = None, like: Any = None, limit: int | None = None,
+             offset: int = 0) -> list[ScheduleRow]:
         bucket = None
         if like is not None:
             if family not in self._codecs:
@@ -43,11 +46,21 @@ class RowTable:
                                 f"{family!r}")
             codec = self._codecs[family]
             bucket = codec.bucket_text(like)
-        return [r for r in self._rows
-                if (family is None or r.family == family)
-                and (arch is None or r.arch == arch)
-                and (device_name is None or r.device_name == device_name)
-                and (bucket is None or codec.bucket_text(r.problem) == bucket)]
+        found = [r for r in self._rows
+                 if (family is None or r.family == family)
+                 and (arch is None or r.arch == arch)
+                 and (device_name is None or r.device_name == device_name)
+                 and (bucket is None or codec.bucket_text(r.problem) == bucket)]
+        return found[offset:None if limit is None else offset + limit]
+
+    def count(self, **filters: Any) -> int:
+        return len(self.rows(**filters))
+
+    def candidates(self, family: str, arch: str, problem: Any, *, template: str,
+                   limit: int = 8) -> Candidates:
+        """See ``ScheduleDB.candidates``."""
+        return pick_candidates(self.rows(family=family, arch=arch), self._codecs[family],
+                               problem, template=template, limit=limit)
 
     def __len__(self) -> int:
         return len(self._rows)

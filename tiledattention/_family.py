@@ -76,7 +76,8 @@ class Family(abc.ABC):
 
     def codec(self) -> db.FamilyCodec:
         return db.FamilyCodec(self.name, self.problem_type.from_dict,
-                              self.schedule_type.from_dict, tuple(self.bucket_fields))
+                              self.schedule_type.from_dict, tuple(self.bucket_fields),
+                              tuple(self.match_ratios), tuple(self.distance_terms))
 
     # -- schedules ------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -2,19 +2,24 @@
 
 Order (the first step that answers wins; ``Resolution.source`` names it):
 
-1. ``exact-device``: a row for this exact key measured on a GPU with this device name;
-2. ``exact-arch``: a row for this exact key from another GPU of the same architecture;
-3. ``nearest``: the closest tuned problem of the same architecture that shares the family's
-   lookup fields (``Family.bucket_fields``, e.g. dtype, causal, head dim) and is
-   ``Family.comparable``, by ``Family.distance``; ties go to the faster row;
-4. ``shipped``: the same three steps over the pre-tuned table packaged with tiledattention;
+1. ``exact-device``: a row of the user database for this exact key, measured on a GPU with this
+   device name;
+2. ``exact-arch``: a row of the user database for this exact key from another GPU of the same
+   architecture;
+3. ``shipped``: a row of the pre-tuned table packaged with tiledattention for this exact key;
+4. ``nearest``: the closest tuned problem of the same architecture in either source that shares
+   the family's lookup bucket (``Family.bucket_fields``, ``match_ratios``) and is
+   ``Family.comparable``, by ``Family.distance``; ties go to the faster row (``detail`` names
+   the problem and the source);
 5. ``default``: the family's per-architecture default.
 
-Rows whose template identity differs from the family's current one are skipped (their timings
-describe other code): the first lookup that meets them in a source says so once, with their
-count and the commands that carry them over or re-tune them. Rows whose schedule no longer
-validates are skipped with one warning each; a database that cannot be read gives one warning
-naming it, and lookups go on without it.
+Only rows measured on a GPU count (never the simulated backend's). Rows whose template identity
+differs from the family's current one are skipped (their timings describe other code): the first
+lookup that meets them in a source says so once, with their count and the commands that carry
+them over or re-tune them. The database answers each step with an indexed query
+(``ScheduleDB.candidates``), so a lookup costs the same in a small and in a large database. Rows
+whose schedule no longer validates are skipped with one warning each; a database that cannot be
+read gives one warning naming it, and lookups go on without it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from .errors import InputValueError
 
 __all__ = ["Resolution", "Resolver", "SOURCES", "pick", "shipped_table"]
 
-SOURCES = ("exact-device", "exact-arch", "nearest", "shipped", "default")
+SOURCES = ("exact-device", "exact-arch", "shipped", "nearest", "default")
 
 
 @dataclass(frozen=True)
@@ -43,13 +48,14 @@ class Resolution:
 
 
 class _Source(Protocol):  # a db.ScheduleDB or db.RowTable
-    def rows(self, *, family: str, arch: str, like: Any) -> list[db.ScheduleRow]: ...
+    def candidates(self, family: str, arch: str, problem: Any, *, template: str,
+                   limit: int = 8) -> db.Candidates: ...
 
 
 def pick(family: Family, rows: Iterable[db.ScheduleRow], problem: Any,
          device_name: str) -> tuple[db.ScheduleRow, str] | None:
-    """Steps 1-3 over ``rows`` (already of one family, architecture and bucket)."""
-    candidates = [r for r in rows if family.comparable(r.problem, problem)]
+    """Steps 1, 2 and 4 over ``rows`` (already of one family, architecture and bucket)."""
+    candidates = [r for r in rows if r.backend == "gpu" and family.comparable(r.problem, problem)]
     exact = [r for r in candidates if r.problem == problem]
     same_device = [r for r in exact if r.device_name == device_name]
     if same_device:
@@ -57,9 +63,12 @@ def pick(family: Family, rows: Iterable[db.ScheduleRow], problem: Any,
     if exact:
         return min(exact, key=lambda r: r.median_ms), "exact-arch"
     if candidates:
-        best = min(candidates, key=lambda r: (family.distance(r.problem, problem), r.median_ms))
-        return best, "nearest"
+        return _nearest(family, candidates, problem), "nearest"
     return None
+
+
+def _nearest(family: Family, rows: Iterable[db.ScheduleRow], problem: Any) -> db.ScheduleRow:
+    return min(rows, key=lambda r: (family.distance(r.problem, problem), r.median_ms))
 
 
 def shipped_table(arch: str) -> db.RowTable | None:
@@ -70,8 +79,10 @@ def shipped_table(arch: str) -> db.RowTable | None:
     resource = resources.files("tiledattention").joinpath("pretuned", f"{arch}.json")
     if not resource.is_file():
         return None
-    return db.load_rows_text(resource.read_text(encoding="utf-8"),
-                             f"tiledattention/pretuned/{arch}.json", codecs(), strict=False)
+    source = f"tiledattention/pretuned/{arch}.json"
+    table = db.load_rows_text(resource.read_text(encoding="utf-8"), source, codecs(),
+                              strict=False)
+    return db.RowTable([r for r in table if r.backend == "gpu"], source=source, codecs=codecs())
 
 
 class Resolver:
@@ -101,19 +112,19 @@ class Resolver:
                 self._sources[key] = None
         return self._sources[key]
 
-    def _rows(self, source: _Source, family: Family, arch: str,
-              problem: Any) -> list[db.ScheduleRow]:
+    def _candidates(self, source: _Source, family: Family, arch: str,
+                    problem: Any) -> db.Candidates:
+        current = family.template_identity()
         try:
-            rows = source.rows(family=family.name, arch=arch, like=problem)
+            found = source.candidates(family.name, arch, problem, template=current)
         except Exception as exc:
             warnings.warn(f"tiledattention: cannot read schedules from {source}: {exc}",
                           RuntimeWarning, stacklevel=5)
-            return []
-        current = family.template_identity()
-        fresh = [r for r in rows if r.provenance.template_hash == current]
-        if len(fresh) < len(rows):
-            self._tell_stale(source, family, arch, len(rows) - len(fresh), current)
-        return fresh
+            return db.Candidates([], [], 0)
+        if found.stale:
+            self._tell_stale(source, family, arch, found.stale, current)
+        comparable = [r for r in found.nearest if family.comparable(r.problem, problem)]
+        return db.Candidates(found.exact, comparable, found.stale)
 
     def _tell_stale(self, source: _Source, family: Family, arch: str, count: int,
                     current: str) -> None:
@@ -129,20 +140,27 @@ class Resolver:
             RuntimeWarning, stacklevel=5)
 
     def __call__(self, family: Family, problem: Any, device: DeviceInfo) -> Resolution:
-        user = self._source("user", device.arch)
-        if user is not None:
-            found = pick(family, self._rows(user, family, device.arch, problem), problem,
-                         device.name)
-            if found:
-                row, step = found
-                return Resolution(row.schedule, step, f"{row.problem.describe()} in {user}")
-        shipped = self._source("shipped", device.arch)
-        if shipped is not None:
-            found = pick(family, self._rows(shipped, family, device.arch, problem), problem,
-                         device.name)
-            if found:
-                row, step = found
-                return Resolution(row.schedule, "shipped",
-                                  f"{step}: {row.problem.describe()} ({row.device_name})")
+        sources = [(name, source) for name in ("user", "shipped")
+                   if (source := self._source(name, device.arch)) is not None]
+        found = {name: self._candidates(source, family, device.arch, problem)
+                 for name, source in sources}
+        shown = dict(sources)
+        user = found.get("user")
+        if user is not None and user.exact:
+            mine = [r for r in user.exact if r.device_name == device.name]
+            row = min(mine or user.exact, key=lambda r: r.median_ms)
+            return Resolution(row.schedule, "exact-device" if mine else "exact-arch",
+                              f"{row.problem.describe()} in {shown['user']}")
+        shipped = found.get("shipped")
+        if shipped is not None and shipped.exact:
+            row = min(shipped.exact, key=lambda r: r.median_ms)
+            return Resolution(row.schedule, "shipped",
+                              f"{row.problem.describe()} ({row.device_name})")
+        near = [(r, name) for name, c in found.items() for r in c.nearest]
+        if near:
+            row = _nearest(family, [r for r, _ in near], problem)
+            where = next(name for r, name in near if r is row)
+            return Resolution(row.schedule, "nearest",
+                              f"{row.problem.describe()} in {shown[where]}")
         return Resolution(family.default_schedule(device.arch, problem), "default",
                           f"{family.name} default for {device.arch}")

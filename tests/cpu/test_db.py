@@ -117,27 +117,46 @@ def test_put_get_rows_round_trip(tmp_path):
 def test_better_wins_rule(tmp_path):
     with open_db(tmp_path / "s.sqlite") as store:
         key = ("forward", "sm_90", H100, problem())
-        assert store.put(row(2.0)) == "added"
-        assert store.put(row(3.0)) == "kept"
+        assert store.put(row(2.0), current=PROV) == "added"
+        assert store.put(row(3.0), current=PROV) == "kept"
         assert store.get(*key).median_ms == 2.0
-        assert store.put(row(2.0)) == "kept"  # a tie keeps the stored row
-        assert store.put(row(1.5, schedule=Schedule(tile_m=64))) == "improved"
+        assert store.put(row(2.0), current=PROV) == "kept"  # a tie keeps the stored row
+        assert store.put(row(1.5, schedule=Schedule(tile_m=64)), current=PROV) == "improved"
         assert store.get(*key).schedule == Schedule(tile_m=64)
-        # another kernel template: the stored timing describes other code, so it goes
-        newer = Provenance(**{**PROV.to_dict(), "template_hash": "fedcba987654"})
-        assert store.put(row(9.0, prov=newer)) == "replaced"
-        assert store.get(*key).provenance == newer
-        for changed in ({"cuda_tile": "1.8.0"}, {"tileiras": "13.2.0"}):
-            prov = Provenance(**{**newer.to_dict(), **changed})
-            assert store.put(row(20.0, prov=prov)) == "replaced"
-            newer = prov
         # torch and driver are not part of the toolchain: a slower row is still kept out
-        same_toolchain = Provenance(**{**newer.to_dict(), "torch": "3.0", "driver": "14.0"})
-        assert store.put(row(25.0, prov=same_toolchain)) == "kept"
-        assert store.put(row(30.0, prov=newer), force=True) == "forced"
+        same_toolchain = Provenance(**{**PROV.to_dict(), "torch": "3.0", "driver": "14.0"})
+        assert store.put(row(25.0, prov=same_toolchain), current=PROV) == "kept"
+        assert store.put(row(30.0), force=True) == "forced"
         assert store.get(*key).median_ms == 30.0
         assert store.put(row(1.0, p=problem(64)), force=True) == "added"
         assert len(store) == 2
+
+
+def test_a_usable_row_is_never_replaced_by_one_the_runtime_would_ignore(tmp_path):
+    """The issue's case: export rows, give them an older template and 5x the time, import them
+    back: every current row stays; and the other way round, current rows replace stale ones."""
+    old = Provenance(**{**PROV.to_dict(), "template_hash": "0ld0ld0ld0ld"})
+    with open_db(tmp_path / "s.sqlite") as store:
+        key = ("forward", "sm_90", H100, problem())
+        assert store.put(row(1.0), current=PROV) == "added"
+        outcome, why = store.merge(row(5.0, prov=old), current=PROV)
+        assert (outcome, store.get(*key).median_ms) == ("skipped", 1.0)
+        assert "0ld0ld0ld0ld" in why and "ignore" in why
+        assert store.put(row(0.5, prov=old), current=PROV) == "skipped"  # even when faster
+        assert store.put(row(0.1, backend="simulated"), current=PROV) == "skipped"
+        assert store.get(*key).backend == "gpu"
+        # a stale stored row gives way to a current one, however slow
+        stale = ("forward", "sm_90", H100, problem(2048))
+        assert store.put(row(1.0, p=problem(2048), prov=old), current=old) == "added"
+        assert store.put(row(9.0, p=problem(2048)), current=PROV) == "replaced"
+        assert store.get(*stale).provenance == PROV
+        # another cuda-tile: the current toolchain's row wins, the other is kept out
+        newer = Provenance(**{**PROV.to_dict(), "cuda_tile": "1.8.0"})
+        assert store.put(row(0.2, prov=newer), current=PROV) == "skipped"
+        assert store.put(row(0.2, prov=newer), current=newer) == "replaced"
+        # without knowing what is current, differing toolchains never overwrite
+        assert store.put(row(0.1), current=None) == "skipped"
+        assert store.get(*key).median_ms == 0.2
 
 
 # -- lookups --------------------------------------------------------------------------------
@@ -350,10 +369,12 @@ def test_v1_asset_reads_and_migrates_forward_keeping_rows(tmp_path):
     lookup.close()
     assert _revision(path) == "0001"
     assert len(before) == 3
-    assert [r.device_name for r in before] == [H100, H100, "NVIDIA H100 PCIe"]
-    assert before[0].torch_cudnn_ms == 1.5 and before[1].torch_cudnn_ms is None
-    assert before[0].created_at == datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
-    assert all(r.torch_flash_ms is None for r in before)
+    by_len = {r.problem.seqlen_q: r for r in before}  # the asset's rows: S 4096, 1024, 2048
+    assert [by_len[s].device_name for s in (4096, 1024, 2048)] == [H100, H100,
+                                                                    "NVIDIA H100 PCIe"]
+    assert by_len[4096].torch_cudnn_ms == 1.5 and by_len[1024].torch_cudnn_ms is None
+    assert by_len[4096].created_at == datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
+    assert all(r.torch_flash_ms is None and r.backend == "gpu" for r in before)
 
     with open_db(path) as store:  # opening for writing migrates in place
         assert _revision(path) == _schema.HEAD_REVISION
@@ -380,11 +401,11 @@ def test_newer_revision_is_readable_but_refused_for_writing(tmp_path):
     [found] = lookup.rows()
     lookup.close()
     assert found.median_ms == 1.0 and found.torch_flash_ms is None
-    with open_db(path) as store:
-        assert store.get("forward", "sm_90", H100, problem()) == found
-        with pytest.raises(db.SchemaTooNew, match="'0099'.*[Uu]pgrade tiledattention"):
-            store.put(row(0.1))
-    assert _revision(path) == "0099"
+    before = path.read_bytes()
+    # opening for writing is refused at once, before anything is tuned or written
+    with pytest.raises(db.SchemaTooNew, match="'0099'.*[Uu]pgrade tiledattention"):
+        open_db(path)
+    assert _revision(path) == "0099" and path.read_bytes() == before
 
 
 # -- JSON tables ----------------------------------------------------------------------------
@@ -400,19 +421,19 @@ def test_dump_load_round_trip_is_lossless_and_deterministic(tmp_path):
     assert list(table) == sorted(rows, key=lambda r: r.key)
     assert table.rows(family="forward", like=problem()) == list(table)
     assert table.rows(family="forward", like=problem(dtype="fp16")) == []
-    assert json.loads(first.read_text())["format"] == db.ROW_FORMAT == 2
+    assert json.loads(first.read_text())["format"] == db.ROW_FORMAT == 3
 
 
 def test_load_rows_file_is_strict_unless_asked(tmp_path):
     path = tmp_path / "t.json"
-    data = {"format": 2, "rows": [row(1.0).to_dict(), row(2.0, p=problem(64)).to_dict()]}
+    data = {"format": 3, "rows": [row(1.0).to_dict(), row(2.0, p=problem(64)).to_dict()]}
     data["rows"][1]["schedule"]["tile_n"] = 3
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"t\.json: row 1: .*tile_n"):
         db.load_rows_file(path, CODECS)
     with pytest.warns(RuntimeWarning, match="row 1"):
         assert list(db.load_rows_file(path, CODECS, strict=False)) == [row(1.0)]
-    path.write_text(json.dumps({"format": 3, "rows": []}))
+    path.write_text(json.dumps({"format": 4, "rows": []}))
     with pytest.raises(ValueError, match="upgrade tiledattention"):
         db.load_rows_file(path, CODECS)
 

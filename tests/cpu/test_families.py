@@ -51,7 +51,7 @@ def test_search_list_export_import_and_lookup_serve_a_second_family(tmp_path, ca
     listed = capsys.readouterr().out
     assert "toy" in listed and "n=1024 bf16" in listed
     assert main(["list", "--db", str(store), "--kernel", "forward"]) == 0
-    assert "0 schedules" in capsys.readouterr().out
+    assert "0 of 0 schedules" in capsys.readouterr().out
 
     exported = {fmt: tmp_path / f"toy.{fmt}" for fmt in ("json", "csv", "py")}
     for path in exported.values():

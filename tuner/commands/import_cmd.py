@@ -27,6 +27,7 @@ class FileReport:
     name: str
     counts: dict[str, int] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)  # "row N: reason"
+    notes: list[str] = field(default_factory=list)  # "row N: skipped: why" (and replaced)
     error: str | None = None  # the whole file was rejected
 
 
@@ -34,9 +35,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (
         "Each row is validated first; a bad row is rejected with its reason and writes\n"
-        "nothing. Accepted rows are merged with the better-wins rule: added (new key),\n"
-        "improved (faster), replaced (stored row from another toolchain), forced (--force),\n"
-        "kept (stored row as fast or faster).\n"
+        "nothing. A row the runtime would use is never replaced by one it would ignore.\n"
+        "Outcomes: added (new key); improved / kept (same toolchain, the faster wins);\n"
+        "replaced (the stored row was stale, simulated or of an older toolchain); skipped\n"
+        "(the imported row is stale, simulated, or of another toolchain; the reason is\n"
+        "printed); forced (--force).\n"
         f"Files over {MAX_FILE_BYTES // (1024 * 1024)} MB, not UTF-8, or not JSON/CSV are "
         "rejected whole.\n"
         "exit status: 0 every row accepted; 1 some rows rejected; 2 a file (or the database)\n"
@@ -63,6 +66,8 @@ def _report(reports: list[FileReport], outcomes: tuple[str, ...]) -> None:
             errors.print(f"{report.name}: file rejected: {report.error}", markup=False)
         for reason in report.rejected:
             errors.print(f"{report.name}: {reason}", markup=False)
+        for note in report.notes:
+            errors.print(f"{report.name}: {note}", markup=False)
     table = Table(title="tiledtune import")
     table.add_column("file", overflow="fold")
     for outcome in (*outcomes, "rejected"):
@@ -79,9 +84,11 @@ def _report(reports: list[FileReport], outcomes: tuple[str, ...]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from db import PUT_OUTCOMES, DatabaseError
-    from tiledattention import TiledAttentionError, codecs, open_database
+    from tiledattention import (TiledAttentionError, codecs, current_provenance, get_family,
+                                open_database)
 
     known = codecs()
+    current: dict = {}  # family -> the provenance a measurement would carry now
     reports = []
     parsed = []
     for name in args.files:
@@ -102,13 +109,18 @@ def run(args: argparse.Namespace) -> int:
         with database:
             for report, rows in parsed:
                 for index, row in rows:
+                    if row.family not in current:
+                        current[row.family] = current_provenance(get_family(row.family))
                     try:
-                        outcome = database.put(row, force=args.force)
+                        outcome, why = database.merge(row, force=args.force,
+                                                      current=current[row.family])
                     except DatabaseError as exc:
                         print(f"tiledtune import: {exc}", file=sys.stderr)
                         _report(reports, PUT_OUTCOMES)
                         return EXIT_UNREADABLE
                     report.counts[outcome] = report.counts.get(outcome, 0) + 1
+                    if outcome in ("skipped", "replaced"):
+                        report.notes.append(f"row {index}: {outcome}: {why}")
     _report(reports, PUT_OUTCOMES)
     if any(r.error for r in reports):
         return EXIT_UNREADABLE

@@ -1,8 +1,26 @@
-"""``tiledtune list``: a table of the stored schedules."""
+"""``tiledtune list``: a table of the stored schedules, one page at a time.
+
+    tiledtune list                                  # the first 50 rows, in key order
+    tiledtune list --kernel forward --arch sm_90 --device "NVIDIA H100 80GB HBM3"
+    tiledtune list --offset 50 --limit 100          # the next page
+
+Filters and the page are database queries, so the first page of a large database comes as fast
+as that of a small one. Exit status: 0 shown (or no database), 2 the database cannot be used.
+"""
 
 from __future__ import annotations
 
 import argparse
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
+    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -10,6 +28,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default=None, help="only this architecture, e.g. sm_90")
     parser.add_argument("--kernel", default=None, metavar="NAME",
                         help="only this kernel family (default: every family)")
+    parser.add_argument("--device", default=None, metavar="NAME", help="only this device name")
+    parser.add_argument("--limit", type=_count, default=50, metavar="N",
+                        help="rows per page (default 50; 0: every row)")
+    parser.add_argument("--offset", type=_count, default=0, metavar="N",
+                        help="skip this many rows first (the next page: --offset 50)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,27 +44,33 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     location = args.db or database_location()
+    filters = {"arch": args.arch, "device_name": args.device}
     try:
-        family = None if args.kernel is None else get_family(args.kernel).name
+        filters["family"] = None if args.kernel is None else get_family(args.kernel).name
         db = open_database(location, read_only=True)
         if db is None:
             console.print(f"no schedule database at {location}")
             return 0
         with db:
-            rows = db.rows(family=family, arch=args.arch)
+            total = db.count(**filters)
+            rows = db.rows(**filters, limit=args.limit or None, offset=args.offset)
     except (TiledAttentionError, DatabaseError) as exc:
         Console(stderr=True).print(f"tiledtune list: {exc}", markup=False)
         return 2
-    table = Table(title=f"{len(rows)} schedules in {db}")
-    for col in ("kernel", "arch", "device", "key", "schedule", "ms", "TFLOP/s", "vs default",
-                "vs cuDNN", "trials", "when"):
+    page = f"rows {args.offset + 1}-{args.offset + len(rows)} of " if rows else "0 of "
+    table = Table(title=f"{page}{total} schedules in {db}")
+    for col in ("kernel", "arch", "device", "backend", "key", "schedule", "ms", "TFLOP/s",
+                "vs default", "vs cuDNN", "trials", "when"):
         table.add_column(col)
     for r in rows:
         vs = _ratio_to(r.median_ms)
-        table.add_row(r.family, r.arch, r.device_name, r.problem.describe(), r.schedule.describe(),
-                      f"{r.median_ms:.3f}", f"{r.tflops:.0f}", vs(r.default_ms),
-                      vs(r.torch_cudnn_ms), str(r.trials), r.created_at.strftime("%Y-%m-%d %H:%M"))
+        table.add_row(r.family, r.arch, r.device_name, r.backend, r.problem.describe(),
+                      r.schedule.describe(), f"{r.median_ms:.3f}", f"{r.tflops:.0f}",
+                      vs(r.default_ms), vs(r.torch_cudnn_ms), str(r.trials),
+                      r.created_at.strftime("%Y-%m-%d %H:%M"))
     console.print(table)
+    if args.offset + len(rows) < total:
+        console.print(f"next page: --offset {args.offset + len(rows)}")
     return 0
 
 

@@ -1,0 +1,85 @@
+"""Rows to and from table records, and the lookup's candidates computed in Python (for JSON row
+tables and for tables of the pre-family layout, which the database cannot order itself)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable, NamedTuple
+
+from ._errors import RecordError
+from ._rows import PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow, canonical_json
+
+__all__ = ["Candidates", "problem_key", "row_values", "decode_record", "pick_candidates"]
+
+
+class Candidates(NamedTuple):
+    """What a row source offers the lookup for one problem (see ``ScheduleDB.candidates``)."""
+
+    exact: list[ScheduleRow]  # this problem, any device, current template, measured on a GPU
+    nearest: list[ScheduleRow]  # the closest of its bucket by the family's distance terms
+    stale: int  # rows of its bucket from another template
+
+
+def problem_key(problem: Any) -> str:
+    to_dict = getattr(problem, "to_dict", None)
+    if not callable(to_dict):
+        raise TypeError(f"problem must be a problem value with to_dict(); got "
+                        f"{type(problem).__name__}")
+    return canonical_json(to_dict())
+
+
+def row_values(row: ScheduleRow, codec: FamilyCodec) -> dict[str, Any]:
+    """The table record of ``row``."""
+    values = {name: getattr(row, name) for name in (
+        "family", "arch", "device_name", "backend", "median_ms", "spread_ms", "tflops",
+        "default_ms", "torch_cudnn_ms", "torch_flash_ms", "trials", "created_at")}
+    terms = codec.terms(row.problem)
+    values.update({f"term{i}": value for i, value in enumerate(terms)})
+    values.update(problem=codec.problem_text(row.problem), bucket=codec.bucket_text(row.problem),
+                  schedule=canonical_json(row.schedule.to_dict()), **row.provenance.to_dict())
+    return values
+
+
+def _created_at(value: Any) -> datetime:
+    if isinstance(value, str):  # SQLite: the stored text (see ScheduleDB._query)
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise RecordError(f"created_at must be a time; got {value!r}") from None
+    if not isinstance(value, datetime):
+        raise RecordError(f"created_at must be a time; got {value!r}")
+    if value.tzinfo is None:  # SQLite stores the UTC wall time without an offset
+        value = value.replace(tzinfo=timezone.utc)
+    return value
+
+
+def decode_record(record: Any, codec: FamilyCodec) -> ScheduleRow:
+    """The row of a table record (``RecordError``/``ValueError`` when it does not decode)."""
+    return ScheduleRow(
+        family=record["family"], arch=record["arch"], device_name=record["device_name"],
+        backend=record.get("backend") or "gpu",
+        problem=codec.problem(record["problem"]), schedule=codec.schedule(record["schedule"]),
+        median_ms=record["median_ms"], spread_ms=record["spread_ms"], tflops=record["tflops"],
+        default_ms=record.get("default_ms"), torch_cudnn_ms=record.get("torch_cudnn_ms"),
+        torch_flash_ms=record.get("torch_flash_ms"), trials=record["trials"],
+        created_at=_created_at(record["created_at"]),
+        provenance=Provenance.from_dict({name: record[name] for name in PROVENANCE_FIELDS}),
+    )
+
+
+def pick_candidates(rows: Iterable[ScheduleRow], codec: FamilyCodec, problem: Any, *,
+                    template: str, limit: int) -> Candidates:
+    """``Candidates`` of ``problem`` among ``rows`` (already of its family and architecture)."""
+    bucket, key = codec.bucket_text(problem), problem_key(problem)
+    mine = codec.terms(problem)
+    weights = codec.weights()
+    same = [r for r in rows if codec.bucket_text(r.problem) == bucket]
+    usable = [r for r in same if r.provenance.template_hash == template and r.backend == "gpu"]
+
+    def distance(row: ScheduleRow) -> float:
+        return sum(w * abs(a - b) for w, a, b in zip(weights, codec.terms(row.problem), mine))
+
+    return Candidates(
+        exact=[r for r in usable if problem_key(r.problem) == key],
+        nearest=sorted(usable, key=lambda r: (distance(r), r.median_ms))[:limit],
+        stale=sum(r.provenance.template_hash != template for r in same))

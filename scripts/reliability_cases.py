@@ -1,0 +1,219 @@
+"""Reproduces the schedule-database reliability cases of docs/reliability.md (CPU only).
+
+    python scripts/reliability_cases.py [--rows 51000]
+
+Each case runs the real CLI (``python -m tuner.cli``, in a subprocess with its own cache
+directory) or the real lookup on real SQLite files in a temporary directory, and prints one line:
+the case and what happened. Run it on two commits to get the before/after columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(tmp: Path, *args: str, env: dict | None = None, timeout: float = 600):
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache"), "COLUMNS": "200",
+                   **(env or {})}
+    environment.pop("TILEDATTN_DB", None)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, env=environment, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
+
+
+def summary(code: int, text: str) -> str:
+    tb = "Traceback" in text
+    last = [line.strip() for line in text.strip().splitlines() if line.strip()][-1:] or [""]
+    return f"exit {code}, {'TRACEBACK' if tb else 'no traceback'}: {last[0][:110]}"
+
+
+def search(tmp: Path, db: str | None, *extra: str):
+    args = ["search", "--device", "sm_90", "--backend", "simulated", "--shape", "1,8,512,64",
+            "--trials", "4", "--patience", "0", *extra]
+    if db is not None:
+        args += ["--db", db]
+    return cli(tmp, *args)
+
+
+def case_import_replaces(tmp: Path) -> str:
+    db = str(tmp / "a.sqlite")
+    search(tmp, db, "--dtype", "bf16,fp16", "--causal", "yes,no")
+    cli(tmp, "export", "--db", db, "-o", str(tmp / "rows.json"))
+    data = json.loads((tmp / "rows.json").read_text())
+    for row in data["rows"]:
+        row["provenance"]["template_hash"] = "0123456789ab"
+        row["median_ms"] *= 5
+    (tmp / "old.json").write_text(json.dumps(data))
+    code, text, _ = cli(tmp, "import", "--db", db, str(tmp / "old.json"))
+    code, listed, _ = cli(tmp, "export", "--db", db, "-o", str(tmp / "after.json"))
+    kept = sum(r["provenance"]["template_hash"] != "0123456789ab"
+               for r in json.loads((tmp / "after.json").read_text())["rows"]) \
+        if (tmp / "after.json").exists() else 0
+    return f"{len(data['rows'])} stale rows imported over current ones: current rows left {kept}"
+
+
+def case_simulated_default(tmp: Path) -> str:
+    search(tmp, None)
+    default = tmp / "cache" / "tiledattention" / "schedules.sqlite"
+    if not default.exists():
+        return "no default user database written"
+    rows = sqlite3.connect(default).execute("SELECT count(*) FROM schedules").fetchone()[0]
+    return f"default user database holds {rows} simulated row(s)"
+
+
+def case_lookup_order(tmp: Path) -> str:
+    import db as dbmod
+    import tiledattention as ta
+
+    shipped = ta.shipped_table("sm_90")
+    exact = next(r for r in shipped if r.problem.seqlen_q == 4096 and not r.problem.causal
+                 and r.problem.head_dim == 128 and r.problem.dtype == "bf16")
+    near = ta.Problem(**{**exact.problem.to_dict(), "seqlen_q": 4000, "seqlen_k": 4000})
+    path = tmp / "user.sqlite"
+    with dbmod.ScheduleDB(path, codecs=ta.codecs()) as store:
+        store.put(dbmod.ScheduleRow(
+            family="forward", arch="sm_90", device_name="Other GPU", problem=near,
+            schedule=ta.Schedule(tile_m=32, tile_n=32), median_ms=1.0, spread_ms=0.0,
+            tflops=1.0, trials=1, provenance=ta.current_provenance(ta.FORWARD)))
+    resolver = ta.Resolver(
+        open_user=lambda: dbmod.ScheduleDB.open_for_lookup(path, codecs=ta.codecs()),
+        open_shipped=ta.shipped_table)
+    device = ta.DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
+    answer = resolver(ta.FORWARD, exact.problem, device)
+    return f"exact shipped key with a user-db neighbour: answered by {answer.source}"
+
+
+def _bad_databases(tmp: Path) -> dict[str, str]:
+    made = {}
+    directory = tmp / "dir.sqlite"
+    directory.mkdir()
+    made["directory"] = str(directory)
+    made["bogus URL"] = "bogus://x"
+    made["unreachable PostgreSQL"] = "postgresql+psycopg://u:p@127.0.0.1:1/none"
+    random_bytes = tmp / "random.sqlite"
+    random_bytes.write_bytes(os.urandom(4096))
+    made["random bytes"] = str(random_bytes)
+    good = tmp / "good.sqlite"
+    search(tmp, str(good))
+    truncated = tmp / "truncated.sqlite"
+    truncated.write_bytes(good.read_bytes()[:5000])
+    made["truncated"] = str(truncated)
+    foreign = tmp / "foreign.sqlite"
+    connection = sqlite3.connect(foreign)
+    connection.execute("CREATE TABLE notes (x TEXT)")
+    connection.commit()
+    connection.close()
+    made["foreign SQLite"] = str(foreign)
+    readonly = tmp / "readonly.sqlite"
+    shutil.copyfile(good, readonly)
+    readonly.chmod(0o444)
+    made["read-only file"] = str(readonly)
+    bad_time = tmp / "badtime.sqlite"
+    shutil.copyfile(good, bad_time)
+    connection = sqlite3.connect(bad_time)
+    connection.execute("UPDATE schedules SET created_at = 'yesterday'")
+    connection.commit()
+    connection.close()
+    made["bad created_at"] = str(bad_time)
+    newer = tmp / "newer.sqlite"
+    shutil.copyfile(good, newer)
+    connection = sqlite3.connect(newer)
+    connection.execute("UPDATE tiledattention_schema_version SET version_num = '0099'")
+    connection.commit()
+    connection.close()
+    made["newer schema"] = str(newer)
+    return made
+
+
+def case_bad_databases(tmp: Path) -> list[str]:
+    lines = []
+    for name, location in _bad_databases(tmp).items():
+        before = Path(location).read_bytes() if Path(location).is_file() else None
+        for command in ("search", "list"):
+            if command == "search":
+                code, text, seconds = search(tmp, location)
+            else:
+                code, text, seconds = cli(tmp, "list", "--db", location)
+            after = Path(location).read_bytes() if Path(location).is_file() else None
+            sidecars = [p.name for p in Path(location).parent.glob(Path(location).name + "-*")]
+            changed = "file changed" if before != after else "file unchanged"
+            lines.append(f"{name:>22} | {command:>6} | {summary(code, text)} | {changed}"
+                         f"{', sidecars ' + ','.join(sidecars) if sidecars else ''} | "
+                         f"{seconds:.1f} s")
+    return lines
+
+
+def case_size(tmp: Path, count: int) -> list[str]:
+    import db as dbmod
+    import tiledattention as ta
+
+    path = tmp / "big.sqlite"
+    prov = ta.current_provenance(ta.FORWARD)
+    rows = []
+    for i in range(count):
+        d = (64, 128, 256)[i % 3]
+        problem = ta.Problem(batch=1 + i % 7, heads_q=8, heads_kv=8, seqlen_q=128 + i,
+                             seqlen_k=128 + i, head_dim=d, dtype=("bf16", "fp16")[i // 3 % 2],
+                             causal=bool(i // 6 % 2))
+        rows.append(dbmod.ScheduleRow(
+            family="forward", arch="sm_90", device_name="GPU", problem=problem,
+            schedule=ta.Schedule(), median_ms=1.0, spread_ms=0.0, tflops=1.0, trials=1,
+            provenance=prov))
+    dbmod.dump_rows(rows, tmp / "big.json")
+    start = time.perf_counter()
+    cli(tmp, "import", "--db", str(path), str(tmp / "big.json"), timeout=3600)
+    imported = time.perf_counter() - start
+    code, text, list_s = cli(tmp, "list", "--db", str(path))
+    resolver = ta.Resolver(
+        open_user=lambda: dbmod.ScheduleDB.open_for_lookup(path, codecs=ta.codecs()),
+        open_shipped=lambda arch: None)
+    device = ta.DeviceInfo(index=0, arch="sm_90", name="GPU", sm_count=132)
+    resolver(ta.FORWARD, rows[0].problem, device)  # open the database
+    times = []
+    for s in (100_000, 100_001, 100_002):
+        problem = ta.Problem(batch=3, heads_q=8, heads_kv=8, seqlen_q=s, seqlen_k=s,
+                             head_dim=128, dtype="bf16", causal=False)
+        start = time.perf_counter()
+        resolver(ta.FORWARD, problem, device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return [f"{count} rows: import {imported:.0f} s; `tiledtune list` {list_s:.1f} s "
+            f"(exit {code}); lookup of a new shape {min(times):.1f}-{max(times):.1f} ms"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=51000)
+    parser.add_argument("--only", default=None, help="run only the cases whose name has this")
+    args = parser.parse_args()
+    cases = [("import over current rows", case_import_replaces),
+             ("simulated search, no --db", case_simulated_default),
+             ("lookup precedence", case_lookup_order),
+             ("bad databases", case_bad_databases),
+             ("size", lambda tmp: case_size(tmp, args.rows))]
+    for name, case in cases:
+        if args.only and args.only not in name:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                result = case(Path(tmp))
+            except Exception as exc:  # a case that crashes is a finding too
+                result = f"CRASHED: {type(exc).__name__}: {exc}"
+        for line in result if isinstance(result, list) else [result]:
+            print(f"{name}: {line}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
