@@ -92,13 +92,12 @@ def check_sqlite_file(path: Path) -> None:
 def inspect_sqlite_file(path: Path, version_table: str) -> tuple[set[str], str | None]:
     """The table names and the recorded schema revision of an existing SQLite file, read through
     a read-only connection after SQLite's integrity check (``PRAGMA quick_check``), before any
-    connection that could write opens it. A file not in WAL mode is opened ``immutable``, so
-    no ``-wal``/``-shm`` file appears beside a file we then refuse."""
-    with open(path, "rb") as f:
-        header = f.read(20)
-    wal = len(header) >= 20 and header[18] == 2
+    connection that could write opens it. Unless a ``-wal`` file beside it may hold pages not
+    yet in the file, it is opened ``immutable``, so no ``-wal``/``-shm`` file appears beside a
+    file we then refuse."""
+    pending = Path(f"{path}-wal").exists()
     uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro" + \
-        ("" if wal else "&immutable=1")
+        ("" if pending else "&immutable=1")
     try:
         connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error as exc:

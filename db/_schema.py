@@ -14,7 +14,7 @@ from sqlalchemy import (Column, DateTime, Float, Index, Integer, MetaData, Strin
 from ._rows import MAX_TERMS, PROVENANCE_FIELDS, ROW_FIELDS
 
 __all__ = ["TABLE_NAME", "VERSION_TABLE", "HEAD_REVISION", "KEY_COLUMNS", "OPTIONAL_COLUMNS",
-           "TERM_COLUMNS", "metadata", "schedules"]
+           "TERM_COLUMNS", "LOOKUP_INDEX", "metadata", "schedules"]
 
 TABLE_NAME = "schedules"
 #: Alembic's version table, named for us so it cannot clash with an application's own Alembic
@@ -28,6 +28,9 @@ HEAD_REVISION = "0003"
 KEY_COLUMNS = ("family", "arch", "problem", "device_name")
 #: ``term0..``: the family's distance terms of the problem (``FamilyCodec.terms``).
 TERM_COLUMNS = tuple(f"term{i}" for i in range(MAX_TERMS))
+#: The columns of the lookup's covering index (revision 0003 creates it with these).
+LOOKUP_INDEX = ("family", "arch", "bucket", "template_hash", "backend", *TERM_COLUMNS,
+                "median_ms")
 #: Nullable columns a database of another revision may lack; reading gives ``None`` for them.
 OPTIONAL_COLUMNS = tuple(f.name for f in ROW_FIELDS if f.optional)
 
@@ -57,5 +60,6 @@ schedules = Table(
     metadata,
     *_columns(),
     UniqueConstraint(*KEY_COLUMNS, name="uq_schedules_key"),
-    Index("ix_schedules_lookup", "family", "arch", "bucket"),
+    # covers the lookup's nearest and stale queries: they never read the table's rows
+    Index("ix_schedules_lookup", *LOOKUP_INDEX),
 )

@@ -373,15 +373,21 @@ class ScheduleDB:
             if self._legacy(connection):
                 return pick_candidates(self._select({"family": family, "arch": arch}), codec,
                                        problem, template=template, limit=limit)
+            usable = (t.c.template_hash == template, t.c.backend == "gpu")
+            # the unique index (family, arch, problem, ...)
+            exact = connection.execute(self._query(t, connection).where(
+                *self._where(t, {"family": family, "arch": arch, "problem": problem_key(
+                    problem)}), *usable)).mappings().all()
+            # the covering lookup index: ids first, then only those rows
             bucket = self._where(t, {"family": family, "arch": arch,
                                      "bucket": codec.bucket_text(problem)})
-            usable = (*bucket, t.c.template_hash == template, t.c.backend == "gpu")
-            exact = connection.execute(self._query(t, connection).where(
-                *usable, t.c.problem == problem_key(problem))).mappings().all()
             distance = sum(weight * func.abs(t.c[column] - value) for column, weight, value in
                            zip(TERM_COLUMNS, codec.weights(), codec.terms(problem)))
-            near = connection.execute(self._query(t, connection).where(*usable).order_by(
-                distance, t.c.median_ms).limit(limit)).mappings().all() if limit else []
+            ids = connection.execute(select(t.c.id).where(*bucket, *usable).order_by(
+                distance, t.c.median_ms).limit(limit)).scalars().all() if limit else []
+            near = connection.execute(self._query(t, connection).where(t.c.id.in_(ids))
+                                      ).mappings().all() if ids else []
+            near = sorted(near, key=lambda r: ids.index(r["id"]))
             stale = connection.execute(select(func.count()).select_from(t).where(
                 *bucket, t.c.template_hash != template)).scalar_one()
         return Candidates(self._decoded(exact), self._decoded(near), stale)

@@ -20,7 +20,7 @@ from ._family import (Case, Family, codecs, families, get_family, register_famil
 from ._lookup import Resolution, Resolver, pick, shipped_table
 from ._provenance import Provenance, current_provenance
 from ._runtime import Runtime
-from ._settings import database_location
+from ._settings import database_location, simulated_database_location
 from .errors import (CompileError, InputTypeError, InputValueError, KernelArgumentError,
                      ScheduleDatabaseError, ScheduleError, TiledAttentionError,
                      UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
@@ -35,7 +35,7 @@ __all__ = [
     "UnsupportedProblemError", "check_arch", "codecs", "compile_schedule",
     "current_provenance", "database_location", "device_info", "explain", "families",
     "generation", "get_family", "local_devices", "open_database", "pick",
-    "problem_from_arrays", "register_family", "runtime", "sdpa", "shipped_table",
+    "problem_from_arrays", "register_family", "runtime", "sdpa", "shipped_table", "simulated_database_location",
     "text_digest", "unregister_family", "use_database",
 ]
 

@@ -79,9 +79,13 @@ def shipped_table(arch: str) -> db.RowTable | None:
     resource = resources.files("tiledattention").joinpath("pretuned", f"{arch}.json")
     if not resource.is_file():
         return None
-    source = f"tiledattention/pretuned/{arch}.json"
-    table = db.load_rows_text(resource.read_text(encoding="utf-8"), source, codecs(),
-                              strict=False)
+    return _shipped_rows(resource.read_text(encoding="utf-8"),
+                         f"tiledattention/pretuned/{arch}.json")
+
+
+def _shipped_rows(text: str, source: str) -> db.RowTable:
+    """The GPU-measured rows of a shipped table's text (a simulated row is never shipped)."""
+    table = db.load_rows_text(text, source, codecs(), strict=False)
     return db.RowTable([r for r in table if r.backend == "gpu"], source=source, codecs=codecs())
 
 

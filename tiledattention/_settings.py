@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["database_location", "DB_ENV_VAR"]
+__all__ = ["database_location", "simulated_database_location", "DB_ENV_VAR"]
 
 DB_ENV_VAR = "TILEDATTN_DB"
+
+
+def _cache() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(cache) / "tiledattention"
 
 
 def database_location() -> str:
@@ -16,5 +21,11 @@ def database_location() -> str:
     value = os.environ.get(DB_ENV_VAR, "").strip()
     if value:
         return value
-    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
-    return str(Path(cache) / "tiledattention" / "schedules.sqlite")
+    return str(_cache() / "schedules.sqlite")
+
+
+def simulated_database_location() -> str:
+    """Where ``tiledtune search --backend simulated`` stores results when no ``--db`` is named:
+    a file of its own that the runtime never reads (``simulated-schedules.sqlite`` in the
+    cache)."""
+    return str(_cache() / "simulated-schedules.sqlite")

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ._report import say
+
 __all__ = ["configure", "run", "FORMATS", "parse_archs"]
 
 FORMATS = ("bytarget", "json", "csv")
@@ -71,7 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"tiledtune export: {message}", file=sys.stderr)
+    say("export", message)
     return code
 
 

@@ -11,11 +11,11 @@ or CSV, or without the expected top-level structure are rejected whole.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..transfer import MAX_FILE_BYTES, UnreadableFile, read_rows
+from ._report import say
 
 __all__ = ["configure", "run", "FileReport"]
 
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             database = open_database(args.db)
         except TiledAttentionError as exc:
-            print(f"tiledtune import: {exc}", file=sys.stderr)
+            say("import", exc)
             return EXIT_UNREADABLE
         with database:
             for report, rows in parsed:
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                         outcome, why = database.merge(row, force=args.force,
                                                       current=current[row.family])
                     except DatabaseError as exc:
-                        print(f"tiledtune import: {exc}", file=sys.stderr)
+                        say("import", exc)
                         _report(reports, PUT_OUTCOMES)
                         return EXIT_UNREADABLE
                     report.counts[outcome] = report.counts.get(outcome, 0) + 1

@@ -11,6 +11,9 @@ as that of a small one. Exit status: 0 shown (or no database), 2 the database ca
 from __future__ import annotations
 
 import argparse
+import warnings
+
+from ._report import say
 
 
 def _count(text: str) -> int:
@@ -51,12 +54,15 @@ def run(args: argparse.Namespace) -> int:
         if db is None:
             console.print(f"no schedule database at {location}")
             return 0
-        with db:
+        with db, warnings.catch_warnings(record=True) as skipped:
+            warnings.simplefilter("always")
             total = db.count(**filters)
             rows = db.rows(**filters, limit=args.limit or None, offset=args.offset)
     except (TiledAttentionError, DatabaseError) as exc:
-        Console(stderr=True).print(f"tiledtune list: {exc}", markup=False)
+        say("list", exc)
         return 2
+    for warning in skipped:  # rows that no longer decode: one line each
+        say("list", warning.message)
     page = f"rows {args.offset + 1}-{args.offset + len(rows)} of " if rows else "0 of "
     table = Table(title=f"{page}{total} schedules in {db}")
     for col in ("kernel", "arch", "device", "backend", "key", "schedule", "ms", "TFLOP/s",

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
+
+from ._report import say
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 kept = [r for r, _ in result.retune]
                 dump_rows(result.current + result.restamped + kept, Path(args.file))
     except (TiledAttentionError, DatabaseError, ValueError, OSError) as exc:
-        print(f"tiledtune restamp: {exc}", file=sys.stderr)
+        say("restamp", exc)
         return 2
     finally:
         if args.file is None and "database" in locals() and database is not None:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from tiledattention import ARCHITECTURES, TiledAttentionError, families, get_family
 
+from ._report import say
+
 #: Model presets: name -> (heads_q, heads_kv, head_dim, seqlens); batch = 16384 // seqlen.
 PRESETS = {
     "llama-gqa": (32, 8, 128, (1024, 2048, 4096, 8192, 16384)),
@@ -181,17 +183,26 @@ def select_device(arch: str, index: int | None = None):
     raise ValueError(f"GPU {index} is not {arch}")
 
 
-def _locations(args) -> tuple[str, str]:
-    from tiledattention import database_location
+def _db_location(args) -> str:
+    """The schedule database: ``--db``; else the user database the runtime reads, except for
+    the simulated backend, whose results go to a file of their own unless ``--db`` names one."""
+    from tiledattention import database_location, simulated_database_location
 
-    db = args.db or database_location()
+    if args.db:
+        return args.db
+    return simulated_database_location() if args.backend == "simulated" else database_location()
+
+
+def _storage(args, db: str) -> str:
+    """The Optuna study storage: ``--storage``; a server database's own URL; else an SQLite
+    file beside the schedule database."""
     if args.storage:
-        return db, args.storage
+        return args.storage
     if "://" in db and not db.startswith("sqlite"):
-        return db, db
+        return db
     path = Path(db.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    return db, f"sqlite:///{path.with_name('tiledtune-studies.sqlite')}"
+    return f"sqlite:///{path.with_name('tiledtune-studies.sqlite')}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -208,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
             return _spawn_workers(args, console)
         return _search(args, problems, console)
     except (ValueError, TiledAttentionError) as exc:
-        console.print(f"[red]tiledtune search: {exc}[/red]")
+        say("search", exc)
         return 2
 
 
@@ -243,7 +254,12 @@ def _search(args, problems, console) -> int:
     else:
         factory = functools.partial(SimulatedExecutor, args.device, family=family)
         arch, device_name = args.device, SIMULATED_DEVICE
-    db_location, storage = _locations(args)
+    db_location = _db_location(args)
+    database = open_database(db_location)  # checked (and migrated) before anything is tuned
+    storage = _storage(args, db_location)
+    if args.backend == "simulated" and not args.db:
+        console.print(f"simulated results go to {db_location} (the runtime never reads it); "
+                      "--db names another database")
     config = SearchConfig(n_trials=args.trials, timeout_s=args.timeout,
                           patience=args.patience or None, space=args.space, seed=args.seed,
                           neighbour_trials=args.neighbour_trials, study_prefix=args.study,
@@ -251,7 +267,7 @@ def _search(args, problems, console) -> int:
     compile_workers = (args.jobs or max(1, min(8, (os.cpu_count() or 2) - 2))
                        if args.backend == "gpu" else 0)
     results = []
-    with open_database(db_location) as db, IsolatedExecutor(factory) as executor, Progress(
+    with database as db, IsolatedExecutor(factory) as executor, Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
         task = {"id": None}
@@ -335,7 +351,7 @@ def _compile_only(args, problems, console) -> int:
 
     family = get_family(args.kernel)
     spaces = search_spaces.family_space(family.name)
-    _, storage_url = _locations(args)
+    storage_url = _storage(args, _db_location(args))
     config = SearchConfig(study_prefix=args.study)
     storage = open_storage(storage_url, heartbeat_s=config.heartbeat_s, grace_s=config.grace_s)
     jobs = args.jobs or max(1, os.cpu_count() or 1)

@@ -10,8 +10,8 @@ Every row before this revision was the prefill forward kernel's, measured on a G
 columns (sorted keys, no spaces), whose ``bucket`` (what the lookup filters on) is that of
 ``causal``, ``dtype``, ``head_dim`` and the reduced ratio ``heads_q/heads_kv``, and whose terms are
 log2 S_q, log2 S_k and log2 (B·H_q) (the forward family's distance terms). The per-field problem
-columns are dropped; the key becomes ``(family, arch, problem, device_name)``, and ``(family,
-arch, bucket)`` is indexed for the lookup.
+columns are dropped; the key becomes ``(family, arch, problem, device_name)``, and an index on
+``(family, arch, bucket, template_hash, backend, term0..3, median_ms)`` covers the lookup.
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ def upgrade() -> None:
             batch.alter_column(name, nullable=False)
         batch.create_unique_constraint("uq_schedules_key",
                                        ["family", "arch", "problem", "device_name"])
-    op.create_index("ix_schedules_lookup", "schedules", ["family", "arch", "bucket"])
+    op.create_index("ix_schedules_lookup", "schedules",
+                    ["family", "arch", "bucket", "template_hash", "backend", *_TERMS,
+                     "median_ms"])
 
 
 def downgrade() -> None:
