@@ -3,7 +3,9 @@
 The parent sends one request at a time over a pipe and waits at most ``deadline`` seconds. A
 worker that dies (a segfault, an illegal address that poisoned its CUDA context, ``os._exit``)
 or misses its deadline is killed, the request is answered with a ``crash`` / ``timeout``
-measurement, and the next request starts a fresh worker.
+measurement, and the next request starts a fresh worker. A fresh worker first says it is ready
+(its libraries imported, its executor built), within ``startup_s``: a request's deadline starts
+only then, so a slow start on a busy machine never turns a healthy candidate into a timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ class WorkerTimeout(RuntimeError):
 
 
 def _serve(conn, factory: Callable[[], Any]) -> None:
-    executor = factory()
+    try:
+        executor = factory()
+    except Exception:  # the parent reports it; no request is served
+        conn.send(("error", traceback.format_exc(limit=5)))
+        return
+    conn.send(("ready", None))
     while True:
         try:
             request = conn.recv()
@@ -45,15 +52,18 @@ def _serve(conn, factory: Callable[[], Any]) -> None:
 class IsolatedExecutor:
     """Proxy to an executor built by ``factory()`` in a ``spawn``-ed worker process."""
 
-    def __init__(self, factory: Callable[[], Any], *, name: str = "tiledtune-worker") -> None:
+    def __init__(self, factory: Callable[[], Any], *, name: str = "tiledtune-worker",
+                 startup_s: float = 300.0) -> None:
         self._factory = factory
         self._name = name
+        self._startup_s = startup_s
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
         self.started = 0  # worker processes started so far (restarts: started - 1)
 
     def _ensure(self) -> None:
+        """A live worker that has said it is ready (a fresh one if there is none)."""
         if self._proc is not None and self._proc.is_alive():
             return
         self._kill()
@@ -64,6 +74,36 @@ class IsolatedExecutor:
         self._proc.start()
         child.close()
         self._conn = parent
+        status, value = self._receive("start", self._startup_s)
+        if status != "ready":  # the factory's own exception, with its traceback
+            self._kill()
+            raise WorkerDied(f"the worker process could not start: {value}")
+
+    def _receive(self, what: str, deadline: float) -> tuple[str, Any]:
+        """The worker's next message, within ``deadline`` seconds of now; kills the worker and
+        raises :class:`WorkerTimeout` / :class:`WorkerDied` otherwise."""
+        end = time.monotonic() + deadline
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                self._kill()
+                raise WorkerTimeout(f"{what} exceeded its {deadline:.0f} s deadline")
+            try:
+                ready = self._conn.poll(min(left, 0.5))
+            except (EOFError, OSError):
+                ready = True
+            if ready:
+                try:
+                    return self._conn.recv()
+                except (EOFError, OSError):
+                    code = self._exit_code()
+                    self._kill()
+                    raise WorkerDied(f"the worker process died (exit code {code}) during "
+                                     f"{what}") from None
+            if not self._proc.is_alive():
+                code = self._proc.exitcode
+                self._kill()
+                raise WorkerDied(f"the worker process died (exit code {code}) during {what}")
 
     def _exit_code(self) -> int | None:
         """The exit code of a worker whose end of the pipe closed: the pipe closes a moment
@@ -89,31 +129,10 @@ class IsolatedExecutor:
         except (BrokenPipeError, OSError):
             self._kill()
             raise WorkerDied("the worker process died before the request") from None
-        end = time.monotonic() + deadline
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                self._kill()
-                raise WorkerTimeout(f"{method} exceeded its {deadline:.0f} s deadline")
-            try:
-                ready = self._conn.poll(min(left, 0.5))
-            except (EOFError, OSError):
-                ready = True
-            if ready:
-                try:
-                    status, value = self._conn.recv()
-                except (EOFError, OSError):
-                    code = self._exit_code()
-                    self._kill()
-                    raise WorkerDied(f"the worker process died (exit code {code}) during "
-                                     f"{method}") from None
-                if status == "error":
-                    raise RuntimeError(value)
-                return value
-            if not self._proc.is_alive():
-                code = self._proc.exitcode
-                self._kill()
-                raise WorkerDied(f"the worker process died (exit code {code}) during {method}")
+        status, value = self._receive(method, deadline)
+        if status == "error":
+            raise RuntimeError(value)
+        return value
 
     def measurement(self, method: str, *args: Any, deadline: float) -> Measurement:
         """Like ``call`` for requests answering a Measurement: faults become measurements."""
