@@ -13,13 +13,21 @@ from typing import Any, Mapping
 
 from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
-__all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "problem_from_arrays", "padded_head_dim"]
+__all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
+           "padded_head_dim"]
 
 #: Short dtype names used in keys, files and on the command line.
 DTYPES = ("bf16", "fp16")
 #: Head dims the kernel supports: multiples of 8 (16-byte rows for TMA) from 32 to 256. A head dim
 #: that is not a power of two is padded to the next one inside the kernel (zero-filled loads).
 SUPPORTED_HEAD_DIMS = tuple(range(32, 257, 8))
+#: Largest index the kernel can form. It is compiled with ``index_dtype=ct.int32`` (``_compile``;
+#: ``ct.launch`` picks int32 for arrays that are not annotated ``ct.IndexedWithInt64``), so every
+#: element offset into q, k, v and out must fit a signed 32-bit int. cuTile's launcher checks
+#: each dim and stride on its own, not their products: a tensor of more than 2**31-1 elements
+#: would launch and compute wrapped offsets.
+INDEX_LIMIT = 2**31 - 1
+_DIMS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -40,10 +48,15 @@ class Problem:
     causal: bool
 
     def __post_init__(self) -> None:
-        for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim"):
+        for name in _DIMS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UnsupportedProblemError(f"{name} must be a positive int; got {value!r}")
+                raise UnsupportedProblemError(f"{name} must be a positive int; got "
+                                              f"{_shown(value)}")
+            if value > INDEX_LIMIT:
+                raise UnsupportedProblemError(
+                    f"{name} must be at most {INDEX_LIMIT} (2**31-1: the kernel indexes with "
+                    f"int32); got {_shown(value)}")
         if self.dtype not in DTYPES:
             raise UnsupportedProblemError(f"dtype must be one of {DTYPES}; got {self.dtype!r}")
         if not isinstance(self.causal, bool):
@@ -56,6 +69,7 @@ class Problem:
             raise UnsupportedProblemError(
                 f"head_dim must be a multiple of 8 in 32..256; got {self.head_dim}"
             )
+        _check_index_range(self)
 
     @property
     def group_size(self) -> int:
@@ -104,6 +118,39 @@ class Problem:
         mask = "causal" if self.causal else "full"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, short for huge ints (``str`` of one over 4300 digits even raises)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"{'a negative' if value < 0 else 'an'} integer of {value.bit_length()} bits"
+    return repr(value)
+
+
+def _check_index_range(p: Problem) -> None:
+    """Raise unless every index the kernel forms fits int32.
+
+    The kernel (``_kernel.attention_fwd``) addresses q and out as ``[B, H_q, S_q, D]`` and k, v
+    as ``[B, H_kv, S_k, D]``, loading rows of ``TILE_D = padded_head_dim(D)`` columns
+    (zero-filled past D). The element counts are taken with the padded head dim, a safe bound
+    for every offset those loads can form: ``B*H_q*S_q*TILE_D`` and ``B*H_kv*S_k*TILE_D``. The
+    other products the kernel forms are bounded by these (D >= 32): the persistent loop's work
+    count ``num_slots*B*H_q <= B*H_q*S_q``, the row and key indices ``tile*TILE + arange(TILE)
+    <= S + 255``, the (batch x head) index ``< B*H_q``. Strided tensors can reach further than
+    their element count: ``problem_from_arrays`` checks the furthest element they reach.
+    (The non-persistent grid's second dim, ``B*H_q``, has CUDA's own limit, which cuTile checks
+    at launch with an error; that depends on the schedule, not on the problem.)
+    """
+    tile_d = padded_head_dim(p.head_dim)
+    for tensors, heads, seqlen in (("q and out", "heads_q", "seqlen_q"),
+                                   ("k and v", "heads_kv", "seqlen_k")):
+        h, s = getattr(p, heads), getattr(p, seqlen)
+        elements = p.batch * h * s * tile_d
+        if elements > INDEX_LIMIT:
+            raise UnsupportedProblemError(
+                f"batch*{heads}*{seqlen}*padded head_dim ({p.batch}*{h}*{s}*{tile_d} = "
+                f"{elements} elements of {tensors}) must be at most {INDEX_LIMIT} (2**31-1: the "
+                f"kernel indexes with int32); split the batch or the heads over several calls")
 
 
 _TORCH_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
@@ -198,4 +245,22 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
         raise InputValueError(f"q, k and v must be on one device; got {devices}")
     problem = Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv), seqlen_q=int(sq),
                       seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_reach(name, x, kind, padded_head_dim(problem.head_dim))
     return problem, kind
+
+
+def _check_reach(name: str, x: Any, kind: str, tile_d: int) -> None:
+    """Raise unless the furthest element offset the kernel forms in ``x`` fits int32. Equal to
+    the (padded) element count for a contiguous tensor, which ``Problem`` checked already; a view
+    into a larger buffer (a slice of packed qkv, say) reaches further."""
+    strides = x.stride() if kind == "torch" else tuple(s // x.itemsize for s in x.strides)
+    # the last (b, h, s) row starts here; its TILE_D loaded columns end tile_d elements later
+    last_row = sum((n - 1) * abs(int(st)) for n, st in zip(x.shape[:3], strides[:3]))
+    reach = last_row + tile_d
+    if reach > INDEX_LIMIT:
+        raise UnsupportedProblemError(
+            f"{name} must lie within {INDEX_LIMIT} (2**31-1) elements of its first one (the "
+            f"kernel indexes with int32); got shape {tuple(x.shape)}, strides {tuple(strides)}: "
+            f"its last row ends {reach} elements in (head_dim padded to {tile_d}); pass a "
+            f"contiguous tensor or split the batch")

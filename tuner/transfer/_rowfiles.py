@@ -5,6 +5,16 @@ written).
 
 CSV format 2 adds the ``family`` column and keeps the problem in one JSON cell; format-1 files
 (the forward kernel's, with one column per problem field) are still read.
+
+Hostile values are rejected row by row, with the field named: integers outside signed 64 bits
+(what SQL stores; JSON and CSV read them as Python ints of any size, ``10**400`` included, which
+later conversions turn into ``OverflowError`` or truncation), numbers that are not finite
+(``1e400`` reads as ``inf``), and ``true``/``false`` where the typed value holds an int.
+
+Text cells of the CSV form that a spreadsheet would run as a formula (starting with ``=``, ``+``,
+``-``, ``@``, a tab or a carriage return) are written with a ``'`` in front, as OWASP advises
+against CSV injection; a text cell that starts with ``'`` gets one more, so reading removes exactly
+one ``'`` before such a character and every row reads back unchanged.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -33,7 +44,120 @@ CSV_COLUMNS = ("format", *(name for f in ROW_FIELDS
                            for name in (PROVENANCE_FIELDS if f.kind == "provenance" else (f.name,))))
 _KINDS = {f.name: f.kind for f in ROW_FIELDS}
 _OPTIONAL = {f.name for f in ROW_FIELDS if f.optional}
+#: Columns that files of older row formats lack: ``backend`` came with row format 3. A row
+#: without it is read as its format says (``ScheduleRow.from_dict``: "gpu" for formats 1 and 2,
+#: rejected for format 3).
+_LATER_COLUMNS = {"backend"} & set(_KINDS)
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+#: Integers a row may hold: signed 64-bit, what SQL (SQLite's INTEGER, PostgreSQL's BIGINT) keeps.
+INT_MIN, INT_MAX = -2**63, 2**63 - 1
+#: Characters that make a spreadsheet read a cell as a formula (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_QUOTE = "'"
+#: CSV columns that hold free text (not numbers, times or JSON): these are neutralised.
+TEXT_COLUMNS = (*(f.name for f in ROW_FIELDS if f.kind == "text"), *PROVENANCE_FIELDS)
+
+
+class _Unrepresentable:
+    """A number read from a file that no row can hold: an integer beyond 64 bits (kept as its
+    text, so that nothing converts it, however many digits it has) or a float that overflows to
+    infinity or is NaN. ``_check_numbers`` rejects the row that holds one, naming the field."""
+
+    __slots__ = ("text", "why")
+
+    def __init__(self, text: str, why: str) -> None:
+        self.text, self.why = text, why
+
+    def __repr__(self) -> str:
+        return _shown(self.text)
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
+
+
+_OUT_OF_INT64 = f"outside the signed 64-bit range {INT_MIN}..{INT_MAX}"
+_NOT_FINITE = "infinite or NaN as a 64-bit float"
+
+
+def _parse_int(text: str) -> int | _Unrepresentable:
+    # 20 characters hold every int64 ("-9223372036854775808"); longer text (after leading zeros)
+    # is out of range and is never converted: int() of more than 4300 digits raises ValueError.
+    digits = text.lstrip("+-").lstrip("0")
+    if len(digits) > 19:
+        return _Unrepresentable(text, _OUT_OF_INT64)
+    value = int(text)
+    return value if INT_MIN <= value <= INT_MAX else _Unrepresentable(text, _OUT_OF_INT64)
+
+
+def _parse_float(text: str) -> float | _Unrepresentable:
+    value = float(text)
+    return value if math.isfinite(value) else _Unrepresentable(text, _NOT_FINITE)
+
+
+def _parse_constant(text: str) -> _Unrepresentable:  # NaN, Infinity, -Infinity
+    return _Unrepresentable(text, _NOT_FINITE)
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` that keeps out-of-range numbers as :class:`_Unrepresentable`."""
+    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                      parse_constant=_parse_constant)
+
+
+def _check_numbers(data: Any) -> None:
+    """Raise :class:`RecordError` naming the first field of ``data`` (nested: ``problem.batch``)
+    that holds a number no row can hold. Iterative: a file may nest as deep as JSON allows."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, Mapping):
+            stack.extend((f"{path}.{key}" if path else str(key), item)
+                         for key, item in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+        elif isinstance(value, _Unrepresentable):
+            expected = ("an integer within signed 64 bits" if value.why == _OUT_OF_INT64
+                        else "a finite number")
+            raise RecordError(f"{path or 'row'} must be {expected}; got {_shown(value.text)} "
+                              f"({value.why})")
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+            raise RecordError(f"{path or 'row'} must be an integer within signed 64 bits; got "
+                              f"{_shown(str(value))} ({_OUT_OF_INT64})")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise RecordError(f"{path or 'row'} must be a finite number; got {value!r} "
+                              f"({_NOT_FINITE})")
+
+
+def _check_bools(given: Any, typed: Mapping[str, Any], path: str) -> None:
+    """Raise :class:`RecordError` where ``given`` (a record as the file spelt it) has a bool and
+    the typed value's dict form an int, or the other way round: ``True == 1`` in Python, so a
+    decoder that tests ``isinstance(value, int)`` lets ``true`` through as 1."""
+    if not isinstance(given, Mapping):
+        return
+    for key, value in given.items():
+        if key not in typed:
+            continue
+        want = typed[key]
+        if isinstance(value, bool) != isinstance(want, bool) and isinstance(value, int) \
+                and isinstance(want, int):
+            expected = "a bool" if isinstance(want, bool) else "an int"
+            raise RecordError(f"{path}.{key} must be {expected}; got {json.dumps(value)}")
+
+
+def _neutralised(text: str) -> str:
+    """``text`` as a CSV text cell: a ``'`` in front of a formula character or a ``'``."""
+    return _QUOTE + text if text.startswith((*FORMULA_START, _QUOTE)) else text
+
+
+def _unneutralised(text: str) -> str:
+    """Inverse of :func:`_neutralised`: one ``'`` off, only where ``_neutralised`` put one."""
+    if text.startswith(_QUOTE) and text[1:].startswith((*FORMULA_START, _QUOTE)):
+        return text[1:]
+    return text
 
 
 class UnreadableFile(Exception):
@@ -56,11 +180,17 @@ def rows_to_csv(rows) -> str:
     """The CSV text of ``rows`` (sorted like ``db.dump_rows``), header first."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
+    # QUOTE_MINIMAL quotes a cell holding the line terminator "\n" but not one holding "\r",
+    # which readers (csv.reader, spreadsheets) take for a line break: the rest of the cell would
+    # start a new line, and a cell, of its own, past the neutralising quote
+    quote_all = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writerow(CSV_COLUMNS)
     for row in sorted(rows, key=lambda r: (r.key, r.median_ms, r.created_at.isoformat())):
         data = row.to_dict()
         flat = {**data, **data["provenance"]}
-        writer.writerow([_cell(flat[name]) for name in CSV_COLUMNS])
+        cells = [_neutralised(_cell(flat[name])) if name in TEXT_COLUMNS else _cell(flat[name])
+                 for name in CSV_COLUMNS]
+        (quote_all if any("\r" in cell for cell in cells) else writer).writerow(cells)
     return out.getvalue()
 
 
@@ -101,8 +231,8 @@ def _kind(path: Path, text: str) -> str:
 
 def _json_items(text: str) -> Iterator[tuple[int, Any]]:
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        data = _loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise UnreadableFile(f"not JSON: {exc}") from None
     if not isinstance(data, dict) or set(data) != {"format", "rows"}:
         raise UnreadableFile(f'expected {{"format": {ROW_FORMAT}, "rows": [...]}} at the top')
@@ -116,29 +246,33 @@ def _json_items(text: str) -> Iterator[tuple[int, Any]]:
     yield from enumerate(data["rows"])
 
 
-def _csv_value(name: str, text: str) -> Any:
+def _csv_value(name: str, text: str, legacy: bool = False) -> Any:
     """A cell to the type of the dict form; text that does not convert is passed on unchanged,
-    so ``ScheduleRow.from_dict`` names the field and the bad value."""
+    so ``ScheduleRow.from_dict`` names the field and the bad value. Text cells lose the ``'``
+    that :func:`rows_to_csv` put in front of a formula character (format-1 files never had one).
+    """
     kind = _KINDS.get(name)
     if name in _OPTIONAL and text == "":
         return None
-    if name in PROVENANCE_FIELDS:
-        return text  # version strings and hashes stay text, even when all digits
+    if name in TEXT_COLUMNS:
+        # version strings and hashes stay text, even when all digits
+        return text if legacy else _unneutralised(text)
     if name == "format" or kind == "count" or kind is None:
         if _INT_TEXT.fullmatch(text.strip()):
-            return int(text)
+            return _parse_int(text.strip())
         if kind is None:  # a format-1 problem column
             return {"true": True, "false": False}.get(text, text)
         return text
     if kind == "ms":
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             return text
+        return value if math.isfinite(value) else _Unrepresentable(text, _NOT_FINITE)
     if kind == "record":
         try:
-            return json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
+            return _loads(text)
+        except (ValueError, RecursionError):
             raise RecordError(f"column {name!r} must hold a JSON object; got {text[:80]!r}") \
                 from None
     return text
@@ -152,7 +286,8 @@ def _csv_items(text: str) -> Iterator[tuple[int, Any]]:
             raise UnreadableFile("empty CSV file")
         legacy = "family" not in header and "problem" not in header  # format 1
         columns = [c for c in CSV_COLUMNS if not (legacy and c in ("family", "problem"))]
-        missing = [c for c in columns if c not in _OPTIONAL and c not in header]
+        missing = [c for c in columns
+                   if c not in _OPTIONAL and c not in _LATER_COLUMNS and c not in header]
         unknown = [c for c in header if c not in CSV_COLUMNS] if not legacy else []
         if missing or unknown or len(set(header)) != len(header):
             raise UnreadableFile(f"CSV header must name the columns {list(CSV_COLUMNS)}; "
@@ -163,7 +298,8 @@ def _csv_items(text: str) -> Iterator[tuple[int, Any]]:
                                          f"{len(header)}")
                 continue
             try:
-                flat = {name: _csv_value(name, cell) for name, cell in zip(header, cells)}
+                flat = {name: _csv_value(name, cell, legacy)
+                        for name, cell in zip(header, cells)}
             except RecordError as exc:
                 yield index, exc
                 continue
@@ -182,10 +318,23 @@ def _check_row(data: Any, codecs: Mapping[str, FamilyCodec]) -> ScheduleRow:
     """``ScheduleRow`` from one item, or :class:`RecordError` with the reason."""
     if isinstance(data, Exception):
         raise data
+    if isinstance(data, Mapping):
+        data = dict(data)
+        for name in ("problem", "schedule"):  # JSON text in a JSON row: read it as we read files
+            if isinstance(data.get(name), str):
+                try:
+                    data[name] = _loads(data[name])
+                except RecursionError:
+                    raise RecordError(f"{name} is not JSON: nested too deeply") from None
+                except ValueError:
+                    pass  # ScheduleRow.from_dict names the JSON error
+    _check_numbers(data)
     try:
         row = ScheduleRow.from_dict(data, codecs)
     except (TypeError, KeyError, AttributeError, OverflowError, ValueError) as exc:
         raise RecordError(f"malformed row: {exc}") from None
+    for name in ("problem", "schedule"):
+        _check_bools(data.get(name), getattr(row, name).to_dict(), name)
     if row.arch not in ARCHITECTURES:
         raise RecordError(f"unknown architecture {row.arch!r}; expected one of "
                           f"{', '.join(ARCHITECTURES)}")
