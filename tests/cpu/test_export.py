@@ -257,7 +257,7 @@ def test_module_distance_is_the_lookup_distance(exported):
     compared = 0
     for _ in range(2000):
         group = rng.choice((1, 2, 4))
-        a, b = (Problem(batch=rng.randint(1, 64), heads_q=group * kv, heads_kv=kv,
+        a, b = (Problem(batch=rng.randint(1, 8), heads_q=group * kv, heads_kv=kv,
                         seqlen_q=rng.randint(1, 70000), seqlen_k=rng.randint(1, 70000),
                         head_dim=64, dtype="bf16", causal=False)
                 for kv in (rng.choice((2, 4, 8)), rng.choice((2, 4, 8))))
@@ -350,8 +350,9 @@ def test_round_trip_is_lossless(tiledtune, source_db, tmp_path, fmt):
     assert {r.torch_flash_ms for r in all_rows(fresh)} & {None}  # optional columns survive
 
 
-def test_csv_format_2_has_family_and_problem_as_json(tiledtune, source_db, tmp_path):
-    assert CSV_COLUMNS == ("format", "family", "arch", "device_name", "problem", "schedule",
+def test_csv_format_3_has_family_backend_and_problem_as_json(tiledtune, source_db, tmp_path):
+    assert CSV_COLUMNS == ("format", "family", "arch", "device_name", "backend", "problem",
+                           "schedule",
                            "median_ms", "spread_ms", "tflops", "default_ms", "torch_cudnn_ms",
                            "torch_flash_ms", "trials", "created_at", *db.PROVENANCE_FIELDS)
     out = tmp_path / "rows.csv"
@@ -362,7 +363,8 @@ def test_csv_format_2_has_family_and_problem_as_json(tiledtune, source_db, tmp_p
                    if r.provenance.template_hash == PROV.template_hash), key=lambda r: r.key)
     assert len(cells) == len(rows) == 12
     for cell, row in zip(cells, rows):
-        assert (cell["format"], cell["family"], cell["arch"]) == ("2", "forward", row.arch)
+        assert (cell["format"], cell["family"], cell["arch"], cell["backend"]) == (
+            "3", "forward", row.arch, "gpu")
         assert json.loads(cell["problem"]) == row.problem.to_dict()
         assert cell["problem"] == db.canonical_json(row.problem.to_dict())
         assert Schedule.from_dict(json.loads(cell["schedule"])) == row.schedule
@@ -451,7 +453,7 @@ def test_merge_outcomes_are_reported(tiledtune, source_db, tmp_path, monkeypatch
     assert tiledtune("import", "rows.json", "--db", target) == 0
     counts = table_counts(capsys.readouterr().out, "rows.json")
     assert counts == {"added": "10", "improved": "1", "replaced": "1", "forced": "0",
-                      "kept": "1", "rejected": "0"}
+                      "kept": "1", "skipped": "0", "rejected": "0"}
     stored = {r.key: r for r in all_rows(target)}
     assert stored[faster.key].median_ms == faster.median_ms / 2
     assert stored[slower.key] == exported[slower.key]
@@ -460,7 +462,9 @@ def test_merge_outcomes_are_reported(tiledtune, source_db, tmp_path, monkeypatch
     assert tiledtune("import", "rows.json", "--db", target, "--force") == 0
     assert table_counts(capsys.readouterr().out, "rows.json")["forced"] == "13"
     assert tiledtune("import", "rows.json", "--db", target) == 0
-    assert table_counts(capsys.readouterr().out, "rows.json")["kept"] == "13"
+    again = table_counts(capsys.readouterr().out, "rows.json")
+    # the stale row (another template) is skipped, not weighed against itself
+    assert (again["kept"], again["skipped"]) == ("12", "1")
     assert all_rows(target) == all_rows(source_db)
 
 
@@ -470,7 +474,7 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
             mk("sm_90", H100, S=4096, ms=3.0, n=3)]
     first = good[0].to_dict()
     legacy = {**good[2].to_dict(), "format": 1}
-    del legacy["family"]
+    del legacy["family"], legacy["backend"]
 
     def variant(**changes):
         data = json.loads(json.dumps(first))
@@ -495,7 +499,7 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
         variant(median_ms=1e400),                                      # inf after parsing
         variant(family="backward"),                                    # unknown family
         variant(format=1),                                             # format 1 has no family
-        variant(format=3),                                             # newer row format
+        variant(format=4),                                             # newer row format
         variant(problem="{not json"),                                  # problem text not JSON
         good[1].to_dict(),
         legacy,                                                        # format 1: a forward row
@@ -504,7 +508,7 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
                "tile_m must be one of", "duplicate key", "must be a mapping", "unknown row field",
                "device_name must be printable text", "median_ms must be a finite number",
                "unknown kernel family 'backward'", "row format 1 has no 'family' field",
-               "row format 3 is newer", "problem is not JSON"]
+               "row format 4 is newer", "problem is not JSON"]
     return items, reasons, good
 
 
@@ -529,7 +533,7 @@ def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_pa
     good = [mk("sm_90", H100, S=1024, ms=0.5, n=1), mk("sm_90", H100, S=2048, ms=0.9, n=2)]
     header, first, second = rows_to_csv(good).splitlines()
     for cell in (',"{""batch"":1,""causal"":true,', '""tile_m"":64', '""dtype"":""bf16""',
-                 "2,forward,sm_90,"):
+                 "3,forward,sm_90,"):
         assert cell in first, cell
     bad = [first.replace("sm_90", "sm_999", 1),
            first.replace('""causal"":true', '""causal"":""maybe""', 1),
