@@ -56,7 +56,7 @@ def main() -> None:
     def signature():  # the key of sdpa's plan cache (tiledattention.forward._sdpa)
         return ("forward", q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
                 q.get_device(), k.get_device(), v.get_device(),
-                q.stride(-1), k.stride(-1), v.stride(-1), True, None, None)
+                q.stride(), k.stride(), v.stride(), True, None, None)
 
     key = signature()
     parts = {

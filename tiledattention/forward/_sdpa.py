@@ -1,7 +1,7 @@
 """The forward family's entry point: validate, resolve a schedule (memoised), allocate, launch.
 
 The hot path: a call whose tensors have the signature of an earlier call (shapes, dtypes,
-devices, last-dim strides, ``causal``, ``scale``, explicit schedule) reuses that call's *plan*
+devices, strides, ``causal``, ``scale``, explicit schedule) reuses that call's *plan*
 (the chosen schedule's kernel object, grid and constant arguments), so a warm call costs a tuple
 build, a dict lookup, an output allocation and the launch.
 """
@@ -53,8 +53,8 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: bool = False,
             f"schedule must be a tiledattention.Schedule or None; got {type(schedule).__name__}")
     try:  # the signature of a torch call; anything else takes the general path
         signature = ("forward", q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-                     q.get_device(), k.get_device(), v.get_device(), q.stride(-1), k.stride(-1),
-                     v.stride(-1), causal, scale, schedule)
+                     q.get_device(), k.get_device(), v.get_device(), q.stride(), k.stride(),
+                     v.stride(), causal, scale, schedule)
         plan = runtime.plan(signature)
     except (AttributeError, TypeError):  # not torch tensors (CuPy), or unhashable arguments
         signature, plan = None, None
