@@ -13,6 +13,13 @@ timing; compile ahead while the GPU measures; measure each candidate in an isola
 with the default schedule and the family's baselines (torch's backends); store the winner in the
 schedule database.
 Stops on the trial budget, a time limit or a patience window.
+
+Any number of processes may tune one key at once: the storage hands each asked trial to one
+worker (``_storage``), the budget table gives out exactly ``n_trials`` tickets and one claim per
+schedule (``_budget``), and a trial that another worker finishes while this one holds it (it
+failed the trial as stale: this worker's heartbeat had stopped for longer than the grace
+period) is dropped here: what this worker took for it is given back, nothing is counted, and
+the search goes on.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 import search_spaces
@@ -36,7 +44,7 @@ from tiledattention import Family, current_provenance
 from ..measure import FAILURES, IsolatedExecutor, Measurement, Timing
 from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
-from ._trials import compile_job, correct_trials, known_elsewhere, waiting
+from ._trials import compile_job, correct_trials, known_elsewhere, tell, waiting
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
 
@@ -207,8 +215,11 @@ class Tuner:
                         trial = study.ask(distributions)
                     heartbeat.hold(trial._trial_id)
                     schedule = self.family.normalise(problem, space.schedule(trial.params))
-                    outcome = self._admit(study, trial, schedule, problem, known, budget,
-                                          cfg.n_trials, space)
+                    try:
+                        outcome = self._admit(study, trial, schedule, problem, known, budget,
+                                              cfg.n_trials, space)
+                    except UpdateFinishedTrialError:
+                        outcome = self._drop(trial, schedule, known, budget)
                     if outcome == "measure":
                         skipped_in_a_row = 0
                         future = (self._pool.submit(compile_job, self.family, problem,
@@ -226,8 +237,13 @@ class Tuner:
                     break
                 trial, schedule, future = pending.popleft()
                 m = self._measure(problem, schedule, future, result)
-                self._record(study, trial, schedule, m, known, result)
-                heartbeat.drop(trial._trial_id)
+                try:
+                    self._record(study, trial, schedule, m, known, result)
+                except UpdateFinishedTrialError:
+                    self._drop(trial, schedule, known, budget)
+                    continue
+                finally:
+                    heartbeat.drop(trial._trial_id)
                 if m.ok and m.timing.median_ms < best * (1 - 1e-3):
                     best, since_best, incumbent = m.timing.median_ms, 0, schedule
                 else:
@@ -241,8 +257,11 @@ class Tuner:
             for trial, schedule, future in pending:
                 if future is not None:
                     future.cancel()
-                trial.set_user_attr("status", "cancelled")
-                study.tell(trial, state=TrialState.FAIL)
+                try:
+                    trial.set_user_attr("status", "cancelled")
+                    tell(study, trial, state=TrialState.FAIL)
+                except UpdateFinishedTrialError:  # failed as stale by another worker
+                    pass
                 budget.release(trial.number)
                 heartbeat.drop(trial._trial_id)
             heartbeat.close()
@@ -275,9 +294,13 @@ class Tuner:
                n_trials: int, space) -> str:
         """Decide what to do with an asked trial: ``"measure"`` it (this worker holds its
         schedule's claim and a budget ticket), or finish it at once as ``"infeasible"``,
-        ``"repeat"`` (measured before, here or by another worker) or ``"budget spent"``."""
+        ``"repeat"`` (measured before, here or by another worker) or ``"budget spent"``.
+        Raises :class:`UpdateFinishedTrialError` when another worker finished the trial
+        meanwhile (the caller drops it)."""
         trial.set_user_attr("schedule_key", schedule.key)
         trial.set_user_attr("schedule", schedule.describe())
+        if trial.user_attrs.get("ticket"):  # a stale trial's retry carries its user attributes
+            trial.set_user_attr("ticket", False)
         why = space.infeasibility(self.arch, problem, schedule)
         prior = known.get(schedule.key) if why is None else "infeasible"
         if prior is None and not budget.claim_schedule(schedule.key, trial.number):
@@ -285,7 +308,7 @@ class Tuner:
         if prior is None and not budget.claim(n_trials, trial.number):
             budget.release(trial.number)  # its schedule claim
             trial.set_user_attr("status", "over budget")
-            study.tell(trial, state=TrialState.FAIL)
+            tell(study, trial, state=TrialState.FAIL)
             return "budget spent"
         if prior is None:
             trial.set_user_attr("ticket", True)
@@ -299,10 +322,23 @@ class Tuner:
         else:
             trial.set_user_attr("status", "repeat")
         if isinstance(prior, float):
-            study.tell(trial, prior)
+            tell(study, trial, prior)
         else:
-            study.tell(trial, state=TrialState.FAIL)
+            tell(study, trial, state=TrialState.FAIL)
         return "infeasible" if why is not None else "repeat"
+
+    def _drop(self, trial, schedule: Any, known: dict, budget: Budget) -> str:
+        """Let go of a trial that another worker finished while this one held it: give back
+        the budget ticket and schedule claim this worker may have taken for it (the worker that
+        failed the trial gave back those taken before, and re-enqueued its candidate), count
+        nothing, and forget that this worker was measuring the schedule."""
+        budget.release(trial.number)
+        if known.get(schedule.key) == "running":
+            del known[schedule.key]
+        self._on_event("warning", {"message": (
+            f"trial {trial.number} ({schedule.describe()}) was finished by another worker while "
+            "this one held it (a heartbeat older than the grace period); dropped")})
+        return "taken"
 
     def _measure(self, problem: Any, schedule: Any, future: Future | None,
                  result: KeyResult) -> Measurement:
@@ -325,20 +361,22 @@ class Tuner:
 
     def _record(self, study, trial, schedule: Any, m: Measurement, known: dict,
                 result: KeyResult) -> None:
+        """Store measurement ``m`` in ``trial`` and finish it; counted once the trial is told.
+        Raises :class:`UpdateFinishedTrialError` when another worker finished the trial
+        meanwhile (the caller drops it)."""
         trial.set_user_attr("status", m.status)
         if m.rel_err is not None:
             trial.set_user_attr("rel_err", m.rel_err)
         if m.ok:
-            result.measured += 1
             trial.set_user_attr("timing", m.timing.to_dict())
-            study.tell(trial, m.timing.median_ms)
+            tell(study, trial, m.timing.median_ms)
             known[schedule.key] = m.timing.median_ms
         else:
-            result.measured += 1
-            result.failures[m.status] += 1
             trial.set_user_attr("reason", m.reason[:1000])
-            study.tell(trial, state=TrialState.FAIL)
+            tell(study, trial, state=TrialState.FAIL)
             known[schedule.key] = m.status
+            result.failures[m.status] += 1
+        result.measured += 1
 
     def _finish(self, study, problem: Any, result: KeyResult) -> None:
         """Re-time the finalists interleaved with the default and the family's baselines;

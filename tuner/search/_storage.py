@@ -1,5 +1,6 @@
-"""The Optuna side of a search: study names, the RDB storage with heartbeats, and the thread
-that keeps this process's running trials alive."""
+"""The Optuna side of a search: study names, the RDB storage with heartbeats (on SQLite with
+transactions that lock before they read), and the thread that keeps this process's running
+trials alive."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import warnings
 from typing import Any
 
 import optuna
+import sqlalchemy as sa
 
 from db import canonical_json
 from tiledattention import Family
@@ -42,21 +44,53 @@ class StaleTrial:
 
 def open_storage(url: str, *, heartbeat_s: int, grace_s: int) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage with heartbeats: a dead worker's running trials are failed after
-    ``grace_s``, their tickets returned and their candidates re-enqueued once."""
+    ``grace_s``, their tickets returned and their candidates re-enqueued once. On SQLite,
+    every transaction takes the database's write lock first (:func:`_lock_before_reading`),
+    so that an enqueued trial goes to one worker only."""
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     attempt = 0
     while True:  # workers starting together may race to create Optuna's tables
         try:
             with quiet_optuna():
-                return optuna.storages.RDBStorage(
+                storage = optuna.storages.RDBStorage(
                     url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_s,
                     grace_period=grace_s,
                     heartbeat_stale_trial_callback=StaleTrial(url))
+            break
         except Exception:  # the losing CREATE TABLE; give up after five tries
             attempt += 1
             if attempt == 5:
                 raise
             time.sleep(0.5 * attempt)
+    if storage.engine.dialect.name == "sqlite":
+        _lock_before_reading(storage.engine)
+    return storage
+
+
+def _lock_before_reading(engine: sa.engine.Engine) -> None:
+    """Make each transaction on ``engine`` (SQLite) begin with ``BEGIN IMMEDIATE``.
+
+    Optuna changes a trial's state by reading the row ``FOR UPDATE`` and then writing it: a
+    row lock on PostgreSQL and MySQL, but nothing on SQLite, where Python's ``sqlite3`` runs
+    the read outside any transaction and begins one only at the write. Two workers could then
+    both read an enqueued trial as WAITING and both mark it RUNNING: both were handed the same
+    trial, and the write of the later one could even turn a trial the other had already
+    finished back into RUNNING (then failed as stale, its ticket returned, and measured again).
+    Taking SQLite's write lock at the start of the transaction makes that read and write one
+    step, as the row lock does elsewhere; a waiting worker waits in the busy handler (the
+    60 s ``timeout`` above) instead of failing with "database is locked" on a lock upgrade.
+    SQLAlchemy's recipe for transactions on ``sqlite3``: the driver's own BEGIN is switched off
+    (``isolation_level = None``) and the engine emits ours.
+    """
+    @sa.event.listens_for(engine, "connect")
+    def _no_driver_begin(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened while Optuna created its tables lack the hook
 
 
 class Heartbeat:

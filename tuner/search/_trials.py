@@ -1,18 +1,20 @@
-"""What a study knows: its correct trials, its queue, another worker's claim of a schedule; and
-the compile job the driver runs ahead in a process pool."""
+"""What a study knows: its correct trials, its queue, another worker's claim of a schedule; how
+to finish a trial another worker may have finished first; and the compile job the driver runs
+ahead in a process pool."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from tiledattention import CompileError, Family
 
 from ..measure import FAILURES
 
-__all__ = ["correct_trials", "waiting", "known_elsewhere", "compile_job"]
+__all__ = ["correct_trials", "waiting", "known_elsewhere", "tell", "compile_job"]
 
 
 def correct_trials(study) -> list:
@@ -30,7 +32,7 @@ def known_elsewhere(study, key: str) -> float | str:
     """What the study knows of schedule ``key``, claimed by another worker: its value, its
     failure, or ``"elsewhere"`` while that worker is still measuring it."""
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("schedule_key") != key or t.user_attrs.get("ticket") is None:
+        if t.user_attrs.get("schedule_key") != key or not t.user_attrs.get("ticket"):
             continue
         if t.state == TrialState.COMPLETE:
             return t.value
@@ -38,6 +40,21 @@ def known_elsewhere(study, key: str) -> float | str:
             return t.user_attrs["status"]
     return "elsewhere"
 
+
+def tell(study, trial, value: float | None = None, *, state: TrialState | None = None) -> None:
+    """``study.tell(trial, value, state=state)``, raising :class:`UpdateFinishedTrialError`
+    whenever another worker finished ``trial`` first (the worker that fails a stale trial):
+    Optuna raises that error when the trial finished between its read and its write, and a
+    ``ValueError`` ("Cannot tell a FAIL trial.") when it was finished before; both mean the
+    same to the driver."""
+    try:
+        study.tell(trial, value, state=state)
+    except ValueError:
+        now = study.get_trials(deepcopy=False)
+        if not any(t.number == trial.number and t.state.is_finished() for t in now):
+            raise  # a value Optuna refused, not a finished trial
+        raise UpdateFinishedTrialError(
+            f"trial {trial.number} was finished by another worker") from None
 
 
 def compile_job(family: Family, problem: Any, schedule: Any, arch: str

@@ -1,0 +1,222 @@
+"""Workers that tune one key at once: eight `tiledtune search` processes on one study storage
+(SQLite and PostgreSQL), the storage handing an enqueued trial to one worker only, and a worker
+dropping a trial that another worker failed as stale.
+
+Every process must finish cleanly, and together they measure exactly the trial budget, each
+candidate once: the budget table, the study and the schedule database agree. On SQLite this
+needs the study storage to hand an enqueued trial to one worker only (see
+``tuner/search/_storage.py``); before that, two workers could pop the same candidate, and one
+died with ``UpdateFinishedTrialError`` when the other had finished it.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from optuna.trial import TrialState
+
+import search_spaces
+from tiledattention import FORWARD, Problem, open_database
+from tuner.measure import FAILURES, IsolatedExecutor, SimulatedExecutor
+from tuner.search import SearchConfig, Tuner, open_storage, study_name
+
+from .test_postgres import postgres_url  # noqa: F401 - the PostgreSQL server fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = 8
+TRIALS = 24  # the compact space has 128 feasible points here: the budget, not the space, binds
+PROBLEM = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_k=1024, head_dim=64,
+                  dtype="bf16", causal=False)
+
+
+def _measured(trials: list) -> list:
+    """The trials that measured a candidate on a budget ticket (a failure is a measurement
+    too): finished, ticketed, with a measurement's status that agrees with their state."""
+    found = [t for t in trials if t.user_attrs.get("ticket")
+             and t.user_attrs.get("status") in ("ok", *FAILURES)]
+    assert all(t.state == (TrialState.COMPLETE if t.user_attrs["status"] == "ok"
+                           else TrialState.FAIL) for t in found)
+    return found
+
+
+def _budget_records(url: str, name: str) -> tuple[int, set[int]]:
+    """The budget table's count of tickets given out for study ``name``, and the trials that
+    hold them."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            claimed = conn.execute(sa.text(
+                "SELECT claimed FROM tiledtune_budget WHERE study_name = :s"), {"s": name}).scalar()
+            tickets = {n for (n,) in conn.execute(sa.text(
+                "SELECT trial_number FROM tiledtune_tickets WHERE study_name = :s"), {"s": name})}
+    finally:
+        engine.dispose()
+    return claimed, tickets
+
+
+def _queue_candidates(storage: str, count: int) -> None:
+    """Create the key's study with ``count`` candidates waiting, as a previous run leaves its
+    seeds, neighbours and retries: the workers start by contending for them."""
+    spaces = search_spaces.family_space("forward")
+    space = spaces.restrict(spaces.space("sm_90", "compact"), PROBLEM)
+    feasible = {FORWARD.normalise(PROBLEM, s).key: FORWARD.normalise(PROBLEM, s)
+                for s in space.feasible(PROBLEM)}
+    assert len(feasible) > 4 * TRIALS  # the budget binds, not the space
+    study = optuna.create_study(study_name=study_name("tiledtune", FORWARD, "sm_90", PROBLEM),
+                                storage=storage, direction="minimize")
+    for key in sorted(feasible)[:count]:
+        study.enqueue_trial(space.params(feasible[key]))
+
+
+def _run_workers(storage: str, db: str) -> list[tuple[int, str]]:
+    """Start the workers together; their exit codes and outputs. They begin on the queued
+    candidates; after those, every candidate is a neighbour of the best so far, enqueued in
+    the study and popped by whichever worker asks next: the queue the workers contend for."""
+    _queue_candidates(storage, 3 * TRIALS)
+    argv = [sys.executable, "-m", "tuner.cli", "search", "--device", "sm_90", "--backend",
+            "simulated", "--shape", "1,8,1024,64", "--space", "compact", "--trials",
+            str(TRIALS), "--neighbour-trials", str(TRIALS), "--patience", "0", "--db", db,
+            "--storage", storage]
+    workers = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+               for _ in range(WORKERS)]
+    return [(w.wait(timeout=300), w.communicate()[0]) for w in workers]
+
+
+def _check_one_key_exactly(storage: str, db: str, outputs: list[tuple[int, str]]) -> None:
+    crashed = [(i, out) for i, (code, out) in enumerate(outputs)
+               if code != 0 or "Traceback" in out]
+    assert not crashed, (f"{len(crashed)} of {WORKERS} workers failed; the first:\n"
+                         + crashed[0][1][-3000:])
+
+    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
+    study = optuna.load_study(study_name=name, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]  # none left behind
+    measured = _measured(trials)
+    assert len(measured) == TRIALS  # the budget, exactly, over all workers
+    keys = [t.user_attrs["schedule_key"] for t in measured]
+    assert len(set(keys)) == len(keys)  # no candidate measured twice
+    # the budget's own records agree: one ticket per measured trial, none leaked
+    assert _budget_records(storage, name) == (TRIALS, {t.number for t in measured})
+
+    with open_database(db) as schedules:
+        rows = schedules.rows()
+    assert [r.problem for r in rows] == [PROBLEM]  # one winner for the key
+
+
+@pytest.mark.slow  # eight processes; about 15 s on two cores
+def test_eight_workers_on_one_key_sqlite(tmp_path):
+    storage, db = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "schedules.sqlite")
+    _check_one_key_exactly(storage, db, _run_workers(storage, db))
+
+
+@pytest.mark.slow  # eight processes and a PostgreSQL server
+def test_eight_workers_on_one_key_postgres(postgres_url, tmp_path):  # noqa: F811
+    db = str(tmp_path / "schedules.sqlite")  # the fixture's server is fresh for this module
+    _check_one_key_exactly(postgres_url, db, _run_workers(postgres_url, db))
+
+
+# -- the storage hands an enqueued trial to one worker -----------------------------------------
+
+def _pop(url: str, asks: int, queue) -> None:
+    """A worker process: ask ``asks`` trials of study "queue" and report their numbers."""
+    study = optuna.load_study(study_name="queue", storage=open_storage(url, heartbeat_s=60,
+                                                                         grace_s=120))
+    queue.put([study.ask().number for _ in range(asks)])
+
+
+@pytest.mark.slow  # eight processes
+def test_an_enqueued_trial_goes_to_one_worker_only(tmp_path):
+    url = f"sqlite:///{tmp_path}/queue.sqlite"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="queue",
+                                storage=open_storage(url, heartbeat_s=60, grace_s=120))
+    for x in range(WORKERS * 10):
+        study.enqueue_trial({"x": x})
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.Queue()
+    workers = [spawn.Process(target=_pop, args=(url, 10, queue)) for _ in range(WORKERS)]
+    for w in workers:
+        w.start()
+    handed = [n for _ in workers for n in queue.get(timeout=120)]
+    for w in workers:
+        w.join(timeout=60)
+    twice = sorted(n for n, c in collections.Counter(handed).items() if c > 1)
+    assert twice == []  # before: about one ask in seven got a trial another worker had too
+    assert len(handed) == WORKERS * 10
+
+
+# -- a trial failed as stale by another worker is dropped ----------------------------------------
+
+class _StallsOnce:
+    """An executor whose worker stalls past the heartbeat grace period in its ``at``-th
+    measurement, while another worker starting on the key fails the running trial as stale
+    (giving its ticket back and re-enqueueing its candidate, as ``fail_stale_trials`` does)."""
+
+    def __init__(self, inner: IsolatedExecutor, url: str, name: str, at: int, stall_s: float):
+        self._inner, self._url, self._name = inner, url, name
+        self._at, self._stall_s, self._measured = at, stall_s, 0
+        self.swept: list[int] = []
+
+    def measurement(self, method, *args, deadline):
+        m = self._inner.measurement(method, *args, deadline=deadline)
+        if method == "measure":
+            self._measured += 1
+            if self._measured == self._at:
+                time.sleep(self._stall_s)
+                other = optuna.load_study(study_name=self._name, storage=open_storage(
+                    self._url, heartbeat_s=60, grace_s=1))
+                before = {t.number for t in other.get_trials(states=(TrialState.FAIL,))}
+                optuna.storages.fail_stale_trials(other)
+                self.swept = sorted({t.number for t in other.get_trials(
+                    states=(TrialState.FAIL,))} - before)
+        return m
+
+    def call(self, method, *args, deadline):
+        return self._inner.call(method, *args, deadline=deadline)
+
+
+@pytest.mark.slow  # spawns the measuring worker and stalls past a grace period
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_a_trial_failed_as_stale_by_another_worker_is_dropped(tmp_path):
+    url, trials = f"sqlite:///{tmp_path}/studies.sqlite", 6
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
+    events = []
+    with IsolatedExecutor(SimulatedExecutor) as inner:
+        # SQLite's clock has whole seconds: 3.5 s is past a 1 s grace period however rounded
+        executor = _StallsOnce(inner, url, name, at=3, stall_s=3.5)
+        tuner = Tuner(executor, family=FORWARD, arch="sm_90", device_name="Simulated GPU",
+                      storage_url=url, on_event=lambda kind, data: events.append((kind, data)),
+                      config=SearchConfig(n_trials=trials, patience=None, space="compact",
+                                          lookahead=1, heartbeat_s=60, grace_s=1))
+        try:
+            result = tuner.tune(PROBLEM)
+        finally:
+            tuner.close()
+
+    assert len(executor.swept) == 1  # the trial being measured in the stall, and only it
+    swept = executor.swept[0]
+    assert any(kind == "warning" and f"trial {swept} " in data["message"]
+               for kind, data in events)
+    assert result.measured == trials  # the dropped measurement is not counted
+    study = optuna.load_study(study_name=name, storage=url)
+    trials_ = study.get_trials(deepcopy=False)
+    dropped = next(t for t in trials_ if t.number == swept)
+    assert dropped.state == TrialState.FAIL and "status" not in dropped.user_attrs
+    retry = [t for t in trials_ if t.system_attrs.get("failed_trial") == swept]
+    assert len(retry) == 1 and retry[0].user_attrs.get("status") == "ok"  # measured again
+    measured = _measured(trials_)
+    assert len(measured) == trials  # the budget, exactly: the dropped trial's ticket came back
+    keys = [t.user_attrs["schedule_key"] for t in measured]
+    assert len(set(keys)) == len(keys)
+    assert _budget_records(url, name) == (trials, {t.number for t in measured})
