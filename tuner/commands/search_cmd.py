@@ -286,7 +286,8 @@ def _search(args, problems, console) -> int:
 
         tuner = Tuner(executor, family=family, arch=arch, device_name=device_name,
                       storage_url=storage, db=db, config=config,
-                      compile_workers=compile_workers, on_event=on_event)
+                      compile_workers=compile_workers, backend=args.backend,
+                      on_event=on_event)
         try:
             for problem in problems:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")

@@ -94,9 +94,11 @@ class Tuner:
     def __init__(self, executor: IsolatedExecutor, *, family: Family, arch: str,
                  device_name: str, storage_url: str, db=None,
                  config: SearchConfig = SearchConfig(), compile_workers: int = 0,
+                 backend: str = "gpu",
                  on_event: Callable[[str, dict], None] | None = None) -> None:
         self.executor = executor
         self.family = family
+        self.backend = backend  # what measures: "gpu", or "simulated" (stored with each row)
         self.arch = arch
         self.device_name = device_name
         self.storage_url = storage_url
@@ -424,10 +426,11 @@ class Tuner:
             return value.median_ms if isinstance(value, Timing) else None
 
         row = ScheduleRow(family=self.family.name, arch=self.arch,
-                          device_name=self.device_name, problem=problem, schedule=result.best,
+                          device_name=self.device_name, backend=self.backend,
+                          problem=problem, schedule=result.best,
                           median_ms=best.median_ms, spread_ms=best.spread_ms,
                           tflops=self.family.flops(problem) / (best.median_ms * 1e-3) / 1e12,
                           default_ms=ms("default"), torch_cudnn_ms=ms("torch-cudnn"),
                           torch_flash_ms=ms("torch-flash"), trials=trials,
                           provenance=current_provenance(self.family))
-        return self.db.put(row)
+        return self.db.put(row, current=row.provenance)  # measured now: current by definition
