@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
-import random
 import socket
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -44,6 +43,7 @@ from tiledattention import Family, current_provenance
 from ..measure import FAILURES, IsolatedExecutor, Measurement, Timing
 from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
+from ._candidates import feasible, neighbours, seeds
 from ._trials import compile_job, correct_trials, known_elsewhere, tell, waiting
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
@@ -116,43 +116,16 @@ class Tuner:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
-    # -- seeds -----------------------------------------------------------------------------
+    # -- candidates ------------------------------------------------------------------------
     def _seeds(self, problem: Any, space) -> list[Any]:
-        """The default, the three nearest winners of the key's bucket and the nearest winner
-        of a bucket that differs only in the family's ``seed_across`` fields (for the forward:
-        schedules carry over between bf16 and fp16, a find in one is the other's best first
-        guess)."""
-        family = self.family
-        seeds = [family.default_schedule(self.arch, problem)]
-        if self.db is not None:
-            mine = problem.to_dict()
-            fixed = [f for f in family.bucket_fields if f not in family.seed_across]
-            rows = [r for r in self.db.rows(family=family.name, arch=self.arch)
-                    if all(r.problem.to_dict()[f] == mine[f] for f in fixed)
-                    and family.comparable(r.problem, problem)]
-            rows.sort(key=lambda r: (family.distance(r.problem, problem), r.median_ms))
-            same = [r for r in rows if all(r.problem.to_dict()[f] == mine[f]
-                                           for f in family.bucket_fields)]
-            other = [r for r in rows if r not in same]
-            seeds += [r.schedule for r in same[:3] + other[:1]]
-        unique = {}
-        for seed in seeds:  # the seed's values on the searched dimensions
-            s = family.normalise(problem, space.schedule(space.params(seed)))
-            if space.contains(s):
-                unique.setdefault(s.key, s)
-        return list(unique.values())
+        return seeds(self.family, self.db, self.arch, problem, space)
 
     def _space(self, problem: Any):
         spaces = search_spaces.family_space(self.family.name)
         return spaces.restrict(spaces.space(self.arch, self.config.space), problem)
 
     def _feasible(self, space, problem: Any) -> list[Any]:
-        """The feasible points of ``space``, one per normalised schedule."""
-        unique = {}
-        for s in space.feasible(problem):
-            s = self.family.normalise(problem, s)
-            unique.setdefault(s.key, s)
-        return list(unique.values())
+        return feasible(self.family, space, problem)
 
     # -- one key ---------------------------------------------------------------------------
     def tune(self, problem: Any) -> KeyResult:
@@ -278,19 +251,7 @@ class Tuner:
         return self.family.normalise(problem, space.schedule(ok[0].params)) if ok else None
 
     def _neighbours(self, space, incumbent: Any, problem: Any, known: dict) -> list[Any]:
-        """The feasible, not yet tried schedules that differ from ``incumbent`` in one
-        dimension of ``space`` (after normalisation), in a random order fixed by the seed and
-        the incumbent."""
-        found = {}
-        for name, values in space.choices.items():
-            for value in values:
-                if value != getattr(incumbent, name):
-                    s = self.family.normalise(problem, incumbent.replace(**{name: value}))
-                    found.setdefault(s.key, s)
-        found = [s for s in found.values() if s.key not in known and s.key != incumbent.key
-                 and space.infeasibility(self.arch, problem, s) is None]
-        random.Random(f"{self.config.seed}:{incumbent.key}").shuffle(found)
-        return found
+        return neighbours(self.family, space, incumbent, problem, known, seed=self.config.seed)
 
     def _admit(self, study, trial, schedule: Any, problem: Any, known: dict, budget: Budget,
                n_trials: int, space) -> str:

@@ -1,0 +1,62 @@
+"""Where a key's search starts and how it climbs: the seeds (the default and the nearest tuned
+winners), the feasible points of a space (one per normalised schedule), and the neighbours of
+the best schedule so far."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tiledattention import Family
+
+__all__ = ["seeds", "feasible", "neighbours"]
+
+
+def seeds(family: Family, db: Any, arch: str, problem: Any, space) -> list[Any]:
+    """The default, the three nearest winners of the key's bucket in ``db`` (a
+    ``db.ScheduleDB`` or ``None``) and the nearest winner of a bucket that differs only in the
+    family's ``seed_across`` fields (for the forward: schedules carry over between bf16 and
+    fp16, a find in one is the other's best first guess); each on ``space``'s dimensions."""
+    found = [family.default_schedule(arch, problem)]
+    if db is not None:
+        mine = problem.to_dict()
+        fixed = [f for f in family.bucket_fields if f not in family.seed_across]
+        rows = [r for r in db.rows(family=family.name, arch=arch)
+                if all(r.problem.to_dict()[f] == mine[f] for f in fixed)
+                and family.comparable(r.problem, problem)]
+        rows.sort(key=lambda r: (family.distance(r.problem, problem), r.median_ms))
+        same = [r for r in rows if all(r.problem.to_dict()[f] == mine[f]
+                                       for f in family.bucket_fields)]
+        other = [r for r in rows if r not in same]
+        found += [r.schedule for r in same[:3] + other[:1]]
+    unique = {}
+    for seed in found:  # the seed's values on the searched dimensions
+        s = family.normalise(problem, space.schedule(space.params(seed)))
+        if space.contains(s):
+            unique.setdefault(s.key, s)
+    return list(unique.values())
+
+
+def feasible(family: Family, space, problem: Any) -> list[Any]:
+    """The feasible points of ``space``, one per normalised schedule."""
+    unique = {}
+    for s in space.feasible(problem):
+        s = family.normalise(problem, s)
+        unique.setdefault(s.key, s)
+    return list(unique.values())
+
+
+def neighbours(family: Family, space, incumbent: Any, problem: Any, known: dict, *,
+               seed: int) -> list[Any]:
+    """The feasible schedules not in ``known`` that differ from ``incumbent`` in one dimension
+    of ``space`` (after normalisation), in a random order fixed by ``seed`` and the incumbent."""
+    found = {}
+    for name, values in space.choices.items():
+        for value in values:
+            if value != getattr(incumbent, name):
+                s = family.normalise(problem, incumbent.replace(**{name: value}))
+                found.setdefault(s.key, s)
+    found = [s for s in found.values() if s.key not in known and s.key != incumbent.key
+             and space.infeasibility(space.arch, problem, s) is None]
+    random.Random(f"{seed}:{incumbent.key}").shuffle(found)
+    return found
