@@ -10,13 +10,18 @@ import sys
 
 import optuna
 
+from tuner.measure import FAILURES
+
 
 def main(url: str) -> None:
     storage = optuna.storages.RDBStorage(url)
     for summary in optuna.get_all_study_summaries(storage):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        # measured: a ticket, finished, and a measurement's status (a trial failed as stale
+        # or cancelled gave its ticket back)
         measured = [t for t in study.trials if t.user_attrs.get("ticket")
-                    and t.state.is_finished() and t.user_attrs.get("status") != "cancelled"]
+                    and t.state.is_finished()
+                    and t.user_attrs.get("status") in ("ok", *FAILURES)]
         keys = [t.user_attrs["schedule_key"] for t in measured]
         workers = collections.Counter(t.user_attrs.get("worker") for t in measured)
         print(f"{summary.study_name}: {len(measured)} measured, {len(set(keys))} distinct, "
