@@ -4,6 +4,7 @@ lookup."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 
@@ -40,7 +41,8 @@ def test_search_list_export_import_and_lookup_serve_a_second_family(tmp_path, ca
         rows = database.rows(family="toy")
     assert [r.problem for r in rows] == [ToyProblem(n=1024, dtype="bf16"),
                                          ToyProblem(n=4096, dtype="bf16")]
-    assert all(isinstance(r.schedule, ToySchedule) and r.family == "toy" for r in rows)
+    assert all(isinstance(r.schedule, ToySchedule) and r.family == "toy"
+               and r.backend == "simulated" for r in rows)
     space = list(search_spaces.space_for("toy", "sm_90"))
     assert len(space) == 9  # 9 trials cover the whole space: the winner is the model's optimum
     assert rows[0].schedule == SimulatedExecutor(family=TOY).optimum(rows[0].problem, space)
@@ -70,9 +72,18 @@ def test_search_list_export_import_and_lookup_serve_a_second_family(tmp_path, ca
         with db.ScheduleDB.open_for_lookup(copy, codecs=codecs()) as database:
             assert database.rows() == rows
 
-    resolve = Resolver(
-        open_user=lambda: db.ScheduleDB.open_for_lookup(store, codecs=codecs()),
-        open_shipped=lambda arch: None)
+    # the simulated search's rows never answer a lookup; the same rows measured on a GPU do
+    def resolver(path):
+        return Resolver(open_user=lambda: db.ScheduleDB.open_for_lookup(path, codecs=codecs()),
+                        open_shipped=lambda arch: None)
+
+    simulated = resolver(store)(TOY, ToyProblem(n=1024, dtype="bf16"), DEVICE)
+    assert (simulated.source, simulated.schedule) == ("default", ToySchedule(block=64))
+    measured = tmp_path / "measured.sqlite"
+    with db.ScheduleDB(measured, codecs=codecs()) as database:
+        for r in rows:
+            database.put(dataclasses.replace(r, backend="gpu"))
+    resolve = resolver(measured)
     exact = resolve(TOY, ToyProblem(n=1024, dtype="bf16"), DEVICE)
     assert (exact.source, exact.schedule) == ("exact-device", rows[0].schedule)
     near = resolve(TOY, ToyProblem(n=3000, dtype="bf16"), DEVICE)
