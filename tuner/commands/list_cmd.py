@@ -13,17 +13,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from ._report import say
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
-    return value
+from ._report import count, say
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default=None, metavar="NAME",
                         help="only this kernel family (default: every family)")
     parser.add_argument("--device", default=None, metavar="NAME", help="only this device name")
-    parser.add_argument("--limit", type=_count, default=50, metavar="N",
+    parser.add_argument("--limit", type=count, default=50, metavar="N",
                         help="rows per page (default 50; 0: every row)")
-    parser.add_argument("--offset", type=_count, default=0, metavar="N",
+    parser.add_argument("--offset", type=count, default=0, metavar="N",
                         help="skip this many rows first (the next page: --offset 50)")
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tiledattention import ARCHITECTURES, TiledAttentionError, families, get_family
 
-from ._report import say
+from ._report import count, say
 
 #: Model presets: name -> (heads_q, heads_kv, head_dim, seqlens); batch = 16384 // seqlen.
 PRESETS = {
@@ -41,16 +41,6 @@ def _duration(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"expected a duration like 90s, 10m or 1h; got {text!r}")
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}")
-    return value
 
 
 def _shape(text: str) -> tuple[int, int, int, int]:
@@ -117,7 +107,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=_duration, default=None, help="per key, e.g. 10m")
     parser.add_argument("--patience", type=int, default=30,
                         help="stop a key after this many candidates without improvement (0: never)")
-    parser.add_argument("--neighbour-trials", type=_count, default=None, metavar="N",
+    parser.add_argument("--neighbour-trials", type=count, default=None, metavar="N",
                         help="of --trials, candidates one dimension away from the best so far "
                              "(hill climbing after the seeds; default: a third)")
     parser.add_argument("--space", default="full", help="named search space (full, compact)")
