@@ -149,12 +149,11 @@ class Resolver:
         found = {name: self._candidates(source, family, device.arch, problem)
                  for name, source in sources}
         shown = dict(sources)
-        user = found.get("user")
-        if user is not None and user.exact:
-            mine = [r for r in user.exact if r.device_name == device.name]
-            row = min(mine or user.exact, key=lambda r: r.median_ms)
-            return Resolution(row.schedule, "exact-device" if mine else "exact-arch",
-                              f"{row.problem.describe()} in {shown['user']}")
+        exact = pick(family, found["user"].exact, problem, device.name) \
+            if "user" in found else None
+        if exact is not None:  # steps 1-2 (pick answers nothing else from exact rows)
+            row, step = exact
+            return Resolution(row.schedule, step, f"{row.problem.describe()} in {shown['user']}")
         shipped = found.get("shipped")
         if shipped is not None and shipped.exact:
             row = min(shipped.exact, key=lambda r: r.median_ms)
