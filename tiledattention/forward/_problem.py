@@ -14,7 +14,13 @@ from typing import Any, Mapping
 from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
-           "padded_head_dim"]
+           "padded_head_dim", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags"]
+
+#: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
+#: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
+#: last ``S_q`` positions of the ``S_k`` keys).
+TOP_LEFT = "top_left"
+BOTTOM_RIGHT = "bottom_right"
 
 #: Short dtype names used in keys, files and on the command line.
 DTYPES = ("bf16", "fp16")
@@ -36,7 +42,15 @@ def padded_head_dim(head_dim: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class Problem:
-    """Shape, dtype and masking of one attention call (``[B, H, S, D]`` layout)."""
+    """Shape, dtype and masking of one attention call (``[B, H, S, D]`` layout).
+
+    ``causal`` masks query row ``i`` to keys ``0..i`` (top-left alignment); with
+    ``bottom_right`` as well, to keys ``0..i + S_k - S_q`` (the queries are the last ``S_q``
+    positions). A problem is kept in one canonical form: bottom-right with ``S_q == S_k`` is
+    top-left, and with ``S_q == 1`` it masks nothing (``causal=False``), so the database never
+    holds two keys for one computation. ``bottom_right`` is left out of ``to_dict`` when false:
+    keys stored before it existed stay valid.
+    """
 
     batch: int
     heads_q: int
@@ -46,6 +60,7 @@ class Problem:
     head_dim: int
     dtype: str
     causal: bool
+    bottom_right: bool = False
 
     def __post_init__(self) -> None:
         for name in _DIMS:
@@ -61,6 +76,16 @@ class Problem:
             raise UnsupportedProblemError(f"dtype must be one of {DTYPES}; got {self.dtype!r}")
         if not isinstance(self.causal, bool):
             raise UnsupportedProblemError(f"causal must be a bool; got {self.causal!r}")
+        if not isinstance(self.bottom_right, bool):
+            raise UnsupportedProblemError(f"bottom_right must be a bool; got "
+                                          f"{self.bottom_right!r}")
+        if self.bottom_right and not self.causal:
+            raise UnsupportedProblemError("bottom_right=True needs causal=True (it aligns the "
+                                          "causal mask)")
+        if self.bottom_right and self.seqlen_q in (1, self.seqlen_k):
+            # canonical form: the same mask as top-left (S_q == S_k) or as no mask (S_q == 1)
+            object.__setattr__(self, "bottom_right", False)
+            object.__setattr__(self, "causal", self.seqlen_q != 1)
         if self.heads_q % self.heads_kv:
             raise UnsupportedProblemError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})"
@@ -78,7 +103,7 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """4·B·H·S_q·S_k·D, counting only the unmasked part when causal (top-left alignment)."""
+        """4·B·H·S_q·S_k·D, counting only the unmasked part when causal."""
         return 4.0 * self.batch * self.heads_q * self.head_dim * self.attended_pairs
 
     @property
@@ -87,26 +112,41 @@ class Problem:
         sq, sk = self.seqlen_q, self.seqlen_k
         if not self.causal:
             return sq * sk
-        # row i sees keys 0..min(i, sk-1): sum over i of min(i+1, sk)
-        full = min(sq, sk)
-        return full * (full + 1) // 2 + max(0, sq - sk) * sk
+        # row i sees min(i + 1 + offset, sk) keys, at least none
+        offset = self.causal_offset
+        first = max(0, -offset)  # rows before this see no key
+        full = max(0, min(sq, sk - offset) - first)  # rows i >= first with i + 1 + offset <= sk
+        # rows first .. first+full-1 see offset+first+1 .. offset+first+full keys; the rest sk
+        start = offset + first + 1
+        return full * (2 * start + full - 1) // 2 + (sq - first - full) * sk
+
+    @property
+    def causal_offset(self) -> int:
+        """Query row ``i`` sees keys ``0..i + causal_offset`` when causal: 0 top-left,
+        ``S_k - S_q`` bottom-right."""
+        return self.seqlen_k - self.seqlen_q if self.bottom_right else 0
 
     def as_tuple(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (the database and the row files store this)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The fields as a plain dict (the database and the row files store this);
+        ``bottom_right`` only when true."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.bottom_right:
+            del data["bottom_right"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Problem":
-        """Inverse of :meth:`to_dict`; every field is required, none may be unknown."""
+        """Inverse of :meth:`to_dict`; every field but ``bottom_right`` is required, none may
+        be unknown."""
         if not isinstance(data, Mapping):
             raise UnsupportedProblemError(f"a problem must be a mapping; got "
                                           f"{type(data).__name__}")
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
-        missing = [name for name in names if name not in data]
+        missing = [name for name in names if name not in data and name != "bottom_right"]
         if unknown or missing:
             raise UnsupportedProblemError(f"expected fields {names}; unknown {unknown}, "
                                           f"missing {missing}")
@@ -115,7 +155,7 @@ class Problem:
     def describe(self) -> str:
         kv = f"/{self.heads_kv}" if self.heads_kv != self.heads_q else ""
         sk = f"x{self.seqlen_k}" if self.seqlen_k != self.seqlen_q else ""
-        mask = "causal" if self.causal else "full"
+        mask = ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
 
@@ -182,6 +222,21 @@ def _device_of(x: Any, kind: str) -> str:
     return f"cuda:{x.device.id}"
 
 
+def causal_flags(causal: Any) -> tuple[bool, bool]:
+    """``(causal, bottom_right)`` for a ``causal=`` argument: ``False``, ``True`` or
+    ``"top_left"`` (top-left alignment), ``"bottom_right"``."""
+    if isinstance(causal, bool):
+        return causal, False
+    if causal == TOP_LEFT:
+        return True, False
+    if causal == BOTTOM_RIGHT:
+        return True, True
+    expected = f"causal must be a bool, {TOP_LEFT!r} or {BOTTOM_RIGHT!r}"
+    if isinstance(causal, str):
+        raise InputValueError(f"{expected}; got {causal!r}")
+    raise InputTypeError(f"{expected}; got {type(causal).__name__}")
+
+
 def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tuple[Problem, str]:
     """Validate ``q, k, v`` and return the :class:`Problem` and the array kind (torch / cupy).
 
@@ -198,8 +253,7 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
     if len(set(kinds)) != 1:
         raise InputTypeError(f"q, k and v must be of one array library; got {kinds}")
     kind = kinds[0]
-    if not isinstance(causal, bool):
-        raise InputTypeError(f"causal must be a bool; got {type(causal).__name__}")
+    causal, bottom_right = causal_flags(causal)
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
@@ -244,7 +298,8 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
     if len(set(devices.values())) != 1:
         raise InputValueError(f"q, k and v must be on one device; got {devices}")
     problem = Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv), seqlen_q=int(sq),
-                      seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal)
+                      seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal,
+                      bottom_right=bottom_right)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_reach(name, x, kind, padded_head_dim(problem.head_dim))
     return problem, kind
