@@ -24,16 +24,21 @@ from ._settings import database_location, simulated_database_location
 from .errors import (CompileError, InputTypeError, InputValueError, KernelArgumentError,
                      ScheduleDatabaseError, ScheduleError, TiledAttentionError,
                      UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
-from .forward import FORWARD, Problem, Schedule, compile_schedule, problem_from_arrays
-from .forward import sdpa as _forward_sdpa
+from ._dispatch import DispatchRule, choose_family, dispatch_rule
+from ._sdpa import bucket_problem
+from ._sdpa import sdpa as _sdpa
+from .decode import DECODE, DecodeSchedule, compile_decode
+from .forward import (BOTTOM_RIGHT, FORWARD, TOP_LEFT, Problem, Schedule, compile_schedule,
+                      problem_from_arrays)
 
 __all__ = [
-    "ARCHITECTURES", "Case", "CompileError", "CompileResult", "DeviceInfo", "FORWARD",
+    "ARCHITECTURES", "BOTTOM_RIGHT", "Case", "CompileError", "CompileResult", "DECODE",
+    "DecodeSchedule", "DeviceInfo", "DispatchRule", "FORWARD", "TOP_LEFT",
     "Family", "InputTypeError", "InputValueError", "KernelArgumentError", "Problem",
     "Provenance", "Resolution", "Resolver", "Runtime", "Schedule", "ScheduleDatabaseError",
     "ScheduleError", "TiledAttentionError", "UnknownFamilyError", "UnsupportedOperationError",
-    "UnsupportedProblemError", "check_arch", "codecs", "compile_schedule",
-    "current_provenance", "database_location", "device_info", "explain", "families",
+    "UnsupportedProblemError", "check_arch", "choose_family", "codecs", "compile_decode", "compile_schedule",
+    "current_provenance", "database_location", "device_info", "dispatch_rule", "explain", "families",
     "generation", "get_family", "local_devices", "open_database", "pick",
     "problem_from_arrays", "register_family", "runtime", "sdpa", "shipped_table", "simulated_database_location",
     "text_digest", "unregister_family", "use_database",
@@ -78,22 +83,35 @@ def use_database(location: str | None) -> None:
     _default_runtime = _make_runtime(location)
 
 
-def sdpa(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None, *,
-         schedule: Schedule | None = None) -> Any:
+def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None = None, *,
+         schedule: Schedule | DecodeSchedule | None = None) -> Any:
     """Scaled dot-product attention forward, ``[B, H, S, D]`` in and out.
 
     q: ``[B, H_q, S_q, D]``; k, v: ``[B, H_kv, S_k, D]`` with ``H_q % H_kv == 0`` (grouped-query
     attention without copies). bf16 or fp16 torch tensors on a CUDA device (launch on torch's
     current stream) or CuPy arrays (CuPy's current stream; returns a CuPy array). The last dim
-    must be contiguous; other strides are free. ``causal`` masks top-left aligned, like torch's
-    ``is_causal``. ``scale`` defaults to ``1/sqrt(D)``. ``schedule`` overrides the lookup.
-    Bad input raises an :class:`InputTypeError` / :class:`InputValueError` naming the argument.
+    must be contiguous; other strides are free. ``scale`` defaults to ``1/sqrt(D)``.
+
+    ``causal``: ``False``; ``True`` or ``"top_left"``: query row ``i`` sees keys ``0..i``, like
+    torch's ``is_causal``; ``"bottom_right"``: the queries are the last ``S_q`` positions, row
+    ``i`` sees keys ``0..i + S_k - S_q`` (torch's ``causal_lower_right``; for chunked prefill
+    and speculative decoding). With ``S_q > S_k`` bottom-right, the first ``S_q - S_k`` rows
+    see no key and are returned as zeros.
+
+    The kernel family follows the shape (:func:`choose_family`: the split-KV decode kernels for
+    few query rows, the prefill forward otherwise); ``schedule`` overrides the lookup and, by its
+    type, the family. Bad input raises an :class:`InputTypeError` / :class:`InputValueError`
+    naming the argument.
     """
-    return _forward_sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
+    return _sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
 
 
-def explain(q: Any, k: Any, v: Any, causal: bool = False) -> Resolution:
-    """The schedule ``sdpa(q, k, v, causal)`` would run, and which lookup step chose it."""
+def explain(q: Any, k: Any, v: Any, causal: bool | str = False) -> Resolution:
+    """The schedule ``sdpa(q, k, v, causal)`` would run, its family (``Resolution.family``) and
+    which lookup step chose it."""
     problem, kind = problem_from_arrays(q, k, v, causal, None)
     device_index = q.device.index if kind == "torch" else q.device.id
-    return runtime().resolution(FORWARD, problem, device_index)
+    family = choose_family(device_info(device_index).arch, bucket_problem(problem))
+    if family is DECODE:
+        problem = bucket_problem(problem)
+    return runtime().resolution(family, problem, device_index)

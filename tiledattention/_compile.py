@@ -3,13 +3,17 @@ of one build, and what a cubin says about itself (static shared memory)."""
 
 from __future__ import annotations
 
+import io
 import re
 import struct
+import time
 from dataclasses import dataclass
+from typing import Any, Sequence
 
-from .errors import InputValueError
+from .errors import CompileError, InputValueError
 
-__all__ = ["ARCHITECTURES", "CompileResult", "check_arch", "cubin_shared_bytes", "generation"]
+__all__ = ["ARCHITECTURES", "CompileResult", "array_constraint", "check_arch",
+           "cubin_shared_bytes", "export_cubin", "generation"]
 
 #: Architectures tileiras accepts (``--gpu-name``; no ``a``/``f`` suffixes), and the GPU
 #: generation each belongs to (defaults and search spaces differ by generation).
@@ -68,3 +72,55 @@ def cubin_shared_bytes(cubin: bytes) -> int | None:
     return None
 
 
+
+
+_CT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None) -> Any:
+    """An array as ``ct.launch`` sees a tensor of ``shape`` (``strides`` in elements, default
+    contiguous) with a contiguous last dim and 16-byte aligned rows: its JIT specialises on
+    16-byte divisible strides and base address and on each dim being a multiple of 16. Matching
+    that makes the cubin's cache key equal to the launch's, so a compile-only build warms
+    cuTile's disk cache for the real launch."""
+    import cuda.tile as ct
+    from cuda.tile import compilation as ctc
+
+    ndim = len(shape)
+    elems_per_16_bytes = 4 if dtype == "fp32" else 8
+    if strides is None:
+        divisible = tuple(elems_per_16_bytes for _ in range(ndim - 1)) + (1,)
+    else:
+        divisible = tuple(elems_per_16_bytes if st % elems_per_16_bytes == 0 else 1
+                          for st in strides[:-1]) + (1,)
+    return ctc.ArrayConstraint(
+        getattr(ct, _CT_DTYPES[dtype]), ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+        alias_groups=(), may_alias_internally=False,
+        stride_constant=(None,) * (ndim - 1) + (1,), stride_divisible_by=divisible,
+        shape_divisible_by=tuple(16 if n % 16 == 0 else 1 for n in shape),
+        base_addr_divisible_by=16,
+    )
+
+
+def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> CompileResult:
+    """Compile ``kernel`` for ``arch`` with ``args`` (per parameter, in order: an
+    ``ArrayConstraint``, a ``ScalarConstraint`` or a constant's value) into a cubin; raise
+    :class:`CompileError` naming ``label`` when tileiras refuses."""
+    from cuda.tile import compilation as ctc
+
+    check_arch(arch)
+    signature = ctc.KernelSignature(
+        list(args), calling_convention=ctc.CallingConvention.cutile_python_v1())
+    buf = io.BytesIO()
+    start = time.perf_counter()
+    try:
+        ctc.export_kernel(kernel, [signature], buf, gpu_code=arch, output_format="cubin")
+    except Exception as exc:  # tileiras failures come as several exception types
+        message = str(exc).strip().splitlines()
+        raise CompileError(
+            f"{label} does not compile for {arch}: "
+            f"{type(exc).__name__}: {message[-1] if message else ''}"[:2000]
+        ) from exc
+    cubin = buf.getvalue()
+    return CompileResult(arch=arch, cubin_size=len(cubin), seconds=time.perf_counter() - start,
+                         cubin=cubin, shared_bytes=cubin_shared_bytes(cubin))

@@ -45,6 +45,7 @@ class Resolution:
     schedule: Any
     source: str  # one of SOURCES
     detail: str  # e.g. the tuned shape a "nearest" answer came from, or the database file
+    family: str = ""  # the kernel family whose schedule this is
 
 
 class _Source(Protocol):  # a db.ScheduleDB or db.RowTable
@@ -153,17 +154,18 @@ class Resolver:
             if "user" in found else None
         if exact is not None:  # steps 1-2 (pick answers nothing else from exact rows)
             row, step = exact
-            return Resolution(row.schedule, step, f"{row.problem.describe()} in {shown['user']}")
+            return Resolution(row.schedule, step, f"{row.problem.describe()} in {shown['user']}",
+                              family.name)
         shipped = found.get("shipped")
         if shipped is not None and shipped.exact:
             row = min(shipped.exact, key=lambda r: r.median_ms)
             return Resolution(row.schedule, "shipped",
-                              f"{row.problem.describe()} ({row.device_name})")
+                              f"{row.problem.describe()} ({row.device_name})", family.name)
         near = [(r, name) for name, c in found.items() for r in c.nearest]
         if near:
             row = _nearest(family, [r for r, _ in near], problem)
             where = next(name for r, name in near if r is row)
             return Resolution(row.schedule, "nearest",
-                              f"{row.problem.describe()} in {shown[where]}")
+                              f"{row.problem.describe()} in {shown[where]}", family.name)
         return Resolution(family.default_schedule(device.arch, problem), "default",
-                          f"{family.name} default for {device.arch}")
+                          f"{family.name} default for {device.arch}", family.name)

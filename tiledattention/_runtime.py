@@ -1,9 +1,10 @@
 """The runtime's memory: which schedule each (family, problem, device) resolved to, and the
 launch plans the families' entry points built for call signatures they saw before.
 
-Both are plain dicts owned by one :class:`Runtime` object (``tiledattention.runtime()``), so
-``use_database`` or ``clear()`` forgets them together. The plan cache holds at most
-``max_plans`` entries (oldest first out).
+Both are bounded dicts owned by one :class:`Runtime` object (``tiledattention.runtime()``), so
+``use_database`` or ``clear()`` forgets them together: at most ``max_resolutions`` and
+``max_plans`` entries (oldest first out), so a process that meets endless shapes (a decode loop
+with a growing cache, say) holds a fixed amount of memory.
 """
 
 from __future__ import annotations
@@ -25,22 +26,29 @@ class Runtime:
     """
 
     def __init__(self, resolve: Callable[[Family, Any, DeviceInfo], Any], *,
-                 max_plans: int = 4096) -> None:
+                 max_plans: int = 4096, max_resolutions: int = 4096) -> None:
         self._resolve = resolve
-        self._memo: dict[tuple[str, Any, int], Any] = {}
+        self._memo: OrderedDict[tuple[str, Any, int], Any] = OrderedDict()
         self._plans: OrderedDict[Hashable, Any] = OrderedDict()
         self._max_plans = max_plans
+        self._max_resolutions = max_resolutions
 
     def resolution(self, family: Family, problem: Any, device_index: int) -> Any:
         key = (family.name, problem, device_index)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = self._resolve(family, problem, device_info(device_index))
+            if len(self._memo) > self._max_resolutions:
+                self._memo.popitem(last=False)
         return found
 
     def plan(self, signature: Hashable) -> Any:
         """The plan stored for a call ``signature`` (``None`` when there is none)."""
         return self._plans.get(signature)
+
+    def sizes(self) -> tuple[int, int]:
+        """(resolutions, plans) held now."""
+        return len(self._memo), len(self._plans)
 
     def keep_plan(self, signature: Hashable, plan: Any) -> None:
         self._plans[signature] = plan

@@ -1,0 +1,52 @@
+"""Compile-only builds of the decode kernels for any architecture, on a machine without a GPU:
+the same kernel objects and constants the launcher uses, for arrays laid out the way ``sdpa``
+passes them (q and out as ``[B, H', G', S_q, D]`` views of contiguous tensors)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.tile as ct
+from cuda.tile import compilation as ctc
+
+from .._compile import CompileResult, array_constraint, export_cubin
+from ..forward._problem import Problem
+from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, layout, normalise,
+                      split_constants, split_kernel)
+from ._kernel import decode_combine
+from ._schedule import DecodeSchedule
+
+__all__ = ["compile_decode"]
+
+
+def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
+    """Compile the split kernel (and the combine kernel, when there is more than one split) of
+    ``normalise(problem, schedule)`` for ``arch``; raise :class:`CompileError`. The result is
+    the split kernel's cubin; ``seconds`` counts both builds."""
+    schedule = normalise(problem, schedule)
+    p, tiles = problem, layout(problem, schedule)
+    shape5 = (p.batch, tiles.view_heads, tiles.view_group, p.seqlen_q, p.head_dim)
+    contiguous = (p.heads_q * p.seqlen_q * p.head_dim, tiles.view_group * p.seqlen_q * p.head_dim,
+                  p.seqlen_q * p.head_dim, p.head_dim, 1)
+    q5 = array_constraint(p.dtype, shape5, contiguous)
+    kv = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    tile_d = split_constants(p, schedule)["TILE_D"]
+    opart = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m, tile_d))
+    lse = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m))
+    direct = schedule.splits == 1
+    runtime = {"Q": q5, "K": kv, "V": kv, "Out": q5,
+               "Opart": q5 if direct else opart, "Lse": q5 if direct else lse,
+               "qk_scale": ctc.ScalarConstraint(ct.float32),
+               "causal_offset": ctc.ScalarConstraint(ct.int32),
+               "kv_div": ctc.ScalarConstraint(ct.int32)}
+    label = f"decode {schedule.describe()}"
+    result = export_cubin(split_kernel(schedule),
+                          SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),
+                          arch, label)
+    if direct:
+        return result
+    combined = export_cubin(
+        decode_combine,
+        COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5},
+                                   combine_constants(p, schedule)), arch, label + " (combine)")
+    return dataclasses.replace(result, seconds=result.seconds + combined.seconds)

@@ -1,0 +1,35 @@
+"""The decode family's per-architecture default schedule: what runs for a shape nobody tuned
+and the shipped table does not cover."""
+
+from __future__ import annotations
+
+import math
+
+from .._compile import generation
+from ..forward._problem import Problem
+from ._launch import layout
+from ._schedule import MAX_SPLITS, DecodeSchedule
+
+__all__ = ["default_decode_schedule", "SM_COUNTS"]
+
+#: SMs of the generation's largest part: the split count aims at a few CTAs per SM.
+SM_COUNTS = {"hopper": 132, "blackwell": 148, "blackwell-consumer": 48, "ada": 128,
+             "ampere": 108}
+#: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
+#: partial output, the combine's share) outweighs the parallelism it adds.
+MIN_KEYS_PER_SPLIT = 512
+
+
+def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
+    """Per-architecture default: heads of a group packed into one tile, 128-key steps, loads
+    issued two steps ahead, and enough splits to give each SM about two CTAs (capped so that a
+    split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a programmatic dependent
+    launch on Hopper and Blackwell (the architectures that have it)."""
+    gen = generation(arch)
+    base = DecodeSchedule(tile_n=128 if problem.head_dim <= 128 else 64, k_latency=2,
+                          v_latency=2)
+    rows = layout(problem, base).rows  # CTAs per split
+    wanted = math.ceil(2 * SM_COUNTS[gen] / rows)
+    splits = max(1, min(wanted, problem.seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    combine = "pdl" if gen in ("hopper", "blackwell", "blackwell-consumer") else "kernel"
+    return base.replace(splits=splits, combine=combine if splits > 1 else "kernel")

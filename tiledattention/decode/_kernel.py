@@ -1,0 +1,201 @@
+"""The split-KV (flash-decoding) kernel templates (cuTile): a split kernel and a combine kernel.
+
+Decode attends few query rows against many keys. One CTA of ``decode_split`` takes one
+(batch, K/V head), one tile of query positions and one *split*, a contiguous range of key tiles:
+the query rows of every query head that shares the K/V head are packed into one
+``[TILE_G * TILE_S, D]`` tile (``TILE_G`` heads x ``TILE_S`` positions), so each K/V tile is
+read once per K/V head, not once per query head. The queries and the output are passed as
+``[B, H_kv, G, S_q, D]`` views (the head dim split into K/V head and group: no copy); heads past
+``G`` and positions past ``S_q`` are zero-filled on load and clipped on store.
+
+With one split (``DIRECT``) the kernel normalises and writes the output itself. Otherwise each
+split writes its normalised partial output and its log-sum-exp (base 2) in float32, and
+``decode_combine`` merges the splits of each row: ``out = sum_s 2^(lse_s - m) o_s / sum_s
+2^(lse_s - m)``. With ``PDL`` the combine is launched as a programmatic dependent launch: its
+CTAs are scheduled while the split kernel drains and wait for its memory.
+
+Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i``
+sees keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). A row that sees
+no key returns zeros. Every UPPER_CASE parameter is a compile-time constant (``_launch``);
+nothing here depends on ``S_k`` at compile time, so a decode loop whose cache grows by a key per
+step reuses one compiled kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+import numpy as np
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+LOG2_E = 1.0 / math.log(2.0)
+#: Finite "minus infinity" for running maxima: a row whose first key tile is fully masked must
+#: not compute (-inf) - (-inf).
+NEG_BIG = -1.0e30
+
+
+def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen_k, offset,
+             masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY):
+    """Fold key tile ``j`` into the running (max, denominator, accumulator) of the packed rows.
+    ``masked``: apply the sequence-end and causal mask (only the last tiles of a range need it).
+    """
+    PAD = ct.static_eval(ct.PaddingMode.ZERO)
+    if K_TRANSPOSED:
+        k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                    order=(0, 1, 3, 2), padding_mode=PAD,
+                    latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
+    else:
+        k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                    padding_mode=PAD, latency=ct.static_eval(K_LATENCY or None))
+        k = ct.transpose(k.reshape((TILE_N, TILE_D)))
+    qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
+    qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+    if masked:
+        keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+        keep = keys < seqlen_k
+        if CAUSAL:
+            keep = keep & (keys <= positions + offset)  # [TILE_M, TILE_N]
+        qk = ct.where(keep, qk, -np.inf)
+
+    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [TILE_M, 1]
+    if EXP2:
+        p = ct.exp2(qk * scale - m_ij, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)
+    else:
+        p = ct.exp(qk * scale - m_ij)
+        alpha = ct.exp(m_i - m_ij)
+    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+    v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D), padding_mode=PAD,
+                latency=ct.static_eval(V_LATENCY or None)).reshape((TILE_N, TILE_D))
+    acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
+    return m_ij, l_i, acc
+
+
+@ct.kernel
+def decode_split(
+    Q, K, V, Out,  # [B, H_kv', G', S_q, D], [B, H_kv, S_k, D] x2, like Q
+    Opart,  # [B * H_kv' * q_tiles, splits, TILE_M, TILE_D] float32 (unused when DIRECT)
+    Lse,  # [B * H_kv' * q_tiles, splits, TILE_M] float32, base-2 log-sum-exp (unused: DIRECT)
+    qk_scale: float,
+    causal_offset: int,  # query position i sees keys 0..i + causal_offset (CAUSAL only)
+    kv_div: int,  # head index of Q's view // kv_div = K/V head (1 when the group is packed)
+    TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
+    TILE_S: ConstInt,  # query positions per tile
+    TILE_N: ConstInt,  # keys per step
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two
+    CAUSAL: ConstBool,
+    EXP2: ConstBool,
+    K_TRANSPOSED: ConstBool,
+    K_LATENCY: ConstInt,  # 1..10, or 0: let the compiler infer it
+    V_LATENCY: ConstInt,
+    DIRECT: ConstBool,  # one split: normalise and store into Out, no partials
+    PDL: ConstBool,  # a dependent combine kernel may be scheduled early
+):
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
+    heads = Q.shape[1]
+    num_q_tiles = ct.cdiv(Q.shape[3], TILE_S)
+    row = ct.bid(0)  # (batch x head of the view) x query tile
+    split = ct.bid(1)
+    splits = ct.num_blocks(1)
+    q_tile = row % num_q_tiles
+    bh = row // num_q_tiles
+    batch = bh // heads
+    head = bh % heads
+    kv_head = head // kv_div
+    if PDL:
+        ct.grid_dependency_control_launch_dependents()
+
+    scale = qk_scale
+    if EXP2:
+        scale = qk_scale * LOG2_E
+    seqlen_k = K.shape[2]
+    seqlen_q = Q.shape[3]
+    first_pos = q_tile * TILE_S
+    # packed row r is head r // TILE_S at position first_pos + r % TILE_S
+    positions = first_pos + ct.arange(TILE_M, dtype=np.int32)[:, None] % TILE_S  # [TILE_M, 1]
+
+    # the keys this tile's rows can see: all, or up to the last real row's diagonal
+    kv_end = seqlen_k
+    mask_from_key = seqlen_k - seqlen_k % TILE_N  # key tiles from here on need the end mask
+    if CAUSAL:
+        last_pos = min(first_pos + TILE_S, seqlen_q) - 1
+        kv_end = max(min(seqlen_k, last_pos + causal_offset + 1), 0)
+        mask_from_key = max(min(mask_from_key, first_pos + causal_offset + 1), 0)
+    num_tiles = ct.cdiv(kv_end, TILE_N)
+    per_split = ct.cdiv(num_tiles, splits)
+    start = min(split * per_split, num_tiles)
+    stop = min(start + per_split, num_tiles)
+    mask_from = max(min(mask_from_key // TILE_N, stop), start)
+
+    q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
+    m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+    l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
+    for j in range(start, mask_from):
+        m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale,
+                                 seqlen_k, causal_offset, False, CAUSAL, TILE_M, TILE_N, TILE_D,
+                                 EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY)
+    for j in range(mask_from, stop):
+        m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale,
+                                 seqlen_k, causal_offset, True, CAUSAL, TILE_M, TILE_N, TILE_D,
+                                 EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY)
+
+    # rows that saw no key (an empty split, or masked entirely) have l_i == 0: zeros out
+    seen = l_i > 0.0
+    inv_l = ct.where(seen, 1.0 / ct.where(seen, l_i, 1.0), 0.0)
+    out = acc * inv_l
+    if DIRECT:
+        ct.store(Out, index=(batch, head, 0, q_tile, 0),
+                 tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
+    else:
+        if EXP2:
+            lse = m_i + ct.log2(ct.where(seen, l_i, 1.0))
+        else:
+            lse = (m_i + ct.log(ct.where(seen, l_i, 1.0))) * LOG2_E
+        lse = ct.where(seen, lse, -np.inf)
+        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
+        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
+
+
+@ct.kernel
+def decode_combine(
+    Opart,  # [rows, splits, TILE_M, TILE_D] float32
+    Lse,  # [rows, splits, TILE_M] float32 (base 2)
+    Out,  # [B, H_kv', G', S_q, D] view of the output
+    TILE_G: ConstInt,
+    TILE_S: ConstInt,
+    TILE_D: ConstInt,
+    PDL: ConstBool,  # launched as a programmatic dependent of decode_split
+):
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
+    if PDL:
+        ct.grid_dependency_control_wait()
+    heads = Out.shape[1]
+    num_q_tiles = ct.cdiv(Out.shape[3], TILE_S)
+    row = ct.bid(0)
+    q_tile = row % num_q_tiles
+    bh = row // num_q_tiles
+    batch = bh // heads
+    head = bh % heads
+
+    m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+    total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
+    for split in range(Opart.shape[1]):
+        lse = ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M)).reshape((TILE_M, 1))
+        part = ct.load(Opart, index=(row, split, 0, 0),
+                       shape=(1, 1, TILE_M, TILE_D)).reshape((TILE_M, TILE_D))
+        m_new = max(m, lse)
+        alpha = ct.exp2(m - m_new, flush_to_zero=True)
+        weight = ct.exp2(lse - m_new, flush_to_zero=True)  # 0 for an empty split (-inf)
+        total = total * alpha + weight
+        acc = acc * alpha + part * weight
+        m = m_new
+    seen = total > 0.0
+    out = acc * ct.where(seen, 1.0 / ct.where(seen, total, 1.0), 0.0)
+    ct.store(Out, index=(batch, head, 0, q_tile, 0),
+             tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))

@@ -1,0 +1,142 @@
+"""The typed schedule of the split-KV decode kernels (``tiledattention/decode/_kernel.py``).
+
+A :class:`DecodeSchedule` is a frozen, keyword-only value; it round-trips through a plain,
+versioned dict (``to_dict`` / ``from_dict``) like the forward family's ``Schedule``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from ..errors import ScheduleError
+
+__all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT"]
+
+DECODE_SCHEDULE_FORMAT = 1
+#: How the splits are merged: a second kernel, or a second kernel launched as a programmatic
+#: dependent of the first (scheduled while the split kernel drains).
+COMBINES = ("kernel", "pdl")
+_TILES_N = (16, 32, 64, 128, 256)
+_TILES_M = (16, 32, 64, 128)
+MAX_SPLITS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeSchedule:
+    """One point of the decode kernels' schedule space.
+
+    Work split:
+        splits: key ranges per (batch, K/V head) processed by separate CTAs (1..256); 1 writes
+            the output directly, with no partials and no combine step.
+        combine: ``"kernel"`` or ``"pdl"`` (programmatic dependent launch) for the merge.
+    Tiles:
+        tile_n: keys per inner-loop step (power of two, 16..256).
+        tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
+            positions as fit (at least one position; at least 16 rows).
+        pack_heads: pack the query heads that share a K/V head into one tile (each K/V tile is
+            read once per K/V head); otherwise one query head per CTA.
+    Kernel options and loads:
+        occupancy (1..32), num_worker_warps (None, 4 or 8), k_latency / v_latency (1..10 or
+        None), k_transposed (load K transposed), exp2 (base-2 softmax with flush-to-zero).
+    """
+
+    splits: int = 1
+    combine: str = "kernel"
+    tile_n: int = 64
+    tile_m: int = 16
+    pack_heads: bool = True
+    occupancy: int = 1
+    num_worker_warps: int | None = None
+    k_latency: int | None = None
+    v_latency: int | None = None
+    k_transposed: bool = False
+    exp2: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> "DecodeSchedule":
+        """Raise :class:`ScheduleError` naming the first impossible field; return ``self``."""
+        _check_int_range("splits", self.splits, 1, MAX_SPLITS)
+        if self.combine not in COMBINES:
+            raise ScheduleError(f"DecodeSchedule.combine must be one of {list(COMBINES)}; got "
+                                f"{self.combine!r}")
+        _check_choice("tile_n", self.tile_n, _TILES_N)
+        _check_choice("tile_m", self.tile_m, _TILES_M)
+        _check_int_range("occupancy", self.occupancy, 1, 32)
+        if self.num_worker_warps is not None:
+            _check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
+        for name in ("k_latency", "v_latency"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int_range(name, value, 1, 10)
+        for f in fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ScheduleError(f"DecodeSchedule.{f.name} must be a bool; got "
+                                    f"{getattr(self, f.name)!r}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": DECODE_SCHEDULE_FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DecodeSchedule":
+        """Inverse of :meth:`to_dict`; rejects unknown fields and newer formats."""
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"a decode schedule must be a mapping; got "
+                                f"{type(data).__name__}")
+        data = dict(data)
+        version = data.pop("format", DECODE_SCHEDULE_FORMAT)
+        if not isinstance(version, int) or version > DECODE_SCHEDULE_FORMAT:
+            raise ScheduleError(f"decode schedule format {version!r} is newer than this "
+                                f"tiledattention understands ({DECODE_SCHEDULE_FORMAT})")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ScheduleError(f"unknown decode schedule field(s) {unknown}; known: "
+                                f"{sorted(known)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def key(self) -> str:
+        """Stable short identifier: equal schedules have equal keys across processes."""
+        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> "DecodeSchedule":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
+        parts = [f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else ""),
+                 f"n{self.tile_n}", f"m{self.tile_m}", f"occ{self.occupancy}"]
+        if not self.pack_heads:
+            parts.append("unpacked")
+        if self.num_worker_warps is not None:
+            parts.append(f"w{self.num_worker_warps}")
+        if self.k_latency is not None or self.v_latency is not None:
+            parts.append(f"lat(K{self.k_latency or '-'},V{self.v_latency or '-'})")
+        if self.k_transposed:
+            parts.append("Kt")
+        if not self.exp2:
+            parts.append("exp")
+        return " ".join(parts)
+
+
+def _check_int_range(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScheduleError(f"DecodeSchedule.{name} must be an int; got {value!r}")
+    if not lo <= value <= hi:
+        raise ScheduleError(f"DecodeSchedule.{name} must be in {lo}..{hi}; got {value}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in choices:
+        raise ScheduleError(f"DecodeSchedule.{name} must be one of {list(choices)}; got "
+                            f"{value!r}")
