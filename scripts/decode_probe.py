@@ -96,9 +96,11 @@ def sweep(point, schedules, copy, log):
 def crossover(log):
     """Forward (its lookup) vs decode (its default) over S_q."""
     rows = []
-    for b, hq, hkv in ((1, 32, 8), (8, 32, 8), (1, 32, 4), (4, 16, 16)):
+    for b, hq, hkv in ((1, 32, 8), (8, 32, 8), (4, 16, 16), (32, 32, 8)):
         for sk in (4096, 32768):
-            for sq in (1, 4, 8, 16, 32, 64, 128, 256):
+            for sq in (1, 8, 16, 32, 64, 128):
+                if b * hkv * sk > 2 ** 21:
+                    continue
                 p = problem(b, hq, hkv, sq, sk)
                 case = ta.DECODE.case(p, 0)
                 dec = ta.DECODE.default_schedule("sm_90", p)
@@ -147,14 +149,11 @@ def main() -> None:
     S = ta.DecodeSchedule
     sweeps = {}
     if "sweep" not in skip:
-        b1 = [S(splits=n, tile_n=t, k_latency=lat, v_latency=lat, occupancy=o, combine=c)
-              for n in (16, 32, 64) for t in (64, 128) for lat in (2, 4) for o in (1, 2)
-              for c in ("pdl",)] + [S(splits=32, tile_n=128, k_latency=2, v_latency=2,
-                                      combine="kernel"),
-                                    S(splits=32, tile_n=128, k_latency=2, v_latency=2,
-                                      combine="pdl", num_worker_warps=8),
-                                    S(splits=32, tile_n=256, k_latency=2, v_latency=2,
-                                      combine="pdl")]
+        b1 = [S(splits=n, tile_n=128, k_latency=2, v_latency=2, occupancy=o, combine="pdl")
+              for n in (8, 16, 24, 32, 48, 64) for o in (1, 2)] + [
+            S(splits=16, tile_n=128, k_latency=2, v_latency=2, combine="kernel"),
+            S(splits=16, tile_n=256, k_latency=2, v_latency=2, combine="pdl"),
+            S(splits=16, tile_n=64, k_latency=4, v_latency=4, combine="pdl")]
         points = [problem(1, 32, 8, 1, 32768), problem(1, 32, 8, 1, 131072)]
         if not args.quick:
             points.append(problem(1, 32, 8, 1, 4096))
@@ -166,11 +165,10 @@ def main() -> None:
             for row in r[:8] + [x for x in r if x["name"].startswith("torch")]:
                 log(f"  {row['name']:45s} {row['ms']:.4f} ms {row['gbps']:7.0f} GB/s "
                     f"{100 * row['copy_share']:5.1f}% copy  {row['vs_cudnn']:.2f}x cuDNN")
-        batched = [S(splits=n, tile_n=t, k_latency=lat, v_latency=lat, occupancy=o,
-                     combine="pdl")
-                   for n in (1, 2, 4) for t in (64, 128) for lat in (2, 4) for o in (1, 2)]
-        for b in (8, 32):
-            for sk in (2048, 8192):
+        batched = [S(splits=n, tile_n=128, k_latency=2, v_latency=2, combine="pdl")
+                   for n in (1, 2, 3, 4)]
+        for b in ((8,) if args.quick else (8, 32)):
+            for sk in (8192,):
                 p = problem(b, 32, 8, 1, sk)
                 sweeps[p.describe()] = r = sweep(
                     p, batched + [ta.DECODE.default_schedule("sm_90", p)], copy, log)

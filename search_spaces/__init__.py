@@ -16,7 +16,8 @@ from ._space import (
     space_for,
     unregister_space,
 )
+from .decode import DECODE_SPACE
 from .forward import FORWARD_SPACE
 
-__all__ = ["ArchLimits", "FORWARD_SPACE", "FamilySpace", "SearchSpace", "arch_limits",
+__all__ = ["ArchLimits", "DECODE_SPACE", "FORWARD_SPACE", "FamilySpace", "SearchSpace", "arch_limits",
            "family_space", "register_space", "space_for", "unregister_space"]

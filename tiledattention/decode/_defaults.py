@@ -22,14 +22,17 @@ MIN_KEYS_PER_SPLIT = 512
 
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     """Per-architecture default: heads of a group packed into one tile, 128-key steps, loads
-    issued two steps ahead, and enough splits to give each SM about two CTAs (capped so that a
+    issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a programmatic dependent
     launch on Hopper and Blackwell (the architectures that have it)."""
     gen = generation(arch)
-    base = DecodeSchedule(tile_n=128 if problem.head_dim <= 128 else 64, k_latency=2,
-                          v_latency=2)
+    # one tile holds the whole group's rows for up to 128 rows, so K/V are read once per head
+    rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
+    tile_m = min(128, max(16, 1 << (rows - 1).bit_length()))
+    base = DecodeSchedule(tile_n=128 if problem.head_dim <= 128 else 64, tile_m=tile_m,
+                          k_latency=2, v_latency=2)
     rows = layout(problem, base).rows  # CTAs per split
-    wanted = math.ceil(2 * SM_COUNTS[gen] / rows)
+    wanted = SM_COUNTS[gen] // rows  # one wave: these kernels run one CTA per SM on sm_90
     splits = max(1, min(wanted, problem.seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
     combine = "pdl" if gen in ("hopper", "blackwell", "blackwell-consumer") else "kernel"
     return base.replace(splits=splits, combine=combine if splits > 1 else "kernel")

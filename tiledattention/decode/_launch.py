@@ -95,11 +95,20 @@ def split_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, Any
     }
 
 
+#: Largest partial-output tile (float32 elements) one combine step holds: 32 KiB.
+COMBINE_ELEMENTS = 8192
+#: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
+#: row, so it is spread over ``ceil(D / 32)`` CTAs per row instead of one.
+COMBINE_CHUNK_D = 32
+
+
 def combine_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of ``decode_combine`` by name."""
     tiles = layout(problem, schedule)
-    return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s,
-            "TILE_D": padded_head_dim(problem.head_dim),
+    chunk_d = min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D)
+    fits = max(1, COMBINE_ELEMENTS // (tiles.tile_m * chunk_d))
+    return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "CHUNK_D": chunk_d,
+            "SPLIT_CHUNK": min(_pow2_at_least(schedule.splits), 1 << (fits.bit_length() - 1)),
             "PDL": schedule.combine == "pdl"}
 
 
@@ -163,7 +172,8 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None) ->
     combine = combine_constants(problem, schedule)
     return Launches(
         tiles=tiles, splits=schedule.splits,
-        split_grid=(tiles.rows, schedule.splits, 1), combine_grid=(tiles.rows, 1, 1),
+        split_grid=(tiles.rows, schedule.splits, 1),
+        combine_grid=(tiles.rows, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
         combine=combine_kernel(schedule) if schedule.splits > 1 else None,
         split_constants=SPLIT_PARAMETERS.constant_values(split),

@@ -1,0 +1,95 @@
+"""The decode family's search spaces: candidate values per architecture, the split counts worth
+trying for a problem, and an analytic time model for the simulated backend."""
+
+from __future__ import annotations
+
+import math
+
+from tiledattention import DECODE, DecodeSchedule, Problem
+from tiledattention.decode._launch import layout
+
+from ._space import FamilySpace, SearchSpace, arch_limits, register_space
+
+__all__ = ["DECODE_SPACE", "SPACES", "restricted", "model_ms", "infeasibility"]
+
+_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Fewest key tiles of 64 a split should have (fewer: the split costs more than it streams).
+_MIN_TILES_PER_SPLIT = 2
+
+_FULL = {
+    "splits": _SPLITS,
+    "combine": ("pdl", "kernel"),
+    "tile_n": (64, 128, 256),
+    "tile_m": (16, 32, 64, 128),
+    "occupancy": (1, 2),
+    "num_worker_warps": (None, 8),
+    "k_latency": (None, 2, 4),
+    "v_latency": (None, 2, 4),
+    "k_transposed": (False, True),
+    "pack_heads": (True, False),
+    "exp2": (True, False),
+}
+# What the shipped sm_90 rows were tuned over: the dimensions an H100 sweep showed to matter
+# for S_q = 1 (docs/benchmarks/decode/README.md), the rest at the base schedule's values.
+_COMPACT = {
+    "splits": _SPLITS,
+    "tile_n": (64, 128),
+    "occupancy": (1, 2),
+    "k_latency": (2, 4),
+}
+SPACES = {"full": _FULL, "compact": _COMPACT}
+_BASE = DecodeSchedule(combine="pdl", k_latency=2, v_latency=2, tile_n=128)
+
+
+def _smem_bytes(problem: Problem, schedule: DecodeSchedule) -> int:
+    """Shared memory of one pipeline stage: the query tile and one K and one V tile."""
+    d = 1 << (problem.head_dim - 1).bit_length()
+    return 2 * d * (layout(problem, schedule).tile_m + 2 * schedule.tile_n)
+
+
+def infeasibility(arch: str, problem: Problem, schedule: DecodeSchedule) -> str | None:
+    """Why ``schedule`` cannot work for ``problem`` on ``arch`` (static checks), or ``None``."""
+    limits = arch_limits(arch)
+    need = _smem_bytes(problem, schedule)
+    if need > limits.smem_per_sm:
+        return (f"shared memory: ~{need // 1024} KiB per CTA exceeds "
+                f"{limits.smem_per_sm // 1024} KiB per SM on {arch}")
+    return None
+
+
+def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
+    """Split counts that leave every split at least two 64-key tiles; the combine strategy only
+    when there can be more than one split; query-row tiling only when S_q > 1."""
+    choices = dict(space.choices)
+    most = max(1, math.ceil(problem.seqlen_k / 64) // _MIN_TILES_PER_SPLIT)
+    choices["splits"] = tuple(n for n in choices.get("splits", (1,)) if n <= most) or (1,)
+    names = [n for n in ("combine",) if choices["splits"] == (1,)]
+    if problem.seqlen_q == 1:
+        names.append("tile_m")
+    restricted_space = SearchSpace(space.arch, choices, space.base, space.infeasibility)
+    return restricted_space.without(*[n for n in names if n in choices])
+
+
+def _space(name: str):
+    def build(arch: str) -> SearchSpace:
+        """The same candidates on every architecture; shared memory prunes per problem."""
+        return SearchSpace(arch, dict(SPACES[name]), _BASE, infeasibility)
+    return build
+
+
+def model_ms(problem: Problem, schedule: DecodeSchedule) -> float:
+    """A made-up analytic time on an sm_90-like GPU, for the simulated backend: the bytes of
+    q, k, v and out at 3 TB/s times a penalty for too few or too many CTAs, plus 3 µs per
+    launch."""
+    moved = 2 * (2 * problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
+                 + 2 * problem.batch * problem.heads_kv * problem.seqlen_k * problem.head_dim)
+    ctas = layout(problem, schedule).rows * schedule.splits
+    fill = min(1.0, ctas / 132) * (0.9 if ctas > 132 and ctas % 132 else 1.0)
+    tiles = {64: 0.95, 128: 1.0, 256: 0.9}.get(schedule.tile_n, 0.9)
+    launches = 1 if schedule.splits == 1 else 2
+    return moved / (3.0e12 * fill * tiles) * 1e3 + 0.003 * launches
+
+
+DECODE_SPACE = register_space(FamilySpace(
+    family=DECODE.name, spaces={name: _space(name) for name in SPACES},
+    restrict=restricted, model_ms=model_ms))
