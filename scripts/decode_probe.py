@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 
 import torch
 
 import tiledattention as ta
-from tiledattention.decode._family import torch_baselines
 from tuner.measure import time_interleaved
 
 sys.stdout.reconfigure(line_buffering=True)

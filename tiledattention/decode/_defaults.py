@@ -3,7 +3,6 @@ and the shipped table does not cover."""
 
 from __future__ import annotations
 
-import math
 
 from .._compile import generation
 from ..forward._problem import Problem
