@@ -149,9 +149,9 @@ def main() -> None:
     if "sweep" not in skip:
         b1 = [S(splits=n, tile_n=128, k_latency=2, v_latency=2, occupancy=o, combine="pdl")
               for n in (8, 16, 24, 32, 48, 64) for o in (1, 2)] + [
-            S(splits=16, tile_n=128, k_latency=2, v_latency=2, combine="kernel"),
+            S(splits=16, tile_n=128, k_latency=2, v_latency=2, combine="pdl"),
             S(splits=16, tile_n=256, k_latency=2, v_latency=2, combine="pdl"),
-            S(splits=16, tile_n=64, k_latency=4, v_latency=4, combine="pdl")]
+            S(splits=16, tile_n=64, k_latency=4, v_latency=4, combine="kernel")]
         points = [problem(1, 32, 8, 1, 32768), problem(1, 32, 8, 1, 131072)]
         if not args.quick:
             points.append(problem(1, 32, 8, 1, 4096))

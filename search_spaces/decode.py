@@ -38,7 +38,7 @@ _COMPACT = {
     "k_latency": (2, 4),
 }
 SPACES = {"full": _FULL, "compact": _COMPACT}
-_BASE = DecodeSchedule(combine="pdl", k_latency=2, v_latency=2, tile_n=128)
+_BASE = DecodeSchedule(k_latency=2, v_latency=2, tile_n=128)
 
 
 def _smem_bytes(problem: Problem, schedule: DecodeSchedule) -> int:

@@ -22,8 +22,8 @@ MIN_KEYS_PER_SPLIT = 512
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     """Per-architecture default: heads of a group packed into one tile, 128-key steps, loads
     issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
-    split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a programmatic dependent
-    launch on Hopper and Blackwell (the architectures that have it)."""
+    split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a plain second kernel
+    (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k)."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to 128 rows, so K/V are read once per head
     rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
@@ -33,5 +33,4 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     rows = layout(problem, base).rows  # CTAs per split
     wanted = SM_COUNTS[gen] // rows  # one wave: these kernels run one CTA per SM on sm_90
     splits = max(1, min(wanted, problem.seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
-    combine = "pdl" if gen in ("hopper", "blackwell", "blackwell-consumer") else "kernel"
-    return base.replace(splits=splits, combine=combine if splits > 1 else "kernel")
+    return base.replace(splits=splits)

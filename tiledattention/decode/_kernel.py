@@ -169,7 +169,6 @@ def decode_combine(
     TILE_G: ConstInt,
     TILE_S: ConstInt,
     CHUNK_D: ConstInt,  # head-dim columns per CTA (grid dim 1 walks the chunks)
-    SPLIT_CHUNK: ConstInt,  # splits loaded per step (all of them when they fit)
     PDL: ConstBool,  # launched as a programmatic dependent of decode_split
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
@@ -184,24 +183,21 @@ def decode_combine(
     batch = bh // heads
     head = bh % heads
 
-    # One step merges SPLIT_CHUNK splits at once (a single load each for their log-sum-exps
-    # and partial outputs); more splits than that are folded in with a running maximum.
-    m = ct.full((1, TILE_M), NEG_BIG, dtype=np.float32)
-    total = ct.full((1, TILE_M), 0.0, dtype=np.float32)
+    # The loads do not depend on earlier steps: hinted, they are issued several splits ahead.
+    m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+    total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
-    for step in range(ct.cdiv(Opart.shape[1], SPLIT_CHUNK)):
-        lse = ct.load(Lse, index=(row, step, 0), shape=(1, SPLIT_CHUNK, TILE_M),
-                      padding_mode=ct.PaddingMode.NEG_INF).reshape((SPLIT_CHUNK, TILE_M))
-        part = ct.load(Opart, index=(row, step, 0, chunk), shape=(1, SPLIT_CHUNK, TILE_M, CHUNK_D),
-                       padding_mode=ct.PaddingMode.ZERO).reshape((SPLIT_CHUNK, TILE_M, CHUNK_D))
-        m_new = max(m, ct.max(lse, axis=0, keepdims=True))  # [1, TILE_M]
+    for split in range(Opart.shape[1]):
+        lse = ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
+                      latency=4).reshape((TILE_M, 1))
+        part = ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
+                       latency=4).reshape((TILE_M, CHUNK_D))
+        m_new = max(m, lse)
         alpha = ct.exp2(m - m_new, flush_to_zero=True)
-        weight = ct.exp2(lse - m_new, flush_to_zero=True)  # [SPLIT_CHUNK, TILE_M]; 0: empty
-        total = total * alpha + ct.sum(weight, axis=0, keepdims=True)
-        merged = ct.sum(part * weight.reshape((SPLIT_CHUNK, TILE_M, 1)), axis=0)
-        acc = acc * ct.transpose(alpha) + merged  # [TILE_M, CHUNK_D]
+        weight = ct.exp2(lse - m_new, flush_to_zero=True)  # 0 for an empty split (-inf)
+        total = total * alpha + weight
+        acc = acc * alpha + part * weight
         m = m_new
-    total = ct.transpose(total)  # [TILE_M, 1]
     seen = total > 0.0
     out = acc * ct.where(seen, 1.0 / ct.where(seen, total, 1.0), 0.0)
     ct.store(Out, index=(batch, head, 0, q_tile, chunk),

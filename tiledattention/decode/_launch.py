@@ -95,8 +95,6 @@ def split_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, Any
     }
 
 
-#: Largest partial-output tile (float32 elements) one combine step holds: 32 KiB.
-COMBINE_ELEMENTS = 8192
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
 #: row, so it is spread over ``ceil(D / 32)`` CTAs per row instead of one.
 COMBINE_CHUNK_D = 32
@@ -105,10 +103,8 @@ COMBINE_CHUNK_D = 32
 def combine_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of ``decode_combine`` by name."""
     tiles = layout(problem, schedule)
-    chunk_d = min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D)
-    fits = max(1, COMBINE_ELEMENTS // (tiles.tile_m * chunk_d))
-    return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "CHUNK_D": chunk_d,
-            "SPLIT_CHUNK": min(_pow2_at_least(schedule.splits), 1 << (fits.bit_length() - 1)),
+    return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s,
+            "CHUNK_D": min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D),
             "PDL": schedule.combine == "pdl"}
 
 

@@ -1,7 +1,9 @@
 """GPU timing a kernel engineer can trust: CUDA events, warm-up, L2 flushed, median and spread.
 
-Each sample: overwrite an L2-sized scratch buffer (outside the timed region), record a start
-event, run, record an end event. Samples are collected in batches and read after one
+Each sample: read a scratch buffer larger than the L2 (outside the timed region), record a
+start event, run, record an end event. The flush *reads*: overwriting the buffer would leave the
+L2 full of dirty lines whose write-back (50 MB on an H100: ~17 µs of DRAM time) lands inside
+the next timed run and inflates every short, memory-bound kernel's time. Samples are collected in batches and read after one
 synchronisation, so the host never sits between two launches. Sampling stops once the median's
 95% confidence half-width is within ``rel_precision`` of it (or a sample / time cap is hit).
 ``time_interleaved`` times several contenders round-robin, sample by sample, so drift of clocks
@@ -58,7 +60,7 @@ class _Sampler:
         import torch
 
         self._torch = torch
-        self._scratch = (torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        self._scratch = (torch.zeros(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
                          if flush_l2 else None)
 
     def enqueue(self, fn: Callable[[], object]) -> tuple[object, object]:
@@ -66,7 +68,7 @@ class _Sampler:
         torch = self._torch
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if self._scratch is not None:
-            self._scratch.fill_(1)
+            self._scratch.max()  # reads 256 MB: evicts with clean lines
         start.record()
         fn()
         end.record()
