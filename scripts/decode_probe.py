@@ -147,10 +147,11 @@ def main() -> None:
     S = ta.DecodeSchedule
     sweeps = {}
     if "sweep" not in skip:
-        b1 = [S(splits=n, tile_n=128, k_latency=2, v_latency=2, occupancy=o, combine="pdl")
-              for n in (8, 16, 24, 32, 48, 64) for o in (1, 2)] + [
+        b1 = [S(splits=n, tile_n=128, k_latency=2, v_latency=2, occupancy=o)
+              for n in (8, 12, 16, 24, 32) for o in (1, 2)] + [
             S(splits=16, tile_n=128, k_latency=2, v_latency=2, combine="pdl"),
-            S(splits=16, tile_n=256, k_latency=2, v_latency=2, combine="pdl"),
+            S(splits=16, tile_n=256, k_latency=2, v_latency=2),
+            S(splits=16, tile_n=128, k_latency=3, v_latency=3),
             S(splits=16, tile_n=64, k_latency=4, v_latency=4, combine="kernel")]
         points = [problem(1, 32, 8, 1, 32768), problem(1, 32, 8, 1, 131072)]
         if not args.quick:
@@ -163,7 +164,7 @@ def main() -> None:
             for row in r[:8] + [x for x in r if x["name"].startswith("torch")]:
                 log(f"  {row['name']:45s} {row['ms']:.4f} ms {row['gbps']:7.0f} GB/s "
                     f"{100 * row['copy_share']:5.1f}% copy  {row['vs_cudnn']:.2f}x cuDNN")
-        batched = [S(splits=n, tile_n=128, k_latency=2, v_latency=2, combine="pdl")
+        batched = [S(splits=n, tile_n=128, k_latency=2, v_latency=2)
                    for n in (1, 2, 3, 4)]
         for b in ((8,) if args.quick else (8, 32)):
             for sk in (8192,):
