@@ -10,7 +10,11 @@ every launch and build raise until ``kernel_constants`` follows. The kernel opti
 (occupancy, num_ctas, opt_level) are applied with ``kernel.replace_hints``.
 
 Masking follows ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: top-left
-aligned, query row ``i`` attends keys ``0..i``. Keys at or past ``S_k`` never enter the softmax.
+aligned, query row ``i`` attends keys ``0..i``. With ``BOTTOM_RIGHT`` (only with ``CAUSAL``;
+torch's ``causal_lower_right``) row ``i`` attends keys ``0..i + S_k - S_q``: the offset is read
+from the arrays' shapes, and rows that see no key (``S_q > S_k``) come out as exact zeros. Keys at
+or past ``S_k`` never enter the softmax. Every ``BOTTOM_RIGHT`` piece sits under a compile-time
+branch, so the code of the other problems is what it was before the flag existed.
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ def _attend_kv_tile(q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seql
 
 
 def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D,
-                   CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
-                   KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED):
+                   CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
+                   V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED):
     """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``."""
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
@@ -95,6 +99,11 @@ def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, T
         scale = qk_scale * LOG2_E
 
     rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
+    seqlen_k = K.shape[2]
+    if BOTTOM_RIGHT:
+        # row i sees keys 0..i + offset; negative when S_q > S_k (early rows then see none)
+        offset = seqlen_k - Q.shape[2]
+        rows = rows + offset  # from here on: the last key each row may see
 
     m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)  # running max (scaled)
     l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)  # running denominator
@@ -104,12 +113,18 @@ def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, T
                 padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                 allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
 
-    seqlen_k = K.shape[2]
     if CAUSAL:
-        last_key = min((q_tile + 1) * TILE_M, seqlen_k)
-        num_kv_tiles = ct.cdiv(last_key, TILE_N)
-        # first key tile that crosses the diagonal (or the end of the keys)
-        mask_from = min((q_tile * TILE_M) // TILE_N, seqlen_k // TILE_N)
+        if BOTTOM_RIGHT:
+            # keys the tile's last row sees, and the full key tiles its first row sees; both
+            # clamped at 0 before dividing (no floor division of negative numbers)
+            last_key = max(min((q_tile + 1) * TILE_M + offset, seqlen_k), 0)
+            num_kv_tiles = ct.cdiv(last_key, TILE_N)
+            mask_from = min(max(q_tile * TILE_M + offset + 1, 0) // TILE_N, seqlen_k // TILE_N)
+        else:
+            last_key = min((q_tile + 1) * TILE_M, seqlen_k)
+            num_kv_tiles = ct.cdiv(last_key, TILE_N)
+            # first key tile that crosses the diagonal (or the end of the keys)
+            mask_from = min((q_tile * TILE_M) // TILE_N, seqlen_k // TILE_N)
     else:
         num_kv_tiles = ct.cdiv(seqlen_k, TILE_N)
         mask_from = seqlen_k // TILE_N
@@ -150,14 +165,18 @@ def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, T
         inv_l = ct.truediv(ones, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
     else:
         inv_l = ones / l_i
+    if BOTTOM_RIGHT:
+        # a row that saw no key has l_i == 0 and acc == 0: store 0, not 0 * inf
+        inv_l = ct.where(l_i > 0.0, inv_l, 0.0)
     acc = acc * inv_l
     out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
     ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
 
 
 def _attend_slot(Q, K, V, Out, slot, bh, num_q_tiles, qk_scale, heads_q, group, TILE_M, TILE_N,
-                 TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                 ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED):
+                 TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
+                 V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED,
+                 PAIRED):
     """One work item: query tile ``slot`` (the mirrored one with ``LONGEST_FIRST``), or with
     ``PAIRED`` the tiles ``n-1-slot`` and then ``slot``, whose causal key counts add up to the
     same total for every pair, so all CTAs do equal work."""
@@ -170,15 +189,16 @@ def _attend_slot(Q, K, V, Out, slot, bh, num_q_tiles, qk_scale, heads_q, group, 
             if t == 0:
                 q_tile = num_q_tiles - 1 - slot
             _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
-                           TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
-                           V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)
+                           TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
+                           K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS,
+                           SPLIT_MASKED)
     else:
         q_tile = slot
         if LONGEST_FIRST:
             q_tile = num_q_tiles - 1 - slot
         _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D,
-                       CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                       ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)
+                       CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
+                       V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)
 
 
 @ct.kernel
@@ -191,6 +211,7 @@ def attention_fwd(
     TILE_N: ConstInt,
     TILE_D: ConstInt,  # head_dim rounded up to a power of two; loads zero-fill the rest
     CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,  # causal only: row i sees keys 0..i + S_k - S_q (torch lower-right)
     EVEN_K: ConstBool,  # S_k % TILE_N == 0
     EXP2: ConstBool,
     APPROX_DIV: ConstBool,
@@ -215,11 +236,11 @@ def attention_fwd(
         # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
         for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
             _attend_slot(Q, K, V, Out, item % num_slots, item // num_slots, num_q_tiles,
-                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, EXP2,
-                         APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
-                         LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED)
+                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT,
+                         EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
+                         KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED)
     else:
         _attend_slot(Q, K, V, Out, ct.bid(0), ct.bid(1), num_q_tiles, qk_scale, heads_q, group,
-                     TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
-                     K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS,
-                     SPLIT_MASKED, PAIRED)
+                     TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
+                     K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST,
+                     CHECK_BOUNDS, SPLIT_MASKED, PAIRED)

@@ -139,6 +139,9 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
     rules = (
         # paired_tiles: pairs (n-1-i, i) even out causal work; without the mask every tile costs
         # the same, and a single query tile is its own pair (one slot, tile 0 either way).
+        # Bottom-right causal shifts every tile's key count by S_k - S_q, so the pairs still even
+        # out (exactly while every row sees a key; where S_q > S_k leaves early tiles with none,
+        # only the balance suffers, never the result). The same holds for longest_first.
         ("paired_tiles", not problem.causal, "only causal problems have unequal query tiles"),
         ("paired_tiles", num_q_tiles == 1, "one query tile: the pair is the tile itself"),
         # longest_first: reverses the tile order, which balances causal work only; the kernel
@@ -191,6 +194,7 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "TILE_N": s.tile_n,
         "TILE_D": padded_head_dim(problem.head_dim),
         "CAUSAL": problem.causal,
+        "BOTTOM_RIGHT": problem.bottom_right,
         "EVEN_K": problem.seqlen_k % s.tile_n == 0,
         "EXP2": s.exp2,
         "APPROX_DIV": s.approx_div,
