@@ -26,10 +26,20 @@ TORCH_SDPA = _router._TORCH_SDPA  # PyTorch's own function, whatever the router 
 
 
 def reference_sdpa(q, k, v, causal=False, scale=None, *, schedule=None):
-    """The kernel's contract in float32 torch math (GQA heads grouped like enable_gqa)."""
+    """The kernel's contract in float32 torch math (GQA heads grouped like enable_gqa);
+    ``causal="bottom_right"``: lower-right aligned, rows that see no key are zeros."""
     group = q.shape[1] // k.shape[1]
-    out = TORCH_SDPA(q.float(), k.float().repeat_interleave(group, dim=1),
-                     v.float().repeat_interleave(group, dim=1), is_causal=causal, scale=scale)
+    k32 = k.float().repeat_interleave(group, dim=1)
+    v32 = v.float().repeat_interleave(group, dim=1)
+    if causal == "bottom_right":
+        sq, sk = q.shape[2], k.shape[2]
+        keep = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+        seen = keep.any(dim=1)
+        keep[~seen, 0] = True
+        out = TORCH_SDPA(q.float(), k32, v32, attn_mask=keep, scale=scale)
+        out = out.masked_fill(~seen[:, None], 0.0)
+    else:
+        out = TORCH_SDPA(q.float(), k32, v32, is_causal=bool(causal), scale=scale)
     return out.to(q.dtype).contiguous()
 
 
@@ -88,7 +98,8 @@ def test_op_is_registered_with_its_schema():
     op = torch.ops.tiledattention.sdpa_fwd.default
     schema = str(op._schema)
     assert schema.startswith("tiledattention::sdpa_fwd(")
-    assert "Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor" in schema
+    assert ("Tensor q, Tensor k, Tensor v, bool causal, float? scale, bool bottom_right=False) "
+            "-> Tensor") in schema
     assert ti.OP_NAME == "tiledattention::sdpa_fwd"
 
 
@@ -516,3 +527,165 @@ def test_hf_rejects_softcap():
     module = torch.nn.Module()
     with pytest.raises(InputValueError, match="softcap"):
         ti._hf.tiledattention_attention_forward(module, q, k, v, None, softcap=30.0)
+
+
+# ------------------------------------------------------- causal alignment: the op and CausalBias
+
+try:
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+except ImportError:  # pragma: no cover - torch without bias objects
+    causal_lower_right = causal_upper_left = None
+
+needs_bias = pytest.mark.skipif(causal_lower_right is None,
+                                reason="this torch has no torch.nn.attention.bias")
+
+
+@pytest.mark.parametrize("causal,expected", [(False, False), (True, True), (1, True),
+                                             ("top_left", True), ("bottom_right", "bottom_right")])
+def test_op_passes_the_alignment_to_the_kernel(causal, expected, kernel):
+    q, k, v = qkv(1, 4, 2, 9, 30, 64)
+    out = ti.attention(q, k, v, causal=causal)
+    assert [c["causal"] for c in kernel.calls] == [expected]
+    assert torch.equal(out, reference_sdpa(q, k, v, expected))
+
+
+def test_op_rejects_a_bad_alignment():
+    q = torch.empty(1, 4, 9, 64, device="meta")
+    with pytest.raises(InputValueError, match="causal"):
+        ti.attention(q, q, q, causal="lower_right")
+    with pytest.raises(InputValueError, match="bottom_right=True needs causal=True"):
+        torch.ops.tiledattention.sdpa_fwd(q, q, q, False, None, True)
+
+
+def test_fake_bottom_right_propagates_shape():
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 16, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 2, 300, 64, dtype=torch.bfloat16, device="cuda")
+        out = ti.attention(q, k, k, causal="bottom_right")
+        assert out.shape == (2, 8, 16, 64) and out.dtype == torch.bfloat16
+
+
+def test_opcheck_bottom_right(kernel):
+    q, k, v = qkv(1, 4, 2, 9, 13, 32, dtype=torch.float16)
+    torch.library.opcheck(torch.ops.tiledattention.sdpa_fwd.default, (q, k, v, True, None, True))
+    q, k, v = qkv(1, 4, 2, 13, 9, 32, dtype=torch.float16)  # rows 0..3 see no key
+    torch.library.opcheck(torch.ops.tiledattention.sdpa_fwd.default, (q, k, v, True, 0.5, True))
+
+
+def test_compile_fullgraph_traces_bottom_right(kernel):
+    def f(q, k, v):
+        return ti.attention(q, k, v, causal="bottom_right") * 2
+
+    q, k, v = qkv(2, 4, 2, 9, 30, 64)
+    with torch.no_grad():
+        out = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert [c["causal"] for c in kernel.calls] == ["bottom_right"]
+    assert torch.equal(out, reference_sdpa(q, k, v, "bottom_right") * 2)
+
+
+def _bias_case(make, sq, sk, **overrides):
+    q, k, v = qkv(sq=sq, sk=sk)
+    return _case(q=q, k=k, v=v, attn_mask=make(sq, sk), **overrides)
+
+
+@needs_bias
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")
+@pytest.mark.parametrize("variant", ["lower_right", "upper_left"])
+def test_route_decision_takes_a_causal_bias_of_the_call_lengths(variant):
+    make = causal_lower_right if variant == "lower_right" else causal_upper_left
+    for sq, sk in ((9, 30), (30, 9), (17, 17), (1, 40)):
+        assert _decide(_bias_case(make, sq, sk)) is None
+    case = _bias_case(make, 9, 30)
+    for bias in (make(9, 31), make(10, 30), make(30, 9)):
+        assert _decide({**case, "attn_mask": bias}) == "causal_bias"
+    assert ti.route_decision(case["q"], case["k"], case["v"], case["attn_mask"], 0.0, False,
+                             is_causal=True, device_types=("cpu",)) == "causal_bias"
+    # the checks before it still come first
+    assert _decide({**case, "dropout_p": 0.1}) == "dropout"
+    assert _decide(case, device_types=("cuda",)) == "cpu"
+    assert "causal_bias" in ti.FALLBACK_REASONS
+    order = ti.FALLBACK_REASONS
+    assert order.index("shape") < order.index("causal_bias") < order.index("head_dim")
+
+
+@needs_bias
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")
+def test_causal_alignment_of_a_routed_call():
+    assert _router.causal_alignment(causal_lower_right(9, 30), False) == "bottom_right"
+    assert _router.causal_alignment(causal_upper_left(9, 30), False) is True
+    assert _router.causal_alignment(None, True) is True
+    assert _router.causal_alignment(None, False) is False
+
+
+@needs_bias
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")
+@pytest.mark.parametrize("variant", ["lower_right", "upper_left"])
+@pytest.mark.parametrize("sq,sk", [(9, 30), (30, 9)])
+def test_router_falls_back_to_torch_with_the_causal_bias_intact(variant, sq, sk, kernel):
+    """torch's own result for a CausalBias call the router does not take (here: CPU tensors),
+    routing on or off. Handed to torch's function as it is, the bias would be read as a plain
+    (uninitialised) tensor: CausalBias.__torch_function__ dispatches only for the function that
+    is torch.nn.functional.scaled_dot_product_attention, which the router replaced."""
+    make = causal_lower_right if variant == "lower_right" else causal_upper_left
+    q, k, v = qkv(2, 4, 4, sq, sk, 32, dtype=torch.float32, seed=sq)
+    bias = make(sq, sk)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    with ti.sdpa_kernel():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        scaled = F.scaled_dot_product_attention(q, k, v, bias, 0.0, False, 0.3)
+    assert torch.equal(out.nan_to_num(7.0), expected.nan_to_num(7.0))  # torch: NaN rows, sq > sk
+    assert torch.equal(scaled.nan_to_num(7.0),
+                       F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                      scale=0.3).nan_to_num(7.0))
+    # the dispatch's call back into F.scaled_dot_product_attention is not counted again
+    assert ti.router_stats().fallbacks == {"cpu": 2}
+    assert kernel.calls == []
+    materialised = bias._materialize()
+    if sq <= sk:  # every row sees a key: the same as the explicit boolean mask
+        torch.testing.assert_close(out, TORCH_SDPA(q, k, v, attn_mask=materialised))
+
+
+@needs_bias
+def test_router_falls_back_with_a_causal_bias_and_is_causal_like_torch():
+    q, k, v = qkv(1, 2, 2, 9, 30, 32, dtype=torch.float32)
+    with pytest.raises(ValueError, match="CausalBias should not be used with causal=True"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(9, 30),
+                                       is_causal=True)
+    with ti.sdpa_kernel(), pytest.raises(ValueError, match="causal=True"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(9, 30),
+                                       is_causal=True)
+
+
+@needs_bias
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")
+def test_router_sends_a_causal_bias_to_the_op(kernel, cpu_is_kernel_device):
+    q, k, v = qkv(hq=8, hkv=2, sq=9, sk=30)
+    with ti.sdpa_kernel():
+        lower = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(9, 30),
+                                               scale=0.2, enable_gqa=True)
+        upper = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_upper_left(9, 30),
+                                               enable_gqa=True)
+        # lengths that are not the call's: torch's business (here it cannot broadcast them)
+        with pytest.raises(RuntimeError):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(8, 30),
+                                           enable_gqa=True)
+    assert [(c["causal"], c["scale"]) for c in kernel.calls] == [("bottom_right", 0.2),
+                                                                 (True, None)]
+    assert torch.equal(lower, reference_sdpa(q, k, v, "bottom_right", 0.2))
+    assert torch.equal(upper, reference_sdpa(q, k, v, True))
+    stats = ti.router_stats()
+    assert (stats.tiledattention, stats.fallbacks) == (2, {"causal_bias": 1})
+
+
+@needs_bias
+def test_router_under_compile_fullgraph_with_causal_bias(kernel, cpu_is_kernel_device):
+    bias = causal_lower_right(9, 30)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    q, k, v = qkv(sq=9, sk=30)
+    with ti.sdpa_kernel():
+        out = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert [c["causal"] for c in kernel.calls] == ["bottom_right"]
+    assert torch.equal(out, reference_sdpa(q, k, v, "bottom_right"))

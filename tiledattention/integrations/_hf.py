@@ -79,7 +79,10 @@ def tiledattention_attention_forward(
         if kwargs.get(name) is not None:
             return _fallback(name, module, query, key, value, attention_mask, dropout, scaling,
                              is_causal, kwargs)
-    reason = route_decision(query, key, value, attention_mask, dropout, True, scale=scaling)
+    # Any mask goes to SDPA, a torch CausalBias too (route_decision would take one; the code
+    # below assumes no mask). The mask is the first check either way.
+    reason = "attn_mask" if attention_mask is not None else route_decision(
+        query, key, value, None, dropout, True, scale=scaling)
     if reason is not None:
         return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling,
                          is_causal, kwargs)

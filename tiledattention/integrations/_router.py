@@ -4,6 +4,13 @@ run them, and to PyTorch's own function, unchanged, otherwise.
 ``route_decision`` is the whole policy, a pure function of the call's arguments; the router only
 swaps the ``torch.nn.functional`` attribute, so callers that bound the function earlier
 (``from torch.nn.functional import scaled_dot_product_attention``) are not routed.
+
+Causal masks come as ``is_causal=True`` (top-left) or as an ``attn_mask`` that is a
+``torch.nn.attention.bias.CausalBias`` (``causal_upper_left(S_q, S_k)`` /
+``causal_lower_right(S_q, S_k)``): the kernel runs both alignments. Where lower-right leaves a
+query row no key (``S_q > S_k``; torch warns that its result has NaNs there), the kernel's row is
+zeros. A ``CausalBias`` call that falls back goes through the bias's own dispatch, as torch would
+run it without the router (see ``_fallback``).
 """
 
 from __future__ import annotations
@@ -18,11 +25,17 @@ import torch
 import torch.nn.functional as F
 
 from ..forward import SUPPORTED_HEAD_DIMS
+from ..forward._problem import BOTTOM_RIGHT
 from ._torch_op import attention
 
+try:  # torch >= 2.3
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+except ImportError:  # pragma: no cover - older torch: no bias objects to route
+    CausalBias = CausalVariant = None
+
 __all__ = [
-    "FALLBACK_REASONS", "RouterStats", "disable", "enable", "is_enabled", "reset_router_stats",
-    "route_decision", "router_stats", "sdpa_kernel",
+    "FALLBACK_REASONS", "RouterStats", "causal_alignment", "disable", "enable", "is_enabled",
+    "reset_router_stats", "route_decision", "router_stats", "sdpa_kernel",
 ]
 
 #: Device types the kernel runs on. ``route_decision`` takes another tuple for tests.
@@ -31,7 +44,7 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 #: Every reason ``route_decision`` can give, in the order it checks them.
 FALLBACK_REASONS = (
-    "attn_mask",  # an attn_mask was given (the kernel knows only is_causal)
+    "attn_mask",  # an attn_mask other than a torch.nn.attention.bias.CausalBias was given
     "dropout",    # dropout_p != 0
     "cpu",        # a tensor is on the CPU
     "device",     # a tensor on another non-kernel device, or q, k, v on different devices
@@ -40,23 +53,33 @@ FALLBACK_REASONS = (
     "grad",       # grad mode is on and an input requires grad (the kernel is forward-only)
     "layout",     # last dim not contiguous
     "shape",      # k, v shapes differ, batch or head_dim differ from q, or an empty dim
+    "causal_bias",  # a CausalBias whose seq_len_q / seq_len_kv are not q's S_q and k's S_k, of
+                    # another variant, or given with is_causal=True (torch raises for that)
     "head_dim",   # head_dim not in tiledattention._problem.SUPPORTED_HEAD_DIMS
     "gqa",        # H_q != H_kv without enable_gqa, or H_q not a multiple of H_kv
     "scale",      # scale not a finite positive number
 )
 
 
+def _is_causal_bias(attn_mask: Any) -> bool:
+    return CausalBias is not None and isinstance(attn_mask, CausalBias)
+
+
 def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
-                   enable_gqa: bool, *, scale: Any = None,
+                   enable_gqa: bool, *, scale: Any = None, is_causal: bool = False,
                    device_types: tuple[str, ...] | None = None) -> str | None:
     """``None`` if tiledattention runs this ``scaled_dot_product_attention`` call, else the
     reason (one of :data:`FALLBACK_REASONS`) it goes to PyTorch.
 
-    ``device_types``: the device types to accept (default :data:`KERNEL_DEVICE_TYPES`, CUDA);
-    tests pass others to reach the later checks with CPU or meta tensors.
+    ``attn_mask`` may be a ``torch.nn.attention.bias.CausalBias`` (upper-left or lower-right)
+    made for exactly these sequence lengths; :func:`causal_alignment` then says which mask the
+    kernel applies. ``device_types``: the device types to accept (default
+    :data:`KERNEL_DEVICE_TYPES`, CUDA); tests pass others to reach the later checks with CPU or
+    meta tensors.
     """
     accepted = KERNEL_DEVICE_TYPES if device_types is None else device_types
-    if attn_mask is not None:
+    bias = _is_causal_bias(attn_mask)
+    if attn_mask is not None and not bias:
         return "attn_mask"
     if dropout_p != 0.0:
         return "dropout"
@@ -80,6 +103,10 @@ def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
     bk, hkv, sk, dk = k.shape
     if tuple(v.shape) != tuple(k.shape) or bk != b or dk != d or 0 in (b, hq, hkv, sq, sk):
         return "shape"
+    if bias and (is_causal or attn_mask.seq_len_q != sq or attn_mask.seq_len_kv != sk
+                 or attn_mask.variant not in (CausalVariant.UPPER_LEFT,
+                                              CausalVariant.LOWER_RIGHT)):
+        return "causal_bias"
     if d not in SUPPORTED_HEAD_DIMS:
         return "head_dim"
     if hq != hkv and not (enable_gqa and hq % hkv == 0):
@@ -87,6 +114,15 @@ def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
     if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
         return "scale"
     return None
+
+
+def causal_alignment(attn_mask: Any, is_causal: bool) -> bool | str:
+    """The ``causal`` argument of :func:`tiledattention.sdpa` for a call that
+    :func:`route_decision` accepted: ``"bottom_right"`` for a lower-right ``CausalBias``,
+    ``True`` (top-left) for an upper-left one, else ``is_causal``."""
+    if _is_causal_bias(attn_mask):
+        return BOTTOM_RIGHT if attn_mask.variant == CausalVariant.LOWER_RIGHT else True
+    return bool(is_causal)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,24 +168,60 @@ _lock = threading.Lock()
 _original: Callable[..., torch.Tensor] | None = None  # the function enable() replaced
 
 
+class _Passthrough(threading.local):
+    """Set while a ``CausalBias`` runs its own dispatch for a fallback: the calls it makes
+    back into ``F.scaled_dot_product_attention`` (the router) go to ``_original`` as they are,
+    uncounted (they belong to the call already counted)."""
+
+    active = False
+
+
+_passthrough = _Passthrough()
+
+
 def _routed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                  is_causal: bool = False, scale: float | None = None,
                  enable_gqa: bool = False) -> torch.Tensor:
     original = _original if _original is not None else _TORCH_SDPA
-    reason = route_decision(query, key, value, attn_mask, dropout_p, enable_gqa, scale=scale)
-    compiling = torch.compiler.is_compiling()
-    if reason is None:
-        if not compiling:
-            _counts.tiledattention += 1
-        return attention(query, key, value, is_causal, scale)
-    if not compiling:
-        _counts.fallbacks[reason] += 1
     kwargs: dict[str, Any] = {"attn_mask": attn_mask, "dropout_p": dropout_p,
                               "is_causal": is_causal, "scale": scale}
     if enable_gqa:  # passed only when set: torch < 2.5 has no enable_gqa
         kwargs["enable_gqa"] = enable_gqa
-    return original(query, key, value, **kwargs)
+    if _passthrough.active:
+        return original(query, key, value, **kwargs)
+    reason = route_decision(query, key, value, attn_mask, dropout_p, enable_gqa, scale=scale,
+                            is_causal=is_causal)
+    compiling = torch.compiler.is_compiling()
+    if reason is None:
+        if not compiling:
+            _counts.tiledattention += 1
+        return attention(query, key, value, causal_alignment(attn_mask, is_causal), scale)
+    if not compiling:
+        _counts.fallbacks[reason] += 1
+    return _fallback(original, query, key, value, kwargs)
+
+
+def _fallback(original: Callable[..., torch.Tensor], query: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    """PyTorch's result for a call the router does not take.
+
+    A ``CausalBias`` mask cannot simply be handed to ``original``: torch's function hands it to
+    ``CausalBias.__torch_function__``, which runs the bias's own dispatch only if the function
+    it was called for *is* ``torch.nn.functional.scaled_dot_product_attention`` -- while the
+    router is on, that attribute is ``_routed_sdpa``, so the bias would be treated as a plain
+    tensor (an uninitialised one: the computation breaks or returns garbage). So the bias's
+    ``__torch_function__`` is called here for the attribute it checks against, and the calls its
+    dispatch makes back into that attribute pass straight through to ``original``."""
+    attn_mask = kwargs["attn_mask"]
+    if not _is_causal_bias(attn_mask):
+        return original(query, key, value, **kwargs)
+    _passthrough.active = True
+    try:
+        return type(attn_mask).__torch_function__(
+            F.scaled_dot_product_attention, (type(attn_mask),), (query, key, value), kwargs)
+    finally:
+        _passthrough.active = False
 
 
 _routed_sdpa.__doc__ = (

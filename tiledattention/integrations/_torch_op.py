@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ..errors import InputValueError, UnsupportedOperationError
+from ..forward._problem import BOTTOM_RIGHT, causal_flags
 
 __all__ = ["OP_NAME", "attention", "sdpa_fwd"]
 
@@ -39,22 +40,31 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise InputValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
 
 
+def _check_flags(causal: bool, bottom_right: bool) -> None:
+    if bottom_right and not causal:
+        raise InputValueError("bottom_right=True needs causal=True (it aligns the causal mask); "
+                              "got causal=False")
+
+
 # No device_types: the op runs wherever tiledattention.sdpa accepts the tensors (CUDA), and for
 # anything else the runtime's validation names the problem ("q must be a CUDA tensor; ...").
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def sdpa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-             scale: Optional[float]) -> torch.Tensor:
-    """Attention of ``q [B, H_q, S_q, D]`` over ``k, v [B, H_kv, S_k, D]``: ``[B, H_q, S_q, D]``."""
+             scale: Optional[float], bottom_right: bool = False) -> torch.Tensor:
+    """Attention of ``q [B, H_q, S_q, D]`` over ``k, v [B, H_kv, S_k, D]``: ``[B, H_q, S_q, D]``.
+    ``bottom_right`` (with ``causal``) aligns the causal mask to the bottom-right corner."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
     _check_shapes(q, k, v)
-    return tiledattention.sdpa(q, k, v, causal, scale)
+    _check_flags(causal, bottom_right)
+    return tiledattention.sdpa(q, k, v, BOTTOM_RIGHT if bottom_right else causal, scale)
 
 
 @sdpa_fwd.register_fake
 def _sdpa_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   scale: Optional[float]) -> torch.Tensor:
+                   scale: Optional[float], bottom_right: bool = False) -> torch.Tensor:
     _check_shapes(q, k, v)
+    _check_flags(causal, bottom_right)
     b, hq, sq, d = q.shape
     return q.new_empty((b, hq, sq, d))  # contiguous, dtype and device of q
 
@@ -70,14 +80,20 @@ def _backward(ctx, grad_output):
 sdpa_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | str = False,
               scale: float | None = None) -> torch.Tensor:
     """``tiledattention.sdpa`` as the traceable op ``torch.ops.tiledattention.sdpa_fwd``.
 
     Same contract as :func:`tiledattention.sdpa` (``[B, H, S, D]`` in and out, bf16/fp16 CUDA
-    tensors, grouped-query ``k, v`` with fewer heads, top-left ``causal``); usable inside
+    tensors, grouped-query ``k, v`` with fewer heads); usable inside
     ``torch.compile(fullgraph=True)`` and ``torch.export``. Forward only: backward raises.
+    ``causal``: ``False``, ``True`` or ``"top_left"`` (torch's ``is_causal``: query ``i`` sees
+    keys ``0..i``), or ``"bottom_right"`` (torch's ``causal_lower_right``: keys
+    ``0..i + S_k - S_q``; a row that sees no key, possible when ``S_q > S_k``, is zero).
     """
     if isinstance(scale, int) and not isinstance(scale, bool):
         scale = float(scale)
-    return torch.ops.tiledattention.sdpa_fwd(q, k, v, bool(causal), scale)
+    if not isinstance(causal, str):
+        return torch.ops.tiledattention.sdpa_fwd(q, k, v, bool(causal), scale)
+    is_causal, bottom_right = causal_flags(causal)  # raises for any other string
+    return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale, bottom_right)
