@@ -21,16 +21,31 @@ __all__ = ["DispatchRule", "DISPATCH_RULES", "dispatch_rule", "choose_family"]
 
 @dataclass(frozen=True)
 class DispatchRule:
-    """Run the decode family when ``S_q <= max_seqlen_q``, else the forward."""
+    """Run the decode family when ``S_q <= max_seqlen_q``, or when ``S_q <= sparse_seqlen_q``
+    and the forward would launch at most ``sparse_ctas`` CTAs (``B * H_q * ceil(S_q / 64)``:
+    too few to stream K/V at full rate, while decode splits the keys over more); else the
+    forward."""
 
     max_seqlen_q: int
+    sparse_seqlen_q: int
+    sparse_ctas: int
 
     def family_for(self, problem: Problem):
-        return DECODE if problem.seqlen_q <= self.max_seqlen_q else FORWARD
+        sq = problem.seqlen_q
+        if sq <= self.max_seqlen_q:
+            return DECODE
+        forward_ctas = problem.batch * problem.heads_q * -(-sq // 64)
+        if sq <= self.sparse_seqlen_q and forward_ctas <= self.sparse_ctas:
+            return DECODE
+        return FORWARD
 
 
-#: Per generation; generations without a measurement use Hopper's boundary.
-DISPATCH_RULES = {"hopper": DispatchRule(max_seqlen_q=16)}
+#: Per generation; generations without a measurement use Hopper's boundary. Hopper: H100,
+#: bf16, D 128, S_k 4k and 32k, S_q 1-128 (docs/benchmarks/decode/dispatch.md): decode is
+#: 1.0-4.9x the forward for S_q <= 16 at B = 1, 8, 32 with grouped heads, 0.92-1.04x for
+#: multi-head B = 4 (on a par); at S_q = 32-64 it wins only with B * H_q <= 32 (1.0-2.6x at
+#: B = 1) and loses 0.35-0.67x at B >= 8; at S_q = 128 the forward wins everywhere.
+DISPATCH_RULES = {"hopper": DispatchRule(max_seqlen_q=16, sparse_seqlen_q=64, sparse_ctas=66)}
 
 
 def dispatch_rule(arch: str) -> DispatchRule:
