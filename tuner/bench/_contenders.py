@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from ._grid import CONTENDERS, BenchPoint
 
-__all__ = ["Contender", "Prepared", "make_contenders", "reference_attention"]
+__all__ = ["Contender", "Prepared", "make_contenders", "reference_attention", "torch_sdpa",
+           "torch_sdpa_kwargs"]
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,31 @@ def _tiledattention_default(q, k, v, point: BenchPoint, arch: str) -> Prepared:
                     lookup_detail=f"FORWARD.default_schedule({arch!r})")
 
 
-def _torch_sdpa(backend: str | None) -> Callable[..., Prepared]:
-    def prepare(q, k, v, point: BenchPoint, arch: str) -> Prepared:
+def torch_sdpa_kwargs(problem) -> dict[str, Any]:
+    """``F.scaled_dot_product_attention`` keywords for ``problem``'s mask and heads:
+    ``is_causal`` (top-left), or for bottom-right alignment ``attn_mask=causal_lower_right(S_q,
+    S_k)`` (a mask object built here, once, outside any timing; torch runs it on its flash and
+    efficient backends only), and ``enable_gqa=True`` when H_q != H_kv."""
+    kwargs: dict[str, Any] = {}
+    if problem.bottom_right:
+        from torch.nn.attention.bias import causal_lower_right
+
+        kwargs["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
+    else:
+        kwargs["is_causal"] = problem.causal
+    if problem.heads_q != problem.heads_kv:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+def torch_sdpa(backend: str | None) -> Callable[..., Prepared]:
+    """A contender's ``prepare``: torch's SDPA with ``backend`` (an ``SDPBackend`` name) pinned
+    by ``sdpa_kernel`` around the check and every sample (``None``: torch picks)."""
+    def prepare(q, k, v, point, arch: str) -> Prepared:
         import torch.nn.functional as F
 
-        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=point.causal)  # noqa: E731
+        kwargs = torch_sdpa_kwargs(point.problem)
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, **kwargs)  # noqa: E731
         if backend is None:
             return Prepared(fn)
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -100,12 +121,12 @@ def make_contenders() -> dict[str, Contender]:
     table = {
         "tiledattention": Contender("tiledattention", _tiledattention),
         "tiledattention-default": Contender("tiledattention-default", _tiledattention_default),
-        "torch-auto": Contender("torch-auto", _torch_sdpa(None)),
-        "torch-flash": Contender("torch-flash", _torch_sdpa("FLASH_ATTENTION")),
-        "torch-cudnn": Contender("torch-cudnn", _torch_sdpa("CUDNN_ATTENTION")),
-        "torch-efficient": Contender("torch-efficient", _torch_sdpa("EFFICIENT_ATTENTION")),
+        "torch-auto": Contender("torch-auto", torch_sdpa(None)),
+        "torch-flash": Contender("torch-flash", torch_sdpa("FLASH_ATTENTION")),
+        "torch-cudnn": Contender("torch-cudnn", torch_sdpa("CUDNN_ATTENTION")),
+        "torch-efficient": Contender("torch-efficient", torch_sdpa("EFFICIENT_ATTENTION")),
         # the math backend upcasts half inputs: fp32 scores, fp32 probabilities and a copy
-        "torch-math": Contender("torch-math", _torch_sdpa("MATH"),
+        "torch-math": Contender("torch-math", torch_sdpa("MATH"),
                                 score_bytes=lambda p: 3 * 4 * _score_elements(p)),
         # eager: scores and probabilities in the input dtype (2 x 2 bytes: the fp32 size)
         "eager": Contender("eager", _eager, score_bytes=lambda p: 4 * _score_elements(p)),
@@ -114,29 +135,38 @@ def make_contenders() -> dict[str, Contender]:
     return table
 
 
-def reference_attention(q, k, v, causal: bool, *, budget_bytes: int) -> Any:
-    """float32 attention (top-left causal), in query chunks whose fp32 scores fit
-    ``budget_bytes``; full-precision matmuls (no TF32)."""
+def reference_attention(q, k, v, causal: bool, *, budget_bytes: int,
+                        bottom_right: bool = False) -> Any:
+    """float32 attention, in query chunks whose fp32 scores fit ``budget_bytes``;
+    full-precision matmuls (no TF32). ``causal``: query row ``i`` sees keys ``0..i`` (top-left),
+    with ``bottom_right`` keys ``0..i + S_k - S_q``. Grouped-query inputs (``H_q`` a multiple
+    of ``H_kv``) are computed per K/V head, without copies of K and V per query head."""
     import torch
 
-    b, h, sq, d = q.shape
-    sk = k.shape[2]
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    offset = sk - sq if causal and bottom_right else 0
     scale = 1.0 / math.sqrt(d)
     kf, vf = k.float(), v.float()
-    out = torch.empty(b, h, sq, d, dtype=torch.float32, device=q.device)
-    rows = max(1, int(budget_bytes // (2 * 4 * b * h * sk)))
+    out = torch.empty(b, hkv, group, sq, d, dtype=torch.float32, device=q.device)
+    qg = q.reshape(b, hkv, group, sq, d)
+    rows = max(1, int(budget_bytes // (2 * 4 * b * hq * sk)))
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         for start in range(0, sq, rows):
             stop = min(sq, start + rows)
-            scores = torch.matmul(q[:, :, start:stop].float(), kf.transpose(-1, -2)).mul_(scale)
+            # the group's query heads stacked along the rows: row g * n + r is query start + r
+            qc = qg[:, :, :, start:stop].float().reshape(b, hkv, group * (stop - start), d)
+            scores = torch.matmul(qc, kf.transpose(-1, -2)).mul_(scale)
             if causal:
-                i = torch.arange(start, stop, device=q.device)[:, None]
+                i = torch.arange(start, stop, device=q.device).repeat(group)[:, None]
                 j = torch.arange(sk, device=q.device)[None, :]
-                scores.masked_fill_(j > i, float("-inf"))
-            out[:, :, start:stop] = torch.matmul(torch.softmax(scores, dim=-1), vf)
-            del scores
+                scores.masked_fill_(j > i + offset, float("-inf"))
+            chunk = torch.matmul(torch.softmax(scores, dim=-1), vf)
+            out[:, :, :, start:stop] = chunk.reshape(b, hkv, group, stop - start, d)
+            del scores, chunk
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
-    return out
+    return out.reshape(b, hq, sq, d)

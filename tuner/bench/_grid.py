@@ -18,7 +18,7 @@ __all__ = [
     "BenchConfigError", "BenchGrid", "BenchPoint", "CONTENDERS", "DEFAULT_GRID", "QUICK_GRID",
     "TIMING_DEFAULTS", "QUICK_TIMING", "build_grid", "parse_causal", "parse_contenders",
     "parse_dtypes", "parse_int_list", "parse_positive_float", "parse_positive_int",
-    "point_tflops",
+    "point_gbps", "point_tflops", "problem_bytes",
 ]
 
 #: Every contender ``tiledtune bench`` knows, in the order tables and plots show them.
@@ -62,14 +62,39 @@ class BenchPoint:
     def describe(self) -> str:
         return self.problem.describe()
 
+    def result_fields(self) -> dict:
+        """The point's fields of a ``BenchResult``."""
+        return dict(batch=self.batch, heads=self.heads, seqlen=self.seqlen,
+                    head_dim=self.head_dim, dtype=self.dtype, causal=self.causal)
 
-def point_tflops(point: BenchPoint | Problem, median_ms: float) -> float:
+
+def _problem_of(point) -> Problem:
+    """A grid point's problem (any point with a ``problem``), or the problem itself."""
+    return point if isinstance(point, Problem) else point.problem
+
+
+def point_tflops(point, median_ms: float) -> float:
     """TFLOP/s of one call taking ``median_ms``: ``Problem.flops`` (4·B·H·S_q·S_k·D, only the
-    unmasked part when causal) per second, over 1e12."""
+    unmasked part when causal) per second, over 1e12. ``point``: a grid point or a Problem."""
     if not median_ms > 0:
         raise ValueError(f"median_ms must be positive; got {median_ms}")
-    problem = point.problem if isinstance(point, BenchPoint) else point
-    return problem.flops / (median_ms * 1e-3) / 1e12
+    return _problem_of(point).flops / (median_ms * 1e-3) / 1e12
+
+
+def problem_bytes(problem: Problem) -> int:
+    """Bytes one call must move at least: Q and K and V read, the output written, each once,
+    in the input dtype (2 bytes an element): ``2·(2·B·H_q·S_q·D + 2·B·H_kv·S_k·D)``."""
+    q_and_out = 2 * problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
+    k_and_v = 2 * problem.batch * problem.heads_kv * problem.seqlen_k * problem.head_dim
+    return 2 * (q_and_out + k_and_v)
+
+
+def point_gbps(point, median_ms: float) -> float:
+    """GB/s (1e9 bytes a second) of one call taking ``median_ms``: :func:`problem_bytes` per
+    second. ``point``: a grid point or a Problem."""
+    if not median_ms > 0:
+        raise ValueError(f"median_ms must be positive; got {median_ms}")
+    return problem_bytes(_problem_of(point)) / (median_ms * 1e-3) / 1e9
 
 
 @dataclass(frozen=True, kw_only=True)

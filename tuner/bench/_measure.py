@@ -1,5 +1,9 @@
 """Measuring one grid point of ``tiledtune bench``: check every contender, then time it.
 
+A point is any grid's point (``BenchPoint`` of the forward grid, ``DecodePoint`` of the decode
+grid): it has a ``problem`` (``tiledattention.Problem``: the inputs' shapes, dtype and mask), a
+``describe()`` and the ``result_fields()`` its rows carry.
+
 Each contender's output is first compared with a float32 reference (relative L2 error), with the
 output's memory poisoned beforehand, then timed with ``tuner.measure.time_cuda`` (L2 flushed
 before every sample, the same for everyone) or, with ``--interleave``, together with the others
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ._contenders import Contender, Prepared, reference_attention
-from ._grid import TIMING_DEFAULTS, BenchPoint, point_tflops
+from ._grid import TIMING_DEFAULTS, point_gbps, point_tflops
 from ._report import BenchResult
 
 __all__ = ["BenchSettings", "TOLERANCES", "measure_point"]
@@ -88,7 +92,7 @@ def _unavailable_reason(exc: BaseException, caught: list) -> str:
     return reason
 
 
-def measure_point(point: BenchPoint, contenders: Sequence[Contender], settings: BenchSettings,
+def measure_point(point: Any, contenders: Sequence[Contender], settings: BenchSettings,
                   *, env: Mapping[str, str], on_contender: Callable[[str], None] | None = None,
                   time_fn: Callable[..., Any] | None = None,
                   interleaved_fn: Callable[..., Any] | None = None, device: Any = None,
@@ -109,15 +113,19 @@ def measure_point(point: BenchPoint, contenders: Sequence[Contender], settings: 
     device = torch.device("cuda", settings.device) if device is None else torch.device(device)
     if free_memory is None:
         free_memory = lambda: torch.cuda.mem_get_info(device)[0]  # noqa: E731
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[point.dtype]
-    base = dict(batch=point.batch, heads=point.heads, seqlen=point.seqlen,
-                head_dim=point.head_dim, dtype=point.dtype, causal=point.causal, **env)
+    problem = point.problem
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
+    base = dict(point.result_fields(), **env)
     gen = torch.Generator(device=device).manual_seed(settings.seed)
-    shape = (point.batch, point.heads, point.seqlen, point.head_dim)
-    q, k, v = (torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3))
-    ref = reference_attention(q, k, v, point.causal, budget_bytes=max(
-        64 << 20, int(settings.mem_fraction * free_memory()) // 4))
-    tol = TOLERANCES[point.dtype]
+    q, k, v = (torch.randn(problem.batch, heads, seqlen, problem.head_dim, generator=gen,
+                           device=device, dtype=dtype)
+               for heads, seqlen in ((problem.heads_q, problem.seqlen_q),
+                                     (problem.heads_kv, problem.seqlen_k),
+                                     (problem.heads_kv, problem.seqlen_k)))
+    ref = reference_attention(q, k, v, problem.causal, bottom_right=problem.bottom_right,
+                              budget_bytes=max(64 << 20,
+                                               int(settings.mem_fraction * free_memory()) // 4))
+    tol = TOLERANCES[problem.dtype]
     results: list[BenchResult | None] = []
     passed: dict[int, _Checked] = {}  # index in results -> contender that passed the check
     for contender in contenders:
@@ -161,7 +169,7 @@ def _release(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
-def _check_one(contender: Contender, point: BenchPoint, q, k, v, ref, tol: float,
+def _check_one(contender: Contender, point: Any, q, k, v, ref, tol: float,
                settings: BenchSettings, base: dict, arch: str,
                free_memory: Callable[[], int]) -> BenchResult | _Checked:
     """Prepare ``contender`` and compare one poisoned run with the reference: a final result
@@ -207,10 +215,11 @@ def _in_context(prepared: Prepared) -> Callable[[], Any]:
     return run
 
 
-def _result(checked: _Checked, timing: Any, point: BenchPoint, base: dict) -> BenchResult:
+def _result(checked: _Checked, timing: Any, point: Any, base: dict) -> BenchResult:
     return BenchResult(contender=checked.name, status="ok", median_ms=timing.median_ms,
                        spread_ms=timing.spread_ms, samples=timing.samples,
-                       tflops=point_tflops(point, timing.median_ms), rel_err=checked.rel_err,
+                       tflops=point_tflops(point, timing.median_ms),
+                       gbps=point_gbps(point, timing.median_ms), rel_err=checked.rel_err,
                        **_schedule_fields(checked.prepared), **base)
 
 
@@ -220,7 +229,7 @@ def _failed(checked: _Checked, exc: BaseException, caught: list, base: dict) -> 
                        **_schedule_fields(checked.prepared), **base)
 
 
-def _timed(checked: _Checked, time_one: Callable[[Callable[[], Any]], Any], point: BenchPoint,
+def _timed(checked: _Checked, time_one: Callable[[Callable[[], Any]], Any], point: Any,
            base: dict) -> BenchResult:
     import torch
 
@@ -236,7 +245,7 @@ def _timed(checked: _Checked, time_one: Callable[[Callable[[], Any]], Any], poin
 
 
 def _timed_together(passed: Mapping[int, _Checked], interleaved_fn: Callable[..., Any],
-                    rounds: int, point: BenchPoint, base: dict) -> dict[int, BenchResult]:
+                    rounds: int, point: Any, base: dict) -> dict[int, BenchResult]:
     fns = {c.name: _in_context(c.prepared) for c in passed.values()}
     with _captured_warnings() as caught:
         try:

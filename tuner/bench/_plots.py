@@ -1,4 +1,5 @@
-"""PNG plots of ``tiledtune bench`` results: TFLOP/s and the ratio to cuDNN against S.
+"""PNG plots of ``tiledtune bench`` results: TFLOP/s and the ratio to cuDNN against S (forward
+grid); the share of the copy bandwidth per point and contender (decode grid).
 
 matplotlib is optional (the ``bench`` extra): it is imported only by :func:`write_plots`, which
 raises :class:`PlotsUnavailable` when it is missing. Every PNG is kept under ``MAX_PNG_BYTES``
@@ -14,9 +15,11 @@ from typing import Sequence
 
 from db import write_bytes_atomic
 
+from ._decode_grid import DECODE_CONTENDERS
+from ._decode_report import decode_points, point_label
 from ._report import BenchResult, by_point, contenders_of
 
-__all__ = ["MAX_PNG_BYTES", "PlotsUnavailable", "write_plots"]
+__all__ = ["MAX_PNG_BYTES", "PlotsUnavailable", "write_decode_plots", "write_plots"]
 
 MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
@@ -53,6 +56,56 @@ def _panel_grid(keys: Sequence[tuple]) -> tuple[list[int], list[bool]]:
     return sorted({k[1] for k in keys}), sorted({k[2] for k in keys})
 
 
+def _figure_class():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotsUnavailable("matplotlib is not installed, so no plots were drawn; "
+                               "install it with: pip install 'tiledattention[bench]'") from None
+    return Figure
+
+
+def write_decode_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
+                       copy_gbps: Sequence[float] = (), *, max_bytes: int = MAX_PNG_BYTES
+                       ) -> tuple[list[Path], list[str]]:
+    """Write ``decode_copy_share.png``: per point (x) and contender (a marker each), the share
+    of the run's copy rate (the faster of ``copy_gbps``) its GB/s reach; GB/s itself when the
+    run measured no copy rate. Returns the files written and messages, like :func:`write_plots`."""
+    Figure = _figure_class()
+    points = decode_points(results)
+    copy = max(copy_gbps) if copy_gbps else None
+    contenders = contenders_of(results, DECODE_CONTENDERS)
+    labels = [point_label(next(iter(row.values()))) for row in points.values()]
+    fig = Figure(figsize=(max(6.0, 0.55 * len(labels) + 2), 4.6), layout="constrained")
+    ax = fig.subplots()
+    markers = "os^vDP*X"
+    for i, name in enumerate(contenders):
+        xs, ys = [], []
+        for x, row in enumerate(points.values()):
+            r = row.get(name)
+            if r is not None and r.status == "ok":
+                xs.append(x), ys.append(100 * r.gbps / copy if copy else r.gbps)
+        if xs:
+            ax.plot(xs, ys, marker=markers[i % len(markers)], markersize=4, linewidth=0.8,
+                    label=name)
+    if copy:
+        ax.axhline(100.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(labels)), labels=labels, rotation=60, ha="right", fontsize=6)
+    ax.set_ylabel(f"% of copy bandwidth ({copy:.0f} GB/s)" if copy else "GB/s", fontsize=8)
+    ax.set_title("decode: bytes moved per second" + (" as a share of a device copy" if copy
+                                                     else ""), fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(True, alpha=0.3)
+    messages = [] if copy else ["decode plot shows GB/s: the run has no copy rate"]
+    if ax.get_legend_handles_labels()[0]:
+        fig.legend(loc="outside lower center", ncol=min(6, len(contenders)), fontsize=7)
+    else:
+        messages.append("decode plot has no measured point")
+    path = Path(out_dir) / "decode_copy_share.png"
+    _save_small(fig, path, max_bytes)
+    return [path], messages
+
+
 def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike, *,
                 max_bytes: int = MAX_PNG_BYTES) -> tuple[list[Path], list[str]]:
     """Write ``tflops_<dtype>.png`` (TFLOP/s vs S, a panel per (D, mask), a line per
@@ -60,12 +113,7 @@ def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike, *,
 
     Returns the files written and messages about plots left out. Raises
     :class:`PlotsUnavailable` without matplotlib."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise PlotsUnavailable("matplotlib is not installed, so no plots were drawn; "
-                               "install it with: pip install 'tiledattention[bench]'") from None
-
+    Figure = _figure_class()
     out_dir = Path(out_dir)
     contenders = contenders_of(results)
     index = by_point(results)

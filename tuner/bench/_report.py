@@ -23,9 +23,9 @@ from db import write_bytes_atomic, write_text_atomic
 from ._grid import CONTENDERS
 
 __all__ = [
-    "BenchResult", "RunInfo", "MATMUL_SIZE", "STATUSES", "CSV_COLUMNS", "by_point",
-    "contenders_of", "geomean", "load_results", "ratio_table", "render_markdown", "write_csv",
-    "write_run_info", "write_summary",
+    "BenchResult", "RunInfo", "COPY_BYTES", "MATMUL_SIZE", "STATUSES", "CSV_COLUMNS", "by_point",
+    "contenders_of", "geomean", "header_lines", "load_results", "ratio_table",
+    "render_markdown", "write_csv", "write_run_info", "write_summary",
 ]
 
 #: ``ok``: measured and correct; ``wrong``: ran but failed the accuracy check (not timed);
@@ -34,26 +34,36 @@ __all__ = [
 STATUSES = ("ok", "wrong", "unavailable", "skipped")
 #: Side of the square bf16 matrix product whose rate the summary compares with.
 MATMUL_SIZE = 8192
+#: Bytes of the device-to-device copy whose rate the decode summary compares with (1 GiB).
+COPY_BYTES = 1 << 30
 _REFERENCE = "tiledattention"  # the ratio tables compare this contender with every other
 
 
 @dataclass(frozen=True, kw_only=True)
 class BenchResult:
-    """One contender at one grid point. Timing fields are ``None`` unless ``status == "ok"``."""
+    """One contender at one grid point. Timing fields are ``None`` unless ``status == "ok"``.
+
+    ``heads`` is H_q and ``seqlen`` S_k; ``heads_kv`` and ``seqlen_q`` are ``None`` in the
+    forward grid's rows (self-attention: H_kv = H_q, S_q = S_k), set in the decode grid's."""
 
     contender: str
     status: str
     reason: str = ""
+    kernel: str = "forward"  # the family whose grid the row belongs to (``--kernel``)
     batch: int
     heads: int
+    heads_kv: int | None = None
+    seqlen_q: int | None = None
     seqlen: int
     head_dim: int
     dtype: str
     causal: bool
+    bottom_right: bool = False  # causal aligned bottom-right (torch's causal_lower_right)
     median_ms: float | None = None
     spread_ms: float | None = None
     samples: int | None = None
     tflops: float | None = None
+    gbps: float | None = None  # Q+K+V read and the output written, once each, per second / 1e9
     rel_err: float | None = None
     schedule: str = ""  # Schedule.describe() of tiledattention rows
     lookup_source: str = ""  # Resolution.source ("exact-device", ..., "default"), or "forced"
@@ -80,7 +90,7 @@ class BenchResult:
 
     @property
     def mask(self) -> str:
-        return "causal" if self.causal else "full"
+        return ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
 
     @property
     def note(self) -> str:
@@ -89,8 +99,9 @@ class BenchResult:
 
 
 CSV_COLUMNS = tuple(f.name for f in fields(BenchResult))
-_INT_FIELDS = ("batch", "heads", "seqlen", "head_dim", "samples")
-_FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "rel_err")
+_INT_FIELDS = ("batch", "heads", "heads_kv", "seqlen_q", "seqlen", "head_dim", "samples")
+_FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "gbps", "rel_err")
+_BOOL_FIELDS = ("causal", "bottom_right")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +112,9 @@ class RunInfo:
     date: str
     #: bf16 matrix-product rates measured in the run (before and after the grid), TFLOP/s
     matmul_tflops: tuple[float, ...] = ()
+    #: device-to-device copy rates measured in the run (before and after the grid), GB/s of
+    #: bytes read plus bytes written
+    copy_gbps: tuple[float, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -111,7 +125,8 @@ class RunInfo:
         if not isinstance(data, dict):
             raise ValueError("run info must be a JSON object")
         return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
-                   matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())))
+                   matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())),
+                   copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())))
 
 
 # -- CSV -----------------------------------------------------------------------------------------
@@ -161,10 +176,14 @@ def load_results(path: str | os.PathLike) -> list[BenchResult]:
                     values[name] = int(raw) if raw else None
                 elif name in _FLOAT_FIELDS:
                     values[name] = float(raw) if raw else None
-                elif name == "causal":
+                elif name in _BOOL_FIELDS:
+                    if raw == "" and name != "causal":
+                        continue  # left empty: the field's default
                     if raw not in ("yes", "no"):
-                        raise ValueError(f"causal must be yes or no; got {raw!r}")
+                        raise ValueError(f"{name} must be yes or no; got {raw!r}")
                     values[name] = raw == "yes"
+                elif name == "kernel" and not raw:
+                    continue
                 else:
                     values[name] = raw
             results.append(BenchResult(**values))
@@ -182,11 +201,12 @@ def geomean(values: Iterable[float]) -> float | None:
     return math.exp(math.fsum(math.log(v) for v in values) / len(values))
 
 
-def contenders_of(results: Sequence[BenchResult]) -> list[str]:
-    """The contenders present in ``results``: known ones in ``CONTENDERS`` order, then others
-    by name."""
+def contenders_of(results: Sequence[BenchResult], order: Sequence[str] = CONTENDERS
+                  ) -> list[str]:
+    """The contenders present in ``results``: known ones in ``order`` (default the forward
+    grid's ``CONTENDERS``), then others by name."""
     present = {r.contender for r in results}
-    return [c for c in CONTENDERS if c in present] + sorted(present - set(CONTENDERS))
+    return [c for c in order if c in present] + sorted(present - set(order))
 
 
 def by_point(results: Sequence[BenchResult]) -> dict[tuple, dict[str, BenchResult]]:
@@ -234,12 +254,11 @@ def _unique(values: Iterable[str]) -> str:
     return ", ".join(seen) if seen else "unknown"
 
 
-def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
-    """The summary: header, TFLOP/s per (dtype, D, mask), ratios, geomeans, notes."""
-    contenders = contenders_of(results)
-    index = by_point(results)
-    lines = ["# tiledattention benchmark", ""]
-    lines += [
+def header_lines(results: Sequence[BenchResult], info: RunInfo, title: str, points: int,
+                 contenders: Sequence[str]) -> list[str]:
+    """The summary's title and run description (command, date, device, versions, clocks)."""
+    return [
+        f"# {title}", "",
         f"- command: `{info.command}`",
         f"- date: {info.date}",
         f"- device: {_unique(r.device for r in results)} ({_unique(r.arch for r in results)})",
@@ -248,8 +267,15 @@ def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
         f"{_unique(r.cuda_tile_version for r in results)}",
         f"- GPU clocks (SM / memory): {_unique(r.sm_clock for r in results)} / "
         f"{_unique(r.mem_clock for r in results)}",
-        f"- points: {len(index)}; contenders: {', '.join(contenders)}",
+        f"- points: {points}; contenders: {', '.join(contenders)}",
     ]
+
+
+def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
+    """The summary: header, TFLOP/s per (dtype, D, mask), ratios, geomeans, notes."""
+    contenders = contenders_of(results)
+    index = by_point(results)
+    lines = header_lines(results, info, "tiledattention benchmark", len(index), contenders)
     if info.matmul_tflops:
         lines.append(f"- bf16 matrix product ({MATMUL_SIZE}³, torch.matmul), measured in this run "
                      "before and after the grid: "

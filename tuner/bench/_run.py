@@ -1,5 +1,5 @@
 """Running a whole ``tiledtune bench`` grid: the rows' environment (device, versions, clocks),
-the matrix-product ceiling, and :func:`run_grid` over every point."""
+the matrix-product and copy ceilings, and :func:`run_grid` over every point of any grid."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import subprocess
 from typing import Any, Callable, Mapping
 
 from ._contenders import Contender, make_contenders
-from ._grid import BenchGrid
 from ._measure import BenchSettings, _release, measure_point
-from ._report import MATMUL_SIZE, BenchResult
+from ._report import COPY_BYTES, MATMUL_SIZE, BenchResult
 
-__all__ = ["environment", "gpu_clocks", "matmul_tflops", "run_grid"]
+__all__ = ["copy_gbps", "environment", "gpu_clocks", "matmul_tflops", "run_grid"]
 
 
 def matmul_tflops(settings: BenchSettings, n: int = MATMUL_SIZE) -> float:
@@ -35,6 +34,31 @@ def _time_matmul(settings: BenchSettings, n: int):
             for _ in range(2))
     c = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     return time_cuda(lambda: torch.matmul(a, b, out=c), **settings.timing_kwargs())
+
+
+def copy_gbps(settings: BenchSettings, nbytes: int = COPY_BYTES) -> float:
+    """The device-to-device copy rate (``dst.copy_(src)`` of ``nbytes``), in GB/s (1e9 bytes a
+    second) of bytes read plus bytes written: the ceiling a memory-bound kernel's GB/s is read
+    against. Timed like the contenders: interleaved rounds with ``settings.interleave`` (one
+    contender), else ``time_cuda``; the L2 is flushed before every sample either way."""
+    import torch
+
+    timing = _time_copy(settings, nbytes)
+    _release(torch.device("cuda", settings.device))  # the buffers are gone by now
+    return 2 * nbytes / (timing.median_ms * 1e-3) / 1e9
+
+
+def _time_copy(settings: BenchSettings, nbytes: int):
+    import torch
+
+    from ..measure import time_cuda, time_interleaved
+
+    src = torch.ones(nbytes // 4, dtype=torch.int32, device=torch.device("cuda", settings.device))
+    dst = torch.empty_like(src)
+    fn = lambda: dst.copy_(src)  # noqa: E731
+    if settings.interleave:
+        return time_interleaved({"copy": fn}, rounds=settings.interleave)["copy"]
+    return time_cuda(fn, **settings.timing_kwargs())
 
 
 def gpu_clocks(device: int) -> tuple[str, str]:
@@ -60,10 +84,11 @@ def environment(device: int) -> dict[str, str]:
                 cuda_tile_version=prov.cuda_tile)
 
 
-def run_grid(grid: BenchGrid, settings: BenchSettings, *, contenders: Mapping[str, Contender]
+def run_grid(grid: Any, settings: BenchSettings, *, contenders: Mapping[str, Contender]
              | None = None, progress: Any = None) -> list[BenchResult]:
-    """Measure every point of ``grid``; ``progress`` (a rich ``Progress``) is advanced per
-    contender when given."""
+    """Measure every point of ``grid`` (a ``BenchGrid`` or ``DecodeGrid``: its ``points()`` and
+    ``contenders`` names, looked up in ``contenders``, default the forward grid's table);
+    ``progress`` (a rich ``Progress``) is advanced per contender when given."""
     table = contenders if contenders is not None else make_contenders()
     chosen = [table[name] for name in grid.contenders]
     env = environment(settings.device)

@@ -3,8 +3,10 @@
 For every grid point each contender's output is first checked against a float32 reference, then
 timed (``tuner.bench``); results go to ``bench.csv``, ``run.json``, ``summary.md`` and PNG plots in
 ``--out``, and a rich table to the terminal. ``--report-only CSV`` measures nothing and re-renders
-the summary and plots of an earlier run. The benchmark covers the forward family (``--kernel
-forward``); other families bring their own grids.
+the summary and plots of an earlier run. ``--kernel forward`` (the default) times the prefill
+family over a grid of fixed B·S and H·D in TFLOP/s; ``--kernel decode`` times decode shapes
+(``S_q`` 1 or a few draft tokens against long K/V caches) in GB/s and as a share of a
+device-to-device copy measured in the same run (``tuner.bench._decode_grid``).
 
 Exit status: 0 success; 1 no CUDA device, or a tiledattention result failed the accuracy check;
 2 bad options or an unreadable CSV.
@@ -18,11 +20,13 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..bench import (CONTENDERS, QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, BenchGrid,
-                     BenchResult, BenchSettings, PlotsUnavailable, RunInfo, build_grid, by_point,
-                     contenders_of, load_results, matmul_tflops, parse_positive_float,
-                     parse_positive_int, ratio_table, run_grid, write_csv, write_plots,
-                     write_run_info, write_summary)
+from ..bench import (CONTENDERS, DECODE_CONTENDERS, DECODE_INTERLEAVE, QUICK_DECODE_INTERLEAVE,
+                     QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, BenchResult, BenchSettings,
+                     PlotsUnavailable, RunInfo, build_decode_grid, build_grid, by_point,
+                     contenders_of, copy_gbps, decode_rich_tables, is_decode, load_results,
+                     make_decode_contenders, matmul_tflops, parse_positive_float,
+                     parse_positive_int, ratio_table, run_grid, write_csv, write_decode_plots,
+                     write_decode_summary, write_plots, write_run_info, write_summary)
 
 __all__ = ["configure", "run", "KERNELS", "grid_from_args", "settings_from_args",
            "write_reports", "results_table", "ratio_rich_table"]
@@ -31,39 +35,58 @@ CSV_NAME = "bench.csv"
 SUMMARY_NAME = "summary.md"
 RUN_INFO_NAME = "run.json"
 #: Kernel families with a benchmark grid (``--kernel``).
-KERNELS = ("forward",)
+KERNELS = ("forward", "decode")
+#: Grid options of one family's grid only (attribute, flag).
+_FORWARD_ONLY = (("seqlens", "--seqlens"), ("causal", "--causal"), ("tokens", "--tokens"),
+                 ("hidden", "--hidden"), ("no_matmul", "--no-matmul"))
+_DECODE_ONLY = (("batch", "--batch"), ("seqlens_q", "--seqlens-q"),
+                ("seqlens_k", "--seqlens-k"), ("masks", "--masks"), ("heads", "--heads"))
 
 
 def _kernel(text: str) -> str:
     if text not in KERNELS:
         raise argparse.ArgumentTypeError(
-            f"tiledtune bench has a grid for the {', '.join(KERNELS)} family only; got {text!r} "
-            "(other kernel families bring their own benchmark grids)")
+            f"tiledtune bench has grids for the {' and '.join(KERNELS)} families only; got "
+            f"{text!r} (other kernel families bring their own benchmark grids)")
     return text
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``tiledtune bench``'s options to ``parser`` (the subcommand's parser)."""
     parser.description = (
-        "Benchmark tiledattention against PyTorch's SDPA backends and eager attention over a "
-        "grid with fixed B·S (--tokens) and H·D (--hidden); writes bench.csv, summary.md and "
-        "PNG plots into --out.")
+        "Benchmark tiledattention against PyTorch's SDPA backends (and eager attention) over a "
+        "grid: --kernel forward (default) with fixed B·S (--tokens) and H·D (--hidden), "
+        "--kernel decode over decode shapes; writes bench.csv, run.json, summary.md and PNG "
+        "plots into --out.")
     parser.add_argument("--kernel", type=_kernel, default="forward", metavar="NAME",
-                        help="kernel family to benchmark (default and only choice: forward)")
-    grid = parser.add_argument_group("grid")
-    grid.add_argument("--head-dims", metavar="LIST", help="head dims D (default 64,128,256)")
-    grid.add_argument("--seqlens", metavar="LIST",
-                      help="sequence lengths S (default 512,1024,...,16384); must divide "
-                           "--tokens")
-    grid.add_argument("--dtypes", metavar="LIST", help="bf16,fp16 (default both)")
-    grid.add_argument("--causal", metavar="LIST", help="yes,no (default both)")
-    grid.add_argument("--tokens", metavar="N", help="B·S, fixed over the grid (default 16384)")
-    grid.add_argument("--hidden", metavar="N", help="H·D, fixed over the grid (default 2048)")
+                        help="kernel family to benchmark: forward (default) or decode")
+    grid = parser.add_argument_group("grid (both kernels)")
+    grid.add_argument("--head-dims", metavar="LIST",
+                      help="head dims D (default forward 64,128,256; decode 128)")
+    grid.add_argument("--dtypes", metavar="LIST",
+                      help="bf16,fp16 (default forward both; decode bf16)")
     grid.add_argument("--contenders", metavar="LIST",
-                      help=f"subset of {','.join(CONTENDERS)} (default all)")
+                      help=f"forward: subset of {','.join(CONTENDERS)}; decode: subset of "
+                           f"{','.join(DECODE_CONTENDERS)} (default all)")
     grid.add_argument("--quick", action="store_true",
-                      help="small grid (D 64,128; S 1024,4096; bf16) and looser timing; "
-                           "explicit options still win")
+                      help="small grid (forward: D 64,128; S 1024,4096; bf16. decode: 4 points) "
+                           "and looser timing; explicit options still win")
+    fwd = parser.add_argument_group("forward grid (--kernel forward)")
+    fwd.add_argument("--seqlens", metavar="LIST",
+                     help="sequence lengths S (default 512,1024,...,16384); must divide "
+                          "--tokens")
+    fwd.add_argument("--causal", metavar="LIST", help="yes,no (default both)")
+    fwd.add_argument("--tokens", metavar="N", help="B·S, fixed over the grid (default 16384)")
+    fwd.add_argument("--hidden", metavar="N", help="H·D, fixed over the grid (default 2048)")
+    dec = parser.add_argument_group(
+        "decode grid (--kernel decode): S_q 1 at B 1 over S_k 4096..131072, at B 8,32 over "
+        "S_k 2048,8192, and S_q 16 at B 8, S_k 8192 bottom-right; each option below replaces "
+        "its axis in every one of these groups")
+    dec.add_argument("--batch", metavar="LIST", help="batch sizes B")
+    dec.add_argument("--seqlens-q", metavar="LIST", help="query lengths S_q")
+    dec.add_argument("--seqlens-k", metavar="LIST", help="K/V lengths S_k")
+    dec.add_argument("--masks", metavar="LIST", help="none,top-left,bottom-right")
+    dec.add_argument("--heads", metavar="LIST", help="H_q/H_kv pairs (default 32/8)")
     timing = parser.add_argument_group("timing")
     timing.add_argument("--samples", metavar="N",
                         help=f"most samples per timing (default {TIMING_DEFAULTS['max_samples']})")
@@ -78,8 +101,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"warm-up per timing (default {TIMING_DEFAULTS['warmup_ms']})")
     timing.add_argument("--interleave", metavar="ROUNDS",
                         help="time the contenders of a point together, one sample each per "
-                             "round in rotating order, for ROUNDS rounds (default 0: each on "
-                             "its own, until --rel-precision)")
+                             "round in rotating order, for ROUNDS rounds (0: each on its own, "
+                             "until --rel-precision; default forward 0, decode "
+                             f"{DECODE_INTERLEAVE}, {QUICK_DECODE_INTERLEAVE} with --quick)")
     timing.add_argument("--mem-fraction", metavar="X",
                         help="share of free GPU memory S×S contenders (eager, torch-math) may "
                              "use; beyond it they are skipped (default 0.4)")
@@ -91,8 +115,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "--report-only)")
     output.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     output.add_argument("--no-matmul", action="store_true",
-                        help="skip the bf16 matrix-product rate measured before and after the "
-                             "grid (the summary's ceiling)")
+                        help="forward: skip the bf16 matrix-product rate measured before and "
+                             "after the grid (the summary's ceiling)")
     output.add_argument("--report-only", metavar="CSV",
                         help="measure nothing: re-render summary.md and plots from a bench CSV")
     return parser
@@ -120,7 +144,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
                 else _non_negative_int("--device", args.device)),
         seed=(0 if getattr(args, "seed", None) is None
               else _non_negative_int("--seed", args.seed)),
-        interleave=(0 if getattr(args, "interleave", None) is None
+        interleave=(_default_interleave(args) if getattr(args, "interleave", None) is None
                     else _non_negative_int("--interleave", args.interleave)),
     )
     if settings.min_samples > settings.max_samples:
@@ -134,6 +158,12 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     return settings
 
 
+def _default_interleave(args: argparse.Namespace) -> int:
+    if getattr(args, "kernel", "forward") != "decode":
+        return 0
+    return QUICK_DECODE_INTERLEAVE if getattr(args, "quick", False) else DECODE_INTERLEAVE
+
+
 def _non_negative_int(flag: str, text: str) -> int:
     try:
         value = int(text)
@@ -144,7 +174,20 @@ def _non_negative_int(flag: str, text: str) -> int:
     return value
 
 
-def grid_from_args(args: argparse.Namespace) -> BenchGrid:
+def grid_from_args(args: argparse.Namespace):
+    """The ``BenchGrid`` (``--kernel forward``) or ``DecodeGrid`` (``--kernel decode``) the
+    options describe; an option of the other kernel's grid is refused, naming it."""
+    kernel = getattr(args, "kernel", "forward")
+    for attr, flag in _DECODE_ONLY if kernel == "forward" else _FORWARD_ONLY:
+        if getattr(args, attr, None) not in (None, False):
+            other = "decode" if kernel == "forward" else "forward"
+            raise BenchConfigError(f"{flag} belongs to the {other} grid (--kernel {other}); "
+                                   f"it does nothing with --kernel {kernel}")
+    if kernel == "decode":
+        return build_decode_grid(batches=args.batch, seqlens_q=args.seqlens_q,
+                                 seqlens_k=args.seqlens_k, masks=args.masks, heads=args.heads,
+                                 head_dims=args.head_dims, dtypes=args.dtypes,
+                                 contenders=args.contenders, quick=bool(args.quick))
     return build_grid(tokens=args.tokens, hidden=args.hidden, head_dims=args.head_dims,
                       seqlens=args.seqlens, dtypes=args.dtypes, causal=args.causal,
                       contenders=args.contenders, quick=bool(args.quick))
@@ -170,11 +213,15 @@ def _command_line(args: argparse.Namespace) -> str:
 
 def write_reports(results: Sequence[BenchResult], out_dir: Path, info: RunInfo, *,
                   plots: bool, console: Any) -> list[Path]:
-    """summary.md and (unless ``plots`` is false or matplotlib is missing) the PNG plots."""
-    written = [write_summary(results, info, out_dir / SUMMARY_NAME)]
+    """summary.md and (unless ``plots`` is false or matplotlib is missing) the PNG plots, of
+    the forward or the decode grid as the rows say."""
+    decode = is_decode(results)
+    write = write_decode_summary if decode else write_summary
+    written = [write(results, info, out_dir / SUMMARY_NAME)]
     if plots:
         try:
-            pngs, messages = write_plots(results, out_dir)
+            pngs, messages = (write_decode_plots(results, out_dir, info.copy_gbps) if decode
+                              else write_plots(results, out_dir))
         except PlotsUnavailable as exc:
             console.print(f"[yellow]plots skipped:[/] {exc}", soft_wrap=True)
         else:
@@ -208,6 +255,17 @@ def results_table(results: Sequence[BenchResult]):
                 cells.append(f"[{style}]{r.status}[/]")
         table.add_row(*cells)
     return table
+
+
+def _print_tables(results: Sequence[BenchResult], info: RunInfo, console: Any) -> None:
+    if is_decode(results):
+        for table in decode_rich_tables(results, info.copy_gbps):
+            console.print(table)
+        return
+    console.print(results_table(results))
+    ratios = ratio_rich_table(results)
+    if ratios is not None:
+        console.print(ratios)
 
 
 def ratio_rich_table(results: Sequence[BenchResult]):
@@ -254,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     torch.cuda.set_device(settings.device)
     out_dir = Path(args.out or "bench-results")
+    decode = args.kernel == "decode"
     points = grid.points()
     console.print(f"tiledtune bench: {len(points)} points × {len(grid.contenders)} contenders "
                   f"on {torch.cuda.get_device_name(settings.device)} → {out_dir}/",
@@ -262,25 +321,26 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
+    # the ceiling the summary reads results against, measured before and after the grid
+    ceiling = (lambda: copy_gbps(settings)) if decode else (lambda: matmul_tflops(settings))
+    measure_ceiling = decode or not args.no_matmul
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                   transient=False) as progress:
-        matmul = [] if args.no_matmul else [matmul_tflops(settings)]
-        results = run_grid(grid, settings, progress=progress)
-        if not args.no_matmul:
-            matmul.append(matmul_tflops(settings))
+        ceilings = [ceiling()] if measure_ceiling else []
+        results = run_grid(grid, settings, progress=progress,
+                           contenders=make_decode_contenders() if decode else None)
+        if measure_ceiling:
+            ceilings.append(ceiling())
 
-    info = RunInfo(command=_command_line(args),
-                   date=_now(),
-                   matmul_tflops=tuple(matmul))
+    info = RunInfo(command=_command_line(args), date=_now(),
+                   matmul_tflops=() if decode else tuple(ceilings),
+                   copy_gbps=tuple(ceilings) if decode else ())
     csv_path = write_csv(results, out_dir / CSV_NAME)
     info_path = write_run_info(info, out_dir / RUN_INFO_NAME)
     written = [csv_path, info_path] + write_reports(results, out_dir, info,
                                                     plots=not args.no_plots, console=console)
-    console.print(results_table(results))
-    ratios = ratio_rich_table(results)
-    if ratios is not None:
-        console.print(ratios)
+    _print_tables(results, info, console)
     for path in written:
         console.print(f"wrote {path}", soft_wrap=True)
     wrong = [r for r in results if r.status == "wrong" and r.contender.startswith("tiledattention")]
@@ -297,13 +357,14 @@ def _report_only(args: argparse.Namespace, console: Any) -> int:
     if not results:
         raise ValueError(f"--report-only: {csv_path} holds no results")
     out_dir = Path(args.out) if args.out else csv_path.parent
-    saved = csv_path.parent / RUN_INFO_NAME  # the run's matmul rate, when it was measured
-    matmul = RunInfo.from_json(saved.read_text()).matmul_tflops if saved.is_file() else ()
+    saved = csv_path.parent / RUN_INFO_NAME  # the run's ceilings, when they were measured
+    run_info = RunInfo.from_json(saved.read_text()) if saved.is_file() else None
     info = RunInfo(command=_command_line(args) + f" (re-rendered from {csv_path})",
                    date=_now(),
-                   matmul_tflops=matmul)
+                   matmul_tflops=run_info.matmul_tflops if run_info else (),
+                   copy_gbps=run_info.copy_gbps if run_info else ())
     written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
-    console.print(results_table(results))
+    _print_tables(results, info, console)
     for path in written:
         console.print(f"wrote {path}", soft_wrap=True)
     return 0
