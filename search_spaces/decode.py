@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import DECODE, DecodeSchedule, Problem
-from tiledattention.decode._launch import layout
+from tiledattention.decode import layout
 
 from ._space import FamilySpace, SearchSpace, arch_limits, register_space
 

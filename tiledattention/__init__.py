@@ -26,7 +26,7 @@ from .errors import (CompileError, InputTypeError, InputValueError, KernelArgume
                      UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
 from ._dispatch import DispatchRule, choose_family, dispatch_rule
 from ._sdpa import bucket_problem
-from ._sdpa import sdpa as _sdpa
+from ._sdpa import sdpa as _run_sdpa
 from .decode import DECODE, DecodeSchedule, compile_decode
 from .forward import (BOTTOM_RIGHT, FORWARD, TOP_LEFT, Problem, Schedule, compile_schedule,
                       problem_from_arrays)
@@ -103,7 +103,7 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     type, the family. Bad input raises an :class:`InputTypeError` / :class:`InputValueError`
     naming the argument.
     """
-    return _sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
+    return _run_sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
 
 
 def explain(q: Any, k: Any, v: Any, causal: bool | str = False) -> Resolution:

@@ -130,7 +130,7 @@ def test_runtime_keeps_at_most_max_plans_oldest_out():
 def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     import math
 
-    import tiledattention.forward._sdpa as sdpa_module
+    import tiledattention._sdpa as sdpa_module
     from tiledattention import Schedule
     from tiledattention._device import DeviceInfo
     from tiledattention.forward._launch import constant_args
@@ -142,7 +142,7 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     schedule = Schedule(tile_m=128, tile_n=64, exp2=True)
 
     def plan_for(problem, schedule):
-        return sdpa_module._make_plan(Runtime(lambda *a: None), problem, 0, None, schedule)
+        return sdpa_module._forward_plan(Runtime(lambda *a: None), problem, 0, None, schedule)
 
     plan = plan_for(p, schedule)
     assert plan.grid == (3, 16, 1)  # ceil(300 / 128) query tiles, B * H_q
@@ -170,7 +170,7 @@ def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
     """Without an explicit schedule the plan runs what the runtime resolved for (FORWARD,
     problem, device), normalised for the problem."""
     import tiledattention._runtime as runtime_module
-    import tiledattention.forward._sdpa as sdpa_module
+    import tiledattention._sdpa as sdpa_module
     from tiledattention import Resolution, Schedule
     from tiledattention._device import DeviceInfo
     from tiledattention.forward._launch import constant_args
@@ -187,7 +187,7 @@ def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
         asked.append((family, problem, dev))
         return Resolution(resolved, "default", "test")
 
-    plan = sdpa_module._make_plan(Runtime(resolve), p, 0, None, None)
+    plan = sdpa_module._forward_plan(Runtime(resolve), p, 0, None, None)
     assert asked == [(FORWARD, p, device)]
     assert FORWARD.normalise(p, resolved) == Schedule(tile_m=128, tile_n=64)  # not causal
     assert plan.grid == (3, 16, 1)  # unpaired

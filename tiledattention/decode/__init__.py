@@ -3,6 +3,7 @@ CTAs and merged by a combine step (``DECODE`` is the registered :class:`~tiledat
 
 from ._compile import compile_decode
 from ._family import DECODE, DecodeFamily
+from ._launch import Layout, layout
 from ._schedule import DecodeSchedule
 
-__all__ = ["DECODE", "DecodeFamily", "DecodeSchedule", "compile_decode"]
+__all__ = ["DECODE", "DecodeFamily", "DecodeSchedule", "Layout", "compile_decode", "layout"]
