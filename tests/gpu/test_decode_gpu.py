@@ -1,0 +1,565 @@
+"""The split-KV decode family on the GPU, through ``tiledattention.sdpa`` (dispatch, lookup,
+bucketed plans) and through the family's own case (explicit schedules).
+
+- correctness against the float32 reference (relative L2 <= ``DECODE.tolerance``: bf16 1e-2,
+  fp16 5e-3) over a pairwise-covering set of S_q, S_k, GQA group, head dim, causal alignment
+  and dtype; each case through ``sdpa`` (first call, then the plan fast path with a shorter,
+  strided K/V of the same bucket) and through two explicit schedules (the sm_90 default and a
+  three-split PDL schedule with transposed K loads); bottom-right rows that see no key must be
+  exact zeros;
+- CuPy inputs (contiguous and a head slice), CUDA graph capture and replay with new inputs;
+- the decode-loop host path: one plan per K/V-length bucket, not per length (sizes bounded, host
+  time of a growing loop close to a fixed-length loop), also for a new ``torch.cat`` cache per
+  step;
+- dispatch (``explain``) and explicit families agreeing; bad input raising the package's errors
+  before anything launches, on the first call and on the warmed fast path.
+
+Explicit-schedule runs write into a NaN-poisoned buffer (``DecodeCase.error``); ``sdpa`` allocates
+its own output, so its caching-allocator block is NaN-filled just before the call (best effort)
+and the output must be finite.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from typing import NamedTuple
+
+import pytest
+import torch
+
+import tiledattention
+from tiledattention import (DECODE, FORWARD, DecodeSchedule, InputTypeError, InputValueError,
+                            Problem, problem_from_arrays)
+from tiledattention._reference import attention_reference
+from tiledattention._sdpa import length_bucket
+
+from ._reference import rel_l2
+
+gpu = pytest.mark.gpu
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: ``causal=`` argument per alignment name
+_ALIGN_ARGS = {"none": False, "top_left": "top_left", "bottom_right": "bottom_right"}
+
+# --------------------------------------------------------------- the pairwise-covering case set
+
+#: (H_q, H_kv) per GQA group: H_kv 1-2 so the 128k-key cases stay small; "mqa16" is MQA with 16
+#: query heads (g32 has one K/V head as well, with twice the query heads)
+HEADS = {"g1": (2, 2), "g4": (8, 2), "g8": (16, 2), "g32": (32, 1), "mqa16": (16, 1)}
+FACTORS = {
+    "sq": (1, 2, 7, 16, 64),
+    "sk": (1, 100, 4097, 32768, 131072),
+    "heads": tuple(HEADS),
+    "d": (64, 128, 256, 80),
+    "align": ("none", "top_left", "bottom_right"),
+    "dtype": ("bf16", "fp16"),
+}
+#: Peak memory the float32 reference (``attention_reference``: K/V repeated to H_q heads in
+#: float32, scores and their softmax copies) may need for one case; 8 tests run side by side.
+MAX_REFERENCE_BYTES = 3 << 30
+
+
+class Combo(NamedTuple):
+    sq: int
+    sk: int
+    heads: str
+    d: int
+    align: str
+    dtype: str
+
+    @property
+    def batch(self) -> int:
+        return 2 if self.sk <= 4097 else 1  # batch indexing where the cache is short
+
+    def problem(self) -> Problem:
+        hq, hkv = HEADS[self.heads]
+        return Problem(batch=self.batch, heads_q=hq, heads_kv=hkv, seqlen_q=self.sq,
+                       seqlen_k=self.sk, head_dim=self.d, dtype=self.dtype,
+                       causal=self.align != "none", bottom_right=self.align == "bottom_right")
+
+    @property
+    def id(self) -> str:
+        return f"sq{self.sq}-sk{self.sk}-{self.heads}-d{self.d}-{self.align}-{self.dtype}"
+
+
+def reference_bytes(c: Combo) -> int:
+    hq, hkv = HEADS[c.heads]
+    kv_f32 = hq * c.sk * c.d * 4  # one of k, v repeated to H_q heads in float32
+    scores = hq * c.sq * c.sk * 4
+    inputs = 2 * c.batch * hkv * c.sk * c.d * 2
+    return (3 if c.batch > 1 else 2) * kv_f32 + 4 * scores + inputs
+
+
+def _feasible(c: Combo) -> bool:
+    return reference_bytes(c) <= MAX_REFERENCE_BYTES
+
+
+def _pairs(c: Combo) -> frozenset:
+    return frozenset((a, getattr(c, a), b, getattr(c, b))
+                     for a, b in itertools.combinations(Combo._fields, 2))
+
+
+def all_pairs(factors: dict, feasible) -> list[Combo]:
+    """Greedy all-pairs: repeatedly take the first feasible combination (in product order) that
+    covers the most pairs not covered yet, until every pair that occurs in some feasible
+    combination is covered. Deterministic."""
+    combos = [Combo(*values) for values in itertools.product(*factors.values())]
+    combos = [(c, _pairs(c)) for c in combos if feasible(c)]
+    uncovered = set().union(*(pairs for _, pairs in combos))
+    chosen = []
+    while uncovered:
+        best, pairs = max(combos, key=lambda item: len(item[1] & uncovered))
+        chosen.append(best)
+        uncovered -= pairs
+    return chosen
+
+
+CASES = all_pairs(FACTORS, _feasible)
+
+#: the second explicit schedule: three splits merged by a programmatic dependent launch,
+#: 64-key steps, K loaded transposed
+SPLIT3_PDL = DecodeSchedule(splits=3, combine="pdl", tile_n=64, k_transposed=True)
+
+
+def test_case_set_covers_every_pair():
+    """(No GPU.) Every pair of values of any two factors is in some case, every pair is
+    feasible at all (none was dropped for memory), and every case fits the memory bound."""
+    covered = set().union(*(_pairs(c) for c in CASES))
+    names = list(FACTORS)
+    for a, b in itertools.combinations(names, 2):
+        for x, y in itertools.product(FACTORS[a], FACTORS[b]):
+            assert (a, x, b, y) in covered, f"{a}={x}, {b}={y} in no case"
+    assert all(_feasible(c) for c in CASES)
+    assert len(CASES) == len(set(CASES)) and len(CASES) <= 45, len(CASES)
+    assert CASES == all_pairs(FACTORS, _feasible)  # deterministic (xdist collects it per worker)
+    # the corners the brief names are there
+    assert any(c.sk == 131072 and c.d == 256 for c in CASES)
+    assert any(c.align == "bottom_right" and c.sq > c.sk for c in CASES)
+
+
+# -------------------------------------------------------------------------------- helpers
+
+def _poison_next_alloc(shape, dtype) -> None:
+    """Leave a NaN-filled block of this size at the top of the caching allocator's free list, so
+    the output ``sdpa`` allocates next (``torch.empty``) most likely starts as NaN."""
+    torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def expected(q, k, v, causal=False, scale=None):
+    problem, _ = problem_from_arrays(q, k, v, causal, scale)
+    return attention_reference(q, k, v, problem, scale), problem
+
+
+def blind_rows(problem: Problem) -> int:
+    """Query rows that see no key (bottom-right with S_q > S_k)."""
+    return max(0, -problem.causal_offset) if problem.causal else 0
+
+
+def assert_output(out, ref, problem: Problem, label: str) -> None:
+    assert tuple(out.shape) == tuple(ref.shape), label
+    assert out.dtype == _DTYPES[problem.dtype], label
+    assert torch.isfinite(out).all(), f"non-finite output ({label})"
+    err = rel_l2(out, ref)
+    assert err <= DECODE.tolerance(problem), f"rel L2 {err:.2e} ({label})"
+    blind = blind_rows(problem)
+    if blind:
+        assert torch.count_nonzero(out[:, :, :blind]).item() == 0, \
+            f"rows that see no key are not zero ({label})"
+
+
+def sdpa_checked(q, k, v, causal, problem: Problem, ref, label: str, schedule=None):
+    _poison_next_alloc(ref.shape, q.dtype)
+    out = tiledattention.sdpa(q, k, v, causal=causal, schedule=schedule)
+    assert isinstance(out, torch.Tensor)
+    assert_output(out, ref, problem, label)
+    return out
+
+
+def _release() -> None:
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # 8 workers share the GPU: do not keep the reference's peak
+
+
+# ------------------------------------------------------------------ 1. pairwise correctness
+
+@gpu
+@pytest.mark.parametrize("combo", CASES, ids=[c.id for c in CASES])
+def test_pairwise_correctness(combo: Combo):
+    problem = combo.problem()
+    causal = _ALIGN_ARGS[combo.align]
+    case = DECODE.case(problem, torch.cuda.current_device())
+    tol = DECODE.tolerance(problem)
+    try:
+        assert torch.isfinite(case.reference).all()
+
+        # dispatch + lookup (S_q = 64 may run the forward), first call: the validating path
+        sdpa_checked(case.q, case.k, case.v, causal, problem, case.reference, "sdpa")
+
+        # the decode family explicitly, into a NaN-poisoned buffer, and the same schedule
+        # through sdpa
+        schedules = {"default": DECODE.default_schedule("sm_90", problem),
+                     "split3_pdl": SPLIT3_PDL}
+        for name, schedule in schedules.items():
+            err = case.error(case.launcher(schedule))
+            assert err <= tol, f"rel L2 {err:.2e} ({name}: {schedule.describe()})"
+            blind = blind_rows(problem)
+            if blind:
+                assert torch.count_nonzero(case.out[:, :, :blind]).item() == 0, name
+            sdpa_checked(case.q, case.k, case.v, causal, problem, case.reference,
+                         f"sdpa {name}", schedule=schedule)
+
+        # the plan fast path: a shorter K/V of the same length bucket, as strided views (the
+        # decode plan was kept for the bucket; the offset must follow the real length)
+        if combo.sk > 3 and length_bucket(combo.sk - 3) == length_bucket(combo.sk):
+            short = combo.sk - 3
+            k2, v2 = case.k[:, :, :short], case.v[:, :, :short]
+            ref2, problem2 = expected(case.q, k2, v2, causal)
+            for schedule in (None, SPLIT3_PDL):
+                sdpa_checked(case.q, k2, v2, causal, problem2, ref2,
+                             f"sdpa fast path S_k {short} schedule {schedule}", schedule=schedule)
+            del ref2
+    finally:
+        del case
+        _release()
+
+
+@gpu
+@pytest.mark.parametrize("sq,sk", [(2, 1), (7, 3), (16, 1), (64, 40), (16, 15)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_bottom_right_rows_without_keys_are_zero(sq, sk, dtype):
+    """S_q > S_k bottom-right: rows 0..S_q-S_k-1 see no key and are exact zeros on every path;
+    the rest differ from top-left (so the offset is really applied), and the shared reference
+    agrees with a mask built here by hand."""
+    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=sq, seqlen_k=sk, head_dim=128,
+                      dtype=dtype, causal=True, bottom_right=True)
+    case = DECODE.case(problem, torch.cuda.current_device())
+    blind = sq - sk
+    assert blind_rows(problem) == blind
+
+    # the reference, by hand: row i sees keys j <= i + sk - sq
+    mask = (torch.arange(sk, device="cuda")[None, :]
+            <= torch.arange(sq, device="cuda")[:, None] + (sk - sq))
+    kf = case.k.float().repeat_interleave(4, 1)
+    vf = case.v.float().repeat_interleave(4, 1)
+    scores = (case.q.float() @ kf.transpose(-1, -2)) / 128 ** 0.5
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
+    assert rel_l2(case.reference, probs @ vf) <= 1e-5
+    assert torch.count_nonzero(case.reference[:, :, :blind]).item() == 0
+
+    for schedule in (DECODE.default_schedule("sm_90", problem), SPLIT3_PDL,
+                     DecodeSchedule(splits=2, tile_n=16)):
+        assert case.error(case.launcher(schedule)) <= DECODE.tolerance(problem), schedule
+        assert torch.count_nonzero(case.out[:, :, :blind]).item() == 0, schedule
+        out = sdpa_checked(case.q, case.k, case.v, "bottom_right", problem, case.reference,
+                           f"sdpa {schedule.describe()}", schedule=schedule)
+    out = sdpa_checked(case.q, case.k, case.v, "bottom_right", problem, case.reference, "sdpa")
+    if sk > 1:  # with one key both alignments give the rows that see it the same answer
+        top_left = tiledattention.sdpa(case.q, case.k, case.v, causal=True)
+        assert rel_l2(out[:, :, blind:], top_left[:, :, blind:].float()) > \
+            10 * DECODE.tolerance(problem)
+
+
+# ------------------------------------------------------------------------------ 2. CuPy
+
+@gpu
+@pytest.mark.parametrize("sq,causal,sliced", [(1, False, False), (1, False, True),
+                                              (4, "bottom_right", True)],
+                         ids=["s1", "s1-head-slice", "s4-bottom-right-head-slice"])
+def test_cupy_inputs(sq, causal, sliced):
+    cupy = pytest.importorskip("cupy")
+    gen = torch.Generator(device="cuda").manual_seed(21 + sq)
+    q_big = torch.randn(2, 16, sq, 128, device="cuda", dtype=torch.float16, generator=gen)
+    k = torch.randn(2, 4, 5000, 128, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn_like(k)
+    q = q_big[:, :8] if sliced else q_big[:, :8].contiguous()
+    assert q.is_contiguous() != sliced
+    cq = cupy.from_dlpack(q_big)[:, :8] if sliced else cupy.from_dlpack(q)
+    ck, cv = cupy.from_dlpack(k), cupy.from_dlpack(v)
+    assert cq.flags.c_contiguous != sliced
+    assert tiledattention.explain(cq, ck, cv, causal=causal).family == "decode"
+
+    torch.cuda.synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        out_c = tiledattention.sdpa(cq, ck, cv, causal=causal)
+    stream.synchronize()
+    assert isinstance(out_c, cupy.ndarray)
+    assert out_c.shape == (2, 8, sq, 128) and out_c.dtype == cupy.float16
+    out_from_cupy = torch.from_dlpack(out_c)
+
+    out_t = tiledattention.sdpa(q, k, v, causal=causal)
+    ref, problem = expected(q, k, v, causal)
+    tol = DECODE.tolerance(problem)
+    assert_output(out_from_cupy, ref, problem, "cupy")
+    assert_output(out_t, ref, problem, "torch")
+    assert rel_l2(out_from_cupy, out_t.float()) <= tol
+
+
+# ------------------------------------------------------------------------- 3. CUDA graphs
+
+GRAPH_CASES = {
+    # (B, H_q, H_kv, S_k, D, explicit schedule, expected splits of the resolved schedule)
+    "multi-split": (1, 32, 8, 32768, 128, None, "many"),
+    "one-split": (32, 32, 8, 1024, 128, None, "one"),
+    "explicit-pdl": (2, 32, 8, 8192, 128, DecodeSchedule(splits=4, combine="pdl"), "many"),
+}
+
+
+@gpu
+@pytest.mark.parametrize("name", list(GRAPH_CASES))
+def test_cuda_graph_capture_and_replay_with_new_inputs(name):
+    b, hq, hkv, sk, d, schedule, splits = GRAPH_CASES[name]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+
+    def rand(h, s):
+        return torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    q, k, v = rand(hq, 1), rand(hkv, sk), rand(hkv, sk)
+    resolved = schedule
+    if schedule is None:
+        found = tiledattention.explain(q, k, v)
+        assert found.family == "decode", found
+        resolved = found.schedule
+    assert (resolved.splits > 1) == (splits == "many"), resolved.describe()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: compile, look up, keep the plan
+        for _ in range(3):
+            tiledattention.sdpa(q, k, v, schedule=schedule)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tiledattention.sdpa(q, k, v, schedule=schedule)
+
+    for _ in range(2):  # two rounds of new inputs: the graph reads the tensors, not copies
+        new_q, new_k, new_v = rand(hq, 1), rand(hkv, sk), rand(hkv, sk)
+        q.copy_(new_q)
+        k.copy_(new_k)
+        v.copy_(new_v)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, problem = expected(new_q, new_k, new_v)
+        assert_output(out, ref, problem, f"graph replay ({name})")
+    del graph
+    _release()
+
+
+# ------------------------------------------------------- 4. decode loop: plans and host cost
+
+def _loop_inputs(sq, steps, seed=3):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    cache_k = torch.randn(1, 8, 4096 + steps, 128, device="cuda", dtype=torch.bfloat16,
+                          generator=gen)
+    cache_v = torch.randn_like(cache_k)
+    q = torch.randn(1, 32, sq, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return q, cache_k, cache_v
+
+
+@gpu
+@pytest.mark.parametrize("sq,causal", [(1, False), (4, "bottom_right")],
+                         ids=["s1", "s4-bottom-right"])
+def test_decode_loop_keeps_one_plan_per_bucket_and_host_cost(tmp_path, sq, causal):
+    tiledattention.use_database(str(tmp_path / "fresh-never-created.sqlite"))
+    runtime = tiledattention.runtime()
+    assert runtime.sizes() == (0, 0)
+    steps, first = 300, 3000
+    q, cache_k, cache_v = _loop_inputs(sq, steps)
+    growing = list(range(first, first + steps))
+    assert len({length_bucket(n) for n in growing}) == 1  # the test's own premise
+
+    samples = {first, first + 1, first + steps // 2, first + steps - 1}
+    kept = {}
+    for n in growing:  # slices of a preallocated cache, like a static KV cache
+        out = tiledattention.sdpa(q, cache_k[:, :, :n], cache_v[:, :, :n], causal=causal)
+        if n in samples:
+            kept[n] = out
+    resolutions, plans = runtime.sizes()
+    assert resolutions <= 3 and plans <= 3, runtime.sizes()
+    for n, out in kept.items():
+        ref, problem = expected(q, cache_k[:, :, :n], cache_v[:, :, :n], causal)
+        assert_output(out, ref, problem, f"step S_k {n}")
+
+    def per_call(lengths):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for n in lengths:
+            tiledattention.sdpa(q, cache_k[:, :, :n], cache_v[:, :, :n], causal=causal)
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+        return elapsed / len(lengths)
+
+    fixed = [first] * steps
+    per_call(fixed)  # warm
+    grow_times, fixed_times = [], []
+    for _ in range(7):  # interleaved, medians: the machine is shared and noisy
+        grow_times.append(per_call(growing))
+        fixed_times.append(per_call(fixed))
+    ratio = statistics.median(grow_times) / statistics.median(fixed_times)
+    assert ratio <= 1.5, (f"growing loop {statistics.median(grow_times) * 1e6:.1f} us/call vs "
+                          f"fixed {statistics.median(fixed_times) * 1e6:.1f} us/call")
+    assert runtime.sizes() == (resolutions, plans)  # timing added nothing
+
+
+@gpu
+def test_decode_loop_with_a_new_cat_cache_each_step_reuses_plans(tmp_path):
+    """Like Hugging Face's DynamicCache: every step makes new contiguous K/V by torch.cat (new
+    strides each step); the plan is kept per bucket all the same."""
+    tiledattention.use_database(str(tmp_path / "fresh-never-created.sqlite"))
+    runtime = tiledattention.runtime()
+    steps, first = 120, 3000
+    q, cache_k, cache_v = _loop_inputs(1, steps, seed=4)
+    k, v = cache_k[:, :, :first].contiguous(), cache_v[:, :, :first].contiguous()
+    kept = {}
+    for step in range(steps):
+        k = torch.cat([k, cache_k[:, :, first + step:first + step + 1]], dim=2)
+        v = torch.cat([v, cache_v[:, :, first + step:first + step + 1]], dim=2)
+        out = tiledattention.sdpa(q, k, v)
+        if step in (0, steps - 1):
+            kept[step] = (out, k, v)
+    resolutions, plans = runtime.sizes()
+    assert resolutions <= 3 and plans <= 3, runtime.sizes()
+    for step, (out, k, v) in kept.items():
+        assert k.shape[2] == first + step + 1
+        ref, problem = expected(q, k, v)
+        assert_output(out, ref, problem, f"cat step {step}")
+
+
+# ------------------------------------------------------------------------------ 5. dispatch
+
+@gpu
+@pytest.mark.parametrize("causal", [False, "bottom_right"], ids=["full", "bottom-right"])
+@pytest.mark.parametrize("sq,family", [(1, "decode"), (1024, "forward")])
+def test_explain_family_and_explicit_families_agree(sq, family, causal):
+    gen = torch.Generator(device="cuda").manual_seed(sq)
+    q = torch.randn(1, 32, sq, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn_like(k)
+    found = tiledattention.explain(q, k, v, causal=causal)
+    assert found.family == family, found
+    assert isinstance(found.schedule, DecodeSchedule if family == "decode"
+                      else tiledattention.Schedule)
+
+    ref, problem = expected(q, k, v, causal)
+    out = sdpa_checked(q, k, v, causal, problem, ref, "sdpa")
+    # what explain names is what ran: the same schedule forced gives the same bits
+    forced = tiledattention.sdpa(q, k, v, causal=causal, schedule=found.schedule)
+    assert torch.equal(out, forced)
+
+    arch = "sm_%d%d" % torch.cuda.get_device_capability()
+    via_decode = sdpa_checked(q, k, v, causal, problem, ref, "decode family",
+                              schedule=DECODE.default_schedule(arch, problem))
+    via_forward = sdpa_checked(q, k, v, causal, problem, ref, "forward family",
+                               schedule=FORWARD.default_schedule(arch, problem))
+    assert rel_l2(via_decode, via_forward.float()) <= DECODE.tolerance(problem)
+
+
+# -------------------------------------------------------------------------------- 6. errors
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts every cuTile kernel launch (``cuda.tile.launch``, which both families call)."""
+    import cuda.tile as ct
+
+    count = [0]
+    real = ct.launch
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ct, "launch", counting)
+    return count
+
+
+def _bad_inputs(q, k, v, cache_v):
+    """(label, (q, k, v), expected error) for a valid q, k, v of S_k = k.shape[2] and a cache
+    to slice a V of another length in the same bucket from."""
+    n = k.shape[2]
+    assert length_bucket(n + 1) == length_bucket(n)
+    return [
+        ("v longer", (q, k, cache_v[:, :, :n + 1]), InputValueError),
+        ("k longer", (q, cache_v[:, :, :n + 1], v), InputValueError),
+        ("v shorter", (q, k, cache_v[:, :, :n - 1]), InputValueError),
+        ("cpu k", (q, k.cpu(), v), InputValueError),
+        ("cpu q", (q.cpu(), k, v), InputValueError),
+        ("fp32 all", (q.float(), k.float(), v.float()), InputTypeError),
+        ("fp32 v", (q, k, v.float()), InputTypeError),
+        ("v head_dim", (q, k, cache_v[:, :, :n, :64]), InputValueError),
+        ("v last dim strided", (q, k, torch.repeat_interleave(v, 2, dim=3)[..., ::2]),
+         InputValueError),
+    ]
+
+
+@gpu
+@pytest.mark.parametrize("warm", [False, True], ids=["first-call", "warmed-fast-path"])
+def test_bad_input_raises_before_any_launch(launches, warm):
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    cache_k = torch.randn(1, 8, 3100, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cache_v = torch.randn_like(cache_k)
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = cache_k[:, :, :3000], cache_v[:, :, :3000]  # same strides as the bad slices
+    if warm:
+        for _ in range(2):  # the second call runs the kept plan
+            out = tiledattention.sdpa(q, k, v)
+        torch.cuda.synchronize()
+        assert launches[0] >= 2  # the counter sees the launches (the check below means something)
+        ref, problem = expected(q, k, v)
+        assert_output(out, ref, problem, "warm call")
+    before = launches[0]
+    for label, args, error in _bad_inputs(q, k, v, cache_v):
+        with pytest.raises(error):
+            tiledattention.sdpa(*args)
+        assert launches[0] == before, f"{label}: launched before raising"
+    # still fine afterwards
+    out = tiledattention.sdpa(q, k, v)
+    ref, problem = expected(q, k, v)
+    assert_output(out, ref, problem, "after the errors")
+
+
+@gpu
+def test_forward_fast_path_checks_v_against_k(launches):
+    """The forward's kept plan too: a V sliced from a cache with K's strides but another length
+    (or head dim) must raise, not launch."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    cache_k = torch.randn(1, 4, 2100, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cache_v = torch.randn_like(cache_k)
+    q = torch.randn(1, 8, 1024, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = cache_k[:, :, :2000], cache_v[:, :, :2000]
+    assert tiledattention.explain(q, k, v).family == "forward"
+    for _ in range(2):
+        tiledattention.sdpa(q, k, v)
+    torch.cuda.synchronize()
+    before = launches[0]
+    for label, bad_v in (("v longer", cache_v[:, :, :2001]), ("v shorter", cache_v[:, :, :1999]),
+                         ("v head_dim", cache_v[:, :, :2000, :64])):
+        assert bad_v.stride() == v.stride()
+        with pytest.raises(InputValueError):
+            tiledattention.sdpa(q, k, bad_v)
+        assert launches[0] == before, f"{label}: launched before raising"
+
+
+@gpu
+@pytest.mark.parametrize("sq", [1, 1024], ids=["decode", "forward"])
+def test_fast_path_rejects_what_the_first_call_rejects(sq):
+    """``causal=1`` and ``scale=True`` are refused on a first call (InputTypeError); a kept plan
+    for ``causal=True`` / ``scale=1.0`` (equal hash, equal ==) must not accept them."""
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    q = torch.randn(1, 8, sq, 64, device="cuda", dtype=torch.float16, generator=gen)
+    k = torch.randn(1, 2, 2048, 64, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn_like(k)
+    with pytest.raises(InputTypeError):
+        tiledattention.sdpa(q, k, v, causal=1)
+    with pytest.raises(InputTypeError):
+        tiledattention.sdpa(q, k, v, scale=True)
+    tiledattention.sdpa(q, k, v, causal=True)
+    tiledattention.sdpa(q, k, v, scale=1.0)
+    with pytest.raises(InputTypeError):
+        tiledattention.sdpa(q, k, v, causal=1)
+    with pytest.raises(InputTypeError):
+        tiledattention.sdpa(q, k, v, scale=True)
