@@ -136,15 +136,17 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
     try:  # the signature of a torch call; anything else takes the general path
         seqlen_k = k.shape[2]
         device = q.get_device()
+        # the types too: 1 == True == 1.0 hash alike, and the first call rejects some of them
         head = (q.shape, q.stride(), k.shape[0], k.shape[1], k.shape[3], q.dtype, k.dtype,
-                v.dtype, device, k.get_device(), v.get_device(), causal, scale, schedule)
+                v.dtype, device, k.get_device(), v.get_device(), causal, causal.__class__, scale,
+                scale.__class__, schedule)
         decode_key = (head, length_bucket(seqlen_k))
         plan = runtime.plan(decode_key)
         if plan is not None:
             out = _run_decode(plan, q, k, v, device)
             if out is not None:
                 return out
-        forward_key = (head, seqlen_k, k.stride(), v.stride())
+        forward_key = (head, seqlen_k, v.shape, k.stride(), v.stride())
         plan = runtime.plan(forward_key)
     except (AttributeError, TypeError):  # not torch tensors (CuPy), or unhashable arguments
         decode_key, forward_key, plan = None, None, None
