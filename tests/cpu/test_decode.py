@@ -1,0 +1,725 @@
+"""The split-KV decode family on the CPU: compile-only builds for several architectures, every
+schedule dimension reaching the compiled code (sm_90 ``.text`` digests), the schedule type, the
+query-row layout, normalisation, the per-architecture defaults, the dispatch rule, the cache
+length buckets of the decode plans, bottom-right problems, the runtime's bounds, the search
+space and a simulated search, and kernel arguments placed by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+
+import pytest
+
+import db
+import search_spaces
+import tiledattention
+from tiledattention import (DECODE, FORWARD, DecodeSchedule, DeviceInfo, InputValueError,
+                            KernelArgumentError, Problem, Resolver, Runtime, ScheduleError,
+                            UnsupportedProblemError, codecs, shipped_table, text_digest)
+from tiledattention._dispatch import DISPATCH_RULES, DispatchRule, dispatch_rule
+from tiledattention._sdpa import bucket_problem, length_bucket
+from tiledattention._signature import KernelParameters
+from tiledattention.decode import _compile as decode_compile
+from tiledattention.decode import layout
+from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT, SM_COUNTS
+from tiledattention.decode._kernel import decode_combine
+from tiledattention.decode._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS,
+                                           combine_constants, launches, split_constants,
+                                           split_kernel)
+from tiledattention.decode._schedule import DECODE_SCHEDULE_FORMAT, MAX_SPLITS
+from tuner.cli import main
+
+ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+
+#: group 7 (not a power of two), 3 query positions, a ragged cache, D padded to 128, bottom-right
+ODD = Problem(batch=2, heads_q=28, heads_kv=4, seqlen_q=3, seqlen_k=777, head_dim=96,
+              dtype="bf16", causal=True, bottom_right=True)
+#: Llama-style single-token decode against a long cache: the default splits it 16 ways on sm_90
+TOKEN = Problem(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=32768, head_dim=128,
+                dtype="bf16", causal=False)
+
+
+def _problem(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=4096, head_dim=64,
+             dtype="bf16", causal=False, bottom_right=False) -> Problem:
+    return Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                   seqlen_k=seqlen_k, head_dim=head_dim, dtype=dtype, causal=causal,
+                   bottom_right=bottom_right)
+
+
+# -- compile-only builds ------------------------------------------------------------------------
+_BUILT: dict = {}
+
+
+def _build(problem: Problem, schedule: DecodeSchedule, arch: str = "sm_90"):
+    """``DECODE.compile``, kept for the module: several tests compare the same builds."""
+    key = (problem, schedule, arch)
+    if key not in _BUILT:
+        _BUILT[key] = DECODE.compile(problem, schedule, arch)
+    return _BUILT[key]
+
+
+def _digest(problem: Problem, schedule: DecodeSchedule, arch: str = "sm_90") -> str:
+    return text_digest(_build(problem, schedule, arch).cubin)
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """Every ``export_cubin`` call of ``compile_decode``: (kernel, arch, label, result)."""
+    calls = []
+    real = decode_compile.export_cubin
+
+    def spy(kernel, args, arch, label):
+        result = real(kernel, args, arch, label)
+        calls.append((kernel, arch, label, result))
+        return result
+
+    monkeypatch.setattr(decode_compile, "export_cubin", spy)
+    return calls
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_default_schedule_compiles_for_an_odd_problem(arch, exports):
+    schedule = DECODE.default_schedule(arch, ODD)
+    assert schedule.splits == 1  # 777 keys: fewer than two splits' worth
+    tiles = layout(ODD, schedule)
+    assert (tiles.view_group, tiles.tile_g, tiles.tile_s) == (7, 8, 4)
+    result = DECODE.compile(ODD, schedule, arch)
+    assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
+    # one split writes the output itself: the split kernel only
+    assert [(k, a) for k, a, _, _ in exports] == [(split_kernel(schedule), arch)]
+    _BUILT[ODD, schedule, arch] = result
+
+
+@pytest.mark.parametrize("arch, combine", [("sm_90", "kernel"), ("sm_90", "pdl"),
+                                           ("sm_121", "pdl")])
+def test_several_splits_compile_the_split_and_the_combine_kernel(arch, combine, exports):
+    default = DECODE.default_schedule("sm_90", TOKEN)
+    assert default.splits == 16 and default.combine == "kernel"
+    schedule = default.replace(combine=combine)
+    result = DECODE.compile(TOKEN, schedule, arch)
+    assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
+    assert [(kernel is decode_combine, a) for kernel, a, _, _ in exports] == [(False, arch),
+                                                                              (True, arch)]
+    split, combined = exports[0][3], exports[1][3]
+    assert "(combine)" in exports[1][2] and "split16/" + combine in exports[0][2]
+    assert result.cubin == split.cubin  # the result is the split kernel's cubin ...
+    assert combined.cubin[:4] == b"\x7fELF" and combined.cubin != split.cubin
+    assert result.seconds == pytest.approx(split.seconds + combined.seconds)  # ... timed as both
+    _BUILT[TOKEN, schedule, arch] = result
+
+
+# -- every dimension reaches the compiled code (sm_90 .text digests) ---------------------------
+GQA = _problem()  # S_q = 1, group 4: every split-kernel dimension applies
+BASE = DecodeSchedule(tile_n=64)  # one split: one kernel per build
+ROWS = _problem(seqlen_q=16, causal=True, bottom_right=True)  # several query positions per tile
+
+DIFFERENT = {
+    "tile_n": (GQA, BASE, BASE.replace(tile_n=128)),
+    "k_latency": (GQA, BASE, BASE.replace(k_latency=2)),
+    "v_latency": (GQA, BASE, BASE.replace(v_latency=2)),
+    "exp2": (GQA, BASE, BASE.replace(exp2=False)),
+    "k_transposed": (GQA, BASE, BASE.replace(k_transposed=True)),
+    "occupancy": (GQA, BASE, BASE.replace(occupancy=2)),
+    "num_worker_warps": (GQA, BASE, BASE.replace(num_worker_warps=8)),
+    # 4 heads x 4 positions against 1 head x 16 positions
+    "pack_heads": (ROWS, BASE, BASE.replace(pack_heads=False)),
+    "tile_m": (ROWS, BASE, BASE.replace(tile_m=64)),
+    # the split kernel signals its dependent launch with PDL
+    "combine": (TOKEN, DECODE.default_schedule("sm_90", TOKEN),
+                DECODE.default_schedule("sm_90", TOKEN).replace(combine="pdl")),
+}
+
+
+@pytest.mark.parametrize("problem, a, b", DIFFERENT.values(), ids=DIFFERENT.keys())
+def test_each_dimension_changes_the_split_kernels_code(problem, a, b):
+    assert DECODE.normalise(problem, a) == a and DECODE.normalise(problem, b) == b
+    assert a.key != b.key
+    assert _digest(problem, a) != _digest(problem, b)
+
+
+def test_pack_heads_at_one_position_changes_the_launch_not_the_code():
+    """At S_q = 1 both ways fill a 16-row tile (4 heads + 12 padded, or 1 head + 15): the same
+    kernel, launched on 8 rows of packed heads or 32 single heads that divide to their K/V head."""
+    packed, single = BASE, BASE.replace(pack_heads=False)
+    assert DECODE.normalise(GQA, single) == single
+    one, other = launches(GQA, packed, None), launches(GQA, single, None)
+    assert (one.split_grid, one.tiles.kv_div) == ((8, 1, 1), 1)
+    assert (other.split_grid, other.tiles.kv_div) == ((32, 1, 1), 4)
+    assert one.split_constants == other.split_constants
+    assert _digest(GQA, packed) == _digest(GQA, single)
+
+
+SAME = {
+    "combine_with_one_split": (GQA, BASE, BASE.replace(combine="pdl")),
+    # S_q = 1, group 8: 8 heads padded to a 16-row tile either way
+    "tile_m_one_position": (_problem(heads_q=64), BASE, BASE.replace(tile_m=64)),
+}
+
+
+@pytest.mark.parametrize("problem, a, b", SAME.values(), ids=SAME.keys())
+def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b):
+    assert a != b
+    assert DECODE.normalise(problem, a) == DECODE.normalise(problem, b)
+    # not only normalise's doing: the kernel sees the same constants un-normalised too
+    assert split_constants(problem, a) == split_constants(problem, b)
+    assert layout(problem, a) == layout(problem, b)
+    assert _digest(problem, a) == _digest(problem, b)
+
+
+# -- DecodeSchedule ------------------------------------------------------------------------------
+TOGGLED = DecodeSchedule(splits=16, combine="pdl", tile_n=256, tile_m=128, pack_heads=False,
+                         occupancy=2, num_worker_warps=8, k_latency=3, v_latency=10,
+                         k_transposed=True, exp2=False)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("splits", 0, "DecodeSchedule.splits must be in 1..256"),
+    ("splits", 257, "DecodeSchedule.splits must be in 1..256"),
+    ("splits", True, "DecodeSchedule.splits must be an int"),
+    ("splits", 2.0, "DecodeSchedule.splits must be an int"),
+    ("combine", "x", "DecodeSchedule.combine must be one of"),
+    ("tile_n", 48, "DecodeSchedule.tile_n must be one of"),
+    ("tile_n", 512, "DecodeSchedule.tile_n must be one of"),
+    ("tile_m", 8, "DecodeSchedule.tile_m must be one of"),
+    ("tile_m", 256, "DecodeSchedule.tile_m must be one of"),
+    ("occupancy", 0, "DecodeSchedule.occupancy must be in 1..32"),
+    ("occupancy", 33, "DecodeSchedule.occupancy must be in 1..32"),
+    ("num_worker_warps", 2, "DecodeSchedule.num_worker_warps must be one of"),
+    ("k_latency", 0, "DecodeSchedule.k_latency must be in 1..10"),
+    ("v_latency", 11, "DecodeSchedule.v_latency must be in 1..10"),
+    ("pack_heads", 1, "DecodeSchedule.pack_heads must be a bool"),
+    ("k_transposed", 0, "DecodeSchedule.k_transposed must be a bool"),
+    ("exp2", 1, "DecodeSchedule.exp2 must be a bool"),
+])
+def test_validation_names_the_field(field, value, message):
+    with pytest.raises(ScheduleError, match=message.replace(".", r"\.")):
+        DecodeSchedule(**{field: value})
+    with pytest.raises(ScheduleError, match=message.replace(".", r"\.")):
+        DecodeSchedule().replace(**{field: value})
+
+
+def test_every_extreme_value_is_accepted():
+    for splits in (1, MAX_SPLITS):
+        DecodeSchedule(splits=splits)
+    for n, m in itertools.product((16, 32, 64, 128, 256), (16, 32, 64, 128)):
+        DecodeSchedule(tile_n=n, tile_m=m)
+    DecodeSchedule(num_worker_warps=4, k_latency=1, v_latency=10, occupancy=32)
+
+
+@pytest.mark.parametrize("schedule", [DecodeSchedule(), TOGGLED], ids=["default", "toggled"])
+def test_round_trip_through_dict_json_and_the_family_codec(schedule):
+    data = schedule.to_dict()
+    assert data["format"] == DECODE_SCHEDULE_FORMAT == 1
+    assert DecodeSchedule.from_dict(data) == schedule
+    assert DecodeSchedule.from_dict(dict(reversed(list(data.items())))) == schedule
+    assert DecodeSchedule.from_dict({k: v for k, v in data.items() if k != "format"}) == schedule
+    assert DECODE.schedule_type is DecodeSchedule
+    assert DECODE.codec().schedule(data) == schedule
+    assert DECODE.codec().schedule(schedule.to_json()) == schedule
+
+
+def test_from_dict_rejects_unknown_fields_newer_formats_and_non_mappings():
+    data = DecodeSchedule().to_dict()
+    with pytest.raises(ScheduleError, match=r"unknown decode schedule field\(s\) \['tile_k'\]"):
+        DecodeSchedule.from_dict({**data, "tile_k": 64})
+    for version in (DECODE_SCHEDULE_FORMAT + 1, "1", None):
+        with pytest.raises(ScheduleError, match="newer than this tiledattention understands"):
+            DecodeSchedule.from_dict({**data, "format": version})
+    with pytest.raises(ScheduleError, match="must be a mapping; got list"):
+        DecodeSchedule.from_dict([("splits", 2)])
+    with pytest.raises(ScheduleError, match="DecodeSchedule.splits"):
+        DecodeSchedule.from_dict({**data, "splits": 0})
+
+
+def test_key_is_stable_and_distinguishes_every_field():
+    # pinned: keys name trials in studies and rows; a changed dict form must be deliberate
+    assert DecodeSchedule().key == DecodeSchedule().key == "246e1f6d8f28"
+    assert len(TOGGLED.key) == 12 and int(TOGGLED.key, 16) >= 0
+    keys = {DecodeSchedule().key}
+    toggled = [f.name for f in dataclasses.fields(DecodeSchedule)]
+    for name in toggled:
+        keys.add(DecodeSchedule().replace(**{name: getattr(TOGGLED, name)}).key)
+    assert len(keys) == 1 + len(toggled)  # TOGGLED changes every field; each changes the key
+
+
+def test_describe():
+    assert DecodeSchedule().describe() == "split1 n64 m16 occ1"
+    assert DecodeSchedule(splits=16, combine="pdl", tile_n=128, occupancy=2, k_latency=2,
+                          v_latency=2).describe() == "split16/pdl n128 m16 occ2 lat(K2,V2)"
+    assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
+    assert TOGGLED.describe() == "split16/pdl n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp"
+    assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
+
+
+# -- layout -------------------------------------------------------------------------------------
+def test_group_of_four_at_one_position_is_padded_to_sixteen_rows():
+    tiles = layout(_problem(batch=3), DecodeSchedule())
+    assert tiles == (8, 4, 1, 16, 1, 1, 24)  # heads 4 padded to a 16-row tile
+    assert (tiles.view_heads, tiles.view_group, tiles.kv_div) == (8, 4, 1)
+    assert (tiles.tile_g, tiles.tile_s, tiles.tile_m, tiles.rows) == (16, 1, 16, 24)
+
+
+def test_group_of_seven_packs_into_eight_heads_by_as_many_positions_as_fit():
+    assert layout(ODD, DecodeSchedule(tile_m=32))[:7] == (4, 7, 1, 8, 4, 1, 8)
+    assert layout(ODD, DecodeSchedule(tile_m=16)) == (4, 7, 1, 8, 2, 2, 2 * 4 * 2)
+    assert layout(ODD, DecodeSchedule(tile_m=128)).tile_s == 4  # never past S_q's power of two
+    assert layout(ODD, DecodeSchedule(tile_m=16)).tile_m == 16
+
+
+def test_unpacked_heads_get_one_head_per_tile_and_divide_to_their_kv_head():
+    tiles = layout(ODD, DecodeSchedule(pack_heads=False, tile_m=16))
+    assert (tiles.view_heads, tiles.view_group, tiles.kv_div) == (28, 1, 7)
+    assert (tiles.tile_g, tiles.tile_s, tiles.q_tiles, tiles.rows) == (4, 4, 1, 2 * 28)
+    one = layout(_problem(), DecodeSchedule(pack_heads=False))
+    assert (one.view_heads, one.view_group, one.kv_div, one.tile_g, one.tile_s) == (32, 1, 4,
+                                                                                    16, 1)
+
+
+def test_many_positions_make_several_query_tiles():
+    p = _problem(batch=2, seqlen_q=100)
+    tiles = layout(p, DecodeSchedule(tile_m=64))
+    assert (tiles.tile_g, tiles.tile_s, tiles.q_tiles, tiles.rows) == (4, 16, 7, 2 * 8 * 7)
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def test_layout_invariants_over_many_problems_and_schedules():
+    rng = random.Random(7)
+    for _ in range(3000):
+        heads_kv = rng.choice((1, 2, 8))
+        p = _problem(batch=rng.choice((1, 3)), heads_kv=heads_kv,
+                     heads_q=heads_kv * rng.choice((1, 2, 3, 4, 7, 8, 16, 32, 64)),
+                     seqlen_q=rng.choice((1, 2, 3, 5, 16, 17, 100, 1000)))
+        s = DecodeSchedule(tile_m=rng.choice((16, 32, 64, 128)),
+                           pack_heads=rng.random() < 0.7)
+        t = layout(p, s)
+        assert t.tile_m == t.tile_g * t.tile_s >= 16
+        assert _pow2(t.tile_g) and _pow2(t.tile_s) and t.tile_g >= t.view_group
+        assert t.tile_s <= 1 << (p.seqlen_q - 1).bit_length()
+        assert (t.q_tiles - 1) * t.tile_s < p.seqlen_q <= t.q_tiles * t.tile_s
+        assert t.rows == p.batch * t.view_heads * t.q_tiles
+        assert t.view_heads * t.view_group == p.heads_q
+        # view head h reads K/V head h // kv_div: every K/V head, each by a whole group
+        assert {h // t.kv_div for h in range(t.view_heads)} == set(range(p.heads_kv))
+        assert t.view_heads // p.heads_kv * t.view_group == p.group_size
+        # no more rows than asked for, unless one position of the packed heads needs more
+        assert t.tile_m <= max(s.tile_m, t.tile_g, 16)
+
+
+# -- normalise ----------------------------------------------------------------------------------
+def _random_schedules(rng: random.Random, count: int) -> list[DecodeSchedule]:
+    return [DecodeSchedule(splits=rng.choice((1, 1, 2, 3, 16)), combine=rng.choice(("kernel",
+                                                                                   "pdl")),
+                           tile_n=rng.choice((64, 128)), tile_m=rng.choice((16, 32, 64, 128)),
+                           pack_heads=rng.random() < 0.5, occupancy=rng.choice((1, 2)),
+                           k_latency=rng.choice((None, 2)), k_transposed=rng.random() < 0.5)
+            for _ in range(count)]
+
+
+NORMALISE_PROBLEMS = {
+    "token_gqa": _problem(),
+    "token_mqa": _problem(heads_q=32, heads_kv=1),
+    "odd": ODD,
+    "rows": ROWS,
+    "long_q": _problem(seqlen_q=200, heads_q=8),
+}
+
+
+@pytest.mark.parametrize("problem", NORMALISE_PROBLEMS.values(), ids=NORMALISE_PROBLEMS.keys())
+def test_normalise_is_idempotent_and_keeps_what_the_kernels_see(problem):
+    canonical = DecodeSchedule()
+    changed_somewhere = set()
+    for s in _random_schedules(random.Random(11), 300):
+        n = DECODE.normalise(problem, s)
+        assert DECODE.normalise(problem, n) == n
+        changed = {f.name for f in dataclasses.fields(s) if getattr(n, f.name) != getattr(s,
+                                                                                    f.name)}
+        assert changed <= {"combine", "tile_m"}
+        if not changed:
+            assert n is s
+        changed_somewhere |= changed
+        # combine: canonical exactly when there is one split
+        assert (n.combine == canonical.combine) if s.splits == 1 else (n.combine == s.combine)
+        # tile_m: canonical exactly when the canonical value tiles the rows the same way
+        same_tiles = layout(problem, s) == layout(problem, s.replace(tile_m=canonical.tile_m))
+        assert n.tile_m == (canonical.tile_m if same_tiles else s.tile_m)
+        # what is launched is unchanged
+        assert layout(problem, n) == layout(problem, s)
+        assert split_constants(problem, n) == split_constants(problem, s)
+        if s.splits > 1:
+            assert combine_constants(problem, n) == combine_constants(problem, s)
+        assert launches(problem, s, None) == launches(problem, n, None)
+    assert "combine" in changed_somewhere
+
+
+def test_normalise_on_hand_picked_cases():
+    one = DecodeSchedule(combine="pdl", tile_m=64)
+    assert DECODE.normalise(_problem(), one) == DecodeSchedule()  # S_q = 1: m64 tiles as m16
+    assert DECODE.normalise(ROWS, one) == DecodeSchedule(tile_m=64)  # 16 positions: it does not
+    several = DecodeSchedule(splits=4, combine="pdl")
+    assert DECODE.normalise(_problem(), several) is several
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "normalise (tiledattention/decode/_launch.py) leaves two fields that cannot change the "
+    "launches un-canonicalised: pack_heads when the GQA group is 1 (MHA: packed and unpacked "
+    "give the same Layout), and tile_m when several values other than 16 give the same Layout "
+    "(S_q = 4, group 8: tile_m 32, 64 and 128 all tile 8 heads x 4 positions); the tuner then "
+    "times one kernel under several keys"))
+@pytest.mark.parametrize("problem, a, b", [
+    (_problem(heads_q=8, heads_kv=8), DecodeSchedule(), DecodeSchedule(pack_heads=False)),
+    (_problem(heads_q=64, seqlen_q=4), DecodeSchedule(tile_m=32), DecodeSchedule(tile_m=64)),
+], ids=["pack_heads_mha", "tile_m_32_64"])
+def test_schedules_whose_launches_are_identical_normalise_to_one_schedule(problem, a, b):
+    assert layout(problem, a) == layout(problem, b)
+    assert split_constants(problem, a) == split_constants(problem, b)
+    assert launches(problem, a, None) == launches(problem, b, None)
+    assert DECODE.normalise(problem, a) == DECODE.normalise(problem, b)
+
+
+# -- defaults -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100", "sm_120"])
+@pytest.mark.parametrize("problem", [ODD, TOKEN, _problem(head_dim=256, seqlen_q=16)],
+                         ids=["odd", "token", "d256_q16"])
+def test_defaults_validate_and_are_normalised(arch, problem):
+    s = DECODE.default_schedule(arch, problem)
+    assert s.validate() is s
+    assert DECODE.normalise(problem, s) == s
+    assert s.pack_heads and s.combine == "kernel" and (s.k_latency, s.v_latency) == (2, 2)
+    assert s.tile_n == (64 if problem.head_dim > 128 else 128)
+    # the packed group's rows fit one tile, up to 128 rows
+    tiles = layout(problem, s)
+    assert tiles.q_tiles == 1 or tiles.tile_m == 128
+
+
+@pytest.mark.parametrize("arch, splits", [("sm_90", 16), ("sm_100", 18), ("sm_120", 6),
+                                          ("sm_121", 6), ("sm_80", 13), ("sm_89", 16)])
+def test_default_splits_fill_one_wave(arch, splits):
+    assert DECODE.default_schedule(arch, TOKEN).splits == splits  # 8 CTAs per split
+
+
+def test_default_split_count_follows_cache_length_and_parallelism():
+    assert DECODE.default_schedule("sm_90", TOKEN).splits == 16
+    assert DECODE.default_schedule("sm_90", dataclasses.replace(TOKEN, batch=32)).splits == 1
+    assert DECODE.default_schedule("sm_90", dataclasses.replace(TOKEN, seqlen_k=1024)).splits <= 2
+    for arch in ("sm_80", "sm_90", "sm_100", "sm_120"):
+        for b, hkv in ((1, 1), (1, 8), (4, 8), (16, 8)):
+            counts = [DECODE.default_schedule(arch, _problem(batch=b, heads_kv=hkv,
+                                                             heads_q=4 * hkv,
+                                                             seqlen_k=sk)).splits
+                      for sk in (1, 300, 512, 1024, 4096, 32768, 131072)]
+            assert counts == sorted(counts), (arch, b, hkv)  # grows with S_k
+        for sk in (4096, 32768):
+            counts = [DECODE.default_schedule(arch, _problem(batch=b, seqlen_k=sk)).splits
+                      for b in (1, 2, 4, 8, 16, 32, 64)]
+            assert counts == sorted(counts, reverse=True), (arch, sk)  # shrinks with B*H_kv
+        gen = tiledattention.generation(arch)
+        for b, sk in itertools.product((1, 2, 4, 8), (700, 4096, 65536, 1 << 18)):
+            p = _problem(batch=b, seqlen_k=sk)
+            s = DECODE.default_schedule(arch, p)
+            if s.splits > 1:  # one wave, and every split streams its minimum of keys
+                assert layout(p, s).rows * s.splits <= SM_COUNTS[gen]
+                assert s.splits * MIN_KEYS_PER_SPLIT <= sk
+            assert 1 <= s.splits <= MAX_SPLITS
+
+
+# -- dispatch -----------------------------------------------------------------------------------
+def test_hopper_rule_is_the_measured_boundary():
+    assert DISPATCH_RULES["hopper"] == DispatchRule(max_seqlen_q=16, sparse_seqlen_q=64,
+                                                    sparse_ctas=66)
+
+
+@pytest.mark.parametrize("batch, heads_q, seqlen_q, family", [
+    (1, 32, 1, "decode"), (64, 32, 1, "decode"), (64, 64, 16, "decode"),
+    (1, 32, 17, "decode"), (8, 32, 17, "forward"),
+    (1, 32, 32, "decode"), (2, 32, 64, "decode"),  # 64 forward CTAs
+    (1, 66, 64, "decode"), (1, 67, 64, "forward"),  # the boundary: 66 CTAs
+    (3, 32, 64, "forward"), (1, 8, 65, "forward"),
+    (1, 32, 128, "forward"), (1, 1, 128, "forward"),
+])
+def test_choose_family(batch, heads_q, seqlen_q, family):
+    p = _problem(batch=batch, heads_q=heads_q, heads_kv=1, seqlen_q=seqlen_q, seqlen_k=4096)
+    expected = {"decode": DECODE, "forward": FORWARD}[family]
+    assert tiledattention.choose_family("sm_90", p) is expected
+    for arch in ("sm_80", "sm_89", "sm_100", "sm_121"):  # no measurement: Hopper's boundary
+        assert tiledattention.choose_family(arch, p) is expected
+
+
+def test_dispatch_rule_of_other_generations_and_bad_arches():
+    assert dispatch_rule("sm_120") is DISPATCH_RULES["hopper"]
+    for bad in ("sm_91", "sm_121a", "hopper", 90):
+        with pytest.raises(InputValueError, match="arch must"):
+            tiledattention.choose_family(bad, _problem())
+
+
+# -- cache-length buckets -----------------------------------------------------------------------
+@pytest.mark.parametrize("length, bucket", [
+    (1, 1), (2, 2), (3, 4), (5, 4), (6, 8), (11, 8), (12, 16), (4096, 4096), (4097, 4096),
+    (5792, 4096), (5793, 8192), (30000, 2**15), (100000, 2**17), (2**31 - 1, 2**31)])
+def test_length_bucket_rounds_to_the_nearest_power_of_two_in_log_scale(length, bucket):
+    # 3: 3*3 = 9 >= 2*2*2 = 8, so 3 >= 2^1.5 and its bucket is 2^2
+    assert 1 << length_bucket(length) == bucket
+
+
+def test_length_bucket_agrees_with_its_definition():
+    for x in range(1, 5001):
+        exact = math.log2(x)
+        if abs(exact - math.floor(exact) - 0.5) > 1e-9:  # no integer sits at 2^(n+1/2)
+            assert length_bucket(x) == round(exact), x
+    for n in range(1, 32):  # either side of 2^(n+1/2), in integers: x*x >= 2^(2n+1)
+        edge = math.isqrt(2 << (2 * n))  # the largest x with x*x <= 2^(2n+1), below it
+        for x in (edge - 1, edge, edge + 1, edge + 2):
+            n_lo = length_bucket(x)
+            assert 2 ** (2 * n_lo - 1) <= x * x < 2 ** (2 * n_lo + 1), x
+
+
+def test_bucket_problem_changes_only_the_cache_length():
+    bucketed = bucket_problem(ODD)
+    assert bucketed.seqlen_k == 1024
+    assert {k: v for k, v in bucketed.to_dict().items() if k != "seqlen_k"} == \
+        {k: v for k, v in ODD.to_dict().items() if k != "seqlen_k"}
+    assert bucketed.bottom_right and bucketed.causal_offset == 1024 - 3
+    assert bucket_problem(TOKEN) is TOKEN  # a power of two already
+    assert bucket_problem(dataclasses.replace(TOKEN, seqlen_k=23170)).seqlen_k == 16384
+    assert bucket_problem(dataclasses.replace(TOKEN, seqlen_k=23171)).seqlen_k == 32768
+
+
+def test_bucket_problem_keeps_a_length_whose_bucket_is_no_valid_problem():
+    # 8 * 2^21 * 128 = 2^31 elements of K: one past the int32 index limit
+    p = _problem(heads_kv=8, head_dim=128, seqlen_k=2_000_000)
+    assert length_bucket(p.seqlen_k) == 21
+    with pytest.raises(UnsupportedProblemError):
+        dataclasses.replace(p, seqlen_k=1 << 21)
+    assert bucket_problem(p) is p
+
+
+def test_bucket_problem_takes_the_canonical_form_of_its_length():
+    """Rounded to S_q, a bottom-right problem becomes top-left (the same mask): the caller's
+    alignment travels beside it (``_sdpa._decode_plan``)."""
+    p = _problem(seqlen_q=16, seqlen_k=22, causal=True, bottom_right=True)  # 22 < 2^4.5
+    assert bucket_problem(p) == _problem(seqlen_q=16, seqlen_k=16, causal=True)
+    assert not bucket_problem(p).bottom_right and bucket_problem(p).causal
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "tiledattention/_sdpa.py sdpa() computes length_bucket(k.shape[2]) on its fast path before "
+    "validating: an empty cache (S_k = 0) makes length_bucket shift by a negative count, so "
+    "the call raises a bare ValueError('negative shift count') instead of the InputValueError "
+    "'k must have seqlen >= 1' that problem_from_arrays gives"))
+def test_sdpa_rejects_an_empty_cache_with_the_validation_error():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 4, 1, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 4, 0, 64, dtype=torch.bfloat16)
+    with pytest.raises(InputValueError, match="k must have seqlen >= 1"):
+        tiledattention.sdpa(q, k, k)
+
+
+# -- bottom-right problems ----------------------------------------------------------------------
+def test_bottom_right_canonical_forms():
+    square = _problem(seqlen_q=512, seqlen_k=512, causal=True, bottom_right=True)
+    assert (square.causal, square.bottom_right) == (True, False)
+    assert square == _problem(seqlen_q=512, seqlen_k=512, causal=True)
+    token = _problem(seqlen_q=1, causal=True, bottom_right=True)
+    assert (token.causal, token.bottom_right) == (False, False)  # the last query sees all keys
+    assert token == _problem(seqlen_q=1)
+    top_left = _problem(seqlen_q=1, causal=True)  # top-left at S_q = 1 sees key 0 only
+    assert (top_left.causal, top_left.bottom_right) == (True, False) and top_left != token
+    assert ODD.bottom_right and ODD.causal
+    with pytest.raises(UnsupportedProblemError, match="bottom_right=True needs causal=True"):
+        _problem(seqlen_q=4, bottom_right=True)
+    with pytest.raises(UnsupportedProblemError, match="bottom_right must be a bool"):
+        _problem(seqlen_q=4, causal=True, bottom_right=1)
+
+
+def test_problem_dict_carries_bottom_right_only_when_true():
+    assert "bottom_right" not in TOKEN.to_dict()
+    assert ODD.to_dict()["bottom_right"] is True
+    for p in (TOKEN, ODD, _problem(seqlen_q=7, causal=True)):
+        assert Problem.from_dict(p.to_dict()) == p
+    legacy = {k: v for k, v in ODD.to_dict().items() if k != "bottom_right"}
+    assert Problem.from_dict(legacy) == dataclasses.replace(ODD, bottom_right=False)
+    with pytest.raises(UnsupportedProblemError, match=r"missing \['causal'\]"):
+        Problem.from_dict({k: v for k, v in legacy.items() if k != "causal"})
+
+
+def test_causal_offset():
+    assert ODD.causal_offset == 777 - 3
+    assert dataclasses.replace(ODD, bottom_right=False).causal_offset == 0
+    assert _problem(seqlen_q=5, seqlen_k=3, causal=True, bottom_right=True).causal_offset == -2
+    assert TOKEN.causal_offset == 0
+
+
+# -- runtime bounds -----------------------------------------------------------------------------
+def test_runtime_holds_at_most_max_resolutions_oldest_out(monkeypatch):
+    import tiledattention._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "device_info", lambda index: DeviceInfo(
+        index=index, arch="sm_90", name="fake", sm_count=132))
+    calls = []
+
+    def resolve(family, problem, device):
+        calls.append((family.name, problem.seqlen_k, device.index))
+        return f"{family.name}:{problem.seqlen_k}"
+
+    runtime = Runtime(resolve, max_plans=2, max_resolutions=2)
+    a, b, c = (dataclasses.replace(TOKEN, seqlen_k=n) for n in (1024, 2048, 4096))
+    assert runtime.resolution(DECODE, a, 0) == "decode:1024"
+    assert runtime.resolution(DECODE, b, 0) == "decode:2048"
+    assert runtime.resolution(DECODE, a, 0) == "decode:1024"  # held: no call
+    assert runtime.sizes() == (2, 0)
+    assert runtime.resolution(DECODE, c, 0) == "decode:4096"  # a, the oldest, goes
+    assert runtime.sizes() == (2, 0)
+    assert calls == [("decode", 1024, 0), ("decode", 2048, 0), ("decode", 4096, 0)]
+    runtime.resolution(DECODE, b, 0)
+    runtime.resolution(DECODE, c, 0)
+    assert len(calls) == 3  # b and c held
+    assert runtime.resolution(DECODE, a, 0) == "decode:1024"  # evicted: resolved again
+    assert calls[3:] == [("decode", 1024, 0)] and runtime.sizes() == (2, 0)
+    for name in "xyz":
+        runtime.keep_plan(name, name.upper())
+    assert runtime.sizes() == (2, 2)
+    assert [runtime.plan(n) for n in "xyz"] == [None, "Y", "Z"]
+    runtime.clear()
+    assert runtime.sizes() == (0, 0)
+
+
+# -- search space and a simulated search --------------------------------------------------------
+def test_compact_space_keeps_splits_of_two_key_tiles_at_least():
+    space = search_spaces.space_for("decode", "sm_90", "compact")
+    assert set(space.choices) == {"splits", "tile_n", "occupancy", "k_latency"}
+    restricted = search_spaces.DECODE_SPACE.restrict(space, _problem(seqlen_k=1024))
+    assert restricted.choices["splits"] == (1, 2, 3, 4, 6, 8)
+    tiles = math.ceil(1024 / 64)
+    assert all(tiles / n >= 2 for n in restricted.choices["splits"])
+    assert all(tiles / n < 2 for n in space.choices["splits"]
+               if n not in restricted.choices["splits"])
+    assert search_spaces.DECODE_SPACE.restrict(space, _problem(seqlen_k=1 << 20)).choices[
+        "splits"] == space.choices["splits"]
+
+
+def test_full_space_fixes_tile_m_at_one_position_and_combine_with_one_split():
+    full = search_spaces.space_for("decode", "sm_90", "full")
+    restrict = search_spaces.DECODE_SPACE.restrict
+    token = restrict(full, _problem(seqlen_q=1, seqlen_k=4096))
+    assert "tile_m" not in token.choices and "combine" in token.choices
+    assert all(s.tile_m == full.base.tile_m for s in itertools.islice(token, 50))
+    rows = restrict(full, _problem(seqlen_q=4, seqlen_k=4096))
+    assert rows.choices["tile_m"] == (16, 32, 64, 128)
+    short = restrict(full, _problem(seqlen_q=4, seqlen_k=129))  # 3 tiles of 64: one split
+    assert short.choices["splits"] == (1,) and "combine" not in short.choices
+    assert restrict(full, _problem(seqlen_k=256)).choices["splits"] == (1, 2)
+
+
+def test_shared_memory_prunes_per_architecture():
+    space = search_spaces.space_for("decode", "sm_120", "full")
+    wide = _problem(head_dim=256)
+    s = DecodeSchedule(tile_n=128)  # 2 bytes * 256 * (16 + 2 * 128) = 136 KiB
+    assert space.infeasibility("sm_120", wide, s) is not None
+    assert space.infeasibility("sm_90", wide, s) is None
+    assert "shared memory" in space.infeasibility("sm_90", wide, s.replace(tile_n=256))
+
+
+def test_simulated_search_stores_a_row_that_never_answers_a_lookup(tmp_path):
+    store = tmp_path / "x.sqlite"
+    problem = _problem(heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=4096, head_dim=128)
+    assert main(["search", "--kernel", "decode", "--device", "sm_90", "--backend", "simulated",
+                 "--problem", "batch=1,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=4096,"
+                 "head_dim=128,dtype=bf16,causal=false", "--trials", "4",
+                 "--db", str(store)]) == 0
+    with db.ScheduleDB.open_for_lookup(store, codecs=codecs()) as database:
+        rows = database.rows()
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.family, row.arch, row.backend, row.problem) == ("decode", "sm_90", "simulated",
+                                                                problem)
+    assert isinstance(row.schedule, DecodeSchedule)
+    assert DECODE.normalise(problem, row.schedule) == row.schedule
+    assert search_spaces.space_for("decode", "sm_90").contains(row.schedule)
+
+    device = DeviceInfo(index=0, arch="sm_90", name=row.device_name, sm_count=132)
+
+    def resolver(path, shipped):
+        return Resolver(open_user=lambda: db.ScheduleDB.open_for_lookup(path, codecs=codecs()),
+                        open_shipped=shipped)
+
+    alone = resolver(store, lambda arch: None)(DECODE, problem, device)
+    assert (alone.source, alone.schedule) == ("default",
+                                              DECODE.default_schedule("sm_90", problem))
+    shipped = resolver(store, shipped_table)(DECODE, problem, device)
+    assert shipped.source in ("shipped", "nearest", "default") and shipped.family == "decode"
+    # the same row measured on a GPU would answer: the lookup skipped it for its backend only
+    measured = tmp_path / "measured.sqlite"
+    with db.ScheduleDB(measured, codecs=codecs()) as database:
+        database.put(dataclasses.replace(row, backend="gpu"))
+    found = resolver(measured, lambda arch: None)(DECODE, problem, device)
+    assert (found.source, found.schedule) == ("exact-device", row.schedule)
+
+
+# -- kernel arguments by name -------------------------------------------------------------------
+def test_launch_order_of_the_runtime_values_is_the_kernels():
+    """``_launch.launch`` passes (Q, K, V, Out, Opart, Lse, scale, offset, kv_div, *constants)
+    and (Opart, Lse, Out, *constants) positionally: the kernels must take them so."""
+    assert SPLIT_PARAMETERS.names[:9] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
+                                          "causal_offset", "kv_div")
+    assert set(SPLIT_PARAMETERS.names[9:]) == SPLIT_PARAMETERS.constants
+    assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "TILE_G", "TILE_S", "CHUNK_D",
+                                        "PDL")
+    schedule = DecodeSchedule(splits=4, combine="pdl", k_latency=3)
+    plan = launches(ODD, schedule, None)
+    constants = split_constants(ODD, schedule)
+    assert set(constants) == SPLIT_PARAMETERS.constants
+    assert dict(zip(SPLIT_PARAMETERS.names[9:], plan.split_constants)) == constants
+    assert dict(zip(COMBINE_PARAMETERS.names[3:], plan.combine_constants)) == \
+        combine_constants(ODD, schedule) == {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32,
+                                             "PDL": True}
+    assert plan.split_grid == (16, 4, 1) and plan.combine_grid == (16, 3, 1)  # D 96 in 32s
+    assert plan.pdl and plan.scale == pytest.approx(96 ** -0.5)
+
+
+def test_ordered_places_values_by_name_whatever_the_mapping_order():
+    runtime = {"Opart": "o", "Lse": "l", "Out": "out"}
+    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "PDL": False}
+    for r, c in ((runtime, constants), (dict(reversed(list(runtime.items()))),
+                                        dict(reversed(list(constants.items()))))):
+        assert COMBINE_PARAMETERS.ordered(r, c) == ("o", "l", "out", 8, 2, 32, False)
+    values = split_constants(ODD, DecodeSchedule())
+    args = SPLIT_PARAMETERS.ordered({n: n.lower() for n in SPLIT_PARAMETERS.runtime},
+                                    dict(reversed(list(values.items()))))
+    assert dict(zip(SPLIT_PARAMETERS.names, args)) == {
+        **{n: n.lower() for n in SPLIT_PARAMETERS.runtime}, **values}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r, c: c.pop("PDL"), "constants missing ['PDL']"),
+    (lambda r, c: r.pop("Lse"), "runtime missing ['Lse']"),
+    (lambda r, c: c.update(CHUNK_N=16), "does not take: ['CHUNK_N']"),
+    (lambda r, c: r.update(scale=1.0), "does not take: ['scale']"),
+    (lambda r, c: r.update(TILE_G=8), "supplied twice"),
+    (lambda r, c: c.update(Out="out"), "supplied twice"),
+    (lambda r, c: (r.update(TILE_S=c.pop("TILE_S"))), "belong in the other mapping"),
+    (lambda r, c: (c.update(Lse=r.pop("Lse"))), "belong in the other mapping"),
+], ids=["missing_constant", "missing_runtime", "unknown_constant", "unknown_runtime",
+        "twice_runtime", "twice_constant", "constant_in_runtime", "runtime_in_constants"])
+def test_a_missing_unknown_misplaced_or_doubled_name_raises(change, message):
+    runtime = {"Opart": "o", "Lse": "l", "Out": "out"}
+    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "PDL": False}
+    change(runtime, constants)
+    escaped = message.replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(KernelArgumentError, match=escaped) as exc:
+        COMBINE_PARAMETERS.ordered(runtime, constants)
+    assert "decode_combine(" in str(exc.value)
+
+
+def test_kernel_parameters_refuse_a_launcher_that_disagrees_with_the_kernel():
+    with pytest.raises(KernelArgumentError, match=r"runtime parameters are \['Lse', 'Opart', "
+                                                  r"'Out'\]; its launcher supplies"):
+        KernelParameters(decode_combine, ("Opart", "Lse"))
+    with pytest.raises(KernelArgumentError, match="cannot read the parameters"):
+        KernelParameters(lambda Q: None, ("Q",))
+    assert KernelParameters(decode_combine, ("Out", "Lse", "Opart")).names == \
+        COMBINE_PARAMETERS.names
