@@ -35,6 +35,8 @@ __all__ = ["sdpa", "length_bucket", "bucket_problem"]
 def length_bucket(seqlen_k: int) -> int:
     """The exponent of the power of two nearest ``seqlen_k`` (in log scale): lengths in
     ``[2^(n-1/2), 2^(n+1/2))`` share bucket ``n``."""
+    if seqlen_k < 1:
+        return -1  # no plan is kept for it: the validating path rejects the empty cache
     n = seqlen_k.bit_length() - 1  # 2^n <= seqlen_k < 2^(n+1)
     return n + 1 if seqlen_k * seqlen_k >= 2 << (2 * n) else n
 

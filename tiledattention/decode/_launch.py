@@ -17,7 +17,7 @@ import cuda.tile as ct
 from .._signature import KernelParameters
 from ..forward._problem import Problem, padded_head_dim
 from ._kernel import decode_combine, decode_split
-from ._schedule import DecodeSchedule
+from ._schedule import TILES_M, DecodeSchedule
 
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
@@ -69,16 +69,20 @@ def layout(problem: Problem, schedule: DecodeSchedule) -> Layout:
 
 
 def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
-    """``schedule`` with ``combine`` canonical when there is one split and ``tile_m`` canonical
-    when it does not change the tiling (idempotent; ``schedule`` itself when nothing changes)."""
+    """``schedule`` with every field that cannot change the launches for ``problem`` at a
+    canonical value: ``combine`` with one split, ``pack_heads`` when each K/V head has one query
+    head, and ``tile_m`` at the smallest value that gives the same tiling (idempotent;
+    ``schedule`` itself when nothing changes)."""
     changes: dict[str, Any] = {}
     canonical = DecodeSchedule()
     if schedule.splits == 1 and schedule.combine != canonical.combine:
         changes["combine"] = canonical.combine
-    if (schedule.tile_m != canonical.tile_m
-            and layout(problem, schedule) == layout(problem, schedule.replace(
-                tile_m=canonical.tile_m))):
-        changes["tile_m"] = canonical.tile_m
+    if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
+        changes["pack_heads"] = canonical.pack_heads
+    tiles = layout(problem, schedule)
+    smallest = next(m for m in TILES_M if layout(problem, schedule.replace(tile_m=m)) == tiles)
+    if smallest != schedule.tile_m:
+        changes["tile_m"] = smallest
     return schedule.replace(**changes) if changes else schedule
 
 

@@ -21,7 +21,7 @@ DECODE_SCHEDULE_FORMAT = 1
 #: dependent of the first (scheduled while the split kernel drains).
 COMBINES = ("kernel", "pdl")
 _TILES_N = (16, 32, 64, 128, 256)
-_TILES_M = (16, 32, 64, 128)
+TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
 MAX_SPLITS = 256
 
 
@@ -66,7 +66,7 @@ class DecodeSchedule:
             raise ScheduleError(f"DecodeSchedule.combine must be one of {list(COMBINES)}; got "
                                 f"{self.combine!r}")
         _check_choice("tile_n", self.tile_n, _TILES_N)
-        _check_choice("tile_m", self.tile_m, _TILES_M)
+        _check_choice("tile_m", self.tile_m, TILES_M)
         _check_int_range("occupancy", self.occupancy, 1, 32)
         if self.num_worker_warps is not None:
             _check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
