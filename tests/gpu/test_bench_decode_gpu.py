@@ -68,7 +68,8 @@ def test_bottom_right_point_checks_every_contender():
                               head_dim=128, dtype="bf16", mask="bottom-right")
     table = bench.make_decode_contenders()
     results = bench.measure_point(point, [table[n] for n in DECODE_CONTENDERS],
-                                  bench.BenchSettings(interleave=3), env={})
+                                  bench.BenchSettings(interleave=3),
+                                  env={"arch": tiledattention.device_info(0).arch})
     by = {r.contender: r for r in results}
     for name in _OURS:
         assert by[name].status == "ok", by[name].note
