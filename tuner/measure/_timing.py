@@ -1,7 +1,7 @@
 """GPU timing a kernel engineer can trust: CUDA events, warm-up, L2 flushed, median and spread.
 
-Each sample: read a scratch buffer larger than the L2 (outside the timed region), record a
-start event, run, record an end event. The flush *reads*: overwriting the buffer would leave the
+Each sample: read a scratch buffer larger than the L2 (outside the timed region), spin the GPU
+for ~0.2 ms while the host enqueues the rest, record a start event, run, record an end event. The flush *reads*: overwriting the buffer would leave the
 L2 full of dirty lines whose write-back (50 MB on an H100: ~17 µs of DRAM time) lands inside
 the next timed run and inflates every short, memory-bound kernel's time. Samples are collected in batches and read after one
 synchronisation, so the host never sits between two launches. Sampling stops once the median's
@@ -21,6 +21,9 @@ from typing import Callable, Mapping
 __all__ = ["Timing", "summarize", "time_cuda", "time_interleaved"]
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100: 50 MB, B200: 126 MB)
+#: GPU cycles of a spin kernel before each sample's start event (~0.2 ms at 2 GHz): the host
+#: enqueues the sample meanwhile, so the timed region holds GPU work only.
+_HOST_HEAD_START_CYCLES = 400_000
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class _Sampler:
         self._torch = torch
         self._scratch = (torch.zeros(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
                          if flush_l2 else None)
+        self._sleep = getattr(torch.cuda, "_sleep", None)  # a spin kernel; private but long-lived
 
     def enqueue(self, fn: Callable[[], object]) -> tuple[object, object]:
         """Flush L2, then ``fn`` between two events; nothing waits for the GPU."""
@@ -69,6 +73,11 @@ class _Sampler:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if self._scratch is not None:
             self._scratch.max()  # reads 256 MB: evicts with clean lines
+        if self._sleep is not None:
+            # keep the GPU busy while the host enqueues the run: a contender whose launch path
+            # takes longer than the flush (torch's SDPA backend switch, say) would otherwise
+            # leave the GPU idle after the start event and be charged its host time
+            self._sleep(_HOST_HEAD_START_CYCLES)
         start.record()
         fn()
         end.record()
