@@ -48,6 +48,9 @@ class CompileResult:
     seconds: float
     cubin: bytes
     shared_bytes: int | None  # static shared memory of the kernel (None: not in the cubin)
+    #: the cubins of the schedule's other kernels (decode: the combine), so comparisons of
+    #: compiled code (``tiledtune restamp``) see every kernel a schedule launches
+    other_cubins: tuple[bytes, ...] = ()
 
 
 def cubin_shared_bytes(cubin: bytes) -> int | None:

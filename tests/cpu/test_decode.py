@@ -658,7 +658,7 @@ def test_launch_order_of_the_runtime_values_is_the_kernels():
                                           "causal_offset", "kv_div")
     assert set(SPLIT_PARAMETERS.names[9:]) == SPLIT_PARAMETERS.constants
     assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "TILE_G", "TILE_S", "CHUNK_D",
-                                        "PDL")
+                                        "UNROLL", "PDL")
     schedule = DecodeSchedule(splits=4, combine="pdl", k_latency=3)
     plan = launches(ODD, schedule, None)
     constants = split_constants(ODD, schedule)
@@ -666,17 +666,17 @@ def test_launch_order_of_the_runtime_values_is_the_kernels():
     assert dict(zip(SPLIT_PARAMETERS.names[9:], plan.split_constants)) == constants
     assert dict(zip(COMBINE_PARAMETERS.names[3:], plan.combine_constants)) == \
         combine_constants(ODD, schedule) == {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32,
-                                             "PDL": True}
+                                             "UNROLL": 4, "PDL": True}
     assert plan.split_grid == (16, 4, 1) and plan.combine_grid == (16, 3, 1)  # D 96 in 32s
     assert plan.pdl and plan.scale == pytest.approx(96 ** -0.5)
 
 
 def test_ordered_places_values_by_name_whatever_the_mapping_order():
     runtime = {"Opart": "o", "Lse": "l", "Out": "out"}
-    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "PDL": False}
+    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False}
     for r, c in ((runtime, constants), (dict(reversed(list(runtime.items()))),
                                         dict(reversed(list(constants.items()))))):
-        assert COMBINE_PARAMETERS.ordered(r, c) == ("o", "l", "out", 8, 2, 32, False)
+        assert COMBINE_PARAMETERS.ordered(r, c) == ("o", "l", "out", 8, 2, 32, 4, False)
     values = split_constants(ODD, DecodeSchedule())
     args = SPLIT_PARAMETERS.ordered({n: n.lower() for n in SPLIT_PARAMETERS.runtime},
                                     dict(reversed(list(values.items()))))
@@ -697,7 +697,7 @@ def test_ordered_places_values_by_name_whatever_the_mapping_order():
         "twice_runtime", "twice_constant", "constant_in_runtime", "runtime_in_constants"])
 def test_a_missing_unknown_misplaced_or_doubled_name_raises(change, message):
     runtime = {"Opart": "o", "Lse": "l", "Out": "out"}
-    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "PDL": False}
+    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False}
     change(runtime, constants)
     escaped = message.replace("[", r"\[").replace("]", r"\]")
     with pytest.raises(KernelArgumentError, match=escaped) as exc:

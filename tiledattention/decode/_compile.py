@@ -22,7 +22,8 @@ __all__ = ["compile_decode"]
 def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
     """Compile the split kernel (and the combine kernel, when there is more than one split) of
     ``normalise(problem, schedule)`` for ``arch``; raise :class:`CompileError`. The result is
-    the split kernel's cubin; ``seconds`` counts both builds."""
+    the split kernel's cubin, with the combine kernel's in ``other_cubins``; ``seconds`` counts
+    both builds."""
     schedule = normalise(problem, schedule)
     p, tiles = problem, layout(problem, schedule)
     shape5 = (p.batch, tiles.view_heads, tiles.view_group, p.seqlen_q, p.head_dim)
@@ -49,4 +50,5 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
         decode_combine,
         COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5},
                                    combine_constants(p, schedule)), arch, label + " (combine)")
-    return dataclasses.replace(result, seconds=result.seconds + combined.seconds)
+    return dataclasses.replace(result, seconds=result.seconds + combined.seconds,
+                               other_cubins=(combined.cubin,))

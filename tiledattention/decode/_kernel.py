@@ -169,6 +169,7 @@ def decode_combine(
     TILE_G: ConstInt,
     TILE_S: ConstInt,
     CHUNK_D: ConstInt,  # head-dim columns per CTA (grid dim 1 walks the chunks)
+    UNROLL: ConstInt,  # splits merged per step
     PDL: ConstBool,  # launched as a programmatic dependent of decode_split
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
@@ -183,20 +184,31 @@ def decode_combine(
     batch = bh // heads
     head = bh % heads
 
-    # The loads do not depend on earlier steps: hinted, they are issued several splits ahead.
+    # UNROLL splits per step, their loads issued together: the merge is a chain of dependent
+    # steps, and one load per step left it waiting on memory once per split. Splits past the
+    # last one are out of bounds: they load as -inf (weight 0) and zeros.
     m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
     total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
-    for split in range(Opart.shape[1]):
-        lse = ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
-                      latency=4).reshape((TILE_M, 1))
-        part = ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
-                       latency=4).reshape((TILE_M, CHUNK_D))
-        m_new = max(m, lse)
+    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
+        lses = ()
+        parts = ()
+        for u in ct.static_iter(range(UNROLL)):
+            split = step * UNROLL + u
+            lses += (ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
+                             padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_M, 1)),)
+            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
+                              padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, CHUNK_D)),)
+        m_new = m
+        for u in ct.static_iter(range(UNROLL)):
+            m_new = max(m_new, lses[u])
         alpha = ct.exp2(m - m_new, flush_to_zero=True)
-        weight = ct.exp2(lse - m_new, flush_to_zero=True)  # 0 for an empty split (-inf)
-        total = total * alpha + weight
-        acc = acc * alpha + part * weight
+        total = total * alpha
+        acc = acc * alpha
+        for u in ct.static_iter(range(UNROLL)):
+            weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)  # 0 for an empty split
+            total = total + weight
+            acc = acc + parts[u] * weight
         m = m_new
     seen = total > 0.0
     out = acc * ct.where(seen, 1.0 / ct.where(seen, total, 1.0), 0.0)

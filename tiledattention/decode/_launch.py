@@ -102,6 +102,10 @@ def split_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, Any
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
 #: row, so it is spread over ``ceil(D / 32)`` CTAs per row instead of one.
 COMBINE_CHUNK_D = 32
+#: Splits the combine merges per step (their loads issued together). An H100 probe
+#: (scripts/decode_parts.py) timed the one-split-per-step merge at 10-12 µs for 8-16 splits at
+#: B = 1, a sixth of a 32k-key call.
+COMBINE_UNROLL = 8
 
 
 def combine_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, Any]:
@@ -109,6 +113,7 @@ def combine_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, A
     tiles = layout(problem, schedule)
     return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s,
             "CHUNK_D": min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D),
+            "UNROLL": min(COMBINE_UNROLL, _pow2_at_least(schedule.splits)),
             "PDL": schedule.combine == "pdl"}
 
 

@@ -63,7 +63,8 @@ def compile_one(job):
         else:
             from tiledattention import Problem, Schedule, compile_schedule
             built = compile_schedule(Problem(**problem), Schedule.from_dict(schedule), arch)
-        return {"cubin": base64.b64encode(built.cubin).decode()}
+        return {"cubins": [base64.b64encode(c).decode()
+                           for c in (built.cubin, *getattr(built, "other_cubins", ()))]}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}"}
 
@@ -99,7 +100,13 @@ def current_digest(job: tuple) -> str:
                                family.schedule_type.from_dict(schedule), arch)
     except CompileError as exc:
         return f"error: {exc}"
-    return text_digest(built.cubin)
+    return _digest((built.cubin, *built.other_cubins))
+
+
+def _digest(cubins: Sequence[bytes]) -> str:
+    """One digest over the ``.text`` of every kernel a schedule builds (decode: split and
+    combine)."""
+    return "+".join(text_digest(c) for c in cubins)
 
 
 def _repository() -> Path:
@@ -150,7 +157,7 @@ def old_code_digests(source: str, jobs: Sequence[tuple], families: Iterable[str]
         answer = json.loads(done.stdout.strip().splitlines()[-1])
         if not Path(answer["module"]).resolve().is_relative_to(tree.resolve()):
             raise ValueError(f"the old code was not the one imported ({answer['module']})")
-    results = [text_digest(base64.b64decode(r["cubin"])) if "cubin" in r
+    results = [_digest([base64.b64decode(c) for c in r["cubins"]]) if "cubins" in r
                else f"error: {r.get('error')}" for r in answer["results"]]
     return answer["identities"], results
 
