@@ -13,7 +13,7 @@ import torch
 import tiledattention
 from tiledattention import (FORWARD, InputTypeError, InputValueError, Problem, Schedule,
                             UnsupportedProblemError, compile_schedule)
-from tiledattention.forward._family import reference
+from tiledattention._reference import attention_reference as reference
 from tiledattention.forward._launch import kernel_constants, no_effect_flags
 from tiledattention.forward._problem import BOTTOM_RIGHT, TOP_LEFT, causal_flags
 

@@ -7,40 +7,17 @@ from typing import Any, Callable, Mapping
 
 from .._compile import CompileResult
 from .._family import Case, Family, register_family
+from .._reference import attention_reference
 from ._compile import compile_schedule
 from ._defaults import default_schedule
 from ._launch import default_scale, grid_for, kernel_args, kernel_for, normalise
 from ._problem import Problem
 from ._schedule import Schedule
 
-__all__ = ["FORWARD", "ForwardFamily", "ForwardCase", "reference"]
+__all__ = ["FORWARD", "ForwardFamily", "ForwardCase"]
 
 #: relative L2 error a correct schedule may have against the float32 reference
 TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
-
-
-def reference(q: Any, k: Any, v: Any, problem: Problem, scale: float | None = None) -> Any:
-    """``problem``'s attention of torch tensors ``q [B, H_q, S_q, D]``, ``k, v [B, H_kv, S_k,
-    D]`` in float32 (GQA heads repeated). Top-left causal is torch's ``is_causal``; bottom-right
-    builds its mask explicitly (row ``i`` keeps keys ``j <= i + causal_offset``) and sets rows
-    that keep no key (``S_q > S_k``) to zeros, where torch's SDPA would give NaN."""
-    import torch
-
-    group = problem.group_size
-    q32 = q.float()
-    k32 = k.float().repeat_interleave(group, 1)
-    v32 = v.float().repeat_interleave(group, 1)
-    if not problem.bottom_right:  # no mask, or top-left: torch's is_causal, no mask tensor
-        return torch.nn.functional.scaled_dot_product_attention(
-            q32, k32, v32, is_causal=problem.causal, scale=scale)
-    rows = torch.arange(problem.seqlen_q, device=q.device)[:, None]
-    keys = torch.arange(problem.seqlen_k, device=q.device)[None, :]
-    keep = keys <= rows + problem.causal_offset  # [S_q, S_k]
-    sees_a_key = keep.any(dim=1)  # [S_q]
-    keep[~sees_a_key, 0] = True  # any key: the row's result is replaced by zeros below
-    out = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, attn_mask=keep,
-                                                           scale=scale)
-    return out.masked_fill(~sees_a_key[:, None], 0.0)
 
 
 class ForwardCase(Case):
@@ -65,7 +42,7 @@ class ForwardCase(Case):
         self.q = rand(problem.heads_q, problem.seqlen_q)
         self.k = rand(problem.heads_kv, problem.seqlen_k)
         self.v = rand(problem.heads_kv, problem.seqlen_k)
-        self.reference = reference(self.q, self.k, self.v, problem)
+        self.reference = attention_reference(self.q, self.k, self.v, problem)
         self.out = torch.empty_like(self.q)
 
     def launcher(self, schedule: Schedule) -> Callable[[], None]:
