@@ -27,8 +27,8 @@ from tiledattention.decode import layout
 from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT, SM_COUNTS
 from tiledattention.decode._kernel import decode_combine
 from tiledattention.decode._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS,
-                                           combine_constants, launches, split_constants,
-                                           split_kernel)
+                                           combine_constants, combine_kernel, launches,
+                                           split_constants, split_kernel)
 from tiledattention.decode._schedule import DECODE_SCHEDULE_FORMAT, MAX_SPLITS
 from tuner.cli import main
 
@@ -83,13 +83,14 @@ def exports(monkeypatch):
 @pytest.mark.parametrize("arch", ARCHES)
 def test_default_schedule_compiles_for_an_odd_problem(arch, exports):
     schedule = DECODE.default_schedule(arch, ODD)
-    assert schedule.splits == 1  # 777 keys: fewer than two splits' worth
+    assert schedule.splits == 777 // MIN_KEYS_PER_SPLIT  # 777 keys: three splits of >= 256
     tiles = layout(ODD, schedule)
     assert (tiles.view_group, tiles.tile_g, tiles.tile_s) == (7, 8, 4)
     result = DECODE.compile(ODD, schedule, arch)
     assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
-    # one split writes the output itself: the split kernel only
-    assert [(k, a) for k, a, _, _ in exports] == [(split_kernel(schedule), arch)]
+    # several splits: the split kernel and the combine kernel are both built
+    assert [(k, a) for k, a, _, _ in exports] == [(split_kernel(schedule), arch),
+                                                  (combine_kernel(schedule), arch)]
     _BUILT[ODD, schedule, arch] = result
 
 
@@ -401,7 +402,7 @@ def test_default_splits_fill_one_wave(arch, splits):
 def test_default_split_count_follows_cache_length_and_parallelism():
     assert DECODE.default_schedule("sm_90", TOKEN).splits == 16
     assert DECODE.default_schedule("sm_90", dataclasses.replace(TOKEN, batch=32)).splits == 1
-    assert DECODE.default_schedule("sm_90", dataclasses.replace(TOKEN, seqlen_k=1024)).splits <= 2
+    assert DECODE.default_schedule("sm_90", dataclasses.replace(TOKEN, seqlen_k=1024)).splits == 4
     for arch in ("sm_80", "sm_90", "sm_100", "sm_120"):
         for b, hkv in ((1, 1), (1, 8), (4, 8), (16, 8)):
             counts = [DECODE.default_schedule(arch, _problem(batch=b, heads_kv=hkv,
