@@ -15,16 +15,12 @@ and the normalised schedule, so two schedules with one normalised key compile on
 from __future__ import annotations
 
 import functools
-import inspect
 import math
-import operator
-import types
-import typing
 from typing import Any, Mapping
 
 import cuda.tile as ct
 
-from ..errors import KernelArgumentError
+from .._signature import KernelParameters
 from ._kernel import attention_fwd
 from ._problem import Problem, padded_head_dim
 from ._schedule import Schedule
@@ -38,55 +34,12 @@ RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group")
 
 
 # -- the kernel's signature ---------------------------------------------------------------------
-def _python_function(kernel: ct.kernel) -> types.FunctionType:
-    """The Python function under a ``ct.kernel`` object. cuda-tile 1.7.0 keeps it as the
-    ``_pyfunc`` property (its own ``replace_hints`` rebuilds kernels from it); there is no public
-    accessor, so a release without it fails here, loudly, rather than guessing an order."""
-    pyfunc = getattr(kernel, "_pyfunc", None)
-    if not isinstance(pyfunc, types.FunctionType):
-        raise KernelArgumentError(
-            f"cannot read the parameters of kernel {kernel!r}: expected the cuda.tile.kernel "
-            f"attribute _pyfunc to be its Python function (cuda-tile 1.7.0); got {pyfunc!r}. "
-            f"Update tiledattention.forward._launch._python_function for this cuda-tile."
-        )
-    return pyfunc
-
-
-_CONSTANT_MARK = type(typing.get_args(ct.Constant[int])[1])  # cuda.tile's ConstantAnnotation
-
-
-def _read_signature(kernel: ct.kernel) -> tuple[tuple[str, ...], frozenset[str]]:
-    """(all parameter names in order, the names annotated ``ct.Constant``)."""
-    pyfunc = _python_function(kernel)
-    parameters = inspect.signature(pyfunc).parameters
-    for p in parameters.values():
-        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.default is not p.empty:
-            raise KernelArgumentError(f"kernel parameter {p.name} of {pyfunc.__name__} must be a plain "
-                            f"positional parameter without a default; got {p}")
-    hints = typing.get_type_hints(pyfunc, include_extras=True)
-    constants = frozenset(
-        name for name in parameters
-        if typing.get_origin(hints.get(name)) is typing.Annotated
-        and any(isinstance(m, _CONSTANT_MARK) for m in hints[name].__metadata__)
-    )
-    return tuple(parameters), constants
-
-
-_PARAMETERS, _CONSTANTS = _read_signature(attention_fwd)
-_RUNTIME = frozenset(_PARAMETERS) - _CONSTANTS
-if _RUNTIME != frozenset(RUNTIME_PARAMETERS):  # the kernel gained or lost a launch-time value
-    raise KernelArgumentError(f"attention_fwd's runtime parameters are {sorted(_RUNTIME)}; this launcher "
-                    f"supplies {sorted(RUNTIME_PARAMETERS)}. Update RUNTIME_PARAMETERS and "
-                    f"kernel_args together with the kernel.")
-
-
-_SIGNATURE_TEXT = "(" + ", ".join(_PARAMETERS) + ")"
-_IN_ORDER = operator.itemgetter(*_PARAMETERS)
+_SIGNATURE = KernelParameters(attention_fwd, RUNTIME_PARAMETERS)
 
 
 def kernel_parameters() -> tuple[str, ...]:
     """The parameter names of ``attention_fwd``, in the order of its signature."""
-    return _PARAMETERS
+    return _SIGNATURE.names
 
 
 def ordered_args(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> tuple:
@@ -94,32 +47,10 @@ def ordered_args(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> tu
 
     ``runtime`` must name exactly the launch-time parameters (:data:`RUNTIME_PARAMETERS`) and
     ``constants`` exactly the ``ct.Constant`` ones; the order of either mapping does not matter.
-    Raises ``TypeError`` naming what is missing, unknown, supplied twice or in the wrong mapping.
+    Raises :class:`KernelArgumentError` naming what is missing, unknown, supplied twice or in
+    the wrong mapping.
     """
-    if runtime.keys() != _RUNTIME or constants.keys() != _CONSTANTS:
-        raise KernelArgumentError(f"attention_fwd{_SIGNATURE_TEXT}: " + _mismatch(runtime, constants))
-    return _IN_ORDER({**constants, **runtime})
-
-
-def _mismatch(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> str:
-    """What is wrong with the names of ``ordered_args``' mappings, in words."""
-    problems = []
-    twice = sorted(runtime.keys() & constants.keys())
-    if twice:
-        problems.append(f"supplied twice (in runtime and constants): {twice}")
-    supplied = runtime.keys() | constants.keys()
-    for label, given, expected in (("runtime", runtime, _RUNTIME),
-                                   ("constants", constants, _CONSTANTS)):
-        missing = sorted(expected - supplied)
-        unknown = sorted(given.keys() - frozenset(_PARAMETERS))
-        misplaced = sorted(given.keys() & (frozenset(_PARAMETERS) - expected))
-        if missing:
-            problems.append(f"{label} missing {missing}")
-        if unknown:
-            problems.append(f"{label} has names attention_fwd does not take: {unknown}")
-        if misplaced:
-            problems.append(f"{label} has {misplaced}, which belong in the other mapping")
-    return "; ".join(problems)
+    return _SIGNATURE.ordered(runtime, constants)
 
 
 # -- normalisation ------------------------------------------------------------------------------
@@ -220,8 +151,7 @@ def kernel_constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
 def constant_args(problem: Problem, schedule: Schedule) -> tuple:
     """The constants of :func:`kernel_constants` in the kernel's parameter order (the tail of
     :func:`kernel_args` after the runtime values)."""
-    constants = _constants(problem, schedule)
-    return tuple(constants[name] for name in _PARAMETERS if name in _CONSTANTS)
+    return _SIGNATURE.constant_values(_constants(problem, schedule))
 
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
