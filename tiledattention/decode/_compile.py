@@ -11,9 +11,8 @@ from cuda.tile import compilation as ctc
 
 from .._compile import CompileResult, array_constraint, export_cubin
 from ..forward._problem import Problem
-from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, layout, normalise,
-                      split_constants, split_kernel)
-from ._kernel import decode_combine
+from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
+                      layout, normalise, split_constants, split_kernel)
 from ._schedule import DecodeSchedule
 
 __all__ = ["compile_decode"]
@@ -47,7 +46,7 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     if direct:
         return result
     combined = export_cubin(
-        decode_combine,
+        combine_kernel(schedule),
         COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5},
                                    combine_constants(p, schedule)), arch, label + " (combine)")
     return dataclasses.replace(result, seconds=result.seconds + combined.seconds,

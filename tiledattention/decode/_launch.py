@@ -128,15 +128,12 @@ def split_kernel(schedule: DecodeSchedule) -> ct.kernel:
 
 
 def combine_kernel(schedule: DecodeSchedule) -> ct.kernel:
+    """The combine kernel (no kernel options of its own: it is a short, latency-bound merge)."""
     return decode_combine
 
 
 def default_scale(problem: Problem) -> float:
     return 1.0 / math.sqrt(problem.head_dim)
-
-
-def causal_offset(problem: Problem) -> int:
-    return problem.causal_offset
 
 
 def grouped_view(x: Any, tiles: Layout) -> Any:
