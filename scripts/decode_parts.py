@@ -21,7 +21,7 @@ def main() -> None:
                        dtype="bf16", causal=False)
         case = ta.DECODE.case(p, 0)
         fns = dict(case.baselines())
-        fns.pop("torch-efficient")
+        fns.pop("torch-efficient", None)
         for splits in (8, 16):
             for combine in ("kernel", "pdl"):
                 s = ta.DecodeSchedule(splits=splits, tile_n=128, k_latency=2, v_latency=2,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._case import AttentionCase, torch_sdpa_kwargs
 from ._compile import ARCHITECTURES, CompileResult, check_arch, generation
 from ._cubin import text_digest
 from ._device import DeviceInfo, device_info, local_devices
@@ -32,7 +33,7 @@ from .forward import (BOTTOM_RIGHT, FORWARD, TOP_LEFT, Problem, Schedule, compil
                       problem_from_arrays)
 
 __all__ = [
-    "ARCHITECTURES", "BOTTOM_RIGHT", "Case", "CompileError", "CompileResult", "DECODE",
+    "ARCHITECTURES", "AttentionCase", "BOTTOM_RIGHT", "Case", "CompileError", "CompileResult", "DECODE",
     "DecodeSchedule", "DeviceInfo", "DispatchRule", "FORWARD", "TOP_LEFT",
     "Family", "InputTypeError", "InputValueError", "KernelArgumentError", "Problem",
     "Provenance", "Resolution", "Resolver", "Runtime", "Schedule", "ScheduleDatabaseError",
@@ -41,7 +42,7 @@ __all__ = [
     "current_provenance", "database_location", "device_info", "dispatch_rule", "explain", "families",
     "generation", "get_family", "local_devices", "open_database", "pick",
     "problem_from_arrays", "register_family", "runtime", "sdpa", "shipped_table", "simulated_database_location",
-    "text_digest", "unregister_family", "use_database",
+    "text_digest", "torch_sdpa_kwargs", "unregister_family", "use_database",
 ]
 
 _default_runtime: Runtime | None = None

@@ -3,70 +3,25 @@ default, normalisation, lookup metric, compile-only build and GPU test case."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from .._compile import CompileResult
-from .._family import Case, Family, register_family
+from .._case import AttentionCase
+from .._family import Family, register_family
 from ..forward._problem import Problem
 from ._compile import compile_decode
 from ._defaults import default_decode_schedule
 from ._launch import launch, launches, normalise, partial_shapes
 from ._schedule import DecodeSchedule
 
-__all__ = ["DECODE", "DecodeFamily", "DecodeCase", "torch_baselines"]
+__all__ = ["DECODE", "DecodeFamily", "DecodeCase"]
 
 #: relative L2 error a correct schedule may have against the float32 reference
 TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
 
 
-def torch_baselines(q: Any, k: Any, v: Any, problem: Problem) -> dict[str, Callable[[], Any]]:
-    """torch SDPA with one backend pinned per entry, for ``problem``'s masking: top-left causal
-    as ``is_causal``, bottom-right as the ``causal_lower_right`` bias (which torch runs on its
-    flash and efficient backends only); grouped-query heads through ``enable_gqa``."""
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    kwargs: dict[str, Any] = {"enable_gqa": problem.heads_q != problem.heads_kv}
-    if problem.bottom_right:
-        from torch.nn.attention.bias import causal_lower_right
-
-        kwargs["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
-    else:
-        kwargs["is_causal"] = problem.causal
-
-    def backend(which: SDPBackend) -> Callable[[], Any]:
-        def run() -> Any:
-            with sdpa_kernel(which):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
-        return run
-
-    return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
-            "torch-flash": backend(SDPBackend.FLASH_ATTENTION),
-            "torch-efficient": backend(SDPBackend.EFFICIENT_ATTENTION)}
-
-
-class DecodeCase(Case):
-    """Random q, k, v (seed 1234) on one GPU, the float32 reference and an output buffer."""
-
-    def __init__(self, problem: Problem, device_index: int) -> None:
-        import torch
-
-        from .._reference import attention_reference
-
-        self.problem = problem
-        torch.cuda.set_device(device_index)
-        dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
-        gen = torch.Generator(device="cuda").manual_seed(1234)
-
-        def rand(heads: int, seqlen: int) -> torch.Tensor:
-            return torch.randn(problem.batch, heads, seqlen, problem.head_dim, dtype=dtype,
-                               device="cuda", generator=gen)
-
-        self.q = rand(problem.heads_q, problem.seqlen_q)
-        self.k = rand(problem.heads_kv, problem.seqlen_k)
-        self.v = rand(problem.heads_kv, problem.seqlen_k)
-        self.reference = attention_reference(self.q, self.k, self.v, problem)
-        self.out = torch.empty_like(self.q)
+class DecodeCase(AttentionCase):
+    """The decode kernels' GPU case: the shared inputs and reference, this family's launcher."""
 
     def launcher(self, schedule: DecodeSchedule) -> Callable[[], None]:
         import torch
@@ -84,17 +39,6 @@ class DecodeCase(Case):
                    partials)
 
         return run
-
-    def error(self, run: Callable[[], None]) -> float:
-        import torch
-
-        self.out.fill_(float("nan"))
-        run()
-        diff = torch.linalg.vector_norm(self.out.float() - self.reference)
-        return (diff / torch.linalg.vector_norm(self.reference)).item()
-
-    def baselines(self) -> Mapping[str, Callable[[], Any]]:
-        return torch_baselines(self.q, self.k, self.v, self.problem)
 
 
 class DecodeFamily(Family):

@@ -3,11 +3,11 @@ lookup metric, compile-only build and GPU test case."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from .._compile import CompileResult
-from .._family import Case, Family, register_family
-from .._reference import attention_reference
+from .._case import AttentionCase
+from .._family import Family, register_family
 from ._compile import compile_schedule
 from ._defaults import default_schedule
 from ._launch import default_scale, grid_for, kernel_args, kernel_for, normalise
@@ -20,30 +20,14 @@ __all__ = ["FORWARD", "ForwardFamily", "ForwardCase"]
 TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
 
 
-class ForwardCase(Case):
-    """Random q, k, v (seed 1234) on one GPU, the float32 reference and an output buffer."""
+class ForwardCase(AttentionCase):
+    """The forward kernel's GPU case: the shared inputs and reference, this family's launcher."""
 
     def __init__(self, problem: Problem, device_index: int) -> None:
-        import torch
-
         from .._device import device_info
 
-        self.problem = problem
-        self.device_index = device_index
+        super().__init__(problem, device_index)
         self.sm_count = device_info(device_index).sm_count
-        torch.cuda.set_device(device_index)
-        dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
-        gen = torch.Generator(device="cuda").manual_seed(1234)
-
-        def rand(heads: int, seqlen: int) -> torch.Tensor:
-            return torch.randn(problem.batch, heads, seqlen, problem.head_dim, dtype=dtype,
-                               device="cuda", generator=gen)
-
-        self.q = rand(problem.heads_q, problem.seqlen_q)
-        self.k = rand(problem.heads_kv, problem.seqlen_k)
-        self.v = rand(problem.heads_kv, problem.seqlen_k)
-        self.reference = attention_reference(self.q, self.k, self.v, problem)
-        self.out = torch.empty_like(self.q)
 
     def launcher(self, schedule: Schedule) -> Callable[[], None]:
         import cuda.tile as ct
@@ -60,37 +44,6 @@ class ForwardCase(Case):
             ct.launch(torch.cuda.current_stream(), grid, kernel, args)
 
         return run
-
-    def error(self, run: Callable[[], None]) -> float:
-        import torch
-
-        self.out.fill_(float("nan"))
-        run()
-        diff = torch.linalg.vector_norm(self.out.float() - self.reference)
-        return (diff / torch.linalg.vector_norm(self.reference)).item()
-
-    def baselines(self) -> Mapping[str, Callable[[], Any]]:
-        import torch
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        q, k, v, problem = self.q, self.k, self.v, self.problem
-        gqa = problem.group_size > 1
-
-        mask: dict[str, Any] = {"is_causal": problem.causal}
-        if problem.bottom_right:
-            from torch.nn.attention.bias import causal_lower_right
-
-            mask = {"attn_mask": causal_lower_right(problem.seqlen_q, problem.seqlen_k)}
-
-        def backend(which: SDPBackend) -> Callable[[], Any]:
-            def run() -> Any:
-                with sdpa_kernel(which):
-                    return torch.nn.functional.scaled_dot_product_attention(
-                        q, k, v, enable_gqa=gqa, **mask)
-            return run
-
-        return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
-                "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}
 
 
 class ForwardFamily(Family):

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tiledattention import torch_sdpa_kwargs
+
 from ._grid import CONTENDERS, BenchPoint
 
 __all__ = ["Contender", "Prepared", "make_contenders", "reference_attention", "torch_sdpa",
@@ -62,23 +64,6 @@ def _tiledattention_default(q, k, v, point: BenchPoint, arch: str) -> Prepared:
     return Prepared(lambda: sdpa(q, k, v, point.causal, schedule=schedule),
                     schedule=schedule.describe(), lookup_source="forced",
                     lookup_detail=f"FORWARD.default_schedule({arch!r})")
-
-
-def torch_sdpa_kwargs(problem) -> dict[str, Any]:
-    """``F.scaled_dot_product_attention`` keywords for ``problem``'s mask and heads:
-    ``is_causal`` (top-left), or for bottom-right alignment ``attn_mask=causal_lower_right(S_q,
-    S_k)`` (a mask object built here, once, outside any timing; torch runs it on its flash and
-    efficient backends only), and ``enable_gqa=True`` when H_q != H_kv."""
-    kwargs: dict[str, Any] = {}
-    if problem.bottom_right:
-        from torch.nn.attention.bias import causal_lower_right
-
-        kwargs["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
-    else:
-        kwargs["is_causal"] = problem.causal
-    if problem.heads_q != problem.heads_kv:
-        kwargs["enable_gqa"] = True
-    return kwargs
 
 
 def torch_sdpa(backend: str | None) -> Callable[..., Prepared]:

@@ -1,0 +1,79 @@
+"""What every attention family's GPU test case shares: random q, k, v of a problem, the float32
+reference, an output buffer, the poisoned-output error, and torch's SDPA with one backend pinned
+as the baselines. A family's case adds only its launcher."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from ._family import Case
+from ._reference import attention_reference
+
+__all__ = ["AttentionCase", "torch_sdpa_kwargs"]
+
+
+def torch_sdpa_kwargs(problem: Any) -> dict[str, Any]:
+    """``F.scaled_dot_product_attention`` keywords for ``problem``'s mask and heads:
+    ``is_causal`` (top-left), or for bottom-right alignment ``attn_mask=causal_lower_right(S_q,
+    S_k)`` (a mask object: build it once, outside any timing; torch runs it on its flash and
+    efficient backends only), and ``enable_gqa=True`` when H_q != H_kv (left out otherwise:
+    torch < 2.5 has no such argument)."""
+    kwargs: dict[str, Any] = {}
+    if problem.bottom_right:
+        from torch.nn.attention.bias import causal_lower_right
+
+        kwargs["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
+    else:
+        kwargs["is_causal"] = problem.causal
+    if problem.heads_q != problem.heads_kv:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+class AttentionCase(Case):
+    """Random q, k, v (seed 1234) of ``problem`` on CUDA device ``device_index``, the float32
+    reference and an output buffer like q."""
+
+    def __init__(self, problem: Any, device_index: int) -> None:
+        import torch
+
+        self.problem = problem
+        self.device_index = device_index
+        torch.cuda.set_device(device_index)
+        dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
+        gen = torch.Generator(device="cuda").manual_seed(1234)
+
+        def rand(heads: int, seqlen: int) -> torch.Tensor:
+            return torch.randn(problem.batch, heads, seqlen, problem.head_dim, dtype=dtype,
+                               device="cuda", generator=gen)
+
+        self.q = rand(problem.heads_q, problem.seqlen_q)
+        self.k = rand(problem.heads_kv, problem.seqlen_k)
+        self.v = rand(problem.heads_kv, problem.seqlen_k)
+        self.reference = attention_reference(self.q, self.k, self.v, problem)
+        self.out = torch.empty_like(self.q)
+
+    def error(self, run: Callable[[], None]) -> float:
+        import torch
+
+        self.out.fill_(float("nan"))
+        run()
+        diff = torch.linalg.vector_norm(self.out.float() - self.reference)
+        return (diff / torch.linalg.vector_norm(self.reference)).item()
+
+    def baselines(self) -> Mapping[str, Callable[[], Any]]:
+        """torch's cuDNN and flash backends (what the tuner stores beside each row)."""
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = self.q, self.k, self.v
+        kwargs = torch_sdpa_kwargs(self.problem)
+
+        def backend(which: SDPBackend) -> Callable[[], Any]:
+            def run() -> Any:
+                with sdpa_kernel(which):
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+            return run
+
+        return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
+                "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}
