@@ -74,6 +74,19 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
     return m_ij, l_i, acc
 
 
+def _tile_of_row(row, heads, num_q_tiles):
+    """(batch, head of the view, query tile) of grid row ``row`` = (batch x head) x query tile."""
+    q_tile = row % num_q_tiles
+    bh = row // num_q_tiles
+    return bh // heads, bh % heads, q_tile
+
+
+def _normalised(acc, total):
+    """``acc / total`` per row, and zeros for rows whose ``total`` is 0 (they saw no key)."""
+    seen = total > 0.0
+    return acc * ct.where(seen, 1.0 / ct.where(seen, total, 1.0), 0.0)
+
+
 @ct.kernel
 def decode_split(
     Q, K, V, Out,  # [B, H_kv', G', S_q, D], [B, H_kv, S_k, D] x2, like Q
@@ -100,10 +113,7 @@ def decode_split(
     row = ct.bid(0)  # (batch x head of the view) x query tile
     split = ct.bid(1)
     splits = ct.num_blocks(1)
-    q_tile = row % num_q_tiles
-    bh = row // num_q_tiles
-    batch = bh // heads
-    head = bh % heads
+    batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
     kv_head = head // kv_div
     if PDL:
         ct.grid_dependency_control_launch_dependents()
@@ -145,13 +155,12 @@ def decode_split(
                                  EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY)
 
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0: zeros out
-    seen = l_i > 0.0
-    inv_l = ct.where(seen, 1.0 / ct.where(seen, l_i, 1.0), 0.0)
-    out = acc * inv_l
+    out = _normalised(acc, l_i)
     if DIRECT:
         ct.store(Out, index=(batch, head, 0, q_tile, 0),
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
     else:
+        seen = l_i > 0.0
         if EXP2:
             lse = m_i + ct.log2(ct.where(seen, l_i, 1.0))
         else:
@@ -179,10 +188,7 @@ def decode_combine(
     num_q_tiles = ct.cdiv(Out.shape[3], TILE_S)
     row = ct.bid(0)
     chunk = ct.bid(1)
-    q_tile = row % num_q_tiles
-    bh = row // num_q_tiles
-    batch = bh // heads
-    head = bh % heads
+    batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
 
     # UNROLL splits per step, their loads issued together: the merge is a chain of dependent
     # steps, and one load per step left it waiting on memory once per split. Splits past the
@@ -210,7 +216,6 @@ def decode_combine(
             total = total + weight
             acc = acc + parts[u] * weight
         m = m_new
-    seen = total > 0.0
-    out = acc * ct.where(seen, 1.0 / ct.where(seen, total, 1.0), 0.0)
+    out = _normalised(acc, total)
     ct.store(Out, index=(batch, head, 0, q_tile, chunk),
              tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
