@@ -11,8 +11,8 @@ from typing import Any, Callable, Iterator, Mapping
 from tiledattention import InputTypeError, InputValueError, UnknownFamilyError, check_arch, \
     generation
 
-__all__ = ["ArchLimits", "arch_limits", "SearchSpace", "FamilySpace", "register_space",
-           "unregister_space", "family_space", "space_for"]
+__all__ = ["ArchLimits", "arch_limits", "smem_infeasibility", "SearchSpace", "FamilySpace",
+           "register_space", "unregister_space", "family_space", "space_for"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,15 @@ def arch_limits(arch: str) -> ArchLimits:
     gen = generation(arch)
     big = gen in ("hopper", "blackwell")
     return ArchLimits(gen, (227 if big else _SMEM_KIB[arch]) * 1024, 2 if big else 1)
+
+
+def smem_infeasibility(arch: str, need: int) -> str | None:
+    """Why a CTA needing ``need`` bytes of shared memory cannot run on ``arch``, or ``None``."""
+    limit = arch_limits(arch).smem_per_sm
+    if need > limit:
+        return (f"shared memory: ~{need // 1024} KiB per CTA exceeds {limit // 1024} KiB per SM "
+                f"on {arch}")
+    return None
 
 
 @dataclass(frozen=True)

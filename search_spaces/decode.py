@@ -8,7 +8,7 @@ import math
 from tiledattention import DECODE, DecodeSchedule, Problem
 from tiledattention.decode import layout
 
-from ._space import FamilySpace, SearchSpace, arch_limits, register_space
+from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
 
 __all__ = ["DECODE_SPACE", "SPACES", "restricted", "model_ms", "infeasibility"]
 
@@ -49,12 +49,7 @@ def _smem_bytes(problem: Problem, schedule: DecodeSchedule) -> int:
 
 def infeasibility(arch: str, problem: Problem, schedule: DecodeSchedule) -> str | None:
     """Why ``schedule`` cannot work for ``problem`` on ``arch`` (static checks), or ``None``."""
-    limits = arch_limits(arch)
-    need = _smem_bytes(problem, schedule)
-    if need > limits.smem_per_sm:
-        return (f"shared memory: ~{need // 1024} KiB per CTA exceeds "
-                f"{limits.smem_per_sm // 1024} KiB per SM on {arch}")
-    return None
+    return smem_infeasibility(arch, _smem_bytes(problem, schedule))
 
 
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:

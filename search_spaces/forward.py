@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tiledattention.forward import FORWARD, Problem, Schedule
 
-from ._space import FamilySpace, SearchSpace, arch_limits, register_space
+from ._space import (FamilySpace, SearchSpace, arch_limits, register_space,
+                     smem_infeasibility)
 
 __all__ = ["FORWARD_SPACE", "infeasibility", "restricted", "model_ms", "SPACES"]
 
@@ -21,11 +22,10 @@ def _smem_bytes(problem: Problem, schedule: Schedule) -> int:
 
 def infeasibility(arch: str, problem: Problem, schedule: Schedule) -> str | None:
     """Why ``schedule`` cannot work for ``problem`` on ``arch`` (static checks), or ``None``."""
+    found = smem_infeasibility(arch, _smem_bytes(problem, schedule))
+    if found is not None:
+        return found
     limits = arch_limits(arch)
-    need = _smem_bytes(problem, schedule)
-    if need > limits.smem_per_sm:
-        return (f"shared memory: ~{need // 1024} KiB per CTA exceeds "
-                f"{limits.smem_per_sm // 1024} KiB per SM on {arch}")
     if schedule.num_ctas > limits.max_num_ctas:
         return f"num_ctas {schedule.num_ctas} > {limits.max_num_ctas} on {arch}"
     return None
