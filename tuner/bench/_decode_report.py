@@ -104,6 +104,27 @@ def _x(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
+def _per_point(points: dict, contenders: Sequence[str], copy: float | None):
+    """Per point, its rows for the per-point tables: (label, the first row only; contender;
+    result; its formatted numbers, ``None`` unless the result is ``ok``)."""
+    for row in points.values():
+        label = point_label(next(iter(row.values())))
+        cudnn, fa = baseline(row, "cuDNN"), baseline(row, "flash/efficient")
+        out = []
+        for name in contenders:
+            r = row.get(name)
+            if r is None:
+                continue
+            numbers = None
+            if r.status == "ok":
+                numbers = {"us": f"{1000 * r.median_ms:.1f}", "tflops": f"{r.tflops:.2f}",
+                           "gbps": f"{r.gbps:.0f}", "copy": _pct(r.gbps / copy if copy else None),
+                           "cudnn": _x(speedup(r, cudnn)), "fa": _x(speedup(r, fa))}
+            out.append((label, name, r, numbers))
+            label = ""
+        yield out
+
+
 def render_decode_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
     contenders = contenders_of(results, DECODE_CONTENDERS)
     points = decode_points(results)
@@ -130,21 +151,11 @@ def render_decode_markdown(results: Sequence[BenchResult], info: RunInfo) -> str
         "| point | contender | µs | TFLOP/s | GB/s | % copy | ÷ cuDNN | ÷ FA |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in points.values():
-        label = point_label(next(iter(row.values())))
-        cudnn, fa = baseline(row, "cuDNN"), baseline(row, "flash/efficient")
-        for name in contenders:
-            r = row.get(name)
-            if r is None:
-                continue
-            if r.status == "ok":
-                cells = [f"{1000 * r.median_ms:.1f}", f"{r.tflops:.2f}", f"{r.gbps:.0f}",
-                         _pct(r.gbps / copy if copy else None), _x(speedup(r, cudnn)),
-                         _x(speedup(r, fa))]
-            else:
-                cells = [r.status] + ["—"] * 5
+    for point in _per_point(points, contenders, copy):
+        for label, name, r, n in point:
+            cells = ([n["us"], n["tflops"], n["gbps"], n["copy"], n["cudnn"], n["fa"]] if n
+                     else [r.status] + ["—"] * 5)
             lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
-            label = ""
     lines.append("")
 
     if copy is not None:
@@ -205,21 +216,11 @@ def decode_rich_tables(results: Sequence[BenchResult], copy_gbps: Sequence[float
     for column in ("point", "contender", "µs", "% copy", "÷ cuDNN", "÷ FA"):
         table.add_column(column, justify="left" if column in ("point", "contender")
                          else "right")
-    for row in decode_points(results).values():
-        label = point_label(next(iter(row.values())))
-        cudnn, fa = baseline(row, "cuDNN"), baseline(row, "flash/efficient")
-        for name in contenders:
-            r = row.get(name)
-            if r is None:
-                continue
-            if r.status == "ok":
-                cells = [f"{1000 * r.median_ms:.1f}", _pct(r.gbps / copy if copy else None),
-                         _x(speedup(r, cudnn)), _x(speedup(r, fa))]
-            else:
-                cells = [f"[{'red' if r.status == 'wrong' else 'dim'}]{r.status}[/]", "", "",
-                         ""]
+    for point in _per_point(decode_points(results), contenders, copy):
+        for label, name, r, n in point:
+            cells = ([n["us"], n["copy"], n["cudnn"], n["fa"]] if n else
+                     [f"[{'red' if r.status == 'wrong' else 'dim'}]{r.status}[/]", "", "", ""])
             table.add_row(label, name, *cells)
-            label = ""
         table.add_section()
     speedups = Table(title="geomean speed-up (> 1: faster than the baseline)")
     for column in ("contender", "÷ cuDNN", "points", "÷ flash/efficient", "points"):
