@@ -120,20 +120,17 @@ def _bad_databases(tmp: Path) -> dict[str, str]:
     shutil.copyfile(good, readonly)
     readonly.chmod(0o444)
     made["read-only file"] = str(readonly)
-    bad_time = tmp / "badtime.sqlite"
-    shutil.copyfile(good, bad_time)
-    connection = sqlite3.connect(bad_time)
-    connection.execute("UPDATE schedules SET created_at = 'yesterday'")
-    connection.commit()
-    connection.close()
-    made["bad created_at"] = str(bad_time)
-    newer = tmp / "newer.sqlite"
-    shutil.copyfile(good, newer)
-    connection = sqlite3.connect(newer)
-    connection.execute("UPDATE tiledattention_schema_version SET version_num = '0099'")
-    connection.commit()
-    connection.close()
-    made["newer schema"] = str(newer)
+    for label, name, statement in (
+            ("bad created_at", "badtime.sqlite", "UPDATE schedules SET created_at = 'yesterday'"),
+            ("newer schema", "newer.sqlite",
+             "UPDATE tiledattention_schema_version SET version_num = '0099'")):
+        changed = tmp / name
+        shutil.copyfile(good, changed)
+        connection = sqlite3.connect(changed)
+        connection.execute(statement)
+        connection.commit()
+        connection.close()
+        made[label] = str(changed)
     return made
 
 
