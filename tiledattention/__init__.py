@@ -29,19 +29,22 @@ from ._dispatch import DispatchRule, choose_family, dispatch_rule
 from ._sdpa import bucket_problem
 from ._sdpa import sdpa as _run_sdpa
 from .decode import DECODE, DecodeSchedule, compile_decode
+from .backward import BACKWARD, BackwardSchedule, compile_backward
+from . import _training
 from .forward import (BOTTOM_RIGHT, FORWARD, TOP_LEFT, Problem, Schedule, compile_schedule,
                       problem_from_arrays)
 
 __all__ = [
-    "ARCHITECTURES", "AttentionCase", "BOTTOM_RIGHT", "Case", "CompileError", "CompileResult", "DECODE",
+    "ARCHITECTURES", "AttentionCase", "BACKWARD", "BackwardSchedule", "BOTTOM_RIGHT", "Case", "CompileError", "CompileResult", "DECODE",
     "DecodeSchedule", "DeviceInfo", "DispatchRule", "FORWARD", "TOP_LEFT",
     "Family", "InputTypeError", "InputValueError", "KernelArgumentError", "Problem",
     "Provenance", "Resolution", "Resolver", "Runtime", "Schedule", "ScheduleDatabaseError",
     "ScheduleError", "TiledAttentionError", "UnknownFamilyError", "UnsupportedOperationError",
-    "UnsupportedProblemError", "check_arch", "choose_family", "codecs", "compile_decode", "compile_schedule",
+    "UnsupportedProblemError", "check_arch", "choose_family", "codecs", "compile_backward", "compile_decode", "compile_schedule",
     "current_provenance", "database_location", "device_info", "dispatch_rule", "explain", "families",
     "generation", "get_family", "local_devices", "open_database", "pick",
-    "problem_from_arrays", "register_family", "runtime", "sdpa", "shipped_table", "simulated_database_location",
+    "problem_from_arrays", "register_family", "runtime", "sdpa", "sdpa_backward",
+    "sdpa_with_lse", "shipped_table", "simulated_database_location",
     "text_digest", "torch_sdpa_kwargs", "unregister_family", "use_database",
 ]
 
@@ -105,6 +108,38 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     naming the argument.
     """
     return _run_sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
+
+
+def sdpa_with_lse(q: Any, k: Any, v: Any, causal: bool | str = False,
+                  scale: float | None = None, *, schedule: Schedule | None = None
+                  ) -> tuple[Any, Any]:
+    """The forward a backward pass will follow: ``(out, lse)``.
+
+    Takes what :func:`sdpa` takes (torch tensors only) and runs the forward kernel with the
+    forward's schedule for the shape (``schedule`` overrides it); ``lse`` holds each query row's
+    log-sum-exp of the scaled scores in base 2, float32 ``[B, H_q, S_q]`` (``+inf`` for a row that
+    sees no key). Pass both to :func:`sdpa_backward`. Code that needs no gradient should call
+    :func:`sdpa`, which stores no log-sum-exp.
+    """
+    return _training.sdpa_with_lse(runtime(), q, k, v, causal, scale, schedule=schedule)
+
+
+def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                  causal: bool | str = False, scale: float | None = None, *,
+                  schedule: BackwardSchedule | None = None,
+                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+    """The gradients ``(dq, dk, dv)`` of :func:`sdpa_with_lse`'s ``out`` given ``grad_out``
+    (dL/d out, shaped like ``out``), with the same ``q, k, v, causal, scale``.
+
+    Grouped-query ``k, v`` get gradients of their own shape (summed over the group in the
+    kernel, never expanded). Runs the backward family's schedule for the shape (``schedule``
+    overrides it); ``grads`` are optional contiguous output buffers like ``q, k, v``. Extra
+    memory: one float32 ``[B, H_q, S_q]`` array. Most users want autograd instead:
+    ``tiledattention.sdpa`` on tensors that require grad, or
+    ``tiledattention.integrations.attention``.
+    """
+    return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse, causal, scale,
+                                   schedule=schedule, grads=grads)
 
 
 def explain(q: Any, k: Any, v: Any, causal: bool | str = False) -> Resolution:

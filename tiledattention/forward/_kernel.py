@@ -84,10 +84,12 @@ def _attend_kv_tile(q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seql
     return m_i, l_i, acc
 
 
-def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D,
-                   CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
-                   V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED):
-    """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``."""
+def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
+                   TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
+                   K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED,
+                   WRITE_LSE):
+    """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh`` (and
+    with ``WRITE_LSE`` its rows' log-sum-exps)."""
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
     batch = bh // heads_q
@@ -171,12 +173,22 @@ def _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, T
     acc = acc * inv_l
     out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
     ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
+    if WRITE_LSE:
+        # base 2, in units of scaled scores: P = 2^(s * scale * log2(e) - lse) in the backward.
+        # A row that saw no key gets +inf, so its probabilities (and gradients) are zeros.
+        seen = l_i > 0.0
+        if EXP2:
+            lse = m_i + ct.log2(ct.where(seen, l_i, 1.0))
+        else:
+            lse = (m_i + ct.log(ct.where(seen, l_i, 1.0))) * LOG2_E
+        lse = ct.where(seen, lse, np.inf)
+        ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
-def _attend_slot(Q, K, V, Out, slot, bh, num_q_tiles, qk_scale, heads_q, group, TILE_M, TILE_N,
-                 TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
-                 V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED,
-                 PAIRED):
+def _attend_slot(Q, K, V, Out, Lse, slot, bh, num_q_tiles, qk_scale, heads_q, group, TILE_M,
+                 TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
+                 K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS,
+                 SPLIT_MASKED, PAIRED, WRITE_LSE):
     """One work item: query tile ``slot`` (the mirrored one with ``LONGEST_FIRST``), or with
     ``PAIRED`` the tiles ``n-1-slot`` and then ``slot``, whose causal key counts add up to the
     same total for every pair, so all CTAs do equal work."""
@@ -188,17 +200,44 @@ def _attend_slot(Q, K, V, Out, slot, bh, num_q_tiles, qk_scale, heads_q, group, 
             q_tile = slot
             if t == 0:
                 q_tile = num_q_tiles - 1 - slot
-            _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
-                           TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
-                           K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS,
-                           SPLIT_MASKED)
+            _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M,
+                           TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
+                           K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
+                           CHECK_BOUNDS, SPLIT_MASKED, WRITE_LSE)
     else:
         q_tile = slot
         if LONGEST_FIRST:
             q_tile = num_q_tiles - 1 - slot
-        _attend_q_tile(Q, K, V, Out, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D,
-                       CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
-                       V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED)
+        _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
+                       TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
+                       K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED,
+                       WRITE_LSE)
+
+
+def _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL,
+               BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+               ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
+               PAIRED, WRITE_LSE):
+    """The body of both kernels: the grid's work items, each a query tile or a pair of them."""
+    num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
+    # work items per (batch x head): query tiles, or pairs of them (the middle tile alone if odd)
+    num_slots = num_q_tiles
+    if PAIRED:
+        num_slots = ct.cdiv(num_q_tiles, 2)
+    if PERSISTENT:
+        # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
+        # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
+        for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
+            _attend_slot(Q, K, V, Out, Lse, item % num_slots, item // num_slots, num_q_tiles,
+                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT,
+                         EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
+                         KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED,
+                         WRITE_LSE)
+    else:
+        _attend_slot(Q, K, V, Out, Lse, ct.bid(0), ct.bid(1), num_q_tiles, qk_scale, heads_q,
+                     group, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2,
+                     APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
+                     LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED, WRITE_LSE)
 
 
 @ct.kernel
@@ -226,21 +265,41 @@ def attention_fwd(
     PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
     PAIRED: ConstBool,  # causal: a work item is the pair of query tiles (n-1-i, i), not one tile
 ):
-    num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
-    # work items per (batch x head): query tiles, or pairs of them (the middle tile alone if odd)
-    num_slots = num_q_tiles
-    if PAIRED:
-        num_slots = ct.cdiv(num_q_tiles, 2)
-    if PERSISTENT:
-        # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
-        # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
-        for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
-            _attend_slot(Q, K, V, Out, item % num_slots, item // num_slots, num_q_tiles,
-                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT,
-                         EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
-                         KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED)
-    else:
-        _attend_slot(Q, K, V, Out, ct.bid(0), ct.bid(1), num_q_tiles, qk_scale, heads_q, group,
-                     TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
-                     K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST,
-                     CHECK_BOUNDS, SPLIT_MASKED, PAIRED)
+    _attention(Q, K, V, Out, Out, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL,
+               BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+               ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
+               PAIRED, False)
+
+
+@ct.kernel
+def attention_fwd_lse(
+    Q, K, V, Out,
+    Lse,  # [B, H_q, S_q] float32: each row's log-sum-exp (base 2) of the scaled scores
+    qk_scale: float,
+    heads_q: int,
+    group: int,
+    TILE_M: ConstInt,
+    TILE_N: ConstInt,
+    TILE_D: ConstInt,
+    CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,
+    EVEN_K: ConstBool,
+    EXP2: ConstBool,
+    APPROX_DIV: ConstBool,
+    K_TRANSPOSED: ConstBool,
+    K_LATENCY: ConstInt,
+    V_LATENCY: ConstInt,
+    ALLOW_TMA: ConstBool,
+    KV_SAWTOOTH: ConstBool,
+    LONGEST_FIRST: ConstBool,
+    CHECK_BOUNDS: ConstBool,
+    SPLIT_MASKED: ConstBool,
+    PERSISTENT: ConstBool,
+    PAIRED: ConstBool,
+):
+    """``attention_fwd`` that also stores each query row's log-sum-exp, for the backward pass
+    (same constants, same schedules)."""
+    _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL,
+               BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+               ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
+               PAIRED, True)

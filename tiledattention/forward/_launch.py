@@ -21,13 +21,14 @@ from typing import Any, Mapping
 import cuda.tile as ct
 
 from .._signature import KernelParameters
-from ._kernel import attention_fwd
+from ._kernel import attention_fwd, attention_fwd_lse
 from ._problem import Problem, padded_head_dim
 from ._schedule import Schedule
 
-__all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
+__all__ = ["hinted_kernel", "kernel_for", "lse_kernel_for", "lse_kernel_args", "LSE_PARAMETERS",
+           "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
-           "default_scale", "launch", "RUNTIME_PARAMETERS"]
+           "default_scale", "launch", "launch_with_lse", "RUNTIME_PARAMETERS"]
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
 RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group")
@@ -35,6 +36,8 @@ RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group")
 
 # -- the kernel's signature ---------------------------------------------------------------------
 _SIGNATURE = KernelParameters(attention_fwd, RUNTIME_PARAMETERS)
+#: ``attention_fwd_lse``: the same parameters and a float32 ``Lse [B, H_q, S_q]`` output.
+LSE_PARAMETERS = KernelParameters(attention_fwd_lse, RUNTIME_PARAMETERS + ("Lse",))
 
 
 def kernel_parameters() -> tuple[str, ...]:
@@ -162,6 +165,14 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
     return ordered_args(runtime, _constants(problem, schedule))
 
 
+def lse_kernel_args(q: Any, k: Any, v: Any, out: Any, lse: Any, problem: Problem,
+                    schedule: Schedule, scale: float) -> tuple:
+    """The positional arguments of ``attention_fwd_lse`` for ``ct.launch``."""
+    runtime = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "qk_scale": float(scale),
+               "heads_q": problem.heads_q, "group": problem.group_size}
+    return LSE_PARAMETERS.ordered(runtime, _constants(problem, schedule))
+
+
 @functools.lru_cache(maxsize=None)
 def hinted_kernel(occupancy: int, num_ctas: int, opt_level: int,
                   num_worker_warps: int | None) -> ct.kernel:
@@ -174,6 +185,20 @@ def hinted_kernel(occupancy: int, num_ctas: int, opt_level: int,
 def kernel_for(schedule: Schedule) -> ct.kernel:
     return hinted_kernel(schedule.occupancy, schedule.num_ctas, schedule.opt_level,
                          schedule.num_worker_warps)
+
+
+@functools.lru_cache(maxsize=None)
+def _hinted_lse_kernel(occupancy: int, num_ctas: int, opt_level: int,
+                       num_worker_warps: int | None) -> ct.kernel:
+    return attention_fwd_lse.replace_hints(occupancy=occupancy, num_ctas=num_ctas,
+                                           opt_level=opt_level, num_worker_warps=num_worker_warps)
+
+
+def lse_kernel_for(schedule: Schedule) -> ct.kernel:
+    """``attention_fwd_lse`` with ``schedule``'s kernel options (a training forward runs the
+    forward's schedule and also stores the log-sum-exps)."""
+    return _hinted_lse_kernel(schedule.occupancy, schedule.num_ctas, schedule.opt_level,
+                              schedule.num_worker_warps)
 
 
 def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, int, int]:
@@ -197,3 +222,11 @@ def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,
     """Enqueue one forward pass on ``stream`` (validated inputs, preallocated ``out``)."""
     ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
               kernel_args(q, k, v, out, problem, schedule, scale))
+
+
+def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, problem: Problem,
+                    schedule: Schedule, scale: float, sm_count: int) -> None:
+    """:func:`launch`, also storing each query row's log-sum-exp into ``lse`` (a float32
+    ``[B, H_q, S_q]`` array) for the backward pass."""
+    ct.launch(stream, grid_for(problem, schedule, sm_count), lse_kernel_for(schedule),
+              lse_kernel_args(q, k, v, out, lse, problem, schedule, scale))

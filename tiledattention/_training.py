@@ -1,0 +1,116 @@
+"""The training entry points on torch tensors: the forward that also keeps each row's
+log-sum-exp, and the backward pass (``tiledattention.sdpa_with_lse`` / ``sdpa_backward``).
+
+The forward runs the forward family's schedule for the problem (the same lookup as ``sdpa``)
+through ``attention_fwd_lse``; the backward runs the backward family's (``BACKWARD``): the dQ
+kernel, then the dK/dV kernel. Extra memory is O(S·D): the float32 log-sum-exp and row sums
+``delta`` (``[B, H_q, S_q]``) besides the gradients themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._device import device_info
+from ._runtime import Runtime
+from .backward import BACKWARD, BackwardSchedule
+from .backward._launch import launch, launches, row_stat_shape
+from .errors import InputTypeError, InputValueError
+from .forward import FORWARD, Problem, Schedule, problem_from_arrays
+from .forward._launch import default_scale, launch_with_lse
+
+__all__ = ["sdpa_with_lse", "sdpa_backward"]
+
+
+def _torch_problem(function: str, q: Any, k: Any, v: Any, causal: Any,
+                   scale: Any) -> tuple[Problem, int]:
+    problem, kind = problem_from_arrays(q, k, v, causal, scale)
+    if kind != "torch":
+        raise InputTypeError(f"{function} takes torch tensors (autograd is torch's); got q of "
+                             f"type {type(q).__module__}.{type(q).__name__}")
+    return problem, q.device.index
+
+
+def _row_stat(problem: Problem, device: Any) -> Any:
+    """A float32 ``[B, H_q, S_q]`` view of row-aligned storage (``row_stat_shape``)."""
+    import torch
+
+    store = torch.empty(row_stat_shape(problem), dtype=torch.float32, device=device)
+    return store[:, :, :problem.seqlen_q]
+
+
+def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
+                  scale: float | None = None, *, schedule: Schedule | None = None
+                  ) -> tuple[Any, Any]:
+    """``tiledattention.sdpa_with_lse`` on ``runtime`` (see there)."""
+    import torch
+
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise InputTypeError(f"schedule must be a tiledattention.Schedule or None; got "
+                             f"{type(schedule).__name__}")
+    problem, device = _torch_problem("sdpa_with_lse", q, k, v, causal, scale)
+    if schedule is None:
+        schedule = runtime.resolution(FORWARD, problem, device).schedule
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = _row_stat(problem, q.device)
+    launch_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, lse, problem,
+                    FORWARD.normalise(problem, schedule),
+                    default_scale(problem) if scale is None else float(scale),
+                    device_info(device).sm_count)
+    return out, lse
+
+
+def _check_like(name: str, x: Any, like: Any, like_name: str) -> None:
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor like {like_name}; got "
+                             f"{type(x).__name__}")
+    if x.shape != like.shape or x.dtype != like.dtype or x.device != like.device:
+        raise InputValueError(
+            f"{name} must have {like_name}'s shape {tuple(like.shape)}, dtype {like.dtype} and "
+            f"device {like.device}; got {tuple(x.shape)}, {x.dtype}, {x.device}")
+
+
+def _last_dim_contiguous(x: Any) -> Any:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                  causal: Any = False, scale: float | None = None, *,
+                  schedule: BackwardSchedule | None = None,
+                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+    """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
+    import torch
+
+    if schedule is not None and not isinstance(schedule, BackwardSchedule):
+        raise InputTypeError(f"schedule must be a tiledattention.BackwardSchedule or None; got "
+                             f"{type(schedule).__name__}")
+    problem, device = _torch_problem("sdpa_backward", q, k, v, causal, scale)
+    _check_like("grad_out", grad_out, q, "q")
+    _check_like("out", out, q, "q")
+    stat = (problem.batch, problem.heads_q, problem.seqlen_q)
+    if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != stat
+            or lse.dtype != torch.float32 or lse.device != q.device or lse.stride(-1) != 1):
+        raise InputValueError(
+            f"lse must be the float32 {list(stat)} log-sum-exp sdpa_with_lse returned for these "
+            f"inputs (on {q.device}, last dim contiguous); got "
+            + (f"{tuple(lse.shape)}, {lse.dtype}, {lse.device}"
+               if isinstance(lse, torch.Tensor) else type(lse).__name__))
+    if grads is None:
+        grads = (torch.empty_like(q, memory_format=torch.contiguous_format),
+                 torch.empty_like(k, memory_format=torch.contiguous_format),
+                 torch.empty_like(v, memory_format=torch.contiguous_format))
+    else:
+        for name, g, like, like_name in zip(("grads[0]", "grads[1]", "grads[2]"), grads,
+                                            (q, k, v), ("q", "k", "v")):
+            _check_like(name, g, like, like_name)
+            if not g.is_contiguous():
+                raise InputValueError(f"{name} must be contiguous; got strides {g.stride()}")
+    if schedule is None:
+        schedule = runtime.resolution(BACKWARD, problem, device).schedule
+    plan = launches(problem, schedule, default_scale(problem) if scale is None else scale)
+    delta = _row_stat(problem, q.device)
+    launch(torch.cuda.current_stream(q.device), plan, q, k, v, _last_dim_contiguous(out),
+           _last_dim_contiguous(grad_out), lse, delta, *grads)
+    return grads

@@ -1,0 +1,48 @@
+"""Compile-only builds of the backward kernels for any architecture, on a machine without a GPU:
+the same kernel objects and constants the launcher uses, for arrays laid out the way the
+runtime passes them (contiguous q, k, v, out, dO and gradients; the row statistics as
+``[B, H_q, S_q]`` views of padded storage)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.tile as ct
+from cuda.tile import compilation as ctc
+
+from .._compile import CompileResult, array_constraint, export_cubin
+from ..forward._problem import Problem
+from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, dkdv_constants, dkdv_kernel, dq_constants,
+                      dq_kernel, normalise, row_stat_shape)
+from ._schedule import BackwardSchedule
+
+__all__ = ["compile_backward"]
+
+
+def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
+    """Compile the dQ and dK/dV kernels of ``normalise(problem, schedule)`` for ``arch``; raise
+    :class:`CompileError`. The result is the dK/dV kernel's cubin (the larger one, whose shared
+    memory decides feasibility), with the dQ kernel's in ``other_cubins``; ``seconds`` counts
+    both builds."""
+    schedule = normalise(problem, schedule)
+    p = problem
+    q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+    kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    b, h, padded = row_stat_shape(p)
+    stat = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
+    scale = ctc.ScalarConstraint(ct.float32)
+    count = ctc.ScalarConstraint(ct.int32)
+    label = f"backward {schedule.describe()}"
+    dkdv = export_cubin(
+        dkdv_kernel(schedule),
+        DKDV_PARAMETERS.ordered({"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like,
+                                 "Lse": stat, "Delta": stat, "dK": kv_like, "dV": kv_like,
+                                 "qk_scale": scale, "heads_kv": count, "group": count},
+                                dkdv_constants(p, schedule)), arch, label + " (dK/dV)")
+    dq = export_cubin(
+        dq_kernel(schedule),
+        DQ_PARAMETERS.ordered({"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
+                               "dO": q_like, "Lse": stat, "Delta": stat, "dQ": q_like,
+                               "qk_scale": scale, "heads_q": count, "group": count},
+                              dq_constants(p, schedule)), arch, label + " (dQ)")
+    return dataclasses.replace(dkdv, seconds=dkdv.seconds + dq.seconds, other_cubins=(dq.cubin,))

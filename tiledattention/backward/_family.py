@@ -1,0 +1,141 @@
+"""The backward pass as a kernel family: problem key (the forward's :class:`Problem`), schedule,
+default, normalisation, lookup metric, compile-only build and GPU test case."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from .._case import AttentionCase, torch_sdpa_kwargs
+from .._compile import CompileResult
+from .._family import Family, register_family
+from .._reference import attention_reference
+from ..forward._problem import Problem
+from ._compile import compile_backward
+from ._defaults import default_backward_schedule
+from ._launch import launch, launches, normalise, row_stat_shape
+from ._schedule import BackwardSchedule
+
+__all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
+
+#: relative L2 error (the largest of dQ's, dK's and dV's) a correct schedule may have against
+#: the float32 reference
+TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
+#: the backward's matrix products over the forward's (FlashAttention's count: 5 products of
+#: the forward's size, against 2)
+BACKWARD_FLOP_RATIO = 2.5
+
+
+def relative_errors(grads: tuple[Any, ...], reference: tuple[Any, ...]) -> tuple[float, ...]:
+    """Relative L2 error of each gradient against its float32 reference (``nan`` when the
+    gradient is not finite)."""
+    import torch
+
+    return tuple((torch.linalg.vector_norm(g.float() - r) / torch.linalg.vector_norm(r)).item()
+                 for g, r in zip(grads, reference))
+
+
+class BackwardCase(AttentionCase):
+    """Random q, k, v and dO of ``problem``; the forward's output and log-sum-exp from this
+    project's forward kernel (its default schedule); float32 reference gradients by autograd
+    through the float32 reference; gradient buffers."""
+
+    def __init__(self, problem: Problem, device_index: int) -> None:
+        import torch
+
+        from .._device import device_info
+        from ..forward import FORWARD
+        from ..forward._launch import default_scale, launch_with_lse
+
+        super().__init__(problem, device_index)
+        gen = torch.Generator(device="cuda").manual_seed(4321)
+        self.grad_out = torch.randn(self.q.shape, dtype=self.q.dtype, device="cuda",
+                                    generator=gen)
+        self.scale = default_scale(problem)
+        store = torch.empty(row_stat_shape(problem), dtype=torch.float32, device="cuda")
+        self.lse = store[:, :, :problem.seqlen_q]
+        arch = device_info(device_index).arch
+        launch_with_lse(torch.cuda.current_stream(), self.q, self.k, self.v, self.out, self.lse,
+                        problem, FORWARD.default_schedule(arch, problem), self.scale,
+                        device_info(device_index).sm_count)
+        self.delta = torch.empty_like(store)[:, :, :problem.seqlen_q]
+        leaves = [x.detach().float().requires_grad_() for x in (self.q, self.k, self.v)]
+        with torch.enable_grad():
+            ref_out = attention_reference(*leaves, problem)
+            self.reference_grads = torch.autograd.grad(ref_out, leaves, self.grad_out.float())
+        self.grads = tuple(torch.empty_like(x) for x in (self.q, self.k, self.v))
+
+    def launcher(self, schedule: BackwardSchedule) -> Callable[[], None]:
+        import torch
+
+        plan = launches(self.problem, schedule, self.scale)
+
+        def run() -> None:
+            launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out,
+                   self.grad_out, self.lse, self.delta, *self.grads)
+
+        return run
+
+    def error(self, run: Callable[[], None]) -> float:
+        for g in self.grads:
+            g.fill_(float("nan"))
+        run()
+        return max(relative_errors(self.grads, self.reference_grads))
+
+    def baselines(self) -> Mapping[str, Callable[[], Any]]:
+        """torch's cuDNN and flash backends' backward (their forward runs once, untimed, when a
+        baseline is first called)."""
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        kwargs = torch_sdpa_kwargs(self.problem)
+        leaves = [x.detach().requires_grad_() for x in (self.q, self.k, self.v)]
+
+        def backend(which: SDPBackend) -> Callable[[], Any]:
+            graph: list[Any] = []
+
+            def run() -> Any:
+                if not graph:
+                    with sdpa_kernel(which), torch.enable_grad():
+                        graph.append(torch.nn.functional.scaled_dot_product_attention(
+                            *leaves, **kwargs))
+                return torch.autograd.grad(graph[0], leaves, self.grad_out, retain_graph=True)
+            return run
+
+        return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
+                "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}
+
+
+class BackwardFamily(Family):
+    """The attention backward pass: dQ, dK and dV from dO and the forward's log-sum-exp."""
+
+    name = "backward"
+    problem_type = Problem
+    schedule_type = BackwardSchedule
+    template_modules = ("tiledattention.backward._kernel", "tiledattention.backward._launch")
+    bucket_fields = ("causal", "dtype", "head_dim")
+    seed_across = ("dtype",)
+    # the forward's metric: same GQA group; |log2 S_q - log2 S_q'| + |log2 S_k - log2 S_k'| +
+    # 0.5·|log2(B·H_q) - log2(B'·H_q')|
+    match_ratios = (("heads_q", "heads_kv"),)
+    distance_terms = ((("seqlen_q",), 1.0), (("seqlen_k",), 1.0), (("batch", "heads_q"), 0.5))
+
+    def default_schedule(self, arch: str, problem: Problem) -> BackwardSchedule:
+        return default_backward_schedule(arch, problem)
+
+    def normalise(self, problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
+        return normalise(problem, schedule)
+
+    def flops(self, problem: Problem) -> float:
+        return BACKWARD_FLOP_RATIO * problem.flops
+
+    def compile(self, problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
+        return compile_backward(problem, schedule, arch)
+
+    def case(self, problem: Problem, device_index: int) -> BackwardCase:
+        return BackwardCase(problem, device_index)
+
+    def tolerance(self, problem: Problem) -> float:
+        return TOLERANCE[problem.dtype]
+
+
+BACKWARD = register_family(BackwardFamily())

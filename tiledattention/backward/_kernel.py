@@ -1,0 +1,208 @@
+"""The backward-pass kernel templates (cuTile): a dQ kernel and a dK/dV kernel.
+
+With ``S = scale * Q K^T``, ``P = softmax(S)`` and the forward's per-row log-sum-exp ``L``
+(base 2, stored by ``attention_fwd_lse``), the gradients are
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q
+
+with ``delta_i = sum_d dO_i,d * O_i,d``. Neither kernel materialises ``S`` or ``P``: each
+recomputes its tiles of ``P = 2^(s * scale * log2(e) - L)`` from Q, K and ``L``.
+
+- ``attention_bwd_dq`` (grid: query tiles x (batch x query head)) first computes its rows'
+  ``delta`` from O and dO and stores it (the preprocess step, fused), then walks the key tiles
+  its rows see and accumulates ``dQ`` in float32 registers. It runs first.
+- ``attention_bwd_dkdv`` (grid: key tiles x (batch x K/V head)) holds one ``[TILE_N, D]`` tile of
+  K and V and walks the query tiles that see it, for *every query head of the group*: grouped-
+  and multi-query attention reduce dK and dV over the group in registers, without expanding K/V
+  or a second reduction pass.
+
+Both are deterministic (no atomics). Masking is the forward's: keys at or past ``S_k`` never
+count; with ``CAUSAL`` query row ``i`` sees keys ``0..i + offset`` (offset 0, or ``S_k - S_q``
+with ``BOTTOM_RIGHT``). A row that saw no key has ``L = +inf``: its ``P`` and gradients are 0.
+Rows and keys past the ends load as zeros (``L`` and ``delta`` too), which makes their
+contributions exactly 0; stores clip them. Every UPPER_CASE parameter is a compile-time constant
+(``_launch``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+import numpy as np
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+LOG2_E = 1.0 / math.log(2.0)
+
+
+def _load_rows(A, batch, head, tile, TILE, TILE_D, LATENCY):
+    """Rows ``tile * TILE ..`` of ``A [B, H, S, D]`` as a ``[TILE, TILE_D]`` tile (zero-filled)."""
+    return ct.load(A, index=(batch, head, tile, 0), shape=(1, 1, TILE, TILE_D),
+                   padding_mode=ct.PaddingMode.ZERO,
+                   latency=ct.static_eval(LATENCY or None)).reshape((TILE, TILE_D))
+
+
+def _load_row_stat(A, batch, head, tile, TILE):
+    """Entries ``tile * TILE ..`` of ``A [B, H, S]`` (float32, zero-filled) as a ``[TILE]``."""
+    return ct.load(A, index=(batch, head, tile), shape=(1, 1, TILE),
+                   padding_mode=ct.PaddingMode.ZERO).reshape((TILE,))
+
+
+def _causal_offset(Q, K, BOTTOM_RIGHT):
+    """Query row ``i`` sees keys ``0..i + offset``."""
+    offset = 0
+    if BOTTOM_RIGHT:
+        offset = K.shape[2] - Q.shape[2]
+    return offset
+
+
+# -- dQ (and delta) ------------------------------------------------------------------------------
+def _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2, seqlen_k, masked,
+             CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY):
+    """Fold key tile ``j`` into ``dq``; ``masked``: apply the sequence-end / causal mask."""
+    k = _load_rows(K, batch, kv_head, j, TILE_N, TILE_D, KV_LATENCY)  # [TILE_N, TILE_D]
+    v = _load_rows(V, batch, kv_head, j, TILE_N, TILE_D, KV_LATENCY)
+    s = ct.mma(q, ct.transpose(k), ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
+    if masked:
+        keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+        keep = keys < seqlen_k
+        if CAUSAL:
+            keep = keep & (keys <= rows)  # rows: the last key each row sees, [TILE_M, 1]
+        s = ct.where(keep, s, -np.inf)
+    p = ct.exp2(s * scale2 - lse, flush_to_zero=True)  # [TILE_M, TILE_N]
+    dp = ct.mma(do, ct.transpose(v), ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
+    ds = p * (dp - delta)
+    return ct.mma(ds.astype(q.dtype), k, dq)  # [TILE_M, TILE_D]
+
+
+@ct.kernel
+def attention_bwd_dq(
+    Q, K, V, Out, dO,  # [B, H_q, S_q, D], [B, H_kv, S_k, D] x2, like Q x2
+    Lse,  # [B, H_q, S_q] float32: the forward's log-sum-exp (base 2)
+    Delta,  # [B, H_q, S_q] float32: written here, sum_d dO * Out per row
+    dQ,  # like Q
+    qk_scale: float,
+    heads_q: int,
+    group: int,  # query heads per K/V head
+    TILE_M: ConstInt,  # query rows per CTA
+    TILE_N: ConstInt,  # keys per step
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two
+    CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,
+    KV_LATENCY: ConstInt,  # latency hint of the K/V loads (1..10; 0: the compiler's)
+):
+    q_tile = ct.bid(0)
+    bh = ct.bid(1)
+    batch = bh // heads_q
+    head = bh % heads_q
+    kv_head = head // group
+    seqlen_k = K.shape[2]
+    scale2 = qk_scale * LOG2_E
+
+    o = _load_rows(Out, batch, head, q_tile, TILE_M, TILE_D, 0)
+    do = _load_rows(dO, batch, head, q_tile, TILE_M, TILE_D, 0)
+    delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
+    ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+    delta = delta.reshape((TILE_M, 1))
+    lse = _load_row_stat(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
+    q = _load_rows(Q, batch, head, q_tile, TILE_M, TILE_D, 0)
+
+    offset = _causal_offset(Q, K, BOTTOM_RIGHT)
+    first_row = q_tile * TILE_M
+    rows = first_row + offset + ct.arange(TILE_M, dtype=np.int32)[:, None]  # last key seen
+    if CAUSAL:
+        num_kv_tiles = ct.cdiv(max(min(first_row + TILE_M + offset, seqlen_k), 0), TILE_N)
+        # the first key tile past the first row's diagonal (or the ragged end) needs the mask
+        mask_from = min(max(first_row + offset + 1, 0) // TILE_N, seqlen_k // TILE_N)
+    else:
+        num_kv_tiles = ct.cdiv(seqlen_k, TILE_N)
+        mask_from = seqlen_k // TILE_N
+    unmasked = min(mask_from, num_kv_tiles)
+
+    dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
+    for j in range(unmasked):
+        dq = _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2, seqlen_k,
+                      False, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY)
+    for j in range(unmasked, num_kv_tiles):
+        dq = _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2, seqlen_k,
+                      True, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY)
+    dq = dq * qk_scale
+    ct.store(dQ, index=(batch, head, q_tile, 0),
+             tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
+
+
+# -- dK and dV -----------------------------------------------------------------------------------
+def _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2, masked, TILE_M,
+               TILE_N, TILE_D, Q_LATENCY):
+    """Fold query tile ``i`` of query head ``head`` into ``dk, dv``; ``masked``: causal mask
+    (``keys``: ``[TILE_N, 1]`` key positions minus the causal offset)."""
+    q = _load_rows(Q, batch, head, i, TILE_M, TILE_D, Q_LATENCY)  # [TILE_M, TILE_D]
+    do = _load_rows(dO, batch, head, i, TILE_M, TILE_D, Q_LATENCY)
+    lse = _load_row_stat(Lse, batch, head, i, TILE_M).reshape((1, TILE_M))
+    delta = _load_row_stat(Delta, batch, head, i, TILE_M).reshape((1, TILE_M))
+    st = ct.mma(k, ct.transpose(q), ct.full((TILE_N, TILE_M), 0.0, dtype=np.float32))
+    if masked:
+        rows = i * TILE_M + ct.arange(TILE_M, dtype=np.int32)[None, :]  # [1, TILE_M]
+        st = ct.where(keys <= rows, st, -np.inf)
+    pt = ct.exp2(st * scale2 - lse, flush_to_zero=True)  # P^T: [TILE_N, TILE_M]
+    dv = ct.mma(pt.astype(q.dtype), do, dv)
+    dpt = ct.mma(v, ct.transpose(do), ct.full((TILE_N, TILE_M), 0.0, dtype=np.float32))
+    dst = pt * (dpt - delta)
+    dk = ct.mma(dst.astype(q.dtype), q, dk)
+    return dk, dv
+
+
+@ct.kernel
+def attention_bwd_dkdv(
+    Q, K, V, dO,  # [B, H_q, S_q, D], [B, H_kv, S_k, D] x2, like Q
+    Lse, Delta,  # [B, H_q, S_q] float32 (the forward's; attention_bwd_dq's)
+    dK, dV,  # like K
+    qk_scale: float,
+    heads_kv: int,
+    group: int,
+    TILE_M: ConstInt,  # query rows per step
+    TILE_N: ConstInt,  # keys per CTA
+    TILE_D: ConstInt,
+    CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,
+    Q_LATENCY: ConstInt,  # latency hint of the Q/dO loads (1..10; 0: the compiler's)
+):
+    kv_tile = ct.bid(0)
+    bh = ct.bid(1)
+    batch = bh // heads_kv
+    kv_head = bh % heads_kv
+    seqlen_q = Q.shape[2]
+    scale2 = qk_scale * LOG2_E
+    k = _load_rows(K, batch, kv_head, kv_tile, TILE_N, TILE_D, 0)
+    v = _load_rows(V, batch, kv_head, kv_tile, TILE_N, TILE_D, 0)
+
+    num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
+    first_key = kv_tile * TILE_N
+    offset = _causal_offset(Q, K, BOTTOM_RIGHT)
+    keys = first_key - offset + ct.arange(TILE_N, dtype=np.int32)[:, None]  # first row seeing it
+    first = 0
+    unmask_from = 0
+    if CAUSAL:
+        # rows before first_key - offset see none of these keys; from row
+        # first_key + TILE_N - 1 - offset on a row sees all of them
+        first = min(max(first_key - offset, 0) // TILE_M, num_q_tiles)
+        unmask_from = max(min(ct.cdiv(max(first_key + TILE_N - 1 - offset, 0), TILE_M),
+                              num_q_tiles), first)
+
+    dk = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)
+    dv = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)
+    for g in range(group):
+        head = kv_head * group + g
+        for i in range(first, unmask_from):
+            dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2,
+                                True, TILE_M, TILE_N, TILE_D, Q_LATENCY)
+        for i in range(unmask_from, num_q_tiles):
+            dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2,
+                                False, TILE_M, TILE_N, TILE_D, Q_LATENCY)
+    dk = dk * qk_scale
+    ct.store(dK, index=(batch, kv_head, kv_tile, 0),
+             tile=dk.astype(dK.dtype).reshape((1, 1, TILE_N, TILE_D)))
+    ct.store(dV, index=(batch, kv_head, kv_tile, 0),
+             tile=dv.astype(dV.dtype).reshape((1, 1, TILE_N, TILE_D)))
