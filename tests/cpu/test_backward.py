@@ -1,0 +1,192 @@
+"""The backward family on the CPU: compile-only builds of both kernels (and of the forward that
+stores log-sum-exps) for several architectures, schedule dimensions reaching the compiled code,
+the schedule type, normalisation, the per-architecture defaults, kernel arguments placed by
+name, and the training entry points' input checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import tiledattention
+from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError,
+                            InputValueError, Problem, ScheduleError, codecs, text_digest)
+from tiledattention._compile import array_constraint, export_cubin
+from tiledattention.backward._family import BACKWARD_FLOP_RATIO
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, ROW_STAT_ALIGN,
+                                             dkdv_constants, dq_constants, launches, normalise,
+                                             row_stat_shape)
+from tiledattention.backward._schedule import BACKWARD_SCHEDULE_FORMAT
+from tiledattention.forward._kernel import attention_fwd, attention_fwd_lse
+from tiledattention.forward._launch import LSE_PARAMETERS, kernel_constants, lse_kernel_for
+
+ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+
+#: GQA 8/2, ragged lengths with S_q != S_k, D padded to 128, bottom-right causal
+ODD = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=333, seqlen_k=1000, head_dim=96,
+              dtype="bf16", causal=True, bottom_right=True)
+PLAIN = Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=512, seqlen_k=512, head_dim=64,
+                dtype="fp16", causal=False)
+
+_BUILT: dict = {}
+
+
+def _build(problem: Problem, schedule: BackwardSchedule, arch: str = "sm_90"):
+    key = (problem, schedule, arch)
+    if key not in _BUILT:
+        _BUILT[key] = BACKWARD.compile(problem, schedule, arch)
+    return _BUILT[key]
+
+
+def _digests(result) -> tuple[str, ...]:
+    return (text_digest(result.cubin),) + tuple(text_digest(c) for c in result.other_cubins)
+
+
+# -- compile-only builds ------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHES)
+def test_default_schedule_compiles_for_each_architecture(arch):
+    schedule = BACKWARD.default_schedule(arch, ODD)
+    result = _build(ODD, schedule, arch)
+    assert result.arch == arch and result.cubin[:4] == b"\x7fELF"
+    assert len(result.other_cubins) == 1 and result.other_cubins[0][:4] == b"\x7fELF"  # dQ
+    assert result.shared_bytes and result.shared_bytes > 0
+
+
+@pytest.mark.parametrize("arch", ("sm_90", "sm_120"))
+def test_forward_with_lse_compiles_and_leaves_the_plain_forward_alone(arch):
+    """attention_fwd_lse takes the forward's constants plus an Lse array; the plain forward's
+    parameters are unchanged (its shipped rows keep their compiled code)."""
+    schedule = FORWARD.default_schedule(arch, ODD)
+    q = array_constraint("bf16", (2, 8, 333, 96))
+    kv = array_constraint("bf16", (2, 2, 1000, 96))
+    b, h, padded = row_stat_shape(ODD)
+    lse = array_constraint("fp32", (b, h, 333), (h * padded, padded, 1))
+    from cuda import tile as ct
+    from cuda.tile import compilation as ctc
+
+    args = LSE_PARAMETERS.ordered(
+        {"Q": q, "K": kv, "V": kv, "Out": q, "Lse": lse,
+         "qk_scale": ctc.ScalarConstraint(ct.float32), "heads_q": ctc.ScalarConstraint(ct.int32),
+         "group": ctc.ScalarConstraint(ct.int32)}, kernel_constants(ODD, schedule))
+    result = export_cubin(lse_kernel_for(schedule), args, arch, "forward+lse")
+    assert result.cubin[:4] == b"\x7fELF"
+    assert text_digest(result.cubin) != text_digest(FORWARD.compile(ODD, schedule, arch).cubin)
+    assert "Lse" not in tiledattention.forward._launch.kernel_parameters()
+    assert LSE_PARAMETERS.names[:4] == ("Q", "K", "V", "Out")
+    assert set(LSE_PARAMETERS.constants) == set(kernel_constants(ODD, schedule))
+    assert attention_fwd is not attention_fwd_lse
+
+
+@pytest.mark.parametrize("field, value", [
+    ("dkdv_tile_n", 128), ("dkdv_tile_m", 32), ("dkdv_occupancy", 2), ("dkdv_worker_warps", 8),
+    ("q_latency", 2), ("dq_tile_m", 128), ("dq_tile_n", 32), ("dq_occupancy", 2),
+    ("dq_worker_warps", 8), ("kv_latency", 2)])
+def test_every_dimension_reaches_the_compiled_code(field, value):
+    """Each field changes the .text of the kernel it belongs to (and only that one)."""
+    base = BackwardSchedule()
+    changed = base.replace(**{field: value})
+    a, b = _digests(_build(PLAIN, base)), _digests(_build(PLAIN, changed))
+    dkdv_field = field.startswith("dkdv") or field == "q_latency"
+    assert (a[0] != b[0]) == dkdv_field
+    assert (a[1] != b[1]) == (not dkdv_field)
+
+
+def test_causal_alignments_compile_to_different_code():
+    top = dataclasses.replace(ODD, bottom_right=False)
+    free = dataclasses.replace(ODD, causal=False, bottom_right=False)
+    s = BackwardSchedule()
+    digests = {_digests(_build(p, s)) for p in (ODD, top, free)}
+    assert len(digests) == 3
+
+
+# -- schedule type ------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, bad", [
+    ("dkdv_tile_n", 48), ("dkdv_tile_m", 512), ("dq_tile_m", 8), ("dq_tile_n", True),
+    ("dkdv_occupancy", 0), ("dq_occupancy", 33), ("dkdv_worker_warps", 2),
+    ("dq_worker_warps", 16), ("q_latency", 0), ("kv_latency", 11), ("kv_latency", 2.0)])
+def test_impossible_fields_are_refused_by_name(field, bad):
+    with pytest.raises(ScheduleError, match=field):
+        BackwardSchedule(**{field: bad})
+
+
+def test_schedule_round_trips_and_rejects_unknown_and_newer():
+    s = BackwardSchedule(dkdv_tile_n=128, dq_worker_warps=8, q_latency=3)
+    data = s.to_dict()
+    assert data["format"] == BACKWARD_SCHEDULE_FORMAT
+    assert BackwardSchedule.from_dict(data) == s
+    assert BackwardSchedule.from_dict(data).key == s.key != BackwardSchedule().key
+    with pytest.raises(ScheduleError, match="unknown"):
+        BackwardSchedule.from_dict({**data, "tile_x": 1})
+    with pytest.raises(ScheduleError, match="newer"):
+        BackwardSchedule.from_dict({**data, "format": BACKWARD_SCHEDULE_FORMAT + 1})
+    with pytest.raises(ScheduleError, match="mapping"):
+        BackwardSchedule.from_dict([1, 2])
+    assert "dkdv 128x64" in s.describe() and "w8" in s.describe() and "lat3" in s.describe()
+
+
+def test_codec_round_trips_rows_of_the_family():
+    codec = codecs()["backward"]
+    s = BackwardSchedule(dq_tile_m=128)
+    assert codec.decode_schedule(s.to_dict()) == s
+    assert codec.decode_problem(ODD.to_dict()) == ODD
+
+
+# -- normalisation, launches, defaults ----------------------------------------------------------
+def test_normalise_caps_tiles_at_the_problem_and_is_idempotent():
+    tiny = dataclasses.replace(PLAIN, seqlen_q=7, seqlen_k=40)
+    s = BackwardSchedule(dkdv_tile_n=128, dkdv_tile_m=128, dq_tile_m=64, dq_tile_n=256)
+    n = normalise(tiny, s)
+    assert (n.dkdv_tile_m, n.dq_tile_m) == (16, 16)  # S_q 7: one 16-row tile
+    assert (n.dkdv_tile_n, n.dq_tile_n) == (64, 64)  # S_k 40: one 64-key tile
+    assert normalise(tiny, n) is n
+    assert normalise(PLAIN, BackwardSchedule()) == BackwardSchedule()
+    # schedules that normalise alike compile alike
+    assert _digests(_build(tiny, s)) == _digests(_build(tiny, n))
+
+
+def test_launch_arguments_follow_the_kernels_signatures():
+    s = BackwardSchedule(dkdv_tile_n=128, dq_tile_m=32, q_latency=4)
+    plan = launches(ODD, s, 0.125)
+    assert plan.dq_grid == (-(-333 // 32), 2 * 8, 1)
+    assert plan.dkdv_grid == (-(-1000 // 128), 2 * 2, 1)
+    assert plan.dq_scalars == (8, 4, *DQ_PARAMETERS.constant_values(dq_constants(ODD, s)))
+    assert plan.dkdv_scalars == (2, 4, *DKDV_PARAMETERS.constant_values(dkdv_constants(ODD, s)))
+    assert DQ_PARAMETERS.names.index("qk_scale") == 8
+    assert DKDV_PARAMETERS.names.index("qk_scale") == 8
+    assert dkdv_constants(ODD, s)["Q_LATENCY"] == 4 and dq_constants(ODD, s)["KV_LATENCY"] == 0
+    assert dq_constants(ODD, s)["TILE_D"] == 128 and dq_constants(ODD, s)["BOTTOM_RIGHT"]
+    b, h, padded = plan.stat_shape
+    assert (b, h) == (2, 8) and padded % ROW_STAT_ALIGN == 0 and 333 <= padded < 333 + 32
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_defaults_follow_head_dim_and_fit_the_problem(arch):
+    for d in (40, 64, 96, 128, 256):
+        p = dataclasses.replace(PLAIN, head_dim=d)
+        s = BACKWARD.default_schedule(arch, p)
+        assert normalise(p, s) == s
+    hopper = BACKWARD.default_schedule("sm_90", dataclasses.replace(PLAIN, head_dim=256))
+    assert hopper.dkdv_worker_warps == 8  # measured: 3.4x faster at D = 256
+    assert BACKWARD.default_schedule("sm_90", PLAIN).dq_occupancy == 2
+
+
+def test_family_is_registered_with_its_flop_count():
+    assert tiledattention.get_family("backward") is BACKWARD
+    assert BACKWARD.flops(PLAIN) == BACKWARD_FLOP_RATIO * PLAIN.flops
+    assert BACKWARD.tolerance(PLAIN) > 0
+
+
+# -- training entry points ---------------------------------------------------------------------
+def test_training_entry_points_refuse_cpu_tensors_and_bad_arguments():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 4, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(InputValueError, match="CUDA"):
+        tiledattention.sdpa_with_lse(q, q, q)
+    with pytest.raises(InputValueError, match="CUDA"):
+        tiledattention.sdpa_backward(q, q, q, q, q, torch.zeros(1, 4, 16))
+    with pytest.raises(InputTypeError, match="BackwardSchedule"):
+        tiledattention.sdpa_backward(q, q, q, q, q, None, schedule=FORWARD.default_schedule(
+            "sm_90", PLAIN))
+    with pytest.raises(InputTypeError, match="Schedule"):
+        tiledattention.sdpa_with_lse(q, q, q, schedule=BackwardSchedule())
