@@ -106,7 +106,18 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     few query rows, the prefill forward otherwise); ``schedule`` overrides the lookup and, by its
     type, the family. Bad input raises an :class:`InputTypeError` / :class:`InputValueError`
     naming the argument.
+
+    On torch tensors that require grad, with grad mode on, the call is differentiable: it runs
+    the forward kernel that also keeps each row's log-sum-exp (``torch.ops.tiledattention.
+    sdpa_fwd_lse``, whatever the shape; ``schedule`` may then be a ``Schedule`` only) and
+    autograd runs :func:`sdpa_backward`. Any other call stores nothing for a backward pass.
     """
+    if (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+            or getattr(v, "requires_grad", False)):
+        from . import _autograd  # imports torch's op machinery: only calls that may train pay
+
+        if _autograd.grad_enabled():
+            return _autograd.sdpa(q, k, v, causal, scale, schedule=schedule)
     return _run_sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
 
 

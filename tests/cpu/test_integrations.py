@@ -1,10 +1,12 @@
 """tiledattention.integrations on the CPU: the custom op's registration, fake-tensor shapes,
-compile/export tracing, the forward-only autograd error, the SDPA router's decisions and
-restoring, and the transformers backend.
+compile/export tracing, training through the op, the SDPA router's decisions and restoring
+(calls that require grad included), and the transformers backend (training included).
 
 No GPU here, so the kernel call (``tiledattention.sdpa``) is replaced by a float32 torch
-reference with the kernel's contract (``enable_gqa`` semantics, top-left ``is_causal``) and the
-router's accepted device types are widened to CPU where a test needs calls to reach the op.
+reference with the kernel's contract (``enable_gqa`` semantics, top-left ``is_causal``), the
+training entry points (``sdpa_with_lse`` / ``sdpa_backward``) by the stand-ins of
+``test_autograd`` (``training`` fixture), and the router's accepted device types are widened to
+CPU where a test needs calls to reach the op. More on autograd: ``test_autograd.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import tiledattention
 import tiledattention.integrations as ti
 from tiledattention import InputValueError
 from tiledattention.integrations import _router
+
+from .test_autograd import TrainingKernels, install_training_kernels, torch_grads
 
 TORCH_SDPA = _router._TORCH_SDPA  # PyTorch's own function, whatever the router does
 
@@ -60,6 +64,11 @@ def kernel(monkeypatch) -> KernelCalls:
     calls = KernelCalls()
     monkeypatch.setattr(tiledattention, "sdpa", calls)
     return calls
+
+
+@pytest.fixture
+def training(monkeypatch) -> TrainingKernels:
+    return install_training_kernels(monkeypatch)
 
 
 @pytest.fixture
@@ -184,13 +193,18 @@ def test_opcheck(kernel):
     torch.library.opcheck(torch.ops.tiledattention.sdpa_fwd.default, (q, k, v, False, 0.5))
 
 
-def test_backward_through_the_op_raises_forward_only(kernel):
-    q, k, v = qkv(requires_grad=True)
-    out = ti.attention(q, k, v, causal=True)  # the forward runs
+def test_backward_through_the_op_runs_the_training_kernels(kernel, training):
+    q, k, v = qkv(hq=4, hkv=2, requires_grad=True)
+    out = ti.attention(q, k, v, causal=True)
     assert out.requires_grad
-    with pytest.raises(RuntimeError, match="forward-only"):
-        out.float().sum().backward()
-    assert q.grad is None
+    assert kernel.calls == [] and len(training.forwards) == 1  # the forward that keeps the lse
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    out.backward(grad_out.to(out.dtype))
+    assert len(training.backwards) == 1
+    _, dq, dk, dv = torch_grads(q, k, v, True, None, grad_out.to(out.dtype))
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
 
 
 class Block(torch.nn.Module):
@@ -261,7 +275,8 @@ CASES = {
     "fp32": ((_case(**dict(zip("qkv", qkv(dtype=torch.float32)))), ("cpu",), None), "dtype"),
     "mixed-dtypes": ((_case(v=qkv(dtype=torch.float16)[2]), ("cpu",), None), "dtype"),
     "3d": ((_case(**{n: x[0] for n, x in zip("qkv", qkv())}), ("cpu",), None), "ndim"),
-    "grad": ((_case(**dict(zip("qkv", qkv(requires_grad=True)))), ("cpu",), None), "grad"),
+    "requires-grad": ((_case(**dict(zip("qkv", qkv(requires_grad=True)))), ("cpu",), None),
+                      None),
     "layout": ((_case(q=qkv(d=64)[0].transpose(2, 3).contiguous().transpose(2, 3)), ("cpu",),
                 None), "layout"),
     "k!=v": ((_case(v=qkv(sk=9)[2]), ("cpu",), None), "shape"),
@@ -283,11 +298,16 @@ def test_route_decision(case, expected):
     assert expected is None or expected in ti.FALLBACK_REASONS
 
 
-def test_route_decision_accepts_inputs_that_require_grad_under_no_grad():
+def test_route_decision_takes_inputs_that_require_grad_in_any_grad_mode():
+    """The backward kernels run whatever the forward runs: grad is no reason to fall back."""
     args = _case(**dict(zip("qkv", qkv(requires_grad=True))))
     with torch.no_grad():
         assert _decide(args) is None
-    assert _decide(args) == "grad"
+    assert _decide(args) is None
+    assert "grad" not in ti.FALLBACK_REASONS
+    # what torch's backward would need and the kernel lacks still falls back, with grad too
+    assert _decide({**args, "dropout_p": 0.1}) == "dropout"
+    assert _decide({**args, "attn_mask": torch.ones(17, 17, dtype=torch.bool)}) == "attn_mask"
 
 
 def test_route_decision_defaults_to_cuda_only():
@@ -397,16 +417,32 @@ def test_router_sends_supported_calls_to_the_op(kernel, cpu_is_kernel_device):
     assert ti.router_stats() == ti.RouterStats(tiledattention=0, torch=0, fallbacks={})
 
 
-def test_router_trains_through_torch(kernel, cpu_is_kernel_device):
-    q, k, v = qkv(requires_grad=True)
+def test_router_trains_through_the_kernels(kernel, training, cpu_is_kernel_device):
+    q, k, v = qkv(hq=8, hkv=2, requires_grad=True)
     with ti.sdpa_kernel():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().sum().backward()
-    assert kernel.calls == []
-    assert ti.router_stats().fallbacks == {"grad": 1}
-    q2, k2, v2 = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    TORCH_SDPA(q2, k2, v2, is_causal=True).float().square().sum().backward()
-    for mine, theirs in ((q, q2), (k, k2), (v, v2)):
-        assert torch.equal(mine.grad, theirs.grad)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.float().square().sum().backward()
+        # dropout is torch's, also in training
+        F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, enable_gqa=True)
+    assert kernel.calls == []  # no plain forward: the one that keeps the lse
+    assert len(training.forwards) == 1 and len(training.backwards) == 1
+    stats = ti.router_stats()
+    assert (stats.tiledattention, stats.fallbacks) == (1, {"dropout": 1})
+    _, dq, dk, dv = torch_grads(q, k, v, True, None, 2 * out.detach().float())
+    for got, want in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
+
+
+def test_router_under_compile_fullgraph_trains(kernel, training, cpu_is_kernel_device):
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
+
+    q, k, v = qkv(dtype=torch.float16, requires_grad=True)
+    with ti.sdpa_kernel():
+        torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v).backward()
+    assert len(training.forwards) == 1 and len(training.backwards) == 1
+    assert q.grad is not None and k.grad is not None and v.grad is not None
 
 
 def test_router_under_compile_fullgraph(kernel, cpu_is_kernel_device):
@@ -511,13 +547,70 @@ def test_hf_generate_matches_sdpa(kernel, cpu_is_kernel_device):
     assert sorted({c["k"][2] for c in decode}) == list(range(13, 18))
 
 
-def test_hf_training_goes_to_sdpa(kernel, cpu_is_kernel_device):
-    model = tiny_llama("tiledattention", dtype=torch.bfloat16).train()
+def test_hf_training_runs_the_kernels(kernel, training, cpu_is_kernel_device):
+    mine = tiny_llama("tiledattention").train()  # bf16, the same weights
+    theirs = tiny_llama("sdpa").train()
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(4))
-    loss = model(ids, labels=ids).loss
+    loss = mine(ids, labels=ids).loss
     loss.backward()
+    expected = theirs(ids, labels=ids).loss
+    expected.backward()
     assert kernel.calls == []
-    assert ti.hf_stats().fallbacks == {"grad": 2}
+    assert [(f["q"], f["k"], f["causal"]) for f in training.forwards] == [
+        ((2, 4, 16, 32), (2, 2, 16, 32), True)] * 2  # GQA heads unrepeated, causal
+    assert len(training.backwards) == 2
+    stats = ti.hf_stats()
+    assert (stats.tiledattention, stats.torch) == (2, 0)
+    # two bf16 models that differ in attention rounding only
+    torch.testing.assert_close(loss, expected, rtol=1e-2, atol=1e-2)
+    for (name, p), q in zip(mine.named_parameters(), theirs.parameters()):
+        err = (torch.linalg.vector_norm(p.grad.float() - q.grad.float())
+               / torch.linalg.vector_norm(q.grad.float())).item()
+        assert err <= 3e-2, f"{name}: rel L2 {err:.2e}"
+
+
+def test_hf_mixed_precision_training_runs_the_kernels(kernel, training, cpu_is_kernel_device):
+    """Under torch.autocast the rotary embedding hands attention float32 queries and keys and
+    bf16 values; torch's SDPA computes in bf16 there, and so does the kernel."""
+    mine = tiny_llama("tiledattention", dtype=torch.float32).train()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = mine(ids, labels=ids, use_cache=False).loss
+    loss.backward()
+    assert ti.hf_stats().tiledattention == 2 and ti.hf_stats().torch == 0
+    assert len(training.forwards) == 2 and len(training.backwards) == 2
+    weight = mine.model.layers[0].self_attn.q_proj.weight
+    assert weight.dtype == torch.float32 and weight.grad is not None
+    assert torch.isfinite(weight.grad).all() and weight.grad.abs().max() > 0
+
+
+def test_router_and_op_compute_in_autocasts_dtype(kernel, cpu_is_kernel_device):
+    q, k, v = qkv(dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ti.attention(q, k, v, causal=True)
+        with ti.sdpa_kernel():
+            routed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert [c["dtype"] for c in kernel.calls] == [torch.bfloat16] * 2
+    assert out.dtype == routed.dtype == torch.bfloat16
+    assert ti.router_stats().tiledattention == 1
+    with ti.sdpa_kernel():  # autocast off: float32 is torch's business
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert ti.router_stats().fallbacks == {"dtype": 1} and len(kernel.calls) == 2
+
+
+def test_hf_training_with_attention_dropout_goes_to_sdpa(kernel, training,
+                                                         cpu_is_kernel_device):
+    transformers = pytest.importorskip("transformers")
+    ti.register_hf()
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, attention_dropout=0.1)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="tiledattention").to(torch.bfloat16).train()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(4))
+    model(ids, labels=ids).loss.backward()
+    assert kernel.calls == [] and training.forwards == []
+    assert ti.hf_stats().fallbacks == {"dropout": 2}
     assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
 
 

@@ -1,5 +1,7 @@
-"""tiledattention.integrations on the GPU: the custom op under torch.compile / torch.export, the
-SDPA router, and the transformers backend, against PyTorch.
+"""tiledattention.integrations on the GPU: the custom op under torch.compile / torch.export,
+training through it, the SDPA router, and the transformers backend, against PyTorch (the
+backward's accuracy in detail: test_backward_gpu.py; a 20-step training run:
+test_training_gpu.py).
 
 Errors are relative L2 against a float32 reference (bf16 <= 1e-2, fp16 <= 5e-3). Causal masking
 is PyTorch's ``is_causal``: top-left aligned (query i sees keys 0..i).
@@ -53,12 +55,26 @@ def test_op_matches_reference(shape, causal, dtype):
     assert err <= TOLERANCE[dtype], f"rel L2 {err:.2e}"
 
 
-def test_backward_through_the_op_raises_forward_only():
-    q, k, v = random_qkv(1, 4, 4, 64, 64, 64, torch.bfloat16)
-    q.requires_grad_(True)
-    out = ti.attention(q, k, v, causal=True)
-    with pytest.raises(RuntimeError, match="forward-only"):
-        out.float().sum().backward()
+def _reference_grads(q, k, v, causal, grad_out):
+    q32, k32, v32 = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    reference(q32, k32, v32, causal).backward(grad_out.float())
+    return q32.grad, k32.grad, v32.grad
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_through_the_op_matches_reference(causal):
+    q, k, v = random_qkv(2, 8, 2, 129, 300, 64, torch.bfloat16, seed=4)
+    grad_out = torch.randn_like(q)
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    out = ti.attention(q, k, v, causal=causal)
+    assert "sdpa_fwd_lse" in type(out.grad_fn).__name__
+    out.backward(grad_out)
+    for which, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
+                                _reference_grads(q, k, v, causal, grad_out)):
+        assert got.shape == want.shape and got.dtype == torch.bfloat16
+        err = rel_l2(got, want)
+        assert err <= 2e-2, f"{which}: rel L2 {err:.2e}"
 
 
 class Block(torch.nn.Module):
@@ -147,13 +163,19 @@ def test_router_falls_back_for_what_the_kernel_cannot_do():
     assert stats.fallbacks == {"attn_mask": 1, "dtype": 1, "head_dim": 1, "layout": 1}
 
 
-def test_router_trains_through_torch():
+def test_router_trains_through_the_kernels():
     q, k, v = random_qkv(2, 4, 4, 64, 64, 64, torch.bfloat16, seed=3)
-    q.requires_grad_(True)
+    grad_out = torch.randn_like(q)
+    for x in (q, k, v):
+        x.requires_grad_(True)
     with ti.sdpa_kernel():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True).float().sum().backward()
-    assert ti.router_stats().fallbacks == {"grad": 1}
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad_out)
+    stats = ti.router_stats()
+    assert (stats.tiledattention, stats.torch) == (1, 0), stats
+    for which, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad),
+                                _reference_grads(q, k, v, True, grad_out)):
+        err = rel_l2(got, want)
+        assert err <= 2e-2, f"{which}: rel L2 {err:.2e}"
 
 
 # ---------------------------------------------------------------------------- transformers
@@ -203,6 +225,29 @@ def test_hf_llama_generate_runs_on_the_kernel():
     stats = ti.hf_stats()
     # prefill plus 7 decode steps (the 8th token needs no forward), two layers each
     assert stats.tiledattention == 2 * 8 and stats.torch == 0, stats
+
+
+def test_hf_llama_training_step_matches_sdpa():
+    """One mixed-precision (autocast bf16) training step from the same float32 weights: the
+    loss and every weight's gradient of the tiledattention model against the sdpa model's."""
+    reference_model = tiny_llama("sdpa", torch.float32)
+    weights = {name: t.detach().cpu() for name, t in reference_model.state_dict().items()}
+    mine = tiny_llama("tiledattention", torch.float32, weights).train()
+    theirs = tiny_llama("sdpa", torch.float32, weights).train()
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    ids = torch.randint(0, 512, (2, 97), device="cuda", generator=gen)
+    losses = []
+    for model in (mine, theirs):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        losses.append(loss.item())
+    stats = ti.hf_stats()
+    assert (stats.tiledattention, stats.torch) == (2, 0), stats  # both layers, with grad
+    assert abs(losses[0] - losses[1]) <= 1e-2 * abs(losses[1]), losses
+    for (name, p), q in zip(mine.named_parameters(), theirs.parameters()):
+        err = rel_l2(p.grad, q.grad.float())
+        assert err <= 3e-2, f"{name}: gradient rel L2 {err:.2e} vs the sdpa model's"
 
 
 def test_hf_padded_batch_falls_back_and_matches_sdpa():

@@ -1,13 +1,15 @@
 """PyTorch and Hugging Face integration for tiledattention (imported on demand, not by
 ``import tiledattention``).
 
-Importing this package registers the torch custom op ``torch.ops.tiledattention.sdpa_fwd``
-(traceable by ``torch.compile(fullgraph=True)`` and ``torch.export``; forward only).
+Importing this package registers the torch custom ops ``torch.ops.tiledattention.sdpa_fwd``
+(the forward), ``sdpa_fwd_lse`` (the forward that keeps each row's log-sum-exp) and ``sdpa_bwd``
+(dq, dk, dv): traceable by ``torch.compile(fullgraph=True)`` and ``torch.export``, with autograd
+formulas, so a compiled training step traces the forward and the backward.
 
-- :func:`attention` — ``tiledattention.sdpa`` through that op.
+- :func:`attention` — ``tiledattention.sdpa`` through those ops, differentiable.
 - :func:`sdpa_kernel` / :func:`enable` / :func:`disable` — route
-  ``torch.nn.functional.scaled_dot_product_attention`` calls tiledattention supports to it, the
-  rest (masks, dropout, CPU, fp32, inputs that require grad, ...) to PyTorch unchanged;
+  ``torch.nn.functional.scaled_dot_product_attention`` calls tiledattention supports to it (also
+  calls that require grad), the rest (masks, dropout, CPU, fp32, ...) to PyTorch unchanged;
   :func:`route_decision` is the policy, :func:`router_stats` counts where calls went.
 - :func:`register_hf` — ``attn_implementation="tiledattention"`` for transformers models.
 """
@@ -26,10 +28,10 @@ from ._router import (
     router_stats,
     sdpa_kernel,
 )
-from ._torch_op import OP_NAME, attention
+from ._torch_op import BWD_OP_NAME, FWD_LSE_OP_NAME, OP_NAME, attention
 
 __all__ = [
-    "ATTN_IMPLEMENTATION", "FALLBACK_REASONS", "OP_NAME", "RouterStats", "attention", "disable",
-    "enable", "hf_stats", "is_enabled", "register_hf", "reset_hf_stats", "reset_router_stats",
-    "route_decision", "router_stats", "sdpa_kernel",
+    "ATTN_IMPLEMENTATION", "BWD_OP_NAME", "FALLBACK_REASONS", "FWD_LSE_OP_NAME", "OP_NAME",
+    "RouterStats", "attention", "disable", "enable", "hf_stats", "is_enabled", "register_hf",
+    "reset_hf_stats", "reset_router_stats", "route_decision", "router_stats", "sdpa_kernel",
 ]

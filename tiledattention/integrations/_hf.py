@@ -3,9 +3,11 @@
 Registered with ``transformers.AttentionInterface`` (the attention function) and
 ``AttentionMaskInterface`` (transformers' SDPA mask builder, which returns ``None`` exactly when
 the mask is the plain causal pattern or no mask at all, so ``is_causal`` expresses it). Calls the
-kernel runs — no mask, no dropout, bf16/fp16 CUDA, supported head dim, no grad — go to
-``tiledattention::sdpa_fwd``; everything else (padding masks, sliding windows, training, ...)
-goes to transformers' own ``sdpa_attention_forward``. transformers is imported only here, and
+kernel runs — no mask, no dropout, bf16/fp16 CUDA, supported head dim — go to
+:func:`~tiledattention.integrations.attention` (``tiledattention::sdpa_fwd``, or in training,
+where the inputs require grad, ``tiledattention::sdpa_fwd_lse`` and the backward kernels);
+everything else (padding masks, sliding windows, attention dropout, ...) goes to transformers'
+own ``sdpa_attention_forward``. transformers is imported only here, and
 only when :func:`register_hf` is called.
 """
 
@@ -17,7 +19,7 @@ import torch
 
 from ..errors import InputValueError
 from ._router import RouterStats, _Counts, route_decision
-from ._torch_op import attention
+from ._torch_op import attention, autocast_inputs
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_stats", "register_hf", "reset_hf_stats",
            "tiledattention_attention_forward"]
@@ -80,12 +82,16 @@ def tiledattention_attention_forward(
             return _fallback(name, module, query, key, value, attention_mask, dropout, scaling,
                              is_causal, kwargs)
     # Any mask goes to SDPA, a torch CausalBias too (route_decision would take one; the code
-    # below assumes no mask). The mask is the first check either way.
+    # below assumes no mask). The mask is the first check either way. Judged in the dtype
+    # torch's SDPA would compute in (autocast's, when it is on: mixed-precision training);
+    # a fallback gets the tensors as they came.
+    q, k, v = autocast_inputs(query, key, value)
     reason = "attn_mask" if attention_mask is not None else route_decision(
-        query, key, value, None, dropout, True, scale=scaling)
+        q, k, v, None, dropout, True, scale=scaling)
     if reason is not None:
         return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling,
                          is_causal, kwargs)
+    query, key, value = q, k, v
 
     # attention_mask is None here: the mask builder found a plain causal (or no) pattern. As in
     # transformers' SDPA path, a single query token attends to every cached key (lower-right

@@ -11,6 +11,11 @@ Causal masks come as ``is_causal=True`` (top-left) or as an ``attn_mask`` that i
 query row no key (``S_q > S_k``; torch warns that its result has NaNs there), the kernel's row is
 zeros. A ``CausalBias`` call that falls back goes through the bias's own dispatch, as torch would
 run it without the router (see ``_fallback``).
+
+Calls that require grad are taken like any other: :func:`attention` then runs the forward that
+keeps the log-sum-exp, and autograd runs tiledattention's backward kernels. Under
+``torch.autocast`` a call is judged, and run, in autocast's dtype, as torch's function would run
+it (mixed-precision training hands attention float32 queries and keys).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 
 from ..forward import SUPPORTED_HEAD_DIMS
 from ..forward._problem import BOTTOM_RIGHT
-from ._torch_op import attention
+from ._torch_op import attention, autocast_inputs
 
 try:  # torch >= 2.3
     from torch.nn.attention.bias import CausalBias, CausalVariant
@@ -50,7 +55,6 @@ FALLBACK_REASONS = (
     "device",     # a tensor on another non-kernel device, or q, k, v on different devices
     "dtype",      # not bf16/fp16, or q, k, v of different dtypes
     "ndim",       # not 4-D [B, H, S, D]
-    "grad",       # grad mode is on and an input requires grad (the kernel is forward-only)
     "layout",     # last dim not contiguous
     "shape",      # k, v shapes differ, batch or head_dim differ from q, or an empty dim
     "causal_bias",  # a CausalBias whose seq_len_q / seq_len_kv are not q's S_q and k's S_k, of
@@ -95,8 +99,6 @@ def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
         return "dtype"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "ndim"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return "grad"
     if any(x.stride(-1) != 1 and x.shape[-1] > 1 for x in tensors):
         return "layout"
     b, hq, sq, d = q.shape
@@ -190,13 +192,16 @@ def _routed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         kwargs["enable_gqa"] = enable_gqa
     if _passthrough.active:
         return original(query, key, value, **kwargs)
-    reason = route_decision(query, key, value, attn_mask, dropout_p, enable_gqa, scale=scale,
+    # decided on the dtypes torch's function would compute in (autocast's, when it is on); a
+    # fallback gets the tensors as they came
+    q, k, v = autocast_inputs(query, key, value)
+    reason = route_decision(q, k, v, attn_mask, dropout_p, enable_gqa, scale=scale,
                             is_causal=is_causal)
     compiling = torch.compiler.is_compiling()
     if reason is None:
         if not compiling:
             _counts.tiledattention += 1
-        return attention(query, key, value, causal_alignment(attn_mask, is_causal), scale)
+        return attention(q, k, v, causal_alignment(attn_mask, is_causal), scale)
     if not compiling:
         _counts.fallbacks[reason] += 1
     return _fallback(original, query, key, value, kwargs)

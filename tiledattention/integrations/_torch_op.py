@@ -1,49 +1,35 @@
-"""The ``tiledattention::sdpa_fwd`` torch custom op: opaque to ``torch.compile`` / ``torch.export``.
+"""The torch custom ops: ``tiledattention::sdpa_fwd`` (the forward) here, and the training pair
+``tiledattention::sdpa_fwd_lse`` / ``tiledattention::sdpa_bwd`` from the core
+(``tiledattention._autograd``, which ``tiledattention.sdpa`` uses too). All are opaque to
+``torch.compile`` / ``torch.export`` and differentiable.
 
-The op's implementation calls :func:`tiledattention.sdpa` (which validates its inputs and raises a
-clear error for anything the kernel cannot run, e.g. CPU tensors); the fake implementation gives
-the output's shape, dtype and layout so tracing never runs the kernel. The kernel is forward-only:
-backward through the op raises instead of returning wrong gradients.
+Each op's implementation calls the runtime (:func:`tiledattention.sdpa`, ``sdpa_with_lse``,
+``sdpa_backward``), which validates its inputs and raises a clear error for anything the kernel
+cannot run (e.g. CPU tensors); the fake implementations give the outputs' shapes, dtypes and
+layouts so tracing never runs a kernel.
+
+:func:`attention` runs ``sdpa_fwd`` when no gradient is needed (nothing is kept for a backward
+pass), and ``sdpa_fwd_lse`` when one is (grad mode on and an input requires grad): its backward
+uses the log-sum-exp that forward stored. ``sdpa_fwd`` is differentiable too, for graphs that
+call it directly (an exported one, say): its backward first re-runs the forward with
+``sdpa_fwd_lse`` to get the log-sum-exp, one extra forward pass.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-from ..errors import InputValueError, UnsupportedOperationError
+from .._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward, check_flags,
+                         check_shapes, needs_grad, sdpa_bwd, sdpa_fwd_lse)
 from ..forward._problem import BOTTOM_RIGHT, causal_flags
 
-__all__ = ["OP_NAME", "attention", "sdpa_fwd"]
+__all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "attention", "autocast_inputs",
+           "sdpa_fwd", "sdpa_fwd_lse", "sdpa_bwd"]
 
-#: Qualified name of the op: ``torch.ops.tiledattention.sdpa_fwd``.
+#: Qualified name of the forward op: ``torch.ops.tiledattention.sdpa_fwd``.
 OP_NAME = "tiledattention::sdpa_fwd"
-
-_FORWARD_ONLY = (
-    "tiledattention.sdpa_fwd is forward-only: the tiledattention kernel has no backward pass. "
-    "Run it under torch.no_grad() / torch.inference_mode(), detach its inputs, or use "
-    "torch.nn.functional.scaled_dot_product_attention for training (the router "
-    "tiledattention.integrations.sdpa_kernel() does this for inputs that require grad)."
-)
-
-
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """The shape checks that tracing can do (the kernel checks the rest when it runs)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            raise InputValueError(
-                f"{name} must have 4 dims [batch, heads, seqlen, head_dim]; got shape "
-                f"{tuple(x.shape)}"
-            )
-    if tuple(v.shape) != tuple(k.shape):
-        raise InputValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
-
-
-def _check_flags(causal: bool, bottom_right: bool) -> None:
-    if bottom_right and not causal:
-        raise InputValueError("bottom_right=True needs causal=True (it aligns the causal mask); "
-                              "got causal=False")
 
 
 # No device_types: the op runs wherever tiledattention.sdpa accepts the tensors (CUDA), and for
@@ -55,45 +41,86 @@ def sdpa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     ``bottom_right`` (with ``causal``) aligns the causal mask to the bottom-right corner."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
-    _check_shapes(q, k, v)
-    _check_flags(causal, bottom_right)
+    check_shapes(q, k, v)
+    check_flags(causal, bottom_right)
+    # grad mode is off inside an op's implementation: this is sdpa's plain forward
     return tiledattention.sdpa(q, k, v, BOTTOM_RIGHT if bottom_right else causal, scale)
 
 
 @sdpa_fwd.register_fake
 def _sdpa_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    scale: Optional[float], bottom_right: bool = False) -> torch.Tensor:
-    _check_shapes(q, k, v)
-    _check_flags(causal, bottom_right)
+    check_shapes(q, k, v)
+    check_flags(causal, bottom_right)
     b, hq, sq, d = q.shape
     return q.new_empty((b, hq, sq, d))  # contiguous, dtype and device of q
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    pass
+def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    q, k, v, causal, scale, bottom_right = inputs
+    ctx.save_for_backward(q, k, v)  # not the output: the backward re-runs the forward
+    ctx.causal, ctx.scale, ctx.bottom_right = causal, scale, bottom_right
 
 
-def _backward(ctx, grad_output):
-    raise UnsupportedOperationError(_FORWARD_ONLY)
+def _backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+    q, k, v = ctx.saved_tensors
+    # sdpa_fwd kept no log-sum-exp: recompute the forward with it (its out, not the saved
+    # one, so out and lse come from one kernel; the decode kernels may have made the other)
+    out, lse = torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, ctx.causal, ctx.scale,
+                                                     ctx.bottom_right)
+    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale,
+                                    ctx.bottom_right)
+    return dq, dk, dv, None, None, None
 
 
 sdpa_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def autocast_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q, k, v`` as torch's ``scaled_dot_product_attention`` computes with them: under
+    ``torch.autocast`` for their device type (SDPA is on autocast's lower-precision list) cast
+    to autocast's dtype, otherwise unchanged. Mixed-precision training (``torch.autocast``,
+    transformers' ``bf16=True``) hands attention float32 queries and keys (after the rotary
+    embedding) and bf16 values; the cast is differentiable."""
+    if not isinstance(q, torch.Tensor):  # not ours to judge: the caller reports it
+        return q, k, v
+    device_type = "cuda" if q.is_cuda else q.device.type  # is_cuda: ~15x cheaper
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return q, k, v
+    except RuntimeError:  # a device type autocast does not know (meta)
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                 and x.dtype != dtype else x for x in (q, k, v))
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | str = False,
               scale: float | None = None) -> torch.Tensor:
-    """``tiledattention.sdpa`` as the traceable op ``torch.ops.tiledattention.sdpa_fwd``.
+    """``tiledattention.sdpa`` as a traceable, differentiable torch op.
 
     Same contract as :func:`tiledattention.sdpa` (``[B, H, S, D]`` in and out, bf16/fp16 CUDA
     tensors, grouped-query ``k, v`` with fewer heads); usable inside
-    ``torch.compile(fullgraph=True)`` and ``torch.export``. Forward only: backward raises.
+    ``torch.compile(fullgraph=True)`` and ``torch.export``. Without a gradient to compute it is
+    ``torch.ops.tiledattention.sdpa_fwd``; with grad mode on and an input that requires grad it
+    is ``torch.ops.tiledattention.sdpa_fwd_lse`` (the forward kernel, also keeping the
+    log-sum-exp), whose backward runs ``torch.ops.tiledattention.sdpa_bwd``.
     ``causal``: ``False``, ``True`` or ``"top_left"`` (torch's ``is_causal``: query ``i`` sees
     keys ``0..i``), or ``"bottom_right"`` (torch's ``causal_lower_right``: keys
-    ``0..i + S_k - S_q``; a row that sees no key, possible when ``S_q > S_k``, is zero).
+    ``0..i + S_k - S_q``; a row that sees no key, possible when ``S_q > S_k``, is zero, and so
+    are its gradients). Under ``torch.autocast`` the inputs are cast to its dtype first, as
+    torch's SDPA does (:func:`autocast_inputs`).
     """
+    q, k, v = autocast_inputs(q, k, v)
     if isinstance(scale, int) and not isinstance(scale, bool):
         scale = float(scale)
-    if not isinstance(causal, str):
-        return torch.ops.tiledattention.sdpa_fwd(q, k, v, bool(causal), scale)
-    is_causal, bottom_right = causal_flags(causal)  # raises for any other string
+    if isinstance(causal, str):
+        is_causal, bottom_right = causal_flags(causal)  # raises for any other string
+    else:
+        is_causal, bottom_right = bool(causal), False
+    if needs_grad(q, k, v):
+        return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right)[0]
+    if not bottom_right:
+        return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale)
     return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale, bottom_right)

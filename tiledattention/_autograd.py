@@ -1,0 +1,194 @@
+"""Autograd for attention on torch tensors: the torch custom ops ``tiledattention::sdpa_fwd_lse``
+(the forward that also keeps each row's log-sum-exp) and ``tiledattention::sdpa_bwd`` (dQ, dK,
+dV), their fake implementations for tracing, and the backward formula that joins them.
+
+``tiledattention.sdpa`` imports this module on its first call with inputs that require grad (so
+``import tiledattention`` stays free of torch); ``tiledattention.integrations`` imports it to
+build its ops on these. Being custom ops, both are opaque to ``torch.compile`` and
+``torch.export``: a compiled training step traces the forward and the backward through them
+without running a kernel while tracing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .backward._launch import ROW_STAT_ALIGN
+from .decode import DecodeSchedule
+from .errors import InputTypeError, InputValueError, UnsupportedOperationError
+from .forward import Schedule
+from .forward._problem import BOTTOM_RIGHT, causal_flags
+
+__all__ = ["FWD_LSE_OP_NAME", "BWD_OP_NAME", "sdpa_fwd_lse", "sdpa_bwd", "grad_enabled",
+           "needs_grad", "sdpa", "attention_backward", "check_shapes", "check_flags"]
+
+#: ``torch.ops.tiledattention.sdpa_fwd_lse``: ``(out, lse)``; ``out`` is differentiable.
+FWD_LSE_OP_NAME = "tiledattention::sdpa_fwd_lse"
+#: ``torch.ops.tiledattention.sdpa_bwd``: ``(dq, dk, dv)``.
+BWD_OP_NAME = "tiledattention::sdpa_bwd"
+
+
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The shape checks that tracing can do (the kernel checks the rest when it runs)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise InputValueError(
+                f"{name} must have 4 dims [batch, heads, seqlen, head_dim]; got shape "
+                f"{tuple(x.shape)}"
+            )
+    if tuple(v.shape) != tuple(k.shape):
+        raise InputValueError(f"v must have the shape of k {tuple(k.shape)}; got {tuple(v.shape)}")
+
+
+def check_flags(causal: bool, bottom_right: bool) -> None:
+    if bottom_right and not causal:
+        raise InputValueError("bottom_right=True needs causal=True (it aligns the causal mask); "
+                              "got causal=False")
+
+
+def _causal_arg(causal: bool, bottom_right: bool) -> bool | str:
+    """The ``causal=`` argument of the runtime's functions for the ops' two flags."""
+    return BOTTOM_RIGHT if bottom_right else causal
+
+
+def _row_stat_fake(q: torch.Tensor) -> torch.Tensor:
+    """A float32 ``[B, H_q, S_q]`` tensor with the real log-sum-exp's strides: the real one is a
+    view of ``[B, H_q, S_q rounded up to ROW_STAT_ALIGN]`` storage, and tracing records strides,
+    so the fake must have the real ones."""
+    b, hq, sq, _ = q.shape
+    padded = -(-sq // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+    return q.new_empty_strided((b, hq, sq), (hq * padded, padded, 1), dtype=torch.float32)
+
+
+# -- the forward that keeps the log-sum-exp --------------------------------------------------------
+# No device_types (as for tiledattention::sdpa_fwd): the ops run wherever the runtime accepts the
+# tensors (CUDA); for anything else its validation names the problem.
+@torch.library.custom_op(FWD_LSE_OP_NAME, mutates_args=())
+def sdpa_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 scale: Optional[float], bottom_right: bool = False,
+                 schedule: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tiledattention.sdpa_with_lse``: ``out [B, H_q, S_q, D]`` (contiguous) and the base-2
+    log-sum-exp ``lse`` (float32 ``[B, H_q, S_q]``, a view of row-aligned storage; not
+    differentiable). ``schedule``: a forward ``Schedule`` as JSON (``Schedule.to_json()``), or
+    ``None`` for the looked-up one."""
+    import tiledattention  # looked up per call, so tests can substitute a reference
+
+    check_shapes(q, k, v)
+    check_flags(causal, bottom_right)
+    chosen = None if schedule is None else Schedule.from_json(schedule)
+    return tiledattention.sdpa_with_lse(q, k, v, _causal_arg(causal, bottom_right), scale,
+                                        schedule=chosen)
+
+
+@sdpa_fwd_lse.register_fake
+def _sdpa_fwd_lse_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       scale: Optional[float], bottom_right: bool = False,
+                       schedule: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    check_shapes(q, k, v)
+    check_flags(causal, bottom_right)
+    return q.new_empty(q.shape), _row_stat_fake(q)  # out: contiguous, dtype and device of q
+
+
+# -- the backward ------------------------------------------------------------------------------------
+@torch.library.custom_op(BWD_OP_NAME, mutates_args=())
+def sdpa_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: Optional[float],
+             bottom_right: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``tiledattention.sdpa_backward``: ``(dq, dk, dv)``, contiguous, shaped like ``q, k, v``
+    (grouped-query ``dk, dv`` summed over each group in the kernel)."""
+    import tiledattention
+
+    check_shapes(q, k, v)
+    check_flags(causal, bottom_right)
+    return tiledattention.sdpa_backward(grad_out, q, k, v, out, lse,
+                                        _causal_arg(causal, bottom_right), scale)
+
+
+@sdpa_bwd.register_fake
+def _sdpa_bwd_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: Optional[float],
+                   bottom_right: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_shapes(q, k, v)
+    check_flags(causal, bottom_right)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _dense_grad(grad_out: torch.Tensor) -> torch.Tensor:
+    """``grad_out`` as the kernel reads it. Autograd hands over whatever strides the graph made:
+    an expanded gradient (of ``out.sum()``, or of a product with a broadcast weight) has zero
+    strides, which are copied to a dense tensor here; other strides with a contiguous last dim
+    go to the kernel as they are (``sdpa_backward`` copies the rest)."""
+    if any(st == 0 and n > 1 for n, st in zip(grad_out.shape, grad_out.stride())):
+        return grad_out.contiguous()
+    return grad_out
+
+
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                       scale: Optional[float], bottom_right: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` through ``tiledattention::sdpa_bwd`` (traceable: the backward formula
+    of both forward ops)."""
+    return torch.ops.tiledattention.sdpa_bwd(_dense_grad(grad_out), q, k, v, out, lse, causal,
+                                             scale, bottom_right)
+
+
+def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, causal, scale, bottom_right, _schedule = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale, ctx.bottom_right = causal, scale, bottom_right
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_lse_backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale,
+                                    ctx.bottom_right)
+    return dq, dk, dv, None, None, None, None
+
+
+sdpa_fwd_lse.register_autograd(_fwd_lse_backward, setup_context=_fwd_lse_setup_context)
+
+
+# -- tiledattention.sdpa on inputs that require grad ----------------------------------------------
+def grad_enabled() -> bool:
+    """Whether autograd records operations now (not under ``torch.no_grad()`` /
+    ``torch.inference_mode()``)."""
+    return torch.is_grad_enabled()
+
+
+def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether an attention call on these tensors must be differentiable."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
+         scale: Any = None, *, schedule: Any = None) -> torch.Tensor:
+    """``tiledattention.sdpa`` for torch tensors that require grad (grad mode on): the output of
+    ``tiledattention::sdpa_fwd_lse``, whose backward runs ``tiledattention::sdpa_bwd``.
+
+    Always the forward family's kernel (the decode kernels keep no log-sum-exp); ``schedule``
+    may be a forward ``Schedule`` (the backward's schedule is looked up).
+    """
+    is_causal, bottom_right = causal_flags(causal)  # raises for anything else
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
+        scale = float(scale)
+    chosen = None
+    if isinstance(schedule, DecodeSchedule):
+        raise UnsupportedOperationError(
+            "schedule is a DecodeSchedule, but the decode kernels keep no log-sum-exp for a "
+            "backward pass and these inputs require grad; pass a tiledattention.Schedule (or "
+            "None), or call under torch.no_grad() / with detached inputs")
+    if schedule is not None:
+        if not isinstance(schedule, Schedule):
+            raise InputTypeError(f"schedule must be a tiledattention.Schedule, a "
+                                 f"tiledattention.DecodeSchedule or None; got "
+                                 f"{type(schedule).__name__}")
+        chosen = schedule.to_json()
+    return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
+                                                 chosen)[0]
