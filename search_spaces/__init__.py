@@ -3,7 +3,8 @@ dimension, static feasibility checks that run before anything compiles, the dime
 cannot matter for a problem, and (optionally) an analytic time model for the simulated backend.
 
 ``space_for(family, arch, name)`` returns a :class:`SearchSpace`; a family registers its spaces
-with :func:`register_space` (the forward family's are in ``search_spaces.forward``).
+with :func:`register_space` (the forward family's are in ``search_spaces.forward``, the decode
+and backward families' in ``search_spaces.decode`` and ``search_spaces.backward``).
 """
 
 from ._space import (
@@ -16,8 +17,10 @@ from ._space import (
     space_for,
     unregister_space,
 )
+from .backward import BACKWARD_SPACE
 from .decode import DECODE_SPACE
 from .forward import FORWARD_SPACE
 
-__all__ = ["ArchLimits", "DECODE_SPACE", "FORWARD_SPACE", "FamilySpace", "SearchSpace", "arch_limits",
-           "family_space", "register_space", "space_for", "unregister_space"]
+__all__ = ["ArchLimits", "BACKWARD_SPACE", "DECODE_SPACE", "FORWARD_SPACE", "FamilySpace",
+           "SearchSpace", "arch_limits", "family_space", "register_space", "space_for",
+           "unregister_space"]

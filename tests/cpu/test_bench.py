@@ -295,12 +295,13 @@ def test_kernel_option_accepts_the_families_with_a_grid(capsys):
     assert _args().kernel == "forward"
     assert _args("--kernel", "forward").kernel == "forward"
     assert _args("--kernel", "decode").kernel == "decode"
+    assert _args("--kernel", "backward").kernel == "backward"
     with pytest.raises(SystemExit) as info:
-        _args("--kernel", "backward")
+        _args("--kernel", "toy")
     assert info.value.code == 2
     err = _squash(capsys.readouterr().err)
-    assert "--kernel" in err and "forward and decode families only" in err
-    assert "'backward'" in err
+    assert "--kernel" in err and "forward, decode, backward families only" in err
+    assert "'toy'" in err
 
 
 def test_interleave_option_is_validated():

@@ -6,10 +6,24 @@ over a model-like grid per kernel family.
 reference; ``_measure`` checks then times every contender at one point of either grid; ``_run``
 runs a whole grid with its environment (device, versions, clocks, the matrix-product and copy
 ceilings); ``_report`` holds the result records, their CSV form and the forward markdown summary,
-``_decode_report`` the decode summary and tables; ``_plots`` the PNG plots.
+``_decode_report`` the decode summary and tables; ``_plots`` the PNG plots. The backward grid
+(``--kernel backward``) has its own ``_backward_grid``, ``_backward_contenders`` (with the
+float32 reference gradients), ``_backward_measure`` (two phases per contender: the backward
+alone and forward + backward), ``_backward_report`` and ``_backward_plots``.
 The command itself (flags, progress bar, tables) is ``tuner.commands.bench_cmd``.
 """
 
+from ._backward_contenders import (BackwardContender, BackwardPrepared, SameSchedule,
+                                   make_backward_contenders, reference_gradients,
+                                   torch_backward)
+from ._backward_grid import (BACKWARD_CONTENDERS, BACKWARD_INTERLEAVE, BACKWARD_PHASES,
+                             QUICK_BACKWARD_INTERLEAVE, BackwardGrid, BackwardPoint,
+                             build_backward_grid)
+from ._backward_measure import measure_backward_point, phase_flops
+from ._backward_plots import write_backward_plots
+from ._backward_report import (BASELINES, TARGET, backward_points, backward_rich_tables,
+                               backward_speedup_table, by_shape_table, is_backward,
+                               render_backward_markdown, write_backward_summary)
 from ._contenders import (Contender, Prepared, make_contenders, reference_attention,
                           torch_sdpa, torch_sdpa_kwargs)
 from ._decode_contenders import make_decode_contenders
@@ -32,6 +46,13 @@ from ._report import (COPY_BYTES, CSV_COLUMNS, MATMUL_SIZE, STATUSES, BenchResul
 from ._run import copy_gbps, environment, gpu_clocks, matmul_tflops, run_grid
 
 __all__ = [
+    "BACKWARD_CONTENDERS", "BACKWARD_INTERLEAVE", "BACKWARD_PHASES", "BASELINES",
+    "BackwardContender", "BackwardGrid", "BackwardPoint", "BackwardPrepared",
+    "QUICK_BACKWARD_INTERLEAVE", "SameSchedule", "TARGET", "backward_points",
+    "backward_rich_tables", "backward_speedup_table", "build_backward_grid", "by_shape_table", "is_backward",
+    "make_backward_contenders", "measure_backward_point", "phase_flops", "reference_gradients",
+    "render_backward_markdown", "torch_backward", "write_backward_plots",
+    "write_backward_summary",
     "BenchConfigError", "BenchGrid", "BenchPoint", "BenchResult", "BenchSettings", "CONTENDERS",
     "COPY_BYTES", "CSV_COLUMNS", "Contender", "DECODE_CONTENDERS", "DECODE_GROUPS",
     "DECODE_INTERLEAVE", "DEFAULT_GRID", "DecodeGrid", "DecodeGroup", "DecodePoint",

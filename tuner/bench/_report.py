@@ -50,6 +50,9 @@ class BenchResult:
     status: str
     reason: str = ""
     kernel: str = "forward"  # the family whose grid the row belongs to (``--kernel``)
+    #: what was timed when a grid times more than one thing per contender and point (the
+    #: backward grid: "backward" or "forward+backward"); "" for the forward and decode grids
+    phase: str = ""
     batch: int
     heads: int
     heads_kv: int | None = None

@@ -7,7 +7,7 @@ import dataclasses
 import subprocess
 from typing import Any, Callable, Mapping
 
-from ._contenders import Contender, make_contenders
+from ._contenders import make_contenders
 from ._measure import BenchSettings, _release, measure_point
 from ._report import COPY_BYTES, MATMUL_SIZE, BenchResult
 
@@ -84,12 +84,16 @@ def environment(device: int) -> dict[str, str]:
                 cuda_tile_version=prov.cuda_tile)
 
 
-def run_grid(grid: Any, settings: BenchSettings, *, contenders: Mapping[str, Contender]
-             | None = None, progress: Any = None) -> list[BenchResult]:
-    """Measure every point of ``grid`` (a ``BenchGrid`` or ``DecodeGrid``: its ``points()`` and
-    ``contenders`` names, looked up in ``contenders``, default the forward grid's table);
-    ``progress`` (a rich ``Progress``) is advanced per contender when given."""
+def run_grid(grid: Any, settings: BenchSettings, *, contenders: Mapping[str, Any]
+             | None = None, progress: Any = None,
+             measure: Callable[..., list[BenchResult]] | None = None) -> list[BenchResult]:
+    """Measure every point of ``grid`` (a ``BenchGrid``, ``DecodeGrid`` or ``BackwardGrid``:
+    its ``points()`` and ``contenders`` names, looked up in ``contenders``, default the forward
+    grid's table) with ``measure`` (default ``measure_point``; the backward grid's is
+    ``measure_backward_point``); ``progress`` (a rich ``Progress``) is advanced per contender
+    when given."""
     table = contenders if contenders is not None else make_contenders()
+    measure = measure or measure_point
     chosen = [table[name] for name in grid.contenders]
     env = environment(settings.device)
     points = grid.points()
@@ -101,8 +105,8 @@ def run_grid(grid: Any, settings: BenchSettings, *, contenders: Mapping[str, Con
         def on_contender(name: str, point=point) -> None:
             if progress is not None:
                 progress.update(task, description=f"{point.describe()} · {name}")
-        point_results = measure_point(point, chosen, settings, env=env,
-                                      on_contender=_advancing(on_contender, progress, task))
+        point_results = measure(point, chosen, settings, env=env,
+                                on_contender=_advancing(on_contender, progress, task))
         sm, mem = gpu_clocks(settings.device)  # right after timing, while clocks are up
         results += [_with_clocks(r, sm, mem) for r in point_results]
         if progress is not None:

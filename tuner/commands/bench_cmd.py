@@ -6,7 +6,10 @@ timed (``tuner.bench``); results go to ``bench.csv``, ``run.json``, ``summary.md
 the summary and plots of an earlier run. ``--kernel forward`` (the default) times the prefill
 family over a grid of fixed B·S and H·D in TFLOP/s; ``--kernel decode`` times decode shapes
 (``S_q`` 1 or a few draft tokens against long K/V caches) in GB/s and as a share of a
-device-to-device copy measured in the same run (``tuner.bench._decode_grid``).
+device-to-device copy measured in the same run (``tuner.bench._decode_grid``);
+``--kernel backward`` times the backward pass alone and a forward + backward step over the
+forward grid's shape of problems (``tuner.bench._backward_grid``), in TFLOP/s with the backward
+counted as 2.5x the forward's FLOPs.
 
 Exit status: 0 success; 1 no CUDA device, or a tiledattention result failed the accuracy check;
 2 bad options or an unreadable CSV.
@@ -20,13 +23,17 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..bench import (CONTENDERS, DECODE_CONTENDERS, DECODE_INTERLEAVE, QUICK_DECODE_INTERLEAVE,
+from ..bench import (BACKWARD_CONTENDERS, BACKWARD_INTERLEAVE, CONTENDERS, DECODE_CONTENDERS,
+                     DECODE_INTERLEAVE, QUICK_BACKWARD_INTERLEAVE, QUICK_DECODE_INTERLEAVE,
                      QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, BenchResult, BenchSettings,
-                     PlotsUnavailable, RunInfo, build_decode_grid, build_grid, by_point,
-                     contenders_of, copy_gbps, decode_rich_tables, is_decode, load_results,
-                     make_decode_contenders, matmul_tflops, parse_positive_float,
-                     parse_positive_int, ratio_table, run_grid, write_csv, write_decode_plots,
-                     write_decode_summary, write_plots, write_run_info, write_summary)
+                     PlotsUnavailable, RunInfo, backward_rich_tables, build_backward_grid,
+                     build_decode_grid, build_grid, by_point, contenders_of, copy_gbps,
+                     decode_rich_tables, is_backward, is_decode, load_results,
+                     make_backward_contenders, make_decode_contenders, matmul_tflops,
+                     measure_backward_point, parse_positive_float, parse_positive_int,
+                     ratio_table, run_grid, write_backward_plots, write_backward_summary,
+                     write_csv, write_decode_plots, write_decode_summary, write_plots,
+                     write_run_info, write_summary)
 
 __all__ = ["configure", "run", "KERNELS", "grid_from_args", "settings_from_args",
            "write_reports", "results_table", "ratio_rich_table"]
@@ -35,18 +42,26 @@ CSV_NAME = "bench.csv"
 SUMMARY_NAME = "summary.md"
 RUN_INFO_NAME = "run.json"
 #: Kernel families with a benchmark grid (``--kernel``).
-KERNELS = ("forward", "decode")
-#: Grid options of one family's grid only (attribute, flag).
+KERNELS = ("forward", "decode", "backward")
+#: Grid options of some families' grids only (attribute, flag): the forward grid's (which the
+#: backward grid shares) and the decode grid's.
 _FORWARD_ONLY = (("seqlens", "--seqlens"), ("causal", "--causal"), ("tokens", "--tokens"),
                  ("hidden", "--hidden"), ("no_matmul", "--no-matmul"))
 _DECODE_ONLY = (("batch", "--batch"), ("seqlens_q", "--seqlens-q"),
                 ("seqlens_k", "--seqlens-k"), ("masks", "--masks"), ("heads", "--heads"))
+#: Per kernel: the options it refuses, and what to call the grid they belong to.
+_REFUSED = {
+    "forward": (_DECODE_ONLY, "decode grid (--kernel decode)"),
+    "backward": (_DECODE_ONLY, "decode grid (--kernel decode)"),
+    "decode": (_FORWARD_ONLY, "forward grid (--kernel forward; the backward grid takes it "
+                              "too)"),
+}
 
 
 def _kernel(text: str) -> str:
     if text not in KERNELS:
         raise argparse.ArgumentTypeError(
-            f"tiledtune bench has grids for the {' and '.join(KERNELS)} families only; got "
+            f"tiledtune bench has grids for the {', '.join(KERNELS)} families only; got "
             f"{text!r} (other kernel families bring their own benchmark grids)")
     return text
 
@@ -56,25 +71,28 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.description = (
         "Benchmark tiledattention against PyTorch's SDPA backends (and eager attention) over a "
         "grid: --kernel forward (default) with fixed B·S (--tokens) and H·D (--hidden), "
-        "--kernel decode over decode shapes; writes bench.csv, run.json, summary.md and PNG "
-        "plots into --out.")
+        "--kernel decode over decode shapes, --kernel backward (the backward pass and a "
+        "forward + backward step) over the forward's kind of grid; writes bench.csv, run.json, "
+        "summary.md and PNG plots into --out.")
     parser.add_argument("--kernel", type=_kernel, default="forward", metavar="NAME",
-                        help="kernel family to benchmark: forward (default) or decode")
-    grid = parser.add_argument_group("grid (both kernels)")
+                        help="kernel family to benchmark: forward (default), decode or "
+                             "backward")
+    grid = parser.add_argument_group("grid (every kernel)")
     grid.add_argument("--head-dims", metavar="LIST",
-                      help="head dims D (default forward 64,128,256; decode 128)")
+                      help="head dims D (default forward and backward 64,128,256; decode 128)")
     grid.add_argument("--dtypes", metavar="LIST",
-                      help="bf16,fp16 (default forward both; decode bf16)")
+                      help="bf16,fp16 (default forward and backward both; decode bf16)")
     grid.add_argument("--contenders", metavar="LIST",
                       help=f"forward: subset of {','.join(CONTENDERS)}; decode: subset of "
-                           f"{','.join(DECODE_CONTENDERS)} (default all)")
+                           f"{','.join(DECODE_CONTENDERS)}; backward: subset of "
+                           f"{','.join(BACKWARD_CONTENDERS)} (default all)")
     grid.add_argument("--quick", action="store_true",
-                      help="small grid (forward: D 64,128; S 1024,4096; bf16. decode: 4 points) "
-                           "and looser timing; explicit options still win")
-    fwd = parser.add_argument_group("forward grid (--kernel forward)")
+                      help="small grid (forward and backward: D 64,128; S 1024,4096; bf16. "
+                           "decode: 4 points) and looser timing; explicit options still win")
+    fwd = parser.add_argument_group("forward and backward grids (--kernel forward, backward)")
     fwd.add_argument("--seqlens", metavar="LIST",
-                     help="sequence lengths S (default 512,1024,...,16384); must divide "
-                          "--tokens")
+                     help="sequence lengths S (default forward 512,1024,...,16384; backward "
+                          "1024,4096,16384); must divide --tokens")
     fwd.add_argument("--causal", metavar="LIST", help="yes,no (default both)")
     fwd.add_argument("--tokens", metavar="N", help="B·S, fixed over the grid (default 16384)")
     fwd.add_argument("--hidden", metavar="N", help="H·D, fixed over the grid (default 2048)")
@@ -102,7 +120,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     timing.add_argument("--interleave", metavar="ROUNDS",
                         help="time the contenders of a point together, one sample each per "
                              "round in rotating order, for ROUNDS rounds (0: each on its own, "
-                             "until --rel-precision; default forward 0, decode "
+                             "until --rel-precision; default forward 0, decode and backward "
                              f"{DECODE_INTERLEAVE}, {QUICK_DECODE_INTERLEAVE} with --quick)")
     timing.add_argument("--mem-fraction", metavar="X",
                         help="share of free GPU memory S×S contenders (eager, torch-math) may "
@@ -115,8 +133,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "--report-only)")
     output.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     output.add_argument("--no-matmul", action="store_true",
-                        help="forward: skip the bf16 matrix-product rate measured before and "
-                             "after the grid (the summary's ceiling)")
+                        help="forward, backward: skip the bf16 matrix-product rate measured "
+                             "before and after the grid (the summary's ceiling)")
     output.add_argument("--report-only", metavar="CSV",
                         help="measure nothing: re-render summary.md and plots from a bench CSV")
     return parser
@@ -159,9 +177,13 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
 
 
 def _default_interleave(args: argparse.Namespace) -> int:
-    if getattr(args, "kernel", "forward") != "decode":
-        return 0
-    return QUICK_DECODE_INTERLEAVE if getattr(args, "quick", False) else DECODE_INTERLEAVE
+    kernel = getattr(args, "kernel", "forward")
+    quick = getattr(args, "quick", False)
+    if kernel == "decode":
+        return QUICK_DECODE_INTERLEAVE if quick else DECODE_INTERLEAVE
+    if kernel == "backward":
+        return QUICK_BACKWARD_INTERLEAVE if quick else BACKWARD_INTERLEAVE
+    return 0
 
 
 def _non_negative_int(flag: str, text: str) -> int:
@@ -175,14 +197,20 @@ def _non_negative_int(flag: str, text: str) -> int:
 
 
 def grid_from_args(args: argparse.Namespace):
-    """The ``BenchGrid`` (``--kernel forward``) or ``DecodeGrid`` (``--kernel decode``) the
-    options describe; an option of the other kernel's grid is refused, naming it."""
+    """The ``BenchGrid`` (``--kernel forward``), ``DecodeGrid`` (``--kernel decode``) or
+    ``BackwardGrid`` (``--kernel backward``) the options describe; an option of another
+    kernel's grid is refused, naming it."""
     kernel = getattr(args, "kernel", "forward")
-    for attr, flag in _DECODE_ONLY if kernel == "forward" else _FORWARD_ONLY:
+    refused, owner = _REFUSED[kernel]
+    for attr, flag in refused:
         if getattr(args, attr, None) not in (None, False):
-            other = "decode" if kernel == "forward" else "forward"
-            raise BenchConfigError(f"{flag} belongs to the {other} grid (--kernel {other}); "
-                                   f"it does nothing with --kernel {kernel}")
+            raise BenchConfigError(f"{flag} belongs to the {owner}; it does nothing with "
+                                   f"--kernel {kernel}")
+    if kernel == "backward":
+        return build_backward_grid(tokens=args.tokens, hidden=args.hidden,
+                                   head_dims=args.head_dims, seqlens=args.seqlens,
+                                   dtypes=args.dtypes, causal=args.causal,
+                                   contenders=args.contenders, quick=bool(args.quick))
     if kernel == "decode":
         return build_decode_grid(batches=args.batch, seqlens_q=args.seqlens_q,
                                  seqlens_k=args.seqlens_k, masks=args.masks, heads=args.heads,
@@ -214,14 +242,19 @@ def _command_line(args: argparse.Namespace) -> str:
 def write_reports(results: Sequence[BenchResult], out_dir: Path, info: RunInfo, *,
                   plots: bool, console: Any) -> list[Path]:
     """summary.md and (unless ``plots`` is false or matplotlib is missing) the PNG plots, of
-    the forward or the decode grid as the rows say."""
-    decode = is_decode(results)
-    write = write_decode_summary if decode else write_summary
+    the forward, the decode or the backward grid as the rows say."""
+    decode, backward = is_decode(results), is_backward(results)
+    write = (write_decode_summary if decode else write_backward_summary if backward
+             else write_summary)
     written = [write(results, info, out_dir / SUMMARY_NAME)]
     if plots:
         try:
-            pngs, messages = (write_decode_plots(results, out_dir, info.copy_gbps) if decode
-                              else write_plots(results, out_dir))
+            if decode:
+                pngs, messages = write_decode_plots(results, out_dir, info.copy_gbps)
+            elif backward:
+                pngs, messages = write_backward_plots(results, out_dir)
+            else:
+                pngs, messages = write_plots(results, out_dir)
         except PlotsUnavailable as exc:
             console.print(f"[yellow]plots skipped:[/] {exc}", soft_wrap=True)
         else:
@@ -258,8 +291,10 @@ def results_table(results: Sequence[BenchResult]):
 
 
 def _print_tables(results: Sequence[BenchResult], info: RunInfo, console: Any) -> None:
-    if is_decode(results):
-        for table in decode_rich_tables(results, info.copy_gbps):
+    if is_decode(results) or is_backward(results):
+        tables = (decode_rich_tables(results, info.copy_gbps) if is_decode(results)
+                  else backward_rich_tables(results))
+        for table in tables:
             console.print(table)
         return
     console.print(results_table(results))
@@ -313,6 +348,7 @@ def run(args: argparse.Namespace) -> int:
     torch.cuda.set_device(settings.device)
     out_dir = Path(args.out or "bench-results")
     decode = args.kernel == "decode"
+    backward = args.kernel == "backward"
     points = grid.points()
     console.print(f"tiledtune bench: {len(points)} points × {len(grid.contenders)} contenders "
                   f"on {torch.cuda.get_device_name(settings.device)} → {out_dir}/",
@@ -328,8 +364,9 @@ def run(args: argparse.Namespace) -> int:
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                   transient=False) as progress:
         ceilings = [ceiling()] if measure_ceiling else []
-        results = run_grid(grid, settings, progress=progress,
-                           contenders=make_decode_contenders() if decode else None)
+        table, measure = ((make_backward_contenders(), measure_backward_point) if backward
+                          else (make_decode_contenders(), None) if decode else (None, None))
+        results = run_grid(grid, settings, progress=progress, contenders=table, measure=measure)
         if measure_ceiling:
             ceilings.append(ceiling())
 
