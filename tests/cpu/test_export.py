@@ -237,7 +237,7 @@ def test_select_rejects_bad_input(exported):
     for change in ({"heads_kv": 16}, {"head_dim": 64}, {"dtype": "fp16"}, {"causal": False}):
         assert exported.select("forward", "sm_90", **{**fields, **change}) is None, change
     with pytest.raises(ValueError, match="family must be one of"):
-        exported.select("backward", "sm_90", **fields)
+        exported.select("no_such_family", "sm_90", **fields)
     with pytest.raises(ValueError, match="give exactly the fields"):
         exported.select("forward", "sm_90", **{k: v for k, v in fields.items() if k != "batch"})
     with pytest.raises(ValueError, match="give exactly the fields"):
@@ -497,7 +497,7 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
         variant(extra="field"),                                        # unknown field
         variant(device_name="x" * 5000),                               # absurd string
         variant(median_ms=1e400),                                      # inf after parsing
-        variant(family="backward"),                                    # unknown family
+        variant(family="no_such_family"),                              # unknown family
         variant(format=1),                                             # format 1 has no family
         variant(format=4),                                             # newer row format
         variant(problem="{not json"),                                  # problem text not JSON
@@ -507,7 +507,7 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
     reasons = ["'median_ms'", "batch must be a positive int", "unknown architecture 'sm_999'",
                "tile_m must be one of", "duplicate key", "must be a mapping", "unknown row field",
                "device_name must be printable text", "median_ms must be a finite number",
-               "unknown kernel family 'backward'", "row format 1 has no 'family' field",
+               "unknown kernel family 'no_such_family'", "row format 1 has no 'family' field",
                "row format 4 is newer", "problem is not JSON"]
     return items, reasons, good
 
@@ -539,7 +539,7 @@ def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_pa
            first.replace('""causal"":true', '""causal"":""maybe""', 1),
            first.replace('""tile_m"":64', '""tile_m"":48'),
            first.replace('""dtype"":""bf16""', '""dtype"":""int8""', 1),
-           first.replace(",forward,", ",backward,", 1),
+           first.replace(",forward,", ",no_such_family,", 1),
            first.replace('"{""batch"":1,', '"{""batch"":1,""colour"":1,', 1),
            first.replace('"{""batch"":1,', '"{not json', 1),
            first + ",extra", first]
@@ -550,7 +550,7 @@ def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_pa
     assert tiledtune("import", path, "--db", target) == 1
     err = capsys.readouterr().err
     for reason in ("sm_999", "causal must be a bool", "tile_m must be one of",
-                   "dtype must be one of", "unknown kernel family 'backward'",
+                   "dtype must be one of", "unknown kernel family 'no_such_family'",
                    "unknown ['colour']", "column 'problem' must hold a JSON object",
                    "cells; the header has", "duplicate key"):
         assert reason in err, reason
@@ -750,7 +750,7 @@ def test_kernel_filter_selects_one_family(tiledtune, mixed_db, toy, tmp_path, ca
                      "export_toy", "--arch", "sm_121") == 1
     capsys.readouterr()
     assert tiledtune("export", "-o", tmp_path / "x.csv", "--db", mixed_db, "--kernel",
-                     "backward") == 2
+                     "no_such_family") == 2
     err = capsys.readouterr().err
     assert "kernel must be one of" in err and "'export_toy'" in err and "'forward'" in err
 
