@@ -58,9 +58,6 @@ def test_tiny_backward_bench_end_to_end(tmp_path):
                 assert default.status in ("skipped", "ok"), default.note
                 flash = by[(s, causal, "torch-flash", phase)]
                 assert flash.status == "ok", flash.note
-            for name in ("tiledattention", "torch-flash"):  # the step holds the backward
-                assert by[(s, causal, name, "forward+backward")].median_ms > \
-                    by[(s, causal, name, "backward")].median_ms
     assert json.loads((out / "run.json").read_text())["matmul_tflops"] == []
     summary = (out / "summary.md").read_text()
     assert "# tiledattention backward benchmark" in summary

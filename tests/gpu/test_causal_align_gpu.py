@@ -168,15 +168,28 @@ def test_router_runs_causal_lower_right_on_the_kernel(dtype, router_off):
 
 
 def test_router_gives_causal_bias_calls_it_does_not_take_to_torch(router_off):
-    """An input that requires grad goes to torch's own CausalBias dispatch, bias intact."""
+    """An input the kernel cannot take (head_dim 20) goes to torch's own CausalBias dispatch,
+    bias intact; one it can take, requiring grad, runs forward and backward on the kernels."""
     bias_module = pytest.importorskip("torch.nn.attention.bias")
     ti = router_off
-    q, k, v = random_qkv(1, 4, 4, 16, 512, 64, torch.bfloat16, seed=3)
+    q, k, v = random_qkv(1, 4, 4, 16, 512, 20, torch.bfloat16, seed=3)
     bias = bias_module.causal_lower_right(16, 512)
     q_grad = q.detach().clone().requires_grad_(True)
     expected_out = F.scaled_dot_product_attention(q_grad, k, v, attn_mask=bias)
     with ti.sdpa_kernel():
         out = F.scaled_dot_product_attention(q_grad, k, v, attn_mask=bias)
-    assert ti.router_stats().fallbacks == {"grad": 1}
+    assert ti.router_stats().fallbacks == {"head_dim": 1}
     assert torch.equal(out, expected_out)
+
+    q, k, v = random_qkv(1, 4, 4, 16, 512, 64, torch.bfloat16, seed=3)
+    q_grad = q.detach().clone().requires_grad_(True)
+    ti.reset_router_stats()
+    with ti.sdpa_kernel():
+        out = F.scaled_dot_product_attention(q_grad, k, v, attn_mask=bias)
+    assert (ti.router_stats().tiledattention, ti.router_stats().torch) == (1, 0)
+    out.float().square().sum().backward()
+    q_ref = q.detach().float().requires_grad_(True)
+    problem, _ = problem_from_arrays(q, k, v, "bottom_right", None)
+    forward_reference(q_ref, k, v, problem).square().sum().backward()
+    assert rel_l2(q_grad.grad, q_ref.grad) <= 2e-2
     check(out.detach(), q, k, v)

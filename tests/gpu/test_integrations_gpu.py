@@ -123,7 +123,9 @@ def test_export_matches_eager():
     model, x = _block_and_input()
     exported = torch.export.export(model, (x,))
     targets = {node.target for node in exported.graph.nodes if node.op == "call_function"}
-    assert torch.ops.tiledattention.sdpa_fwd.default in targets
+    # the block's parameters require grad, so the traced call is the training forward
+    ops = torch.ops.tiledattention
+    assert targets & {ops.sdpa_fwd.default, ops.sdpa_fwd_lse.default}
     with torch.no_grad():
         err = rel_l2(exported.module()(x), model(x).float())
     assert err <= 1e-2, f"exported vs eager rel L2 {err:.2e}"
