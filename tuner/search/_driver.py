@@ -44,7 +44,7 @@ from ..measure import FAILURES, IsolatedExecutor, Measurement, Timing
 from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
 from ._candidates import feasible, neighbours, seeds
-from ._trials import compile_job, correct_trials, known_elsewhere, tell, waiting
+from ._trials import compile_job, correct_trials, known_elsewhere, measured_trials, tell, waiting
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
 
@@ -374,7 +374,7 @@ class Tuner:
         result.timings = {"best": timings[winner], **{k: v for k, v in timings.items()
                                                        if not k.startswith("candidate-")}}
         if self.db is not None:
-            result.stored = self._store(problem, result, len(study.trials))
+            result.stored = self._store(problem, result, measured_trials(study))
 
     def _store(self, problem: Any, result: KeyResult, trials: int) -> str:
         from db import ScheduleRow

@@ -12,15 +12,24 @@ from optuna.trial import TrialState
 
 from tiledattention import CompileError, Family
 
-from ..measure import FAILURES
+from ..measure import FAILURES, STATUSES
 
-__all__ = ["correct_trials", "waiting", "known_elsewhere", "tell", "compile_job"]
+__all__ = ["correct_trials", "measured_trials", "waiting", "known_elsewhere", "tell",
+           "compile_job"]
 
 
 def correct_trials(study) -> list:
     """The key's measured, numerically correct trials, fastest first."""
     return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                    if t.user_attrs.get("status") == "ok"), key=lambda t: t.value)
+
+
+def measured_trials(study) -> int:
+    """How many candidates of the key were measured (over every worker and run): finished
+    trials that held a budget ticket and got a measurement's status. Not counted: repeats,
+    static infeasibility, the trial asked after the budget was spent, cancelled or stale ones."""
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished()
+               and t.user_attrs.get("ticket") and t.user_attrs.get("status") in STATUSES)
 
 
 def waiting(study) -> bool:
