@@ -13,6 +13,7 @@ COMMANDS = {
     "search": ("tuner.commands.search_cmd",
                "tune a kernel's schedules on a GPU (or --compile-only)"),
     "list": ("tuner.commands.list_cmd", "show the stored schedules"),
+    "explain": ("tuner.commands.explain_cmd", "the schedule sdpa would run for a shape, and why"),
     "bench": ("tuner.commands.bench_cmd", "benchmark against PyTorch's attention backends"),
     "export": ("tuner.commands.export_cmd", "export stored schedules (bytarget module, json, csv)"),
     "import": ("tuner.commands.import_cmd", "merge exported schedule files into the database"),

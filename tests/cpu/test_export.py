@@ -789,7 +789,9 @@ def test_empty_export_exits_non_zero(tiledtune, source_db, tmp_path, capsys):
         assert tiledtune("export", "--format", fmt, "-o", out, "--db", empty) == 1
         assert "nothing to export" in capsys.readouterr().err
     assert tiledtune("export", "-o", out, "--arch", "sm_80", "--db", source_db) == 1
-    assert tiledtune("export", "-o", out, "--db", tmp_path / "absent.sqlite") == 1
+    # no database: --source user has nothing (by default the shipped tables would be exported)
+    assert tiledtune("export", "-o", out, "--db", tmp_path / "absent.sqlite",
+                     "--source", "user") == 1
     assert not (tmp_path / "absent.sqlite").exists()
     # only stale rows for the chosen arch: nothing for the ByTarget module
     assert tiledtune("export", "-o", out, "--arch", "sm_100", "--db", source_db) == 1
@@ -802,3 +804,68 @@ def test_help_documents_exit_status(tiledtune, capsys):
         with pytest.raises(SystemExit):
             tiledtune(command, "--help")
         assert "exit status" in capsys.readouterr().out
+
+
+# -- --source: the shipped tables -----------------------------------------------------------------
+def shipped_rows(arch: str = "sm_90") -> list[db.ScheduleRow]:
+    from tiledattention import shipped_table
+
+    return list(shipped_table(arch))
+
+
+def test_without_a_database_the_shipped_tables_are_exported(tiledtune, tmp_path, capsys):
+    """A new user (no database) gets the shipped rows without a flag, as ct.ByTarget tables."""
+    absent = tmp_path / "absent.sqlite"
+    out = tmp_path / "shipped.py"
+    assert tiledtune("export", "--format", "bytarget", "-o", out, "--db", absent) == 0
+    captured = capsys.readouterr()
+    assert f"no schedule database at {absent}: exporting the shipped tables instead" in \
+        captured.err
+    assert "from tiledattention/pretuned/sm_90.json" in captured.out
+    assert not absent.exists()
+    module = load_module(out, "shipped")
+    shipped = shipped_rows()
+    assert module.ARCHITECTURES == ("sm_90",)
+    assert set(module.BY_TARGET) == {r.family for r in shipped} >= {"forward", "decode"}
+    assert isinstance(module.BY_TARGET["forward"]["occupancy"], ct.ByTarget)
+    assert sum(len(module.SCHEDULES[f]["sm_90"]) for f in module.SCHEDULES) == len(shipped)
+    # the same with the flag, and as lossless rows
+    rows_file = tmp_path / "shipped.json"
+    assert tiledtune("export", "--source", "shipped", "-o", rows_file, "--db", absent) == 0
+    assert sorted(r.key for r in db.load_rows_file(rows_file, CODECS)) == \
+        sorted(r.key for r in shipped)
+
+
+def test_source_picks_user_shipped_or_both(tiledtune, tmp_path, capsys):
+    shipped = [r for r in shipped_rows() if r.family == "forward"]
+    faster = dataclasses.replace(shipped[0], median_ms=shipped[0].median_ms / 2,
+                                 schedule=Schedule(tile_m=32, tile_n=32))  # wins its key
+    slower = dataclasses.replace(shipped[1], median_ms=shipped[1].median_ms * 2,
+                                 schedule=Schedule(tile_m=32, tile_n=32))  # loses its key
+    stale = dataclasses.replace(shipped[2], median_ms=shipped[2].median_ms / 4,
+                                provenance=STALE)  # faster, but the runtime ignores it
+    own = mk("sm_121", GB10, S=1024, ms=1.0)  # a key the shipped table does not have
+    user = fill(tmp_path / "user.sqlite", [faster, slower, stale, own])
+
+    def exported(*flags) -> dict:
+        out = tmp_path / "rows.json"
+        assert tiledtune("export", "--kernel", "forward", "-o", out, "--db", user, *flags) == 0
+        return {r.key: r for r in db.load_rows_file(out, CODECS)}
+
+    assert set(exported()) == {faster.key, slower.key, stale.key, own.key} - {stale.key}
+    assert set(exported("--source", "user")) == set(exported())
+    assert set(exported("--source", "shipped")) == {r.key for r in shipped}
+    capsys.readouterr()
+    both = exported("--source", "both")
+    assert "3 key(s) in both the database and the shipped tables: kept the faster row" in \
+        capsys.readouterr().err
+    assert set(both) == {r.key for r in shipped} | {own.key}
+    assert both[faster.key].schedule == faster.schedule  # the user's faster row
+    assert both[slower.key] == shipped[1]  # the shipped row: faster
+    assert both[stale.key] == shipped[2]  # a row the runtime uses over a faster stale one
+    # --source shipped never opens the database: a damaged file does not matter
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(b"not a database" * 100)
+    assert tiledtune("export", "--source", "shipped", "-o", tmp_path / "s.json",
+                     "--db", broken) == 0
+    assert tiledtune("export", "-o", tmp_path / "s.json", "--db", broken) == 2

@@ -7,6 +7,14 @@
 * ``csv``: the same rows, one column per field (``CSV_COLUMNS``), the schedule as JSON in one
   column; ``tiledtune import`` reads it back losslessly.
 
+Where the rows come from (``--source``): ``user``, the schedule database (``--db``);
+``shipped``, the pre-tuned tables packaged with tiledattention (``tiledattention/pretuned/``,
+today sm_90), so a new user can export ``ct.ByTarget`` tables before tuning anything; ``both``,
+the two together, as the runtime's lookup sees them. Without ``--source``: the user database
+when there is one, else the shipped tables (said on standard error). With ``both``, a key held
+by both (same family, architecture, device and problem) keeps one row, by the database's merge
+rule: a row the runtime would use before one it would ignore, then the faster.
+
 In every format only rows of the current kernel template are exported (the runtime's lookup
 ignores the others) unless ``--include-stale``.
 
@@ -24,9 +32,11 @@ from typing import Sequence
 
 from ._report import say
 
-__all__ = ["configure", "run", "FORMATS", "parse_archs"]
+__all__ = ["configure", "run", "FORMATS", "SOURCES", "parse_archs"]
 
 FORMATS = ("bytarget", "json", "csv")
+#: ``--source`` values: the user database, the shipped tables, or both
+SOURCES = ("user", "shipped", "both")
 _SUFFIXES = {".py": "bytarget", ".json": "json", ".csv": "csv"}
 
 
@@ -53,6 +63,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "            SCHEDULES per architecture and select(); needs only the stdlib\n"
         "  json      lossless rows with provenance (read back by `tiledtune import`)\n"
         "  csv       lossless rows, one column per field, schedule as JSON in one column\n"
+        "sources:\n"
+        "  user      the schedule database (--db)\n"
+        "  shipped   the tables packaged with tiledattention (tiledattention/pretuned/)\n"
+        "  both      the two; a key in both keeps the faster row (a row the runtime\n"
+        "            would use before one it would ignore)\n"
+        "  default   user when the database exists, else shipped\n"
         "exit status: 0 written; 1 nothing matched the selection; 2 the database or the\n"
         "output file could not be used")
     parser.add_argument("--format", choices=FORMATS, default=None,
@@ -67,6 +83,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "~/.cache/tiledattention/schedules.sqlite)")
     parser.add_argument("--kernel", default=None, metavar="NAME",
                         help="only this kernel family's rows (default: every family)")
+    parser.add_argument("--source", choices=SOURCES, default=None,
+                        help="rows of the user database, the shipped tables or both (default: "
+                             "user when the database exists, else shipped)")
     parser.add_argument("--include-stale", action="store_true",
                         help="also export rows tuned with another kernel template (the runtime "
                              "ignores those)")
@@ -75,6 +94,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _fail(message: str, code: int) -> int:
     say("export", message)
     return code
+
+
+def _shipped_rows(archs: list[str] | None, families: list[str] | None) -> dict[str, list]:
+    """The shipped tables' rows (of ``families``) for ``archs`` (default: every architecture
+    that has a table), by table name."""
+    from tiledattention import ARCHITECTURES, shipped_table
+
+    found = {}
+    for arch in archs or ARCHITECTURES:
+        table = shipped_table(arch)
+        if table is not None:
+            found[str(table)] = [r for r in table if families is None or r.family in families]
+    return found
+
+
+def _merge(rows: list) -> tuple[list, int]:
+    """One row per key (``ScheduleRow.key``), by the database's merge rule: a row the runtime
+    would use (GPU-measured, current template) before one it would ignore, then the faster;
+    returns the rows and how many were dropped."""
+    from tiledattention import get_family
+
+    current = {f: get_family(f).template_identity() for f in {r.family for r in rows}}
+
+    def rank(r) -> tuple:
+        usable = r.backend == "gpu" and r.provenance.template_hash == current[r.family]
+        return (not usable, r.median_ms)
+
+    best: dict = {}
+    for r in rows:
+        if r.key not in best or rank(r) < rank(best[r.key]):
+            best[r.key] = r
+    return list(best.values()), len(rows) - len(best)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,19 +146,37 @@ def run(args: argparse.Namespace) -> int:
     location = args.db or database_location()
     try:
         families = None if args.kernel is None else [get_family(args.kernel).name]
-        database = open_database(location, read_only=True)
+        database = (None if args.source == "shipped"
+                    else open_database(location, read_only=True))
     except TiledAttentionError as exc:
         return _fail(str(exc), 2)
-    if database is None:
+    chosen = args.source or ("user" if database is not None else "shipped")
+    rows: list = []
+    names: list[str] = []
+    if database is None and chosen == "user":
         return _fail(f"no schedule database at {location}: nothing to export (tune with "
-                     "`tiledtune search`, or pass --db)", 1)
-    with database:
-        source = str(database)
-        try:
-            rows = [r for arch in archs or [None] for r in database.rows(arch=arch)
-                    if families is None or r.family in families]
-        except DatabaseError as exc:
-            return _fail(str(exc), 2)
+                     "`tiledtune search`, pass --db, or --source shipped for the tables "
+                     "packaged with tiledattention)", 1)
+    if database is None and args.source != "shipped":
+        say("export", f"no schedule database at {location}: exporting the shipped tables "
+                      + ("only" if chosen == "both" else "instead"))
+    if database is not None:
+        with database:
+            names.append(str(database))
+            try:
+                rows = [r for arch in archs or [None] for r in database.rows(arch=arch)
+                        if families is None or r.family in families]
+            except DatabaseError as exc:
+                return _fail(str(exc), 2)
+    if chosen in ("shipped", "both"):
+        shipped = _shipped_rows(archs, families)
+        names += list(shipped)
+        rows, merged = _merge(rows + [r for table in shipped.values() for r in table])
+        if merged:
+            say("export", f"{merged} key(s) in both the database and the shipped tables: "
+                          "kept the faster row of each (a row the runtime would use before "
+                          "one it would ignore)")
+    source = " + ".join(names) or f"the shipped tables (none for {', '.join(archs or [])})"
     if archs is not None:
         for arch in archs:
             if not any(r.arch == arch for r in rows):

@@ -1,0 +1,292 @@
+"""``tiledtune explain``: the schedule ``tiledattention.sdpa`` would run for a problem on an
+architecture, the lookup step that chose it and why; no GPU needed.
+
+    tiledtune explain --device sm_90 --shape 4,32/8,4096,128 --causal yes
+    tiledtune explain --device sm_90 --shape 1,32/8,1:30000,128       # decode: S_q 1, 30000 keys
+    tiledtune explain --device sm_90 --shape 4,16,4096,128 --training      # + the backward
+    tiledtune explain --device sm_90 --kernel backward --shape 4,16,4096,128 --json
+
+The lookup is the runtime's own (``tiledattention.Resolver`` over the user database, ``--db``,
+and the shipped table of ``--device``), asked for a device described by its architecture and,
+with ``--device-name``, its name (without one, no row is this device's: the ``exact-device``
+step cannot answer). The family is the one ``sdpa`` picks by shape (``choose_family``; a decode
+problem is looked up at its power-of-two cache-length band, as ``sdpa`` does), or ``--kernel``'s.
+``--training`` explains a call that needs gradients: the forward family (such a call runs it
+whatever the shape) and the backward family. Exit status: 0 explained, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import Any
+
+from tiledattention import TiledAttentionError, check_arch, families
+
+from ._report import add_json_option, print_json, say
+from .search_cmd import SHAPE_SYNTAX, _problem_fields, _shape, problems_from
+
+__all__ = ["configure", "run", "WHY"]
+
+#: What each lookup step means (``Resolution.source`` -> a sentence); ``{arch}`` and
+#: ``{device}`` are filled in.
+WHY = {
+    "exact-device": "a row of the user database for this exact problem, measured on this device "
+                    "({device})",
+    "exact-arch": "a row of the user database for this exact problem, measured on another "
+                  "{arch} GPU (the fastest of them)",
+    "shipped": "the shipped table's row for this exact problem (no user row for it)",
+    "nearest": "no row for this exact problem: the closest tuned problem of {arch} in the user "
+               "database or the shipped table that shares its bucket, by the family's distance "
+               "(ties: the faster row)",
+    "default": "no tuned row for this problem's bucket on {arch} in the user database or the "
+               "shipped table: the family's per-architecture default",
+}
+_CAUSAL = {"yes": (True, False), "true": (True, False), "top_left": (True, False),
+           "no": (False, False), "false": (False, False), "bottom_right": (True, True)}
+
+
+def _arch(text: str) -> str:
+    try:
+        return check_arch(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _causal(text: str) -> tuple[bool, bool]:
+    try:
+        return _CAUSAL[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"expected yes, no or bottom_right; got {text!r}") from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", type=_arch, required=True, metavar="SM_XX",
+                        help="architecture whose lookup to explain, e.g. sm_90 (no GPU needed)")
+    parser.add_argument("--device-name", default="", metavar="NAME",
+                        help="the GPU's name as torch reports it (e.g. 'NVIDIA H100 80GB "
+                             "HBM3'): its own rows then answer first; default: none")
+    parser.add_argument("--db", default=None, metavar="PATH_OR_URL",
+                        help="user schedule database (default: $TILEDATTN_DB or "
+                             "~/.cache/tiledattention/schedules.sqlite)")
+    parser.add_argument("--kernel", default=None, metavar="NAME",
+                        help="explain this family's lookup (known: "
+                             + ", ".join(f.name for f in families())
+                             + "); default: the family sdpa picks by shape")
+    parser.add_argument("--training", action="store_true",
+                        help="a call that needs gradients: its forward and its backward")
+    parser.add_argument("--shape", type=_shape, default=None, metavar="B,HQ/HKV,SQ:SK,D",
+                        help=f"the attention problem: {SHAPE_SYNTAX} (with --dtype, --causal)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--causal", type=_causal, default=(False, False),
+                        metavar="{yes,no,bottom_right}",
+                        help="mask: yes (top-left, torch's is_causal), no (default), "
+                             "bottom_right")
+    parser.add_argument("--problem", type=_problem_fields, default=None,
+                        metavar="FIELD=VALUE,...",
+                        help="the problem with every field named (any family), instead of "
+                             "--shape")
+    add_json_option(parser, "the explanation")
+
+
+class _Recording:
+    """A row source (``db.ScheduleDB`` / ``db.RowTable``) that keeps what the resolver asked it
+    and what it answered, so the answer's row (its time, device and distance) can be shown."""
+
+    def __init__(self, name: str, source: Any, asked: list) -> None:
+        self.name, self.source, self._asked = name, source, asked
+
+    def candidates(self, family: str, arch: str, problem: Any, **kwargs: Any) -> Any:
+        found = self.source.candidates(family, arch, problem, **kwargs)
+        self._asked.append((self, family, problem, found))
+        return found
+
+    def __str__(self) -> str:
+        return str(self.source)
+
+
+class _Lookup:
+    """The runtime's resolver over ``location`` and the shipped tables, recording its sources'
+    answers; ``close()`` closes the database."""
+
+    def __init__(self, location: str) -> None:
+        from tiledattention import Resolver, open_database, shipped_table
+
+        self.location = location
+        self.asked: list = []
+        self.opened: dict[str, Any] = {}
+
+        def open_user():
+            database = open_database(location, read_only=True)
+            self.opened["user"] = database
+            return None if database is None else _Recording("user", database, self.asked)
+
+        def open_shipped(arch: str):
+            table = shipped_table(arch)
+            self.opened["shipped"] = table
+            return None if table is None else _Recording("shipped", table, self.asked)
+
+        self.resolve = Resolver(open_user=open_user, open_shipped=open_shipped)
+
+    def row_behind(self, resolution: Any, family: Any, problem: Any, device_name: str):
+        """(row, source) the resolution came from, or ``None`` (a default)."""
+        if resolution.source == "default":
+            return None
+        wanted = {"exact-device": ("user",), "exact-arch": ("user",),
+                  "shipped": ("shipped",), "nearest": ("user", "shipped")}[resolution.source]
+        found = []
+        for source, name, asked, answer in self.asked:
+            if source.name not in wanted or name != family.name or asked != problem:
+                continue
+            rows = answer.nearest if resolution.source == "nearest" else answer.exact
+            found += [(r, source) for r in rows if r.schedule == resolution.schedule
+                      and (resolution.source != "exact-device" or r.device_name == device_name)
+                      and (resolution.source != "nearest"
+                           or resolution.detail.startswith(r.problem.describe()))]
+        if not found:
+            return None
+        return min(found, key=lambda rs: (family.distance(rs[0].problem, problem),
+                                          rs[0].median_ms))
+
+    def sources(self) -> dict[str, dict[str, Any]]:
+        """What the lookup read: the user database (``found``: false when there is none at
+        its location) and the shipped table (``None`` when none is packaged for the arch)."""
+        user, shipped = self.opened.get("user"), self.opened.get("shipped")
+        return {"user": {"location": self.location if user is None else str(user),
+                         "found": user is not None},
+                "shipped": None if shipped is None else {"table": str(shipped),
+                                                         "rows": len(shipped)}}
+
+    def close(self) -> None:
+        user = self.opened.get("user")
+        if user is not None:
+            user.close()
+
+
+def _problem(args: argparse.Namespace) -> Any:
+    """The one problem the arguments name (search's parsing: ``problems_from``)."""
+    if (args.shape is None) == (args.problem is None):
+        raise ValueError(f"give one problem: --shape {SHAPE_SYNTAX} or --problem "
+                         "FIELD=VALUE,...")
+    causal, bottom_right = args.causal
+    kernel = args.kernel or ("backward" if args.training else "forward")
+    spec = argparse.Namespace(kernel=kernel, shape=[] if args.shape is None else [args.shape],
+                              preset=[], kv_heads=None, seqlen_k=None,
+                              dtype=[args.dtype], causal=[causal],
+                              problem=[] if args.problem is None else [args.problem])
+    (problem,) = problems_from(spec)
+    if bottom_right and args.shape is not None:
+        from tiledattention import get_family
+
+        data = {**problem.to_dict(), "bottom_right": True}
+        problem = get_family(kernel).problem_type.from_dict(data)
+    return problem
+
+
+def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, str]]:
+    """(role, family, problem looked up, why this family) for each lookup to explain."""
+    from tiledattention import (BACKWARD, DECODE, FORWARD, Problem, bucket_problem,
+                                choose_family, dispatch_rule, get_family)
+
+    def looked_up(family: Any) -> Any:  # sdpa resolves decode at the cache-length band
+        return bucket_problem(problem) if family is DECODE else problem
+
+    if args.training:
+        if not isinstance(problem, Problem):
+            raise ValueError("--training explains attention problems (--shape)")
+        return [("forward", FORWARD, problem,
+                 "a call that needs gradients runs the forward kernel that keeps the "
+                 "log-sum-exp, whatever the shape"),
+                ("backward", BACKWARD, problem, "dQ, dK, dV of the same problem")]
+    if args.kernel is not None:
+        family = get_family(args.kernel)
+        why = "--kernel"
+        if isinstance(problem, Problem) and family in (FORWARD, DECODE):
+            chosen = choose_family(args.device, bucket_problem(problem))
+            if chosen is not family:
+                why += f" (sdpa itself would run {chosen.name} for this shape)"
+        return [(family.name, family, looked_up(family), why)]
+    if not isinstance(problem, Problem):
+        raise ValueError("without --kernel, explain needs an attention problem")
+    rule = dispatch_rule(args.device)
+    family = choose_family(args.device, bucket_problem(problem))
+    ctas = problem.batch * problem.heads_q * -(-problem.seqlen_q // 64)
+    why = (f"sdpa's dispatch rule for {args.device}: decode when S_q <= {rule.max_seqlen_q}, "
+           f"or S_q <= {rule.sparse_seqlen_q} with at most {rule.sparse_ctas} forward CTAs; "
+           f"here S_q = {problem.seqlen_q}, {ctas} forward CTAs (B*H_q*ceil(S_q/64))")
+    return [("sdpa", family, looked_up(family), why)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from tiledattention import DeviceInfo, database_location
+
+    try:
+        problem = _problem(args)
+        steps = _steps(args, problem)
+    except (ValueError, TiledAttentionError) as exc:
+        say("explain", exc)
+        return 2
+    device = DeviceInfo(index=-1, arch=args.device, name=args.device_name, sm_count=0)
+    lookup = _Lookup(args.db or database_location())
+    answers = []
+    try:
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            for role, family, key, why in steps:
+                resolution = lookup.resolve(family, key, device)
+                found = lookup.row_behind(resolution, family, key, device.name)
+                answers.append(_answer(role, family, key, why, resolution, found, device))
+        sources = lookup.sources()
+    finally:
+        lookup.close()
+    for warning in told:  # stale rows, an unreadable database: the runtime's own warnings
+        say("explain", f"warning: {warning.message}")
+    if args.json:
+        print_json("explain", {"device": {"arch": device.arch, "name": device.name or None},
+                               "problem": problem, "sources": sources, "lookups": answers})
+        return 0
+    _print(problem, device, sources, answers)
+    return 0
+
+
+def _answer(role: str, family: Any, key: Any, why_family: str, resolution: Any,
+            found: Any, device: Any) -> dict[str, Any]:
+    answer = {"role": role, "family": family.name, "why_family": why_family,
+              "problem": key, "problem_text": key.describe(),
+              "schedule": resolution.schedule, "schedule_text": resolution.schedule.describe(),
+              "source": resolution.source, "detail": resolution.detail,
+              "why": WHY[resolution.source].format(arch=device.arch,
+                                                   device=device.name or "-"),
+              "row": None}
+    if found is not None:
+        row, source = found
+        answer["row"] = {"source": source.name, "where": str(source), "problem": row.problem,
+                         "problem_text": row.problem.describe(), "device": row.device_name,
+                         "median_ms": row.median_ms, "trials": row.trials,
+                         "distance": family.distance(row.problem, key)}
+    return answer
+
+
+def _print(problem: Any, device: Any, sources: dict[str, Any], answers: list[dict]) -> None:
+    name = device.name or "no device name given: no row counts as this device's"
+    print(f"device     {device.arch} ({name})")
+    print(f"problem    {problem.describe()}")
+    user, shipped = sources["user"], sources["shipped"]
+    print(f"user db    {user['location']}{'' if user['found'] else ' (no database there)'}")
+    print("shipped    " + (f"{shipped['table']} ({shipped['rows']} rows)" if shipped
+                           else f"none for {device.arch}"))
+    for a in answers:
+        print()
+        print(f"{a['role']:<10} family {a['family']}: {a['why_family']}")
+        if a["problem_text"] != problem.describe():
+            print(f"  looked up as {a['problem_text']}")
+        print(f"  schedule {a['schedule_text']}")
+        print(f"  source   {a['source']}: {a['why']}")
+        print(f"  detail   {a['detail']}")
+        row = a["row"]
+        if row is not None:
+            print(f"  row      {row['problem_text']} on {row['device']}: "
+                  f"{row['median_ms']:.4g} ms, {row['trials']} trials ({row['source']})")
+            if a["source"] == "nearest":
+                print(f"  distance {row['distance']:.3g} (0: the same on every term)")
