@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from ._signals import Terminated, interrupts_once
+
 #: subcommand -> (module, one-line help)
 COMMANDS = {
     "search": ("tuner.commands.search_cmd",
@@ -37,11 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv  # for commands that start copies of themselves (search --workers)
-    try:
-        return importlib.import_module(args._module).run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    module = importlib.import_module(args._module)
+    with interrupts_once():  # a second Ctrl-C must not cut the cleanup of the first short
+        try:
+            return module.run(args)
+        except Terminated:  # SIGTERM: cleaned up like a Ctrl-C, quietly
+            return 143
+        except KeyboardInterrupt:  # the command killed its processes on the way out
+            print(getattr(module, "INTERRUPTED", "interrupted"), file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

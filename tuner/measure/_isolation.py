@@ -6,16 +6,23 @@ or misses its deadline is killed, the request is answered with a ``crash`` / ``t
 measurement, and the next request starts a fresh worker. A fresh worker first says it is ready
 (its libraries imported, its executor built), within ``startup_s``: a request's deadline starts
 only then, so a slow start on a busy machine never turns a healthy candidate into a timeout.
+
+The worker is a :func:`~._processes.become_worker` process: a Ctrl-C reaches only the tuner,
+and a killed worker takes the JIT compiles (``tileiras``) it started with it. Leaving the
+``with`` block on an exception (a Ctrl-C) kills the worker at once instead of waiting for it.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import threading
 import time
 import traceback
 from typing import Any, Callable
 
 from ._executors import Measurement
+from ._processes import become_worker, interrupts_held, kill_group
 
 __all__ = ["IsolatedExecutor", "WorkerDied", "WorkerTimeout"]
 
@@ -28,7 +35,8 @@ class WorkerTimeout(RuntimeError):
     pass
 
 
-def _serve(conn, factory: Callable[[], Any]) -> None:
+def _serve(conn, factory: Callable[[], Any], parent_pid: int, die_with_parent: bool) -> None:
+    become_worker(parent_pid, die_with_parent)
     try:
         executor = factory()
     except Exception:  # the parent reports it; no request is served
@@ -69,9 +77,12 @@ class IsolatedExecutor:
         self._kill()
         self.started += 1
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self._factory),
+        main = threading.current_thread() is threading.main_thread()
+        self._proc = self._ctx.Process(target=_serve,
+                                       args=(child, self._factory, os.getpid(), main),
                                        name=self._name, daemon=True)
-        self._proc.start()
+        with interrupts_held():
+            self._proc.start()
         child.close()
         self._conn = parent
         status, value = self._receive("start", self._startup_s)
@@ -114,8 +125,8 @@ class IsolatedExecutor:
         return self._proc.exitcode
 
     def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
+        if self._proc is not None and self._proc.pid is not None:  # started
+            kill_group(self._proc.pid)  # the worker with its compiles
             self._proc.join(timeout=10)
         if self._conn is not None:
             self._conn.close()
@@ -160,5 +171,8 @@ class IsolatedExecutor:
     def __enter__(self) -> "IsolatedExecutor":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # an interrupted search: the worker may be mid-request; do not wait for it
+            self._kill()

@@ -9,7 +9,7 @@ from typing import Any
 
 from tiledattention import Family
 
-__all__ = ["seeds", "feasible", "neighbours"]
+__all__ = ["seeds", "feasible", "neighbours", "compile_sample"]
 
 
 def seeds(family: Family, db: Any, arch: str, problem: Any, space) -> list[Any]:
@@ -44,6 +44,24 @@ def feasible(family: Family, space, problem: Any) -> list[Any]:
         s = family.normalise(problem, s)
         unique.setdefault(s.key, s)
     return list(unique.values())
+
+
+def compile_sample(family: Family, space, problem: Any, arch: str, count: int | None, *,
+                   seed: int) -> tuple[list[Any], int]:
+    """What ``tiledtune search --compile-only`` compiles for ``problem``, and how many feasible
+    points ``space`` has: ``count`` of them (the architecture default first, as the search
+    measures it first; then a sample fixed by ``seed``, so the same command picks the same
+    candidates again), or every one when ``count`` is ``None`` (a full sweep; the default still
+    first)."""
+    every = feasible(family, space, problem)
+    keys = {s.key for s in every}
+    first = [s for s in seeds(family, None, arch, problem, space) if s.key in keys]
+    taken = {s.key for s in first}
+    rest = [s for s in every if s.key not in taken]
+    if count is None or count >= len(every):
+        return first + rest, len(every)
+    first = first[:count]
+    return first + random.Random(seed).sample(rest, count - len(first)), len(every)
 
 
 def neighbours(family: Family, space, incumbent: Any, problem: Any, known: dict, *,

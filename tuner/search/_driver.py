@@ -25,11 +25,10 @@ the search goes on.
 from __future__ import annotations
 
 import collections
-import multiprocessing
 import os
 import socket
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -40,7 +39,8 @@ from optuna.trial import TrialState
 import search_spaces
 from tiledattention import Family, current_provenance
 
-from ..measure import FAILURES, IsolatedExecutor, Measurement, Timing
+from ..measure import (FAILURES, CompilePool, IsolatedExecutor, Measurement, Timing,
+                       interrupts_held)
 from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
 from ._candidates import feasible, neighbours, seeds
@@ -106,15 +106,21 @@ class Tuner:
                                     grace_s=config.grace_s)
         self.db = db
         self.config = config
-        # spawn, not fork: the parent may hold a CUDA context, which must not be forked
-        self._pool = (ProcessPoolExecutor(max_workers=compile_workers,
-                                          mp_context=multiprocessing.get_context("spawn"))
-                      if compile_workers > 0 else None)
+        # spawned (the parent may hold a CUDA context), killed with their tileiras on Ctrl-C
+        self._pool = CompilePool(compile_workers) if compile_workers > 0 else None
         self._on_event = on_event or (lambda kind, data: None)
 
-    def close(self) -> None:
+    def close(self, *, now: bool = False) -> None:
+        """Stop the compile processes: at once (killed with their compiles) when ``now``,
+        else after their running compiles."""
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool.close(now=now)
+
+    def __enter__(self) -> "Tuner":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(now=exc_type is not None)  # an interrupted search waits for nothing
 
     # -- candidates ------------------------------------------------------------------------
     def _seeds(self, problem: Any, space) -> list[Any]:
@@ -180,45 +186,50 @@ class Tuner:
                 while (not (out_of_time or budget_spent) and patient
                        and skipped_in_a_row <= max(50, 2 * len(feasible))
                        and len(pending) < max(1, cfg.lookahead)):
-                    if climb_left and incumbent is not None and not waiting(study):
-                        # hill climbing: the next untried neighbour of the best so far
-                        step = self._neighbours(space, incumbent, problem, known)[:1]
-                        for neighbour in step:
-                            study.enqueue_trial(space.params(neighbour))
-                            climb_left -= 1
-                    with quiet_optuna():
-                        trial = study.ask(distributions)
-                    heartbeat.hold(trial._trial_id)
-                    schedule = self.family.normalise(problem, space.schedule(trial.params))
-                    try:
-                        outcome = self._admit(study, trial, schedule, problem, known, budget,
-                                              cfg.n_trials, space)
-                    except UpdateFinishedTrialError:
-                        outcome = self._drop(trial, schedule, known, budget)
-                    if outcome == "measure":
-                        skipped_in_a_row = 0
-                        future = (self._pool.submit(compile_job, self.family, problem,
-                                                    schedule, self.arch)
-                                  if self._pool is not None else None)
-                        pending.append((trial, schedule, future))
-                        continue
-                    heartbeat.drop(trial._trial_id)
-                    if outcome == "budget spent":
-                        budget_spent = True
-                    else:
-                        skipped_in_a_row += 1
-                        result.repeats_skipped += outcome == "repeat"
+                    # a Ctrl-C waits until the asked trial is in `pending` or finished,
+                    # so that the cleanup below knows every trial this worker holds
+                    with interrupts_held(children=False):
+                        if climb_left and incumbent is not None and not waiting(study):
+                            # hill climbing: the next untried neighbour of the best so far
+                            step = self._neighbours(space, incumbent, problem, known)[:1]
+                            for neighbour in step:
+                                study.enqueue_trial(space.params(neighbour))
+                                climb_left -= 1
+                        with quiet_optuna():
+                            trial = study.ask(distributions)
+                        heartbeat.hold(trial._trial_id)
+                        schedule = self.family.normalise(problem, space.schedule(trial.params))
+                        try:
+                            outcome = self._admit(study, trial, schedule, problem, known, budget,
+                                                  cfg.n_trials, space)
+                        except UpdateFinishedTrialError:
+                            outcome = self._drop(trial, schedule, known, budget)
+                        if outcome == "measure":
+                            skipped_in_a_row = 0
+                            future = (self._pool.submit(compile_job, self.family, problem,
+                                                        schedule, self.arch)
+                                      if self._pool is not None else None)
+                            pending.append((trial, schedule, future))
+                            continue
+                        heartbeat.drop(trial._trial_id)
+                        if outcome == "budget spent":
+                            budget_spent = True
+                        else:
+                            skipped_in_a_row += 1
+                            result.repeats_skipped += outcome == "repeat"
                 if not pending:
                     break
-                trial, schedule, future = pending.popleft()
+                trial, schedule, future = pending[0]  # still pending (cancelled on Ctrl-C)
                 m = self._measure(problem, schedule, future, result)
-                try:
-                    self._record(study, trial, schedule, m, known, result)
-                except UpdateFinishedTrialError:
-                    self._drop(trial, schedule, known, budget)
-                    continue
-                finally:
-                    heartbeat.drop(trial._trial_id)
+                with interrupts_held(children=False):  # measured: recorded, whatever comes
+                    pending.popleft()
+                    try:
+                        self._record(study, trial, schedule, m, known, result)
+                    except UpdateFinishedTrialError:
+                        self._drop(trial, schedule, known, budget)
+                        continue
+                    finally:
+                        heartbeat.drop(trial._trial_id)
                 if m.ok and m.timing.median_ms < best * (1 - 1e-3):
                     best, since_best, incumbent = m.timing.median_ms, 0, schedule
                 else:
@@ -227,17 +238,25 @@ class Tuner:
                                          "measurement": m, "best_ms": best,
                                          "measured": result.measured, "n_trials": cfg.n_trials,
                                          "queued": len(pending)})
+        except KeyboardInterrupt:  # stop the compiles first; then give the trials back
+            self.close(now=True)
+            raise
         finally:
-            # candidates asked but never measured (time limit, Ctrl-C): give their tickets back
+            # candidates asked but not measured (time limit, Ctrl-C): give their tickets back
+            # and queue them again, so that the same command resumes the key where it stopped
             for trial, schedule, future in pending:
                 if future is not None:
                     future.cancel()
                 try:
-                    trial.set_user_attr("status", "cancelled")
-                    tell(study, trial, state=TrialState.FAIL)
-                except UpdateFinishedTrialError:  # failed as stale by another worker
+                    try:
+                        trial.set_user_attr("status", "cancelled")
+                        tell(study, trial, state=TrialState.FAIL)
+                        study.enqueue_trial(trial.params)
+                    except UpdateFinishedTrialError:  # failed as stale by another worker
+                        pass
+                    budget.release(trial.number)
+                except Exception:  # a Ctrl-C cut a storage call short: stale after grace_s
                     pass
-                budget.release(trial.number)
                 heartbeat.drop(trial._trial_id)
             heartbeat.close()
             budget.close()

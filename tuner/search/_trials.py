@@ -14,7 +14,7 @@ from tiledattention import CompileError, Family
 
 from ..measure import FAILURES, STATUSES
 
-__all__ = ["correct_trials", "measured_trials", "waiting", "known_elsewhere", "tell",
+__all__ = ["correct_trials", "measured_trials", "settled", "waiting", "known_elsewhere", "tell",
            "compile_job"]
 
 
@@ -30,6 +30,15 @@ def measured_trials(study) -> int:
     static infeasibility, the trial asked after the budget was spent, cancelled or stale ones."""
     return sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished()
                and t.user_attrs.get("ticket") and t.user_attrs.get("status") in STATUSES)
+
+
+def settled(study) -> set[str]:
+    """The schedule keys a search never measures again for the study's key: measured, or
+    failed for a reason of the schedule's own (a compile error, a crash, ...)."""
+    return {t.user_attrs["schedule_key"] for t in study.get_trials(deepcopy=False)
+            if "schedule_key" in t.user_attrs and (
+                t.state == TrialState.COMPLETE
+                or t.state == TrialState.FAIL and t.user_attrs.get("status") in FAILURES)}
 
 
 def waiting(study) -> bool:
