@@ -21,6 +21,7 @@ COMMANDS = {
     "import": ("tuner.commands.import_cmd", "merge exported schedule files into the database"),
     "restamp": ("tuner.commands.restamp_cmd",
                 "carry rows over a template change that left their compiled code unchanged"),
+    "hub-build": ("tuner.commands.hub_cmd", "lay out a Hugging Face Kernel Hub kernel (-o DIR)"),
 }
 
 
