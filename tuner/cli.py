@@ -25,8 +25,31 @@ COMMANDS = {
 }
 
 
+DESCRIPTION = (
+    "Tune the schedules of tiledattention's cuTile attention kernels for your GPUs and shapes,\n"
+    "and manage the schedule database that tiledattention.sdpa reads.")
+EPILOG = """\
+examples:
+  tiledtune search --device sm_90 --shape 4,32/8,4096,128 --dtype bf16 --causal yes
+  tiledtune search --compile-only --device sm_121 --shape 4,16,4096,128 --limit 16
+  tiledtune list --arch sm_90
+  tiledtune bench --quick --out bench-results
+
+Results (tables, --json documents) go to standard output; progress, warnings and errors to
+standard error. Run 'tiledtune COMMAND --help' for a command's options."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line, ``tiledtune COMMAND: error: ...``, and exit status 2 (the
+    usage block argparse would print first is in ``--help``)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tiledtune", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="tiledtune", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)

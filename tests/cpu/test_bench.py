@@ -539,8 +539,8 @@ def test_report_only_rerenders_from_csv(tmp_path, capsys):
     assert "unavailable: RuntimeError: cudnn boom" in summary
     if _has_matplotlib():
         assert (out / "tflops_bf16.png").exists()
-    err = _squash(capsys.readouterr().err)
-    assert "summary.md" in err and "unavailable" in err  # the rich table shows statuses
+    out = _squash(capsys.readouterr().out)  # results (tables, files written) on stdout
+    assert "summary.md" in out and "unavailable" in out  # the rich table shows statuses
 
 
 def test_report_only_through_the_cli_registry(tmp_path):

@@ -388,8 +388,8 @@ def test_backward_csv_round_trip_and_report_only(tmp_path, capsys):
     if _has_matplotlib():
         for name in ("backward_tflops.png", "backward_speedup.png"):
             assert (out / name).stat().st_size < MAX_PNG_BYTES
-    err = _squash(capsys.readouterr().err)
-    assert "tiledtune bench --kernel backward" in err and "geomean speed-up" in err
+    out = _squash(capsys.readouterr().out)  # results on stdout
+    assert "tiledtune bench --kernel backward" in out and "geomean speed-up" in out
 
 
 def _has_matplotlib() -> bool:

@@ -293,5 +293,5 @@ def test_compile_only_for_sm_121_records_failures_as_infeasible(tmp_path, capsys
                  "--space", "compact", "--limit", "3", "--jobs", "2", "--db",
                  str(tmp_path / "s.sqlite")])
     assert code == 0
-    err = capsys.readouterr().err
-    assert "compile-only for sm_121" in err and "B1 H4 S256 D64 bf16 full" in err
+    out = capsys.readouterr().out  # the results table on stdout
+    assert "compile-only for sm_121" in out and "B1 H4 S256 D64 bf16 full" in out

@@ -11,6 +11,9 @@ device-to-device copy measured in the same run (``tuner.bench._decode_grid``);
 forward grid's shape of problems (``tuner.bench._backward_grid``), in TFLOP/s with the backward
 counted as 2.5x the forward's FLOPs.
 
+Results (the tables, the files written, or the ``--json`` document) go to standard output;
+progress, warnings and errors to standard error.
+
 Exit status: 0 success; 1 no CUDA device, or a tiledattention result failed the accuracy check;
 2 bad options or an unreadable CSV.
 """
@@ -34,6 +37,7 @@ from ..bench import (BACKWARD_CONTENDERS, BACKWARD_INTERLEAVE, CONTENDERS, DECOD
                      ratio_table, run_grid, write_backward_plots, write_backward_summary,
                      write_csv, write_decode_plots, write_decode_summary, write_plots,
                      write_run_info, write_summary)
+from ._report import add_json_option, log_console, print_json, print_table, results_console
 
 __all__ = ["configure", "run", "KERNELS", "grid_from_args", "settings_from_args",
            "write_reports", "results_table", "ratio_rich_table"]
@@ -137,6 +141,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "before and after the grid (the summary's ceiling)")
     output.add_argument("--report-only", metavar="CSV",
                         help="measure nothing: re-render summary.md and plots from a bench CSV")
+    add_json_option(output, "every result, the run's information and the files written")
     return parser
 
 
@@ -207,24 +212,39 @@ def grid_from_args(args: argparse.Namespace):
             raise BenchConfigError(f"{flag} belongs to the {owner}; it does nothing with "
                                    f"--kernel {kernel}")
     if kernel == "backward":
-        return build_backward_grid(tokens=args.tokens, hidden=args.hidden,
-                                   head_dims=args.head_dims, seqlens=args.seqlens,
-                                   dtypes=args.dtypes, causal=args.causal,
-                                   contenders=args.contenders, quick=bool(args.quick))
+        return _checked(build_backward_grid(tokens=args.tokens, hidden=args.hidden,
+                                            head_dims=args.head_dims, seqlens=args.seqlens,
+                                            dtypes=args.dtypes, causal=args.causal,
+                                            contenders=args.contenders, quick=bool(args.quick)))
     if kernel == "decode":
         return build_decode_grid(batches=args.batch, seqlens_q=args.seqlens_q,
                                  seqlens_k=args.seqlens_k, masks=args.masks, heads=args.heads,
                                  head_dims=args.head_dims, dtypes=args.dtypes,
                                  contenders=args.contenders, quick=bool(args.quick))
-    return build_grid(tokens=args.tokens, hidden=args.hidden, head_dims=args.head_dims,
-                      seqlens=args.seqlens, dtypes=args.dtypes, causal=args.causal,
-                      contenders=args.contenders, quick=bool(args.quick))
+    return _checked(build_grid(tokens=args.tokens, hidden=args.hidden, head_dims=args.head_dims,
+                               seqlens=args.seqlens, dtypes=args.dtypes, causal=args.causal,
+                               contenders=args.contenders, quick=bool(args.quick)))
+
+
+def _checked(grid):
+    """``grid`` once each of its points is a problem the kernels take (the decode grid checks
+    its own); else a ``BenchConfigError`` naming the flags that make the points."""
+    from tiledattention import UnsupportedProblemError
+
+    for point in grid.points():
+        try:
+            point.problem
+        except UnsupportedProblemError as exc:
+            raise BenchConfigError(
+                f"--tokens/--hidden/--seqlens/--head-dims: B={point.batch} H={point.heads} "
+                f"S={point.seqlen} D={point.head_dim} is not a problem the kernels take: "
+                f"{exc}") from None
+    return grid
 
 
 def _console():
-    from rich.console import Console
-
-    return Console(stderr=True)
+    """Progress, warnings and errors (standard error); results go to ``results_console()``."""
+    return log_console()
 
 
 def _now() -> str:
@@ -290,17 +310,28 @@ def results_table(results: Sequence[BenchResult]):
     return table
 
 
-def _print_tables(results: Sequence[BenchResult], info: RunInfo, console: Any) -> None:
+def _print_results(results: Sequence[BenchResult], info: RunInfo, written: Sequence[Path],
+                   args: argparse.Namespace) -> None:
+    """The results on standard output: the rich tables and the files written, or with
+    ``--json`` one document ``{"kernel", "info", "written", "results"}`` (``results``: every
+    ``BenchResult`` as a dict, the CSV's columns)."""
+    if getattr(args, "json", False):
+        kernel = ("decode" if is_decode(results) else "backward" if is_backward(results)
+                  else "forward")
+        print_json("bench", {"kernel": kernel, "info": info,
+                             "written": [str(path) for path in written], "results": results})
+        return
+    console = results_console()
     if is_decode(results) or is_backward(results):
         tables = (decode_rich_tables(results, info.copy_gbps) if is_decode(results)
                   else backward_rich_tables(results))
-        for table in tables:
-            console.print(table)
-        return
-    console.print(results_table(results))
-    ratios = ratio_rich_table(results)
-    if ratios is not None:
-        console.print(ratios)
+    else:
+        ratios = ratio_rich_table(results)
+        tables = [results_table(results)] + ([] if ratios is None else [ratios])
+    for table in tables:
+        print_table(console, table)
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
 
 
 def ratio_rich_table(results: Sequence[BenchResult]):
@@ -377,9 +408,7 @@ def run(args: argparse.Namespace) -> int:
     info_path = write_run_info(info, out_dir / RUN_INFO_NAME)
     written = [csv_path, info_path] + write_reports(results, out_dir, info,
                                                     plots=not args.no_plots, console=console)
-    _print_tables(results, info, console)
-    for path in written:
-        console.print(f"wrote {path}", soft_wrap=True)
+    _print_results(results, info, written, args)
     wrong = [r for r in results if r.status == "wrong" and r.contender.startswith("tiledattention")]
     if wrong:
         console.print(f"[red]{len(wrong)} tiledattention result(s) failed the accuracy check; "
@@ -401,7 +430,5 @@ def _report_only(args: argparse.Namespace, console: Any) -> int:
                    matmul_tflops=run_info.matmul_tflops if run_info else (),
                    copy_gbps=run_info.copy_gbps if run_info else ())
     written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
-    _print_tables(results, info, console)
-    for path in written:
-        console.print(f"wrote {path}", soft_wrap=True)
+    _print_results(results, info, written, args)
     return 0

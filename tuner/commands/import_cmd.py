@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..transfer import MAX_FILE_BYTES, UnreadableFile, read_rows
-from ._report import say
+from ._report import nonempty, print_table, results_console, say
 
 __all__ = ["configure", "run", "FileReport"]
 
@@ -46,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "could not be read at all")
     parser.add_argument("files", nargs="+", metavar="FILE",
                         help="files written by `tiledtune export --format json|csv`")
-    parser.add_argument("--db", metavar="PATH_OR_URL", default=None,
+    parser.add_argument("--db", metavar="PATH_OR_URL", type=nonempty, default=None,
                         help="schedule database (default: $TILEDATTN_DB or "
                              "~/.cache/tiledattention/schedules.sqlite)")
     parser.add_argument("--force", action="store_true",
@@ -59,7 +59,7 @@ def _report(reports: list[FileReport], outcomes: tuple[str, ...]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = results_console()  # the outcome table; the rows' reasons go to standard error
     errors = Console(stderr=True, soft_wrap=True, highlight=False)
     for report in reports:
         if report.error:
@@ -79,7 +79,7 @@ def _report(reports: list[FileReport], outcomes: tuple[str, ...]) -> None:
         table.add_row("total", *(str(sum(r.counts.get(o, 0) for r in reports))
                                  for o in outcomes),
                       str(sum(len(r.rejected) for r in reports)))
-    console.print(table)
+    print_table(console, table)
 
 
 def run(args: argparse.Namespace) -> int:

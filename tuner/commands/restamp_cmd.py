@@ -16,7 +16,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ._report import say
+from ._report import nonempty, positive_int, say
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,12 +26,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the code that tuned the stale rows: a git revision of this "
                              "repository, or a directory holding its tiledattention/ package")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--db", metavar="PATH_OR_URL", default=None,
+    where.add_argument("--db", metavar="PATH_OR_URL", type=nonempty, default=None,
                        help="schedule database (default: $TILEDATTN_DB or the user cache)")
-    where.add_argument("--file", metavar="JSON", default=None,
+    where.add_argument("--file", metavar="JSON", type=nonempty, default=None,
                        help="a rows file (e.g. the shipped table), rewritten in place")
-    parser.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1),
-                        help="parallel compile processes")
+    parser.add_argument("--jobs", type=positive_int, default=max(1, os.cpu_count() or 1),
+                        metavar="N", help="parallel compile processes (default: the CPU count)")
     parser.add_argument("--dry-run", action="store_true", help="report only; write nothing")
 
 

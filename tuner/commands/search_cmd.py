@@ -1,13 +1,19 @@
 """``tiledtune search``: tune a kernel family's schedules for problems and store the winners.
 
     tiledtune search --device sm_90 --shape 4,16,4096,128 --dtype bf16 --causal yes
+    tiledtune search --device sm_90 --shape 4,32/8,4096,128 --shape 1,32/8,16:8192,128
     tiledtune search --compile-only --device sm_121 --shape 4,16,4096,128 --limit 8
     tiledtune search --kernel NAME --device sm_90 --problem field=value,field=value
 
-``--shape`` / ``--preset`` (with ``--kv-heads``, ``--seqlen-k``, ``--dtype``, ``--causal``) build
-attention problems (fields batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal)
-for any family whose problem has those fields; ``--problem`` names every field of any family's
-problem directly.
+``--shape`` (``B,H,S,D``, or ``B,HQ/HKV,SQ:SK,D`` for grouped-query and cross attention) and
+``--preset`` (with ``--dtype``, ``--causal``) build attention problems (fields batch, heads_q,
+heads_kv, seqlen_q, seqlen_k, head_dim, dtype, causal) for any family whose problem has those
+fields; ``--problem`` names every field of any family's problem directly. ``--kv-heads`` and
+``--seqlen-k`` are deprecated: they are taken with exactly one ``--shape`` that does not give
+H_kv / S_k itself, and refused otherwise (they used to apply to every ``--shape`` silently).
+
+Results (the table, or the ``--json`` document) go to standard output, progress and warnings to
+standard error; a bad option is one line ``tiledtune search: ...`` and exit status 2.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import json
 import os
 import random
 import re
@@ -22,10 +29,12 @@ import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import NamedTuple
 
 from tiledattention import ARCHITECTURES, TiledAttentionError, families, get_family
 
-from ._report import count, say
+from ._report import (add_json_option, count, int_at_least, log_console, nonempty,
+                      positive_int, print_json, print_table, results_console, say)
 
 #: Model presets: name -> (heads_q, heads_kv, head_dim, seqlens); batch = 16384 // seqlen.
 PRESETS = {
@@ -38,16 +47,53 @@ PRESETS = {
 
 def _duration(text: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a duration like 90s, 10m or 1h; got {text!r}")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    seconds = (float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+               if match else 0.0)
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a duration above zero like 90s, 10m or 1h; "
+                                         f"got {text!r}")
+    return seconds
 
 
-def _shape(text: str) -> tuple[int, int, int, int]:
-    parts = text.split(",")
-    if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"expected B,H,S,D (positive ints); got {text!r}")
-    return tuple(int(p) for p in parts)
+class ShapeArg(NamedTuple):
+    """One ``--shape``: ``heads_kv`` / ``seqlen_k`` are ``None`` where the text left them out
+    (then they equal ``heads_q`` / ``seqlen_q``)."""
+
+    text: str
+    batch: int
+    heads_q: int
+    heads_kv: int | None
+    seqlen_q: int
+    seqlen_k: int | None
+    head_dim: int
+
+
+SHAPE_SYNTAX = "B,H,S,D or B,HQ/HKV,SQ:SK,D"
+
+
+def _shape(text: str) -> ShapeArg:
+    """``B,H,S,D``; ``H`` may be ``HQ/HKV`` (grouped-query: HKV K/V heads) and ``S`` may be
+    ``SQ:SK`` (SQ queries against SK keys): ``4,32/8,4096,128``, ``1,16,1:4096,128``."""
+    def number(part: str) -> int:
+        part = part.strip()
+        if not re.fullmatch(r"\d{1,30}", part) or int(part) < 1:
+            raise ValueError(part)
+        return int(part)
+
+    try:
+        b, heads, seqlens, d = text.split(",")
+        hq, *hkv = heads.split("/")
+        sq, *sk = seqlens.split(":")
+        if len(hkv) > 1 or len(sk) > 1:
+            raise ValueError(text)
+        return ShapeArg(text=text.strip(), batch=number(b), heads_q=number(hq),
+                        heads_kv=number(hkv[0]) if hkv else None, seqlen_q=number(sq),
+                        seqlen_k=number(sk[0]) if sk else None, head_dim=number(d))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {SHAPE_SYNTAX} (positive integers; HQ/HKV for grouped-query heads, "
+            f"SQ:SK for queries against a different number of keys, e.g. 4,32/8,4096,128 or "
+            f"1,16,1:4096,128); got {text!r}") from None
 
 
 def _choices(allowed: dict[str, object]):
@@ -84,75 +130,163 @@ def _problem_fields(text: str) -> dict:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kernel", default="forward", metavar="NAME",
-                        help="kernel family to tune (default: forward; known: "
-                             + ", ".join(f.name for f in families()) + ")")
-    parser.add_argument("--problem", type=_problem_fields, action="append", default=[],
-                        metavar="FIELD=VALUE,...",
-                        help="one problem of the kernel family, every field named")
-    parser.add_argument("--device", type=_arch, required=True,
-                        help="architecture to tune for, e.g. sm_90 (a local GPU must have it, "
-                             "unless --compile-only)")
-    parser.add_argument("--shape", type=_shape, action="append", default=[], metavar="B,H,S,D")
-    parser.add_argument("--preset", choices=sorted(PRESETS), action="append", default=[],
-                        help="model shapes: " + "; ".join(
-                            f"{k}: H={v[0]}/{v[1]} D={v[2]} S={v[3][0]}..{v[3][-1]}, B·S=16k"
-                            for k, v in PRESETS.items()))
-    parser.add_argument("--kv-heads", type=int, default=None, help="H_kv for --shape (GQA/MQA)")
-    parser.add_argument("--seqlen-k", type=int, default=None, help="S_k for --shape (default S)")
-    parser.add_argument("--dtype", type=_choices({"bf16": "bf16", "fp16": "fp16"}),
-                        default=["bf16"])
-    parser.add_argument("--causal", type=_choices({"yes": True, "no": False}), default=[False])
-    parser.add_argument("--trials", type=int, default=60, help="measured candidates per key")
-    parser.add_argument("--timeout", type=_duration, default=None, help="per key, e.g. 10m")
-    parser.add_argument("--patience", type=int, default=30,
-                        help="stop a key after this many candidates without improvement (0: never)")
-    parser.add_argument("--neighbour-trials", type=count, default=None, metavar="N",
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (
+        "Tune a kernel family's schedules for the problems given, on a GPU of --device (or on an\n"
+        "analytic model: --backend simulated), and store each problem's winner in the schedule\n"
+        "database; --compile-only compiles the search space on this machine instead.")
+    parser.epilog = (
+        "examples:\n"
+        "  tiledtune search --device sm_90 --shape 4,16,4096,128 --dtype bf16,fp16 --causal yes,no\n"
+        "  tiledtune search --device sm_90 --shape 4,32/8,4096,128 --shape 1,32/8,16:8192,128\n"
+        "  tiledtune search --device sm_90 --preset llama-gqa --trials 30 --timeout 10m\n"
+        "  tiledtune search --compile-only --device sm_121 --shape 4,16,4096,128 --limit 16\n"
+        "  tiledtune search --device sm_90 --backend simulated --shape 2,8,1024,64 --json\n"
+        "\n"
+        "Results (a table, or --json) go to standard output; progress and warnings to standard\n"
+        "error. Exit status: 0 every key has a schedule; 1 some key found none; 2 bad options, a\n"
+        "problem the kernels do not take, or a database that cannot be used.")
+    problems = parser.add_argument_group(
+        "problems (each --shape or --preset shape, for each --dtype and --causal value)")
+    problems.add_argument("--kernel", default="forward", metavar="NAME",
+                          help="kernel family to tune (default: forward; known: "
+                               + ", ".join(f.name for f in families()) + ")")
+    problems.add_argument("--shape", type=_shape, action="append", default=[],
+                          metavar="B,HQ/HKV,SQ:SK,D",
+                          help="an attention problem: batch, query heads, sequence length, head "
+                               "dim, e.g. 4,16,4096,128; '/HKV' gives K/V heads for grouped-query "
+                               "attention (4,32/8,4096,128), ':SK' a key length other than the "
+                               "query length (1,16,16:8192,128). Repeatable")
+    problems.add_argument("--preset", choices=sorted(PRESETS), action="append", default=[],
+                          help="model shapes: " + "; ".join(
+                              f"{k}: H={v[0]}/{v[1]} D={v[2]} S={v[3][0]}..{v[3][-1]}, B·S=16k"
+                              for k, v in PRESETS.items()) + ". Repeatable")
+    problems.add_argument("--problem", type=_problem_fields, action="append", default=[],
+                          metavar="FIELD=VALUE,...",
+                          help="one problem of the kernel family, every field named (e.g. "
+                               "batch=1,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,"
+                               "head_dim=128,dtype=bf16,causal=false). Repeatable")
+    problems.add_argument("--dtype", type=_choices({"bf16": "bf16", "fp16": "fp16"}),
+                          default=["bf16"], metavar="LIST",
+                          help="bf16, fp16 or bf16,fp16 (default bf16)")
+    problems.add_argument("--causal", type=_choices({"yes": True, "no": False}),
+                          default=[False], metavar="LIST",
+                          help="yes (top-left causal mask), no, or yes,no (default no)")
+    problems.add_argument("--kv-heads", type=positive_int, default=None, metavar="N",
+                          help="deprecated: write --shape B,HQ/HKV,S,D. H_kv of the one --shape "
+                               "(refused with several --shape, or one that gives /HKV)")
+    problems.add_argument("--seqlen-k", type=positive_int, default=None, metavar="N",
+                          help="deprecated: write --shape B,H,SQ:SK,D. S_k of the one --shape "
+                               "(refused with several --shape, or one that gives :SK)")
+    parser.add_argument("--device", type=_arch, required=True, metavar="ARCH",
+                        help="architecture to tune for: " + ", ".join(ARCHITECTURES) + " (a "
+                             "local GPU must have it, unless --compile-only or --backend "
+                             "simulated)")
+    budget = parser.add_argument_group("search budget (per key)")
+    budget.add_argument("--trials", type=positive_int, default=60, metavar="N",
+                        help="measured candidates per key, >= 1 (default 60)")
+    budget.add_argument("--timeout", type=_duration, default=None, metavar="DURATION",
+                        help="wall-clock limit per key, e.g. 90s, 10m, 1h (default none)")
+    budget.add_argument("--patience", type=count, default=30, metavar="N",
+                        help="stop a key after this many candidates without improvement "
+                             "(default 30; 0: never)")
+    budget.add_argument("--neighbour-trials", type=count, default=None, metavar="N",
                         help="of --trials, candidates one dimension away from the best so far "
-                             "(hill climbing after the seeds; default: a third)")
-    parser.add_argument("--space", default="full", help="named search space (full, compact)")
-    parser.add_argument("--db", default=None, help="schedule database (path or SQLAlchemy URL; "
-                                                    "default: $TILEDATTN_DB or the user cache)")
-    parser.add_argument("--storage", default=None,
-                        help="Optuna storage URL (default: an SQLite file beside --db); a "
-                             "postgresql:// URL lets workers on many hosts share one study")
-    parser.add_argument("--study", default="tiledtune", help="study name prefix")
-    parser.add_argument("--workers", type=int, default=1, help="one worker per local GPU")
-    parser.add_argument("--device-index", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--compile-only", action="store_true",
-                        help="compile the space for --device on the CPU; record failures")
-    parser.add_argument("--limit", type=int, default=None,
-                        help="--compile-only: compile a seeded sample of this many candidates")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel compile processes")
-    parser.add_argument("--backend", choices=["gpu", "simulated"], default="gpu",
-                        help="simulated: an analytic GPU model (for trying the tool and tests)")
-    parser.add_argument("--seed", type=int, default=0)
+                             "(hill climbing after the seeds; default: a third; at most "
+                             "--trials)")
+    budget.add_argument("--space", type=nonempty, default="full", metavar="NAME",
+                        help="named search space: full (default) or compact")
+    budget.add_argument("--seed", type=int_at_least(0, 2**32 - 1), default=0, metavar="N",
+                        help="seed of the sampler and of --limit's sample (default 0)")
+    where = parser.add_argument_group("storage")
+    where.add_argument("--db", type=nonempty, default=None, metavar="PATH_OR_URL",
+                       help="schedule database (path or SQLAlchemy URL; default: $TILEDATTN_DB "
+                            "or the user cache; --backend simulated: a file of its own)")
+    where.add_argument("--storage", type=nonempty, default=None, metavar="URL",
+                       help="Optuna storage URL (default: an SQLite file beside --db); a "
+                            "postgresql:// URL lets workers on many hosts share one study")
+    where.add_argument("--study", type=nonempty, default="tiledtune", metavar="PREFIX",
+                       help="study name prefix (default tiledtune)")
+    run_group = parser.add_argument_group("how it runs")
+    run_group.add_argument("--backend", choices=["gpu", "simulated"], default="gpu",
+                           help="simulated: an analytic GPU model (for trying the tool and "
+                                "tests); its rows are marked simulated and never used")
+    run_group.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                           help="tune on N local GPUs of --device at once, one process each, "
+                                "sharing the study (default 1)")
+    run_group.add_argument("--device-index", type=count, default=None, help=argparse.SUPPRESS)
+    run_group.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                           help="parallel compile processes (default: the CPU count, up to 8 "
+                                "while a GPU search measures)")
+    run_group.add_argument("--compile-only", action="store_true",
+                           help="compile the space for --device on this machine (no GPU "
+                                "needed); record failures so a GPU search skips them")
+    run_group.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                           help="with --compile-only: compile a seeded sample of N candidates "
+                                "per key")
+    add_json_option(parser, "each key's result (and where it was stored)")
 
 
 def problems_from(args: argparse.Namespace) -> list:
     """The problems of ``--kernel`` the arguments name (validated by the family's problem
-    type)."""
+    type; a problem it refuses is a ``ValueError`` naming the flag that gave it)."""
     family = get_family(args.kernel)
-    shapes: list[tuple[int, int, int, int, int, int]] = []
-    for b, h, s, d in args.shape:
-        shapes.append((b, h, args.kv_heads or h, s, args.seqlen_k or s, d))
+    _check_deprecated(args)
+    shapes: list[tuple[str, tuple[int, int, int, int, int, int]]] = []
+    for shape in args.shape:
+        hkv = shape.heads_kv or args.kv_heads or shape.heads_q
+        sk = shape.seqlen_k or args.seqlen_k or shape.seqlen_q
+        source = f"--shape {shape.text}" + "".join(
+            f" {flag} {value}" for flag, value, given in (
+                ("--kv-heads", args.kv_heads, shape.heads_kv),
+                ("--seqlen-k", args.seqlen_k, shape.seqlen_k)) if value and not given)
+        shapes.append((source,
+                       (shape.batch, shape.heads_q, hkv, shape.seqlen_q, sk, shape.head_dim)))
     for name in args.preset:
         hq, hkv, d, seqlens = PRESETS[name]
-        shapes += [(max(1, 16384 // s), hq, hkv, s, s, d) for s in seqlens]
+        shapes += [(f"--preset {name}", (max(1, 16384 // s), hq, hkv, s, s, d)) for s in seqlens]
     if not shapes and not args.problem:
-        raise ValueError("give at least one --shape B,H,S,D, --preset or --problem")
-    fields = list(args.problem)
-    for (b, hq, hkv, sq, sk, d), dtype, causal in itertools.product(shapes, args.dtype,
-                                                                     args.causal):
-        fields.append(dict(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk,
-                           head_dim=d, dtype=dtype, causal=causal))
+        raise ValueError(f"give at least one --shape {SHAPE_SYNTAX}, --preset or --problem")
+    fields = [("--problem " + ",".join(f"{k}={v}" for k, v in data.items()), data)
+              for data in args.problem]
+    for (source, (b, hq, hkv, sq, sk, d)), dtype, causal in itertools.product(
+            shapes, args.dtype, args.causal):
+        fields.append((source, dict(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq,
+                                    seqlen_k=sk, head_dim=d, dtype=dtype, causal=causal)))
     problems = []
-    for data in fields:
+    for source, data in fields:
         try:
             problems.append(family.problem_type.from_dict(data))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"not a {family.name} problem: {data}: {exc}") from None
+            raise ValueError(f"{source}: not a problem the {family.name} kernel takes: "
+                             f"{exc}") from None
     return list(dict.fromkeys(problems))
+
+
+def _check_deprecated(args: argparse.Namespace) -> None:
+    """``--kv-heads`` / ``--seqlen-k`` apply to exactly one ``--shape`` that does not give the
+    value itself; anything else is ambiguous and refused."""
+    for flag, value, part in (("--kv-heads", args.kv_heads, "heads_kv"),
+                              ("--seqlen-k", args.seqlen_k, "seqlen_k")):
+        if value is None:
+            continue
+        syntax = "B,HQ/HKV,S,D" if part == "heads_kv" else "B,H,SQ:SK,D"
+        if len(args.shape) != 1:
+            raise ValueError(
+                f"{flag} {value} needs exactly one --shape (got {len(args.shape)}); it is "
+                f"deprecated: give it in each --shape as {syntax}")
+        shape = args.shape[0]
+        if getattr(shape, part) is not None:
+            raise ValueError(f"{flag} {value}: --shape {shape.text} gives it already; drop "
+                             f"{flag}")
+
+
+def _shape_text(shape: ShapeArg, kv_heads: int | None, seqlen_k: int | None) -> str:
+    """``--shape`` in the new syntax, with the deprecated flags' values folded in."""
+    hkv = shape.heads_kv or kv_heads
+    sk = shape.seqlen_k or seqlen_k
+    return (f"{shape.batch},{shape.heads_q}{f'/{hkv}' if hkv else ''},"
+            f"{shape.seqlen_q}{f':{sk}' if sk else ''},{shape.head_dim}")
 
 
 def select_device(arch: str, index: int | None = None):
@@ -196,13 +330,13 @@ def _storage(args, db: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console(stderr=True)
+    console = log_console()  # progress and warnings; results go to results_console()
     try:
+        _check_options(args)
         problems = problems_from(args)
-        if args.trials < 1:
-            raise ValueError(f"--trials must be >= 1; got {args.trials}")
+        if args.kv_heads is not None or args.seqlen_k is not None:
+            say("search", f"note: --kv-heads and --seqlen-k are deprecated; write --shape "
+                          f"{_shape_text(args.shape[0], args.kv_heads, args.seqlen_k)}")
         if args.compile_only:
             return _compile_only(args, problems, console)
         if args.workers > 1:
@@ -211,6 +345,32 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TiledAttentionError) as exc:
         say("search", exc)
         return 2
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """What argparse's per-flag types cannot check: flags that depend on each other, and
+    ``--space`` (the family's and architecture's named spaces). A ``ValueError`` names the
+    flag."""
+    import search_spaces
+
+    if args.neighbour_trials is not None and args.neighbour_trials > args.trials:
+        raise ValueError(f"--neighbour-trials {args.neighbour_trials} is more than --trials "
+                         f"{args.trials}: they are a share of the trials; give at most "
+                         f"{args.trials}")
+    if args.limit is not None and not args.compile_only:
+        raise ValueError(f"--limit {args.limit} applies to --compile-only only; a search "
+                         f"measures --trials {args.trials} candidates per key")
+    if args.workers > 1 and (args.compile_only or args.backend == "simulated"):
+        mode = "--compile-only" if args.compile_only else "--backend simulated"
+        raise ValueError(f"--workers {args.workers} starts one search per local GPU; "
+                         f"{mode} runs in one process"
+                         + (" (--jobs sets its parallel compiles)" if args.compile_only else ""))
+    try:
+        search_spaces.family_space(get_family(args.kernel).name).space(args.device, args.space)
+    except (ValueError, TiledAttentionError) as exc:
+        if "space must be one of" not in str(exc):
+            raise
+        raise ValueError(f"--space {args.space}: {exc}") from None
 
 
 def _spawn_workers(args, console) -> int:
@@ -223,9 +383,21 @@ def _spawn_workers(args, console) -> int:
                          f"{args.device}")
     argv = [a for i, a in enumerate(args.argv) if a != "--workers" and
             (i == 0 or args.argv[i - 1] != "--workers") and not a.startswith("--workers=")]
+    # with --json each worker prints its own document; they are gathered into one
+    stdout = subprocess.PIPE if args.json else None
     children = [subprocess.Popen([sys.executable, "-m", "tuner.cli", *argv, "--device-index",
-                                  str(d.index)]) for d in devices]
-    return max(child.wait() for child in children)
+                                  str(d.index)], stdout=stdout) for d in devices]
+    if not args.json:
+        return max(child.wait() for child in children)
+    documents = []
+    for child in children:
+        text = child.communicate()[0]
+        try:
+            documents.append(json.loads(text))
+        except ValueError:
+            documents.append(None)  # that worker failed before printing (its error is above)
+    print_json("search", {"mode": "workers", "workers": documents})
+    return max(child.returncode for child in children)
 
 
 def _search(args, problems, console) -> int:
@@ -284,7 +456,8 @@ def _search(args, problems, console) -> int:
                 results.append(tuner.tune(problem))
         finally:
             tuner.close()
-    _print_results(family, results, console)
+    _print_results(args, family, results, database=db_location, storage=storage, arch=arch,
+                   device_name=device_name)
     return 0 if all(r.best is not None for r in results) else 1
 
 
@@ -301,12 +474,26 @@ class _GpuFactory:
         return GpuExecutor(self.family, self.index)
 
 
-def _print_results(family, results, console) -> None:
+def _hide_password(url: str) -> str:
+    """A database location as it may be shown: a password in a URL masked
+    (``postgresql://user:***@host/db``), a relative file path made absolute."""
+    if "://" not in url:
+        return str(Path(url).expanduser().absolute())
+    if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
+        return "sqlite:///" + str(Path(url[len("sqlite:///"):]).expanduser().absolute())
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
+def _print_results(args, family, results, *, database: str, storage: str, arch: str,
+                   device_name: str) -> None:
+    """The search summary on standard output: a row per key (or ``--json``), then the schedule
+    database the winners went to and the study storage that holds every trial."""
     from rich.table import Table
 
     from ..measure import Timing
 
-    table = Table(title="tiledtune search")
+    keys = []
+    table = Table(title=f"tiledtune search: {family.name} on {device_name} ({arch})")
     for col in ("key", "best schedule", "TFLOP/s", "vs default", "vs cuDNN", "vs flash",
                 "measured", "failed", "wall", "stored"):
         table.add_column(col)
@@ -320,13 +507,42 @@ def _print_results(family, results, console) -> None:
                 return f"{other.median_ms / best.median_ms:.2f}x"
             return "-" if other is None else str(other)[:20]
 
-        tflops = (f"{family.flops(r.problem) / (best.median_ms * 1e-3) / 1e12:.0f}"
-                  if isinstance(best, Timing) else "-")
+        tflops = (family.flops(r.problem) / (best.median_ms * 1e-3) / 1e12
+                  if isinstance(best, Timing) else None)
         failed = ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())) or "0"
-        table.add_row(r.problem.describe(), r.best.describe() if r.best else "none", tflops,
+        table.add_row(r.problem.describe(), r.best.describe() if r.best else "none",
+                      "-" if tflops is None else f"{tflops:.0f}",
                       ratio("default"), ratio("torch-cudnn"), ratio("torch-flash"),
                       str(r.measured), failed, f"{r.wall_s:.0f}s", r.stored or "-")
-    console.print(table)
+        keys.append({
+            "key": r.problem.describe(), "problem": r.problem,
+            "schedule": r.best, "schedule_text": r.best.describe() if r.best else None,
+            "median_ms": best.median_ms if isinstance(best, Timing) else None,
+            "tflops": tflops,
+            # the finalists' re-timing: "best", "default", "torch-cudnn", ... -> a timing, or
+            # the reason it has none
+            "timings": {name: v if isinstance(v, Timing) else str(v) for name, v in t.items()},
+            "measured": r.measured, "failures": dict(sorted(r.failures.items())),
+            "wall_s": r.wall_s, "stored": r.stored or None})
+    simulated = args.backend == "simulated"
+    if args.json:
+        print_json("search", {"mode": "search", "kernel": family.name, "arch": arch,
+                              "device": device_name, "backend": args.backend,
+                              "database": _hide_password(database),
+                              "storage": _hide_password(storage), "study_prefix": args.study,
+                              "keys": keys})
+        return
+    out = results_console()
+    print_table(out, table)
+    from tiledattention import database_location
+
+    reader = ("simulated rows: the runtime never reads them" if simulated
+              else "tiledattention.sdpa reads it" if database == database_location()
+              else "tiledattention.sdpa reads it once $TILEDATTN_DB or "
+                   "tiledattention.use_database() names it")
+    out.print(f"schedule database: {_hide_password(database)} ({reader})", markup=False)
+    out.print(f"study storage: {_hide_password(storage)} (every trial; run the same command "
+              f"again to resume)", markup=False)
 
 
 def _compile_only(args, problems, console) -> int:
@@ -350,6 +566,7 @@ def _compile_only(args, problems, console) -> int:
     for col in ("key", "candidates", "compiled", "failed", "median s", "smem KiB (min..max)"):
         table.add_column(col)
     failures_total = 0
+    keys = []  # the --json form of the table's rows
     for problem in problems:
         space = spaces.restrict(spaces.space(args.device, args.space), problem)
         candidates = list({s.key: s for s in (family.normalise(problem, s)
@@ -386,6 +603,26 @@ def _compile_only(args, problems, console) -> int:
         table.add_row(problem.describe(), str(len(candidates)), str(len(ok)), str(len(failed)),
                       f"{times[len(times) // 2]:.1f}" if times else "-",
                       f"{min(shared) // 1024}..{max(shared) // 1024}" if shared else "-")
-    console.print(table)
-    console.print(f"failures recorded as infeasible for {args.device} in {storage_url}")
+        keys.append({"key": problem.describe(), "problem": problem, "candidates": len(candidates),
+                     "compiled": len(ok), "failed": len(failed),
+                     "median_compile_s": times[len(times) // 2] if times else None,
+                     "shared_memory_bytes": [min(shared), max(shared)] if shared else None})
+    _print_compile_only(args, table, keys, storage_url, failures_total)
     return 0
+
+
+def _print_compile_only(args, table, keys: list[dict], storage_url: str,
+                        failures: int) -> None:
+    """The compile-only summary on standard output: the table (or ``--json``) and the study
+    storage the failures went to."""
+    if args.json:
+        print_json("search", {"mode": "compile-only", "kernel": get_family(args.kernel).name,
+                              "arch": args.device, "storage": _hide_password(storage_url),
+                              "study_prefix": args.study, "keys": keys})
+        return
+    out = results_console()
+    print_table(out, table)
+    # the storage is named either way: a GPU search with the same --db or --storage reads it
+    outcome = (f"{failures} compile failure(s) recorded as infeasible for {args.device}; a "
+               f"search of these keys skips them" if failures else "nothing failed")
+    out.print(f"study storage: {_hide_password(storage_url)} ({outcome})", markup=False)
