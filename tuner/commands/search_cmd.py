@@ -23,11 +23,10 @@ import functools
 import itertools
 import json
 import os
-import random
 import re
 import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,6 +34,11 @@ from tiledattention import ARCHITECTURES, TiledAttentionError, families, get_fam
 
 from ._report import (add_json_option, count, int_at_least, log_console, nonempty,
                       positive_int, print_json, print_table, results_console, say)
+
+#: The one line ``tiledtune`` prints on a Ctrl-C (``cli.main``), once the search's processes
+#: are gone and its unfinished trials given back
+INTERRUPTED = ("interrupted; the study keeps every finished trial: run the same command again "
+               "to resume")
 
 #: Model presets: name -> (heads_q, heads_kv, head_dim, seqlens); batch = 16384 // seqlen.
 PRESETS = {
@@ -223,7 +227,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                 "needed); record failures so a GPU search skips them")
     run_group.add_argument("--limit", type=positive_int, default=None, metavar="N",
                            help="with --compile-only: compile a seeded sample of N candidates "
-                                "per key")
+                                "per key (default: --trials of them)")
+    run_group.add_argument("--sweep", action="store_true",
+                           help="with --compile-only: compile every candidate of the space "
+                                "(thousands: it prints how many and an estimate of the time "
+                                "first)")
     add_json_option(parser, "each key's result (and where it was stored)")
 
 
@@ -360,6 +368,9 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.limit is not None and not args.compile_only:
         raise ValueError(f"--limit {args.limit} applies to --compile-only only; a search "
                          f"measures --trials {args.trials} candidates per key")
+    if args.sweep and (not args.compile_only or args.limit is not None):
+        raise ValueError("--sweep compiles every candidate with --compile-only; "
+                         + ("drop --limit" if args.compile_only else "add --compile-only"))
     if args.workers > 1 and (args.compile_only or args.backend == "simulated"):
         mode = "--compile-only" if args.compile_only else "--backend simulated"
         raise ValueError(f"--workers {args.workers} starts one search per local GPU; "
@@ -385,19 +396,47 @@ def _spawn_workers(args, console) -> int:
             (i == 0 or args.argv[i - 1] != "--workers") and not a.startswith("--workers=")]
     # with --json each worker prints its own document; they are gathered into one
     stdout = subprocess.PIPE if args.json else None
-    children = [subprocess.Popen([sys.executable, "-m", "tuner.cli", *argv, "--device-index",
-                                  str(d.index)], stdout=stdout) for d in devices]
-    if not args.json:
-        return max(child.wait() for child in children)
-    documents = []
+    children: list[subprocess.Popen] = []
+    try:
+        for d in devices:  # a session each: a Ctrl-C at the terminal reaches this process only
+            children.append(subprocess.Popen(
+                [sys.executable, "-m", "tuner.cli", *argv, "--device-index", str(d.index)],
+                stdout=stdout, start_new_session=True))
+        if not args.json:
+            return max(child.wait() for child in children)
+        documents = []
+        for child in children:
+            text = child.communicate()[0]
+            try:
+                documents.append(json.loads(text))
+            except ValueError:
+                documents.append(None)  # it failed before printing (its error is above)
+        print_json("search", {"mode": "workers", "workers": documents})
+        return max(child.returncode for child in children)
+    except KeyboardInterrupt:
+        _stop_workers(children)
+        raise
+
+
+def _stop_workers(children: list[subprocess.Popen], grace_s: float = 2.5) -> None:
+    """Stop the per-GPU searches of an interrupted ``--workers`` run: SIGTERM (each cleans up as
+    on a Ctrl-C, without a message: ``tuner._signals``), then after ``grace_s`` SIGKILL for
+    any left (their compile processes die with them: ``PR_SET_PDEATHSIG``)."""
+    import signal
+    import time
+
+    from ..measure import kill_group
+
     for child in children:
-        text = child.communicate()[0]
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    for child in children:
         try:
-            documents.append(json.loads(text))
-        except ValueError:
-            documents.append(None)  # that worker failed before printing (its error is above)
-    print_json("search", {"mode": "workers", "workers": documents})
-    return max(child.returncode for child in children)
+            child.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill_group(child.pid)
+            child.wait()
 
 
 def _search(args, problems, console) -> int:
@@ -450,12 +489,12 @@ def _search(args, problems, console) -> int:
                       storage_url=storage, db=db, config=config,
                       compile_workers=compile_workers, backend=args.backend,
                       on_event=on_event)
-        try:
+        # leaving on a Ctrl-C kills the compile processes and the executor's worker at once,
+        # with their tileiras compiles
+        with tuner:
             for problem in problems:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
                 results.append(tuner.tune(problem))
-        finally:
-            tuner.close()
     _print_results(args, family, results, database=db_location, storage=storage, arch=arch,
                    device_name=device_name)
     return 0 if all(r.best is not None for r in results) else 1
@@ -547,14 +586,21 @@ def _print_results(args, family, results, *, database: str, storage: str, arch: 
 
 def _compile_only(args, problems, console) -> int:
     """Compile candidates for ``--device`` on this machine; failures go into each key's study
-    as failed trials, so a later GPU search skips them without spending GPU time."""
+    as failed trials, so a later GPU search skips them without spending GPU time.
+
+    Per key ``--limit`` (default ``--trials``) candidates, the same ones for the same command
+    (``compile_sample``), or every one with ``--sweep``; candidates the study already settled
+    are skipped, so an interrupted run resumes (compiled ones hit cuTile's disk cache). The
+    compile processes are a ``CompilePool``: a Ctrl-C kills them with their tileiras at once."""
     import optuna
     from rich.progress import Progress
     from rich.table import Table
 
     import search_spaces
 
-    from ..search import SearchConfig, compile_job, open_storage, study_name
+    from ..measure import CompilePool
+    from ..search import (SearchConfig, compile_job, compile_sample, open_storage, settled,
+                          study_name)
 
     family = get_family(args.kernel)
     spaces = search_spaces.family_space(family.name)
@@ -569,46 +615,80 @@ def _compile_only(args, problems, console) -> int:
     keys = []  # the --json form of the table's rows
     for problem in problems:
         space = spaces.restrict(spaces.space(args.device, args.space), problem)
-        candidates = list({s.key: s for s in (family.normalise(problem, s)
-                                              for s in space.feasible(problem))}.values())
-        if args.limit is not None and args.limit < len(candidates):
-            candidates = random.Random(args.seed).sample(candidates, args.limit)
+        candidates, feasible_count = compile_sample(
+            family, space, problem, args.device,
+            None if args.sweep else (args.limit or args.trials), seed=args.seed)
         study = optuna.create_study(study_name=study_name(args.study, family, args.device,
                                                           problem),
                                     storage=storage, direction="minimize", load_if_exists=True)
         distributions = {n: optuna.distributions.CategoricalDistribution(list(v))
                          for n, v in space.choices.items()}
+        done = settled(study)
+        todo = [s for s in candidates if s.key not in done]
+        if args.sweep:
+            console.print(f"full sweep of {problem.describe()} for {args.device}: "
+                          f"{len(todo):,} candidates to compile ({feasible_count:,} feasible, "
+                          f"{feasible_count - len(todo):,} settled before) on {jobs} processes",
+                          markup=False)
+        elif feasible_count > len(candidates):
+            console.print(f"{problem.describe()}: compiling {len(candidates):,} of "
+                          f"{feasible_count:,} feasible candidates (--sweep compiles all)",
+                          markup=False)
         ok, failed = [], []
-        with ProcessPoolExecutor(max_workers=jobs) as pool, Progress(console=console) as bar:
-            task = bar.add_task(problem.describe(), total=len(candidates))
+
+        def record(schedule, outcome) -> None:
+            seconds, shared, error = outcome
+            if error is None:
+                ok.append((seconds, shared))
+                return
+            failed.append(schedule)
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.FAIL, params=space.params(schedule),
+                distributions=distributions,
+                user_attrs={"schedule_key": schedule.key, "status": "compile-error",
+                            "schedule": schedule.describe(), "reason": error[:1000]}))
+            console.print(f"{schedule.describe()}: {error[:200]}", style="yellow", markup=False)
+
+        # leaving the block on a Ctrl-C kills the compile processes and their tileiras
+        with CompilePool(jobs) as pool, Progress(console=console) as bar:
+            task = bar.add_task(problem.describe(), total=len(todo))
+            queue = list(todo)
+            if args.sweep and queue:  # time one compile (the default's) for the estimate
+                first = queue.pop(0)
+                outcome = pool.submit(compile_job, family, problem, first, args.device).result()
+                record(first, outcome)
+                bar.advance(task)
+                console.print(f"estimated time: {_about(outcome[0] * -(-len(queue) // jobs))} "
+                              f"for the other {len(queue):,} ({outcome[0]:.1f} s per compile, "
+                              f"{jobs} at a time)", markup=False)
             futures = {pool.submit(compile_job, family, problem, s, args.device): s
-                       for s in candidates}
+                       for s in queue}
             for future in as_completed(futures):
-                schedule = futures[future]
-                seconds, shared, error = future.result()
-                if error is None:
-                    ok.append((seconds, shared))
-                else:
-                    failed.append(schedule)
-                    study.add_trial(optuna.trial.create_trial(
-                        state=optuna.trial.TrialState.FAIL, params=space.params(schedule),
-                        distributions=distributions,
-                        user_attrs={"schedule_key": schedule.key, "status": "compile-error",
-                                    "schedule": schedule.describe(), "reason": error[:1000]}))
-                    console.print(f"[yellow]{schedule.describe()}: {error[:200]}[/yellow]")
+                record(futures[future], future.result())
                 bar.advance(task)
         failures_total += len(failed)
         times = sorted(s for s, _ in ok)
         shared = [b for _, b in ok if b is not None]
-        table.add_row(problem.describe(), str(len(candidates)), str(len(ok)), str(len(failed)),
+        table.add_row(problem.describe(), f"{len(candidates)} of {feasible_count}",
+                      str(len(ok)), str(len(failed)),
                       f"{times[len(times) // 2]:.1f}" if times else "-",
                       f"{min(shared) // 1024}..{max(shared) // 1024}" if shared else "-")
         keys.append({"key": problem.describe(), "problem": problem, "candidates": len(candidates),
+                     "feasible": feasible_count, "settled_before": len(candidates) - len(todo),
                      "compiled": len(ok), "failed": len(failed),
                      "median_compile_s": times[len(times) // 2] if times else None,
                      "shared_memory_bytes": [min(shared), max(shared)] if shared else None})
     _print_compile_only(args, table, keys, storage_url, failures_total)
     return 0
+
+
+def _about(seconds: float) -> str:
+    """``"about 40 s"``, ``"about 12 min"``, ``"about 3.4 h"``."""
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    if seconds < 5400:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
 
 
 def _print_compile_only(args, table, keys: list[dict], storage_url: str,

@@ -95,7 +95,7 @@ def become_worker(parent_pid: int, die_with_parent: bool = True) -> None:
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL),
                                                     0, 0, 0)
-        except (OSError, AttributeError):  # no prctl: the pipes' EOF still ends a worker
+        except (OSError, AttributeError):  # no prctl: only a killed tuner leaves it behind
             pass
         if os.getppid() != parent_pid:  # the tuner died before the request took effect
             os._exit(1)
