@@ -19,7 +19,7 @@ from rich.table import Table
 from tiledattention import Problem
 from tuner.bench import CONTENDERS, BenchResult, write_csv
 from tuner.cli import build_parser, main
-from tuner.commands import _report, search_cmd
+from tuner.commands import _problems, _report, search_cmd
 
 ELLIPSIS = "…"
 
@@ -196,7 +196,7 @@ def test_json_flag(command):
     ("2, 32/8, 16:8192, 128", (2, 32, 8, 16, 8192, 128)),
 ])
 def test_shape_syntax(text, parsed):
-    assert tuple(search_cmd._shape(text))[1:] == parsed
+    assert tuple(_problems.parse_shape(text))[1:] == parsed
 
 
 @pytest.mark.parametrize("text", ["1,8,1024", "1,8,1024,64,1", "1,8/3/2,256,64", "1,8,1:2:3,64",
@@ -213,7 +213,7 @@ def test_bad_shapes_are_refused_naming_the_syntax(text, capsys):
 def test_shapes_become_grouped_query_and_cross_attention_problems():
     args = _search_args("--shape", "4,32/8,4096,128", "--shape", "1,16,16:8192,64",
                         "--dtype", "bf16,fp16", "--causal", "yes")
-    problems = search_cmd.problems_from(args)
+    problems = _problems.problems_from(args)
     assert len(problems) == 4
     shapes = {(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, p.head_dim)
               for p in problems}
@@ -223,7 +223,7 @@ def test_shapes_become_grouped_query_and_cross_attention_problems():
 
 def test_deprecated_kv_heads_and_seqlen_k_apply_to_exactly_one_shape():
     args = _search_args("--shape", "1,8,256,64", "--kv-heads", "2", "--seqlen-k", "512")
-    (problem,) = search_cmd.problems_from(args)
+    (problem,) = _problems.problems_from(args)
     assert (problem.heads_kv, problem.seqlen_k) == (2, 512)
     for argv, words in [
         (["--shape", "1,8,256,64", "--shape", "2,8,256,64", "--kv-heads", "2"],
@@ -233,7 +233,7 @@ def test_deprecated_kv_heads_and_seqlen_k_apply_to_exactly_one_shape():
         (["--shape", "1,8,256:300,64", "--seqlen-k", "512"], "gives it already"),
     ]:
         with pytest.raises(ValueError, match=re.escape(words)):
-            search_cmd.problems_from(_search_args(*argv))
+            _problems.problems_from(_search_args(*argv))
 
 
 @pytest.mark.slow  # spawns the simulated backend's worker process

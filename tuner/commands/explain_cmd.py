@@ -24,7 +24,7 @@ from typing import Any
 from tiledattention import TiledAttentionError, check_arch, families
 
 from ._report import add_json_option, print_json, say
-from .search_cmd import SHAPE_SYNTAX, _problem_fields, _shape, problems_from
+from ._problems import SHAPE_SYNTAX, parse_problem_fields, parse_shape, problems_from
 
 __all__ = ["configure", "run", "WHY"]
 
@@ -76,14 +76,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              + "); default: the family sdpa picks by shape")
     parser.add_argument("--training", action="store_true",
                         help="a call that needs gradients: its forward and its backward")
-    parser.add_argument("--shape", type=_shape, default=None, metavar="B,HQ/HKV,SQ:SK,D",
+    parser.add_argument("--shape", type=parse_shape, default=None, metavar="B,HQ/HKV,SQ:SK,D",
                         help=f"the attention problem: {SHAPE_SYNTAX} (with --dtype, --causal)")
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     parser.add_argument("--causal", type=_causal, default=(False, False),
                         metavar="{yes,no,bottom_right}",
                         help="mask: yes (top-left, torch's is_causal), no (default), "
                              "bottom_right")
-    parser.add_argument("--problem", type=_problem_fields, default=None,
+    parser.add_argument("--problem", type=parse_problem_fields, default=None,
                         metavar="FIELD=VALUE,...",
                         help="the problem with every field named (any family), instead of "
                              "--shape")
