@@ -83,12 +83,32 @@ def _env(tmp_path: Path) -> dict[str, str]:
                 CUDA_TILE_TEMP_DIR=str(tmp_path / "cutile-tmp"))
 
 
+def _as_from_a_terminal() -> None:
+    """A child's signal state as a shell gives it: SIGINT and SIGTERM at their defaults and
+    unblocked, whatever the test process's own state (earlier tests of a long run may leave
+    it otherwise)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+@pytest.fixture(autouse=True)
+def _terminal_signals():
+    """This process's SIGINT as an interactive Python's: the default handler, unblocked."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupt(argv: list[str], tmp_path: Path, ready) -> tuple[float, str, dict]:
     """Start ``tiledtune argv``; once ``ready(descendants)`` holds, Ctrl-C it. Returns the
     seconds it took to exit, its standard error, and the processes it had started."""
     child = subprocess.Popen([sys.executable, "-m", "tuner.cli", *argv], cwd=ROOT,
                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+                             text=True, start_new_session=True,
+                             preexec_fn=_as_from_a_terminal)
     try:
         _wait_for(lambda: child.poll() is not None or ready(_descendants(child.pid)), 120,
                   "the search to get going")
