@@ -6,13 +6,9 @@ versioned dict (``to_dict`` / ``from_dict``) like the other families' schedules.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from dataclasses import dataclass
 
-from ..errors import ScheduleError
+from .._schedule_value import ScheduleValue
 
 __all__ = ["BackwardSchedule", "BACKWARD_SCHEDULE_FORMAT", "TILES"]
 
@@ -21,7 +17,7 @@ TILES = (16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True, kw_only=True)
-class BackwardSchedule:
+class BackwardSchedule(ScheduleValue):
     """One point of the backward kernels' schedule space.
 
     dK/dV kernel (one CTA per key tile and (batch, K/V head); it walks query tiles):
@@ -45,54 +41,25 @@ class BackwardSchedule:
     dq_worker_warps: int | None = None
     kv_latency: int | None = None
 
+    FORMAT = BACKWARD_SCHEDULE_FORMAT
+    LABEL = "backward"
+
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> "BackwardSchedule":
         """Raise :class:`ScheduleError` naming the first impossible field; return ``self``."""
         for name in ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n"):
-            _check_choice(name, getattr(self, name), TILES)
+            self._check_choice(name, getattr(self, name), TILES)
         for name in ("dkdv_occupancy", "dq_occupancy"):
-            _check_int_range(name, getattr(self, name), 1, 32)
+            self._check_int_range(name, getattr(self, name), 1, 32)
         for name in ("dkdv_worker_warps", "dq_worker_warps"):
             if getattr(self, name) is not None:
-                _check_choice(name, getattr(self, name), (4, 8))
+                self._check_choice(name, getattr(self, name), (4, 8))
         for name in ("q_latency", "kv_latency"):
             if getattr(self, name) is not None:
-                _check_int_range(name, getattr(self, name), 1, 10)
+                self._check_int_range(name, getattr(self, name), 1, 10)
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": BACKWARD_SCHEDULE_FORMAT, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "BackwardSchedule":
-        """Inverse of :meth:`to_dict`; rejects unknown fields and newer formats."""
-        if not isinstance(data, Mapping):
-            raise ScheduleError(f"a backward schedule must be a mapping; got "
-                                f"{type(data).__name__}")
-        data = dict(data)
-        version = data.pop("format", BACKWARD_SCHEDULE_FORMAT)
-        if not isinstance(version, int) or version > BACKWARD_SCHEDULE_FORMAT:
-            raise ScheduleError(f"backward schedule format {version!r} is newer than this "
-                                f"tiledattention understands ({BACKWARD_SCHEDULE_FORMAT})")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ScheduleError(f"unknown backward schedule field(s) {unknown}; known: "
-                                f"{sorted(known)}")
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @property
-    def key(self) -> str:
-        """Stable short identifier: equal schedules have equal keys across processes."""
-        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
-
-    def replace(self, **changes: Any) -> "BackwardSchedule":
-        return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
         """One-line summary, e.g. ``dkdv n128 m64 occ1 | dq m64 n64 occ2``."""
@@ -110,15 +77,3 @@ class BackwardSchedule:
                 + part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                        self.dq_worker_warps, self.kv_latency))
 
-
-def _check_int_range(name: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ScheduleError(f"BackwardSchedule.{name} must be an int; got {value!r}")
-    if not lo <= value <= hi:
-        raise ScheduleError(f"BackwardSchedule.{name} must be in {lo}..{hi}; got {value}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in choices:
-        raise ScheduleError(f"BackwardSchedule.{name} must be one of {list(choices)}; got "
-                            f"{value!r}")

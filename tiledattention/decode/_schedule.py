@@ -6,12 +6,9 @@ versioned dict (``to_dict`` / ``from_dict``) like the forward family's ``Schedul
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
 
+from .._schedule_value import ScheduleValue
 from ..errors import ScheduleError
 
 __all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT"]
@@ -26,7 +23,7 @@ MAX_SPLITS = 256
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecodeSchedule:
+class DecodeSchedule(ScheduleValue):
     """One point of the decode kernels' schedule space.
 
     Work split:
@@ -56,61 +53,32 @@ class DecodeSchedule:
     k_transposed: bool = False
     exp2: bool = True
 
+    FORMAT = DECODE_SCHEDULE_FORMAT
+    LABEL = "decode"
+
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> "DecodeSchedule":
         """Raise :class:`ScheduleError` naming the first impossible field; return ``self``."""
-        _check_int_range("splits", self.splits, 1, MAX_SPLITS)
+        self._check_int_range("splits", self.splits, 1, MAX_SPLITS)
         if self.combine not in COMBINES:
             raise ScheduleError(f"DecodeSchedule.combine must be one of {list(COMBINES)}; got "
                                 f"{self.combine!r}")
-        _check_choice("tile_n", self.tile_n, _TILES_N)
-        _check_choice("tile_m", self.tile_m, TILES_M)
-        _check_int_range("occupancy", self.occupancy, 1, 32)
+        self._check_choice("tile_n", self.tile_n, _TILES_N)
+        self._check_choice("tile_m", self.tile_m, TILES_M)
+        self._check_int_range("occupancy", self.occupancy, 1, 32)
         if self.num_worker_warps is not None:
-            _check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
+            self._check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
         for name in ("k_latency", "v_latency"):
             value = getattr(self, name)
             if value is not None:
-                _check_int_range(name, value, 1, 10)
+                self._check_int_range(name, value, 1, 10)
         for f in fields(self):
             if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
                 raise ScheduleError(f"DecodeSchedule.{f.name} must be a bool; got "
                                     f"{getattr(self, f.name)!r}")
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": DECODE_SCHEDULE_FORMAT, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DecodeSchedule":
-        """Inverse of :meth:`to_dict`; rejects unknown fields and newer formats."""
-        if not isinstance(data, Mapping):
-            raise ScheduleError(f"a decode schedule must be a mapping; got "
-                                f"{type(data).__name__}")
-        data = dict(data)
-        version = data.pop("format", DECODE_SCHEDULE_FORMAT)
-        if not isinstance(version, int) or version > DECODE_SCHEDULE_FORMAT:
-            raise ScheduleError(f"decode schedule format {version!r} is newer than this "
-                                f"tiledattention understands ({DECODE_SCHEDULE_FORMAT})")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ScheduleError(f"unknown decode schedule field(s) {unknown}; known: "
-                                f"{sorted(known)}")
-        return cls(**data)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @property
-    def key(self) -> str:
-        """Stable short identifier: equal schedules have equal keys across processes."""
-        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
-
-    def replace(self, **changes: Any) -> "DecodeSchedule":
-        return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
         """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
@@ -128,15 +96,3 @@ class DecodeSchedule:
             parts.append("exp")
         return " ".join(parts)
 
-
-def _check_int_range(name: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ScheduleError(f"DecodeSchedule.{name} must be an int; got {value!r}")
-    if not lo <= value <= hi:
-        raise ScheduleError(f"DecodeSchedule.{name} must be in {lo}..{hi}; got {value}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value not in choices:
-        raise ScheduleError(f"DecodeSchedule.{name} must be one of {list(choices)}; got "
-                            f"{value!r}")

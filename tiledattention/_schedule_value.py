@@ -1,0 +1,65 @@
+"""What the decode and backward schedule types share: a versioned plain-dict form, JSON, a
+stable key, ``replace``, and the field checks that name the field, the range and the value."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, ClassVar, Mapping
+
+from .errors import ScheduleError
+
+__all__ = ["ScheduleValue"]
+
+
+class ScheduleValue:
+    """Mixin of a frozen schedule dataclass; ``FORMAT`` is the dict form's version and ``LABEL``
+    names the type in messages (``"decode"`` gives "a decode schedule ...")."""
+
+    FORMAT: ClassVar[int]
+    LABEL: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        """Inverse of :meth:`to_dict`; rejects unknown fields and newer formats."""
+        if not isinstance(data, Mapping):
+            raise ScheduleError(f"a {cls.LABEL} schedule must be a mapping; got "
+                                f"{type(data).__name__}")
+        data = dict(data)
+        version = data.pop("format", cls.FORMAT)
+        if not isinstance(version, int) or version > cls.FORMAT:
+            raise ScheduleError(f"{cls.LABEL} schedule format {version!r} is newer than this "
+                                f"tiledattention understands ({cls.FORMAT})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ScheduleError(f"unknown {cls.LABEL} schedule field(s) {unknown}; known: "
+                                f"{sorted(known)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def key(self) -> str:
+        """Stable short identifier: equal schedules have equal keys across processes."""
+        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)
+
+    def _check_int_range(self, name: str, value: Any, lo: int, hi: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ScheduleError(f"{type(self).__name__}.{name} must be an int; got {value!r}")
+        if not lo <= value <= hi:
+            raise ScheduleError(f"{type(self).__name__}.{name} must be in {lo}..{hi}; got "
+                                f"{value}")
+
+    def _check_choice(self, name: str, value: Any, choices: tuple) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value not in choices:
+            raise ScheduleError(f"{type(self).__name__}.{name} must be one of {list(choices)}; "
+                                f"got {value!r}")
