@@ -4,6 +4,7 @@ the dimensions that cannot matter for a problem, and an analytic time model for 
 from __future__ import annotations
 
 from tiledattention.forward import FORWARD, Problem, Schedule
+from tiledattention.forward import head_dim_parts
 
 from ._space import (FamilySpace, SearchSpace, arch_limits, register_space,
                      smem_infeasibility)
@@ -15,7 +16,7 @@ def _smem_bytes(problem: Problem, schedule: Schedule) -> int:
     """Shared memory one CTA needs: the Q tile plus one K and one V tile (this matches the
     ``.nv.shared`` size of compiled cubins on sm_90, e.g. 164,936 B for 64x128 at D=256).
     Occupancy is a hint: the compiler lowers it when the tiles do not fit twice."""
-    d = 1 << (problem.head_dim - 1).bit_length()  # head dim padded to a power of two
+    d = sum(head_dim_parts(problem.head_dim, schedule.split_d))  # head dim as the kernel pads it
     elem = 2  # bf16 / fp16
     return elem * d * (schedule.tile_m + 2 * schedule.tile_n)
 
@@ -35,6 +36,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Drop dimensions that cannot matter for ``problem`` (causal work order, tile pairing and
     the masked loop split when it is not causal) or that measured slower everywhere for its
     kind."""
+    if head_dim_parts(problem.head_dim, True)[1] == 0:  # a power of two: nothing to split
+        space = space.without("split_d")
     if problem.causal:
         # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases on an
         # H100, equal in one: a static round-robin over tiles of unequal length leaves SMs idle
@@ -61,6 +64,7 @@ _FULL = {
     "split_masked": (False, True),
     "persistent": (False, True),
     "paired_tiles": (False, True),
+    "split_d": (False, True),
 }
 _COMPACT = {
     "tile_m": (64, 128),

@@ -23,7 +23,7 @@ from tiledattention.forward._launch import (RUNTIME_PARAMETERS, constant_args, g
                                             kernel_args, kernel_constants, kernel_for,
                                             kernel_parameters, no_effect_flags, normalise,
                                             ordered_args)
-from tiledattention.forward._problem import Problem
+from tiledattention.forward._problem import Problem, head_dim_parts
 from tiledattention.forward._schedule import Schedule
 
 ARCH = "sm_90"
@@ -72,7 +72,7 @@ def test_parameters_are_read_from_the_kernel_function():
     assert kernel_parameters() == names
     assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
     upper = {n for n in names if n.isupper() and n not in RUNTIME_PARAMETERS}
-    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 18
+    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 19
 
 
 def test_values_land_on_their_parameters_whatever_the_mapping_order():
@@ -139,6 +139,18 @@ def test_runtime_values_and_constants_in_kernel_args():
     assert (named["TILE_M"], named["TILE_N"], named["TILE_D"], named["K_LATENCY"],
             named["V_LATENCY"], named["EVEN_K"]) == (64, 32, 64, 3, 0, True)
     assert kernel_constants(_problem(head_dim=96), s)["TILE_D"] == 128
+
+
+@pytest.mark.parametrize("head_dim, split, parts", [
+    (96, False, (128, 0)), (96, True, (64, 32)), (80, True, (64, 16)), (72, True, (64, 16)),
+    (40, True, (32, 16)), (192, True, (128, 64)), (160, True, (128, 32)),
+    (128, True, (128, 0)), (64, True, (64, 0)),
+    (224, True, (256, 0)),  # 128 + 128 pads as much as 256: one part
+    (112, True, (128, 0)),  # 64 + 48 padded to 64: as many columns as one part of 128
+    (56, True, (64, 0)),  # 32 + 24 padded to 32: likewise
+])
+def test_head_dim_parts(head_dim, split, parts):
+    assert head_dim_parts(head_dim, split) == parts
 
 
 # -- (b) schedules that normalise to one key compile the same code -------------------------------
@@ -270,3 +282,24 @@ def test_text_digest_counts_code_sections_only(digest):
     assert text_digest(flip_first_byte_of(text)) != text_digest(cubin)
     with pytest.raises(ValueError, match="ELF"):
         text_digest(b"not a cubin" * 10)
+
+
+def test_split_d_reaches_the_head_dim_parts_only_where_it_saves_columns():
+    d96 = _problem(head_dim=96)
+    one, two = kernel_constants(d96, BASE), kernel_constants(d96, BASE.replace(split_d=True))
+    assert {k for k in one if one[k] != two[k]} == {"TILE_D", "TILE_D2"}
+    assert (two["TILE_D"], two["TILE_D2"]) == (64, 32) and (one["TILE_D"], one["TILE_D2"]) == (128, 0)
+    # a power-of-two head dim has nothing to split: the flag normalises away
+    assert normalise(FULL, BASE.replace(split_d=True)) == BASE
+    # exact parts (64 + 32) never cross the head dim's edge: unchecked loads stay possible
+    even96 = _problem(head_dim=96, seqlen_q=256, seqlen_k=256)
+    unchecked = BASE.replace(split_d=True, unchecked_loads=True)
+    assert kernel_constants(even96, unchecked)["CHECK_BOUNDS"] is False
+    assert kernel_constants(even96, BASE.replace(unchecked_loads=True))["CHECK_BOUNDS"] is True
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100", "sm_120", "sm_121"])
+def test_split_head_dim_compiles_for_every_architecture(arch):
+    problem = _problem(head_dim=80, seqlen_q=200, seqlen_k=300, causal=True)
+    built = compile_schedule(problem, BASE.replace(split_d=True, exp2=True), arch)
+    assert built.cubin and text_digest(built.cubin)

@@ -35,7 +35,8 @@ NEG_BIG = -1.0e30
 
 def _online_softmax(qk, m_i, l_i, acc, scale, EXP2):
     """Fold one ``[rows, TILE_N]`` score tile into the running (max, denominator, accumulator);
-    return the probabilities to multiply with V and the new state."""
+    return the probabilities to multiply with V, the new state and the factor ``alpha`` that
+    rescaled the accumulator (for a second head-dim part's accumulator)."""
     m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [rows, 1]
     shifted = qk * scale - m_ij  # [rows, TILE_N]
     if EXP2:
@@ -45,28 +46,39 @@ def _online_softmax(qk, m_i, l_i, acc, scale, EXP2):
         p = ct.exp(shifted)
         alpha = ct.exp(m_i - m_ij)
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
-    return p, m_ij, l_i, acc * alpha
+    return p, m_ij, l_i, acc * alpha, alpha
 
 
-def _attend_kv_tile(q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k,
-                    masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY,
-                    V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD):
-    """One inner-loop step: scores of the Q tile against key tile ``j``, the online softmax,
-    and the P·V product. ``masked`` (a constant, or a per-step flag) applies the causal /
-    sequence-end mask."""
+def _load_k(K, batch, kv_head, j, part, TILE_N, WIDTH, K_TRANSPOSED, K_LATENCY, ALLOW_TMA,
+            CHECK_BOUNDS, PAD):
+    """Key tile ``j`` as ``[WIDTH, TILE_N]`` (transposed), columns ``part * WIDTH`` onwards of
+    the head dim."""
     if K_TRANSPOSED:
-        k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+        k = ct.load(K, index=(batch, kv_head, part, j), shape=(1, 1, WIDTH, TILE_N),
                     order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                     latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-        k = k.reshape((TILE_D, TILE_N))  # [TILE_D, TILE_N]
-    else:
-        k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                    latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-        k = ct.transpose(k.reshape((TILE_N, TILE_D)))  # [TILE_D, TILE_N]
+        return k.reshape((WIDTH, TILE_N))
+    k = ct.load(K, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, WIDTH),
+                padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
+    return ct.transpose(k.reshape((TILE_N, WIDTH)))
 
+
+def _attend_kv_tile(q, q2, K, V, batch, kv_head, j, rows, m_i, l_i, acc, acc2, scale, seqlen_k,
+                    masked, CAUSAL, TILE_M, TILE_N, TILE_D, TILE_D2, EXP2, K_TRANSPOSED,
+                    K_LATENCY, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD):
+    """One inner-loop step: scores of the Q tile against key tile ``j``, the online softmax,
+    and the P·V product. ``masked`` (a constant, or a per-step flag) applies the causal /
+    sequence-end mask. With ``TILE_D2`` the head dim is two parts (``q``/``acc`` the first
+    ``TILE_D`` columns, ``q2``/``acc2`` the next ``TILE_D2``): both products run per part."""
+    k = _load_k(K, batch, kv_head, j, 0, TILE_N, TILE_D, K_TRANSPOSED, K_LATENCY, ALLOW_TMA,
+                CHECK_BOUNDS, PAD)  # [TILE_D, TILE_N]
     qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
     qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+    if TILE_D2:
+        k2 = _load_k(K, batch, kv_head, j, TILE_D // TILE_D2, TILE_N, TILE_D2, K_TRANSPOSED,
+                     K_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)  # [TILE_D2, TILE_N]
+        qk = ct.mma(q2, k2, qk)
     if masked:
         keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
         keep = keys < seqlen_k  # [1, TILE_N]
@@ -74,18 +86,24 @@ def _attend_kv_tile(q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seql
             keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
         qk = ct.where(keep, qk, -np.inf)
 
-    p, m_i, l_i, acc = _online_softmax(qk, m_i, l_i, acc, scale, EXP2)
+    p, m_i, l_i, acc, alpha = _online_softmax(qk, m_i, l_i, acc, scale, EXP2)
 
     v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
                 padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                 latency=ct.static_eval(V_LATENCY or None),
                 allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D))
     acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
-    return m_i, l_i, acc
+    if TILE_D2:
+        v2 = ct.load(V, index=(batch, kv_head, j, TILE_D // TILE_D2),
+                     shape=(1, 1, TILE_N, TILE_D2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                     latency=ct.static_eval(V_LATENCY or None),
+                     allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D2))
+        acc2 = ct.mma(p.astype(q.dtype), v2, acc2 * alpha)  # [TILE_M, TILE_D2]
+    return m_i, l_i, acc, acc2
 
 
 def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
-                   TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
+                   TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
                    K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED,
                    WRITE_LSE):
     """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh`` (and
@@ -114,6 +132,13 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
     q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                 allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
+    q2 = None  # the second head-dim part, with TILE_D2
+    acc2 = None
+    if TILE_D2:
+        acc2 = ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32)  # [TILE_M, TILE_D2]
+        q2 = ct.load(Q, index=(batch, head, q_tile, TILE_D // TILE_D2),
+                     shape=(1, 1, TILE_M, TILE_D2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                     allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D2))
 
     if CAUSAL:
         if BOTTOM_RIGHT:
@@ -149,16 +174,16 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
         masked = False
         if ct.static_eval(ANY_MASK and not SPLIT_MASKED):
             masked = j >= mask_from
-        m_i, l_i, acc = _attend_kv_tile(
-            q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k, masked, CAUSAL,
-            TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
-            CHECK_BOUNDS, PAD)
+        m_i, l_i, acc, acc2 = _attend_kv_tile(
+            q, q2, K, V, batch, kv_head, j, rows, m_i, l_i, acc, acc2, scale, seqlen_k, masked,
+            CAUSAL, TILE_M, TILE_N, TILE_D, TILE_D2, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+            ALLOW_TMA, CHECK_BOUNDS, PAD)
     if ct.static_eval(ANY_MASK and SPLIT_MASKED):
         for j in range(unmasked, num_kv_tiles):
-            m_i, l_i, acc = _attend_kv_tile(
-                q, K, V, batch, kv_head, j, rows, m_i, l_i, acc, scale, seqlen_k, True, CAUSAL,
-                TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
-                CHECK_BOUNDS, PAD)
+            m_i, l_i, acc, acc2 = _attend_kv_tile(
+                q, q2, K, V, batch, kv_head, j, rows, m_i, l_i, acc, acc2, scale, seqlen_k, True,
+                CAUSAL, TILE_M, TILE_N, TILE_D, TILE_D2, EXP2, K_TRANSPOSED, K_LATENCY,
+                V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
 
     # Normalise with one reciprocal per row and a multiply per element: TILE_M x TILE_D exact
     # divisions cost 7-8% at D=256, S <= 2k (H100).
@@ -173,6 +198,9 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
     acc = acc * inv_l
     out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
     ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
+    if TILE_D2:
+        out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D2))
+        ct.store(Out, index=(batch, head, q_tile, TILE_D // TILE_D2), tile=out2)
     if WRITE_LSE:
         # base 2, in units of scaled scores: P = 2^(s * scale * log2(e) - lse) in the backward.
         # A row that saw no key gets +inf, so its probabilities (and gradients) are zeros.
@@ -186,9 +214,9 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
 
 
 def _attend_slot(Q, K, V, Out, Lse, slot, bh, num_q_tiles, qk_scale, heads_q, group, TILE_M,
-                 TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
-                 K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS,
-                 SPLIT_MASKED, PAIRED, WRITE_LSE):
+                 TILE_N, TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
+                 K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST,
+                 CHECK_BOUNDS, SPLIT_MASKED, PAIRED, WRITE_LSE):
     """One work item: query tile ``slot`` (the mirrored one with ``LONGEST_FIRST``), or with
     ``PAIRED`` the tiles ``n-1-slot`` and then ``slot``, whose causal key counts add up to the
     same total for every pair, so all CTAs do equal work."""
@@ -201,7 +229,7 @@ def _attend_slot(Q, K, V, Out, Lse, slot, bh, num_q_tiles, qk_scale, heads_q, gr
             if t == 0:
                 q_tile = num_q_tiles - 1 - slot
             _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M,
-                           TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
+                           TILE_N, TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
                            K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
                            CHECK_BOUNDS, SPLIT_MASKED, WRITE_LSE)
     else:
@@ -209,12 +237,13 @@ def _attend_slot(Q, K, V, Out, Lse, slot, bh, num_q_tiles, qk_scale, heads_q, gr
         if LONGEST_FIRST:
             q_tile = num_q_tiles - 1 - slot
         _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
-                       TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
-                       K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED,
-                       WRITE_LSE)
+                       TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
+                       K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS,
+                       SPLIT_MASKED, WRITE_LSE)
 
 
-def _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL,
+def _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2,
+               CAUSAL,
                BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
                ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
                PAIRED, WRITE_LSE):
@@ -229,13 +258,14 @@ def _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE
         # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
         for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
             _attend_slot(Q, K, V, Out, Lse, item % num_slots, item // num_slots, num_q_tiles,
-                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT,
+                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2, CAUSAL,
+                         BOTTOM_RIGHT,
                          EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
                          KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED,
                          WRITE_LSE)
     else:
         _attend_slot(Q, K, V, Out, Lse, ct.bid(0), ct.bid(1), num_q_tiles, qk_scale, heads_q,
-                     group, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2,
+                     group, TILE_M, TILE_N, TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2,
                      APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
                      LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED, WRITE_LSE)
 
@@ -248,7 +278,9 @@ def attention_fwd(
     group: int,  # query heads per K/V head
     TILE_M: ConstInt,
     TILE_N: ConstInt,
-    TILE_D: ConstInt,  # head_dim rounded up to a power of two; loads zero-fill the rest
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
+    # with TILE_D2 the largest power of two below it: the first part of the head dim
+    TILE_D2: ConstInt,  # 0, or the width of a second part at column TILE_D (a power of two)
     CAUSAL: ConstBool,
     BOTTOM_RIGHT: ConstBool,  # causal only: row i sees keys 0..i + S_k - S_q (torch lower-right)
     EVEN_K: ConstBool,  # S_k % TILE_N == 0
@@ -265,7 +297,8 @@ def attention_fwd(
     PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
     PAIRED: ConstBool,  # causal: a work item is the pair of query tiles (n-1-i, i), not one tile
 ):
-    _attention(Q, K, V, Out, Out, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL,
+    _attention(Q, K, V, Out, Out, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2,
+               CAUSAL,
                BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
                ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
                PAIRED, False)
@@ -281,6 +314,7 @@ def attention_fwd_lse(
     TILE_M: ConstInt,
     TILE_N: ConstInt,
     TILE_D: ConstInt,
+    TILE_D2: ConstInt,
     CAUSAL: ConstBool,
     BOTTOM_RIGHT: ConstBool,
     EVEN_K: ConstBool,
@@ -299,7 +333,8 @@ def attention_fwd_lse(
 ):
     """``attention_fwd`` that also stores each query row's log-sum-exp, for the backward pass
     (same constants, same schedules)."""
-    _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, CAUSAL,
+    _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2,
+               CAUSAL,
                BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
                ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
                PAIRED, True)

@@ -22,7 +22,7 @@ import cuda.tile as ct
 
 from .._signature import KernelParameters
 from ._kernel import attention_fwd, attention_fwd_lse
-from ._problem import Problem, padded_head_dim
+from ._problem import Problem, head_dim_parts
 from ._schedule import Schedule
 
 __all__ = ["hinted_kernel", "kernel_for", "lse_kernel_for", "lse_kernel_args", "LSE_PARAMETERS",
@@ -67,7 +67,7 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
     num_k_tiles = math.ceil(problem.seqlen_k / schedule.tile_n)
     even_k = problem.seqlen_k % schedule.tile_n == 0
     even_all = (even_k and problem.seqlen_q % schedule.tile_m == 0
-                and padded_head_dim(problem.head_dim) == problem.head_dim)
+                and sum(head_dim_parts(problem.head_dim, schedule.split_d)) == problem.head_dim)
     any_mask = problem.causal or not even_k
     paired = schedule.paired_tiles and problem.causal and num_q_tiles > 1
     rules = (
@@ -94,6 +94,9 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
          "bounds-checked"),
         # split_masked: the kernel reads SPLIT_MASKED only under ANY_MASK = causal or ragged keys.
         ("split_masked", not any_mask, "no key tile needs a mask (not causal, S_k % tile_n == 0)"),
+        # split_d: two parts only where they cover fewer columns than one padded part
+        ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
+         "the head dim is a power of two, or two parts would pad as much as one"),
     )
     reasons: dict[str, str] = {}
     for flag, applies, reason in rules:
@@ -123,10 +126,12 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
     """``kernel_constants``, cached (the launch path asks on every call): never mutate it and
     never hand it out (``kernel_constants`` returns a copy)."""
     s = normalise(problem, schedule)
+    tile_d, tile_d2 = head_dim_parts(problem.head_dim, s.split_d)
     return {
         "TILE_M": s.tile_m,
         "TILE_N": s.tile_n,
-        "TILE_D": padded_head_dim(problem.head_dim),
+        "TILE_D": tile_d,
+        "TILE_D2": tile_d2,
         "CAUSAL": problem.causal,
         "BOTTOM_RIGHT": problem.bottom_right,
         "EVEN_K": problem.seqlen_k % s.tile_n == 0,

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
-           "padded_head_dim", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags"]
+           "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -38,6 +38,22 @@ _DIMS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")
 
 def padded_head_dim(head_dim: int) -> int:
     return 1 << (head_dim - 1).bit_length()
+
+
+def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
+    """The kernel's ``(TILE_D, TILE_D2)`` for ``head_dim``: one part padded to a power of two
+    ``(padded, 0)``; with ``split``, the largest power of two below the head dim and a second
+    power-of-two part (at least 16 columns: the matrix instructions' depth) for the rest, when
+    the two cover fewer padded columns than one part does (96 = 64 + 32, 80 = 64 + 16, 72 =
+    64 + 16 with 8 columns zero-filled, 192 = 128 + 64); else one part."""
+    padded = padded_head_dim(head_dim)
+    if not split or padded == head_dim:
+        return padded, 0
+    first = padded // 2
+    second = max(16, padded_head_dim(head_dim - first))
+    if first + second >= padded:
+        return padded, 0
+    return first, second
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,6 +59,10 @@ class Schedule:
             instead of one CTA per query tile.
         paired_tiles: causal only: one work item is the pair of query tiles ``n-1-i`` and ``i``,
             so every item visits the same number of key tiles (the longer one goes first).
+    Head dim:
+        split_d: a head dim that is not a power of two runs as two power-of-two parts (96 as
+            64 + 32, 80 as 64 + 16) in both matrix products, instead of one part padded to the
+            next power of two (128) whose zero columns cost matrix work and registers.
     """
 
     tile_m: int = 64
@@ -79,6 +83,7 @@ class Schedule:
     split_masked: bool = False
     persistent: bool = False
     paired_tiles: bool = False
+    split_d: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -106,8 +111,14 @@ class Schedule:
 
     # -- serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict, with the format version under ``"format"``."""
-        return {"format": SCHEDULE_FORMAT, **dataclasses.asdict(self)}
+        """Plain JSON-able dict, with the format version under ``"format"``. Fields added after
+        format 1 (:data:`_OMITTED_AT_DEFAULT`) are left out at their default, so a schedule that
+        does not use them keeps the dict, JSON and :attr:`key` it had before they existed."""
+        data = dataclasses.asdict(self)
+        for name in _OMITTED_AT_DEFAULT:
+            if data[name] == _FIELD_DEFAULTS[name]:
+                del data[name]
+        return {"format": SCHEDULE_FORMAT, **data}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
@@ -165,10 +176,15 @@ class Schedule:
         if not self.allow_tma:
             parts.append("noTMA")
         for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "persistent", "paired_tiles"):
+                     "persistent", "paired_tiles", "split_d"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)
+
+
+#: fields added after format 1, left out of the dict form at their default
+_OMITTED_AT_DEFAULT = ("split_d",)
+_FIELD_DEFAULTS = {f.name: f.default for f in fields(Schedule)}
 
 
 def _check_int(name: str, value: Any) -> None:
