@@ -5,7 +5,9 @@ requests: ``info``, ``warm`` (compile + one launch), ``measure`` (check against 
 float32 reference, then time) and ``retime`` (interleaved timing of finalists and the family's
 baselines). ``GpuExecutor`` makes real launches timed with CUDA events; ``SimulatedExecutor``
 (``_simulated.py``) answers from an analytic model so the whole driver is testable on a CPU.
-Both serve any kernel family.
+Both serve any kernel family, and both time as their :class:`~._timing.TimingMode` says
+(stream or CUDA-graph launches, cold or warm L2), which the search passes them when it builds
+them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Mapping
 
 from tiledattention import Family
 
-from ._timing import Timing
+from ._timing import GraphCaptureError, Timing, TimingMode
 
 __all__ = ["Measurement", "GpuExecutor", "STATUSES", "FAILURES"]
 
@@ -44,11 +46,14 @@ def first_line(exc: BaseException, limit: int = 500) -> str:
 
 
 class GpuExecutor:
-    """Times ``family``'s schedules with real launches on CUDA device ``device_index``."""
+    """Times ``family``'s schedules with real launches on CUDA device ``device_index``, as
+    ``timing`` says."""
 
-    def __init__(self, family: Family, device_index: int = 0) -> None:
+    def __init__(self, family: Family, device_index: int = 0, *,
+                 timing: TimingMode = TimingMode()) -> None:
         self.family = family
         self.device_index = device_index
+        self.timing = timing
         self._problem: Any = None
         self._case: Any = None
 
@@ -91,13 +96,18 @@ class GpuExecutor:
         if not math.isfinite(err) or err > tolerance:
             return Measurement("wrong", f"relative L2 error {err:.3g} > {tolerance:g}",
                                rel_err=err, seconds=time.perf_counter() - start)
-        timing = time_cuda(run)
+        try:
+            timing = time_cuda(run, **self.timing.timing_kwargs())
+        except GraphCaptureError as exc:  # graph timing of a launch that cannot be captured
+            return Measurement("crash", first_line(exc), rel_err=err,
+                               seconds=time.perf_counter() - start)
         return Measurement("ok", timing=timing, rel_err=err, seconds=time.perf_counter() - start)
 
     def retime(self, problem: Any, schedules: Mapping[str, Any],
                baselines: bool = True) -> dict[str, Timing | str]:
         """Interleaved timing of ``schedules`` (name -> schedule) and, with ``baselines``, the
-        family's baselines; a baseline that cannot run maps to the reason."""
+        family's baselines; a baseline that cannot run (or, in graph timing, be captured)
+        maps to the reason."""
         from ._timing import time_interleaved
 
         case = self._case_for(problem)
@@ -109,5 +119,7 @@ class GpuExecutor:
                 fns[name] = run
             except Exception as exc:  # backend unavailable for this shape / build
                 result[name] = f"unavailable: {first_line(exc, 200)}"
-        result.update(time_interleaved(fns, rounds=30))
+        for name, timed in time_interleaved(fns, rounds=30,
+                                            **self.timing.timing_kwargs()).items():
+            result[name] = timed if isinstance(timed, Timing) else f"unavailable: {timed}"
         return result

@@ -3,7 +3,9 @@ faults, so the whole search driver runs (and is tested) on a CPU.
 
 The time of a schedule is its family's ``FamilySpace.model_ms`` when the family has one, else a
 generic deterministic model (a fixed pseudo-random efficiency per normalised schedule), times a
-small deterministic noise per (schedule, sample).
+small deterministic noise per (schedule, sample). That model is of stream launches with a cold
+L2; the other timing modes shift it by illustrative amounts (a graph launch saves a few µs of
+launch path, a warm L2 a few percent), so that a test sees which mode reached the executor.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ from search_spaces import family_space
 from tiledattention import FORWARD, Family
 
 from ._executors import Measurement
-from ._timing import Timing, summarize
+from ._timing import Timing, TimingMode, summarize
 
 __all__ = ["SimulatedExecutor", "SimulatedFaults", "SIMULATED_DEVICE"]
 
 SIMULATED_DEVICE = "Simulated GPU"
 #: what the simulated baselines take, relative to the modelled time of the family's default
 _BASELINE_FACTORS = {"torch-cudnn": 0.95, "torch-flash": 1.5}
+#: what a graph launch saves over a stream launch (at most a tenth of the time), in ms
+_GRAPH_SAVES_MS = 0.004
+#: a warm L2's time relative to a cold one's
+_WARM_L2_FACTOR = 0.97
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class SimulatedExecutor:
     faults: SimulatedFaults = field(default_factory=SimulatedFaults)
     noise: float = 0.003
     family: Family = FORWARD
+    timing: TimingMode = TimingMode()
 
     def info(self) -> tuple[str, str]:
         return self.arch, SIMULATED_DEVICE
@@ -65,9 +72,19 @@ class SimulatedExecutor:
             return _generic_ms(self.family, problem, schedule)
         return model(problem, schedule)
 
+    def _in_mode(self, ms: float) -> float:
+        """A stream, cold-L2 time ``ms`` as this executor's timing mode measures it."""
+        if self.timing.graph:
+            ms -= min(_GRAPH_SAVES_MS, 0.1 * ms)
+        return ms * (_WARM_L2_FACTOR if not self.timing.flush_l2 else 1.0)
+
+    def timed_ms(self, problem: Any, schedule: Any) -> float:
+        """The noiseless time this executor measures: :meth:`model_ms` in its timing mode."""
+        return self._in_mode(self.model_ms(problem, schedule))
+
     def _noisy(self, problem: Any, s: Any, count: int, salt: int) -> list[float]:
         rng = random.Random(f"{s.key}:{canonical_json(problem.to_dict())}:{salt}")
-        base = self.model_ms(problem, s)
+        base = self.timed_ms(problem, s)
         return [base * (1 + rng.gauss(0, self.noise)) for _ in range(count)]
 
     def _fault(self, problem: Any, s: Any) -> str | None:
@@ -100,7 +117,7 @@ class SimulatedExecutor:
         result: dict[str, Timing | str] = {
             name: summarize(self._noisy(problem, s, 30, 1)) for name, s in schedules.items()}
         if baselines:
-            reference = self.model_ms(problem, self.family.default_schedule(self.arch, problem))
+            reference = self.timed_ms(problem, self.family.default_schedule(self.arch, problem))
             for name, factor in _BASELINE_FACTORS.items():
                 result[name] = summarize([reference * factor] * 5)
         return result
