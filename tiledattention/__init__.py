@@ -88,7 +88,7 @@ def use_database(location: str | None) -> None:
 
 
 def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None = None, *,
-         schedule: Schedule | DecodeSchedule | None = None) -> Any:
+         schedule: Schedule | DecodeSchedule | None = None, out: Any = None) -> Any:
     """Scaled dot-product attention forward, ``[B, H, S, D]`` in and out.
 
     q: ``[B, H_q, S_q, D]``; k, v: ``[B, H_kv, S_k, D]`` with ``H_q % H_kv == 0`` (grouped-query
@@ -107,18 +107,38 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     type, the family. Bad input raises an :class:`InputTypeError` / :class:`InputValueError`
     naming the argument.
 
+    ``out``: write the result into this array and return it, instead of a new contiguous one
+    (every call without ``out`` returns a fresh array). It must be what q's library makes (a
+    torch tensor or CuPy array), of shape ``[B, H_q, S_q, D]`` with q's dtype and device,
+    contiguous in its last dim (other strides are free), not requiring grad, and overlapping
+    neither itself nor q, k or v (any shared byte counts); anything else raises before a launch.
+
     On torch tensors that require grad, with grad mode on, the call is differentiable: it runs
     the forward kernel that also keeps each row's log-sum-exp (``torch.ops.tiledattention.
     sdpa_fwd_lse``, whatever the shape; ``schedule`` may then be a ``Schedule`` only) and
-    autograd runs :func:`sdpa_backward`. Any other call stores nothing for a backward pass.
+    autograd runs :func:`sdpa_backward`; ``out`` is refused there (autograd's output is its
+    own). Any other call stores nothing for a backward pass.
     """
-    if (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
-            or getattr(v, "requires_grad", False)):
+    try:
+        grad = q.requires_grad or k.requires_grad or v.requires_grad
+    except AttributeError:  # not torch tensors: nothing to differentiate
+        grad = False
+    if grad:
         from . import _autograd  # imports torch's op machinery: only calls that may train pay
 
         if _autograd.grad_enabled():
+            if out is not None:
+                raise InputValueError(
+                    "out must be None on a differentiable call (q, k or v requires grad and "
+                    "grad mode is on): autograd needs an output of its own; got a "
+                    f"{type(out).__name__}: drop out=, or call under torch.no_grad()")
             return _autograd.sdpa(q, k, v, causal, scale, schedule=schedule)
-    return _run_sdpa(runtime(), q, k, v, causal, scale, schedule=schedule)
+    rt = _default_runtime
+    if rt is None:
+        rt = runtime()
+    if out is None:  # (stand-ins in tests take the keywords they know)
+        return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule)
+    return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule, out=out)
 
 
 def sdpa_with_lse(q: Any, k: Any, v: Any, causal: bool | str = False,

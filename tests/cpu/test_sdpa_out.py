@@ -1,0 +1,346 @@
+"""``tiledattention.sdpa``'s ``out=`` and its warm path (``tiledattention._sdpa``) on the CPU.
+
+The real validation refuses CPU tensors before anything launches, so most tests here run with
+the CPU standing in for a CUDA device (``cpu_device``): the validator's CUDA check is waived
+(every other check runs), the device is an sm_90 with 132 SMs, schedules come from the family
+defaults, the current stream is a number the test sets, and ``cuda.tile.launch`` records its
+calls instead of launching. That is enough to see which calls validate, which take a kept plan,
+what each launch gets, and what ``out`` may be.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import cuda.tile
+import pytest
+import torch
+
+import tiledattention
+import tiledattention._runtime as runtime_module
+import tiledattention._sdpa as sdpa_module
+from tiledattention import (InputTypeError, InputValueError, Problem, Resolution,
+                            Runtime, TiledAttentionError)
+from tiledattention._device import DeviceInfo
+from tiledattention.forward._problem import causal_flags
+
+DEVICE = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
+
+
+class Launches(list):
+    """``cuda.tile.launch``'s calls: (stream, grid, kernel, args, kwargs)."""
+
+    def __call__(self, stream, grid, kernel, args, **kwargs):
+        self.append((stream, grid, kernel, args, kwargs))
+
+    def outs(self):  # the Out argument (4th) of each launch
+        return [call[3][3] for call in self]
+
+
+@pytest.fixture
+def launches(monkeypatch) -> Launches:
+    calls = Launches()
+    monkeypatch.setattr(cuda.tile, "launch", calls)
+    return calls
+
+
+class CpuDevice:
+    """What ``cpu_device`` set up: the validations run, the stream, the runtime."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.validations = 0
+        self.stream = 7
+        self.runtime = runtime
+
+
+@pytest.fixture
+def cpu_device(monkeypatch, launches) -> CpuDevice:
+    real = sdpa_module.problem_from_arrays
+
+    def problem_from_arrays(q, k, v, causal, scale):
+        state.validations += 1
+        try:
+            return real(q, k, v, causal, scale)
+        except InputValueError as exc:  # raised after the shape, dtype and argument checks
+            if "must be a CUDA tensor" not in str(exc):
+                raise
+        is_causal, bottom_right = causal_flags(causal)
+        b, hq, sq, d = q.shape
+        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
+        return Problem(batch=b, heads_q=hq, heads_kv=k.shape[1], seqlen_q=sq,
+                       seqlen_k=k.shape[2], head_dim=d, dtype=dtype, causal=is_causal,
+                       bottom_right=bottom_right), "torch"
+
+    def resolve(family, problem, device):
+        return Resolution(family.default_schedule(device.arch, problem), "default", "test",
+                          family.name)
+
+    state = CpuDevice(Runtime(resolve))
+    monkeypatch.setattr(sdpa_module, "problem_from_arrays", problem_from_arrays)
+    monkeypatch.setattr(sdpa_module, "device_info", lambda index: DEVICE)
+    monkeypatch.setattr(runtime_module, "device_info", lambda index: DEVICE)
+    monkeypatch.setattr(sdpa_module, "_raw_stream", lambda device: state.stream)
+    monkeypatch.setattr(sdpa_module, "_decode_rows", 0)
+    monkeypatch.setattr(tiledattention, "_default_runtime", state.runtime)
+    return state
+
+
+def qkv(b=1, hq=4, hkv=4, sq=128, sk=128, d=64, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, hq, sq, d, generator=gen).to(dtype),
+            torch.randn(b, hkv, sk, d, generator=gen).to(dtype),
+            torch.randn(b, hkv, sk, d, generator=gen).to(dtype))
+
+
+def contiguous_strides(shape):
+    return torch.empty(shape, device="meta").stride()
+
+
+# ------------------------------------------------------------------------- the real validation
+def test_out_is_keyword_only():
+    parameter = inspect.signature(tiledattention.sdpa).parameters["out"]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY and parameter.default is None
+
+
+def test_cpu_inputs_with_out_fail_validation_before_any_launch(launches):
+    q, k, v = qkv()
+    with pytest.raises(InputValueError, match="q must be a CUDA tensor"):
+        tiledattention.sdpa(q, k, v, out=torch.empty_like(q))
+    assert launches == []
+
+
+def test_out_on_a_differentiable_call_is_refused_before_any_launch(launches):
+    q, k, v = qkv()
+    q.requires_grad_(True)
+    with pytest.raises(InputValueError, match="out must be None on a differentiable call") as exc:
+        tiledattention.sdpa(q, k, v, out=torch.empty_like(q))
+    assert isinstance(exc.value, TiledAttentionError)
+    assert launches == []
+
+
+# ------------------------------------------------------------------------ the forward plans
+def test_a_warm_call_launches_the_kept_plan_into_a_fresh_output(cpu_device, launches):
+    q, k, v = qkv()
+    first = tiledattention.sdpa(q, k, v, causal=True)
+    second = tiledattention.sdpa(q, k, v, causal=True)
+    assert cpu_device.validations == 1  # the second call took the plan
+    assert len(launches) == 2
+    (s1, g1, k1, a1, _), (s2, g2, k2, a2, _) = launches
+    assert (s1, g1, k1) == (s2, g2, k2) and s1 == cpu_device.stream
+    assert a1[:3] == (q, k, v) and a2[:3] == (q, k, v) and a1[4:] == a2[4:]
+    assert launches.outs() == [first, second]
+    # never aliasing: each call's output is its own memory
+    assert first.data_ptr() != second.data_ptr()
+    for out in (first, second):
+        assert out.shape == q.shape and out.dtype == q.dtype
+        assert out.stride() == contiguous_strides(q.shape)
+    assert cpu_device.runtime.sizes()[1] == 1
+
+
+def test_each_call_launches_on_the_stream_current_then(cpu_device, launches):
+    q, k, v = qkv()
+    for stream in (7, 0, 12345678, 7):
+        cpu_device.stream = stream
+        tiledattention.sdpa(q, k, v)
+    assert [call[0] for call in launches] == [7, 0, 12345678, 7]
+    assert cpu_device.validations == 1
+
+
+@pytest.mark.parametrize("sq", [1, 33, 130], ids=["decode", "decode-sparse", "forward"])
+@pytest.mark.parametrize("layout", ["contiguous", "bshd view", "odd size-1 stride"])
+def test_a_fresh_output_is_contiguous_whatever_q_is(cpu_device, launches, layout, sq):
+    b, h, d = 2, 4, 64
+    if layout == "contiguous":
+        q = torch.randn(b, h, sq, d, dtype=torch.bfloat16)
+    elif layout == "bshd view":
+        q = torch.randn(b, sq, h, d, dtype=torch.bfloat16).transpose(1, 2)
+    else:  # [B, S, H=1, D] viewed [B, 1, S, D]: contiguous, yet H's stride is D, not S*D
+        h = 1
+        q = torch.randn(b, sq, h, d, dtype=torch.bfloat16).transpose(1, 2)
+        assert q.is_contiguous() and (sq == 1 or q.stride() != contiguous_strides(q.shape))
+    k = torch.randn(b, h, 40, d, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    for _ in range(2):  # cold and warm
+        out = tiledattention.sdpa(q, k, v)
+        assert out.shape == q.shape and out.stride() == contiguous_strides(q.shape)
+    assert cpu_device.validations == 1
+
+
+def test_the_signature_keeps_types_apart(cpu_device, launches):
+    """True == 1 == 1.0 hash alike: the type is in the key, so a warm call cannot skip the
+    validation that rejects a bool scale or an int causal."""
+    q, k, v = qkv()
+    tiledattention.sdpa(q, k, v, causal=True, scale=1.0)
+    with pytest.raises(InputTypeError, match="scale must be a float"):
+        tiledattention.sdpa(q, k, v, causal=True, scale=True)
+    with pytest.raises(InputTypeError, match="causal must be a bool"):
+        tiledattention.sdpa(q, k, v, causal=1, scale=1.0)
+    assert len(launches) == 1
+
+
+def test_dtype_and_kv_layout_are_in_the_key(cpu_device, launches):
+    q, k, v = qkv()
+    tiledattention.sdpa(q, k, v)
+    tiledattention.sdpa(*(x.half() for x in (q, k, v)))
+    tiledattention.sdpa(q, k[:, :, :100], v[:, :, :100])  # another length: its own plan
+    strided_k = torch.randn(1, 128, 4, 64, dtype=torch.bfloat16).transpose(1, 2)
+    tiledattention.sdpa(q, strided_k, v)
+    assert cpu_device.validations == 4 and len(launches) == 4
+    tiledattention.sdpa(q, strided_k, v)
+    assert cpu_device.validations == 4
+
+
+def test_a_prefill_call_looks_up_one_key(cpu_device, launches):
+    q, k, v = qkv()
+    tiledattention.sdpa(q, k, v)
+    looked = []
+    plans = cpu_device.runtime.plan
+    cpu_device.runtime.plan = lambda key: looked.append(key) or plans(key)
+    tiledattention.sdpa(q, k, v)
+    assert len(looked) == 1 and cpu_device.validations == 1
+
+
+# -------------------------------------------------------------------------------- out=
+def test_out_is_written_and_returned(cpu_device, launches):
+    q, k, v = qkv()
+    out = torch.empty_like(q)
+    assert tiledattention.sdpa(q, k, v, out=out) is out
+    assert tiledattention.sdpa(q, k, v, out=out) is out
+    other = torch.empty_like(q)
+    assert tiledattention.sdpa(q, k, v, out=other) is other  # same layout: the same plan
+    assert launches.outs() == [out, out, other]
+    assert cpu_device.validations == 1
+
+
+def test_out_with_other_strides_gets_its_own_plan(cpu_device, launches):
+    q, k, v = qkv(b=2, hq=4, sq=130)  # the forward family (few rows would go to decode)
+    fresh = tiledattention.sdpa(q, k, v)
+    bshd = torch.empty(2, 130, 4, 64, dtype=torch.bfloat16).transpose(1, 2)  # a view
+    padded = torch.empty(2, 4, 140, 128, dtype=torch.bfloat16)[:, :, 3:133, :64]
+    for out in (bshd, padded, bshd, padded):
+        assert tiledattention.sdpa(q, k, v, out=out) is out
+    assert cpu_device.validations == 3  # no out, bshd, padded; then both warm
+    first = launches[0]
+    for stream, grid, kernel, args, _ in launches[1:]:  # one kernel, grid and arguments
+        assert (stream, grid, kernel) == first[:3] and args[4:] == first[3][4:]
+    assert launches.outs() == [fresh, bshd, padded, bshd, padded]
+    assert cpu_device.runtime.sizes()[1] == 3
+
+
+def _bad_outs(q, k, v):
+    """(name, out, error, message) for ``q [1, 4, 128, 64]`` bf16 and k, v like it."""
+    b, h, s, d = q.shape
+    return [
+        ("list", [[0.0]], InputTypeError, "out must be a torch.Tensor like q; got list"),
+        ("shape", torch.empty(b, h, s - 1, d, dtype=q.dtype), InputValueError,
+         r"out must have q's shape \[B, H_q, S_q, D\] = \(1, 4, 128, 64\); got \(1, 4, 127, 64\)"),
+        ("4 dims", torch.empty(b, h, s * d, dtype=q.dtype), InputValueError,
+         "out must have q's shape"),
+        ("dtype", torch.empty(b, h, s, d, dtype=torch.float16), InputTypeError,
+         "out must have q's dtype torch.bfloat16; got torch.float16"),
+        ("device", torch.empty(b, h, s, d, dtype=q.dtype, device="meta"), InputValueError,
+         "out must be on q's device cpu; got a tensor on meta"),
+        ("requires grad", torch.empty_like(q).requires_grad_(True), InputValueError,
+         "out must not require grad"),
+        ("last dim strided", torch.empty(b, h, s, 2 * d, dtype=q.dtype)[..., ::2],
+         InputValueError, "out must be contiguous in its last dim"),
+        ("expanded", torch.empty(b, 1, s, d, dtype=q.dtype).expand(b, h, s, d),
+         InputValueError, "out must not overlap itself"),
+        ("rows overlap", torch.empty(b * h * s * d, dtype=q.dtype).as_strided(
+            (b, h, s, d), (h * s * d, s * d, d // 2, 1)), InputValueError,
+         "out must not overlap itself"),
+        ("is q", q, InputValueError, "out must not overlap q"),
+        ("in k", k.view(b, h, s, d), InputValueError, "out must not overlap k"),
+        ("shares one byte with v", None, InputValueError, "out must not overlap v"),  # below
+    ]
+
+
+@pytest.mark.parametrize("index", range(12), ids=[c[0] for c in _bad_outs(*qkv())])
+def test_a_bad_out_is_refused_before_any_launch(cpu_device, launches, index):
+    q, k, v = qkv()
+    name, out, error, message = _bad_outs(q, k, v)[index]
+    if out is None:  # one buffer: v, then out starting at v's last element
+        buffer = torch.empty(2 * q.numel(), dtype=q.dtype)
+        v = buffer[:v.numel()].view(v.shape)
+        out = buffer[v.numel() - 1:v.numel() - 1 + q.numel()].view(q.shape)
+    with pytest.raises(error, match=message) as exc:
+        tiledattention.sdpa(q, k, v, out=out)
+    assert "out" in str(exc.value) and isinstance(exc.value, TiledAttentionError)
+    assert launches == []
+
+
+def test_overlap_is_caught_on_a_warm_signature(cpu_device, launches):
+    """The overlap depends on addresses, not on the layouts in the key: every call checks it."""
+    q, k, v = qkv()
+    tiledattention.sdpa(q, k, v, out=torch.empty_like(q))  # warms q's layout as out's
+    for out in (q, k.view(q.shape), v.view(q.shape)):
+        with pytest.raises(InputValueError, match="out must not overlap"):
+            tiledattention.sdpa(q, k, v, out=out)
+    assert len(launches) == 1
+
+
+def test_out_of_another_library_is_refused(cpu_device, launches):
+    np = pytest.importorskip("numpy")
+    q, k, v = qkv()
+    with pytest.raises(InputTypeError, match="out must be a torch.Tensor like q; got ndarray"):
+        tiledattention.sdpa(q, k, v, out=np.empty((1, 4, 128, 64), dtype=np.float16))
+    assert launches == []
+
+
+# ------------------------------------------------------------------------------- decode plans
+def decode_qkv(sk=4096, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 32, 1, 128, generator=gen).to(torch.bfloat16)
+    k = torch.randn(1, 8, sk, 128, generator=gen).to(torch.bfloat16)
+    return q, k, torch.randn_like(k)
+
+
+def test_a_decode_bucket_reuses_its_plan_with_and_without_out(cpu_device, launches):
+    q, k, v = decode_qkv()
+    first = tiledattention.sdpa(q, k, v)
+    per_call = len(launches)  # the split kernel, and the combine with several splits
+    assert per_call in (1, 2) and sdpa_module._decode_rows == 1
+    longer_k, longer_v = decode_qkv(sk=4100, seed=1)[1:]
+    second = tiledattention.sdpa(q, longer_k, longer_v)  # same bucket: the same plan
+    assert cpu_device.validations == 1
+    assert first.data_ptr() != second.data_ptr() and second.shape == q.shape
+    split_args = launches[per_call][3]
+    assert split_args[1] is longer_k and split_args[2] is longer_v
+    out = torch.empty_like(q)
+    assert tiledattention.sdpa(q, k, v, out=out) is out
+    assert tiledattention.sdpa(q, longer_k, longer_v, out=out) is out
+    assert cpu_device.validations == 2  # out's layout: one more signature
+    # the output view the kernels write is out's memory
+    assert launches[-per_call][3][3].data_ptr() == out.data_ptr()
+    with pytest.raises(InputValueError, match="out must not overlap k"):
+        tiledattention.sdpa(q, k, v, out=k.flatten()[:q.numel()].view(q.shape))
+    assert len(launches) == 4 * per_call
+
+
+def test_a_decode_plan_makes_short_queries_look_up_decode_keys_first(cpu_device, launches):
+    q, k, v = decode_qkv()
+    tiledattention.sdpa(q, k, v)
+    prefill = qkv(sq=128)
+    looked = []
+    plans = cpu_device.runtime.plan
+    cpu_device.runtime.plan = lambda key: looked.append(key) or plans(key)
+    tiledattention.sdpa(*prefill)  # 128 rows > any decode plan's: no decode lookup
+    assert len(looked) == 1
+    tiledattention.sdpa(q, k, v)
+    assert len(looked) == 2  # the decode key, found
+
+
+# --------------------------------------------------------------------------------- helpers
+def test_layout_helpers():
+    overlapping = sdpa_module._self_overlapping
+    assert not overlapping((2, 4, 8, 64), (2048, 512, 64, 1))
+    assert not overlapping((2, 4, 8, 64), (2048, 64, 256, 1))  # [B, S, H, D] viewed
+    assert not overlapping((2, 4, 8, 64), (4096, 1024, 128, 1))  # padded rows
+    assert overlapping((2, 4, 8, 64), (2048, 0, 64, 1))
+    assert overlapping((2, 4, 8, 64), (2048, 512, 32, 1))
+    assert not overlapping((1, 1, 1, 64), (0, 0, 0, 1))  # size-1 dims: any stride
+    assert not overlapping((2, 4, 8, 64), (-2048, 512, 64, 1))  # CuPy: negative strides
+    byte_range = sdpa_module._byte_range
+    assert byte_range((2, 3), (3, 1), 2, 1000) == (1000, 1012)
+    assert byte_range((2, 3), (-3, 1), 2, 1000) == (994, 1006)
+    assert byte_range((1, 3), (-3, 1), 2, 1000) == (1000, 1006)
