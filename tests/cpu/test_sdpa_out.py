@@ -344,3 +344,33 @@ def test_layout_helpers():
     assert byte_range((2, 3), (3, 1), 2, 1000) == (1000, 1012)
     assert byte_range((2, 3), (-3, 1), 2, 1000) == (994, 1006)
     assert byte_range((1, 3), (-3, 1), 2, 1000) == (1000, 1006)
+
+
+# ------------------------------------------------------------ the torch op under torch.compile
+def test_compiled_attention_has_no_python_guard_of_ours(monkeypatch):
+    """Every guard a compiled call of ``integrations.attention`` evaluates is a C++ one: no
+    Python lambda over tiledattention's modules (one came from reading ``torch`` through the
+    globals of two of them), so the per-call guard check stays cheap."""
+    import tiledattention.integrations as ti
+
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:
+        pytest.skip("this torch has no _debug_get_cache_entry_list")
+    monkeypatch.setattr(tiledattention, "sdpa", lambda q, k, v, causal=False, scale=None, **kw:
+                        torch.empty_like(q))
+
+    def decode_step(q, k, v):
+        return ti.attention(q, k, v, True)
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            torch.compile(decode_step, backend="eager", fullgraph=True)(*decode_qkv(sk=64))
+        entries = _debug_get_cache_entry_list(decode_step.__code__)
+        assert len(entries) == 1
+        guards = str(entries[0].guard_manager)
+    finally:
+        torch._dynamo.reset()
+    lambdas = [line for line in guards.splitlines() if "LAMBDA_GUARD" in line]
+    assert not [line for line in lambdas if "tiledattention" in line], lambdas

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 
 from .._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward, check_flags,
-                         check_shapes, needs_grad, sdpa_bwd, sdpa_fwd_lse)
+                         check_shapes, sdpa_bwd, sdpa_fwd_lse)
 from ..forward._problem import BOTTOM_RIGHT, causal_flags
 
 __all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "attention", "autocast_inputs",
@@ -119,7 +119,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | 
         is_causal, bottom_right = causal_flags(causal)  # raises for any other string
     else:
         is_causal, bottom_right = bool(causal), False
-    if needs_grad(q, k, v):
+    # needs_grad(q, k, v) spelled out: called from here, Dynamo reads `torch` through two
+    # modules' globals and guards that both are one object with a Python lambda, evaluated on
+    # every call of a compiled function (the only Python-level guard it would have)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right)[0]
     if not bottom_right:
         return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale)
