@@ -1,79 +1,360 @@
-"""Host overhead of ``tiledattention.sdpa`` per call against a bare ``ct.launch`` of the same
-compiled kernel (same schedule, preallocated output), once warm, and what the difference is made
-of.
+"""Host overhead of ``tiledattention.sdpa`` per warm call, and of the torch op under
+``torch.compile(mode="reduce-overhead")`` against eager.
 
-    python scripts/overhead.py
+    python scripts/overhead.py [--out DIR] [--calls 2000] [--repeats 7] [--skip-compile]
 
-Both loops enqueue on one stream; the GPU work is tiny (B=1, H=1, S=128) so the host side
-dominates; each figure is the median over 7 repeats of 2000 calls, in microseconds per call.
+Part 1, B=1, H=1, S=128, D=64, bf16, causal (tiny GPU work: the host side dominates). Each
+figure is the median over ``--repeats`` rounds of ``--calls`` calls, the variants interleaved
+round by round, in microseconds per call:
+
+- (a) baseline: ``torch.empty`` of the output plus a bare ``ct.launch`` on
+  ``torch.cuda.current_stream()`` of the kernel, grid and arguments sdpa's plan holds;
+- (a') the same with the cheapest equivalents sdpa itself uses (``torch.empty_like(q)``, the
+  raw current stream as an int);
+- (b) ``tiledattention.sdpa(q, k, v, causal=True)``; (c) the same with ``out=`` a preallocated
+  buffer; "bare": one prebuilt argument tuple (reused output) launched on a stream fetched once.
+
+Target: (b) - (a) <= 3 µs. Then the parts of a call, one by one.
+
+Part 2, a decode step (B=1, H_q=32, H_kv=8, S_q=1, S_k=4096, D=128, bf16): the op that
+``tiledattention.integrations`` exposes (``attention``) eager, and compiled (default mode;
+``reduce-overhead`` with plain inputs and with K/V marked static, as a static KV cache would be)
+after warm-up calls, with the
+evidence whether CUDA graphs replayed (graph replays per call, cudagraph skips counted by
+inductor, graph breaks, recompiles) and two references: a hand-captured CUDA graph of the op
+(no cudagraph-tree bookkeeping, no input copies) and the copies of q, k, v that cudagraph trees
+make before each replay for inputs that are not static. Logs (perf hints, cudagraphs,
+recompiles, graph breaks) and a cProfile of compiled calls go to DIR (default ``$OUT`` or a
+temporary directory). A failure of any compiled variant is reported in the table.
+
+The table is printed last.
 """
 
 from __future__ import annotations
 
+import argparse
+import cProfile
+import io
+import logging
+import os
+import pstats
 import statistics
+import sys
+import tempfile
 import time
+import traceback
+from typing import Callable
 
 import cuda.tile as ct
 import torch
 
 import tiledattention
-from tiledattention import FORWARD, problem_from_arrays
-from tiledattention.forward._launch import default_scale, grid_for, kernel_args, kernel_for
+import tiledattention._sdpa as sdpa_module
+from tiledattention import problem_from_arrays
+
+Rows = list  # of (what, µs per call or text, note)
 
 
-def per_call_us(fn, calls: int = 2000, repeats: int = 7) -> float:
-    results = []
+def interleaved(variants: dict[str, Callable[[], object]], calls: int, repeats: int
+                ) -> dict[str, float]:
+    """Median µs per call of each variant; rounds interleave the variants."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for fn in variants.values():  # warm
+        fn()
     for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        results.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(results)
+        for name, fn in variants.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def main() -> None:
-    q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+def fmt(x: object) -> str:
+    return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+# -- part 1 -------------------------------------------------------------------------------------
+def forward_overhead(calls: int, repeats: int) -> Rows:
+    q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
     resolution = tiledattention.explain(q, k, v, causal=True)
+    assert resolution.family == "forward", resolution
+    reference = tiledattention.sdpa(q, k, v, causal=True)  # keeps the plan
     problem, _ = problem_from_arrays(q, k, v, True, None)
-    schedule = resolution.schedule
-    launched = FORWARD.normalise(problem, schedule)  # what sdpa's launch plan builds from
-    out = torch.empty_like(q)
-    kernel = kernel_for(launched)
-    grid = grid_for(problem, launched, torch.cuda.get_device_properties(0).multi_processor_count)
-    args = kernel_args(q, k, v, out, problem, launched, default_scale(problem))
-    stream = torch.cuda.current_stream()
+    # the plan sdpa built (the same resolution, normalised schedule, grid and constants)
+    plan = sdpa_module._forward_plan(tiledattention.runtime(), problem, q.device.index, None,
+                                     None)
+    grid, kernel, scalars, shape = plan.grid, plan.kernel, plan.scalars, plan.out_shape
+    dtype, device = q.dtype, q.device
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    reused = torch.empty_like(q)
+    prebuilt = (q, k, v, reused) + scalars
+    stream_once = torch.cuda.current_stream()
+    preallocated = torch.empty_like(q)
+
+    def baseline():  # (a)
+        out = torch.empty(shape, dtype=dtype, device=device)
+        ct.launch(torch.cuda.current_stream(), grid, kernel, (q, k, v, out) + scalars)
+
+    def cheapest():  # (a')
+        out = torch.empty_like(q)
+        ct.launch(raw_stream(0), grid, kernel, (q, k, v, out) + scalars)
 
     def bare():
-        ct.launch(stream, grid, kernel, args)
+        ct.launch(stream_once, grid, kernel, prebuilt)
 
-    def full():
-        tiledattention.sdpa(q, k, v, causal=True)
+    sdpa = tiledattention.sdpa
+
+    def full():  # (b)
+        sdpa(q, k, v, causal=True)
+
+    def into():  # (c)
+        sdpa(q, k, v, causal=True, out=preallocated)
+
+    t = interleaved({"bare": bare, "a": baseline, "a'": cheapest, "b": full, "c": into},
+                    calls, repeats)
+    torch.cuda.synchronize()
+    same = (torch.equal(sdpa(q, k, v, causal=True), reference)
+            and torch.equal(sdpa(q, k, v, causal=True, out=preallocated), reference))
 
     runtime = tiledattention.runtime()
+    index = q.get_device()
 
-    def signature():  # the key of sdpa's plan cache (tiledattention.forward._sdpa)
-        return ("forward", q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-                q.get_device(), k.get_device(), v.get_device(),
-                q.stride(), k.stride(), v.stride(), True, None, None)
+    def signature():  # a copy of sdpa's (tiledattention._sdpa.sdpa)
+        return (q.shape, q.stride(), q.dtype, index, k.dtype, k.get_device(), v.dtype,
+                v.get_device(), True, bool, None, type(None), None)
 
-    key = signature()
-    parts = {
+    key = sdpa_module._forward_key(signature(), k, v)
+    assert runtime.plan(key) is not None, "the signature copy no longer matches sdpa's"
+    parts = interleaved({
         "signature tuple": signature,
-        "plan lookup": lambda: runtime.plan(key),
-        "output allocation": lambda: q.new_empty((1, 1, 128, 64)),
-        "torch.cuda.current_stream": lambda: torch.cuda.current_stream(0),
-    }
-    bare(), full()  # compile and memoise
-    bare_us = per_call_us(bare)
-    full_us = per_call_us(full)
-    print(f"schedule: {schedule.describe()} (lookup: {resolution.source})")
-    print(f"| path | us per call |\n|---|---|\n| bare ct.launch | {bare_us:.2f} |\n"
-          f"| tiledattention.sdpa | {full_us:.2f} |\n| overhead | {full_us - bare_us:.2f} |")
-    for name, fn in parts.items():
-        print(f"| of which {name} | {per_call_us(fn):.2f} |")
+        "forward key (K/V shapes and strides)": lambda: sdpa_module._forward_key(key[0], k, v),
+        "plan lookup (hash and dict hit)": lambda: runtime.plan(key),
+        "torch.empty(shape, dtype=, device=)": lambda: torch.empty(shape, dtype=dtype,
+                                                                   device=device),
+        "q.new_empty(shape)": lambda: q.new_empty(shape),
+        "torch.empty_like(q)": lambda: torch.empty_like(q),
+        "torch.cuda.current_stream()": torch.cuda.current_stream,
+        "torch._C._cuda_getCurrentRawStream(0)": lambda: raw_stream(0),
+        "(q, k, v, out) + scalars": lambda: (q, k, v, reused) + scalars,
+        "out= overlap check": lambda: sdpa_module._clear_of(preallocated, 1, q, 1, k, 1, v, 1),
+    }, calls, repeats)
+
+    describe = resolution.schedule.describe()
+    rows: Rows = [
+        (f"**forward B1 H1 S128 D64 bf16 causal** ({describe}, {resolution.source})", "", ""),
+        ("bare ct.launch, prebuilt args, reused output, stream fetched once", t["bare"], ""),
+        ("(a) torch.empty + ct.launch(torch.cuda.current_stream())", t["a"], "baseline"),
+        ("(a') torch.empty_like(q) + ct.launch(raw stream int)", t["a'"], ""),
+        ("(b) tiledattention.sdpa", t["b"], "" if same else "RESULT DIFFERS"),
+        ("(c) tiledattention.sdpa(out=preallocated)", t["c"], ""),
+        ("**(b) - (a)**", t["b"] - t["a"], "target <= 3: " + ("met" if t["b"] - t["a"] <= 3
+                                                              else "NOT met")),
+        ("(b) - (a')", t["b"] - t["a'"], "against sdpa's own allocation and stream"),
+        ("(c) - bare", t["c"] - t["bare"], "out= against a bare launch"),
+    ]
+    rows += [(f"part: {name}", us, "") for name, us in parts.items()]
+    return rows
+
+
+# -- part 2 -------------------------------------------------------------------------------------
+class ReplayCounter:
+    """Counts torch.cuda.CUDAGraph.replay calls (cudagraph trees replay through it)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._original = torch.cuda.CUDAGraph.replay
+
+    def __enter__(self) -> "ReplayCounter":
+        original = self._original
+
+        def replay(graph):
+            self.count += 1
+            return original(graph)
+
+        torch.cuda.CUDAGraph.replay = replay
+        return self
+
+    def __exit__(self, *exc) -> None:
+        torch.cuda.CUDAGraph.replay = self._original
+
+
+def capture_logs(path: str) -> logging.Handler:
+    """Send torch's logs (with perf hints, cudagraphs, recompiles, graph breaks on) to
+    ``path`` as well."""
+    try:
+        torch._logging.set_logs(perf_hints=True, cudagraphs=True, recompiles=True,
+                                graph_breaks=True)
+    except Exception as exc:  # a torch without one of these names
+        print(f"torch._logging.set_logs: {exc!r}", file=sys.stderr)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    handler.addFilter(lambda record: bool(str(record.getMessage()).strip()))
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name.startswith("torch") and isinstance(logger, logging.Logger) and logger.handlers:
+            logger.addHandler(handler)
+    return handler
+
+
+def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
+    import tiledattention.integrations as ti
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn_like(k)
+    family = tiledattention.explain(q, k, v).family
+    log_path = os.path.join(out_dir, "compile_logs.txt")
+    handler = capture_logs(log_path)
+    attention = ti.attention
+
+    # distinct functions: Dynamo keeps its compiled code per code object
+    def eager_fn(q, k, v):
+        return attention(q, k, v)
+
+    def default_fn(q, k, v):
+        return attention(q, k, v)
+
+    def overhead_fn(q, k, v):
+        return attention(q, k, v)
+
+    def static_fn(q, k, v):
+        return attention(q, k, v)
+
+    rows: Rows = [("**decode step B1 Hq32/Hkv8 Sq1 Sk4096 D128 bf16** "
+                   f"(family {family}; the op of tiledattention.integrations)", "", "")]
+    variants: dict[str, Callable[[], object]] = {}
+    notes: dict[str, str] = {}
+    reference = None
+    with torch.no_grad():
+        reference = eager_fn(q, k, v)
+        variants["eager tiledattention.sdpa (no torch op)"] = lambda: tiledattention.sdpa(q, k, v)
+        variants["eager integrations.attention (the op)"] = lambda: eager_fn(q, k, v)
+
+        k_static, v_static, q_static = k.clone(), v.clone(), q.clone()
+        compiled = [("compiled, mode=default", default_fn, {}, (q, k, v)),
+                    ("compiled, mode=reduce-overhead", overhead_fn,
+                     {"mode": "reduce-overhead"}, (q, k, v)),
+                    ("compiled, reduce-overhead, k/v marked static (a static KV cache)", static_fn,
+                     {"mode": "reduce-overhead"}, (q_static, k_static, v_static))]
+        for name, fn, kwargs, args in compiled:
+            skips = counters["inductor"]["cudagraph_skips"]
+            breaks = sum(counters["graph_break"].values())
+            graphs = counters["stats"]["unique_graphs"]
+            try:
+                if args[0] is q_static:  # the cache is static; each step's query is new
+                    torch._dynamo.mark_static_address(k_static)
+                    torch._dynamo.mark_static_address(v_static)
+                run = torch.compile(fn, **kwargs)
+                for _ in range(10):  # cudagraph trees: warm-up, record, then replays
+                    result = run(*args)
+                torch.cuda.synchronize()
+                if not torch.equal(result, reference):
+                    notes[name] = "RESULT DIFFERS from eager; "
+                with ReplayCounter() as replays:
+                    for _ in range(100):
+                        run(*args)
+                    torch.cuda.synchronize()
+                notes[name] = notes.get(name, "") + (
+                    f"graph replays per call {replays.count / 100:.2f}, cudagraph skips "
+                    f"+{counters['inductor']['cudagraph_skips'] - skips}, graph breaks "
+                    f"+{sum(counters['graph_break'].values()) - breaks}, graphs compiled "
+                    f"+{counters['stats']['unique_graphs'] - graphs}")
+                variants[name] = (lambda run, args: lambda: run(*args))(run, args)
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append((name, "failed", f"{type(exc).__name__}: {exc}"[:300]))
+
+        try:  # a hand-captured CUDA graph of the op: no tree bookkeeping, no input copies
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    eager_fn(q_static, k_static, v_static)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                captured = eager_fn(q_static, k_static, v_static)
+            graph.replay()
+            torch.cuda.synchronize()
+            notes["CUDA graph of the op, replayed"] = ("" if torch.equal(captured, reference)
+                                                       else "RESULT DIFFERS from eager")
+            variants["CUDA graph of the op, replayed"] = graph.replay
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(("CUDA graph of the op, replayed", "failed",
+                         f"{type(exc).__name__}: {exc}"[:300]))
+        sources, targets = [q, k, v], [q_static, k_static, v_static]
+        variants["copy of q, k, v into static buffers (torch._foreach_copy_)"] = (
+            lambda: torch._foreach_copy_(targets, sources))
+
+        times = interleaved(variants, calls, repeats)
+
+        profile_path = os.path.join(out_dir, "compile_profile.txt")
+        with open(profile_path, "w") as f:
+            for name in ("compiled, mode=reduce-overhead", "eager integrations.attention (the op)"):
+                if name not in variants:
+                    continue
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(500):
+                    variants[name]()
+                torch.cuda.synchronize()
+                profiler.disable()
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+                f.write(f"== {name}: 500 calls\n{text.getvalue()}\n")
+    for logger in logging.root.manager.loggerDict.values():
+        if isinstance(logger, logging.Logger) and handler in logger.handlers:
+            logger.removeHandler(handler)
+    handler.close()
+
+    eager = times.get("eager integrations.attention (the op)")
+    for name, us in times.items():
+        note = notes.get(name, "")
+        if eager is not None and name.startswith("compiled"):
+            note = (f"{us / eager:.2f}x eager; " + note) if note else f"{us / eager:.2f}x eager"
+        rows.append((name, us, note))
+    overhead = times.get("compiled, mode=reduce-overhead")
+    if overhead is not None and eager is not None:
+        rows.append(("**reduce-overhead <= eager?**", overhead - eager,
+                     ("yes" if overhead <= eager else "NO") + " (µs above eager)"))
+    with open(log_path) as f:
+        hints = [line.strip() for line in f if "cudagraph" in line.lower() or "skipping" in line]
+    rows.append(("log lines mentioning cudagraphs", len(hints),
+                 (hints[0][:200] if hints else "none") + f" ({log_path}; {profile_path})"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp(),
+                        help="directory for the compile logs and profile (default $OUT)")
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--skip-compile", action="store_true")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    started = time.perf_counter()
+    rows = forward_overhead(args.calls, args.repeats)
+    if not args.skip_compile:
+        try:
+            rows += compile_overhead(args.calls, max(3, args.repeats - 2), args.out)
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(("torch.compile part", "failed", f"{type(exc).__name__}: {exc}"[:300]))
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{time.perf_counter() - started:.0f} s\n")
+    print("| what | µs per call | note |\n|---|---|---|")
+    for what, us, note in rows:
+        print(f"| {what} | {fmt(us)} | {note} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
