@@ -52,8 +52,10 @@ class Family(abc.ABC):
     it; the database indexes them), ``seed_across`` (bucket fields whose winners still make
     good first guesses for each other when tuning: the tuner seeds across them), and the lookup
     metric as data (so exported tables can carry it): ``match_ratios``, pairs of fields whose
-    ratio a stored problem must share, and ``distance_terms``, ``(fields, weight)`` pairs adding
-    ``weight * |log2 prod(a.fields) - log2 prod(b.fields)|``.
+    ratio a stored problem must share, ``distance_terms``, ``(fields, weight)`` pairs adding
+    ``weight * |log2 prod(a.fields) - log2 prod(b.fields)|``, and ``nearest_limit``, the
+    largest distance at which a stored problem still answers for another (farther: the
+    family's default does).
     """
 
     name: ClassVar[str]
@@ -64,6 +66,7 @@ class Family(abc.ABC):
     seed_across: ClassVar[tuple[str, ...]] = ()
     match_ratios: ClassVar[tuple[tuple[str, str], ...]] = ()
     distance_terms: ClassVar[tuple[tuple[tuple[str, ...], float], ...]] = ()
+    nearest_limit: ClassVar[float] = math.inf
 
     def __repr__(self) -> str:
         return f"<kernel family {self.name!r}>"
@@ -95,6 +98,12 @@ class Family(abc.ABC):
         ``bucket_fields``, which the database already ensured): equal ``match_ratios``."""
         return all(getattr(stored, n) * getattr(problem, d) == getattr(problem, n) *
                    getattr(stored, d) for n, d in self.match_ratios)
+
+    def near_enough(self, stored: Any, problem: Any) -> bool:
+        """Whether a row tuned for ``stored`` (sharing ``problem``'s bucket) may answer the
+        lookup's nearest step for ``problem``: comparable and within ``nearest_limit``."""
+        return (self.comparable(stored, problem)
+                and self.distance(stored, problem) <= self.nearest_limit)
 
     def distance(self, a: Any, b: Any) -> float:
         """How far apart two comparable problems are (0: the same on every term)."""

@@ -9,8 +9,8 @@ Order (the first step that answers wins; ``Resolution.source`` names it):
 3. ``shipped``: a row of the pre-tuned table packaged with tiledattention for this exact key;
 4. ``nearest``: the closest tuned problem of the same architecture in either source that shares
    the family's lookup bucket (``Family.bucket_fields``, ``match_ratios``) and is
-   ``Family.comparable``, by ``Family.distance``; ties go to the faster row (``detail`` names
-   the problem and the source);
+   ``Family.comparable``, by ``Family.distance``, if it is within ``Family.nearest_limit``;
+   ties go to the faster row (``detail`` names the problem and the source);
 5. ``default``: the family's per-architecture default.
 
 Only rows measured on a GPU count (never the simulated backend's). Rows whose template identity
@@ -58,6 +58,7 @@ def pick(family: Family, rows: Iterable[db.ScheduleRow], problem: Any,
     """Steps 1, 2 and 4 over ``rows`` (already of one family, architecture and bucket)."""
     candidates = [r for r in rows if r.backend == "gpu" and family.comparable(r.problem, problem)]
     exact = [r for r in candidates if r.problem == problem]
+    candidates = [r for r in candidates if family.near_enough(r.problem, problem)]
     same_device = [r for r in exact if r.device_name == device_name]
     if same_device:
         return min(same_device, key=lambda r: r.median_ms), "exact-device"
@@ -128,7 +129,7 @@ class Resolver:
             return db.Candidates([], [], 0)
         if found.stale:
             self._tell_stale(source, family, arch, found.stale, current)
-        comparable = [r for r in found.nearest if family.comparable(r.problem, problem)]
+        comparable = [r for r in found.nearest if family.near_enough(r.problem, problem)]
         return db.Candidates(found.exact, comparable, found.stale)
 
     def _tell_stale(self, source: _Source, family: Family, arch: str, count: int,

@@ -115,6 +115,9 @@ def test_nearest_shows_the_stored_problem_and_its_distance(capsys, user_db):
     assert doc["lookups"][0]["source"] == "default" and doc["lookups"][0]["row"] is None
     assert doc["sources"]["shipped"] is None
     doc, _ = explain(capsys, "--device", "sm_90", "--db", user_db, "--shape", "2,8,2048,96",
+                     "--causal", "yes")  # distance 2 > FORWARD.nearest_limit: the default
+    assert doc["lookups"][0]["source"] == "default"
+    doc, _ = explain(capsys, "--device", "sm_90", "--db", user_db, "--shape", "3,8,1024,96",
                      "--causal", "yes")
     (step,) = doc["lookups"]
     assert step["source"] == "nearest"

@@ -4,37 +4,82 @@ tuned and the shipped table does not cover."""
 from __future__ import annotations
 
 from .._compile import generation
-from ._problem import Problem
+from ._problem import Problem, head_dim_parts
 from ._schedule import Schedule
 
 __all__ = ["default_schedule"]
 
 
+def _ragged_waste(seqlen: int, tile: int) -> float:
+    """Rows computed over rows needed when ``seqlen`` is cut into ``tile``-row tiles."""
+    return -(-seqlen // tile) * tile / seqlen
+
+
 def default_schedule(arch: str, problem: Problem) -> Schedule:
     """Per-architecture default, used when no tuned schedule is known for a shape.
 
-    sm_90 (``docs/tuning.md``, ``docs/performance-notes.md``): for D <= 128 the best of ten
-    hand-picked schedules (H200), 64x128 tiles at occupancy 2 with exp2, approximate division
-    and K loaded transposed; causal with S_q >= 4k, the same 128-row tile split over a cluster of
-    two CTAs, longest query tiles first (H100 probe 8: 0.99-1.24x the 64x128 default on the 12
-    D64/D128 bf16/fp16 points with S >= 4k, 1.13-1.24x at D128 S >= 8k; 0.97-1.02x below 4k).
-    For D > 128 the schedule the tuner found for every D=256 key with S >= 4k (128x128, 8 worker
-    warps, occupancy 3), 1.2-1.36x faster than 64x128 there; causal, with query tiles paired
-    (H100 probe 11, bf16: 1.03x, 1.08x, 1.11x, 1.12x, 1.10x the unpaired schedule at S = 1k,
-    2k, 4k, 8k, 16k). Other architectures get the choices public cuTile attention code reports
-    as good there (not measured by this project).
+    sm_90: a decision list by head dim (as the kernel pads it), masking and length, each branch
+    the schedule that won where it applies: in the shipped table's tuned rows (H100 searches)
+    and in the per-shape sweeps of the held-out *fitting* shapes of issue 18
+    (``scripts/lookup_regret.py``, ``docs/lookup.md``). A head dim that is not a power of two
+    runs split into two power-of-two parts (``split_d``: 1.00-1.15x the padded kernel on every
+    fitting shape with D 72, 80, 96 and 192; D 40 is a tie).
+
+    - D <= 64, causal: 64x64 tiles at occupancy 4, key tiles walked sawtooth, longest query
+      tiles first (every shipped D64 causal row: 1.01-1.22x the former 64x128 default).
+    - D <= 64, not causal: the same tiles up to 2k keys (ViT, Whisper and Conformer lengths:
+      1.08-1.42x the former default); 64x128 at occupancy 3 beyond (every shipped D64 row with
+      S >= 2k). A head dim between 32 and 64 (40, 48, 56): 256x64 tiles over a two-CTA
+      cluster, persistent (Stable Diffusion's D40: 1.8x the 64x64 tiles; one shape measured).
+    - 64 < D <= 128, causal: 64x128 at occupancy 2 with exp2, approximate division and K
+      loaded transposed; where rows see 4k keys or more (S_q >= 4k, or S_k >= 4k bottom-right:
+      chunked prefill) the same 128-row tile split over a cluster of two CTAs, longest query
+      tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at S >= 4k; a 512-query chunk
+      over 4608 keys: 1.07x).
+    - 64 < D <= 128, not causal: 128x128 tiles, one CTA per SM with 8 worker warps, persistent
+      (every shipped D128 non-causal row); 128x64 tiles at occupancy 2 where 128-row tiles
+      waste a tenth more rows than 64-row ones (S = 257: 1.5x faster there).
+    - D > 128: 128x128 with 8 worker warps at occupancy 3 (every shipped D256 key with
+      S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11).
+
+    Other architectures get the choices public cuTile attention code reports as good there (not
+    measured by this project).
     """
     gen = generation(arch)
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
+    split = dict(split_d=head_dim_parts(problem.head_dim, True)[1] != 0)
     if gen == "hopper":
-        if problem.head_dim > 128:
+        d = problem.head_dim
+        if d > 128:
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
                             k_transposed=True, k_latency=4, v_latency=2,
-                            paired_tiles=problem.causal)
-        if problem.causal and problem.seqlen_q >= 4096:
-            return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, longest_first=True,
-                            **fast_math)
-        return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math)
+                            paired_tiles=problem.causal, **split)
+        small_tiles = dict(tile_m=64, tile_n=64, occupancy=4, exp2=True, approx_div=True,
+                           k_latency=2, v_latency=2, kv_sawtooth=True)
+        if d <= 64:
+            if problem.causal:
+                return Schedule(longest_first=True, unchecked_loads=True, **small_tiles,
+                                **split)
+            if 32 < d < 64:
+                return Schedule(tile_m=256, tile_n=64, occupancy=2, num_ctas=2, k_latency=2,
+                                persistent=True, **fast_math, **split)
+            if problem.seqlen_k <= 2048:
+                return Schedule(**small_tiles)
+            return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
+                            k_latency=4, v_latency=2, unchecked_loads=True)
+        if problem.causal:
+            # the keys a query row sees: S_k with bottom-right alignment (chunked prefill)
+            if (problem.seqlen_k if problem.bottom_right else problem.seqlen_q) >= 4096:
+                return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
+                                longest_first=True, **fast_math, **split)
+            return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math, **split)
+        if _ragged_waste(problem.seqlen_q, 128) > 1.1 * _ragged_waste(problem.seqlen_q, 64):
+            return Schedule(tile_m=128, tile_n=64, occupancy=2, num_worker_warps=8,
+                            k_latency=4, v_latency=4, kv_sawtooth=True, persistent=True,
+                            **fast_math, **split)
+        return Schedule(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8, exp2=True,
+                        approx_div=True, v_latency=4, unchecked_loads=True, persistent=True,
+                        **split)
     if gen == "blackwell":
         return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)
     # consumer Blackwell, Ada, Ampere: 99-163 KiB of shared memory per SM

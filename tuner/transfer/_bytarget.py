@@ -29,6 +29,7 @@ Choices:
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
@@ -97,7 +98,8 @@ def _lookup_spec(family: str) -> dict[str, Any]:
     f = get_family(family)
     return {"bucket_fields": list(f.bucket_fields),
             "match_ratios": [list(pair) for pair in f.match_ratios],
-            "distance_terms": [[list(names), weight] for names, weight in f.distance_terms]}
+            "distance_terms": [[list(names), weight] for names, weight in f.distance_terms],
+            "nearest_limit": None if math.isinf(f.nearest_limit) else f.nearest_limit}
 
 
 def _clean(text: str) -> str:
@@ -211,8 +213,9 @@ def distance(family, a, b):
 
 def select(family, arch, **problem):
     """The schedule (a dict) tuned for ``problem`` (every field of the family's problem, by
-    name) on ``arch`` ("sm_90"): the exact problem, else the nearest comparable one; ties go to
-    the faster row. ``None`` when ``arch`` has no comparable entry."""
+    name) on ``arch`` ("sm_90"): the exact problem, else the nearest comparable one within
+    ``LOOKUP[family]["nearest_limit"]`` (``None``: any distance); ties go to the faster row.
+    ``None`` when ``arch`` has no such entry (use the family's default then)."""
     if family not in SCHEDULES:
         raise ValueError(f"select(): family must be one of {sorted(SCHEDULES)}; got {family!r}")
     fields = set(SCHEDULES[family][next(iter(SCHEDULES[family]))][0]["problem"])
@@ -227,7 +230,8 @@ def select(family, arch, **problem):
     best = None
     for entry in SCHEDULES[family].get(arch, ()):
         d = distance(family, problem, entry["problem"])
-        if d is None:
+        limit = LOOKUP[family].get("nearest_limit")
+        if d is None or (limit is not None and d > limit and entry["problem"] != problem):
             continue
         rank = (entry["problem"] != problem, d, entry["median_ms"])  # the exact problem first
         if best is None or rank < best[0]:
