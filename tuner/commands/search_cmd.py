@@ -138,7 +138,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            help="with --compile-only: compile every candidate of the space "
                                 "(thousands: it prints how many and an estimate of the time "
                                 "first)")
+    timing = parser.add_argument_group(
+        "timing (how each candidate is timed: match how the kernel will be deployed)")
+    timing.add_argument("--timing", choices=["stream", "graph"], default=None,
+                        help="stream: each launch enqueued by the host between two CUDA events "
+                             "(default); graph: launches captured into a CUDA graph and "
+                             "replayed, as in a model served from CUDA graphs (time per launch "
+                             "= replay time / launches)")
+    timing.add_argument("--l2", choices=["cold", "warm"], default=None,
+                        help="cold: the L2 is flushed (a buffer of at least twice its size "
+                             "read) before every timed launch, the flush itself not timed "
+                             "(default); warm: no flush, the inputs stay in L2 from the launch "
+                             "before, as when a kernel runs again on the same tensors")
     add_json_option(parser, "each key's result (and where it was stored)")
+
+
+def timing_mode(args: argparse.Namespace):
+    """The ``TimingMode`` of ``--timing`` and ``--l2`` (stream launches, a cold L2 unless
+    given)."""
+    from ..measure import TimingMode
+
+    return TimingMode(launch=args.timing or "stream", l2=args.l2 or "cold")
 
 
 def select_device(arch: str, index: int | None = None):
@@ -193,6 +213,18 @@ def _check_options(args: argparse.Namespace) -> None:
     if args.sweep and (not args.compile_only or args.limit is not None):
         raise ValueError("--sweep compiles every candidate with --compile-only; "
                          + ("drop --limit" if args.compile_only else "add --compile-only"))
+    if args.compile_only and (args.timing or args.l2):
+        flag = f"--timing {args.timing}" if args.timing else f"--l2 {args.l2}"
+        raise ValueError(f"{flag} says how candidates are timed; --compile-only times nothing: "
+                         f"drop it")
+    timed = timing_mode(args)
+    if args.backend == "gpu" and not args.compile_only and timed.graph and timed.flush_l2:
+        from ..measure import graph_cold_unsupported
+
+        why = graph_cold_unsupported()
+        if why is not None:
+            raise ValueError(f"--timing graph with a cold L2 (--l2 cold, the default): {why}; "
+                             f"give --l2 warm, or install a newer torch")
     if args.workers > 1 and (args.compile_only or args.backend == "simulated"):
         mode = "--compile-only" if args.compile_only else "--backend simulated"
         raise ValueError(f"--workers {args.workers} starts one search per local GPU; "
@@ -270,12 +302,13 @@ def _search(args, problems, console) -> int:
     from ..search import SearchConfig, Tuner
 
     family = get_family(args.kernel)
+    timing = timing_mode(args)  # the executor times so; the study and the summary record it
     if args.backend == "gpu":
         device = select_device(args.device, args.device_index)
-        factory = _GpuFactory(family, device.index)
+        factory = _GpuFactory(family, device.index, timing)
         arch, device_name = device.arch, device.name
     else:
-        factory = functools.partial(SimulatedExecutor, args.device, family=family)
+        factory = functools.partial(SimulatedExecutor, args.device, family=family, timing=timing)
         arch, device_name = args.device, SIMULATED_DEVICE
     database_at = db_location(args)
     database = open_database(database_at)  # checked (and migrated) before anything is tuned
@@ -286,7 +319,7 @@ def _search(args, problems, console) -> int:
     config = SearchConfig(n_trials=args.trials, timeout_s=args.timeout,
                           patience=args.patience or None, space=args.space, seed=args.seed,
                           neighbour_trials=args.neighbour_trials, study_prefix=args.study,
-                          lookahead=4 if args.backend == "gpu" else 1)
+                          lookahead=4 if args.backend == "gpu" else 1, timing=timing)
     compile_workers = (args.jobs or max(1, min(8, (os.cpu_count() or 2) - 2))
                        if args.backend == "gpu" else 0)
     results = []
@@ -314,37 +347,42 @@ def _search(args, problems, console) -> int:
         # leaving on a Ctrl-C kills the compile processes and the executor's worker at once,
         # with their tileiras compiles
         with tuner:
+            for problem in problems:  # a study measured in another timing mode: before any
+                tuner.check_timing(problem)
             for problem in problems:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
                 results.append(tuner.tune(problem))
     _print_results(args, family, results, database=database_at, storage=storage, arch=arch,
-                   device_name=device_name)
+                   device_name=device_name, timing=timing)
     return 0 if all(r.best is not None for r in results) else 1
 
 
 class _GpuFactory:
     """Picklable factory of the GPU executor for the spawned worker."""
 
-    def __init__(self, family, index: int) -> None:
+    def __init__(self, family, index: int, timing) -> None:
         self.family = family
         self.index = index
+        self.timing = timing
 
     def __call__(self):
         from ..measure import GpuExecutor
 
-        return GpuExecutor(self.family, self.index)
+        return GpuExecutor(self.family, self.index, timing=self.timing)
 
 
 def _print_results(args, family, results, *, database: str, storage: str, arch: str,
-                   device_name: str) -> None:
+                   device_name: str, timing) -> None:
     """The search summary on standard output: a row per key (or ``--json``), then the schedule
-    database the winners went to and the study storage that holds every trial."""
+    database the winners went to and the study storage that holds every trial; both say how
+    the times were measured (``timing``)."""
     from rich.table import Table
 
     from ..measure import Timing
 
     keys = []
-    table = Table(title=f"tiledtune search: {family.name} on {device_name} ({arch})")
+    table = Table(title=f"tiledtune search: {family.name} on {device_name} ({arch}), "
+                        f"timed with {timing.describe()}")
     for col in ("key", "best schedule", "TFLOP/s", "vs default", "vs cuDNN", "vs flash",
                 "measured", "failed", "wall", "stored"):
         table.add_column(col)
@@ -361,13 +399,17 @@ def _print_results(args, family, results, *, database: str, storage: str, arch: 
         tflops = (family.flops(r.problem) / (best.median_ms * 1e-3) / 1e12
                   if isinstance(best, Timing) else None)
         failed = ", ".join(f"{k} {v}" for k, v in sorted(r.failures.items())) or "0"
-        table.add_row(r.problem.describe(), r.best.describe() if r.best else "none",
+        ties = f" (simplest of {len(r.tied)} within noise)" if len(r.tied) > 1 else ""
+        table.add_row(r.problem.describe(), r.best.describe() + ties if r.best else "none",
                       "-" if tflops is None else f"{tflops:.0f}",
                       ratio("default"), ratio("torch-cudnn"), ratio("torch-flash"),
                       str(r.measured), failed, f"{r.wall_s:.0f}s", r.stored or "-")
         keys.append({
             "key": r.problem.describe(), "problem": r.problem,
             "schedule": r.best, "schedule_text": r.best.describe() if r.best else None,
+            # the finalists within the measured noise of the fastest, the winner (the simplest
+            # of them) first
+            "tied": [s.describe() for s in r.tied],
             "median_ms": best.median_ms if isinstance(best, Timing) else None,
             "tflops": tflops,
             # the finalists' re-timing: "best", "default", "torch-cudnn", ... -> a timing, or
@@ -379,6 +421,7 @@ def _print_results(args, family, results, *, database: str, storage: str, arch: 
     if args.json:
         print_json("search", {"mode": "search", "kernel": family.name, "arch": arch,
                               "device": device_name, "backend": args.backend,
+                              "timing": timing.to_dict(),
                               "database": shown_location(database),
                               "storage": shown_location(storage), "study_prefix": args.study,
                               "keys": keys})

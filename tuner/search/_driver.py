@@ -11,8 +11,14 @@ with a constant liar for concurrent workers); reject static infeasibility and re
 timing; compile ahead while the GPU measures; measure each candidate in an isolated worker
 (compile deadline, run deadline, crash and hang recovery); re-time the finalists interleaved
 with the default schedule and the family's baselines (torch's backends); store the winner in the
-schedule database.
+schedule database: the simplest of the finalists within the measured noise of the fastest
+(``_trials.pick_winner``), so that a tie is never decided by noise or by the trials' order.
 Stops on the trial budget, a time limit or a patience window.
+
+Every time is measured in the search's timing mode (``SearchConfig.timing``: stream or CUDA-graph
+launches, cold or warm L2; the executor was built with the same mode). The study records it
+(user attribute ``timing_mode``, also on each measured trial), and a study measured in another
+mode is refused rather than mixed (``check_timing``).
 
 Any number of processes may tune one key at once: the storage hands each asked trial to one
 worker (``_storage``), the budget table gives out exactly ``n_trials`` tickets and one claim per
@@ -39,12 +45,13 @@ from optuna.trial import TrialState
 import search_spaces
 from tiledattention import Family, current_provenance
 
-from ..measure import (FAILURES, CompilePool, IsolatedExecutor, Measurement, Timing,
-                       interrupts_held)
+from ..measure import (FAILURES, TIE_REL_FLOOR, CompilePool, IsolatedExecutor, Measurement,
+                       Timing, TimingMode, interrupts_held)
 from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
 from ._candidates import feasible, neighbours, seeds
-from ._trials import compile_job, correct_trials, known_elsewhere, measured_trials, tell, waiting
+from ._trials import (TIMING_ATTR, compile_job, correct_trials, known_elsewhere, measured_trials,
+                      pick_winner, study_timing, tell, waiting)
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
 
@@ -71,6 +78,8 @@ class SearchConfig:
     study_prefix: str = "tiledtune"
     heartbeat_s: int = 10
     grace_s: int = 30
+    timing: TimingMode = TimingMode()  # how the executor times (recorded in the study)
+    tie_rel_floor: float = TIE_REL_FLOOR  # the tie rule's floor (``_trials.pick_winner``)
 
 
 @dataclass
@@ -83,6 +92,8 @@ class KeyResult:
     repeats_skipped: int = 0
     failures: collections.Counter = field(default_factory=collections.Counter)
     stored: str = ""  # outcome of the database write
+    timing_mode: TimingMode = TimingMode()  # how every time above was measured
+    tied: list = field(default_factory=list)  # finalists within the noise of the fastest
     wall_s: float = 0.0
     compile_overlap_s: float = 0.0  # compile time hidden behind GPU measurement
 
@@ -133,11 +144,31 @@ class Tuner:
     def _feasible(self, space, problem: Any) -> list[Any]:
         return feasible(self.family, space, problem)
 
+    # -- timing mode -----------------------------------------------------------------------
+    def check_timing(self, problem: Any) -> None:
+        """Raise a ``ValueError`` when ``problem``'s study (if there is one) was measured in
+        another timing mode than this search's (call it for every key before tuning any)."""
+        name = study_name(self.config.study_prefix, self.family, self.arch, problem)
+        try:
+            with quiet_optuna():
+                study = optuna.load_study(study_name=name, storage=self.storage)
+        except KeyError:  # no study yet
+            return
+        self._check_timing(study)
+
+    def _check_timing(self, study) -> None:
+        recorded, mine = study_timing(study), self.config.timing
+        if recorded is not None and recorded != mine:
+            raise ValueError(
+                f"study {study.study_name!r} was measured with {recorded.describe()}, this "
+                f"search times {mine.describe()}: its times cannot be mixed; give the study's "
+                f"timing flags to resume it, or another --study prefix to start one")
+
     # -- one key ---------------------------------------------------------------------------
     def tune(self, problem: Any) -> KeyResult:
         cfg = self.config
         start = time.monotonic()
-        result = KeyResult(problem=problem, arch=self.arch)
+        result = KeyResult(problem=problem, arch=self.arch, timing_mode=cfg.timing)
         space = self._space(problem)
         feasible = self._feasible(space, problem)
         distributions = {name: optuna.distributions.CategoricalDistribution(list(values))
@@ -153,6 +184,8 @@ class Tuner:
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)
             optuna.storages.fail_stale_trials(study)
+        self._check_timing(study)
+        study.set_user_attr(TIMING_ATTR, cfg.timing.to_dict())
         budget = Budget(self.storage_url, name)
 
         # What is known for this key: measured values and recorded failures, by schedule key.
@@ -351,6 +384,7 @@ class Tuner:
             trial.set_user_attr("rel_err", m.rel_err)
         if m.ok:
             trial.set_user_attr("timing", m.timing.to_dict())
+            trial.set_user_attr(TIMING_ATTR, self.config.timing.to_dict())
             tell(study, trial, m.timing.median_ms)
             known[schedule.key] = m.timing.median_ms
         else:
@@ -362,7 +396,8 @@ class Tuner:
 
     def _finish(self, study, problem: Any, result: KeyResult) -> None:
         """Re-time the finalists interleaved with the default and the family's baselines;
-        store the winner."""
+        store the winner: the simplest schedule within the noise of the fastest (the default
+        among them when it was measured correct)."""
         cfg = self.config
         complete = correct_trials(study)
         if not complete:
@@ -383,15 +418,22 @@ class Tuner:
         except Exception as exc:  # the finalists ran before: fall back to their own timings
             self._on_event("warning", {"message": f"re-timing failed: {exc}"})
             return
-        ranked = sorted((n for n in named if n.startswith("candidate-")
-                         and isinstance(timings.get(n), Timing)),
-                        key=lambda n: timings[n].median_ms)
-        if not ranked:
+        # the default competes too when the search measured it correct (for the key it is the
+        # simplest schedule there is) and it is not a finalist already
+        default_key = self.family.normalise(problem, default).key
+        eligible = [n for n in named if n.startswith("candidate-")]
+        if default_key not in finalists and any(t.user_attrs.get("schedule_key") == default_key
+                                                for t in complete):
+            eligible.append("default")
+        timed = [(self.family.normalise(problem, named[n]), timings[n]) for n in eligible
+                 if isinstance(timings.get(n), Timing)]
+        if not timed:
             return
-        winner = ranked[0]
-        result.best = named[winner]
-        result.timings = {"best": timings[winner], **{k: v for k, v in timings.items()
-                                                       if not k.startswith("candidate-")}}
+        best, best_timing, tied = pick_winner(self.family, self.arch, problem, timed,
+                                              rel_floor=cfg.tie_rel_floor)
+        result.best, result.tied = best, tied
+        result.timings = {"best": best_timing, **{k: v for k, v in timings.items()
+                                                  if not k.startswith("candidate-")}}
         if self.db is not None:
             result.stored = self._store(problem, result, measured_trials(study))
 

@@ -1,27 +1,80 @@
-"""What a study knows: its correct trials, its queue, another worker's claim of a schedule; how
-to finish a trial another worker may have finished first; and the compile job the driver runs
-ahead in a process pool."""
+"""What a study knows: its correct trials, its queue, another worker's claim of a schedule, the
+timing mode it was measured in; how to finish a trial another worker may have finished first;
+the tie rule that picks a key's winner among its re-timed finalists; and the compile job the
+driver runs ahead in a process pool."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
+from db import canonical_json
 from tiledattention import CompileError, Family
 
-from ..measure import FAILURES, STATUSES
+from ..measure import FAILURES, STATUSES, TIE_REL_FLOOR, Timing, TimingMode, within_noise
 
 __all__ = ["correct_trials", "measured_trials", "settled", "waiting", "known_elsewhere", "tell",
-           "compile_job"]
+           "compile_job", "study_timing", "simplicity", "pick_winner", "TIMING_ATTR"]
+
+#: the study's and each measured trial's user attribute holding the timing mode (as a dict)
+TIMING_ATTR = "timing_mode"
 
 
 def correct_trials(study) -> list:
-    """The key's measured, numerically correct trials, fastest first."""
+    """The key's measured, numerically correct trials, fastest first (equal times in the order
+    of their schedule keys, not of the trials)."""
     return sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                   if t.user_attrs.get("status") == "ok"), key=lambda t: t.value)
+                   if t.user_attrs.get("status") == "ok"),
+                  key=lambda t: (t.value, t.user_attrs.get("schedule_key", "")))
+
+
+def study_timing(study) -> TimingMode | None:
+    """The timing mode the study's times were measured in: its :data:`TIMING_ATTR` user
+    attribute; stream launches with a cold L2 (the only mode there was) for a study with
+    correct trials from before that attribute; ``None`` when it has no time yet."""
+    recorded = study.user_attrs.get(TIMING_ATTR)
+    if recorded is not None:
+        return TimingMode.from_dict(recorded)
+    return TimingMode() if correct_trials(study) else None
+
+
+def _fields(schedule: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(schedule):
+        return dataclasses.asdict(schedule)
+    return {k: v for k, v in schedule.to_dict().items() if k != "format"}
+
+
+def simplicity(family: Family, arch: str, problem: Any, schedule: Any) -> tuple[int, str]:
+    """How simple ``schedule`` is for ``problem`` (smaller: simpler), for any family: the number
+    of schedule fields on which it differs from the family's default for ``problem`` (both
+    normalised; compared on the dataclass fields, so a field a dict form leaves out at its
+    default still counts), then its canonical JSON, so that the order is total and fixed."""
+    mine = _fields(family.normalise(problem, schedule))
+    base = _fields(family.normalise(problem, family.default_schedule(arch, problem)))
+    off = sum(1 for name in mine.keys() | base.keys() if mine.get(name) != base.get(name))
+    return off, canonical_json(schedule.to_dict())
+
+
+def pick_winner(family: Family, arch: str, problem: Any, timed: Sequence[tuple[Any, Timing]],
+                *, rel_floor: float = TIE_REL_FLOOR) -> tuple[Any, Timing, list[Any]]:
+    """The tie rule: among ``timed`` ((schedule, re-timed Timing) pairs), take the fastest (by
+    median; equal medians by :func:`simplicity`), then every schedule within the measured noise
+    of it (:func:`~tuner.measure.within_noise`: a median at most ``max(rel_floor, the 95%
+    half-width of the difference of the two medians)`` slower); the winner is the simplest of
+    those. Returns (winner, its timing, the schedules tied with the fastest, simplest first).
+    The answer depends on the pairs only, never on their order."""
+    if not timed:
+        raise ValueError("pick_winner needs at least one timed schedule")
+    rank = {id(pair): simplicity(family, arch, problem, pair[0]) for pair in timed}
+    fastest = min(timed, key=lambda pair: (pair[1].median_ms, rank[id(pair)]))
+    tied = sorted((pair for pair in timed
+                   if within_noise(fastest[1], pair[1], rel_floor=rel_floor)),
+                  key=lambda pair: (rank[id(pair)], pair[1].median_ms))
+    return tied[0][0], tied[0][1], [schedule for schedule, _ in tied]
 
 
 def measured_trials(study) -> int:
