@@ -8,6 +8,7 @@ sweep of candidate schedules, all timed interleaved in one run with torch's cuDN
 - the schedule every fallback policy of ``tuner.lookup.POLICIES`` picks (the default, the nearest
   shipped row under several rules), and what ``tiledattention.explain`` answers now;
 - every distinct forward schedule of the shipped table;
+- the schedule of every branch of the default's decision list;
 - ``--samples`` seeded random points of the full search space;
 - for a head dim that is not a power of two, each of these with the head dim split and padded.
 
@@ -22,6 +23,7 @@ the per-shape table and the policies' regret summary last.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -74,6 +76,8 @@ def candidates(shape: HeldOutShape, rows: list[TunedRow], arch: str, samples: in
     for row in rows:  # the shipped schedules of the head dim (or the power of two above it)
         if row.problem.head_dim == padded:
             add("shipped schedule", row.schedule)
+    for schedule in default_branches(arch, problem):
+        add("default branch", schedule)
     rng = random.Random(seed)
     names = list(space.choices)
     drawn = 0
@@ -83,6 +87,20 @@ def candidates(shape: HeldOutShape, rows: list[TunedRow], arch: str, samples: in
         add("sample", s)
         drawn += len(found) > before or space.infeasibility(arch, problem, s) is not None
     return found
+
+
+def default_branches(arch: str, problem: Problem) -> list:
+    """The schedules every branch of the architecture's default decision list gives (asked
+    with stand-in head dims, masks and lengths), so a branch's schedule is also measured on
+    the shapes other branches serve."""
+    found = {}
+    for d, causal, length in itertools.product((48, 64, 128, 256), (False, True),
+                                               (256, 257, 1024, 8192)):
+        stand_in = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=length, seqlen_k=length,
+                           head_dim=d, dtype=problem.dtype, causal=causal)
+        schedule = FORWARD.default_schedule(arch, stand_in).replace(split_d=False)
+        found[schedule.key] = schedule
+    return list(found.values())
 
 
 def causal_arg(problem: Problem):

@@ -10,11 +10,6 @@ from ._schedule import Schedule
 __all__ = ["default_schedule"]
 
 
-def _ragged_waste(seqlen: int, tile: int) -> float:
-    """Rows computed over rows needed when ``seqlen`` is cut into ``tile``-row tiles."""
-    return -(-seqlen // tile) * tile / seqlen
-
-
 def default_schedule(arch: str, problem: Problem) -> Schedule:
     """Per-architecture default, used when no tuned schedule is known for a shape.
 
@@ -36,9 +31,13 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
       chunked prefill) the same 128-row tile split over a cluster of two CTAs, longest query
       tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at S >= 4k; a 512-query chunk
       over 4608 keys: 1.07x).
-    - 64 < D <= 128, not causal: 128x128 tiles, one CTA per SM with 8 worker warps, persistent
-      (every shipped D128 non-causal row); 128x64 tiles at occupancy 2 where 128-row tiles
-      waste a tenth more rows than 64-row ones (S = 257: 1.5x faster there).
+    - 64 < D <= 128, not causal, lengths multiples of 128: 128x128 tiles, one CTA per SM with
+      8 worker warps, persistent (every shipped D128 non-causal row; D72 at S 256 and 1024).
+      Other lengths (a ragged last tile): D <= 80, 128x64 tiles at occupancy 2 with 8 worker
+      warps, persistent (D72/D80 at S 257, 401, 900, 1025: 1.2-1.7x the 128x128 one); D > 96,
+      128x128 at occupancy 3 over a two-CTA cluster (D128 at S 577: 1.13x). D 96 (64 + 32):
+      64x128 at occupancy 3 at any length (S 1999, and 1024 queries over 4096 keys: 1.15-1.25x
+      the 128x128 one).
     - D > 128: 128x128 with 8 worker warps at occupancy 3 (every shipped D256 key with
       S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11).
 
@@ -73,13 +72,20 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
                 return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
                                 longest_first=True, **fast_math, **split)
             return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math, **split)
-        if _ragged_waste(problem.seqlen_q, 128) > 1.1 * _ragged_waste(problem.seqlen_q, 64):
+        even = problem.seqlen_q % 128 == 0 and problem.seqlen_k % 128 == 0
+        if 80 < d <= 96:  # two parts, 64 + 32: 64-row tiles
+            return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
+                            k_latency=4, v_latency=2, unchecked_loads=True, **split)
+        if even:
+            return Schedule(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8, exp2=True,
+                            approx_div=True, v_latency=4, unchecked_loads=True,
+                            persistent=True, **split)
+        if d <= 80:  # 64 + 16
             return Schedule(tile_m=128, tile_n=64, occupancy=2, num_worker_warps=8,
                             k_latency=4, v_latency=4, kv_sawtooth=True, persistent=True,
                             **fast_math, **split)
-        return Schedule(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8, exp2=True,
-                        approx_div=True, v_latency=4, unchecked_loads=True, persistent=True,
-                        **split)
+        return Schedule(tile_m=128, tile_n=128, occupancy=3, num_ctas=2, kv_sawtooth=True,
+                        **fast_math, **split)
     if gen == "blackwell":
         return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)
     # consumer Blackwell, Ada, Ampere: 99-163 KiB of shared memory per SM
