@@ -34,10 +34,15 @@ def infeasibility(arch: str, problem: Problem, schedule: Schedule) -> str | None
 
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Drop dimensions that cannot matter for ``problem`` (causal work order, tile pairing and
-    the masked loop split when it is not causal) or that measured slower everywhere for its
-    kind."""
+    the masked loop split when it is not causal; the head-dim split for a power of two) or that
+    measured slower everywhere for its kind. A space that does not search ``split_d`` splits a
+    head dim that can be split (1.00-1.15x the padded kernel on every such fitting shape of
+    issue 18)."""
     if head_dim_parts(problem.head_dim, True)[1] == 0:  # a power of two: nothing to split
         space = space.without("split_d")
+    elif "split_d" not in space.choices:  # a space that does not search it: split (the default)
+        space = SearchSpace(space.arch, space.choices, space.base.replace(split_d=True),
+                            space.infeasibility)
     if problem.causal:
         # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases on an
         # H100, equal in one: a static round-robin over tiles of unequal length leaves SMs idle

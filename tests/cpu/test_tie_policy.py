@@ -223,3 +223,35 @@ def test_the_search_stores_the_simplest_of_a_tie(tmp_path, ratio, finalists, def
     else:
         assert result.best == FAST and stored.schedule == FAST
         assert result.tied == [FAST] and stored.median_ms < 1.01
+
+
+@pytest.mark.slow  # spawns worker processes
+def test_a_default_outside_the_searched_space_is_checked_and_competes(tmp_path):
+    """A default the space cannot express is never a trial; the search checks it at the end
+    and stores it when it is the fastest (a row slower than the default would make sdpa slower
+    than having no row)."""
+    def narrow(arch):  # block 64, the sm_90 default's, is not searched
+        return search_spaces.SearchSpace(arch, {"block": (32, 128), "unroll": (1, 2, 4)},
+                                         ToySchedule())
+
+    search_spaces.register_space(search_spaces.FamilySpace(
+        "toy", {**search_spaces.family_space("toy").spaces, "narrow": narrow}))
+    try:
+        factory = functools.partial(DefaultNear, family=TOY, ratio=0.9)  # the default: 0.9 ms
+        with dbmod.ScheduleDB(tmp_path / "s.sqlite", codecs=codecs()) as store:
+            tuner = Tuner(IsolatedExecutor(factory), family=TOY, arch="sm_90",
+                          device_name="Simulated GPU", db=store,
+                          storage_url=f"sqlite:///{tmp_path}/studies.sqlite",
+                          config=SearchConfig(n_trials=6, patience=None, lookahead=1,
+                                              space="narrow"))
+            with tuner.executor:
+                result = tuner.tune(TOY_PROBLEM)
+            stored = store.get("toy", "sm_90", "Simulated GPU", TOY_PROBLEM)
+    finally:
+        search_spaces.register_space(TOY_SPACE_BEFORE)
+    assert result.measured == 6 and TOY_DEFAULT not in narrow("sm_90")
+    assert result.best == TOY_DEFAULT and stored.schedule == TOY_DEFAULT
+    assert stored.median_ms == pytest.approx(0.9, rel=0.05)
+
+
+TOY_SPACE_BEFORE = search_spaces.family_space("toy")

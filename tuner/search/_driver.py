@@ -418,12 +418,14 @@ class Tuner:
         except Exception as exc:  # the finalists ran before: fall back to their own timings
             self._on_event("warning", {"message": f"re-timing failed: {exc}"})
             return
-        # the default competes too when the search measured it correct (for the key it is the
-        # simplest schedule there is) and it is not a finalist already
+        # the default competes too (for the key it is the simplest schedule there is, and what
+        # sdpa runs without the row) when it is correct: measured so by the search, or checked
+        # now (a default outside the searched space is never a trial)
         default_key = self.family.normalise(problem, default).key
         eligible = [n for n in named if n.startswith("candidate-")]
-        if default_key not in finalists and any(t.user_attrs.get("schedule_key") == default_key
-                                                for t in complete):
+        if default_key not in finalists and (
+                any(t.user_attrs.get("schedule_key") == default_key for t in complete)
+                or self._measure(problem, default, None, result).ok):
             eligible.append("default")
         timed = [(self.family.normalise(problem, named[n]), timings[n]) for n in eligible
                  if isinstance(timings.get(n), Timing)]
