@@ -126,13 +126,24 @@ def test_plans_per_out_layout_and_the_memory_around_a_view_untouched(family):
 def test_out_overlapping_an_input_is_refused_warm_or_cold(family):
     q, k, v = inputs(family)
     tiledattention.sdpa(q, k, v, out=torch.empty_like(q))  # warm with q's layout
-    for name, out in (("q", q), ("k", k.flatten()[:q.numel()].view(q.shape)),
-                      ("v", v.flatten()[:q.numel()].view(q.shape))):
-        before = (q.clone(), k.clone(), v.clone())
+
+    def sharing(x):
+        """(out, x2): out like q and x2 like x (same values) in one buffer, 16 elements shared."""
+        buffer = torch.empty(q.numel() + x.numel(), dtype=q.dtype, device=q.device)
+        out = buffer[:q.numel()].view(q.shape)
+        x2 = buffer[q.numel() - 16:q.numel() - 16 + x.numel()].view(x.shape)
+        x2.copy_(x)
+        return out, x2
+
+    out_k, k2 = sharing(k)
+    out_v, v2 = sharing(v)
+    for name, out, args in (("q", q, (q, k, v)), ("k", out_k, (q, k2, v)),
+                            ("v", out_v, (q, k, v2))):
+        before = tuple(x.clone() for x in args)
         with pytest.raises(InputValueError, match=f"out must not overlap {name}"):
-            tiledattention.sdpa(q, k, v, out=out)
+            tiledattention.sdpa(*args, out=out)
         torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v)))
+        assert all(torch.equal(a, b) for a, b in zip(before, args))
 
 
 def test_cupy_out():
