@@ -232,8 +232,9 @@ def versions() -> dict:
     from importlib import metadata
 
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20).stdout.strip()
     except OSError:
         driver = "?"
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver,

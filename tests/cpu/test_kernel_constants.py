@@ -288,7 +288,8 @@ def test_split_d_reaches_the_head_dim_parts_only_where_it_saves_columns():
     d96 = _problem(head_dim=96)
     one, two = kernel_constants(d96, BASE), kernel_constants(d96, BASE.replace(split_d=True))
     assert {k for k in one if one[k] != two[k]} == {"TILE_D", "TILE_D2"}
-    assert (two["TILE_D"], two["TILE_D2"]) == (64, 32) and (one["TILE_D"], one["TILE_D2"]) == (128, 0)
+    assert (two["TILE_D"], two["TILE_D2"]) == (64, 32)
+    assert (one["TILE_D"], one["TILE_D2"]) == (128, 0)
     # a power-of-two head dim has nothing to split: the flag normalises away
     assert normalise(FULL, BASE.replace(split_d=True)) == BASE
     # exact parts (64 + 32) never cross the head dim's edge: unchecked loads stay possible
