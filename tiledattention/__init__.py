@@ -136,8 +136,6 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     rt = _default_runtime
     if rt is None:
         rt = runtime()
-    if out is None:  # (stand-ins in tests take the keywords they know)
-        return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule)
     return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule, out=out)
 
 

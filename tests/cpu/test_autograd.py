@@ -110,9 +110,10 @@ class TrainingKernels:
                                "grad_strides": grad_out.stride(), "grad_shape": grad_out.shape})
         return reference_backward(grad_out, q, k, v, out, lse, causal, scale)
 
-    def sdpa(self, q, k, v, causal=False, scale=None, *, schedule=None):
+    def sdpa(self, q, k, v, causal=False, scale=None, *, schedule=None, out=None):
         self.plain.append({"q": tuple(q.shape), "causal": causal, "scale": scale})
-        return reference_with_lse(q, k, v, causal, scale)[0]
+        result = reference_with_lse(q, k, v, causal, scale)[0]
+        return result if out is None else out.copy_(result)
 
 
 def install_training_kernels(monkeypatch) -> TrainingKernels:
