@@ -116,10 +116,12 @@ def load_rows_file(path: str | os.PathLike,
 
 def dump_rows(rows: Iterable[ScheduleRow], path: str | os.PathLike) -> None:
     """Write rows to ``path`` atomically (temp file + ``os.replace``); the output is sorted and
-    byte-for-byte deterministic for a given set of rows."""
-    items = [row.to_dict() for row in sorted(rows, key=_sort_key)]
-    write_text_atomic(Path(path), json.dumps({"format": ROW_FORMAT, "rows": items},
-                                             sort_keys=True, indent=1, allow_nan=False) + "\n")
+    byte-for-byte deterministic for a given set of rows: one row per line (compact JSON, keys
+    sorted), so a file stays small and a diff shows the rows that changed."""
+    lines = [json.dumps(row.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+             for row in sorted(rows, key=_sort_key)]
+    body = "\n" + ",\n".join(lines) + "\n" if lines else ""
+    write_text_atomic(Path(path), f'{{"format": {ROW_FORMAT}, "rows": [{body}]}}\n')
 
 
 def write_text_atomic(path: Path, text: str) -> None:
