@@ -32,26 +32,16 @@ import time
 from concurrent.futures import as_completed
 from pathlib import Path
 
-import torch
 
 import tiledattention
 from search_spaces import FORWARD_SPACE
-from tiledattention import FORWARD, Problem, shipped_table
+from tiledattention import FORWARD, Problem, current_provenance
+from tiledattention.forward import head_dim_parts
 from tuner.lookup import POLICIES, HeldOutShape, regret_table, shape_set
-from tuner.lookup._policies import TunedRow
+from tuner.lookup._policies import TunedRow, shipped_tuned_rows
 from tuner.measure import time_interleaved
 from tuner.measure._processes import CompilePool
 from tuner.search._trials import compile_job
-
-
-def shipped_rows(arch: str) -> list[TunedRow]:
-    table = shipped_table(arch)
-    if table is None:
-        return []
-    current = FORWARD.template_identity()
-    return [TunedRow(r.problem, r.schedule, r.median_ms) for r in table
-            if r.family == "forward" and r.backend == "gpu"
-            and r.provenance.template_hash == current]
 
 
 def candidates(shape: HeldOutShape, rows: list[TunedRow], arch: str, samples: int,
@@ -60,7 +50,7 @@ def candidates(shape: HeldOutShape, rows: list[TunedRow], arch: str, samples: in
     problem = shape.problem
     space = FORWARD_SPACE.restrict(FORWARD_SPACE.space(arch, "full"), problem)
     found: dict[str, tuple[str, object]] = {}
-    splits = problem.head_dim & (problem.head_dim - 1) != 0
+    splits = head_dim_parts(problem.head_dim, True)[1] != 0
 
     def add(why: str, schedule) -> None:
         variants = [schedule] + ([schedule.replace(split_d=not schedule.split_d)]
@@ -72,7 +62,7 @@ def candidates(shape: HeldOutShape, rows: list[TunedRow], arch: str, samples: in
 
     for policy in POLICIES:
         add(f"policy: {policy.name}", policy.choose(problem, rows, arch))
-    padded = 1 << (problem.head_dim - 1).bit_length()
+    padded = head_dim_parts(problem.head_dim, False)[0]
     for row in rows:  # the shipped schedules of the head dim (or the power of two above it)
         if row.problem.head_dim == padded:
             add("shipped schedule", row.schedule)
@@ -126,10 +116,10 @@ def main() -> int:
     start = time.perf_counter()
     if args.from_json:
         saved = json.loads(args.out.read_text())
-        report(saved["shapes"], shipped_rows(saved["arch"]), saved["arch"])
+        report(saved["shapes"], shipped_tuned_rows(saved["arch"]), saved["arch"])
         return 0
     if args.dry_run:
-        rows = shipped_rows(args.dry_run)
+        rows = shipped_tuned_rows(args.dry_run)
         for name in ("fitting", "report"):
             for s in shape_set(name):
                 print(name, s.problem.describe(),
@@ -139,7 +129,7 @@ def main() -> int:
     tiledattention.use_database(str(args.out.parent / "no-user-db.sqlite"))  # shipped + default
     dev = tiledattention.device_info(0)
     arch = dev.arch
-    rows = shipped_rows(arch)
+    rows = shipped_tuned_rows(arch)
     shapes = [(name, s) for name in (("fitting", "report") if args.sets == "both"
                                      else (args.sets,)) for s in shape_set(name)]
     if args.only:
@@ -228,17 +218,16 @@ def measure(set_name: str, shape: HeldOutShape, pool: dict, failed: dict, rows, 
 
 
 def versions() -> dict:
+    """The software the run measured with (``current_provenance``) and the driver release."""
     import subprocess
-    from importlib import metadata
 
     try:
-        driver = subprocess.run(
+        release = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=20).stdout.strip()
-    except OSError:
-        driver = "?"
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver,
-            "cuda_tile": metadata.version("cuda-tile")}
+    except (OSError, subprocess.SubprocessError):
+        release = ""
+    return {**current_provenance(FORWARD).to_dict(), "driver_release": release}
 
 
 def report(records: list[dict], rows, arch: str) -> None:

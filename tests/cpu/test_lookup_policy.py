@@ -8,12 +8,7 @@ import pytest
 
 from tiledattention import FORWARD, Schedule, shipped_table
 from tuner.lookup import FITTING, POLICIES, REPORT, evaluate, regret_table, shape_set
-from tuner.lookup._policies import TunedRow, previous_default
-
-
-def shipped_rows():
-    return [TunedRow(r.problem, r.schedule, r.median_ms) for r in shipped_table("sm_90")
-            if r.family == "forward"]
+from tuner.lookup._policies import previous_default, shipped_tuned_rows
 
 
 def test_sets_are_held_out_sized_and_disjoint():
@@ -46,7 +41,7 @@ def record(problem, times: dict, default_ms: float) -> dict:
 
 def test_regret_is_the_picks_time_over_the_best():
     problem = FITTING[0].problem
-    rows = shipped_rows()
+    rows = shipped_tuned_rows("sm_90")
     faster = Schedule(tile_m=128, tile_n=64)
     rec = record(problem, {FORWARD.normalise(problem, faster).key: 1.0}, default_ms=1.25)
     (policy,) = [p for p in POLICIES if p.name == "default"]
@@ -69,7 +64,7 @@ def test_runtime_policy_is_the_resolvers_rule():
     device = tiledattention.DeviceInfo(index=0, name="NVIDIA H100 80GB HBM3", arch="sm_90",
                                        sm_count=132)
     (policy,) = [p for p in POLICIES if p.name == "runtime"]
-    rows = shipped_rows()
+    rows = shipped_tuned_rows("sm_90")
     for shape in FITTING + REPORT:
         got = resolver(FORWARD, shape.problem, device).schedule
         assert got == policy.choose(shape.problem, rows, "sm_90"), shape.name

@@ -16,9 +16,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from tiledattention import shipped_table
 from tiledattention.forward import FORWARD, Problem, Schedule
 
-__all__ = ["Policy", "POLICIES", "TunedRow", "evaluate", "previous_default", "regret_table"]
+__all__ = ["Policy", "POLICIES", "TunedRow", "evaluate", "previous_default", "regret_table",
+           "shipped_tuned_rows"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,18 @@ class TunedRow:
     median_ms: float
 
 
+def shipped_tuned_rows(arch: str) -> list[TunedRow]:
+    """The forward rows of ``arch``'s shipped table that the runtime's lookup reads: measured on
+    a GPU, tuned with the current kernel template."""
+    table = shipped_table(arch)
+    if table is None:
+        return []
+    current = FORWARD.template_identity()
+    return [TunedRow(r.problem, r.schedule, r.median_ms) for r in table
+            if r.family == FORWARD.name and r.backend == "gpu"
+            and r.provenance.template_hash == current]
+
+
 #: ``(problem, rows, arch) -> schedule``
 Choose = Callable[[Problem, Sequence[TunedRow], str], Schedule]
 
@@ -35,7 +49,6 @@ Choose = Callable[[Problem, Sequence[TunedRow], str], Schedule]
 @dataclass(frozen=True)
 class Policy:
     name: str
-    describe: str
     choose: Choose
 
 
@@ -99,20 +112,19 @@ def _runtime(problem: Problem, rows: Sequence[TunedRow], arch: str) -> Schedule:
 
 
 def _policies() -> tuple[Policy, ...]:
+    """before: the lookup before issue 18 (nearest row of the group size at any distance, else
+    the former default); runtime: the lookup now (``FORWARD.nearest_limit``); default: the
+    default alone, or with the head dim padded; nearest within L: the nearest row of the group
+    size within distance L, else the default (any group: of any group size)."""
     found = [
-        Policy("before", "the lookup before issue 18: the nearest row of the same group size "
-               "at any distance, else the former default (padded head dims)", _before),
-        Policy("runtime", f"the lookup now: the nearest row of the same group size within "
-               f"{FORWARD.nearest_limit:g}, else the default", _runtime),
-        Policy("default", "the per-architecture default, always", _default),
-        Policy("default, padded head dim", "the default with split_d off", _padded_default),
-        Policy("nearest, any group", "nearest row of any GQA group size, at any distance, "
-               "else the default", _nearest_policy(math.inf, False)),
+        Policy("before", _before),
+        Policy("runtime", _runtime),
+        Policy("default", _default),
+        Policy("default, padded head dim", _padded_default),
+        Policy("nearest, any group", _nearest_policy(math.inf, False)),
     ]
     for limit in (0.5, 1.0, 2.0, 3.0, math.inf):
-        found.append(Policy(f"nearest within {limit:g}",
-                            f"nearest row of the same group size if its distance is at most "
-                            f"{limit:g}, else the default", _nearest_policy(limit, True)))
+        found.append(Policy(f"nearest within {limit:g}", _nearest_policy(limit, True)))
     return tuple(found)
 
 
