@@ -84,7 +84,7 @@ def default_branches(arch: str, problem: Problem) -> list:
     with stand-in head dims, masks and lengths), so a branch's schedule is also measured on
     the shapes other branches serve."""
     found = {}
-    for d, causal, length in itertools.product((48, 64, 128, 256), (False, True),
+    for d, causal, length in itertools.product((48, 64, 96, 128, 256), (False, True),
                                                (256, 257, 1024, 8192)):
         stand_in = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=length, seqlen_k=length,
                            head_dim=d, dtype=problem.dtype, causal=causal)

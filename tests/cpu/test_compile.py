@@ -50,6 +50,22 @@ def test_hopper_default_pairs_causal_query_tiles_at_head_dim_256():
         "sm_90", dataclasses.replace(d256, head_dim=128)).paired_tiles
 
 
+def test_hopper_default_runs_short_causal_split_head_dims_on_64x64_tiles():
+    """sm_90, causal, a head dim split in two (72, 80, 96) with rows seeing < 4k keys: 64x64
+    tiles at occupancy 3, longest first; not for a power of two, nor at 4k keys."""
+    for d in (72, 80, 96):
+        short = dataclasses.replace(PROBLEM, head_dim=d)
+        s = FORWARD.default_schedule("sm_90", short)
+        assert (s.tile_m, s.tile_n, s.occupancy, s.longest_first, s.split_d) == (
+            64, 64, 3, True, True), d
+        assert FORWARD.default_schedule("sm_90", dataclasses.replace(
+            short, seqlen_q=4096, seqlen_k=4096)).tile_m == 128
+        assert not FORWARD.default_schedule("sm_90", dataclasses.replace(
+            short, causal=False)).longest_first
+    assert FORWARD.default_schedule("sm_90", dataclasses.replace(
+        PROBLEM, head_dim=128)).tile_n == 128
+
+
 BASE = Schedule(tile_m=64, tile_n=64)
 TOGGLES = {
     "tile_m128": BASE.replace(tile_m=128), "tile_n32": BASE.replace(tile_n=32),

@@ -30,7 +30,9 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
       loaded transposed; where rows see 4k keys or more (S_q >= 4k, or S_k >= 4k bottom-right:
       chunked prefill) the same 128-row tile split over a cluster of two CTAs, longest query
       tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at S >= 4k; a 512-query chunk
-      over 4608 keys: 1.07x).
+      over 4608 keys: 1.07x). A split head dim (72, 80, 96) below 4k keys: 64x64 tiles at
+      occupancy 3, sawtooth, longest first (the four such fitting shapes, D80/D96 at S 300 to
+      1337: 1.05-1.25x the 64x128 schedule; at S 4096 it loses, 0.98x).
     - 64 < D <= 128, not causal, lengths multiples of 128: 128x128 tiles, one CTA per SM with
       8 worker warps, persistent (every shipped D128 non-causal row; D72 at S 256 and 1024).
       Other lengths (a ragged last tile): D <= 80, 128x64 tiles at occupancy 2 with 8 worker
@@ -70,6 +72,9 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
             # the keys a query row sees: S_k with bottom-right alignment (chunked prefill)
             if (problem.seqlen_k if problem.bottom_right else problem.seqlen_q) >= 4096:
                 return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
+                                longest_first=True, **fast_math, **split)
+            if split["split_d"]:  # 64 + 8, 64 + 16, 64 + 32
+                return Schedule(tile_m=64, tile_n=64, occupancy=3, kv_sawtooth=True,
                                 longest_first=True, **fast_math, **split)
             return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math, **split)
         even = problem.seqlen_q % 128 == 0 and problem.seqlen_k % 128 == 0
