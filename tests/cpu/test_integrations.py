@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiledattention
 import tiledattention.integrations as ti
@@ -185,6 +186,36 @@ def test_op_calls_the_kernel_with_its_arguments(shape, causal, kernel):
     assert kernel.calls == [{"q": (b, hq, sq, d), "k": (b, hkv, sk, d), "causal": causal,
                              "scale": 0.25, "dtype": torch.bfloat16}]
     assert torch.equal(out, reference_sdpa(q, k, v, causal, 0.25))
+
+
+def test_untraced_eager_calls_skip_the_ops_dispatch(kernel, monkeypatch):
+    """Without a gradient and with nothing tracing, attention runs the kernel directly; a
+    dispatch mode (what make_fx, export and FLOP counters use) still sees the op."""
+    q, k, v = qkv(2, 4, 2, 17, 17, 64)
+    real_op = torch.ops.tiledattention.sdpa_fwd
+
+    def op_must_not_run(*args):
+        raise AssertionError("the op was dispatched for an untraced eager call")
+
+    monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd", op_must_not_run)
+    out = ti.attention(q, k, v, causal="bottom_right", scale=0.5)
+    assert kernel.calls[-1]["causal"] == "bottom_right" and kernel.calls[-1]["scale"] == 0.5
+    assert torch.equal(out, reference_sdpa(q, k, v, "bottom_right", 0.5))
+    with pytest.raises(InputValueError, match="v must have the shape of k"):
+        ti.attention(q, k, v[:, :1])
+    monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd", real_op)
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        traced = ti.attention(q, k, v, causal=True)
+    assert torch.ops.tiledattention.sdpa_fwd.default in seen
+    assert torch.equal(traced, reference_sdpa(q, k, v, True, None))
 
 
 def test_opcheck(kernel):
