@@ -23,7 +23,10 @@ after warm-up calls, with the
 evidence whether CUDA graphs replayed (graph replays per call, cudagraph skips counted by
 inductor, graph breaks, recompiles) and two references: a hand-captured CUDA graph of the op
 (no cudagraph-tree bookkeeping, no input copies) and the copies of q, k, v that cudagraph trees
-make before each replay for inputs that are not static. Logs (perf hints, cudagraphs,
+make before each replay for inputs that are not static. Then torch.compile's own floor (``x * 2``
+and torch's SDPA, each eager and under reduce-overhead) and a decode attention block (query
+projection, attention over a static cache, output projection) eager and under reduce-overhead,
+with the op and with torch's SDPA. Logs (perf hints, cudagraphs,
 recompiles, graph breaks) and a cProfile of compiled calls go to DIR (default ``$OUT`` or a
 temporary directory). A failure of any compiled variant is reported in the table.
 
@@ -47,6 +50,7 @@ from typing import Callable
 
 import cuda.tile as ct
 import torch
+import torch.nn.functional as F
 
 import tiledattention
 import tiledattention._sdpa as sdpa_module
@@ -226,6 +230,30 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
     def static_fn(q, k, v):
         return attention(q, k, v)
 
+    # torch.compile's own floor: one trivial op, and torch's SDPA, compiled the same way
+    x = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def double(x):
+        return x * 2
+
+    def torch_sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    # a decode attention block: query projection, attention over a static cache, output
+    # projection (one function per attention, so each is compiled on its own)
+    hidden = 32 * 128
+    w_q, w_o = (torch.randn(hidden, hidden, device="cuda", dtype=torch.bfloat16,
+                            generator=gen) * hidden ** -0.5 for _ in range(2))
+    h = torch.randn(1, 1, hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def block_ours(h, k, v):
+        out = attention((h @ w_q).view(1, 1, 32, 128).transpose(1, 2), k, v)
+        return out.transpose(1, 2).reshape(1, 1, hidden) @ w_o
+
+    def block_torch(h, k, v):
+        out = torch_sdpa((h @ w_q).view(1, 1, 32, 128).transpose(1, 2), k, v)
+        return out.transpose(1, 2).reshape(1, 1, hidden) @ w_o
+
     rows: Rows = [("**decode step B1 Hq32/Hkv8 Sq1 Sk4096 D128 bf16** "
                    f"(family {family}; the op of tiledattention.integrations)", "", "")]
     variants: dict[str, Callable[[], object]] = {}
@@ -234,14 +262,28 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
     with torch.no_grad():
         reference = eager_fn(q, k, v)
         variants["eager tiledattention.sdpa (no torch op)"] = lambda: tiledattention.sdpa(q, k, v)
-        variants["eager integrations.attention (the op)"] = lambda: eager_fn(q, k, v)
+        variants["eager integrations.attention"] = lambda: eager_fn(q, k, v)
+        variants["eager, the op dispatched (torch.ops.tiledattention.sdpa_fwd)"] = (
+            lambda: torch.ops.tiledattention.sdpa_fwd(q, k, v, False, None))
+        variants["eager x * 2"] = lambda: double(x)
+        variants["eager torch SDPA"] = lambda: torch_sdpa(q, k, v)
+        variants["block, eager: integrations.attention"] = lambda: block_ours(h, k, v)
+        variants["block, eager: torch SDPA"] = lambda: block_torch(h, k, v)
 
         k_static, v_static, q_static = k.clone(), v.clone(), q.clone()
         compiled = [("compiled, mode=default", default_fn, {}, (q, k, v)),
                     ("compiled, mode=reduce-overhead", overhead_fn,
                      {"mode": "reduce-overhead"}, (q, k, v)),
                     ("compiled, reduce-overhead, k/v marked static (a static KV cache)", static_fn,
-                     {"mode": "reduce-overhead"}, (q_static, k_static, v_static))]
+                     {"mode": "reduce-overhead"}, (q_static, k_static, v_static)),
+                    ("compiled x * 2, reduce-overhead (torch.compile's floor)", double,
+                     {"mode": "reduce-overhead"}, (x,)),
+                    ("compiled torch SDPA, reduce-overhead, k/v static", torch_sdpa,
+                     {"mode": "reduce-overhead"}, (q_static, k_static, v_static)),
+                    ("block, reduce-overhead: integrations.attention, k/v static", block_ours,
+                     {"mode": "reduce-overhead"}, (h, k_static, v_static)),
+                    ("block, reduce-overhead: torch SDPA, k/v static", block_torch,
+                     {"mode": "reduce-overhead"}, (h, k_static, v_static))]
         for name, fn, kwargs, args in compiled:
             skips = counters["inductor"]["cudagraph_skips"]
             breaks = sum(counters["graph_break"].values())
@@ -254,7 +296,7 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
                 for _ in range(10):  # cudagraph trees: warm-up, record, then replays
                     result = run(*args)
                 torch.cuda.synchronize()
-                if not torch.equal(result, reference):
+                if args[0] is not x and args[0] is not h and not torch.equal(result, reference):
                     notes[name] = "RESULT DIFFERS from eager; "
                 with ReplayCounter() as replays:
                     for _ in range(100):
@@ -297,7 +339,8 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
 
         profile_path = os.path.join(out_dir, "compile_profile.txt")
         with open(profile_path, "w") as f:
-            for name in ("compiled, mode=reduce-overhead", "eager integrations.attention (the op)"):
+            for name in ("compiled, mode=reduce-overhead",
+                         "eager, the op dispatched (torch.ops.tiledattention.sdpa_fwd)"):
                 if name not in variants:
                     continue
                 profiler = cProfile.Profile()
@@ -314,13 +357,19 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
             logger.removeHandler(handler)
     handler.close()
 
-    eager = times.get("eager integrations.attention (the op)")
+    # each compiled variant against the same function run eagerly
+    eager_of = {"compiled x * 2": "eager x * 2", "compiled torch SDPA": "eager torch SDPA",
+                "block, reduce-overhead: integrations": "block, eager: integrations.attention",
+                "block, reduce-overhead: torch SDPA": "block, eager: torch SDPA",
+                "compiled": "eager integrations.attention"}
     for name, us in times.items():
         note = notes.get(name, "")
-        if eager is not None and name.startswith("compiled"):
-            note = (f"{us / eager:.2f}x eager; " + note) if note else f"{us / eager:.2f}x eager"
+        eager = next((times.get(e) for c, e in eager_of.items() if name.startswith(c)), None)
+        if eager is not None:
+            note = f"{us / eager:.2f}x eager" + (f"; {note}" if note else "")
         rows.append((name, us, note))
-    overhead = times.get("compiled, mode=reduce-overhead")
+    eager, overhead = (times.get("eager integrations.attention"),
+                       times.get("compiled, mode=reduce-overhead"))
     if overhead is not None and eager is not None:
         rows.append(("**reduce-overhead <= eager?**", overhead - eager,
                      ("yes" if overhead <= eager else "NO") + " (µs above eager)"))
