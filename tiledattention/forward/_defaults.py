@@ -73,7 +73,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
             if (problem.seqlen_k if problem.bottom_right else problem.seqlen_q) >= 4096:
                 return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
                                 longest_first=True, **fast_math, **split)
-            if split["split_d"]:  # 64 + 8, 64 + 16, 64 + 32
+            if split["split_d"]:  # 72 and 80 as 64 + 16, 96 as 64 + 32
                 return Schedule(tile_m=64, tile_n=64, occupancy=3, kv_sawtooth=True,
                                 longest_first=True, **fast_math, **split)
             return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math, **split)
