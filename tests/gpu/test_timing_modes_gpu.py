@@ -117,7 +117,11 @@ def test_retiming_in_graph_mode_times_candidates_and_baselines(mode):
     print({k: v.median_ms if isinstance(v, Timing) else v for k, v in retimed.items()})
     for key in ("candidate-0", "default"):
         assert isinstance(retimed[key], Timing) and retimed[key].samples >= 30
-        assert retimed[key].median_ms == pytest.approx(measured.timing.median_ms, rel=0.2)
+    # one schedule under two names, timed interleaved: the same time. (Against the separate
+    # measure() above only loosely: other test processes may share the GPU in between.)
+    assert retimed["candidate-0"].median_ms == pytest.approx(retimed["default"].median_ms,
+                                                             rel=0.1)
+    assert 0.2 < retimed["default"].median_ms / measured.timing.median_ms < 5
     for baseline in ("torch-cudnn", "torch-flash"):  # timed, or said why not
         value = retimed[baseline]
         assert isinstance(value, Timing) or value.startswith("unavailable: "), value
