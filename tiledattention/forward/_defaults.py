@@ -32,7 +32,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
       tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at S >= 4k; a 512-query chunk
       over 4608 keys: 1.07x). A split head dim (72, 80, 96) below 4k keys: 64x64 tiles at
       occupancy 3, sawtooth, longest first (the four such fitting shapes, D80/D96 at S 300 to
-      1337: 1.05-1.25x the 64x128 schedule; at S 4096 it loses, 0.98x).
+      1337: 1.07-1.25x the 64x128 schedule; at S 4096 it loses to the cluster, 0.99x).
     - 64 < D <= 128, not causal, lengths multiples of 128: 128x128 tiles, one CTA per SM with
       8 worker warps, persistent (every shipped D128 non-causal row; D72 at S 256 and 1024).
       Other lengths (a ragged last tile): D <= 80, 128x64 tiles at occupancy 2 with 8 worker
