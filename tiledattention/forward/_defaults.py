@@ -27,12 +27,15 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
       S >= 2k). A head dim between 32 and 64 (40, 48, 56): 256x64 tiles over a two-CTA
       cluster, persistent (Stable Diffusion's D40: 1.8x the 64x64 tiles; one shape measured).
     - 64 < D <= 128, causal: 64x128 at occupancy 2 with exp2, approximate division and K
-      loaded transposed; where rows see 4k keys or more (S_q >= 4k, or S_k >= 4k bottom-right:
-      chunked prefill) the same 128-row tile split over a cluster of two CTAs, longest query
-      tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at S >= 4k; a 512-query chunk
-      over 4608 keys: 1.07x). A split head dim (72, 80, 96) below 4k keys: 64x64 tiles at
-      occupancy 3, sawtooth, longest first (the four such fitting shapes, D80/D96 at S 300 to
-      1337: 1.07-1.25x the 64x128 schedule; at S 4096 it loses to the cluster, 0.99x).
+      loaded transposed, key tiles walked sawtooth, longest query tiles first (D128 below 4k
+      keys: 1.01-1.04x the same without the last two on the three such fitting shapes,
+      1.00-1.09x on ten more at S 256 to 3500). Where rows see 4k keys or more (S_q >= 4k, or
+      S_k >= 4k bottom-right: chunked prefill), the same 128-row tile split over a cluster of
+      two CTAs, longest query tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at
+      S >= 4k; a 512-query chunk over 4608 keys: 1.07x). A split head dim (72, 80, 96) below
+      4k keys: 64x64 tiles at occupancy 3, sawtooth, longest first (the four such fitting
+      shapes, D80/D96 at S 300 to 1337: 1.07-1.25x the 64x128 schedule; at S 4096 it loses to
+      the cluster, 0.99x).
     - 64 < D <= 128, not causal, lengths multiples of 128: 128x128 tiles, one CTA per SM with
       8 worker warps, persistent (every shipped D128 non-causal row; D72 at S 256 and 1024).
       Other lengths (a ragged last tile): D <= 80, 128x64 tiles at occupancy 2 with 8 worker
@@ -76,7 +79,8 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
             if split["split_d"]:  # 72 and 80 as 64 + 16, 96 as 64 + 32
                 return Schedule(tile_m=64, tile_n=64, occupancy=3, kv_sawtooth=True,
                                 longest_first=True, **fast_math, **split)
-            return Schedule(tile_m=64, tile_n=128, occupancy=2, **fast_math, **split)
+            return Schedule(tile_m=64, tile_n=128, occupancy=2, kv_sawtooth=True,
+                            longest_first=True, **fast_math, **split)
         even = problem.seqlen_q % 128 == 0 and problem.seqlen_k % 128 == 0
         if 80 < d <= 96:  # two parts, 64 + 32: 64-row tiles
             return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
