@@ -220,3 +220,62 @@ def test_a_trial_failed_as_stale_by_another_worker_is_dropped(tmp_path):
     keys = [t.user_attrs["schedule_key"] for t in measured]
     assert len(set(keys)) == len(keys)
     assert _budget_records(url, name) == (trials, {t.number for t in measured})
+
+
+# -- a worker whose rival holds the key's last tickets -----------------------------------------
+
+class _Slow:
+    """An executor that takes ``delay_s`` per measurement (a rival still measuring)."""
+
+    def __init__(self, inner: IsolatedExecutor, delay_s: float):
+        self._inner, self._delay_s = inner, delay_s
+
+    def measurement(self, method, *args, deadline):
+        if method == "measure":
+            time.sleep(self._delay_s)
+        return self._inner.measurement(method, *args, deadline=deadline)
+
+    def call(self, method, *args, deadline):
+        return self._inner.call(method, *args, deadline=deadline)
+
+
+@pytest.mark.slow  # two measuring processes; a few seconds
+def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_path):
+    """Worker A takes every ticket of the key and measures slowly; worker B, starting after,
+    finds the budget spent while none of A's trials has finished. B waits for them instead of
+    reporting no schedule, and both report and store the same winner."""
+    import threading
+
+    url, db, trials = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite"), 2
+    config = SearchConfig(n_trials=trials, patience=None, space="compact", lookahead=trials,
+                          heartbeat_s=60, grace_s=120)
+    results: dict[str, object] = {}
+
+    def worker(name: str, delay_s: float) -> None:
+        with open_database(db) as schedules, IsolatedExecutor(SimulatedExecutor) as inner:
+            tuner = Tuner(_Slow(inner, delay_s), family=FORWARD, arch="sm_90",
+                          device_name="Simulated GPU", storage_url=url, db=schedules,
+                          config=config)
+            try:
+                results[name] = tuner.tune(PROBLEM)
+            finally:
+                tuner.close()
+
+    rival = threading.Thread(target=worker, args=("a", 2.0))
+    rival.start()
+    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until A holds every ticket
+        try:
+            if _budget_records(url, name)[0] == trials:
+                break
+        except sa.exc.SQLAlchemyError:  # the tables do not exist yet
+            pass
+        time.sleep(0.1)
+    worker("b", 0.0)
+    rival.join()
+    a, b = results["a"], results["b"]
+    assert a.measured == trials and b.measured == 0
+    assert b.best is not None and b.best.key == a.best.key
+    with open_database(db) as schedules:
+        assert [r.problem for r in schedules.rows()] == [PROBLEM]

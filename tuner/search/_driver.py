@@ -51,7 +51,7 @@ from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
 from ._candidates import feasible, neighbours, seeds
 from ._trials import (TIMING_ATTR, compile_job, correct_trials, known_elsewhere, measured_trials,
-                      pick_winner, study_timing, tell, waiting)
+                      measuring_elsewhere, pick_winner, study_timing, tell, waiting)
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
 
@@ -293,9 +293,27 @@ class Tuner:
                 heartbeat.drop(trial._trial_id)
             heartbeat.close()
             budget.close()
+        self._await_others(study, start)
         self._finish(study, problem, result)
         result.wall_s = time.monotonic() - start
         return result
+
+    def _await_others(self, study, start: float) -> None:
+        """Wait while other workers still measure this key on budget tickets (this worker
+        stopped because the budget was spent), so that every worker's result and stored row
+        count their trials: without it, a worker whose rival took the last tickets reports no
+        schedule for a key the study solves. Bounded by the key's time limit and by what the
+        rival's queued candidates may take (compile and run deadlines each); a worker that died
+        holding trials is failed as stale once its heartbeat is older than the grace period."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.grace_s + (cfg.lookahead + 1) * (
+            cfg.compile_deadline_s + cfg.run_deadline_s)
+        if cfg.timeout_s is not None:
+            deadline = min(deadline, start + cfg.timeout_s)
+        while measuring_elsewhere(study) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            with quiet_optuna():
+                optuna.storages.fail_stale_trials(study)
 
     def _incumbent(self, study, space, problem: Any) -> Any:
         """The fastest correct schedule measured so far for this key (a resumed study)."""

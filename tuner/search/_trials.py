@@ -17,7 +17,8 @@ from tiledattention import CompileError, Family
 
 from ..measure import FAILURES, STATUSES, TIE_REL_FLOOR, Timing, TimingMode, within_noise
 
-__all__ = ["correct_trials", "measured_trials", "settled", "waiting", "known_elsewhere", "tell",
+__all__ = ["correct_trials", "measured_trials", "settled", "waiting", "measuring_elsewhere",
+           "known_elsewhere", "tell",
            "compile_job", "study_timing", "simplicity", "pick_winner", "TIMING_ATTR"]
 
 #: the study's and each measured trial's user attribute holding the timing mode (as a dict)
@@ -97,6 +98,13 @@ def settled(study) -> set[str]:
 def waiting(study) -> bool:
     """Whether enqueued candidates (seeds, brute force, retries) are still to be asked."""
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def measuring_elsewhere(study) -> bool:
+    """Whether a trial on a budget ticket is still running: once this worker's own trials are
+    finished, another worker is measuring it."""
+    return any(t.user_attrs.get("ticket")
+               for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
 
 def known_elsewhere(study, key: str) -> float | str:
