@@ -23,7 +23,10 @@ def main(url: str) -> None:
                     and t.state.is_finished()
                     and t.user_attrs.get("status") in ("ok", *FAILURES)]
         keys = [t.user_attrs["schedule_key"] for t in measured]
-        workers = collections.Counter(t.user_attrs.get("worker") for t in measured)
+        workers = collections.Counter(
+            t.user_attrs.get("worker") + (f" (GPU {t.user_attrs['device']})"
+                                          if "device" in t.user_attrs else "")
+            for t in measured)
         print(f"{summary.study_name}: {len(measured)} measured, {len(set(keys))} distinct, "
               f"{len(study.trials)} trials in all; by worker: {dict(workers)}")
 

@@ -241,9 +241,10 @@ class _Slow:
 
 @pytest.mark.slow  # two measuring processes; a few seconds
 def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_path):
-    """Worker A takes every ticket of the key and measures slowly; worker B, starting after,
-    finds the budget spent while none of A's trials has finished. B waits for them instead of
-    reporting no schedule, and both report and store the same winner."""
+    """Worker A (GPU 0) takes every ticket of the key and measures slowly; worker B (GPU 1),
+    starting after, finds the budget spent while none of A's trials has finished. B waits for
+    them instead of reporting no schedule, and both report and store the same winner; the
+    trials record the GPU that measured them."""
     import threading
 
     url, db, trials = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite"), 2
@@ -255,7 +256,7 @@ def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_pa
         with open_database(db) as schedules, IsolatedExecutor(SimulatedExecutor) as inner:
             tuner = Tuner(_Slow(inner, delay_s), family=FORWARD, arch="sm_90",
                           device_name="Simulated GPU", storage_url=url, db=schedules,
-                          config=config)
+                          config=config, device_index={"a": 0, "b": 1}[name])
             try:
                 results[name] = tuner.tune(PROBLEM)
             finally:
@@ -277,5 +278,7 @@ def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_pa
     a, b = results["a"], results["b"]
     assert a.measured == trials and b.measured == 0
     assert b.best is not None and b.best.key == a.best.key
+    measured = _measured(optuna.load_study(study_name=name, storage=url).get_trials())
+    assert [t.user_attrs["device"] for t in measured] == [0] * trials  # who measured: GPU 0
     with open_database(db) as schedules:
         assert [r.problem for r in schedules.rows()] == [PROBLEM]

@@ -105,9 +105,10 @@ class Tuner:
     def __init__(self, executor: IsolatedExecutor, *, family: Family, arch: str,
                  device_name: str, storage_url: str, db=None,
                  config: SearchConfig = SearchConfig(), compile_workers: int = 0,
-                 backend: str = "gpu",
+                 backend: str = "gpu", device_index: int | None = None,
                  on_event: Callable[[str, dict], None] | None = None) -> None:
         self.executor = executor
+        self.device_index = device_index  # the local GPU measuring, recorded on its trials
         self.family = family
         self.backend = backend  # what measures: "gpu", or "simulated" (stored with each row)
         self.arch = arch
@@ -346,6 +347,8 @@ class Tuner:
         if prior is None:
             trial.set_user_attr("ticket", True)
             trial.set_user_attr("worker", _WORKER)
+            if self.device_index is not None:
+                trial.set_user_attr("device", self.device_index)
             known[schedule.key] = "running"
             return "measure"
         if why is not None:
