@@ -29,7 +29,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     - 64 < D <= 128, causal: 64x128 at occupancy 2 with exp2, approximate division and K
       loaded transposed, key tiles walked sawtooth, longest query tiles first (D128 below 4k
       keys: 1.01-1.04x the same without the last two on the three such fitting shapes,
-      1.00-1.09x on ten more at S 256 to 3500). Where rows see 4k keys or more (S_q >= 4k, or
+      0.99-1.09x on ten more at S 256 to 3500). Where rows see 4k keys or more (S_q >= 4k, or
       S_k >= 4k bottom-right: chunked prefill), the same 128-row tile split over a cluster of
       two CTAs, longest query tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at
       S >= 4k; a 512-query chunk over 4608 keys: 1.07x). A split head dim (72, 80, 96) below

@@ -25,7 +25,9 @@ worker (``_storage``), the budget table gives out exactly ``n_trials`` tickets a
 schedule (``_budget``), and a trial that another worker finishes while this one holds it (it
 failed the trial as stale: this worker's heartbeat had stopped for longer than the grace
 period) is dropped here: what this worker took for it is given back, nothing is counted, and
-the search goes on.
+the search goes on. A worker that finds the budget spent while others still measure trials of
+the key waits for them (``_await_others``), so every worker re-times and reports the key's
+winner.
 """
 
 from __future__ import annotations
