@@ -140,18 +140,7 @@ def main() -> int:
     print(f"{dev.name} ({arch}); {len(rows)} shipped forward rows; {len(shapes)} shapes; "
           f"{len(jobs)} (shape, schedule) compiles", file=sys.stderr, flush=True)
 
-    failed: dict[tuple, str] = {}
-    with CompilePool(args.jobs) as pool:
-        futures = {pool.submit(compile_job, FORWARD, p, s, arch): (p, s.key) for p, s in jobs}
-        for n, fut in enumerate(as_completed(futures), 1):
-            _, _, error = fut.result()
-            if error is not None:
-                failed[futures[fut]] = error.splitlines()[0][:160]
-            if n % 200 == 0:
-                print(f"  compiled {n}/{len(jobs)} at {time.perf_counter() - start:.0f} s",
-                      file=sys.stderr, flush=True)
-    print(f"compiled at {time.perf_counter() - start:.0f} s; {len(failed)} failed",
-          file=sys.stderr, flush=True)
+    failed = compile_ahead(jobs, arch, args.jobs)
 
     records = []
     for set_name, shape in shapes:
@@ -167,6 +156,27 @@ def main() -> int:
               f"at {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     report(records, rows, arch)
     return 0
+
+
+def compile_ahead(jobs: list[tuple[Problem, object]], arch: str, processes: int
+                  ) -> dict[tuple, str]:
+    """Compile every (problem, schedule) of ``jobs`` in ``processes`` processes (cuTile's disk
+    cache then serves the launches); the first line of each failure, by (problem, schedule
+    key). Progress goes to standard error."""
+    start = time.perf_counter()
+    failed: dict[tuple, str] = {}
+    with CompilePool(processes) as pool:
+        futures = {pool.submit(compile_job, FORWARD, p, s, arch): (p, s.key) for p, s in jobs}
+        for n, fut in enumerate(as_completed(futures), 1):
+            _, _, error = fut.result()
+            if error is not None:
+                failed[futures[fut]] = error.splitlines()[0][:160]
+            if n % 200 == 0:
+                print(f"  compiled {n}/{len(jobs)} in {time.perf_counter() - start:.0f} s",
+                      file=sys.stderr, flush=True)
+    print(f"{len(jobs)} compiled in {time.perf_counter() - start:.0f} s; {len(failed)} failed",
+          file=sys.stderr, flush=True)
+    return failed
 
 
 def measure(set_name: str, shape: HeldOutShape, pool: dict, failed: dict, rows, arch: str,

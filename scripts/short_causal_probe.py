@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from concurrent.futures import as_completed
 from pathlib import Path
 
 import lookup_regret
@@ -32,8 +30,6 @@ from tiledattention import FORWARD, Problem
 from tiledattention.forward import Schedule, head_dim_parts
 from tuner.lookup import FITTING, HeldOutShape
 from tuner.lookup._policies import shipped_tuned_rows
-from tuner.measure._processes import CompilePool
-from tuner.search._trials import compile_job
 
 def _causal(name: str, b: int, hq: int, hkv: int, s: int, d: int,
             dtype: str = "bf16") -> HeldOutShape:
@@ -111,18 +107,9 @@ def main() -> int:
     arch = tiledattention.device_info(0).arch
     rows = shipped_tuned_rows(arch)
     pools = {s.name: candidates(arch, s.problem, named) for s in shapes}
-    jobs = {(s.problem, key): sched for s in shapes for key, (_, sched) in pools[s.name].items()}
-    failed: dict[tuple, str] = {}
-    start = time.perf_counter()
-    with CompilePool(args.jobs) as pool:
-        futures = {pool.submit(compile_job, FORWARD, p, sched, arch): (p, key)
-                   for (p, key), sched in jobs.items()}
-        for fut in as_completed(futures):
-            error = fut.result()[2]
-            if error is not None:
-                failed[futures[fut]] = error.splitlines()[0][:160]
-    print(f"{len(jobs)} compiled in {time.perf_counter() - start:.0f} s, {len(failed)} failed",
-          file=sys.stderr, flush=True)
+    failed = lookup_regret.compile_ahead(
+        [(s.problem, sched) for s in shapes for _, sched in pools[s.name].values()], arch,
+        args.jobs)
     records = []
     for shape in shapes:
         r = lookup_regret.measure("probe", shape, pools[shape.name], failed, rows, arch, args)
