@@ -1,11 +1,11 @@
 """Measurement: isolated worker processes, the GPU and simulated executors, and CUDA timing."""
 
-from ._executors import FAILURES, STATUSES, GpuExecutor, Measurement, first_line
+from ._executors import FAILURES, STATUSES, GpuExecutor, Measurement
 from ._isolation import IsolatedExecutor, WorkerDied, WorkerTimeout
 from ._processes import CompilePool, become_worker, interrupts_held, kill_group
 from ._simulated import SIMULATED_DEVICE, SimulatedExecutor, SimulatedFaults
 from ._timing import (L2_STATES, LAUNCHES, TIE_REL_FLOOR, GraphCaptureError, Timing, TimingMode,
-                      graph_cold_unsupported, summarize, tie_noise_ms, time_cuda,
+                      first_line, graph_cold_unsupported, summarize, tie_noise_ms, time_cuda,
                       time_interleaved, within_noise)
 
 __all__ = ["CompilePool", "FAILURES", "GpuExecutor", "GraphCaptureError", "IsolatedExecutor",

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from tiledattention import Family
 
-from ._timing import GraphCaptureError, Timing, TimingMode
+from ._timing import GraphCaptureError, Timing, TimingMode, first_line
 
 __all__ = ["Measurement", "GpuExecutor", "STATUSES", "FAILURES"]
 
@@ -38,11 +38,6 @@ class Measurement:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-def first_line(exc: BaseException, limit: int = 500) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:limit]
 
 
 class GpuExecutor:

@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
 __all__ = ["GraphCaptureError", "LAUNCHES", "L2_STATES", "TIE_REL_FLOOR", "Timing", "TimingMode",
-           "graph_cold_unsupported", "summarize", "tie_noise_ms", "time_cuda", "time_interleaved",
-           "within_noise"]
+           "first_line", "graph_cold_unsupported", "summarize", "tie_noise_ms", "time_cuda",
+           "time_interleaved", "within_noise"]
 
 #: The least L2 flush: larger than any current L2 (H100: 50 MB, B200: 126 MB); a device whose
 #: L2 is larger than half of it gets twice its L2 (``L2_cache_size``)
@@ -215,9 +215,10 @@ class _Sampler:
         return [start.elapsed_time(end) for start, end in events]
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException, limit: int = 500) -> str:
+    """``Type: first line of the message``, at most ``limit`` characters."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:limit]
 
 
 class _Graph:
@@ -256,7 +257,7 @@ class _Graph:
             self.graph.replay()  # the first replay uploads the graph: not a sample
             torch.cuda.synchronize()
         except Exception as exc:  # a launch path that cannot be captured (or replayed)
-            raise GraphCaptureError(f"cannot time in a CUDA graph: {_first_line(exc)}") from exc
+            raise GraphCaptureError(f"cannot time in a CUDA graph: {first_line(exc, 300)}") from exc
 
     def take(self, replays: int) -> list[float]:
         """Per-launch times of ``replays`` replays: one sample per replay (graph, warm: the
