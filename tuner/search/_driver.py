@@ -52,8 +52,9 @@ from ..measure import (FAILURES, TIE_REL_FLOOR, CompilePool, IsolatedExecutor, M
 from ._budget import Budget
 from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
 from ._candidates import feasible, neighbours, seeds
-from ._trials import (TIMING_ATTR, compile_job, correct_trials, known_elsewhere, measured_trials,
-                      measuring_elsewhere, pick_winner, study_timing, tell, waiting)
+from ._trials import (TIMING_ATTR, compile_job, correct_trials, improves, known_elsewhere,
+                      measured_trials, measuring_elsewhere, pick_winner, study_timing, tell,
+                      tpe_sampler, waiting)
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
 
@@ -179,9 +180,7 @@ class Tuner:
         # TPE; when the budget covers the feasible space, every feasible point is enqueued
         # instead (brute force; Optuna's BruteForceSampler stops studies only inside optimize())
         brute_force = len(feasible) <= cfg.n_trials
-        sampler = optuna.samplers.TPESampler(
-            seed=cfg.seed, multivariate=True, constant_liar=True,
-            n_startup_trials=max(5, min(15, cfg.n_trials // 4)))
+        sampler = tpe_sampler(cfg.n_trials, cfg.seed)
         name = study_name(cfg.study_prefix, self.family, self.arch, problem)
         with quiet_optuna():
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
@@ -266,7 +265,7 @@ class Tuner:
                         continue
                     finally:
                         heartbeat.drop(trial._trial_id)
-                if m.ok and m.timing.median_ms < best * (1 - 1e-3):
+                if m.ok and improves(m.timing.median_ms, best):
                     best, since_best, incumbent = m.timing.median_ms, 0, schedule
                 else:
                     since_best += 1

@@ -7,10 +7,10 @@ or a wrong result costs a trial and gives no value, as in a real search).
 
 :func:`replay_tuner` drives the search driver's own proposal code in the driver's order: the
 seeds (given: ``_candidates.seeds`` makes them), a hill-climbing step (``_candidates.neighbours``
-of the best so far) whenever nothing is queued and climbing budget is left, Optuna's TPE sampler
-configured as ``Tuner.tune`` configures it otherwise; ``lookahead`` candidates asked before the
-first is measured (the constant liar sees them running); repeats and static infeasibility cost
-nothing; the patience window; an improvement is one by more than 0.1%. What ``Tuner.tune`` does
+of the best so far) whenever nothing is queued and climbing budget is left, the driver's TPE
+sampler (``_trials.tpe_sampler``) otherwise; ``lookahead`` candidates asked before the first is
+measured (the constant liar sees them running); repeats and static infeasibility cost nothing;
+the patience window; the driver's rule for an improvement (``_trials.improves``). What ``Tuner.tune`` does
 beyond proposing (storage, budget tickets, claims, compile processes, the finalists' re-timing)
 is left out. ``tests/cpu/test_tuner_replay.py`` checks that on a sample that is the whole space
 the replay measures exactly what the real driver measures, in the same order, so a change of the
@@ -43,23 +43,11 @@ from optuna.trial import TrialState, create_trial
 from tiledattention import Family
 
 from ._candidates import neighbours
-from ._trials import waiting
+from ._trials import improves, tpe_sampler, waiting
 
-__all__ = ["Landscape", "Replay", "replay_tuner", "replay_random", "schedule_distance",
-           "tpe_sampler"]
+__all__ = ["Landscape", "Replay", "replay_tuner", "replay_random", "schedule_distance"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def tpe_sampler(n_trials: int, seed: int) -> optuna.samplers.TPESampler:
-    """The sampler ``Tuner.tune`` asks non-seed, non-climbing candidates from."""
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                      n_startup_trials=max(5, min(15, n_trials // 4)))
-
-
-def _improves(value: float, best: float) -> bool:
-    """Whether a measured time replaces the best so far (the driver's rule)."""
-    return value < best * (1 - 1e-3)
 
 
 @dataclass(frozen=True)
@@ -293,7 +281,7 @@ def replay_tuner(landscape: Landscape, seeds: Sequence[Any], *, n_trials: int, s
             study.tell(number, state=TrialState.FAIL)
         known[schedule.key] = value
         result._measured(schedule.key, value)
-        if isinstance(value, float) and _improves(value, best):
+        if isinstance(value, float) and improves(value, best):
             best, since_best, incumbent = value, 0, schedule
         else:
             since_best += 1

@@ -18,8 +18,8 @@ from tiledattention import CompileError, Family
 from ..measure import FAILURES, STATUSES, TIE_REL_FLOOR, Timing, TimingMode, within_noise
 
 __all__ = ["correct_trials", "measured_trials", "settled", "waiting", "measuring_elsewhere",
-           "known_elsewhere", "tell",
-           "compile_job", "study_timing", "simplicity", "pick_winner", "TIMING_ATTR"]
+           "known_elsewhere", "tell", "compile_job", "study_timing", "simplicity", "pick_winner",
+           "tpe_sampler", "improves", "TIMING_ATTR"]
 
 #: the study's and each measured trial's user attribute holding the timing mode (as a dict)
 TIMING_ATTR = "timing_mode"
@@ -98,6 +98,20 @@ def settled(study) -> set[str]:
 def waiting(study) -> bool:
     """Whether enqueued candidates (seeds, brute force, retries) are still to be asked."""
     return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def tpe_sampler(n_trials: int, seed: int):
+    """The sampler a search asks its non-seed, non-climbing candidates from: multivariate TPE
+    with a constant liar (concurrent workers see each other's running trials)."""
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                      n_startup_trials=max(5, min(15, n_trials // 4)))
+
+
+def improves(value: float, best: float) -> bool:
+    """Whether a measured time replaces the best so far: faster by more than 0.1%."""
+    return value < best * (1 - 1e-3)
 
 
 def measuring_elsewhere(study) -> bool:
