@@ -101,8 +101,7 @@ def waiting(study) -> bool:
 
 
 def tpe_sampler(n_trials: int, seed: int):
-    """The sampler a search asks its non-seed, non-climbing candidates from: multivariate TPE
-    with a constant liar (concurrent workers see each other's running trials)."""
+    """The search's sampler: multivariate TPE, a constant liar for concurrent workers."""
     import optuna
 
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
