@@ -1,10 +1,11 @@
-"""The runtime's memory: which schedule each (family, problem, device) resolved to, and the
-launch plans the families' entry points built for call signatures they saw before.
+"""The runtime's memory: which schedule each (family, problem, device) resolved to, the
+launch plans the families' entry points built for call signatures they saw before, and the
+scratch buffers (workspaces) their launches reuse.
 
-Both are bounded dicts owned by one :class:`Runtime` object (``tiledattention.runtime()``), so
-``use_database`` or ``clear()`` forgets them together: at most ``max_resolutions`` and
-``max_plans`` entries (oldest first out), so a process that meets endless shapes (a decode loop
-with a growing cache, say) holds a fixed amount of memory.
+All are bounded dicts owned by one :class:`Runtime` object (``tiledattention.runtime()``), so
+``use_database`` or ``clear()`` forgets them together: at most ``max_resolutions``,
+``max_plans`` and ``max_workspaces`` entries (oldest first out), so a process that meets endless
+shapes (a decode loop with a growing cache, say) holds a fixed amount of memory.
 """
 
 from __future__ import annotations
@@ -26,17 +27,21 @@ class Runtime:
 
     ``plan(signature)`` is the plan stored for a call ``signature`` (``None`` when there is
     none): the plan dict's own ``get``, bound once, so a warm call's lookup is one C call with no
-    Python frame of ours.
+    Python frame of ours. ``workspace(key)`` is the same for scratch buffers kept between calls.
     """
 
     def __init__(self, resolve: Callable[[Family, Any, DeviceInfo], Any], *,
-                 max_plans: int = 4096, max_resolutions: int = 4096) -> None:
+                 max_plans: int = 4096, max_resolutions: int = 4096,
+                 max_workspaces: int = 16) -> None:
         self._resolve = resolve
         self._memo: OrderedDict[tuple[str, Any, int], Any] = OrderedDict()
         self._plans: OrderedDict[Hashable, Any] = OrderedDict()
         self.plan: Callable[[Hashable], Any] = self._plans.get  # clear() keeps this dict
+        self._workspaces: OrderedDict[Hashable, Any] = OrderedDict()
+        self.workspace: Callable[[Hashable], Any] = self._workspaces.get
         self._max_plans = max_plans
         self._max_resolutions = max_resolutions
+        self._max_workspaces = max_workspaces
 
     def resolution(self, family: Family, problem: Any, device_index: int) -> Any:
         key = (family.name, problem, device_index)
@@ -56,7 +61,16 @@ class Runtime:
         if len(self._plans) > self._max_plans:
             self._plans.popitem(last=False)
 
+    def keep_workspace(self, key: Hashable, buffers: Any) -> None:
+        """Keep a call's scratch buffers (``workspace(key)`` returns them), the
+        ``max_workspaces`` most recently kept at most: the caller keys them so that no two
+        uses of one set can overlap in time (the decode family: by stream and thread)."""
+        self._workspaces[key] = buffers
+        if len(self._workspaces) > self._max_workspaces:
+            self._workspaces.popitem(last=False)
+
     def clear(self) -> None:
-        """Forget resolutions and plans (e.g. after new schedules were stored)."""
+        """Forget resolutions, plans and workspaces (e.g. after new schedules were stored)."""
         self._memo.clear()
         self._plans.clear()
+        self._workspaces.clear()

@@ -30,6 +30,7 @@ lookup; the overlap with q, k and v (addresses, not in the signature) is checked
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import Any, NamedTuple
 
 import cuda.tile as ct
@@ -52,6 +53,8 @@ _raw_stream: Any = None  # device index -> torch's current stream there, as an i
 _empty_like: Any = None
 _empty: Any = None
 _float32: Any = None
+_current_device: Any = None  # () -> the current CUDA device's index
+_capturing: Any = None  # () -> whether the current device's current stream is capturing
 
 #: The most query rows of any decode plan kept (in any runtime): a call with more rows cannot
 #: have a decode plan (q's shape is in the key), so it skips the decode lookup.
@@ -102,9 +105,9 @@ class _DecodePlan(NamedTuple):
 
 def _bind_torch() -> None:
     """Bind the torch functions the warm path calls (once; a test may have bound its own
-    ``_raw_stream``)."""
-    global _raw_stream, _empty_like, _empty, _float32
-    if _raw_stream is not None and _empty_like is not None:
+    ``_raw_stream``, ``_current_device`` and ``_capturing``)."""
+    global _raw_stream, _empty_like, _empty, _float32, _current_device, _capturing
+    if _empty_like is not None:
         return
     import torch
 
@@ -114,6 +117,10 @@ def _bind_torch() -> None:
             def raw(device: int) -> int:
                 return torch.cuda.current_stream(device).cuda_stream
         _raw_stream = raw
+    if _current_device is None:
+        _current_device = torch.cuda.current_device
+    if _capturing is None:
+        _capturing = torch.cuda.is_current_stream_capturing
     _empty, _float32 = torch.empty, torch.float32
     _empty_like = torch.empty_like
 
@@ -175,7 +182,31 @@ def _clear_of(out: Any, out_bytes: int, q: Any, q_bytes: int, k: Any, k_bytes: i
     return not (p < end and o < p + v_bytes)
 
 
-def _run_decode(plan: _DecodePlan, q: Any, k: Any, v: Any, device: int, out: Any) -> Any:
+def _new_partials(shapes: Any, device: Any) -> tuple[Any, Any]:
+    opart, lse = shapes
+    return _empty(opart, dtype=_float32, device=device), _empty(lse, dtype=_float32, device=device)
+
+
+def _decode_partials(runtime: Runtime, shapes: Any, q: Any, device: int, stream: int) -> Any:
+    """The float32 (Opart, Lse) scratch buffers of a multi-split decode call, kept by the
+    runtime per (device, stream, thread, shapes): calls in one stream's order reuse them (each
+    call's combine has read them before the next call's split kernel writes them), and calls
+    that may overlap in time (other streams, other threads) never share them. A stream being
+    captured into a CUDA graph gets buffers of its own each call (from the graph's memory pool,
+    as before), as does a call on a device other than the current one (whose capture state is
+    not what ``_capturing`` reports)."""
+    if device != _current_device() or _capturing():
+        return _new_partials(shapes, q.device)
+    key = (device, stream, get_ident(), shapes)
+    found = runtime.workspace(key)
+    if found is None:
+        found = _new_partials(shapes, q.device)
+        runtime.keep_workspace(key, found)
+    return found
+
+
+def _run_decode(runtime: Runtime, plan: _DecodePlan, q: Any, k: Any, v: Any, device: int,
+                out: Any) -> Any:
     """Launch a decode plan on torch tensors whose key matched it; ``None`` when K/V fall
     outside what the key guarantees, or ``out`` overlaps q, k or v (the caller then takes the
     validating path, which says what is wrong)."""
@@ -193,13 +224,12 @@ def _run_decode(plan: _DecodePlan, q: Any, k: Any, v: Any, device: int, out: Any
         if not _clear_of(out, out_bytes, q, q_bytes, k, _span(k_shape, k_strides) * item,
                          v, _span(k_shape, v_strides) * item):
             return None
+    stream = _raw_stream(device)
     partials = None
     if plan.partial_shapes is not None:
-        opart, lse = plan.partial_shapes
-        partials = (_empty(opart, dtype=_float32, device=q.device),
-                    _empty(lse, dtype=_float32, device=q.device))
+        partials = _decode_partials(runtime, plan.partial_shapes, q, device, stream)
     offset = k_shape[2] - plan.out_shape[2] if plan.bottom_right else 0
-    decode_launch.launch(_raw_stream(device), plan.launches, q, k, v, out, offset, partials)
+    decode_launch.launch(stream, plan.launches, q, k, v, out, offset, partials)
     return out
 
 
@@ -232,7 +262,7 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
     except (AttributeError, TypeError, IndexError):  # not torch tensors (CuPy), unhashable
         return _validated_call(runtime, q, k, v, causal, scale, schedule, out, None)
     if plan is not None:
-        result = _run_decode(plan, q, k, v, device, out)
+        result = _run_decode(runtime, plan, q, k, v, device, out)
         if result is not None:
             return result
     try:
@@ -356,7 +386,7 @@ def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale
             if signature is not None:
                 runtime.keep_plan(_decode_key(signature, k.shape), plan)
                 _decode_rows = max(_decode_rows, problem.seqlen_q)
-            return _run_decode(plan, q, k, v, device_index, out)  # not None: validated above
+            return _run_decode(runtime, plan, q, k, v, device_index, out)  # validated: not None
         import cupy
 
         with cupy.cuda.Device(device_index):

@@ -80,6 +80,8 @@ def cpu_device(monkeypatch, launches) -> CpuDevice:
     monkeypatch.setattr(sdpa_module, "device_info", lambda index: DEVICE)
     monkeypatch.setattr(runtime_module, "device_info", lambda index: DEVICE)
     monkeypatch.setattr(sdpa_module, "_raw_stream", lambda device: state.stream)
+    monkeypatch.setattr(sdpa_module, "_current_device", lambda: 0)
+    monkeypatch.setattr(sdpa_module, "_capturing", lambda: False)
     monkeypatch.setattr(sdpa_module, "_decode_rows", 0)
     monkeypatch.setattr(tiledattention, "_default_runtime", state.runtime)
     return state
@@ -328,6 +330,60 @@ def test_a_decode_plan_makes_short_queries_look_up_decode_keys_first(cpu_device,
     assert len(looked) == 1
     tiledattention.sdpa(q, k, v)
     assert len(looked) == 2  # the decode key, found
+
+
+def test_decode_scratch_buffers_are_kept_per_device_stream_and_thread(cpu_device, launches,
+                                                                      monkeypatch):
+    q, k, v = decode_qkv()
+    schedule = tiledattention.DecodeSchedule(splits=4, tile_n=128)
+
+    def scratch():  # the (Opart, Lse) of a call's launches
+        before = len(launches)
+        tiledattention.sdpa(q, k, v, schedule=schedule)
+        assert len(launches) == before + 2  # the split kernel, then the combine
+        split_args, combine_args = launches[-2][3], launches[-1][3]
+        assert combine_args[0] is split_args[4] and combine_args[1] is split_args[5]
+        return split_args[4], split_args[5]
+
+    # the warm path's device is q.get_device(): -1 for these CPU tensors
+    monkeypatch.setattr(sdpa_module, "_current_device", lambda: -1)
+    scratch()  # the validating call
+    first = scratch()
+    opart, lse = first
+    assert opart.dtype == lse.dtype == torch.float32
+    assert opart.shape == (8, 4, 16, 128) and lse.shape == (8, 4, 16)
+    assert all(a is b for a, b in zip(scratch(), first))  # kept: one stream's calls in order
+    cpu_device.stream = 8  # another stream: its own set, and the first is still kept
+    assert not any(a is b for a, b in zip(scratch(), first))
+    cpu_device.stream = 7
+    assert scratch()[0] is opart
+    import threading  # another thread on the same stream: its own set
+
+    found = []
+    thread = threading.Thread(target=lambda: found.append(scratch()))
+    thread.start()
+    thread.join()
+    assert not any(a is b for a, b in zip(found[0], first))
+    monkeypatch.setattr(sdpa_module, "_capturing", lambda: True)  # a graph: fresh each call
+    captured = scratch(), scratch()
+    assert captured[0][0] is not captured[1][0]
+    assert not any(a is b for a, b in zip(captured[0], first))
+    monkeypatch.setattr(sdpa_module, "_capturing", lambda: False)
+    monkeypatch.setattr(sdpa_module, "_current_device", lambda: 1)  # q is not on it: fresh
+    assert scratch()[0] is not opart
+    monkeypatch.setattr(sdpa_module, "_current_device", lambda: -1)
+    assert scratch()[0] is opart
+    cpu_device.runtime.clear()
+    assert scratch()[0] is not opart
+
+
+def test_the_runtime_keeps_a_bounded_number_of_workspaces():
+    runtime = Runtime(lambda *a: None, max_workspaces=2)
+    for key in "abc":
+        runtime.keep_workspace(key, key.upper())
+    assert runtime.workspace("a") is None and runtime.workspace("c") == "C"
+    runtime.clear()
+    assert runtime.workspace("c") is None
 
 
 # --------------------------------------------------------------------------------- helpers

@@ -350,6 +350,30 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(name):
     _release()
 
 
+@gpu
+def test_kept_scratch_buffers_stay_right_over_many_calls_on_two_streams():
+    """The runtime keeps a multi-split call's partial outputs per stream (and thread): calls
+    back to back, alternating between two streams that run at once, each return their own
+    inputs' result."""
+    schedule = DecodeSchedule(splits=7, tile_n=64)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    k, v = (torch.randn(2, 8, 3001, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            for _ in range(2))
+    queries = [torch.randn(2, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for _ in range(24)]
+    streams = (torch.cuda.current_stream(), torch.cuda.Stream())
+    streams[1].wait_stream(streams[0])
+    outs = []
+    for i, q in enumerate(queries):
+        with torch.cuda.stream(streams[i % 2]):
+            outs.append(tiledattention.sdpa(q, k, v, schedule=schedule))
+    torch.cuda.synchronize()
+    for i, (q, out) in enumerate(zip(queries, outs)):
+        ref, problem = expected(q, k, v)
+        assert_output(out, ref, problem, f"call {i} on stream {i % 2}")
+    _release()
+
+
 # ------------------------------------------------------- 4. decode loop: plans and host cost
 
 def _loop_inputs(sq, steps, seed=3):
