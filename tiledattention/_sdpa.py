@@ -15,7 +15,10 @@ device and ``requires_grad``. Then:
   (checking only what the key leaves out: K/V's shapes agree and fit the kernel's int32
   indexing); the schedule is looked up once per bucket, for the bucket's power-of-two length.
   A decode key is only looked for when q has no more rows than some decode plan kept so far
-  (``_decode_rows``), so a prefill call costs one dict lookup, not two.
+  (``_decode_rows``), so a prefill call costs one dict lookup, not two. A multi-split decode
+  call's float32 partial buffers are kept by the runtime between calls (``_decode_partials``:
+  per device, stream, thread and shapes; at most ``Runtime``'s ``max_workspaces`` sets, freed by
+  ``runtime().clear()``).
 
 Torch calls launch on ``torch._C._cuda_getCurrentRawStream(device)``, an int that ``ct.launch``
 takes as a raw ``CUstream`` (cuTile's ``parse_stream`` accepts ``int``; it is what
