@@ -1,10 +1,10 @@
-"""Does a sample's time include the host's time to launch it? (probe 12)
+"""Does a sample's time include the host's launch time? (probe 12)
 
     python scripts/launch_gap.py [--shape B,H,S,D,yes|no]... [--rounds N]
 
 For each shape and contender (tiledattention's looked-up schedule, torch SDPA with cuDNN and
 with flash) this prints the host time of one call (the mean of 200 calls enqueued behind a
-busy GPU, so no call waits for it) and the median kernel time twice, interleaved as
+busy GPU) and the median kernel time twice, interleaved as
 ``tuner.measure.time_interleaved`` does: once synchronising after every sample (the GPU is idle
 when each sample's L2 flush is enqueued, so a launch path slower than the flush shows up as a
 gap inside the sample) and once with all rounds enqueued before one synchronisation.

@@ -4,7 +4,7 @@
 
 Each case runs the real CLI (``python -m tuner.cli``, in a subprocess with its own cache
 directory) or the real lookup on real SQLite files in a temporary directory, and prints one line:
-the case and what happened. Run it on two commits to get the before/after columns.
+the case and what happened. Run it on two commits for the before/after columns.
 """
 
 from __future__ import annotations
