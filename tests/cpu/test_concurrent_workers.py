@@ -282,3 +282,58 @@ def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_pa
     assert [t.user_attrs["device"] for t in measured] == [0] * trials  # who measured: GPU 0
     with open_database(db) as schedules:
         assert [r.problem for r in schedules.rows()] == [PROBLEM]
+
+
+@pytest.mark.slow  # two measuring processes; a few seconds
+def test_a_worker_tunes_its_other_keys_before_waiting_for_a_rival(tmp_path):
+    """Worker A (slow) takes every ticket of the first key; worker B, starting after, finds
+    that budget spent, tunes the second key meanwhile (all its tickets: A is still busy), then
+    comes back to the first, waits for A's trials and reports A's winner. Without deferring,
+    B would idle on the first key until A's trials end and measure the second only then."""
+    import threading
+
+    url, db, trials = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite"), 2
+    second = Problem(batch=2, heads_q=8, heads_kv=8, seqlen_q=512, seqlen_k=512, head_dim=64,
+                     dtype="bf16", causal=True)
+    config = SearchConfig(n_trials=trials, patience=None, space="compact", lookahead=trials,
+                          heartbeat_s=60, grace_s=120)
+    results: dict[str, list] = {}
+    started: dict[str, list] = {"a": [], "b": []}
+
+    def worker(name: str, delay_s: float) -> None:
+        with open_database(db) as schedules, IsolatedExecutor(SimulatedExecutor) as inner:
+            tuner = Tuner(_Slow(inner, delay_s), family=FORWARD, arch="sm_90",
+                          device_name="Simulated GPU", storage_url=url, db=schedules,
+                          config=config)
+            try:
+                results[name] = tuner.tune_many([PROBLEM, second], started[name].append)
+            finally:
+                tuner.close()
+
+    rival = threading.Thread(target=worker, args=("a", 3.0))
+    rival.start()
+    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until A holds every ticket of the first key
+        try:
+            if _budget_records(url, name)[0] == trials:
+                break
+        except sa.exc.SQLAlchemyError:  # the tables do not exist yet
+            pass
+        time.sleep(0.1)
+    worker("b", 0.0)
+    rival.join()
+    (a1, a2), (b1, b2) = results["a"], results["b"]
+    assert started["b"] == [PROBLEM, second] and [r.problem for r in results["b"]] == \
+        [PROBLEM, second]
+    assert (a1.measured, b1.measured) == (trials, 0)  # the first key: A's alone
+    assert (a2.measured, b2.measured) == (0, trials)  # the second: B's, measured meanwhile
+    assert b1.best is not None and b1.best.key == a1.best.key
+    assert a2.best is not None and a2.best.key == b2.best.key
+    # B measured the second key while A still measured the first (not after it)
+    done = {key: max(t.datetime_complete for t in _measured(optuna.load_study(
+        study_name=study_name("tiledtune", FORWARD, "sm_90", key), storage=url).get_trials()))
+        for key in (PROBLEM, second)}
+    assert done[second] < done[PROBLEM]
+    with open_database(db) as schedules:
+        assert sorted(r.problem.seqlen_q for r in schedules.rows()) == [512, 1024]

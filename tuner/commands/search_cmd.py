@@ -322,7 +322,6 @@ def _search(args, problems, console) -> int:
                           lookahead=4 if args.backend == "gpu" else 1, timing=timing)
     compile_workers = (args.jobs or max(1, min(8, (os.cpu_count() or 2) - 2))
                        if args.backend == "gpu" else 0)
-    results = []
     with database as db, IsolatedExecutor(factory) as executor, Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
@@ -349,9 +348,10 @@ def _search(args, problems, console) -> int:
         with tuner:
             for problem in problems:  # a study measured in another timing mode: before any
                 tuner.check_timing(problem)
-            for problem in problems:
+            def on_key(problem) -> None:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
-                results.append(tuner.tune(problem))
+
+            results = tuner.tune_many(problems, on_key)
     _print_results(args, family, results, database=database_at, storage=storage, arch=arch,
                    device_name=device_name, timing=timing)
     return 0 if all(r.best is not None for r in results) else 1

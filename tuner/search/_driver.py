@@ -27,7 +27,7 @@ failed the trial as stale: this worker's heartbeat had stopped for longer than t
 period) is dropped here: what this worker took for it is given back, nothing is counted, and
 the search goes on. A worker that finds the budget spent while others still measure trials of
 the key waits for them (``_await_others``), so every worker re-times and reports the key's
-winner.
+winner; it first tunes its other keys (``tune_many``), so its GPU does not idle meanwhile.
 """
 
 from __future__ import annotations
@@ -170,6 +170,39 @@ class Tuner:
 
     # -- one key ---------------------------------------------------------------------------
     def tune(self, problem: Any) -> KeyResult:
+        """Tune one key: measure its candidates, wait for the trials other workers still
+        measure, re-time the finalists and store the winner."""
+        return self.tune_many([problem])[0]
+
+    def tune_many(self, problems: list[Any],
+                  on_key: Callable[[Any], None] | None = None) -> list[KeyResult]:
+        """Tune each key in turn (``on_key(problem)`` as each starts). A key whose budget this
+        worker finds spent while other workers still measure its trials is concluded (waited
+        for, re-timed, stored) after the other keys, so that this worker measures the next keys
+        meanwhile instead of idling; the results come in ``problems``' order."""
+        results, deferred = [], []
+        for problem in problems:
+            if on_key is not None:
+                on_key(problem)
+            study, result = self._explore(problem)
+            results.append(result)
+            if measuring_elsewhere(study):
+                deferred.append((study, problem, result))
+            else:
+                self._conclude(study, problem, result)
+        for study, problem, result in deferred:
+            self._conclude(study, problem, result)
+        return results
+
+    def _conclude(self, study, problem: Any, result: KeyResult) -> None:
+        start = time.monotonic()
+        self._await_others(study, result.wall_s)
+        self._finish(study, problem, result)
+        result.wall_s += time.monotonic() - start
+
+    def _explore(self, problem: Any) -> tuple[Any, KeyResult]:
+        """Measure ``problem``'s candidates until its budget, time limit or patience ends;
+        the study and the result so far (``wall_s``: the time this took)."""
         cfg = self.config
         start = time.monotonic()
         result = KeyResult(problem=problem, arch=self.arch, timing_mode=cfg.timing)
@@ -295,23 +328,23 @@ class Tuner:
                 heartbeat.drop(trial._trial_id)
             heartbeat.close()
             budget.close()
-        self._await_others(study, start)
-        self._finish(study, problem, result)
         result.wall_s = time.monotonic() - start
-        return result
+        return study, result
 
-    def _await_others(self, study, start: float) -> None:
+    def _await_others(self, study, spent_s: float) -> None:
         """Wait while other workers still measure this key on budget tickets (this worker
         stopped because the budget was spent), so that every worker's result and stored row
         count their trials: without it, a worker whose rival took the last tickets reports no
         schedule for a key the study solves. Bounded by the key's time limit and by what the
         rival's queued candidates may take (compile and run deadlines each); a worker that died
-        holding trials is failed as stale once its heartbeat is older than the grace period."""
+        holding trials is failed as stale once its heartbeat is older than the grace period.
+        ``spent_s``: the key's time so far in this worker."""
         cfg = self.config
-        deadline = time.monotonic() + cfg.grace_s + (cfg.lookahead + 1) * (
+        now = time.monotonic()
+        deadline = now + cfg.grace_s + (cfg.lookahead + 1) * (
             cfg.compile_deadline_s + cfg.run_deadline_s)
         if cfg.timeout_s is not None:
-            deadline = min(deadline, start + cfg.timeout_s)
+            deadline = min(deadline, now + cfg.timeout_s - spent_s)
         while measuring_elsewhere(study) and time.monotonic() < deadline:
             time.sleep(0.5)
             with quiet_optuna():
