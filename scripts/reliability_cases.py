@@ -3,8 +3,8 @@
     python scripts/reliability_cases.py [--rows 51000]
 
 Each case runs the real CLI (``python -m tuner.cli``, in a subprocess with its own cache
-directory) or the real lookup on real SQLite files in a temporary directory, and prints one line:
-the case and what happened. Run it on two commits for the before/after columns.
+directory) or the real lookup on SQLite files in a temporary folder, and prints one line:
+the case and what happened; two commits' runs give the before/after columns.
 """
 
 from __future__ import annotations
