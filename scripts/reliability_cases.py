@@ -4,7 +4,7 @@
 
 Each case runs the real CLI (``python -m tuner.cli``, in a subprocess with its own cache
 directory) or the real lookup on SQLite files in a temporary folder, and prints one line:
-the case and what happened; two commits' runs give the before/after columns.
+the case and what happened; two commits give the before/after columns.
 """
 
 from __future__ import annotations
