@@ -348,6 +348,7 @@ def _search(args, problems, console) -> int:
         with tuner:
             for problem in problems:  # a study measured in another timing mode: before any
                 tuner.check_timing(problem)
+
             def on_key(problem) -> None:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
 
