@@ -6,27 +6,12 @@ ones per call (what ``sdpa`` did before it kept them) and torch's SDPA, interlea
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
 import tiledattention as ta
 import tiledattention._sdpa as sdpa_module
-
-
-def per_call_us(fns, calls=1000, repeats=7):
-    samples = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            samples[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: statistics.median(s) for name, s in samples.items()}
+from overhead import interleaved  # scripts/overhead.py, beside this script
 
 
 def main() -> None:
@@ -45,9 +30,10 @@ def main() -> None:
             sdpa_module._decode_partials = partials
             return ta.sdpa(q, k, v)
 
-        times = per_call_us({
+        times = interleaved({
             "fresh buffers": lambda: call(fresh), "kept buffers": lambda: call(kept),
-            "torch SDPA": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)})
+            "torch SDPA": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)},
+            calls=1000, repeats=7)
         sdpa_module._decode_partials = kept
         print(f"B{b} H32/8 S_k {sk} D128 bf16 ({ta.explain(q, k, v).schedule.describe()}): "
               + ", ".join(f"{name} {us:.1f} µs" for name, us in times.items()))
