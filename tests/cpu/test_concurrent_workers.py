@@ -239,18 +239,18 @@ class _Slow:
         return self._inner.call(method, *args, deadline=deadline)
 
 
-@pytest.mark.slow  # two measuring processes; a few seconds
-def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_path):
-    """Worker A (GPU 0) takes every ticket of the key and measures slowly; worker B (GPU 1),
-    starting after, finds the budget spent while none of A's trials has finished. B waits for
-    them instead of reporting no schedule, and both report and store the same winner; the
-    trials record the GPU that measured them."""
+def _rival_first(tmp_path, problems: list, rival_delay_s: float, trials: int = 2):
+    """Worker A (GPU 0) tunes ``problems``, each measurement taking ``rival_delay_s``; once
+    it holds every ticket of the first key, worker B (GPU 1) tunes them at full speed. Returns
+    the storage URL, the database path and, per worker, its results and its keys as each
+    started (``tune_many``'s ``on_key``)."""
     import threading
 
-    url, db, trials = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite"), 2
+    url, db = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite")
     config = SearchConfig(n_trials=trials, patience=None, space="compact", lookahead=trials,
                           heartbeat_s=60, grace_s=120)
-    results: dict[str, object] = {}
+    results: dict[str, list] = {}
+    started: dict[str, list] = {"a": [], "b": []}
 
     def worker(name: str, delay_s: float) -> None:
         with open_database(db) as schedules, IsolatedExecutor(SimulatedExecutor) as inner:
@@ -258,15 +258,15 @@ def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_pa
                           device_name="Simulated GPU", storage_url=url, db=schedules,
                           config=config, device_index={"a": 0, "b": 1}[name])
             try:
-                results[name] = tuner.tune(PROBLEM)
+                results[name] = tuner.tune_many(problems, started[name].append)
             finally:
                 tuner.close()
 
-    rival = threading.Thread(target=worker, args=("a", 2.0))
+    rival = threading.Thread(target=worker, args=("a", rival_delay_s))
     rival.start()
-    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
+    name = study_name("tiledtune", FORWARD, "sm_90", problems[0])
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until A holds every ticket
+    while time.monotonic() < deadline:  # until A holds every ticket of the first key
         try:
             if _budget_records(url, name)[0] == trials:
                 break
@@ -275,9 +275,21 @@ def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_pa
         time.sleep(0.1)
     worker("b", 0.0)
     rival.join()
-    a, b = results["a"], results["b"]
+    return url, db, results, started
+
+
+@pytest.mark.slow  # two measuring processes; a few seconds
+def test_a_worker_that_finds_the_budget_spent_waits_for_the_rivals_trials(tmp_path):
+    """Worker A (GPU 0) takes every ticket of the key and measures slowly; worker B (GPU 1),
+    starting after, finds the budget spent while none of A's trials has finished. B waits for
+    them instead of reporting no schedule, and both report and store the same winner; the
+    trials record the GPU that measured them."""
+    trials = 2
+    url, db, results, _ = _rival_first(tmp_path, [PROBLEM], 2.0, trials)
+    (a,), (b,) = results["a"], results["b"]
     assert a.measured == trials and b.measured == 0
     assert b.best is not None and b.best.key == a.best.key
+    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
     measured = _measured(optuna.load_study(study_name=name, storage=url).get_trials())
     assert [t.user_attrs["device"] for t in measured] == [0] * trials  # who measured: GPU 0
     with open_database(db) as schedules:
@@ -290,39 +302,10 @@ def test_a_worker_tunes_its_other_keys_before_waiting_for_a_rival(tmp_path):
     that budget spent, tunes the second key meanwhile (all its tickets: A is still busy), then
     comes back to the first, waits for A's trials and reports A's winner. Without deferring,
     B would idle on the first key until A's trials end and measure the second only then."""
-    import threading
-
-    url, db, trials = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite"), 2
+    trials = 2
     second = Problem(batch=2, heads_q=8, heads_kv=8, seqlen_q=512, seqlen_k=512, head_dim=64,
                      dtype="bf16", causal=True)
-    config = SearchConfig(n_trials=trials, patience=None, space="compact", lookahead=trials,
-                          heartbeat_s=60, grace_s=120)
-    results: dict[str, list] = {}
-    started: dict[str, list] = {"a": [], "b": []}
-
-    def worker(name: str, delay_s: float) -> None:
-        with open_database(db) as schedules, IsolatedExecutor(SimulatedExecutor) as inner:
-            tuner = Tuner(_Slow(inner, delay_s), family=FORWARD, arch="sm_90",
-                          device_name="Simulated GPU", storage_url=url, db=schedules,
-                          config=config)
-            try:
-                results[name] = tuner.tune_many([PROBLEM, second], started[name].append)
-            finally:
-                tuner.close()
-
-    rival = threading.Thread(target=worker, args=("a", 3.0))
-    rival.start()
-    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until A holds every ticket of the first key
-        try:
-            if _budget_records(url, name)[0] == trials:
-                break
-        except sa.exc.SQLAlchemyError:  # the tables do not exist yet
-            pass
-        time.sleep(0.1)
-    worker("b", 0.0)
-    rival.join()
+    url, db, results, started = _rival_first(tmp_path, [PROBLEM, second], 3.0, trials)
     (a1, a2), (b1, b2) = results["a"], results["b"]
     assert started["b"] == [PROBLEM, second] and [r.problem for r in results["b"]] == \
         [PROBLEM, second]

@@ -257,7 +257,8 @@ class _Graph:
             self.graph.replay()  # the first replay uploads the graph: not a sample
             torch.cuda.synchronize()
         except Exception as exc:  # a launch path that cannot be captured (or replayed)
-            raise GraphCaptureError(f"cannot time in a CUDA graph: {first_line(exc, 300)}") from exc
+            raise GraphCaptureError(
+                f"cannot time in a CUDA graph: {first_line(exc, 300)}") from exc
 
     def take(self, replays: int) -> list[float]:
         """Per-launch times of ``replays`` replays: one sample per replay (graph, warm: the

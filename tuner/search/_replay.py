@@ -5,16 +5,16 @@ GPU; ``scripts/tuner_replay.py`` replays strategies against those times with man
 objective of a replay is a lookup: a schedule's measured median, or its failure (a compile error
 or a wrong result costs a trial and gives no value, as in a real search).
 
-:func:`replay_tuner` drives the search driver's own proposal code in the driver's order: the
-seeds (given: ``_candidates.seeds`` makes them), a hill-climbing step (``_candidates.neighbours``
-of the best so far) whenever nothing is queued and climbing budget is left, the driver's TPE
-sampler (``_trials.tpe_sampler``) otherwise; ``lookahead`` candidates asked before the first is
-measured (the constant liar sees them running); repeats and static infeasibility cost nothing;
-the patience window; the driver's rule for an improvement (``_trials.improves``). What ``Tuner.tune`` does
-beyond proposing (storage, budget tickets, claims, compile processes, the finalists' re-timing)
-is left out. ``tests/cpu/test_tuner_replay.py`` checks that on a sample that is the whole space
-the replay measures exactly what the real driver measures, in the same order, so a change of the
-driver's policy that the replay does not follow fails that test.
+:func:`replay_tuner` drives the search driver's own proposal code in the driver's order: the seeds
+(given: ``_candidates.seeds`` makes them), a hill-climbing step (``_candidates.neighbours`` of the
+best so far) whenever nothing is queued and climbing budget is left, the driver's TPE sampler
+(``_trials.tpe_sampler``) otherwise; ``lookahead`` candidates asked before the first is measured
+(the constant liar sees them running); repeats and static infeasibility cost nothing; the patience
+window; the driver's rule for an improvement (``_trials.improves``). What ``Tuner.tune`` does beyond
+proposing (storage, budget tickets, claims, compile processes, the finalists' re-timing) is left
+out. ``tests/cpu/test_tuner_replay.py`` checks that on a sample that is the whole space the replay
+measures exactly what the real driver measures, in the same order, so a change of the driver's
+policy that the replay does not follow fails that test.
 
 Proposals outside the sample. A sample holds a few hundred of the space's ~10^5 normalised
 schedules, so most schedules a search proposes were never measured. Such a proposal is *stood in
