@@ -320,3 +320,62 @@ def test_a_worker_tunes_its_other_keys_before_waiting_for_a_rival(tmp_path):
     assert done[second] < done[PROBLEM]
     with open_database(db) as schedules:
         assert sorted(r.problem.seqlen_q for r in schedules.rows()) == [512, 1024]
+
+
+class _Counting(_Slow):
+    """An executor that counts the calls of each method (re-timings among them)."""
+
+    def __init__(self, inner: IsolatedExecutor):
+        super().__init__(inner, 0.0)
+        self.calls: collections.Counter = collections.Counter()
+
+    def measurement(self, method, *args, deadline):
+        self.calls[method] += 1
+        return super().measurement(method, *args, deadline=deadline)
+
+    def call(self, method, *args, deadline):
+        self.calls[method] += 1
+        return super().call(method, *args, deadline=deadline)
+
+
+def _worker(url: str, db: str, problems: list, start: int = 0, trials: int = 2):
+    """One in-process worker tuning ``problems`` from ``problems[start]`` on: its results, the
+    keys as each started, and its executor's call counts."""
+    config = SearchConfig(n_trials=trials, patience=None, space="compact", lookahead=trials)
+    started: list = []
+    with open_database(db) as schedules, IsolatedExecutor(SimulatedExecutor) as inner:
+        executor = _Counting(inner)
+        tuner = Tuner(executor, family=FORWARD, arch="sm_90", device_name="Simulated GPU",
+                      storage_url=url, db=schedules, config=config, device_index=0)
+        try:
+            results = tuner.tune_many(problems, started.append, start=start)
+        finally:
+            tuner.close()
+    return results, started, executor.calls
+
+
+def test_workers_begin_on_different_keys_and_report_in_order(tmp_path):
+    """``tune_many(start=1)`` walks the keys from the second, wrapping around, and returns the
+    results in the keys' order (``--workers`` gives each worker its own start)."""
+    keys = [PROBLEM, *(Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=s, seqlen_k=s,
+                               head_dim=64, dtype="bf16", causal=False) for s in (512, 2048))]
+    url, db = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite")
+    results, started, _ = _worker(url, db, keys, start=1)
+    assert started == [keys[1], keys[2], keys[0]]
+    assert [r.problem for r in results] == keys and all(r.best is not None for r in results)
+
+
+def test_a_key_concluded_by_another_worker_is_not_retimed(tmp_path):
+    """A worker that reaches a key another worker measured to its budget and concluded since
+    (nothing measured after the conclusion) reports that conclusion and re-times nothing; a
+    measurement after the conclusion makes the next worker conclude again."""
+    url, db = f"sqlite:///{tmp_path}/studies.sqlite", str(tmp_path / "s.sqlite")
+    (first,), _, calls = _worker(url, db, [PROBLEM])
+    assert first.measured == 2 and calls["retime"] == 1
+    (second,), _, calls = _worker(url, db, [PROBLEM])
+    assert second.measured == 0 and calls["retime"] == 0 and calls["measure"] == 0
+    assert second.best == first.best and second.tied == first.tied
+    assert second.timings == first.timings
+    assert second.stored == "concluded by another worker"
+    (third,), _, calls = _worker(url, db, [PROBLEM], trials=3)  # a larger budget: one more
+    assert third.measured == 1 and calls["retime"] == 1

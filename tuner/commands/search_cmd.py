@@ -125,6 +125,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                            help="tune on N local GPUs of --device at once, one process each, "
                                 "sharing the study (default 1)")
     run_group.add_argument("--device-index", type=count, default=None, help=argparse.SUPPRESS)
+    # a --workers child's place among them (I of N): it begins on key I * keys // N
+    run_group.add_argument("--worker-slot", type=count, nargs=2, default=(0, 1),
+                           help=argparse.SUPPRESS)
     run_group.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                            help="parallel compile processes (default: the CPU count, up to 8 "
                                 "while a GPU search measures)")
@@ -252,9 +255,10 @@ def _spawn_workers(args, console) -> int:
     stdout = subprocess.PIPE if args.json else None
     children: list[subprocess.Popen] = []
     try:
-        for d in devices:  # a session each: a Ctrl-C at the terminal reaches this process only
+        for slot, d in enumerate(devices):  # a session each: a Ctrl-C reaches this one only
             children.append(subprocess.Popen(
-                [sys.executable, "-m", "tuner.cli", *argv, "--device-index", str(d.index)],
+                [sys.executable, "-m", "tuner.cli", *argv, "--device-index", str(d.index),
+                 "--worker-slot", str(slot), str(len(devices))],
                 stdout=stdout, start_new_session=True))
         if not args.json:
             return max(child.wait() for child in children)
@@ -352,7 +356,8 @@ def _search(args, problems, console) -> int:
             def on_key(problem) -> None:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
 
-            results = tuner.tune_many(problems, on_key)
+            slot, slots = args.worker_slot
+            results = tuner.tune_many(problems, on_key, start=slot * len(problems) // max(1, slots))
     _print_results(args, family, results, database=database_at, storage=storage, arch=arch,
                    device_name=device_name, timing=timing)
     return 0 if all(r.best is not None for r in results) else 1

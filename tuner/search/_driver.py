@@ -85,6 +85,11 @@ class SearchConfig:
     tie_rel_floor: float = TIE_REL_FLOOR  # the tie rule's floor (``_trials.pick_winner``)
 
 
+#: Study attribute: the last conclusion of the key (winner, ties, re-timings) and how many
+#: measured trials it saw; a worker that measured nothing since takes it instead of re-timing.
+CONCLUSION_ATTR = "conclusion"
+
+
 @dataclass
 class KeyResult:
     problem: Any
@@ -174,31 +179,53 @@ class Tuner:
         measure, re-time the finalists and store the winner."""
         return self.tune_many([problem])[0]
 
-    def tune_many(self, problems: list[Any],
-                  on_key: Callable[[Any], None] | None = None) -> list[KeyResult]:
-        """Tune each key in turn (``on_key(problem)`` as each starts). A key whose budget this
-        worker finds spent while other workers still measure its trials is concluded (waited
-        for, re-timed, stored) after the other keys, so that this worker measures the next keys
-        meanwhile instead of idling; the results come in ``problems``' order."""
-        results, deferred = [], []
-        for problem in problems:
+    def tune_many(self, problems: list[Any], on_key: Callable[[Any], None] | None = None,
+                  start: int = 0) -> list[KeyResult]:
+        """Tune each key in turn, beginning with ``problems[start]`` and wrapping around
+        (``on_key(problem)`` as each starts): workers of one study given different starts
+        begin on different keys, and help each other only on the keys still open when they
+        reach them. A key whose budget this worker finds spent while other workers still
+        measure its trials is concluded (waited for, re-timed, stored) after the other keys, so
+        that this worker measures the next keys meanwhile instead of idling; the results come
+        in ``problems``' order."""
+        results: dict[int, KeyResult] = {}
+        deferred = []
+        order = [(start + i) % len(problems) for i in range(len(problems))] if problems else []
+        for i in order:
+            problem = problems[i]
             if on_key is not None:
                 on_key(problem)
             study, result = self._explore(problem)
-            results.append(result)
+            results[i] = result
             if measuring_elsewhere(study):
                 deferred.append((study, problem, result))
             else:
                 self._conclude(study, problem, result)
         for study, problem, result in deferred:
             self._conclude(study, problem, result)
-        return results
+        return [results[i] for i in range(len(problems))]
 
     def _conclude(self, study, problem: Any, result: KeyResult) -> None:
         start = time.monotonic()
         self._await_others(study, result.wall_s)
-        self._finish(study, problem, result)
+        if not (result.measured == 0 and self._concluded_elsewhere(study, problem, result)):
+            self._finish(study, problem, result)
         result.wall_s += time.monotonic() - start
+
+    def _concluded_elsewhere(self, study, problem: Any, result: KeyResult) -> bool:
+        """Whether another worker concluded the key after its last measurement (its
+        ``conclusion`` attribute counts every measured trial there is): then ``result`` takes
+        that conclusion instead of re-timing the same finalists again."""
+        found = study.user_attrs.get(CONCLUSION_ATTR)
+        if not found or found["measured"] != measured_trials(study):
+            return False
+        schedule = self.family.schedule_type.from_dict
+        result.best = schedule(found["best"])
+        result.tied = [schedule(s) for s in found["tied"]]
+        result.timings = {name: Timing(**v) if isinstance(v, dict) else v
+                          for name, v in found["timings"].items()}
+        result.stored = "concluded by another worker"
+        return True
 
     def _explore(self, problem: Any) -> tuple[Any, KeyResult]:
         """Measure ``problem``'s candidates until its budget, time limit or patience ends;
@@ -491,8 +518,13 @@ class Tuner:
         result.best, result.tied = best, tied
         result.timings = {"best": best_timing, **{k: v for k, v in timings.items()
                                                   if not k.startswith("candidate-")}}
+        measured = measured_trials(study)
         if self.db is not None:
-            result.stored = self._store(problem, result, measured_trials(study))
+            result.stored = self._store(problem, result, measured)
+        study.set_user_attr(CONCLUSION_ATTR, {
+            "measured": measured, "best": best.to_dict(), "tied": [s.to_dict() for s in tied],
+            "timings": {name: v.to_dict() if isinstance(v, Timing) else str(v)
+                        for name, v in result.timings.items()}})
 
     def _store(self, problem: Any, result: KeyResult, trials: int) -> str:
         from db import ScheduleRow
