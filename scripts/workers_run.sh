@@ -39,7 +39,10 @@ run() {  # run STEP W [extra args...]: one search, cold compile cache, its own f
 
 interrupt() {  # a --workers N forward run, SIGINT to its process group after 25 s, then resume
   local d=$work/interrupt-w$n; rm -rf "$d"; mkdir -p "$d"
-  setsid bash -c "CUDA_TILE_CACHE_DIR=$d/cache exec ${tt[*]} search ${common[*]} $(keys forward) \
+  # a background job starts with SIGINT ignored (and tiledtune keeps it so): give it back the
+  # default, as a terminal's foreground job has, before exec
+  setsid bash -c "CUDA_TILE_CACHE_DIR=$d/cache exec python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' ${tt[*]} search ${common[*]} $(keys forward) \
       --workers $n --db $d/s.sqlite --storage sqlite:///$d/st.sqlite" \
       > "$out/interrupt-w$n.out" 2> "$out/interrupt-w$n.log" &
   local pid=$!; sleep 25
