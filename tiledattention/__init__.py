@@ -25,14 +25,16 @@ from ._settings import database_location, simulated_database_location
 from .errors import (CompileError, InputTypeError, InputValueError, KernelArgumentError,
                      ScheduleDatabaseError, ScheduleError, TiledAttentionError,
                      UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
-from ._dispatch import DispatchRule, choose_family, dispatch_rule
-from ._sdpa import bucket_problem
+from ._problem import (BOTTOM_RIGHT, DTYPES, SUPPORTED_HEAD_DIMS, TOP_LEFT, Problem,
+                       problem_from_arrays)
+from ._plans import Plan
+from ._dispatch import choose_family, family_for_schedule
 from ._sdpa import sdpa as _run_sdpa
-from .decode import DECODE, DecodeSchedule, compile_decode
+from .forward import FORWARD, Schedule, compile_schedule
+from .decode import (DECODE, DispatchRule, DecodeSchedule, bucket_problem, compile_decode,
+                     dispatch_rule)
 from .backward import BACKWARD, BackwardSchedule, compile_backward
 from . import _training
-from .forward import (BOTTOM_RIGHT, FORWARD, TOP_LEFT, Problem, Schedule, compile_schedule,
-                      problem_from_arrays)
 
 __all__ = [
     "ARCHITECTURES", "AttentionCase", "BACKWARD", "BackwardSchedule", "BOTTOM_RIGHT", "Case", "CompileError", "CompileResult", "DECODE",
@@ -176,7 +178,5 @@ def explain(q: Any, k: Any, v: Any, causal: bool | str = False) -> Resolution:
     which lookup step chose it."""
     problem, kind = problem_from_arrays(q, k, v, causal, None)
     device_index = q.device.index if kind == "torch" else q.device.id
-    family = choose_family(device_info(device_index).arch, bucket_problem(problem))
-    if family is DECODE:
-        problem = bucket_problem(problem)
-    return runtime().resolution(family, problem, device_index)
+    family = choose_family(device_info(device_index).arch, problem)
+    return runtime().resolution(family, family.plan_problem(problem), device_index)

@@ -11,15 +11,15 @@ without running a kernel while tracing.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 import torch
 
-from .backward._launch import ROW_STAT_ALIGN
-from .decode import DecodeSchedule
+from ._dispatch import family_for_schedule
+from ._family import get_family, serving
+from ._problem import BOTTOM_RIGHT, ROW_STAT_ALIGN, causal_flags
 from .errors import InputTypeError, InputValueError, UnsupportedOperationError
-from .forward import Schedule
-from .forward._problem import BOTTOM_RIGHT, causal_flags
 
 __all__ = ["FWD_LSE_OP_NAME", "BWD_OP_NAME", "sdpa_fwd_lse", "sdpa_bwd", "grad_enabled",
            "needs_grad", "sdpa", "attention_backward", "check_shapes", "check_flags"]
@@ -53,6 +53,17 @@ def _causal_arg(causal: bool, bottom_right: bool) -> bool | str:
     return BOTTOM_RIGHT if bottom_right else causal
 
 
+def schedule_json(schedule: Any) -> str:
+    """An explicit schedule as the ops' ``schedule`` argument: its family and its fields."""
+    return json.dumps({"family": family_for_schedule(schedule, "sdpa_with_lse").name,
+                       "schedule": schedule.to_dict()}, sort_keys=True)
+
+
+def _schedule_from_json(text: str) -> Any:
+    data = json.loads(text)
+    return get_family(data["family"]).schedule_type.from_dict(data["schedule"])
+
+
 def _row_stat_fake(q: torch.Tensor) -> torch.Tensor:
     """A float32 ``[B, H_q, S_q]`` tensor with the real log-sum-exp's strides: the real one is a
     view of ``[B, H_q, S_q rounded up to ROW_STAT_ALIGN]`` storage, and tracing records strides,
@@ -71,13 +82,13 @@ def sdpa_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  schedule: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``tiledattention.sdpa_with_lse``: ``out [B, H_q, S_q, D]`` (contiguous) and the base-2
     log-sum-exp ``lse`` (float32 ``[B, H_q, S_q]``, a view of row-aligned storage; not
-    differentiable). ``schedule``: a forward ``Schedule`` as JSON (``Schedule.to_json()``), or
-    ``None`` for the looked-up one."""
+    differentiable). ``schedule``: a schedule of a family serving "sdpa_with_lse" as
+    ``schedule_json`` writes it, or ``None`` for the looked-up one."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
-    chosen = None if schedule is None else Schedule.from_json(schedule)
+    chosen = None if schedule is None else _schedule_from_json(schedule)
     return tiledattention.sdpa_with_lse(q, k, v, _causal_arg(causal, bottom_right), scale,
                                         schedule=chosen)
 
@@ -153,6 +164,11 @@ def _fwd_lse_backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple
 sdpa_fwd_lse.register_autograd(_fwd_lse_backward, setup_context=_fwd_lse_setup_context)
 
 
+def _lse_schedule_types() -> str:
+    return ", ".join(f"tiledattention.{f.schedule_type.__name__}"
+                     for f in serving("sdpa_with_lse"))
+
+
 # -- tiledattention.sdpa on inputs that require grad ----------------------------------------------
 def grad_enabled() -> bool:
     """Whether autograd records operations now (not under ``torch.no_grad()`` /
@@ -170,8 +186,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
     """``tiledattention.sdpa`` for torch tensors that require grad (grad mode on): the output of
     ``tiledattention::sdpa_fwd_lse``, whose backward runs ``tiledattention::sdpa_bwd``.
 
-    Always the forward family's kernel (the decode kernels keep no log-sum-exp); ``schedule``
-    may be a forward ``Schedule`` (the backward's schedule is looked up).
+    Always a family that keeps the log-sum-exp ("sdpa_with_lse": the prefill forward, whatever
+    the shape); ``schedule`` may be one of its schedules (the backward's is looked up).
     """
     is_causal, bottom_right = causal_flags(causal)  # raises for anything else
     if scale is not None:
@@ -179,16 +195,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
             raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
         scale = float(scale)
     chosen = None
-    if isinstance(schedule, DecodeSchedule):
-        raise UnsupportedOperationError(
-            "schedule is a DecodeSchedule, but the decode kernels keep no log-sum-exp for a "
-            "backward pass and these inputs require grad; pass a tiledattention.Schedule (or "
-            "None), or call under torch.no_grad() / with detached inputs")
     if schedule is not None:
-        if not isinstance(schedule, Schedule):
-            raise InputTypeError(f"schedule must be a tiledattention.Schedule, a "
-                                 f"tiledattention.DecodeSchedule or None; got "
-                                 f"{type(schedule).__name__}")
-        chosen = schedule.to_json()
+        family_for_schedule(schedule)  # not a schedule sdpa takes: sdpa's InputTypeError
+        try:
+            chosen = schedule_json(schedule)
+        except InputTypeError:
+            raise UnsupportedOperationError(
+                f"schedule is a {type(schedule).__name__}, whose kernels keep no log-sum-exp "
+                f"for a backward pass, and these inputs require grad; pass a schedule of a "
+                f"family that does ({_lse_schedule_types()}) or None, or call under "
+                f"torch.no_grad() / with detached inputs") from None
     return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
                                                  chosen)[0]

@@ -1,57 +1,35 @@
-"""Which kernel family ``sdpa`` runs for a problem: the split-KV decode kernels for few query
-rows, the prefill forward otherwise.
-
-The rule is a measured boundary per GPU generation (``docs/benchmarks/decode/dispatch.md``:
-``scripts/dispatch_rule.py`` times both families over S_q, S_k, batch and group size and prints
-the boundary). An explicit schedule picks its own family; the rule only decides calls that
-leave the schedule to the lookup.
-"""
+"""Which registered family serves a call: the families that serve the call's operation
+(``Family.serves``), asked in decreasing ``dispatch_priority``; the first whose ``takes``
+accepts the problem runs it. An explicit schedule picks the family whose schedule type it is.
+Nothing here names a family: each registers its own predicate (the decode family's is its
+measured ``DispatchRule``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
-from ._compile import generation
-from .decode import DECODE
-from .forward import FORWARD
-from .forward._problem import Problem
+from ._family import Family, serving
+from .errors import InputTypeError, UnsupportedOperationError
 
-__all__ = ["DispatchRule", "DISPATCH_RULES", "dispatch_rule", "choose_family"]
+__all__ = ["choose_family", "family_for_schedule"]
 
 
-@dataclass(frozen=True)
-class DispatchRule:
-    """Run the decode family when ``S_q <= max_seqlen_q``, or when ``S_q <= sparse_seqlen_q``
-    and the forward would launch at most ``sparse_ctas`` CTAs (``B * H_q * ceil(S_q / 64)``:
-    too few to stream K/V at full rate, while decode splits the keys over more); else the
-    forward."""
-
-    max_seqlen_q: int
-    sparse_seqlen_q: int
-    sparse_ctas: int
-
-    def family_for(self, problem: Problem):
-        sq = problem.seqlen_q
-        if sq <= self.max_seqlen_q:
-            return DECODE
-        forward_ctas = problem.batch * problem.heads_q * -(-sq // 64)
-        if sq <= self.sparse_seqlen_q and forward_ctas <= self.sparse_ctas:
-            return DECODE
-        return FORWARD
+def choose_family(arch: str, problem: Any, operation: str = "sdpa") -> Family:
+    """The family that runs ``operation`` ("sdpa", "sdpa_with_lse", "sdpa_backward") for
+    ``problem`` on ``arch`` when the schedule is left to the lookup."""
+    for family in serving(operation):
+        if family.takes(arch, problem):
+            return family
+    raise UnsupportedOperationError(f"no registered kernel family serves {operation} for "
+                                    f"{problem.describe()} on {arch}")
 
 
-#: Per generation; generations without a measurement use Hopper's boundary. Hopper: H100,
-#: bf16, D 128, S_k 4k and 32k, S_q 1-128 (docs/benchmarks/decode/dispatch.md): decode is
-#: 1.0-4.9x the forward for S_q <= 16 at B = 1, 8, 32 with grouped heads, 0.92-1.04x for
-#: multi-head B = 4 (on a par); at S_q = 32-64 it wins only with B * H_q <= 32 (1.0-2.6x at
-#: B = 1) and loses 0.35-0.67x at B >= 8; at S_q = 128 the forward wins everywhere.
-DISPATCH_RULES = {"hopper": DispatchRule(max_seqlen_q=16, sparse_seqlen_q=64, sparse_ctas=66)}
-
-
-def dispatch_rule(arch: str) -> DispatchRule:
-    return DISPATCH_RULES.get(generation(arch), DISPATCH_RULES["hopper"])
-
-
-def choose_family(arch: str, problem: Problem):
-    """The family ``sdpa`` runs ``problem`` with on ``arch``."""
-    return dispatch_rule(arch).family_for(problem)
+def family_for_schedule(schedule: Any, operation: str = "sdpa") -> Family:
+    """The family serving ``operation`` whose schedule type ``schedule`` is; an
+    :class:`InputTypeError` naming the accepted types otherwise."""
+    families = serving(operation)
+    for family in families:
+        if isinstance(schedule, family.schedule_type):
+            return family
+    accepted = ", ".join(f"a tiledattention.{f.schedule_type.__name__}" for f in families)
+    raise InputTypeError(f"schedule must be {accepted} or None; got {type(schedule).__name__}")

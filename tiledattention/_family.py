@@ -17,10 +17,11 @@ import db
 
 from ._compile import CompileResult
 from ._identity import module_identity
-from .errors import InputTypeError, InputValueError, UnknownFamilyError
+from .errors import (InputTypeError, InputValueError, UnknownFamilyError,
+                     UnsupportedOperationError)
 
 __all__ = ["Family", "Case", "register_family", "unregister_family", "get_family", "families",
-           "codecs"]
+           "codecs", "serving"]
 
 
 class Case(abc.ABC):
@@ -130,6 +131,55 @@ class Family(abc.ABC):
     def tolerance(self, problem: Any) -> float:
         """Largest relative L2 error against the float32 reference a correct schedule has."""
 
+    # -- serving the entry points ------------------------------------------------------------------
+    # ``serves`` names the operations of the runtime's entry points this family computes:
+    # "sdpa" (attention's output: ``tiledattention.sdpa``), "sdpa_with_lse" (the output and each
+    # row's log-sum-exp: the forward a backward pass follows), "sdpa_backward" (dQ, dK, dV).
+    # Among the families serving one operation, ``choose_family`` asks them in decreasing
+    # ``dispatch_priority`` and takes the first whose ``takes`` accepts the problem.
+    serves: ClassVar[tuple[str, ...]] = ()
+    dispatch_priority: ClassVar[int] = 0
+
+    def takes(self, arch: str, problem: Any) -> bool:
+        """Whether this family runs ``problem`` on ``arch`` when its schedule is left to the
+        lookup (a family of lower priority gets it otherwise)."""
+        return True
+
+    def why_taken(self, arch: str, problem: Any) -> str:
+        """Why ``takes`` decided as it did, in words (``explain``)."""
+        return f"the {self.name} family serves every problem it is asked"
+
+    def plan_problem(self, problem: Any) -> Any:
+        """The problem a launch plan for ``problem`` is resolved and kept for (its schedule is
+        looked up for this one): ``problem`` itself unless plans cover a band of problems."""
+        return problem
+
+    def plan(self, problem: Any, schedule: Any, device_index: int, scale: float | None,
+             causal: Any) -> Any:
+        """A launch plan (:class:`tiledattention.Plan`) of ``schedule`` for the calls of
+        ``problem`` on CUDA device ``device_index`` (families serving "sdpa"); ``causal`` is
+        the call's own argument (a plan kept for a band of problems may need the alignment
+        that the problem's canonical form drops)."""
+        raise UnsupportedOperationError(f"the {self.name} family runs no sdpa call")
+
+    def plan_key(self, signature: tuple, k: Any, v: Any) -> tuple:
+        """What, besides the call's ``signature`` (q, the arguments), a kept plan depends on:
+        the key ``sdpa``'s warm path finds it by for a torch call with ``k`` and ``v``."""
+        return (signature, k.shape, k.stride(), v.shape, v.stride())
+
+    def forward_with_lse(self, stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                         problem: Any, schedule: Any, scale: float, device_index: int) -> None:
+        """Enqueue the forward that also writes each row's log-sum-exp into ``lse`` (families
+        serving "sdpa_with_lse")."""
+        raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
+
+    def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,
+                 v: Any, out: Any, grad_out: Any, lse: Any, delta: Any,
+                 grads: tuple[Any, Any, Any]) -> None:
+        """Enqueue dQ, dK, dV into ``grads`` (families serving "sdpa_backward"); ``delta`` is
+        float32 scratch shaped like ``lse``."""
+        raise UnsupportedOperationError(f"the {self.name} family computes no gradients")
+
 
 _REGISTRY: dict[str, Family] = {}
 
@@ -142,12 +192,14 @@ def register_family(family: Family) -> Family:
     if _REGISTRY.get(family.name, family) is not family:
         raise InputValueError(f"a kernel family named {family.name!r} is already registered")
     _REGISTRY[family.name] = family
+    _SERVING.clear()
     return family
 
 
 def unregister_family(name: str) -> None:
     """Forget the family ``name`` (tests register families of their own)."""
     _REGISTRY.pop(name, None)
+    _SERVING.clear()
 
 
 def get_family(name: Any) -> Family:
@@ -160,6 +212,20 @@ def get_family(name: Any) -> Family:
 
 def families() -> tuple[Family, ...]:
     return tuple(_REGISTRY[name] for name in sorted(_REGISTRY))
+
+
+_SERVING: dict[str, tuple[Family, ...]] = {}  # operation -> serving(operation), until a change
+
+
+def serving(operation: str) -> tuple[Family, ...]:
+    """The registered families that serve ``operation``, in the order ``choose_family`` asks
+    them (decreasing ``dispatch_priority``, then by name)."""
+    found = _SERVING.get(operation)
+    if found is None:
+        found = tuple(sorted((f for f in families() if operation in f.serves),
+                             key=lambda f: -f.dispatch_priority))
+        _SERVING[operation] = found
+    return found
 
 
 def codecs() -> dict[str, db.FamilyCodec]:

@@ -1,10 +1,11 @@
 """The training entry points on torch tensors: the forward that also keeps each row's
 log-sum-exp, and the backward pass (``tiledattention.sdpa_with_lse`` / ``sdpa_backward``).
 
-The forward runs the forward family's schedule for the problem (the same lookup as ``sdpa``)
-through ``attention_fwd_lse``; the backward runs the backward family's (``BACKWARD``): the dQ
-kernel, then the dK/dV kernel. Extra memory is O(S·D): the float32 log-sum-exp and row sums
-``delta`` (``[B, H_q, S_q]``) besides the gradients themselves.
+Each runs the family registered for its operation (``choose_family``: "sdpa_with_lse", then
+"sdpa_backward"; an explicit schedule picks the family of its type) with the schedule the lookup
+gives for the problem. Extra memory is O(S·D): the float32 log-sum-exp and row sums ``delta``
+(``[B, H_q, S_q]``, in row-aligned storage: ``row_stat_shape``) besides the gradients
+themselves.
 """
 
 from __future__ import annotations
@@ -12,12 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from ._device import device_info
+from ._dispatch import choose_family, family_for_schedule
+from ._problem import Problem, default_scale, problem_from_arrays, row_stat_shape
 from ._runtime import Runtime
-from .backward import BACKWARD, BackwardSchedule
-from .backward._launch import launch, launches, row_stat_shape
 from .errors import InputTypeError, InputValueError
-from .forward import FORWARD, Problem, Schedule, problem_from_arrays
-from .forward._launch import default_scale, launch_with_lse
 
 __all__ = ["sdpa_with_lse", "sdpa_backward"]
 
@@ -39,24 +38,30 @@ def _row_stat(problem: Problem, device: Any) -> Any:
     return store[:, :, :problem.seqlen_q]
 
 
+def _resolve(runtime: Runtime, operation: str, problem: Problem, device: int,
+             schedule: Any) -> tuple[Any, Any]:
+    """(family, schedule) for ``operation``: the explicit schedule's family, or the chosen
+    family and its looked-up schedule."""
+    if schedule is not None:
+        return family_for_schedule(schedule, operation), schedule
+    family = choose_family(device_info(device).arch, problem, operation)
+    return family, runtime.resolution(family, problem, device).schedule
+
+
 def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
-                  scale: float | None = None, *, schedule: Schedule | None = None
-                  ) -> tuple[Any, Any]:
+                  scale: float | None = None, *, schedule: Any = None) -> tuple[Any, Any]:
     """``tiledattention.sdpa_with_lse`` on ``runtime`` (see there)."""
     import torch
 
-    if schedule is not None and not isinstance(schedule, Schedule):
-        raise InputTypeError(f"schedule must be a tiledattention.Schedule or None; got "
-                             f"{type(schedule).__name__}")
+    if schedule is not None:
+        family_for_schedule(schedule, "sdpa_with_lse")  # a wrong type fails before validation
     problem, device = _torch_problem("sdpa_with_lse", q, k, v, causal, scale)
-    if schedule is None:
-        schedule = runtime.resolution(FORWARD, problem, device).schedule
+    family, schedule = _resolve(runtime, "sdpa_with_lse", problem, device, schedule)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = _row_stat(problem, q.device)
-    launch_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, lse, problem,
-                    FORWARD.normalise(problem, schedule),
-                    default_scale(problem) if scale is None else float(scale),
-                    device_info(device).sm_count)
+    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, lse, problem,
+                            schedule, default_scale(problem) if scale is None else float(scale),
+                            device)
     return out, lse
 
 
@@ -78,14 +83,13 @@ def _last_dim_contiguous(x: Any) -> Any:
 
 def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: Any = False, scale: float | None = None, *,
-                  schedule: BackwardSchedule | None = None,
+                  schedule: Any = None,
                   grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
     import torch
 
-    if schedule is not None and not isinstance(schedule, BackwardSchedule):
-        raise InputTypeError(f"schedule must be a tiledattention.BackwardSchedule or None; got "
-                             f"{type(schedule).__name__}")
+    if schedule is not None:
+        family_for_schedule(schedule, "sdpa_backward")  # a wrong type fails before validation
     problem, device = _torch_problem("sdpa_backward", q, k, v, causal, scale)
     _check_like("grad_out", grad_out, q, "q")
     _check_like("out", out, q, "q")
@@ -107,10 +111,10 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
             _check_like(name, g, like, like_name)
             if not g.is_contiguous():
                 raise InputValueError(f"{name} must be contiguous; got strides {g.stride()}")
-    if schedule is None:
-        schedule = runtime.resolution(BACKWARD, problem, device).schedule
-    plan = launches(problem, schedule, default_scale(problem) if scale is None else scale)
+    family, schedule = _resolve(runtime, "sdpa_backward", problem, device, schedule)
     delta = _row_stat(problem, q.device)
-    launch(torch.cuda.current_stream(q.device), plan, q, k, v, _last_dim_contiguous(out),
-           _last_dim_contiguous(grad_out), lse, delta, *grads)
+    family.backward(torch.cuda.current_stream(q.device), problem, schedule,
+                    default_scale(problem) if scale is None else scale, q, k, v,
+                    _last_dim_contiguous(out), _last_dim_contiguous(grad_out), lse, delta,
+                    grads)
     return grads

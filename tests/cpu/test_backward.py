@@ -14,9 +14,9 @@ from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError,
                             InputValueError, Problem, ScheduleError, codecs, text_digest)
 from tiledattention._compile import array_constraint, export_cubin
 from tiledattention.backward._family import BACKWARD_FLOP_RATIO
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, ROW_STAT_ALIGN,
-                                             dkdv_constants, dq_constants, launches, normalise,
-                                             row_stat_shape)
+from tiledattention._problem import ROW_STAT_ALIGN, row_stat_shape
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, dkdv_constants,
+                                             dq_constants, launches, normalise)
 from tiledattention.backward._schedule import BACKWARD_SCHEDULE_FORMAT
 from tiledattention.forward._kernel import attention_fwd, attention_fwd_lse
 from tiledattention.forward._launch import LSE_PARAMETERS, kernel_constants, lse_kernel_for

@@ -19,8 +19,8 @@ import tiledattention
 from tiledattention import (DECODE, FORWARD, DecodeSchedule, DeviceInfo, InputValueError,
                             KernelArgumentError, Problem, Resolver, Runtime, ScheduleError,
                             UnsupportedProblemError, codecs, shipped_table, text_digest)
-from tiledattention._dispatch import DISPATCH_RULES, DispatchRule, dispatch_rule
-from tiledattention._sdpa import bucket_problem, length_bucket
+from tiledattention.decode import (DISPATCH_RULES, DispatchRule, bucket_problem, dispatch_rule,
+                                   length_bucket)
 from tiledattention._signature import KernelParameters
 from tiledattention.decode import _compile as decode_compile
 from tiledattention.decode import layout
@@ -496,7 +496,7 @@ def test_bucket_problem_keeps_a_length_whose_bucket_is_no_valid_problem():
 
 def test_bucket_problem_takes_the_canonical_form_of_its_length():
     """Rounded to S_q, a bottom-right problem becomes top-left (the same mask): the caller's
-    alignment travels beside it (``_sdpa._decode_plan``)."""
+    alignment travels beside it (``decode._plan.decode_plan``)."""
     p = _problem(seqlen_q=16, seqlen_k=22, causal=True, bottom_right=True)  # 22 < 2^4.5
     assert bucket_problem(p) == _problem(seqlen_q=16, seqlen_k=16, causal=True)
     assert not bucket_problem(p).bottom_right and bucket_problem(p).causal

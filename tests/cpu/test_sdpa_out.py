@@ -17,12 +17,14 @@ import pytest
 import torch
 
 import tiledattention
+import tiledattention._device as device_module
+import tiledattention._plans as hot
 import tiledattention._runtime as runtime_module
 import tiledattention._sdpa as sdpa_module
 from tiledattention import (InputTypeError, InputValueError, Problem, Resolution,
                             Runtime, TiledAttentionError)
 from tiledattention._device import DeviceInfo
-from tiledattention.forward._problem import causal_flags
+from tiledattention._problem import causal_flags
 
 DEVICE = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
 
@@ -77,12 +79,12 @@ def cpu_device(monkeypatch, launches) -> CpuDevice:
 
     state = CpuDevice(Runtime(resolve))
     monkeypatch.setattr(sdpa_module, "problem_from_arrays", problem_from_arrays)
-    monkeypatch.setattr(sdpa_module, "device_info", lambda index: DEVICE)
+    monkeypatch.setattr(device_module, "device_info", lambda index: DEVICE)
     monkeypatch.setattr(runtime_module, "device_info", lambda index: DEVICE)
-    monkeypatch.setattr(sdpa_module, "_raw_stream", lambda device: state.stream)
-    monkeypatch.setattr(sdpa_module, "_current_device", lambda: 0)
-    monkeypatch.setattr(sdpa_module, "_capturing", lambda: False)
-    monkeypatch.setattr(sdpa_module, "_decode_rows", 0)
+    monkeypatch.setattr(hot, "raw_stream", lambda device: state.stream)
+    monkeypatch.setattr(hot, "current_device", lambda: 0)
+    monkeypatch.setattr(hot, "capturing", lambda: False)
+    monkeypatch.setattr(sdpa_module, "_warm", [])
     monkeypatch.setattr(tiledattention, "_default_runtime", state.runtime)
     return state
 
@@ -301,7 +303,7 @@ def test_a_decode_bucket_reuses_its_plan_with_and_without_out(cpu_device, launch
     q, k, v = decode_qkv()
     first = tiledattention.sdpa(q, k, v)
     per_call = len(launches)  # the split kernel, and the combine with several splits
-    assert per_call in (1, 2) and sdpa_module._decode_rows == 1
+    assert per_call in (1, 2) and dict(sdpa_module._warm) == {tiledattention.DECODE: 1}
     longer_k, longer_v = decode_qkv(sk=4100, seed=1)[1:]
     second = tiledattention.sdpa(q, longer_k, longer_v)  # same bucket: the same plan
     assert cpu_device.validations == 1
@@ -326,10 +328,12 @@ def test_a_decode_plan_makes_short_queries_look_up_decode_keys_first(cpu_device,
     looked = []
     plans = cpu_device.runtime.plan
     cpu_device.runtime.plan = lambda key: looked.append(key) or plans(key)
-    tiledattention.sdpa(*prefill)  # 128 rows > any decode plan's: no decode lookup
+    tiledattention.sdpa(*prefill)  # 128 rows > any decode plan's, and no forward plan yet
+    assert looked == []
+    tiledattention.sdpa(*prefill)  # the forward key, found; still no decode lookup
     assert len(looked) == 1
     tiledattention.sdpa(q, k, v)
-    assert len(looked) == 2  # the decode key, found
+    assert len(looked) == 2  # the decode key, found first (decode is asked before forward)
 
 
 def test_decode_scratch_buffers_are_kept_per_device_stream_and_thread(cpu_device, launches,
@@ -346,7 +350,7 @@ def test_decode_scratch_buffers_are_kept_per_device_stream_and_thread(cpu_device
         return split_args[4], split_args[5]
 
     # the warm path's device is q.get_device(): -1 for these CPU tensors
-    monkeypatch.setattr(sdpa_module, "_current_device", lambda: -1)
+    monkeypatch.setattr(hot, "current_device", lambda: -1)
     scratch()  # the validating call
     first = scratch()
     opart, lse = first
@@ -364,14 +368,14 @@ def test_decode_scratch_buffers_are_kept_per_device_stream_and_thread(cpu_device
     thread.start()
     thread.join()
     assert not any(a is b for a, b in zip(found[0], first))
-    monkeypatch.setattr(sdpa_module, "_capturing", lambda: True)  # a graph: fresh each call
+    monkeypatch.setattr(hot, "capturing", lambda: True)  # a graph: fresh each call
     captured = scratch(), scratch()
     assert captured[0][0] is not captured[1][0]
     assert not any(a is b for a, b in zip(captured[0], first))
-    monkeypatch.setattr(sdpa_module, "_capturing", lambda: False)
-    monkeypatch.setattr(sdpa_module, "_current_device", lambda: 1)  # q is not on it: fresh
+    monkeypatch.setattr(hot, "capturing", lambda: False)
+    monkeypatch.setattr(hot, "current_device", lambda: 1)  # q is not on it: fresh
     assert scratch()[0] is not opart
-    monkeypatch.setattr(sdpa_module, "_current_device", lambda: -1)
+    monkeypatch.setattr(hot, "current_device", lambda: -1)
     assert scratch()[0] is opart
     cpu_device.runtime.clear()
     assert scratch()[0] is not opart

@@ -57,7 +57,7 @@ BAD = {
     "scale type": (lambda: case(), {"scale": "0.1"}, InputTypeError, "scale must be a float"),
     "scale value": (lambda: case(), {"scale": -1.0}, InputValueError, "scale must be a finite"),
     "schedule type": (lambda: case(), {"schedule": {"tile_m": 64}}, InputTypeError,
-                      "schedule must be a tiledattention.Schedule"),
+                      "schedule must be a tiledattention.DecodeSchedule, a tiledattention.Schedule or None"),
 }
 
 
@@ -130,19 +130,19 @@ def test_runtime_keeps_at_most_max_plans_oldest_out():
 def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     import math
 
-    import tiledattention._sdpa as sdpa_module
+    import tiledattention._device as device_module
     from tiledattention import Schedule
     from tiledattention._device import DeviceInfo
     from tiledattention.forward._launch import constant_args
 
     device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
-    monkeypatch.setattr(sdpa_module, "device_info", lambda index: device)
+    monkeypatch.setattr(device_module, "device_info", lambda index: device)
     p = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=500, head_dim=64,
                 dtype="bf16", causal=True)
     schedule = Schedule(tile_m=128, tile_n=64, exp2=True)
 
     def plan_for(problem, schedule):
-        return sdpa_module._forward_plan(Runtime(lambda *a: None), problem, 0, None, schedule)
+        return FORWARD.plan(problem, schedule, 0, None, problem.causal)
 
     plan = plan_for(p, schedule)
     assert plan.grid == (3, 16, 1)  # ceil(300 / 128) query tiles, B * H_q
@@ -167,16 +167,16 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
 
 
 def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
-    """Without an explicit schedule the plan runs what the runtime resolved for (FORWARD,
-    problem, device), normalised for the problem."""
+    """The plan of what the runtime resolved for (FORWARD, problem, device) runs it
+    normalised for the problem."""
+    import tiledattention._device as device_module
     import tiledattention._runtime as runtime_module
-    import tiledattention._sdpa as sdpa_module
     from tiledattention import Resolution, Schedule
     from tiledattention._device import DeviceInfo
     from tiledattention.forward._launch import constant_args
 
     device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
-    monkeypatch.setattr(sdpa_module, "device_info", lambda index: device)
+    monkeypatch.setattr(device_module, "device_info", lambda index: device)
     monkeypatch.setattr(runtime_module, "device_info", lambda index: device)
     p = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=500, head_dim=64,
                 dtype="bf16", causal=False)
@@ -187,7 +187,7 @@ def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
         asked.append((family, problem, dev))
         return Resolution(resolved, "default", "test")
 
-    plan = sdpa_module._forward_plan(Runtime(resolve), p, 0, None, None)
+    plan = FORWARD.plan(p, Runtime(resolve).resolution(FORWARD, p, 0).schedule, 0, None, False)
     assert asked == [(FORWARD, p, device)]
     assert FORWARD.normalise(p, resolved) == Schedule(tile_m=128, tile_n=64)  # not causal
     assert plan.grid == (3, 16, 1)  # unpaired

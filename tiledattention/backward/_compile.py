@@ -11,7 +11,7 @@ import cuda.tile as ct
 from cuda.tile import compilation as ctc
 
 from .._compile import CompileResult, array_constraint, export_cubin
-from ..forward._problem import Problem
+from .._problem import Problem
 from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, dkdv_constants, dkdv_kernel, dq_constants,
                       dq_kernel, normalise, row_stat_shape)
 from ._schedule import BackwardSchedule

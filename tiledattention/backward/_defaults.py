@@ -4,7 +4,7 @@ and the shipped table does not cover."""
 from __future__ import annotations
 
 from .._compile import generation
-from ..forward._problem import Problem, padded_head_dim
+from .._problem import Problem, padded_head_dim
 from ._launch import normalise
 from ._schedule import BackwardSchedule
 

@@ -9,7 +9,7 @@ from .._case import AttentionCase, torch_sdpa_kwargs
 from .._compile import CompileResult
 from .._family import Family, register_family
 from .._reference import attention_reference
-from ..forward._problem import Problem
+from .._problem import Problem, default_scale
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule
 from ._launch import launch, launches, normalise, row_stat_shape
@@ -43,8 +43,7 @@ class BackwardCase(AttentionCase):
         import torch
 
         from .._device import device_info
-        from ..forward import FORWARD
-        from ..forward._launch import default_scale, launch_with_lse
+        from .._dispatch import choose_family
 
         super().__init__(problem, device_index)
         gen = torch.Generator(device="cuda").manual_seed(4321)
@@ -54,9 +53,10 @@ class BackwardCase(AttentionCase):
         store = torch.empty(row_stat_shape(problem), dtype=torch.float32, device="cuda")
         self.lse = store[:, :, :problem.seqlen_q]
         arch = device_info(device_index).arch
-        launch_with_lse(torch.cuda.current_stream(), self.q, self.k, self.v, self.out, self.lse,
-                        problem, FORWARD.default_schedule(arch, problem), self.scale,
-                        device_info(device_index).sm_count)
+        forward = choose_family(arch, problem, "sdpa_with_lse")  # the registered forward
+        forward.forward_with_lse(torch.cuda.current_stream(), self.q, self.k, self.v, self.out,
+                                 self.lse, problem, forward.default_schedule(arch, problem),
+                                 self.scale, device_index)
         self.delta = torch.empty_like(store)[:, :, :problem.seqlen_q]
         leaves = [x.detach().float().requires_grad_() for x in (self.q, self.k, self.v)]
         with torch.enable_grad():
@@ -136,6 +136,13 @@ class BackwardFamily(Family):
 
     def tolerance(self, problem: Problem) -> float:
         return TOLERANCE[problem.dtype]
+
+    serves = ("sdpa_backward",)
+
+    def backward(self, stream, problem: Problem, schedule: BackwardSchedule, scale: float, q, k,
+                 v, out, grad_out, lse, delta, grads) -> None:
+        launch(stream, launches(problem, schedule, scale), q, k, v, out, grad_out, lse, delta,
+               *grads)
 
 
 BACKWARD = register_family(BackwardFamily())

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import cuda.tile as ct
 
 from .._signature import KernelParameters
-from ..forward._problem import Problem, padded_head_dim
+from .._problem import Problem, padded_head_dim, row_stat_shape
 from ._kernel import attention_bwd_dkdv, attention_bwd_dq
 from ._schedule import BackwardSchedule
 
@@ -27,18 +27,6 @@ DQ_PARAMETERS = KernelParameters(
 DKDV_PARAMETERS = KernelParameters(
     attention_bwd_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale",
                          "heads_kv", "group"))
-
-#: Row statistics (the log-sum-exp and delta) are stored ``[B, H_q, S]`` with ``S`` rounded up to
-#: this many entries, so every row of them starts 128-byte aligned; the kernels see a
-#: ``[B, H_q, S_q]`` view.
-ROW_STAT_ALIGN = 32
-
-
-def row_stat_shape(problem: Problem) -> tuple[int, int, int]:
-    """The storage shape of a float32 per-row statistic (log-sum-exp, delta) of ``problem``."""
-    padded = -(-problem.seqlen_q // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
-    return (problem.batch, problem.heads_q, padded)
-
 
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` with tiles no larger than the problem needs: a query tile past the next power

@@ -10,7 +10,7 @@ import cuda.tile as ct
 from cuda.tile import compilation as ctc
 
 from .._compile import CompileResult, array_constraint, export_cubin
-from ..forward._problem import Problem
+from .._problem import Problem
 from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
                       layout, normalise, split_constants, split_kernel)
 from ._schedule import DecodeSchedule

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from .._compile import generation
-from ..forward._problem import Problem
+from .._problem import Problem
 from ._launch import layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 

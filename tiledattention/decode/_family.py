@@ -8,10 +8,12 @@ from typing import Callable
 from .._compile import CompileResult
 from .._case import AttentionCase
 from .._family import Family, register_family
-from ..forward._problem import Problem
+from .._problem import Problem
 from ._compile import compile_decode
 from ._defaults import default_decode_schedule
+from ._dispatch import dispatch_rule
 from ._launch import launch, launches, normalise, partial_shapes
+from ._plan import DecodePlan, bucket_problem, decode_plan, decode_plan_key
 from ._schedule import DecodeSchedule
 
 __all__ = ["DECODE", "DecodeFamily", "DecodeCase"]
@@ -73,6 +75,26 @@ class DecodeFamily(Family):
 
     def tolerance(self, problem: Problem) -> float:
         return TOLERANCE[problem.dtype]
+
+    # sdpa asks decode first: its measured rule (``DispatchRule``) takes few query rows
+    serves = ("sdpa",)
+    dispatch_priority = 10
+
+    def takes(self, arch: str, problem: Problem) -> bool:
+        return dispatch_rule(arch).takes(problem)
+
+    def why_taken(self, arch: str, problem: Problem) -> str:
+        return dispatch_rule(arch).why(arch, problem)
+
+    def plan_problem(self, problem: Problem) -> Problem:
+        return bucket_problem(problem)  # one plan (and lookup) per band of cache lengths
+
+    def plan(self, problem: Problem, schedule: DecodeSchedule, device_index: int,
+             scale: float | None, causal: object = None) -> DecodePlan:
+        return decode_plan(problem, schedule, device_index, scale, causal)
+
+    def plan_key(self, signature: tuple, k, v) -> tuple:
+        return decode_plan_key(signature, k, v)
 
 
 DECODE = register_family(DecodeFamily())

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import cuda.tile as ct
 
 from .._signature import KernelParameters
-from ..forward._problem import Problem, padded_head_dim
+from .._problem import Problem, default_scale, padded_head_dim
 from ._kernel import decode_combine, decode_split
 from ._schedule import TILES_M, DecodeSchedule
 
@@ -130,10 +130,6 @@ def split_kernel(schedule: DecodeSchedule) -> ct.kernel:
 def combine_kernel(schedule: DecodeSchedule) -> ct.kernel:
     """The combine kernel (no kernel options of its own: it is a short, latency-bound merge)."""
     return decode_combine
-
-
-def default_scale(problem: Problem) -> float:
-    return 1.0 / math.sqrt(problem.head_dim)
 
 
 def grouped_view(x: Any, tiles: Layout) -> Any:

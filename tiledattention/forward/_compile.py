@@ -13,7 +13,7 @@ from cuda.tile import compilation as ctc
 
 from .._compile import CompileResult, array_constraint, export_cubin
 from ._launch import kernel_constants, kernel_for, ordered_args
-from ._problem import Problem
+from .._problem import Problem
 from ._schedule import Schedule
 
 __all__ = ["compile_schedule"]

@@ -4,7 +4,7 @@ tuned and the shipped table does not cover."""
 from __future__ import annotations
 
 from .._compile import generation
-from ._problem import Problem, head_dim_parts
+from .._problem import Problem, head_dim_parts
 from ._schedule import Schedule
 
 __all__ = ["default_schedule"]

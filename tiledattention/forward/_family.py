@@ -10,8 +10,9 @@ from .._case import AttentionCase
 from .._family import Family, register_family
 from ._compile import compile_schedule
 from ._defaults import default_schedule
-from ._launch import default_scale, grid_for, kernel_args, kernel_for, normalise
-from ._problem import Problem
+from .._problem import Problem, default_scale
+from ._launch import grid_for, kernel_args, kernel_for, launch_with_lse, normalise
+from ._plan import ForwardPlan, forward_plan
 from ._schedule import Schedule
 
 __all__ = ["FORWARD", "ForwardFamily", "ForwardCase"]
@@ -82,6 +83,23 @@ class ForwardFamily(Family):
 
     def tolerance(self, problem: Problem) -> float:
         return TOLERANCE[problem.dtype]
+
+    # the prefill forward takes every attention call no family of higher priority takes
+    serves = ("sdpa", "sdpa_with_lse")
+
+    def why_taken(self, arch: str, problem: Problem) -> str:
+        return "the prefill forward runs every call no other family takes"
+
+    def plan(self, problem: Problem, schedule: Schedule, device_index: int,
+             scale: float | None, causal: object = None) -> ForwardPlan:
+        return forward_plan(problem, schedule, device_index, scale)
+
+    def forward_with_lse(self, stream, q, k, v, out, lse, problem: Problem, schedule: Schedule,
+                         scale: float, device_index: int) -> None:
+        from .._device import device_info
+
+        launch_with_lse(stream, q, k, v, out, lse, problem, normalise(problem, schedule), scale,
+                        device_info(device_index).sm_count)
 
 
 FORWARD = register_family(ForwardFamily())

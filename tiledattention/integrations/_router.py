@@ -29,8 +29,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ..forward import SUPPORTED_HEAD_DIMS
-from ..forward._problem import BOTTOM_RIGHT
+from .._problem import BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS
 from ._torch_op import attention, autocast_inputs
 
 try:  # torch >= 2.3

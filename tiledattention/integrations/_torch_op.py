@@ -25,7 +25,7 @@ import torch
 
 from .._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward, check_flags,
                          check_shapes, sdpa_bwd, sdpa_fwd_lse)
-from ..forward._problem import BOTTOM_RIGHT, causal_flags
+from .._problem import BOTTOM_RIGHT, causal_flags
 
 __all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "attention", "autocast_inputs",
            "sdpa_fwd", "sdpa_fwd_lse", "sdpa_bwd"]

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tiledattention import shipped_table
-from tiledattention.forward import FORWARD, Problem, Schedule
+from tiledattention import FORWARD, Problem, Schedule
+
+from ..errors import NotMeasuredError
 
 __all__ = ["Policy", "POLICIES", "TunedRow", "evaluate", "previous_default", "regret_table",
            "shipped_tuned_rows"]
@@ -136,15 +138,15 @@ def evaluate(policy: Policy, shapes: Sequence[Mapping[str, Any]], rows: Sequence
     """Per measured shape (``scripts/lookup_regret.py``'s records): the schedule ``policy``
     picks, its time, and its regret against the best measured time and against the default.
 
-    Raises ``KeyError`` naming the shape when the picked schedule was not measured."""
+    Raises :class:`~tuner.errors.NotMeasuredError` (a ``KeyError``) naming the shape when the picked schedule was not measured."""
     scored = []
     for shape in shapes:
         problem = Problem.from_dict(shape["problem"])
         pick = FORWARD.normalise(problem, policy.choose(problem, rows, arch))
         times = shape["times"]
         if pick.key not in times:
-            raise KeyError(f"{policy.name}: {shape['name']} was not measured with "
-                           f"{pick.describe()}")
+            raise NotMeasuredError(f"{policy.name}: {shape['name']} was not measured with "
+                                   f"{pick.describe()}")
         ms = times[pick.key]
         scored.append({"name": shape["name"], "schedule": pick.describe(), "ms": ms,
                        "regret": ms / shape["best_ms"],

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiledattention.forward import Problem
+from tiledattention import Problem
+
+from ..errors import TunerValueError
 
 __all__ = ["HeldOutShape", "FITTING", "REPORT", "shape_set"]
 
@@ -93,4 +95,5 @@ def shape_set(name: str) -> tuple[HeldOutShape, ...]:
     try:
         return _SETS[name]
     except KeyError:
-        raise ValueError(f"shape set must be 'fitting', 'report' or 'both'; got {name!r}") from None
+        raise TunerValueError(f"shape set must be 'fitting', 'report' or 'both'; got "
+                              f"{name!r}") from None

@@ -1,7 +1,8 @@
 """The attention problem a call describes, and the checks that turn bad input into clear errors.
 
 ``Problem`` is the key the schedule database, the tuner and the lookup share: architecture-free
-shape, dtype and masking. ``problem_from_arrays`` validates torch tensors or CuPy arrays and
+shape, dtype and masking. Every attention family (forward, decode, backward) keys on it; it is
+the core they share, and none of them owns it. ``problem_from_arrays`` validates torch tensors or CuPy arrays and
 builds it; nothing here touches the GPU.
 """
 
@@ -11,10 +12,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
+from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
-           "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags"]
+           "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
+           "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -38,6 +40,23 @@ _DIMS = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim")
 
 def padded_head_dim(head_dim: int) -> int:
     return 1 << (head_dim - 1).bit_length()
+
+
+#: Row statistics (the log-sum-exp and delta) are stored ``[B, H_q, S]`` with ``S`` rounded up to
+#: this many entries, so every row of them starts 128-byte aligned; the kernels see a
+#: ``[B, H_q, S_q]`` view.
+ROW_STAT_ALIGN = 32
+
+
+def row_stat_shape(problem: "Problem") -> tuple[int, int, int]:
+    """The storage shape of a float32 per-row statistic (log-sum-exp, delta) of ``problem``."""
+    padded = -(-problem.seqlen_q // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+    return (problem.batch, problem.heads_q, padded)
+
+
+def default_scale(problem: "Problem") -> float:
+    """The softmax scale when the caller gives none: ``1 / sqrt(D)``."""
+    return 1.0 / math.sqrt(problem.head_dim)
 
 
 def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
@@ -317,11 +336,11 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
                       seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal,
                       bottom_right=bottom_right)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        _check_reach(name, x, kind, padded_head_dim(problem.head_dim))
+        check_reach(name, x, kind, padded_head_dim(problem.head_dim))
     return problem, kind
 
 
-def _check_reach(name: str, x: Any, kind: str, tile_d: int) -> None:
+def check_reach(name: str, x: Any, kind: str, tile_d: int) -> None:
     """Raise unless the furthest element offset the kernel forms in ``x`` fits int32. Equal to
     the (padded) element count for a contiguous tensor, which ``Problem`` checked already; a view
     into a larger buffer (a slice of packed qkv, say) reaches further."""

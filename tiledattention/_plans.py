@@ -1,0 +1,127 @@
+"""What every family's launch plan shares: the :class:`Plan` interface ``sdpa`` runs, the torch
+functions a warm call needs (bound once, on the first torch call, so that ``import
+tiledattention`` never imports torch and a warm call runs no import statement), and the byte
+arithmetic of the ``out=`` overlap checks.
+
+Torch calls launch on ``torch._C._cuda_getCurrentRawStream(device)``, an int that ``ct.launch``
+takes as a raw ``CUstream`` (cuTile's ``parse_stream`` accepts ``int``; it is what
+``torch.cuda.current_stream(device).cuda_stream`` holds, without building a ``Stream`` object),
+read on every call, so a caller may switch streams between calls.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+__all__ = ["Plan", "bind_torch", "span", "reach", "clear_of", "contiguous_like", "out_spans"]
+
+# torch's functions the warm path calls (``bind_torch``); a test may bind its own
+# ``raw_stream``, ``current_device`` and ``capturing`` first
+raw_stream: Any = None  # device index -> torch's current stream there, as an int (CUstream)
+empty_like: Any = None
+empty: Any = None
+float32: Any = None
+current_device: Any = None  # () -> the current CUDA device's index
+capturing: Any = None  # () -> whether the current device's current stream is capturing
+
+
+def bind_torch() -> None:
+    """Bind the torch functions the warm path calls (once)."""
+    global raw_stream, empty_like, empty, float32, current_device, capturing
+    if empty_like is not None:
+        return
+    import torch
+
+    if raw_stream is None:
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None:  # a torch without it: the Stream object's handle, the same int
+            def raw(device: int) -> int:
+                return torch.cuda.current_stream(device).cuda_stream
+        raw_stream = raw
+    if current_device is None:
+        current_device = torch.cuda.current_device
+    if capturing is None:
+        capturing = torch.cuda.is_current_stream_capturing
+    empty, float32 = torch.empty, torch.float32
+    empty_like = torch.empty_like
+
+
+class Plan(abc.ABC):
+    """One family's launch of one call signature, prepared: kernels, grids, constant arguments.
+
+    ``sdpa`` keeps a plan under ``Family.plan_key`` and runs it for every later torch call of
+    that key (``run``); calls on CuPy arrays validate and build one each time (``run_cupy``).
+    ``out_shape`` is the result's shape; ``for_torch`` returns the plan with what a warm torch
+    call needs besides (whether ``torch.empty_like(q)`` is the result's layout, the byte spans
+    the ``out=`` overlap check compares)."""
+
+    out_shape: tuple[int, int, int, int]
+
+    @abc.abstractmethod
+    def for_torch(self, q: Any, out: Any, k: Any, v: Any) -> "Plan":
+        """This plan completed for torch calls like this one (``out``: the caller's or
+        ``None``)."""
+
+    @abc.abstractmethod
+    def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any) -> Any:
+        """Launch on torch tensors whose key matched; the output, or ``None`` when something
+        the key leaves out does not hold (the caller then validates, which says what)."""
+
+    @abc.abstractmethod
+    def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Any) -> Any:
+        """Launch on validated CuPy arrays (``out``: the caller's or ``None``) on CuPy's
+        current stream; the output."""
+
+
+def span(shape: Any, strides: Any) -> int:
+    """Elements from a torch tensor's first element to its last, plus one (strides >= 0)."""
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+def reach(shape: Any, strides: Any, tile_d: int) -> int:
+    """The furthest element offset the kernels form in a ``[B, H, S, D]`` torch tensor of this
+    layout (plus one): its last row's start plus the padded head dim it loads."""
+    return ((shape[0] - 1) * strides[0] + (shape[1] - 1) * strides[1]
+            + (shape[2] - 1) * strides[2] + tile_d)
+
+
+def clear_of(out: Any, out_bytes: int, q: Any, q_bytes: int, k: Any, k_bytes: int, v: Any,
+             v_bytes: int) -> bool:
+    """Whether torch tensor ``out`` shares no byte with q, k or v (each spanning so many
+    bytes from its first element)."""
+    o = out.data_ptr()
+    end = o + out_bytes
+    p = q.data_ptr()
+    if p < end and o < p + q_bytes:
+        return False
+    p = k.data_ptr()
+    if p < end and o < p + k_bytes:
+        return False
+    p = v.data_ptr()
+    return not (p < end and o < p + v_bytes)
+
+
+def contiguous_like(q: Any) -> bool:
+    """Whether q's strides are the contiguous ones (size-1 dims included, since
+    ``torch.empty_like`` copies them): then ``empty_like(q)`` is a contiguous result."""
+    shape, strides = tuple(q.shape), tuple(q.stride())
+    contiguous, step = [], 1
+    for n in reversed(shape):
+        contiguous.append(step)
+        step *= n
+    return strides == tuple(reversed(contiguous))
+
+
+def out_spans(q: Any, out: Any, k: Any = None, v: Any = None) -> tuple[int, ...] | None:
+    """The byte spans an ``out=`` call's overlap check compares: q's, k's and v's (when given)
+    and out's; ``None`` without ``out``."""
+    if out is None:
+        return None
+    item = q.element_size()
+    q_bytes = span(q.shape, q.stride()) * item
+    out_bytes = span(out.shape, out.stride()) * item
+    if k is None:
+        return (q_bytes, out_bytes, item)
+    return (q_bytes, span(k.shape, k.stride()) * item, span(v.shape, v.stride()) * item,
+            out_bytes)
