@@ -1,4 +1,6 @@
-"""``tiledtune bench`` without a GPU: grid, FLOPs, the check-then-time logic, CSV, reports."""
+"""``tiledtune bench`` without a GPU: the forward preset's grid and flags, the engine's
+check-then-time logic over a family whose case runs on the CPU, CSV, reports, plots, and the
+committed studies re-rendered from their CSVs."""
 
 from __future__ import annotations
 
@@ -6,24 +8,25 @@ import argparse
 import dataclasses
 import itertools
 import math
+import re
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+import tiledattention
 from tiledattention import Problem
 from tuner import bench
 from tuner.bench import (
     CONTENDERS,
     MAX_PNG_BYTES,
     BenchConfigError,
-    BenchPoint,
     BenchResult,
     PlotsUnavailable,
     RunInfo,
     build_grid,
     load_results,
-    point_tflops,
-    ratio_table,
     render_markdown,
     write_csv,
     write_plots,
@@ -32,6 +35,7 @@ from tuner.bench import (
 from tuner.commands import bench_cmd
 from tuner.measure import Timing
 
+ROOT = Path(__file__).resolve().parents[2]
 INFO = RunInfo(command="tiledtune bench --quick", date="2025-01-01T00:00:00+00:00")
 
 
@@ -47,42 +51,45 @@ def _squash(text: str) -> str:
 
 # -- grid ----------------------------------------------------------------------------------------
 
+def _layer(p: Problem) -> tuple:
+    return (p.batch, p.heads_q, p.seqlen_q, p.head_dim, p.dtype, p.causal)
+
+
 def test_default_grid_points():
     grid = build_grid()
-    points = grid.points()
-    assert len(points) == 3 * 6 * 2 * 2
-    assert grid.contenders == CONTENDERS and len(CONTENDERS) == 8
+    points = grid.problems
+    assert len(points) == 3 * 6 * 2 * 2 == len(set(points))
+    assert grid.contenders == CONTENDERS == ("tiledattention", "tiledattention-default",
+                                             "torch-flash", "torch-cudnn")
+    assert all(isinstance(p, tiledattention.FORWARD.problem_type) for p in points)
     assert {p.head_dim for p in points} == {64, 128, 256}
-    assert {p.seqlen for p in points} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert {p.seqlen_q for p in points} == {512, 1024, 2048, 4096, 8192, 16384}
     assert {p.dtype for p in points} == {"bf16", "fp16"}
     assert {p.causal for p in points} == {True, False}
-    assert len(set(points)) == len(points)
     for p in points:
-        assert p.batch * p.seqlen == 16384
-        assert p.heads * p.head_dim == 2048
-    assert BenchPoint(batch=32, heads=32, seqlen=512, head_dim=64, dtype="bf16",
-                      causal=False) in points
-    assert BenchPoint(batch=1, heads=8, seqlen=16384, head_dim=256, dtype="fp16",
-                      causal=True) in points
+        assert p.batch * p.seqlen_q == 16384 and p.heads_q * p.head_dim == 2048
+        assert (p.seqlen_k, p.heads_kv, p.bottom_right) == (p.seqlen_q, p.heads_q, False)
+    assert _layer(points[0]) == (32, 32, 512, 64, "bf16", False)  # dtype, mask, D, S order
+    assert _layer(points[-1]) == (1, 8, 16384, 256, "fp16", True)
 
 
 def test_custom_grid_keeps_invariants_and_contender_order():
     grid = build_grid(tokens="8192", hidden="1024", head_dims="128,64", seqlens="256,8192",
-                      dtypes="fp16", causal="yes", contenders="eager,tiledattention")
-    points = grid.points()
+                      dtypes="fp16", causal="yes", contenders="torch-cudnn,tiledattention")
+    points = grid.problems
     assert len(points) == 4
-    assert all(p.batch * p.seqlen == 8192 and p.heads * p.head_dim == 1024 for p in points)
-    assert {(p.seqlen, p.batch) for p in points} == {(256, 32), (8192, 1)}
-    assert {(p.head_dim, p.heads) for p in points} == {(128, 8), (64, 16)}
+    assert {(p.seqlen_q, p.batch) for p in points} == {(256, 32), (8192, 1)}
+    assert {(p.head_dim, p.heads_q) for p in points} == {(128, 8), (64, 16)}
     assert all(p.dtype == "fp16" and p.causal for p in points)
-    assert grid.contenders == ("tiledattention", "eager")
+    assert grid.contenders == ("tiledattention", "torch-cudnn")  # canonical order
     assert build_grid(contenders="all").contenders == CONTENDERS
+    assert build_grid(causal=[True], dtypes=["bf16"], seqlens=[1024]).problems[0].causal
 
 
 def test_quick_grid_is_small_and_explicit_flags_win():
     quick = build_grid(quick=True)
-    assert 0 < len(quick.points()) < len(build_grid().points()) / 4
-    assert build_grid(quick=True, dtypes="fp16").dtypes == ("fp16",)
+    assert 0 < len(quick.problems) < len(build_grid().problems) / 4
+    assert {p.dtype for p in build_grid(quick=True, dtypes="fp16").problems} == {"fp16"}
     settings = bench_cmd.settings_from_args(_args("--quick"))
     assert settings.max_seconds < bench.BenchSettings().max_seconds
     assert bench_cmd.settings_from_args(_args("--quick", "--samples", "77")).max_samples == 77
@@ -95,7 +102,7 @@ def test_quick_grid_is_small_and_explicit_flags_win():
     (dict(seqlens="512,512"), "--seqlens", "twice"),
     (dict(seqlens="512,,1024"), "--seqlens", "empty item"),
     (dict(seqlens=""), "--seqlens", "comma-separated"),
-    (dict(head_dims="100"), "--head-dims", "multiples of 8"),
+    (dict(head_dims="100"), "--head-dims", "multiple of 8"),
     (dict(head_dims="48"), "--head-dims", "does not divide --hidden 2048"),
     (dict(head_dims="x"), "--head-dims", "positive integer"),
     (dict(dtypes="fp32"), "--dtypes", "'fp32'"),
@@ -104,7 +111,9 @@ def test_quick_grid_is_small_and_explicit_flags_win():
     (dict(tokens="abc"), "--tokens", "positive integer"),
     (dict(hidden="-5"), "--hidden", "positive integer"),
     (dict(tokens="1000", seqlens="512"), "--seqlens", "--tokens 1000"),
-    (dict(contenders="triton"), "--contenders", "'triton'"),
+    (dict(contenders="triton"), "--contenders", "'triton' for --kernel forward"),
+    (dict(contenders="eager"), "--contenders", "known: tiledattention, "),
+    (dict(batch="4"), "--batch", "belongs to the decode grid"),
 ], ids=lambda x: x if isinstance(x, str) else None)
 def test_bad_grid_flags_are_rejected_naming_the_flag(kwargs, flag, words):
     with pytest.raises(BenchConfigError) as info:
@@ -112,6 +121,7 @@ def test_bad_grid_flags_are_rejected_naming_the_flag(kwargs, flag, words):
     message = str(info.value)
     assert message.startswith(flag), message
     assert words in message
+    assert isinstance(info.value, tiledattention.InputValueError)
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -123,6 +133,7 @@ def test_bad_grid_flags_are_rejected_naming_the_flag(kwargs, flag, words):
     (("--min-samples", "300"), "--min-samples"),
     (("--mem-fraction", "1.5"), "--mem-fraction"),
     (("--device", "-1"), "--device"),
+    (("--seed", "x"), "--seed"),
 ], ids=lambda x: x if isinstance(x, str) else "-".join(x))
 def test_run_rejects_bad_flags_with_exit_2(argv, flag, capsys):
     assert bench_cmd.run(_args(*argv)) == 2
@@ -130,172 +141,11 @@ def test_run_rejects_bad_flags_with_exit_2(argv, flag, capsys):
     assert "error" in err and flag in err
 
 
-# -- FLOPs ---------------------------------------------------------------------------------------
-
-def _brute_force_pairs(sq: int, sk: int, causal: bool) -> int:
-    """Count attended (query, key) pairs one by one; top-left causal: key j <= query i."""
-    return sum(1 for i in range(sq) for j in range(sk) if not causal or j <= i)
-
-
-@pytest.mark.parametrize("sq, sk", [(1, 1), (17, 17), (5, 113), (113, 5), (64, 100), (100, 64)])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_flops_match_brute_force_counting(sq, sk, causal):
-    b, h, d = 2, 3, 40
-    problem = Problem(batch=b, heads_q=h, heads_kv=h, seqlen_q=sq, seqlen_k=sk, head_dim=d,
-                      dtype="bf16", causal=causal)
-    assert problem.flops == 4 * b * h * d * _brute_force_pairs(sq, sk, causal)
-    # 2 ms for the problem: TFLOP/s = flops / 2e-3 / 1e12
-    assert point_tflops(problem, 2.0) == pytest.approx(problem.flops / 2e-3 / 1e12, rel=1e-12)
-
-
-def test_flops_match_the_reference_mask():
-    """The pairs the causal reference attends are exactly the ones counted."""
-    torch = pytest.importorskip("torch")
-    for sq, sk in ((7, 19), (19, 7), (16, 16)):
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
-        attended = int((~(j > i)).sum())  # the mask reference_attention applies
-        assert attended == _brute_force_pairs(sq, sk, True)
-
-
-def test_point_tflops_of_a_grid_point():
-    point = BenchPoint(batch=4, heads=16, seqlen=4096, head_dim=128, dtype="bf16", causal=True)
-    pairs = 4096 * 4097 // 2
-    assert point.flops == 4 * 4 * 16 * 128 * pairs
-    assert point_tflops(point, 1.5) == pytest.approx(4 * 4 * 16 * 128 * pairs / 1.5e-3 / 1e12)
-    with pytest.raises(ValueError):
-        point_tflops(point, 0.0)
-
-
-# -- reference and check-then-time on the CPU ----------------------------------------------------
-
-@pytest.mark.parametrize("sq, sk", [(33, 33), (17, 50), (50, 17)])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_reference_attention_matches_torch_in_chunks(sq, sk, causal):
-    torch = pytest.importorskip("torch")
-    gen = torch.Generator().manual_seed(1)
-    q = torch.randn(2, 3, sq, 40, generator=gen).bfloat16()
-    k = torch.randn(2, 3, sk, 40, generator=gen).bfloat16()
-    v = torch.randn(2, 3, sk, 40, generator=gen).bfloat16()
-    # a budget of a few rows forces several query chunks (the causal offset must carry over)
-    out = bench.reference_attention(q, k, v, causal, budget_bytes=2 * 4 * 2 * 3 * sk * 5)
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), is_causal=causal)
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-
-
-def _fake_timing(fn, **kwargs) -> Timing:
-    fn()
-    return Timing(median_ms=2.0, spread_ms=0.1, mean_ms=2.05, min_ms=1.9, samples=kwargs["min_samples"])
-
-
-def _cpu_contenders():
-    import torch
-
-    table = bench.make_contenders()
-
-    def wrong(q, k, v, point, arch):
-        return bench.Prepared(lambda: torch.zeros_like(q))
-
-    def nan(q, k, v, point, arch):
-        return bench.Prepared(lambda: torch.full_like(q, float("nan")))
-
-    def broken(q, k, v, point, arch):
-        def fn():
-            raise RuntimeError("No available kernel. Aborting execution.\nsecond line")
-        return bench.Prepared(fn)
-
-    hog = dataclasses.replace(table["eager"], name="hog", score_bytes=lambda p: 1 << 50)
-    return [table["eager"], table["torch-math"], bench.Contender("wrong", wrong),
-            bench.Contender("nan", nan), bench.Contender("broken", broken), hog]
-
-
-def test_measure_point_classifies_contenders_on_cpu():
-    pytest.importorskip("torch")
-    point = BenchPoint(batch=2, heads=2, seqlen=37, head_dim=64, dtype="bf16", causal=True)
-    env = dict(device="cpu", arch="sm_90")
-    results = bench.measure_point(point, _cpu_contenders(), bench.BenchSettings(), env=env,
-                                  time_fn=_fake_timing, device="cpu",
-                                  free_memory=lambda: 64 << 30)
-    by = {r.contender: r for r in results}
-    assert [r.contender for r in results] == ["eager", "torch-math", "wrong", "nan", "broken",
-                                              "hog"]
-    for name in ("eager", "torch-math"):
-        r = by[name]
-        assert r.status == "ok", r.note
-        assert r.rel_err <= bench.TOLERANCES["bf16"]
-        assert r.median_ms == 2.0 and r.samples == 10
-        assert r.tflops == pytest.approx(point.flops / 2e-3 / 1e12)
-        assert (r.batch, r.heads, r.seqlen, r.head_dim, r.causal) == (2, 2, 37, 64, True)
-    assert by["wrong"].status == "wrong" and by["wrong"].tflops is None
-    assert by["wrong"].reason.startswith("err=") and by["wrong"].rel_err == pytest.approx(1.0)
-    assert by["nan"].status == "wrong" and "nan" in by["nan"].reason
-    assert by["broken"].status == "unavailable"
-    assert by["broken"].reason == "RuntimeError: No available kernel. Aborting execution."
-    assert by["hog"].status == "skipped"
-    assert by["hog"].reason.startswith("would need 1048576.0 GiB")
-    assert all(r.device == "cpu" and r.arch == "sm_90" for r in results)
-
-
-def test_interleaved_timing_takes_only_the_contenders_that_passed():
-    pytest.importorskip("torch")
-    point = BenchPoint(batch=1, heads=2, seqlen=29, head_dim=64, dtype="bf16", causal=False)
-    calls = []
-
-    def fake_interleaved(fns, *, rounds):
-        calls.append((sorted(fns), rounds))
-        for fn in fns.values():
-            fn()  # each runs inside its contender's context
-        return {name: Timing(median_ms=1.0 + i, spread_ms=0.0, mean_ms=1.0 + i, min_ms=1.0 + i,
-                             samples=rounds) for i, name in enumerate(fns)}
-
-    def never(fn, **kwargs):
-        raise AssertionError("interleaved runs must not time contenders one by one")
-
-    settings = bench.BenchSettings(interleave=7)
-    results = bench.measure_point(point, _cpu_contenders(), settings,
-                                  env=dict(device="cpu", arch="sm_90"), time_fn=never,
-                                  interleaved_fn=fake_interleaved, device="cpu",
-                                  free_memory=lambda: 64 << 30)
-    assert calls == [(["eager", "torch-math"], 7)]
-    by = {r.contender: r for r in results}
-    assert [r.contender for r in results] == ["eager", "torch-math", "wrong", "nan", "broken",
-                                              "hog"]
-    assert (by["eager"].median_ms, by["torch-math"].median_ms) == (1.0, 2.0)
-    assert by["eager"].samples == 7 and by["eager"].status == "ok"
-    assert [by[n].status for n in ("wrong", "nan", "broken", "hog")] == \
-        ["wrong", "wrong", "unavailable", "skipped"]
-
-    def crash(fns, *, rounds):
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-    results = bench.measure_point(point, _cpu_contenders()[:2], settings,
-                                  env=dict(device="cpu", arch="sm_90"), time_fn=never,
-                                  interleaved_fn=crash, device="cpu",
-                                  free_memory=lambda: 64 << 30)
-    assert [r.status for r in results] == ["unavailable", "unavailable"]
-    assert "illegal memory access" in results[0].reason
-
-
-def test_default_contender_runs_the_forward_familys_default_schedule():
-    torch = pytest.importorskip("torch")
-    from tiledattention import FORWARD
-
-    point = BenchPoint(batch=1, heads=2, seqlen=64, head_dim=64, dtype="bf16", causal=True)
-    q = torch.randn(1, 2, 64, 64).bfloat16()
-    prepared = bench.make_contenders()["tiledattention-default"].prepare(q, q, q, point, "sm_90")
-    # only prepared, not run: the schedule is chosen without a GPU
-    assert prepared.schedule == FORWARD.default_schedule("sm_90", point.problem).describe()
-    assert prepared.lookup_source == "forced"
-    assert prepared.lookup_detail == "FORWARD.default_schedule('sm_90')"
-
-
 def test_kernel_option_accepts_the_families_with_a_grid(capsys):
     assert _args().kernel == "forward"
-    assert _args("--kernel", "forward").kernel == "forward"
-    assert _args("--kernel", "decode").kernel == "decode"
-    assert _args("--kernel", "backward").kernel == "backward"
+    assert [_args("--kernel", k).kernel for k in ("forward", "decode", "backward")] == \
+        ["forward", "decode", "backward"]
+    assert bench_cmd.KERNELS == tuple(bench.PRESETS) == ("forward", "decode", "backward")
     with pytest.raises(SystemExit) as info:
         _args("--kernel", "toy")
     assert info.value.code == 2
@@ -311,28 +161,227 @@ def test_interleave_option_is_validated():
         bench_cmd.settings_from_args(_args("--interleave", "-1"))
 
 
-def test_environment_names_the_device_and_the_forward_familys_versions(monkeypatch):
-    import tiledattention
-    from tiledattention import FORWARD, DeviceInfo, current_provenance
+def test_environment_names_the_device_and_the_familys_versions(monkeypatch):
+    from tiledattention import BACKWARD, DeviceInfo, current_provenance
 
     fake = DeviceInfo(index=3, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
     monkeypatch.setattr(tiledattention, "device_info", lambda index: fake)
-    env = bench.environment(3)
-    prov = current_provenance(FORWARD)
+    env = bench.environment(3, BACKWARD)
+    prov = current_provenance(BACKWARD)
     assert env == dict(device="NVIDIA H100 80GB HBM3", arch="sm_90", driver=prov.driver,
                        torch_version=prov.torch, cuda_tile_version=prov.cuda_tile)
 
 
-def test_memory_budget_skips_eager_and_math_only_when_too_big():
-    table = bench.make_contenders()
-    big = BenchPoint(batch=1, heads=32, seqlen=16384, head_dim=64, dtype="bf16", causal=False)
-    assert table["eager"].score_bytes(big) == 4 * 32 * 16384 ** 2  # fp32-sized S×S scores
-    assert table["torch-math"].score_bytes(big) > table["eager"].score_bytes(big)
-    for name in ("tiledattention", "torch-flash", "torch-cudnn", "torch-efficient"):
-        assert table[name].score_bytes(big) == 0
-    free = 80 << 30  # an 80 GiB GPU: 40% is 32 GiB, the eager scores need exactly 32 GiB
-    assert table["eager"].score_bytes(big) <= 0.4 * free
-    assert table["torch-math"].score_bytes(big) > 0.4 * free
+# -- the engine on the CPU: a family whose case runs on torch's CPU tensors ----------------------
+
+@dataclass(frozen=True)
+class _Sched:
+    """A "schedule" of the CPU family: its launch writes ``factor * q`` (correct: 2)."""
+
+    factor: float
+    name: str
+
+    def describe(self) -> str:
+        return self.name
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**data)
+
+
+class _CpuCase(tiledattention.Case):
+    def __init__(self, problem, log):
+        import torch
+
+        self.q = torch.randn(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim,
+                             generator=torch.Generator().manual_seed(1))
+        self.out, self.log = torch.empty_like(self.q), log
+
+    def launcher(self, schedule):
+        def run():
+            if schedule.factor is None:
+                raise RuntimeError("No available kernel. Aborting execution.\nsecond line")
+            self.log.append(schedule.name)
+            self.out.copy_(self.q * schedule.factor)
+        return run
+
+    def error(self, run):
+        self.out.fill_(float("nan"))
+        run()
+        return float((self.out - 2 * self.q).norm() / (2 * self.q).norm())
+
+    def baselines(self):
+        import warnings
+
+        def broken():
+            warnings.warn("Flash attention kernel not used because: head dim 37")
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return {"torch-cudnn": lambda: self.log.append("cudnn"), "torch-flash": broken}
+
+
+class _CpuFamily(tiledattention.Family):
+    """Lookup: ``lookup`` (set by the tests); default: factor 2 named "default"."""
+
+    problem_type = tiledattention.Problem
+    schedule_type = _Sched
+    template_modules = (__name__,)
+    bucket_fields = ("dtype",)
+
+    def __init__(self, name, lookup):
+        self.name, self.lookup, self.log = name, lookup, []
+
+    def default_schedule(self, arch, problem):
+        return _Sched(2.0, f"default {arch}")
+
+    def flops(self, problem):
+        return 1e9
+
+    def compile(self, problem, schedule, arch):
+        raise NotImplementedError
+
+    def case(self, problem, device_index):
+        return _CpuCase(problem, self.log)
+
+    def tolerance(self, problem):
+        return 1e-6
+
+
+class _Runtime:
+    def resolution(self, family, problem, device_index):
+        return tiledattention.Resolution(schedule=family.lookup, source="exact-device",
+                                         detail=f"{family.name} row", family=family.name)
+
+
+@pytest.fixture
+def cpu_families(monkeypatch):
+    pytest.importorskip("torch")
+    made = [tiledattention.register_family(_CpuFamily(name, _Sched(2.0, f"{name} tuned")))
+            for name in ("cpu", "cpuother")]
+    monkeypatch.setattr(tiledattention, "runtime", lambda: _Runtime())
+    yield made
+    for family in made:
+        tiledattention.unregister_family(family.name)
+
+
+_PROBLEM = Problem(batch=2, heads_q=2, heads_kv=2, seqlen_q=37, seqlen_k=37, head_dim=64,
+                   dtype="bf16", causal=True)
+_NAMES = ["tiledattention", "tiledattention-default", "tiledattention-cpuother", "torch-cudnn",
+          "torch-flash", "torch-efficient"]
+
+
+def _preset(**changes):
+    return dataclasses.replace(bench.PRESETS["forward"], kernel="cpu", also=("cpuother",),
+                               order=tuple(_NAMES), **changes)
+
+
+def _fake_timing(fn, **kwargs) -> Timing:
+    fn()
+    return Timing(median_ms=2.0, spread_ms=0.1, mean_ms=2.05, min_ms=1.9,
+                  samples=kwargs["min_samples"])
+
+
+def test_measure_point_checks_then_times_every_contender(cpu_families):
+    cpu, other = cpu_families
+    cpu.lookup = _Sched(2.0, "default sm_90")  # the lookup answers with the default
+    other.lookup = _Sched(3.0, "other wrong")
+    seen = []
+    results = bench.measure_point(_preset(), _PROBLEM, _NAMES, bench.BenchSettings(),
+                                  env=dict(device="cpu", arch="sm_90"), time_fn=_fake_timing,
+                                  on_contender=seen.append)
+    by = {r.contender: r for r in results}
+    assert [r.contender for r in results] == seen == _NAMES
+    ours = by["tiledattention"]
+    assert (ours.status, ours.kernel, ours.schedule, ours.lookup_source, ours.lookup_detail) == \
+        ("ok", "cpu", "default sm_90", "exact-device", "cpu row")
+    assert ours.rel_err == 0.0 and ours.median_ms == 2.0 and ours.samples == 10
+    assert ours.tflops == pytest.approx(1e9 / 2e-3 / 1e12)  # the family's flops
+    assert ours.gbps == pytest.approx(bench.problem_bytes(_PROBLEM) / 2e-3 / 1e9)
+    assert (ours.batch, ours.heads, ours.heads_kv, ours.seqlen_q, ours.seqlen, ours.head_dim,
+            ours.causal, ours.device, ours.arch) == (2, 2, 2, 37, 37, 64, True, "cpu", "sm_90")
+    default = by["tiledattention-default"]
+    assert default.status == "skipped" and "is the default default sm_90" in default.reason
+    wrong = by["tiledattention-cpuother"]  # the other family's lookup, checked by its case
+    assert wrong.status == "wrong" and wrong.reason == "err=0.5 > 1e-06"
+    assert wrong.rel_err == pytest.approx(0.5) and wrong.schedule == "other wrong"
+    assert wrong.tflops is None
+    assert by["torch-cudnn"].status == "ok" and by["torch-cudnn"].rel_err is None
+    flash = by["torch-flash"]
+    assert flash.status == "unavailable"
+    assert flash.reason == ("RuntimeError: No available kernel. Aborting execution. (Flash "
+                            "attention kernel not used because: head dim 37)")
+    assert by["torch-efficient"].status == "unavailable"
+    assert "has no baseline 'torch-efficient'" in by["torch-efficient"].reason
+    # the check ran each of ours once, the baselines once, then the timing once more
+    assert cpu.log == ["default sm_90", "cudnn", "default sm_90", "cudnn"]
+
+
+def test_default_is_timed_where_it_differs_and_failures_are_rows(cpu_families):
+    cpu, _ = cpu_families
+    cpu.lookup = _Sched(None, "tuned but broken")
+    results = bench.measure_point(_preset(), _PROBLEM, _NAMES[:2], bench.BenchSettings(),
+                                  env=dict(arch="sm_80"), time_fn=_fake_timing)
+    broken, default = results
+    assert broken.status == "unavailable"
+    assert broken.reason == "RuntimeError: No available kernel. Aborting execution."
+    assert (default.status, default.schedule, default.lookup_source, default.lookup_detail) == \
+        ("ok", "default sm_80", "forced", "cpu.default_schedule('sm_80')")
+
+
+def test_interleaved_timing_takes_only_the_contenders_that_passed(cpu_families):
+    cpu, other = cpu_families
+    other.lookup = _Sched(float("nan"), "nan")  # poison left in the output: wrong
+    calls = []
+
+    def fake_interleaved(fns, *, rounds):
+        calls.append((list(fns), rounds))
+        for fn in fns.values():
+            fn()
+        return {name: Timing(median_ms=1.0 + i, spread_ms=0.0, mean_ms=1.0 + i, min_ms=1.0 + i,
+                             samples=rounds) for i, name in enumerate(fns)}
+
+    def never(fn, **kwargs):
+        raise AssertionError("interleaved runs must not time contenders one by one")
+
+    settings = bench.BenchSettings(interleave=7)
+    results = bench.measure_point(_preset(), _PROBLEM, _NAMES, settings, env={},
+                                  time_fn=never, interleaved_fn=fake_interleaved)
+    assert calls == [(["tiledattention", "tiledattention-default", "torch-cudnn"], 7)]
+    by = {r.contender: r for r in results}
+    assert [by[n].median_ms for n in calls[0][0]] == [1.0, 2.0, 3.0]
+    assert by["tiledattention"].samples == 7
+    assert by["tiledattention-cpuother"].status == "wrong"
+    assert "nan" in by["tiledattention-cpuother"].reason
+    assert by["tiledattention-cpuother"].rel_err is None
+
+    def crash(fns, *, rounds):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    results = bench.measure_point(_preset(), _PROBLEM, _NAMES[:2], settings, env={},
+                                  time_fn=never, interleaved_fn=crash)
+    assert [r.status for r in results] == ["unavailable", "unavailable"]
+    assert "illegal memory access" in results[0].reason and results[0].schedule
+
+
+def test_run_grid_measures_every_problem_with_the_clocks(cpu_families, monkeypatch):
+    from tuner.bench import _engine
+
+    monkeypatch.setattr(_engine, "environment", lambda device, family: {"device": family.name})
+    monkeypatch.setattr(_engine, "gpu_clocks", lambda device: ("1980 MHz", "2619 MHz"))
+    problems = (_PROBLEM, dataclasses.replace(_PROBLEM, seqlen_q=5, seqlen_k=5))
+    monkeypatch.setitem(bench.PRESETS, "cpu", _preset())
+    grid = bench.Grid("cpu", problems, ("tiledattention", "torch-cudnn"))
+    seen = []
+
+    def measure(preset, problem, contenders, settings, *, env, on_contender):
+        seen.append((preset.kernel, problem.seqlen_q, contenders, env))
+        return [BenchResult(contender=n, status="skipped", **bench.result_fields(problem))
+                for n in contenders]
+
+    results = bench.run_grid(grid, bench.BenchSettings(), measure=measure)
+    assert seen == [("cpu", 37, grid.contenders, {"device": "cpu"}),
+                    ("cpu", 5, grid.contenders, {"device": "cpu"})]
+    assert [(r.seqlen, r.sm_clock, r.mem_clock) for r in results] == \
+        [(37, "1980 MHz", "2619 MHz")] * 2 + [(5, "1980 MHz", "2619 MHz")] * 2
 
 
 # -- CSV -----------------------------------------------------------------------------------------
@@ -407,14 +456,6 @@ def _synthetic() -> list[BenchResult]:
     ]
 
 
-def test_ratio_table_geomeans():
-    table = ratio_table(_synthetic())
-    assert table[(64, False)]["torch-cudnn"] == pytest.approx(math.sqrt(2.0 * 4.0))
-    assert table[(64, False)]["eager"] == pytest.approx(math.sqrt(4.0 * 10.0))
-    assert table[(64, True)]["torch-cudnn"] == pytest.approx(1.5)
-    assert table[(64, True)]["eager"] is None  # the only eager point is wrong
-
-
 def test_markdown_summary_content():
     text = render_markdown(_synthetic(), INFO)
     assert "`tiledtune bench --quick`" in text and "2025-01-01" in text
@@ -474,11 +515,11 @@ def test_markdown_without_tiledattention_has_no_ratio_columns():
 
 def _full_grid_results() -> list[BenchResult]:
     results = []
-    for point in build_grid().points():
+    for point in build_grid().problems:
         for i, name in enumerate(CONTENDERS):
-            status = "ok" if (i + point.seqlen // 512) % 7 else "unavailable"
-            tflops = 100.0 + 37 * i + math.log2(point.seqlen) * (3 + i) + point.head_dim / 10
-            results.append(_result(name, point.seqlen, tflops if status == "ok" else None,
+            status = "ok" if (i + point.seqlen_q // 512) % 7 else "unavailable"
+            tflops = 100.0 + 37 * i + math.log2(point.seqlen_q) * (3 + i) + point.head_dim / 10
+            results.append(_result(name, point.seqlen_q, tflops if status == "ok" else None,
                                    status=status, d=point.head_dim, causal=point.causal,
                                    dtype=point.dtype, reason="" if status == "ok" else "x"))
     return results
@@ -513,7 +554,7 @@ def test_no_ratio_plot_without_cudnn(tmp_path):
     results = [r for r in _synthetic() if r.contender != "torch-cudnn"]
     written, messages = write_plots(results, tmp_path)
     assert [p.name for p in written] == ["tflops_bf16.png"]
-    assert "torch-cudnn has no measured point" in messages[0]
+    assert messages == ["no ratio_cudnn_bf16.png: torch-cudnn and the contenders never both ran"]
 
 
 def test_plots_skipped_with_a_message_without_matplotlib(tmp_path, monkeypatch, capsys):
@@ -583,3 +624,25 @@ def test_every_status_and_order_is_kept():
     with pytest.raises(ValueError, match="needs median_ms"):
         dataclasses.replace(results[0], tflops=None)
     assert list(itertools.islice(CONTENDERS, 2)) == ["tiledattention", "tiledattention-default"]
+
+
+# -- the committed studies re-render from their CSVs unchanged ------------------------------------
+
+@pytest.mark.parametrize("study", ["", "decode", "backward"], ids=["forward", "decode",
+                                                                    "backward"])
+def test_committed_studies_rerender_unchanged(study, tmp_path):
+    folder = ROOT / "docs" / "benchmarks" / study
+    committed = (folder / "summary.md").read_text()
+    saved = RunInfo.from_json((folder / "run.json").read_text())
+    # the header's command and date are the re-rendering's own: take the committed ones
+    info = RunInfo(command=re.search(r"^- command: `(.*)`$", committed, re.M).group(1),
+                   date=re.search(r"^- date: (.*)$", committed, re.M).group(1),
+                   matmul_tflops=saved.matmul_tflops, copy_gbps=saved.copy_gbps)
+    results = load_results(folder / "bench.csv")
+    assert render_markdown(results, info) == committed
+    # and through the command, the whole file but the command and date lines
+    assert bench_cmd.run(_args("--report-only", str(folder / "bench.csv"), "--no-plots",
+                               "--out", str(tmp_path))) == 0
+    again = (tmp_path / "summary.md").read_text().splitlines()
+    assert [line for line in again if not line.startswith(("- command:", "- date:"))] == \
+        [line for line in committed.splitlines() if not line.startswith(("- command:", "- date:"))]

@@ -1,33 +1,74 @@
-"""PNG plots of ``tiledtune bench`` results: TFLOP/s and the ratio to cuDNN against S (forward
-grid); the share of the copy bandwidth per point and contender (decode grid).
+"""PNG plots of ``tiledtune bench`` results, one writer for every family: a figure is a grid of
+panels (one per kind of point: dtype, head dim, mask, and for decode batch, heads and query
+length), the length of the keys on a log₂ x axis and a line per series. What differs per family
+is data (:data:`PLOTS`): the files, the figure of merit (TFLOP/s, or the share of the run's copy
+rate) and the speed-ups drawn (a contender's over a baseline: the baseline's time over its).
 
-matplotlib is optional (the ``bench`` extra): it is imported only by :func:`write_plots`, which
-raises :class:`PlotsUnavailable` when it is missing. Every PNG is kept under ``MAX_PNG_BYTES``
-by lowering its resolution.
+matplotlib is optional (the ``bench`` extra): :class:`PlotsUnavailable` without it. Every PNG is
+kept under ``MAX_PNG_BYTES`` by lowering its resolution.
 """
 
 from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from db import write_bytes_atomic
 
-from ._decode_grid import DECODE_CONTENDERS
-from ._decode_report import decode_points, point_label
-from ._report import BenchResult, by_point, contenders_of
+from ._presets import PRESETS
+from ._report import contenders_of, kernel_of, speedup
+from ._results import BenchResult
 
-__all__ = ["MAX_PNG_BYTES", "PlotsUnavailable", "write_decode_plots", "write_plots"]
+__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "write_plots"]
 
 MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
-_BASELINE = "torch-cudnn"  # the ratio plot divides by this one
 
 
 class PlotsUnavailable(RuntimeError):
     """matplotlib is not installed (``pip install 'tiledattention[bench]'``)."""
+
+
+def _layer_panel(r: BenchResult) -> tuple:
+    return (r.dtype, r.head_dim, r.mask)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure: ``name`` (``{dtype}`` in it: a file per dtype); without ``against`` a line
+    per contender of its TFLOP/s (``copy``: its GB/s as a share of the run's copy rate), with
+    ``against`` a line per contender (``only`` that one) and baseline of its speed-up."""
+
+    name: str
+    ylabel: str
+    against: tuple[str, ...] = ()
+    only: str | None = None
+    copy: bool = False
+    panel: Callable[[BenchResult], tuple] = _layer_panel
+
+
+PLOTS = {
+    "forward": (Plot("tflops_{dtype}.png", "TFLOP/s"),
+                Plot("ratio_cudnn_{dtype}.png", "÷ torch-cudnn", against=("torch-cudnn",))),
+    "decode": (Plot("decode_copy_share.png", "% of copy bandwidth", copy=True, panel=lambda r: (
+        r.dtype, r.head_dim, r.mask, f"B{r.batch}", f"H{r.heads}/{r.heads_kv}",
+        f"S_q{r.seqlen_q}")),),
+    "backward": (Plot("backward_tflops.png", "TFLOP/s"),
+                 Plot("backward_speedup.png", "tiledattention speed-up", only="tiledattention",
+                      against=("torch-flash", "torch-cudnn"))),
+}
+
+
+def _figure_class():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotsUnavailable("matplotlib is not installed, so no plots were drawn; "
+                               "install it with: pip install 'tiledattention[bench]'") from None
+    return Figure
 
 
 def _save_small(fig, path: Path, max_bytes: int) -> None:
@@ -52,126 +93,90 @@ def _short(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def _panel_grid(keys: Sequence[tuple]) -> tuple[list[int], list[bool]]:
-    return sorted({k[1] for k in keys}), sorted({k[2] for k in keys})
+def _series(plot: Plot, rows: Sequence[BenchResult], names: list[str], copy: float | None):
+    """``{label: [(panel, S, y)]}`` of one figure."""
+    phases = list(dict.fromkeys(r.phase for r in rows))
+    at = {(r.point, r.phase, r.contender): r for r in rows}
+    lines: dict[str, list] = {}
+    for name in ([plot.only] if plot.only else names):
+        for base in plot.against or (None,):
+            for phase in phases if plot.against else phases[:1]:
+                label = name if base is None else f"{name} ÷ {base}"
+                label += f" ({phase})" if plot.against and len(phases) > 1 else ""
+                for r in (r for r in rows if r.contender == name and r.phase == phase):
+                    if base is not None:
+                        y = speedup(r, at.get((r.point, phase, base)))
+                    elif r.status != "ok":
+                        y = None
+                    else:
+                        y = r.tflops if not plot.copy else (100 * r.gbps / copy if copy
+                                                            else r.gbps)
+                    if y is not None:
+                        lines.setdefault(label, []).append((plot.panel(r), r.seqlen, y))
+    return lines
 
 
-def _figure_class():
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise PlotsUnavailable("matplotlib is not installed, so no plots were drawn; "
-                               "install it with: pip install 'tiledattention[bench]'") from None
-    return Figure
+def _draw(Figure, plot: Plot, rows: Sequence[BenchResult], lines: dict, ylabel: str):
+    panels = sorted({plot.panel(r) for r in rows})
+    ncols = min(2, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 2.8 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
+    for i, (label, points) in enumerate(lines.items()):
+        for ax, panel in zip(axes, panels):
+            xy = sorted((s, y) for p, s, y in points if p == panel)
+            if xy:
+                ax.plot(*zip(*xy), marker="o", markersize=3, linewidth=1.1, label=label,
+                        color=f"C{i % 10}")
+    for ax, panel in zip(axes, panels):
+        seqlens = sorted({r.seqlen for r in rows if plot.panel(r) == panel})
+        if plot.against or (plot.copy and "%" in ylabel):
+            ax.axhline(1.0 if plot.against else 100.0, color="grey", linewidth=0.8,
+                       linestyle="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(seqlens, labels=[_short(s) for s in seqlens])
+        ax.minorticks_off()
+        ax.set_title(" ".join(str(p) for p in panel), fontsize=8)
+        ax.set_xlabel("S (keys)", fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.grid(True, alpha=0.3)
+    if lines:
+        fig.legend(loc="outside lower center", fontsize=7, ncol=min(4, len(lines)))
+    return fig
 
 
-def write_decode_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
-                       copy_gbps: Sequence[float] = (), *, max_bytes: int = MAX_PNG_BYTES
-                       ) -> tuple[list[Path], list[str]]:
-    """Write ``decode_copy_share.png``: per point (x) and contender (a marker each), the share
-    of the run's copy rate (the faster of ``copy_gbps``) its GB/s reach; GB/s itself when the
-    run measured no copy rate. Returns the files written and messages, like :func:`write_plots`."""
+def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
+                copy_gbps: Sequence[float] = (), *, max_bytes: int = MAX_PNG_BYTES
+                ) -> tuple[list[Path], list[str]]:
+    """Write the figures of the rows' family (:data:`PLOTS`); ``copy_gbps``: the run's copy
+    rates (the faster is the share's 100%). Returns the files written and messages about
+    figures left out or drawn otherwise. Raises :class:`PlotsUnavailable` without matplotlib."""
     Figure = _figure_class()
-    points = decode_points(results)
+    kernel = kernel_of(results)
+    preset = PRESETS.get(kernel)
+    names = contenders_of(results, preset.order if preset else ())
     copy = max(copy_gbps) if copy_gbps else None
-    contenders = contenders_of(results, DECODE_CONTENDERS)
-    labels = [point_label(next(iter(row.values()))) for row in points.values()]
-    fig = Figure(figsize=(max(6.0, 0.55 * len(labels) + 2), 4.6), layout="constrained")
-    ax = fig.subplots()
-    markers = "os^vDP*X"
-    for i, name in enumerate(contenders):
-        xs, ys = [], []
-        for x, row in enumerate(points.values()):
-            r = row.get(name)
-            if r is not None and r.status == "ok":
-                xs.append(x), ys.append(100 * r.gbps / copy if copy else r.gbps)
-        if xs:
-            ax.plot(xs, ys, marker=markers[i % len(markers)], markersize=4, linewidth=0.8,
-                    label=name)
-    if copy:
-        ax.axhline(100.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(labels)), labels=labels, rotation=60, ha="right", fontsize=6)
-    ax.set_ylabel(f"% of copy bandwidth ({copy:.0f} GB/s)" if copy else "GB/s", fontsize=8)
-    ax.set_title("decode: bytes moved per second" + (" as a share of a device copy" if copy
-                                                     else ""), fontsize=9)
-    ax.tick_params(axis="y", labelsize=7)
-    ax.grid(True, alpha=0.3)
-    messages = [] if copy else ["decode plot shows GB/s: the run has no copy rate"]
-    if ax.get_legend_handles_labels()[0]:
-        fig.legend(loc="outside lower center", ncol=min(6, len(contenders)), fontsize=7)
-    else:
-        messages.append("decode plot has no measured point")
-    path = Path(out_dir) / "decode_copy_share.png"
-    _save_small(fig, path, max_bytes)
-    return [path], messages
-
-
-def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike, *,
-                max_bytes: int = MAX_PNG_BYTES) -> tuple[list[Path], list[str]]:
-    """Write ``tflops_<dtype>.png`` (TFLOP/s vs S, a panel per (D, mask), a line per
-    contender) and ``ratio_cudnn_<dtype>.png`` (TFLOP/s ÷ torch-cudnn's) per dtype.
-
-    Returns the files written and messages about plots left out. Raises
-    :class:`PlotsUnavailable` without matplotlib."""
-    Figure = _figure_class()
-    out_dir = Path(out_dir)
-    contenders = contenders_of(results)
-    index = by_point(results)
     written: list[Path] = []
     messages: list[str] = []
-    for dtype in sorted({k[0] for k in index}):
-        keys = [k for k in index if k[0] == dtype]
-        dims, masks = _panel_grid(keys)
-        for kind in ("tflops", "ratio"):
-            if kind == "ratio" and not any(
-                    r.contender == _BASELINE and r.status == "ok" and r.dtype == dtype
-                    for r in results):
-                messages.append(f"no ratio-to-cuDNN plot for {dtype}: {_BASELINE} has no "
-                                f"measured point")
+    for plot in PLOTS.get(kernel, PLOTS["forward"]):
+        split = "{dtype}" in plot.name
+        for dtype in sorted({r.dtype for r in results}) if split else [None]:
+            rows = [r for r in results if dtype is None or r.dtype == dtype]
+            name = plot.name.format(dtype=dtype)
+            lines = _series(plot, rows, names, copy)
+            ylabel = plot.ylabel if not plot.copy or copy else "GB/s"
+            if plot.copy and not copy:
+                messages.append(f"{name} shows GB/s: the run has no copy rate")
+            if not lines and plot.against:
+                messages.append(f"no {name}: {' and '.join(plot.against)} and "
+                                f"{plot.only or 'the contenders'} never both ran")
                 continue
-            fig = Figure(figsize=(4.2 * len(masks), 3.0 * len(dims)), layout="constrained")
-            axes = fig.subplots(len(dims), len(masks), squeeze=False, sharex=True)
-            for i, d in enumerate(dims):
-                for j, causal in enumerate(masks):
-                    ax = axes[i][j]
-                    seqlens = sorted(k[3] for k in keys if k[1] == d and k[2] == causal)
-                    for name in contenders:
-                        xs, ys = [], []
-                        for s in seqlens:
-                            row = index[(dtype, d, causal, s)]
-                            r, base = row.get(name), row.get(_BASELINE)
-                            if r is None or r.status != "ok":
-                                continue
-                            if kind == "tflops":
-                                xs.append(s), ys.append(r.tflops)
-                            elif base is not None and base.status == "ok":
-                                xs.append(s), ys.append(r.tflops / base.tflops)
-                        if xs:
-                            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2,
-                                    label=name)
-                    if kind == "ratio":
-                        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-                    ax.set_xscale("log", base=2)
-                    if seqlens:
-                        ax.set_xticks(seqlens, labels=[_short(s) for s in seqlens])
-                        ax.minorticks_off()
-                    ax.set_title(f"{dtype} D={d} {'causal' if causal else 'full'}",
-                                 fontsize=9)
-                    ax.set_xlabel("S", fontsize=8)
-                    ax.set_ylabel("TFLOP/s" if kind == "tflops" else f"÷ {_BASELINE}",
-                                  fontsize=8)
-                    ax.tick_params(labelsize=7)
-                    ax.grid(True, alpha=0.3)
-            handles, labels = [], []
-            for ax in fig.axes:
-                for h, label in zip(*ax.get_legend_handles_labels()):
-                    if label not in labels:
-                        handles.append(h), labels.append(label)
-            if handles:
-                fig.legend(handles, labels, loc="outside lower center",
-                           ncol=min(4, len(labels)), fontsize=7)
-            name = f"tflops_{dtype}.png" if kind == "tflops" else f"ratio_cudnn_{dtype}.png"
-            path = out_dir / name
-            _save_small(fig, path, max_bytes)
+            if not lines:
+                messages.append(f"{name} has no measured point")
+            path = Path(out_dir) / name
+            _save_small(_draw(Figure, plot, rows, lines, ylabel), path, max_bytes)
             written.append(path)
     return written, messages

@@ -1,255 +1,68 @@
-"""Results of ``tiledtune bench``: the record of one measurement, its CSV form and the markdown
-summary.
+"""The summary of a ``tiledtune bench`` run (``summary.md``) and its tables on the terminal.
 
-Everything here works on a list of :class:`BenchResult` (one per contender × grid point) and
-never touches a GPU, so reports can be tested on synthetic results and re-rendered from a CSV
-(``load_results``). The PNG plots are in ``_plots``.
+One writer serves every family: :func:`render_markdown` groups the rows by point, phase and
+contender and runs the sections of the rows' family's :class:`Layout`; a layout says what
+differs per family: the title and the explanation, how a point is named, the figures of a
+per-point table (time, TFLOP/s, and for a memory-bound kernel GB/s and the share of the copy
+rate), the baselines speed-ups are taken against, and which sections follow. A speed-up is a
+baseline's median time over the contender's (> 1: the contender is faster; for one problem that
+is also the ratio of TFLOP/s); geometric means take only the points where both ran, and the
+points left out are listed, never averaged. Every table of the summary is also a rich table for
+the terminal (:func:`rich_tables`). Nothing here touches a GPU.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import os
-from collections import defaultdict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from db import write_bytes_atomic, write_text_atomic
+from db import write_bytes_atomic
 
-from ._grid import CONTENDERS
+from ._presets import PRESETS
+from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult, RunInfo
 
-__all__ = [
-    "BenchResult", "RunInfo", "COPY_BYTES", "MATMUL_SIZE", "STATUSES", "CSV_COLUMNS", "by_point",
-    "contenders_of", "geomean", "header_lines", "load_results", "ratio_table",
-    "render_markdown", "write_csv", "write_run_info", "write_summary",
-]
+__all__ = ["LAYOUTS", "Layout", "contenders_of", "geomean", "kernel_of", "render_markdown",
+           "rich_tables", "speedup", "write_summary"]
 
-#: ``ok``: measured and correct; ``wrong``: ran but failed the accuracy check (not timed);
-#: ``unavailable``: raised (unsupported shape, no kernel, out of memory...); ``skipped``: not
-#: run on purpose (e.g. the S×S scores would not fit the memory budget).
-STATUSES = ("ok", "wrong", "unavailable", "skipped")
-#: Side of the square bf16 matrix product whose rate the summary compares with.
-MATMUL_SIZE = 8192
-#: Bytes of the device-to-device copy whose rate the decode summary compares with (1 GiB).
-COPY_BYTES = 1 << 30
-_REFERENCE = "tiledattention"  # the ratio tables compare this contender with every other
+REFERENCE = "tiledattention"  # the contender whose speed-ups the tables show
 
 
-@dataclass(frozen=True, kw_only=True)
-class BenchResult:
-    """One contender at one grid point. Timing fields are ``None`` unless ``status == "ok"``.
-
-    ``heads`` is H_q and ``seqlen`` S_k; ``heads_kv`` and ``seqlen_q`` are ``None`` in the
-    forward grid's rows (self-attention: H_kv = H_q, S_q = S_k), set in the decode grid's."""
-
-    contender: str
-    status: str
-    reason: str = ""
-    kernel: str = "forward"  # the family whose grid the row belongs to (``--kernel``)
-    #: what was timed when a grid times more than one thing per contender and point (the
-    #: backward grid: "backward" or "forward+backward"); "" for the forward and decode grids
-    phase: str = ""
-    batch: int
-    heads: int
-    heads_kv: int | None = None
-    seqlen_q: int | None = None
-    seqlen: int
-    head_dim: int
-    dtype: str
-    causal: bool
-    bottom_right: bool = False  # causal aligned bottom-right (torch's causal_lower_right)
-    median_ms: float | None = None
-    spread_ms: float | None = None
-    samples: int | None = None
-    tflops: float | None = None
-    gbps: float | None = None  # Q+K+V read and the output written, once each, per second / 1e9
-    rel_err: float | None = None
-    schedule: str = ""  # Schedule.describe() of tiledattention rows
-    lookup_source: str = ""  # Resolution.source ("exact-device", ..., "default"), or "forced"
-    lookup_detail: str = ""
-    device: str = ""
-    arch: str = ""
-    driver: str = ""
-    torch_version: str = ""
-    cuda_tile_version: str = ""
-    sm_clock: str = ""  # as nvidia-smi reports it, e.g. "1980 MHz"; "" when unknown
-    mem_clock: str = ""
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"BenchResult.status must be one of {STATUSES}; "
-                             f"got {self.status!r}")
-        if self.status == "ok" and (self.tflops is None or self.median_ms is None):
-            raise ValueError("an ok BenchResult needs median_ms and tflops")
-
-    @property
-    def key(self) -> tuple[str, int, bool, int]:
-        """(dtype, head_dim, causal, seqlen): the grid point (B and H follow from the grid)."""
-        return (self.dtype, self.head_dim, self.causal, self.seqlen)
-
-    @property
-    def mask(self) -> str:
-        return ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
-
-    @property
-    def note(self) -> str:
-        """``status: reason`` for rows that were not measured."""
-        return f"{self.status}: {self.reason}" if self.reason else self.status
-
-
-CSV_COLUMNS = tuple(f.name for f in fields(BenchResult))
-_INT_FIELDS = ("batch", "heads", "heads_kv", "seqlen_q", "seqlen", "head_dim", "samples")
-_FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "gbps", "rel_err")
-_BOOL_FIELDS = ("causal", "bottom_right")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunInfo:
-    """What the summary header says about the run besides what the rows carry."""
-
-    command: str
-    date: str
-    #: bf16 matrix-product rates measured in the run (before and after the grid), TFLOP/s
-    matmul_tflops: tuple[float, ...] = ()
-    #: device-to-device copy rates measured in the run (before and after the grid), GB/s of
-    #: bytes read plus bytes written
-    copy_gbps: tuple[float, ...] = ()
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "RunInfo":
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("run info must be a JSON object")
-        return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
-                   matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())),
-                   copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())))
-
-
-# -- CSV -----------------------------------------------------------------------------------------
-
-def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:
-    """Write one row per result (atomically); floats keep full precision (``repr``)."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for result in results:
-        row = asdict(result)
-        for name, value in row.items():
-            if value is None:
-                row[name] = ""
-            elif isinstance(value, bool):
-                row[name] = "yes" if value else "no"
-            elif isinstance(value, float):
-                row[name] = repr(value)
-        writer.writerow(row)
-    path = Path(path)
-    write_bytes_atomic(path, buffer.getvalue().encode())
-    return path
-
-
-def load_results(path: str | os.PathLike) -> list[BenchResult]:
-    """Read a CSV written by :func:`write_csv` back into results (to re-render reports)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read bench results {path}: {exc.strerror}") from None
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in ("contender", "status", "batch", "heads", "seqlen", "head_dim",
-                           "dtype", "causal") if c not in (reader.fieldnames or ())]
-    if missing:
-        raise ValueError(f"{path} is not a tiledtune bench CSV: it lacks columns {missing}")
-    known = set(CSV_COLUMNS)
-    results = []
-    for line, row in enumerate(reader, start=2):
-        values: dict = {}
-        try:
-            for name, raw in row.items():
-                if name not in known:
-                    continue  # a column of a newer version: ignore it
-                raw = raw or ""
-                if name in _INT_FIELDS:
-                    values[name] = int(raw) if raw else None
-                elif name in _FLOAT_FIELDS:
-                    values[name] = float(raw) if raw else None
-                elif name in _BOOL_FIELDS:
-                    if raw == "" and name != "causal":
-                        continue  # left empty: the field's default
-                    if raw not in ("yes", "no"):
-                        raise ValueError(f"{name} must be yes or no; got {raw!r}")
-                    values[name] = raw == "yes"
-                elif name == "kernel" and not raw:
-                    continue
-                else:
-                    values[name] = raw
-            results.append(BenchResult(**values))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{path}, line {line}: {exc}") from None
-    return results
-
-
-# -- numbers -------------------------------------------------------------------------------------
-
-def geomean(values: Iterable[float]) -> float | None:
+def geomean(values: Iterable[float | None]) -> float | None:
     values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
     if not values:
         return None
     return math.exp(math.fsum(math.log(v) for v in values) / len(values))
 
 
-def contenders_of(results: Sequence[BenchResult], order: Sequence[str] = CONTENDERS
-                  ) -> list[str]:
-    """The contenders present in ``results``: known ones in ``order`` (default the forward
-    grid's ``CONTENDERS``), then others by name."""
-    present = {r.contender for r in results}
-    return [c for c in order if c in present] + sorted(present - set(order))
+def _ok(r: BenchResult | None) -> bool:
+    return r is not None and r.status == "ok"
 
 
-def by_point(results: Sequence[BenchResult]) -> dict[tuple, dict[str, BenchResult]]:
-    """``{BenchResult.key: {contender: result}}``: the results of each grid point."""
-    table: dict[tuple, dict[str, BenchResult]] = defaultdict(dict)
-    for r in results:
-        table[r.key][r.contender] = r
-    return table
+def speedup(r: BenchResult | None, base: BenchResult | None) -> float | None:
+    """``base``'s median time over ``r``'s (> 1: ``r`` is faster); ``None`` unless both ran."""
+    return base.median_ms / r.median_ms if _ok(r) and _ok(base) else None
 
 
-def ratio_table(results: Sequence[BenchResult], reference: str = _REFERENCE
-                ) -> dict[tuple[int, bool], dict[str, float | None]]:
-    """Geometric mean over dtypes and sequence lengths of ``TFLOP/s(reference) / TFLOP/s(c)``
-    per (head_dim, causal) and contender ``c``; points where either is not ok are left out
-    (``None`` when no point is left)."""
-    ratios: dict[tuple[int, bool], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (dtype, d, causal, s), row in by_point(results).items():
-        ref = row.get(reference)
-        for name, r in row.items():
-            if name == reference:
-                continue
-            ratios[(d, causal)][name]  # keep the column even when nothing is comparable
-            if ref is not None and ref.status == "ok" and r.status == "ok":
-                ratios[(d, causal)][name].append(ref.tflops / r.tflops)
-    return {key: {name: geomean(vals) for name, vals in per.items()}
-            for key, per in sorted(ratios.items())}
+def _best(row: dict[str, BenchResult], names: Sequence[str]) -> BenchResult | None:
+    """The fastest of ``names`` that ran at a point (``None``: none did)."""
+    ran = [row[n] for n in names if _ok(row.get(n))]
+    return min(ran, key=lambda r: r.median_ms) if ran else None
 
 
-# -- markdown ------------------------------------------------------------------------------------
+def _first(phases: dict[str, dict[str, BenchResult]]) -> BenchResult:
+    """The first row of a point (any phase, any contender)."""
+    return next(iter(next(iter(phases.values())).values()))
 
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
+
+def _x(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
-def _cell(r: BenchResult | None) -> str:
-    if r is None:
-        return ""
-    if r.status == "ok":
-        return f"{r.tflops:.1f}"
-    return r.status
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.0f}%"
 
 
 def _unique(values: Iterable[str]) -> str:
@@ -257,11 +70,104 @@ def _unique(values: Iterable[str]) -> str:
     return ", ".join(seen) if seen else "unknown"
 
 
-def header_lines(results: Sequence[BenchResult], info: RunInfo, title: str, points: int,
-                 contenders: Sequence[str]) -> list[str]:
-    """The summary's title and run description (command, date, device, versions, clocks)."""
-    return [
-        f"# {title}", "",
+def kernel_of(results: Sequence[BenchResult]) -> str:
+    """The family whose grid the rows come from (``--report-only`` picks the layout by it)."""
+    return next((r.kernel for r in results if r.kernel != "forward"), "forward")
+
+
+def contenders_of(results: Sequence[BenchResult], order: Sequence[str] = ()) -> list[str]:
+    """The contenders present in ``results``: those of ``order`` in its order, then others by
+    name."""
+    present = {r.contender for r in results}
+    return [c for c in order if c in present] + sorted(present - set(order))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """What a family's summary shows. ``label``: a point's name in tables and notes;
+    ``order``: sorts points (``None``: as measured); ``phases``: the phases shown, with their
+    column prefixes; ``time``: (header, factor from ms, digits); ``bandwidth``: GB/s and % copy
+    columns; ``baselines``: (short name, contenders: the fastest that ran counts) of the
+    per-point speed-ups, ``means`` those of the geometric means; ``sections``: in order."""
+
+    title: str
+    intro: str
+    label: Callable[[BenchResult], str]
+    sections: tuple[Callable[["_Doc"], None], ...]
+    order: Callable[[BenchResult], Any] | None = None
+    phases: tuple[tuple[str, str], ...] = (("", ""),)
+    time: tuple[str, float, int] = ("ms", 1.0, 3)
+    tflops_digits: int = 1
+    bandwidth: bool = False
+    baselines: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    means: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    grouped_notes: bool = False
+
+
+class _Doc:
+    """The summary being written: rows by point, phase and contender; lines and tables."""
+
+    def __init__(self, results: Sequence[BenchResult], info: RunInfo, layout: Layout,
+                 kernel: str) -> None:
+        self.results, self.info, self.layout = results, info, layout
+        preset = PRESETS.get(kernel)
+        self.contenders = contenders_of(results, preset.order if preset else ())
+        self.target = preset.target if preset else None
+        ordered = sorted(results, key=layout.order) if layout.order else results
+        self.points: dict[tuple, dict[str, dict[str, BenchResult]]] = {}
+        for r in ordered:
+            self.points.setdefault(r.point, {}).setdefault(r.phase, {})[r.contender] = r
+        self.phases = [p for p, _ in layout.phases if any(r.phase == p for r in results)]
+        self.copy = max(info.copy_gbps) if info.copy_gbps else None
+        self.lines: list[str] = []
+        self.tables: list[tuple[str, list[str], list[list[str]]]] = []
+        self._means: dict | None = None
+
+    def label(self, row: dict[str, BenchResult]) -> str:
+        return self.layout.label(next(iter(row.values())))
+
+    def table(self, title: str, head: list[str], rows: list[list[str]]) -> None:
+        self.tables.append((title, head, rows))
+        self.lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        self.lines += ["| " + " | ".join(cells) + " |" for cells in rows] + [""]
+
+    def ours(self) -> list[str]:
+        """The contenders speed-ups are reported for: all but the baselines of the means."""
+        baselines = {n for _, names in self.layout.means for n in names}
+        return [c for c in self.contenders if c not in baselines]
+
+    def means(self) -> dict[tuple[str, str], dict[str, tuple]]:
+        """``{(contender, phase): {baseline: (geometric mean, points, [(label, why) left
+        out])}}`` over the baselines present in the rows."""
+        if self._means is None:
+            bases = [(s, n) for s, n in self.layout.means if set(n) & set(self.contenders)]
+            self._means = {(name, phase): {"/".join(names): self._mean(name, phase, names)
+                                           for _, names in bases}
+                           for name in self.ours() for phase in self.phases}
+        return self._means
+
+    def _mean(self, name: str, phase: str, names: Sequence[str]) -> tuple:
+        ratios, left = [], []
+        for phases in self.points.values():
+            row = phases.get(phase, {})
+            if name not in row and not set(names) & set(row):
+                continue
+            x = speedup(row.get(name), _best(row, names))
+            if x is not None:
+                ratios.append(x)
+                continue
+            missing = [(n, row.get(n)) for n in (name, *names) if not _ok(row.get(n))]
+            left.append((self.label(row), ", ".join(f"{n}: {r.status if r else 'not run'}"
+                                                    for n, r in missing)))
+        return geomean(ratios), len(ratios), left
+
+
+# -- sections --------------------------------------------------------------------------------------
+
+def _header(doc: _Doc) -> None:
+    results, info = doc.results, doc.info
+    doc.lines += [
+        f"# {doc.layout.title}", "",
         f"- command: `{info.command}`",
         f"- date: {info.date}",
         f"- device: {_unique(r.device for r in results)} ({_unique(r.arch for r in results)})",
@@ -270,100 +176,278 @@ def header_lines(results: Sequence[BenchResult], info: RunInfo, title: str, poin
         f"{_unique(r.cuda_tile_version for r in results)}",
         f"- GPU clocks (SM / memory): {_unique(r.sm_clock for r in results)} / "
         f"{_unique(r.mem_clock for r in results)}",
-        f"- points: {points}; contenders: {', '.join(contenders)}",
+        f"- points: {len(doc.points)}; contenders: {', '.join(doc.contenders)}",
     ]
+    if info.matmul_tflops:
+        doc.lines.append(f"- bf16 matrix product ({MATMUL_SIZE}³, torch.matmul), measured in "
+                         "this run before and after the grid: "
+                         + " / ".join(f"{x:.1f}" for x in info.matmul_tflops) + " TFLOP/s")
+    if doc.copy is not None:
+        doc.lines.append(f"- device-to-device copy ({COPY_BYTES / 2**30:g} GiB, "
+                         "`dst.copy_(src)`), measured in this run before and after the grid: "
+                         + " / ".join(f"{x:.0f}" for x in info.copy_gbps)
+                         + f" GB/s of bytes read + written; shares are of the faster, "
+                           f"{doc.copy:.0f}")
+    doc.lines += ["", doc.layout.intro, ""]
+
+
+def _groups(doc: _Doc) -> None:
+    """A table per (dtype, D, mask): TFLOP/s per length and contender, and the reference's
+    speed-up over each other contender; then the reference's schedules."""
+    names, others = doc.contenders, [c for c in doc.contenders if c != REFERENCE]
+    has_ref = REFERENCE in names
+    for group in dict.fromkeys(_first(phases).key[:3] for phases in doc.points.values()):
+        dtype, d, causal = group
+        rows, schedules = [], []
+        for phases in doc.points.values():
+            row, first = phases.get("", {}), _first(phases)
+            if first.key[:3] != group:
+                continue
+            cells = [str(first.seqlen), f"{first.batch}×{first.heads}"]
+            cells += ["" if row.get(c) is None else f"{row[c].tflops:.1f}" if _ok(row[c])
+                      else row[c].status for c in names]
+            if has_ref:
+                cells += [_x(speedup(row.get(REFERENCE), row.get(c))) for c in others]
+                if REFERENCE in row and row[REFERENCE].schedule:
+                    r = row[REFERENCE]
+                    schedules.append(f"S={first.seqlen}: {r.schedule} ({r.lookup_source})")
+            rows.append(cells)
+        head = ["S", "B×H"] + names + ([f"÷ {c}" for c in others] if has_ref else [])
+        doc.table(f"{dtype}, D={d}, {'causal' if causal else 'full'}", head, rows)
+        if schedules:
+            doc.lines += [f"Schedules of `{REFERENCE}`: " + "; ".join(schedules) + ".", ""]
+
+
+def _by_shape(doc: _Doc, title: str, against: Sequence[str], heads: Sequence[str]) -> None:
+    """The reference's geometric-mean speed-up over each of ``against`` per (D, mask)."""
+    phase = doc.phases[0] if doc.phases else ""
+    groups: dict[tuple[int, bool], dict[str, list]] = {}
+    for phases in doc.points.values():
+        row, first = phases.get(phase, {}), _first(phases)
+        per = groups.setdefault((first.head_dim, first.causal), {c: [] for c in against})
+        for c in against:
+            per[c].append(speedup(row.get(REFERENCE), row.get(c)))
+    doc.table(title, ["D", "mask"] + list(heads),
+              [[str(d), "causal" if causal else "full"] + [_x(geomean(per[c])) for c in against]
+               for (d, causal), per in sorted(groups.items())])
+
+
+def _ratio_means(doc: _Doc) -> None:
+    if REFERENCE in doc.contenders and (others := [c for c in doc.contenders if c != REFERENCE]):
+        _by_shape(doc, f"Geometric mean of `{REFERENCE}` ÷ contender (over dtypes and S)",
+                  others, others)
+
+
+def _matmul_share(doc: _Doc) -> None:
+    """The reference's TFLOP/s as a share of the (faster) matrix-product rate of the run."""
+    if REFERENCE not in doc.contenders or not doc.info.matmul_tflops:
+        return
+    matmul = max(doc.info.matmul_tflops)
+    rows = [r for phases in doc.points.values() for r in phases[""].values()]
+    seqlens = sorted({r.seqlen for r in rows})
+    share = {r.key: f"{100 * r.tflops / matmul:.0f}%" for r in rows
+             if r.contender == REFERENCE and _ok(r)}
+    doc.table(f"`{REFERENCE}` as a share of the matrix-product rate ({matmul:.1f} TFLOP/s)",
+              ["dtype", "D", "mask"] + [f"S={s}" for s in seqlens],
+              [[dtype, str(d), "causal" if causal else "full"]
+               + [share.get((dtype, d, causal, s), "—") for s in seqlens]
+               for dtype, d, causal in sorted({r.key[:3] for r in rows})])
+
+
+def _target(doc: _Doc) -> None:
+    if doc.target is None:
+        return
+    name, phase, base, goal, source = doc.target
+    per = doc.means().get((name, phase), {})
+    if base not in per:
+        return
+    value, n, left = per[base]
+    verdict = "—" if value is None else ("met" if value >= goal else "not met")
+    doc.lines += ["## Target", "",
+                  f"`{name}` {phase} TFLOP/s ÷ `{base}`'s, geometric mean over the {n} points "
+                  f"where both ran: **{_x(value)}** ({source} asks for at least {goal}: "
+                  f"{verdict})."]
+    if "torch-cudnn" in per:
+        doc.lines[-1] += (f" ÷ `torch-cudnn`: {_x(per['torch-cudnn'][0])} over "
+                          f"{per['torch-cudnn'][1]} points.")
+    doc.lines += [f"Left out: {_left_text(left)}."] if left else []
+    doc.lines.append("")
+
+
+def _left_text(entries: list[tuple[str, str]]) -> str:
+    """The points left out of a mean and why; one reason for all of them is said once."""
+    whys = {why for _, why in entries}
+    if len(entries) > 1 and len(whys) == 1:
+        return f"{len(entries)} points ({whys.pop()}): " + ", ".join(l for l, _ in entries)
+    return f"{len(entries)} point(s): " + "; ".join(f"{label} ({why})" for label, why in entries)
+
+
+def _per_point(doc: _Doc) -> None:
+    """A row per point and contender: per phase its time, TFLOP/s, (GB/s, % copy) and
+    speed-ups over the layout's baselines."""
+    lay = doc.layout
+    unit, factor, digits = lay.time
+    columns = [unit, "TFLOP/s"] + (["GB/s", "% copy"] if lay.bandwidth else [])
+    columns += [f"÷ {short}" for short, _ in lay.baselines]
+    prefix = dict(lay.phases)
+    rows = []
+    for phases in doc.points.values():
+        label = doc.layout.label(_first(phases))
+        for name in doc.contenders:
+            mine = {p: phases.get(p, {}).get(name) for p in doc.phases}
+            if not any(mine.values()):
+                continue
+            cells = [label, name]
+            for p, r in mine.items():
+                if not _ok(r):
+                    cells += [r.status if r else "—"] + ["—"] * (len(columns) - 1)
+                    continue
+                cells += [f"{factor * r.median_ms:.{digits}f}", f"{r.tflops:.{lay.tflops_digits}f}"]
+                if lay.bandwidth:
+                    cells += [f"{r.gbps:.0f}", _pct(r.gbps / doc.copy if doc.copy else None)]
+                cells += [_x(speedup(r, _best(phases[p], names))) for _, names in lay.baselines]
+            rows.append(cells)
+            label = ""
+    doc.table("Per point", ["point", "contender"]
+              + [prefix[p] + c for p in doc.phases for c in columns], rows)
+
+
+def _copy_share(doc: _Doc) -> None:
+    if doc.copy is not None:
+        rows = [phases.get(doc.phases[0], {}) for phases in doc.points.values()]
+        doc.table("Share of the copy bandwidth", ["point"] + doc.contenders, [
+            [doc.label(row)] + [_pct(r.gbps / doc.copy) if _ok(r) else (r.status if r else "")
+                                for r in (row.get(c) for c in doc.contenders)] for row in rows])
+
+
+def _means(doc: _Doc) -> None:
+    """Geometric-mean speed-ups per contender (and phase) over each baseline; with the
+    reference's by head dim and mask and the points left out where the layout has phases."""
+    table = doc.means()
+    if not table:
+        return
+    phased = len(doc.layout.phases) > 1
+    shorts = [s for s, n in doc.layout.means if set(n) & set(doc.contenders)]
+    head = ["contender"] + (["phase"] if phased else [])
+    doc.table("Geometric mean speed-up (over the points where both ran)",
+              head + [c for s in shorts for c in (f"÷ {s}", "points")],
+              [[name] + ([phase] if phased else [])
+               + [c for value, n, _ in per.values() for c in (_x(value), str(n))]
+               for (name, phase), per in table.items()])
+    if not phased:
+        return
+    if REFERENCE in doc.contenders:
+        bases = [n[0] for s, n in doc.layout.means if set(n) & set(doc.contenders)]
+        _by_shape(doc, f"`{REFERENCE}` {doc.phases[0]} by head dim and mask (over dtypes and S)",
+                  bases, [f"÷ {s}" for s in shorts])
+    left = []
+    for (name, phase), per in table.items():
+        if not any(n for _, n, _ in per.values()):  # never ran: the notes say why
+            left.append(f"- {name} {phase}: no point where it and a baseline both ran")
+            continue
+        left += [f"- {name} {phase} ÷ {base}: {_left_text(entries)}"
+                 for base, (_, _, entries) in per.items() if entries]
+    if left:
+        doc.lines += ["## Left out of the means", ""] + left + [""]
+
+
+def _schedules(doc: _Doc) -> None:
+    phase = doc.phases[0] if doc.phases else ""
+    scheduled = [r for phases in doc.points.values() for r in phases.get(phase, {}).values()
+                 if r.schedule]
+    if scheduled:
+        doc.lines += ["## Schedules", ""] + [
+            f"- {doc.layout.label(r)}, {r.contender}: {r.schedule} "
+            f"({r.lookup_source or 'unknown'})" for r in scheduled] + [""]
+
+
+def _notes(doc: _Doc) -> None:
+    label, notes = doc.layout.label, [r for r in doc.results if r.status != "ok"]
+    if doc.layout.grouped_notes:  # one line per (contender, status, reason, phases)
+        per_point: dict[tuple, list[str]] = {}
+        for r in notes:
+            per_point.setdefault((r.contender, label(r), r.status, r.reason), []).append(r.phase)
+        grouped: dict[tuple, list[str]] = {}
+        for (name, where, status, reason), phases in per_point.items():
+            which = ("both phases" if len(set(phases)) == len(doc.layout.phases)
+                     else ", ".join(phases))
+            grouped.setdefault((name, status, reason, which), []).append(where)
+        lines = [f"- {name}, {which}, {status}" + (f": {reason}" if reason else "")
+                 + f" — at {', '.join(where)}"
+                 for (name, status, reason, which), where in grouped.items()]
+    else:
+        if doc.layout.order:
+            notes.sort(key=lambda r: (doc.layout.order(r), doc.contenders.index(r.contender)))
+        lines = [f"- {r.contender}, {label(r)}: {r.note}" for r in notes]
+    if lines:
+        doc.lines += ["## Notes", ""] + lines + [""]
+
+
+# -- the layouts -------------------------------------------------------------------------------------
+
+_TORCH_MEANS = (("flash", ("torch-flash",)), ("cuDNN", ("torch-cudnn",)),
+                ("efficient", ("torch-efficient",)))
+LAYOUTS = {
+    "forward": Layout(
+        title="tiledattention benchmark", order=lambda r: r.key,
+        label=lambda r: f"{r.dtype} D={r.head_dim} {r.mask} S={r.seqlen} (B={r.batch}, "
+                        f"H={r.heads})",
+        intro="TFLOP/s counts 4·B·H·S_q·S_k·D, only the unmasked part when causal (higher is "
+              f"better). A ratio column is TFLOP/s of `{REFERENCE}` over the contender's (> 1: "
+              f"`{REFERENCE}` is faster). Cells that are not numbers name the status; the notes "
+              "at the end give the reasons.",
+        sections=(_header, _groups, _ratio_means, _matmul_share, _notes)),
+    "decode": Layout(
+        title="tiledattention decode benchmark", time=("µs", 1000.0, 1), tflops_digits=2,
+        label=lambda r: f"B{r.batch} H{r.heads}/{r.heads_kv} S_q{r.seqlen_q} S_k{r.seqlen} "
+                        f"D{r.head_dim} {r.dtype} " + ("none" if not r.causal else
+                                                       "bottom-right" if r.bottom_right
+                                                       else "top-left"),
+        intro="µs: median time of one call (CUDA events; the L2 is flushed before every sample, "
+              "outside the timed region; with --interleave, the default here, the contenders of "
+              "a point take turns sample by sample). GB/s: Q, K and V read and the output "
+              "written, once each, in the input dtype, per second (1e9 bytes); % copy: that over "
+              "the copy rate. TFLOP/s counts 4·B·H_q·S_q·S_k·D (only the unmasked part when "
+              "causal). ÷ cuDNN, ÷ FA: cuDNN's time, and the faster of torch-flash's and "
+              "torch-efficient's, over the contender's (> 1: the contender is faster). Rows that "
+              "are not numbers name the status; the notes give the reasons. Unavailable backends "
+              "are listed, never averaged.",
+        bandwidth=True,
+        baselines=(("cuDNN", ("torch-cudnn",)), ("FA", ("torch-flash", "torch-efficient"))),
+        means=(("cuDNN", ("torch-cudnn",)), ("flash/efficient", ("torch-flash",
+                                                                  "torch-efficient"))),
+        sections=(_header, _per_point, _copy_share, _means, _schedules, _notes)),
+    "backward": Layout(
+        title="tiledattention backward benchmark", tflops_digits=0, grouped_notes=True,
+        label=lambda r: f"{r.dtype} D{r.head_dim} {'causal' if r.causal else 'full'} "
+                        f"S{r.seqlen} B{r.batch} H{r.heads}",
+        phases=(("backward", "bwd "), ("forward+backward", "fwd+bwd ")),
+        intro="bwd: the backward pass alone (dQ, dK, dV from dO; the forward ran before, outside "
+              "the timed region; torch: `torch.autograd.grad(out, (q, k, v), dO, "
+              "retain_graph=True)`); fwd+bwd: one forward and backward step. ms: median time of "
+              "one call (CUDA events; the L2 is flushed before every sample, outside the timed "
+              "region; with --interleave, the default here, the contenders of a point take turns "
+              "sample by sample). TFLOP/s counts the backward as 2.5x the forward's 4·B·H·S²·D "
+              "(FlashAttention's count; only the unmasked part when causal) and a step as 3.5x. "
+              "÷ flash, ÷ cuDNN: torch-flash's and torch-cudnn's time over the contender's (> 1: "
+              "the contender is faster). Rows that are not numbers name the status; the notes "
+              "give the reasons. Points where a contender cannot run are listed, never averaged.",
+        baselines=_TORCH_MEANS[:2], means=_TORCH_MEANS,
+        sections=(_header, _target, _per_point, _means, _schedules, _notes)),
+}
 
 
 def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
-    """The summary: header, TFLOP/s per (dtype, D, mask), ratios, geomeans, notes."""
-    contenders = contenders_of(results)
-    index = by_point(results)
-    lines = header_lines(results, info, "tiledattention benchmark", len(index), contenders)
-    if info.matmul_tflops:
-        lines.append(f"- bf16 matrix product ({MATMUL_SIZE}³, torch.matmul), measured in this run "
-                     "before and after the grid: "
-                     + " / ".join(f"{x:.1f}" for x in info.matmul_tflops) + " TFLOP/s")
-    lines += [
-        "",
-        "TFLOP/s counts 4·B·H·S_q·S_k·D, only the unmasked part when causal (higher is better). "
-        f"A ratio column is TFLOP/s of `{_REFERENCE}` over the contender's (> 1: "
-        f"`{_REFERENCE}` is faster). Cells that are not numbers name the status; the notes "
-        "at the end give the reasons.",
-        "",
-    ]
-    others = [c for c in contenders if c != _REFERENCE]
-    has_ref = _REFERENCE in contenders
-    groups = sorted({(k[0], k[1], k[2]) for k in index}, key=lambda g: (g[0], g[1], g[2]))
-    for dtype, d, causal in groups:
-        keys = sorted(k for k in index if k[:3] == (dtype, d, causal))
-        mask = "causal" if causal else "full"
-        lines += [f"## {dtype}, D={d}, {mask}", ""]
-        head = ["S", "B×H"] + contenders + ([f"÷ {c}" for c in others] if has_ref else [])
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for key in keys:
-            row = index[key]
-            any_row = next(iter(row.values()))
-            cells = [str(key[3]), f"{any_row.batch}×{any_row.heads}"]
-            cells += [_cell(row.get(c)) for c in contenders]
-            if has_ref:
-                ref = row.get(_REFERENCE)
-                for c in others:
-                    r = row.get(c)
-                    ok = ref is not None and r is not None and ref.status == r.status == "ok"
-                    cells.append(f"{ref.tflops / r.tflops:.2f}" if ok else "—")
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-        schedules = [(k[3], index[k][_REFERENCE]) for k in keys
-                     if _REFERENCE in index[k] and index[k][_REFERENCE].schedule]
-        if schedules:
-            lines.append("Schedules of `tiledattention`: " + "; ".join(
-                f"S={s}: {r.schedule} ({r.lookup_source})" for s, r in schedules) + ".")
-            lines.append("")
-
-    if has_ref and others:
-        table = ratio_table(results)
-        lines += [f"## Geometric mean of `{_REFERENCE}` ÷ contender (over dtypes and S)", ""]
-        head = ["D", "mask"] + others
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for (d, causal), per in table.items():
-            cells = [str(d), "causal" if causal else "full"]
-            cells += [_fmt(per.get(c), 2) for c in others]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-
-    if has_ref and info.matmul_tflops:
-        lines += _matmul_fraction_section(index, max(info.matmul_tflops))
-
-    notes = [r for r in results if r.status != "ok"]
-    if notes:
-        lines += ["## Notes", ""]
-        for r in sorted(notes, key=lambda r: (r.key, contenders.index(r.contender))):
-            lines.append(f"- {r.contender}, {r.dtype} D={r.head_dim} {r.mask} S={r.seqlen} "
-                         f"(B={r.batch}, H={r.heads}): {r.note}")
-        lines.append("")
-    return "\n".join(lines)
+    """The summary of ``results`` in the layout of their family."""
+    return "\n".join(_render(results, info).lines)
 
 
-def _matmul_fraction_section(index, matmul: float) -> list[str]:
-    """`tiledattention`'s TFLOP/s as a share of the (faster) matrix-product rate of the run."""
-    seqlens = sorted({k[3] for k in index})
-    lines = [f"## `{_REFERENCE}` as a share of the matrix-product rate ({matmul:.1f} TFLOP/s)",
-             "", "| dtype | D | mask | " + " | ".join(f"S={s}" for s in seqlens) + " |",
-             "|" + "---|" * (3 + len(seqlens))]
-    for dtype, d, causal in sorted({k[:3] for k in index}):
-        cells = [dtype, str(d), "causal" if causal else "full"]
-        for s in seqlens:
-            r = index.get((dtype, d, causal, s), {}).get(_REFERENCE)
-            cells.append(f"{100 * r.tflops / matmul:.0f}%" if r is not None and r.status == "ok"
-                         else "—")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
-
-
-def write_run_info(info: RunInfo, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    write_text_atomic(path, info.to_json() + "\n")
-    return path
+def _render(results: Sequence[BenchResult], info: RunInfo) -> _Doc:
+    kernel = kernel_of(results)
+    doc = _Doc(results, info, LAYOUTS.get(kernel, LAYOUTS["forward"]), kernel)
+    for section in doc.layout.sections:
+        section(doc)
+    return doc
 
 
 def write_summary(results: Sequence[BenchResult], info: RunInfo,
@@ -371,3 +455,20 @@ def write_summary(results: Sequence[BenchResult], info: RunInfo,
     path = Path(path)
     write_bytes_atomic(path, render_markdown(results, info).encode())
     return path
+
+
+def rich_tables(results: Sequence[BenchResult], info: RunInfo) -> list[Any]:
+    """The summary's tables as rich tables (statuses coloured), for the terminal."""
+    from rich.table import Table
+    from rich.text import Text
+
+    styles = {"wrong": "red", "unavailable": "dim", "skipped": "dim"}
+    tables = []
+    for title, head, rows in _render(results, info).tables:
+        table = Table(title=f"{title} (tiledtune bench --kernel {kernel_of(results)})")
+        for i, column in enumerate(head):
+            table.add_column(column, justify="left" if i < 2 else "right")
+        for cells in rows:
+            table.add_row(*(Text(c, style=styles.get(c, "")) for c in cells))
+        tables.append(table)
+    return tables

@@ -1,0 +1,194 @@
+"""The records of ``tiledtune bench``: one :class:`BenchResult` per contender and grid point, the
+run's :class:`RunInfo`, and their files (``bench.csv``, ``run.json``). Nothing here touches a GPU,
+so reports can be re-rendered from a CSV (:func:`load_results`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Iterable
+
+from db import write_bytes_atomic, write_text_atomic
+
+__all__ = ["BenchResult", "RunInfo", "COPY_BYTES", "MATMUL_SIZE", "STATUSES", "CSV_COLUMNS",
+           "load_results", "write_csv", "write_run_info"]
+
+#: ``ok``: measured and correct; ``wrong``: ran but failed the accuracy check (not timed);
+#: ``unavailable``: raised (unsupported shape, no kernel, out of memory...); ``skipped``: not
+#: run on purpose (e.g. it would time what another contender times).
+STATUSES = ("ok", "wrong", "unavailable", "skipped")
+#: Side of the square bf16 matrix product whose rate compute-bound summaries compare with.
+MATMUL_SIZE = 8192
+#: Bytes of the device-to-device copy whose rate memory-bound summaries compare with (1 GiB).
+COPY_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchResult:
+    """One contender at one grid point. Timing fields are ``None`` unless ``status == "ok"``.
+
+    ``heads`` is H_q and ``seqlen`` S_k; ``heads_kv`` and ``seqlen_q`` may be ``None`` (rows of
+    older forward and backward runs: H_kv = H_q, S_q = S_k)."""
+
+    contender: str
+    status: str
+    reason: str = ""
+    kernel: str = "forward"  # the family whose grid the row belongs to (``--kernel``)
+    #: what was timed when a family times more than one thing per point (older backward runs:
+    #: "backward" or "forward+backward"; the backward family's rows: "backward"); else ""
+    phase: str = ""
+    batch: int
+    heads: int
+    heads_kv: int | None = None
+    seqlen_q: int | None = None
+    seqlen: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    bottom_right: bool = False  # causal aligned bottom-right (torch's causal_lower_right)
+    median_ms: float | None = None
+    spread_ms: float | None = None
+    samples: int | None = None
+    tflops: float | None = None
+    gbps: float | None = None  # Q+K+V read and the output written, once each, per second / 1e9
+    rel_err: float | None = None
+    schedule: str = ""  # Schedule.describe() of tiledattention rows
+    lookup_source: str = ""  # Resolution.source ("exact-device", ..., "default"), or "forced"
+    lookup_detail: str = ""
+    device: str = ""
+    arch: str = ""
+    driver: str = ""
+    torch_version: str = ""
+    cuda_tile_version: str = ""
+    sm_clock: str = ""  # as nvidia-smi reports it, e.g. "1980 MHz"; "" when unknown
+    mem_clock: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"BenchResult.status must be one of {STATUSES}; "
+                             f"got {self.status!r}")
+        if self.status == "ok" and (self.tflops is None or self.median_ms is None):
+            raise ValueError("an ok BenchResult needs median_ms and tflops")
+
+    @property
+    def point(self) -> tuple:
+        """Every field of the grid point (rows of one point share it)."""
+        return (self.dtype, self.batch, self.heads, self.heads_kv, self.seqlen_q, self.seqlen,
+                self.head_dim, self.causal, self.bottom_right)
+
+    @property
+    def key(self) -> tuple[str, int, bool, int]:
+        """(dtype, head_dim, causal, seqlen): the point of a grid at fixed B·S and H·D."""
+        return (self.dtype, self.head_dim, self.causal, self.seqlen)
+
+    @property
+    def mask(self) -> str:
+        return ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
+
+    @property
+    def note(self) -> str:
+        """``status: reason`` for rows that were not measured."""
+        return f"{self.status}: {self.reason}" if self.reason else self.status
+
+
+CSV_COLUMNS = tuple(f.name for f in fields(BenchResult))
+_INT_FIELDS = ("batch", "heads", "heads_kv", "seqlen_q", "seqlen", "head_dim", "samples")
+_FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "gbps", "rel_err")
+_BOOL_FIELDS = ("causal", "bottom_right")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """What the summary header says about the run besides what the rows carry."""
+
+    command: str
+    date: str
+    #: bf16 matrix-product rates measured in the run (before and after the grid), TFLOP/s
+    matmul_tflops: tuple[float, ...] = ()
+    #: device-to-device copy rates measured in the run (before and after the grid), GB/s of
+    #: bytes read plus bytes written
+    copy_gbps: tuple[float, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunInfo":
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("run info must be a JSON object")
+        return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
+                   matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())),
+                   copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())))
+
+
+def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:
+    """Write one row per result (atomically); floats keep full precision (``repr``)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for result in results:
+        row = asdict(result)
+        for name, value in row.items():
+            if value is None:
+                row[name] = ""
+            elif isinstance(value, bool):
+                row[name] = "yes" if value else "no"
+            elif isinstance(value, float):
+                row[name] = repr(value)
+        writer.writerow(row)
+    path = Path(path)
+    write_bytes_atomic(path, buffer.getvalue().encode())
+    return path
+
+
+def load_results(path: str | os.PathLike) -> list[BenchResult]:
+    """Read a CSV written by :func:`write_csv` back into results (to re-render reports)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read bench results {path}: {exc.strerror}") from None
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in ("contender", "status", "batch", "heads", "seqlen", "head_dim",
+                           "dtype", "causal") if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"{path} is not a tiledtune bench CSV: it lacks columns {missing}")
+    results = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            results.append(BenchResult(**_values(row)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}, line {line}: {exc}") from None
+    return results
+
+
+def _values(row: dict) -> dict:
+    values: dict = {}
+    for name, raw in row.items():
+        raw = raw or ""
+        if name not in CSV_COLUMNS or (name == "kernel" and not raw):
+            continue  # a column of a newer version, or left empty: the default
+        if name in _INT_FIELDS:
+            values[name] = int(raw) if raw else None
+        elif name in _FLOAT_FIELDS:
+            values[name] = float(raw) if raw else None
+        elif name in _BOOL_FIELDS:
+            if raw == "" and name != "causal":
+                continue
+            if raw not in ("yes", "no"):
+                raise ValueError(f"{name} must be yes or no; got {raw!r}")
+            values[name] = raw == "yes"
+        else:
+            values[name] = raw
+    return values
+
+
+def write_run_info(info: RunInfo, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    write_text_atomic(path, info.to_json() + "\n")
+    return path
