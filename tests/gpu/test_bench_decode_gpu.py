@@ -1,5 +1,5 @@
 """``tiledtune bench --kernel decode`` on a GPU: one point end to end (check, interleaved
-timing, copy rate, CSV, run.json, summary, plot), and the bottom-right point's torch backends."""
+timing, copy rate, CSV, run.json, summary, plot), and a bottom-right point's contenders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import tiledattention
 from tuner import bench
-from tuner.bench import DECODE_CONTENDERS, load_results
+from tuner.bench import PRESETS, load_results
 from tuner.commands import bench_cmd
 
 pytestmark = pytest.mark.gpu
@@ -24,33 +24,26 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def _needs_decode_family():
-    if not hasattr(tiledattention, "DECODE"):
-        pytest.skip("the decode family is not in this checkout")
-
-
 def test_tiny_decode_bench_end_to_end(tmp_path):
-    _needs_decode_family()
     out = tmp_path / "bench"
     code = bench_cmd.run(_args("--kernel", "decode", "--batch", "1", "--seqlens-q", "1",
                                "--seqlens-k", "30000", "--masks", "none", "--quick",
                                "--interleave", "5", "--out", str(out)))
     results = load_results(out / "bench.csv")
-    assert [r.contender for r in results] == list(DECODE_CONTENDERS)
+    assert [r.contender for r in results] == list(PRESETS["decode"].contenders)
     for r in results:
         assert (r.kernel, r.batch, r.heads, r.heads_kv, r.seqlen_q, r.seqlen, r.head_dim) == \
             ("decode", 1, 32, 8, 1, 30000, 128)
         assert r.device and r.arch.startswith("sm_")
         if r.status == "ok":
             assert r.samples == 5 and r.median_ms > 0 and r.gbps > 0 and r.tflops > 0
-            assert r.rel_err <= bench.TOLERANCES["bf16"]
         else:
             assert r.reason, r  # every row that did not run says why
     by = {r.contender: r for r in results}
-    for name in _OURS:
-        assert by[name].status == "ok", by[name].note
-    assert by["tiledattention"].schedule.startswith("decode: ")
-    assert by["tiledattention-forward"].schedule.startswith("forward: ")
+    assert by["tiledattention"].status == "ok", by["tiledattention"].note
+    assert by["tiledattention-forward"].status == "ok", by["tiledattention-forward"].note
+    # an empty database: the lookup answers with the default, which is then timed once
+    assert by["tiledattention-default"].status in ("ok", "skipped")
     assert by["torch-flash"].status == "ok", by["torch-flash"].note  # GQA decode: flash runs
     copy = json.loads((out / "run.json").read_text())["copy_gbps"]
     assert len(copy) == 2 and all(500 < x < 20_000 for x in copy), copy
@@ -63,17 +56,17 @@ def test_tiny_decode_bench_end_to_end(tmp_path):
 
 
 def test_bottom_right_point_checks_every_contender():
-    _needs_decode_family()
-    point = bench.DecodePoint(batch=2, heads_q=32, heads_kv=8, seqlen_q=16, seqlen_k=2000,
-                              head_dim=128, dtype="bf16", mask="bottom-right")
-    table = bench.make_decode_contenders()
-    results = bench.measure_point(point, [table[n] for n in DECODE_CONTENDERS],
+    problem = tiledattention.Problem(batch=2, heads_q=32, heads_kv=8, seqlen_q=16,
+                                     seqlen_k=2000, head_dim=128, dtype="bf16", causal=True,
+                                     bottom_right=True)
+    preset = PRESETS["decode"]
+    results = bench.measure_point(preset, problem, preset.contenders,
                                   bench.BenchSettings(interleave=3),
                                   env={"arch": tiledattention.device_info(0).arch})
     by = {r.contender: r for r in results}
-    for name in _OURS:
+    for name in ("tiledattention", "tiledattention-forward"):
         assert by[name].status == "ok", by[name].note
-    # torch runs causal_lower_right on flash and efficient only; cuDNN says why it cannot
-    assert by["torch-flash"].status == "ok" or by["torch-efficient"].status == "ok"
+    # torch runs causal_lower_right on flash (and efficient) only; cuDNN says why it cannot
+    assert by["torch-flash"].status == "ok", by["torch-flash"].note
     assert by["torch-cudnn"].status in ("ok", "unavailable")
     assert all(r.status != "wrong" for r in results), [r.note for r in results]
