@@ -28,7 +28,7 @@ from .errors import (CompileError, InputTypeError, InputValueError, KernelArgume
 from ._problem import (BOTTOM_RIGHT, DTYPES, SUPPORTED_HEAD_DIMS, TOP_LEFT, Problem,
                        problem_from_arrays)
 from ._plans import Plan
-from ._dispatch import choose_family, family_for_schedule
+from ._dispatch import choose_family, explain_choice, family_for_schedule
 from ._sdpa import sdpa as _run_sdpa
 from .forward import FORWARD, Schedule, compile_schedule
 from .decode import (DECODE, DispatchRule, DecodeSchedule, bucket_problem, compile_decode,

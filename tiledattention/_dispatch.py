@@ -11,7 +11,7 @@ from typing import Any
 from ._family import Family, serving
 from .errors import InputTypeError, UnsupportedOperationError
 
-__all__ = ["choose_family", "family_for_schedule"]
+__all__ = ["choose_family", "family_for_schedule", "explain_choice"]
 
 
 def choose_family(arch: str, problem: Any, operation: str = "sdpa") -> Family:
@@ -33,3 +33,15 @@ def family_for_schedule(schedule: Any, operation: str = "sdpa") -> Family:
             return family
     accepted = ", ".join(f"a tiledattention.{f.schedule_type.__name__}" for f in families)
     raise InputTypeError(f"schedule must be {accepted} or None; got {type(schedule).__name__}")
+
+
+def explain_choice(arch: str, problem: Any, operation: str = "sdpa") -> tuple[Family, str]:
+    """``choose_family``'s answer and why, in words: each family asked until it, with its
+    reason (``Family.why_taken``)."""
+    reasons = []
+    for family in serving(operation):
+        reasons.append(family.why_taken(arch, problem))
+        if family.takes(arch, problem):
+            return family, "; ".join(reasons)
+    raise UnsupportedOperationError(f"no registered kernel family serves {operation} for "
+                                    f"{problem.describe()} on {arch}")

@@ -434,3 +434,72 @@ def test_compiled_attention_has_no_python_guard_of_ours(monkeypatch):
         torch._dynamo.reset()
     lambdas = [line for line in guards.splitlines() if "LAMBDA_GUARD" in line]
     assert not [line for line in lambdas if "tiledattention" in line], lambdas
+
+
+# ------------------------------------------------------------------ a family sdpa never named
+class _MeanPlan(tiledattention.Plan):
+    """The toy family's plan: each output row is the mean of V's rows (attention with equal
+    scores), computed by torch on the CPU."""
+
+    def __init__(self, out_shape, group):
+        self.out_shape, self.group = out_shape, group
+
+    def for_torch(self, q, out, k, v):
+        return self
+
+    def run(self, runtime, q, k, v, device, out):
+        mean = v.float().mean(dim=2, keepdim=True).repeat_interleave(self.group, dim=1)
+        result = mean.expand(self.out_shape).to(q.dtype)
+        if out is None:
+            return result.clone()
+        out.copy_(result)
+        return out
+
+    def run_cupy(self, q, k, v, out, problem):
+        raise tiledattention.UnsupportedOperationError("the toy plan runs on torch only")
+
+
+class _MeanFamily(type(tiledattention.FORWARD)):
+    """A third attention family that takes head dim 40 calls ahead of every other."""
+
+    name = "mean_toy"
+    serves = ("sdpa",)
+    dispatch_priority = 100
+    planned: list = []
+
+    def takes(self, arch, problem):
+        return problem.head_dim == 40
+
+    def why_taken(self, arch, problem):
+        return f"head_dim {problem.head_dim} {'is' if self.takes(arch, problem) else 'is not'} 40"
+
+    def plan(self, problem, schedule, device_index, scale, causal):
+        self.planned.append((problem, schedule))
+        return _MeanPlan((problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
+                         problem.group_size)
+
+
+@pytest.fixture
+def mean_family():
+    family = tiledattention.register_family(_MeanFamily())
+    yield family
+    tiledattention.unregister_family(family.name)
+
+
+def test_a_registered_family_serves_sdpa_with_no_edit_of_the_entry_points(cpu_device, launches,
+                                                                          mean_family):
+    """Registering a family that serves "sdpa" is all it takes: ``choose_family`` asks it
+    first, the runtime resolves its schedule, its plan runs and is kept for warm calls; calls
+    it does not take go on to the families below it."""
+    q, k, v = qkv(hq=4, hkv=2, d=40)
+    expected = v.float().mean(2, keepdim=True).repeat_interleave(2, 1).expand(q.shape)
+    out = tiledattention.sdpa(q, k, v)
+    assert torch.equal(out, expected.to(q.dtype)) and launches == []
+    assert tiledattention.sdpa(q, k, v).shape == q.shape  # warm: the kept plan
+    assert len(mean_family.planned) == 1 and cpu_device.validations == 1
+    problem, schedule = mean_family.planned[0]
+    assert schedule == mean_family.default_schedule("sm_90", problem)  # the runtime resolved it
+    family, why = tiledattention.explain_choice("sm_90", problem)
+    assert family is mean_family and why == "head_dim 40 is 40"
+    tiledattention.sdpa(*qkv(d=64))  # not its call: the forward kernel launches
+    assert len(launches) == 1 and len(mean_family.planned) == 1
