@@ -1,7 +1,9 @@
 """Kernel constants go by name, and schedules are normalised before they are keyed.
 
 The argument tuple of ``attention_fwd`` is laid out from the kernel's own signature, so a swapped
-pair of constants lands on the right parameters or fails here. ``normalise`` gives flags with no
+pair of constants lands on the right parameters or fails here; inside the kernel file, where
+cuTile inlines helper calls, the file's syntax tree is read to check that no constant travels by
+position onto a parameter of another name (section (e)). ``normalise`` gives flags with no
 effect for a problem their canonical value: schedules that normalise to one key compile to the
 same machine code (equal ``.text`` digests, sm_90 cubins built on the CPU), and schedules that
 do not, compile to different code.
@@ -9,21 +11,28 @@ do not, compile to different code.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import itertools
 import random
+from pathlib import Path
 
+import cuda.tile as ct
 import pytest
+from cuda.tile import compilation as ctc
 
+import tiledattention.forward._kernel as kernel_module
+from tiledattention._compile import array_constraint, export_cubin
 from tiledattention._cubin import elf_sections, text_digest
+from tiledattention.errors import KernelArgumentError
 from tiledattention.forward._compile import _export, compile_schedule
 from tiledattention.forward._kernel import attention_fwd
-from tiledattention.forward._launch import (RUNTIME_PARAMETERS, constant_args, grid_for,
+from tiledattention.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, constant_args, grid_for,
                                             kernel_args, kernel_constants, kernel_for,
                                             kernel_parameters, no_effect_flags, normalise,
                                             ordered_args)
-from tiledattention.forward._problem import Problem, head_dim_parts
+from tiledattention._problem import Problem, head_dim_parts
 from tiledattention.forward._schedule import Schedule
 
 ARCH = "sm_90"
@@ -72,12 +81,12 @@ def test_parameters_are_read_from_the_kernel_function():
     assert kernel_parameters() == names
     assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
     upper = {n for n in names if n.isupper() and n not in RUNTIME_PARAMETERS}
-    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 19
+    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 20
 
 
 def test_values_land_on_their_parameters_whatever_the_mapping_order():
     runtime = {"Q": "q", "K": "k", "V": "v", "Out": "out", "qk_scale": 0.5, "heads_q": 2,
-               "group": 2}
+               "group": 2, "Lse": "lse"}
     constants = kernel_constants(CAUSAL, BASE.replace(exp2=True))
     # EXP2 and APPROX_DIV differ; give them in swapped insertion order, and everything reversed
     swapped = dict(constants)
@@ -100,7 +109,7 @@ def test_values_land_on_their_parameters_whatever_the_mapping_order():
     (lambda r, c: c.update(Q=None), "belong in the other mapping"),
 ], ids=["missing_constant", "missing_runtime", "extra_constant", "twice", "misplaced"])
 def test_a_missing_extra_or_doubled_name_raises(change, message):
-    runtime = dict(zip(RUNTIME_PARAMETERS, range(7)))
+    runtime = dict(zip(RUNTIME_PARAMETERS, range(len(RUNTIME_PARAMETERS))))
     constants = kernel_constants(FULL, BASE)
     change(runtime, constants)
     with pytest.raises(TypeError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -133,8 +142,8 @@ def test_each_flag_reaches_its_own_constant_and_no_other(flag):
 def test_runtime_values_and_constants_in_kernel_args():
     s = BASE.replace(k_latency=3, tile_n=32)
     args = kernel_args("q", "k", "v", "o", CAUSAL, s, 0.125)
-    assert args[:7] == ("q", "k", "v", "o", 0.125, 2, 2)
-    assert args[7:] == constant_args(CAUSAL, s)
+    assert args[:8] == ("q", "k", "v", "o", 0.125, 2, 2, NO_LSE)
+    assert args[8:] == constant_args(CAUSAL, s)
     named = dict(zip(kernel_parameters(), args))
     assert (named["TILE_M"], named["TILE_N"], named["TILE_D"], named["K_LATENCY"],
             named["V_LATENCY"], named["EVEN_K"]) == (64, 32, 64, 3, 0, True)
@@ -304,3 +313,124 @@ def test_split_head_dim_compiles_for_every_architecture(arch):
     problem = _problem(head_dim=80, seqlen_q=200, seqlen_k=300, causal=True)
     built = compile_schedule(problem, BASE.replace(split_d=True, exp2=True), arch)
     assert built.cubin and text_digest(built.cubin)
+
+
+# -- (e) one kernel entry; inside the kernel file no constant travels by position ---------------
+KERNEL_SOURCE = Path(kernel_module.__file__).read_text()
+#: the most positional parameters a function of the kernel file may take
+MAX_POSITIONAL = 12
+
+
+def _constant_mismatches(source: str) -> list[str]:
+    """Each call in ``source`` to a function defined there (module level or nested) whose
+    positional argument is an UPPER_CASE name (a compile-time constant: any all-capitals name
+    but the kernel's arrays Q, K, V) bound to a parameter of another name, or whose keyword
+    argument for an UPPER_CASE parameter is an UPPER_CASE name of another one; ``*`` and ``**``
+    arguments are refused outright, since they hide where a value lands. Also every function
+    with more than ``MAX_POSITIONAL`` positional parameters, but the ``@ct.kernel`` entry
+    (``_launch`` lays its arguments out by name)."""
+    tree = ast.parse(source)
+    functions: dict[str, ast.FunctionDef] = {}
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            if node.name in functions:
+                problems.append(f"two functions named {node.name}: calls to it are ambiguous")
+            functions[node.name] = node
+            positional = node.args.posonlyargs + node.args.args
+            entry = any(ast.unparse(d) == "ct.kernel" for d in node.decorator_list)
+            if len(positional) > MAX_POSITIONAL and not entry:
+                problems.append(f"{node.name} takes {len(positional)} positional parameters")
+
+    def constant(expr: ast.expr) -> str | None:
+        if isinstance(expr, ast.Name) and expr.id.isupper() and expr.id not in ("Q", "K", "V"):
+            return expr.id
+        return None
+
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id in functions):
+            continue
+        callee = functions[call.func.id]
+        where = f"line {call.lineno}: {callee.name}"
+        params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
+        for i, arg in enumerate(call.args):
+            if isinstance(arg, ast.Starred):
+                problems.append(f"{where}(*...) hides where its values land")
+            elif constant(arg) and (i >= len(params) or params[i] != constant(arg)):
+                lands = params[i] if i < len(params) else "no parameter"
+                problems.append(f"{where}: positional {constant(arg)} lands on {lands}")
+        for keyword in call.keywords:
+            if keyword.arg is None:
+                problems.append(f"{where}(**...) hides where its values land")
+            elif (keyword.arg.isupper() and constant(keyword.value)
+                  and constant(keyword.value) != keyword.arg):
+                problems.append(f"{where}: {keyword.arg}={constant(keyword.value)}")
+    return problems
+
+
+def test_no_constant_lands_on_a_parameter_of_another_name():
+    assert _constant_mismatches(KERNEL_SOURCE) == []
+
+
+def test_the_constant_check_sees_a_swapped_pair():
+    """The check itself: a planted swap, by position or by keyword, is reported."""
+    planted = ("def helper(x, EXP2, APPROX_DIV):\n    pass\n\n\n"
+               "def caller(x, EXP2, APPROX_DIV):\n    helper(x, APPROX_DIV, EXP2)\n")
+    assert _constant_mismatches(planted) == [
+        "line 6: helper: positional APPROX_DIV lands on EXP2",
+        "line 6: helper: positional EXP2 lands on APPROX_DIV"]
+    swapped = KERNEL_SOURCE.replace("EXP2=EXP2, APPROX_DIV=APPROX_DIV",
+                                    "EXP2=APPROX_DIV, APPROX_DIV=EXP2")
+    assert swapped != KERNEL_SOURCE
+    assert [p.split(": ", 1)[1] for p in _constant_mismatches(swapped)] == [
+        "_attend_q_tile: EXP2=APPROX_DIV", "_attend_q_tile: APPROX_DIV=EXP2"]
+    too_long = "def f(a, b, c, d, e, f, g, h, i, j, k, l, m):\n    pass\n"
+    assert _constant_mismatches(too_long) == ["f takes 13 positional parameters"]
+
+
+def test_one_kernel_entry_with_the_log_sum_exp_a_constant():
+    kernels = [name for name, value in vars(kernel_module).items()
+               if isinstance(value, ct.kernel)]
+    assert kernels == ["attention_fwd"]
+    names = kernel_parameters()
+    assert "Lse" in names and "STORE_LSE" in names
+    # Lse is the last launch-time value: the plain forward keeps its parameter offsets
+    assert names.index("Lse") == len(RUNTIME_PARAMETERS) - 1
+    assert kernel_constants(CAUSAL, BASE)["STORE_LSE"] is False
+    assert kernel_constants(CAUSAL, BASE, store_lse=True)["STORE_LSE"] is True
+
+
+def test_kernel_args_with_and_without_lse_differ_in_lse_and_store_lse_only():
+    plain = dict(zip(kernel_parameters(), kernel_args("q", "k", "v", "o", CAUSAL, BASE, 0.5)))
+    with_lse = dict(zip(kernel_parameters(),
+                        kernel_args("q", "k", "v", "o", CAUSAL, BASE, 0.5, lse="lse")))
+    assert (plain["Lse"], plain["STORE_LSE"]) == (NO_LSE, False)
+    assert (with_lse["Lse"], with_lse["STORE_LSE"]) == ("lse", True)
+    assert {n for n in plain if plain[n] != with_lse[n]} == {"Lse", "STORE_LSE"}
+
+
+def test_ordered_args_fills_the_placeholder_only_without_store_lse():
+    runtime = {"Q": "q", "K": "k", "V": "v", "Out": "o", "qk_scale": 0.5, "heads_q": 2,
+               "group": 2}
+    constants = kernel_constants(CAUSAL, BASE)
+    assert ordered_args(runtime, constants)[len(RUNTIME_PARAMETERS) - 1] == NO_LSE
+    with pytest.raises(KernelArgumentError, match=r"runtime missing \['Lse'\]"):
+        ordered_args(runtime, constants | {"STORE_LSE": True})
+
+
+def test_store_lse_compiles_its_own_code_and_leaves_the_forward_alone(digest):
+    """The plain forward built with the placeholder (``compile_schedule``) is the same code
+    as with ``STORE_LSE`` named off; turning it on, with a float32 ``[B, H_q, S_q]`` array,
+    compiles other code."""
+    problem = _problem(seqlen_q=200, seqlen_k=300, causal=True)
+    assert text_digest(_export(problem, kernel_for(BASE), kernel_constants(problem, BASE),
+                               ARCH, "plain").cubin) == digest(problem, BASE)
+    q = array_constraint("bf16", (1, 2, 200, 64))
+    kv = array_constraint("bf16", (1, 1, 300, 64))
+    runtime = {"Q": q, "K": kv, "V": kv, "Out": q, "Lse": array_constraint("fp32", (1, 2, 200)),
+               "qk_scale": ctc.ScalarConstraint(ct.float32),
+               "heads_q": ctc.ScalarConstraint(ct.int32), "group": ctc.ScalarConstraint(ct.int32)}
+    args = ordered_args(runtime, kernel_constants(problem, BASE, store_lse=True))
+    with_lse = export_cubin(kernel_for(BASE), args, ARCH, "forward+lse")
+    assert text_digest(with_lse.cubin) != digest(problem, BASE)

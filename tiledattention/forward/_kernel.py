@@ -2,19 +2,15 @@
 
 One CTA computes a ``[TILE_M, D]`` block of the output for one (batch, query head): it streams K
 and V in ``TILE_N``-key steps through an online softmax, so the ``S_q x S_k`` score matrix never
-exists in memory. Every UPPER_CASE parameter is a compile-time constant taken from a
-:class:`~tiledattention.Schedule`; the launcher passes them by parameter name
-(``_launch.kernel_constants``, laid out in this signature's order by ``_launch.ordered_args``):
-reordering parameters here needs no other change, and adding, removing or renaming one makes
-every launch and build raise until ``kernel_constants`` follows. The kernel options
-(occupancy, num_ctas, opt_level) are applied with ``kernel.replace_hints``.
+exists in memory. UPPER_CASE parameters are compile-time constants, passed by name from
+``_launch.kernel_constants``; in here they go by keyword or are read from the enclosing kernel,
+never by position (``tests/cpu/test_kernel_constants.py`` parses this file to hold it so).
 
-Masking follows ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: top-left
-aligned, query row ``i`` attends keys ``0..i``. With ``BOTTOM_RIGHT`` (only with ``CAUSAL``;
-torch's ``causal_lower_right``) row ``i`` attends keys ``0..i + S_k - S_q``: the offset is read
-from the arrays' shapes, and rows that see no key (``S_q > S_k``) come out as exact zeros. Keys at
-or past ``S_k`` never enter the softmax. Every ``BOTTOM_RIGHT`` piece sits under a compile-time
-branch, so the code of the other problems is what it was before the flag existed.
+Masking follows ``scaled_dot_product_attention(is_causal=True)``: top-left aligned, row ``i``
+attends keys ``0..i``; with ``BOTTOM_RIGHT`` (torch's ``causal_lower_right``) keys
+``0..i + S_k - S_q``, and a row that sees no key comes out as zeros. ``BOTTOM_RIGHT``,
+``TILE_D2`` and ``STORE_LSE`` each sit under compile-time branches: without them the code is what
+it was before they existed.
 """
 
 from __future__ import annotations
@@ -33,10 +29,9 @@ LOG2_E = 1.0 / math.log(2.0)
 NEG_BIG = -1.0e30
 
 
-def _online_softmax(qk, m_i, l_i, acc, scale, EXP2):
-    """Fold one ``[rows, TILE_N]`` score tile into the running (max, denominator, accumulator);
-    return the probabilities to multiply with V, the new state and the factor ``alpha`` that
-    rescaled the accumulator (for a second head-dim part's accumulator)."""
+def _online_softmax(qk, m_i, l_i, acc, scale, *, EXP2):
+    """Fold a ``[rows, TILE_N]`` score tile into the running (max, denominator, accumulator);
+    return the probabilities, the new state and ``alpha``, the accumulator's rescaling."""
     m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [rows, 1]
     shifted = qk * scale - m_ij  # [rows, TILE_N]
     if EXP2:
@@ -49,71 +44,18 @@ def _online_softmax(qk, m_i, l_i, acc, scale, EXP2):
     return p, m_ij, l_i, acc * alpha, alpha
 
 
-def _load_k(K, batch, kv_head, j, part, TILE_N, WIDTH, K_TRANSPOSED, K_LATENCY, ALLOW_TMA,
-            CHECK_BOUNDS, PAD):
-    """Key tile ``j`` as ``[WIDTH, TILE_N]`` (transposed), columns ``part * WIDTH`` onwards of
-    the head dim."""
-    if K_TRANSPOSED:
-        k = ct.load(K, index=(batch, kv_head, part, j), shape=(1, 1, WIDTH, TILE_N),
-                    order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                    latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-        return k.reshape((WIDTH, TILE_N))
-    k = ct.load(K, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, WIDTH),
-                padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
-    return ct.transpose(k.reshape((TILE_N, WIDTH)))
-
-
-def _attend_kv_tile(q, q2, K, V, batch, kv_head, j, rows, m_i, l_i, acc, acc2, scale, seqlen_k,
-                    masked, CAUSAL, TILE_M, TILE_N, TILE_D, TILE_D2, EXP2, K_TRANSPOSED,
-                    K_LATENCY, V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD):
-    """One inner-loop step: scores of the Q tile against key tile ``j``, the online softmax,
-    and the P·V product. ``masked`` (a constant, or a per-step flag) applies the causal /
-    sequence-end mask. With ``TILE_D2`` the head dim is two parts (``q``/``acc`` the first
-    ``TILE_D`` columns, ``q2``/``acc2`` the next ``TILE_D2``): both products run per part."""
-    k = _load_k(K, batch, kv_head, j, 0, TILE_N, TILE_D, K_TRANSPOSED, K_LATENCY, ALLOW_TMA,
-                CHECK_BOUNDS, PAD)  # [TILE_D, TILE_N]
-    qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
-    qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
-    if TILE_D2:
-        k2 = _load_k(K, batch, kv_head, j, TILE_D // TILE_D2, TILE_N, TILE_D2, K_TRANSPOSED,
-                     K_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)  # [TILE_D2, TILE_N]
-        qk = ct.mma(q2, k2, qk)
-    if masked:
-        keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
-        keep = keys < seqlen_k  # [1, TILE_N]
-        if CAUSAL:
-            keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
-        qk = ct.where(keep, qk, -np.inf)
-
-    p, m_i, l_i, acc, alpha = _online_softmax(qk, m_i, l_i, acc, scale, EXP2)
-
-    v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                latency=ct.static_eval(V_LATENCY or None),
-                allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D))
-    acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
-    if TILE_D2:
-        v2 = ct.load(V, index=(batch, kv_head, j, TILE_D // TILE_D2),
-                     shape=(1, 1, TILE_N, TILE_D2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                     latency=ct.static_eval(V_LATENCY or None),
-                     allow_tma=ALLOW_TMA).reshape((TILE_N, TILE_D2))
-        acc2 = ct.mma(p.astype(q.dtype), v2, acc2 * alpha)  # [TILE_M, TILE_D2]
-    return m_i, l_i, acc, acc2
-
-
-def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
+def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, TILE_M, TILE_N,
                    TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED,
                    K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED,
-                   WRITE_LSE):
-    """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh`` (and
-    with ``WRITE_LSE`` its rows' log-sum-exps)."""
+                   STORE_LSE):
+    """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``. With
+    ``TILE_D2`` the head dim is two parts: ``q``/``acc`` the first ``TILE_D`` columns,
+    ``q2``/``acc2`` the next ``TILE_D2``."""
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
     batch = bh // heads_q
     head = bh % heads_q
     kv_head = head // group
-
     scale = qk_scale
     if EXP2:
         scale = qk_scale * LOG2_E
@@ -140,6 +82,45 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
                      shape=(1, 1, TILE_M, TILE_D2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                      allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D2))
 
+    def load_kv(A, j, part, width, latency):
+        """``[TILE_N, width]`` of key / value tile ``j``, head-dim columns ``part * width`` on."""
+        tile = ct.load(A, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
+                       padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                       latency=ct.static_eval(latency or None), allow_tma=ALLOW_TMA)
+        return tile.reshape((TILE_N, width))
+
+    def load_k(j, part, width):
+        """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with ``K_TRANSPOSED``)."""
+        if K_TRANSPOSED:
+            k = ct.load(K, index=(batch, kv_head, part, j), shape=(1, 1, width, TILE_N),
+                        order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                        latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
+            return k.reshape((width, TILE_N))
+        return ct.transpose(load_kv(K, j, part, width, latency=K_LATENCY))
+
+    def attend(j, masked, m_i, l_i, acc, acc2):
+        """One step: scores against key tile ``j``, online softmax, P·V. ``masked`` (a
+        constant or a per-step flag) applies the causal / sequence-end mask."""
+        k = load_k(j, 0, width=TILE_D)  # [TILE_D, TILE_N]
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
+        qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+        if TILE_D2:
+            k2 = load_k(j, TILE_D // TILE_D2, width=TILE_D2)  # [TILE_D2, TILE_N]
+            qk = ct.mma(q2, k2, qk)
+        if masked:
+            keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+            keep = keys < seqlen_k  # [1, TILE_N]
+            if CAUSAL:
+                keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
+            qk = ct.where(keep, qk, -np.inf)
+        p, m_i, l_i, acc, alpha = _online_softmax(qk, m_i, l_i, acc, scale, EXP2=EXP2)
+        v = load_kv(V, j, 0, width=TILE_D, latency=V_LATENCY)  # [TILE_N, TILE_D]
+        acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
+        if TILE_D2:
+            v2 = load_kv(V, j, TILE_D // TILE_D2, width=TILE_D2, latency=V_LATENCY)
+            acc2 = ct.mma(p.astype(q.dtype), v2, acc2 * alpha)  # [TILE_M, TILE_D2]
+        return m_i, l_i, acc, acc2
+
     if CAUSAL:
         if BOTTOM_RIGHT:
             # keys the tile's last row sees, and the full key tiles its first row sees; both
@@ -156,7 +137,6 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
         num_kv_tiles = ct.cdiv(seqlen_k, TILE_N)
         mask_from = seqlen_k // TILE_N
     ANY_MASK = ct.static_eval(CAUSAL or not EVEN_K)
-
     backwards = False
     if KV_SAWTOOTH:
         backwards = (q_tile % 2) == 1
@@ -174,16 +154,10 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
         masked = False
         if ct.static_eval(ANY_MASK and not SPLIT_MASKED):
             masked = j >= mask_from
-        m_i, l_i, acc, acc2 = _attend_kv_tile(
-            q, q2, K, V, batch, kv_head, j, rows, m_i, l_i, acc, acc2, scale, seqlen_k, masked,
-            CAUSAL, TILE_M, TILE_N, TILE_D, TILE_D2, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-            ALLOW_TMA, CHECK_BOUNDS, PAD)
+        m_i, l_i, acc, acc2 = attend(j, masked, m_i, l_i, acc, acc2)
     if ct.static_eval(ANY_MASK and SPLIT_MASKED):
         for j in range(unmasked, num_kv_tiles):
-            m_i, l_i, acc, acc2 = _attend_kv_tile(
-                q, q2, K, V, batch, kv_head, j, rows, m_i, l_i, acc, acc2, scale, seqlen_k, True,
-                CAUSAL, TILE_M, TILE_N, TILE_D, TILE_D2, EXP2, K_TRANSPOSED, K_LATENCY,
-                V_LATENCY, ALLOW_TMA, CHECK_BOUNDS, PAD)
+            m_i, l_i, acc, acc2 = attend(j, True, m_i, l_i, acc, acc2)
 
     # Normalise with one reciprocal per row and a multiply per element: TILE_M x TILE_D exact
     # divisions cost 7-8% at D=256, S <= 2k (H100).
@@ -201,7 +175,7 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
     if TILE_D2:
         out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D2))
         ct.store(Out, index=(batch, head, q_tile, TILE_D // TILE_D2), tile=out2)
-    if WRITE_LSE:
+    if STORE_LSE:
         # base 2, in units of scaled scores: P = 2^(s * scale * log2(e) - lse) in the backward.
         # A row that saw no key gets +inf, so its probabilities (and gradients) are zeros.
         seen = l_i > 0.0
@@ -213,42 +187,56 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE
         ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
-def _attend_slot(Q, K, V, Out, Lse, slot, bh, num_q_tiles, qk_scale, heads_q, group, TILE_M,
-                 TILE_N, TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
-                 K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST,
-                 CHECK_BOUNDS, SPLIT_MASKED, PAIRED, WRITE_LSE):
-    """One work item: query tile ``slot`` (the mirrored one with ``LONGEST_FIRST``), or with
-    ``PAIRED`` the tiles ``n-1-slot`` and then ``slot``, whose causal key counts add up to the
-    same total for every pair, so all CTAs do equal work."""
-    if PAIRED:
-        count = 1
-        if 2 * slot + 1 < num_q_tiles:
-            count = 2
-        for t in range(count):
-            q_tile = slot
-            if t == 0:
-                q_tile = num_q_tiles - 1 - slot
-            _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M,
-                           TILE_N, TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
-                           K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
-                           CHECK_BOUNDS, SPLIT_MASKED, WRITE_LSE)
-    else:
-        q_tile = slot
-        if LONGEST_FIRST:
-            q_tile = num_q_tiles - 1 - slot
-        _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M, TILE_N,
-                       TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV,
-                       K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS,
-                       SPLIT_MASKED, WRITE_LSE)
-
-
-def _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2,
-               CAUSAL,
-               BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-               ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
-               PAIRED, WRITE_LSE):
-    """The body of both kernels: the grid's work items, each a query tile or a pair of them."""
+@ct.kernel
+def attention_fwd(
+    Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
+    qk_scale: float, heads_q: int, group: int,  # group: query heads per K/V head
+    Lse,  # STORE_LSE: [B, H_q, S_q] float32; else a placeholder int the code never reads. Last of
+    # the launch-time values: the other parameters keep the offsets of the forward without it.
+    TILE_M: ConstInt, TILE_N: ConstInt,
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
+    # with TILE_D2 the largest power of two below it: the first part of the head dim
+    TILE_D2: ConstInt,  # 0, or the width of a second part at column TILE_D (a power of two)
+    CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,  # causal only: row i sees keys 0..i + S_k - S_q (torch lower-right)
+    EVEN_K: ConstBool,  # S_k % TILE_N == 0
+    EXP2: ConstBool, APPROX_DIV: ConstBool, K_TRANSPOSED: ConstBool,
+    K_LATENCY: ConstInt, V_LATENCY: ConstInt,  # 1..10, or 0: let the compiler infer it
+    ALLOW_TMA: ConstBool, KV_SAWTOOTH: ConstBool, LONGEST_FIRST: ConstBool, CHECK_BOUNDS: ConstBool,
+    SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
+    PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
+    PAIRED: ConstBool,  # causal: a work item is the pair of query tiles (n-1-i, i), not one tile
+    STORE_LSE: ConstBool,  # also store each row's base-2 log-sum-exp into Lse (for the backward)
+):
     num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
+
+    def attend_tile(q_tile, bh):
+        _attend_q_tile(
+            Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, TILE_M=TILE_M,
+            TILE_N=TILE_N, TILE_D=TILE_D, TILE_D2=TILE_D2, CAUSAL=CAUSAL,
+            BOTTOM_RIGHT=BOTTOM_RIGHT, EVEN_K=EVEN_K, EXP2=EXP2, APPROX_DIV=APPROX_DIV,
+            K_TRANSPOSED=K_TRANSPOSED, K_LATENCY=K_LATENCY, V_LATENCY=V_LATENCY,
+            ALLOW_TMA=ALLOW_TMA, KV_SAWTOOTH=KV_SAWTOOTH, CHECK_BOUNDS=CHECK_BOUNDS,
+            SPLIT_MASKED=SPLIT_MASKED, STORE_LSE=STORE_LSE)
+
+    def attend_slot(slot, bh):
+        """Query tile ``slot`` (mirrored with ``LONGEST_FIRST``), or with ``PAIRED`` the tiles
+        ``n-1-slot`` then ``slot``: each pair's causal key counts add up to the same total."""
+        if PAIRED:
+            count = 1
+            if 2 * slot + 1 < num_q_tiles:
+                count = 2
+            for t in range(count):
+                q_tile = slot
+                if t == 0:
+                    q_tile = num_q_tiles - 1 - slot
+                attend_tile(q_tile, bh)
+        else:
+            q_tile = slot
+            if LONGEST_FIRST:
+                q_tile = num_q_tiles - 1 - slot
+            attend_tile(q_tile, bh)
+
     # work items per (batch x head): query tiles, or pairs of them (the middle tile alone if odd)
     num_slots = num_q_tiles
     if PAIRED:
@@ -257,84 +245,6 @@ def _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE
         # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
         # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
         for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
-            _attend_slot(Q, K, V, Out, Lse, item % num_slots, item // num_slots, num_q_tiles,
-                         qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2, CAUSAL,
-                         BOTTOM_RIGHT,
-                         EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA,
-                         KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED,
-                         WRITE_LSE)
+            attend_slot(item % num_slots, item // num_slots)
     else:
-        _attend_slot(Q, K, V, Out, Lse, ct.bid(0), ct.bid(1), num_q_tiles, qk_scale, heads_q,
-                     group, TILE_M, TILE_N, TILE_D, TILE_D2, CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2,
-                     APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY, ALLOW_TMA, KV_SAWTOOTH,
-                     LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PAIRED, WRITE_LSE)
-
-
-@ct.kernel
-def attention_fwd(
-    Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
-    qk_scale: float,
-    heads_q: int,
-    group: int,  # query heads per K/V head
-    TILE_M: ConstInt,
-    TILE_N: ConstInt,
-    TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
-    # with TILE_D2 the largest power of two below it: the first part of the head dim
-    TILE_D2: ConstInt,  # 0, or the width of a second part at column TILE_D (a power of two)
-    CAUSAL: ConstBool,
-    BOTTOM_RIGHT: ConstBool,  # causal only: row i sees keys 0..i + S_k - S_q (torch lower-right)
-    EVEN_K: ConstBool,  # S_k % TILE_N == 0
-    EXP2: ConstBool,
-    APPROX_DIV: ConstBool,
-    K_TRANSPOSED: ConstBool,
-    K_LATENCY: ConstInt,  # 1..10, or 0: let the compiler infer it
-    V_LATENCY: ConstInt,
-    ALLOW_TMA: ConstBool,
-    KV_SAWTOOTH: ConstBool,
-    LONGEST_FIRST: ConstBool,
-    CHECK_BOUNDS: ConstBool,
-    SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
-    PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
-    PAIRED: ConstBool,  # causal: a work item is the pair of query tiles (n-1-i, i), not one tile
-):
-    _attention(Q, K, V, Out, Out, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2,
-               CAUSAL,
-               BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-               ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
-               PAIRED, False)
-
-
-@ct.kernel
-def attention_fwd_lse(
-    Q, K, V, Out,
-    Lse,  # [B, H_q, S_q] float32: each row's log-sum-exp (base 2) of the scaled scores
-    qk_scale: float,
-    heads_q: int,
-    group: int,
-    TILE_M: ConstInt,
-    TILE_N: ConstInt,
-    TILE_D: ConstInt,
-    TILE_D2: ConstInt,
-    CAUSAL: ConstBool,
-    BOTTOM_RIGHT: ConstBool,
-    EVEN_K: ConstBool,
-    EXP2: ConstBool,
-    APPROX_DIV: ConstBool,
-    K_TRANSPOSED: ConstBool,
-    K_LATENCY: ConstInt,
-    V_LATENCY: ConstInt,
-    ALLOW_TMA: ConstBool,
-    KV_SAWTOOTH: ConstBool,
-    LONGEST_FIRST: ConstBool,
-    CHECK_BOUNDS: ConstBool,
-    SPLIT_MASKED: ConstBool,
-    PERSISTENT: ConstBool,
-    PAIRED: ConstBool,
-):
-    """``attention_fwd`` that also stores each query row's log-sum-exp, for the backward pass
-    (same constants, same schedules)."""
-    _attention(Q, K, V, Out, Lse, qk_scale, heads_q, group, TILE_M, TILE_N, TILE_D, TILE_D2,
-               CAUSAL,
-               BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-               ALLOW_TMA, KV_SAWTOOTH, LONGEST_FIRST, CHECK_BOUNDS, SPLIT_MASKED, PERSISTENT,
-               PAIRED, True)
+        attend_slot(ct.bid(0), ct.bid(1))

@@ -1,11 +1,18 @@
 """From a (Problem, Schedule) pair to a cuTile launch: hinted kernel objects, grid, arguments.
 
 Kernel arguments go by name. ``kernel_constants`` maps each compile-time parameter of
-``attention_fwd`` (``TILE_M`` ... ``PAIRED``) to its value, and ``ordered_args`` lays the named
+``attention_fwd`` (``TILE_M`` ... ``STORE_LSE``) to its value, and ``ordered_args`` lays the named
 runtime arguments and constants out in the order of the kernel's own signature, refusing a
 missing, unknown or doubly supplied name. The launcher (``kernel_args``) and the compile-only
 exporter (``_compile.compile_schedule``) both go through ``ordered_args``, so the order is
 written nowhere by hand and a swapped pair of flags cannot compile quietly.
+
+One kernel serves the forward with and without the log-sum-exp output: ``STORE_LSE`` is off
+unless an ``lse`` array is given (``launch_with_lse``), and then ``Lse`` gets the placeholder
+:data:`NO_LSE`, an int32 scalar the kernel never reads. A scalar and not an unused array: the
+``Lse`` parameter comes after the other launch-time values, and there a trailing int leaves the
+forward's machine code exactly as it was before the parameter existed, while a trailing unused
+array does not (sm_90, cuda-tile 1.7.0 / tileiras 13.4).
 
 ``normalise`` gives each schedule flag that cannot change the kernel's work for a problem its
 canonical value (the ``Schedule`` default). The constants are a plain function of the problem
@@ -21,23 +28,23 @@ from typing import Any, Mapping
 import cuda.tile as ct
 
 from .._signature import KernelParameters
-from ._kernel import attention_fwd, attention_fwd_lse
-from ._problem import Problem, head_dim_parts
+from ._kernel import attention_fwd
+from .._problem import Problem, head_dim_parts
 from ._schedule import Schedule
 
-__all__ = ["hinted_kernel", "kernel_for", "lse_kernel_for", "lse_kernel_args", "LSE_PARAMETERS",
-           "grid_for", "kernel_args", "kernel_constants",
+__all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
-           "default_scale", "launch", "launch_with_lse", "RUNTIME_PARAMETERS"]
+           "default_scale", "launch", "launch_with_lse", "RUNTIME_PARAMETERS", "NO_LSE"]
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
-RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group")
+RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group", "Lse")
+
+#: What ``Lse`` receives when ``STORE_LSE`` is off: an int32 scalar that no code reads.
+NO_LSE = 0
 
 
 # -- the kernel's signature ---------------------------------------------------------------------
 _SIGNATURE = KernelParameters(attention_fwd, RUNTIME_PARAMETERS)
-#: ``attention_fwd_lse``: the same parameters and a float32 ``Lse [B, H_q, S_q]`` output.
-LSE_PARAMETERS = KernelParameters(attention_fwd_lse, RUNTIME_PARAMETERS + ("Lse",))
 
 
 def kernel_parameters() -> tuple[str, ...]:
@@ -50,10 +57,25 @@ def ordered_args(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> tu
 
     ``runtime`` must name exactly the launch-time parameters (:data:`RUNTIME_PARAMETERS`) and
     ``constants`` exactly the ``ct.Constant`` ones; the order of either mapping does not matter.
+    ``runtime`` may leave ``Lse`` out while ``constants["STORE_LSE"]`` is false: it then gets the
+    placeholder, :data:`NO_LSE` for a launch, or its int32 ``ScalarConstraint`` for a compile-only
+    build (whose runtime values are ``cuda.tile.compilation`` constraints).
     Raises :class:`KernelArgumentError` naming what is missing, unknown, supplied twice or in
     the wrong mapping.
     """
+    if "Lse" not in runtime and constants.get("STORE_LSE") is False:
+        runtime = {**runtime, "Lse": _no_lse_like(runtime.get("qk_scale"))}
     return _SIGNATURE.ordered(runtime, constants)
+
+
+def _no_lse_like(scale: Any) -> Any:
+    """The ``Lse`` placeholder in the form of the other runtime values: :data:`NO_LSE`, or for
+    compile-only builds the ``ScalarConstraint`` that ``ct.launch`` makes of a Python int."""
+    from cuda.tile import compilation as ctc
+
+    if isinstance(scale, ctc.ScalarConstraint):
+        return ctc.ScalarConstraint(ct.int32)
+    return NO_LSE
 
 
 # -- normalisation ------------------------------------------------------------------------------
@@ -147,13 +169,16 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "SPLIT_MASKED": s.split_masked,
         "PERSISTENT": s.persistent,
         "PAIRED": s.paired_tiles,
+        "STORE_LSE": False,  # kernel_args turns it on when given an lse array
     }
 
 
-def kernel_constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
+def kernel_constants(problem: Problem, schedule: Schedule, *,
+                     store_lse: bool = False) -> dict[str, Any]:
     """The compile-time constants of ``attention_fwd`` by parameter name: the problem's shape
-    facts and the flags of ``normalise(problem, schedule)``, passed through unchanged."""
-    return dict(_constants(problem, schedule))
+    facts and the flags of ``normalise(problem, schedule)``, passed through unchanged, and
+    ``STORE_LSE`` (``store_lse``: also store each row's log-sum-exp)."""
+    return {**_constants(problem, schedule), "STORE_LSE": bool(store_lse)}
 
 
 def constant_args(problem: Problem, schedule: Schedule) -> tuple:
@@ -163,19 +188,17 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
 
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
-                scale: float) -> tuple:
-    """The positional arguments of ``attention_fwd`` for ``ct.launch``."""
+                scale: float, lse: Any = None) -> tuple:
+    """The positional arguments of ``attention_fwd`` for ``ct.launch``. With ``lse`` (a float32
+    ``[B, H_q, S_q]`` array) the kernel also stores each query row's log-sum-exp there
+    (``STORE_LSE``); without it ``Lse`` gets the placeholder :data:`NO_LSE`."""
     runtime = {"Q": q, "K": k, "V": v, "Out": out, "qk_scale": float(scale),
-               "heads_q": problem.heads_q, "group": problem.group_size}
-    return ordered_args(runtime, _constants(problem, schedule))
-
-
-def lse_kernel_args(q: Any, k: Any, v: Any, out: Any, lse: Any, problem: Problem,
-                    schedule: Schedule, scale: float) -> tuple:
-    """The positional arguments of ``attention_fwd_lse`` for ``ct.launch``."""
-    runtime = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "qk_scale": float(scale),
-               "heads_q": problem.heads_q, "group": problem.group_size}
-    return LSE_PARAMETERS.ordered(runtime, _constants(problem, schedule))
+               "heads_q": problem.heads_q, "group": problem.group_size,
+               "Lse": NO_LSE if lse is None else lse}
+    constants = _constants(problem, schedule)
+    if lse is not None:
+        constants = {**constants, "STORE_LSE": True}
+    return ordered_args(runtime, constants)
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,22 +211,10 @@ def hinted_kernel(occupancy: int, num_ctas: int, opt_level: int,
 
 
 def kernel_for(schedule: Schedule) -> ct.kernel:
+    """``attention_fwd`` with ``schedule``'s kernel options, with or without ``STORE_LSE`` (a
+    constant: each value compiles its own specialisation under the one kernel object)."""
     return hinted_kernel(schedule.occupancy, schedule.num_ctas, schedule.opt_level,
                          schedule.num_worker_warps)
-
-
-@functools.lru_cache(maxsize=None)
-def _hinted_lse_kernel(occupancy: int, num_ctas: int, opt_level: int,
-                       num_worker_warps: int | None) -> ct.kernel:
-    return attention_fwd_lse.replace_hints(occupancy=occupancy, num_ctas=num_ctas,
-                                           opt_level=opt_level, num_worker_warps=num_worker_warps)
-
-
-def lse_kernel_for(schedule: Schedule) -> ct.kernel:
-    """``attention_fwd_lse`` with ``schedule``'s kernel options (a training forward runs the
-    forward's schedule and also stores the log-sum-exps)."""
-    return _hinted_lse_kernel(schedule.occupancy, schedule.num_ctas, schedule.opt_level,
-                              schedule.num_worker_warps)
 
 
 def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, int, int]:
@@ -233,5 +244,5 @@ def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, pro
                     schedule: Schedule, scale: float, sm_count: int) -> None:
     """:func:`launch`, also storing each query row's log-sum-exp into ``lse`` (a float32
     ``[B, H_q, S_q]`` array) for the backward pass."""
-    ct.launch(stream, grid_for(problem, schedule, sm_count), lse_kernel_for(schedule),
-              lse_kernel_args(q, k, v, out, lse, problem, schedule, scale))
+    ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
+              kernel_args(q, k, v, out, problem, schedule, scale, lse=lse))
