@@ -10,14 +10,19 @@ database is actually opened.
 from __future__ import annotations
 
 from ._encode import Candidates
-from ._errors import DatabaseError, DatabaseUnavailable, RecordError, SchemaTooNew
+from ._errors import (DatabaseArgumentError, DatabaseError, DatabaseMisuse, DatabaseUnavailable,
+                      RecordError, SchemaTooNew, TiledAttentionError)
 from ._rows import (
     ARCH_PATTERN,
     BACKENDS,
+    BASELINE_PATTERN,
+    LEGACY_BASELINES,
     LEGACY_FAMILY,
+    MAX_BASELINES,
     PROVENANCE_FIELDS,
     ROW_FIELDS,
     ROW_FORMAT,
+    Baselines,
     FamilyCodec,
     Provenance,
     RowField,
@@ -29,8 +34,11 @@ from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, write_b
     write_text_atomic
 
 __all__ = [
-    "ARCH_PATTERN", "BACKENDS", "Candidates", "DatabaseError", "DatabaseUnavailable", "FamilyCodec", "LEGACY_FAMILY",
+    "ARCH_PATTERN", "BACKENDS", "BASELINE_PATTERN", "Baselines", "Candidates",
+    "DatabaseArgumentError", "DatabaseError", "DatabaseMisuse", "DatabaseUnavailable",
+    "FamilyCodec", "LEGACY_BASELINES", "LEGACY_FAMILY", "MAX_BASELINES",
     "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
-    "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew", "canonical_json",
-    "dump_rows", "load_rows_file", "load_rows_text", "write_bytes_atomic", "write_text_atomic",
+    "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew", "TiledAttentionError",
+    "canonical_json", "dump_rows", "load_rows_file", "load_rows_text", "write_bytes_atomic",
+    "write_text_atomic",
 ]

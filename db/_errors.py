@@ -1,13 +1,26 @@
-"""Errors of the schedule database. ``db`` is persistence and imports nothing from the rest of
-the project, so it has its own root, :class:`DatabaseError`; ``tiledattention`` and ``tuner``
-turn these into their own errors or messages where they reach a user."""
+"""Errors of the schedule database, and the root of the project's error hierarchy.
+
+``db`` is the bottom layer: it imports nothing from the rest of the project, and the rest
+imports it. The project's root error, :class:`TiledAttentionError`, is therefore defined here
+and re-exported by ``tiledattention.errors`` (its public home, where users catch it); every
+error of ``db``, ``tiledattention``, ``search_spaces`` and ``tuner`` derives from it, so one
+``except TiledAttentionError`` catches them all. ``db``'s own errors derive from
+:class:`DatabaseError`; ``tiledattention`` and ``tuner`` turn them into their own errors or
+messages where they reach a user.
+"""
 
 from __future__ import annotations
 
-__all__ = ["DatabaseError", "DatabaseUnavailable", "SchemaTooNew", "RecordError"]
+__all__ = ["TiledAttentionError", "DatabaseError", "DatabaseUnavailable", "SchemaTooNew",
+           "RecordError", "DatabaseArgumentError", "DatabaseMisuse"]
 
 
-class DatabaseError(Exception):
+class TiledAttentionError(Exception):
+    """Base class of every error this project raises on purpose (import it from
+    ``tiledattention``)."""
+
+
+class DatabaseError(TiledAttentionError):
     """Base class of every error ``db`` raises on purpose."""
 
 
@@ -24,3 +37,13 @@ class SchemaTooNew(DatabaseError, RuntimeError):
 
 class RecordError(DatabaseError, ValueError):
     """A row (or its dict / JSON / CSV form) is malformed; the message names the field."""
+
+
+class DatabaseArgumentError(DatabaseError, TypeError):
+    """A ``db`` function got an argument of the wrong kind (a caller's bug: ``put()`` of
+    something not a ``ScheduleRow``, ``rows(like=...)`` without its family, ...)."""
+
+
+class DatabaseMisuse(DatabaseError, RuntimeError):
+    """``db`` used in a way it does not support: a closed store, the migrations run other
+    than through ``db._migrate.upgrade``, a row field of a kind the codec does not know."""

@@ -1,4 +1,6 @@
-"""The exception hierarchy of tiledattention: catch ``TiledAttentionError`` to catch ours.
+"""The exception hierarchy of tiledattention: catch ``TiledAttentionError`` to catch ours (the
+schedule database's ``db.DatabaseError`` and the tuner's ``tuner.errors.TunerError`` derive from
+it too).
 
 Errors about a caller's input are also ``TypeError`` or ``ValueError`` (what Python code expects
 of bad arguments); messages name the argument, what was expected and what came.
@@ -6,13 +8,16 @@ of bad arguments); messages name the argument, what was expected and what came.
 
 from __future__ import annotations
 
+# The root is defined in ``db``, the bottom layer every package imports (``db`` imports nothing
+# of ours), so that ``db.DatabaseError`` can derive from it too: one ``except
+# TiledAttentionError`` catches the errors of tiledattention, search_spaces, tuner and db.
+# This module is its public home.
+from db import TiledAttentionError
+
 __all__ = ["TiledAttentionError", "InputTypeError", "InputValueError", "ScheduleError",
            "UnsupportedProblemError", "UnknownFamilyError", "CompileError", "KernelArgumentError",
            "ScheduleDatabaseError", "UnsupportedOperationError"]
 
-
-class TiledAttentionError(Exception):
-    """Base class of every error this project raises on purpose."""
 
 
 class InputTypeError(TiledAttentionError, TypeError):

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ..errors import HubBuildError
 from . import _template
 
 __all__ = ["HubBuild", "HubBuildError", "VARIANT", "VENDORED", "absolute_project_imports",
@@ -57,10 +58,6 @@ LEFT_OUT = {"tiledattention": ("integrations",), "db": ("migrations",)}
 #: Calls that take a module name as a string: one naming a vendored package is a build error
 #: unless a patch below rewrote it.
 _NAME_TAKING_CALLS = {"find_spec", "import_module", "files", "__import__", "import_file"}
-
-
-class HubBuildError(RuntimeError):
-    """The sources cannot be laid out as a Hub kernel (the message says which file and why)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,8 +127,10 @@ def kernel_id_for(name: str, sources: dict[str, dict[Path, bytes]] | None = None
 def _relative_import(node: ast.Import | ast.ImportFrom, depth: int, where: str) -> str | None:
     """The relative form of an absolute import of a vendored package, or ``None`` when
     ``node`` imports no vendored package. ``depth``: how many packages the module sits below
-    ``_vendor`` (1 for ``tiledattention/_lookup.py``)."""
-    up = "." * (depth + 1)  # "." is the module's own package; depth + 1 dots reach _vendor
+    ``_vendor`` (1 for ``tiledattention/_lookup.py``; -1 for a module of the kernel's top level,
+    beside ``_vendor``)."""
+    # "." is the module's own package; depth + 1 dots reach _vendor
+    up = "._vendor." if depth < 0 else "." * (depth + 1)
     if isinstance(node, ast.ImportFrom):
         if node.level or (node.module or "").split(".")[0] not in VENDORED:
             return None
@@ -146,7 +145,8 @@ def _relative_import(node: ast.Import | ast.ImportFrom, depth: int, where: str) 
     alias = node.names[0]
     head, _, tail = alias.name.rpartition(".")
     if not head:  # import tiledattention [as x]
-        return f"from {up} import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+        return (f"from {up.rstrip('.') if depth < 0 else up} import {alias.name}"
+                + (f" as {alias.asname}" if alias.asname else ""))
     if alias.asname is None:  # import db.x binds `db`: no relative form binds the same name
         raise HubBuildError(f"{where}:{node.lineno}: cannot make `{ast.unparse(node)}` relative; "
                             f"write `from {head} import {tail}`")
@@ -327,7 +327,9 @@ def _tree(name: str, version: int, kernel_id: str, sources: dict[str, dict[Path,
     files[Path("__init__.py")] = _template.ENTRY.substitute(values, **_error_lists(errors_py)
                                                             ).encode()
     files[Path("_load.py")] = _template.LOADER.substitute(values).encode()
-    files[Path("errors.py")] = errors_py
+    # the runtime's hierarchy, whose root comes from db (the vendored copy)
+    files[Path("errors.py")] = make_imports_relative(errors_py.decode("utf-8"), -1,
+                                                     "tiledattention/errors.py").encode("utf-8")
     files[Path(python_name, "__init__.py")] = _template.COMPAT.substitute(values).encode()
     meta = {"name": name, "id": kernel_id, "version": version, "license": "Apache-2.0",
             "python-depends": [], "backend": {"type": "cuda", "archs": _cuda_archs()}}

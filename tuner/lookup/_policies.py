@@ -138,7 +138,8 @@ def evaluate(policy: Policy, shapes: Sequence[Mapping[str, Any]], rows: Sequence
     """Per measured shape (``scripts/lookup_regret.py``'s records): the schedule ``policy``
     picks, its time, and its regret against the best measured time and against the default.
 
-    Raises :class:`~tuner.errors.NotMeasuredError` (a ``KeyError``) naming the shape when the picked schedule was not measured."""
+    Raises :class:`~tuner.errors.NotMeasuredError` (a ``KeyError``) naming the shape when the
+    picked schedule was not measured."""
     scored = []
     for shape in shapes:
         problem = Problem.from_dict(shape["problem"])
