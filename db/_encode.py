@@ -3,11 +3,13 @@ tables and for tables of the pre-family layout, which the database cannot order 
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any, Iterable, NamedTuple
 
-from ._errors import RecordError
-from ._rows import PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow, canonical_json
+from ._errors import DatabaseArgumentError, RecordError
+from ._rows import (LEGACY_BASELINES, PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow,
+                    canonical_json)
 
 __all__ = ["Candidates", "problem_key", "row_values", "decode_record", "pick_candidates"]
 
@@ -23,8 +25,8 @@ class Candidates(NamedTuple):
 def problem_key(problem: Any) -> str:
     to_dict = getattr(problem, "to_dict", None)
     if not callable(to_dict):
-        raise TypeError(f"problem must be a problem value with to_dict(); got "
-                        f"{type(problem).__name__}")
+        raise DatabaseArgumentError(f"problem must be a problem value with to_dict(); got "
+                                    f"{type(problem).__name__}")
     return canonical_json(to_dict())
 
 
@@ -32,7 +34,8 @@ def row_values(row: ScheduleRow, codec: FamilyCodec) -> dict[str, Any]:
     """The table record of ``row``."""
     values = {name: getattr(row, name) for name in (
         "family", "arch", "device_name", "backend", "median_ms", "spread_ms", "tflops",
-        "default_ms", "torch_cudnn_ms", "torch_flash_ms", "trials", "created_at")}
+        "default_ms", "trials", "created_at")}
+    values["baselines_ms"] = canonical_json(dict(row.baselines))
     terms = codec.terms(row.problem)
     values.update({f"term{i}": value for i, value in enumerate(terms)})
     values.update(problem=codec.problem_text(row.problem), bucket=codec.bucket_text(row.problem),
@@ -53,6 +56,20 @@ def _created_at(value: Any) -> datetime:
     return value
 
 
+def _baselines(record: Any) -> dict[str, Any]:
+    """The baselines of a table record: its ``baselines_ms`` JSON text, or, in a table of
+    revision 0001-0003 (read without migrating it), its ``torch_cudnn_ms``/``torch_flash_ms``
+    columns (those not NULL)."""
+    text = record.get("baselines_ms")
+    if text is not None:
+        try:
+            return json.loads(text)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise RecordError(f"baselines_ms is not JSON: {exc}") from None
+    return {name: record[old] for old, name in LEGACY_BASELINES.items()
+            if record.get(old) is not None}
+
+
 def decode_record(record: Any, codec: FamilyCodec) -> ScheduleRow:
     """The row of a table record (``RecordError``/``ValueError`` when it does not decode)."""
     return ScheduleRow(
@@ -60,8 +77,8 @@ def decode_record(record: Any, codec: FamilyCodec) -> ScheduleRow:
         backend=record.get("backend") or "gpu",
         problem=codec.problem(record["problem"]), schedule=codec.schedule(record["schedule"]),
         median_ms=record["median_ms"], spread_ms=record["spread_ms"], tflops=record["tflops"],
-        default_ms=record.get("default_ms"), torch_cudnn_ms=record.get("torch_cudnn_ms"),
-        torch_flash_ms=record.get("torch_flash_ms"), trials=record["trials"],
+        default_ms=record.get("default_ms"), baselines=_baselines(record),
+        trials=record["trials"],
         created_at=_created_at(record["created_at"]),
         provenance=Provenance.from_dict({name: record[name] for name in PROVENANCE_FIELDS}),
     )

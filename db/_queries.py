@@ -8,7 +8,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ._encode import Candidates, decode_record, pick_candidates, problem_key
-from ._errors import DatabaseUnavailable
+from ._errors import DatabaseArgumentError, DatabaseUnavailable
 from ._legacy import LEGACY_PROBLEM, from_legacy, legacy_columns
 from ._rows import ScheduleRow
 
@@ -94,7 +94,7 @@ class Queries:
         filters: dict[str, Any] = {"family": family, "arch": arch, "device_name": device_name}
         if like is not None:
             if family is None:
-                raise TypeError("rows(like=...) needs family=")
+                raise DatabaseArgumentError("rows(like=...) needs family=")
             filters["bucket"] = self._codec(family).bucket_text(like)
         return {k: v for k, v in filters.items() if v is not None}
 
@@ -108,11 +108,12 @@ class Queries:
         return "problem" not in present and set(LEGACY_PROBLEM) <= present
 
     def _query(self, t: Any, connection: "Connection") -> Any:
-        """``SELECT`` of the columns this file has; ``created_at`` as stored text on SQLite, so
-        one malformed value skips its row instead of failing the whole query."""
-        from sqlalchemy import String, select, type_coerce
+        """``SELECT`` of the columns this file has (and the baseline columns of a revision-0003
+        file, not migrated); ``created_at`` as stored text on SQLite, so one malformed value
+        skips its row instead of failing the whole query."""
+        from sqlalchemy import Float, String, column, select, type_coerce
 
-        from ._schema import OPTIONAL_COLUMNS
+        from ._schema import LEGACY_BASELINE_COLUMNS, OPTIONAL_COLUMNS
 
         present = self._present_columns(connection)
         lacking = [c.name for c in t.c if c.name not in present
@@ -123,6 +124,8 @@ class Queries:
                 "tiledattention can read; upgrade tiledattention")
         columns = [type_coerce(c, String).label(c.name) if c.name == "created_at"
                    and self._target.sqlite else c for c in t.c if c.name in present]
+        # unbound columns: rendered by name in the one table's SELECT, adding no FROM
+        columns += [column(name, Float) for name in LEGACY_BASELINE_COLUMNS if name in present]
         return select(*columns)
 
     def _select(self, filters: dict[str, Any], *, limit: int | None = None,

@@ -14,18 +14,21 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ._errors import RecordError
+from ._errors import DatabaseArgumentError, DatabaseMisuse, RecordError
 
 __all__ = ["ScheduleRow", "Provenance", "FamilyCodec", "RowField", "ROW_FIELDS", "ROW_FORMAT",
-           "ARCH_PATTERN", "BACKENDS", "LEGACY_FAMILY", "MAX_TERMS", "OPTIONAL_MS",
-           "PROVENANCE_FIELDS", "canonical_json", "codec_map"]
+           "ARCH_PATTERN", "BACKENDS", "BASELINE_PATTERN", "Baselines", "LEGACY_BASELINES",
+           "LEGACY_FAMILY", "MAX_BASELINES", "MAX_TERMS", "OPTIONAL_MS", "PROVENANCE_FIELDS",
+           "canonical_json", "codec_map"]
 
 #: Version of the dict form of a row (and of the JSON files made of rows). Format 2 added
 #: ``family`` (format-1 rows are read as rows of ``LEGACY_FAMILY``), format 3 ``backend``
-#: (older rows were all measured on a GPU).
-ROW_FORMAT = 3
+#: (older rows were all measured on a GPU), format 4 ``baselines_ms`` (a mapping of baseline
+#: name to median ms) in place of the fields ``torch_cudnn_ms`` and ``torch_flash_ms``
+#: (``LEGACY_BASELINES``: older rows are read into the mapping).
+ROW_FORMAT = 4
 #: What measured a row: a real GPU, or the tuner's analytic model (never used by the runtime).
 BACKENDS = ("gpu", "simulated")
 #: Every row written before kernel families existed (row format 1, schema revision 0002) was the
@@ -35,6 +38,13 @@ LEGACY_FAMILY = "forward"
 ARCH_PATTERN = re.compile(r"sm_[0-9]{2,3}[a-z]?")
 FAMILY_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")
 PROVENANCE_FIELDS = ("template_hash", "cuda_tile", "tileiras", "torch", "driver")
+#: The fixed baseline fields of row formats 1-3 (and columns of schema revisions 0001-0003), and
+#: the baseline each one timed: what a row of an older file or table holds in ``baselines``.
+LEGACY_BASELINES = {"torch_cudnn_ms": "torch-cudnn", "torch_flash_ms": "torch-flash"}
+#: A baseline's name: what the family's ``Case.baselines()`` calls it (``torch-cudnn``).
+BASELINE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+#: Most baselines one row may carry.
+MAX_BASELINES = 16
 
 
 def canonical_json(value: Any) -> str:
@@ -45,12 +55,19 @@ def canonical_json(value: Any) -> str:
 @dataclass(frozen=True)
 class RowField:
     """One field of a stored row. ``kind``: ``text``, ``record`` (a problem or schedule: a dict
-    in JSON, JSON text in CSV and SQL), ``ms`` (a finite float >= 0), ``count`` (an int >= 1),
-    ``time`` (ISO 8601 with offset) or ``provenance``."""
+    in JSON, JSON text in CSV and SQL), ``ms`` (a finite float >= 0), ``baselines`` (a mapping of
+    baseline name to median ms, the same in JSON, JSON text in CSV and SQL), ``count`` (an int
+    >= 1), ``time`` (ISO 8601 with offset) or ``provenance``. ``name`` is the field's name in
+    the dict, CSV and SQL forms; ``attr`` the ``ScheduleRow`` attribute when it differs."""
 
     name: str
     kind: str
     optional: bool = False
+    attr: str = ""
+
+    @property
+    def attribute(self) -> str:
+        return self.attr or self.name
 
 
 ROW_FIELDS = (
@@ -64,13 +81,12 @@ ROW_FIELDS = (
     RowField("spread_ms", "ms"),
     RowField("tflops", "ms"),
     RowField("default_ms", "ms", optional=True),
-    RowField("torch_cudnn_ms", "ms", optional=True),
-    RowField("torch_flash_ms", "ms", optional=True),
+    RowField("baselines_ms", "baselines", optional=True, attr="baselines"),
     RowField("trials", "count"),
     RowField("created_at", "time"),
     RowField("provenance", "provenance"),
 )
-OPTIONAL_MS = tuple(f.name for f in ROW_FIELDS if f.optional)
+OPTIONAL_MS = tuple(f.name for f in ROW_FIELDS if f.optional and f.kind == "ms")
 _MEASURES = tuple(f.name for f in ROW_FIELDS if f.kind == "ms")
 
 
@@ -182,7 +198,8 @@ def codec_map(codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec]) -> dict
     found: dict[str, FamilyCodec] = {}
     for codec in items:
         if not isinstance(codec, FamilyCodec):
-            raise TypeError(f"codecs must be FamilyCodec values; got {type(codec).__name__}")
+            raise DatabaseArgumentError(f"codecs must be FamilyCodec values; got "
+                                        f"{type(codec).__name__}")
         found[codec.name] = codec
     return found
 
@@ -191,15 +208,65 @@ def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class Baselines(Mapping[str, float]):
+    """Baseline name -> median ms per call, in name order; immutable and hashable (a field of
+    the frozen :class:`ScheduleRow`). Compares equal to a dict of the same items."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, float] | Iterable[tuple[str, float]] = ()) -> None:
+        pairs = items.items() if isinstance(items, Mapping) else items
+        self._items = dict(sorted(pairs))
+
+    def __getitem__(self, name: str) -> float:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"Baselines({self._items!r})"
+
+    def __reduce__(self) -> tuple:
+        return (Baselines, (tuple(self._items.items()),))
+
+
+def _checked_baselines(value: Any, where: str) -> Baselines:
+    """``value`` (a mapping of baseline name to median ms, or ``None`` for none) as
+    :class:`Baselines`; :class:`RecordError` naming ``where`` and the bad entry otherwise."""
+    if value is None:
+        return Baselines()
+    if not isinstance(value, Mapping):
+        raise RecordError(f"{where} must be a mapping of baseline name to median ms; got "
+                          f"{type(value).__name__}")
+    if len(value) > MAX_BASELINES:
+        raise RecordError(f"{where} holds {len(value)} baselines; at most {MAX_BASELINES}")
+    for name, ms in value.items():
+        if not isinstance(name, str) or not BASELINE_PATTERN.fullmatch(name):
+            raise RecordError(f"{where}: a baseline name must match "
+                              f"{BASELINE_PATTERN.pattern}; got {name!r}")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) \
+                or ms <= 0:
+            raise RecordError(f"{where}[{name!r}] must be a finite number > 0 (ms); got {ms!r}")
+    return Baselines((name, float(ms)) for name, ms in value.items())
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScheduleRow:
     """The best schedule found for one key ``(family, arch, device_name, problem)``, with its
     timings.
 
     Times are milliseconds per call: ``median_ms`` of the schedule, ``spread_ms`` its
-    interquartile range, and the same problem under the architecture's default schedule and under
-    PyTorch's cuDNN / flash backends when they were measured (``None`` otherwise).
-    ``created_at`` is timezone-aware and normalised to UTC.
+    interquartile range, ``default_ms`` the same problem under the architecture's default
+    schedule when it was measured (``None`` otherwise), and ``baselines`` the same problem under
+    each baseline the family's case timed (its name, e.g. ``torch-cudnn``, to its median ms; a
+    baseline that did not run is absent). ``created_at`` is timezone-aware and normalised to UTC.
     """
 
     family: str
@@ -212,8 +279,7 @@ class ScheduleRow:
     spread_ms: float
     tflops: float
     default_ms: float | None = None
-    torch_cudnn_ms: float | None = None
-    torch_flash_ms: float | None = None
+    baselines: Mapping[str, float] = field(default_factory=Baselines)
     trials: int
     created_at: datetime = field(default_factory=_utc_now)
     provenance: Provenance
@@ -242,6 +308,8 @@ class ScheduleRow:
                 continue
             _check_ms(name, value, positive=name not in ("spread_ms", "tflops"))
             object.__setattr__(self, name, float(value))
+        object.__setattr__(self, "baselines",
+                           _checked_baselines(self.baselines, "ScheduleRow.baselines"))
         if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials < 1:
             raise RecordError(f"ScheduleRow.trials must be an int >= 1; got {self.trials!r}")
         if not isinstance(self.created_at, datetime) or self.created_at.tzinfo is None:
@@ -264,9 +332,11 @@ class ScheduleRow:
         """Plain JSON-able dict with the format version under ``"format"``."""
         data: dict[str, Any] = {"format": ROW_FORMAT}
         for f in ROW_FIELDS:
-            value = getattr(self, f.name)
+            value = getattr(self, f.attribute)
             if f.kind in ("record", "provenance"):
                 value = value.to_dict()
+            elif f.kind == "baselines":
+                value = dict(value)
             elif f.kind == "time":
                 value = value.isoformat()
             data[f.name] = value
@@ -293,6 +363,8 @@ class ScheduleRow:
             if "backend" in data:
                 raise RecordError(f"row format {version} has no 'backend' field")
             data["backend"] = "gpu"
+        if version <= 3:
+            data["baselines_ms"] = _legacy_baselines(data, f"row format {version}")
         known = {f.name for f in ROW_FIELDS}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -309,13 +381,38 @@ class ScheduleRow:
         for f in ROW_FIELDS:
             value = data.get(f.name)
             try:
-                values[f.name] = _decode_field(f, value, codec)
+                values[f.attribute] = _decode_field(f, value, codec)
             except RecordError as exc:
                 raise RecordError(f"row field {f.name!r}: {exc}") from None
         return cls(**values)
 
 
+def _legacy_baselines(data: dict[str, Any], what: str) -> dict[str, Any]:
+    """Take the fixed baseline fields of a row of format 1-3 out of ``data`` (its dict form)
+    as the mapping that replaced them: ``{"torch-cudnn": ..., "torch-flash": ...}`` of those
+    not ``None``."""
+    if "baselines_ms" in data:
+        raise RecordError(f"{what} has no 'baselines_ms' field (it has torch_cudnn_ms and "
+                          "torch_flash_ms)")
+    found = {}
+    for old, name in LEGACY_BASELINES.items():
+        value = data.pop(old, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecordError(f"row field {old!r}: must be a number; got {value!r}")
+        found[name] = value
+    return found
+
+
 def _decode_field(f: RowField, value: Any, codec: FamilyCodec) -> Any:
+    if f.kind == "baselines":
+        if isinstance(value, str):  # JSON text (CSV cells, SQL columns)
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"is not JSON: {exc}") from None
+        return _checked_baselines(value, f.name)
     if value is None and f.optional:
         return None
     if f.kind == "text":
@@ -344,7 +441,7 @@ def _decode_field(f: RowField, value: Any, codec: FamilyCodec) -> Any:
         if created.tzinfo is None:
             raise RecordError(f"must carry a UTC offset; got {value!r}")
         return created
-    raise AssertionError(f"unknown field kind {f.kind}")  # ROW_FIELDS is ours
+    raise DatabaseMisuse(f"unknown field kind {f.kind}")  # ROW_FIELDS is ours: a bug
 
 
 def _check_ms(name: str, value: Any, positive: bool = False) -> None:

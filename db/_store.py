@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 from ._engine import (WRITE_OPTION, Target, check_sqlite_file, check_writable_path,
                       inspect_sqlite_file, is_locked, server_engine, sqlite_engine)
 from ._encode import problem_key, row_values
-from ._errors import DatabaseUnavailable, RecordError, SchemaTooNew
+from ._errors import (DatabaseArgumentError, DatabaseMisuse, DatabaseUnavailable, RecordError,
+                      SchemaTooNew)
 from ._queries import Queries
 from ._merge import verdict
 from ._rows import FamilyCodec, Provenance, ScheduleRow, codec_map
@@ -116,7 +117,7 @@ class ScheduleDB(Queries):
         from sqlalchemy.exc import DBAPIError, IntegrityError
 
         if self._engine is None:
-            raise RuntimeError(f"{self!r} is closed")
+            raise DatabaseMisuse(f"{self!r} is closed")
         try:
             with self._engine.connect() as connection:
                 if write:
@@ -280,10 +281,10 @@ class ScheduleDB(Queries):
         from ._schema import schedules as t
 
         if not isinstance(row, ScheduleRow):
-            raise TypeError(f"put() takes a ScheduleRow; got {type(row).__name__}")
+            raise DatabaseArgumentError(f"put() takes a ScheduleRow; got {type(row).__name__}")
         if current is not None and not isinstance(current, Provenance):
-            raise TypeError(f"current must be a Provenance or None; got "
-                            f"{type(current).__name__}")
+            raise DatabaseArgumentError(f"current must be a Provenance or None; got "
+                                        f"{type(current).__name__}")
         self._check_writable()
         values = row_values(row, self._codec(row.family))
         where = _key_clause(t, row.key)

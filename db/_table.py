@@ -1,8 +1,10 @@
 """Rows in JSON files: pre-tuned tables shipped with tiledattention, exports and imports.
 
-File format: ``{"format": 3, "rows": [ScheduleRow.to_dict(), ...]}``, rows sorted by key
-(older formats: without ``backend``, rows measured on a GPU; format 1 also without ``family``,
-rows of the forward kernel).
+File format: ``{"format": 4, "rows": [ScheduleRow.to_dict(), ...]}``, rows sorted by key; a
+row's baselines are one field, ``"baselines_ms": {"torch-cudnn": 1.23, ...}``. Older formats
+are read: formats 1-3 hold ``torch_cudnn_ms``/``torch_flash_ms`` instead (read into
+``baselines_ms`` as ``torch-cudnn``/``torch-flash``), formats 1-2 lack ``backend`` (rows
+measured on a GPU) and format 1 ``family`` (rows of the forward kernel).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from ._encode import Candidates, pick_candidates
-from ._errors import RecordError
+from ._errors import DatabaseArgumentError, RecordError
 from ._rows import ROW_FORMAT, FamilyCodec, ScheduleRow, codec_map
 
 __all__ = ["RowTable", "load_rows_file", "load_rows_text", "dump_rows"]
@@ -42,8 +44,8 @@ class RowTable:
         bucket = None
         if like is not None:
             if family not in self._codecs:
-                raise TypeError(f"rows(like=...) needs the family= of a known codec; got "
-                                f"{family!r}")
+                raise DatabaseArgumentError(f"rows(like=...) needs the family= of a known codec; "
+                                            f"got {family!r}")
             codec = self._codecs[family]
             bucket = codec.bucket_text(like)
         found = [r for r in self._rows

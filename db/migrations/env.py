@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from alembic import context
 
+from db._errors import DatabaseMisuse
 from db._schema import VERSION_TABLE
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("db migrations run through db._migrate.upgrade(connection, revision)")
+    raise DatabaseMisuse("db migrations run through db._migrate.upgrade(connection, revision)")
 context.configure(connection=connection, version_table=VERSION_TABLE, render_as_batch=True)
 with context.begin_transaction():
     context.run_migrations()
