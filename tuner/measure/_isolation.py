@@ -21,18 +21,11 @@ import time
 import traceback
 from typing import Any, Callable
 
+from ..errors import MeasurementError, WorkerDied, WorkerTimeout
 from ._executors import Measurement
 from ._processes import become_worker, interrupts_held, kill_group
 
 __all__ = ["IsolatedExecutor", "WorkerDied", "WorkerTimeout"]
-
-
-class WorkerDied(RuntimeError):
-    pass
-
-
-class WorkerTimeout(RuntimeError):
-    pass
 
 
 def _serve(conn, factory: Callable[[], Any], parent_pid: int, die_with_parent: bool) -> None:
@@ -133,7 +126,8 @@ class IsolatedExecutor:
         self._proc = self._conn = None
 
     def call(self, method: str, *args: Any, deadline: float) -> Any:
-        """Run ``executor.method(*args)`` in the worker; raise WorkerDied / WorkerTimeout."""
+        """Run ``executor.method(*args)`` in the worker; raise WorkerDied / WorkerTimeout,
+        or a MeasurementError carrying the worker's traceback when the request raised there."""
         self._ensure()
         try:
             self._conn.send((method, args))
@@ -142,7 +136,7 @@ class IsolatedExecutor:
             raise WorkerDied("the worker process died before the request") from None
         status, value = self._receive(method, deadline)
         if status == "error":
-            raise RuntimeError(value)
+            raise MeasurementError(value)
         return value
 
     def measurement(self, method: str, *args: Any, deadline: float) -> Measurement:
@@ -154,7 +148,7 @@ class IsolatedExecutor:
             return Measurement("timeout", str(exc), seconds=time.monotonic() - start)
         except WorkerDied as exc:
             return Measurement("crash", str(exc), seconds=time.monotonic() - start)
-        except RuntimeError as exc:
+        except MeasurementError as exc:  # the request raised in the worker
             last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
             return Measurement("crash", f"worker raised: {last}"[:500],
                                seconds=time.monotonic() - start)

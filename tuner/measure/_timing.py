@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
+from ..errors import GraphCaptureError, TunerValueError
+
 __all__ = ["GraphCaptureError", "LAUNCHES", "L2_STATES", "TIE_REL_FLOOR", "Timing", "TimingMode",
            "first_line", "graph_cold_unsupported", "summarize", "tie_noise_ms", "time_cuda",
            "time_interleaved", "within_noise"]
@@ -59,10 +61,6 @@ L2_STATES = ("cold", "warm")
 TIE_REL_FLOOR = 0.01
 
 
-class GraphCaptureError(RuntimeError):
-    """A launch that cannot be captured into a CUDA graph (graph timing)."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class TimingMode:
     """How a launch is timed: ``launch`` "stream" or "graph", ``l2`` "cold" or "warm"."""
@@ -72,11 +70,11 @@ class TimingMode:
 
     def __post_init__(self) -> None:
         if self.launch not in LAUNCHES:
-            raise ValueError(f"timing launch must be one of {', '.join(LAUNCHES)}; got "
-                             f"{self.launch!r}")
+            raise TunerValueError(f"timing launch must be one of {', '.join(LAUNCHES)}; got "
+                                  f"{self.launch!r}")
         if self.l2 not in L2_STATES:
-            raise ValueError(f"timing L2 state must be one of {', '.join(L2_STATES)}; got "
-                             f"{self.l2!r}")
+            raise TunerValueError(f"timing L2 state must be one of {', '.join(L2_STATES)}; got "
+                                  f"{self.l2!r}")
 
     @property
     def graph(self) -> bool:
@@ -96,7 +94,8 @@ class TimingMode:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TimingMode":
         if not isinstance(data, Mapping) or set(data) - {"launch", "l2"}:
-            raise ValueError(f"a timing mode is a mapping of 'launch' and 'l2'; got {data!r}")
+            raise TunerValueError(f"a timing mode is a mapping of 'launch' and 'l2'; got "
+                                  f"{data!r}")
         return cls(**data)
 
     def describe(self) -> str:
@@ -133,7 +132,7 @@ class Timing:
 
 def summarize(samples_ms: list[float]) -> Timing:
     if not samples_ms:
-        raise ValueError("summarize needs at least one sample")
+        raise TunerValueError("summarize needs at least one sample")
     ordered = sorted(samples_ms)
     if len(ordered) >= 4:
         q1, _, q3 = statistics.quantiles(ordered, n=4)

@@ -47,6 +47,7 @@ from optuna.trial import TrialState
 import search_spaces
 from tiledattention import Family, current_provenance
 
+from ..errors import StudyMismatchError
 from ..measure import (FAILURES, TIE_REL_FLOOR, CompilePool, IsolatedExecutor, Measurement,
                        Timing, TimingMode, interrupts_held)
 from ._budget import Budget
@@ -95,7 +96,9 @@ class KeyResult:
     problem: Any
     arch: str
     best: Any = None
-    timings: dict[str, Timing | str] = field(default_factory=dict)  # retime: best, default, torch
+    # the finalists' re-timing: "best", "default" and each of the family's baselines (by the
+    # name its case gives it, e.g. "torch-cudnn") -> its timing, or why it has none
+    timings: dict[str, Timing | str] = field(default_factory=dict)
     measured: int = 0  # candidates this process measured
     repeats_skipped: int = 0
     failures: collections.Counter = field(default_factory=collections.Counter)
@@ -104,6 +107,13 @@ class KeyResult:
     tied: list = field(default_factory=list)  # finalists within the noise of the fastest
     wall_s: float = 0.0
     compile_overlap_s: float = 0.0  # compile time hidden behind GPU measurement
+
+    @property
+    def baselines(self) -> dict[str, Timing | str]:
+        """The baselines' entries of ``timings`` (every name but the winner's and the
+        default's), in name order."""
+        return {name: self.timings[name] for name in sorted(self.timings)
+                if name not in ("best", "default") and not name.startswith("candidate-")}
 
 
 class Tuner:
@@ -168,7 +178,7 @@ class Tuner:
     def _check_timing(self, study) -> None:
         recorded, mine = study_timing(study), self.config.timing
         if recorded is not None and recorded != mine:
-            raise ValueError(
+            raise StudyMismatchError(
                 f"study {study.study_name!r} was measured with {recorded.describe()}, this "
                 f"search times {mine.describe()}: its times cannot be mixed; give the study's "
                 f"timing flags to resume it, or another --study prefix to start one")
@@ -527,21 +537,19 @@ class Tuner:
                         for name, v in result.timings.items()}})
 
     def _store(self, problem: Any, result: KeyResult, trials: int) -> str:
+        """Store the key's winner with the default's time and that of every baseline the
+        family's case timed, whatever its name (a baseline that did not run is left out)."""
         from db import ScheduleRow
 
         t = result.timings
-        best = t["best"]
-
-        def ms(name):
-            value = t.get(name)
-            return value.median_ms if isinstance(value, Timing) else None
-
+        best, default = t["best"], t.get("default")
         row = ScheduleRow(family=self.family.name, arch=self.arch,
                           device_name=self.device_name, backend=self.backend,
                           problem=problem, schedule=result.best,
                           median_ms=best.median_ms, spread_ms=best.spread_ms,
                           tflops=self.family.flops(problem) / (best.median_ms * 1e-3) / 1e12,
-                          default_ms=ms("default"), torch_cudnn_ms=ms("torch-cudnn"),
-                          torch_flash_ms=ms("torch-flash"), trials=trials,
-                          provenance=current_provenance(self.family))
+                          default_ms=default.median_ms if isinstance(default, Timing) else None,
+                          baselines={name: v.median_ms for name, v in result.baselines.items()
+                                     if isinstance(v, Timing)},
+                          trials=trials, provenance=current_provenance(self.family))
         return self.db.put(row, current=row.provenance)  # measured now: current by definition

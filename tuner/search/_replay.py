@@ -42,6 +42,7 @@ from optuna.trial import TrialState, create_trial
 
 from tiledattention import Family
 
+from ..errors import TunerValueError
 from ._candidates import neighbours
 from ._trials import improves, tpe_sampler, waiting
 
@@ -67,13 +68,13 @@ class Landscape:
 
     def __post_init__(self) -> None:
         if set(self.outcomes) != set(self.schedules):
-            raise ValueError("a landscape needs one schedule per outcome")
+            raise TunerValueError("a landscape needs one schedule per outcome")
         for key, s in self.schedules.items():
             if s.key != key:
-                raise ValueError(f"schedule {s.describe()} is listed under key {key}; its key is "
-                                 f"{s.key}")
+                raise TunerValueError(f"schedule {s.describe()} is listed under key {key}; its "
+                                      f"key is {s.key}")
         if not self.outcomes:
-            raise ValueError("a landscape needs at least one measured schedule")
+            raise TunerValueError("a landscape needs at least one measured schedule")
 
     @property
     def best_ms(self) -> float:
@@ -174,7 +175,7 @@ class Replay:
 
     def _measured(self, key: str, outcome: float | str) -> None:
         if key in self.measured:
-            raise AssertionError(f"schedule {key} measured twice")  # a replay bug, not input
+            raise TunerValueError(f"schedule {key} measured twice")  # a replay bug, not input
         self.measured.append(key)
         self.outcomes.append(outcome)
 

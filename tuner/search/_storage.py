@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from db import canonical_json
 from tiledattention import Family
 
+from ..errors import StorageError
 from ._budget import Budget
 
 __all__ = ["study_name", "open_storage", "Heartbeat", "quiet_optuna"]
@@ -46,7 +47,8 @@ def open_storage(url: str, *, heartbeat_s: int, grace_s: int) -> optuna.storages
     """Optuna's RDB storage with heartbeats: a dead worker's running trials are failed after
     ``grace_s``, their tickets returned and their candidates re-enqueued once. On SQLite,
     every transaction takes the database's write lock first (:func:`_lock_before_reading`),
-    so that an enqueued trial goes to one worker only."""
+    so that an enqueued trial goes to one worker only. Raises
+    :class:`~tuner.errors.StorageError` when the storage cannot be opened."""
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     attempt = 0
     while True:  # workers starting together may race to create Optuna's tables
@@ -57,14 +59,23 @@ def open_storage(url: str, *, heartbeat_s: int, grace_s: int) -> optuna.storages
                     grace_period=grace_s,
                     heartbeat_stale_trial_callback=StaleTrial(url))
             break
-        except Exception:  # the losing CREATE TABLE; give up after five tries
+        except Exception as exc:  # the losing CREATE TABLE; give up after five tries
             attempt += 1
             if attempt == 5:
-                raise
+                raise StorageError(f"cannot open the study storage {_shown_url(url)}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
             time.sleep(0.5 * attempt)
     if storage.engine.dialect.name == "sqlite":
         _lock_before_reading(storage.engine)
     return storage
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with its password masked."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: nothing to mask in it
+        return url
 
 
 def _lock_before_reading(engine: sa.engine.Engine) -> None:

@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from db import canonical_json
 from tiledattention import CompileError, Family
 
+from ..errors import TunerValueError
 from ..measure import FAILURES, STATUSES, TIE_REL_FLOOR, Timing, TimingMode, within_noise
 
 __all__ = ["correct_trials", "measured_trials", "settled", "waiting", "measuring_elsewhere",
@@ -69,7 +70,7 @@ def pick_winner(family: Family, arch: str, problem: Any, timed: Sequence[tuple[A
     those. Returns (winner, its timing, the schedules tied with the fastest, simplest first).
     The answer depends on the pairs only, never on their order."""
     if not timed:
-        raise ValueError("pick_winner needs at least one timed schedule")
+        raise TunerValueError("pick_winner needs at least one timed schedule")
     rank = {id(pair): simplicity(family, arch, problem, pair[0]) for pair in timed}
     fastest = min(timed, key=lambda pair: (pair[1].median_ms, rank[id(pair)]))
     tied = sorted((pair for pair in timed

@@ -36,6 +36,8 @@ from typing import Any, Iterable, Sequence
 from db import ScheduleRow, canonical_json
 from tiledattention import get_family
 
+from ..errors import TunerTypeError, TunerValueError
+
 __all__ = ["KERNEL_OPTIONS", "build_schedules", "choose_kernel_options", "render_module"]
 
 #: ``ct.kernel`` options exported as ``ByTarget`` values.
@@ -131,7 +133,7 @@ def _py(value: Any) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(_py(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} into the module")
+    raise TunerTypeError(f"cannot write {type(value).__name__} into the module")
 
 
 def _literal(data: dict, col: int) -> str:
@@ -244,7 +246,7 @@ def render_module(rows: Sequence[ScheduleRow], *, source: str) -> str:
     """The text of the module for ``rows`` (which must not be empty); checked to compile."""
     rows = list(rows)
     if not rows:
-        raise ValueError("render_module() needs at least one row")
+        raise TunerValueError("render_module() needs at least one row")
     table = build_schedules(rows)
     archs = sorted({arch for by_arch in table.values() for arch in by_arch}, key=_arch_order)
     options = {family: choose_kernel_options(family, by_arch) for family, by_arch in table.items()}

@@ -32,6 +32,8 @@ from typing import Iterable, Sequence
 from db import ScheduleRow, canonical_json
 from tiledattention import CompileError, get_family, text_digest
 
+from ..errors import RestampError, UsageError
+
 __all__ = ["RestampResult", "restamp", "old_code_digests", "current_digest", "describe_row"]
 
 #: Run by the old code's interpreter: reads JSON jobs on stdin, prints the old code's identity of
@@ -114,8 +116,8 @@ def _repository() -> Path:
 
     root = Path(tiledattention.__file__).resolve().parents[1]
     if not (root / ".git").exists():
-        raise ValueError(f"the installed tiledattention ({root}) is not a git checkout: "
-                         "restamp needs the repository to read the old revision from")
+        raise RestampError(f"the installed tiledattention ({root}) is not a git checkout: "
+                           "restamp needs the repository to read the old revision from")
     return root
 
 
@@ -129,7 +131,7 @@ def _old_tree(source: str, tmp: Path) -> Path:
     done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", "-o",
                            str(archive), source], capture_output=True, text=True)
     if done.returncode != 0:
-        raise ValueError(f"--from {source!r}: neither a directory holding tiledattention/ nor "
+        raise UsageError(f"--from {source!r}: neither a directory holding tiledattention/ nor "
                          f"a revision git archive can read: {done.stderr.strip()[:300]}")
     tree = tmp / "tree"
     with tarfile.open(archive) as tar:
@@ -152,11 +154,11 @@ def old_code_digests(source: str, jobs: Sequence[tuple], families: Iterable[str]
         done = subprocess.run([sys.executable, str(script)], input=json.dumps(request),
                               capture_output=True, text=True, cwd=tmp, env=env)
         if done.returncode != 0:
-            raise ValueError(f"the code of {source!r} failed: "
-                             f"{done.stderr.strip().splitlines()[-1:]}")
+            raise RestampError(f"the code of {source!r} failed: "
+                               f"{done.stderr.strip().splitlines()[-1:]}")
         answer = json.loads(done.stdout.strip().splitlines()[-1])
         if not Path(answer["module"]).resolve().is_relative_to(tree.resolve()):
-            raise ValueError(f"the old code was not the one imported ({answer['module']})")
+            raise RestampError(f"the old code was not the one imported ({answer['module']})")
     results = [_digest([base64.b64decode(c) for c in r["cubins"]]) if "cubins" in r
                else f"error: {r.get('error')}" for r in answer["results"]]
     return answer["identities"], results

@@ -4,7 +4,11 @@ JSON or CSV files for ``tiledtune import`` (every row validated on its own, befo
 written).
 
 CSV format 2 adds the ``family`` column and keeps the problem in one JSON cell; format-1 files
-(the forward kernel's, with one column per problem field) are still read.
+(the forward kernel's, with one column per problem field) are still read. From row format 4 a
+row's baselines are one column, ``baselines_ms``, holding a JSON object of baseline name to
+median ms (``{"torch-cudnn":1.23,"torch-flash":2.5}``; ``{}`` when none ran); files of older
+formats, with the columns ``torch_cudnn_ms`` and ``torch_flash_ms`` instead, are still read (into
+``baselines_ms``, as ``torch-cudnn`` and ``torch-flash``).
 
 Hostile values are rejected row by row, with the field named: integers outside signed 64 bits
 (what SQL stores; JSON and CSV read them as Python ints of any size, ``10**400`` included, which
@@ -27,9 +31,11 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from db import PROVENANCE_FIELDS, ROW_FIELDS, ROW_FORMAT, FamilyCodec, RecordError, ScheduleRow, \
-    canonical_json
+from db import LEGACY_BASELINES, PROVENANCE_FIELDS, ROW_FIELDS, ROW_FORMAT, FamilyCodec, \
+    RecordError, ScheduleRow, canonical_json
 from tiledattention import ARCHITECTURES
+
+from ..errors import UnreadableFile
 
 __all__ = ["CSV_COLUMNS", "MAX_FILE_BYTES", "MAX_TEXT", "UnreadableFile", "rows_to_csv",
            "read_rows"]
@@ -44,6 +50,9 @@ CSV_COLUMNS = ("format", *(name for f in ROW_FIELDS
                            for name in (PROVENANCE_FIELDS if f.kind == "provenance" else (f.name,))))
 _KINDS = {f.name: f.kind for f in ROW_FIELDS}
 _OPTIONAL = {f.name for f in ROW_FIELDS if f.optional}
+#: Columns of files of row formats 1-3 that later formats dropped (their baselines, which
+#: ``ScheduleRow.from_dict`` reads into ``baselines_ms``): optional times.
+_EARLIER_COLUMNS = {name: "ms" for name in LEGACY_BASELINES}
 #: Columns that files of older row formats lack: ``backend`` came with row format 3. A row
 #: without it is read as its format says (``ScheduleRow.from_dict``: "gpu" for formats 1 and 2,
 #: rejected for format 3).
@@ -160,10 +169,6 @@ def _unneutralised(text: str) -> str:
     return text
 
 
-class UnreadableFile(Exception):
-    """The whole file is rejected (too large, not text, not JSON/CSV, wrong structure)."""
-
-
 def _cell(value: object) -> str:
     if value is None:
         return ""
@@ -251,8 +256,8 @@ def _csv_value(name: str, text: str, legacy: bool = False) -> Any:
     so ``ScheduleRow.from_dict`` names the field and the bad value. Text cells lose the ``'``
     that :func:`rows_to_csv` put in front of a formula character (format-1 files never had one).
     """
-    kind = _KINDS.get(name)
-    if name in _OPTIONAL and text == "":
+    kind = _KINDS.get(name) or _EARLIER_COLUMNS.get(name)
+    if (name in _OPTIONAL or name in _EARLIER_COLUMNS) and text == "":
         return None
     if name in TEXT_COLUMNS:
         # version strings and hashes stay text, even when all digits
@@ -269,7 +274,7 @@ def _csv_value(name: str, text: str, legacy: bool = False) -> Any:
         except ValueError:
             return text
         return value if math.isfinite(value) else _Unrepresentable(text, _NOT_FINITE)
-    if kind == "record":
+    if kind in ("record", "baselines"):
         try:
             return _loads(text)
         except (ValueError, RecursionError):
@@ -288,7 +293,8 @@ def _csv_items(text: str) -> Iterator[tuple[int, Any]]:
         columns = [c for c in CSV_COLUMNS if not (legacy and c in ("family", "problem"))]
         missing = [c for c in columns
                    if c not in _OPTIONAL and c not in _LATER_COLUMNS and c not in header]
-        unknown = [c for c in header if c not in CSV_COLUMNS] if not legacy else []
+        unknown = [c for c in header if c not in CSV_COLUMNS and c not in _EARLIER_COLUMNS] \
+            if not legacy else []
         if missing or unknown or len(set(header)) != len(header):
             raise UnreadableFile(f"CSV header must name the columns {list(CSV_COLUMNS)}; "
                                  f"missing {missing}, unknown {unknown}")
@@ -304,11 +310,11 @@ def _csv_items(text: str) -> Iterator[tuple[int, Any]]:
                 yield index, exc
                 continue
             data = {name: value for name, value in flat.items()
-                    if name in _KINDS or name == "format"}
+                    if name in _KINDS or name in _EARLIER_COLUMNS or name == "format"}
             data["provenance"] = {name: flat[name] for name in PROVENANCE_FIELDS}
             if legacy:  # format 1: every column that is not a row field is a problem field
                 data["problem"] = {name: value for name, value in flat.items()
-                                   if name not in CSV_COLUMNS}
+                                   if name not in CSV_COLUMNS and name not in _EARLIER_COLUMNS}
             yield index, data
     except csv.Error as exc:
         raise UnreadableFile(f"not CSV: {exc}") from None
