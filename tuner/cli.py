@@ -1,14 +1,24 @@
 """``tiledtune``: one command registry; each subcommand lives in its own module with
 ``configure(parser)`` and ``run(args) -> int``. ``main(argv)`` returns the exit code, so tests
-call it directly."""
+call it directly.
+
+Exit status, whatever the command: 2 for a bad option (argparse, or a command's
+:class:`~tuner.errors.UsageError`) and for the other errors the user can act on
+(:data:`~tuner.errors.USER_ERRORS`: a problem the kernel does not take, a database, study or
+file that cannot be used), printed as one line ``tiledtune COMMAND: ...``; 1 for any other
+exception, which is a bug: its traceback and a request to report it; 130 on Ctrl-C, 143 on
+SIGTERM. Commands give 0 and 1 their own meanings besides (see each ``--help``)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+import traceback
 
 from ._signals import Terminated, interrupts_once
+from .commands._report import say
+from .errors import USER_ERRORS
 
 #: subcommand -> (module, one-line help)
 COMMANDS = {
@@ -72,6 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # the command killed its processes on the way out
             print(getattr(module, "INTERRUPTED", "interrupted"), file=sys.stderr)
             return 130
+        except USER_ERRORS as exc:  # the message says what to change
+            say(args.command, exc)
+            return 2
+        except Exception:  # not ours to explain: a bug, never a "bad option"
+            traceback.print_exc()
+            say(args.command, "internal error: this is a bug in tiledtune, not in your "
+                              "options; please report it with the traceback above and the "
+                              "command line")
+            return 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ import itertools
 import re
 from typing import NamedTuple
 
-from tiledattention import ARCHITECTURES, get_family
+from tiledattention import ARCHITECTURES, InputTypeError, InputValueError, get_family
+
+from ..errors import UsageError
 
 __all__ = ["PRESETS", "SHAPE_SYNTAX", "ShapeArg", "parse_shape", "parse_choices", "parse_arch",
            "parse_duration", "parse_problem_fields", "problems_from", "shape_text"]
@@ -52,26 +54,24 @@ SHAPE_SYNTAX = "B,H,S,D or B,HQ/HKV,SQ:SK,D"
 def parse_shape(text: str) -> ShapeArg:
     """``B,H,S,D``; ``H`` may be ``HQ/HKV`` (grouped-query: HKV K/V heads) and ``S`` may be
     ``SQ:SK`` (SQ queries against SK keys): ``4,32/8,4096,128``, ``1,16,1:4096,128``."""
-    def number(part: str) -> int:
+    def number(part: str) -> int | None:
         part = part.strip()
-        if not re.fullmatch(r"\d{1,30}", part) or int(part) < 1:
-            raise ValueError(part)
-        return int(part)
+        return int(part) if re.fullmatch(r"\d{1,30}", part) and int(part) >= 1 else None
 
-    try:
-        b, heads, seqlens, d = text.split(",")
-        hq, *hkv = heads.split("/")
-        sq, *sk = seqlens.split(":")
-        if len(hkv) > 1 or len(sk) > 1:
-            raise ValueError(text)
-        return ShapeArg(text=text.strip(), batch=number(b), heads_q=number(hq),
-                        heads_kv=number(hkv[0]) if hkv else None, seqlen_q=number(sq),
-                        seqlen_k=number(sk[0]) if sk else None, head_dim=number(d))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected {SHAPE_SYNTAX} (positive integers; HQ/HKV for grouped-query heads, "
-            f"SQ:SK for queries against a different number of keys, e.g. 4,32/8,4096,128 or "
-            f"1,16,1:4096,128); got {text!r}") from None
+    parts = text.split(",")
+    if len(parts) == 4:
+        hq, *hkv = parts[1].split("/")
+        sq, *sk = parts[2].split(":")
+        values = [number(p) for p in (parts[0], hq, sq, parts[3], *hkv, *sk)]
+        if len(hkv) <= 1 and len(sk) <= 1 and None not in values:
+            b, hq_n, sq_n, d, *rest = values
+            return ShapeArg(text=text.strip(), batch=b, heads_q=hq_n,
+                            heads_kv=rest.pop(0) if hkv else None, seqlen_q=sq_n,
+                            seqlen_k=rest.pop(0) if sk else None, head_dim=d)
+    raise argparse.ArgumentTypeError(
+        f"expected {SHAPE_SYNTAX} (positive integers; HQ/HKV for grouped-query heads, "
+        f"SQ:SK for queries against a different number of keys, e.g. 4,32/8,4096,128 or "
+        f"1,16,1:4096,128); got {text!r}")
 
 
 def parse_choices(allowed: dict[str, object]):
@@ -109,7 +109,7 @@ def parse_problem_fields(text: str) -> dict:
 
 def problems_from(args: argparse.Namespace) -> list:
     """The problems of ``--kernel`` the arguments name (validated by the family's problem
-    type; a problem it refuses is a ``ValueError`` naming the flag that gave it)."""
+    type; a problem it refuses is a ``UsageError`` naming the flag that gave it)."""
     family = get_family(args.kernel)
     _check_deprecated(args)
     shapes: list[tuple[str, tuple[int, int, int, int, int, int]]] = []
@@ -126,7 +126,7 @@ def problems_from(args: argparse.Namespace) -> list:
         hq, hkv, d, seqlens = PRESETS[name]
         shapes += [(f"--preset {name}", (max(1, 16384 // s), hq, hkv, s, s, d)) for s in seqlens]
     if not shapes and not args.problem:
-        raise ValueError(f"give at least one --shape {SHAPE_SYNTAX}, --preset or --problem")
+        raise UsageError(f"give at least one --shape {SHAPE_SYNTAX}, --preset or --problem")
     fields = [("--problem " + ",".join(f"{k}={v}" for k, v in data.items()), data)
               for data in args.problem]
     for (source, (b, hq, hkv, sq, sk, d)), dtype, causal in itertools.product(
@@ -137,8 +137,8 @@ def problems_from(args: argparse.Namespace) -> list:
     for source, data in fields:
         try:
             problems.append(family.problem_type.from_dict(data))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: not a problem the {family.name} kernel takes: "
+        except (InputTypeError, InputValueError) as exc:
+            raise UsageError(f"{source}: not a problem the {family.name} kernel takes: "
                              f"{exc}") from None
     return list(dict.fromkeys(problems))
 
@@ -152,12 +152,12 @@ def _check_deprecated(args: argparse.Namespace) -> None:
             continue
         syntax = "B,HQ/HKV,S,D" if part == "heads_kv" else "B,H,SQ:SK,D"
         if len(args.shape) != 1:
-            raise ValueError(
+            raise UsageError(
                 f"{flag} {value} needs exactly one --shape (got {len(args.shape)}); it is "
                 f"deprecated: give it in each --shape as {syntax}")
         shape = args.shape[0]
         if getattr(shape, part) is not None:
-            raise ValueError(f"{flag} {value}: --shape {shape.text} gives it already; drop "
+            raise UsageError(f"{flag} {value}: --shape {shape.text} gives it already; drop "
                              f"{flag}")
 
 

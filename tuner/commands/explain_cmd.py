@@ -21,7 +21,9 @@ import argparse
 import warnings
 from typing import Any
 
-from tiledattention import TiledAttentionError, check_arch, families
+from tiledattention import InputValueError, check_arch, families
+
+from ..errors import UsageError
 
 from ._report import add_json_option, print_json, say
 from ._problems import SHAPE_SYNTAX, parse_problem_fields, parse_shape, problems_from
@@ -49,7 +51,7 @@ _CAUSAL = {"yes": (True, False), "true": (True, False), "top_left": (True, False
 def _arch(text: str) -> str:
     try:
         return check_arch(text)
-    except ValueError as exc:
+    except InputValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -167,7 +169,7 @@ class _Lookup:
 def _problem(args: argparse.Namespace) -> Any:
     """The one problem the arguments name (search's parsing: ``problems_from``)."""
     if (args.shape is None) == (args.problem is None):
-        raise ValueError(f"give one problem: --shape {SHAPE_SYNTAX} or --problem "
+        raise UsageError(f"give one problem: --shape {SHAPE_SYNTAX} or --problem "
                          "FIELD=VALUE,...")
     causal, bottom_right = args.causal
     kernel = args.kernel or ("backward" if args.training else "forward")
@@ -185,48 +187,40 @@ def _problem(args: argparse.Namespace) -> Any:
 
 
 def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, str]]:
-    """(role, family, problem looked up, why this family) for each lookup to explain."""
-    from tiledattention import (BACKWARD, DECODE, FORWARD, Problem, bucket_problem,
-                                choose_family, dispatch_rule, get_family)
+    """(role, family, problem looked up, why this family) for each lookup to explain; a family
+    looks its schedule up for its plan's problem (decode: the cache-length band's)."""
+    from tiledattention import Problem, choose_family, explain_choice, get_family
 
-    def looked_up(family: Any) -> Any:  # sdpa resolves decode at the cache-length band
-        return bucket_problem(problem) if family is DECODE else problem
+    def step(role: str, family: Any, why: str) -> tuple[str, Any, Any, str]:
+        return (role, family, family.plan_problem(problem), why)
 
     if args.training:
         if not isinstance(problem, Problem):
-            raise ValueError("--training explains attention problems (--shape)")
-        return [("forward", FORWARD, problem,
-                 "a call that needs gradients runs the forward kernel that keeps the "
-                 "log-sum-exp, whatever the shape"),
-                ("backward", BACKWARD, problem, "dQ, dK, dV of the same problem")]
+            raise UsageError("--training explains attention problems (--shape)")
+        forward = choose_family(args.device, problem, "sdpa_with_lse")
+        backward = choose_family(args.device, problem, "sdpa_backward")
+        return [step(forward.name, forward, "a call that needs gradients runs the family that "
+                     "keeps the log-sum-exp (sdpa_with_lse), whatever the shape"),
+                step(backward.name, backward, "dQ, dK, dV of the same problem (sdpa_backward)")]
     if args.kernel is not None:
         family = get_family(args.kernel)
         why = "--kernel"
-        if isinstance(problem, Problem) and family in (FORWARD, DECODE):
-            chosen = choose_family(args.device, bucket_problem(problem))
+        if isinstance(problem, Problem) and "sdpa" in family.serves:
+            chosen = choose_family(args.device, problem)
             if chosen is not family:
                 why += f" (sdpa itself would run {chosen.name} for this shape)"
-        return [(family.name, family, looked_up(family), why)]
+        return [step(family.name, family, why)]
     if not isinstance(problem, Problem):
-        raise ValueError("without --kernel, explain needs an attention problem")
-    rule = dispatch_rule(args.device)
-    family = choose_family(args.device, bucket_problem(problem))
-    ctas = problem.batch * problem.heads_q * -(-problem.seqlen_q // 64)
-    why = (f"sdpa's dispatch rule for {args.device}: decode when S_q <= {rule.max_seqlen_q}, "
-           f"or S_q <= {rule.sparse_seqlen_q} with at most {rule.sparse_ctas} forward CTAs; "
-           f"here S_q = {problem.seqlen_q}, {ctas} forward CTAs (B*H_q*ceil(S_q/64))")
-    return [("sdpa", family, looked_up(family), why)]
+        raise UsageError("without --kernel, explain needs an attention problem")
+    family, why = explain_choice(args.device, problem)
+    return [step("sdpa", family, why)]
 
 
 def run(args: argparse.Namespace) -> int:
     from tiledattention import DeviceInfo, database_location
 
-    try:
-        problem = _problem(args)
-        steps = _steps(args, problem)
-    except (ValueError, TiledAttentionError) as exc:
-        say("explain", exc)
-        return 2
+    problem = _problem(args)  # a bad option: tuner.cli prints the UsageError, exit status 2
+    steps = _steps(args, problem)
     device = DeviceInfo(index=-1, arch=args.device, name=args.device_name, sm_count=0)
     lookup = _Lookup(args.db or database_location())
     answers = []

@@ -3,9 +3,10 @@
 * ``bytarget``: a self-contained module (``tuner._bytarget``) with ``OCCUPANCY`` / ``NUM_CTAS`` /
   ``OPT_LEVEL`` as ``cuda.tile.ByTarget`` values, a per-architecture ``SCHEDULES`` table and a
   stdlib-only ``select()``.
-* ``json``: lossless rows with provenance, ``{"format": 1, "rows": [...]}`` (``db.dump_rows``).
-* ``csv``: the same rows, one column per field (``CSV_COLUMNS``), the schedule as JSON in one
-  column; ``tiledtune import`` reads it back losslessly.
+* ``json``: lossless rows with provenance, ``{"format": 4, "rows": [...]}`` (``db.dump_rows``);
+  a row's baselines are one mapping, ``"baselines_ms": {"torch-cudnn": 1.23, ...}``.
+* ``csv``: the same rows, one column per field (``CSV_COLUMNS``), the problem, the schedule and
+  the baselines as JSON in one column each; ``tiledtune import`` reads it back losslessly.
 
 Where the rows come from (``--source``): ``user``, the schedule database (``--db``);
 ``shipped``, the pre-tuned tables packaged with tiledattention (``tiledattention/pretuned/``,
@@ -129,8 +130,10 @@ def _merge(rows: list) -> tuple[list, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from db import DatabaseError, dump_rows, write_text_atomic
-    from tiledattention import TiledAttentionError, database_location, get_family, open_database
+    from db import dump_rows, write_text_atomic
+    from tiledattention import InputValueError, database_location, get_family, open_database
+
+    from ..errors import USER_ERRORS
 
     from ..transfer import render_module, rows_to_csv
 
@@ -141,14 +144,14 @@ def run(args: argparse.Namespace) -> int:
                      f"{{{','.join(FORMATS)}}}", 2)
     try:
         archs = parse_archs(args.arch)
-    except ValueError as exc:
+    except InputValueError as exc:
         return _fail(f"--arch: {exc}", 2)
     location = args.db or database_location()
     try:
         families = None if args.kernel is None else [get_family(args.kernel).name]
         database = (None if args.source == "shipped"
                     else open_database(location, read_only=True))
-    except TiledAttentionError as exc:
+    except USER_ERRORS as exc:
         return _fail(str(exc), 2)
     chosen = args.source or ("user" if database is not None else "shipped")
     rows: list = []
@@ -166,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 rows = [r for arch in archs or [None] for r in database.rows(arch=arch)
                         if families is None or r.family in families]
-            except DatabaseError as exc:
+            except USER_ERRORS as exc:
                 return _fail(str(exc), 2)
     if chosen in ("shipped", "both"):
         shipped = _shipped_rows(archs, families)

@@ -32,7 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import HubBuildError, build_hub_kernel
+    from ..errors import HubBuildError
+    from ..hub import build_hub_kernel
 
     try:
         built = build_hub_kernel(args.out, name=args.name, version=args.version,

@@ -83,9 +83,10 @@ def _report(reports: list[FileReport], outcomes: tuple[str, ...]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from db import PUT_OUTCOMES, DatabaseError
-    from tiledattention import (TiledAttentionError, codecs, current_provenance, get_family,
-                                open_database)
+    from db import PUT_OUTCOMES
+    from tiledattention import codecs, current_provenance, get_family, open_database
+
+    from ..errors import USER_ERRORS
 
     known = codecs()
     current: dict = {}  # family -> the provenance a measurement would carry now
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if any(rows for _, rows in parsed):
         try:
             database = open_database(args.db)
-        except TiledAttentionError as exc:
+        except USER_ERRORS as exc:
             say("import", exc)
             return EXIT_UNREADABLE
         with database:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                     try:
                         outcome, why = database.merge(row, force=args.force,
                                                       current=current[row.family])
-                    except DatabaseError as exc:
+                    except USER_ERRORS as exc:
                         say("import", exc)
                         _report(reports, PUT_OUTCOMES)
                         return EXIT_UNREADABLE

@@ -40,8 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from db import DatabaseError
-    from tiledattention import TiledAttentionError, database_location, get_family, open_database
+    from tiledattention import database_location, get_family, open_database
+
+    from ..errors import USER_ERRORS
 
     console = results_console()
     location = args.db or database_location()
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             warnings.simplefilter("always")
             total = db.count(**filters)
             rows = db.rows(**filters, limit=args.limit or None, offset=args.offset)
-    except (TiledAttentionError, DatabaseError) as exc:
+    except USER_ERRORS as exc:
         say("list", exc)
         return 2
     for warning in skipped:  # rows that no longer decode: one line each
@@ -75,15 +76,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     page = f"rows {args.offset + 1}-{args.offset + len(rows)} of " if rows else "0 of "
     table = Table(title=f"{page}{total} schedules in {db}")
+    # a column per baseline the page's rows hold (the names their families' cases gave them)
+    baselines = sorted({name for r in rows for name in r.baselines})
     for col in ("kernel", "arch", "device", "backend", "key", "schedule", "ms", "TFLOP/s",
-                "vs default", "vs cuDNN", "trials", "when"):
+                "vs default", *(f"vs {name}" for name in baselines), "trials", "when"):
         table.add_column(col)
     for r in rows:
         vs = _ratio_to(r.median_ms)
         table.add_row(r.family, r.arch, r.device_name, r.backend, r.problem.describe(),
                       r.schedule.describe(), f"{r.median_ms:.4g}", f"{r.tflops:.0f}",
-                      vs(r.default_ms), vs(r.torch_cudnn_ms), str(r.trials),
-                      r.created_at.strftime("%Y-%m-%d %H:%M"))
+                      vs(r.default_ms), *(vs(r.baselines.get(name)) for name in baselines),
+                      str(r.trials), r.created_at.strftime("%Y-%m-%d %H:%M"))
     print_table(console, table)
     if more:
         console.print(f"next page: --offset {args.offset + len(rows)}")

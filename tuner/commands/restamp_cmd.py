@@ -36,9 +36,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from db import DatabaseError, dump_rows, load_rows_file
-    from tiledattention import TiledAttentionError, codecs, open_database
+    from db import dump_rows, load_rows_file
+    from tiledattention import codecs, open_database
 
+    from ..errors import USER_ERRORS
     from ..transfer import describe_row, restamp
 
     try:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             elif result.restamped:
                 kept = [r for r, _ in result.retune]
                 dump_rows(result.current + result.restamped + kept, Path(args.file))
-    except (TiledAttentionError, DatabaseError, ValueError, OSError) as exc:
+    except (*USER_ERRORS, OSError) as exc:
         say("restamp", exc)
         return 2
     finally:

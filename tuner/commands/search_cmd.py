@@ -25,7 +25,9 @@ import os
 import subprocess
 import sys
 
-from tiledattention import ARCHITECTURES, TiledAttentionError, families, get_family
+from tiledattention import ARCHITECTURES, families, get_family
+
+from ..errors import UsageError
 
 from ._compile_only import compile_only
 from ._locations import db_location, shown_location, storage_location
@@ -165,7 +167,7 @@ def timing_mode(args: argparse.Namespace):
 
 
 def select_device(arch: str, index: int | None = None):
-    """The local GPU with ``arch`` (the ``index``-th of them), or a ValueError saying what
+    """The local GPU with ``arch`` (the ``index``-th of them), or a UsageError saying what
     there is."""
     from tiledattention import local_devices
 
@@ -173,52 +175,50 @@ def select_device(arch: str, index: int | None = None):
     matching = [d for d in devices if d.arch == arch]
     if not matching:
         found = ", ".join(f"{d.arch} ({d.name})" for d in devices) or "no CUDA device"
-        raise ValueError(f"no local GPU is {arch}; found {found}")
+        raise UsageError(f"no local GPU is {arch}; found {found}")
     if index is None:
         return matching[0]
     for d in matching:
         if d.index == index:
             return d
-    raise ValueError(f"GPU {index} is not {arch}")
+    raise UsageError(f"GPU {index} is not {arch}")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Bad options, a problem the kernel does not take, a database or study that cannot be used
+    raise; ``tuner.cli`` prints them as one line, exit status 2 (``tuner.errors.USER_ERRORS``)."""
     console = log_console()  # progress and warnings; results go to results_console()
-    try:
-        _check_options(args)
-        problems = problems_from(args)
-        if args.kv_heads is not None or args.seqlen_k is not None:
-            say("search", f"note: --kv-heads and --seqlen-k are deprecated; write --shape "
-                          f"{shape_text(args.shape[0], args.kv_heads, args.seqlen_k)}")
-        if args.compile_only:
-            return compile_only(args, problems, console)
-        if args.workers > 1:
-            return _spawn_workers(args, console)
-        return _search(args, problems, console)
-    except (ValueError, TiledAttentionError) as exc:
-        say("search", exc)
-        return 2
+    _check_options(args)
+    problems = problems_from(args)
+    if args.kv_heads is not None or args.seqlen_k is not None:
+        say("search", f"note: --kv-heads and --seqlen-k are deprecated; write --shape "
+                      f"{shape_text(args.shape[0], args.kv_heads, args.seqlen_k)}")
+    if args.compile_only:
+        return compile_only(args, problems, console)
+    if args.workers > 1:
+        return _spawn_workers(args, console)
+    return _search(args, problems, console)
 
 
 def _check_options(args: argparse.Namespace) -> None:
     """What argparse's per-flag types cannot check: flags that depend on each other, and
-    ``--space`` (the family's and architecture's named spaces). A ``ValueError`` names the
+    ``--space`` (the family's and architecture's named spaces). A ``UsageError`` names the
     flag."""
     import search_spaces
 
     if args.neighbour_trials is not None and args.neighbour_trials > args.trials:
-        raise ValueError(f"--neighbour-trials {args.neighbour_trials} is more than --trials "
+        raise UsageError(f"--neighbour-trials {args.neighbour_trials} is more than --trials "
                          f"{args.trials}: they are a share of the trials; give at most "
                          f"{args.trials}")
     if args.limit is not None and not args.compile_only:
-        raise ValueError(f"--limit {args.limit} applies to --compile-only only; a search "
+        raise UsageError(f"--limit {args.limit} applies to --compile-only only; a search "
                          f"measures --trials {args.trials} candidates per key")
     if args.sweep and (not args.compile_only or args.limit is not None):
-        raise ValueError("--sweep compiles every candidate with --compile-only; "
+        raise UsageError("--sweep compiles every candidate with --compile-only; "
                          + ("drop --limit" if args.compile_only else "add --compile-only"))
     if args.compile_only and (args.timing or args.l2):
         flag = f"--timing {args.timing}" if args.timing else f"--l2 {args.l2}"
-        raise ValueError(f"{flag} says how candidates are timed; --compile-only times nothing: "
+        raise UsageError(f"{flag} says how candidates are timed; --compile-only times nothing: "
                          f"drop it")
     timed = timing_mode(args)
     if args.backend == "gpu" and not args.compile_only and timed.graph and timed.flush_l2:
@@ -226,19 +226,18 @@ def _check_options(args: argparse.Namespace) -> None:
 
         why = graph_cold_unsupported()
         if why is not None:
-            raise ValueError(f"--timing graph with a cold L2 (--l2 cold, the default): {why}; "
+            raise UsageError(f"--timing graph with a cold L2 (--l2 cold, the default): {why}; "
                              f"give --l2 warm, or install a newer torch")
     if args.workers > 1 and (args.compile_only or args.backend == "simulated"):
         mode = "--compile-only" if args.compile_only else "--backend simulated"
-        raise ValueError(f"--workers {args.workers} starts one search per local GPU; "
+        raise UsageError(f"--workers {args.workers} starts one search per local GPU; "
                          f"{mode} runs in one process"
                          + (" (--jobs sets its parallel compiles)" if args.compile_only else ""))
-    try:
-        search_spaces.family_space(get_family(args.kernel).name).space(args.device, args.space)
-    except (ValueError, TiledAttentionError) as exc:
-        if "space must be one of" not in str(exc):
-            raise
-        raise ValueError(f"--space {args.space}: {exc}") from None
+    spaces = search_spaces.family_space(get_family(args.kernel).name)
+    if args.space not in spaces.spaces:
+        raise UsageError(f"--space {args.space}: space must be one of {sorted(spaces.spaces)} "
+                         f"for the {spaces.family} kernel")
+    spaces.space(args.device, args.space)  # the architecture's space builds
 
 
 def _spawn_workers(args, console) -> int:
@@ -247,7 +246,7 @@ def _spawn_workers(args, console) -> int:
 
     devices = [d for d in local_devices() if d.arch == args.device][:args.workers]
     if len(devices) < args.workers:
-        raise ValueError(f"--workers {args.workers}: only {len(devices)} local GPU(s) are "
+        raise UsageError(f"--workers {args.workers}: only {len(devices)} local GPU(s) are "
                          f"{args.device}")
     argv = [a for i, a in enumerate(args.argv) if a != "--workers" and
             (i == 0 or args.argv[i - 1] != "--workers") and not a.startswith("--workers=")]
@@ -267,7 +266,7 @@ def _spawn_workers(args, console) -> int:
             text = child.communicate()[0]
             try:
                 documents.append(json.loads(text))
-            except ValueError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 documents.append(None)  # it failed before printing (its error is above)
         print_json("search", {"mode": "workers", "workers": documents})
         return max(child.returncode for child in children)
@@ -381,7 +380,9 @@ def _print_results(args, family, results, *, database: str, storage: str, arch: 
                    device_name: str, timing) -> None:
     """The search summary on standard output: a row per key (or ``--json``), then the schedule
     database the winners went to and the study storage that holds every trial; both say how
-    the times were measured (``timing``)."""
+    the times were measured (``timing``). The speed-ups over the default and over each of the
+    family's baselines (a column ``vs <name>`` per baseline any key's re-timing holds) are
+    the other's time over the winner's."""
     from rich.table import Table
 
     from ..measure import Timing
@@ -389,17 +390,25 @@ def _print_results(args, family, results, *, database: str, storage: str, arch: 
     keys = []
     table = Table(title=f"tiledtune search: {family.name} on {device_name} ({arch}), "
                         f"timed with {timing.describe()}")
-    for col in ("key", "best schedule", "TFLOP/s", "vs default", "vs cuDNN", "vs flash",
+    versus = ["default", *sorted({name for r in results for name in r.baselines})]
+    for col in ("key", "best schedule", "TFLOP/s", *(f"vs {name}" for name in versus),
                 "measured", "failed", "wall", "stored"):
         table.add_column(col)
     for r in results:
         t = r.timings
         best = t.get("best")
 
-        def ratio(name, t=t, best=best):
+        def speedup(name, t=t, best=best):
             other = t.get(name)
             if isinstance(best, Timing) and isinstance(other, Timing):
-                return f"{other.median_ms / best.median_ms:.2f}x"
+                return other.median_ms / best.median_ms
+            return None
+
+        def ratio(name, t=t):
+            value = speedup(name)
+            if value is not None:
+                return f"{value:.2f}x"
+            other = t.get(name)
             return "-" if other is None else str(other)[:20]
 
         tflops = (family.flops(r.problem) / (best.median_ms * 1e-3) / 1e12
@@ -408,7 +417,7 @@ def _print_results(args, family, results, *, database: str, storage: str, arch: 
         ties = f" (simplest of {len(r.tied)} within noise)" if len(r.tied) > 1 else ""
         table.add_row(r.problem.describe(), r.best.describe() + ties if r.best else "none",
                       "-" if tflops is None else f"{tflops:.0f}",
-                      ratio("default"), ratio("torch-cudnn"), ratio("torch-flash"),
+                      *(ratio(name) for name in versus),
                       str(r.measured), failed, f"{r.wall_s:.0f}s", r.stored or "-")
         keys.append({
             "key": r.problem.describe(), "problem": r.problem,
@@ -421,6 +430,10 @@ def _print_results(args, family, results, *, database: str, storage: str, arch: 
             # the finalists' re-timing: "best", "default", "torch-cudnn", ... -> a timing, or
             # the reason it has none
             "timings": {name: v if isinstance(v, Timing) else str(v) for name, v in t.items()},
+            # the baselines the family's case timed (their names, as in "timings"), and the
+            # winner's speed-up over the default and each of them (None: one did not run)
+            "baselines": sorted(r.baselines),
+            "speedup": {name: speedup(name) for name in ("default", *sorted(r.baselines))},
             "measured": r.measured, "failures": dict(sorted(r.failures.items())),
             "wall_s": r.wall_s, "stored": r.stored or None})
     simulated = args.backend == "simulated"
