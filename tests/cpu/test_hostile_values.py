@@ -19,7 +19,7 @@ import torch
 import db
 from tiledattention import FORWARD, Problem, Schedule, UnsupportedProblemError, codecs, \
     current_provenance
-from tiledattention.forward import problem_from_arrays
+from tiledattention import problem_from_arrays
 from tuner import cli
 from tuner.transfer import rows_to_csv
 
