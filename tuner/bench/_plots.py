@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from db import write_bytes_atomic
 
+from ..errors import TunerError, TunerValueError
 from ._presets import PRESETS
 from ._report import contenders_of, kernel_of, speedup
 from ._results import BenchResult
@@ -28,7 +29,7 @@ MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
 
 
-class PlotsUnavailable(RuntimeError):
+class PlotsUnavailable(TunerError, RuntimeError):
     """matplotlib is not installed (``pip install 'tiledattention[bench]'``)."""
 
 
@@ -84,13 +85,9 @@ def _save_small(fig, path: Path, max_bytes: int) -> None:
         if len(data) <= max_bytes:
             break
     if len(data) > max_bytes:
-        raise RuntimeError(f"{path.name} is {len(data) // 1024} KiB even at dpi "
-                           f"{_PLOT_DPIS[-1]}; the limit is {max_bytes // 1024} KiB")
+        raise TunerValueError(f"{path.name} is {len(data) // 1024} KiB even at dpi "
+                              f"{_PLOT_DPIS[-1]}; the limit is {max_bytes // 1024} KiB")
     write_bytes_atomic(path, data)
-
-
-def _short(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def _series(plot: Plot, rows: Sequence[BenchResult], names: list[str], copy: float | None):
@@ -136,7 +133,8 @@ def _draw(Figure, plot: Plot, rows: Sequence[BenchResult], lines: dict, ylabel: 
             ax.axhline(1.0 if plot.against else 100.0, color="grey", linewidth=0.8,
                        linestyle="--")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(seqlens, labels=[_short(s) for s in seqlens])
+        ax.set_xticks(seqlens, labels=[f"{s // 1024}k" if s >= 1024 and s % 1024 == 0
+                                       else str(s) for s in seqlens])
         ax.minorticks_off()
         ax.set_title(" ".join(str(p) for p in panel), fontsize=8)
         ax.set_xlabel("S (keys)", fontsize=7)

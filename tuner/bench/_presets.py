@@ -19,6 +19,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tiledattention import InputValueError, UnsupportedProblemError, get_family
 
+from ..errors import UsageError
+
 __all__ = ["BenchConfigError", "Grid", "Preset", "PRESETS", "build_grid", "parse_int_list",
            "parse_positive_float", "parse_positive_int"]
 
@@ -30,7 +32,7 @@ _MASK_WORDS = {"none": "none", "no": "none", "full": "none", "top-left": "top-le
 _CAUSAL_WORDS = {"yes": True, "no": False, "causal": True, "full": False}
 
 
-class BenchConfigError(InputValueError):
+class BenchConfigError(UsageError):
     """A ``tiledtune bench`` option has an impossible value (the message names the flag)."""
 
 

@@ -123,9 +123,6 @@ class _Doc:
         self.tables: list[tuple[str, list[str], list[list[str]]]] = []
         self._means: dict | None = None
 
-    def label(self, row: dict[str, BenchResult]) -> str:
-        return self.layout.label(next(iter(row.values())))
-
     def table(self, title: str, head: list[str], rows: list[list[str]]) -> None:
         self.tables.append((title, head, rows))
         self.lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -157,8 +154,8 @@ class _Doc:
                 ratios.append(x)
                 continue
             missing = [(n, row.get(n)) for n in (name, *names) if not _ok(row.get(n))]
-            left.append((self.label(row), ", ".join(f"{n}: {r.status if r else 'not run'}"
-                                                    for n, r in missing)))
+            why = ", ".join(f"{n}: {r.status if r else 'not run'}" for n, r in missing)
+            left.append((self.layout.label(next(iter(row.values()))), why))
         return geomean(ratios), len(ratios), left
 
 
@@ -314,10 +311,10 @@ def _per_point(doc: _Doc) -> None:
 
 def _copy_share(doc: _Doc) -> None:
     if doc.copy is not None:
-        rows = [phases.get(doc.phases[0], {}) for phases in doc.points.values()]
+        cell = lambda r: _pct(r.gbps / doc.copy) if _ok(r) else r.status if r else ""  # noqa: E731
         doc.table("Share of the copy bandwidth", ["point"] + doc.contenders, [
-            [doc.label(row)] + [_pct(r.gbps / doc.copy) if _ok(r) else (r.status if r else "")
-                                for r in (row.get(c) for c in doc.contenders)] for row in rows])
+            [doc.layout.label(_first(p))] + [cell(p.get(doc.phases[0], {}).get(c)) for c in
+                                             doc.contenders] for p in doc.points.values()])
 
 
 def _means(doc: _Doc) -> None:
@@ -383,7 +380,7 @@ def _notes(doc: _Doc) -> None:
         doc.lines += ["## Notes", ""] + lines + [""]
 
 
-# -- the layouts -------------------------------------------------------------------------------------
+# -- the layouts ---------------------------------------------------------------------------------
 
 _TORCH_MEANS = (("flash", ("torch-flash",)), ("cuDNN", ("torch-cudnn",)),
                 ("efficient", ("torch-efficient",)))

@@ -14,6 +14,8 @@ from typing import Iterable
 
 from db import write_bytes_atomic, write_text_atomic
 
+from ..errors import TunerValueError, UnreadableFile
+
 __all__ = ["BenchResult", "RunInfo", "COPY_BYTES", "MATMUL_SIZE", "STATUSES", "CSV_COLUMNS",
            "load_results", "write_csv", "write_run_info"]
 
@@ -69,10 +71,10 @@ class BenchResult:
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
-            raise ValueError(f"BenchResult.status must be one of {STATUSES}; "
+            raise TunerValueError(f"BenchResult.status must be one of {STATUSES}; "
                              f"got {self.status!r}")
         if self.status == "ok" and (self.tflops is None or self.median_ms is None):
-            raise ValueError("an ok BenchResult needs median_ms and tflops")
+            raise TunerValueError("an ok BenchResult needs median_ms and tflops")
 
     @property
     def point(self) -> tuple:
@@ -120,7 +122,7 @@ class RunInfo:
     def from_json(cls, text: str) -> "RunInfo":
         data = json.loads(text)
         if not isinstance(data, dict):
-            raise ValueError("run info must be a JSON object")
+            raise UnreadableFile("run info must be a JSON object")
         return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
                    matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())),
                    copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())))
@@ -152,18 +154,18 @@ def load_results(path: str | os.PathLike) -> list[BenchResult]:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ValueError(f"cannot read bench results {path}: {exc.strerror}") from None
+        raise UnreadableFile(f"cannot read bench results {path}: {exc.strerror}") from None
     reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in ("contender", "status", "batch", "heads", "seqlen", "head_dim",
                            "dtype", "causal") if c not in (reader.fieldnames or ())]
     if missing:
-        raise ValueError(f"{path} is not a tiledtune bench CSV: it lacks columns {missing}")
+        raise UnreadableFile(f"{path} is not a tiledtune bench CSV: it lacks columns {missing}")
     results = []
     for line, row in enumerate(reader, start=2):
         try:
             results.append(BenchResult(**_values(row)))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{path}, line {line}: {exc}") from None
+            raise UnreadableFile(f"{path}, line {line}: {exc}") from None
     return results
 
 
@@ -181,7 +183,7 @@ def _values(row: dict) -> dict:
             if raw == "" and name != "causal":
                 continue
             if raw not in ("yes", "no"):
-                raise ValueError(f"{name} must be yes or no; got {raw!r}")
+                raise TunerValueError(f"{name} must be yes or no; got {raw!r}")
             values[name] = raw == "yes"
         else:
             values[name] = raw

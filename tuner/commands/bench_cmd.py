@@ -30,6 +30,7 @@ from ..bench import (PRESETS, QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, B
                      kernel_of, load_results, matmul_tflops, parse_positive_float,
                      parse_positive_int, rich_tables, run_grid, write_csv, write_plots,
                      write_run_info, write_summary)
+from ..errors import USER_ERRORS, UnreadableFile
 from ._report import add_json_option, log_console, print_json, print_table, results_console
 
 __all__ = ["configure", "run", "KERNELS", "grid_from_args", "settings_from_args",
@@ -227,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
             return _report_only(args, console)
         grid = grid_from_args(args)
         settings = settings_from_args(args)
-    except (BenchConfigError, ValueError) as exc:
+    except USER_ERRORS as exc:  # BenchConfigError, an unreadable CSV: what the user gave
         console.print(f"[red]tiledtune bench: error:[/] {exc}", soft_wrap=True)
         return 2
 
@@ -281,9 +282,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _report_only(args: argparse.Namespace, console: Any) -> int:
     csv_path = Path(args.report_only)
-    results = load_results(csv_path)  # ValueError -> exit 2 with the message
+    results = load_results(csv_path)  # UnreadableFile -> exit 2 with the message
     if not results:
-        raise ValueError(f"--report-only: {csv_path} holds no results")
+        raise UnreadableFile(f"--report-only: {csv_path} holds no results")
     out_dir = Path(args.out) if args.out else csv_path.parent
     saved = csv_path.parent / RUN_INFO_NAME  # the run's ceilings, when they were measured
     run_info = RunInfo.from_json(saved.read_text()) if saved.is_file() else None
