@@ -33,7 +33,7 @@ import tiledattention
 from tiledattention import (DECODE, FORWARD, DecodeSchedule, InputTypeError, InputValueError,
                             Problem, problem_from_arrays)
 from tiledattention._reference import attention_reference
-from tiledattention._sdpa import length_bucket
+from tiledattention.decode import length_bucket
 
 from ._reference import rel_l2
 

@@ -166,13 +166,12 @@ def test_warm_host_overhead_stays_near_a_bare_launch():
     measured by scripts/overhead.py)."""
     import cuda.tile as ct
 
-    import tiledattention._sdpa as sdpa_module
-
     q, k, v = random_qkv(1, 1, 1, 128, 128, 64, torch.bfloat16)
     out = tiledattention.sdpa(q, k, v, True)
     problem, _ = problem_from_arrays(q, k, v, True, None)
-    plan = sdpa_module._forward_plan(tiledattention.runtime(), problem, q.device.index, None,
-                                     None)
+    family = tiledattention.choose_family(tiledattention.device_info(0).arch, problem)
+    schedule = tiledattention.runtime().resolution(family, problem, q.device.index).schedule
+    plan = family.plan(problem, schedule, q.device.index, None, True)
 
     def bare():
         o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
