@@ -12,14 +12,11 @@ import pytest
 import tiledattention
 from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError,
                             InputValueError, Problem, ScheduleError, codecs, text_digest)
-from tiledattention._compile import array_constraint, export_cubin
 from tiledattention.backward._family import BACKWARD_FLOP_RATIO
-from tiledattention._problem import ROW_STAT_ALIGN, row_stat_shape
+from tiledattention._problem import ROW_STAT_ALIGN
 from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, dkdv_constants,
                                              dq_constants, launches, normalise)
 from tiledattention.backward._schedule import BACKWARD_SCHEDULE_FORMAT
-from tiledattention.forward._kernel import attention_fwd, attention_fwd_lse
-from tiledattention.forward._launch import LSE_PARAMETERS, kernel_constants, lse_kernel_for
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -51,31 +48,6 @@ def test_default_schedule_compiles_for_each_architecture(arch):
     assert result.arch == arch and result.cubin[:4] == b"\x7fELF"
     assert len(result.other_cubins) == 1 and result.other_cubins[0][:4] == b"\x7fELF"  # dQ
     assert result.shared_bytes and result.shared_bytes > 0
-
-
-@pytest.mark.parametrize("arch", ("sm_90", "sm_120"))
-def test_forward_with_lse_compiles_and_leaves_the_plain_forward_alone(arch):
-    """attention_fwd_lse takes the forward's constants plus an Lse array; the plain forward's
-    parameters are unchanged (its shipped rows keep their compiled code)."""
-    schedule = FORWARD.default_schedule(arch, ODD)
-    q = array_constraint("bf16", (2, 8, 333, 96))
-    kv = array_constraint("bf16", (2, 2, 1000, 96))
-    b, h, padded = row_stat_shape(ODD)
-    lse = array_constraint("fp32", (b, h, 333), (h * padded, padded, 1))
-    from cuda import tile as ct
-    from cuda.tile import compilation as ctc
-
-    args = LSE_PARAMETERS.ordered(
-        {"Q": q, "K": kv, "V": kv, "Out": q, "Lse": lse,
-         "qk_scale": ctc.ScalarConstraint(ct.float32), "heads_q": ctc.ScalarConstraint(ct.int32),
-         "group": ctc.ScalarConstraint(ct.int32)}, kernel_constants(ODD, schedule))
-    result = export_cubin(lse_kernel_for(schedule), args, arch, "forward+lse")
-    assert result.cubin[:4] == b"\x7fELF"
-    assert text_digest(result.cubin) != text_digest(FORWARD.compile(ODD, schedule, arch).cubin)
-    assert "Lse" not in tiledattention.forward._launch.kernel_parameters()
-    assert LSE_PARAMETERS.names[:4] == ("Q", "K", "V", "Out")
-    assert set(LSE_PARAMETERS.constants) == set(kernel_constants(ODD, schedule))
-    assert attention_fwd is not attention_fwd_lse
 
 
 @pytest.mark.parametrize("field, value", [

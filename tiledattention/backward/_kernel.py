@@ -1,7 +1,7 @@
 """The backward-pass kernel templates (cuTile): a dQ kernel and a dK/dV kernel.
 
 With ``S = scale * Q K^T``, ``P = softmax(S)`` and the forward's per-row log-sum-exp ``L``
-(base 2, stored by ``attention_fwd_lse``), the gradients are
+(base 2, stored by ``attention_fwd`` with ``STORE_LSE``), the gradients are
 
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q
 
