@@ -58,6 +58,18 @@ def _reference(q, k, v, causal):
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs)
 
 
+def _ratio(run_new, run_old, args) -> tuple[float, float]:
+    """The median over ``args.repeats`` interleaved measurements of new/old time, and the new
+    side's last median (ms)."""
+    from tuner.measure import time_interleaved
+
+    ratios = []
+    for _ in range(args.repeats):
+        timings = time_interleaved({"new": run_new, "old": run_old}, rounds=args.rounds)
+        ratios.append(timings["new"].median_ms / timings["old"].median_ms)
+    return sorted(ratios)[len(ratios) // 2], timings["new"].median_ms
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", required=True, help="directory holding tiledattention_pre/")
@@ -72,7 +84,6 @@ def main() -> int:
     import tiledattention_pre as pre
 
     import tiledattention as new
-    from tuner.measure import time_interleaved
 
     results = []
     for family, b, hq, hkv, sq, sk, d, causal in POINTS:
@@ -127,20 +138,21 @@ def main() -> int:
             row["equal"] = torch.equal(got_new, got_old)
             row["err_new"], row["err_old"] = _rel(got_new, ref), _rel(got_old, ref)
             row["schedule"] = schedule.describe()
-        ratios = []
-        for _ in range(args.repeats):
-            timings = time_interleaved({"new": run_new, "old": run_old}, rounds=args.rounds)
-            ratios.append(timings["new"].median_ms / timings["old"].median_ms)
-            row["new_ms"] = timings["new"].median_ms
-        row["ratio"] = sorted(ratios)[len(ratios) // 2]
+        row["ratio"], row["new_ms"] = _ratio(run_new, run_old, args)
+        if family == "backward":  # the forward a training step runs first (log-sum-exp kept)
+            row["forward_lse_ratio"] = _ratio(
+                lambda: new.sdpa_with_lse(q, k, v, causal, schedule=fwd),
+                lambda: pre.sdpa_with_lse(q, k, v, causal, schedule=old_fwd), args)[0]
         results.append(row)
         print(json.dumps(row), flush=True)
 
     print(f"\n{'family':<9} {'shape':<28} {'causal':<13} {'equal':<6} {'err new':>8} "
-          f"{'err old':>8} {'new/old':>8}")
+          f"{'err old':>8} {'new/old':>8} {'fwd+lse':>8}")
     for r in results:
+        lse = f"{r['forward_lse_ratio']:8.3f}" if "forward_lse_ratio" in r else f"{'-':>8}"
         print(f"{r['family']:<9} {str(r['shape']):<28} {str(r['causal']):<13} "
-              f"{str(r['equal']):<6} {r['err_new']:8.1e} {r['err_old']:8.1e} {r['ratio']:8.3f}")
+              f"{str(r['equal']):<6} {r['err_new']:8.1e} {r['err_old']:8.1e} {r['ratio']:8.3f} "
+              f"{lse}")
     ratios = [r["ratio"] for r in results]
     geo = 1.0
     for x in ratios:
