@@ -7,7 +7,8 @@ working tree, for the forward, decode and backward families, interleaved in one 
 
 Both sides run the same schedule (the current lookup's, passed explicitly) through their own
 public entry points: ``sdpa`` for the forward and decode points, ``sdpa_with_lse`` then
-``sdpa_backward`` for the backward ones. Per point: whether the outputs (and gradients) are
+``sdpa_backward`` for the backward ones, and ``sdpa_with_lse`` (the forward that keeps the
+log-sum-exp) at the forward and backward points. Per point: whether the outputs (and gradients) are
 bitwise equal, each side's relative L2 error against a float32 reference, and the median ratio
 of the two sides' times over ``--repeats`` interleaved measurements (cold L2, stream launches).
 The old package is imported as ``tiledattention_pre`` (its imports are relative).
@@ -139,7 +140,13 @@ def main() -> int:
             row["err_new"], row["err_old"] = _rel(got_new, ref), _rel(got_old, ref)
             row["schedule"] = schedule.describe()
         row["ratio"], row["new_ms"] = _ratio(run_new, run_old, args)
-        if family == "backward":  # the forward a training step runs first (log-sum-exp kept)
+        if family != "decode":  # the forward a training step runs (log-sum-exp kept)
+            if family == "forward":
+                fwd, old_fwd = schedule, old_schedule
+            lse_new, lse_old = (new.sdpa_with_lse(q, k, v, causal, schedule=fwd),
+                                pre.sdpa_with_lse(q, k, v, causal, schedule=old_fwd))
+            row["equal"] = row["equal"] and all(torch.equal(a, c)
+                                                for a, c in zip(lse_new, lse_old))
             row["forward_lse_ratio"] = _ratio(
                 lambda: new.sdpa_with_lse(q, k, v, causal, schedule=fwd),
                 lambda: pre.sdpa_with_lse(q, k, v, causal, schedule=old_fwd), args)[0]
