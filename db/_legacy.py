@@ -17,11 +17,12 @@ LEGACY_PROBLEM = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_
 
 
 def legacy_columns(present: frozenset[str]) -> list[Any]:
-    from sqlalchemy import Boolean, Integer, String, column, table
+    from sqlalchemy import Boolean, Float, Integer, String, column, table
 
-    from ._schema import TABLE_NAME, schedules
+    from ._schema import LEGACY_BASELINE_COLUMNS, TABLE_NAME, schedules
 
-    legacy = {"causal": Boolean(), "dtype": String()}
+    legacy = {"causal": Boolean(), "dtype": String(),
+              **{name: Float() for name in LEGACY_BASELINE_COLUMNS}}
     return list(table(TABLE_NAME, *[
         column(name, schedules.c[name].type if name in schedules.c else
                legacy.get(name, Integer())) for name in sorted(present)]).c)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-__all__ = ["known_revisions", "head_revision", "upgrade"]
+__all__ = ["known_revisions", "head_revision", "upgrade", "downgrade"]
 
 _SCRIPT_LOCATION = Path(__file__).parent / "migrations"
 
@@ -45,3 +45,13 @@ def upgrade(connection: "Connection", revision: str = "head") -> None:
     config = _config()
     config.attributes["connection"] = connection
     command.upgrade(config, revision)
+
+
+def downgrade(connection: "Connection", revision: str) -> None:
+    """Undo the migrations after ``revision`` on ``connection``, inside its open transaction
+    (the caller commits). Tests and recovery only: ``ScheduleDB`` never downgrades."""
+    from alembic import command
+
+    config = _config()
+    config.attributes["connection"] = connection
+    command.downgrade(config, revision)

@@ -41,28 +41,58 @@ def problem(seqlen: int = 1024, *, batch: int = 1, causal: bool = True, head_dim
 
 
 def row(ms: float = 1.0, *, p: Problem | None = None, device: str = H100,
-        schedule: Schedule | None = None, prov: Provenance = PROV, **extra) -> db.ScheduleRow:
+        schedule: Schedule | None = None, prov: Provenance = PROV, flash: float | None = None,
+        **extra) -> db.ScheduleRow:
+    """A forward row with a torch-cudnn baseline, and a torch-flash one when ``flash``."""
     return db.ScheduleRow(
         family="forward", arch="sm_90", device_name=device, problem=p or problem(),
         schedule=schedule or Schedule(tile_m=128, tile_n=64, occupancy=2, exp2=True),
         median_ms=ms, spread_ms=0.0125, tflops=321.5, default_ms=ms * 1.7,
-        torch_cudnn_ms=ms * 1.1, trials=30,
-        created_at=datetime(2025, 7, 1, 8, 30, 15, 123456, tzinfo=timezone.utc),
+        baselines={"torch-cudnn": ms * 1.1, **({"torch-flash": flash} if flash else {})},
+        trials=30, created_at=datetime(2025, 7, 1, 8, 30, 15, 123456, tzinfo=timezone.utc),
         provenance=prov, **extra)
 
 
 # -- rows -----------------------------------------------------------------------------------
 def test_row_dict_round_trip_is_json_and_lossless():
-    r = row(0.123456789, torch_flash_ms=0.2)
+    r = row(0.123456789, flash=0.2)
     data = json.loads(json.dumps(r.to_dict()))
     assert data["format"] == db.ROW_FORMAT
+    assert data["baselines_ms"] == {"torch-cudnn": 0.123456789 * 1.1, "torch-flash": 0.2}
     assert db.ScheduleRow.from_dict(data, CODECS) == r
+    assert hash(r) == hash(db.ScheduleRow.from_dict(data, CODECS))  # rows go into sets
+
+
+def test_row_baselines_are_a_read_only_mapping_of_any_names():
+    r = row(1.0, flash=2.0)
+    assert isinstance(r.baselines, db.Baselines) and r.baselines == {"torch-cudnn": 1.1,
+                                                                      "torch-flash": 2.0}
+    with pytest.raises(TypeError):
+        r.baselines["torch-cudnn"] = 0.5  # type: ignore[index]
+    other = db.ScheduleRow(**{**r.__dict__, "baselines": {"vendor-lib": 3, "torch-cudnn": 1.1}})
+    assert list(other.baselines) == ["torch-cudnn", "vendor-lib"]  # name order
+    assert other.baselines["vendor-lib"] == 3.0
+    assert db.ScheduleRow(**{**r.__dict__, "baselines": {}}).to_dict()["baselines_ms"] == {}
+
+
+@pytest.mark.parametrize("baselines, match", [
+    ({"torch-cudnn": 0.0}, "torch-cudnn.*> 0"), ({"torch-cudnn": float("nan")}, "finite"),
+    ({"torch-cudnn": True}, "torch-cudnn"), ({"": 1.0}, "baseline name"),
+    ({"a b": 1.0}, "baseline name"), ([("torch-cudnn", 1.0)], "mapping"),
+    ({f"b{i}": 1.0 for i in range(db.MAX_BASELINES + 1)}, "at most"),
+], ids=["zero", "nan", "bool", "empty-name", "space-in-name", "not-a-mapping", "too-many"])
+def test_row_rejects_bad_baselines(baselines, match):
+    with pytest.raises(db.RecordError, match=match):
+        db.ScheduleRow(**{**row().__dict__, "baselines": baselines})
 
 
 @pytest.mark.parametrize("field, value", [
     ("median_ms", "1.0"), ("trials", 2.5), ("arch", 90), ("created_at", "yesterday"),
-    ("created_at", "2025-07-01T08:30:15"), ("torch_flash_ms", True),
-], ids=["median-str", "trials-float", "arch-int", "time-garbage", "time-naive", "flash-bool"])
+    ("created_at", "2025-07-01T08:30:15"), ("baselines_ms", {"torch-flash": True}),
+    ("baselines_ms", [0.5]), ("baselines_ms", {"torch-flash": "0.5"}),
+    ("torch_flash_ms", 0.5),  # a field of row format 3, not 4
+], ids=["median-str", "trials-float", "arch-int", "time-garbage", "time-naive", "flash-bool",
+        "baselines-list", "flash-str", "format-3-field"])
 def test_row_from_dict_names_the_bad_field(field, value):
     data = row().to_dict()
     data[field] = value
@@ -83,6 +113,36 @@ def test_row_from_dict_rejects_bad_nested_and_unknown_fields():
         db.ScheduleRow.from_dict(data, CODECS)
 
 
+def _format_3(data: dict, **fields) -> dict:
+    """``data`` (a row's dict form) as row format 3 wrote it: fixed baseline fields."""
+    data = {**data, "format": 3, **fields}
+    del data["baselines_ms"]
+    return data
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"torch_cudnn_ms": 1.5, "torch_flash_ms": 2.25}, {"torch-cudnn": 1.5, "torch-flash": 2.25}),
+    ({"torch_cudnn_ms": None, "torch_flash_ms": 0.75}, {"torch-flash": 0.75}),
+    ({"torch_cudnn_ms": 0.5}, {"torch-cudnn": 0.5}),
+    ({}, {}),
+], ids=["both", "null-cudnn", "no-flash-field", "neither"])
+def test_row_of_format_3_reads_its_baseline_fields_into_the_mapping(fields, expected):
+    data = _format_3(row().to_dict(), **fields)
+    assert db.ScheduleRow.from_dict(data, CODECS).baselines == expected
+    for name in (1, 2):  # formats 1 and 2 have the fields too
+        older = {k: v for k, v in data.items() if k not in ("backend", "family")}
+        assert db.ScheduleRow.from_dict({**older, "format": name, **(
+            {"family": "forward"} if name == 2 else {})}, CODECS).baselines == expected
+
+
+def test_row_of_format_3_with_a_baselines_mapping_or_bad_field_is_rejected():
+    data = _format_3(row().to_dict(), torch_cudnn_ms=1.0)
+    with pytest.raises(db.RecordError, match="format 3 has no 'baselines_ms'"):
+        db.ScheduleRow.from_dict({**data, "baselines_ms": {}}, CODECS)
+    with pytest.raises(db.RecordError, match="torch_cudnn_ms"):
+        db.ScheduleRow.from_dict({**data, "torch_cudnn_ms": "1.0"}, CODECS)
+
+
 def test_row_created_at_is_normalised_to_utc():
     local = datetime(2025, 7, 1, 10, 30, tzinfo=timezone(timedelta(hours=2)))
     r = db.ScheduleRow(**{**row().__dict__, "created_at": local})
@@ -92,7 +152,7 @@ def test_row_created_at_is_normalised_to_utc():
 # -- put / get / rows -------------------------------------------------------------------------
 def test_put_get_rows_round_trip(tmp_path):
     path = tmp_path / "nested" / "dir" / "schedules.sqlite"
-    a = row(1.0, torch_flash_ms=0.9)
+    a = row(1.0, flash=0.9)
     b = row(2.0, p=problem(2048, causal=False))
     c = row(3.0, p=problem(512, head_dim=64, dtype="fp16", causal=False),
             device="NVIDIA H100 PCIe")
@@ -304,7 +364,7 @@ def test_row_with_invalid_stored_schedule_is_skipped_with_one_warning(tmp_path):
 # -- migrations -----------------------------------------------------------------------------
 def test_head_revision_constant_matches_the_migrations():
     assert _migrate.head_revision() == _schema.HEAD_REVISION
-    assert _migrate.known_revisions() == {"0001", "0002", "0003"}
+    assert _migrate.known_revisions() == {"0001", "0002", "0003", "0004"}
 
 
 def test_migrated_file_has_exactly_the_current_columns_and_index(tmp_path):
@@ -338,9 +398,9 @@ def test_file_of_revision_0002_is_read_unmigrated_and_migrated_on_write(tmp_path
     lookup.close()
     assert _revision(path) == "0002"
     assert found.family == "forward" and found.problem == expected
-    assert found.schedule == Schedule(tile_m=128) and found.torch_flash_ms == 0.6
+    assert found.schedule == Schedule(tile_m=128) and found.baselines == {"torch-flash": 0.6}
     with open_db(path) as store:
-        assert _revision(path) == "0003"
+        assert _revision(path) == _schema.HEAD_REVISION
         assert store.rows() == [found]
 
 
@@ -364,6 +424,7 @@ def test_v1_asset_reads_and_migrates_forward_keeping_rows(tmp_path):
     path = tmp_path / "old.db"
     shutil.copyfile(ASSETS / "schedules_v1.db", path)
     assert _revision(path) == "0001" and "torch_flash_ms" not in _columns(path)
+    assert "torch_cudnn_ms" in _columns(path)
     lookup = open_lookup(path)  # read-only: reads v1, migrates nothing
     before = lookup.rows()
     lookup.close()
@@ -372,35 +433,111 @@ def test_v1_asset_reads_and_migrates_forward_keeping_rows(tmp_path):
     by_len = {r.problem.seqlen_q: r for r in before}  # the asset's rows: S 4096, 1024, 2048
     assert [by_len[s].device_name for s in (4096, 1024, 2048)] == [H100, H100,
                                                                     "NVIDIA H100 PCIe"]
-    assert by_len[4096].torch_cudnn_ms == 1.5 and by_len[1024].torch_cudnn_ms is None
+    # the asset's torch_cudnn_ms: 1.5, NULL, 0.5 (revision 0001 has no torch_flash_ms)
+    assert [by_len[s].baselines for s in (4096, 1024, 2048)] == [
+        {"torch-cudnn": 1.5}, {}, {"torch-cudnn": 0.5}]
     assert by_len[4096].created_at == datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
-    assert all(r.torch_flash_ms is None and r.backend == "gpu" for r in before)
+    assert all(r.backend == "gpu" for r in before)
 
     with open_db(path) as store:  # opening for writing migrates in place
         assert _revision(path) == _schema.HEAD_REVISION
-        assert "torch_flash_ms" in _columns(path)
+        assert "baselines_ms" in _columns(path)
+        assert not {"torch_cudnn_ms", "torch_flash_ms"} & _columns(path)
         assert store.rows() == before
-        extra = row(0.5, p=problem(8192), torch_flash_ms=0.7)
+        extra = row(0.5, p=problem(8192), flash=0.7)
         assert store.put(extra) == "added"
-        assert store.get("forward", "sm_90", H100, extra.problem).torch_flash_ms == 0.7
+        assert store.get("forward", "sm_90", H100, extra.problem).baselines["torch-flash"] == 0.7
         assert len(store) == 4
+
+
+#: The baselines of ``assets/schedules_v3.db`` (revision 0003) by (family, backend, S_k): its
+#: torch_cudnn_ms and torch_flash_ms columns, a NULL left out (``make_schedules_v3.py``).
+V3_BASELINES = {
+    ("forward", "gpu", 4096): {"torch-cudnn": 1.5, "torch-flash": 2.25},
+    ("forward", "gpu", 1024): {"torch-flash": 0.875},
+    ("decode", "gpu", 8192): {"torch-cudnn": 0.0625},
+    ("backward", "gpu", 2048): {},
+    ("forward", "simulated", 512): {"torch-cudnn": 0.375, "torch-flash": 0.75},
+}
+
+
+def _v3_baselines(rows) -> dict:
+    return {(r.family, r.backend, r.problem.seqlen_k): dict(r.baselines) for r in rows}
+
+
+def test_v3_asset_is_read_unmigrated_with_its_baseline_columns_as_the_mapping(tmp_path):
+    path = tmp_path / "v3.db"
+    shutil.copyfile(ASSETS / "schedules_v3.db", path)
+    assert _revision(path) == "0003"
+    assert {"torch_cudnn_ms", "torch_flash_ms"} <= _columns(path)
+    lookup = open_lookup(path)  # read-only: the runtime reads a 0003 file as it is
+    try:
+        assert _v3_baselines(lookup.rows()) == V3_BASELINES
+        [first] = lookup.candidates("forward", "sm_90", lookup.rows(family="forward")[0].problem,
+                                    template="tmplv3hash00").exact
+        assert first.baselines == V3_BASELINES[("forward", "gpu", first.problem.seqlen_k)]
+    finally:
+        lookup.close()
+    assert _revision(path) == "0003" and "baselines_ms" not in _columns(path)
+
+
+def test_v3_asset_migrates_every_baseline_value_into_the_mapping(tmp_path):
+    path = tmp_path / "v3.db"
+    shutil.copyfile(ASSETS / "schedules_v3.db", path)
+    lookup = open_lookup(path)
+    before = lookup.rows()
+    lookup.close()
+    with open_db(path) as store:  # opening for writing migrates in place
+        assert _revision(path) == _schema.HEAD_REVISION == "0004"
+        assert _columns(path) == {c.name for c in _schema.schedules.c}
+        assert not {"torch_cudnn_ms", "torch_flash_ms"} & _columns(path)
+        after = store.rows()
+        assert after == before and _v3_baselines(after) == V3_BASELINES
+    connection = sqlite3.connect(path)
+    stored = connection.execute("SELECT family, problem, baselines_ms FROM schedules").fetchall()
+    connection.close()
+    # the column holds canonical JSON text: every value, exactly, and no null for a NULL
+    assert sorted(text for _, _, text in stored) == sorted(
+        db.canonical_json(v) for v in V3_BASELINES.values())
+
+
+def test_migration_0004_downgrades_to_the_baseline_columns(tmp_path):
+    path = tmp_path / "v3.db"
+    shutil.copyfile(ASSETS / "schedules_v3.db", path)
+    with open_db(path) as store:
+        extra = row(0.5, p=problem(8192), flash=0.7)
+        store.put(db.ScheduleRow(**{**extra.__dict__, "baselines": {
+            **extra.baselines, "vendor-lib": 0.25}}))
+    engine = __import__("sqlalchemy").create_engine(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        _migrate.downgrade(connection, "0003")
+    engine.dispose()
+    assert _revision(path) == "0003"
+    assert {"torch_cudnn_ms", "torch_flash_ms"} <= _columns(path)
+    assert "baselines_ms" not in _columns(path)
+    lookup = open_lookup(path)
+    try:  # the 0003 file reads as before; a baseline without a column ("vendor-lib") is gone
+        assert _v3_baselines(lookup.rows()) == {**V3_BASELINES, ("forward", "gpu", 8192): {
+            "torch-cudnn": 0.55, "torch-flash": 0.7}}
+    finally:
+        lookup.close()
 
 
 def test_newer_revision_is_readable_but_refused_for_writing(tmp_path):
     path = tmp_path / "future.sqlite"
     with open_db(path) as store:
-        store.put(row(1.0, torch_flash_ms=0.8))
+        store.put(row(1.0, flash=0.8))
     connection = sqlite3.connect(path)
     connection.execute(f"UPDATE {_schema.VERSION_TABLE} SET version_num = '0099'")
     connection.execute("ALTER TABLE schedules ADD COLUMN power_watts FLOAT")
-    connection.execute("ALTER TABLE schedules DROP COLUMN torch_flash_ms")
+    connection.execute("ALTER TABLE schedules DROP COLUMN baselines_ms")
     connection.commit()
     connection.close()
 
     lookup = open_lookup(path)
     [found] = lookup.rows()
     lookup.close()
-    assert found.median_ms == 1.0 and found.torch_flash_ms is None
+    assert found.median_ms == 1.0 and found.baselines == {}
     before = path.read_bytes()
     # opening for writing is refused at once, before anything is tuned or written
     with pytest.raises(db.SchemaTooNew, match="'0099'.*[Uu]pgrade tiledattention"):
@@ -410,7 +547,7 @@ def test_newer_revision_is_readable_but_refused_for_writing(tmp_path):
 
 # -- JSON tables ----------------------------------------------------------------------------
 def test_dump_load_round_trip_is_lossless_and_deterministic(tmp_path):
-    rows = [row(1.0 / 3.0, p=problem(100 + i), torch_flash_ms=0.1 * i or None)
+    rows = [row(1.0 / 3.0, p=problem(100 + i), flash=0.1 * i or None)
             for i in range(5)]
     first, second = tmp_path / "a.json", tmp_path / "out" / "b.json"
     db.dump_rows(rows, first)
@@ -421,19 +558,19 @@ def test_dump_load_round_trip_is_lossless_and_deterministic(tmp_path):
     assert list(table) == sorted(rows, key=lambda r: r.key)
     assert table.rows(family="forward", like=problem()) == list(table)
     assert table.rows(family="forward", like=problem(dtype="fp16")) == []
-    assert json.loads(first.read_text())["format"] == db.ROW_FORMAT == 3
+    assert json.loads(first.read_text())["format"] == db.ROW_FORMAT == 4
 
 
 def test_load_rows_file_is_strict_unless_asked(tmp_path):
     path = tmp_path / "t.json"
-    data = {"format": 3, "rows": [row(1.0).to_dict(), row(2.0, p=problem(64)).to_dict()]}
+    data = {"format": 4, "rows": [row(1.0).to_dict(), row(2.0, p=problem(64)).to_dict()]}
     data["rows"][1]["schedule"]["tile_n"] = 3
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"t\.json: row 1: .*tile_n"):
         db.load_rows_file(path, CODECS)
     with pytest.warns(RuntimeWarning, match="row 1"):
         assert list(db.load_rows_file(path, CODECS, strict=False)) == [row(1.0)]
-    path.write_text(json.dumps({"format": 4, "rows": []}))
+    path.write_text(json.dumps({"format": db.ROW_FORMAT + 1, "rows": []}))
     with pytest.raises(ValueError, match="upgrade tiledattention"):
         db.load_rows_file(path, CODECS)
 
