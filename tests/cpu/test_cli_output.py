@@ -114,15 +114,61 @@ def test_search_results_go_to_stdout_and_name_the_database_and_storage(tmp_path,
     key = document["keys"][0]
     assert key["schedule"]["tile_m"] > 0 and key["median_ms"] > 0 and key["tflops"] > 0
     assert key["timings"]["best"]["median_ms"] == key["median_ms"]
+    # the baselines are the simulated family's, named by the data
+    assert key["baselines"] == ["torch-cudnn", "torch-flash"]
+    assert set(key["speedup"]) == {"default", "torch-cudnn", "torch-flash"}
+    assert key["speedup"]["torch-flash"] == pytest.approx(
+        key["timings"]["torch-flash"]["median_ms"] / key["median_ms"])
 
     assert main(["list", "--db", str(db), "--json", "--limit", "1"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["command"] == "list" and listed["total"] == 2 and len(listed["rows"]) == 1
     assert listed["next_offset"] == 1
     assert listed["rows"][0]["problem"] in problems
+    assert set(listed["rows"][0]["baselines_ms"]) == {"torch-cudnn", "torch-flash"}
     assert main(["list", "--db", str(db)]) == 0
     out, err = capsys.readouterr()
     assert "B1 H8 S16x2048 D64 bf16 full" in out and ELLIPSIS not in out and err == ""
+    assert "vs torch-cudnn" in out and "vs torch-flash" in out and "cuDNN" not in out
+
+
+def _search_summary(capsys, *, json_output: bool):
+    """``search_cmd._print_results`` of two keys whose re-timings hold baselines no layer names
+    (one of them failed on a key, one measured on one key only)."""
+    from tuner.measure import TimingMode, summarize
+    from tuner.search import KeyResult
+
+    from tiledattention import FORWARD
+
+    problems = [Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=s, seqlen_k=s, head_dim=64,
+                        dtype="bf16", causal=False) for s in (256, 512)]
+    results = [KeyResult(problem=p, arch="sm_90", best=FORWARD.default_schedule("sm_90", p),
+                         timings={"best": summarize([1.0] * 5), "default": summarize([1.5] * 5),
+                                  "vendor-lib": summarize([2.0] * 5),
+                                  "torch-cudnn": "RuntimeError: no kernel"})
+               for p in problems]
+    results[1].timings["other-lib"] = summarize([0.5] * 5)
+    args = argparse.Namespace(json=json_output, backend="simulated", study="tiledtune")
+    search_cmd._print_results(args, FORWARD, results, database="/x/s.sqlite",
+                              storage="sqlite:////x/st.sqlite", arch="sm_90",
+                              device_name="Simulated GPU", timing=TimingMode())
+    return capsys.readouterr().out
+
+
+def test_search_summary_names_the_baselines_from_the_results(capsys):
+    out = _search_summary(capsys, json_output=False)
+    header = next(line for line in out.splitlines() if "best schedule" in line)
+    assert [c.strip() for c in header.split("┃")[4:8]] == [
+        "vs default", "vs other-lib", "vs torch-cudnn", "vs vendor-lib"]
+    assert "cuDNN" not in out and "vs flash" not in out
+    assert "2.00x" in out and "0.50x" in out and "RuntimeError: no ker" in out
+    document = json.loads(_search_summary(capsys, json_output=True))
+    first, second = document["keys"]
+    assert first["baselines"] == ["torch-cudnn", "vendor-lib"]
+    assert first["speedup"] == {"default": 1.5, "torch-cudnn": None, "vendor-lib": 2.0}
+    assert second["baselines"] == ["other-lib", "torch-cudnn", "vendor-lib"]
+    assert second["speedup"]["other-lib"] == 0.5
+    assert second["timings"]["torch-cudnn"] == "RuntimeError: no kernel"
 
 
 def test_list_json_without_a_database(tmp_path, capsys):

@@ -45,7 +45,8 @@ def mk(arch: str, device: str, *, S: int, Sk: int | None = None, B: int = 1, hq:
         family="forward", arch=arch, device_name=device, problem=problem,
         schedule=Schedule(**schedule),
         median_ms=ms, spread_ms=ms / 97, tflops=problem.flops / (ms * 1e9), default_ms=ms * 1.3,
-        torch_cudnn_ms=None if n % 2 else ms * 1.1, torch_flash_ms=ms * 1.7 if n % 3 else None,
+        baselines={**({} if n % 2 else {"torch-cudnn": ms * 1.1}),
+                   **({"torch-flash": ms * 1.7} if n % 3 else {})},
         trials=7 + n, created_at=T0 + timedelta(seconds=n, microseconds=n), provenance=prov)
 
 
@@ -73,7 +74,11 @@ def synthetic_rows() -> list[db.ScheduleRow]:
         mk("sm_121", GB10_SLOW, S=4096, ms=12.0, occupancy=2, opt_level=2),
         mk("sm_100", "NVIDIA B200", S=2048, ms=0.1, occupancy=3, prov=STALE),
     ]
-    return [dataclasses.replace(r, trials=5 + i, created_at=T0 + timedelta(minutes=i))
+    # baselines: both, torch-cudnn only, torch-flash only, none, in turn
+    shapes = [("torch-cudnn", "torch-flash"), ("torch-cudnn",), ("torch-flash",), ()]
+    return [dataclasses.replace(r, trials=5 + i, created_at=T0 + timedelta(minutes=i),
+                                baselines={name: r.median_ms * (1.1 + 0.6 * k)
+                                           for k, name in enumerate(shapes[i % 4])})
             for i, r in enumerate(rows)]
 
 
@@ -360,14 +365,16 @@ def test_round_trip_is_lossless(tiledtune, source_db, tmp_path, fmt):
     only = tmp_path / "only.sqlite"
     assert tiledtune("import", current, "--db", only) == 0
     assert len(all_rows(only)) == 12  # by default the stale row stays behind
-    assert {r.torch_flash_ms for r in all_rows(fresh)} & {None}  # optional columns survive
+    # every shape of baselines survives: both, one, the other, none
+    assert {tuple(r.baselines) for r in all_rows(fresh)} == {
+        ("torch-cudnn", "torch-flash"), ("torch-cudnn",), ("torch-flash",), ()}
 
 
-def test_csv_format_3_has_family_backend_and_problem_as_json(tiledtune, source_db, tmp_path):
+def test_csv_format_4_has_family_backend_problem_and_baselines_as_json(tiledtune, source_db,
+                                                                        tmp_path):
     assert CSV_COLUMNS == ("format", "family", "arch", "device_name", "backend", "problem",
-                           "schedule",
-                           "median_ms", "spread_ms", "tflops", "default_ms", "torch_cudnn_ms",
-                           "torch_flash_ms", "trials", "created_at", *db.PROVENANCE_FIELDS)
+                           "schedule", "median_ms", "spread_ms", "tflops", "default_ms",
+                           "baselines_ms", "trials", "created_at", *db.PROVENANCE_FIELDS)
     out = tmp_path / "rows.csv"
     assert tiledtune("export", "-o", out, "--db", source_db) == 0
     with open(out, newline="") as f:
@@ -377,9 +384,10 @@ def test_csv_format_3_has_family_backend_and_problem_as_json(tiledtune, source_d
     assert len(cells) == len(rows) == 12
     for cell, row in zip(cells, rows):
         assert (cell["format"], cell["family"], cell["arch"], cell["backend"]) == (
-            "3", "forward", row.arch, "gpu")
+            "4", "forward", row.arch, "gpu")
         assert json.loads(cell["problem"]) == row.problem.to_dict()
         assert cell["problem"] == db.canonical_json(row.problem.to_dict())
+        assert cell["baselines_ms"] == db.canonical_json(dict(row.baselines))
         assert Schedule.from_dict(json.loads(cell["schedule"])) == row.schedule
 
 
@@ -404,7 +412,8 @@ def legacy_csv(rows) -> str:
     for row in rows:
         data = row.to_dict()
         flat = {**data, **data["problem"], **data["provenance"], "format": 1,
-                "schedule": db.canonical_json(data["schedule"])}
+                "schedule": db.canonical_json(data["schedule"]),
+                **{old: row.baselines.get(name) for old, name in db.LEGACY_BASELINES.items()}}
         writer.writerow([text(flat[name]) for name in LEGACY_CSV_COLUMNS])
     return out.getvalue()
 
@@ -423,6 +432,44 @@ def test_format_1_csv_imports_as_forward_rows(tiledtune, tmp_path, capsys):
     capsys.readouterr()
     assert tiledtune("import", path, "--db", target) == 1
     assert "causal must be a bool" in capsys.readouterr().err
+
+
+def _format_3(row: db.ScheduleRow) -> dict:
+    """``row``'s dict form as row format 3 wrote it: fixed baseline fields, not a mapping."""
+    data = {**row.to_dict(), "format": 3}
+    del data["baselines_ms"]
+    return {**data, **{old: row.baselines.get(name)
+                       for old, name in db.LEGACY_BASELINES.items()}}
+
+
+def test_format_3_json_and_csv_files_import_their_baselines_into_the_mapping(tiledtune,
+                                                                              tmp_path):
+    """Files exported before baselines became a mapping: JSON rows with ``torch_cudnn_ms`` /
+    ``torch_flash_ms`` fields and CSV files with those columns (an empty cell: not timed)."""
+    rows = [mk("sm_90", H100, S=1024 * (n + 1), ms=0.5 + n, n=n) for n in range(4)]
+    assert {tuple(r.baselines) for r in rows} == {
+        ("torch-cudnn", "torch-flash"), ("torch-cudnn",), ("torch-flash",), ()}
+    old_json = tmp_path / "old.json"
+    old_json.write_text(json.dumps({"format": 3, "rows": [_format_3(r) for r in rows]}))
+    columns = [c for c in CSV_COLUMNS if c != "baselines_ms"] + list(db.LEGACY_BASELINES)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for r in rows:
+        flat = {**_format_3(r), **r.provenance.to_dict()}
+        writer.writerow(["" if flat[c] is None else db.canonical_json(flat[c])
+                         if isinstance(flat[c], dict) else repr(flat[c])
+                         if isinstance(flat[c], float) else str(flat[c]) for c in columns])
+    old_csv = tmp_path / "old.csv"
+    old_csv.write_text(out.getvalue())
+    for path in (old_json, old_csv):
+        target = tmp_path / f"{path.suffix[1:]}.sqlite"
+        assert tiledtune("import", path, "--db", target) == 0
+        assert sorted(all_rows(target), key=lambda r: r.key) == sorted(rows, key=lambda r: r.key)
+    # a row of format 4 holding the old fields is rejected: they are not fields of format 4
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": 4, "rows": [{**_format_3(rows[0]), "format": 4}]}))
+    assert tiledtune("import", bad, "--db", tmp_path / "bad.sqlite") == 1
 
 
 def test_csv_keeps_provenance_text_that_looks_like_a_number(tiledtune, tmp_path, capsys):
@@ -486,7 +533,7 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
     good = [mk("sm_90", H100, S=1024, ms=0.5, n=1), mk("sm_90", H100, S=2048, ms=0.9, n=2),
             mk("sm_90", H100, S=4096, ms=3.0, n=3)]
     first = good[0].to_dict()
-    legacy = {**good[2].to_dict(), "format": 1}
+    legacy = {**_format_3(good[2]), "format": 1}
     del legacy["family"], legacy["backend"]
 
     def variant(**changes):
@@ -512,7 +559,8 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
         variant(median_ms=1e400),                                      # inf after parsing
         variant(family="no_such_family"),                              # unknown family
         variant(format=1),                                             # format 1 has no family
-        variant(format=4),                                             # newer row format
+        variant(format=db.ROW_FORMAT + 1),                             # newer row format
+        variant(**{"baselines_ms__torch-flash": -1.0}),                # a negative baseline
         variant(problem="{not json"),                                  # problem text not JSON
         good[1].to_dict(),
         legacy,                                                        # format 1: a forward row
@@ -521,7 +569,8 @@ def hostile_rows() -> tuple[list, list[str], list[db.ScheduleRow]]:
                "tile_m must be one of", "duplicate key", "must be a mapping", "unknown row field",
                "device_name must be printable text", "median_ms must be a finite number",
                "unknown kernel family 'no_such_family'", "row format 1 has no 'family' field",
-               "row format 4 is newer", "problem is not JSON"]
+               f"row format {db.ROW_FORMAT + 1} is newer", "problem is not JSON",
+               "baselines_ms['torch-flash'] must be a finite number > 0"]
     return items, reasons, good
 
 
@@ -546,7 +595,7 @@ def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_pa
     good = [mk("sm_90", H100, S=1024, ms=0.5, n=1), mk("sm_90", H100, S=2048, ms=0.9, n=2)]
     header, first, second = rows_to_csv(good).splitlines()
     for cell in (',"{""batch"":1,""causal"":true,', '""tile_m"":64', '""dtype"":""bf16""',
-                 "3,forward,sm_90,"):
+                 "4,forward,sm_90,"):
         assert cell in first, cell
     bad = [first.replace("sm_90", "sm_999", 1),
            first.replace('""causal"":true', '""causal"":""maybe""', 1),
@@ -555,6 +604,8 @@ def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_pa
            first.replace(",forward,", ",no_such_family,", 1),
            first.replace('"{""batch"":1,', '"{""batch"":1,""colour"":1,', 1),
            first.replace('"{""batch"":1,', '"{not json', 1),
+           first.replace('""torch-flash"":0.85', '""torch-flash"":1e400', 1),
+           first.replace('"{""torch-flash"":0.85}"', '"{""torch-flash"":0.85,}"', 1),
            first + ",extra", first]
     path = tmp_path / "hostile.csv"
     path.write_text("\n".join([header, first, *bad, second]) + "\n")
@@ -565,6 +616,8 @@ def test_hostile_csv_rows_are_rejected_with_reasons(tiledtune, source_db, tmp_pa
     for reason in ("sm_999", "causal must be a bool", "tile_m must be one of",
                    "dtype must be one of", "unknown kernel family 'no_such_family'",
                    "unknown ['colour']", "column 'problem' must hold a JSON object",
+                   "baselines_ms.torch-flash must be a finite number",
+                   "column 'baselines_ms' must hold a JSON object",
                    "cells; the header has", "duplicate key"):
         assert reason in err, reason
     for index in range(1, len(bad) + 1):  # every bad row is named

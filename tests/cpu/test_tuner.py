@@ -19,8 +19,8 @@ import search_spaces
 from db import ScheduleRow
 from tiledattention import FORWARD, Problem, Schedule, codecs, current_provenance
 from tuner.cli import main
-from tuner.measure import IsolatedExecutor, SimulatedExecutor, SimulatedFaults
-from tuner.search import SearchConfig, Tuner, study_name
+from tuner.measure import IsolatedExecutor, SimulatedExecutor, SimulatedFaults, summarize
+from tuner.search import KeyResult, SearchConfig, Tuner, study_name
 
 
 def ScheduleDB(location):  # noqa: N802 - the database with every family's codec
@@ -79,7 +79,28 @@ def test_exhaustive_budget_finds_the_model_optimum(tmp_path):
         assert result.measured == len(candidates)  # every point once, none twice
         stored = db.get("forward", "sm_90", "Simulated GPU", PROBLEM)
         assert stored.schedule == optimum and result.stored == "added"
-        assert stored.default_ms is not None and stored.torch_cudnn_ms is not None
+        assert stored.default_ms is not None
+        assert set(stored.baselines) == {"torch-cudnn", "torch-flash"}  # the simulated ones
+
+
+def test_the_stored_row_keeps_every_baseline_the_case_timed_whatever_its_name(tmp_path):
+    """``_store`` takes the baselines from the re-timing's data: a name no layer knows is kept,
+    one that did not run (its entry the reason) is left out, the default is not a baseline."""
+    with ScheduleDB(tmp_path / "s.sqlite") as db:
+        tuner, _ = make_tuner(tmp_path, db=db)
+        result = KeyResult(problem=PROBLEM, arch="sm_90",
+                           best=FORWARD.default_schedule("sm_90", PROBLEM), timings={
+                               "best": summarize([1.0] * 5), "default": summarize([1.25] * 5),
+                               "torch-cudnn": summarize([0.75] * 5),
+                               "vendor-lib": summarize([2.5] * 5),
+                               "torch-flash": "RuntimeError: no kernel for this problem"})
+        assert result.baselines == {"torch-cudnn": result.timings["torch-cudnn"],
+                                    "torch-flash": result.timings["torch-flash"],
+                                    "vendor-lib": result.timings["vendor-lib"]}
+        assert tuner._store(PROBLEM, result, 4) == "added"
+        stored = db.get("forward", "sm_90", "Simulated GPU", PROBLEM)
+        assert stored.baselines == {"torch-cudnn": 0.75, "vendor-lib": 2.5}
+        assert stored.default_ms == 1.25 and stored.trials == 4
 
 
 def test_seeds_are_the_default_and_the_nearest_winners_of_both_dtypes(tmp_path):
