@@ -17,8 +17,9 @@ os.environ["CUDA_TILE_CACHE_DIR"] = cache_dir
 
 import torch  # noqa: E402
 
-from tiledattention import Problem, Schedule, compile_schedule  # noqa: E402
-from tiledattention.forward._launch import default_scale, launch  # noqa: E402
+import cuda.tile as ct  # noqa: E402
+
+from tiledattention import FORWARD, Problem, Schedule, compile_schedule  # noqa: E402
 
 
 def names() -> list[str]:
@@ -44,8 +45,8 @@ print(f"compile-only: {time.perf_counter() - t0:.2f} s; cache: {names()}")
 q, k, v = (torch.randn(2, 8, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 out = torch.empty_like(q)
 t0 = time.perf_counter()
-launch(torch.cuda.current_stream(), q, k, v, out, problem, schedule, default_scale(problem),
-       torch.cuda.get_device_properties(0).multi_processor_count)
+plan = FORWARD.plan(problem, schedule, 0, None, False)  # sdpa's launch: kernel, grid, arguments
+ct.launch(torch.cuda.current_stream(), plan.grid, plan.kernel, (q, k, v, out) + plan.scalars)
 torch.cuda.synchronize()
 print(f"first JIT launch after it: {time.perf_counter() - t0:.2f} s; cache now: {names()}")
 sys.exit(0)

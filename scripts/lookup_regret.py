@@ -35,16 +35,24 @@ from pathlib import Path
 
 import tiledattention
 from search_spaces import FORWARD_SPACE
-from tiledattention import FORWARD, Problem, current_provenance
+from tiledattention import FORWARD, Problem, current_provenance, shipped_table
 from tiledattention.forward import head_dim_parts
 from tuner.lookup import POLICIES, HeldOutShape, regret_table, shape_set
-from tuner.lookup._policies import TunedRow, shipped_tuned_rows
-from tuner.measure import time_interleaved
-from tuner.measure._processes import CompilePool
-from tuner.search._trials import compile_job
+from tuner.measure import CompilePool, time_interleaved
+from tuner.search import compile_job
 
 
-def candidates(shape: HeldOutShape, rows: list[TunedRow], arch: str, samples: int,
+def shipped_tuned_rows(arch: str) -> list:
+    """The forward rows of ``arch``'s shipped table that the runtime's lookup reads (measured on
+    a GPU with the current kernel template): the rows the policies choose from (each has the
+    ``problem``, ``schedule`` and ``median_ms`` a policy reads)."""
+    current = FORWARD.template_identity()
+    return [r for r in shipped_table(arch) or ()
+            if r.family == FORWARD.name and r.backend == "gpu"
+            and r.provenance.template_hash == current]
+
+
+def candidates(shape: HeldOutShape, rows: list, arch: str, samples: int,
                seed: int) -> dict[str, tuple[str, object]]:
     """key -> (why it is here, normalised schedule)."""
     problem = shape.problem

@@ -53,7 +53,6 @@ import torch
 import torch.nn.functional as F
 
 import tiledattention
-import tiledattention._sdpa as sdpa_module
 from tiledattention import problem_from_arrays
 
 Rows = list  # of (what, µs per call or text, note)
@@ -88,9 +87,13 @@ def forward_overhead(calls: int, repeats: int) -> Rows:
     assert resolution.family == "forward", resolution
     reference = tiledattention.sdpa(q, k, v, causal=True)  # keeps the plan
     problem, _ = problem_from_arrays(q, k, v, True, None)
-    # the plan sdpa built (the same resolution, normalised schedule, grid and constants)
-    plan = sdpa_module._forward_plan(tiledattention.runtime(), problem, q.device.index, None,
-                                     None)
+    # the plan sdpa built: validate -> choose the family -> resolve -> plan, as sdpa does (the
+    # same resolution, normalised schedule, grid and constants)
+    runtime = tiledattention.runtime()
+    index = q.get_device()
+    family = tiledattention.choose_family(tiledattention.device_info(index).arch, problem)
+    schedule = runtime.resolution(family, family.plan_problem(problem), index).schedule
+    plan = family.plan(problem, schedule, index, None, True)
     grid, kernel, scalars, shape = plan.grid, plan.kernel, plan.scalars, plan.out_shape
     dtype, device = q.dtype, q.device
     raw_stream = torch._C._cuda_getCurrentRawStream
@@ -124,18 +127,28 @@ def forward_overhead(calls: int, repeats: int) -> Rows:
     same = (torch.equal(sdpa(q, k, v, causal=True), reference)
             and torch.equal(sdpa(q, k, v, causal=True, out=preallocated), reference))
 
-    runtime = tiledattention.runtime()
-    index = q.get_device()
-
-    def signature():  # a copy of sdpa's (tiledattention._sdpa.sdpa)
+    def signature():  # a copy of sdpa's warm-path signature (tiledattention.sdpa)
         return (q.shape, q.stride(), q.dtype, index, k.dtype, k.get_device(), v.dtype,
                 v.get_device(), True, bool, None, type(None), None)
 
-    key = sdpa_module._forward_key(signature(), k, v)
-    assert runtime.plan(key) is not None, "the signature copy no longer matches sdpa's"
+    def clear_of(out, q, k, v):  # a copy of sdpa's out= overlap check (byte spans of 1)
+        o = out.data_ptr()
+        end = o + 1
+        p = q.data_ptr()
+        if p < end and o < p + 1:
+            return False
+        p = k.data_ptr()
+        if p < end and o < p + 1:
+            return False
+        p = v.data_ptr()
+        return not (p < end and o < p + 1)
+
+    key = family.plan_key(signature(), k, v)
+    if runtime.plan(key) is None:
+        raise SystemExit("the signature copy no longer matches sdpa's: no plan kept under it")
     parts = interleaved({
         "signature tuple": signature,
-        "forward key (K/V shapes and strides)": lambda: sdpa_module._forward_key(key[0], k, v),
+        "plan key (K/V shapes and strides)": lambda: family.plan_key(key[0], k, v),
         "plan lookup (hash and dict hit)": lambda: runtime.plan(key),
         "torch.empty(shape, dtype=, device=)": lambda: torch.empty(shape, dtype=dtype,
                                                                    device=device),
@@ -144,7 +157,7 @@ def forward_overhead(calls: int, repeats: int) -> Rows:
         "torch.cuda.current_stream()": torch.cuda.current_stream,
         "torch._C._cuda_getCurrentRawStream(0)": lambda: raw_stream(0),
         "(q, k, v, out) + scalars": lambda: (q, k, v, reused) + scalars,
-        "out= overlap check": lambda: sdpa_module._clear_of(preallocated, 1, q, 1, k, 1, v, 1),
+        "out= overlap check": lambda: clear_of(preallocated, q, k, v),
     }, calls, repeats)
 
     describe = resolution.schedule.describe()

@@ -29,7 +29,7 @@ import tiledattention
 from tiledattention import FORWARD, Problem
 from tiledattention.forward import Schedule, head_dim_parts
 from tuner.lookup import FITTING, HeldOutShape
-from tuner.lookup._policies import shipped_tuned_rows
+
 
 def _causal(name: str, b: int, hq: int, hkv: int, s: int, d: int,
             dtype: str = "bf16") -> HeldOutShape:
@@ -105,7 +105,7 @@ def main() -> int:
     shapes, named = SETS[args.set]()
     tiledattention.use_database(str(args.out.parent / "no-user-db.sqlite"))  # shipped + default
     arch = tiledattention.device_info(0).arch
-    rows = shipped_tuned_rows(arch)
+    rows = lookup_regret.shipped_tuned_rows(arch)
     pools = {s.name: candidates(arch, s.problem, named) for s in shapes}
     failed = lookup_regret.compile_ahead(
         [(s.problem, sched) for s in shapes for _, sched in pools[s.name].values()], arch,

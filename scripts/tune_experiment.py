@@ -10,14 +10,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import tempfile
 
 from db import dump_rows
 from tiledattention import FORWARD, Problem, open_database
-from tuner.commands.search_cmd import _GpuFactory, select_device
-from tuner.measure import IsolatedExecutor, Timing
+from tuner.commands.search_cmd import select_device
+from tuner.measure import GpuExecutor, IsolatedExecutor, Timing
 from tuner.search import SearchConfig, Tuner
 
 
@@ -25,9 +26,14 @@ def fresh_cache() -> None:
     os.environ["CUDA_TILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cutile-cache-")
 
 
+def gpu_executor(index: int):
+    """A picklable factory of the spawned worker's executor (the default timing mode)."""
+    return functools.partial(GpuExecutor, FORWARD, index)
+
+
 def tune(problem, db, storage, config, compile_workers):
     device = select_device("sm_90")
-    with IsolatedExecutor(_GpuFactory(FORWARD, device.index)) as executor:
+    with IsolatedExecutor(gpu_executor(device.index)) as executor:
         tuner = Tuner(executor, family=FORWARD, arch=device.arch, device_name=device.name,
                       storage_url=storage, db=db, config=config, compile_workers=compile_workers)
         try:
@@ -79,7 +85,7 @@ def main(out: str) -> int:
             results[name] = tune(small, None, storage, cfg, compile_workers=workers)[0]
             print(name, results[name].measured, f"{results[name].wall_s:.0f}s", flush=True)
         device = select_device("sm_90")
-        with IsolatedExecutor(_GpuFactory(FORWARD, device.index)) as executor:
+        with IsolatedExecutor(gpu_executor(device.index)) as executor:
             both = executor.call("retime", small, {
                 "exhaustive": results["exhaustive"].best, "search": results["search"].best},
                 False, deadline=300)  # False: no torch baselines

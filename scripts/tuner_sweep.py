@@ -5,8 +5,9 @@ Per key (default: three bf16 keys that are not in ``tiledattention/pretuned/sm_9
 sample is ``--count`` distinct *normalised* feasible schedules of the space the tuner searches
 (``search_spaces`` "full", restricted to the problem): the architecture default and the tuner's
 seeds (``tuner.search._candidates.seeds`` with the shipped table as the database: the default and
-the nearest shipped winners) first, then points drawn uniformly from the product space, kept
-when they are their own normalisation and statically feasible (a uniform draw over the
+the nearest shipped winners; the one private name this script uses, so that the replay starts
+from exactly the seeds the tuner would) first, then points drawn uniformly from the product
+space, kept when they are their own normalisation and statically feasible (a uniform draw over the
 normalised feasible schedules, as ``compile_sample`` draws), in a stream that is the same for
 every key: keys whose spaces and normalisation agree get the same sample, and keys whose kernels
 agree (same constants and array constraints: 3000 and 12008 tokens are both 8 mod 16) share
@@ -25,7 +26,8 @@ Then, within ``--budget`` seconds of wall time (default 420):
    (``wrong`` otherwise);
 3. every correct candidate is timed in ``--rounds`` interleaved rounds: per round, per key, each
    worker times each of its candidates once in a rotating order (CUDA events, L2 flushed
-   and the GPU kept busy before each sample: the tuner's ``_Sampler``), one worker at a time,
+   and the GPU kept busy before each sample, as ``tuner.measure.time_interleaved`` samples),
+   one worker at a time,
    after ``--warmup`` launches each before the first round; the median, interquartile spread,
    mean and minimum of its samples are kept.
 
@@ -50,6 +52,7 @@ import math
 import os
 import queue
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -63,9 +66,7 @@ if str(ROOT) not in sys.path:
 
 import search_spaces  # noqa: E402
 from tiledattention import FORWARD, Problem, Schedule, shipped_table  # noqa: E402
-from tiledattention._compile import array_constraint  # noqa: E402
-from tiledattention.forward._launch import kernel_constants  # noqa: E402
-from tuner.commands._problems import parse_shape  # noqa: E402
+from tiledattention.forward import head_dim_parts  # noqa: E402
 from tuner.measure import (CompilePool, IsolatedExecutor, TimingMode, WorkerDied,  # noqa: E402
                            WorkerTimeout, first_line, summarize)
 from tuner.search import compile_job  # noqa: E402
@@ -75,6 +76,10 @@ FORMAT = 1
 DEFAULT_KEYS = ("2,32/8,3000,128,causal", "32,16,577,64,full", "1,32/8,12008,128,causal")
 #: per-sample GPU time besides the kernel: the L2 flush (256 MB read) and the 0.2 ms spin
 SAMPLE_OVERHEAD_MS = 0.35
+#: the L2 flush before each sample reads at least this many bytes (twice the L2 where larger)
+FLUSH_BYTES = 256 * 1024 * 1024
+#: GPU cycles of the spin before each sample's start event (~0.2 ms at 2 GHz)
+SPIN_CYCLES = 400_000
 #: deadline of one check on a GPU worker (JIT, one launch, the reference comparison)
 CHECK_S = 90.0
 #: a launch's JIT when cuTile's disk cache has the cubin (scripts/cache_probe.py: ~0.4 s)
@@ -87,15 +92,15 @@ def log(message: str) -> None:
 
 # -- keys and the sample -----------------------------------------------------------------------
 def parse_key(text: str, dtype: str) -> Problem:
-    """``B,H[/HKV],S[:SK],D,causal|full``."""
-    shape_text, _, mask = text.rpartition(",")
-    if mask not in ("causal", "full"):
-        raise argparse.ArgumentTypeError(f"a key is B,H[/HKV],S[:SK],D,causal|full; got {text!r}")
-    shape = parse_shape(shape_text)
-    return Problem(batch=shape.batch, heads_q=shape.heads_q,
-                   heads_kv=shape.heads_kv or shape.heads_q, seqlen_q=shape.seqlen_q,
-                   seqlen_k=shape.seqlen_k or shape.seqlen_q, head_dim=shape.head_dim,
-                   dtype=dtype, causal=mask == "causal")
+    """``B,H[/HKV],S[:SK],D,causal|full`` (the shape as ``tiledtune search --shape`` reads it)."""
+    match = re.fullmatch(r"\s*(\d+),(\d+)(?:/(\d+))?,(\d+)(?::(\d+))?,(\d+),(causal|full)\s*",
+                         text)
+    if match is None or 0 in [int(g) for g in match.groups()[:6] if g is not None]:
+        raise argparse.ArgumentTypeError(f"a key is B,H[/HKV],S[:SK],D,causal|full with "
+                                         f"positive integers; got {text!r}")
+    b, hq, hkv, sq, sk, d, mask = match.groups()
+    return Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv or hq), seqlen_q=int(sq),
+                   seqlen_k=int(sk or sq), head_dim=int(d), dtype=dtype, causal=mask == "causal")
 
 
 def key_space(problem: Problem, arch: str):
@@ -131,13 +136,19 @@ def draw_sample(problem: Problem, space, first: list, count: int, seed: int
 
 
 def compile_identity(problem: Problem, schedule: Schedule) -> str:
-    """Schedules of two problems with equal identities compile to one kernel: the same hinted
-    kernel object, constants and array constraints (what cuTile's caches key on)."""
+    """Schedules of two problems with equal identities compile to one kernel (what cuTile's
+    caches key on), told from public facts: the normalised schedule (every hint and flag), the
+    problem's facts the kernel's constants read (dtype, head-dim tiles, mask, whether the keys
+    fill whole ``tile_n`` tiles) and those its arrays specialise on (dtype, each dim of q's and
+    K/V's ``[B, H, S, D]`` shape a multiple of 16 or not). Should the kernel come to read
+    another fact, two kernels could share an identity: the second then compiles at its check
+    (the sweep is slower, its times the same)."""
     p = problem
-    text = repr((schedule.occupancy, schedule.num_ctas, schedule.opt_level,
-                 schedule.num_worker_warps, sorted(kernel_constants(p, schedule).items()),
-                 array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim)),
-                 array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))))
+    s = FORWARD.normalise(p, schedule)
+    text = repr((s.key, p.dtype, head_dim_parts(p.head_dim, s.split_d), p.causal,
+                 p.bottom_right, p.seqlen_k % s.tile_n == 0,
+                 tuple(n % 16 == 0 for n in (p.batch, p.heads_q, p.seqlen_q, p.head_dim)),
+                 tuple(n % 16 == 0 for n in (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
@@ -182,13 +193,13 @@ class SweepExecutor:
     def __init__(self, problems: list[dict], device_index: int) -> None:
         import torch
 
-        from tuner.measure._timing import _Sampler
-
         torch.cuda.set_device(device_index)
         self.problems = [Problem.from_dict(p) for p in problems]
         self.cases = [FORWARD.case(p, device_index) for p in self.problems]
         self.runs: dict[tuple[int, str], object] = {}
-        self.sampler = _Sampler(flush_l2=True)
+        l2 = getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0) or 0
+        self.scratch = torch.zeros(max(FLUSH_BYTES, 2 * int(l2)) // 4, dtype=torch.int32,
+                                   device="cuda")
         self.device = torch.cuda.get_device_name(device_index)
 
     def ready(self) -> str:
@@ -228,14 +239,30 @@ class SweepExecutor:
         return {"status": "ok", "rel_err": err, "jit_s": jit_s,
                 "run_ms": begin.elapsed_time(end)}
 
+    def sample(self, run) -> tuple:
+        """Enqueue one sample of ``run``, as ``tuner.measure.time_interleaved`` takes it: the L2
+        flushed (a read of the scratch buffer), a spin that keeps the GPU busy while the host
+        enqueues, then ``run`` between two events; nothing waits for the GPU."""
+        import torch
+
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.scratch.max()
+        torch.cuda._sleep(SPIN_CYCLES)
+        begin.record()
+        run()
+        end.record()
+        return begin, end
+
     def time_round(self, k: int, schedules: list[dict], warmup: int) -> list[float]:
         """One sample of each schedule, in the order given (after ``warmup`` launches each)."""
         import torch
 
         runs = [self._run(k, s) for s in schedules]
-        for run in runs if warmup else ():
-            self.sampler.batch(run, warmup)
-        events = [self.sampler.enqueue(run) for run in runs]
+        for run in runs:
+            for _ in range(warmup):
+                self.sample(run)
+        torch.cuda.synchronize()
+        events = [self.sample(run) for run in runs]
         torch.cuda.synchronize()
         return [begin.elapsed_time(end) for begin, end in events]
 
