@@ -5,7 +5,7 @@ family's full space, each schedule's median time or failure) and replays, with m
 
 ``tuner``
     the real tuner's strategy, through the driver's own proposal code
-    (``tuner.search._replay.replay_tuner``): its seeds (the default and the nearest shipped
+    (``tuner.search.replay_tuner``): its seeds (the default and the nearest shipped
     winners, as recorded by the sweep), hill climbing (a third of the budget), TPE for the
     rest, ``--lookahead`` candidates in flight, patience 30. It runs once per budget with that
     budget as ``--trials`` (the climbing share and TPE's start-up trials depend on it).
@@ -51,7 +51,7 @@ import search_spaces  # noqa: E402
 from search_spaces import SearchSpace  # noqa: E402
 from tiledattention import get_family  # noqa: E402
 from tuner.measure import FAILURES  # noqa: E402
-from tuner.search._replay import Landscape, replay_random, replay_tuner  # noqa: E402
+from tuner.search import Landscape, replay_random, replay_tuner  # noqa: E402
 
 STRATEGIES = ("tuner", "climb", "tpe", "random")
 

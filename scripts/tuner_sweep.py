@@ -4,7 +4,7 @@ space on held-out keys once, for ``scripts/tuner_replay.py`` to replay search st
 Per key (default: three bf16 keys that are not in ``tiledattention/pretuned/sm_90.json``) the
 sample is ``--count`` distinct *normalised* feasible schedules of the space the tuner searches
 (``search_spaces`` "full", restricted to the problem): the architecture default and the tuner's
-seeds (``tuner.search._candidates.seeds`` with the shipped table as the database: the default and
+seeds (``tuner.search.seeds`` with the shipped table as the database: the default and
 the nearest shipped winners; the one private name this script uses, so that the replay starts
 from exactly the seeds the tuner would) first, then points drawn uniformly from the product
 space, kept when they are their own normalisation and statically feasible (a uniform draw over the
@@ -70,7 +70,7 @@ from tiledattention.forward import head_dim_parts  # noqa: E402
 from tuner.measure import (CompilePool, IsolatedExecutor, TimingMode, WorkerDied,  # noqa: E402
                            WorkerTimeout, first_line, summarize)
 from tuner.search import compile_job  # noqa: E402
-from tuner.search._candidates import seeds as tuner_seeds  # noqa: E402
+from tuner.search import seeds as tuner_seeds  # noqa: E402
 
 FORMAT = 1
 DEFAULT_KEYS = ("2,32/8,3000,128,causal", "32,16,577,64,full", "1,32/8,12008,128,causal")

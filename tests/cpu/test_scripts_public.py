@@ -15,9 +15,6 @@ Flagged:
 Not tracked (kept simple): names re-bound by assignment (``m = tiledattention.forward``) and private
 attributes of values returned by calls (``runtime()._x``). Each script must also parse, and every
 project module and name it imports must import on the CPU (so a rename is noticed without a GPU).
-
-``KNOWN_PRIVATE`` lists the private modules a script still imports because nothing public offers
-what it needs; the test fails when an entry is no longer used, so the list only shrinks.
 """
 
 from __future__ import annotations
@@ -31,14 +28,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
 PACKAGES = {"tiledattention", "tuner", "db", "search_spaces"}
-#: script -> private modules it may import ``from``: tuner internals the study scripts of issue 18
-#: are built on, with no public equivalent (tests/cpu/test_tuner_replay.py runs both scripts)
-KNOWN_PRIVATE = {
-    # the replay engine itself: Landscape, replay_tuner, replay_random
-    "tuner_replay.py": {"tuner.search._replay"},
-    # seeds(): the sweep records exactly the seeds the tuner starts from, for the replay
-    "tuner_sweep.py": {"tuner.search._candidates"},
-}
 
 
 def _private(name: str) -> bool:
@@ -120,24 +109,10 @@ def test_there_are_scripts():
     assert SCRIPTS, "scripts/*.py not found"
 
 
-def _allowed(line: str, modules: set[str]) -> bool:
-    return any(line.endswith(f": import from private module {m}") for m in modules)
-
-
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
 def test_script_uses_public_names_only(path: Path):
-    known = KNOWN_PRIVATE.get(path.name, set())
-    found = [line for line in violations(path.read_text(), str(path))
-             if not _allowed(line, known)]
+    found = violations(path.read_text(), str(path))
     assert not found, f"{path.relative_to(ROOT)} uses private project names:\n" + "\n".join(found)
-
-
-@pytest.mark.parametrize("name", sorted(KNOWN_PRIVATE))
-def test_known_private_imports_are_still_needed(name: str):
-    found = violations((ROOT / "scripts" / name).read_text())
-    unused = {m for m in KNOWN_PRIVATE[name] if not any(_allowed(f, {m}) for f in found)}
-    assert not unused, (f"scripts/{name} no longer imports {sorted(unused)}: "
-                        "drop it from KNOWN_PRIVATE")
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
