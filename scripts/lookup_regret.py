@@ -35,7 +35,8 @@ from pathlib import Path
 
 import tiledattention
 from search_spaces import FORWARD_SPACE
-from tiledattention import FORWARD, Problem, current_provenance, shipped_table
+from tiledattention import FORWARD, Problem, shipped_table
+from tiledattention.tooling import current_provenance
 from tiledattention.forward import head_dim_parts
 from tuner.lookup import POLICIES, HeldOutShape, regret_table, shape_set
 from tuner.measure import CompilePool, time_interleaved

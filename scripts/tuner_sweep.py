@@ -328,7 +328,7 @@ class Sweep:
 
     # -- output --
     def document(self) -> dict:
-        from tiledattention import current_provenance
+        from tiledattention.tooling import current_provenance
 
         a = self.args
         keys = []

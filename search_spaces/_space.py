@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterator, Mapping
 
-from tiledattention import InputTypeError, InputValueError, UnknownFamilyError, check_arch, \
-    generation
+from tiledattention import InputTypeError, InputValueError, UnknownFamilyError
+from tiledattention.tooling import check_arch, generation
 
 __all__ = ["ArchLimits", "arch_limits", "smem_infeasibility", "SearchSpace", "FamilySpace",
            "register_space", "unregister_space", "family_space", "space_for"]

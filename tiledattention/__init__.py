@@ -12,16 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._case import AttentionCase, torch_sdpa_kwargs
-from ._compile import ARCHITECTURES, CompileResult, check_arch, generation
-from ._cubin import text_digest
+from ._compile import ARCHITECTURES, CompileResult
 from ._device import DeviceInfo, device_info, local_devices
-from ._family import (Case, Family, codecs, families, get_family, register_family,
-                      unregister_family)
-from ._lookup import Resolution, Resolver, pick, shipped_table
-from ._provenance import Provenance, current_provenance
-from ._runtime import Runtime
-from ._settings import database_location, simulated_database_location
+from ._family import Case, Family, families, get_family, register_family, unregister_family
+from ._lookup import Resolution, shipped_table
+from ._settings import database_location
 from .errors import (CompileError, InputTypeError, InputValueError, KernelArgumentError,
                      ScheduleDatabaseError, ScheduleError, TiledAttentionError,
                      UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
@@ -31,26 +26,37 @@ from ._plans import Plan
 from ._dispatch import choose_family, explain_choice, family_for_schedule
 from ._sdpa import sdpa as _run_sdpa
 from .forward import FORWARD, Schedule, compile_schedule
-from .decode import (DECODE, DispatchRule, DecodeSchedule, bucket_problem, compile_decode,
-                     dispatch_rule)
+from .decode import DECODE, DecodeSchedule, DispatchRule, compile_decode, dispatch_rule
 from .backward import BACKWARD, BackwardSchedule, compile_backward
 from . import _training
+from . import tooling
+from .tooling import Runtime as _Runtime
 
+# What users call: the entry points, the problem and schedule types, the families and their
+# registry, device and database selection, the errors. Tools build on ``tiledattention.tooling``.
 __all__ = [
-    "ARCHITECTURES", "AttentionCase", "BACKWARD", "BackwardSchedule", "BOTTOM_RIGHT", "Case", "CompileError", "CompileResult", "DECODE",
-    "DecodeSchedule", "DeviceInfo", "DispatchRule", "FORWARD", "TOP_LEFT",
-    "Family", "InputTypeError", "InputValueError", "KernelArgumentError", "Problem",
-    "Provenance", "Resolution", "Resolver", "Runtime", "Schedule", "ScheduleDatabaseError",
-    "ScheduleError", "TiledAttentionError", "UnknownFamilyError", "UnsupportedOperationError",
-    "UnsupportedProblemError", "check_arch", "choose_family", "codecs", "compile_backward", "compile_decode", "compile_schedule",
-    "current_provenance", "database_location", "device_info", "dispatch_rule", "explain", "families",
-    "generation", "get_family", "local_devices", "open_database", "pick",
-    "problem_from_arrays", "register_family", "runtime", "sdpa", "sdpa_backward",
-    "sdpa_with_lse", "shipped_table", "simulated_database_location",
-    "text_digest", "torch_sdpa_kwargs", "unregister_family", "use_database",
+    # entry points
+    "sdpa", "sdpa_with_lse", "sdpa_backward", "explain", "runtime", "use_database",
+    "open_database", "database_location",
+    # problems and schedules
+    "Problem", "problem_from_arrays", "BOTTOM_RIGHT", "TOP_LEFT", "DTYPES", "SUPPORTED_HEAD_DIMS",
+    "Schedule", "DecodeSchedule", "BackwardSchedule", "Resolution",
+    # families
+    "Family", "Case", "Plan", "FORWARD", "DECODE", "BACKWARD", "families", "get_family",
+    "register_family", "unregister_family", "choose_family", "explain_choice",
+    "family_for_schedule", "DispatchRule", "dispatch_rule", "shipped_table",
+    # compiling and devices
+    "ARCHITECTURES", "CompileResult", "compile_schedule", "compile_decode", "compile_backward",
+    "DeviceInfo", "device_info", "local_devices",
+    # errors
+    "TiledAttentionError", "InputTypeError", "InputValueError", "UnsupportedProblemError",
+    "UnsupportedOperationError", "UnknownFamilyError", "ScheduleError", "ScheduleDatabaseError",
+    "CompileError", "KernelArgumentError",
+    # the tools' module
+    "tooling",
 ]
 
-_default_runtime: Runtime | None = None
+_default_runtime: _Runtime | None = None
 
 
 def open_database(location: str | None = None, *, read_only: bool = False) -> Any:
@@ -62,19 +68,19 @@ def open_database(location: str | None = None, *, read_only: bool = False) -> An
     where = location if location is not None else database_location()
     try:
         if read_only:
-            return db.ScheduleDB.open_for_lookup(where, codecs=codecs())
-        return db.ScheduleDB(where, codecs=codecs())
+            return db.ScheduleDB.open_for_lookup(where, codecs=tooling.codecs())
+        return db.ScheduleDB(where, codecs=tooling.codecs())
     except db.DatabaseError as exc:
         raise ScheduleDatabaseError(str(exc)) from exc
 
 
-def _make_runtime(location: str | None) -> Runtime:
-    resolver = Resolver(open_user=lambda: open_database(location, read_only=True),
+def _make_runtime(location: str | None) -> _Runtime:
+    resolver = tooling.Resolver(open_user=lambda: open_database(location, read_only=True),
                         open_shipped=shipped_table)
-    return Runtime(resolver)
+    return _Runtime(resolver)
 
 
-def runtime() -> Runtime:
+def runtime() -> _Runtime:
     """The process's runtime (created on first use, reading ``TILEDATTN_DB``)."""
     global _default_runtime
     if _default_runtime is None:

@@ -10,8 +10,9 @@ import dataclasses
 import pytest
 
 import tiledattention
-from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError,
-                            InputValueError, Problem, ScheduleError, codecs, text_digest)
+from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError, InputValueError,
+                            Problem, ScheduleError)
+from tiledattention.tooling import codecs, text_digest
 from tiledattention.backward._family import BACKWARD_FLOP_RATIO
 from tiledattention._problem import ROW_STAT_ALIGN
 from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, dkdv_constants,

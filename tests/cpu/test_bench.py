@@ -163,7 +163,8 @@ def test_interleave_option_is_validated():
 
 
 def test_environment_names_the_device_and_the_familys_versions(monkeypatch):
-    from tiledattention import BACKWARD, DeviceInfo, current_provenance
+    from tiledattention import BACKWARD, DeviceInfo
+    from tiledattention.tooling import current_provenance
 
     fake = DeviceInfo(index=3, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
     monkeypatch.setattr(tiledattention, "device_info", lambda index: fake)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tiledattention
+from tiledattention import tooling
 from tiledattention import (FORWARD, InputTypeError, InputValueError, Problem, Schedule,
                             UnsupportedProblemError, compile_schedule)
 from tiledattention._reference import attention_reference as reference
@@ -138,7 +139,7 @@ def test_balance_flags_stay_for_bottom_right():
 def _text(p: Problem, schedule: Schedule) -> str:
     result = compile_schedule(p, schedule, "sm_90")
     assert result.cubin[:4] == b"\x7fELF"
-    return tiledattention.text_digest(result.cubin)
+    return tooling.text_digest(result.cubin)
 
 
 def test_bottom_right_compiles_for_sm_90_and_differs_from_top_left():

@@ -15,7 +15,8 @@ import pytest
 
 import db
 from db import _migrate, _schema
-from tiledattention import Problem, Provenance, Schedule, codecs, shipped_table
+from tiledattention import Problem, Schedule, shipped_table
+from tiledattention.tooling import Provenance, codecs
 
 CODECS = codecs()
 

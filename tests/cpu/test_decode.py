@@ -16,9 +16,11 @@ import pytest
 import db
 import search_spaces
 import tiledattention
+from tiledattention import tooling
 from tiledattention import (DECODE, FORWARD, DecodeSchedule, DeviceInfo, InputValueError,
-                            KernelArgumentError, Problem, Resolver, Runtime, ScheduleError,
-                            UnsupportedProblemError, codecs, shipped_table, text_digest)
+                            KernelArgumentError, Problem, ScheduleError, UnsupportedProblemError,
+                            shipped_table)
+from tiledattention.tooling import Resolver, Runtime, codecs, text_digest
 from tiledattention.decode import (DISPATCH_RULES, DispatchRule, bucket_problem, dispatch_rule,
                                    length_bucket)
 from tiledattention._signature import KernelParameters
@@ -414,7 +416,7 @@ def test_default_split_count_follows_cache_length_and_parallelism():
             counts = [DECODE.default_schedule(arch, _problem(batch=b, seqlen_k=sk)).splits
                       for b in (1, 2, 4, 8, 16, 32, 64)]
             assert counts == sorted(counts, reverse=True), (arch, sk)  # shrinks with B*H_kv
-        gen = tiledattention.generation(arch)
+        gen = tooling.generation(arch)
         for b, sk in itertools.product((1, 2, 4, 8), (700, 4096, 65536, 1 << 18)):
             p = _problem(batch=b, seqlen_k=sk)
             s = DECODE.default_schedule(arch, p)

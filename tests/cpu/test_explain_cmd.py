@@ -12,8 +12,8 @@ import pytest
 
 import db
 import tiledattention
-from tiledattention import (BACKWARD, DECODE, FORWARD, DeviceInfo, Problem, Schedule, codecs,
-                            current_provenance, shipped_table)
+from tiledattention import BACKWARD, DECODE, FORWARD, DeviceInfo, Problem, Schedule, shipped_table
+from tiledattention.tooling import codecs, current_provenance
 from tuner import cli
 from tuner.commands.explain_cmd import WHY
 

@@ -21,8 +21,8 @@ import pytest
 from cuda.tile import compilation as ctc
 
 import db
-from tiledattention import FORWARD, Family, Problem, Schedule, codecs, current_provenance, \
-    pick, register_family, unregister_family
+from tiledattention import FORWARD, Family, Problem, Schedule, register_family, unregister_family
+from tiledattention.tooling import codecs, current_provenance, pick
 from tuner import cli
 from tuner.transfer import CSV_COLUMNS, MAX_FILE_BYTES, rows_to_csv
 

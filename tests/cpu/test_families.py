@@ -12,7 +12,8 @@ import pytest
 
 import db
 import search_spaces
-from tiledattention import FORWARD, DeviceInfo, Resolver, codecs, families, get_family
+from tiledattention import FORWARD, DeviceInfo, families, get_family
+from tiledattention.tooling import Resolver, codecs
 from tuner.cli import main
 from tuner.measure import SimulatedExecutor
 

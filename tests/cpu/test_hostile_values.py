@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import db
-from tiledattention import FORWARD, Problem, Schedule, UnsupportedProblemError, codecs, \
-    current_provenance
+from tiledattention import FORWARD, Problem, Schedule, UnsupportedProblemError
+from tiledattention.tooling import codecs, current_provenance
 from tiledattention import problem_from_arrays
 from tuner import cli
 from tuner.transfer import rows_to_csv

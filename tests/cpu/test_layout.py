@@ -300,3 +300,17 @@ def test_the_family_name_check_catches_a_named_family(tmp_path):
     planted = tmp_path / "x.py"
     planted.write_text("from .decode import DECODE\nif family is FORWARD:\n    pass\n")
     assert len(_family_names(planted)) == 3
+
+
+def test_the_public_surface_is_what_users_call():
+    """``tiledattention.__all__`` lists what users call; the tools' plumbing lives in
+    ``tiledattention.tooling`` and is no attribute of the package itself."""
+    from tiledattention import tooling
+
+    assert all(hasattr(tiledattention, name) for name in tiledattention.__all__)
+    assert all(hasattr(tooling, name) for name in tooling.__all__)
+    plumbing = set(tooling.__all__)
+    assert plumbing.isdisjoint(tiledattention.__all__)
+    assert [name for name in plumbing if hasattr(tiledattention, name)] == []
+    assert {"sdpa", "sdpa_with_lse", "sdpa_backward", "explain", "Problem", "Family",
+            "register_family", "use_database", "TiledAttentionError"} <= set(tiledattention.__all__)

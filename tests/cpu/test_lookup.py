@@ -11,8 +11,8 @@ import pytest
 import db
 import tiledattention
 from db import ScheduleRow
-from tiledattention import FORWARD, DeviceInfo, Problem, Resolver, Schedule, codecs, \
-    current_provenance
+from tiledattention import FORWARD, DeviceInfo, Problem, Schedule
+from tiledattention.tooling import Resolver, codecs, current_provenance
 
 
 def ScheduleDB(location):  # noqa: N802 - the database with every family's codec

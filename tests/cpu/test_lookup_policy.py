@@ -59,8 +59,9 @@ def test_regret_is_the_picks_time_over_the_best():
 def test_runtime_policy_is_the_resolvers_rule():
     """The 'runtime' policy answers as the lookup does with only the shipped table."""
     import tiledattention
+    from tiledattention import tooling
 
-    resolver = tiledattention.Resolver(open_user=lambda: None, open_shipped=shipped_table)
+    resolver = tooling.Resolver(open_user=lambda: None, open_shipped=shipped_table)
     device = tiledattention.DeviceInfo(index=0, name="NVIDIA H100 80GB HBM3", arch="sm_90",
                                        sm_count=132)
     (policy,) = [p for p in POLICIES if p.name == "runtime"]

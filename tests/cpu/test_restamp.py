@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import db
-from tiledattention import FORWARD, Problem, Schedule, codecs, current_provenance
+from tiledattention import FORWARD, Problem, Schedule
+from tiledattention.tooling import codecs, current_provenance
 from tiledattention._identity import source_identity
 from tuner.cli import main
 

@@ -21,8 +21,8 @@ import tiledattention._device as device_module
 import tiledattention._plans as hot
 import tiledattention._runtime as runtime_module
 import tiledattention._sdpa as sdpa_module
-from tiledattention import (InputTypeError, InputValueError, Problem, Resolution,
-                            Runtime, TiledAttentionError)
+from tiledattention import InputTypeError, InputValueError, Problem, Resolution, TiledAttentionError
+from tiledattention.tooling import Runtime
 from tiledattention._device import DeviceInfo
 from tiledattention._problem import causal_flags
 

@@ -12,7 +12,8 @@ import pytest
 import db
 import search_spaces
 from search_spaces import backward as space_module
-from tiledattention import (BACKWARD, BackwardSchedule, InputValueError, Problem, codecs)
+from tiledattention import BACKWARD, BackwardSchedule, InputValueError, Problem
+from tiledattention.tooling import codecs
 from tuner.cli import main
 
 

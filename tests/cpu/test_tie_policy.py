@@ -14,7 +14,8 @@ import pytest
 import db as dbmod
 import search_spaces
 from tests.cpu.toy_family import TOY, ToyProblem, ToySchedule
-from tiledattention import FORWARD, Problem, codecs
+from tiledattention import FORWARD, Problem
+from tiledattention.tooling import codecs
 from tuner.measure import (TIE_REL_FLOOR, IsolatedExecutor, SimulatedExecutor, Timing,
                            tie_noise_ms, within_noise)
 from tuner.search import SearchConfig, Tuner

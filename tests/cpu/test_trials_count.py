@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 import db as dbmod
-from tiledattention import FORWARD, Problem, codecs
+from tiledattention import FORWARD, Problem
+from tiledattention.tooling import codecs
 from tuner.measure import IsolatedExecutor, SimulatedExecutor
 from tuner.search import SearchConfig, Tuner, study_name
 

@@ -17,7 +17,8 @@ import pytest
 import db as dbmod
 import search_spaces
 from db import ScheduleRow
-from tiledattention import FORWARD, Problem, Schedule, codecs, current_provenance
+from tiledattention import FORWARD, Problem, Schedule
+from tiledattention.tooling import codecs, current_provenance
 from tuner.cli import main
 from tuner.measure import IsolatedExecutor, SimulatedExecutor, SimulatedFaults, summarize
 from tuner.search import KeyResult, SearchConfig, Tuner, study_name

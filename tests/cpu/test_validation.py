@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import tiledattention
-from tiledattention import FORWARD, InputTypeError, InputValueError, Problem, Runtime, \
-    TiledAttentionError, UnsupportedProblemError
+from tiledattention import (FORWARD, InputTypeError, InputValueError, Problem, TiledAttentionError,
+                            UnsupportedProblemError)
+from tiledattention.tooling import Runtime
 
 
 @pytest.fixture

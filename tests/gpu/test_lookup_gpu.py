@@ -7,7 +7,8 @@ import torch
 
 import tiledattention
 from db import ScheduleRow
-from tiledattention import FORWARD, Schedule, current_provenance, device_info, problem_from_arrays
+from tiledattention import FORWARD, Schedule, device_info, problem_from_arrays
+from tiledattention.tooling import current_provenance
 from tuner.measure import time_interleaved
 
 from ._reference import random_qkv, reference, rel_l2

@@ -265,7 +265,8 @@ def gpu_clocks(device: int) -> tuple[str, str]:
 
 def environment(device: int, family: Any) -> dict[str, str]:
     """Device and version fields every row carries (the versions ``family``'s rows record)."""
-    from tiledattention import current_provenance, device_info
+    from tiledattention import device_info
+    from tiledattention.tooling import current_provenance
 
     info = device_info(device)
     prov = current_provenance(family)

@@ -12,7 +12,8 @@ __all__ = ["db_location", "storage_location", "shown_location"]
 def db_location(args) -> str:
     """The schedule database: ``--db``; else the user database the runtime reads, except for
     the simulated backend, whose results go to a file of their own unless ``--db`` names one."""
-    from tiledattention import database_location, simulated_database_location
+    from tiledattention import database_location
+    from tiledattention.tooling import simulated_database_location
 
     if args.db:
         return args.db

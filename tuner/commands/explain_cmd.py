@@ -6,7 +6,7 @@ architecture, the lookup step that chose it and why; no GPU needed.
     tiledtune explain --device sm_90 --shape 4,16,4096,128 --training      # + the backward
     tiledtune explain --device sm_90 --kernel backward --shape 4,16,4096,128 --json
 
-The lookup is the runtime's own (``tiledattention.Resolver`` over the user database, ``--db``,
+The lookup is the runtime's own (``tiledattention.tooling.Resolver`` over the user database, ``--db``,
 and the shipped table of ``--device``), asked for a device described by its architecture and,
 with ``--device-name``, its name (without one, no row is this device's: the ``exact-device``
 step cannot answer). The family is the one ``sdpa`` picks by shape (``choose_family``; a decode
@@ -21,7 +21,8 @@ import argparse
 import warnings
 from typing import Any
 
-from tiledattention import InputValueError, check_arch, families
+from tiledattention import InputValueError, families
+from tiledattention.tooling import check_arch
 
 from ..errors import UsageError
 
@@ -113,7 +114,8 @@ class _Lookup:
     answers; ``close()`` closes the database."""
 
     def __init__(self, location: str) -> None:
-        from tiledattention import Resolver, open_database, shipped_table
+        from tiledattention import open_database, shipped_table
+        from tiledattention.tooling import Resolver
 
         self.location = location
         self.asked: list = []

@@ -45,7 +45,7 @@ def parse_archs(values: Sequence[str] | None) -> list[str] | None:
     """``["sm_90,sm_121", "sm_100"]`` -> ``["sm_90", "sm_121", "sm_100"]``, each checked."""
     if not values:
         return None
-    from tiledattention import check_arch
+    from tiledattention.tooling import check_arch
 
     archs: list[str] = []
     for value in values:

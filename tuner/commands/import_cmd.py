@@ -84,7 +84,8 @@ def _report(reports: list[FileReport], outcomes: tuple[str, ...]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from db import PUT_OUTCOMES
-    from tiledattention import codecs, current_provenance, get_family, open_database
+    from tiledattention import get_family, open_database
+    from tiledattention.tooling import codecs, current_provenance
 
     from ..errors import USER_ERRORS
 

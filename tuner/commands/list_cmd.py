@@ -98,7 +98,7 @@ def _simulated_hint(args: argparse.Namespace) -> str:
     and they exist (a new user's first search is often a simulated one)."""
     from pathlib import Path
 
-    from tiledattention import simulated_database_location
+    from tiledattention.tooling import simulated_database_location
 
     simulated = simulated_database_location()
     if args.db is not None or "://" in simulated or not Path(simulated).exists():

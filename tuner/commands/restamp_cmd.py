@@ -37,7 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from db import dump_rows, load_rows_file
-    from tiledattention import codecs, open_database
+    from tiledattention import open_database
+    from tiledattention.tooling import codecs
 
     from ..errors import USER_ERRORS
     from ..transfer import describe_row, restamp

@@ -45,7 +45,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 import search_spaces
-from tiledattention import Family, current_provenance
+from tiledattention import Family
+from tiledattention.tooling import current_provenance
 
 from ..errors import StudyMismatchError
 from ..measure import (FAILURES, TIE_REL_FLOOR, CompilePool, IsolatedExecutor, Measurement,

@@ -16,7 +16,7 @@ The module it writes needs nothing but the standard library. Per kernel family i
 Choices:
 
 * One winner per problem and architecture: the fastest row (several GPUs of one architecture may
-  share a problem). This is what ``tiledattention.pick`` answers for a device name that has no
+  share a problem). This is what ``tiledattention.tooling.pick`` answers for a device name that has no
   rows of its own.
 * Per-architecture kernel-option value: the value that won the most problems of that
   architecture; ``default``: the value that won the most problems over all exported

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from db import ScheduleRow, canonical_json
-from tiledattention import CompileError, get_family, text_digest
+from tiledattention import CompileError, get_family
+from tiledattention.tooling import text_digest
 
 from ..errors import RestampError, UsageError
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from db import _migrate, canonical_json
-from tiledattention import codecs
+from tiledattention.tooling import codecs
 
 _GQA = {"heads_q": 32, "heads_kv": 8, "head_dim": 128, "dtype": "bf16"}
 FORWARD_SCHEDULE = {"format": 1, "tile_m": 128, "tile_n": 64, "occupancy": 2}

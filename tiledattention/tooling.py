@@ -1,0 +1,18 @@
+"""What the project's tools build on (the tuner, the exporters, the benchmark, the scripts), kept
+out of ``tiledattention``'s own surface, which is what a user calls: the shared GPU test case of
+the attention families and torch's SDPA arguments for a problem, the database codecs, the
+lookup's pieces (``Resolver``, ``pick``), provenance stamps, architecture names, the families
+serving an operation, and the ``.text`` digest that restamping compares."""
+
+from ._case import AttentionCase, torch_sdpa_kwargs
+from ._compile import check_arch, generation
+from ._cubin import text_digest
+from ._family import codecs, serving
+from ._lookup import Resolver, pick
+from ._provenance import Provenance, current_provenance
+from ._runtime import Runtime
+from ._settings import simulated_database_location
+
+__all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "check_arch", "codecs",
+           "current_provenance", "generation", "pick", "serving", "simulated_database_location",
+           "text_digest", "torch_sdpa_kwargs"]
