@@ -125,9 +125,8 @@ _BUILTIN_ERRORS = {"ValueError", "TypeError", "RuntimeError", "KeyError", "Index
 #: the modules that define the hierarchy (and so name builtin errors as second bases)
 _HIERARCHY = {"db/_errors.py", "tiledattention/errors.py", "tuner/errors.py"}
 #: not checked: shipped Alembic revisions are frozen history (0003's downgrade raises
-#: NotImplementedError, as Alembic's own irreversible revisions do); tuner/bench is being
-#: rewritten over ``Family`` (issue 28, item 3) and takes the hierarchy then
-_EXEMPT = ("db/migrations/versions/", "tuner/bench/", "tuner/commands/bench_cmd.py")
+#: NotImplementedError, as Alembic's own irreversible revisions do)
+_EXEMPT = ("db/migrations/versions/",)
 
 
 def _error_rule_violations(tops=("tiledattention", "search_spaces", "tuner", "db")) -> list[str]:

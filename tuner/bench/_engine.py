@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from ..errors import TunerError
 from ._presets import Grid, Preset
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult
 
@@ -59,7 +60,7 @@ class BenchSettings:
                     rel_precision=self.rel_precision)
 
 
-class _Final(Exception):
+class _Final(TunerError):
     """A contender's row is decided before timing: ``status`` (wrong, skipped, unavailable), the
     reason, and ``fields`` of the row (its schedule, its error)."""
 

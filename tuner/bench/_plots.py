@@ -29,7 +29,7 @@ MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
 
 
-class PlotsUnavailable(TunerError, RuntimeError):
+class PlotsUnavailable(TunerError):
     """matplotlib is not installed (``pip install 'tiledattention[bench]'``)."""
 
 
