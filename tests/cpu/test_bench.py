@@ -132,7 +132,6 @@ def test_bad_grid_flags_are_rejected_naming_the_flag(kwargs, flag, words):
     (("--samples", "0"), "--samples"),
     (("--rel-precision", "nan"), "--rel-precision"),
     (("--min-samples", "300"), "--min-samples"),
-    (("--mem-fraction", "1.5"), "--mem-fraction"),
     (("--device", "-1"), "--device"),
     (("--seed", "x"), "--seed"),
 ], ids=lambda x: x if isinstance(x, str) else "-".join(x))

@@ -108,10 +108,6 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "until --rel-precision; default " + ", ".join(
                                  f"{name} {p.interleave[0]} ({p.interleave[1]} with --quick)"
                                  for name, p in PRESETS.items()) + ")")
-    timing.add_argument("--mem-fraction", metavar="X",
-                        help="accepted for older command lines and checked (0 < X <= 1); it "
-                             "no longer does anything: the S×S contenders it budgeted (eager, "
-                             "torch-math) are not run")
     parser.add_argument("--device", metavar="INDEX", help="CUDA device index (default 0)")
     parser.add_argument("--seed", metavar="N",
                         help="seed of the ceilings' operands (default 0; the families' cases "
@@ -154,9 +150,6 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     if settings.min_samples > settings.max_samples:
         raise BenchConfigError(f"--min-samples ({settings.min_samples}) must not exceed "
                                f"--samples ({settings.max_samples})")
-    if getattr(args, "mem_fraction", None) is not None and \
-            not parse_positive_float("--mem-fraction", args.mem_fraction) <= 1:
-        raise BenchConfigError(f"--mem-fraction must be in (0, 1]; got {args.mem_fraction}")
     if not settings.rel_precision < 1:
         raise BenchConfigError(f"--rel-precision must be below 1 (a fraction of the median); "
                                f"got {settings.rel_precision}")
