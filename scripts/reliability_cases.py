@@ -76,19 +76,20 @@ def case_simulated_default(tmp: Path) -> str:
 def case_lookup_order(tmp: Path) -> str:
     import db as dbmod
     import tiledattention as ta
+    from tiledattention import tooling
 
     shipped = ta.shipped_table("sm_90")
     exact = next(r for r in shipped if r.problem.seqlen_q == 4096 and not r.problem.causal
                  and r.problem.head_dim == 128 and r.problem.dtype == "bf16")
     near = ta.Problem(**{**exact.problem.to_dict(), "seqlen_q": 4000, "seqlen_k": 4000})
     path = tmp / "user.sqlite"
-    with dbmod.ScheduleDB(path, codecs=ta.codecs()) as store:
+    with dbmod.ScheduleDB(path, codecs=tooling.codecs()) as store:
         store.put(dbmod.ScheduleRow(
             family="forward", arch="sm_90", device_name="Other GPU", problem=near,
             schedule=ta.Schedule(tile_m=32, tile_n=32), median_ms=1.0, spread_ms=0.0,
-            tflops=1.0, trials=1, provenance=ta.current_provenance(ta.FORWARD)))
-    resolver = ta.Resolver(
-        open_user=lambda: dbmod.ScheduleDB.open_for_lookup(path, codecs=ta.codecs()),
+            tflops=1.0, trials=1, provenance=tooling.current_provenance(ta.FORWARD)))
+    resolver = tooling.Resolver(
+        open_user=lambda: dbmod.ScheduleDB.open_for_lookup(path, codecs=tooling.codecs()),
         open_shipped=ta.shipped_table)
     device = ta.DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
     answer = resolver(ta.FORWARD, exact.problem, device)
@@ -155,11 +156,12 @@ def case_bad_databases(tmp: Path) -> list[str]:
 def case_size(tmp: Path, count: int) -> list[str]:
     import db as dbmod
     import tiledattention as ta
+    from tiledattention import tooling
 
     path = tmp / "big.sqlite"
-    prov = ta.current_provenance(ta.FORWARD)
+    prov = tooling.current_provenance(ta.FORWARD)
     start = time.perf_counter()
-    with dbmod.ScheduleDB(path, codecs=ta.codecs()) as store:
+    with dbmod.ScheduleDB(path, codecs=tooling.codecs()) as store:
         for i in range(count):
             problem = ta.Problem(batch=1 + i % 5, heads_q=32, heads_kv=(32, 8)[i % 2],
                                  seqlen_q=64 + i, seqlen_k=64 + i, head_dim=(64, 128, 256)[i % 3],
@@ -170,8 +172,8 @@ def case_size(tmp: Path, count: int) -> list[str]:
                 provenance=prov))
     filled = time.perf_counter() - start
     code, text, list_s = cli(tmp, "list", "--db", str(path))
-    resolver = ta.Resolver(
-        open_user=lambda: dbmod.ScheduleDB.open_for_lookup(path, codecs=ta.codecs()),
+    resolver = tooling.Resolver(
+        open_user=lambda: dbmod.ScheduleDB.open_for_lookup(path, codecs=tooling.codecs()),
         open_shipped=lambda arch: None)
     device = ta.DeviceInfo(index=0, arch="sm_90", name="GPU", sm_count=132)
     times = []

@@ -63,16 +63,18 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
             signature = (signature, out.shape, out.stride(), out.dtype, out.get_device(),
                          out.requires_grad)
         rows = q_shape[2]
+        plan = None
         for warm, most in _warm:
             if rows <= most:
                 plan = runtime.plan(warm.plan_key(signature, k, v))
                 if plan is not None:
-                    result = plan.run(runtime, q, k, v, device, out)
-                    if result is not None:
-                        return result
-                    break  # the plan's checks failed: validation says why
+                    break
     except (AttributeError, TypeError, IndexError):  # not torch tensors (CuPy), unhashable
-        signature = None
+        return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, None)
+    if plan is not None:
+        result = plan.run(runtime, q, k, v, device, out)
+        if result is not None:
+            return result  # else the plan's checks failed: validation says why
     return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, signature)
 
 

@@ -17,12 +17,13 @@ import pytest
 
 import db
 import tiledattention as ta
+from tiledattention import tooling
 from tiledattention import FORWARD, DeviceInfo, Problem, Schedule
 from tiledattention.tooling import Resolver, codecs
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
-PROV = ta.current_provenance(FORWARD)
+PROV = tooling.current_provenance(FORWARD)
 
 
 def cli(tmp: Path, *args: str, user: int | None = None) -> tuple[int, str]:
