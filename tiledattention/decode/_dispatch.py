@@ -1,10 +1,11 @@
 """When ``sdpa`` runs the split-KV decode kernels rather than a family of lower priority (the
 prefill forward): few query rows, or few rows and too few forward CTAs.
 
-The rule is a measured boundary per GPU generation (``docs/benchmarks/decode/dispatch.md``:
-``scripts/dispatch_rule.py`` times both families over S_q, S_k, batch and group size and prints
-the boundary). An explicit schedule picks its own family; the rule only decides calls that
-leave the schedule to the lookup.
+The rule is a measured boundary per GPU generation: ``docs/benchmarks/decode/dispatch.md``
+(committed in 242186d) holds the H100 measurement, both families timed interleaved over S_q,
+S_k, batch and group size by the crossover section of ``scripts/decode_probe.py``. An explicit
+schedule picks its own family; the rule only decides calls that leave the schedule to the
+lookup.
 """
 
 from __future__ import annotations

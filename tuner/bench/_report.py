@@ -167,6 +167,7 @@ def _header(doc: _Doc) -> None:
         f"# {doc.layout.title}", "",
         f"- command: `{info.command}`",
         f"- date: {info.date}",
+        *([f"- commit: {info.describe_commit()}"] if info.commit is not None else []),
         f"- device: {_unique(r.device for r in results)} ({_unique(r.arch for r in results)})",
         f"- driver: {_unique(r.driver for r in results)}; torch "
         f"{_unique(r.torch_version for r in results)}; cuda-tile "

@@ -114,6 +114,28 @@ class RunInfo:
     #: device-to-device copy rates measured in the run (before and after the grid), GB/s of
     #: bytes read plus bytes written
     copy_gbps: tuple[float, ...] = ()
+    #: the git commit of the checkout the code that ran came from (``source_commit``): ``None``
+    #: in a run.json written before runs recorded one, ``""`` when the code did not run from a
+    #: git checkout (an installed package) or git could not say
+    commit: str | None = None
+    #: whether tracked files differed from ``commit`` when the run started; ``None`` unknown
+    dirty: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.commit is not None and not isinstance(self.commit, str):
+            raise TunerValueError(f"RunInfo.commit must be a str or None; got {self.commit!r}")
+        if self.dirty is not None and not isinstance(self.dirty, bool):
+            raise TunerValueError(f"RunInfo.dirty must be a bool or None; got {self.dirty!r}")
+
+    def describe_commit(self) -> str | None:
+        """The summary header's words for the commit; ``None`` when the run recorded none."""
+        if self.commit is None:
+            return None
+        if not self.commit:
+            return "none (not run from a git checkout)"
+        state = {True: " with uncommitted changes to tracked files", False: "",
+                 None: " (uncommitted changes unknown)"}[self.dirty]
+        return f"{self.commit[:12]}{state}"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -123,9 +145,15 @@ class RunInfo:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise UnreadableFile("run info must be a JSON object")
+        commit, dirty = data.get("commit"), data.get("dirty")
+        if not (commit is None or isinstance(commit, str)) or \
+                not (dirty is None or isinstance(dirty, bool)):
+            raise UnreadableFile(f"run info: 'commit' must be a string and 'dirty' true or "
+                                 f"false; got {commit!r} and {dirty!r}")
         return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
                    matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())),
-                   copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())))
+                   copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())),
+                   commit=commit, dirty=dirty)
 
 
 def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:

@@ -28,8 +28,8 @@ from typing import Any, Sequence
 from ..bench import (PRESETS, QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, BenchResult,
                      BenchSettings, Grid, PlotsUnavailable, RunInfo, build_grid, copy_gbps,
                      kernel_of, load_results, matmul_tflops, parse_positive_float,
-                     parse_positive_int, rich_tables, run_grid, write_csv, write_plots,
-                     write_run_info, write_summary)
+                     parse_positive_int, rich_tables, run_grid, source_commit, write_csv,
+                     write_plots, write_run_info, write_summary)
 from ..errors import USER_ERRORS, UnreadableFile
 from ._report import add_json_option, log_console, print_json, print_table, results_console
 
@@ -245,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
+    commit, dirty = source_commit()  # the code as it is when the run starts
+
     # the ceiling the summary reads results against, measured before and after the grid
     copy = grid.preset.ceiling == "copy"
     ceiling = (lambda: copy_gbps(settings)) if copy else (lambda: matmul_tflops(settings))
@@ -259,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
 
     info = RunInfo(command=_command_line(args), date=_now(),
                    matmul_tflops=() if copy else tuple(ceilings),
-                   copy_gbps=tuple(ceilings) if copy else ())
+                   copy_gbps=tuple(ceilings) if copy else (), commit=commit, dirty=dirty)
     csv_path = write_csv(results, out_dir / CSV_NAME)
     info_path = write_run_info(info, out_dir / RUN_INFO_NAME)
     written = [csv_path, info_path] + write_reports(results, out_dir, info,
@@ -284,7 +286,10 @@ def _report_only(args: argparse.Namespace, console: Any) -> int:
     info = RunInfo(command=_command_line(args) + f" (re-rendered from {csv_path})",
                    date=_now(),
                    matmul_tflops=run_info.matmul_tflops if run_info else (),
-                   copy_gbps=run_info.copy_gbps if run_info else ())
+                   copy_gbps=run_info.copy_gbps if run_info else (),
+                   # the measured run's commit, not the re-rendering's (None: it recorded none)
+                   commit=run_info.commit if run_info else None,
+                   dirty=run_info.dirty if run_info else None)
     written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
     _print_results(results, info, written, args)
     return 0
