@@ -1,5 +1,6 @@
 """Connections to a schedule database: where a location points, cheap checks of a SQLite file
-before SQLite opens it, and the SQLite engine (WAL, busy timeout, ``BEGIN IMMEDIATE`` writes)."""
+before SQLite opens it, and the SQLite engine (WAL, busy timeout, ``BEGIN IMMEDIATE`` writes;
+readers that need no write access, :func:`read_only_uri`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
 __all__ = ["Target", "check_sqlite_file", "inspect_sqlite_file", "check_writable_path",
-           "server_engine", "sqlite_engine", "is_locked", "BUSY_TIMEOUT_S", "WRITE_OPTION"]
+           "read_only_uri", "server_engine", "sqlite_engine", "is_locked", "BUSY_TIMEOUT_S",
+           "WRITE_OPTION"]
 
 BUSY_TIMEOUT_S = 30.0
 #: execution option that makes a connection's transactions ``BEGIN IMMEDIATE``
@@ -94,10 +96,11 @@ def inspect_sqlite_file(path: Path, version_table: str) -> tuple[set[str], str |
     a read-only connection after SQLite's integrity check (``PRAGMA quick_check``), before any
     connection that could write opens it. Unless a ``-wal`` file beside it may hold pages not
     yet in the file, it is opened ``immutable``, so no ``-wal``/``-shm`` file appears beside a
-    file we then refuse."""
-    pending = Path(f"{path}-wal").exists()
-    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro" + \
-        ("" if pending else "&immutable=1")
+    file we then refuse; with one, as :func:`read_only_uri` says."""
+    if Path(f"{path.resolve()}-wal").exists():
+        uri, _ = read_only_uri(path)
+    else:
+        uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
     try:
         connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     except sqlite3.Error as exc:
@@ -123,6 +126,46 @@ def inspect_sqlite_file(path: Path, version_table: str) -> tuple[set[str], str |
     return tables, revision
 
 
+def read_only_uri(path: Path) -> tuple[str, bool]:
+    """The URI of a read-only connection to the SQLite file ``path`` that needs no write access
+    to the file or its directory, and whether it is ``immutable``.
+
+    On a WAL database (every file the tool writes is one), SQLite's ``mode=ro`` needs the
+    ``-wal`` and ``-shm`` files beside it: it creates them when they are missing (and leaves
+    them there, with the file's permissions, where another user's writer could not use them),
+    and cannot open the file at all where it may not create them ("unable to open database
+    file": a read-only mount, a directory or file of another user). So ``mode=ro`` is used where
+    this process could write the file and its directory itself, or where a writer's ``-wal``
+    and ``-shm`` already exist (SQLite reads them without writing, and sees the writer's
+    latest commits); anywhere else ``mode=ro&immutable=1``: SQLite reads the file as it is,
+    creates nothing and takes no lock. Such a file has no writer at work (a writer keeps its
+    ``-wal`` and ``-shm`` while it runs); a writer that starts later is seen by the next
+    connection, which asks again. A ``-wal`` without its ``-shm`` (a writer that died) cannot
+    be read without write access: ``immutable`` reads the file as of its last checkpoint."""
+    path = path.resolve()
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+    if writable or (wal.exists() and shm.exists() and os.access(wal, os.R_OK)
+                    and os.access(shm, os.R_OK)):
+        return uri, False
+    return uri + "&immutable=1", True
+
+
+def _unread_wal(path: Path) -> str | None:
+    """What an ``immutable`` reader of ``path`` misses: a non-empty ``-wal`` file's pages."""
+    wal = Path(f"{path.resolve()}-wal")
+    try:
+        size = wal.stat().st_size
+    except OSError:
+        return None
+    return None if not size else (
+        f"{path}: its {wal.name} file holds {size} bytes of changes not yet checkpointed into "
+        "the database, which SQLite cannot read without write access to the file and its "
+        "directory; reading the database as of its last checkpoint (run `sqlite3 FILE "
+        "'PRAGMA wal_checkpoint(TRUNCATE)'` where it is writable, before shipping it)")
+
+
 def check_writable_path(path: Path) -> None:
     """Raise :class:`DatabaseUnavailable` unless a SQLite database at ``path`` can be written:
     the file (when it exists) and its directory (for the journal), or the nearest existing
@@ -143,20 +186,30 @@ def check_writable_path(path: Path) -> None:
 
 
 def sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
+    """The engine of a SQLite file (``None``: in memory). ``read_only``: connections as
+    :func:`read_only_uri` says, decided again for each new connection: where they are
+    ``immutable`` no connection is pooled, so a writer that starts later is seen."""
     from sqlalchemy import create_engine, event
-    from sqlalchemy.pool import QueuePool, StaticPool
+    from sqlalchemy.pool import NullPool, QueuePool, StaticPool
 
     if path is None:
         def connect() -> sqlite3.Connection:
             return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         pool = StaticPool
     elif read_only:
-        uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+        told: list[str] = []
 
         def connect() -> sqlite3.Connection:
+            uri, immutable = read_only_uri(path)
+            unread = _unread_wal(path) if immutable and not told else None
+            if unread:
+                import warnings
+
+                told.append(unread)
+                warnings.warn(unread, RuntimeWarning, stacklevel=2)
             return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                    check_same_thread=False)
-        pool = QueuePool
+        pool = NullPool if read_only_uri(path)[1] else QueuePool
     else:
         def connect() -> sqlite3.Connection:
             return sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,

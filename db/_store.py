@@ -48,7 +48,8 @@ class ScheduleDB(Queries):
     ``postgresql+psycopg://...``). For writing, a missing SQLite file and its directories are
     created and an older schema is migrated in place; a schema newer than this tiledattention
     knows can still be read, but :meth:`put` raises :class:`SchemaTooNew`. ``read_only=True``
-    opens SQLite files with ``mode=ro`` and never creates or migrates anything.
+    never creates, migrates or changes anything, and needs no write access to a SQLite file or
+    its directory (a read-only mount, another user's file: ``_engine.read_only_uri``).
     """
 
     def __init__(self, location: str | os.PathLike, *,

@@ -2,7 +2,8 @@
 
 Every row is validated before anything is written: a row of the wrong shape or types, of an
 architecture tileiras does not know, with a schedule that does not validate, with absurdly long
-strings, or repeating a key already seen in the same file (the first is kept) is rejected with its
+strings, or repeating a key already seen in the same file (the first is kept), or simulated
+(``backend`` ``simulated``) on its way into the database the runtime reads, is rejected with its
 reason and writes nothing. Accepted rows go through ``ScheduleDB.put`` one transaction each, under
 the better-wins rule (``--force`` overwrites). Files over ``MAX_FILE_BYTES``, not UTF-8, not JSON
 or CSV, or without the expected top-level structure are rejected whole.
@@ -40,6 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "replaced (the stored row was stale, simulated or of an older toolchain); skipped\n"
         "(the imported row is stale, simulated, or of another toolchain; the reason is\n"
         "printed); forced (--force).\n"
+        "Simulated rows (backend 'simulated') are rejected for the database the runtime\n"
+        "reads (no --db, or --db $TILEDATTN_DB): give --db another file for them.\n"
         f"Files over {MAX_FILE_BYTES // (1024 * 1024)} MB, not UTF-8, or not JSON/CSV are "
         "rejected whole.\n"
         "exit status: 0 every row accepted; 1 some rows rejected; 2 a file (or the database)\n"
@@ -82,6 +85,36 @@ def _report(reports: list[FileReport], outcomes: tuple[str, ...]) -> None:
     print_table(console, table)
 
 
+def _refuse_simulated(parsed: list, location: str | None) -> list:
+    """``parsed`` without its simulated rows (``backend`` ``simulated``: a model's numbers, not
+    GPU measurements) when ``location`` is the database the runtime reads (no ``--db``, or
+    ``$TILEDATTN_DB``'s): each is rejected with the way out (``--db`` another file, e.g. the
+    one ``search --backend simulated`` writes to). Other databases take them, marked by their
+    backend, which the lookup and ``export --format bytarget`` go by."""
+    from tiledattention import database_location
+    from tiledattention.tooling import simulated_database_location
+
+    runtime = database_location()
+    if location is not None and not _same_database(location, runtime):
+        return parsed
+    kept = []
+    for report, rows in parsed:
+        for index, row in rows:
+            if row.backend == "simulated":
+                report.rejected.append(
+                    f"row {index}: a simulated row (backend 'simulated', not measured on a GPU) "
+                    f"is not imported into {runtime}, the database the runtime reads; import "
+                    f"it with --db {simulated_database_location()} (or another file)")
+        kept.append((report, [(i, r) for i, r in rows if r.backend != "simulated"]))
+    return kept
+
+
+def _same_database(a: str, b: str) -> bool:
+    if "://" in a or "://" in b:
+        return a.strip() == b.strip()
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
 def run(args: argparse.Namespace) -> int:
     from db import PUT_OUTCOMES
     from tiledattention import get_family, open_database
@@ -102,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             report.error = str(exc)
             continue
         parsed.append((report, rows))
+    parsed = _refuse_simulated(parsed, args.db)
     if any(rows for _, rows in parsed):
         try:
             database = open_database(args.db)
