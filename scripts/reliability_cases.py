@@ -236,6 +236,114 @@ def case_hostile_values(tmp: Path) -> list[str]:
     return lines
 
 
+def _gpu_database(path: Path) -> str:
+    """A database as a GPU search leaves it (WAL mode, writer closed): one forward row of H100's
+    for B1 H16 S4096 D128 bf16; returns that device's name."""
+    import db as dbmod
+    import tiledattention as ta
+    from tiledattention import tooling
+
+    name = "NVIDIA H100 80GB HBM3"
+    problem = ta.Problem(batch=1, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096,
+                         head_dim=128, dtype="bf16", causal=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with dbmod.ScheduleDB(path, codecs=tooling.codecs()) as store:
+        store.put(dbmod.ScheduleRow(
+            family="forward", arch="sm_90", device_name=name, problem=problem,
+            schedule=ta.Schedule(tile_m=64, tile_n=32, occupancy=2), median_ms=1.0,
+            spread_ms=0.0, tflops=1.0, trials=1,
+            provenance=tooling.current_provenance(ta.FORWARD)))
+    return name
+
+
+def case_read_only_mount(tmp: Path) -> list[str]:
+    """The runtime and the read-only commands on a tuned database behind a read-only bind mount
+    (a private mount namespace: ``unshare -m``; root cannot write there either)."""
+    source = tmp / "image" / "schedules.sqlite"
+    device = _gpu_database(source)
+    mount = tmp / "mnt"
+    mount.mkdir()
+    line = f"mount --bind {source.parent} {mount} && mount -o remount,bind,ro {mount}"
+    if subprocess.run(["unshare", "-m", "sh", "-c", line], capture_output=True).returncode:
+        return ["skipped: cannot make a read-only bind mount here (needs unshare -m and mount)"]
+    target = str(mount / "schedules.sqlite")
+    lookup = ("import sys, tiledattention as ta, tiledattention._runtime as r; "
+              "from tiledattention import DeviceInfo, FORWARD, Problem; "
+              "r.device_info = lambda i: DeviceInfo(index=0, arch='sm_90', name=sys.argv[2], "
+              "sm_count=132); ta.use_database(sys.argv[1]); "
+              "p = Problem(batch=1, heads_q=16, heads_kv=16, seqlen_q=4096, seqlen_k=4096, "
+              "head_dim=128, dtype='bf16', causal=False); "
+              "print('sdpa schedule from:', ta.runtime().resolution(FORWARD, p, 0).source)")
+    readers = {"list": ["-m", "tuner.cli", "list", "--db", target],
+               "export": ["-m", "tuner.cli", "export", "--db", target, "-o",
+                          str(tmp / "out.json")],
+               "explain": ["-m", "tuner.cli", "explain", "--device", "sm_90", "--device-name",
+                           device, "--db", target, "--shape", "1,16,4096,128", "--causal", "no"],
+               "runtime": ["-c", lookup, target, device]}
+    before = (source.read_bytes(), sorted(p.name for p in source.parent.iterdir()))
+    lines = []
+    for name, args in readers.items():
+        environment = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache"), "COLUMNS": "200"}
+        environment.pop("TILEDATTN_DB", None)
+        done = subprocess.run(["unshare", "-m", "sh", "-c", line + ' && exec "$@"', "sh",
+                               sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                              env=environment, timeout=600)
+        text = done.stdout + done.stderr
+        said = [s.strip() for s in text.splitlines()
+                if "exact-device" in s or "tiledtune" in s or "Warning" in s or "wrote" in s
+                or "schedules in" in s or "sdpa schedule" in s][:2]
+        tb = "TRACEBACK" if "Traceback" in text else "no traceback"
+        lines.append(f"{name:>8} | exit {done.returncode}, {tb} | {' / '.join(said)[:160]}")
+    after = (source.read_bytes(), sorted(p.name for p in source.parent.iterdir()))
+    lines.append(f"database file and folder {'unchanged' if after == before else 'CHANGED'}: "
+                 f"{after[1]}")
+    return lines
+
+
+def case_simulated_import(tmp: Path) -> list[str]:
+    """A simulated search's export imported into the database the runtime reads, then exported
+    as a ByTarget module (issue 30, item 5)."""
+    sim = str(tmp / "sim.sqlite")
+    search(tmp, sim)
+    cli(tmp, "export", "--db", sim, "-o", str(tmp / "sim.json"))
+    code, text, _ = cli(tmp, "import", str(tmp / "sim.json"))
+    default = tmp / "cache" / "tiledattention" / "schedules.sqlite"
+    held = sqlite3.connect(default).execute(
+        "SELECT count(*) FROM schedules WHERE backend = 'simulated'").fetchone()[0] \
+        if default.exists() else "no file"
+    said = next((t for t in text.splitlines() if "simulated row" in t), "")
+    lines = [f"import sim.json (no --db): exit {code}; {said[said.find('row '):][:150]}; "
+             f"simulated rows in the runtime's database: {held}"]
+    for label, extra in (("export --format bytarget (no --db)", []),
+                         ("export --format bytarget --db sim.sqlite", ["--db", sim])):
+        out = tmp / "module.py"
+        out.unlink(missing_ok=True)
+        code, text, _ = cli(tmp, "export", "--format", "bytarget", "-o", str(out), *extra)
+        title = next((t for t in out.read_text().splitlines() if t.startswith('"""')),
+                     "") if out.exists() else ""
+        lines.append(f"{label}: {summary(code, text)}; docstring: {title[:70]}")
+    return lines
+
+
+def case_restamp_then_export(tmp: Path) -> list[str]:
+    """``restamp`` with no database, then ``export``; and ``export`` of an empty database."""
+    code, text, _ = cli(tmp, "restamp", "--from", "HEAD")
+    default = tmp / "cache" / "tiledattention" / "schedules.sqlite"
+    lines = [f"restamp (no database): {summary(code, text)}; database created: "
+             f"{default.exists()}"]
+    code, text, _ = cli(tmp, "export", "-o", str(tmp / "rows.json"))
+    lines.append(f"then export: {summary(code, text)}")
+    import db as dbmod
+    from tiledattention import tooling
+
+    empty = tmp / "empty.sqlite"  # what `restamp` left before: a database without rows
+    dbmod.ScheduleDB(empty, codecs=tooling.codecs()).close()
+    code, text, _ = cli(tmp, "export", "--db", str(empty), "-o", str(tmp / "rows2.json"))
+    lines.append(f"export of an empty database: {summary(code, text)}; names --source shipped: "
+                 f"{'--source shipped' in text}")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=51000)
@@ -247,7 +355,10 @@ def main() -> int:
              ("same-key workers", case_same_key_workers),
              ("bad databases", case_bad_databases),
              ("hostile values", case_hostile_values),
-             ("size", lambda tmp: case_size(tmp, args.rows))]
+             ("size", lambda tmp: case_size(tmp, args.rows)),
+             ("read-only mount", case_read_only_mount),
+             ("simulated import", case_simulated_import),
+             ("restamp then export", case_restamp_then_export)]
     for name, case in cases:
         if args.only and args.only not in name:
             continue

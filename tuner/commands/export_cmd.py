@@ -198,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         selection = f" for {', '.join(archs)}" if archs else ""
         extra = f" ({stale} stale row(s) skipped)" if stale else ""
+        hint = ("; --source shipped exports the tables packaged with tiledattention"
+                if chosen == "user" else "")
         return _fail(f"no schedules{selection} in {source}{extra}: nothing to export; "
-                     f"nothing written to {output}", 1)
+                     f"nothing written to {output}{hint}", 1)
     try:
         if fmt == "json":
             dump_rows(rows, output)

@@ -7,7 +7,8 @@ Every row whose template identity is not the current one is compiled (compile-on
 architecture) with the code of git revision ``--from`` and with the code installed now; rows
 whose ``.text`` sections are identical get the current identity, the others are listed with the
 ``tiledtune search`` command that re-tunes them. Exit status: 0 nothing left to re-tune, 1 some
-rows need re-tuning, 2 the revision, the database or the file could not be used.
+rows need re-tuning, 2 the revision, the database or the file could not be used (a missing
+database is never created).
 """
 
 from __future__ import annotations
@@ -37,33 +38,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from db import dump_rows, load_rows_file
-    from tiledattention import open_database
+    from tiledattention import database_location, open_database
     from tiledattention.tooling import codecs
 
     from ..errors import USER_ERRORS
     from ..transfer import describe_row, restamp
 
+    location = args.db or database_location()
     try:
         if args.file is not None:
             rows = list(load_rows_file(Path(args.file), codecs()))
-            database = None
         else:
-            database = open_database(args.db)
-            rows = database.rows()
+            # read through a read-only opening, which creates nothing: a missing database is
+            # said so, never made (an empty one would then shadow the shipped tables in export)
+            database = open_database(location, read_only=True)
+            if database is None:
+                say("restamp", f"no schedule database at {location}: nothing to re-stamp (pass "
+                               "--db, or --file for a rows file such as "
+                               "tiledattention/pretuned/sm_90.json)")
+                return 2
+            with database:
+                rows = database.rows()
         result = restamp(rows, args.revision, workers=max(1, args.jobs))
-        if not args.dry_run:
-            if database is not None:
-                for row in result.restamped:
-                    database.put(row, force=True)
-            elif result.restamped:
+        if not args.dry_run and result.restamped:
+            if args.file is None:
+                with open_database(location) as database:
+                    for row in result.restamped:
+                        database.put(row, force=True)
+            else:
                 kept = [r for r, _ in result.retune]
                 dump_rows(result.current + result.restamped + kept, Path(args.file))
     except (*USER_ERRORS, OSError) as exc:
         say("restamp", exc)
         return 2
-    finally:
-        if args.file is None and "database" in locals() and database is not None:
-            database.close()
     verb = "would re-stamp" if args.dry_run else "re-stamped"
     print(f"{len(result.current)} row(s) already current; {verb} {len(result.restamped)}; "
           f"{len(result.retune)} need re-tuning")

@@ -18,6 +18,10 @@ Choices:
 * One winner per problem and architecture: the fastest row (several GPUs of one architecture may
   share a problem). This is what ``tiledattention.tooling.pick`` answers for a device name that has no
   rows of its own.
+* Rows of the simulated backend (``backend`` ``simulated``: a model's numbers, which the runtime
+  never uses) are never presented as tuned: a GPU-measured row wins its problem over any
+  simulated one, an entry that is simulated says so (``"backend": "simulated"``), and the header
+  and the docstring count them (a module of simulated rows only is titled "SIMULATED").
 * Per-architecture kernel-option value: the value that won the most problems of that
   architecture; ``default``: the value that won the most problems over all exported
   architectures. Ties go to the value of the family's default-constructed schedule if it is among
@@ -51,8 +55,9 @@ def _arch_order(arch: str) -> tuple[int, str]:
 
 
 def _winner_order(row: ScheduleRow) -> tuple:
-    # fastest first; the full key and the schedule make the choice total (deterministic)
-    return (row.median_ms, row.key, canonical_json(row.schedule.to_dict()))
+    # GPU-measured first, then the fastest; the full key and the schedule make the choice total
+    # (deterministic)
+    return (row.backend != "gpu", row.median_ms, row.key, canonical_json(row.schedule.to_dict()))
 
 
 def build_schedules(rows: Iterable[ScheduleRow]) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -69,6 +74,8 @@ def build_schedules(rows: Iterable[ScheduleRow]) -> dict[str, dict[str, list[dic
         entry = {"problem": dict(sorted(row.problem.to_dict().items())),
                  "median_ms": row.median_ms, "device": row.device_name,
                  "schedule": row.schedule.to_dict()}
+        if row.backend != "gpu":
+            entry["backend"] = row.backend
         table.setdefault(family, {}).setdefault(arch, []).append(entry)
     return table
 
@@ -119,6 +126,12 @@ def _header(rows: Sequence[ScheduleRow], source: str, archs: list[str]) -> list[
         f"# Devices: {'; '.join(_clean(d) for d in devices)}",
         f"# Provenance ({len(provenances)} distinct):",
     ]
+    simulated = sum(row.backend != "gpu" for row in rows)
+    if simulated:
+        lines[1:1] = [f"# SIMULATED: {simulated} of {len(rows)} rows come from the simulated "
+                      "backend (`tiledtune search --backend",
+                      "# simulated`, a model of the kernels): NOT measured on a GPU, never tuned; "
+                      "do not deploy them."]
     for prov in provenances:
         lines.append("#   " + " ".join(f"{k}={_clean(v) or '-'}" for k, v in prov))
     return lines
@@ -242,6 +255,24 @@ def select(family, arch, **problem):
 '''
 
 
+def _doc(table: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """The module's docstring: "Tuned ..." only when every entry was measured on a GPU."""
+    entries = [e for by_arch in table.values() for found in by_arch.values() for e in found]
+    simulated = sum("backend" in e for e in entries)
+    if not simulated:
+        return _DOC
+    if simulated == len(entries):
+        title = ("SIMULATED tiledattention schedules per kernel family and GPU architecture: NOT\n"
+                 "measured on a GPU (the simulated backend's model; generated, see the header). "
+                 "For\ntrying the tools only, never for deployment.\n")
+    else:
+        title = ("tiledattention schedules per kernel family and GPU architecture (generated, see "
+                 f"the\nheader): {len(entries) - simulated} tuned on a GPU and {simulated} "
+                 'SIMULATED ("backend": "simulated" in SCHEDULES:\nNOT measured on a GPU, for '
+                 "trying the tools only).\n")
+    return '"""' + title + _DOC.split("\n", 2)[2]
+
+
 def render_module(rows: Sequence[ScheduleRow], *, source: str) -> str:
     """The text of the module for ``rows`` (which must not be empty); checked to compile."""
     rows = list(rows)
@@ -253,7 +284,7 @@ def render_module(rows: Sequence[ScheduleRow], *, source: str) -> str:
     lookup = {family: _lookup_spec(family) for family in table}
     parts = [
         "\n".join(_header(rows, source, archs)),
-        _DOC,
+        _doc(table),
         "",
         "from __future__ import annotations",
         "",
