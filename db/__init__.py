@@ -28,6 +28,7 @@ from ._rows import (
     RowField,
     ScheduleRow,
     canonical_json,
+    check_text,
 )
 from ._store import PUT_OUTCOMES, ScheduleDB
 from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, write_bytes_atomic, \
@@ -39,6 +40,6 @@ __all__ = [
     "FamilyCodec", "LEGACY_BASELINES", "LEGACY_FAMILY", "MAX_BASELINES",
     "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
     "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew", "TiledAttentionError",
-    "canonical_json", "dump_rows", "load_rows_file", "load_rows_text", "write_bytes_atomic",
+    "canonical_json", "check_text", "dump_rows", "load_rows_file", "load_rows_text", "write_bytes_atomic",
     "write_text_atomic",
 ]

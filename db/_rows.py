@@ -21,7 +21,7 @@ from ._errors import DatabaseArgumentError, DatabaseMisuse, RecordError
 __all__ = ["ScheduleRow", "Provenance", "FamilyCodec", "RowField", "ROW_FIELDS", "ROW_FORMAT",
            "ARCH_PATTERN", "BACKENDS", "BASELINE_PATTERN", "Baselines", "LEGACY_BASELINES",
            "LEGACY_FAMILY", "MAX_BASELINES", "MAX_TERMS", "OPTIONAL_MS", "PROVENANCE_FIELDS",
-           "canonical_json", "codec_map"]
+           "canonical_json", "check_text", "codec_map"]
 
 #: Version of the dict form of a row (and of the JSON files made of rows). Format 2 added
 #: ``family`` (format-1 rows are read as rows of ``LEGACY_FAMILY``), format 3 ``backend``
@@ -45,6 +45,26 @@ LEGACY_BASELINES = {"torch_cudnn_ms": "torch-cudnn", "torch_flash_ms": "torch-fl
 BASELINE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 #: Most baselines one row may carry.
 MAX_BASELINES = 16
+
+
+#: What a message calls the unprintable characters one meets most in hostile or mangled text.
+_UNPRINTABLE = {"\x00": "a NUL byte", "\x1b": "an escape character (an ANSI terminal sequence)",
+                "\n": "a line break", "\r": "a carriage return", "\t": "a tab"}
+
+
+def check_text(name: str, value: str, limit: int) -> None:
+    """Raise :class:`RecordError` saying what is wrong with the text field ``name``: longer than
+    ``limit`` characters, or holding a character that is not printable (NUL, an ANSI escape, a
+    line break...), named with its position. A row's text ends up in tables, logs and
+    terminals, where such characters hide or rewrite what is shown."""
+    if len(value) > limit:
+        raise RecordError(f"{name} must be printable text of at most {limit} characters; got "
+                          f"{len(value)} characters")
+    for index, char in enumerate(value):
+        if not char.isprintable():
+            what = _UNPRINTABLE.get(char, "a character that is not printable")
+            raise RecordError(f"{name} must be printable text; got {what} ({char!r}) at "
+                              f"character {index + 1} of {len(value)}")
 
 
 def canonical_json(value: Any) -> str:

@@ -69,7 +69,8 @@ def _load_candidates(path: str) -> list[tuple[str, Schedule, Callable[[Problem],
         return lambda p: (p.head_dim in entry.get("head_dims", [p.head_dim])
                           and p.seqlen_q in entry.get("seqlens", [p.seqlen_q])
                           and entry.get("causal", p.causal) == p.causal)
-    return [(e["name"], Schedule.from_dict(e["schedule"]), applies(e)) for e in entries]
+    # a candidate names only the fields off the default: build it (from_dict wants them all)
+    return [(e["name"], Schedule(**e["schedule"]), applies(e)) for e in entries]
 
 
 def _compile(job) -> str | None:

@@ -15,17 +15,22 @@ __all__ = ["ScheduleValue"]
 
 class ScheduleValue:
     """Mixin of a frozen schedule dataclass; ``FORMAT`` is the dict form's version and ``LABEL``
-    names the type in messages (``"decode"`` gives "a decode schedule ...")."""
+    names the type in messages (``"decode"`` gives "a decode schedule ..."). ``ADDED_FIELDS``
+    are fields added to the dict form after its format was first written, whose default is
+    what the kernel did before they existed: only they may be missing from a dict."""
 
     FORMAT: ClassVar[int]
     LABEL: ClassVar[str]
+    ADDED_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.FORMAT, **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Any:
-        """Inverse of :meth:`to_dict`; rejects unknown fields and newer formats."""
+        """Inverse of :meth:`to_dict`; rejects unknown fields, newer formats and a dict that
+        lacks a field other than ``ADDED_FIELDS``: a stored schedule names every field, and a
+        default filled in for one would describe a kernel other than the one measured."""
         if not isinstance(data, Mapping):
             raise ScheduleError(f"a {cls.LABEL} schedule must be a mapping; got "
                                 f"{type(data).__name__}")
@@ -39,7 +44,16 @@ class ScheduleValue:
         if unknown:
             raise ScheduleError(f"unknown {cls.LABEL} schedule field(s) {unknown}; known: "
                                 f"{sorted(known)}")
-        return cls(**data)
+        schedule = cls(**data)  # a bad value is named first
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.name not in data and f.name not in cls.ADDED_FIELDS]
+        if missing:
+            added = (f" but the ones added since ({', '.join(cls.ADDED_FIELDS)})"
+                     if cls.ADDED_FIELDS else "")
+            raise ScheduleError(f"{cls.LABEL} schedule lacks field(s) {missing}; a stored "
+                                f"{cls.LABEL} schedule of format {cls.FORMAT} names every "
+                                f"field{added}")
+        return schedule
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -389,7 +389,7 @@ def test_file_of_revision_0002_is_read_unmigrated_and_migrated_on_write(tmp_path
             "seqlen_q, seqlen_k, head_dim, schedule, median_ms, spread_ms, tflops, trials, "
             "created_at, template_hash, cuda_tile, tileiras, torch, driver, torch_flash_ms) "
             "VALUES ('sm_90', 'GPU', 'fp16', 0, 2, 8, 2, 100, 300, 64, "
-            "'{\"format\": 1, \"tile_m\": 128}', 0.5, 0.01, 10.0, 7, "
+            f"'{Schedule(tile_m=128).to_json()}', 0.5, 0.01, 10.0, 7, "
             "'2026-01-02 03:04:05.000000', 'abcdefabcdef', '1.7.0', '13.4', '2.11', '13.0', 0.6)")
     engine.dispose()
     expected = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=100, seqlen_k=300, head_dim=64,

@@ -18,7 +18,8 @@ from ..errors import ScheduleError
 __all__ = ["Schedule", "SCHEDULE_FORMAT"]
 
 #: Version of the dict form. Bump it when a field changes meaning; add a field with a default
-#: to stay compatible (old dicts then read with the default).
+#: that does what the kernel did before the field existed, and list it in
+#: ``_ADDED_AFTER_FORMAT_1``, to stay compatible (old dicts then read with that default).
 SCHEDULE_FORMAT = 1
 
 _POW2_TILES = (16, 32, 64, 128, 256)
@@ -122,7 +123,12 @@ class Schedule:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
-        """Inverse of :meth:`to_dict`; rejects unknown fields and newer formats."""
+        """Inverse of :meth:`to_dict`; rejects unknown fields, newer formats and a dict that
+        lacks a field of format 1 as first written (``tile_m``, ``occupancy``, ...): a stored
+        schedule names every field, and filling one in with its default would describe a kernel
+        other than the one measured. Only the fields added since (``_ADDED_AFTER_FORMAT_1``)
+        may be missing; their defaults are what the kernel did before they existed. To build a
+        schedule from a few fields, call ``Schedule(...)``."""
         if not isinstance(data, Mapping):
             raise ScheduleError(f"a schedule must be a mapping; got {type(data).__name__}")
         data = dict(data)
@@ -136,7 +142,16 @@ class Schedule:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ScheduleError(f"unknown schedule field(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        schedule = cls(**data)  # a bad value is named first
+        missing = [f.name for f in fields(cls)
+                   if f.name not in data and f.name not in _ADDED_AFTER_FORMAT_1]
+        if missing:
+            raise ScheduleError(
+                f"schedule lacks field(s) {missing}; a stored schedule of format "
+                f"{SCHEDULE_FORMAT} names every field but the ones added since "
+                f"({', '.join(_ADDED_AFTER_FORMAT_1)}), which read as their defaults"
+            )
+        return schedule
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -182,6 +197,12 @@ class Schedule:
         return " ".join(parts)
 
 
+#: fields added to the dict form after format 1 was first written (commits a77892a, 705e29e,
+#: 0ea615d, a987216, e993c64): a stored dict may lack them, and their defaults are what the
+#: kernel did before they existed (no worker-warp hint, one loop, one CTA per tile, no pairs,
+#: one padded head-dim part). Every other field is in every dict a format-1 writer wrote.
+_ADDED_AFTER_FORMAT_1 = ("num_worker_warps", "split_masked", "persistent", "paired_tiles",
+                         "split_d")
 #: fields added after format 1, left out of the dict form at their default
 _OMITTED_AT_DEFAULT = ("split_d",)
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(Schedule)}

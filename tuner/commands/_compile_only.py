@@ -114,13 +114,6 @@ def compile_only(args, problems, console) -> int:
     return 0
 
 
-def _about(seconds: float) -> str:
-    """``"about 40 s"``, ``"about 12 min"``, ``"about 3.4 h"``."""
-    if seconds < 90:
-        return f"about {seconds:.0f} s"
-    if seconds < 5400:
-        return f"about {seconds / 60:.0f} min"
-    return f"about {seconds / 3600:.1f} h"
 def _progress(console):
     """A rich bar on a terminal; elsewhere (a pipe, a log, CI), where rich draws nothing until
     the bar ends, :class:`LineProgress`."""
@@ -167,6 +160,13 @@ class LineProgress:
                                f"{now - task['start']:.0f} s", markup=False, highlight=False)
 
 
+def _about(seconds: float) -> str:
+    """``"about 40 s"``, ``"about 12 min"``, ``"about 3.4 h"``."""
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    if seconds < 5400:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
 
 
 def _print_compile_only(args, table, keys: list[dict], storage_url: str,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from db import LEGACY_BASELINES, PROVENANCE_FIELDS, ROW_FIELDS, ROW_FORMAT, FamilyCodec, \
-    RecordError, ScheduleRow, canonical_json
+    RecordError, ScheduleRow, canonical_json, check_text
 from tiledattention import ARCHITECTURES
 
 from ..errors import UnreadableFile
@@ -345,9 +345,7 @@ def _check_row(data: Any, codecs: Mapping[str, FamilyCodec]) -> ScheduleRow:
         raise RecordError(f"unknown architecture {row.arch!r}; expected one of "
                           f"{', '.join(ARCHITECTURES)}")
     for name, value in (("device_name", row.device_name), *row.provenance.to_dict().items()):
-        if len(value) > MAX_TEXT or not value.isprintable():
-            raise RecordError(f"{name} must be printable text of at most {MAX_TEXT} "
-                              f"characters; got {len(value)} characters")
+        check_text(name, value, MAX_TEXT)
     return row
 
 

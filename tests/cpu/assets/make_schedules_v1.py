@@ -5,6 +5,12 @@ check that an upgrade keeps every row. Kept for the record (rerunning it needs r
 ``db/migrations`` and writes the same rows):
 
     python tests/cpu/assets/make_schedules_v1.py tests/cpu/assets/schedules_v1.db
+
+Its schedule cells were first written with three fields (``tile_m``, ``tile_n``,
+``occupancy``), a dict no release of the tool ever wrote (``Schedule.to_dict`` of format 1 wrote
+all of ``FORMAT1``). Since issue 30 a stored schedule must name every field of format 1, so the
+three cells were updated in place (``UPDATE schedules SET schedule = ...``, then ``VACUUM``) to
+what this script now writes; nothing else in the file changed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,11 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from db import _migrate
+
+#: every field of the forward schedule's format 1 as first written (commit fb6bd79), at its default
+FORMAT1 = dict(tile_m=64, tile_n=64, occupancy=1, num_ctas=1, opt_level=3, k_latency=None,
+               v_latency=None, k_transposed=False, allow_tma=True, exp2=False, approx_div=False,
+               kv_sawtooth=False, longest_first=False, unchecked_loads=False)
 
 ROWS = [  # (device, dtype, causal, B, Hq, Hkv, Sq, Sk, D, tile_m, tile_n, median, cudnn)
     ("NVIDIA H100 80GB HBM3", "bf16", True, 1, 32, 8, 4096, 4096, 128, 128, 64, 1.25, 1.5),
@@ -33,8 +44,8 @@ def main(path: str) -> None:
         _migrate.upgrade(connection, "0001")
         for i, (device, dtype, causal, b, hq, hkv, sq, sk, d, tm, tn, ms, cudnn) in \
                 enumerate(ROWS):
-            schedule = json.dumps({"format": 1, "tile_m": tm, "tile_n": tn, "occupancy": 2},
-                                  sort_keys=True)
+            schedule = json.dumps({"format": 1, **FORMAT1, "tile_m": tm, "tile_n": tn,
+                                   "occupancy": 2}, sort_keys=True)
             connection.execute(text(
                 "INSERT INTO schedules (arch, device_name, dtype, causal, batch, heads_q, "
                 "heads_kv, seqlen_q, seqlen_k, head_dim, schedule, median_ms, spread_ms, tflops, "
