@@ -34,7 +34,7 @@ _FULL = {
     "kv_latency": (None, 2, 3, 4),
 }
 # Small enough to sweep exhaustively (128 points): the dimensions the H100 probe behind the
-# sm_90 defaults found to matter (scripts/backward_probe.py: each kernel's occupancy and
+# sm_90 defaults found to matter (scripts/backward_probe.py at 6113995: each kernel's occupancy and
 # worker warps, the dK/dV kernel's query tile and Q/dO latency hint, the dQ kernel's query
 # tile), at values that include every default; the key tiles stay at 64, as in every default.
 _COMPACT = {
@@ -123,9 +123,10 @@ _KIB = 1024
 
 def _kernel_efficiency(table: dict, kept: int, streamed: int, accumulator_bytes: int,
                        occupancy: int, warps: int | None, latency: int | None) -> float:
-    """Shaped like the H100 probe's findings (scripts/backward_probe.py): more CTAs per SM pay
-    while the float32 accumulators of all of them fit half the register file; 8 worker warps
-    pay when one CTA's accumulators fill it; past the whole register file they spill."""
+    """Shaped like the H100 probe's findings (scripts/backward_probe.py at 6113995): more CTAs
+    per SM pay while the float32 accumulators of all of them fit half the register file; 8
+    worker warps pay when one CTA's accumulators fill it; past the whole register file they
+    spill."""
     eff = table.get((kept, streamed), 0.6)
     if accumulator_bytes > 128 * _KIB:
         eff *= 0.4

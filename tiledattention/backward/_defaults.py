@@ -11,7 +11,7 @@ from ._schedule import BackwardSchedule
 __all__ = ["default_backward_schedule"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
-#: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py; numbers in
+#: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
 #: docs/benchmarks/backward/README.md). Two CTAs per SM paid 1.3-1.8x in both kernels at D <= 128;
 #: at D = 256 the dK/dV kernel's two [64, 256] float32 accumulators need 8 worker warps (3.4x
 #: faster than without) and Q/dO loads issued three steps ahead (+8%).

@@ -103,8 +103,8 @@ def split_constants(problem: Problem, schedule: DecodeSchedule) -> dict[str, Any
 #: row, so it is spread over ``ceil(D / 32)`` CTAs per row instead of one.
 COMBINE_CHUNK_D = 32
 #: Splits the combine merges per step (their loads issued together). An H100 probe
-#: (scripts/decode_parts.py) timed the one-split-per-step merge at 10-12 µs for 8-16 splits at
-#: B = 1, a sixth of a 32k-key call.
+#: (scripts/decode_parts.py at 7415564) timed the one-split-per-step merge at 10-12 µs for 8-16
+#: splits at B = 1, a sixth of a 32k-key call.
 COMBINE_UNROLL = 8
 
 
