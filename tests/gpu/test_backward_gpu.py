@@ -19,7 +19,6 @@ that see no key return zeros and get zero gradients).
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -31,6 +30,8 @@ import tiledattention.integrations as ti
 from tiledattention import problem_from_arrays
 from tiledattention._reference import attention_reference
 
+from ..backward_cases import CASES
+
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,51 +39,14 @@ FAMILY_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 1e-2}  # BACKWARD's cas
 FLOOR = 2e-3
 
 
-# ------------------------------------------------------------------------ the covering set
-
-LENGTHS = [(1, 257), (17, 17), (17, 1000), (257, 257), (1000, 1000), (1000, 17)]
-HEADS = [(4, 4), (8, 2), (8, 1)]  # MHA, GQA 8/2, MQA 8/1
-HEAD_DIMS = [40, 64, 96, 128, 256]
-CAUSAL = [False, True, "bottom_right"]
-DTYPE_NAMES = ["bf16", "fp16"]
-_PARAMETERS = (LENGTHS, HEADS, HEAD_DIMS, CAUSAL, DTYPE_NAMES)
-
-
-def _pairs(row: tuple) -> set:
-    return {(i, row[i], j, row[j]) for i, j in itertools.combinations(range(len(row)), 2)}
-
-
-def pairwise_cases() -> list[tuple]:
-    """A deterministic greedy pairwise-covering set over the five parameters: every pair of
-    values of any two parameters appears in some case (31 cases instead of 540)."""
-    needed = set()
-    for row in itertools.product(*_PARAMETERS):
-        needed |= _pairs(row)
-    rows, covered = [], set()
-    candidates = list(itertools.product(*_PARAMETERS))
-    while covered != needed:
-        best = max(candidates, key=lambda r: len(_pairs(r) - covered))
-        rows.append(best)
-        covered |= _pairs(best)
-    return rows
-
-
-CASES = pairwise_cases()
+# the pairwise-covering case set (CASES) is tests/backward_cases.py, checked without a GPU by
+# tests/cpu/test_gpu_case_sets.py
 
 
 def _case_id(case: tuple) -> str:
     (sq, sk), (hq, hkv), d, causal, dtype = case
     mask = {False: "full", True: "top-left", "bottom_right": "bottom-right"}[causal]
     return f"{sq}x{sk}-h{hq}/{hkv}-d{d}-{mask}-{dtype}"
-
-
-def test_the_cases_cover_every_pair():
-    needed = set()
-    for row in itertools.product(*_PARAMETERS):
-        needed |= _pairs(row)
-    covered = set().union(*(_pairs(c) for c in CASES))
-    assert covered == needed
-    assert len(CASES) <= 40
 
 
 # ------------------------------------------------------------------------------ helpers
