@@ -93,5 +93,19 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
 
+def program() -> None:
+    """The ``tiledtune`` program (its console entry point): :func:`main`, then exit with its
+    status. After a Ctrl-C or SIGTERM the process exits with both signals ignored, so a late
+    second Ctrl-C cannot interrupt the interpreter's own exit (its atexit handlers) with a
+    traceback; in-process callers of :func:`main` keep their handlers."""
+    code = main()
+    if code in (130, 143):
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -114,3 +114,25 @@ def test_a_second_signal_during_the_cleanup_changes_nothing(first, second, tmp_p
     study = optuna.load_study(study_name=summary.study_name, storage=storage)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert optuna.trial.TrialState.RUNNING not in states
+
+
+@pytest.mark.parametrize("code", [130, 143, 0, 2])
+def test_the_program_exits_an_interrupted_run_with_signals_ignored(monkeypatch, code):
+    """After a Ctrl-C or SIGTERM, ``tiledtune`` (``tuner.cli.program``) exits with both signals
+    ignored: a late second Ctrl-C lands in the interpreter's exit (atexit handlers) otherwise and
+    prints a traceback. Other exits keep the handlers."""
+    import signal
+
+    from tuner import cli
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(cli, "main", lambda: code)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            cli.program()
+        assert stopped.value.code == code
+        ignored = all(signal.getsignal(sig) is signal.SIG_IGN for sig in before)
+        assert ignored == (code in (130, 143))
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
