@@ -37,6 +37,18 @@ PUT_OUTCOMES = ("added", "improved", "replaced", "forced", "kept", "skipped")
 _WRITE_ATTEMPTS = 8
 
 
+def _empty(path: Path) -> bool:
+    """A 0-byte regular file with no uncheckpointed ``-wal`` pages beside it."""
+    try:
+        if not path.is_file() or path.stat().st_size:
+            return False
+        return not Path(f"{path}-wal").stat().st_size
+    except FileNotFoundError:  # no -wal file
+        return True
+    except OSError:  # not ours to judge: opening it says what is wrong
+        return False
+
+
 class ScheduleDB(Queries):
     """The best schedule per key ``(family, arch, device_name, problem)``.
 
@@ -81,11 +93,16 @@ class ScheduleDB(Queries):
     def open_for_lookup(cls, location: str | os.PathLike, *,
                         codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = ()
                         ) -> "ScheduleDB | None":
-        """Open for reading at run time: ``None`` when a SQLite file does not exist (nothing is
-        created); :class:`DatabaseUnavailable` naming the file when it is not a readable
-        tiledattention database."""
+        """Open for reading at run time: ``None`` when a SQLite file does not exist or is empty
+        (nothing is created); :class:`DatabaseUnavailable` naming the file when it is not a
+        readable tiledattention database.
+
+        The one rule for an empty (0-byte) file, as SQLite has it: a database with nothing in it
+        yet. A reader finds no rows in it, as in a missing file (``list``, ``export``,
+        ``explain``, the runtime's lookup); a writer creates the schema in it (``search``,
+        ``import``), as in a new file: ``touch``-ing the file a container will mount is fine."""
         target = Target(location)
-        if target.path is not None and not target.path.exists():
+        if target.path is not None and (not target.path.exists() or _empty(target.path)):
             return None
         return cls(location, codecs=codecs, read_only=True)
 

@@ -344,6 +344,132 @@ def case_restamp_then_export(tmp: Path) -> list[str]:
     return lines
 
 
+_FAKE_GPU = """
+import functools, sys
+sys.path.insert(0, {root!r})
+from concurrent.futures import Future
+from tiledattention import DeviceInfo
+from tuner.commands import search_cmd
+from tuner.measure import SimulatedExecutor
+from tuner.search import _driver
+
+
+class AtOnce:  # the compile pool, answering at once (nothing compiles)
+    def __init__(self, workers):
+        pass
+
+    def submit(self, fn, *args):
+        done = Future()
+        done.set_result((0.0, None, None))
+        return done
+
+    def close(self, now=False):
+        pass
+
+
+search_cmd.select_device = lambda arch, index=None: DeviceInfo(
+    index=0, arch=arch, name="NVIDIA H100 80GB HBM3", sm_count=132)
+search_cmd._GpuFactory = lambda family, index, timing: functools.partial(
+    SimulatedExecutor, "sm_90", family=family, timing=timing)
+_driver.CompilePool = AtOnce
+if __name__ == "__main__":
+    from tuner.cli import main
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def fake_gpu_cli(tmp: Path, *args: str, timeout: float = 600):
+    """``tiledtune`` as on a machine with an H100 whose measurements the simulated executor
+    makes: the GPU path of ``search`` (storage, budget, study, database) runs for real."""
+    script = tmp / "fake_gpu.py"
+    script.write_text(_FAKE_GPU.format(root=str(ROOT)))
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache"), "COLUMNS": "200"}
+    environment.pop("TILEDATTN_DB", None)
+    done = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True,
+                          text=True, env=environment, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr
+
+
+def case_simulated_then_gpu(tmp: Path) -> list[str]:
+    """The sequence of issue 30, item 1: a simulated search without --db, then the same command
+    on the GPU (its executor replaced by the simulated one)."""
+    command = ["search", "--device", "sm_90", "--shape", "2,8,1024,64", "--trials", "12"]
+    code, text, _ = cli(tmp, *command, "--backend", "simulated")
+    lines = [f"simulated search: {summary(code, text)}"]
+    code, text = fake_gpu_cli(tmp, *command, "--json")
+    try:
+        key = json.loads(text[:text.rindex("}") + 1])["keys"][0]
+        measured = f"{key['measured']}, winner {key['schedule_text']!r} ({key['stored']})"
+    except ValueError:
+        measured = "?"
+    default = tmp / "cache" / "tiledattention" / "schedules.sqlite"
+    stored = sqlite3.connect(default).execute(
+        "SELECT backend, trials FROM schedules").fetchall() if default.exists() else "no file"
+    lines.append(f"GPU search: exit {code}, {'TRACEBACK' if 'Traceback' in text else 'no traceback'}"
+                 f", measured {measured}; the runtime's database holds (backend, trials) {stored}")
+    return lines
+
+
+def _orphans(storage: Path) -> list[int]:
+    """Running trials with no heartbeat row."""
+    if not storage.exists():
+        return []
+    connection = sqlite3.connect(storage)
+    try:
+        return [r[0] for r in connection.execute(
+            "SELECT trial_id FROM trials WHERE state = 'RUNNING' AND trial_id NOT IN "
+            "(SELECT trial_id FROM trial_heartbeats)")]
+    except sqlite3.Error:  # the tables are still being created
+        return []
+    finally:
+        connection.close()
+
+
+def case_sigkilled_search(tmp: Path, attempts: int = 30) -> list[str]:
+    """A simulated search SIGKILLed (with its worker) until it leaves a running trial that has
+    no heartbeat row, then the same command again more than a minute later (issue 30, item 8)."""
+    import random
+    import signal
+
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}
+    environment.pop("TILEDATTN_DB", None)
+    command = ["search", "--device", "sm_90", "--backend", "simulated", "--shape", "2,8,1024,64",
+               "--trials", "400", "--patience", "0"]
+    storage = tmp / "cache" / "tiledattention" / "tiledtune-studies.sqlite"
+    rng = random.Random(0)
+    for attempt in range(1, attempts + 1):
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", *command], cwd=ROOT,
+                                env=environment, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(rng.uniform(4.0, 9.0))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        orphans = _orphans(storage)
+        if orphans:
+            break
+    else:
+        return [f"no SIGKILL of {attempts} left a running trial without a heartbeat row"]
+    time.sleep(65)
+    code, text, _ = cli(tmp, *command[:-4], "--trials", "1", "--patience", "0")
+    left = [t for t in _orphans(storage) if t in orphans]
+    return [f"SIGKILL #{attempt} left running trial(s) {orphans} with no heartbeat row; the same "
+            f"search 65 s later: {summary(code, text)}; still running: {left or 'none'}"]
+
+
+def case_empty_file(tmp: Path) -> list[str]:
+    """A 0-byte database file given to readers and to a writer (issue 30, item 8)."""
+    lines = []
+    for name, args in (("list", ["list"]), ("export", ["export", "-o", str(tmp / "out.json")]),
+                       ("search", ["search", "--device", "sm_90", "--backend", "simulated",
+                                   "--shape", "1,8,512,64", "--trials", "2"])):
+        empty = tmp / f"{name}.sqlite"
+        empty.touch()
+        code, text, _ = cli(tmp, *args, "--db", str(empty))
+        lines.append(f"{name:>6} on a 0-byte file: {summary(code, text)}; file now "
+                     f"{empty.stat().st_size} bytes")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=51000)
@@ -358,7 +484,10 @@ def main() -> int:
              ("size", lambda tmp: case_size(tmp, args.rows)),
              ("read-only mount", case_read_only_mount),
              ("simulated import", case_simulated_import),
-             ("restamp then export", case_restamp_then_export)]
+             ("restamp then export", case_restamp_then_export),
+             ("simulated then GPU", case_simulated_then_gpu),
+             ("SIGKILLed search", case_sigkilled_search),
+             ("0-byte file", case_empty_file)]
     for name, case in cases:
         if args.only and args.only not in name:
             continue

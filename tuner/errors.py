@@ -39,8 +39,9 @@ class UsageError(TunerError, ValueError):
 
 
 class StudyMismatchError(TunerError, ValueError):
-    """An existing study was measured otherwise than this search would measure (another timing
-    mode): its times cannot be mixed with new ones."""
+    """An existing study was measured otherwise than this search would measure (another
+    backend, device, kernel template or timing mode: ``tuner.search._identity``): its times
+    cannot be mixed with new ones."""
 
 
 class UnreadableFile(TunerError, ValueError):

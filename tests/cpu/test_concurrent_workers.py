@@ -70,7 +70,8 @@ def _queue_candidates(storage: str, count: int) -> None:
     feasible = {FORWARD.normalise(PROBLEM, s).key: FORWARD.normalise(PROBLEM, s)
                 for s in space.feasible(PROBLEM)}
     assert len(feasible) > 4 * TRIALS  # the budget binds, not the space
-    study = optuna.create_study(study_name=study_name("tiledtune", FORWARD, "sm_90", PROBLEM),
+    study = optuna.create_study(study_name=study_name("tiledtune", FORWARD, "sm_90", PROBLEM,
+                                                      backend="simulated"),
                                 storage=storage, direction="minimize")
     for key in sorted(feasible)[:count]:
         study.enqueue_trial(space.params(feasible[key]))
@@ -97,7 +98,7 @@ def _check_one_key_exactly(storage: str, db: str, outputs: list[tuple[int, str]]
     assert not crashed, (f"{len(crashed)} of {WORKERS} workers failed; the first:\n"
                          + crashed[0][1][-3000:])
 
-    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM)
+    name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM, backend="simulated")
     study = optuna.load_study(study_name=name, storage=storage)
     trials = study.get_trials(deepcopy=False)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]  # none left behind

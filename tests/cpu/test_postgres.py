@@ -86,7 +86,8 @@ def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     for causal in (False, True):
         problem = Problem(batch=2, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_k=1024,
                           head_dim=64, dtype="bf16", causal=causal)
-        study = optuna.load_study(study_name=study_name("tiledtune", FORWARD, "sm_90", problem),
+        study = optuna.load_study(study_name=study_name("tiledtune", FORWARD, "sm_90", problem,
+                                                        backend="simulated"),
                                   storage=storage)
         measured = [t for t in study.trials if t.user_attrs.get("ticket")
                     and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)

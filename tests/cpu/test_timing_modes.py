@@ -198,7 +198,8 @@ def test_the_mode_reaches_the_simulated_executor_in_its_worker():
 # -- recorded with the results ------------------------------------------------------------------
 
 def study(tmp_path, prefix="tiledtune"):
-    return optuna.load_study(study_name=study_name(prefix, FORWARD, "sm_90", PROBLEM),
+    return optuna.load_study(study_name=study_name(prefix, FORWARD, "sm_90", PROBLEM,
+                                                   backend="simulated"),
                              storage=f"sqlite:///{tmp_path}/tiledtune-studies.sqlite")
 
 

@@ -31,14 +31,20 @@ def compile_only(args, problems, console) -> int:
     import search_spaces
 
     from ..measure import CompilePool
-    from ..search import (SearchConfig, compile_job, compile_sample, open_storage, settled,
-                          study_name)
+    from ..search import (SearchConfig, StudyIdentity, compile_job, compile_sample, open_storage,
+                          settled, study_name)
 
     family = get_family(args.kernel)
     spaces = search_spaces.family_space(family.name)
     storage_url = storage_location(args, db_location(args))
     config = SearchConfig(study_prefix=args.study)
     storage = open_storage(storage_url, heartbeat_s=config.heartbeat_s, grace_s=config.grace_s)
+    # the failures recorded are this template's: a study of another template is refused (before
+    # any key is compiled), and the studies written record the template
+    identity = StudyIdentity(template=family.template_identity())
+    names = [study_name(args.study, family, args.device, problem) for problem in problems]
+    for name in set(names) & set(optuna.get_all_study_names(storage)):
+        identity.check(optuna.load_study(study_name=name, storage=storage))
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     table = Table(title=f"compile-only for {args.device}")
     for col in ("key", "candidates", "compiled", "failed", "median s", "smem KiB (min..max)"):
@@ -53,6 +59,7 @@ def compile_only(args, problems, console) -> int:
         study = optuna.create_study(study_name=study_name(args.study, family, args.device,
                                                           problem),
                                     storage=storage, direction="minimize", load_if_exists=True)
+        identity.record(study)
         distributions = {n: optuna.distributions.CategoricalDistribution(list(v))
                          for n, v in space.choices.items()}
         done = settled(study)

@@ -349,8 +349,8 @@ def _search(args, problems, console) -> int:
         # leaving on a Ctrl-C kills the compile processes and the executor's worker at once,
         # with their tileiras compiles
         with tuner:
-            for problem in problems:  # a study measured in another timing mode: before any
-                tuner.check_timing(problem)
+            for problem in problems:  # a study measured otherwise (another timing mode,
+                tuner.check_study(problem)  # device or template) is refused before any is tuned
 
             def on_key(problem) -> None:
                 task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")

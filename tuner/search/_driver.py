@@ -17,8 +17,9 @@ Stops on the trial budget, a time limit or a patience window.
 
 Every time is measured in the search's timing mode (``SearchConfig.timing``: stream or CUDA-graph
 launches, cold or warm L2; the executor was built with the same mode). The study records it
-(user attribute ``timing_mode``, also on each measured trial), and a study measured in another
-mode is refused rather than mixed (``check_timing``).
+(user attribute ``timing_mode``, also on each measured trial) with the backend, the device name
+and the kernel template's identity, and a study measured otherwise is refused rather than mixed
+(``check_study``, ``_identity``); the backend is part of the study's name besides.
 
 Any number of processes may tune one key at once: the storage hands each asked trial to one
 worker (``_storage``), the budget table gives out exactly ``n_trials`` tickets and one claim per
@@ -48,14 +49,14 @@ import search_spaces
 from tiledattention import Family
 from tiledattention.tooling import current_provenance
 
-from ..errors import StudyMismatchError
 from ..measure import (FAILURES, TIE_REL_FLOOR, CompilePool, IsolatedExecutor, Measurement,
                        Timing, TimingMode, interrupts_held)
 from ._budget import Budget
-from ._storage import Heartbeat, open_storage, quiet_optuna, study_name
+from ._identity import StudyIdentity
+from ._storage import Heartbeat, fail_stale_trials, open_storage, quiet_optuna, study_name
 from ._candidates import feasible, neighbours, seeds
 from ._trials import (TIMING_ATTR, compile_job, correct_trials, improves, known_elsewhere,
-                      measured_trials, measuring_elsewhere, pick_winner, study_timing, tell,
+                      measured_trials, measuring_elsewhere, pick_winner, tell,
                       tpe_sampler, waiting)
 
 __all__ = ["SearchConfig", "KeyResult", "Tuner", "compile_job"]
@@ -164,25 +165,32 @@ class Tuner:
     def _feasible(self, space, problem: Any) -> list[Any]:
         return feasible(self.family, space, problem)
 
-    # -- timing mode -----------------------------------------------------------------------
-    def check_timing(self, problem: Any) -> None:
-        """Raise a ``ValueError`` when ``problem``'s study (if there is one) was measured in
-        another timing mode than this search's (call it for every key before tuning any)."""
-        name = study_name(self.config.study_prefix, self.family, self.arch, problem)
+    # -- what the study was measured by ------------------------------------------------------
+    @property
+    def identity(self) -> StudyIdentity:
+        """How this search measures: backend, device, template identity and timing mode; a
+        study that records another is refused (``_identity``)."""
+        return StudyIdentity(backend=self.backend, device_name=self.device_name,
+                             template=self.family.template_identity(), timing=self.config.timing)
+
+    def _study_name(self, problem: Any) -> str:
+        return study_name(self.config.study_prefix, self.family, self.arch, problem,
+                          backend=self.backend)
+
+    def check_study(self, problem: Any) -> None:
+        """Raise :class:`StudyMismatchError` when ``problem``'s study (if there is one) was
+        measured otherwise than this search measures: by another backend, on another device, by
+        another kernel template or in another timing mode (call it for every key before tuning
+        any)."""
         try:
             with quiet_optuna():
-                study = optuna.load_study(study_name=name, storage=self.storage)
+                study = optuna.load_study(study_name=self._study_name(problem),
+                                          storage=self.storage)
         except KeyError:  # no study yet
             return
-        self._check_timing(study)
+        self.identity.check(study)
 
-    def _check_timing(self, study) -> None:
-        recorded, mine = study_timing(study), self.config.timing
-        if recorded is not None and recorded != mine:
-            raise StudyMismatchError(
-                f"study {study.study_name!r} was measured with {recorded.describe()}, this "
-                f"search times {mine.describe()}: its times cannot be mixed; give the study's "
-                f"timing flags to resume it, or another --study prefix to start one")
+    check_timing = check_study  # its name before the study recorded more than the timing mode
 
     # -- one key ---------------------------------------------------------------------------
     def tune(self, problem: Any) -> KeyResult:
@@ -252,13 +260,14 @@ class Tuner:
         # instead (brute force; Optuna's BruteForceSampler stops studies only inside optimize())
         brute_force = len(feasible) <= cfg.n_trials
         sampler = tpe_sampler(cfg.n_trials, cfg.seed)
-        name = study_name(cfg.study_prefix, self.family, self.arch, problem)
+        name = self._study_name(problem)
         with quiet_optuna():
             study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
                                         direction="minimize", load_if_exists=True)
-            optuna.storages.fail_stale_trials(study)
-        self._check_timing(study)
-        study.set_user_attr(TIMING_ATTR, cfg.timing.to_dict())
+        identity = self.identity
+        identity.check(study)
+        identity.record(study)
+        fail_stale_trials(study, self.storage, self.config.grace_s)
         budget = Budget(self.storage_url, name)
 
         # What is known for this key: measured values and recorded failures, by schedule key.
@@ -385,8 +394,7 @@ class Tuner:
             deadline = min(deadline, now + cfg.timeout_s - spent_s)
         while measuring_elsewhere(study) and time.monotonic() < deadline:
             time.sleep(0.5)
-            with quiet_optuna():
-                optuna.storages.fail_stale_trials(study)
+            fail_stale_trials(study, self.storage, cfg.grace_s)
 
     def _incumbent(self, study, space, problem: Any) -> Any:
         """The fastest correct schedule measured so far for this key (a resumed study)."""

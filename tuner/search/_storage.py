@@ -5,13 +5,17 @@ trials alive."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 import warnings
+from datetime import datetime, timedelta
 from typing import Any
 
 import optuna
 import sqlalchemy as sa
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
 
 from db import canonical_json
 from tiledattention import Family
@@ -19,12 +23,18 @@ from tiledattention import Family
 from ..errors import StorageError
 from ._budget import Budget
 
-__all__ = ["study_name", "open_storage", "Heartbeat", "quiet_optuna"]
+__all__ = ["study_name", "open_storage", "fail_stale_trials", "Heartbeat", "quiet_optuna"]
 
 
-def study_name(prefix: str, family: Family, arch: str, problem: Any) -> str:
-    """The Optuna study of one key: ``prefix:family:arch:<problem as canonical JSON>``."""
-    return f"{prefix}:{family.name}:{arch}:{canonical_json(problem.to_dict())}"
+def study_name(prefix: str, family: Family, arch: str, problem: Any, *,
+               backend: str = "gpu") -> str:
+    """The Optuna study of one key: ``prefix:family:arch:<problem as canonical JSON>`` for the
+    GPU (the name studies had before the backend was part of it), and
+    ``prefix:family:arch:backend:<problem>`` for another backend, so that a simulated study is
+    never resumed by a GPU search (``_identity`` checks the rest of what makes times
+    comparable)."""
+    where = f"{arch}:" if backend == "gpu" else f"{arch}:{backend}:"
+    return f"{prefix}:{family.name}:{where}{canonical_json(problem.to_dict())}"
 
 
 class StaleTrial:
@@ -102,6 +112,51 @@ def _lock_before_reading(engine: sa.engine.Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     engine.dispose()  # connections opened while Optuna created its tables lack the hook
+
+
+def fail_stale_trials(study, storage: optuna.storages.RDBStorage, grace_s: float) -> None:
+    """Fail the running trials of ``study`` whose worker died, each once, through the storage's
+    stale-trial callback (:class:`StaleTrial`: its ticket given back, its candidate queued
+    again): those whose heartbeat is older than the grace period (Optuna's rule), and those
+    that never got a heartbeat and started more than ``grace_s`` ago.
+
+    A trial is RUNNING from the moment ``study.ask`` creates it (or takes it from the queue),
+    and the sampler runs inside ``ask``; its first heartbeat is recorded only after that
+    (``Heartbeat.hold``). A worker killed in between (a SIGKILL, an out-of-memory kill, a lost
+    host) leaves a running trial with no heartbeat row, which Optuna's ``fail_stale_trials``
+    passes over for good. Such a trial holds no ticket and no schedule claim yet (both are
+    taken after the heartbeat), so nothing else waits for it; it is failed here so that the
+    study shows what happened, and its candidate (a seed, say) is asked again. Its start time
+    is the clock of the host that asked it (Optuna's ``datetime_start``), so across hosts the
+    grace period also absorbs their clocks' difference; a live worker's trial failed too early
+    by a wrong clock is dropped by that worker as one another worker finished
+    (``Tuner._drop``), never measured twice."""
+    with quiet_optuna():
+        optuna.storages.fail_stale_trials(study)
+    callback = storage.get_heartbeat_stale_trial_callback()
+    for trial_id in _never_beaten(study, storage, grace_s):
+        try:
+            if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                continue
+        except UpdateFinishedTrialError:  # finished meanwhile: by its worker, or another's
+            continue
+        if callback is not None:
+            callback(study, copy.deepcopy(storage.get_trial(trial_id)))
+
+
+def _never_beaten(study, storage: optuna.storages.RDBStorage, grace_s: float) -> list[int]:
+    """The ids of ``study``'s running trials that started more than ``grace_s`` ago and have
+    no heartbeat row."""
+    limit = datetime.now() - timedelta(seconds=grace_s)
+    old = [t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+           if t.datetime_start is not None and t.datetime_start < limit]
+    if not old:
+        return []
+    query = sa.text("SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
+        sa.bindparam("ids", expanding=True))
+    with storage.engine.connect() as connection:  # Optuna's table of heartbeats
+        beating = {row[0] for row in connection.execute(query, {"ids": old})}
+    return [trial_id for trial_id in old if trial_id not in beating]
 
 
 class Heartbeat:
