@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._encode import Candidates
 from ._errors import (DatabaseArgumentError, DatabaseError, DatabaseMisuse, DatabaseUnavailable,
-                      RecordError, SchemaTooNew, TiledAttentionError)
+                      OutputRefused, RecordError, SchemaTooNew, TiledAttentionError)
 from ._rows import (
     ARCH_PATTERN,
     BACKENDS,
@@ -31,15 +31,16 @@ from ._rows import (
     check_text,
 )
 from ._store import PUT_OUTCOMES, ScheduleDB
-from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, write_bytes_atomic, \
-    write_text_atomic
+from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, replaceable_target, \
+    rows_json_chunks, write_bytes_atomic, write_chunks_atomic, write_text_atomic
 
 __all__ = [
     "ARCH_PATTERN", "BACKENDS", "BASELINE_PATTERN", "Baselines", "Candidates",
     "DatabaseArgumentError", "DatabaseError", "DatabaseMisuse", "DatabaseUnavailable",
-    "FamilyCodec", "LEGACY_BASELINES", "LEGACY_FAMILY", "MAX_BASELINES",
+    "FamilyCodec", "LEGACY_BASELINES", "LEGACY_FAMILY", "MAX_BASELINES", "OutputRefused",
     "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
     "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew", "TiledAttentionError",
-    "canonical_json", "check_text", "dump_rows", "load_rows_file", "load_rows_text", "write_bytes_atomic",
+    "canonical_json", "check_text", "dump_rows", "load_rows_file", "load_rows_text",
+    "replaceable_target", "rows_json_chunks", "write_bytes_atomic", "write_chunks_atomic",
     "write_text_atomic",
 ]

@@ -12,7 +12,7 @@ messages where they reach a user.
 from __future__ import annotations
 
 __all__ = ["TiledAttentionError", "DatabaseError", "DatabaseUnavailable", "SchemaTooNew",
-           "RecordError", "DatabaseArgumentError", "DatabaseMisuse"]
+           "RecordError", "DatabaseArgumentError", "DatabaseMisuse", "OutputRefused"]
 
 
 class TiledAttentionError(Exception):
@@ -47,3 +47,11 @@ class DatabaseArgumentError(DatabaseError, TypeError):
 class DatabaseMisuse(DatabaseError, RuntimeError):
     """``db`` used in a way it does not support: a closed store, the migrations run other
     than through ``db._migrate.upgrade``, a row field of a kind the codec does not know."""
+
+
+class OutputRefused(DatabaseError, OSError):
+    """A file write (``write_bytes_atomic`` and the writers built on it) refused before
+    anything was written: the path is a directory, a device, a FIFO or a socket (an atomic
+    write would replace it with a regular file), or a file this process may not write. An
+    ``OSError``, as the failures of the write itself are; the message names the path and what
+    it is."""

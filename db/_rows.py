@@ -14,7 +14,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from ._errors import DatabaseArgumentError, DatabaseMisuse, RecordError
 
@@ -69,7 +70,12 @@ def check_text(name: str, value: str, limit: int) -> None:
 
 def canonical_json(value: Any) -> str:
     """The one text form of a dict that keys and compares rows: sorted keys, no spaces."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _CANONICAL.encode(value)
+
+
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)``, without
+#: building an encoder per call (keys and records of every row stored or imported use it)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)

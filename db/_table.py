@@ -12,16 +12,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from ._encode import Candidates, pick_candidates
-from ._errors import DatabaseArgumentError, RecordError
+from ._errors import DatabaseArgumentError, OutputRefused, RecordError
 from ._rows import ROW_FORMAT, FamilyCodec, ScheduleRow, codec_map
 
-__all__ = ["RowTable", "load_rows_file", "load_rows_text", "dump_rows"]
+__all__ = ["RowTable", "load_rows_file", "load_rows_text", "dump_rows", "rows_json_chunks",
+           "replaceable_target", "write_bytes_atomic", "write_chunks_atomic", "write_text_atomic"]
 
 
 def _sort_key(row: ScheduleRow) -> tuple:
@@ -116,34 +118,83 @@ def load_rows_file(path: str | os.PathLike,
     return load_rows_text(path.read_text(encoding="utf-8"), str(path), codecs, strict=strict)
 
 
+def rows_json_chunks(rows: Iterable[ScheduleRow]) -> Iterator[str]:
+    """The text of a rows file, a row at a time (what :func:`dump_rows` writes): sorted and
+    byte-for-byte deterministic for a given set of rows, one row per line (compact JSON, keys
+    sorted), so a file stays small, a diff shows the rows that changed, and a reader can take
+    it a row at a time."""
+    yield f'{{"format": {ROW_FORMAT}, "rows": ['
+    separator = "\n"
+    for row in sorted(rows, key=_sort_key):
+        yield separator + json.dumps(row.to_dict(), sort_keys=True, separators=(",", ":"),
+                                     allow_nan=False)
+        separator = ",\n"
+    yield ("" if separator == "\n" else "\n") + "]}\n"
+
+
 def dump_rows(rows: Iterable[ScheduleRow], path: str | os.PathLike) -> None:
-    """Write rows to ``path`` atomically (temp file + ``os.replace``); the output is sorted and
-    byte-for-byte deterministic for a given set of rows: one row per line (compact JSON, keys
-    sorted), so a file stays small and a diff shows the rows that changed."""
-    lines = [json.dumps(row.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False)
-             for row in sorted(rows, key=_sort_key)]
-    body = "\n" + ",\n".join(lines) + "\n" if lines else ""
-    write_text_atomic(Path(path), f'{{"format": {ROW_FORMAT}, "rows": [{body}]}}\n')
+    """Write rows to ``path`` atomically (:func:`write_chunks_atomic`), as
+    :func:`rows_json_chunks` gives them."""
+    write_chunks_atomic(Path(path), (chunk.encode("utf-8") for chunk in rows_json_chunks(rows)))
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """UTF-8 ``text`` to ``path`` atomically (see :func:`write_bytes_atomic`)."""
-    write_bytes_atomic(path, text.encode("utf-8"))
+    """UTF-8 ``text`` to ``path`` atomically (see :func:`write_chunks_atomic`)."""
+    write_chunks_atomic(path, [text.encode("utf-8")])
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` through a temp file in the same directory and ``os.replace``: readers see
-    the old file or the new one, never a half-written one."""
+    """``data`` to ``path`` atomically (see :func:`write_chunks_atomic`)."""
+    write_chunks_atomic(path, [data])
+
+
+#: What a path that is not a regular file is, for messages.
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def replaceable_target(path: str | os.PathLike) -> tuple[Path, int | None]:
+    """Where an atomic write of ``path`` goes, and the permission bits to give it: a symlink is
+    followed to its target (written in its place; the link stays a link); a path that exists
+    must be a regular file this process may write (:class:`OutputRefused` otherwise: a
+    directory, a device such as ``/dev/stdout`` or ``/dev/null``, a FIFO or a socket would be
+    replaced by a regular file). The bits are the existing file's (``None``: a new file)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600; tables and reports are meant to be shared
+        found = os.stat(path)  # follows links, /proc/self/fd's included
+    except FileNotFoundError:  # a new file, or a link to one: created where the link points
+        return Path(os.path.realpath(path)), None
+    if not stat.S_ISREG(found.st_mode):
+        what = next((name for test, name in _KINDS if test(found.st_mode)),
+                    "not a regular file")
+        raise OutputRefused(f"{path} is {what}, not a regular file: nothing written (an "
+                            "atomic write replaces only a regular file)")
+    target = Path(os.path.realpath(path))
+    if not os.access(target, os.W_OK):
+        raise OutputRefused(f"{path} is a read-only file: nothing written (make it writable "
+                            "or write elsewhere)")
+    return target, stat.S_IMODE(found.st_mode)
+
+
+def write_chunks_atomic(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` through a temp file beside the target and ``os.replace``: readers see
+    the old file or the new one, never a half-written one. The target is
+    :func:`replaceable_target`'s: a symlink is written through, a directory, device, FIFO,
+    socket or read-only file refused before anything is written; a replaced file keeps its
+    permission bits (a new one gets 0644)."""
+    target, mode = replaceable_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        # mkstemp makes 0600; tables and reports are meant to be shared
+        os.fchmod(fd, 0o644 if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

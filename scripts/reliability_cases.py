@@ -470,9 +470,159 @@ def case_empty_file(tmp: Path) -> list[str]:
     return lines
 
 
+def _export_to(tmp: Path, db: str, output: str, *extra: str, cwd: Path | None = None):
+    """``tiledtune export --db DB -o OUTPUT`` in ``cwd`` (default: the test folder, so that an
+    export that writes a file named ``-`` writes it there): (exit, stdout bytes, stderr)."""
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache"),
+                   "PYTHONPATH": str(ROOT)}
+    environment.pop("TILEDATTN_DB", None)
+    done = subprocess.run([sys.executable, "-m", "tuner.cli", "export", "--db", db, "-o",
+                           output, *extra], cwd=cwd or tmp, capture_output=True, env=environment,
+                          timeout=600)
+    return done.returncode, done.stdout, done.stderr.decode(errors="replace")
+
+
+def case_export_output(tmp: Path) -> list[str]:
+    """Issue 30, item 3: ``export -o`` at a symlink, a FIFO, a directory, a link to
+    ``/proc/self/fd/1`` (what ``/dev/stdout`` is) while standard output is a pipe, and ``-o -``.
+    Every path is the case's own: the machine's ``/dev/stdout`` is never given (code without
+    the fix replaced it)."""
+    import stat as st
+
+    db = str(tmp / "s.sqlite")
+    search(tmp, db)
+    lines = []
+    _export_to(tmp, db, str(tmp / "direct.json"))
+    expected = (tmp / "direct.json").read_bytes() if (tmp / "direct.json").exists() else b""
+    (tmp / "data").mkdir()
+    (tmp / "data" / "rows.json").write_text("old\n")
+    (tmp / "link.json").symlink_to(Path("data") / "rows.json")
+    code, out, err = _export_to(tmp, db, str(tmp / "link.json"))
+    lines.append(f"-o a symlink: {summary(code, out.decode() + err)} | link still a link: "
+                 f"{(tmp / 'link.json').is_symlink()}, its target updated: "
+                 f"{(tmp / 'data' / 'rows.json').read_bytes() == expected}")
+    os.mkfifo(tmp / "fifo.json")
+    code, out, err = _export_to(tmp, db, str(tmp / "fifo.json"))
+    lines.append(f"-o a FIFO: {summary(code, out.decode() + err)} | still a FIFO: "
+                 f"{st.S_ISFIFO(os.lstat(tmp / 'fifo.json').st_mode)}")
+    (tmp / "folder.json").mkdir()
+    code, out, err = _export_to(tmp, db, str(tmp / "folder.json"))
+    lines.append(f"-o a directory: {summary(code, out.decode() + err)} | still a directory: "
+                 f"{(tmp / 'folder.json').is_dir()}")
+    (tmp / "stdout").symlink_to("/proc/self/fd/1")
+    code, out, err = _export_to(tmp, db, str(tmp / "stdout"), "--format", "json")
+    lines.append(f"-o a link to /proc/self/fd/1, standard output a pipe: {summary(code, err)} "
+                 f"| still that link: {(tmp / 'stdout').is_symlink()}, {len(out)} bytes on the "
+                 "pipe")
+    code, out, err = _export_to(tmp, db, "-", "--format", "json")
+    lines.append(f"-o - --format json: {summary(code, err)} | standard output holds the "
+                 f"export: {out == expected}, a file named '-' written: {(tmp / '-').exists()}")
+    return lines
+
+
+def _fill_rows(path: Path, count: int) -> None:
+    """``count`` distinct forward rows (with baselines), written straight through sqlite3 in
+    the format SQLAlchemy stores (seconds instead of the minutes ``put`` takes)."""
+    import db as dbmod
+    import tiledattention as ta
+    from db._encode import row_values
+    from tiledattention import tooling
+
+    with dbmod.ScheduleDB(path, codecs=tooling.codecs()):
+        pass
+    codec, prov = ta.FORWARD.codec(), tooling.current_provenance(ta.FORWARD)
+    records = []
+    for i in range(count):
+        problem = ta.Problem(batch=1 + i % 2, heads_q=32, heads_kv=(32, 8)[i % 2],
+                             seqlen_q=64 + i, seqlen_k=64 + i, head_dim=(64, 128, 256)[i % 3],
+                             dtype=("bf16", "fp16")[i // 6 % 2], causal=bool(i // 12 % 2))
+        records.append(row_values(dbmod.ScheduleRow(
+            family="forward", arch="sm_90", device_name="NVIDIA H100 80GB HBM3",
+            problem=problem, schedule=ta.Schedule(tile_m=(64, 128)[i % 2]),
+            median_ms=0.1 + i * 1e-5, spread_ms=0.001, tflops=512.5, trials=40,
+            default_ms=0.2, baselines={"torch-cudnn": 0.15, "torch-flash": 0.18},
+            provenance=prov), codec))
+    columns = list(records[0])
+    connection = sqlite3.connect(path)
+    connection.executemany(
+        f"INSERT INTO schedules ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+        [[r[c].strftime("%Y-%m-%d %H:%M:%S.%f") if c == "created_at" else r[c]
+          for c in columns] for r in records])
+    connection.commit()
+    connection.close()
+
+
+def _stored(path: Path) -> list[tuple]:
+    connection = sqlite3.connect(path)
+    columns = [c[1] for c in connection.execute("PRAGMA table_info(schedules)") if c[1] != "id"]
+    found = connection.execute(f"SELECT {', '.join(columns)} FROM schedules ORDER BY family, "
+                               "arch, problem, device_name").fetchall()
+    connection.close()
+    return found
+
+
+def case_scale(tmp: Path, count: int) -> list[str]:
+    """Issue 30, item 4: export and import ``count`` rows through the real CLI (JSON), the
+    import rate, and ``list``'s first page and ``explain`` on that database, each a process
+    (the interpreter's start-up and imports included; ``--help``'s time says how much that
+    is)."""
+    big = tmp / "big.sqlite"
+    _fill_rows(big, count)
+    lines = []
+    _, _, start_s = cli(tmp, "--help")
+    for fmt in ("json", "csv"):
+        out = tmp / f"rows.{fmt}"
+        code, text, seconds = cli(tmp, "export", "--db", str(big), "-o", str(out))
+        size = out.stat().st_size / 2 ** 20 if out.exists() else 0
+        lines.append(f"export {count} rows ({fmt}): {seconds:.1f} s, {size:.1f} MiB, "
+                     f"{summary(code, text)}")
+        target = tmp / f"new-{fmt}.sqlite"
+        code, text, seconds = cli(tmp, "import", "--db", str(target), str(out))
+        same = target.exists() and _stored(target) == _stored(big)
+        rate = (f"{count / seconds:,.0f} rows/s (start-up included)" if code == 0
+                else summary(code, text))
+        lines.append(f"import {count} rows ({fmt}) into a new database: {seconds:.1f} s, "
+                     f"{rate}, every row back unchanged: {same}")
+        if fmt == "json" and code == 0:
+            code, text, seconds = cli(tmp, "import", "--db", str(target), str(out))
+            lines.append(f"import the same {count} rows again (all kept): {seconds:.1f} s = "
+                         f"{count / seconds:,.0f} rows/s, exit {code}")
+    for name, args in (("list (first page)", ("list", "--db", str(big))),
+                       ("explain", ("explain", "--db", str(big), "--device", "sm_90",
+                                    "--shape", "3,32/8,30007,128"))):
+        times = []
+        for _ in range(5):
+            code, text, seconds = cli(tmp, *args)
+            times.append(seconds)
+        lines.append(f"{name} on {count} rows: best {min(times):.2f} s, median "
+                     f"{sorted(times)[2]:.2f} s of 5 processes (exit {code}); "
+                     f"`tiledtune --help` alone: {start_s:.2f} s; in one process after its "
+                     f"imports (tuner.cli.main): best {_in_process(args):.3f} s of 5")
+    return lines
+
+
+def _in_process(args: tuple[str, ...]) -> float:
+    """The best of 5 runs of ``tuner.cli.main(args)`` in this process, after a first run that
+    imports what the command needs: the command's own time, without the interpreter's."""
+    import contextlib
+    import io
+
+    from tuner.cli import main as tiledtune
+
+    times = []
+    for _ in range(6):
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            tiledtune(list(args))
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=51000)
+    parser.add_argument("--scale-rows", type=int, default=60000,
+                        help="rows of the export/import/list/explain case (issue 30 item 4)")
     parser.add_argument("--only", default=None, help="run only the cases whose name has this")
     args = parser.parse_args()
     cases = [("import over current rows", case_import_replaces),
@@ -487,7 +637,9 @@ def main() -> int:
              ("restamp then export", case_restamp_then_export),
              ("simulated then GPU", case_simulated_then_gpu),
              ("SIGKILLed search", case_sigkilled_search),
-             ("0-byte file", case_empty_file)]
+             ("0-byte file", case_empty_file),
+             ("export -o", case_export_output),
+             ("scale", lambda tmp: case_scale(tmp, args.scale_rows))]
     for name, case in cases:
         if args.only and args.only not in name:
             continue

@@ -8,6 +8,7 @@ builds it; nothing here touches the GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
@@ -167,7 +168,7 @@ class Problem:
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (the database and the row files store this);
         ``bottom_right`` only when true."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {name: getattr(self, name) for name in _field_names(type(self))}
         if not self.bottom_right:
             del data["bottom_right"]
         return data
@@ -193,6 +194,13 @@ class Problem:
         mask = ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The field names of a problem class (``dataclasses.fields`` builds them anew each call;
+    ``to_dict`` runs several times for every row stored or imported)."""
+    return tuple(f.name for f in fields(cls))
 
 
 def _shown(value: Any) -> str:

@@ -24,7 +24,9 @@ class ScheduleValue:
     ADDED_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": self.FORMAT, **dataclasses.asdict(self)}
+        # the fields are scalars: a shallow dict is asdict()'s result without its deep copy
+        return {"format": self.FORMAT, **{f.name: getattr(self, f.name)
+                                          for f in dataclasses.fields(self)}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Any:

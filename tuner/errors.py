@@ -18,7 +18,7 @@ Errors about a value are also ``ValueError`` (a type: ``TypeError``), as Python 
 
 from __future__ import annotations
 
-from db import DatabaseUnavailable, RecordError, SchemaTooNew
+from db import DatabaseUnavailable, OutputRefused, RecordError, SchemaTooNew
 from tiledattention import InputValueError, ScheduleDatabaseError, TiledAttentionError
 
 __all__ = ["TunerError", "UsageError", "StudyMismatchError", "UnreadableFile", "StorageError",
@@ -106,4 +106,5 @@ class NotMeasuredError(TunerError, KeyError):
 #: is a bug (``tuner.cli``).
 USER_ERRORS: tuple[type[Exception], ...] = (
     UsageError, StudyMismatchError, StorageError, UnreadableFile, RestampError, HubBuildError,
-    InputValueError, ScheduleDatabaseError, DatabaseUnavailable, SchemaTooNew, RecordError)
+    InputValueError, ScheduleDatabaseError, DatabaseUnavailable, SchemaTooNew, RecordError,
+    OutputRefused)

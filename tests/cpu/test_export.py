@@ -24,7 +24,7 @@ import db
 from tiledattention import FORWARD, Family, Problem, Schedule, register_family, unregister_family
 from tiledattention.tooling import codecs, current_provenance, pick
 from tuner import cli
-from tuner.transfer import CSV_COLUMNS, MAX_FILE_BYTES, rows_to_csv
+from tuner.transfer import CSV_COLUMNS, MAX_ROW_CHARS, rows_to_csv
 
 CODECS = codecs()
 PROV = current_provenance(FORWARD)
@@ -632,9 +632,9 @@ def test_unreadable_files_are_rejected_whole(tiledtune, source_db, tmp_path, cap
                        "bad-csv-header": "x.csv"}.get(kind, "x.json")
     good = tmp_path / "good.json"
     db.dump_rows([mk("sm_90", H100, S=777, ms=1.0)], good)
-    if kind == "huge":
-        with open(path, "wb") as f:  # sparse: large on stat, nothing on disk
-            f.truncate(MAX_FILE_BYTES + 1)
+    if kind == "huge":  # files have no size limit (read a chunk at a time); one row has
+        path.write_text('{"format": 4, "rows": [{"device_name": "' + "x" * MAX_ROW_CHARS
+                        + '"}]}')
     elif kind.startswith("garbage"):
         path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x00garbage" * 50)
     elif kind == "text":
@@ -651,7 +651,7 @@ def test_unreadable_files_are_rejected_whole(tiledtune, source_db, tmp_path, cap
     assert tiledtune("import", path, good, "--db", target) == 2
     err = capsys.readouterr().err
     assert f"{path}: file rejected:" in err
-    expected = {"huge": "larger than the limit", "garbage-json": "not UTF-8",
+    expected = {"huge": "longer than the limit", "garbage-json": "not UTF-8",
                 "garbage-nosuffix": "not UTF-8", "text": "neither JSON",
                 "wrong-top-level": "at the top", "newer-format": "file format 99",
                 "missing": "no such file", "bad-csv-header": "missing"}[kind]

@@ -115,7 +115,9 @@ class Schedule:
         """Plain JSON-able dict, with the format version under ``"format"``. Fields added after
         format 1 (:data:`_OMITTED_AT_DEFAULT`) are left out at their default, so a schedule that
         does not use them keeps the dict, JSON and :attr:`key` it had before they existed."""
-        data = dataclasses.asdict(self)
+        # every field is a scalar: a shallow dict is asdict()'s result without its deep copy
+        # (to_dict runs for every row an import checks or stores)
+        data = {name: getattr(self, name) for name in _FIELD_DEFAULTS}
         for name in _OMITTED_AT_DEFAULT:
             if data[name] == _FIELD_DEFAULTS[name]:
                 del data[name]

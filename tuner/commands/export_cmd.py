@@ -20,8 +20,11 @@ In every format only rows of the current kernel template are exported (the runti
 ignores the others) unless ``--include-stale``.
 
 Every file is written atomically (temp file + ``os.replace``) and deterministically: the same rows
-give the same bytes. Exit status: 0 written, 1 nothing to export, 2 the database or the output
-could not be used.
+give the same bytes. A symlink is written through (its target replaced, the link kept); a
+directory, device (``/dev/stdout``, ``/dev/null``), FIFO, socket or read-only file is refused in
+one line before anything is read. ``-o -`` writes to standard output (``--format`` says which
+format), a row at a time. Exit status: 0 written, 1 nothing to export, 2 the database or the
+output could not be used.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ._report import say
 
@@ -75,7 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=FORMATS, default=None,
                         help="output format (default: from the suffix of -o: .py, .json, .csv)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE",
-                        help="file to write (replaced atomically)")
+                        help="file to write (replaced atomically; a symlink is written "
+                             "through); - for standard output (with --format)")
     parser.add_argument("--arch", action="append", metavar="SM_LIST",
                         help="only these architectures, comma-separated (e.g. sm_90,sm_121); "
                              "may be repeated")
@@ -130,18 +134,26 @@ def _merge(rows: list) -> tuple[list, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from db import dump_rows, write_text_atomic
+    from db import OutputRefused, replaceable_target
     from tiledattention import InputValueError, database_location, get_family, open_database
 
     from ..errors import USER_ERRORS
 
-    from ..transfer import render_module, rows_to_csv
-
+    to_stdout = args.output == "-"
     output = Path(args.output)
-    fmt = args.format or _SUFFIXES.get(output.suffix.lower())
+    shown = "standard output" if to_stdout else str(output)
+    fmt = args.format or (None if to_stdout else _SUFFIXES.get(output.suffix.lower()))
     if fmt is None:
-        return _fail(f"cannot tell the format of {output} from its suffix; pass --format "
-                     f"{{{','.join(FORMATS)}}}", 2)
+        what = ("-o - (standard output) has no suffix to tell the format by" if to_stdout
+                else f"cannot tell the format of {output} from its suffix")
+        return _fail(f"{what}; pass --format {{{','.join(FORMATS)}}}", 2)
+    if not to_stdout:
+        try:  # refused before anything is read: a directory, a device, a FIFO, ...
+            replaceable_target(output)
+        except OutputRefused as exc:
+            return _fail(f"{exc}; -o - writes to standard output", 2)
+        except OSError as exc:
+            return _fail(f"cannot write {output}: {exc}", 2)
     try:
         archs = parse_archs(args.arch)
     except InputValueError as exc:
@@ -201,15 +213,52 @@ def run(args: argparse.Namespace) -> int:
         hint = ("; --source shipped exports the tables packaged with tiledattention"
                 if chosen == "user" else "")
         return _fail(f"no schedules{selection} in {source}{extra}: nothing to export; "
-                     f"nothing written to {output}{hint}", 1)
+                     f"nothing written to {shown}{hint}", 1)
+    chunks = _chunks(fmt, rows, source)
+    if to_stdout:
+        return _to_stdout(chunks, f"wrote {len(rows)} row(s) from {source} to standard output "
+                                  f"({fmt})")
+    from db import write_chunks_atomic
+
     try:
-        if fmt == "json":
-            dump_rows(rows, output)
-        elif fmt == "csv":
-            write_text_atomic(output, rows_to_csv(rows))
-        else:
-            write_text_atomic(output, render_module(rows, source=source))
+        write_chunks_atomic(output, (chunk.encode("utf-8") for chunk in chunks))
+    except OutputRefused as exc:  # it changed since the check above
+        return _fail(f"{exc}; -o - writes to standard output", 2)
     except OSError as exc:
         return _fail(f"cannot write {output}: {exc}", 2)
     print(f"wrote {len(rows)} row(s) from {source} to {output} ({fmt})")
+    return 0
+
+
+def _chunks(fmt: str, rows: list, source: str) -> Iterator[str]:
+    """The text of the export in pieces (a row or a few hundred at a time for JSON and CSV), the
+    same bytes whether they go to a file or to standard output."""
+    from db import rows_json_chunks
+
+    from ..transfer import csv_chunks, render_module
+
+    if fmt == "json":
+        return rows_json_chunks(rows)
+    if fmt == "csv":
+        return csv_chunks(rows)
+    return iter([render_module(rows, source=source)])
+
+
+def _to_stdout(chunks: Iterator[str], done: str) -> int:
+    """Write ``chunks`` to standard output (the binary stream: the bytes a file would hold);
+    the summary goes to standard error, so the output is only the export."""
+    import os
+
+    out = sys.stdout.buffer
+    try:
+        sys.stdout.flush()
+        for chunk in chunks:
+            out.write(chunk.encode("utf-8"))
+        out.flush()
+    except BrokenPipeError:  # the reader went away (`| head`): no traceback at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _fail("standard output was closed before the export was written in full", 2)
+    except OSError as exc:
+        return _fail(f"cannot write to standard output: {exc}", 2)
+    say("export", done)
     return 0

@@ -1,7 +1,8 @@
 """Rows in exchange files: the CSV form of a row (one column per ``db.ROW_FIELDS`` field,
 problem and schedule as JSON cells, provenance spread over its five columns) and the reading of
 JSON or CSV files for ``tiledtune import`` (every row validated on its own, before anything is
-written).
+written). Files are read a chunk at a time, whatever their size or JSON layout, so an export
+of any size reads back; only a single row longer than ``MAX_ROW_CHARS`` rejects a file.
 
 CSV format 2 adds the ``family`` column and keeps the problem in one JSON cell; format-1 files
 (the forward kernel's, with one column per problem field) are still read. From row format 4 a
@@ -24,12 +25,15 @@ one ``'`` before such a character and every row reads back unchanged.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import itertools
 import json
 import math
 import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from db import LEGACY_BASELINES, PROVENANCE_FIELDS, ROW_FIELDS, ROW_FORMAT, FamilyCodec, \
     RecordError, ScheduleRow, canonical_json, check_text
@@ -37,11 +41,9 @@ from tiledattention import ARCHITECTURES
 
 from ..errors import UnreadableFile
 
-__all__ = ["CSV_COLUMNS", "MAX_FILE_BYTES", "MAX_TEXT", "UnreadableFile", "rows_to_csv",
-           "read_rows"]
+__all__ = ["CSV_COLUMNS", "MAX_ROW_CHARS", "MAX_TEXT", "UnreadableFile", "csv_chunks",
+           "rows_to_csv", "read_rows"]
 
-#: Larger files are rejected whole, unread.
-MAX_FILE_BYTES = 50 * 1024 * 1024
 #: Longest accepted device name or provenance string.
 MAX_TEXT = 256
 
@@ -91,6 +93,8 @@ _NOT_FINITE = "infinite or NaN as a 64-bit float"
 
 
 def _parse_int(text: str) -> int | _Unrepresentable:
+    if len(text) <= 18:  # every int of 18 characters is within int64: the common case, fast
+        return int(text)
     # 20 characters hold every int64 ("-9223372036854775808"); longer text (after leading zeros)
     # is out of range and is never converted: int() of more than 4300 digits raises ValueError.
     digits = text.lstrip("+-").lstrip("0")
@@ -115,9 +119,38 @@ def _loads(text: str) -> Any:
                       parse_constant=_parse_constant)
 
 
+def _numbers_fit(data: Any) -> bool:
+    """Whether every number in ``data`` is one a row can hold: :func:`_check_numbers`' test
+    without the field names, a few times faster (exact types first; an import checks every
+    row)."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is str or kind is bool or value is None:
+            continue
+        if kind is int:
+            if not INT_MIN <= value <= INT_MAX:
+                return False
+        elif kind is float:
+            if not math.isfinite(value):
+                return False
+        elif kind is dict:
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif isinstance(value, _Unrepresentable):
+            return False
+        elif isinstance(value, (Mapping, list, int, float)):  # subclasses: the full check
+            return False
+    return True
+
+
 def _check_numbers(data: Any) -> None:
     """Raise :class:`RecordError` naming the first field of ``data`` (nested: ``problem.batch``)
     that holds a number no row can hold. Iterative: a file may nest as deep as JSON allows."""
+    if _numbers_fit(data):
+        return
     stack: list[tuple[str, Any]] = [("", data)]
     while stack:
         path, value = stack.pop()
@@ -183,6 +216,16 @@ def _cell(value: object) -> str:
 
 def rows_to_csv(rows) -> str:
     """The CSV text of ``rows`` (sorted like ``db.dump_rows``), header first."""
+    return "".join(csv_chunks(rows))
+
+
+#: Rows per piece of :func:`csv_chunks`.
+_CSV_ROWS_A_CHUNK = 500
+
+
+def csv_chunks(rows) -> Iterator[str]:
+    """:func:`rows_to_csv`'s text in pieces of ``_CSV_ROWS_A_CHUNK`` rows (the header first), for
+    writers that stream it."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     # QUOTE_MINIMAL quotes a cell holding the line terminator "\n" but not one holding "\r",
@@ -190,35 +233,31 @@ def rows_to_csv(rows) -> str:
     # start a new line, and a cell, of its own, past the neutralising quote
     quote_all = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_ALL)
     writer.writerow(CSV_COLUMNS)
-    for row in sorted(rows, key=lambda r: (r.key, r.median_ms, r.created_at.isoformat())):
-        data = row.to_dict()
-        flat = {**data, **data["provenance"]}
-        cells = [_neutralised(_cell(flat[name])) if name in TEXT_COLUMNS else _cell(flat[name])
-                 for name in CSV_COLUMNS]
-        (quote_all if any("\r" in cell for cell in cells) else writer).writerow(cells)
-    return out.getvalue()
+    ordered = sorted(rows, key=lambda r: (r.key, r.median_ms, r.created_at.isoformat()))
+    for start in range(0, len(ordered), _CSV_ROWS_A_CHUNK):
+        for row in ordered[start:start + _CSV_ROWS_A_CHUNK]:
+            data = row.to_dict()
+            flat = {**data, **data["provenance"]}
+            cells = [_neutralised(_cell(flat[name])) if name in TEXT_COLUMNS
+                     else _cell(flat[name]) for name in CSV_COLUMNS]
+            (quote_all if any("\r" in cell for cell in cells) else writer).writerow(cells)
+        yield out.getvalue()
+        out.seek(0)
+        out.truncate()
+    if out.tell():  # no rows: the header alone
+        yield out.getvalue()
 
 
 # -- reading ---------------------------------------------------------------------------------
 
-def _read_text(path: Path) -> str:
-    try:
-        if not path.is_file():
-            raise UnreadableFile("not a regular file" if path.exists() else "no such file")
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise UnreadableFile(f"{size} bytes, larger than the limit of {MAX_FILE_BYTES}")
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise UnreadableFile(f"cannot read it: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:  # grew while we looked
-        raise UnreadableFile(f"larger than the limit of {MAX_FILE_BYTES} bytes")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UnreadableFile(f"not UTF-8 text, so neither JSON nor CSV ({exc.reason} at byte "
-                             f"{exc.start})") from None
+#: Characters read from a file at a time (files have no size limit: they are read a chunk at a
+#: time, so an export of any size the database holds reads back).
+_CHUNK = 1 << 20
+#: Longest row accepted: one JSON value of a file, or one line of a CSV file (a row is about
+#: 1,000 characters); a file holding a longer one is rejected whole, unread past it.
+MAX_ROW_CHARS = 1 << 20
+#: Characters looked at to tell JSON from CSV in a file whose name says neither.
+_SNIFF = 64 * 1024
 
 
 def _kind(path: Path, text: str) -> str:
@@ -234,21 +273,145 @@ def _kind(path: Path, text: str) -> str:
                          "(a header starting with 'format,'); name it .json or .csv")
 
 
-def _json_items(text: str) -> Iterator[tuple[int, Any]]:
-    try:
-        data = _loads(text)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise UnreadableFile(f"not JSON: {exc}") from None
-    if not isinstance(data, dict) or set(data) != {"format", "rows"}:
-        raise UnreadableFile(f'expected {{"format": {ROW_FORMAT}, "rows": [...]}} at the top')
-    version = data["format"]
+class _JsonReader:
+    """The values of a JSON text read a chunk at a time: ``peek`` the next structural character,
+    ``take`` it, or decode the ``value`` that starts there (``_loads``' number rules). Only one
+    value and the chunk it started in are held, whatever the file's size or layout."""
+
+    _SPACE = re.compile(r"[ \t\n\r]*")
+
+    def __init__(self, file: io.TextIOBase) -> None:
+        self._file = file
+        self._buffer = ""
+        self._at = 0  # next character of _buffer
+        self._before = 0  # characters of the file before _buffer
+        self._ended = False
+        self._decode = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float,
+                                        parse_constant=_parse_constant).raw_decode
+
+    def _more(self) -> bool:
+        """Append the next chunk to what is not consumed yet; ``False`` at the end."""
+        if self._ended:
+            return False
+        chunk = self._file.read(_CHUNK)
+        if not chunk:
+            self._ended = True
+            return False
+        self._before += self._at
+        self._buffer = self._buffer[self._at:] + chunk
+        self._at = 0
+        return True
+
+    def error(self, message: str, at: int | None = None, *,
+              what: str = "not JSON: ") -> UnreadableFile:
+        where = self._before + (self._at if at is None else at)
+        return UnreadableFile(f"{what}{message} (character {where})")
+
+    def peek(self) -> str:
+        """The next character that is not white space ("" at the end)."""
+        while True:
+            self._at = self._SPACE.match(self._buffer, self._at).end()
+            if self._at < len(self._buffer) or not self._more():
+                return self._buffer[self._at:self._at + 1]
+
+    def take(self, char: str, after: str) -> None:
+        found = self.peek()
+        if found != char:
+            raise self.error(f"expected {char!r} {after}; "
+                             + (f"got {found!r}" if found else "the text ends"))
+        self._at += 1
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                value, end = self._decode(self._buffer, self._at)
+            except json.JSONDecodeError as exc:
+                # the value may only go on in the next chunk: read on, up to one row's length
+                if len(self._buffer) - self._at <= MAX_ROW_CHARS and self._more():
+                    continue
+                if len(self._buffer) - self._at > MAX_ROW_CHARS:
+                    raise self.error(f"a value longer than the limit of {MAX_ROW_CHARS} "
+                                     f"characters for one row, or not JSON ({exc.msg})",
+                                     self._at, what="") from None
+                raise self.error(exc.msg, exc.pos) from None
+            except RecursionError:
+                raise self.error("nested too deeply") from None
+            if end == len(self._buffer) and self._more():  # a number may go on
+                continue
+            if end - self._at > MAX_ROW_CHARS:
+                raise self.error(f"a value longer than the limit of {MAX_ROW_CHARS} characters "
+                                 "for one row", what="")
+            self._at = end
+            return value
+
+
+def _check_version(version: Any) -> None:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version \
             <= ROW_FORMAT:
         raise UnreadableFile(f"file format {version!r}; this tiledattention reads 1.."
                              f"{ROW_FORMAT} (upgrade it for newer files)")
-    if not isinstance(data["rows"], list):
-        raise UnreadableFile("'rows' must be a list")
-    yield from enumerate(data["rows"])
+
+
+def _json_items(file: io.TextIOBase) -> Iterator[tuple[int, Any]]:
+    """The rows of ``{"format": N, "rows": [...]}``, one at a time, in any layout (``tiledtune
+    export`` writes one row a line); anything else at the top rejects the file whole."""
+    top = f'expected {{"format": {ROW_FORMAT}, "rows": [...]}} at the top'
+    reader = _JsonReader(file)
+    start = reader.peek()
+    if start != "{":
+        if start and start in '["-0123456789tfn':
+            reader.value()  # valid JSON of another shape, or the JSON error
+            raise UnreadableFile(top)
+        raise reader.error("expected a JSON object; " + (f"got {start!r}" if start
+                                                          else "the file is empty"))
+    reader.take("{", "at the top")
+    seen: set[str] = set()
+    if reader.peek() == "}":
+        raise UnreadableFile(top)
+    while True:
+        key = reader.value()
+        if key not in ("format", "rows") or key in seen:
+            raise UnreadableFile(top)
+        seen.add(key)
+        reader.take(":", f"after {json.dumps(key)}")
+        if key == "format":
+            _check_version(reader.value())
+        elif reader.peek() != "[":
+            reader.value()
+            raise UnreadableFile("'rows' must be a list")
+        else:
+            reader.take("[", "")
+            if reader.peek() == "]":
+                reader.take("]", "")
+            else:
+                for index in itertools.count():
+                    yield index, reader.value()
+                    if reader.peek() == "]":
+                        reader.take("]", "")
+                        break
+                    reader.take(",", "or ']' after a row")
+        if reader.peek() == "}":
+            reader.take("}", "")
+            break
+        reader.take(",", "or '}' in the top-level object")
+    if reader.peek():
+        raise reader.error("extra data after the top-level object")
+    if seen != {"format", "rows"}:
+        raise UnreadableFile(top)
+
+
+def _lines(file: io.TextIOBase) -> Iterator[str]:
+    """The lines of a text file opened with ``newline=""`` (what ``csv`` reads), each at most
+    ``MAX_ROW_CHARS`` characters."""
+    while True:
+        line = file.readline(MAX_ROW_CHARS + 1)
+        if not line:
+            return
+        if len(line) > MAX_ROW_CHARS:
+            raise UnreadableFile(f"a line longer than the limit of {MAX_ROW_CHARS} characters "
+                                 "for one row")
+        yield line
 
 
 def _csv_value(name: str, text: str, legacy: bool = False) -> Any:
@@ -283,8 +446,8 @@ def _csv_value(name: str, text: str, legacy: bool = False) -> Any:
     return text
 
 
-def _csv_items(text: str) -> Iterator[tuple[int, Any]]:
-    reader = csv.reader(io.StringIO(text, newline=""))
+def _csv_items(lines: Iterator[str]) -> Iterator[tuple[int, Any]]:
+    reader = csv.reader(lines)
     try:
         header = next(reader, None)
         if header is None:
@@ -349,12 +512,62 @@ def _check_row(data: Any, codecs: Mapping[str, FamilyCodec]) -> ScheduleRow:
     return row
 
 
+#: Distinct schedules a file's reading remembers per family (a file holds few: rows share them).
+_SCHEDULES_REMEMBERED = 4096
+
+
+def _remembering_schedules(codecs: Mapping[str, FamilyCodec]) -> dict[str, FamilyCodec]:
+    """``codecs`` whose schedule decoding builds (and validates) each distinct schedule once:
+    the rows of a file share a few hundred schedules, and validating one costs more than the
+    rest of its row. The dict form is remembered with each value's type, so ``true`` and ``1``
+    stay apart; a form that does not hash (a list in it) or that fails is decoded every time;
+    a form is a mapping (``_decoded`` checked)."""
+    def remembering(decode: Callable[[Mapping[str, Any]], Any]) -> Callable:
+        built: dict[tuple, Any] = {}
+
+        def decode_schedule(data: Mapping[str, Any]) -> Any:
+            try:  # keys in their order (a file writes them in one order), values, their types
+                form = (tuple(data), tuple(data.values()), tuple(map(type, data.values())))
+                schedule = built.get(form)
+            except TypeError:  # an unhashable value
+                return decode(data)
+            if schedule is None:
+                schedule = decode(data)
+                if len(built) < _SCHEDULES_REMEMBERED:
+                    built[form] = schedule
+            return schedule
+        return decode_schedule
+
+    return {name: dataclasses.replace(codec, decode_schedule=remembering(codec.decode_schedule))
+            for name, codec in codecs.items()}
+
+
 def read_rows(path: Path, codecs: Mapping[str, FamilyCodec]
               ) -> tuple[list[tuple[int, ScheduleRow]], list[str]]:
     """The valid rows of a file, as ``(index, ScheduleRow)``, and the rejections as
     ``"row N: reason"``. Raises :class:`UnreadableFile` when the file as a whole is unusable."""
-    text = _read_text(path)
-    items = _json_items(text) if _kind(path, text) == "json" else _csv_items(text)
+    try:
+        if not path.is_file():
+            raise UnreadableFile("not a regular file" if path.exists() else "no such file")
+        raw = open(path, "rb")
+    except OSError as exc:
+        raise UnreadableFile(f"cannot read it: {exc.strerror or exc}") from None
+    with io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as file:
+        try:
+            kind = _kind(path, file.read(_SNIFF))
+            file.seek(0)
+            return _checked_rows(_json_items(file) if kind == "json"
+                                 else _csv_items(_lines(file)), codecs)
+        except UnicodeDecodeError as exc:
+            raise UnreadableFile(f"not UTF-8 text, so neither JSON nor CSV ({exc.reason})") \
+                from None
+        except OSError as exc:
+            raise UnreadableFile(f"cannot read it: {exc.strerror or exc}") from None
+
+
+def _checked_rows(items: Iterator[tuple[int, Any]], codecs: Mapping[str, FamilyCodec]
+                  ) -> tuple[list[tuple[int, ScheduleRow]], list[str]]:
+    codecs = _remembering_schedules(codecs)
     accepted: list[tuple[int, ScheduleRow]] = []
     rejected: list[str] = []
     seen: dict[tuple, int] = {}
@@ -364,10 +577,11 @@ def read_rows(path: Path, codecs: Mapping[str, FamilyCodec]
         except RecordError as exc:
             rejected.append(f"row {index}: {exc}")
             continue
-        if row.key in seen:
+        key = row.key  # a property that serialises the problem: once
+        if key in seen:
             rejected.append(f"row {index}: duplicate key {row.describe_key()} (row "
-                            f"{seen[row.key]} has it; the first is kept)")
+                            f"{seen[key]} has it; the first is kept)")
             continue
-        seen[row.key] = index
+        seen[key] = index
         accepted.append((index, row))
     return accepted, rejected

@@ -1,0 +1,246 @@
+"""Export and import at the size a database holds (issue 30, item 4): a round trip of more rows
+than the old 50 MiB import limit allowed, import thousands of rows a second (one write
+transaction per batch, ``ScheduleDB.merge_many``), ``list``'s first page and ``explain`` in a
+fraction of a second on a database of more than 50,000 rows; and the batched merge deciding
+exactly as a merge of each row does."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import itertools
+import random
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+import db
+from db._encode import row_values
+from tiledattention import FORWARD, Problem, Schedule
+from tiledattention.tooling import codecs, current_provenance
+from tuner import cli
+
+PROV = current_provenance(FORWARD)
+OLD_TEMPLATE = dataclasses.replace(PROV, template_hash="0123456789ab")
+OTHER_TOOLCHAIN = dataclasses.replace(PROV, cuda_tile="0.0.1")
+ROWS = 65_000
+#: what import refused before issue 30 (and the JSON export of about 57,000 rows exceeded)
+OLD_IMPORT_LIMIT = 50 * 1024 * 1024
+
+
+def _problem(i: int) -> Problem:
+    return Problem(batch=1 + i % 2, heads_q=32, heads_kv=(32, 8)[i % 2], seqlen_q=64 + i,
+                   seqlen_k=64 + i, head_dim=(64, 128, 256)[i % 3],
+                   dtype=("bf16", "fp16")[i // 6 % 2], causal=bool(i // 12 % 2))
+
+
+def _row(i: int, **changes) -> db.ScheduleRow:
+    fields = dict(family="forward", arch="sm_90", device_name="NVIDIA H100 80GB HBM3",
+                  problem=_problem(i), schedule=Schedule(tile_m=(64, 128)[i % 2], tile_n=64,
+                                                         occupancy=1 + i % 2),
+                  median_ms=0.1 + i * 1e-5, spread_ms=0.001, tflops=512.5, trials=40,
+                  default_ms=0.2 + i * 1e-5,
+                  baselines={"torch-cudnn": 0.15 + i * 1e-5, "torch-flash": 0.18},
+                  provenance=PROV)
+    return db.ScheduleRow(**{**fields, **changes})
+
+
+def _fill(path: Path, count: int) -> None:
+    """``count`` rows written straight through sqlite3 (what ``ScheduleDB.put`` would store,
+    in seconds instead of minutes)."""
+    with db.ScheduleDB(path, codecs=codecs()):
+        pass
+    codec = FORWARD.codec()
+    records = [row_values(_row(i), codec) for i in range(count)]
+    columns = list(records[0])
+    connection = sqlite3.connect(path)
+    connection.executemany(
+        f"INSERT INTO schedules ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+        [[r[c].strftime("%Y-%m-%d %H:%M:%S.%f") if c == "created_at" else r[c]  # SQLAlchemy's
+          for c in columns] for r in records])
+    connection.commit()
+    connection.close()
+
+
+def _stored(path: Path) -> list[tuple]:
+    """Every stored row but its id, in key order."""
+    connection = sqlite3.connect(path)
+    columns = [c[1] for c in connection.execute("PRAGMA table_info(schedules)") if c[1] != "id"]
+    found = connection.execute(f"SELECT {', '.join(columns)} FROM schedules ORDER BY family, "
+                               "arch, problem, device_name").fetchall()
+    connection.close()
+    return found
+
+
+def _tiledtune(*argv) -> tuple[int, str, float]:
+    """``tiledtune ARGV`` in this process: (exit status, standard output, seconds)."""
+    out = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = cli.main([str(a) for a in argv])
+    return code, out.getvalue(), time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("scale") / "big.sqlite"
+    _fill(path, ROWS)
+    return path
+
+
+@pytest.mark.slow  # about 15 s on two cores: 65,000 rows out and back in
+def test_a_round_trip_past_the_old_import_limit(big, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    exported = tmp_path / "rows.json"
+    code, out, export_s = _tiledtune("export", "--db", big, "-o", exported)
+    assert code == 0 and f"wrote {ROWS} row(s)" in out, out
+    assert exported.stat().st_size > OLD_IMPORT_LIMIT
+    target = tmp_path / "target.sqlite"
+    code, out, import_s = _tiledtune("import", "--db", target, exported)
+    assert code == 0, out
+    assert _stored(target) == _stored(big)
+    # generous: 10,000 rows/s and more on an idle two-core machine; per-row transactions
+    # managed about 1,000 there
+    assert ROWS / import_s >= 3_000, (import_s, export_s)
+    # again: every key is there, every row kept, nothing written
+    code, out, again_s = _tiledtune("import", "--db", target, exported)
+    assert code == 0 and f"{ROWS}" in out
+    assert _stored(target) == _stored(big)
+    assert ROWS / again_s >= 3_000, again_s
+
+
+@pytest.mark.slow  # the 65,000-row database of the test above
+def test_list_and_explain_answer_quickly_on_a_large_database(big, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    _tiledtune("list", "--db", big, "--limit", "1")  # imports, as a process's start-up does
+    best = {}
+    for _ in range(3):
+        code, out, seconds = _tiledtune("list", "--db", big)
+        assert code == 0 and f"rows 1-50 of {ROWS}" in out, out
+        best["list"] = min(best.get("list", 9.0), seconds)
+        code, out, seconds = _tiledtune("explain", "--db", big, "--device", "sm_90",
+                                        "--device-name", "NVIDIA H100 80GB HBM3",
+                                        "--shape", "3,32/8,30007,128")
+        assert code == 0 and "source   nearest" in out, out
+        best["explain"] = min(best.get("explain", 9.0), seconds)
+    assert best["list"] < 0.5 and best["explain"] < 0.5, best  # 0.2 s and less when idle
+
+
+def test_a_batch_is_decided_as_each_row_would_be():
+    """``merge_many`` against ``merge`` row by row, from the same stored rows: every outcome and
+    reason, and the rows left, agree (stale, simulated, other-toolchain, faster and slower rows,
+    a key repeated within the batch, ``--force``, with and without a current provenance)."""
+    rng = random.Random(30)
+
+    def some_row() -> db.ScheduleRow:
+        return _row(rng.randrange(6), device_name=rng.choice(["A", "B"]),
+                    median_ms=rng.choice([0.5, 1.0, 2.0]),
+                    provenance=rng.choice([PROV, PROV, OLD_TEMPLATE, OTHER_TOOLCHAIN]),
+                    backend=rng.choice(["gpu", "gpu", "simulated"]))
+
+    outcomes = set()
+    with db.ScheduleDB("sqlite://", codecs=codecs()) as one, \
+            db.ScheduleDB("sqlite://", codecs=codecs()) as many:
+        for case in range(40):
+            stored = [some_row() for _ in range(rng.randrange(10))]
+            for store in (one, many):  # start from the same stored rows
+                for r in store.rows():
+                    store.delete(r.family, r.arch, r.device_name, r.problem)
+                for r in stored:
+                    store.put(r, force=True)
+            batch = [some_row() for _ in range(rng.randrange(1, 16))]
+            force = case % 7 == 6
+            current = None if case % 5 == 4 else PROV
+            each = [one.merge(r, force=force, current=current) for r in batch]
+            assert many.merge_many(batch, force=force, current={"forward": current}) == each
+            assert many.rows() == one.rows()
+            outcomes.update(outcome for outcome, _ in each)
+    assert outcomes == set(db.PUT_OUTCOMES)
+
+
+def test_a_batch_is_checked_before_anything_is_written(tmp_path):
+    with db.ScheduleDB(tmp_path / "s.sqlite", codecs=codecs()) as store:
+        with pytest.raises(db.DatabaseArgumentError):
+            store.merge_many([_row(1), "not a row"])
+        with pytest.raises(db.DatabaseArgumentError):
+            store.merge_many([_row(1)], current={"forward": "abc"})
+        assert store.merge_many([]) == [] and len(store) == 0
+    with db.ScheduleDB(tmp_path / "s.sqlite", codecs=codecs(), read_only=True) as store:
+        with pytest.raises(db.DatabaseUnavailable, match="read-only"):
+            store.merge_many([_row(1)])
+
+
+@pytest.mark.parametrize("layout", ["export", "indented", "rows first", "one line"])
+def test_json_files_of_any_layout_are_read_a_chunk_at_a_time(tmp_path, monkeypatch, layout):
+    """Rows cut by chunk boundaries anywhere (chunks of 7 characters) read as ``json.loads``
+    reads them whole."""
+    import json
+
+    from tuner.transfer import _rowfiles, read_rows
+
+    rows = [_row(i) for i in range(12)]
+    data = {"format": db.ROW_FORMAT, "rows": [r.to_dict() for r in rows]}
+    path = tmp_path / "rows.json"
+    if layout == "export":
+        db.dump_rows(rows, path)
+    else:
+        path.write_text({"indented": lambda: json.dumps(data, indent=2),
+                         "rows first": lambda: json.dumps({"rows": data["rows"],
+                                                           "format": data["format"]}),
+                         "one line": lambda: json.dumps(data)}[layout]())
+    monkeypatch.setattr(_rowfiles, "_CHUNK", 7)
+    accepted, rejected = read_rows(path, codecs())
+    assert rejected == []
+    assert [r for _, r in accepted] == sorted(rows, key=lambda r: r.key) \
+        if layout == "export" else [r for _, r in accepted] == rows
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"format": 4, "rows": [{}] ', "expected ',' or '}'"),
+    ('{"format": 4, "rows": [{}]} trailing', "extra data"),
+    ('{"format": 4, "rows": [{},]}', "not JSON"),
+    ('{"rows": [], "format": 4, "rows": []}', "at the top"),
+    ('{"format": 4, "rows": [], "more": 1}', "at the top"),
+    ('{"rows": []}', "at the top"),
+    ('{"format": 4, "rows": {}}', "'rows' must be a list"),
+    ('{"rows": [{}], "format": 99}', "file format 99"),
+    ('{"format": 4, "rows": [{"a": "' + "x" * (1 << 20) + '"}]}', "longer than the limit"),
+], ids=["unterminated", "trailing", "trailing comma", "repeated key", "unknown key",
+        "no format", "rows not a list", "format after rows", "row too long"])
+def test_a_broken_json_file_is_rejected_whole(tmp_path, text, message):
+    from tuner.errors import UnreadableFile
+    from tuner.transfer import read_rows
+
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(UnreadableFile, match=message):
+        read_rows(path, codecs())
+
+
+def test_csv_export_streams_the_same_text(tmp_path):
+    from tuner.transfer import csv_chunks, rows_to_csv
+
+    rows = [_row(i) for i in range(1200)]
+    chunks = list(csv_chunks(rows))
+    assert len(chunks) == 3 and "".join(chunks) == rows_to_csv(rows)
+    assert list(csv_chunks([])) == [rows_to_csv([])]
+    assert "".join(db.rows_json_chunks(rows)).count("\n") == 1200 + 2  # a row a line
+    assert "".join(db.rows_json_chunks([])) == '{"format": %d, "rows": []}\n' % db.ROW_FORMAT
+    assert len(list(itertools.islice(db.rows_json_chunks(rows), 5))) == 5
+
+
+def test_a_number_cut_by_a_chunk_boundary_is_read_whole(tmp_path, monkeypatch):
+    """``"format": 13`` cut after its ``1`` at some chunk size must read as 13 (refused by its
+    version), never as 1 followed by garbage."""
+    from tuner.errors import UnreadableFile
+    from tuner.transfer import _rowfiles, read_rows
+
+    path = tmp_path / "rows.json"
+    path.write_text('{"rows": [], "format": 13}')
+    for size in range(1, 30):
+        monkeypatch.setattr(_rowfiles, "_CHUNK", size)
+        with pytest.raises(UnreadableFile, match="file format 13;"):
+            read_rows(path, codecs())
