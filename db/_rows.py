@@ -61,6 +61,8 @@ def check_text(name: str, value: str, limit: int) -> None:
     if len(value) > limit:
         raise RecordError(f"{name} must be printable text of at most {limit} characters; got "
                           f"{len(value)} characters")
+    if value.isprintable():  # the common case, without a loop in Python
+        return
     for index, char in enumerate(value):
         if not char.isprintable():
             what = _UNPRINTABLE.get(char, "a character that is not printable")
