@@ -24,6 +24,7 @@ import pytest
 
 from .test_interrupt import (ROOT, _as_from_a_terminal, _complete_trials, _descendants, _env,
                              _still_running, _wait_for)
+from .test_interrupt import _terminal_signals  # noqa: F401 - this module's SIGINT, autouse
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 
@@ -49,16 +50,6 @@ def _send(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
     else:
         os.kill(pid, sig)
-
-
-@pytest.fixture(autouse=True)
-def _terminal_signals():
-    """This process's SIGINT as an interactive Python's: the default handler, unblocked."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    yield
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    signal.signal(signal.SIGINT, previous)
 
 
 PAIRS = [(signal.SIGINT, signal.SIGINT), (signal.SIGINT, signal.SIGTERM),
