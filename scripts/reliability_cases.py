@@ -525,7 +525,7 @@ def _fill_rows(path: Path, count: int) -> None:
     the format SQLAlchemy stores (seconds instead of the minutes ``put`` takes)."""
     import db as dbmod
     import tiledattention as ta
-    from db._encode import row_values
+    from db import row_values
     from tiledattention import tooling
 
     with dbmod.ScheduleDB(path, codecs=tooling.codecs()):

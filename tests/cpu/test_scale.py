@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import db
-from db._encode import row_values
+from db import row_values
 from tiledattention import FORWARD, Problem, Schedule
 from tiledattention.tooling import codecs, current_provenance
 from tuner import cli
