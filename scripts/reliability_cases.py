@@ -521,35 +521,28 @@ def case_export_output(tmp: Path) -> list[str]:
 
 
 def _fill_rows(path: Path, count: int) -> None:
-    """``count`` distinct forward rows (with baselines), written straight through sqlite3 in
-    the format SQLAlchemy stores (seconds instead of the minutes ``put`` takes)."""
+    """``count`` distinct forward rows (with baselines), stored through
+    ``ScheduleDB.merge_many`` (a batch of inserts per transaction: seconds instead of the
+    minutes a ``put`` per row takes)."""
     import db as dbmod
     import tiledattention as ta
-    from db import row_values
     from tiledattention import tooling
 
-    with dbmod.ScheduleDB(path, codecs=tooling.codecs()):
-        pass
-    codec, prov = ta.FORWARD.codec(), tooling.current_provenance(ta.FORWARD)
-    records = []
+    prov = tooling.current_provenance(ta.FORWARD)
+    rows = []
     for i in range(count):
         problem = ta.Problem(batch=1 + i % 2, heads_q=32, heads_kv=(32, 8)[i % 2],
                              seqlen_q=64 + i, seqlen_k=64 + i, head_dim=(64, 128, 256)[i % 3],
                              dtype=("bf16", "fp16")[i // 6 % 2], causal=bool(i // 12 % 2))
-        records.append(row_values(dbmod.ScheduleRow(
+        rows.append(dbmod.ScheduleRow(
             family="forward", arch="sm_90", device_name="NVIDIA H100 80GB HBM3",
             problem=problem, schedule=ta.Schedule(tile_m=(64, 128)[i % 2]),
             median_ms=0.1 + i * 1e-5, spread_ms=0.001, tflops=512.5, trials=40,
             default_ms=0.2, baselines={"torch-cudnn": 0.15, "torch-flash": 0.18},
-            provenance=prov), codec))
-    columns = list(records[0])
-    connection = sqlite3.connect(path)
-    connection.executemany(
-        f"INSERT INTO schedules ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-        [[r[c].strftime("%Y-%m-%d %H:%M:%S.%f") if c == "created_at" else r[c]
-          for c in columns] for r in records])
-    connection.commit()
-    connection.close()
+            provenance=prov))
+    with dbmod.ScheduleDB(path, codecs=tooling.codecs()) as store:
+        for start in range(0, count, 5000):  # merge_many's callers keep to a few thousand rows
+            store.merge_many(rows[start:start + 5000])
 
 
 def _stored(path: Path) -> list[tuple]:

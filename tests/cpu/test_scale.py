@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 import db
-from db import row_values
 from tiledattention import FORWARD, Problem, Schedule
 from tiledattention.tooling import codecs, current_provenance
 from tuner import cli
@@ -49,20 +48,12 @@ def _row(i: int, **changes) -> db.ScheduleRow:
 
 
 def _fill(path: Path, count: int) -> None:
-    """``count`` rows written straight through sqlite3 (what ``ScheduleDB.put`` would store,
-    in seconds instead of minutes)."""
-    with db.ScheduleDB(path, codecs=codecs()):
-        pass
-    codec = FORWARD.codec()
-    records = [row_values(_row(i), codec) for i in range(count)]
-    columns = list(records[0])
-    connection = sqlite3.connect(path)
-    connection.executemany(
-        f"INSERT INTO schedules ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-        [[r[c].strftime("%Y-%m-%d %H:%M:%S.%f") if c == "created_at" else r[c]  # SQLAlchemy's
-          for c in columns] for r in records])
-    connection.commit()
-    connection.close()
+    """``count`` rows stored through ``ScheduleDB.merge_many`` (a batch of inserts per
+    transaction: seconds, where a ``put`` per row takes minutes)."""
+    rows = [_row(i) for i in range(count)]
+    with db.ScheduleDB(path, codecs=codecs()) as store:
+        for start in range(0, count, 5000):  # merge_many's callers keep to a few thousand rows
+            store.merge_many(rows[start:start + 5000])
 
 
 def _stored(path: Path) -> list[tuple]:
