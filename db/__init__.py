@@ -9,7 +9,7 @@ database is actually opened.
 
 from __future__ import annotations
 
-from ._encode import Candidates, row_values
+from ._encode import Candidates
 from ._errors import (DatabaseArgumentError, DatabaseError, DatabaseMisuse, DatabaseUnavailable,
                       OutputRefused, RecordError, SchemaTooNew, TiledAttentionError)
 from ._rows import (
@@ -41,6 +41,6 @@ __all__ = [
     "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
     "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew", "TiledAttentionError",
     "canonical_json", "check_text", "dump_rows", "load_rows_file", "load_rows_text",
-    "replaceable_target", "row_values", "rows_json_chunks", "write_bytes_atomic",
+    "replaceable_target", "rows_json_chunks", "write_bytes_atomic",
     "write_chunks_atomic", "write_text_atomic",
 ]
