@@ -238,13 +238,26 @@ def _utc_now() -> datetime:
 
 class Baselines(Mapping[str, float]):
     """Baseline name -> median ms per call, in name order; immutable and hashable (a field of
-    the frozen :class:`ScheduleRow`). Compares equal to a dict of the same items."""
+    the frozen :class:`ScheduleRow`). Compares equal to a dict of the same items. Checked when
+    built (:class:`RecordError` naming ``where`` and the bad entry), so a row takes one as it
+    is."""
 
     __slots__ = ("_items",)
 
-    def __init__(self, items: Mapping[str, float] | Iterable[tuple[str, float]] = ()) -> None:
-        pairs = items.items() if isinstance(items, Mapping) else items
-        self._items = dict(sorted(pairs))
+    def __init__(self, items: Mapping[str, float] | Iterable[tuple[str, float]] = (), *,
+                 where: str = "Baselines") -> None:
+        value = items if isinstance(items, Mapping) else dict(items)
+        if len(value) > MAX_BASELINES:
+            raise RecordError(f"{where} holds {len(value)} baselines; at most {MAX_BASELINES}")
+        for name, ms in value.items():
+            if not isinstance(name, str) or not BASELINE_PATTERN.fullmatch(name):
+                raise RecordError(f"{where}: a baseline name must match "
+                                  f"{BASELINE_PATTERN.pattern}; got {name!r}")
+            if isinstance(ms, bool) or not isinstance(ms, (int, float)) \
+                    or not math.isfinite(ms) or ms <= 0:
+                raise RecordError(f"{where}[{name!r}] must be a finite number > 0 (ms); got "
+                                  f"{ms!r}")
+        self._items = dict(sorted((name, float(ms)) for name, ms in value.items()))
 
     def __getitem__(self, name: str) -> float:
         return self._items[name]
@@ -267,22 +280,16 @@ class Baselines(Mapping[str, float]):
 
 def _checked_baselines(value: Any, where: str) -> Baselines:
     """``value`` (a mapping of baseline name to median ms, or ``None`` for none) as
-    :class:`Baselines`; :class:`RecordError` naming ``where`` and the bad entry otherwise."""
+    :class:`Baselines`; :class:`RecordError` naming ``where`` and the bad entry otherwise. A
+    ``Baselines`` was checked when built and is taken as it is (a decoded row's, once)."""
     if value is None:
         return Baselines()
+    if type(value) is Baselines:  # not a subclass, whose __init__ may skip the checks
+        return value
     if not isinstance(value, Mapping):
         raise RecordError(f"{where} must be a mapping of baseline name to median ms; got "
                           f"{type(value).__name__}")
-    if len(value) > MAX_BASELINES:
-        raise RecordError(f"{where} holds {len(value)} baselines; at most {MAX_BASELINES}")
-    for name, ms in value.items():
-        if not isinstance(name, str) or not BASELINE_PATTERN.fullmatch(name):
-            raise RecordError(f"{where}: a baseline name must match "
-                              f"{BASELINE_PATTERN.pattern}; got {name!r}")
-        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) \
-                or ms <= 0:
-            raise RecordError(f"{where}[{name!r}] must be a finite number > 0 (ms); got {ms!r}")
-    return Baselines((name, float(ms)) for name, ms in value.items())
+    return Baselines(value, where=where)
 
 
 @dataclass(frozen=True, kw_only=True)
