@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from ._encode import Candidates, pick_candidates
 from ._errors import DatabaseArgumentError, OutputRefused, RecordError
-from ._rows import ROW_FORMAT, FamilyCodec, ScheduleRow, codec_map
+from ._rows import ROW_FORMAT, FamilyCodec, ScheduleRow, canonical_json, codec_map
 
 __all__ = ["RowTable", "load_rows_file", "load_rows_text", "dump_rows", "rows_json_chunks",
            "replaceable_target", "write_bytes_atomic", "write_chunks_atomic", "write_text_atomic"]
@@ -126,8 +126,7 @@ def rows_json_chunks(rows: Iterable[ScheduleRow]) -> Iterator[str]:
     yield f'{{"format": {ROW_FORMAT}, "rows": ['
     separator = "\n"
     for row in sorted(rows, key=_sort_key):
-        yield separator + json.dumps(row.to_dict(), sort_keys=True, separators=(",", ":"),
-                                     allow_nan=False)
+        yield separator + canonical_json(row.to_dict())
         separator = ",\n"
     yield ("" if separator == "\n" else "\n") + "]}\n"
 
