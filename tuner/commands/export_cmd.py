@@ -128,8 +128,9 @@ def _merge(rows: list) -> tuple[list, int]:
 
     best: dict = {}
     for r in rows:
-        if r.key not in best or rank(r) < rank(best[r.key]):
-            best[r.key] = r
+        key = r.key  # a property that serialises the problem: once per row
+        if key not in best or rank(r) < rank(best[key]):
+            best[key] = r
     return list(best.values()), len(rows) - len(best)
 
 
