@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from ._dispatch import family_for_schedule
-from ._family import get_family, serving
+from ._family import get_family
 from ._problem import BOTTOM_RIGHT, ROW_STAT_ALIGN, causal_flags
 from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
@@ -164,11 +164,6 @@ def _fwd_lse_backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple
 sdpa_fwd_lse.register_autograd(_fwd_lse_backward, setup_context=_fwd_lse_setup_context)
 
 
-def _lse_schedule_types() -> str:
-    return ", ".join(f"tiledattention.{f.schedule_type.__name__}"
-                     for f in serving("sdpa_with_lse"))
-
-
 # -- tiledattention.sdpa on inputs that require grad ----------------------------------------------
 def grad_enabled() -> bool:
     """Whether autograd records operations now (not under ``torch.no_grad()`` /
@@ -199,11 +194,9 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
         family_for_schedule(schedule)  # not a schedule sdpa takes: sdpa's InputTypeError
         try:
             chosen = schedule_json(schedule)
-        except InputTypeError:
+        except InputTypeError as exc:  # a schedule of a family that keeps no log-sum-exp
             raise UnsupportedOperationError(
-                f"schedule is a {type(schedule).__name__}, whose kernels keep no log-sum-exp "
-                f"for a backward pass, and these inputs require grad; pass a schedule of a "
-                f"family that does ({_lse_schedule_types()}) or None, or call under "
-                f"torch.no_grad() / with detached inputs") from None
+                f"these inputs require grad, so the call keeps the log-sum-exp for a backward "
+                f"pass: {exc} (or call under torch.no_grad() / with detached inputs)") from None
     return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
                                                  chosen)[0]

@@ -14,14 +14,22 @@ from .errors import InputTypeError, UnsupportedOperationError
 __all__ = ["choose_family", "family_for_schedule", "explain_choice"]
 
 
+def _asked(arch: str, problem: Any, operation: str) -> list[Family]:
+    """The families serving ``operation`` in the order they are asked, up to and including the
+    first that takes ``problem`` (the chosen one, last)."""
+    asked = []
+    for family in serving(operation):
+        asked.append(family)
+        if family.takes(arch, problem):
+            return asked
+    raise UnsupportedOperationError(f"no registered kernel family serves {operation} for "
+                                    f"{problem.describe()} on {arch}")
+
+
 def choose_family(arch: str, problem: Any, operation: str = "sdpa") -> Family:
     """The family that runs ``operation`` ("sdpa", "sdpa_with_lse", "sdpa_backward") for
     ``problem`` on ``arch`` when the schedule is left to the lookup."""
-    for family in serving(operation):
-        if family.takes(arch, problem):
-            return family
-    raise UnsupportedOperationError(f"no registered kernel family serves {operation} for "
-                                    f"{problem.describe()} on {arch}")
+    return _asked(arch, problem, operation)[-1]
 
 
 def family_for_schedule(schedule: Any, operation: str = "sdpa") -> Family:
@@ -38,10 +46,5 @@ def family_for_schedule(schedule: Any, operation: str = "sdpa") -> Family:
 def explain_choice(arch: str, problem: Any, operation: str = "sdpa") -> tuple[Family, str]:
     """``choose_family``'s answer and why, in words: each family asked until it, with its
     reason (``Family.why_taken``)."""
-    reasons = []
-    for family in serving(operation):
-        reasons.append(family.why_taken(arch, problem))
-        if family.takes(arch, problem):
-            return family, "; ".join(reasons)
-    raise UnsupportedOperationError(f"no registered kernel family serves {operation} for "
-                                    f"{problem.describe()} on {arch}")
+    asked = _asked(arch, problem, operation)
+    return asked[-1], "; ".join(family.why_taken(arch, problem) for family in asked)

@@ -56,6 +56,7 @@ class Plan(abc.ABC):
     call needs besides (whether ``torch.empty_like(q)`` is the result's layout, the byte spans
     the ``out=`` overlap check compares)."""
 
+    __slots__ = ()
     out_shape: tuple[int, int, int, int]
 
     @abc.abstractmethod

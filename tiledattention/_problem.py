@@ -2,8 +2,8 @@
 
 ``Problem`` is the key the schedule database, the tuner and the lookup share: architecture-free
 shape, dtype and masking. Every attention family (forward, decode, backward) keys on it; it is
-the core they share, and none of them owns it. ``problem_from_arrays`` validates torch tensors or CuPy arrays and
-builds it; nothing here touches the GPU.
+the core they share, and none of them owns it. ``problem_from_arrays`` validates torch tensors
+or CuPy arrays and builds it; nothing here touches the GPU.
 """
 
 from __future__ import annotations

@@ -38,12 +38,18 @@ def _row_stat(problem: Problem, device: Any) -> Any:
     return store[:, :, :problem.seqlen_q]
 
 
-def _resolve(runtime: Runtime, operation: str, problem: Problem, device: int,
+def _explicit(schedule: Any, operation: str) -> Any:
+    """The family of an explicit ``schedule`` (checked before any other argument), or ``None``
+    when the lookup decides."""
+    return None if schedule is None else family_for_schedule(schedule, operation)
+
+
+def _resolve(runtime: Runtime, operation: str, problem: Problem, device: int, family: Any,
              schedule: Any) -> tuple[Any, Any]:
-    """(family, schedule) for ``operation``: the explicit schedule's family, or the chosen
-    family and its looked-up schedule."""
-    if schedule is not None:
-        return family_for_schedule(schedule, operation), schedule
+    """(family, schedule) for ``operation``: the explicit schedule and its ``family``, or the
+    chosen family and its looked-up schedule."""
+    if family is not None:
+        return family, schedule
     family = choose_family(device_info(device).arch, problem, operation)
     return family, runtime.resolution(family, problem, device).schedule
 
@@ -53,10 +59,9 @@ def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
     """``tiledattention.sdpa_with_lse`` on ``runtime`` (see there)."""
     import torch
 
-    if schedule is not None:
-        family_for_schedule(schedule, "sdpa_with_lse")  # a wrong type fails before validation
+    family = _explicit(schedule, "sdpa_with_lse")
     problem, device = _torch_problem("sdpa_with_lse", q, k, v, causal, scale)
-    family, schedule = _resolve(runtime, "sdpa_with_lse", problem, device, schedule)
+    family, schedule = _resolve(runtime, "sdpa_with_lse", problem, device, family, schedule)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = _row_stat(problem, q.device)
     family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, lse, problem,
@@ -88,8 +93,7 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
     import torch
 
-    if schedule is not None:
-        family_for_schedule(schedule, "sdpa_backward")  # a wrong type fails before validation
+    family = _explicit(schedule, "sdpa_backward")
     problem, device = _torch_problem("sdpa_backward", q, k, v, causal, scale)
     _check_like("grad_out", grad_out, q, "q")
     _check_like("out", out, q, "q")
@@ -111,7 +115,7 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
             _check_like(name, g, like, like_name)
             if not g.is_contiguous():
                 raise InputValueError(f"{name} must be contiguous; got strides {g.stride()}")
-    family, schedule = _resolve(runtime, "sdpa_backward", problem, device, schedule)
+    family, schedule = _resolve(runtime, "sdpa_backward", problem, device, family, schedule)
     delta = _row_stat(problem, q.device)
     family.backward(torch.cuda.current_stream(q.device), problem, schedule,
                     default_scale(problem) if scale is None else scale, q, k, v,

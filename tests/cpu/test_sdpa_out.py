@@ -503,3 +503,18 @@ def test_a_registered_family_serves_sdpa_with_no_edit_of_the_entry_points(cpu_de
     assert family is mean_family and why == "head_dim 40 is 40"
     tiledattention.sdpa(*qkv(d=64))  # not its call: the forward kernel launches
     assert len(launches) == 1 and len(mean_family.planned) == 1
+
+
+def test_a_decode_plan_keeps_the_callers_bottom_right_alignment(cpu_device, launches):
+    """At S_q == S_k bottom-right is top-left, and the problem's canonical form drops it; the
+    plan kept for that length's bucket must still offset a longer cache of the same bucket by
+    S_k - S_q, as the caller asked."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 32, 4, 128, generator=gen).to(torch.bfloat16)
+    offsets = []
+    for sk in (4, 5):  # one bucket: the second call reuses the first call's plan
+        k = torch.randn(1, 8, sk, 128, generator=gen).to(torch.bfloat16)
+        before = len(launches)
+        tiledattention.sdpa(q, k, torch.randn_like(k), causal="bottom_right")
+        offsets.append(launches[before][3][7])  # the split kernel's causal offset
+    assert cpu_device.validations == 1 and offsets == [0, 1]

@@ -58,7 +58,8 @@ BAD = {
     "scale type": (lambda: case(), {"scale": "0.1"}, InputTypeError, "scale must be a float"),
     "scale value": (lambda: case(), {"scale": -1.0}, InputValueError, "scale must be a finite"),
     "schedule type": (lambda: case(), {"schedule": {"tile_m": 64}}, InputTypeError,
-                      "schedule must be a tiledattention.DecodeSchedule, a tiledattention.Schedule or None"),
+                      "schedule must be a tiledattention.DecodeSchedule, a "
+                      "tiledattention.Schedule or None"),
 }
 
 

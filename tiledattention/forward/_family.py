@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .._compile import CompileResult
+from .. import _device
 from .._case import AttentionCase
+from .._compile import CompileResult
 from .._family import Family, register_family
+from .._problem import Problem, default_scale
 from ._compile import compile_schedule
 from ._defaults import default_schedule
-from .._problem import Problem, default_scale
 from ._launch import grid_for, kernel_args, kernel_for, launch_with_lse, normalise
 from ._plan import ForwardPlan, forward_plan
 from ._schedule import Schedule
@@ -25,10 +26,8 @@ class ForwardCase(AttentionCase):
     """The forward kernel's GPU case: the shared inputs and reference, this family's launcher."""
 
     def __init__(self, problem: Problem, device_index: int) -> None:
-        from .._device import device_info
-
         super().__init__(problem, device_index)
-        self.sm_count = device_info(device_index).sm_count
+        self.sm_count = _device.device_info(device_index).sm_count
 
     def launcher(self, schedule: Schedule) -> Callable[[], None]:
         import cuda.tile as ct
@@ -96,10 +95,8 @@ class ForwardFamily(Family):
 
     def forward_with_lse(self, stream, q, k, v, out, lse, problem: Problem, schedule: Schedule,
                          scale: float, device_index: int) -> None:
-        from .._device import device_info
-
         launch_with_lse(stream, q, k, v, out, lse, problem, normalise(problem, schedule), scale,
-                        device_info(device_index).sm_count)
+                        _device.device_info(device_index).sm_count)
 
 
 FORWARD = register_family(ForwardFamily())

@@ -55,7 +55,7 @@ class ForwardPlan(Plan):
 
 
 def forward_plan(problem: Problem, schedule: Schedule, device_index: int,
-                 scale: float | None, causal: Any = None) -> ForwardPlan:
+                 scale: float | None) -> ForwardPlan:
     schedule = normalise(problem, schedule)
     scale = default_scale(problem) if scale is None else float(scale)
     return ForwardPlan(
