@@ -86,8 +86,9 @@ def result_fields(problem: Any) -> dict[str, Any]:
 
 
 def _first_line(exc: BaseException, caught: Sequence = ()) -> str:
-    text = str(exc).strip().splitlines()
-    reason = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    from ..measure import first_line
+
+    reason = first_line(exc).removesuffix(": ")  # "Type" alone for an empty message
     # torch says *why* a pinned SDPA backend cannot run in warnings before "No available kernel"
     why = [str(w.message).strip().splitlines()[0] for w in caught
            if str(w.message).strip() and "kernel" in str(w.message).lower()]
