@@ -56,9 +56,7 @@ class BenchSettings:
     interleave: int = 0
 
     def timing_kwargs(self) -> dict[str, Any]:
-        return dict(warmup_ms=self.warmup_ms, min_samples=self.min_samples,
-                    max_samples=self.max_samples, max_seconds=self.max_seconds,
-                    rel_precision=self.rel_precision)
+        return {name: getattr(self, name) for name in TIMING_DEFAULTS}
 
 
 class _Final(TunerError):
