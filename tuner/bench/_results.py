@@ -122,10 +122,10 @@ class RunInfo:
     dirty: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.commit is not None and not isinstance(self.commit, str):
-            raise TunerValueError(f"RunInfo.commit must be a str or None; got {self.commit!r}")
-        if self.dirty is not None and not isinstance(self.dirty, bool):
-            raise TunerValueError(f"RunInfo.dirty must be a bool or None; got {self.dirty!r}")
+        if not (self.commit is None or isinstance(self.commit, str)) or \
+                not (self.dirty is None or isinstance(self.dirty, bool)):
+            raise TunerValueError(f"RunInfo: 'commit' must be a string and 'dirty' true or "
+                                  f"false (or None); got {self.commit!r} and {self.dirty!r}")
 
     def describe_commit(self) -> str | None:
         """The summary header's words for the commit; ``None`` when the run recorded none."""
@@ -145,15 +145,13 @@ class RunInfo:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise UnreadableFile("run info must be a JSON object")
-        commit, dirty = data.get("commit"), data.get("dirty")
-        if not (commit is None or isinstance(commit, str)) or \
-                not (dirty is None or isinstance(dirty, bool)):
-            raise UnreadableFile(f"run info: 'commit' must be a string and 'dirty' true or "
-                                 f"false; got {commit!r} and {dirty!r}")
-        return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
-                   matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())),
-                   copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())),
-                   commit=commit, dirty=dirty)
+        try:  # __post_init__ checks 'commit' and 'dirty'
+            return cls(command=str(data.get("command", "")), date=str(data.get("date", "")),
+                       matmul_tflops=tuple(float(x) for x in data.get("matmul_tflops", ())),
+                       copy_gbps=tuple(float(x) for x in data.get("copy_gbps", ())),
+                       commit=data.get("commit"), dirty=data.get("dirty"))
+        except TunerValueError as exc:
+            raise UnreadableFile(f"run info: {exc}") from None
 
 
 def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:
