@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from db import write_bytes_atomic
+from db import write_text_atomic
 
 from ._presets import PRESETS
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult, RunInfo
@@ -451,7 +451,7 @@ def _render(results: Sequence[BenchResult], info: RunInfo) -> _Doc:
 def write_summary(results: Sequence[BenchResult], info: RunInfo,
                   path: str | os.PathLike) -> Path:
     path = Path(path)
-    write_bytes_atomic(path, render_markdown(results, info).encode())
+    write_text_atomic(path, render_markdown(results, info))
     return path
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable
 
-from db import write_bytes_atomic, write_text_atomic
+from db import write_text_atomic
 
 from ..errors import TunerValueError, UnreadableFile
 
@@ -170,7 +170,7 @@ def write_csv(results: Iterable[BenchResult], path: str | os.PathLike) -> Path:
                 row[name] = repr(value)
         writer.writerow(row)
     path = Path(path)
-    write_bytes_atomic(path, buffer.getvalue().encode())
+    write_text_atomic(path, buffer.getvalue())
     return path
 
 
