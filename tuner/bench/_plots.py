@@ -19,7 +19,6 @@ from typing import Callable, Sequence
 from db import write_bytes_atomic
 
 from ..errors import TunerError, TunerValueError
-from ._presets import PRESETS
 from ._report import contenders_of, kernel_of, speedup
 from ._results import BenchResult
 
@@ -153,9 +152,7 @@ def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
     rates (the faster is the share's 100%). Returns the files written and messages about
     figures left out or drawn otherwise. Raises :class:`PlotsUnavailable` without matplotlib."""
     Figure = _figure_class()
-    kernel = kernel_of(results)
-    preset = PRESETS.get(kernel)
-    names = contenders_of(results, preset.order if preset else ())
+    kernel, names = kernel_of(results), contenders_of(results)
     copy = max(copy_gbps) if copy_gbps else None
     written: list[Path] = []
     messages: list[str] = []

@@ -75,10 +75,11 @@ def kernel_of(results: Sequence[BenchResult]) -> str:
     return next((r.kernel for r in results if r.kernel != "forward"), "forward")
 
 
-def contenders_of(results: Sequence[BenchResult], order: Sequence[str] = ()) -> list[str]:
-    """The contenders present in ``results``: those of ``order`` in its order, then others by
-    name."""
-    present = {r.contender for r in results}
+def contenders_of(results: Sequence[BenchResult]) -> list[str]:
+    """The contenders present in ``results``: in the order of their family's preset, then
+    others (older runs' names) by name."""
+    preset = PRESETS.get(kernel_of(results))
+    order, present = preset.order if preset else (), {r.contender for r in results}
     return [c for c in order if c in present] + sorted(present - set(order))
 
 
@@ -110,9 +111,8 @@ class _Doc:
     def __init__(self, results: Sequence[BenchResult], info: RunInfo, layout: Layout,
                  kernel: str) -> None:
         self.results, self.info, self.layout = results, info, layout
-        preset = PRESETS.get(kernel)
-        self.contenders = contenders_of(results, preset.order if preset else ())
-        self.target = preset.target if preset else None
+        self.contenders = contenders_of(results)
+        self.target = PRESETS[kernel].target if kernel in PRESETS else None
         ordered = sorted(results, key=layout.order) if layout.order else results
         self.points: dict[tuple, dict[str, dict[str, BenchResult]]] = {}
         for r in ordered:
