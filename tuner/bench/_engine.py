@@ -283,12 +283,11 @@ def source_commit(root: str | Path | None = None) -> tuple[str, bool | None]:
             return None
         return proc.stdout if proc.returncode == 0 else None
 
-    top = git("rev-parse", "--show-toplevel")
-    if top is None or Path(top.strip()).resolve() != Path(root).resolve():
+    # fails (None) in a checkout without commits too: HEAD names nothing there
+    lines = (git("rev-parse", "--show-toplevel", "HEAD") or "").splitlines()
+    if len(lines) != 2 or Path(lines[0]).resolve() != Path(root).resolve():
         return "", None
-    commit = (git("rev-parse", "--verify", "HEAD") or "").strip()
-    if not commit:  # a checkout without commits
-        return "", None
+    commit = lines[1].strip()
     status = git("status", "--porcelain", "--untracked-files=no")
     return commit, None if status is None else bool(status.strip())
 
