@@ -13,7 +13,7 @@ the flag.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import product
 from typing import Any, Callable, Mapping, Sequence
 
@@ -232,7 +232,7 @@ class Preset:
     ceiling: str = "matmul"
     gbps: bool = True  # whether rows carry GB/s (Q, K, V read and the output written)
     phase: str = ""
-    target: tuple | None = field(default=None)  # (contender, phase, baseline, goal, source)
+    target: tuple | None = None  # (contender, phase, baseline, goal, source)
 
     @property
     def family(self) -> Any:
