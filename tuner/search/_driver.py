@@ -190,8 +190,6 @@ class Tuner:
             return
         self.identity.check(study)
 
-    check_timing = check_study  # its name before the study recorded more than the timing mode
-
     # -- one key ---------------------------------------------------------------------------
     def tune(self, problem: Any) -> KeyResult:
         """Tune one key: measure its candidates, wait for the trials other workers still
@@ -209,8 +207,7 @@ class Tuner:
         in ``problems``' order."""
         results: dict[int, KeyResult] = {}
         deferred = []
-        order = [(start + i) % len(problems) for i in range(len(problems))] if problems else []
-        for i in order:
+        for i in ((start + j) % len(problems) for j in range(len(problems))):
             problem = problems[i]
             if on_key is not None:
                 on_key(problem)
