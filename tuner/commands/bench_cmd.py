@@ -20,6 +20,7 @@ Exit status: 0 success; 1 no CUDA device, or a tiledattention result failed the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import shlex
 from pathlib import Path
@@ -282,14 +283,11 @@ def _report_only(args: argparse.Namespace, console: Any) -> int:
         raise UnreadableFile(f"--report-only: {csv_path} holds no results")
     out_dir = Path(args.out) if args.out else csv_path.parent
     saved = csv_path.parent / RUN_INFO_NAME  # the run's ceilings, when they were measured
-    run_info = RunInfo.from_json(saved.read_text()) if saved.is_file() else None
-    info = RunInfo(command=_command_line(args) + f" (re-rendered from {csv_path})",
-                   date=_now(),
-                   matmul_tflops=run_info.matmul_tflops if run_info else (),
-                   copy_gbps=run_info.copy_gbps if run_info else (),
-                   # the measured run's commit, not the re-rendering's (None: it recorded none)
-                   commit=run_info.commit if run_info else None,
-                   dirty=run_info.dirty if run_info else None)
+    # the measured run's ceilings and commit, not the re-rendering's (none: it recorded none)
+    run_info = (RunInfo.from_json(saved.read_text()) if saved.is_file()
+                else RunInfo(command="", date=""))
+    info = dataclasses.replace(run_info, date=_now(),
+                               command=_command_line(args) + f" (re-rendered from {csv_path})")
     written = write_reports(results, out_dir, info, plots=not args.no_plots, console=console)
     _print_results(results, info, written, args)
     return 0
