@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.bench import BenchResult, RunInfo, render_markdown, source_commit, write_csv
+from tuner._source import source_commit
+from tuner.bench import BenchResult, RunInfo, render_markdown, write_csv
 from tuner.commands import bench_cmd
 from tuner.errors import UnreadableFile
 

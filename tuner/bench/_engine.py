@@ -23,7 +23,6 @@ import math
 import subprocess
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import TunerError
@@ -32,7 +31,7 @@ from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult
 
 __all__ = ["BenchSettings", "QUICK_TIMING", "TIMING_DEFAULTS", "copy_gbps", "environment",
            "gpu_clocks", "matmul_tflops", "measure_point", "problem_bytes", "result_fields",
-           "run_grid", "source_commit"]
+           "run_grid"]
 
 #: ``time_cuda`` keyword defaults behind ``--samples`` and friends; ``--quick`` loosens them.
 TIMING_DEFAULTS = dict(warmup_ms=30.0, min_samples=10, max_samples=200, max_seconds=2.0,
@@ -262,34 +261,6 @@ def gpu_clocks(device: int) -> tuple[str, str]:
     parts = [p.strip() for p in proc.stdout.strip().splitlines()[0].split(",")] \
         if proc.returncode == 0 and proc.stdout.strip() else []
     return (parts[0], parts[1]) if len(parts) == 2 else ("", "")
-
-
-def source_commit(root: str | Path | None = None) -> tuple[str, bool | None]:
-    """``(commit, dirty)`` of the code that runs: the git commit checked out at ``root`` (by
-    default the project holding the imported ``tiledattention``) and whether tracked files
-    differ from it (untracked files, such as earlier results, do not count). ``("", None)``
-    when ``root`` is not the top of a git checkout (an installed package, a copied tree) or git
-    cannot say: a run records no commit rather than a guess."""
-    if root is None:
-        import tiledattention
-
-        root = Path(tiledattention.__file__).resolve().parent.parent
-
-    def git(*argv: str) -> str | None:
-        try:
-            proc = subprocess.run(["git", "-C", str(root), *argv], capture_output=True,
-                                  text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return proc.stdout if proc.returncode == 0 else None
-
-    # fails (None) in a checkout without commits too: HEAD names nothing there
-    lines = (git("rev-parse", "--show-toplevel", "HEAD") or "").splitlines()
-    if len(lines) != 2 or Path(lines[0]).resolve() != Path(root).resolve():
-        return "", None
-    commit = lines[1].strip()
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return commit, None if status is None else bool(status.strip())
 
 
 def environment(device: int, family: Any) -> dict[str, str]:

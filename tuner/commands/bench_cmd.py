@@ -29,8 +29,9 @@ from typing import Any, Sequence
 from ..bench import (PRESETS, QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, BenchResult,
                      BenchSettings, Grid, PlotsUnavailable, RunInfo, build_grid, copy_gbps,
                      kernel_of, load_results, matmul_tflops, parse_positive_float,
-                     parse_positive_int, rich_tables, run_grid, source_commit, write_csv,
+                     parse_positive_int, rich_tables, run_grid, write_csv,
                      write_plots, write_run_info, write_summary)
+from .._source import source_commit
 from ..errors import USER_ERRORS, UnreadableFile
 from ._report import add_json_option, log_console, print_json, print_table, results_console
 
