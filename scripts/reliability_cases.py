@@ -33,10 +33,14 @@ def cli(tmp: Path, *args: str, env: dict | None = None, timeout: float = 600):
     return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
 
 
+def exited(code: int, text: str) -> str:
+    """``exit CODE, no traceback`` (or ``TRACEBACK`` where ``text`` holds one)."""
+    return f"exit {code}, {'TRACEBACK' if 'Traceback' in text else 'no traceback'}"
+
+
 def summary(code: int, text: str) -> str:
-    tb = "Traceback" in text
     last = [line.strip() for line in text.strip().splitlines() if line.strip()][-1:] or [""]
-    return f"exit {code}, {'TRACEBACK' if tb else 'no traceback'}: {last[0][:110]}"
+    return f"{exited(code, text)}: {last[0][:110]}"
 
 
 def search(tmp: Path, db: str | None, *extra: str):
@@ -292,8 +296,7 @@ def case_read_only_mount(tmp: Path) -> list[str]:
         said = [s.strip() for s in text.splitlines()
                 if "exact-device" in s or "tiledtune" in s or "Warning" in s or "wrote" in s
                 or "schedules in" in s or "sdpa schedule" in s][:2]
-        tb = "TRACEBACK" if "Traceback" in text else "no traceback"
-        lines.append(f"{name:>8} | exit {done.returncode}, {tb} | {' / '.join(said)[:160]}")
+        lines.append(f"{name:>8} | {exited(done.returncode, text)} | {' / '.join(said)[:160]}")
     after = (source.read_bytes(), sorted(p.name for p in source.parent.iterdir()))
     lines.append(f"database file and folder {'unchanged' if after == before else 'CHANGED'}: "
                  f"{after[1]}")
@@ -405,8 +408,8 @@ def case_simulated_then_gpu(tmp: Path) -> list[str]:
     default = tmp / "cache" / "tiledattention" / "schedules.sqlite"
     stored = sqlite3.connect(default).execute(
         "SELECT backend, trials FROM schedules").fetchall() if default.exists() else "no file"
-    lines.append(f"GPU search: exit {code}, {'TRACEBACK' if 'Traceback' in text else 'no traceback'}"
-                 f", measured {measured}; the runtime's database holds (backend, trials) {stored}")
+    lines.append(f"GPU search: {exited(code, text)}, measured {measured}; the runtime's "
+                 f"database holds (backend, trials) {stored}")
     return lines
 
 

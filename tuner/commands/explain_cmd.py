@@ -6,8 +6,8 @@ architecture, the lookup step that chose it and why; no GPU needed.
     tiledtune explain --device sm_90 --shape 4,16,4096,128 --training      # + the backward
     tiledtune explain --device sm_90 --kernel backward --shape 4,16,4096,128 --json
 
-The lookup is the runtime's own (``tiledattention.tooling.Resolver`` over the user database, ``--db``,
-and the shipped table of ``--device``), asked for a device described by its architecture and,
+The lookup is the runtime's own (``tiledattention.tooling.Resolver`` over the user database,
+``--db``, and the shipped table of ``--device``), asked for a device described by its architecture and,
 with ``--device-name``, its name (without one, no row is this device's: the ``exact-device``
 step cannot answer). The family is the one ``sdpa`` picks by shape (``choose_family``; a decode
 problem is looked up at its power-of-two cache-length band, as ``sdpa`` does), or ``--kernel``'s.

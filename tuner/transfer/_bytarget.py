@@ -16,8 +16,8 @@ The module it writes needs nothing but the standard library. Per kernel family i
 Choices:
 
 * One winner per problem and architecture: the fastest row (several GPUs of one architecture may
-  share a problem). This is what ``tiledattention.tooling.pick`` answers for a device name that has no
-  rows of its own.
+  share a problem). This is what ``tiledattention.tooling.pick`` answers for a device name that
+  has no rows of its own.
 * Rows of the simulated backend (``backend`` ``simulated``: a model's numbers, which the runtime
   never uses) are never presented as tuned: a GPU-measured row wins its problem over any
   simulated one, an entry that is simulated says so (``"backend": "simulated"``), and the header
