@@ -96,7 +96,8 @@ def use_database(location: str | None) -> None:
 
 
 def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None = None, *,
-         schedule: Schedule | DecodeSchedule | None = None, out: Any = None) -> Any:
+         schedule: Schedule | DecodeSchedule | None = None, out: Any = None,
+         keep_scratch: bool = True) -> Any:
     """Scaled dot-product attention forward, ``[B, H, S, D]`` in and out.
 
     q: ``[B, H_q, S_q, D]``; k, v: ``[B, H_kv, S_k, D]`` with ``H_q % H_kv == 0`` (grouped-query
@@ -126,6 +127,15 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     sdpa_fwd_lse``, whatever the shape; ``schedule`` may then be a ``Schedule`` only) and
     autograd runs :func:`sdpa_backward`; ``out`` is refused there (autograd's output is its
     own). Any other call stores nothing for a backward pass.
+
+    ``keep_scratch``: a decode call that splits the cache writes float32 partial results to
+    scratch buffers, which by default the runtime keeps and reuses for the next call on the same
+    device, stream and thread (two allocations fewer per call). ``False`` allocates this call's
+    own, freed with the call: for code that routes allocations into a CUDA graph memory pool
+    outside a capture, where a kept buffer would outlive the call inside the pool (the torch op
+    ``torch.ops.tiledattention.sdpa_fwd`` passes ``False``, for ``torch.compile``'s
+    ``mode="reduce-overhead"``). Under ``torch.cuda.graph`` capture each call allocates its own
+    from the graph's pool whatever this says.
     """
     try:
         grad = q.requires_grad or k.requires_grad or v.requires_grad
@@ -144,7 +154,8 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     rt = _default_runtime
     if rt is None:
         rt = runtime()
-    return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule, out=out)
+    return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule, out=out,
+                     keep_scratch=keep_scratch)
 
 
 def sdpa_with_lse(q: Any, k: Any, v: Any, causal: bool | str = False,

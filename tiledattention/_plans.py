@@ -67,7 +67,9 @@ class Plan(abc.ABC):
     @abc.abstractmethod
     def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any) -> Any:
         """Launch on torch tensors whose key matched; the output, or ``None`` when something
-        the key leaves out does not hold (the caller then validates, which says what)."""
+        the key leaves out does not hold (the caller then validates, which says what).
+        ``runtime`` keeps the scratch buffers a launch reuses between calls; ``None``: the call
+        allocates its own (``sdpa(keep_scratch=False)``)."""
 
     @abc.abstractmethod
     def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Any) -> Any:

@@ -49,8 +49,10 @@ def _keep_warm(family: Any, rows: int) -> None:
 
 
 def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
-         scale: float | None = None, *, schedule: Any = None, out: Any = None) -> Any:
+         scale: float | None = None, *, schedule: Any = None, out: Any = None,
+         keep_scratch: bool = True) -> Any:
     """``tiledattention.sdpa`` on ``runtime`` (see there); ``out``: the caller's output."""
+    scratch = runtime if keep_scratch else None  # where a plan keeps its scratch buffers
     family = None
     if schedule is not None:
         family = family_for_schedule(schedule)
@@ -70,12 +72,14 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
                 if plan is not None:
                     break
     except (AttributeError, TypeError, IndexError):  # not torch tensors (CuPy), unhashable
-        return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, None)
+        return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, None,
+                               scratch)
     if plan is not None:
-        result = plan.run(runtime, q, k, v, device, out)
+        result = plan.run(scratch, q, k, v, device, out)
         if result is not None:
             return result  # else the plan's checks failed: validation says why
-    return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, signature)
+    return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, signature,
+                           scratch)
 
 
 # -- the validating path -----------------------------------------------------------------------
@@ -163,10 +167,12 @@ def _check_out(out: Any, q: Any, k: Any, v: Any, problem: Problem, kind: str) ->
 
 
 def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale: Any,
-                    schedule: Any, family: Any, out: Any, signature: tuple | None) -> Any:
+                    schedule: Any, family: Any, out: Any, signature: tuple | None,
+                    scratch: Runtime | None) -> Any:
     """The general path: validate, choose the family (``family``: the explicit schedule's),
     resolve, build (and keep) the plan, launch. ``signature``: the warm path's signature of a
-    torch call (``None``: none, keep no plan)."""
+    torch call (``None``: none, keep no plan); ``scratch``: where the launch keeps scratch
+    buffers between calls (``None``: nowhere)."""
     problem, kind = problem_from_arrays(q, k, v, causal, scale)
     if out is not None:
         _check_out(out, q, k, v, problem, kind)
@@ -183,4 +189,4 @@ def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale
     if signature is not None:
         runtime.keep_plan(family.plan_key(signature, k, v), plan)
         _keep_warm(family, problem.seqlen_q)
-    return plan.run(runtime, q, k, v, device_index, out)  # validated: not None
+    return plan.run(scratch, q, k, v, device_index, out)  # validated: not None

@@ -53,10 +53,12 @@ class KernelCalls:
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
+        self.keep_scratch: list[bool] = []  # each call's sdpa(keep_scratch=)
 
-    def __call__(self, q, k, v, causal=False, scale=None, *, schedule=None):
+    def __call__(self, q, k, v, causal=False, scale=None, *, schedule=None, keep_scratch=True):
         self.calls.append({"q": tuple(q.shape), "k": tuple(k.shape), "causal": causal,
                            "scale": scale, "dtype": q.dtype})
+        self.keep_scratch.append(keep_scratch)
         return reference_sdpa(q, k, v, causal, scale)
 
 
@@ -200,6 +202,7 @@ def test_untraced_eager_calls_skip_the_ops_dispatch(kernel, monkeypatch):
     monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd", op_must_not_run)
     out = ti.attention(q, k, v, causal="bottom_right", scale=0.5)
     assert kernel.calls[-1]["causal"] == "bottom_right" and kernel.calls[-1]["scale"] == 0.5
+    assert kernel.keep_scratch[-1] is True  # eager: the runtime's kept buffers
     assert torch.equal(out, reference_sdpa(q, k, v, "bottom_right", 0.5))
     with pytest.raises(InputValueError, match="v must have the shape of k"):
         ti.attention(q, k, v[:, :1])
@@ -216,6 +219,8 @@ def test_untraced_eager_calls_skip_the_ops_dispatch(kernel, monkeypatch):
         traced = ti.attention(q, k, v, causal=True)
     assert torch.ops.tiledattention.sdpa_fwd.default in seen
     assert torch.equal(traced, reference_sdpa(q, k, v, True, None))
+    # the op keeps no scratch buffer between calls: CUDA graph trees would find it in the pool
+    assert kernel.keep_scratch[-1] is False
 
 
 def test_opcheck(kernel):
@@ -540,8 +545,8 @@ def test_hf_llama_logits_wrong_without_causal_would_be_caught(kernel, cpu_is_ker
     theirs = tiny_llama("sdpa")
     ids = torch.randint(0, 128, (2, 33), generator=torch.Generator().manual_seed(1))
     monkeypatch.setattr(tiledattention, "sdpa",
-                        lambda q, k, v, causal=False, scale=None: reference_sdpa(q, k, v, False,
-                                                                                  scale))
+                        lambda q, k, v, causal=False, scale=None, **kw: reference_sdpa(
+                            q, k, v, False, scale))
     mine = tiny_llama("tiledattention")
     with torch.no_grad():
         got, expected = mine(ids).logits, theirs(ids).logits

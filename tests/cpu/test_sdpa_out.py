@@ -378,7 +378,12 @@ def test_decode_scratch_buffers_are_kept_per_device_stream_and_thread(cpu_device
     monkeypatch.setattr(hot, "current_device", lambda: -1)
     assert scratch()[0] is opart
     cpu_device.runtime.clear()
-    assert scratch()[0] is not opart
+    scratch()  # the validating call again
+    kept = scratch()
+    assert kept[0] is not opart and scratch()[0] is kept[0]
+    own = tiledattention.sdpa(q, k, v, schedule=schedule, keep_scratch=False)  # the torch op's
+    assert launches[-1][3][0] is not kept[0] and launches[-1][3][1] is not kept[1]
+    assert own.shape == q.shape and scratch()[0] is kept[0]  # and the kept set stays
 
 
 def test_the_runtime_keeps_a_bounded_number_of_workspaces():

@@ -7,7 +7,10 @@ up once per bucket.
 
 A multi-split call's float32 partial buffers are kept by the runtime between calls
 (``_partials``: per device, stream, thread and shapes; at most ``Runtime``'s
-``max_workspaces`` sets, freed by ``runtime().clear()``)."""
+``max_workspaces`` sets, freed by ``runtime().clear()``), unless the call says otherwise
+(``sdpa(keep_scratch=False)``: the torch op does, since torch.compile's CUDA graph trees run an
+op's first calls with its allocations routed into the graph's memory pool and refuse a pool
+allocation that outlives the call without being one of its outputs)."""
 
 from __future__ import annotations
 
@@ -64,8 +67,8 @@ def _partials(runtime: Any, shapes: Any, q: Any, device: int, stream: int) -> An
     overlap in time (other streams, other threads) never share them. A stream being captured
     into a CUDA graph gets buffers of its own each call (from the graph's memory pool), as does
     a call on a device other than the current one (whose capture state is not what
-    ``capturing`` reports)."""
-    if device != hot.current_device() or hot.capturing():
+    ``capturing`` reports), or a call without a ``runtime`` to keep them."""
+    if runtime is None or device != hot.current_device() or hot.capturing():
         return _new_partials(shapes, q.device)
     key = (device, stream, get_ident(), shapes)
     found = runtime.workspace(key)

@@ -41,18 +41,22 @@ def sdpa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
              scale: Optional[float], bottom_right: bool = False) -> torch.Tensor:
     """Attention of ``q [B, H_q, S_q, D]`` over ``k, v [B, H_kv, S_k, D]``: ``[B, H_q, S_q, D]``.
     ``bottom_right`` (with ``causal``) aligns the causal mask to the bottom-right corner."""
-    # grad mode is off inside an op's implementation: this is sdpa's plain forward
-    return _sdpa_fwd_impl(q, k, v, causal, scale, bottom_right)
+    # grad mode is off inside an op's implementation: this is sdpa's plain forward. The op
+    # runs inside compiled graphs, whose CUDA graph trees route its first calls' allocations
+    # into the graph's pool and refuse any that outlives the call: no kept scratch buffers.
+    return _sdpa_fwd_impl(q, k, v, causal, scale, bottom_right, keep_scratch=False)
 
 
 def _sdpa_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   scale: Optional[float], bottom_right: bool) -> torch.Tensor:
+                   scale: Optional[float], bottom_right: bool, *,
+                   keep_scratch: bool) -> torch.Tensor:
     """What ``sdpa_fwd`` computes, without the op (no gradient is recorded)."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
-    return tiledattention.sdpa(q, k, v, BOTTOM_RIGHT if bottom_right else causal, scale)
+    return tiledattention.sdpa(q, k, v, BOTTOM_RIGHT if bottom_right else causal, scale,
+                               keep_scratch=keep_scratch)
 
 
 def _untraced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -146,7 +150,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | 
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right)[0]
     if not torch.compiler.is_compiling() and _untraced(q, k, v):
-        return _sdpa_fwd_impl(q, k, v, is_causal, scale, bottom_right)
+        return _sdpa_fwd_impl(q, k, v, is_causal, scale, bottom_right, keep_scratch=True)
     if not bottom_right:
         return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale)
     return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale, bottom_right)
