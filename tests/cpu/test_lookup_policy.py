@@ -7,8 +7,8 @@ import math
 import pytest
 
 from tiledattention import FORWARD, Schedule, shipped_table
-from tuner.lookup import FITTING, POLICIES, REPORT, evaluate, regret_table, shape_set
-from tuner.lookup._policies import previous_default, shipped_tuned_rows
+from tuner.lookup import (FITTING, POLICIES, REPORT, evaluate, previous_default, regret_table,
+                          shape_set, shipped_rows)
 
 
 def test_sets_are_held_out_sized_and_disjoint():
@@ -28,6 +28,8 @@ def test_sets_are_held_out_sized_and_disjoint():
         assert any(p.heads_q != p.heads_kv for p in problems)
     with pytest.raises(ValueError, match="shape set"):
         shape_set("all")
+    with pytest.raises(ValueError, match="shape set"):
+        shape_set("report", "decode")
 
 
 def record(problem, times: dict, default_ms: float) -> dict:
@@ -35,25 +37,25 @@ def record(problem, times: dict, default_ms: float) -> dict:
     default = FORWARD.normalise(problem, FORWARD.default_schedule("sm_90", problem))
     times = {**times, default.key: default_ms}
     best = min(times, key=times.get)
-    return {"name": problem.describe(), "problem": problem.to_dict(), "times": times,
-            "best_ms": times[best], "default_key": default.key}
+    return {"family": "forward", "name": problem.describe(), "problem": problem.to_dict(),
+            "times": times, "best_ms": times[best], "default_key": default.key}
 
 
 def test_regret_is_the_picks_time_over_the_best():
     problem = FITTING[0].problem
-    rows = shipped_tuned_rows("sm_90")
+    rows = shipped_rows(FORWARD, "sm_90", any_template=True)
     faster = Schedule(tile_m=128, tile_n=64)
     rec = record(problem, {FORWARD.normalise(problem, faster).key: 1.0}, default_ms=1.25)
     (policy,) = [p for p in POLICIES if p.name == "default"]
-    (scored,) = evaluate(policy, [rec], rows, "sm_90")
+    (scored,) = evaluate(policy, FORWARD, [rec], rows, "sm_90")
     assert scored["regret"] == pytest.approx(1.25) and scored["vs_default"] == 1.0
-    (summary,) = regret_table([rec], rows, "sm_90", [policy])
+    (summary,) = regret_table(FORWARD, [rec], rows, "sm_90", [policy])
     assert summary["geomean_regret"] == pytest.approx(1.25)
     assert summary["slower_than_default"] == 0
     # a pick that was never measured is an error naming the shape, not a silent skip
     (before,) = [p for p in POLICIES if p.name == "before"]
     with pytest.raises(KeyError, match=problem.describe()):
-        evaluate(before, [rec], rows, "sm_90")
+        evaluate(before, FORWARD, [rec], rows, "sm_90")
 
 
 def test_runtime_policy_is_the_resolvers_rule():
@@ -65,10 +67,10 @@ def test_runtime_policy_is_the_resolvers_rule():
     device = tiledattention.DeviceInfo(index=0, name="NVIDIA H100 80GB HBM3", arch="sm_90",
                                        sm_count=132)
     (policy,) = [p for p in POLICIES if p.name == "runtime"]
-    rows = shipped_tuned_rows("sm_90")
+    rows = shipped_rows(FORWARD, "sm_90")
     for shape in FITTING + REPORT:
         got = resolver(FORWARD, shape.problem, device).schedule
-        assert got == policy.choose(shape.problem, rows, "sm_90"), shape.name
+        assert got == policy.choose(FORWARD, shape.problem, rows, "sm_90"), shape.name
 
 
 def test_previous_default_is_the_padded_three_way_rule():
