@@ -68,6 +68,17 @@ class Family(abc.ABC):
     match_ratios: ClassVar[tuple[tuple[str, str], ...]] = ()
     distance_terms: ClassVar[tuple[tuple[tuple[str, ...], float], ...]] = ()
     nearest_limit: ClassVar[float] = math.inf
+    # The transfer rule (``transfer_refusal``), as data too: a row tuned for one problem answers
+    # for another only if, on its own key, it beat the family's default by ``transfer_margin``
+    # (more than the tuner's timing noise); if the two problems differ by at most ``max_log2``
+    # in each ``transfer_limits`` term (``((fields...), max_log2)``: |log2 prod(fields) -
+    # log2 prod(fields')|, the dimensions that decide a schedule's grid); and if that gain,
+    # scaled by how much more padding its tiles add on the new problem (``padding_terms``:
+    # ``(problem field, schedule tile field, schedule field dividing the problem field first
+    # or None)``), still reaches the margin.
+    transfer_margin: ClassVar[float] = 1.03
+    transfer_limits: ClassVar[tuple[tuple[tuple[str, ...], float], ...]] = ()
+    padding_terms: ClassVar[tuple[tuple[str, str, str | None], ...]] = ()
 
     def __repr__(self) -> str:
         return f"<kernel family {self.name!r}>"
@@ -113,6 +124,42 @@ class Family(abc.ABC):
             total += weight * abs(math.log2(math.prod(getattr(a, n) for n in names))
                                   - math.log2(math.prod(getattr(b, n) for n in names)))
         return total
+
+    def padding_efficiency(self, problem: Any, schedule: Any) -> float:
+        """The share of the work ``schedule``'s tiles do on ``problem`` that is not padding (1:
+        every tile full), over ``padding_terms``."""
+        share = 1.0
+        for field, tile_field, divisor_field in self.padding_terms:
+            length = getattr(problem, field)
+            parts = getattr(schedule, divisor_field) if divisor_field else 1
+            tile = getattr(schedule, tile_field)
+            per_part = -(-length // parts)
+            share *= length / (parts * tile * -(-per_part // tile))
+        return share
+
+    def transfer_refusal(self, stored: Any, schedule: Any, median_ms: float,
+                         default_ms: float | None, problem: Any) -> str | None:
+        """Why the row tuned for ``stored`` (``schedule`` at ``median_ms``, the default at
+        ``default_ms`` on the same key) must not answer for ``problem``, a comparable problem
+        within ``nearest_limit``: ``None`` when it may (the class comment above says when)."""
+        if default_ms is None:
+            return "its key's default time is not recorded"
+        gain = default_ms / median_ms
+        if gain < self.transfer_margin:
+            return (f"it ran {gain:.3f}x the default on its own key (a row transfers from "
+                    f"{self.transfer_margin:g}x)")
+        for names, max_log2 in self.transfer_limits:
+            apart = abs(math.log2(math.prod(getattr(stored, n) for n in names))
+                        - math.log2(math.prod(getattr(problem, n) for n in names)))
+            if apart > max_log2 + 1e-9:
+                return (f"its {'*'.join(names)} is {2 ** apart:.3g}x apart (at most "
+                        f"{2 ** max_log2:g}x transfers)")
+        scaled = gain * (self.padding_efficiency(problem, schedule)
+                         / self.padding_efficiency(stored, schedule))
+        if scaled < self.transfer_margin:
+            return (f"its tiles pad this problem more: its {gain:.3f}x over the default "
+                    f"scales to {scaled:.3f}x")
+        return None
 
     @abc.abstractmethod
     def flops(self, problem: Any) -> float:

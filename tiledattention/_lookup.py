@@ -9,9 +9,12 @@ Order (the first step that answers wins; ``Resolution.source`` names it):
 3. ``shipped``: a row of the pre-tuned table packaged with tiledattention for this exact key;
 4. ``nearest``: the closest tuned problem of the same architecture in either source that shares
    the family's lookup bucket (``Family.bucket_fields``, ``match_ratios``) and is
-   ``Family.comparable``, by ``Family.distance``, if it is within ``Family.nearest_limit``;
+   ``Family.comparable``, by ``Family.distance``, within ``Family.nearest_limit``, whose row
+   may transfer to this problem (``Family.transfer_refusal``: it beat the default on its own
+   key, its grid's dimensions are close enough, its tiles do not pad this problem much more);
    ties go to the faster row (``detail`` names the problem and the source);
-5. ``default``: the family's per-architecture default.
+5. ``default``: the family's per-architecture default (``detail`` says why the nearest tuned
+   row, if any, did not transfer).
 
 Only rows measured on a GPU count (never the simulated backend's). Rows whose template identity
 differs from the family's current one are skipped (their timings describe other code): the first
@@ -64,13 +67,22 @@ def pick(family: Family, rows: Iterable[db.ScheduleRow], problem: Any,
         return min(same_device, key=lambda r: r.median_ms), "exact-device"
     if exact:
         return min(exact, key=lambda r: r.median_ms), "exact-arch"
-    if candidates:
-        return _nearest(family, candidates, problem), "nearest"
-    return None
+    row, _ = _nearest(family, candidates, problem)
+    return None if row is None else (row, "nearest")
 
 
-def _nearest(family: Family, rows: Iterable[db.ScheduleRow], problem: Any) -> db.ScheduleRow:
-    return min(rows, key=lambda r: (family.distance(r.problem, problem), r.median_ms))
+def _nearest(family: Family, rows: Iterable[db.ScheduleRow], problem: Any
+             ) -> tuple[db.ScheduleRow | None, list[tuple[db.ScheduleRow, str]]]:
+    """The closest row (ties: the faster) that may transfer to ``problem``, or ``None``; and
+    the closer rows that may not, each with the reason."""
+    refused = []
+    for row in sorted(rows, key=lambda r: (family.distance(r.problem, problem), r.median_ms)):
+        why = family.transfer_refusal(row.problem, row.schedule, row.median_ms, row.default_ms,
+                                      problem)
+        if why is None:
+            return row, refused
+        refused.append((row, why))
+    return None, refused
 
 
 def shipped_table(arch: str) -> db.RowTable | None:
@@ -163,10 +175,15 @@ class Resolver:
             return Resolution(row.schedule, "shipped",
                               f"{row.problem.describe()} ({row.device_name})", family.name)
         near = [(r, name) for name, c in found.items() for r in c.nearest]
-        if near:
-            row = _nearest(family, [r for r, _ in near], problem)
+        row, refused = _nearest(family, [r for r, _ in near], problem)
+        if row is not None:
             where = next(name for r, name in near if r is row)
             return Resolution(row.schedule, "nearest",
                               f"{row.problem.describe()} in {shown[where]}", family.name)
-        return Resolution(family.default_schedule(device.arch, problem), "default",
-                          f"{family.name} default for {device.arch}", family.name)
+        detail = f"{family.name} default for {device.arch}"
+        if refused:
+            closest, why = refused[0]
+            detail += (f"; the nearest tuned row ({closest.problem.describe()}) does not "
+                       f"transfer: {why}")
+        return Resolution(family.default_schedule(device.arch, problem), "default", detail,
+                          family.name)

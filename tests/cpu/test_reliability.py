@@ -50,7 +50,7 @@ def row(p: Problem, schedule: Schedule = Schedule(tile_m=32, tile_n=32), *, ms: 
         device: str = "Other GPU", **extra) -> db.ScheduleRow:
     return db.ScheduleRow(family="forward", arch="sm_90", device_name=device, problem=p,
                           schedule=schedule, median_ms=ms, spread_ms=0.0, tflops=1.0, trials=1,
-                          provenance=PROV, **extra)
+                          provenance=PROV, **{"default_ms": ms * 1.2, **extra})
 
 
 def resolver(path: Path, shipped=None) -> Resolver:

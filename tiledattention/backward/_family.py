@@ -118,6 +118,10 @@ class BackwardFamily(Family):
     # 0.5·|log2(B·H_q) - log2(B'·H_q')|
     match_ratios = (("heads_q", "heads_kv"),)
     distance_terms = ((("seqlen_q",), 1.0), (("seqlen_k",), 1.0), (("batch", "heads_q"), 0.5))
+    # the forward's transfer rule, over the grids of the dQ kernel (query tiles) and the dK/dV
+    # kernel (key tiles)
+    transfer_limits = ((("batch", "heads_q"), 1.0),)
+    padding_terms = (("seqlen_q", "dq_tile_m", None), ("seqlen_k", "dkdv_tile_n", None))
 
     def default_schedule(self, arch: str, problem: Problem) -> BackwardSchedule:
         return default_backward_schedule(arch, problem)

@@ -57,6 +57,12 @@ class DecodeFamily(Family):
     # |log2 S_q - log2 S_q'|
     match_ratios = (("heads_q", "heads_kv"),)
     distance_terms = ((("seqlen_k",), 1.0), (("batch", "heads_kv"), 1.0), (("seqlen_q",), 1.0))
+    # A row transfers (``Family.transfer_refusal``) only to the same B·H_kv (its split count
+    # was chosen for that many CTAs per split) and query rows (they decide the packed tile),
+    # as far as its splits' and tiles' padding allows (issue 29: rows of another batch or head
+    # count ran 0.87-0.95x cuDNN where the neighbouring keys ran 0.98-1.0x)
+    transfer_limits = ((("batch", "heads_kv"), 0.0), (("seqlen_q",), 0.0))
+    padding_terms = (("seqlen_k", "tile_n", "splits"),)
 
     def default_schedule(self, arch: str, problem: Problem) -> DecodeSchedule:
         return default_decode_schedule(arch, problem)

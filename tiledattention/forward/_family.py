@@ -64,6 +64,12 @@ class ForwardFamily(Family):
     # (H100, docs/lookup.md) rows within distance 1 never lost to the default, rows at 1.5-4
     # were up to 1.17x slower than it, and at 5 up to 1.65x (a 16k-token row for 257 tokens).
     nearest_limit = 1.0
+    # A row transfers (``Family.transfer_refusal``) to a problem of at most twice or half its
+    # B·H_q (the grid's CTAs per tile row) and only as far as its tiles' padding allows: on
+    # shapes differing from shipped keys in batch and heads, nearest rows within distance 1
+    # ran up to 1.43x the default (issue 29).
+    transfer_limits = ((("batch", "heads_q"), 1.0),)
+    padding_terms = (("seqlen_q", "tile_m", None), ("seqlen_k", "tile_n", None))
 
     def default_schedule(self, arch: str, problem: Problem) -> Schedule:
         return default_schedule(arch, problem)

@@ -74,6 +74,8 @@ def build_schedules(rows: Iterable[ScheduleRow]) -> dict[str, dict[str, list[dic
         entry = {"problem": dict(sorted(row.problem.to_dict().items())),
                  "median_ms": row.median_ms, "device": row.device_name,
                  "schedule": row.schedule.to_dict()}
+        if row.default_ms is not None:  # the lookup's transfer rule reads it
+            entry["default_ms"] = row.default_ms
         if row.backend != "gpu":
             entry["backend"] = row.backend
         table.setdefault(family, {}).setdefault(arch, []).append(entry)
@@ -108,7 +110,10 @@ def _lookup_spec(family: str) -> dict[str, Any]:
     return {"bucket_fields": list(f.bucket_fields),
             "match_ratios": [list(pair) for pair in f.match_ratios],
             "distance_terms": [[list(names), weight] for names, weight in f.distance_terms],
-            "nearest_limit": None if math.isinf(f.nearest_limit) else f.nearest_limit}
+            "nearest_limit": None if math.isinf(f.nearest_limit) else f.nearest_limit,
+            "transfer_margin": f.transfer_margin,
+            "transfer_limits": [[list(names), limit] for names, limit in f.transfer_limits],
+            "padding_terms": [list(term) for term in f.padding_terms]}
 
 
 def _clean(text: str) -> str:
@@ -226,11 +231,42 @@ def distance(family, a, b):
     return total
 
 
+def _padding(terms, problem, schedule):
+    """The share of the tiles' work on ``problem`` that is not padding (``padding_terms``)."""
+    share = 1.0
+    for field, tile_field, divisor_field in terms:
+        length = problem[field]
+        parts = schedule[divisor_field] if divisor_field else 1
+        tile = schedule[tile_field]
+        per_part = -(-length // parts)
+        share *= length / (parts * tile * -(-per_part // tile))
+    return share
+
+
+def transfers(family, entry, problem):
+    """Whether ``entry``, tuned for another problem, may answer for ``problem``: it beat the
+    default on its own key by ``transfer_margin``, differs by at most the ``transfer_limits``
+    (log2 of a product of fields), and keeps that margin once scaled by the padding its tiles
+    add on ``problem`` (``padding_terms``)."""
+    spec = LOOKUP[family]
+    if entry.get("default_ms") is None:
+        return False
+    gain = entry["default_ms"] / entry["median_ms"]
+    for names, limit in spec["transfer_limits"]:
+        if abs(math.log2(math.prod(entry["problem"][n] for n in names))
+               - math.log2(math.prod(problem[n] for n in names))) > limit + 1e-9:
+            return False
+    terms, schedule = spec["padding_terms"], entry["schedule"]
+    scaled = min(gain, gain * _padding(terms, problem, schedule)
+                 / _padding(terms, entry["problem"], schedule))
+    return scaled >= spec["transfer_margin"]
+
+
 def select(family, arch, **problem):
     """The schedule (a dict) tuned for ``problem`` (every field of the family's problem, by
     name) on ``arch`` ("sm_90"): the exact problem, else the nearest comparable one within
-    ``LOOKUP[family]["nearest_limit"]`` (``None``: any distance); ties go to the faster row.
-    ``None`` when ``arch`` has no such entry (use the family's default then)."""
+    ``LOOKUP[family]["nearest_limit"]`` (``None``: any distance) that ``transfers``; ties go to
+    the faster row. ``None`` when ``arch`` has no such entry (use the family's default then)."""
     if family not in SCHEDULES:
         raise ValueError(f"select(): family must be one of {sorted(SCHEDULES)}; got {family!r}")
     fields = set(SCHEDULES[family][next(iter(SCHEDULES[family]))][0]["problem"])
@@ -242,16 +278,17 @@ def select(family, arch, **problem):
             value = problem[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"select(): {name} must be a positive int; got {value!r}")
-    best = None
+    found = []
     for entry in SCHEDULES[family].get(arch, ()):
         d = distance(family, problem, entry["problem"])
         limit = LOOKUP[family].get("nearest_limit")
         if d is None or (limit is not None and d > limit and entry["problem"] != problem):
             continue
-        rank = (entry["problem"] != problem, d, entry["median_ms"])  # the exact problem first
-        if best is None or rank < best[0]:
-            best = (rank, entry)
-    return None if best is None else dict(best[1]["schedule"])
+        found.append(((entry["problem"] != problem, d, entry["median_ms"]), entry))
+    for (other, _, _), entry in sorted(found, key=lambda item: item[0]):  # exact first
+        if not other or transfers(family, entry, problem):
+            return dict(entry["schedule"])
+    return None
 '''
 
 
@@ -296,7 +333,7 @@ def render_module(rows: Sequence[ScheduleRow], *, source: str) -> str:
         "    ct = None",
         "",
         '__all__ = ["ARCHITECTURES", "BY_TARGET", "KERNEL_OPTIONS", "LOOKUP", "SCHEDULES",',
-        '           "distance", "select"]',
+        '           "distance", "transfers", "select"]',
         "",
         "#: Architectures with tuned rows.",
         f"ARCHITECTURES = ({', '.join(_py(a) for a in archs)},)",
