@@ -30,16 +30,25 @@ def problem_key(problem: Any) -> str:
     return canonical_json(to_dict())
 
 
-def row_values(row: ScheduleRow, codec: FamilyCodec) -> dict[str, Any]:
-    """The table record of ``row``."""
+def row_values(row: ScheduleRow, codec: FamilyCodec,
+               texts: dict[int, tuple[Any, str]] | None = None) -> dict[str, Any]:
+    """The table record of ``row``. ``texts``: a cache of schedule texts the caller keeps for
+    a batch of rows (``id(schedule) -> (schedule, text)``; the rows of an import file share a
+    few hundred schedule objects, and serialising one costs more than the rest of a record)."""
     values = {name: getattr(row, name) for name in (
         "family", "arch", "device_name", "backend", "median_ms", "spread_ms", "tflops",
         "default_ms", "trials", "created_at")}
-    values["baselines_ms"] = canonical_json(dict(row.baselines))
+    values["baselines_ms"] = canonical_json(dict(row.baselines)) if row.baselines else "{}"
     terms = codec.terms(row.problem)
     values.update({f"term{i}": value for i, value in enumerate(terms)})
+    schedule = row.schedule
+    known = None if texts is None else texts.get(id(schedule))
+    if known is None or known[0] is not schedule:
+        known = (schedule, canonical_json(schedule.to_dict()))
+        if texts is not None:
+            texts[id(schedule)] = known  # keeps the schedule alive: its id stays its own
     values.update(problem=codec.problem_text(row.problem), bucket=codec.bucket_text(row.problem),
-                  schedule=canonical_json(row.schedule.to_dict()), **row.provenance.to_dict())
+                  schedule=known[1], **row.provenance.to_dict())
     return values
 
 

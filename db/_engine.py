@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
 __all__ = ["Target", "check_sqlite_file", "inspect_sqlite_file", "check_writable_path",
-           "read_only_uri", "server_engine", "sqlite_engine", "is_locked", "BUSY_TIMEOUT_S",
-           "WRITE_OPTION"]
+           "read_only_uri", "SqliteReadConnections", "server_engine", "sqlite_engine",
+           "is_locked", "BUSY_TIMEOUT_S", "WRITE_OPTION"]
 
 BUSY_TIMEOUT_S = 30.0
 #: execution option that makes a connection's transactions ``BEGIN IMMEDIATE``
@@ -183,6 +183,57 @@ def check_writable_path(path: Path) -> None:
         raise DatabaseUnavailable(f"cannot write to {path}: its directory {folder} is not "
                                   "writable (SQLite keeps its journal there); pass --db with a "
                                   "writable location")
+
+
+class SqliteReadConnections:
+    """Read-only ``sqlite3`` connections to the file ``path``, as :func:`read_only_uri` says,
+    without SQLAlchemy (what ``sqlite_engine(path, read_only=True)`` would make, for the
+    queries of ``_sql``). Connections are kept for reuse, one per concurrent reader, unless the
+    file is read ``immutable`` when opened: then each read opens its own, so a writer that
+    starts later is seen. The first ``immutable`` connection that misses a ``-wal`` file's
+    pages warns once."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        self._path = path
+        self._pooled = not read_only_uri(path)[1]
+        self._idle: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._told = False
+
+    def _connect(self) -> sqlite3.Connection:
+        uri, immutable = read_only_uri(self._path)
+        if immutable and not self._told:
+            unread = _unread_wal(self._path)
+            if unread:
+                import warnings
+
+                self._told = True
+                warnings.warn(unread, RuntimeWarning, stacklevel=4)
+        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S,
+                                     isolation_level=None, check_same_thread=False)
+        connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        return connection
+
+    def take(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._connect()
+
+    def give(self, connection: sqlite3.Connection) -> None:
+        if self._pooled:
+            with self._lock:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
 
 
 def sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":

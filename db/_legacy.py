@@ -8,24 +8,12 @@ from typing import Any, Iterable, Mapping
 
 from ._rows import LEGACY_FAMILY, FamilyCodec, canonical_json
 
-__all__ = ["LEGACY_PROBLEM", "legacy_columns", "from_legacy"]
+__all__ = ["LEGACY_PROBLEM", "from_legacy"]
 
 #: The problem columns of schema revisions 0001-0002, when every row was the forward kernel's
 #: (``LEGACY_FAMILY``); a lookup still reads such a file without migrating it.
 LEGACY_PROBLEM = ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k", "head_dim", "dtype",
                    "causal")
-
-
-def legacy_columns(present: frozenset[str]) -> list[Any]:
-    from sqlalchemy import Boolean, Float, Integer, String, column, table
-
-    from ._schema import LEGACY_BASELINE_COLUMNS, TABLE_NAME, schedules
-
-    legacy = {"causal": Boolean(), "dtype": String(),
-              **{name: Float() for name in LEGACY_BASELINE_COLUMNS}}
-    return list(table(TABLE_NAME, *[
-        column(name, schedules.c[name].type if name in schedules.c else
-               legacy.get(name, Integer())) for name in sorted(present)]).c)
 
 
 class _Fields:

@@ -1,25 +1,28 @@
 """The reading side of ``ScheduleDB``: filtered and paged rows, counts, and the lookup's
 candidates, each one query the database answers from an index; tables of the pre-family layout
-(revisions 0001-0002) are read without migrating them."""
+(revisions 0001-0002) are read without migrating them. The queries are ``_sql``'s, run through
+the reader ``ScheduleDB._reading`` gives (``sqlite3`` or SQLAlchemy)."""
 
 from __future__ import annotations
 
 import warnings
 from typing import TYPE_CHECKING, Any, Iterable
 
+from . import _sql
 from ._encode import Candidates, decode_record, pick_candidates, problem_key
 from ._errors import DatabaseArgumentError, DatabaseUnavailable
-from ._legacy import LEGACY_PROBLEM, from_legacy, legacy_columns
+from ._legacy import LEGACY_PROBLEM, from_legacy
 from ._rows import ScheduleRow
+from ._schema import COLUMNS, LEGACY_BASELINE_COLUMNS, OPTIONAL_COLUMNS
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection
+    from ._sql import SqliteReader
 
 __all__ = ["Queries"]
 
 
 class Queries:
-    """Mixed into ``ScheduleDB``, which provides ``_transaction``, ``_codecs``, ``_codec``,
+    """Mixed into ``ScheduleDB``, which provides ``_reading``, ``_codecs``, ``_codec``,
     ``_present_columns`` and ``_target``."""
 
     def get(self, family: str, arch: str, device_name: str, problem: Any) -> ScheduleRow | None:
@@ -41,16 +44,11 @@ class Queries:
     def count(self, *, family: str | None = None, arch: str | None = None,
               device_name: str | None = None, like: Any = None) -> int:
         """How many stored rows ``rows(...)`` with these filters would see (before decoding)."""
-        from sqlalchemy import func, select
-
-        from ._schema import schedules as t
-
         filters = self._filters(family, arch, device_name, like)
-        with self._transaction(write=False) as connection:
-            if self._legacy(connection):
+        with self._reading() as reader:
+            if self._legacy(reader):
                 return len(self._select(filters))
-            query = select(func.count()).select_from(t).where(*self._where(t, filters))
-            return connection.execute(query).scalar_one()
+            return reader.scalar(*_sql.count_rows(filters, self._codecs))
 
     def candidates(self, family: str, arch: str, problem: Any, *, template: str,
                    limit: int = 8) -> Candidates:
@@ -58,32 +56,26 @@ class Queries:
         of this exact problem (any device), the ``limit`` nearest GPU-measured rows of its bucket
         by the family's distance terms, both of template ``template``; and how many rows of the
         bucket belong to another template (stale)."""
-        from sqlalchemy import func, select
-
-        from ._schema import TERM_COLUMNS, schedules as t
-
         codec = self._codec(family)
-        with self._transaction(write=False) as connection:
-            if self._legacy(connection):
+        with self._reading() as reader:
+            if self._legacy(reader):
                 return pick_candidates(self._select({"family": family, "arch": arch}), codec,
                                        problem, template=template, limit=limit)
-            usable = (t.c.template_hash == template, t.c.backend == "gpu")
+            columns = self._columns(reader)
+            usable = {"template_hash": template, "backend": "gpu"}
             # the unique index (family, arch, problem, ...)
-            exact = connection.execute(self._query(t, connection).where(
-                *self._where(t, {"family": family, "arch": arch, "problem": problem_key(
-                    problem)}), *usable)).mappings().all()
+            exact = reader.all(*_sql.select_rows(columns, {
+                "family": family, "arch": arch, "problem": problem_key(problem), **usable},
+                self._codecs))
             # the covering lookup index: ids first, then only those rows
-            bucket = self._where(t, {"family": family, "arch": arch,
-                                     "bucket": codec.bucket_text(problem)})
-            distance = sum(weight * func.abs(t.c[column] - value) for column, weight, value in
-                           zip(TERM_COLUMNS, codec.weights(), codec.terms(problem)))
-            ids = connection.execute(select(t.c.id).where(*bucket, *usable).order_by(
-                distance, t.c.median_ms).limit(limit)).scalars().all() if limit else []
-            near = connection.execute(self._query(t, connection).where(t.c.id.in_(ids))
-                                      ).mappings().all() if ids else []
+            bucket = {"family": family, "arch": arch, "bucket": codec.bucket_text(problem)}
+            ids = reader.column(*_sql.nearest_ids(
+                {**bucket, **usable}, self._codecs, codec.weights(), codec.terms(problem),
+                limit)) if limit else []
+            near = reader.all(*_sql.rows_by_id(columns, ids)) if ids else []
             near = sorted(near, key=lambda r: ids.index(r["id"]))
-            stale = connection.execute(select(func.count()).select_from(t).where(
-                *bucket, t.c.template_hash != template)).scalar_one()
+            stale = reader.scalar(*_sql.count_rows(bucket, self._codecs,
+                                                   {"template_hash": template}))
         return Candidates(self._decoded(exact), self._decoded(near), stale)
 
     def __len__(self) -> int:
@@ -98,54 +90,38 @@ class Queries:
             filters["bucket"] = self._codec(family).bucket_text(like)
         return {k: v for k, v in filters.items() if v is not None}
 
-    def _where(self, t: Any, filters: dict[str, Any]) -> list[Any]:
-        return [t.c[name] == value for name, value in filters.items()] + [
-            t.c.family.in_(sorted(self._codecs))]
-
-    def _legacy(self, connection: "Connection") -> bool:
+    def _legacy(self, reader: "SqliteReader") -> bool:
         """Whether the table has the layout of revision 0001-0002 (read without migrating)."""
-        present = self._present_columns(connection)
+        present = self._present_columns(reader)
         return "problem" not in present and set(LEGACY_PROBLEM) <= present
 
-    def _query(self, t: Any, connection: "Connection") -> Any:
-        """``SELECT`` of the columns this file has (and the baseline columns of a revision-0003
-        file, not migrated); ``created_at`` as stored text on SQLite, so one malformed value
-        skips its row instead of failing the whole query."""
-        from sqlalchemy import Float, String, column, select, type_coerce
-
-        from ._schema import LEGACY_BASELINE_COLUMNS, OPTIONAL_COLUMNS
-
-        present = self._present_columns(connection)
-        lacking = [c.name for c in t.c if c.name not in present
-                   and c.name not in OPTIONAL_COLUMNS]
+    def _columns(self, reader: "SqliteReader") -> list[str]:
+        """The columns to read: those of the table this file has (and the baseline columns of a
+        revision-0003 file, not migrated). ``created_at`` comes as the driver gives it: the
+        stored text on SQLite, so one malformed value skips its row instead of failing the
+        whole query."""
+        present = self._present_columns(reader)
+        lacking = [name for name in COLUMNS if name not in present
+                   and name not in OPTIONAL_COLUMNS]
         if lacking:
             raise DatabaseUnavailable(
                 f"{self} lacks the column(s) {lacking}: its schema revision is not one this "
                 "tiledattention can read; upgrade tiledattention")
-        columns = [type_coerce(c, String).label(c.name) if c.name == "created_at"
-                   and self._target.sqlite else c for c in t.c if c.name in present]
-        # unbound columns: rendered by name in the one table's SELECT, adding no FROM
-        columns += [column(name, Float) for name in LEGACY_BASELINE_COLUMNS if name in present]
-        return select(*columns)
+        return [name for name in (*COLUMNS, *LEGACY_BASELINE_COLUMNS) if name in present]
 
     def _select(self, filters: dict[str, Any], *, limit: int | None = None,
                 offset: int = 0) -> list[ScheduleRow]:
-        from sqlalchemy import select
-
-        from ._schema import KEY_COLUMNS, schedules as t
-
         if not self._codecs:
             return []
-        with self._transaction(write=False) as connection:
-            if self._legacy(connection):
-                records = connection.execute(select(*legacy_columns(
-                    self._present_columns(connection)))).mappings().all()
+        with self._reading() as reader:
+            if self._legacy(reader):
+                present = sorted(self._present_columns(reader))
+                records = reader.all(f"SELECT {', '.join(present)} FROM schedules")
                 found = from_legacy(records, self._codecs, filters)
                 return self._decoded(found[offset:None if limit is None else offset + limit])
-            query = self._query(t, connection).where(*self._where(t, filters)).order_by(
-                *[t.c[name] for name in KEY_COLUMNS]).offset(offset or None).limit(limit)
-            records = connection.execute(query).mappings().all()
-        return self._decoded(records)
+            records = reader.all(*_sql.select_rows(self._columns(reader), filters,
+                                                   self._codecs, limit=limit, offset=offset))
+        return self._decoded(records if limit is not None else records[offset:])
 
     def _decoded(self, records: Iterable[Any]) -> list[ScheduleRow]:
         rows = []

@@ -115,6 +115,8 @@ ROW_FIELDS = (
     RowField("provenance", "provenance"),
 )
 OPTIONAL_MS = tuple(f.name for f in ROW_FIELDS if f.optional and f.kind == "ms")
+_FIELD_NAMES = frozenset(f.name for f in ROW_FIELDS)
+_REQUIRED_NAMES = frozenset(f.name for f in ROW_FIELDS if not f.optional)
 _MEASURES = tuple(f.name for f in ROW_FIELDS if f.kind == "ms")
 
 
@@ -400,13 +402,13 @@ class ScheduleRow:
             data["backend"] = "gpu"
         if version <= 3:
             data["baselines_ms"] = _legacy_baselines(data, f"row format {version}")
-        known = {f.name for f in ROW_FIELDS}
-        unknown = sorted(set(data) - known)
+        unknown = data.keys() - _FIELD_NAMES
         if unknown:
-            raise RecordError(f"unknown row field(s) {unknown}; known: {sorted(known)}")
-        missing = sorted(f.name for f in ROW_FIELDS if not f.optional and f.name not in data)
+            raise RecordError(f"unknown row field(s) {sorted(unknown)}; known: "
+                              f"{sorted(_FIELD_NAMES)}")
+        missing = _REQUIRED_NAMES - data.keys()
         if missing:
-            raise RecordError(f"row lacks field(s) {missing}")
+            raise RecordError(f"row lacks field(s) {sorted(missing)}")
         family = data["family"]
         codec = codecs.get(family) if isinstance(family, str) else None
         if codec is None:

@@ -4,17 +4,22 @@ field spec (``_rows.ROW_FIELDS``).
 The migrations in ``db/migrations/versions/`` are the history of this table; this module is only
 its current shape, used for queries. Change both together: add a revision, then the field, then
 bump ``HEAD_REVISION`` (a test checks that a migrated file has exactly these columns).
+
+The names (``COLUMNS``, ``KEY_COLUMNS``, ...) need no SQLAlchemy: the read queries
+(``_sql``) are written with them, and a read-only SQLite file is read through the standard
+library alone. ``schedules`` and ``metadata`` (SQLAlchemy objects) are made on first use.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import (Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
-                        UniqueConstraint)
+import functools
+from typing import Any
 
 from ._rows import LEGACY_BASELINES, MAX_TERMS, PROVENANCE_FIELDS, ROW_FIELDS
 
-__all__ = ["TABLE_NAME", "VERSION_TABLE", "HEAD_REVISION", "KEY_COLUMNS", "OPTIONAL_COLUMNS",
-           "LEGACY_BASELINE_COLUMNS", "TERM_COLUMNS", "LOOKUP_INDEX", "metadata", "schedules"]
+__all__ = ["TABLE_NAME", "VERSION_TABLE", "HEAD_REVISION", "COLUMNS", "KEY_COLUMNS",
+           "OPTIONAL_COLUMNS", "LEGACY_BASELINE_COLUMNS", "TERM_COLUMNS", "LOOKUP_INDEX",
+           "metadata", "schedules"]
 
 TABLE_NAME = "schedules"
 #: Alembic's version table, named for us so it cannot clash with an application's own Alembic
@@ -38,33 +43,63 @@ OPTIONAL_COLUMNS = tuple(f.name for f in ROW_FIELDS if f.optional)
 #: ``baselines_ms`` from a file not migrated (revision 0004 moved them there).
 LEGACY_BASELINE_COLUMNS = tuple(LEGACY_BASELINES)
 
-_TYPES = {"ms": Float, "count": Integer, "time": lambda: DateTime(timezone=True), "record": Text,
-          "baselines": Text}
 _TEXT_WIDTH = {"family": 32, "arch": 16, "device_name": 128, "backend": 16}
 
 
-def _columns() -> list[Column]:
-    columns = [Column("id", Integer, primary_key=True, autoincrement=True)]
+def _layout() -> list[tuple[str, str, bool]]:
+    """``(name, kind, nullable)`` of each column after ``id``, in table order; ``kind``: a
+    ``RowField.kind``, or ``"hash"`` (a provenance field), ``"bucket"``, ``"term"``."""
+    layout = []
     for f in ROW_FIELDS:
         if f.kind == "provenance":
-            columns += [Column(name, String(64), nullable=False) for name in PROVENANCE_FIELDS]
+            layout += [(name, "hash", False) for name in PROVENANCE_FIELDS]
             continue
-        kind = String(_TEXT_WIDTH[f.name]) if f.kind == "text" else _TYPES[f.kind]()
-        columns.append(Column(f.name, kind, nullable=f.optional))
+        layout.append((f.name, f.kind, f.optional))
         if f.name == "problem":
             # what the lookup filters on (``FamilyCodec.bucket_text``) and orders by
-            columns.append(Column("bucket", Text, nullable=False))
-            columns += [Column(name, Float, nullable=True) for name in TERM_COLUMNS]
+            layout.append(("bucket", "bucket", False))
+            layout += [(name, "term", True) for name in TERM_COLUMNS]
+    return layout
+
+
+#: Every column of the table, in its order.
+COLUMNS = ("id", *(name for name, _, _ in _layout()))
+
+
+def _columns() -> list[Any]:
+    from sqlalchemy import Column, DateTime, Float, Integer, String, Text
+
+    types = {"ms": Float, "count": Integer, "time": lambda: DateTime(timezone=True),
+             "record": Text, "baselines": Text, "hash": lambda: String(64), "bucket": Text,
+             "term": Float}
+    columns = [Column("id", Integer, primary_key=True, autoincrement=True)]
+    for name, kind, nullable in _layout():
+        columns.append(Column(name, String(_TEXT_WIDTH[name]) if kind == "text" else
+                              types[kind](), nullable=nullable))
     return columns
 
 
-metadata = MetaData()
+@functools.cache
+def _table() -> tuple[Any, Any]:
+    from sqlalchemy import Index, MetaData, Table, UniqueConstraint
 
-schedules = Table(
-    TABLE_NAME,
-    metadata,
-    *_columns(),
-    UniqueConstraint(*KEY_COLUMNS, name="uq_schedules_key"),
-    # covers the lookup's nearest and stale queries: they never read the table's rows
-    Index("ix_schedules_lookup", *LOOKUP_INDEX),
-)
+    metadata = MetaData()
+    schedules = Table(
+        TABLE_NAME,
+        metadata,
+        *_columns(),
+        UniqueConstraint(*KEY_COLUMNS, name="uq_schedules_key"),
+        # covers the lookup's nearest and stale queries: they never read the table's rows
+        Index("ix_schedules_lookup", *LOOKUP_INDEX),
+    )
+    return metadata, schedules
+
+
+def __getattr__(name: str) -> Any:
+    """``metadata`` and ``schedules`` (the SQLAlchemy ``Table``), made on first use: importing
+    SQLAlchemy costs more than a read-only command's whole work."""
+    if name == "metadata":
+        return _table()[0]
+    if name == "schedules":
+        return _table()[1]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

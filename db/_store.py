@@ -6,7 +6,8 @@ write), so concurrent writers serialise instead of failing with "database is loc
 databases use ``SELECT ... FOR UPDATE`` and retry a transaction that lost an insert race.
 
 SQLAlchemy and Alembic are imported on first use, not with ``db``: a lookup without a database
-file costs one ``os.path.exists``.
+file costs one ``os.path.exists``. A SQLite file opened read-only is read through the standard
+library's ``sqlite3`` alone (``_sql``'s queries, which SQLAlchemy runs for the other databases).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
-from ._engine import (WRITE_OPTION, Target, check_sqlite_file, check_writable_path,
-                      inspect_sqlite_file, is_locked, server_engine, sqlite_engine)
+from . import _sql
+from ._engine import (WRITE_OPTION, SqliteReadConnections, Target, check_sqlite_file,
+                      check_writable_path, inspect_sqlite_file, is_locked, server_engine,
+                      sqlite_engine)
 from ._encode import problem_key, row_values
 from ._errors import (DatabaseArgumentError, DatabaseMisuse, DatabaseUnavailable, RecordError,
                       SchemaTooNew)
@@ -74,11 +77,15 @@ class ScheduleDB(Queries):
         self._target = Target(location)
         self._read_only = read_only
         self._engine: Engine | None = None
-        self._columns: frozenset[str] | None = None
+        self._reads: SqliteReadConnections | None = None  # a SQLite file read-only: no engine
+        self._closed = False
+        self._present: frozenset[str] | None = None
         path = self._target.path
         if path is not None:
             self._check_file(path)
-        if self._target.sqlite:
+        if read_only and path is not None:
+            self._reads = SqliteReadConnections(path)
+        elif self._target.sqlite:
             self._engine = sqlite_engine(None if self._target.memory else path,
                                          read_only=read_only)
         else:
@@ -111,9 +118,12 @@ class ScheduleDB(Queries):
 
     # -- life cycle ---------------------------------------------------------------------------
     def close(self) -> None:
+        self._closed = True
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+        if self._reads is not None:
+            self._reads.close()
 
     def __enter__(self) -> "ScheduleDB":
         return self
@@ -138,7 +148,8 @@ class ScheduleDB(Queries):
         from sqlalchemy.exc import DBAPIError, IntegrityError
 
         if self._engine is None:
-            raise DatabaseMisuse(f"{self!r} is closed")
+            raise DatabaseMisuse(f"{self!r} is closed" if self._closed else
+                                 f"{self!r} was opened read-only")
         try:
             with self._engine.connect() as connection:
                 if write:
@@ -150,6 +161,34 @@ class ScheduleDB(Queries):
                 raise  # put() retries these (a lock, or another writer's insert of the key)
             raise DatabaseUnavailable(f"cannot use the schedule database {self}: "
                                       f"{exc.orig or exc}") from exc
+
+    @contextmanager
+    def _reading(self) -> Iterator["_sql.SqliteReader | _sql.AlchemyReader"]:
+        """A reader (``_sql``) inside one read transaction, so that the queries of one call
+        see one state of the database."""
+        if self._reads is None:
+            with self._transaction(write=False) as connection:
+                yield _sql.AlchemyReader(connection)
+            return
+        import sqlite3
+
+        if self._closed:
+            raise DatabaseMisuse(f"{self!r} is closed")
+        try:
+            connection = self._reads.take()
+        except sqlite3.Error as exc:
+            raise DatabaseUnavailable(f"cannot use the schedule database {self}: {exc}") from exc
+        try:
+            connection.execute("BEGIN")
+            yield _sql.SqliteReader(connection)
+            connection.execute("COMMIT")
+        except sqlite3.Error as exc:
+            connection.close()
+            raise DatabaseUnavailable(f"cannot use the schedule database {self}: {exc}") from exc
+        except BaseException:
+            connection.close()
+            raise
+        self._reads.give(connection)
 
     def _check_file(self, path: Path) -> None:
         """Everything that can be said of a SQLite file before a connection that may write it
@@ -188,17 +227,15 @@ class ScheduleDB(Queries):
             f"(it knows up to {HEAD_REVISION!r}): a newer tiledattention wrote it. Upgrade "
             "tiledattention to write to it (reading still works), or pass --db elsewhere")
 
-    def _inspect(self, connection: "Connection") -> tuple[set[str], str | None, bool]:
+    def _inspect(self, reader: "_sql.SqliteReader | _sql.AlchemyReader"
+                 ) -> tuple[set[str], str | None, bool]:
         """Table names, the recorded revision, and whether a version table exists."""
-        from sqlalchemy import inspect, text
-
         from ._schema import VERSION_TABLE
 
-        tables = set(inspect(connection).get_table_names())
+        tables = reader.tables()
         if VERSION_TABLE not in tables:
             return tables, None, False
-        revisions = connection.execute(
-            text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+        revisions = reader.column(f"SELECT version_num FROM {VERSION_TABLE}")
         return tables, (revisions[0] if len(revisions) == 1 else None), True
 
     def _foreign(self, what: str) -> DatabaseUnavailable:
@@ -209,8 +246,8 @@ class ScheduleDB(Queries):
     def _check_schema(self) -> None:
         from ._schema import TABLE_NAME
 
-        with self._transaction(write=False) as connection:
-            tables, revision, _ = self._inspect(connection)
+        with self._reading() as reader:
+            tables, revision, _ = self._inspect(reader)
         if TABLE_NAME not in tables:
             raise self._foreign(f"no {TABLE_NAME!r} table")
         if revision is None:
@@ -225,7 +262,8 @@ class ScheduleDB(Queries):
         for attempt in range(_WRITE_ATTEMPTS):
             try:
                 with self._transaction(write=True) as connection:
-                    tables, revision, has_version = self._inspect(connection)
+                    tables, revision, has_version = self._inspect(
+                        _sql.AlchemyReader(connection))
                     ours = TABLE_NAME in tables
                     if not ours and not has_version:
                         if tables and self._target.sqlite:
@@ -259,15 +297,13 @@ class ScheduleDB(Queries):
         if self._read_only:
             raise DatabaseUnavailable(f"{self} was opened read-only")
 
-    def _present_columns(self, connection: "Connection") -> frozenset[str]:
-        if self._columns is None:
-            from sqlalchemy import inspect
-
+    def _present_columns(self, reader: "_sql.SqliteReader | _sql.AlchemyReader"
+                         ) -> frozenset[str]:
+        if self._present is None:
             from ._schema import TABLE_NAME
 
-            self._columns = frozenset(c["name"] for c in
-                                      inspect(connection).get_columns(TABLE_NAME))
-        return self._columns
+            self._present = frozenset(reader.columns(TABLE_NAME))
+        return self._present
 
     # -- writing --------------------------------------------------------------------------------
     def _codec(self, family: str) -> FamilyCodec:
@@ -367,7 +403,8 @@ class ScheduleDB(Queries):
         self._check_writable()
         if not rows:
             return []
-        values = [row_values(row, self._codec(row.family)) for row in rows]
+        texts: dict[int, tuple[Any, str]] = {}  # schedule texts: rows share their schedules
+        values = [row_values(row, self._codec(row.family), texts) for row in rows]
         # row.key, from the record (row.key would serialise the problem again)
         keys = [(v["family"], v["arch"], v["device_name"], v["problem"]) for v in values]
         # the problems of each (family, arch): the unique index's prefix, so each query reads

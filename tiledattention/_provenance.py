@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 import re
-import subprocess
-from importlib import metadata
 
 from db import Provenance
 
@@ -19,6 +17,8 @@ __all__ = ["Provenance", "current_provenance"]
 
 
 def _version(dist: str) -> str:
+    from importlib import metadata  # ~10 ms: only a measurement's provenance asks
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -30,6 +30,8 @@ def _tileiras_version() -> str:
     version = _version("nvidia-cuda-tileiras")
     if version:
         return version
+    import subprocess
+
     try:  # a tileiras on PATH (e.g. the GPU machine's unpacked toolchain)
         text = subprocess.run(["tileiras", "--version"], capture_output=True, text=True,
                               timeout=30).stdout

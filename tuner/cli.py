@@ -15,6 +15,7 @@ import argparse
 import importlib
 import sys
 import traceback
+from typing import Iterable
 
 from ._signals import Terminated, interrupts_once
 from .commands._report import say
@@ -57,20 +58,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(configured: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; ``configured``: only these commands get their options (the
+    others keep their name and help), ``None``: every command. Configuring a command imports
+    its module, so :func:`main` configures only the command it runs: a ``list`` or ``explain``
+    does not pay for importing ``search`` or ``bench``."""
     parser = _Parser(prog="tiledtune", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wanted = None if configured is None else set(configured)
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).configure(command)
+        if wanted is None or name in wanted:
+            importlib.import_module(module).configure(command)
         command.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    # the command is the first argument (tiledtune has no options of its own but --help)
+    parser = build_parser(argv[:1] if argv and argv[0] in COMMANDS else ())
     args = parser.parse_args(argv)
     args.argv = argv  # for commands that start copies of themselves (search --workers)
     module = importlib.import_module(args._module)

@@ -12,6 +12,8 @@ import io
 import itertools
 import random
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -118,6 +120,53 @@ def test_list_and_explain_answer_quickly_on_a_large_database(big, monkeypatch):
         assert code == 0 and "source   nearest" in out, out
         best["explain"] = min(best.get("explain", 9.0), seconds)
     assert best["list"] < 0.5 and best["explain"] < 0.5, best  # 0.2 s and less when idle
+
+
+@pytest.mark.slow  # two processes
+def test_read_only_commands_never_import_sqlalchemy(big):
+    """A SQLite file opened read-only is read through ``sqlite3`` (``db._sql``): importing
+    SQLAlchemy would take longer than ``list`` or ``explain`` take in all."""
+    for argv in (["list", "--db", big],
+                 ["explain", "--db", big, "--device", "sm_90", "--shape", "1,32,4000,128"]):
+        script = ("import sys\nfrom tuner import cli\n"
+                  f"code = cli.main({[str(a) for a in argv]!r})\n"
+                  "print('exit', code, 'sqlalchemy' in sys.modules)")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=300)
+        assert done.stdout.strip().splitlines()[-1] == "exit 0 False", (argv, done.stdout,
+                                                                         done.stderr)
+
+
+@pytest.mark.slow  # the 65,000-row database
+def test_the_sqlite3_reader_answers_as_sqlalchemy_does(big):
+    """The read queries (``db._sql``) run through ``sqlite3`` on a read-only open and through
+    SQLAlchemy on a writable one: the same rows, counts and lookup candidates."""
+    known = codecs()
+    reader = db.ScheduleDB(big, codecs=known, read_only=True)
+    writer = db.ScheduleDB(big, codecs=known)
+    with reader, writer:
+        assert reader._reads is not None and writer._reads is None  # sqlite3 / SQLAlchemy
+        for kwargs in ({"limit": 50}, {"limit": 7, "offset": 64_990}, {"limit": None,
+                                                                       "offset": 64_995},
+                       {"arch": "sm_90", "family": "forward", "like": _problem(4), "limit": 30},
+                       {"device_name": "another GPU"}):
+            assert reader.rows(**kwargs) == writer.rows(**kwargs), kwargs
+        for kwargs in ({}, {"family": "forward", "like": _problem(3)}, {"arch": "sm_100"}):
+            assert reader.count(**kwargs) == writer.count(**kwargs), kwargs
+        assert len(reader) == ROWS
+        for i in (0, 1, 5, 30_001, 64_999):
+            problem = _problem(i)
+            assert reader.get("forward", "sm_90", "NVIDIA H100 80GB HBM3", problem) == \
+                writer.get("forward", "sm_90", "NVIDIA H100 80GB HBM3", problem) is not None
+            for template, limit in ((PROV.template_hash, 8), ("0123456789ab", 3),
+                                    (PROV.template_hash, 0)):
+                assert reader.candidates("forward", "sm_90", problem, template=template,
+                                         limit=limit) == \
+                    writer.candidates("forward", "sm_90", problem, template=template,
+                                      limit=limit)
+        near = reader.candidates("forward", "sm_90", _problem(30_001),
+                                 template=PROV.template_hash)
+        assert near.exact and len(near.nearest) == 8 and near.stale == 0
 
 
 def test_a_batch_is_decided_as_each_row_would_be():
