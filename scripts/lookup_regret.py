@@ -101,16 +101,19 @@ def candidates(family, shape: HeldOutShape, rows: list, arch: str, *, samples: i
     return found
 
 
-def compile_ahead(jobs: list[tuple[Any, Any]], arch: str, processes: int, family=FORWARD
-                  ) -> dict[tuple, str]:
+def compile_ahead(jobs: list[tuple[Any, Any]], arch: str, processes: int, family=FORWARD,
+                  deadline_s: float = 150.0) -> dict[tuple, str]:
     """Compile every (problem, schedule) of ``jobs`` in ``processes`` processes (cuTile's disk
     cache then serves the launches); the first line of each failure, by (problem, schedule
-    key). Progress goes to standard error."""
+    key). Compiles still running ``deadline_s`` after the start count as failed (a compiler
+    that hangs on one candidate must not stop the study) and the pool is killed. Progress goes
+    to standard error."""
     start = time.perf_counter()
     failed: dict[tuple, str] = {}
-    with CompilePool(processes) as pool:
-        futures = {pool.submit(compile_job, family, p, s, arch): (p, s.key) for p, s in jobs}
-        for n, fut in enumerate(as_completed(futures), 1):
+    pool = CompilePool(processes)
+    futures = {pool.submit(compile_job, family, p, s, arch): (p, s.key) for p, s in jobs}
+    try:
+        for n, fut in enumerate(as_completed(futures, timeout=deadline_s), 1):
             _, _, error = fut.result()
             if error is not None:
                 failed[futures[fut]] = error.strip().splitlines()[0][:160] if error.strip() \
@@ -118,6 +121,15 @@ def compile_ahead(jobs: list[tuple[Any, Any]], arch: str, processes: int, family
             if n % 100 == 0:
                 print(f"  compiled {n}/{len(jobs)} in {time.perf_counter() - start:.0f} s",
                       file=sys.stderr, flush=True)
+    except TimeoutError:
+        late = [key for fut, key in futures.items() if not fut.done()]
+        for key in late:
+            failed[key] = f"compile still running after {deadline_s:g} s"
+        print(f"  {len(late)} compiles still running after {deadline_s:g} s: counted as failed",
+              file=sys.stderr, flush=True)
+        pool.kill()
+    else:
+        pool.close()
     print(f"{len(jobs)} compiled in {time.perf_counter() - start:.0f} s; {len(failed)} failed",
           file=sys.stderr, flush=True)
     return failed

@@ -19,6 +19,11 @@ SM_COUNTS = {"hopper": 132, "blackwell": 148, "blackwell-consumer": 48, "ada": 1
 #: the shipped rows picked 4 splits at B = 1 with 1k keys and 8-12 with 2k (1.10-1.19x a cap of
 #: 512 keys per split).
 MIN_KEYS_PER_SPLIT = 256
+#: Most query rows the default packs into one tile. On an H100, where a group times S_q
+#: (padded) exceeds 64 rows (multi-query speculative decoding, say), 64-row tiles ran 0.44-0.58x
+#: the time of 128-row ones with the splits recounted for them, on all 7 such shapes probed;
+#: 32-row tiles 0.45-1.27x (issue 29, docs/lookup.md).
+MAX_TILE_M = 64
 
 
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
@@ -27,9 +32,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a plain second kernel
     (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k)."""
     gen = generation(arch)
-    # one tile holds the whole group's rows for up to 128 rows, so K/V are read once per head
+    # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
+    # per head (or per MAX_TILE_M rows of it)
     rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
-    tile_m = min(128, max(16, 1 << (rows - 1).bit_length()))
+    tile_m = min(MAX_TILE_M, max(16, 1 << (rows - 1).bit_length()))
     base = DecodeSchedule(tile_n=128 if problem.head_dim <= 128 else 64, tile_m=tile_m,
                           k_latency=2, v_latency=2)
     rows = layout(problem, base).rows  # CTAs per split
