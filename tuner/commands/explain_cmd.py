@@ -40,10 +40,11 @@ WHY = {
                   "{arch} GPU (the fastest of them)",
     "shipped": "the shipped table's row for this exact problem (no user row for it)",
     "nearest": "no row for this exact problem: the closest tuned problem of {arch} in the user "
-               "database or the shipped table that shares its bucket, by the family's distance "
-               "(ties: the faster row)",
-    "default": "no tuned row for this problem's bucket on {arch} in the user database or the "
-               "shipped table: the family's per-architecture default",
+               "database or the shipped table that shares its bucket, by the family's distance, "
+               "whose row transfers to this one (ties: the faster row)",
+    "default": "no tuned row on {arch} in the user database or the shipped table for this "
+               "problem, nor a near one that transfers to it (the detail says why the nearest "
+               "does not): the family's per-architecture default",
 }
 _CAUSAL = {"yes": (True, False), "true": (True, False), "top_left": (True, False),
            "no": (False, False), "false": (False, False), "bottom_right": (True, True)}
