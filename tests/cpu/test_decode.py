@@ -716,3 +716,16 @@ def test_kernel_parameters_refuse_a_launcher_that_disagrees_with_the_kernel():
         KernelParameters(lambda Q: None, ("Q",))
     assert KernelParameters(decode_combine, ("Out", "Lse", "Opart")).names == \
         COMBINE_PARAMETERS.names
+
+
+@pytest.mark.parametrize("hq, hkv, sq, tile_m", [(32, 8, 1, 16), (32, 1, 1, 32), (32, 4, 8, 64),
+                                                  (32, 1, 5, 64), (64, 4, 8, 64), (16, 1, 8, 64)])
+def test_the_default_packs_at_most_64_query_rows_a_tile(hq, hkv, sq, tile_m):
+    """Group x S_q (padded to a power of two) rows, between 16 and 64: above 64 rows, 128-row
+    tiles ran 1.7-2.3x the time of 64-row ones on an H100 (issue 29, docs/lookup.md)."""
+    p = Problem(batch=8, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=4096, head_dim=128,
+                dtype="bf16", causal=True, bottom_right=True)
+    schedule = DECODE.default_schedule("sm_90", p)
+    assert schedule.tile_m == tile_m
+    rows = layout(p, schedule).rows  # the splits are counted for the capped tile's CTAs
+    assert schedule.splits == max(1, min(SM_COUNTS["hopper"] // rows, 4096 // MIN_KEYS_PER_SPLIT))
