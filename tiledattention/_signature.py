@@ -4,27 +4,34 @@ and compile-only builds lay values out in the kernel's own order and never by ha
 ``KernelParameters(kernel, runtime)`` splits the parameters into launch-time values (the names
 in ``runtime``) and ``ct.Constant`` ones, and refuses a kernel whose launch-time parameters are
 not exactly ``runtime``. ``ordered(runtime_values, constants)`` places each value by its name,
-naming what is missing, unknown, doubly supplied or in the wrong mapping.
+naming what is missing, unknown, doubly supplied or in the wrong mapping. A kernel may be named
+instead, ``(module, attribute)``: it is then imported, and checked, on first use, so that the
+modules describing launches import without cuda.tile (``import tiledattention`` stays light).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import operator
 import types
 import typing
 from typing import Any, Iterable, Mapping
 
-import cuda.tile as ct
-
 from .errors import KernelArgumentError
 
 __all__ = ["KernelParameters"]
 
-_CONSTANT_MARK = type(typing.get_args(ct.Constant[int])[1])  # cuda.tile's ConstantAnnotation
+
+@functools.cache
+def _constant_mark() -> type:
+    import cuda.tile as ct
+
+    return type(typing.get_args(ct.Constant[int])[1])  # cuda.tile's ConstantAnnotation
 
 
-def _python_function(kernel: ct.kernel) -> types.FunctionType:
+def _python_function(kernel: Any) -> types.FunctionType:
     """The Python function under a ``ct.kernel`` object. cuda-tile 1.7.0 keeps it as the
     ``_pyfunc`` property (its own ``replace_hints`` rebuilds kernels from it); there is no public
     accessor, so a release without it fails here, loudly, rather than guessing an order."""
@@ -40,7 +47,27 @@ def _python_function(kernel: ct.kernel) -> types.FunctionType:
 class KernelParameters:
     """The parameters of one kernel template, split into runtime values and constants."""
 
-    def __init__(self, kernel: ct.kernel, runtime: Iterable[str]) -> None:
+    #: what ``_read`` sets, from the kernel's signature
+    _READ = frozenset({"kernel_name", "names", "constants", "runtime", "_in_order"})
+
+    def __init__(self, kernel: Any, runtime: Iterable[str]) -> None:
+        """``kernel``: a ``ct.kernel`` (checked now) or ``(module name, attribute)`` naming one
+        (imported and checked when an attribute is first read)."""
+        self._expected = frozenset(runtime)
+        if isinstance(kernel, tuple):
+            self._named = kernel
+        else:
+            self._read(kernel)
+
+    def __getattr__(self, name: str) -> Any:  # only for attributes not set yet
+        if name not in KernelParameters._READ:
+            raise AttributeError(name)
+        module, attribute = self.__dict__["_named"]
+        self._read(getattr(importlib.import_module(module), attribute))
+        return self.__dict__[name]
+
+    def _read(self, kernel: Any) -> None:
+        runtime = self._expected
         pyfunc = _python_function(kernel)
         self.kernel_name = pyfunc.__name__
         parameters = inspect.signature(pyfunc).parameters
@@ -54,7 +81,7 @@ class KernelParameters:
         self.constants = frozenset(
             name for name in parameters
             if typing.get_origin(hints.get(name)) is typing.Annotated
-            and any(isinstance(m, _CONSTANT_MARK) for m in hints[name].__metadata__))
+            and any(isinstance(m, _constant_mark()) for m in hints[name].__metadata__))
         self.runtime = frozenset(self.names) - self.constants
         if self.runtime != frozenset(runtime):  # the kernel gained or lost a launch-time value
             raise KernelArgumentError(

@@ -58,11 +58,16 @@ def _identities(path: Path) -> list[str]:
 
 
 @pytest.mark.slow  # compiles in a separate process
-def test_code_change_without_effect_on_text_is_restamped(tmp_path, capsys):
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_code_change_without_effect_on_text_is_restamped(tmp_path, capsys, monkeypatch,
+                                                         relative):
     old, identity = _old_code(tmp_path, "tiledattention.forward._launch",
                               "def default_scale(", "_UNUSED = 1\n\n\ndef default_scale(")
     assert identity != FORWARD.template_identity()
     path = _rows_file(tmp_path, identity)
+    if relative:  # --from DIR relative to the working directory, not the old code's process's
+        monkeypatch.chdir(old.parent)
+        old = Path(old.name)
     assert main(["restamp", "--from", str(old), "--file", str(path), "--jobs", "2"]) == 1
     out = capsys.readouterr().out
     assert "re-stamped 1; 1 need re-tuning" in out and "not " in out  # the unrelated row

@@ -123,18 +123,23 @@ def test_list_and_explain_answer_quickly_on_a_large_database(big, monkeypatch):
 
 
 @pytest.mark.slow  # two processes
-def test_read_only_commands_never_import_sqlalchemy(big):
-    """A SQLite file opened read-only is read through ``sqlite3`` (``db._sql``): importing
-    SQLAlchemy would take longer than ``list`` or ``explain`` take in all."""
+def test_read_only_commands_never_import_sqlalchemy_or_the_kernels(big):
+    """A SQLite file opened read-only is read through ``sqlite3`` (``db._sql``), and the kernel
+    modules load cuda.tile (and with it numpy) only when a kernel is compiled or launched
+    (``tiledattention._lazy``): either import would take longer than ``list`` or ``explain``
+    take in all."""
+    heavy = ("sqlalchemy", "cuda.tile", "numpy", "torch")
     for argv in (["list", "--db", big],
-                 ["explain", "--db", big, "--device", "sm_90", "--shape", "1,32,4000,128"]):
+                 ["explain", "--db", big, "--device", "sm_90", "--shape", "1,32,4000,128"],
+                 ["explain", "--db", big, "--device", "sm_90", "--shape", "1,32/8,1:4000,128",
+                  "--training"]):
         script = ("import sys\nfrom tuner import cli\n"
                   f"code = cli.main({[str(a) for a in argv]!r})\n"
-                  "print('exit', code, 'sqlalchemy' in sys.modules)")
+                  f"print('exit', code, [m for m in {heavy!r} if m in sys.modules])")
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                               timeout=300)
-        assert done.stdout.strip().splitlines()[-1] == "exit 0 False", (argv, done.stdout,
-                                                                         done.stderr)
+        assert done.stdout.strip().splitlines()[-1] == "exit 0 []", (argv, done.stdout,
+                                                                      done.stderr)
 
 
 @pytest.mark.slow  # the 65,000-row database

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import cuda.tile as ct
-from cuda.tile import compilation as ctc
-
 from .._compile import CompileResult, array_constraint, export_cubin
+from .._lazy import lazy_module
 from .._problem import Problem
 from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, dkdv_constants, dkdv_kernel, dq_constants,
                       dq_kernel, normalise, row_stat_shape)
 from ._schedule import BackwardSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
 
 __all__ = ["compile_backward"]
 

@@ -11,22 +11,24 @@ import functools
 import math
 from typing import Any, NamedTuple
 
-import cuda.tile as ct
-
+from .._lazy import lazy_module
 from .._signature import KernelParameters
 from .._problem import Problem, padded_head_dim, row_stat_shape
-from ._kernel import attention_bwd_dkdv, attention_bwd_dq
 from ._schedule import BackwardSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+_kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "dq_constants", "dkdv_constants", "dq_kernel",
            "dkdv_kernel", "Launches", "launches", "launch", "row_stat_shape", "normalise"]
 
 DQ_PARAMETERS = KernelParameters(
-    attention_bwd_dq, ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ", "qk_scale", "heads_q",
-                       "group"))
+    (f"{__package__}._kernel", "attention_bwd_dq"),
+    ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ", "qk_scale", "heads_q", "group"))
 DKDV_PARAMETERS = KernelParameters(
-    attention_bwd_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale",
-                         "heads_kv", "group"))
+    (f"{__package__}._kernel", "attention_bwd_dkdv"),
+    ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale", "heads_kv", "group"))
+
 
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` with tiles no larger than the problem needs: a query tile past the next power
@@ -62,11 +64,11 @@ def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> 
 
 
 def dq_kernel(schedule: BackwardSchedule) -> ct.kernel:
-    return _hinted(attention_bwd_dq, schedule.dq_occupancy, schedule.dq_worker_warps)
+    return _hinted(_kernels.attention_bwd_dq, schedule.dq_occupancy, schedule.dq_worker_warps)
 
 
 def dkdv_kernel(schedule: BackwardSchedule) -> ct.kernel:
-    return _hinted(attention_bwd_dkdv, schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
+    return _hinted(_kernels.attention_bwd_dkdv, schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
 
 
 _NO_ARRAYS = {"Q": None, "K": None, "V": None, "dO": None, "Lse": None, "Delta": None}

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 
-import cuda.tile as ct
-from cuda.tile import compilation as ctc
-
 from .._compile import CompileResult, array_constraint, export_cubin
+from .._lazy import lazy_module
 from .._problem import Problem
 from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
                       layout, normalise, split_constants, split_kernel)
 from ._schedule import DecodeSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
 
 __all__ = ["compile_decode"]
 

@@ -12,20 +12,23 @@ import functools
 import math
 from typing import Any, NamedTuple
 
-import cuda.tile as ct
-
+from .._lazy import lazy_module
 from .._signature import KernelParameters
 from .._problem import Problem, default_scale, padded_head_dim
-from ._kernel import decode_combine, decode_split
 from ._schedule import TILES_M, DecodeSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+_kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch"]
 
 SPLIT_PARAMETERS = KernelParameters(
-    decode_split, ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div"))
-COMBINE_PARAMETERS = KernelParameters(decode_combine, ("Opart", "Lse", "Out"))
+    (f"{__package__}._kernel", "decode_split"),
+    ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div"))
+COMBINE_PARAMETERS = KernelParameters((f"{__package__}._kernel", "decode_combine"),
+                                      ("Opart", "Lse", "Out"))
 
 #: Fewest rows a packed tile has (the matrix-product units work on 16-row tiles at least).
 MIN_TILE_ROWS = 16
@@ -124,12 +127,12 @@ def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> 
 
 
 def split_kernel(schedule: DecodeSchedule) -> ct.kernel:
-    return _hinted(decode_split, schedule.occupancy, schedule.num_worker_warps)
+    return _hinted(_kernels.decode_split, schedule.occupancy, schedule.num_worker_warps)
 
 
 def combine_kernel(schedule: DecodeSchedule) -> ct.kernel:
     """The combine kernel (no kernel options of its own: it is a short, latency-bound merge)."""
-    return decode_combine
+    return _kernels.decode_combine
 
 
 def grouped_view(x: Any, tiles: Layout) -> Any:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import cuda.tile as ct
-from cuda.tile import compilation as ctc
-
 from .._compile import CompileResult, array_constraint, export_cubin
+from .._lazy import lazy_module
 from ._launch import kernel_constants, kernel_for, ordered_args
 from .._problem import Problem
 from ._schedule import Schedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
 
 __all__ = ["compile_schedule"]
 

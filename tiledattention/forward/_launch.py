@@ -25,12 +25,13 @@ import functools
 import math
 from typing import Any, Mapping
 
-import cuda.tile as ct
-
+from .._lazy import lazy_module
 from .._signature import KernelParameters
-from ._kernel import attention_fwd
 from .._problem import Problem, head_dim_parts
 from ._schedule import Schedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+_kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
@@ -44,7 +45,7 @@ NO_LSE = 0
 
 
 # -- the kernel's signature ---------------------------------------------------------------------
-_SIGNATURE = KernelParameters(attention_fwd, RUNTIME_PARAMETERS)
+_SIGNATURE = KernelParameters((f"{__package__}._kernel", "attention_fwd"), RUNTIME_PARAMETERS)
 
 
 def kernel_parameters() -> tuple[str, ...]:
@@ -206,8 +207,9 @@ def hinted_kernel(occupancy: int, num_ctas: int, opt_level: int,
                   num_worker_warps: int | None) -> ct.kernel:
     """The template with these kernel options. Cached: each object owns a JIT cache, so making
     a new one per launch would recompile every time."""
-    return attention_fwd.replace_hints(occupancy=occupancy, num_ctas=num_ctas, opt_level=opt_level,
-                                       num_worker_warps=num_worker_warps)
+    return _kernels.attention_fwd.replace_hints(occupancy=occupancy, num_ctas=num_ctas,
+                                                opt_level=opt_level,
+                                                num_worker_warps=num_worker_warps)
 
 
 def kernel_for(schedule: Schedule) -> ct.kernel:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import cuda.tile as ct
-
 from .. import _device
 from .. import _plans as hot
 from .._plans import Plan, clear_of, contiguous_like, out_spans
+from .._lazy import lazy_module
 from .._problem import Problem, default_scale
 from ._launch import grid_for, kernel_args, kernel_for, normalise
 from ._schedule import Schedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["ForwardPlan", "forward_plan"]
 

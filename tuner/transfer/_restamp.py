@@ -126,7 +126,7 @@ def _old_tree(source: str, tmp: Path) -> Path:
     """The directory holding the old ``tiledattention`` package: ``source`` itself when it is
     such a directory, else a ``git archive`` of revision ``source`` of this repository."""
     if (Path(source) / "tiledattention" / "__init__.py").is_file():
-        return Path(source)
+        return Path(source).resolve()  # the old code's process runs in another directory
     root = _repository()
     archive = tmp / "old.tar"
     done = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", "-o",
