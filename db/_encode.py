@@ -8,8 +8,8 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, NamedTuple
 
 from ._errors import DatabaseArgumentError, RecordError
-from ._rows import (LEGACY_BASELINES, PROVENANCE_FIELDS, FamilyCodec, Provenance, ScheduleRow,
-                    canonical_json)
+from ._rows import (LEGACY_BASELINES, MAX_TERMS, PROVENANCE_FIELDS, Baselines, FamilyCodec,
+                    Provenance, ScheduleRow, canonical_json)
 
 __all__ = ["Candidates", "problem_key", "row_values", "decode_record", "pick_candidates"]
 
@@ -32,24 +32,46 @@ def problem_key(problem: Any) -> str:
 
 def row_values(row: ScheduleRow, codec: FamilyCodec,
                texts: dict[int, tuple[Any, str]] | None = None) -> dict[str, Any]:
-    """The table record of ``row``. ``texts``: a cache of schedule texts the caller keeps for
-    a batch of rows (``id(schedule) -> (schedule, text)``; the rows of an import file share a
-    few hundred schedule objects, and serialising one costs more than the rest of a record)."""
-    values = {name: getattr(row, name) for name in (
-        "family", "arch", "device_name", "backend", "median_ms", "spread_ms", "tflops",
-        "default_ms", "trials", "created_at")}
-    values["baselines_ms"] = canonical_json(dict(row.baselines)) if row.baselines else "{}"
-    terms = codec.terms(row.problem)
-    values.update({f"term{i}": value for i, value in enumerate(terms)})
-    schedule = row.schedule
-    known = None if texts is None else texts.get(id(schedule))
+    """The table record of ``row``. ``texts``: a cache of schedule texts and provenance
+    columns the caller keeps for a batch of rows (``id(value) -> (value, its columns)``; the
+    rows of an import file share a few hundred schedule objects and a few provenances, and
+    serialising one costs more than the rest of a record)."""
+    problem = row.problem.to_dict()
+    values = {"family": row.family, "arch": row.arch, "device_name": row.device_name,
+              "backend": row.backend, "problem": row.problem_text,
+              "bucket": codec.bucket_of(problem)}
+    values.update(zip(TERM_NAMES, codec.terms_of(problem)))
+    schedule, provenance = row.schedule, row.provenance
+    if texts is None:
+        texts = {}
+    known = texts.get(id(schedule))
     if known is None or known[0] is not schedule:
-        known = (schedule, canonical_json(schedule.to_dict()))
-        if texts is not None:
-            texts[id(schedule)] = known  # keeps the schedule alive: its id stays its own
-    values.update(problem=codec.problem_text(row.problem), bucket=codec.bucket_text(row.problem),
-                  schedule=known[1], **row.provenance.to_dict())
+        # the entry keeps the value alive: its id stays its own
+        known = texts[id(schedule)] = (schedule, canonical_json(schedule.to_dict()))
+    values.update(schedule=known[1], median_ms=row.median_ms, spread_ms=row.spread_ms,
+                  tflops=row.tflops, default_ms=row.default_ms,
+                  baselines_ms=_baselines_text(row.baselines), trials=row.trials,
+                  created_at=row.created_at)
+    known = texts.get(id(provenance))
+    if known is None or known[0] is not provenance:
+        known = texts[id(provenance)] = (provenance, provenance.to_dict())
+    values.update(known[1])
     return values
+
+
+#: ``term0..``, as many as a family has distance terms.
+TERM_NAMES = tuple(f"term{i}" for i in range(MAX_TERMS))
+
+
+def _baselines_text(baselines: Any) -> str:
+    """``canonical_json(dict(baselines))``, ``"{}"`` when there are none. A ``Baselines``
+    (every row's: ``ScheduleRow`` checks it) holds names of ``BASELINE_PATTERN`` (nothing JSON
+    escapes) in sorted order and finite floats, whose JSON is their ``repr``: written at once."""
+    if not baselines:
+        return "{}"
+    if type(baselines) is not Baselines:
+        return canonical_json(dict(baselines))
+    return "{" + ",".join([f'"{name}":{ms!r}' for name, ms in baselines._items.items()]) + "}"
 
 
 def _created_at(value: Any) -> datetime:

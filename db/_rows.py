@@ -14,12 +14,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ._errors import DatabaseArgumentError, DatabaseMisuse, RecordError
 
-__all__ = ["ScheduleRow", "Provenance", "FamilyCodec", "RowField", "ROW_FIELDS", "ROW_FORMAT",
+__all__ = ["ScheduleRow", "Provenance", "FamilyCodec", "RowDecoder", "RowField", "ROW_FIELDS",
+           "ROW_FORMAT",
            "ARCH_PATTERN", "BACKENDS", "BASELINE_PATTERN", "Baselines", "LEGACY_BASELINES",
            "LEGACY_FAMILY", "MAX_BASELINES", "MAX_TERMS", "OPTIONAL_MS", "PROVENANCE_FIELDS",
            "canonical_json", "check_text", "codec_map"]
@@ -184,16 +186,22 @@ class FamilyCodec:
 
     def bucket_text(self, problem: Any) -> str:
         """The fields and reduced ratios a row must share with ``problem``, as JSON."""
-        data = problem.to_dict()
+        return self.bucket_of(problem.to_dict())
+
+    def terms(self, problem: Any) -> tuple[float, ...]:
+        """``log2 prod(fields)`` of each distance term (``term0..`` in the table)."""
+        return self.terms_of(problem.to_dict())
+
+    def bucket_of(self, data: Mapping[str, Any]) -> str:
+        """:meth:`bucket_text` of the problem whose ``to_dict()`` is ``data``."""
         bucket: dict[str, Any] = {name: data[name] for name in self.bucket_fields}
         for num, den in self.match_ratios:
             common = math.gcd(data[num], data[den]) or 1
             bucket[f"{num}/{den}"] = f"{data[num] // common}/{data[den] // common}"
         return canonical_json(bucket)
 
-    def terms(self, problem: Any) -> tuple[float, ...]:
-        """``log2 prod(fields)`` of each distance term (``term0..`` in the table)."""
-        data = problem.to_dict()
+    def terms_of(self, data: Mapping[str, Any]) -> tuple[float, ...]:
+        """:meth:`terms` of the problem whose ``to_dict()`` is ``data``."""
         return tuple(math.log2(math.prod(data[name] for name in names))
                      for names, _ in self.distance_terms)
 
@@ -357,7 +365,14 @@ class ScheduleRow:
     @property
     def key(self) -> tuple[str, str, str, str]:
         """The database key: one row per ``(family, arch, device_name, problem)``."""
-        return (self.family, self.arch, self.device_name, canonical_json(self.problem.to_dict()))
+        return (self.family, self.arch, self.device_name, self.problem_text)
+
+    @cached_property
+    def problem_text(self) -> str:
+        """The problem's canonical JSON (the key's last part, the table's ``problem`` column),
+        serialised once per row: the problem is frozen (``RowDecoder`` fills it in from the
+        dict form it has already made)."""
+        return canonical_json(self.problem.to_dict())
 
     def describe_key(self) -> str:
         describe = getattr(self.problem, "describe", None)
@@ -486,3 +501,173 @@ def _check_ms(name: str, value: Any, positive: bool = False) -> None:
             or value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
         raise RecordError(f"ScheduleRow.{name} must be a finite number {bound}; got {value!r}")
+
+
+#: The keys of a row's dict form as :meth:`ScheduleRow.to_dict` writes it now: the rows
+#: :class:`RowDecoder` takes its quick path for.
+_CURRENT_KEYS = frozenset({"format", *_FIELD_NAMES})
+_PROVENANCE_KEYS = frozenset(PROVENANCE_FIELDS)
+#: Types of schedule values a decoded schedule is remembered by: equal values of these types
+#: are interchangeable (not so floats: ``0.0 == -0.0``).
+_EXACT_TYPES = frozenset({int, bool, str, type(None)})
+#: Distinct values of each kind a decoder remembers (a file's rows share a few hundred).
+_REMEMBERED = 4096
+_INFINITY = math.inf
+_REFUSED = object()
+
+
+class RowDecoder:
+    """:meth:`ScheduleRow.from_dict` for the many rows of a file: the same checks, the same
+    rows, the same errors, a few times faster. What rows share is checked once: the text fields
+    of a key, a schedule (by its dict form: keys, values and their types), a provenance.
+
+    :meth:`quick` takes a row of the current format whose fields all have their exact types
+    and checks what ``from_dict`` and ``ScheduleRow.__post_init__`` check, each once (the
+    dataclass's checks would run again after ``from_dict``'s), and gives the row or ``None``:
+    ``None`` for any row it does not take, and for every row that fails a check, so that the
+    caller's ``from_dict`` names the error exactly as it always has. ``check(name, given,
+    typed)`` is a caller's further test, raising to refuse the row (``None`` from ``quick``
+    too): of ``arch`` and ``device_name`` (the text), ``provenance``, ``schedule`` and
+    ``problem`` (``typed`` their ``to_dict()``, ``given`` what the row holds); its verdicts
+    on all but the problem are remembered with the value. Keep :meth:`quick` in step with
+    ``from_dict``, ``_decode_field`` and ``__post_init__`` (``test_row_decoder`` compares them
+    on hostile rows)."""
+
+    def __init__(self, codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec], *,
+                 check: Callable[[str, Any, Any], None] | None = None) -> None:
+        self._codecs = codec_map(codecs)
+        self._check = check
+        self._names: dict[tuple[str, str, str, str], Any] = {}  # -> codec or _REFUSED
+        self._schedules: dict[tuple, Any] = {}  # (family, keys, values, types) -> schedule
+        self._provenances: dict[tuple[str, ...], Any] = {}  # values -> Provenance
+
+    def __call__(self, data: Any) -> ScheduleRow:
+        """``ScheduleRow.from_dict(data, codecs)`` (the caller's ``check`` aside)."""
+        row = self.quick(data)
+        return row if row is not None else ScheduleRow.from_dict(data, self._codecs)
+
+    def quick(self, data: Any) -> ScheduleRow | None:
+        """The row of ``data`` when it is plainly valid, else ``None`` (see the class)."""
+        if type(data) is not dict or data.keys() != _CURRENT_KEYS:
+            return None
+        version = data["format"]
+        names = (data["family"], data["arch"], data["device_name"], data["backend"])
+        if type(version) is not int or version != ROW_FORMAT or type(names[0]) is not str \
+                or type(names[1]) is not str or type(names[2]) is not str \
+                or type(names[3]) is not str:
+            return None
+        codec = self._names.get(names)
+        if codec is None:
+            codec = self._remember(self._names, names, self._name_codec(names))
+        if codec is _REFUSED:
+            return None
+        median, spread, tflops, default = (data["median_ms"], data["spread_ms"],
+                                           data["tflops"], data["default_ms"])
+        # _check_ms: median and default > 0, spread and tflops >= 0, all finite (no NaN)
+        if type(median) is not float or not 0.0 < median < _INFINITY \
+                or type(spread) is not float or not 0.0 <= spread < _INFINITY \
+                or type(tflops) is not float or not 0.0 <= tflops < _INFINITY \
+                or default is not None and (type(default) is not float
+                                            or not 0.0 < default < _INFINITY):
+            return None
+        trials, created = data["trials"], data["created_at"]
+        if type(trials) is not int or trials < 1 or type(created) is not str:
+            return None
+        given = data["baselines_ms"]
+        if type(given) is not dict:
+            return None
+        try:
+            baselines = Baselines(given, where="baselines_ms")
+            created_at = datetime.fromisoformat(created)
+        except Exception:  # noqa: BLE001 - from_dict says what is wrong
+            return None
+        if created_at.tzinfo is None:
+            return None
+        provenance = self._provenance(data["provenance"])
+        schedule = self._schedule(codec, data["schedule"])
+        if provenance is None or schedule is None:
+            return None
+        given = data["problem"]
+        if type(given) is not dict:
+            return None
+        try:
+            problem = codec.decode_problem(given)
+            if not self._record(problem):
+                return None
+            typed = problem.to_dict()
+            if self._check is not None:
+                self._check("problem", given, typed)
+            text = canonical_json(typed)
+        except Exception:  # noqa: BLE001 - from_dict (or the caller's check) says what
+            return None
+        row = object.__new__(ScheduleRow)
+        row.__dict__.update(
+            family=names[0], arch=names[1], device_name=names[2], backend=names[3],
+            problem=problem, schedule=schedule, median_ms=median, spread_ms=spread,
+            tflops=tflops, default_ms=default, baselines=baselines, trials=trials,
+            created_at=created_at.astimezone(timezone.utc), provenance=provenance,
+            problem_text=text)
+        return row
+
+    @staticmethod
+    def _remember(memory: dict, key: Any, value: Any) -> Any:
+        if len(memory) < _REMEMBERED:
+            memory[key] = value
+        return value
+
+    @staticmethod
+    def _record(value: Any) -> bool:
+        """``__post_init__``'s test of a problem or schedule: a callable ``to_dict``."""
+        return callable(getattr(value, "to_dict", None))
+
+    def _name_codec(self, names: tuple[str, str, str, str]) -> Any:
+        family, arch, device_name, backend = names
+        codec = self._codecs.get(family)
+        if codec is None or not FAMILY_PATTERN.fullmatch(family) \
+                or not ARCH_PATTERN.fullmatch(arch) or not device_name.strip() \
+                or backend not in BACKENDS:
+            return _REFUSED
+        if self._check is not None:
+            try:
+                self._check("arch", arch, arch)
+                self._check("device_name", device_name, device_name)
+            except Exception:  # noqa: BLE001 - the caller's slow path says what
+                return _REFUSED
+        return codec
+
+    def _provenance(self, given: Any) -> Provenance | None:
+        if type(given) is not dict or given.keys() != _PROVENANCE_KEYS:
+            return None
+        values = tuple(given[name] for name in PROVENANCE_FIELDS)
+        if any(type(value) is not str for value in values):
+            return None
+        found = self._provenances.get(values)
+        if found is None:
+            found = Provenance(**dict(zip(PROVENANCE_FIELDS, values)))
+            if self._check is not None:
+                try:
+                    self._check("provenance", given, found.to_dict())
+                except Exception:  # noqa: BLE001
+                    found = _REFUSED
+            self._remember(self._provenances, values, found)
+        return None if found is _REFUSED else found
+
+    def _schedule(self, codec: FamilyCodec, given: Any) -> Any:
+        if type(given) is not dict:
+            return None
+        types = tuple(map(type, given.values()))
+        form = (codec.name, tuple(given), tuple(given.values()), types) \
+            if _EXACT_TYPES.issuperset(types) else None
+        found = None if form is None else self._schedules.get(form)
+        if found is None:
+            try:
+                found = codec.decode_schedule(given)
+                if not self._record(found):
+                    found = _REFUSED
+                elif self._check is not None:
+                    self._check("schedule", given, found.to_dict())
+            except Exception:  # noqa: BLE001 - from_dict (or the caller's check) says what
+                found = _REFUSED
+            if form is not None:
+                self._remember(self._schedules, form, found)
+        return None if found is _REFUSED else found

@@ -80,6 +80,7 @@ class ScheduleDB(Queries):
         self._reads: SqliteReadConnections | None = None  # a SQLite file read-only: no engine
         self._closed = False
         self._present: frozenset[str] | None = None
+        self._prepared: dict[str, tuple] = {}  # _insert_many's statement
         path = self._target.path
         if path is not None:
             self._check_file(path)
@@ -385,7 +386,7 @@ class ScheduleDB(Queries):
         row). A key given twice is decided against what its earlier row left. Callers keep
         each call to a few thousand rows, so a concurrent writer waits for the lock briefly.
         """
-        from sqlalchemy import bindparam, insert, select, update
+        from sqlalchemy import bindparam, select, update
         from sqlalchemy.exc import IntegrityError
 
         from ._schema import schedules as t
@@ -449,7 +450,7 @@ class ScheduleDB(Queries):
                             updates[found["id"]] = {**record, "_id": found["id"]}
                         stored[key] = {**record, "id": None if found is None else found["id"]}
                     if inserts:
-                        connection.execute(insert(t), list(inserts.values()))
+                        _insert_many(connection, t, list(inserts.values()), self._prepared)
                     if updates:
                         connection.execute(update(t).where(t.c.id == bindparam("_id")),
                                            list(updates.values()))
@@ -475,6 +476,43 @@ class ScheduleDB(Queries):
             result = connection.execute(delete(t).where(_key_clause(
                 t, (family, arch, device_name, problem_key(problem)))))
             return result.rowcount > 0
+
+
+def _insert_many(connection: "Connection", t: Any, records: list[dict[str, Any]],
+                 prepared: dict[str, tuple]) -> None:
+    """``connection.execute(insert(t), records)``: on a database of positional parameters
+    (SQLite), one prepared INSERT of every column but ``id`` given a tuple per record, each
+    value converted as SQLAlchemy converts it (the column type's bind processor: a
+    ``created_at`` to SQLite's text), a missing column ``NULL``. SQLAlchemy's own executemany
+    builds a parameter dict per record again, which costs more than the insert itself.
+    ``prepared``: the statement made for the connection's dialect, kept by the caller."""
+    from sqlalchemy import insert
+
+    dialect = connection.dialect
+    statement = prepared.get(dialect.name)
+    if statement is None:
+        columns = [c for c in t.columns if c.name != "id"]
+        compiled = insert(t).compile(dialect=dialect, column_keys=[c.name for c in columns])
+        order = compiled.positiontup if compiled.positional else None
+        if order is not None and sorted(order) == sorted(c.name for c in columns):
+            types = {c.name: c.type for c in columns}
+            convert = [(i, p) for i, name in enumerate(order)
+                       if (p := types[name].dialect_impl(dialect).bind_processor(dialect))]
+            statement = (str(compiled), tuple(order), convert)
+        else:  # named parameters (PostgreSQL's drivers): SQLAlchemy's way
+            statement = (None, (), [])
+        prepared[dialect.name] = statement
+    sql, order, convert = statement
+    if sql is None:
+        connection.execute(insert(t), records)
+        return
+    params = []
+    for record in records:
+        values = list(map(record.get, order))
+        for i, process in convert:
+            values[i] = process(values[i])
+        params.append(tuple(values))
+    connection.exec_driver_sql(sql, params)
 
 
 def _key_clause(t: Any, key: tuple[str, str, str, str]) -> Any:

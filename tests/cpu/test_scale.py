@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import io
 import itertools
 import random
@@ -289,3 +290,116 @@ def test_a_number_cut_by_a_chunk_boundary_is_read_whole(tmp_path, monkeypatch):
         monkeypatch.setattr(_rowfiles, "_CHUNK", size)
         with pytest.raises(UnreadableFile, match="file format 13;"):
             read_rows(path, codecs())
+
+
+#: Values a hostile file may put in any field (as JSON or CSV reads them, and some that only a
+#: caller of ``RowDecoder`` could pass).
+_HOSTILE = [None, True, False, 0, -1, 1, 3, 2**31, 2**63, -2**63 - 1, 1.5, 0.0, -0.0, 1e-300,
+            float("nan"), float("inf"), "", " ", "x", "1", "sm_90", "sm_100a", "\x00", "a" * 300,
+            "'=x", "2026-11-26T12:00:00", "2026-11-26T12:00:00+01:00", [], [1], {}, {"a": 1},
+            {"torch-cudnn": 0.1}, {"bad name!": 1.0}, {"torch-cudnn": 0}]
+
+
+def _hostile_dicts() -> list:
+    """The dict form of a valid row, and that form with one thing changed: each field, and
+    each field of its problem, schedule, provenance and baselines, set to each hostile value,
+    dropped, or joined by an unknown one; older row formats."""
+    base = _row(7).to_dict()
+    found = [base, {**base, "default_ms": None}, {**base, "baselines_ms": {}},
+             {**base, "backend": "simulated"}, {**base, "format": 3}, {**base, "format": 5},
+             {**base, "problem": {**base["problem"], "bottom_right": True}},
+             {**base, "problem": {**base["problem"], "causal": True, "bottom_right": True,
+                                  "seqlen_q": 7}}]
+    for name in [*base, "unknown"]:
+        found += [{**base, name: value} for value in _HOSTILE]
+        found.append({k: v for k, v in base.items() if k != name})
+        if isinstance(base.get(name), dict):
+            for key in [*base[name], "unknown"]:
+                found += [{**base, name: {**base[name], key: value}} for value in _HOSTILE]
+                found.append({**base, name: {k: v for k, v in base[name].items() if k != key}})
+    return found
+
+
+def test_the_quick_path_accepts_only_what_the_checks_accept():
+    """``db.RowDecoder.quick`` (what ``tiledtune import`` reads most rows with) against the
+    checks it stands for (``_rowfiles._check_row``: ``ScheduleRow.from_dict`` and the import's
+    own): on a valid row and hundreds of hostile variants, it gives the same row, field for
+    field and type for type, or ``None`` (the caller then runs the checks); never a row the
+    checks refuse."""
+    from tuner.transfer import _rowfiles
+
+    known = codecs()
+    quick = db.RowDecoder(known, check=_rowfiles._quick_checks).quick
+    taken = 0
+    for data in _hostile_dicts() * 2:  # the second time from what the decoder remembers
+        fast = quick(data) if _rowfiles._numbers_fit(data) else None
+        try:
+            slow = _rowfiles._check_row(data, known)
+        except Exception as exc:  # noqa: BLE001 - any refusal
+            assert fast is None, (data, exc)
+            continue
+        if fast is None:
+            continue
+        taken += 1
+        assert fast == slow and repr(fast) == repr(slow) and fast.key == slow.key, data
+        for f in dataclasses.fields(slow):
+            assert type(getattr(fast, f.name)) is type(getattr(slow, f.name)), (f.name, data)
+        assert fast.created_at.tzinfo == slow.created_at.tzinfo
+    assert taken >= 30  # the valid variants took the quick path
+
+
+@pytest.mark.parametrize("kind", ["json", "csv"])
+def test_a_hostile_file_reads_the_same_without_the_quick_path(tmp_path, monkeypatch, kind):
+    """A file of valid and hostile rows read twice, with and without ``RowDecoder.quick``: the
+    same rows accepted (in order, equal) and the same rejections, word for word."""
+    import csv
+    import json
+
+    from tuner.transfer import CSV_COLUMNS, read_rows
+
+    rows = _hostile_dicts()
+    path = tmp_path / f"rows.{kind}"
+    if kind == "json":  # json.dumps writes NaN and Infinity: refused by name
+        path.write_text('{"format": 4, "rows": [\n'
+                        + ",\n".join(json.dumps(r) for r in rows) + "\n]}\n")
+    else:
+        with open(path, "w", newline="") as out:
+            writer = csv.writer(out, lineterminator="\n")
+            writer.writerow(CSV_COLUMNS)
+            for r in rows:
+                flat = {**r, **(r.get("provenance") if isinstance(r.get("provenance"), dict)
+                                else {})}
+                writer.writerow([json.dumps(flat.get(c)) if isinstance(flat.get(c), (dict, list))
+                                 else "" if flat.get(c) is None else str(flat.get(c))
+                                 for c in CSV_COLUMNS])
+    fast = read_rows(path, codecs())
+    monkeypatch.setattr(db.RowDecoder, "quick", lambda self, data: None)
+    slow = read_rows(path, codecs())
+    assert fast[1] == slow[1] and len(slow[1]) > 100
+    assert fast[0] == slow[0] and len(slow[0]) >= 5
+    assert [repr(r) for _, r in fast[0]] == [repr(r) for _, r in slow[0]]
+
+
+def test_a_batch_stores_what_a_put_of_each_row_stores(tmp_path):
+    """``merge_many``'s prepared INSERT (a tuple per row, values converted by the column types'
+    bind processors) against ``put``'s SQLAlchemy insert: the same columns, byte for byte (times,
+    baselines text, terms, NULLs)."""
+    from db._encode import _baselines_text
+
+    rng = random.Random(7)
+    rows = [_row(i, default_ms=rng.choice([None, 0.25]),
+                 baselines=rng.choice([{}, {"torch-cudnn": rng.random() + 1e-9},
+                                       {"b.2+x": 1e-300, "a_1": 3.0, "torch-flash": 1e300}]),
+                 created_at=datetime.datetime(2026, 1, 2, 3, 4, 5, rng.randrange(10**6),
+                                              tzinfo=datetime.timezone(
+                                                  datetime.timedelta(hours=rng.randrange(-9, 9)))))
+            for i in range(300)]
+    for r in rows:
+        assert _baselines_text(r.baselines) == (db.canonical_json(dict(r.baselines))
+                                                if r.baselines else "{}")
+    with db.ScheduleDB(tmp_path / "put.sqlite", codecs=codecs()) as one, \
+            db.ScheduleDB(tmp_path / "many.sqlite", codecs=codecs()) as many:
+        for r in rows:
+            one.put(r)
+        many.merge_many(rows)
+    assert _stored(tmp_path / "many.sqlite") == _stored(tmp_path / "put.sqlite")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from db import LEGACY_BASELINES, PROVENANCE_FIELDS, ROW_FIELDS, ROW_FORMAT, FamilyCodec, \
-    RecordError, ScheduleRow, canonical_json, check_text
+    RecordError, RowDecoder, ScheduleRow, canonical_json, check_text
 from tiledattention import ARCHITECTURES
 
 from ..errors import UnreadableFile
@@ -76,9 +76,13 @@ class _Unrepresentable:
     infinity or is NaN. ``_check_numbers`` rejects the row that holds one, naming the field."""
 
     __slots__ = ("text", "why")
+    #: how many were ever made: a reader that sees it unchanged across a row's reading knows
+    #: that every number of the row fits without looking (only ever counts up)
+    made = 0
 
     def __init__(self, text: str, why: str) -> None:
         self.text, self.why = text, why
+        _Unrepresentable.made += 1
 
     def __repr__(self) -> str:
         return _shown(self.text)
@@ -115,8 +119,12 @@ def _parse_constant(text: str) -> _Unrepresentable:  # NaN, Infinity, -Infinity
 
 def _loads(text: str) -> Any:
     """``json.loads`` that keeps out-of-range numbers as :class:`_Unrepresentable`."""
-    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
-                      parse_constant=_parse_constant)
+    return _DECODER.decode(text)
+
+
+#: ``json.loads(text, parse_int=..., ...)`` makes a decoder per call; it holds no state
+_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float,
+                            parse_constant=_parse_constant)
 
 
 def _numbers_fit(data: Any) -> bool:
@@ -286,6 +294,13 @@ class _JsonReader:
         self._at = 0  # next character of _buffer
         self._before = 0  # characters of the file before _buffer
         self._ended = False
+        #: whether every number of the last ``value`` fits a row (``_numbers_fit``); when
+        #: ``False``, ``_Unrepresentable`` values may be in it
+        self.fits = False
+        # numbers as the standard decoder reads them (no Python call per number); a value
+        # holding one a row cannot hold is decoded again with ``_loads``' rules
+        # (``_numbers_fit``), so that its error names the text as the file spells it
+        self._plain = json.JSONDecoder().raw_decode
         self._decode = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float,
                                         parse_constant=_parse_constant).raw_decode
 
@@ -325,6 +340,21 @@ class _JsonReader:
         self.peek()
         while True:
             try:
+                value, end = self._plain(self._buffer, self._at)
+                if not _numbers_fit(value):
+                    raise ValueError("a number no row can hold")
+            except (ValueError, RecursionError):
+                # JSON errors, ints of more digits than int() converts, NaN, numbers out of
+                # range: the reading below, by _loads' rules, says which
+                pass
+            else:  # at the buffer's end a number may go on, and a long value is refused:
+                # both below
+                if end < len(self._buffer) and end - self._at <= MAX_ROW_CHARS:
+                    self._at = end
+                    self.fits = True
+                    return value
+            self.fits = False
+            try:
                 value, end = self._decode(self._buffer, self._at)
             except json.JSONDecodeError as exc:
                 # the value may only go on in the next chunk: read on, up to one row's length
@@ -353,9 +383,10 @@ def _check_version(version: Any) -> None:
                              f"{ROW_FORMAT} (upgrade it for newer files)")
 
 
-def _json_items(file: io.TextIOBase) -> Iterator[tuple[int, Any]]:
+def _json_items(file: io.TextIOBase) -> Iterator[tuple[int, Any, bool]]:
     """The rows of ``{"format": N, "rows": [...]}``, one at a time, in any layout (``tiledtune
-    export`` writes one row a line); anything else at the top rejects the file whole."""
+    export`` writes one row a line), as ``(index, row, whether its numbers fit)``; anything
+    else at the top rejects the file whole."""
     top = f'expected {{"format": {ROW_FORMAT}, "rows": [...]}} at the top'
     reader = _JsonReader(file)
     start = reader.peek()
@@ -386,7 +417,8 @@ def _json_items(file: io.TextIOBase) -> Iterator[tuple[int, Any]]:
                 reader.take("]", "")
             else:
                 for index in itertools.count():
-                    yield index, reader.value()
+                    value = reader.value()
+                    yield index, value, reader.fits
                     if reader.peek() == "]":
                         reader.take("]", "")
                         break
@@ -446,7 +478,62 @@ def _csv_value(name: str, text: str, legacy: bool = False) -> Any:
     return text
 
 
-def _csv_items(lines: Iterator[str]) -> Iterator[tuple[int, Any]]:
+def _same(text: str) -> str:
+    return text
+
+
+def _text_cell(text: str) -> str:
+    return _unneutralised(text) if text.startswith(_QUOTE) else text
+
+
+def _cell_reader(name: str, legacy: bool) -> Callable[[str], Any]:
+    """:func:`_csv_value` of the column ``name``, with the common cells read at once: plain
+    digits, finite floats, text without a ``'`` in front; a JSON cell read once per distinct
+    text (a file's rows share their schedules). Anything else goes to ``_csv_value``."""
+    kind = _KINDS.get(name) or _EARLIER_COLUMNS.get(name)
+    if name in TEXT_COLUMNS:
+        return _same if legacy else _text_cell
+    if name == "format" or kind == "count":
+        def read_int(text: str) -> Any:
+            if len(text) <= 18 and text.isdecimal() and text.isascii():
+                return int(text)  # what _parse_int(text.strip()) gives
+            return _csv_value(name, text, legacy)
+        return read_int
+    if kind == "ms":
+        optional = name in _OPTIONAL or name in _EARLIER_COLUMNS
+
+        def read_ms(text: str) -> Any:
+            if optional and text == "":
+                return None
+            try:
+                value = float(text)
+            except ValueError:
+                return text
+            return value if math.isfinite(value) else _Unrepresentable(text, _NOT_FINITE)
+        return read_ms
+    if kind == "time":
+        return _same  # what _csv_value gives: the text, read by ScheduleRow.from_dict
+    if kind in ("record", "baselines"):
+        read: dict[str, Any] = {}  # JSON cells are read-only from here on
+
+        def read_json(text: str) -> Any:
+            value = read.get(text)
+            if value is None:
+                made = _Unrepresentable.made
+                value = _csv_value(name, text, legacy)
+                # a value holding an _Unrepresentable is made afresh (and counted) each time
+                if len(read) < _CELLS_REMEMBERED and _Unrepresentable.made == made:
+                    read[text] = value
+            return value
+        return read_json
+    return lambda text: _csv_value(name, text, legacy)
+
+
+#: Distinct JSON cells a column's reading remembers.
+_CELLS_REMEMBERED = 4096
+
+
+def _csv_items(lines: Iterator[str]) -> Iterator[tuple[int, Any, bool]]:
     reader = csv.reader(lines)
     try:
         header = next(reader, None)
@@ -461,24 +548,28 @@ def _csv_items(lines: Iterator[str]) -> Iterator[tuple[int, Any]]:
         if missing or unknown or len(set(header)) != len(header):
             raise UnreadableFile(f"CSV header must name the columns {list(CSV_COLUMNS)}; "
                                  f"missing {missing}, unknown {unknown}")
+        readers = [_cell_reader(name, legacy) for name in header]
+        fields = [name for name in header
+                  if name in _KINDS or name in _EARLIER_COLUMNS or name == "format"]
+        extra = [name for name in header  # format 1: the problem's columns
+                 if name not in CSV_COLUMNS and name not in _EARLIER_COLUMNS]
         for index, cells in enumerate(reader):
             if len(cells) != len(header):
                 yield index, RecordError(f"has {len(cells)} cells; the header has "
-                                         f"{len(header)}")
+                                         f"{len(header)}"), True
                 continue
+            made = _Unrepresentable.made
             try:
-                flat = {name: _csv_value(name, cell, legacy)
-                        for name, cell in zip(header, cells)}
+                flat = {name: read(cell) for name, read, cell in zip(header, readers, cells)}
             except RecordError as exc:
-                yield index, exc
+                yield index, exc, True
                 continue
-            data = {name: value for name, value in flat.items()
-                    if name in _KINDS or name in _EARLIER_COLUMNS or name == "format"}
+            fits = _Unrepresentable.made == made
+            data = {name: flat[name] for name in fields}
             data["provenance"] = {name: flat[name] for name in PROVENANCE_FIELDS}
             if legacy:  # format 1: every column that is not a row field is a problem field
-                data["problem"] = {name: value for name, value in flat.items()
-                                   if name not in CSV_COLUMNS and name not in _EARLIER_COLUMNS}
-            yield index, data
+                data["problem"] = {name: flat[name] for name in extra}
+            yield index, data, fits
     except csv.Error as exc:
         raise UnreadableFile(f"not CSV: {exc}") from None
 
@@ -565,18 +656,44 @@ def read_rows(path: Path, codecs: Mapping[str, FamilyCodec]
             raise UnreadableFile(f"cannot read it: {exc.strerror or exc}") from None
 
 
-def _checked_rows(items: Iterator[tuple[int, Any]], codecs: Mapping[str, FamilyCodec]
+def _quick_checks(name: str, given: Any, typed: Any) -> None:
+    """What :func:`_check_row` checks beyond ``ScheduleRow.from_dict``, as ``db.RowDecoder``'s
+    ``check``: raises (any exception) where ``_check_row`` would reject the row."""
+    if name in ("problem", "schedule"):
+        for key, value in given.items():  # the same types: nothing for _check_bools to find
+            if type(value) is not type(typed.get(key, value)):
+                _check_bools(given, typed, name)
+                return
+    elif name == "arch":
+        if given not in ARCHITECTURES:
+            raise RecordError(f"unknown architecture {given!r}")
+    elif name == "device_name":
+        check_text(name, given, MAX_TEXT)
+    elif name == "provenance":
+        for field, value in typed.items():
+            check_text(field, value, MAX_TEXT)
+    else:
+        raise RecordError(f"no check of {name!r}")  # a field db.RowDecoder added: slow path
+
+
+def _checked_rows(items: Iterator[tuple[int, Any, bool]], codecs: Mapping[str, FamilyCodec]
                   ) -> tuple[list[tuple[int, ScheduleRow]], list[str]]:
+    """Each item checked: ``db.RowDecoder.quick`` takes the plainly valid rows (of a file's
+    few distinct schedules and provenances, each checked once), ``_check_row`` all others, and
+    says why one is rejected."""
+    quick = RowDecoder(codecs, check=_quick_checks).quick
     codecs = _remembering_schedules(codecs)
     accepted: list[tuple[int, ScheduleRow]] = []
     rejected: list[str] = []
     seen: dict[tuple, int] = {}
-    for index, item in items:
-        try:
-            row = _check_row(item, codecs)
-        except RecordError as exc:
-            rejected.append(f"row {index}: {exc}")
-            continue
+    for index, item, fits in items:
+        row = quick(item) if fits or _numbers_fit(item) else None
+        if row is None:
+            try:
+                row = _check_row(item, codecs)
+            except RecordError as exc:
+                rejected.append(f"row {index}: {exc}")
+                continue
         key = row.key  # a property that serialises the problem: once
         if key in seen:
             rejected.append(f"row {index}: duplicate key {row.describe_key()} (row "
