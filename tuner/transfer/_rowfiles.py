@@ -341,18 +341,16 @@ class _JsonReader:
         while True:
             try:
                 value, end = self._plain(self._buffer, self._at)
-                if not _numbers_fit(value):
-                    raise ValueError("a number no row can hold")
+                plain = _numbers_fit(value)  # else a number no row can hold
             except (ValueError, RecursionError):
                 # JSON errors, ints of more digits than int() converts, NaN, numbers out of
                 # range: the reading below, by _loads' rules, says which
-                pass
-            else:  # at the buffer's end a number may go on, and a long value is refused:
-                # both below
-                if end < len(self._buffer) and end - self._at <= MAX_ROW_CHARS:
-                    self._at = end
-                    self.fits = True
-                    return value
+                plain = False
+            # at the buffer's end a number may go on, and a long value is refused: both below
+            if plain and end < len(self._buffer) and end - self._at <= MAX_ROW_CHARS:
+                self._at = end
+                self.fits = True
+                return value
             self.fits = False
             try:
                 value, end = self._decode(self._buffer, self._at)
