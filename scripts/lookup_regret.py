@@ -128,6 +128,9 @@ def compile_ahead(jobs: list[tuple[Any, Any]], arch: str, processes: int, family
         print(f"  {len(late)} compiles still running after {deadline_s:g} s: counted as failed",
               file=sys.stderr, flush=True)
         pool.kill()
+    except BaseException:  # Ctrl-C, a bug: no compile process outlives the study
+        pool.kill()
+        raise
     else:
         pool.close()
     print(f"{len(jobs)} compiled in {time.perf_counter() - start:.0f} s; {len(failed)} failed",
