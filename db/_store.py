@@ -16,7 +16,7 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from . import _sql
 from ._engine import (WRITE_OPTION, SqliteReadConnections, Target, check_sqlite_file,
@@ -38,6 +38,7 @@ __all__ = ["ScheduleDB", "PUT_OUTCOMES"]
 PUT_OUTCOMES = ("added", "improved", "replaced", "forced", "kept", "skipped")
 
 _WRITE_ATTEMPTS = 8
+_T = TypeVar("_T")
 #: Problems per query when :meth:`ScheduleDB.merge_many` fetches the stored rows (within
 #: SQLite's oldest limit of 999 bound values a statement).
 _BULK_KEYS = 500
@@ -334,7 +335,6 @@ class ScheduleDB(Queries):
         written); ``forced``: ``force=True`` overwrote whatever was stored.
         """
         from sqlalchemy import insert, select, update
-        from sqlalchemy.exc import IntegrityError
 
         from ._schema import schedules as t
 
@@ -346,32 +346,20 @@ class ScheduleDB(Queries):
         self._check_writable()
         values = row_values(row, self._codec(row.family))
         where = _key_clause(t, row.key)
-        last: Exception | None = None
-        for attempt in range(_WRITE_ATTEMPTS):
-            try:
-                with self._transaction(write=True) as connection:
-                    found = connection.execute(
-                        select(t.c.id, t.c.median_ms, t.c.backend, t.c.template_hash,
-                               t.c.cuda_tile, t.c.tileiras).where(where).with_for_update()
-                    ).mappings().first()
-                    if found is None:
-                        connection.execute(insert(t).values(**values))
-                        return "added", ""
-                    outcome, why = ("forced", "--force") if force else verdict(found, row,
-                                                                               current)
-                    if outcome in ("skipped", "kept"):
-                        return outcome, why
-                    connection.execute(update(t).where(t.c.id == found["id"]).values(**values))
-                    return outcome, why
-            except IntegrityError as exc:  # another writer inserted this key first: look again
-                last = exc
-            except Exception as exc:
-                if not is_locked(exc):
-                    raise
-                last = exc
-            time.sleep(0.02 * 2 ** attempt)
-        raise DatabaseUnavailable(f"cannot write to {self} after {_WRITE_ATTEMPTS} attempts: "
-                                  f"{last}")
+
+        def decide(connection: "Connection") -> tuple[str, str]:
+            found = connection.execute(
+                select(t.c.id, t.c.median_ms, t.c.backend, t.c.template_hash, t.c.cuda_tile,
+                       t.c.tileiras).where(where).with_for_update()).mappings().first()
+            if found is None:
+                connection.execute(insert(t).values(**values))
+                return "added", ""
+            outcome, why = ("forced", "--force") if force else verdict(found, row, current)
+            if outcome not in ("skipped", "kept"):
+                connection.execute(update(t).where(t.c.id == found["id"]).values(**values))
+            return outcome, why
+
+        return self._write(decide)
 
     def merge_many(self, rows: Iterable[ScheduleRow], *, force: bool = False,
                    current: Mapping[str, Provenance | None] | None = None
@@ -387,7 +375,6 @@ class ScheduleDB(Queries):
         each call to a few thousand rows, so a concurrent writer waits for the lock briefly.
         """
         from sqlalchemy import bindparam, select, update
-        from sqlalchemy.exc import IntegrityError
 
         from ._schema import schedules as t
 
@@ -416,46 +403,59 @@ class ScheduleDB(Queries):
             problems.setdefault((family, arch), {})[problem] = None
         wanted = (t.c.id, t.c.family, t.c.arch, t.c.problem, t.c.device_name, t.c.median_ms,
                   t.c.backend, t.c.template_hash, t.c.cuda_tile, t.c.tileiras)
+
+        def decide(connection: "Connection") -> list[tuple[str, str]]:
+            stored: dict[tuple, dict[str, Any]] = {}
+            for (family, arch), distinct in problems.items():
+                listed = list(distinct)
+                for start in range(0, len(listed), _BULK_KEYS):
+                    found = connection.execute(select(*wanted).where(
+                        t.c.family == family, t.c.arch == arch,
+                        t.c.problem.in_(listed[start:start + _BULK_KEYS])
+                    ).with_for_update()).mappings().all()
+                    for record in found:
+                        key = (record["family"], record["arch"], record["device_name"],
+                               record["problem"])
+                        stored[key] = dict(record)
+            outcomes, inserts, updates = [], {}, {}
+            for row, key, record in zip(rows, keys, values):
+                found = stored.get(key)
+                if found is None:
+                    outcome, why = "added", ""
+                elif force:
+                    outcome, why = "forced", "--force"
+                else:
+                    outcome, why = verdict(found, row, current.get(row.family))
+                outcomes.append((outcome, why))
+                if outcome in ("skipped", "kept"):
+                    continue
+                if found is None or found["id"] is None:  # new, or new in this call
+                    inserts[key] = record
+                else:
+                    updates[found["id"]] = {**record, "_id": found["id"]}
+                stored[key] = {**record, "id": None if found is None else found["id"]}
+            if inserts:
+                _insert_many(connection, t, list(inserts.values()), self._prepared)
+            if updates:
+                connection.execute(update(t).where(t.c.id == bindparam("_id")),
+                                   list(updates.values()))
+            return outcomes
+
+        return self._write(decide)
+
+    def _write(self, decide: Callable[["Connection"], _T]) -> _T:
+        """``decide(connection)`` in a write transaction, run again after a short, growing pause
+        when it lost a race (the database was locked, or another writer inserted one of its
+        keys first: the next run sees that row); :class:`DatabaseUnavailable` after
+        ``_WRITE_ATTEMPTS`` runs."""
+        from sqlalchemy.exc import IntegrityError
+
         last: Exception | None = None
         for attempt in range(_WRITE_ATTEMPTS):
             try:
                 with self._transaction(write=True) as connection:
-                    stored: dict[tuple, dict[str, Any]] = {}
-                    for (family, arch), distinct in problems.items():
-                        texts = list(distinct)
-                        for start in range(0, len(texts), _BULK_KEYS):
-                            found = connection.execute(select(*wanted).where(
-                                t.c.family == family, t.c.arch == arch,
-                                t.c.problem.in_(texts[start:start + _BULK_KEYS])
-                            ).with_for_update()).mappings().all()
-                            for record in found:
-                                key = (record["family"], record["arch"],
-                                       record["device_name"], record["problem"])
-                                stored[key] = dict(record)
-                    outcomes, inserts, updates = [], {}, {}
-                    for row, key, record in zip(rows, keys, values):
-                        found = stored.get(key)
-                        if found is None:
-                            outcome, why = "added", ""
-                        elif force:
-                            outcome, why = "forced", "--force"
-                        else:
-                            outcome, why = verdict(found, row, current.get(row.family))
-                        outcomes.append((outcome, why))
-                        if outcome in ("skipped", "kept"):
-                            continue
-                        if found is None or found["id"] is None:  # new, or new in this call
-                            inserts[key] = record
-                        else:
-                            updates[found["id"]] = {**record, "_id": found["id"]}
-                        stored[key] = {**record, "id": None if found is None else found["id"]}
-                    if inserts:
-                        _insert_many(connection, t, list(inserts.values()), self._prepared)
-                    if updates:
-                        connection.execute(update(t).where(t.c.id == bindparam("_id")),
-                                           list(updates.values()))
-                    return outcomes
-            except IntegrityError as exc:  # another writer inserted one of the keys first
+                    return decide(connection)
+            except IntegrityError as exc:
                 last = exc
             except Exception as exc:
                 if not is_locked(exc):

@@ -590,3 +590,43 @@ def test_import_db_does_not_import_sqlalchemy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).parents[2], check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("how", ["merge", "merge_many"])
+def test_a_write_that_loses_a_race_is_run_again_and_gives_up_after_its_attempts(
+        tmp_path, monkeypatch, how):
+    """``put``/``merge``/``merge_many`` share one retry loop (``ScheduleDB._write``): a write
+    transaction that found the database locked, or lost an insert race, runs again after a
+    pause; one that keeps losing raises DatabaseUnavailable; any other error is not retried."""
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from db import _store
+
+    pauses = []
+    monkeypatch.setattr(_store.time, "sleep", pauses.append)
+    failures: list[Exception] = []
+    store = open_db(tmp_path / "s.sqlite")
+    real = store._transaction
+
+    def transaction(*, write):
+        if write and failures:
+            raise failures.pop(0)
+        return real(write=write)
+
+    monkeypatch.setattr(store, "_transaction", transaction)
+
+    def write(seqlen):
+        if how == "merge":
+            return store.merge(row(p=problem(seqlen)))
+        return store.merge_many([row(p=problem(seqlen))])[0]
+
+    failures[:] = [OperationalError("INSERT", {}, Exception("database is locked")),
+                   IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))]
+    assert write(1024) == ("added", "") and len(pauses) == 2 and not failures
+    failures[:] = [OperationalError("INSERT", {}, Exception("database is locked"))] * 8
+    with pytest.raises(db.DatabaseUnavailable, match="after 8 attempts: .*locked"):
+        write(2048)
+    failures[:] = [OperationalError("INSERT", {}, Exception("disk I/O error"))]
+    with pytest.raises(OperationalError, match="disk I/O"):
+        write(4096)
+    assert len(pauses) == 10 and len(store.rows()) == 1
