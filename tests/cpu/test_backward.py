@@ -15,8 +15,9 @@ from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError,
 from tiledattention.tooling import codecs, text_digest
 from tiledattention.backward._family import BACKWARD_FLOP_RATIO
 from tiledattention._problem import ROW_STAT_ALIGN
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, dkdv_constants,
-                                             dq_constants, launches, normalise)
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, SUM_PARAMETERS,
+                                             SUM_TILE, dkdv_constants, dq_constants, launches,
+                                             normalise, scratch_shapes, sum_constants)
 from tiledattention.backward._schedule import BACKWARD_SCHEDULE_FORMAT
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
@@ -65,6 +66,25 @@ def test_every_dimension_reaches_the_compiled_code(field, value):
     assert (a[1] != b[1]) == (not dkdv_field)
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_split_and_atomic_schedules_compile_for_each_architecture(arch):
+    """dK/dV splits add the partials' sum kernel; dQ by atomics replaces the dQ kernel with
+    the prep and dQ sum kernels."""
+    split = _build(ODD, BACKWARD.default_schedule(arch, ODD).replace(dkdv_splits=4), arch)
+    both = _build(ODD, BACKWARD.default_schedule(arch, ODD).replace(dkdv_splits=2,
+                                                                    dq_atomic=True), arch)
+    assert len(split.other_cubins) == 2 and len(both.other_cubins) == 3
+    assert all(c[:4] == b"\x7fELF" for r in (split, both) for c in (r.cubin, *r.other_cubins))
+
+
+@pytest.mark.parametrize("field, value", [("dkdv_splits", 4), ("dq_atomic", True)])
+def test_split_and_atomic_dimensions_change_the_dkdv_kernel(field, value):
+    base = BackwardSchedule()
+    a, b = _digests(_build(PLAIN, base)), _digests(_build(PLAIN, base.replace(**{field: value})))
+    assert a[0] != b[0]
+    assert (a[1] == b[1]) == (field == "dkdv_splits")  # the dQ kernel stays unless atomic
+
+
 def test_causal_alignments_compile_to_different_code():
     top = dataclasses.replace(ODD, bottom_right=False)
     free = dataclasses.replace(ODD, causal=False, bottom_right=False)
@@ -77,7 +97,8 @@ def test_causal_alignments_compile_to_different_code():
 @pytest.mark.parametrize("field, bad", [
     ("dkdv_tile_n", 48), ("dkdv_tile_m", 512), ("dq_tile_m", 8), ("dq_tile_n", True),
     ("dkdv_occupancy", 0), ("dq_occupancy", 33), ("dkdv_worker_warps", 2),
-    ("dq_worker_warps", 16), ("q_latency", 0), ("kv_latency", 11), ("kv_latency", 2.0)])
+    ("dq_worker_warps", 16), ("q_latency", 0), ("kv_latency", 11), ("kv_latency", 2.0),
+    ("dkdv_splits", 3), ("dkdv_splits", 32), ("dq_atomic", 1)])
 def test_impossible_fields_are_refused_by_name(field, bad):
     with pytest.raises(ScheduleError, match=field):
         BackwardSchedule(**{field: bad})
@@ -96,6 +117,21 @@ def test_schedule_round_trips_and_rejects_unknown_and_newer():
     with pytest.raises(ScheduleError, match="mapping"):
         BackwardSchedule.from_dict([1, 2])
     assert "dkdv 128x64" in s.describe() and "w8" in s.describe() and "lat3" in s.describe()
+
+
+def test_rows_stored_before_splits_and_atomics_read_as_the_two_kernel_schedule():
+    old = {k: v for k, v in BackwardSchedule(dq_tile_m=128).to_dict().items()
+           if k not in ("dkdv_splits", "dq_atomic")}
+    s = BackwardSchedule.from_dict(old)
+    assert s == BackwardSchedule(dq_tile_m=128) and s.dkdv_splits == 1 and s.deterministic
+    with pytest.raises(ScheduleError, match="dq_tile_n"):
+        BackwardSchedule.from_dict({k: v for k, v in old.items() if k != "dq_tile_n"})
+
+
+def test_describe_names_splits_and_atomic_dq():
+    s = BackwardSchedule(dkdv_splits=4, dq_atomic=True)
+    assert "split4" in s.describe() and "dq atomic" in s.describe()
+    assert not s.deterministic and BackwardSchedule(dkdv_splits=4).deterministic
 
 
 def test_codec_round_trips_rows_of_the_family():
@@ -123,14 +159,50 @@ def test_launch_arguments_follow_the_kernels_signatures():
     plan = launches(ODD, s, 0.125)
     assert plan.dq_grid == (-(-333 // 32), 2 * 8, 1)
     assert plan.dkdv_grid == (-(-1000 // 128), 2 * 2, 1)
-    assert plan.dq_scalars == (8, 4, *DQ_PARAMETERS.constant_values(dq_constants(ODD, s)))
-    assert plan.dkdv_scalars == (2, 4, *DKDV_PARAMETERS.constant_values(dkdv_constants(ODD, s)))
+    assert plan.dq_scalars == (0.125, 8, 4,
+                               *DQ_PARAMETERS.constant_values(dq_constants(ODD, s)))
+    assert plan.dkdv_scalars == (0.125, 2, 4,
+                                 *DKDV_PARAMETERS.constant_values(dkdv_constants(ODD, s)))
     assert DQ_PARAMETERS.names.index("qk_scale") == 8
-    assert DKDV_PARAMETERS.names.index("qk_scale") == 8
+    assert DKDV_PARAMETERS.names.index("qk_scale") == 9
+    assert scratch_shapes(ODD, s) == {}  # the two-kernel schedule needs no scratch
     assert dkdv_constants(ODD, s)["Q_LATENCY"] == 4 and dq_constants(ODD, s)["KV_LATENCY"] == 0
     assert dq_constants(ODD, s)["TILE_D"] == 128 and dq_constants(ODD, s)["BOTTOM_RIGHT"]
     b, h, padded = plan.stat_shape
     assert (b, h) == (2, 8) and padded % ROW_STAT_ALIGN == 0 and 333 <= padded < 333 + 32
+
+
+def test_normalise_caps_splits_at_the_walk_and_drops_unused_dq_fields():
+    one = dataclasses.replace(PLAIN, seqlen_q=100)  # group 1, two 64-row query tiles
+    assert normalise(one, BackwardSchedule(dkdv_splits=16)).dkdv_splits == 2
+    assert normalise(ODD, BackwardSchedule(dkdv_splits=16)).dkdv_splits == 16  # 4 x 6 pairs
+    atomic = normalise(PLAIN, BackwardSchedule(dq_atomic=True, dq_tile_m=128, dq_occupancy=3))
+    assert atomic == BackwardSchedule(dq_atomic=True)
+    assert normalise(PLAIN, atomic) is atomic
+
+
+def test_split_and_atomic_launches_and_scratch():
+    s = BackwardSchedule(dkdv_splits=4, dq_atomic=True)
+    plan = launches(ODD, s, 0.125)
+    assert plan.dkdv_grid == (-(-1000 // 64), 2 * 2, 4)
+    assert plan.dq_grid == plan.dq_sum_grid == (-(-333 // SUM_TILE), 2 * 8, 1)  # prep kernel
+    assert plan.kv_sum_grid == (-(-1000 // SUM_TILE), 2 * 2, 1)
+    assert plan.dq_sum_scalars == (0.125, *SUM_PARAMETERS.constant_values(sum_constants(ODD, 1)))
+    assert plan.kv_sum_scalars == (1.0, *SUM_PARAMETERS.constant_values(sum_constants(ODD, 4)))
+    assert dkdv_constants(ODD, s)["SPLITS"] == 4 and dkdv_constants(ODD, s)["DQ_ATOMIC"]
+    assert scratch_shapes(ODD, s) == {"dq_acc": (2, 8, 333, 96), "dk_parts": (8, 2, 1000, 96),
+                                      "dv_parts": (8, 2, 1000, 96)}
+
+
+def test_deterministic_schedule_swaps_atomic_dq_for_the_default_dq_kernel():
+    default = BACKWARD.default_schedule("sm_90", ODD)
+    atomic = default.replace(dq_atomic=True, dkdv_splits=4, dkdv_tile_m=128)
+    swapped = BACKWARD.deterministic_schedule("sm_90", ODD, atomic)
+    assert swapped.deterministic and (swapped.dkdv_splits, swapped.dkdv_tile_m) == (4, 128)
+    assert (swapped.dq_tile_m, swapped.dq_occupancy) == (default.dq_tile_m, default.dq_occupancy)
+    plain = default.replace(dkdv_splits=2)
+    assert BACKWARD.deterministic_schedule("sm_90", ODD, plain) is plain
+    assert FORWARD.deterministic_schedule("sm_90", ODD, "anything") == "anything"
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -163,3 +235,5 @@ def test_training_entry_points_refuse_cpu_tensors_and_bad_arguments():
             "sm_90", PLAIN))
     with pytest.raises(InputTypeError, match="Schedule"):
         tiledattention.sdpa_with_lse(q, q, q, schedule=BackwardSchedule())
+    with pytest.raises(InputTypeError, match="deterministic"):
+        tiledattention.sdpa_backward(q, q, q, q, q, torch.zeros(1, 4, 16), deterministic="yes")

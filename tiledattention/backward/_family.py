@@ -12,7 +12,7 @@ from .._reference import attention_reference
 from .._problem import Problem, default_scale
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule
-from ._launch import launch, launches, normalise, row_stat_shape
+from ._launch import DQ_FIELDS, launch, launches, normalise, row_stat_shape, scratch_shapes
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -32,6 +32,15 @@ def relative_errors(grads: tuple[Any, ...], reference: tuple[Any, ...]) -> tuple
 
     return tuple((torch.linalg.vector_norm(g.float() - r) / torch.linalg.vector_norm(r)).item()
                  for g, r in zip(grads, reference))
+
+
+def allocate_scratch(problem: Problem, schedule: BackwardSchedule, device: Any) -> dict[str, Any]:
+    """The float32 buffers (torch, on ``device``) a launch of ``schedule`` needs besides the
+    gradients (``scratch_shapes``): none for the two-kernel schedules."""
+    import torch
+
+    return {name: torch.empty(shape, dtype=torch.float32, device=device)
+            for name, shape in scratch_shapes(problem, schedule).items()}
 
 
 class BackwardCase(AttentionCase):
@@ -68,10 +77,11 @@ class BackwardCase(AttentionCase):
         import torch
 
         plan = launches(self.problem, schedule, self.scale)
+        scratch = allocate_scratch(self.problem, plan.schedule, self.q.device)
 
         def run() -> None:
             launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out,
-                   self.grad_out, self.lse, self.delta, *self.grads)
+                   self.grad_out, self.lse, self.delta, *self.grads, scratch)
 
         return run
 
@@ -145,8 +155,19 @@ class BackwardFamily(Family):
 
     def backward(self, stream, problem: Problem, schedule: BackwardSchedule, scale: float, q, k,
                  v, out, grad_out, lse, delta, grads) -> None:
-        launch(stream, launches(problem, schedule, scale), q, k, v, out, grad_out, lse, delta,
-               *grads)
+        plan = launches(problem, schedule, scale)
+        launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
+               allocate_scratch(problem, plan.schedule, q.device))
+
+    def deterministic_schedule(self, arch: str, problem: Problem,
+                               schedule: BackwardSchedule) -> BackwardSchedule:
+        """``schedule`` if its gradients are bitwise reproducible, else the same dK/dV kernel
+        with dQ by the default's own dQ kernel instead of atomics."""
+        if schedule.deterministic:
+            return schedule
+        base = self.default_schedule(arch, problem)
+        return schedule.replace(dq_atomic=False,
+                                **{name: getattr(base, name) for name in DQ_FIELDS})
 
 
 BACKWARD = register_family(BackwardFamily())

@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._schedule_value import ScheduleValue
+from ..errors import ScheduleError
 
-__all__ = ["BackwardSchedule", "BACKWARD_SCHEDULE_FORMAT", "TILES"]
+__all__ = ["BackwardSchedule", "BACKWARD_SCHEDULE_FORMAT", "TILES", "SPLITS"]
 
 BACKWARD_SCHEDULE_FORMAT = 1
 TILES = (16, 32, 64, 128, 256)
+SPLITS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,8 +26,13 @@ class BackwardSchedule(ScheduleValue):
         dkdv_tile_n: keys per CTA; dkdv_tile_m: query rows per step (powers of two, 16..256);
         dkdv_occupancy (1..32); dkdv_worker_warps (None, 4 or 8);
         q_latency: latency hint of its streamed Q / dO loads (1..10, or None: the compiler's).
+        dkdv_splits: CTAs sharing one key tile's walk over (query head, query tile) pairs
+        (1, 2, 4, 8, 16); above 1 each stores float32 partials that a small kernel adds in a
+        fixed order. More CTAs where key tiles x K/V heads leave SMs idle (multi-query heads).
+        dq_atomic: the dK/dV kernel also accumulates dQ, by float32 atomics (5 matrix products
+        a step against 7; dQ then depends on the order the atomics land: not deterministic).
     dQ kernel (one CTA per query tile and (batch, query head); it walks key tiles; it also
-    computes the row sums of dO * O the dK/dV kernel reads):
+    computes the row sums of dO * O the dK/dV kernel reads); unused with ``dq_atomic``:
         dq_tile_m: query rows per CTA; dq_tile_n: keys per step; dq_occupancy;
         dq_worker_warps; kv_latency: latency hint of its streamed K / V loads.
     """
@@ -40,9 +47,13 @@ class BackwardSchedule(ScheduleValue):
     dq_occupancy: int = 1
     dq_worker_warps: int | None = None
     kv_latency: int | None = None
+    dkdv_splits: int = 1
+    dq_atomic: bool = False
 
     FORMAT = BACKWARD_SCHEDULE_FORMAT
     LABEL = "backward"
+    #: added after format 1 was first written; their defaults are what the kernels did before
+    ADDED_FIELDS = ("dkdv_splits", "dq_atomic")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -59,7 +70,16 @@ class BackwardSchedule(ScheduleValue):
         for name in ("q_latency", "kv_latency"):
             if getattr(self, name) is not None:
                 self._check_int_range(name, getattr(self, name), 1, 10)
+        self._check_choice("dkdv_splits", self.dkdv_splits, SPLITS)
+        if not isinstance(self.dq_atomic, bool):
+            raise ScheduleError(f"BackwardSchedule.dq_atomic must be a bool; got "
+                                f"{self.dq_atomic!r}")
         return self
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether the gradients are bitwise identical run to run (no atomics)."""
+        return not self.dq_atomic
 
     def describe(self) -> str:
         """One-line summary, e.g. ``dkdv n128 m64 occ1 | dq m64 n64 occ2``."""
@@ -72,8 +92,12 @@ class BackwardSchedule(ScheduleValue):
                 text += f" lat{latency}"
             return text
 
-        return (part("dkdv", self.dkdv_tile_n, self.dkdv_tile_m, self.dkdv_occupancy,
-                     self.dkdv_worker_warps, self.q_latency) + " | "
-                + part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
-                       self.dq_worker_warps, self.kv_latency))
+        dkdv = part("dkdv", self.dkdv_tile_n, self.dkdv_tile_m, self.dkdv_occupancy,
+                    self.dkdv_worker_warps, self.q_latency)
+        if self.dkdv_splits > 1:
+            dkdv += f" split{self.dkdv_splits}"
+        if self.dq_atomic:
+            return dkdv + " | dq atomic"
+        return dkdv + " | " + part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
+                                   self.dq_worker_warps, self.kv_latency)
 
