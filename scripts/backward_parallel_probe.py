@@ -1,11 +1,11 @@
-"""Issue 31 probe: the backward's split and atomic-dQ schedules on training shapes (GPU).
+"""Issue 31 probe: the backward's default and its neighbours on training shapes (GPU).
 
     python scripts/backward_parallel_probe.py [--rounds 15] [--jobs 16] [--only N]
 
-For each shape: every candidate (the sm_90 default, with dK/dV splits, with dQ by atomics, both,
-and a few tile variants) is compiled ahead, checked against the float32 reference (NaN-poisoned
-gradients; relative L2 error within the family's tolerance) and timed interleaved with torch's
-cuDNN and flash backward (L2 flushed). Prints one table per shape and a summary last.
+For each shape: every candidate (``candidates``: the sm_90 default and its neighbours) is
+compiled ahead, checked against the float32 reference (NaN-poisoned gradients; relative L2
+error within the family's tolerance) and timed interleaved with torch's cuDNN and flash
+backward (L2 flushed). Prints one table per shape and a summary last.
 """
 
 from __future__ import annotations
@@ -33,16 +33,23 @@ SHAPES = [  # (B, H_q, H_kv, S_q, S_k, D, causal ("br": bottom-right), dtype)
 
 
 def candidates(problem: Problem) -> dict[str, BackwardSchedule]:
+    """The sm_90 default (its dK/dV splits from the default's rule) and its neighbours: half
+    and twice the splits, the causal dQ order, dK/dV and dQ tile, occupancy and warp variants."""
     base = BACKWARD.default_schedule("sm_90", problem)
-    found = {"default": base}
-    for n in (2, 4, 8, 16):
-        found[f"split{n}"] = base.replace(dkdv_splits=n)
-    for n in (1, 2, 4, 8):
-        found[f"atomic split{n}"] = base.replace(dq_atomic=True, dkdv_splits=n)
-    found["atomic n128 w8"] = base.replace(dq_atomic=True, dkdv_tile_n=128, dkdv_worker_warps=8,
-                                           dkdv_occupancy=1)
-    found["atomic m128"] = base.replace(dq_atomic=True, dkdv_tile_m=128)
-    found["atomic occ1"] = base.replace(dq_atomic=True, dkdv_occupancy=1)
+    n = base.dkdv_splits
+    found = {"default": base, "unsplit": base.replace(dkdv_splits=1),
+             "splits/2": base.replace(dkdv_splits=max(1, n // 2)),
+             "splits*2": base.replace(dkdv_splits=min(16, n * 2)),
+             "heavy-first": base.replace(dq_heavy_first=True),
+             "dkdv m128": base.replace(dkdv_tile_m=128),
+             "dkdv m64": base.replace(dkdv_tile_m=64),
+             "dkdv n128 w8 occ1": base.replace(dkdv_tile_n=128, dkdv_worker_warps=8,
+                                               dkdv_occupancy=1),
+             "dkdv occ1 w8": base.replace(dkdv_occupancy=1, dkdv_worker_warps=8),
+             "dkdv lat3": base.replace(q_latency=3),
+             "dq m64": base.replace(dq_tile_m=64, dq_worker_warps=None),
+             "dq m128 w8": base.replace(dq_tile_m=128, dq_worker_warps=8),
+             "dq occ1": base.replace(dq_occupancy=1)}
     unique: dict[str, BackwardSchedule] = {}
     seen = set()
     for name, s in found.items():

@@ -32,11 +32,14 @@ _FULL = {
     "dq_occupancy": (1, 2, 3, 4),
     "dq_worker_warps": (None, 8),
     "kv_latency": (None, 2, 3, 4),
+    "dkdv_splits": (1, 2, 4, 8, 16),
+    "dq_heavy_first": (False, True),
 }
-# Small enough to sweep exhaustively (128 points): the dimensions the H100 probe behind the
-# sm_90 defaults found to matter (scripts/backward_probe.py at 6113995: each kernel's occupancy and
-# worker warps, the dK/dV kernel's query tile and Q/dO latency hint, the dQ kernel's query
-# tile), at values that include every default; the key tiles stay at 64, as in every default.
+# The dimensions the H100 probes behind the sm_90 defaults found to matter
+# (scripts/backward_probe.py at 6113995: each kernel's occupancy and worker warps, the dK/dV
+# kernel's query tile and Q/dO latency hint, the dQ kernel's query tile; issue 31's
+# scripts/backward_parallel_probe.py: the dK/dV splits), at values that include every default;
+# the key tiles stay at 64, as in every default. 1024 points (non-causal keys: 512).
 _COMPACT = {
     "dkdv_tile_m": (64, 128),
     "dkdv_occupancy": (1, 2),
@@ -45,6 +48,8 @@ _COMPACT = {
     "dq_tile_m": (64, 128),
     "dq_occupancy": (1, 2),
     "dq_worker_warps": (None, 8),
+    "dkdv_splits": (1, 2, 4, 8),
+    "dq_heavy_first": (False, True),
 }
 SPACES = {"full": _FULL, "compact": _COMPACT}
 
@@ -90,11 +95,20 @@ def tile_caps(problem: Problem) -> dict[str, int]:
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Tiles no larger than ``problem`` needs: a tile past the next power of two of the
     sequence it tiles computes only padding, and ``normalise`` turns it into that cap anyway;
-    when every candidate is past it, the cap itself is the one value left."""
+    when every candidate is past it, the cap itself is the one value left. Without a causal
+    mask the dQ work order is not searched; dK/dV splits stop at the walk's length."""
     choices = dict(space.choices)
     for name, cap in tile_caps(problem).items():
         if name in choices:
             choices[name] = tuple(v for v in choices[name] if v <= cap) or (cap,)
+    if not problem.causal and "dq_heavy_first" in choices:
+        choices["dq_heavy_first"] = (False,)  # a work order only a causal mask has
+    if "dkdv_splits" in choices:
+        # no more splits than the walk has (query head, query tile) pairs at the largest
+        # query tile searched, so that every point is its own normal form
+        tile_m = max(choices.get("dkdv_tile_m", (space.base.dkdv_tile_m,)))
+        pairs = problem.group_size * math.ceil(problem.seqlen_q / tile_m)
+        choices["dkdv_splits"] = tuple(v for v in choices["dkdv_splits"] if v <= pairs) or (1,)
     return SearchSpace(space.arch, choices, space.base, space.infeasibility)
 
 
@@ -118,6 +132,7 @@ _DQ_TILES = {(128, 64): 1.0, (64, 64): 0.95, (64, 128): 0.9, (128, 128): 0.85,
              (128, 32): 0.85, (64, 32): 0.85, (32, 64): 0.75, (32, 32): 0.7, (32, 128): 0.7}
 _SMS = 132
 _RATE = 700e12  # FLOP/s of the made-up GPU at efficiency 1
+_BANDWIDTH = 3e12  # bytes/s
 _KIB = 1024
 
 
@@ -151,7 +166,8 @@ def model_ms(problem: Problem, schedule: BackwardSchedule) -> float:
     three matrix products and the dK/dV kernel's four (each of the forward's size; both
     recompute the scores) at 700 TFLOP/s times each kernel's efficiency (tile pair, float32
     accumulators against the register file, occupancy, worker warps, latency hint) and share of
-    busy SMs, plus 3 µs per launch."""
+    busy SMs (the dK/dV splits multiply its CTAs), the split partials' traffic at 3 TB/s, 3%
+    off the causal dQ kernel run heavy tiles first, plus 3 µs per launch."""
     d = _padded(problem.head_dim)
     s = schedule
     half = problem.flops / 2  # one matrix product of the forward's size
@@ -160,11 +176,19 @@ def model_ms(problem: Problem, schedule: BackwardSchedule) -> float:
                                   s.dkdv_worker_warps, s.q_latency)
     dq_eff = _kernel_efficiency(_DQ_TILES, s.dq_tile_m, s.dq_tile_n, s.dq_tile_m * d * 4,
                                 s.dq_occupancy, s.dq_worker_warps, s.kv_latency)
-    dkdv_ctas = math.ceil(problem.seqlen_k / s.dkdv_tile_n) * problem.batch * problem.heads_kv
+    dkdv_ctas = (math.ceil(problem.seqlen_k / s.dkdv_tile_n) * problem.batch
+                 * problem.heads_kv * s.dkdv_splits)
     dq_ctas = math.ceil(problem.seqlen_q / s.dq_tile_m) * problem.batch * problem.heads_q
     dkdv_s = 4 * half / (_RATE * dkdv_eff * _fill(dkdv_ctas))
     dq_s = 3 * half / (_RATE * dq_eff * _fill(dq_ctas))
-    return (dkdv_s + dq_s) * 1e3 + 2 * 0.003
+    if problem.causal and s.dq_heavy_first:
+        dq_s *= 0.97  # the short query tiles fill the launch's tail
+    launches = 2
+    if s.dkdv_splits > 1:  # float32 partials of dK and dV written, read back, summed
+        parts = 2 * s.dkdv_splits * problem.batch * problem.heads_kv * problem.seqlen_k * d * 4
+        dkdv_s += 2 * parts / _BANDWIDTH
+        launches += 2
+    return (dkdv_s + dq_s) * 1e3 + launches * 0.003
 
 
 BACKWARD_SPACE = register_space(FamilySpace(

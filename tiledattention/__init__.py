@@ -175,25 +175,22 @@ def sdpa_with_lse(q: Any, k: Any, v: Any, causal: bool | str = False,
 def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: bool | str = False, scale: float | None = None, *,
                   schedule: BackwardSchedule | None = None,
-                  grads: tuple[Any, Any, Any] | None = None,
-                  deterministic: bool | None = None) -> tuple[Any, Any, Any]:
+                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
     """The gradients ``(dq, dk, dv)`` of :func:`sdpa_with_lse`'s ``out`` given ``grad_out``
     (dL/d out, shaped like ``out``), with the same ``q, k, v, causal, scale``.
 
     Grouped-query ``k, v`` get gradients of their own shape (summed over the group in the
     kernel, never expanded). Runs the backward family's schedule for the shape (``schedule``
     overrides it); ``grads`` are optional contiguous output buffers like ``q, k, v``. Extra
-    memory: one float32 ``[B, H_q, S_q]`` array, and float32 scratch for schedules that split
-    the dK/dV walk (``dkdv_splits`` partials of dK and dV) or add dQ by atomics (one dQ).
-
-    ``deterministic``: ``True`` makes the gradients bitwise identical run to run (a schedule
-    that adds dQ by atomics runs with the dQ kernel instead); ``None`` (the default) follows
-    ``torch.use_deterministic_algorithms``, which is also what autograd through
-    :func:`sdpa` obeys. Most users want autograd instead: ``tiledattention.sdpa`` on tensors
-    that require grad, or ``tiledattention.integrations.attention``.
+    memory: one float32 ``[B, H_q, S_q]`` array, and for a schedule that splits the dK/dV walk
+    over ``n`` CTAs (``dkdv_splits``; grouped heads at small batch) float32 partials of dK and
+    dV, ``n`` of each. The gradients are bitwise identical run to run (no atomics; partials are
+    added in a fixed order). Most users want autograd instead:
+    ``tiledattention.sdpa`` on tensors that require grad, or
+    ``tiledattention.integrations.attention``.
     """
     return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse, causal, scale,
-                                   schedule=schedule, grads=grads, deterministic=deterministic)
+                                   schedule=schedule, grads=grads)
 
 
 def explain(q: Any, k: Any, v: Any, causal: bool | str = False) -> Resolution:

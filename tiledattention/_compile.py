@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from .errors import CompileError, InputValueError
 
-__all__ = ["ARCHITECTURES", "CompileResult", "array_constraint", "check_arch",
+__all__ = ["ARCHITECTURES", "SM_COUNTS", "CompileResult", "array_constraint", "check_arch",
            "cubin_shared_bytes", "export_cubin", "generation"]
 
 #: Architectures tileiras accepts (``--gpu-name``; no ``a``/``f`` suffixes), and the GPU
@@ -25,6 +25,9 @@ GENERATIONS = {
     "sm_120": "blackwell-consumer", "sm_121": "blackwell-consumer",
 }
 ARCHITECTURES = tuple(GENERATIONS)
+#: SMs of each generation's largest part: what the defaults size their grids for.
+SM_COUNTS = {"hopper": 132, "blackwell": 148, "blackwell-consumer": 48, "ada": 128,
+             "ampere": 108}
 
 
 def check_arch(arch: object) -> str:

@@ -220,11 +220,6 @@ class Family(abc.ABC):
         serving "sdpa_with_lse")."""
         raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
 
-    def deterministic_schedule(self, arch: str, problem: Any, schedule: Any) -> Any:
-        """The schedule to run instead of ``schedule`` when results must be bitwise identical
-        run to run: ``schedule`` itself for a family whose kernels use no atomics."""
-        return schedule
-
     def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,
                  v: Any, out: Any, grad_out: Any, lse: Any, delta: Any,
                  grads: tuple[Any, Any, Any]) -> None:

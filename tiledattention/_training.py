@@ -89,15 +89,9 @@ def _last_dim_contiguous(x: Any) -> Any:
 def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: Any = False, scale: float | None = None, *,
                   schedule: Any = None,
-                  grads: tuple[Any, Any, Any] | None = None,
-                  deterministic: bool | None = None) -> tuple[Any, Any, Any]:
+                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
     import torch
-
-    if deterministic is not None and not isinstance(deterministic, bool):
-        raise InputTypeError(f"deterministic must be True, False or None (follow "
-                             f"torch.are_deterministic_algorithms_enabled()); got "
-                             f"{deterministic!r}")
 
     family = _explicit(schedule, "sdpa_backward")
     problem, device = _torch_problem("sdpa_backward", q, k, v, causal, scale)
@@ -122,8 +116,6 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
             if not g.is_contiguous():
                 raise InputValueError(f"{name} must be contiguous; got strides {g.stride()}")
     family, schedule = _resolve(runtime, "sdpa_backward", problem, device, family, schedule)
-    if torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic:
-        schedule = family.deterministic_schedule(device_info(device).arch, problem, schedule)
     delta = _row_stat(problem, q.device)
     family.backward(torch.cuda.current_stream(q.device), problem, schedule,
                     default_scale(problem) if scale is None else scale, q, k, v,

@@ -48,7 +48,9 @@ def test_default_schedule_compiles_for_each_architecture(arch):
     schedule = BACKWARD.default_schedule(arch, ODD)
     result = _build(ODD, schedule, arch)
     assert result.arch == arch and result.cubin[:4] == b"\x7fELF"
-    assert len(result.other_cubins) == 1 and result.other_cubins[0][:4] == b"\x7fELF"  # dQ
+    assert schedule.dkdv_splits > 1  # a small grid: the walk is split, the partials summed
+    assert len(result.other_cubins) == 2  # the dQ kernel, the partials' sum
+    assert all(c[:4] == b"\x7fELF" for c in result.other_cubins)
     assert result.shared_bytes and result.shared_bytes > 0
 
 
@@ -66,23 +68,16 @@ def test_every_dimension_reaches_the_compiled_code(field, value):
     assert (a[1] != b[1]) == (not dkdv_field)
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-def test_split_and_atomic_schedules_compile_for_each_architecture(arch):
-    """dK/dV splits add the partials' sum kernel; dQ by atomics replaces the dQ kernel with
-    the prep and dQ sum kernels."""
-    split = _build(ODD, BACKWARD.default_schedule(arch, ODD).replace(dkdv_splits=4), arch)
-    both = _build(ODD, BACKWARD.default_schedule(arch, ODD).replace(dkdv_splits=2,
-                                                                    dq_atomic=True), arch)
-    assert len(split.other_cubins) == 2 and len(both.other_cubins) == 3
-    assert all(c[:4] == b"\x7fELF" for r in (split, both) for c in (r.cubin, *r.other_cubins))
-
-
-@pytest.mark.parametrize("field, value", [("dkdv_splits", 4), ("dq_atomic", True)])
-def test_split_and_atomic_dimensions_change_the_dkdv_kernel(field, value):
+def test_splits_and_the_causal_dq_order_reach_their_kernels():
+    """dK/dV splits change the dK/dV kernel and add the partials' sum; the dQ order changes
+    the dQ kernel alone."""
     base = BackwardSchedule()
-    a, b = _digests(_build(PLAIN, base)), _digests(_build(PLAIN, base.replace(**{field: value})))
-    assert a[0] != b[0]
-    assert (a[1] == b[1]) == (field == "dkdv_splits")  # the dQ kernel stays unless atomic
+    one = _digests(_build(ODD, base))
+    split = _digests(_build(ODD, base.replace(dkdv_splits=4)))
+    heavy = _digests(_build(ODD, base.replace(dq_heavy_first=True)))
+    assert len(one) == 2 and len(split) == 3 and len(heavy) == 2
+    assert split[0] != one[0] and split[1] == one[1]
+    assert heavy[0] == one[0] and heavy[1] != one[1]
 
 
 def test_causal_alignments_compile_to_different_code():
@@ -98,7 +93,7 @@ def test_causal_alignments_compile_to_different_code():
     ("dkdv_tile_n", 48), ("dkdv_tile_m", 512), ("dq_tile_m", 8), ("dq_tile_n", True),
     ("dkdv_occupancy", 0), ("dq_occupancy", 33), ("dkdv_worker_warps", 2),
     ("dq_worker_warps", 16), ("q_latency", 0), ("kv_latency", 11), ("kv_latency", 2.0),
-    ("dkdv_splits", 3), ("dkdv_splits", 32), ("dq_atomic", 1)])
+    ("dkdv_splits", 3), ("dkdv_splits", 32), ("dq_heavy_first", 1)])
 def test_impossible_fields_are_refused_by_name(field, bad):
     with pytest.raises(ScheduleError, match=field):
         BackwardSchedule(**{field: bad})
@@ -119,19 +114,20 @@ def test_schedule_round_trips_and_rejects_unknown_and_newer():
     assert "dkdv 128x64" in s.describe() and "w8" in s.describe() and "lat3" in s.describe()
 
 
-def test_rows_stored_before_splits_and_atomics_read_as_the_two_kernel_schedule():
+def test_rows_stored_before_splits_read_as_the_unsplit_schedule():
     old = {k: v for k, v in BackwardSchedule(dq_tile_m=128).to_dict().items()
-           if k not in ("dkdv_splits", "dq_atomic")}
+           if k not in ("dkdv_splits", "dq_heavy_first")}
     s = BackwardSchedule.from_dict(old)
-    assert s == BackwardSchedule(dq_tile_m=128) and s.dkdv_splits == 1 and s.deterministic
+    assert s == BackwardSchedule(dq_tile_m=128)
+    assert s.dkdv_splits == 1 and not s.dq_heavy_first
     with pytest.raises(ScheduleError, match="dq_tile_n"):
         BackwardSchedule.from_dict({k: v for k, v in old.items() if k != "dq_tile_n"})
 
 
-def test_describe_names_splits_and_atomic_dq():
-    s = BackwardSchedule(dkdv_splits=4, dq_atomic=True)
-    assert "split4" in s.describe() and "dq atomic" in s.describe()
-    assert not s.deterministic and BackwardSchedule(dkdv_splits=4).deterministic
+def test_describe_names_splits_and_the_dq_order():
+    s = BackwardSchedule(dkdv_splits=4, dq_heavy_first=True)
+    assert "split4" in s.describe() and "heavy-first" in s.describe()
+    assert "split" not in BackwardSchedule().describe()
 
 
 def test_codec_round_trips_rows_of_the_family():
@@ -164,7 +160,7 @@ def test_launch_arguments_follow_the_kernels_signatures():
     assert plan.dkdv_scalars == (0.125, 2, 4,
                                  *DKDV_PARAMETERS.constant_values(dkdv_constants(ODD, s)))
     assert DQ_PARAMETERS.names.index("qk_scale") == 8
-    assert DKDV_PARAMETERS.names.index("qk_scale") == 9
+    assert DKDV_PARAMETERS.names.index("qk_scale") == 8
     assert scratch_shapes(ODD, s) == {}  # the two-kernel schedule needs no scratch
     assert dkdv_constants(ODD, s)["Q_LATENCY"] == 4 and dq_constants(ODD, s)["KV_LATENCY"] == 0
     assert dq_constants(ODD, s)["TILE_D"] == 128 and dq_constants(ODD, s)["BOTTOM_RIGHT"]
@@ -172,37 +168,42 @@ def test_launch_arguments_follow_the_kernels_signatures():
     assert (b, h) == (2, 8) and padded % ROW_STAT_ALIGN == 0 and 333 <= padded < 333 + 32
 
 
-def test_normalise_caps_splits_at_the_walk_and_drops_unused_dq_fields():
+def test_normalise_caps_splits_at_the_walk_and_drops_the_order_without_a_mask():
     one = dataclasses.replace(PLAIN, seqlen_q=100)  # group 1, two 64-row query tiles
     assert normalise(one, BackwardSchedule(dkdv_splits=16)).dkdv_splits == 2
     assert normalise(ODD, BackwardSchedule(dkdv_splits=16)).dkdv_splits == 16  # 4 x 6 pairs
-    atomic = normalise(PLAIN, BackwardSchedule(dq_atomic=True, dq_tile_m=128, dq_occupancy=3))
-    assert atomic == BackwardSchedule(dq_atomic=True)
-    assert normalise(PLAIN, atomic) is atomic
+    assert normalise(ODD, BackwardSchedule(dkdv_splits=16, dkdv_tile_m=256)).dkdv_splits == 8
+    assert not normalise(PLAIN, BackwardSchedule(dq_heavy_first=True)).dq_heavy_first
+    assert normalise(ODD, BackwardSchedule(dq_heavy_first=True)).dq_heavy_first
 
 
-def test_split_and_atomic_launches_and_scratch():
-    s = BackwardSchedule(dkdv_splits=4, dq_atomic=True)
+def test_split_launches_and_scratch():
+    s = BackwardSchedule(dkdv_splits=4, dq_heavy_first=True)
     plan = launches(ODD, s, 0.125)
-    assert plan.dkdv_grid == (-(-1000 // 64), 2 * 2, 4)
-    assert plan.dq_grid == plan.dq_sum_grid == (-(-333 // SUM_TILE), 2 * 8, 1)  # prep kernel
-    assert plan.kv_sum_grid == (-(-1000 // SUM_TILE), 2 * 2, 1)
-    assert plan.dq_sum_scalars == (0.125, *SUM_PARAMETERS.constant_values(sum_constants(ODD, 1)))
-    assert plan.kv_sum_scalars == (1.0, *SUM_PARAMETERS.constant_values(sum_constants(ODD, 4)))
-    assert dkdv_constants(ODD, s)["SPLITS"] == 4 and dkdv_constants(ODD, s)["DQ_ATOMIC"]
-    assert scratch_shapes(ODD, s) == {"dq_acc": (2, 8, 333, 96), "dk_parts": (8, 2, 1000, 96),
+    assert plan.splits == 4 and plan.dkdv_grid == (-(-1000 // 64), 2 * 2, 4)
+    assert plan.sum_grid == (-(-1000 // SUM_TILE), 2 * 2, 1)
+    assert plan.sum_scalars == SUM_PARAMETERS.constant_values(sum_constants(ODD, 4))
+    assert dkdv_constants(ODD, s)["SPLITS"] == 4 and dq_constants(ODD, s)["HEAVY_FIRST"]
+    assert scratch_shapes(ODD, s) == {"dk_parts": (8, 2, 1000, 96),
                                       "dv_parts": (8, 2, 1000, 96)}
 
 
-def test_deterministic_schedule_swaps_atomic_dq_for_the_default_dq_kernel():
-    default = BACKWARD.default_schedule("sm_90", ODD)
-    atomic = default.replace(dq_atomic=True, dkdv_splits=4, dkdv_tile_m=128)
-    swapped = BACKWARD.deterministic_schedule("sm_90", ODD, atomic)
-    assert swapped.deterministic and (swapped.dkdv_splits, swapped.dkdv_tile_m) == (4, 128)
-    assert (swapped.dq_tile_m, swapped.dq_occupancy) == (default.dq_tile_m, default.dq_occupancy)
-    plain = default.replace(dkdv_splits=2)
-    assert BACKWARD.deterministic_schedule("sm_90", ODD, plain) is plain
-    assert FORWARD.deterministic_schedule("sm_90", ODD, "anything") == "anything"
+def test_default_splits_fill_the_waves_of_the_generation():
+    """Hopper (132 SMs): a grid short of its waves doubles its splits until it fills them;
+    a full grid, or one at the waves already, stays unsplit."""
+    from tiledattention.backward._defaults import FILL, WAVES
+
+    mqa = Problem(batch=1, heads_q=8, heads_kv=1, seqlen_q=6144, seqlen_k=6144, head_dim=128,
+                  dtype="bf16", causal=True)
+    s = BACKWARD.default_schedule("sm_90", mqa)
+    ctas = 6144 // s.dkdv_tile_n  # 96 CTAs at occupancy 2
+    assert s.dkdv_splits == 8
+    assert ctas * s.dkdv_splits >= FILL * WAVES[True] * 132 * 2 > ctas * s.dkdv_splits // 2
+    mha = dataclasses.replace(mqa, heads_q=16, heads_kv=16, seqlen_q=8192, seqlen_k=8192,
+                              causal=False)
+    assert BACKWARD.default_schedule("sm_90", mha).dkdv_splits == 1
+    # fewer SMs on the DGX Spark part: fewer splits for the same grid
+    assert BACKWARD.default_schedule("sm_121", mqa).dkdv_splits < s.dkdv_splits
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -235,5 +236,4 @@ def test_training_entry_points_refuse_cpu_tensors_and_bad_arguments():
             "sm_90", PLAIN))
     with pytest.raises(InputTypeError, match="Schedule"):
         tiledattention.sdpa_with_lse(q, q, q, schedule=BackwardSchedule())
-    with pytest.raises(InputTypeError, match="deterministic"):
-        tiledattention.sdpa_backward(q, q, q, q, q, torch.zeros(1, 4, 16), deterministic="yes")
+

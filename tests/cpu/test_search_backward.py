@@ -35,8 +35,8 @@ def test_backward_space_is_registered_and_exported():
     assert search_spaces.BACKWARD_SPACE.model_ms is space_module.model_ms
     full = search_spaces.space_for("backward", "sm_90")
     compact = search_spaces.space_for("backward", "sm_90", "compact")
-    assert full.size == 3 * 4 * 2 * 2 * 4 * 3 * 3 * 4 * 2 * 4
-    assert compact.size == 128 and set(compact.choices) < set(full.choices)
+    assert full.size == 3 * 4 * 2 * 2 * 4 * 3 * 3 * 4 * 2 * 4 * 5 * 2
+    assert compact.size == 1024 and set(compact.choices) < set(full.choices)
     assert isinstance(full.base, BackwardSchedule)
     with pytest.raises(InputValueError, match="space must be one of"):
         search_spaces.space_for("backward", "sm_90", "huge")
@@ -93,9 +93,16 @@ def test_restricted_caps_follow_each_sequence():
     assert tiny.choices["dkdv_tile_m"] == tiny.choices["dq_tile_m"] == (16,)
     assert "dkdv_tile_n" not in tiny.choices  # not searched: the base's 64, normalised to 16
     assert BACKWARD.normalise(_problem(seqlen_q=3, seqlen_k=9), tiny.base).dkdv_tile_n == 16
-    assert tiny.size == 128 // 4
+    assert tiny.size == 128 // 4  # one (head, query tile) pair, no causal mask
+    assert (tiny.choices["dkdv_splits"], tiny.choices["dq_heavy_first"]) == ((1,), (False,))
+    gqa = search_spaces.BACKWARD_SPACE.restrict(
+        search_spaces.space_for("backward", "sm_90", "compact"),
+        _problem(heads_kv=4, seqlen_q=100, causal=True))  # group 4 x one 128-row tile
+    assert gqa.choices["dkdv_splits"] == (1, 2, 4) and gqa.choices["dq_heavy_first"] == (
+        False, True)
     big = search_spaces.space_for("backward", "sm_90")
-    assert search_spaces.BACKWARD_SPACE.restrict(big, _problem()).choices == big.choices
+    assert search_spaces.BACKWARD_SPACE.restrict(big, _problem(causal=True)).choices == \
+        big.choices
 
 
 # -- static feasibility ---------------------------------------------------------------------------
@@ -131,7 +138,8 @@ def test_tiles_past_the_shared_memory_are_rejected_naming_the_kernel():
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_model_leaves_the_search_something_to_find(head_dim):
     problem = _problem(head_dim=head_dim)
-    compact = search_spaces.space_for("backward", "sm_90", "compact")
+    compact = search_spaces.BACKWARD_SPACE.restrict(
+        search_spaces.space_for("backward", "sm_90", "compact"), problem)
     times = sorted(space_module.model_ms(problem, s) for s in compact.feasible(problem))
     default = BACKWARD.default_schedule("sm_90", problem)
     assert 0 < times[0] < times[1]  # one best point
@@ -193,3 +201,12 @@ def test_compile_only_search_compiles_a_tiny_backward_problem(tmp_path, capsys):
     studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'tiledtune-studies.sqlite'}")
     assert len(studies) == 1 and "backward" in studies[0].study_name
     assert studies[0].n_trials == 0  # no failure was recorded
+
+
+def test_model_rewards_splits_where_the_grid_leaves_sms_idle():
+    mqa = _problem(batch=1, heads_q=8, heads_kv=1, seqlen_q=6144, seqlen_k=6144, causal=True)
+    wide = _problem(batch=8, heads_q=16, heads_kv=16, seqlen_q=8192, seqlen_k=8192)
+    s = BACKWARD.default_schedule("sm_90", wide)
+    assert s.dkdv_splits == 1
+    assert space_module.model_ms(mqa, s.replace(dkdv_splits=8)) < space_module.model_ms(mqa, s)
+    assert space_module.model_ms(wide, s.replace(dkdv_splits=8)) > space_module.model_ms(wide, s)

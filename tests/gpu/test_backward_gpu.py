@@ -1,8 +1,9 @@
 """The backward pass on the GPU: dQ, dK and dV against a float32 reference, held to torch's own
 accuracy; NaN-poisoned gradient buffers; autograd through ``tiledattention.sdpa`` and
 ``tiledattention.integrations.attention``; ``torch.compile(fullgraph=True)`` of forward and
-backward; and a 32k-token backward whose extra memory is O(S·D) and whose profiler trace holds
-no torch attention kernel.
+backward; a 32k-token backward whose extra memory is O(S·D) and whose profiler trace holds no
+torch attention kernel; dK/dV walks split over CTAs and the causal dQ order reversed, from
+NaN-poisoned partials; gradients bitwise identical run to run.
 
 Accuracy rule (issue 17): each gradient's relative L2 error against the float32 reference (torch
 autograd through float32 attention, math backend) is at most twice torch's cuDNN backend's error
@@ -342,3 +343,60 @@ def test_32k_backward_memory_is_o_s_d_and_runs_no_torch_attention_kernel():
     assert len(names) >= 3, names  # the forward, dQ and dK/dV kernels at least
     torch_kernels = [n for n in names if any(t in n.lower() for t in TORCH_ATTENTION_KERNELS)]
     assert torch_kernels == [], torch_kernels
+
+
+# --------------------------------------------------------- split walks, work order, determinism
+
+SPLIT_SHAPES = {  # (B, H_q, H_kv, S_q, S_k, D), causal, dtype
+    "mqa-causal-odd": ((1, 8, 1, 1025, 1025, 128), True, torch.bfloat16),
+    "gqa-bottom-right-sq<sk": ((2, 16, 4, 333, 1000, 96), "bottom_right", torch.float16),
+    "gqa-full-sq>sk": ((1, 12, 3, 1000, 257, 64), False, torch.bfloat16),
+    "mha-top-left-sq<sk": ((2, 4, 4, 100, 700, 256), True, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("splits", [2, 4, 8, 16])
+@pytest.mark.parametrize("shape,causal,dtype", SPLIT_SHAPES.values(), ids=SPLIT_SHAPES.keys())
+def test_split_dkdv_walks_and_heavy_first_dq_match_the_reference(shape, causal, dtype, splits):
+    """Every split count (walks shared unevenly: the pair counts are not multiples of it),
+    with the causal dQ order reversed, into NaN-poisoned gradient buffers and NaN-poisoned
+    partials: a partial a split leaves unwritten would reach dK or dV."""
+    from tiledattention import BACKWARD
+    from tiledattention.backward._launch import launch, launches, scratch_shapes
+
+    b, hq, hkv, sq, sk, d = shape
+    q, k, v, grad_out = random_inputs(b, hq, hkv, sq, sk, d, dtype, seed=splits * 7 + sq)
+    out, lse = tiledattention.sdpa_with_lse(q, k, v, causal)
+    problem, _ = problem_from_arrays(q, k, v, causal, None)
+    schedule = BACKWARD.default_schedule("sm_90", problem).replace(
+        dkdv_splits=splits, dq_heavy_first=bool(causal))
+    plan = launches(problem, schedule, d ** -0.5)
+    assert plan.splits > 1
+    scratch = {name: torch.full(s, math.nan, device="cuda")
+               for name, s in scratch_shapes(problem, schedule).items()}
+    grads = tuple(torch.full_like(x, math.nan) for x in (q, k, v))
+    delta = torch.full_like(lse, math.nan)
+    launch(torch.cuda.current_stream(), plan, q, k, v, out, grad_out, lse, delta, *grads,
+           scratch)
+    reference = reference_grads(q, k, v, causal, grad_out)
+    check_grads(grads, reference, torch_baseline(q, k, v, causal, grad_out, reference), dtype,
+                f"splits {splits}")
+
+
+@pytest.mark.parametrize("shape,causal,dtype", list(SPLIT_SHAPES.values())[:2],
+                         ids=list(SPLIT_SHAPES)[:2])
+def test_gradients_are_bitwise_identical_run_to_run(shape, causal, dtype):
+    """The looked-up schedule (split where the grid is small) and an 8-way split: three runs
+    each give the same bits."""
+    from tiledattention import BACKWARD
+
+    b, hq, hkv, sq, sk, d = shape
+    q, k, v, grad_out = random_inputs(b, hq, hkv, sq, sk, d, dtype, seed=99)
+    out, lse = tiledattention.sdpa_with_lse(q, k, v, causal)
+    problem, _ = problem_from_arrays(q, k, v, causal, None)
+    for schedule in (None, BACKWARD.default_schedule("sm_90", problem).replace(dkdv_splits=8)):
+        runs = [tiledattention.sdpa_backward(grad_out, q, k, v, out, lse, causal,
+                                             schedule=schedule) for _ in range(3)]
+        for other in runs[1:]:
+            for a, b_ in zip(runs[0], other):
+                assert torch.equal(a.view(torch.int16), b_.view(torch.int16))

@@ -10,9 +10,9 @@ import dataclasses
 from .._compile import CompileResult, array_constraint, export_cubin
 from .._lazy import lazy_module
 from .._problem import Problem
-from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, PREP_PARAMETERS, SUM_PARAMETERS,
-                      dkdv_constants, dkdv_kernel, dq_constants, dq_kernel, helper_kernel,
-                      normalise, prep_constants, row_stat_shape, sum_constants)
+from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, SUM_PARAMETERS, dkdv_constants,
+                      dkdv_kernel, dq_constants, dq_kernel, normalise, row_stat_shape,
+                      sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -24,14 +24,12 @@ __all__ = ["compile_backward"]
 def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
     """Compile the kernels ``normalise(problem, schedule)`` launches for ``arch``; raise
     :class:`CompileError`. The result is the dK/dV kernel's cubin (the largest, whose shared
-    memory decides feasibility), with the others' (the dQ kernel's, or with ``dq_atomic`` the
-    prep and sum kernels'; the partials' sum kernel with ``dkdv_splits > 1``) in
-    ``other_cubins``; ``seconds`` counts every build."""
+    memory decides feasibility), with the dQ kernel's (and with ``dkdv_splits > 1`` the
+    partials' sum kernel's) in ``other_cubins``; ``seconds`` counts every build."""
     s = normalise(problem, schedule)
     p = problem
     q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
     kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
-    q_acc = array_constraint("fp32", (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
     kv_parts = array_constraint("fp32", (s.dkdv_splits * p.batch, p.heads_kv, p.seqlen_k,
                                          p.head_dim))
     b, h, padded = row_stat_shape(p)
@@ -39,37 +37,23 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
     scale = ctc.ScalarConstraint(ct.float32)
     count = ctc.ScalarConstraint(ct.int32)
     label = f"backward {s.describe()}"
-    grads_out = kv_parts if s.dkdv_splits > 1 else kv_like
+    grads = kv_parts if s.dkdv_splits > 1 else kv_like
     dkdv = export_cubin(
         dkdv_kernel(s),
         DKDV_PARAMETERS.ordered({"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like,
-                                 "Lse": stat, "Delta": stat, "dK": grads_out, "dV": grads_out,
-                                 "dQacc": q_acc if s.dq_atomic else q_like,
+                                 "Lse": stat, "Delta": stat, "dK": grads, "dV": grads,
                                  "qk_scale": scale, "heads_kv": count, "group": count},
                                 dkdv_constants(p, s)), arch, label + " (dK/dV)")
-    others = []
-    if s.dq_atomic:
-        others.append(export_cubin(
-            helper_kernel("prep"),
-            PREP_PARAMETERS.ordered({"Out": q_like, "dO": q_like, "Delta": stat,
-                                     "dQacc": q_acc, "heads_q": count}, prep_constants(p)),
-            arch, label + " (prep)"))
-        others.append(export_cubin(
-            helper_kernel("sum"),
-            SUM_PARAMETERS.ordered({"Parts": q_acc, "Grad": q_like, "factor": scale},
-                                   sum_constants(p, 1)), arch, label + " (dQ sum)"))
-    else:
-        others.append(export_cubin(
-            dq_kernel(s),
-            DQ_PARAMETERS.ordered({"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
-                                   "dO": q_like, "Lse": stat, "Delta": stat, "dQ": q_like,
-                                   "qk_scale": scale, "heads_q": count, "group": count},
-                                  dq_constants(p, s)), arch, label + " (dQ)"))
+    others = [export_cubin(
+        dq_kernel(s),
+        DQ_PARAMETERS.ordered({"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
+                               "dO": q_like, "Lse": stat, "Delta": stat, "dQ": q_like,
+                               "qk_scale": scale, "heads_q": count, "group": count},
+                              dq_constants(p, s)), arch, label + " (dQ)")]
     if s.dkdv_splits > 1:
         others.append(export_cubin(
-            helper_kernel("sum"),
-            SUM_PARAMETERS.ordered({"Parts": kv_parts, "Grad": kv_like, "factor": scale},
-                                   sum_constants(p, s.dkdv_splits)), arch,
-            label + " (dK/dV sum)"))
+            sum_kernel(), SUM_PARAMETERS.ordered({"Parts": kv_parts, "Grad": kv_like},
+                                                 sum_constants(p, s.dkdv_splits)),
+            arch, label + " (dK/dV sum)"))
     return dataclasses.replace(dkdv, seconds=dkdv.seconds + sum(o.seconds for o in others),
                                other_cubins=tuple(o.cubin for o in others))

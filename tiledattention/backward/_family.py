@@ -12,7 +12,7 @@ from .._reference import attention_reference
 from .._problem import Problem, default_scale
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule
-from ._launch import DQ_FIELDS, launch, launches, normalise, row_stat_shape, scratch_shapes
+from ._launch import launch, launches, normalise, row_stat_shape, scratch_shapes
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -36,7 +36,7 @@ def relative_errors(grads: tuple[Any, ...], reference: tuple[Any, ...]) -> tuple
 
 def allocate_scratch(problem: Problem, schedule: BackwardSchedule, device: Any) -> dict[str, Any]:
     """The float32 buffers (torch, on ``device``) a launch of ``schedule`` needs besides the
-    gradients (``scratch_shapes``): none for the two-kernel schedules."""
+    gradients (``scratch_shapes``): none without dK/dV splits."""
     import torch
 
     return {name: torch.empty(shape, dtype=torch.float32, device=device)
@@ -159,15 +159,6 @@ class BackwardFamily(Family):
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
                allocate_scratch(problem, plan.schedule, q.device))
 
-    def deterministic_schedule(self, arch: str, problem: Problem,
-                               schedule: BackwardSchedule) -> BackwardSchedule:
-        """``schedule`` if its gradients are bitwise reproducible, else the same dK/dV kernel
-        with dQ by the default's own dQ kernel instead of atomics."""
-        if schedule.deterministic:
-            return schedule
-        base = self.default_schedule(arch, problem)
-        return schedule.replace(dq_atomic=False,
-                                **{name: getattr(base, name) for name in DQ_FIELDS})
 
 
 BACKWARD = register_family(BackwardFamily())

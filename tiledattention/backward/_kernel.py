@@ -1,4 +1,4 @@
-"""The backward-pass kernel templates (cuTile): a dQ kernel, a dK/dV kernel and their helpers.
+"""The backward-pass kernel templates (cuTile): a dQ kernel, a dK/dV kernel and a partials' sum.
 
 With ``S = scale * Q K^T``, ``P = softmax(S)`` and the forward's per-row log-sum-exp ``L``
 (base 2, stored by ``attention_fwd`` with ``STORE_LSE``), the gradients are
@@ -10,26 +10,24 @@ recomputes its tiles of ``P = 2^(s * scale * log2(e) - L)`` from Q, K and ``L``.
 
 - ``attention_bwd_dq`` (grid: query tiles x (batch x query head)) first computes its rows'
   ``delta`` from O and dO and stores it (the preprocess step, fused), then walks the key tiles
-  its rows see and accumulates ``dQ`` in float32 registers. It runs first.
+  its rows see and accumulates ``dQ`` in float32 registers. It runs first. With
+  ``HEAVY_FIRST`` (causal) the grid's first CTAs take the last query tiles, which see the most
+  keys, so that the short tiles fill the tail of the launch.
 - ``attention_bwd_dkdv`` (grid: key tiles x (batch x K/V head) x splits) holds one
   ``[TILE_N, D]`` tile of K and V and walks the query tiles that see it, for *every query head
   of the group*: grouped- and multi-query attention reduce dK and dV over the group in
   registers, without expanding K/V. With ``SPLITS > 1`` that walk (query heads x query tiles)
   is shared by ``SPLITS`` CTAs, each storing float32 partials that ``attention_bwd_sum`` adds
   in a fixed order: more CTAs where key tiles x K/V heads would leave SMs idle (multi-query
-  heads, batch 1). With ``DQ_ATOMIC`` it also adds each step's ``dS K`` into a float32 dQ
-  accumulator by atomics (5 matrix products a step in all, against the two kernels' 7), and
-  ``attention_bwd_prep`` (delta, a zeroed accumulator) and ``attention_bwd_sum`` (scale, cast)
-  replace the dQ kernel.
+  heads, batch 1).
 
-Without ``DQ_ATOMIC`` the gradients are bitwise reproducible (no atomics; partials added in a
-fixed order); with it dQ's float32 sums depend on the order the atomics land.
+All of it is deterministic: no atomics, and partials added in a fixed order.
 
 Masking is the forward's: keys at or past ``S_k`` never count; with ``CAUSAL`` query row ``i``
 sees keys ``0..i + offset`` (offset 0, or ``S_k - S_q`` with ``BOTTOM_RIGHT``). A row that saw
 no key has ``L = +inf``: its ``P`` and gradients are 0. Rows and keys past the ends load as
-zeros (``L`` and ``delta`` too), which makes their contributions exactly 0; stores clip them. Every UPPER_CASE parameter is a compile-time constant
-(``_launch``).
+zeros (``L`` and ``delta`` too), which makes their contributions exactly 0; stores clip them.
+Every UPPER_CASE parameter is a compile-time constant (``_launch``).
 """
 
 from __future__ import annotations
@@ -66,15 +64,6 @@ def _causal_offset(Q, K, BOTTOM_RIGHT):
     return offset
 
 
-def _store_delta(Out, dO, Delta, batch, head, tile, TILE_M, TILE_D):
-    """Store the rows' ``delta = sum_d dO * Out``; return the dO tile and ``delta [TILE_M]``."""
-    o = _load_rows(Out, batch, head, tile, TILE_M, TILE_D, 0)
-    do = _load_rows(dO, batch, head, tile, TILE_M, TILE_D, 0)
-    delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
-    ct.store(Delta, index=(batch, head, tile), tile=delta.reshape((1, 1, TILE_M)))
-    return do, delta
-
-
 # -- dQ (and delta) ------------------------------------------------------------------------------
 def _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2, seqlen_k, masked,
              CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY):
@@ -109,8 +98,11 @@ def attention_bwd_dq(
     CAUSAL: ConstBool,
     BOTTOM_RIGHT: ConstBool,
     KV_LATENCY: ConstInt,  # latency hint of the K/V loads (1..10; 0: the compiler's)
+    HEAVY_FIRST: ConstBool,  # CTA 0 takes the last query tile
 ):
     q_tile = ct.bid(0)
+    if HEAVY_FIRST:
+        q_tile = ct.num_blocks(0) - 1 - q_tile
     bh = ct.bid(1)
     batch = bh // heads_q
     head = bh % heads_q
@@ -118,7 +110,10 @@ def attention_bwd_dq(
     seqlen_k = K.shape[2]
     scale2 = qk_scale * LOG2_E
 
-    do, delta = _store_delta(Out, dO, Delta, batch, head, q_tile, TILE_M, TILE_D)
+    o = _load_rows(Out, batch, head, q_tile, TILE_M, TILE_D, 0)
+    do = _load_rows(dO, batch, head, q_tile, TILE_M, TILE_D, 0)
+    delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
+    ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
     delta = delta.reshape((TILE_M, 1))
     lse = _load_row_stat(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
     q = _load_rows(Q, batch, head, q_tile, TILE_M, TILE_D, 0)
@@ -147,12 +142,11 @@ def attention_bwd_dq(
              tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
 
 
-# -- dK and dV (and dQ by atomics) ---------------------------------------------------------------
-def _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, dQacc, batch, head, i, keys, scale2, masked,
-               TILE_M, TILE_N, TILE_D, Q_LATENCY, DQ_ATOMIC):
+# -- dK and dV -----------------------------------------------------------------------------------
+def _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2, masked, TILE_M,
+               TILE_N, TILE_D, Q_LATENCY):
     """Fold query tile ``i`` of query head ``head`` into ``dk, dv``; ``masked``: causal mask
-    (``keys``: ``[TILE_N, 1]`` key positions minus the causal offset). With ``DQ_ATOMIC`` also
-    add this key tile's share of the tile's unscaled dQ, ``dS K``, to ``dQacc`` (float32)."""
+    (``keys``: ``[TILE_N, 1]`` key positions minus the causal offset)."""
     q = _load_rows(Q, batch, head, i, TILE_M, TILE_D, Q_LATENCY)  # [TILE_M, TILE_D]
     do = _load_rows(dO, batch, head, i, TILE_M, TILE_D, Q_LATENCY)
     lse = _load_row_stat(Lse, batch, head, i, TILE_M).reshape((1, TILE_M))
@@ -164,24 +158,16 @@ def _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, dQacc, batch, head, i, keys, sca
     pt = ct.exp2(st * scale2 - lse, flush_to_zero=True)  # P^T: [TILE_N, TILE_M]
     dv = ct.mma(pt.astype(q.dtype), do, dv)
     dpt = ct.mma(v, ct.transpose(do), ct.full((TILE_N, TILE_M), 0.0, dtype=np.float32))
-    dst = (pt * (dpt - delta)).astype(q.dtype)
-    dk = ct.mma(dst, q, dk)
-    if DQ_ATOMIC:
-        dq = ct.mma(ct.transpose(dst), k, ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32))
-        rows = i * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]
-        cols = ct.arange(TILE_D, dtype=np.int32)[None, :]
-        # rows past S_q and columns past D fall outside dQacc: the bounds check drops them
-        ct.atomic_add(dQacc, (batch, head, rows, cols), dq,
-                      memory_order=ct.MemoryOrder.RELAXED)
+    dst = pt * (dpt - delta)
+    dk = ct.mma(dst.astype(q.dtype), q, dk)
     return dk, dv
 
 
 @ct.kernel
 def attention_bwd_dkdv(
     Q, K, V, dO,  # [B, H_q, S_q, D], [B, H_kv, S_k, D] x2, like Q
-    Lse, Delta,  # [B, H_q, S_q] float32 (the forward's; attention_bwd_dq's or _prep's)
+    Lse, Delta,  # [B, H_q, S_q] float32 (the forward's; attention_bwd_dq's)
     dK, dV,  # like K; with SPLITS > 1 float32 partials [SPLITS * B, H_kv, S_k, D]
-    dQacc,  # with DQ_ATOMIC: float32 [B, H_q, S_q, D], zeroed (attention_bwd_prep); else unused
     qk_scale: float,
     heads_kv: int,
     group: int,
@@ -192,7 +178,6 @@ def attention_bwd_dkdv(
     BOTTOM_RIGHT: ConstBool,
     Q_LATENCY: ConstInt,  # latency hint of the Q/dO loads (1..10; 0: the compiler's)
     SPLITS: ConstInt,  # CTAs sharing one key tile's walk over (query head, query tile) pairs
-    DQ_ATOMIC: ConstBool,  # also accumulate dQ (by atomics into dQacc)
 ):
     kv_tile = ct.bid(0)
     bh = ct.bid(1)
@@ -231,11 +216,11 @@ def attention_bwd_dkdv(
         lo = first + max(start - g * seen, 0)
         hi = first + min(stop - g * seen, seen)
         for i in range(lo, min(hi, unmask_from)):
-            dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, dQacc, batch, head, i, keys,
-                                scale2, True, TILE_M, TILE_N, TILE_D, Q_LATENCY, DQ_ATOMIC)
+            dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2,
+                                True, TILE_M, TILE_N, TILE_D, Q_LATENCY)
         for i in range(max(lo, unmask_from), hi):
-            dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, dQacc, batch, head, i, keys,
-                                scale2, False, TILE_M, TILE_N, TILE_D, Q_LATENCY, DQ_ATOMIC)
+            dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2,
+                                False, TILE_M, TILE_N, TILE_D, Q_LATENCY)
     dk = dk * qk_scale
     part = split * Q.shape[0] + batch
     ct.store(dK, index=(part, kv_head, kv_tile, 0),
@@ -244,32 +229,11 @@ def attention_bwd_dkdv(
              tile=dv.astype(dV.dtype).reshape((1, 1, TILE_N, TILE_D)))
 
 
-# -- the helpers of the split and atomic schedules -----------------------------------------------
-@ct.kernel
-def attention_bwd_prep(
-    Out, dO,  # [B, H_q, S_q, D]
-    Delta,  # [B, H_q, S_q] float32: written here, sum_d dO * Out per row
-    dQacc,  # float32 [B, H_q, S_q, D]: zeroed here
-    heads_q: int,
-    TILE_M: ConstInt,
-    TILE_D: ConstInt,
-):
-    """What the dQ kernel does first, for schedules that accumulate dQ by atomics instead:
-    the row sums ``delta``, and a zeroed accumulator."""
-    q_tile = ct.bid(0)
-    bh = ct.bid(1)
-    batch = bh // heads_q
-    head = bh % heads_q
-    _store_delta(Out, dO, Delta, batch, head, q_tile, TILE_M, TILE_D)
-    ct.store(dQacc, index=(batch, head, q_tile, 0),
-             tile=ct.full((1, 1, TILE_M, TILE_D), 0.0, dtype=np.float32))
-
-
+# -- the sum of the split walk's partials -------------------------------------------------------
 @ct.kernel
 def attention_bwd_sum(
     Parts,  # float32 [PARTS * B, H, S, D]
-    Grad,  # [B, H, S, D]: factor * the sum of the parts, in Grad's dtype
-    factor: float,
+    Grad,  # [B, H, S, D]: the sum of the parts, in Grad's dtype
     PARTS: ConstInt,
     TILE: ConstInt,  # rows per CTA
     TILE_D: ConstInt,
@@ -284,4 +248,4 @@ def attention_bwd_sum(
     for part in range(PARTS):
         acc = acc + _load_rows(Parts, part * Grad.shape[0] + batch, head, tile, TILE, TILE_D, 0)
     ct.store(Grad, index=(batch, head, tile, 0),
-             tile=(acc * factor).astype(Grad.dtype).reshape((1, 1, TILE, TILE_D)))
+             tile=acc.astype(Grad.dtype).reshape((1, 1, TILE, TILE_D)))

@@ -29,12 +29,11 @@ class BackwardSchedule(ScheduleValue):
         dkdv_splits: CTAs sharing one key tile's walk over (query head, query tile) pairs
         (1, 2, 4, 8, 16); above 1 each stores float32 partials that a small kernel adds in a
         fixed order. More CTAs where key tiles x K/V heads leave SMs idle (multi-query heads).
-        dq_atomic: the dK/dV kernel also accumulates dQ, by float32 atomics (5 matrix products
-        a step against 7; dQ then depends on the order the atomics land: not deterministic).
     dQ kernel (one CTA per query tile and (batch, query head); it walks key tiles; it also
-    computes the row sums of dO * O the dK/dV kernel reads); unused with ``dq_atomic``:
+    computes the row sums of dO * O the dK/dV kernel reads):
         dq_tile_m: query rows per CTA; dq_tile_n: keys per step; dq_occupancy;
-        dq_worker_warps; kv_latency: latency hint of its streamed K / V loads.
+        dq_worker_warps; kv_latency: latency hint of its streamed K / V loads;
+        dq_heavy_first (causal only): launch the query tiles that see the most keys first.
     """
 
     dkdv_tile_n: int = 64
@@ -48,12 +47,12 @@ class BackwardSchedule(ScheduleValue):
     dq_worker_warps: int | None = None
     kv_latency: int | None = None
     dkdv_splits: int = 1
-    dq_atomic: bool = False
+    dq_heavy_first: bool = False
 
     FORMAT = BACKWARD_SCHEDULE_FORMAT
     LABEL = "backward"
     #: added after format 1 was first written; their defaults are what the kernels did before
-    ADDED_FIELDS = ("dkdv_splits", "dq_atomic")
+    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -71,15 +70,10 @@ class BackwardSchedule(ScheduleValue):
             if getattr(self, name) is not None:
                 self._check_int_range(name, getattr(self, name), 1, 10)
         self._check_choice("dkdv_splits", self.dkdv_splits, SPLITS)
-        if not isinstance(self.dq_atomic, bool):
-            raise ScheduleError(f"BackwardSchedule.dq_atomic must be a bool; got "
-                                f"{self.dq_atomic!r}")
+        if not isinstance(self.dq_heavy_first, bool):
+            raise ScheduleError(f"BackwardSchedule.dq_heavy_first must be a bool; got "
+                                f"{self.dq_heavy_first!r}")
         return self
-
-    @property
-    def deterministic(self) -> bool:
-        """Whether the gradients are bitwise identical run to run (no atomics)."""
-        return not self.dq_atomic
 
     def describe(self) -> str:
         """One-line summary, e.g. ``dkdv n128 m64 occ1 | dq m64 n64 occ2``."""
@@ -96,8 +90,7 @@ class BackwardSchedule(ScheduleValue):
                     self.dkdv_worker_warps, self.q_latency)
         if self.dkdv_splits > 1:
             dkdv += f" split{self.dkdv_splits}"
-        if self.dq_atomic:
-            return dkdv + " | dq atomic"
-        return dkdv + " | " + part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
-                                   self.dq_worker_warps, self.kv_latency)
+        dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
+                  self.dq_worker_warps, self.kv_latency)
+        return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "")
 

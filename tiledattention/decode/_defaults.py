@@ -3,17 +3,13 @@ and the shipped table does not cover."""
 
 from __future__ import annotations
 
-
-from .._compile import generation
+from .._compile import SM_COUNTS, generation
 from .._problem import Problem
 from ._launch import layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "SM_COUNTS"]
 
-#: SMs of the generation's largest part: the split count aims at a few CTAs per SM.
-SM_COUNTS = {"hopper": 132, "blackwell": 148, "blackwell-consumer": 48, "ada": 128,
-             "ampere": 108}
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
 #: the shipped rows picked 4 splits at B = 1 with 1k keys and 8-12 with 2k (1.10-1.19x a cap of
