@@ -237,3 +237,20 @@ def test_training_entry_points_refuse_cpu_tensors_and_bad_arguments():
     with pytest.raises(InputTypeError, match="Schedule"):
         tiledattention.sdpa_with_lse(q, q, q, schedule=BackwardSchedule())
 
+
+
+def test_family_backward_hands_the_launch_scratch_of_the_schedules_shape(monkeypatch):
+    """The family allocates the split partials a schedule needs and none otherwise."""
+    torch = pytest.importorskip("torch")
+    import tiledattention.backward._family as family_module
+
+    calls = []
+    monkeypatch.setattr(family_module, "launch", lambda *args: calls.append(args))
+    q = torch.empty(1)
+    for splits in (1, 4):
+        s = BACKWARD.default_schedule("sm_90", ODD).replace(dkdv_splits=splits)
+        BACKWARD.backward(None, ODD, s, 0.1, q, q, q, q, q, q, q, (q, q, q))
+        plan, scratch = calls[-1][1], calls[-1][-1]
+        assert plan.splits == splits
+        assert {n: tuple(t.shape) for n, t in scratch.items()} == scratch_shapes(ODD, s)
+        assert all(t.dtype == torch.float32 for t in scratch.values())

@@ -77,7 +77,7 @@ class BackwardCase(AttentionCase):
         import torch
 
         plan = launches(self.problem, schedule, self.scale)
-        scratch = allocate_scratch(self.problem, plan.schedule, self.q.device)
+        scratch = allocate_scratch(self.problem, schedule, self.q.device)
 
         def run() -> None:
             launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out,
@@ -157,7 +157,7 @@ class BackwardFamily(Family):
                  v, out, grad_out, lse, delta, grads) -> None:
         plan = launches(problem, schedule, scale)
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
-               allocate_scratch(problem, plan.schedule, q.device))
+               allocate_scratch(problem, schedule, q.device))
 
 
 
