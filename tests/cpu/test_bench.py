@@ -33,6 +33,7 @@ from tuner.bench import (
     write_run_info,
 )
 from tuner.commands import bench_cmd
+from tuner.commands._problems import parse_problem_fields
 from tuner.errors import TunerValueError, UnreadableFile, UsageError
 from tuner.measure import Timing
 
@@ -159,6 +160,112 @@ def test_interleave_option_is_validated():
     assert bench_cmd.settings_from_args(_args()).interleave == 0
     with pytest.raises(BenchConfigError, match="--interleave"):
         bench_cmd.settings_from_args(_args("--interleave", "-1"))
+
+
+# -- --problem: exactly the problems named, instead of the grid ----------------------------------
+
+_GQA = ("batch=1,heads_q=32,heads_kv=8,seqlen_q=4096,seqlen_k=4096,head_dim=128,dtype=bf16,"
+        "causal=yes,bottom_right=no")
+_BOTTOM_RIGHT = ("batch=2,heads_q=16,heads_kv=4,seqlen_q=512,seqlen_k=2048,head_dim=64,"
+                 "dtype=fp16,causal=yes,bottom_right=yes")
+_DECODE = "batch=8,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=8192,head_dim=128,dtype=bf16,causal=no"
+
+
+@pytest.mark.parametrize("kernel", ["forward", "decode", "backward"])
+def test_problem_grid_is_exactly_the_problems_given(kernel):
+    texts = (_BOTTOM_RIGHT, _GQA, _DECODE)
+    grid = build_grid(kernel, problems=[parse_problem_fields(t) for t in texts])
+    problem_type = tiledattention.get_family(kernel).problem_type
+    assert all(type(p) is problem_type for p in grid.problems)
+    assert grid.problems == (
+        Problem(batch=2, heads_q=16, heads_kv=4, seqlen_q=512, seqlen_k=2048, head_dim=64,
+                dtype="fp16", causal=True, bottom_right=True),
+        Problem(batch=1, heads_q=32, heads_kv=8, seqlen_q=4096, seqlen_k=4096, head_dim=128,
+                dtype="bf16", causal=True),
+        Problem(batch=8, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=8192, head_dim=128,
+                dtype="bf16", causal=False))
+    assert grid.problems[0].causal_offset == 2048 - 512  # bottom-right kept, S_q != S_k
+    assert grid.contenders == bench.PRESETS[kernel].contenders and grid.kernel == kernel
+    only = build_grid(kernel, problems=[parse_problem_fields(_DECODE)], quick=True,
+                      contenders="tiledattention")
+    assert len(only.problems) == 1 and only.contenders == ("tiledattention",)
+
+
+def test_problem_grid_drops_duplicates_keeping_the_first_order():
+    # bottom-right with S_q == S_k is the top-left causal problem (the canonical form)
+    same = _GQA.replace("bottom_right=no", "bottom_right=yes")
+    grid = build_grid("backward", problems=[parse_problem_fields(t) for t in
+                                            (_DECODE, _GQA, _DECODE, same, _GQA)])
+    assert [(p.seqlen_q, p.causal) for p in grid.problems] == [(1, False), (4096, True)]
+
+
+@pytest.mark.parametrize("kernel, options, flag", [
+    ("forward", dict(seqlens="1024"), "--seqlens"),
+    ("backward", dict(causal="yes"), "--causal"),
+    ("forward", dict(tokens="8192"), "--tokens"),
+    ("backward", dict(head_dims=(64,)), "--head-dims"),
+    ("decode", dict(batch="4"), "--batch"),
+    ("decode", dict(seqlens_k="1024"), "--seqlens-k"),
+    ("decode", dict(dtypes="fp16"), "--dtypes"),
+    ("forward", dict(masks="none"), "--masks"),  # another family's option: the same refusal
+], ids=lambda x: x if isinstance(x, str) else None)
+def test_grid_options_are_refused_with_problems_naming_the_flag(kernel, options, flag):
+    with pytest.raises(BenchConfigError) as info:
+        build_grid(kernel, problems=[parse_problem_fields(_GQA)], **options)
+    message = str(info.value)
+    assert message.startswith(flag + " ") and "--problem replaces the" in message, message
+    assert build_grid(kernel, problems=[parse_problem_fields(_GQA)], seqlens=None,
+                      no_matmul=kernel != "decode").problems  # None: not given; no grid option
+
+
+@pytest.mark.parametrize("text, words", [
+    (_GQA.replace("head_dim=128", "head_dim=7"), "head_dim must be a multiple of 8"),
+    (_GQA.replace("heads_kv=8", "heads_kv=5"), "must be a multiple of heads_kv (5)"),
+    (_GQA.replace("dtype=bf16", "dtype=fp32"), "dtype must be one of"),
+    (_GQA.replace(",bottom_right=no", "").replace(",causal=yes", ""), "missing ['causal']"),
+    (_GQA + ",window=128", "unknown ['window']"),
+    (_GQA.replace("batch=1", "batch=x"), "batch must be a positive int; got 'x'"),
+], ids=["head_dim", "heads", "dtype", "missing", "unknown", "batch"])
+def test_a_problem_the_family_refuses_names_problem_and_its_text(text, words):
+    with pytest.raises(BenchConfigError) as info:
+        build_grid("backward", problems=[parse_problem_fields(_DECODE),
+                                         parse_problem_fields(text)])
+    message = str(info.value)
+    assert message.startswith(f"--problem {text}: not a problem the backward kernel takes: ")
+    assert words in message, message
+    assert isinstance(info.value, UsageError) and info.value.__cause__ is None
+    assert info.value.__suppress_context__
+    with pytest.raises(BenchConfigError, match="^--problem needs a non-empty list"):
+        build_grid(problems=[])
+    with pytest.raises(BenchConfigError, match="^--problem needs a non-empty list"):
+        build_grid(problems=parse_problem_fields(_GQA))
+
+
+def test_problem_option_through_configure_and_grid_from_args(capsys):
+    args = _args("--kernel", "backward", "--problem", _BOTTOM_RIGHT, "--problem", _GQA,
+                 "--quick", "--contenders", "torch-flash,tiledattention")
+    grid = bench_cmd.grid_from_args(args)
+    assert grid == build_grid("backward", problems=[parse_problem_fields(_BOTTOM_RIGHT),
+                                                    parse_problem_fields(_GQA)],
+                              contenders="tiledattention,torch-flash")
+    assert grid.problems[0].bottom_right and grid.problems[0].group_size == 4
+    assert bench_cmd.settings_from_args(args).interleave == 10  # --quick still applies
+    decode = bench_cmd.grid_from_args(_args("--kernel", "decode", "--problem", _DECODE))
+    assert [p.seqlen_k for p in decode.problems] == [8192]
+    assert bench_cmd.grid_from_args(_args("--problem", _GQA, "--no-matmul")).problems
+    assert _args().problem is None and bench_cmd.grid_from_args(_args()) == build_grid()
+    with pytest.raises(SystemExit) as info:  # bad FIELD=VALUE syntax: argparse's usage error
+        _args("--problem", "batch=1,heads_q")
+    assert info.value.code == 2
+    err = _squash(capsys.readouterr().err)
+    assert "usage:" in err and "--problem" in err and "expected FIELD=VALUE" in err
+    assert bench_cmd.run(_args("--problem", _GQA, "--seqlens", "1024")) == 2
+    err = _squash(capsys.readouterr().err)
+    assert "error: --seqlens cannot go with --problem" in err, err
+    assert bench_cmd.run(_args("--problem", _GQA.replace("head_dim=128", "head_dim=7"))) == 2
+    err = _squash(capsys.readouterr().err)
+    assert "error: --problem batch=1" in err and "head_dim=7" in err, err
+    assert "Traceback" not in err
 
 
 def test_environment_names_the_device_and_the_familys_versions(monkeypatch):

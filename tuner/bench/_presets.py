@@ -7,8 +7,9 @@ Two grid shapes serve the three families: a model layer's (``_layer``: ``B·S`` 
 fixed, ``B = tokens // S``, ``H = hidden // D``; forward and backward) and decode's (``_decode``: a
 union of groups, each a cross product of batch sizes, query lengths, key lengths and masks, at
 every head configuration, head dim and dtype; a problem in two groups is measured once).
-Everything here is pure (no GPU, no torch); a bad value raises :class:`BenchConfigError` naming
-the flag.
+``--problem`` (``build_grid(problems=...)``) replaces either shape with the problems named field
+by field, for any family. Everything here is pure (no GPU, no torch); a bad value raises
+:class:`BenchConfigError` naming the flag.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any, Callable, Mapping, Sequence
 
-from tiledattention import InputValueError, UnsupportedProblemError, get_family
+from tiledattention import (InputTypeError, InputValueError, UnsupportedProblemError,
+                            get_family)
 
 from ..errors import UsageError
 
@@ -208,6 +210,48 @@ def _decode(preset: "Preset", o: Mapping[str, Any], base: Mapping[str, Any]) -> 
     return list(seen)
 
 
+# -- problems named field by field (--problem) ----------------------------------------------------
+
+#: Options ``build_grid`` takes that shape no grid (they may go with ``--problem``).
+_NOT_GRID = ("no_matmul",)
+
+
+def _fields_text(data: Any) -> str:
+    """A ``--problem``'s fields as typed (``FIELD=VALUE,...``; booleans as yes/no)."""
+    if not isinstance(data, Mapping):
+        return repr(data)
+    words = {True: "yes", False: "no"}
+    return ",".join(f"{name}={words[value] if isinstance(value, bool) else value}"
+                    for name, value in data.items())
+
+
+def _refuse_grid_options(kernel: str, options: Mapping[str, Any]) -> None:
+    """``--problem`` replaces the grid: any grid option given with it is refused, naming it."""
+    for option, value in options.items():
+        if option not in _NOT_GRID and value not in (None, False):
+            flag = "--" + option.replace("_", "-")
+            raise BenchConfigError(f"{flag} cannot go with --problem: --problem replaces the "
+                                   f"{kernel} grid with the problems it names; drop {flag} or "
+                                   f"give its value in each --problem")
+
+
+def _given_problem(preset: "Preset", data: Any) -> Any:
+    """One ``--problem``'s fields as the family's problem type (what it refuses, named)."""
+    try:
+        return preset.family.problem_type.from_dict(data)
+    except (InputTypeError, InputValueError) as exc:
+        raise BenchConfigError(f"--problem {_fields_text(data)}: not a problem the "
+                               f"{preset.kernel} kernel takes: {exc}") from None
+
+
+def _given(preset: "Preset", problems: Sequence[Mapping[str, Any]]) -> list:
+    """The problems ``--problem`` names, in the order given, each once."""
+    if isinstance(problems, (str, Mapping)) or not problems:
+        raise BenchConfigError(f"--problem needs a non-empty list of problems, each a dict of "
+                               f"fields; got {problems!r}")
+    return list(dict.fromkeys(_given_problem(preset, data) for data in problems))
+
+
 # -- presets -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,17 +346,23 @@ def _owner(option: str) -> str:
 
 
 def build_grid(kernel: str = "forward", *, quick: bool = False,
-               contenders: str | Sequence[str] | None = None, **options: Any) -> Grid:
+               contenders: str | Sequence[str] | None = None,
+               problems: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> Grid:
     """Validate option values (strings as typed, or parsed sequences; ``None``: the preset's
     default) into the :class:`Grid` of ``kernel``'s preset. An option of another family's grid
-    is refused, naming it; every problem is built, so a bad combination is reported here."""
+    is refused, naming it; every problem is built, so a bad combination is reported here.
+    ``problems`` (``--problem``: dicts of the family's problem fields) replaces the grid: its
+    problems are exactly those, in order, each once, and no grid option may come with it."""
     preset = PRESETS[kernel]
+    if problems is not None:
+        _refuse_grid_options(kernel, options)
     for option, value in options.items():
         if option not in preset.options and value not in (None, False):
             flag = "--" + option.replace("_", "-")
             raise BenchConfigError(f"{flag} belongs to the {_owner(option)}; it does nothing "
                                    f"with --kernel {kernel}")
-    problems = tuple(preset.build(preset, options, preset.defaults[bool(quick)]))
+    points = tuple(preset.build(preset, options, preset.defaults[bool(quick)])
+                   if problems is None else _given(preset, problems))
     chosen = preset.contenders
     if contenders is not None and _text(contenders).strip().lower() != "all":
         items = _items("--contenders", _text(contenders))
@@ -321,4 +371,4 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
             raise BenchConfigError(f"--contenders: unknown contender {bad[0]!r} for --kernel "
                                    f"{kernel}; known: {', '.join(chosen)} (or 'all')")
         chosen = tuple(name for name in chosen if name in items)  # canonical order
-    return Grid(kernel, problems, chosen)
+    return Grid(kernel, points, chosen)

@@ -1,5 +1,6 @@
 """``tiledtune bench``: tiledattention against PyTorch's attention backends over a grid of a
-kernel family's problems (``--kernel``: forward, decode or backward; ``tuner.bench.PRESETS``).
+kernel family's problems (``--kernel``: forward, decode or backward; ``tuner.bench.PRESETS``),
+or over exactly the problems named with ``--problem FIELD=VALUE,...`` instead of the grid.
 
 At every point each of our contenders (the looked-up schedule, the family's default, for decode
 also the forward family's lookup) is first checked against the family case's float32 reference,
@@ -33,6 +34,7 @@ from ..bench import (PRESETS, QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, B
                      write_plots, write_run_info, write_summary)
 from .._source import source_commit
 from ..errors import USER_ERRORS, UnreadableFile
+from ._problems import parse_problem_fields
 from ._report import add_json_option, log_console, print_json, print_table, results_console
 
 __all__ = ["configure", "run", "KERNELS", "grid_from_args", "settings_from_args",
@@ -60,12 +62,20 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.description = (
         "Benchmark tiledattention against PyTorch's SDPA backends over a grid: --kernel "
         "forward (default) with fixed B·S (--tokens) and H·D (--hidden), --kernel decode over "
-        "decode shapes, --kernel backward over the forward's kind of grid; writes bench.csv, "
-        "run.json, summary.md and PNG plots into --out.")
+        "decode shapes, --kernel backward over the forward's kind of grid (--problem: exactly "
+        "the problems named instead); writes bench.csv, run.json, summary.md and PNG plots "
+        "into --out.")
     parser.add_argument("--kernel", type=_kernel, default="forward", metavar="NAME",
                         help="kernel family to benchmark: forward (default), decode or "
                              "backward")
     grid = parser.add_argument_group("grid (every kernel)")
+    grid.add_argument("--problem", type=parse_problem_fields, action="append", default=None,
+                      metavar="FIELD=VALUE,...",
+                      help="bench exactly this problem of --kernel's family, every field named "
+                           "(e.g. batch=1,heads_q=32,heads_kv=8,seqlen_q=4096,seqlen_k=4096,"
+                           "head_dim=128,dtype=bf16,causal=yes; bottom_right=yes aligns the "
+                           "causal mask bottom-right). Repeatable; replaces the preset's grid, "
+                           "so no other grid option goes with it")
     grid.add_argument("--head-dims", metavar="LIST",
                       help="head dims D (default forward and backward 64,128,256; decode 128)")
     grid.add_argument("--dtypes", metavar="LIST",
@@ -163,11 +173,13 @@ def _non_negative_int(flag: str, text: str | int) -> int:
 
 
 def grid_from_args(args: argparse.Namespace) -> Grid:
-    """The ``Grid`` of ``--kernel``'s preset that the options describe; an option of another
-    family's grid is refused, naming it."""
+    """The ``Grid`` of ``--kernel``'s preset that the options describe, or of the problems
+    ``--problem`` names; an option of another family's grid, or any grid option with
+    ``--problem``, is refused, naming it."""
     options = {name: getattr(args, name, None) for name in _GRID_OPTIONS}
     return build_grid(getattr(args, "kernel", "forward"), quick=bool(args.quick),
-                      contenders=args.contenders, **options)
+                      contenders=args.contenders, problems=getattr(args, "problem", None),
+                      **options)
 
 
 def _now() -> str:
