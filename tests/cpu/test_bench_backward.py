@@ -303,3 +303,17 @@ def test_backward_plots_are_small_pngs_for_the_whole_grid(tmp_path):
     assert [p.name for p in written] == ["backward_tflops.png"]
     assert messages == ["no backward_speedup.png: torch-flash and torch-cudnn and "
                         "tiledattention never both ran"]
+
+
+def test_backward_points_name_grouped_heads_and_unequal_lengths():
+    from tuner.bench._report import LAYOUTS
+    from tuner.bench._results import BenchResult
+
+    label = LAYOUTS["backward"].label
+    fields = dict(kernel="backward", phase="backward", contender="tiledattention",
+                  status="skipped", dtype="bf16", batch=2, heads=16, seqlen=3000, head_dim=128,
+                  causal=True)
+    gqa = BenchResult(**fields, heads_kv=4, seqlen_q=1000, bottom_right=True)
+    mha = BenchResult(**fields, heads_kv=16, seqlen_q=3000)
+    assert label(gqa) == "bf16 D128 causal-br S1000x3000 B2 H16/4"
+    assert label(mha) == "bf16 D128 causal S3000 B2 H16"

@@ -383,6 +383,16 @@ def _notes(doc: _Doc) -> None:
 
 # -- the layouts ---------------------------------------------------------------------------------
 
+def _lengths(r: BenchResult) -> str:
+    """``S``, or ``S_q x S_k`` where they differ."""
+    return str(r.seqlen) if r.seqlen_q in (None, r.seqlen) else f"{r.seqlen_q}x{r.seqlen}"
+
+
+def _heads(r: BenchResult) -> str:
+    """``H``, or ``H_q/H_kv`` for grouped heads."""
+    return str(r.heads) if r.heads_kv in (None, r.heads) else f"{r.heads}/{r.heads_kv}"
+
+
 _TORCH_MEANS = (("flash", ("torch-flash",)), ("cuDNN", ("torch-cudnn",)),
                 ("efficient", ("torch-efficient",)))
 LAYOUTS = {
@@ -417,8 +427,8 @@ LAYOUTS = {
         sections=(_header, _per_point, _copy_share, _means, _schedules, _notes)),
     "backward": Layout(
         title="tiledattention backward benchmark", tflops_digits=0, grouped_notes=True,
-        label=lambda r: f"{r.dtype} D{r.head_dim} {'causal' if r.causal else 'full'} "
-                        f"S{r.seqlen} B{r.batch} H{r.heads}",
+        label=lambda r: f"{r.dtype} D{r.head_dim} {r.mask} S{_lengths(r)} B{r.batch} "
+                        f"H{_heads(r)}",
         phases=(("backward", "bwd "), ("forward+backward", "fwd+bwd ")),
         intro="bwd: the backward pass alone (dQ, dK, dV from dO; the forward ran before, outside "
               "the timed region; torch: `torch.autograd.grad(out, (q, k, v), dO, "
