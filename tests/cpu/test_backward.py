@@ -254,3 +254,19 @@ def test_family_backward_hands_the_launch_scratch_of_the_schedules_shape(monkeyp
         assert plan.splits == splits
         assert {n: tuple(t.shape) for n, t in scratch.items()} == scratch_shapes(ODD, s)
         assert all(t.dtype == torch.float32 for t in scratch.values())
+
+
+def test_default_splits_keep_their_partials_within_the_scratch_cap():
+    """A 32k causal backward wants 8 splits for its long walks; the partials cap holds it to
+    what fits 256 MiB."""
+    import math
+
+    from tiledattention.backward._defaults import MAX_CAUSAL_WALK, MAX_SPLIT_SCRATCH
+
+    long = Problem(batch=1, heads_q=8, heads_kv=2, seqlen_q=32768, seqlen_k=32768,
+                   head_dim=128, dtype="bf16", causal=True)
+    s = BACKWARD.default_schedule("sm_90", long)
+    walk = 4 * 32768 // s.dkdv_tile_m
+    assert walk > MAX_CAUSAL_WALK * s.dkdv_splits  # the walk alone would split further
+    scratch = sum(math.prod(shape) * 4 for shape in scratch_shapes(long, s).values())
+    assert scratch <= MAX_SPLIT_SCRATCH < 2 * scratch

@@ -124,6 +124,9 @@ def test_decode_and_backward_schedules_name_every_field(family):
     assert schedule_type.from_dict(full) == schedule_type()
     for name in (f.name for f in dataclasses.fields(schedule_type)):
         data = {k: v for k, v in full.items() if k != name}
+        if name in schedule_type.ADDED_FIELDS:  # added later: missing reads as the old kernel
+            assert schedule_type.from_dict(data) == schedule_type()
+            continue
         with pytest.raises(ScheduleError, match=rf"lacks field\(s\) \['{name}'\]"):
             schedule_type.from_dict(data)
 
@@ -136,7 +139,7 @@ def test_every_shipped_row_names_every_field():
 
     table = Path(tiledattention.__file__).parent / "pretuned" / "sm_90.json"
     rows = list(db.load_rows_file(table, CODECS))
-    assert {r.family for r in rows} == {"forward", "decode", "backward"} and len(rows) >= 190
+    assert {r.family for r in rows} == {"forward", "decode", "backward"} and len(rows) >= 172
 
 
 def test_import_refuses_a_row_whose_schedule_lacks_tile_m(tmp_path):

@@ -8,7 +8,8 @@ from .._problem import Problem, padded_head_dim
 from ._launch import normalise
 from ._schedule import SPLITS, BackwardSchedule
 
-__all__ = ["default_backward_schedule", "dkdv_splits", "WAVES", "FILL", "MAX_CAUSAL_WALK"]
+__all__ = ["default_backward_schedule", "dkdv_splits", "WAVES", "FILL", "MAX_CAUSAL_WALK",
+           "MAX_SPLIT_SCRATCH"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
@@ -42,19 +43,26 @@ FILL = 0.9
 #: walks of a causal grid finish last. B1 H32/4 S8192 D128 causal (up to 8 x 128 steps a CTA)
 #: ran 1.13x faster with 2 splits and 1.19x with 4, though 2 filled the waves.
 MAX_CAUSAL_WALK = 256
+#: Most float32 scratch the default's split partials (dK and dV, ``splits`` of each) may take:
+#: a 32k-token causal backward would otherwise split 8 ways for its long walks and hold 0.5 GiB
+#: of partials where its gradients take 0.1 GiB.
+MAX_SPLIT_SCRATCH = 256 << 20
 
 
 def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
     """The fewest dK/dV splits (a power of two, at most 16) with which the dK/dV grid fills
     ``WAVES[causal]`` waves of the generation's largest part and, with a causal mask, no CTA
-    walks more than ``MAX_CAUSAL_WALK`` (query head, query tile) pairs."""
+    walks more than ``MAX_CAUSAL_WALK`` (query head, query tile) pairs; fewer where the
+    partials would take more than ``MAX_SPLIT_SCRATCH``."""
+    p = problem
     slots = SM_COUNTS[generation(arch)] * schedule.dkdv_occupancy
-    ctas = (-(-problem.seqlen_k // schedule.dkdv_tile_n) * problem.batch * problem.heads_kv)
-    walk = problem.group_size * -(-problem.seqlen_q // schedule.dkdv_tile_m)
-    want = FILL * WAVES[problem.causal] * slots
+    ctas = -(-p.seqlen_k // schedule.dkdv_tile_n) * p.batch * p.heads_kv
+    walk = p.group_size * -(-p.seqlen_q // schedule.dkdv_tile_m)
+    per_split = 2 * p.batch * p.heads_kv * p.seqlen_k * p.head_dim * 4  # dK and dV, float32
+    want = FILL * WAVES[p.causal] * slots
     splits = 1
-    while splits < SPLITS[-1] and (ctas * splits < want or (
-            problem.causal and walk > MAX_CAUSAL_WALK * splits)):
+    while (splits < SPLITS[-1] and 2 * splits * per_split <= MAX_SPLIT_SCRATCH
+           and (ctas * splits < want or (p.causal and walk > MAX_CAUSAL_WALK * splits))):
         splits *= 2
     return splits
 
