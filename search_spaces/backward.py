@@ -34,12 +34,13 @@ _FULL = {
     "kv_latency": (None, 2, 3, 4),
     "dkdv_splits": (1, 2, 4, 8, 16),
     "dq_heavy_first": (False, True),
+    "tile_major": (False, True),
 }
 # The dimensions the H100 probes behind the sm_90 defaults found to matter
 # (scripts/backward_probe.py at 6113995: each kernel's occupancy and worker warps, the dK/dV
 # kernel's query tile and Q/dO latency hint, the dQ kernel's query tile; issue 31's
 # scripts/backward_parallel_probe.py: the dK/dV splits), at values that include every default;
-# the key tiles stay at 64, as in every default. 1024 points (non-causal keys: 512).
+# the key tiles stay at 64, as in every default. 2048 points (non-causal keys: 512).
 _COMPACT = {
     "dkdv_tile_m": (64, 128),
     "dkdv_occupancy": (1, 2),
@@ -50,6 +51,7 @@ _COMPACT = {
     "dq_worker_warps": (None, 8),
     "dkdv_splits": (1, 2, 4, 8),
     "dq_heavy_first": (False, True),
+    "tile_major": (False, True),
 }
 SPACES = {"full": _FULL, "compact": _COMPACT}
 
@@ -96,13 +98,14 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Tiles no larger than ``problem`` needs: a tile past the next power of two of the
     sequence it tiles computes only padding, and ``normalise`` turns it into that cap anyway;
     when every candidate is past it, the cap itself is the one value left. Without a causal
-    mask the dQ work order is not searched; dK/dV splits stop at the walk's length."""
+    mask the work orders are not searched; dK/dV splits stop at the walk's length."""
     choices = dict(space.choices)
     for name, cap in tile_caps(problem).items():
         if name in choices:
             choices[name] = tuple(v for v in choices[name] if v <= cap) or (cap,)
-    if not problem.causal and "dq_heavy_first" in choices:
-        choices["dq_heavy_first"] = (False,)  # a work order only a causal mask has
+    for name in ("dq_heavy_first", "tile_major"):
+        if not problem.causal and name in choices:
+            choices[name] = (False,)  # work orders only a causal mask has
     if "dkdv_splits" in choices:
         # no more splits than the walk has (query head, query tile) pairs at the largest
         # query tile searched, so that every point is its own normal form
@@ -183,6 +186,8 @@ def model_ms(problem: Problem, schedule: BackwardSchedule) -> float:
     dq_s = 3 * half / (_RATE * dq_eff * _fill(dq_ctas))
     if problem.causal and s.dq_heavy_first:
         dq_s *= 0.97  # the short query tiles fill the launch's tail
+    if problem.causal and s.tile_major:
+        dkdv_s *= 0.98  # the longest dK/dV walks of every head start first
     launches = 2
     if s.dkdv_splits > 1:  # float32 partials of dK and dV written, read back, summed
         parts = 2 * s.dkdv_splits * problem.batch * problem.heads_kv * problem.seqlen_k * d * 4

@@ -270,3 +270,16 @@ def test_default_splits_keep_their_partials_within_the_scratch_cap():
     assert walk > MAX_CAUSAL_WALK * s.dkdv_splits  # the walk alone would split further
     scratch = sum(math.prod(shape) * 4 for shape in scratch_shapes(long, s).values())
     assert scratch <= MAX_SPLIT_SCRATCH < 2 * scratch
+
+
+def test_tile_major_grids_reach_both_kernels_and_put_the_tiles_last():
+    s = BackwardSchedule(dkdv_splits=4, tile_major=True)
+    plan = launches(ODD, s, 0.125)
+    assert plan.dkdv_grid == (2 * 2 * 4, -(-1000 // 64), 1)
+    assert plan.dq_grid == (2 * 8, -(-333 // 64), 1)
+    assert dkdv_constants(ODD, s)["TILE_MAJOR"] and dq_constants(ODD, s)["TILE_MAJOR"]
+    base = _digests(_build(ODD, BackwardSchedule(dkdv_splits=4)))
+    major = _digests(_build(ODD, s))
+    assert major[0] != base[0] and major[1] != base[1] and major[2] == base[2]  # sum unchanged
+    assert not normalise(PLAIN, BackwardSchedule(tile_major=True)).tile_major  # no causal mask
+    assert "tile-major" in s.describe()

@@ -177,3 +177,23 @@ def test_the_real_builds_carry_their_second_kernel(name):
     second = built.other_cubins[0]
     assert len(built.other_cubins) == (2 if getattr(schedule, "dkdv_splits", 1) > 1 else 1)
     assert second[:4] == b"\x7fELF" and text_digest(second) != text_digest(built.cubin)
+
+
+def test_jobs_leave_out_added_fields_at_their_default_for_older_code():
+    """Code older than a schedule field must read the schedule it tuned: fields added since the
+    format was written go to it only where they differ from their default."""
+    from pathlib import Path
+
+    import db
+    import tiledattention
+    from tiledattention.tooling import codecs
+    from tuner.transfer._restamp import _job
+
+    table = Path(tiledattention.__file__).parent / "pretuned" / "sm_90.json"
+    row = next(r for r in db.load_rows_file(table, codecs()) if r.family == "backward"
+               and r.schedule.dkdv_splits > 1)
+    _, _, schedule, _ = _job(row)
+    assert schedule["dkdv_splits"] == row.schedule.dkdv_splits  # not the default: kept
+    assert "tile_major" not in schedule and not row.schedule.tile_major
+    moved = dataclasses.replace(row, schedule=row.schedule.replace(tile_major=True))
+    assert _job(moved)[2]["tile_major"] is True

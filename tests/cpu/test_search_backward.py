@@ -35,8 +35,8 @@ def test_backward_space_is_registered_and_exported():
     assert search_spaces.BACKWARD_SPACE.model_ms is space_module.model_ms
     full = search_spaces.space_for("backward", "sm_90")
     compact = search_spaces.space_for("backward", "sm_90", "compact")
-    assert full.size == 3 * 4 * 2 * 2 * 4 * 3 * 3 * 4 * 2 * 4 * 5 * 2
-    assert compact.size == 1024 and set(compact.choices) < set(full.choices)
+    assert full.size == 3 * 4 * 2 * 2 * 4 * 3 * 3 * 4 * 2 * 4 * 5 * 2 * 2
+    assert compact.size == 2048 and set(compact.choices) < set(full.choices)
     assert isinstance(full.base, BackwardSchedule)
     with pytest.raises(InputValueError, match="space must be one of"):
         search_spaces.space_for("backward", "sm_90", "huge")
@@ -98,7 +98,7 @@ def test_restricted_caps_follow_each_sequence():
     gqa = search_spaces.BACKWARD_SPACE.restrict(
         search_spaces.space_for("backward", "sm_90", "compact"),
         _problem(heads_kv=4, seqlen_q=100, causal=True))  # group 4 x one 128-row tile
-    assert gqa.choices["dkdv_splits"] == (1, 2, 4) and gqa.choices["dq_heavy_first"] == (
+    assert gqa.choices["dkdv_splits"] == (1, 2, 4) and gqa.choices["tile_major"] == (
         False, True)
     big = search_spaces.space_for("backward", "sm_90")
     assert search_spaces.BACKWARD_SPACE.restrict(big, _problem(causal=True)).choices == \

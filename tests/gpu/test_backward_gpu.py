@@ -368,8 +368,9 @@ SPLIT_SHAPES = {  # (B, H_q, H_kv, S_q, S_k, D), causal, dtype
 @pytest.mark.parametrize("shape,causal,dtype", SPLIT_SHAPES.values(), ids=SPLIT_SHAPES.keys())
 def test_split_dkdv_walks_and_heavy_first_dq_match_the_reference(shape, causal, dtype, splits):
     """Every split count (walks shared unevenly: the pair counts are not multiples of it),
-    with the causal dQ order reversed, into NaN-poisoned gradient buffers and NaN-poisoned
-    partials: a partial a split leaves unwritten would reach dK or dV."""
+    with the causal dQ order reversed and, for 4 and 16 splits, tile-major grids, into
+    NaN-poisoned gradient buffers and NaN-poisoned partials: a partial a split leaves
+    unwritten would reach dK or dV."""
     from tiledattention import BACKWARD
     from tiledattention.backward._launch import launch, launches, scratch_shapes
 
@@ -378,7 +379,7 @@ def test_split_dkdv_walks_and_heavy_first_dq_match_the_reference(shape, causal, 
     out, lse = tiledattention.sdpa_with_lse(q, k, v, causal)
     problem, _ = problem_from_arrays(q, k, v, causal, None)
     schedule = BACKWARD.default_schedule("sm_90", problem).replace(
-        dkdv_splits=splits, dq_heavy_first=bool(causal))
+        dkdv_splits=splits, dq_heavy_first=bool(causal), tile_major=splits in (4, 16))
     plan = launches(problem, schedule, d ** -0.5)
     assert plan.splits > 1
     scratch = {name: torch.full(s, math.nan, device="cuda")

@@ -21,6 +21,11 @@ recomputes its tiles of ``P = 2^(s * scale * log2(e) - L)`` from Q, K and ``L``.
   in a fixed order: more CTAs where key tiles x K/V heads would leave SMs idle (multi-query
   heads, batch 1).
 
+With ``TILE_MAJOR`` both grids put the tile axis last (slowest): every (batch, head) CTA of
+the first tile launches before any of the second, so that with a causal mask the longest walks
+(the dK/dV kernel's first key tiles, the dQ kernel's last query tiles with ``HEAVY_FIRST``) all
+start in the first waves, not head by head.
+
 All of it is deterministic: no atomics, and partials added in a fixed order.
 
 Masking is the forward's: keys at or past ``S_k`` never count; with ``CAUSAL`` query row ``i``
@@ -99,11 +104,18 @@ def attention_bwd_dq(
     BOTTOM_RIGHT: ConstBool,
     KV_LATENCY: ConstInt,  # latency hint of the K/V loads (1..10; 0: the compiler's)
     HEAVY_FIRST: ConstBool,  # CTA 0 takes the last query tile
+    TILE_MAJOR: ConstBool,  # grid (batch x head, query tiles): a tile's CTAs of every head first
 ):
-    q_tile = ct.bid(0)
+    if TILE_MAJOR:
+        q_tile = ct.bid(1)
+        bh = ct.bid(0)
+        tiles = ct.num_blocks(1)
+    else:
+        q_tile = ct.bid(0)
+        bh = ct.bid(1)
+        tiles = ct.num_blocks(0)
     if HEAVY_FIRST:
-        q_tile = ct.num_blocks(0) - 1 - q_tile
-    bh = ct.bid(1)
+        q_tile = tiles - 1 - q_tile
     batch = bh // heads_q
     head = bh % heads_q
     kv_head = head // group
@@ -178,10 +190,16 @@ def attention_bwd_dkdv(
     BOTTOM_RIGHT: ConstBool,
     Q_LATENCY: ConstInt,  # latency hint of the Q/dO loads (1..10; 0: the compiler's)
     SPLITS: ConstInt,  # CTAs sharing one key tile's walk over (query head, query tile) pairs
+    TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
 ):
-    kv_tile = ct.bid(0)
-    bh = ct.bid(1)
-    split = ct.bid(2)
+    if TILE_MAJOR:
+        kv_tile = ct.bid(1)
+        bh = ct.bid(0) // SPLITS
+        split = ct.bid(0) % SPLITS
+    else:
+        kv_tile = ct.bid(0)
+        bh = ct.bid(1)
+        split = ct.bid(2)
     batch = bh // heads_kv
     kv_head = bh % heads_kv
     seqlen_q = Q.shape[2]

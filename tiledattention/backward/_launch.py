@@ -46,8 +46,8 @@ def _pow2_floor(n: int) -> int:
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` with tiles no larger than the problem needs (a query tile past the next
     power of two of ``S_q``, a key tile past ``S_k``'s, computes only padding), no more dK/dV
-    splits than a key tile has (query head, query tile) pairs, and no causal work order on a
-    problem without a causal mask. Idempotent."""
+    splits than a key tile has (query head, query tile) pairs, and no causal work order (dQ
+    heavy first, tile-major grids) on a problem without a causal mask. Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     changes: dict[str, Any] = {
@@ -59,8 +59,9 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     splits = min(schedule.dkdv_splits, _pow2_floor(pairs), SPLITS[-1])
     if splits != schedule.dkdv_splits:
         changes["dkdv_splits"] = splits
-    if schedule.dq_heavy_first and not problem.causal:
-        changes["dq_heavy_first"] = False
+    for name in ("dq_heavy_first", "tile_major"):
+        if getattr(schedule, name) and not problem.causal:
+            changes[name] = False
     return schedule.replace(**changes) if changes else schedule
 
 
@@ -70,7 +71,7 @@ def dq_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, Any]
     return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
-            "HEAVY_FIRST": s.dq_heavy_first}
+            "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major}
 
 
 def dkdv_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, Any]:
@@ -79,7 +80,7 @@ def dkdv_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, An
     return {"TILE_M": s.dkdv_tile_m, "TILE_N": s.dkdv_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
-            "SPLITS": s.dkdv_splits}
+            "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major}
 
 
 def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
@@ -132,14 +133,20 @@ class Launches(NamedTuple):
     stat_shape: tuple[int, int, int]
 
 
+def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, int, int]:
+    """(tiles, heads, splits), or tile-major (heads x splits, tiles, 1) (the kernels' bids)."""
+    return (heads * splits, tiles, 1) if tile_major else (tiles, heads, splits)
+
+
 def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Launches:
     """The kernel objects, grids and constants of ``normalise(problem, schedule)``."""
     s = normalise(problem, schedule)
     p = problem
     return Launches(
         splits=s.dkdv_splits,
-        dq_grid=(math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
-        dkdv_grid=(math.ceil(p.seqlen_k / s.dkdv_tile_n), p.batch * p.heads_kv, s.dkdv_splits),
+        dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
+        dkdv_grid=_grid(s.tile_major, math.ceil(p.seqlen_k / s.dkdv_tile_n),
+                        p.batch * p.heads_kv, s.dkdv_splits),
         sum_grid=(math.ceil(p.seqlen_k / SUM_TILE), p.batch * p.heads_kv, 1),
         dq=dq_kernel(s), dkdv=dkdv_kernel(s),
         dq_scalars=DQ_PARAMETERS.ordered(

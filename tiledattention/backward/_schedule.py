@@ -34,6 +34,8 @@ class BackwardSchedule(ScheduleValue):
         dq_tile_m: query rows per CTA; dq_tile_n: keys per step; dq_occupancy;
         dq_worker_warps; kv_latency: latency hint of its streamed K / V loads;
         dq_heavy_first (causal only): launch the query tiles that see the most keys first.
+    Both kernels: tile_major (causal only): order both grids tile by tile, every (batch,
+    head) CTA of one tile before the next tile's, so the longest causal walks start first.
     """
 
     dkdv_tile_n: int = 64
@@ -48,11 +50,12 @@ class BackwardSchedule(ScheduleValue):
     kv_latency: int | None = None
     dkdv_splits: int = 1
     dq_heavy_first: bool = False
+    tile_major: bool = False
 
     FORMAT = BACKWARD_SCHEDULE_FORMAT
     LABEL = "backward"
     #: added after format 1 was first written; their defaults are what the kernels did before
-    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first")
+    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first", "tile_major")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,9 +73,10 @@ class BackwardSchedule(ScheduleValue):
             if getattr(self, name) is not None:
                 self._check_int_range(name, getattr(self, name), 1, 10)
         self._check_choice("dkdv_splits", self.dkdv_splits, SPLITS)
-        if not isinstance(self.dq_heavy_first, bool):
-            raise ScheduleError(f"BackwardSchedule.dq_heavy_first must be a bool; got "
-                                f"{self.dq_heavy_first!r}")
+        for name in ("dq_heavy_first", "tile_major"):
+            if not isinstance(getattr(self, name), bool):
+                raise ScheduleError(f"BackwardSchedule.{name} must be a bool; got "
+                                    f"{getattr(self, name)!r}")
         return self
 
     def describe(self) -> str:
@@ -92,5 +96,6 @@ class BackwardSchedule(ScheduleValue):
             dkdv += f" split{self.dkdv_splits}"
         dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                   self.dq_worker_warps, self.kv_latency)
-        return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "")
+        return (f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "")
+                + (" | tile-major" if self.tile_major else ""))
 

@@ -90,7 +90,16 @@ class RestampResult:
 
 
 def _job(row: ScheduleRow) -> tuple:
-    return (row.family, row.problem.to_dict(), row.schedule.to_dict(), row.arch)
+    """What both codes compile for ``row``. The schedule leaves out the fields its type added
+    since its format was first written (``ADDED_FIELDS``) where they hold their default, the
+    value that means "what the kernel did before the field existed": code older than a field
+    reads the schedule it tuned, and code that has the field fills the same default in."""
+    schedule = row.schedule.to_dict()
+    defaults = {f.name: f.default for f in dataclasses.fields(row.schedule)}
+    for name in getattr(type(row.schedule), "ADDED_FIELDS", ()):
+        if name in schedule and schedule[name] == defaults.get(name):
+            del schedule[name]
+    return (row.family, row.problem.to_dict(), schedule, row.arch)
 
 
 def current_digest(job: tuple) -> str:
