@@ -52,9 +52,12 @@ def main() -> None:
     ap.add_argument("--timeout", default=None, help="per key, e.g. 20s (tiledtune's syntax)")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), action="append",
                     help="only these dtypes' keys (repeatable; default both)")
+    ap.add_argument("--causal", choices=("yes", "no"), help="only the causal (or the other) keys")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     chosen = keys(tuple(args.dtype or ("bf16", "fp16")))
+    if args.causal:
+        chosen = [k for k in chosen if k.endswith(f"causal={'true' if args.causal == 'yes' else 'false'}")]
     cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", "backward", "--device",
            "sm_90", "--space", "compact", "--trials", str(args.trials), "--db", args.db]
     if args.timeout:

@@ -332,15 +332,14 @@ def test_32k_backward_memory_is_o_s_d_and_runs_no_torch_attention_kernel():
         torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     row_stats = 2 * b * hq * (-(-s // 32) * 32) * 4  # lse + delta, float32, row-aligned
-    # the dK/dV split partials of the schedule the lookup gave, within the default's cap
+    # the dK/dV split partials of the schedule the lookup gave (none: this grid fills the GPU)
     from tiledattention import BACKWARD
-    from tiledattention.backward._defaults import MAX_SPLIT_SCRATCH
     from tiledattention.backward._launch import scratch_shapes
 
     problem, _ = problem_from_arrays(q, k, v, True, None)
     schedule = tiledattention.runtime().resolution(BACKWARD, problem, 0).schedule
     scratch = sum(math.prod(shape) * 4 for shape in scratch_shapes(problem, schedule).values())
-    assert scratch <= MAX_SPLIT_SCRATCH
+    assert scratch <= 128 << 20
     # out, the gradients, the two row statistics, one copy of a grad_out, the partials, 64 MiB
     bound = nbytes(out, q, k, v) + nbytes(grad_out) + row_stats + scratch + (64 << 20)
     assert extra <= bound, f"extra peak {extra / 2**20:.0f} MiB > {bound / 2**20:.0f} MiB"
