@@ -8,7 +8,7 @@ from .._problem import Problem, padded_head_dim
 from ._launch import normalise
 from ._schedule import SPLITS, BackwardSchedule
 
-__all__ = ["default_backward_schedule", "dkdv_splits", "WAVES", "FILL"]
+__all__ = ["default_backward_schedule", "dkdv_splits", "WAVES", "FILL", "TILE_MAJOR_WAVES"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
@@ -39,6 +39,12 @@ _OTHER = {d: s.replace(dkdv_occupancy=1, dq_occupancy=1) for d, s in _HOPPER.ite
 WAVES = {False: 1, True: 2}
 #: A grid within this share of its waves counts as filling them.
 FILL = 0.9
+#: Most waves a causal dK/dV grid (split) may have for the default to launch tile-major. With
+#: few waves the longest walks finishing last leave SMs idle and tile-major pays (1.02-1.25x on
+#: eleven causal shapes of 1.9-5.7 waves, H100, issue 31); with many, CTAs of many heads run
+#: side by side and lose the L2's reuse of one head's Q and dO (B1 H8 S16384: 7.8 waves,
+#: 0.95x; B16 H16 S1024 D64: 15.5 waves, 0.72x).
+TILE_MAJOR_WAVES = 6
 def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
     """The fewest dK/dV splits (a power of two, at most 16) with which the dK/dV grid fills
     ``WAVES[causal]`` waves of the generation's largest part. Splitting only grids short of
@@ -57,11 +63,14 @@ def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
     """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``), its
     dK/dV walk split over enough CTAs to fill the GPU (``dkdv_splits``), and with a causal
     mask the longest walks first: the dQ kernel's last query tiles (H100 probe 2 of issue 31:
-    0-3% faster on six causal training shapes, never slower) and both grids tile-major (probe
-    3: 1.03-1.17x on the six causal shapes, never slower); tiles capped at what the problem
+    0-3% faster on six causal training shapes, never slower) and, where the dK/dV grid is at
+    most ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what the problem
     needs (``normalise``)."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
     base = normalise(problem, table[max(64, padded_head_dim(problem.head_dim))])
-    return normalise(problem, base.replace(dkdv_splits=dkdv_splits(arch, problem, base),
-                                           dq_heavy_first=problem.causal,
-                                           tile_major=problem.causal))
+    splits = dkdv_splits(arch, problem, base)
+    waves = (-(-problem.seqlen_k // base.dkdv_tile_n) * problem.batch * problem.heads_kv
+             * splits / (SM_COUNTS[generation(arch)] * base.dkdv_occupancy))
+    return normalise(problem, base.replace(
+        dkdv_splits=splits, dq_heavy_first=problem.causal,
+        tile_major=problem.causal and waves <= TILE_MAJOR_WAVES))
