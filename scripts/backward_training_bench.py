@@ -3,6 +3,7 @@ torch's cuDNN, flash and efficient backends pinned, on training shapes that are 
 tuning grid (``scripts/tune_backward_shipped.py``) nor in the tests.
 
     python scripts/backward_training_bench.py --out DIR [--rounds 15] [--only N]
+    python scripts/backward_training_bench.py --out DIR --from-csv DIR/training.csv   # no GPU
 
 Every contender runs through autograd on the same tensors: ``tiledattention.sdpa`` (the lookup's
 schedules) and ``torch.nn.functional.scaled_dot_product_attention`` under ``sdpa_kernel`` with
@@ -11,8 +12,9 @@ reported, not averaged). bwd: ``torch.autograd.grad(out, (q, k, v), dO, retain_g
 kept graph; fwd+bwd: the forward and that backward. Timed interleaved (``time_interleaved``: the
 contenders take turns, L2 flushed before each sample), median of ``--rounds``. Before timing,
 each shape checks our gradients against cuDNN's (else flash's) by relative L2 error (at most
-2e-2) and that three backward runs give bitwise-identical gradients. Writes ``DIR/training.csv``
-and ``DIR/training.md`` (per-shape table, geometric means) and prints the table last.
+2e-2) and that three backward runs give bitwise-identical gradients. Writes ``DIR/training.csv``,
+``DIR/training.md`` (per-shape table, geometric means) and ``DIR/training.png`` and prints the
+table last; ``--from-csv FILE`` re-renders the table and plot of a recorded run without a GPU.
 """
 
 from __future__ import annotations
@@ -162,13 +164,59 @@ def table(records: list[dict]) -> list[str]:
     return lines
 
 
+def plot(records: list[dict], path: Path) -> None:
+    """Bars: the backward's speed over cuDNN's and flash's per shape (a small palette PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    at = {(r["point"], r["contender"]): float(r["ms"]) for r in records
+          if r.get("phase") == "bwd" and r["status"] == "ok"}
+    points = list(dict.fromkeys(r["point"] for r in records))
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    for i, (name, color) in enumerate((("torch-cudnn", "#4c72b0"), ("torch-flash", "#dd8452"))):
+        ys = [at[(p, name)] / at[(p, OURS)] if (p, name) in at else 0 for p in points]
+        ax.barh([j + 0.4 * i for j in range(len(points))], ys, height=0.4, color=color,
+                label=f"÷ {name} (> 1: tiledattention faster)")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([j + 0.2 for j in range(len(points))], points, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("backward time of torch's backend / tiledattention's", fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    Image.open(path).convert("RGB").convert("P", palette=Image.ADAPTIVE, colors=16).save(path)
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for key in ("ms", "tflops", "rel_l2"):
+            if r.get(key):
+                r[key] = float(r[key])
+        r["bitwise"] = r.get("bitwise") == "True"
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--only", type=int, default=None)
+    parser.add_argument("--from-csv", type=Path, default=None,
+                        help="no GPU: re-render DIR/<stem>.md and .png from this CSV")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.from_csv is not None:
+        records = _read_csv(args.from_csv)
+        stem = args.from_csv.stem
+        (args.out / f"{stem}.md").write_text("\n".join(table(records)) + "\n")
+        plot(records, args.out / f"{stem}.png")
+        return 0
     records: list[dict] = []
     for shape in SHAPES[:args.only]:
         records += measure(shape, args.rounds)
@@ -181,6 +229,10 @@ def main() -> int:
             writer.writerows(records)
     lines = table(records)
     (args.out / "training.md").write_text("\n".join(lines) + "\n")
+    try:
+        plot(records, args.out / "training.png")
+    except ImportError as exc:  # no plot without matplotlib / PIL
+        print(f"no plot: {exc}")
     print("\n".join(lines))
     return 0
 
