@@ -304,3 +304,14 @@ def test_tile_major_grids_reach_both_kernels_and_put_the_tiles_last():
     assert major[0] != base[0] and major[1] != base[1] and major[2] == base[2]  # sum unchanged
     assert not normalise(PLAIN, BackwardSchedule(tile_major=True)).tile_major  # no causal mask
     assert "tile-major" in s.describe()
+
+
+def test_tile_major_gives_way_where_the_tiles_exceed_the_grids_second_dimension():
+    from tiledattention.backward._launch import GRID_Y_LIMIT
+
+    s = BackwardSchedule(tile_major=True, dkdv_tile_n=16, dq_tile_m=16)
+    fits = dataclasses.replace(ODD, seqlen_q=16 * GRID_Y_LIMIT, seqlen_k=16 * GRID_Y_LIMIT,
+                               heads_q=1, heads_kv=1, batch=1, head_dim=32)
+    past = dataclasses.replace(fits, seqlen_k=16 * GRID_Y_LIMIT + 1)
+    assert normalise(fits, s).tile_major and not normalise(past, s).tile_major
+    assert launches(fits, s, 0.1).dkdv_grid[1] == GRID_Y_LIMIT  # the tiles, on the second

@@ -37,6 +37,8 @@ SUM_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_sum"), ("Parts", "Gra
 
 #: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step)
 SUM_TILE = 64
+#: CUDA's limit on a grid's second dimension, where tile-major grids put the tiles
+GRID_Y_LIMIT = 65535
 
 
 def _pow2_floor(n: int) -> int:
@@ -46,8 +48,9 @@ def _pow2_floor(n: int) -> int:
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` with tiles no larger than the problem needs (a query tile past the next
     power of two of ``S_q``, a key tile past ``S_k``'s, computes only padding), no more dK/dV
-    splits than a key tile has (query head, query tile) pairs, and no causal work order (dQ
-    heavy first, tile-major grids) on a problem without a causal mask. Idempotent."""
+    splits than a key tile has (query head, query tile) pairs, no causal work order (dQ heavy
+    first, tile-major grids) on a problem without a causal mask, and no tile-major grid with
+    more tiles than a grid's second dimension takes. Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     changes: dict[str, Any] = {
@@ -62,6 +65,10 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     for name in ("dq_heavy_first", "tile_major"):
         if getattr(schedule, name) and not problem.causal:
             changes[name] = False
+    if schedule.tile_major and max(math.ceil(problem.seqlen_q / min(schedule.dq_tile_m, q_cap)),
+                                   math.ceil(problem.seqlen_k / min(schedule.dkdv_tile_n, k_cap))
+                                   ) > GRID_Y_LIMIT:
+        changes["tile_major"] = False  # the tiles would not fit the grid's second dimension
     return schedule.replace(**changes) if changes else schedule
 
 
