@@ -315,3 +315,12 @@ def test_tile_major_gives_way_where_the_tiles_exceed_the_grids_second_dimension(
     past = dataclasses.replace(fits, seqlen_k=16 * GRID_Y_LIMIT + 1)
     assert normalise(fits, s).tile_major and not normalise(past, s).tile_major
     assert launches(fits, s, 0.1).dkdv_grid[1] == GRID_Y_LIMIT  # the tiles, on the second
+
+
+def test_splits_give_way_where_the_partials_would_pass_int32_indexing():
+    from tiledattention._problem import INDEX_LIMIT
+
+    big = Problem(batch=1, heads_q=64, heads_kv=64, seqlen_q=65536, seqlen_k=65536,
+                  head_dim=128, dtype="bf16", causal=False)  # K: 2**29 elements
+    s = normalise(big, BackwardSchedule(dkdv_splits=16))
+    assert s.dkdv_splits == 2 and 2 * 64 * 65536 * 128 <= INDEX_LIMIT < 4 * 64 * 65536 * 128

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .._lazy import lazy_module
 from .._signature import KernelParameters
-from .._problem import Problem, padded_head_dim, row_stat_shape
+from .._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_shape
 from ._schedule import SPLITS, BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -48,7 +48,8 @@ def _pow2_floor(n: int) -> int:
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` with tiles no larger than the problem needs (a query tile past the next
     power of two of ``S_q``, a key tile past ``S_k``'s, computes only padding), no more dK/dV
-    splits than a key tile has (query head, query tile) pairs, no causal work order (dQ heavy
+    splits than a key tile has (query head, query tile) pairs or than keep the float32
+    partials indexable with int32, no causal work order (dQ heavy
     first, tile-major grids) on a problem without a causal mask, and no tile-major grid with
     more tiles than a grid's second dimension takes. Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
@@ -60,6 +61,10 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     tile_m = min(schedule.dkdv_tile_m, q_cap)
     pairs = problem.group_size * math.ceil(problem.seqlen_q / tile_m)
     splits = min(schedule.dkdv_splits, _pow2_floor(pairs), SPLITS[-1])
+    kv_elements = (problem.batch * problem.heads_kv * problem.seqlen_k
+                   * padded_head_dim(problem.head_dim))
+    while splits > 1 and splits * kv_elements > INDEX_LIMIT:  # the partials index with int32
+        splits //= 2
     if splits != schedule.dkdv_splits:
         changes["dkdv_splits"] = splits
     for name in ("dq_heavy_first", "tile_major"):
