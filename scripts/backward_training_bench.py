@@ -90,7 +90,9 @@ def measure(shape: tuple, rounds: int) -> list[dict]:
     b, hq, hkv, sq, sk, d, mask, dtype = shape
     problem = problem_of(shape)
     gen = torch.Generator(device="cuda").manual_seed(sq + 7 * hkv + d)
-    make = lambda *s: torch.randn(*s, device="cuda", dtype=DTYPES[dtype], generator=gen)  # noqa: E731
+    def make(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=DTYPES[dtype], generator=gen)
+
     q, k, v = (make(b, h, s, d).requires_grad_() for h, s in ((hq, sq), (hkv, sk), (hkv, sk)))
     grad_out = make(b, hq, sq, d)
     leaves = (q, k, v)

@@ -8,7 +8,8 @@ from .._problem import Problem, padded_head_dim
 from ._launch import normalise
 from ._schedule import SPLITS, BackwardSchedule
 
-__all__ = ["default_backward_schedule", "dkdv_splits", "WAVES", "FILL", "TILE_MAJOR_WAVES"]
+__all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
+           "TILE_MAJOR_WAVES"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
@@ -32,10 +33,10 @@ _OTHER = {d: s.replace(dkdv_occupancy=1, dq_occupancy=1) for d, s in _HOPPER.ite
 #: walk is split: one without a mask (every CTA does the same work), two with one (causal
 #: walks differ in length). From the H100 probes of issue 31 (scripts/backward_parallel_probe.py;
 #: docs/benchmarks/backward/training.md): the multi-query B1 H8/1 S6144 D128 causal backward ran
-#: 2.5x faster with 8 splits and tile-major grids (96 CTAs -> 768), B4 H8/1 S2048 D96 full 1.41x
-#: with 2; with tile-major grids, splitting a causal grid that fills two waves cost 5-15%
-#: (B1 H32/8 S4096, B2 H32/8 S2048 D64, B1 H32/4 S8192), as did splitting a full grid (MHA
-#: S8192 full, D256 at one CTA per SM).
+#: 2.5x faster with 8 splits and tile-major grids (96 CTAs -> 768; probes 1 and 3), B4 H8/1
+#: S2048 D96 full 1.41x with 2; with tile-major grids, splitting a causal grid that fills two
+#: waves cost 5-15% (B1 H32/8 S4096, B2 H32/8 S2048 D64, B1 H32/4 S8192), as did splitting a
+#: full grid (MHA S8192 full, D256 at one CTA per SM).
 WAVES = {False: 1, True: 2}
 #: A grid within this share of its waves counts as filling them.
 FILL = 0.9
@@ -45,16 +46,23 @@ FILL = 0.9
 #: side by side and lose the L2's reuse of one head's Q and dO (B1 H8 S16384: 7.8 waves,
 #: 0.95x; B16 H16 S1024 D64: 15.5 waves, 0.72x).
 TILE_MAJOR_WAVES = 6
+
+
+def waves(arch: str, problem: Problem, schedule: BackwardSchedule, splits: int) -> float:
+    """The dK/dV grid's CTAs (key tiles x batch x K/V heads x ``splits``) over one wave of the
+    generation's largest part (its SMs x the dK/dV kernel's occupancy)."""
+    ctas = -(-problem.seqlen_k // schedule.dkdv_tile_n) * problem.batch * problem.heads_kv
+    return ctas * splits / (SM_COUNTS[generation(arch)] * schedule.dkdv_occupancy)
+
+
 def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
     """The fewest dK/dV splits (a power of two, at most 16) with which the dK/dV grid fills
-    ``WAVES[causal]`` waves of the generation's largest part. Splitting only grids short of
-    their waves bounds the partials: fewer than ``2 * want`` CTAs' key tiles of float32 dK
-    and dV (at most 0.1 GiB at D = 256 on the largest part)."""
-    slots = SM_COUNTS[generation(arch)] * schedule.dkdv_occupancy
-    ctas = -(-problem.seqlen_k // schedule.dkdv_tile_n) * problem.batch * problem.heads_kv
-    want = FILL * WAVES[problem.causal] * slots
+    ``WAVES[causal]`` waves (``FILL`` of them counts). Splitting only grids short of their
+    waves bounds the partials: fewer than two waves' key tiles of float32 dK and dV (at most
+    0.1 GiB at D = 256 on the largest part)."""
     splits = 1
-    while splits < SPLITS[-1] and ctas * splits < want:
+    while (splits < SPLITS[-1]
+           and waves(arch, problem, schedule, splits) < FILL * WAVES[problem.causal]):
         splits *= 2
     return splits
 
@@ -69,8 +77,6 @@ def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
     base = normalise(problem, table[max(64, padded_head_dim(problem.head_dim))])
     splits = dkdv_splits(arch, problem, base)
-    waves = (-(-problem.seqlen_k // base.dkdv_tile_n) * problem.batch * problem.heads_kv
-             * splits / (SM_COUNTS[generation(arch)] * base.dkdv_occupancy))
     return normalise(problem, base.replace(
         dkdv_splits=splits, dq_heavy_first=problem.causal,
-        tile_major=problem.causal and waves <= TILE_MAJOR_WAVES))
+        tile_major=problem.causal and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))
