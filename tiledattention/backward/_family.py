@@ -160,5 +160,4 @@ class BackwardFamily(Family):
                allocate_scratch(problem, schedule, q.device))
 
 
-
 BACKWARD = register_family(BackwardFamily())
