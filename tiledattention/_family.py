@@ -42,6 +42,12 @@ class Case(abc.ABC):
         return {}
 
 
+def _log2_apart(a: Any, b: Any, names: tuple[str, ...]) -> float:
+    """|log2 prod(a.names) - log2 prod(b.names)|: how far two problems are on one term."""
+    return abs(math.log2(math.prod(getattr(a, n) for n in names))
+               - math.log2(math.prod(getattr(b, n) for n in names)))
+
+
 class Family(abc.ABC):
     """A kernel template and everything the tuner and the runtime need to use it.
 
@@ -119,11 +125,7 @@ class Family(abc.ABC):
 
     def distance(self, a: Any, b: Any) -> float:
         """How far apart two comparable problems are (0: the same on every term)."""
-        total = 0.0
-        for names, weight in self.distance_terms:
-            total += weight * abs(math.log2(math.prod(getattr(a, n) for n in names))
-                                  - math.log2(math.prod(getattr(b, n) for n in names)))
-        return total
+        return sum(weight * _log2_apart(a, b, names) for names, weight in self.distance_terms)
 
     def padding_efficiency(self, problem: Any, schedule: Any) -> float:
         """The share of the work ``schedule``'s tiles do on ``problem`` that is not padding (1:
@@ -149,8 +151,7 @@ class Family(abc.ABC):
             return (f"it ran {gain:.3f}x the default on its own key (a row transfers from "
                     f"{self.transfer_margin:g}x)")
         for names, max_log2 in self.transfer_limits:
-            apart = abs(math.log2(math.prod(getattr(stored, n) for n in names))
-                        - math.log2(math.prod(getattr(problem, n) for n in names)))
+            apart = _log2_apart(stored, problem, names)
             if apart > max_log2 + 1e-9:
                 return (f"its {'*'.join(names)} is {2 ** apart:.3g}x apart (at most "
                         f"{2 ** max_log2:g}x transfers)")

@@ -75,6 +75,13 @@ class ScheduleValue:
             raise ScheduleError(f"{type(self).__name__}.{name} must be in {lo}..{hi}; got "
                                 f"{value}")
 
+    def _check_bools(self) -> None:
+        """Every field annotated ``bool`` holds a bool (not 0/1 or a string)."""
+        for f in dataclasses.fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ScheduleError(f"{type(self).__name__}.{f.name} must be a bool; got "
+                                    f"{getattr(self, f.name)!r}")
+
     def _check_choice(self, name: str, value: Any, choices: tuple) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value not in choices:
             raise ScheduleError(f"{type(self).__name__}.{name} must be one of {list(choices)}; "

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._schedule_value import ScheduleValue
-from ..errors import ScheduleError
 
 __all__ = ["BackwardSchedule", "BACKWARD_SCHEDULE_FORMAT", "TILES", "SPLITS"]
 
@@ -73,10 +72,7 @@ class BackwardSchedule(ScheduleValue):
             if getattr(self, name) is not None:
                 self._check_int_range(name, getattr(self, name), 1, 10)
         self._check_choice("dkdv_splits", self.dkdv_splits, SPLITS)
-        for name in ("dq_heavy_first", "tile_major"):
-            if not isinstance(getattr(self, name), bool):
-                raise ScheduleError(f"BackwardSchedule.{name} must be a bool; got "
-                                    f"{getattr(self, name)!r}")
+        self._check_bools()
         return self
 
     def describe(self) -> str:

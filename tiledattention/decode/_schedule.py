@@ -6,7 +6,7 @@ versioned dict (``to_dict`` / ``from_dict``) like the forward family's ``Schedul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from .._schedule_value import ScheduleValue
 from ..errors import ScheduleError
@@ -74,10 +74,7 @@ class DecodeSchedule(ScheduleValue):
             value = getattr(self, name)
             if value is not None:
                 self._check_int_range(name, value, 1, 10)
-        for f in fields(self):
-            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
-                raise ScheduleError(f"DecodeSchedule.{f.name} must be a bool; got "
-                                    f"{getattr(self, f.name)!r}")
+        self._check_bools()
         return self
 
     def describe(self) -> str:
