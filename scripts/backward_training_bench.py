@@ -31,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention
 from tiledattention import BACKWARD, Problem
+from tuner.bench import PlotsUnavailable, new_figure, save_png
 from tuner.measure import time_interleaved
 
 #: (B, H_q, H_kv, S_q, S_k, D, mask: "full" | "causal" | "br" (bottom-right), dtype)
@@ -168,16 +169,11 @@ def table(records: list[dict]) -> list[str]:
 
 def plot(records: list[dict], path: Path) -> None:
     """Bars: the backward's speed over cuDNN's and flash's per shape (a small palette PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from PIL import Image
-
     at = {(r["point"], r["contender"]): float(r["ms"]) for r in records
           if r.get("phase") == "bwd" and r["status"] == "ok"}
     points = list(dict.fromkeys(r["point"] for r in records))
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
+    fig = new_figure(figsize=(7, 4.4), layout="constrained")
+    ax = fig.subplots()
     for i, (name, color) in enumerate((("torch-cudnn", "#4c72b0"), ("torch-flash", "#dd8452"))):
         ys = [at[(p, name)] / at[(p, OURS)] if (p, name) in at else 0 for p in points]
         ax.barh([j + 0.4 * i for j in range(len(points))], ys, height=0.4, color=color,
@@ -186,11 +182,8 @@ def plot(records: list[dict], path: Path) -> None:
     ax.set_yticks([j + 0.2 for j in range(len(points))], points, fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("backward time of torch's backend / tiledattention's", fontsize=8)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    Image.open(path).convert("RGB").convert("P", palette=Image.ADAPTIVE, colors=16).save(path)
+    fig.legend(fontsize=7, loc="outside lower center", ncol=2)
+    save_png(fig, path, palette=True)
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -233,7 +226,7 @@ def main() -> int:
     (args.out / "training.md").write_text("\n".join(lines) + "\n")
     try:
         plot(records, args.out / "training.png")
-    except ImportError as exc:  # no plot without matplotlib / PIL
+    except PlotsUnavailable as exc:
         print(f"no plot: {exc}")
     print("\n".join(lines))
     return 0

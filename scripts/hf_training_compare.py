@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 import tiledattention.integrations as ti
+from tuner.bench import PlotsUnavailable, new_figure, save_png
 
 WARMUP = 10
 LR = 1e-4  # a fine-tuning rate: at 1e-3 AdamW on a random model amplifies rounding chaotically
@@ -65,6 +66,18 @@ def train(transformers, cfg: dict, weights: dict, data: torch.Tensor, steps: int
     del model, optimizer
     torch.cuda.empty_cache()
     return [x.item() for x in losses], (steps - WARMUP) * batch * data.shape[1] / seconds
+
+
+def plot_losses(losses: dict[str, list[float]], path: Path) -> None:
+    """The per-step loss of each run (a small palette PNG)."""
+    fig = new_figure(figsize=(6, 3.2), layout="tight")
+    ax = fig.subplots()
+    for name, values in losses.items():
+        ax.plot(values, label=name, linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=7)
+    save_png(fig, path, palette=True)
 
 
 def main() -> int:
@@ -120,23 +133,8 @@ def main() -> int:
         lines.append(f"| {a} vs {b} | {rms:.2e} | {top:.2e} |")
     (args.out / "hf_training.md").write_text("\n".join(lines) + "\n")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from PIL import Image
-
-        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-        for n in names:
-            ax.plot(runs[n][0], label=n, linewidth=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        png = args.out / "hf_losses.png"
-        fig.savefig(png)
-        Image.open(png).convert("RGB").convert("P", palette=Image.ADAPTIVE, colors=32).save(png)
-    except ImportError as exc:  # no plot without matplotlib / PIL
+        plot_losses({n: runs[n][0] for n in names}, args.out / "hf_losses.png")
+    except PlotsUnavailable as exc:
         print(f"no plot: {exc}")
     print("\n".join(lines))
     return 0

@@ -754,3 +754,20 @@ def test_committed_studies_rerender_unchanged(study, tmp_path):
     again = (tmp_path / "summary.md").read_text().splitlines()
     assert [line for line in again if not line.startswith(("- command:", "- date:"))] == \
         [line for line in committed.splitlines() if not line.startswith(("- command:", "- date:"))]
+
+
+def test_save_png_writes_a_palette_png_when_asked(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from tuner.bench import new_figure, save_png
+
+    def figure():
+        fig = new_figure(figsize=(4, 3))
+        fig.subplots().plot([1, 3, 2, 5], label="a line")
+        return fig
+
+    full = save_png(figure(), tmp_path / "full.png")
+    small = save_png(figure(), tmp_path / "small.png", palette=True)
+    assert Image.open(full).mode == "RGBA" and Image.open(small).mode == "P"
+    assert small.stat().st_size < full.stat().st_size

@@ -26,7 +26,8 @@ from tiledattention.decode import (DISPATCH_RULES, DispatchRule, bucket_problem,
 from tiledattention._signature import KernelParameters
 from tiledattention.decode import _compile as decode_compile
 from tiledattention.decode import layout
-from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT, SM_COUNTS
+from tiledattention._compile import SM_COUNTS
+from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT
 from tiledattention.decode._kernel import decode_combine
 from tiledattention.decode._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS,
                                            combine_constants, combine_kernel, launches,

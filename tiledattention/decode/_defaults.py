@@ -8,7 +8,7 @@ from .._problem import Problem
 from ._launch import layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
-__all__ = ["default_decode_schedule", "SM_COUNTS"]
+__all__ = ["default_decode_schedule", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of

@@ -7,7 +7,7 @@ timed through the family's GPU case), ``_results`` (rows, CSV, run information),
 from ._engine import (QUICK_TIMING, TIMING_DEFAULTS, BenchSettings, copy_gbps, environment,
                       gpu_clocks, matmul_tflops, measure_point, problem_bytes, result_fields,
                       run_grid)
-from ._plots import MAX_PNG_BYTES, PLOTS, Plot, PlotsUnavailable, write_plots
+from ._plots import MAX_PNG_BYTES, PLOTS, Plot, PlotsUnavailable, new_figure, save_png, write_plots
 from ._presets import (PRESETS, BenchConfigError, Grid, Preset, build_grid,
                        parse_positive_float, parse_positive_int)
 from ._report import (LAYOUTS, Layout, contenders_of, geomean, kernel_of, render_markdown,
@@ -23,8 +23,8 @@ __all__ = [
     "CSV_COLUMNS", "Grid", "LAYOUTS", "Layout", "MATMUL_SIZE", "MAX_PNG_BYTES", "PLOTS",
     "PRESETS", "Plot", "PlotsUnavailable", "Preset", "QUICK_TIMING", "RunInfo", "STATUSES",
     "TIMING_DEFAULTS", "build_grid", "contenders_of", "copy_gbps", "environment", "geomean",
-    "gpu_clocks", "kernel_of", "load_results", "matmul_tflops", "measure_point",
+    "gpu_clocks", "kernel_of", "load_results", "matmul_tflops", "measure_point", "new_figure",
     "parse_positive_float", "parse_positive_int", "problem_bytes", "render_markdown",
-    "result_fields", "rich_tables", "run_grid", "speedup", "write_csv", "write_plots",
+    "result_fields", "rich_tables", "run_grid", "save_png", "speedup", "write_csv", "write_plots",
     "write_run_info", "write_summary",
 ]

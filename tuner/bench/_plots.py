@@ -22,7 +22,8 @@ from ..errors import TunerError, TunerValueError
 from ._report import contenders_of, kernel_of, speedup
 from ._results import BenchResult
 
-__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "write_plots"]
+__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "new_figure", "save_png",
+           "write_plots"]
 
 MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
@@ -71,22 +72,39 @@ def _figure_class():
     return Figure
 
 
-def _save_small(fig, path: Path, max_bytes: int) -> None:
-    """Save ``fig`` at the highest of ``_PLOT_DPIS`` that stays under ``max_bytes``."""
+def new_figure(**kwargs):
+    """A matplotlib ``Figure(**kwargs)`` (no pyplot state); :class:`PlotsUnavailable` without
+    matplotlib."""
+    return _figure_class()(**kwargs)
+
+
+def save_png(fig, path: str | os.PathLike, max_bytes: int = MAX_PNG_BYTES, *,
+             palette: bool = False) -> Path:
+    """Save ``fig`` at the highest of ``_PLOT_DPIS`` that stays under ``max_bytes`` (written
+    atomically); ``palette``: as a 64-colour palette PNG (a fraction of the size, for plots
+    kept in the repository)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    path = Path(path)
     FigureCanvasAgg(fig)
     data = b""
     for dpi in _PLOT_DPIS:
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=dpi)
         data = buffer.getvalue()
+        if palette:
+            from PIL import Image  # matplotlib's own dependency
+
+            buffer = io.BytesIO()
+            Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=64).save(buffer, "PNG")
+            data = buffer.getvalue()
         if len(data) <= max_bytes:
             break
     if len(data) > max_bytes:
         raise TunerValueError(f"{path.name} is {len(data) // 1024} KiB even at dpi "
                               f"{_PLOT_DPIS[-1]}; the limit is {max_bytes // 1024} KiB")
     write_bytes_atomic(path, data)
+    return path
 
 
 def _series(plot: Plot, rows: Sequence[BenchResult], names: list[str], copy: float | None):
@@ -172,6 +190,6 @@ def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
             if not lines:
                 messages.append(f"{name} has no measured point")
             path = Path(out_dir) / name
-            _save_small(_draw(Figure, plot, rows, lines, ylabel), path, max_bytes)
+            save_png(_draw(Figure, plot, rows, lines, ylabel), path, max_bytes)
             written.append(path)
     return written, messages
