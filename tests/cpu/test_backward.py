@@ -184,8 +184,9 @@ def test_split_launches_and_scratch():
     assert plan.sum_grid == (-(-1000 // SUM_TILE), 2 * 2, 1)
     assert plan.sum_scalars == SUM_PARAMETERS.constant_values(sum_constants(ODD, 4))
     assert dkdv_constants(ODD, s)["SPLITS"] == 4 and dq_constants(ODD, s)["HEAVY_FIRST"]
-    assert scratch_shapes(ODD, s) == {"dk_parts": (8, 2, 1000, 96),
-                                      "dv_parts": (8, 2, 1000, 96)}
+    assert scratch_shapes(ODD, s) == plan.scratch == {"dk_parts": (8, 2, 1000, 96),
+                                                      "dv_parts": (8, 2, 1000, 96)}
+    assert launches(ODD, s, 0.125) is plan  # built once per (problem, schedule, scale)
 
 
 def test_default_splits_fill_the_waves_of_the_generation():

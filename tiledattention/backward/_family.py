@@ -12,7 +12,7 @@ from .._reference import attention_reference
 from .._problem import Problem, default_scale
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule
-from ._launch import launch, launches, normalise, row_stat_shape, scratch_shapes
+from ._launch import Launches, launch, launches, normalise, row_stat_shape
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -34,13 +34,13 @@ def relative_errors(grads: tuple[Any, ...], reference: tuple[Any, ...]) -> tuple
                  for g, r in zip(grads, reference))
 
 
-def allocate_scratch(problem: Problem, schedule: BackwardSchedule, device: Any) -> dict[str, Any]:
-    """The float32 buffers (torch, on ``device``) a launch of ``schedule`` needs besides the
-    gradients (``scratch_shapes``): none without dK/dV splits."""
+def allocate_scratch(plan: Launches, device: Any) -> dict[str, Any]:
+    """The float32 buffers (torch, on ``device``) a launch of ``plan`` needs besides the
+    gradients (``plan.scratch``): none without dK/dV splits."""
     import torch
 
     return {name: torch.empty(shape, dtype=torch.float32, device=device)
-            for name, shape in scratch_shapes(problem, schedule).items()}
+            for name, shape in plan.scratch.items()}
 
 
 class BackwardCase(AttentionCase):
@@ -77,7 +77,7 @@ class BackwardCase(AttentionCase):
         import torch
 
         plan = launches(self.problem, schedule, self.scale)
-        scratch = allocate_scratch(self.problem, schedule, self.q.device)
+        scratch = allocate_scratch(plan, self.q.device)
 
         def run() -> None:
             launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out,
@@ -157,7 +157,7 @@ class BackwardFamily(Family):
                  v, out, grad_out, lse, delta, grads) -> None:
         plan = launches(problem, schedule, scale)
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
-               allocate_scratch(problem, schedule, q.device))
+               allocate_scratch(plan, q.device))
 
 
 BACKWARD = register_family(BackwardFamily())

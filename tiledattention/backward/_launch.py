@@ -143,6 +143,7 @@ class Launches(NamedTuple):
     dkdv_scalars: tuple  # the arguments after the arrays: qk_scale, heads_kv, group, constants
     sum_scalars: tuple  # the sum kernel's constants
     stat_shape: tuple[int, int, int]
+    scratch: dict[str, tuple[int, ...]]  # the float32 buffers launch needs (scratch_shapes)
 
 
 def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, int, int]:
@@ -150,8 +151,10 @@ def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, i
     return (heads * splits, tiles, 1) if tile_major else (tiles, heads, splits)
 
 
+@functools.lru_cache(maxsize=256)
 def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Launches:
-    """The kernel objects, grids and constants of ``normalise(problem, schedule)``."""
+    """The kernel objects, grids, constants and scratch shapes of ``normalise(problem,
+    schedule)``. Cached: a training loop asks for the same few problems every step."""
     s = normalise(problem, schedule)
     p = problem
     return Launches(
@@ -170,7 +173,7 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
              "dK": None, "dV": None, "qk_scale": float(scale), "heads_kv": p.heads_kv,
              "group": p.group_size}, dkdv_constants(p, s))[8:],
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
-        stat_shape=row_stat_shape(p))
+        stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s))
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
@@ -178,7 +181,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
            scratch: dict[str, Any] | None = None) -> None:
     """Enqueue the plan's kernels on ``stream``. ``lse`` and ``delta`` are ``[B, H_q, S_q]``
     float32 views (``delta`` is written here); ``dq, dk, dv`` are preallocated like ``q, k,
-    v``; ``scratch`` holds the float32 buffers of :func:`scratch_shapes` by name."""
+    v``; ``scratch`` holds the float32 buffers of ``plan.scratch`` by name."""
     ct.launch(stream, plan.dq_grid, plan.dq,
               (q, k, v, out, grad_out, lse, delta, dq, *plan.dq_scalars))
     if plan.splits == 1:
