@@ -57,7 +57,8 @@ def main() -> None:
     args = ap.parse_args()
     chosen = keys(tuple(args.dtype or ("bf16", "fp16")))
     if args.causal:
-        chosen = [k for k in chosen if k.endswith(f"causal={'true' if args.causal == 'yes' else 'false'}")]
+        wanted = f"causal={'true' if args.causal == 'yes' else 'false'}"
+        chosen = [k for k in chosen if k.endswith(wanted)]
     cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", "backward", "--device",
            "sm_90", "--space", "compact", "--trials", str(args.trials), "--db", args.db]
     if args.timeout:

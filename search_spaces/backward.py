@@ -107,11 +107,13 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         if not problem.causal and name in choices:
             choices[name] = (False,)  # work orders only a causal mask has
     if "dkdv_splits" in choices:
-        # no more splits than the walk has (query head, query tile) pairs at the largest
-        # query tile searched, so that every point is its own normal form
-        tile_m = max(choices.get("dkdv_tile_m", (space.base.dkdv_tile_m,)))
-        pairs = problem.group_size * math.ceil(problem.seqlen_q / tile_m)
-        choices["dkdv_splits"] = tuple(v for v in choices["dkdv_splits"] if v <= pairs) or (1,)
+        # the split counts normalise keeps at the largest query tile searched, so that every
+        # point is its own normal form
+        widest = space.base.replace(
+            dkdv_tile_m=max(choices.get("dkdv_tile_m", (space.base.dkdv_tile_m,))))
+        choices["dkdv_splits"] = tuple(
+            v for v in choices["dkdv_splits"]
+            if BACKWARD.normalise(problem, widest.replace(dkdv_splits=v)).dkdv_splits == v)
     return SearchSpace(space.arch, choices, space.base, space.infeasibility)
 
 
