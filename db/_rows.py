@@ -193,8 +193,11 @@ class FamilyCodec:
         return self.terms_of(problem.to_dict())
 
     def bucket_of(self, data: Mapping[str, Any]) -> str:
-        """:meth:`bucket_text` of the problem whose ``to_dict()`` is ``data``."""
-        bucket: dict[str, Any] = {name: data[name] for name in self.bucket_fields}
+        """:meth:`bucket_text` of the problem whose ``to_dict()`` is ``data``. A bucket field
+        missing from ``data`` (an optional field at its default, which ``to_dict`` leaves out)
+        is left out of the bucket too, so buckets of problems stored before it existed hold."""
+        bucket: dict[str, Any] = {name: data[name] for name in self.bucket_fields
+                                  if name in data}
         for num, den in self.match_ratios:
             common = math.gcd(data[num], data[den]) or 1
             bucket[f"{num}/{den}"] = f"{data[num] // common}/{data[den] // common}"

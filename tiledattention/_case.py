@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from ._family import Case
-from ._reference import attention_reference
+from ._reference import attention_reference, visible_keys
 
 __all__ = ["AttentionCase", "torch_sdpa_kwargs"]
 
@@ -16,10 +16,17 @@ def torch_sdpa_kwargs(problem: Any) -> dict[str, Any]:
     """``F.scaled_dot_product_attention`` keywords for ``problem``'s mask and heads:
     ``is_causal`` (top-left), or for bottom-right alignment ``attn_mask=causal_lower_right(S_q,
     S_k)`` (a mask object: build it once, outside any timing; torch runs it on its flash and
-    efficient backends only), and ``enable_gqa=True`` when H_q != H_kv (left out otherwise:
+    efficient backends only), for a window the materialised boolean mask (what transformers
+    passes; the efficient and math backends take it), and ``enable_gqa=True`` when H_q != H_kv (left out otherwise:
     torch < 2.5 has no such argument)."""
     kwargs: dict[str, Any] = {}
-    if problem.bottom_right:
+    if problem.softcap > 0 or problem.sinks:
+        raise ValueError(f"torch's SDPA has no softcap or sinks: {problem.describe()}")
+    if problem.windowed:  # what transformers does for a sliding window: a materialised mask
+        import torch
+
+        kwargs["attn_mask"] = visible_keys(problem, torch.device("cuda"))
+    elif problem.bottom_right:
         from torch.nn.attention.bias import causal_lower_right
 
         kwargs["attn_mask"] = causal_lower_right(problem.seqlen_q, problem.seqlen_k)
@@ -50,7 +57,11 @@ class AttentionCase(Case):
         self.q = rand(problem.heads_q, problem.seqlen_q)
         self.k = rand(problem.heads_kv, problem.seqlen_k)
         self.v = rand(problem.heads_kv, problem.seqlen_k)
-        self.reference = attention_reference(self.q, self.k, self.v, problem)
+        # sink logits of the size of the scores' row maxima, so they weigh in the softmax
+        self.sinks = (torch.randn(problem.heads_q, device="cuda", generator=gen) + 2.0
+                      if problem.sinks else None)
+        self.reference = attention_reference(self.q, self.k, self.v, problem,
+                                             sinks=self.sinks)
         self.out = torch.empty_like(self.q)
 
     def error(self, run: Callable[[], None]) -> float:
@@ -62,11 +73,15 @@ class AttentionCase(Case):
         return (diff / torch.linalg.vector_norm(self.reference)).item()
 
     def baselines(self) -> Mapping[str, Callable[[], Any]]:
-        """torch's cuDNN and flash backends (what the tuner stores beside each row)."""
+        """torch's cuDNN and flash backends (what the tuner stores beside each row); for a
+        window, torch's SDPA with the materialised mask on its efficient backend (what
+        transformers does); none for a softcap or sinks (torch's SDPA has neither)."""
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         q, k, v = self.q, self.k, self.v
+        if self.problem.softcap > 0 or self.problem.sinks:
+            return {}
         kwargs = torch_sdpa_kwargs(self.problem)
 
         def backend(which: SDPBackend) -> Callable[[], Any]:
@@ -75,5 +90,7 @@ class AttentionCase(Case):
                     return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
             return run
 
+        if self.problem.windowed:
+            return {"torch-efficient-mask": backend(SDPBackend.EFFICIENT_ATTENTION)}
         return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
                 "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}

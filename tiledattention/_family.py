@@ -96,8 +96,12 @@ class Family(abc.ABC):
         return module_identity(*self.template_modules)
 
     def codec(self) -> db.FamilyCodec:
+        # a problem's variant fields (a window, a softcap, sinks: its own computation) join the
+        # bucket when set, so a row answers only for problems of the same variant
+        bucket = tuple(self.bucket_fields) + tuple(getattr(self.problem_type, "VARIANT_FIELDS",
+                                                           ()))
         return db.FamilyCodec(self.name, self.problem_type.from_dict,
-                              self.schedule_type.from_dict, tuple(self.bucket_fields),
+                              self.schedule_type.from_dict, bucket,
                               tuple(self.match_ratios), tuple(self.distance_terms))
 
     # -- schedules ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 
@@ -82,11 +82,24 @@ class Problem:
 
     ``causal`` masks query row ``i`` to keys ``0..i`` (top-left alignment); with
     ``bottom_right`` as well, to keys ``0..i + S_k - S_q`` (the queries are the last ``S_q``
-    positions). A problem is kept in one canonical form: bottom-right with ``S_q == S_k`` is
-    top-left, and with ``S_q == 1`` it masks nothing (``causal=False``), so the database never
-    holds two keys for one computation. ``bottom_right`` is left out of ``to_dict`` when false:
-    keys stored before it existed stay valid.
+    positions). A sliding window ``(window_left, window_right)`` (torch's and FlashAttention's
+    convention, ``-1`` unbounded) keeps keys ``i + off - window_left .. i + off + window_right``
+    with the same alignment offset ``off`` (:attr:`causal_offset`); it composes with ``causal``.
+    ``softcap > 0`` caps the scaled scores at ``softcap * tanh(s / softcap)``; ``sinks`` says
+    the call passes per-query-head sink logits that join each row's softmax denominator.
+
+    A problem is kept in one canonical form, so the database never holds two keys for one
+    computation: bottom-right with ``S_q == S_k`` is top-left, and with ``S_q == 1`` and no
+    window it masks nothing (``causal=False``); a window side that binds no key is ``-1``; with
+    ``causal`` the right side is ``-1`` (the causal mask binds it at least as tightly), and a
+    right side of 0 without ``causal`` is ``causal``. Fields at their defaults are left out of
+    ``to_dict``: keys stored before they existed stay valid.
     """
+
+    #: Fields that make a problem a variant of plain attention: exact parts of every family's
+    #: lookup bucket when set (``Family.codec``).
+    VARIANT_FIELDS: ClassVar[tuple[str, ...]] = ("window_left", "window_right", "softcap",
+                                                 "sinks")
 
     batch: int
     heads_q: int
@@ -97,6 +110,10 @@ class Problem:
     dtype: str
     causal: bool
     bottom_right: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in _DIMS:
@@ -115,13 +132,11 @@ class Problem:
         if not isinstance(self.bottom_right, bool):
             raise UnsupportedProblemError(f"bottom_right must be a bool; got "
                                           f"{self.bottom_right!r}")
-        if self.bottom_right and not self.causal:
-            raise UnsupportedProblemError("bottom_right=True needs causal=True (it aligns the "
-                                          "causal mask)")
-        if self.bottom_right and self.seqlen_q in (1, self.seqlen_k):
-            # canonical form: the same mask as top-left (S_q == S_k) or as no mask (S_q == 1)
-            object.__setattr__(self, "bottom_right", False)
-            object.__setattr__(self, "causal", self.seqlen_q != 1)
+        _check_variants(self)
+        if self.bottom_right and not (self.causal or self.windowed):
+            raise UnsupportedProblemError("bottom_right=True needs causal=True or a window (it "
+                                          "aligns the causal mask and the window)")
+        _canonical_mask(self)
         if self.heads_q % self.heads_kv:
             raise UnsupportedProblemError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})"
@@ -131,6 +146,34 @@ class Problem:
                 f"head_dim must be a multiple of 8 in 32..256; got {self.head_dim}"
             )
         _check_index_range(self)
+
+    @property
+    def windowed(self) -> bool:
+        """Whether a sliding window bounds either side of each row's keys."""
+        return self.window_left >= 0 or self.window_right >= 0
+
+    @property
+    def variant(self) -> bool:
+        """Whether anything beyond plain (causal) attention applies: a window, a softcap or
+        sinks."""
+        return self.windowed or self.softcap > 0 or self.sinks
+
+    def key_span(self, first_row: int, last_row: int) -> tuple[int, int]:
+        """The keys ``[lo, hi)`` any query row in ``first_row..last_row`` (inclusive, clamped
+        to the rows that exist) may see under the causal mask and the window; ``lo >= hi``
+        when none."""
+        first_row = max(0, min(first_row, self.seqlen_q - 1))
+        last_row = max(0, min(last_row, self.seqlen_q - 1))
+        off = self.causal_offset
+        hi = self.seqlen_k
+        if self.causal:
+            hi = min(hi, last_row + off + 1)
+        elif self.window_right >= 0:
+            hi = min(hi, last_row + off + self.window_right + 1)
+        lo = 0
+        if self.window_left >= 0:
+            lo = max(0, first_row + off - self.window_left)
+        return min(lo, self.seqlen_k), max(hi, 0)
 
     @property
     def group_size(self) -> int:
@@ -144,45 +187,48 @@ class Problem:
 
     @property
     def attended_pairs(self) -> int:
-        """Number of (query, key) pairs attended per head."""
-        sq, sk = self.seqlen_q, self.seqlen_k
-        if not self.causal:
-            return sq * sk
-        # row i sees min(i + 1 + offset, sk) keys, at least none
-        offset = self.causal_offset
-        first = max(0, -offset)  # rows before this see no key
-        full = max(0, min(sq, sk - offset) - first)  # rows i >= first with i + 1 + offset <= sk
-        # rows first .. first+full-1 see offset+first+1 .. offset+first+full keys; the rest sk
-        start = offset + first + 1
-        return full * (2 * start + full - 1) // 2 + (sq - first - full) * sk
+        """Number of (query, key) pairs attended per head (the causal mask and the window
+        applied)."""
+        sq, sk, off = self.seqlen_q, self.seqlen_k, self.causal_offset
+        # row i sees keys max(i + off - left, 0) .. min(i + off + right, sk - 1)
+        right = 0 if self.causal else (self.window_right if self.window_right >= 0 else sq + sk)
+        left = self.window_left if self.window_left >= 0 else sq + sk
+        # rows that see a key: i + off + right >= 0 and i + off - left <= sk - 1
+        first = max(0, -off - right)
+        last = min(sq - 1, sk - 1 - off + left)
+        if last < first:
+            return 0
+        return (_sum_clamped(first, last, off + right, 0, sk - 1)
+                - _sum_clamped(first, last, off - left, 0, sk - 1) + (last - first + 1))
 
     @property
     def causal_offset(self) -> int:
-        """Query row ``i`` sees keys ``0..i + causal_offset`` when causal: 0 top-left,
-        ``S_k - S_q`` bottom-right."""
+        """The alignment of the causal mask and the window: query row ``i`` sees keys ``0..i +
+        causal_offset`` when causal; 0 top-left, ``S_k - S_q`` bottom-right."""
         return self.seqlen_k - self.seqlen_q if self.bottom_right else 0
 
     def as_tuple(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain dict (the database and the row files store this);
-        ``bottom_right`` only when true."""
+        """The fields as a plain dict (the database and the row files store this); the optional
+        fields (``bottom_right``, the window, ``softcap``, ``sinks``) only when set."""
         data = {name: getattr(self, name) for name in _field_names(type(self))}
-        if not self.bottom_right:
-            del data["bottom_right"]
+        for name, default in _OPTIONAL.items():
+            if data[name] == default:
+                del data[name]
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Problem":
-        """Inverse of :meth:`to_dict`; every field but ``bottom_right`` is required, none may
+        """Inverse of :meth:`to_dict`; every field but the optional ones is required, none may
         be unknown."""
         if not isinstance(data, Mapping):
             raise UnsupportedProblemError(f"a problem must be a mapping; got "
                                           f"{type(data).__name__}")
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
-        missing = [name for name in names if name not in data and name != "bottom_right"]
+        missing = [name for name in names if name not in data and name not in _OPTIONAL]
         if unknown or missing:
             raise UnsupportedProblemError(f"expected fields {names}; unknown {unknown}, "
                                           f"missing {missing}")
@@ -191,9 +237,78 @@ class Problem:
     def describe(self) -> str:
         kv = f"/{self.heads_kv}" if self.heads_kv != self.heads_q else ""
         sk = f"x{self.seqlen_k}" if self.seqlen_k != self.seqlen_q else ""
-        mask = ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
+        mask = "causal" if self.causal else ("" if self.windowed else "full")
+        if self.windowed:
+            mask += ("-" if mask else "") + f"win({self.window_left},{self.window_right})"
+        if self.bottom_right:
+            mask += "-br"
+        if self.softcap > 0:
+            mask += f" cap{self.softcap:g}"
+        if self.sinks:
+            mask += " sinks"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
+
+
+#: The fields ``to_dict`` leaves out at these values (keys stored before they existed).
+_OPTIONAL = {"bottom_right": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
+             "sinks": False}
+
+
+def _check_variants(p: Problem) -> None:
+    for name in ("window_left", "window_right"):
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            raise UnsupportedProblemError(f"{name} must be an int >= -1 (-1: unbounded); got "
+                                          f"{_shown(value)}")
+    cap = p.softcap
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) \
+            or cap < 0:
+        raise UnsupportedProblemError(f"softcap must be a finite float >= 0 (0: none); got "
+                                      f"{cap!r}")
+    object.__setattr__(p, "softcap", float(cap))
+    if not isinstance(p.sinks, bool):
+        raise UnsupportedProblemError(f"sinks must be a bool; got {p.sinks!r}")
+
+
+def _canonical_mask(p: Problem) -> None:
+    """Bring the causal flag, the alignment and the window to their canonical form (the class
+    docstring says which)."""
+    def put(name: str, value: Any) -> None:
+        object.__setattr__(p, name, value)
+
+    if p.causal and p.window_right >= 0:
+        put("window_right", -1)  # the causal mask binds at least as tightly
+    elif not p.causal and p.window_right == 0:
+        put("causal", True)
+        put("window_right", -1)
+    off = p.causal_offset
+    # the left side binds iff the last row's first key lies past key 0; the right side iff the
+    # first row's last key lies before the last key
+    if p.window_left >= 0 and p.window_left >= p.seqlen_q - 1 + off:
+        put("window_left", -1)
+    if p.window_right >= 0 and p.window_right >= p.seqlen_k - 1 - off:
+        put("window_right", -1)
+    if p.bottom_right and p.seqlen_q == 1 and p.causal:
+        put("causal", False)  # the one row is the last position: it sees every key
+    if p.bottom_right and (p.seqlen_q == p.seqlen_k or not (p.causal or p.windowed)):
+        put("bottom_right", False)  # the same mask as top-left, or no mask at all
+
+
+def _sum_clamped(first: int, last: int, shift: int, lo: int, hi: int) -> int:
+    """``sum(min(max(i + shift, lo), hi) for i in first..last)`` in O(1) (``lo <= hi``)."""
+    def ramp(a: int, b: int) -> int:  # sum of i + shift over a..b
+        return 0 if b < a else (b - a + 1) * (a + b + 2 * shift) // 2
+
+    below_end = min(last, lo - shift)  # rows clamped up to lo: i + shift <= lo
+    above_start = max(first, hi - shift)  # rows clamped down to hi: i + shift >= hi
+    total = 0
+    if below_end >= first:
+        total += (below_end - first + 1) * lo
+    if above_start <= last:
+        total += (last - above_start + 1) * hi
+    total += ramp(max(first, below_end + 1), min(last, above_start - 1))
+    return total
 
 
 @functools.cache

@@ -1,34 +1,91 @@
 """The float32 reference every family's GPU case compares with: attention by definition, with
-the mask of the problem's alignment, so rows that see no key (bottom-right alignment with
-``S_q > S_k``) come out as zeros instead of torch's NaN."""
+the problem's mask (causal in either alignment, a sliding window), softcap and sinks applied
+explicitly, so rows that see no key come out as zeros instead of torch's NaN."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["attention_reference"]
+__all__ = ["attention_reference", "visible_keys"]
+
+#: Score elements one chunk of the explicit reference holds at most (float32: 1 GiB).
+_CHUNK_ELEMENTS = 1 << 28
 
 
-def attention_reference(q: Any, k: Any, v: Any, problem: Any, scale: float | None = None) -> Any:
+def visible_keys(problem: Any, device: Any, first_row: int = 0, rows: int | None = None) -> Any:
+    """The boolean ``[rows, S_k]`` mask of the keys query rows ``first_row ..`` see: key ``j``
+    of row ``i`` iff ``(not causal or j <= i + off)`` and ``j >= i + off - window_left`` and
+    ``j <= i + off + window_right`` (an unbounded side, ``-1``, binds nothing), with ``off``
+    the problem's alignment offset."""
+    import torch
+
+    rows = problem.seqlen_q - first_row if rows is None else rows
+    off = problem.causal_offset
+    i = torch.arange(first_row, first_row + rows, device=device)[:, None] + off
+    j = torch.arange(problem.seqlen_k, device=device)[None, :]
+    keep = torch.ones(rows, problem.seqlen_k, dtype=torch.bool, device=device)
+    if problem.causal:
+        keep &= j <= i
+    if problem.window_left >= 0:
+        keep &= j >= i - problem.window_left
+    if problem.window_right >= 0:
+        keep &= j <= i + problem.window_right
+    return keep
+
+
+def attention_reference(q: Any, k: Any, v: Any, problem: Any, scale: float | None = None,
+                        sinks: Any = None) -> Any:
     """``problem``'s attention of torch tensors ``q [B, H_q, S_q, D]``, ``k, v [B, H_kv, S_k,
-    D]`` in float32 (GQA heads repeated). Top-left causal is torch's ``is_causal``; bottom-right
-    builds its mask explicitly (row ``i`` keeps keys ``j <= i + causal_offset``) and sets rows
-    that keep no key (``S_q > S_k``) to zeros, where torch's SDPA would give NaN. torch's SDPA
-    never materialises the score matrix here, so long sequences fit."""
+    D]`` in float32 (GQA heads repeated); ``sinks``: the ``[H_q]`` sink logits when
+    ``problem.sinks``. Plain problems go through torch's SDPA (top-left causal as
+    ``is_causal``; bottom-right with its mask built here), which never materialises the score
+    matrix, so long sequences fit; variants (a window, a softcap, sinks) compute the scores
+    explicitly in chunks of query rows. Differentiable (autograd through it gives reference
+    gradients, the sinks' included)."""
     import torch
 
     group = problem.heads_q // problem.heads_kv
     q32 = q.float()
     k32 = k.float().repeat_interleave(group, 1)
     v32 = v.float().repeat_interleave(group, 1)
+    if problem.variant:
+        return _explicit(q32, k32, v32, problem, scale, sinks)
     if not problem.bottom_right:  # no mask, or top-left: torch's is_causal, no mask tensor
         return torch.nn.functional.scaled_dot_product_attention(
             q32, k32, v32, is_causal=problem.causal, scale=scale)
-    rows = torch.arange(problem.seqlen_q, device=q.device)[:, None]
-    keys = torch.arange(problem.seqlen_k, device=q.device)[None, :]
-    keep = keys <= rows + problem.causal_offset  # [S_q, S_k]
+    keep = visible_keys(problem, q.device)  # [S_q, S_k]
     sees_a_key = keep.any(dim=1)  # [S_q]
     keep[~sees_a_key, 0] = True  # any key: the row's result is replaced by zeros below
     out = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, attn_mask=keep,
                                                            scale=scale)
     return out.masked_fill(~sees_a_key[:, None], 0.0)
+
+
+def _explicit(q32: Any, k32: Any, v32: Any, problem: Any, scale: float | None,
+              sinks: Any) -> Any:
+    import torch
+
+    if problem.sinks and sinks is None:
+        raise ValueError("the problem has sinks: pass the [H_q] sink logits")
+    scale = problem.head_dim ** -0.5 if scale is None else scale
+    b, h, sq, _ = q32.shape
+    step = max(1, _CHUNK_ELEMENTS // max(1, b * h * problem.seqlen_k))
+    outs = []
+    for first in range(0, sq, step):
+        rows = min(step, sq - first)
+        s = q32[:, :, first:first + rows] @ k32.transpose(-1, -2) * scale  # [B, H, rows, S_k]
+        if problem.softcap > 0:
+            s = problem.softcap * torch.tanh(s / problem.softcap)
+        s = s.masked_fill(~visible_keys(problem, q32.device, first, rows), float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        if problem.sinks:
+            sink = sinks.float().view(1, h, 1, 1).expand(b, h, rows, 1)
+            m = torch.maximum(m, sink)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+        p = torch.exp(s - m)  # masked keys: exactly 0
+        denom = p.sum(dim=-1, keepdim=True)
+        if problem.sinks:
+            denom = denom + torch.exp(sink - m)
+        out = (p @ v32) / torch.where(denom > 0, denom, torch.ones_like(denom))
+        outs.append(out)  # a row with no key and no sink: p = 0, so out = 0
+    return torch.cat(outs, dim=2)
