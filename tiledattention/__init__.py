@@ -96,8 +96,9 @@ def use_database(location: str | None) -> None:
 
 
 def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None = None, *,
-         schedule: Schedule | DecodeSchedule | None = None, out: Any = None,
-         keep_scratch: bool = True) -> Any:
+         window: tuple[int, int] | None = None, softcap: float | None = None,
+         sinks: Any = None, schedule: Schedule | DecodeSchedule | None = None,
+         out: Any = None, keep_scratch: bool = True) -> Any:
     """Scaled dot-product attention forward, ``[B, H, S, D]`` in and out.
 
     q: ``[B, H_q, S_q, D]``; k, v: ``[B, H_kv, S_k, D]`` with ``H_q % H_kv == 0`` (grouped-query
@@ -110,6 +111,17 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     ``i`` sees keys ``0..i + S_k - S_q`` (torch's ``causal_lower_right``; for chunked prefill
     and speculative decoding). With ``S_q > S_k`` bottom-right, the first ``S_q - S_k`` rows
     see no key and are returned as zeros.
+
+    Variants (every family: prefill, decode and training): ``window=(left, right)``, a sliding
+    window in torch's and FlashAttention's convention (``-1``: unbounded; row ``i`` sees keys
+    ``i + off - left .. i + off + right``, ``off`` the alignment of ``causal``: 0, or ``S_k -
+    S_q`` for ``"bottom_right"``); it composes with ``causal`` (Mistral's and Gemma's local
+    layers are ``causal=True, window=(W - 1, 0)``). Key tiles outside every row's window are
+    never read, so the work scales with the window. ``softcap=c`` caps the scaled scores at
+    ``c * tanh(s / c)`` before the softmax (Gemma 2). ``sinks``: per-query-head sink logits
+    ``[H_q]`` (float32, bf16 or fp16, on q's device) that join each row's softmax denominator
+    as a key with no value (GPT-OSS); differentiable when they require grad. A row that sees
+    no key gives zeros.
 
     The kernel family follows the shape (:func:`choose_family`: the split-KV decode kernels for
     few query rows, the prefill forward otherwise); ``schedule`` overrides the lookup and, by its
@@ -138,7 +150,8 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     from the graph's pool whatever this says.
     """
     try:
-        grad = q.requires_grad or k.requires_grad or v.requires_grad
+        grad = q.requires_grad or k.requires_grad or v.requires_grad or (
+            sinks is not None and sinks.requires_grad)
     except AttributeError:  # not torch tensors: nothing to differentiate
         grad = False
     if grad:
@@ -150,34 +163,44 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
                     "out must be None on a differentiable call (q, k or v requires grad and "
                     "grad mode is on): autograd needs an output of its own; got a "
                     f"{type(out).__name__}: drop out=, or call under torch.no_grad()")
-            return _autograd.sdpa(q, k, v, causal, scale, schedule=schedule)
+            return _autograd.sdpa(q, k, v, causal, scale, window=window, softcap=softcap,
+                                  sinks=sinks, schedule=schedule)
     rt = _default_runtime
     if rt is None:
         rt = runtime()
-    return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule, out=out,
-                     keep_scratch=keep_scratch)
+    if window is None and softcap is None and sinks is None:
+        return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule, out=out,
+                         keep_scratch=keep_scratch)
+    return _run_sdpa(rt, q, k, v, causal, scale, window=window, softcap=softcap, sinks=sinks,
+                     schedule=schedule, out=out, keep_scratch=keep_scratch)
 
 
 def sdpa_with_lse(q: Any, k: Any, v: Any, causal: bool | str = False,
-                  scale: float | None = None, *, schedule: Schedule | None = None
-                  ) -> tuple[Any, Any]:
+                  scale: float | None = None, *, window: tuple[int, int] | None = None,
+                  softcap: float | None = None, sinks: Any = None,
+                  schedule: Schedule | None = None) -> tuple[Any, Any]:
     """The forward a backward pass will follow: ``(out, lse)``.
 
     Takes what :func:`sdpa` takes (torch tensors only) and runs the forward kernel with the
     forward's schedule for the shape (``schedule`` overrides it); ``lse`` holds each query row's
     log-sum-exp of the scaled scores in base 2, float32 ``[B, H_q, S_q]`` (``+inf`` for a row that
-    sees no key). Pass both to :func:`sdpa_backward`. Code that needs no gradient should call
-    :func:`sdpa`, which stores no log-sum-exp.
+    sees no key; with sinks, the sink's term is in it). Pass both to :func:`sdpa_backward`,
+    with the same variant arguments (``window``, ``softcap``, ``sinks``: see :func:`sdpa`).
+    Code that needs no gradient should call :func:`sdpa`, which stores no log-sum-exp.
     """
-    return _training.sdpa_with_lse(runtime(), q, k, v, causal, scale, schedule=schedule)
+    return _training.sdpa_with_lse(runtime(), q, k, v, causal, scale, schedule=schedule,
+                                   variant=(window, softcap, sinks))
 
 
 def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: bool | str = False, scale: float | None = None, *,
-                  schedule: BackwardSchedule | None = None,
+                  window: tuple[int, int] | None = None, softcap: float | None = None,
+                  sinks: Any = None, schedule: BackwardSchedule | None = None,
                   grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
     """The gradients ``(dq, dk, dv)`` of :func:`sdpa_with_lse`'s ``out`` given ``grad_out``
-    (dL/d out, shaped like ``out``), with the same ``q, k, v, causal, scale``.
+    (dL/d out, shaped like ``out``), with the same ``q, k, v, causal, scale`` and variant
+    arguments. The sinks' own gradient is not among these (autograd computes it from ``lse``:
+    ``tiledattention._autograd.sink_grad``).
 
     Grouped-query ``k, v`` get gradients of their own shape (summed over the group in the
     kernel, never expanded). Runs the backward family's schedule for the shape (``schedule``
@@ -190,13 +213,16 @@ def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
     ``tiledattention.integrations.attention``.
     """
     return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse, causal, scale,
-                                   schedule=schedule, grads=grads)
+                                   schedule=schedule, grads=grads,
+                                   variant=(window, softcap, sinks))
 
 
-def explain(q: Any, k: Any, v: Any, causal: bool | str = False) -> Resolution:
-    """The schedule ``sdpa(q, k, v, causal)`` would run, its family (``Resolution.family``) and
-    which lookup step chose it."""
-    problem, kind = problem_from_arrays(q, k, v, causal, None)
+def explain(q: Any, k: Any, v: Any, causal: bool | str = False, *,
+            window: tuple[int, int] | None = None, softcap: float | None = None,
+            sinks: Any = None) -> Resolution:
+    """The schedule ``sdpa(q, k, v, causal, window=, softcap=, sinks=)`` would run, its family
+    (``Resolution.family``) and which lookup step chose it."""
+    problem, kind = problem_from_arrays(q, k, v, causal, None, window, softcap, sinks)
     device_index = q.device.index if kind == "torch" else q.device.id
     family = choose_family(device_info(device_index).arch, problem)
     return runtime().resolution(family, family.plan_problem(problem), device_index)

@@ -18,11 +18,12 @@ import torch
 
 from ._dispatch import family_for_schedule
 from ._family import get_family
-from ._problem import BOTTOM_RIGHT, ROW_STAT_ALIGN, causal_flags
+from ._problem import BOTTOM_RIGHT, ROW_STAT_ALIGN, causal_flags, variant_args
 from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
 __all__ = ["FWD_LSE_OP_NAME", "BWD_OP_NAME", "sdpa_fwd_lse", "sdpa_bwd", "grad_enabled",
-           "needs_grad", "sdpa", "attention_backward", "check_shapes", "check_flags"]
+           "needs_grad", "sdpa", "attention_backward", "check_shapes", "check_flags",
+           "sink_grad"]
 
 #: ``torch.ops.tiledattention.sdpa_fwd_lse``: ``(out, lse)``; ``out`` is differentiable.
 FWD_LSE_OP_NAME = "tiledattention::sdpa_fwd_lse"
@@ -44,13 +45,26 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def check_flags(causal: bool, bottom_right: bool) -> None:
     if bottom_right and not causal:
-        raise InputValueError("bottom_right=True needs causal=True (it aligns the causal mask); "
-                              "got causal=False")
+        raise InputValueError("bottom_right=True needs causal=True (it aligns the causal mask "
+                              "and the window); got causal=False")
 
 
 def _causal_arg(causal: bool, bottom_right: bool) -> bool | str:
     """The ``causal=`` argument of the runtime's functions for the ops' two flags."""
     return BOTTOM_RIGHT if bottom_right else causal
+
+
+def _variant(window_left: int, window_right: int, softcap: float,
+             sinks: Optional[torch.Tensor]) -> dict[str, Any]:
+    """The runtime's variant keywords for the ops' arguments (left out when unset)."""
+    found: dict[str, Any] = {}
+    if window_left != -1 or window_right != -1:
+        found["window"] = (window_left, window_right)
+    if softcap:
+        found["softcap"] = softcap
+    if sinks is not None:
+        found["sinks"] = sinks
+    return found
 
 
 def schedule_json(schedule: Any) -> str:
@@ -79,24 +93,31 @@ def _row_stat_fake(q: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op(FWD_LSE_OP_NAME, mutates_args=())
 def sdpa_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                  scale: Optional[float], bottom_right: bool = False,
-                 schedule: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 schedule: Optional[str] = None, window_left: int = -1, window_right: int = -1,
+                 softcap: float = 0.0, sinks: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``tiledattention.sdpa_with_lse``: ``out [B, H_q, S_q, D]`` (contiguous) and the base-2
     log-sum-exp ``lse`` (float32 ``[B, H_q, S_q]``, a view of row-aligned storage; not
     differentiable). ``schedule``: a schedule of a family serving "sdpa_with_lse" as
-    ``schedule_json`` writes it, or ``None`` for the looked-up one."""
+    ``schedule_json`` writes it, or ``None`` for the looked-up one. The window, softcap and
+    sinks as ``tiledattention.sdpa`` takes them (``-1, -1, 0.0, None``: none)."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     chosen = None if schedule is None else _schedule_from_json(schedule)
     return tiledattention.sdpa_with_lse(q, k, v, _causal_arg(causal, bottom_right), scale,
-                                        schedule=chosen)
+                                        schedule=chosen, **_variant(window_left, window_right,
+                                                                    softcap, sinks))
 
 
 @sdpa_fwd_lse.register_fake
 def _sdpa_fwd_lse_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                        scale: Optional[float], bottom_right: bool = False,
-                       schedule: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       schedule: Optional[str] = None, window_left: int = -1,
+                       window_right: int = -1, softcap: float = 0.0,
+                       sinks: Optional[torch.Tensor] = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     return q.new_empty(q.shape), _row_stat_fake(q)  # out: contiguous, dtype and device of q
@@ -106,24 +127,42 @@ def _sdpa_fwd_lse_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 @torch.library.custom_op(BWD_OP_NAME, mutates_args=())
 def sdpa_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: Optional[float],
-             bottom_right: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             bottom_right: bool = False, window_left: int = -1, window_right: int = -1,
+             softcap: float = 0.0, sinks: Optional[torch.Tensor] = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``tiledattention.sdpa_backward``: ``(dq, dk, dv)``, contiguous, shaped like ``q, k, v``
-    (grouped-query ``dk, dv`` summed over each group in the kernel)."""
+    (grouped-query ``dk, dv`` summed over each group in the kernel). The sinks' own gradient
+    is :func:`sink_grad`'s."""
     import tiledattention
 
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     return tiledattention.sdpa_backward(grad_out, q, k, v, out, lse,
-                                        _causal_arg(causal, bottom_right), scale)
+                                        _causal_arg(causal, bottom_right), scale,
+                                        **_variant(window_left, window_right, softcap, sinks))
 
 
 @sdpa_bwd.register_fake
 def _sdpa_bwd_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: Optional[float],
-                   bottom_right: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   bottom_right: bool = False, window_left: int = -1, window_right: int = -1,
+                   softcap: float = 0.0, sinks: Optional[torch.Tensor] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def sink_grad(grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+              sinks: torch.Tensor) -> torch.Tensor:
+    """The gradient of the sink logits ``[H_q]``: each row's sink takes probability
+    ``p = exp(sink - LSE)`` (``lse`` is base 2) and gives no value, so ``d sink_h = -sum over
+    batch and rows of p * delta`` with ``delta = sum_d dO * O``, as the keys' ``dS`` has it.
+    In torch (a reduction over ``[B, H_q, S_q]``), in the sinks' dtype."""
+    delta = (grad_out.float() * out.float()).sum(dim=-1)  # [B, H_q, S_q]
+    log2_e = 1.4426950408889634
+    p = torch.exp2(sinks.float().view(1, -1, 1) * log2_e - lse)  # lse +inf: p = 0
+    return (-(p * delta).sum(dim=(0, 2))).to(sinks.dtype)
 
 
 def _dense_grad(grad_out: torch.Tensor) -> torch.Tensor:
@@ -138,27 +177,34 @@ def _dense_grad(grad_out: torch.Tensor) -> torch.Tensor:
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, causal: bool,
-                       scale: Optional[float], bottom_right: bool
+                       scale: Optional[float], bottom_right: bool, window_left: int = -1,
+                       window_right: int = -1, softcap: float = 0.0,
+                       sinks: Optional[torch.Tensor] = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` through ``tiledattention::sdpa_bwd`` (traceable: the backward formula
     of both forward ops)."""
     return torch.ops.tiledattention.sdpa_bwd(_dense_grad(grad_out), q, k, v, out, lse, causal,
-                                             scale, bottom_right)
+                                             scale, bottom_right, window_left, window_right,
+                                             softcap, sinks)
 
 
 def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-    q, k, v, causal, scale, bottom_right, _schedule = inputs
+    q, k, v, causal, scale, bottom_right, _schedule, left, right, softcap, sinks = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, sinks)
     ctx.causal, ctx.scale, ctx.bottom_right = causal, scale, bottom_right
+    ctx.window, ctx.softcap = (left, right), softcap
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_lse_backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale,
-                                    ctx.bottom_right)
-    return dq, dk, dv, None, None, None, None
+                                    ctx.bottom_right, *ctx.window, ctx.softcap, sinks)
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[10]:
+        dsinks = sink_grad(grad_out, out, lse, sinks)
+    return dq, dk, dv, None, None, None, None, None, None, None, dsinks
 
 
 sdpa_fwd_lse.register_autograd(_fwd_lse_backward, setup_context=_fwd_lse_setup_context)
@@ -171,13 +217,16 @@ def grad_enabled() -> bool:
     return torch.is_grad_enabled()
 
 
-def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               sinks: Optional[torch.Tensor] = None) -> bool:
     """Whether an attention call on these tensors must be differentiable."""
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (sinks is not None and sinks.requires_grad))
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
-         scale: Any = None, *, schedule: Any = None) -> torch.Tensor:
+         scale: Any = None, *, window: Any = None, softcap: Any = None, sinks: Any = None,
+         schedule: Any = None) -> torch.Tensor:
     """``tiledattention.sdpa`` for torch tensors that require grad (grad mode on): the output of
     ``tiledattention::sdpa_fwd_lse``, whose backward runs ``tiledattention::sdpa_bwd``.
 
@@ -185,6 +234,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
     the shape); ``schedule`` may be one of its schedules (the backward's is looked up).
     """
     is_causal, bottom_right = causal_flags(causal)  # raises for anything else
+    left, right, cap = variant_args(window, softcap)
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        raise InputTypeError(f"sinks must be a torch.Tensor like q, or None; got "
+                             f"{type(sinks).__name__}")
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
@@ -199,4 +252,4 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
                 f"these inputs require grad, so the call keeps the log-sum-exp for a backward "
                 f"pass: {exc} (or call under torch.no_grad() / with detached inputs)") from None
     return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
-                                                 chosen)[0]
+                                                 chosen, left, right, cap, sinks)[0]

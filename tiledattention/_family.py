@@ -220,16 +220,19 @@ class Family(abc.ABC):
         return (signature, k.shape, k.stride(), v.shape, v.stride())
 
     def forward_with_lse(self, stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
-                         problem: Any, schedule: Any, scale: float, device_index: int) -> None:
+                         problem: Any, schedule: Any, scale: float, device_index: int,
+                         sinks: Any = None) -> None:
         """Enqueue the forward that also writes each row's log-sum-exp into ``lse`` (families
-        serving "sdpa_with_lse")."""
+        serving "sdpa_with_lse"); ``sinks``: float32 ``[H_q]`` sink logits when
+        ``problem.sinks``."""
         raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
 
     def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,
                  v: Any, out: Any, grad_out: Any, lse: Any, delta: Any,
-                 grads: tuple[Any, Any, Any]) -> None:
+                 grads: tuple[Any, Any, Any], sinks: Any = None) -> None:
         """Enqueue dQ, dK, dV into ``grads`` (families serving "sdpa_backward"); ``delta`` is
-        float32 scratch shaped like ``lse``."""
+        float32 scratch shaped like ``lse``; ``sinks``: float32 ``[H_q]`` sink logits when
+        ``problem.sinks`` (the stored ``lse`` already holds their term)."""
         raise UnsupportedOperationError(f"the {self.name} family computes no gradients")
 
 

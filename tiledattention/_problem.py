@@ -17,7 +17,8 @@ from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
-           "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape"]
+           "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape", "variant_args",
+           "sink_logits"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -395,8 +396,62 @@ def causal_flags(causal: Any) -> tuple[bool, bool]:
     raise InputTypeError(f"{expected}; got {type(causal).__name__}")
 
 
-def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tuple[Problem, str]:
-    """Validate ``q, k, v`` and return the :class:`Problem` and the array kind (torch / cupy).
+def variant_args(window: Any, softcap: Any) -> tuple[int, int, float]:
+    """``(window_left, window_right, softcap)`` for the ``window=`` and ``softcap=`` arguments:
+    ``window`` ``None`` or a pair of ints ``(left, right)``, each ``>= -1`` (-1: unbounded);
+    ``softcap`` ``None`` or a finite float ``>= 0`` (0: none)."""
+    left = right = -1
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise InputTypeError(f"window must be None or a pair (left, right) of ints; got "
+                                 f"{type(window).__name__} {window!r}"[:200])
+        for side, value in zip(("left", "right"), window):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InputTypeError(f"window's {side} side must be an int (-1: unbounded); "
+                                     f"got {type(value).__name__}")
+            if value < -1:
+                raise InputValueError(f"window's {side} side must be >= -1 (-1: unbounded); "
+                                      f"got {value}")
+        left, right = int(window[0]), int(window[1])
+    cap = 0.0
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise InputTypeError(f"softcap must be a float or None; got "
+                                 f"{type(softcap).__name__}")
+        if not math.isfinite(softcap) or softcap < 0:
+            raise InputValueError(f"softcap must be a finite number >= 0 (0: none); got "
+                                  f"{softcap}")
+        cap = float(softcap)
+    return left, right, cap
+
+
+def sink_logits(sinks: Any, heads_q: int, q: Any, kind: str) -> Any:
+    """Check ``sinks`` (per-query-head sink logits, ``[H_q]``, a floating array of q's library
+    on q's device) and return them as the kernels read them: float32, contiguous."""
+    if _kind(sinks) != kind:
+        expected = "torch.Tensor" if kind == "torch" else "cupy.ndarray"
+        raise InputTypeError(f"sinks must be a {expected} like q, or None; got "
+                             f"{type(sinks).__name__}")
+    if tuple(sinks.shape) != (heads_q,):
+        raise InputValueError(f"sinks must have shape [H_q] = ({heads_q},); got "
+                              f"{tuple(sinks.shape)}")
+    if str(sinks.dtype).rsplit(".", 1)[-1] not in ("float32", "bfloat16", "float16"):
+        raise InputTypeError(f"sinks must be float32, bfloat16 or float16; got {sinks.dtype}")
+    if _device_of(sinks, kind) != _device_of(q, kind):
+        raise InputValueError(f"sinks must be on q's device {_device_of(q, kind)}; got "
+                              f"{_device_of(sinks, kind)}")
+    if kind == "torch":
+        import torch
+
+        return sinks.detach().to(torch.float32).contiguous()
+    return sinks.astype("float32", copy=False).ravel()
+
+
+def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any = None,
+                        softcap: Any = None, sinks: Any = None) -> tuple[Problem, str]:
+    """Validate ``q, k, v`` and the variant arguments and return the :class:`Problem` and the
+    array kind (torch / cupy); ``sinks`` is checked by :func:`sink_logits` (only whether it is
+    given enters the problem).
 
     Raises ``TypeError`` / ``ValueError`` naming the argument; touches no GPU state.
     """
@@ -412,6 +467,7 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
         raise InputTypeError(f"q, k and v must be of one array library; got {kinds}")
     kind = kinds[0]
     causal, bottom_right = causal_flags(causal)
+    window_left, window_right, cap = variant_args(window, softcap)
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
@@ -455,9 +511,12 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any) -> tupl
     devices = {name: _device_of(x, kind) for name, x in (("q", q), ("k", k), ("v", v))}
     if len(set(devices.values())) != 1:
         raise InputValueError(f"q, k and v must be on one device; got {devices}")
+    if sinks is not None:
+        sink_logits(sinks, int(hq), q, kind)
     problem = Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv), seqlen_q=int(sq),
                       seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal,
-                      bottom_right=bottom_right)
+                      bottom_right=bottom_right, window_left=window_left,
+                      window_right=window_right, softcap=cap, sinks=sinks is not None)
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_reach(name, x, kind, padded_head_dim(problem.head_dim))
     return problem, kind

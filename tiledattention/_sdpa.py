@@ -27,7 +27,7 @@ from typing import Any
 from . import _device
 from . import _plans as hot
 from ._dispatch import choose_family, family_for_schedule
-from ._problem import Problem, check_reach, padded_head_dim, problem_from_arrays
+from ._problem import Problem, check_reach, padded_head_dim, problem_from_arrays, sink_logits
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError
 
@@ -49,10 +49,12 @@ def _keep_warm(family: Any, rows: int) -> None:
 
 
 def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
-         scale: float | None = None, *, schedule: Any = None, out: Any = None,
+         scale: float | None = None, *, window: Any = None, softcap: Any = None,
+         sinks: Any = None, schedule: Any = None, out: Any = None,
          keep_scratch: bool = True) -> Any:
     """``tiledattention.sdpa`` on ``runtime`` (see there); ``out``: the caller's output."""
     scratch = runtime if keep_scratch else None  # where a plan keeps its scratch buffers
+    variant = (window, softcap, sinks)
     family = None
     if schedule is not None:
         family = family_for_schedule(schedule)
@@ -61,6 +63,12 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
         device = q.get_device()
         signature = (q_shape, q.stride(), q.dtype, device, k.dtype, k.get_device(), v.dtype,
                      v.get_device(), causal, causal.__class__, scale, scale.__class__, schedule)
+        if window is not None or softcap is not None or sinks is not None:
+            # the variant's values and types (a float softcap and an int one hash alike), and
+            # the sinks' layout (the plan reads them as float32 [H_q] on q's device)
+            signature = (signature, window, window.__class__, softcap, softcap.__class__,
+                         None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype,
+                                                     sinks.get_device()))
         if out is not None:
             signature = (signature, out.shape, out.stride(), out.dtype, out.get_device(),
                          out.requires_grad)
@@ -72,14 +80,23 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
                 if plan is not None:
                     break
     except (AttributeError, TypeError, IndexError):  # not torch tensors (CuPy), unhashable
-        return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, None,
-                               scratch)
+        return _validated_call(runtime, q, k, v, causal, scale, variant, schedule, family, out,
+                               None, scratch)
     if plan is not None:
-        result = plan.run(scratch, q, k, v, device, out)
+        if sinks is None:
+            result = plan.run(scratch, q, k, v, device, out)
+        else:
+            result = plan.run(scratch, q, k, v, device, out, sinks=_as_float32(sinks))
         if result is not None:
             return result  # else the plan's checks failed: validation says why
-    return _validated_call(runtime, q, k, v, causal, scale, schedule, family, out, signature,
-                           scratch)
+    return _validated_call(runtime, q, k, v, causal, scale, variant, schedule, family, out,
+                           signature, scratch)
+
+
+def _as_float32(sinks: Any) -> Any:
+    """Sink logits as the kernels read them (the key vouched for their shape and device)."""
+    return sinks if sinks.dtype is hot.float32 and sinks.is_contiguous() else \
+        sinks.detach().float().contiguous()
 
 
 # -- the validating path -----------------------------------------------------------------------
@@ -167,13 +184,16 @@ def _check_out(out: Any, q: Any, k: Any, v: Any, problem: Problem, kind: str) ->
 
 
 def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale: Any,
-                    schedule: Any, family: Any, out: Any, signature: tuple | None,
-                    scratch: Runtime | None) -> Any:
+                    variant: tuple, schedule: Any, family: Any, out: Any,
+                    signature: tuple | None, scratch: Runtime | None) -> Any:
     """The general path: validate, choose the family (``family``: the explicit schedule's),
-    resolve, build (and keep) the plan, launch. ``signature``: the warm path's signature of a
-    torch call (``None``: none, keep no plan); ``scratch``: where the launch keeps scratch
-    buffers between calls (``None``: nowhere)."""
-    problem, kind = problem_from_arrays(q, k, v, causal, scale)
+    resolve, build (and keep) the plan, launch. ``variant``: the call's ``(window, softcap,
+    sinks)``; ``signature``: the warm path's signature of a torch call (``None``: none, keep
+    no plan); ``scratch``: where the launch keeps scratch buffers between calls (``None``:
+    nowhere)."""
+    window, softcap, sinks = variant
+    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
     if out is not None:
         _check_out(out, q, k, v, problem, kind)
     device_index = q.device.index if kind == "torch" else q.device.id
@@ -183,10 +203,14 @@ def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale
                                       device_index).schedule
     plan = family.plan(problem, schedule, device_index, scale, causal)
     if kind != "torch":
-        return plan.run_cupy(q, k, v, out, problem)
+        if logits is None:
+            return plan.run_cupy(q, k, v, out, problem)
+        return plan.run_cupy(q, k, v, out, problem, sinks=logits)
     hot.bind_torch()
     plan = plan.for_torch(q, out, k, v)
     if signature is not None:
         runtime.keep_plan(family.plan_key(signature, k, v), plan)
         _keep_warm(family, problem.seqlen_q)
-    return plan.run(scratch, q, k, v, device_index, out)  # validated: not None
+    if logits is None:
+        return plan.run(scratch, q, k, v, device_index, out)  # validated: not None
+    return plan.run(scratch, q, k, v, device_index, out, sinks=logits)

@@ -14,20 +14,25 @@ from typing import Any
 
 from ._device import device_info
 from ._dispatch import choose_family, family_for_schedule
-from ._problem import Problem, default_scale, problem_from_arrays, row_stat_shape
+from ._problem import (Problem, default_scale, problem_from_arrays, row_stat_shape,
+                       sink_logits)
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError
 
 __all__ = ["sdpa_with_lse", "sdpa_backward"]
 
 
-def _torch_problem(function: str, q: Any, k: Any, v: Any, causal: Any,
-                   scale: Any) -> tuple[Problem, int]:
-    problem, kind = problem_from_arrays(q, k, v, causal, scale)
+def _torch_problem(function: str, q: Any, k: Any, v: Any, causal: Any, scale: Any,
+                   variant: tuple) -> tuple[Problem, int, Any]:
+    """The problem, q's device index and the sink logits as the kernels read them (or
+    ``None``) of a training call; ``variant``: its ``(window, softcap, sinks)``."""
+    window, softcap, sinks = variant
+    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
     if kind != "torch":
         raise InputTypeError(f"{function} takes torch tensors (autograd is torch's); got q of "
                              f"type {type(q).__module__}.{type(q).__name__}")
-    return problem, q.device.index
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
+    return problem, q.device.index, logits
 
 
 def _row_stat(problem: Problem, device: Any) -> Any:
@@ -55,18 +60,20 @@ def _resolve(runtime: Runtime, operation: str, problem: Problem, device: int, fa
 
 
 def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
-                  scale: float | None = None, *, schedule: Any = None) -> tuple[Any, Any]:
-    """``tiledattention.sdpa_with_lse`` on ``runtime`` (see there)."""
+                  scale: float | None = None, *, schedule: Any = None,
+                  variant: tuple = (None, None, None)) -> tuple[Any, Any]:
+    """``tiledattention.sdpa_with_lse`` on ``runtime`` (see there); ``variant``: the call's
+    ``(window, softcap, sinks)``."""
     import torch
 
     family = _explicit(schedule, "sdpa_with_lse")
-    problem, device = _torch_problem("sdpa_with_lse", q, k, v, causal, scale)
+    problem, device, sinks = _torch_problem("sdpa_with_lse", q, k, v, causal, scale, variant)
     family, schedule = _resolve(runtime, "sdpa_with_lse", problem, device, family, schedule)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = _row_stat(problem, q.device)
     family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, lse, problem,
                             schedule, default_scale(problem) if scale is None else float(scale),
-                            device)
+                            device, sinks=sinks)
     return out, lse
 
 
@@ -88,13 +95,13 @@ def _last_dim_contiguous(x: Any) -> Any:
 
 def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: Any = False, scale: float | None = None, *,
-                  schedule: Any = None,
-                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+                  schedule: Any = None, grads: tuple[Any, Any, Any] | None = None,
+                  variant: tuple = (None, None, None)) -> tuple[Any, Any, Any]:
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
     import torch
 
     family = _explicit(schedule, "sdpa_backward")
-    problem, device = _torch_problem("sdpa_backward", q, k, v, causal, scale)
+    problem, device, sinks = _torch_problem("sdpa_backward", q, k, v, causal, scale, variant)
     _check_like("grad_out", grad_out, q, "q")
     _check_like("out", out, q, "q")
     stat = (problem.batch, problem.heads_q, problem.seqlen_q)
@@ -120,5 +127,5 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
     family.backward(torch.cuda.current_stream(q.device), problem, schedule,
                     default_scale(problem) if scale is None else scale, q, k, v,
                     _last_dim_contiguous(out), _last_dim_contiguous(grad_out), lse, delta,
-                    grads)
+                    grads, sinks=sinks)
     return grads

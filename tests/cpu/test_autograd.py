@@ -177,14 +177,17 @@ def assert_grads_match(q, k, v, causal, scale, grad_out, out, tol=1e-4):
 
 def test_training_ops_are_registered_with_their_schemas():
     fwd = str(torch.ops.tiledattention.sdpa_fwd_lse.default._schema)
+    variant = ("SymInt window_left=-1, SymInt window_right=-1, float softcap=0., "
+               "Tensor? sinks=None) -> (")
     assert fwd.startswith("tiledattention::sdpa_fwd_lse(Tensor q, Tensor k, Tensor v, bool causal,"
-                          " float? scale, bool bottom_right=False, str? schedule=None) -> ("), fwd
-    assert fwd.count("Tensor") == 5  # three inputs, (out, lse)
+                          " float? scale, bool bottom_right=False, str? schedule=None, "
+                          + variant), fwd
+    assert fwd.count("Tensor") == 6  # three inputs, the sinks, (out, lse)
     bwd = str(torch.ops.tiledattention.sdpa_bwd.default._schema)
     assert bwd.startswith("tiledattention::sdpa_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v,"
                           " Tensor out, Tensor lse, bool causal, float? scale, "
-                          "bool bottom_right=False) -> ("), bwd
-    assert bwd.count("Tensor") == 9
+                          "bool bottom_right=False, " + variant), bwd
+    assert bwd.count("Tensor") == 10
     assert ti.FWD_LSE_OP_NAME == "tiledattention::sdpa_fwd_lse"
     assert ti.BWD_OP_NAME == "tiledattention::sdpa_bwd"
 

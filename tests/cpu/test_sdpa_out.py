@@ -24,7 +24,7 @@ import tiledattention._sdpa as sdpa_module
 from tiledattention import InputTypeError, InputValueError, Problem, Resolution, TiledAttentionError
 from tiledattention.tooling import Runtime
 from tiledattention._device import DeviceInfo
-from tiledattention._problem import causal_flags
+from tiledattention._problem import causal_flags, variant_args
 
 DEVICE = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
 
@@ -59,19 +59,21 @@ class CpuDevice:
 def cpu_device(monkeypatch, launches) -> CpuDevice:
     real = sdpa_module.problem_from_arrays
 
-    def problem_from_arrays(q, k, v, causal, scale):
+    def problem_from_arrays(q, k, v, causal, scale, window=None, softcap=None, sinks=None):
         state.validations += 1
         try:
-            return real(q, k, v, causal, scale)
+            return real(q, k, v, causal, scale, window, softcap, sinks)
         except InputValueError as exc:  # raised after the shape, dtype and argument checks
             if "must be a CUDA tensor" not in str(exc):
                 raise
         is_causal, bottom_right = causal_flags(causal)
+        left, right, cap = variant_args(window, softcap)
         b, hq, sq, d = q.shape
         dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[q.dtype]
         return Problem(batch=b, heads_q=hq, heads_kv=k.shape[1], seqlen_q=sq,
                        seqlen_k=k.shape[2], head_dim=d, dtype=dtype, causal=is_causal,
-                       bottom_right=bottom_right), "torch"
+                       bottom_right=bottom_right, window_left=left, window_right=right,
+                       softcap=cap, sinks=sinks is not None), "torch"
 
     def resolve(family, problem, device):
         return Resolution(family.default_schedule(device.arch, problem), "default", "test",
