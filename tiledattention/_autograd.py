@@ -23,7 +23,7 @@ from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
 __all__ = ["FWD_LSE_OP_NAME", "BWD_OP_NAME", "sdpa_fwd_lse", "sdpa_bwd", "grad_enabled",
            "needs_grad", "sdpa", "attention_backward", "check_shapes", "check_flags",
-           "sink_grad"]
+           "sink_grad", "variant_kwargs"]
 
 #: ``torch.ops.tiledattention.sdpa_fwd_lse``: ``(out, lse)``; ``out`` is differentiable.
 FWD_LSE_OP_NAME = "tiledattention::sdpa_fwd_lse"
@@ -54,7 +54,7 @@ def _causal_arg(causal: bool, bottom_right: bool) -> bool | str:
     return BOTTOM_RIGHT if bottom_right else causal
 
 
-def _variant(window_left: int, window_right: int, softcap: float,
+def variant_kwargs(window_left: int, window_right: int, softcap: float,
              sinks: Optional[torch.Tensor]) -> dict[str, Any]:
     """The runtime's variant keywords for the ops' arguments (left out when unset)."""
     found: dict[str, Any] = {}
@@ -107,7 +107,7 @@ def sdpa_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     check_flags(causal, bottom_right)
     chosen = None if schedule is None else _schedule_from_json(schedule)
     return tiledattention.sdpa_with_lse(q, k, v, _causal_arg(causal, bottom_right), scale,
-                                        schedule=chosen, **_variant(window_left, window_right,
+                                        schedule=chosen, **variant_kwargs(window_left, window_right,
                                                                     softcap, sinks))
 
 
@@ -139,7 +139,7 @@ def sdpa_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     check_flags(causal, bottom_right)
     return tiledattention.sdpa_backward(grad_out, q, k, v, out, lse,
                                         _causal_arg(causal, bottom_right), scale,
-                                        **_variant(window_left, window_right, softcap, sinks))
+                                        **variant_kwargs(window_left, window_right, softcap, sinks))
 
 
 @sdpa_bwd.register_fake

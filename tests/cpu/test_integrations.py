@@ -24,6 +24,9 @@ import tiledattention
 import tiledattention.integrations as ti
 from tiledattention import InputValueError
 from tiledattention.integrations import _router
+from tiledattention import Problem
+from tiledattention._problem import causal_flags, variant_args
+from tiledattention._reference import attention_reference
 
 from .test_autograd import TrainingKernels, install_training_kernels, torch_grads
 
@@ -55,11 +58,29 @@ class KernelCalls:
         self.calls: list[dict] = []
         self.keep_scratch: list[bool] = []  # each call's sdpa(keep_scratch=)
 
-    def __call__(self, q, k, v, causal=False, scale=None, *, schedule=None, keep_scratch=True):
-        self.calls.append({"q": tuple(q.shape), "k": tuple(k.shape), "causal": causal,
-                           "scale": scale, "dtype": q.dtype})
+    def __call__(self, q, k, v, causal=False, scale=None, *, schedule=None, keep_scratch=True,
+                 window=None, softcap=None, sinks=None):
+        call = {"q": tuple(q.shape), "k": tuple(k.shape), "causal": causal, "scale": scale,
+                "dtype": q.dtype}
+        variant = {name: value for name, value in (("window", window), ("softcap", softcap),
+                                                   ("sinks", sinks)) if value is not None}
+        self.calls.append({**call, **variant})
         self.keep_scratch.append(keep_scratch)
+        if variant:
+            return variant_reference(q, k, v, causal, scale, window, softcap, sinks)
         return reference_sdpa(q, k, v, causal, scale)
+
+
+def variant_reference(q, k, v, causal, scale, window, softcap, sinks):
+    """The float32 reference of a call with a window, a softcap or sinks, in q's dtype."""
+    is_causal, bottom_right = causal_flags(causal)
+    left, right, cap = variant_args(window, softcap)
+    problem = Problem(batch=q.shape[0], heads_q=q.shape[1], heads_kv=k.shape[1],
+                      seqlen_q=q.shape[2], seqlen_k=k.shape[2], head_dim=q.shape[3],
+                      dtype="bf16", causal=is_causal, bottom_right=bottom_right,
+                      window_left=left, window_right=right, softcap=cap,
+                      sinks=sinks is not None)
+    return attention_reference(q, k, v, problem, scale, sinks).to(q.dtype)
 
 
 @pytest.fixture
@@ -110,8 +131,9 @@ def test_op_is_registered_with_its_schema():
     op = torch.ops.tiledattention.sdpa_fwd.default
     schema = str(op._schema)
     assert schema.startswith("tiledattention::sdpa_fwd(")
-    assert ("Tensor q, Tensor k, Tensor v, bool causal, float? scale, bool bottom_right=False) "
-            "-> Tensor") in schema
+    assert ("Tensor q, Tensor k, Tensor v, bool causal, float? scale, bool bottom_right=False, "
+            "SymInt window_left=-1, SymInt window_right=-1, float softcap=0., "
+            "Tensor? sinks=None) -> Tensor") in schema
     assert ti.OP_NAME == "tiledattention::sdpa_fwd"
 
 
@@ -518,9 +540,9 @@ def test_register_hf_makes_the_name_known():
     ti.register_hf()
     ti.register_hf()  # idempotent
     assert ti.ATTN_IMPLEMENTATION in transformers.AttentionInterface._global_mapping
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    assert ALL_MASK_ATTENTION_FUNCTIONS[ti.ATTN_IMPLEMENTATION] is sdpa_mask
+    assert ALL_MASK_ATTENTION_FUNCTIONS[ti.ATTN_IMPLEMENTATION] is ti._hf.tiledattention_mask
     model = tiny_llama("tiledattention")
     assert model.config._attn_implementation == "tiledattention"
 
@@ -650,12 +672,67 @@ def test_hf_training_with_attention_dropout_goes_to_sdpa(kernel, training,
     assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
 
 
-def test_hf_rejects_softcap():
+def tiny_model(kind: str, attn_implementation: str):
+    """A two-layer model of ``kind`` with small random weights: "mistral" (a sliding window of
+    8 keys on every layer), "gemma2" (a window of 8 on alternate layers, softcap 5), "gpt_oss"
+    (a window of 8 on alternate layers, sinks)."""
+    transformers = pytest.importorskip("transformers")
+    ti.register_hf()
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  max_position_embeddings=256, sliding_window=8)
+    if kind == "mistral":
+        config = transformers.MistralConfig(**common)
+    elif kind == "gemma2":
+        config = transformers.Gemma2Config(**common, attn_logit_softcapping=5.0,
+                                           query_pre_attn_scalar=32)
+    else:
+        config = transformers.GptOssConfig(**common, num_local_experts=2,
+                                           num_experts_per_tok=1)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn_implementation)
+    if kind == "gpt_oss":  # sinks large enough to matter
+        for layer in model.model.layers:
+            torch.nn.init.normal_(layer.self_attn.sinks, mean=1.0)
+    return model.to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2", "gpt_oss"])
+def test_hf_routes_windows_softcap_and_sinks_to_the_kernel(kind, kernel, cpu_is_kernel_device):
+    """Every attention call of these models runs the kernel (no fallback), with the layer's
+    window as (W - 1, 0), its softcap and its sinks; the logits match the eager model's, in
+    the prefill and in a decode step over the cache (bottom-right: the window slides)."""
+    mine, theirs = tiny_model(kind, "tiledattention"), tiny_model(kind, "eager")
+    ids = torch.randint(0, 128, (2, 21), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, expected = mine(ids[:, :20]), theirs(ids[:, :20])
+        torch.testing.assert_close(got.logits, expected.logits, rtol=3e-2, atol=3e-2)
+        step = mine(ids[:, 20:], past_key_values=got.past_key_values).logits
+        want = theirs(ids[:, 20:], past_key_values=expected.past_key_values).logits
+    torch.testing.assert_close(step, want, rtol=3e-2, atol=3e-2)
+    assert ti.hf_stats().torch == 0, ti.hf_stats()
+    assert ti.hf_stats().tiledattention == 4
+    windowed = [c for c in kernel.calls if "window" in c]
+    assert windowed and all(c["window"] == (7, 0) for c in windowed)
+    assert len(windowed) == (4 if kind == "mistral" else 2)
+    assert any(c["q"][2] == 1 and c["causal"] == "bottom_right" for c in windowed)
+    assert all((c.get("softcap") == 5.0) == (kind == "gemma2") for c in kernel.calls)
+    assert all(("sinks" in c) == (kind == "gpt_oss") for c in kernel.calls)
+
+
+def test_hf_window_mask_is_left_out_only_when_the_window_is_all_it_holds():
     pytest.importorskip("transformers")
-    q, k, v = qkv()
-    module = torch.nn.Module()
-    with pytest.raises(InputValueError, match="softcap"):
-        ti._hf.tiledattention_attention_forward(module, q, k, v, None, softcap=30.0)
+    from tiledattention.integrations._hf import tiledattention_mask
+
+    plain = dict(batch_size=2, q_length=5, kv_length=12, q_offset=7, kv_offset=0,
+                 local_size=4)
+    assert tiledattention_mask(**plain) is None
+    padded = torch.ones(2, 12, dtype=torch.bool)
+    padded[0, 0] = False
+    assert tiledattention_mask(**plain, attention_mask=padded) is not None
+    assert tiledattention_mask(**{**plain, "q_offset": 0}) is not None  # a static cache
+    assert tiledattention_mask(**plain, allow_is_causal_skip=False) is not None
 
 
 # ------------------------------------------------------- causal alignment: the op and CausalBias

@@ -1,14 +1,20 @@
 """Hugging Face transformers attention backend: ``attn_implementation="tiledattention"``.
 
 Registered with ``transformers.AttentionInterface`` (the attention function) and
-``AttentionMaskInterface`` (transformers' SDPA mask builder, which returns ``None`` exactly when
-the mask is the plain causal pattern or no mask at all, so ``is_causal`` expresses it). Calls the
-kernel runs — no mask, no dropout, bf16/fp16 CUDA, supported head dim — go to
+``AttentionMaskInterface`` (:func:`tiledattention_mask`: transformers' SDPA mask builder, which
+returns ``None`` exactly when the mask is the plain causal pattern or no mask at all, so
+``is_causal`` expresses it; for sliding-window layers it also returns ``None`` when the window
+is the only thing the mask would add, the keys end at the last query and nothing is padded).
+Calls the kernel runs — no mask, no dropout, bf16/fp16 CUDA, supported head dim — go to
 :func:`~tiledattention.integrations.attention` (``tiledattention::sdpa_fwd``, or in training,
-where the inputs require grad, ``tiledattention::sdpa_fwd_lse`` and the backward kernels);
-everything else (padding masks, sliding windows, attention dropout, ...) goes to transformers'
-own ``sdpa_attention_forward``. transformers is imported only here, and
-only when :func:`register_hf` is called.
+where the inputs require grad, ``tiledattention::sdpa_fwd_lse`` and the backward kernels), with
+the layer's sliding window (``sliding_window``: Mistral, Gemma 2/3, GPT-OSS), logit softcap
+(``softcap``: Gemma 2) and attention sinks (``s_aux``: GPT-OSS). Everything else (padding masks,
+attention dropout, ...) goes to transformers' own ``sdpa_attention_forward``, or, for a call
+with a softcap or sinks, which SDPA cannot compute, to the model's own
+``eager_attention_forward``; a fallback of a sliding-window call whose mask was left out gets
+it materialised. transformers is imported only here, and only when :func:`register_hf` is
+called.
 """
 
 from __future__ import annotations
@@ -17,12 +23,11 @@ from typing import Any
 
 import torch
 
-from ..errors import InputValueError
 from ._router import RouterStats, _Counts, route_decision
 from ._torch_op import attention, autocast_inputs
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_stats", "register_hf", "reset_hf_stats",
-           "tiledattention_attention_forward"]
+           "tiledattention_attention_forward", "tiledattention_mask"]
 
 #: The name to pass as ``attn_implementation``.
 ATTN_IMPLEMENTATION = "tiledattention"
@@ -30,8 +35,9 @@ ATTN_IMPLEMENTATION = "tiledattention"
 # Keyword arguments transformers' SDPA path implements (a bias added to the scores, a paged
 # cache it updates): any of them set sends the call there.
 _SDPA_KWARGS = ("position_bias", "cache")
-# Keyword arguments that change the softmax itself: neither the kernel nor SDPA implements them.
-_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks")
+# The layer's variant keywords (models pass them to every attention function): the kernel runs
+# them; transformers' SDPA path would drop them, so they are taken out of its keywords.
+_VARIANT_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks")
 
 _counts = _Counts()
 
@@ -48,12 +54,79 @@ def reset_hf_stats() -> None:
 def _fallback(reason: str, module: Any, query: torch.Tensor, key: torch.Tensor,
               value: torch.Tensor, attention_mask: Any, dropout: float, scaling: Any,
               is_causal: Any, kwargs: dict) -> tuple[torch.Tensor, None]:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    """The call through transformers: its SDPA path, or for a softcap or sinks the model's own
+    eager attention (SDPA has neither). A sliding-window layer whose mask
+    :func:`tiledattention_mask` left out gets it materialised first."""
     if not torch.compiler.is_compiling():
         _counts.fallbacks[reason] += 1
+    window = kwargs.get("sliding_window")
+    special = kwargs.get("softcap") is not None or _sinks_of(kwargs) is not None
+    if window is not None and attention_mask is None:
+        attention_mask = _window_mask(query, key, window)
+    if special:
+        import sys
+
+        eager = sys.modules[type(module).__module__].eager_attention_forward
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            # eager attention adds its mask to the scores
+            attention_mask = torch.zeros(attention_mask.shape, dtype=query.dtype,
+                                         device=query.device).masked_fill(
+                ~attention_mask, torch.finfo(query.dtype).min)
+        return eager(module, query, key, value, attention_mask, dropout=dropout,
+                     scaling=scaling, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rest = {name: value for name, value in kwargs.items() if name not in _VARIANT_KWARGS}
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                  scaling=scaling, is_causal=is_causal, **kwargs)
+                                  scaling=scaling, is_causal=is_causal, **rest)
+
+
+def _sinks_of(kwargs: dict) -> Any:
+    sinks = kwargs.get("s_aux")
+    return kwargs.get("sinks") if sinks is None else sinks
+
+
+def _window_mask(query: torch.Tensor, key: torch.Tensor, window: int) -> torch.Tensor:
+    """The boolean ``[1, 1, S_q, S_k]`` mask of a causal sliding window of ``window`` keys
+    (transformers': key ``j`` of query ``i`` iff ``i - window < j <= i``), the queries being
+    the last ``S_q`` positions of the keys (what :func:`tiledattention_mask` checked)."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    i = torch.arange(kv_len - q_len, kv_len, device=query.device)[:, None]
+    j = torch.arange(kv_len, device=query.device)[None, :]
+    return ((j <= i) & (j > i - window))[None, None]
+
+
+def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0,
+                        kv_offset: Any = 0, attention_mask: Any = None,
+                        local_size: int | None = None, allow_is_causal_skip: bool = True,
+                        **kwargs: Any) -> Any:
+    """transformers' ``sdpa_mask``, except that for a sliding-window layer (``local_size``) it
+    returns ``None`` when the window is all the mask would hold: skipping allowed (no extra
+    mask functions, no packed sequences, not exporting), the queries the last ``q_length``
+    positions of the keys (``q_offset + q_length == kv_offset + kv_length``: a dynamic or
+    sliding cache), and no key padded. The attention function then runs the window in the
+    kernel (``sliding_window``) with bottom-right alignment."""
+    from transformers.masking_utils import sdpa_mask
+
+    if (local_size is not None and allow_is_causal_skip
+            and isinstance(q_offset, int) and isinstance(kv_offset, int)
+            and q_offset + q_length == kv_offset + kv_length
+            and not torch.compiler.is_exporting()
+            and _unpadded(attention_mask, kv_length, kv_offset)):
+        return None
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                     attention_mask=attention_mask, local_size=local_size,
+                     allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def _unpadded(attention_mask: Any, kv_length: int, kv_offset: int) -> bool:
+    """Whether transformers' 2-D padding mask keeps every key of ``kv_offset ..
+    kv_offset + kv_length`` (``None``: no padding)."""
+    if attention_mask is None:
+        return True
+    if attention_mask.dim() != 2 or torch.compiler.is_compiling():
+        return False
+    return bool(attention_mask[:, kv_offset:kv_offset + kv_length].all())
 
 
 def tiledattention_attention_forward(
@@ -68,15 +141,8 @@ def tiledattention_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function: ``query [B, H_q, S_q, D]``, ``key, value
-    [B, H_kv, S_k, D]`` in; ``(attn_output [B, S_q, H_q, D] contiguous, None)`` out."""
-    for name in _UNSUPPORTED_KWARGS:
-        if kwargs.get(name) is not None:
-            raise InputValueError(
-                f"attn_implementation='tiledattention' does not support `{name}` (got a value for "
-                f"it); load the model with attn_implementation='eager' or a backend that does"
-            )
-    # A sliding window needs nothing here: the mask builder returns None only when no key is
-    # outside the window, and materialises the mask (sent to SDPA below) otherwise.
+    [B, H_kv, S_k, D]`` in; ``(attn_output [B, S_q, H_q, D] contiguous, None)`` out. The
+    layer's ``sliding_window``, ``softcap`` and ``s_aux`` (sinks) keywords go to the kernel."""
     for name in _SDPA_KWARGS:
         if kwargs.get(name) is not None:
             return _fallback(name, module, query, key, value, attention_mask, dropout, scaling,
@@ -98,15 +164,27 @@ def tiledattention_attention_forward(
     # alignment == no mask), and a longer query with as many or more keys is causal top-left.
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q_len, kv_len = query.shape[2], key.shape[2]
-    causal = bool(causal) and q_len > 1
-    if causal and kv_len > q_len:
-        # Only an empty static cache's prefill gets here (the mask builder materialises a mask
-        # otherwise); keys past q_len are unfilled slots that top-left causal masks anyway.
-        key = key[:, :, :q_len]
-        value = value[:, :, :q_len]
+    variant: dict[str, Any] = {}
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        # tiledattention_mask left the mask out: the queries are the last q_len keys
+        variant["window"] = (int(window) - 1, 0)
+        causal = "bottom_right" if kv_len > q_len else True
+    else:
+        causal = bool(causal) and q_len > 1
+        if causal and kv_len > q_len:
+            # Only an empty static cache's prefill gets here (the mask builder materialises a
+            # mask otherwise); keys past q_len are unfilled slots that top-left causal masks.
+            key = key[:, :, :q_len]
+            value = value[:, :, :q_len]
+    if kwargs.get("softcap") is not None:
+        variant["softcap"] = float(kwargs["softcap"])
+    sinks = _sinks_of(kwargs)
+    if sinks is not None:
+        variant["sinks"] = sinks
     if not torch.compiler.is_compiling():
         _counts.tiledattention += 1
-    out = attention(query, key, value, causal, scaling)
+    out = attention(query, key, value, causal, scaling, **variant)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -129,4 +207,5 @@ def register_hf() -> None:
         from transformers.masking_utils import sdpa_mask
     except ImportError:  # transformers < 4.53: masks are built by the model from the name "sdpa"
         return
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    del sdpa_mask  # imported to check it exists: tiledattention_mask calls it
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, tiledattention_mask)

@@ -23,9 +23,11 @@ from typing import Any, Optional
 
 import torch
 
-from .._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward, check_flags,
-                         check_shapes, sdpa_bwd, sdpa_fwd_lse)
-from .._problem import BOTTOM_RIGHT, causal_flags
+from .._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward,
+                         check_flags, check_shapes, sdpa_bwd, sdpa_fwd_lse, sink_grad,
+                         variant_kwargs)
+from .._problem import BOTTOM_RIGHT, causal_flags, variant_args
+from ..errors import InputTypeError
 
 __all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "attention", "autocast_inputs",
            "sdpa_fwd", "sdpa_fwd_lse", "sdpa_bwd"]
@@ -38,25 +40,32 @@ OP_NAME = "tiledattention::sdpa_fwd"
 # anything else the runtime's validation names the problem ("q must be a CUDA tensor; ...").
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def sdpa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-             scale: Optional[float], bottom_right: bool = False) -> torch.Tensor:
+             scale: Optional[float], bottom_right: bool = False, window_left: int = -1,
+             window_right: int = -1, softcap: float = 0.0,
+             sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of ``q [B, H_q, S_q, D]`` over ``k, v [B, H_kv, S_k, D]``: ``[B, H_q, S_q, D]``.
-    ``bottom_right`` (with ``causal``) aligns the causal mask to the bottom-right corner."""
+    ``bottom_right`` aligns the causal mask and the window to the bottom-right corner; the
+    window, softcap and sinks as ``tiledattention.sdpa`` takes them (``-1, -1, 0.0, None``:
+    none)."""
     # grad mode is off inside an op's implementation: this is sdpa's plain forward. The op
     # runs inside compiled graphs, whose CUDA graph trees route its first calls' allocations
     # into the graph's pool and refuse any that outlives the call: no kept scratch buffers.
-    return _sdpa_fwd_impl(q, k, v, causal, scale, bottom_right, keep_scratch=False)
+    return _sdpa_fwd_impl(q, k, v, causal, scale, bottom_right,
+                          variant_kwargs(window_left, window_right, softcap, sinks),
+                          keep_scratch=False)
 
 
 def _sdpa_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   scale: Optional[float], bottom_right: bool, *,
+                   scale: Optional[float], bottom_right: bool, variant: dict, *,
                    keep_scratch: bool) -> torch.Tensor:
-    """What ``sdpa_fwd`` computes, without the op (no gradient is recorded)."""
+    """What ``sdpa_fwd`` computes, without the op (no gradient is recorded); ``variant``: the
+    runtime's variant keywords."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     return tiledattention.sdpa(q, k, v, BOTTOM_RIGHT if bottom_right else causal, scale,
-                               keep_scratch=keep_scratch)
+                               keep_scratch=keep_scratch, **variant)
 
 
 def _untraced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -74,7 +83,9 @@ def _untraced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 @sdpa_fwd.register_fake
 def _sdpa_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   scale: Optional[float], bottom_right: bool = False) -> torch.Tensor:
+                   scale: Optional[float], bottom_right: bool = False, window_left: int = -1,
+                   window_right: int = -1, softcap: float = 0.0,
+                   sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     b, hq, sq, d = q.shape
@@ -82,20 +93,25 @@ def _sdpa_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    q, k, v, causal, scale, bottom_right = inputs
-    ctx.save_for_backward(q, k, v)  # not the output: the backward re-runs the forward
+    q, k, v, causal, scale, bottom_right, left, right, softcap, sinks = inputs
+    ctx.save_for_backward(q, k, v, sinks)  # not the output: the backward re-runs the forward
     ctx.causal, ctx.scale, ctx.bottom_right = causal, scale, bottom_right
+    ctx.variant = (left, right, softcap)
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
-    q, k, v = ctx.saved_tensors
+    q, k, v, sinks = ctx.saved_tensors
     # sdpa_fwd kept no log-sum-exp: recompute the forward with it (its out, not the saved
     # one, so out and lse come from one kernel; the decode kernels may have made the other)
     out, lse = torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, ctx.causal, ctx.scale,
-                                                     ctx.bottom_right)
+                                                     ctx.bottom_right, None, *ctx.variant,
+                                                     sinks)
     dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale,
-                                    ctx.bottom_right)
-    return dq, dk, dv, None, None, None
+                                    ctx.bottom_right, *ctx.variant, sinks)
+    dsinks = None
+    if sinks is not None and ctx.needs_input_grad[9]:
+        dsinks = sink_grad(grad_out, out, lse, sinks)
+    return dq, dk, dv, None, None, None, None, None, None, dsinks
 
 
 sdpa_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -122,7 +138,9 @@ def autocast_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | str = False,
-              scale: float | None = None) -> torch.Tensor:
+              scale: float | None = None, *, window: tuple[int, int] | None = None,
+              softcap: float | None = None, sinks: torch.Tensor | None = None
+              ) -> torch.Tensor:
     """``tiledattention.sdpa`` as a traceable, differentiable torch op.
 
     Same contract as :func:`tiledattention.sdpa` (``[B, H, S, D]`` in and out, bf16/fp16 CUDA
@@ -134,8 +152,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | 
     ``causal``: ``False``, ``True`` or ``"top_left"`` (torch's ``is_causal``: query ``i`` sees
     keys ``0..i``), or ``"bottom_right"`` (torch's ``causal_lower_right``: keys
     ``0..i + S_k - S_q``; a row that sees no key, possible when ``S_q > S_k``, is zero, and so
-    are its gradients). Under ``torch.autocast`` the inputs are cast to its dtype first, as
-    torch's SDPA does (:func:`autocast_inputs`).
+    are its gradients). ``window``, ``softcap`` and ``sinks`` as :func:`tiledattention.sdpa`
+    takes them (the sinks get a gradient when they require one). Under ``torch.autocast`` the
+    inputs are cast to its dtype first, as torch's SDPA does (:func:`autocast_inputs`).
     """
     q, k, v = autocast_inputs(q, k, v)
     if isinstance(scale, int) and not isinstance(scale, bool):
@@ -144,13 +163,35 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | 
         is_causal, bottom_right = causal_flags(causal)  # raises for any other string
     else:
         is_causal, bottom_right = bool(causal), False
+    if window is not None or softcap is not None or sinks is not None:
+        return _variant_attention(q, k, v, is_causal, scale, bottom_right, window, softcap,
+                                  sinks)
     # needs_grad(q, k, v) spelled out: called from here, Dynamo reads `torch` through two
     # modules' globals and guards that both are one object with a Python lambda, evaluated on
     # every call of a compiled function (the only Python-level guard it would have)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right)[0]
     if not torch.compiler.is_compiling() and _untraced(q, k, v):
-        return _sdpa_fwd_impl(q, k, v, is_causal, scale, bottom_right, keep_scratch=True)
+        return _sdpa_fwd_impl(q, k, v, is_causal, scale, bottom_right, {}, keep_scratch=True)
     if not bottom_right:
         return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale)
     return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale, bottom_right)
+
+
+def _variant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                       scale: float | None, bottom_right: bool, window: Any, softcap: Any,
+                       sinks: torch.Tensor | None) -> torch.Tensor:
+    """:func:`attention` of a call with a window, a softcap or sinks (the same routes, with the
+    ops' variant arguments)."""
+    left, right, cap = variant_args(window, softcap)
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        raise InputTypeError(f"sinks must be a torch.Tensor or None; got {type(sinks).__name__}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                    or (sinks is not None and sinks.requires_grad)):
+        return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
+                                                     None, left, right, cap, sinks)[0]
+    if not torch.compiler.is_compiling() and _untraced(q, k, v):
+        return _sdpa_fwd_impl(q, k, v, is_causal, scale, bottom_right,
+                              variant_kwargs(left, right, cap, sinks), keep_scratch=True)
+    return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale, bottom_right, left,
+                                             right, cap, sinks)
