@@ -91,7 +91,8 @@ def parse_arch(text: str) -> str:
 
 
 def parse_problem_fields(text: str) -> dict:
-    """``"n=1024,dtype=bf16,causal=yes"`` -> ``{"n": 1024, "dtype": "bf16", "causal": True}``."""
+    """``"n=1024,dtype=bf16,causal=yes,softcap=30.0"`` -> ``{"n": 1024, "dtype": "bf16",
+    "causal": True, "softcap": 30.0}``."""
     found = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
@@ -100,6 +101,8 @@ def parse_problem_fields(text: str) -> dict:
             raise argparse.ArgumentTypeError(f"expected FIELD=VALUE,...; got {text!r}")
         if re.fullmatch(r"[+-]?\d+", value):
             found[name] = int(value)
+        elif re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?", value):
+            found[name] = float(value)  # softcap=30.0
         elif value.lower() in ("yes", "true", "no", "false"):
             found[name] = value.lower() in ("yes", "true")
         else:
