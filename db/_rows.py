@@ -172,6 +172,10 @@ class FamilyCodec:
     bucket_fields: tuple[str, ...]
     match_ratios: tuple[tuple[str, str], ...] = ()
     distance_terms: tuple[tuple[tuple[str, ...], float], ...] = ()
+    #: the problem dict the distance terms are taken of, from a stored problem's dict (``None``:
+    #: the dict itself); a family whose problems have a shape of their own for the lookup
+    #: (a sliding window's span) passes it
+    term_view: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not FAMILY_PATTERN.fullmatch(self.name):
@@ -205,6 +209,8 @@ class FamilyCodec:
 
     def terms_of(self, data: Mapping[str, Any]) -> tuple[float, ...]:
         """:meth:`terms` of the problem whose ``to_dict()`` is ``data``."""
+        if self.term_view is not None:
+            data = self.term_view(data)
         return tuple(math.log2(math.prod(data[name] for name in names))
                      for names, _ in self.distance_terms)
 

@@ -42,6 +42,13 @@ class Case(abc.ABC):
         return {}
 
 
+def lookup_shape(problem: Any) -> Any:
+    """The shape the lookup measures ``problem`` by: its own, or what its problem type says
+    (``lookup_shape()``: a sliding window's problem is measured by the window's span)."""
+    shape = getattr(problem, "lookup_shape", None)
+    return problem if shape is None else shape()
+
+
 def _log2_apart(a: Any, b: Any, names: tuple[str, ...]) -> float:
     """|log2 prod(a.names) - log2 prod(b.names)|: how far two problems are on one term."""
     return abs(math.log2(math.prod(getattr(a, n) for n in names))
@@ -102,7 +109,8 @@ class Family(abc.ABC):
                                                            ()))
         return db.FamilyCodec(self.name, self.problem_type.from_dict,
                               self.schedule_type.from_dict, bucket,
-                              tuple(self.match_ratios), tuple(self.distance_terms))
+                              tuple(self.match_ratios), tuple(self.distance_terms),
+                              getattr(self.problem_type, "lookup_terms", None))
 
     # -- schedules ------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -128,13 +136,16 @@ class Family(abc.ABC):
                 and self.distance(stored, problem) <= self.nearest_limit)
 
     def distance(self, a: Any, b: Any) -> float:
-        """How far apart two comparable problems are (0: the same on every term)."""
+        """How far apart two comparable problems are (0: the same on every term), taken on
+        their lookup shapes (:func:`lookup_shape`)."""
+        a, b = lookup_shape(a), lookup_shape(b)
         return sum(weight * _log2_apart(a, b, names) for names, weight in self.distance_terms)
 
     def padding_efficiency(self, problem: Any, schedule: Any) -> float:
         """The share of the work ``schedule``'s tiles do on ``problem`` that is not padding (1:
         every tile full), over ``padding_terms``."""
         share = 1.0
+        problem = lookup_shape(problem)
         for field, tile_field, divisor_field in self.padding_terms:
             length = getattr(problem, field)
             parts = getattr(schedule, divisor_field) if divisor_field else 1
@@ -155,7 +166,7 @@ class Family(abc.ABC):
             return (f"it ran {gain:.3f}x the default on its own key (a row transfers from "
                     f"{self.transfer_margin:g}x)")
         for names, max_log2 in self.transfer_limits:
-            apart = _log2_apart(stored, problem, names)
+            apart = _log2_apart(lookup_shape(stored), lookup_shape(problem), names)
             if apart > max_log2 + 1e-9:
                 return (f"its {'*'.join(names)} is {2 ** apart:.3g}x apart (at most "
                         f"{2 ** max_log2:g}x transfers)")

@@ -176,6 +176,28 @@ class Problem:
             lo = max(0, first_row + off - self.window_left)
         return min(lo, self.seqlen_k), max(hi, 0)
 
+    def lookup_shape(self) -> "Problem":
+        """The plain problem the lookup measures this one by (distance, transfer limits,
+        padding): itself, or for a sliding window, rows and keys of the window's span and the
+        rest of the query rows as batch, so a 4096-key window at 32k and at 64k tokens lie
+        one batch doubling apart, not two length doublings."""
+        if not self.windowed:
+            return self
+        sq, sk = self.seqlen_q, self.seqlen_k
+        right = 0 if self.causal else (self.window_right if self.window_right >= 0 else sk)
+        span = (self.window_left if self.window_left >= 0 else sk) + right + 1
+        rows, keys = min(sq, span), min(sk, span)
+        return Problem(batch=self.batch * -(-sq // rows), heads_q=self.heads_q,
+                       heads_kv=self.heads_kv, seqlen_q=rows, seqlen_k=keys,
+                       head_dim=self.head_dim, dtype=self.dtype, causal=self.causal)
+
+    @classmethod
+    def lookup_terms(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """``to_dict()`` of :meth:`lookup_shape` of the problem whose ``to_dict()`` is
+        ``data`` (what the database's distance columns are taken of)."""
+        problem = cls.from_dict(data)
+        return data if not problem.windowed else problem.lookup_shape().to_dict()
+
     @property
     def group_size(self) -> int:
         """Query heads per K/V head (1: MHA; heads_q: MQA)."""
