@@ -9,6 +9,9 @@ checked by its case (``Case.error``: outputs poisoned, one run, relative L2 erro
 family's ``tolerance``. The baselines are the case's (``Case.baselines()``: PyTorch's backends),
 run once before timing (a backend that cannot take the problem raises: ``unavailable``, with
 torch's reason); the ``Case`` interface has no check for them, so their rows carry no error.
+Variant problems (a window, a softcap, sinks) get, instead of torch's SDPA backends, the
+contenders of ``_variants`` (FlexAttention, SDPA with the materialised mask, ``varlen_attn``),
+built on the family's case and checked against its reference like ours.
 Contenders that pass are timed with ``tuner.measure``: together, one sample each per round
 (``time_interleaved``) with ``--interleave``, else each on its own (``time_cuda``). A contender
 that raises, is wrong or is skipped becomes a row with a status and a reason, never a hole.
@@ -28,6 +31,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from ..errors import TunerError
 from ._presets import Grid, Preset
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult
+from ._variants import VARIANT_CONTENDERS, NotRunnable, build_contender
 
 __all__ = ["BenchSettings", "QUICK_TIMING", "TIMING_DEFAULTS", "copy_gbps", "environment",
            "gpu_clocks", "matmul_tflops", "measure_point", "problem_bytes", "result_fields",
@@ -69,17 +73,31 @@ class _Final(TunerError):
 
 def problem_bytes(problem: Any) -> int:
     """Bytes one call must move at least: Q and K and V read, the output written, each once,
-    in the input dtype (2 bytes an element): ``2·(2·B·H_q·S_q·D + 2·B·H_kv·S_k·D)``."""
+    in the input dtype (2 bytes an element): ``2·(2·B·H_q·S_q·D + 2·B·H_kv·S_k·D)``; with a
+    sliding window only the keys some query row sees (``problem.key_span``) count in ``S_k``
+    (a 4096-key window of a 128k cache reads 4096 keys)."""
+    keys = problem.seqlen_k
+    if getattr(problem, "windowed", False):
+        lo, hi = problem.key_span(0, problem.seqlen_q - 1)
+        keys = max(0, hi - lo)
     q_and_out = 2 * problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
-    k_and_v = 2 * problem.batch * problem.heads_kv * problem.seqlen_k * problem.head_dim
+    k_and_v = 2 * problem.batch * problem.heads_kv * keys * problem.head_dim
     return 2 * (q_and_out + k_and_v)
 
 
+#: The variant fields of a ``BenchResult`` and their values for a plain problem.
+_VARIANT_FIELDS = dict(window_left=-1, window_right=-1, softcap=0.0, sinks=False)
+
+
 def result_fields(problem: Any) -> dict[str, Any]:
-    """The problem's fields of a ``BenchResult`` (``heads`` = H_q, ``seqlen`` = S_k)."""
+    """The problem's fields of a ``BenchResult`` (``heads`` = H_q, ``seqlen`` = S_k; the window,
+    softcap and sinks where set: a plain problem's rows keep their defaults)."""
+    variant = {name: getattr(problem, name, plain) for name, plain in _VARIANT_FIELDS.items()}
     return dict(batch=problem.batch, heads=problem.heads_q, heads_kv=problem.heads_kv,
                 seqlen_q=problem.seqlen_q, seqlen=problem.seqlen_k, head_dim=problem.head_dim,
-                dtype=problem.dtype, causal=problem.causal, bottom_right=problem.bottom_right)
+                dtype=problem.dtype, causal=problem.causal, bottom_right=problem.bottom_right,
+                **{name: value for name, value in variant.items()
+                   if value != _VARIANT_FIELDS[name]})
 
 
 def _first_line(exc: BaseException, caught: Sequence = ()) -> str:
@@ -140,6 +158,8 @@ class _Point:
                 raise _Final("wrong", f"err={err:.3g} > {tol:g}", **fields,
                              rel_err=err if math.isfinite(err) else None)
             return run, err, fields
+        if name in VARIANT_CONTENDERS:
+            return self._variant(name)
         if self._baselines is None:
             self._baselines = self.case(self.family).baselines()
         if name not in self._baselines:
@@ -149,6 +169,21 @@ class _Point:
         run()  # raises when the backend cannot take this problem; warms it up otherwise
         _cuda("synchronize")
         return run, None, {}
+
+    def _variant(self, name: str) -> tuple[Callable[[], Any], float, dict[str, str]]:
+        """A contender of variant problems (``_variants``), built on this family's case and
+        checked against its float32 reference with the family's tolerance."""
+        try:
+            run, err = build_contender(name, self.problem, self.case(self.family),
+                                       backward=self.preset.phase == "backward")
+        except NotRunnable as exc:
+            raise _Final("skipped", str(exc)) from None
+        tol = self.family.tolerance(self.problem)
+        if not err <= tol:
+            raise _Final("wrong", f"err={err:.3g} > {tol:g}",
+                         rel_err=err if math.isfinite(err) else None)
+        _cuda("synchronize")
+        return run, err, {}
 
     def _schedule(self, name: str) -> tuple[Any, Any, dict[str, str]]:
         from tiledattention import get_family, runtime
@@ -235,13 +270,13 @@ def run_grid(grid: Grid, settings: BenchSettings, *, progress: Any = None,
     contender when given. Each row gets the device's clocks read right after its point."""
     env = environment(settings.device, grid.preset.family)
     task = None if progress is None else progress.add_task(
-        "bench", total=len(grid.problems) * len(grid.contenders))
+        "bench", total=sum(len(grid.contenders_at(p)) for p in grid.problems))
     results: list[BenchResult] = []
     for problem in grid.problems:
         def on_contender(name: str, problem=problem) -> None:
             if progress is not None:
                 progress.update(task, description=f"{problem.describe()} · {name}", advance=1)
-        rows = measure(grid.preset, problem, grid.contenders, settings, env=env,
+        rows = measure(grid.preset, problem, grid.contenders_at(problem), settings, env=env,
                        on_contender=on_contender)
         sm, mem = gpu_clocks(settings.device)  # right after timing, while clocks are up
         results += [dataclasses.replace(r, sm_clock=sm, mem_clock=mem) for r in rows]

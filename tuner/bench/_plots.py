@@ -22,8 +22,8 @@ from ..errors import TunerError, TunerValueError
 from ._report import contenders_of, kernel_of, speedup
 from ._results import BenchResult
 
-__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "new_figure", "save_png",
-           "write_plots"]
+__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "VARIANT_PLOTS", "new_figure",
+           "save_png", "write_plots"]
 
 MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
@@ -60,6 +60,23 @@ PLOTS = {
     "backward": (Plot("backward_tflops.png", "TFLOP/s"),
                  Plot("backward_speedup.png", "tiledattention speed-up", only="tiledattention",
                       against=("torch-flash", "torch-cudnn"))),
+}
+
+
+def _variant_panel(r: BenchResult) -> tuple:
+    return (r.dtype, f"D{r.head_dim}", f"H{r.heads}/{r.heads_kv}", r.mask)
+
+
+_VARIANT_SPEEDUP = Plot("variants_speedup_{dtype}.png", "tiledattention speed-up",
+                        only="tiledattention", against=("flex", "sdpa-mask", "varlen"),
+                        panel=_variant_panel)
+#: The figures of a run with variant points (a window, a softcap, sinks), per family:
+#: tiledattention's speed-up over each variant contender, a panel per kind of point (decode:
+#: also its share of the copy rate).
+VARIANT_PLOTS = {
+    "forward": (_VARIANT_SPEEDUP,),
+    "backward": (_VARIANT_SPEEDUP,),
+    "decode": (PLOTS["decode"][0], _VARIANT_SPEEDUP),
 }
 
 
@@ -166,7 +183,8 @@ def _draw(Figure, plot: Plot, rows: Sequence[BenchResult], lines: dict, ylabel: 
 def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
                 copy_gbps: Sequence[float] = (), *, max_bytes: int = MAX_PNG_BYTES
                 ) -> tuple[list[Path], list[str]]:
-    """Write the figures of the rows' family (:data:`PLOTS`); ``copy_gbps``: the run's copy
+    """Write the figures of the rows' family (:data:`PLOTS`, or :data:`VARIANT_PLOTS` when
+    some rows are of variant points); ``copy_gbps``: the run's copy
     rates (the faster is the share's 100%). Returns the files written and messages about
     figures left out or drawn otherwise. Raises :class:`PlotsUnavailable` without matplotlib."""
     Figure = _figure_class()
@@ -174,7 +192,8 @@ def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
     copy = max(copy_gbps) if copy_gbps else None
     written: list[Path] = []
     messages: list[str] = []
-    for plot in PLOTS.get(kernel, PLOTS["forward"]):
+    plots = VARIANT_PLOTS if any(r.variant for r in results) else PLOTS
+    for plot in plots.get(kernel, plots["forward"]):
         split = "{dtype}" in plot.name
         for dtype in sorted({r.dtype for r in results}) if split else [None]:
             rows = [r for r in results if dtype is None or r.dtype == dtype]

@@ -8,12 +8,17 @@ fixed, ``B = tokens // S``, ``H = hidden // D``; forward and backward) and decod
 union of groups, each a cross product of batch sizes, query lengths, key lengths and masks, at
 every head configuration, head dim and dtype; a problem in two groups is measured once).
 ``--problem`` (``build_grid(problems=...)``) replaces either shape with the problems named field
-by field, for any family. Everything here is pure (no GPU, no torch); a bad value raises
-:class:`BenchConfigError` naming the flag.
+by field, for any family. ``--preset variants`` (:data:`VARIANT_PRESETS`) replaces it with
+model-shaped variant problems (:data:`VARIANT_POINTS`: sliding windows, logit softcap, attention
+sinks; issue 32). Plain problems get the preset's contenders; variant problems get
+tiledattention's and those of ``_variants`` (FlexAttention, SDPA with the materialised mask,
+``varlen_attn``): :meth:`Grid.contenders_at`. Everything here is pure (no GPU, no torch); a bad
+value raises :class:`BenchConfigError` naming the flag.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, Callable, Mapping, Sequence
@@ -22,9 +27,11 @@ from tiledattention import (InputTypeError, InputValueError, UnsupportedProblemE
                             get_family)
 
 from ..errors import UsageError
+from ._variants import VARIANT_CONTENDERS, applies
 
-__all__ = ["BenchConfigError", "Grid", "Preset", "PRESETS", "build_grid", "parse_int_list",
-           "parse_positive_float", "parse_positive_int"]
+__all__ = ["BenchConfigError", "GRID_PRESETS", "Grid", "Preset", "PRESETS", "VARIANT_POINTS",
+           "VARIANT_PRESETS", "build_grid", "parse_int_list", "parse_positive_float",
+           "parse_positive_int"]
 
 MASKS = ("none", "top-left", "bottom-right")
 _MASK_WORDS = {"none": "none", "no": "none", "full": "none", "top-left": "top-left",
@@ -326,17 +333,102 @@ PRESETS = {
 }
 
 
+# -- the variants preset (issue 32) ---------------------------------------------------------------
+
+def _point(batch: int, heads: tuple[int, int], seqlen: int, head_dim: int, *,
+           seqlen_k: int | None = None, window: tuple[int, int] = (-1, -1),
+           softcap: float = 0.0, sinks: bool = False, bottom_right: bool = False,
+           causal: bool = True) -> dict[str, Any]:
+    return dict(batch=batch, heads_q=heads[0], heads_kv=heads[1], seqlen_q=seqlen,
+                seqlen_k=seqlen if seqlen_k is None else seqlen_k, head_dim=head_dim,
+                causal=causal, bottom_right=bottom_right, window_left=window[0],
+                window_right=window[1], softcap=softcap, sinks=sinks)
+
+
+#: Model-shaped variant problems (all but ``dtype``), by name: Mistral 7B's 4096-key sliding
+#: window (window ``(4095, 0)``, causal; H 32/8, D 128) at 8k and 32k tokens; GPT-OSS's
+#: 128-key sliding layers (H 64/8, D 64) without and with sinks; Gemma 2's global layers
+#: (softcap 50; H 16/8, D 256) and its local ones (a 4096-key window and the softcap); decoding
+#: one token over a 4096-key window of a 128k cache (bottom-right) at B 1 and 8, and GPT-OSS's
+#: sliding layer with sinks at one token of a 128k cache. The backward's are at B 1: its case's
+#: float32 reference gradients keep every score of a point (32 GiB at B 2 for GPT-OSS at 8k;
+#: 128 GiB for Mistral at 32k, which the backward leaves out).
+VARIANT_POINTS = {
+    "mistral-8k": _point(2, (32, 8), 8192, 128, window=(4095, 0)),
+    "mistral-32k": _point(1, (32, 8), 32768, 128, window=(4095, 0)),
+    "gpt-oss-window128": _point(2, (64, 8), 8192, 64, window=(127, 0)),
+    "gpt-oss-window128-sinks": _point(2, (64, 8), 8192, 64, window=(127, 0), sinks=True),
+    "gemma2-softcap50": _point(2, (16, 8), 8192, 256, softcap=50.0),
+    "gemma2-local-softcap50": _point(2, (16, 8), 8192, 256, window=(4095, 0), softcap=50.0),
+    "decode-mistral-128k": _point(1, (32, 8), 1, 128, seqlen_k=131072, window=(4095, 0),
+                                  bottom_right=True),
+    "decode-mistral-128k-b8": _point(8, (32, 8), 1, 128, seqlen_k=131072, window=(4095, 0),
+                                     bottom_right=True),
+    "decode-gpt-oss-128k-sinks": _point(1, (64, 8), 1, 64, seqlen_k=131072, window=(127, 0),
+                                        sinks=True, bottom_right=True),
+}
+_PREFILL = ("mistral-8k", "mistral-32k", "gpt-oss-window128", "gpt-oss-window128-sinks",
+            "gemma2-softcap50", "gemma2-local-softcap50")
+_PREFILL_QUICK = ("mistral-8k", "gpt-oss-window128-sinks", "gemma2-local-softcap50")
+_BACKWARD_BATCH = 1  # see VARIANT_POINTS
+
+
+def _variant_grid(preset: "Preset", o: Mapping[str, Any], base: Mapping[str, Any]) -> list:
+    """The preset's named points (``base["points"]``), ordered dtype, point, batch; ``--batch``
+    puts every point at each batch size given, ``--dtypes`` in each dtype."""
+    dtypes = _option(o, base, "dtypes", lambda v: _dtypes(preset, v))
+    batches = None if o.get("batch") is None else parse_int_list("--batch", o["batch"])
+    seen: dict[Any, None] = {}
+    for dtype, name in product(dtypes, base["points"]):
+        fields = dict(VARIANT_POINTS[name], dtype=dtype)
+        if base.get("batch") is not None:
+            fields["batch"] = base["batch"]
+        for b in batches or (fields["batch"],):
+            seen.setdefault(_problem(preset, "--preset variants/--batch",
+                                     dict(fields, batch=b)))
+    return list(seen)
+
+
+def _variants_of(preset: Preset, points: tuple[str, ...], quick: tuple[str, ...],
+                 batch: int | None = None) -> Preset:
+    """``preset``'s family, contenders and timing over the named variant points."""
+    options = ("batch", "dtypes") + (("no_matmul",) if "no_matmul" in preset.options else ())
+    return dataclasses.replace(preset, options=options, build=_variant_grid, defaults=tuple(
+        dict(points=names, dtypes=("bf16",), batch=batch) for names in (points, quick)))
+
+
+#: ``--preset variants``: each family's benchmark over :data:`VARIANT_POINTS`.
+VARIANT_PRESETS = {
+    "forward": _variants_of(PRESETS["forward"], _PREFILL, _PREFILL_QUICK),
+    "backward": _variants_of(PRESETS["backward"], tuple(n for n in _PREFILL if n != "mistral-32k"),
+                             _PREFILL_QUICK, batch=_BACKWARD_BATCH),
+    "decode": _variants_of(PRESETS["decode"], ("decode-mistral-128k", "decode-mistral-128k-b8",
+                                               "decode-gpt-oss-128k-sinks"),
+                           ("decode-mistral-128k", "decode-gpt-oss-128k-sinks")),
+}
+#: The grids ``--preset`` names, each a preset per family (``--kernel``).
+GRID_PRESETS = {"default": PRESETS, "variants": VARIANT_PRESETS}
+
+
 @dataclass(frozen=True)
 class Grid:
-    """The problems of one family to measure, and the contenders to time at each."""
+    """The problems of one family to measure, and the contenders to time (each at the problems
+    it applies to: :meth:`contenders_at`); ``preset_name``: the ``--preset`` it came from."""
 
     kernel: str
     problems: tuple
     contenders: tuple[str, ...]
+    preset_name: str = "default"
 
     @property
     def preset(self) -> Preset:
-        return PRESETS[self.kernel]
+        return GRID_PRESETS[self.preset_name][self.kernel]
+
+    def contenders_at(self, problem: Any) -> tuple[str, ...]:
+        """The grid's contenders that run at ``problem``: all of them at a plain problem but
+        the variant contenders; tiledattention's and the variant contenders (those that can
+        take it) at a variant problem (``_variants.applies``)."""
+        return tuple(name for name in self.contenders if applies(name, problem))
 
 
 def _owner(option: str) -> str:
@@ -345,30 +437,63 @@ def _owner(option: str) -> str:
     return f"{owners[0]} grid (--kernel {owners[0]}{also})"
 
 
+def _preset_of(kernel: str, name: Any) -> Preset:
+    """The preset ``--preset name`` gives ``--kernel kernel``."""
+    if not isinstance(name, str) or name.strip().lower() not in GRID_PRESETS:
+        raise BenchConfigError(f"--preset: unknown preset {name!r}; expected "
+                               f"{' or '.join(GRID_PRESETS)}")
+    presets = GRID_PRESETS[name.strip().lower()]
+    if kernel not in presets:
+        raise BenchConfigError(f"--preset {name}: no such grid for --kernel {kernel} (it has "
+                               f"{', '.join(presets)})")
+    return presets[kernel]
+
+
 def build_grid(kernel: str = "forward", *, quick: bool = False,
                contenders: str | Sequence[str] | None = None,
-               problems: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> Grid:
+               problems: Sequence[Mapping[str, Any]] | None = None, preset: str = "default",
+               **options: Any) -> Grid:
     """Validate option values (strings as typed, or parsed sequences; ``None``: the preset's
-    default) into the :class:`Grid` of ``kernel``'s preset. An option of another family's grid
-    is refused, naming it; every problem is built, so a bad combination is reported here.
-    ``problems`` (``--problem``: dicts of the family's problem fields) replaces the grid: its
-    problems are exactly those, in order, each once, and no grid option may come with it."""
-    preset = PRESETS[kernel]
+    default) into the :class:`Grid` of ``kernel``'s preset (``preset``: ``--preset``, the
+    family's own grid or its ``variants``). An option of another family's grid (or one the
+    variants grid does not take) is refused, naming it; every problem is built, so a bad
+    combination is reported here. ``problems`` (``--problem``: dicts of the family's problem
+    fields) replaces the grid: its problems are exactly those, in order, each once, and no grid
+    option (nor ``--preset variants``) may come with it. The contenders are the preset's and
+    the variant contenders that run at some problem of the grid, in table order."""
+    chosen_preset = _preset_of(kernel, preset)
+    name = preset.strip().lower()
     if problems is not None:
+        if name != "default":
+            raise BenchConfigError(f"--preset {preset} cannot go with --problem: both choose "
+                                   f"the problems; drop one")
         _refuse_grid_options(kernel, options)
     for option, value in options.items():
-        if option not in preset.options and value not in (None, False):
+        if option not in chosen_preset.options and value not in (None, False):
             flag = "--" + option.replace("_", "-")
+            if name == "variants":
+                takes = ", ".join("--" + o.replace("_", "-") for o in chosen_preset.options)
+                raise BenchConfigError(f"{flag} does not go with --preset variants: its points "
+                                       f"are fixed model shapes; it takes {takes}")
             raise BenchConfigError(f"{flag} belongs to the {_owner(option)}; it does nothing "
                                    f"with --kernel {kernel}")
-    points = tuple(preset.build(preset, options, preset.defaults[bool(quick)])
-                   if problems is None else _given(preset, problems))
-    chosen = preset.contenders
+    points = tuple(chosen_preset.build(chosen_preset, options, chosen_preset.defaults[bool(quick)])
+                   if problems is None else _given(chosen_preset, problems))
+    known = chosen_preset.contenders + VARIANT_CONTENDERS
+    runs = tuple(c for c in known if any(applies(c, p) for p in points))
+    chosen = runs
     if contenders is not None and _text(contenders).strip().lower() != "all":
         items = _items("--contenders", _text(contenders))
-        bad = [item for item in items if item not in chosen]
+        bad = [item for item in items if item not in known]
         if bad:
             raise BenchConfigError(f"--contenders: unknown contender {bad[0]!r} for --kernel "
-                                   f"{kernel}; known: {', '.join(chosen)} (or 'all')")
-        chosen = tuple(name for name in chosen if name in items)  # canonical order
-    return Grid(kernel, points, chosen)
+                                   f"{kernel}; known: {', '.join(runs)} (or 'all')")
+        idle = [item for item in items if item not in runs]
+        if idle:
+            where = ("variant problems (a window, a softcap or sinks: --preset variants)"
+                     if idle[0] in VARIANT_CONTENDERS else "plain problems (no window, "
+                     "softcap or sinks)")
+            raise BenchConfigError(f"--contenders: {idle[0]!r} runs only at {where}, and this "
+                                   f"grid has none it takes; its contenders: {', '.join(runs)}")
+        chosen = tuple(c for c in runs if c in items)  # canonical order
+    return Grid(kernel, points, chosen, name)

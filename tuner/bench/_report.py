@@ -23,9 +23,10 @@ from db import write_text_atomic
 
 from ._presets import PRESETS
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult, RunInfo
+from ._variants import VARIANT_CONTENDERS
 
 __all__ = ["LAYOUTS", "Layout", "contenders_of", "geomean", "kernel_of", "render_markdown",
-           "rich_tables", "speedup", "write_summary"]
+           "rich_tables", "speedup", "variant_layout", "write_summary"]
 
 REFERENCE = "tiledattention"  # the contender whose speed-ups the tables show
 
@@ -76,10 +77,11 @@ def kernel_of(results: Sequence[BenchResult]) -> str:
 
 
 def contenders_of(results: Sequence[BenchResult]) -> list[str]:
-    """The contenders present in ``results``: in the order of their family's preset, then
-    others (older runs' names) by name."""
+    """The contenders present in ``results``: in the order of their family's preset (then the
+    variant contenders'), then others (older runs' names) by name."""
     preset = PRESETS.get(kernel_of(results))
-    order, present = preset.order if preset else (), {r.contender for r in results}
+    order = (preset.order if preset else ()) + VARIANT_CONTENDERS
+    present = {r.contender for r in results}
     return [c for c in order if c in present] + sorted(present - set(order))
 
 
@@ -445,6 +447,50 @@ LAYOUTS = {
 }
 
 
+_VARIANT_BASELINES = (("flex", ("flex",)), ("sdpa-mask", ("sdpa-mask",)),
+                      ("varlen", ("varlen",)))
+
+
+def variant_layout(kernel: str, contenders: Sequence[str]) -> Layout:
+    """The layout of a run with variant points (a window, a softcap, sinks): the family's
+    title, units and point names with the variant spelled out, a per-point table with the
+    speed-ups over FlexAttention, SDPA with the materialised mask and ``varlen_attn`` (and over
+    torch's backends where plain points ran too), the geometric means over those, schedules
+    and notes; only baselines present in the run get columns."""
+    base = LAYOUTS.get(kernel, LAYOUTS["forward"])
+    present = tuple((short, names) for short, names in
+                    _VARIANT_BASELINES + (base.means or _TORCH_MEANS[:2])
+                    if set(names) & set(contenders))
+    what = {"backward": "bwd: the backward pass alone (dQ, dK, dV from dO; the forward ran "
+                        "before, outside the timed region; the other contenders: "
+                        "`torch.autograd.grad(out, (q, k, v), dO, retain_graph=True)`); TFLOP/s "
+                        "counts it as 2.5x the forward's visible pairs.",
+            "decode": "µs: median time of one call; GB/s: Q read and the output written, and "
+                      "the K and V of the keys the window lets some query see, once each; % "
+                      "copy: that over the run's copy rate."}.get(
+        kernel, "ms: median time of one call; TFLOP/s counts 4·B·H_q·D per visible (query, "
+                "key) pair (the causal mask and the window applied).")
+    intro = (f"Variant points: a sliding window `win(left,right)` (-1: unbounded; aligned "
+             f"bottom-right where `br`), a logit softcap `capC`, attention `sinks`. {what} "
+             "Contenders besides tiledattention's: `flex` (torch.compile'd FlexAttention, its "
+             "BlockMask built once outside the timing, the softcap as its score_mod, sinks "
+             "through its log-sum-exp), `sdpa-mask` (SDPA with the materialised boolean mask "
+             "on the efficient backend; windows only) and `varlen` (`varlen_attn` with "
+             "`window_size`; windows only, where the installed torch has it); every one is "
+             "checked against the float32 reference before timing (rel L2 error within the "
+             "family's tolerance). A `÷ X` column is X's time over the contender's (> 1: the "
+             "contender is faster). Rows that are not numbers name the status; the notes give "
+             "the reasons.")
+    sections = (_header, _per_point) + ((_copy_share,) if base.bandwidth else ()) + (
+        _means, _schedules, _notes)
+    return Layout(title=f"{base.title}: variants (window, softcap, sinks)", intro=intro,
+                  label=lambda r: f"{r.dtype} D{r.head_dim} {r.mask} S{_lengths(r)} "
+                                  f"B{r.batch} H{_heads(r)}",
+                  sections=sections, phases=base.phases[:1], time=base.time,
+                  tflops_digits=base.tflops_digits, bandwidth=base.bandwidth,
+                  baselines=present, means=present)
+
+
 def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
     """The summary of ``results`` in the layout of their family."""
     return "\n".join(_render(results, info).lines)
@@ -452,7 +498,9 @@ def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
 
 def _render(results: Sequence[BenchResult], info: RunInfo) -> _Doc:
     kernel = kernel_of(results)
-    doc = _Doc(results, info, LAYOUTS.get(kernel, LAYOUTS["forward"]), kernel)
+    layout = (variant_layout(kernel, contenders_of(results)) if any(r.variant for r in results)
+              else LAYOUTS.get(kernel, LAYOUTS["forward"]))
+    doc = _Doc(results, info, layout, kernel)
     for section in doc.layout.sections:
         section(doc)
     return doc

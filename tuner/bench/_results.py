@@ -52,6 +52,12 @@ class BenchResult:
     dtype: str
     causal: bool
     bottom_right: bool = False  # causal aligned bottom-right (torch's causal_lower_right)
+    #: the variant fields of the problem (issue 32): a sliding window (-1: unbounded side),
+    #: the logit softcap (0: none) and whether sink logits join the softmax
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sinks: bool = False
     median_ms: float | None = None
     spread_ms: float | None = None
     samples: int | None = None
@@ -80,7 +86,13 @@ class BenchResult:
     def point(self) -> tuple:
         """Every field of the grid point (rows of one point share it)."""
         return (self.dtype, self.batch, self.heads, self.heads_kv, self.seqlen_q, self.seqlen,
-                self.head_dim, self.causal, self.bottom_right)
+                self.head_dim, self.causal, self.bottom_right, self.window_left,
+                self.window_right, self.softcap, self.sinks)
+
+    @property
+    def variant(self) -> bool:
+        """Whether the point has a window, a softcap or sinks."""
+        return self.window_left >= 0 or self.window_right >= 0 or self.softcap > 0 or self.sinks
 
     @property
     def key(self) -> tuple[str, int, bool, int]:
@@ -89,7 +101,16 @@ class BenchResult:
 
     @property
     def mask(self) -> str:
-        return ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
+        """``full``, ``causal`` or ``causal-br``; a variant's also names its window
+        (``causal-win(4095,-1)``, ``win(4095,-1)-br``), softcap (`` cap50``) and sinks."""
+        if not self.variant:
+            return ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
+        parts = (["causal"] if self.causal else []) + (
+            [f"win({self.window_left},{self.window_right})"]
+            if self.window_left >= 0 or self.window_right >= 0 else [])
+        parts += ["br"] if self.bottom_right else []
+        return ("-".join(parts) or "full") + (f" cap{self.softcap:g}" if self.softcap > 0
+                                              else "") + (" sinks" if self.sinks else "")
 
     @property
     def note(self) -> str:
@@ -98,9 +119,12 @@ class BenchResult:
 
 
 CSV_COLUMNS = tuple(f.name for f in fields(BenchResult))
-_INT_FIELDS = ("batch", "heads", "heads_kv", "seqlen_q", "seqlen", "head_dim", "samples")
-_FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "gbps", "rel_err")
-_BOOL_FIELDS = ("causal", "bottom_right")
+_INT_FIELDS = ("batch", "heads", "heads_kv", "seqlen_q", "seqlen", "head_dim", "samples",
+               "window_left", "window_right")
+_FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "gbps", "rel_err", "softcap")
+_BOOL_FIELDS = ("causal", "bottom_right", "sinks")
+#: Columns an empty cell leaves at their default (CSVs written before they were filled).
+_DEFAULTED = ("window_left", "window_right", "softcap")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,7 +223,7 @@ def _values(row: dict) -> dict:
     values: dict = {}
     for name, raw in row.items():
         raw = raw or ""
-        if name not in CSV_COLUMNS or (name == "kernel" and not raw):
+        if name not in CSV_COLUMNS or (name in ("kernel", *_DEFAULTED) and not raw):
             continue  # a column of a newer version, or left empty: the default
         if name in _INT_FIELDS:
             values[name] = int(raw) if raw else None

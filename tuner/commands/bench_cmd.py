@@ -1,6 +1,8 @@
 """``tiledtune bench``: tiledattention against PyTorch's attention backends over a grid of a
 kernel family's problems (``--kernel``: forward, decode or backward; ``tuner.bench.PRESETS``),
-or over exactly the problems named with ``--problem FIELD=VALUE,...`` instead of the grid.
+or over exactly the problems named with ``--problem FIELD=VALUE,...`` instead of the grid;
+``--preset variants`` benches model-shaped sliding-window, softcap and sink problems instead,
+against FlexAttention, SDPA with the materialised mask and ``varlen_attn``.
 
 At every point each of our contenders (the looked-up schedule, the family's default, for decode
 also the forward family's lookup) is first checked against the family case's float32 reference,
@@ -68,6 +70,14 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--kernel", type=_kernel, default="forward", metavar="NAME",
                         help="kernel family to benchmark: forward (default), decode or "
                              "backward")
+    parser.add_argument("--preset", default="default", metavar="NAME",
+                        help="default: the family's grid (below); variants: model-shaped "
+                             "sliding-window, softcap and sink problems (Mistral's 4096 window "
+                             "at 8k and 32k, GPT-OSS's 128 window with and without sinks, "
+                             "Gemma 2's softcap 50 with and without its 4096 window; decode: "
+                             "a 4096 window of a 128k cache) against torch.compile'd "
+                             "FlexAttention, SDPA with the materialised mask and varlen_attn "
+                             "(where torch has it); takes --batch, --dtypes")
     grid = parser.add_argument_group("grid (every kernel)")
     grid.add_argument("--problem", type=parse_problem_fields, action="append", default=None,
                       metavar="FIELD=VALUE,...",
@@ -97,7 +107,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "decode grid (--kernel decode): S_q 1 at B 1 over S_k 4096..131072, at B 8,32 over "
         "S_k 2048,8192, and S_q 16 at B 8, S_k 8192 bottom-right; each option below replaces "
         "its axis in every one of these groups")
-    dec.add_argument("--batch", metavar="LIST", help="batch sizes B")
+    dec.add_argument("--batch", metavar="LIST",
+                     help="batch sizes B (also --preset variants: every point at each)")
     dec.add_argument("--seqlens-q", metavar="LIST", help="query lengths S_q")
     dec.add_argument("--seqlens-k", metavar="LIST", help="K/V lengths S_k")
     dec.add_argument("--masks", metavar="LIST", help="none,top-left,bottom-right")
@@ -179,7 +190,7 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     options = {name: getattr(args, name, None) for name in _GRID_OPTIONS}
     return build_grid(getattr(args, "kernel", "forward"), quick=bool(args.quick),
                       contenders=args.contenders, problems=getattr(args, "problem", None),
-                      **options)
+                      preset=getattr(args, "preset", None) or "default", **options)
 
 
 def _now() -> str:
