@@ -33,7 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention
 from tiledattention import Problem
-from tiledattention._reference import attention_reference, visible_keys
+from tiledattention.tooling import attention_reference, visible_keys
 from tuner.measure import time_interleaved
 
 #: name, (B, H_q, H_kv, S_q, S_k, D), causal ("top_left" / "bottom_right" / False),

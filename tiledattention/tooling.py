@@ -1,6 +1,7 @@
 """What the project's tools build on (the tuner, the exporters, the benchmark, the scripts), kept
 out of ``tiledattention``'s own surface, which is what a user calls: the shared GPU test case of
-the attention families and torch's SDPA arguments for a problem, the database codecs, the
+the attention families, its float32 reference and visible-key mask, and torch's SDPA arguments
+for a problem, the database codecs, the
 lookup's pieces (``Resolver``, ``pick``), provenance stamps, architecture names, the families
 serving an operation, and the ``.text`` digest that restamping compares."""
 
@@ -10,9 +11,10 @@ from ._cubin import text_digest
 from ._family import codecs, serving
 from ._lookup import Resolver, pick
 from ._provenance import Provenance, current_provenance
+from ._reference import attention_reference, visible_keys
 from ._runtime import Runtime
 from ._settings import simulated_database_location
 
-__all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "check_arch", "codecs",
-           "current_provenance", "generation", "pick", "serving", "simulated_database_location",
-           "text_digest", "torch_sdpa_kwargs"]
+__all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "attention_reference",
+           "check_arch", "codecs", "current_provenance", "generation", "pick", "serving",
+           "simulated_database_location", "text_digest", "torch_sdpa_kwargs", "visible_keys"]
