@@ -28,8 +28,8 @@ from tiledattention._cubin import elf_sections, text_digest
 from tiledattention.errors import KernelArgumentError
 from tiledattention.forward._compile import _export, compile_schedule
 from tiledattention.forward._kernel import attention_fwd
-from tiledattention.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, constant_args, grid_for,
-                                            kernel_args, kernel_constants, kernel_for,
+from tiledattention.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, UNUSED, constant_args,
+                                            grid_for, kernel_args, kernel_constants, kernel_for,
                                             kernel_parameters, no_effect_flags, normalise,
                                             ordered_args)
 from tiledattention._problem import Problem, head_dim_parts
@@ -81,12 +81,13 @@ def test_parameters_are_read_from_the_kernel_function():
     assert kernel_parameters() == names
     assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
     upper = {n for n in names if n.isupper() and n not in RUNTIME_PARAMETERS}
-    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 20
+    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 23
 
 
 def test_values_land_on_their_parameters_whatever_the_mapping_order():
     runtime = {"Q": "q", "K": "k", "V": "v", "Out": "out", "qk_scale": 0.5, "heads_q": 2,
-               "group": 2, "Lse": "lse"}
+               "group": 2, "Lse": "lse", "window_left": "wl", "window_right": "wr",
+               "softcap": "cap", "Sinks": "sinks"}
     constants = kernel_constants(CAUSAL, BASE.replace(exp2=True))
     # EXP2 and APPROX_DIV differ; give them in swapped insertion order, and everything reversed
     swapped = dict(constants)
@@ -143,7 +144,8 @@ def test_runtime_values_and_constants_in_kernel_args():
     s = BASE.replace(k_latency=3, tile_n=32)
     args = kernel_args("q", "k", "v", "o", CAUSAL, s, 0.125)
     assert args[:8] == ("q", "k", "v", "o", 0.125, 2, 2, NO_LSE)
-    assert args[8:] == constant_args(CAUSAL, s)
+    assert args[8:12] == (UNUSED,) * 4  # no window, softcap or sinks
+    assert args[12:] == constant_args(CAUSAL, s)
     named = dict(zip(kernel_parameters(), args))
     assert (named["TILE_M"], named["TILE_N"], named["TILE_D"], named["K_LATENCY"],
             named["V_LATENCY"], named["EVEN_K"]) == (64, 32, 64, 3, 0, True)
@@ -395,8 +397,9 @@ def test_one_kernel_entry_with_the_log_sum_exp_a_constant():
     assert kernels == ["attention_fwd"]
     names = kernel_parameters()
     assert "Lse" in names and "STORE_LSE" in names
-    # Lse is the last launch-time value: the plain forward keeps its parameter offsets
-    assert names.index("Lse") == len(RUNTIME_PARAMETERS) - 1
+    # only the variants' values (zero bytes when unused) follow Lse: the plain forward keeps
+    # its parameter offsets
+    assert names.index("Lse") == len(RUNTIME_PARAMETERS) - 5
     assert kernel_constants(CAUSAL, BASE)["STORE_LSE"] is False
     assert kernel_constants(CAUSAL, BASE, store_lse=True)["STORE_LSE"] is True
 
@@ -414,7 +417,7 @@ def test_ordered_args_fills_the_placeholder_only_without_store_lse():
     runtime = {"Q": "q", "K": "k", "V": "v", "Out": "o", "qk_scale": 0.5, "heads_q": 2,
                "group": 2}
     constants = kernel_constants(CAUSAL, BASE)
-    assert ordered_args(runtime, constants)[len(RUNTIME_PARAMETERS) - 1] == NO_LSE
+    assert ordered_args(runtime, constants)[kernel_parameters().index("Lse")] == NO_LSE
     with pytest.raises(KernelArgumentError, match=r"runtime missing \['Lse'\]"):
         ordered_args(runtime, constants | {"STORE_LSE": True})
 

@@ -135,7 +135,7 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     import tiledattention._device as device_module
     from tiledattention import Schedule
     from tiledattention._device import DeviceInfo
-    from tiledattention.forward._launch import NO_LSE, constant_args
+    from tiledattention.forward._launch import NO_LSE, UNUSED, constant_args
 
     device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
     monkeypatch.setattr(device_module, "device_info", lambda index: device)
@@ -150,7 +150,8 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     assert plan.grid == (3, 16, 1)  # ceil(300 / 128) query tiles, B * H_q
     assert plan.out_shape == (2, 8, 300, 64)
     assert plan.scalars[:3] == (1 / math.sqrt(64), 8, 4)  # scale, heads_q, group size
-    assert plan.scalars[3:] == (NO_LSE, *constant_args(p, schedule))  # no log-sum-exp
+    # no log-sum-exp, no window, softcap or sinks
+    assert plan.scalars[3:] == (NO_LSE, *(UNUSED,) * 4, *constant_args(p, schedule))
 
     def grid(problem, schedule):
         return plan_for(problem, schedule).grid
@@ -175,7 +176,7 @@ def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
     import tiledattention._runtime as runtime_module
     from tiledattention import Resolution, Schedule
     from tiledattention._device import DeviceInfo
-    from tiledattention.forward._launch import NO_LSE, constant_args
+    from tiledattention.forward._launch import NO_LSE, UNUSED, constant_args
 
     device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
     monkeypatch.setattr(device_module, "device_info", lambda index: device)
@@ -193,4 +194,5 @@ def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
     assert asked == [(FORWARD, p, device)]
     assert FORWARD.normalise(p, resolved) == Schedule(tile_m=128, tile_n=64)  # not causal
     assert plan.grid == (3, 16, 1)  # unpaired
-    assert plan.scalars[3:] == (NO_LSE, *constant_args(p, FORWARD.normalise(p, resolved)))
+    assert plan.scalars[3:] == (NO_LSE, *(UNUSED,) * 4,
+                                *constant_args(p, FORWARD.normalise(p, resolved)))

@@ -1,7 +1,8 @@
 """Compile-only builds of the forward kernel: a schedule's cubin for any architecture, on a
 machine without a GPU (``tiledtune search --compile-only``, the CI checks). It compiles the same
 kernel object and constants the launcher uses, for arrays laid out the way ``sdpa`` passes them
-(last dim contiguous, 16-byte aligned rows), via ``tiledattention._compile.export_cubin``.
+(last dim contiguous, 16-byte aligned rows; a contiguous float32 ``[H_q]`` array of sink logits
+for a problem with sinks), via ``tiledattention._compile.export_cubin``.
 """
 
 from __future__ import annotations
@@ -41,4 +42,11 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
     runtime = {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
                "qk_scale": ctc.ScalarConstraint(ct.float32),
                "heads_q": ctc.ScalarConstraint(ct.int32), "group": ctc.ScalarConstraint(ct.int32)}
+    # the variants' values where their constants read them (ordered_args fills in the others)
+    if constants.get("WINDOW"):
+        runtime["window_left"] = runtime["window_right"] = ctc.ScalarConstraint(ct.int32)
+    if constants.get("SOFTCAP"):
+        runtime["softcap"] = ctc.ScalarConstraint(ct.float32)
+    if constants.get("SINKS"):  # the [H_q] float32 sink logits
+        runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
     return export_cubin(kernel, ordered_args(runtime, constants), arch, label)

@@ -7,7 +7,22 @@ from .._compile import generation
 from .._problem import Problem, head_dim_parts
 from ._schedule import Schedule
 
-__all__ = ["default_schedule"]
+__all__ = ["default_schedule", "row_keys"]
+
+#: A window this narrow (the most keys a row sees) runs on 64x64 tiles: a query tile visits the
+#: key tiles from its first row's first key to its last row's last, TILE_M + span keys rounded
+#: out to TILE_N; at 256 keys a 128x128 tile visits 3-4 key tiles (384-512 keys) per row that
+#: uses 256, a 64x64 one 5-6 (320-384 keys). Chosen by this count, not measured.
+NARROW_WINDOW = 256
+
+
+def row_keys(problem: Problem) -> int:
+    """The most keys one query row sees: ``S_k``, bounded by the window's width (with the
+    causal mask its right side is the diagonal). A plain problem gives ``S_k``."""
+    sk = problem.seqlen_k
+    left = problem.window_left if problem.window_left >= 0 else sk
+    right = 0 if problem.causal else (problem.window_right if problem.window_right >= 0 else sk)
+    return min(sk, left + right + 1)
 
 
 def default_schedule(arch: str, problem: Problem) -> Schedule:
@@ -48,10 +63,21 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
 
     Other architectures get the choices public cuTile attention code reports as good there (not
     measured by this project).
+
+    A sliding window bounds the keys a row sees (:func:`row_keys`): where the rules above go by
+    length, they go by that count instead, and on sm_90 and sm_100 a window of at most
+    :data:`NARROW_WINDOW` keys runs on 64x64 tiles at D <= 128 (each query tile then visits
+    fewer keys its rows do not see; the other architectures' defaults are 64x64 already).
+    Neither is measured yet: no windowed shape has been tuned.
     """
     gen = generation(arch)
     fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
     split = dict(split_d=head_dim_parts(problem.head_dim, True)[1] != 0)
+    keys = row_keys(problem)
+    if (problem.windowed and keys <= NARROW_WINDOW and problem.head_dim <= 128
+            and gen in ("hopper", "blackwell")):
+        return Schedule(tile_m=64, tile_n=64, occupancy=4 if problem.head_dim <= 64 else 3,
+                        kv_sawtooth=True, **fast_math, **split)
     if gen == "hopper":
         d = problem.head_dim
         if d > 128:
@@ -67,13 +93,15 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
             if 32 < d < 64:
                 return Schedule(tile_m=256, tile_n=64, occupancy=2, num_ctas=2, k_latency=2,
                                 persistent=True, **fast_math, **split)
-            if problem.seqlen_k <= 2048:
+            if keys <= 2048:
                 return Schedule(**small_tiles)
             return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
                             k_latency=4, v_latency=2, unchecked_loads=True)
         if problem.causal:
-            # the keys a query row sees: S_k with bottom-right alignment (chunked prefill)
-            if (problem.seqlen_k if problem.bottom_right else problem.seqlen_q) >= 4096:
+            # the keys a query row sees: S_k with bottom-right alignment (chunked prefill), at
+            # most the window's width
+            seen = problem.seqlen_k if problem.bottom_right else problem.seqlen_q
+            if (min(seen, keys) if problem.windowed else seen) >= 4096:
                 return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
                                 longest_first=True, **fast_math, **split)
             if split["split_d"]:  # 72 and 80 as 64 + 16, 96 as 64 + 32

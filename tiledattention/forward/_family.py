@@ -38,7 +38,7 @@ class ForwardCase(AttentionCase):
         grid = grid_for(problem, schedule, self.sm_count)
         kernel = kernel_for(schedule)
         args = kernel_args(self.q, self.k, self.v, self.out, problem, schedule,
-                           default_scale(problem))
+                           default_scale(problem), sinks=self.sinks)
 
         def run() -> None:
             ct.launch(torch.cuda.current_stream(), grid, kernel, args)
@@ -100,9 +100,11 @@ class ForwardFamily(Family):
         return forward_plan(problem, schedule, device_index, scale)
 
     def forward_with_lse(self, stream, q, k, v, out, lse, problem: Problem, schedule: Schedule,
-                         scale: float, device_index: int) -> None:
+                         scale: float, device_index: int, sinks=None) -> None:
+        """:meth:`Family.forward_with_lse`; ``sinks``: the float32 ``[H_q]`` sink logits when
+        ``problem.sinks`` (the stored log-sum-exp then includes them)."""
         launch_with_lse(stream, q, k, v, out, lse, problem, normalise(problem, schedule), scale,
-                        _device.device_info(device_index).sm_count)
+                        _device.device_info(device_index).sm_count, sinks=sinks)
 
 
 FORWARD = register_family(ForwardFamily())

@@ -14,6 +14,14 @@ unless an ``lse`` array is given (``launch_with_lse``), and then ``Lse`` gets th
 forward's machine code exactly as it was before the parameter existed, while a trailing unused
 array does not (sm_90, cuda-tile 1.7.0 / tileiras 13.4).
 
+The variants' values follow ``Lse``, last: ``window_left`` and ``window_right`` (read under
+``WINDOW``), ``softcap`` (``SOFTCAP``) and ``Sinks`` (``SINKS``, the float32 ``[H_q]`` sink
+logits). A value its constant leaves unread gets :data:`UNUSED`, an empty tuple, which takes no
+bytes of the kernel's parameter space. Not an int like ``Lse``'s: on sm_90 the TMA descriptors
+sit after the parameters at the next 64-byte boundary, and the plain forward's parameters end
+exactly on one (176 bytes from 0x210), so one more int32 moves every descriptor by 64 bytes and
+changes the machine code; an empty tuple leaves it byte-identical.
+
 ``normalise`` gives each schedule flag that cannot change the kernel's work for a problem its
 canonical value (the ``Schedule`` default). The constants are a plain function of the problem
 and the normalised schedule, so two schedules with one normalised key compile one kernel.
@@ -28,6 +36,7 @@ from typing import Any, Mapping
 from .._lazy import lazy_module
 from .._signature import KernelParameters
 from .._problem import Problem, head_dim_parts
+from ..errors import KernelArgumentError
 from ._schedule import Schedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -35,13 +44,22 @@ _kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
-           "default_scale", "launch", "launch_with_lse", "RUNTIME_PARAMETERS", "NO_LSE"]
+           "default_scale", "launch", "launch_with_lse", "RUNTIME_PARAMETERS", "NO_LSE",
+           "UNUSED"]
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
-RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group", "Lse")
+RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group", "Lse",
+                      "window_left", "window_right", "softcap", "Sinks")
 
 #: What ``Lse`` receives when ``STORE_LSE`` is off: an int32 scalar that no code reads.
 NO_LSE = 0
+#: What ``window_left`` / ``window_right`` (without ``WINDOW``), ``softcap`` (without
+#: ``SOFTCAP``) and ``Sinks`` (without ``SINKS``) receive: an empty tuple, a parameter of no
+#: bytes, so the parameter space (and the machine code) of a forward without them is unchanged.
+UNUSED = ()
+#: the variants' runtime values, each with the constant under which the kernel reads it
+_VARIANT_VALUES = (("window_left", "WINDOW"), ("window_right", "WINDOW"), ("softcap", "SOFTCAP"),
+                   ("Sinks", "SINKS"))
 
 
 # -- the kernel's signature ---------------------------------------------------------------------
@@ -58,25 +76,50 @@ def ordered_args(runtime: Mapping[str, Any], constants: Mapping[str, Any]) -> tu
 
     ``runtime`` must name exactly the launch-time parameters (:data:`RUNTIME_PARAMETERS`) and
     ``constants`` exactly the ``ct.Constant`` ones; the order of either mapping does not matter.
-    ``runtime`` may leave ``Lse`` out while ``constants["STORE_LSE"]`` is false: it then gets the
-    placeholder, :data:`NO_LSE` for a launch, or its int32 ``ScalarConstraint`` for a compile-only
-    build (whose runtime values are ``cuda.tile.compilation`` constraints).
+    ``runtime`` may leave ``Lse`` out while ``constants["STORE_LSE"]`` is false: it then gets
+    the placeholder, :data:`NO_LSE` for a launch, or its int32 ``ScalarConstraint`` for a
+    compile-only build (whose runtime values are ``cuda.tile.compilation`` constraints). Likewise
+    each variant value (``window_left``, ``window_right``, ``softcap``, ``Sinks``) its constant
+    leaves unread: :data:`UNUSED` for a launch; for a compile-only build a constant (the
+    ``cutile_python_v1`` convention of ``export_cubin`` takes no tuple), also of no bytes and
+    compiling the same machine code (``tests/cpu/test_forward_variants.py`` checks it).
     Raises :class:`KernelArgumentError` naming what is missing, unknown, supplied twice or in
     the wrong mapping.
     """
+    compile_only = _is_constraint(runtime.get("qk_scale"))
     if "Lse" not in runtime and constants.get("STORE_LSE") is False:
-        runtime = {**runtime, "Lse": _no_lse_like(runtime.get("qk_scale"))}
+        runtime = {**runtime, "Lse": _no_lse(compile_only)}
+    for name, flag in _VARIANT_VALUES:
+        if name not in runtime and constants.get(flag) is False:
+            runtime = {**runtime, name: _unused(compile_only)}
     return _SIGNATURE.ordered(runtime, constants)
 
 
-def _no_lse_like(scale: Any) -> Any:
-    """The ``Lse`` placeholder in the form of the other runtime values: :data:`NO_LSE`, or for
-    compile-only builds the ``ScalarConstraint`` that ``ct.launch`` makes of a Python int."""
+def _is_constraint(value: Any) -> bool:
+    """Whether ``value`` is a compile-only build's ``ScalarConstraint`` (not a launch value)."""
     from cuda.tile import compilation as ctc
 
-    if isinstance(scale, ctc.ScalarConstraint):
+    return isinstance(value, ctc.ScalarConstraint)
+
+
+def _no_lse(compile_only: bool) -> Any:
+    """The ``Lse`` placeholder: :data:`NO_LSE`, or for compile-only builds the
+    ``ScalarConstraint`` that ``ct.launch`` makes of a Python int."""
+    if compile_only:
+        from cuda.tile import compilation as ctc
+
         return ctc.ScalarConstraint(ct.int32)
     return NO_LSE
+
+
+def _unused(compile_only: bool) -> Any:
+    """An unread variant value: :data:`UNUSED`, or for compile-only builds a zero-byte
+    constant."""
+    if compile_only:
+        from cuda.tile import compilation as ctc
+
+        return ctc.ConstantConstraint(0)
+    return UNUSED
 
 
 # -- normalisation ------------------------------------------------------------------------------
@@ -91,19 +134,25 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
     even_k = problem.seqlen_k % schedule.tile_n == 0
     even_all = (even_k and problem.seqlen_q % schedule.tile_m == 0
                 and sum(head_dim_parts(problem.head_dim, schedule.split_d)) == problem.head_dim)
-    any_mask = problem.causal or not even_k
-    paired = schedule.paired_tiles and problem.causal and num_q_tiles > 1
+    # query tiles do unequal work under the causal mask or a window (whose ends clip the rows
+    # near the first and last keys)
+    unequal = problem.causal or problem.windowed
+    any_mask = problem.causal or problem.windowed or not even_k
+    paired = schedule.paired_tiles and unequal and num_q_tiles > 1
     rules = (
         # paired_tiles: pairs (n-1-i, i) even out causal work; without the mask every tile costs
         # the same, and a single query tile is its own pair (one slot, tile 0 either way).
         # Bottom-right causal shifts every tile's key count by S_k - S_q, so the pairs still even
         # out (exactly while every row sees a key; where S_q > S_k leaves early tiles with none,
-        # only the balance suffers, never the result). The same holds for longest_first.
-        ("paired_tiles", not problem.causal, "only causal problems have unequal query tiles"),
+        # only the balance suffers, never the result). The same holds for longest_first. With a
+        # window, tiles differ only near the ends; the flags stay open to the tuner there.
+        ("paired_tiles", not unequal, "only causal or windowed problems have unequal query "
+         "tiles"),
         ("paired_tiles", num_q_tiles == 1, "one query tile: the pair is the tile itself"),
-        # longest_first: reverses the tile order, which balances causal work only; the kernel
+        # longest_first: reverses the tile order, which balances unequal work only; the kernel
         # reads LONGEST_FIRST only when not PAIRED (a pair already starts with the longer tile).
-        ("longest_first", not problem.causal, "only causal problems have a longest query tile"),
+        ("longest_first", not unequal, "only causal or windowed problems have a longest query "
+         "tile"),
         ("longest_first", paired, "paired tiles start each pair with the longer tile already"),
         ("longest_first", num_q_tiles == 1, "reversing one query tile changes nothing"),
         # kv_sawtooth: odd query tiles walk their key tiles backwards; needs a tile 1 to exist
@@ -115,8 +164,10 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("unchecked_loads", not even_all,
          "a tile crosses an edge (S_q % tile_m, S_k % tile_n or a padded head_dim): loads stay "
          "bounds-checked"),
-        # split_masked: the kernel reads SPLIT_MASKED only under ANY_MASK = causal or ragged keys.
-        ("split_masked", not any_mask, "no key tile needs a mask (not causal, S_k % tile_n == 0)"),
+        # split_masked: the kernel reads SPLIT_MASKED only under ANY_MASK = causal or ragged keys,
+        # or with a window (whose edge tiles take the mask)
+        ("split_masked", not any_mask,
+         "no key tile needs a mask (not causal, no window, S_k % tile_n == 0)"),
         # split_d: two parts only where they cover fewer columns than one padded part
         ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
          "the head dim is a power of two, or two parts would pad as much as one"),
@@ -171,6 +222,9 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "PERSISTENT": s.persistent,
         "PAIRED": s.paired_tiles,
         "STORE_LSE": False,  # kernel_args turns it on when given an lse array
+        "WINDOW": problem.windowed,
+        "SOFTCAP": problem.softcap > 0,
+        "SINKS": problem.sinks,
     }
 
 
@@ -189,13 +243,24 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
 
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
-                scale: float, lse: Any = None) -> tuple:
+                scale: float, lse: Any = None, sinks: Any = None) -> tuple:
     """The positional arguments of ``attention_fwd`` for ``ct.launch``. With ``lse`` (a float32
     ``[B, H_q, S_q]`` array) the kernel also stores each query row's log-sum-exp there
-    (``STORE_LSE``); without it ``Lse`` gets the placeholder :data:`NO_LSE`."""
+    (``STORE_LSE``); without it ``Lse`` gets the placeholder :data:`NO_LSE`. ``sinks``: the
+    float32 ``[H_q]`` sink logits, given exactly when ``problem.sinks``. The window and the
+    softcap come from ``problem``; values the kernel does not read get :data:`UNUSED`."""
+    if (sinks is not None) != problem.sinks:
+        raise KernelArgumentError(
+            f"sinks must be given exactly when the problem has sinks; got "
+            f"{'an array' if sinks is not None else 'None'} for {problem.describe()}")
+    windowed = problem.windowed
     runtime = {"Q": q, "K": k, "V": v, "Out": out, "qk_scale": float(scale),
                "heads_q": problem.heads_q, "group": problem.group_size,
-               "Lse": NO_LSE if lse is None else lse}
+               "Lse": NO_LSE if lse is None else lse,
+               "window_left": problem.window_left if windowed else UNUSED,
+               "window_right": problem.window_right if windowed else UNUSED,
+               "softcap": problem.softcap if problem.softcap > 0 else UNUSED,
+               "Sinks": UNUSED if sinks is None else sinks}
     constants = _constants(problem, schedule)
     if lse is not None:
         constants = {**constants, "STORE_LSE": True}
@@ -236,15 +301,16 @@ def default_scale(problem: Problem) -> float:
 
 
 def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,
-           schedule: Schedule, scale: float, sm_count: int) -> None:
-    """Enqueue one forward pass on ``stream`` (validated inputs, preallocated ``out``)."""
+           schedule: Schedule, scale: float, sm_count: int, sinks: Any = None) -> None:
+    """Enqueue one forward pass on ``stream`` (validated inputs, preallocated ``out``;
+    ``sinks``: the float32 ``[H_q]`` sink logits when ``problem.sinks``)."""
     ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
-              kernel_args(q, k, v, out, problem, schedule, scale))
+              kernel_args(q, k, v, out, problem, schedule, scale, sinks=sinks))
 
 
 def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, problem: Problem,
-                    schedule: Schedule, scale: float, sm_count: int) -> None:
+                    schedule: Schedule, scale: float, sm_count: int, sinks: Any = None) -> None:
     """:func:`launch`, also storing each query row's log-sum-exp into ``lse`` (a float32
-    ``[B, H_q, S_q]`` array) for the backward pass."""
+    ``[B, H_q, S_q]`` array) for the backward pass (with sinks, their term included)."""
     ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
-              kernel_args(q, k, v, out, problem, schedule, scale, lse=lse))
+              kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks))
