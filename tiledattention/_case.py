@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 from ._family import Case
 from ._reference import attention_reference, visible_keys
+from .errors import UnsupportedOperationError
 
 __all__ = ["AttentionCase", "torch_sdpa_kwargs"]
 
@@ -21,7 +22,8 @@ def torch_sdpa_kwargs(problem: Any) -> dict[str, Any]:
     torch < 2.5 has no such argument)."""
     kwargs: dict[str, Any] = {}
     if problem.softcap > 0 or problem.sinks:
-        raise ValueError(f"torch's SDPA has no softcap or sinks: {problem.describe()}")
+        raise UnsupportedOperationError(f"torch's SDPA has no softcap or sinks: "
+                                        f"{problem.describe()}")
     if problem.windowed:  # what transformers does for a sliding window: a materialised mask
         import torch
 

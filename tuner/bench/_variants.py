@@ -171,7 +171,7 @@ def _forward_fn(name: str, problem: Any, case: Any
     if name == "sdpa-mask":
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        from tiledattention._case import torch_sdpa_kwargs
+        from tiledattention.tooling import torch_sdpa_kwargs
 
         sdpa_kwargs = torch_sdpa_kwargs(problem)  # the materialised mask, built once
 
