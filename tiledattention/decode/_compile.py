@@ -1,6 +1,7 @@
 """Compile-only builds of the decode kernels for any architecture, on a machine without a GPU:
 the same kernel objects and constants the launcher uses, for arrays laid out the way ``sdpa``
-passes them (q and out as ``[B, H', G', S_q, D]`` views of contiguous tensors)."""
+passes them (q and out as ``[B, H', G', S_q, D]`` views of contiguous tensors; with sinks a
+contiguous float32 ``[H_q]`` array, else the int32 placeholder)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,17 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     opart = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m, tile_d))
     lse = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m))
     direct = schedule.splits == 1
+    # the sink logits, or the placeholder int (what ct.launch makes of a Python int)
+    sinks = (array_constraint("fp32", (p.heads_q,)) if p.sinks
+             else ctc.ScalarConstraint(ct.int32))
     runtime = {"Q": q5, "K": kv, "V": kv, "Out": q5,
                "Opart": q5 if direct else opart, "Lse": q5 if direct else lse,
                "qk_scale": ctc.ScalarConstraint(ct.float32),
                "causal_offset": ctc.ScalarConstraint(ct.int32),
-               "kv_div": ctc.ScalarConstraint(ct.int32)}
+               "kv_div": ctc.ScalarConstraint(ct.int32),
+               "window_left": ctc.ScalarConstraint(ct.int32),
+               "window_right": ctc.ScalarConstraint(ct.int32),
+               "softcap": ctc.ScalarConstraint(ct.float32), "Sinks": sinks}
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
                           SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),
@@ -48,7 +55,7 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
         return result
     combined = export_cubin(
         combine_kernel(schedule),
-        COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5},
+        COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5, "Sinks": sinks},
                                    combine_constants(p, schedule)), arch, label + " (combine)")
     return dataclasses.replace(result, seconds=result.seconds + combined.seconds,
                                other_cubins=(combined.cubin,))

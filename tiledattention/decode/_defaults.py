@@ -8,7 +8,7 @@ from .._problem import Problem
 from ._launch import layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
-__all__ = ["default_decode_schedule", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M"]
+__all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -22,19 +22,35 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_TILE_M = 64
 
 
+def window_keys(problem: Problem) -> int:
+    """The keys the call's query rows may see at all: the length of the union of their
+    visible ranges (``problem.key_span(0, S_q - 1)``; the whole cache without a window)."""
+    lo, hi = problem.key_span(0, problem.seqlen_q - 1)
+    return max(hi - lo, 0)
+
+
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     """Per-architecture default: heads of a group packed into one tile, 128-key steps, loads
     issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a plain second kernel
-    (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k)."""
+    (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k).
+
+    With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
+    ``S_k``): the splits are counted from those, and the key step is at most half the power of
+    two that holds them (at least 32), so that the two partly masked tiles at the window's
+    edges load little beyond it (a 33-key window: two 32-key tiles, not two of 128)."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
     rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
     tile_m = min(MAX_TILE_M, max(16, 1 << (rows - 1).bit_length()))
-    base = DecodeSchedule(tile_n=128 if problem.head_dim <= 128 else 64, tile_m=tile_m,
-                          k_latency=2, v_latency=2)
+    keys = problem.seqlen_k
+    tile_n = 128 if problem.head_dim <= 128 else 64
+    if problem.windowed:
+        keys = window_keys(problem)
+        tile_n = min(tile_n, max(32, (1 << max(keys - 1, 0).bit_length()) // 2))
+    base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2)
     rows = layout(problem, base).rows  # CTAs per split
     wanted = SM_COUNTS[gen] // rows  # one wave: these kernels run one CTA per SM on sm_90
-    splits = max(1, min(wanted, problem.seqlen_k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
     return base.replace(splits=splits)

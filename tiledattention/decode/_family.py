@@ -35,10 +35,11 @@ class DecodeCase(AttentionCase):
             partials = (torch.empty(opart, dtype=torch.float32, device=self.q.device),
                         torch.empty(lse, dtype=torch.float32, device=self.q.device))
         offset = self.problem.causal_offset
+        sinks = self.sinks  # float32 [H_q], or None without sinks
 
         def run() -> None:
             launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out, offset,
-                   partials)
+                   partials, sinks)
 
         return run
 
@@ -96,8 +97,11 @@ class DecodeFamily(Family):
         return bucket_problem(problem)  # one plan (and lookup) per band of cache lengths
 
     def plan(self, problem: Problem, schedule: DecodeSchedule, device_index: int,
-             scale: float | None, causal: object = None) -> DecodePlan:
-        return decode_plan(problem, schedule, device_index, scale, causal)
+             scale: float | None, causal: object = None,
+             window: tuple[int, int] | None = None) -> DecodePlan:
+        """``window``: the call's own ``(left, right)`` (a kept plan serves longer caches of
+        its bucket, where a side the problem's canonical form dropped may bind)."""
+        return decode_plan(problem, schedule, device_index, scale, causal, window)
 
     def plan_key(self, signature: tuple, k, v) -> tuple:
         return decode_plan_key(signature, k, v)

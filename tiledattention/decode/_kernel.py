@@ -15,10 +15,17 @@ split writes its normalised partial output and its log-sum-exp (base 2) in float
 CTAs are scheduled while the split kernel drains and wait for its memory.
 
 Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i``
-sees keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). A row that sees
-no key returns zeros. Every UPPER_CASE parameter is a compile-time constant (``_launch``);
-nothing here depends on ``S_k`` at compile time, so a decode loop whose cache grows by a key per
-step reuses one compiled kernel.
+sees keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). With ``WINDOW``
+it also sees only keys ``i + causal_offset - window_left .. i + causal_offset + window_right``
+(a side of -1 is unbounded): each query tile walks only the key tiles of its rows' union of
+visible keys, split over the CTAs of its row, and the key walk starts where that range starts
+(computed from ``causal_offset`` at run time, so it follows a cache that grows). Only the
+tiles at the range's edges are masked. ``SOFTCAP`` caps the scaled scores at ``softcap *
+tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[h] - m)`` to each row's denominator once: in
+the single split's normalisation or in the combine, never per split. A row that sees no key
+returns zeros. Every UPPER_CASE parameter is a compile-time constant (``_launch``); nothing
+here depends on ``S_k`` at compile time, so a decode loop whose cache grows by a key per step
+reuses one compiled kernel.
 """
 
 from __future__ import annotations
@@ -35,12 +42,20 @@ LOG2_E = 1.0 / math.log(2.0)
 #: Finite "minus infinity" for running maxima: a row whose first key tile is fully masked must
 #: not compute (-inf) - (-inf).
 NEG_BIG = -1.0e30
+#: What an unbounded window side (-1) reaches, in keys: past any cache the kernels can index
+#: (``S_k * D < 2**31``), and small enough that key offsets of that size do not overflow int32.
+FAR = 1 << 30
 
 
 def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen_k, offset,
-             masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY):
+             masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+             WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out):
     """Fold key tile ``j`` into the running (max, denominator, accumulator) of the packed rows.
-    ``masked``: apply the sequence-end and causal mask (only the last tiles of a range need it).
+    ``masked``: apply the sequence-end, causal and window masks (only the tiles at the edges
+    of a row's key range need it). With ``WINDOW`` row position ``i`` keeps keys ``i +
+    lo_shift .. i + hi_shift`` (the causal bound folded into ``hi_shift``). With ``SOFTCAP``
+    the scores are ``cap_out * tanh(qk * cap_in)``: the capped scaled score in the kernel's
+    units (times log2(e) with ``EXP2``).
     """
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
     if K_TRANSPOSED:
@@ -53,20 +68,33 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
         k = ct.transpose(k.reshape((TILE_N, TILE_D)))
     qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
     qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+    if SOFTCAP:
+        qk = ct.tanh(qk * cap_in) * cap_out  # [TILE_M, TILE_N], scaled
     if masked:
         keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
         keep = keys < seqlen_k
-        if CAUSAL:
+        if WINDOW:
+            keep = keep & (keys >= positions + lo_shift) & (keys <= positions + hi_shift)
+        elif CAUSAL:
             keep = keep & (keys <= positions + offset)  # [TILE_M, TILE_N]
         qk = ct.where(keep, qk, -np.inf)
 
-    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [TILE_M, 1]
-    if EXP2:
-        p = ct.exp2(qk * scale - m_ij, flush_to_zero=True)
-        alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)
+    if SOFTCAP:
+        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True))  # [TILE_M, 1]
+        if EXP2:
+            p = ct.exp2(qk - m_ij, flush_to_zero=True)
+            alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)
+        else:
+            p = ct.exp(qk - m_ij)
+            alpha = ct.exp(m_i - m_ij)
     else:
-        p = ct.exp(qk * scale - m_ij)
-        alpha = ct.exp(m_i - m_ij)
+        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [TILE_M, 1]
+        if EXP2:
+            p = ct.exp2(qk * scale - m_ij, flush_to_zero=True)
+            alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)
+        else:
+            p = ct.exp(qk * scale - m_ij)
+            alpha = ct.exp(m_i - m_ij)
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
     v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D), padding_mode=PAD,
                 latency=ct.static_eval(V_LATENCY or None)).reshape((TILE_N, TILE_D))
@@ -79,6 +107,17 @@ def _tile_of_row(row, heads, num_q_tiles):
     q_tile = row % num_q_tiles
     bh = row // num_q_tiles
     return bh // heads, bh % heads, q_tile
+
+
+def _row_sinks(Sinks, head, group, TILE_G, TILE_S, EXP2):
+    """The sink logit of each packed row's query head (``head * group + g`` for tile head
+    ``g``; padded heads get 0), in the kernel's units (times log2(e) with ``EXP2``):
+    ``[TILE_G * TILE_S, 1]``."""
+    g = ct.arange(TILE_G * TILE_S, dtype=np.int32)[:, None] // TILE_S  # [TILE_M, 1]
+    sink = ct.gather(Sinks, head * group + g, mask=g < group, padding_value=0.0)
+    if EXP2:
+        sink = sink * LOG2_E
+    return sink  # [TILE_M, 1]
 
 
 def _normalised(acc, total):
@@ -95,6 +134,12 @@ def decode_split(
     qk_scale: float,
     causal_offset: int,  # query position i sees keys 0..i + causal_offset (CAUSAL only)
     kv_div: int,  # head index of Q's view // kv_div = K/V head (1 when the group is packed)
+    window_left: int,  # WINDOW: row i sees keys from i + causal_offset - window_left (-1: all)
+    window_right: int,  # WINDOW: ... up to i + causal_offset + window_right (-1: all)
+    softcap: float,  # SOFTCAP: scores capped at softcap * tanh(s / softcap)
+    Sinks,  # SINKS: [H_q] float32 sink logits; else a placeholder int the code never reads.
+    # The new launch-time values come last: the others keep their offsets (and the code of a
+    # plain problem its bytes).
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -106,6 +151,9 @@ def decode_split(
     V_LATENCY: ConstInt,
     DIRECT: ConstBool,  # one split: normalise and store into Out, no partials
     PDL: ConstBool,  # a dependent combine kernel may be scheduled early
+    WINDOW: ConstBool,  # a sliding window bounds a side of each row's keys
+    SOFTCAP: ConstBool,
+    SINKS: ConstBool,  # DIRECT only: the sink joins the denominator (else the combine adds it)
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     heads = Q.shape[1]
@@ -130,31 +178,90 @@ def decode_split(
     # the keys this tile's rows can see: all, or up to the last real row's diagonal
     kv_end = seqlen_k
     mask_from_key = seqlen_k - seqlen_k % TILE_N  # key tiles from here on need the end mask
-    if CAUSAL:
+    lo_shift = 0
+    hi_shift = 0
+    if WINDOW:
+        # row i keeps keys i + lo_shift .. i + hi_shift; -1 (a side unbounded) reaches FAR
+        reach_left = window_left
+        if window_left < 0:
+            reach_left = FAR
+        reach_right = window_right
+        if window_right < 0:
+            reach_right = FAR
+        if CAUSAL:
+            reach_right = min(reach_right, 0)
+        lo_shift = causal_offset - reach_left
+        hi_shift = causal_offset + reach_right
         last_pos = min(first_pos + TILE_S, seqlen_q) - 1
-        kv_end = max(min(seqlen_k, last_pos + causal_offset + 1), 0)
-        mask_from_key = max(min(mask_from_key, first_pos + causal_offset + 1), 0)
-    num_tiles = ct.cdiv(kv_end, TILE_N)
-    per_split = ct.cdiv(num_tiles, splits)
-    start = min(split * per_split, num_tiles)
-    stop = min(start + per_split, num_tiles)
-    mask_from = max(min(mask_from_key // TILE_N, stop), start)
+        # the union of the real rows' keys: from the first row's first to the last row's last
+        kv_start = max(min(first_pos + lo_shift, seqlen_k), 0)
+        kv_end = max(min(seqlen_k, last_pos + hi_shift + 1), 0)
+        first_tile = kv_start // TILE_N
+        num_tiles = ct.cdiv(kv_end, TILE_N) - first_tile
+        if kv_end <= kv_start:
+            num_tiles = 0
+        per_split = ct.cdiv(num_tiles, splits)
+        start = first_tile + min(split * per_split, num_tiles)
+        stop = min(start + per_split, first_tile + num_tiles)
+        # tiles every real row sees whole: from the last row's first key to the first row's
+        # last key (and short of a partial last tile); the tiles before and after are masked
+        unmasked_key = max(last_pos + lo_shift, 0)
+        mask_from_key = max(min(mask_from_key, first_pos + hi_shift + 1), 0)
+        unmask_from = max(min(ct.cdiv(unmasked_key, TILE_N), stop), start)
+        mask_from = max(min(mask_from_key // TILE_N, stop), unmask_from)
+    else:
+        if CAUSAL:
+            last_pos = min(first_pos + TILE_S, seqlen_q) - 1
+            kv_end = max(min(seqlen_k, last_pos + causal_offset + 1), 0)
+            mask_from_key = max(min(mask_from_key, first_pos + causal_offset + 1), 0)
+        num_tiles = ct.cdiv(kv_end, TILE_N)
+        per_split = ct.cdiv(num_tiles, splits)
+        start = min(split * per_split, num_tiles)
+        stop = min(start + per_split, num_tiles)
+        mask_from = max(min(mask_from_key // TILE_N, stop), start)
+    cap_in = 0.0
+    cap_out = 0.0
+    if SOFTCAP:
+        cap_in = qk_scale / softcap  # s / c, from the raw product
+        cap_out = softcap  # c, in the kernel's units
+        if EXP2:
+            cap_out = softcap * LOG2_E
 
     q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
-    m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-    l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    if DIRECT and SINKS:
+        # the sink as a key of value 0 seen first: max = sink, denominator 1
+        m_i = _row_sinks(Sinks, head, Q.shape[2], TILE_G, TILE_S, EXP2)  # [TILE_M, 1]
+        l_i = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+    else:
+        m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
-    for j in range(start, mask_from):
-        m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale,
-                                 seqlen_k, causal_offset, False, CAUSAL, TILE_M, TILE_N, TILE_D,
-                                 EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY)
+    if WINDOW:
+        for j in range(start, unmask_from):
+            m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc,
+                                     scale, seqlen_k, causal_offset, True, CAUSAL, TILE_M,
+                                     TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                                     WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
+        for j in range(unmask_from, mask_from):
+            m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc,
+                                     scale, seqlen_k, causal_offset, False, CAUSAL, TILE_M,
+                                     TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                                     WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
+    else:
+        for j in range(start, mask_from):
+            m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc,
+                                     scale, seqlen_k, causal_offset, False, CAUSAL, TILE_M,
+                                     TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                                     WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
     for j in range(mask_from, stop):
         m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale,
                                  seqlen_k, causal_offset, True, CAUSAL, TILE_M, TILE_N, TILE_D,
-                                 EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY)
+                                 EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                                 WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
 
-    # rows that saw no key (an empty split, or masked entirely) have l_i == 0: zeros out
+    # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
+    # acc == 0 and l_i >= 1): zeros out
     out = _normalised(acc, l_i)
     if DIRECT:
         ct.store(Out, index=(batch, head, 0, q_tile, 0),
@@ -175,11 +282,13 @@ def decode_combine(
     Opart,  # [rows, splits, TILE_M, TILE_D] float32
     Lse,  # [rows, splits, TILE_M] float32 (base 2)
     Out,  # [B, H_kv', G', S_q, D] view of the output
+    Sinks,  # SINKS: [H_q] float32 sink logits; else a placeholder int the code never reads
     TILE_G: ConstInt,
     TILE_S: ConstInt,
     CHUNK_D: ConstInt,  # head-dim columns per CTA (grid dim 1 walks the chunks)
     UNROLL: ConstInt,  # splits merged per step
     PDL: ConstBool,  # launched as a programmatic dependent of decode_split
+    SINKS: ConstBool,  # each row's sink joins the merged denominator (once)
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     if PDL:
@@ -193,8 +302,13 @@ def decode_combine(
     # UNROLL splits per step, their loads issued together: the merge is a chain of dependent
     # steps, and one load per step left it waiting on memory once per split. Splits past the
     # last one are out of bounds: they load as -inf (weight 0) and zeros.
-    m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-    total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    # With SINKS the sink enters as one more split of log-sum-exp sink * log2(e) and output 0.
+    if SINKS:
+        m = _row_sinks(Sinks, head, Out.shape[2], TILE_G, TILE_S, True)  # [TILE_M, 1]
+        total = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+    else:
+        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
     for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
         lses = ()

@@ -3,7 +3,11 @@ length, so one is kept per length *bucket* (the nearest power of two: ``length_b
 resolved for the bucket's length (``bucket_problem``). In a generation loop, where the cache
 grows by one key per call, every call of a bucket reuses one plan (checking only what the key
 leaves out: K/V's shapes agree and fit the kernels' int32 indexing), and the schedule is looked
-up once per bucket.
+up once per bucket. A sliding window travels with the plan as launch-time values, and the
+kernel places each call's key walk from them and that call's causal offset: the window's start
+follows the cache as it grows. The window is the problem's, or the call's where given
+(``decode_plan(window=)``): a problem's canonical form drops a window side that binds no key at
+its own length, and a later, longer call of the bucket may need it.
 
 A multi-split call's float32 partial buffers are kept by the runtime between calls
 (``_partials``: per device, stream, thread and shapes; at most ``Runtime``'s
@@ -37,16 +41,22 @@ def length_bucket(seqlen_k: int) -> int:
 
 def bucket_problem(problem: Problem) -> Problem:
     """``problem`` with ``seqlen_k`` at its bucket's power of two (the problem a decode plan is
-    resolved for); ``problem`` itself where that length is not a valid problem."""
+    resolved for); ``problem`` itself where that length is not a valid problem, or where its
+    canonical form would drop a window side that binds at ``problem``'s length (the plan's
+    kernels must keep the window)."""
     length = 1 << length_bucket(problem.seqlen_k)
     if length == problem.seqlen_k:
         return problem
     fields = problem.to_dict()
     fields["seqlen_k"] = length
     try:
-        return Problem.from_dict(fields)
+        bucketed = Problem.from_dict(fields)
     except ValueError:  # e.g. the rounded-up length passes the int32 index limit
         return problem
+    if (bucketed.window_left, bucketed.window_right) != (problem.window_left,
+                                                         problem.window_right):
+        return problem
+    return bucketed
 
 
 def decode_plan_key(signature: tuple, k: Any, v: Any) -> tuple:
@@ -96,7 +106,10 @@ class DecodePlan(Plan):
         return DecodePlan(self.out_shape, self.launches, self.partial_shapes, self.bottom_right,
                           self.tile_d, contiguous_like(q), out_spans(q, out))
 
-    def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any) -> Any:
+    def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any,
+            sinks: Any = None) -> Any:
+        """As :meth:`Plan.run`; ``sinks``: the call's float32 contiguous ``[H_q]`` sink logits
+        (validated by the caller) when the plan's problem has sinks."""
         k_shape, k_strides, v_strides = k.shape, k.stride(), v.stride()
         tile_d = self.tile_d
         if (v.shape != k_shape or k_strides[3] != 1 or v_strides[3] != 1
@@ -116,10 +129,11 @@ class DecodePlan(Plan):
         if self.partial_shapes is not None:
             partials = _partials(runtime, self.partial_shapes, q, device, stream)
         offset = k_shape[2] - self.out_shape[2] if self.bottom_right else 0
-        _launch.launch(stream, self.launches, q, k, v, out, offset, partials)
+        _launch.launch(stream, self.launches, q, k, v, out, offset, partials, sinks)
         return out
 
-    def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Problem) -> Any:
+    def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Problem,
+                 sinks: Any = None) -> Any:
         import cupy
 
         with cupy.cuda.Device(q.device.id):
@@ -128,21 +142,28 @@ class DecodePlan(Plan):
             partials = None
             if self.partial_shapes is not None:
                 partials = tuple(cupy.empty(s, dtype=cupy.float32) for s in self.partial_shapes)
+            offset = problem.seqlen_k - problem.seqlen_q if self.bottom_right else 0
             _launch.launch(cupy.cuda.get_current_stream(), self.launches, q, k, v, out,
-                           problem.causal_offset, partials)
+                           offset, partials, sinks)
         return out
 
 
 def decode_plan(problem: Problem, schedule: DecodeSchedule, device_index: int,
-                scale: float | None, causal: Any) -> DecodePlan:
+                scale: float | None, causal: Any,
+                window: tuple[int, int] | None = None) -> DecodePlan:
     """The plan for every length of ``problem``'s bucket (resolved for the bucket's length).
-    The call's own ``causal=`` alignment decides the causal offset: the problem's canonical
-    form drops bottom-right where it equals top-left (S_q == S_k) or no mask (S_q == 1), and a
-    later call of the bucket may have another length."""
-    launches = _launch.launches(bucket_problem(problem), schedule, scale)
+    The call's own ``causal=`` alignment (or the problem's bottom-right) decides the causal
+    offset: the problem's canonical form drops bottom-right where it equals top-left (S_q ==
+    S_k) or no mask, and a later call of the bucket may have another length. ``window``: the
+    call's own ``(left, right)``, where the problem's canonical form may have dropped a side
+    that binds no key at this length (``None``: the problem's)."""
+    if window is None:
+        window = (problem.window_left, problem.window_right)
+    launches = _launch.launches(bucket_problem(problem), schedule, scale, window)
     return DecodePlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
         launches=launches,
         partial_shapes=(_launch.partial_shapes(launches) if launches.combine is not None
                         else None),
-        bottom_right=causal_flags(causal)[1], tile_d=padded_head_dim(problem.head_dim))
+        bottom_right=causal_flags(causal)[1] or problem.bottom_right,
+        tile_d=padded_head_dim(problem.head_dim))
