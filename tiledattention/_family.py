@@ -218,11 +218,11 @@ class Family(abc.ABC):
         return problem
 
     def plan(self, problem: Any, schedule: Any, device_index: int, scale: float | None,
-             causal: Any) -> Any:
+             causal: Any, window: tuple[int, int] | None = None) -> Any:
         """A launch plan (:class:`tiledattention.Plan`) of ``schedule`` for the calls of
-        ``problem`` on CUDA device ``device_index`` (families serving "sdpa"); ``causal`` is
-        the call's own argument (a plan kept for a band of problems may need the alignment
-        that the problem's canonical form drops)."""
+        ``problem`` on CUDA device ``device_index`` (families serving "sdpa"); ``causal`` and
+        ``window`` are the call's own arguments (a plan kept for a band of problems may need
+        the alignment or a window side that the problem's canonical form drops)."""
         raise UnsupportedOperationError(f"the {self.name} family runs no sdpa call")
 
     def plan_key(self, signature: tuple, k: Any, v: Any) -> tuple:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import InputValueError
+
 __all__ = ["attention_reference", "visible_keys"]
 
 #: Score elements one chunk of the explicit reference holds at most (float32: 1 GiB).
@@ -66,7 +68,8 @@ def _explicit(q32: Any, k32: Any, v32: Any, problem: Any, scale: float | None,
     import torch
 
     if problem.sinks and sinks is None:
-        raise ValueError("the problem has sinks: pass the [H_q] sink logits")
+        raise InputValueError("sinks must be the [H_q] sink logits for a problem with sinks; "
+                              "got None")
     scale = problem.head_dim ** -0.5 if scale is None else scale
     b, h, sq, _ = q32.shape
     step = max(1, _CHUNK_ELEMENTS // max(1, b * h * problem.seqlen_k))

@@ -201,7 +201,10 @@ def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale
         family = choose_family(_device.device_info(device_index).arch, problem)
         schedule = runtime.resolution(family, family.plan_problem(problem),
                                       device_index).schedule
-    plan = family.plan(problem, schedule, device_index, scale, causal)
+    # the call's own window (validated): a plan kept for a band of cache lengths needs a side
+    # the problem's canonical form drops at this length
+    plan = family.plan(problem, schedule, device_index, scale, causal,
+                       None if window is None else (int(window[0]), int(window[1])))
     if kind != "torch":
         if logits is None:
             return plan.run_cupy(q, k, v, out, problem)

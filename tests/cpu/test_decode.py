@@ -656,31 +656,35 @@ def test_simulated_search_stores_a_row_that_never_answers_a_lookup(tmp_path):
 
 # -- kernel arguments by name -------------------------------------------------------------------
 def test_launch_order_of_the_runtime_values_is_the_kernels():
-    """``_launch.launch`` passes (Q, K, V, Out, Opart, Lse, scale, offset, kv_div, *constants)
-    and (Opart, Lse, Out, *constants) positionally: the kernels must take them so."""
-    assert SPLIT_PARAMETERS.names[:9] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
-                                          "causal_offset", "kv_div")
-    assert set(SPLIT_PARAMETERS.names[9:]) == SPLIT_PARAMETERS.constants
-    assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "TILE_G", "TILE_S", "CHUNK_D",
-                                        "UNROLL", "PDL")
+    """``_launch.launch`` passes (Q, K, V, Out, Opart, Lse, scale, offset, kv_div, window_left,
+    window_right, softcap, Sinks, *constants) and (Opart, Lse, Out, Sinks, *constants)
+    positionally: the kernels must take them so."""
+    assert SPLIT_PARAMETERS.names[:13] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
+                                           "causal_offset", "kv_div", "window_left",
+                                           "window_right", "softcap", "Sinks")
+    assert set(SPLIT_PARAMETERS.names[13:]) == SPLIT_PARAMETERS.constants
+    assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "Sinks", "TILE_G", "TILE_S",
+                                        "CHUNK_D", "UNROLL", "PDL", "SINKS")
     schedule = DecodeSchedule(splits=4, combine="pdl", k_latency=3)
     plan = launches(ODD, schedule, None)
     constants = split_constants(ODD, schedule)
     assert set(constants) == SPLIT_PARAMETERS.constants
-    assert dict(zip(SPLIT_PARAMETERS.names[9:], plan.split_constants)) == constants
-    assert dict(zip(COMBINE_PARAMETERS.names[3:], plan.combine_constants)) == \
+    assert dict(zip(SPLIT_PARAMETERS.names[13:], plan.split_constants)) == constants
+    assert dict(zip(COMBINE_PARAMETERS.names[4:], plan.combine_constants)) == \
         combine_constants(ODD, schedule) == {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32,
-                                             "UNROLL": 4, "PDL": True}
+                                             "UNROLL": 4, "PDL": True, "SINKS": False}
     assert plan.split_grid == (16, 4, 1) and plan.combine_grid == (16, 3, 1)  # D 96 in 32s
     assert plan.pdl and plan.scale == pytest.approx(96 ** -0.5)
 
 
 def test_ordered_places_values_by_name_whatever_the_mapping_order():
-    runtime = {"Opart": "o", "Lse": "l", "Out": "out"}
-    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False}
+    runtime = {"Opart": "o", "Lse": "l", "Out": "out", "Sinks": 0}
+    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False,
+                 "SINKS": False}
     for r, c in ((runtime, constants), (dict(reversed(list(runtime.items()))),
                                         dict(reversed(list(constants.items()))))):
-        assert COMBINE_PARAMETERS.ordered(r, c) == ("o", "l", "out", 8, 2, 32, 4, False)
+        assert COMBINE_PARAMETERS.ordered(r, c) == ("o", "l", "out", 0, 8, 2, 32, 4, False,
+                                                    False)
     values = split_constants(ODD, DecodeSchedule())
     args = SPLIT_PARAMETERS.ordered({n: n.lower() for n in SPLIT_PARAMETERS.runtime},
                                     dict(reversed(list(values.items()))))
@@ -700,8 +704,9 @@ def test_ordered_places_values_by_name_whatever_the_mapping_order():
 ], ids=["missing_constant", "missing_runtime", "unknown_constant", "unknown_runtime",
         "twice_runtime", "twice_constant", "constant_in_runtime", "runtime_in_constants"])
 def test_a_missing_unknown_misplaced_or_doubled_name_raises(change, message):
-    runtime = {"Opart": "o", "Lse": "l", "Out": "out"}
-    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False}
+    runtime = {"Opart": "o", "Lse": "l", "Out": "out", "Sinks": 0}
+    constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False,
+                 "SINKS": False}
     change(runtime, constants)
     escaped = message.replace("[", r"\[").replace("]", r"\]")
     with pytest.raises(KernelArgumentError, match=escaped) as exc:
@@ -711,11 +716,11 @@ def test_a_missing_unknown_misplaced_or_doubled_name_raises(change, message):
 
 def test_kernel_parameters_refuse_a_launcher_that_disagrees_with_the_kernel():
     with pytest.raises(KernelArgumentError, match=r"runtime parameters are \['Lse', 'Opart', "
-                                                  r"'Out'\]; its launcher supplies"):
+                                                  r"'Out', 'Sinks'\]; its launcher supplies"):
         KernelParameters(decode_combine, ("Opart", "Lse"))
     with pytest.raises(KernelArgumentError, match="cannot read the parameters"):
         KernelParameters(lambda Q: None, ("Q",))
-    assert KernelParameters(decode_combine, ("Out", "Lse", "Opart")).names == \
+    assert KernelParameters(decode_combine, ("Out", "Lse", "Opart", "Sinks")).names == \
         COMBINE_PARAMETERS.names
 
 

@@ -480,7 +480,7 @@ class _MeanFamily(type(tiledattention.FORWARD)):
     def why_taken(self, arch, problem):
         return f"head_dim {problem.head_dim} {'is' if self.takes(arch, problem) else 'is not'} 40"
 
-    def plan(self, problem, schedule, device_index, scale, causal):
+    def plan(self, problem, schedule, device_index, scale, causal, window=None):
         self.planned.append((problem, schedule))
         return _MeanPlan((problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
                          problem.group_size)

@@ -96,7 +96,9 @@ class ForwardFamily(Family):
         return "the prefill forward runs every call no other family takes"
 
     def plan(self, problem: Problem, schedule: Schedule, device_index: int,
-             scale: float | None, causal: object = None) -> ForwardPlan:
+             scale: float | None, causal: object = None,
+             window: tuple[int, int] | None = None) -> ForwardPlan:
+        # a forward plan is kept per K/V shape: the problem's own window is the call's
         return forward_plan(problem, schedule, device_index, scale)
 
     def forward_with_lse(self, stream, q, k, v, out, lse, problem: Problem, schedule: Schedule,

@@ -24,6 +24,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+from ..errors import UsageError
+
 __all__ = ["NotRunnable", "VARIANT_CONTENDERS", "applies", "build_contender", "flex_mask_mod",
            "flex_score_mod", "is_variant", "varlen_support", "varlen_window"]
 
@@ -203,7 +205,7 @@ def _forward_fn(name: str, problem: Any, case: Any
             return x.view(b, sq, x.shape[1], x.shape[2]).transpose(1, 2)
 
         return packed, pack, unpack
-    raise ValueError(f"unknown variant contender {name!r}; expected one of {VARIANT_CONTENDERS}")
+    raise UsageError(f"unknown variant contender {name!r}; expected one of {VARIANT_CONTENDERS}")
 
 
 
