@@ -10,9 +10,9 @@ import dataclasses
 from .._compile import CompileResult, array_constraint, export_cubin
 from .._lazy import lazy_module
 from .._problem import Problem
-from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, SUM_PARAMETERS, dkdv_constants,
-                      dkdv_kernel, dq_constants, dq_kernel, normalise, row_stat_shape,
-                      sum_constants, sum_kernel)
+from ._launch import (SUM_PARAMETERS, dkdv_constants, dkdv_kernel, dkdv_parameters,
+                      dq_constants, dq_kernel, dq_parameters, normalise, row_stat_shape,
+                      sum_constants, sum_kernel, uses_variant_kernels)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -36,20 +36,23 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
     stat = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
     scale = ctc.ScalarConstraint(ct.float32)
     count = ctc.ScalarConstraint(ct.int32)
+    variant = uses_variant_kernels(p)
+    variants = ({"window_left": count, "window_right": count, "softcap": scale} if variant
+                else {})  # the variant kernels' launch-time values
     label = f"backward {s.describe()}"
     grads = kv_parts if s.dkdv_splits > 1 else kv_like
     dkdv = export_cubin(
-        dkdv_kernel(s),
-        DKDV_PARAMETERS.ordered({"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like,
-                                 "Lse": stat, "Delta": stat, "dK": grads, "dV": grads,
-                                 "qk_scale": scale, "heads_kv": count, "group": count},
-                                dkdv_constants(p, s)), arch, label + " (dK/dV)")
+        dkdv_kernel(s, variant),
+        dkdv_parameters(p).ordered(
+            {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat,
+             "Delta": stat, "dK": grads, "dV": grads, "qk_scale": scale, "heads_kv": count,
+             "group": count, **variants}, dkdv_constants(p, s)), arch, label + " (dK/dV)")
     others = [export_cubin(
-        dq_kernel(s),
-        DQ_PARAMETERS.ordered({"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
-                               "dO": q_like, "Lse": stat, "Delta": stat, "dQ": q_like,
-                               "qk_scale": scale, "heads_q": count, "group": count},
-                              dq_constants(p, s)), arch, label + " (dQ)")]
+        dq_kernel(s, variant),
+        dq_parameters(p).ordered(
+            {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like,
+             "Lse": stat, "Delta": stat, "dQ": q_like, "qk_scale": scale, "heads_q": count,
+             "group": count, **variants}, dq_constants(p, s)), arch, label + " (dQ)")]
     if s.dkdv_splits > 1:
         others.append(export_cubin(
             sum_kernel(), SUM_PARAMETERS.ordered({"Parts": kv_parts, "Grad": kv_like},

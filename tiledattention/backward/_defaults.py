@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from .._compile import SM_COUNTS, generation
 from .._problem import Problem, padded_head_dim
-from ._launch import normalise
+from ._launch import normalise, reach, unequal_walks
 from ._schedule import SPLITS, BackwardSchedule
 
 __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
-           "TILE_MAJOR_WAVES"]
+           "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
@@ -37,7 +37,7 @@ _OTHER = {d: s.replace(dkdv_occupancy=1, dq_occupancy=1) for d, s in _HOPPER.ite
 #: S2048 D96 full 1.41x with 2; with tile-major grids, splitting a causal grid that fills two
 #: waves cost 5-15% (B1 H32/8 S4096, B2 H32/8 S2048 D64, B1 H32/4 S8192), as did splitting a
 #: full grid (MHA S8192 full, D256 at one CTA per SM).
-WAVES = {False: 1, True: 2}
+WAVES = {False: 1, True: 2}  # by unequal_walks (the causal mask, a one-sided window)
 #: A grid within this share of its waves counts as filling them.
 FILL = 0.9
 #: Most waves a causal dK/dV grid (split) may have for the default to launch tile-major. With
@@ -46,6 +46,30 @@ FILL = 0.9
 #: side by side and lose the L2's reuse of one head's Q and dO (B1 H8 S16384: 7.8 waves,
 #: 0.95x; B16 H16 S1024 D64: 15.5 waves, 0.72x).
 TILE_MAJOR_WAVES = 6
+#: With a window of ``span`` keys a row (both sides bounded, or left-bounded and causal), no
+#: tile is larger than ``max(WINDOW_TILE_FLOOR, next power of two of span)``: a larger one
+#: computes mostly masked scores (a dQ tile of 128 rows under a 32-key window walks 160 keys
+#: for 32 used per row; 64 rows walk 96). Not measured: from the walk's arithmetic, and kept at
+#: 64 or more, the tiles the measured defaults use.
+WINDOW_TILE_FLOOR = 64
+_TILE_FIELDS = ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n")
+
+
+def heaviest_last(problem: Problem) -> bool:
+    """Whether the dQ kernel's last query tiles walk the most keys and the dK/dV kernel's
+    first key tiles the most query tiles: with the causal mask (a left window only trims the
+    ramp's start), or a window bounded on the right only."""
+    return problem.causal or (problem.window_right >= 0 and problem.window_left < 0)
+
+
+def _window_tiles(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
+    """``schedule`` with tiles capped for a window of bounded span (``WINDOW_TILE_FLOOR``)."""
+    left, right = reach(problem)
+    span = left + right + 1
+    if span >= problem.seqlen_q + problem.seqlen_k:  # a side is unbounded
+        return schedule
+    cap = max(WINDOW_TILE_FLOOR, 1 << (span - 1).bit_length())
+    return schedule.replace(**{name: min(getattr(schedule, name), cap) for name in _TILE_FIELDS})
 
 
 def waves(arch: str, problem: Problem, schedule: BackwardSchedule, splits: int) -> float:
@@ -57,26 +81,30 @@ def waves(arch: str, problem: Problem, schedule: BackwardSchedule, splits: int) 
 
 def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
     """The fewest dK/dV splits (a power of two, at most 16) with which the dK/dV grid fills
-    ``WAVES[causal]`` waves (``FILL`` of them counts). Splitting only grids short of their
+    ``WAVES[unequal_walks]`` waves (``FILL`` of them counts). Splitting only grids short of their
     waves bounds the partials: fewer than two waves' key tiles of float32 dK and dV (at most
     0.1 GiB at D = 256 on the largest part)."""
     splits = 1
     while (splits < SPLITS[-1]
-           and waves(arch, problem, schedule, splits) < FILL * WAVES[problem.causal]):
+           and waves(arch, problem, schedule, splits) < FILL * WAVES[unequal_walks(problem)]):
         splits *= 2
     return splits
 
 
 def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
-    """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``), its
-    dK/dV walk split over enough CTAs to fill the GPU (``dkdv_splits``), and with a causal
-    mask the longest walks first: the dQ kernel's last query tiles (H100 probe 2 of issue 31:
-    0-3% faster on six causal training shapes, never slower) and, where the dK/dV grid is at
-    most ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what the problem
-    needs (``normalise``)."""
+    """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``), tiles
+    capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk split over enough CTAs
+    to fill the GPU (``dkdv_splits``; ``normalise`` caps them at the windowed walk), and where
+    the walks grow towards the dQ grid's end (``heaviest_last``: a causal mask) the longest
+    walks first: the dQ kernel's last query tiles (H100 probe 2 of issue 31: 0-3% faster on
+    six causal training shapes, never slower) and, where the dK/dV grid is at most
+    ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what the problem needs
+    (``normalise``)."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
-    base = normalise(problem, table[max(64, padded_head_dim(problem.head_dim))])
+    base = normalise(problem, _window_tiles(problem,
+                                            table[max(64, padded_head_dim(problem.head_dim))]))
     splits = dkdv_splits(arch, problem, base)
+    longest_first = heaviest_last(problem)
     return normalise(problem, base.replace(
-        dkdv_splits=splits, dq_heavy_first=problem.causal,
-        tile_major=problem.causal and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))
+        dkdv_splits=splits, dq_heavy_first=longest_first,
+        tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))

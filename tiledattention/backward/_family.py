@@ -44,9 +44,10 @@ def allocate_scratch(plan: Launches, device: Any) -> dict[str, Any]:
 
 
 class BackwardCase(AttentionCase):
-    """Random q, k, v and dO of ``problem``; the forward's output and log-sum-exp from this
-    project's forward kernel (its default schedule); float32 reference gradients by autograd
-    through the float32 reference; gradient buffers."""
+    """Random q, k, v and dO of ``problem`` (and its sink logits); the forward's output and
+    log-sum-exp from this project's forward kernel (its default schedule); float32 reference
+    gradients by autograd through the float32 reference (window, softcap and sinks applied
+    there); gradient buffers."""
 
     def __init__(self, problem: Problem, device_index: int) -> None:
         import torch
@@ -65,11 +66,11 @@ class BackwardCase(AttentionCase):
         forward = choose_family(arch, problem, "sdpa_with_lse")  # the registered forward
         forward.forward_with_lse(torch.cuda.current_stream(), self.q, self.k, self.v, self.out,
                                  self.lse, problem, forward.default_schedule(arch, problem),
-                                 self.scale, device_index)
+                                 self.scale, device_index, sinks=self.sinks)
         self.delta = torch.empty_like(store)[:, :, :problem.seqlen_q]
         leaves = [x.detach().float().requires_grad_() for x in (self.q, self.k, self.v)]
         with torch.enable_grad():
-            ref_out = attention_reference(*leaves, problem)
+            ref_out = attention_reference(*leaves, problem, self.scale, sinks=self.sinks)
             self.reference_grads = torch.autograd.grad(ref_out, leaves, self.grad_out.float())
         self.grads = tuple(torch.empty_like(x) for x in (self.q, self.k, self.v))
 
@@ -93,10 +94,14 @@ class BackwardCase(AttentionCase):
 
     def baselines(self) -> Mapping[str, Callable[[], Any]]:
         """torch's cuDNN and flash backends' backward (their forward runs once, untimed, when a
-        baseline is first called)."""
+        baseline is first called); for a window, its efficient backend with the materialised
+        mask (as the forward's case); none for a softcap or sinks (torch's SDPA has
+        neither)."""
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
+        if self.problem.softcap > 0 or self.problem.sinks:
+            return {}
         kwargs = torch_sdpa_kwargs(self.problem)
         leaves = [x.detach().requires_grad_() for x in (self.q, self.k, self.v)]
 
@@ -111,6 +116,8 @@ class BackwardCase(AttentionCase):
                 return torch.autograd.grad(graph[0], leaves, self.grad_out, retain_graph=True)
             return run
 
+        if self.problem.windowed:
+            return {"torch-efficient-mask": backend(SDPBackend.EFFICIENT_ATTENTION)}
         return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
                 "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}
 
@@ -154,7 +161,10 @@ class BackwardFamily(Family):
     serves = ("sdpa_backward",)
 
     def backward(self, stream, problem: Problem, schedule: BackwardSchedule, scale: float, q, k,
-                 v, out, grad_out, lse, delta, grads) -> None:
+                 v, out, grad_out, lse, delta, grads, sinks=None) -> None:
+        """:meth:`Family.backward`. ``sinks`` is not read: the forward's ``lse`` holds the
+        sinks' term, which is all the kernels need (the caller computes the sinks' own
+        gradient)."""
         plan = launches(problem, schedule, scale)
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
                allocate_scratch(plan, q.device))

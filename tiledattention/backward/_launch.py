@@ -4,7 +4,10 @@
 arguments) once per plan; ``launch`` enqueues them on one stream: the dQ kernel (it writes the
 row sums ``delta`` the dK/dV kernel reads), then the dK/dV kernel, and with ``dkdv_splits > 1``
 the sum kernel adding the dK/dV kernel's float32 partials (``scratch_shapes``: the caller
-allocates them) into dK and into dV.
+allocates them) into dK and into dV. A problem with a window or a softcap runs the ``*_variant``
+dQ and dK/dV kernels, which take the variants' launch-time values after the others
+(``VARIANT_VALUES``); plain problems, and problems whose only variant is sinks, run the plain
+kernels, whose parameters (and machine code) are those of before the variants.
 """
 
 from __future__ import annotations
@@ -21,18 +24,26 @@ from ._schedule import SPLITS, BackwardSchedule
 ct = lazy_module("cuda.tile", globals(), "ct")
 _kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
-__all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "dq_constants",
-           "dkdv_constants", "sum_constants", "dq_kernel", "dkdv_kernel", "sum_kernel",
-           "Launches", "launches", "launch", "row_stat_shape", "normalise", "scratch_shapes",
-           "SUM_TILE"]
+__all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "DQ_VARIANT_PARAMETERS",
+           "DKDV_VARIANT_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES", "dq_parameters",
+           "dkdv_parameters", "dq_constants", "dkdv_constants", "sum_constants", "dq_kernel",
+           "dkdv_kernel", "sum_kernel", "Launches", "launches", "launch", "row_stat_shape",
+           "normalise", "scratch_shapes", "SUM_TILE", "uses_variant_kernels", "runtime_values",
+           "unequal_walks", "dkdv_walk", "dq_walk", "reach"]
 
 _MODULE = f"{__package__}._kernel"
-DQ_PARAMETERS = KernelParameters(
-    (_MODULE, "attention_bwd_dq"),
-    ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ", "qk_scale", "heads_q", "group"))
-DKDV_PARAMETERS = KernelParameters(
-    (_MODULE, "attention_bwd_dkdv"),
-    ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale", "heads_kv", "group"))
+_DQ_RUNTIME = ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ", "qk_scale", "heads_q", "group")
+_DKDV_RUNTIME = ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale", "heads_kv",
+                 "group")
+#: the launch-time values of the variant kernels (a window, a softcap), after the others: the
+#: window's sides (-1: unbounded) and the softcap (0: none), passed whether or not used
+VARIANT_VALUES = ("window_left", "window_right", "softcap")
+DQ_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dq"), _DQ_RUNTIME)
+DKDV_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dkdv"), _DKDV_RUNTIME)
+DQ_VARIANT_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dq_variant"),
+                                         (*_DQ_RUNTIME, *VARIANT_VALUES))
+DKDV_VARIANT_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dkdv_variant"),
+                                           (*_DKDV_RUNTIME, *VARIANT_VALUES))
 SUM_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_sum"), ("Parts", "Grad"))
 
 #: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step)
@@ -45,13 +56,93 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
+def uses_variant_kernels(problem: Problem) -> bool:
+    """Whether ``problem`` runs the ``*_variant`` kernels: with a window or a softcap. (Sinks
+    change no backward kernel: the forward's log-sum-exp holds them.)"""
+    return problem.windowed or problem.softcap > 0
+
+
+def dq_parameters(problem: Problem) -> KernelParameters:
+    """The parameters of the dQ kernel ``problem`` runs."""
+    return DQ_VARIANT_PARAMETERS if uses_variant_kernels(problem) else DQ_PARAMETERS
+
+
+def dkdv_parameters(problem: Problem) -> KernelParameters:
+    """The parameters of the dK/dV kernel ``problem`` runs."""
+    return DKDV_VARIANT_PARAMETERS if uses_variant_kernels(problem) else DKDV_PARAMETERS
+
+
+def runtime_values(problem: Problem) -> dict[str, Any]:
+    """The launch-time values after ``group`` by name: the variant kernels' ``VARIANT_VALUES``,
+    none for the plain ones."""
+    if not uses_variant_kernels(problem):
+        return {}
+    return {"window_left": problem.window_left, "window_right": problem.window_right,
+            "softcap": float(problem.softcap)}
+
+
+def _variant_constants(problem: Problem) -> dict[str, Any]:
+    """``WINDOW`` and ``SOFTCAP`` for the variant kernels; nothing for the plain ones."""
+    if not uses_variant_kernels(problem):
+        return {}
+    return {"WINDOW": problem.windowed, "SOFTCAP": problem.softcap > 0}
+
+
+def reach(problem: Problem) -> tuple[int, int]:
+    """``(left, right)``: row ``i`` sees keys ``i + off - left .. i + off + right``; an
+    unbounded side reaches ``S_q + S_k`` (the kernels' ``window_reach``)."""
+    unbounded = problem.seqlen_q + problem.seqlen_k
+    left = problem.window_left if problem.window_left >= 0 else unbounded
+    right = 0 if problem.causal else (
+        problem.window_right if problem.window_right >= 0 else unbounded)
+    return left, right
+
+
+def _longest_walk(span: int, shift: int, tile: int, step: int, steps: int) -> int:
+    """The most tiles of ``step`` positions (at most ``steps``) that a band of ``span + tile -
+    1`` positions may touch when it starts at ``shift`` plus a multiple of ``tile`` (both tile
+    sizes powers of two): its phase within a ``step`` tile is ``shift``'s with ``tile >=
+    step``, else any of those a multiple of ``tile`` apart; the worst one is taken."""
+    if span >= steps * step:
+        return steps
+    unit = min(tile, step)
+    worst_phase = shift % unit + step - unit
+    return min(steps, (worst_phase + span + tile - 2) // step + 1)
+
+
+def dkdv_walk(problem: Problem, tile_n: int, tile_m: int) -> int:
+    """The most query tiles (of ``tile_m`` rows) any key tile (of ``tile_n`` keys) of the
+    dK/dV kernel walks: every one without a window, fewer with one (key ``k`` is seen by rows
+    ``k - off - right .. k - off + left``)."""
+    left, right = reach(problem)
+    return _longest_walk(left + right + 1, -problem.causal_offset - right, tile_n, tile_m,
+                         math.ceil(problem.seqlen_q / tile_m))
+
+
+def dq_walk(problem: Problem, tile_m: int, tile_n: int) -> int:
+    """The most key tiles (of ``tile_n`` keys) any query tile (of ``tile_m`` rows) of the dQ
+    kernel walks: every one without a mask, fewer with a window (row ``i`` sees keys ``i + off
+    - left .. i + off + right``)."""
+    left, right = reach(problem)
+    return _longest_walk(left + right + 1, problem.causal_offset - left, tile_m, tile_n,
+                         math.ceil(problem.seqlen_k / tile_n))
+
+
+def unequal_walks(problem: Problem) -> bool:
+    """Whether the walks of the kernels' CTAs differ in length across the sequence (not just
+    at its ends), so that the work orders (dQ heavy first, tile-major grids) can matter: with
+    the causal mask, or a window bounded on one side only."""
+    return problem.causal or (problem.window_left < 0) != (problem.window_right < 0)
+
+
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` with tiles no larger than the problem needs (a query tile past the next
     power of two of ``S_q``, a key tile past ``S_k``'s, computes only padding), no more dK/dV
-    splits than a key tile has (query head, query tile) pairs or than keep the float32
-    partials indexable with int32, no causal work order (dQ heavy
-    first, tile-major grids) on a problem without a causal mask, and no tile-major grid with
-    more tiles than a grid's second dimension takes. Idempotent."""
+    splits than a key tile's longest walk has (query head, query tile) pairs (``dkdv_walk``:
+    the window shortens it) or than keep the float32 partials indexable with int32, no work
+    order (dQ heavy first, tile-major grids) on a problem whose walks are all alike
+    (``unequal_walks``), and no tile-major grid with more tiles than a grid's second
+    dimension takes. Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     changes: dict[str, Any] = {
@@ -59,7 +150,7 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
                                     ("dkdv_tile_n", k_cap), ("dq_tile_n", k_cap))
         if getattr(schedule, name) > cap}
     tile_m = min(schedule.dkdv_tile_m, q_cap)
-    pairs = problem.group_size * math.ceil(problem.seqlen_q / tile_m)
+    pairs = problem.group_size * dkdv_walk(problem, min(schedule.dkdv_tile_n, k_cap), tile_m)
     splits = min(schedule.dkdv_splits, _pow2_floor(pairs), SPLITS[-1])
     kv_elements = (problem.batch * problem.heads_kv * problem.seqlen_k
                    * padded_head_dim(problem.head_dim))
@@ -68,7 +159,7 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     if splits != schedule.dkdv_splits:
         changes["dkdv_splits"] = splits
     for name in ("dq_heavy_first", "tile_major"):
-        if getattr(schedule, name) and not problem.causal:
+        if getattr(schedule, name) and not unequal_walks(problem):
             changes[name] = False
     if schedule.tile_major and max(math.ceil(problem.seqlen_q / min(schedule.dq_tile_m, q_cap)),
                                    math.ceil(problem.seqlen_k / min(schedule.dkdv_tile_n, k_cap))
@@ -78,21 +169,23 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
 
 
 def dq_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, Any]:
-    """The ``ct.Constant`` arguments of ``attention_bwd_dq`` by name."""
+    """The ``ct.Constant`` arguments of the dQ kernel ``problem`` runs by name."""
     s = normalise(problem, schedule)
     return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
-            "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major}
+            "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major,
+            **_variant_constants(problem)}
 
 
 def dkdv_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, Any]:
-    """The ``ct.Constant`` arguments of ``attention_bwd_dkdv`` by name."""
+    """The ``ct.Constant`` arguments of the dK/dV kernel ``problem`` runs by name."""
     s = normalise(problem, schedule)
     return {"TILE_M": s.dkdv_tile_m, "TILE_N": s.dkdv_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
-            "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major}
+            "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
+            **_variant_constants(problem)}
 
 
 def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
@@ -106,12 +199,17 @@ def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> 
     return kernel.replace_hints(occupancy=occupancy, num_worker_warps=num_worker_warps)
 
 
-def dq_kernel(schedule: BackwardSchedule) -> ct.kernel:
-    return _hinted(_kernels.attention_bwd_dq, schedule.dq_occupancy, schedule.dq_worker_warps)
+def dq_kernel(schedule: BackwardSchedule, variant: bool = False) -> ct.kernel:
+    """The dQ kernel (``variant``: ``attention_bwd_dq_variant``) with the schedule's hints."""
+    kernel = _kernels.attention_bwd_dq_variant if variant else _kernels.attention_bwd_dq
+    return _hinted(kernel, schedule.dq_occupancy, schedule.dq_worker_warps)
 
 
-def dkdv_kernel(schedule: BackwardSchedule) -> ct.kernel:
-    return _hinted(_kernels.attention_bwd_dkdv, schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
+def dkdv_kernel(schedule: BackwardSchedule, variant: bool = False) -> ct.kernel:
+    """The dK/dV kernel (``variant``: ``attention_bwd_dkdv_variant``) with the schedule's
+    hints."""
+    kernel = _kernels.attention_bwd_dkdv_variant if variant else _kernels.attention_bwd_dkdv
+    return _hinted(kernel, schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
 
 
 def sum_kernel() -> ct.kernel:
@@ -139,8 +237,10 @@ class Launches(NamedTuple):
     sum_grid: tuple[int, int, int]  # the partials' sum, over dK and over dV
     dq: Any
     dkdv: Any
-    dq_scalars: tuple  # the arguments after the arrays: qk_scale, heads_q, group, constants
-    dkdv_scalars: tuple  # the arguments after the arrays: qk_scale, heads_kv, group, constants
+    dq_scalars: tuple  # the arguments after the arrays: qk_scale, heads_q, group, (variant
+    # kernels) VARIANT_VALUES, constants
+    dkdv_scalars: tuple  # the arguments after the arrays: qk_scale, heads_kv, group, (variant
+    # kernels) VARIANT_VALUES, constants
     sum_scalars: tuple  # the sum kernel's constants
     stat_shape: tuple[int, int, int]
     scratch: dict[str, tuple[int, ...]]  # the float32 buffers launch needs (scratch_shapes)
@@ -157,21 +257,22 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
     schedule)``. Cached: a training loop asks for the same few problems every step."""
     s = normalise(problem, schedule)
     p = problem
+    variant = uses_variant_kernels(p)
     return Launches(
         splits=s.dkdv_splits,
         dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
         dkdv_grid=_grid(s.tile_major, math.ceil(p.seqlen_k / s.dkdv_tile_n),
                         p.batch * p.heads_kv, s.dkdv_splits),
         sum_grid=(math.ceil(p.seqlen_k / SUM_TILE), p.batch * p.heads_kv, 1),
-        dq=dq_kernel(s), dkdv=dkdv_kernel(s),
-        dq_scalars=DQ_PARAMETERS.ordered(
+        dq=dq_kernel(s, variant), dkdv=dkdv_kernel(s, variant),
+        dq_scalars=dq_parameters(p).ordered(
             {"Q": None, "K": None, "V": None, "Out": None, "dO": None, "Lse": None,
              "Delta": None, "dQ": None, "qk_scale": float(scale), "heads_q": p.heads_q,
-             "group": p.group_size}, dq_constants(p, s))[8:],
-        dkdv_scalars=DKDV_PARAMETERS.ordered(
+             "group": p.group_size, **runtime_values(p)}, dq_constants(p, s))[8:],
+        dkdv_scalars=dkdv_parameters(p).ordered(
             {"Q": None, "K": None, "V": None, "dO": None, "Lse": None, "Delta": None,
              "dK": None, "dV": None, "qk_scale": float(scale), "heads_kv": p.heads_kv,
-             "group": p.group_size}, dkdv_constants(p, s))[8:],
+             "group": p.group_size, **runtime_values(p)}, dkdv_constants(p, s))[8:],
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s))
 
