@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the named point(s)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    records = []
+    records, text = [], ""
     for point in POINTS:
         if args.only and point[0] not in args.only:
             continue
@@ -278,8 +278,16 @@ def main(argv: list[str] | None = None) -> int:
                                 status=f"{type(exc).__name__}: {exc}"[:200]))
             print(f"{point[0]}: {exc}", file=sys.stderr)
         torch.cuda.empty_cache()
+        text = write(records, args.out)  # after every point: a run cut short keeps its points
+        print(f"{point[0]} done", file=sys.stderr, flush=True)
+    print(text)
+    return 0
+
+
+def write(records: list[dict], out: Path) -> str:
+    """Write ``variants.csv`` and ``variants.md`` of ``records``; the markdown text."""
     fields = sorted({key for r in records for key in r})
-    with open(args.out / "variants.csv", "w", newline="") as fh:
+    with open(out / "variants.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         writer.writerows(records)
@@ -287,9 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [f"- {r['point']} {r['contender']}: {r['status']}" for r in records
               if r.get("status", "ok") != "ok"]
     text = "\n".join(lines + ([""] + failed if failed else [])) + "\n"
-    (args.out / "variants.md").write_text(text)
-    print(text)
-    return 0
+    (out / "variants.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":
