@@ -107,13 +107,16 @@ def contenders(problem: Problem, causal, window, softcap, sinks_t) -> dict:
                                                        softcap=softcap, sinks=sinks_t)}
     found["flex"] = flex_contender(problem, sinks_t)
     if problem.windowed and problem.softcap == 0 and not problem.sinks:
+        # what transformers' SDPA path runs: K/V heads repeated (its repeat_kv; the efficient
+        # backend takes no grouped heads) and the materialised boolean mask
         mask = visible_keys(problem, torch.device("cuda"))
+        group = problem.heads_q // problem.heads_kv
 
         def masked(q, k, v):
             with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                      enable_gqa=problem.heads_q
-                                                      != problem.heads_kv)
+                return F.scaled_dot_product_attention(
+                    q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                    attn_mask=mask)
         found["sdpa-mask"] = masked
     return found
 
@@ -124,17 +127,18 @@ def rel_l2(a, b) -> float:
 
 
 def copy_rate(nbytes: int, rounds: int) -> float:
-    """Device-to-device copy rate (bytes read per ms, the same accounting as a kernel that
-    reads its input once) of a buffer of ``nbytes``."""
+    """The device's copy rate in bytes per ms, counting bytes read plus bytes written, of a
+    device-to-device copy of ``nbytes``."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
     t = time_interleaved({"copy": lambda: dst.copy_(src)}, rounds=rounds)["copy"]
-    return nbytes / t.median_ms
+    return 2 * nbytes / t.median_ms
 
 
 def measure(point: tuple, rounds: int) -> list[dict]:
     name, shape, causal, window, softcap, sinks, phases = point
     problem = problem_of(shape, causal, window, softcap, sinks)
+    torch._dynamo.reset()  # each point compiles flex anew: no recompile limit, no stale graph
     b, hq, hkv, sq, sk, d = shape
     gen = torch.Generator(device="cuda").manual_seed(sq + hq)
 
