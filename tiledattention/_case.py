@@ -93,6 +93,11 @@ class AttentionCase(Case):
             return run
 
         if self.problem.windowed:
+            # transformers repeats the K/V heads (repeat_kv) before SDPA with a mask; the
+            # efficient backend takes no grouped heads
+            group = self.problem.group_size
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            kwargs.pop("enable_gqa", None)
             return {"torch-efficient-mask": backend(SDPBackend.EFFICIENT_ATTENTION)}
         return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
                 "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}

@@ -25,7 +25,7 @@ from tiledattention import InputValueError, ScheduleDatabaseError, TiledAttentio
 __all__ = ["TunerError", "UsageError", "StudyMismatchError", "UnreadableFile", "StorageError",
            "RestampError", "HubBuildError", "MeasurementError", "WorkerDied", "WorkerTimeout",
            "GraphCaptureError", "TunerValueError", "TunerTypeError", "NotMeasuredError",
-           "USER_ERRORS"]
+           "NotRunnable", "USER_ERRORS"]
 
 
 class TunerError(TiledAttentionError):
@@ -68,6 +68,11 @@ class HubBuildError(TunerError, RuntimeError):
 class MeasurementError(TunerError, RuntimeError):
     """A request to the measuring worker process failed; raised as such when the request raised
     in the worker (the message ends with the worker's error)."""
+
+
+class NotRunnable(MeasurementError):
+    """A benchmark contender cannot run here, for a reason known before running it (a torch
+    without the function, a problem it does not take)."""
 
 
 class WorkerDied(MeasurementError):

@@ -82,8 +82,9 @@ def test_shipped_table_rows_match_the_current_kernel_template():
     shipped rows; otherwise the lookup would silently ignore them."""
     table = shipped_table("sm_90")
     rows = list(table)
-    counts = {name: sum(r.family == name for r in rows) for name in ("forward", "decode")}
-    assert counts == {"forward": 61, "decode": 90}
+    counts = {name: sum(r.family == name for r in rows)
+              for name in ("forward", "decode", "backward")}
+    assert counts == {"forward": 63, "decode": 91, "backward": 22}
     stale = [r.describe_key() for r in rows
              if r.provenance.template_hash != tiledattention.get_family(r.family)
              .template_identity()]

@@ -111,12 +111,17 @@ class BackwardCase(AttentionCase):
             def run() -> Any:
                 if not graph:
                     with sdpa_kernel(which), torch.enable_grad():
+                        q, k, v = leaves
+                        if self.problem.windowed:  # transformers' repeat_kv (see the forward)
+                            k = k.repeat_interleave(self.problem.group_size, 1)
+                            v = v.repeat_interleave(self.problem.group_size, 1)
                         graph.append(torch.nn.functional.scaled_dot_product_attention(
-                            *leaves, **kwargs))
+                            q, k, v, **kwargs))
                 return torch.autograd.grad(graph[0], leaves, self.grad_out, retain_graph=True)
             return run
 
         if self.problem.windowed:
+            kwargs.pop("enable_gqa", None)
             return {"torch-efficient-mask": backend(SDPBackend.EFFICIENT_ATTENTION)}
         return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
                 "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from ..errors import UsageError
+from ..errors import NotRunnable, UsageError
 
 __all__ = ["NotRunnable", "VARIANT_CONTENDERS", "applies", "build_contender", "flex_mask_mod",
            "flex_score_mod", "is_variant", "varlen_support", "varlen_window"]
@@ -123,10 +123,6 @@ def varlen_support(problem: Any) -> str:
 
 
 # -- the contenders on a GPU ----------------------------------------------------------------------
-
-class NotRunnable(Exception):
-    """The contender cannot run here for a reason known before running it."""
-
 
 def _rel_l2(got: Any, want: Any) -> float:
     import torch
