@@ -67,7 +67,7 @@ class ForwardPlan(Plan):
                       (q, k, v, out) + self.scalars)
         else:
             ct.launch(hot.raw_stream(device), self.grid, self.kernel,
-                      (q, k, v, out) + self.before_sinks + (sinks,) + self.after_sinks)
+                      self._args(q, k, v, out, sinks))
         return out
 
     def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Problem,
