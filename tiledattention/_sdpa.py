@@ -7,7 +7,8 @@ The hot path reuses a *plan* (``tiledattention.Plan``: kernel objects, grids, co
 arguments) built for an earlier call with the same key. A key holds the call's *signature*:
 everything about q and the call that a plan depends on or that validation judged: q's shape and
 strides, the dtypes and devices of q, k and v, ``causal``, ``scale`` (each with its type: ``1 ==
-True == 1.0`` hash alike and the first call rejects some of them), an explicit schedule and,
+True == 1.0`` hash alike and the first call rejects some of them), the variant arguments
+(``window``, ``softcap``, the sinks' shape, strides, dtype and device), an explicit schedule and,
 with ``out=``, out's shape, strides, dtype, device and ``requires_grad``; and what the family's
 ``plan_key`` adds for K and V (the forward: their shapes and strides; decode: a band of cache
 lengths, so a generation loop reuses one plan). A family's keys are only looked for when q has
