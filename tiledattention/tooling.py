@@ -1,9 +1,9 @@
 """What the project's tools build on (the tuner, the exporters, the benchmark, the scripts), kept
 out of ``tiledattention``'s own surface, which is what a user calls: the shared GPU test case of
-the attention families, its float32 reference and visible-key mask, and torch's SDPA arguments
-for a problem, the database codecs, the
-lookup's pieces (``Resolver``, ``pick``), provenance stamps, architecture names, the families
-serving an operation, and the ``.text`` digest that restamping compares."""
+the attention families, its float32 reference and visible-key mask, torch's SDPA arguments for
+a problem, the database codecs, the lookup's pieces (``Resolver``, ``pick``), provenance
+stamps, architecture names, the families serving an operation, and the ``.text`` digest that
+restamping compares."""
 
 from ._case import AttentionCase, torch_sdpa_kwargs
 from ._compile import check_arch, generation
