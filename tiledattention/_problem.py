@@ -77,6 +77,11 @@ def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
     return first, second
 
 
+#: The fields ``to_dict`` leaves out at these values (keys stored before they existed).
+_OPTIONAL = {"bottom_right": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
+             "sinks": False}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Problem:
     """Shape, dtype and masking of one attention call (``[B, H, S, D]`` layout).
@@ -101,6 +106,8 @@ class Problem:
     #: lookup bucket when set (``Family.codec``).
     VARIANT_FIELDS: ClassVar[tuple[str, ...]] = ("window_left", "window_right", "softcap",
                                                  "sinks")
+    #: The optional fields and their defaults (what ``to_dict`` leaves out).
+    OPTIONAL_FIELDS: ClassVar[Mapping[str, Any]] = _OPTIONAL
 
     batch: int
     heads_q: int
@@ -271,11 +278,6 @@ class Problem:
             mask += " sinks"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
-
-
-#: The fields ``to_dict`` leaves out at these values (keys stored before they existed).
-_OPTIONAL = {"bottom_right": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
-             "sinks": False}
 
 
 def _check_variants(p: Problem) -> None:

@@ -143,7 +143,8 @@ def test_bytarget_values_are_most_common_winners_per_arch(exported):
     assert Schedule.from_dict(entry["schedule"]) == Schedule(occupancy=1, opt_level=2)
     # the lookup metric travels with the table
     assert exported.LOOKUP["forward"] == {
-        "bucket_fields": list(FORWARD.bucket_fields),
+        "bucket_fields": list(FORWARD.bucket_fields) + list(Problem.VARIANT_FIELDS),
+        "optional": dict(Problem.OPTIONAL_FIELDS),
         "match_ratios": [list(pair) for pair in FORWARD.match_ratios],
         "distance_terms": [[list(names), weight] for names, weight in FORWARD.distance_terms],
         "nearest_limit": FORWARD.nearest_limit, "transfer_margin": FORWARD.transfer_margin,
@@ -782,7 +783,8 @@ def test_module_has_one_table_per_family(tiledtune, mixed_db, toy, tmp_path):
     assert module.KERNEL_OPTIONS["export_toy"] == {
         "occupancy": {"default": 2, "by_arch": {"sm_90": 2, "sm_100": 3}}}
     assert module.BY_TARGET["export_toy"]["occupancy"] == ct.ByTarget(sm_90=2, sm_100=3, default=2)
-    assert module.LOOKUP["export_toy"] == {"bucket_fields": ["dtype"], "match_ratios": [],
+    assert module.LOOKUP["export_toy"] == {"bucket_fields": ["dtype"], "optional": {},
+                                    "match_ratios": [],
                                     "distance_terms": [[["rows"], 1.0], [["width"], 0.25]],
                                     "nearest_limit": None,  # any distance
                                     "transfer_margin": 1.03, "transfer_limits": [],

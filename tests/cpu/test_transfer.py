@@ -188,6 +188,26 @@ def test_the_exported_select_follows_the_runtime_rule():
     assert checked > 100
 
 
+def test_the_exported_select_measures_a_window_by_its_span():
+    """A sliding window's key is measured by the window's span in the exported module as in
+    the runtime (``Problem.lookup_shape``): the same distances and answers at other lengths."""
+    rows = [r for r in shipped_rows() if r.family == "forward"]
+    exported: dict = {}
+    exec(compile(render_module(rows, source="shipped"), "schedules.py", "exec"), exported)
+    windowed = [r for r in rows if r.problem.windowed]
+    assert windowed
+    for r in windowed:
+        for length in (2 * r.problem.seqlen_q, r.problem.seqlen_q // 2 + 1):
+            problem = dataclasses.replace(r.problem, seqlen_q=length, seqlen_k=length)
+            assert exported["distance"]("forward", problem.to_dict(), r.problem.to_dict()) == \
+                FORWARD.distance(problem, r.problem)
+            answer = resolve(rows, problem, FORWARD)
+            expected = None if answer.source == "default" else answer.schedule.to_dict()
+            assert exported["select"]("forward", "sm_90", **problem.to_dict()) == expected
+        assert exported["select"]("forward", "sm_90", **r.problem.to_dict()) == \
+            r.schedule.to_dict()
+
+
 def test_the_margin_and_limits_are_stated_per_family():
     assert FORWARD.transfer_margin == DECODE.transfer_margin == BACKWARD.transfer_margin == 1.03
     assert FORWARD.transfer_limits == ((("batch", "heads_q"), 1.0),)

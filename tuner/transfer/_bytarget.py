@@ -107,7 +107,9 @@ def choose_kernel_options(family: str, by_arch: dict[str, list[dict[str, Any]]]
 
 def _lookup_spec(family: str) -> dict[str, Any]:
     f = get_family(family)
-    return {"bucket_fields": list(f.bucket_fields),
+    variants = list(getattr(f.problem_type, "VARIANT_FIELDS", ()))
+    return {"bucket_fields": list(f.bucket_fields) + variants,
+            "optional": dict(getattr(f.problem_type, "OPTIONAL_FIELDS", {})),
             "match_ratios": [list(pair) for pair in f.match_ratios],
             "distance_terms": [[list(names), weight] for names, weight in f.distance_terms],
             "nearest_limit": None if math.isinf(f.nearest_limit) else f.nearest_limit,
@@ -215,15 +217,37 @@ BY_TARGET = {family: {option: _by_target(values) for option, values in options.i
              for family, options in KERNEL_OPTIONS.items()}
 
 
+def full(family, problem):
+    """``problem`` (a dict) with ``family``'s optional fields at their defaults where absent."""
+    return {**LOOKUP[family]["optional"], **problem}
+
+
+def lookup_shape(problem):
+    """The shape the lookup measures a full problem dict by (``Problem.lookup_shape``): a
+    sliding window's problem by the window's span, its other rows as batch."""
+    left, right = problem.get("window_left", -1), problem.get("window_right", -1)
+    if left < 0 and right < 0:
+        return problem
+    sq, sk = problem["seqlen_q"], problem["seqlen_k"]
+    right = 0 if problem["causal"] else (right if right >= 0 else sk)
+    span = (left if left >= 0 else sk) + right + 1
+    rows, keys = min(sq, span), min(sk, span)
+    return {**problem, "batch": problem["batch"] * -(-sq // rows), "seqlen_q": rows,
+            "seqlen_k": keys}
+
+
 def distance(family, a, b):
     """The lookup distance between two problems (dicts) of ``family``: the sum over
-    ``LOOKUP[family]["distance_terms"]`` of weight * |log2 prod(a[fields]) - log2 prod(b[fields])|,
-    or ``None`` when they differ in a bucket field or a matched ratio."""
+    ``LOOKUP[family]["distance_terms"]`` of weight * |log2 prod(a[fields]) - log2 prod(b[fields])|
+    on their ``lookup_shape``, or ``None`` when they differ in a bucket field or a matched
+    ratio."""
     spec = LOOKUP[family]
+    a, b = full(family, a), full(family, b)
     if any(a[name] != b[name] for name in spec["bucket_fields"]):
         return None
     if any(a[n] * b[d] != b[n] * a[d] for n, d in spec["match_ratios"]):
         return None
+    a, b = lookup_shape(a), lookup_shape(b)
     total = 0.0
     for names, weight in spec["distance_terms"]:
         total += weight * abs(math.log2(math.prod(a[n] for n in names))
@@ -252,13 +276,14 @@ def transfers(family, entry, problem):
     if entry.get("default_ms") is None:
         return False
     gain = entry["default_ms"] / entry["median_ms"]
+    stored, problem = lookup_shape(full(family, entry["problem"])), lookup_shape(problem)
     for names, limit in spec["transfer_limits"]:
-        if abs(math.log2(math.prod(entry["problem"][n] for n in names))
+        if abs(math.log2(math.prod(stored[n] for n in names))
                - math.log2(math.prod(problem[n] for n in names))) > limit + 1e-9:
             return False
     terms, schedule = spec["padding_terms"], entry["schedule"]
     scaled = min(gain, gain * _padding(terms, problem, schedule)
-                 / _padding(terms, entry["problem"], schedule))
+                 / _padding(terms, stored, schedule))
     return scaled >= spec["transfer_margin"]
 
 
@@ -269,10 +294,12 @@ def select(family, arch, **problem):
     the faster row. ``None`` when ``arch`` has no such entry (use the family's default then)."""
     if family not in SCHEDULES:
         raise ValueError(f"select(): family must be one of {sorted(SCHEDULES)}; got {family!r}")
-    fields = set(SCHEDULES[family][next(iter(SCHEDULES[family]))][0]["problem"])
-    if set(problem) != fields:
-        raise ValueError(f"select(): give exactly the fields {sorted(fields)}; got "
-                         f"{sorted(problem)}")
+    optional = LOOKUP[family]["optional"]
+    fields = set(SCHEDULES[family][next(iter(SCHEDULES[family]))][0]["problem"]) | set(optional)
+    if not fields - set(optional) <= set(problem) <= fields:
+        raise ValueError(f"select(): give exactly the fields {sorted(fields - set(optional))}"
+                         f" (and any of the optional {sorted(optional)}); got {sorted(problem)}")
+    problem = full(family, problem)
     for names, _ in LOOKUP[family]["distance_terms"]:
         for name in names:
             value = problem[name]
@@ -280,11 +307,12 @@ def select(family, arch, **problem):
                 raise ValueError(f"select(): {name} must be a positive int; got {value!r}")
     found = []
     for entry in SCHEDULES[family].get(arch, ()):
-        d = distance(family, problem, entry["problem"])
+        stored = full(family, entry["problem"])
+        d = distance(family, problem, stored)
         limit = LOOKUP[family].get("nearest_limit")
-        if d is None or (limit is not None and d > limit and entry["problem"] != problem):
+        if d is None or (limit is not None and d > limit and stored != problem):
             continue
-        found.append(((entry["problem"] != problem, d, entry["median_ms"]), entry))
+        found.append(((stored != problem, d, entry["median_ms"]), entry))
     for (other, _, _), entry in sorted(found, key=lambda item: item[0]):  # exact first
         if not other or transfers(family, entry, problem):
             return dict(entry["schedule"])
