@@ -202,8 +202,9 @@ class Problem:
     def lookup_terms(cls, data: Mapping[str, Any]) -> dict[str, Any]:
         """``to_dict()`` of :meth:`lookup_shape` of the problem whose ``to_dict()`` is
         ``data`` (what the database's distance columns are taken of)."""
-        problem = cls.from_dict(data)
-        return data if not problem.windowed else problem.lookup_shape().to_dict()
+        if "window_left" not in data and "window_right" not in data:
+            return data  # not windowed: itself (and no need to rebuild it)
+        return cls.from_dict(data).lookup_shape().to_dict()
 
     @property
     def group_size(self) -> int:
