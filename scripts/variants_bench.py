@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tiledattention
 from tiledattention import Problem
 from tiledattention.tooling import attention_reference, visible_keys
+from tuner.bench import flex_mask_mod, flex_score_mod
 from tuner.measure import time_interleaved
 
 #: name, (B, H_q, H_kv, S_q, S_k, D), causal ("top_left" / "bottom_right" / False),
@@ -67,36 +68,20 @@ def problem_of(shape: tuple, causal, window, softcap, sinks) -> Problem:
 
 
 def flex_contender(problem: Problem, sinks_t):
+    """Compiled FlexAttention with the problem's mask and softcap (``tuner.bench``'s
+    ``flex_mask_mod`` / ``flex_score_mod``, the bench's own), sinks through its LSE."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    off = problem.causal_offset
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = kv_idx >= 0
-        if problem.causal:
-            keep = keep & (kv_idx <= q_idx + off)
-        if problem.window_left >= 0:
-            keep = keep & (kv_idx >= q_idx + off - problem.window_left)
-        if problem.window_right >= 0:
-            keep = keep & (kv_idx <= q_idx + off + problem.window_right)
-        return keep
-
-    block_mask = create_block_mask(mask_mod, None, None, problem.seqlen_q, problem.seqlen_k,
-                                   device="cuda")
-    cap = problem.softcap
-
-    def capped(score, b, h, q_idx, kv_idx):
-        return cap * torch.tanh(score / cap)
-    score_mod = capped if cap > 0 else None
+    block_mask = create_block_mask(flex_mask_mod(problem), None, None, problem.seqlen_q,
+                                   problem.seqlen_k, device="cuda")
+    kwargs = dict(score_mod=flex_score_mod(problem), block_mask=block_mask,
+                  enable_gqa=problem.heads_q != problem.heads_kv)
     compiled = torch.compile(flex_attention, dynamic=False)
-    gqa = problem.heads_q != problem.heads_kv
 
     def run(q, k, v):
         if sinks_t is None:
-            return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                            enable_gqa=gqa)
-        out, lse = compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                            enable_gqa=gqa, return_lse=True)
+            return compiled(q, k, v, **kwargs)
+        out, lse = compiled(q, k, v, return_lse=True, **kwargs)
         weight = torch.sigmoid(lse - sinks_t.view(1, -1, 1).float())  # lse: natural log
         return (out.float() * weight[..., None]).to(q.dtype)
     return run

@@ -168,9 +168,6 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     rt = _default_runtime
     if rt is None:
         rt = runtime()
-    if window is None and softcap is None and sinks is None:
-        return _run_sdpa(rt, q, k, v, causal, scale, schedule=schedule, out=out,
-                         keep_scratch=keep_scratch)
     return _run_sdpa(rt, q, k, v, causal, scale, window=window, softcap=softcap, sinks=sinks,
                      schedule=schedule, out=out, keep_scratch=keep_scratch)
 

@@ -55,7 +55,6 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
          keep_scratch: bool = True) -> Any:
     """``tiledattention.sdpa`` on ``runtime`` (see there); ``out``: the caller's output."""
     scratch = runtime if keep_scratch else None  # where a plan keeps its scratch buffers
-    variant = (window, softcap, sinks)
     family = None
     if schedule is not None:
         family = family_for_schedule(schedule)
@@ -81,8 +80,8 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
                 if plan is not None:
                     break
     except (AttributeError, TypeError, IndexError):  # not torch tensors (CuPy), unhashable
-        return _validated_call(runtime, q, k, v, causal, scale, variant, schedule, family, out,
-                               None, scratch)
+        return _validated_call(runtime, q, k, v, causal, scale, (window, softcap, sinks),
+                               schedule, family, out, None, scratch)
     if plan is not None:
         if sinks is None:
             result = plan.run(scratch, q, k, v, device, out)
@@ -90,8 +89,8 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
             result = plan.run(scratch, q, k, v, device, out, sinks=_as_float32(sinks))
         if result is not None:
             return result  # else the plan's checks failed: validation says why
-    return _validated_call(runtime, q, k, v, causal, scale, variant, schedule, family, out,
-                           signature, scratch)
+    return _validated_call(runtime, q, k, v, causal, scale, (window, softcap, sinks),
+                           schedule, family, out, signature, scratch)
 
 
 def _as_float32(sinks: Any) -> Any:
