@@ -110,8 +110,11 @@ class TrainingKernels:
                                "grad_strides": grad_out.stride(), "grad_shape": grad_out.shape})
         return reference_backward(grad_out, q, k, v, out, lse, causal, scale)
 
-    def sdpa(self, q, k, v, causal=False, scale=None, *, schedule=None, out=None,
-             keep_scratch=True):
+    def sdpa(self, q, k, v, causal=False, scale=None, *, window=None, softcap=None, sinks=None,
+             schedule=None, out=None, keep_scratch=True):
+        # a stand-in of plain attention: the variant arguments come as tiledattention.sdpa's
+        # defaults
+        assert (window, softcap, sinks) == (None, None, None)
         self.plain.append({"q": tuple(q.shape), "causal": causal, "scale": scale})
         result = reference_with_lse(q, k, v, causal, scale)[0]
         return result if out is None else out.copy_(result)
