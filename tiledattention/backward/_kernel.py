@@ -203,6 +203,13 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
     offset = _causal_offset(Q, K, BOTTOM_RIGHT)
     first_row = q_tile * TILE_M
     rows = first_row + offset + ct.arange(TILE_M, dtype=np.int32)[:, None]  # last key seen
+
+    def step(j, masked, dq):
+        """dQ of key tile ``j`` added to ``dq`` (``masked``: apply the mask)."""
+        return _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2, seqlen_k,
+                        masked, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY, reach, tanh_scale,
+                        WINDOW, SOFTCAP)
+
     if WINDOW:
         # key tiles [lo, hi) hold the keys the tile's rows see; of them [full_from, full_to)
         # are seen whole by every row (and are not past S_k): the tiles before and after need
@@ -212,17 +219,11 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
             seqlen_k, TILE_N)
         dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
         for j in range(lo, full_from):
-            dq = _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2,
-                          seqlen_k, True, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY, reach,
-                          tanh_scale, WINDOW, SOFTCAP)
+            dq = step(j, True, dq)
         for j in range(full_from, full_to):
-            dq = _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2,
-                          seqlen_k, False, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY, reach,
-                          tanh_scale, WINDOW, SOFTCAP)
+            dq = step(j, False, dq)
         for j in range(full_to, hi):
-            dq = _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2,
-                          seqlen_k, True, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY, reach,
-                          tanh_scale, WINDOW, SOFTCAP)
+            dq = step(j, True, dq)
     else:
         if CAUSAL:
             num_kv_tiles = ct.cdiv(max(min(first_row + TILE_M + offset, seqlen_k), 0), TILE_N)
@@ -234,13 +235,9 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
         unmasked = min(mask_from, num_kv_tiles)
         dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
         for j in range(unmasked):
-            dq = _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2,
-                          seqlen_k, False, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY, reach,
-                          tanh_scale, WINDOW, SOFTCAP)
+            dq = step(j, False, dq)
         for j in range(unmasked, num_kv_tiles):
-            dq = _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2,
-                          seqlen_k, True, CAUSAL, TILE_M, TILE_N, TILE_D, KV_LATENCY, reach,
-                          tanh_scale, WINDOW, SOFTCAP)
+            dq = step(j, True, dq)
     dq = dq * qk_scale
     ct.store(dQ, index=(batch, head, q_tile, 0),
              tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
@@ -386,28 +383,27 @@ def _dkdv(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, heads_kv, group, window_lef
     per_head = max(seen, 1)
     dk = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)
     dv = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)
+
+    def step(head, i, masked, dk, dv):
+        """dK and dV of query tile ``i`` of ``head`` added (``masked``: apply the mask)."""
+        return _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2, masked,
+                          TILE_M, TILE_N, TILE_D, Q_LATENCY, reach, tanh_scale, CAUSAL, WINDOW,
+                          SOFTCAP)
+
     for g in range(start // per_head, ct.cdiv(stop, per_head)):
         head = kv_head * group + g
         lo = first + max(start - g * seen, 0)
         hi = first + min(stop - g * seen, seen)
         for i in range(lo, min(hi, unmask_from)):
-            dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2,
-                                True, TILE_M, TILE_N, TILE_D, Q_LATENCY, reach, tanh_scale,
-                                CAUSAL, WINDOW, SOFTCAP)
+            dk, dv = step(head, i, True, dk, dv)
         if WINDOW:
             for i in range(max(lo, unmask_from), min(hi, unmask_to)):
-                dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys,
-                                    scale2, False, TILE_M, TILE_N, TILE_D, Q_LATENCY, reach,
-                                    tanh_scale, CAUSAL, WINDOW, SOFTCAP)
+                dk, dv = step(head, i, False, dk, dv)
             for i in range(max(lo, unmask_to), hi):
-                dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys,
-                                    scale2, True, TILE_M, TILE_N, TILE_D, Q_LATENCY, reach,
-                                    tanh_scale, CAUSAL, WINDOW, SOFTCAP)
+                dk, dv = step(head, i, True, dk, dv)
         else:
             for i in range(max(lo, unmask_from), hi):
-                dk, dv = _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys,
-                                    scale2, False, TILE_M, TILE_N, TILE_D, Q_LATENCY, reach,
-                                    tanh_scale, CAUSAL, WINDOW, SOFTCAP)
+                dk, dv = step(head, i, False, dk, dv)
     dk = dk * qk_scale
     part = split * Q.shape[0] + batch
     ct.store(dK, index=(part, kv_head, kv_tile, 0),

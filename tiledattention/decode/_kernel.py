@@ -237,28 +237,24 @@ def decode_split(
         m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
+
+    def step(j, masked, m_i, l_i, acc):
+        """Key tile ``j`` folded into the running state (``masked``: apply the mask)."""
+        return _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen_k,
+                        causal_offset, masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2,
+                        K_TRANSPOSED, K_LATENCY, V_LATENCY, WINDOW, lo_shift, hi_shift, SOFTCAP,
+                        cap_in, cap_out)
+
     if WINDOW:
         for j in range(start, unmask_from):
-            m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc,
-                                     scale, seqlen_k, causal_offset, True, CAUSAL, TILE_M,
-                                     TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                                     WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
+            m_i, l_i, acc = step(j, True, m_i, l_i, acc)
         for j in range(unmask_from, mask_from):
-            m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc,
-                                     scale, seqlen_k, causal_offset, False, CAUSAL, TILE_M,
-                                     TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                                     WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
+            m_i, l_i, acc = step(j, False, m_i, l_i, acc)
     else:
         for j in range(start, mask_from):
-            m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc,
-                                     scale, seqlen_k, causal_offset, False, CAUSAL, TILE_M,
-                                     TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                                     WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
+            m_i, l_i, acc = step(j, False, m_i, l_i, acc)
     for j in range(mask_from, stop):
-        m_i, l_i, acc = _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale,
-                                 seqlen_k, causal_offset, True, CAUSAL, TILE_M, TILE_N, TILE_D,
-                                 EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                                 WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out)
+        m_i, l_i, acc = step(j, True, m_i, l_i, acc)
 
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
