@@ -12,13 +12,14 @@ import random
 import pytest
 
 from tiledattention import DECODE, DecodeSchedule, Problem
-from tiledattention.decode import _compile as decode_compile
 from tiledattention.decode import bucket_problem, length_bucket
 from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT, window_keys
 from tiledattention.decode._launch import (COMBINE_PARAMETERS, NO_SINKS, SPLIT_PARAMETERS,
                                            combine_constants, key_walk, launches,
                                            max_key_tiles, split_constants)
 from tiledattention.decode._plan import decode_plan
+
+from .test_decode import exports  # noqa: F401  (the fixture: every export_cubin call)
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -36,21 +37,6 @@ COMBINED = _problem(batch=2, hq=28, hkv=4, sq=4, sk=3001, d=96, causal=True, bot
                     left=700, softcap=30.0, sinks=True)
 
 
-@pytest.fixture
-def exports(monkeypatch):
-    """Every ``export_cubin`` call of ``compile_decode``: (label, result)."""
-    calls = []
-    real = decode_compile.export_cubin
-
-    def spy(kernel, args, arch, label):
-        result = real(kernel, args, arch, label)
-        calls.append((label, result))
-        return result
-
-    monkeypatch.setattr(decode_compile, "export_cubin", spy)
-    return calls
-
-
 # -- compile-only builds ------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_combined_variant_compiles(arch, exports):
@@ -58,7 +44,7 @@ def test_the_combined_variant_compiles(arch, exports):
     assert schedule.splits > 1  # split kernel with WINDOW + SOFTCAP, combine with SINKS
     result = DECODE.compile(COMBINED, schedule, arch)
     assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
-    assert len(exports) == 2 and "(combine)" in exports[1][0]
+    assert len(exports) == 2 and "(combine)" in exports[1][2]  # (kernel, arch, label, result)
 
 
 SINGLE = {
