@@ -290,6 +290,22 @@ def test_cli_simulated_search_and_list(tmp_path, capsys, monkeypatch):
     assert "B2 H8 S1024 D64 bf16 causal" in capsys.readouterr().out
 
 
+def test_hill_climbing_enqueues_points_of_the_space_where_normalising_leaves_it(tmp_path):
+    """A 4096-key window walks 33 key tiles of 128, so the decode family normalises 48 or 64
+    splits to 33, which is no choice of the space: the climb must enqueue the point it
+    searched (splits 64), not the normalised schedule (Optuna refused 33 mid-search)."""
+    problem = ("batch=1,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,head_dim=128,"
+               "dtype=bf16,causal=false,bottom_right=true,window_left=4095")
+    db = tmp_path / "s.sqlite"
+    code = main(["search", "--kernel", "decode", "--device", "sm_90", "--backend",
+                 "simulated", "--problem", problem, "--trials", "12", "--space", "compact",
+                 "--db", str(db)])
+    assert code == 0
+    with ScheduleDB(db) as store:
+        (row,) = store.rows()
+    assert row.problem.window_left == 4095 and row.schedule.splits <= 33
+
+
 def test_cli_rejects_a_missing_gpu_architecture(capsys):
     code = main(["search", "--device", "sm_121", "--shape", "1,8,1024,128"])
     assert code == 2

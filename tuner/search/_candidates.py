@@ -66,15 +66,22 @@ def compile_sample(family: Family, space, problem: Any, arch: str, count: int | 
 
 def neighbours(family: Family, space, incumbent: Any, problem: Any, known: dict, *,
                seed: int) -> list[Any]:
-    """The feasible schedules not in ``known`` that differ from ``incumbent`` in one dimension
-    of ``space`` (after normalisation), in a random order fixed by ``seed`` and the incumbent."""
-    found = {}
+    """The points of ``space`` that differ from ``incumbent`` (a point of ``space``: its
+    dimensions' values as searched, not normalised) in one dimension and are feasible, new
+    (not in ``known``) and distinct after normalisation; in a random order fixed by ``seed``
+    and the incumbent. They stay points of ``space`` (a study can enqueue their values) even
+    where normalisation moves a value off the space's choices (the decode family caps a
+    window's splits at its key tiles: 64 splits of a 4096-key window are 33)."""
+    base = family.normalise(problem, incumbent).key
+    found: dict[str, Any] = {}
     for name, values in space.choices.items():
         for value in values:
             if value != getattr(incumbent, name):
-                s = family.normalise(problem, incumbent.replace(**{name: value}))
-                found.setdefault(s.key, s)
-    found = [s for s in found.values() if s.key not in known and s.key != incumbent.key
-             and space.infeasibility(space.arch, problem, s) is None]
-    random.Random(f"{seed}:{incumbent.key}").shuffle(found)
-    return found
+                point = incumbent.replace(**{name: value})
+                s = family.normalise(problem, point)
+                if (s.key not in known and s.key != base
+                        and space.infeasibility(space.arch, problem, s) is None):
+                    found.setdefault(s.key, point)
+    points = list(found.values())
+    random.Random(f"{seed}:{incumbent.key}").shuffle(points)
+    return points

@@ -282,7 +282,7 @@ class Tuner:
                 study.enqueue_trial(space.params(seed), skip_if_exists=True)
 
         best = min((v for v in known.values() if isinstance(v, float)), default=float("inf"))
-        incumbent = self._incumbent(study, space, problem)
+        incumbent = self._incumbent(study, space)
         climb_left = 0 if brute_force else (cfg.n_trials // 3 if cfg.neighbour_trials is None
                                             else cfg.neighbour_trials)
         since_best = 0
@@ -343,7 +343,8 @@ class Tuner:
                     finally:
                         heartbeat.drop(trial._trial_id)
                 if m.ok and improves(m.timing.median_ms, best):
-                    best, since_best, incumbent = m.timing.median_ms, 0, schedule
+                    best, since_best = m.timing.median_ms, 0
+                    incumbent = space.schedule(trial.params)  # the point, as searched
                 else:
                     since_best += 1
                 self._on_event("trial", {"problem": problem, "schedule": schedule,
@@ -393,10 +394,11 @@ class Tuner:
             time.sleep(0.5)
             fail_stale_trials(study, self.storage, cfg.grace_s)
 
-    def _incumbent(self, study, space, problem: Any) -> Any:
-        """The fastest correct schedule measured so far for this key (a resumed study)."""
+    def _incumbent(self, study, space) -> Any:
+        """The point of ``space`` (as searched, not normalised) of the fastest correct schedule
+        measured so far for this key (a resumed study)."""
         ok = correct_trials(study)
-        return self.family.normalise(problem, space.schedule(ok[0].params)) if ok else None
+        return space.schedule(ok[0].params) if ok else None
 
     def _neighbours(self, space, incumbent: Any, problem: Any, known: dict) -> list[Any]:
         return neighbours(self.family, space, incumbent, problem, known, seed=self.config.seed)
