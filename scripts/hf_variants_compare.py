@@ -5,8 +5,8 @@ weights, a few layers) with ``attn_implementation="tiledattention"`` against ``"
 
 For each model: ``generate()`` greedy from the same prompt (longer than the sliding window, so
 the window binds in the prefill and in every decode step) with both implementations, the
-backend's counters (every attention call must run tiledattention: no fallback), the tokens and
-where they first differ; then ``--steps`` AdamW steps under bf16 autocast from the same
+backend's counters (every attention call must run tiledattention: no fallback), the tokens,
+where they first differ and how far apart eager's two best logits were there; then ``--steps`` AdamW steps under bf16 autocast from the same
 weights on the same batches, tiledattention vs eager and eager vs eager again (its own
 run-to-run spread) and vs ``"sdpa"``'s (where transformers has it for the model). Writes
 ``DIR/hf_variants.md`` and ``DIR/hf_variants.json`` and prints the table last.
@@ -59,14 +59,20 @@ def model_of(kind: str, implementation: str, dtype=torch.bfloat16):
 
 
 def generate(kind: str, implementation: str, prompt: torch.Tensor, new: int,
-             dtype=torch.bfloat16) -> list[int]:
+             dtype=torch.bfloat16) -> tuple[list[int], list[float]]:
+    """Greedy tokens, and each step's margin between the two largest logits (a step whose
+    margin is within rounding can flip between two correct implementations)."""
     model = model_of(kind, implementation, dtype).eval()
     with torch.no_grad():
-        # a dynamic cache: with a static one (Gemma 2's default in some transformers versions)
-        # every mask is materialised over the unfilled slots and the calls go to SDPA
-        out = model.generate(prompt, max_new_tokens=new, do_sample=False, min_new_tokens=new,
-                             cache_implementation="dynamic")
-    return out[0, prompt.shape[1]:].tolist()
+        # the mask is given: generate() otherwise derives one from the pad token, and a prompt
+        # of random ids may hold it (Gemma 2's pad id is 0), which masks a key in every call
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                             max_new_tokens=new, do_sample=False, min_new_tokens=new,
+                             cache_implementation="dynamic", output_scores=True,
+                             return_dict_in_generate=True)
+    top2 = [score[0].float().topk(2).values for score in out.scores]
+    return (out.sequences[0, prompt.shape[1]:].tolist(),
+            [(t[0] - t[1]).item() for t in top2])
 
 
 def train(kind: str, implementation: str, batches: list[torch.Tensor],
@@ -103,20 +109,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and kind not in args.only:
             continue
         ti.reset_hf_stats()
-        mine = generate(kind, "tiledattention", prompt, args.new)
+        mine, _ = generate(kind, "tiledattention", prompt, args.new)
         stats = ti.hf_stats()
-        theirs = generate(kind, "eager", prompt, args.new)
+        theirs, margins = generate(kind, "eager", prompt, args.new)
         first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
         # eager in float32: the reference both bf16 runs are measured against (eager's own
         # softmax runs in bf16 for some models: GPT-OSS's with its sinks)
-        exact = generate(kind, "eager", prompt, args.new, dtype=torch.float32)
+        exact, _ = generate(kind, "eager", prompt, args.new, dtype=torch.float32)
 
         def agree(tokens: list[int]) -> str:
             at = next((i for i, (a, b) in enumerate(zip(tokens, exact)) if a != b), None)
             return "all" if at is None else f"first {at}"
         vs_fp32 = {"tiledattention": agree(mine), "eager": agree(theirs)}
         try:  # torch's SDPA against eager: how far two correct implementations agree
-            sdpa_tokens = generate(kind, "sdpa", prompt, args.new)
+            sdpa_tokens, _ = generate(kind, "sdpa", prompt, args.new)
             sdpa_first = next((i for i, (a, b) in enumerate(zip(sdpa_tokens, theirs))
                                if a != b), "none")
             vs_fp32["sdpa"] = agree(sdpa_tokens)
@@ -141,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             generate_calls=stats.tiledattention, generate_fallbacks=dict(stats.fallbacks),
             train_calls=train_stats.tiledattention, train_fallbacks=dict(train_stats.fallbacks),
             tokens_equal=mine == theirs, first_difference=first, tokens=len(mine),
+            eager_margin_there=None if first is None else margins[first],
             sdpa_first_difference=sdpa_first, tokens_vs_fp32_eager=vs_fp32,
             loss_gap_vs_fp32={name: gap(name, "eager fp32") for name in losses
                               if name != "eager fp32"},
@@ -154,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind, r in results.items():
         fallbacks = {**r["generate_fallbacks"], **r["train_fallbacks"]}
         same = ("yes" if r["tokens_equal"] else
-                f"no (first differs at {r['first_difference']} of {r['tokens']})")
+                f"no (first differs at {r['first_difference']} of {r['tokens']}, where "
+                f"eager's top two logits are {r['eager_margin_there']:.3f} apart)")
 
         def fmt(x):
             return "n/a" if x is None else f"{x:.2e}"

@@ -721,6 +721,44 @@ def test_hf_routes_windows_softcap_and_sinks_to_the_kernel(kind, kernel, cpu_is_
     assert all(("sinks" in c) == (kind == "gpt_oss") for c in kernel.calls)
 
 
+def test_hf_gemma2_generate_routes_unless_the_prompt_holds_the_pad_token(kernel,
+                                                                          cpu_is_kernel_device):
+    """Gemma 2's ``generate()`` from a prompt longer than its window runs every attention call
+    (prefill and each decode step, local and global layers) in the kernel, and its greedy
+    tokens are eager's. Gemma 2's ``pad_token_id`` is 0: a prompt holding token 0 and no
+    ``attention_mask`` makes ``generate`` infer one (``_prepare_attention_mask_for_generation``)
+    that masks that key, so every call whose keys hold it, correctly, goes to transformers
+    (``attn_mask``); an explicit all-ones ``attention_mask`` routes them again."""
+    mine, theirs = tiny_model("gemma2", "tiledattention"), tiny_model("gemma2", "eager")
+    ids = torch.randint(3, 128, (1, 20), generator=torch.Generator().manual_seed(5))
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+
+    def generate(prompt, **more):
+        ti.reset_hf_stats()
+        kernel.calls.clear()
+        with torch.no_grad():
+            got = mine.generate(prompt, **kwargs, **more)
+            stats = ti.hf_stats()
+            assert torch.equal(got, theirs.generate(prompt, **kwargs, **more))
+        return stats
+
+    stats = generate(ids)  # 4 forwards (the prefill, 3 decode steps) of 2 layers
+    assert (stats.tiledattention, stats.torch) == (8, 0), stats
+    windowed = [c for c in kernel.calls if "window" in c]
+    assert len(windowed) == 4 and all(c["window"] == (7, 0) for c in windowed)
+    assert [c["k"][2] for c in windowed] == [20, 8, 8, 8]  # the sliding layer keeps 8 keys
+    padded = ids.clone()
+    padded[0, 13] = mine.generation_config.pad_token_id
+    assert padded[0, 13] == 0
+    stats = generate(padded)
+    # the global layer sees key 13 in every call; the sliding one until it leaves the window
+    # (queries 21 and 22 see keys 14.. and 15..: no padding there, the kernel runs them)
+    assert (stats.tiledattention, stats.fallbacks) == (2, {"attn_mask": 6}), stats
+    assert [(c["q"][2], c["k"][2]) for c in kernel.calls] == [(1, 8), (1, 8)]
+    stats = generate(padded, attention_mask=torch.ones_like(padded))
+    assert (stats.tiledattention, stats.torch) == (8, 0), stats
+
+
 def test_hf_window_mask_is_left_out_only_when_the_window_is_all_it_holds():
     pytest.importorskip("transformers")
     from tiledattention.integrations._hf import tiledattention_mask
