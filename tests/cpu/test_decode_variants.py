@@ -268,12 +268,15 @@ def test_normalise_keeps_the_launches_of_a_capped_schedule():
                  for walk in key_walk(narrow, problem.seqlen_q, sk, offset)]
 
 
-@pytest.mark.parametrize("left, tile_n, splits", [(4096, 128, 16), (511, 128, 2),
-                                                  (127, 64, 1), (31, 32, 1)])
-def test_windowed_defaults(left, tile_n, splits):
-    """Splits from the window's keys; key steps no longer than half the power of two holding
-    them (at least 32)."""
-    problem = _problem(sk=131072, causal=True, bottom_right=True, left=left)
+@pytest.mark.parametrize("batch, left, tile_n, splits", [
+    (1, 4096, 128, 16), (1, 1023, 128, 4), (1, 511, 128, 1), (1, 127, 128, 1), (1, 31, 32, 1),
+    (1, 32, 64, 1), (8, 4096, 128, 1), (2, 4096, 128, 8), (4, 4096, 128, 4)])
+def test_windowed_defaults(batch, left, tile_n, splits):
+    """Splits from the window's keys, and only where the window has more than 512 keys and the
+    splits multiply the CTAs at least 4-fold (B 1 and 2 over 8 K/V heads: 8 and 16 CTAs a
+    split; B 4: 32, 4 splits; B 8: 64, one split); key steps no longer than the power of two
+    holding the window's keys (at least 32)."""
+    problem = _problem(batch=batch, sk=131072, causal=True, bottom_right=True, left=left)
     schedule = DECODE.default_schedule("sm_90", problem)
     assert (schedule.tile_n, schedule.splits) == (tile_n, splits)
     assert DECODE.normalise(problem, schedule).splits == splits

@@ -8,7 +8,8 @@ from .._problem import Problem
 from ._launch import layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
-__all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M"]
+__all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
+           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -20,6 +21,15 @@ MIN_KEYS_PER_SPLIT = 256
 #: the time of 128-row ones with the splits recounted for them, on all 7 such shapes probed;
 #: 32-row tiles 0.45-1.27x (issue 29, docs/lookup.md).
 MAX_TILE_M = 64
+#: A windowed call splits its keys only where the window is longer than this and splitting
+#: multiplies its CTAs at least ``WINDOW_SPLIT_MIN_GAIN``-fold: a split costs the combine's
+#: launch and partials, 4-6 us on an H100, which a window's few keys rarely pay back. Tuned
+#: on 10 windowed keys (windows 128-4096, B 1 and 8, H 32/8, 16/8 and 64/8): one split won or
+#: tied at windows of 128 and 512 (1.14-1.31x the 2 splits the cache rule gave) and at B = 8
+#: (64 CTAs already; 1.00-1.31x), while 16 splits of a 4096 window at B = 1 took a third of
+#: one split's time (docs/benchmarks/variants/README.md).
+WINDOW_SPLIT_MIN_KEYS = 512
+WINDOW_SPLIT_MIN_GAIN = 4
 
 
 def window_keys(problem: Problem) -> int:
@@ -36,9 +46,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
-    ``S_k``): the splits are counted from those, and the key step is at most half the power of
-    two that holds them (at least 32), so that the two partly masked tiles at the window's
-    edges load little beyond it (a 33-key window: two 32-key tiles, not two of 128)."""
+    ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
+    window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys,
+    but only where splitting pays for its second launch (:data:`WINDOW_SPLIT_MIN_KEYS`,
+    :data:`WINDOW_SPLIT_MIN_GAIN`)."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
@@ -48,9 +59,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     tile_n = 128 if problem.head_dim <= 128 else 64
     if problem.windowed:
         keys = window_keys(problem)
-        tile_n = min(tile_n, max(32, (1 << max(keys - 1, 0).bit_length()) // 2))
+        tile_n = min(tile_n, max(32, 1 << max(keys - 1, 0).bit_length()))
     base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2)
     rows = layout(problem, base).rows  # CTAs per split
     wanted = SM_COUNTS[gen] // rows  # one wave: these kernels run one CTA per SM on sm_90
+    if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
+        wanted = 1
     splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
     return base.replace(splits=splits)
