@@ -15,7 +15,9 @@ Each point first checks every contender's output (and gradients) against the flo
 reference by relative L2 error. The windowed points also time full causal attention at their
 length (tiledattention), so ``TFLOP/s of the window (in-window work) / TFLOP/s of full causal``
 is reported. Decode points report the bytes of the window's K and V over the time, against the
-device's copy rate measured in the same run. Writes ``DIR/variants.csv`` and
+device's copy rate measured in the same run, and time beside the call what reading the window
+alone costs: a cache of the window's length (no window) on tiledattention and on cuDNN, and a
+device copy of the window's bytes. Writes ``DIR/variants.csv`` and
 ``DIR/variants.md`` and prints the table last.
 """
 
@@ -57,6 +59,10 @@ POINTS = (
      False, ("decode",)),
 )
 OURS = "tiledattention"
+#: decode's yardsticks for reading the window alone
+WINDOW_CACHE = "tiledattention, window-length cache"
+WINDOW_CACHE_CUDNN = "cudnn, window-length cache"
+WINDOW_COPY = "copy of the window's bytes"
 
 
 def problem_of(shape: tuple, causal, window, softcap, sinks) -> Problem:
@@ -150,13 +156,31 @@ def measure(point: tuple, rounds: int) -> list[dict]:
             records.append(dict(point=name, contender=who, phase="decode", rel_l2=err))
         window_keys = min(sk, (window[0] + 1) if window else sk)
         nbytes = 2 * b * hkv * window_keys * d * 2
+        # what reading only the window can cost at best, timed alongside: a cache of the
+        # window's length (contiguous, no window) on ours and on cuDNN, and a copy of the
+        # window's bytes (its share counts the bytes it reads and writes)
+        k_w, v_w = k[:, :, -window_keys:].contiguous(), v[:, :, -window_keys:].contiguous()
+        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+        dst = torch.empty_like(src)
+        timed[WINDOW_CACHE] = lambda: tiledattention.sdpa(q, k_w, v_w, sinks=sinks_t,
+                                                          softcap=softcap)
+        if not (softcap or sinks):
+            def cudnn_window():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return F.scaled_dot_product_attention(q, k_w, v_w, enable_gqa=True)
+            timed[WINDOW_CACHE_CUDNN] = cudnn_window
+        timed[WINDOW_COPY] = lambda: dst.copy_(src)
+        for who in (WINDOW_CACHE, WINDOW_CACHE_CUDNN, WINDOW_COPY):
+            if who in timed:
+                records.append(dict(point=name, contender=who, phase="decode"))
         rate = copy_rate(max(nbytes, 1 << 28), rounds)
         times = time_interleaved(timed, rounds=rounds)
         for r in records:
             if r.get("contender") in times:
                 ms = times[r["contender"]].median_ms
+                moved = 2 * nbytes if r["contender"] == WINDOW_COPY else nbytes
                 r.update(status="ok", ms=ms, window_bytes=nbytes,
-                         copy_share=(nbytes / ms) / rate)
+                         copy_share=(moved / ms) / rate)
         return records
     flops = 4.0 * b * hq * d * problem.attended_pairs
     leaves = [x.requires_grad_() for x in (q, k, v)]
@@ -236,6 +260,10 @@ def table(records: list[dict]) -> list[str]:
         cells.append(f"{ours['tflops'] / full['tflops']:.2f}" if full else "")
         if phase == "decode":
             shown = f"{ours['ms'] * 1e3:.1f} µs, {100 * ours['copy_share']:.0f}% of copy rate"
+            shown += "".join(f"; {who}: {rows[who]['ms'] * 1e3:.1f} µs, "
+                             f"{100 * rows[who]['copy_share']:.0f}%"
+                             for who in (WINDOW_CACHE, WINDOW_CACHE_CUDNN, WINDOW_COPY)
+                             if who in rows)
         else:
             shown = f"{ours['tflops']:.0f} TFLOP/s"
         err = ours.get("grad_rel_l2", ours.get("rel_l2"))
