@@ -36,7 +36,8 @@ from .tooling import Runtime as _Runtime
 # registry, device and database selection, the errors. Tools build on ``tiledattention.tooling``.
 __all__ = [
     # entry points
-    "sdpa", "sdpa_with_lse", "sdpa_backward", "explain", "runtime", "use_database",
+    "sdpa", "sdpa_with_lse", "sdpa_backward", "varlen_attn", "explain", "runtime",
+    "use_database",
     "open_database", "database_location",
     # problems and schedules
     "Problem", "problem_from_arrays", "BOTTOM_RIGHT", "TOP_LEFT", "DTYPES", "SUPPORTED_HEAD_DIMS",
@@ -212,6 +213,37 @@ def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
     return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse, causal, scale,
                                    schedule=schedule, grads=grads,
                                    variant=(window, softcap, sinks))
+
+
+def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int,
+                max_k: int, *, is_causal: bool | str = False, scale: float | None = None,
+                window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False) -> Any:
+    """Attention over packed variable-length sequences, with the shapes and semantics of
+    torch's ``torch.nn.attention.varlen.varlen_attn``: ``query [T_q, H_q, D]``, ``key, value
+    [T_k, H_kv, D]`` (torch tensors on a GPU, bf16 or fp16), int32 cumulative offsets
+    ``cu_seq_q, cu_seq_k [N + 1]`` (sequence ``i`` is query rows ``cu_seq_q[i]:cu_seq_q[i +
+    1]`` against keys ``cu_seq_k[i]:cu_seq_k[i + 1]``), and ``max_q``, ``max_k`` at least the
+    longest sequence's query and key counts (as torch, nothing checks them against the offsets
+    on the host: a smaller value leaves rows of the longer sequences unwritten).
+
+    ``is_causal``: ``True`` masks each sequence causally, aligned bottom-right (a sequence's
+    queries are its last positions: FlashAttention's and torch's varlen convention, the same as
+    top-left where a sequence has as many queries as keys); ``"top_left"`` aligns top-left.
+    ``window_size=(left, right)``: a sliding window per sequence (-1 unbounded), with the same
+    alignment; ``(-1, 0)`` is causal, as in torch. ``enable_gqa``: allow ``H_q`` a multiple of
+    ``H_kv``. Rows outside every sequence come out as zeros.
+
+    Differentiable (``query``, ``key``, ``value``; rows and keys outside every sequence get
+    zero gradients) and traceable by ``torch.compile`` (custom ops
+    ``tiledattention::varlen_fwd`` / ``varlen_bwd``). No copy is made of the packed tensors:
+    the kernels cut each sequence out of them. Schedules are looked up per bucket of the
+    batch's longest lengths and token count, so new batches reuse kernels and lookups.
+    """
+    from . import _varlen
+
+    return _varlen.varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                               is_causal=is_causal, scale=scale, window_size=window_size,
+                               enable_gqa=enable_gqa)
 
 
 def explain(q: Any, k: Any, v: Any, causal: bool | str = False, *,

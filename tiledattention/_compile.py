@@ -80,7 +80,7 @@ def cubin_shared_bytes(cubin: bytes) -> int | None:
 
 
 
-_CT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_CT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int32": "int32"}
 
 
 def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None) -> Any:
@@ -93,7 +93,7 @@ def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | 
     from cuda.tile import compilation as ctc
 
     ndim = len(shape)
-    elems_per_16_bytes = 4 if dtype == "fp32" else 8
+    elems_per_16_bytes = 4 if dtype in ("fp32", "int32") else 8
     if strides is None:
         divisible = tuple(elems_per_16_bytes for _ in range(ndim - 1)) + (1,)
     else:

@@ -232,18 +232,21 @@ class Family(abc.ABC):
 
     def forward_with_lse(self, stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                          problem: Any, schedule: Any, scale: float, device_index: int,
-                         sinks: Any = None) -> None:
+                         sinks: Any = None, ragged: Any = None) -> None:
         """Enqueue the forward that also writes each row's log-sum-exp into ``lse`` (families
         serving "sdpa_with_lse"); ``sinks``: float32 ``[H_q]`` sink logits when
-        ``problem.sinks``."""
+        ``problem.sinks``; ``ragged``: the call's ``tiledattention._ragged.RaggedLayout``
+        when ``problem.ragged``."""
         raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
 
     def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,
                  v: Any, out: Any, grad_out: Any, lse: Any, delta: Any,
-                 grads: tuple[Any, Any, Any], sinks: Any = None) -> None:
+                 grads: tuple[Any, Any, Any], sinks: Any = None, ragged: Any = None) -> None:
         """Enqueue dQ, dK, dV into ``grads`` (families serving "sdpa_backward"); ``delta`` is
         float32 scratch shaped like ``lse``; ``sinks``: float32 ``[H_q]`` sink logits when
-        ``problem.sinks`` (the stored ``lse`` already holds their term)."""
+        ``problem.sinks`` (the stored ``lse`` already holds their term); ``ragged``: the
+        call's ``RaggedLayout`` when ``problem.ragged`` (rows and keys outside every sequence
+        are not written)."""
         raise UnsupportedOperationError(f"the {self.name} family computes no gradients")
 
 

@@ -79,7 +79,7 @@ def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
 
 #: The fields ``to_dict`` leaves out at these values (keys stored before they existed).
 _OPTIONAL = {"bottom_right": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
-             "sinks": False}
+             "sinks": False, "ragged": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +94,14 @@ class Problem:
     ``softcap > 0`` caps the scaled scores at ``softcap * tanh(s / softcap)``; ``sinks`` says
     the call passes per-query-head sink logits that join each row's softmax denominator.
 
+    ``ragged``: the batch's sequences have lengths of their own, given per call as query and
+    key ranges (packed variable-length sequences, or a padded batch's valid tokens). Such a
+    problem is a bucket, not one call: ``seqlen_q`` and ``seqlen_k`` are the longest query
+    and key lengths rounded up to powers of two, and ``batch`` the number of such sequences
+    the call's query tokens fill (rounded up to a power of two), so every batch of one length
+    profile shares a key (``tiledattention.varlen``). The mask and the window apply per
+    sequence, aligned by the sequence's own lengths.
+
     A problem is kept in one canonical form, so the database never holds two keys for one
     computation: bottom-right with ``S_q == S_k`` is top-left, and with ``S_q == 1`` and no
     window it masks nothing (``causal=False``); a window side that binds no key is ``-1``; with
@@ -105,7 +113,7 @@ class Problem:
     #: Fields that make a problem a variant of plain attention: exact parts of every family's
     #: lookup bucket when set (``Family.codec``).
     VARIANT_FIELDS: ClassVar[tuple[str, ...]] = ("window_left", "window_right", "softcap",
-                                                 "sinks")
+                                                 "sinks", "ragged")
     #: The optional fields and their defaults (what ``to_dict`` leaves out).
     OPTIONAL_FIELDS: ClassVar[Mapping[str, Any]] = _OPTIONAL
 
@@ -122,6 +130,7 @@ class Problem:
     window_right: int = -1
     softcap: float = 0.0
     sinks: bool = False
+    ragged: bool = False
 
     def __post_init__(self) -> None:
         for name in _DIMS:
@@ -277,6 +286,8 @@ class Problem:
             mask += f" cap{self.softcap:g}"
         if self.sinks:
             mask += " sinks"
+        if self.ragged:
+            mask += " ragged"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
 
@@ -295,6 +306,8 @@ def _check_variants(p: Problem) -> None:
     object.__setattr__(p, "softcap", float(cap))
     if not isinstance(p.sinks, bool):
         raise UnsupportedProblemError(f"sinks must be a bool; got {p.sinks!r}")
+    if not isinstance(p.ragged, bool):
+        raise UnsupportedProblemError(f"ragged must be a bool; got {p.ragged!r}")
 
 
 def _canonical_mask(p: Problem) -> None:
@@ -308,6 +321,12 @@ def _canonical_mask(p: Problem) -> None:
     elif not p.causal and p.window_right == 0:
         put("causal", True)
         put("window_right", -1)
+    if p.ragged:
+        # each sequence aligns by its own lengths: which window side binds, and whether
+        # bottom-right equals top-left, depends on them, not on the bounds
+        if p.bottom_right and not (p.causal or p.windowed):
+            put("bottom_right", False)
+        return
     off = p.causal_offset
     # the left side binds iff the last row's first key lies past key 0; the right side iff the
     # first row's last key lies before the last key

@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import InputValueError
 
-__all__ = ["attention_reference", "visible_keys"]
+__all__ = ["attention_reference", "varlen_reference", "visible_keys"]
 
 #: Score elements one chunk of the explicit reference holds at most (float32: 1 GiB).
 _CHUNK_ELEMENTS = 1 << 28
@@ -92,3 +92,44 @@ def _explicit(q32: Any, k32: Any, v32: Any, problem: Any, scale: float | None,
         out = (p @ v32) / torch.where(denom > 0, denom, torch.ones_like(denom))
         outs.append(out)  # a row with no key and no sink: p = 0, so out = 0
     return torch.cat(outs, dim=2)
+
+
+def varlen_reference(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, *,
+                     causal: bool = False, bottom_right: bool = True,
+                     scale: float | None = None, window: tuple[int, int] = (-1, -1)) -> Any:
+    """Packed variable-length attention (``tiledattention.varlen_attn``'s semantics) in float32,
+    sequence by sequence through :func:`attention_reference`: ``query [T_q, H_q, D]``, ``key,
+    value [T_k, H_kv, D]``, offsets ``cu_seq_q, cu_seq_k [N + 1]`` (read on the host). The
+    causal mask and the window align per sequence (bottom-right with ``bottom_right``); rows
+    outside every sequence, and rows that see no key, are zeros. Differentiable."""
+    import torch
+
+    from ._problem import Problem
+
+    starts_q, starts_k = cu_seq_q.tolist(), cu_seq_k.tolist()
+    out = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+    pieces = []
+    for i in range(len(starts_q) - 1):
+        (q0, q1), (k0, k1) = starts_q[i:i + 2], starts_k[i:i + 2]
+        if q1 <= q0:
+            continue
+        rows = (q0, q1)
+        if k1 <= k0:  # no keys: the rows stay zeros
+            continue
+        problem = Problem(batch=1, heads_q=query.shape[1], heads_kv=key.shape[1],
+                          seqlen_q=q1 - q0, seqlen_k=k1 - k0, head_dim=query.shape[2],
+                          dtype="bf16", causal=causal,
+                          bottom_right=bottom_right and (causal or window != (-1, -1)),
+                          window_left=window[0], window_right=window[1])
+
+        def packed(x, a, b):
+            return x[a:b].transpose(0, 1).unsqueeze(0)  # [1, H, S, D]
+        seq = attention_reference(packed(query, q0, q1), packed(key, k0, k1),
+                                  packed(value, k0, k1), problem, scale=scale)
+        pieces.append((rows, seq[0].transpose(0, 1)))
+    if not pieces:
+        return out
+    # rows outside every sequence stay zero; assembled without in-place writes (autograd)
+    index = torch.cat([torch.arange(a, b, device=query.device) for (a, b), _ in pieces])
+    values = torch.cat([p for _, p in pieces])
+    return out.index_add(0, index, values)

@@ -11,10 +11,10 @@ from ._cubin import text_digest
 from ._family import codecs, serving
 from ._lookup import Resolver, pick
 from ._provenance import Provenance, current_provenance
-from ._reference import attention_reference, visible_keys
+from ._reference import attention_reference, varlen_reference, visible_keys
 from ._runtime import Runtime
 from ._settings import simulated_database_location
 
 __all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "attention_reference",
            "check_arch", "codecs", "current_provenance", "generation", "pick", "serving",
-           "simulated_database_location", "text_digest", "torch_sdpa_kwargs", "visible_keys"]
+           "simulated_database_location", "text_digest", "torch_sdpa_kwargs", "varlen_reference", "visible_keys"]

@@ -81,13 +81,13 @@ def test_parameters_are_read_from_the_kernel_function():
     assert kernel_parameters() == names
     assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
     upper = {n for n in names if n.isupper() and n not in RUNTIME_PARAMETERS}
-    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 23
+    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 25
 
 
 def test_values_land_on_their_parameters_whatever_the_mapping_order():
     runtime = {"Q": "q", "K": "k", "V": "v", "Out": "out", "qk_scale": 0.5, "heads_q": 2,
                "group": 2, "Lse": "lse", "window_left": "wl", "window_right": "wr",
-               "softcap": "cap", "Sinks": "sinks"}
+               "softcap": "cap", "Sinks": "sinks", "Ranges": "ranges"}
     constants = kernel_constants(CAUSAL, BASE.replace(exp2=True))
     # EXP2 and APPROX_DIV differ; give them in swapped insertion order, and everything reversed
     swapped = dict(constants)
@@ -144,8 +144,8 @@ def test_runtime_values_and_constants_in_kernel_args():
     s = BASE.replace(k_latency=3, tile_n=32)
     args = kernel_args("q", "k", "v", "o", CAUSAL, s, 0.125)
     assert args[:8] == ("q", "k", "v", "o", 0.125, 2, 2, NO_LSE)
-    assert args[8:12] == (UNUSED,) * 4  # no window, softcap or sinks
-    assert args[12:] == constant_args(CAUSAL, s)
+    assert args[8:13] == (UNUSED,) * 5  # no window, softcap, sinks or ranges
+    assert args[13:] == constant_args(CAUSAL, s)
     named = dict(zip(kernel_parameters(), args))
     assert (named["TILE_M"], named["TILE_N"], named["TILE_D"], named["K_LATENCY"],
             named["V_LATENCY"], named["EVEN_K"]) == (64, 32, 64, 3, 0, True)
@@ -385,8 +385,9 @@ def test_the_constant_check_sees_a_swapped_pair():
     swapped = KERNEL_SOURCE.replace("EXP2=EXP2, APPROX_DIV=APPROX_DIV",
                                     "EXP2=APPROX_DIV, APPROX_DIV=EXP2")
     assert swapped != KERNEL_SOURCE
-    assert [p.split(": ", 1)[1] for p in _constant_mismatches(swapped)] == [
-        "_attend_q_tile: EXP2=APPROX_DIV", "_attend_q_tile: APPROX_DIV=EXP2"]
+    assert sorted(p.split(": ", 1)[1] for p in _constant_mismatches(swapped)) == [
+        "_attend_q_tile: APPROX_DIV=EXP2", "_attend_q_tile: EXP2=APPROX_DIV",
+        "_attend_rows: APPROX_DIV=EXP2", "_attend_rows: EXP2=APPROX_DIV"]
     too_long = "def f(a, b, c, d, e, f, g, h, i, j, k, l, m):\n    pass\n"
     assert _constant_mismatches(too_long) == ["f takes 13 positional parameters"]
 
@@ -397,9 +398,9 @@ def test_one_kernel_entry_with_the_log_sum_exp_a_constant():
     assert kernels == ["attention_fwd"]
     names = kernel_parameters()
     assert "Lse" in names and "STORE_LSE" in names
-    # only the variants' values (zero bytes when unused) follow Lse: the plain forward keeps
-    # its parameter offsets
-    assert names.index("Lse") == len(RUNTIME_PARAMETERS) - 5
+    # only the variants' and the ragged batch's values (zero bytes when unused) follow Lse:
+    # the plain forward keeps its parameter offsets
+    assert names.index("Lse") == len(RUNTIME_PARAMETERS) - 6
     assert kernel_constants(CAUSAL, BASE)["STORE_LSE"] is False
     assert kernel_constants(CAUSAL, BASE, store_lse=True)["STORE_LSE"] is True
 

@@ -25,8 +25,10 @@ def compile_schedule(problem: Problem, schedule: Schedule, arch: str) -> Compile
     """Compile ``schedule`` for ``problem`` into a cubin for ``arch``; raise :class:`CompileError`.
 
     The constants are ``kernel_constants(problem, schedule)``, so ``schedule`` and
-    ``normalise(problem, schedule)`` give the same cubin."""
-    return _export(problem, kernel_for(schedule), kernel_constants(problem, schedule), arch,
+    ``normalise(problem, schedule)`` give the same cubin. A ragged problem compiles for packed
+    sequences (``varlen_attn``'s layout)."""
+    return _export(problem, kernel_for(schedule),
+                   kernel_constants(problem, schedule, packed=problem.ragged), arch,
                    schedule.describe())
 
 
@@ -37,8 +39,14 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
     for ``arch``. ``label`` names the build in errors. Tests use it to compile constants that
     no normalised schedule produces."""
     p = problem
-    q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
-    kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    if constants.get("PACKED"):  # [1, H, tokens, D] views of [tokens, H, D] tensors
+        q_like, kv_like = (
+            array_constraint(p.dtype, (1, h, p.batch * s, p.head_dim),
+                             (p.batch * s * h * p.head_dim, p.head_dim, h * p.head_dim, 1))
+            for h, s in ((p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k)))
+    else:
+        q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+        kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
     runtime = {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
                "qk_scale": ctc.ScalarConstraint(ct.float32),
                "heads_q": ctc.ScalarConstraint(ct.int32), "group": ctc.ScalarConstraint(ct.int32)}
@@ -49,4 +57,6 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
         runtime["softcap"] = ctc.ScalarConstraint(ct.float32)
     if constants.get("SINKS"):  # the [H_q] float32 sink logits
         runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
+    if constants.get("RAGGED"):  # the int32 [4, sequences] query and key ranges
+        runtime["Ranges"] = array_constraint("int32", (4, p.batch))
     return export_cubin(kernel, ordered_args(runtime, constants), arch, label)

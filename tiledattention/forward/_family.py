@@ -12,7 +12,8 @@ from .._family import Family, register_family
 from .._problem import Problem, default_scale
 from ._compile import compile_schedule
 from ._defaults import default_schedule
-from ._launch import grid_for, kernel_args, kernel_for, launch_with_lse, normalise
+from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
+                      normalise)
 from ._plan import ForwardPlan, forward_plan
 from ._schedule import Schedule
 
@@ -102,10 +103,16 @@ class ForwardFamily(Family):
         return forward_plan(problem, schedule, device_index, scale)
 
     def forward_with_lse(self, stream, q, k, v, out, lse, problem: Problem, schedule: Schedule,
-                         scale: float, device_index: int, sinks=None) -> None:
+                         scale: float, device_index: int, sinks=None, ragged=None) -> None:
         """:meth:`Family.forward_with_lse`; ``sinks``: the float32 ``[H_q]`` sink logits when
-        ``problem.sinks`` (the stored log-sum-exp then includes them)."""
-        launch_with_lse(stream, q, k, v, out, lse, problem, normalise(problem, schedule), scale,
+        ``problem.sinks`` (the stored log-sum-exp then includes them); ``ragged``: the call's
+        ``RaggedLayout`` when ``problem.ragged``."""
+        schedule = normalise(problem, schedule)
+        if ragged is not None:
+            launch_ragged(stream, q, k, v, out, ragged.ranges, problem, schedule, scale,
+                          ragged.longest_q, packed=ragged.packed, lse=lse, sinks=sinks)
+            return
+        launch_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
                         _device.device_info(device_index).sm_count, sinks=sinks)
 
 

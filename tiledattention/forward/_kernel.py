@@ -82,18 +82,72 @@ def _window_tiles(first_row, seqlen_k, window_left, window_right, *, TILE_M, TIL
     return first, unmasked_lo, unmasked_hi, end
 
 
+def _sequence(A, Ranges, seq, which):
+    """``A`` (``[B, H, S, ...]``) cut along its sequence axis to sequence ``seq``'s range,
+    ``Ranges[which:which + 2, seq]`` = ``[start, end)``; an empty range stays empty even where
+    it starts at the end of ``A`` (a slice must start inside the array)."""
+    start = ct.gather(Ranges, (which, seq))
+    length = ct.gather(Ranges, (which + 1, seq)) - start
+    start = min(start, A.shape[2] - 1)
+    return A.slice(axis=2, start=start, stop=start + length)
+
+
 def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, window_left,
-                   window_right, softcap, Sinks, TILE_M, TILE_N, TILE_D, TILE_D2, CAUSAL,
-                   BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-                   ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED, STORE_LSE, WINDOW,
-                   SOFTCAP, SINKS):
-    """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``. With
+                   window_right, softcap, Sinks, Ranges, TILE_M, TILE_N, TILE_D, TILE_D2,
+                   CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
+                   V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED, STORE_LSE,
+                   WINDOW, SOFTCAP, SINKS, RAGGED, PACKED):
+    """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``.
+
+    ``RAGGED``: the batch index is a sequence's, and every array is cut to that sequence's
+    query or key range (``Ranges``: ``[4, sequences]`` int32 rows of query starts, query ends,
+    key starts, key ends), so its lengths, masks and alignment are the sequence's own; a tile
+    past the sequence's queries does nothing. ``PACKED``: the sequences lie end to end in one
+    ``[1, H, tokens, D]`` view (loads use batch 0); else each is a batch entry of its own."""
+    batch = bh // heads_q
+    head = bh % heads_q
+    if RAGGED:
+        seq = batch
+        if PACKED:
+            batch = 0
+        Q = _sequence(Q, Ranges, seq, 0)
+        if q_tile * TILE_M < Q.shape[2]:
+            K = _sequence(K, Ranges, seq, 2)
+            V = _sequence(V, Ranges, seq, 2)
+            Out = _sequence(Out, Ranges, seq, 0)
+            if STORE_LSE:
+                Lse = _sequence(Lse, Ranges, seq, 0)
+            _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group,
+                         window_left=window_left, window_right=window_right, softcap=softcap,
+                         Sinks=Sinks, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D,
+                         TILE_D2=TILE_D2, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT,
+                         EVEN_K=EVEN_K, EXP2=EXP2, APPROX_DIV=APPROX_DIV,
+                         K_TRANSPOSED=K_TRANSPOSED, K_LATENCY=K_LATENCY, V_LATENCY=V_LATENCY,
+                         ALLOW_TMA=ALLOW_TMA, KV_SAWTOOTH=KV_SAWTOOTH,
+                         CHECK_BOUNDS=CHECK_BOUNDS, SPLIT_MASKED=SPLIT_MASKED,
+                         STORE_LSE=STORE_LSE, WINDOW=WINDOW, SOFTCAP=SOFTCAP, SINKS=SINKS,
+                         RAGGED=RAGGED)
+    else:
+        _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group,
+                     window_left=window_left, window_right=window_right, softcap=softcap,
+                     Sinks=Sinks, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, TILE_D2=TILE_D2,
+                     CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, EVEN_K=EVEN_K, EXP2=EXP2,
+                     APPROX_DIV=APPROX_DIV, K_TRANSPOSED=K_TRANSPOSED, K_LATENCY=K_LATENCY,
+                     V_LATENCY=V_LATENCY, ALLOW_TMA=ALLOW_TMA, KV_SAWTOOTH=KV_SAWTOOTH,
+                     CHECK_BOUNDS=CHECK_BOUNDS, SPLIT_MASKED=SPLIT_MASKED, STORE_LSE=STORE_LSE,
+                     WINDOW=WINDOW, SOFTCAP=SOFTCAP, SINKS=SINKS, RAGGED=RAGGED)
+
+
+def _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group, *, window_left,
+                 window_right, softcap, Sinks, TILE_M, TILE_N, TILE_D, TILE_D2, CAUSAL,
+                 BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
+                 ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED, STORE_LSE, WINDOW,
+                 SOFTCAP, SINKS, RAGGED):
+    """Query tile ``q_tile`` of ``batch``'s query head ``head`` (:func:`_attend_q_tile`). With
     ``TILE_D2`` the head dim is two parts: ``q``/``acc`` the first ``TILE_D`` columns,
     ``q2``/``acc2`` the next ``TILE_D2``."""
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
-    batch = bh // heads_q
-    head = bh % heads_q
     kv_head = head // group
     scale = qk_scale
     if EXP2:
@@ -273,7 +327,7 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, w
         inv_l = ct.truediv(ones, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
     else:
         inv_l = ones / l_i
-    if ct.static_eval(BOTTOM_RIGHT or WINDOW or SINKS):
+    if ct.static_eval(BOTTOM_RIGHT or WINDOW or SINKS or RAGGED):
         # a row that saw no key (nor a finite sink) has l_i == 0 and acc == 0: store 0, not
         # 0 * inf
         inv_l = ct.where(l_i > 0.0, inv_l, 0.0)
@@ -306,6 +360,7 @@ def attention_fwd(
     window_left: int, window_right: int,  # WINDOW: keys before / after row + offset, -1 unbounded
     softcap: float,  # SOFTCAP: the cap (> 0); else unread
     Sinks,  # SINKS: [H_q] float32 sink logits (natural log, unscaled); else a placeholder int
+    Ranges,  # RAGGED: [4, sequences] int32 query starts, query ends, key starts, key ends
     TILE_M: ConstInt, TILE_N: ConstInt,
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
@@ -323,19 +378,21 @@ def attention_fwd(
     WINDOW: ConstBool,  # a sliding window: window_left and/or window_right bound each row's keys
     SOFTCAP: ConstBool,  # scores capped at softcap * tanh(s / softcap)
     SINKS: ConstBool,  # Sinks[head] joins each row's softmax denominator
+    RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
+    PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
 ):
     num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
 
     def attend_tile(q_tile, bh):
         _attend_q_tile(
             Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, window_left=window_left,
-            window_right=window_right, softcap=softcap, Sinks=Sinks, TILE_M=TILE_M,
-            TILE_N=TILE_N, TILE_D=TILE_D, TILE_D2=TILE_D2, CAUSAL=CAUSAL,
+            window_right=window_right, softcap=softcap, Sinks=Sinks, Ranges=Ranges,
+            TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, TILE_D2=TILE_D2, CAUSAL=CAUSAL,
             BOTTOM_RIGHT=BOTTOM_RIGHT, EVEN_K=EVEN_K, EXP2=EXP2, APPROX_DIV=APPROX_DIV,
             K_TRANSPOSED=K_TRANSPOSED, K_LATENCY=K_LATENCY, V_LATENCY=V_LATENCY,
             ALLOW_TMA=ALLOW_TMA, KV_SAWTOOTH=KV_SAWTOOTH, CHECK_BOUNDS=CHECK_BOUNDS,
             SPLIT_MASKED=SPLIT_MASKED, STORE_LSE=STORE_LSE, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-            SINKS=SINKS)
+            SINKS=SINKS, RAGGED=RAGGED, PACKED=PACKED)
 
     def attend_slot(slot, bh):
         """Query tile ``slot`` (mirrored with ``LONGEST_FIRST``), or with ``PAIRED`` the tiles

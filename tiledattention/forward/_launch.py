@@ -15,8 +15,10 @@ forward's machine code exactly as it was before the parameter existed, while a t
 array does not (sm_90, cuda-tile 1.7.0 / tileiras 13.4).
 
 The variants' values follow ``Lse``, last: ``window_left`` and ``window_right`` (read under
-``WINDOW``), ``softcap`` (``SOFTCAP``) and ``Sinks`` (``SINKS``, the float32 ``[H_q]`` sink
-logits). A value its constant leaves unread gets :data:`UNUSED`, an empty tuple, which takes no
+``WINDOW``), ``softcap`` (``SOFTCAP``), ``Sinks`` (``SINKS``, the float32 ``[H_q]`` sink
+logits) and ``Ranges`` (``RAGGED``, the int32 ``[4, sequences]`` query and key ranges of a
+ragged batch; ``PACKED`` says whether its sequences lie end to end in one batch entry, a
+property of the call's layout that the launcher passes, not of the problem). A value its constant leaves unread gets :data:`UNUSED`, an empty tuple, which takes no
 bytes of the kernel's parameter space. Not an int like ``Lse``'s: on sm_90 the TMA descriptors
 sit after the parameters at the next 64-byte boundary, and the plain forward's parameters end
 exactly on one (176 bytes from 0x210), so one more int32 moves every descriptor by 64 bytes and
@@ -44,12 +46,12 @@ _kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
-           "default_scale", "launch", "launch_with_lse", "RUNTIME_PARAMETERS", "NO_LSE",
-           "UNUSED"]
+           "default_scale", "launch", "launch_with_lse", "launch_ragged", "ragged_grid",
+           "RUNTIME_PARAMETERS", "NO_LSE", "UNUSED"]
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
 RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group", "Lse",
-                      "window_left", "window_right", "softcap", "Sinks")
+                      "window_left", "window_right", "softcap", "Sinks", "Ranges")
 
 #: What ``Lse`` receives when ``STORE_LSE`` is off: an int32 scalar that no code reads.
 NO_LSE = 0
@@ -59,7 +61,7 @@ NO_LSE = 0
 UNUSED = ()
 #: the variants' runtime values, each with the constant under which the kernel reads it
 _VARIANT_VALUES = (("window_left", "WINDOW"), ("window_right", "WINDOW"), ("softcap", "SOFTCAP"),
-                   ("Sinks", "SINKS"))
+                   ("Sinks", "SINKS"), ("Ranges", "RAGGED"))
 
 
 # -- the kernel's signature ---------------------------------------------------------------------
@@ -168,6 +170,13 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         # or with a window (whose edge tiles take the mask)
         ("split_masked", not any_mask,
          "no key tile needs a mask (not causal, no window, S_k % tile_n == 0)"),
+        # a ragged batch's sequences have tiles of their own counts: the kernel walks its grid
+        # of the longest's tiles per sequence, one tile a CTA, and checks every load's bounds
+        ("persistent", problem.ragged, "a ragged batch runs one query tile per CTA"),
+        ("paired_tiles", problem.ragged, "a ragged batch runs one query tile per CTA"),
+        ("longest_first", problem.ragged, "a ragged batch's sequences have tile counts of "
+         "their own"),
+        ("unchecked_loads", problem.ragged, "a ragged batch's sequences end inside tiles"),
         # split_d: two parts only where they cover fewer columns than one padded part
         ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
          "the head dim is a power of two, or two parts would pad as much as one"),
@@ -208,7 +217,7 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "TILE_D2": tile_d2,
         "CAUSAL": problem.causal,
         "BOTTOM_RIGHT": problem.bottom_right,
-        "EVEN_K": problem.seqlen_k % s.tile_n == 0,
+        "EVEN_K": problem.seqlen_k % s.tile_n == 0 and not problem.ragged,
         "EXP2": s.exp2,
         "APPROX_DIV": s.approx_div,
         "K_TRANSPOSED": s.k_transposed,
@@ -225,15 +234,19 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "WINDOW": problem.windowed,
         "SOFTCAP": problem.softcap > 0,
         "SINKS": problem.sinks,
+        "RAGGED": problem.ragged,
+        "PACKED": False,  # kernel_args turns it on for a packed layout
     }
 
 
-def kernel_constants(problem: Problem, schedule: Schedule, *,
-                     store_lse: bool = False) -> dict[str, Any]:
+def kernel_constants(problem: Problem, schedule: Schedule, *, store_lse: bool = False,
+                     packed: bool = False) -> dict[str, Any]:
     """The compile-time constants of ``attention_fwd`` by parameter name: the problem's shape
-    facts and the flags of ``normalise(problem, schedule)``, passed through unchanged, and
-    ``STORE_LSE`` (``store_lse``: also store each row's log-sum-exp)."""
-    return {**_constants(problem, schedule), "STORE_LSE": bool(store_lse)}
+    facts and the flags of ``normalise(problem, schedule)``, passed through unchanged,
+    ``STORE_LSE`` (``store_lse``: also store each row's log-sum-exp) and ``PACKED``
+    (``packed``: a ragged problem's sequences lie end to end)."""
+    return {**_constants(problem, schedule), "STORE_LSE": bool(store_lse),
+            "PACKED": bool(packed) and problem.ragged}
 
 
 def constant_args(problem: Problem, schedule: Schedule) -> tuple:
@@ -243,16 +256,21 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
 
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
-                scale: float, lse: Any = None, sinks: Any = None) -> tuple:
+                scale: float, lse: Any = None, sinks: Any = None, ranges: Any = None,
+                packed: bool = False) -> tuple:
     """The positional arguments of ``attention_fwd`` for ``ct.launch``. With ``lse`` (a float32
     ``[B, H_q, S_q]`` array) the kernel also stores each query row's log-sum-exp there
     (``STORE_LSE``); without it ``Lse`` gets the placeholder :data:`NO_LSE`. ``sinks``: the
-    float32 ``[H_q]`` sink logits, given exactly when ``problem.sinks``. The window and the
-    softcap come from ``problem``; values the kernel does not read get :data:`UNUSED`."""
-    if (sinks is not None) != problem.sinks:
-        raise KernelArgumentError(
-            f"sinks must be given exactly when the problem has sinks; got "
-            f"{'an array' if sinks is not None else 'None'} for {problem.describe()}")
+    float32 ``[H_q]`` sink logits, given exactly when ``problem.sinks``; ``ranges``: the int32
+    ``[4, sequences]`` ranges, given exactly when ``problem.ragged`` (``packed``: the arrays
+    are ``[1, H, tokens, D]`` views of packed sequences). The window and the softcap come from
+    ``problem``; values the kernel does not read get :data:`UNUSED`."""
+    for name, given, wanted in (("sinks", sinks, problem.sinks),
+                                ("ranges", ranges, problem.ragged)):
+        if (given is not None) != wanted:
+            raise KernelArgumentError(
+                f"{name} must be given exactly when the problem has {name}; got "
+                f"{'an array' if given is not None else 'None'} for {problem.describe()}")
     windowed = problem.windowed
     runtime = {"Q": q, "K": k, "V": v, "Out": out, "qk_scale": float(scale),
                "heads_q": problem.heads_q, "group": problem.group_size,
@@ -260,10 +278,12 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
                "window_left": problem.window_left if windowed else UNUSED,
                "window_right": problem.window_right if windowed else UNUSED,
                "softcap": problem.softcap if problem.softcap > 0 else UNUSED,
-               "Sinks": UNUSED if sinks is None else sinks}
+               "Sinks": UNUSED if sinks is None else sinks,
+               "Ranges": UNUSED if ranges is None else ranges}
     constants = _constants(problem, schedule)
-    if lse is not None:
-        constants = {**constants, "STORE_LSE": True}
+    if lse is not None or packed:
+        constants = kernel_constants(problem, schedule, store_lse=lse is not None,
+                                     packed=packed)
     return ordered_args(runtime, constants)
 
 
@@ -285,7 +305,8 @@ def kernel_for(schedule: Schedule) -> ct.kernel:
 
 
 def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, int, int]:
-    """The launch grid; ``sm_count`` is the device's number of SMs (persistent schedules)."""
+    """The launch grid; ``sm_count`` is the device's number of SMs (persistent schedules). A
+    ragged problem's grid is its call's (:func:`ragged_grid`)."""
     constants = _constants(problem, schedule)
     slots = math.ceil(problem.seqlen_q / schedule.tile_m)  # work items per (batch x head)
     if constants["PAIRED"]:
@@ -294,6 +315,13 @@ def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, 
         work = slots * problem.batch * problem.heads_q
         return (min(work, sm_count * schedule.occupancy), 1, 1)
     return (slots, problem.batch * problem.heads_q, 1)
+
+
+def ragged_grid(schedule: Schedule, heads_q: int, sequences: int,
+                longest_q: int) -> tuple[int, int, int]:
+    """The grid of a ragged call: the longest sequence's query tiles for every (sequence x
+    query head); a CTA past its own sequence's queries does nothing."""
+    return (max(1, math.ceil(longest_q / schedule.tile_m)), sequences * heads_q, 1)
 
 
 def default_scale(problem: Problem) -> float:
@@ -314,3 +342,16 @@ def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, pro
     ``[B, H_q, S_q]`` array) for the backward pass (with sinks, their term included)."""
     ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
               kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks))
+
+
+def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, problem: Problem,
+                  schedule: Schedule, scale: float, longest_q: int, *, packed: bool,
+                  lse: Any = None, sinks: Any = None) -> None:
+    """Enqueue the forward of a ragged batch (``problem.ragged``): ``q, k, v, out`` (and
+    ``lse``) as ``[B, H, S, D]`` arrays (``packed``: ``[1, H, tokens, D]`` views), ``ranges``
+    the int32 ``[4, sequences]`` query and key ranges, ``longest_q`` at least the longest
+    sequence's query count. Rows outside every sequence are not written."""
+    grid = ragged_grid(schedule, problem.heads_q, ranges.shape[1], longest_q)
+    ct.launch(stream, grid, kernel_for(schedule),
+              kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
+                          ranges=ranges, packed=packed))

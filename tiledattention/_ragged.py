@@ -1,0 +1,69 @@
+"""Ragged batches: sequences of their own lengths in one call (``Problem.ragged``).
+
+A ragged call reaches the kernels as a :class:`RaggedLayout`: an int32 ``[4, sequences]`` array
+of query starts, query ends, key starts and key ends along the sequence axis, the longest
+sequence's query and key counts (the grid's extent; the caller's word, as torch's
+``varlen_attn`` takes ``max_q`` and ``max_k``), and whether the sequences lie end to end in one
+batch entry (``packed``: ``[1, H, tokens, D]`` views of ``[tokens, H, D]`` tensors) or each in
+an entry of its own (a padded batch). The kernels cut every array to each sequence's range, so
+nothing is copied and nothing outside a sequence is read or written.
+
+The problem a ragged call is looked up and compiled by is a bucket (:func:`ragged_problem`):
+the longest lengths rounded up to powers of two and the number of such sequences the tokens
+fill, so a training run's batches of one length profile share a key, a schedule and a kernel,
+and the lookup's memo stays bounded whatever offsets each batch has.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ._problem import INDEX_LIMIT, Problem
+
+__all__ = ["RaggedLayout", "ragged_problem", "pow2_at_least", "packed_ranges"]
+
+
+class RaggedLayout(NamedTuple):
+    """What a ragged launch needs beyond the arrays (module docstring)."""
+
+    ranges: Any  # int32 [4, sequences]: query starts, query ends, key starts, key ends
+    longest_q: int  # at least every sequence's query count
+    longest_k: int  # at least every sequence's key count
+    packed: bool  # the sequences lie end to end in batch entry 0
+
+    @property
+    def sequences(self) -> int:
+        return int(self.ranges.shape[1])
+
+
+def pow2_at_least(n: int) -> int:
+    """The least power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: int,
+                   heads_q: int, heads_kv: int, head_dim: int, dtype: str, causal: bool,
+                   bottom_right: bool, window: tuple[int, int] = (-1, -1)) -> Problem:
+    """The bucketed :class:`Problem` of a ragged call (module docstring): ``seqlen_q`` and
+    ``seqlen_k`` the longest counts rounded up to powers of two (capped at the int32 index
+    limit), ``batch`` the number of such sequences ``tokens_q`` fills (rounded up to a power of
+    two, at most ``sequences`` rounded likewise). Raises ``UnsupportedProblemError`` as
+    :class:`Problem` does."""
+    seqlen_q = min(pow2_at_least(longest_q), INDEX_LIMIT)
+    seqlen_k = min(pow2_at_least(longest_k), INDEX_LIMIT)
+    filled = pow2_at_least(-(-max(int(tokens_q), 1) // seqlen_q))
+    batch = max(1, min(filled, pow2_at_least(sequences)))
+    left, right = window
+    return Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                   seqlen_k=seqlen_k, head_dim=head_dim, dtype=dtype, causal=causal,
+                   bottom_right=bottom_right and (causal or left >= 0 or right >= 0),
+                   window_left=left, window_right=right, ragged=True)
+
+
+def packed_ranges(cu_seq_q: Any, cu_seq_k: Any) -> Any:
+    """The int32 ``[4, sequences]`` ranges of packed sequences from their cumulative offsets
+    (``[sequences + 1]`` each), on their device, without a host round trip."""
+    import torch
+
+    return torch.stack((cu_seq_q[:-1], cu_seq_q[1:], cu_seq_k[:-1], cu_seq_k[1:])).to(
+        torch.int32).contiguous()

@@ -1,0 +1,304 @@
+"""Packed variable-length attention on torch tensors (``tiledattention.varlen_attn``), with
+torch's ``torch.nn.attention.varlen.varlen_attn`` shapes and semantics: ``query [T_q, H_q, D]``,
+``key, value [T_k, H_kv, D]``, int32 cumulative offsets ``cu_seq_q, cu_seq_k [N + 1]`` and the
+longest lengths ``max_q, max_k`` (the caller's word: nothing reads the offsets on the host).
+
+Sequence ``i`` is query rows ``cu_seq_q[i]:cu_seq_q[i + 1]`` against keys
+``cu_seq_k[i]:cu_seq_k[i + 1]``. Causal masks align per sequence: bottom-right (the queries are
+a sequence's last positions; FlashAttention's and torch's varlen convention, and the same as
+top-left where a sequence has as many queries as keys) or top-left; a window ``(left, right)``
+composes with the same alignment. Rows outside every sequence come out as zeros, and get zero
+gradients.
+
+The forward and the backward run the forward and backward families' kernels on ``[1, H,
+tokens, D]`` views of the packed tensors, each sequence cut out by its range
+(``tiledattention._ragged``); the schedules are looked up for the batch's bucket
+(``ragged_problem``). Autograd and ``torch.compile`` go through two custom ops,
+``tiledattention::varlen_fwd`` and ``tiledattention::varlen_bwd``, with fake implementations.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from ._device import device_info
+from ._dispatch import choose_family
+from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, ROW_STAT_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT,
+                       check_reach, default_scale, padded_head_dim, variant_args)
+from ._ragged import RaggedLayout, packed_ranges, ragged_problem
+from ._runtime import Runtime
+from .errors import InputTypeError, InputValueError
+
+__all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "FWD_OP_NAME", "BWD_OP_NAME"]
+
+FWD_OP_NAME = "tiledattention::varlen_fwd"
+BWD_OP_NAME = "tiledattention::varlen_bwd"
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# -- validation ---------------------------------------------------------------------------------
+def _check_packed(query: Any, key: Any, value: Any, enable_gqa: bool) -> str:
+    """Check the packed tensors; return the dtype's name."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"{name} must be a torch.Tensor [tokens, heads, head_dim]; got "
+                                 f"{type(x).__name__}")
+        if x.dim() != 3:
+            raise InputValueError(f"{name} must have 3 dims [tokens, heads, head_dim]; got "
+                                  f"shape {tuple(x.shape)}")
+        if x.dtype not in _DTYPES:
+            raise InputTypeError(f"{name} must be bfloat16 or float16; got {x.dtype}")
+        if x.stride(-1) != 1:
+            raise InputValueError(f"{name} must be contiguous in its last dim (head_dim); got "
+                                  f"stride {x.stride(-1)}")
+        if x.shape[0] < 1 or x.shape[1] < 1:
+            raise InputValueError(f"{name} must have at least one token and one head; got "
+                                  f"shape {tuple(x.shape)}")
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        raise InputTypeError(f"query, key and value must have one dtype; got {query.dtype}, "
+                             f"{key.dtype}, {value.dtype}")
+    if key.device != query.device or value.device != query.device:
+        raise InputValueError(f"query, key and value must be on one device; got "
+                              f"{query.device}, {key.device}, {value.device}")
+    if tuple(value.shape) != tuple(key.shape):
+        raise InputValueError(f"value must have the shape of key {tuple(key.shape)}; got "
+                              f"{tuple(value.shape)}")
+    d = query.shape[2]
+    if key.shape[2] != d:
+        raise InputValueError(f"key must have the head_dim of query ({d}); got {key.shape[2]}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise InputValueError(f"head_dim must be a multiple of 8 in 32..256; got {d}")
+    hq, hkv = query.shape[1], key.shape[1]
+    if hq != hkv and not enable_gqa:
+        raise InputValueError(f"query has {hq} heads and key {hkv}: pass enable_gqa=True for "
+                              f"grouped-query attention")
+    if hq % hkv:
+        raise InputValueError(f"query's heads ({hq}) must be a multiple of key's heads ({hkv})")
+    return _DTYPES[query.dtype]
+
+
+def _check_offsets(cu_seq_q: Any, cu_seq_k: Any, query: Any, key: Any) -> None:
+    for name, cu in (("cu_seq_q", cu_seq_q), ("cu_seq_k", cu_seq_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise InputTypeError(f"{name} must be an int32 torch.Tensor [sequences + 1]; got "
+                                 f"{type(cu).__name__}")
+        if cu.dtype not in (torch.int32, torch.int64) or cu.dim() != 1 or cu.shape[0] < 2:
+            raise InputValueError(f"{name} must be a 1-dim int32 tensor of at least 2 offsets "
+                                  f"[sequences + 1]; got {cu.dtype} of shape {tuple(cu.shape)}")
+        if cu.device != query.device:
+            raise InputValueError(f"{name} must be on query's device {query.device}; got "
+                                  f"{cu.device}")
+    if cu_seq_q.shape != cu_seq_k.shape:
+        raise InputValueError(f"cu_seq_q and cu_seq_k must have one length (sequences + 1); "
+                              f"got {cu_seq_q.shape[0]} and {cu_seq_k.shape[0]}")
+
+
+def _check_max(name: str, value: Any, tokens: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputTypeError(f"{name} must be an int; got {type(value).__name__}")
+    if not 1 <= value <= INDEX_LIMIT:
+        raise InputValueError(f"{name} must be at least 1 (the longest sequence's length); got "
+                              f"{value}")
+    return min(value, tokens)  # no sequence is longer than the tokens
+
+
+def _alignment(is_causal: Any) -> tuple[bool, bool]:
+    """``(causal, bottom_right)`` of ``is_causal``: ``True`` / ``"bottom_right"`` (torch's
+    varlen convention), ``"top_left"``, or ``False``."""
+    if is_causal is True or is_causal == BOTTOM_RIGHT:
+        return True, True
+    if is_causal == TOP_LEFT:
+        return True, False
+    if is_causal is False:
+        return False, False
+    raise InputValueError(f"is_causal must be True, False, {BOTTOM_RIGHT!r} or {TOP_LEFT!r}; got "
+                          f"{is_causal!r}"[:200])
+
+
+def _check_scale(scale: Any) -> None:
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise InputValueError(f"scale must be a finite positive number; got {scale}")
+
+
+def _view(x: torch.Tensor) -> torch.Tensor:
+    """``[tokens, H, D]`` as the kernels' ``[1, H, tokens, D]`` (a view)."""
+    return x.unsqueeze(0).transpose(1, 2)
+
+
+def _row_stat(heads: int, tokens: int, device: Any) -> torch.Tensor:
+    """A float32 ``[1, H, tokens]`` view of row-aligned storage (16-byte aligned rows)."""
+    padded = -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+    return torch.empty((1, heads, padded), dtype=torch.float32, device=device)[:, :, :tokens]
+
+
+def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
+             enable_gqa):
+    """Validate a call; ``(problem, layout, scale)``."""
+    dtype = _check_packed(query, key, value, enable_gqa)
+    _check_offsets(cu_seq_q, cu_seq_k, query, key)
+    longest_q = _check_max("max_q", max_q, query.shape[0])
+    longest_k = _check_max("max_k", max_k, key.shape[0])
+    causal, bottom_right = _alignment(is_causal)
+    left, right, _ = variant_args(window, None)
+    _check_scale(scale)
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not x.is_cuda:
+            raise InputValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
+    sequences = cu_seq_q.shape[0] - 1
+    problem = ragged_problem(sequences=sequences, tokens_q=query.shape[0], longest_q=longest_q,
+                             longest_k=longest_k, heads_q=query.shape[1],
+                             heads_kv=key.shape[1], head_dim=query.shape[2], dtype=dtype,
+                             causal=causal, bottom_right=bottom_right, window=(left, right))
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        check_reach(name, _view(x), "torch", padded_head_dim(problem.head_dim))
+    layout = RaggedLayout(packed_ranges(cu_seq_q, cu_seq_k), longest_q, longest_k, True)
+    return problem, layout, default_scale(problem) if scale is None else float(scale)
+
+
+# -- the runtime's entry points -----------------------------------------------------------------
+def varlen_forward(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
+                   is_causal: Any = False, scale: Optional[float] = None,
+                   window: Any = None, enable_gqa: bool = False):
+    """``(out, lse)``: the output ``[T_q, H_q, D]`` (rows outside every sequence are zeros) and
+    the base-2 log-sum-exp of the scaled scores, float32 ``[1, H_q, T_q]`` (rows outside every
+    sequence undefined), for :func:`varlen_backward`."""
+    problem, layout, scale = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                      is_causal, scale, window, enable_gqa)
+    device = query.device.index
+    family = choose_family(device_info(device).arch, problem, "sdpa_with_lse")
+    schedule = runtime.resolution(family, problem, device).schedule
+    out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
+    lse = _row_stat(query.shape[1], query.shape[0], query.device)
+    family.forward_with_lse(torch.cuda.current_stream(query.device), _view(query), _view(key),
+                            _view(value), _view(out), lse, problem, schedule, scale, device,
+                            ragged=layout)
+    return out, lse
+
+
+def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k,
+                    max_q, max_k, *, is_causal: Any = False, scale: Optional[float] = None,
+                    window: Any = None, enable_gqa: bool = False):
+    """``(dq, dk, dv)`` of :func:`varlen_forward`'s output given ``grad_out`` (zeros outside
+    every sequence)."""
+    problem, layout, scale = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                      is_causal, scale, window, enable_gqa)
+    for name, x in (("grad_out", grad_out), ("out", out)):
+        if (not isinstance(x, torch.Tensor) or x.shape != query.shape
+                or x.dtype != query.dtype or x.device != query.device):
+            raise InputValueError(f"{name} must be a tensor like query {tuple(query.shape)}, "
+                                  f"{query.dtype}, {query.device}")
+    stat = (1, query.shape[1], query.shape[0])
+    if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != stat
+            or lse.dtype != torch.float32 or lse.stride(-1) != 1):
+        raise InputValueError(f"lse must be the float32 {list(stat)} log-sum-exp varlen_forward "
+                              f"returned")
+    device = query.device.index
+    family = choose_family(device_info(device).arch, problem, "sdpa_backward")
+    schedule = runtime.resolution(family, problem, device).schedule
+    grads = tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+                  for x in (query, key, value))
+    delta = _row_stat(query.shape[1], query.shape[0], query.device)
+    grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+    family.backward(torch.cuda.current_stream(query.device), problem, schedule, scale,
+                    _view(query), _view(key), _view(value), _view(out), _view(grad_out), lse,
+                    delta, tuple(_view(g) for g in grads), ragged=layout)
+    return grads
+
+
+# -- custom ops: autograd and torch.compile ----------------------------------------------------
+def _window_of(window_left: int, window_right: int) -> Any:
+    return None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+
+
+def _is_causal(causal: bool, bottom_right: bool) -> Any:
+    return (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
+
+
+@torch.library.custom_op(FWD_OP_NAME, mutates_args=())
+def varlen_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, max_q: int, max_k: int,
+               causal: bool, bottom_right: bool, scale: Optional[float], window_left: int,
+               window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``varlen_forward``: ``(out [T_q, H_q, D], lse [1, H_q, T_q])``."""
+    import tiledattention
+
+    return varlen_forward(tiledattention.runtime(), query, key, value, cu_seq_q, cu_seq_k,
+                          max_q, max_k, is_causal=_is_causal(causal, bottom_right), scale=scale,
+                          window=_window_of(window_left, window_right),
+                          enable_gqa=query.shape[1] != key.shape[1])
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal, bottom_right,
+                     scale, window_left, window_right):
+    tokens, heads = query.shape[0], query.shape[1]
+    padded = -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+    lse = query.new_empty_strided((1, heads, tokens), (heads * padded, padded, 1),
+                                  dtype=torch.float32)
+    return torch.empty_like(query, memory_format=torch.contiguous_format), lse
+
+
+@torch.library.custom_op(BWD_OP_NAME, mutates_args=())
+def varlen_bwd(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, max_q: int, max_k: int,
+               causal: bool, bottom_right: bool, scale: Optional[float], window_left: int,
+               window_right: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``varlen_backward``: ``(dq, dk, dv)``."""
+    import tiledattention
+
+    return varlen_backward(tiledattention.runtime(), grad_out, query, key, value, out, lse,
+                           cu_seq_q, cu_seq_k, max_q, max_k,
+                           is_causal=_is_causal(causal, bottom_right), scale=scale,
+                           window=_window_of(window_left, window_right),
+                           enable_gqa=query.shape[1] != key.shape[1])
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
+                     causal, bottom_right, scale, window_left, window_right):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                 for x in (query, key, value))
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    query, key, value, cu_seq_q, cu_seq_k = inputs[:5]
+    ctx.save_for_backward(query, key, value, output[0], output[1], cu_seq_q, cu_seq_k)
+    ctx.args = inputs[5:]
+
+
+def _backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
+    query, key, value, out, lse, cu_seq_q, cu_seq_k = ctx.saved_tensors
+    dq, dk, dv = varlen_bwd(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k,
+                            *ctx.args)
+    return (dq, dk, dv) + (None,) * (2 + len(ctx.args))
+
+
+varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal: Any = False,
+                scale: Optional[float] = None, window_size: Any = (-1, -1),
+                enable_gqa: bool = False) -> torch.Tensor:
+    """``tiledattention.varlen_attn`` (see there)."""
+    import tiledattention
+
+    causal, bottom_right = _alignment(is_causal)
+    left, right, _ = variant_args(window_size, None)
+    if not causal and right == 0:  # torch's spelling of causal: window_size=(-1, 0)
+        causal, bottom_right = True, True
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+        out, _ = varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal,
+                            bottom_right, scale, left, right)
+        return out
+    out, _ = varlen_forward(tiledattention.runtime(), query, key, value, cu_seq_q, cu_seq_k,
+                            max_q, max_k, is_causal=_is_causal(causal, bottom_right),
+                            scale=scale, window=_window_of(left, right), enable_gqa=enable_gqa)
+    return out
