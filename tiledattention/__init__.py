@@ -229,8 +229,9 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
     ``is_causal``: ``True`` masks each sequence causally, aligned bottom-right (a sequence's
     queries are its last positions: FlashAttention's and torch's varlen convention, the same as
     top-left where a sequence has as many queries as keys); ``"top_left"`` aligns top-left.
-    ``window_size=(left, right)``: a sliding window per sequence (-1 unbounded), with the same
-    alignment; ``(-1, 0)`` is causal, as in torch. ``enable_gqa``: allow ``H_q`` a multiple of
+    ``window_size=(left, right)``: a sliding window per sequence (-1 unbounded), aligned
+    bottom-right unless ``is_causal="top_left"`` (as FlashAttention's and torch's windows are);
+    ``(-1, 0)`` is causal, as in torch. ``enable_gqa``: allow ``H_q`` a multiple of
     ``H_kv``. Rows outside every sequence come out as zeros.
 
     Differentiable (``query``, ``key``, ``value``; rows and keys outside every sequence get

@@ -107,13 +107,14 @@ def _check_max(name: str, value: Any, tokens: int) -> int:
 
 def _alignment(is_causal: Any) -> tuple[bool, bool]:
     """``(causal, bottom_right)`` of ``is_causal``: ``True`` / ``"bottom_right"`` (torch's
-    varlen convention), ``"top_left"``, or ``False``."""
+    varlen convention), ``"top_left"``, or ``False`` (no mask; a window still aligns
+    bottom-right, as FlashAttention's and torch's do)."""
     if is_causal is True or is_causal == BOTTOM_RIGHT:
         return True, True
     if is_causal == TOP_LEFT:
         return True, False
     if is_causal is False:
-        return False, False
+        return False, True
     raise InputValueError(f"is_causal must be True, False, {BOTTOM_RIGHT!r} or {TOP_LEFT!r}; got "
                           f"{is_causal!r}"[:200])
 
@@ -218,6 +219,8 @@ def _window_of(window_left: int, window_right: int) -> Any:
 
 
 def _is_causal(causal: bool, bottom_right: bool) -> Any:
+    """The ``is_causal`` argument of the ops' two flags (a window without ``causal`` aligns
+    bottom-right)."""
     return (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
 
 

@@ -1,0 +1,139 @@
+"""Packed variable-length attention on the GPU (``tiledattention.varlen_attn``) against the
+float32 reference built sequence by sequence (``tiledattention.tooling.varlen_reference``).
+
+Every batch interleaves its sequences with *poison* sequences whose query, key and value rows
+are NaN, and ends with NaN tokens that belong to no sequence: a kernel that reads one row
+outside its sequence's range (a key, a value, a query) turns some output of a real sequence
+into NaN. Rows outside every sequence must come out as zeros. Lengths include 0 (empty
+sequences), 1, odd lengths around the tiles' edges, S_q != S_k in both alignments, and a batch
+spanning 1 to 32k tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tiledattention
+from tiledattention.tooling import varlen_reference
+
+from ._reference import rel_l2
+
+pytestmark = pytest.mark.gpu
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+
+
+def packed_batch(lens_q, lens_k, hq=8, hkv=2, d=128, dtype=torch.bfloat16, poison=True,
+                 seed=0):
+    """Packed q, k, v with a NaN poison sequence after every real one and 3 NaN trailing tokens;
+    the offsets (int32, CUDA) and the real sequences' indices."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    seq_q, seq_k, real = [], [], []
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        real.append(len(seq_q))
+        seq_q.append(lq)
+        seq_k.append(lk)
+        if poison:
+            seq_q.append(3 + i % 5)
+            seq_k.append(2 + i % 7)
+    cu_q = torch.tensor([0] + seq_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + seq_k, device="cuda").cumsum(0).to(torch.int32)
+    tq, tk = int(cu_q[-1]) + 3, int(cu_k[-1]) + 3
+
+    def make(tokens, heads, cu):
+        x = torch.randn(tokens, heads, d, device="cuda", dtype=dtype, generator=gen)
+        bad = torch.ones(tokens, dtype=torch.bool, device="cuda")
+        for j in real:
+            bad[int(cu[j]):int(cu[j + 1])] = False
+        return x.masked_fill(bad[:, None, None], float("nan"))
+    return (make(tq, hq, cu_q), make(tk, hkv, cu_k), make(tk, hkv, cu_k), cu_q, cu_k, real)
+
+
+def check(q, k, v, cu_q, cu_k, real, *, is_causal=False, window=(-1, -1), scale=None,
+          grad=False):
+    lens_q = (cu_q[1:] - cu_q[:-1]).tolist()
+    lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
+    causal = is_causal is not False or window[1] == 0
+    bottom_right = is_causal != "top_left"  # torch's convention, windows included
+    out = tiledattention.varlen_attn(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                     is_causal=is_causal, window_size=window, scale=scale,
+                                     enable_gqa=q.shape[1] != k.shape[1])
+    want = varlen_reference(q, k, v, cu_q, cu_k, causal=causal, bottom_right=bottom_right,
+                            scale=scale, window=window)
+    covered = torch.zeros(q.shape[0], dtype=torch.bool, device="cuda")
+    for j in range(len(lens_q)):
+        covered[int(cu_q[j]):int(cu_q[j + 1])] = True
+    assert torch.equal(out[~covered], torch.zeros_like(out[~covered]))  # no sequence: zeros
+    for j in real:
+        rows = slice(int(cu_q[j]), int(cu_q[j + 1]))
+        if rows.stop == rows.start:
+            continue
+        got, ref = out[rows], want[rows]
+        assert not got.isnan().any(), f"sequence {j} read a row outside its range"
+        if ref.abs().sum() == 0:  # no key visible: zeros
+            assert torch.equal(got, torch.zeros_like(got)), j
+        else:
+            assert rel_l2(got, ref) < TOL[q.dtype], (j, lens_q[j], lens_k[j])
+    return out
+
+
+LENGTHS = [1, 17, 63, 64, 65, 127, 129, 300, 1025]
+
+
+@pytest.mark.parametrize("is_causal", [False, True, "top_left"])
+def test_self_attention_sequences(is_causal):
+    q, k, v, cu_q, cu_k, real = packed_batch(LENGTHS, LENGTHS, hq=32, hkv=8)
+    check(q, k, v, cu_q, cu_k, real, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [False, True, "top_left"])
+def test_queries_and_keys_of_other_lengths(is_causal):
+    lens_q = [3, 100, 1, 50, 200, 7]
+    lens_k = [10, 100, 257, 49, 64, 700]
+    q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=8, hkv=8)
+    check(q, k, v, cu_q, cu_k, real, is_causal=is_causal)
+
+
+def test_empty_sequences_and_sequences_without_keys():
+    lens_q = [0, 5, 9, 0, 33, 4]
+    lens_k = [0, 0, 9, 12, 33, 0]
+    q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=4, hkv=1)
+    out = check(q, k, v, cu_q, cu_k, real, is_causal=True)
+    assert torch.equal(out[int(cu_q[2]):int(cu_q[3])], torch.zeros_like(out[:5]))  # no keys
+
+
+@pytest.mark.parametrize("d, dtype", [(64, torch.float16), (96, torch.bfloat16),
+                                      (256, torch.bfloat16)])
+def test_head_dims_and_dtypes(d, dtype):
+    lens = [5, 130, 77, 256]
+    q, k, v, cu_q, cu_k, real = packed_batch(lens, lens, hq=6, hkv=2, d=d, dtype=dtype)
+    check(q, k, v, cu_q, cu_k, real, is_causal=True, scale=0.3)
+
+
+def test_a_window_per_sequence():
+    lens_q = [40, 300, 1, 129]
+    lens_k = [40, 500, 200, 129]
+    q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=8, hkv=4)
+    check(q, k, v, cu_q, cu_k, real, window=(64, 0))
+    check(q, k, v, cu_q, cu_k, real, window=(31, 17))
+
+
+def test_lengths_from_1_to_32k():
+    lens = [32768, 1, 1000, 3, 4096, 17, 999]
+    q, k, v, cu_q, cu_k, real = packed_batch(lens, lens, hq=8, hkv=2, poison=True)
+    check(q, k, v, cu_q, cu_k, real, is_causal=True)
+
+
+def test_new_batches_of_one_profile_share_one_lookup():
+    """Offsets differ batch to batch; the lookup's memo grows by bucket, not by batch."""
+    rt = tiledattention.runtime()
+    rt.clear()
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        lens = (torch.randint(200, 1000, (8,), generator=gen)).tolist()
+        q, k, v, cu_q, cu_k, real = packed_batch(lens, lens, poison=False)
+        tiledattention.varlen_attn(q, k, v, cu_q, cu_k, max(lens), max(lens), is_causal=True,
+                                   enable_gqa=True)
+    resolutions, _ = rt.sizes()
+    assert resolutions <= 2
