@@ -99,7 +99,7 @@ def use_database(location: str | None) -> None:
 def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None = None, *,
          window: tuple[int, int] | None = None, softcap: float | None = None,
          sinks: Any = None, schedule: Schedule | DecodeSchedule | None = None,
-         out: Any = None, keep_scratch: bool = True) -> Any:
+         out: Any = None, keep_scratch: bool = True, ranges: Any = None) -> Any:
     """Scaled dot-product attention forward, ``[B, H, S, D]`` in and out.
 
     q: ``[B, H_q, S_q, D]``; k, v: ``[B, H_kv, S_k, D]`` with ``H_q % H_kv == 0`` (grouped-query
@@ -141,6 +141,15 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     autograd runs :func:`sdpa_backward`; ``out`` is refused there (autograd's output is its
     own). Any other call stores nothing for a backward pass.
 
+    ``ranges``: a padded batch's valid tokens, an int32 torch tensor ``[4, B]`` on q's device
+    whose columns hold each batch entry's query rows ``[ranges[0, b], ranges[1, b])`` and keys
+    ``[ranges[2, b], ranges[3, b])`` (left or right padding; nothing is copied). Each entry
+    attends only within its ranges, the causal mask and the window aligned within them as
+    ``causal`` says (``"bottom_right"``: the valid queries are the last of the valid keys, as
+    in a left-padded generation step); rows outside their entry's query range are zeros.
+    Runs the prefill forward's kernels (torch tensors, no autograd, no ``out``); the values
+    are not read on the host, so a range past ``S_q`` or ``S_k`` is the caller's error.
+
     ``keep_scratch``: a decode call that splits the cache writes float32 partial results to
     scratch buffers, which by default the runtime keeps and reuses for the next call on the same
     device, stream and thread (two allocations fewer per call). ``False`` allocates this call's
@@ -150,6 +159,11 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     ``mode="reduce-overhead"``). Under ``torch.cuda.graph`` capture each call allocates its own
     from the graph's pool whatever this says.
     """
+    if ranges is not None:
+        from . import _varlen  # a padded batch: torch tensors only
+
+        return _varlen.padded_forward(runtime(), q, k, v, causal, scale, ranges, window=window,
+                                      softcap=softcap, sinks=sinks, schedule=schedule, out=out)
     try:
         grad = q.requires_grad or k.requires_grad or v.requires_grad or (
             sinks is not None and sinks.requires_grad)

@@ -236,7 +236,7 @@ class Family(abc.ABC):
         """Enqueue the forward that also writes each row's log-sum-exp into ``lse`` (families
         serving "sdpa_with_lse"); ``sinks``: float32 ``[H_q]`` sink logits when
         ``problem.sinks``; ``ragged``: the call's ``tiledattention._ragged.RaggedLayout``
-        when ``problem.ragged``."""
+        when ``problem.ragged`` (``lse`` may then be ``None``: a forward that keeps none)."""
         raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
 
     def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,

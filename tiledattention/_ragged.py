@@ -43,7 +43,8 @@ def pow2_at_least(n: int) -> int:
 
 def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: int,
                    heads_q: int, heads_kv: int, head_dim: int, dtype: str, causal: bool,
-                   bottom_right: bool, window: tuple[int, int] = (-1, -1)) -> Problem:
+                   bottom_right: bool, window: tuple[int, int] = (-1, -1),
+                   softcap: float = 0.0, sinks: bool = False) -> Problem:
     """The bucketed :class:`Problem` of a ragged call (module docstring): ``seqlen_q`` and
     ``seqlen_k`` the longest counts rounded up to powers of two (capped at the int32 index
     limit), ``batch`` the number of such sequences ``tokens_q`` fills (rounded up to a power of
@@ -57,7 +58,8 @@ def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: 
     return Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
                    seqlen_k=seqlen_k, head_dim=head_dim, dtype=dtype, causal=causal,
                    bottom_right=bottom_right and (causal or left >= 0 or right >= 0),
-                   window_left=left, window_right=right, ragged=True)
+                   window_left=left, window_right=right, softcap=softcap, sinks=sinks,
+                   ragged=True)
 
 
 def packed_ranges(cu_seq_q: Any, cu_seq_k: Any) -> Any:

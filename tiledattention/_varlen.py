@@ -32,7 +32,8 @@ from ._ragged import RaggedLayout, packed_ranges, ragged_problem
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError
 
-__all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "FWD_OP_NAME", "BWD_OP_NAME"]
+__all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward", "FWD_OP_NAME",
+           "BWD_OP_NAME"]
 
 FWD_OP_NAME = "tiledattention::varlen_fwd"
 BWD_OP_NAME = "tiledattention::varlen_bwd"
@@ -211,6 +212,56 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
                     _view(query), _view(key), _view(value), _view(out), _view(grad_out), lse,
                     delta, tuple(_view(g) for g in grads), ragged=layout)
     return grads
+
+
+def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float], ranges, *,
+                   window: Any = None, softcap: Any = None, sinks: Any = None,
+                   schedule: Any = None, out: Any = None):
+    """``tiledattention.sdpa(..., ranges=)``: a padded ``[B, H, S, D]`` batch whose entries
+    attend within their ranges (an int32 ``[4, B]`` tensor: query starts, query ends, key
+    starts, key ends), on the forward family's ragged kernels."""
+    from ._problem import causal_flags, problem_from_arrays, sink_logits
+    from .errors import UnsupportedOperationError
+
+    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    if kind != "torch":
+        raise InputTypeError(f"ranges= takes torch tensors; got q of type "
+                             f"{type(q).__module__}.{type(q).__name__}")
+    if (not isinstance(ranges, torch.Tensor) or ranges.dtype != torch.int32
+            or tuple(ranges.shape) != (4, problem.batch) or ranges.device != q.device):
+        raise InputValueError(
+            f"ranges must be an int32 tensor [4, B] = [4, {problem.batch}] on {q.device} "
+            f"(query starts, query ends, key starts, key ends); got "
+            + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
+               if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
+    if schedule is not None or out is not None:
+        raise InputValueError("ranges= takes no schedule= or out= (the lookup picks the ragged "
+                              "schedule; the output is new); got "
+                              + ("schedule" if schedule is not None else "out"))
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise UnsupportedOperationError(
+            "ranges= has no autograd: for training on sequences of their own lengths, pack "
+            "them and call tiledattention.varlen_attn")
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
+    # the call's own alignment and window: the canonical form judged them at S_q and S_k,
+    # and each entry's ranges have lengths of their own
+    is_causal, bottom_right = causal_flags(causal)
+    bucket = ragged_problem(sequences=problem.batch, tokens_q=problem.batch * problem.seqlen_q,
+                            longest_q=problem.seqlen_q, longest_k=problem.seqlen_k,
+                            heads_q=problem.heads_q, heads_kv=problem.heads_kv,
+                            head_dim=problem.head_dim, dtype=problem.dtype, causal=is_causal,
+                            bottom_right=bottom_right,
+                            window=variant_args(window, None)[:2], softcap=problem.softcap,
+                            sinks=problem.sinks)
+    device = q.device.index
+    family = choose_family(device_info(device).arch, bucket, "sdpa_with_lse")
+    chosen = runtime.resolution(family, bucket, device).schedule
+    result = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    layout = RaggedLayout(ranges, problem.seqlen_q, problem.seqlen_k, False)
+    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, result, None, bucket,
+                            chosen, default_scale(problem) if scale is None else float(scale),
+                            device, sinks=logits, ragged=layout)
+    return result
 
 
 # -- custom ops: autograd and torch.compile ----------------------------------------------------

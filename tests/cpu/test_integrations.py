@@ -59,16 +59,31 @@ class KernelCalls:
         self.keep_scratch: list[bool] = []  # each call's sdpa(keep_scratch=)
 
     def __call__(self, q, k, v, causal=False, scale=None, *, schedule=None, keep_scratch=True,
-                 window=None, softcap=None, sinks=None):
+                 window=None, softcap=None, sinks=None, ranges=None):
         call = {"q": tuple(q.shape), "k": tuple(k.shape), "causal": causal, "scale": scale,
                 "dtype": q.dtype}
         variant = {name: value for name, value in (("window", window), ("softcap", softcap),
-                                                   ("sinks", sinks)) if value is not None}
+                                                   ("sinks", sinks), ("ranges", ranges))
+                   if value is not None}
         self.calls.append({**call, **variant})
         self.keep_scratch.append(keep_scratch)
+        if ranges is not None:
+            return ranges_reference(q, k, v, causal, scale, ranges, window, softcap, sinks)
         if variant:
             return variant_reference(q, k, v, causal, scale, window, softcap, sinks)
         return reference_sdpa(q, k, v, causal, scale)
+
+
+def ranges_reference(q, k, v, causal, scale, ranges, window, softcap, sinks):
+    """``sdpa(..., ranges=)``'s result by the reference, entry by entry within its ranges;
+    rows outside their entry's query range are zeros."""
+    out = torch.zeros_like(q)
+    for b, (q0, q1, k0, k1) in enumerate(ranges.T.tolist()):
+        if q1 > q0 and k1 > k0:
+            out[b:b + 1, :, q0:q1] = variant_reference(
+                q[b:b + 1, :, q0:q1], k[b:b + 1, :, k0:k1], v[b:b + 1, :, k0:k1], causal,
+                scale, window, softcap, sinks)
+    return out
 
 
 def variant_reference(q, k, v, causal, scale, window, softcap, sinks):
@@ -757,6 +772,42 @@ def test_hf_gemma2_generate_routes_unless_the_prompt_holds_the_pad_token(kernel,
     assert [(c["q"][2], c["k"][2]) for c in kernel.calls] == [(1, 8), (1, 8)]
     stats = generate(padded, attention_mask=torch.ones_like(padded))
     assert (stats.tiledattention, stats.torch) == (8, 0), stats
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
+def test_hf_left_padded_batch_generate_runs_every_call_as_ranges(kind, kernel,
+                                                                 cpu_is_kernel_device):
+    """``generate()`` on a batch of prompts of different lengths (left padding, an attention
+    mask) runs every attention call, prefill and decode steps, in the kernel with per-entry
+    ranges, and its greedy tokens are eager's; a mask with a hole in the middle (not padding)
+    still goes to transformers."""
+    if kind == "llama":
+        mine, theirs = tiny_llama("tiledattention"), tiny_llama("eager")
+    else:
+        mine, theirs = tiny_model(kind, "tiledattention"), tiny_model(kind, "eager")
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, 128, (3, 14), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding: entry 1 has 9 tokens, entry 2 has 1
+    mask[2, :13] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, attention_mask=mask,
+                  pad_token_id=0)
+    ti.reset_hf_stats()
+    with torch.no_grad():
+        got = mine.generate(ids, **kwargs)
+        stats = ti.hf_stats()
+        assert torch.equal(got, theirs.generate(ids, **kwargs))
+    assert (stats.tiledattention, stats.torch) == (8, 0), stats
+    assert all("ranges" in c and c["causal"] == "bottom_right" for c in kernel.calls)
+    first = kernel.calls[0]["ranges"]  # the prefill's: rows and keys from each entry's first
+    assert first.tolist() == [[0, 5, 13], [14, 14, 14], [0, 5, 13], [14, 14, 14]]
+    holed = mask.clone()
+    holed[0, 6] = 0  # not padding: a hole
+    ti.reset_hf_stats()
+    with torch.no_grad():
+        mine(ids, attention_mask=holed)
+    assert ti.hf_stats().tiledattention == 0 and ti.hf_stats().fallbacks == {"attn_mask": 2}
 
 
 def test_hf_window_mask_is_left_out_only_when_the_window_is_all_it_holds():

@@ -137,3 +137,72 @@ def test_new_batches_of_one_profile_share_one_lookup():
                                    enable_gqa=True)
     resolutions, _ = rt.sizes()
     assert resolutions <= 2
+
+
+# -- a padded batch: sdpa(..., ranges=) ----------------------------------------------------------
+def padded_batch(b, hq, hkv, sq, sk, d, q_ranges, k_ranges, dtype=torch.bfloat16, seed=3):
+    """q, k, v ``[B, H, S, D]`` with NaN everywhere outside each entry's ranges; the int32
+    ``[4, B]`` ranges."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def make(heads, s, spans):
+        x = torch.randn(b, heads, s, d, device="cuda", dtype=dtype, generator=gen)
+        for i, (lo, hi) in enumerate(spans):
+            x[i, :, :lo] = float("nan")
+            x[i, :, hi:] = float("nan")
+        return x
+    ranges = torch.tensor([[r[0] for r in q_ranges], [r[1] for r in q_ranges],
+                           [r[0] for r in k_ranges], [r[1] for r in k_ranges]],
+                          dtype=torch.int32, device="cuda")
+    return make(hq, sq, q_ranges), make(hkv, sk, k_ranges), make(hkv, sk, k_ranges), ranges
+
+
+def check_padded(q, k, v, ranges, causal, window=None):
+    out = tiledattention.sdpa(q, k, v, causal, ranges=ranges, window=window)
+    cols = ranges.T.tolist()
+    for i, (q0, q1, k0, k1) in enumerate(cols):
+        assert torch.equal(out[i, :, :q0], torch.zeros_like(out[i, :, :q0]))
+        assert torch.equal(out[i, :, q1:], torch.zeros_like(out[i, :, q1:]))
+        if q1 <= q0:
+            continue
+        lens_q, lens_k = q1 - q0, k1 - k0
+        packed = lambda x, a, c: x[i, :, a:c].transpose(0, 1)  # noqa: E731
+        cu_q = torch.tensor([0, lens_q], dtype=torch.int32)
+        cu_k = torch.tensor([0, lens_k], dtype=torch.int32)
+        want = varlen_reference(packed(q, q0, q1), packed(k, k0, k1), packed(v, k0, k1), cu_q,
+                                cu_k, causal=causal is not False,
+                                bottom_right=causal == "bottom_right",
+                                window=window or (-1, -1))
+        got = out[i, :, q0:q1].transpose(0, 1)
+        assert not got.isnan().any(), i
+        if want.abs().sum() == 0:
+            assert torch.equal(got, torch.zeros_like(got))
+        else:
+            assert rel_l2(got, want) < TOL[q.dtype], i
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, "bottom_right", False])
+def test_left_padded_prefill(causal):
+    s = 300
+    pads = [0, 17, 129, 299]
+    spans = [(p, s) for p in pads]
+    q, k, v, ranges = padded_batch(4, 8, 2, s, s, 128, spans, spans)
+    check_padded(q, k, v, ranges, causal)
+
+
+def test_left_padded_decode_steps_and_right_padding():
+    sk = 1000
+    k_spans = [(0, 1000), (400, 1000), (999, 1000), (0, 613)]  # left padding, and right
+    q_spans = [(0, 1)] * 4
+    q, k, v, ranges = padded_batch(4, 32, 8, 1, sk, 128, q_spans, k_spans)
+    check_padded(q, k, v, ranges, "bottom_right")
+    q, k, v, ranges = padded_batch(4, 32, 8, 4, sk, 64, [(0, 4)] * 4, k_spans)
+    check_padded(q, k, v, ranges, "bottom_right", window=(255, 0))
+
+
+def test_ranges_are_checked_before_a_launch():
+    q, k, v, ranges = padded_batch(2, 4, 4, 8, 8, 64, [(0, 8)] * 2, [(0, 8)] * 2)
+    for bad in (ranges.long(), ranges[:, :1], ranges.cpu(), [[0, 8, 0, 8]]):
+        with pytest.raises(ValueError, match="ranges must be an int32 tensor"):
+            tiledattention.sdpa(q, k, v, True, ranges=bad)

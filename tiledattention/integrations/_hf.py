@@ -5,11 +5,16 @@ Registered with ``transformers.AttentionInterface`` (the attention function) and
 returns ``None`` exactly when the mask is the plain causal pattern or no mask at all, so
 ``is_causal`` expresses it; for sliding-window layers it also returns ``None`` when the window
 is the only thing the mask would add, the keys end at the last query and nothing is padded).
-Calls the kernel runs — no mask, no dropout, bf16/fp16 CUDA, supported head dim — go to
+A padded batch's mask (left or right padding of a causal model, with or without the window)
+is run as per-entry ranges (``sdpa(..., ranges=)``): the mask builder checks, once per mask it
+builds, that the mask is exactly that (one comparison on the device and one host read), and
+the attention function finds the ranges by the mask object it is given (no autograd: a padded
+training step still goes to SDPA). Calls the kernel runs — no mask or a padded batch's, no
+dropout, bf16/fp16 CUDA, supported head dim — go to
 :func:`~tiledattention.integrations.attention` (``tiledattention::sdpa_fwd``, or in training,
 where the inputs require grad, ``tiledattention::sdpa_fwd_lse`` and the backward kernels), with
 the layer's sliding window (``sliding_window``: Mistral, Gemma 2/3, GPT-OSS), logit softcap
-(``softcap``: Gemma 2) and attention sinks (``s_aux``: GPT-OSS). Everything else (padding masks,
+(``softcap``: Gemma 2) and attention sinks (``s_aux``: GPT-OSS). Everything else (other masks,
 attention dropout, ...) goes to transformers' own ``sdpa_attention_forward``, or, for a call
 with a softcap or sinks, which SDPA cannot compute, to the model's own
 ``eager_attention_forward``; a fallback of a sliding-window call whose mask was left out gets
@@ -19,6 +24,7 @@ called.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -114,9 +120,84 @@ def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset
             and not torch.compiler.is_exporting()
             and _unpadded(attention_mask, kv_length, kv_offset)):
         return None
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+    mask = sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+    if (isinstance(mask, torch.Tensor) and attention_mask is not None
+            and isinstance(q_offset, int) and isinstance(kv_offset, int)
+            and q_offset + q_length == kv_offset + kv_length
+            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())):
+        _remember_ranges(mask, attention_mask, q_length, kv_length, kv_offset, local_size)
+    return mask
+
+
+#: Masks of padded batches the kernel can run as ranges: ``id(mask) -> (weak reference to the
+#: mask, its int32 [4, B] ranges)``, entered by :func:`tiledattention_mask` and read by the
+#: attention function, which gets the very mask object transformers built. Dead entries are
+#: dropped as new ones come.
+_RANGES: dict[int, tuple[Any, torch.Tensor]] = {}
+
+
+def _padding_ranges(valid: torch.Tensor, q_length: int) -> torch.Tensor:
+    """From a boolean ``[B, kv_length]`` padding mask: each entry's key range ``[ks, ke)``
+    (its first and one past its last valid key; empty for an entry with none) and query range
+    (the queries are the last ``q_length`` keys: rows whose own position is in ``[ks, ke)``),
+    as an int32 ``[4, B]`` tensor; on the mask's device, without a host round trip."""
+    kv_length = valid.shape[1]
+    index = torch.arange(kv_length, device=valid.device)
+    any_valid = valid.any(dim=1)
+    ks = torch.where(valid, index, kv_length).amin(dim=1)
+    ke = torch.where(valid, index + 1, 0).amax(dim=1)
+    ks = torch.where(any_valid, ks, 0)
+    shift = kv_length - q_length  # query row i is key position i + shift
+    qs = (ks - shift).clamp(0, q_length)
+    qe = (ke - shift).clamp(0, q_length)
+    return torch.stack((qs, torch.maximum(qe, qs), ks, ke)).to(torch.int32).contiguous()
+
+
+def _ranges_mask(ranges: torch.Tensor, q_length: int, kv_length: int,
+                 local_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[B, 1, S_q, S_k]`` mask the kernel computes from ``ranges`` (bottom-right causal
+    within each entry's ranges, and the window of ``local_size`` keys), and which query rows
+    lie inside their entry's range (``[B, 1, S_q, 1]``: the others come out as zeros, whatever
+    transformers' mask says for them)."""
+    qs, qe, ks, ke = (r[:, None, None, None].long() for r in ranges)
+    shift = kv_length - q_length
+    i = torch.arange(q_length, device=ranges.device)[None, None, :, None]
+    j = torch.arange(kv_length, device=ranges.device)[None, None, None, :]
+    rows = (i >= qs) & (i < qe)
+    keep = rows & (j >= ks) & (j < ke) & (j <= i + shift)
+    if local_size is not None:
+        keep &= j > i + shift - local_size
+    return keep, rows
+
+
+def _remember_ranges(mask: torch.Tensor, attention_mask: Any, q_length: int, kv_length: int,
+                     kv_offset: int, local_size: int | None) -> None:
+    """Enter ``mask``'s ranges in :data:`_RANGES` if it is exactly a padded batch's causal
+    (windowed) mask: on the rows inside their ranges it equals the ranges' own mask. One
+    comparison on the device and one host read per mask built (each forward builds one per
+    layer type), none per attention call."""
+    if (attention_mask.dim() != 2 or mask.dim() != 4 or mask.dtype != torch.bool
+            or tuple(mask.shape[2:]) != (q_length, kv_length) or mask.shape[1] != 1):
+        return
+    valid = attention_mask[:, kv_offset:kv_offset + kv_length].bool()
+    if valid.shape != (mask.shape[0], kv_length):
+        return
+    ranges = _padding_ranges(valid, q_length)
+    keep, rows = _ranges_mask(ranges, q_length, kv_length, local_size)
+    if bool(((mask == keep) | ~rows).all()):
+        for key in [key for key, (ref, _) in _RANGES.items() if ref() is None]:
+            del _RANGES[key]
+        _RANGES[id(mask)] = (weakref.ref(mask), ranges)
+
+
+def _ranges_of(attention_mask: Any) -> torch.Tensor | None:
+    """The ranges :func:`_remember_ranges` found for this very mask object, or ``None``."""
+    found = _RANGES.get(id(attention_mask))
+    if found is None or found[0]() is not attention_mask:
+        return None
+    return found[1]
 
 
 def _unpadded(attention_mask: Any, kv_length: int, kv_offset: int) -> bool:
@@ -152,12 +233,22 @@ def tiledattention_attention_forward(
     # torch's SDPA would compute in (autocast's, when it is on: mixed-precision training);
     # a fallback gets the tensors as they came.
     q, k, v = autocast_inputs(query, key, value)
-    reason = "attn_mask" if attention_mask is not None else route_decision(
+    ranges = None
+    if attention_mask is not None and not torch.compiler.is_compiling():
+        ranges = _ranges_of(attention_mask)  # a padded batch's mask the kernel computes
+        if ranges is not None and (
+                tuple(attention_mask.shape[2:]) != (q.shape[2], k.shape[2])
+                or ranges.shape[1] != q.shape[0]
+                or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))):
+            ranges = None  # another geometry; or training: ranges have no autograd
+    reason = "attn_mask" if attention_mask is not None and ranges is None else route_decision(
         q, k, v, None, dropout, True, scale=scaling)
     if reason is not None:
         return _fallback(reason, module, query, key, value, attention_mask, dropout, scaling,
                          is_causal, kwargs)
     query, key, value = q, k, v
+    if ranges is not None:
+        return _padded_call(query, key, value, scaling, ranges, kwargs), None
 
     # attention_mask is None here: the mask builder found a plain causal (or no) pattern. As in
     # transformers' SDPA path, a single query token attends to every cached key (lower-right
@@ -186,6 +277,28 @@ def tiledattention_attention_forward(
         _counts.tiledattention += 1
     out = attention(query, key, value, causal, scaling, **variant)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _padded_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: Any,
+                 ranges: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """A padded batch's call: each entry within its ranges, bottom-right causal (the queries
+    are the last positions of the keys: what :func:`_remember_ranges` checked), the layer's
+    window, softcap and sinks; ``[B, S_q, H_q, D]`` out."""
+    import tiledattention
+
+    variant: dict[str, Any] = {}
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        variant["window"] = (int(window) - 1, 0)
+    if kwargs.get("softcap") is not None:
+        variant["softcap"] = float(kwargs["softcap"])
+    sinks = _sinks_of(kwargs)
+    if sinks is not None:
+        variant["sinks"] = sinks
+    _counts.tiledattention += 1
+    out = tiledattention.sdpa(query, key, value, "bottom_right", scaling, ranges=ranges,
+                              **variant)
+    return out.transpose(1, 2).contiguous()
 
 
 def register_hf() -> None:
