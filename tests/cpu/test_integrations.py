@@ -810,6 +810,57 @@ def test_hf_left_padded_batch_generate_runs_every_call_as_ranges(kind, kernel,
     assert ti.hf_stats().tiledattention == 0 and ti.hf_stats().fallbacks == {"attn_mask": 2}
 
 
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_hf_padding_free_training_runs_every_call_on_varlen_attn(kind, monkeypatch,
+                                                                 cpu_is_kernel_device):
+    """transformers' padding-free batches (``DataCollatorWithFlattening``: one row of sequences
+    end to end, ``cu_seq_lens_q/k`` and ``max_length_q/k``) run every attention call on
+    ``tiledattention.varlen_attn`` (a float32 reference stands in for the kernel), forward and
+    backward, and give the loss and gradients of eager on the same sequences as a padded batch
+    (eager itself on the packed row lets sequences attend to each other: it has no packed
+    path)."""
+    transformers = pytest.importorskip("transformers")
+    from tiledattention.tooling import varlen_reference
+
+    calls = []
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal=False, scale=None,
+               window_size=(-1, -1), enable_gqa=False):
+        calls.append((tuple(q.shape), cu_q.tolist(), max_q, is_causal, window_size))
+        group = q.shape[1] // k.shape[1]
+        return varlen_reference(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                cu_q, cu_k, causal=is_causal, scale=scale,
+                                window=window_size).to(q.dtype)
+    monkeypatch.setattr(tiledattention, "varlen_attn", varlen)
+    collate = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(3, 128, (n,), generator=gen) for n in (11, 4, 17)]
+    packed = collate([{"input_ids": s.tolist()} for s in seqs])
+    ids = torch.zeros(3, 17, dtype=torch.long)
+    mask = torch.zeros(3, 17, dtype=torch.long)
+    for i, s in enumerate(seqs):  # the same sequences right-padded
+        ids[i, :len(s)], mask[i, :len(s)] = s, 1
+    padded = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    models = {}
+    for name, batch in (("tiledattention", packed), ("eager", padded)):
+        model = tiny_llama(name) if kind == "llama" else tiny_model(kind, name)
+        model.train()
+        loss = model(**batch).loss
+        loss.backward()
+        models[name] = (loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad)
+    assert ti.hf_stats().tiledattention == 2 and not ti.hf_stats().fallbacks
+    assert len(calls) == 2 and all(c[1] == [0, 11, 15, 32] and c[2] == 17 for c in calls)
+    assert all(c[4] == ((7, 0) if kind == "mistral" else (-1, -1)) for c in calls)
+    (mine, g_mine), (theirs, g_theirs) = models["tiledattention"], models["eager"]
+    assert abs(mine.item() - theirs.item()) < 1e-2
+    assert rel_l2_cpu(g_mine, g_theirs) < 5e-2
+
+
+def rel_l2_cpu(a, b):
+    return (torch.linalg.vector_norm(a.float() - b.float())
+            / torch.linalg.vector_norm(b.float())).item()
+
+
 def test_hf_window_mask_is_left_out_only_when_the_window_is_all_it_holds():
     pytest.importorskip("transformers")
     from tiledattention.integrations._hf import tiledattention_mask

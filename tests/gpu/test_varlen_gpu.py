@@ -206,3 +206,81 @@ def test_ranges_are_checked_before_a_launch():
     for bad in (ranges.long(), ranges[:, :1], ranges.cpu(), [[0, 8, 0, 8]]):
         with pytest.raises(ValueError, match="ranges must be an int32 tensor"):
             tiledattention.sdpa(q, k, v, True, ranges=bad)
+
+
+# -- gradients ------------------------------------------------------------------------------------
+def check_grads(lens_q, lens_k, *, is_causal=True, hq=8, hkv=2, d=128, window=(-1, -1),
+                dtype=torch.bfloat16):
+    """varlen_attn's gradients against autograd through the per-sequence reference, on real
+    sequences interleaved with NaN poison ones (whose own gradients are not compared); rows and
+    keys outside every sequence get zero gradients."""
+    q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dtype=dtype)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    lq = (cu_q[1:] - cu_q[:-1]).tolist()
+    lk = (cu_k[1:] - cu_k[:-1]).tolist()
+    out = tiledattention.varlen_attn(*leaves, cu_q, cu_k, max(lq), max(lk), is_causal=is_causal,
+                                     window_size=window, enable_gqa=hq != hkv)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    # the reference on the real sequences only (the poison ones would spread NaN through it)
+    keep = [j for j in real]
+    cq = torch.tensor([0] + [lq[j] for j in keep]).cumsum(0).to(torch.int32)
+    ck = torch.tensor([0] + [lk[j] for j in keep]).cumsum(0).to(torch.int32)
+
+    def gather(x, cu, lens):
+        return torch.cat([x[int(cu[j]):int(cu[j]) + lens[j]] for j in keep])
+    ref_leaves = [gather(x, c, n).float().requires_grad_()
+                  for x, c, n in ((q, cu_q, lq), (k, cu_k, lk), (v, cu_k, lk))]
+    ref = varlen_reference(*ref_leaves, cq, ck, causal=is_causal is not False or window[1] == 0,
+                           bottom_right=is_causal != "top_left", window=window)
+    want = torch.autograd.grad(ref, ref_leaves, gather(grad_out, cu_q, lq).float())
+    for name, g, w, cu, lens in (("dq", grads[0], want[0], cu_q, lq),
+                                 ("dk", grads[1], want[1], cu_k, lk),
+                                 ("dv", grads[2], want[2], cu_k, lk)):
+        got = gather(g, cu, lens)
+        assert not got.isnan().any(), f"{name}: a sequence read a row outside its range"
+        assert rel_l2(got, w) < 2 * TOL[dtype], name
+        covered = torch.zeros(g.shape[0], dtype=torch.bool, device="cuda")
+        for j in range(len(lens)):
+            covered[int(cu[j]):int(cu[j + 1])] = True
+        assert torch.equal(g[~covered], torch.zeros_like(g[~covered])), name
+
+
+@pytest.mark.parametrize("is_causal", [True, False, "top_left"])
+def test_gradients_self_attention(is_causal):
+    check_grads(LENGTHS, LENGTHS, is_causal=is_causal, hq=16, hkv=4)
+
+
+def test_gradients_queries_and_keys_of_other_lengths_and_empty_ones():
+    check_grads([3, 100, 0, 1, 50, 129], [10, 100, 7, 257, 49, 0], is_causal=True, hq=8, hkv=8)
+
+
+@pytest.mark.parametrize("hq, hkv, d", [(8, 1, 64), (12, 4, 96), (4, 2, 256)])
+def test_gradients_grouped_heads_and_head_dims(hq, hkv, d):
+    check_grads([77, 1, 256, 130], [77, 1, 256, 130], hq=hq, hkv=hkv, d=d)
+
+
+def test_gradients_with_a_window():
+    check_grads([40, 300, 129], [40, 300, 129], window=(63, 0), is_causal=False)
+
+
+def test_compiled_training_step_matches_eager():
+    """torch.compile traces varlen_attn's custom ops (fake implementations) forward and
+    backward."""
+    lens = [100, 1, 333, 64]
+    q, k, v, cu_q, cu_k, _ = packed_batch(lens, lens, poison=False)
+
+    def step(q, k, v):
+        out = tiledattention.varlen_attn(q, k, v, cu_q, cu_k, 333, 333, is_causal=True,
+                                         enable_gqa=True)
+        return (out.float() ** 2).sum()
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    loss = step(*leaves)
+    grads = torch.autograd.grad(loss, leaves)
+    compiled = torch.compile(step, fullgraph=True)
+    leaves2 = [x.clone().requires_grad_() for x in (q, k, v)]
+    loss2 = compiled(*leaves2)
+    grads2 = torch.autograd.grad(loss2, leaves2)
+    assert torch.allclose(loss, loss2, rtol=1e-3)
+    for a, b in zip(grads, grads2):
+        assert torch.equal(a, b)

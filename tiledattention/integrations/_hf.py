@@ -9,7 +9,9 @@ A padded batch's mask (left or right padding of a causal model, with or without 
 is run as per-entry ranges (``sdpa(..., ranges=)``): the mask builder checks, once per mask it
 builds, that the mask is exactly that (one comparison on the device and one host read), and
 the attention function finds the ranges by the mask object it is given (no autograd: a padded
-training step still goes to SDPA). Calls the kernel runs — no mask or a padded batch's, no
+training step still goes to SDPA). Packed sequences (transformers' padding-free path, which
+passes ``cu_seq_lens_q/k`` and ``max_length_q/k``) run on ``varlen_attn``, differentiable. Calls
+the kernel runs — no mask or a padded batch's, no
 dropout, bf16/fp16 CUDA, supported head dim — go to
 :func:`~tiledattention.integrations.attention` (``tiledattention::sdpa_fwd``, or in training,
 where the inputs require grad, ``tiledattention::sdpa_fwd_lse`` and the backward kernels), with
@@ -233,6 +235,13 @@ def tiledattention_attention_forward(
     # torch's SDPA would compute in (autocast's, when it is on: mixed-precision training);
     # a fallback gets the tensors as they came.
     q, k, v = autocast_inputs(query, key, value)
+    if kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None:
+        reason = _packed_refusal(q, k, v, dropout, scaling, kwargs)
+        if reason is not None:
+            return _fallback(reason, module, query, key, value, attention_mask, dropout,
+                             scaling, is_causal, kwargs)
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        return _packed_call(q, k, v, bool(causal), scaling, kwargs), None
     ranges = None
     if attention_mask is not None and not torch.compiler.is_compiling():
         ranges = _ranges_of(attention_mask)  # a padded batch's mask the kernel computes
@@ -277,6 +286,37 @@ def tiledattention_attention_forward(
         _counts.tiledattention += 1
     out = attention(query, key, value, causal, scaling, **variant)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _packed_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float,
+                    scaling: Any, kwargs: dict) -> str | None:
+    """Why a packed call (transformers' padding-free path: one row of sequences end to end,
+    ``cu_seq_lens_q/k`` and ``max_length_q/k``) cannot run on ``varlen_attn``, or ``None``."""
+    if q.shape[0] != 1:
+        return "packed batch"
+    if kwargs.get("softcap") is not None or _sinks_of(kwargs) is not None:
+        return "packed variant"
+    if not all(isinstance(kwargs.get(name), int) for name in ("max_length_q", "max_length_k")):
+        return "packed lengths"
+    return route_decision(q, k, v, None, dropout, True, scale=scaling)
+
+
+def _packed_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, causal: bool,
+                 scaling: Any, kwargs: dict) -> torch.Tensor:
+    """A packed call on ``tiledattention.varlen_attn`` (causal per sequence, the layer's
+    window; differentiable): ``[1, H, T, D]`` in, ``[1, T, H_q, D]`` out."""
+    import tiledattention
+
+    window = kwargs.get("sliding_window")
+    out = tiledattention.varlen_attn(
+        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+        kwargs["cu_seq_lens_q"].to(torch.int32), kwargs["cu_seq_lens_k"].to(torch.int32),
+        kwargs["max_length_q"], kwargs["max_length_k"], is_causal=causal, scale=scaling,
+        window_size=(-1, -1) if window is None else (int(window) - 1, 0),
+        enable_gqa=query.shape[1] != key.shape[1])
+    if not torch.compiler.is_compiling():
+        _counts.tiledattention += 1
+    return out.unsqueeze(0)
 
 
 def _padded_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: Any,
