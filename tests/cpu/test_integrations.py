@@ -590,15 +590,24 @@ def test_hf_llama_logits_wrong_without_causal_would_be_caught(kernel, cpu_is_ker
     assert not torch.allclose(got, expected, rtol=2e-2, atol=2e-2)
 
 
-def test_hf_padding_mask_goes_to_sdpa(kernel, cpu_is_kernel_device):
+def test_hf_padding_mask_runs_as_ranges_and_other_masks_go_to_sdpa(kernel,
+                                                                    cpu_is_kernel_device):
     mine, theirs = tiny_llama("tiledattention"), tiny_llama("sdpa")
     ids = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(2, 20, dtype=torch.long)
-    mask[1, :5] = 0  # left padding
+    mask[1, :5] = 0  # left padding: each entry's keys one range
     with torch.no_grad():
         got = mine(ids, attention_mask=mask).logits
         expected = theirs(ids, attention_mask=mask).logits
-    assert kernel.calls == []
+    assert len(kernel.calls) == 2 and ti.hf_stats().fallbacks == {}
+    assert kernel.calls[0]["ranges"].tolist() == [[0, 5], [20, 20], [0, 5], [20, 20]]
+    valid = mask.bool()  # the padded positions' own outputs are nobody's business
+    assert torch.allclose(got[valid], expected[valid], atol=3e-2, rtol=3e-2)
+    ti.reset_hf_stats()
+    mask[0, 7] = 0  # a hole: no range expresses it
+    with torch.no_grad():
+        got = mine(ids, attention_mask=mask).logits
+        expected = theirs(ids, attention_mask=mask).logits
     assert ti.hf_stats().fallbacks == {"attn_mask": 2}
     assert torch.equal(got, expected)
 
@@ -766,10 +775,13 @@ def test_hf_gemma2_generate_routes_unless_the_prompt_holds_the_pad_token(kernel,
     padded[0, 13] = mine.generation_config.pad_token_id
     assert padded[0, 13] == 0
     stats = generate(padded)
-    # the global layer sees key 13 in every call; the sliding one until it leaves the window
-    # (queries 21 and 22 see keys 14.. and 15..: no padding there, the kernel runs them)
-    assert (stats.tiledattention, stats.fallbacks) == (2, {"attn_mask": 6}), stats
-    assert [(c["q"][2], c["k"][2]) for c in kernel.calls] == [(1, 8), (1, 8)]
+    # the global layer sees key 13 in every call, a hole in its keys: transformers runs it. The
+    # sliding one sees it until it leaves the window: in the prefill as a hole; for query 20
+    # (keys 13..20 in its window) as the first key, which the kernel runs as a range
+    # (sdpa(ranges=)); queries 21 and 22 see keys 14.. and 15..: no padding at all
+    assert (stats.tiledattention, stats.fallbacks) == (3, {"attn_mask": 5}), stats
+    assert [(c["q"][2], c["k"][2], "ranges" in c) for c in kernel.calls] == [
+        (1, 8, True), (1, 8, False), (1, 8, False)]
     stats = generate(padded, attention_mask=torch.ones_like(padded))
     assert (stats.tiledattention, stats.torch) == (8, 0), stats
 
