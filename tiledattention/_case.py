@@ -10,7 +10,8 @@ from ._family import Case
 from ._reference import attention_reference, visible_keys
 from .errors import UnsupportedOperationError
 
-__all__ = ["AttentionCase", "torch_sdpa_kwargs"]
+__all__ = ["AttentionCase", "RaggedCase", "ragged_flops", "ragged_lengths",
+           "torch_sdpa_kwargs"]
 
 
 def torch_sdpa_kwargs(problem: Any) -> dict[str, Any]:
@@ -101,3 +102,77 @@ class AttentionCase(Case):
             return {"torch-efficient-mask": backend(SDPBackend.EFFICIENT_ATTENTION)}
         return {"torch-cudnn": backend(SDPBackend.CUDNN_ATTENTION),
                 "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}
+
+
+def ragged_flops(problem: Any) -> float:
+    """The work of a ragged problem's case (:func:`ragged_lengths`): ``4·H_q·D`` per attended
+    (query, key) pair of each sequence, its mask aligned by its own lengths."""
+    import dataclasses
+
+    total = 0
+    for n in ragged_lengths(problem):
+        keys = max(1, n * problem.seqlen_k // problem.seqlen_q)
+        one = dataclasses.replace(problem, batch=1, seqlen_q=n, seqlen_k=keys, ragged=False)
+        total += one.attended_pairs
+    return 4.0 * problem.heads_q * problem.head_dim * total
+
+
+def ragged_lengths(problem: Any) -> list[int]:
+    """The sequence lengths a ragged problem's case measures (``problem.ragged``: a bucket):
+    ``problem.batch`` sequences cycling through 1, 3/4, 1/2 and 1/4 of the bucket's longest
+    query length (at least one each), so the batch mixes long and short sequences as real ones
+    do, deterministically."""
+    longest = problem.seqlen_q
+    return [max(1, longest * (4 - i % 4) // 4) for i in range(problem.batch)]
+
+
+class RaggedCase(Case):
+    """A ragged problem's GPU case: packed q, k, v of :func:`ragged_lengths` (keys as long as
+    queries, scaled by ``S_k / S_q``), the float32 reference sequence by sequence, and an
+    output buffer; ``launch(ragged_layout, q, k, v, out)`` is the family's."""
+
+    def __init__(self, problem: Any, device_index: int) -> None:
+        import torch
+
+        from ._ragged import RaggedLayout, packed_ranges
+        from ._reference import varlen_reference
+
+        self.problem = problem
+        self.device_index = device_index
+        torch.cuda.set_device(device_index)
+        dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
+        gen = torch.Generator(device="cuda").manual_seed(1234)
+        lens_q = ragged_lengths(problem)
+        lens_k = [max(1, n * problem.seqlen_k // problem.seqlen_q) for n in lens_q]
+        cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+        cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+
+        def rand(tokens: int, heads: int) -> torch.Tensor:
+            return torch.randn(tokens, heads, problem.head_dim, dtype=dtype, device="cuda",
+                               generator=gen)
+        self.q = rand(sum(lens_q), problem.heads_q)
+        self.k = rand(sum(lens_k), problem.heads_kv)
+        self.v = rand(sum(lens_k), problem.heads_kv)
+        self.sinks = (torch.randn(problem.heads_q, device="cuda", generator=gen) + 2.0
+                      if problem.sinks else None)
+        if problem.sinks or problem.softcap > 0:
+            raise UnsupportedOperationError(f"no ragged case with a softcap or sinks yet: "
+                                            f"{problem.describe()}")
+        self.reference = varlen_reference(
+            self.q, self.k, self.v, cu_q, cu_k, causal=problem.causal,
+            bottom_right=problem.bottom_right, window=(problem.window_left, problem.window_right))
+        self.out = torch.zeros_like(self.q)
+        self.layout = RaggedLayout(packed_ranges(cu_q, cu_k), max(lens_q), max(lens_k), True)
+
+    @staticmethod
+    def view(x: Any) -> Any:
+        """``[tokens, H, D]`` as the kernels' ``[1, H, tokens, D]``."""
+        return x.unsqueeze(0).transpose(1, 2)
+
+    def error(self, run: Callable[[], None]) -> float:
+        import torch
+
+        self.out.fill_(float("nan"))
+        run()
+        diff = torch.linalg.vector_norm(self.out.float() - self.reference)
+        return (diff / torch.linalg.vector_norm(self.reference)).item()

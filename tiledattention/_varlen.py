@@ -223,17 +223,18 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
     from ._problem import causal_flags, problem_from_arrays, sink_logits
     from .errors import UnsupportedOperationError
 
-    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
-    if kind != "torch":
+    if not isinstance(q, torch.Tensor):
         raise InputTypeError(f"ranges= takes torch tensors; got q of type "
                              f"{type(q).__module__}.{type(q).__name__}")
+    batch = q.shape[0] if q.dim() == 4 else None
     if (not isinstance(ranges, torch.Tensor) or ranges.dtype != torch.int32
-            or tuple(ranges.shape) != (4, problem.batch) or ranges.device != q.device):
+            or tuple(ranges.shape) != (4, batch) or ranges.device != q.device):
         raise InputValueError(
-            f"ranges must be an int32 tensor [4, B] = [4, {problem.batch}] on {q.device} "
-            f"(query starts, query ends, key starts, key ends); got "
+            f"ranges must be an int32 tensor [4, B] = [4, {batch}] on {q.device} (query "
+            f"starts, query ends, key starts, key ends); got "
             + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
                if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
+    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
     if schedule is not None or out is not None:
         raise InputValueError("ranges= takes no schedule= or out= (the lookup picks the ragged "
                               "schedule; the output is new); got "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import _device
-from .._case import AttentionCase
+from .._case import AttentionCase, RaggedCase, ragged_flops
 from .._compile import CompileResult
 from .._family import Family, register_family
 from .._problem import Problem, default_scale
@@ -47,6 +47,23 @@ class ForwardCase(AttentionCase):
         return run
 
 
+class RaggedForwardCase(RaggedCase):
+    """The forward's case of a ragged problem: packed sequences (``RaggedCase``)."""
+
+    def launcher(self, schedule: Schedule) -> Callable[[], None]:
+        import torch
+
+        problem, layout = self.problem, self.layout
+        schedule = normalise(problem, schedule)
+        q, k, v, out = (self.view(x) for x in (self.q, self.k, self.v, self.out))
+
+        def run() -> None:
+            launch_ragged(torch.cuda.current_stream(), q, k, v, out, layout.ranges, problem,
+                          schedule, default_scale(problem), layout.longest_q, packed=True)
+
+        return run
+
+
 class ForwardFamily(Family):
     """FlashAttention-style prefill forward (``tiledattention.sdpa``)."""
 
@@ -79,12 +96,14 @@ class ForwardFamily(Family):
         return normalise(problem, schedule)
 
     def flops(self, problem: Problem) -> float:
-        return problem.flops
+        return ragged_flops(problem) if problem.ragged else problem.flops
 
     def compile(self, problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
         return compile_schedule(problem, normalise(problem, schedule), arch)
 
-    def case(self, problem: Problem, device_index: int) -> ForwardCase:
+    def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
+        if problem.ragged:
+            return RaggedForwardCase(problem, device_index)
         return ForwardCase(problem, device_index)
 
     def tolerance(self, problem: Problem) -> float:

@@ -1,0 +1,203 @@
+"""Ragged batches on the CPU (issue 33): the bucketed problem, the forward's ragged constants,
+normalisation and arguments, compiles for every architecture, argument errors of
+``varlen_attn`` and ``sdpa(ranges=)`` (raised before anything is launched), the custom ops'
+fake implementations, the ragged case and the per-sequence reference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda.tile
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import tiledattention
+from tiledattention import FORWARD, KernelArgumentError, Problem, Schedule
+from tiledattention._case import ragged_flops, ragged_lengths
+from tiledattention._ragged import ragged_problem
+from tiledattention.forward._compile import compile_schedule
+from tiledattention.forward._launch import kernel_args, kernel_constants, normalise, ragged_grid
+from tiledattention.tooling import varlen_reference
+
+ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+
+
+def _ragged(**fields) -> Problem:
+    base = dict(batch=8, heads_q=32, heads_kv=8, seqlen_q=2048, seqlen_k=2048, head_dim=128,
+                dtype="bf16", causal=True, ragged=True)
+    return Problem(**{**base, **fields})
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    return calls
+
+
+# -- the problem ---------------------------------------------------------------------------------
+def test_a_ragged_call_is_looked_up_by_its_bucket():
+    p = ragged_problem(sequences=37, tokens_q=20000, longest_q=1500, longest_k=1500,
+                       heads_q=32, heads_kv=8, head_dim=128, dtype="bf16", causal=True,
+                       bottom_right=True)
+    assert (p.batch, p.seqlen_q, p.seqlen_k, p.ragged) == (16, 2048, 2048, True)
+    # other offsets and lengths of the same profile: the same key
+    q = ragged_problem(sequences=41, tokens_q=17000, longest_q=1100, longest_k=1100,
+                       heads_q=32, heads_kv=8, head_dim=128, dtype="bf16", causal=True,
+                       bottom_right=True)
+    assert q == p
+    # never more sequences than the call has (rounded up)
+    one = ragged_problem(sequences=1, tokens_q=9, longest_q=9, longest_k=300, heads_q=4,
+                         heads_kv=4, head_dim=64, dtype="fp16", causal=False,
+                         bottom_right=True)
+    assert (one.batch, one.seqlen_q, one.seqlen_k, one.bottom_right) == (1, 16, 512, False)
+
+
+def test_ragged_keeps_the_alignment_the_bounds_would_drop():
+    """Each sequence aligns by its own lengths: bottom-right stays where S_q == S_k (a
+    rectangle's canonical form drops it), and a window side stays even where it binds no key
+    at the bounds."""
+    p = _ragged(bottom_right=True, window_left=4096)
+    assert p.bottom_right and p.window_left == 4096
+    assert not dataclasses.replace(p, ragged=False).bottom_right
+    assert p.to_dict()["ragged"] is True and "ragged" not in _ragged(ragged=False).to_dict()
+    assert "ragged" in p.describe()
+    assert "ragged" in Problem.VARIANT_FIELDS  # its own lookup bucket
+
+
+# -- the forward's constants, normalisation and arguments ---------------------------------------
+def test_ragged_constants():
+    c = kernel_constants(_ragged(), Schedule(tile_m=64, tile_n=64), packed=True)
+    assert (c["RAGGED"], c["PACKED"], c["EVEN_K"], c["CHECK_BOUNDS"]) == (True, True, False,
+                                                                           True)
+    plain = kernel_constants(_ragged(ragged=False), Schedule(), packed=True)
+    assert (plain["RAGGED"], plain["PACKED"]) == (False, False)
+
+
+def test_ragged_normalises_the_whole_length_orders_away():
+    s = Schedule(tile_m=64, tile_n=64, persistent=True, paired_tiles=True, longest_first=True,
+                 unchecked_loads=True, kv_sawtooth=True)
+    n = normalise(_ragged(), s)
+    assert not (n.persistent or n.paired_tiles or n.longest_first or n.unchecked_loads)
+    assert n.kv_sawtooth  # a per-sequence order: stays
+    assert normalise(_ragged(ragged=False), s).persistent
+
+
+def test_ranges_go_with_a_ragged_problem_only():
+    s = Schedule()
+    with pytest.raises(KernelArgumentError, match="ranges must be given exactly"):
+        kernel_args("q", "k", "v", "o", _ragged(), s, 0.1)
+    with pytest.raises(KernelArgumentError, match="ranges must be given exactly"):
+        kernel_args("q", "k", "v", "o", _ragged(ragged=False), s, 0.1, ranges="r")
+    assert ragged_grid(Schedule(tile_m=128), 32, 5, 1000) == (8, 160, 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fields", [dict(), dict(causal=False, heads_kv=32),
+                                    dict(head_dim=96, heads_q=12, heads_kv=4),
+                                    dict(causal=False, window_left=63, window_right=0)],
+                         ids=["causal_gqa", "full_mha", "d96", "window"])
+def test_the_ragged_forward_compiles(arch, fields):
+    problem = _ragged(**fields)
+    schedule = FORWARD.default_schedule(arch, problem)
+    result = compile_schedule(problem, FORWARD.normalise(problem, schedule), arch)
+    assert result.cubin[:4] == b"\x7fELF"
+
+
+# -- argument errors ----------------------------------------------------------------------------
+def _packed(tokens=40, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
+    make = lambda t, h: torch.randn(t, h, d, dtype=dtype)  # noqa: E731
+    cu = torch.tensor([0, 10, 25, tokens], dtype=torch.int32)
+    return make(tokens, hq), make(tokens, hkv), make(tokens, hkv), cu, cu
+
+
+BAD = {
+    "cpu": (dict(), {}, ValueError, "query must be a CUDA tensor"),
+    "dims": (dict(q=torch.randn(1, 40, 4, 64, dtype=torch.bfloat16)), {}, ValueError,
+             "query must have 3 dims"),
+    "dtype": (dict(q=torch.randn(40, 4, 64)), {}, TypeError, "bfloat16 or float16"),
+    "gqa": (dict(k=torch.randn(40, 2, 64, dtype=torch.bfloat16),
+                 v=torch.randn(40, 2, 64, dtype=torch.bfloat16)), {}, ValueError,
+            "enable_gqa=True"),
+    "offsets dtype": (dict(cu_q=torch.tensor([0.0, 40.0])), {}, ValueError,
+                      "cu_seq_q must be a 1-dim int32"),
+    "offsets lengths": (dict(cu_k=torch.tensor([0, 40], dtype=torch.int32)), {}, ValueError,
+                        "one length"),
+    "max_q": (dict(max_q=0), {}, ValueError, "max_q must be at least 1"),
+    "max_k type": (dict(max_k=3.0), {}, TypeError, "max_k must be an int"),
+    "is_causal": (dict(), {"is_causal": "yes"}, ValueError, "is_causal must be"),
+    "scale": (dict(), {"scale": -1.0}, ValueError, "scale must be a finite"),
+    "window": (dict(), {"window_size": (-2, 0)}, ValueError, "window's left side"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_varlen_attn_errors_name_the_argument(name, launches):
+    change, kwargs, error, message = BAD[name]
+    q, k, v, cu_q, cu_k = _packed()
+    args = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, max_q=15, max_k=15, **{})
+    args.update(change)
+    with pytest.raises(error, match=message) as raised:
+        tiledattention.varlen_attn(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"],
+                                   args["max_q"], args["max_k"], **kwargs)
+    assert isinstance(raised.value, tiledattention.TiledAttentionError)
+    assert launches == []
+
+
+def test_sdpa_ranges_errors(launches):
+    q = torch.randn(2, 4, 8, 64, dtype=torch.bfloat16)
+    good = torch.zeros(4, 2, dtype=torch.int32)
+    for bad in (good.long(), good[:, :1], [[0, 8]] * 4):
+        with pytest.raises(tiledattention.InputValueError, match="ranges must be an int32"):
+            tiledattention.sdpa(q, q, q, True, ranges=bad)
+    with pytest.raises(tiledattention.InputValueError, match="q must be a CUDA tensor"):
+        tiledattention.sdpa(q, q, q, True, ranges=good)
+    assert launches == []
+
+
+# -- ops, case, reference -----------------------------------------------------------------------
+def test_the_ops_fakes_give_the_real_shapes_and_strides():
+    from tiledattention import _varlen
+
+    with FakeTensorMode():
+        q = torch.empty(45, 8, 64, dtype=torch.bfloat16)
+        k = torch.empty(50, 2, 64, dtype=torch.bfloat16)
+        cu = torch.empty(4, dtype=torch.int32)
+        out, lse = torch.ops.tiledattention.varlen_fwd(q, k, k, cu, cu, 20, 20, True, True,
+                                                       None, -1, -1)
+        assert out.shape == q.shape and out.is_contiguous()
+        assert lse.shape == (1, 8, 45) and lse.stride() == (8 * 64, 64, 1)
+        dq, dk, dv = torch.ops.tiledattention.varlen_bwd(out, q, k, k, out, lse, cu, cu, 20, 20,
+                                                         True, True, None, -1, -1)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+    assert _varlen.FWD_OP_NAME == "tiledattention::varlen_fwd"
+
+
+def test_the_ragged_case_mixes_lengths():
+    p = _ragged(batch=6, seqlen_q=1024, seqlen_k=1024)
+    assert ragged_lengths(p) == [1024, 768, 512, 256, 1024, 768]
+    pairs = sum(n * (n + 1) // 2 for n in ragged_lengths(p))
+    assert ragged_flops(p) == 4.0 * 32 * 128 * pairs
+    assert FORWARD.flops(p) == ragged_flops(p)
+
+
+@pytest.mark.parametrize("bottom_right", [True, False])
+def test_the_reference_attends_each_sequence_alone(bottom_right):
+    gen = torch.Generator().manual_seed(0)
+    cu_q = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 5, 9, 16], dtype=torch.int32)
+    q = torch.randn(12, 2, 32, generator=gen)
+    k = torch.randn(16, 1, 32, generator=gen)
+    v = torch.randn(16, 1, 32, generator=gen)
+    out = varlen_reference(q, k, v, cu_q, cu_k, causal=True, bottom_right=bottom_right)
+    assert torch.equal(out[10:], torch.zeros_like(out[10:]))  # no sequence
+    for (q0, q1), (k0, k1) in (((0, 3), (0, 5)), ((3, 10), (9, 16))):
+        lq, lk = q1 - q0, k1 - k0
+        off = lk - lq if bottom_right else 0
+        mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + off
+        want = F.scaled_dot_product_attention(
+            q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1).expand(2, -1, -1),
+            v[k0:k1].transpose(0, 1).expand(2, -1, -1), attn_mask=mask).transpose(0, 1)
+        assert torch.allclose(out[q0:q1], want, atol=1e-5)
