@@ -36,8 +36,8 @@ from .tooling import Runtime as _Runtime
 # registry, device and database selection, the errors. Tools build on ``tiledattention.tooling``.
 __all__ = [
     # entry points
-    "sdpa", "sdpa_with_lse", "sdpa_backward", "varlen_attn", "explain", "runtime",
-    "use_database",
+    "sdpa", "sdpa_with_lse", "sdpa_backward", "varlen_attn", "explain", "explain_varlen",
+    "runtime", "use_database",
     "open_database", "database_location",
     # problems and schedules
     "Problem", "problem_from_arrays", "BOTTOM_RIGHT", "TOP_LEFT", "DTYPES", "SUPPORTED_HEAD_DIMS",
@@ -259,6 +259,21 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
     return _varlen.varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                                is_causal=is_causal, scale=scale, window_size=window_size,
                                enable_gqa=enable_gqa)
+
+
+def explain_varlen(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int,
+                   max_k: int, *, is_causal: bool | str = False,
+                   window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False,
+                   training: bool = False) -> Resolution:
+    """The schedule :func:`varlen_attn` would run for these arguments (its forward's, or with
+    ``training`` its backward's), the family and which lookup step chose it. It is looked up
+    for the batch's bucket (``Problem.ragged``: the longest lengths and the token count rounded
+    up to powers of two), which every batch of that profile shares."""
+    from . import _varlen
+
+    return _varlen.explain_varlen(runtime(), query, key, value, cu_seq_q, cu_seq_k, max_q,
+                                  max_k, is_causal=is_causal, window=window_size,
+                                  enable_gqa=enable_gqa, training=training)
 
 
 def explain(q: Any, k: Any, v: Any, causal: bool | str = False, *,

@@ -32,8 +32,8 @@ from ._ragged import RaggedLayout, packed_ranges, ragged_problem
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError
 
-__all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward", "FWD_OP_NAME",
-           "BWD_OP_NAME"]
+__all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
+           "explain_varlen", "FWD_OP_NAME", "BWD_OP_NAME"]
 
 FWD_OP_NAME = "tiledattention::varlen_fwd"
 BWD_OP_NAME = "tiledattention::varlen_bwd"
@@ -212,6 +212,19 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
                     _view(query), _view(key), _view(value), _view(out), _view(grad_out), lse,
                     delta, tuple(_view(g) for g in grads), ragged=layout)
     return grads
+
+
+def explain_varlen(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
+                   is_causal: Any = False, window: Any = None, enable_gqa: bool = False,
+                   training: bool = False):
+    """The :class:`Resolution` the call's bucket gets (the forward's; with ``training``, the
+    backward's)."""
+    problem, _, _ = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
+                             None, window, enable_gqa)
+    device = query.device.index
+    operation = "sdpa_backward" if training else "sdpa_with_lse"
+    family = choose_family(device_info(device).arch, problem, operation)
+    return runtime.resolution(family, problem, device)
 
 
 def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float], ranges, *,

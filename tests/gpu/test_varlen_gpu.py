@@ -284,3 +284,15 @@ def test_compiled_training_step_matches_eager():
     assert torch.allclose(loss, loss2, rtol=1e-3)
     for a, b in zip(grads, grads2):
         assert torch.equal(a, b)
+
+
+def test_explain_varlen_names_the_bucket_and_its_schedule():
+    lens = [700, 1500, 3]
+    q, k, v, cu_q, cu_k, _ = packed_batch(lens, lens, poison=False)
+    found = tiledattention.explain_varlen(q, k, v, cu_q, cu_k, 1500, 1500, is_causal=True,
+                                          enable_gqa=True)
+    assert found.family == "forward"
+    assert not found.schedule.persistent  # what the launch runs: normalisable, never persistent
+    back = tiledattention.explain_varlen(q, k, v, cu_q, cu_k, 1500, 1500, is_causal=True,
+                                         enable_gqa=True, training=True)
+    assert back.family == "backward"
