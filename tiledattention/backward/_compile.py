@@ -1,7 +1,10 @@
 """Compile-only builds of the backward kernels for any architecture, on a machine without a GPU:
 the same kernel objects and constants the launcher uses, for arrays laid out the way the
 runtime passes them (contiguous q, k, v, out, dO and gradients; the row statistics as
-``[B, H_q, S_q]`` views of padded storage)."""
+``[B, H_q, S_q]`` views of padded storage). A ragged problem compiles for packed sequences
+(``varlen_attn``'s layout): ``[1, H, tokens, D]`` views of contiguous ``[tokens, H, D]``
+tensors with ``tokens = batch * seqlen``, contiguous float32 ``[1, H_q, tokens]`` statistics
+and the int32 ``[4, batch]`` ranges."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import dataclasses
 from .._compile import CompileResult, array_constraint, export_cubin
 from .._lazy import lazy_module
 from .._problem import Problem
-from ._launch import (SUM_PARAMETERS, dkdv_constants, dkdv_kernel, dkdv_parameters,
+from ._launch import (RANGES, SUM_PARAMETERS, dkdv_constants, dkdv_kernel, dkdv_parameters,
                       dq_constants, dq_kernel, dq_parameters, normalise, row_stat_shape,
                       sum_constants, sum_kernel, uses_variant_kernels)
 from ._schedule import BackwardSchedule
@@ -28,17 +31,32 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
     partials' sum kernel's) in ``other_cubins``; ``seconds`` counts every build."""
     s = normalise(problem, schedule)
     p = problem
-    q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
-    kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    packed = p.ragged
+    if packed:  # [1, H, tokens, D] views of [tokens, H, D] tensors; [1, H_q, tokens] stats
+        q_like, kv_like = (
+            array_constraint(p.dtype, (1, h, p.batch * n, p.head_dim),
+                             (p.batch * n * h * p.head_dim, p.head_dim, h * p.head_dim, 1))
+            for h, n in ((p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k)))
+        tokens = p.batch * p.seqlen_q
+        stat = array_constraint("fp32", (1, p.heads_q, tokens),
+                                (p.heads_q * tokens, tokens, 1))
+    else:
+        q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+        kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+        b, h, padded = row_stat_shape(p)
+        stat = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
     kv_parts = array_constraint("fp32", (s.dkdv_splits * p.batch, p.heads_kv, p.seqlen_k,
                                          p.head_dim))
-    b, h, padded = row_stat_shape(p)
-    stat = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
     scale = ctc.ScalarConstraint(ct.float32)
     count = ctc.ScalarConstraint(ct.int32)
     variant = uses_variant_kernels(p)
-    variants = ({"window_left": count, "window_right": count, "softcap": scale} if variant
-                else {})  # the variant kernels' launch-time values
+    # the variant kernels' launch-time values; Ranges: the int32 [4, sequences] ranges of a
+    # ragged call, else a zero-byte constant (the launch's empty tuple; cuda.tile.compilation
+    # takes no tuple)
+    variants = ({"window_left": count, "window_right": count, "softcap": scale,
+                 RANGES: (array_constraint("int32", (4, p.batch)) if p.ragged
+                          else ctc.ConstantConstraint(0))}
+                if variant else {})
     label = f"backward {s.describe()}"
     grads = kv_parts if s.dkdv_splits > 1 else kv_like
     dkdv = export_cubin(
@@ -46,13 +64,15 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
         dkdv_parameters(p).ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat,
              "Delta": stat, "dK": grads, "dV": grads, "qk_scale": scale, "heads_kv": count,
-             "group": count, **variants}, dkdv_constants(p, s)), arch, label + " (dK/dV)")
+             "group": count, **variants}, dkdv_constants(p, s, packed=packed)), arch,
+        label + " (dK/dV)")
     others = [export_cubin(
         dq_kernel(s, variant),
         dq_parameters(p).ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like,
              "Lse": stat, "Delta": stat, "dQ": q_like, "qk_scale": scale, "heads_q": count,
-             "group": count, **variants}, dq_constants(p, s)), arch, label + " (dQ)")]
+             "group": count, **variants}, dq_constants(p, s, packed=packed)), arch,
+        label + " (dQ)")]
     if s.dkdv_splits > 1:
         others.append(export_cubin(
             sum_kernel(), SUM_PARAMETERS.ordered({"Parts": kv_parts, "Grad": kv_like},

@@ -99,7 +99,8 @@ def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
     walks first: the dQ kernel's last query tiles (H100 probe 2 of issue 31: 0-3% faster on
     six causal training shapes, never slower) and, where the dK/dV grid is at most
     ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what the problem needs
-    (``normalise``)."""
+    (``normalise``). A ragged problem's default is the same tiles, unsplit and unordered
+    (``normalise``: one tile per CTA over the longest sequence's tiles)."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
     base = normalise(problem, _window_tiles(problem,
                                             table[max(64, padded_head_dim(problem.head_dim))]))

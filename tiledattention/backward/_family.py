@@ -12,7 +12,7 @@ from .._reference import attention_reference
 from .._problem import Problem, default_scale
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule
-from ._launch import Launches, launch, launches, normalise, row_stat_shape
+from ._launch import Launches, launch, launch_ragged, launches, normalise, row_stat_shape
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -166,11 +166,18 @@ class BackwardFamily(Family):
     serves = ("sdpa_backward",)
 
     def backward(self, stream, problem: Problem, schedule: BackwardSchedule, scale: float, q, k,
-                 v, out, grad_out, lse, delta, grads, sinks=None) -> None:
+                 v, out, grad_out, lse, delta, grads, sinks=None, ragged=None) -> None:
         """:meth:`Family.backward`. ``sinks`` is not read: the forward's ``lse`` holds the
         sinks' term, which is all the kernels need (the caller computes the sinks' own
-        gradient)."""
+        gradient). ``ragged``: the call's ``RaggedLayout`` when ``problem.ragged``
+        (:func:`~tiledattention.backward._launch.launch_ragged`: no scratch; rows and keys
+        outside every sequence are not written)."""
         plan = launches(problem, schedule, scale)
+        if ragged is not None:
+            launch_ragged(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
+                          ragged.ranges, ragged.longest_q, ragged.longest_k,
+                          packed=ragged.packed)
+            return
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
                allocate_scratch(plan, q.device))
 

@@ -30,9 +30,22 @@ All of it is deterministic: no atomics, and partials added in a fixed order.
 
 The dQ and dK/dV kernels have two entry points each, one body: ``attention_bwd_dq`` /
 ``attention_bwd_dkdv`` for plain attention, and ``*_variant`` ones taking the variants'
-launch-time values (``window_left``, ``window_right``, ``softcap``) after the others. Plain
-attention keeps its kernels' parameters, so its machine code stays what it was (more launch-time
-values grow the parameter space, which moves other constant-bank data on sm_100 and sm_12x).
+launch-time values (``window_left``, ``window_right``, ``softcap``, ``Ranges``) after the
+others. Plain attention keeps its kernels' parameters, so its machine code stays what it was
+(more launch-time values grow the parameter space, which moves other constant-bank data on
+sm_100 and sm_12x); a variant problem without a ragged batch passes ``Ranges`` a zero-byte
+placeholder, which keeps its code what it was before ``Ranges`` existed.
+
+The variant entry points also take ``Ranges`` (read with ``RAGGED``): a ragged batch, whose
+sequences have lengths of their own. Its rows are int32 ``[4, sequences]`` query starts, query
+ends, key starts and key ends along the sequence axis; the grid's batch index is a sequence's,
+and every array is cut (``Array.slice`` along axis 2) to that sequence's query range (Q, Out,
+dO, dQ, Lse, Delta) or key range (K, V, dK, dV), so that lengths, masks, the bottom-right
+alignment and windows are the sequence's own. A CTA whose tile starts at or past its
+sequence's end writes nothing (the dK/dV kernel skips the tile whole; the dQ kernel walks no key
+tile and skips its stores, since a branch around its walk does not compile for sm_100). With ``PACKED`` the sequences lie end to end in batch entry 0 (``[1, H, tokens,
+D]`` views of ``[tokens, H, D]`` tensors); else each is a batch entry of its own (a padded
+batch). Rows and keys outside every sequence are never written.
 
 Masking is the forward's: keys at or past ``S_k`` never count; with ``CAUSAL`` query row ``i``
 sees keys ``0..i + offset`` (offset 0, or ``S_k - S_q`` with ``BOTTOM_RIGHT``). With ``WINDOW``
@@ -80,6 +93,16 @@ def _causal_offset(Q, K, BOTTOM_RIGHT):
     if BOTTOM_RIGHT:
         offset = K.shape[2] - Q.shape[2]
     return offset
+
+
+def _sequence(A, Ranges, seq, which):
+    """``A`` (``[B, H, S, ...]``) cut along its sequence axis to sequence ``seq``'s range,
+    ``Ranges[which:which + 2, seq]`` = ``[start, end)``; an empty range stays empty even where
+    it starts at the end of ``A`` (a slice must start inside the array). The forward's."""
+    start = ct.gather(Ranges, (which, seq))
+    length = ct.gather(Ranges, (which + 1, seq)) - start
+    start = min(start, A.shape[2] - 1)
+    return A.slice(axis=2, start=start, stop=start + length)
 
 
 # The window's bounds below are plain integer arithmetic: the kernels call them on scalars, and
@@ -170,9 +193,11 @@ def _dq_step(q, do, lse, delta, dq, K, V, batch, kv_head, j, rows, scale2, seqle
 
 
 def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left, window_right,
-        softcap, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, KV_LATENCY, HEAVY_FIRST, TILE_MAJOR,
-        WINDOW, SOFTCAP):
-    """The dQ kernel's body (both entry points below)."""
+        softcap, Ranges, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, KV_LATENCY, HEAVY_FIRST,
+        TILE_MAJOR, WINDOW, SOFTCAP, RAGGED, PACKED):
+    """The dQ kernel's body (both entry points below): the CTA's query tile and (batch, query
+    head); with ``RAGGED`` the batch index is a sequence's, every array is cut to that
+    sequence's range, and a tile past the sequence's queries does nothing."""
     if TILE_MAJOR:
         q_tile = ct.bid(1)
         bh = ct.bid(0)
@@ -185,6 +210,33 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
         q_tile = tiles - 1 - q_tile
     batch = bh // heads_q
     head = bh % heads_q
+    if RAGGED:
+        # (not one branch on the tile's liveness around the rest, as in the dK/dV kernel:
+        # tileiras 13.4 fails on the walk's two loops inside it for sm_100; _dq_tile empties
+        # a dead tile's walk and skips its stores instead)
+        seq = batch
+        if PACKED:
+            batch = 0
+        Q = _sequence(Q, Ranges, seq, 0)
+        K = _sequence(K, Ranges, seq, 2)
+        V = _sequence(V, Ranges, seq, 2)
+        Out = _sequence(Out, Ranges, seq, 0)
+        dO = _sequence(dO, Ranges, seq, 0)
+        Lse = _sequence(Lse, Ranges, seq, 0)
+        Delta = _sequence(Delta, Ranges, seq, 0)
+        dQ = _sequence(dQ, Ranges, seq, 0)
+    _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, window_right,
+             softcap, q_tile, batch, head, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D,
+             CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, KV_LATENCY=KV_LATENCY, WINDOW=WINDOW,
+             SOFTCAP=SOFTCAP, RAGGED=RAGGED)
+
+
+def _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, window_right,
+             softcap, q_tile, batch, head, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT,
+             KV_LATENCY, WINDOW, SOFTCAP, RAGGED):
+    """Delta and dQ of query tile ``q_tile`` of ``batch``'s query head ``head`` (:func:`_dq`);
+    the sequence lengths are the arrays'. ``RAGGED``: a tile at or past the end of its
+    sequence's queries walks no key tile and stores nothing."""
     kv_head = head // group
     seqlen_k = K.shape[2]
     scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
@@ -195,7 +247,11 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
     o = _load_rows(Out, batch, head, q_tile, TILE_M, TILE_D, 0)
     do = _load_rows(dO, batch, head, q_tile, TILE_M, TILE_D, 0)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
-    ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+    if RAGGED:
+        if q_tile * TILE_M < Q.shape[2]:
+            ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+    else:
+        ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
     delta = delta.reshape((TILE_M, 1))
     lse = _load_row_stat(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
     q = _load_rows(Q, batch, head, q_tile, TILE_M, TILE_D, 0)
@@ -217,6 +273,12 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
         lo, full_from, full_to, hi = dq_key_tiles(
             first_row, min(first_row + TILE_M, Q.shape[2]) - 1, offset, reach[0], reach[1],
             seqlen_k, TILE_N)
+        if RAGGED:  # a dead tile (past its sequence's queries) walks none
+            live = min(max(Q.shape[2] - first_row, 0), 1)
+            lo = lo * live
+            full_from = full_from * live
+            full_to = full_to * live
+            hi = hi * live
         dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
         for j in range(lo, full_from):
             dq = step(j, True, dq)
@@ -233,14 +295,23 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
             num_kv_tiles = ct.cdiv(seqlen_k, TILE_N)
             mask_from = seqlen_k // TILE_N
         unmasked = min(mask_from, num_kv_tiles)
+        if RAGGED:  # a dead tile (past its sequence's queries) walks none
+            live = min(max(Q.shape[2] - first_row, 0), 1)
+            num_kv_tiles = num_kv_tiles * live
+            unmasked = unmasked * live
         dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
         for j in range(unmasked):
             dq = step(j, False, dq)
         for j in range(unmasked, num_kv_tiles):
             dq = step(j, True, dq)
     dq = dq * qk_scale
-    ct.store(dQ, index=(batch, head, q_tile, 0),
-             tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
+    if RAGGED:
+        if first_row < Q.shape[2]:
+            ct.store(dQ, index=(batch, head, q_tile, 0),
+                     tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
+    else:
+        ct.store(dQ, index=(batch, head, q_tile, 0),
+                 tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
 
 
 @ct.kernel
@@ -262,10 +333,10 @@ def attention_bwd_dq(
     TILE_MAJOR: ConstBool,  # grid (batch x head, query tiles): a tile's CTAs of every head first
 ):
     """dQ and delta of plain attention (no window, no softcap)."""
-    _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, -1, -1, 0.0,
+    _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, -1, -1, 0.0, 0,
         TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT,
         KV_LATENCY=KV_LATENCY, HEAVY_FIRST=HEAVY_FIRST, TILE_MAJOR=TILE_MAJOR, WINDOW=False,
-        SOFTCAP=False)
+        SOFTCAP=False, RAGGED=False, PACKED=False)
 
 
 @ct.kernel
@@ -280,6 +351,8 @@ def attention_bwd_dq_variant(
     window_left: int,  # keys a row sees before its diagonal (-1: unbounded; read with WINDOW)
     window_right: int,  # keys a row sees past its diagonal (-1: unbounded; read with WINDOW)
     softcap: float,  # the cap c (read with SOFTCAP)
+    Ranges,  # RAGGED: int32 [4, sequences] query starts, query ends, key starts, key ends;
+    # else a zero-byte placeholder
     TILE_M: ConstInt,  # query rows per CTA
     TILE_N: ConstInt,  # keys per step
     TILE_D: ConstInt,  # head_dim rounded up to a power of two
@@ -290,12 +363,14 @@ def attention_bwd_dq_variant(
     TILE_MAJOR: ConstBool,  # grid (batch x head, query tiles): a tile's CTAs of every head first
     WINDOW: ConstBool,  # a sliding window bounds either side
     SOFTCAP: ConstBool,  # scores capped by softcap * tanh(s / softcap)
+    RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
+    PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
 ):
-    """dQ and delta with a window and / or a softcap."""
+    """dQ and delta with a window, a softcap and / or a ragged batch."""
     _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left, window_right,
-        softcap, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL,
+        softcap, Ranges, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL,
         BOTTOM_RIGHT=BOTTOM_RIGHT, KV_LATENCY=KV_LATENCY, HEAVY_FIRST=HEAVY_FIRST,
-        TILE_MAJOR=TILE_MAJOR, WINDOW=WINDOW, SOFTCAP=SOFTCAP)
+        TILE_MAJOR=TILE_MAJOR, WINDOW=WINDOW, SOFTCAP=SOFTCAP, RAGGED=RAGGED, PACKED=PACKED)
 
 
 # -- dK and dV -----------------------------------------------------------------------------------
@@ -331,9 +406,12 @@ def _dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, batch, head, i, keys, scale2, ma
 
 
 def _dkdv(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, heads_kv, group, window_left, window_right,
-          softcap, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, Q_LATENCY, SPLITS, TILE_MAJOR,
-          WINDOW, SOFTCAP):
-    """The dK/dV kernel's body (both entry points below)."""
+          softcap, Ranges, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT, Q_LATENCY, SPLITS,
+          TILE_MAJOR, WINDOW, SOFTCAP, RAGGED, PACKED):
+    """The dK/dV kernel's body (both entry points below): the CTA's key tile, (batch, K/V
+    head) and split; with ``RAGGED`` the batch index is a sequence's, every array is cut to
+    that sequence's range, and a tile past the sequence's keys does nothing (``SPLITS`` is
+    then 1: the launcher's ``normalise``)."""
     if TILE_MAJOR:
         kv_tile = ct.bid(1)
         bh = ct.bid(0) // SPLITS
@@ -344,6 +422,35 @@ def _dkdv(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, heads_kv, group, window_lef
         split = ct.bid(2)
     batch = bh // heads_kv
     kv_head = bh % heads_kv
+    if RAGGED:
+        seq = batch
+        if PACKED:
+            batch = 0
+        K = _sequence(K, Ranges, seq, 2)
+        if kv_tile * TILE_N < K.shape[2]:
+            V = _sequence(V, Ranges, seq, 2)
+            dK = _sequence(dK, Ranges, seq, 2)
+            dV = _sequence(dV, Ranges, seq, 2)
+            Q = _sequence(Q, Ranges, seq, 0)
+            dO = _sequence(dO, Ranges, seq, 0)
+            Lse = _sequence(Lse, Ranges, seq, 0)
+            Delta = _sequence(Delta, Ranges, seq, 0)
+            _dkdv_tile(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, group, window_left,
+                       window_right, softcap, kv_tile, batch, kv_head, split, TILE_M=TILE_M,
+                       TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT,
+                       Q_LATENCY=Q_LATENCY, SPLITS=SPLITS, WINDOW=WINDOW, SOFTCAP=SOFTCAP)
+    else:
+        _dkdv_tile(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, group, window_left, window_right,
+                   softcap, kv_tile, batch, kv_head, split, TILE_M=TILE_M, TILE_N=TILE_N,
+                   TILE_D=TILE_D, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT,
+                   Q_LATENCY=Q_LATENCY, SPLITS=SPLITS, WINDOW=WINDOW, SOFTCAP=SOFTCAP)
+
+
+def _dkdv_tile(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, group, window_left, window_right,
+               softcap, kv_tile, batch, kv_head, split, TILE_M, TILE_N, TILE_D, CAUSAL,
+               BOTTOM_RIGHT, Q_LATENCY, SPLITS, WINDOW, SOFTCAP):
+    """dK and dV (or split ``split``'s partials) of key tile ``kv_tile`` of ``batch``'s K/V
+    head ``kv_head`` (:func:`_dkdv`); the sequence lengths are the arrays'."""
     seqlen_q = Q.shape[2]
     scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
     reach = (0, 0)
@@ -430,10 +537,10 @@ def attention_bwd_dkdv(
     TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
 ):
     """dK and dV (or their partials) of plain attention."""
-    _dkdv(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, heads_kv, group, -1, -1, 0.0,
+    _dkdv(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, heads_kv, group, -1, -1, 0.0, 0,
           TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT,
           Q_LATENCY=Q_LATENCY, SPLITS=SPLITS, TILE_MAJOR=TILE_MAJOR, WINDOW=False,
-          SOFTCAP=False)
+          SOFTCAP=False, RAGGED=False, PACKED=False)
 
 
 @ct.kernel
@@ -447,6 +554,8 @@ def attention_bwd_dkdv_variant(
     window_left: int,  # keys a row sees before its diagonal (-1: unbounded; read with WINDOW)
     window_right: int,  # keys a row sees past its diagonal (-1: unbounded; read with WINDOW)
     softcap: float,  # the cap c (read with SOFTCAP)
+    Ranges,  # RAGGED: int32 [4, sequences] query starts, query ends, key starts, key ends;
+    # else a zero-byte placeholder
     TILE_M: ConstInt,  # query rows per step
     TILE_N: ConstInt,  # keys per CTA
     TILE_D: ConstInt,
@@ -457,12 +566,15 @@ def attention_bwd_dkdv_variant(
     TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
     WINDOW: ConstBool,  # a sliding window bounds either side
     SOFTCAP: ConstBool,  # scores capped by softcap * tanh(s / softcap)
+    RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
+    PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
 ):
-    """dK and dV (or their partials) with a window and / or a softcap."""
+    """dK and dV (or their partials) with a window, a softcap and / or a ragged batch (then
+    never split)."""
     _dkdv(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, heads_kv, group, window_left, window_right,
-          softcap, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL,
+          softcap, Ranges, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL,
           BOTTOM_RIGHT=BOTTOM_RIGHT, Q_LATENCY=Q_LATENCY, SPLITS=SPLITS, TILE_MAJOR=TILE_MAJOR,
-          WINDOW=WINDOW, SOFTCAP=SOFTCAP)
+          WINDOW=WINDOW, SOFTCAP=SOFTCAP, RAGGED=RAGGED, PACKED=PACKED)
 
 
 # -- the sum of the split walk's partials -------------------------------------------------------

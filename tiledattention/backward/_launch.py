@@ -4,21 +4,36 @@
 arguments) once per plan; ``launch`` enqueues them on one stream: the dQ kernel (it writes the
 row sums ``delta`` the dK/dV kernel reads), then the dK/dV kernel, and with ``dkdv_splits > 1``
 the sum kernel adding the dK/dV kernel's float32 partials (``scratch_shapes``: the caller
-allocates them) into dK and into dV. A problem with a window or a softcap runs the ``*_variant``
-dQ and dK/dV kernels, which take the variants' launch-time values after the others
-(``VARIANT_VALUES``); plain problems, and problems whose only variant is sinks, run the plain
-kernels, whose parameters (and machine code) are those of before the variants.
+allocates them) into dK and into dV. A problem with a window, a softcap or a ragged batch runs
+the ``*_variant`` dQ and dK/dV kernels, which take the variants' launch-time values after the
+others (``VARIANT_VALUES``, then ``Ranges``); plain problems, and problems whose only variant is
+sinks, run the plain kernels, whose parameters (and machine code) are those of before the
+variants.
+
+A ragged problem (``Problem.ragged``: sequences of their own lengths) launches with
+:func:`launch_ragged`, which takes the call's ``Ranges`` (int32 ``[4, sequences]``: query starts,
+query ends, key starts, key ends), the longest sequence's query and key counts (the grids'
+extent, :func:`ragged_grids`) and whether the sequences are packed end to end in one batch
+entry (the ``PACKED`` constant: a property of the call's layout, not of the problem). Its
+schedule runs one tile per CTA over grids of the longest sequence's tiles: ``normalise`` gives it
+no dK/dV splits and no work orders (all of them assume every batch entry has the whole length).
+Every other variant problem passes ``Ranges`` :data:`UNUSED`, an empty tuple, which takes no
+bytes of the parameter space, so its machine code is what it was before ``Ranges`` existed (the
+forward's convention, ``tiledattention/forward/_launch.py``); a compile-only build passes a
+zero-byte constant instead (``cuda.tile.compilation`` takes no tuple).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any, NamedTuple
 
 from .._lazy import lazy_module
 from .._signature import KernelParameters
 from .._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_shape
+from ..errors import KernelArgumentError, UnsupportedProblemError
 from ._schedule import SPLITS, BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -29,7 +44,8 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "DQ_VARIANT_PARAMETERS",
            "dkdv_parameters", "dq_constants", "dkdv_constants", "sum_constants", "dq_kernel",
            "dkdv_kernel", "sum_kernel", "Launches", "launches", "launch", "row_stat_shape",
            "normalise", "scratch_shapes", "SUM_TILE", "uses_variant_kernels", "runtime_values",
-           "unequal_walks", "dkdv_walk", "dq_walk", "reach"]
+           "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
+           "ragged_grids", "UNUSED", "RANGES"]
 
 _MODULE = f"{__package__}._kernel"
 _DQ_RUNTIME = ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ", "qk_scale", "heads_q", "group")
@@ -38,12 +54,18 @@ _DKDV_RUNTIME = ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale", "h
 #: the launch-time values of the variant kernels (a window, a softcap), after the others: the
 #: window's sides (-1: unbounded) and the softcap (0: none), passed whether or not used
 VARIANT_VALUES = ("window_left", "window_right", "softcap")
+#: the variant kernels' last launch-time value: a ragged call's int32 [4, sequences] ranges
+#: (:func:`launch_ragged`), else :data:`UNUSED`
+RANGES = "Ranges"
+#: what the variant kernels' ``Ranges`` receives outside a ragged call: an empty tuple, which
+#: takes no bytes of the parameter space (module docstring)
+UNUSED = ()
 DQ_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dq"), _DQ_RUNTIME)
 DKDV_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dkdv"), _DKDV_RUNTIME)
 DQ_VARIANT_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dq_variant"),
-                                         (*_DQ_RUNTIME, *VARIANT_VALUES))
+                                         (*_DQ_RUNTIME, *VARIANT_VALUES, RANGES))
 DKDV_VARIANT_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dkdv_variant"),
-                                           (*_DKDV_RUNTIME, *VARIANT_VALUES))
+                                           (*_DKDV_RUNTIME, *VARIANT_VALUES, RANGES))
 SUM_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_sum"), ("Parts", "Grad"))
 
 #: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step)
@@ -57,9 +79,9 @@ def _pow2_floor(n: int) -> int:
 
 
 def uses_variant_kernels(problem: Problem) -> bool:
-    """Whether ``problem`` runs the ``*_variant`` kernels: with a window or a softcap. (Sinks
-    change no backward kernel: the forward's log-sum-exp holds them.)"""
-    return problem.windowed or problem.softcap > 0
+    """Whether ``problem`` runs the ``*_variant`` kernels: with a window, a softcap or a ragged
+    batch. (Sinks change no backward kernel: the forward's log-sum-exp holds them.)"""
+    return problem.windowed or problem.softcap > 0 or problem.ragged
 
 
 def dq_parameters(problem: Problem) -> KernelParameters:
@@ -74,18 +96,21 @@ def dkdv_parameters(problem: Problem) -> KernelParameters:
 
 def runtime_values(problem: Problem) -> dict[str, Any]:
     """The launch-time values after ``group`` by name: the variant kernels' ``VARIANT_VALUES``,
-    none for the plain ones."""
+    none for the plain ones. (Not ``Ranges``: a ragged call's own, :func:`kernel_args`.)"""
     if not uses_variant_kernels(problem):
         return {}
     return {"window_left": problem.window_left, "window_right": problem.window_right,
             "softcap": float(problem.softcap)}
 
 
-def _variant_constants(problem: Problem) -> dict[str, Any]:
-    """``WINDOW`` and ``SOFTCAP`` for the variant kernels; nothing for the plain ones."""
+def _variant_constants(problem: Problem, packed: bool) -> dict[str, Any]:
+    """``WINDOW``, ``SOFTCAP``, ``RAGGED`` and ``PACKED`` (``packed``: a ragged call's
+    sequences lie end to end in one batch entry) for the variant kernels; nothing for the plain
+    ones."""
     if not uses_variant_kernels(problem):
         return {}
-    return {"WINDOW": problem.windowed, "SOFTCAP": problem.softcap > 0}
+    return {"WINDOW": problem.windowed, "SOFTCAP": problem.softcap > 0,
+            "RAGGED": problem.ragged, "PACKED": bool(packed) and problem.ragged}
 
 
 def reach(problem: Problem) -> tuple[int, int]:
@@ -142,7 +167,10 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     the window shortens it) or than keep the float32 partials indexable with int32, no work
     order (dQ heavy first, tile-major grids) on a problem whose walks are all alike
     (``unequal_walks``), and no tile-major grid with more tiles than a grid's second
-    dimension takes. Idempotent."""
+    dimension takes. A ragged problem (``Problem.ragged``) runs one tile per CTA over grids of
+    the longest sequence's tiles (:func:`ragged_grids`): no splits (their partials and shares
+    of a walk assume every batch entry has the whole length) and no work orders (the heavy
+    tiles of each sequence lie at its own end, not the grid's). Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     changes: dict[str, Any] = {
@@ -152,6 +180,8 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     tile_m = min(schedule.dkdv_tile_m, q_cap)
     pairs = problem.group_size * dkdv_walk(problem, min(schedule.dkdv_tile_n, k_cap), tile_m)
     splits = min(schedule.dkdv_splits, _pow2_floor(pairs), SPLITS[-1])
+    if problem.ragged:
+        splits = 1
     kv_elements = (problem.batch * problem.heads_kv * problem.seqlen_k
                    * padded_head_dim(problem.head_dim))
     while splits > 1 and splits * kv_elements > INDEX_LIMIT:  # the partials index with int32
@@ -159,7 +189,7 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     if splits != schedule.dkdv_splits:
         changes["dkdv_splits"] = splits
     for name in ("dq_heavy_first", "tile_major"):
-        if getattr(schedule, name) and not unequal_walks(problem):
+        if getattr(schedule, name) and (problem.ragged or not unequal_walks(problem)):
             changes[name] = False
     if schedule.tile_major and max(math.ceil(problem.seqlen_q / min(schedule.dq_tile_m, q_cap)),
                                    math.ceil(problem.seqlen_k / min(schedule.dkdv_tile_n, k_cap))
@@ -168,24 +198,28 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     return schedule.replace(**changes) if changes else schedule
 
 
-def dq_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, Any]:
-    """The ``ct.Constant`` arguments of the dQ kernel ``problem`` runs by name."""
+def dq_constants(problem: Problem, schedule: BackwardSchedule, *,
+                 packed: bool = False) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the dQ kernel ``problem`` runs by name (``packed``: a
+    ragged call's sequences lie end to end, ``PACKED``)."""
     s = normalise(problem, schedule)
     return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
             "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major,
-            **_variant_constants(problem)}
+            **_variant_constants(problem, packed)}
 
 
-def dkdv_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, Any]:
-    """The ``ct.Constant`` arguments of the dK/dV kernel ``problem`` runs by name."""
+def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *,
+                   packed: bool = False) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the dK/dV kernel ``problem`` runs by name (``packed``:
+    a ragged call's sequences lie end to end, ``PACKED``)."""
     s = normalise(problem, schedule)
     return {"TILE_M": s.dkdv_tile_m, "TILE_N": s.dkdv_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
             "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
-            **_variant_constants(problem)}
+            **_variant_constants(problem, packed)}
 
 
 def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
@@ -238,12 +272,18 @@ class Launches(NamedTuple):
     dq: Any
     dkdv: Any
     dq_scalars: tuple  # the arguments after the arrays: qk_scale, heads_q, group, (variant
-    # kernels) VARIANT_VALUES, constants
+    # kernels) VARIANT_VALUES, constants; not Ranges (see ranges_at)
     dkdv_scalars: tuple  # the arguments after the arrays: qk_scale, heads_kv, group, (variant
-    # kernels) VARIANT_VALUES, constants
+    # kernels) VARIANT_VALUES, constants; not Ranges (see ranges_at)
     sum_scalars: tuple  # the sum kernel's constants
     stat_shape: tuple[int, int, int]
     scratch: dict[str, tuple[int, ...]]  # the float32 buffers launch needs (scratch_shapes)
+    problem: Problem
+    ranges_at: int | None  # where the variant kernels take Ranges among dq_scalars and
+    # dkdv_scalars (kernel_args puts it there); None: the plain kernels, which take none
+    tiles: tuple[int, int]  # the normalised dq_tile_m and dkdv_tile_n (ragged_grids)
+    dq_packed_scalars: tuple  # a ragged problem's dq_scalars with PACKED on; else ()
+    dkdv_packed_scalars: tuple  # a ragged problem's dkdv_scalars with PACKED on; else ()
 
 
 def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, int, int]:
@@ -251,13 +291,44 @@ def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, i
     return (heads * splits, tiles, 1) if tile_major else (tiles, heads, splits)
 
 
+def _scalars(parameters: KernelParameters, runtime: dict[str, Any],
+             constants: dict[str, Any]) -> tuple[tuple, int | None]:
+    """The kernel's arguments after its 8 arrays less ``Ranges``, and where ``Ranges`` goes
+    among them (None: a plain kernel, which has no ``Ranges``)."""
+    args = parameters.ordered({**runtime, RANGES: UNUSED} if RANGES in parameters.runtime
+                              else runtime, constants)[8:]
+    if RANGES not in parameters.runtime:
+        return args, None
+    at = parameters.names.index(RANGES) - 8
+    return args[:at] + args[at + 1:], at
+
+
 @functools.lru_cache(maxsize=256)
 def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Launches:
     """The kernel objects, grids, constants and scratch shapes of ``normalise(problem,
-    schedule)``. Cached: a training loop asks for the same few problems every step."""
+    schedule)``. Cached: a training loop asks for the same few problems every step. A ragged
+    problem's grids here are those of its bucket (``problem.batch`` sequences of the longest
+    lengths); :func:`launch_ragged` launches the call's own (:func:`ragged_grids`)."""
     s = normalise(problem, schedule)
     p = problem
     variant = uses_variant_kernels(p)
+    dq_runtime = {"Q": None, "K": None, "V": None, "Out": None, "dO": None, "Lse": None,
+                  "Delta": None, "dQ": None, "qk_scale": float(scale), "heads_q": p.heads_q,
+                  "group": p.group_size, **runtime_values(p)}
+    dkdv_runtime = {"Q": None, "K": None, "V": None, "dO": None, "Lse": None, "Delta": None,
+                    "dK": None, "dV": None, "qk_scale": float(scale), "heads_kv": p.heads_kv,
+                    "group": p.group_size, **runtime_values(p)}
+    dq_scalars, ranges_at = _scalars(dq_parameters(p), dq_runtime, dq_constants(p, s))
+    dkdv_scalars, dkdv_ranges_at = _scalars(dkdv_parameters(p), dkdv_runtime,
+                                            dkdv_constants(p, s))
+    if ranges_at != dkdv_ranges_at:  # kernel_args places one value for both kernels
+        raise KernelArgumentError(f"the dQ and dK/dV kernels take Ranges at different places "
+                                  f"({ranges_at}, {dkdv_ranges_at} after the arrays)")
+    dq_packed = dkdv_packed = ()
+    if p.ragged:
+        dq_packed = _scalars(dq_parameters(p), dq_runtime, dq_constants(p, s, packed=True))[0]
+        dkdv_packed = _scalars(dkdv_parameters(p), dkdv_runtime,
+                               dkdv_constants(p, s, packed=True))[0]
     return Launches(
         splits=s.dkdv_splits,
         dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
@@ -265,16 +336,85 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
                         p.batch * p.heads_kv, s.dkdv_splits),
         sum_grid=(math.ceil(p.seqlen_k / SUM_TILE), p.batch * p.heads_kv, 1),
         dq=dq_kernel(s, variant), dkdv=dkdv_kernel(s, variant),
-        dq_scalars=dq_parameters(p).ordered(
-            {"Q": None, "K": None, "V": None, "Out": None, "dO": None, "Lse": None,
-             "Delta": None, "dQ": None, "qk_scale": float(scale), "heads_q": p.heads_q,
-             "group": p.group_size, **runtime_values(p)}, dq_constants(p, s))[8:],
-        dkdv_scalars=dkdv_parameters(p).ordered(
-            {"Q": None, "K": None, "V": None, "dO": None, "Lse": None, "Delta": None,
-             "dK": None, "dV": None, "qk_scale": float(scale), "heads_kv": p.heads_kv,
-             "group": p.group_size, **runtime_values(p)}, dkdv_constants(p, s))[8:],
+        dq_scalars=dq_scalars, dkdv_scalars=dkdv_scalars,
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
-        stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s))
+        stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
+        ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), dq_packed_scalars=dq_packed,
+        dkdv_packed_scalars=dkdv_packed)
+
+
+def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences: int,
+                  longest_q: int, longest_k: int) -> tuple[tuple[int, int, int],
+                                                           tuple[int, int, int]]:
+    """:func:`ragged_grids` of the normalised ``tiles`` (dq_tile_m, dkdv_tile_n)."""
+    counts = []
+    for name, value in (("sequences", sequences), ("longest_q", longest_q),
+                        ("longest_k", longest_k)):
+        try:
+            count = operator.index(value)
+        except TypeError:
+            count = -1
+        if isinstance(value, bool) or count < 0:
+            raise KernelArgumentError(f"{name} must be an int >= 0; got {value!r}")
+        counts.append(count)
+    sequences, longest_q, longest_k = counts
+    if max(sequences, 1) * max(heads_q, heads_kv) > GRID_Y_LIMIT:
+        raise UnsupportedProblemError(
+            f"a ragged batch of {sequences} sequences x {max(heads_q, heads_kv)} heads exceeds "
+            f"a grid's second dimension ({GRID_Y_LIMIT} CTAs)")
+    sequences = max(sequences, 1)
+    return ((max(1, -(-longest_q // tiles[0])), sequences * heads_q, 1),
+            (max(1, -(-longest_k // tiles[1])), sequences * heads_kv, 1))
+
+
+def ragged_grids(problem: Problem, schedule: BackwardSchedule, sequences: int, longest_q: int,
+                 longest_k: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The dQ and dK/dV grids of a ragged call (``problem.ragged``) of ``sequences``
+    sequences: the longest sequence's query tiles (``longest_q``: at least every sequence's
+    query count) for every (sequence x query head), and its key tiles (``longest_k``) for every
+    (sequence x K/V head), one tile a CTA; a CTA past its own sequence's end does nothing.
+    Raises :class:`UnsupportedProblemError` where sequences x heads exceed a grid's second
+    dimension."""
+    s = normalise(problem, schedule)
+    return _ragged_grids((s.dq_tile_m, s.dkdv_tile_n), problem.heads_q, problem.heads_kv,
+                         sequences, longest_q, longest_k)
+
+
+def _describe_given(value: Any) -> str:
+    return "None" if value is None else "an array"
+
+
+def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any,
+                delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any = None, *,
+                packed: bool = False) -> tuple[tuple, tuple]:
+    """The positional arguments of the plan's dQ kernel and of its dK/dV kernel, in that order
+    (``dk, dv``: what the dK/dV kernel writes, the float32 partials with ``plan.splits > 1``).
+    ``ranges``: the int32 ``[4, sequences]`` ranges of a ragged call, given exactly when
+    ``plan.problem.ragged``; ``packed`` (ragged only): the arrays are ``[1, H, tokens, D]``
+    views of sequences packed end to end. Raises :class:`KernelArgumentError` otherwise."""
+    ragged = plan.problem.ragged
+    if (ranges is not None) != ragged:
+        raise KernelArgumentError(
+            f"ranges must be given exactly when the problem is ragged; got "
+            f"{_describe_given(ranges)} for {plan.problem.describe()}")
+    if packed and not ragged:
+        raise KernelArgumentError(f"packed applies to a ragged problem only; got packed=True "
+                                  f"for {plan.problem.describe()}")
+    if ragged:
+        shape = tuple(getattr(ranges, "shape", ()))
+        if len(shape) != 2 or shape[0] != 4 or "int32" not in str(getattr(ranges, "dtype", "")):
+            raise KernelArgumentError(f"ranges must be an int32 [4, sequences] array; got "
+                                      f"shape {shape} dtype {getattr(ranges, 'dtype', None)}")
+    dq_scalars, dkdv_scalars = ((plan.dq_packed_scalars, plan.dkdv_packed_scalars) if packed
+                                else (plan.dq_scalars, plan.dkdv_scalars))
+    dq_arrays = (q, k, v, out, grad_out, lse, delta, dq)
+    dkdv_arrays = (q, k, v, grad_out, lse, delta, dk, dv)
+    at = plan.ranges_at
+    if at is None:
+        return (*dq_arrays, *dq_scalars), (*dkdv_arrays, *dkdv_scalars)
+    value = UNUSED if ranges is None else ranges
+    return ((*dq_arrays, *dq_scalars[:at], value, *dq_scalars[at:]),
+            (*dkdv_arrays, *dkdv_scalars[:at], value, *dkdv_scalars[at:]))
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
@@ -282,15 +422,44 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
            scratch: dict[str, Any] | None = None) -> None:
     """Enqueue the plan's kernels on ``stream``. ``lse`` and ``delta`` are ``[B, H_q, S_q]``
     float32 views (``delta`` is written here); ``dq, dk, dv`` are preallocated like ``q, k,
-    v``; ``scratch`` holds the float32 buffers of ``plan.scratch`` by name."""
-    ct.launch(stream, plan.dq_grid, plan.dq,
-              (q, k, v, out, grad_out, lse, delta, dq, *plan.dq_scalars))
+    v``; ``scratch`` holds the float32 buffers of ``plan.scratch`` by name. A ragged problem's
+    plan launches with :func:`launch_ragged` (this raises :class:`KernelArgumentError`)."""
     if plan.splits == 1:
-        ct.launch(stream, plan.dkdv_grid, plan.dkdv,
-                  (q, k, v, grad_out, lse, delta, dk, dv, *plan.dkdv_scalars))
+        dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv)
+        ct.launch(stream, plan.dq_grid, plan.dq, dq_args)
+        ct.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
         return
     dk_parts, dv_parts = scratch["dk_parts"], scratch["dv_parts"]
-    ct.launch(stream, plan.dkdv_grid, plan.dkdv,
-              (q, k, v, grad_out, lse, delta, dk_parts, dv_parts, *plan.dkdv_scalars))
+    dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_parts,
+                                     dv_parts)
+    ct.launch(stream, plan.dq_grid, plan.dq, dq_args)
+    ct.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
     for parts, grad in ((dk_parts, dk), (dv_parts, dv)):
         ct.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
+
+
+def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
+                  grad_out: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any,
+                  longest_q: int, longest_k: int, *, packed: bool) -> None:
+    """Enqueue the backward of a ragged call on ``stream``: ``plan = launches(problem,
+    schedule, scale)`` of its ``problem.ragged`` bucket, then the dQ kernel (which writes
+    ``delta``) and the dK/dV kernel, over :func:`ragged_grids` (never split: no scratch).
+
+    ``ranges``: int32 ``[4, sequences]`` on the device (rows: query starts, query ends, key
+    starts, key ends, positions along the arrays' sequence axis); ``longest_q``,
+    ``longest_k``: at least the longest sequence's query and key counts (a smaller value
+    leaves the longer sequences' tail rows / keys unwritten).
+
+    ``packed``: the sequences lie end to end in one batch entry: ``q, out, grad_out, dq`` are
+    ``[1, H_q, T_q, D]`` and ``k, v, dk, dv`` ``[1, H_kv, T_k, D]`` views of ``[T, H, D]``
+    tensors (``x.unsqueeze(0).transpose(1, 2)``), ``lse`` and ``delta`` float32 ``[1, H_q,
+    T_q]``. Else a padded batch: ``[B, H, S, D]`` arrays and ``[B, H_q, S_q]`` statistics
+    with ``B`` = sequences, sequence ``b`` in entry ``b``. ``lse`` is the ragged forward's;
+    ``delta`` is scratch shaped like it (written here). Rows and keys outside every sequence
+    are not written (zero-fill ``dq, dk, dv`` first where they must read as zeros)."""
+    dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv,
+                                     ranges, packed=packed)
+    dq_grid, dkdv_grid = _ragged_grids(plan.tiles, plan.problem.heads_q, plan.problem.heads_kv,
+                                       int(ranges.shape[1]), longest_q, longest_k)
+    ct.launch(stream, dq_grid, plan.dq, dq_args)
+    ct.launch(stream, dkdv_grid, plan.dkdv, dkdv_args)

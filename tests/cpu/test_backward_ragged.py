@@ -1,0 +1,288 @@
+"""The backward family's ragged batches (``Problem.ragged``: sequences of their own lengths, given
+per call as int32 ``[4, sequences]`` ranges) on the CPU: compile-only builds of both kernels for
+packed sequences on several architectures, the normaliser's one-tile-per-CTA schedule (no
+splits, no work orders), the variant kernels' ``Ranges`` placed by name (a zero-byte
+placeholder outside a ragged call), the ragged grids, and the launch-argument builder's refusals.
+
+Whether the kernels' gradients are right (sliced views, empty ranges, TMA on slices) is for the
+GPU tests; here only what runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tiledattention import BACKWARD, BackwardSchedule, Problem
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DKDV_VARIANT_PARAMETERS,
+                                             DQ_PARAMETERS, DQ_VARIANT_PARAMETERS, RANGES,
+                                             UNUSED, VARIANT_VALUES, dkdv_constants,
+                                             dq_constants, kernel_args, launch, launch_ragged,
+                                             launches, normalise, ragged_grids, scratch_shapes,
+                                             uses_variant_kernels)
+from tiledattention.errors import KernelArgumentError, UnsupportedProblemError
+from tiledattention.tooling import text_digest
+
+ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+
+
+def _problem(sq=512, sk=512, causal=True, bottom_right=True, left=-1, right=-1, softcap=0.0,
+             hq=8, hkv=2, d=96, batch=8, ragged=True) -> Problem:
+    return Problem(batch=batch, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk, head_dim=d,
+                   dtype="bf16", causal=causal, bottom_right=bottom_right, window_left=left,
+                   window_right=right, softcap=softcap, ragged=ragged)
+
+
+#: a bucket of packed causal sequences (bottom-right per sequence), grouped heads, D 96
+RAGGED = _problem()
+#: not causal, multi-head, D 64
+RAGGED_FULL = _problem(causal=False, bottom_right=False, hq=4, hkv=4, d=64, sk=1024)
+#: a causal left window and a softcap over a ragged batch
+RAGGED_WINDOW = _problem(left=127, softcap=30.0, d=64)
+
+
+class _Ranges:
+    """What the launcher reads of a ranges array: its shape and dtype."""
+
+    def __init__(self, sequences: int, dtype: str = "int32") -> None:
+        self.shape = (4, sequences)
+        self.dtype = dtype
+
+
+_ARRAYS = tuple(object() for _ in range(10))  # q, k, v, out, dO, lse, delta, dq, dk, dv
+
+
+# -- compile-only builds ------------------------------------------------------------------------
+_BUILT: dict = {}
+
+
+def _digests(problem: Problem, schedule: BackwardSchedule | None = None,
+             arch: str = "sm_90") -> tuple[str, ...]:
+    schedule = schedule or BACKWARD.default_schedule(arch, problem)
+    key = (problem, schedule, arch)
+    if key not in _BUILT:
+        result = BACKWARD.compile(problem, schedule, arch)
+        assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
+        _BUILT[key] = tuple(text_digest(c) for c in (result.cubin, *result.other_cubins))
+    return _BUILT[key]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_ragged_problem_compiles_both_kernels_for_each_architecture(arch):
+    """Packed sequences (the compile-only layout): the dK/dV kernel and the dQ kernel, and no
+    partials' sum (a ragged schedule never splits)."""
+    assert len(_digests(RAGGED, arch=arch)) == 2
+
+
+@pytest.mark.parametrize("problem", [RAGGED_FULL, RAGGED_WINDOW], ids=["full-mha-d64",
+                                                                       "window-softcap"])
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_ragged_variants_compile(problem, arch):
+    assert len(_digests(problem, arch=arch)) == 2
+
+
+def test_ragged_reaches_both_kernels_code():
+    """The same schedule compiles to other code for a ragged bucket than for the padded batch
+    of its shape (the sequences' ranges, the packed layout, the per-sequence lengths)."""
+    plain = dataclasses.replace(RAGGED, ragged=False)
+    s = normalise(RAGGED, BACKWARD.default_schedule("sm_90", RAGGED))
+    ragged, base = _digests(RAGGED, s), _digests(plain, normalise(plain, s))
+    assert ragged[0] != base[0] and ragged[1] != base[1]
+
+
+def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
+    """Outside a ragged call the compile-only build gives ``Ranges`` a zero-byte constant
+    (``export_cubin``'s ``cutile_python_v1`` convention takes no tuple) and ``ct.launch`` the
+    empty tuple :data:`UNUSED`: the same machine code for both kernels (with ``restamp``'s
+    old-against-new check, the windowed and softcapped problems' code stays what it was)."""
+    import io
+
+    import cuda.tile as ct
+    from cuda.tile import compilation as ctc
+
+    from tiledattention._compile import array_constraint
+    from tiledattention._problem import row_stat_shape
+    from tiledattention.backward._launch import dkdv_kernel, dq_kernel
+
+    p = dataclasses.replace(RAGGED_WINDOW, ragged=False)
+    s = normalise(p, BACKWARD.default_schedule("sm_90", p).replace(dkdv_splits=1))
+    ours = _digests(p, s)
+    q_like = array_constraint("bf16", (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+    kv_like = array_constraint("bf16", (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    b, h, padded = row_stat_shape(p)
+    stat = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
+    scalars = {"qk_scale": ctc.ScalarConstraint(ct.float32), "group": ctc.ScalarConstraint(
+        ct.int32), "window_left": ctc.ScalarConstraint(ct.int32),
+        "window_right": ctc.ScalarConstraint(ct.int32),
+        "softcap": ctc.ScalarConstraint(ct.float32), RANGES: ctc.TupleConstraint(())}
+    builds = (
+        (dkdv_kernel(s, True), DKDV_VARIANT_PARAMETERS.ordered(
+            {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat, "Delta": stat,
+             "dK": kv_like, "dV": kv_like, "heads_kv": ctc.ScalarConstraint(ct.int32),
+             **scalars}, dkdv_constants(p, s))),
+        (dq_kernel(s, True), DQ_VARIANT_PARAMETERS.ordered(
+            {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like, "Lse": stat,
+             "Delta": stat, "dQ": q_like, "heads_q": ctc.ScalarConstraint(ct.int32),
+             **scalars}, dq_constants(p, s))))
+    for (kernel, args), digest in zip(builds, ours, strict=True):
+        signature = ctc.KernelSignature(
+            list(args), calling_convention=ctc.CallingConvention.cutile_python_v2())
+        buf = io.BytesIO()
+        ctc.export_kernel(kernel, [signature], buf, gpu_code="sm_90", output_format="cubin")
+        assert text_digest(buf.getvalue()) == digest
+
+
+# -- normalise and defaults ---------------------------------------------------------------------
+def test_normalise_runs_one_tile_per_cta_for_ragged_problems_only():
+    """Splits and work orders assume every batch entry has the bucket's whole length: a ragged
+    problem gets their canonical values; the padded batch of its shape keeps them."""
+    s = BackwardSchedule(dkdv_splits=8, dq_heavy_first=True, tile_major=True)
+    plain = dataclasses.replace(RAGGED, ragged=False)
+    kept = normalise(plain, s)
+    assert (kept.dkdv_splits, kept.dq_heavy_first, kept.tile_major) == (8, True, True)
+    n = normalise(RAGGED, s)
+    assert (n.dkdv_splits, n.dq_heavy_first, n.tile_major) == (1, False, False)
+    assert normalise(RAGGED, n) == n
+    # the rest of the schedule is left as it was
+    assert dataclasses.replace(n, dkdv_splits=8, dq_heavy_first=True, tile_major=True) == s
+    assert not dkdv_constants(RAGGED, s)["TILE_MAJOR"] and dkdv_constants(RAGGED, s)["SPLITS"] == 1
+    assert not dq_constants(RAGGED, s)["HEAVY_FIRST"]
+    assert scratch_shapes(RAGGED, s) == {}
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_121"])
+def test_ragged_defaults_are_normal_and_unsplit(arch):
+    """A small multi-query bucket whose padded batch the default would split and order."""
+    mqa = _problem(hq=8, hkv=1, d=128, batch=1, sq=4096, sk=4096)
+    plain = dataclasses.replace(mqa, ragged=False)
+    padded = BACKWARD.default_schedule(arch, plain)
+    assert padded.dkdv_splits > 1 and padded.dq_heavy_first
+    s = BACKWARD.default_schedule(arch, mqa)
+    assert normalise(mqa, s) == s
+    assert (s.dkdv_splits, s.dq_heavy_first, s.tile_major) == (1, False, False)
+
+
+# -- constants, parameters and arguments ---------------------------------------------------------
+def test_ragged_problems_run_the_variant_kernels_with_ranges_last():
+    assert uses_variant_kernels(RAGGED) and uses_variant_kernels(RAGGED_FULL)
+    for params in (DQ_VARIANT_PARAMETERS, DKDV_VARIANT_PARAMETERS):
+        assert params.names[11:14] == VARIANT_VALUES and params.names[14] == RANGES
+        assert {"RAGGED", "PACKED"} <= params.constants
+    for params in (DQ_PARAMETERS, DKDV_PARAMETERS):  # the plain kernels are as they were
+        assert RANGES not in params.names and "RAGGED" not in params.constants
+    s = BackwardSchedule()
+    for constants in (dq_constants(RAGGED, s), dkdv_constants(RAGGED, s)):
+        assert constants["RAGGED"] and not constants["PACKED"]
+        assert not constants["WINDOW"] and not constants["SOFTCAP"]
+    assert dq_constants(RAGGED, s, packed=True)["PACKED"]
+    assert dkdv_constants(RAGGED, s, packed=True)["PACKED"]
+    windowed = dataclasses.replace(RAGGED_WINDOW, ragged=False)
+    assert not dq_constants(windowed, s, packed=True)["PACKED"]  # packed needs a ragged batch
+    assert not dq_constants(windowed, s)["RAGGED"]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_kernel_args_put_the_ranges_in_place(packed):
+    """The ragged launch's arguments are the variant kernels' signatures filled by name, the
+    call's ranges at ``Ranges`` and ``PACKED`` as the call's layout."""
+    s = BackwardSchedule(dkdv_tile_n=128, dq_tile_m=32)
+    plan = launches(RAGGED_WINDOW, s, 0.125)
+    ranges = _Ranges(5)
+    q, k, v, out, do, lse, delta, dq, dk, dv = _ARRAYS
+    dq_args, dkdv_args = kernel_args(plan, *_ARRAYS, ranges, packed=packed)
+    values = {"qk_scale": 0.125, "group": 4, "window_left": 127, "window_right": -1,
+              "softcap": 30.0, RANGES: ranges}
+    expected_dq = DQ_VARIANT_PARAMETERS.ordered(
+        {"Q": q, "K": k, "V": v, "Out": out, "dO": do, "Lse": lse, "Delta": delta, "dQ": dq,
+         "heads_q": 8, **values}, dq_constants(RAGGED_WINDOW, s, packed=packed))
+    expected_dkdv = DKDV_VARIANT_PARAMETERS.ordered(
+        {"Q": q, "K": k, "V": v, "dO": do, "Lse": lse, "Delta": delta, "dK": dk, "dV": dv,
+         "heads_kv": 2, **values}, dkdv_constants(RAGGED_WINDOW, s, packed=packed))
+    for got, want in ((dq_args, expected_dq), (dkdv_args, expected_dkdv)):
+        assert len(got) == len(want) and all(a is b or a == b for a, b in zip(got, want))
+    assert dq_args[DQ_VARIANT_PARAMETERS.names.index(RANGES)] is ranges
+
+
+def test_other_variant_problems_pass_the_zero_byte_placeholder():
+    """A windowed batch that is not ragged passes ``Ranges`` an empty tuple (no bytes of the
+    parameter space: its code stays as before); plain problems have no ``Ranges``."""
+    windowed = dataclasses.replace(RAGGED_WINDOW, ragged=False)
+    plan = launches(windowed, BackwardSchedule(), 0.1)
+    dq_args, dkdv_args = kernel_args(plan, *_ARRAYS)
+    at = DQ_VARIANT_PARAMETERS.names.index(RANGES)
+    assert dq_args[at] == UNUSED == () and dkdv_args[at] == ()
+    assert len(dq_args) == len(DQ_VARIANT_PARAMETERS.names)
+    plain = dataclasses.replace(windowed, window_left=-1, softcap=0.0)
+    plan = launches(plain, BackwardSchedule(), 0.1)
+    dq_args, dkdv_args = kernel_args(plan, *_ARRAYS)
+    assert dq_args == (*_ARRAYS[:8], *plan.dq_scalars)
+    assert dkdv_args == (*_ARRAYS[:3], _ARRAYS[4], _ARRAYS[5], _ARRAYS[6], _ARRAYS[8],
+                         _ARRAYS[9], *plan.dkdv_scalars)
+
+
+def test_kernel_args_refuse_ranges_where_they_do_not_belong():
+    """``ranges`` exactly for a ragged problem, ``packed`` only with them, and the ranges an
+    int32 ``[4, sequences]`` array: :class:`KernelArgumentError` otherwise, before anything is
+    launched."""
+    ragged_plan = launches(RAGGED, BackwardSchedule(), 0.1)
+    with pytest.raises(KernelArgumentError, match="ranges must be given"):
+        kernel_args(ragged_plan, *_ARRAYS)
+    with pytest.raises(KernelArgumentError, match="ranges must be given"):
+        launch(None, ragged_plan, *_ARRAYS)  # the padded launcher cannot run a ragged plan
+    for plain in (dataclasses.replace(RAGGED, ragged=False),
+                  dataclasses.replace(RAGGED_WINDOW, ragged=False)):
+        plan = launches(plain, BackwardSchedule(), 0.1)
+        with pytest.raises(KernelArgumentError, match="ranges must be given"):
+            kernel_args(plan, *_ARRAYS, _Ranges(8))
+        with pytest.raises(KernelArgumentError, match="ranges must be given"):
+            launch_ragged(None, plan, *_ARRAYS, _Ranges(8), 512, 512, packed=False)
+        with pytest.raises(KernelArgumentError, match="packed"):
+            kernel_args(plan, *_ARRAYS, packed=True)
+    for bad in (_Ranges(8, "int64"), type("Flat", (), {"shape": (32,), "dtype": "int32"})()):
+        with pytest.raises(KernelArgumentError, match=r"int32 \[4, sequences\]"):
+            kernel_args(ragged_plan, *_ARRAYS, bad)
+
+
+# -- grids ----------------------------------------------------------------------------------------
+def test_ragged_grids_cover_the_longest_sequence_for_every_sequence_and_head():
+    s = BackwardSchedule(dq_tile_m=128, dkdv_tile_n=64, dkdv_splits=4, tile_major=True)
+    dq_grid, dkdv_grid = ragged_grids(RAGGED, s, 13, 300, 1000)
+    assert dq_grid == (-(-300 // 128), 13 * 8, 1)
+    assert dkdv_grid == (-(-1000 // 64), 13 * 2, 1)  # not split, not tile-major
+    tiny = ragged_grids(RAGGED, s, 3, 0, 0)  # empty sequences: one idle CTA a (sequence, head)
+    assert tiny == ((1, 3 * 8, 1), (1, 3 * 2, 1))
+    # the tiles are the normalised schedule's: a bucket of 16 rows runs 16-row tiles
+    short = dataclasses.replace(RAGGED, seqlen_q=16, seqlen_k=16)
+    assert ragged_grids(short, s, 2, 16, 16) == ((1, 16, 1), (1, 4, 1))
+    plan = launches(RAGGED, s, 0.1)
+    assert plan.tiles == (128, 64) and plan.splits == 1 and plan.scratch == {}
+
+
+def test_ragged_grids_refuse_what_no_grid_takes():
+    with pytest.raises(UnsupportedProblemError, match="second dimension"):
+        ragged_grids(RAGGED, BackwardSchedule(), 65536 // 8 + 1, 512, 512)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(KernelArgumentError, match="longest_q"):
+            ragged_grids(RAGGED, BackwardSchedule(), 4, bad, 512)
+
+
+# -- the family ----------------------------------------------------------------------------------
+def test_family_backward_launches_a_ragged_call_with_its_layout(monkeypatch):
+    """``Family.backward(..., ragged=layout)`` hands the layout's ranges, longest counts and
+    packing to ``launch_ragged`` (no scratch); without a layout the padded launcher runs."""
+    import tiledattention.backward._family as family_module
+    from tiledattention._ragged import RaggedLayout
+
+    calls = []
+    monkeypatch.setattr(family_module, "launch_ragged",
+                        lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(family_module, "launch", lambda *args: calls.append((args, None)))
+    ranges = _Ranges(6)
+    s = BACKWARD.default_schedule("sm_90", RAGGED)
+    BACKWARD.backward("stream", RAGGED, s, 0.1, *_ARRAYS[:7], _ARRAYS[7:],
+                      ragged=RaggedLayout(ranges, 300, 400, True))
+    args, kwargs = calls[-1]
+    assert args[0] == "stream" and args[1] is launches(RAGGED, s, 0.1)
+    assert args[2:12] == _ARRAYS and args[12:] == (ranges, 300, 400)
+    assert kwargs == {"packed": True}
