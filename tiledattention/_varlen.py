@@ -30,7 +30,7 @@ from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, ROW_STAT_ALIGN, SUPPORTED_HEAD
                        check_reach, default_scale, padded_head_dim, variant_args)
 from ._ragged import RaggedLayout, packed_ranges, ragged_problem
 from ._runtime import Runtime
-from .errors import InputTypeError, InputValueError
+from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
            "explain_varlen", "FWD_OP_NAME", "BWD_OP_NAME"]
@@ -38,6 +38,8 @@ __all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
 FWD_OP_NAME = "tiledattention::varlen_fwd"
 BWD_OP_NAME = "tiledattention::varlen_bwd"
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+#: the most CTAs a grid's second dimension holds (the ragged grids put sequences x heads there)
+GRID_LIMIT = 65535
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -129,6 +131,14 @@ def _check_scale(scale: Any) -> None:
         raise InputValueError(f"scale must be a finite positive number; got {scale}")
 
 
+def _check_grid(sequences: int, heads_q: int) -> None:
+    """The kernels' grids hold sequences x query heads in a dimension of at most 65535."""
+    if sequences * heads_q > GRID_LIMIT:
+        raise UnsupportedProblemError(
+            f"a ragged batch holds at most {GRID_LIMIT} sequences x query heads; got "
+            f"{sequences} x {heads_q}: split the batch")
+
+
 def _view(x: torch.Tensor) -> torch.Tensor:
     """``[tokens, H, D]`` as the kernels' ``[1, H, tokens, D]`` (a view)."""
     return x.unsqueeze(0).transpose(1, 2)
@@ -154,6 +164,7 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, sca
         if not x.is_cuda:
             raise InputValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
     sequences = cu_seq_q.shape[0] - 1
+    _check_grid(sequences, query.shape[1])
     problem = ragged_problem(sequences=sequences, tokens_q=query.shape[0], longest_q=longest_q,
                              longest_k=longest_k, heads_q=query.shape[1],
                              heads_kv=key.shape[1], head_dim=query.shape[2], dtype=dtype,
@@ -248,6 +259,7 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
             + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
                if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
     problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    _check_grid(problem.batch, problem.heads_q)
     if schedule is not None or out is not None:
         raise InputValueError("ranges= takes no schedule= or out= (the lookup picks the ragged "
                               "schedule; the output is new); got "
