@@ -95,14 +95,22 @@ def _causal_offset(Q, K, BOTTOM_RIGHT):
     return offset
 
 
-def _sequence(A, Ranges, seq, which):
+def _sequence(A, Ranges, seq, which, at_least=0):
     """``A`` (``[B, H, S, ...]``) cut along its sequence axis to sequence ``seq``'s range,
     ``Ranges[which:which + 2, seq]`` = ``[start, end)``; an empty range stays empty even where
-    it starts at the end of ``A`` (a slice must start inside the array). The forward's."""
+    it starts at the end of ``A`` (a slice must start inside the array), unless ``at_least``
+    rows are asked for: a view that loads read but nothing stores to, whose rows past the
+    range are never used (a load from an empty view faults). The forward's, plus
+    ``at_least``."""
     start = ct.gather(Ranges, (which, seq))
-    length = ct.gather(Ranges, (which + 1, seq)) - start
+    length = max(ct.gather(Ranges, (which + 1, seq)) - start, at_least)
     start = min(start, A.shape[2] - 1)
-    return A.slice(axis=2, start=start, stop=start + length)
+    return A.slice(axis=2, start=start, stop=min(start + length, A.shape[2]))
+
+
+def _sequence_length(Ranges, seq, which):
+    """Sequence ``seq``'s length in ``Ranges`` (rows ``which``, ``which + 1``)."""
+    return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
 
 
 # The window's bounds below are plain integer arithmetic: the kernels call them on scalars, and
@@ -210,45 +218,52 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
         q_tile = tiles - 1 - q_tile
     batch = bh // heads_q
     head = bh % heads_q
+    q_count = 0
     if RAGGED:
         # (not one branch on the tile's liveness around the rest, as in the dK/dV kernel:
         # tileiras 13.4 fails on the walk's two loops inside it for sm_100; _dq_tile empties
-        # a dead tile's walk and skips its stores instead)
+        # a dead tile's walk and skips its stores instead, and its loads read views of at
+        # least one row: a sequence without queries still has a view to read)
         seq = batch
         if PACKED:
             batch = 0
-        Q = _sequence(Q, Ranges, seq, 0)
+        q_count = _sequence_length(Ranges, seq, 0)
+        Q = _sequence(Q, Ranges, seq, 0, 1)
         K = _sequence(K, Ranges, seq, 2)
         V = _sequence(V, Ranges, seq, 2)
-        Out = _sequence(Out, Ranges, seq, 0)
-        dO = _sequence(dO, Ranges, seq, 0)
-        Lse = _sequence(Lse, Ranges, seq, 0)
-        Delta = _sequence(Delta, Ranges, seq, 0)
-        dQ = _sequence(dQ, Ranges, seq, 0)
+        Out = _sequence(Out, Ranges, seq, 0, 1)
+        dO = _sequence(dO, Ranges, seq, 0, 1)
+        Lse = _sequence(Lse, Ranges, seq, 0, 1)
+        Delta = _sequence(Delta, Ranges, seq, 0, 1)
+        dQ = _sequence(dQ, Ranges, seq, 0, 1)
     _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, window_right,
-             softcap, q_tile, batch, head, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D,
-             CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, KV_LATENCY=KV_LATENCY, WINDOW=WINDOW,
-             SOFTCAP=SOFTCAP, RAGGED=RAGGED)
+             softcap, q_tile, batch, head, q_count, TILE_M=TILE_M, TILE_N=TILE_N,
+             TILE_D=TILE_D, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, KV_LATENCY=KV_LATENCY,
+             WINDOW=WINDOW, SOFTCAP=SOFTCAP, RAGGED=RAGGED)
 
 
 def _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, window_right,
-             softcap, q_tile, batch, head, TILE_M, TILE_N, TILE_D, CAUSAL, BOTTOM_RIGHT,
-             KV_LATENCY, WINDOW, SOFTCAP, RAGGED):
+             softcap, q_tile, batch, head, q_count, TILE_M, TILE_N, TILE_D, CAUSAL,
+             BOTTOM_RIGHT, KV_LATENCY, WINDOW, SOFTCAP, RAGGED):
     """Delta and dQ of query tile ``q_tile`` of ``batch``'s query head ``head`` (:func:`_dq`);
-    the sequence lengths are the arrays'. ``RAGGED``: a tile at or past the end of its
-    sequence's queries walks no key tile and stores nothing."""
+    the sequence lengths are the arrays'. ``RAGGED``: the sequence has ``q_count`` queries (its
+    query-side views hold at least one row); a tile at or past them walks no key tile and
+    stores nothing."""
     kv_head = head // group
     seqlen_k = K.shape[2]
+    seqlen_q = Q.shape[2]
+    if RAGGED:
+        seqlen_q = q_count
     scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
     reach = (0, 0)
     if WINDOW:
-        reach = window_reach(window_left, window_right, Q.shape[2] + K.shape[2], CAUSAL)
+        reach = window_reach(window_left, window_right, seqlen_q + seqlen_k, CAUSAL)
 
     o = _load_rows(Out, batch, head, q_tile, TILE_M, TILE_D, 0)
     do = _load_rows(dO, batch, head, q_tile, TILE_M, TILE_D, 0)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
     if RAGGED:
-        if q_tile * TILE_M < Q.shape[2]:
+        if q_tile * TILE_M < seqlen_q:
             ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
     else:
         ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
@@ -257,6 +272,9 @@ def _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, win
     q = _load_rows(Q, batch, head, q_tile, TILE_M, TILE_D, 0)
 
     offset = _causal_offset(Q, K, BOTTOM_RIGHT)
+    if RAGGED:
+        if BOTTOM_RIGHT:
+            offset = seqlen_k - seqlen_q  # the sequence's own lengths
     first_row = q_tile * TILE_M
     rows = first_row + offset + ct.arange(TILE_M, dtype=np.int32)[:, None]  # last key seen
 
@@ -271,10 +289,10 @@ def _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, win
         # are seen whole by every row (and are not past S_k): the tiles before and after need
         # the mask
         lo, full_from, full_to, hi = dq_key_tiles(
-            first_row, min(first_row + TILE_M, Q.shape[2]) - 1, offset, reach[0], reach[1],
+            first_row, min(first_row + TILE_M, seqlen_q) - 1, offset, reach[0], reach[1],
             seqlen_k, TILE_N)
         if RAGGED:  # a dead tile (past its sequence's queries) walks none
-            live = min(max(Q.shape[2] - first_row, 0), 1)
+            live = min(max(seqlen_q - first_row, 0), 1)
             lo = lo * live
             full_from = full_from * live
             full_to = full_to * live
@@ -296,7 +314,7 @@ def _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, win
             mask_from = seqlen_k // TILE_N
         unmasked = min(mask_from, num_kv_tiles)
         if RAGGED:  # a dead tile (past its sequence's queries) walks none
-            live = min(max(Q.shape[2] - first_row, 0), 1)
+            live = min(max(seqlen_q - first_row, 0), 1)
             num_kv_tiles = num_kv_tiles * live
             unmasked = unmasked * live
         dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
@@ -306,7 +324,7 @@ def _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, win
             dq = step(j, True, dq)
     dq = dq * qk_scale
     if RAGGED:
-        if first_row < Q.shape[2]:
+        if first_row < seqlen_q:
             ct.store(dQ, index=(batch, head, q_tile, 0),
                      tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
     else:
