@@ -80,8 +80,8 @@ def test_ragged_normalises_the_whole_length_orders_away():
     s = Schedule(tile_m=64, tile_n=64, persistent=True, paired_tiles=True, longest_first=True,
                  unchecked_loads=True, kv_sawtooth=True)
     n = normalise(_ragged(), s)
-    assert not (n.persistent or n.paired_tiles or n.longest_first or n.unchecked_loads)
-    assert n.kv_sawtooth  # a per-sequence order: stays
+    assert not (n.persistent or n.paired_tiles or n.unchecked_loads)
+    assert n.kv_sawtooth and n.longest_first  # orders the ragged grid keeps
     assert normalise(_ragged(ragged=False), s).persistent
 
 

@@ -409,7 +409,10 @@ def attention_fwd(
         else:
             q_tile = slot
             if LONGEST_FIRST:
-                q_tile = num_q_tiles - 1 - slot
+                if RAGGED:  # mirrored over the grid's tiles: the longest sequence's
+                    q_tile = ct.num_blocks(0) - 1 - slot
+                else:
+                    q_tile = num_q_tiles - 1 - slot
             attend_tile(q_tile, bh)
 
     # work items per (batch x head): query tiles, or pairs of them (the middle tile alone if odd)

@@ -140,7 +140,7 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
     # near the first and last keys)
     unequal = problem.causal or problem.windowed
     any_mask = problem.causal or problem.windowed or not even_k
-    paired = schedule.paired_tiles and unequal and num_q_tiles > 1
+    paired = schedule.paired_tiles and unequal and num_q_tiles > 1 and not problem.ragged
     rules = (
         # paired_tiles: pairs (n-1-i, i) even out causal work; without the mask every tile costs
         # the same, and a single query tile is its own pair (one slot, tile 0 either way).
@@ -171,11 +171,10 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("split_masked", not any_mask,
          "no key tile needs a mask (not causal, no window, S_k % tile_n == 0)"),
         # a ragged batch's sequences have tiles of their own counts: the kernel walks its grid
-        # of the longest's tiles per sequence, one tile a CTA, and checks every load's bounds
+        # of the longest's tiles per sequence, one tile a CTA (longest_first mirrors that
+        # grid), and checks every load's bounds
         ("persistent", problem.ragged, "a ragged batch runs one query tile per CTA"),
         ("paired_tiles", problem.ragged, "a ragged batch runs one query tile per CTA"),
-        ("longest_first", problem.ragged, "a ragged batch's sequences have tile counts of "
-         "their own"),
         ("unchecked_loads", problem.ragged, "a ragged batch's sequences end inside tiles"),
         # split_d: two parts only where they cover fewer columns than one padded part
         ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
