@@ -49,6 +49,7 @@ BATCHES = (
     ("uniform-16k", 16384, "uniform", 3),
     ("uniform-32k", 32768, "uniform", 4),
     ("one-long-32k", 32768, "one-long", 5),
+    ("equal-1024-32k", 32768, "equal", 6),  # the rectangle itself, packed: the ragged overhead
 )
 OURS = "tiledattention"
 #: the padded contenders' boolean mask holds B * S^2 bytes: batches beyond this leave them out
@@ -58,9 +59,12 @@ MASK_LIMIT = 1 << 31
 def lengths_of(total: int, kind: str, seed: int) -> list[int]:
     """Sequence lengths adding up to ``total``: ``skewed`` (log-normal, median ~600, a long
     tail), ``uniform`` (100 to 2000), ``one-long`` (one sequence of half the tokens, the rest
-    of 200 to 1200)."""
+    of 200 to 1200), ``equal`` (all 1024: the rectangle packed, which isolates what the ragged
+    path costs)."""
     gen = torch.Generator().manual_seed(seed)
     lens: list[int] = []
+    if kind == "equal":
+        return [1024] * (total // 1024)
     if kind == "one-long":
         lens.append(total // 2)
     while sum(lens) < total:
