@@ -29,6 +29,7 @@ from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, ROW_STAT_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT,
                        check_reach, default_scale, padded_head_dim, variant_args)
 from ._ragged import RaggedLayout, packed_ranges, ragged_problem
+from ._ragged_fill import clear_uncovered_rows
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 
@@ -187,11 +188,12 @@ def varlen_forward(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
     device = query.device.index
     family = choose_family(device_info(device).arch, problem, "sdpa_with_lse")
     schedule = runtime.resolution(family, problem, device).schedule
-    out = torch.zeros(query.shape, dtype=query.dtype, device=query.device)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     lse = _row_stat(query.shape[1], query.shape[0], query.device)
-    family.forward_with_lse(torch.cuda.current_stream(query.device), _view(query), _view(key),
-                            _view(value), _view(out), lse, problem, schedule, scale, device,
-                            ragged=layout)
+    stream = torch.cuda.current_stream(query.device)
+    family.forward_with_lse(stream, _view(query), _view(key), _view(value), _view(out), lse,
+                            problem, schedule, scale, device, ragged=layout)
+    clear_uncovered_rows(stream, out, layout.ranges, 0)  # tokens of no sequence: zeros
     return out, lse
 
 
@@ -215,13 +217,16 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
     device = query.device.index
     family = choose_family(device_info(device).arch, problem, "sdpa_backward")
     schedule = runtime.resolution(family, problem, device).schedule
-    grads = tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    grads = tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device)
                   for x in (query, key, value))
     delta = _row_stat(query.shape[1], query.shape[0], query.device)
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-    family.backward(torch.cuda.current_stream(query.device), problem, schedule, scale,
-                    _view(query), _view(key), _view(value), _view(out), _view(grad_out), lse,
-                    delta, tuple(_view(g) for g in grads), ragged=layout)
+    stream = torch.cuda.current_stream(query.device)
+    family.backward(stream, problem, schedule, scale, _view(query), _view(key), _view(value),
+                    _view(out), _view(grad_out), lse, delta, tuple(_view(g) for g in grads),
+                    ragged=layout)
+    for grad, which in zip(grads, (0, 2, 2)):  # tokens of no sequence: zero gradients
+        clear_uncovered_rows(stream, grad, layout.ranges, which)
     return grads
 
 
