@@ -296,3 +296,26 @@ def test_explain_varlen_names_the_bucket_and_its_schedule():
     back = tiledattention.explain_varlen(q, k, v, cu_q, cu_k, 1500, 1500, is_causal=True,
                                          enable_gqa=True, training=True)
     assert back.family == "backward"
+
+
+def test_rows_of_no_sequence_get_zero_outputs_and_gradients():
+    """Tokens before the first sequence and after the last (NaN here) come out as zeros, and so
+    do their gradients: a small kernel clears exactly those rows (none else are left
+    unwritten)."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(300, h, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for h in (4, 2, 2))
+    for x in (q, k, v):
+        x[:7] = float("nan")
+        x[250:] = float("nan")
+    cu = torch.tensor([7, 100, 101, 250], dtype=torch.int32, device="cuda")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = tiledattention.varlen_attn(*leaves, cu, cu, 149, 149, is_causal=True,
+                                     enable_gqa=True)
+    grads = torch.autograd.grad(out, leaves, torch.randn_like(out))
+    for name, x in (("out", out), ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])):
+        assert torch.equal(x[:7], torch.zeros_like(x[:7])), name
+        assert torch.equal(x[250:], torch.zeros_like(x[250:])), name
+        assert not x[7:250].isnan().any(), name
+    want = varlen_reference(q, k, v, cu, cu, causal=True)
+    assert rel_l2(out[7:250], want[7:250]) < TOL[q.dtype]
