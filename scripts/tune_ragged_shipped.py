@@ -1,11 +1,12 @@
-"""Tune the forward's shipped sm_90 keys for ragged batches (issue 33) on the GPU machine: one
-``tiledtune search`` over ragged buckets (``Problem.ragged``: the longest length and the
-token count rounded up to powers of two; the tuner's case packs sequences of 1, 3/4, 1/2 and
-1/4 the bucket's length). Causal H 32/8, D 128, bf16, longest 1k-16k, 16k-32k tokens, and a
-D 64 multi-head and a D 128 MQA key; ``keys()`` lists them. Prints the command it runs.
+"""Tune the shipped sm_90 keys for ragged batches (issue 33) on the GPU machine: one
+``tiledtune search`` per family over ragged buckets (``Problem.ragged``: the longest length
+and the token count rounded up to powers of two; the tuner's case packs sequences of 1, 3/4,
+1/2 and 1/4 the bucket's length). Causal H 32/8, D 128, bf16, longest 1k-16k, 16k-32k tokens,
+and a D 64 multi-head and a D 128 MQA key (the backward: a subset); ``keys()`` lists them.
+Prints the command it runs.
 
-    python scripts/tune_ragged_shipped.py --db OUT.sqlite [--trials 6] [--timeout 30s]
-        [--dry-run]
+    python scripts/tune_ragged_shipped.py --db OUT.sqlite [--kernel forward|backward]
+        [--trials 6] [--timeout 30s] [--dry-run]
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ BUCKETS = (
     (8192, 2, 32, 8, 128), (16384, 2, 32, 8, 128),
     (2048, 8, 16, 16, 64), (4096, 4, 8, 1, 128),
 )
+#: the backward's: training lengths
+BACKWARD_BUCKETS = ((1024, 16, 32, 8, 128), (2048, 8, 32, 8, 128), (4096, 4, 32, 8, 128),
+                    (8192, 2, 32, 8, 128), (2048, 8, 16, 16, 64))
 
 
-def keys() -> list[str]:
+def keys(kernel: str = "forward") -> list[str]:
     out = []
-    for longest, batch, hq, hkv, d in BUCKETS:
+    for longest, batch, hq, hkv, d in (BUCKETS if kernel == "forward" else BACKWARD_BUCKETS):
         fields = dict(batch=batch, heads_q=hq, heads_kv=hkv, seqlen_q=longest,
                       seqlen_k=longest, head_dim=d, dtype="bf16", causal=True, ragged=True)
         ta.Problem(**fields)  # valid
@@ -38,17 +42,19 @@ def keys() -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
+    ap.add_argument("--kernel", choices=("forward", "backward"), default="forward")
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
-    cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", "forward", "--device",
+    cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", args.kernel, "--device",
            "sm_90", "--space", "compact", "--trials", str(args.trials), "--db", args.db]
     if args.timeout:
         cmd += ["--timeout", args.timeout]
-    for key in keys():
+    chosen = keys(args.kernel)
+    for key in chosen:
         cmd += ["--problem", key]
-    print(f"{len(keys())} keys:", " ".join(cmd), flush=True)
+    print(f"{len(chosen)} keys:", " ".join(cmd), flush=True)
     if not args.dry_run:
         raise SystemExit(subprocess.call(cmd))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from .._case import AttentionCase, torch_sdpa_kwargs
+from .._case import AttentionCase, RaggedCase, ragged_flops, torch_sdpa_kwargs
 from .._compile import CompileResult
 from .._family import Family, register_family
 from .._reference import attention_reference
@@ -127,6 +127,69 @@ class BackwardCase(AttentionCase):
                 "torch-flash": backend(SDPBackend.FLASH_ATTENTION)}
 
 
+class RaggedBackwardCase(RaggedCase):
+    """The backward's case of a ragged problem: packed sequences (``RaggedCase``), dO, the
+    ragged forward's output and log-sum-exp (the forward family's default schedule), float32
+    reference gradients by autograd through the per-sequence reference, gradient buffers."""
+
+    def __init__(self, problem: Problem, device_index: int) -> None:
+        import torch
+
+        from .._device import device_info
+        from .._dispatch import choose_family
+        from .._problem import ROW_STAT_ALIGN
+        from .._reference import varlen_reference
+
+        super().__init__(problem, device_index)
+        gen = torch.Generator(device="cuda").manual_seed(4321)
+        self.grad_out = torch.randn(self.q.shape, dtype=self.q.dtype, device="cuda",
+                                    generator=gen)
+        self.scale = default_scale(problem)
+        tokens = self.q.shape[0]
+        padded = -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+        self.lse = torch.empty((1, problem.heads_q, padded), dtype=torch.float32,
+                               device="cuda")[:, :, :tokens]
+        self.delta = torch.empty_like(self.lse)
+        arch = device_info(device_index).arch
+        forward = choose_family(arch, problem, "sdpa_with_lse")
+        view = self.view
+        forward.forward_with_lse(torch.cuda.current_stream(), view(self.q), view(self.k),
+                                 view(self.v), view(self.out), self.lse, problem,
+                                 forward.default_schedule(arch, problem), self.scale,
+                                 device_index, ragged=self.layout)
+        ranges = self.layout.ranges
+        cu_q = torch.cat((ranges[0, :1], ranges[1]))
+        cu_k = torch.cat((ranges[2, :1], ranges[3]))
+        leaves = [x.detach().float().requires_grad_() for x in (self.q, self.k, self.v)]
+        with torch.enable_grad():
+            ref_out = varlen_reference(*leaves, cu_q, cu_k, causal=problem.causal,
+                                       bottom_right=problem.bottom_right, scale=self.scale,
+                                       window=(problem.window_left, problem.window_right))
+            self.reference_grads = torch.autograd.grad(ref_out, leaves, self.grad_out.float())
+        self.grads = tuple(torch.empty_like(x) for x in (self.q, self.k, self.v))
+
+    def launcher(self, schedule: BackwardSchedule) -> Callable[[], None]:
+        import torch
+
+        plan = launches(self.problem, schedule, self.scale)
+        view, layout = self.view, self.layout
+        args = [view(x) for x in (self.q, self.k, self.v, self.out, self.grad_out)]
+        grads = [view(g) for g in self.grads]
+
+        def run() -> None:
+            launch_ragged(torch.cuda.current_stream(), plan, *args, self.lse, self.delta,
+                          *grads, layout.ranges, layout.longest_q, layout.longest_k,
+                          packed=True)
+
+        return run
+
+    def error(self, run: Callable[[], None]) -> float:
+        for g in self.grads:
+            g.fill_(float("nan"))
+        run()
+        return max(relative_errors(self.grads, self.reference_grads))
+
+
 class BackwardFamily(Family):
     """The attention backward pass: dQ, dK and dV from dO and the forward's log-sum-exp."""
 
@@ -152,12 +215,14 @@ class BackwardFamily(Family):
         return normalise(problem, schedule)
 
     def flops(self, problem: Problem) -> float:
-        return BACKWARD_FLOP_RATIO * problem.flops
+        return BACKWARD_FLOP_RATIO * (ragged_flops(problem) if problem.ragged else problem.flops)
 
     def compile(self, problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
         return compile_backward(problem, schedule, arch)
 
-    def case(self, problem: Problem, device_index: int) -> BackwardCase:
+    def case(self, problem: Problem, device_index: int) -> BackwardCase | RaggedBackwardCase:
+        if problem.ragged:
+            return RaggedBackwardCase(problem, device_index)
         return BackwardCase(problem, device_index)
 
     def tolerance(self, problem: Problem) -> float:
