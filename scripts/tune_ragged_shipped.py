@@ -12,8 +12,8 @@ Prints the command it runs.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
+
+from _search import problem_arg, search
 
 import tiledattention as ta
 
@@ -35,7 +35,7 @@ def keys(kernel: str = "forward") -> list[str]:
         fields = dict(batch=batch, heads_q=hq, heads_kv=hkv, seqlen_q=longest,
                       seqlen_k=longest, head_dim=d, dtype="bf16", causal=True, ragged=True)
         ta.Problem(**fields)  # valid
-        out.append(",".join(f"{k}={str(v).lower()}" for k, v in fields.items()))
+        out.append(problem_arg(fields))
     return out
 
 
@@ -47,16 +47,8 @@ def main() -> None:
     ap.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
-    cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", args.kernel, "--device",
-           "sm_90", "--space", "compact", "--trials", str(args.trials), "--db", args.db]
-    if args.timeout:
-        cmd += ["--timeout", args.timeout]
-    chosen = keys(args.kernel)
-    for key in chosen:
-        cmd += ["--problem", key]
-    print(f"{len(chosen)} keys:", " ".join(cmd), flush=True)
-    if not args.dry_run:
-        raise SystemExit(subprocess.call(cmd))
+    raise SystemExit(search(args.kernel, keys(args.kernel), args.db, args.trials, args.timeout,
+                            args.dry_run))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ lists them. Prints each command it runs.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
+
+from _search import problem_arg, search
 
 import tiledattention as ta
 
@@ -73,7 +73,7 @@ def keys(kernel: str) -> list[str]:
     for spec in KEYS[kernel]:
         fields = problem_fields(spec)
         ta.Problem(**fields)  # valid
-        out.append(",".join(f"{k}={str(v).lower()}" for k, v in fields.items()))
+        out.append(problem_arg(fields))
     return out
 
 
@@ -88,16 +88,8 @@ def main() -> None:
     args = ap.parse_args()
     status = 0
     for kernel in args.kernel:
-        chosen = keys(kernel)
-        cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", kernel, "--device",
-               "sm_90", "--space", "compact", "--trials", str(args.trials), "--db", args.db]
-        if args.timeout:
-            cmd += ["--timeout", args.timeout]
-        for key in chosen:
-            cmd += ["--problem", key]
-        print(f"{len(chosen)} keys:", " ".join(cmd), flush=True)
-        if not args.dry_run:
-            status = subprocess.call(cmd) or status
+        status = search(kernel, keys(kernel), args.db, args.trials, args.timeout,
+                        args.dry_run) or status
     raise SystemExit(status)
 
 

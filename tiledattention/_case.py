@@ -40,6 +40,17 @@ def torch_sdpa_kwargs(problem: Any) -> dict[str, Any]:
     return kwargs
 
 
+def poisoned_error(out: Any, reference: Any, run: Callable[[], None]) -> float:
+    """Fill ``out`` with NaN, ``run()`` once, and return its relative L2 error against the
+    float32 ``reference`` (``nan`` where ``run`` left a row unwritten)."""
+    import torch
+
+    out.fill_(float("nan"))
+    run()
+    diff = torch.linalg.vector_norm(out.float() - reference)
+    return (diff / torch.linalg.vector_norm(reference)).item()
+
+
 class AttentionCase(Case):
     """Random q, k, v (seed 1234) of ``problem`` on CUDA device ``device_index``, the float32
     reference and an output buffer like q."""
@@ -68,12 +79,7 @@ class AttentionCase(Case):
         self.out = torch.empty_like(self.q)
 
     def error(self, run: Callable[[], None]) -> float:
-        import torch
-
-        self.out.fill_(float("nan"))
-        run()
-        diff = torch.linalg.vector_norm(self.out.float() - self.reference)
-        return (diff / torch.linalg.vector_norm(self.reference)).item()
+        return poisoned_error(self.out, self.reference, run)
 
     def baselines(self) -> Mapping[str, Callable[[], Any]]:
         """torch's cuDNN and flash backends (what the tuner stores beside each row); for a
@@ -170,9 +176,4 @@ class RaggedCase(Case):
         return x.unsqueeze(0).transpose(1, 2)
 
     def error(self, run: Callable[[], None]) -> float:
-        import torch
-
-        self.out.fill_(float("nan"))
-        run()
-        diff = torch.linalg.vector_norm(self.out.float() - self.reference)
-        return (diff / torch.linalg.vector_norm(self.reference)).item()
+        return poisoned_error(self.out, self.reference, run)

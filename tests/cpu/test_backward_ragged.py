@@ -24,6 +24,8 @@ from tiledattention.backward._launch import (DKDV_PARAMETERS, DKDV_VARIANT_PARAM
 from tiledattention.errors import KernelArgumentError, UnsupportedProblemError
 from tiledattention.tooling import text_digest
 
+from .test_backward_variants import _digests
+
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
 
@@ -53,21 +55,7 @@ class _Ranges:
 _ARRAYS = tuple(object() for _ in range(10))  # q, k, v, out, dO, lse, delta, dq, dk, dv
 
 
-# -- compile-only builds ------------------------------------------------------------------------
-_BUILT: dict = {}
-
-
-def _digests(problem: Problem, schedule: BackwardSchedule | None = None,
-             arch: str = "sm_90") -> tuple[str, ...]:
-    schedule = schedule or BACKWARD.default_schedule(arch, problem)
-    key = (problem, schedule, arch)
-    if key not in _BUILT:
-        result = BACKWARD.compile(problem, schedule, arch)
-        assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
-        _BUILT[key] = tuple(text_digest(c) for c in (result.cubin, *result.other_cubins))
-    return _BUILT[key]
-
-
+# -- compile-only builds (the variants' tests' builder and cache) --------------------------------
 @pytest.mark.parametrize("arch", ARCHES)
 def test_ragged_problem_compiles_both_kernels_for_each_architecture(arch):
     """Packed sequences (the compile-only layout): the dK/dV kernel and the dQ kernel, and no

@@ -1,0 +1,25 @@
+"""What the ``tune_*_shipped.py`` scripts share: one ``tiledtune search`` command over keys."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def search(kernel: str, keys: list[str], db: str, trials: int, timeout: str | None,
+           dry_run: bool) -> int:
+    """Print and (unless ``dry_run``) run ``tiledtune search`` of ``kernel`` on sm_90's compact
+    space over ``keys`` (``--problem`` values); its exit status (0 on a dry run)."""
+    cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", kernel, "--device", "sm_90",
+           "--space", "compact", "--trials", str(trials), "--db", db]
+    if timeout:
+        cmd += ["--timeout", timeout]
+    for key in keys:
+        cmd += ["--problem", key]
+    print(f"{len(keys)} keys:", " ".join(cmd), flush=True)
+    return 0 if dry_run else subprocess.call(cmd)
+
+
+def problem_arg(fields: dict) -> str:
+    """A ``--problem`` value: ``field=value,...``."""
+    return ",".join(f"{k}={str(v).lower()}" for k, v in fields.items())
