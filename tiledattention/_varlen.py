@@ -15,6 +15,9 @@ tokens, D]`` views of the packed tensors, each sequence cut out by its range
 (``tiledattention._ragged``); the schedules are looked up for the batch's bucket
 (``ragged_problem``). Autograd and ``torch.compile`` go through two custom ops,
 ``tiledattention::varlen_fwd`` and ``tiledattention::varlen_bwd``, with fake implementations.
+
+A padded ``[B, H, S, D]`` batch with per-entry ranges (``tiledattention.sdpa(..., ranges=)``,
+:func:`padded_forward`) runs the same forward kernels, each entry cut to its ranges.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ import torch
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, ROW_STAT_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT,
-                       check_reach, default_scale, padded_head_dim, variant_args)
+                       causal_flags, check_reach, default_scale, padded_head_dim,
+                       problem_from_arrays, sink_logits, variant_args)
 from ._ragged import RaggedLayout, packed_ranges, ragged_problem
 from ._ragged_fill import clear_uncovered_rows
 from ._runtime import Runtime
-from .errors import InputTypeError, InputValueError, UnsupportedProblemError
+from .errors import (InputTypeError, InputValueError, UnsupportedOperationError,
+                     UnsupportedProblemError)
 
 __all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
            "explain_varlen", "FWD_OP_NAME", "BWD_OP_NAME"]
@@ -249,9 +254,6 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
     """``tiledattention.sdpa(..., ranges=)``: a padded ``[B, H, S, D]`` batch whose entries
     attend within their ranges (an int32 ``[4, B]`` tensor: query starts, query ends, key
     starts, key ends), on the forward family's ragged kernels."""
-    from ._problem import causal_flags, problem_from_arrays, sink_logits
-    from .errors import UnsupportedOperationError
-
     if not isinstance(q, torch.Tensor):
         raise InputTypeError(f"ranges= takes torch tensors; got q of type "
                              f"{type(q).__module__}.{type(q).__name__}")
@@ -379,7 +381,8 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
     left, right, _ = variant_args(window_size, None)
     if not causal and right == 0:  # torch's spelling of causal: window_size=(-1, 0)
         causal, bottom_right = True, True
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value)):
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in (query, key, value)):
         out, _ = varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal,
                             bottom_right, scale, left, right)
         return out
