@@ -252,13 +252,25 @@ def test_hf_llama_training_step_matches_sdpa():
         assert err <= 3e-2, f"{name}: gradient rel L2 {err:.2e} vs the sdpa model's"
 
 
-def test_hf_padded_batch_falls_back_and_matches_sdpa():
+def test_hf_padded_batch_runs_as_ranges_and_a_holed_mask_falls_back():
+    """Left padding: every layer's call runs the kernel with per-entry ranges, and the logits
+    of the real tokens are sdpa's (to attention rounding); a mask with a hole in the middle is
+    no padding and goes to sdpa, exactly."""
     mine = tiny_llama("tiledattention", torch.bfloat16)
     theirs = tiny_llama("sdpa", torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(7)
     ids = torch.randint(0, 512, (2, 40), device="cuda", generator=gen)
     mask = torch.ones_like(ids)
     mask[0, :9] = 0
+    with torch.no_grad():
+        got = mine(ids, attention_mask=mask).logits
+        expected = theirs(ids, attention_mask=mask).logits
+    stats = ti.hf_stats()
+    assert (stats.tiledattention, stats.fallbacks) == (2, {}), stats
+    valid = mask.bool()
+    assert rel_l2(got[valid], expected[valid].float()) <= 2e-2
+    ti.reset_hf_stats()
+    mask[1, 20] = 0
     with torch.no_grad():
         got = mine(ids, attention_mask=mask).logits
         expected = theirs(ids, attention_mask=mask).logits
