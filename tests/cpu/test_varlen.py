@@ -201,3 +201,17 @@ def test_the_reference_attends_each_sequence_alone(bottom_right):
             q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1).expand(2, -1, -1),
             v[k0:k1].transpose(0, 1).expand(2, -1, -1), attn_mask=mask).transpose(0, 1)
         assert torch.allclose(out[q0:q1], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_uncovered_rows_kernel_compiles(arch):
+    from tiledattention._clear_kernel import clear_outside
+    from tiledattention._compile import array_constraint, export_cubin
+    from tiledattention._ragged_fill import TILE_C, TILE_R
+
+    for dtype in ("bf16", "fp16"):
+        result = export_cubin(clear_outside, (array_constraint(dtype, (4096, 4096)),
+                                              array_constraint("int32", (4, 8)), 0, TILE_R,
+                                              TILE_C), arch, "clear_outside")
+        assert result.cubin[:4] == b"\x7fELF"
+
