@@ -99,8 +99,8 @@ class Problem:
     problem is a bucket, not one call: ``seqlen_q`` and ``seqlen_k`` are the longest query
     and key lengths rounded up to powers of two, and ``batch`` the number of such sequences
     the call's query tokens fill (rounded up to a power of two), so every batch of one length
-    profile shares a key (``tiledattention.varlen``). The mask and the window apply per
-    sequence, aligned by the sequence's own lengths.
+    profile shares a key (``tiledattention._ragged.ragged_problem``). The mask and the window
+    apply per sequence, aligned by the sequence's own lengths.
 
     A problem is kept in one canonical form, so the database never holds two keys for one
     computation: bottom-right with ``S_q == S_k`` is top-left, and with ``S_q == 1`` and no

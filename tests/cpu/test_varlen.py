@@ -215,3 +215,17 @@ def test_the_uncovered_rows_kernel_compiles(arch):
                                               TILE_C), arch, "clear_outside")
         assert result.cubin[:4] == b"\x7fELF"
 
+
+
+def test_the_decode_family_refuses_a_ragged_problem():
+    from tiledattention import DECODE, UnsupportedProblemError
+
+    problem = _ragged(seqlen_q=1, causal=False)
+    assert not DECODE.takes("sm_90", problem)
+    with pytest.raises(UnsupportedProblemError, match="the decode family takes no ragged"):
+        DECODE.default_schedule("sm_90", problem)
+    with pytest.raises(UnsupportedProblemError, match="the decode family takes no ragged"):
+        DECODE.compile(problem, DECODE.default_schedule("sm_90",
+                                                        dataclasses.replace(problem,
+                                                                            ragged=False)),
+                       "sm_90")

@@ -9,6 +9,7 @@ from .._compile import CompileResult
 from .._case import AttentionCase
 from .._family import Family, register_family
 from .._problem import Problem
+from ..errors import UnsupportedProblemError
 from ._compile import compile_decode
 from ._defaults import default_decode_schedule
 from ._dispatch import dispatch_rule
@@ -66,6 +67,7 @@ class DecodeFamily(Family):
     padding_terms = (("seqlen_k", "tile_n", "splits"),)
 
     def default_schedule(self, arch: str, problem: Problem) -> DecodeSchedule:
+        _whole_batches_only(problem)
         return default_decode_schedule(arch, problem)
 
     def normalise(self, problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
@@ -75,9 +77,11 @@ class DecodeFamily(Family):
         return problem.flops
 
     def compile(self, problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
+        _whole_batches_only(problem)
         return compile_decode(problem, schedule, arch)
 
     def case(self, problem: Problem, device_index: int) -> DecodeCase:
+        _whole_batches_only(problem)
         return DecodeCase(problem, device_index)
 
     def tolerance(self, problem: Problem) -> float:
@@ -88,7 +92,7 @@ class DecodeFamily(Family):
     dispatch_priority = 10
 
     def takes(self, arch: str, problem: Problem) -> bool:
-        return dispatch_rule(arch).takes(problem)
+        return not problem.ragged and dispatch_rule(arch).takes(problem)
 
     def why_taken(self, arch: str, problem: Problem) -> str:
         return dispatch_rule(arch).why(arch, problem)
@@ -101,10 +105,20 @@ class DecodeFamily(Family):
              window: tuple[int, int] | None = None) -> DecodePlan:
         """``window``: the call's own ``(left, right)`` (a kept plan serves longer caches of
         its bucket, where a side the problem's canonical form dropped may bind)."""
+        _whole_batches_only(problem)
         return decode_plan(problem, schedule, device_index, scale, causal, window)
 
     def plan_key(self, signature: tuple, k, v) -> tuple:
         return decode_plan_key(signature, k, v)
+
+
+def _whole_batches_only(problem: Problem) -> None:
+    """The split-KV kernels read one cache of one length per batch entry: a ragged problem
+    (sequences of their own lengths) is the forward family's."""
+    if problem.ragged:
+        raise UnsupportedProblemError(
+            f"the decode family takes no ragged batch (sequences of their own lengths); got "
+            f"{problem.describe()}: the forward family runs it (--kernel forward)")
 
 
 DECODE = register_family(DecodeFamily())
