@@ -37,7 +37,11 @@ def rows_of(family) -> list:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_varied_set_is_held_out_and_a_transfer_test(name):
     family, shapes = FAMILIES[name], VARIED[name]
-    keys = shipped_keys(family)
+    # the plain held-out shapes against the plain keys: a window's, a softcap's, sinks' or a
+    # ragged batch's rows lie in buckets of their own and never serve them
+    keys = [k for k in shipped_keys(family)
+            if not any(k.to_dict().get(f, None) is not None
+                       for f in type(k).VARIANT_FIELDS)]
     assert len(shapes) >= SMALLEST[name]
     assert shape_set("varied", name) == shapes
     assert len({s.problem for s in shapes}) == len(shapes)

@@ -196,6 +196,7 @@ def _patches(kernel_id: str) -> list[_Patch]:
         _Patch("_autograd.py", '"tiledattention::', f'"{kernel_id}::', every=True),
         _Patch("_autograd.py", "torch.ops.tiledattention.", f"torch.ops.{kernel_id}.",
                every=True),
+        _Patch("_varlen.py", '"tiledattention::', f'"{kernel_id}::', every=True),
     ]
 
 
