@@ -22,11 +22,13 @@ A padded ``[B, H, S, D]`` batch with per-entry ranges (``tiledattention.sdpa(...
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Optional
 
 import torch
 
+from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, ROW_STAT_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT,
@@ -253,7 +255,9 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
                    schedule: Any = None, out: Any = None):
     """``tiledattention.sdpa(..., ranges=)``: a padded ``[B, H, S, D]`` batch whose entries
     attend within their ranges (an int32 ``[4, B]`` tensor: query starts, query ends, key
-    starts, key ends), on the forward family's ragged kernels."""
+    starts, key ends): on the family ``sdpa`` picks for the shape where it takes the ranges
+    (the split-KV decode kernels for few query rows, bottom-right), else on the forward
+    family's ragged kernels."""
     if not isinstance(q, torch.Tensor):
         raise InputTypeError(f"ranges= takes torch tensors; got q of type "
                              f"{type(q).__module__}.{type(q).__name__}")
@@ -287,7 +291,22 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
                             window=variant_args(window, None)[:2], softcap=problem.softcap,
                             sinks=problem.sinks)
     device = q.device.index
-    family = choose_family(device_info(device).arch, bucket, "sdpa_with_lse")
+    arch = device_info(device).arch
+    family = choose_family(arch, bucket, "sdpa_with_lse")
+    # few query rows: the family sdpa picks for the padded shape itself (the split-KV decode
+    # kernels, which take the ranges as launch values) where it is not the forward
+    shape = dataclasses.replace(bucket, batch=problem.batch, seqlen_q=problem.seqlen_q,
+                                seqlen_k=problem.seqlen_k)
+    rows = choose_family(arch, shape)
+    if rows is not family:
+        hot.bind_torch()
+        plan = rows.plan(shape, runtime.resolution(rows, rows.plan_problem(shape),
+                                                   device).schedule, device, scale, causal,
+                         (shape.window_left, shape.window_right))
+        result = plan.for_torch(q, None, k, v).run(runtime, q, k, v, device, None,
+                                                   sinks=logits, ranges=ranges)
+        if result is not None:
+            return result  # else the plan's checks refused the arrays: the forward runs it
     chosen = runtime.resolution(family, bucket, device).schedule
     result = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     layout = RaggedLayout(ranges, problem.seqlen_q, problem.seqlen_k, False)

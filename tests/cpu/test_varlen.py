@@ -217,15 +217,24 @@ def test_the_uncovered_rows_kernel_compiles(arch):
 
 
 
-def test_the_decode_family_refuses_a_ragged_problem():
+def test_the_decode_family_takes_a_ragged_batch_bottom_right_only():
+    """The split-KV kernels take a padded batch's ranges with the queries the last positions of
+    each entry's keys (bottom-right, or no mask); a top-left one is the forward's."""
     from tiledattention import DECODE, UnsupportedProblemError
+    from tiledattention.decode._compile import compile_decode
 
-    problem = _ragged(seqlen_q=1, causal=False)
-    assert not DECODE.takes("sm_90", problem)
-    with pytest.raises(UnsupportedProblemError, match="the decode family takes no ragged"):
-        DECODE.default_schedule("sm_90", problem)
-    with pytest.raises(UnsupportedProblemError, match="the decode family takes no ragged"):
-        DECODE.compile(problem, DECODE.default_schedule("sm_90",
-                                                        dataclasses.replace(problem,
-                                                                            ragged=False)),
-                       "sm_90")
+    bottom_right = _ragged(batch=4, seqlen_q=2, seqlen_k=4096, bottom_right=True)
+    assert DECODE.takes("sm_90", bottom_right) and bottom_right.causal
+    assert DECODE.takes("sm_90", _ragged(seqlen_q=1, causal=False))
+    top_left = _ragged(batch=4, seqlen_q=2, seqlen_k=4096)
+    assert not DECODE.takes("sm_90", top_left)
+    for call in (lambda: DECODE.default_schedule("sm_90", top_left),
+                 lambda: DECODE.compile(top_left, DECODE.default_schedule(
+                     "sm_90", bottom_right), "sm_90")):
+        with pytest.raises(UnsupportedProblemError, match="bottom-right only"):
+            call()
+    with pytest.raises(UnsupportedProblemError, match="no tuner case"):
+        DECODE.case(bottom_right, 0)
+    for arch in ARCHS:
+        result = compile_decode(bottom_right, DECODE.default_schedule(arch, bottom_right), arch)
+        assert result.cubin[:4] == b"\x7fELF"

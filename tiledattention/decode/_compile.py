@@ -46,7 +46,11 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
                "kv_div": ctc.ScalarConstraint(ct.int32),
                "window_left": ctc.ScalarConstraint(ct.int32),
                "window_right": ctc.ScalarConstraint(ct.int32),
-               "softcap": ctc.ScalarConstraint(ct.float32), "Sinks": sinks}
+               "softcap": ctc.ScalarConstraint(ct.float32), "Sinks": sinks,
+               # a ragged entry's ranges, or the zero-byte placeholder (a constant here:
+               # export_cubin's convention takes no tuple; the same machine code)
+               "Ranges": (array_constraint("int32", (4, p.batch)) if p.ragged
+                          else ctc.ConstantConstraint(0))}
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
                           SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),

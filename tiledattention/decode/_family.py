@@ -67,7 +67,7 @@ class DecodeFamily(Family):
     padding_terms = (("seqlen_k", "tile_n", "splits"),)
 
     def default_schedule(self, arch: str, problem: Problem) -> DecodeSchedule:
-        _whole_batches_only(problem)
+        _check_ragged(problem)
         return default_decode_schedule(arch, problem)
 
     def normalise(self, problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
@@ -77,11 +77,14 @@ class DecodeFamily(Family):
         return problem.flops
 
     def compile(self, problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
-        _whole_batches_only(problem)
+        _check_ragged(problem)
         return compile_decode(problem, schedule, arch)
 
     def case(self, problem: Problem, device_index: int) -> DecodeCase:
-        _whole_batches_only(problem)
+        if problem.ragged:
+            raise UnsupportedProblemError(
+                f"the decode family has no tuner case for a ragged batch yet; got "
+                f"{problem.describe()}: its default schedule runs it")
         return DecodeCase(problem, device_index)
 
     def tolerance(self, problem: Problem) -> float:
@@ -92,7 +95,7 @@ class DecodeFamily(Family):
     dispatch_priority = 10
 
     def takes(self, arch: str, problem: Problem) -> bool:
-        return not problem.ragged and dispatch_rule(arch).takes(problem)
+        return _ragged_refusal(problem) is None and dispatch_rule(arch).takes(problem)
 
     def why_taken(self, arch: str, problem: Problem) -> str:
         return dispatch_rule(arch).why(arch, problem)
@@ -105,20 +108,27 @@ class DecodeFamily(Family):
              window: tuple[int, int] | None = None) -> DecodePlan:
         """``window``: the call's own ``(left, right)`` (a kept plan serves longer caches of
         its bucket, where a side the problem's canonical form dropped may bind)."""
-        _whole_batches_only(problem)
+        _check_ragged(problem)
         return decode_plan(problem, schedule, device_index, scale, causal, window)
 
     def plan_key(self, signature: tuple, k, v) -> tuple:
         return decode_plan_key(signature, k, v)
 
 
-def _whole_batches_only(problem: Problem) -> None:
-    """The split-KV kernels read one cache of one length per batch entry: a ragged problem
-    (sequences of their own lengths) is the forward family's."""
-    if problem.ragged:
-        raise UnsupportedProblemError(
-            f"the decode family takes no ragged batch (sequences of their own lengths); got "
-            f"{problem.describe()}: the forward family runs it (--kernel forward)")
+def _ragged_refusal(problem: Problem) -> str | None:
+    """Why the split-KV kernels cannot run a ragged ``problem``, or ``None``. They take a
+    padded batch's per-entry ranges (``sdpa(ranges=)``) with the queries the last positions of
+    each entry's keys: bottom-right, or no mask at all."""
+    if problem.ragged and (problem.causal or problem.windowed) and not problem.bottom_right:
+        return (f"the decode family aligns a ragged batch's mask bottom-right only; got "
+                f"{problem.describe()}: the forward family runs it (--kernel forward)")
+    return None
+
+
+def _check_ragged(problem: Problem) -> None:
+    why = _ragged_refusal(problem)
+    if why is not None:
+        raise UnsupportedProblemError(why)
 
 
 DECODE = register_family(DecodeFamily())

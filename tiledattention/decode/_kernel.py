@@ -120,6 +120,16 @@ def _row_sinks(Sinks, head, group, TILE_G, TILE_S, EXP2):
     return sink  # [TILE_M, 1]
 
 
+def _sequence(A, Ranges, seq, which):
+    """``A`` (``[B, H, S, ...]``) cut along its sequence axis to entry ``seq``'s range
+    ``Ranges[which:which + 2, seq]`` (an empty range stays empty even at the end of ``A``).
+    The forward's."""
+    start = ct.gather(Ranges, (which, seq))
+    length = ct.gather(Ranges, (which + 1, seq)) - start
+    start = min(start, A.shape[2] - 1)
+    return A.slice(axis=2, start=start, stop=start + length)
+
+
 def _normalised(acc, total):
     """``acc / total`` per row, and zeros for rows whose ``total`` is 0 (they saw no key)."""
     seen = total > 0.0
@@ -140,6 +150,7 @@ def decode_split(
     Sinks,  # SINKS: [H_q] float32 sink logits; else a placeholder int the code never reads.
     # The new launch-time values come last: the others keep their offsets (and the code of a
     # plain problem its bytes).
+    Ranges,  # RAGGED: int32 [4, B] query starts, query ends, key starts, key ends; else ()
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -154,6 +165,7 @@ def decode_split(
     WINDOW: ConstBool,  # a sliding window bounds a side of each row's keys
     SOFTCAP: ConstBool,
     SINKS: ConstBool,  # DIRECT only: the sink joins the denominator (else the combine adds it)
+    RAGGED: ConstBool,  # each batch entry's keys and query rows are its Ranges' (bottom-right)
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     heads = Q.shape[1]
@@ -165,6 +177,17 @@ def decode_split(
     kv_head = head // kv_div
     if PDL:
         ct.grid_dependency_control_launch_dependents()
+    q_lo = 0
+    q_hi = Q.shape[3]
+    if RAGGED:
+        # the entry's keys cut out of K and V; its query rows q_lo..q_hi - 1 are the last of
+        # them (bottom-right within the ranges: row i sees keys up to i + len - q_hi); rows
+        # outside come out as zeros
+        K = _sequence(K, Ranges, batch, 2)
+        V = _sequence(V, Ranges, batch, 2)
+        q_lo = ct.gather(Ranges, (0, batch))
+        q_hi = ct.gather(Ranges, (1, batch))
+        causal_offset = K.shape[2] - q_hi
 
     scale = qk_scale
     if EXP2:
@@ -259,6 +282,8 @@ def decode_split(
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
     out = _normalised(acc, l_i)
+    if RAGGED:  # rows outside the entry's query range: zeros (a zero partial in every split)
+        out = ct.where((positions >= q_lo) & (positions < q_hi), out, 0.0)
     if DIRECT:
         ct.store(Out, index=(batch, head, 0, q_tile, 0),
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))

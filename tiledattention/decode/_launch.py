@@ -30,18 +30,21 @@ _kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
-           "default_scale", "launch", "NO_SINKS", "Variant", "variant_of", "key_walk",
+           "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
            "max_key_tiles"]
 
 SPLIT_PARAMETERS = KernelParameters(
     (f"{__package__}._kernel", "decode_split"),
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
-     "window_right", "softcap", "Sinks"))
+     "window_right", "softcap", "Sinks", "Ranges"))
 COMBINE_PARAMETERS = KernelParameters((f"{__package__}._kernel", "decode_combine"),
                                       ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
 NO_SINKS = 0
+#: What ``Ranges`` receives when ``RAGGED`` is off: an empty tuple, a parameter of no bytes (the
+#: forward's placeholder), so the split kernel's parameter space and machine code are unchanged.
+UNUSED = ()
 
 
 class Variant(NamedTuple):
@@ -169,6 +172,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "PDL": schedule.splits > 1 and schedule.combine == "pdl",
         "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
         "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
+        "RAGGED": problem.ragged,
     }
 
 
@@ -263,11 +267,12 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
-           partials: tuple[Any, Any] | None, sinks: Any = None) -> None:
+           partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
     ``q``; ``partials`` = (Opart, Lse) float32 buffers of :func:`partial_shapes` (``None`` with
     one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
-    has sinks (the caller validates it), else ignored."""
+    has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
+    ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     opart, lse = partials if partials is not None else (out5, out5)
@@ -276,7 +281,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     ct.launch(stream, plan.split_grid, plan.split,
               (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                variant.window_left, variant.window_right, variant.softcap, sink_arg,
-               *plan.split_constants))
+               UNUSED if ranges is None else ranges, *plan.split_constants))
     if plan.combine is not None:
         ct.launch(stream, plan.combine_grid, plan.combine,
                   (opart, lse, out5, sink_arg, *plan.combine_constants),
