@@ -51,6 +51,18 @@ def poisoned_error(out: Any, reference: Any, run: Callable[[], None]) -> float:
     return (diff / torch.linalg.vector_norm(reference)).item()
 
 
+def _bind(case: Any, problem: Any, device_index: int) -> tuple[Any, Any]:
+    """Set a case's problem and device (made current); its inputs' torch dtype and their
+    random generator (seed 1234)."""
+    import torch
+
+    case.problem = problem
+    case.device_index = device_index
+    torch.cuda.set_device(device_index)
+    dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
+    return dtype, torch.Generator(device="cuda").manual_seed(1234)
+
+
 class AttentionCase(Case):
     """Random q, k, v (seed 1234) of ``problem`` on CUDA device ``device_index``, the float32
     reference and an output buffer like q."""
@@ -58,11 +70,7 @@ class AttentionCase(Case):
     def __init__(self, problem: Any, device_index: int) -> None:
         import torch
 
-        self.problem = problem
-        self.device_index = device_index
-        torch.cuda.set_device(device_index)
-        dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
-        gen = torch.Generator(device="cuda").manual_seed(1234)
+        dtype, gen = _bind(self, problem, device_index)
 
         def rand(heads: int, seqlen: int) -> torch.Tensor:
             return torch.randn(problem.batch, heads, seqlen, problem.head_dim, dtype=dtype,
@@ -143,11 +151,7 @@ class RaggedCase(Case):
         from ._ragged import RaggedLayout, packed_ranges
         from ._reference import varlen_reference
 
-        self.problem = problem
-        self.device_index = device_index
-        torch.cuda.set_device(device_index)
-        dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
-        gen = torch.Generator(device="cuda").manual_seed(1234)
+        dtype, gen = _bind(self, problem, device_index)
         lens_q = ragged_lengths(problem)
         lens_k = [max(1, n * problem.seqlen_k // problem.seqlen_q) for n in lens_q]
         cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
