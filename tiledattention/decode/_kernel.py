@@ -23,7 +23,9 @@ visible keys, split over the CTAs of its row, and the key walk starts where that
 tiles at the range's edges are masked. ``SOFTCAP`` caps the scaled scores at ``softcap *
 tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[h] - m)`` to each row's denominator once: in
 the single split's normalisation or in the combine, never per split. A row that sees no key
-returns zeros. Every UPPER_CASE parameter is a compile-time constant (``_launch``); nothing
+returns zeros. ``RAGGED`` (a padded batch's per-entry ranges, ``Ranges``): each batch entry's
+keys are cut out of K and V, its query rows in range are the last positions of those keys
+(bottom-right), and rows outside the range come out as zeros. Every UPPER_CASE parameter is a compile-time constant (``_launch``); nothing
 here depends on ``S_k`` at compile time, so a decode loop whose cache grows by a key per step
 reuses one compiled kernel.
 """
