@@ -10,9 +10,9 @@ is run as per-entry ranges (``sdpa(..., ranges=)``): the mask builder checks, on
 builds, that the mask is exactly that (one comparison on the device and one host read), and
 the attention function finds the ranges by the mask object it is given (no autograd: a padded
 training step still goes to SDPA). Packed sequences (transformers' padding-free path, which
-passes ``cu_seq_lens_q/k`` and ``max_length_q/k``) run on ``varlen_attn``, differentiable. Calls
-the kernel runs — no mask or a padded batch's, no
-dropout, bf16/fp16 CUDA, supported head dim — go to
+passes ``cu_seq_lens_q/k`` and ``max_length_q/k``) run on ``varlen_attn``, differentiable.
+Calls the kernel runs — no mask or a padded batch's, no dropout, bf16/fp16 CUDA, supported
+head dim — go to
 :func:`~tiledattention.integrations.attention` (``tiledattention::sdpa_fwd``, or in training,
 where the inputs require grad, ``tiledattention::sdpa_fwd_lse`` and the backward kernels), with
 the layer's sliding window (``sliding_window``: Mistral, Gemma 2/3, GPT-OSS), logit softcap
@@ -87,6 +87,21 @@ def _fallback(reason: str, module: Any, query: torch.Tensor, key: torch.Tensor,
     rest = {name: value for name, value in kwargs.items() if name not in _VARIANT_KWARGS}
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                   scaling=scaling, is_causal=is_causal, **rest)
+
+
+def _variant_of(kwargs: dict) -> dict[str, Any]:
+    """The kernel's variant keywords for a layer's: its sliding window of ``W`` keys as the
+    causal window ``(W - 1, 0)``, its ``softcap``, its sinks (``s_aux``); those it has."""
+    variant: dict[str, Any] = {}
+    window = kwargs.get("sliding_window")
+    if window is not None:
+        variant["window"] = (int(window) - 1, 0)
+    if kwargs.get("softcap") is not None:
+        variant["softcap"] = float(kwargs["softcap"])
+    sinks = _sinks_of(kwargs)
+    if sinks is not None:
+        variant["sinks"] = sinks
+    return variant
 
 
 def _sinks_of(kwargs: dict) -> Any:
@@ -264,11 +279,9 @@ def tiledattention_attention_forward(
     # alignment == no mask), and a longer query with as many or more keys is causal top-left.
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q_len, kv_len = query.shape[2], key.shape[2]
-    variant: dict[str, Any] = {}
-    window = kwargs.get("sliding_window")
-    if window is not None:
+    variant = _variant_of(kwargs)
+    if "window" in variant:
         # tiledattention_mask left the mask out: the queries are the last q_len keys
-        variant["window"] = (int(window) - 1, 0)
         causal = "bottom_right" if kv_len > q_len else True
     else:
         causal = bool(causal) and q_len > 1
@@ -277,11 +290,6 @@ def tiledattention_attention_forward(
             # mask otherwise); keys past q_len are unfilled slots that top-left causal masks.
             key = key[:, :, :q_len]
             value = value[:, :, :q_len]
-    if kwargs.get("softcap") is not None:
-        variant["softcap"] = float(kwargs["softcap"])
-    sinks = _sinks_of(kwargs)
-    if sinks is not None:
-        variant["sinks"] = sinks
     if not torch.compiler.is_compiling():
         _counts.tiledattention += 1
     out = attention(query, key, value, causal, scaling, **variant)
@@ -326,18 +334,9 @@ def _padded_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
     window, softcap and sinks; ``[B, S_q, H_q, D]`` out."""
     import tiledattention
 
-    variant: dict[str, Any] = {}
-    window = kwargs.get("sliding_window")
-    if window is not None:
-        variant["window"] = (int(window) - 1, 0)
-    if kwargs.get("softcap") is not None:
-        variant["softcap"] = float(kwargs["softcap"])
-    sinks = _sinks_of(kwargs)
-    if sinks is not None:
-        variant["sinks"] = sinks
     _counts.tiledattention += 1
     out = tiledattention.sdpa(query, key, value, "bottom_right", scaling, ranges=ranges,
-                              **variant)
+                              **_variant_of(kwargs))
     return out.transpose(1, 2).contiguous()
 
 
