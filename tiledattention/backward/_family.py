@@ -196,7 +196,8 @@ class BackwardFamily(Family):
     name = "backward"
     problem_type = Problem
     schedule_type = BackwardSchedule
-    template_modules = ("tiledattention.backward._kernel", "tiledattention.backward._launch")
+    template_modules = ("tiledattention.backward._kernel", "tiledattention.backward._launch",
+                        "tiledattention._kernel_ranges")
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)
     # the forward's metric: same GQA group; |log2 S_q - log2 S_q'| + |log2 S_k - log2 S_k'| +

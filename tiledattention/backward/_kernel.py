@@ -68,6 +68,8 @@ import math
 import cuda.tile as ct
 import numpy as np
 
+from .._kernel_ranges import sequence_length, sequence_view_at_least
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -93,24 +95,6 @@ def _causal_offset(Q, K, BOTTOM_RIGHT):
     if BOTTOM_RIGHT:
         offset = K.shape[2] - Q.shape[2]
     return offset
-
-
-def _sequence(A, Ranges, seq, which, at_least=0):
-    """``A`` (``[B, H, S, ...]``) cut along its sequence axis to sequence ``seq``'s range,
-    ``Ranges[which:which + 2, seq]`` = ``[start, end)``; an empty range stays empty even where
-    it starts at the end of ``A`` (a slice must start inside the array), unless ``at_least``
-    rows are asked for: a view that loads read but nothing stores to, whose rows past the
-    range are never used (a load from an empty view faults). The forward's, plus
-    ``at_least``."""
-    start = ct.gather(Ranges, (which, seq))
-    length = max(ct.gather(Ranges, (which + 1, seq)) - start, at_least)
-    start = min(start, A.shape[2] - 1)
-    return A.slice(axis=2, start=start, stop=min(start + length, A.shape[2]))
-
-
-def _sequence_length(Ranges, seq, which):
-    """Sequence ``seq``'s length in ``Ranges`` (rows ``which``, ``which + 1``)."""
-    return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
 
 
 # The window's bounds below are plain integer arithmetic: the kernels call them on scalars, and
@@ -227,15 +211,15 @@ def _dq(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, heads_q, group, window_left,
         seq = batch
         if PACKED:
             batch = 0
-        q_count = _sequence_length(Ranges, seq, 0)
-        Q = _sequence(Q, Ranges, seq, 0, 1)
-        K = _sequence(K, Ranges, seq, 2)
-        V = _sequence(V, Ranges, seq, 2)
-        Out = _sequence(Out, Ranges, seq, 0, 1)
-        dO = _sequence(dO, Ranges, seq, 0, 1)
-        Lse = _sequence(Lse, Ranges, seq, 0, 1)
-        Delta = _sequence(Delta, Ranges, seq, 0, 1)
-        dQ = _sequence(dQ, Ranges, seq, 0, 1)
+        q_count = sequence_length(Ranges, seq, 0)
+        Q = sequence_view_at_least(Q, Ranges, seq, 0, 1)
+        K = sequence_view_at_least(K, Ranges, seq, 2)
+        V = sequence_view_at_least(V, Ranges, seq, 2)
+        Out = sequence_view_at_least(Out, Ranges, seq, 0, 1)
+        dO = sequence_view_at_least(dO, Ranges, seq, 0, 1)
+        Lse = sequence_view_at_least(Lse, Ranges, seq, 0, 1)
+        Delta = sequence_view_at_least(Delta, Ranges, seq, 0, 1)
+        dQ = sequence_view_at_least(dQ, Ranges, seq, 0, 1)
     _dq_tile(Q, K, V, Out, dO, Lse, Delta, dQ, qk_scale, group, window_left, window_right,
              softcap, q_tile, batch, head, q_count, TILE_M=TILE_M, TILE_N=TILE_N,
              TILE_D=TILE_D, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT, KV_LATENCY=KV_LATENCY,
@@ -444,15 +428,15 @@ def _dkdv(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, heads_kv, group, window_lef
         seq = batch
         if PACKED:
             batch = 0
-        K = _sequence(K, Ranges, seq, 2)
+        K = sequence_view_at_least(K, Ranges, seq, 2)
         if kv_tile * TILE_N < K.shape[2]:
-            V = _sequence(V, Ranges, seq, 2)
-            dK = _sequence(dK, Ranges, seq, 2)
-            dV = _sequence(dV, Ranges, seq, 2)
-            Q = _sequence(Q, Ranges, seq, 0)
-            dO = _sequence(dO, Ranges, seq, 0)
-            Lse = _sequence(Lse, Ranges, seq, 0)
-            Delta = _sequence(Delta, Ranges, seq, 0)
+            V = sequence_view_at_least(V, Ranges, seq, 2)
+            dK = sequence_view_at_least(dK, Ranges, seq, 2)
+            dV = sequence_view_at_least(dV, Ranges, seq, 2)
+            Q = sequence_view_at_least(Q, Ranges, seq, 0)
+            dO = sequence_view_at_least(dO, Ranges, seq, 0)
+            Lse = sequence_view_at_least(Lse, Ranges, seq, 0)
+            Delta = sequence_view_at_least(Delta, Ranges, seq, 0)
             _dkdv_tile(Q, K, V, dO, Lse, Delta, dK, dV, qk_scale, group, window_left,
                        window_right, softcap, kv_tile, batch, kv_head, split, TILE_M=TILE_M,
                        TILE_N=TILE_N, TILE_D=TILE_D, CAUSAL=CAUSAL, BOTTOM_RIGHT=BOTTOM_RIGHT,

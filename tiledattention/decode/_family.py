@@ -51,7 +51,8 @@ class DecodeFamily(Family):
     name = "decode"
     problem_type = Problem
     schedule_type = DecodeSchedule
-    template_modules = ("tiledattention.decode._kernel", "tiledattention.decode._launch")
+    template_modules = ("tiledattention.decode._kernel", "tiledattention.decode._launch",
+                        "tiledattention._kernel_ranges")
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)
     # same GQA group (it decides the packing); distance |log2 S_k - log2 S_k'| +

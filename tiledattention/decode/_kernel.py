@@ -37,6 +37,8 @@ import math
 import cuda.tile as ct
 import numpy as np
 
+from .._kernel_ranges import sequence_view
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -122,16 +124,6 @@ def _row_sinks(Sinks, head, group, TILE_G, TILE_S, EXP2):
     return sink  # [TILE_M, 1]
 
 
-def _sequence(A, Ranges, seq, which):
-    """``A`` (``[B, H, S, ...]``) cut along its sequence axis to entry ``seq``'s range
-    ``Ranges[which:which + 2, seq]`` (an empty range stays empty even at the end of ``A``).
-    The forward's."""
-    start = ct.gather(Ranges, (which, seq))
-    length = ct.gather(Ranges, (which + 1, seq)) - start
-    start = min(start, A.shape[2] - 1)
-    return A.slice(axis=2, start=start, stop=start + length)
-
-
 def _normalised(acc, total):
     """``acc / total`` per row, and zeros for rows whose ``total`` is 0 (they saw no key)."""
     seen = total > 0.0
@@ -185,8 +177,8 @@ def decode_split(
         # the entry's keys cut out of K and V; its query rows q_lo..q_hi - 1 are the last of
         # them (bottom-right within the ranges: row i sees keys up to i + len - q_hi); rows
         # outside come out as zeros
-        K = _sequence(K, Ranges, batch, 2)
-        V = _sequence(V, Ranges, batch, 2)
+        K = sequence_view(K, Ranges, batch, 2)
+        V = sequence_view(V, Ranges, batch, 2)
         q_lo = ct.gather(Ranges, (0, batch))
         q_hi = ct.gather(Ranges, (1, batch))
         causal_offset = K.shape[2] - q_hi

@@ -70,7 +70,8 @@ class ForwardFamily(Family):
     name = "forward"
     problem_type = Problem
     schedule_type = Schedule
-    template_modules = ("tiledattention.forward._kernel", "tiledattention.forward._launch")
+    template_modules = ("tiledattention.forward._kernel", "tiledattention.forward._launch",
+                        "tiledattention._kernel_ranges")
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)
     # same GQA group size; distance |log2 S_q - log2 S_q'| + |log2 S_k - log2 S_k'| +

@@ -24,6 +24,8 @@ import math
 import cuda.tile as ct
 import numpy as np
 
+from .._kernel_ranges import sequence_view
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -82,16 +84,6 @@ def _window_tiles(first_row, seqlen_k, window_left, window_right, *, TILE_M, TIL
     return first, unmasked_lo, unmasked_hi, end
 
 
-def _sequence(A, Ranges, seq, which):
-    """``A`` (``[B, H, S, ...]``) cut along its sequence axis to sequence ``seq``'s range,
-    ``Ranges[which:which + 2, seq]`` = ``[start, end)``; an empty range stays empty even where
-    it starts at the end of ``A`` (a slice must start inside the array)."""
-    start = ct.gather(Ranges, (which, seq))
-    length = ct.gather(Ranges, (which + 1, seq)) - start
-    start = min(start, A.shape[2] - 1)
-    return A.slice(axis=2, start=start, stop=start + length)
-
-
 def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, window_left,
                    window_right, softcap, Sinks, Ranges, TILE_M, TILE_N, TILE_D, TILE_D2,
                    CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
@@ -110,13 +102,13 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, w
         seq = batch
         if PACKED:
             batch = 0
-        Q = _sequence(Q, Ranges, seq, 0)
+        Q = sequence_view(Q, Ranges, seq, 0)
         if q_tile * TILE_M < Q.shape[2]:
-            K = _sequence(K, Ranges, seq, 2)
-            V = _sequence(V, Ranges, seq, 2)
-            Out = _sequence(Out, Ranges, seq, 0)
+            K = sequence_view(K, Ranges, seq, 2)
+            V = sequence_view(V, Ranges, seq, 2)
+            Out = sequence_view(Out, Ranges, seq, 0)
             if STORE_LSE:
-                Lse = _sequence(Lse, Ranges, seq, 0)
+                Lse = sequence_view(Lse, Ranges, seq, 0)
             _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group,
                          window_left=window_left, window_right=window_right, softcap=softcap,
                          Sinks=Sinks, TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D,
