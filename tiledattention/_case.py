@@ -172,6 +172,7 @@ class RaggedCase(Case):
             self.q, self.k, self.v, cu_q, cu_k, causal=problem.causal,
             bottom_right=problem.bottom_right, window=(problem.window_left, problem.window_right))
         self.out = torch.zeros_like(self.q)
+        self.cu_seq_q, self.cu_seq_k = cu_q, cu_k
         self.layout = RaggedLayout(packed_ranges(cu_q, cu_k), max(lens_q), max(lens_k), True)
 
     @staticmethod

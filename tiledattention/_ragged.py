@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._problem import INDEX_LIMIT, Problem
+from ._problem import INDEX_LIMIT, ROW_STAT_ALIGN, Problem
 
-__all__ = ["RaggedLayout", "ragged_problem", "pow2_at_least", "packed_ranges"]
+__all__ = ["RaggedLayout", "ragged_problem", "pow2_at_least", "packed_ranges",
+           "packed_row_stat_length", "packed_row_stat"]
 
 
 class RaggedLayout(NamedTuple):
@@ -69,3 +70,19 @@ def packed_ranges(cu_seq_q: Any, cu_seq_k: Any) -> Any:
 
     return torch.stack((cu_seq_q[:-1], cu_seq_q[1:], cu_seq_k[:-1], cu_seq_k[1:])).to(
         torch.int32).contiguous()
+
+
+def packed_row_stat_length(tokens: int) -> int:
+    """The storage length of a packed call's per-row statistic: ``tokens`` rounded up to
+    ``ROW_STAT_ALIGN`` (16-byte aligned rows, as ``row_stat_shape`` gives a rectangle's)."""
+    return -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+
+
+def packed_row_stat(heads: int, tokens: int, device: Any) -> Any:
+    """A float32 ``[1, heads, tokens]`` view of row-aligned storage (a packed call's
+    log-sum-exp or delta)."""
+    import torch
+
+    store = torch.empty((1, heads, packed_row_stat_length(tokens)), dtype=torch.float32,
+                        device=device)
+    return store[:, :, :tokens]

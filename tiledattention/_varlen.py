@@ -31,10 +31,11 @@ import torch
 from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
-from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, ROW_STAT_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT,
+from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
                        causal_flags, check_reach, default_scale, padded_head_dim,
                        problem_from_arrays, sink_logits, variant_args)
-from ._ragged import RaggedLayout, packed_ranges, ragged_problem
+from ._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
+                      ragged_problem)
 from ._ragged_fill import clear_uncovered_rows
 from ._runtime import Runtime
 from .errors import (InputTypeError, InputValueError, UnsupportedOperationError,
@@ -152,12 +153,6 @@ def _view(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(0).transpose(1, 2)
 
 
-def _row_stat(heads: int, tokens: int, device: Any) -> torch.Tensor:
-    """A float32 ``[1, H, tokens]`` view of row-aligned storage (16-byte aligned rows)."""
-    padded = -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
-    return torch.empty((1, heads, padded), dtype=torch.float32, device=device)[:, :, :tokens]
-
-
 def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
              enable_gqa):
     """Validate a call; ``(problem, layout, scale)``."""
@@ -196,7 +191,7 @@ def varlen_forward(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
     family = choose_family(device_info(device).arch, problem, "sdpa_with_lse")
     schedule = runtime.resolution(family, problem, device).schedule
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    lse = _row_stat(query.shape[1], query.shape[0], query.device)
+    lse = packed_row_stat(query.shape[1], query.shape[0], query.device)
     stream = torch.cuda.current_stream(query.device)
     family.forward_with_lse(stream, _view(query), _view(key), _view(value), _view(out), lse,
                             problem, schedule, scale, device, ragged=layout)
@@ -226,7 +221,7 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
     schedule = runtime.resolution(family, problem, device).schedule
     grads = tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device)
                   for x in (query, key, value))
-    delta = _row_stat(query.shape[1], query.shape[0], query.device)
+    delta = packed_row_stat(query.shape[1], query.shape[0], query.device)
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     stream = torch.cuda.current_stream(query.device)
     family.backward(stream, problem, schedule, scale, _view(query), _view(key), _view(value),
@@ -345,7 +340,7 @@ def varlen_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def _varlen_fwd_fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal, bottom_right,
                      scale, window_left, window_right):
     tokens, heads = query.shape[0], query.shape[1]
-    padded = -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+    padded = packed_row_stat_length(tokens)
     lse = query.new_empty_strided((1, heads, tokens), (heads * padded, padded, 1),
                                   dtype=torch.float32)
     return torch.empty_like(query, memory_format=torch.contiguous_format), lse

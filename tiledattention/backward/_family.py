@@ -43,6 +43,26 @@ def allocate_scratch(plan: Launches, device: Any) -> dict[str, Any]:
             for name, shape in plan.scratch.items()}
 
 
+def _grad_out_and_forward(case: Any, arrays: tuple, lse: Any, **extra: Any) -> None:
+    """A backward case's dO (seed 4321, like ``case.q``), scale, and the forward's output and
+    log-sum-exp from the registered forward family (its default schedule) on ``arrays`` (q, k,
+    v, out as the kernels take them) into ``lse``; ``extra``: the forward's keywords."""
+    import torch
+
+    from .._device import device_info
+    from .._dispatch import choose_family
+
+    problem = case.problem
+    gen = torch.Generator(device="cuda").manual_seed(4321)
+    case.grad_out = torch.randn(case.q.shape, dtype=case.q.dtype, device="cuda", generator=gen)
+    case.scale = default_scale(problem)
+    arch = device_info(case.device_index).arch
+    forward = choose_family(arch, problem, "sdpa_with_lse")  # the registered forward
+    forward.forward_with_lse(torch.cuda.current_stream(), *arrays, lse, problem,
+                             forward.default_schedule(arch, problem), case.scale,
+                             case.device_index, **extra)
+
+
 class BackwardCase(AttentionCase):
     """Random q, k, v and dO of ``problem`` (and its sink logits); the forward's output and
     log-sum-exp from this project's forward kernel (its default schedule); float32 reference
@@ -52,21 +72,11 @@ class BackwardCase(AttentionCase):
     def __init__(self, problem: Problem, device_index: int) -> None:
         import torch
 
-        from .._device import device_info
-        from .._dispatch import choose_family
-
         super().__init__(problem, device_index)
-        gen = torch.Generator(device="cuda").manual_seed(4321)
-        self.grad_out = torch.randn(self.q.shape, dtype=self.q.dtype, device="cuda",
-                                    generator=gen)
-        self.scale = default_scale(problem)
         store = torch.empty(row_stat_shape(problem), dtype=torch.float32, device="cuda")
         self.lse = store[:, :, :problem.seqlen_q]
-        arch = device_info(device_index).arch
-        forward = choose_family(arch, problem, "sdpa_with_lse")  # the registered forward
-        forward.forward_with_lse(torch.cuda.current_stream(), self.q, self.k, self.v, self.out,
-                                 self.lse, problem, forward.default_schedule(arch, problem),
-                                 self.scale, device_index, sinks=self.sinks)
+        _grad_out_and_forward(self, (self.q, self.k, self.v, self.out), self.lse,
+                              sinks=self.sinks)
         self.delta = torch.empty_like(store)[:, :, :problem.seqlen_q]
         leaves = [x.detach().float().requires_grad_() for x in (self.q, self.k, self.v)]
         with torch.enable_grad():
@@ -135,34 +145,19 @@ class RaggedBackwardCase(RaggedCase):
     def __init__(self, problem: Problem, device_index: int) -> None:
         import torch
 
-        from .._device import device_info
-        from .._dispatch import choose_family
-        from .._problem import ROW_STAT_ALIGN
+        from .._ragged import packed_row_stat
         from .._reference import varlen_reference
 
         super().__init__(problem, device_index)
-        gen = torch.Generator(device="cuda").manual_seed(4321)
-        self.grad_out = torch.randn(self.q.shape, dtype=self.q.dtype, device="cuda",
-                                    generator=gen)
-        self.scale = default_scale(problem)
-        tokens = self.q.shape[0]
-        padded = -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
-        self.lse = torch.empty((1, problem.heads_q, padded), dtype=torch.float32,
-                               device="cuda")[:, :, :tokens]
-        self.delta = torch.empty_like(self.lse)
-        arch = device_info(device_index).arch
-        forward = choose_family(arch, problem, "sdpa_with_lse")
+        self.lse, self.delta = (packed_row_stat(problem.heads_q, self.q.shape[0], "cuda")
+                                for _ in range(2))
         view = self.view
-        forward.forward_with_lse(torch.cuda.current_stream(), view(self.q), view(self.k),
-                                 view(self.v), view(self.out), self.lse, problem,
-                                 forward.default_schedule(arch, problem), self.scale,
-                                 device_index, ragged=self.layout)
-        ranges = self.layout.ranges
-        cu_q = torch.cat((ranges[0, :1], ranges[1]))
-        cu_k = torch.cat((ranges[2, :1], ranges[3]))
+        _grad_out_and_forward(self, tuple(view(x) for x in (self.q, self.k, self.v, self.out)),
+                              self.lse, ragged=self.layout)
         leaves = [x.detach().float().requires_grad_() for x in (self.q, self.k, self.v)]
         with torch.enable_grad():
-            ref_out = varlen_reference(*leaves, cu_q, cu_k, causal=problem.causal,
+            ref_out = varlen_reference(*leaves, self.cu_seq_q, self.cu_seq_k,
+                                       causal=problem.causal,
                                        bottom_right=problem.bottom_right, scale=self.scale,
                                        window=(problem.window_left, problem.window_right))
             self.reference_grads = torch.autograd.grad(ref_out, leaves, self.grad_out.float())
