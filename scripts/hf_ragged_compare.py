@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _train import train_steps
 
 import tiledattention.integrations as ti
 
@@ -62,31 +63,26 @@ def generate(kind: str, implementation: str, ids: torch.Tensor, mask: torch.Tens
 
 
 def train(kind: str, implementation: str, batches: list[list[torch.Tensor]]) -> list[float]:
+    model = model_of(kind, implementation, dtype=torch.float32).train()
+    return train_steps(model, (batch_of(implementation, seqs) for seqs in batches))
+
+
+def batch_of(implementation: str, seqs: list[torch.Tensor]) -> dict:
+    """The sequences as tiledattention's packed row (``DataCollatorWithFlattening``:
+    ``cu_seq_lens``) or as sdpa's right-padded batch with a mask; on the GPU."""
     import transformers
 
-    model = model_of(kind, implementation, dtype=torch.float32).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    collate = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)
-    losses = []
-    for seqs in batches:
-        if implementation == "tiledattention":  # packed: one row, cu_seq_lens
-            batch = collate([{"input_ids": s.tolist()} for s in seqs])
-        else:  # the same sequences right-padded
-            longest = max(len(s) for s in seqs)
-            ids = torch.zeros(len(seqs), longest, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, s in enumerate(seqs):
-                ids[i, :len(s)], mask[i, :len(s)] = s, 1
-            batch = dict(input_ids=ids, attention_mask=mask,
-                         labels=ids.masked_fill(mask == 0, -100))
-        batch = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(**batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    if implementation == "tiledattention":
+        collate = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+        batch = collate([{"input_ids": s.tolist()} for s in seqs])
+    else:
+        longest = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), longest, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)], mask[i, :len(s)] = s, 1
+        batch = dict(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
+    return {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

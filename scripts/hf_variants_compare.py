@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _train import train_steps
 
 import tiledattention.integrations as ti
 
@@ -78,16 +79,7 @@ def generate(kind: str, implementation: str, prompt: torch.Tensor, new: int,
 def train(kind: str, implementation: str, batches: list[torch.Tensor],
           autocast: bool = True) -> list[float]:
     model = model_of(kind, implementation, dtype=torch.float32).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    losses = []
-    for ids in batches:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    return train_steps(model, (dict(input_ids=ids, labels=ids) for ids in batches), autocast)
 
 
 def main(argv: list[str] | None = None) -> int:
