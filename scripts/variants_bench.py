@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _study import run_points
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention
@@ -284,19 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the named point(s)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    records, text = [], ""
-    for point in POINTS:
-        if args.only and point[0] not in args.only:
-            continue
-        try:
-            records += measure(point, args.rounds)
-        except Exception as exc:  # one point's failure must not lose the others
-            records.append(dict(point=point[0], contender=OURS, phase="-",
-                                status=f"{type(exc).__name__}: {exc}"[:200]))
-            print(f"{point[0]}: {exc}", file=sys.stderr)
-        torch.cuda.empty_cache()
-        text = write(records, args.out)  # after every point: a run cut short keeps its points
-        print(f"{point[0]} done", file=sys.stderr, flush=True)
+    text = run_points(POINTS, args.only, lambda point: measure(point, args.rounds),
+                      lambda point, why: dict(point=point[0], contender=OURS, phase="-",
+                                              status=why),
+                      write, args.out)
     print(text)
     return 0
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _study import run_points
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention
@@ -278,20 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[])
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    records: list[dict] = []
-    text = ""
-    for batch in BATCHES:
-        if args.only and batch[0] not in args.only:
-            continue
-        try:
-            records += measure(batch, args.rounds)
-        except Exception as exc:  # one batch's failure must not lose the others
-            records.append(dict(batch=batch[0], contender=OURS,
-                                status=f"{type(exc).__name__}: {exc}"[:200]))
-            print(f"{batch[0]}: {exc}", file=sys.stderr)
-        torch.cuda.empty_cache()
-        text = write(records, args.out)
-        print(f"{batch[0]} done", file=sys.stderr, flush=True)
+    text = run_points(BATCHES, args.only, lambda batch: measure(batch, args.rounds),
+                      lambda batch, why: dict(batch=batch[0], contender=OURS, status=why),
+                      write, args.out)
     print(text)
     return 0
 
