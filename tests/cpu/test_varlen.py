@@ -16,9 +16,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import tiledattention
 from tiledattention import FORWARD, KernelArgumentError, Problem, Schedule
 from tiledattention._case import ragged_flops, ragged_lengths
-from tiledattention._ragged import ragged_problem
+from tiledattention._ragged import (TABLE_MIN_IDLE_CTAS, ragged_problem, use_work_table,
+                                    work_items, work_table)
 from tiledattention.forward._compile import compile_schedule
-from tiledattention.forward._launch import kernel_args, kernel_constants, normalise, ragged_grid
+from tiledattention.forward._launch import (kernel_args, kernel_constants, kernel_parameters,
+                                            normalise, ragged_grid)
 from tiledattention.tooling import varlen_reference
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
@@ -104,6 +106,84 @@ def test_the_ragged_forward_compiles(arch, fields):
     schedule = FORWARD.default_schedule(arch, problem)
     result = compile_schedule(problem, FORWARD.normalise(problem, schedule), arch)
     assert result.cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_ragged_forward_compiles_with_a_work_table(arch):
+    from tiledattention.forward._compile import _export
+    from tiledattention.forward._launch import kernel_for
+
+    problem = _ragged()
+    schedule = FORWARD.normalise(problem, FORWARD.default_schedule(arch, problem))
+    constants = kernel_constants(problem, schedule, packed=True, work_table=True)
+    assert constants["WORK_TABLE"]
+    result = _export(problem, kernel_for(schedule), constants, arch, "work table")
+    assert result.cubin[:4] == b"\x7fELF"
+
+
+# -- the work table of a skewed batch -------------------------------------------------------------
+def _ranges_of(q_lens, k_lens=None):
+    k_lens = q_lens if k_lens is None else k_lens
+    cq = torch.tensor([0] + list(q_lens)).cumsum(0)
+    ck = torch.tensor([0] + list(k_lens)).cumsum(0)
+    return torch.stack((cq[:-1], cq[1:], ck[:-1], ck[1:])).to(torch.int32)
+
+
+def test_a_work_table_holds_every_tile_once_heaviest_sequences_first():
+    q_lens = [5, 300, 0, 129, 1, 64, 0, 257]
+    k_lens = [5, 300, 0, 129, 9000, 64, 7, 257]  # a short query over a long cache weighs more
+    items = work_items(sequences=8, longest_q=300, rows_q=sum(q_lens), tile_m=64)
+    table = work_table(_ranges_of(q_lens, k_lens), 64, items)
+    assert table.dtype == torch.int32 and table.shape == (2, items)
+    pairs = [(int(s), int(t)) for s, t in table.T if s >= 0]
+    want = {(i, t) for i, n in enumerate(q_lens) for t in range(-(-n // 64))}
+    assert sorted(pairs) == sorted(want) and len(pairs) == len(want)
+    assert all(int(s) == -1 for s in table[0, len(pairs):])  # the rest: no work
+    # sequences by queries x keys, heaviest first; each one's tiles from its last
+    assert [s for s, _ in pairs][:5] == [1] * 5 and [t for _, t in pairs][:5] == [4, 3, 2, 1, 0]
+    order = list(dict.fromkeys(s for s, _ in pairs))
+    assert order == [1, 7, 3, 4, 5, 0]
+
+
+def test_work_items_bound_the_tiles_of_any_lengths():
+    # 3 sequences in 10 rows: at most 10 // 8 tiles and one partial tile each
+    assert work_items(sequences=3, longest_q=8, rows_q=10, tile_m=8) == 3
+    assert work_items(sequences=3, longest_q=9, rows_q=10, tile_m=8) == 3  # e.g. 9, 1, 0
+    for lens in ([1, 1, 8], [8, 1, 1], [9, 1, 0], [4, 4, 2]):
+        tiles = sum(-(-n // 8) for n in lens)
+        assert tiles <= work_items(sequences=3, longest_q=max(lens), rows_q=10, tile_m=8)
+
+
+def test_a_skewed_batch_walks_a_table_and_an_even_one_its_grid(launches):
+    """Where the longest sequence's grid leaves at least TABLE_MIN_IDLE_CTAS idle, the launch
+    is 1-D over (work item x head) and takes the table; an even batch keeps the 2-D grid."""
+    from tiledattention.forward._launch import launch_ragged
+
+    s = Schedule(tile_m=128, tile_n=64)
+    heads = 32
+    for lens, table in (([4096] + [100] * 76, True), ([1024] * 32, False)):
+        tokens = sum(lens)
+        q = torch.empty(1, heads, tokens, 128, dtype=torch.bfloat16)
+        k = torch.empty(1, 8, tokens, 128, dtype=torch.bfloat16)
+        problem = _ragged(batch=len(lens), seqlen_q=max(lens), seqlen_k=max(lens))
+        launch_ragged(None, q, k, k, q, _ranges_of(lens), problem, s, 0.1, max(lens),
+                      packed=True)
+        _, grid, _, args = launches.pop()
+        items = work_items(sequences=len(lens), longest_q=max(lens), rows_q=tokens, tile_m=128)
+        assert use_work_table(sequences=len(lens), longest_q=max(lens), items=items,
+                              heads=heads, tile_m=128) is table
+        work = args[kernel_parameters().index("Work")]
+        if table:
+            assert grid == (items * heads, 1, 1) and 32 + 76 <= items < 8 * 77
+            assert isinstance(work, torch.Tensor) and work.shape == (2, items)
+        else:
+            assert grid == (8, 32 * heads, 1) and work == ()
+    assert TABLE_MIN_IDLE_CTAS > 0
+
+
+def test_a_work_table_comes_with_ranges_only():
+    with pytest.raises(KernelArgumentError, match="work table comes only with"):
+        kernel_args("q", "k", "v", "o", _ragged(ragged=False), Schedule(), 0.1, work="w")
 
 
 # -- argument errors ----------------------------------------------------------------------------

@@ -125,6 +125,34 @@ def test_lengths_from_1_to_32k():
     check(q, k, v, cu_q, cu_k, real, is_causal=True)
 
 
+@pytest.fixture(params=["table", "grid"])
+def launch_mode(request, monkeypatch):
+    """Every ragged forward launch walks a work table, or none does (the launcher picks by how
+    many idle CTAs the longest sequence's grid would have)."""
+    import tiledattention._ragged as ragged
+
+    monkeypatch.setattr(ragged, "TABLE_MIN_IDLE_CTAS", 0 if request.param == "table" else 1 << 62)
+    return request.param
+
+
+@pytest.mark.parametrize("is_causal", [False, True, "top_left"])
+def test_both_launch_modes(launch_mode, is_causal):
+    q, k, v, cu_q, cu_k, real = packed_batch(LENGTHS, LENGTHS[::-1], hq=8, hkv=2, seed=3)
+    check(q, k, v, cu_q, cu_k, real, is_causal=is_causal)
+    check(q, k, v, cu_q, cu_k, real, window=(100, 0))
+    lens_q = [0, 5, 9, 0, 33, 4, 2000]
+    lens_k = [0, 0, 9, 12, 33, 0, 2100]
+    q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=4, hkv=1, seed=4)
+    check(q, k, v, cu_q, cu_k, real, is_causal=is_causal)
+
+
+def test_both_launch_modes_padded(launch_mode):
+    s = 700
+    spans = [(p, s) for p in (0, 17, 129, 699, 350)]
+    q, k, v, ranges = padded_batch(5, 8, 2, s, s, 128, spans, spans)
+    check_padded(q, k, v, ranges, True)
+
+
 def test_new_batches_of_one_profile_share_one_lookup():
     """Offsets differ batch to batch; the lookup's memo grows by bucket, not by batch."""
     rt = tiledattention.runtime()

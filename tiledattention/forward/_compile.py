@@ -59,4 +59,7 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
         runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
     if constants.get("RAGGED"):  # the int32 [4, sequences] query and key ranges
         runtime["Ranges"] = array_constraint("int32", (4, p.batch))
+    if constants.get("WORK_TABLE"):  # the int32 [2, items] work table of a skewed ragged call
+        items = p.batch * -(-p.seqlen_q // constants["TILE_M"])
+        runtime["Work"] = array_constraint("int32", (2, items))
     return export_cubin(kernel, ordered_args(runtime, constants), arch, label)

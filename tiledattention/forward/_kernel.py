@@ -353,6 +353,7 @@ def attention_fwd(
     softcap: float,  # SOFTCAP: the cap (> 0); else unread
     Sinks,  # SINKS: [H_q] float32 sink logits (natural log, unscaled); else a placeholder int
     Ranges,  # RAGGED: [4, sequences] int32 query starts, query ends, key starts, key ends
+    Work,  # WORK_TABLE: [2, items] int32 work items: sequences (-1: none) and query tiles
     TILE_M: ConstInt, TILE_N: ConstInt,
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
@@ -372,6 +373,9 @@ def attention_fwd(
     SINKS: ConstBool,  # Sinks[head] joins each row's softmax denominator
     RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
     PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
+    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs query head i % heads_q of Work's item
+    # i // heads_q (only the tiles sequences have; longest sequences first), not the longest
+    # sequence's tiles for every sequence
 ):
     num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
 
@@ -411,7 +415,12 @@ def attention_fwd(
     num_slots = num_q_tiles
     if PAIRED:
         num_slots = ct.cdiv(num_q_tiles, 2)
-    if PERSISTENT:
+    if WORK_TABLE:
+        item = ct.bid(0) // heads_q
+        seq = ct.gather(Work, (0, item))
+        if seq >= 0:
+            attend_tile(ct.gather(Work, (1, item)), seq * heads_q + ct.bid(0) % heads_q)
+    elif PERSISTENT:
         # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
         # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
         for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):

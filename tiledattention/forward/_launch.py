@@ -16,9 +16,11 @@ array does not (sm_90, cuda-tile 1.7.0 / tileiras 13.4).
 
 The variants' values follow ``Lse``, last: ``window_left`` and ``window_right`` (read under
 ``WINDOW``), ``softcap`` (``SOFTCAP``), ``Sinks`` (``SINKS``, the float32 ``[H_q]`` sink
-logits) and ``Ranges`` (``RAGGED``, the int32 ``[4, sequences]`` query and key ranges of a
+logits), ``Ranges`` (``RAGGED``, the int32 ``[4, sequences]`` query and key ranges of a
 ragged batch; ``PACKED`` says whether its sequences lie end to end in one batch entry, a
-property of the call's layout that the launcher passes, not of the problem). A value its constant leaves unread gets :data:`UNUSED`, an empty tuple, which takes no
+property of the call's layout that the launcher passes, not of the problem) and ``Work``
+(``WORK_TABLE``, a ragged call's int32 ``[2, items]`` table of query tiles, which the launcher
+builds where the lengths are skewed: ``launch_ragged``). A value its constant leaves unread gets :data:`UNUSED`, an empty tuple, which takes no
 bytes of the kernel's parameter space. Not an int like ``Lse``'s: on sm_90 the TMA descriptors
 sit after the parameters at the next 64-byte boundary, and the plain forward's parameters end
 exactly on one (176 bytes from 0x210), so one more int32 moves every descriptor by 64 bytes and
@@ -38,6 +40,7 @@ from typing import Any, Mapping
 from .._lazy import lazy_module
 from .._signature import KernelParameters
 from .._problem import Problem, head_dim_parts
+from .._ragged import use_work_table, work_items, work_table
 from ..errors import KernelArgumentError
 from ._schedule import Schedule
 
@@ -51,7 +54,7 @@ __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_con
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
 RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group", "Lse",
-                      "window_left", "window_right", "softcap", "Sinks", "Ranges")
+                      "window_left", "window_right", "softcap", "Sinks", "Ranges", "Work")
 
 #: What ``Lse`` receives when ``STORE_LSE`` is off: an int32 scalar that no code reads.
 NO_LSE = 0
@@ -61,7 +64,7 @@ NO_LSE = 0
 UNUSED = ()
 #: the variants' runtime values, each with the constant under which the kernel reads it
 _VARIANT_VALUES = (("window_left", "WINDOW"), ("window_right", "WINDOW"), ("softcap", "SOFTCAP"),
-                   ("Sinks", "SINKS"), ("Ranges", "RAGGED"))
+                   ("Sinks", "SINKS"), ("Ranges", "RAGGED"), ("Work", "WORK_TABLE"))
 
 
 # -- the kernel's signature ---------------------------------------------------------------------
@@ -235,17 +238,20 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "SINKS": problem.sinks,
         "RAGGED": problem.ragged,
         "PACKED": False,  # kernel_args turns it on for a packed layout
+        "WORK_TABLE": False,  # kernel_args turns it on with a ragged call's work table
     }
 
 
 def kernel_constants(problem: Problem, schedule: Schedule, *, store_lse: bool = False,
-                     packed: bool = False) -> dict[str, Any]:
+                     packed: bool = False, work_table: bool = False) -> dict[str, Any]:
     """The compile-time constants of ``attention_fwd`` by parameter name: the problem's shape
     facts and the flags of ``normalise(problem, schedule)``, passed through unchanged,
-    ``STORE_LSE`` (``store_lse``: also store each row's log-sum-exp) and ``PACKED``
-    (``packed``: a ragged problem's sequences lie end to end)."""
+    ``STORE_LSE`` (``store_lse``: also store each row's log-sum-exp), ``PACKED`` (``packed``:
+    a ragged problem's sequences lie end to end) and ``WORK_TABLE`` (``work_table``: a ragged
+    call walks a table of work items, :func:`launch_ragged`)."""
     return {**_constants(problem, schedule), "STORE_LSE": bool(store_lse),
-            "PACKED": bool(packed) and problem.ragged}
+            "PACKED": bool(packed) and problem.ragged,
+            "WORK_TABLE": bool(work_table) and problem.ragged}
 
 
 def constant_args(problem: Problem, schedule: Schedule) -> tuple:
@@ -256,14 +262,19 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
                 scale: float, lse: Any = None, sinks: Any = None, ranges: Any = None,
-                packed: bool = False) -> tuple:
+                packed: bool = False, work: Any = None) -> tuple:
     """The positional arguments of ``attention_fwd`` for ``ct.launch``. With ``lse`` (a float32
     ``[B, H_q, S_q]`` array) the kernel also stores each query row's log-sum-exp there
     (``STORE_LSE``); without it ``Lse`` gets the placeholder :data:`NO_LSE`. ``sinks``: the
     float32 ``[H_q]`` sink logits, given exactly when ``problem.sinks``; ``ranges``: the int32
     ``[4, sequences]`` ranges, given exactly when ``problem.ragged`` (``packed``: the arrays
-    are ``[1, H, tokens, D]`` views of packed sequences). The window and the softcap come from
-    ``problem``; values the kernel does not read get :data:`UNUSED`."""
+    are ``[1, H, tokens, D]`` views of packed sequences; ``work``: a ragged call's int32
+    ``[2, items]`` work table, ``tiledattention._ragged.work_table``, for a 1-D grid of
+    ``items x H_q`` CTAs). The window and the softcap come from ``problem``; values the kernel
+    does not read get :data:`UNUSED`."""
+    if work is not None and ranges is None:
+        raise KernelArgumentError(f"a work table comes only with a ragged call's ranges; got one "
+                                  f"without them for {problem.describe()}")
     for name, given, wanted in (("sinks", sinks, problem.sinks),
                                 ("ranges", ranges, problem.ragged)):
         if (given is not None) != wanted:
@@ -278,11 +289,12 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
                "window_right": problem.window_right if windowed else UNUSED,
                "softcap": problem.softcap if problem.softcap > 0 else UNUSED,
                "Sinks": UNUSED if sinks is None else sinks,
-               "Ranges": UNUSED if ranges is None else ranges}
+               "Ranges": UNUSED if ranges is None else ranges,
+               "Work": UNUSED if work is None else work}
     constants = _constants(problem, schedule)
-    if lse is not None or packed:
+    if lse is not None or packed or work is not None:
         constants = kernel_constants(problem, schedule, store_lse=lse is not None,
-                                     packed=packed)
+                                     packed=packed, work_table=work is not None)
     return ordered_args(runtime, constants)
 
 
@@ -349,8 +361,24 @@ def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, pr
     """Enqueue the forward of a ragged batch (``problem.ragged``): ``q, k, v, out`` (and
     ``lse``) as ``[B, H, S, D]`` arrays (``packed``: ``[1, H, tokens, D]`` views), ``ranges``
     the int32 ``[4, sequences]`` query and key ranges, ``longest_q`` at least the longest
-    sequence's query count. Rows outside every sequence are not written."""
-    grid = ragged_grid(schedule, problem.heads_q, ranges.shape[1], longest_q)
+    sequence's query count. Rows outside every sequence are not written.
+
+    Where the grid of the longest sequence's tiles would launch many idle CTAs (skewed lengths,
+    ``_ragged.use_work_table``), the launch walks a work table instead, built on torch's
+    current stream (``stream`` must be it): one CTA per (query tile a sequence has x head),
+    the sequences with the most work first."""
+    sequences = ranges.shape[1]
+    rows = q.shape[2] * (1 if packed else sequences)
+    items = work_items(sequences=sequences, longest_q=longest_q, rows_q=rows,
+                       tile_m=schedule.tile_m)
+    if use_work_table(sequences=sequences, longest_q=longest_q, items=items,
+                      heads=problem.heads_q, tile_m=schedule.tile_m):
+        ct.launch(stream, (items * problem.heads_q, 1, 1), kernel_for(schedule),
+                  kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
+                              ranges=ranges, packed=packed,
+                              work=work_table(ranges, schedule.tile_m, items)))
+        return
+    grid = ragged_grid(schedule, problem.heads_q, sequences, longest_q)
     ct.launch(stream, grid, kernel_for(schedule),
               kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
                           ranges=ranges, packed=packed))
