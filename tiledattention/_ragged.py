@@ -21,14 +21,7 @@ from typing import Any, NamedTuple
 from ._problem import INDEX_LIMIT, ROW_STAT_ALIGN, Problem
 
 __all__ = ["RaggedLayout", "ragged_problem", "pow2_at_least", "packed_ranges",
-           "packed_row_stat_length", "packed_row_stat", "work_items", "use_work_table",
-           "work_table", "TABLE_MIN_IDLE_CTAS"]
-
-#: A ragged forward walks a work table (:func:`work_table`) when the longest sequence's grid
-#: would launch at least this many CTAs with nothing to do. Measured on an H100 (skewed batch of
-#: 77 sequences, 64k tokens): the ~80k idle CTAs of that grid cost 0.8 ms, ~10 ns each, while
-#: building a table costs a few tens of microseconds of small kernels.
-TABLE_MIN_IDLE_CTAS = 8192
+           "packed_row_stat_length", "packed_row_stat"]
 
 
 class RaggedLayout(NamedTuple):
@@ -93,39 +86,3 @@ def packed_row_stat(heads: int, tokens: int, device: Any) -> Any:
     store = torch.empty((1, heads, packed_row_stat_length(tokens)), dtype=torch.float32,
                         device=device)
     return store[:, :, :tokens]
-
-
-def work_items(*, sequences: int, longest_q: int, rows_q: int, tile_m: int) -> int:
-    """How many query tiles a ragged call's sequences can have at most: ``tile_m``-row tiles of
-    ``sequences`` sequences of at most ``longest_q`` queries each, lying in ``rows_q`` query
-    rows in all without overlapping (the caller's word, as ``longest_q`` is)."""
-    per_sequence = -(-int(longest_q) // tile_m)
-    partial = (int(rows_q) + sequences * (tile_m - 1)) // tile_m  # every sequence may end inside
-    return max(1, min(sequences * per_sequence, partial))
-
-
-def use_work_table(*, sequences: int, longest_q: int, items: int, heads: int,
-                   tile_m: int) -> bool:
-    """Whether a work table of ``items`` saves at least :data:`TABLE_MIN_IDLE_CTAS` of the CTAs
-    that a grid of the longest sequence's tiles for every (sequence x head) launches."""
-    grid = sequences * -(-int(longest_q) // tile_m)
-    return (grid - items) * heads >= TABLE_MIN_IDLE_CTAS
-
-
-def work_table(ranges: Any, tile_m: int, items: int) -> Any:
-    """The int32 ``[2, items]`` work table of a ragged call (on the ranges' device and torch's
-    current stream, without a host round trip): row 0 a sequence (-1 past the last item), row 1
-    one of its ``tile_m``-row query tiles. The sequences with the most work (queries x keys)
-    come first and each one's last tile first (a causal sequence's heaviest), so the longest
-    jobs start early and a skewed batch does not end on one long sequence."""
-    import torch
-
-    q_len = (ranges[1] - ranges[0]).long()
-    tiles = (q_len + (tile_m - 1)) // tile_m
-    order = torch.argsort(q_len * (ranges[3] - ranges[2]).long(), descending=True, stable=True)
-    ends = torch.cumsum(tiles[order], 0)  # items [ends[p] - tiles, ends[p]) are order[p]'s
-    item = torch.arange(items, device=ranges.device)
-    place = torch.searchsorted(ends, item, right=True).clamp_(max=ranges.shape[1] - 1)
-    last = ends[place]
-    sequence = torch.where(item < last, order[place], -1)
-    return torch.stack((sequence, last - 1 - item)).to(torch.int32)

@@ -16,8 +16,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import tiledattention
 from tiledattention import FORWARD, KernelArgumentError, Problem, Schedule
 from tiledattention._case import ragged_flops, ragged_lengths
-from tiledattention._ragged import (TABLE_MIN_IDLE_CTAS, ragged_problem, use_work_table,
-                                    work_items, work_table)
+from tiledattention._ragged import ragged_problem
+from tiledattention._work_table import TABLE_MIN_IDLE_CTAS, use_work_table, work_items
 from tiledattention.forward._compile import compile_schedule
 from tiledattention.forward._launch import (kernel_args, kernel_constants, kernel_parameters,
                                             normalise, ragged_grid)
@@ -129,20 +129,16 @@ def _ranges_of(q_lens, k_lens=None):
     return torch.stack((cq[:-1], cq[1:], ck[:-1], ck[1:])).to(torch.int32)
 
 
-def test_a_work_table_holds_every_tile_once_heaviest_sequences_first():
-    q_lens = [5, 300, 0, 129, 1, 64, 0, 257]
-    k_lens = [5, 300, 0, 129, 9000, 64, 7, 257]  # a short query over a long cache weighs more
-    items = work_items(sequences=8, longest_q=300, rows_q=sum(q_lens), tile_m=64)
-    table = work_table(_ranges_of(q_lens, k_lens), 64, items)
-    assert table.dtype == torch.int32 and table.shape == (2, items)
-    pairs = [(int(s), int(t)) for s, t in table.T if s >= 0]
-    want = {(i, t) for i, n in enumerate(q_lens) for t in range(-(-n // 64))}
-    assert sorted(pairs) == sorted(want) and len(pairs) == len(want)
-    assert all(int(s) == -1 for s in table[0, len(pairs):])  # the rest: no work
-    # sequences by queries x keys, heaviest first; each one's tiles from its last
-    assert [s for s, _ in pairs][:5] == [1] * 5 and [t for _, t in pairs][:5] == [4, 3, 2, 1, 0]
-    order = list(dict.fromkeys(s for s, _ in pairs))
-    assert order == [1, 7, 3, 4, 5, 0]
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_work_table_kernel_compiles(arch):
+    from tiledattention._compile import array_constraint, export_cubin
+    from tiledattention._work_kernel import fill_work_table
+    from tiledattention._work_table import CHUNK
+
+    result = export_cubin(fill_work_table, (array_constraint("int32", (4, 77)),
+                                            array_constraint("int32", (2, 600)), 128, CHUNK),
+                          arch, "fill_work_table")
+    assert result.cubin[:4] == b"\x7fELF"
 
 
 def test_work_items_bound_the_tiles_of_any_lengths():
@@ -173,11 +169,14 @@ def test_a_skewed_batch_walks_a_table_and_an_even_one_its_grid(launches):
         assert use_work_table(sequences=len(lens), longest_q=max(lens), items=items,
                               heads=heads, tile_m=128) is table
         work = args[kernel_parameters().index("Work")]
-        if table:
+        if table:  # the table's kernel first, on the same stream, one CTA per sequence + 1
             assert grid == (items * heads, 1, 1) and 32 + 76 <= items < 8 * 77
             assert isinstance(work, torch.Tensor) and work.shape == (2, items)
+            _, table_grid, _, table_args = launches.pop()
+            assert table_grid == (len(lens) + 1,) and table_args[1] is work
         else:
             assert grid == (8, 32 * heads, 1) and work == ()
+        assert not launches
     assert TABLE_MIN_IDLE_CTAS > 0
 
 

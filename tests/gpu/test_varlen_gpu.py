@@ -125,13 +125,50 @@ def test_lengths_from_1_to_32k():
     check(q, k, v, cu_q, cu_k, real, is_causal=True)
 
 
+def _table_reference(ranges, tile_m, items):
+    """The work table by torch ops: sequences by float32 queries x keys, descending, ties by
+    index; each one's tiles from its last; -1 past the last tile."""
+    q_len = (ranges[1] - ranges[0]).long()
+    tiles = (q_len + tile_m - 1) // tile_m
+    weight = q_len.float() * (ranges[3] - ranges[2]).float()
+    order = torch.argsort(weight, descending=True, stable=True)
+    ends = torch.cumsum(tiles[order], 0)
+    item = torch.arange(items, device=ranges.device)
+    place = torch.searchsorted(ends, item, right=True).clamp_(max=ranges.shape[1] - 1)
+    last = ends[place]
+    sequence = torch.where(item < last, order[place], -1)
+    return sequence.int(), (last - 1 - item).int(), item < last
+
+
+@pytest.mark.parametrize("q_lens, k_lens, tile_m", [
+    ([5, 300, 0, 129, 1, 64, 0, 257], [5, 300, 0, 129, 9000, 64, 7, 257], 64),
+    ([100] * 7 + [0, 1], [100] * 7 + [3, 0], 128),  # ties keep index order
+    ([19200, 3] + [70] * 600, None, 64),  # over one chunk of sequences and of tiles
+])
+def test_the_work_table_kernel_matches_its_reference(q_lens, k_lens, tile_m):
+    from tiledattention._work_table import make_work_table, work_items
+
+    k_lens = q_lens if k_lens is None else k_lens
+    cq = torch.tensor([0] + q_lens, device="cuda").cumsum(0)
+    ck = torch.tensor([0] + k_lens, device="cuda").cumsum(0)
+    ranges = torch.stack((cq[:-1], cq[1:], ck[:-1], ck[1:])).to(torch.int32)
+    items = work_items(sequences=len(q_lens), longest_q=max(q_lens), rows_q=sum(q_lens),
+                       tile_m=tile_m) + 5
+    table = make_work_table(torch.cuda.current_stream(), ranges, tile_m, items)
+    sequence, tile, used = _table_reference(ranges, tile_m, items)
+    assert torch.equal(table[0], sequence)
+    assert torch.equal(table[1][used], tile[used])
+    assert int(used.sum()) == sum(-(-n // tile_m) for n in q_lens)
+
+
 @pytest.fixture(params=["table", "grid"])
 def launch_mode(request, monkeypatch):
     """Every ragged forward launch walks a work table, or none does (the launcher picks by how
     many idle CTAs the longest sequence's grid would have)."""
-    import tiledattention._ragged as ragged
+    import tiledattention._work_table as work_table
 
-    monkeypatch.setattr(ragged, "TABLE_MIN_IDLE_CTAS", 0 if request.param == "table" else 1 << 62)
+    monkeypatch.setattr(work_table, "TABLE_MIN_IDLE_CTAS",
+                        0 if request.param == "table" else 1 << 62)
     return request.param
 
 

@@ -20,11 +20,12 @@ logits), ``Ranges`` (``RAGGED``, the int32 ``[4, sequences]`` query and key rang
 ragged batch; ``PACKED`` says whether its sequences lie end to end in one batch entry, a
 property of the call's layout that the launcher passes, not of the problem) and ``Work``
 (``WORK_TABLE``, a ragged call's int32 ``[2, items]`` table of query tiles, which the launcher
-builds where the lengths are skewed: ``launch_ragged``). A value its constant leaves unread gets :data:`UNUSED`, an empty tuple, which takes no
-bytes of the kernel's parameter space. Not an int like ``Lse``'s: on sm_90 the TMA descriptors
-sit after the parameters at the next 64-byte boundary, and the plain forward's parameters end
-exactly on one (176 bytes from 0x210), so one more int32 moves every descriptor by 64 bytes and
-changes the machine code; an empty tuple leaves it byte-identical.
+builds where the lengths are skewed: ``launch_ragged``). A value its constant leaves unread
+gets :data:`UNUSED`, an empty tuple, which takes no bytes of the kernel's parameter space. Not
+an int like ``Lse``'s: on sm_90 the TMA descriptors sit after the parameters at the next
+64-byte boundary, and the plain forward's parameters end exactly on one (176 bytes from 0x210),
+so one more int32 moves every descriptor by 64 bytes and changes the machine code; an empty
+tuple leaves it byte-identical.
 
 ``normalise`` gives each schedule flag that cannot change the kernel's work for a problem its
 canonical value (the ``Schedule`` default). The constants are a plain function of the problem
@@ -40,7 +41,7 @@ from typing import Any, Mapping
 from .._lazy import lazy_module
 from .._signature import KernelParameters
 from .._problem import Problem, head_dim_parts
-from .._ragged import use_work_table, work_items, work_table
+from .._work_table import make_work_table, use_work_table, work_items
 from ..errors import KernelArgumentError
 from ._schedule import Schedule
 
@@ -269,7 +270,7 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
     float32 ``[H_q]`` sink logits, given exactly when ``problem.sinks``; ``ranges``: the int32
     ``[4, sequences]`` ranges, given exactly when ``problem.ragged`` (``packed``: the arrays
     are ``[1, H, tokens, D]`` views of packed sequences; ``work``: a ragged call's int32
-    ``[2, items]`` work table, ``tiledattention._ragged.work_table``, for a 1-D grid of
+    ``[2, items]`` work table, ``tiledattention._work_table``, for a 1-D grid of
     ``items x H_q`` CTAs). The window and the softcap come from ``problem``; values the kernel
     does not read get :data:`UNUSED`."""
     if work is not None and ranges is None:
@@ -364,9 +365,8 @@ def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, pr
     sequence's query count. Rows outside every sequence are not written.
 
     Where the grid of the longest sequence's tiles would launch many idle CTAs (skewed lengths,
-    ``_ragged.use_work_table``), the launch walks a work table instead, built on torch's
-    current stream (``stream`` must be it): one CTA per (query tile a sequence has x head),
-    the sequences with the most work first."""
+    ``_work_table``), the launch walks a work table instead, built on ``stream`` by one small
+    kernel: one CTA per (query tile a sequence has x head), the heaviest sequences first."""
     sequences = ranges.shape[1]
     rows = q.shape[2] * (1 if packed else sequences)
     items = work_items(sequences=sequences, longest_q=longest_q, rows_q=rows,
@@ -376,7 +376,7 @@ def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, pr
         ct.launch(stream, (items * problem.heads_q, 1, 1), kernel_for(schedule),
                   kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
                               ranges=ranges, packed=packed,
-                              work=work_table(ranges, schedule.tile_m, items)))
+                              work=make_work_table(stream, ranges, schedule.tile_m, items)))
         return
     grid = ragged_grid(schedule, problem.heads_q, sequences, longest_q)
     ct.launch(stream, grid, kernel_for(schedule),

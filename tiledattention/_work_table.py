@@ -1,0 +1,59 @@
+"""Work tables for ragged forwards whose sequence lengths are skewed.
+
+A ragged launch's plain grid gives every (sequence x head) the longest sequence's query tiles;
+a CTA past its own sequence's end does nothing, but still costs its launch. With one 5k-token
+sequence among 76 short ones (64k tokens, H 32) that is ~80k idle CTAs, 0.8 ms of a 2.8 ms
+forward on an H100. A work table lists only the tiles the sequences have, the heaviest
+sequences (queries x keys) first and each one's last tile first, so the long jobs start early;
+the forward then runs one CTA per (item x head) on a 1-D grid (``WORK_TABLE``).
+
+The table is built on the device by one small kernel (``_work_kernel``), from the range table
+alone: no host round trip, capturable in a CUDA graph. Its size is a bound the host knows
+(:func:`work_items`); items past the last tile name no sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._lazy import lazy_module
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+_kernels = lazy_module(f"{__package__}._work_kernel", globals(), "_kernels")
+
+__all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CTAS", "CHUNK"]
+
+#: A ragged forward walks a work table when the plain grid would launch at least this many
+#: idle CTAs (each costs ~10 ns on an H100: module docstring).
+TABLE_MIN_IDLE_CTAS = 8192
+#: the sequences one step of the table kernel compares, and the tiles one step writes
+CHUNK = 256
+
+
+def work_items(*, sequences: int, longest_q: int, rows_q: int, tile_m: int) -> int:
+    """How many query tiles a ragged call's sequences can have at most: ``tile_m``-row tiles of
+    ``sequences`` sequences of at most ``longest_q`` queries each, lying in ``rows_q`` query
+    rows in all without overlapping (the caller's word, as ``longest_q`` is)."""
+    per_sequence = -(-int(longest_q) // tile_m)
+    partial = (int(rows_q) + sequences * (tile_m - 1)) // tile_m  # each may end inside a tile
+    return max(1, min(sequences * per_sequence, partial))
+
+
+def use_work_table(*, sequences: int, longest_q: int, items: int, heads: int,
+                   tile_m: int) -> bool:
+    """Whether a table of ``items`` leaves at least :data:`TABLE_MIN_IDLE_CTAS` of the plain
+    grid's CTAs (the longest sequence's tiles for every sequence x head) unlaunched."""
+    grid = sequences * -(-int(longest_q) // tile_m)
+    return (grid - items) * heads >= TABLE_MIN_IDLE_CTAS
+
+
+def make_work_table(stream: Any, ranges: Any, tile_m: int, items: int) -> Any:
+    """The int32 ``[2, items]`` work table of the sequences in ``ranges`` (int32 ``[4, N]``,
+    a torch tensor), enqueued on ``stream``: row 0 a sequence (-1 for items past the last
+    tile), row 1 one of its ``tile_m``-row query tiles (module docstring for the order)."""
+    import torch
+
+    table = torch.empty((2, items), dtype=torch.int32, device=ranges.device)
+    ct.launch(stream, (ranges.shape[1] + 1,), _kernels.fill_work_table,
+              (ranges, table, tile_m, CHUNK))
+    return table
