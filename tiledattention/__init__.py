@@ -253,6 +253,9 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
     ``tiledattention::varlen_fwd`` / ``varlen_bwd``). No copy is made of the packed tensors:
     the kernels cut each sequence out of them. Schedules are looked up per bucket of the
     batch's longest lengths and token count, so new batches reuse kernels and lookups.
+
+    CuPy arrays (all five, float16; forward only) run on CuPy's current stream and give a CuPy
+    array.
     """
     from . import _varlen
 

@@ -295,11 +295,16 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
     rows = choose_family(arch, shape)
     if rows is not family:
         hot.bind_torch()
-        plan = rows.plan(shape, runtime.resolution(rows, rows.plan_problem(shape),
-                                                   device).schedule, device, scale, causal,
-                         (shape.window_left, shape.window_right))
-        result = plan.for_torch(q, None, k, v).run(runtime, q, k, v, device, None,
-                                                   sinks=logits, ranges=ranges)
+        # kept like sdpa's plans, under the shape, the arrays' layouts and the call's values
+        key = ("ranges", rows.name, shape, device, scale, causal, q.stride(), k.stride(),
+               v.stride())
+        plan = runtime.plan(key)
+        if plan is None:
+            plan = rows.plan(shape, runtime.resolution(rows, rows.plan_problem(shape),
+                                                       device).schedule, device, scale, causal,
+                             (shape.window_left, shape.window_right)).for_torch(q, None, k, v)
+            runtime.keep_plan(key, plan)
+        result = plan.run(runtime, q, k, v, device, None, sinks=logits, ranges=ranges)
         if result is not None:
             return result  # else the plan's checks refused the arrays: the forward runs it
     chosen = runtime.resolution(family, bucket, device).schedule
@@ -391,6 +396,10 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
     """``tiledattention.varlen_attn`` (see there)."""
     import tiledattention
 
+    if _is_cupy(query):
+        return _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                 is_causal=is_causal, scale=scale, window_size=window_size,
+                                 enable_gqa=enable_gqa)
     causal, bottom_right = _alignment(is_causal)
     left, right, _ = variant_args(window_size, None)
     if not causal and right == 0:  # torch's spelling of causal: window_size=(-1, 0)
@@ -404,3 +413,32 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
                             max_q, max_k, is_causal=_is_causal(causal, bottom_right),
                             scale=scale, window=_window_of(left, right), enable_gqa=enable_gqa)
     return out
+
+
+# -- CuPy ----------------------------------------------------------------------------------------
+def _is_cupy(x: Any) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs):
+    """:func:`varlen_attn` on CuPy arrays (all five; float16, as CuPy has no bfloat16): torch
+    views of the same memory (DLPack, no copy), run on CuPy's current stream; the output is a
+    CuPy array. Forward only (CuPy has no autograd)."""
+    import cupy
+
+    arrays = {"query": query, "key": key, "value": value, "cu_seq_q": cu_seq_q,
+              "cu_seq_k": cu_seq_k}
+    for name, x in arrays.items():
+        if not isinstance(x, cupy.ndarray):
+            raise InputTypeError(f"{name} must be a cupy.ndarray like query; got "
+                                 f"{type(x).__name__} (pass all of them as CuPy arrays or all "
+                                 f"as torch tensors)")
+    stream = cupy.cuda.get_current_stream()
+    with torch.cuda.device(query.device.id):
+        # CuPy's default stream is CUDA's legacy null stream, which is torch's default one
+        torch_stream = (torch.cuda.default_stream() if stream.ptr == 0
+                        else torch.cuda.ExternalStream(stream.ptr))
+        with torch.cuda.stream(torch_stream):
+            tensors = {name: torch.from_dlpack(x) for name, x in arrays.items()}
+            out = varlen_attn(*tensors.values(), max_q, max_k, **kwargs)
+    return cupy.from_dlpack(out)

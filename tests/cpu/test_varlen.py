@@ -186,6 +186,14 @@ def test_a_work_table_comes_with_ranges_only():
 
 
 # -- argument errors ----------------------------------------------------------------------------
+def test_cupy_calls_take_cupy_arrays_only():
+    pytest.importorskip("cupy")
+    fake = type("ndarray", (), {"__module__": "cupy._core.core"})()  # a CuPy-looking query
+    q, k, v, cu_q, cu_k = _packed()
+    with pytest.raises(tiledattention.InputTypeError, match="query must be a cupy.ndarray"):
+        tiledattention.varlen_attn(fake, k, v, cu_q, cu_k, 15, 15)
+
+
 def _packed(tokens=40, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
     make = lambda t, h: torch.randn(t, h, d, dtype=dtype)  # noqa: E731
     cu = torch.tensor([0, 10, 25, tokens], dtype=torch.int32)

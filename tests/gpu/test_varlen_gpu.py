@@ -125,6 +125,24 @@ def test_lengths_from_1_to_32k():
     check(q, k, v, cu_q, cu_k, real, is_causal=True)
 
 
+def test_cupy_arrays():
+    cupy = pytest.importorskip("cupy")
+    lens = [5, 130, 0, 77, 256]
+    q, k, v, cu_q, cu_k, real = packed_batch(lens, lens, hq=8, hkv=2, d=64,
+                                             dtype=torch.float16)
+    want = check(q, k, v, cu_q, cu_k, real, is_causal=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        got = tiledattention.varlen_attn(*(cupy.from_dlpack(x) for x in (q, k, v, cu_q, cu_k)),
+                                         max(lens), max(lens), is_causal=True, enable_gqa=True)
+        stream.synchronize()
+    assert isinstance(got, cupy.ndarray)
+    assert torch.equal(torch.from_dlpack(got), want)
+    with pytest.raises(TypeError, match="cu_seq_k must be a cupy.ndarray"):
+        tiledattention.varlen_attn(*(cupy.from_dlpack(x) for x in (q, k, v, cu_q)), cu_k,
+                                   max(lens), max(lens))
+
+
 def _table_reference(ranges, tile_m, items):
     """The work table by torch ops: sequences by float32 queries x keys, descending, ties by
     index; each one's tiles from its last; -1 past the last tile."""
