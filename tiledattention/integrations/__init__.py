@@ -11,12 +11,16 @@ formulas, so a compiled training step traces the forward and the backward.
   ``torch.nn.functional.scaled_dot_product_attention`` calls tiledattention supports to it (also
   calls that require grad), the rest (masks, dropout, CPU, fp32, ...) to PyTorch unchanged;
   :func:`route_decision` is the policy, :func:`router_stats` counts where calls went.
+- :class:`PaddingMask` / :func:`padding_mask` — a padded batch's ``attn_mask`` that carries each
+  entry's ranges, so the router runs it as ``tiledattention.sdpa(..., ranges=)`` (no autograd)
+  and torch's function, called directly, as the boolean mask it stands for.
 - :func:`register_hf` — ``attn_implementation="tiledattention"`` for transformers models.
 """
 
 from __future__ import annotations
 
 from ._hf import ATTN_IMPLEMENTATION, hf_stats, register_hf, reset_hf_stats
+from ._padding import PaddingMask, padding_mask
 from ._router import (
     FALLBACK_REASONS,
     RouterStats,
@@ -32,6 +36,7 @@ from ._torch_op import BWD_OP_NAME, FWD_LSE_OP_NAME, OP_NAME, attention
 
 __all__ = [
     "ATTN_IMPLEMENTATION", "BWD_OP_NAME", "FALLBACK_REASONS", "FWD_LSE_OP_NAME", "OP_NAME",
-    "RouterStats", "attention", "disable", "enable", "hf_stats", "is_enabled", "register_hf",
-    "reset_hf_stats", "reset_router_stats", "route_decision", "router_stats", "sdpa_kernel",
+    "PaddingMask", "RouterStats", "attention", "disable", "enable", "hf_stats", "is_enabled",
+    "padding_mask", "register_hf", "reset_hf_stats", "reset_router_stats", "route_decision",
+    "router_stats", "sdpa_kernel",
 ]

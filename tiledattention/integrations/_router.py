@@ -12,6 +12,13 @@ query row no key (``S_q > S_k``; torch warns that its result has NaNs there), th
 zeros. A ``CausalBias`` call that falls back goes through the bias's own dispatch, as torch would
 run it without the router (see ``_fallback``).
 
+A padded batch's mask is taken when it is a :class:`~tiledattention.integrations.PaddingMask`
+(``padding_mask(lengths_k, S_q, S_k, side=...)``), which carries each entry's ranges: the call
+runs ``tiledattention.sdpa(..., ranges=mask.ranges)`` (rows outside an entry's query range are
+zeros). A plain boolean mask stays with torch: recognising it as padding only would read it on
+the host. The ranges path has no autograd, so such a call that requires grad falls back (through
+the mask's own dispatch, like a ``CausalBias``).
+
 Calls that require grad are taken like any other: :func:`attention` then runs the forward that
 keeps the log-sum-exp, and autograd runs tiledattention's backward kernels. Under
 ``torch.autocast`` a call is judged, and run, in autocast's dtype, as torch's function would run
@@ -30,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .._problem import BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS
+from ._padding import PaddingMask
 from ._torch_op import attention, autocast_inputs
 
 try:  # torch >= 2.3
@@ -48,7 +56,8 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 #: Every reason ``route_decision`` can give, in the order it checks them.
 FALLBACK_REASONS = (
-    "attn_mask",  # an attn_mask other than a torch.nn.attention.bias.CausalBias was given
+    "attn_mask",  # an attn_mask other than a torch.nn.attention.bias.CausalBias or a
+                  # PaddingMask was given (a plain tensor mask: reading it would sync)
     "dropout",    # dropout_p != 0
     "cpu",        # a tensor is on the CPU
     "device",     # a tensor on another non-kernel device, or q, k, v on different devices
@@ -58,6 +67,11 @@ FALLBACK_REASONS = (
     "shape",      # k, v shapes differ, batch or head_dim differ from q, or an empty dim
     "causal_bias",  # a CausalBias whose seq_len_q / seq_len_kv are not q's S_q and k's S_k, of
                     # another variant, or given with is_causal=True (torch raises for that)
+    "padding_mask",  # a PaddingMask whose seq_len_q / seq_len_kv / batch are not q's S_q, k's
+                     # S_k and B, whose ranges are on another device than q, or given with
+                     # is_causal=True (its dispatch raises for that)
+    "padding_mask_grad",  # a PaddingMask call that requires grad (grad mode on and q, k or v
+                          # requires grad): the ranges path has no autograd
     "head_dim",   # head_dim not in tiledattention._problem.SUPPORTED_HEAD_DIMS
     "gqa",        # H_q != H_kv without enable_gqa, or H_q not a multiple of H_kv
     "scale",      # scale not a finite positive number
@@ -68,6 +82,10 @@ def _is_causal_bias(attn_mask: Any) -> bool:
     return CausalBias is not None and isinstance(attn_mask, CausalBias)
 
 
+def _is_padding_mask(attn_mask: Any) -> bool:
+    return isinstance(attn_mask, PaddingMask)
+
+
 def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
                    enable_gqa: bool, *, scale: Any = None, is_causal: bool = False,
                    device_types: tuple[str, ...] | None = None) -> str | None:
@@ -76,13 +94,16 @@ def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
 
     ``attn_mask`` may be a ``torch.nn.attention.bias.CausalBias`` (upper-left or lower-right)
     made for exactly these sequence lengths; :func:`causal_alignment` then says which mask the
-    kernel applies. ``device_types``: the device types to accept (default
+    kernel applies. It may be a :class:`PaddingMask` of these lengths and batch size on q's
+    device, in a call that needs no gradient (``tiledattention.sdpa(..., ranges=)`` has no
+    autograd). ``device_types``: the device types to accept (default
     :data:`KERNEL_DEVICE_TYPES`, CUDA); tests pass others to reach the later checks with CPU or
     meta tensors.
     """
     accepted = KERNEL_DEVICE_TYPES if device_types is None else device_types
     bias = _is_causal_bias(attn_mask)
-    if attn_mask is not None and not bias:
+    padding = not bias and _is_padding_mask(attn_mask)
+    if attn_mask is not None and not bias and not padding:
         return "attn_mask"
     if dropout_p != 0.0:
         return "dropout"
@@ -108,6 +129,11 @@ def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
                  or attn_mask.variant not in (CausalVariant.UPPER_LEFT,
                                               CausalVariant.LOWER_RIGHT)):
         return "causal_bias"
+    if padding and (is_causal or attn_mask.seq_len_q != sq or attn_mask.seq_len_kv != sk
+                    or attn_mask.batch != b or attn_mask.ranges.device != q.device):
+        return "padding_mask"
+    if padding and torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return "padding_mask_grad"
     if d not in SUPPORTED_HEAD_DIMS:
         return "head_dim"
     if hq != hkv and not (enable_gqa and hq % hkv == 0):
@@ -120,7 +146,10 @@ def route_decision(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float,
 def causal_alignment(attn_mask: Any, is_causal: bool) -> bool | str:
     """The ``causal`` argument of :func:`tiledattention.sdpa` for a call that
     :func:`route_decision` accepted: ``"bottom_right"`` for a lower-right ``CausalBias``,
-    ``True`` (top-left) for an upper-left one, else ``is_causal``."""
+    ``True`` (top-left) for an upper-left one, a :class:`PaddingMask`'s own ``causal`` (aligned
+    within each entry's ranges), else ``is_causal``."""
+    if _is_padding_mask(attn_mask):
+        return attn_mask.causal
     if _is_causal_bias(attn_mask):
         return BOTTOM_RIGHT if attn_mask.variant == CausalVariant.LOWER_RIGHT else True
     return bool(is_causal)
@@ -170,9 +199,9 @@ _original: Callable[..., torch.Tensor] | None = None  # the function enable() re
 
 
 class _Passthrough(threading.local):
-    """Set while a ``CausalBias`` runs its own dispatch for a fallback: the calls it makes
-    back into ``F.scaled_dot_product_attention`` (the router) go to ``_original`` as they are,
-    uncounted (they belong to the call already counted)."""
+    """Set while a ``CausalBias`` or a ``PaddingMask`` runs its own dispatch for a fallback: the
+    calls it makes back into ``F.scaled_dot_product_attention`` (the router) go to ``_original``
+    as they are, uncounted (they belong to the call already counted)."""
 
     active = False
 
@@ -200,6 +229,10 @@ def _routed_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if reason is None:
         if not compiling:
             _counts.tiledattention += 1
+        if _is_padding_mask(attn_mask):
+            import tiledattention  # looked up per call, so tests can substitute a reference
+
+            return tiledattention.sdpa(q, k, v, attn_mask.causal, scale, ranges=attn_mask.ranges)
         return attention(q, k, v, causal_alignment(attn_mask, is_causal), scale)
     if not compiling:
         _counts.fallbacks[reason] += 1
@@ -216,9 +249,10 @@ def _fallback(original: Callable[..., torch.Tensor], query: torch.Tensor, key: t
     router is on, that attribute is ``_routed_sdpa``, so the bias would be treated as a plain
     tensor (an uninitialised one: the computation breaks or returns garbage). So the bias's
     ``__torch_function__`` is called here for the attribute it checks against, and the calls its
-    dispatch makes back into that attribute pass straight through to ``original``."""
+    dispatch makes back into that attribute pass straight through to ``original``. A
+    :class:`PaddingMask` goes the same way (its dispatch materialises the boolean mask)."""
     attn_mask = kwargs["attn_mask"]
-    if not _is_causal_bias(attn_mask):
+    if not (_is_causal_bias(attn_mask) or _is_padding_mask(attn_mask)):
         return original(query, key, value, **kwargs)
     _passthrough.active = True
     try:
