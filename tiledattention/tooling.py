@@ -5,16 +5,18 @@ a problem, the database codecs, the lookup's pieces (``Resolver``, ``pick``), pr
 stamps, architecture names, the families serving an operation, and the ``.text`` digest that
 restamping compares."""
 
-from ._case import AttentionCase, torch_sdpa_kwargs
+from ._case import AttentionCase, ragged_lengths, torch_sdpa_kwargs
 from ._compile import check_arch, generation
 from ._cubin import text_digest
 from ._family import codecs, serving
 from ._lookup import Resolver, pick
 from ._provenance import Provenance, current_provenance
+from ._ragged import ragged_problem
 from ._reference import attention_reference, varlen_reference, visible_keys
 from ._runtime import Runtime
 from ._settings import simulated_database_location
 
 __all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "attention_reference",
-           "check_arch", "codecs", "current_provenance", "generation", "pick", "serving",
-           "simulated_database_location", "text_digest", "torch_sdpa_kwargs", "varlen_reference", "visible_keys"]
+           "check_arch", "codecs", "current_provenance", "generation", "pick", "ragged_lengths",
+           "ragged_problem", "serving", "simulated_database_location", "text_digest",
+           "torch_sdpa_kwargs", "varlen_reference", "visible_keys"]

@@ -11,7 +11,10 @@ run once before timing (a backend that cannot take the problem raises: ``unavail
 torch's reason); the ``Case`` interface has no check for them, so their rows carry no error.
 Variant problems (a window, a softcap, sinks) get, instead of torch's SDPA backends, the
 contenders of ``_variants`` (FlexAttention, SDPA with the materialised mask, ``varlen_attn``),
-built on the family's case and checked against its reference like ours.
+built on the family's case and checked against its reference like ours; ragged problems
+(``Problem.ragged``) get the contenders of ``_ragged`` (``varlen_attn`` on the packed batch, SDPA
+on the padded batch), built on the family's ragged case and checked likewise. TFLOP/s are the
+family's ``flops`` (of a ragged problem: the case's sequences' valid tokens only).
 Contenders that pass are timed with ``tuner.measure``: together, one sample each per round
 (``time_interleaved``) with ``--interleave``, else each on its own (``time_cuda``). A contender
 that raises, is wrong or is skipped becomes a row with a status and a reason, never a hole.
@@ -30,6 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import TunerError
 from ._presets import Grid, Preset
+from ._ragged import RAGGED_CONTENDERS, build_ragged_contender, case_sequences, is_ragged
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult
 from ._variants import VARIANT_CONTENDERS, NotRunnable, build_contender
 
@@ -75,7 +79,11 @@ def problem_bytes(problem: Any) -> int:
     """Bytes one call must move at least: Q and K and V read, the output written, each once,
     in the input dtype (2 bytes an element): ``2·(2·B·H_q·S_q·D + 2·B·H_kv·S_k·D)``; with a
     sliding window only the keys some query row sees (``problem.key_span``) count in ``S_k``
-    (a 4096-key window of a 128k cache reads 4096 keys)."""
+    (a 4096-key window of a 128k cache reads 4096 keys). A ragged problem counts the sequences
+    its family's case packs (``_ragged.case_sequences``), each by its own lengths: the valid
+    tokens, not the bucket's rectangle."""
+    if is_ragged(problem):
+        return sum(problem_bytes(one) for one in case_sequences(problem))
     keys = problem.seqlen_k
     if getattr(problem, "windowed", False):
         lo, hi = problem.key_span(0, problem.seqlen_q - 1)
@@ -86,12 +94,12 @@ def problem_bytes(problem: Any) -> int:
 
 
 #: The variant fields of a ``BenchResult`` and their values for a plain problem.
-_VARIANT_FIELDS = dict(window_left=-1, window_right=-1, softcap=0.0, sinks=False)
+_VARIANT_FIELDS = dict(window_left=-1, window_right=-1, softcap=0.0, sinks=False, ragged=False)
 
 
 def result_fields(problem: Any) -> dict[str, Any]:
     """The problem's fields of a ``BenchResult`` (``heads`` = H_q, ``seqlen`` = S_k; the window,
-    softcap and sinks where set: a plain problem's rows keep their defaults)."""
+    softcap, sinks and ``ragged`` where set: a plain problem's rows keep their defaults)."""
     variant = {name: getattr(problem, name, plain) for name, plain in _VARIANT_FIELDS.items()}
     return dict(batch=problem.batch, heads=problem.heads_q, heads_kv=problem.heads_kv,
                 seqlen_q=problem.seqlen_q, seqlen=problem.seqlen_k, head_dim=problem.head_dim,
@@ -159,7 +167,9 @@ class _Point:
                              rel_err=err if math.isfinite(err) else None)
             return run, err, fields
         if name in VARIANT_CONTENDERS:
-            return self._variant(name)
+            return self._built(name, build_contender)
+        if name in RAGGED_CONTENDERS:
+            return self._built(name, build_ragged_contender)
         if self._baselines is None:
             self._baselines = self.case(self.family).baselines()
         if name not in self._baselines:
@@ -170,12 +180,14 @@ class _Point:
         _cuda("synchronize")
         return run, None, {}
 
-    def _variant(self, name: str) -> tuple[Callable[[], Any], float, dict[str, str]]:
-        """A contender of variant problems (``_variants``), built on this family's case and
-        checked against its float32 reference with the family's tolerance."""
+    def _built(self, name: str, build: Callable[..., tuple[Callable[[], Any], float]]
+               ) -> tuple[Callable[[], Any], float, dict[str, str]]:
+        """A contender of variant or ragged problems (``build``: ``_variants``' or
+        ``_ragged``'s builder), built on this family's case and checked against its float32
+        reference with the family's tolerance."""
         try:
-            run, err = build_contender(name, self.problem, self.case(self.family),
-                                       backward=self.preset.phase == "backward")
+            run, err = build(name, self.problem, self.case(self.family),
+                             backward=self.preset.phase == "backward")
         except NotRunnable as exc:
             raise _Final("skipped", str(exc)) from None
         tol = self.family.tolerance(self.problem)

@@ -22,8 +22,8 @@ from ..errors import TunerError, TunerValueError
 from ._report import contenders_of, kernel_of, speedup
 from ._results import BenchResult
 
-__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "VARIANT_PLOTS", "new_figure",
-           "save_png", "write_plots"]
+__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "RAGGED_PLOTS", "VARIANT_PLOTS",
+           "new_figure", "save_png", "write_plots"]
 
 MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
@@ -49,6 +49,7 @@ class Plot:
     only: str | None = None
     copy: bool = False
     panel: Callable[[BenchResult], tuple] = _layer_panel
+    xlabel: str = "S (keys)"
 
 
 PLOTS = {
@@ -78,6 +79,24 @@ VARIANT_PLOTS = {
     "backward": (_VARIANT_SPEEDUP,),
     "decode": (PLOTS["decode"][0], _VARIANT_SPEEDUP),
 }
+
+
+def _ragged_panel(r: BenchResult) -> tuple:
+    """Ragged points by head shape and the buckets' nominal token count (sequences x longest):
+    a line over the longest sequence's length."""
+    return (r.dtype, f"D{r.head_dim}", f"H{r.heads}/{r.heads_kv}", r.mask,
+            f"{r.batch * r.seqlen // 1024}k-token buckets")
+
+
+_RAGGED_X = "longest sequence (keys)"
+_RAGGED = (Plot("ragged_tflops_{dtype}.png", "TFLOP/s (valid tokens)", panel=_ragged_panel,
+                xlabel=_RAGGED_X),
+           Plot("ragged_speedup_{dtype}.png", "tiledattention speed-up", only="tiledattention",
+                against=("torch-varlen", "cudnn-padded", "efficient-padded"),
+                panel=_ragged_panel, xlabel=_RAGGED_X))
+#: The figures of a run with ragged points (``--preset ragged``), per family: TFLOP/s on the
+#: valid tokens, and tiledattention's speed-up over each ragged contender.
+RAGGED_PLOTS = {"forward": _RAGGED, "backward": _RAGGED}
 
 
 def _figure_class():
@@ -171,7 +190,7 @@ def _draw(Figure, plot: Plot, rows: Sequence[BenchResult], lines: dict, ylabel: 
                                        else str(s) for s in seqlens])
         ax.minorticks_off()
         ax.set_title(" ".join(str(p) for p in panel), fontsize=8)
-        ax.set_xlabel("S (keys)", fontsize=7)
+        ax.set_xlabel(plot.xlabel, fontsize=7)
         ax.set_ylabel(ylabel, fontsize=7)
         ax.tick_params(labelsize=6)
         ax.grid(True, alpha=0.3)
@@ -183,8 +202,9 @@ def _draw(Figure, plot: Plot, rows: Sequence[BenchResult], lines: dict, ylabel: 
 def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
                 copy_gbps: Sequence[float] = (), *, max_bytes: int = MAX_PNG_BYTES
                 ) -> tuple[list[Path], list[str]]:
-    """Write the figures of the rows' family (:data:`PLOTS`, or :data:`VARIANT_PLOTS` when
-    some rows are of variant points); ``copy_gbps``: the run's copy
+    """Write the figures of the rows' family (:data:`PLOTS`, or :data:`RAGGED_PLOTS` when some
+    rows are of ragged points, :data:`VARIANT_PLOTS` when some are of variant points);
+    ``copy_gbps``: the run's copy
     rates (the faster is the share's 100%). Returns the files written and messages about
     figures left out or drawn otherwise. Raises :class:`PlotsUnavailable` without matplotlib."""
     Figure = _figure_class()
@@ -192,7 +212,8 @@ def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
     copy = max(copy_gbps) if copy_gbps else None
     written: list[Path] = []
     messages: list[str] = []
-    plots = VARIANT_PLOTS if any(r.variant for r in results) else PLOTS
+    plots = (RAGGED_PLOTS if any(r.ragged for r in results)
+             else VARIANT_PLOTS if any(r.variant for r in results) else PLOTS)
     for plot in plots.get(kernel, plots["forward"]):
         split = "{dtype}" in plot.name
         for dtype in sorted({r.dtype for r in results}) if split else [None]:

@@ -10,10 +10,13 @@ every head configuration, head dim and dtype; a problem in two groups is measure
 ``--problem`` (``build_grid(problems=...)``) replaces either shape with the problems named field
 by field, for any family. ``--preset variants`` (:data:`VARIANT_PRESETS`) replaces it with
 model-shaped variant problems (:data:`VARIANT_POINTS`: sliding windows, logit softcap, attention
-sinks; issue 32). Plain problems get the preset's contenders; variant problems get
-tiledattention's and those of ``_variants`` (FlexAttention, SDPA with the materialised mask,
-``varlen_attn``): :meth:`Grid.contenders_at`. Everything here is pure (no GPU, no torch); a bad
-value raises :class:`BenchConfigError` naming the flag.
+sinks; issue 32), ``--preset ragged`` (:data:`RAGGED_PRESETS`) with model-shaped ragged
+buckets (:data:`RAGGED_POINTS`: packed variable-length batches, ``Problem.ragged``; issue 33).
+Plain problems get the preset's contenders; variant problems get tiledattention's and those of
+``_variants`` (FlexAttention, SDPA with the materialised mask, ``varlen_attn``), ragged problems
+tiledattention's and those of ``_ragged`` (``varlen_attn`` on the packed batch, SDPA on the
+padded batch with the padding mask): :meth:`Grid.contenders_at`. Everything here is pure (no
+GPU, no torch); a bad value raises :class:`BenchConfigError` naming the flag.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from tiledattention import (InputTypeError, InputValueError, UnsupportedProblemE
                             get_family)
 
 from ..errors import UsageError
+from ._ragged import RAGGED_CONTENDERS
 from ._variants import VARIANT_CONTENDERS, applies
 
-__all__ = ["BenchConfigError", "GRID_PRESETS", "Grid", "Preset", "PRESETS", "VARIANT_POINTS",
-           "VARIANT_PRESETS", "build_grid", "parse_int_list", "parse_positive_float",
-           "parse_positive_int"]
+__all__ = ["BenchConfigError", "GRID_PRESETS", "Grid", "Preset", "PRESETS", "RAGGED_POINTS",
+           "RAGGED_PRESETS", "VARIANT_POINTS", "VARIANT_PRESETS", "build_grid", "parse_int_list",
+           "parse_positive_float", "parse_positive_int"]
 
 MASKS = ("none", "top-left", "bottom-right")
 _MASK_WORDS = {"none": "none", "no": "none", "full": "none", "top-left": "top-left",
@@ -406,8 +410,90 @@ VARIANT_PRESETS = {
                                                "decode-gpt-oss-128k-sinks"),
                            ("decode-mistral-128k", "decode-gpt-oss-128k-sinks")),
 }
+
+
+# -- the ragged preset (issue 33) -----------------------------------------------------------------
+
+def _ragged_point(tokens: int, longest: int, heads: tuple[int, int], head_dim: int
+                  ) -> dict[str, Any]:
+    return dict(tokens=tokens, longest=longest, heads_q=heads[0], heads_kv=heads[1],
+                head_dim=head_dim)
+
+
+#: Model-shaped ragged batches (all but ``dtype``; causal, top-left: each sequence as many keys
+#: as queries), by name: a batch of ``tokens`` packed tokens whose longest sequence has
+#: ``longest`` tokens, looked up and timed as its bucket (``ragged_problem``: the longest length
+#: and the number of such sequences the tokens fill, rounded up to powers of two; the family's
+#: ragged case packs that many sequences of 1, 3/4, 1/2 and 1/4 of the longest). Llama-shaped
+#: layers (H 32/8, D 128) at 16k and 32k tokens with the longest sequence 1k-16k, a multi-head
+#: D 64 layer (H 16) and a multi-query one (H 8/1, D 128): the ragged buckets of the shipped
+#: table (``scripts/tune_ragged_shipped.py``).
+RAGGED_POINTS = {
+    "llama-1k@16k": _ragged_point(16384, 1024, (32, 8), 128),
+    "llama-1k@32k": _ragged_point(32768, 1024, (32, 8), 128),
+    "llama-2k@16k": _ragged_point(16384, 2048, (32, 8), 128),
+    "llama-2k@32k": _ragged_point(32768, 2048, (32, 8), 128),
+    "llama-4k@16k": _ragged_point(16384, 4096, (32, 8), 128),
+    "llama-4k@32k": _ragged_point(32768, 4096, (32, 8), 128),
+    "llama-8k@16k": _ragged_point(16384, 8192, (32, 8), 128),
+    "llama-16k@32k": _ragged_point(32768, 16384, (32, 8), 128),
+    "mha-d64-2k@16k": _ragged_point(16384, 2048, (16, 16), 64),
+    "mqa-4k@16k": _ragged_point(16384, 4096, (8, 1), 128),
+}
+_RAGGED_QUICK = ("llama-1k@16k", "llama-8k@16k", "mha-d64-2k@16k", "mqa-4k@16k")
+#: the backward's: training lengths at 16k tokens (the shipped backward buckets)
+_RAGGED_BACKWARD = ("llama-1k@16k", "llama-2k@16k", "llama-4k@16k", "llama-8k@16k",
+                    "mha-d64-2k@16k")
+_RAGGED_BACKWARD_QUICK = ("llama-1k@16k", "llama-4k@16k", "mha-d64-2k@16k")
+
+
+def _ragged_grid(preset: "Preset", o: Mapping[str, Any], base: Mapping[str, Any]) -> list:
+    """The buckets of the preset's named points (``base["points"]``), ordered dtype, point,
+    token count; ``--tokens`` puts every point at each token count given (at least its longest
+    sequence), ``--dtypes`` in each dtype; a bucket two points share is measured once."""
+    from tiledattention.tooling import ragged_problem
+
+    dtypes = _option(o, base, "dtypes", lambda v: _dtypes(preset, v))
+    counts = None if o.get("tokens") is None else parse_int_list("--tokens", o["tokens"])
+    seen: dict[Any, None] = {}
+    for dtype, name in product(dtypes, base["points"]):
+        point = RAGGED_POINTS[name]
+        longest = point["longest"]
+        for tokens in counts or (point["tokens"],):
+            if tokens < longest:
+                raise BenchConfigError(
+                    f"--tokens: {tokens} tokens cannot hold point {name}'s longest sequence "
+                    f"({longest} tokens); give at least {longest} (the preset's points go up "
+                    f"to {max(RAGGED_POINTS[n]['longest'] for n in base['points'])})")
+            try:
+                problem = ragged_problem(
+                    sequences=tokens, tokens_q=tokens, longest_q=longest, longest_k=longest,
+                    heads_q=point["heads_q"], heads_kv=point["heads_kv"],
+                    head_dim=point["head_dim"], dtype=dtype, causal=True, bottom_right=False)
+            except UnsupportedProblemError as exc:
+                raise BenchConfigError(f"--preset ragged/--tokens: {tokens} tokens of point "
+                                       f"{name} is not a problem the kernels take: "
+                                       f"{exc}") from None
+            seen.setdefault(_problem(preset, "--preset ragged/--tokens", problem.to_dict()))
+    return list(seen)
+
+
+def _ragged_of(preset: Preset, points: tuple[str, ...], quick: tuple[str, ...]) -> Preset:
+    """``preset``'s family, contenders and timing over the named ragged points."""
+    options = ("tokens", "dtypes") + (("no_matmul",) if "no_matmul" in preset.options else ())
+    return dataclasses.replace(preset, options=options, build=_ragged_grid, target=None,
+                               defaults=tuple(dict(points=names, dtypes=("bf16",))
+                                              for names in (points, quick)))
+
+
+#: ``--preset ragged``: the forward's and the backward's benchmark over :data:`RAGGED_POINTS`
+#: (decode takes no ragged problem).
+RAGGED_PRESETS = {
+    "forward": _ragged_of(PRESETS["forward"], tuple(RAGGED_POINTS), _RAGGED_QUICK),
+    "backward": _ragged_of(PRESETS["backward"], _RAGGED_BACKWARD, _RAGGED_BACKWARD_QUICK),
+}
 #: The grids ``--preset`` names, each a preset per family (``--kernel``).
-GRID_PRESETS = {"default": PRESETS, "variants": VARIANT_PRESETS}
+GRID_PRESETS = {"default": PRESETS, "variants": VARIANT_PRESETS, "ragged": RAGGED_PRESETS}
 
 
 @dataclass(frozen=True)
@@ -426,8 +512,9 @@ class Grid:
 
     def contenders_at(self, problem: Any) -> tuple[str, ...]:
         """The grid's contenders that run at ``problem``: all of them at a plain problem but
-        the variant contenders; tiledattention's and the variant contenders (those that can
-        take it) at a variant problem (``_variants.applies``)."""
+        the variant and ragged contenders; tiledattention's and the variant contenders (those
+        that can take it) at a variant problem, tiledattention's and the ragged contenders
+        (those that can take it) at a ragged one (``_variants.applies``)."""
         return tuple(name for name in self.contenders if applies(name, problem))
 
 
@@ -455,12 +542,13 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
                **options: Any) -> Grid:
     """Validate option values (strings as typed, or parsed sequences; ``None``: the preset's
     default) into the :class:`Grid` of ``kernel``'s preset (``preset``: ``--preset``, the
-    family's own grid or its ``variants``). An option of another family's grid (or one the
-    variants grid does not take) is refused, naming it; every problem is built, so a bad
-    combination is reported here. ``problems`` (``--problem``: dicts of the family's problem
-    fields) replaces the grid: its problems are exactly those, in order, each once, and no grid
-    option (nor ``--preset variants``) may come with it. The contenders are the preset's and
-    the variant contenders that run at some problem of the grid, in table order."""
+    family's own grid, its ``variants`` or its ``ragged`` buckets). An option of another
+    family's grid (or one the variants or ragged grid does not take) is refused, naming it;
+    every problem is built, so a bad combination is reported here. ``problems``
+    (``--problem``: dicts of the family's problem fields) replaces the grid: its problems are
+    exactly those, in order, each once, and no grid option (nor another ``--preset``) may come
+    with it. The contenders are the preset's, the variant and the ragged contenders that run
+    at some problem of the grid, in table order."""
     chosen_preset = _preset_of(kernel, preset)
     name = preset.strip().lower()
     if problems is not None:
@@ -471,15 +559,15 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
     for option, value in options.items():
         if option not in chosen_preset.options and value not in (None, False):
             flag = "--" + option.replace("_", "-")
-            if name == "variants":
+            if name != "default":
                 takes = ", ".join("--" + o.replace("_", "-") for o in chosen_preset.options)
-                raise BenchConfigError(f"{flag} does not go with --preset variants: its points "
+                raise BenchConfigError(f"{flag} does not go with --preset {name}: its points "
                                        f"are fixed model shapes; it takes {takes}")
             raise BenchConfigError(f"{flag} belongs to the {_owner(option)}; it does nothing "
                                    f"with --kernel {kernel}")
     points = tuple(chosen_preset.build(chosen_preset, options, chosen_preset.defaults[bool(quick)])
                    if problems is None else _given(chosen_preset, problems))
-    known = chosen_preset.contenders + VARIANT_CONTENDERS
+    known = chosen_preset.contenders + VARIANT_CONTENDERS + RAGGED_CONTENDERS
     runs = tuple(c for c in known if any(applies(c, p) for p in points))
     chosen = runs
     if contenders is not None and _text(contenders).strip().lower() != "all":
@@ -491,8 +579,10 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
         idle = [item for item in items if item not in runs]
         if idle:
             where = ("variant problems (a window, a softcap or sinks: --preset variants)"
-                     if idle[0] in VARIANT_CONTENDERS else "plain problems (no window, "
-                     "softcap or sinks)")
+                     if idle[0] in VARIANT_CONTENDERS else
+                     "ragged problems (packed variable-length batches: --preset ragged)"
+                     if idle[0] in RAGGED_CONTENDERS else "plain problems (no window, "
+                     "softcap, sinks or ragged batch)")
             raise BenchConfigError(f"--contenders: {idle[0]!r} runs only at {where}, and this "
                                    f"grid has none it takes; its contenders: {', '.join(runs)}")
         chosen = tuple(c for c in runs if c in items)  # canonical order

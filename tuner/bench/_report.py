@@ -7,8 +7,10 @@ per-point table (time, TFLOP/s, and for a memory-bound kernel GB/s and the share
 rate), the baselines speed-ups are taken against, and which sections follow. A speed-up is a
 baseline's median time over the contender's (> 1: the contender is faster; for one problem that
 is also the ratio of TFLOP/s); geometric means take only the points where both ran, and the
-points left out are listed, never averaged. Every table of the summary is also a rich table for
-the terminal (:func:`rich_tables`). Nothing here touches a GPU.
+points left out are listed, never averaged. Runs with variant points (``--preset variants``) and
+ragged points (``--preset ragged``) get layouts of their own (:func:`variant_layout`,
+:func:`ragged_layout`). Every table of the summary is also a rich table for the terminal
+(:func:`rich_tables`). Nothing here touches a GPU.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from typing import Any, Callable, Iterable, Sequence
 from db import write_text_atomic
 
 from ._presets import PRESETS
+from ._ragged import RAGGED_CONTENDERS
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult, RunInfo
 from ._variants import VARIANT_CONTENDERS
 
-__all__ = ["LAYOUTS", "Layout", "contenders_of", "geomean", "kernel_of", "render_markdown",
-           "rich_tables", "speedup", "variant_layout", "write_summary"]
+__all__ = ["LAYOUTS", "Layout", "contenders_of", "geomean", "kernel_of", "ragged_layout",
+           "ragged_tokens", "render_markdown", "rich_tables", "speedup", "variant_layout",
+           "write_summary"]
 
 REFERENCE = "tiledattention"  # the contender whose speed-ups the tables show
 
@@ -78,9 +82,9 @@ def kernel_of(results: Sequence[BenchResult]) -> str:
 
 def contenders_of(results: Sequence[BenchResult]) -> list[str]:
     """The contenders present in ``results``: in the order of their family's preset (then the
-    variant contenders'), then others (older runs' names) by name."""
+    variant contenders', then the ragged ones'), then others (older runs' names) by name."""
     preset = PRESETS.get(kernel_of(results))
-    order = (preset.order if preset else ()) + VARIANT_CONTENDERS
+    order = (preset.order if preset else ()) + VARIANT_CONTENDERS + RAGGED_CONTENDERS
     present = {r.contender for r in results}
     return [c for c in order if c in present] + sorted(present - set(order))
 
@@ -491,6 +495,70 @@ def variant_layout(kernel: str, contenders: Sequence[str]) -> Layout:
                   baselines=present, means=present)
 
 
+def ragged_tokens(r: BenchResult) -> int:
+    """Query tokens of a ragged row's batch: the sequences its family's ragged case packs
+    (``_ragged.case_lengths``: ``batch`` of 1, 3/4, 1/2, 1/4 of the longest, ``seqlen_q``)."""
+    import types
+
+    from ._ragged import valid_tokens
+
+    longest = r.seqlen if r.seqlen_q is None else r.seqlen_q
+    return valid_tokens(types.SimpleNamespace(batch=r.batch, seqlen_q=longest,
+                                              seqlen_k=r.seqlen))
+
+
+def _ragged_label(r: BenchResult) -> str:
+    """``bf16 D128 causal H32/8 L1024 B16 (10240 tokens)`` for a ragged row (``L``: the
+    longest sequence, ``B`` sequences); other rows as in the variant layout."""
+    if not r.ragged:
+        return f"{r.dtype} D{r.head_dim} {r.mask} S{_lengths(r)} B{r.batch} H{_heads(r)}"
+    longest = str(r.seqlen) if r.seqlen_q in (None, r.seqlen) else f"{r.seqlen_q}x{r.seqlen}"
+    return (f"{r.dtype} D{r.head_dim} {r.mask} H{_heads(r)} L{longest} B{r.batch} "
+            f"({ragged_tokens(r)} tokens)")
+
+
+_RAGGED_BASELINES = (("varlen", ("torch-varlen",)), ("cuDNN padded", ("cudnn-padded",)),
+                     ("efficient padded", ("efficient-padded",)))
+
+
+def ragged_layout(kernel: str, contenders: Sequence[str]) -> Layout:
+    """The layout of a run with ragged points (``--preset ragged``): the family's title, units
+    and phase, a point named by its longest sequence, sequences and valid tokens, a per-point
+    table with the speed-ups over ``varlen_attn`` and the padded batch's cuDNN and efficient
+    SDPA, the geometric means over those, schedules and notes; only baselines present in the
+    run get columns."""
+    base = LAYOUTS.get(kernel, LAYOUTS["forward"])
+    present = tuple((short, names) for short, names in _RAGGED_BASELINES
+                    if set(names) & set(contenders))
+    what = ("bwd: the backward pass alone (dQ, dK, dV from dO; the forward ran before, outside "
+            "the timed region; the other contenders: `torch.autograd.grad(out, (q, k, v), dO, "
+            "retain_graph=True)` with their own layout as the leaves); TFLOP/s counts it as "
+            "2.5x the forward's." if kernel == "backward" else "ms: median time of one call.")
+    intro = (
+        "Ragged points: a bucket of packed variable-length sequences (`Problem.ragged`, "
+        "looked up by the longest length and the token count rounded up to powers of two); "
+        "its family's case packs `B` sequences of 1, 3/4, 1/2 and 1/4 of the longest length "
+        f"`L`, in turn (tokens: their sum), the mask within each sequence. {what} TFLOP/s "
+        "count 4·H_q·D per attended (query, key) pair of the valid tokens only (each "
+        "sequence its own causal triangle; padding counts for nothing), for every contender "
+        "alike. `tiledattention` rows time the family's ragged launch on a range table built "
+        "once (what the tuner times; `tiledattention.varlen_attn` adds its host work). "
+        "Contenders besides tiledattention's: `torch-varlen` "
+        "(`torch.nn.attention.varlen.varlen_attn` on the packed tensors, where the installed "
+        "torch has it; K/V heads repeated, outside the timing, on a torch without "
+        "`enable_gqa`), `cudnn-padded` and `efficient-padded` (SDPA on the batch padded to "
+        "its longest sequence with the boolean padding and causal mask, both built outside "
+        "the timing, on the cuDNN or the efficient backend; K/V heads repeated for the "
+        "efficient one). Every one is checked against the float32 reference before timing "
+        "(rel L2 error within the family's tolerance). A `÷ X` column is X's time over the "
+        "contender's (> 1: the contender is faster). Rows that are not numbers name the "
+        "status; the notes give the reasons.")
+    return Layout(title=f"{base.title}: ragged batches", intro=intro, label=_ragged_label,
+                  sections=(_header, _per_point, _means, _schedules, _notes),
+                  phases=base.phases[:1], time=base.time, tflops_digits=base.tflops_digits,
+                  baselines=present, means=present)
+
+
 def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
     """The summary of ``results`` in the layout of their family."""
     return "\n".join(_render(results, info).lines)
@@ -498,8 +566,9 @@ def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
 
 def _render(results: Sequence[BenchResult], info: RunInfo) -> _Doc:
     kernel = kernel_of(results)
-    layout = (variant_layout(kernel, contenders_of(results)) if any(r.variant for r in results)
-              else LAYOUTS.get(kernel, LAYOUTS["forward"]))
+    layout = (ragged_layout(kernel, contenders_of(results)) if any(r.ragged for r in results)
+              else variant_layout(kernel, contenders_of(results))
+              if any(r.variant for r in results) else LAYOUTS.get(kernel, LAYOUTS["forward"]))
     doc = _Doc(results, info, layout, kernel)
     for section in doc.layout.sections:
         section(doc)

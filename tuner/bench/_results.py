@@ -58,6 +58,10 @@ class BenchResult:
     window_right: int = -1
     softcap: float = 0.0
     sinks: bool = False
+    #: a ragged bucket (``Problem.ragged``, issue 33): ``batch`` packed sequences of 1, 3/4,
+    #: 1/2 and 1/4 of the longest length ``seqlen_q`` (the family's ragged case), TFLOP/s and
+    #: GB/s counted on their valid tokens only
+    ragged: bool = False
     median_ms: float | None = None
     spread_ms: float | None = None
     samples: int | None = None
@@ -87,7 +91,7 @@ class BenchResult:
         """Every field of the grid point (rows of one point share it)."""
         return (self.dtype, self.batch, self.heads, self.heads_kv, self.seqlen_q, self.seqlen,
                 self.head_dim, self.causal, self.bottom_right, self.window_left,
-                self.window_right, self.softcap, self.sinks)
+                self.window_right, self.softcap, self.sinks, self.ragged)
 
     @property
     def variant(self) -> bool:
@@ -122,7 +126,7 @@ CSV_COLUMNS = tuple(f.name for f in fields(BenchResult))
 _INT_FIELDS = ("batch", "heads", "heads_kv", "seqlen_q", "seqlen", "head_dim", "samples",
                "window_left", "window_right")
 _FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "gbps", "rel_err", "softcap")
-_BOOL_FIELDS = ("causal", "bottom_right", "sinks")
+_BOOL_FIELDS = ("causal", "bottom_right", "sinks", "ragged")
 #: Columns an empty cell leaves at their default (CSVs written before they were filled).
 _DEFAULTED = ("window_left", "window_right", "softcap")
 

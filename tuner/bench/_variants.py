@@ -13,7 +13,9 @@
   alignment is FlashAttention's (bottom-right, or ``S_q == S_k``).
 
 Plain problems keep their family's contenders (torch's SDPA backends); variant problems get
-tiledattention's and these. :func:`applies` decides, without torch. The builders run on a GPU
+tiledattention's and these; ragged problems tiledattention's and those of ``_ragged``
+(``varlen_attn`` on the packed batch, SDPA on the padded one). :func:`applies` decides, without
+torch. The builders run on a GPU
 with a family's case (its q, k, v, sink logits, dO and float32 reference): each contender is
 checked against that reference (relative L2 error of the output, or of the worst gradient for
 the backward) before it is timed.
@@ -25,6 +27,7 @@ import inspect
 from typing import Any, Callable
 
 from ..errors import NotRunnable, UsageError
+from ._ragged import RAGGED_CONTENDERS, applies_ragged, is_ragged
 
 __all__ = ["NotRunnable", "VARIANT_CONTENDERS", "applies", "build_contender", "flex_mask_mod",
            "flex_score_mod", "is_variant", "varlen_support", "varlen_window"]
@@ -55,11 +58,14 @@ def varlen_window(problem: Any) -> tuple[int, int] | None:
 
 
 def applies(name: str, problem: Any) -> bool:
-    """Whether contender ``name`` runs at ``problem``: tiledattention's everywhere, the
-    variant contenders at variant problems (``sdpa-mask`` and ``varlen`` at window-only ones),
-    every other (torch's SDPA backends) at plain problems."""
+    """Whether contender ``name`` runs at ``problem``: tiledattention's everywhere; at a ragged
+    problem only the ragged contenders that take it (``_ragged.applies_ragged``); the variant
+    contenders at variant problems (``sdpa-mask`` and ``varlen`` at window-only ones), every
+    other (torch's SDPA backends) at plain problems."""
     if name.startswith("tiledattention"):
         return True
+    if is_ragged(problem) or name in RAGGED_CONTENDERS:
+        return applies_ragged(name, problem)
     if name not in VARIANT_CONTENDERS:
         return not is_variant(problem)
     if name == "flex":

@@ -2,7 +2,9 @@
 kernel family's problems (``--kernel``: forward, decode or backward; ``tuner.bench.PRESETS``),
 or over exactly the problems named with ``--problem FIELD=VALUE,...`` instead of the grid;
 ``--preset variants`` benches model-shaped sliding-window, softcap and sink problems instead,
-against FlexAttention, SDPA with the materialised mask and ``varlen_attn``.
+against FlexAttention, SDPA with the materialised mask and ``varlen_attn``; ``--preset ragged``
+(forward, backward) model-shaped ragged buckets (packed variable-length batches) against
+``varlen_attn`` and SDPA on the padded batch with the padding mask, TFLOP/s on valid tokens.
 
 At every point each of our contenders (the looked-up schedule, the family's default, for decode
 also the forward family's lookup) is first checked against the family case's float32 reference,
@@ -29,7 +31,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..bench import (PRESETS, QUICK_TIMING, TIMING_DEFAULTS, BenchConfigError, BenchResult,
+from ..bench import (PRESETS, QUICK_TIMING, RAGGED_CONTENDERS, TIMING_DEFAULTS,
+                     VARIANT_CONTENDERS, BenchConfigError, BenchResult,
                      BenchSettings, Grid, PlotsUnavailable, RunInfo, build_grid, copy_gbps,
                      kernel_of, load_results, matmul_tflops, parse_positive_float,
                      parse_positive_int, rich_tables, run_grid, write_csv,
@@ -77,7 +80,13 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "Gemma 2's softcap 50 with and without its 4096 window; decode: "
                              "a 4096 window of a 128k cache) against torch.compile'd "
                              "FlexAttention, SDPA with the materialised mask and varlen_attn "
-                             "(where torch has it); takes --batch, --dtypes")
+                             "(where torch has it); takes --batch, --dtypes. ragged (--kernel "
+                             "forward, backward): packed variable-length batches as their "
+                             "buckets (causal; H 32/8 D 128 at 16k and 32k tokens with the "
+                             "longest sequence 1k-16k, H 16 D 64, H 8/1 D 128) against torch's "
+                             "varlen_attn (where torch has it) and SDPA on the padded batch "
+                             "with the padding mask (cuDNN, efficient), TFLOP/s on the valid "
+                             "tokens; takes --tokens, --dtypes")
     grid = parser.add_argument_group("grid (every kernel)")
     grid.add_argument("--problem", type=parse_problem_fields, action="append", default=None,
                       metavar="FIELD=VALUE,...",
@@ -92,7 +101,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                       help="bf16,fp16 (default forward and backward both; decode bf16)")
     grid.add_argument("--contenders", metavar="LIST",
                       help="; ".join(f"{name}: subset of {','.join(preset.contenders)}"
-                                     for name, preset in PRESETS.items()) + " (default all)")
+                                     for name, preset in PRESETS.items())
+                      + "; --preset variants: tiledattention's and "
+                      + ",".join(VARIANT_CONTENDERS) + "; --preset ragged: tiledattention's "
+                      + "and " + ",".join(RAGGED_CONTENDERS) + " (default all)")
     grid.add_argument("--quick", action="store_true",
                       help="small grid (forward and backward: D 64,128; S 1024,4096; bf16. "
                            "decode: 4 points) and looser timing; explicit options still win")
@@ -101,7 +113,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="sequence lengths S (default forward 512,1024,...,16384; backward "
                           "1024,4096,16384); must divide --tokens")
     fwd.add_argument("--causal", metavar="LIST", help="yes,no (default both)")
-    fwd.add_argument("--tokens", metavar="N", help="B·S, fixed over the grid (default 16384)")
+    fwd.add_argument("--tokens", metavar="N",
+                     help="B·S, fixed over the grid (default 16384); --preset ragged: a list "
+                          "of token counts, every point at each (default its own, 16k or 32k)")
     fwd.add_argument("--hidden", metavar="N", help="H·D, fixed over the grid (default 2048)")
     dec = parser.add_argument_group(
         "decode grid (--kernel decode): S_q 1 at B 1 over S_k 4096..131072, at B 8,32 over "
