@@ -36,7 +36,8 @@ from .tooling import Runtime as _Runtime
 # registry, device and database selection, the errors. Tools build on ``tiledattention.tooling``.
 __all__ = [
     # entry points
-    "sdpa", "sdpa_with_lse", "sdpa_backward", "varlen_attn", "explain", "explain_varlen",
+    "sdpa", "sdpa_with_lse", "sdpa_backward", "varlen_attn", "paged_attention", "explain",
+    "explain_varlen", "explain_paged",
     "runtime", "use_database",
     "open_database", "database_location",
     # problems and schedules
@@ -231,7 +232,8 @@ def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
 
 def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int,
                 max_k: int, *, is_causal: bool | str = False, scale: float | None = None,
-                window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False) -> Any:
+                window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False,
+                seqused_k: Any = None, block_table: Any = None) -> Any:
     """Attention over packed variable-length sequences, with the shapes and semantics of
     torch's ``torch.nn.attention.varlen.varlen_attn``: ``query [T_q, H_q, D]``, ``key, value
     [T_k, H_kv, D]`` (torch tensors on a GPU, bf16 or fp16), int32 cumulative offsets
@@ -256,12 +258,64 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
 
     CuPy arrays (all five, float16; forward only) run on CuPy's current stream and give a CuPy
     array.
+
+    A paged cache, as torch's: ``block_table`` (int32 ``[N, max_pages]``) with ``seqused_k``
+    (int32 ``[N]``), ``key`` and ``value`` then ``[pages, page_size, H_kv, D]`` pools and
+    ``cu_seq_k`` unused (it may be ``None``); inference only. Every sequence must have the same
+    query count (``T_q = N * max_q``: decode and speculative steps), and its queries are the
+    last positions of its keys (:func:`paged_attention`, which this calls).
     """
     from . import _varlen
 
     return _varlen.varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                                is_causal=is_causal, scale=scale, window_size=window_size,
-                               enable_gqa=enable_gqa)
+                               enable_gqa=enable_gqa, seqused_k=seqused_k,
+                               block_table=block_table)
+
+
+def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,
+                    causal: bool | str = True, scale: float | None = None,
+                    window: tuple[int, int] | None = None, softcap: float | None = None,
+                    sinks: Any = None, max_k: int | None = None) -> Any:
+    """Attention of ``q [B, H_q, S_q, D]`` over a paged K/V cache, the layout serving engines
+    keep: ``k_pages, v_pages [pages, page_size, H_kv, D]`` pools (page size a multiple of 16),
+    an int32 ``block_table [B, max_pages]`` naming each entry's pages in order, and int32
+    ``seqused_k [B]``, each entry's valid keys. Entry ``b``'s queries are the last ``S_q``
+    positions of its ``seqused_k[b]`` keys (a decode step, speculative tokens, a chunk of a
+    prefill): ``causal=True`` masks them bottom-right, as do windows. ``max_k``: at least the
+    longest ``seqused_k`` (a hint for the lookup; default the block table's capacity).
+
+    No page is gathered or copied, and nothing is read on the host: a step is capturable in a
+    CUDA graph and replays with new lengths and block tables. Inference only (no autograd);
+    torch tensors on a GPU, bf16 or fp16; ``torch.compile`` traces it (custom op
+    ``tiledattention::paged_attention``). ``varlen_attn(..., block_table=, seqused_k=)`` is the
+    same call in torch's packed convention.
+    """
+    from . import _paged
+
+    import torch
+
+    if torch.compiler.is_compiling():
+        left, right = window if window is not None else (-1, -1)
+        return _paged.paged_op(q, k_pages, v_pages, block_table, seqused_k, bool(causal),
+                               scale, left, right, float(softcap or 0.0), sinks, max_k)
+    return _paged.paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k,
+                                causal=causal, scale=scale, window=window, softcap=softcap,
+                                sinks=sinks, max_k=max_k)
+
+
+def explain_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,
+                  causal: bool | str = True, window: tuple[int, int] | None = None,
+                  softcap: float | None = None, sinks: Any = None,
+                  max_k: int | None = None) -> Resolution:
+    """The schedule :func:`paged_attention` would run for these arguments, the family and which
+    lookup step chose it, for the call's bucket (``Problem.page_size``: the batch, query count
+    and longest cache rounded up to powers of two, the page size exact)."""
+    from . import _paged
+
+    return _paged.explain_paged(runtime(), q, k_pages, v_pages, block_table, seqused_k,
+                                causal=causal, window=window, softcap=softcap, sinks=sinks,
+                                max_k=max_k)
 
 
 def explain_varlen(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int,

@@ -18,7 +18,7 @@ import db
 from ._compile import CompileResult
 from ._identity import module_identity
 from .errors import (InputTypeError, InputValueError, UnknownFamilyError,
-                     UnsupportedOperationError)
+                     UnsupportedOperationError, UnsupportedProblemError)
 
 __all__ = ["Family", "Case", "register_family", "unregister_family", "get_family", "families",
            "codecs", "serving"]
@@ -203,10 +203,26 @@ class Family(abc.ABC):
     serves: ClassVar[tuple[str, ...]] = ()
     dispatch_priority: ClassVar[int] = 0
 
+    #: Whether the family's kernels read a paged K/V cache (``Problem.page_size``).
+    reads_pages: ClassVar[bool] = False
+
     def takes(self, arch: str, problem: Any) -> bool:
         """Whether this family runs ``problem`` on ``arch`` when its schedule is left to the
         lookup (a family of lower priority gets it otherwise)."""
-        return True
+        return self.pages_refusal(problem) is None
+
+    def pages_refusal(self, problem: Any) -> str | None:
+        """Why this family cannot run ``problem``'s paged cache, or ``None``."""
+        if getattr(problem, "page_size", 0) and not self.reads_pages:
+            return (f"the {self.name} family reads no paged cache; got {problem.describe()} "
+                    f"(the decode family runs paged calls)")
+        return None
+
+    def check_pages(self, problem: Any) -> None:
+        """Raise an :class:`UnsupportedProblemError` with :meth:`pages_refusal`'s reason."""
+        why = self.pages_refusal(problem)
+        if why is not None:
+            raise UnsupportedProblemError(why)
 
     def why_taken(self, arch: str, problem: Any) -> str:
         """Why ``takes`` decided as it did, in words (``explain``)."""

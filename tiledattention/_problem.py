@@ -18,7 +18,7 @@ from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape", "variant_args",
-           "sink_logits"]
+           "sink_logits", "PAGE_ALIGN"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -77,9 +77,12 @@ def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
     return first, second
 
 
+#: A paged cache's page size is a multiple of this many tokens (a key tile never straddles
+#: two pages).
+PAGE_ALIGN = 16
 #: The fields ``to_dict`` leaves out at these values (keys stored before they existed).
 _OPTIONAL = {"bottom_right": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
-             "sinks": False, "ragged": False}
+             "sinks": False, "ragged": False, "page_size": 0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +103,9 @@ class Problem:
     and key lengths rounded up to powers of two, and ``batch`` the number of such sequences
     the call's query tokens fill (rounded up to a power of two), so every batch of one length
     profile shares a key (``tiledattention._ragged.ragged_problem``). The mask and the window
-    apply per sequence, aligned by the sequence's own lengths.
+    apply per sequence, aligned by the sequence's own lengths. ``page_size`` (> 0, ragged
+    only): K and V are a paged cache, pools of pages of that many tokens that each sequence
+    reaches through its row of a block table (``tiledattention._paged``).
 
     A problem is kept in one canonical form, so the database never holds two keys for one
     computation: bottom-right with ``S_q == S_k`` is top-left, and with ``S_q == 1`` and no
@@ -113,7 +118,7 @@ class Problem:
     #: Fields that make a problem a variant of plain attention: exact parts of every family's
     #: lookup bucket when set (``Family.codec``).
     VARIANT_FIELDS: ClassVar[tuple[str, ...]] = ("window_left", "window_right", "softcap",
-                                                 "sinks", "ragged")
+                                                 "sinks", "ragged", "page_size")
     #: The optional fields and their defaults (what ``to_dict`` leaves out).
     OPTIONAL_FIELDS: ClassVar[Mapping[str, Any]] = _OPTIONAL
 
@@ -131,6 +136,7 @@ class Problem:
     softcap: float = 0.0
     sinks: bool = False
     ragged: bool = False
+    page_size: int = 0
 
     def __post_init__(self) -> None:
         for name in _DIMS:
@@ -288,6 +294,8 @@ class Problem:
             mask += " sinks"
         if self.ragged:
             mask += " ragged"
+        if self.page_size:
+            mask += f" paged{self.page_size}"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
 
@@ -308,6 +316,13 @@ def _check_variants(p: Problem) -> None:
         raise UnsupportedProblemError(f"sinks must be a bool; got {p.sinks!r}")
     if not isinstance(p.ragged, bool):
         raise UnsupportedProblemError(f"ragged must be a bool; got {p.ragged!r}")
+    size = p.page_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0 or size % PAGE_ALIGN:
+        raise UnsupportedProblemError(f"page_size must be 0 (no pages) or a positive multiple "
+                                      f"of {PAGE_ALIGN}; got {_shown(size)}")
+    if size and not p.ragged:
+        raise UnsupportedProblemError(f"page_size={size} needs ragged=True (a paged cache's "
+                                      f"sequences have lengths of their own)")
 
 
 def _canonical_mask(p: Problem) -> None:
@@ -385,8 +400,11 @@ def _check_index_range(p: Problem) -> None:
     at launch with an error; that depends on the schedule, not on the problem.)
     """
     tile_d = padded_head_dim(p.head_dim)
-    for tensors, heads, seqlen in (("q and out", "heads_q", "seqlen_q"),
-                                   ("k and v", "heads_kv", "seqlen_k")):
+    # a paged cache's pools hold what they hold, not batch x seqlen_k keys: each call checks
+    # the arrays' own reach
+    arrays = ((("q and out", "heads_q", "seqlen_q"),) if p.page_size else
+              (("q and out", "heads_q", "seqlen_q"), ("k and v", "heads_kv", "seqlen_k")))
+    for tensors, heads, seqlen in arrays:
         h, s = getattr(p, heads), getattr(p, seqlen)
         elements = p.batch * h * s * tile_d
         if elements > INDEX_LIMIT:

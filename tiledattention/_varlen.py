@@ -392,10 +392,14 @@ varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal: Any = False,
                 scale: Optional[float] = None, window_size: Any = (-1, -1),
-                enable_gqa: bool = False) -> torch.Tensor:
+                enable_gqa: bool = False, seqused_k: Any = None,
+                block_table: Any = None) -> torch.Tensor:
     """``tiledattention.varlen_attn`` (see there)."""
     import tiledattention
 
+    if block_table is not None or seqused_k is not None:
+        return _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale,
+                             window_size, enable_gqa, seqused_k, block_table)
     if _is_cupy(query):
         return _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                                  is_causal=is_causal, scale=scale, window_size=window_size,
@@ -442,3 +446,45 @@ def _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwa
             tensors = {name: torch.from_dlpack(x) for name, x in arrays.items()}
             out = varlen_attn(*tensors.values(), max_q, max_k, **kwargs)
     return cupy.from_dlpack(out)
+
+
+# -- a paged cache ------------------------------------------------------------------------------
+def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, window_size,
+                  enable_gqa, seqused_k, block_table):
+    """:func:`varlen_attn` over a paged cache: the packed queries (one count per sequence) as a
+    ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``."""
+    import tiledattention
+
+    if block_table is None or seqused_k is None:
+        raise InputValueError(f"a paged cache takes block_table and seqused_k together; got "
+                              f"only {'seqused_k' if block_table is None else 'block_table'}")
+    if not isinstance(query, torch.Tensor) or query.dim() != 3:
+        raise InputValueError(f"query must be a torch.Tensor [tokens, heads, head_dim]; got "
+                              f"{getattr(query, 'shape', type(query).__name__)}")
+    if not isinstance(cu_seq_q, torch.Tensor) or cu_seq_q.dim() != 1:
+        raise InputValueError(f"cu_seq_q must be a 1-dim int32 tensor [sequences + 1]; got "
+                              f"{type(cu_seq_q).__name__}")
+    sequences = cu_seq_q.shape[0] - 1
+    longest_q = _check_max("max_q", max_q, query.shape[0])
+    if not isinstance(block_table, torch.Tensor) or block_table.shape[:1] != (sequences,):
+        raise InputValueError(f"block_table must be an int32 tensor [sequences, max_pages] = "
+                              f"[{sequences}, ...]; got "
+                              f"{getattr(block_table, 'shape', type(block_table).__name__)}")
+    if query.shape[0] != sequences * longest_q:
+        raise UnsupportedProblemError(
+            f"varlen_attn over a paged cache runs sequences of one query count (tokens = "
+            f"sequences * max_q: decode and speculative steps); got {query.shape[0]} query "
+            f"tokens for {sequences} sequences of at most {longest_q}")
+    if key.dim() == 4 and query.shape[1] != key.shape[2] and not enable_gqa:
+        raise InputValueError(f"query has {query.shape[1]} heads and key {key.shape[2]}: pass "
+                              f"enable_gqa=True for grouped-query heads")
+    causal, _ = _alignment(is_causal)
+    left, right, _ = variant_args(window_size, None)
+    if not causal and right == 0:  # torch's spelling of causal: window_size=(-1, 0)
+        causal, right = True, -1
+    q4 = query.unflatten(0, (sequences, longest_q)).transpose(1, 2)
+    out = tiledattention.paged_attention(
+        q4, key, value, block_table, seqused_k, causal=BOTTOM_RIGHT if causal else False,
+        scale=scale, window=None if (left, right) == (-1, -1) else (left, right),
+        max_k=_check_max("max_k", max_k, INDEX_LIMIT))
+    return out.transpose(1, 2).reshape(query.shape)

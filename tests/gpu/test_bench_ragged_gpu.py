@@ -94,7 +94,8 @@ def test_ragged_backward_point_checks_every_contender():
                                      seqlen_k=512, head_dim=64, dtype="bf16", causal=True,
                                      ragged=True)
     preset = RAGGED_PRESETS["backward"]
-    results = bench.measure_point(preset, problem, preset.contenders,
+    grid = bench.build_grid("backward", preset="ragged")
+    results = bench.measure_point(preset, problem, grid.contenders_at(problem),
                                   bench.BenchSettings(interleave=3),
                                   env={"arch": tiledattention.device_info(0).arch})
     by = {r.contender: r for r in results}

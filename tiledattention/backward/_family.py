@@ -205,6 +205,7 @@ class BackwardFamily(Family):
     padding_terms = (("seqlen_q", "dq_tile_m", None), ("seqlen_k", "dkdv_tile_n", None))
 
     def default_schedule(self, arch: str, problem: Problem) -> BackwardSchedule:
+        self.check_pages(problem)
         return default_backward_schedule(arch, problem)
 
     def normalise(self, problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
@@ -214,9 +215,11 @@ class BackwardFamily(Family):
         return BACKWARD_FLOP_RATIO * (ragged_flops(problem) if problem.ragged else problem.flops)
 
     def compile(self, problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
+        self.check_pages(problem)
         return compile_backward(problem, schedule, arch)
 
     def case(self, problem: Problem, device_index: int) -> BackwardCase | RaggedBackwardCase:
+        self.check_pages(problem)
         if problem.ragged:
             return RaggedBackwardCase(problem, device_index)
         return BackwardCase(problem, device_index)

@@ -25,9 +25,11 @@ tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[h] - m)`` to each row's denomina
 the single split's normalisation or in the combine, never per split. A row that sees no key
 returns zeros. ``RAGGED`` (a padded batch's per-entry ranges, ``Ranges``): each batch entry's
 keys are cut out of K and V, its query rows in range are the last positions of those keys
-(bottom-right), and rows outside the range come out as zeros. Every UPPER_CASE parameter is a compile-time constant (``_launch``); nothing
-here depends on ``S_k`` at compile time, so a decode loop whose cache grows by a key per step
-reuses one compiled kernel.
+(bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a paged cache): K and
+V are pools of pages and each entry's keys lie in the pages its row of the block table
+(``Pages``) names, one page lookup per key tile. Every UPPER_CASE parameter is a compile-time
+constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode loop whose
+cache grows by a key per step reuses one compiled kernel.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from .._kernel_ranges import sequence_view
+from .._kernel_ranges import sequence_length, sequence_view
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -53,16 +55,21 @@ FAR = 1 << 30
 
 def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen_k, offset,
              masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-             WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out):
+             WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out, Pages, PAGED, PAGE_ROWS):
     """Fold key tile ``j`` into the running (max, denominator, accumulator) of the packed rows.
     ``masked``: apply the sequence-end, causal and window masks (only the tiles at the edges
     of a row's key range need it). With ``WINDOW`` row position ``i`` keeps keys ``i +
     lo_shift .. i + hi_shift`` (the causal bound folded into ``hi_shift``). With ``SOFTCAP``
     the scores are ``cap_out * tanh(qk * cap_in)``: the capped scaled score in the kernel's
-    units (times log2(e) with ``EXP2``).
+    units (times log2(e) with ``EXP2``). With ``PAGED`` K and V are page pools ``[pages,
+    page_size, H_kv, D]`` and key tile ``j`` of entry ``batch`` is loaded ``PAGE_ROWS`` keys at
+    a time from the pages ``Pages[batch]`` names (:func:`_page_rows`).
     """
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
-    if K_TRANSPOSED:
+    if PAGED:
+        k = ct.transpose(_page_rows(K, Pages, batch, kv_head, j, TILE_N, PAGE_ROWS, TILE_D,
+                                    K_LATENCY))
+    elif K_TRANSPOSED:
         k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                     order=(0, 1, 3, 2), padding_mode=PAD,
                     latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
@@ -100,10 +107,39 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
             p = ct.exp(qk * scale - m_ij)
             alpha = ct.exp(m_i - m_ij)
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
-    v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D), padding_mode=PAD,
-                latency=ct.static_eval(V_LATENCY or None)).reshape((TILE_N, TILE_D))
+    if PAGED:
+        v = _page_rows(V, Pages, batch, kv_head, j, TILE_N, PAGE_ROWS, TILE_D, V_LATENCY)
+        if masked:  # a page's rows past the entry's keys hold anything: p is 0 there, 0 * NaN
+            rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # is not
+            v = ct.where(rows < seqlen_k, v, 0.0)
+    else:
+        v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                    padding_mode=PAD, latency=ct.static_eval(V_LATENCY or None))
+        v = v.reshape((TILE_N, TILE_D))
     acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
     return m_ij, l_i, acc
+
+
+def _page_rows(A, Pages, batch, kv_head, j, TILE_N, PAGE_ROWS, TILE_D, LATENCY):
+    """Keys ``j * TILE_N ..`` of entry ``batch``'s paged cache (``A``: a ``[pages, page_size,
+    H_kv, D]`` pool) as a ``[TILE_N, TILE_D]`` tile: ``TILE_N / PAGE_ROWS`` loads of
+    ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size), each from the page
+    ``Pages[batch]`` names for it, joined pairwise."""
+    page_size = A.shape[1]
+    parts = ()
+    for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):
+        key = j * TILE_N + i * PAGE_ROWS
+        page = ct.gather(Pages, (batch, key // page_size))
+        parts += (ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, 0),
+                          shape=(1, PAGE_ROWS, 1, TILE_D), padding_mode=ct.PaddingMode.ZERO,
+                          latency=ct.static_eval(LATENCY or None)
+                          ).reshape((PAGE_ROWS, TILE_D)),)
+    for level in ct.static_iter(range((TILE_N // PAGE_ROWS).bit_length() - 1)):
+        joined = ()
+        for i in ct.static_iter(range(len(parts) // 2)):
+            joined += (ct.cat((parts[2 * i], parts[2 * i + 1]), 0),)
+        parts = joined
+    return parts[0]
 
 
 def _tile_of_row(row, heads, num_q_tiles):
@@ -145,6 +181,7 @@ def decode_split(
     # The new launch-time values come last: the others keep their offsets (and the code of a
     # plain problem its bytes).
     Ranges,  # RAGGED: int32 [4, B] query starts, query ends, key starts, key ends; else ()
+    Pages,  # PAGED: int32 [B, max_pages] block table (K, V: page pools); else ()
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -160,6 +197,9 @@ def decode_split(
     SOFTCAP: ConstBool,
     SINKS: ConstBool,  # DIRECT only: the sink joins the denominator (else the combine adds it)
     RAGGED: ConstBool,  # each batch entry's keys and query rows are its Ranges' (bottom-right)
+    PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; entry b's keys
+    # 0..Ranges[3, b] - Ranges[2, b] - 1 lie in its block table's pages, Pages[b]
+    PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     heads = Q.shape[1]
@@ -173,20 +213,30 @@ def decode_split(
         ct.grid_dependency_control_launch_dependents()
     q_lo = 0
     q_hi = Q.shape[3]
+    paged_keys = 0
     if RAGGED:
-        # the entry's keys cut out of K and V; its query rows q_lo..q_hi - 1 are the last of
-        # them (bottom-right within the ranges: row i sees keys up to i + len - q_hi); rows
-        # outside come out as zeros
-        K = sequence_view(K, Ranges, batch, 2)
-        V = sequence_view(V, Ranges, batch, 2)
+        # the entry's keys cut out of K and V (or, PAGED, counted in its pages, at most the
+        # block table's); its query rows q_lo..q_hi - 1 are the last of them (bottom-right
+        # within the ranges: row i sees keys up to i + len - q_hi); rows outside come out as
+        # zeros
+        if PAGED:
+            paged_keys = min(sequence_length(Ranges, batch, 2), Pages.shape[1] * K.shape[1])
+        else:
+            K = sequence_view(K, Ranges, batch, 2)
+            V = sequence_view(V, Ranges, batch, 2)
         q_lo = ct.gather(Ranges, (0, batch))
         q_hi = ct.gather(Ranges, (1, batch))
-        causal_offset = K.shape[2] - q_hi
+        if PAGED:
+            causal_offset = paged_keys - q_hi
+        else:
+            causal_offset = K.shape[2] - q_hi
 
     scale = qk_scale
     if EXP2:
         scale = qk_scale * LOG2_E
     seqlen_k = K.shape[2]
+    if PAGED:
+        seqlen_k = paged_keys
     seqlen_q = Q.shape[3]
     first_pos = q_tile * TILE_S
     # packed row r is head r // TILE_S at position first_pos + r % TILE_S
@@ -260,7 +310,7 @@ def decode_split(
         return _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen_k,
                         causal_offset, masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2,
                         K_TRANSPOSED, K_LATENCY, V_LATENCY, WINDOW, lo_shift, hi_shift, SOFTCAP,
-                        cap_in, cap_out)
+                        cap_in, cap_out, Pages, PAGED, PAGE_ROWS)
 
     if WINDOW:
         for j in range(start, unmask_from):

@@ -31,20 +31,27 @@ _kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles"]
+           "max_key_tiles", "page_tile"]
 
 SPLIT_PARAMETERS = KernelParameters(
     (f"{__package__}._kernel", "decode_split"),
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
-     "window_right", "softcap", "Sinks", "Ranges"))
+     "window_right", "softcap", "Sinks", "Ranges", "Pages"))
 COMBINE_PARAMETERS = KernelParameters((f"{__package__}._kernel", "decode_combine"),
                                       ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
 NO_SINKS = 0
-#: What ``Ranges`` receives when ``RAGGED`` is off: an empty tuple, a parameter of no bytes (the
-#: forward's placeholder), so the split kernel's parameter space and machine code are unchanged.
+#: What ``Ranges`` receives when ``RAGGED`` is off (and ``Pages`` when ``PAGED`` is): an empty
+#: tuple, a parameter of no bytes (the forward's placeholder), so the split kernel's parameter
+#: space and machine code are unchanged.
 UNUSED = ()
+
+
+def page_tile(page_size: int) -> int:
+    """The largest power of two dividing ``page_size``: the most keys one load from a paged
+    cache may take (a load never straddles two pages)."""
+    return page_size & -page_size
 
 
 class Variant(NamedTuple):
@@ -137,11 +144,15 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     """``schedule`` with every field that cannot change the launches for ``problem`` at a
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
-    ``combine`` with one split, ``pack_heads`` when each K/V head has one query head, and
-    ``tile_m`` at the smallest value that gives the same tiling (idempotent; ``schedule``
-    itself when nothing changes)."""
+    ``combine`` with one split, ``pack_heads`` when each K/V head has one query head,
+    ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
+    ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
+    when nothing changes)."""
     changes: dict[str, Any] = {}
     canonical = DecodeSchedule()
+    if problem.page_size and schedule.k_transposed != canonical.k_transposed:
+        changes["k_transposed"] = canonical.k_transposed
+        schedule = schedule.replace(k_transposed=canonical.k_transposed)
     most = max_key_tiles(problem, schedule) if problem.windowed else None
     if most is not None and schedule.splits > most:
         changes["splits"] = most
@@ -172,7 +183,10 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "PDL": schedule.splits > 1 and schedule.combine == "pdl",
         "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
         "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
-        "RAGGED": problem.ragged,
+        "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
+        # keys per load from a page: a load never straddles two pages
+        "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
+        else 0,
     }
 
 
@@ -267,12 +281,15 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
-           partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None) -> None:
+           partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None,
+           pages: Any = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
     ``q``; ``partials`` = (Opart, Lse) float32 buffers of :func:`partial_shapes` (``None`` with
     one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
     has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
-    ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes)."""
+    ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
+    ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
+    ``[pages, page_size, H_kv, D]`` pools)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     opart, lse = partials if partials is not None else (out5, out5)
@@ -281,7 +298,8 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     ct.launch(stream, plan.split_grid, plan.split,
               (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                variant.window_left, variant.window_right, variant.softcap, sink_arg,
-               UNUSED if ranges is None else ranges, *plan.split_constants))
+               UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
+               *plan.split_constants))
     if plan.combine is not None:
         ct.launch(stream, plan.combine_grid, plan.combine,
                   (opart, lse, out5, sink_arg, *plan.combine_constants),

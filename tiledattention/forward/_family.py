@@ -91,6 +91,7 @@ class ForwardFamily(Family):
     padding_terms = (("seqlen_q", "tile_m", None), ("seqlen_k", "tile_n", None))
 
     def default_schedule(self, arch: str, problem: Problem) -> Schedule:
+        self.check_pages(problem)
         return default_schedule(arch, problem)
 
     def normalise(self, problem: Problem, schedule: Schedule) -> Schedule:
@@ -100,9 +101,11 @@ class ForwardFamily(Family):
         return ragged_flops(problem) if problem.ragged else problem.flops
 
     def compile(self, problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
+        self.check_pages(problem)
         return compile_schedule(problem, normalise(problem, schedule), arch)
 
     def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
+        self.check_pages(problem)
         if problem.ragged:
             return RaggedForwardCase(problem, device_index)
         return ForwardCase(problem, device_index)

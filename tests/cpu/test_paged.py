@@ -1,0 +1,131 @@
+"""A paged K/V cache on the CPU (issue 34): the problem field, which families take it, the
+decode kernels' constants and normalisation, compiles for every architecture, and argument
+errors raised before anything is launched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import tiledattention
+from tiledattention import BACKWARD, DECODE, FORWARD, DecodeSchedule, Problem
+from tiledattention.decode._compile import compile_decode
+from tiledattention.decode._launch import normalise, page_tile, split_constants
+from tiledattention.errors import UnsupportedProblemError
+
+ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+
+
+def _paged(**fields) -> Problem:
+    base = dict(batch=16, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=32768, head_dim=128,
+                dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=64)
+    return Problem(**{**base, **fields})
+
+
+def test_the_page_size_is_a_variant_field_of_its_own():
+    p = _paged()
+    assert "page_size" in Problem.VARIANT_FIELDS and "paged64" in p.describe()
+    assert Problem.from_dict(p.to_dict()) == p
+    assert "page_size" not in _paged(page_size=0).to_dict()
+    # a paged pool holds what it holds: no batch x seqlen_k index bound
+    assert _paged(batch=1024, seqlen_k=1 << 20).page_size == 64
+    for bad in (8, 24, -16, 1.5, True):
+        with pytest.raises(UnsupportedProblemError, match="page_size must be"):
+            _paged(page_size=bad)
+    with pytest.raises(UnsupportedProblemError, match="needs ragged=True"):
+        _paged(ragged=False)
+
+
+def test_only_the_decode_family_takes_pages():
+    p = _paged(seqlen_q=512)  # more query rows than the decode rule takes for plain calls
+    assert tiledattention.choose_family("sm_90", p) is DECODE
+    assert not FORWARD.takes("sm_90", p) and not BACKWARD.takes("sm_90", p)
+    for family in (FORWARD, BACKWARD):
+        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+            family.default_schedule("sm_90", p)
+        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+            family.compile(p, family.default_schedule("sm_90", dataclasses.replace(
+                p, page_size=0)), "sm_90")
+    with pytest.raises(UnsupportedProblemError, match="bottom-right only"):
+        DECODE.default_schedule("sm_90", _paged(bottom_right=False, seqlen_q=4))
+
+
+def test_a_load_never_straddles_two_pages():
+    assert [page_tile(n) for n in (16, 48, 64, 80, 256, 272)] == [16, 16, 64, 16, 256, 16]
+    s = normalise(_paged(page_size=48), DecodeSchedule(tile_n=128, k_transposed=True))
+    assert s.tile_n == 128 and s.k_transposed == DecodeSchedule().k_transposed
+    rows = {n: split_constants(_paged(page_size=n), DecodeSchedule(tile_n=128))["PAGE_ROWS"]
+            for n in (16, 48, 64, 256)}
+    assert rows == {16: 16, 48: 16, 64: 64, 256: 128}  # loads of a tile: 8, 8, 2, 1
+    assert split_constants(_paged(), DecodeSchedule())["PAGED"]
+    plain = split_constants(_paged(page_size=0), DecodeSchedule())
+    assert not plain["PAGED"] and plain["PAGE_ROWS"] == 0
+
+
+def test_a_ragged_batch_splits_for_several_waves():
+    """Each entry's keys are split alike, so the longest entry sets the time: a batch of
+    several entries splits for RAGGED_WAVES waves of CTAs; one entry keeps the cache rule."""
+    from tiledattention.decode._defaults import RAGGED_WAVES
+
+    b16 = DECODE.default_schedule("sm_90", _paged(batch=16))
+    assert b16.splits == 8 and RAGGED_WAVES == 8  # 8 waves of 132 SMs over 128 rows
+    one = DECODE.default_schedule("sm_90", _paged(batch=1))
+    assert one.splits == DECODE.default_schedule("sm_90", _paged(batch=1, ragged=False,
+                                                                 page_size=0)).splits
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fields", [dict(page_size=16), dict(page_size=256, seqlen_q=4),
+                                    dict(page_size=64, seqlen_q=128, heads_q=16, heads_kv=16,
+                                         head_dim=64, dtype="fp16"),
+                                    dict(page_size=64, causal=False, window_left=511,
+                                         window_right=0)],
+                         ids=["p16", "p256_spec", "p64_chunk_mha", "p64_window"])
+def test_the_paged_decode_compiles(arch, fields):
+    p = _paged(**fields)
+    for splits in (1, 8):  # one split (direct) and the split + combine pair
+        schedule = DECODE.default_schedule(arch, p).replace(splits=splits)
+        result = compile_decode(p, schedule, arch)
+        assert result.cubin[:4] == b"\x7fELF"
+
+
+def _args(b=2, hq=4, hkv=2, d=64, pages=6, page=16, width=3):
+    q = torch.randn(b, hq, 1, d, dtype=torch.bfloat16)
+    k = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16)
+    table = torch.zeros(b, width, dtype=torch.int32)
+    used = torch.ones(b, dtype=torch.int32)
+    return q, k, k.clone(), table, used
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(q=torch.randn(2, 4, 64)), ValueError, "q must have 4 dims"),
+    (dict(k=torch.randn(6, 16, 2, 64)), TypeError, "bfloat16 or float16"),
+    (dict(table=torch.zeros(2, 3)), ValueError, "block_table must be an int32 tensor"),
+    (dict(used=torch.ones(3, dtype=torch.int32)), ValueError, "seqused_k must be an int32"),
+    (dict(used=[1, 1]), TypeError, "seqused_k must be an int32 torch.Tensor"),
+    (dict(k=torch.randn(6, 24, 2, 64, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
+    (dict(), ValueError, "must be CUDA tensors"),
+])
+def test_bad_arguments_name_what_was_expected(change, error, match):
+    q, k, v, table, used = _args()
+    args = dict(q=q, k=k, v=v, table=table, used=used)
+    args.update(change)
+    if "k" in change:
+        args["v"] = args["k"].clone()
+    with pytest.raises(error, match=match):
+        tiledattention.paged_attention(args["q"], args["k"], args["v"], args["table"],
+                                       args["used"])
+
+
+def test_varlen_attn_over_pages_takes_one_query_count():
+    q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(6, 16, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    table = torch.zeros(2, 3, dtype=torch.int32)
+    used = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(UnsupportedProblemError, match="one query count"):
+        tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table)
+    with pytest.raises(ValueError, match="block_table and seqused_k together"):
+        tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used)

@@ -1,0 +1,191 @@
+"""Attention over a paged K/V cache on the GPU (``tiledattention.paged_attention`` and
+``varlen_attn(..., block_table=, seqused_k=)``) against a float32 reference over each entry's
+cache gathered from its pages.
+
+Pages are assigned in a shuffled, non-contiguous order; every page no entry uses, every slot
+past an entry's length in its last page and every block-table slot past its pages hold
+garbage (NaN pages, -1 page ids), so a read outside an entry's keys turns its output into NaN
+or faults.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tiledattention
+
+from ._reference import rel_l2
+
+pytestmark = pytest.mark.gpu
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+
+
+def paged_cache(lengths, page_size, hkv, d, dtype=torch.bfloat16, seed=0, spare_pages=3):
+    """(k_pages, v_pages, block_table, seqused_k, per-entry contiguous (k, v)) with shuffled
+    pages, NaN in unused pages and past each length, -1 in unused block-table slots."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    need = [-(-n // page_size) for n in lengths]
+    total = sum(need) + spare_pages
+    order = torch.randperm(total, generator=gen, device="cuda")
+    k_pages = torch.full((total, page_size, hkv, d), float("nan"), dtype=dtype, device="cuda")
+    v_pages = torch.full_like(k_pages, float("nan"))
+    width = max(max(need), 1) + 2
+    table = torch.full((len(lengths), width), -1, dtype=torch.int32, device="cuda")
+    caches, used = [], 0
+    for b, (n, pages) in enumerate(zip(lengths, need)):
+        k = torch.randn(n, hkv, d, generator=gen, device="cuda", dtype=dtype)
+        v = torch.randn(n, hkv, d, generator=gen, device="cuda", dtype=dtype)
+        ids = order[used:used + pages]
+        used += pages
+        table[b, :pages] = ids.int()
+        for i in range(pages):
+            rows = slice(i * page_size, min((i + 1) * page_size, n))
+            k_pages[ids[i], : rows.stop - rows.start] = k[rows]
+            v_pages[ids[i], : rows.stop - rows.start] = v[rows]
+        caches.append((k, v))
+    seqused = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    return k_pages, v_pages, table, seqused, caches
+
+
+def reference(q, caches, causal=True, window=None, scale=None):
+    """float32 per entry: q [B, H_q, S_q, D] the last S_q positions of each cache."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    sq = q.shape[2]
+    for b, (k, v) in enumerate(caches):
+        n = k.shape[0]
+        if n == 0:
+            continue
+        group = q.shape[1] // k.shape[1]
+        kk = k.float().transpose(0, 1).repeat_interleave(group, 0)  # [H_q, n, D]
+        vv = v.float().transpose(0, 1).repeat_interleave(group, 0)
+        rows = torch.arange(sq, device=q.device)[:, None] + n - sq
+        keys = torch.arange(n, device=q.device)[None, :]
+        keep = torch.ones(sq, n, dtype=torch.bool, device=q.device)
+        if causal:
+            keep &= keys <= rows
+        if window is not None:
+            left, right = window
+            if left >= 0:
+                keep &= keys >= rows - left
+            if right >= 0:
+                keep &= keys <= rows + right
+        seen = keep.any(-1)
+        o = F.scaled_dot_product_attention(q[b].float(), kk, vv, attn_mask=keep, scale=scale)
+        out[b] = torch.where(seen[None, :, None], o, 0.0)
+    return out
+
+
+def run_and_check(lengths, page_size, hq=32, hkv=8, d=128, sq=1, dtype=torch.bfloat16,
+                  causal=True, window=None, seed=0):
+    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, page_size, hkv, d, dtype,
+                                                           seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    q = torch.randn(len(lengths), hq, sq, d, generator=gen, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused,
+                                             causal=causal, window=window,
+                                             max_k=max(lengths))
+    want = reference(q, caches, causal, window)
+    assert not out.isnan().any(), "a read outside an entry's keys"
+    for b in range(len(lengths)):
+        assert rel_l2(out[b], want[b]) < TOL[dtype], (b, lengths[b])
+    return out, (q, k_pages, v_pages, table, seqused, caches)
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_decode_over_pages(page_size):
+    run_and_check([1, 17, 1000, 64, 3000, 255, 256, 257], page_size)
+
+
+def test_lengths_from_1_to_128k_in_one_batch():
+    run_and_check([131072, 1, 5000, 100, 65536, 7], 64, hq=8, hkv=2)
+
+
+@pytest.mark.parametrize("hq, hkv, d, dtype", [(8, 1, 128, torch.bfloat16),
+                                               (16, 16, 64, torch.float16),
+                                               (12, 4, 96, torch.bfloat16)])
+def test_heads_head_dims_and_dtypes(hq, hkv, d, dtype):
+    run_and_check([33, 700, 1], 32, hq=hq, hkv=hkv, d=d, dtype=dtype)
+
+
+@pytest.mark.parametrize("sq", [4, 100])
+def test_chunked_prefill_and_speculative_steps(sq):
+    run_and_check([sq, 300, 1025, 4000], 64, sq=sq, hq=16, hkv=4)
+
+
+def test_without_a_mask_and_with_a_window():
+    run_and_check([50, 900, 2049], 64, sq=3, causal=False)
+    run_and_check([50, 900, 2049], 128, sq=3, window=(255, 0))
+
+
+def test_varlen_attn_with_a_block_table_is_paged_attention():
+    out, (q, k_pages, v_pages, table, seqused, _) = run_and_check([5, 999, 64], 64, sq=2)
+    packed = q.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])  # [N * 2, H, D]
+    cu_q = torch.arange(0, packed.shape[0] + 1, 2, dtype=torch.int32, device="cuda")
+    got = tiledattention.varlen_attn(packed, k_pages, v_pages, cu_q, None, 2, 999,
+                                     is_causal=True, enable_gqa=True, seqused_k=seqused,
+                                     block_table=table)
+    assert torch.equal(got, out.transpose(1, 2).reshape(packed.shape))
+
+
+def test_compiled_call_matches_eager():
+    out, (q, k_pages, v_pages, table, seqused, _) = run_and_check([5, 999, 64], 64)
+    fn = torch.compile(lambda *a: tiledattention.paged_attention(*a, max_k=999), fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(fn(q, k_pages, v_pages, table, seqused), out)
+
+
+def test_a_cuda_graph_replays_growing_ragged_steps():
+    """Capture one decode step for a fixed batch, then replay 100 steps whose lengths grow by
+    one key each (new pages joining the block table as they fill) and whose block tables
+    change: every replay matches the reference over the caches as they are then."""
+    page_size, hq, hkv, d, b = 16, 16, 4, 128, 6
+    start = [1, 15, 200, 1000, 31, 4090]
+    steps = 100
+    final = [n + steps for n in start]
+    k_pages, v_pages, table, seqused, caches = paged_cache(final, page_size, hkv, d, seed=5)
+    full_table = table.clone()
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+    lengths = torch.tensor(start, dtype=torch.int32, device="cuda")
+
+    def step_table(lens):  # only the pages the lengths fill; -1 past them
+        pages = (lens + page_size - 1) // page_size
+        cols = torch.arange(full_table.shape[1], device="cuda")[None, :]
+        return torch.where(cols < pages[:, None], full_table, -1).int()
+
+    seqused.copy_(lengths)
+    table.copy_(step_table(lengths))
+    with torch.no_grad():
+        for _ in range(2):  # warm: compile, look up, keep the plan
+            tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, max_k=8192)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused,
+                                                 max_k=8192)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for step in range(steps):
+        lens = lengths + step + 1
+        seqused.copy_(lens)
+        table.copy_(step_table(lens))
+        q.copy_(torch.randn(q.shape, generator=gen, device="cuda", dtype=q.dtype))
+        graph.replay()
+        now = [(k[:n], v[:n]) for (k, v), n in zip(caches, lens.tolist())]
+        want = reference(q, now)
+        assert not out.isnan().any(), step
+        assert rel_l2(out, want) < TOL[q.dtype], step
+
+
+def test_bad_arguments_are_refused_before_a_launch():
+    k_pages, v_pages, table, seqused, _ = paged_cache([10, 20], 16, 2, 64)
+    q = torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="seqused_k must be an int32 tensor"):
+        tiledattention.paged_attention(q, k_pages, v_pages, table, seqused.long())
+    with pytest.raises(ValueError, match="block_table must be an int32 tensor"):
+        tiledattention.paged_attention(q, k_pages, v_pages, table[:1], seqused)
+    with pytest.raises(ValueError, match="top_left"):
+        tiledattention.paged_attention(q.expand(2, 4, 3, 64), k_pages, v_pages, table, seqused,
+                                       causal="top_left")

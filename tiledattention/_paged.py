@@ -1,0 +1,211 @@
+"""Attention over a paged K/V cache (``tiledattention.paged_attention`` and
+``varlen_attn(..., block_table=, seqused_k=)``), the layout serving engines keep: K and V are
+pools ``[pages, page_size, H_kv, D]``, an int32 block table ``[B, max_pages]`` names each batch
+entry's pages in order, and ``seqused_k [B]`` says how many of its keys are valid (the last page
+is usually partly filled). Entry ``b``'s queries are the last ``S_q`` positions of its
+``seqused_k[b]`` keys (a decode step, speculative tokens, a chunk of a prefill), so causal
+masks and windows align bottom-right.
+
+The split-KV decode kernels read the pages in place (``PAGED``): each key tile looks its page
+up in the block table, no cache is gathered or copied, and keys past ``seqused_k[b]`` (or past
+the block table's pages) never enter the softmax. Every entry's key walk is split over the
+same number of CTAs, so a batch whose lengths differ by 1000x runs in one launch and its long
+entries' splits are the ones that take time. Nothing is read on the host: the lengths and the
+block table stay on the device, so a step is capturable in a CUDA graph and replays with new
+lengths and tables.
+
+A paged call is looked up by its bucket (``Problem.page_size``, ``ragged``): the batch, query
+count and longest cache (``max_k``, else the block table's capacity) rounded up to powers of
+two, with the page size exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from . import _plans as hot
+from ._device import device_info
+from ._dispatch import choose_family
+from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
+                       sink_logits, variant_args)
+from ._ragged import ragged_problem
+from ._runtime import Runtime
+from .errors import (InputTypeError, InputValueError, UnsupportedOperationError,
+                     UnsupportedProblemError)
+
+__all__ = ["paged_forward", "paged_problem", "explain_paged", "OP_NAME"]
+
+OP_NAME = "tiledattention::paged_attention"
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any) -> None:
+    """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
+    run these arrays."""
+    for name, x, dims in (("q", q, "[B, H_q, S_q, D]"), ("k_pages", k_pages,
+                                                         "[pages, page_size, H_kv, D]"),
+                          ("v_pages", v_pages, "[pages, page_size, H_kv, D]")):
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"{name} must be a torch.Tensor {dims}; got "
+                                 f"{type(x).__name__}")
+        if x.dim() != 4:
+            raise InputValueError(f"{name} must have 4 dims {dims}; got shape "
+                                  f"{tuple(x.shape)}")
+        if x.dtype not in _DTYPES:
+            raise InputTypeError(f"{name} must be bfloat16 or float16; got {x.dtype}")
+        if x.stride(-1) != 1:
+            raise InputValueError(f"{name} must be contiguous in its last dim (head_dim); got "
+                                  f"stride {x.stride(-1)}")
+        if 0 in x.shape:
+            raise InputValueError(f"{name} must have no empty dim; got shape {tuple(x.shape)}")
+    if k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
+        raise InputTypeError(f"q, k_pages and v_pages must have one dtype; got {q.dtype}, "
+                             f"{k_pages.dtype}, {v_pages.dtype}")
+    if k_pages.device != q.device or v_pages.device != q.device:
+        raise InputValueError(f"q, k_pages and v_pages must be on one device; got {q.device}, "
+                              f"{k_pages.device}, {v_pages.device}")
+    if tuple(v_pages.shape) != tuple(k_pages.shape):
+        raise InputValueError(f"v_pages must have the shape of k_pages {tuple(k_pages.shape)}; "
+                              f"got {tuple(v_pages.shape)}")
+    b, hq, _, d = q.shape
+    _, page_size, hkv, dk = k_pages.shape
+    if dk != d:
+        raise InputValueError(f"k_pages' head_dim must be q's ({d}); got {dk}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise InputValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}; got {d}")
+    if hq % hkv:
+        raise InputValueError(f"q's heads ({hq}) must be a multiple of k_pages' ({hkv})")
+    if page_size % PAGE_ALIGN:
+        raise InputValueError(f"the page size (k_pages.shape[1]) must be a multiple of "
+                              f"{PAGE_ALIGN}; got {page_size}")
+    for name, x, shape in (("block_table", block_table, "[B, max_pages]"),
+                           ("seqused_k", seqused_k, "[B]")):
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"{name} must be an int32 torch.Tensor {shape}; got "
+                                 f"{type(x).__name__}")
+        if x.dtype != torch.int32 or x.dim() != len(shape.split(",")) or x.shape[0] != b:
+            raise InputValueError(f"{name} must be an int32 tensor {shape} with B = {b}; got "
+                                  f"{x.dtype} of shape {tuple(x.shape)}")
+        if x.device != q.device:
+            raise InputValueError(f"{name} must be on q's device {q.device}; got {x.device}")
+    if block_table.shape[1] < 1 or block_table.stride(1) != 1:
+        raise InputValueError(f"block_table must hold at least one page per entry, contiguous "
+                              f"in its last dim; got shape {tuple(block_table.shape)}, strides "
+                              f"{block_table.stride()}")
+    if not q.is_cuda:
+        raise InputValueError(f"q, k_pages and v_pages must be CUDA tensors; got tensors on "
+                              f"{q.device}")
+
+
+def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: Any,
+                  softcap: Any, sinks: Any, max_k: Optional[int]):
+    """The bucketed :class:`Problem` of a paged call (module docstring) and its longest cache
+    (``max_k``, else the block table's capacity)."""
+    b, hq, sq, d = q.shape
+    page_size, hkv = k_pages.shape[1], k_pages.shape[2]
+    capacity = block_table.shape[1] * page_size
+    if max_k is None:
+        longest = capacity
+    elif isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
+        raise InputValueError(f"max_k must be a positive int (at least every entry's "
+                              f"seqused_k) or None; got {max_k!r}")
+    else:
+        longest = min(max_k, capacity)
+    is_causal, _ = causal_flags(causal)
+    if causal == TOP_LEFT and sq > 1:
+        raise InputValueError("a paged call's queries are the last positions of each entry's "
+                              "keys: causal=True (or 'bottom_right') aligns them bottom-right; "
+                              "got causal='top_left'")
+    left, right, cap = variant_args(window, softcap)
+    problem = ragged_problem(sequences=b, tokens_q=b * sq, longest_q=sq, longest_k=longest,
+                             heads_q=hq, heads_kv=hkv, head_dim=d, dtype=_DTYPES[q.dtype],
+                             causal=is_causal, bottom_right=True, window=(left, right),
+                             softcap=cap, sinks=sinks is not None, page_size=page_size)
+    return problem, longest
+
+
+def _ranges(sq: int, seqused_k: torch.Tensor) -> torch.Tensor:
+    """The int32 ``[4, B]`` ranges the kernel reads: every entry's ``S_q`` query rows against
+    its first ``seqused_k`` keys (on the device: no host read)."""
+    ranges = torch.zeros((4, seqused_k.shape[0]), dtype=torch.int32, device=seqused_k.device)
+    ranges[1] = sq
+    ranges[3] = seqused_k
+    return ranges
+
+
+def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
+                  causal: Any = True, scale: Optional[float] = None, window: Any = None,
+                  softcap: Any = None, sinks: Any = None,
+                  max_k: Optional[int] = None) -> torch.Tensor:
+    """``tiledattention.paged_attention`` (see there): the output ``[B, H_q, S_q, D]``."""
+    _check(q, k_pages, v_pages, block_table, seqused_k)
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and 0 < scale < float("inf")):
+        raise InputValueError(f"scale must be a finite positive number or None; got {scale!r}")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_pages, v_pages)):
+        raise UnsupportedOperationError("a paged cache is for inference: paged_attention has "
+                                        "no autograd (run it under torch.no_grad())")
+    problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
+                                     max_k)
+    device = q.device.index
+    family = choose_family(device_info(device).arch, problem)
+    if not family.reads_pages:
+        raise UnsupportedProblemError(f"no family reads a paged cache for {problem.describe()}")
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+    shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
+                                seqlen_k=longest)
+    hot.bind_torch()
+    key = ("paged", family.name, shape, device, scale, q.stride(), k_pages.stride(),
+           v_pages.stride())
+    plan = runtime.plan(key)
+    if plan is None:
+        schedule = runtime.resolution(family, family.plan_problem(shape), device).schedule
+        plan = family.plan(shape, schedule, device, scale, BOTTOM_RIGHT,
+                           (shape.window_left, shape.window_right)).for_torch(q, None, k_pages,
+                                                                                 v_pages)
+        runtime.keep_plan(key, plan)
+    out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits,
+                   ranges=_ranges(q.shape[2], seqused_k), pages=block_table)
+    if out is None:
+        raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
+                              f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "
+                              f"pool")
+    return out
+
+
+def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
+                  causal: Any = True, window: Any = None, softcap: Any = None,
+                  sinks: Any = None, max_k: Optional[int] = None):
+    """The :class:`Resolution` a paged call's bucket gets."""
+    _check(q, k_pages, v_pages, block_table, seqused_k)
+    problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
+                                     max_k)
+    device = q.device.index
+    family = choose_family(device_info(device).arch, problem)
+    shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
+                                seqlen_k=longest)
+    return runtime.resolution(family, family.plan_problem(shape), device)
+
+
+# -- torch.compile ------------------------------------------------------------------------------
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+             block_table: torch.Tensor, seqused_k: torch.Tensor, causal: bool,
+             scale: Optional[float], window_left: int, window_right: int, softcap: float,
+             sinks: Optional[torch.Tensor], max_k: Optional[int]) -> torch.Tensor:
+    """:func:`paged_forward` as a torch op (``torch.compile`` traces it as one node)."""
+    import tiledattention
+
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    return paged_forward(tiledattention.runtime(), q, k_pages, v_pages, block_table, seqused_k,
+                         causal=BOTTOM_RIGHT if causal else False, scale=scale, window=window,
+                         softcap=softcap or None, sinks=sinks, max_k=max_k)
+
+
+@paged_op.register_fake
+def _paged_fake(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window_left,
+                window_right, softcap, sinks, max_k):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
