@@ -1,7 +1,8 @@
 """Kernel helpers (cuTile) that cut one sequence out of an array by a ragged call's range
 table (``Problem.ragged``: an int32 ``[4, sequences]`` array of query starts, query ends, key
-starts and key ends along the sequence axis). The forward, backward and decode kernels call
-them under their ``RAGGED`` constant; their families count this module in their template
+starts and key ends along the sequence axis), and that load a sequence's keys from a paged
+cache (``Problem.page_size``). The forward, backward and decode kernels call them under their
+``RAGGED`` / ``PAGED`` constants; their families count this module in their template
 identity."""
 
 from __future__ import annotations
@@ -32,3 +33,26 @@ def sequence_view_at_least(A, Ranges, seq, which, at_least=0):
 def sequence_length(Ranges, seq, which):
     """Sequence ``seq``'s length in ``Ranges`` (rows ``which``, ``which + 1``)."""
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
+
+
+def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, WIDTH, LATENCY, PAD):
+    """Keys ``j * TILE_N ..`` (head-dim columns ``part * WIDTH`` on) of sequence ``seq``'s
+    paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, WIDTH]`` tile:
+    ``TILE_N / PAGE_ROWS`` loads of ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size),
+    each from the page ``Pages[seq]`` names for it, joined pairwise. A key past the block
+    table's pages loads as ``PAD``'s fill."""
+    page_size = A.shape[1]
+    parts = ()
+    for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):
+        key = j * TILE_N + i * PAGE_ROWS
+        page = ct.gather(Pages, (seq, key // page_size), padding_value=-1)
+        parts += (ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, part),
+                          shape=(1, PAGE_ROWS, 1, WIDTH), padding_mode=PAD,
+                          latency=ct.static_eval(LATENCY or None)
+                          ).reshape((PAGE_ROWS, WIDTH)),)
+    for level in ct.static_iter(range((TILE_N // PAGE_ROWS).bit_length() - 1)):
+        joined = ()
+        for i in ct.static_iter(range(len(parts) // 2)):
+            joined += (ct.cat((parts[2 * i], parts[2 * i + 1]), 0),)
+        parts = joined
+    return parts[0]

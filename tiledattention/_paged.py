@@ -30,13 +30,13 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
-                       sink_logits, variant_args)
-from ._ragged import ragged_problem
+                       check_reach, default_scale, padded_head_dim, sink_logits, variant_args)
+from ._ragged import RaggedLayout, ragged_problem
+from ._ragged_fill import clear_uncovered_rows
 from ._runtime import Runtime
-from .errors import (InputTypeError, InputValueError, UnsupportedOperationError,
-                     UnsupportedProblemError)
+from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
-__all__ = ["paged_forward", "paged_problem", "explain_paged", "OP_NAME"]
+__all__ = ["paged_forward", "paged_varlen", "paged_problem", "explain_paged", "OP_NAME"]
 
 OP_NAME = "tiledattention::paged_attention"
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -101,10 +101,15 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any)
 
 
 def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: Any,
-                  softcap: Any, sinks: Any, max_k: Optional[int]):
+                  softcap: Any, sinks: Any, max_k: Optional[int], *,
+                  rows: Optional[tuple[int, int]] = None):
     """The bucketed :class:`Problem` of a paged call (module docstring) and its longest cache
-    (``max_k``, else the block table's capacity)."""
-    b, hq, sq, d = q.shape
+    (``max_k``, else the block table's capacity). ``rows``: packed queries' ``(tokens, longest
+    sequence)``, where ``q`` is their ``[1, H_q, tokens, D]`` view."""
+    sequences, hq, sq, d = block_table.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    tokens = sequences * sq
+    if rows is not None:
+        tokens, sq = rows
     page_size, hkv = k_pages.shape[1], k_pages.shape[2]
     capacity = block_table.shape[1] * page_size
     if max_k is None:
@@ -120,20 +125,12 @@ def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: A
                               "keys: causal=True (or 'bottom_right') aligns them bottom-right; "
                               "got causal='top_left'")
     left, right, cap = variant_args(window, softcap)
-    problem = ragged_problem(sequences=b, tokens_q=b * sq, longest_q=sq, longest_k=longest,
-                             heads_q=hq, heads_kv=hkv, head_dim=d, dtype=_DTYPES[q.dtype],
-                             causal=is_causal, bottom_right=True, window=(left, right),
-                             softcap=cap, sinks=sinks is not None, page_size=page_size)
+    problem = ragged_problem(sequences=sequences, tokens_q=tokens, longest_q=sq,
+                             longest_k=longest, heads_q=hq, heads_kv=hkv, head_dim=d,
+                             dtype=_DTYPES[q.dtype], causal=is_causal, bottom_right=True,
+                             window=(left, right), softcap=cap, sinks=sinks is not None,
+                             page_size=page_size)
     return problem, longest
-
-
-def _ranges(sq: int, seqused_k: torch.Tensor) -> torch.Tensor:
-    """The int32 ``[4, B]`` ranges the kernel reads: every entry's ``S_q`` query rows against
-    its first ``seqused_k`` keys (on the device: no host read)."""
-    ranges = torch.zeros((4, seqused_k.shape[0]), dtype=torch.int32, device=seqused_k.device)
-    ranges[1] = sq
-    ranges[3] = seqused_k
-    return ranges
 
 
 def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
@@ -142,21 +139,21 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                   max_k: Optional[int] = None) -> torch.Tensor:
     """``tiledattention.paged_attention`` (see there): the output ``[B, H_q, S_q, D]``."""
     _check(q, k_pages, v_pages, block_table, seqused_k)
-    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                                  and 0 < scale < float("inf")):
-        raise InputValueError(f"scale must be a finite positive number or None; got {scale!r}")
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_pages, v_pages)):
-        raise UnsupportedOperationError("a paged cache is for inference: paged_attention has "
-                                        "no autograd (run it under torch.no_grad())")
+    _check_call(scale, q, k_pages, v_pages)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k)
     device = q.device.index
-    family = choose_family(device_info(device).arch, problem)
-    if not family.reads_pages:
-        raise UnsupportedProblemError(f"no family reads a paged cache for {problem.describe()}")
-    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
+    family = choose_family(device_info(device).arch, shape)
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+    if family.name != "decode":  # long query runs (chunked prefill): the forward's kernels
+        b, sq = q.shape[0], q.shape[2]
+        ranges = torch.zeros((4, b), dtype=torch.int32, device=q.device)
+        ranges[1] = sq
+        ranges[3] = seqused_k
+        return _forward(runtime, family, problem, q, k_pages, v_pages, ranges, block_table,
+                        sq, longest, scale, logits, packed=False)
     hot.bind_torch()
     key = ("paged", family.name, shape, device, scale, q.stride(), k_pages.stride(),
            v_pages.stride())
@@ -167,12 +164,69 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                            (shape.window_left, shape.window_right)).for_torch(q, None, k_pages,
                                                                                  v_pages)
         runtime.keep_plan(key, plan)
-    out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits,
-                   ranges=_ranges(q.shape[2], seqused_k), pages=block_table)
+    out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
+                   pages=block_table)
     if out is None:
         raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
                               f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "
                               f"pool")
+    return out
+
+
+def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and 0 < scale < float("inf")):
+        raise InputValueError(f"scale must be a finite positive number or None; got {scale!r}")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_pages, v_pages)):
+        raise UnsupportedOperationError("a paged cache is for inference: it has no autograd "
+                                        "(run the call under torch.no_grad())")
+    check_reach("k_pages", k_pages, "torch", padded_head_dim(k_pages.shape[-1]))
+
+
+def _forward(runtime: Runtime, family: Any, problem: Any, q, k_pages, v_pages, ranges,
+             block_table, longest_q: int, longest_k: int, scale: Any, logits: Any, *,
+             packed: bool) -> torch.Tensor:
+    """A paged call on the forward family's ragged kernels: ``q`` ``[B, H_q, S_q, D]`` (or,
+    ``packed``, a ``[1, H_q, tokens, D]`` view) with the int32 ``[4, sequences]`` ranges."""
+    device = q.device.index
+    schedule = runtime.resolution(family, problem, device).schedule
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    # the kernels index the pools as [B, H, S, D]-like arrays: [pages, page_size, H_kv, D]
+    layout = RaggedLayout(ranges, longest_q, longest_k, packed, block_table)
+    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k_pages, v_pages, out, None,
+                            problem, schedule,
+                            default_scale(problem) if scale is None else float(scale), device,
+                            sinks=logits, ragged=layout)
+    return out
+
+
+def paged_varlen(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q: int,
+                 max_k: Optional[int], *, causal: Any, scale: Optional[float],
+                 window: Any) -> torch.Tensor:
+    """Packed queries ``[T_q, H_q, D]`` of sequences of their own query counts
+    (``cu_seq_q``) over a paged cache, on the forward family's ragged kernels (``varlen_attn``
+    with a block table; a batch of one query count goes to :func:`paged_forward`). Rows of no
+    sequence come out as zeros."""
+    import tiledattention
+
+    q4 = query.unsqueeze(0).transpose(1, 2)  # [1, H_q, T_q, D]
+    sequences = cu_seq_q.shape[0] - 1
+    _check(q4.expand(sequences, -1, -1, -1), k_pages, v_pages, block_table, seqused_k)
+    _check_call(scale, query, k_pages, v_pages)
+    if cu_seq_q.dtype != torch.int32 or cu_seq_q.device != query.device:
+        raise InputValueError(f"cu_seq_q must be an int32 tensor on {query.device}; got "
+                              f"{cu_seq_q.dtype} on {cu_seq_q.device}")
+    problem, longest = paged_problem(q4, k_pages, block_table, causal, window, None, None,
+                                     max_k, rows=(query.shape[0], max_q))
+    family = choose_family(device_info(query.device.index).arch, problem, "sdpa_with_lse")
+    ranges = torch.zeros((4, sequences), dtype=torch.int32, device=query.device)
+    ranges[0] = cu_seq_q[:-1]
+    ranges[1] = cu_seq_q[1:]
+    ranges[3] = seqused_k
+    out = _forward(tiledattention.runtime(), family, problem, q4, k_pages, v_pages, ranges,
+                   block_table, max_q, longest, scale, None, packed=True)
+    out = out.transpose(1, 2).squeeze(0)
+    clear_uncovered_rows(torch.cuda.current_stream(query.device), out, ranges, 0)
     return out
 
 

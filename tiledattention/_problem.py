@@ -18,7 +18,7 @@ from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape", "variant_args",
-           "sink_logits", "PAGE_ALIGN"]
+           "sink_logits", "PAGE_ALIGN", "page_tile"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -80,6 +80,12 @@ def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
 #: A paged cache's page size is a multiple of this many tokens (a key tile never straddles
 #: two pages).
 PAGE_ALIGN = 16
+def page_tile(page_size: int) -> int:
+    """The largest power of two dividing ``page_size``: the most keys one load from a paged
+    cache may take (a load never straddles two pages)."""
+    return page_size & -page_size
+
+
 #: The fields ``to_dict`` leaves out at these values (keys stored before they existed).
 _OPTIONAL = {"bottom_right": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
              "sinks": False, "ragged": False, "page_size": 0}

@@ -451,9 +451,12 @@ def _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwa
 # -- a paged cache ------------------------------------------------------------------------------
 def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, window_size,
                   enable_gqa, seqused_k, block_table):
-    """:func:`varlen_attn` over a paged cache: the packed queries (one count per sequence) as a
-    ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``."""
+    """:func:`varlen_attn` over a paged cache: packed queries of one count per sequence as a
+    ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``, others on the forward
+    family's ragged kernels (``_paged.paged_varlen``)."""
     import tiledattention
+
+    from . import _paged
 
     if block_table is None or seqused_k is None:
         raise InputValueError(f"a paged cache takes block_table and seqused_k together; got "
@@ -470,21 +473,22 @@ def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, w
         raise InputValueError(f"block_table must be an int32 tensor [sequences, max_pages] = "
                               f"[{sequences}, ...]; got "
                               f"{getattr(block_table, 'shape', type(block_table).__name__)}")
-    if query.shape[0] != sequences * longest_q:
-        raise UnsupportedProblemError(
-            f"varlen_attn over a paged cache runs sequences of one query count (tokens = "
-            f"sequences * max_q: decode and speculative steps); got {query.shape[0]} query "
-            f"tokens for {sequences} sequences of at most {longest_q}")
     if key.dim() == 4 and query.shape[1] != key.shape[2] and not enable_gqa:
         raise InputValueError(f"query has {query.shape[1]} heads and key {key.shape[2]}: pass "
                               f"enable_gqa=True for grouped-query heads")
-    causal, _ = _alignment(is_causal)
+    causal, bottom_right = _alignment(is_causal)
     left, right, _ = variant_args(window_size, None)
     if not causal and right == 0:  # torch's spelling of causal: window_size=(-1, 0)
-        causal, right = True, -1
+        causal, bottom_right, right = True, True, -1
+    alignment = (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
+    window = None if (left, right) == (-1, -1) else (left, right)
+    longest_k = _check_max("max_k", max_k, INDEX_LIMIT)
+    if query.shape[0] != sequences * longest_q:  # sequences of their own query counts
+        return _paged.paged_varlen(query, key, value, cu_seq_q, block_table, seqused_k,
+                                   longest_q, longest_k, causal=alignment, scale=scale,
+                                   window=window)
     q4 = query.unflatten(0, (sequences, longest_q)).transpose(1, 2)
-    out = tiledattention.paged_attention(
-        q4, key, value, block_table, seqused_k, causal=BOTTOM_RIGHT if causal else False,
-        scale=scale, window=None if (left, right) == (-1, -1) else (left, right),
-        max_k=_check_max("max_k", max_k, INDEX_LIMIT))
+    out = tiledattention.paged_attention(q4, key, value, block_table, seqused_k,
+                                         causal=alignment, scale=scale, window=window,
+                                         max_k=longest_k)
     return out.transpose(1, 2).reshape(query.shape)

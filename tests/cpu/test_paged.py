@@ -12,8 +12,10 @@ import torch
 import tiledattention
 from tiledattention import BACKWARD, DECODE, FORWARD, DecodeSchedule, Problem
 from tiledattention.decode._compile import compile_decode
-from tiledattention.decode._launch import normalise, page_tile, split_constants
+from tiledattention._problem import page_tile
+from tiledattention.decode._launch import normalise, split_constants
 from tiledattention.errors import UnsupportedProblemError
+from tiledattention.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -38,16 +40,22 @@ def test_the_page_size_is_a_variant_field_of_its_own():
         _paged(ragged=False)
 
 
-def test_only_the_decode_family_takes_pages():
-    p = _paged(seqlen_q=512)  # more query rows than the decode rule takes for plain calls
-    assert tiledattention.choose_family("sm_90", p) is DECODE
-    assert not FORWARD.takes("sm_90", p) and not BACKWARD.takes("sm_90", p)
-    for family in (FORWARD, BACKWARD):
-        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
-            family.default_schedule("sm_90", p)
-        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
-            family.compile(p, family.default_schedule("sm_90", dataclasses.replace(
-                p, page_size=0)), "sm_90")
+def test_decode_steps_and_long_query_runs_read_pages_the_backward_none():
+    """A decode step goes to the split-KV kernels, a chunk of a prefill (many query rows) to
+    the forward's ragged kernel; both read pages, the backward refuses them."""
+    assert tiledattention.choose_family("sm_90", _paged(seqlen_q=1)) is DECODE
+    chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384)
+    assert tiledattention.choose_family("sm_90", chunk) is FORWARD
+    assert DECODE.reads_pages and FORWARD.reads_pages and not BACKWARD.reads_pages
+    assert not BACKWARD.takes("sm_90", chunk)
+    with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+        BACKWARD.default_schedule("sm_90", chunk)
+    with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+        BACKWARD.compile(chunk, BACKWARD.default_schedule("sm_90", dataclasses.replace(
+            chunk, page_size=0)), "sm_90")
+    for family in (FORWARD, DECODE):
+        with pytest.raises(UnsupportedProblemError, match="no tuner case"):
+            family.case(chunk, 0)
     with pytest.raises(UnsupportedProblemError, match="bottom-right only"):
         DECODE.default_schedule("sm_90", _paged(bottom_right=False, seqlen_q=4))
 
@@ -91,6 +99,18 @@ def test_the_paged_decode_compiles(arch, fields):
         assert result.cubin[:4] == b"\x7fELF"
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_the_paged_forward_compiles(arch, page_size):
+    from tiledattention.forward._compile import compile_schedule
+
+    chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384, page_size=page_size)
+    schedule = FORWARD.normalise(chunk, FORWARD.default_schedule(arch, chunk))
+    constants = FORWARD_CONSTANTS(chunk, schedule, packed=True)
+    assert constants["PAGED"] and constants["PAGE_ROWS"] == min(schedule.tile_n, page_size)
+    assert compile_schedule(chunk, schedule, arch).cubin[:4] == b"\x7fELF"
+
+
 def _args(b=2, hq=4, hkv=2, d=64, pages=6, page=16, width=3):
     q = torch.randn(b, hq, 1, d, dtype=torch.bfloat16)
     k = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16)
@@ -119,13 +139,16 @@ def test_bad_arguments_name_what_was_expected(change, error, match):
                                        args["used"])
 
 
-def test_varlen_attn_over_pages_takes_one_query_count():
+def test_varlen_attn_over_pages_checks_its_arguments():
     q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
     k = torch.randn(6, 16, 2, 64, dtype=torch.bfloat16)
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     table = torch.zeros(2, 3, dtype=torch.int32)
     used = torch.ones(2, dtype=torch.int32)
-    with pytest.raises(UnsupportedProblemError, match="one query count"):
+    with pytest.raises(ValueError, match="must be CUDA tensors"):  # after every other check
+        tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table,
+                                   enable_gqa=True)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table)
     with pytest.raises(ValueError, match="block_table and seqused_k together"):
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used)

@@ -54,7 +54,8 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
                "softcap": ctc.ScalarConstraint(ct.float32), "Sinks": sinks,
                # a ragged entry's ranges, or the zero-byte placeholder (a constant here:
                # export_cubin's convention takes no tuple; the same machine code)
-               "Ranges": (array_constraint("int32", (4, p.batch)) if p.ragged
+               "Ranges": (array_constraint("int32", (p.batch,)) if p.page_size
+                          else array_constraint("int32", (4, p.batch)) if p.ragged
                           else ctc.ConstantConstraint(0)),
                # a paged cache's block table, or the placeholder
                "Pages": (array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))

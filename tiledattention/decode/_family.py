@@ -95,17 +95,13 @@ class DecodeFamily(Family):
     serves = ("sdpa",)
     dispatch_priority = 10
 
-    # the only family whose kernels read a paged cache: it takes every paged call it can align
+    # its split kernel reads a paged cache (decode steps over a serving engine's pages)
     reads_pages = True
 
     def takes(self, arch: str, problem: Problem) -> bool:
-        if _ragged_refusal(problem) is not None:
-            return False
-        return bool(problem.page_size) or dispatch_rule(arch).takes(problem)
+        return _ragged_refusal(problem) is None and dispatch_rule(arch).takes(problem)
 
     def why_taken(self, arch: str, problem: Problem) -> str:
-        if problem.page_size and _ragged_refusal(problem) is None:
-            return "the decode family runs every paged call (no other family reads pages)"
         return dispatch_rule(arch).why(arch, problem)
 
     def plan_problem(self, problem: Problem) -> Problem:

@@ -39,7 +39,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from .._kernel_ranges import sequence_length, sequence_view
+from .._kernel_ranges import page_rows, sequence_view
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -63,12 +63,12 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
     the scores are ``cap_out * tanh(qk * cap_in)``: the capped scaled score in the kernel's
     units (times log2(e) with ``EXP2``). With ``PAGED`` K and V are page pools ``[pages,
     page_size, H_kv, D]`` and key tile ``j`` of entry ``batch`` is loaded ``PAGE_ROWS`` keys at
-    a time from the pages ``Pages[batch]`` names (:func:`_page_rows`).
+    a time from the pages ``Pages[batch]`` names (``_kernel_ranges.page_rows``).
     """
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
     if PAGED:
-        k = ct.transpose(_page_rows(K, Pages, batch, kv_head, j, TILE_N, PAGE_ROWS, TILE_D,
-                                    K_LATENCY))
+        k = ct.transpose(page_rows(K, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, TILE_D,
+                                   K_LATENCY, PAD))
     elif K_TRANSPOSED:
         k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                     order=(0, 1, 3, 2), padding_mode=PAD,
@@ -108,7 +108,7 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
             alpha = ct.exp(m_i - m_ij)
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
     if PAGED:
-        v = _page_rows(V, Pages, batch, kv_head, j, TILE_N, PAGE_ROWS, TILE_D, V_LATENCY)
+        v = page_rows(V, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, TILE_D, V_LATENCY, PAD)
         if masked:  # a page's rows past the entry's keys hold anything: p is 0 there, 0 * NaN
             rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # is not
             v = ct.where(rows < seqlen_k, v, 0.0)
@@ -118,28 +118,6 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
         v = v.reshape((TILE_N, TILE_D))
     acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
     return m_ij, l_i, acc
-
-
-def _page_rows(A, Pages, batch, kv_head, j, TILE_N, PAGE_ROWS, TILE_D, LATENCY):
-    """Keys ``j * TILE_N ..`` of entry ``batch``'s paged cache (``A``: a ``[pages, page_size,
-    H_kv, D]`` pool) as a ``[TILE_N, TILE_D]`` tile: ``TILE_N / PAGE_ROWS`` loads of
-    ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size), each from the page
-    ``Pages[batch]`` names for it, joined pairwise."""
-    page_size = A.shape[1]
-    parts = ()
-    for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):
-        key = j * TILE_N + i * PAGE_ROWS
-        page = ct.gather(Pages, (batch, key // page_size))
-        parts += (ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, 0),
-                          shape=(1, PAGE_ROWS, 1, TILE_D), padding_mode=ct.PaddingMode.ZERO,
-                          latency=ct.static_eval(LATENCY or None)
-                          ).reshape((PAGE_ROWS, TILE_D)),)
-    for level in ct.static_iter(range((TILE_N // PAGE_ROWS).bit_length() - 1)):
-        joined = ()
-        for i in ct.static_iter(range(len(parts) // 2)):
-            joined += (ct.cat((parts[2 * i], parts[2 * i + 1]), 0),)
-        parts = joined
-    return parts[0]
 
 
 def _tile_of_row(row, heads, num_q_tiles):
@@ -180,7 +158,8 @@ def decode_split(
     Sinks,  # SINKS: [H_q] float32 sink logits; else a placeholder int the code never reads.
     # The new launch-time values come last: the others keep their offsets (and the code of a
     # plain problem its bytes).
-    Ranges,  # RAGGED: int32 [4, B] query starts, query ends, key starts, key ends; else ()
+    Ranges,  # RAGGED: int32 [4, B] query starts, query ends, key starts, key ends (PAGED:
+    # int32 [B], the entries' key counts); else ()
     Pages,  # PAGED: int32 [B, max_pages] block table (K, V: page pools); else ()
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
@@ -198,7 +177,7 @@ def decode_split(
     SINKS: ConstBool,  # DIRECT only: the sink joins the denominator (else the combine adds it)
     RAGGED: ConstBool,  # each batch entry's keys and query rows are its Ranges' (bottom-right)
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; entry b's keys
-    # 0..Ranges[3, b] - Ranges[2, b] - 1 lie in its block table's pages, Pages[b]
+    # 0..Ranges[b] - 1 lie in its block table's pages, Pages[b]
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
@@ -219,16 +198,14 @@ def decode_split(
         # block table's); its query rows q_lo..q_hi - 1 are the last of them (bottom-right
         # within the ranges: row i sees keys up to i + len - q_hi); rows outside come out as
         # zeros
-        if PAGED:
-            paged_keys = min(sequence_length(Ranges, batch, 2), Pages.shape[1] * K.shape[1])
+        if PAGED:  # Ranges: the entries' key counts, [B]; every query row is in range
+            paged_keys = min(ct.gather(Ranges, batch), Pages.shape[1] * K.shape[1])
+            causal_offset = paged_keys - q_hi
         else:
             K = sequence_view(K, Ranges, batch, 2)
             V = sequence_view(V, Ranges, batch, 2)
-        q_lo = ct.gather(Ranges, (0, batch))
-        q_hi = ct.gather(Ranges, (1, batch))
-        if PAGED:
-            causal_offset = paged_keys - q_hi
-        else:
+            q_lo = ct.gather(Ranges, (0, batch))
+            q_hi = ct.gather(Ranges, (1, batch))
             causal_offset = K.shape[2] - q_hi
 
     scale = qk_scale

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from .._lazy import lazy_module
 from .._signature import KernelParameters
-from .._problem import Problem, default_scale, padded_head_dim
+from .._problem import Problem, default_scale, padded_head_dim, page_tile
 from ._schedule import TILES_M, DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -31,7 +31,7 @@ _kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "page_tile"]
+           "max_key_tiles"]
 
 SPLIT_PARAMETERS = KernelParameters(
     (f"{__package__}._kernel", "decode_split"),
@@ -47,11 +47,6 @@ NO_SINKS = 0
 #: space and machine code are unchanged.
 UNUSED = ()
 
-
-def page_tile(page_size: int) -> int:
-    """The largest power of two dividing ``page_size``: the most keys one load from a paged
-    cache may take (a load never straddles two pages)."""
-    return page_size & -page_size
 
 
 class Variant(NamedTuple):
@@ -289,7 +284,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
     ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
-    ``[pages, page_size, H_kv, D]`` pools)."""
+    ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     opart, lse = partials if partials is not None else (out5, out5)
