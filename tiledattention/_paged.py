@@ -153,7 +153,7 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
         ranges[1] = sq
         ranges[3] = seqused_k
         return _forward(runtime, family, problem, q, k_pages, v_pages, ranges, block_table,
-                        sq, longest, scale, logits, packed=False)
+                        sq, longest, scale, logits)
     hot.bind_torch()
     key = ("paged", family.name, shape, device, scale, q.stride(), k_pages.stride(),
            v_pages.stride())
@@ -185,12 +185,15 @@ def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
 
 def _forward(runtime: Runtime, family: Any, problem: Any, q, k_pages, v_pages, ranges,
              block_table, longest_q: int, longest_k: int, scale: Any, logits: Any, *,
-             packed: bool) -> torch.Tensor:
-    """A paged call on the forward family's ragged kernels: ``q`` ``[B, H_q, S_q, D]`` (or,
-    ``packed``, a ``[1, H_q, tokens, D]`` view) with the int32 ``[4, sequences]`` ranges."""
+             out: Any = None) -> torch.Tensor:
+    """A paged call on the forward family's ragged kernels: ``q`` ``[B, H_q, S_q, D]`` with the
+    int32 ``[4, B]`` ranges, or with ``out`` given, ``q`` and ``out`` ``[1, H_q, tokens, D]``
+    views of packed sequences and ``[4, sequences]`` ranges."""
     device = q.device.index
     schedule = runtime.resolution(family, problem, device).schedule
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    packed = out is not None
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     # the kernels index the pools as [B, H, S, D]-like arrays: [pages, page_size, H_kv, D]
     layout = RaggedLayout(ranges, longest_q, longest_k, packed, block_table)
     family.forward_with_lse(torch.cuda.current_stream(q.device), q, k_pages, v_pages, out, None,
@@ -223,9 +226,9 @@ def paged_varlen(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_
     ranges[0] = cu_seq_q[:-1]
     ranges[1] = cu_seq_q[1:]
     ranges[3] = seqused_k
-    out = _forward(tiledattention.runtime(), family, problem, q4, k_pages, v_pages, ranges,
-                   block_table, max_q, longest, scale, None, packed=True)
-    out = out.transpose(1, 2).squeeze(0)
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    _forward(tiledattention.runtime(), family, problem, q4, k_pages, v_pages, ranges,
+             block_table, max_q, longest, scale, None, out=out.unsqueeze(0).transpose(1, 2))
     clear_uncovered_rows(torch.cuda.current_stream(query.device), out, ranges, 0)
     return out
 

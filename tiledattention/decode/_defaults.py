@@ -9,7 +9,7 @@ from ._launch import layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
-           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "RAGGED_WAVES"]
+           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -30,12 +30,6 @@ MAX_TILE_M = 64
 #: one split's time (docs/benchmarks/variants/README.md).
 WINDOW_SPLIT_MIN_KEYS = 512
 WINDOW_SPLIT_MIN_GAIN = 4
-#: A ragged batch (a paged cache's, or a padded one's: lengths of their own) splits its keys
-#: into enough CTAs for this many waves: each entry's keys are split alike, so a long entry's
-#: splits are what take time, and finer splits let the short entries' CTAs fill the gaps. On an
-#: H200 (paged, page 64, H 32/8, D 128, cache lengths drawn from 100 to 32k), B = 64 ran best
-#: at 4 splits (1.04x one split) and B = 16 at 8 (1.20x one split); 64 splits lost 1.3-1.4x.
-RAGGED_WAVES = 8
 
 
 def window_keys(problem: Problem) -> int:
@@ -55,9 +49,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
     window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys,
     but only where splitting pays for its second launch (:data:`WINDOW_SPLIT_MIN_KEYS`,
-    :data:`WINDOW_SPLIT_MIN_GAIN`). A ragged batch of several entries splits for
-    :data:`RAGGED_WAVES` waves of CTAs (rounded down to a power of two), as its longest entry
-    sets the time."""
+    :data:`WINDOW_SPLIT_MIN_GAIN`). A ragged batch (a paged cache's) splits by the same rule,
+    counted on its longest cache: on an H200 (page 64, H 32/8, D 128), more splits than the rule
+    gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at 2k) and gained 1.04x and
+    1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8)."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
@@ -73,8 +68,6 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     wanted = SM_COUNTS[gen] // rows  # one wave: these kernels run one CTA per SM on sm_90
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
-    elif problem.ragged and problem.batch > 1:
-        waves = RAGGED_WAVES * SM_COUNTS[gen] // rows
-        wanted = max(wanted, 1 << max(waves.bit_length() - 1, 0) if waves else 1)
+
     splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
     return base.replace(splits=splits)
