@@ -6,12 +6,16 @@ is usually partly filled). Entry ``b``'s queries are the last ``S_q`` positions 
 ``seqused_k[b]`` keys (a decode step, speculative tokens, a chunk of a prefill), so causal
 masks and windows align bottom-right.
 
-The split-KV decode kernels read the pages in place (``PAGED``): each key tile looks its page
-up in the block table, no cache is gathered or copied, and keys past ``seqused_k[b]`` (or past
-the block table's pages) never enter the softmax. Every entry's key walk is split over the
-same number of CTAs, so a batch whose lengths differ by 1000x runs in one launch and its long
-entries' splits are the ones that take time. Nothing is read on the host: the lengths and the
-block table stay on the device, so a step is capturable in a CUDA graph and replays with new
+Decode steps (few query rows: the decode family's dispatch rule) run on the split-KV decode
+kernels, which read the pages in place (``PAGED``): each key tile looks its pages up in the
+block table, nothing is gathered or copied, and keys past ``seqused_k[b]`` (or past the block
+table's pages) never enter the softmax. Every entry's key walk is split over the same number of
+CTAs, so a batch whose lengths differ by 1000x runs in one launch. Long query runs (chunked
+prefill) gather each entry's pages into a contiguous copy first (:func:`gather_pages`: one
+read and one write of the keys) and run the forward family's ragged kernel on it: the forward
+kernel reading pages in place ran 4-29x slower than on a contiguous cache on an H200 and was
+taken out (docs/benchmarks/paged/). Nothing is read on the host: the lengths and the block
+table stay on the device, so a step is capturable in a CUDA graph and replays with new
 lengths and tables.
 
 A paged call is looked up by its bucket (``Problem.page_size``, ``ragged``): the batch, query
@@ -30,13 +34,14 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
-                       check_reach, default_scale, padded_head_dim, sink_logits, variant_args)
-from ._ragged import RaggedLayout, ragged_problem
-from ._ragged_fill import clear_uncovered_rows
+                       check_reach, padded_head_dim, sink_logits, variant_args)
+from ._family import serving
+from ._ragged import ragged_problem
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
-__all__ = ["paged_forward", "paged_varlen", "paged_problem", "explain_paged", "OP_NAME"]
+__all__ = ["paged_forward", "paged_problem", "explain_paged", "gather_pages", "reader",
+           "OP_NAME"]
 
 OP_NAME = "tiledattention::paged_attention"
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -145,15 +150,12 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     device = q.device.index
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
-    family = choose_family(device_info(device).arch, shape)
+    family = reader(device_info(device).arch, shape)
+    if family is None:  # long query runs (chunked prefill): the pages gathered first
+        return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k, longest,
+                                 causal=causal, scale=scale, window=window, softcap=softcap,
+                                 sinks=sinks)
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
-    if family.name != "decode":  # long query runs (chunked prefill): the forward's kernels
-        b, sq = q.shape[0], q.shape[2]
-        ranges = torch.zeros((4, b), dtype=torch.int32, device=q.device)
-        ranges[1] = sq
-        ranges[3] = seqused_k
-        return _forward(runtime, family, problem, q, k_pages, v_pages, ranges, block_table,
-                        sq, longest, scale, logits)
     hot.bind_torch()
     key = ("paged", family.name, shape, device, scale, q.stride(), k_pages.stride(),
            v_pages.stride())
@@ -173,6 +175,12 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     return out
 
 
+def reader(arch: str, shape: Any) -> Any:
+    """The family whose kernels read this paged call's pages in place (the first in dispatch
+    order that reads pages and takes it), or ``None``: its pages are gathered first."""
+    return next((f for f in serving("sdpa") if f.reads_pages and f.takes(arch, shape)), None)
+
+
 def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
     if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                                   and 0 < scale < float("inf")):
@@ -183,68 +191,54 @@ def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
     check_reach("k_pages", k_pages, "torch", padded_head_dim(k_pages.shape[-1]))
 
 
-def _forward(runtime: Runtime, family: Any, problem: Any, q, k_pages, v_pages, ranges,
-             block_table, longest_q: int, longest_k: int, scale: Any, logits: Any, *,
-             out: Any = None) -> torch.Tensor:
-    """A paged call on the forward family's ragged kernels: ``q`` ``[B, H_q, S_q, D]`` with the
-    int32 ``[4, B]`` ranges, or with ``out`` given, ``q`` and ``out`` ``[1, H_q, tokens, D]``
-    views of packed sequences and ``[4, sequences]`` ranges."""
-    device = q.device.index
-    schedule = runtime.resolution(family, problem, device).schedule
-    packed = out is not None
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    # the kernels index the pools as [B, H, S, D]-like arrays: [pages, page_size, H_kv, D]
-    layout = RaggedLayout(ranges, longest_q, longest_k, packed, block_table)
-    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k_pages, v_pages, out, None,
-                            problem, schedule,
-                            default_scale(problem) if scale is None else float(scale), device,
-                            sinks=logits, ragged=layout)
-    return out
+def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> torch.Tensor:
+    """A ``[B, H_kv, pages * page_size, D]`` view of a contiguous copy of each entry's first
+    ``ceil(keys / page_size)`` pages (block-table slots past an entry's pages copy some page of
+    the pool, never read: its ranges end at its key count)."""
+    page_size = pool.shape[1]
+    width = min(block_table.shape[1], -(-keys // page_size))
+    ids = block_table[:, :width].clamp(0, pool.shape[0] - 1).flatten()
+    copy = pool.index_select(0, ids)  # [B * width, page_size, H_kv, D]
+    return copy.view(block_table.shape[0], width * page_size, *pool.shape[2:]).transpose(1, 2)
 
 
-def paged_varlen(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q: int,
-                 max_k: Optional[int], *, causal: Any, scale: Optional[float],
-                 window: Any) -> torch.Tensor:
-    """Packed queries ``[T_q, H_q, D]`` of sequences of their own query counts
-    (``cu_seq_q``) over a paged cache, on the forward family's ragged kernels (``varlen_attn``
-    with a block table; a batch of one query count goes to :func:`paged_forward`). Rows of no
-    sequence come out as zeros."""
-    import tiledattention
+def _gathered_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
+                      longest: int, **variant: Any) -> torch.Tensor:
+    """A paged call whose query runs are long (chunked prefill): each entry's pages gathered
+    into a contiguous cache (one read and one write of its keys), then the padded batch's
+    ragged forward (``sdpa(..., ranges=)``) with every entry's queries the last of its keys."""
+    from ._varlen import padded_forward
 
-    q4 = query.unsqueeze(0).transpose(1, 2)  # [1, H_q, T_q, D]
-    sequences = cu_seq_q.shape[0] - 1
-    _check(q4.expand(sequences, -1, -1, -1), k_pages, v_pages, block_table, seqused_k)
-    _check_call(scale, query, k_pages, v_pages)
-    if cu_seq_q.dtype != torch.int32 or cu_seq_q.device != query.device:
-        raise InputValueError(f"cu_seq_q must be an int32 tensor on {query.device}; got "
-                              f"{cu_seq_q.dtype} on {cu_seq_q.device}")
-    problem, longest = paged_problem(q4, k_pages, block_table, causal, window, None, None,
-                                     max_k, rows=(query.shape[0], max_q))
-    family = choose_family(device_info(query.device.index).arch, problem, "sdpa_with_lse")
-    ranges = torch.zeros((4, sequences), dtype=torch.int32, device=query.device)
-    ranges[0] = cu_seq_q[:-1]
-    ranges[1] = cu_seq_q[1:]
+    b, sq = q.shape[0], q.shape[2]
+    ranges = torch.zeros((4, b), dtype=torch.int32, device=q.device)
+    ranges[1] = sq
     ranges[3] = seqused_k
-    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    _forward(tiledattention.runtime(), family, problem, q4, k_pages, v_pages, ranges,
-             block_table, max_q, longest, scale, None, out=out.unsqueeze(0).transpose(1, 2))
-    clear_uncovered_rows(torch.cuda.current_stream(query.device), out, ranges, 0)
-    return out
+    k = gather_pages(k_pages, block_table, longest)
+    v = gather_pages(v_pages, block_table, longest)
+    causal = variant.pop("causal")
+    return padded_forward(runtime, q, k, v, BOTTOM_RIGHT if causal else False,
+                          variant.pop("scale"), ranges, **variant)
 
 
 def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
                   causal: Any = True, window: Any = None, softcap: Any = None,
                   sinks: Any = None, max_k: Optional[int] = None):
-    """The :class:`Resolution` a paged call's bucket gets."""
+    """The :class:`Resolution` a paged call gets: its bucket's, on the family that reads its
+    pages; or, where none does (long query runs), the ragged forward's that runs on the
+    gathered pages."""
     _check(q, k_pages, v_pages, block_table, seqused_k)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k)
     device = q.device.index
-    family = choose_family(device_info(device).arch, problem)
+    arch = device_info(device).arch
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
-    return runtime.resolution(family, family.plan_problem(shape), device)
+    family = reader(arch, shape)
+    if family is not None:
+        return runtime.resolution(family, family.plan_problem(shape), device)
+    gathered = dataclasses.replace(problem, page_size=0)
+    family = choose_family(arch, gathered, "sdpa_with_lse")
+    return runtime.resolution(family, gathered, device)
 
 
 # -- torch.compile ------------------------------------------------------------------------------

@@ -451,12 +451,9 @@ def _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwa
 # -- a paged cache ------------------------------------------------------------------------------
 def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, window_size,
                   enable_gqa, seqused_k, block_table):
-    """:func:`varlen_attn` over a paged cache: packed queries of one count per sequence as a
-    ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``, others on the forward
-    family's ragged kernels (``_paged.paged_varlen``)."""
+    """:func:`varlen_attn` over a paged cache: the packed queries (one count per sequence) as a
+    ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``."""
     import tiledattention
-
-    from . import _paged
 
     if block_table is None or seqused_k is None:
         raise InputValueError(f"a paged cache takes block_table and seqused_k together; got "
@@ -483,10 +480,11 @@ def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, w
     alignment = (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
     window = None if (left, right) == (-1, -1) else (left, right)
     longest_k = _check_max("max_k", max_k, INDEX_LIMIT)
-    if query.shape[0] != sequences * longest_q:  # sequences of their own query counts
-        return _paged.paged_varlen(query, key, value, cu_seq_q, block_table, seqused_k,
-                                   longest_q, longest_k, causal=alignment, scale=scale,
-                                   window=window)
+    if query.shape[0] != sequences * longest_q:
+        raise UnsupportedProblemError(
+            f"varlen_attn over a paged cache runs sequences of one query count (tokens = "
+            f"sequences * max_q: decode, speculative and equal chunked-prefill steps); got "
+            f"{query.shape[0]} query tokens for {sequences} sequences of at most {longest_q}")
     q4 = query.unflatten(0, (sequences, longest_q)).transpose(1, 2)
     out = tiledattention.paged_attention(q4, key, value, block_table, seqused_k,
                                          causal=alignment, scale=scale, window=window,

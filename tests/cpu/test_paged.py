@@ -15,7 +15,6 @@ from tiledattention.decode._compile import compile_decode
 from tiledattention._problem import page_tile
 from tiledattention.decode._launch import normalise, split_constants
 from tiledattention.errors import UnsupportedProblemError
-from tiledattention.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -40,24 +39,37 @@ def test_the_page_size_is_a_variant_field_of_its_own():
         _paged(ragged=False)
 
 
-def test_decode_steps_and_long_query_runs_read_pages_the_backward_none():
-    """A decode step goes to the split-KV kernels, a chunk of a prefill (many query rows) to
-    the forward's ragged kernel; both read pages, the backward refuses them."""
-    assert tiledattention.choose_family("sm_90", _paged(seqlen_q=1)) is DECODE
+def test_decode_steps_read_pages_long_query_runs_gather_them():
+    """A decode step goes to the split-KV kernels, which read pages in place; a chunk of a
+    prefill (many query rows) has no reader (its pages are gathered for the forward), and the
+    forward and backward families refuse paged problems."""
+    from tiledattention._paged import reader
+
+    assert reader("sm_90", _paged(seqlen_q=1)) is DECODE
     chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384)
-    assert tiledattention.choose_family("sm_90", chunk) is FORWARD
-    assert DECODE.reads_pages and FORWARD.reads_pages and not BACKWARD.reads_pages
-    assert not BACKWARD.takes("sm_90", chunk)
-    with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
-        BACKWARD.default_schedule("sm_90", chunk)
-    with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
-        BACKWARD.compile(chunk, BACKWARD.default_schedule("sm_90", dataclasses.replace(
-            chunk, page_size=0)), "sm_90")
-    for family in (FORWARD, DECODE):
-        with pytest.raises(UnsupportedProblemError, match="no tuner case"):
-            family.case(chunk, 0)
-    with pytest.raises(UnsupportedProblemError, match="bottom-right only"):
-        DECODE.default_schedule("sm_90", _paged(bottom_right=False, seqlen_q=4))
+    assert reader("sm_90", chunk) is None
+    assert DECODE.reads_pages and not FORWARD.reads_pages and not BACKWARD.reads_pages
+    for family in (FORWARD, BACKWARD):
+        assert not family.takes("sm_90", chunk)
+        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+            family.default_schedule("sm_90", chunk)
+        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+            family.compile(chunk, family.default_schedule("sm_90", dataclasses.replace(
+                chunk, page_size=0)), "sm_90")
+    with pytest.raises(UnsupportedProblemError, match="no tuner case"):
+        DECODE.case(chunk, 0)
+
+
+def test_gathered_pages_are_each_entrys_cache_in_order():
+    from tiledattention._paged import gather_pages
+
+    pool = torch.arange(6 * 16 * 2 * 4, dtype=torch.float32).view(6, 16, 2, 4)
+    table = torch.tensor([[4, 1, -1], [0, 5, 2]], dtype=torch.int32)
+    got = gather_pages(pool, table, 20)  # 20 keys: two pages an entry
+    assert got.shape == (2, 2, 32, 4)
+    assert torch.equal(got[0].transpose(0, 1), torch.cat((pool[4], pool[1])))
+    assert torch.equal(got[1].transpose(0, 1), torch.cat((pool[0], pool[5])))
+    assert gather_pages(pool, table, 48).shape == (2, 2, 48, 4)  # -1 slots clamp, never read
 
 
 def test_a_load_never_straddles_two_pages():
@@ -97,18 +109,6 @@ def test_the_paged_decode_compiles(arch, fields):
         assert result.cubin[:4] == b"\x7fELF"
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_the_paged_forward_compiles(arch, page_size):
-    from tiledattention.forward._compile import compile_schedule
-
-    chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384, page_size=page_size)
-    schedule = FORWARD.normalise(chunk, FORWARD.default_schedule(arch, chunk))
-    constants = FORWARD_CONSTANTS(chunk, schedule, packed=True)
-    assert constants["PAGED"] and constants["PAGE_ROWS"] == min(schedule.tile_n, page_size)
-    assert compile_schedule(chunk, schedule, arch).cubin[:4] == b"\x7fELF"
-
-
 def _args(b=2, hq=4, hkv=2, d=64, pages=6, page=16, width=3):
     q = torch.randn(b, hq, 1, d, dtype=torch.bfloat16)
     k = torch.randn(pages, page, hkv, d, dtype=torch.bfloat16)
@@ -143,9 +143,12 @@ def test_varlen_attn_over_pages_checks_its_arguments():
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     table = torch.zeros(2, 3, dtype=torch.int32)
     used = torch.ones(2, dtype=torch.int32)
-    with pytest.raises(ValueError, match="must be CUDA tensors"):  # after every other check
+    with pytest.raises(UnsupportedProblemError, match="one query count"):
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table,
                                    enable_gqa=True)
+    with pytest.raises(ValueError, match="must be CUDA tensors"):  # after every other check
+        tiledattention.varlen_attn(q[:4], k, k, cu, None, 2, 40, seqused_k=used,
+                                   block_table=table, enable_gqa=True)
     with pytest.raises(ValueError, match="enable_gqa=True"):
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table)
     with pytest.raises(ValueError, match="block_table and seqused_k together"):

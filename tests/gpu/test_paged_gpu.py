@@ -117,32 +117,14 @@ def test_chunked_prefill_and_speculative_steps(sq):
 
 
 @pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_chunked_prefill_on_the_forward_kernels(page_size):
-    """512-row chunks run on the forward family's ragged kernel reading pages; one entry has
-    fewer keys than queries (its first rows see none: zeros)."""
+def test_chunked_prefill_on_gathered_pages(page_size):
+    """512-row chunks: the pages are gathered and the forward's ragged kernel runs; one entry
+    has fewer keys than queries (its first rows see none: zeros)."""
     assert tiledattention.explain_paged(
         torch.empty(4, 16, 512, 128, device="cuda", dtype=torch.bfloat16),
         *paged_cache([600] * 4, page_size, 4, 128)[:4]).family == "forward"
     run_and_check([700, 2000, 300, 4096], page_size, sq=512, hq=16, hkv=4)
     run_and_check([700, 2000, 300, 4096], page_size, sq=512, hq=16, hkv=4, window=(255, 0))
-
-
-def test_varlen_attn_over_pages_with_queries_of_their_own_counts():
-    lens_k, lens_q = [700, 50, 3000, 9], [100, 1, 513, 9]
-    k_pages, v_pages, table, seqused, caches = paged_cache(lens_k, 64, 2, 128, seed=7)
-    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
-    q = torch.randn(sum(lens_q) + 3, 8, 128, device="cuda", dtype=torch.bfloat16)
-    q[-3:] = float("nan")  # tokens of no sequence
-    with torch.no_grad():
-        out = tiledattention.varlen_attn(q, k_pages, v_pages, cu_q, None, max(lens_q),
-                                         max(lens_k), is_causal=True, enable_gqa=True,
-                                         seqused_k=seqused, block_table=table)
-    assert torch.equal(out[-3:], torch.zeros_like(out[-3:]))
-    for b, (lq, cache) in enumerate(zip(lens_q, caches)):
-        rows = q[int(cu_q[b]):int(cu_q[b + 1])]
-        want = reference(rows.transpose(0, 1)[None], [cache])[0].transpose(0, 1)
-        got = out[int(cu_q[b]):int(cu_q[b + 1])]
-        assert not got.isnan().any() and rel_l2(got, want) < TOL[q.dtype], b
 
 
 def test_without_a_mask_and_with_a_window():

@@ -10,7 +10,6 @@ from .._case import AttentionCase, RaggedCase, ragged_flops
 from .._compile import CompileResult
 from .._family import Family, register_family
 from .._problem import Problem, default_scale
-from ..errors import UnsupportedProblemError
 from ._compile import compile_schedule
 from ._defaults import default_schedule
 from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
@@ -106,10 +105,7 @@ class ForwardFamily(Family):
         return compile_schedule(problem, normalise(problem, schedule), arch)
 
     def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
-        if problem.page_size:
-            raise UnsupportedProblemError(f"the forward family has no tuner case for a paged "
-                                          f"cache yet; got {problem.describe()}: its default "
-                                          f"schedule runs it")
+        self.check_pages(problem)
         if problem.ragged:
             return RaggedForwardCase(problem, device_index)
         return ForwardCase(problem, device_index)
@@ -119,8 +115,6 @@ class ForwardFamily(Family):
 
     # the prefill forward takes every attention call no family of higher priority takes
     serves = ("sdpa", "sdpa_with_lse")
-    # its ragged kernel reads a paged cache (chunked prefill, long query runs)
-    reads_pages = True
 
     def why_taken(self, arch: str, problem: Problem) -> str:
         return "the prefill forward runs every call no other family takes"
@@ -139,8 +133,7 @@ class ForwardFamily(Family):
         schedule = normalise(problem, schedule)
         if ragged is not None:
             launch_ragged(stream, q, k, v, out, ragged.ranges, problem, schedule, scale,
-                          ragged.longest_q, packed=ragged.packed, lse=lse, sinks=sinks,
-                          pages=ragged.pages)
+                          ragged.longest_q, packed=ragged.packed, lse=lse, sinks=sinks)
             return
         launch_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
                         _device.device_info(device_index).sm_count, sinks=sinks)
