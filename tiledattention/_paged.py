@@ -34,7 +34,7 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
-                       check_reach, padded_head_dim, sink_logits, variant_args)
+                       check_reach, check_tensor, padded_head_dim, sink_logits, variant_args)
 from ._family import serving
 from ._ragged import ragged_problem
 from ._runtime import Runtime
@@ -50,22 +50,9 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any) -> None:
     """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
     run these arrays."""
-    for name, x, dims in (("q", q, "[B, H_q, S_q, D]"), ("k_pages", k_pages,
-                                                         "[pages, page_size, H_kv, D]"),
-                          ("v_pages", v_pages, "[pages, page_size, H_kv, D]")):
-        if not isinstance(x, torch.Tensor):
-            raise InputTypeError(f"{name} must be a torch.Tensor {dims}; got "
-                                 f"{type(x).__name__}")
-        if x.dim() != 4:
-            raise InputValueError(f"{name} must have 4 dims {dims}; got shape "
-                                  f"{tuple(x.shape)}")
-        if x.dtype not in _DTYPES:
-            raise InputTypeError(f"{name} must be bfloat16 or float16; got {x.dtype}")
-        if x.stride(-1) != 1:
-            raise InputValueError(f"{name} must be contiguous in its last dim (head_dim); got "
-                                  f"stride {x.stride(-1)}")
-        if 0 in x.shape:
-            raise InputValueError(f"{name} must have no empty dim; got shape {tuple(x.shape)}")
+    check_tensor("q", q, "[B, H_q, S_q, D]")
+    for name, x in (("k_pages", k_pages), ("v_pages", v_pages)):
+        check_tensor(name, x, "[pages, page_size, H_kv, D]")
     if k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
         raise InputTypeError(f"q, k_pages and v_pages must have one dtype; got {q.dtype}, "
                              f"{k_pages.dtype}, {v_pages.dtype}")

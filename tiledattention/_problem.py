@@ -18,7 +18,7 @@ from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape", "variant_args",
-           "sink_logits", "PAGE_ALIGN", "page_tile"]
+           "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -80,6 +80,27 @@ def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
 #: A paged cache's page size is a multiple of this many tokens (a key tile never straddles
 #: two pages).
 PAGE_ALIGN = 16
+def check_tensor(name: str, x: Any, dims: str) -> None:
+    """Raise an InputTypeError / InputValueError naming ``name`` unless ``x`` is a bf16 or fp16
+    torch tensor of the layout ``dims`` (e.g. ``"[tokens, heads, head_dim]"``: its rank is the
+    count of names) with a contiguous last dim and no empty dim."""
+    import torch
+
+    ndim = dims.count(",") + 1
+    if not isinstance(x, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor {dims}; got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise InputValueError(f"{name} must have {ndim} dims {dims}; got shape "
+                              f"{tuple(x.shape)}")
+    if str(x.dtype) not in _TORCH_DTYPES:
+        raise InputTypeError(f"{name} must be bfloat16 or float16; got {x.dtype}")
+    if x.stride(-1) != 1:
+        raise InputValueError(f"{name} must be contiguous in its last dim (head_dim); got "
+                              f"stride {x.stride(-1)}")
+    if 0 in x.shape:
+        raise InputValueError(f"{name} must have no empty dim; got shape {tuple(x.shape)}")
+
+
 def page_tile(page_size: int) -> int:
     """The largest power of two dividing ``page_size``: the most keys one load from a paged
     cache may take (a load never straddles two pages)."""

@@ -32,7 +32,7 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
-                       causal_flags, check_reach, default_scale, padded_head_dim,
+                       causal_flags, check_reach, check_tensor, default_scale, padded_head_dim,
                        problem_from_arrays, sink_logits, variant_args)
 from ._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
                       ragged_problem)
@@ -55,20 +55,7 @@ GRID_LIMIT = 65535
 def _check_packed(query: Any, key: Any, value: Any, enable_gqa: bool) -> str:
     """Check the packed tensors; return the dtype's name."""
     for name, x in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(x, torch.Tensor):
-            raise InputTypeError(f"{name} must be a torch.Tensor [tokens, heads, head_dim]; got "
-                                 f"{type(x).__name__}")
-        if x.dim() != 3:
-            raise InputValueError(f"{name} must have 3 dims [tokens, heads, head_dim]; got "
-                                  f"shape {tuple(x.shape)}")
-        if x.dtype not in _DTYPES:
-            raise InputTypeError(f"{name} must be bfloat16 or float16; got {x.dtype}")
-        if x.stride(-1) != 1:
-            raise InputValueError(f"{name} must be contiguous in its last dim (head_dim); got "
-                                  f"stride {x.stride(-1)}")
-        if x.shape[0] < 1 or x.shape[1] < 1:
-            raise InputValueError(f"{name} must have at least one token and one head; got "
-                                  f"shape {tuple(x.shape)}")
+        check_tensor(name, x, "[tokens, heads, head_dim]")
     if key.dtype != query.dtype or value.dtype != query.dtype:
         raise InputTypeError(f"query, key and value must have one dtype; got {query.dtype}, "
                              f"{key.dtype}, {value.dtype}")
