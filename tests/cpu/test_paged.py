@@ -153,3 +153,17 @@ def test_varlen_attn_over_pages_checks_its_arguments():
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table)
     with pytest.raises(ValueError, match="block_table and seqused_k together"):
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used)
+
+
+def test_explain_names_a_paged_calls_family_or_its_gather(capsys):
+    from tuner import cli
+
+    fields = ("heads_q=32,heads_kv=8,head_dim=128,dtype=bf16,causal=true,bottom_right=true,"
+              "ragged=true,page_size=64")
+    assert cli.main(["explain", "--device", "sm_90", "--problem",
+                     f"batch=64,seqlen_q=1,seqlen_k=32768,{fields}"]) == 0
+    assert "family decode" in capsys.readouterr().out
+    assert cli.main(["explain", "--device", "sm_90", "--problem",
+                     f"batch=4,seqlen_q=512,seqlen_k=16384,{fields}"]) == 0
+    out = capsys.readouterr().out
+    assert "family forward" in out and "gathers its pages" in out

@@ -18,10 +18,11 @@ whatever the shape) and the backward family. Exit status: 0 explained, 2 bad inp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import warnings
 from typing import Any
 
-from tiledattention import InputValueError, families
+from tiledattention import InputValueError, UnsupportedOperationError, families
 from tiledattention.tooling import check_arch
 
 from ..errors import UsageError
@@ -215,7 +216,17 @@ def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, 
         return [step(family.name, family, why)]
     if not isinstance(problem, Problem):
         raise UsageError("without --kernel, explain needs an attention problem")
-    family, why = explain_choice(args.device, problem)
+    try:
+        family, why = explain_choice(args.device, problem)
+    except UnsupportedOperationError as error:
+        if not getattr(problem, "page_size", 0):
+            raise
+        # no family reads these pages in place: the call gathers them and runs this problem
+        # without pages (tiledattention.paged_attention)
+        gathered = dataclasses.replace(problem, page_size=0)
+        family, why = explain_choice(args.device, gathered)
+        why = f"{error}: the call gathers its pages first, then {why}"
+        problem = gathered
     return [step("sdpa", family, why)]
 
 
