@@ -197,6 +197,7 @@ def _patches(kernel_id: str) -> list[_Patch]:
         _Patch("_autograd.py", "torch.ops.tiledattention.", f"torch.ops.{kernel_id}.",
                every=True),
         _Patch("_varlen.py", '"tiledattention::', f'"{kernel_id}::', every=True),
+        _Patch("_paged.py", '"tiledattention::', f'"{kernel_id}::', every=True),
     ]
 
 
