@@ -19,8 +19,8 @@ Forward: one call; backward: ``torch.autograd.grad`` on a kept graph. Timed inte
 (``time_interleaved``, L2 flushed before each sample), median of ``--rounds``. TFLOP/s count the
 valid tokens' causal work only: ``sum_i 2 * H * D * L_i * (L_i + 1)`` per forward (2.5x that for
 the backward). Every contender's output (and our gradients) is checked against the per-sequence
-float32 reference first. Writes ``DIR/varlen.csv`` and ``DIR/varlen.md`` and prints the table
-last.
+float32 reference first. Writes ``DIR/varlen.csv``, ``DIR/varlen.md`` and ``DIR/varlen.png``
+and prints the table last.
 """
 
 from __future__ import annotations
@@ -256,6 +256,39 @@ def table(records: list[dict]) -> list[str]:
     return lines
 
 
+def plot(records: list[dict], out: Path) -> None:
+    """``out/varlen.png``: each batch's forward and backward TFLOP/s (valid tokens) per
+    contender, a small palette PNG."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from PIL import Image
+    except ImportError:
+        return
+    batches = list(dict.fromkeys(r["batch"] for r in records))
+    names = [n for n in (OURS, "torch-varlen", "cudnn-padded", "flash-loop", "rectangle")
+             if any(r["contender"] == n for r in records)]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), dpi=80, sharey=True)
+    width = 0.8 / len(names)
+    for ax, phase in zip(axes, ("fwd", "bwd")):
+        for i, who in enumerate(names):
+            values = [next((float(r[f"{phase}_tflops"]) for r in records
+                            if r["batch"] == b and r["contender"] == who
+                            and r.get(f"{phase}_tflops") not in (None, "")), 0.0)
+                      for b in batches]
+            ax.bar([x + i * width for x in range(len(batches))], values, width, label=who)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(batches))], batches,
+                      rotation=25, fontsize=7)
+        ax.set_title(f"{phase} (TFLOP/s on valid tokens)", fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "varlen.png")
+    plt.close(fig)
+    Image.open(out / "varlen.png").convert("P", palette=Image.ADAPTIVE, colors=64).save(
+        out / "varlen.png", optimize=True)
+
+
 def write(records: list[dict], out: Path) -> str:
     fields = sorted({key for r in records for key in r})
     with open(out / "varlen.csv", "w", newline="") as fh:
@@ -269,6 +302,7 @@ def write(records: list[dict], out: Path) -> str:
               for r in records if r.get("status") == "ok" and "rel_l2" in r]
     text = "\n".join(table(records) + [""] + errors + ([""] + failed if failed else [])) + "\n"
     (out / "varlen.md").write_text(text)
+    plot(records, out)
     return text
 
 
