@@ -182,3 +182,60 @@ class RaggedCase(Case):
 
     def error(self, run: Callable[[], None]) -> float:
         return poisoned_error(self.out, self.reference, run)
+
+
+def paged_lengths(problem: Any) -> list[int]:
+    """The cache lengths a paged problem's case measures (``problem.page_size``: a bucket):
+    ``problem.batch`` entries cycling through 1, 3/4, 1/2 and 1/4 of the bucket's longest cache
+    (at least ``S_q`` each), as a continuous batch mixes long and short caches."""
+    longest = problem.seqlen_k
+    return [max(problem.seqlen_q, longest * (4 - i % 4) // 4) for i in range(problem.batch)]
+
+
+class PagedCase(Case):
+    """A paged problem's GPU case: ``q [B, H_q, S_q, D]``, K/V pools holding the caches of
+    :func:`paged_lengths` in shuffled pages (NaN in every unused page and past each length, -1
+    in unused block-table slots), the int32 block table and ``seqused_k``, the float32
+    reference entry by entry (each entry's queries the last of its keys) and an output
+    buffer."""
+
+    def __init__(self, problem: Any, device_index: int) -> None:
+        import dataclasses
+
+        import torch
+
+        dtype, gen = _bind(self, problem, device_index)
+        if problem.sinks or problem.softcap > 0:
+            raise UnsupportedOperationError(f"no paged case with a softcap or sinks yet: "
+                                            f"{problem.describe()}")
+        page, hkv, d = problem.page_size, problem.heads_kv, problem.head_dim
+        lengths = paged_lengths(problem)
+        need = [-(-n // page) for n in lengths]
+        order = torch.randperm(sum(need) + 1, generator=gen, device="cuda")  # one spare page
+        self.k_pages = torch.full((sum(need) + 1, page, hkv, d), float("nan"), dtype=dtype,
+                                  device="cuda")
+        self.v_pages = torch.full_like(self.k_pages, float("nan"))
+        self.table = torch.full((problem.batch, max(need)), -1, dtype=torch.int32,
+                                device="cuda")
+        self.seqused = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        self.q = torch.randn(problem.batch, problem.heads_q, problem.seqlen_q, d, dtype=dtype,
+                             device="cuda", generator=gen)
+        self.reference = torch.empty(self.q.shape, dtype=torch.float32, device="cuda")
+        used = 0
+        for b, (n, pages) in enumerate(zip(lengths, need)):
+            ids = order[used:used + pages]
+            used += pages
+            self.table[b, :pages] = ids.to(torch.int32)
+            k, v = (torch.randn(n, hkv, d, dtype=dtype, device="cuda", generator=gen)
+                    for _ in range(2))
+            for i in range(pages):
+                rows = slice(i * page, min((i + 1) * page, n))
+                self.k_pages[ids[i], :rows.stop - rows.start] = k[rows]
+                self.v_pages[ids[i], :rows.stop - rows.start] = v[rows]
+            one = dataclasses.replace(problem, batch=1, seqlen_k=n, ragged=False, page_size=0)
+            self.reference[b] = attention_reference(
+                self.q[b:b + 1], k.transpose(0, 1)[None], v.transpose(0, 1)[None], one)[0]
+        self.out = torch.empty_like(self.q)
+
+    def error(self, run: Callable[[], None]) -> float:
+        return poisoned_error(self.out, self.reference, run)

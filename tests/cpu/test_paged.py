@@ -56,8 +56,12 @@ def test_decode_steps_read_pages_long_query_runs_gather_them():
         with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
             family.compile(chunk, family.default_schedule("sm_90", dataclasses.replace(
                 chunk, page_size=0)), "sm_90")
-    with pytest.raises(UnsupportedProblemError, match="no tuner case"):
-        DECODE.case(chunk, 0)
+    # the decode family's tuner case of a paged bucket: caches of mixed lengths
+    from tiledattention._case import paged_lengths
+
+    assert paged_lengths(_paged(batch=6, seqlen_k=1000, seqlen_q=4)) == [1000, 750, 500, 250,
+                                                                        1000, 750]
+    assert paged_lengths(_paged(batch=4, seqlen_k=8, seqlen_q=4)) == [8, 6, 4, 4]
 
 
 def test_gathered_pages_are_each_entrys_cache_in_order():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .._compile import CompileResult
-from .._case import AttentionCase
+from .._case import AttentionCase, PagedCase
 from .._family import Family, register_family
 from .._problem import Problem
 from ..errors import UnsupportedProblemError
@@ -41,6 +41,27 @@ class DecodeCase(AttentionCase):
         def run() -> None:
             launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out, offset,
                    partials, sinks)
+
+        return run
+
+
+class PagedDecodeCase(PagedCase):
+    """A paged problem's case (``PagedCase``: caches of mixed lengths in shuffled pages) with
+    this family's launcher: the kernels read the pages in place."""
+
+    def launcher(self, schedule: DecodeSchedule) -> Callable[[], None]:
+        import torch
+
+        plan = launches(self.problem, schedule, None)
+        partials = None
+        if plan.combine is not None:
+            opart, lse = partial_shapes(plan)
+            partials = (torch.empty(opart, dtype=torch.float32, device=self.q.device),
+                        torch.empty(lse, dtype=torch.float32, device=self.q.device))
+
+        def run() -> None:
+            launch(torch.cuda.current_stream(), plan, self.q, self.k_pages, self.v_pages,
+                   self.out, 0, partials, None, self.seqused, self.table)
 
         return run
 
@@ -81,10 +102,13 @@ class DecodeFamily(Family):
         _check_ragged(problem)
         return compile_decode(problem, schedule, arch)
 
-    def case(self, problem: Problem, device_index: int) -> DecodeCase:
+    def case(self, problem: Problem, device_index: int) -> DecodeCase | PagedDecodeCase:
+        _check_ragged(problem)
+        if problem.page_size:
+            return PagedDecodeCase(problem, device_index)
         if problem.ragged:
             raise UnsupportedProblemError(
-                f"the decode family has no tuner case for a ragged batch yet; got "
+                f"the decode family has no tuner case for a padded ragged batch yet; got "
                 f"{problem.describe()}: its default schedule runs it")
         return DecodeCase(problem, device_index)
 

@@ -1,0 +1,45 @@
+"""Tune the shipped sm_90 keys for paged decode (issue 34) on the GPU machine: one ``tiledtune
+search`` of the decode family over paged buckets (``Problem.page_size``; the tuner's case holds
+caches of 1, 3/4, 1/2 and 1/4 the bucket's longest in shuffled pages, as a continuous batch
+mixes them). A decode step (one query row per entry), causal H 32/8, D 128, bf16, pages of 64
+(and one key at 16); ``keys()`` lists them. Prints the command it runs.
+
+    python scripts/tune_paged_shipped.py --db OUT.sqlite [--trials 6] [--timeout 30s]
+        [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from _search import problem_arg, search
+
+import tiledattention as ta
+
+#: (entries, longest cache, page size)
+BUCKETS = ((16, 32768, 64), (64, 32768, 64), (32, 16384, 64), (16, 32768, 16))
+
+
+def keys() -> list[str]:
+    out = []
+    for batch, longest, page in BUCKETS:
+        fields = dict(batch=batch, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=longest,
+                      head_dim=128, dtype="bf16", causal=True, bottom_right=True, ragged=True,
+                      page_size=page)
+        ta.Problem(**fields)  # valid
+        out.append(problem_arg(fields))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    raise SystemExit(search("decode", keys(), args.db, args.trials, args.timeout, args.dry_run))
+
+
+if __name__ == "__main__":
+    main()
