@@ -171,3 +171,11 @@ def test_explain_names_a_paged_calls_family_or_its_gather(capsys):
                      f"batch=4,seqlen_q=512,seqlen_k=16384,{fields}"]) == 0
     out = capsys.readouterr().out
     assert "family forward" in out and "gathers its pages" in out
+
+
+def test_a_paged_row_answers_only_for_its_own_longest_cache():
+    stored = _paged(batch=32, seqlen_k=16384)
+    schedule = DecodeSchedule(splits=12)
+    why = DECODE.transfer_refusal(stored, schedule, 1.0, 2.0, _paged(batch=32, seqlen_k=4096))
+    assert why and "its own longest cache" in why
+    assert DECODE.transfer_refusal(stored, schedule, 1.0, 2.0, stored) is None
