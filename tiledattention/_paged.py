@@ -18,9 +18,10 @@ taken out (docs/benchmarks/paged/). Nothing is read on the host: the lengths and
 table stay on the device, so a step is capturable in a CUDA graph and replays with new
 lengths and tables.
 
-A paged call is looked up by its bucket (``Problem.page_size``, ``ragged``): the batch, query
-count and longest cache (``max_k``, else the block table's capacity) rounded up to powers of
-two, with the page size exact.
+A decode step over pages is looked up by its batch, query count, page size and longest cache
+(``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
+``Problem.page_size`` with ``ragged``. A paged row answers only for its own longest cache
+(``DecodeFamily.transfer_refusal``): it was tuned on caches of mixed lengths up to it.
 """
 
 from __future__ import annotations
@@ -93,15 +94,11 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any)
 
 
 def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: Any,
-                  softcap: Any, sinks: Any, max_k: Optional[int], *,
-                  rows: Optional[tuple[int, int]] = None):
-    """The bucketed :class:`Problem` of a paged call (module docstring) and its longest cache
-    (``max_k``, else the block table's capacity). ``rows``: packed queries' ``(tokens, longest
-    sequence)``, where ``q`` is their ``[1, H_q, tokens, D]`` view."""
+                  softcap: Any, sinks: Any, max_k: Optional[int]):
+    """The bucketed :class:`Problem` of a paged call (``ragged_problem``'s bucket with the page
+    size) and its longest cache (``max_k``, else the block table's capacity)."""
     sequences, hq, sq, d = block_table.shape[0], q.shape[1], q.shape[2], q.shape[3]
     tokens = sequences * sq
-    if rows is not None:
-        tokens, sq = rows
     page_size, hkv = k_pages.shape[1], k_pages.shape[2]
     capacity = block_table.shape[1] * page_size
     if max_k is None:
