@@ -109,11 +109,22 @@ def _interrupt(argv: list[str], tmp_path: Path, ready) -> tuple[float, str, dict
                              env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True,
                              preexec_fn=_as_from_a_terminal)
+    seen: dict = {}  # the processes of the poll that found the search ready
+
+    def going() -> bool:
+        if child.poll() is not None:
+            return True
+        descendants = _descendants(child.pid)
+        if ready(descendants):
+            seen.update(descendants)
+            return True
+        return False
+
     try:
-        _wait_for(lambda: child.poll() is not None or ready(_descendants(child.pid)), 120,
-                  "the search to get going")
+        _wait_for(going, 120, "the search to get going")
         assert child.poll() is None, child.communicate()
-        started = _descendants(child.pid)
+        # what ran when it was ready (a compile may end between two polls) and what runs now
+        started = {**seen, **_descendants(child.pid)}
         sent = time.monotonic()
         os.killpg(child.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
         _, err = child.communicate(timeout=30)
