@@ -192,6 +192,17 @@ def paged_lengths(problem: Any) -> list[int]:
     return [max(problem.seqlen_q, longest * (4 - i % 4) // 4) for i in range(problem.batch)]
 
 
+def paged_flops(problem: Any) -> float:
+    """The work of a paged problem's case (:func:`paged_lengths`): ``4·H_q·D`` per attended
+    (query, key) pair of each entry, its queries the last of its keys."""
+    import dataclasses
+
+    total = sum(dataclasses.replace(problem, batch=1, seqlen_k=n, ragged=False,
+                                    page_size=0).attended_pairs
+                for n in paged_lengths(problem))
+    return 4.0 * problem.heads_q * problem.head_dim * total
+
+
 class PagedCase(Case):
     """A paged problem's GPU case: ``q [B, H_q, S_q, D]``, K/V pools holding the caches of
     :func:`paged_lengths` in shuffled pages (NaN in every unused page and past each length, -1

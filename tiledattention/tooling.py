@@ -5,7 +5,7 @@ a problem, the database codecs, the lookup's pieces (``Resolver``, ``pick``), pr
 stamps, architecture names, the families serving an operation, and the ``.text`` digest that
 restamping compares."""
 
-from ._case import AttentionCase, ragged_lengths, torch_sdpa_kwargs
+from ._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
 from ._compile import check_arch, generation
 from ._cubin import text_digest
 from ._family import codecs, serving
@@ -17,6 +17,7 @@ from ._runtime import Runtime
 from ._settings import simulated_database_location
 
 __all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "attention_reference",
-           "check_arch", "codecs", "current_provenance", "generation", "pick", "ragged_lengths",
+           "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
+           "paged_lengths", "pick", "ragged_lengths",
            "ragged_problem", "serving", "simulated_database_location", "text_digest",
            "torch_sdpa_kwargs", "varlen_reference", "visible_keys"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .._compile import CompileResult
-from .._case import AttentionCase, PagedCase
+from .._case import AttentionCase, PagedCase, paged_flops
 from .._family import Family, register_family
 from .._problem import Problem
 from ..errors import UnsupportedProblemError
@@ -107,7 +107,8 @@ class DecodeFamily(Family):
         return normalise(problem, schedule)
 
     def flops(self, problem: Problem) -> float:
-        return problem.flops
+        # a paged bucket: its case's caches of mixed lengths, the valid keys only
+        return paged_flops(problem) if problem.page_size else problem.flops
 
     def compile(self, problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
         _check_ragged(problem)

@@ -13,8 +13,13 @@ Variant problems (a window, a softcap, sinks) get, instead of torch's SDPA backe
 contenders of ``_variants`` (FlexAttention, SDPA with the materialised mask, ``varlen_attn``),
 built on the family's case and checked against its reference like ours; ragged problems
 (``Problem.ragged``) get the contenders of ``_ragged`` (``varlen_attn`` on the packed batch, SDPA
-on the padded batch), built on the family's ragged case and checked likewise. TFLOP/s are the
-family's ``flops`` (of a ragged problem: the case's sequences' valid tokens only).
+on the padded batch), built on the family's ragged case and checked likewise; paged problems
+(``Problem.page_size``) those of ``_paged`` (``varlen_attn`` with a block table, cuDNN's SDPA on
+the caches padded to the longest with a key-padding mask), built on the family's paged case.
+TFLOP/s are the
+family's ``flops`` (of a ragged problem: the case's sequences' valid tokens only; of a paged
+one: the case's valid keys); GB/s ``problem_bytes`` (of a paged
+problem: the valid K/V bytes).
 Contenders that pass are timed with ``tuner.measure``: together, one sample each per round
 (``time_interleaved``) with ``--interleave``, else each on its own (``time_cuda``). A contender
 that raises, is wrong or is skipped becomes a row with a status and a reason, never a hole.
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import TunerError
+from ._paged import PAGED_CONTENDERS, build_paged_contender, is_paged, paged_bytes
 from ._presets import Grid, Preset
 from ._ragged import RAGGED_CONTENDERS, build_ragged_contender, case_sequences, is_ragged
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult
@@ -81,7 +87,11 @@ def problem_bytes(problem: Any) -> int:
     sliding window only the keys some query row sees (``problem.key_span``) count in ``S_k``
     (a 4096-key window of a 128k cache reads 4096 keys). A ragged problem counts the sequences
     its family's case packs (``_ragged.case_sequences``), each by its own lengths: the valid
-    tokens, not the bucket's rectangle."""
+    tokens, not the bucket's rectangle. A paged problem counts the valid K/V bytes of its
+    family's paged case (``_paged.paged_bytes``: its caches' lengths, each key once; Q and the
+    output, under 0.1% of a decode step's bytes, left out)."""
+    if is_paged(problem):
+        return paged_bytes(problem)
     if is_ragged(problem):
         return sum(problem_bytes(one) for one in case_sequences(problem))
     keys = problem.seqlen_k
@@ -94,12 +104,14 @@ def problem_bytes(problem: Any) -> int:
 
 
 #: The variant fields of a ``BenchResult`` and their values for a plain problem.
-_VARIANT_FIELDS = dict(window_left=-1, window_right=-1, softcap=0.0, sinks=False, ragged=False)
+_VARIANT_FIELDS = dict(window_left=-1, window_right=-1, softcap=0.0, sinks=False, ragged=False,
+                       page_size=0)
 
 
 def result_fields(problem: Any) -> dict[str, Any]:
     """The problem's fields of a ``BenchResult`` (``heads`` = H_q, ``seqlen`` = S_k; the window,
-    softcap, sinks and ``ragged`` where set: a plain problem's rows keep their defaults)."""
+    softcap, sinks, ``ragged`` and ``page_size`` where set: a plain problem's rows keep their
+    defaults)."""
     variant = {name: getattr(problem, name, plain) for name, plain in _VARIANT_FIELDS.items()}
     return dict(batch=problem.batch, heads=problem.heads_q, heads_kv=problem.heads_kv,
                 seqlen_q=problem.seqlen_q, seqlen=problem.seqlen_k, head_dim=problem.head_dim,
@@ -170,6 +182,8 @@ class _Point:
             return self._built(name, build_contender)
         if name in RAGGED_CONTENDERS:
             return self._built(name, build_ragged_contender)
+        if name in PAGED_CONTENDERS:
+            return self._built(name, build_paged_contender)
         if self._baselines is None:
             self._baselines = self.case(self.family).baselines()
         if name not in self._baselines:
@@ -182,9 +196,9 @@ class _Point:
 
     def _built(self, name: str, build: Callable[..., tuple[Callable[[], Any], float]]
                ) -> tuple[Callable[[], Any], float, dict[str, str]]:
-        """A contender of variant or ragged problems (``build``: ``_variants``' or
-        ``_ragged``'s builder), built on this family's case and checked against its float32
-        reference with the family's tolerance."""
+        """A contender of variant, ragged or paged problems (``build``: ``_variants``',
+        ``_ragged``'s or ``_paged``'s builder), built on this family's case and checked against
+        its float32 reference with the family's tolerance."""
         try:
             run, err = build(name, self.problem, self.case(self.family),
                              backward=self.preset.phase == "backward")
@@ -233,6 +247,7 @@ def measure_point(preset: Preset, problem: Any, contenders: Sequence[str],
     interleaved_fn = interleaved_fn or time_interleaved
     point = _Point(preset, problem, settings.device, env.get("arch", ""))
     base = dict(result_fields(problem), kernel=preset.kernel, phase=preset.phase, **env)
+    # a paged problem's work: its case's valid keys (the family counts the bucket's rectangle)
     flops = preset.family.flops(problem)
     nbytes = problem_bytes(problem) if preset.gbps else None
     rows: dict[str, BenchResult] = {}

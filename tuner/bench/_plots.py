@@ -22,8 +22,8 @@ from ..errors import TunerError, TunerValueError
 from ._report import contenders_of, kernel_of, speedup
 from ._results import BenchResult
 
-__all__ = ["MAX_PNG_BYTES", "PLOTS", "Plot", "PlotsUnavailable", "RAGGED_PLOTS", "VARIANT_PLOTS",
-           "new_figure", "save_png", "write_plots"]
+__all__ = ["MAX_PNG_BYTES", "PAGED_PLOTS", "PLOTS", "Plot", "PlotsUnavailable", "RAGGED_PLOTS",
+           "VARIANT_PLOTS", "new_figure", "save_png", "write_plots"]
 
 MAX_PNG_BYTES = 200 * 1024
 _PLOT_DPIS = (90, 72, 60, 48, 36)
@@ -97,6 +97,24 @@ _RAGGED = (Plot("ragged_tflops_{dtype}.png", "TFLOP/s (valid tokens)", panel=_ra
 #: The figures of a run with ragged points (``--preset ragged``), per family: TFLOP/s on the
 #: valid tokens, and tiledattention's speed-up over each ragged contender.
 RAGGED_PLOTS = {"forward": _RAGGED, "backward": _RAGGED}
+
+
+def _paged_panel(r: BenchResult) -> tuple:
+    """Paged points by head shape, entries and page size: a line over the longest cache."""
+    return (r.dtype, f"D{r.head_dim}", f"H{r.heads}/{r.heads_kv}", f"B{r.batch}",
+            f"page {r.page_size}")
+
+
+_PAGED_X = "longest cache (keys)"
+#: The figures of a run with paged points (``--preset paged``, decode): each contender's GB/s
+#: of the valid K/V bytes as a share of the run's copy rate, and tiledattention's speed-up
+#: over each paged contender.
+PAGED_PLOTS = {"decode": (
+    Plot("paged_copy_share.png", "% of copy bandwidth (valid K/V)", copy=True,
+         panel=_paged_panel, xlabel=_PAGED_X),
+    Plot("paged_speedup_{dtype}.png", "tiledattention speed-up", only="tiledattention",
+         against=("torch-varlen-paged", "cudnn-padded-cache"), panel=_paged_panel,
+         xlabel=_PAGED_X))}
 
 
 def _figure_class():
@@ -202,8 +220,9 @@ def _draw(Figure, plot: Plot, rows: Sequence[BenchResult], lines: dict, ylabel: 
 def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
                 copy_gbps: Sequence[float] = (), *, max_bytes: int = MAX_PNG_BYTES
                 ) -> tuple[list[Path], list[str]]:
-    """Write the figures of the rows' family (:data:`PLOTS`, or :data:`RAGGED_PLOTS` when some
-    rows are of ragged points, :data:`VARIANT_PLOTS` when some are of variant points);
+    """Write the figures of the rows' family (:data:`PLOTS`, or :data:`PAGED_PLOTS` when some
+    rows are of paged points, :data:`RAGGED_PLOTS` when some are of ragged points,
+    :data:`VARIANT_PLOTS` when some are of variant points);
     ``copy_gbps``: the run's copy
     rates (the faster is the share's 100%). Returns the files written and messages about
     figures left out or drawn otherwise. Raises :class:`PlotsUnavailable` without matplotlib."""
@@ -212,9 +231,10 @@ def write_plots(results: Sequence[BenchResult], out_dir: str | os.PathLike,
     copy = max(copy_gbps) if copy_gbps else None
     written: list[Path] = []
     messages: list[str] = []
-    plots = (RAGGED_PLOTS if any(r.ragged for r in results)
+    plots = (PAGED_PLOTS if any(r.page_size for r in results)
+             else RAGGED_PLOTS if any(r.ragged for r in results)
              else VARIANT_PLOTS if any(r.variant for r in results) else PLOTS)
-    for plot in plots.get(kernel, plots["forward"]):
+    for plot in plots.get(kernel, plots.get("forward", ())):
         split = "{dtype}" in plot.name
         for dtype in sorted({r.dtype for r in results}) if split else [None]:
             rows = [r for r in results if dtype is None or r.dtype == dtype]

@@ -11,12 +11,16 @@ every head configuration, head dim and dtype; a problem in two groups is measure
 by field, for any family. ``--preset variants`` (:data:`VARIANT_PRESETS`) replaces it with
 model-shaped variant problems (:data:`VARIANT_POINTS`: sliding windows, logit softcap, attention
 sinks; issue 32), ``--preset ragged`` (:data:`RAGGED_PRESETS`) with model-shaped ragged
-buckets (:data:`RAGGED_POINTS`: packed variable-length batches, ``Problem.ragged``; issue 33).
+buckets (:data:`RAGGED_POINTS`: packed variable-length batches, ``Problem.ragged``; issue 33),
+``--preset paged`` (:data:`PAGED_PRESETS`, decode only) with the shipped paged decode buckets
+(:data:`PAGED_POINTS`: a decode step over a paged K/V cache, ``Problem.page_size``; issue 34).
 Plain problems get the preset's contenders; variant problems get tiledattention's and those of
 ``_variants`` (FlexAttention, SDPA with the materialised mask, ``varlen_attn``), ragged problems
 tiledattention's and those of ``_ragged`` (``varlen_attn`` on the packed batch, SDPA on the
-padded batch with the padding mask): :meth:`Grid.contenders_at`. Everything here is pure (no
-GPU, no torch); a bad value raises :class:`BenchConfigError` naming the flag.
+padded batch with the padding mask), paged problems tiledattention's and those of ``_paged``
+(``varlen_attn`` with a block table, cuDNN's SDPA on the padded caches with the key-padding
+mask): :meth:`Grid.contenders_at`. Everything here is pure (no GPU, no torch); a bad value
+raises :class:`BenchConfigError` naming the flag.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from tiledattention import (InputTypeError, InputValueError, UnsupportedProblemE
                             get_family)
 
 from ..errors import UsageError
+from ._paged import PAGED_CONTENDERS
 from ._ragged import RAGGED_CONTENDERS
 from ._variants import VARIANT_CONTENDERS, applies
 
-__all__ = ["BenchConfigError", "GRID_PRESETS", "Grid", "Preset", "PRESETS", "RAGGED_POINTS",
-           "RAGGED_PRESETS", "VARIANT_POINTS", "VARIANT_PRESETS", "build_grid", "parse_int_list",
-           "parse_positive_float", "parse_positive_int"]
+__all__ = ["BenchConfigError", "GRID_PRESETS", "Grid", "PAGED_POINTS", "PAGED_PRESETS", "Preset",
+           "PRESETS", "RAGGED_POINTS", "RAGGED_PRESETS", "VARIANT_POINTS", "VARIANT_PRESETS",
+           "build_grid", "parse_int_list", "parse_positive_float", "parse_positive_int"]
 
 MASKS = ("none", "top-left", "bottom-right")
 _MASK_WORDS = {"none": "none", "no": "none", "full": "none", "top-left": "top-left",
@@ -492,8 +497,113 @@ RAGGED_PRESETS = {
     "forward": _ragged_of(PRESETS["forward"], tuple(RAGGED_POINTS), _RAGGED_QUICK),
     "backward": _ragged_of(PRESETS["backward"], _RAGGED_BACKWARD, _RAGGED_BACKWARD_QUICK),
 }
+
+
+# -- the paged preset (issue 34) ------------------------------------------------------------------
+
+def _paged_point(batch: int, longest: int, page_size: int, heads: tuple[int, int] = (32, 8),
+                 head_dim: int = 128) -> dict[str, Any]:
+    return dict(batch=batch, longest=longest, page_size=page_size, heads_q=heads[0],
+                heads_kv=heads[1], head_dim=head_dim)
+
+
+#: The paged decode buckets of the shipped table (``scripts/tune_paged_shipped.py``'s
+#: ``BUCKETS``; all but ``dtype``), by name: a decode step (one query row per entry, causal,
+#: bottom-right) of Llama-shaped heads (H 32/8, D 128) over a paged K/V cache, ``batch``
+#: entries whose longest cache has ``longest`` keys, in pages of ``page_size`` tokens. A point
+#: is timed as its bucket (``paged_problem``: batch and longest cache rounded up to powers of
+#: two, the page size exact); the decode family's paged case holds caches of 1, 3/4, 1/2 and
+#: 1/4 of the longest in shuffled pages, as a continuous batch mixes them.
+PAGED_POINTS = {
+    "b16-32k-page64": _paged_point(16, 32768, 64),
+    "b64-32k-page64": _paged_point(64, 32768, 64),
+    "b32-16k-page64": _paged_point(32, 16384, 64),
+    "b16-32k-page16": _paged_point(16, 32768, 16),
+}
+_PAGED_QUICK = ("b16-32k-page64", "b16-32k-page16")
+
+
+def _powers_of_two(flag: str, text: Any, what: str) -> tuple[int, ...]:
+    """Positive integers that are powers of two: a paged point is its lookup bucket, whose
+    ``what`` is rounded up to one, so another value would be measured as the next power."""
+    values = parse_int_list(flag, text)
+    for v in values:
+        if v & (v - 1):
+            up = 1 << v.bit_length()
+            raise BenchConfigError(f"{flag}: {v} is not a power of two; a paged point is its "
+                                   f"lookup bucket, whose {what} is rounded up to a power of "
+                                   f"two, so {v} would be measured as {up}: give {up}")
+    return values
+
+
+def _page_sizes(text: Any) -> tuple[int, ...]:
+    """Page sizes the paged kernels take (``Problem.page_size``'s rule)."""
+    from tiledattention import Problem
+
+    values = parse_int_list("--page-sizes", text)
+    for v in values:
+        try:
+            Problem(batch=1, heads_q=1, heads_kv=1, seqlen_q=1, seqlen_k=1, head_dim=64,
+                    dtype="bf16", causal=False, ragged=True, page_size=v)
+        except InputValueError as exc:
+            raise BenchConfigError(f"--page-sizes: {v} is not supported: {exc}") from None
+    return values
+
+
+def _paged_grid(preset: "Preset", o: Mapping[str, Any], base: Mapping[str, Any]) -> list:
+    """The buckets of the preset's named points (``base["points"]``), ordered dtype, point,
+    batch, longest cache, page size; ``--batch``, ``--seqlens-k`` (the longest cache) and
+    ``--page-sizes`` put every point at each value given (powers of two for the first two: the
+    bucket's), ``--dtypes`` in each dtype; a bucket two points share is measured once."""
+    from tiledattention.tooling import ragged_problem
+
+    dtypes = _option(o, base, "dtypes", lambda v: _dtypes(preset, v))
+    batches = None if o.get("batch") is None else _powers_of_two(
+        "--batch", o["batch"], "entry count")
+    longest = None if o.get("seqlens_k") is None else _powers_of_two(
+        "--seqlens-k", o["seqlens_k"], "longest cache")
+    pages = None if o.get("page_sizes") is None else _page_sizes(o["page_sizes"])
+    seen: dict[Any, None] = {}
+    for dtype, name in product(dtypes, base["points"]):
+        point = PAGED_POINTS[name]
+        for b, n, page in product(batches or (point["batch"],), longest or (point["longest"],),
+                                  pages or (point["page_size"],)):
+            try:
+                problem = ragged_problem(
+                    sequences=b, tokens_q=b, longest_q=1, longest_k=n,
+                    heads_q=point["heads_q"], heads_kv=point["heads_kv"],
+                    head_dim=point["head_dim"], dtype=dtype, causal=True, bottom_right=True,
+                    page_size=page)
+            except UnsupportedProblemError as exc:
+                raise BenchConfigError(f"--preset paged: point {name} at B {b}, longest cache "
+                                       f"{n}, pages of {page} is not a problem the kernels "
+                                       f"take: {exc}") from None
+            seen.setdefault(_problem(preset, "--preset paged/--batch/--seqlens-k/--page-sizes",
+                                     problem.to_dict()))
+    return list(seen)
+
+
+def _paged_of(preset: Preset, points: tuple[str, ...], quick: tuple[str, ...]) -> Preset:
+    """``preset``'s family (decode), timing and copy-rate ceiling over the named paged points;
+    tiledattention's contenders are the lookup's schedule and the default (no other family
+    reads a paged cache)."""
+    return dataclasses.replace(preset, options=("batch", "seqlens_k", "page_sizes", "dtypes"),
+                               build=_paged_grid, also=(), target=None,
+                               defaults=tuple(dict(points=names, dtypes=("bf16",))
+                                              for names in (points, quick)))
+
+
+#: ``--preset paged``: the decode family's benchmark over :data:`PAGED_POINTS` (the forward
+#: and backward read no paged cache: chunked prefill gathers the pages first).
+PAGED_PRESETS = {"decode": _paged_of(PRESETS["decode"], tuple(PAGED_POINTS), _PAGED_QUICK)}
 #: The grids ``--preset`` names, each a preset per family (``--kernel``).
-GRID_PRESETS = {"default": PRESETS, "variants": VARIANT_PRESETS, "ragged": RAGGED_PRESETS}
+GRID_PRESETS = {"default": PRESETS, "variants": VARIANT_PRESETS, "ragged": RAGGED_PRESETS,
+                "paged": PAGED_PRESETS}
+#: Why a ``--preset`` has no grid for some families (added to the refusal).
+_NO_GRID_WHY = {"paged": "a paged K/V cache is read by the decode family's kernels (one "
+                         "query row per entry); give --kernel decode",
+                "ragged": "--kernel decode has --preset paged (decode steps over a paged "
+                          "K/V cache)"}
 
 
 @dataclass(frozen=True)
@@ -512,9 +622,10 @@ class Grid:
 
     def contenders_at(self, problem: Any) -> tuple[str, ...]:
         """The grid's contenders that run at ``problem``: all of them at a plain problem but
-        the variant and ragged contenders; tiledattention's and the variant contenders (those
-        that can take it) at a variant problem, tiledattention's and the ragged contenders
-        (those that can take it) at a ragged one (``_variants.applies``)."""
+        the variant, ragged and paged contenders; tiledattention's and the variant contenders
+        (those that can take it) at a variant problem, tiledattention's and the ragged
+        contenders (those that can take it) at a ragged one, tiledattention's and the paged
+        contenders at a paged one (``_variants.applies``)."""
         return tuple(name for name in self.contenders if applies(name, problem))
 
 
@@ -524,6 +635,13 @@ def _owner(option: str) -> str:
     return f"{owners[0]} grid (--kernel {owners[0]}{also})"
 
 
+def _other_grids(option: str) -> str:
+    """The ``--preset`` grids (not the default ones) that take ``option``."""
+    return " or ".join(f"--preset {grid} (--kernel {', '.join(takers)})"
+                       for grid, presets in GRID_PRESETS.items() if grid != "default"
+                       if (takers := [k for k, p in presets.items() if option in p.options]))
+
+
 def _preset_of(kernel: str, name: Any) -> Preset:
     """The preset ``--preset name`` gives ``--kernel kernel``."""
     if not isinstance(name, str) or name.strip().lower() not in GRID_PRESETS:
@@ -531,8 +649,9 @@ def _preset_of(kernel: str, name: Any) -> Preset:
                                f"{' or '.join(GRID_PRESETS)}")
     presets = GRID_PRESETS[name.strip().lower()]
     if kernel not in presets:
+        why = _NO_GRID_WHY.get(name.strip().lower())
         raise BenchConfigError(f"--preset {name}: no such grid for --kernel {kernel} (it has "
-                               f"{', '.join(presets)})")
+                               f"{', '.join(presets)})" + (f": {why}" if why else ""))
     return presets[kernel]
 
 
@@ -542,13 +661,14 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
                **options: Any) -> Grid:
     """Validate option values (strings as typed, or parsed sequences; ``None``: the preset's
     default) into the :class:`Grid` of ``kernel``'s preset (``preset``: ``--preset``, the
-    family's own grid, its ``variants`` or its ``ragged`` buckets). An option of another
-    family's grid (or one the variants or ragged grid does not take) is refused, naming it;
+    family's own grid, its ``variants``, its ``ragged`` or its ``paged`` buckets). An option of
+    another family's grid (or one the variants, ragged or paged grid does not take) is refused,
+    naming it;
     every problem is built, so a bad combination is reported here. ``problems``
     (``--problem``: dicts of the family's problem fields) replaces the grid: its problems are
     exactly those, in order, each once, and no grid option (nor another ``--preset``) may come
-    with it. The contenders are the preset's, the variant and the ragged contenders that run
-    at some problem of the grid, in table order."""
+    with it. The contenders are the preset's, the variant, the ragged and the paged
+    contenders that run at some problem of the grid, in table order."""
     chosen_preset = _preset_of(kernel, preset)
     name = preset.strip().lower()
     if problems is not None:
@@ -563,11 +683,14 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
                 takes = ", ".join("--" + o.replace("_", "-") for o in chosen_preset.options)
                 raise BenchConfigError(f"{flag} does not go with --preset {name}: its points "
                                        f"are fixed model shapes; it takes {takes}")
+            if not any(option in p.options for p in PRESETS.values()):
+                raise BenchConfigError(f"{flag} goes only with {_other_grids(option)}; the "
+                                       f"default grids do not take it")
             raise BenchConfigError(f"{flag} belongs to the {_owner(option)}; it does nothing "
                                    f"with --kernel {kernel}")
     points = tuple(chosen_preset.build(chosen_preset, options, chosen_preset.defaults[bool(quick)])
                    if problems is None else _given(chosen_preset, problems))
-    known = chosen_preset.contenders + VARIANT_CONTENDERS + RAGGED_CONTENDERS
+    known = chosen_preset.contenders + VARIANT_CONTENDERS + RAGGED_CONTENDERS + PAGED_CONTENDERS
     runs = tuple(c for c in known if any(applies(c, p) for p in points))
     chosen = runs
     if contenders is not None and _text(contenders).strip().lower() != "all":
@@ -581,8 +704,10 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
             where = ("variant problems (a window, a softcap or sinks: --preset variants)"
                      if idle[0] in VARIANT_CONTENDERS else
                      "ragged problems (packed variable-length batches: --preset ragged)"
-                     if idle[0] in RAGGED_CONTENDERS else "plain problems (no window, "
-                     "softcap, sinks or ragged batch)")
+                     if idle[0] in RAGGED_CONTENDERS else
+                     "paged problems (a paged K/V cache: --kernel decode --preset paged)"
+                     if idle[0] in PAGED_CONTENDERS else "plain problems (no window, "
+                     "softcap, sinks, ragged batch or paged cache)")
             raise BenchConfigError(f"--contenders: {idle[0]!r} runs only at {where}, and this "
                                    f"grid has none it takes; its contenders: {', '.join(runs)}")
         chosen = tuple(c for c in runs if c in items)  # canonical order

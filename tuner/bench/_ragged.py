@@ -92,10 +92,11 @@ def ragged_varlen_window(problem: Any) -> tuple[int, int] | None:
 
 
 def applies_ragged(name: str, problem: Any) -> bool:
-    """Whether ragged contender ``name`` runs at ``problem`` (a ragged one): ``torch-varlen``
-    where :func:`ragged_varlen_window` can say its mask, the padded ones without a softcap or
-    sinks (torch's SDPA has neither)."""
-    if not is_ragged(problem) or name not in RAGGED_CONTENDERS:
+    """Whether ragged contender ``name`` runs at ``problem`` (a ragged one, not a paged cache:
+    those get ``_paged``'s): ``torch-varlen`` where :func:`ragged_varlen_window` can say its
+    mask, the padded ones without a softcap or sinks (torch's SDPA has neither)."""
+    if not is_ragged(problem) or getattr(problem, "page_size", 0) or \
+            name not in RAGGED_CONTENDERS:
         return False
     if name == "torch-varlen":
         return ragged_varlen_window(problem) is not None

@@ -7,10 +7,11 @@ per-point table (time, TFLOP/s, and for a memory-bound kernel GB/s and the share
 rate), the baselines speed-ups are taken against, and which sections follow. A speed-up is a
 baseline's median time over the contender's (> 1: the contender is faster; for one problem that
 is also the ratio of TFLOP/s); geometric means take only the points where both ran, and the
-points left out are listed, never averaged. Runs with variant points (``--preset variants``) and
-ragged points (``--preset ragged``) get layouts of their own (:func:`variant_layout`,
-:func:`ragged_layout`). Every table of the summary is also a rich table for the terminal
-(:func:`rich_tables`). Nothing here touches a GPU.
+points left out are listed, never averaged. Runs with variant points (``--preset variants``),
+ragged points (``--preset ragged``) and paged points (``--preset paged``) get layouts of their
+own (:func:`variant_layout`, :func:`ragged_layout`, :func:`paged_layout`). Every table of the
+summary is also a rich table for the terminal (:func:`rich_tables`). Nothing here touches a
+GPU.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 from db import write_text_atomic
 
+from ._paged import PAGED_CONTENDERS
 from ._presets import PRESETS
 from ._ragged import RAGGED_CONTENDERS
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult, RunInfo
 from ._variants import VARIANT_CONTENDERS
 
-__all__ = ["LAYOUTS", "Layout", "contenders_of", "geomean", "kernel_of", "ragged_layout",
-           "ragged_tokens", "render_markdown", "rich_tables", "speedup", "variant_layout",
-           "write_summary"]
+__all__ = ["LAYOUTS", "Layout", "contenders_of", "geomean", "kernel_of", "paged_keys",
+           "paged_layout", "ragged_layout", "ragged_tokens", "render_markdown", "rich_tables",
+           "speedup", "variant_layout", "write_summary"]
 
 REFERENCE = "tiledattention"  # the contender whose speed-ups the tables show
 
@@ -82,9 +84,11 @@ def kernel_of(results: Sequence[BenchResult]) -> str:
 
 def contenders_of(results: Sequence[BenchResult]) -> list[str]:
     """The contenders present in ``results``: in the order of their family's preset (then the
-    variant contenders', then the ragged ones'), then others (older runs' names) by name."""
+    variant contenders', the ragged ones', the paged ones'), then others (older runs' names) by
+    name."""
     preset = PRESETS.get(kernel_of(results))
-    order = (preset.order if preset else ()) + VARIANT_CONTENDERS + RAGGED_CONTENDERS
+    order = (preset.order if preset else ()) + VARIANT_CONTENDERS + RAGGED_CONTENDERS \
+        + PAGED_CONTENDERS
     present = {r.contender for r in results}
     return [c for c in order if c in present] + sorted(present - set(order))
 
@@ -559,6 +563,75 @@ def ragged_layout(kernel: str, contenders: Sequence[str]) -> Layout:
                   baselines=present, means=present)
 
 
+def paged_keys(r: BenchResult) -> int:
+    """Keys of a paged row's caches: those its family's paged case holds
+    (``_paged.case_lengths``: ``batch`` of 1, 3/4, 1/2, 1/4 of the longest ``seqlen``, at
+    least ``seqlen_q`` each)."""
+    import types
+
+    from ._paged import valid_keys
+
+    return valid_keys(types.SimpleNamespace(batch=r.batch, seqlen_q=r.seqlen_q or 1,
+                                            seqlen_k=r.seqlen))
+
+
+def _paged_label(r: BenchResult) -> str:
+    """``bf16 D128 H32/8 B16 L32768 page64 (327680 keys)`` for a paged row (``L``: the longest
+    cache, ``B`` entries; ``S_q`` named where an entry has more than one query row); other rows
+    as in the decode layout."""
+    if not r.page_size:
+        return LAYOUTS["decode"].label(r)
+    rows = f" S_q{r.seqlen_q}" if r.seqlen_q not in (None, 1) else ""
+    mask = "" if r.mask in ("causal-br", "full") else f" {r.mask}"
+    return (f"{r.dtype} D{r.head_dim} H{_heads(r)} B{r.batch}{rows} L{r.seqlen} "
+            f"page{r.page_size}{mask} ({paged_keys(r)} keys)")
+
+
+_PAGED_BASELINES = (("varlen paged", ("torch-varlen-paged",)),
+                    ("cuDNN padded", ("cudnn-padded-cache",)))
+
+
+def paged_layout(kernel: str, contenders: Sequence[str]) -> Layout:
+    """The layout of a run with paged points (``--preset paged``): the decode family's title
+    and units, a point named by its entries, longest cache, page size and valid keys, a
+    per-point table with GB/s of the valid K/V bytes, their share of the run's copy rate and
+    the speed-ups over ``varlen_attn`` with a block table and cuDNN's SDPA on the padded caches,
+    the share of the copy rate per contender, the geometric means, schedules and notes; only
+    baselines present in the run get columns."""
+    base = LAYOUTS.get(kernel, LAYOUTS["decode"])
+    present = tuple((short, names) for short, names in _PAGED_BASELINES
+                    if set(names) & set(contenders))
+    intro = (
+        "Paged points: a decode step over a paged K/V cache (`Problem.page_size`, looked up "
+        "by its bucket: the entries and the longest cache rounded up to powers of two, the "
+        "page size exact); its family's case holds `B` caches of 1, 3/4, 1/2 and 1/4 of the "
+        "longest `L` keys, in turn (keys: their sum), in shuffled pages of `page` tokens "
+        "(NaN in every unused page), each entry's queries the last of its keys (causal, "
+        "bottom-right). µs: median time of one call (CUDA events; the L2 is flushed before "
+        "every sample, outside the timed region; with --interleave, the default here, the "
+        "contenders of a point take turns sample by sample). GB/s: the valid K/V bytes (the "
+        "caches' keys × H_kv × D × 2 bytes, for K and for V; not the padding, the pages' "
+        "unused tails, nor Q and the output) per second (1e9 bytes), for every contender "
+        "alike; % copy: that over the run's copy rate (bytes read + written: 100% reads the "
+        "valid cache in the time a copy of it takes). TFLOP/s count 4·H_q·D per attended "
+        "(query, key) pair of the valid keys. `tiledattention` rows time the decode family's "
+        "paged launch (the kernels read the pages in place; what the tuner times). "
+        "Contenders besides tiledattention's: `torch-varlen-paged` "
+        "(`torch.nn.attention.varlen.varlen_attn` on the pools with `block_table=` and "
+        "`seqused_k=`, where the installed torch's takes a block table) and "
+        "`cudnn-padded-cache` (SDPA's cuDNN backend on the caches gathered into a batch "
+        "padded to the longest, `[B, H_kv, L, D]`, with a boolean key-padding mask "
+        "`[B, 1, 1, L]` and `enable_gqa=True`, both built outside the timing: what a "
+        "serving user without a paged kernel runs). Every one is checked against the "
+        "float32 reference before timing (rel L2 error within the family's tolerance). A "
+        "`÷ X` column is X's time over the contender's (> 1: the contender is faster). Rows "
+        "that are not numbers name the status; the notes give the reasons.")
+    return Layout(title=f"{base.title}: paged K/V cache", intro=intro, label=_paged_label,
+                  sections=(_header, _per_point, _copy_share, _means, _schedules, _notes),
+                  phases=base.phases[:1], time=base.time, tflops_digits=base.tflops_digits,
+                  bandwidth=True, baselines=present, means=present)
+
+
 def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
     """The summary of ``results`` in the layout of their family."""
     return "\n".join(_render(results, info).lines)
@@ -566,7 +639,9 @@ def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
 
 def _render(results: Sequence[BenchResult], info: RunInfo) -> _Doc:
     kernel = kernel_of(results)
-    layout = (ragged_layout(kernel, contenders_of(results)) if any(r.ragged for r in results)
+    layout = (paged_layout(kernel, contenders_of(results)) if any(r.page_size for r in results)
+              else ragged_layout(kernel, contenders_of(results))
+              if any(r.ragged for r in results)
               else variant_layout(kernel, contenders_of(results))
               if any(r.variant for r in results) else LAYOUTS.get(kernel, LAYOUTS["forward"]))
     doc = _Doc(results, info, layout, kernel)

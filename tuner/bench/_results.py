@@ -62,6 +62,11 @@ class BenchResult:
     #: 1/2 and 1/4 of the longest length ``seqlen_q`` (the family's ragged case), TFLOP/s and
     #: GB/s counted on their valid tokens only
     ragged: bool = False
+    #: a paged bucket (``Problem.page_size``, issue 34; ``ragged`` too): a decode step of
+    #: ``batch`` caches of 1, 3/4, 1/2 and 1/4 of the longest ``seqlen`` keys in pages of that
+    #: many tokens (the family's paged case), TFLOP/s and GB/s counted on their valid keys
+    #: (GB/s: the K/V bytes only); 0: no pages
+    page_size: int = 0
     median_ms: float | None = None
     spread_ms: float | None = None
     samples: int | None = None
@@ -91,7 +96,7 @@ class BenchResult:
         """Every field of the grid point (rows of one point share it)."""
         return (self.dtype, self.batch, self.heads, self.heads_kv, self.seqlen_q, self.seqlen,
                 self.head_dim, self.causal, self.bottom_right, self.window_left,
-                self.window_right, self.softcap, self.sinks, self.ragged)
+                self.window_right, self.softcap, self.sinks, self.ragged, self.page_size)
 
     @property
     def variant(self) -> bool:
@@ -124,11 +129,11 @@ class BenchResult:
 
 CSV_COLUMNS = tuple(f.name for f in fields(BenchResult))
 _INT_FIELDS = ("batch", "heads", "heads_kv", "seqlen_q", "seqlen", "head_dim", "samples",
-               "window_left", "window_right")
+               "window_left", "window_right", "page_size")
 _FLOAT_FIELDS = ("median_ms", "spread_ms", "tflops", "gbps", "rel_err", "softcap")
 _BOOL_FIELDS = ("causal", "bottom_right", "sinks", "ragged")
 #: Columns an empty cell leaves at their default (CSVs written before they were filled).
-_DEFAULTED = ("window_left", "window_right", "softcap")
+_DEFAULTED = ("window_left", "window_right", "softcap", "page_size")
 
 
 @dataclass(frozen=True, kw_only=True)

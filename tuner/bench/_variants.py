@@ -14,11 +14,11 @@
 
 Plain problems keep their family's contenders (torch's SDPA backends); variant problems get
 tiledattention's and these; ragged problems tiledattention's and those of ``_ragged``
-(``varlen_attn`` on the packed batch, SDPA on the padded one). :func:`applies` decides, without
-torch. The builders run on a GPU
-with a family's case (its q, k, v, sink logits, dO and float32 reference): each contender is
-checked against that reference (relative L2 error of the output, or of the worst gradient for
-the backward) before it is timed.
+(``varlen_attn`` on the packed batch, SDPA on the padded one), paged ones those of ``_paged``
+(``varlen_attn`` with a block table, cuDNN's SDPA on the padded caches). :func:`applies`
+decides, without torch. The builders run on a GPU with a family's case (its q, k, v, sink
+logits, dO and float32 reference): each contender is checked against that reference (relative
+L2 error of the output, or of the worst gradient for the backward) before it is timed.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import inspect
 from typing import Any, Callable
 
 from ..errors import NotRunnable, UsageError
+from ._paged import PAGED_CONTENDERS, applies_paged, is_paged
 from ._ragged import RAGGED_CONTENDERS, applies_ragged, is_ragged
 
 __all__ = ["NotRunnable", "VARIANT_CONTENDERS", "applies", "build_contender", "flex_mask_mod",
@@ -57,13 +58,31 @@ def varlen_window(problem: Any) -> tuple[int, int] | None:
     return problem.window_left, 0 if problem.causal else problem.window_right
 
 
+def _reads_pages(name: str) -> bool:
+    """Whether tiledattention contender ``name`` may read a paged cache: the grid family's own
+    (``tiledattention``, ``tiledattention-default``: its case decides), another family's
+    (``tiledattention-<f>``) where that family reads pages."""
+    if name in ("tiledattention", "tiledattention-default"):
+        return True
+    from tiledattention import InputValueError, get_family
+
+    try:
+        return bool(get_family(name.removeprefix("tiledattention-")).reads_pages)
+    except InputValueError:  # an unknown family: its row says why it cannot run
+        return True
+
+
 def applies(name: str, problem: Any) -> bool:
-    """Whether contender ``name`` runs at ``problem``: tiledattention's everywhere; at a ragged
+    """Whether contender ``name`` runs at ``problem``: tiledattention's everywhere (but
+    ``tiledattention-<f>`` at a paged problem where family ``f`` reads no paged cache); at a
+    paged problem only the paged contenders that take it (``_paged.applies_paged``); at a ragged
     problem only the ragged contenders that take it (``_ragged.applies_ragged``); the variant
     contenders at variant problems (``sdpa-mask`` and ``varlen`` at window-only ones), every
     other (torch's SDPA backends) at plain problems."""
     if name.startswith("tiledattention"):
-        return True
+        return not is_paged(problem) or _reads_pages(name)
+    if is_paged(problem) or name in PAGED_CONTENDERS:
+        return applies_paged(name, problem)
     if is_ragged(problem) or name in RAGGED_CONTENDERS:
         return applies_ragged(name, problem)
     if name not in VARIANT_CONTENDERS:

@@ -4,7 +4,10 @@ or over exactly the problems named with ``--problem FIELD=VALUE,...`` instead of
 ``--preset variants`` benches model-shaped sliding-window, softcap and sink problems instead,
 against FlexAttention, SDPA with the materialised mask and ``varlen_attn``; ``--preset ragged``
 (forward, backward) model-shaped ragged buckets (packed variable-length batches) against
-``varlen_attn`` and SDPA on the padded batch with the padding mask, TFLOP/s on valid tokens.
+``varlen_attn`` and SDPA on the padded batch with the padding mask, TFLOP/s on valid tokens;
+``--preset paged`` (decode) the shipped paged decode buckets (a decode step over a paged K/V
+cache) against ``varlen_attn`` with a block table and cuDNN's SDPA on the caches padded to the
+longest with a key-padding mask, GB/s on the valid K/V bytes and as a share of the copy rate.
 
 At every point each of our contenders (the looked-up schedule, the family's default, for decode
 also the forward family's lookup) is first checked against the family case's float32 reference,
@@ -31,8 +34,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..bench import (PRESETS, QUICK_TIMING, RAGGED_CONTENDERS, TIMING_DEFAULTS,
-                     VARIANT_CONTENDERS, BenchConfigError, BenchResult,
+from ..bench import (GRID_PRESETS, PAGED_CONTENDERS, PRESETS, QUICK_TIMING, RAGGED_CONTENDERS,
+                     TIMING_DEFAULTS, VARIANT_CONTENDERS, BenchConfigError, BenchResult,
                      BenchSettings, Grid, PlotsUnavailable, RunInfo, build_grid, copy_gbps,
                      kernel_of, load_results, matmul_tflops, parse_positive_float,
                      parse_positive_int, rich_tables, run_grid, write_csv,
@@ -50,8 +53,10 @@ SUMMARY_NAME = "summary.md"
 RUN_INFO_NAME = "run.json"
 #: Kernel families with a benchmark preset (``--kernel``).
 KERNELS = tuple(PRESETS)
-#: The grid options (attributes of the parsed arguments) some family's preset takes.
-_GRID_OPTIONS = tuple(dict.fromkeys(o for preset in PRESETS.values() for o in preset.options))
+#: The grid options (attributes of the parsed arguments) some family's preset of some
+#: ``--preset`` takes.
+_GRID_OPTIONS = tuple(dict.fromkeys(o for presets in GRID_PRESETS.values()
+                                    for preset in presets.values() for o in preset.options))
 
 
 def _kernel(text: str) -> str:
@@ -67,9 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.description = (
         "Benchmark tiledattention against PyTorch's SDPA backends over a grid: --kernel "
         "forward (default) with fixed B·S (--tokens) and H·D (--hidden), --kernel decode over "
-        "decode shapes, --kernel backward over the forward's kind of grid (--problem: exactly "
-        "the problems named instead); writes bench.csv, run.json, summary.md and PNG plots "
-        "into --out.")
+        "decode shapes (--preset paged: over a paged K/V cache), --kernel backward over the "
+        "forward's kind of grid (--problem: exactly the problems named instead); writes "
+        "bench.csv, run.json, summary.md and PNG plots into --out.")
     parser.add_argument("--kernel", type=_kernel, default="forward", metavar="NAME",
                         help="kernel family to benchmark: forward (default), decode or "
                              "backward")
@@ -86,7 +91,14 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "longest sequence 1k-16k, H 16 D 64, H 8/1 D 128) against torch's "
                              "varlen_attn (where torch has it) and SDPA on the padded batch "
                              "with the padding mask (cuDNN, efficient), TFLOP/s on the valid "
-                             "tokens; takes --tokens, --dtypes")
+                             "tokens; takes --tokens, --dtypes. paged (--kernel decode): the "
+                             "shipped paged decode buckets (H 32/8 D 128, one query row: B16 "
+                             "and B64 over caches up to 32k and B32 up to 16k in pages of 64, "
+                             "B16 up to 32k in pages of 16) against torch's varlen_attn with a "
+                             "block table (where torch has one) and cuDNN's SDPA on the caches "
+                             "padded to the longest with a key-padding mask, GB/s on the valid "
+                             "K/V bytes and their share of the copy rate; takes --batch, "
+                             "--seqlens-k, --page-sizes, --dtypes")
     grid = parser.add_argument_group("grid (every kernel)")
     grid.add_argument("--problem", type=parse_problem_fields, action="append", default=None,
                       metavar="FIELD=VALUE,...",
@@ -104,7 +116,8 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                      for name, preset in PRESETS.items())
                       + "; --preset variants: tiledattention's and "
                       + ",".join(VARIANT_CONTENDERS) + "; --preset ragged: tiledattention's "
-                      + "and " + ",".join(RAGGED_CONTENDERS) + " (default all)")
+                      + "and " + ",".join(RAGGED_CONTENDERS) + "; --preset paged: "
+                      + "tiledattention's and " + ",".join(PAGED_CONTENDERS) + " (default all)")
     grid.add_argument("--quick", action="store_true",
                       help="small grid (forward and backward: D 64,128; S 1024,4096; bf16. "
                            "decode: 4 points) and looser timing; explicit options still win")
@@ -122,9 +135,15 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "S_k 2048,8192, and S_q 16 at B 8, S_k 8192 bottom-right; each option below replaces "
         "its axis in every one of these groups")
     dec.add_argument("--batch", metavar="LIST",
-                     help="batch sizes B (also --preset variants: every point at each)")
+                     help="batch sizes B (also --preset variants: every point at each; "
+                          "--preset paged: entries, powers of two, every point at each)")
     dec.add_argument("--seqlens-q", metavar="LIST", help="query lengths S_q")
-    dec.add_argument("--seqlens-k", metavar="LIST", help="K/V lengths S_k")
+    dec.add_argument("--seqlens-k", metavar="LIST",
+                     help="K/V lengths S_k (--preset paged: the longest cache, powers of two, "
+                          "every point at each)")
+    dec.add_argument("--page-sizes", metavar="LIST",
+                     help="--preset paged only: tokens a page (multiples of 16), every point "
+                          "at each (default each point's own, 64 or 16)")
     dec.add_argument("--masks", metavar="LIST", help="none,top-left,bottom-right")
     dec.add_argument("--heads", metavar="LIST", help="H_q/H_kv pairs (default 32/8)")
     timing = parser.add_argument_group("timing")
