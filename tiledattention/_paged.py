@@ -35,7 +35,7 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
-                       check_reach, check_tensor, padded_head_dim, sink_logits, variant_args)
+                       check_attention_tensors, check_reach, padded_head_dim, sink_logits, variant_args)
 from ._family import serving
 from ._ragged import ragged_problem
 from ._runtime import Runtime
@@ -51,18 +51,8 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any) -> None:
     """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
     run these arrays."""
-    check_tensor("q", q, "[B, H_q, S_q, D]")
-    for name, x in (("k_pages", k_pages), ("v_pages", v_pages)):
-        check_tensor(name, x, "[pages, page_size, H_kv, D]")
-    if k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
-        raise InputTypeError(f"q, k_pages and v_pages must have one dtype; got {q.dtype}, "
-                             f"{k_pages.dtype}, {v_pages.dtype}")
-    if k_pages.device != q.device or v_pages.device != q.device:
-        raise InputValueError(f"q, k_pages and v_pages must be on one device; got {q.device}, "
-                              f"{k_pages.device}, {v_pages.device}")
-    if tuple(v_pages.shape) != tuple(k_pages.shape):
-        raise InputValueError(f"v_pages must have the shape of k_pages {tuple(k_pages.shape)}; "
-                              f"got {tuple(v_pages.shape)}")
+    check_attention_tensors(("q", "k_pages", "v_pages"), q, k_pages, v_pages,
+                            "[B, H_q, S_q, D]", "[pages, page_size, H_kv, D]")
     b, hq, _, d = q.shape
     _, page_size, hkv, dk = k_pages.shape
     if dk != d:
@@ -140,16 +130,8 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                                  causal=causal, scale=scale, window=window, softcap=softcap,
                                  sinks=sinks)
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
-    hot.bind_torch()
-    key = ("paged", family.name, shape, device, scale, q.stride(), k_pages.stride(),
-           v_pages.stride())
-    plan = runtime.plan(key)
-    if plan is None:
-        schedule = runtime.resolution(family, family.plan_problem(shape), device).schedule
-        plan = family.plan(shape, schedule, device, scale, BOTTOM_RIGHT,
-                           (shape.window_left, shape.window_right)).for_torch(q, None, k_pages,
-                                                                                 v_pages)
-        runtime.keep_plan(key, plan)
+    plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
+                         k_pages, v_pages)
     out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
                    pages=block_table)
     if out is None:

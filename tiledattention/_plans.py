@@ -14,7 +14,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-__all__ = ["Plan", "bind_torch", "span", "reach", "clear_of", "contiguous_like", "out_spans"]
+__all__ = ["Plan", "bind_torch", "kept_plan", "span", "reach", "clear_of", "contiguous_like",
+           "out_spans"]
 
 # torch's functions the warm path calls (``bind_torch``); a test may bind its own
 # ``raw_stream``, ``current_device`` and ``capturing`` first
@@ -45,6 +46,23 @@ def bind_torch() -> None:
         capturing = torch.cuda.is_current_stream_capturing
     empty, float32 = torch.empty, torch.float32
     empty_like = torch.empty_like
+
+
+def kept_plan(runtime: Any, tag: str, family: Any, shape: Any, device: int, scale: Any,
+              causal: Any, q: Any, k: Any, v: Any) -> "Plan":
+    """``family``'s torch plan for ``shape``, kept in ``runtime`` under ``tag``, the shape, the
+    device, the call's scale and alignment and the arrays' strides (what a call outside
+    ``sdpa``'s warm path, such as a ranged or paged one, reuses): looked up for the family's
+    plan problem on the first call, found on the next ones."""
+    bind_torch()
+    key = (tag, family.name, shape, device, scale, causal, q.stride(), k.stride(), v.stride())
+    plan = runtime.plan(key)
+    if plan is None:
+        schedule = runtime.resolution(family, family.plan_problem(shape), device).schedule
+        plan = family.plan(shape, schedule, device, scale, causal,
+                           (shape.window_left, shape.window_right)).for_torch(q, None, k, v)
+        runtime.keep_plan(key, plan)
+    return plan
 
 
 class Plan(abc.ABC):

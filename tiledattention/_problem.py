@@ -18,7 +18,7 @@ from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape", "variant_args",
-           "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor"]
+           "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor", "check_attention_tensors"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -99,6 +99,25 @@ def check_tensor(name: str, x: Any, dims: str) -> None:
                               f"stride {x.stride(-1)}")
     if 0 in x.shape:
         raise InputValueError(f"{name} must have no empty dim; got shape {tuple(x.shape)}")
+
+
+def check_attention_tensors(names: tuple[str, str, str], q: Any, k: Any, v: Any, q_dims: str,
+                            kv_dims: str) -> None:
+    """:func:`check_tensor` for a call's query, key and value (``names``), then that they share
+    one dtype and one device and that the value has the key's shape."""
+    check_tensor(names[0], q, q_dims)
+    for name, x in zip(names[1:], (k, v)):
+        check_tensor(name, x, kv_dims)
+    together = f"{names[0]}, {names[1]} and {names[2]}"
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise InputTypeError(f"{together} must have one dtype; got {q.dtype}, {k.dtype}, "
+                             f"{v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise InputValueError(f"{together} must be on one device; got {q.device}, {k.device}, "
+                              f"{v.device}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise InputValueError(f"{names[2]} must have the shape of {names[1]} {tuple(k.shape)}; "
+                              f"got {tuple(v.shape)}")
 
 
 def page_tile(page_size: int) -> int:

@@ -32,7 +32,7 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
-                       causal_flags, check_reach, check_tensor, default_scale, padded_head_dim,
+                       causal_flags, check_attention_tensors, check_reach, default_scale, padded_head_dim,
                        problem_from_arrays, sink_logits, variant_args)
 from ._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
                       ragged_problem)
@@ -54,17 +54,8 @@ GRID_LIMIT = 65535
 # -- validation ---------------------------------------------------------------------------------
 def _check_packed(query: Any, key: Any, value: Any, enable_gqa: bool) -> str:
     """Check the packed tensors; return the dtype's name."""
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        check_tensor(name, x, "[tokens, heads, head_dim]")
-    if key.dtype != query.dtype or value.dtype != query.dtype:
-        raise InputTypeError(f"query, key and value must have one dtype; got {query.dtype}, "
-                             f"{key.dtype}, {value.dtype}")
-    if key.device != query.device or value.device != query.device:
-        raise InputValueError(f"query, key and value must be on one device; got "
-                              f"{query.device}, {key.device}, {value.device}")
-    if tuple(value.shape) != tuple(key.shape):
-        raise InputValueError(f"value must have the shape of key {tuple(key.shape)}; got "
-                              f"{tuple(value.shape)}")
+    packed = "[tokens, heads, head_dim]"
+    check_attention_tensors(("query", "key", "value"), query, key, value, packed, packed)
     d = query.shape[2]
     if key.shape[2] != d:
         raise InputValueError(f"key must have the head_dim of query ({d}); got {key.shape[2]}")
@@ -116,6 +107,16 @@ def _alignment(is_causal: Any) -> tuple[bool, bool]:
         return False, True
     raise InputValueError(f"is_causal must be True, False, {BOTTOM_RIGHT!r} or {TOP_LEFT!r}; got "
                           f"{is_causal!r}"[:200])
+
+
+def _mask_of(is_causal: Any, window_size: Any) -> tuple[bool, bool, int, int]:
+    """``(causal, bottom_right, left, right)`` of torch's ``is_causal`` and ``window_size``:
+    ``window_size=(-1, 0)`` (and any ``(left, 0)``) is torch's spelling of causal."""
+    causal, bottom_right = _alignment(is_causal)
+    left, right, _ = variant_args(window_size, None)
+    if not causal and right == 0:
+        causal, bottom_right = True, True
+    return causal, bottom_right, left, right
 
 
 def _check_scale(scale: Any) -> None:
@@ -281,16 +282,7 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
                                 seqlen_k=problem.seqlen_k)
     rows = choose_family(arch, shape)
     if rows is not family:
-        hot.bind_torch()
-        # kept like sdpa's plans, under the shape, the arrays' layouts and the call's values
-        key = ("ranges", rows.name, shape, device, scale, causal, q.stride(), k.stride(),
-               v.stride())
-        plan = runtime.plan(key)
-        if plan is None:
-            plan = rows.plan(shape, runtime.resolution(rows, rows.plan_problem(shape),
-                                                       device).schedule, device, scale, causal,
-                             (shape.window_left, shape.window_right)).for_torch(q, None, k, v)
-            runtime.keep_plan(key, plan)
+        plan = hot.kept_plan(runtime, "ranges", rows, shape, device, scale, causal, q, k, v)
         result = plan.run(runtime, q, k, v, device, None, sinks=logits, ranges=ranges)
         if result is not None:
             return result  # else the plan's checks refused the arrays: the forward runs it
@@ -391,10 +383,7 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
         return _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                                  is_causal=is_causal, scale=scale, window_size=window_size,
                                  enable_gqa=enable_gqa)
-    causal, bottom_right = _alignment(is_causal)
-    left, right, _ = variant_args(window_size, None)
-    if not causal and right == 0:  # torch's spelling of causal: window_size=(-1, 0)
-        causal, bottom_right = True, True
+    causal, bottom_right, left, right = _mask_of(is_causal, window_size)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                        for x in (query, key, value)):
         out, _ = varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal,
@@ -460,10 +449,7 @@ def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, w
     if key.dim() == 4 and query.shape[1] != key.shape[2] and not enable_gqa:
         raise InputValueError(f"query has {query.shape[1]} heads and key {key.shape[2]}: pass "
                               f"enable_gqa=True for grouped-query heads")
-    causal, bottom_right = _alignment(is_causal)
-    left, right, _ = variant_args(window_size, None)
-    if not causal and right == 0:  # torch's spelling of causal: window_size=(-1, 0)
-        causal, bottom_right, right = True, True, -1
+    causal, bottom_right, left, right = _mask_of(is_causal, window_size)
     alignment = (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
     window = None if (left, right) == (-1, -1) else (left, right)
     longest_k = _check_max("max_k", max_k, INDEX_LIMIT)
