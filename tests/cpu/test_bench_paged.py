@@ -9,7 +9,6 @@ flags, and the rows in CSV, summary and plots. The engine's GPU timing is not ru
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import types
@@ -26,6 +25,8 @@ from tuner.bench import (PAGED_CONTENDERS, PAGED_POINTS, PAGED_PRESETS, PRESETS,
                          RunInfo, applies, build_grid, load_results, render_markdown, write_csv)
 from tuner.bench import _engine, _paged
 from tuner.commands import bench_cmd
+
+from ._bench_stand_ins import FixedRuntime, NamedSchedule, ReferenceCase, run_once_timing
 
 OURS = ("tiledattention", "tiledattention-default")
 SHIPPED = Path(tiledattention.__file__).parent / "pretuned" / "sm_90.json"
@@ -235,16 +236,6 @@ def _paged_case(problem: Problem, seed: int = 0):
                                  reference=reference, out=torch.empty_like(q))
 
 
-@pytest.fixture
-def cpu_sdpa(monkeypatch):
-    """The padded contender's pinned backend is lifted (cuDNN is CUDA's): SDPA runs on the
-    CPU's own, with the same mask and heads."""
-    import torch.nn.attention
-
-    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel",
-                        lambda backend: contextlib.nullcontext())
-
-
 @pytest.mark.parametrize("problem", [_p(), _p(seqlen_q=4), _p(heads_q=2), _p(page_size=32)],
                          ids=("decode-step", "four-rows", "mha", "pages-of-32"))
 def test_padded_cache_contender_matches_the_reference(problem, cpu_sdpa, monkeypatch):
@@ -349,34 +340,11 @@ def test_installed_torch_varlen_takes_a_block_table_or_says_why():
 
 # -- the engine's rows ---------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class _Sched:
-    name: str
-
-    def describe(self) -> str:
-        return self.name
-
-    @classmethod
-    def from_dict(cls, data):
-        return cls(**data)
+_Sched = NamedSchedule
 
 
-class _Case(tiledattention.Case):
-    """A paged case on the CPU whose launcher writes the reference (exactly right)."""
-
-    def __init__(self, problem):
-        self.__dict__.update(vars(_paged_case(problem)))
-
-    def launcher(self, schedule):
-        return lambda: self.out.copy_(self.reference)
-
-    def error(self, run):
-        self.out.fill_(float("nan"))
-        run()
-        return float((self.out.float() - self.reference).norm() / self.reference.norm())
-
-    def baselines(self):
-        raise AssertionError("paged problems take no torch SDPA baseline")
+def _Case(problem):
+    return ReferenceCase(_paged_case(problem), "paged problems take no torch SDPA baseline")
 
 
 class _PagedDecode(type(DECODE)):
@@ -388,10 +356,8 @@ class _PagedDecode(type(DECODE)):
         return _Case(problem)
 
 
-class _Runtime:
-    def resolution(self, family, problem, device_index):
-        return tiledattention.Resolution(schedule=_Sched("tuned"), source="shipped",
-                                         detail="row", family=family.name)
+def _Runtime():
+    return FixedRuntime("shipped")
 
 
 @pytest.fixture
@@ -402,11 +368,7 @@ def paged_family(monkeypatch, cpu_sdpa):
     tiledattention.unregister_family(family.name)
 
 
-def _timing(fn, **kwargs):
-    from tuner.measure import Timing
-
-    fn()
-    return Timing(median_ms=2.0, spread_ms=0.1, mean_ms=2.0, min_ms=1.9, samples=5)
+_timing = run_once_timing
 
 
 def test_engine_checks_then_times_the_paged_contenders(paged_family, monkeypatch):

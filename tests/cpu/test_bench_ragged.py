@@ -8,7 +8,6 @@ GPU timing is not run here (``tests/gpu/test_bench_ragged_gpu.py`` does)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import types
@@ -25,6 +24,8 @@ from tuner.bench import (PRESETS, RAGGED_CONTENDERS, RAGGED_POINTS, VARIANT_CONT
                          load_results, padded_mask, render_markdown, valid_tokens, write_csv)
 from tuner.bench import _engine, _ragged
 from tuner.commands import bench_cmd
+
+from ._bench_stand_ins import FixedRuntime, NamedSchedule, ReferenceCase, run_once_timing
 
 OURS = ("tiledattention", "tiledattention-default")
 SHIPPED = Path(tiledattention.__file__).parent / "pretuned" / "sm_90.json"
@@ -244,16 +245,6 @@ def _case(problem: Problem, *, backward: bool = False, seed: int = 0):
     return case
 
 
-@pytest.fixture
-def cpu_sdpa(monkeypatch):
-    """The padded contenders' pinned backend is lifted (cuDNN and efficient are CUDA's): SDPA
-    runs on the CPU's own, with the same mask and heads."""
-    import torch.nn.attention
-
-    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel",
-                        lambda backend: contextlib.nullcontext())
-
-
 @pytest.mark.parametrize("name", ["cudnn-padded", "efficient-padded"])
 @pytest.mark.parametrize("backward", [False, True], ids=("forward", "backward"))
 @pytest.mark.parametrize("problem", [_r(), _r(heads_q=4, heads_kv=4, causal=False),
@@ -346,37 +337,12 @@ def test_torch_varlen_says_why_not(monkeypatch):
 
 # -- the engine's rows ---------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class _Sched:
-    name: str
-
-    def describe(self) -> str:
-        return self.name
-
-    @classmethod
-    def from_dict(cls, data):
-        return cls(**data)
+_Sched = NamedSchedule
 
 
-class _Case(tiledattention.Case):
-    """A ragged case on the CPU whose launcher writes the reference (exactly right)."""
-
-    def __init__(self, problem, backward):
-        import torch
-
-        self.__dict__.update(vars(_case(problem, backward=backward)))
-        self.out = torch.empty_like(self.q)
-
-    def launcher(self, schedule):
-        return lambda: self.out.copy_(self.reference)
-
-    def error(self, run):
-        self.out.fill_(float("nan"))
-        run()
-        return float((self.out.float() - self.reference).norm() / self.reference.norm())
-
-    def baselines(self):
-        raise AssertionError("ragged problems take no torch SDPA baseline")
+def _Case(problem, backward):
+    return ReferenceCase(_case(problem, backward=backward),
+                         "ragged problems take no torch SDPA baseline")
 
 
 class _RaggedForward(type(FORWARD)):
@@ -388,10 +354,8 @@ class _RaggedForward(type(FORWARD)):
         return _Case(problem, backward=False)
 
 
-class _Runtime:
-    def resolution(self, family, problem, device_index):
-        return tiledattention.Resolution(schedule=_Sched("tuned"), source="shipped",
-                                         detail="row", family=family.name)
+def _Runtime():
+    return FixedRuntime("shipped")
 
 
 @pytest.fixture
@@ -402,11 +366,7 @@ def ragged_family(monkeypatch, cpu_sdpa):
     tiledattention.unregister_family(family.name)
 
 
-def _timing(fn, **kwargs):
-    from tuner.measure import Timing
-
-    fn()
-    return Timing(median_ms=2.0, spread_ms=0.1, mean_ms=2.0, min_ms=1.9, samples=5)
+_timing = run_once_timing
 
 
 def test_engine_checks_then_times_the_ragged_contenders(ragged_family, monkeypatch):

@@ -22,6 +22,8 @@ from tuner.bench import _engine, _variants
 from tuner.commands import bench_cmd
 from tuner.commands._problems import parse_problem_fields
 
+from ._bench_stand_ins import FixedRuntime, NamedSchedule, ReferenceCase, run_once_timing
+
 OURS = ("tiledattention", "tiledattention-default")
 
 
@@ -270,37 +272,11 @@ def test_varlen_support_says_why_not(monkeypatch):
 
 # -- the engine's rows for variant contenders ------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class _Sched:
-    name: str
-
-    def describe(self) -> str:
-        return self.name
-
-    @classmethod
-    def from_dict(cls, data):
-        return cls(**data)
+_Sched = NamedSchedule
 
 
-class _Case(tiledattention.Case):
-    """Our launcher writes the reference (exactly right)."""
-
-    def __init__(self, problem):
-        import torch
-
-        self.__dict__.update(vars(_case(problem)))
-        self.out = torch.empty_like(self.q)
-
-    def launcher(self, schedule):
-        return lambda: self.out.copy_(self.reference)
-
-    def error(self, run):
-        self.out.fill_(float("nan"))
-        run()
-        return float((self.out.float() - self.reference).norm() / self.reference.norm())
-
-    def baselines(self):
-        raise AssertionError("variant problems take no torch baseline")
+def _Case(problem):
+    return ReferenceCase(_case(problem), "variant problems take no torch baseline")
 
 
 class _Family(tiledattention.Family):
@@ -326,10 +302,8 @@ class _Family(tiledattention.Family):
         return 1e-2
 
 
-class _Runtime:
-    def resolution(self, family, problem, device_index):
-        return tiledattention.Resolution(schedule=_Sched("tuned"), source="exact-device",
-                                         detail="row", family=family.name)
+def _Runtime():
+    return FixedRuntime("exact-device")
 
 
 @pytest.fixture
@@ -340,11 +314,7 @@ def variant_family(monkeypatch):
     tiledattention.unregister_family(family.name)
 
 
-def _timing(fn, **kwargs):
-    from tuner.measure import Timing
-
-    fn()
-    return Timing(median_ms=2.0, spread_ms=0.1, mean_ms=2.0, min_ms=1.9, samples=5)
+_timing = run_once_timing
 
 
 def test_engine_checks_then_times_the_variant_contenders(variant_family, eager_flex,
