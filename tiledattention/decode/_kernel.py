@@ -27,7 +27,7 @@ returns zeros. ``RAGGED`` (a padded batch's per-entry ranges, ``Ranges``): each 
 keys are cut out of K and V, its query rows in range are the last positions of those keys
 (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a paged cache): K and
 V are pools of pages and each entry's keys lie in the pages its row of the block table
-(``Pages``) names, one page lookup per key tile. Every UPPER_CASE parameter is a compile-time
+(``Pages``) names, one page lookup per page-sized load. Every UPPER_CASE parameter is a compile-time
 constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode loop whose
 cache grows by a key per step reuses one compiled kernel.
 """
@@ -109,8 +109,10 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
     if PAGED:
         v = page_rows(V, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, TILE_D, V_LATENCY, PAD)
-        if masked:  # a page's rows past the entry's keys hold anything: p is 0 there, 0 * NaN
-            rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # is not
+        if masked:
+            # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN is
+            # not 0
+            rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
             v = ct.where(rows < seqlen_k, v, 0.0)
     else:
         v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
