@@ -23,26 +23,32 @@ __all__ = ["DECODE", "DecodeFamily", "DecodeCase"]
 TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
 
 
+def _case_launcher(problem: Problem, schedule: DecodeSchedule, q, k, v, out, offset: int,
+                   **arrays) -> Callable[[], None]:
+    """A case's launch of ``schedule``: the plan and its float32 partial buffers built once,
+    the split (and combine) kernels enqueued per call; ``arrays``: ``launch``'s ``sinks``,
+    ``ranges``, ``pages``."""
+    import torch
+
+    plan = launches(problem, schedule, None)
+    partials = None
+    if plan.combine is not None:
+        opart, lse = partial_shapes(plan)
+        partials = (torch.empty(opart, dtype=torch.float32, device=q.device),
+                    torch.empty(lse, dtype=torch.float32, device=q.device))
+
+    def run() -> None:
+        launch(torch.cuda.current_stream(), plan, q, k, v, out, offset, partials, **arrays)
+
+    return run
+
+
 class DecodeCase(AttentionCase):
     """The decode kernels' GPU case: the shared inputs and reference, this family's launcher."""
 
     def launcher(self, schedule: DecodeSchedule) -> Callable[[], None]:
-        import torch
-
-        plan = launches(self.problem, schedule, None)
-        partials = None
-        if plan.combine is not None:
-            opart, lse = partial_shapes(plan)
-            partials = (torch.empty(opart, dtype=torch.float32, device=self.q.device),
-                        torch.empty(lse, dtype=torch.float32, device=self.q.device))
-        offset = self.problem.causal_offset
-        sinks = self.sinks  # float32 [H_q], or None without sinks
-
-        def run() -> None:
-            launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out, offset,
-                   partials, sinks)
-
-        return run
+        return _case_launcher(self.problem, schedule, self.q, self.k, self.v, self.out,
+                              self.problem.causal_offset, sinks=self.sinks)
 
 
 class PagedDecodeCase(PagedCase):
@@ -50,20 +56,8 @@ class PagedDecodeCase(PagedCase):
     this family's launcher: the kernels read the pages in place."""
 
     def launcher(self, schedule: DecodeSchedule) -> Callable[[], None]:
-        import torch
-
-        plan = launches(self.problem, schedule, None)
-        partials = None
-        if plan.combine is not None:
-            opart, lse = partial_shapes(plan)
-            partials = (torch.empty(opart, dtype=torch.float32, device=self.q.device),
-                        torch.empty(lse, dtype=torch.float32, device=self.q.device))
-
-        def run() -> None:
-            launch(torch.cuda.current_stream(), plan, self.q, self.k_pages, self.v_pages,
-                   self.out, 0, partials, None, self.seqused, self.table)
-
-        return run
+        return _case_launcher(self.problem, schedule, self.q, self.k_pages, self.v_pages,
+                              self.out, 0, ranges=self.seqused, pages=self.table)
 
 
 class DecodeFamily(Family):
