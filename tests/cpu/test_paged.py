@@ -179,3 +179,20 @@ def test_a_paged_row_answers_only_for_its_own_longest_cache():
     why = DECODE.transfer_refusal(stored, schedule, 1.0, 2.0, _paged(batch=32, seqlen_k=4096))
     assert why and "its own longest cache" in why
     assert DECODE.transfer_refusal(stored, schedule, 1.0, 2.0, stored) is None
+
+
+def test_query_key_and_value_are_checked_together():
+    from tiledattention._problem import check_attention_tensors
+
+    q = torch.randn(2, 4, 1, 64, dtype=torch.bfloat16)
+    k = torch.randn(6, 16, 2, 64, dtype=torch.bfloat16)
+    names, dims = ("q", "k_pages", "v_pages"), ("[B, H_q, S_q, D]", "[pages, page_size, H, D]")
+    check_attention_tensors(names, q, k, k.clone(), *dims)
+    with pytest.raises(tiledattention.InputTypeError, match="q, k_pages and v_pages must have "
+                                                            "one dtype"):
+        check_attention_tensors(names, q, k, k.half(), *dims)
+    with pytest.raises(tiledattention.InputValueError, match=r"v_pages must have the shape of "
+                                                             r"k_pages \(6, 16, 2, 64\)"):
+        check_attention_tensors(names, q, k, k[:5], *dims)
+    with pytest.raises(tiledattention.InputValueError, match="k_pages must have 4 dims"):
+        check_attention_tensors(names, q, k[0], k, *dims)
