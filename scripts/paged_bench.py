@@ -13,7 +13,8 @@ Points (``POINTS``):
   key-padding mask, and torch's ``varlen_attn`` with a block table where the installed torch
   has one;
 - ``chunk-*``: chunked prefill, a chunk of queries (bottom-right causal) over a cache that
-  already holds earlier chunks, paged at 64 and contiguous (``sdpa(..., "bottom_right")``).
+  already holds earlier chunks, paged at 16 to 256 (read in place where a page holds a whole
+  key tile, else gathered) and contiguous (``sdpa(..., "bottom_right")``).
 Every contender is checked against the float32 reference over the gathered caches first.
 Timed interleaved (``time_interleaved``, L2 flushed before each sample), median of
 ``--rounds``. GB/s count the valid K/V bytes read once. Writes ``DIR/paged.csv``,
@@ -49,6 +50,7 @@ POINTS = (
     ("continuous-B16", 16, "draw", 1),
     ("chunk-B4-S16384-q512", 4, 16384, 512),
     ("chunk-B1-S4096-q1024", 1, 4096, 1024),
+    ("chunk-B2-S32768-q2048", 2, 32768, 2048),
 )
 
 
@@ -112,7 +114,7 @@ def contenders(lens, sq, q, caches):
     valid = sum(lens) * HKV * D * 2 * 2
     longest = max(lens)
     fns = {}
-    pages = (64,) if sq > 1 or len(set(lens)) > 1 else PAGES
+    pages = PAGES if len(set(lens)) == 1 else (64,)
     for page in pages:
         k_pages, v_pages, table = paged(caches, page)
         used = torch.tensor(lens, dtype=torch.int32, device="cuda")

@@ -218,6 +218,11 @@ class Family(abc.ABC):
                     f"(the decode family runs paged calls)")
         return None
 
+    def reads_pages_with(self, problem: Any, schedule: Any) -> bool:
+        """Whether this family's kernels read ``problem``'s pages in place under ``schedule``
+        (else the caller gathers them into a contiguous cache first)."""
+        return self.reads_pages
+
     def check_pages(self, problem: Any) -> None:
         """Raise an :class:`UnsupportedProblemError` with :meth:`pages_refusal`'s reason."""
         why = self.pages_refusal(problem)

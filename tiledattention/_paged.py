@@ -11,10 +11,11 @@ kernels, which read the pages in place (``PAGED``): each key tile looks its page
 block table, nothing is gathered or copied, and keys past ``seqused_k[b]`` (or past the block
 table's pages) never enter the softmax. Every entry's key walk is split over the same number of
 CTAs, so a batch whose lengths differ by 1000x runs in one launch. Long query runs (chunked
-prefill) gather each entry's pages into a contiguous copy first (:func:`gather_pages`: one
-read and one write of the keys) and run the forward family's ragged kernel on it: the forward
-kernel reading pages in place ran 4-29x slower than on a contiguous cache on an H200 and was
-taken out (docs/benchmarks/paged/). Nothing is read on the host: the lengths and the block
+prefill) run on the forward family's ragged kernel. It reads the pages in place where one page
+holds a whole key tile of its schedule (``ForwardFamily.reads_pages_with``: pages of 128 keys or
+more under the sm_90 defaults); else each entry's pages are gathered into a contiguous copy
+first (:func:`gather_pages`: one read and one write of the keys), since a key tile joined from
+several pages stalls that kernel (docs/benchmarks/paged/). Nothing is read on the host: the lengths and the block
 table stay on the device, so a step is capturable in a CUDA graph and replays with new
 lengths and tables.
 
@@ -35,9 +36,10 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
-                       check_attention_tensors, check_reach, padded_head_dim, sink_logits, variant_args)
+                       check_attention_tensors, check_reach, default_scale, padded_head_dim,
+                       sink_logits, variant_args)
 from ._family import serving
-from ._ragged import ragged_problem
+from ._ragged import RaggedLayout, ragged_problem
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
@@ -125,7 +127,13 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
     family = reader(device_info(device).arch, shape)
-    if family is None:  # long query runs (chunked prefill): the pages gathered first
+    if family is not None and family.name == "forward":  # long query runs (chunked prefill)
+        resolution = _in_place(runtime, family, problem, device)
+        if resolution is not None:
+            return _forward_in_place(family, problem, resolution.schedule, q, k_pages, v_pages,
+                                     block_table, seqused_k, longest, scale, sinks)
+        family = None
+    if family is None:  # the pages gathered first
         return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k, longest,
                                  causal=causal, scale=scale, window=window, softcap=softcap,
                                  sinks=sinks)
@@ -168,6 +176,37 @@ def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> to
     return copy.view(block_table.shape[0], width * page_size, *pool.shape[2:]).transpose(1, 2)
 
 
+def _in_place(runtime: Runtime, family: Any, problem: Any, device: int) -> Any:
+    """The forward's :class:`Resolution` for a long query run's ragged bucket ``problem``
+    where its schedule reads the pages in place, else ``None`` (they are gathered)."""
+    resolution = runtime.resolution(family, problem, device)
+    return resolution if family.reads_pages_with(problem, resolution.schedule) else None
+
+
+def _query_ranges(q: torch.Tensor, seqused_k: torch.Tensor) -> torch.Tensor:
+    """The int32 ``[4, B]`` ranges of a paged call: each entry's ``S_q`` queries over its
+    first ``seqused_k[b]`` keys."""
+    ranges = torch.zeros((4, q.shape[0]), dtype=torch.int32, device=q.device)
+    ranges[1] = q.shape[2]
+    ranges[3] = seqused_k
+    return ranges
+
+
+def _forward_in_place(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages,
+                      block_table, seqused_k, longest: int, scale: Any,
+                      sinks: Any) -> torch.Tensor:
+    """A long query run on the forward family's ragged kernel reading the pages in place
+    (``family.reads_pages_with(problem, schedule)``: each key tile within one page)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+    layout = RaggedLayout(_query_ranges(q, seqused_k), q.shape[2], longest, False, block_table)
+    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k_pages, v_pages, out, None,
+                            problem, schedule,
+                            default_scale(problem) if scale is None else float(scale),
+                            q.device.index, sinks=logits, ragged=layout)
+    return out
+
+
 def _gathered_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                       longest: int, **variant: Any) -> torch.Tensor:
     """A paged call whose query runs are long (chunked prefill): each entry's pages gathered
@@ -175,10 +214,7 @@ def _gathered_forward(runtime: Runtime, q, k_pages, v_pages, block_table, sequse
     ragged forward (``sdpa(..., ranges=)``) with every entry's queries the last of its keys."""
     from ._varlen import padded_forward
 
-    b, sq = q.shape[0], q.shape[2]
-    ranges = torch.zeros((4, b), dtype=torch.int32, device=q.device)
-    ranges[1] = sq
-    ranges[3] = seqused_k
+    ranges = _query_ranges(q, seqused_k)
     k = gather_pages(k_pages, block_table, longest)
     v = gather_pages(v_pages, block_table, longest)
     causal = variant.pop("causal")
@@ -200,7 +236,11 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
     family = reader(arch, shape)
-    if family is not None:
+    if family is not None and family.name == "forward":
+        resolution = _in_place(runtime, family, problem, device)
+        if resolution is not None:
+            return resolution
+    elif family is not None:
         return runtime.resolution(family, family.plan_problem(shape), device)
     gathered = dataclasses.replace(problem, page_size=0)
     family = choose_family(arch, gathered, "sdpa_with_lse")

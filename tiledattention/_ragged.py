@@ -5,8 +5,9 @@ of query starts, query ends, key starts and key ends along the sequence axis, th
 sequence's query and key counts (the grid's extent; the caller's word, as torch's
 ``varlen_attn`` takes ``max_q`` and ``max_k``), and whether the sequences lie end to end in one
 batch entry (``packed``: ``[1, H, tokens, D]`` views of ``[tokens, H, D]`` tensors) or each in
-an entry of its own (a padded batch). The kernels cut every array to each sequence's range, so
-nothing is copied and nothing outside a sequence is read or written.
+an entry of its own (a padded batch); with a paged cache, the block table that maps each
+sequence's keys to pages of the K/V pools. The kernels cut every array to each sequence's
+range, so nothing is copied and nothing outside a sequence is read or written.
 
 The problem a ragged call is looked up and compiled by is a bucket (:func:`ragged_problem`):
 the longest lengths rounded up to powers of two and the number of such sequences the tokens
@@ -31,6 +32,7 @@ class RaggedLayout(NamedTuple):
     longest_q: int  # at least every sequence's query count
     longest_k: int  # at least every sequence's key count
     packed: bool  # the sequences lie end to end in batch entry 0
+    pages: Any = None  # a paged cache's int32 [sequences, max_pages] block table (K, V: pools)
 
     @property
     def sequences(self) -> int:

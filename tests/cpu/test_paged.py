@@ -15,6 +15,7 @@ from tiledattention.decode._compile import compile_decode
 from tiledattention._problem import page_tile
 from tiledattention.decode._launch import normalise, split_constants
 from tiledattention.errors import UnsupportedProblemError
+from tiledattention.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -39,23 +40,63 @@ def test_the_page_size_is_a_variant_field_of_its_own():
         _paged(ragged=False)
 
 
-def test_decode_steps_read_pages_long_query_runs_gather_them():
-    """A decode step goes to the split-KV kernels, which read pages in place; a chunk of a
-    prefill (many query rows) has no reader (its pages are gathered for the forward), and the
-    forward and backward families refuse paged problems."""
+def test_which_family_reads_pages_and_when_the_forward_gathers_them():
+    """A decode step goes to the split-KV kernels; a chunk of a prefill (many query rows) to
+    the forward's ragged kernel, which reads pages in place only where one page holds a whole
+    key tile (else the call gathers them); the backward refuses paged problems."""
     from tiledattention._paged import reader
 
     assert reader("sm_90", _paged(seqlen_q=1)) is DECODE
     chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384)
-    assert reader("sm_90", chunk) is None
-    assert DECODE.reads_pages and not FORWARD.reads_pages and not BACKWARD.reads_pages
-    for family in (FORWARD, BACKWARD):
-        assert not family.takes("sm_90", chunk)
-        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
-            family.default_schedule("sm_90", chunk)
-        with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
-            family.compile(chunk, family.default_schedule("sm_90", dataclasses.replace(
-                chunk, page_size=0)), "sm_90")
+    assert reader("sm_90", chunk) is FORWARD
+    assert DECODE.reads_pages and FORWARD.reads_pages and not BACKWARD.reads_pages
+    wide = FORWARD.default_schedule("sm_90", chunk)
+    assert wide.tile_n == 128
+    assert not FORWARD.reads_pages_with(chunk, wide)  # two pages of 64 a tile: gathered
+    assert FORWARD.reads_pages_with(chunk, wide.replace(tile_n=64))
+    for size in (128, 256, 384):  # 384: page_tile 128
+        assert FORWARD.reads_pages_with(_paged(seqlen_q=512, page_size=size), wide)
+    assert not FORWARD.reads_pages_with(_paged(seqlen_q=512, page_size=48), wide)
+    assert DECODE.reads_pages_with(_paged(page_size=16), DECODE.default_schedule("sm_90",
+                                                                                _paged()))
+    assert not BACKWARD.takes("sm_90", chunk)
+    with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+        BACKWARD.default_schedule("sm_90", chunk)
+    with pytest.raises(UnsupportedProblemError, match="reads no paged cache"):
+        BACKWARD.compile(chunk, BACKWARD.default_schedule("sm_90", dataclasses.replace(
+            chunk, page_size=0)), "sm_90")
+    with pytest.raises(UnsupportedProblemError, match="no tuner case"):
+        FORWARD.case(chunk, 0)
+
+
+def test_the_paged_forward_walks_masked_tiles_apart():
+    """The kernel zeroes value rows past a sequence's keys in masked tiles only; a per-step
+    mask test around that stalled it, so a paged problem always splits masked tiles off."""
+    chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384, page_size=256)
+    schedule = FORWARD.default_schedule("sm_90", chunk).replace(split_masked=False)
+    constants = FORWARD_CONSTANTS(chunk, schedule)
+    assert constants["PAGED"] and constants["SPLIT_MASKED"] and constants["PAGE_ROWS"] == 128
+    assert FORWARD.normalise(chunk, schedule.replace(split_masked=True)) == \
+        FORWARD.normalise(chunk, schedule)
+    plain = dataclasses.replace(chunk, page_size=0)
+    assert not FORWARD_CONSTANTS(plain, schedule)["SPLIT_MASKED"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("page_size", [64, 256])
+def test_the_paged_forward_compiles(arch, page_size):
+    from tiledattention.forward._compile import compile_schedule
+
+    chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384, page_size=page_size)
+    schedule = FORWARD.default_schedule(arch, chunk)
+    schedule = FORWARD.normalise(chunk, schedule.replace(tile_n=min(schedule.tile_n,
+                                                                    page_size)))
+    assert FORWARD.reads_pages_with(chunk, schedule)
+    constants = FORWARD_CONSTANTS(chunk, schedule)
+    assert constants["PAGED"] and constants["PAGE_ROWS"] == schedule.tile_n
+    assert compile_schedule(chunk, schedule, arch).cubin[:4] == b"\x7fELF"
+
+
     # the decode family's tuner case of a paged bucket: caches of mixed lengths
     from tiledattention._case import paged_lengths
 
@@ -171,6 +212,10 @@ def test_explain_names_a_paged_calls_family_or_its_gather(capsys):
                      f"batch=4,seqlen_q=512,seqlen_k=16384,{fields}"]) == 0
     out = capsys.readouterr().out
     assert "family forward" in out and "gathers its pages" in out
+    assert cli.main(["explain", "--device", "sm_90", "--problem",
+                     f"batch=4,seqlen_q=512,seqlen_k=16384,{fields}".replace("64", "256")]) == 0
+    out = capsys.readouterr().out
+    assert "family forward" in out and "gathers" not in out and "paged256" in out
 
 
 def test_a_paged_row_answers_only_for_its_own_longest_cache():

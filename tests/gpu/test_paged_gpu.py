@@ -116,15 +116,52 @@ def test_chunked_prefill_and_speculative_steps(sq):
     run_and_check([sq, 300, 1025, 4000], 64, sq=sq, hq=16, hkv=4)
 
 
-@pytest.mark.parametrize("page_size", [16, 64, 256])
-def test_chunked_prefill_on_gathered_pages(page_size):
-    """512-row chunks: the pages are gathered and the forward's ragged kernel runs; one entry
-    has fewer keys than queries (its first rows see none: zeros)."""
+@pytest.mark.parametrize("page_size", [16, 64, 128, 256, 384])
+def test_chunked_prefill_in_place_or_on_gathered_pages(page_size, monkeypatch):
+    """512-row chunks on the forward's ragged kernel: reading the pages in place where a page
+    holds a whole key tile (128 keys or more under the defaults; 384 keys: tiles of 128),
+    else on the gathered pages; one entry has fewer keys than queries (its first rows see
+    none: zeros). Odd lengths end inside pages whose rest is NaN."""
+    from tiledattention import _paged
+
     assert tiledattention.explain_paged(
         torch.empty(4, 16, 512, 128, device="cuda", dtype=torch.bfloat16),
         *paged_cache([600] * 4, page_size, 4, 128)[:4]).family == "forward"
-    run_and_check([700, 2000, 300, 4096], page_size, sq=512, hq=16, hkv=4)
+    real, gathered = _paged.gather_pages, []
+
+    def counting(*args):
+        gathered.append(args[0].shape[1])
+        return real(*args)
+
+    monkeypatch.setattr(_paged, "gather_pages", counting)
+    run_and_check([700, 2001, 300, 4097], page_size, sq=512, hq=16, hkv=4)
     run_and_check([700, 2000, 300, 4096], page_size, sq=512, hq=16, hkv=4, window=(255, 0))
+    run_and_check([1025, 513], page_size, sq=512, hq=8, hkv=1, causal=False)
+    assert bool(gathered) == (page_size < 128), gathered
+
+
+def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():
+    """The in-place kernel itself at the smallest tile, fp16, grouped heads, called directly
+    (the lookup gathers pages of 64 under its 128-key tiles)."""
+    import dataclasses
+
+    from tiledattention import FORWARD
+    from tiledattention._paged import _forward_in_place, paged_problem
+
+    lengths = [1000, 64, 2049]
+    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, 64, 2, 64, torch.float16, 3)
+    q = torch.randn(3, 8, 256, 64, device="cuda", dtype=torch.float16)
+    problem, longest = paged_problem(q, k_pages, table, True, None, None, None, max(lengths))
+    schedule = dataclasses.replace(FORWARD.default_schedule("sm_90", problem), tile_m=64,
+                                   tile_n=64)
+    assert FORWARD.reads_pages_with(problem, schedule)
+    with torch.no_grad():
+        out = _forward_in_place(FORWARD, problem, schedule, q, k_pages, v_pages, table, seqused,
+                                longest, None, None)
+    want = reference(q, caches)
+    assert not out.isnan().any()
+    for b in range(len(lengths)):
+        assert rel_l2(out[b], want[b]) < TOL[q.dtype], b
 
 
 def test_without_a_mask_and_with_a_window():

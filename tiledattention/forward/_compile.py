@@ -47,6 +47,9 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
     else:
         q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
         kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    if p.page_size:  # page pools [pages, page_size, H_kv, D], as many pages as the keys fill
+        pages = p.batch * -(-p.seqlen_k // p.page_size)
+        kv_like = array_constraint(p.dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
     runtime = {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
                "qk_scale": ctc.ScalarConstraint(ct.float32),
                "heads_q": ctc.ScalarConstraint(ct.int32), "group": ctc.ScalarConstraint(ct.int32)}
@@ -59,6 +62,8 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
         runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
     if constants.get("RAGGED"):  # the int32 [4, sequences] query and key ranges
         runtime["Ranges"] = array_constraint("int32", (4, p.batch))
+    if constants.get("PAGED"):  # the block table
+        runtime["Pages"] = array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
     if constants.get("WORK_TABLE"):  # the int32 [2, items] work table of a skewed ragged call
         items = p.batch * -(-p.seqlen_q // constants["TILE_M"])
         runtime["Work"] = array_constraint("int32", (2, items))

@@ -24,7 +24,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from .._kernel_ranges import sequence_view
+from .._kernel_ranges import page_rows, sequence_length, sequence_view
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -85,17 +85,19 @@ def _window_tiles(first_row, seqlen_k, window_left, window_right, *, TILE_M, TIL
 
 
 def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, window_left,
-                   window_right, softcap, Sinks, Ranges, TILE_M, TILE_N, TILE_D, TILE_D2,
+                   window_right, softcap, Sinks, Ranges, Pages, TILE_M, TILE_N, TILE_D, TILE_D2,
                    CAUSAL, BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY,
                    V_LATENCY, ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED, STORE_LSE,
-                   WINDOW, SOFTCAP, SINKS, RAGGED, PACKED):
+                   WINDOW, SOFTCAP, SINKS, RAGGED, PACKED, PAGED, PAGE_ROWS):
     """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of (batch x head) ``bh``.
 
     ``RAGGED``: the batch index is a sequence's, and every array is cut to that sequence's
     query or key range (``Ranges``: ``[4, sequences]`` int32 rows of query starts, query ends,
     key starts, key ends), so its lengths, masks and alignment are the sequence's own; a tile
     past the sequence's queries does nothing. ``PACKED``: the sequences lie end to end in one
-    ``[1, H, tokens, D]`` view (loads use batch 0); else each is a batch entry of its own."""
+    ``[1, H, tokens, D]`` view (loads use batch 0); else each is a batch entry of its own.
+    ``PAGED``: K and V are page pools; the sequence's keys, as many as its key range holds (at
+    most its block table's pages), lie in the pages ``Pages[sequence]`` names."""
     batch = bh // heads_q
     head = bh % heads_q
     if RAGGED:
@@ -104,8 +106,12 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, w
             batch = 0
         Q = sequence_view(Q, Ranges, seq, 0)
         if q_tile * TILE_M < Q.shape[2]:
-            K = sequence_view(K, Ranges, seq, 2)
-            V = sequence_view(V, Ranges, seq, 2)
+            paged_keys = 0
+            if PAGED:
+                paged_keys = min(sequence_length(Ranges, seq, 2), Pages.shape[1] * K.shape[1])
+            else:
+                K = sequence_view(K, Ranges, seq, 2)
+                V = sequence_view(V, Ranges, seq, 2)
             Out = sequence_view(Out, Ranges, seq, 0)
             if STORE_LSE:
                 Lse = sequence_view(Lse, Ranges, seq, 0)
@@ -118,7 +124,8 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, w
                          ALLOW_TMA=ALLOW_TMA, KV_SAWTOOTH=KV_SAWTOOTH,
                          CHECK_BOUNDS=CHECK_BOUNDS, SPLIT_MASKED=SPLIT_MASKED,
                          STORE_LSE=STORE_LSE, WINDOW=WINDOW, SOFTCAP=SOFTCAP, SINKS=SINKS,
-                         RAGGED=RAGGED)
+                         RAGGED=RAGGED, seq=seq, paged_keys=paged_keys, Pages=Pages,
+                         PAGED=PAGED, PAGE_ROWS=PAGE_ROWS)
     else:
         _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group,
                      window_left=window_left, window_right=window_right, softcap=softcap,
@@ -127,17 +134,19 @@ def _attend_q_tile(Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, *, w
                      APPROX_DIV=APPROX_DIV, K_TRANSPOSED=K_TRANSPOSED, K_LATENCY=K_LATENCY,
                      V_LATENCY=V_LATENCY, ALLOW_TMA=ALLOW_TMA, KV_SAWTOOTH=KV_SAWTOOTH,
                      CHECK_BOUNDS=CHECK_BOUNDS, SPLIT_MASKED=SPLIT_MASKED, STORE_LSE=STORE_LSE,
-                     WINDOW=WINDOW, SOFTCAP=SOFTCAP, SINKS=SINKS, RAGGED=RAGGED)
+                     WINDOW=WINDOW, SOFTCAP=SOFTCAP, SINKS=SINKS, RAGGED=RAGGED, seq=batch,
+                     paged_keys=0, Pages=Pages, PAGED=False, PAGE_ROWS=PAGE_ROWS)
 
 
 def _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group, *, window_left,
                  window_right, softcap, Sinks, TILE_M, TILE_N, TILE_D, TILE_D2, CAUSAL,
                  BOTTOM_RIGHT, EVEN_K, EXP2, APPROX_DIV, K_TRANSPOSED, K_LATENCY, V_LATENCY,
                  ALLOW_TMA, KV_SAWTOOTH, CHECK_BOUNDS, SPLIT_MASKED, STORE_LSE, WINDOW,
-                 SOFTCAP, SINKS, RAGGED):
+                 SOFTCAP, SINKS, RAGGED, seq, paged_keys, Pages, PAGED, PAGE_ROWS):
     """Query tile ``q_tile`` of ``batch``'s query head ``head`` (:func:`_attend_q_tile`). With
     ``TILE_D2`` the head dim is two parts: ``q``/``acc`` the first ``TILE_D`` columns,
-    ``q2``/``acc2`` the next ``TILE_D2``."""
+    ``q2``/``acc2`` the next ``TILE_D2``. ``PAGED``: sequence ``seq``'s ``paged_keys`` keys are
+    read from its pages."""
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
     kv_head = head // group
@@ -154,6 +163,8 @@ def _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group, *, win
 
     rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
     seqlen_k = K.shape[2]
+    if PAGED:
+        seqlen_k = paged_keys
     if BOTTOM_RIGHT:
         # row i sees keys 0..i + offset; negative when S_q > S_k (early rows then see none)
         offset = seqlen_k - Q.shape[2]
@@ -188,6 +199,9 @@ def _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group, *, win
 
     def load_kv(A, j, part, width, latency):
         """``[TILE_N, width]`` of key / value tile ``j``, head-dim columns ``part * width`` on."""
+        if PAGED:
+            return page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency,
+                             PAD)
         tile = ct.load(A, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
                        padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                        latency=ct.static_eval(latency or None), allow_tma=ALLOW_TMA)
@@ -195,7 +209,7 @@ def _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group, *, win
 
     def load_k(j, part, width):
         """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with ``K_TRANSPOSED``)."""
-        if K_TRANSPOSED:
+        if ct.static_eval(K_TRANSPOSED and not PAGED):
             k = ct.load(K, index=(batch, kv_head, part, j), shape=(1, 1, width, TILE_N),
                         order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                         latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
@@ -225,9 +239,17 @@ def _attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, qk_scale, group, *, win
             qk = ct.where(keep, qk, -np.inf)
         p, m_i, l_i, acc, alpha = _online_softmax(qk, m_i, l_i, acc, scale, EXP2=EXP2)
         v = load_kv(V, j, 0, width=TILE_D, latency=V_LATENCY)  # [TILE_N, TILE_D]
+        if ct.static_eval(PAGED):
+            # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is not 0
+            key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # [TILE_N, 1]
+            if masked:
+                v = ct.where(key_rows < seqlen_k, v, 0.0)
         acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
         if TILE_D2:
             v2 = load_kv(V, j, TILE_D // TILE_D2, width=TILE_D2, latency=V_LATENCY)
+            if ct.static_eval(PAGED):
+                if masked:
+                    v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
             acc2 = ct.mma(p.astype(q.dtype), v2, acc2 * alpha)  # [TILE_M, TILE_D2]
         return m_i, l_i, acc, acc2
 
@@ -354,6 +376,7 @@ def attention_fwd(
     Sinks,  # SINKS: [H_q] float32 sink logits (natural log, unscaled); else a placeholder int
     Ranges,  # RAGGED: [4, sequences] int32 query starts, query ends, key starts, key ends
     Work,  # WORK_TABLE: [2, items] int32 work items: sequences (-1: none) and query tiles
+    Pages,  # PAGED: int32 [sequences, max_pages] block table (K, V: page pools); else ()
     TILE_M: ConstInt, TILE_N: ConstInt,
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
@@ -376,19 +399,22 @@ def attention_fwd(
     WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs query head i % heads_q of Work's item
     # i // heads_q (only the tiles sequences have; longest sequences first), not the longest
     # sequence's tiles for every sequence
+    PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; sequence s's keys
+    # (Ranges' key range counts them) lie in the pages Pages[s] names
+    PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
 ):
     num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
 
     def attend_tile(q_tile, bh):
         _attend_q_tile(
             Q, K, V, Out, Lse, q_tile, bh, qk_scale, heads_q, group, window_left=window_left,
-            window_right=window_right, softcap=softcap, Sinks=Sinks, Ranges=Ranges,
+            window_right=window_right, softcap=softcap, Sinks=Sinks, Ranges=Ranges, Pages=Pages,
             TILE_M=TILE_M, TILE_N=TILE_N, TILE_D=TILE_D, TILE_D2=TILE_D2, CAUSAL=CAUSAL,
             BOTTOM_RIGHT=BOTTOM_RIGHT, EVEN_K=EVEN_K, EXP2=EXP2, APPROX_DIV=APPROX_DIV,
             K_TRANSPOSED=K_TRANSPOSED, K_LATENCY=K_LATENCY, V_LATENCY=V_LATENCY,
             ALLOW_TMA=ALLOW_TMA, KV_SAWTOOTH=KV_SAWTOOTH, CHECK_BOUNDS=CHECK_BOUNDS,
             SPLIT_MASKED=SPLIT_MASKED, STORE_LSE=STORE_LSE, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-            SINKS=SINKS, RAGGED=RAGGED, PACKED=PACKED)
+            SINKS=SINKS, RAGGED=RAGGED, PACKED=PACKED, PAGED=PAGED, PAGE_ROWS=PAGE_ROWS)
 
     def attend_slot(slot, bh):
         """Query tile ``slot`` (mirrored with ``LONGEST_FIRST``), or with ``PAIRED`` the tiles

@@ -20,7 +20,9 @@ logits), ``Ranges`` (``RAGGED``, the int32 ``[4, sequences]`` query and key rang
 ragged batch; ``PACKED`` says whether its sequences lie end to end in one batch entry, a
 property of the call's layout that the launcher passes, not of the problem) and ``Work``
 (``WORK_TABLE``, a ragged call's int32 ``[2, items]`` table of query tiles, which the launcher
-builds where the lengths are skewed: ``launch_ragged``). A value its constant leaves unread
+builds where the lengths are skewed: ``launch_ragged``), then ``Pages`` (``PAGED``, a paged
+cache's int32 ``[sequences, max_pages]`` block table; K and V are page pools and the ranges'
+key rows count each sequence's keys). A value its constant leaves unread
 gets :data:`UNUSED`, an empty tuple, which takes no bytes of the kernel's parameter space. Not
 an int like ``Lse``'s: on sm_90 the TMA descriptors sit after the parameters at the next
 64-byte boundary, and the plain forward's parameters end exactly on one (176 bytes from 0x210),
@@ -40,7 +42,7 @@ from typing import Any, Mapping
 
 from .._lazy import lazy_module
 from .._signature import KernelParameters
-from .._problem import Problem, head_dim_parts
+from .._problem import Problem, head_dim_parts, page_tile
 from .._work_table import make_work_table, use_work_table, work_items
 from ..errors import KernelArgumentError
 from ._schedule import Schedule
@@ -55,7 +57,8 @@ __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_con
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
 RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group", "Lse",
-                      "window_left", "window_right", "softcap", "Sinks", "Ranges", "Work")
+                      "window_left", "window_right", "softcap", "Sinks", "Ranges", "Work",
+                      "Pages")
 
 #: What ``Lse`` receives when ``STORE_LSE`` is off: an int32 scalar that no code reads.
 NO_LSE = 0
@@ -65,7 +68,8 @@ NO_LSE = 0
 UNUSED = ()
 #: the variants' runtime values, each with the constant under which the kernel reads it
 _VARIANT_VALUES = (("window_left", "WINDOW"), ("window_right", "WINDOW"), ("softcap", "SOFTCAP"),
-                   ("Sinks", "SINKS"), ("Ranges", "RAGGED"), ("Work", "WORK_TABLE"))
+                   ("Sinks", "SINKS"), ("Ranges", "RAGGED"), ("Work", "WORK_TABLE"),
+                   ("Pages", "PAGED"))
 
 
 # -- the kernel's signature ---------------------------------------------------------------------
@@ -180,6 +184,10 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("persistent", problem.ragged, "a ragged batch runs one query tile per CTA"),
         ("paired_tiles", problem.ragged, "a ragged batch runs one query tile per CTA"),
         ("unchecked_loads", problem.ragged, "a ragged batch's sequences end inside tiles"),
+        ("k_transposed", problem.page_size > 0, "a paged cache's keys load as rows of pages"),
+        ("split_masked", problem.page_size > 0,
+         "a paged cache always walks its masked key tiles apart (value rows past a sequence's "
+         "keys are zeroed there only)"),
         # split_d: two parts only where they cover fewer columns than one padded part
         ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
          "the head dim is a power of two, or two parts would pad as much as one"),
@@ -230,7 +238,9 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "KV_SAWTOOTH": s.kv_sawtooth,
         "LONGEST_FIRST": s.longest_first,
         "CHECK_BOUNDS": not s.unchecked_loads,
-        "SPLIT_MASKED": s.split_masked,
+        # a paged cache zeroes value rows past the keys in masked tiles: a per-step mask test
+        # around that stalled the kernel (0.25x on an H200), so its masked tiles walk apart
+        "SPLIT_MASKED": s.split_masked or problem.page_size > 0,
         "PERSISTENT": s.persistent,
         "PAIRED": s.paired_tiles,
         "STORE_LSE": False,  # kernel_args turns it on when given an lse array
@@ -240,6 +250,9 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "RAGGED": problem.ragged,
         "PACKED": False,  # kernel_args turns it on for a packed layout
         "WORK_TABLE": False,  # kernel_args turns it on with a ragged call's work table
+        "PAGED": problem.page_size > 0,
+        # keys per load from a page: a load never straddles two pages
+        "PAGE_ROWS": min(s.tile_n, page_tile(problem.page_size)) if problem.page_size else 0,
     }
 
 
@@ -263,7 +276,7 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
                 scale: float, lse: Any = None, sinks: Any = None, ranges: Any = None,
-                packed: bool = False, work: Any = None) -> tuple:
+                packed: bool = False, work: Any = None, pages: Any = None) -> tuple:
     """The positional arguments of ``attention_fwd`` for ``ct.launch``. With ``lse`` (a float32
     ``[B, H_q, S_q]`` array) the kernel also stores each query row's log-sum-exp there
     (``STORE_LSE``); without it ``Lse`` gets the placeholder :data:`NO_LSE`. ``sinks``: the
@@ -271,13 +284,15 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
     ``[4, sequences]`` ranges, given exactly when ``problem.ragged`` (``packed``: the arrays
     are ``[1, H, tokens, D]`` views of packed sequences; ``work``: a ragged call's int32
     ``[2, items]`` work table, ``tiledattention._work_table``, for a 1-D grid of
-    ``items x H_q`` CTAs). The window and the softcap come from ``problem``; values the kernel
-    does not read get :data:`UNUSED`."""
+    ``items x H_q`` CTAs; ``pages``: a paged problem's int32 block table, ``k`` and ``v`` then
+    page pools). The window and the softcap come from ``problem``; values the kernel does not
+    read get :data:`UNUSED`."""
     if work is not None and ranges is None:
         raise KernelArgumentError(f"a work table comes only with a ragged call's ranges; got one "
                                   f"without them for {problem.describe()}")
     for name, given, wanted in (("sinks", sinks, problem.sinks),
-                                ("ranges", ranges, problem.ragged)):
+                                ("ranges", ranges, problem.ragged),
+                                ("pages", pages, problem.page_size > 0)):
         if (given is not None) != wanted:
             raise KernelArgumentError(
                 f"{name} must be given exactly when the problem has {name}; got "
@@ -291,7 +306,8 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
                "softcap": problem.softcap if problem.softcap > 0 else UNUSED,
                "Sinks": UNUSED if sinks is None else sinks,
                "Ranges": UNUSED if ranges is None else ranges,
-               "Work": UNUSED if work is None else work}
+               "Work": UNUSED if work is None else work,
+               "Pages": UNUSED if pages is None else pages}
     constants = _constants(problem, schedule)
     if lse is not None or packed or work is not None:
         constants = kernel_constants(problem, schedule, store_lse=lse is not None,
@@ -358,11 +374,12 @@ def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, pro
 
 def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, problem: Problem,
                   schedule: Schedule, scale: float, longest_q: int, *, packed: bool,
-                  lse: Any = None, sinks: Any = None) -> None:
+                  lse: Any = None, sinks: Any = None, pages: Any = None) -> None:
     """Enqueue the forward of a ragged batch (``problem.ragged``): ``q, k, v, out`` (and
     ``lse``) as ``[B, H, S, D]`` arrays (``packed``: ``[1, H, tokens, D]`` views), ``ranges``
     the int32 ``[4, sequences]`` query and key ranges, ``longest_q`` at least the longest
-    sequence's query count. Rows outside every sequence are not written.
+    sequence's query count (``pages``: a paged problem's block table, ``k`` and ``v`` then page
+    pools). Rows outside every sequence are not written.
 
     Where the grid of the longest sequence's tiles would launch many idle CTAs (skewed lengths,
     ``_work_table``), the launch walks a work table instead, built on ``stream`` by one small
@@ -375,10 +392,10 @@ def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, pr
                       heads=problem.heads_q, tile_m=schedule.tile_m):
         ct.launch(stream, (items * problem.heads_q, 1, 1), kernel_for(schedule),
                   kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
-                              ranges=ranges, packed=packed,
+                              ranges=ranges, packed=packed, pages=pages,
                               work=make_work_table(stream, ranges, schedule.tile_m, items)))
         return
     grid = ragged_grid(schedule, problem.heads_q, sequences, longest_q)
     ct.launch(stream, grid, kernel_for(schedule),
               kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
-                          ranges=ranges, packed=packed))
+                          ranges=ranges, packed=packed, pages=pages))

@@ -22,7 +22,7 @@ import dataclasses
 import warnings
 from typing import Any
 
-from tiledattention import InputValueError, UnsupportedOperationError, families
+from tiledattention import InputValueError, families
 from tiledattention.tooling import check_arch
 
 from ..errors import UsageError
@@ -216,17 +216,19 @@ def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, 
         return [step(family.name, family, why)]
     if not isinstance(problem, Problem):
         raise UsageError("without --kernel, explain needs an attention problem")
-    try:
-        family, why = explain_choice(args.device, problem)
-    except UnsupportedOperationError as error:
-        if not getattr(problem, "page_size", 0):
-            raise
-        # no family reads these pages in place: the call gathers them and runs this problem
-        # without pages (tiledattention.paged_attention)
-        gathered = dataclasses.replace(problem, page_size=0)
-        family, why = explain_choice(args.device, gathered)
-        why = f"{error}: the call gathers its pages first, then {why}"
-        problem = gathered
+    family, why = explain_choice(args.device, problem)
+    if getattr(problem, "page_size", 0):
+        # a family reads these pages in place only with some schedules (its default: paged
+        # problems have no tuned rows of the forward); else the call gathers them and runs this
+        # problem without pages (tiledattention.paged_attention)
+        schedule = family.default_schedule(args.device, problem)
+        if not family.reads_pages_with(problem, schedule):
+            gathered = dataclasses.replace(problem, page_size=0)
+            family, then = explain_choice(args.device, gathered)
+            why = (f"{why}; but its schedule's key tiles ({schedule.describe()}) span several "
+                   f"pages of {problem.page_size} keys: the call gathers its pages first, then "
+                   f"{then}")
+            problem = gathered
     return [step("sdpa", family, why)]
 
 
