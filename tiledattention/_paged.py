@@ -177,9 +177,11 @@ def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> to
 
 
 def _in_place(runtime: Runtime, family: Any, problem: Any, device: int) -> Any:
-    """The forward's :class:`Resolution` for a long query run's ragged bucket ``problem``
-    where its schedule reads the pages in place, else ``None`` (they are gathered)."""
-    resolution = runtime.resolution(family, problem, device)
+    """The forward's :class:`Resolution` for a long query run's ragged bucket ``problem`` where
+    its schedule reads the pages in place, else ``None`` (they are gathered). The schedule is
+    the bucket's without pages (the one the gathered call looks up): pages change where keys
+    lie, not the work, and the forward has no tuned paged rows."""
+    resolution = runtime.resolution(family, dataclasses.replace(problem, page_size=0), device)
     return resolution if family.reads_pages_with(problem, resolution.schedule) else None
 
 
@@ -225,9 +227,9 @@ def _gathered_forward(runtime: Runtime, q, k_pages, v_pages, block_table, sequse
 def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
                   causal: Any = True, window: Any = None, softcap: Any = None,
                   sinks: Any = None, max_k: Optional[int] = None):
-    """The :class:`Resolution` a paged call gets: its bucket's, on the family that reads its
-    pages; or, where none does (long query runs), the ragged forward's that runs on the
-    gathered pages."""
+    """The :class:`Resolution` a paged call gets: a decode step's bucket's, on the split-KV
+    kernels; a long query run's ragged bucket without pages, on the forward's kernel (reading
+    the pages in place or gathered)."""
     _check(q, k_pages, v_pages, block_table, seqused_k)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k)
@@ -236,11 +238,7 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
     family = reader(arch, shape)
-    if family is not None and family.name == "forward":
-        resolution = _in_place(runtime, family, problem, device)
-        if resolution is not None:
-            return resolution
-    elif family is not None:
+    if family is not None and family.name != "forward":
         return runtime.resolution(family, family.plan_problem(shape), device)
     gathered = dataclasses.replace(problem, page_size=0)
     family = choose_family(arch, gathered, "sdpa_with_lse")

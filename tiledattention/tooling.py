@@ -10,6 +10,7 @@ from ._compile import check_arch, generation
 from ._cubin import text_digest
 from ._family import codecs, serving
 from ._lookup import Resolver, pick
+from ._problem import page_tile
 from ._provenance import Provenance, current_provenance
 from ._ragged import ragged_problem
 from ._reference import attention_reference, varlen_reference, visible_keys
@@ -18,6 +19,6 @@ from ._settings import simulated_database_location
 
 __all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "attention_reference",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
-           "paged_lengths", "pick", "ragged_lengths",
+           "page_tile", "paged_lengths", "pick", "ragged_lengths",
            "ragged_problem", "serving", "simulated_database_location", "text_digest",
            "torch_sdpa_kwargs", "varlen_reference", "visible_keys"]

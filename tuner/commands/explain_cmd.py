@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from tiledattention import InputValueError, families
-from tiledattention.tooling import check_arch
+from tiledattention.tooling import check_arch, page_tile
 
 from ..errors import UsageError
 
@@ -217,18 +217,13 @@ def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, 
     if not isinstance(problem, Problem):
         raise UsageError("without --kernel, explain needs an attention problem")
     family, why = explain_choice(args.device, problem)
-    if getattr(problem, "page_size", 0):
-        # a family reads these pages in place only with some schedules (its default: paged
-        # problems have no tuned rows of the forward); else the call gathers them and runs this
-        # problem without pages (tiledattention.paged_attention)
-        schedule = family.default_schedule(args.device, problem)
-        if not family.reads_pages_with(problem, schedule):
-            gathered = dataclasses.replace(problem, page_size=0)
-            family, then = explain_choice(args.device, gathered)
-            why = (f"{why}; but its schedule's key tiles ({schedule.describe()}) span several "
-                   f"pages of {problem.page_size} keys: the call gathers its pages first, then "
-                   f"{then}")
-            problem = gathered
+    if getattr(problem, "page_size", 0) and family.name == "forward":
+        # a long query run looks its schedule up without pages (tiledattention.paged_attention)
+        why = (f"{why}; a long query run over pages of {problem.page_size} keys looks up the "
+               f"schedule of the same call without pages, reads the pages in place where one "
+               f"holds a whole key tile of it (tile_n <= {page_tile(problem.page_size)}) and "
+               f"gathers them first otherwise")
+        problem = dataclasses.replace(problem, page_size=0)
     return [step("sdpa", family, why)]
 
 
