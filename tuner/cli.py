@@ -33,6 +33,8 @@ COMMANDS = {
     "restamp": ("tuner.commands.restamp_cmd",
                 "carry rows over a template change that left their compiled code unchanged"),
     "hub-build": ("tuner.commands.hub_cmd", "lay out a Hugging Face Kernel Hub kernel (-o DIR)"),
+    "profile": ("tuner.commands.profile_cmd",
+                "a schedule's kernels under Nsight Compute: table and roofline (GPU + ncu)"),
 }
 
 

@@ -5,7 +5,7 @@ Which error is which, by who can act on it:
 
 - the user (a command line, a file, the environment): :class:`UsageError`,
   :class:`StudyMismatchError`, :class:`StorageError`, :class:`UnreadableFile`,
-  :class:`RestampError`, :class:`HubBuildError`. ``tiledtune`` prints these as one line and
+  :class:`RestampError`, :class:`HubBuildError`, :class:`ProfileUnavailable`. ``tiledtune`` prints these as one line and
   exits with status 2
   (:data:`USER_ERRORS` lists them with the runtime's and the database's of the same kind);
 - the measurement (a candidate's worker crashed, hung or could not be captured):
@@ -23,7 +23,8 @@ from db import DatabaseUnavailable, OutputRefused, RecordError, SchemaTooNew
 from tiledattention import InputValueError, ScheduleDatabaseError, TiledAttentionError
 
 __all__ = ["TunerError", "UsageError", "StudyMismatchError", "UnreadableFile", "StorageError",
-           "RestampError", "HubBuildError", "MeasurementError", "WorkerDied", "WorkerTimeout",
+           "RestampError", "HubBuildError", "ProfileUnavailable", "MeasurementError",
+           "WorkerDied", "WorkerTimeout",
            "GraphCaptureError", "TunerValueError", "TunerTypeError", "NotMeasuredError",
            "NotRunnable", "USER_ERRORS"]
 
@@ -57,6 +58,11 @@ class StorageError(TunerError, RuntimeError):
 class RestampError(TunerError, RuntimeError):
     """``restamp`` cannot run the old revision's code (not a git checkout, the old code failed,
     or another copy of the package was imported)."""
+
+
+class ProfileUnavailable(TunerError, RuntimeError):
+    """``tiledtune profile`` cannot profile here (no GPU, no ``ncu``, no permission to read the
+    performance counters, or ncu failed): the message says which and how to fix it."""
 
 
 class HubBuildError(TunerError, RuntimeError):
@@ -112,5 +118,5 @@ class NotMeasuredError(TunerError, KeyError):
 #: is a bug (``tuner.cli``).
 USER_ERRORS: tuple[type[Exception], ...] = (
     UsageError, StudyMismatchError, StorageError, UnreadableFile, RestampError, HubBuildError,
-    InputValueError, ScheduleDatabaseError, DatabaseUnavailable, SchemaTooNew, RecordError,
+    ProfileUnavailable, InputValueError, ScheduleDatabaseError, DatabaseUnavailable, SchemaTooNew, RecordError,
     OutputRefused)
