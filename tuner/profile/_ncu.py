@@ -96,6 +96,7 @@ def run_profile(ncu: str, family: Any, problem: Any, schedule: Any, workdir: Pat
                                    "schedule": schedule.to_dict()}))
     report = workdir / label
     _run(ncu_command(ncu, report, request), timeout)
-    text = _run([ncu, "--import", str(report) + ".ncu-rep", "--csv", "--page", "raw"], timeout)
+    text = _run([ncu, "--import", str(report) + ".ncu-rep", "--csv", "--page", "raw",
+                 "--print-units", "base"], timeout)
     (workdir / f"{label}.csv").write_text(text)
     return text

@@ -1,6 +1,7 @@
 """Nsight Compute's raw CSV page (``ncu --import REPORT --csv --page raw``) into one record per
 profiled kernel launch: a header row of metric names, a row of their units, then one row per
-launch. Numbers come with thousands separators ("1,287,456"); "n/a" is missing."""
+launch. Numbers come with thousands separators ("1,287,456") and, unless ncu printed base
+units, scaled units ("us", "Mbyte"): records hold times in ns and sizes in bytes."""
 
 from __future__ import annotations
 
@@ -34,12 +35,25 @@ class KernelRecord:
         return value if isinstance(value, float) else None
 
 
-def _value(text: str) -> float | str:
+#: unit prefixes ncu scales numbers by (its "auto" units; ``--print-units base`` prints none):
+#: unit -> (base unit, factor)
+_SCALED = {"ns": ("ns", 1.0), "nsecond": ("ns", 1.0), "us": ("ns", 1e3), "usecond": ("ns", 1e3),
+           "ms": ("ns", 1e6), "msecond": ("ns", 1e6), "s": ("ns", 1e9), "second": ("ns", 1e9),
+           "byte": ("byte", 1.0), "Kbyte": ("byte", 1e3), "Mbyte": ("byte", 1e6),
+           "Gbyte": ("byte", 1e9), "Tbyte": ("byte", 1e12),
+           "byte/block": ("byte/block", 1.0), "Kbyte/block": ("byte/block", 1e3),
+           "Mbyte/block": ("byte/block", 1e6)}
+
+
+def _value(text: str, unit: str) -> tuple[float | str, str]:
+    """``text`` as a number in the base unit of ``unit`` (ns, bytes), and that unit."""
     text = text.strip()
     try:
-        return float(text.replace(",", ""))
+        number = float(text.replace(",", ""))
     except ValueError:
-        return text
+        return text, unit
+    base, factor = _SCALED.get(unit, (unit, 1.0))
+    return number * factor, base
 
 
 def parse_raw_csv(text: str, source: str = "ncu output") -> list[KernelRecord]:
@@ -60,9 +74,11 @@ def parse_raw_csv(text: str, source: str = "ncu output") -> list[KernelRecord]:
     for row in launches:
         if len(row) != len(header):
             continue  # a line the profiled program printed after the page
-        values = {name: _value(cell) for name, cell in zip(header, row)}
+        units = units + [""] * (len(header) - len(units))
+        read = {name: _value(cell, unit) for name, cell, unit in zip(header, row, units)}
+        values = {name: value for name, (value, _) in read.items()}
         records.append(KernelRecord(name=str(values["Kernel Name"]), values=values,
-                                    units=dict(zip(header, units))))
+                                    units={name: unit for name, (_, unit) in read.items()}))
     if not records:
         raise UnreadableFile(f"{source}: the raw page lists no kernel launch (no kernel ran "
                              f"between cudaProfilerStart and cudaProfilerStop?)")
