@@ -27,8 +27,8 @@ class KernelRecord:
 
     @property
     def short_name(self) -> str:
-        """The kernel's name without cuTile's specialisation suffix (``_A4bf16_...``)."""
-        return re.split(r"_[A-Z]\d", self.name, maxsplit=1)[0] or self.name
+        """The kernel's name without cuTile's specialisation suffix (``_Kt2_A4bf16_...``)."""
+        return re.split(r"_Kt\d+(?:_|$)|_[A-Z]\d", self.name, maxsplit=1)[0] or self.name
 
     def number(self, metric: str) -> float | None:
         value = self.values.get(metric)
