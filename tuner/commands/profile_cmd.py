@@ -121,10 +121,13 @@ def run(args: argparse.Namespace) -> int:
     specs = [args.schedule or args.source or "looked-up"]
     if args.compare is not None:
         specs.append(args.compare)
+    # given and default schedules are checked before anything else; looked-up ones need the GPU
+    schedules = [None if spec == "looked-up" else _schedule(family, problem, args.device, spec)
+                 for spec in specs]
     ncu = check_profilable(args.device)  # ProfileUnavailable: one line, exit status 2
     import torch
 
-    schedules = [_schedule(family, problem, args.device, spec) for spec in specs]
+    schedules = [s or _schedule(family, problem, args.device, "looked-up") for s in schedules]
     ceilings = _ceilings(torch.cuda.current_device())
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
