@@ -23,8 +23,6 @@ from ._problems import SHAPE_SYNTAX, parse_problem_fields, parse_shape
 
 __all__ = ["configure", "run"]
 
-SOURCES = ("looked-up", "default")
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=_arch, required=True, metavar="SM_XX",
@@ -93,7 +91,7 @@ def _schedule(family: Any, problem: Any, arch: str, spec: str) -> tuple[str, Any
     return "given", schedule
 
 
-def _ceilings(device: int):
+def _ceilings():
     """The bf16 matrix-product rate and the copy rate, measured here before profiling."""
     import torch
 
@@ -125,10 +123,9 @@ def run(args: argparse.Namespace) -> int:
     schedules = [None if spec == "looked-up" else _schedule(family, problem, args.device, spec)
                  for spec in specs]
     ncu = check_profilable(args.device)  # ProfileUnavailable: one line, exit status 2
-    import torch
 
     schedules = [s or _schedule(family, problem, args.device, "looked-up") for s in schedules]
-    ceilings = _ceilings(torch.cuda.current_device())
+    ceilings = _ceilings()
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
     profiles = []
