@@ -123,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
     schedules = [None if spec == "looked-up" else _schedule(family, problem, args.device, spec)
                  for spec in specs]
     ncu = check_profilable(args.device)  # ProfileUnavailable: one line, exit status 2
-
     schedules = [s or _schedule(family, problem, args.device, "looked-up") for s in schedules]
     ceilings = _ceilings()
     if args.out is not None:
