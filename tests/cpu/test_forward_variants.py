@@ -46,8 +46,8 @@ ALL = _problem(seqlen_q=700, causal=True, bottom_right=True, window_left=128, so
 
 # -- (a) launcher logic ----------------------------------------------------------------------------
 def test_variant_values_are_the_last_runtime_parameters_after_lse():
-    assert RUNTIME_PARAMETERS[-7:] == ("Lse", "window_left", "window_right", "softcap", "Sinks",
-                                       "Ranges", "Work")
+    assert RUNTIME_PARAMETERS[-8:] == ("Lse", "window_left", "window_right", "softcap", "Sinks",
+                                       "Ranges", "Work", "Pages")
     names = kernel_parameters()
     assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
 
@@ -74,7 +74,7 @@ def test_a_plain_problem_passes_unused_placeholders():
     named = _runtime(kernel_args("q", "k", "v", "o", PLAIN, BASE, 0.125))
     assert UNUSED == ()
     assert named["Lse"] == NO_LSE
-    for name in ("window_left", "window_right", "softcap", "Sinks", "Ranges", "Work"):
+    for name in ("window_left", "window_right", "softcap", "Sinks", "Ranges", "Work", "Pages"):
         assert named[name] is UNUSED, name
 
 
