@@ -61,13 +61,15 @@ def varlen_window(problem: Any) -> tuple[int, int] | None:
 def _reads_pages(name: str) -> bool:
     """Whether tiledattention contender ``name`` may read a paged cache: the grid family's own
     (``tiledattention``, ``tiledattention-default``: its case decides), another family's
-    (``tiledattention-<f>``) where that family reads pages."""
+    (``tiledattention-<f>``) where that family reads pages and has a paged tuner case (the
+    forward reads pages for chunked prefill but has none: it runs the decode grid's default)."""
     if name in ("tiledattention", "tiledattention-default"):
         return True
     from tiledattention import InputValueError, get_family
 
     try:
-        return bool(get_family(name.removeprefix("tiledattention-")).reads_pages)
+        family = get_family(name.removeprefix("tiledattention-"))
+        return bool(family.reads_pages) and family.name != "forward"
     except InputValueError:  # an unknown family: its row says why it cannot run
         return True
 
