@@ -218,10 +218,19 @@ class Family(abc.ABC):
                     f"(the decode family runs paged calls)")
         return None
 
+    #: Whether the family's tuner case takes paged problems (its paged buckets can be tuned).
+    tunes_pages: ClassVar[bool] = False
+
     def reads_pages_with(self, problem: Any, schedule: Any) -> bool:
         """Whether this family's kernels read ``problem``'s pages in place under ``schedule``
         (else the caller gathers them into a contiguous cache first)."""
         return self.reads_pages
+
+    def paged_lookup(self, bucket: Any, shape: Any) -> Any:
+        """The problem a paged call's schedule is looked up for: ``bucket`` its paged bucket,
+        ``shape`` that bucket at the call's own batch and lengths (:meth:`plan_problem` of
+        ``shape`` unless the family says otherwise)."""
+        return self.plan_problem(shape)
 
     def check_pages(self, problem: Any) -> None:
         """Raise an :class:`UnsupportedProblemError` with :meth:`pages_refusal`'s reason."""

@@ -15,9 +15,9 @@ prefill) run on the forward family's ragged kernel. It reads the pages in place 
 holds a whole key tile of its schedule (``ForwardFamily.reads_pages_with``: pages of 128 keys or
 more under the sm_90 defaults); else each entry's pages are gathered into a contiguous copy
 first (:func:`gather_pages`: one read and one write of the keys), since a key tile joined from
-several pages stalls that kernel (docs/benchmarks/paged/). Nothing is read on the host: the lengths and the block
-table stay on the device, so a step is capturable in a CUDA graph and replays with new
-lengths and tables.
+several pages stalls that kernel (docs/benchmarks/paged/). Nothing is read on the host: the
+lengths and the block table stay on the device, so a step is capturable in a CUDA graph and
+replays with new lengths and tables.
 
 A decode step over pages is looked up by its batch, query count, page size and longest cache
 (``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
@@ -34,7 +34,6 @@ import torch
 
 from . import _plans as hot
 from ._device import device_info
-from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
                        check_attention_tensors, check_reach, default_scale, padded_head_dim,
                        sink_logits, variant_args)
@@ -127,16 +126,15 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
     family = reader(device_info(device).arch, shape)
-    if family is not None and family.name == "forward":  # long query runs (chunked prefill)
-        resolution = _in_place(runtime, family, problem, device)
-        if resolution is not None:
-            return _forward_in_place(family, problem, resolution.schedule, q, k_pages, v_pages,
-                                     block_table, seqused_k, longest, scale, sinks)
-        family = None
-    if family is None:  # the pages gathered first
-        return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k, longest,
-                                 causal=causal, scale=scale, window=window, softcap=softcap,
-                                 sinks=sinks)
+    if family.name == "forward":  # a long query run (chunked prefill)
+        resolution = _in_place(runtime, family, problem, shape, device)
+        if resolution is None:  # its key tiles span pages: the pages gathered first
+            return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k,
+                                     longest, causal=causal, scale=scale, window=window,
+                                     softcap=softcap, sinks=sinks)
+        return _forward_in_place(family, problem, resolution.schedule, q, k_pages, v_pages,
+                                 block_table, seqused_k, longest, scale, sinks)
+    # a decode step: the split-KV kernels' kept plan
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
@@ -150,8 +148,9 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
 
 
 def reader(arch: str, shape: Any) -> Any:
-    """The family whose kernels read this paged call's pages in place (the first in dispatch
-    order that reads pages and takes it), or ``None``: its pages are gathered first."""
+    """The family whose kernels read this paged call's pages (the first in dispatch order that
+    reads pages and takes it: the decode family for decode steps, else the forward, which may
+    still gather them, ``reads_pages_with``)."""
     return next((f for f in serving("sdpa") if f.reads_pages and f.takes(arch, shape)), None)
 
 
@@ -176,12 +175,11 @@ def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> to
     return copy.view(block_table.shape[0], width * page_size, *pool.shape[2:]).transpose(1, 2)
 
 
-def _in_place(runtime: Runtime, family: Any, problem: Any, device: int) -> Any:
-    """The forward's :class:`Resolution` for a long query run's ragged bucket ``problem`` where
-    its schedule reads the pages in place, else ``None`` (they are gathered). The schedule is
-    the bucket's without pages (the one the gathered call looks up): pages change where keys
-    lie, not the work, and the forward has no tuned paged rows."""
-    resolution = runtime.resolution(family, dataclasses.replace(problem, page_size=0), device)
+def _in_place(runtime: Runtime, family: Any, problem: Any, shape: Any, device: int) -> Any:
+    """The forward's :class:`Resolution` for a long query run's ragged bucket ``problem``
+    (looked up as ``family.paged_lookup``) where its schedule reads the pages in place, else
+    ``None`` (they are gathered)."""
+    resolution = runtime.resolution(family, family.paged_lookup(problem, shape), device)
     return resolution if family.reads_pages_with(problem, resolution.schedule) else None
 
 
@@ -237,12 +235,8 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     arch = device_info(device).arch
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
-    family = reader(arch, shape)
-    if family is not None and family.name != "forward":
-        return runtime.resolution(family, family.plan_problem(shape), device)
-    gathered = dataclasses.replace(problem, page_size=0)
-    family = choose_family(arch, gathered, "sdpa_with_lse")
-    return runtime.resolution(family, gathered, device)
+    family = reader(arch, shape)  # the forward reads every paged problem no other family does
+    return runtime.resolution(family, family.paged_lookup(problem, shape), device)
 
 
 # -- torch.compile ------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ Which error is which, by who can act on it:
 
 - the user (a command line, a file, the environment): :class:`UsageError`,
   :class:`StudyMismatchError`, :class:`StorageError`, :class:`UnreadableFile`,
-  :class:`RestampError`, :class:`HubBuildError`, :class:`ProfileUnavailable`. ``tiledtune`` prints these as one line and
-  exits with status 2
+  :class:`RestampError`, :class:`HubBuildError`, :class:`ProfileUnavailable`. ``tiledtune``
+  prints these as one line and exits with status 2
   (:data:`USER_ERRORS` lists them with the runtime's and the database's of the same kind);
 - the measurement (a candidate's worker crashed, hung or could not be captured):
   :class:`MeasurementError` and its subclasses. The search turns them into failed trials;

@@ -528,3 +528,12 @@ def test_paged_plots(tmp_path):
     assert messages == []
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
     assert all(p.stat().st_size < bench.MAX_PNG_BYTES for p in written)
+
+
+def test_another_familys_contender_runs_a_paged_problem_only_where_that_family_tunes_pages():
+    """The decode family's tuner case takes paged buckets; the forward reads pages for chunked
+    prefill but tunes none, and the backward reads none."""
+    problem = _p()
+    assert applies("tiledattention-decode", problem)
+    assert not applies("tiledattention-forward", problem)
+    assert not applies("tiledattention-backward", problem)

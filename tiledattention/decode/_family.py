@@ -127,6 +127,7 @@ class DecodeFamily(Family):
 
     # its split kernel reads a paged cache (decode steps over a serving engine's pages)
     reads_pages = True
+    tunes_pages = True  # PagedDecodeCase
 
     def takes(self, arch: str, problem: Problem) -> bool:
         return _ragged_refusal(problem) is None and dispatch_rule(arch).takes(problem)

@@ -3,6 +3,7 @@ lookup metric, compile-only build and GPU test case."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from .. import _device
@@ -106,7 +107,7 @@ class ForwardFamily(Family):
         return compile_schedule(problem, normalise(problem, schedule), arch)
 
     def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
-        if problem.page_size:
+        if problem.page_size and not self.tunes_pages:
             raise UnsupportedProblemError(f"the forward family has no tuner case for a paged "
                                           f"cache yet; got {problem.describe()}: its default "
                                           f"schedule runs it")
@@ -127,6 +128,11 @@ class ForwardFamily(Family):
         page loads ran 0.28-0.47x the contiguous kernel (under two-CTA clusters 0.04x) on an
         H200 and an H100, worse than gathering the pages first."""
         return page_tile(problem.page_size) >= schedule.tile_n
+
+    def paged_lookup(self, bucket: Problem, shape: Problem) -> Problem:
+        """The bucket without pages (the one the gathered call looks up): pages change where
+        keys lie, not the work, and the forward tunes no paged rows."""
+        return dataclasses.replace(bucket, page_size=0)
 
     def why_taken(self, arch: str, problem: Problem) -> str:
         return "the prefill forward runs every call no other family takes"

@@ -58,18 +58,17 @@ def varlen_window(problem: Any) -> tuple[int, int] | None:
     return problem.window_left, 0 if problem.causal else problem.window_right
 
 
-def _reads_pages(name: str) -> bool:
+def _tunes_pages(name: str) -> bool:
     """Whether tiledattention contender ``name`` may read a paged cache: the grid family's own
     (``tiledattention``, ``tiledattention-default``: its case decides), another family's
-    (``tiledattention-<f>``) where that family reads pages and has a paged tuner case (the
-    forward reads pages for chunked prefill but has none: it runs the decode grid's default)."""
+    (``tiledattention-<f>``) where that family's tuner case takes paged problems
+    (``Family.tunes_pages``: the forward reads pages for chunked prefill but tunes none)."""
     if name in ("tiledattention", "tiledattention-default"):
         return True
     from tiledattention import InputValueError, get_family
 
     try:
-        family = get_family(name.removeprefix("tiledattention-"))
-        return bool(family.reads_pages) and family.name != "forward"
+        return get_family(name.removeprefix("tiledattention-")).tunes_pages
     except InputValueError:  # an unknown family: its row says why it cannot run
         return True
 
@@ -82,7 +81,7 @@ def applies(name: str, problem: Any) -> bool:
     contenders at variant problems (``sdpa-mask`` and ``varlen`` at window-only ones), every
     other (torch's SDPA backends) at plain problems."""
     if name.startswith("tiledattention"):
-        return not is_paged(problem) or _reads_pages(name)
+        return not is_paged(problem) or _tunes_pages(name)
     if is_paged(problem) or name in PAGED_CONTENDERS:
         return applies_paged(name, problem)
     if is_ragged(problem) or name in RAGGED_CONTENDERS:

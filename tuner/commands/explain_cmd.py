@@ -18,7 +18,6 @@ whatever the shape) and the backward family. Exit status: 0 explained, 2 bad inp
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import warnings
 from typing import Any
 
@@ -30,7 +29,7 @@ from ..errors import UsageError
 from ._report import add_json_option, print_json, say
 from ._problems import SHAPE_SYNTAX, parse_problem_fields, parse_shape, problems_from
 
-__all__ = ["configure", "run", "WHY"]
+__all__ = ["configure", "run", "WHY", "add_problem_options", "arch_type", "problem_of"]
 
 #: What each lookup step means (``Resolution.source`` -> a sentence); ``{arch}`` and
 #: ``{device}`` are filled in.
@@ -51,7 +50,7 @@ _CAUSAL = {"yes": (True, False), "true": (True, False), "top_left": (True, False
            "no": (False, False), "false": (False, False), "bottom_right": (True, True)}
 
 
-def _arch(text: str) -> str:
+def arch_type(text: str) -> str:
     try:
         return check_arch(text)
     except InputValueError as exc:
@@ -66,8 +65,24 @@ def _causal(text: str) -> tuple[bool, bool]:
             f"expected yes, no or bottom_right; got {text!r}") from None
 
 
+def add_problem_options(parser: argparse.ArgumentParser) -> None:
+    """``--shape`` / ``--dtype`` / ``--causal`` or ``--problem``: the one problem a command
+    names (read back by :func:`problem_of`; ``explain`` and ``profile`` share them)."""
+    parser.add_argument("--shape", type=parse_shape, default=None, metavar="B,HQ/HKV,SQ:SK,D",
+                        help=f"the attention problem: {SHAPE_SYNTAX} (with --dtype, --causal)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--causal", type=_causal, default=(False, False),
+                        metavar="{yes,no,bottom_right}",
+                        help="mask: yes (top-left, torch's is_causal), no (default), "
+                             "bottom_right")
+    parser.add_argument("--problem", type=parse_problem_fields, default=None,
+                        metavar="FIELD=VALUE,...",
+                        help="the problem with every field named (any family), instead of "
+                             "--shape")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", type=_arch, required=True, metavar="SM_XX",
+    parser.add_argument("--device", type=arch_type, required=True, metavar="SM_XX",
                         help="architecture whose lookup to explain, e.g. sm_90 (no GPU needed)")
     parser.add_argument("--device-name", default="", metavar="NAME",
                         help="the GPU's name as torch reports it (e.g. 'NVIDIA H100 80GB "
@@ -81,17 +96,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              + "); default: the family sdpa picks by shape")
     parser.add_argument("--training", action="store_true",
                         help="a call that needs gradients: its forward and its backward")
-    parser.add_argument("--shape", type=parse_shape, default=None, metavar="B,HQ/HKV,SQ:SK,D",
-                        help=f"the attention problem: {SHAPE_SYNTAX} (with --dtype, --causal)")
-    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    parser.add_argument("--causal", type=_causal, default=(False, False),
-                        metavar="{yes,no,bottom_right}",
-                        help="mask: yes (top-left, torch's is_causal), no (default), "
-                             "bottom_right")
-    parser.add_argument("--problem", type=parse_problem_fields, default=None,
-                        metavar="FIELD=VALUE,...",
-                        help="the problem with every field named (any family), instead of "
-                             "--shape")
+    add_problem_options(parser)
     add_json_option(parser, "the explanation")
 
 
@@ -170,8 +175,9 @@ class _Lookup:
             user.close()
 
 
-def _problem(args: argparse.Namespace) -> Any:
-    """The one problem the arguments name (search's parsing: ``problems_from``)."""
+def problem_of(args: argparse.Namespace) -> Any:
+    """The one problem :func:`add_problem_options`' arguments name (search's parsing:
+    ``problems_from``), for ``--kernel`` (default: forward, backward with ``--training``)."""
     if (args.shape is None) == (args.problem is None):
         raise UsageError(f"give one problem: --shape {SHAPE_SYNTAX} or --problem "
                          "FIELD=VALUE,...")
@@ -217,20 +223,21 @@ def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, 
     if not isinstance(problem, Problem):
         raise UsageError("without --kernel, explain needs an attention problem")
     family, why = explain_choice(args.device, problem)
-    if getattr(problem, "page_size", 0) and family.name == "forward":
+    looked_up = family.paged_lookup(problem, problem) if getattr(problem, "page_size", 0) else None
+    if looked_up is not None and looked_up != family.plan_problem(problem):
         # a long query run looks its schedule up without pages (tiledattention.paged_attention)
         why = (f"{why}; a long query run over pages of {problem.page_size} keys looks up the "
                f"schedule of the same call without pages, reads the pages in place where one "
                f"holds a whole key tile of it (tile_n <= {page_tile(problem.page_size)}) and "
                f"gathers them first otherwise")
-        problem = dataclasses.replace(problem, page_size=0)
+        problem = looked_up
     return [step("sdpa", family, why)]
 
 
 def run(args: argparse.Namespace) -> int:
     from tiledattention import DeviceInfo, database_location
 
-    problem = _problem(args)  # a bad option: tuner.cli prints the UsageError, exit status 2
+    problem = problem_of(args)  # a bad option: tuner.cli prints the UsageError, exit status 2
     steps = _steps(args, problem)
     device = DeviceInfo(index=-1, arch=args.device, name=args.device_name, sm_count=0)
     lookup = _Lookup(args.db or database_location())

@@ -18,27 +18,19 @@ from tiledattention import families
 
 from ..errors import UsageError
 from ._report import add_json_option, print_json, print_table, results_console, say
-from .explain_cmd import _arch, _causal, _problem
-from ._problems import SHAPE_SYNTAX, parse_problem_fields, parse_shape
+from .explain_cmd import add_problem_options, arch_type, problem_of
 
 __all__ = ["configure", "run"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", type=_arch, required=True, metavar="SM_XX",
+    parser.add_argument("--device", type=arch_type, required=True, metavar="SM_XX",
                         help="the architecture of this machine's GPU, e.g. sm_90")
     parser.add_argument("--kernel", default=None, metavar="NAME",
                         help="the family to profile (known: "
                              + ", ".join(f.name for f in families())
                              + "); default: the family sdpa picks by shape")
-    parser.add_argument("--shape", type=parse_shape, default=None, metavar="B,HQ/HKV,SQ:SK,D",
-                        help=f"the attention problem: {SHAPE_SYNTAX} (with --dtype, --causal)")
-    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    parser.add_argument("--causal", type=_causal, default=(False, False),
-                        metavar="{yes,no,bottom_right}")
-    parser.add_argument("--problem", type=parse_problem_fields, default=None,
-                        metavar="FIELD=VALUE,...",
-                        help="the problem with every field named, instead of --shape")
+    add_problem_options(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--schedule", default=None, metavar="JSON",
                        help="profile this schedule (the family's fields as a JSON object)")
@@ -92,27 +84,22 @@ def _schedule(family: Any, problem: Any, arch: str, spec: str) -> tuple[str, Any
 
 
 def _ceilings():
-    """The bf16 matrix-product rate and the copy rate, measured here before profiling."""
+    """The bf16 matrix-product rate and the copy rate, measured here before profiling (the
+    benchmark's ceilings: ``MATMUL_SIZE``³ and ``COPY_BYTES``)."""
     import torch
 
-    from ..measure import time_cuda
+    from ..bench import BenchSettings, copy_gbps, matmul_tflops
     from ..profile import Ceilings
 
-    n = 8192
-    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    c = torch.empty_like(a)
-    matmul_ms = time_cuda(lambda: torch.matmul(a, b, out=c)).median_ms
-    src = torch.ones(1 << 28, dtype=torch.int32, device="cuda")  # 1 GiB
-    dst = torch.empty_like(src)
-    copy_ms = time_cuda(lambda: dst.copy_(src)).median_ms
-    return Ceilings(tflops=2 * n ** 3 / matmul_ms / 1e9, gbps=2 * src.nbytes / copy_ms / 1e6)
+    settings = BenchSettings(device=torch.cuda.current_device())
+    return Ceilings(tflops=matmul_tflops(settings), gbps=copy_gbps(settings))
 
 
 def run(args: argparse.Namespace) -> int:
     from ..profile import Profile, check_profilable, compare_table, parse_raw_csv, profile_table
     from ..profile import roofline_png, run_profile
 
-    problem = _problem(argparse.Namespace(**{**vars(args), "training": False}))
+    problem = problem_of(argparse.Namespace(**{**vars(args), "training": False}))
     family = _family(args, problem)
     if args.schedule is not None and args.source is not None:
         raise UsageError("give one of --schedule, --looked-up, --default")
