@@ -213,7 +213,7 @@ def test_a_trial_failed_as_stale_by_another_worker_is_dropped(tmp_path):
     study = optuna.load_study(study_name=name, storage=url)
     trials_ = study.get_trials(deepcopy=False)
     dropped = next(t for t in trials_ if t.number == swept)
-    assert dropped.state == TrialState.FAIL and "status" not in dropped.user_attrs
+    assert dropped.state == TrialState.FAIL and dropped.user_attrs["status"] == "stale"
     retry = [t for t in trials_ if t.system_attrs.get("failed_trial") == swept]
     assert len(retry) == 1 and retry[0].user_attrs.get("status") == "ok"  # measured again
     measured = _measured(trials_)
@@ -221,6 +221,36 @@ def test_a_trial_failed_as_stale_by_another_worker_is_dropped(tmp_path):
     keys = [t.user_attrs["schedule_key"] for t in measured]
     assert len(set(keys)) == len(keys)
     assert _budget_records(url, name) == (trials, {t.number for t in measured})
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_a_worker_killed_while_recording_leaves_a_stale_trial_not_a_measured_one(tmp_path):
+    """A worker killed between writing a trial's measurement status and telling its state
+    leaves a running trial with status "ok": failed as stale, it must not count as measured
+    (its retry measures the candidate again), and its ticket comes back."""
+    from tuner.search import Budget
+    from tuner.search._storage import fail_stale_trials
+    from tuner.search._trials import measured_trials
+
+    url = f"sqlite:///{tmp_path}/studies.sqlite"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = open_storage(url, heartbeat_s=60, grace_s=1)
+    study = optuna.create_study(study_name="killed", storage=storage)
+    trial = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})
+    budget = Budget(url, "killed")
+    assert budget.claim(4, trial.number)
+    budget.close()
+    trial.set_user_attr("ticket", True)
+    trial.set_user_attr("schedule_key", "k")
+    trial.set_user_attr("status", "ok")  # ... and the worker dies before the tell
+    time.sleep(1.5)  # past the grace period; it never had a heartbeat
+    fail_stale_trials(study, storage, grace_s=1)
+    (failed,) = [t for t in study.get_trials() if t.number == trial.number]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["status"] == "stale"
+    assert measured_trials(study) == 0
+    assert _budget_records(url, "killed") == (0, set())
+    retry = [t for t in study.get_trials() if t.system_attrs.get("failed_trial") == trial.number]
+    assert len(retry) == 1 and retry[0].state == TrialState.WAITING
 
 
 # -- a worker whose rival holds the key's last tickets -----------------------------------------

@@ -124,7 +124,8 @@ def _interrupt(argv: list[str], tmp_path: Path, ready) -> tuple[float, str, dict
         _wait_for(going, 120, "the search to get going")
         assert child.poll() is None, child.communicate()
         # what ran when it was ready (a compile may end between two polls) and what runs now
-        started = {**seen, **_descendants(child.pid)}
+        # (a process of both keeps what the ready poll read: its command line may be gone now)
+        started = {**_descendants(child.pid), **seen}
         sent = time.monotonic()
         os.killpg(child.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
         _, err = child.communicate(timeout=30)

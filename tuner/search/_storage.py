@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import threading
 import time
 import warnings
@@ -38,8 +39,13 @@ def study_name(prefix: str, family: Family, arch: str, problem: Any, *,
 
 
 class StaleTrial:
-    """Called once per trial of a dead worker (heartbeat older than the grace period): gives
-    its budget ticket back and re-enqueues its candidate once."""
+    """Called once per trial of a dead worker (heartbeat older than the grace period), after
+    Optuna failed it: marks its status ``"stale"``, gives its budget ticket back and
+    re-enqueues its candidate once.
+
+    The status matters where the worker died while recording a measurement (between writing
+    the trial's ``status`` and telling its state): the failed trial would otherwise keep a
+    measurement's status and count as measured next to its retry."""
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -47,10 +53,29 @@ class StaleTrial:
             self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
 
     def __call__(self, study, trial) -> None:
+        _mark_stale(self._url, trial._trial_id)
         budget = Budget(self._url, study.study_name)
         budget.release(trial.number)
         budget.close()
         self._retry(study, trial)
+
+
+def _mark_stale(url: str, trial_id: int) -> None:
+    """Set the ``status`` user attribute of failed trial ``trial_id`` to ``"stale"``, in
+    Optuna's own table: Optuna writes no attribute of a finished trial."""
+    table = sa.table("trial_user_attributes", sa.column("trial_id"), sa.column("key"),
+                     sa.column("value_json"))
+    stale = json.dumps("stale")
+    connect_args = {"timeout": 60} if url.startswith("sqlite") else {}
+    engine = sa.create_engine(url, connect_args=connect_args)
+    try:
+        with engine.begin() as conn:
+            mine = (table.c.trial_id == trial_id) & (table.c.key == "status")
+            if not conn.execute(table.update().where(mine).values(value_json=stale)).rowcount:
+                conn.execute(table.insert().values(trial_id=trial_id, key="status",
+                                                   value_json=stale))
+    finally:
+        engine.dispose()
 
 
 def open_storage(url: str, *, heartbeat_s: int, grace_s: int) -> optuna.storages.RDBStorage:
