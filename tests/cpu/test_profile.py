@@ -12,8 +12,8 @@ from rich.console import Console
 
 from tuner import cli
 from tuner.errors import UnreadableFile
-from tuner.profile import (Ceilings, Profile, compare_table, parse_raw_csv, profile_table,
-                           roofline_png)
+from tuner.profile import (Ceilings, Profile, compare_table, paired_rows, parse_raw_csv,
+                           profile_table, roofline_png)
 from tuner.profile._ncu import failure_reason
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
@@ -132,3 +132,40 @@ def test_without_a_gpu_or_ncu_the_command_refuses_in_one_line(monkeypatch, capsy
     assert "another architecture" in capsys.readouterr().err
     assert cli.main(argv + ["--schedule", "{not json"]) == 2
     assert "JSON object" in capsys.readouterr().err
+
+
+def test_a_baseline_with_other_launches_is_compared_by_its_longest_and_in_total():
+    ours = Profile("looked-up", "decode", "B1 H32/4 S1x32768", "split24", 1e9,
+                   _records("decode_shipped.csv"), CEILINGS, 2)
+    torch_ = Profile("torch-cudnn", "decode", "B1 H32/4 S1x32768", "torch-cudnn", 1e9,
+                     _records("forward.csv"), CEILINGS)
+    pairs = paired_rows(ours, torch_)
+    longest = max(ours.rows()[:-1], key=lambda r: r["time_us"])
+    assert [(a["kernel"], b["kernel"]) for a, b in pairs] == [
+        (longest["kernel"], torch_.rows()[0]["kernel"]), ("total", "total")]
+    assert pairs[1][0]["time_us"] == pytest.approx(sum(r["time_us"] for r in ours.rows()[:-1]))
+    text = _text(compare_table(ours, torch_))
+    assert "total A" in text and "total B" in text
+    same = Profile("default", "decode", "B1 H32/4 S1x32768", "split33", 1e9,
+                   _records("decode_default.csv"), CEILINGS, 1)
+    assert len(paired_rows(ours, same)) == 3  # launch by launch, then the totals
+
+
+def test_a_baseline_is_compared_beside_a_schedule_and_checked_by_the_case(monkeypatch, capsys):
+    import subprocess
+
+    from tuner.commands.profile_cmd import _schedule
+    from tuner.errors import UsageError
+    from tuner.profile import _ncu
+    from tuner.profile._target import REFUSED
+
+    assert _schedule(None, None, "sm_90", "torch-cudnn") == ("torch-cudnn", None)
+    assert cli.main(["profile", "--device", "sm_90", "--shape", "1,8,256,64",
+                     "--schedule", "torch-cudnn"]) == 2
+    assert "goes in --compare" in capsys.readouterr().err
+    # the target's refusal (an unknown baseline) reaches the user as a usage error
+    done = subprocess.CompletedProcess([], 3, stdout="==PROF== Connected to process\n",
+                                       stderr=f"{REFUSED}--compare torch-x: no such baseline\n")
+    monkeypatch.setattr(_ncu.subprocess, "run", lambda *a, **k: done)
+    with pytest.raises(UsageError, match="^--compare torch-x: no such baseline$"):
+        _ncu._run(["ncu"], 10)

@@ -47,3 +47,19 @@ def test_compare_puts_two_schedules_side_by_side(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "B/A" in out and "64x64" in out
     assert len(json.loads((tmp_path / "profile.json").read_text())["profiles"]) == 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["--shape", "2,16/4,1024,128", "--causal", "yes"],
+    ["--kernel", "backward", "--shape", "1,8/2,1024,64", "--causal", "yes"],
+], ids=["forward", "backward"])
+def test_compare_against_torchs_cudnn_profiles_its_kernels(tmp_path, capsys, argv):
+    assert cli.main(["profile", "--device", _arch(), *argv, "--compare", "torch-cudnn",
+                     "--out", str(tmp_path)]) == 0
+    assert "B/A" in capsys.readouterr().out
+    ours, theirs = json.loads((tmp_path / "profile.json").read_text())["profiles"]
+    assert theirs["label"] == theirs["schedule"] == "torch-cudnn"
+    assert not any("attention_" in r["kernel"] for r in theirs["kernels"][:-1])  # cuDNN's own
+    assert theirs["kernels"][-1]["time_us"] > 0 and ours["kernels"][-1]["time_us"] > 0
+    assert cli.main(["profile", "--device", _arch(), *argv, "--compare", "torch-nope"]) == 2
+    assert "no such baseline" in capsys.readouterr().err

@@ -22,6 +22,9 @@ from .explain_cmd import add_problem_options, arch_type, problem_of
 
 __all__ = ["configure", "run"]
 
+#: how the name of a PyTorch baseline (a family case's ``baselines()`` key) starts
+BASELINE = "torch-"
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=arch_type, required=True, metavar="SM_XX",
@@ -40,7 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                        help="profile the family's per-architecture default schedule")
     parser.add_argument("--compare", default=None, metavar="OTHER",
                         help="a second schedule, side by side: looked-up, default or a JSON "
-                             "object")
+                             "object; or one of PyTorch's backends the family's tuner "
+                             "measures beside it (torch-cudnn, torch-flash; a window's "
+                             "torch-efficient-mask)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="keep the raw ncu reports (.ncu-rep), their CSV pages and the "
                              "summary JSON in DIR (and the roofline, unless --roofline)")
@@ -62,7 +67,10 @@ def _family(args: argparse.Namespace, problem: Any) -> Any:
 
 
 def _schedule(family: Any, problem: Any, arch: str, spec: str) -> tuple[str, Any]:
-    """(label, schedule) of ``spec``: looked-up, default or a JSON object."""
+    """(label, schedule) of ``spec``: looked-up, default or a JSON object; (the name,
+    ``None``) for a PyTorch baseline (``torch-...``: the family's case checks the name)."""
+    if spec.startswith(BASELINE):
+        return spec, None
     if spec == "default":
         return "default", family.default_schedule(arch, problem)
     if spec == "looked-up":
@@ -106,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     specs = [args.schedule or args.source or "looked-up"]
     if args.compare is not None:
         specs.append(args.compare)
+    if specs[0].startswith(BASELINE):
+        raise UsageError(f"--schedule {specs[0]}: a PyTorch baseline goes in --compare, beside "
+                         "a schedule of ours")
     # given and default schedules are checked before anything else; looked-up ones need the GPU
     schedules = [None if spec == "looked-up" else _schedule(family, problem, args.device, spec)
                  for spec in specs]
@@ -118,11 +129,14 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tiledtune-profile-") as scratch:
         workdir = args.out or Path(scratch)
         for i, (label, schedule) in enumerate(schedules):
-            say("profile", f"{label}: {schedule.describe()} under ncu ...")
-            text = run_profile(ncu, family, problem, schedule, workdir, f"profile{i}")
+            baseline = label if schedule is None else None
+            what = baseline or schedule.describe()
+            say("profile", f"{label}: {what} under ncu ...")
+            text = run_profile(ncu, family, problem, schedule, workdir, f"profile{i}",
+                               baseline=baseline)
             profiles.append(Profile(
                 label=label, family=family.name, problem=problem.describe(),
-                schedule=family.normalise(problem, schedule).describe(),
+                schedule=what if baseline else family.normalise(problem, schedule).describe(),
                 flops=family.flops(problem), kernels=tuple(parse_raw_csv(text, f"profile{i}")),
                 ceilings=ceilings, occupancy_hint=getattr(schedule, "occupancy", None)))
     png = args.roofline or (args.out / "roofline.png" if args.out else Path("roofline.png"))

@@ -11,9 +11,9 @@ records), ``_report`` (the summary, its table, the side-by-side comparison, JSON
 from ._metrics import METRICS, STALL_REASONS
 from ._ncu import ProfileUnavailable, check_profilable, run_profile
 from ._parse import KernelRecord, parse_raw_csv
-from ._report import Ceilings, Profile, compare_table, profile_table
+from ._report import Ceilings, Profile, compare_table, paired_rows, profile_table
 from ._roofline import roofline_png
 
 __all__ = ["METRICS", "STALL_REASONS", "ProfileUnavailable", "check_profilable", "run_profile",
            "KernelRecord", "parse_raw_csv", "Ceilings", "Profile", "profile_table",
-           "compare_table", "roofline_png"]
+           "compare_table", "paired_rows", "roofline_png"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import ProfileUnavailable, UsageError
 from ._metrics import METRICS
+from ._target import REFUSED
 
 __all__ = ["check_profilable", "run_profile", "failure_reason", "ncu_command"]
 
@@ -78,6 +79,9 @@ def _run(cmd: list[str], timeout: float) -> str:
     except subprocess.TimeoutExpired:
         raise ProfileUnavailable(f"ncu ran past {timeout:.0f} s and was stopped") from None
     output = proc.stdout + proc.stderr
+    refused = [line for line in output.splitlines() if line.startswith(REFUSED)]
+    if refused:
+        raise UsageError(refused[0][len(REFUSED):])
     why = failure_reason(output)
     if why is not None:
         raise ProfileUnavailable(why)
@@ -88,12 +92,14 @@ def _run(cmd: list[str], timeout: float) -> str:
 
 
 def run_profile(ncu: str, family: Any, problem: Any, schedule: Any, workdir: Path, label: str,
-                timeout: float = 600.0) -> str:
-    """Profile ``family``'s launches of ``problem`` under ``schedule``; return ncu's raw CSV
+                timeout: float = 600.0, *, baseline: str | None = None) -> str:
+    """Profile ``family``'s launches of ``problem`` under ``schedule`` (or, with ``baseline``,
+    that PyTorch baseline of the family's case, ``schedule`` unused); return ncu's raw CSV
     page. ``workdir`` keeps ``LABEL.ncu-rep``, ``LABEL.csv`` and the target's request."""
     request = workdir / f"{label}.request.json"
     request.write_text(json.dumps({"family": family.name, "problem": problem.to_dict(),
-                                   "schedule": schedule.to_dict()}))
+                                   "schedule": None if schedule is None else schedule.to_dict(),
+                                   "baseline": baseline}))
     report = workdir / label
     _run(ncu_command(ncu, report, request), timeout)
     text = _run([ncu, "--import", str(report) + ".ncu-rep", "--csv", "--page", "raw",

@@ -10,7 +10,7 @@ from typing import Any
 from . import _metrics as m
 from ._parse import KernelRecord
 
-__all__ = ["Ceilings", "Profile", "profile_table", "compare_table"]
+__all__ = ["Ceilings", "Profile", "profile_table", "compare_table", "paired_rows"]
 
 #: how far apart two values must be (as a ratio) for the comparison to highlight them
 DIFFERENT = 0.05
@@ -157,17 +157,28 @@ def profile_table(profile: Profile):
     return table
 
 
+def paired_rows(a: Profile, b: Profile) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The rows :func:`compare_table` sets side by side: launch by launch (by position) when
+    both profiles launch as many kernels, else each one's longest launch (a PyTorch backend
+    may launch other kernels than ours); then the totals."""
+    rows_a, rows_b = a.rows(), b.rows()
+    if len(rows_a) == len(rows_b):
+        return list(zip(rows_a, rows_b))
+
+    def longest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return max(rows[:-1], key=lambda r: r["time_us"] or 0.0)
+    return [(longest(rows_a), longest(rows_b)), (rows_a[-1], rows_b[-1])]
+
+
 def compare_table(a: Profile, b: Profile):
-    """Two profiles of one problem side by side, launch by launch (by position) and in total;
-    a number that differs by more than :data:`DIFFERENT` is highlighted, a text that differs
-    too."""
+    """Two profiles of one problem side by side (:func:`paired_rows`); a number that differs
+    by more than :data:`DIFFERENT` is highlighted, a text that differs too."""
     from rich.table import Table
 
-    rows_a, rows_b = a.rows(), b.rows()
     table = Table(title=f"{a.family} {a.problem}: A = {a.schedule} ({a.label}), "
                         f"B = {b.schedule} ({b.label})", title_justify="left")
     table.add_column("")
-    pairs = list(zip(rows_a, rows_b))
+    pairs = paired_rows(a, b)
     for ra, rb in pairs:
         name = ra["kernel"] if ra["kernel"] == rb["kernel"] else f"{ra['kernel']}/{rb['kernel']}"
         table.add_column(f"{name} A", justify="right")
