@@ -63,6 +63,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", action="append", default=None, choices=sorted(POINTS))
+    parser.add_argument("--timeout", type=int, default=300, help="seconds a point may take")
     args = parser.parse_args()
     lines = []
     for name in args.only or POINTS:
@@ -70,10 +71,15 @@ def main() -> int:
         out = args.out / name.replace("/", "-")
         cmd = [sys.executable, "-m", "tuner.cli", "profile", "--device", _arch(), *argv,
                "--looked-up", "--compare", "torch-cudnn", "--out", str(out)]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540)
+        try:
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            lines.append(f"{name}: ran past {args.timeout} s")
+            continue
         (args.out / f"{name.replace('/', '-')}.log").write_text(
             " ".join(cmd) + "\n" + done.stdout + done.stderr)
-        print(done.stdout[-6000:], done.stderr[-2000:], flush=True)
+        print(done.stdout[-3000:], done.stderr[-1000:], flush=True)
         if done.returncode != 0:
             lines.append(f"{name}: failed ({done.returncode})")
             continue
