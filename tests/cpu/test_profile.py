@@ -5,6 +5,7 @@ refusals where this machine cannot profile."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ from rich.console import Console
 
 from tuner import cli
 from tuner.errors import UnreadableFile
-from tuner.profile import (Ceilings, Profile, compare_table, paired_rows, parse_raw_csv,
-                           profile_table, roofline_png)
+from tuner.profile import (Ceilings, KernelRecord, Profile, compare_table, paired_rows,
+                           parse_raw_csv, profile_table, roofline_png)
 from tuner.profile._ncu import failure_reason
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
@@ -146,6 +147,11 @@ def test_a_baseline_with_other_launches_is_compared_by_its_longest_and_in_total(
     assert pairs[1][0]["time_us"] == pytest.approx(sum(r["time_us"] for r in ours.rows()[:-1]))
     text = _text(compare_table(ours, torch_))
     assert "total A" in text and "total B" in text
+    long = "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x4x1"
+    record = KernelRecord(long, dict(ours.kernels[0].values), dict(ours.kernels[0].units))
+    header = compare_table(ours, dataclasses.replace(torch_, kernels=(record,))).columns[1].header
+    assert header.startswith("decode_split/cudnn_gene") and header.endswith("128_1x4x1 A")
+    assert len(header) < 70
     same = Profile("default", "decode", "B1 H32/4 S1x32768", "split33", 1e9,
                    _records("decode_default.csv"), CEILINGS, 1)
     assert len(paired_rows(ours, same)) == 3  # launch by launch, then the totals

@@ -149,12 +149,26 @@ def profile_table(profile: Profile):
                         f"({profile.label})", title_justify="left")
     table.add_column("")
     for row in rows:
-        table.add_column(row["kernel"], justify="right")
+        table.add_column(_header(row["kernel"]), justify="right")
     for label, key, fmt in LINES:
         if all(row.get(key) is None for row in rows):
             continue
         table.add_row(label, *[_cell(row.get(key), fmt) for row in rows])
     return table
+
+
+#: the longest kernel name a table's column header shows whole (library kernels such as
+#: cuDNN's run to a hundred characters and more; the JSON keeps them whole)
+HEADER_CHARS = 40
+
+
+def _header(name: str) -> str:
+    """``name`` as a column header: its start and its end (where a library's kernel names
+    put their tile shape) around an ellipsis when longer than :data:`HEADER_CHARS`."""
+    if len(name) <= HEADER_CHARS:
+        return name
+    head = (HEADER_CHARS - 1) // 2
+    return f"{name[:head]}…{name[-(HEADER_CHARS - 1 - head):]}"
 
 
 def paired_rows(a: Profile, b: Profile) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -180,7 +194,8 @@ def compare_table(a: Profile, b: Profile):
     table.add_column("")
     pairs = paired_rows(a, b)
     for ra, rb in pairs:
-        name = ra["kernel"] if ra["kernel"] == rb["kernel"] else f"{ra['kernel']}/{rb['kernel']}"
+        name = (_header(ra["kernel"]) if ra["kernel"] == rb["kernel"]
+                else f"{_header(ra['kernel'])}/{_header(rb['kernel'])}")
         table.add_column(f"{name} A", justify="right")
         table.add_column(f"{name} B", justify="right")
         table.add_column("B/A", justify="right")
