@@ -223,8 +223,10 @@ def test_a_trial_failed_as_stale_by_another_worker_is_dropped(tmp_path):
     assert _budget_records(url, name) == (trials, {t.number for t in measured})
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
-def test_a_worker_killed_while_recording_leaves_a_stale_trial_not_a_measured_one(tmp_path):
+def test_a_worker_killed_while_recording_leaves_a_stale_trial_not_a_measured_one(
+        tmp_path, request, backend):
     """A worker killed between writing a trial's measurement status and telling its state
     leaves a running trial with status "ok": failed as stale, it must not count as measured
     (its retry measures the candidate again), and its ticket comes back."""
@@ -232,7 +234,8 @@ def test_a_worker_killed_while_recording_leaves_a_stale_trial_not_a_measured_one
     from tuner.search._storage import fail_stale_trials
     from tuner.search._trials import measured_trials
 
-    url = f"sqlite:///{tmp_path}/studies.sqlite"
+    url = (f"sqlite:///{tmp_path}/studies.sqlite" if backend == "sqlite"
+           else request.getfixturevalue("postgres_url"))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(url, heartbeat_s=60, grace_s=1)
     study = optuna.create_study(study_name="killed", storage=storage)
