@@ -1,5 +1,6 @@
 """``tiledtune profile``: a family's kernels for one problem under Nsight Compute, one schedule
-or two side by side (``--compare``), as a table and a roofline PNG (``tuner.profile``).
+or two side by side (``--compare``; or one schedule beside a PyTorch backend's kernels for the
+same call, ``--compare torch-cudnn``), as a table and a roofline PNG (``tuner.profile``).
 
 Exit status: 0 with the profile; 2 where this machine cannot profile (no GPU, no ``ncu``, no
 permission to read the performance counters: one line saying which and how to fix it) or an

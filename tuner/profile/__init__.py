@@ -1,5 +1,5 @@
-"""``tiledtune profile``: a family's kernels for one problem and schedule under Nsight Compute
-(``ncu``), summarised as one table (time, TFLOP/s and GB/s against the GPU's measured
+"""``tiledtune profile``: a family's kernels for one problem and schedule (or a PyTorch
+baseline's kernels for the same call) under Nsight Compute (``ncu``), summarised as one table (time, TFLOP/s and GB/s against the GPU's measured
 ceilings, pipe utilisation, DRAM and L2 throughput, occupancy and its limiter, registers,
 spills, the top stall reasons, the grid) and a roofline picture.
 

@@ -1,6 +1,8 @@
-"""Running Nsight Compute on ``_target`` (one problem, one schedule), and why it cannot run:
-every such reason is a :class:`~tuner.errors.ProfileUnavailable` of one line that says how to
-fix it (``tiledtune`` exits with status 2), never a traceback.
+"""Running Nsight Compute on ``_target`` (one problem, one schedule or PyTorch baseline), and
+why it cannot run: every such reason is a :class:`~tuner.errors.ProfileUnavailable` of one line
+that says how to fix it, and a baseline the family's case does not have a
+:class:`~tuner.errors.UsageError` (``tiledtune`` exits with status 2 on both), never a
+traceback.
 
 ncu runs with ``--clock-control none`` (the clocks as the kernels meet them in use, so times
 compare with benchmark timings; ncu's default locks them to base) and ``--profile-from-start
