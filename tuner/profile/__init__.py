@@ -1,7 +1,8 @@
 """``tiledtune profile``: a family's kernels for one problem and schedule (or a PyTorch
-baseline's kernels for the same call) under Nsight Compute (``ncu``), summarised as one table (time, TFLOP/s and GB/s against the GPU's measured
-ceilings, pipe utilisation, DRAM and L2 throughput, occupancy and its limiter, registers,
-spills, the top stall reasons, the grid) and a roofline picture.
+baseline's kernels for the same call) under Nsight Compute (``ncu``), summarised as one table
+(time, TFLOP/s and GB/s against the GPU's measured ceilings, pipe utilisation, DRAM and L2
+throughput, occupancy and its limiter, registers, spills, the top stall reasons, the grid) and
+a roofline picture.
 
 Modules, in the order data flows: ``_metrics`` (the fixed metric set), ``_ncu`` (running ncu on
 ``_target`` and telling why it cannot run), ``_parse`` (ncu's raw CSV page into per-kernel
