@@ -116,14 +116,7 @@ def cpu_is_kernel_device(monkeypatch):
     monkeypatch.setattr(_router, "KERNEL_DEVICE_TYPES", ("cpu",))
 
 
-@pytest.fixture(autouse=True)
-def _router_off_and_counts_reset():
-    ti.disable()
-    ti.reset_router_stats()
-    ti.reset_hf_stats()
-    yield
-    ti.disable()
-    assert F.scaled_dot_product_attention is TORCH_SDPA
+pytestmark = pytest.mark.usefixtures("router_off")
 
 
 def qkv(b=2, hq=4, hkv=4, sq=17, sk=17, d=64, dtype=torch.bfloat16, device="cpu", seed=0,

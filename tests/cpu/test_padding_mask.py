@@ -22,13 +22,7 @@ from .test_integrations import KernelCalls
 TORCH_SDPA = _router._TORCH_SDPA
 
 
-@pytest.fixture(autouse=True)
-def _router_off_and_counts_reset():
-    ti.disable()
-    ti.reset_router_stats()
-    yield
-    ti.disable()
-    assert F.scaled_dot_product_attention is TORCH_SDPA
+pytestmark = pytest.mark.usefixtures("router_off")
 
 
 class UncountedKernelCalls(KernelCalls):

@@ -16,23 +16,11 @@ import torch
 import torch.nn.functional as F
 
 import tiledattention.integrations as ti
-from tiledattention.integrations import _router
 from tiledattention.tooling import varlen_reference
 
 from ._reference import TOLERANCE, rel_l2
 
-pytestmark = pytest.mark.gpu
-
-TORCH_SDPA = _router._TORCH_SDPA
-
-
-@pytest.fixture(autouse=True)
-def _router_off_and_counts_reset():
-    ti.disable()
-    ti.reset_router_stats()
-    yield
-    ti.disable()
-    assert F.scaled_dot_product_attention is TORCH_SDPA
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("router_off")]
 
 
 def entries(lengths, sq, sk, side):
