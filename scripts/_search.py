@@ -23,3 +23,21 @@ def search(kernel: str, keys: list[str], db: str, trials: int, timeout: str | No
 def problem_arg(fields: dict) -> str:
     """A ``--problem`` value: ``field=value,...``."""
     return ",".join(f"{k}={str(v).lower()}" for k, v in fields.items())
+
+
+def problem_args(problems: list[dict]) -> list[str]:
+    """The ``--problem`` values of ``problems`` (each a ``tiledattention.Problem``'s fields,
+    checked by building it: a bad key fails here, not in the search)."""
+    import tiledattention as ta
+
+    for fields in problems:
+        ta.Problem(**fields)
+    return [problem_arg(fields) for fields in problems]
+
+
+def add_search_options(parser, trials: int = 6) -> None:
+    """The options every ``tune_*_shipped.py`` passes to :func:`search`."""
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--trials", type=int, default=trials)
+    parser.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
+    parser.add_argument("--dry-run", action="store_true")

@@ -12,31 +12,21 @@ from __future__ import annotations
 
 import argparse
 
-from _search import problem_arg, search
-
-import tiledattention as ta
+from _search import add_search_options, problem_args, search
 
 #: (entries, longest cache, page size)
 BUCKETS = ((16, 32768, 64), (64, 32768, 64), (32, 16384, 64), (16, 32768, 16))
 
 
 def keys() -> list[str]:
-    out = []
-    for batch, longest, page in BUCKETS:
-        fields = dict(batch=batch, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=longest,
-                      head_dim=128, dtype="bf16", causal=True, bottom_right=True, ragged=True,
-                      page_size=page)
-        ta.Problem(**fields)  # valid
-        out.append(problem_arg(fields))
-    return out
+    return problem_args([dict(batch=batch, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=longest,
+                              head_dim=128, dtype="bf16", causal=True, bottom_right=True,
+                              ragged=True, page_size=page) for batch, longest, page in BUCKETS])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
-    ap.add_argument("--dry-run", action="store_true")
+    add_search_options(ap)
     args = ap.parse_args()
     raise SystemExit(search("decode", keys(), args.db, args.trials, args.timeout, args.dry_run))
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from _search import problem_arg, search
-
-import tiledattention as ta
+from _search import add_search_options, problem_args, search
 
 #: (longest, sequences of that length the tokens fill, H_q, H_kv, D)
 BUCKETS = (
@@ -30,22 +28,16 @@ BACKWARD_BUCKETS = ((1024, 16, 32, 8, 128), (2048, 8, 32, 8, 128), (4096, 4, 32,
 
 
 def keys(kernel: str = "forward") -> list[str]:
-    out = []
-    for longest, batch, hq, hkv, d in (BUCKETS if kernel == "forward" else BACKWARD_BUCKETS):
-        fields = dict(batch=batch, heads_q=hq, heads_kv=hkv, seqlen_q=longest,
-                      seqlen_k=longest, head_dim=d, dtype="bf16", causal=True, ragged=True)
-        ta.Problem(**fields)  # valid
-        out.append(problem_arg(fields))
-    return out
+    return problem_args([
+        dict(batch=batch, heads_q=hq, heads_kv=hkv, seqlen_q=longest, seqlen_k=longest,
+             head_dim=d, dtype="bf16", causal=True, ragged=True)
+        for longest, batch, hq, hkv, d in (BUCKETS if kernel == "forward" else BACKWARD_BUCKETS)])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True)
+    add_search_options(ap)
     ap.add_argument("--kernel", choices=("forward", "backward"), default="forward")
-    ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
-    ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     raise SystemExit(search(args.kernel, keys(args.kernel), args.db, args.trials, args.timeout,
                             args.dry_run))

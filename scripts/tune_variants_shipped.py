@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from _search import problem_arg, search
+from _search import add_search_options, problem_args, search
 
-import tiledattention as ta
 
 WINDOWS = (128, 512, 1024, 4096)
 
@@ -69,22 +68,14 @@ def problem_fields(spec: dict) -> dict:
 
 
 def keys(kernel: str) -> list[str]:
-    out = []
-    for spec in KEYS[kernel]:
-        fields = problem_fields(spec)
-        ta.Problem(**fields)  # valid
-        out.append(problem_arg(fields))
-    return out
+    return problem_args([problem_fields(spec) for spec in KEYS[kernel]])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True)
+    add_search_options(ap)
     ap.add_argument("--kernel", choices=sorted(KEYS), action="append", required=True,
                     help="family to tune (repeatable)")
-    ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
-    ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     status = 0
     for kernel in args.kernel:
