@@ -30,7 +30,7 @@ _FULL = {
     "exp2": (True, False),
 }
 # What the shipped sm_90 rows were tuned over: the dimensions an H100 sweep showed to matter
-# for S_q = 1 (docs/benchmarks/decode/README.md), the rest at the base schedule's values.
+# for S_q = 1 (docs/records/benchmarks/decode/README.md), the rest at the base schedule's values.
 _COMPACT = {
     "splits": _SPLITS,
     "tile_n": (64, 128),

@@ -15,7 +15,7 @@ prefill) run on the forward family's ragged kernel. It reads the pages in place 
 holds a whole key tile of its schedule (``ForwardFamily.reads_pages_with``: pages of 128 keys or
 more under the sm_90 defaults); else each entry's pages are gathered into a contiguous copy
 first (:func:`gather_pages`: one read and one write of the keys), since a key tile joined from
-several pages stalls that kernel (docs/benchmarks/paged/). Nothing is read on the host: the
+several pages stalls that kernel (docs/records/benchmarks/paged/). Nothing is read on the host: the
 lengths and the block table stay on the device, so a step is capturable in a CUDA graph and
 replays with new lengths and tables.
 

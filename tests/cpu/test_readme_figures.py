@@ -6,7 +6,7 @@ The rule, which this test applies to ``README.md`` as it is committed:
    indented by four spaces) and headings are skipped. A table block inherits the citations of
    the block just before it (the paragraph that introduces it).
 2. **Citations.** A block cites a document when it names a path under ``docs/`` (in backticks or
-   as a link target): a ``.md`` file is that file, a folder (``docs/benchmarks/decode/``) is
+   as a link target): a ``.md`` file is that file, a folder (``docs/records/benchmarks/decode/``) is
    every ``.md`` file under it. Images and other files are not documents. A block citing no
    document is not checked (its figures are the README's own: counts, defaults, examples).
 3. **Figures.** In a block that cites, a figure is a number written with a unit or as a ratio:

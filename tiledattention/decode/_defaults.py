@@ -27,7 +27,7 @@ MAX_TILE_M = 64
 #: on 10 windowed keys (windows 128-4096, B 1 and 8, H 32/8, 16/8 and 64/8): one split won or
 #: tied at windows of 128 and 512 (1.14-1.31x the 2 splits the cache rule gave) and at B = 8
 #: (64 CTAs already; 1.00-1.31x), while 16 splits of a 4096 window at B = 1 took a third of
-#: one split's time (docs/benchmarks/variants/README.md).
+#: one split's time (docs/records/benchmarks/variants/README.md).
 WINDOW_SPLIT_MIN_KEYS = 512
 WINDOW_SPLIT_MIN_GAIN = 4
 

@@ -1,7 +1,7 @@
 """When ``sdpa`` runs the split-KV decode kernels rather than a family of lower priority (the
 prefill forward): few query rows, or few rows and too few forward CTAs.
 
-The rule is a measured boundary per GPU generation: ``docs/benchmarks/decode/dispatch.md``
+The rule is a measured boundary per GPU generation: ``docs/records/benchmarks/decode/dispatch.md``
 (committed in 242186d) holds the H100 measurement, both families timed interleaved over S_q,
 S_k, batch and group size by the crossover section of ``scripts/decode_probe.py``. An explicit
 schedule picks its own family; the rule only decides calls that leave the schedule to the
@@ -50,7 +50,7 @@ def forward_ctas(problem: Problem) -> int:
 
 
 #: Per generation; generations without a measurement use Hopper's boundary. Hopper: H100,
-#: bf16, D 128, S_k 4k and 32k, S_q 1-128 (docs/benchmarks/decode/dispatch.md): decode is
+#: bf16, D 128, S_k 4k and 32k, S_q 1-128 (docs/records/benchmarks/decode/dispatch.md): decode is
 #: 1.0-4.9x the forward for S_q <= 16 at B = 1, 8, 32 with grouped heads, 0.92-1.04x for
 #: multi-head B = 4 (on a par); at S_q = 32-64 it wins only with B * H_q <= 32 (1.0-2.6x at
 #: B = 1) and loses 0.35-0.67x at B >= 8; at S_q = 128 the forward wins everywhere.
