@@ -10,6 +10,7 @@ database is actually opened.
 from __future__ import annotations
 
 from ._encode import Candidates
+from ._identity import IDENTITY_TABLE, database_identity
 from ._errors import (DatabaseArgumentError, DatabaseError, DatabaseMisuse, DatabaseUnavailable,
                       OutputRefused, RecordError, SchemaTooNew, TiledAttentionError)
 from ._rows import (
@@ -38,11 +39,11 @@ from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, replace
 __all__ = [
     "ARCH_PATTERN", "BACKENDS", "BASELINE_PATTERN", "Baselines", "Candidates",
     "DatabaseArgumentError", "DatabaseError", "DatabaseMisuse", "DatabaseUnavailable",
-    "FamilyCodec", "LEGACY_BASELINES", "LEGACY_FAMILY", "MAX_BASELINES", "OutputRefused",
-    "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
+    "FamilyCodec", "IDENTITY_TABLE", "LEGACY_BASELINES", "LEGACY_FAMILY", "MAX_BASELINES",
+    "OutputRefused", "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
     "RowDecoder", "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew",
     "TiledAttentionError",
-    "canonical_json", "check_text", "dump_rows", "load_rows_file", "load_rows_text",
-    "replaceable_target", "rows_json_chunks", "write_bytes_atomic",
+    "canonical_json", "check_text", "database_identity", "dump_rows", "load_rows_file",
+    "load_rows_text", "replaceable_target", "rows_json_chunks", "write_bytes_atomic",
     "write_chunks_atomic", "write_text_atomic",
 ]

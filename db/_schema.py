@@ -26,7 +26,7 @@ TABLE_NAME = "schedules"
 #: history in a shared (e.g. PostgreSQL) database.
 VERSION_TABLE = "tiledattention_schema_version"
 #: The newest revision in ``db/migrations/versions`` (a test checks they agree).
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0005"
 
 #: One row per key; the problem is its canonical JSON (``_rows.canonical_json``). The order is
 #: the unique index's: an exact lookup (family, arch, problem; any device) uses its prefix.

@@ -365,7 +365,7 @@ def test_row_with_invalid_stored_schedule_is_skipped_with_one_warning(tmp_path):
 # -- migrations -----------------------------------------------------------------------------
 def test_head_revision_constant_matches_the_migrations():
     assert _migrate.head_revision() == _schema.HEAD_REVISION
-    assert _migrate.known_revisions() == {"0001", "0002", "0003", "0004"}
+    assert _migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005"}
 
 
 def test_migrated_file_has_exactly_the_current_columns_and_index(tmp_path):
@@ -489,7 +489,7 @@ def test_v3_asset_migrates_every_baseline_value_into_the_mapping(tmp_path):
     before = lookup.rows()
     lookup.close()
     with open_db(path) as store:  # opening for writing migrates in place
-        assert _revision(path) == _schema.HEAD_REVISION == "0004"
+        assert _revision(path) == _schema.HEAD_REVISION == "0005"
         assert _columns(path) == {c.name for c in _schema.schedules.c}
         assert not {"torch_cudnn_ms", "torch_flash_ms"} & _columns(path)
         after = store.rows()

@@ -31,7 +31,7 @@ _OTHER = {d: s.replace(dkdv_occupancy=1, dq_occupancy=1) for d, s in _HOPPER.ite
 
 #: Waves of CTAs (SMs x the dK/dV kernel's occupancy) the dK/dV grid should fill before its
 #: walk is split: one without a mask (every CTA does the same work), two with one (causal
-#: walks differ in length). From the H100 probes of issue 31 (scripts/backward_parallel_probe.py;
+#: walks differ in length). From the H100 probes of issue 31 (scripts/backward_parallel_probe.py at c05e939;
 #: docs/records/benchmarks/backward/training.md): the multi-query B1 H8/1 S6144 D128 causal backward ran
 #: 2.5x faster with 8 splits and tile-major grids (96 CTAs -> 768; probes 1 and 3), B4 H8/1
 #: S2048 D96 full 1.41x with 2; with tile-major grids, splitting a causal grid that fills two
