@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["db_location", "storage_location", "shown_location"]
+__all__ = ["db_location", "storage_location", "shown_location", "same_database",
+           "is_runtime_database"]
 
 
 def db_location(args) -> str:
@@ -40,3 +41,20 @@ def shown_location(url: str) -> str:
     if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
         return "sqlite:///" + str(Path(url[len("sqlite:///"):]).expanduser().absolute())
     return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
+
+
+def same_database(a: str, b: str) -> bool:
+    """Whether locations ``a`` and ``b`` name one database: the same file (paths resolved), or
+    the same URL."""
+    if "://" in a or "://" in b:
+        return a.strip() == b.strip()
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def is_runtime_database(location: str | None) -> bool:
+    """Whether ``location`` (``--db``; ``None``: not given) is the database the runtime reads
+    (``$TILEDATTN_DB``, or the user cache's): where simulated rows never go (``import`` rejects
+    them, ``search --backend simulated`` refuses to run)."""
+    from tiledattention import database_location
+
+    return location is None or same_database(location, database_location())

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..transfer import MAX_ROW_CHARS, UnreadableFile, read_rows
+from ._locations import is_runtime_database
 from ._report import nonempty, print_table, results_console, say
 
 __all__ = ["configure", "run", "FileReport"]
@@ -100,7 +101,7 @@ def _refuse_simulated(parsed: list, location: str | None) -> list:
     from tiledattention.tooling import simulated_database_location
 
     runtime = database_location()
-    if location is not None and not _same_database(location, runtime):
+    if not is_runtime_database(location):
         return parsed
     kept = []
     for report, rows in parsed:
@@ -112,12 +113,6 @@ def _refuse_simulated(parsed: list, location: str | None) -> list:
                     f"it with --db {simulated_database_location()} (or another file)")
         kept.append((report, [(i, r) for i, r in rows if r.backend != "simulated"]))
     return kept
-
-
-def _same_database(a: str, b: str) -> bool:
-    if "://" in a or "://" in b:
-        return a.strip() == b.strip()
-    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def run(args: argparse.Namespace) -> int:
