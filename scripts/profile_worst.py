@@ -4,11 +4,11 @@ for ``docs/performance-notes.md``.
 
     python scripts/profile_worst.py --out $OUT [--only NAME ...]
 
-The points: the forward's ``docs/records/benchmarks/bench.csv`` (H100, three lowest ratios to cuDNN),
-the decode's ``docs/records/benchmarks/decode/bench.csv`` and the backward's training run 3
-(``docs/records/benchmarks/backward/training/training-3.csv``). Each point's ncu reports, CSV pages and
-``profile.json`` go under ``OUT/NAME``; a table of the two profiles' totals and main kernels
-is printed last."""
+The points: the forward's ``docs/records/benchmarks/bench.csv`` (H100, three lowest ratios to
+cuDNN), the decode's ``docs/records/benchmarks/decode/bench.csv`` and the backward's training run 3
+(``docs/records/benchmarks/backward/training/training-3.csv``). Each point's ncu reports, CSV pages
+and ``profile.json`` go under ``OUT/NAME``; a table of the two profiles' totals and main kernels is
+printed last."""
 
 from __future__ import annotations
 

@@ -82,7 +82,8 @@ FLUSH_BYTES = 256 * 1024 * 1024
 SPIN_CYCLES = 400_000
 #: deadline of one check on a GPU worker (JIT, one launch, the reference comparison)
 CHECK_S = 90.0
-#: a launch's JIT when cuTile's disk cache has the cubin (scripts/cache_probe.py: ~0.4 s)
+#: a launch's JIT when cuTile's disk cache has the cubin (~0.4 s: scripts/cache_probe.py, removed
+#: after 361898e)
 JIT_S = 0.5
 
 

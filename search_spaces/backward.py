@@ -39,8 +39,8 @@ _FULL = {
 # The dimensions the H100 probes behind the sm_90 defaults found to matter
 # (scripts/backward_probe.py at 6113995: each kernel's occupancy and worker warps, the dK/dV
 # kernel's query tile and Q/dO latency hint, the dQ kernel's query tile; issue 31's
-# scripts/backward_parallel_probe.py at c05e939: the dK/dV splits), at values that include every default;
-# the key tiles stay at 64, as in every default. 2048 points (non-causal keys: 512).
+# scripts/backward_parallel_probe.py at c05e939: the dK/dV splits), at values that include
+# every default; the key tiles stay at 64, as in every default. 2048 points (non-causal keys: 512).
 _COMPACT = {
     "dkdv_tile_m": (64, 128),
     "dkdv_occupancy": (1, 2),

@@ -13,9 +13,9 @@ __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
-#: docs/records/benchmarks/backward/README.md). Two CTAs per SM paid 1.3-1.8x in both kernels at D <= 128;
-#: at D = 256 the dK/dV kernel's two [64, 256] float32 accumulators need 8 worker warps (3.4x
-#: faster than without) and Q/dO loads issued three steps ahead (+8%).
+#: docs/records/benchmarks/backward/README.md). Two CTAs per SM paid 1.3-1.8x in both kernels at
+#: D <= 128; at D = 256 the dK/dV kernel's two [64, 256] float32 accumulators need 8 worker
+#: warps (3.4x faster than without) and Q/dO loads issued three steps ahead (+8%).
 _HOPPER = {
     64: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=128, dkdv_occupancy=2,
                          dq_tile_m=64, dq_tile_n=64, dq_occupancy=2),
@@ -29,14 +29,14 @@ _HOPPER = {
 _OTHER = {d: s.replace(dkdv_occupancy=1, dq_occupancy=1) for d, s in _HOPPER.items()}
 
 
-#: Waves of CTAs (SMs x the dK/dV kernel's occupancy) the dK/dV grid should fill before its
-#: walk is split: one without a mask (every CTA does the same work), two with one (causal
-#: walks differ in length). From the H100 probes of issue 31 (scripts/backward_parallel_probe.py at c05e939;
-#: docs/records/benchmarks/backward/training.md): the multi-query B1 H8/1 S6144 D128 causal backward ran
-#: 2.5x faster with 8 splits and tile-major grids (96 CTAs -> 768; probes 1 and 3), B4 H8/1
-#: S2048 D96 full 1.41x with 2; with tile-major grids, splitting a causal grid that fills two
-#: waves cost 5-15% (B1 H32/8 S4096, B2 H32/8 S2048 D64, B1 H32/4 S8192), as did splitting a
-#: full grid (MHA S8192 full, D256 at one CTA per SM).
+#: Waves of CTAs (SMs x the dK/dV kernel's occupancy) the dK/dV grid should fill before its walk
+#: is split: one without a mask (every CTA does the same work), two with one (causal walks
+#: differ in length). From the H100 probes of issue 31 (scripts/backward_parallel_probe.py at
+#: c05e939; docs/records/benchmarks/backward/training.md): the multi-query B1 H8/1 S6144 D128
+#: causal backward ran 2.5x faster with 8 splits and tile-major grids (96 CTAs -> 768; probes 1
+#: and 3), B4 H8/1 S2048 D96 full 1.41x with 2; with tile-major grids, splitting a causal grid
+#: that fills two waves cost 5-15% (B1 H32/8 S4096, B2 H32/8 S2048 D64, B1 H32/4 S8192), as did
+#: splitting a full grid (MHA S8192 full, D256 at one CTA per SM).
 WAVES = {False: 1, True: 2}  # by unequal_walks (the causal mask, a one-sided window)
 #: A grid within this share of its waves counts as filling them.
 FILL = 0.9
