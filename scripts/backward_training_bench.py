@@ -25,6 +25,8 @@ import math
 import sys
 from pathlib import Path
 
+from _gpu import require_gpu
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -212,6 +214,7 @@ def main() -> int:
         (args.out / f"{stem}.md").write_text("\n".join(table(records)) + "\n")
         plot(records, args.out / f"{stem}.png")
         return 0
+    require_gpu()
     records: list[dict] = []
     for shape in SHAPES[:args.only]:
         records += measure(shape, args.rounds)

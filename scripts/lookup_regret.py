@@ -40,6 +40,8 @@ from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
+from _gpu import require_gpu
+
 import tiledattention
 from search_spaces import family_space
 from tiledattention import FORWARD, get_family
@@ -360,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     if arch:
         return plan_only(family, shapes, arch, args)
 
+    require_gpu()
     tiledattention.use_database(str(args.out.parent / "no-user-db.sqlite"))  # shipped + default
     dev = tiledattention.device_info(0)
     arch = dev.arch

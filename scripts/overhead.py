@@ -48,6 +48,8 @@ import time
 import traceback
 from typing import Callable
 
+from _gpu import require_gpu
+
 import cuda.tile as ct
 import torch
 import torch.nn.functional as F
@@ -402,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-compile", action="store_true")
     args = parser.parse_args(argv)
+    require_gpu()
     os.makedirs(args.out, exist_ok=True)
     started = time.perf_counter()
     rows = forward_overhead(args.calls, args.repeats)
