@@ -17,6 +17,7 @@ Code names documents too: every ``docs/...`` path in a tracked ``.py`` file must
 from __future__ import annotations
 
 import ast
+import importlib.util
 import io
 import re
 import tokenize
@@ -117,3 +118,15 @@ def test_a_planted_dead_path_or_link_is_found(tmp_path):
     assert dead_links("`scripts/gone.py`", doc, tmp_path) == ["path scripts/gone.py"]
     assert dead_links("`docs/records/candidateN.json`", doc, tmp_path) == \
         ["path docs/records/candidateN.json"]
+
+
+def test_the_architecture_diagram_is_current():
+    """docs/architecture.md's diagram is what scripts/architecture_diagram.py makes of today's
+    code (a new family or tuner package shows up on the page)."""
+    spec = importlib.util.spec_from_file_location("architecture_diagram",
+                                                  ROOT / "scripts" / "architecture_diagram.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert module.rewritten(page) == page, "run: python scripts/architecture_diagram.py"
+    assert "forward[" in module.diagram() and "kernel_core" in page
