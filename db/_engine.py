@@ -1,25 +1,29 @@
 """Connections to a schedule database: where a location points, cheap checks of a SQLite file
-before SQLite opens it, and the SQLite engine (WAL, busy timeout, ``BEGIN IMMEDIATE`` writes;
-readers that need no write access, :func:`read_only_uri`)."""
+before SQLite opens it, and the SQLite engine (WAL, ``BEGIN IMMEDIATE`` writes; readers that
+write nothing beside the file, :func:`read_only_uri`). Every SQLite connection has a short busy
+timeout (``_locks.BUSY_SLICE_S``): a wait for another process's lock is retried in such slices
+up to a bound (``_locks.LockWait``), so a Ctrl-C is seen at once and a lock held for long is
+reported, not waited out."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._errors import DatabaseUnavailable
+from ._locks import BUSY_SLICE_S, LOCK_WAIT_S, LockWait
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
 __all__ = ["Target", "check_sqlite_file", "inspect_sqlite_file", "check_writable_path",
            "read_only_uri", "SqliteReadConnections", "server_engine", "sqlite_engine",
-           "is_locked", "BUSY_TIMEOUT_S", "WRITE_OPTION"]
+           "is_locked", "BUSY_SLICE_S", "WRITE_OPTION"]
 
-BUSY_TIMEOUT_S = 30.0
 #: execution option that makes a connection's transactions ``BEGIN IMMEDIATE``
 WRITE_OPTION = "tiledattention_write"
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -91,18 +95,21 @@ def check_sqlite_file(path: Path) -> None:
             "it or restore it from a backup")
 
 
-def inspect_sqlite_file(path: Path, version_table: str) -> tuple[set[str], str | None]:
+def inspect_sqlite_file(path: Path, version_table: str, *, lock_wait_s: float = LOCK_WAIT_S
+                        ) -> tuple[set[str], str | None]:
     """The table names and the recorded schema revision of an existing SQLite file, read through
     a read-only connection after SQLite's integrity check (``PRAGMA quick_check``), before any
-    connection that could write opens it. Unless a ``-wal`` file beside it may hold pages not
-    yet in the file, it is opened ``immutable``, so no ``-wal``/``-shm`` file appears beside a
-    file we then refuse; with one, as :func:`read_only_uri` says."""
-    if Path(f"{path.resolve()}-wal").exists():
-        uri, _ = read_only_uri(path)
-    else:
-        uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro&immutable=1"
+    connection that could write opens it: opened as :func:`read_only_uri` says, so no
+    ``-wal``/``-shm`` file appears beside a file we then refuse. A lock another process holds
+    (a rollback-journal writer) is waited for up to ``lock_wait_s`` seconds."""
+    wait = LockWait(lock_wait_s, path, str(path))
+    return wait.run(lambda: _inspect_once(path, version_table), is_locked)
+
+
+def _inspect_once(path: Path, version_table: str) -> tuple[set[str], str | None]:
+    uri, _ = read_only_uri(path)
     try:
-        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_SLICE_S)
     except sqlite3.Error as exc:
         raise DatabaseUnavailable(f"{path} cannot be opened: {exc}") from None
     try:
@@ -119,6 +126,8 @@ def inspect_sqlite_file(path: Path, version_table: str) -> tuple[set[str], str |
                 f"SELECT version_num FROM {version_table}")]
             revision = found[0] if len(found) == 1 else None
     except sqlite3.DatabaseError as exc:
+        if is_locked(exc):
+            raise  # waited for by the caller
         raise DatabaseUnavailable(f"{path} is not a readable SQLite database ({exc}); restore "
                                   "it from a backup, or move it away") from None
     finally:
@@ -127,29 +136,46 @@ def inspect_sqlite_file(path: Path, version_table: str) -> tuple[set[str], str |
 
 
 def read_only_uri(path: Path) -> tuple[str, bool]:
-    """The URI of a read-only connection to the SQLite file ``path`` that needs no write access
-    to the file or its directory, and whether it is ``immutable``.
+    """The URI of a read-only connection to the SQLite file ``path`` that writes nothing beside
+    it and needs no write access to the file or its directory, and whether it is
+    ``immutable``.
 
     On a WAL database (every file the tool writes is one), SQLite's ``mode=ro`` needs the
-    ``-wal`` and ``-shm`` files beside it: it creates them when they are missing (and leaves
-    them there, with the file's permissions, where another user's writer could not use them),
-    and cannot open the file at all where it may not create them ("unable to open database
-    file": a read-only mount, a directory or file of another user). So ``mode=ro`` is used where
-    this process could write the file and its directory itself, or where a writer's ``-wal``
-    and ``-shm`` already exist (SQLite reads them without writing, and sees the writer's
-    latest commits); anywhere else ``mode=ro&immutable=1``: SQLite reads the file as it is,
-    creates nothing and takes no lock. Such a file has no writer at work (a writer keeps its
-    ``-wal`` and ``-shm`` while it runs); a writer that starts later is seen by the next
-    connection, which asks again. A ``-wal`` without its ``-shm`` (a writer that died) cannot
-    be read without write access: ``immutable`` reads the file as of its last checkpoint."""
+    ``-wal`` and ``-shm`` files beside it: it creates them when they are missing and leaves
+    them there (a read-only connection cannot remove them; with the file's permissions, where
+    another user's writer could not use them), and cannot open the file at all where it may not
+    create them ("unable to open database file": a read-only mount, a directory or file of
+    another user). So ``mode=ro`` is used where a writer's ``-wal`` and ``-shm`` already exist
+    (SQLite reads them without writing, and sees the writer's latest commits); anywhere else
+    ``mode=ro&immutable=1``: SQLite reads the file as it is, creates nothing and takes no lock.
+    Such a file has no writer at work (a writer keeps its ``-wal`` and ``-shm`` while it runs,
+    and writes the file itself only when it checkpoints them); a writer that starts later is
+    seen by the next connection, which asks again. Two cases keep ``mode=ro`` where this
+    process could write the file and its directory: a file in rollback-journal mode (a reader
+    creates nothing beside it, and its shared lock keeps a writer out of the file while it
+    reads), and a ``-wal`` with pages in it but no ``-shm`` (a writer that died: SQLite makes
+    the ``-shm`` to read the committed pages). Without write access such a ``-wal`` cannot be
+    read: ``immutable`` reads the file as of its last checkpoint."""
     path = path.resolve()
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
     uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
+    if wal.exists() and shm.exists() and os.access(wal, os.R_OK) and os.access(shm, os.R_OK):
+        return uri, False
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
-    if writable or (wal.exists() and shm.exists() and os.access(wal, os.R_OK)
-                    and os.access(shm, os.R_OK)):
+    if writable and (not _wal_mode(path) or _unread_wal(path)):
         return uri, False
     return uri + "&immutable=1", True
+
+
+def _wal_mode(path: Path) -> bool:
+    """Whether the header of the SQLite file ``path`` says WAL mode (read and write versions
+    2); ``True`` where it cannot be read (the reading that follows says what is wrong)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except OSError:
+        return True
+    return len(header) < 20 or header[18:20] != b"\x01\x01"
 
 
 def _unread_wal(path: Path) -> str | None:
@@ -211,9 +237,9 @@ class SqliteReadConnections:
 
                 self._told = True
                 warnings.warn(unread, RuntimeWarning, stacklevel=4)
-        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S,
+        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_SLICE_S,
                                      isolation_level=None, check_same_thread=False)
-        connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        connection.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_S * 1000)}")
         return connection
 
     def take(self) -> sqlite3.Connection:
@@ -258,12 +284,12 @@ def sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
 
                 told.append(unread)
                 warnings.warn(unread, RuntimeWarning, stacklevel=2)
-            return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+            return sqlite3.connect(uri, uri=True, timeout=BUSY_SLICE_S, isolation_level=None,
                                    check_same_thread=False)
         pool = NullPool if read_only_uri(path)[1] else QueuePool
     else:
         def connect() -> sqlite3.Connection:
-            return sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+            return sqlite3.connect(str(path), timeout=BUSY_SLICE_S, isolation_level=None,
                                    check_same_thread=False)
         pool = QueuePool
     engine = create_engine("sqlite+pysqlite://", creator=connect, poolclass=pool)
@@ -272,7 +298,7 @@ def sqlite_engine(path: Path | None, *, read_only: bool) -> "Engine":
     # would be DEFERRED, and a deferred reader that later writes fails with SQLITE_BUSY at once.
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, record: Any) -> None:
-        dbapi_connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_S * 1000)}")
         if path is not None and not read_only:
             dbapi_connection.execute("PRAGMA journal_mode = WAL")
 
@@ -298,10 +324,16 @@ def server_engine(target: Target) -> "Engine":
 
 
 def is_locked(exc: BaseException) -> bool:
-    """A lock / busy / serialisation failure: the transaction may succeed if run again."""
-    from sqlalchemy.exc import DBAPIError
-
-    if not isinstance(exc, DBAPIError):
+    """A lock / busy / serialisation failure (SQLAlchemy's, or ``sqlite3``'s own): the
+    transaction may succeed if run again."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+    elif "sqlalchemy" not in sys.modules:  # not SQLAlchemy's, and a reader never imports it
         return False
-    text = str(exc.orig).lower()
+    else:
+        from sqlalchemy.exc import DBAPIError
+
+        if not isinstance(exc, DBAPIError):
+            return False
+        text = str(exc.orig).lower()
     return "locked" in text or "busy" in text or "deadlock" in text or "serializ" in text

@@ -11,7 +11,8 @@ messages where they reach a user.
 
 from __future__ import annotations
 
-__all__ = ["TiledAttentionError", "DatabaseError", "DatabaseUnavailable", "SchemaTooNew",
+__all__ = ["TiledAttentionError", "DatabaseError", "DatabaseUnavailable", "DatabaseLocked",
+           "SchemaTooNew",
            "RecordError", "DatabaseArgumentError", "DatabaseMisuse", "OutputRefused"]
 
 
@@ -29,6 +30,13 @@ class DatabaseUnavailable(DatabaseError, RuntimeError):
 
     The message names the file (or the URL, password masked) and says what was wrong.
     """
+
+
+class DatabaseLocked(DatabaseUnavailable):
+    """Another process held a SQLite database's lock for longer than this one waits
+    (``db._locks``): the message names the file, the process holding the lock where it can be
+    found, and what to do. A :class:`DatabaseUnavailable`, so whoever reports those as one line
+    reports this too."""
 
 
 class SchemaTooNew(DatabaseError, RuntimeError):

@@ -3,7 +3,9 @@
 SQLite files run in WAL mode, so a lookup reads while a tuner writes. Every write is one
 ``BEGIN IMMEDIATE`` transaction (the write lock is taken before the read that decides what to
 write), so concurrent writers serialise instead of failing with "database is locked"; other
-databases use ``SELECT ... FOR UPDATE`` and retry a transaction that lost an insert race.
+databases use ``SELECT ... FOR UPDATE`` and retry a transaction that lost an insert race. A
+lock another process holds is waited for ``lock_wait_s`` seconds at most (``db._locks``: in
+slices that a Ctrl-C cuts short), then :class:`~db._errors.DatabaseLocked` says who holds it.
 
 SQLAlchemy and Alembic are imported on first use, not with ``db``: a lookup without a database
 file costs one ``os.path.exists``. A SQLite file opened read-only is read through the standard
@@ -12,6 +14,7 @@ library's ``sqlite3`` alone (``_sql``'s queries, which SQLAlchemy runs for the o
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from contextlib import contextmanager
@@ -25,6 +28,7 @@ from ._engine import (WRITE_OPTION, SqliteReadConnections, Target, check_sqlite_
 from ._encode import problem_key, row_values
 from ._errors import (DatabaseArgumentError, DatabaseMisuse, DatabaseUnavailable, RecordError,
                       SchemaTooNew)
+from ._locks import LOCK_WAIT_S, LockWait, check_lock_wait, locked_error
 from ._queries import Queries
 from ._merge import verdict
 from ._rows import FamilyCodec, Provenance, ScheduleRow, codec_map
@@ -37,6 +41,8 @@ __all__ = ["ScheduleDB", "PUT_OUTCOMES"]
 #: What :meth:`ScheduleDB.put` did.
 PUT_OUTCOMES = ("added", "improved", "replaced", "forced", "kept", "skipped")
 
+#: Write transactions a call runs at most when each loses an insert race to another writer
+#: (a server database; SQLite's writers serialise on the lock, waited for by time instead).
 _WRITE_ATTEMPTS = 8
 _T = TypeVar("_T")
 #: Problems per query when :meth:`ScheduleDB.merge_many` fetches the stored rows (within
@@ -68,18 +74,23 @@ class ScheduleDB(Queries):
     created and an older schema is migrated in place; a schema newer than this tiledattention
     knows can still be read, but :meth:`put` raises :class:`SchemaTooNew`. ``read_only=True``
     never creates, migrates or changes anything, and needs no write access to a SQLite file or
-    its directory (a read-only mount, another user's file: ``_engine.read_only_uri``).
+    its directory (a read-only mount, another user's file: ``_engine.read_only_uri``), and
+    writes nothing beside it.
+
+    ``lock_wait_s``: how long, in all, a read or write waits for a lock another process holds
+    on a SQLite file before :class:`~db._errors.DatabaseLocked` (``None``: ``LOCK_WAIT_S``).
     """
 
     def __init__(self, location: str | os.PathLike, *,
                  codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = (),
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, lock_wait_s: float | None = None) -> None:
+        self._lock_wait_s = LOCK_WAIT_S if lock_wait_s is None else check_lock_wait(lock_wait_s)
         self._codecs = codec_map(codecs)
         self._target = Target(location)
         self._read_only = read_only
+        self._closed = False
         self._engine: Engine | None = None
         self._reads: SqliteReadConnections | None = None  # a SQLite file read-only: no engine
-        self._closed = False
         self._present: frozenset[str] | None = None
         self._prepared: dict[str, tuple] = {}  # _insert_many's statement
         path = self._target.path
@@ -103,8 +114,8 @@ class ScheduleDB(Queries):
 
     @classmethod
     def open_for_lookup(cls, location: str | os.PathLike, *,
-                        codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = ()
-                        ) -> "ScheduleDB | None":
+                        codecs: Iterable[FamilyCodec] | Mapping[str, FamilyCodec] = (),
+                        lock_wait_s: float | None = None) -> "ScheduleDB | None":
         """Open for reading at run time: ``None`` when a SQLite file does not exist or is empty
         (nothing is created); :class:`DatabaseUnavailable` naming the file when it is not a
         readable tiledattention database.
@@ -116,7 +127,7 @@ class ScheduleDB(Queries):
         target = Target(location)
         if target.path is not None and (not target.path.exists() or _empty(target.path)):
             return None
-        return cls(location, codecs=codecs, read_only=True)
+        return cls(location, codecs=codecs, read_only=True, lock_wait_s=lock_wait_s)
 
     # -- life cycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -145,6 +156,10 @@ class ScheduleDB(Queries):
         return self._read_only
 
     # -- connections ----------------------------------------------------------------------------
+    def _lock_wait(self) -> LockWait:
+        """A wait for another process's lock on the database, starting now."""
+        return LockWait(self._lock_wait_s, self._target.path, self._target.shown)
+
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator["Connection"]:
         from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -160,7 +175,9 @@ class ScheduleDB(Queries):
                     yield connection
         except DBAPIError as exc:
             if write and (is_locked(exc) or isinstance(exc, IntegrityError)):
-                raise  # put() retries these (a lock, or another writer's insert of the key)
+                raise  # _write retries these (a lock, or another writer's insert of the key)
+            if is_locked(exc):  # a read (in WAL mode, reads wait for no writer)
+                raise locked_error(self._target.path, self._target.shown, 0.0) from exc
             raise DatabaseUnavailable(f"cannot use the schedule database {self}: "
                                       f"{exc.orig or exc}") from exc
 
@@ -176,12 +193,25 @@ class ScheduleDB(Queries):
 
         if self._closed:
             raise DatabaseMisuse(f"{self!r} is closed")
+        reads = self._reads
+
+        def begin() -> sqlite3.Connection:
+            # the read lock (a snapshot, in WAL mode) is taken here, waited for in slices; the
+            # queries of the transaction then need no other
+            connection = reads.take()
+            try:
+                connection.execute("BEGIN")
+                connection.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            except BaseException:
+                connection.close()
+                raise
+            return connection
+
         try:
-            connection = self._reads.take()
+            connection = self._lock_wait().run(begin, is_locked)
         except sqlite3.Error as exc:
             raise DatabaseUnavailable(f"cannot use the schedule database {self}: {exc}") from exc
         try:
-            connection.execute("BEGIN")
             yield _sql.SqliteReader(connection)
             connection.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -208,7 +238,8 @@ class ScheduleDB(Queries):
             return
         check_sqlite_file(path)
         if path.stat().st_size:
-            tables, revision = inspect_sqlite_file(path, VERSION_TABLE)
+            tables, revision = inspect_sqlite_file(path, VERSION_TABLE,
+                                                   lock_wait_s=self._lock_wait_s)
             if TABLE_NAME not in tables and VERSION_TABLE in tables:
                 raise self._foreign(f"no {TABLE_NAME!r} table")
             if TABLE_NAME not in tables and tables:
@@ -261,7 +292,8 @@ class ScheduleDB(Queries):
         from . import _migrate
         from ._schema import HEAD_REVISION, TABLE_NAME
 
-        for attempt in range(_WRITE_ATTEMPTS):
+        wait = self._lock_wait()
+        for attempt in itertools.count():
             try:
                 with self._transaction(write=True) as connection:
                     tables, revision, has_version = self._inspect(
@@ -281,10 +313,12 @@ class ScheduleDB(Queries):
                         _migrate.upgrade(connection, "head")
                 return
             except Exception as exc:
-                if not (is_locked(exc) or self._lost_create_race(exc)) \
-                        or attempt == _WRITE_ATTEMPTS - 1:
+                if is_locked(exc):
+                    if wait.expired():
+                        raise wait.error() from exc
+                elif not self._lost_create_race(exc) or attempt >= _WRITE_ATTEMPTS - 1:
                     raise
-                time.sleep(0.05 * 2 ** attempt)
+            time.sleep(_pause(attempt))
 
     def _lost_create_race(self, exc: Exception) -> bool:
         """On a server database, another process creating the same tables at the same moment
@@ -444,26 +478,30 @@ class ScheduleDB(Queries):
         return self._write(decide)
 
     def _write(self, decide: Callable[["Connection"], _T]) -> _T:
-        """``decide(connection)`` in a write transaction, run again after a short, growing pause
-        when it lost a race (the database was locked, or another writer inserted one of its
-        keys first: the next run sees that row); :class:`DatabaseUnavailable` after
-        ``_WRITE_ATTEMPTS`` runs."""
+        """``decide(connection)`` in a write transaction, run again after a short pause when it
+        lost a race: the database was locked (retried until ``lock_wait_s`` has passed, then
+        :class:`DatabaseLocked`), or another writer inserted one of its keys first (the next
+        run sees that row; :class:`DatabaseUnavailable` after ``_WRITE_ATTEMPTS`` such runs)."""
         from sqlalchemy.exc import IntegrityError
 
-        last: Exception | None = None
-        for attempt in range(_WRITE_ATTEMPTS):
+        wait = self._lock_wait()
+        races = 0
+        for attempt in itertools.count():
             try:
                 with self._transaction(write=True) as connection:
                     return decide(connection)
             except IntegrityError as exc:
-                last = exc
+                races += 1
+                if races >= _WRITE_ATTEMPTS:
+                    raise DatabaseUnavailable(
+                        f"cannot write to {self}: {races} attempts in a row lost an insert race "
+                        f"to other writers ({exc.orig})") from exc
             except Exception as exc:
                 if not is_locked(exc):
                     raise
-                last = exc
-            time.sleep(0.02 * 2 ** attempt)
-        raise DatabaseUnavailable(f"cannot write to {self} after {_WRITE_ATTEMPTS} attempts: "
-                                  f"{last}")
+                if wait.expired():
+                    raise wait.error() from exc
+            time.sleep(_pause(attempt))
 
     def delete(self, family: str, arch: str, device_name: str, problem: Any) -> bool:
         """Remove the row of this key; ``True`` when there was one."""
@@ -472,10 +510,15 @@ class ScheduleDB(Queries):
         from ._schema import schedules as t
 
         self._check_writable()
-        with self._transaction(write=True) as connection:
-            result = connection.execute(delete(t).where(_key_clause(
-                t, (family, arch, device_name, problem_key(problem)))))
-            return result.rowcount > 0
+        where = _key_clause(t, (family, arch, device_name, problem_key(problem)))
+        return self._write(lambda connection: connection.execute(delete(t).where(where))
+                           .rowcount > 0)
+
+
+def _pause(attempt: int) -> float:
+    """Seconds between two write attempts: short (a SQLite attempt has already waited its busy
+    timeout), growing for a server database's races."""
+    return min(0.01 * 2 ** attempt, 0.2)
 
 
 def _insert_many(connection: "Connection", t: Any, records: list[dict[str, Any]],

@@ -67,11 +67,14 @@ def open_database(location: str | None = None, *, read_only: bool = False) -> An
     ``db.ScheduleDB``. ``read_only``: ``None`` when a SQLite file does not exist."""
     import db
 
+    from ._settings import lock_wait_s
+
     where = location if location is not None else database_location()
+    wait = lock_wait_s()
     try:
         if read_only:
-            return db.ScheduleDB.open_for_lookup(where, codecs=tooling.codecs())
-        return db.ScheduleDB(where, codecs=tooling.codecs())
+            return db.ScheduleDB.open_for_lookup(where, codecs=tooling.codecs(), lock_wait_s=wait)
+        return db.ScheduleDB(where, codecs=tooling.codecs(), lock_wait_s=wait)
     except db.DatabaseError as exc:
         raise ScheduleDatabaseError(str(exc)) from exc
 

@@ -1,13 +1,16 @@
-"""The one place that reads the environment. One setting: ``TILEDATTN_DB``."""
+"""The one place that reads the environment. Two settings: ``TILEDATTN_DB`` and
+``TILEDATTN_LOCK_WAIT``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["database_location", "simulated_database_location", "DB_ENV_VAR"]
+__all__ = ["database_location", "simulated_database_location", "lock_wait_s", "DB_ENV_VAR",
+           "LOCK_WAIT_ENV_VAR"]
 
 DB_ENV_VAR = "TILEDATTN_DB"
+LOCK_WAIT_ENV_VAR = "TILEDATTN_LOCK_WAIT"
 
 
 def _cache() -> Path:
@@ -29,3 +32,24 @@ def simulated_database_location() -> str:
     a file of its own that the runtime never reads (``simulated-schedules.sqlite`` in the
     cache)."""
     return str(_cache() / "simulated-schedules.sqlite")
+
+
+def lock_wait_s() -> float | None:
+    """``$TILEDATTN_LOCK_WAIT``: seconds a schedule database waits, in all, for a lock another
+    process holds before it gives up (``None`` when unset: the database's default, a few
+    seconds); :class:`~tiledattention.errors.InputValueError` when it is not a number >= 0."""
+    import math
+
+    from .errors import InputValueError
+
+    text = os.environ.get(LOCK_WAIT_ENV_VAR, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise InputValueError(f"{LOCK_WAIT_ENV_VAR} must be a number of seconds >= 0 (the "
+                              f"longest wait for another process's database lock); got {text!r}")
+    return value

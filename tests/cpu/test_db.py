@@ -597,7 +597,8 @@ def test_a_write_that_loses_a_race_is_run_again_and_gives_up_after_its_attempts(
         tmp_path, monkeypatch, how):
     """``put``/``merge``/``merge_many`` share one retry loop (``ScheduleDB._write``): a write
     transaction that found the database locked, or lost an insert race, runs again after a
-    pause; one that keeps losing raises DatabaseUnavailable; any other error is not retried."""
+    pause; one that keeps losing races raises DatabaseUnavailable, one still locked when its
+    ``lock_wait_s`` has passed DatabaseLocked; any other error is not retried."""
     from sqlalchemy.exc import IntegrityError, OperationalError
 
     from db import _store
@@ -623,10 +624,14 @@ def test_a_write_that_loses_a_race_is_run_again_and_gives_up_after_its_attempts(
     failures[:] = [OperationalError("INSERT", {}, Exception("database is locked")),
                    IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))]
     assert write(1024) == ("added", "") and len(pauses) == 2 and not failures
-    failures[:] = [OperationalError("INSERT", {}, Exception("database is locked"))] * 8
-    with pytest.raises(db.DatabaseUnavailable, match="after 8 attempts: .*locked"):
+    failures[:] = [IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))] * 8
+    with pytest.raises(db.DatabaseUnavailable, match="8 attempts in a row lost an insert race"):
+        write(2048)
+    store._lock_wait_s = 0.0  # the wait is over at the first lock found
+    failures[:] = [OperationalError("INSERT", {}, Exception("database is locked"))]
+    with pytest.raises(db.DatabaseUnavailable, match="s.sqlite is locked by another process"):
         write(2048)
     failures[:] = [OperationalError("INSERT", {}, Exception("disk I/O error"))]
     with pytest.raises(OperationalError, match="disk I/O"):
         write(4096)
-    assert len(pauses) == 10 and len(store.rows()) == 1
+    assert len(pauses) == 9 and len(store.rows()) == 1

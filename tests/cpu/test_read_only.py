@@ -181,15 +181,34 @@ def test_a_wal_without_its_shm_is_read_as_of_its_last_checkpoint_with_one_warnin
     assert state(copy) == before
 
 
-def test_a_writable_database_is_read_through_its_wal_and_written_in_wal_mode(tmp_path):
-    """Where the reader could write, it reads as before (``mode=ro``, sharing the writer's
-    WAL); a writer opening a file leaves it in WAL mode."""
+def test_a_writable_database_is_read_through_a_writers_wal_and_written_in_wal_mode(tmp_path):
+    """Where the reader could write, it reads a writer's ``-wal`` (``mode=ro``) while there is
+    one, and the file as it is (``immutable``, nothing made beside it) when there is none; a
+    writer opening a file leaves it in WAL mode."""
     path = tuned(tmp_path / "schedules.sqlite")
     uri, immutable = db._engine.read_only_uri(path)
-    assert not immutable and uri.endswith("?mode=ro")
+    assert immutable and uri.endswith("?mode=ro&immutable=1")
+    writer = sqlite3.connect(path)
+    writer.execute("SELECT count(*) FROM schedules").fetchall()  # opens the -wal and -shm
+    try:
+        uri, immutable = db._engine.read_only_uri(path)
+        assert not immutable and uri.endswith("?mode=ro")
+    finally:
+        writer.close()
     with db.ScheduleDB(path, codecs=codecs()) as store:
         store.put(row(PROBLEM, LATER), force=True)
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_readers_write_nothing_beside_a_writable_database(tmp_path, monkeypatch, capsys,
+                                                          runtime):
+    """Issue 45: ``list``, ``explain``, ``export`` and the runtime's lookup left ``-wal`` and
+    ``-shm`` files beside a database they could write (SQLite's ``mode=ro`` makes them on a WAL
+    file and cannot remove them); the README says readers write nothing beside it."""
+    path = tuned(tmp_path / "deployed" / "schedules.sqlite")
+    before = state(path)
+    read_with_every_reader(path, tmp_path, capsys)
+    assert state(path) == before  # the folder holds the database file alone
 
 
 # -- the kernel's and the operating system's own refusals --------------------------------------
