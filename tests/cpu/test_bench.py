@@ -62,7 +62,7 @@ def test_default_grid_points():
     points = grid.problems
     assert len(points) == 3 * 6 * 2 * 2 == len(set(points))
     assert grid.contenders == CONTENDERS == ("tiledattention", "tiledattention-default",
-                                             "torch-flash", "torch-cudnn")
+                                             "torch-flash", "torch-cudnn", "flash-attn-4")
     assert all(isinstance(p, tiledattention.FORWARD.problem_type) for p in points)
     assert {p.head_dim for p in points} == {64, 128, 256}
     assert {p.seqlen_q for p in points} == {512, 1024, 2048, 4096, 8192, 16384}

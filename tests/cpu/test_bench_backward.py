@@ -42,7 +42,7 @@ def test_default_backward_grid_is_the_issues_grid():
     points = grid.problems
     assert len(points) == 2 * 3 * 3 * 2 == len(set(points))
     assert grid.contenders == ("tiledattention", "tiledattention-default", "torch-cudnn",
-                               "torch-flash")
+                               "torch-flash", "flash-attn-4")
     assert {p.dtype for p in points} == {"bf16", "fp16"}
     assert {p.head_dim for p in points} == {64, 128, 256}
     assert {p.seqlen_q for p in points} == {1024, 4096, 16384}
@@ -121,7 +121,7 @@ def test_backward_run_without_a_gpu_gets_past_the_flags(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert bench_cmd.run(_args("--kernel", "backward", "--quick")) == 1
+    assert bench_cmd.run(_args("--kernel", "backward", "--quick")) == 2  # an environment condition
     assert "no CUDA device" in _squash(capsys.readouterr().err)
 
 
@@ -302,7 +302,7 @@ def test_backward_plots_are_small_pngs_for_the_whole_grid(tmp_path):
     written, messages = write_plots(only_torch, tmp_path / "torch")
     assert [p.name for p in written] == ["backward_tflops.png"]
     assert messages == ["no backward_speedup.png: torch-flash and torch-cudnn and "
-                        "tiledattention never both ran"]
+                        "flash-attn-4 and tiledattention never both ran"]
 
 
 def test_backward_points_name_grouped_heads_and_unequal_lengths():

@@ -58,7 +58,8 @@ def test_default_decode_grid():
     grid = build_decode_grid()
     points = grid.problems
     assert grid.contenders == ("tiledattention", "tiledattention-default",
-                               "tiledattention-forward", "torch-cudnn", "torch-flash")
+                               "tiledattention-forward", "torch-cudnn", "torch-flash",
+                               "flash-attn-4")
     assert all((p.heads_q, p.heads_kv, p.head_dim, p.dtype) == (32, 8, 128, "bf16")
                for p in points)
     single = [(1, 1, s, "none") for s in (4096, 8192, 16384, 30000, 32768, 65536, 100000,
@@ -146,7 +147,7 @@ def test_decode_run_without_a_gpu_gets_past_the_flags(capsys):
     pytest.importorskip("torch")
     if __import__("torch").cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert bench_cmd.run(_args("--kernel", "decode", "--quick")) == 1
+    assert bench_cmd.run(_args("--kernel", "decode", "--quick")) == 2  # an environment condition
     assert "no CUDA device" in _squash(capsys.readouterr().err)
 
 

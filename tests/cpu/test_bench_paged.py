@@ -20,9 +20,10 @@ import tiledattention
 from tiledattention import DECODE, Problem
 from tiledattention._reference import attention_reference
 from tuner import bench
-from tuner.bench import (PAGED_CONTENDERS, PAGED_POINTS, PAGED_PRESETS, PRESETS,
-                         RAGGED_CONTENDERS, VARIANT_CONTENDERS, BenchConfigError, BenchResult,
-                         RunInfo, applies, build_grid, load_results, render_markdown, write_csv)
+from tuner.bench import (PAGED_CONTENDERS, PAGED_POINTS, PAGED_PRESETS, PEER_CONTENDERS,
+                         PRESETS, RAGGED_CONTENDERS, VARIANT_CONTENDERS, BenchConfigError,
+                         BenchResult, RunInfo, applies, build_grid, load_results,
+                         render_markdown, write_csv)
 from tuner.bench import _engine, _paged
 from tuner.commands import bench_cmd
 
@@ -72,7 +73,7 @@ def test_paged_preset_points(quick, expected):
         assert Problem.from_dict(p.to_dict()) == p  # canonical
         assert DECODE.takes("sm_90", p)  # the decode family runs it
     # tiledattention's lookup and default, and both paged contenders, at every point
-    assert grid.contenders == OURS + PAGED_CONTENDERS
+    assert grid.contenders == OURS + PAGED_CONTENDERS + PEER_CONTENDERS
     assert all(grid.contenders_at(p) == grid.contenders for p in grid.problems)
 
 
@@ -151,7 +152,8 @@ def test_a_paged_problem_named_field_by_field_gets_the_paged_contenders():
         "seqlen_k=1024,head_dim=64,dtype=bf16,causal=yes,bottom_right=yes,ragged=yes,"
         "page_size=32"))
     # the forward family reads no paged cache: its lookup is no contender here
-    assert grid.contenders == OURS + PAGED_CONTENDERS and grid.problems[0].page_size == 32
+    assert grid.contenders == OURS + PAGED_CONTENDERS + PEER_CONTENDERS
+    assert grid.problems[0].page_size == 32
 
 
 # -- work and bytes on the valid keys ---------------------------------------------------------

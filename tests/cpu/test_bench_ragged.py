@@ -19,7 +19,7 @@ import tiledattention
 from tiledattention import BACKWARD, FORWARD, Problem
 from tiledattention._reference import varlen_reference, visible_keys
 from tuner import bench
-from tuner.bench import (PRESETS, RAGGED_CONTENDERS, RAGGED_POINTS, VARIANT_CONTENDERS,
+from tuner.bench import (PEER_CONTENDERS, PRESETS, RAGGED_CONTENDERS, RAGGED_POINTS, VARIANT_CONTENDERS,
                          BenchConfigError, BenchResult, RunInfo, applies, build_grid,
                          load_results, padded_mask, render_markdown, valid_tokens, write_csv)
 from tuner.bench import _engine, _ragged
@@ -76,7 +76,7 @@ def test_ragged_preset_points(kernel, quick, expected):
         # valid, canonical ragged buckets of the family, in bf16, none of them a variant
         assert isinstance(p, grid.preset.family.problem_type) and p.ragged and not p.variant
         assert Problem.from_dict(p.to_dict()) == p and p.dtype == "bf16"
-    assert grid.contenders == OURS + RAGGED_CONTENDERS
+    assert grid.contenders == OURS + RAGGED_CONTENDERS + PEER_CONTENDERS
     assert all(grid.contenders_at(p) == grid.contenders for p in grid.problems)
 
 
@@ -137,13 +137,14 @@ PLAIN = Problem(batch=1, heads_q=4, heads_kv=2, seqlen_q=32, seqlen_k=32, head_d
     (_r(window_left=7), OURS + RAGGED_CONTENDERS),
     (_r(softcap=30.0), OURS),
     (_r(sinks=True), OURS),
-    (PLAIN, PRESETS["forward"].contenders),
+    (PLAIN, PRESETS["forward"].contenders[:-1]),
     (dataclasses.replace(PLAIN, window_left=7), OURS + VARIANT_CONTENDERS),
 ], ids=("causal", "full", "top-left-more-keys", "bottom-right-more-keys", "full-more-keys",
         "window", "softcap", "sinks", "plain", "plain-window"))
 def test_contenders_per_problem(problem, expected):
-    known = PRESETS["forward"].contenders + VARIANT_CONTENDERS + RAGGED_CONTENDERS
+    known = PRESETS["forward"].contenders[:-1] + VARIANT_CONTENDERS + RAGGED_CONTENDERS
     assert tuple(c for c in known if applies(c, problem)) == expected
+    assert all(applies(c, problem) for c in PEER_CONTENDERS)  # FlashAttention-4: everywhere
 
 
 def test_ragged_varlen_window():
@@ -455,7 +456,8 @@ def test_cli_ragged_preset(capsys):
     given = bench_cmd.grid_from_args(_args("--problem", "batch=4,heads_q=8,heads_kv=2,"
                                            "seqlen_q=512,seqlen_k=512,head_dim=64,dtype=bf16,"
                                            "causal=yes,ragged=yes"))
-    assert given.contenders == OURS + RAGGED_CONTENDERS and given.problems[0].ragged
+    assert given.contenders == OURS + RAGGED_CONTENDERS + PEER_CONTENDERS
+    assert given.problems[0].ragged
 
 
 # -- rows, CSV, summary and plots ----------------------------------------------------------------

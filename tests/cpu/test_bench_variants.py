@@ -15,7 +15,7 @@ import pytest
 import tiledattention
 from tiledattention import Problem
 from tuner import bench
-from tuner.bench import (PRESETS, VARIANT_CONTENDERS, BenchConfigError, BenchResult, RunInfo,
+from tuner.bench import (PEER_CONTENDERS, PRESETS, VARIANT_CONTENDERS, BenchConfigError, BenchResult, RunInfo,
                          applies, build_grid, flex_mask_mod, flex_score_mod, load_results,
                          render_markdown, varlen_window, write_csv)
 from tuner.bench import _engine, _variants
@@ -75,7 +75,7 @@ def test_variants_preset_points(kernel, quick, expected):
         assert isinstance(p, grid.preset.family.problem_type) and p.variant
         assert Problem.from_dict(p.to_dict()) == p and p.dtype == "bf16"
     assert grid.contenders == OURS + (("tiledattention-forward",) if kernel == "decode"
-                                      else ()) + VARIANT_CONTENDERS
+                                      else ()) + VARIANT_CONTENDERS + PEER_CONTENDERS
 
 
 def test_decode_points_see_the_last_keys_of_the_cache():
@@ -115,16 +115,17 @@ TOP_LEFT_WINDOW = _p(seqlen_q=16, seqlen_k=64, window_left=7)  # not FlashAttent
 
 @pytest.mark.parametrize("problem, expected", [
     (PLAIN, PRESETS["forward"].contenders),
-    (WINDOW, ("tiledattention", "tiledattention-default", "flex", "sdpa-mask", "varlen")),
-    (SOFTCAP, ("tiledattention", "tiledattention-default", "flex")),
-    (SINKS, ("tiledattention", "tiledattention-default", "flex")),
-    (WINDOW_SINKS, ("tiledattention", "tiledattention-default", "flex")),
-    (TOP_LEFT_WINDOW, ("tiledattention", "tiledattention-default", "flex", "sdpa-mask")),
+    (WINDOW, OURS + ("flex", "sdpa-mask", "varlen") + PEER_CONTENDERS),
+    (SOFTCAP, OURS + ("flex",) + PEER_CONTENDERS),
+    (SINKS, OURS + ("flex",) + PEER_CONTENDERS),
+    (WINDOW_SINKS, OURS + ("flex",) + PEER_CONTENDERS),
+    (TOP_LEFT_WINDOW, OURS + ("flex", "sdpa-mask") + PEER_CONTENDERS),
 ], ids=("plain", "window", "softcap", "sinks", "window+sinks", "top-left-window"))
 def test_contenders_per_kind_of_problem(problem, expected):
     problems = [PLAIN, WINDOW, SOFTCAP, SINKS, WINDOW_SINKS, TOP_LEFT_WINDOW]
     grid = build_grid("forward", problems=[p.to_dict() for p in problems])
-    assert grid.contenders == PRESETS["forward"].contenders + VARIANT_CONTENDERS
+    assert grid.contenders == PRESETS["forward"].contenders[:-1] + VARIANT_CONTENDERS \
+        + PEER_CONTENDERS
     assert grid.contenders_at(problem) == expected
     assert tuple(c for c in grid.contenders if applies(c, problem)) == expected
 
@@ -355,7 +356,7 @@ def test_run_grid_gives_each_problem_its_contenders(monkeypatch):
     monkeypatch.setattr(_engine, "environment", lambda device, family: {})
     monkeypatch.setattr(_engine, "gpu_clocks", lambda device: ("", ""))
     bench.run_grid(grid, bench.BenchSettings(), measure=measure)
-    assert seen == [PRESETS["forward"].contenders, OURS + ("flex",)]
+    assert seen == [PRESETS["forward"].contenders, OURS + ("flex",) + PEER_CONTENDERS]
 
 
 # -- flags ---------------------------------------------------------------------------------------
@@ -400,7 +401,8 @@ def test_cli_preset_option(capsys):
     given = bench_cmd.grid_from_args(_args("--problem", "batch=1,heads_q=4,heads_kv=2,"
                                            "seqlen_q=64,seqlen_k=64,head_dim=64,dtype=bf16,"
                                            "causal=yes,softcap=30.0"))
-    assert given.contenders == OURS + ("flex",) and given.problems[0].softcap == 30.0
+    assert given.contenders == OURS + ("flex",) + PEER_CONTENDERS
+    assert given.problems[0].softcap == 30.0
     assert parse_problem_fields("batch=1,heads_q=4,heads_kv=2,seqlen_q=64,seqlen_k=64,"
                                 "head_dim=64,dtype=bf16,causal=yes,window_left=7")
 

@@ -5,7 +5,9 @@ the shipped paged decode buckets), ``_variants`` (the contenders of variant prob
 FlexAttention, SDPA with the materialised mask, ``varlen_attn``), ``_ragged`` (those of ragged
 problems: ``varlen_attn`` on the packed batch, SDPA on the padded batch with the padding mask),
 ``_paged`` (those of paged problems: ``varlen_attn`` with a block table, cuDNN's SDPA on the
-caches padded to the longest with the key-padding mask; valid K/V bytes), ``_engine`` (the
+caches padded to the longest with the key-padding mask; valid K/V bytes), ``_peers`` (other
+libraries' contenders at every problem: FlashAttention-4, ``unavailable`` where
+``flash_attn.cute`` is not installed), ``_engine`` (the
 contenders checked and timed through the family's GPU case), ``_results`` (rows, CSV, run
 information), ``_report`` (one summary writer, a layout per family) and ``_plots``. The command is
 ``tuner.commands.bench_cmd``."""
@@ -15,6 +17,7 @@ from ._engine import (QUICK_TIMING, TIMING_DEFAULTS, BenchSettings, copy_gbps, e
                       run_grid)
 from ._paged import (PAGED_CONTENDERS, applies_paged, paged_bytes, paged_flops,
                      varlen_paged_support)
+from ._peers import FA4, PEER_CONTENDERS, PeerUnavailable, fa4_mask
 from ._plots import (MAX_PNG_BYTES, PAGED_PLOTS, PLOTS, RAGGED_PLOTS, VARIANT_PLOTS, Plot,
                      PlotsUnavailable, new_figure, save_png, write_plots)
 from ._presets import (GRID_PRESETS, PAGED_POINTS, PAGED_PRESETS, PRESETS, RAGGED_POINTS,
@@ -33,13 +36,13 @@ CONTENDERS = PRESETS["forward"].contenders
 
 __all__ = [
     "BenchConfigError", "BenchResult", "BenchSettings", "CONTENDERS", "COPY_BYTES", "CSV_COLUMNS",
-    "GRID_PRESETS", "Grid", "LAYOUTS", "Layout", "MATMUL_SIZE", "MAX_PNG_BYTES",
-    "PAGED_CONTENDERS", "PAGED_PLOTS", "PAGED_POINTS", "PAGED_PRESETS", "PLOTS", "PRESETS", "Plot",
-    "PlotsUnavailable", "Preset", "QUICK_TIMING", "RAGGED_CONTENDERS", "RAGGED_PLOTS",
+    "FA4", "GRID_PRESETS", "Grid", "LAYOUTS", "Layout", "MATMUL_SIZE", "MAX_PNG_BYTES",
+    "PAGED_CONTENDERS", "PAGED_PLOTS", "PAGED_POINTS", "PAGED_PRESETS", "PEER_CONTENDERS", "PLOTS",
+    "PRESETS", "PeerUnavailable", "Plot", "PlotsUnavailable", "Preset", "QUICK_TIMING", "RAGGED_CONTENDERS", "RAGGED_PLOTS",
     "RAGGED_POINTS", "RAGGED_PRESETS", "RunInfo", "STATUSES", "TIMING_DEFAULTS",
     "VARIANT_CONTENDERS", "VARIANT_PLOTS", "VARIANT_POINTS", "VARIANT_PRESETS", "applies",
     "applies_paged", "applies_ragged", "build_grid", "contenders_of", "copy_gbps", "environment",
-    "flex_mask_mod", "flex_score_mod", "geomean", "gpu_clocks", "kernel_of", "load_results",
+    "fa4_mask", "flex_mask_mod", "flex_score_mod", "geomean", "gpu_clocks", "kernel_of", "load_results",
     "matmul_tflops", "measure_point", "new_figure", "paged_bytes", "paged_flops", "paged_layout",
     "padded_mask", "parse_positive_float", "parse_positive_int", "problem_bytes", "ragged_layout",
     "render_markdown", "result_fields", "rich_tables", "run_grid", "save_png", "speedup",

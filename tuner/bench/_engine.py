@@ -16,6 +16,8 @@ built on the family's case and checked against its reference like ours; ragged p
 on the padded batch), built on the family's ragged case and checked likewise; paged problems
 (``Problem.page_size``) those of ``_paged`` (``varlen_attn`` with a block table, cuDNN's SDPA on
 the caches padded to the longest with a key-padding mask), built on the family's paged case.
+FlashAttention-4 (``_peers``) runs at every kind of problem, built on the family's case and
+checked likewise (``unavailable`` where ``flash_attn.cute`` is not installed).
 TFLOP/s are the
 family's ``flops`` (of a ragged problem: the case's sequences' valid tokens only; of a paged
 one: the case's valid keys); GB/s ``problem_bytes`` (of a paged
@@ -38,6 +40,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import TunerError
 from ._paged import PAGED_CONTENDERS, build_paged_contender, is_paged, paged_bytes
+from ._peers import PEER_CONTENDERS, build_peer_contender
 from ._presets import Grid, Preset
 from ._ragged import RAGGED_CONTENDERS, build_ragged_contender, case_sequences, is_ragged
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult
@@ -184,6 +187,8 @@ class _Point:
             return self._built(name, build_ragged_contender)
         if name in PAGED_CONTENDERS:
             return self._built(name, build_paged_contender)
+        if name in PEER_CONTENDERS:
+            return self._built(name, build_peer_contender)
         if self._baselines is None:
             self._baselines = self.case(self.family).baselines()
         if name not in self._baselines:
@@ -196,9 +201,10 @@ class _Point:
 
     def _built(self, name: str, build: Callable[..., tuple[Callable[[], Any], float]]
                ) -> tuple[Callable[[], Any], float, dict[str, str]]:
-        """A contender of variant, ragged or paged problems (``build``: ``_variants``',
-        ``_ragged``'s or ``_paged``'s builder), built on this family's case and checked against
-        its float32 reference with the family's tolerance."""
+        """A contender of variant, ragged or paged problems or another library's (``build``:
+        ``_variants``', ``_ragged``'s, ``_paged``'s or ``_peers``' builder), built on this
+        family's case and checked against its float32 reference with the family's
+        tolerance."""
         try:
             run, err = build(name, self.problem, self.case(self.family),
                              backward=self.preset.phase == "backward")

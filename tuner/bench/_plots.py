@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 from db import write_bytes_atomic
 
 from ..errors import TunerError, TunerValueError
+from ._peers import FA4
 from ._report import contenders_of, kernel_of, speedup
 from ._results import BenchResult
 
@@ -60,7 +61,7 @@ PLOTS = {
         f"S_q{r.seqlen_q}")),),
     "backward": (Plot("backward_tflops.png", "TFLOP/s"),
                  Plot("backward_speedup.png", "tiledattention speed-up", only="tiledattention",
-                      against=("torch-flash", "torch-cudnn"))),
+                      against=("torch-flash", "torch-cudnn", FA4))),
 }
 
 
@@ -69,7 +70,7 @@ def _variant_panel(r: BenchResult) -> tuple:
 
 
 _VARIANT_SPEEDUP = Plot("variants_speedup_{dtype}.png", "tiledattention speed-up",
-                        only="tiledattention", against=("flex", "sdpa-mask", "varlen"),
+                        only="tiledattention", against=("flex", "sdpa-mask", "varlen", FA4),
                         panel=_variant_panel)
 #: The figures of a run with variant points (a window, a softcap, sinks), per family:
 #: tiledattention's speed-up over each variant contender, a panel per kind of point (decode:
@@ -92,7 +93,7 @@ _RAGGED_X = "longest sequence (keys)"
 _RAGGED = (Plot("ragged_tflops_{dtype}.png", "TFLOP/s (valid tokens)", panel=_ragged_panel,
                 xlabel=_RAGGED_X),
            Plot("ragged_speedup_{dtype}.png", "tiledattention speed-up", only="tiledattention",
-                against=("torch-varlen", "cudnn-padded", "efficient-padded"),
+                against=("torch-varlen", "cudnn-padded", "efficient-padded", FA4),
                 panel=_ragged_panel, xlabel=_RAGGED_X))
 #: The figures of a run with ragged points (``--preset ragged``), per family: TFLOP/s on the
 #: valid tokens, and tiledattention's speed-up over each ragged contender.
@@ -113,7 +114,7 @@ PAGED_PLOTS = {"decode": (
     Plot("paged_copy_share.png", "% of copy bandwidth (valid K/V)", copy=True,
          panel=_paged_panel, xlabel=_PAGED_X),
     Plot("paged_speedup_{dtype}.png", "tiledattention speed-up", only="tiledattention",
-         against=("torch-varlen-paged", "cudnn-padded-cache"), panel=_paged_panel,
+         against=("torch-varlen-paged", "cudnn-padded-cache", FA4), panel=_paged_panel,
          xlabel=_PAGED_X))}
 
 

@@ -19,7 +19,8 @@ Plain problems get the preset's contenders; variant problems get tiledattention'
 tiledattention's and those of ``_ragged`` (``varlen_attn`` on the packed batch, SDPA on the
 padded batch with the padding mask), paged problems tiledattention's and those of ``_paged``
 (``varlen_attn`` with a block table, cuDNN's SDPA on the padded caches with the key-padding
-mask): :meth:`Grid.contenders_at`. Everything here is pure (no GPU, no torch); a bad value
+mask), and FlashAttention-4 (``_peers``) at every problem: :meth:`Grid.contenders_at`.
+Everything here is pure (no GPU, no torch); a bad value
 raises :class:`BenchConfigError` naming the flag.
 """
 
@@ -35,6 +36,7 @@ from tiledattention import (InputTypeError, InputValueError, UnsupportedProblemE
 
 from ..errors import UsageError
 from ._paged import PAGED_CONTENDERS
+from ._peers import PEER_CONTENDERS
 from ._ragged import RAGGED_CONTENDERS
 from ._variants import VARIANT_CONTENDERS, applies
 
@@ -278,7 +280,10 @@ class Preset:
     schedule), ``tiledattention-default`` (the family's default, where it differs),
     ``tiledattention-<f>`` for each family ``f`` of ``also`` (its lookup's schedule, on the same
     problems) and the family case's ``baselines``; ``order`` is the order tables show them in
-    (with the names of older runs' contenders). ``ceiling``: the rate the summary reads results
+    (with the names of older runs' contenders); ``peers``: other libraries' contenders, after
+    every other in tables (``_peers``: FlashAttention-4, whose row says ``unavailable`` where
+    it is not installed).
+    ``ceiling``: the rate the summary reads results
     against, ``"matmul"`` (TFLOP/s) or ``"copy"`` (GB/s); ``phase``: the rows' ``phase``."""
 
     kernel: str
@@ -288,6 +293,7 @@ class Preset:
     order: tuple[str, ...]
     baselines: tuple[str, ...]
     also: tuple[str, ...] = ()
+    peers: tuple[str, ...] = PEER_CONTENDERS
     interleave: tuple[int, int] = (0, 0)  # default rounds (full, --quick); 0: one by one
     ceiling: str = "matmul"
     gbps: bool = True  # whether rows carry GB/s (Q, K, V read and the output written)
@@ -302,7 +308,7 @@ class Preset:
     def contenders(self) -> tuple[str, ...]:
         runnable = {"tiledattention", "tiledattention-default", *self.baselines,
                     *(f"tiledattention-{f}" for f in self.also)}
-        return tuple(name for name in self.order if name in runnable)
+        return tuple(name for name in self.order if name in runnable) + self.peers
 
 
 _LAYER = dict(tokens=16384, hidden=2048, head_dims=(64, 128, 256), dtypes=("bf16", "fp16"),
@@ -690,7 +696,8 @@ def build_grid(kernel: str = "forward", *, quick: bool = False,
                                    f"with --kernel {kernel}")
     points = tuple(chosen_preset.build(chosen_preset, options, chosen_preset.defaults[bool(quick)])
                    if problems is None else _given(chosen_preset, problems))
-    known = chosen_preset.contenders + VARIANT_CONTENDERS + RAGGED_CONTENDERS + PAGED_CONTENDERS
+    own = tuple(c for c in chosen_preset.contenders if c not in chosen_preset.peers)
+    known = own + VARIANT_CONTENDERS + RAGGED_CONTENDERS + PAGED_CONTENDERS + chosen_preset.peers
     runs = tuple(c for c in known if any(applies(c, p) for p in points))
     chosen = runs
     if contenders is not None and _text(contenders).strip().lower() != "all":

@@ -16,6 +16,7 @@ GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 from db import write_text_atomic
 
 from ._paged import PAGED_CONTENDERS
+from ._peers import FA4, PEER_CONTENDERS
 from ._presets import PRESETS
 from ._ragged import RAGGED_CONTENDERS
 from ._results import COPY_BYTES, MATMUL_SIZE, BenchResult, RunInfo
@@ -84,11 +86,11 @@ def kernel_of(results: Sequence[BenchResult]) -> str:
 
 def contenders_of(results: Sequence[BenchResult]) -> list[str]:
     """The contenders present in ``results``: in the order of their family's preset (then the
-    variant contenders', the ragged ones', the paged ones'), then others (older runs' names) by
+    variant contenders', the ragged ones', the paged ones', the other libraries'), then others (older runs' names) by
     name."""
     preset = PRESETS.get(kernel_of(results))
     order = (preset.order if preset else ()) + VARIANT_CONTENDERS + RAGGED_CONTENDERS \
-        + PAGED_CONTENDERS
+        + PAGED_CONTENDERS + PEER_CONTENDERS
     present = {r.contender for r in results}
     return [c for c in order if c in present] + sorted(present - set(order))
 
@@ -196,7 +198,8 @@ def _header(doc: _Doc) -> None:
                          + " / ".join(f"{x:.0f}" for x in info.copy_gbps)
                          + f" GB/s of bytes read + written; shares are of the faster, "
                            f"{doc.copy:.0f}")
-    doc.lines += ["", doc.layout.intro, ""]
+    fa4 = FA4 in doc.contenders and any(FA4 in names for _, names in doc.layout.baselines)
+    doc.lines += ["", doc.layout.intro + (_FA4_NOTE if fa4 else ""), ""]
 
 
 def _groups(doc: _Doc) -> None:
@@ -275,9 +278,9 @@ def _target(doc: _Doc) -> None:
                   f"`{name}` {phase} TFLOP/s ÷ `{base}`'s, geometric mean over the {n} points "
                   f"where both ran: **{_x(value)}** ({source} asks for at least {goal}: "
                   f"{verdict})."]
-    if "torch-cudnn" in per:
-        doc.lines[-1] += (f" ÷ `torch-cudnn`: {_x(per['torch-cudnn'][0])} over "
-                          f"{per['torch-cudnn'][1]} points.")
+    for other in ("torch-cudnn", FA4):
+        if other in per:
+            doc.lines[-1] += f" ÷ `{other}`: {_x(per[other][0])} over {per[other][1]} points."
     doc.lines += [f"Left out: {_left_text(left)}."] if left else []
     doc.lines.append("")
 
@@ -405,6 +408,12 @@ def _heads(r: BenchResult) -> str:
 
 _TORCH_MEANS = (("flash", ("torch-flash",)), ("cuDNN", ("torch-cudnn",)),
                 ("efficient", ("torch-efficient",)))
+#: Speed-ups over FlashAttention-4 (``_peers``): a baseline of every layout with baselines,
+#: where the rows have it (:func:`_with_fa4`; the forward's tables divide by every contender
+#: already). Runs without it render as before.
+_FA4 = (("FA4", (FA4,)),)
+_FA4_NOTE = (f" ÷ FA4: `{FA4}`'s time (FlashAttention-4, `flash_attn.cute`, on its own "
+             "[B, S, H, D] layout made outside the timing) over the contender's, where it ran.")
 LAYOUTS = {
     "forward": Layout(
         title="tiledattention benchmark", order=lambda r: r.key,
@@ -632,6 +641,16 @@ def paged_layout(kernel: str, contenders: Sequence[str]) -> Layout:
                   bandwidth=True, baselines=present, means=present)
 
 
+def _with_fa4(layout: Layout, contenders: Sequence[str]) -> Layout:
+    """``layout`` with FlashAttention-4 as one more baseline of its per-point speed-ups and
+    geometric means where the rows have it and the layout has baselines."""
+    if FA4 not in contenders or not layout.baselines or any(
+            FA4 in names for _, names in layout.baselines):
+        return layout
+    return dataclasses.replace(layout, baselines=layout.baselines + _FA4,
+                               means=layout.means + _FA4 if layout.means else layout.means)
+
+
 def render_markdown(results: Sequence[BenchResult], info: RunInfo) -> str:
     """The summary of ``results`` in the layout of their family."""
     return "\n".join(_render(results, info).lines)
@@ -644,7 +663,7 @@ def _render(results: Sequence[BenchResult], info: RunInfo) -> _Doc:
               if any(r.ragged for r in results)
               else variant_layout(kernel, contenders_of(results))
               if any(r.variant for r in results) else LAYOUTS.get(kernel, LAYOUTS["forward"]))
-    doc = _Doc(results, info, layout, kernel)
+    doc = _Doc(results, info, _with_fa4(layout, contenders_of(results)), kernel)
     for section in doc.layout.sections:
         section(doc)
     return doc

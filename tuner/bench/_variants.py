@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from ..errors import NotRunnable, UsageError
 from ._paged import PAGED_CONTENDERS, applies_paged, is_paged
+from ._peers import PEER_CONTENDERS, applies_peer
 from ._ragged import RAGGED_CONTENDERS, applies_ragged, is_ragged
 
 __all__ = ["NotRunnable", "VARIANT_CONTENDERS", "applies", "build_contender", "flex_mask_mod",
@@ -75,13 +76,16 @@ def _tunes_pages(name: str) -> bool:
 
 def applies(name: str, problem: Any) -> bool:
     """Whether contender ``name`` runs at ``problem``: tiledattention's everywhere (but
-    ``tiledattention-<f>`` at a paged problem where family ``f`` reads no paged cache); at a
-    paged problem only the paged contenders that take it (``_paged.applies_paged``); at a ragged
-    problem only the ragged contenders that take it (``_ragged.applies_ragged``); the variant
-    contenders at variant problems (``sdpa-mask`` and ``varlen`` at window-only ones), every
-    other (torch's SDPA backends) at plain problems."""
+    ``tiledattention-<f>`` at a paged problem where family ``f`` reads no paged cache), the
+    other libraries' (``_peers``: FlashAttention-4) everywhere; at a paged problem only the
+    paged contenders that take it (``_paged.applies_paged``); at a ragged problem only the
+    ragged contenders that take it (``_ragged.applies_ragged``); the variant contenders at
+    variant problems (``sdpa-mask`` and ``varlen`` at window-only ones), every other (torch's
+    SDPA backends) at plain problems."""
     if name.startswith("tiledattention"):
         return not is_paged(problem) or _tunes_pages(name)
+    if name in PEER_CONTENDERS:
+        return applies_peer(name, problem)
     if is_paged(problem) or name in PAGED_CONTENDERS:
         return applies_paged(name, problem)
     if is_ragged(problem) or name in RAGGED_CONTENDERS:
