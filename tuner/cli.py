@@ -7,15 +7,25 @@ Exit status, whatever the command: 2 for a bad option (argparse, or a command's
 (:data:`~tuner.errors.USER_ERRORS`: a problem the kernel does not take, a database, study or
 file that cannot be used), printed as one line ``tiledtune COMMAND: ...``; 1 for any other
 exception, which is a bug: its traceback and a request to report it; 130 on Ctrl-C, 143 on
-SIGTERM. Commands give 0 and 1 their own meanings besides (see each ``--help``)."""
+SIGTERM. Commands give 0 and 1 their own meanings besides (see each ``--help``): 1 is a result
+(nothing matched, some row refused, some key without a schedule), never a missing GPU or another
+condition of the environment, which is 2.
+
+A Python warning raised while a command runs (the runtime's and the database's ``warnings.warn``:
+a stored row that no longer decodes, a database that cannot be read) is reported as one line
+``tiledtune COMMAND: warning: ...`` on standard error, without the source file and code line
+Python would print; the warning filters still decide which are shown. The hook is installed for
+the command's run only: the runtime itself keeps plain ``warnings.warn``, for its users to filter."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 import traceback
-from typing import Iterable
+import warnings
+from typing import Iterable, Iterator
 
 from ._signals import Terminated, interrupts_once
 from .commands._report import say
@@ -77,6 +87,21 @@ def build_parser(configured: Iterable[str] | None = None) -> argparse.ArgumentPa
     return parser
 
 
+@contextlib.contextmanager
+def warnings_reported(command: str) -> Iterator[None]:
+    """Within the block, a warning that the filters let through is printed as one line
+    ``tiledtune COMMAND: warning: MESSAGE`` (:func:`~tuner.commands._report.say`), not as
+    Python's ``FILE:LINE: Category: MESSAGE`` and the code line. The previous hook and filters
+    are restored on the way out."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        say(command, f"warning: {message}")
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # the command is the first argument (tiledtune has no options of its own but --help)
@@ -84,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # for commands that start copies of themselves (search --workers)
     module = importlib.import_module(args._module)
-    with interrupts_once():  # a second Ctrl-C must not cut the cleanup of the first short
+    # a second Ctrl-C must not cut the cleanup of the first short
+    with interrupts_once(), warnings_reported(args.command):
         try:
             return module.run(args)
         except Terminated:  # SIGTERM: cleaned up like a Ctrl-C, quietly

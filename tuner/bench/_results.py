@@ -214,6 +214,8 @@ def load_results(path: str | os.PathLike) -> list[BenchResult]:
         text = path.read_text()
     except OSError as exc:
         raise UnreadableFile(f"cannot read bench results {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UnreadableFile(f"{path} is not a tiledtune bench CSV: it is not UTF-8 text") from None
     reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in ("contender", "status", "batch", "heads", "seqlen", "head_dim",
                            "dtype", "causal") if c not in (reader.fieldnames or ())]

@@ -10,11 +10,12 @@ import re
 from typing import NamedTuple
 
 from tiledattention import ARCHITECTURES, InputTypeError, InputValueError, get_family
+from tiledattention.tooling import check_arch
 
 from ..errors import UsageError
 
 __all__ = ["PRESETS", "SHAPE_SYNTAX", "ShapeArg", "parse_shape", "parse_choices", "parse_arch",
-           "parse_duration", "parse_problem_fields", "problems_from", "shape_text"]
+           "parse_arch_list", "parse_duration", "parse_problem_fields", "problems_from", "shape_text"]
 
 #: Model presets: name -> (heads_q, heads_kv, head_dim, seqlens); batch = 16384 // seqlen.
 PRESETS = {
@@ -85,9 +86,21 @@ def parse_choices(allowed: dict[str, object]):
 
 
 def parse_arch(text: str) -> str:
-    if text not in ARCHITECTURES:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(ARCHITECTURES)}; got {text!r}")
-    return text
+    """An argparse type: an architecture tileiras knows (``sm_90``), for every option that
+    names one (``search``/``explain``/``profile --device``, ``list``/``export --arch``); the
+    runtime's ``check_arch`` decides. argparse puts the flag in front of the message:
+    ``argument --arch: expected one of sm_80, ...; got 'sm_999'``."""
+    try:
+        return check_arch(text)
+    except InputValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(ARCHITECTURES)}; got {text!r}") from None
+
+
+def parse_arch_list(text: str) -> list[str]:
+    """An argparse type: comma-separated architectures (``sm_90,sm_121``), each as
+    :func:`parse_arch` takes it."""
+    return [parse_arch(arch.strip()) for arch in text.split(",")]
 
 
 def parse_problem_fields(text: str) -> dict:

@@ -21,8 +21,8 @@ share of a device-to-device copy measured in the same run.
 Results (the tables, the files written, or the ``--json`` document) go to standard output;
 progress, warnings and errors to standard error.
 
-Exit status: 0 success; 1 no CUDA device, or a tiledattention result failed the accuracy check;
-2 bad options or an unreadable CSV.
+Exit status: 0 success; 1 a tiledattention result failed the accuracy check; 2 bad options, an
+unreadable CSV, or no CUDA device (one line).
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def _print_results(results: Sequence[BenchResult], info: RunInfo, written: Seque
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``tiledtune bench``; 0 on success, 2 for bad options, 1 when there is no GPU or
+    """Run ``tiledtune bench``; 0 on success, 2 for bad options or no (such) GPU, 1 when
     tiledattention produced a wrong result."""
     console = log_console()  # progress, warnings and errors; results go to standard output
     try:
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         console.print("[red]tiledtune bench: error:[/] no CUDA device is visible; the benchmark "
                       "needs one (re-render an old run with --report-only CSV)", soft_wrap=True)
-        return 1
+        return 2
     if settings.device >= torch.cuda.device_count():
         console.print(f"[red]tiledtune bench: error:[/] --device {settings.device} does not "
                       f"exist; this machine has {torch.cuda.device_count()} CUDA device(s)",

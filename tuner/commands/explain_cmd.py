@@ -21,15 +21,16 @@ import argparse
 import warnings
 from typing import Any
 
-from tiledattention import InputValueError, families
-from tiledattention.tooling import check_arch, page_tile
+from tiledattention import families
+from tiledattention.tooling import page_tile
 
 from ..errors import UsageError
 
 from ._report import add_json_option, print_json, say
-from ._problems import SHAPE_SYNTAX, parse_problem_fields, parse_shape, problems_from
+from ._problems import (SHAPE_SYNTAX, parse_arch, parse_problem_fields, parse_shape,
+                        problems_from)
 
-__all__ = ["configure", "run", "WHY", "add_problem_options", "arch_type", "problem_of"]
+__all__ = ["configure", "run", "WHY", "add_problem_options", "problem_of"]
 
 #: What each lookup step means (``Resolution.source`` -> a sentence); ``{arch}`` and
 #: ``{device}`` are filled in.
@@ -48,13 +49,6 @@ WHY = {
 }
 _CAUSAL = {"yes": (True, False), "true": (True, False), "top_left": (True, False),
            "no": (False, False), "false": (False, False), "bottom_right": (True, True)}
-
-
-def arch_type(text: str) -> str:
-    try:
-        return check_arch(text)
-    except InputValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _causal(text: str) -> tuple[bool, bool]:
@@ -82,7 +76,7 @@ def add_problem_options(parser: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", type=arch_type, required=True, metavar="SM_XX",
+    parser.add_argument("--device", type=parse_arch, required=True, metavar="SM_XX",
                         help="architecture whose lookup to explain, e.g. sm_90 (no GPU needed)")
     parser.add_argument("--device-name", default="", metavar="NAME",
                         help="the GPU's name as torch reports it (e.g. 'NVIDIA H100 80GB "

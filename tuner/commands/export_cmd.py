@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from ._problems import parse_arch_list
 from ._report import say
 
 __all__ = ["configure", "run", "FORMATS", "SOURCES", "parse_archs"]
@@ -45,18 +46,12 @@ _SUFFIXES = {".py": "bytarget", ".json": "json", ".csv": "csv"}
 
 
 def parse_archs(values: Sequence[str] | None) -> list[str] | None:
-    """``["sm_90,sm_121", "sm_100"]`` -> ``["sm_90", "sm_121", "sm_100"]``, each checked."""
+    """``["sm_90,sm_121", "sm_90"]`` (each ``--arch``) -> ``["sm_90", "sm_121"]``, each checked
+    by the commands' one architecture validator (``argparse.ArgumentTypeError`` names the
+    accepted architectures and what came)."""
     if not values:
         return None
-    from tiledattention.tooling import check_arch
-
-    archs: list[str] = []
-    for value in values:
-        for arch in value.split(","):
-            arch = check_arch(arch.strip())
-            if arch not in archs:
-                archs.append(arch)
-    return archs
+    return list(dict.fromkeys(arch for value in values for arch in parse_arch_list(value)))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +131,7 @@ def _merge(rows: list) -> tuple[list, int]:
 
 def run(args: argparse.Namespace) -> int:
     from db import OutputRefused, replaceable_target
-    from tiledattention import InputValueError, database_location, get_family, open_database
+    from tiledattention import database_location, get_family, open_database
 
     from ..errors import USER_ERRORS
 
@@ -157,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail(f"cannot write {output}: {exc}", 2)
     try:
         archs = parse_archs(args.arch)
-    except InputValueError as exc:
+    except argparse.ArgumentTypeError as exc:
         return _fail(f"--arch: {exc}", 2)
     location = args.db or database_location()
     try:

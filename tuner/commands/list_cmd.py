@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
+from ._problems import parse_arch
 from ._report import (add_json_option, count, nonempty, print_json, print_table,
                       results_console, say)
 
@@ -26,7 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", type=nonempty, default=None, metavar="PATH_OR_URL",
                         help="schedule database (path or SQLAlchemy URL; default: "
                              "$TILEDATTN_DB or the user cache)")
-    parser.add_argument("--arch", default=None, help="only this architecture, e.g. sm_90")
+    parser.add_argument("--arch", type=parse_arch, default=None, metavar="SM_XX",
+                        help="only this architecture, e.g. sm_90")
     parser.add_argument("--kernel", default=None, metavar="NAME",
                         help="only this kernel family (default: every family)")
     parser.add_argument("--device", default=None, metavar="NAME", help="only this device name")

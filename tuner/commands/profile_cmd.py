@@ -18,8 +18,9 @@ from typing import Any
 from tiledattention import families
 
 from ..errors import UsageError
+from ._problems import parse_arch
 from ._report import add_json_option, print_json, print_table, results_console, say
-from .explain_cmd import add_problem_options, arch_type, problem_of
+from .explain_cmd import add_problem_options, problem_of
 
 __all__ = ["configure", "run"]
 
@@ -28,7 +29,7 @@ BASELINE = "torch-"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", type=arch_type, required=True, metavar="SM_XX",
+    parser.add_argument("--device", type=parse_arch, required=True, metavar="SM_XX",
                         help="the architecture of this machine's GPU, e.g. sm_90")
     parser.add_argument("--kernel", default=None, metavar="NAME",
                         help="the family to profile (known: "
