@@ -79,6 +79,12 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any)
         raise InputValueError(f"block_table must hold at least one page per entry, contiguous "
                               f"in its last dim; got shape {tuple(block_table.shape)}, strides "
                               f"{block_table.stride()}")
+
+
+def _check_device(q: Any) -> None:
+    """The device check, after every other check of a call (:func:`_check`, the scale, the
+    problem, the sinks), so a wrong argument is named even on CPU tensors. The other arrays
+    are on q's device (:func:`_check`)."""
     if not q.is_cuda:
         raise InputValueError(f"q, k_pages and v_pages must be CUDA tensors; got tensors on "
                               f"{q.device}")
@@ -122,6 +128,8 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     _check_call(scale, q, k_pages, v_pages)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k)
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+    _check_device(q)
     device = q.device.index
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
@@ -135,7 +143,6 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
         return _forward_in_place(family, problem, resolution.schedule, q, k_pages, v_pages,
                                  block_table, seqused_k, longest, scale, sinks)
     # a decode step: the split-KV kernels' kept plan
-    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
     out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
@@ -231,6 +238,9 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     _check(q, k_pages, v_pages, block_table, seqused_k)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k)
+    if sinks is not None:
+        sink_logits(sinks, problem.heads_q, q, "torch")
+    _check_device(q)
     device = q.device.index
     arch = device_info(device).arch
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],

@@ -4,6 +4,11 @@
 shape, dtype and masking. Every attention family (forward, decode, backward) keys on it; it is
 the core they share, and none of them owns it. ``problem_from_arrays`` validates torch tensors
 or CuPy arrays and builds it; nothing here touches the GPU.
+
+Order of the checks: every entry point checks its arguments' types, shapes, dtypes and values
+(none of which needs a GPU) before it checks that the arrays are on a CUDA device
+(:func:`check_cuda`), so a wrong argument is named even in a call on CPU tensors, and a call
+that is right but for its device is told that.
 """
 
 from __future__ import annotations
@@ -11,11 +16,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
+           "problem_of_arrays", "check_cuda",
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape", "variant_args",
            "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor", "check_attention_tensors"]
@@ -559,10 +565,34 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window:
                         softcap: Any = None, sinks: Any = None) -> tuple[Problem, str]:
     """Validate ``q, k, v`` and the variant arguments and return the :class:`Problem` and the
     array kind (torch / cupy); ``sinks`` is checked by :func:`sink_logits` (only whether it is
-    given enters the problem).
+    given enters the problem). The arrays' device is checked last (:func:`check_cuda`).
 
     Raises ``TypeError`` / ``ValueError`` naming the argument; touches no GPU state.
     """
+    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    check_cuda((("q", q), ("k", k), ("v", v)), kind)
+    return problem, kind
+
+
+def check_cuda(arrays: Sequence[tuple[str, Any]], kind: str) -> None:
+    """Raise an :class:`InputValueError` naming the first of ``arrays`` (``(name, array)``
+    pairs of one library, ``kind``) that is not on a CUDA device, or saying that they are on
+    several. Entry points call it after every other check of their arguments."""
+    if kind == "torch":
+        for name, x in arrays:
+            if not x.is_cuda:
+                raise InputValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
+    devices = {name: _device_of(x, kind) for name, x in arrays}
+    if len(set(devices.values())) > 1:
+        names = [name for name, _ in arrays]
+        together = f"{', '.join(names[:-1])} and {names[-1]}"
+        raise InputValueError(f"{together} must be on one device; got {devices}")
+
+
+def problem_of_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any = None,
+                      softcap: Any = None, sinks: Any = None) -> tuple[Problem, str]:
+    """:func:`problem_from_arrays` but for the device check: for entry points that check
+    arguments of their own (``out``, ``lse``, ...) first, then call :func:`check_cuda`."""
     kinds = []
     for name, x in (("q", q), ("k", k), ("v", v)):
         kind = _kind(x)
@@ -613,12 +643,6 @@ def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window:
         )
     if d not in SUPPORTED_HEAD_DIMS:
         raise InputValueError(f"head_dim must be a multiple of 8 in 32..256; got {d}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if kind == "torch" and not x.is_cuda:
-            raise InputValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
-    devices = {name: _device_of(x, kind) for name, x in (("q", q), ("k", k), ("v", v))}
-    if len(set(devices.values())) != 1:
-        raise InputValueError(f"q, k and v must be on one device; got {devices}")
     if sinks is not None:
         sink_logits(sinks, int(hq), q, kind)
     problem = Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv), seqlen_q=int(sq),

@@ -28,7 +28,8 @@ from typing import Any
 from . import _device
 from . import _plans as hot
 from ._dispatch import choose_family, family_for_schedule
-from ._problem import Problem, check_reach, padded_head_dim, problem_from_arrays, sink_logits
+from ._problem import (Problem, check_cuda, check_reach, padded_head_dim, problem_of_arrays,
+                       sink_logits)
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError
 
@@ -192,10 +193,11 @@ def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale
     no plan); ``scratch``: where the launch keeps scratch buffers between calls (``None``:
     nowhere)."""
     window, softcap, sinks = variant
-    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
     if out is not None:
         _check_out(out, q, k, v, problem, kind)
+    check_cuda((("q", q), ("k", k), ("v", v)), kind)  # last: a wrong argument is named first
     device_index = q.device.index if kind == "torch" else q.device.id
     if family is None:
         family = choose_family(_device.device_info(device_index).arch, problem)

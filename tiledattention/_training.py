@@ -14,7 +14,7 @@ from typing import Any
 
 from ._device import device_info
 from ._dispatch import choose_family, family_for_schedule
-from ._problem import (Problem, default_scale, problem_from_arrays, row_stat_shape,
+from ._problem import (Problem, check_cuda, default_scale, problem_of_arrays, row_stat_shape,
                        sink_logits)
 from ._runtime import Runtime
 from .errors import InputTypeError, InputValueError
@@ -25,9 +25,11 @@ __all__ = ["sdpa_with_lse", "sdpa_backward"]
 def _torch_problem(function: str, q: Any, k: Any, v: Any, causal: Any, scale: Any,
                    variant: tuple) -> tuple[Problem, int, Any]:
     """The problem, q's device index and the sink logits as the kernels read them (or
-    ``None``) of a training call; ``variant``: its ``(window, softcap, sinks)``."""
+    ``None``) of a training call; ``variant``: its ``(window, softcap, sinks)``. The arrays'
+    device is not checked here: the caller checks its other arguments first, then calls
+    ``check_cuda``."""
     window, softcap, sinks = variant
-    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
     if kind != "torch":
         raise InputTypeError(f"{function} takes torch tensors (autograd is torch's); got q of "
                              f"type {type(q).__module__}.{type(q).__name__}")
@@ -68,6 +70,7 @@ def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
 
     family = _explicit(schedule, "sdpa_with_lse")
     problem, device, sinks = _torch_problem("sdpa_with_lse", q, k, v, causal, scale, variant)
+    check_cuda((("q", q), ("k", k), ("v", v)), "torch")
     family, schedule = _resolve(runtime, "sdpa_with_lse", problem, device, family, schedule)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = _row_stat(problem, q.device)
@@ -112,16 +115,17 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
             f"inputs (on {q.device}, last dim contiguous); got "
             + (f"{tuple(lse.shape)}, {lse.dtype}, {lse.device}"
                if isinstance(lse, torch.Tensor) else type(lse).__name__))
-    if grads is None:
-        grads = (torch.empty_like(q, memory_format=torch.contiguous_format),
-                 torch.empty_like(k, memory_format=torch.contiguous_format),
-                 torch.empty_like(v, memory_format=torch.contiguous_format))
-    else:
+    if grads is not None:
         for name, g, like, like_name in zip(("grads[0]", "grads[1]", "grads[2]"), grads,
                                             (q, k, v), ("q", "k", "v")):
             _check_like(name, g, like, like_name)
             if not g.is_contiguous():
                 raise InputValueError(f"{name} must be contiguous; got strides {g.stride()}")
+    check_cuda((("q", q), ("k", k), ("v", v)), "torch")  # last: a wrong argument is named first
+    if grads is None:
+        grads = (torch.empty_like(q, memory_format=torch.contiguous_format),
+                 torch.empty_like(k, memory_format=torch.contiguous_format),
+                 torch.empty_like(v, memory_format=torch.contiguous_format))
     family, schedule = _resolve(runtime, "sdpa_backward", problem, device, family, schedule)
     delta = _row_stat(problem, q.device)
     family.backward(torch.cuda.current_stream(q.device), problem, schedule,

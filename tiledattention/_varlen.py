@@ -32,8 +32,9 @@ from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
 from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
-                       causal_flags, check_attention_tensors, check_reach, default_scale, padded_head_dim,
-                       problem_from_arrays, sink_logits, variant_args)
+                       causal_flags, check_attention_tensors, check_cuda, check_reach,
+                       default_scale, padded_head_dim, problem_of_arrays, sink_logits,
+                       variant_args)
 from ._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
                       ragged_problem)
 from ._ragged_fill import clear_uncovered_rows
@@ -151,9 +152,6 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, sca
     causal, bottom_right = _alignment(is_causal)
     left, right, _ = variant_args(window, None)
     _check_scale(scale)
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if not x.is_cuda:
-            raise InputValueError(f"{name} must be a CUDA tensor; got a tensor on {x.device}")
     sequences = cu_seq_q.shape[0] - 1
     _check_grid(sequences, query.shape[1])
     problem = ragged_problem(sequences=sequences, tokens_q=query.shape[0], longest_q=longest_q,
@@ -162,6 +160,8 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, sca
                              causal=causal, bottom_right=bottom_right, window=(left, right))
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_reach(name, _view(x), "torch", padded_head_dim(problem.head_dim))
+    # last: a wrong argument is named even on CPU tensors
+    check_cuda((("query", query), ("key", key), ("value", value)), "torch")
     layout = RaggedLayout(packed_ranges(cu_seq_q, cu_seq_k), longest_q, longest_k, True)
     return problem, layout, default_scale(problem) if scale is None else float(scale)
 
@@ -252,7 +252,7 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
             f"starts, query ends, key starts, key ends); got "
             + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
                if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
-    problem, kind = problem_from_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
     _check_grid(problem.batch, problem.heads_q)
     if schedule is not None or out is not None:
         raise InputValueError("ranges= takes no schedule= or out= (the lookup picks the ragged "
@@ -263,6 +263,7 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
             "ranges= has no autograd: for training on sequences of their own lengths, pack "
             "them and call tiledattention.varlen_attn")
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
+    check_cuda((("q", q), ("k", k), ("v", v)), kind)  # last: a wrong argument is named first
     # the call's own alignment and window: the canonical form judged them at S_q and S_k,
     # and each entry's ranges have lengths of their own
     is_causal, bottom_right = causal_flags(causal)
