@@ -4,13 +4,12 @@ machine (no GPU), recording the failures in each key's study."""
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import as_completed
-from typing import Callable
 
 from tiledattention import get_family
 
 from ._locations import db_location, shown_location, storage_location
+from ._progress import LineProgress, progress
 from ._report import print_json, print_table, results_console
 
 __all__ = ["compile_only", "LineProgress"]
@@ -24,7 +23,7 @@ def compile_only(args, problems, console) -> int:
     (``compile_sample``), or every one with ``--sweep``; candidates the study already settled
     are skipped, so an interrupted run resumes (compiled ones hit cuTile's disk cache). The
     compile processes are a ``CompilePool``: a Ctrl-C kills them with their tileiras at once.
-    Progress is a bar on a terminal, else lines at a low rate (:class:`LineProgress`)."""
+    Progress is a bar on a terminal, else lines at a low rate (``_progress.LineProgress``)."""
     import optuna
     from rich.table import Table
 
@@ -123,48 +122,11 @@ def compile_only(args, problems, console) -> int:
 
 def _progress(console):
     """A rich bar on a terminal; elsewhere (a pipe, a log, CI), where rich draws nothing until
-    the bar ends, :class:`LineProgress`."""
-    if console.is_terminal:
-        from rich.progress import Progress
+    the bar ends, :class:`LineProgress` (``_progress``)."""
+    from rich.progress import Progress
 
-        return Progress(console=console)
-    return LineProgress(console)
-
-
-class LineProgress:
-    """Progress as plain lines on ``console`` (standard error), at a low rate: a line each time
-    a key's count of candidates done passes another tenth of its total (the last one when it
-    ends), and one after ``every_s`` seconds without a line (the slow compiles of a large
-    sweep): at most 10 a key besides the time-driven ones. The methods are the subset of rich's
-    ``Progress`` that :func:`compile_only` calls."""
-
-    def __init__(self, console, every_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.console, self.every_s, self.clock = console, every_s, clock
-        self.tasks: list[dict] = []
-
-    def __enter__(self) -> "LineProgress":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def add_task(self, description: str, total: int) -> int:
-        now = self.clock()
-        self.tasks.append(dict(description=description, total=total, done=0, tenth=0,
-                               start=now, last=now))
-        return len(self.tasks) - 1
-
-    def advance(self, task_id: int, advance: int = 1) -> None:
-        task = self.tasks[task_id]
-        task["done"] += advance
-        done, total, now = task["done"], task["total"], self.clock()
-        tenth = done * 10 // max(total, 1)
-        if tenth > task["tenth"] or now - task["last"] >= self.every_s:
-            task["tenth"], task["last"] = tenth, now
-            self.console.print(f"compile-only {task['description']}: {done:,}/{total:,} "
-                               f"compiled ({done * 100 // max(total, 1)}%), "
-                               f"{now - task['start']:.0f} s", markup=False, highlight=False)
+    return progress(console, lambda: Progress(console=console), what="compile-only",
+                    unit="compiled")
 
 
 def _about(seconds: float) -> str:

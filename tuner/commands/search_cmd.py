@@ -30,7 +30,8 @@ from tiledattention import ARCHITECTURES, families, get_family
 from ..errors import UsageError
 
 from ._compile_only import compile_only
-from ._locations import db_location, shown_location, storage_location
+from ._locations import db_location, is_runtime_database, shown_location, storage_location
+from ._progress import progress
 from ._problems import (PRESETS, parse_arch, parse_choices, parse_duration, parse_problem_fields,
                         parse_shape, problems_from, shape_text)
 from ._report import (add_json_option, count, int_at_least, log_console, nonempty,
@@ -56,8 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "  tiledtune search --device sm_90 --backend simulated --shape 2,8,1024,64 --json\n"
         "\n"
         "Results (a table, or --json) go to standard output; progress and warnings to standard\n"
-        "error. Exit status: 0 every key has a schedule; 1 some key found none; 2 bad options, a\n"
-        "problem the kernels do not take, or a database that cannot be used.")
+        "error. Exit status: 0 every key has a schedule, stored (read back from the database);\n"
+        "1 some key ended without a row (no schedule found, or none could be stored: a line on\n"
+        "standard error says which); 2 bad options, a problem the kernels do not take, or a\n"
+        "database that cannot be used.")
     problems = parser.add_argument_group(
         "problems (each --shape or --preset shape, for each --dtype and --causal value)")
     problems.add_argument("--kernel", default="forward", metavar="NAME",
@@ -228,6 +231,11 @@ def _check_options(args: argparse.Namespace) -> None:
         if why is not None:
             raise UsageError(f"--timing graph with a cold L2 (--l2 cold, the default): {why}; "
                              f"give --l2 warm, or install a newer torch")
+    if args.backend == "simulated" and not args.compile_only and args.db \
+            and is_runtime_database(args.db):
+        raise UsageError(f"--db {args.db} is the database the runtime reads, and --backend "
+                         "simulated rows never go there (a model's numbers, not measurements); "
+                         "give another --db, or none (they then go to a file of their own)")
     if args.workers > 1 and (args.compile_only or args.backend == "simulated"):
         mode = "--compile-only" if args.compile_only else "--backend simulated"
         raise UsageError(f"--workers {args.workers} starts one search per local GPU; "
@@ -325,9 +333,15 @@ def _search(args, problems, console) -> int:
                           lookahead=4 if args.backend == "gpu" else 1, timing=timing)
     compile_workers = (args.jobs or max(1, min(8, (os.cpu_count() or 2) - 2))
                        if args.backend == "gpu" else 0)
-    with database as db, IsolatedExecutor(factory) as executor, Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console) as progress:
+    def bar() -> Progress:
+        return Progress(TextColumn("{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+
+    # a bar on a terminal; in a pipe or a log, a line per tenth of a key's trials or after
+    # 30 s without one
+    with database as db, IsolatedExecutor(factory) as executor, progress(
+            console, bar, what="search", unit="measured") as shown:
         task = {"id": None}
 
         def on_event(kind: str, data: dict) -> None:
@@ -336,7 +350,7 @@ def _search(args, problems, console) -> int:
                 best = data["best_ms"]
                 tflops = (family.flops(data["problem"]) / (best * 1e-3) / 1e12
                           if best < float("inf") else 0)
-                progress.update(task["id"], completed=data["measured"], status=(
+                shown.update(task["id"], completed=data["measured"], status=(
                     f"best {tflops:.0f} TFLOP/s | last: {data['schedule'].describe()} "
                     f"{m.status} | compile queue {data['queued']}"))
             elif kind == "warning":
@@ -353,13 +367,25 @@ def _search(args, problems, console) -> int:
                 tuner.check_study(problem)  # device or template) is refused before any is tuned
 
             def on_key(problem) -> None:
-                task["id"] = progress.add_task(problem.describe(), total=args.trials, status="")
+                task["id"] = shown.add_task(problem.describe(), total=args.trials, status="")
 
             slot, slots = args.worker_slot
             results = tuner.tune_many(problems, on_key, start=slot * len(problems) // max(1, slots))
     _print_results(args, family, results, database=database_at, storage=storage, arch=arch,
                    device_name=device_name, timing=timing)
-    return 0 if all(r.best is not None for r in results) else 1
+    return _exit_status(results, shown_location(database_at))
+
+
+def _exit_status(results, database: str) -> int:
+    """0 when every key ended with a schedule and the database, read back, holds its row; else
+    a line on standard error for each key that did not, and 1 (a search that ran to its end
+    without a result: the README's rule keeps 2 for what the user can fix before it runs)."""
+    missing = [r for r in results if r.best is None or not r.has_row]
+    for r in missing:
+        why = ("no schedule was found (none measured correct, or the re-timing failed: see "
+               "above)" if r.best is None else "its winner could not be stored (see above)")
+        say("search", f"{r.problem.describe()}: no row in {database}: {why}")
+    return 1 if missing else 0
 
 
 class _GpuFactory:

@@ -19,7 +19,10 @@ Every time is measured in the search's timing mode (``SearchConfig.timing``: str
 launches, cold or warm L2; the executor was built with the same mode). The study records it
 (user attribute ``timing_mode``, also on each measured trial) with the backend, the device name
 and the kernel template's identity, and a study measured otherwise is refused rather than mixed
-(``check_study``, ``_identity``); the backend is part of the study's name besides.
+(``check_study``, ``_identity``); the backend is part of the study's name besides. A study also
+belongs to the schedule database it fills (the identity stored in it): a search filling another
+database (another ``--db``, or the same path made again) measures in a study of its own, and a
+key is reported stored only when the database, read back, holds its row.
 
 Any number of processes may tune one key at once: the storage hands each asked trial to one
 worker (``_storage``), the budget table gives out exactly ``n_trials`` tickets and one claim per
@@ -46,13 +49,14 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 import search_spaces
+from db import canonical_json, database_identity
 from tiledattention import Family
 from tiledattention.tooling import current_provenance
 
 from ..measure import (FAILURES, TIE_REL_FLOOR, CompilePool, IsolatedExecutor, Measurement,
                        Timing, TimingMode, interrupts_held)
 from ._budget import Budget
-from ._identity import StudyIdentity
+from ._identity import DATABASE_ATTR, StudyIdentity, database_study
 from ._storage import Heartbeat, fail_stale_trials, open_storage, quiet_optuna, study_name
 from ._candidates import feasible, neighbours, seeds
 from ._trials import (TIMING_ATTR, compile_job, correct_trials, improves, known_elsewhere,
@@ -105,6 +109,9 @@ class KeyResult:
     repeats_skipped: int = 0
     failures: collections.Counter = field(default_factory=collections.Counter)
     stored: str = ""  # outcome of the database write
+    # whether the schedule database holds a row of the key once it ended (read back from the
+    # database; None: no database)
+    has_row: bool | None = None
     timing_mode: TimingMode = TimingMode()  # how every time above was measured
     tied: list = field(default_factory=list)  # finalists within the noise of the fastest
     wall_s: float = 0.0
@@ -137,6 +144,10 @@ class Tuner:
         self.storage = open_storage(storage_url, heartbeat_s=config.heartbeat_s,
                                     grace_s=config.grace_s)
         self.db = db
+        # the identity stored in the schedule database: the key's study is that database's
+        # (``_identity.database_study``)
+        self.database = None if db is None else database_identity(db)
+        self._names: dict[str, str] = {}  # the problem's canonical JSON -> its study's name
         self.config = config
         # spawned (the parent may hold a CUDA context), killed with their tileiras on Ctrl-C
         self._pool = CompilePool(compile_workers) if compile_workers > 0 else None
@@ -171,11 +182,45 @@ class Tuner:
         """How this search measures: backend, device, template identity and timing mode; a
         study that records another is refused (``_identity``)."""
         return StudyIdentity(backend=self.backend, device_name=self.device_name,
-                             template=self.family.template_identity(), timing=self.config.timing)
+                             template=self.family.template_identity(), timing=self.config.timing,
+                             database=self.database)
 
-    def _study_name(self, problem: Any) -> str:
-        return study_name(self.config.study_prefix, self.family, self.arch, problem,
-                          backend=self.backend)
+    def _study_name(self, problem: Any, *, own: bool = False) -> str:
+        """The name of ``problem``'s study: the plain name, unless that study belongs to
+        another schedule database (or ``own``: the plain study turned out to be another's),
+        then the name with this database's identity; decided once per key and process."""
+        key = canonical_json(problem.to_dict())
+        name = self._names.get(key)
+        if name is None or own:
+            def named(database: str | None) -> str:
+                return study_name(self.config.study_prefix, self.family, self.arch, problem,
+                                  backend=self.backend, database=database)
+
+            name = (named(self.database) if own else
+                    database_study(self.storage, named(None), named(self.database),
+                                   self.database))
+            self._names[key] = name
+        return name
+
+    def _open_study(self, problem: Any, sampler) -> Any:
+        """Create or load ``problem``'s study, refuse it when it was measured otherwise
+        (``StudyIdentity.check``), and record this search's identity in it. A plain study
+        that another worker bound to another database meanwhile is left to it for this
+        database's own."""
+        with quiet_optuna():
+            study = optuna.create_study(study_name=self._study_name(problem),
+                                        storage=self.storage, sampler=sampler,
+                                        direction="minimize", load_if_exists=True)
+        owner = study.user_attrs.get(DATABASE_ATTR)
+        if self.database is not None and owner not in (None, self.database):
+            with quiet_optuna():
+                study = optuna.create_study(study_name=self._study_name(problem, own=True),
+                                            storage=self.storage, sampler=sampler,
+                                            direction="minimize", load_if_exists=True)
+        identity = self.identity
+        identity.check(study)
+        identity.record(study)
+        return study
 
     def check_study(self, problem: Any) -> None:
         """Raise :class:`StudyMismatchError` when ``problem``'s study (if there is one) was
@@ -235,13 +280,23 @@ class Tuner:
         found = study.user_attrs.get(CONCLUSION_ATTR)
         if not found or found["measured"] != measured_trials(study):
             return False
+        if self.db is not None and (found.get("database") != self.database
+                                    or not self._row_stored(problem)):
+            # concluded into another database, or this one no longer holds the row (deleted
+            # since): conclude again, which re-times the finalists and stores the winner
+            return False
         schedule = self.family.schedule_type.from_dict
         result.best = schedule(found["best"])
         result.tied = [schedule(s) for s in found["tied"]]
         result.timings = {name: Timing(**v) if isinstance(v, dict) else v
                           for name, v in found["timings"].items()}
         result.stored = "concluded by another worker"
+        result.has_row = True
         return True
+
+    def _row_stored(self, problem: Any) -> bool:
+        """Whether the schedule database holds a row of ``problem``'s key (read from it)."""
+        return self.db.get(self.family.name, self.arch, self.device_name, problem) is not None
 
     def _explore(self, problem: Any) -> tuple[Any, KeyResult]:
         """Measure ``problem``'s candidates until its budget, time limit or patience ends;
@@ -257,13 +312,8 @@ class Tuner:
         # instead (brute force; Optuna's BruteForceSampler stops studies only inside optimize())
         brute_force = len(feasible) <= cfg.n_trials
         sampler = tpe_sampler(cfg.n_trials, cfg.seed)
-        name = self._study_name(problem)
-        with quiet_optuna():
-            study = optuna.create_study(study_name=name, storage=self.storage, sampler=sampler,
-                                        direction="minimize", load_if_exists=True)
-        identity = self.identity
-        identity.check(study)
-        identity.record(study)
+        study = self._open_study(problem, sampler)
+        name = study.study_name
         fail_stale_trials(study, self.storage, self.config.grace_s)
         budget = Budget(self.storage_url, name)
 
@@ -538,8 +588,17 @@ class Tuner:
                                                   if not k.startswith("candidate-")}}
         measured = measured_trials(study)
         if self.db is not None:
-            result.stored = self._store(problem, result, measured)
+            outcome = self._store(problem, result, measured)
+            result.has_row = self._row_stored(problem)  # what the database holds, read back
+            if not result.has_row:
+                result.stored = f"NOT STORED (the write said {outcome!r})"
+                self._on_event("warning", {"message": (
+                    f"{problem.describe()}: the schedule database {self.db} holds no row of "
+                    f"the key after the write said {outcome!r}; nothing of it was stored")})
+                return  # no conclusion: the next run concludes the key again
+            result.stored = outcome
         study.set_user_attr(CONCLUSION_ATTR, {
+            "database": self.database,
             "measured": measured, "best": best.to_dict(), "tied": [s.to_dict() for s in tied],
             "timings": {name: v.to_dict() if isinstance(v, Timing) else str(v)
                         for name, v in result.timings.items()}})

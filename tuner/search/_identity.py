@@ -11,6 +11,15 @@ device, by an older template or in another timing mode is not silently abandoned
 message says how to start another (``--study PREFIX`` or ``--storage``), or, for the timing
 mode, how to resume it.
 
+A study also belongs to the schedule database its winners go to (``database``: the identity
+stored in that database, ``db.database_identity``; user attribute ``database_identity``). A study
+of another database is not refused but left alone: a search filling a new database (another
+``--db``, or the same path after the file was deleted) measures afresh in a study of its own,
+named with its database (:func:`database_study`), instead of taking the other database's
+conclusion for its own and storing nothing. The plain name stays with the first database that
+records itself in it (and so with the studies made before databases were recorded, and those
+``--compile-only`` makes without one).
+
 Studies made before the attributes existed record none of them. Their timing mode is stream
 launches with a cold L2 (the only mode there was, ``_trials.study_timing``); their backend is
 read from their measured trials: every GPU search has recorded the local GPU that measured a
@@ -27,24 +36,30 @@ from ..errors import StudyMismatchError
 from ..measure import STATUSES, TimingMode
 from ._trials import TIMING_ATTR, study_timing
 
-__all__ = ["StudyIdentity", "BACKEND_ATTR", "DEVICE_ATTR", "TEMPLATE_ATTR"]
+__all__ = ["StudyIdentity", "BACKEND_ATTR", "DEVICE_ATTR", "TEMPLATE_ATTR", "DATABASE_ATTR",
+           "database_study"]
 
 #: the study's user attributes holding the backend, the device name and the template identity
 #: (the timing mode's is ``_trials.TIMING_ATTR``)
 BACKEND_ATTR = "backend"
 DEVICE_ATTR = "device_name"
 TEMPLATE_ATTR = "template_identity"
+#: the study's user attribute holding the identity of the schedule database it fills
+DATABASE_ATTR = "database_identity"
 
 
 @dataclass(frozen=True, kw_only=True)
 class StudyIdentity:
-    """How a search measures; ``None``: not known to it (``--compile-only`` knows the template
-    only), neither checked nor recorded."""
+    """How a search measures, and the database it fills; ``None``: not known to it
+    (``--compile-only`` knows the template only), neither checked nor recorded. ``database``
+    is recorded, never checked: the study of another database is another name
+    (:func:`database_study`)."""
 
     backend: str | None = None
     device_name: str | None = None
     template: str | None = None
     timing: TimingMode | None = None
+    database: str | None = None
 
     def check(self, study) -> None:
         """Raise :class:`StudyMismatchError` (one line: what differs, the way out) when
@@ -72,13 +87,33 @@ class StudyIdentity:
                                  f"{'; '.join(differ)}: its times cannot be mixed; {fix}")
 
     def record(self, study) -> None:
-        """Record the known fields in ``study``'s user attributes (after :meth:`check`)."""
+        """Record the known fields in ``study``'s user attributes (after :meth:`check`); the
+        database only in a study that records none (the first database to fill a study keeps
+        it)."""
         for attr, value in ((BACKEND_ATTR, self.backend), (DEVICE_ATTR, self.device_name),
                             (TEMPLATE_ATTR, self.template)):
             if value is not None and study.user_attrs.get(attr) != value:
                 study.set_user_attr(attr, value)
+        if self.database is not None and study.user_attrs.get(DATABASE_ATTR) is None:
+            study.set_user_attr(DATABASE_ATTR, self.database)
         if self.timing is not None and study.user_attrs.get(TIMING_ATTR) != self.timing.to_dict():
             study.set_user_attr(TIMING_ATTR, self.timing.to_dict())
+
+
+def database_study(storage, plain: str, own: str, database: str | None) -> str:
+    """The study a search filling the schedule database ``database`` uses for a key: ``plain``
+    (the key's name without a database) when that study does not exist yet, records no
+    database or records ``database``; else ``own`` (the key's name with ``database``): the
+    plain study belongs to another database. ``database`` ``None`` (a search that stores
+    nothing): ``plain``."""
+    if database is None:
+        return plain
+    try:
+        study_id = storage.get_study_id_from_name(plain)
+    except KeyError:  # no such study yet
+        return plain
+    owner = storage.get_study_user_attrs(study_id).get(DATABASE_ATTR)
+    return plain if owner in (None, database) else own
 
 
 def recorded(study, *, backend: bool = True) -> StudyIdentity:
@@ -88,7 +123,7 @@ def recorded(study, *, backend: bool = True) -> StudyIdentity:
     return StudyIdentity(
         backend=attrs.get(BACKEND_ATTR) or (_backend_of_trials(study) if backend else None),
         device_name=attrs.get(DEVICE_ATTR), template=attrs.get(TEMPLATE_ATTR),
-        timing=study_timing(study))
+        timing=study_timing(study), database=attrs.get(DATABASE_ATTR))
 
 
 def _backend_of_trials(study) -> str | None:

@@ -28,13 +28,17 @@ __all__ = ["study_name", "open_storage", "fail_stale_trials", "Heartbeat", "quie
 
 
 def study_name(prefix: str, family: Family, arch: str, problem: Any, *,
-               backend: str = "gpu") -> str:
+               backend: str = "gpu", database: str | None = None) -> str:
     """The Optuna study of one key: ``prefix:family:arch:<problem as canonical JSON>`` for the
     GPU (the name studies had before the backend was part of it), and
     ``prefix:family:arch:backend:<problem>`` for another backend, so that a simulated study is
     never resumed by a GPU search (``_identity`` checks the rest of what makes times
-    comparable)."""
+    comparable). ``database``: the identity of a schedule database (``db.database_identity``),
+    named after the backend as ``db-<identity>:``: the study of the key for that database when
+    the study of the plain name belongs to another (``_identity.study_for_database``)."""
     where = f"{arch}:" if backend == "gpu" else f"{arch}:{backend}:"
+    if database is not None:
+        where += f"db-{database}:"
     return f"{prefix}:{family.name}:{where}{canonical_json(problem.to_dict())}"
 
 
