@@ -253,3 +253,18 @@ def test_a_bad_call_on_cpu_tensors_names_the_wrong_argument(case):
 def test_a_right_call_on_cpu_tensors_is_still_told_its_device(call, said):
     with pytest.raises(ta.InputValueError, match=said.replace("[", r"\[")):
         call()
+
+
+def test_profile_to_an_out_folder_that_cannot_be_made_exits_2(tmp_path, capsys, monkeypatch):
+    """On the GPU path (faked: ncu found, nothing measured) an ``--out`` under a regular file
+    is a usage error, refused before the ceilings are measured."""
+    from tuner import profile
+    from tuner.commands import profile_cmd
+
+    monkeypatch.setattr(profile, "check_profilable", lambda arch: "ncu")
+    monkeypatch.setattr(profile_cmd, "_ceilings", lambda: pytest.fail("measured before --out"))
+    argv = ["profile", "--device", "sm_90", "--shape", "1,8,256,64", "--default", "--out",
+            str(_a_file(tmp_path) / "prof")]
+    assert cli.main(argv) == 2
+    err = _lines(capsys.readouterr().err)
+    assert len(err) == 1 and "--out" in err[0] and "Traceback" not in err[0], err

@@ -124,9 +124,13 @@ def run(args: argparse.Namespace) -> int:
                  for spec in specs]
     ncu = check_profilable(args.device)  # ProfileUnavailable: one line, exit status 2
     schedules = [s or _schedule(family, problem, args.device, "looked-up") for s in schedules]
+    if args.out is not None:  # before anything is measured: a folder that cannot be made is 2
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: cannot create the folder: "
+                             f"{exc.strerror or exc}") from None
     ceilings = _ceilings()
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
     profiles = []
     with tempfile.TemporaryDirectory(prefix="tiledtune-profile-") as scratch:
         workdir = args.out or Path(scratch)
