@@ -7,7 +7,8 @@ Exit status, whatever the command: 2 for a bad option (argparse, or a command's
 (:data:`~tuner.errors.USER_ERRORS`: a problem the kernel does not take, a database, study or
 file that cannot be used), printed as one line ``tiledtune COMMAND: ...``; 1 for any other
 exception, which is a bug: its traceback and a request to report it; 130 on Ctrl-C, 143 on
-SIGTERM. Commands give 0 and 1 their own meanings besides (see each ``--help``): 1 is a result
+SIGTERM, 141 (as for SIGPIPE) when standard output is closed early by its reader
+(``tiledtune explain ... | head``), quietly. Commands give 0 and 1 their own meanings besides (see each ``--help``): 1 is a result
 (nothing matched, some row refused, some key without a schedule), never a missing GPU or another
 condition of the environment, which is 2.
 
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             return module.run(args)
         except Terminated:  # SIGTERM: cleaned up like a Ctrl-C, quietly
             return 143
+        except BrokenPipeError:  # the reader of stdout went away (| head): nothing to report
+            _discard_stdout()
+            return 141
         except KeyboardInterrupt:  # the command killed its processes on the way out
             print(getattr(module, "INTERRUPTED", "interrupted"), file=sys.stderr)
             return 130
@@ -127,6 +131,18 @@ def main(argv: list[str] | None = None) -> int:
                               "options; please report it with the traceback above and the "
                               "command line")
             return 1
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device, so the interpreter's final flush of what is
+    left in its buffer cannot fail on the closed pipe again (with a message of its own)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (an in-process caller's)
+        pass
 
 
 def program() -> None:

@@ -366,3 +366,22 @@ def test_values_that_depend_on_each_other_are_one_line_naming_the_flag(argv, wor
 def test_bench_grid_points_must_be_problems(argv, words, capsys):
     assert main(["bench", *argv, "--head-dims", "64"]) == 2
     assert words in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_reader_that_closes_stdout_early_ends_the_command_quietly(tmp_path):
+    """``tiledtune explain ... | head -1``: the reader goes away before the command has written
+    its answer. The command ends with 141 (SIGPIPE's status) and no traceback, no "internal
+    error" and no "Exception ignored" from the interpreter's last flush."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "TILEDATTN_DB": str(tmp_path / "db.sqlite")}
+    reader_gone = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "explain", "--device", "sm_90", "--shape",
+         "2,32/8,4096,128", "--dtype", "bf16", "--causal", "yes"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    reader_gone.stdout.close()  # like head after its first line, only sooner
+    _, err = reader_gone.communicate(timeout=120)
+    assert reader_gone.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"internal error" not in err and b"Exception" not in err
