@@ -216,6 +216,10 @@ def test_the_backend_is_part_of_the_study_name():
     assert gpu_name.startswith("tiledtune:forward:sm_90:{")  # the name GPU studies always had
     simulated = study_name("tiledtune", FORWARD, "sm_90", PROBLEM, backend="simulated")
     assert simulated.startswith("tiledtune:forward:sm_90:simulated:{") and simulated != gpu_name
+    # the study of the key for a database other than the one its plain study belongs to
+    own = study_name("tiledtune", FORWARD, "sm_90", PROBLEM, backend="simulated",
+                     database="0123")
+    assert own.startswith("tiledtune:forward:sm_90:simulated:db-0123:{")
 
 
 # -- item 8: a running trial that never got a heartbeat ----------------------------------------
@@ -272,8 +276,10 @@ def test_an_empty_file_is_an_empty_database_for_readers_and_a_new_one_for_writer
     missing = tmp_path / "missing.sqlite"
     said = []
     for where in (missing, empty):
-        code = main(["export", "--db", str(where), "-o", str(tmp_path / f"{where.stem}.json")])
-        said.append((code, capsys.readouterr().err.replace(str(where), "FILE")))
+        output = tmp_path / f"{where.stem}.json"
+        code = main(["export", "--db", str(where), "-o", str(output)])
+        said.append((code, capsys.readouterr().err.replace(str(output), "OUTPUT")
+                     .replace(str(where), "FILE")))
     assert said[0] == said[1]
     assert empty.read_bytes() == b""  # readers leave it as it was
     # a writer creates the schema in it, as in a new file
