@@ -91,3 +91,22 @@ def test_unknown_revision_is_one_line(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("tiledtune restamp: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["--file", "--db"])
+def test_an_unknown_revision_is_refused_when_no_row_is_stale(tmp_path, capsys, where):
+    """Issue 45: with every row current, ``--from nosuchrev`` was never looked at (exit 0)."""
+    path = _rows_file(tmp_path, FORWARD.template_identity())
+    if where == "--db":
+        rows = db.load_rows_file(path, codecs())
+        path = tmp_path / "current.sqlite"
+        with db.ScheduleDB(path, codecs=codecs()) as store:
+            for row in rows:
+                store.put(dataclasses.replace(row, provenance=current_provenance(FORWARD)))
+    before = path.read_bytes()
+    capsys.readouterr()
+    assert main(["restamp", "--from", "nosuchrev", where, str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("tiledtune restamp: --from must be a git revision") and \
+        "'nosuchrev'" in err and len(err.strip().splitlines()) == 1, err
+    assert path.read_bytes() == before

@@ -35,7 +35,8 @@ from tiledattention.tooling import text_digest
 
 from ..errors import RestampError, UsageError
 
-__all__ = ["RestampResult", "restamp", "old_code_digests", "current_digest", "describe_row"]
+__all__ = ["RestampResult", "restamp", "check_source", "old_code_digests", "current_digest",
+           "describe_row"]
 
 #: Run by the old code's interpreter: reads JSON jobs on stdin, prints the old code's identity of
 #: each family named and, per job, the cubin (base64) or the error. The digest is taken here, by
@@ -131,6 +132,24 @@ def _repository() -> Path:
     return root
 
 
+def check_source(source: str) -> None:
+    """Raise :class:`UsageError` (``--from`` named) unless ``source`` is a directory holding a
+    ``tiledattention`` package or a commit of this repository; :class:`RestampError` when the
+    installed package is not a git checkout to read a revision from."""
+    if (Path(source) / "tiledattention" / "__init__.py").is_file():
+        return
+    expected = "a git revision of this repository or a directory holding tiledattention/"
+    if not source.strip() or source.startswith("-"):
+        raise UsageError(f"--from must be {expected}; got {source!r}")
+    root = _repository()
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "--quiet",
+                           f"{source}^{{commit}}"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UsageError(f"--from must be {expected}; got {source!r}, which is neither (no "
+                         f"such commit in {root}, and no tiledattention/ in a directory of "
+                         "that name)")
+
+
 def _old_tree(source: str, tmp: Path) -> Path:
     """The directory holding the old ``tiledattention`` package: ``source`` itself when it is
     such a directory, else a ``git archive`` of revision ``source`` of this repository."""
@@ -176,7 +195,9 @@ def old_code_digests(source: str, jobs: Sequence[tuple], families: Iterable[str]
 
 def restamp(rows: Sequence[ScheduleRow], revision: str, *, workers: int = 2) -> RestampResult:
     """Re-stamp the rows of ``rows`` that ``revision``'s code tuned and whose compiled code is
-    unchanged now (see the module docstring)."""
+    unchanged now (see the module docstring). ``revision`` is checked first, whether or not a
+    row is stale (:func:`check_source`)."""
+    check_source(revision)
     current_ids = {name: get_family(name).template_identity() for name in {r.family for r in rows}}
     fresh = [r for r in rows if r.provenance.template_hash == current_ids[r.family]]
     stale = [r for r in rows if r.provenance.template_hash != current_ids[r.family]]
