@@ -291,7 +291,7 @@ class Tuner:
         result.timings = {name: Timing(**v) if isinstance(v, dict) else v
                           for name, v in found["timings"].items()}
         result.stored = "concluded by another worker"
-        result.has_row = True
+        result.has_row = True if self.db is not None else None
         return True
 
     def _row_stored(self, problem: Any) -> bool:
