@@ -44,7 +44,7 @@ def test_paged_preset_end_to_end(tmp_path, tiny_preset):
                                "--out", str(out)))
     results = load_results(out / "bench.csv")
     assert [r.contender for r in results] == ["tiledattention", "tiledattention-default",
-                                              *PAGED_CONTENDERS]
+                                              *PAGED_CONTENDERS, "flash-attn-4"]
     problem = tiledattention.Problem(batch=8, heads_q=32, heads_kv=8, seqlen_q=1,
                                      seqlen_k=4096, head_dim=128, dtype="bf16", causal=True,
                                      bottom_right=True, ragged=True, page_size=64)

@@ -50,7 +50,7 @@ def test_ragged_preset_end_to_end(tmp_path, tiny_preset):
                                "--out", str(out)))
     results = load_results(out / "bench.csv")
     assert [r.contender for r in results] == ["tiledattention", "tiledattention-default",
-                                              *RAGGED_CONTENDERS]
+                                              *RAGGED_CONTENDERS, "flash-attn-4"]
     problem = tiledattention.Problem(batch=8, heads_q=8, heads_kv=2, seqlen_q=512,
                                      seqlen_k=512, head_dim=64, dtype="bf16", causal=True,
                                      ragged=True)
