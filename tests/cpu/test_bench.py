@@ -739,7 +739,7 @@ def test_every_status_and_order_is_kept():
 @pytest.mark.parametrize("study", ["", "decode", "backward"], ids=["forward", "decode",
                                                                     "backward"])
 def test_committed_studies_rerender_unchanged(study, tmp_path):
-    folder = ROOT / "docs" / "benchmarks" / study
+    folder = ROOT / "docs" / "records" / "benchmarks" / study
     committed = (folder / "summary.md").read_text()
     saved = RunInfo.from_json((folder / "run.json").read_text())
     # the header's command and date are the re-rendering's own: take the committed ones
