@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import sys
 import urllib.parse
 from pathlib import Path
@@ -72,6 +73,12 @@ def check_sqlite_file(path: Path) -> None:
     """Cheap checks of a SQLite file's header, before SQLite sees it."""
     if path.is_dir():
         raise DatabaseUnavailable(f"{path} is a directory; expected a SQLite schedule database")
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):  # a FIFO would block the read below (and SQLite) for ever
+        what = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+        raise DatabaseUnavailable(f"{path} is {what}, not a regular file; expected a SQLite "
+                                  "schedule database")
     size = path.stat().st_size
     if size == 0:
         return  # SQLite reads an empty file as an empty database
@@ -150,19 +157,19 @@ def read_only_uri(path: Path) -> tuple[str, bool]:
     ``mode=ro&immutable=1``: SQLite reads the file as it is, creates nothing and takes no lock.
     Such a file has no writer at work (a writer keeps its ``-wal`` and ``-shm`` while it runs,
     and writes the file itself only when it checkpoints them); a writer that starts later is
-    seen by the next connection, which asks again. Two cases keep ``mode=ro`` where this
-    process could write the file and its directory: a file in rollback-journal mode (a reader
-    creates nothing beside it, and its shared lock keeps a writer out of the file while it
-    reads), and a ``-wal`` with pages in it but no ``-shm`` (a writer that died: SQLite makes
-    the ``-shm`` to read the committed pages). Without write access such a ``-wal`` cannot be
-    read: ``immutable`` reads the file as of its last checkpoint."""
+    seen by the next connection, which asks again. A file in rollback-journal mode is read
+    ``mode=ro`` where this process could write it and its directory (a reader creates nothing
+    beside it, and its shared lock keeps a writer out of the file while it reads). A ``-wal``
+    without its ``-shm`` (a writer that died, a copy of a live database) cannot be read without
+    making a ``-shm`` beside it: ``immutable`` reads the file as of its last checkpoint, and the
+    reader says so once (:func:`_unread_wal`)."""
     path = path.resolve()
     wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
     uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
     if wal.exists() and shm.exists() and os.access(wal, os.R_OK) and os.access(shm, os.R_OK):
         return uri, False
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
-    if writable and (not _wal_mode(path) or _unread_wal(path)):
+    if writable and not _wal_mode(path):
         return uri, False
     return uri + "&immutable=1", True
 
@@ -187,9 +194,10 @@ def _unread_wal(path: Path) -> str | None:
         return None
     return None if not size else (
         f"{path}: its {wal.name} file holds {size} bytes of changes not yet checkpointed into "
-        "the database, which SQLite cannot read without write access to the file and its "
-        "directory; reading the database as of its last checkpoint (run `sqlite3 FILE "
-        "'PRAGMA wal_checkpoint(TRUNCATE)'` where it is writable, before shipping it)")
+        "the database (a writer that stopped, or a copy of a live database), which a reader "
+        "cannot read without writing a -shm file beside it; reading the database as of its "
+        "last checkpoint (a writer, `tiledtune import` or `search`, folds them in where the "
+        "file is writable; so does `sqlite3 FILE 'PRAGMA wal_checkpoint(TRUNCATE)'`)")
 
 
 def check_writable_path(path: Path) -> None:

@@ -4,6 +4,7 @@ toolchain wins."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ._rows import Provenance, ScheduleRow
@@ -39,6 +40,11 @@ def verdict(stored: Any, row: ScheduleRow, current: Provenance | None) -> tuple[
             return "skipped", f"measured with another toolchain {mine}"
         return "skipped", (f"its toolchain {mine} differs from the stored row's {theirs}: "
                            "timings not comparable; --force overwrites")
+    stored_ms = stored["median_ms"]
+    if isinstance(stored_ms, bool) or not isinstance(stored_ms, (int, float)) \
+            or not math.isfinite(stored_ms) or stored_ms <= 0:
+        # written by hand or by another tool: the readers skip that row (it does not decode)
+        return "replaced", f"the stored row's median_ms {stored_ms!r} is not a time in ms"
     if row.median_ms < stored["median_ms"]:
         return "improved", f"{stored['median_ms']:.4g} -> {row.median_ms:.4g} ms"
     return "kept", f"the stored row is as fast ({stored['median_ms']:.4g} ms)"

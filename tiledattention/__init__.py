@@ -67,8 +67,9 @@ def open_database(location: str | None = None, *, read_only: bool = False) -> An
     ``db.ScheduleDB``. ``read_only``: ``None`` when a SQLite file does not exist."""
     import db
 
-    from ._settings import lock_wait_s
+    from ._settings import check_location, lock_wait_s
 
+    location = check_location(location, "open_database(location)")
     where = location if location is not None else database_location()
     wait = lock_wait_s()
     try:
@@ -96,8 +97,10 @@ def runtime() -> _Runtime:
 def use_database(location: str | None) -> None:
     """Look schedules up in ``location`` (a path or SQLAlchemy URL; ``None``: the default) from
     now on; forgets memoised lookups."""
+    from ._settings import check_location
+
     global _default_runtime
-    _default_runtime = _make_runtime(location)
+    _default_runtime = _make_runtime(check_location(location, "use_database(location)"))
 
 
 def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None = None, *,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["database_location", "simulated_database_location", "lock_wait_s", "DB_ENV_VAR",
-           "LOCK_WAIT_ENV_VAR"]
+__all__ = ["database_location", "simulated_database_location", "lock_wait_s",
+           "check_location", "DB_ENV_VAR", "LOCK_WAIT_ENV_VAR"]
 
 DB_ENV_VAR = "TILEDATTN_DB"
 LOCK_WAIT_ENV_VAR = "TILEDATTN_LOCK_WAIT"
@@ -53,3 +53,23 @@ def lock_wait_s() -> float | None:
         raise InputValueError(f"{LOCK_WAIT_ENV_VAR} must be a number of seconds >= 0 (the "
                               f"longest wait for another process's database lock); got {text!r}")
     return value
+
+
+def check_location(location: object, where: str) -> str | None:
+    """``location`` as a database location (a path as ``str`` or ``os.PathLike``, an SQLAlchemy
+    URL, or ``None`` for the default); :class:`~tiledattention.errors.InputTypeError` naming
+    ``where`` when it is of another type, :class:`~tiledattention.errors.InputValueError` when
+    it is blank."""
+    from .errors import InputTypeError, InputValueError
+
+    if location is None:
+        return None
+    text = os.fspath(location) if isinstance(location, os.PathLike) else location
+    if not isinstance(text, str):
+        raise InputTypeError(f"{where} must be a path (str or os.PathLike), an SQLAlchemy URL "
+                             f"string, or None for the default database; got "
+                             f"{type(location).__name__}")
+    if not text.strip():
+        raise InputValueError(f"{where} must be a path or an SQLAlchemy URL, or None for the "
+                              f"default database; got {location!r}")
+    return text

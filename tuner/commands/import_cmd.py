@@ -2,9 +2,11 @@
 
 Every row is validated before anything is written: a row of the wrong shape or types, of an
 architecture tileiras does not know, with a schedule that does not validate, with absurdly long
-strings, or repeating a key already seen in the same file (the first is kept), or simulated
-(``backend`` ``simulated``) on its way into the database the runtime reads, is rejected with its
-reason and writes nothing. Accepted rows go through ``ScheduleDB.merge_many``, ``BATCH_ROWS`` a
+strings, naming a JSON key twice, with numbers no measurement can have (a time faster than the
+architecture's fastest GPU runs the problem, a date in the future: ``transfer._plausible``), or
+repeating a key already seen in the same file (the first is kept), or simulated (``backend``
+``simulated``) on its way into the database the runtime reads, is rejected with its reason and
+writes nothing. Accepted rows go through ``ScheduleDB.merge_many``, ``BATCH_ROWS`` a
 transaction, under the better-wins rule of ``ScheduleDB.merge`` (``--force`` overwrites). Files
 are read a chunk at a time (no size limit); files not UTF-8, not JSON or CSV, without the
 expected top-level structure, or holding one row longer than ``MAX_ROW_CHARS`` are rejected
@@ -42,7 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (
         "Each row is validated first; a bad row is rejected with its reason and writes\n"
-        "nothing. A row the runtime would use is never replaced by one it would ignore.\n"
+        "nothing: among others, a JSON key named twice, a date more than a day ahead, and a\n"
+        "time shorter than the fastest GPU of the row's architecture would need at twice\n"
+        "its peak rate. A row the runtime would use is never replaced by one it would ignore.\n"
         "Outcomes: added (new key); improved / kept (same toolchain, the faster wins);\n"
         "replaced (the stored row was stale, simulated or of an older toolchain); skipped\n"
         "(the imported row is stale, simulated, or of another toolchain; the reason is\n"

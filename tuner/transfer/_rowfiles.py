@@ -14,7 +14,10 @@ formats, with the columns ``torch_cudnn_ms`` and ``torch_flash_ms`` instead, are
 Hostile values are rejected row by row, with the field named: integers outside signed 64 bits
 (what SQL stores; JSON and CSV read them as Python ints of any size, ``10**400`` included, which
 later conversions turn into ``OverflowError`` or truncation), numbers that are not finite
-(``1e400`` reads as ``inf``), and ``true``/``false`` where the typed value holds an int.
+(``1e400`` reads as ``inf``), ``true``/``false`` where the typed value holds an int, a JSON
+object naming a key twice (Python's ``json`` would keep the last silently), and numbers that
+cannot be a measurement (``_plausible``: a time faster than the architecture's fastest GPU can
+run the problem, a timestamp in the future).
 
 Text cells of the CSV form that a spreadsheet would run as a formula (starting with ``=``, ``+``,
 ``-``, ``@``, a tab or a carriage return) are written with a ``'`` in front, as OWASP advises
@@ -40,6 +43,7 @@ from db import LEGACY_BASELINES, PROVENANCE_FIELDS, ROW_FIELDS, ROW_FORMAT, Fami
 from tiledattention import ARCHITECTURES
 
 from ..errors import UnreadableFile
+from ._plausible import implausible
 
 __all__ = ["CSV_COLUMNS", "MAX_ROW_CHARS", "MAX_TEXT", "UnreadableFile", "csv_chunks",
            "rows_to_csv", "read_rows"]
@@ -76,8 +80,9 @@ class _Unrepresentable:
     infinity or is NaN. ``_check_numbers`` rejects the row that holds one, naming the field."""
 
     __slots__ = ("text", "why")
-    #: how many were ever made: a reader that sees it unchanged across a row's reading knows
-    #: that every number of the row fits without looking (only ever counts up)
+    #: how many were ever made (and JSON objects naming a key twice, :func:`_object`): a
+    #: reader that sees it unchanged across a row's reading knows that every number of the row
+    #: fits, and every key is named once, without looking (only ever counts up)
     made = 0
 
     def __init__(self, text: str, why: str) -> None:
@@ -117,14 +122,38 @@ def _parse_constant(text: str) -> _Unrepresentable:  # NaN, Infinity, -Infinity
     return _Unrepresentable(text, _NOT_FINITE)
 
 
+class _Duplicated(dict):
+    """A JSON object that names a key more than once (its last value of each key), with the keys
+    named more than once: :func:`_check_numbers` rejects the row that holds one, naming the key
+    (which of the values was meant cannot be known)."""
+
+    __slots__ = ("duplicates",)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object from its ``(key, value)`` pairs (``object_pairs_hook``): a dict, or a
+    :class:`_Duplicated` when a key comes twice."""
+    made = dict(pairs)
+    if len(made) == len(pairs):
+        return made
+    counted: dict[str, int] = {}
+    for key, _ in pairs:
+        counted[key] = counted.get(key, 0) + 1
+    marked = _Duplicated(made)
+    marked.duplicates = [key for key, n in counted.items() if n > 1]
+    _Unrepresentable.made += 1  # the row holding it takes the checked path, as for a number
+    return marked
+
+
 def _loads(text: str) -> Any:
-    """``json.loads`` that keeps out-of-range numbers as :class:`_Unrepresentable`."""
+    """``json.loads`` that keeps out-of-range numbers as :class:`_Unrepresentable` and marks
+    objects with a repeated key (:class:`_Duplicated`)."""
     return _DECODER.decode(text)
 
 
 #: ``json.loads(text, parse_int=..., ...)`` makes a decoder per call; it holds no state
 _DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float,
-                            parse_constant=_parse_constant)
+                            parse_constant=_parse_constant, object_pairs_hook=_object)
 
 
 def _numbers_fit(data: Any) -> bool:
@@ -162,6 +191,11 @@ def _check_numbers(data: Any) -> None:
     stack: list[tuple[str, Any]] = [("", data)]
     while stack:
         path, value = stack.pop()
+        if isinstance(value, _Duplicated):
+            raise RecordError(f"{path or 'the row'} names the key "
+                              f"{', '.join(map(repr, value.duplicates))} more than once; a JSON "
+                              "object's keys must be distinct (which value is meant cannot be "
+                              "known)")
         if isinstance(value, Mapping):
             stack.extend((f"{path}.{key}" if path else str(key), item)
                          for key, item in reversed(list(value.items())))
@@ -300,9 +334,10 @@ class _JsonReader:
         # numbers as the standard decoder reads them (no Python call per number); a value
         # holding one a row cannot hold is decoded again with ``_loads``' rules
         # (``_numbers_fit``), so that its error names the text as the file spells it
-        self._plain = json.JSONDecoder().raw_decode
+        self._plain = json.JSONDecoder(object_pairs_hook=_object).raw_decode
         self._decode = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float,
-                                        parse_constant=_parse_constant).raw_decode
+                                        parse_constant=_parse_constant,
+                                        object_pairs_hook=_object).raw_decode
 
     def _more(self) -> bool:
         """Append the next chunk to what is not consumed yet; ``False`` at the end."""
@@ -577,6 +612,7 @@ def _check_row(data: Any, codecs: Mapping[str, FamilyCodec]) -> ScheduleRow:
     if isinstance(data, Exception):
         raise data
     if isinstance(data, Mapping):
+        _check_numbers(data)  # as the file has it: a key named twice at the top is lost below
         data = dict(data)
         for name in ("problem", "schedule"):  # JSON text in a JSON row: read it as we read files
             if isinstance(data.get(name), str):
@@ -678,12 +714,16 @@ def _checked_rows(items: Iterator[tuple[int, Any, bool]], codecs: Mapping[str, F
                   ) -> tuple[list[tuple[int, ScheduleRow]], list[str]]:
     """Each item checked: ``db.RowDecoder.quick`` takes the plainly valid rows (of a file's
     few distinct schedules and provenances, each checked once), ``_check_row`` all others, and
-    says why one is rejected."""
+    says why one is rejected; then whether its numbers can be a measurement
+    (``_plausible.implausible``)."""
+    from datetime import datetime, timezone
+
     quick = RowDecoder(codecs, check=_quick_checks).quick
     codecs = _remembering_schedules(codecs)
     accepted: list[tuple[int, ScheduleRow]] = []
     rejected: list[str] = []
     seen: dict[tuple, int] = {}
+    now = datetime.now(timezone.utc)
     for index, item, fits in items:
         row = quick(item) if fits or _numbers_fit(item) else None
         if row is None:
@@ -692,6 +732,10 @@ def _checked_rows(items: Iterator[tuple[int, Any, bool]], codecs: Mapping[str, F
             except RecordError as exc:
                 rejected.append(f"row {index}: {exc}")
                 continue
+        why = implausible(row, now)
+        if why is not None:
+            rejected.append(f"row {index}: {why}")
+            continue
         key = row.key  # a property that serialises the problem: once
         if key in seen:
             rejected.append(f"row {index}: duplicate key {row.describe_key()} (row "
