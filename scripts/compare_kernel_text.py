@@ -118,11 +118,18 @@ def build(job):
         else:
             schedule = family.schedule_type.from_dict(job["schedule"])
         if job.get("extra"):
-            from tiledattention.forward._compile import _export
+            from tiledattention._compile import array_constraint
+            from tiledattention.forward import _compile
             from tiledattention.forward._launch import kernel_constants, kernel_for
-            built = _export(problem, kernel_for(schedule),
-                            kernel_constants(problem, schedule, **job["extra"]), job["arch"],
-                            "extra")
+            p, ordered = problem, _compile.ordered_args
+            rows = (1, p.batch * p.seqlen_q) if job["extra"].get("packed") else (p.batch, p.seqlen_q)
+            lse = array_constraint("fp32", (rows[0], p.heads_q, rows[1]))
+            # the log-sum-exp output where STORE_LSE asks for it (_export passes none)
+            _compile.ordered_args = lambda runtime, constants: ordered(
+                {**runtime, "Lse": lse} if constants["STORE_LSE"] else runtime, constants)
+            built = _compile._export(problem, kernel_for(schedule),
+                                     kernel_constants(problem, schedule, **job["extra"]),
+                                     job["arch"], "extra")
         else:
             built = family.compile(problem, schedule, job["arch"])
     except Exception as exc:

@@ -4,15 +4,15 @@ and compile-only builds lay values out in the kernel's own order and never by ha
 ``KernelParameters(kernel, runtime)`` splits the parameters into launch-time values (the names
 in ``runtime``) and ``ct.Constant`` ones, and refuses a kernel whose launch-time parameters are
 not exactly ``runtime``. ``ordered(runtime_values, constants)`` places each value by its name,
-naming what is missing, unknown, doubly supplied or in the wrong mapping. A kernel may be named
-instead, ``(module, attribute)``: it is then imported, and checked, on first use, so that the
-modules describing launches import without cuda.tile (``import tiledattention`` stays light).
+naming what is missing, unknown, doubly supplied or in the wrong mapping. A function of no
+arguments that imports and returns the kernel may stand for it: it is then called, and the
+kernel checked, on first use, so that the modules describing launches import without cuda.tile
+(``import tiledattention`` stays light) and still import their kernels statically.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import operator
 import types
@@ -51,19 +51,19 @@ class KernelParameters:
     _READ = frozenset({"kernel_name", "names", "constants", "runtime", "_in_order"})
 
     def __init__(self, kernel: Any, runtime: Iterable[str]) -> None:
-        """``kernel``: a ``ct.kernel`` (checked now) or ``(module name, attribute)`` naming one
-        (imported and checked when an attribute is first read)."""
+        """``kernel``: a ``ct.kernel`` (checked now) or a function of no arguments returning one
+        (called, and the kernel checked, when an attribute is first read)."""
         self._expected = frozenset(runtime)
-        if isinstance(kernel, tuple):
-            self._named = kernel
+        if (isinstance(kernel, types.FunctionType)
+                and not inspect.signature(kernel).parameters):
+            self._load = kernel
         else:
             self._read(kernel)
 
     def __getattr__(self, name: str) -> Any:  # only for attributes not set yet
         if name not in KernelParameters._READ:
             raise AttributeError(name)
-        module, attribute = self.__dict__["_named"]
-        self._read(getattr(importlib.import_module(module), attribute))
+        self._read(self.__dict__["_load"]())
         return self.__dict__[name]
 
     def _read(self, kernel: Any) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
+from .kernel_core.ranges import sequence_length
+
 ConstInt = ct.Constant[int]
 
 
@@ -17,16 +19,17 @@ def fill_work_table(Ranges, Work, TILE_M: ConstInt, CHUNK: ConstInt):
     n = Ranges.shape[1]
     me = ct.bid(0)
     mine = min(me, n - 1)
-    q_len = ct.gather(Ranges, (1, mine)) - ct.gather(Ranges, (0, mine))
-    k_len = ct.gather(Ranges, (3, mine)) - ct.gather(Ranges, (2, mine))
+    q_len = sequence_length(Ranges, mine, 0)
+    k_len = sequence_length(Ranges, mine, 2)
     weight = ct.astype(q_len, ct.float32) * ct.astype(k_len, ct.float32)
     lanes = ct.arange(CHUNK, dtype=ct.int32)
     start = ct.zeros((), dtype=ct.int32)  # the tiles of the sequences before this one
     total = ct.zeros((), dtype=ct.int32)  # the tiles of all sequences
     for c in range(ct.cdiv(n, CHUNK)):
         def row(r):
+            """Row ``r`` of the ranges of sequences ``c * CHUNK ..`` (zeros past the last)."""
             return ct.load(Ranges, index=(r, c), shape=(1, CHUNK),
-                           padding_mode=ct.PaddingMode.ZERO).reshape((CHUNK,))
+                           padding_mode=ct.PaddingMode.ZERO).reshape((CHUNK,))  # [CHUNK]
         lengths = row(1) - row(0)
         tiles = (lengths + (TILE_M - 1)) // TILE_M
         work = ct.astype(lengths, ct.float32) * ct.astype(row(3) - row(2), ct.float32)

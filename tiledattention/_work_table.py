@@ -19,7 +19,6 @@ from typing import Any
 from ._lazy import lazy_module
 
 ct = lazy_module("cuda.tile", globals(), "ct")
-_kernels = lazy_module(f"{__package__}._work_kernel", globals(), "_kernels")
 
 __all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CTAS", "CHUNK"]
 
@@ -53,7 +52,9 @@ def make_work_table(stream: Any, ranges: Any, tile_m: int, items: int) -> Any:
     tile), row 1 one of its ``tile_m``-row query tiles (module docstring for the order)."""
     import torch
 
+    from ._work_kernel import fill_work_table  # with cuda.tile, on first use
+
     table = torch.empty((2, items), dtype=torch.int32, device=ranges.device)
-    ct.launch(stream, (ranges.shape[1] + 1,), _kernels.fill_work_table,
+    ct.launch(stream, (ranges.shape[1] + 1,), fill_work_table,
               (ranges, table, tile_m, CHUNK))
     return table

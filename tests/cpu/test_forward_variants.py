@@ -2,9 +2,10 @@
 
 (a) the launcher's pure logic: constants from the problem, the runtime values (unread ones get
 the zero-byte ``UNUSED``), the sinks check, normalisation, the grid; (b) the key tiles a query
-tile visits under a window (``_kernel._window_tiles``, plain integer arithmetic the kernel runs
-and this file calls with Python ints) against the visibility rule, key by key; (c) the plan
-places the sink logits in the ``Sinks`` slot; (d) the defaults of windowed problems;
+tile visits under a window (``kernel_core.bounds.forward_window_key_tiles``, plain integer
+arithmetic the kernel runs and this file calls with Python ints) against the visibility rule,
+key by key; (c) the plan places the sink logits in the ``Sinks`` slot; (d) the defaults of
+windowed problems;
 (e) compile-only builds of each variant (sm_80/90/100/120/121) and the machine-code rule: the
 compile-only placeholders build the code that ``ct.launch``'s empty tuples build.
 """
@@ -22,10 +23,10 @@ from tiledattention import FORWARD, Problem
 from tiledattention._cubin import text_digest
 from tiledattention.errors import KernelArgumentError
 from tiledattention.forward._defaults import NARROW_WINDOW, default_schedule, row_keys
-from tiledattention.forward._kernel import _window_tiles
 from tiledattention.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, UNUSED, grid_for,
                                             kernel_args, kernel_constants, kernel_parameters,
                                             no_effect_flags, normalise, ordered_args)
+from tiledattention.kernel_core.bounds import forward_window_key_tiles
 from tiledattention.forward._plan import ForwardPlan
 from tiledattention.forward._schedule import Schedule
 
@@ -148,9 +149,9 @@ def _check_tiles(problem: Problem, tile_m: int, tile_n: int) -> None:
     sq, sk = problem.seqlen_q, problem.seqlen_k
     for q_tile in range(-(-sq // tile_m)):
         first_row = q_tile * tile_m + problem.causal_offset
-        first, lo, hi, end = _window_tiles(first_row, sk, problem.window_left,
-                                           problem.window_right, TILE_M=tile_m, TILE_N=tile_n,
-                                           CAUSAL=problem.causal)
+        first, lo, hi, end = forward_window_key_tiles(first_row, sk, problem.window_left,
+                                                      problem.window_right, TILE_M=tile_m,
+                                                      TILE_N=tile_n, CAUSAL=problem.causal)
         # an empty walk may start past the last key tile (rows whose window lies past S_k)
         assert 0 <= first <= lo <= hi <= end, (q_tile, first, lo, hi, end)
         assert first == end or end <= -(-sk // tile_n), (q_tile, first, end)
@@ -215,8 +216,8 @@ def test_a_window_visits_tiles_in_proportion_to_its_width():
     (64 + 128) / 64 + 1 key tiles of 64, whatever the length."""
     long = _problem(seqlen_q=16384, seqlen_k=16384, causal=True, window_left=127)
     for q_tile in (0, 1, 100, 255):
-        first, _, _, end = _window_tiles(q_tile * 64, 16384, 127, -1, TILE_M=64, TILE_N=64,
-                                         CAUSAL=True)
+        first, _, _, end = forward_window_key_tiles(q_tile * 64, 16384, 127, -1, TILE_M=64,
+                                                    TILE_N=64, CAUSAL=True)
         assert end - first <= 4
     assert long.attended_pairs <= 16384 * 128
 

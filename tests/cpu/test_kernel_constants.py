@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
+import importlib.util
 import inspect
 import itertools
 import random
@@ -22,7 +24,6 @@ import cuda.tile as ct
 import pytest
 from cuda.tile import compilation as ctc
 
-import tiledattention.forward._kernel as kernel_module
 from tiledattention._compile import array_constraint, export_cubin
 from tiledattention._cubin import elf_sections, text_digest
 from tiledattention.errors import KernelArgumentError
@@ -34,6 +35,7 @@ from tiledattention.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, UNUSED, 
                                             ordered_args)
 from tiledattention._problem import Problem, head_dim_parts
 from tiledattention.forward._schedule import Schedule
+from tiledattention.kernel_core import MODULES as KERNEL_CORE_MODULES
 
 ARCH = "sm_90"
 
@@ -318,85 +320,141 @@ def test_split_head_dim_compiles_for_every_architecture(arch):
     assert built.cubin and text_digest(built.cubin)
 
 
-# -- (e) one kernel entry; inside the kernel file no constant travels by position ---------------
-KERNEL_SOURCE = Path(kernel_module.__file__).read_text()
-#: the most positional parameters a function of the kernel file may take
+# -- (e) the kernel files: one entry each, closures, no constant travels by position ----------
+#: every kernel file, each checked together with the kernel core its calls reach
+KERNEL_MODULES = ("tiledattention.forward._kernel", "tiledattention._work_kernel")
+KERNEL_SOURCES = {name: Path(importlib.util.find_spec(name).origin).read_text()
+                  for name in KERNEL_MODULES}
+CORE_SOURCES = tuple(Path(importlib.util.find_spec(name).origin).read_text()
+                     for name in KERNEL_CORE_MODULES)
+KERNEL_SOURCE = KERNEL_SOURCES["tiledattention.forward._kernel"]
+#: the most positional parameters a kernel helper may take (the ``@ct.kernel`` entries, whose
+#: arguments ``_launch`` lays out by name, excepted)
 MAX_POSITIONAL = 12
+#: the most ``NAME=NAME`` keyword pass-throughs a kernel file may hold: constants reach the
+#: per-tile work by closure, not down a chain of helpers
+MAX_PASS_THROUGHS = 10
 
 
-def _constant_mismatches(source: str) -> list[str]:
-    """Each call in ``source`` to a function defined there (module level or nested) whose
-    positional argument is an UPPER_CASE name (a compile-time constant: any all-capitals name
-    but the kernel's arrays Q, K, V) bound to a parameter of another name, or whose keyword
-    argument for an UPPER_CASE parameter is an UPPER_CASE name of another one; ``*`` and ``**``
-    arguments are refused outright, since they hide where a value lands. Also every function
-    with more than ``MAX_POSITIONAL`` positional parameters, but the ``@ct.kernel`` entry
-    (``_launch`` lays its arguments out by name)."""
-    tree = ast.parse(source)
+def _constant_mismatches(source: str, *library: str) -> list[str]:
+    """Each call in ``source`` (or in ``library``, the kernel core's sources) to a function
+    defined in any of them (module level or nested) whose positional argument is an
+    UPPER_CASE name (a compile-time constant: any all-capitals name but the kernel's arrays
+    Q, K, V) bound to a parameter of another name, or whose keyword argument for an
+    UPPER_CASE parameter is an UPPER_CASE name of another one; ``*`` and ``**`` arguments are
+    refused outright, since they hide where a value lands. Also two functions of one name
+    (a call to it is ambiguous), and every function with more than ``MAX_POSITIONAL``
+    positional parameters, but the ``@ct.kernel`` entries (``_launch`` lays their arguments
+    out by name)."""
+    trees = [ast.parse(text) for text in (source, *library)]
     functions: dict[str, ast.FunctionDef] = {}
     problems = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef):
-            if node.name in functions:
-                problems.append(f"two functions named {node.name}: calls to it are ambiguous")
-            functions[node.name] = node
-            positional = node.args.posonlyargs + node.args.args
-            entry = any(ast.unparse(d) == "ct.kernel" for d in node.decorator_list)
-            if len(positional) > MAX_POSITIONAL and not entry:
-                problems.append(f"{node.name} takes {len(positional)} positional parameters")
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                if node.name in functions:
+                    problems.append(f"two functions named {node.name}: calls to it are "
+                                    f"ambiguous")
+                functions[node.name] = node
+                positional = node.args.posonlyargs + node.args.args
+                entry = any(ast.unparse(d) == "ct.kernel" for d in node.decorator_list)
+                if len(positional) > MAX_POSITIONAL and not entry:
+                    problems.append(f"{node.name} takes {len(positional)} positional "
+                                    f"parameters")
 
     def constant(expr: ast.expr) -> str | None:
         if isinstance(expr, ast.Name) and expr.id.isupper() and expr.id not in ("Q", "K", "V"):
             return expr.id
         return None
 
-    for call in ast.walk(tree):
-        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                and call.func.id in functions):
-            continue
-        callee = functions[call.func.id]
-        where = f"line {call.lineno}: {callee.name}"
-        params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
-        for i, arg in enumerate(call.args):
-            if isinstance(arg, ast.Starred):
-                problems.append(f"{where}(*...) hides where its values land")
-            elif constant(arg) and (i >= len(params) or params[i] != constant(arg)):
-                lands = params[i] if i < len(params) else "no parameter"
-                problems.append(f"{where}: positional {constant(arg)} lands on {lands}")
-        for keyword in call.keywords:
-            if keyword.arg is None:
-                problems.append(f"{where}(**...) hides where its values land")
-            elif (keyword.arg.isupper() and constant(keyword.value)
-                  and constant(keyword.value) != keyword.arg):
-                problems.append(f"{where}: {keyword.arg}={constant(keyword.value)}")
+    for tree in trees:
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id in functions):
+                continue
+            callee = functions[call.func.id]
+            where = f"line {call.lineno}: {callee.name}"
+            params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
+            for i, arg in enumerate(call.args):
+                if isinstance(arg, ast.Starred):
+                    problems.append(f"{where}(*...) hides where its values land")
+                elif constant(arg) and (i >= len(params) or params[i] != constant(arg)):
+                    lands = params[i] if i < len(params) else "no parameter"
+                    problems.append(f"{where}: positional {constant(arg)} lands on {lands}")
+            for keyword in call.keywords:
+                if keyword.arg is None:
+                    problems.append(f"{where}(**...) hides where its values land")
+                elif (keyword.arg.isupper() and constant(keyword.value)
+                      and constant(keyword.value) != keyword.arg):
+                    problems.append(f"{where}: {keyword.arg}={constant(keyword.value)}")
     return problems
 
 
-def test_no_constant_lands_on_a_parameter_of_another_name():
-    assert _constant_mismatches(KERNEL_SOURCE) == []
+def _pass_throughs(source: str) -> int:
+    """The keyword arguments ``NAME=NAME`` (a value handed on under its own name) of the
+    calls in ``source``."""
+    return sum(isinstance(k.value, ast.Name) and k.value.id == k.arg
+               for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+               for k in node.keywords)
+
+
+@pytest.mark.parametrize("module", KERNEL_MODULES)
+def test_no_constant_lands_on_a_parameter_of_another_name(module):
+    assert _constant_mismatches(KERNEL_SOURCES[module], *CORE_SOURCES) == []
+
+
+@pytest.mark.parametrize("module", KERNEL_MODULES)
+def test_constants_reach_the_per_tile_work_by_closure(module):
+    assert _pass_throughs(KERNEL_SOURCES[module]) <= MAX_PASS_THROUGHS
 
 
 def test_the_constant_check_sees_a_swapped_pair():
-    """The check itself: a planted swap, by position or by keyword, is reported."""
+    """The check itself: a planted swap, by position or by keyword, is reported, in a call to
+    a helper of the kernel file or of the kernel core; so are a long helper and a chain of
+    pass-throughs."""
     planted = ("def helper(x, EXP2, APPROX_DIV):\n    pass\n\n\n"
                "def caller(x, EXP2, APPROX_DIV):\n    helper(x, APPROX_DIV, EXP2)\n")
     assert _constant_mismatches(planted) == [
         "line 6: helper: positional APPROX_DIV lands on EXP2",
         "line 6: helper: positional EXP2 lands on APPROX_DIV"]
-    swapped = KERNEL_SOURCE.replace("EXP2=EXP2, APPROX_DIV=APPROX_DIV",
-                                    "EXP2=APPROX_DIV, APPROX_DIV=EXP2")
+    swapped = KERNEL_SOURCE.replace("TILE_N, CAUSAL, BOTTOM_RIGHT)",
+                                    "TILE_N, BOTTOM_RIGHT, CAUSAL)")
     assert swapped != KERNEL_SOURCE
-    assert sorted(p.split(": ", 1)[1] for p in _constant_mismatches(swapped)) == [
-        "_attend_q_tile: APPROX_DIV=EXP2", "_attend_q_tile: EXP2=APPROX_DIV",
-        "_attend_rows: APPROX_DIV=EXP2", "_attend_rows: EXP2=APPROX_DIV"]
+    assert sorted(p.split(": ", 1)[1] for p in _constant_mismatches(swapped, *CORE_SOURCES)) == [
+        "forward_key_tiles: positional BOTTOM_RIGHT lands on CAUSAL",
+        "forward_key_tiles: positional CAUSAL lands on BOTTOM_RIGHT"]
+    by_keyword = "def f(x, EXP2):\n    pass\n\n\ndef g(APPROX_DIV):\n    f(1, EXP2=APPROX_DIV)\n"
+    assert _constant_mismatches(by_keyword) == ["line 6: f: EXP2=APPROX_DIV"]
     too_long = "def f(a, b, c, d, e, f, g, h, i, j, k, l, m):\n    pass\n"
     assert _constant_mismatches(too_long) == ["f takes 13 positional parameters"]
+    chain = "f(" + ", ".join(f"{n}={n}" for n in "ABCDEFGHIJK") + ", x=y)\n"
+    assert _pass_throughs(chain) == MAX_PASS_THROUGHS + 1
+
+
+@pytest.mark.parametrize("module, entries", [
+    ("tiledattention.forward._kernel", ["attention_fwd"]),
+], ids=["forward"])
+def test_one_entry_per_kernel_and_launchers_import_them_statically(module, entries):
+    """Variants are constants of one kernel, not entries of their own; each family's launcher
+    imports its kernels by name (an editor jumps to them), inside functions so that ``import
+    tiledattention`` stays light, never through a module name in a string."""
+    kernels = importlib.import_module(module)
+    assert [name for name, value in vars(kernels).items()
+            if isinstance(value, ct.kernel)] == entries
+    launcher = importlib.util.find_spec(module.replace("._kernel", "._launch")).origin
+    tree = ast.parse(Path(launcher).read_text())
+    imported = {alias.name for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module == "_kernel"
+                and node.level == 1 for alias in node.names}
+    assert imported == set(entries)
+    strings = [node.value for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    assert not [s for s in strings if s.endswith("_kernel") and "." in s]
+    assert not [node for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+                and "_kernel" in ast.unparse(node)]
 
 
 def test_one_kernel_entry_with_the_log_sum_exp_a_constant():
-    kernels = [name for name, value in vars(kernel_module).items()
-               if isinstance(value, ct.kernel)]
-    assert kernels == ["attention_fwd"]
     names = kernel_parameters()
     assert "Lse" in names and "STORE_LSE" in names
     # only the variants' and the ragged batch's values (zero bytes when unused) follow Lse:

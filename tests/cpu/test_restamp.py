@@ -76,7 +76,7 @@ def test_code_change_without_effect_on_text_is_restamped(tmp_path, capsys, monke
 
 @pytest.mark.slow  # compiles in a separate process
 def test_code_change_that_changes_text_is_listed_for_retuning(tmp_path, capsys):
-    old, identity = _old_code(tmp_path, "tiledattention.forward._kernel",
+    old, identity = _old_code(tmp_path, "tiledattention.kernel_core.numbers",
                               "NEG_BIG = -1.0e30", "NEG_BIG = -1.0e29")
     path = _rows_file(tmp_path, identity)
     before = path.read_bytes()

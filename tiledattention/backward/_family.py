@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 from .._case import AttentionCase, RaggedCase, ragged_flops, torch_sdpa_kwargs
 from .._compile import CompileResult
 from .._family import Family, register_family
+from ..kernel_core import MODULES as KERNEL_CORE_MODULES
 from .._reference import attention_reference
 from .._problem import Problem, default_scale
 from ._compile import compile_backward
@@ -192,7 +193,7 @@ class BackwardFamily(Family):
     problem_type = Problem
     schedule_type = BackwardSchedule
     template_modules = ("tiledattention.backward._kernel", "tiledattention.backward._launch",
-                        "tiledattention._kernel_ranges")
+                        *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)
     # the forward's metric: same GQA group; |log2 S_q - log2 S_q'| + |log2 S_k - log2 S_k'| +

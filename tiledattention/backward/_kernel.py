@@ -68,7 +68,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from .._kernel_ranges import sequence_length, sequence_view_at_least
+from ..kernel_core.ranges import sequence_length, sequence_view_at_least
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]

@@ -37,7 +37,6 @@ from ..errors import KernelArgumentError, UnsupportedProblemError
 from ._schedule import SPLITS, BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
-_kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "DQ_VARIANT_PARAMETERS",
            "DKDV_VARIANT_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES", "dq_parameters",
@@ -47,7 +46,16 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "DQ_VARIANT_PARAMETERS",
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
            "ragged_grids", "UNUSED", "RANGES"]
 
-_MODULE = f"{__package__}._kernel"
+
+
+def _kernels():
+    """The kernel module, imported on first use: it loads cuda.tile, which ``import
+    tiledattention`` does not pay for."""
+    from . import _kernel
+
+    return _kernel
+
+
 _DQ_RUNTIME = ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ", "qk_scale", "heads_q", "group")
 _DKDV_RUNTIME = ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale", "heads_kv",
                  "group")
@@ -60,13 +68,13 @@ RANGES = "Ranges"
 #: what the variant kernels' ``Ranges`` receives outside a ragged call: an empty tuple, which
 #: takes no bytes of the parameter space (module docstring)
 UNUSED = ()
-DQ_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dq"), _DQ_RUNTIME)
-DKDV_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dkdv"), _DKDV_RUNTIME)
-DQ_VARIANT_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dq_variant"),
+DQ_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dq, _DQ_RUNTIME)
+DKDV_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dkdv, _DKDV_RUNTIME)
+DQ_VARIANT_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dq_variant,
                                          (*_DQ_RUNTIME, *VARIANT_VALUES, RANGES))
-DKDV_VARIANT_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_dkdv_variant"),
+DKDV_VARIANT_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dkdv_variant,
                                            (*_DKDV_RUNTIME, *VARIANT_VALUES, RANGES))
-SUM_PARAMETERS = KernelParameters((_MODULE, "attention_bwd_sum"), ("Parts", "Grad"))
+SUM_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_sum, ("Parts", "Grad"))
 
 #: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step)
 SUM_TILE = 64
@@ -235,20 +243,20 @@ def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> 
 
 def dq_kernel(schedule: BackwardSchedule, variant: bool = False) -> ct.kernel:
     """The dQ kernel (``variant``: ``attention_bwd_dq_variant``) with the schedule's hints."""
-    kernel = _kernels.attention_bwd_dq_variant if variant else _kernels.attention_bwd_dq
+    kernel = _kernels().attention_bwd_dq_variant if variant else _kernels().attention_bwd_dq
     return _hinted(kernel, schedule.dq_occupancy, schedule.dq_worker_warps)
 
 
 def dkdv_kernel(schedule: BackwardSchedule, variant: bool = False) -> ct.kernel:
     """The dK/dV kernel (``variant``: ``attention_bwd_dkdv_variant``) with the schedule's
     hints."""
-    kernel = _kernels.attention_bwd_dkdv_variant if variant else _kernels.attention_bwd_dkdv
+    kernel = _kernels().attention_bwd_dkdv_variant if variant else _kernels().attention_bwd_dkdv
     return _hinted(kernel, schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
 
 
 def sum_kernel() -> ct.kernel:
     """``attention_bwd_sum`` (memory-bound: the compiler's hints)."""
-    return _kernels.attention_bwd_sum
+    return _kernels().attention_bwd_sum
 
 
 def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tuple[int, ...]]:

@@ -8,6 +8,7 @@ from typing import Callable
 from .._compile import CompileResult
 from .._case import AttentionCase, PagedCase, paged_flops
 from .._family import Family, register_family
+from ..kernel_core import MODULES as KERNEL_CORE_MODULES
 from .._problem import Problem
 from ..errors import UnsupportedProblemError
 from ._compile import compile_decode
@@ -67,7 +68,7 @@ class DecodeFamily(Family):
     problem_type = Problem
     schedule_type = DecodeSchedule
     template_modules = ("tiledattention.decode._kernel", "tiledattention.decode._launch",
-                        "tiledattention._kernel_ranges")
+                        *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)
     # same GQA group (it decides the packing); distance |log2 S_k - log2 S_k'| +

@@ -39,7 +39,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from .._kernel_ranges import page_rows, sequence_view
+from ..kernel_core.ranges import page_rows, sequence_view
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -63,7 +63,7 @@ def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen
     the scores are ``cap_out * tanh(qk * cap_in)``: the capped scaled score in the kernel's
     units (times log2(e) with ``EXP2``). With ``PAGED`` K and V are page pools ``[pages,
     page_size, H_kv, D]`` and key tile ``j`` of entry ``batch`` is loaded ``PAGE_ROWS`` keys at
-    a time from the pages ``Pages[batch]`` names (``_kernel_ranges.page_rows``).
+    a time from the pages ``Pages[batch]`` names (``kernel_core.ranges.page_rows``).
     """
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
     if PAGED:

@@ -26,19 +26,33 @@ from .._problem import Problem, default_scale, padded_head_dim, page_tile
 from ._schedule import TILES_M, DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
-_kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
            "max_key_tiles"]
 
+
+def _split() -> ct.kernel:
+    """``decode_split``, imported on first use: the kernel module loads cuda.tile, which
+    ``import tiledattention`` does not pay for."""
+    from ._kernel import decode_split
+
+    return decode_split
+
+
+def _combine() -> ct.kernel:
+    """``decode_combine``, imported on first use (like :func:`_split`)."""
+    from ._kernel import decode_combine
+
+    return decode_combine
+
+
 SPLIT_PARAMETERS = KernelParameters(
-    (f"{__package__}._kernel", "decode_split"),
+    _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
      "window_right", "softcap", "Sinks", "Ranges", "Pages"))
-COMBINE_PARAMETERS = KernelParameters((f"{__package__}._kernel", "decode_combine"),
-                                      ("Opart", "Lse", "Out", "Sinks"))
+COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
 NO_SINKS = 0
@@ -212,12 +226,12 @@ def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> 
 
 
 def split_kernel(schedule: DecodeSchedule) -> ct.kernel:
-    return _hinted(_kernels.decode_split, schedule.occupancy, schedule.num_worker_warps)
+    return _hinted(_split(), schedule.occupancy, schedule.num_worker_warps)
 
 
 def combine_kernel(schedule: DecodeSchedule) -> ct.kernel:
     """The combine kernel (no kernel options of its own: it is a short, latency-bound merge)."""
-    return _kernels.decode_combine
+    return _combine()
 
 
 def grouped_view(x: Any, tiles: Layout) -> Any:

@@ -10,6 +10,7 @@ from .. import _device
 from .._case import AttentionCase, RaggedCase, ragged_flops
 from .._compile import CompileResult
 from .._family import Family, register_family
+from ..kernel_core import MODULES as KERNEL_CORE_MODULES
 from .._problem import Problem, default_scale, page_tile
 from ..errors import UnsupportedProblemError
 from ._compile import compile_schedule
@@ -73,7 +74,7 @@ class ForwardFamily(Family):
     problem_type = Problem
     schedule_type = Schedule
     template_modules = ("tiledattention.forward._kernel", "tiledattention.forward._launch",
-                        "tiledattention._kernel_ranges")
+                        *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)
     # same GQA group size; distance |log2 S_q - log2 S_q'| + |log2 S_k - log2 S_k'| +

@@ -48,7 +48,6 @@ from ..errors import KernelArgumentError
 from ._schedule import Schedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
-_kernels = lazy_module(f"{__package__}._kernel", globals(), "_kernels")
 
 __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
@@ -72,8 +71,16 @@ _VARIANT_VALUES = (("window_left", "WINDOW"), ("window_right", "WINDOW"), ("soft
                    ("Pages", "PAGED"))
 
 
-# -- the kernel's signature ---------------------------------------------------------------------
-_SIGNATURE = KernelParameters((f"{__package__}._kernel", "attention_fwd"), RUNTIME_PARAMETERS)
+# -- the kernel and its signature ----------------------------------------------------------------
+def _kernel() -> ct.kernel:
+    """``attention_fwd``, imported on first use: the kernel module loads cuda.tile, which
+    ``import tiledattention`` does not pay for."""
+    from ._kernel import attention_fwd
+
+    return attention_fwd
+
+
+_SIGNATURE = KernelParameters(_kernel, RUNTIME_PARAMETERS)
 
 
 def kernel_parameters() -> tuple[str, ...]:
@@ -320,9 +327,8 @@ def hinted_kernel(occupancy: int, num_ctas: int, opt_level: int,
                   num_worker_warps: int | None) -> ct.kernel:
     """The template with these kernel options. Cached: each object owns a JIT cache, so making
     a new one per launch would recompile every time."""
-    return _kernels.attention_fwd.replace_hints(occupancy=occupancy, num_ctas=num_ctas,
-                                                opt_level=opt_level,
-                                                num_worker_warps=num_worker_warps)
+    return _kernel().replace_hints(occupancy=occupancy, num_ctas=num_ctas, opt_level=opt_level,
+                                   num_worker_warps=num_worker_warps)
 
 
 def kernel_for(schedule: Schedule) -> ct.kernel:

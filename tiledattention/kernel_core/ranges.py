@@ -10,6 +10,16 @@ from __future__ import annotations
 import cuda.tile as ct
 
 
+def sequence_of(batch, PACKED):
+    """``(sequence, batch entry)`` of a ragged call's grid batch index ``batch``: the index is
+    the sequence's, and its arrays' batch entry is that too, or 0 with ``PACKED`` (the
+    sequences lie end to end in one ``[1, H, tokens, D]`` view)."""
+    entry = batch
+    if PACKED:
+        entry = 0
+    return batch, entry
+
+
 def sequence_view(A, Ranges, seq, which):
     """``A`` (``[B, H, S, ...]``) cut along its sequence axis to sequence ``seq``'s range,
     ``Ranges[which:which + 2, seq]`` = ``[start, end)``; an empty range stays empty even where
@@ -35,9 +45,9 @@ def sequence_length(Ranges, seq, which):
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
 
 
-def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, WIDTH, LATENCY, PAD):
-    """Keys ``j * TILE_N ..`` (head-dim columns ``part * WIDTH`` on) of sequence ``seq``'s
-    paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, WIDTH]`` tile:
+def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD):
+    """Keys ``j * TILE_N ..`` (head-dim columns ``part * width`` on) of sequence ``seq``'s
+    paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, width]`` tile:
     ``TILE_N / PAGE_ROWS`` loads of ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size),
     each from the page ``Pages[seq]`` names for it, joined pairwise. A key past the block
     table's pages loads as ``PAD``'s fill."""
@@ -47,9 +57,9 @@ def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, WIDTH, LATENCY
         key = j * TILE_N + i * PAGE_ROWS
         page = ct.gather(Pages, (seq, key // page_size), padding_value=-1)
         parts += (ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, part),
-                          shape=(1, PAGE_ROWS, 1, WIDTH), padding_mode=PAD,
-                          latency=ct.static_eval(LATENCY or None)
-                          ).reshape((PAGE_ROWS, WIDTH)),)
+                          shape=(1, PAGE_ROWS, 1, width), padding_mode=PAD,
+                          latency=ct.static_eval(latency or None)
+                          ).reshape((PAGE_ROWS, width)),)
     for level in ct.static_iter(range((TILE_N // PAGE_ROWS).bit_length() - 1)):
         joined = ()
         for i in ct.static_iter(range(len(parts) // 2)):
