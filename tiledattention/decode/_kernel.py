@@ -1,125 +1,49 @@
 """The split-KV (flash-decoding) kernel templates (cuTile): a split kernel and a combine kernel.
 
-Decode attends few query rows against many keys. One CTA of ``decode_split`` takes one
-(batch, K/V head), one tile of query positions and one *split*, a contiguous range of key tiles:
-the query rows of every query head that shares the K/V head are packed into one
-``[TILE_G * TILE_S, D]`` tile (``TILE_G`` heads x ``TILE_S`` positions), so each K/V tile is
-read once per K/V head, not once per query head. The queries and the output are passed as
-``[B, H_kv, G, S_q, D]`` views (the head dim split into K/V head and group: no copy); heads past
-``G`` and positions past ``S_q`` are zero-filled on load and clipped on store.
+Decode attends few query rows against many keys. One CTA of ``decode_split`` takes one (batch, K/V
+head), one tile of query positions and one *split*, a contiguous range of key tiles: the query rows
+of every query head that shares the K/V head are packed into one ``[TILE_G * TILE_S, D]`` tile
+(``TILE_G`` heads x ``TILE_S`` positions), so each K/V tile is read once per K/V head, not once per
+query head. The queries and the output are passed as ``[B, H_kv, G, S_q, D]`` views (the head dim
+split into K/V head and group: no copy); heads past ``G`` and positions past ``S_q`` are zero-
+filled on load and clipped on store.
 
 With one split (``DIRECT``) the kernel normalises and writes the output itself. Otherwise each
 split writes its normalised partial output and its log-sum-exp (base 2) in float32, and
-``decode_combine`` merges the splits of each row: ``out = sum_s 2^(lse_s - m) o_s / sum_s
-2^(lse_s - m)``. With ``PDL`` the combine is launched as a programmatic dependent launch: its
-CTAs are scheduled while the split kernel drains and wait for its memory.
+``decode_combine`` merges the splits of each row: ``out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s
+- m)``. With ``PDL`` the combine is launched as a programmatic dependent launch: its CTAs are
+scheduled while the split kernel drains and wait for its memory.
 
-Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i``
-sees keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). With ``WINDOW``
-it also sees only keys ``i + causal_offset - window_left .. i + causal_offset + window_right``
-(a side of -1 is unbounded): each query tile walks only the key tiles of its rows' union of
-visible keys, split over the CTAs of its row, and the key walk starts where that range starts
-(computed from ``causal_offset`` at run time, so it follows a cache that grows). Only the
-tiles at the range's edges are masked. ``SOFTCAP`` caps the scaled scores at ``softcap *
-tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[h] - m)`` to each row's denominator once: in
-the single split's normalisation or in the combine, never per split. A row that sees no key
-returns zeros. ``RAGGED`` (a padded batch's per-entry ranges, ``Ranges``): each batch entry's
-keys are cut out of K and V, its query rows in range are the last positions of those keys
-(bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a paged cache): K and
-V are pools of pages and each entry's keys lie in the pages its row of the block table
-(``Pages``) names, one page lookup per page-sized load. Every UPPER_CASE parameter is a compile-time
-constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode loop whose
-cache grows by a key per step reuses one compiled kernel.
+Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i`` sees
+keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). With ``WINDOW`` it also
+sees only keys ``i + causal_offset - window_left .. i + causal_offset + window_right`` (a side of
+-1, ``kernel_core.numbers.UNBOUNDED``, is unbounded): each query tile walks only the key tiles of
+its rows' union of visible keys, split over the CTAs of its row, and the key walk starts where that
+range starts (computed from ``causal_offset`` at run time, so it follows a cache that grows). Only
+the tiles at the range's edges are masked (``kernel_core.bounds.decode_key_tiles``). ``SOFTCAP``
+caps the scaled scores at ``softcap * tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[h] - m)`` to
+each row's denominator once: in the single split's normalisation or in the combine, never per
+split. A row that sees no key returns zeros. ``RAGGED`` (a padded batch's per-entry ranges,
+``Ranges``): each batch entry's keys are cut out of K and V, its query rows in range are the last
+positions of those keys (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a
+paged cache): K and V are pools of pages and each entry's keys lie in the pages its row of the
+block table (``Pages``) names, one page lookup per page-sized load. Every UPPER_CASE parameter is a
+compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
+loop whose cache grows by a key per step reuses one compiled kernel.
 """
 
 from __future__ import annotations
 
-import math
-
 import cuda.tile as ct
 import numpy as np
 
+from ..kernel_core.bounds import decode_key_tiles
+from ..kernel_core.numbers import LOG2_E, NEG_BIG
 from ..kernel_core.ranges import page_rows, sequence_view
+from ..kernel_core.softmax import log_sum_exp, normalised, online_softmax
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
-
-LOG2_E = 1.0 / math.log(2.0)
-#: Finite "minus infinity" for running maxima: a row whose first key tile is fully masked must
-#: not compute (-inf) - (-inf).
-NEG_BIG = -1.0e30
-#: What an unbounded window side (-1) reaches, in keys: past any cache the kernels can index
-#: (``S_k * D < 2**31``), and small enough that key offsets of that size do not overflow int32.
-FAR = 1 << 30
-
-
-def _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen_k, offset,
-             masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2, K_TRANSPOSED, K_LATENCY, V_LATENCY,
-             WINDOW, lo_shift, hi_shift, SOFTCAP, cap_in, cap_out, Pages, PAGED, PAGE_ROWS):
-    """Fold key tile ``j`` into the running (max, denominator, accumulator) of the packed rows.
-    ``masked``: apply the sequence-end, causal and window masks (only the tiles at the edges
-    of a row's key range need it). With ``WINDOW`` row position ``i`` keeps keys ``i +
-    lo_shift .. i + hi_shift`` (the causal bound folded into ``hi_shift``). With ``SOFTCAP``
-    the scores are ``cap_out * tanh(qk * cap_in)``: the capped scaled score in the kernel's
-    units (times log2(e) with ``EXP2``). With ``PAGED`` K and V are page pools ``[pages,
-    page_size, H_kv, D]`` and key tile ``j`` of entry ``batch`` is loaded ``PAGE_ROWS`` keys at
-    a time from the pages ``Pages[batch]`` names (``kernel_core.ranges.page_rows``).
-    """
-    PAD = ct.static_eval(ct.PaddingMode.ZERO)
-    if PAGED:
-        k = ct.transpose(page_rows(K, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, TILE_D,
-                                   K_LATENCY, PAD))
-    elif K_TRANSPOSED:
-        k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
-                    order=(0, 1, 3, 2), padding_mode=PAD,
-                    latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
-    else:
-        k = ct.load(K, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=PAD, latency=ct.static_eval(K_LATENCY or None))
-        k = ct.transpose(k.reshape((TILE_N, TILE_D)))
-    qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
-    qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
-    if SOFTCAP:
-        qk = ct.tanh(qk * cap_in) * cap_out  # [TILE_M, TILE_N], scaled
-    if masked:
-        keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
-        keep = keys < seqlen_k
-        if WINDOW:
-            keep = keep & (keys >= positions + lo_shift) & (keys <= positions + hi_shift)
-        elif CAUSAL:
-            keep = keep & (keys <= positions + offset)  # [TILE_M, TILE_N]
-        qk = ct.where(keep, qk, -np.inf)
-
-    if SOFTCAP:
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True))  # [TILE_M, 1]
-        if EXP2:
-            p = ct.exp2(qk - m_ij, flush_to_zero=True)
-            alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)
-        else:
-            p = ct.exp(qk - m_ij)
-            alpha = ct.exp(m_i - m_ij)
-    else:
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [TILE_M, 1]
-        if EXP2:
-            p = ct.exp2(qk * scale - m_ij, flush_to_zero=True)
-            alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)
-        else:
-            p = ct.exp(qk * scale - m_ij)
-            alpha = ct.exp(m_i - m_ij)
-    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
-    if PAGED:
-        v = page_rows(V, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, TILE_D, V_LATENCY, PAD)
-        if masked:
-            # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN is
-            # not 0
-            rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
-            v = ct.where(rows < seqlen_k, v, 0.0)
-    else:
-        v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=PAD, latency=ct.static_eval(V_LATENCY or None))
-        v = v.reshape((TILE_N, TILE_D))
-    acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
-    return m_ij, l_i, acc
 
 
 def _tile_of_row(row, heads, num_q_tiles):
@@ -138,12 +62,6 @@ def _row_sinks(Sinks, head, group, TILE_G, TILE_S, EXP2):
     if EXP2:
         sink = sink * LOG2_E
     return sink  # [TILE_M, 1]
-
-
-def _normalised(acc, total):
-    """``acc / total`` per row, and zeros for rows whose ``total`` is 0 (they saw no key)."""
-    seen = total > 0.0
-    return acc * ct.where(seen, 1.0 / ct.where(seen, total, 1.0), 0.0)
 
 
 @ct.kernel
@@ -183,6 +101,7 @@ def decode_split(
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
+    PAD = ct.static_eval(ct.PaddingMode.ZERO)
     heads = Q.shape[1]
     num_q_tiles = ct.cdiv(Q.shape[3], TILE_S)
     row = ct.bid(0)  # (batch x head of the view) x query tile
@@ -216,55 +135,14 @@ def decode_split(
     seqlen_k = K.shape[2]
     if PAGED:
         seqlen_k = paged_keys
-    seqlen_q = Q.shape[3]
     first_pos = q_tile * TILE_S
     # packed row r is head r // TILE_S at position first_pos + r % TILE_S
     positions = first_pos + ct.arange(TILE_M, dtype=np.int32)[:, None] % TILE_S  # [TILE_M, 1]
-
-    # the keys this tile's rows can see: all, or up to the last real row's diagonal
-    kv_end = seqlen_k
-    mask_from_key = seqlen_k - seqlen_k % TILE_N  # key tiles from here on need the end mask
-    lo_shift = 0
-    hi_shift = 0
-    if WINDOW:
-        # row i keeps keys i + lo_shift .. i + hi_shift; -1 (a side unbounded) reaches FAR
-        reach_left = window_left
-        if window_left < 0:
-            reach_left = FAR
-        reach_right = window_right
-        if window_right < 0:
-            reach_right = FAR
-        if CAUSAL:
-            reach_right = min(reach_right, 0)
-        lo_shift = causal_offset - reach_left
-        hi_shift = causal_offset + reach_right
-        last_pos = min(first_pos + TILE_S, seqlen_q) - 1
-        # the union of the real rows' keys: from the first row's first to the last row's last
-        kv_start = max(min(first_pos + lo_shift, seqlen_k), 0)
-        kv_end = max(min(seqlen_k, last_pos + hi_shift + 1), 0)
-        first_tile = kv_start // TILE_N
-        num_tiles = ct.cdiv(kv_end, TILE_N) - first_tile
-        if kv_end <= kv_start:
-            num_tiles = 0
-        per_split = ct.cdiv(num_tiles, splits)
-        start = first_tile + min(split * per_split, num_tiles)
-        stop = min(start + per_split, first_tile + num_tiles)
-        # tiles every real row sees whole: from the last row's first key to the first row's
-        # last key (and short of a partial last tile); the tiles before and after are masked
-        unmasked_key = max(last_pos + lo_shift, 0)
-        mask_from_key = max(min(mask_from_key, first_pos + hi_shift + 1), 0)
-        unmask_from = max(min(ct.cdiv(unmasked_key, TILE_N), stop), start)
-        mask_from = max(min(mask_from_key // TILE_N, stop), unmask_from)
-    else:
-        if CAUSAL:
-            last_pos = min(first_pos + TILE_S, seqlen_q) - 1
-            kv_end = max(min(seqlen_k, last_pos + causal_offset + 1), 0)
-            mask_from_key = max(min(mask_from_key, first_pos + causal_offset + 1), 0)
-        num_tiles = ct.cdiv(kv_end, TILE_N)
-        per_split = ct.cdiv(num_tiles, splits)
-        start = min(split * per_split, num_tiles)
-        stop = min(start + per_split, num_tiles)
-        mask_from = max(min(mask_from_key // TILE_N, stop), start)
+    # this split's key tiles [start, stop); with WINDOW row i keeps keys i + lo_shift .. i +
+    # hi_shift, and the tiles before unmask_from are masked too
+    lo_shift, hi_shift, start, unmask_from, mask_from, stop = decode_key_tiles(
+        first_pos, Q.shape[3], seqlen_k, causal_offset, window_left, window_right, split,
+        splits, TILE_S, TILE_N, WINDOW, CAUSAL)
     cap_in = 0.0
     cap_out = 0.0
     if SOFTCAP:
@@ -274,7 +152,7 @@ def decode_split(
             cap_out = softcap * LOG2_E
 
     q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
-                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
     if DIRECT and SINKS:
         # the sink as a key of value 0 seen first: max = sink, denominator 1
         m_i = _row_sinks(Sinks, head, Q.shape[2], TILE_G, TILE_S, EXP2)  # [TILE_M, 1]
@@ -282,14 +160,52 @@ def decode_split(
     else:
         m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+
+    def load_kv(A, j, latency):
+        """Key / value tile ``j`` as ``[TILE_N, TILE_D]``: from the entry's pages with ``PAGED``
+        (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
+        if PAGED:
+            return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
+                             latency=latency, PAD=PAD)
+        tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                       padding_mode=PAD, latency=ct.static_eval(latency or None))
+        return tile.reshape((TILE_N, TILE_D))
 
     def step(j, masked, m_i, l_i, acc):
-        """Key tile ``j`` folded into the running state (``masked``: apply the mask)."""
-        return _kv_tile(q, K, V, batch, kv_head, j, positions, m_i, l_i, acc, scale, seqlen_k,
-                        causal_offset, masked, CAUSAL, TILE_M, TILE_N, TILE_D, EXP2,
-                        K_TRANSPOSED, K_LATENCY, V_LATENCY, WINDOW, lo_shift, hi_shift, SOFTCAP,
-                        cap_in, cap_out, Pages, PAGED, PAGE_ROWS)
+        """Fold key tile ``j`` into the running (max, denominator, accumulator) of the packed
+        rows. ``masked``: apply the sequence-end, causal and window masks (only the tiles at
+        the edges of a row's key range need it). With ``SOFTCAP`` the scores are ``cap_out *
+        tanh(qk * cap_in)``: the capped scaled score in the kernel's units."""
+        if ct.static_eval(K_TRANSPOSED and not PAGED):
+            k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                        order=(0, 1, 3, 2), padding_mode=PAD,
+                        latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
+        else:
+            k = ct.transpose(load_kv(K, j, latency=K_LATENCY))  # [TILE_D, TILE_N]
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
+        qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+        if SOFTCAP:
+            qk = ct.tanh(qk * cap_in) * cap_out  # [TILE_M, TILE_N], scaled
+        if masked:
+            keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+            keep = keys < seqlen_k
+            if WINDOW:
+                keep = keep & (keys >= positions + lo_shift) & (keys <= positions + hi_shift)
+            elif CAUSAL:
+                keep = keep & (keys <= positions + causal_offset)  # [TILE_M, TILE_N]
+            qk = ct.where(keep, qk, -np.inf)
+        # p: [TILE_M, TILE_N]; capped scores are scaled already
+        p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
+        v = load_kv(V, j, latency=V_LATENCY)  # [TILE_N, TILE_D]
+        if PAGED:
+            if masked:
+                # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN
+                # is not 0
+                key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
+                v = ct.where(key_rows < seqlen_k, v, 0.0)
+        acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
+        return m_i, l_i, acc
 
     if WINDOW:
         for j in range(start, unmask_from):
@@ -304,19 +220,14 @@ def decode_split(
 
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
-    out = _normalised(acc, l_i)
+    out = normalised(acc, l_i)  # [TILE_M, TILE_D]
     if RAGGED:  # rows outside the entry's query range: zeros (a zero partial in every split)
         out = ct.where((positions >= q_lo) & (positions < q_hi), out, 0.0)
     if DIRECT:
         ct.store(Out, index=(batch, head, 0, q_tile, 0),
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
     else:
-        seen = l_i > 0.0
-        if EXP2:
-            lse = m_i + ct.log2(ct.where(seen, l_i, 1.0))
-        else:
-            lse = (m_i + ct.log(ct.where(seen, l_i, 1.0))) * LOG2_E
-        lse = ct.where(seen, lse, -np.inf)
+        lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
         ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
 
@@ -374,6 +285,6 @@ def decode_combine(
             total = total + weight
             acc = acc + parts[u] * weight
         m = m_new
-    out = _normalised(acc, total)
+    out = normalised(acc, total)
     ct.store(Out, index=(batch, head, 0, q_tile, chunk),
              tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
