@@ -1,7 +1,7 @@
 """The backward family's ragged batches (``Problem.ragged``: sequences of their own lengths, given
 per call as int32 ``[4, sequences]`` ranges) on the CPU: compile-only builds of both kernels for
 packed sequences on several architectures, the normaliser's one-tile-per-CTA schedule (no
-splits, no work orders), the variant kernels' ``Ranges`` placed by name (a zero-byte
+splits, no work orders), the kernels' ``Ranges`` placed by name (a zero-byte
 placeholder outside a ragged call), the ragged grids, and the launch-argument builder's refusals.
 
 Whether the kernels' gradients are right (sliced views, empty ranges, TMA on slices) is for the
@@ -15,12 +15,10 @@ import dataclasses
 import pytest
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DKDV_VARIANT_PARAMETERS,
-                                             DQ_PARAMETERS, DQ_VARIANT_PARAMETERS, RANGES,
-                                             UNUSED, VARIANT_VALUES, dkdv_constants,
-                                             dq_constants, kernel_args, launch, launch_ragged,
-                                             launches, normalise, ragged_grids, scratch_shapes,
-                                             uses_variant_kernels)
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, RANGES, UNUSED,
+                                             VARIANT_VALUES, dkdv_constants, dq_constants,
+                                             has_variants, kernel_args, launch, launch_ragged,
+                                             launches, normalise, ragged_grids, scratch_shapes)
 from tiledattention.errors import KernelArgumentError, UnsupportedProblemError
 from tiledattention.tooling import text_digest
 
@@ -105,11 +103,11 @@ def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
         "window_right": ctc.ScalarConstraint(ct.int32),
         "softcap": ctc.ScalarConstraint(ct.float32), RANGES: ctc.TupleConstraint(())}
     builds = (
-        (dkdv_kernel(s, True), DKDV_VARIANT_PARAMETERS.ordered(
+        (dkdv_kernel(s), DKDV_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat, "Delta": stat,
              "dK": kv_like, "dV": kv_like, "heads_kv": ctc.ScalarConstraint(ct.int32),
              **scalars}, dkdv_constants(p, s))),
-        (dq_kernel(s, True), DQ_VARIANT_PARAMETERS.ordered(
+        (dq_kernel(s), DQ_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like, "Lse": stat,
              "Delta": stat, "dQ": q_like, "heads_q": ctc.ScalarConstraint(ct.int32),
              **scalars}, dq_constants(p, s))))
@@ -152,13 +150,11 @@ def test_ragged_defaults_are_normal_and_unsplit(arch):
 
 
 # -- constants, parameters and arguments ---------------------------------------------------------
-def test_ragged_problems_run_the_variant_kernels_with_ranges_last():
-    assert uses_variant_kernels(RAGGED) and uses_variant_kernels(RAGGED_FULL)
-    for params in (DQ_VARIANT_PARAMETERS, DKDV_VARIANT_PARAMETERS):
+def test_ragged_problems_pass_their_ranges_last():
+    assert has_variants(RAGGED) and has_variants(RAGGED_FULL)
+    for params in (DQ_PARAMETERS, DKDV_PARAMETERS):
         assert params.names[11:14] == VARIANT_VALUES and params.names[14] == RANGES
         assert {"RAGGED", "PACKED"} <= params.constants
-    for params in (DQ_PARAMETERS, DKDV_PARAMETERS):  # the plain kernels are as they were
-        assert RANGES not in params.names and "RAGGED" not in params.constants
     s = BackwardSchedule()
     for constants in (dq_constants(RAGGED, s), dkdv_constants(RAGGED, s)):
         assert constants["RAGGED"] and not constants["PACKED"]
@@ -172,7 +168,7 @@ def test_ragged_problems_run_the_variant_kernels_with_ranges_last():
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_kernel_args_put_the_ranges_in_place(packed):
-    """The ragged launch's arguments are the variant kernels' signatures filled by name, the
+    """The ragged launch's arguments are the kernels' signatures filled by name, the
     call's ranges at ``Ranges`` and ``PACKED`` as the call's layout."""
     s = BackwardSchedule(dkdv_tile_n=128, dq_tile_m=32)
     plan = launches(RAGGED_WINDOW, s, 0.125)
@@ -181,32 +177,35 @@ def test_kernel_args_put_the_ranges_in_place(packed):
     dq_args, dkdv_args = kernel_args(plan, *_ARRAYS, ranges, packed=packed)
     values = {"qk_scale": 0.125, "group": 4, "window_left": 127, "window_right": -1,
               "softcap": 30.0, RANGES: ranges}
-    expected_dq = DQ_VARIANT_PARAMETERS.ordered(
+    expected_dq = DQ_PARAMETERS.ordered(
         {"Q": q, "K": k, "V": v, "Out": out, "dO": do, "Lse": lse, "Delta": delta, "dQ": dq,
          "heads_q": 8, **values}, dq_constants(RAGGED_WINDOW, s, packed=packed))
-    expected_dkdv = DKDV_VARIANT_PARAMETERS.ordered(
+    expected_dkdv = DKDV_PARAMETERS.ordered(
         {"Q": q, "K": k, "V": v, "dO": do, "Lse": lse, "Delta": delta, "dK": dk, "dV": dv,
          "heads_kv": 2, **values}, dkdv_constants(RAGGED_WINDOW, s, packed=packed))
     for got, want in ((dq_args, expected_dq), (dkdv_args, expected_dkdv)):
         assert len(got) == len(want) and all(a is b or a == b for a, b in zip(got, want))
-    assert dq_args[DQ_VARIANT_PARAMETERS.names.index(RANGES)] is ranges
+    assert dq_args[DQ_PARAMETERS.names.index(RANGES)] is ranges
 
 
 def test_other_variant_problems_pass_the_zero_byte_placeholder():
     """A windowed batch that is not ragged passes ``Ranges`` an empty tuple (no bytes of the
-    parameter space: its code stays as before); plain problems have no ``Ranges``."""
+    parameter space: its code stays as before); plain problems pass one for every variant
+    value too."""
     windowed = dataclasses.replace(RAGGED_WINDOW, ragged=False)
     plan = launches(windowed, BackwardSchedule(), 0.1)
     dq_args, dkdv_args = kernel_args(plan, *_ARRAYS)
-    at = DQ_VARIANT_PARAMETERS.names.index(RANGES)
+    at = DQ_PARAMETERS.names.index(RANGES)
     assert dq_args[at] == UNUSED == () and dkdv_args[at] == ()
-    assert len(dq_args) == len(DQ_VARIANT_PARAMETERS.names)
+    assert len(dq_args) == len(DQ_PARAMETERS.names)
     plain = dataclasses.replace(windowed, window_left=-1, softcap=0.0)
     plan = launches(plain, BackwardSchedule(), 0.1)
     dq_args, dkdv_args = kernel_args(plan, *_ARRAYS)
-    assert dq_args == (*_ARRAYS[:8], *plan.dq_scalars)
-    assert dkdv_args == (*_ARRAYS[:3], _ARRAYS[4], _ARRAYS[5], _ARRAYS[6], _ARRAYS[8],
-                         _ARRAYS[9], *plan.dkdv_scalars)
+    assert dq_args[8:15] == (0.1, 8, 4, UNUSED, UNUSED, UNUSED, UNUSED)
+    assert dq_args[15:] == plan.dq_scalars[6:]
+    assert dkdv_args[:8] == (*_ARRAYS[:3], _ARRAYS[4], _ARRAYS[5], _ARRAYS[6], _ARRAYS[8],
+                             _ARRAYS[9])
+    assert dkdv_args[11:15] == (UNUSED,) * 4
 
 
 def test_kernel_args_refuse_ranges_where_they_do_not_belong():

@@ -17,12 +17,12 @@ import pytest
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
 from tiledattention.backward._defaults import WINDOW_TILE_FLOOR, heaviest_last
-from tiledattention.backward._kernel import dkdv_query_tiles, dq_key_tiles, window_reach
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DKDV_VARIANT_PARAMETERS,
-                                             DQ_PARAMETERS, DQ_VARIANT_PARAMETERS,
+from tiledattention.backward._kernel import _window
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, UNUSED,
                                              VARIANT_VALUES, dkdv_constants, dkdv_walk,
-                                             dq_constants, dq_walk, launches, normalise, reach,
-                                             unequal_walks, uses_variant_kernels)
+                                             dq_constants, dq_walk, has_variants, launches,
+                                             normalise, reach, unequal_walks)
+from tiledattention.kernel_core.bounds import dkdv_window_query_tiles, dq_window_key_tiles
 from tiledattention.tooling import text_digest
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
@@ -82,14 +82,14 @@ def test_dq_walk_visits_exactly_the_key_tiles_its_rows_see(tile_m, tile_n):
     """Key tiles outside [lo, hi) hold no key the query tile's rows see, the first and last
     visited hold one, and tiles of [full_from, full_to) are seen whole by every row."""
     for p in PROBLEMS:
-        left, right = window_reach(p.window_left, p.window_right, p.seqlen_q + p.seqlen_k,
-                                   p.causal)
+        left, right = _window(p.window_left, p.window_right, p.seqlen_q + p.seqlen_k,
+                              p.causal)
         assert (left, right) == reach(p)
         longest = 0
         for t in range(-(-p.seqlen_q // tile_m)):
             first_row, last_row = t * tile_m, min(t * tile_m + tile_m, p.seqlen_q) - 1
-            lo, full_from, full_to, hi = dq_key_tiles(first_row, last_row, p.causal_offset,
-                                                      left, right, p.seqlen_k, tile_n)
+            lo, full_from, full_to, hi = dq_window_key_tiles(
+                first_row, last_row, p.causal_offset, left, right, p.seqlen_k, tile_n)
             assert lo <= full_from <= full_to <= hi
             rows = range(first_row, last_row + 1)
             tiles = -(-p.seqlen_k // tile_n)
@@ -119,7 +119,7 @@ def test_dkdv_walk_visits_exactly_the_query_tiles_that_see_its_keys(tile_m, tile
         longest = 0
         for c in range(-(-p.seqlen_k // tile_n)):
             first_key, last_key = c * tile_n, min(c * tile_n + tile_n, p.seqlen_k) - 1
-            first, full_from, full_to, end = dkdv_query_tiles(
+            first, full_from, full_to, end = dkdv_window_query_tiles(
                 first_key, last_key, p.causal_offset, left, right, p.seqlen_q, tile_m)
             assert first <= full_from <= full_to <= end <= -(-p.seqlen_q // tile_m)
             keys = range(first_key, last_key + 1)
@@ -151,11 +151,12 @@ def test_walk_bounds_are_tight_inside_a_long_sequence():
         if not p.windowed:
             continue
         l, r = reach(p)
-        walks = [dkdv_query_tiles(c * tile_n, c * tile_n + tile_n - 1, p.causal_offset, l, r,
-                                  p.seqlen_q, tile_m) for c in range(2100 // tile_n)]
+        walks = [dkdv_window_query_tiles(c * tile_n, c * tile_n + tile_n - 1, p.causal_offset,
+                                         l, r, p.seqlen_q, tile_m)
+                 for c in range(2100 // tile_n)]
         assert max(e - f for f, _, _, e in walks) == dkdv_walk(p, tile_n, tile_m)
-        walks = [dq_key_tiles(t * tile_m, t * tile_m + tile_m - 1, p.causal_offset, l, r,
-                              p.seqlen_k, tile_n) for t in range(2000 // tile_m)]
+        walks = [dq_window_key_tiles(t * tile_m, t * tile_m + tile_m - 1, p.causal_offset, l,
+                                     r, p.seqlen_k, tile_n) for t in range(2000 // tile_m)]
         assert max(h - lo for lo, _, _, h in walks) == dq_walk(p, tile_m, tile_n)
 
 
@@ -195,14 +196,14 @@ def test_work_orders_only_where_the_walks_differ(kwargs, orders):
     assert s.dq_heavy_first == orders and s.tile_major == orders
 
 
-def test_variant_problems_run_the_variant_kernels_with_their_values_last():
+def test_variant_problems_pass_their_values_last():
     s = BackwardSchedule(dkdv_splits=2)
     plan = launches(COMBINED, s, 0.125)
-    assert uses_variant_kernels(COMBINED)
-    assert DQ_VARIANT_PARAMETERS.names[11:14] == VARIANT_VALUES
-    assert DKDV_VARIANT_PARAMETERS.names[11:14] == VARIANT_VALUES
+    assert has_variants(COMBINED)
+    assert DQ_PARAMETERS.names[11:14] == VARIANT_VALUES
+    assert DKDV_PARAMETERS.names[11:14] == VARIANT_VALUES
     assert plan.dq_scalars == (0.125, 8, 4, 100, -1, 30.0,
-                               *DQ_VARIANT_PARAMETERS.constant_values(dq_constants(COMBINED, s)))
+                               *DQ_PARAMETERS.constant_values(dq_constants(COMBINED, s)))
     assert plan.dkdv_scalars[:6] == (0.125, 2, 4, 100, -1, 30.0)
     for constants in (dq_constants(COMBINED, s), dkdv_constants(COMBINED, s)):
         assert constants["WINDOW"] and constants["SOFTCAP"] and constants["CAUSAL"]
@@ -211,19 +212,21 @@ def test_variant_problems_run_the_variant_kernels_with_their_values_last():
     assert launches(cap_only, s, 0.1).dq_scalars[3:6] == (-1, -1, 20.0)  # unused, still passed
 
 
-def test_plain_and_sink_problems_keep_the_plain_kernels():
-    """No window and no softcap: the kernels, parameters and constants of before (sinks change
-    nothing in the backward's kernels: the forward's log-sum-exp holds them)."""
+def test_plain_and_sink_problems_pass_zero_byte_variant_values():
+    """No window, no softcap, no ragged batch: the variants' values are empty tuples (no bytes:
+    the parameter space, and the code, of the kernels before the variants) and their constants
+    off (sinks change nothing in the backward's kernels: the forward's log-sum-exp holds
+    them)."""
     s = BackwardSchedule()
     for p in (_problem(causal=True), SINGLE["sinks"]):
-        assert not uses_variant_kernels(p)
-        assert "WINDOW" not in dq_constants(p, s) and "SOFTCAP" not in dkdv_constants(p, s)
+        assert not has_variants(p)
+        for constants in (dq_constants(p, s), dkdv_constants(p, s)):
+            assert not any(constants[c] for c in ("WINDOW", "SOFTCAP", "RAGGED", "PACKED"))
         plan = launches(p, s, 0.125)
-        assert plan.dq_scalars == (0.125, 8, 4,
+        assert plan.dq_scalars == (0.125, 8, 4, UNUSED, UNUSED, UNUSED,
                                    *DQ_PARAMETERS.constant_values(dq_constants(p, s)))
-        assert plan.dkdv_scalars == (0.125, 2, 4,
+        assert plan.dkdv_scalars == (0.125, 2, 4, UNUSED, UNUSED, UNUSED,
                                      *DKDV_PARAMETERS.constant_values(dkdv_constants(p, s)))
-    assert "window_left" not in DQ_PARAMETERS.names
 
 
 # -- defaults -----------------------------------------------------------------------------------

@@ -323,7 +323,7 @@ def test_split_head_dim_compiles_for_every_architecture(arch):
 # -- (e) the kernel files: one entry each, closures, no constant travels by position ----------
 #: every kernel file, each checked together with the kernel core its calls reach
 KERNEL_MODULES = ("tiledattention.forward._kernel", "tiledattention.decode._kernel",
-                  "tiledattention._work_kernel")
+                  "tiledattention.backward._kernel", "tiledattention._work_kernel")
 KERNEL_SOURCES = {name: Path(importlib.util.find_spec(name).origin).read_text()
                   for name in KERNEL_MODULES}
 CORE_SOURCES = tuple(Path(importlib.util.find_spec(name).origin).read_text()
@@ -435,7 +435,9 @@ def test_the_constant_check_sees_a_swapped_pair():
 @pytest.mark.parametrize("module, entries", [
     ("tiledattention.forward._kernel", ["attention_fwd"]),
     ("tiledattention.decode._kernel", ["decode_split", "decode_combine"]),
-], ids=["forward", "decode"])
+    ("tiledattention.backward._kernel", ["attention_bwd_dq", "attention_bwd_dkdv",
+                                         "attention_bwd_sum"]),
+], ids=["forward", "decode", "backward"])
 def test_one_entry_per_kernel_and_launchers_import_them_statically(module, entries):
     """Variants are constants of one kernel, not entries of their own; each family's launcher
     imports its kernels by name (an editor jumps to them), inside functions so that ``import

@@ -13,9 +13,9 @@ import dataclasses
 from .._compile import CompileResult, array_constraint, export_cubin
 from .._lazy import lazy_module
 from .._problem import Problem
-from ._launch import (RANGES, SUM_PARAMETERS, dkdv_constants, dkdv_kernel, dkdv_parameters,
-                      dq_constants, dq_kernel, dq_parameters, normalise, row_stat_shape,
-                      sum_constants, sum_kernel, uses_variant_kernels)
+from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES,
+                      dkdv_constants, dkdv_kernel, dq_constants, dq_kernel, has_variants,
+                      normalise, row_stat_shape, sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -49,26 +49,25 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
                                          p.head_dim))
     scale = ctc.ScalarConstraint(ct.float32)
     count = ctc.ScalarConstraint(ct.int32)
-    variant = uses_variant_kernels(p)
-    # the variant kernels' launch-time values; Ranges: the int32 [4, sequences] ranges of a
-    # ragged call, else a zero-byte constant (the launch's empty tuple; cuda.tile.compilation
-    # takes no tuple)
-    variants = ({"window_left": count, "window_right": count, "softcap": scale,
-                 RANGES: (array_constraint("int32", (4, p.batch)) if p.ragged
-                          else ctc.ConstantConstraint(0))}
-                if variant else {})
+    # the variants' launch-time values, or where the launch passes an empty tuple a zero-byte
+    # constant (cuda.tile.compilation takes no tuple); Ranges: the int32 [4, sequences]
+    # ranges of a ragged call
+    variants = ({"window_left": count, "window_right": count, "softcap": scale}
+                if has_variants(p) else dict.fromkeys(VARIANT_VALUES, ctc.ConstantConstraint(0)))
+    variants[RANGES] = (array_constraint("int32", (4, p.batch)) if p.ragged
+                        else ctc.ConstantConstraint(0))
     label = f"backward {s.describe()}"
     grads = kv_parts if s.dkdv_splits > 1 else kv_like
     dkdv = export_cubin(
-        dkdv_kernel(s, variant),
-        dkdv_parameters(p).ordered(
+        dkdv_kernel(s),
+        DKDV_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat,
              "Delta": stat, "dK": grads, "dV": grads, "qk_scale": scale, "heads_kv": count,
              "group": count, **variants}, dkdv_constants(p, s, packed=packed)), arch,
         label + " (dK/dV)")
     others = [export_cubin(
-        dq_kernel(s, variant),
-        dq_parameters(p).ordered(
+        dq_kernel(s),
+        DQ_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like,
              "Lse": stat, "Delta": stat, "dQ": q_like, "qk_scale": scale, "heads_q": count,
              "group": count, **variants}, dq_constants(p, s, packed=packed)), arch,

@@ -4,11 +4,12 @@
 arguments) once per plan; ``launch`` enqueues them on one stream: the dQ kernel (it writes the
 row sums ``delta`` the dK/dV kernel reads), then the dK/dV kernel, and with ``dkdv_splits > 1``
 the sum kernel adding the dK/dV kernel's float32 partials (``scratch_shapes``: the caller
-allocates them) into dK and into dV. A problem with a window, a softcap or a ragged batch runs
-the ``*_variant`` dQ and dK/dV kernels, which take the variants' launch-time values after the
-others (``VARIANT_VALUES``, then ``Ranges``); plain problems, and problems whose only variant is
-sinks, run the plain kernels, whose parameters (and machine code) are those of before the
-variants.
+allocates them) into dK and into dV. The dQ and dK/dV kernels take the variants' launch-time
+values after the others (``VARIANT_VALUES``, then ``Ranges``), read under the constants
+``WINDOW``, ``SOFTCAP`` and ``RAGGED``: a problem with a window, a softcap or a ragged batch
+(:func:`has_variants`) passes the three values, a plain problem (or one whose only variant is
+sinks) passes :data:`UNUSED` for each, so its parameter space, and its machine code, are those
+of the kernels before the variants existed.
 
 A ragged problem (``Problem.ragged``: sequences of their own lengths) launches with
 :func:`launch_ragged`, which takes the call's ``Ranges`` (int32 ``[4, sequences]``: query starts,
@@ -17,7 +18,7 @@ extent, :func:`ragged_grids`) and whether the sequences are packed end to end in
 entry (the ``PACKED`` constant: a property of the call's layout, not of the problem). Its
 schedule runs one tile per CTA over grids of the longest sequence's tiles: ``normalise`` gives it
 no dK/dV splits and no work orders (all of them assume every batch entry has the whole length).
-Every other variant problem passes ``Ranges`` :data:`UNUSED`, an empty tuple, which takes no
+Every other problem passes ``Ranges`` :data:`UNUSED`, an empty tuple, which takes no
 bytes of the parameter space, so its machine code is what it was before ``Ranges`` existed (the
 forward's convention, ``tiledattention/forward/_launch.py``); a compile-only build passes a
 zero-byte constant instead (``cuda.tile.compilation`` takes no tuple).
@@ -38,43 +39,52 @@ from ._schedule import SPLITS, BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
-__all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "DQ_VARIANT_PARAMETERS",
-           "DKDV_VARIANT_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES", "dq_parameters",
-           "dkdv_parameters", "dq_constants", "dkdv_constants", "sum_constants", "dq_kernel",
-           "dkdv_kernel", "sum_kernel", "Launches", "launches", "launch", "row_stat_shape",
-           "normalise", "scratch_shapes", "SUM_TILE", "uses_variant_kernels", "runtime_values",
+__all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES",
+           "dq_constants", "dkdv_constants", "sum_constants", "dq_kernel", "dkdv_kernel",
+           "sum_kernel", "Launches", "launches", "launch", "row_stat_shape", "normalise",
+           "scratch_shapes", "SUM_TILE", "has_variants", "runtime_values",
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
            "ragged_grids", "UNUSED", "RANGES"]
 
 
 
-def _kernels():
-    """The kernel module, imported on first use: it loads cuda.tile, which ``import
-    tiledattention`` does not pay for."""
-    from . import _kernel
+# The kernels, each imported on first use: the kernel module loads cuda.tile, which ``import
+# tiledattention`` does not pay for.
+def _dq() -> ct.kernel:
+    from ._kernel import attention_bwd_dq
 
-    return _kernel
+    return attention_bwd_dq
 
 
-_DQ_RUNTIME = ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ", "qk_scale", "heads_q", "group")
-_DKDV_RUNTIME = ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV", "qk_scale", "heads_kv",
-                 "group")
-#: the launch-time values of the variant kernels (a window, a softcap), after the others: the
-#: window's sides (-1: unbounded) and the softcap (0: none), passed whether or not used
+def _dkdv() -> ct.kernel:
+    from ._kernel import attention_bwd_dkdv
+
+    return attention_bwd_dkdv
+
+
+def _sum() -> ct.kernel:
+    from ._kernel import attention_bwd_sum
+
+    return attention_bwd_sum
+
+
+#: the launch-time values of the dQ and dK/dV kernels after the arrays and ``qk_scale``, the
+#: heads and ``group``: the window's sides (-1: unbounded) and the softcap (0: none), read under
+#: ``WINDOW`` / ``SOFTCAP``
 VARIANT_VALUES = ("window_left", "window_right", "softcap")
-#: the variant kernels' last launch-time value: a ragged call's int32 [4, sequences] ranges
+#: their last launch-time value: a ragged call's int32 [4, sequences] ranges
 #: (:func:`launch_ragged`), else :data:`UNUSED`
 RANGES = "Ranges"
-#: what the variant kernels' ``Ranges`` receives outside a ragged call: an empty tuple, which
-#: takes no bytes of the parameter space (module docstring)
+#: what an unread variant value receives (each of them for a problem without variants, and
+#: ``Ranges`` outside a ragged call): an empty tuple, which takes no bytes of the parameter
+#: space (module docstring)
 UNUSED = ()
-DQ_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dq, _DQ_RUNTIME)
-DKDV_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dkdv, _DKDV_RUNTIME)
-DQ_VARIANT_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dq_variant,
-                                         (*_DQ_RUNTIME, *VARIANT_VALUES, RANGES))
-DKDV_VARIANT_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_dkdv_variant,
-                                           (*_DKDV_RUNTIME, *VARIANT_VALUES, RANGES))
-SUM_PARAMETERS = KernelParameters(lambda: _kernels().attention_bwd_sum, ("Parts", "Grad"))
+DQ_PARAMETERS = KernelParameters(_dq, ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ",
+                                       "qk_scale", "heads_q", "group", *VARIANT_VALUES, RANGES))
+DKDV_PARAMETERS = KernelParameters(_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV",
+                                           "qk_scale", "heads_kv", "group", *VARIANT_VALUES,
+                                           RANGES))
+SUM_PARAMETERS = KernelParameters(_sum, ("Parts", "Grad"))
 
 #: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step)
 SUM_TILE = 64
@@ -86,44 +96,32 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def uses_variant_kernels(problem: Problem) -> bool:
-    """Whether ``problem`` runs the ``*_variant`` kernels: with a window, a softcap or a ragged
-    batch. (Sinks change no backward kernel: the forward's log-sum-exp holds them.)"""
+def has_variants(problem: Problem) -> bool:
+    """Whether ``problem`` passes the kernels its ``VARIANT_VALUES`` (a window, a softcap or a
+    ragged batch); without, each is :data:`UNUSED`. (Sinks change no backward kernel: the
+    forward's log-sum-exp holds them.)"""
     return problem.windowed or problem.softcap > 0 or problem.ragged
 
 
-def dq_parameters(problem: Problem) -> KernelParameters:
-    """The parameters of the dQ kernel ``problem`` runs."""
-    return DQ_VARIANT_PARAMETERS if uses_variant_kernels(problem) else DQ_PARAMETERS
-
-
-def dkdv_parameters(problem: Problem) -> KernelParameters:
-    """The parameters of the dK/dV kernel ``problem`` runs."""
-    return DKDV_VARIANT_PARAMETERS if uses_variant_kernels(problem) else DKDV_PARAMETERS
-
-
 def runtime_values(problem: Problem) -> dict[str, Any]:
-    """The launch-time values after ``group`` by name: the variant kernels' ``VARIANT_VALUES``,
-    none for the plain ones. (Not ``Ranges``: a ragged call's own, :func:`kernel_args`.)"""
-    if not uses_variant_kernels(problem):
-        return {}
+    """The launch-time values after ``group`` by name: ``VARIANT_VALUES``, :data:`UNUSED`
+    without variants. (Not ``Ranges``: a ragged call's own, :func:`kernel_args`.)"""
+    if not has_variants(problem):
+        return dict.fromkeys(VARIANT_VALUES, UNUSED)
     return {"window_left": problem.window_left, "window_right": problem.window_right,
             "softcap": float(problem.softcap)}
 
 
 def _variant_constants(problem: Problem, packed: bool) -> dict[str, Any]:
     """``WINDOW``, ``SOFTCAP``, ``RAGGED`` and ``PACKED`` (``packed``: a ragged call's
-    sequences lie end to end in one batch entry) for the variant kernels; nothing for the plain
-    ones."""
-    if not uses_variant_kernels(problem):
-        return {}
+    sequences lie end to end in one batch entry)."""
     return {"WINDOW": problem.windowed, "SOFTCAP": problem.softcap > 0,
             "RAGGED": problem.ragged, "PACKED": bool(packed) and problem.ragged}
 
 
 def reach(problem: Problem) -> tuple[int, int]:
     """``(left, right)``: row ``i`` sees keys ``i + off - left .. i + off + right``; an
-    unbounded side reaches ``S_q + S_k`` (the kernels' ``window_reach``)."""
+    unbounded side reaches ``S_q + S_k`` (the dQ and dK/dV kernels' ``_window``)."""
     unbounded = problem.seqlen_q + problem.seqlen_k
     left = problem.window_left if problem.window_left >= 0 else unbounded
     right = 0 if problem.causal else (
@@ -241,22 +239,19 @@ def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> 
     return kernel.replace_hints(occupancy=occupancy, num_worker_warps=num_worker_warps)
 
 
-def dq_kernel(schedule: BackwardSchedule, variant: bool = False) -> ct.kernel:
-    """The dQ kernel (``variant``: ``attention_bwd_dq_variant``) with the schedule's hints."""
-    kernel = _kernels().attention_bwd_dq_variant if variant else _kernels().attention_bwd_dq
-    return _hinted(kernel, schedule.dq_occupancy, schedule.dq_worker_warps)
+def dq_kernel(schedule: BackwardSchedule) -> ct.kernel:
+    """``attention_bwd_dq`` with the schedule's hints."""
+    return _hinted(_dq(), schedule.dq_occupancy, schedule.dq_worker_warps)
 
 
-def dkdv_kernel(schedule: BackwardSchedule, variant: bool = False) -> ct.kernel:
-    """The dK/dV kernel (``variant``: ``attention_bwd_dkdv_variant``) with the schedule's
-    hints."""
-    kernel = _kernels().attention_bwd_dkdv_variant if variant else _kernels().attention_bwd_dkdv
-    return _hinted(kernel, schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
+def dkdv_kernel(schedule: BackwardSchedule) -> ct.kernel:
+    """``attention_bwd_dkdv`` with the schedule's hints."""
+    return _hinted(_dkdv(), schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
 
 
 def sum_kernel() -> ct.kernel:
     """``attention_bwd_sum`` (memory-bound: the compiler's hints)."""
-    return _kernels().attention_bwd_sum
+    return _sum()
 
 
 def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tuple[int, ...]]:
@@ -279,16 +274,16 @@ class Launches(NamedTuple):
     sum_grid: tuple[int, int, int]  # the partials' sum, over dK and over dV
     dq: Any
     dkdv: Any
-    dq_scalars: tuple  # the arguments after the arrays: qk_scale, heads_q, group, (variant
-    # kernels) VARIANT_VALUES, constants; not Ranges (see ranges_at)
-    dkdv_scalars: tuple  # the arguments after the arrays: qk_scale, heads_kv, group, (variant
-    # kernels) VARIANT_VALUES, constants; not Ranges (see ranges_at)
+    dq_scalars: tuple  # the arguments after the arrays: qk_scale, heads_q, group,
+    # VARIANT_VALUES, constants; not Ranges (see ranges_at)
+    dkdv_scalars: tuple  # the arguments after the arrays: qk_scale, heads_kv, group,
+    # VARIANT_VALUES, constants; not Ranges (see ranges_at)
     sum_scalars: tuple  # the sum kernel's constants
     stat_shape: tuple[int, int, int]
     scratch: dict[str, tuple[int, ...]]  # the float32 buffers launch needs (scratch_shapes)
     problem: Problem
-    ranges_at: int | None  # where the variant kernels take Ranges among dq_scalars and
-    # dkdv_scalars (kernel_args puts it there); None: the plain kernels, which take none
+    ranges_at: int  # where the kernels take Ranges among dq_scalars and dkdv_scalars
+    # (kernel_args puts it there)
     tiles: tuple[int, int]  # the normalised dq_tile_m and dkdv_tile_n (ragged_grids)
     dq_packed_scalars: tuple  # a ragged problem's dq_scalars with PACKED on; else ()
     dkdv_packed_scalars: tuple  # a ragged problem's dkdv_scalars with PACKED on; else ()
@@ -300,13 +295,10 @@ def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, i
 
 
 def _scalars(parameters: KernelParameters, runtime: dict[str, Any],
-             constants: dict[str, Any]) -> tuple[tuple, int | None]:
+             constants: dict[str, Any]) -> tuple[tuple, int]:
     """The kernel's arguments after its 8 arrays less ``Ranges``, and where ``Ranges`` goes
-    among them (None: a plain kernel, which has no ``Ranges``)."""
-    args = parameters.ordered({**runtime, RANGES: UNUSED} if RANGES in parameters.runtime
-                              else runtime, constants)[8:]
-    if RANGES not in parameters.runtime:
-        return args, None
+    among them."""
+    args = parameters.ordered({**runtime, RANGES: UNUSED}, constants)[8:]
     at = parameters.names.index(RANGES) - 8
     return args[:at] + args[at + 1:], at
 
@@ -319,23 +311,22 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
     lengths); :func:`launch_ragged` launches the call's own (:func:`ragged_grids`)."""
     s = normalise(problem, schedule)
     p = problem
-    variant = uses_variant_kernels(p)
     dq_runtime = {"Q": None, "K": None, "V": None, "Out": None, "dO": None, "Lse": None,
                   "Delta": None, "dQ": None, "qk_scale": float(scale), "heads_q": p.heads_q,
                   "group": p.group_size, **runtime_values(p)}
     dkdv_runtime = {"Q": None, "K": None, "V": None, "dO": None, "Lse": None, "Delta": None,
                     "dK": None, "dV": None, "qk_scale": float(scale), "heads_kv": p.heads_kv,
                     "group": p.group_size, **runtime_values(p)}
-    dq_scalars, ranges_at = _scalars(dq_parameters(p), dq_runtime, dq_constants(p, s))
-    dkdv_scalars, dkdv_ranges_at = _scalars(dkdv_parameters(p), dkdv_runtime,
+    dq_scalars, ranges_at = _scalars(DQ_PARAMETERS, dq_runtime, dq_constants(p, s))
+    dkdv_scalars, dkdv_ranges_at = _scalars(DKDV_PARAMETERS, dkdv_runtime,
                                             dkdv_constants(p, s))
     if ranges_at != dkdv_ranges_at:  # kernel_args places one value for both kernels
         raise KernelArgumentError(f"the dQ and dK/dV kernels take Ranges at different places "
                                   f"({ranges_at}, {dkdv_ranges_at} after the arrays)")
     dq_packed = dkdv_packed = ()
     if p.ragged:
-        dq_packed = _scalars(dq_parameters(p), dq_runtime, dq_constants(p, s, packed=True))[0]
-        dkdv_packed = _scalars(dkdv_parameters(p), dkdv_runtime,
+        dq_packed = _scalars(DQ_PARAMETERS, dq_runtime, dq_constants(p, s, packed=True))[0]
+        dkdv_packed = _scalars(DKDV_PARAMETERS, dkdv_runtime,
                                dkdv_constants(p, s, packed=True))[0]
     return Launches(
         splits=s.dkdv_splits,
@@ -343,7 +334,7 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         dkdv_grid=_grid(s.tile_major, math.ceil(p.seqlen_k / s.dkdv_tile_n),
                         p.batch * p.heads_kv, s.dkdv_splits),
         sum_grid=(math.ceil(p.seqlen_k / SUM_TILE), p.batch * p.heads_kv, 1),
-        dq=dq_kernel(s, variant), dkdv=dkdv_kernel(s, variant),
+        dq=dq_kernel(s), dkdv=dkdv_kernel(s),
         dq_scalars=dq_scalars, dkdv_scalars=dkdv_scalars,
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
@@ -418,8 +409,6 @@ def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
     dq_arrays = (q, k, v, out, grad_out, lse, delta, dq)
     dkdv_arrays = (q, k, v, grad_out, lse, delta, dk, dv)
     at = plan.ranges_at
-    if at is None:
-        return (*dq_arrays, *dq_scalars), (*dkdv_arrays, *dkdv_scalars)
     value = UNUSED if ranges is None else ranges
     return ((*dq_arrays, *dq_scalars[:at], value, *dq_scalars[at:]),
             (*dkdv_arrays, *dkdv_scalars[:at], value, *dkdv_scalars[at:]))
