@@ -14,7 +14,6 @@ from typing import Any
 from ._lazy import lazy_module
 
 ct = lazy_module("cuda.tile", globals(), "ct")
-_kernels = lazy_module(f"{__package__}._clear_kernel", globals(), "_kernels")
 
 __all__ = ["clear_uncovered_rows"]
 
@@ -28,5 +27,7 @@ def clear_uncovered_rows(stream: Any, out: Any, ranges: Any, which: int) -> None
     """Zeros in the rows of ``out`` (``[T, ...]``, contiguous) outside the run that packed
     sequences cover: ``ranges`` rows ``which`` and ``which + 1`` (0: queries, 2: keys) of the
     int32 ``[4, N]`` range table give the first sequence's start and the last one's end."""
+    from ._clear_kernel import clear_outside  # with cuda.tile, on first use
+
     flat = out.view(out.shape[0], -1)
-    ct.launch(stream, (CTAS,), _kernels.clear_outside, (flat, ranges, which, TILE_R, TILE_C))
+    ct.launch(stream, (CTAS,), clear_outside, (flat, ranges, which, TILE_R, TILE_C))

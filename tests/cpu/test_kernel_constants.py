@@ -323,7 +323,8 @@ def test_split_head_dim_compiles_for_every_architecture(arch):
 # -- (e) the kernel files: one entry each, closures, no constant travels by position ----------
 #: every kernel file, each checked together with the kernel core its calls reach
 KERNEL_MODULES = ("tiledattention.forward._kernel", "tiledattention.decode._kernel",
-                  "tiledattention.backward._kernel", "tiledattention._work_kernel")
+                  "tiledattention.backward._kernel", "tiledattention._work_kernel",
+                  "tiledattention._clear_kernel")
 KERNEL_SOURCES = {name: Path(importlib.util.find_spec(name).origin).read_text()
                   for name in KERNEL_MODULES}
 CORE_SOURCES = tuple(Path(importlib.util.find_spec(name).origin).read_text()
@@ -501,3 +502,15 @@ def test_store_lse_compiles_its_own_code_and_leaves_the_forward_alone(digest):
     args = ordered_args(runtime, kernel_constants(problem, BASE, store_lse=True))
     with_lse = export_cubin(kernel_for(BASE), args, ARCH, "forward+lse")
     assert text_digest(with_lse.cubin) != digest(problem, BASE)
+
+
+def test_no_kernel_module_is_imported_by_a_string():
+    """``lazy_module`` binds cuda.tile (and its compilation module) only: a kernel module is
+    imported by name, where it is used, so that an editor can jump to it."""
+    root = Path(importlib.util.find_spec("tiledattention").origin).parent
+    by_string = [f"{path.relative_to(root)}:{node.lineno}" for path in sorted(root.rglob("*.py"))
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Call) and ast.unparse(node.func) == "lazy_module"
+                 and not (isinstance(node.args[0], ast.Constant)
+                          and str(node.args[0].value).startswith("cuda."))]
+    assert by_string == []
