@@ -19,6 +19,9 @@ Usage: ``python scripts/compare_kernel_text.py --from REV [--set defaults] [--fa
 [--jobs 2] [--cache old.json]``; ``--cache`` keeps the old code's digests between runs (keyed by
 the revision and the build). Exit status 0 when every build has the same ``.text``, 1 when some
 differ or fail on one side only, 2 on a usage error.
+
+Issue 46's kernel core was checked so (``--from 90dfbc4 --set all``: 500 builds, 0 differ; the
+commit that re-stamped the shipped table quotes it).
 """
 
 from __future__ import annotations
@@ -122,8 +125,9 @@ def build(job):
             from tiledattention.forward import _compile
             from tiledattention.forward._launch import kernel_constants, kernel_for
             p, ordered = problem, _compile.ordered_args
-            rows = (1, p.batch * p.seqlen_q) if job["extra"].get("packed") else (p.batch, p.seqlen_q)
-            lse = array_constraint("fp32", (rows[0], p.heads_q, rows[1]))
+            entries, rows = ((1, p.batch * p.seqlen_q) if job["extra"].get("packed")
+                             else (p.batch, p.seqlen_q))
+            lse = array_constraint("fp32", (entries, p.heads_q, rows))
             # the log-sum-exp output where STORE_LSE asks for it (_export passes none)
             _compile.ordered_args = lambda runtime, constants: ordered(
                 {**runtime, "Lse": lse} if constants["STORE_LSE"] else runtime, constants)

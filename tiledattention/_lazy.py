@@ -6,6 +6,10 @@ command's start-up. A module that launches kernels binds ``ct = lazy_module("cud
 globals(), "ct")``: the first attribute read (``ct.launch``) imports cuda.tile and puts the
 module itself in that global, so every later read is a plain module global's, with nothing in
 between on the warm path.
+
+Kernel modules are not bound so: a launcher imports its kernels by name inside the function
+that launches or compiles them (``from ._kernel import attention_fwd``), which an editor can
+follow, and which costs nothing once the module is loaded.
 """
 
 from __future__ import annotations
