@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ._encode import Candidates
 from ._identity import IDENTITY_TABLE, database_identity
-from ._errors import (DatabaseArgumentError, DatabaseError, DatabaseMisuse, DatabaseUnavailable,
+from ._errors import (DatabaseArgumentError, DatabaseError, DatabaseLocked, DatabaseMisuse,
+                      DatabaseUnavailable,
                       OutputRefused, RecordError, SchemaTooNew, TiledAttentionError)
 from ._rows import (
     ARCH_PATTERN,
@@ -38,7 +39,8 @@ from ._table import RowTable, dump_rows, load_rows_file, load_rows_text, replace
 
 __all__ = [
     "ARCH_PATTERN", "BACKENDS", "BASELINE_PATTERN", "Baselines", "Candidates",
-    "DatabaseArgumentError", "DatabaseError", "DatabaseMisuse", "DatabaseUnavailable",
+    "DatabaseArgumentError", "DatabaseError", "DatabaseLocked", "DatabaseMisuse",
+    "DatabaseUnavailable",
     "FamilyCodec", "IDENTITY_TABLE", "LEGACY_BASELINES", "LEGACY_FAMILY", "MAX_BASELINES",
     "OutputRefused", "PROVENANCE_FIELDS", "PUT_OUTCOMES", "Provenance", "ROW_FIELDS", "ROW_FORMAT", "RecordError",
     "RowDecoder", "RowField", "RowTable", "ScheduleDB", "ScheduleRow", "SchemaTooNew",

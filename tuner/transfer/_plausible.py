@@ -36,8 +36,10 @@ class Peak:
     gbps: float
 
 
-#: The fastest part of each architecture tileiras knows (``tiledattention.ARCHITECTURES``), as
-#: its vendor publishes it (rounded up). sm_88 has no published part: sm_86's figures.
+#: The fastest part of each architecture tileiras knows (``tiledattention.ARCHITECTURES``): the
+#: vendors' dense (not sparse) datasheet figures, rounded up, written down from their product
+#: pages, not measured by us; :data:`MARGIN` absorbs an error in them. sm_88 has no published part:
+#: sm_86's figures.
 PEAKS: dict[str, Peak] = {
     "sm_80": Peak("A100 SXM 80GB", 312, 2039),
     "sm_86": Peak("RTX A6000 / RTX 3090 Ti", 160, 1008),
