@@ -25,7 +25,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ..kernel_core.bounds import forward_key_tiles, forward_window_key_tiles
-from ..kernel_core.numbers import LOG2_E, NEG_BIG
+from ..kernel_core.numbers import LOG2_E, NEG_BIG, bounded
 from ..kernel_core.ranges import page_rows, sequence_length, sequence_of, sequence_view
 from ..kernel_core.softmax import log_sum_exp, online_softmax, reciprocal
 
@@ -194,8 +194,8 @@ def attention_fwd(
 
         backwards = False  # KV_SAWTOOTH: odd query tiles walk their key tiles backwards
         if WINDOW:
-            # Row r's keys: from r + off - window_left (window_left >= 0) to r + off (CAUSAL)
-            # or r + off + window_right (window_right >= 0), within [0, S_k). ``rows`` holds
+            # Row r's keys: from r + off - window_left (if bounded) to r + off (CAUSAL) or
+            # r + off + window_right (if bounded), within [0, S_k). ``rows`` holds
             # r + off.
             first_row = q_tile * TILE_M
             if BOTTOM_RIGHT:
@@ -203,12 +203,12 @@ def attention_fwd(
             first_tile, unmasked_lo, unmasked_hi, end_tile = forward_window_key_tiles(
                 first_row, seqlen_k, window_left, window_right, TILE_M, TILE_N, CAUSAL)
             first_keys = ct.full((TILE_M, 1), 0, dtype=np.int32)  # each row's first key
-            if window_left >= 0:
+            if bounded(window_left):
                 first_keys = rows - window_left
             last_keys = rows  # [TILE_M, 1]: each row's last key (CAUSAL: the diagonal)
             if not CAUSAL:
                 last_keys = ct.full((TILE_M, 1), seqlen_k, dtype=np.int32)  # no bound
-                if window_right >= 0:
+                if bounded(window_right):
                     last_keys = rows + window_right
             if KV_SAWTOOTH:
                 backwards = (q_tile % 2) == 1

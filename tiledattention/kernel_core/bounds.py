@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
-from .numbers import FAR, reach
+from .numbers import FAR, bounded, reach
 
 __all__ = ["forward_key_tiles", "forward_window_key_tiles", "dq_key_tiles",
            "dq_window_key_tiles", "dkdv_query_tiles", "dkdv_window_query_tiles",
@@ -58,12 +58,12 @@ def forward_window_key_tiles(first_row, seqlen_k, window_left, window_right, TIL
     ``[first, end)``, of which ``[unmasked_lo, unmasked_hi)`` (possibly empty) lie inside every
     row's window and before ``S_k``. ``first_row`` is the tile's first row plus the offset; the
     tile's rows reach ``TILE_M - 1`` further. Row ``r`` sees keys ``r - window_left``
-    (bounded: ``window_left >= 0``) to ``r`` (``CAUSAL``) or ``r + window_right``, within
+    (where :func:`~.numbers.bounded`) to ``r`` (``CAUSAL``) or ``r + window_right``, within
     ``[0, S_k)``."""
     last_row = first_row + (TILE_M - 1)
     lo_key = 0  # the first key any row of the tile sees
     mask_lo = 0  # the first key tile that every row sees from its start on
-    if window_left >= 0:
+    if bounded(window_left):
         lo_key = max(first_row - window_left, 0)
         mask_lo = (max(last_row - window_left, 0) + TILE_N - 1) // TILE_N
     full_tiles = seqlen_k // TILE_N  # key tiles that end before S_k
@@ -73,7 +73,7 @@ def forward_window_key_tiles(first_row, seqlen_k, window_left, window_right, TIL
     else:
         hi_key = seqlen_k
         mask_hi = full_tiles
-        if window_right >= 0:
+        if bounded(window_right):
             hi_key = min(last_row + window_right + 1, seqlen_k)
             mask_hi = min(max(first_row + window_right + 1, 0) // TILE_N, full_tiles)
     first = lo_key // TILE_N

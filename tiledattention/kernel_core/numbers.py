@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LOG2_E", "NEG_BIG", "UNBOUNDED", "FAR", "reach"]
+__all__ = ["LOG2_E", "NEG_BIG", "UNBOUNDED", "FAR", "bounded", "reach"]
 
 #: log2(e): scores times this go through ``exp2`` (and base-2 log-sum-exps back to base e).
 LOG2_E = 1.0 / math.log(2.0)
@@ -13,8 +13,8 @@ LOG2_E = 1.0 / math.log(2.0)
 #: masked must not compute (-inf) - (-inf).
 NEG_BIG = -1.0e30
 #: A window side (``window_left`` / ``window_right``, as every kernel receives it) that does
-#: not bound the row's keys. A kernel either tests a side against it (``side >= 0``: bounded)
-#: or resolves it with :func:`reach`.
+#: not bound the row's keys. A kernel either tests a side with :func:`bounded` or resolves it
+#: with :func:`reach`.
 UNBOUNDED = -1
 #: What an unbounded side reaches, in keys, where a kernel needs a number (the decode split
 #: kernel): past any cache the kernels can index (``S_k * D < 2**31``), and small enough that
@@ -22,11 +22,16 @@ UNBOUNDED = -1
 FAR = 1 << 30
 
 
+def bounded(side):
+    """Whether a window side bounds the row's keys (is not :data:`UNBOUNDED`)."""
+    return side > UNBOUNDED
+
+
 def reach(side, far):
     """How many keys a window side reaches past the row's diagonal: ``side``, or ``far``
     (past every key) where it is :data:`UNBOUNDED`. Plain integer arithmetic: kernels call it
     on scalars, the launchers' tests on Python ints."""
     keys = side
-    if side < 0:
+    if side <= UNBOUNDED:
         keys = far
     return keys
