@@ -26,7 +26,7 @@ __all__ = ["TunerError", "UsageError", "StudyMismatchError", "UnreadableFile", "
            "RestampError", "HubBuildError", "ProfileUnavailable", "MeasurementError",
            "WorkerDied", "WorkerTimeout",
            "GraphCaptureError", "TunerValueError", "TunerTypeError", "NotMeasuredError",
-           "NotRunnable", "USER_ERRORS"]
+           "NotRunnable", "USER_ERRORS", "PeerUnavailable"]
 
 
 class TunerError(TiledAttentionError):
@@ -79,6 +79,11 @@ class MeasurementError(TunerError, RuntimeError):
 class NotRunnable(MeasurementError):
     """A benchmark contender cannot run here, for a reason known before running it (a torch
     without the function, a problem it does not take)."""
+
+
+class PeerUnavailable(TunerError, RuntimeError):
+    """Another library's benchmark contender (FlashAttention-4) is not installed here: its row
+    says ``unavailable`` with this reason."""
 
 
 class WorkerDied(MeasurementError):

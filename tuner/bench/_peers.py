@@ -33,7 +33,7 @@ import math
 import sys
 from typing import Any, Callable, NamedTuple
 
-from ..errors import NotRunnable, TunerError, UsageError
+from ..errors import NotRunnable, PeerUnavailable, UsageError
 from ._paged import case_lengths as paged_case_lengths
 from ._paged import is_paged
 from ._ragged import _rel_l2
@@ -49,10 +49,6 @@ FA4 = "flash-attn-4"
 PEER_CONTENDERS = (FA4,)
 #: The module FlashAttention-4's interface is imported from.
 FA4_MODULE = "flash_attn.cute"
-
-
-class PeerUnavailable(TunerError, RuntimeError):
-    """Another library's contender is not installed here (its row: ``unavailable``)."""
 
 
 def applies_peer(name: str, problem: Any) -> bool:

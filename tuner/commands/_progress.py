@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..errors import TunerValueError
+
 __all__ = ["EVERY_S", "LineProgress", "progress"]
 
 #: Seconds without a progress line after which :class:`LineProgress` prints one (read when a
@@ -44,7 +46,7 @@ class LineProgress:
         self.console, self.clock = console, clock
         self.every_s = EVERY_S if every_s is None else every_s
         if not self.every_s > 0:
-            raise ValueError(f"every_s must be a positive number of seconds; got {self.every_s!r}")
+            raise TunerValueError(f"every_s must be a positive number of seconds; got {self.every_s!r}")
         self.what, self.unit = what, unit
         self.tasks: list[dict] = []
         self._lock = threading.RLock()
