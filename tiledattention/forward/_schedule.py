@@ -1,25 +1,22 @@
 """The typed schedule of the attention kernel template.
 
 A :class:`Schedule` is a frozen, keyword-only value: every field is one search dimension that
-changes the compiled code (see ``tiledattention/_kernel.py``). It round-trips through a plain,
-versioned dict (``to_dict`` / ``from_dict``), which is what the database and the exporters store.
+changes the compiled code (see ``tiledattention/forward/_kernel.py``). It round-trips through a
+plain, versioned dict (``to_dict`` / ``from_dict``, :class:`ScheduleValue`'s, as the decode and
+backward schedules do), which is what the database and the exporters store.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from dataclasses import dataclass
 
-from ..errors import ScheduleError
+from .._schedule_value import ScheduleValue
 
 __all__ = ["Schedule", "SCHEDULE_FORMAT"]
 
 #: Version of the dict form. Bump it when a field changes meaning; add a field with a default
 #: that does what the kernel did before the field existed, and list it in
-#: ``_ADDED_AFTER_FORMAT_1``, to stay compatible (old dicts then read with that default).
+#: ``Schedule.ADDED_FIELDS``, to stay compatible (old dicts then read with that default).
 SCHEDULE_FORMAT = 1
 
 _POW2_TILES = (16, 32, 64, 128, 256)
@@ -27,7 +24,7 @@ _NUM_CTAS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Schedule:
+class Schedule(ScheduleValue):
     """One point of the kernel's schedule space.
 
     Tile shape:
@@ -86,93 +83,37 @@ class Schedule:
     paired_tiles: bool = False
     split_d: bool = False
 
+    # The dict form's version, and its name in messages ("a schedule ...": the forward was the
+    # first family, so its messages name no family). Fields added to the dict form after format
+    # 1 was first written (commits a77892a, 705e29e, 0ea615d, a987216, e993c64): a stored dict
+    # may lack them, and their defaults are what the kernel did before they existed (no
+    # worker-warp hint, one loop, one CTA per tile, no pairs, one padded head-dim part). Every
+    # other field is in every dict a format-1 writer wrote. ``split_d`` is left out of the dict
+    # form at its default (so the rows stored before it keep their keys).
+    FORMAT = SCHEDULE_FORMAT
+    LABEL = ""
+    ADDED_FIELDS = ("num_worker_warps", "split_masked", "persistent", "paired_tiles",
+                    "split_d")
+    OMITTED_AT_DEFAULT = ("split_d",)
+
     def __post_init__(self) -> None:
         self.validate()
 
-    # -- validation -------------------------------------------------------------------------
     def validate(self) -> "Schedule":
         """Raise :class:`ScheduleError` naming the first impossible field; return ``self``."""
         for name in ("tile_m", "tile_n"):
-            _check_choice(name, getattr(self, name), _POW2_TILES)
-        _check_int_range("occupancy", self.occupancy, 1, 32)
-        _check_choice("num_ctas", self.num_ctas, _NUM_CTAS)
-        _check_int_range("opt_level", self.opt_level, 0, 3)
+            self._check_choice(name, getattr(self, name), _POW2_TILES)
+        self._check_int_range("occupancy", self.occupancy, 1, 32)
+        self._check_choice("num_ctas", self.num_ctas, _NUM_CTAS)
+        self._check_int_range("opt_level", self.opt_level, 0, 3)
         if self.num_worker_warps is not None:
-            _check_choice("num_worker_warps", self.num_worker_warps, (1, 2, 4, 8, 16, 32))
+            self._check_choice("num_worker_warps", self.num_worker_warps, (1, 2, 4, 8, 16, 32))
         for name in ("k_latency", "v_latency"):
             value = getattr(self, name)
             if value is not None:
-                _check_int_range(name, value, 1, 10, extra=" or None")
-        for f in fields(self):
-            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
-                raise ScheduleError(
-                    f"Schedule.{f.name} must be a bool; got {getattr(self, f.name)!r}"
-                )
+                self._check_int_range(name, value, 1, 10, extra=" or None")
+        self._check_bools()
         return self
-
-    # -- serialisation ----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict, with the format version under ``"format"``. Fields added after
-        format 1 (:data:`_OMITTED_AT_DEFAULT`) are left out at their default, so a schedule that
-        does not use them keeps the dict, JSON and :attr:`key` it had before they existed."""
-        # every field is a scalar: a shallow dict is asdict()'s result without its deep copy
-        # (to_dict runs for every row an import checks or stores)
-        data = {name: getattr(self, name) for name in _FIELD_DEFAULTS}
-        for name in _OMITTED_AT_DEFAULT:
-            if data[name] == _FIELD_DEFAULTS[name]:
-                del data[name]
-        return {"format": SCHEDULE_FORMAT, **data}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Schedule":
-        """Inverse of :meth:`to_dict`; rejects unknown fields, newer formats and a dict that
-        lacks a field of format 1 as first written (``tile_m``, ``occupancy``, ...): a stored
-        schedule names every field, and filling one in with its default would describe a kernel
-        other than the one measured. Only the fields added since (``_ADDED_AFTER_FORMAT_1``)
-        may be missing; their defaults are what the kernel did before they existed. To build a
-        schedule from a few fields, call ``Schedule(...)``."""
-        if not isinstance(data, Mapping):
-            raise ScheduleError(f"a schedule must be a mapping; got {type(data).__name__}")
-        data = dict(data)
-        version = data.pop("format", SCHEDULE_FORMAT)
-        if not isinstance(version, int) or version > SCHEDULE_FORMAT:
-            raise ScheduleError(
-                f"schedule format {version!r} is newer than this tiledattention "
-                f"understands ({SCHEDULE_FORMAT}); upgrade tiledattention"
-            )
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ScheduleError(f"unknown schedule field(s) {unknown}; known: {sorted(known)}")
-        schedule = cls(**data)  # a bad value is named first
-        missing = [f.name for f in fields(cls)
-                   if f.name not in data and f.name not in _ADDED_AFTER_FORMAT_1]
-        if missing:
-            raise ScheduleError(
-                f"schedule lacks field(s) {missing}; a stored schedule of format "
-                f"{SCHEDULE_FORMAT} names every field but the ones added since "
-                f"({', '.join(_ADDED_AFTER_FORMAT_1)}), which read as their defaults"
-            )
-        return schedule
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "Schedule":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScheduleError(f"a schedule must be JSON; {exc}") from None
-        return cls.from_dict(data)
-
-    @property
-    def key(self) -> str:
-        """Stable short identifier: equal schedules have equal keys across processes and runs."""
-        return hashlib.sha1(self.to_json().encode()).hexdigest()[:12]
-
-    def replace(self, **changes: Any) -> "Schedule":
-        return dataclasses.replace(self, **changes)
 
     def describe(self) -> str:
         """One-line human summary, e.g. ``128x64 occ2 exp2 approx Kt lat(K2,V4)``."""
@@ -198,30 +139,3 @@ class Schedule:
                 parts.append(flag)
         return " ".join(parts)
 
-
-#: fields added to the dict form after format 1 was first written (commits a77892a, 705e29e,
-#: 0ea615d, a987216, e993c64): a stored dict may lack them, and their defaults are what the
-#: kernel did before they existed (no worker-warp hint, one loop, one CTA per tile, no pairs,
-#: one padded head-dim part). Every other field is in every dict a format-1 writer wrote.
-_ADDED_AFTER_FORMAT_1 = ("num_worker_warps", "split_masked", "persistent", "paired_tiles",
-                         "split_d")
-#: fields added after format 1, left out of the dict form at their default
-_OMITTED_AT_DEFAULT = ("split_d",)
-_FIELD_DEFAULTS = {f.name: f.default for f in fields(Schedule)}
-
-
-def _check_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ScheduleError(f"Schedule.{name} must be an int; got {value!r}")
-
-
-def _check_int_range(name: str, value: Any, lo: int, hi: int, extra: str = "") -> None:
-    _check_int(name, value)
-    if not lo <= value <= hi:
-        raise ScheduleError(f"Schedule.{name} must be in {lo}..{hi}{extra}; got {value}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple[int, ...]) -> None:
-    _check_int(name, value)
-    if value not in choices:
-        raise ScheduleError(f"Schedule.{name} must be one of {list(choices)}; got {value}")
