@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tiledattention import FORWARD, Problem, Schedule
 from tiledattention.forward import head_dim_parts
+from tiledattention.tooling import array_itemsize
 
 from ._space import (FamilySpace, SearchSpace, arch_limits, register_space,
                      smem_infeasibility)
@@ -17,8 +18,7 @@ def _smem_bytes(problem: Problem, schedule: Schedule) -> int:
     ``.nv.shared`` size of compiled cubins on sm_90, e.g. 164,936 B for 64x128 at D=256).
     Occupancy is a hint: the compiler lowers it when the tiles do not fit twice."""
     d = sum(head_dim_parts(problem.head_dim, schedule.split_d))  # head dim as the kernel pads it
-    elem = 2  # bf16 / fp16
-    return elem * d * (schedule.tile_m + 2 * schedule.tile_n)
+    return array_itemsize(problem.dtype) * d * (schedule.tile_m + 2 * schedule.tile_n)
 
 
 def infeasibility(arch: str, problem: Problem, schedule: Schedule) -> str | None:

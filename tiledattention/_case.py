@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from ._dtypes import torch_dtype
 from ._family import Case
 from ._reference import attention_reference, visible_keys
 from .errors import UnsupportedOperationError
@@ -59,7 +60,7 @@ def _bind(case: Any, problem: Any, device_index: int) -> tuple[Any, Any]:
     case.problem = problem
     case.device_index = device_index
     torch.cuda.set_device(device_index)
-    dtype = torch.bfloat16 if problem.dtype == "bf16" else torch.float16
+    dtype = torch_dtype(problem.dtype)
     return dtype, torch.Generator(device="cuda").manual_seed(1234)
 
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ._dtypes import element
 from .errors import CompileError, InputValueError
 
 __all__ = ["ARCHITECTURES", "SM_COUNTS", "CompileResult", "array_constraint", "check_arch",
@@ -80,9 +81,6 @@ def cubin_shared_bytes(cubin: bytes) -> int | None:
 
 
 
-_CT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int32": "int32"}
-
-
 def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None) -> Any:
     """An array as ``ct.launch`` sees a tensor of ``shape`` (``strides`` in elements, default
     contiguous) with a contiguous last dim and 16-byte aligned rows: its JIT specialises on
@@ -93,14 +91,14 @@ def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | 
     from cuda.tile import compilation as ctc
 
     ndim = len(shape)
-    elems_per_16_bytes = 4 if dtype in ("fp32", "int32") else 8
+    elems_per_16_bytes = 16 // element(dtype).itemsize
     if strides is None:
         divisible = tuple(elems_per_16_bytes for _ in range(ndim - 1)) + (1,)
     else:
         divisible = tuple(elems_per_16_bytes if st % elems_per_16_bytes == 0 else 1
                           for st in strides[:-1]) + (1,)
     return ctc.ArrayConstraint(
-        getattr(ct, _CT_DTYPES[dtype]), ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+        getattr(ct, element(dtype).torch), ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
         alias_groups=(), may_alias_internally=False,
         stride_constant=(None,) * (ndim - 1) + (1,), stride_divisible_by=divisible,
         shape_divisible_by=tuple(16 if n % 16 == 0 else 1 for n in shape),

@@ -34,6 +34,7 @@ import torch
 
 from . import _plans as hot
 from ._device import device_info
+from ._dtypes import dtype_of
 from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
                        check_attention_tensors, check_reach, default_scale, padded_head_dim,
                        sink_logits, variant_args)
@@ -46,7 +47,6 @@ __all__ = ["paged_forward", "paged_problem", "explain_paged", "gather_pages", "r
            "OP_NAME"]
 
 OP_NAME = "tiledattention::paged_attention"
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any) -> None:
@@ -113,7 +113,7 @@ def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: A
     left, right, cap = variant_args(window, softcap)
     problem = ragged_problem(sequences=sequences, tokens_q=tokens, longest_q=sq,
                              longest_k=longest, heads_q=hq, heads_kv=hkv, head_dim=d,
-                             dtype=_DTYPES[q.dtype], causal=is_causal, bottom_right=True,
+                             dtype=dtype_of("q", q), causal=is_causal, bottom_right=True,
                              window=(left, right), softcap=cap, sinks=sinks is not None,
                              page_size=page_size)
     return problem, longest

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
+from ._dtypes import DTYPES, dtype_of
 from .errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
@@ -32,8 +33,6 @@ __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_f
 TOP_LEFT = "top_left"
 BOTTOM_RIGHT = "bottom_right"
 
-#: Short dtype names used in keys, files and on the command line.
-DTYPES = ("bf16", "fp16")
 #: Head dims the kernel supports: multiples of 8 (16-byte rows for TMA) from 32 to 256. A head dim
 #: that is not a power of two is padded to the next one inside the kernel (zero-filled loads).
 SUPPORTED_HEAD_DIMS = tuple(range(32, 257, 8))
@@ -98,8 +97,7 @@ def check_tensor(name: str, x: Any, dims: str) -> None:
     if x.dim() != ndim:
         raise InputValueError(f"{name} must have {ndim} dims {dims}; got shape "
                               f"{tuple(x.shape)}")
-    if str(x.dtype) not in _TORCH_DTYPES:
-        raise InputTypeError(f"{name} must be bfloat16 or float16; got {x.dtype}")
+    dtype_of(name, x)
     if x.stride(-1) != 1:
         raise InputValueError(f"{name} must be contiguous in its last dim (head_dim); got "
                               f"stride {x.stride(-1)}")
@@ -466,10 +464,6 @@ def _check_index_range(p: Problem) -> None:
                 f"kernel indexes with int32); split the batch or the heads over several calls")
 
 
-_TORCH_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
-_CUPY_DTYPES = {"float16": "fp16"}  # CuPy has no bfloat16 dtype of its own
-
-
 def _kind(x: Any) -> str:
     module = type(x).__module__
     if module.startswith("torch"):
@@ -477,16 +471,6 @@ def _kind(x: Any) -> str:
     if module.startswith("cupy"):
         return "cupy"
     return ""
-
-
-def _dtype_name(name: str, x: Any, kind: str) -> str:
-    table = _TORCH_DTYPES if kind == "torch" else _CUPY_DTYPES
-    dtype = str(x.dtype)
-    if dtype not in table:
-        raise InputTypeError(
-            f"{name} must be bfloat16 or float16; got {dtype} (cast with .to(torch.bfloat16))"
-        )
-    return table[dtype]
 
 
 def _device_of(x: Any, kind: str) -> str:
@@ -619,7 +603,7 @@ def problem_of_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: A
                 f"{name} must have 4 dims [batch, heads, seqlen, head_dim]; got shape "
                 f"{tuple(x.shape)}"
             )
-        dtypes[name] = _dtype_name(name, x, kind)
+        dtypes[name] = dtype_of(name, x, kind)
         stride = x.stride(-1) if kind == "torch" else x.strides[-1] // x.itemsize
         if stride != 1 and x.shape[-1] > 1:
             raise InputValueError(

@@ -31,6 +31,7 @@ import torch
 from . import _plans as hot
 from ._device import device_info
 from ._dispatch import choose_family
+from ._dtypes import dtype_of
 from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
                        causal_flags, check_attention_tensors, check_cuda, check_reach,
                        default_scale, padded_head_dim, problem_of_arrays, sink_logits,
@@ -47,7 +48,6 @@ __all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
 
 FWD_OP_NAME = "tiledattention::varlen_fwd"
 BWD_OP_NAME = "tiledattention::varlen_bwd"
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: the most CTAs a grid's second dimension holds (the ragged grids put sequences x heads there)
 GRID_LIMIT = 65535
 
@@ -68,7 +68,7 @@ def _check_packed(query: Any, key: Any, value: Any, enable_gqa: bool) -> str:
                               f"grouped-query attention")
     if hq % hkv:
         raise InputValueError(f"query's heads ({hq}) must be a multiple of key's heads ({hkv})")
-    return _DTYPES[query.dtype]
+    return dtype_of("query", query)
 
 
 def _check_offsets(cu_seq_q: Any, cu_seq_k: Any, query: Any, key: Any) -> None:

@@ -1,13 +1,14 @@
 """What the project's tools build on (the tuner, the exporters, the benchmark, the scripts), kept
 out of ``tiledattention``'s own surface, which is what a user calls: the shared GPU test case of
 the attention families, its float32 reference and visible-key mask, torch's SDPA arguments for
-a problem, the database codecs, the lookup's pieces (``Resolver``, ``pick``), provenance
+a problem, the input dtypes' sizes, the database codecs, the lookup's pieces (``Resolver``, ``pick``), provenance
 stamps, architecture names, the families serving an operation, and the ``.text`` digest that
 restamping compares."""
 
 from ._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
 from ._compile import check_arch, generation
 from ._cubin import text_digest
+from ._dtypes import array_itemsize
 from ._family import codecs, serving
 from ._lookup import Resolver, pick
 from ._problem import page_tile
@@ -17,7 +18,8 @@ from ._reference import attention_reference, varlen_reference, visible_keys
 from ._runtime import Runtime
 from ._settings import simulated_database_location
 
-__all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "attention_reference",
+__all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "array_itemsize",
+           "attention_reference",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
            "page_tile", "paged_lengths", "pick", "ragged_lengths",
            "ragged_problem", "serving", "simulated_database_location", "text_digest",

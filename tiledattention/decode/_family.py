@@ -20,9 +20,6 @@ from ._schedule import DecodeSchedule
 
 __all__ = ["DECODE", "DecodeFamily", "DecodeCase"]
 
-#: relative L2 error a correct schedule may have against the float32 reference
-TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
-
 
 def _case_launcher(problem: Problem, schedule: DecodeSchedule, q, k, v, out, offset: int,
                    **arrays) -> Callable[[], None]:
@@ -67,6 +64,9 @@ class DecodeFamily(Family):
     name = "decode"
     problem_type = Problem
     schedule_type = DecodeSchedule
+    # the input dtypes the kernels take, each with the relative L2 error against the float32
+    # reference a correct schedule may have on it: the family's one list of its dtypes
+    tolerances = {"bf16": 1e-2, "fp16": 5e-3}
     template_modules = ("tiledattention.decode._kernel", "tiledattention.decode._launch",
                         *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
@@ -120,7 +120,7 @@ class DecodeFamily(Family):
         return DecodeCase(problem, device_index)
 
     def tolerance(self, problem: Problem) -> float:
-        return TOLERANCE[problem.dtype]
+        return self.tolerances[problem.dtype]
 
     # sdpa asks decode first: its measured rule (``DispatchRule``) takes few query rows
     serves = ("sdpa",)

@@ -22,9 +22,6 @@ from ._schedule import Schedule
 
 __all__ = ["FORWARD", "ForwardFamily", "ForwardCase"]
 
-#: relative L2 error a correct schedule may have against the float32 reference
-TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}
-
 
 class ForwardCase(AttentionCase):
     """The forward kernel's GPU case: the shared inputs and reference, this family's launcher."""
@@ -73,6 +70,9 @@ class ForwardFamily(Family):
     name = "forward"
     problem_type = Problem
     schedule_type = Schedule
+    # the input dtypes the kernels take, each with the relative L2 error against the float32
+    # reference a correct schedule may have on it: the family's one list of its dtypes
+    tolerances = {"bf16": 1e-2, "fp16": 5e-3}
     template_modules = ("tiledattention.forward._kernel", "tiledattention.forward._launch",
                         *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
@@ -117,7 +117,7 @@ class ForwardFamily(Family):
         return ForwardCase(problem, device_index)
 
     def tolerance(self, problem: Problem) -> float:
-        return TOLERANCE[problem.dtype]
+        return self.tolerances[problem.dtype]
 
     # the prefill forward takes every attention call no family of higher priority takes
     serves = ("sdpa", "sdpa_with_lse")

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from .._dtypes import DTYPES, torch_dtype
 from .._problem import BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS
 from ._padding import PaddingMask
 from ._torch_op import attention, autocast_inputs
@@ -52,7 +53,7 @@ __all__ = [
 
 #: Device types the kernel runs on. ``route_decision`` takes another tuple for tests.
 KERNEL_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
-_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+_KERNEL_DTYPES = tuple(torch_dtype(name) for name in DTYPES)
 
 #: Every reason ``route_decision`` can give, in the order it checks them.
 FALLBACK_REASONS = (

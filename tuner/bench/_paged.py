@@ -32,6 +32,7 @@ import dataclasses
 import inspect
 from typing import Any, Callable
 
+from tiledattention.tooling import array_itemsize
 from tiledattention.tooling import paged_flops as tooling_paged_flops
 from tiledattention.tooling import paged_lengths
 
@@ -43,8 +44,6 @@ __all__ = ["PAGED_CONTENDERS", "applies_paged", "build_paged_contender", "case_e
 
 #: The contenders only paged problems get, in the order tables show them.
 PAGED_CONTENDERS = ("torch-varlen-paged", "cudnn-padded-cache")
-#: Bytes an element of the inputs holds (bf16, fp16).
-_ELEMENT_BYTES = 2
 
 
 def is_paged(problem: Any) -> bool:
@@ -80,11 +79,12 @@ def _keys_read(entry: Any) -> int:
 
 
 def paged_bytes(problem: Any) -> int:
-    """The valid K/V bytes a step must read at least: ``2 (K and V) · Σ lengths · H_kv · D · 2
-    bytes`` over the case's caches (a window: the keys it lets some query see). Q and the
+    """The valid K/V bytes a step must read at least: ``2 (K and V) · Σ lengths · H_kv · D ·
+    itemsize`` over the case's caches (a window: the keys it lets some query see). Q and the
     output (``B·H_q·S_q·D`` each, under 0.1% here) are left out, as are the pages' padding and
     the unused pages: what ``scripts/paged_bench.py`` counts."""
-    return sum(2 * problem.heads_kv * _keys_read(e) * problem.head_dim * _ELEMENT_BYTES
+    return sum(2 * problem.heads_kv * _keys_read(e) * problem.head_dim
+               * array_itemsize(problem.dtype)
                for e in case_entries(problem))
 
 

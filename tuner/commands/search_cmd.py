@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 
-from tiledattention import ARCHITECTURES, families, get_family
+from tiledattention import ARCHITECTURES, DTYPES, families, get_family
 
 from ..errors import UsageError
 
@@ -81,9 +81,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           help="one problem of the kernel family, every field named (e.g. "
                                "batch=1,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,"
                                "head_dim=128,dtype=bf16,causal=false). Repeatable")
-    problems.add_argument("--dtype", type=parse_choices({"bf16": "bf16", "fp16": "fp16"}),
-                          default=["bf16"], metavar="LIST",
-                          help="bf16, fp16 or bf16,fp16 (default bf16)")
+    problems.add_argument("--dtype", type=parse_choices({name: name for name in DTYPES}),
+                          default=[DTYPES[0]], metavar="LIST",
+                          help=f"one of {', '.join(DTYPES)} or a comma list (default "
+                               f"{DTYPES[0]}; a family takes its own: Family.tolerances)")
     problems.add_argument("--causal", type=parse_choices({"yes": True, "no": False}),
                           default=[False], metavar="LIST",
                           help="yes (top-left causal mask), no, or yes,no (default no)")
