@@ -4,7 +4,9 @@ the tiles worth trying for a problem, and an analytic time model for the simulat
 The backward pass is two kernels (``tiledattention/backward/_kernel.py``): ``attention_bwd_dq``
 (dQ and the row sums ``delta``; a CTA per query tile, walking key tiles) and
 ``attention_bwd_dkdv`` (a CTA per key tile, walking query tiles). Their schedules are tuned
-jointly (one ``BackwardSchedule``), since the key is the pair's time.
+jointly (one ``BackwardSchedule``), since the key is the pair's time. ``dq_mode`` searches the
+one-pass backward too ("atomic": no dQ kernel; the dK/dV kernel adds dQ into a float32
+accumulator), whose points normalise the dQ kernel's fields away.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ _FULL = {
     "dkdv_splits": (1, 2, 4, 8, 16),
     "dq_heavy_first": (False, True),
     "tile_major": (False, True),
+    "dq_mode": ("kernel", "atomic"),
 }
 # The dimensions the H100 probes behind the sm_90 defaults found to matter
 # (scripts/backward_probe.py at 6113995: each kernel's occupancy and worker warps, the dK/dV
 # kernel's query tile and Q/dO latency hint, the dQ kernel's query tile; issue 31's
 # scripts/backward_parallel_probe.py at c05e939: the dK/dV splits), at values that include
-# every default; the key tiles stay at 64, as in every default. 2048 points (non-causal keys: 512).
+# every default; the key tiles stay at 64, as in every default; both dQ modes. 4096 points
+# (non-causal keys: 1024; a one-pass point normalises the dQ kernel's fields away).
 _COMPACT = {
     "dkdv_tile_m": (64, 128),
     "dkdv_occupancy": (1, 2),
@@ -52,6 +56,7 @@ _COMPACT = {
     "dkdv_splits": (1, 2, 4, 8),
     "dq_heavy_first": (False, True),
     "tile_major": (False, True),
+    "dq_mode": ("kernel", "atomic"),
 }
 SPACES = {"full": _FULL, "compact": _COMPACT}
 
@@ -98,7 +103,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Tiles no larger than ``problem`` needs: a tile past the next power of two of the
     sequence it tiles computes only padding, and ``normalise`` turns it into that cap anyway;
     when every candidate is past it, the cap itself is the one value left. Without a causal
-    mask the work orders are not searched; dK/dV splits stop at the walk's length."""
+    mask the work orders are not searched; dK/dV splits stop at the walk's length; a ragged
+    problem searches no one-pass backward (it runs none)."""
     choices = dict(space.choices)
     for name, cap in tile_caps(problem).items():
         if name in choices:
@@ -106,6 +112,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     for name in ("dq_heavy_first", "tile_major"):
         if not problem.causal and name in choices:
             choices[name] = (False,)  # work orders only a causal mask has
+    if problem.ragged and "dq_mode" in choices:
+        choices["dq_mode"] = ("kernel",)
     if "dkdv_splits" in choices:
         # the split counts normalise keeps at the largest query tile searched, so that every
         # point is its own normal form
@@ -172,25 +180,38 @@ def model_ms(problem: Problem, schedule: BackwardSchedule) -> float:
     recompute the scores) at 700 TFLOP/s times each kernel's efficiency (tile pair, float32
     accumulators against the register file, occupancy, worker warps, latency hint) and share of
     busy SMs (the dK/dV splits multiply its CTAs), the split partials' traffic at 3 TB/s, 3%
-    off the causal dQ kernel run heavy tiles first, plus 3 µs per launch."""
+    off the causal dQ kernel run heavy tiles first, plus 3 µs per launch. One-pass
+    (``dq_mode="atomic"``): no dQ kernel; the dK/dV kernel's fifth product (dS K) with a
+    ``[dkdv_tile_m, D]`` float32 tile more in registers, its reduce-adds of float32 dQ (a tile a
+    (query tile, key tile) pair, half of them with a causal mask) at 4x the DRAM bandwidth
+    (L2 absorbs the reduce-adds), and
+    the delta and scale kernels' row traffic."""
     d = _padded(problem.head_dim)
     s = schedule
     half = problem.flops / 2  # one matrix product of the forward's size
+    one_pass = s.dq_mode == "atomic"
     dkdv_eff = _kernel_efficiency(_DKDV_TILES, s.dkdv_tile_n, s.dkdv_tile_m,
-                                  2 * s.dkdv_tile_n * d * 4, s.dkdv_occupancy,
-                                  s.dkdv_worker_warps, s.q_latency)
+                                  (2 * s.dkdv_tile_n + one_pass * s.dkdv_tile_m) * d * 4,
+                                  s.dkdv_occupancy, s.dkdv_worker_warps, s.q_latency)
     dq_eff = _kernel_efficiency(_DQ_TILES, s.dq_tile_m, s.dq_tile_n, s.dq_tile_m * d * 4,
                                 s.dq_occupancy, s.dq_worker_warps, s.kv_latency)
     dkdv_ctas = (math.ceil(problem.seqlen_k / s.dkdv_tile_n) * problem.batch
                  * problem.heads_kv * s.dkdv_splits)
     dq_ctas = math.ceil(problem.seqlen_q / s.dq_tile_m) * problem.batch * problem.heads_q
-    dkdv_s = 4 * half / (_RATE * dkdv_eff * _fill(dkdv_ctas))
+    dkdv_s = (4 + one_pass) * half / (_RATE * dkdv_eff * _fill(dkdv_ctas))
     dq_s = 3 * half / (_RATE * dq_eff * _fill(dq_ctas))
     if problem.causal and s.dq_heavy_first:
         dq_s *= 0.97  # the short query tiles fill the launch's tail
     if problem.causal and s.tile_major:
         dkdv_s *= 0.98  # the longest dK/dV walks of every head start first
     launches = 2
+    if one_pass:
+        rows = problem.batch * problem.heads_q * problem.seqlen_q * d
+        adds = (math.ceil(problem.seqlen_k / s.dkdv_tile_n) * rows * 4
+                * (0.5 if problem.causal else 1.0))
+        dkdv_s += adds / (4 * _BANDWIDTH)
+        dq_s = rows * (2 * 2 + 4 + 4 + 4 + 2) / _BANDWIDTH  # O, dO in; dQ float32 x3; dQ out
+        launches += 1
     if s.dkdv_splits > 1:  # float32 partials of dK and dV written, read back, summed
         parts = 2 * s.dkdv_splits * problem.batch * problem.heads_kv * problem.seqlen_k * d * 4
         dkdv_s += 2 * parts / _BANDWIDTH

@@ -215,7 +215,8 @@ def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: bool | str = False, scale: float | None = None, *,
                   window: tuple[int, int] | None = None, softcap: float | None = None,
                   sinks: Any = None, schedule: BackwardSchedule | None = None,
-                  grads: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+                  grads: tuple[Any, Any, Any] | None = None,
+                  deterministic: bool = False) -> tuple[Any, Any, Any]:
     """The gradients ``(dq, dk, dv)`` of :func:`sdpa_with_lse`'s ``out`` given ``grad_out``
     (dL/d out, shaped like ``out``), with the same ``q, k, v, causal, scale`` and variant
     arguments. The sinks' own gradient is not among these (autograd computes it from ``lse``:
@@ -226,14 +227,17 @@ def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
     overrides it); ``grads`` are optional contiguous output buffers like ``q, k, v``. Extra
     memory: one float32 ``[B, H_q, S_q]`` array, and for a schedule that splits the dK/dV walk
     over ``n`` CTAs (``dkdv_splits``; grouped heads at small batch) float32 partials of dK and
-    dV, ``n`` of each. The gradients are bitwise identical run to run (no atomics; partials are
-    added in a fixed order). Most users want autograd instead:
+    dV, ``n`` of each. A schedule with ``dq_mode="atomic"`` (the one-pass backward) adds dQ
+    into a float32 accumulator (one more float32 array like q) in no fixed order, so dQ may
+    differ in its last bits run to run; ``deterministic=True``, or
+    ``torch.use_deterministic_algorithms(True)``, runs dQ with the dQ kernel instead, and the
+    gradients are then bitwise identical run to run. Most users want autograd instead:
     ``tiledattention.sdpa`` on tensors that require grad, or
     ``tiledattention.integrations.attention``.
     """
     return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse, causal, scale,
                                    schedule=schedule, grads=grads,
-                                   variant=(window, softcap, sinks))
+                                   variant=(window, softcap, sinks), deterministic=deterministic)
 
 
 def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int,

@@ -242,6 +242,17 @@ class Family(abc.ABC):
         """Why ``takes`` decided as it did, in words (``explain``)."""
         return f"the {self.name} family serves every problem it is asked"
 
+    def deterministic_schedule(self, arch: str, problem: Any, schedule: Any) -> Any:
+        """The schedule to run on ``arch`` where bitwise-reproducible results are asked for
+        (``torch.use_deterministic_algorithms(True)``, ``sdpa_backward(deterministic=True)``):
+        ``schedule`` itself for a family whose every schedule is deterministic."""
+        return schedule
+
+    def determinism(self, problem: Any, schedule: Any) -> str | None:
+        """In words, whether ``schedule``'s results are bitwise reproducible run to run and
+        what a deterministic run uses instead (``explain``); ``None``: nothing to say."""
+        return None
+
     def plan_problem(self, problem: Any) -> Any:
         """The problem a launch plan for ``problem`` is resolved and kept for (its schedule is
         looked up for this one): ``problem`` itself unless plans cover a band of problems."""

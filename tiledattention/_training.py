@@ -99,9 +99,13 @@ def _last_dim_contiguous(x: Any) -> Any:
 def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: Any = False, scale: float | None = None, *,
                   schedule: Any = None, grads: tuple[Any, Any, Any] | None = None,
-                  variant: tuple = (None, None, None)) -> tuple[Any, Any, Any]:
+                  variant: tuple = (None, None, None),
+                  deterministic: bool = False) -> tuple[Any, Any, Any]:
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
     import torch
+
+    if not isinstance(deterministic, bool):
+        raise InputTypeError(f"deterministic must be a bool; got {deterministic!r}")
 
     family = _explicit(schedule, "sdpa_backward")
     problem, device, sinks = _torch_problem("sdpa_backward", q, k, v, causal, scale, variant)
@@ -127,6 +131,8 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                  torch.empty_like(k, memory_format=torch.contiguous_format),
                  torch.empty_like(v, memory_format=torch.contiguous_format))
     family, schedule = _resolve(runtime, "sdpa_backward", problem, device, family, schedule)
+    if deterministic:  # (torch.use_deterministic_algorithms(True): the family's backward)
+        schedule = family.deterministic_schedule(device_info(device).arch, problem, schedule)
     delta = _row_stat(problem, q.device)
     family.backward(torch.cuda.current_stream(q.device), problem, schedule,
                     default_scale(problem) if scale is None else scale, q, k, v,

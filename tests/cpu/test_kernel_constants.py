@@ -437,7 +437,8 @@ def test_the_constant_check_sees_a_swapped_pair():
     ("tiledattention.forward._kernel", ["attention_fwd"]),
     ("tiledattention.decode._kernel", ["decode_split", "decode_combine"]),
     ("tiledattention.backward._kernel", ["attention_bwd_dq", "attention_bwd_dkdv",
-                                         "attention_bwd_sum"]),
+                                         "attention_bwd_sum", "attention_bwd_delta",
+                                         "attention_bwd_dq_scale"]),
 ], ids=["forward", "decode", "backward"])
 def test_one_entry_per_kernel_and_launchers_import_them_statically(module, entries):
     """Variants are constants of one kernel, not entries of their own; each family's launcher

@@ -13,9 +13,11 @@ import dataclasses
 from .._compile import CompileResult, array_constraint, export_cubin
 from .._lazy import lazy_module
 from .._problem import Problem
-from ._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES,
-                      dkdv_constants, dkdv_kernel, dq_constants, dq_kernel, has_variants,
-                      normalise, row_stat_shape, sum_constants, sum_kernel)
+from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
+                      DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES,
+                      delta_kernel, dkdv_constants, dkdv_kernel, dq_constants, dq_kernel,
+                      dq_scale_kernel, has_variants, normalise, one_pass_constants,
+                      row_stat_shape, sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -27,8 +29,9 @@ __all__ = ["compile_backward"]
 def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
     """Compile the kernels ``normalise(problem, schedule)`` launches for ``arch``; raise
     :class:`CompileError`. The result is the dK/dV kernel's cubin (the largest, whose shared
-    memory decides feasibility), with the dQ kernel's (and with ``dkdv_splits > 1`` the
-    partials' sum kernel's) in ``other_cubins``; ``seconds`` counts every build."""
+    memory decides feasibility), with the dQ kernel's (one-pass, ``dq_mode="atomic"``: the
+    delta and dQ-scale kernels') and with ``dkdv_splits > 1`` the partials' sum kernel's in
+    ``other_cubins``; ``seconds`` counts every build."""
     s = normalise(problem, schedule)
     p = problem
     packed = p.ragged
@@ -56,6 +59,11 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
                 if has_variants(p) else dict.fromkeys(VARIANT_VALUES, ctc.ConstantConstraint(0)))
     variants[RANGES] = (array_constraint("int32", (4, p.batch)) if p.ragged
                         else ctc.ConstantConstraint(0))
+    one_pass = s.dq_mode == "atomic"
+    # the one-pass backward's float32 dQ accumulator (contiguous, like q; never ragged), else
+    # the zero-byte constant the launch's empty tuple stands for
+    accum = (array_constraint("fp32", (p.batch, p.heads_q, p.seqlen_q, p.head_dim)) if one_pass
+             else ctc.ConstantConstraint(0))
     label = f"backward {s.describe()}"
     grads = kv_parts if s.dkdv_splits > 1 else kv_like
     dkdv = export_cubin(
@@ -63,15 +71,24 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
         DKDV_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat,
              "Delta": stat, "dK": grads, "dV": grads, "qk_scale": scale, "heads_kv": count,
-             "group": count, **variants}, dkdv_constants(p, s, packed=packed)), arch,
-        label + " (dK/dV)")
-    others = [export_cubin(
-        dq_kernel(s),
-        DQ_PARAMETERS.ordered(
-            {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like,
-             "Lse": stat, "Delta": stat, "dQ": q_like, "qk_scale": scale, "heads_q": count,
-             "group": count, **variants}, dq_constants(p, s, packed=packed)), arch,
-        label + " (dQ)")]
+             "group": count, **variants, DQ_ACCUM: accum}, dkdv_constants(p, s, packed=packed)),
+        arch, label + " (dK/dV)")
+    if one_pass:
+        rows = one_pass_constants(p)
+        others = [export_cubin(delta_kernel(), DELTA_PARAMETERS.ordered(
+                      {"Out": q_like, "dO": q_like, "Delta": stat, "dQacc": accum}, rows),
+                      arch, label + " (delta)"),
+                  export_cubin(dq_scale_kernel(), DQ_SCALE_PARAMETERS.ordered(
+                      {"dQacc": accum, "dQ": q_like, "qk_scale": scale}, rows),
+                      arch, label + " (dQ scale)")]
+    else:
+        others = [export_cubin(
+            dq_kernel(s),
+            DQ_PARAMETERS.ordered(
+                {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like,
+                 "Lse": stat, "Delta": stat, "dQ": q_like, "qk_scale": scale, "heads_q": count,
+                 "group": count, **variants}, dq_constants(p, s, packed=packed)), arch,
+            label + " (dQ)")]
     if s.dkdv_splits > 1:
         others.append(export_cubin(
             sum_kernel(), SUM_PARAMETERS.ordered({"Parts": kv_parts, "Grad": kv_like},
@@ -79,3 +96,4 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
             arch, label + " (dK/dV sum)"))
     return dataclasses.replace(dkdv, seconds=dkdv.seconds + sum(o.seconds for o in others),
                                other_cubins=tuple(o.cubin for o in others))
+

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from .._compile import SM_COUNTS, generation
 from .._problem import Problem, padded_head_dim
-from ._launch import normalise, reach, unequal_walks
+from ._launch import DQ_FIELDS, normalise, reach, unequal_walks
 from ._schedule import SPLITS, BackwardSchedule
 
 __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
-           "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last"]
+           "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last", "DQ_MODE",
+           "deterministic_backward_schedule"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
@@ -53,6 +54,9 @@ TILE_MAJOR_WAVES = 6
 #: 64 or more, the tiles the measured defaults use.
 WINDOW_TILE_FLOOR = 64
 _TILE_FIELDS = ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n")
+#: The default ``dq_mode`` by GPU generation ("kernel" where not listed): the one-pass backward
+#: (dQ added into a float32 accumulator by the dK/dV kernel) only where it was measured faster.
+DQ_MODE: dict[str, str] = {}
 
 
 def heaviest_last(problem: Problem) -> bool:
@@ -91,7 +95,7 @@ def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
     return splits
 
 
-def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
+def _two_kernel_default(arch: str, problem: Problem) -> BackwardSchedule:
     """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``), tiles
     capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk split over enough CTAs
     to fill the GPU (``dkdv_splits``; ``normalise`` caps them at the windowed walk), and where
@@ -109,3 +113,24 @@ def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
     return normalise(problem, base.replace(
         dkdv_splits=splits, dq_heavy_first=longest_first,
         tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))
+
+
+def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
+    """The two-kernel default above (``dq_mode="kernel"``), run one-pass where ``DQ_MODE``
+    says so for the generation (``normalise``: never for a ragged problem)."""
+    schedule = _two_kernel_default(arch, problem)
+    mode = DQ_MODE.get(generation(arch), "kernel")
+    return schedule if mode == "kernel" else normalise(problem, schedule.replace(dq_mode=mode))
+
+
+def deterministic_backward_schedule(arch: str, problem: Problem,
+                                    schedule: BackwardSchedule) -> BackwardSchedule:
+    """``schedule`` where its results are bitwise reproducible run to run; a one-pass schedule
+    (``dq_mode="atomic"``: the order of the float32 additions into dQ varies) runs its dQ with
+    the dQ kernel instead, with the architecture's default dQ fields for the problem."""
+    schedule = normalise(problem, schedule)
+    if schedule.dq_mode == "kernel":
+        return schedule
+    two_kernel = _two_kernel_default(arch, problem)
+    return normalise(problem, schedule.replace(
+        dq_mode="kernel", **{name: getattr(two_kernel, name) for name in DQ_FIELDS}))

@@ -12,7 +12,7 @@ from ..kernel_core import MODULES as KERNEL_CORE_MODULES
 from .._reference import attention_reference
 from .._problem import Problem, default_scale
 from ._compile import compile_backward
-from ._defaults import default_backward_schedule
+from ._defaults import default_backward_schedule, deterministic_backward_schedule
 from ._launch import Launches, launch, launch_ragged, launches, normalise, row_stat_shape
 from ._schedule import BackwardSchedule
 
@@ -33,6 +33,13 @@ def relative_errors(grads: tuple[Any, ...], reference: tuple[Any, ...]) -> tuple
 
     return tuple((torch.linalg.vector_norm(g.float() - r) / torch.linalg.vector_norm(r)).item()
                  for g, r in zip(grads, reference))
+
+
+def _deterministic_asked() -> bool:
+    """Whether torch is set to use deterministic algorithms only."""
+    import torch
+
+    return torch.are_deterministic_algorithms_enabled()
 
 
 def allocate_scratch(plan: Launches, device: Any) -> dict[str, Any]:
@@ -212,6 +219,24 @@ class BackwardFamily(Family):
     def normalise(self, problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
         return normalise(problem, schedule)
 
+    def deterministic_schedule(self, arch: str, problem: Problem,
+                               schedule: BackwardSchedule) -> BackwardSchedule:
+        """A one-pass schedule (``dq_mode="atomic"``) runs its dQ with the dQ kernel
+        (:func:`~tiledattention.backward._defaults.deterministic_backward_schedule`)."""
+        return deterministic_backward_schedule(arch, problem, schedule)
+
+    def determinism(self, problem: Problem, schedule: BackwardSchedule) -> str:
+        if normalise(problem, schedule).dq_mode == "atomic":
+            return ("dq_mode atomic: one pass, each (query tile, key tile) pair's dQ share "
+                    "added into a float32 accumulator by a bulk reduce-add, in no fixed order "
+                    "(dQ may differ in its last bits run to run); a deterministic run "
+                    "(torch.use_deterministic_algorithms(True), or sdpa_backward's "
+                    "deterministic=True) computes dQ with the dQ kernel instead")
+        why = (" (a ragged batch runs no one-pass backward)" if problem.ragged
+               and schedule.dq_mode == "atomic" else "")
+        return ("dq_mode kernel: dQ by a kernel of its own, dK/dV partials added in a fixed "
+                f"order: bitwise reproducible run to run{why}")
+
     def flops(self, problem: Problem) -> float:
         return BACKWARD_FLOP_RATIO * (ragged_flops(problem) if problem.ragged else problem.flops)
 
@@ -236,7 +261,14 @@ class BackwardFamily(Family):
         sinks' term, which is all the kernels need (the caller computes the sinks' own
         gradient). ``ragged``: the call's ``RaggedLayout`` when ``problem.ragged``
         (:func:`~tiledattention.backward._launch.launch_ragged`: no scratch; rows and keys
-        outside every sequence are not written)."""
+        outside every sequence are not written). Under
+        ``torch.use_deterministic_algorithms(True)`` a one-pass schedule runs its
+        :meth:`deterministic_schedule`."""
+        if schedule.dq_mode == "atomic" and _deterministic_asked():
+            from .._device import device_info
+
+            schedule = self.deterministic_schedule(device_info(q.device.index).arch, problem,
+                                                   schedule)
         plan = launches(problem, schedule, scale)
         if ragged is not None:
             launch_ragged(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,

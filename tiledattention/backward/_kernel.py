@@ -1,4 +1,5 @@
-"""The backward-pass kernel templates (cuTile): a dQ kernel, a dK/dV kernel and a partials' sum.
+"""The backward-pass kernel templates (cuTile): a dQ kernel, a dK/dV kernel and a partials' sum;
+for the one-pass backward a delta kernel and a dQ-scale kernel.
 
 With ``S = scale * Q K^T``, ``P = softmax(S)`` and the forward's per-row log-sum-exp ``L``
 (base 2, stored by ``attention_fwd`` with ``STORE_LSE``), the gradients are
@@ -26,7 +27,15 @@ the first tile launches before any of the second, so that with a causal mask the
 (the dK/dV kernel's first key tiles, the dQ kernel's last query tiles with ``HEAVY_FIRST``) all
 start in the first waves, not head by head.
 
-All of it is deterministic: no atomics, and partials added in a fixed order.
+All of that is deterministic: no atomics, and partials added in a fixed order.
+
+The one-pass backward (``DQ_ATOMIC``; FlashAttention-3/4's) runs no dQ kernel: the dK/dV
+kernel's walk already has each (query tile, key tile) pair's ``dS``, so it also computes that
+pair's share of dQ, ``dS K`` (5 matrix products a pair instead of the two kernels' 7), and adds
+it into a float32 ``[B, H_q, S_q, D]`` accumulator with a tiled view's ``atomic_store_add``,
+which on sm_90 is a TMA bulk reduce-add (``UTMAREDG``). ``attention_bwd_delta`` computes
+``delta`` and zeroes the accumulator before, ``attention_bwd_dq_scale`` scales and casts it
+after. The additions' order varies run to run, and so may dQ's last bits.
 
 The variants' launch-time values (``window_left``, ``window_right``, ``softcap``, ``Ranges``)
 come after the others and are read only under their constants (``WINDOW``, ``SOFTCAP``,
@@ -295,6 +304,7 @@ def attention_bwd_dkdv(
     group: int,
     window_left: int, window_right: int, softcap: float,  # as attention_bwd_dq's
     Ranges,  # as attention_bwd_dq's
+    dQacc,  # DQ_ATOMIC: float32 [B, H_q, S_q, D], zeroed, dQ / scale added here; else ()
     TILE_M: ConstInt,  # query rows per step
     TILE_N: ConstInt,  # keys per CTA
     TILE_D: ConstInt,
@@ -304,11 +314,13 @@ def attention_bwd_dkdv(
     SPLITS: ConstInt,  # CTAs sharing one key tile's walk over (query head, query tile) pairs
     TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
     WINDOW: ConstBool, SOFTCAP: ConstBool, RAGGED: ConstBool, PACKED: ConstBool,  # as dQ's
+    DQ_ATOMIC: ConstBool,  # also add each (query tile, key tile) pair's dS K into dQacc
 ):
     """dK and dV (or split ``split``'s partials) of the CTA's key tile of one (batch, K/V
     head). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
     sequence's range, and a tile past the sequence's keys does nothing (``SPLITS`` is then 1:
-    the launcher's ``normalise``)."""
+    the launcher's ``normalise``). With ``DQ_ATOMIC`` every (query head, query tile) pair it
+    walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
     if TILE_MAJOR:
         kv_tile = ct.bid(1)
         bh = ct.bid(0) // SPLITS
@@ -374,7 +386,14 @@ def attention_bwd_dkdv(
             dst = pt * (dpt - delta)  # [TILE_N, TILE_M]
             if SOFTCAP:
                 dst = dst * (1.0 - tt * tt)  # d(c * tanh(x / c)) / dx
-            dk = ct.mma(dst.astype(q.dtype), q, dk)  # [TILE_N, TILE_D]
+            ds = dst.astype(q.dtype)
+            dk = ct.mma(ds, q, dk)  # [TILE_N, TILE_D]
+            if DQ_ATOMIC:
+                # this pair's share of dQ / scale: dS K, [TILE_M, TILE_D]
+                dq = ct.mma(ct.transpose(ds), k,
+                            ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32))
+                dQacc.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
+                    (batch, head, i, 0), dq.reshape((1, 1, TILE_M, TILE_D)))
             return dk, dv
 
         # The key tile's work is the (query head g, query tile i) pairs, g-major: group * seen
@@ -444,3 +463,47 @@ def attention_bwd_sum(
                                rows=TILE, latency=0)
     ct.store(Grad, index=(batch, head, tile, 0),
              tile=acc.astype(Grad.dtype).reshape((1, 1, TILE, TILE_D)))
+
+
+# -- the one-pass backward's dQ: row sums first, float32 dQ last ---------------------------------
+@ct.kernel
+def attention_bwd_delta(
+    Out, dO,  # [B, H_q, S_q, D]
+    Delta,  # [B, H_q, S_q] float32: written here, sum_d dO * Out per row
+    dQacc,  # [B, H_q, S_q, D] float32: zeroed here (attention_bwd_dkdv adds into it)
+    TILE: ConstInt,  # rows per CTA
+    TILE_D: ConstInt,
+):
+    """The rows' ``delta`` (the dQ kernel's fused preprocess step, alone) and a zeroed tile
+    of the float32 dQ accumulator."""
+    tile = ct.bid(0)
+    bh = ct.bid(1)
+    heads = Out.shape[1]
+    batch = bh // heads
+    head = bh % heads
+    # [TILE, TILE_D] each
+    o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0)
+    do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0)
+    delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE]
+    ct.store(Delta, index=(batch, head, tile), tile=delta.reshape((1, 1, TILE)))
+    ct.store(dQacc, index=(batch, head, tile, 0),
+             tile=ct.full((1, 1, TILE, TILE_D), 0.0, dtype=np.float32))
+
+
+@ct.kernel
+def attention_bwd_dq_scale(
+    dQacc,  # [B, H_q, S_q, D] float32: dQ / scale (attention_bwd_dkdv's sum)
+    dQ,  # [B, H_q, S_q, D]: dQacc * qk_scale, in dQ's dtype
+    qk_scale: float,
+    TILE: ConstInt,  # rows per CTA
+    TILE_D: ConstInt,
+):
+    """dQ from the one-pass backward's float32 accumulator: times the scale, cast."""
+    tile = ct.bid(0)
+    bh = ct.bid(1)
+    heads = dQ.shape[1]
+    batch = bh // heads
+    head = bh % heads
+    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0)  # [TILE, TILE_D]
+    ct.store(dQ, index=(batch, head, tile, 0),
+             tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))

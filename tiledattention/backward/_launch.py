@@ -11,6 +11,14 @@ values after the others (``VARIANT_VALUES``, then ``Ranges``), read under the co
 sinks) passes :data:`UNUSED` for each, so its parameter space, and its machine code, are those
 of the kernels before the variants existed.
 
+With ``dq_mode="atomic"`` (the one-pass backward) no dQ kernel runs: ``attention_bwd_delta``
+writes ``delta`` and zeroes a float32 dQ accumulator (``scratch_shapes``' ``"dq_accum"``; the
+kernel that reads the rows anyway writes the zeros, one launch fewer than a separate memset),
+the dK/dV kernel (``DQ_ATOMIC``) adds every pair's ``dS K`` into it, and
+``attention_bwd_dq_scale`` writes ``dQ = scale * dq_accum`` in the input dtype. The dK/dV
+kernel's accumulator parameter ``dQacc`` comes after ``Ranges`` and is :data:`UNUSED` in the
+other mode, so that mode's machine code is what it was before the one-pass mode existed.
+
 A ragged problem (``Problem.ragged``: sequences of their own lengths) launches with
 :func:`launch_ragged`, which takes the call's ``Ranges`` (int32 ``[4, sequences]``: query starts,
 query ends, key starts, key ends), the longest sequence's query and key counts (the grids'
@@ -44,7 +52,8 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "sum_kernel", "Launches", "launches", "launch", "row_stat_shape", "normalise",
            "scratch_shapes", "SUM_TILE", "has_variants", "runtime_values",
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
-           "ragged_grids", "UNUSED", "RANGES"]
+           "ragged_grids", "UNUSED", "RANGES", "DQ_ACCUM", "DELTA_PARAMETERS",
+           "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "one_pass_constants"]
 
 
 
@@ -68,6 +77,18 @@ def _sum() -> ct.kernel:
     return attention_bwd_sum
 
 
+def _delta() -> ct.kernel:
+    from ._kernel import attention_bwd_delta
+
+    return attention_bwd_delta
+
+
+def _dq_scale() -> ct.kernel:
+    from ._kernel import attention_bwd_dq_scale
+
+    return attention_bwd_dq_scale
+
+
 #: the launch-time values of the dQ and dK/dV kernels after the arrays and ``qk_scale``, the
 #: heads and ``group``: the window's sides (-1: unbounded) and the softcap (0: none), read under
 #: ``WINDOW`` / ``SOFTCAP``
@@ -79,14 +100,20 @@ RANGES = "Ranges"
 #: ``Ranges`` outside a ragged call): an empty tuple, which takes no bytes of the parameter
 #: space (module docstring)
 UNUSED = ()
+#: the dK/dV kernel's last launch-time value, right after ``Ranges``: the one-pass backward's
+#: float32 dQ accumulator, else :data:`UNUSED`
+DQ_ACCUM = "dQacc"
 DQ_PARAMETERS = KernelParameters(_dq, ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ",
                                        "qk_scale", "heads_q", "group", *VARIANT_VALUES, RANGES))
 DKDV_PARAMETERS = KernelParameters(_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV",
                                            "qk_scale", "heads_kv", "group", *VARIANT_VALUES,
-                                           RANGES))
+                                           RANGES, DQ_ACCUM))
 SUM_PARAMETERS = KernelParameters(_sum, ("Parts", "Grad"))
+DELTA_PARAMETERS = KernelParameters(_delta, ("Out", "dO", "Delta", "dQacc"))
+DQ_SCALE_PARAMETERS = KernelParameters(_dq_scale, ("dQacc", "dQ", "qk_scale"))
 
-#: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step)
+#: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step), and of the
+#: one-pass backward's delta and dQ-scale kernels
 SUM_TILE = 64
 #: CUDA's limit on a grid's second dimension, where tile-major grids put the tiles
 GRID_Y_LIMIT = 65535
@@ -166,6 +193,13 @@ def unequal_walks(problem: Problem) -> bool:
     return problem.causal or (problem.window_left < 0) != (problem.window_right < 0)
 
 
+#: the fields of the dQ kernel alone, which the one-pass backward (``dq_mode="atomic"``) does
+#: not launch
+DQ_FIELDS = ("dq_tile_m", "dq_tile_n", "dq_occupancy", "dq_worker_warps", "kv_latency",
+             "dq_heavy_first")
+_BASE_DQ = {name: getattr(BackwardSchedule(), name) for name in DQ_FIELDS}
+
+
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` with tiles no larger than the problem needs (a query tile past the next
     power of two of ``S_q``, a key tile past ``S_k``'s, computes only padding), no more dK/dV
@@ -176,7 +210,17 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     dimension takes. A ragged problem (``Problem.ragged``) runs one tile per CTA over grids of
     the longest sequence's tiles (:func:`ragged_grids`): no splits (their partials and shares
     of a walk assume every batch entry has the whole length) and no work orders (the heavy
-    tiles of each sequence lie at its own end, not the grid's). Idempotent."""
+    tiles of each sequence lie at its own end, not the grid's). With ``dq_mode="atomic"``
+    the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs); a ragged
+    problem runs ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries).
+    Idempotent."""
+    if problem.ragged and schedule.dq_mode == "atomic":
+        schedule = schedule.replace(dq_mode="kernel")
+    if schedule.dq_mode == "atomic":
+        canonical = {name: _BASE_DQ[name] for name in DQ_FIELDS
+                     if getattr(schedule, name) != _BASE_DQ[name]}
+        if canonical:
+            schedule = schedule.replace(**canonical)
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     changes: dict[str, Any] = {
@@ -225,12 +269,17 @@ def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
             "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
-            **_variant_constants(problem, packed)}
+            **_variant_constants(problem, packed), "DQ_ATOMIC": s.dq_mode == "atomic"}
 
 
 def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of ``attention_bwd_sum`` adding ``parts`` partials."""
     return {"PARTS": parts, "TILE": SUM_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
+
+
+def one_pass_constants(problem: Problem) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the one-pass backward's delta and dQ-scale kernels."""
+    return {"TILE": SUM_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -254,15 +303,30 @@ def sum_kernel() -> ct.kernel:
     return _sum()
 
 
+def delta_kernel() -> ct.kernel:
+    """``attention_bwd_delta`` (memory-bound: the compiler's hints)."""
+    return _delta()
+
+
+def dq_scale_kernel() -> ct.kernel:
+    """``attention_bwd_dq_scale`` (memory-bound: the compiler's hints)."""
+    return _dq_scale()
+
+
 def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tuple[int, ...]]:
     """The float32 buffers ``launch`` needs besides the gradients, by name: with
     ``dkdv_splits > 1``, ``"dk_parts"`` and ``"dv_parts"`` (``[splits * B, H_kv, S_k, D]``);
-    else none."""
+    with ``dq_mode="atomic"``, ``"dq_accum"`` (``[B, H_q, S_q, D]``, contiguous: the bulk
+    reduce-add needs 16-byte-aligned rows)."""
     s = normalise(problem, schedule)
-    if s.dkdv_splits == 1:
-        return {}
-    parts = (s.dkdv_splits * problem.batch, problem.heads_kv, problem.seqlen_k, problem.head_dim)
-    return {"dk_parts": parts, "dv_parts": parts}
+    found: dict[str, tuple[int, ...]] = {}
+    if s.dkdv_splits > 1:
+        parts = (s.dkdv_splits * problem.batch, problem.heads_kv, problem.seqlen_k,
+                 problem.head_dim)
+        found.update(dk_parts=parts, dv_parts=parts)
+    if s.dq_mode == "atomic":
+        found["dq_accum"] = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
+    return found
 
 
 class Launches(NamedTuple):
@@ -287,6 +351,10 @@ class Launches(NamedTuple):
     tiles: tuple[int, int]  # the normalised dq_tile_m and dkdv_tile_n (ragged_grids)
     dq_packed_scalars: tuple  # a ragged problem's dq_scalars with PACKED on; else ()
     dkdv_packed_scalars: tuple  # a ragged problem's dkdv_scalars with PACKED on; else ()
+    one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
+    row_grid: tuple[int, int, int]  # the delta and dQ-scale kernels' (rows of S_q x B x H_q)
+    one_pass_scalars: tuple  # their constants
+    scale: float
 
 
 def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, int, int]:
@@ -296,11 +364,15 @@ def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, i
 
 def _scalars(parameters: KernelParameters, runtime: dict[str, Any],
              constants: dict[str, Any]) -> tuple[tuple, int]:
-    """The kernel's arguments after its 8 arrays less ``Ranges``, and where ``Ranges`` goes
-    among them."""
-    args = parameters.ordered({**runtime, RANGES: UNUSED}, constants)[8:]
+    """The kernel's arguments after its 8 arrays less ``Ranges`` (and the dK/dV kernel's
+    ``dQacc``, which must follow it), and where ``Ranges`` goes among them."""
+    late = (RANGES, DQ_ACCUM) if DQ_ACCUM in parameters.names else (RANGES,)
+    args = parameters.ordered({**runtime, **dict.fromkeys(late, UNUSED)}, constants)[8:]
     at = parameters.names.index(RANGES) - 8
-    return args[:at] + args[at + 1:], at
+    if parameters.names[at + 8:at + 8 + len(late)] != late:
+        raise KernelArgumentError(f"kernel {parameters.kernel_name} must take {late} one after "
+                                  f"the other; got {parameters.names}")
+    return args[:at] + args[at + len(late):], at
 
 
 @functools.lru_cache(maxsize=256)
@@ -339,7 +411,10 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
         ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), dq_packed_scalars=dq_packed,
-        dkdv_packed_scalars=dkdv_packed)
+        dkdv_packed_scalars=dkdv_packed, one_pass=s.dq_mode == "atomic",
+        row_grid=(math.ceil(p.seqlen_q / SUM_TILE), p.batch * p.heads_q, 1),
+        one_pass_scalars=DELTA_PARAMETERS.constant_values(one_pass_constants(p)),
+        scale=float(scale))
 
 
 def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences: int,
@@ -385,13 +460,19 @@ def _describe_given(value: Any) -> str:
 
 def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any,
                 delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any = None, *,
-                packed: bool = False) -> tuple[tuple, tuple]:
+                packed: bool = False, dq_accum: Any = None) -> tuple[tuple, tuple]:
     """The positional arguments of the plan's dQ kernel and of its dK/dV kernel, in that order
     (``dk, dv``: what the dK/dV kernel writes, the float32 partials with ``plan.splits > 1``).
+    ``dq_accum``: the one-pass backward's float32 dQ accumulator, given exactly when
+    ``plan.one_pass`` (the dQ kernel's arguments are then not launched).
     ``ranges``: the int32 ``[4, sequences]`` ranges of a ragged call, given exactly when
     ``plan.problem.ragged``; ``packed`` (ragged only): the arrays are ``[1, H, tokens, D]``
     views of sequences packed end to end. Raises :class:`KernelArgumentError` otherwise."""
     ragged = plan.problem.ragged
+    if (dq_accum is not None) != plan.one_pass:
+        raise KernelArgumentError(
+            f"dq_accum must be given exactly when the plan is one-pass (dq_mode 'atomic'); got "
+            f"{_describe_given(dq_accum)} for a plan with one_pass={plan.one_pass}")
     if (ranges is not None) != ragged:
         raise KernelArgumentError(
             f"ranges must be given exactly when the problem is ragged; got "
@@ -410,8 +491,9 @@ def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
     dkdv_arrays = (q, k, v, grad_out, lse, delta, dk, dv)
     at = plan.ranges_at
     value = UNUSED if ranges is None else ranges
+    accum = UNUSED if dq_accum is None else dq_accum
     return ((*dq_arrays, *dq_scalars[:at], value, *dq_scalars[at:]),
-            (*dkdv_arrays, *dkdv_scalars[:at], value, *dkdv_scalars[at:]))
+            (*dkdv_arrays, *dkdv_scalars[:at], value, accum, *dkdv_scalars[at:]))
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
@@ -420,19 +502,24 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
     """Enqueue the plan's kernels on ``stream``. ``lse`` and ``delta`` are ``[B, H_q, S_q]``
     float32 views (``delta`` is written here); ``dq, dk, dv`` are preallocated like ``q, k,
     v``; ``scratch`` holds the float32 buffers of ``plan.scratch`` by name. A ragged problem's
-    plan launches with :func:`launch_ragged` (this raises :class:`KernelArgumentError`)."""
-    if plan.splits == 1:
-        dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv)
+    plan launches with :func:`launch_ragged` (this raises :class:`KernelArgumentError`).
+    One-pass (``plan.one_pass``): the delta kernel, the dK/dV kernel, the dQ-scale kernel."""
+    dk_to, dv_to = (dk, dv) if plan.splits == 1 else (scratch["dk_parts"], scratch["dv_parts"])
+    accum = scratch["dq_accum"] if plan.one_pass else None
+    dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to,
+                                     dq_accum=accum)
+    if plan.one_pass:
+        ct.launch(stream, plan.row_grid, delta_kernel(),
+                  (out, grad_out, delta, accum, *plan.one_pass_scalars))
+    else:
         ct.launch(stream, plan.dq_grid, plan.dq, dq_args)
-        ct.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
-        return
-    dk_parts, dv_parts = scratch["dk_parts"], scratch["dv_parts"]
-    dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_parts,
-                                     dv_parts)
-    ct.launch(stream, plan.dq_grid, plan.dq, dq_args)
     ct.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
-    for parts, grad in ((dk_parts, dk), (dv_parts, dv)):
-        ct.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
+    if plan.splits > 1:
+        for parts, grad in ((dk_to, dk), (dv_to, dv)):
+            ct.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
+    if plan.one_pass:
+        ct.launch(stream, plan.row_grid, dq_scale_kernel(),
+                  (accum, dq, plan.scale, *plan.one_pass_scalars))
 
 
 def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,

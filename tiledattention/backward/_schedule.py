@@ -9,12 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._schedule_value import ScheduleValue
+from ..errors import ScheduleError
 
-__all__ = ["BackwardSchedule", "BACKWARD_SCHEDULE_FORMAT", "TILES", "SPLITS"]
+__all__ = ["BackwardSchedule", "BACKWARD_SCHEDULE_FORMAT", "TILES", "SPLITS", "DQ_MODES"]
 
 BACKWARD_SCHEDULE_FORMAT = 1
 TILES = (16, 32, 64, 128, 256)
 SPLITS = (1, 2, 4, 8, 16)
+#: how dQ is computed: "kernel", by the dQ kernel (deterministic); "atomic", by the dK/dV
+#: kernel's walk, added into a float32 accumulator (one pass; the order of the additions, and
+#: so the last bits of dQ, vary run to run)
+DQ_MODES = ("kernel", "atomic")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +40,11 @@ class BackwardSchedule(ScheduleValue):
         dq_heavy_first (causal only): launch the query tiles that see the most keys first.
     Both kernels: tile_major (causal only): order both grids tile by tile, every (batch,
     head) CTA of one tile before the next tile's, so the longest causal walks start first.
+    dq_mode: "kernel" runs the dQ kernel above (bitwise reproducible); "atomic" (the one-pass
+    backward) runs no dQ kernel: a small kernel computes ``delta``, the dK/dV kernel also
+    computes each (query tile, key tile) pair's share of dQ and adds it into a float32
+    accumulator by a bulk reduce-add, and a last kernel scales and casts it (the dq_* fields
+    and dq_heavy_first then do not apply).
     """
 
     dkdv_tile_n: int = 64
@@ -50,11 +60,12 @@ class BackwardSchedule(ScheduleValue):
     dkdv_splits: int = 1
     dq_heavy_first: bool = False
     tile_major: bool = False
+    dq_mode: str = "kernel"
 
     FORMAT = BACKWARD_SCHEDULE_FORMAT
     LABEL = "backward"
     #: added after format 1 was first written; their defaults are what the kernels did before
-    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first", "tile_major")
+    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first", "tile_major", "dq_mode")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -73,6 +84,9 @@ class BackwardSchedule(ScheduleValue):
                 self._check_int_range(name, getattr(self, name), 1, 10)
         self._check_choice("dkdv_splits", self.dkdv_splits, SPLITS)
         self._check_bools()
+        if not isinstance(self.dq_mode, str) or self.dq_mode not in DQ_MODES:
+            raise ScheduleError(f"BackwardSchedule.dq_mode must be one of {list(DQ_MODES)}; "
+                                f"got {self.dq_mode!r}")
         return self
 
     def describe(self) -> str:
@@ -90,6 +104,8 @@ class BackwardSchedule(ScheduleValue):
                     self.dkdv_worker_warps, self.q_latency)
         if self.dkdv_splits > 1:
             dkdv += f" split{self.dkdv_splits}"
+        if self.dq_mode == "atomic":
+            return dkdv + " | dq atomic" + (" | tile-major" if self.tile_major else "")
         dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                   self.dq_worker_warps, self.kv_latency)
         return (f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "")

@@ -12,7 +12,9 @@ with ``--device-name``, its name (without one, no row is this device's: the ``ex
 step cannot answer). The family is the one ``sdpa`` picks by shape (``choose_family``; a decode
 problem is looked up at its power-of-two cache-length band, as ``sdpa`` does), or ``--kernel``'s.
 ``--training`` explains a call that needs gradients: the forward family (such a call runs it
-whatever the shape) and the backward family. Exit status: 0 explained, 2 bad input.
+whatever the shape) and the backward family, with whether its schedule is bitwise reproducible
+(the backward's ``dq_mode``) and what a deterministic run (``torch.use_deterministic_algorithms``)
+runs instead. Exit status: 0 explained, 2 bad input.
 """
 
 from __future__ import annotations
@@ -264,7 +266,11 @@ def _answer(role: str, family: Any, key: Any, why_family: str, resolution: Any,
               "source": resolution.source, "detail": resolution.detail,
               "why": WHY[resolution.source].format(arch=device.arch,
                                                    device=device.name or "-"),
-              "row": None}
+              "row": None, "determinism": family.determinism(key, resolution.schedule),
+              "deterministic_schedule_text": None}
+    deterministic = family.deterministic_schedule(device.arch, key, resolution.schedule)
+    if family.normalise(key, deterministic) != family.normalise(key, resolution.schedule):
+        answer["deterministic_schedule_text"] = deterministic.describe()
     if found is not None:
         row, source = found
         answer["row"] = {"source": source.name, "where": str(source), "problem": row.problem,
@@ -290,6 +296,10 @@ def _print(problem: Any, device: Any, sources: dict[str, Any], answers: list[dic
         print(f"  schedule {a['schedule_text']}")
         print(f"  source   {a['source']}: {a['why']}")
         print(f"  detail   {a['detail']}")
+        if a["determinism"] is not None:
+            print(f"  mode     {a['determinism']}")
+        if a["deterministic_schedule_text"] is not None:
+            print(f"  deterministic run: {a['deterministic_schedule_text']}")
         row = a["row"]
         if row is not None:
             print(f"  row      {row['problem_text']} on {row['device']}: "

@@ -1,0 +1,217 @@
+"""Time the one-pass backward (``dq_mode="atomic"``) against the two-kernel one
+(``dq_mode="kernel"``, every other field the same: the architecture's default) on training
+shapes, with torch's cuDNN backward beside them.
+
+Steady state: each sample is ``n`` back-to-back calls of one configuration between two CUDA
+events (``n`` chosen so that a sample lasts at least 2 ms), configurations interleaved round by
+round, the median of the rounds reported. The kernels are launched from plans built once
+(``launches`` and the scratch: no lookup per call). Each one-pass result is checked against the
+two-kernel gradients (relative L2 of dQ, dK, dV). ``--warm N`` first compiles every
+configuration in ``N`` processes at once (cuTile's disk cache keeps the cubins), so the timed
+process compiles nothing.
+
+    source .devtk/setup.sh && python scripts/backward_onepass_timing.py [--rounds 15] [--warm 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: (label, batch, heads_q, heads_kv, seqlen, head_dim, causal)
+SHAPES = [
+    ("B1 H32/8 S4096 D128 causal", 1, 32, 8, 4096, 128, True),
+    ("B8 H16 S577 D64 full", 8, 16, 16, 577, 64, False),
+    ("B2 H28/4 S3000 D128 causal", 2, 28, 4, 3000, 128, True),
+    ("B4 H16 S2048 D64 causal", 4, 16, 16, 2048, 64, True),
+    ("B1 H48/1 S8192 D128 causal", 1, 48, 1, 8192, 128, True),
+    ("B2 H16/8 S4096 D256 causal", 2, 16, 8, 4096, 256, True),
+]
+
+
+def _problem(shape, dtype="bf16"):
+    from tiledattention import Problem
+
+    _, b, hq, hkv, s, d, causal = shape
+    return Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=d,
+                   dtype=dtype, causal=causal)
+
+
+def configurations(problem):
+    """(name, schedule): the default (two kernels), the same run one-pass, and one-pass at one
+    dK/dV CTA per SM where the default runs two (the accumulator tile takes registers)."""
+    from tiledattention import BACKWARD
+
+    kernel = BACKWARD.default_schedule("sm_90", problem).replace(dq_mode="kernel")
+    found = [("kernel", kernel), ("atomic", kernel.replace(dq_mode="atomic"))]
+    if kernel.dkdv_occupancy != 1:
+        found.append(("atomic occ1", kernel.replace(dq_mode="atomic", dkdv_occupancy=1)))
+    return found
+
+
+class Inputs:
+    """Random q, k, v, dO of a problem, our forward's out and lse, gradient buffers."""
+
+    def __init__(self, problem, seed: int = 0) -> None:
+        import torch
+
+        import tiledattention
+
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
+
+        def make(h):
+            return torch.randn(problem.batch, h, problem.seqlen_q, problem.head_dim,
+                               device="cuda", dtype=dtype, generator=gen)
+
+        self.q, self.k, self.v = make(problem.heads_q), make(problem.heads_kv), make(
+            problem.heads_kv)
+        self.grad_out = make(problem.heads_q)
+        self.out, self.lse = tiledattention.sdpa_with_lse(self.q, self.k, self.v,
+                                                          causal=problem.causal)
+        self.delta = torch.empty_like(self.lse)
+        self.problem = problem
+
+    def runner(self, schedule):
+        """A call of ``schedule`` writing gradients of its own; returns (run, grads)."""
+        import torch
+
+        from tiledattention._problem import default_scale
+        from tiledattention.backward._family import allocate_scratch
+        from tiledattention.backward._launch import launch, launches
+
+        plan = launches(self.problem, schedule, default_scale(self.problem))
+        scratch = allocate_scratch(plan, self.q.device)
+        grads = tuple(torch.empty_like(x) for x in (self.q, self.k, self.v))
+        stream = torch.cuda.current_stream()
+
+        def run() -> None:
+            launch(stream, plan, self.q, self.k, self.v, self.out, self.grad_out, self.lse,
+                   self.delta, *grads, scratch)
+
+        return run, grads
+
+    def cudnn(self):
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        leaves = [x.detach().requires_grad_() for x in (self.q, self.k, self.v)]
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION), torch.enable_grad():
+            out = F.scaled_dot_product_attention(
+                *leaves, is_causal=self.problem.causal,
+                enable_gqa=self.problem.heads_q != self.problem.heads_kv)
+
+        def run() -> None:
+            torch.autograd.grad(out, leaves, self.grad_out, retain_graph=True)
+
+        return run
+
+
+def _warm_one(index: int) -> str:
+    """Compile (by running once) every configuration of SHAPES[index]."""
+    import torch
+
+    problem = _problem(SHAPES[index])
+    inputs = Inputs(problem)
+    for _, schedule in configurations(problem):
+        inputs.runner(schedule)[0]()
+    torch.cuda.synchronize()
+    return SHAPES[index][0]
+
+
+def _rel(a, b) -> float:
+    import torch
+
+    return (torch.linalg.vector_norm(a.float() - b.float())
+            / torch.linalg.vector_norm(b.float())).item()
+
+
+def time_shape(shape, rounds: int) -> dict:
+    import torch
+
+    problem = _problem(shape)
+    inputs = Inputs(problem)
+    runs, grads = {}, {}
+    for name, schedule in configurations(problem):
+        runs[name], grads[name] = inputs.runner(schedule)
+    try:
+        runs["cuDNN"] = inputs.cudnn()
+    except RuntimeError as exc:  # no cuDNN backend for the shape
+        print(f"  cuDNN skipped for {shape[0]}: {exc}", flush=True)
+    counts = {}
+    for name, run in runs.items():  # warm up; the calls per sample (>= 2 ms a sample)
+        for _ in range(3):
+            run()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        counts[name] = max(1, int(2.0 / max(start.elapsed_time(end), 1e-3)) + 1)
+    samples = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start, end = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+            start.record()
+            for _ in range(counts[name]):
+                run()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / counts[name])
+    errors = {name: max(_rel(a, b) for a, b in zip(grads[name], grads["kernel"]))
+              for name in grads if name != "kernel"}
+    return {"label": shape[0], "ms": {n: statistics.median(s) for n, s in samples.items()},
+            "errors": errors}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--warm", type=int, default=0, metavar="N",
+                        help="compile every configuration in N processes first")
+    parser.add_argument("--warm-only", action="store_true")
+    parser.add_argument("--shapes", default="", help="comma-separated indices into SHAPES")
+    args = parser.parse_args(argv)
+    chosen = [int(i) for i in args.shapes.split(",") if i] or list(range(len(SHAPES)))
+    if args.warm:
+        with multiprocessing.get_context("spawn").Pool(min(args.warm, len(chosen))) as pool:
+            for label in pool.imap_unordered(_warm_one, chosen):
+                print(f"  compiled {label}", flush=True)
+    if args.warm_only:
+        return 0
+    import subprocess
+
+    import torch
+    from importlib.metadata import version
+
+    results = [time_shape(SHAPES[i], args.rounds) for i in chosen]
+    props = torch.cuda.get_device_properties(0)
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip()
+    print(f"\ndevice {props.name}; driver {driver}; torch {torch.__version__}; cuDNN "
+          f"{torch.backends.cudnn.version()}; cuda-tile {version('cuda-tile')}; steady state, "
+          f"median of {args.rounds} interleaved rounds, bf16")
+    names = ["kernel", "atomic", "atomic occ1", "cuDNN"]
+    print("| shape | " + " | ".join(f"{n} ms" for n in names)
+          + " | kernel/atomic | kernel/best atomic | max rel err vs kernel |")
+    print("|---" * (len(names) + 4) + "|")
+    for r in results:
+        ms = r["ms"]
+        best = min(ms[n] for n in ("atomic", "atomic occ1") if n in ms)
+        cells = [f"{ms[n]:.3f}" if n in ms else "-" for n in names]
+        err = max(r["errors"].values())
+        print(f"| {r['label']} | " + " | ".join(cells)
+              + f" | {ms['kernel'] / ms['atomic']:.3f}x | {ms['kernel'] / best:.3f}x "
+              f"| {err:.1e} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The one-pass backward (``BackwardSchedule.dq_mode="atomic"``) on the CPU: the schedule field
+(round trip, rows stored before it), normalisation, the launches and scratch it makes, the
+deterministic selection (torch's flag, ``sdpa_backward(deterministic=True)``, ``explain``), the
+search space, and compile-only builds for several architectures (on sm_90 the dQ shares leave
+the dK/dV kernel as TMA bulk reduce-adds, ``UTMAREDG``, where cuobjdump is at hand)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import search_spaces
+import tiledattention
+from tiledattention import BACKWARD, BackwardSchedule, Problem, ScheduleError
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_FIELDS, RANGES,
+                                             SUM_TILE, kernel_args, launches, normalise,
+                                             scratch_shapes)
+from tiledattention.errors import InputTypeError, KernelArgumentError
+from tiledattention.tooling import text_digest
+from tuner.cli import main
+
+ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+#: GQA 4/2, S_q != S_k (bottom-right), D 64
+GQA = Problem(batch=1, heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=300, head_dim=64,
+              dtype="bf16", causal=True, bottom_right=True)
+ONE_PASS = BackwardSchedule(dq_mode="atomic")
+_BUILT: dict = {}
+
+
+def _build(problem: Problem, schedule: BackwardSchedule, arch: str = "sm_90"):
+    key = (problem, schedule, arch)
+    if key not in _BUILT:
+        _BUILT[key] = BACKWARD.compile(problem, schedule, arch)
+    return _BUILT[key]
+
+
+def _digests(result) -> tuple[str, ...]:
+    return (text_digest(result.cubin),) + tuple(text_digest(c) for c in result.other_cubins)
+
+
+# -- the schedule field ---------------------------------------------------------------------------
+def test_dq_mode_round_trips_and_defaults_to_the_dq_kernel():
+    assert BackwardSchedule().dq_mode == "kernel"
+    data = ONE_PASS.to_dict()
+    assert data["dq_mode"] == "atomic"
+    assert BackwardSchedule.from_dict(data) == ONE_PASS
+    assert ONE_PASS.key != BackwardSchedule().key
+    # a row stored before the field existed means the two-kernel backward it measured
+    old = {k: v for k, v in BackwardSchedule(dq_tile_m=128).to_dict().items() if k != "dq_mode"}
+    assert BackwardSchedule.from_dict(old) == BackwardSchedule(dq_tile_m=128)
+    assert BackwardSchedule.from_dict(old).dq_mode == "kernel"
+    for bad in ("Atomic", "", None, 1, True):
+        with pytest.raises(ScheduleError, match="dq_mode must be one of"):
+            BackwardSchedule(dq_mode=bad)
+    assert "dq atomic" in ONE_PASS.describe() and "dq 64x64" not in ONE_PASS.describe()
+    assert "dq atomic" not in BackwardSchedule().describe()
+
+
+# -- normalisation --------------------------------------------------------------------------------
+def test_normalise_drops_the_dq_kernels_fields_from_a_one_pass_schedule():
+    busy = ONE_PASS.replace(dq_tile_m=128, dq_tile_n=32, dq_occupancy=3, dq_worker_warps=8,
+                            kv_latency=4, dq_heavy_first=True, dkdv_tile_m=32)
+    n = normalise(GQA, busy)
+    assert n.dq_mode == "atomic" and n.dkdv_tile_m == 32
+    assert all(getattr(n, f) == getattr(BackwardSchedule(), f) for f in DQ_FIELDS)
+    assert normalise(GQA, n) is n
+    # the two-kernel schedule keeps them
+    assert normalise(GQA, busy.replace(dq_mode="kernel")).dq_tile_m == 128
+
+
+def test_a_ragged_problem_runs_the_dq_kernel():
+    ragged = dataclasses.replace(GQA, ragged=True)
+    assert normalise(ragged, ONE_PASS).dq_mode == "kernel"
+    assert normalise(dataclasses.replace(GQA, window_left=32, softcap=10.0),
+                     ONE_PASS).dq_mode == "atomic"  # windows and softcaps: the same masks
+    assert normalise(GQA, ONE_PASS.replace(dkdv_splits=2)).dkdv_splits == 2  # splits add too
+
+
+# -- launches ---------------------------------------------------------------------------------------
+def test_one_pass_launches_and_scratch():
+    plan = launches(GQA, ONE_PASS.replace(dkdv_splits=2), 0.125)
+    assert plan.one_pass and plan.splits == 2 and plan.scale == 0.125
+    assert plan.row_grid == (-(-200 // SUM_TILE), 1 * 4, 1)
+    shapes = scratch_shapes(GQA, ONE_PASS.replace(dkdv_splits=2))
+    assert shapes["dq_accum"] == (1, 4, 200, 64)
+    assert set(shapes) == {"dq_accum", "dk_parts", "dv_parts"}
+    assert scratch_shapes(GQA, BackwardSchedule()) == {}
+    assert not launches(GQA, BackwardSchedule(), 0.125).one_pass
+
+
+def test_the_accumulator_follows_ranges_and_is_given_exactly_for_one_pass_plans():
+    names = DKDV_PARAMETERS.names
+    assert names.index(DQ_ACCUM) == names.index(RANGES) + 1
+    one_pass, two_kernel = (launches(GQA, s, 0.125) for s in (ONE_PASS, BackwardSchedule()))
+    arrays = tuple(f"a{i}" for i in range(10))
+    _, dkdv = kernel_args(one_pass, *arrays, dq_accum="ACC")
+    at = 8 + one_pass.ranges_at
+    assert dkdv[at:at + 2] == ((), "ACC")
+    assert dkdv[at + 2:] == one_pass.dkdv_scalars[one_pass.ranges_at:]
+    _, dkdv = kernel_args(two_kernel, *arrays)
+    assert dkdv[at:at + 2] == ((), ())  # zero-byte placeholders: the code of before
+    with pytest.raises(KernelArgumentError, match="dq_accum must be given"):
+        kernel_args(one_pass, *arrays)
+    with pytest.raises(KernelArgumentError, match="dq_accum must be given"):
+        kernel_args(two_kernel, *arrays, dq_accum="ACC")
+
+
+# -- deterministic selection ----------------------------------------------------------------------
+def test_the_deterministic_schedule_computes_dq_with_the_dq_kernel():
+    s = BACKWARD.deterministic_schedule("sm_90", GQA, ONE_PASS.replace(dkdv_tile_m=32))
+    two_kernel = BACKWARD.default_schedule("sm_90", GQA).replace(dq_mode="kernel")
+    assert s.dq_mode == "kernel" and s.dkdv_tile_m == 32
+    assert all(getattr(s, f) == getattr(normalise(GQA, two_kernel), f) for f in DQ_FIELDS)
+    kernel = BackwardSchedule(dq_tile_m=128)
+    assert BACKWARD.deterministic_schedule("sm_90", GQA, kernel) == kernel
+    assert "bitwise reproducible" in BACKWARD.determinism(GQA, kernel)
+    assert "no fixed order" in BACKWARD.determinism(GQA, ONE_PASS)
+
+
+def _fake_cuda(monkeypatch, calls):
+    """Tensors on the CPU pass for CUDA ones: the backward family's launch recorded."""
+    torch = pytest.importorskip("torch")
+    import tiledattention._training as training
+    import tiledattention.backward._family as family_module
+    from tiledattention._device import DeviceInfo
+
+    monkeypatch.setattr(family_module, "launch", lambda *args: calls.append(args[1]))
+    monkeypatch.setattr(training, "check_cuda", lambda *args: None)
+    info = DeviceInfo(index=0, arch="sm_90", name="fake", sm_count=132)
+    monkeypatch.setattr(training, "device_info", lambda index: info)
+    monkeypatch.setattr("tiledattention._device.device_info", lambda index: info)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *args: None)
+    return torch
+
+
+@pytest.mark.parametrize("how", ["argument", "torch flag", "neither"])
+def test_deterministic_runs_launch_the_dq_kernel(monkeypatch, how):
+    calls: list = []
+    torch = _fake_cuda(monkeypatch, calls)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 200, 64, generator=g).to(torch.bfloat16)
+    k = torch.randn(1, 2, 300, 64, generator=g).to(torch.bfloat16)
+    lse = torch.zeros(1, 4, 200)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(how == "torch flag")
+        tiledattention.sdpa_backward(q, q, k, k, q, lse, "bottom_right", schedule=ONE_PASS,
+                                     deterministic=how == "argument")
+    finally:
+        torch.use_deterministic_algorithms(before)
+    (plan,) = calls
+    assert plan.one_pass == (how == "neither")
+    with pytest.raises(InputTypeError, match="deterministic must be a bool"):
+        tiledattention.sdpa_backward(q, q, k, k, q, lse, "bottom_right", deterministic="yes")
+
+
+def test_explain_says_which_dq_mode_runs_and_why(capsys, monkeypatch, tmp_path):
+    import tiledattention.backward._defaults as defaults
+
+    monkeypatch.setitem(defaults.DQ_MODE, "hopper", "atomic")
+    argv = ["explain", "--device", "sm_90", "--shape", "1,4/2,200:300,64", "--causal",
+            "bottom_right", "--training", "--db", str(tmp_path / "none.sqlite")]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dq atomic" in out and "no fixed order" in out
+    assert "deterministic run: dkdv" in out and "| dq 64x64" in out
+    monkeypatch.setitem(defaults.DQ_MODE, "hopper", "kernel")
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dq_mode kernel" in out and "deterministic run" not in out
+
+
+# -- the search space -------------------------------------------------------------------------------
+def test_the_search_spaces_hold_both_dq_modes():
+    for name in ("full", "compact"):
+        space = search_spaces.space_for("backward", "sm_90", name)
+        assert space.choices["dq_mode"] == ("kernel", "atomic")
+        restricted = search_spaces.BACKWARD_SPACE.restrict(space, GQA)
+        assert restricted.choices["dq_mode"] == ("kernel", "atomic")
+        ragged = search_spaces.BACKWARD_SPACE.restrict(space, dataclasses.replace(GQA, ragged=True))
+        assert ragged.choices["dq_mode"] == ("kernel",)
+    model = search_spaces.BACKWARD_SPACE.model_ms
+    assert model(GQA, ONE_PASS) != model(GQA, BackwardSchedule())
+
+
+# -- compile-only builds ----------------------------------------------------------------------------
+#: sm_90's build is of a window and a softcap (the variants' masks in the one-pass walk)
+VARIANTS = dataclasses.replace(GQA, window_left=64, softcap=20.0)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_one_pass_backward_compiles_for_each_architecture(arch):
+    result = _build(VARIANTS if arch == "sm_90" else GQA, ONE_PASS, arch)
+    assert result.arch == arch and result.cubin[:4] == b"\x7fELF"
+    assert len(result.other_cubins) == 2  # the delta kernel and the dQ-scale kernel
+
+
+def _cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found is None:  # the nvidia-cuda-cuobjdump wheel's, beside nvdisasm's
+        here = Path(sys.prefix, "lib", f"python{sys.version_info.major}.{sys.version_info.minor}",
+                    "site-packages", "nvidia", "cu13", "bin")
+        if (here / "cuobjdump").exists() and (here / "nvdisasm").exists():
+            found = str(here / "cuobjdump")
+    return found
+
+
+def test_on_sm_90_the_dq_shares_are_tma_bulk_reduce_adds(tmp_path):
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) absent")
+    sass = {}
+    builds = {mode: _build(VARIANTS, BackwardSchedule(dq_mode=mode)) for mode in ("kernel",
+                                                                                "atomic")}
+    assert _digests(builds["kernel"])[0] != _digests(builds["atomic"])[0]
+    for mode, build in builds.items():
+        path = tmp_path / f"{mode}.cubin"
+        path.write_bytes(build.cubin)
+        env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}"}
+        sass[mode] = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True,
+                                    env=env, check=True).stdout
+    assert "UTMAREDG" in sass["atomic"] and ".ADD" in sass["atomic"]
+    assert "UTMAREDG" not in sass["kernel"]
+    assert "ATOMG" not in sass["atomic"] and "REDG" not in sass["atomic"].replace("UTMAREDG", "")
