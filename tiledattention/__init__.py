@@ -28,9 +28,10 @@ from ._sdpa import sdpa as _run_sdpa
 from .forward import FORWARD, Schedule, compile_schedule
 from .decode import DECODE, DecodeSchedule, DispatchRule, compile_decode, dispatch_rule
 from .backward import BACKWARD, BackwardSchedule, compile_backward
+from . import _runtime
 from . import _training
 from . import tooling
-from .tooling import Runtime as _Runtime
+from ._runtime import open_database, runtime, use_database
 
 # What users call: the entry points, the problem and schedule types, the families and their
 # registry, device and database selection, the errors. Tools build on ``tiledattention.tooling``.
@@ -57,51 +58,6 @@ __all__ = [
     # the tools' module
     "tooling",
 ]
-
-_default_runtime: _Runtime | None = None
-
-
-def open_database(location: str | None = None, *, read_only: bool = False) -> Any:
-    """The schedule database at ``location`` (a path or SQLAlchemy URL; ``None``: the default,
-    ``$TILEDATTN_DB`` or the user cache) with every registered family's codec: a
-    ``db.ScheduleDB``. ``read_only``: ``None`` when a SQLite file does not exist."""
-    import db
-
-    from ._settings import check_location, lock_wait_s
-
-    location = check_location(location, "open_database(location)")
-    where = location if location is not None else database_location()
-    wait = lock_wait_s()
-    try:
-        if read_only:
-            return db.ScheduleDB.open_for_lookup(where, codecs=tooling.codecs(), lock_wait_s=wait)
-        return db.ScheduleDB(where, codecs=tooling.codecs(), lock_wait_s=wait)
-    except db.DatabaseError as exc:
-        raise ScheduleDatabaseError(str(exc)) from exc
-
-
-def _make_runtime(location: str | None) -> _Runtime:
-    resolver = tooling.Resolver(open_user=lambda: open_database(location, read_only=True),
-                        open_shipped=shipped_table)
-    return _Runtime(resolver)
-
-
-def runtime() -> _Runtime:
-    """The process's runtime (created on first use, reading ``TILEDATTN_DB``)."""
-    global _default_runtime
-    if _default_runtime is None:
-        _default_runtime = _make_runtime(None)
-    return _default_runtime
-
-
-def use_database(location: str | None) -> None:
-    """Look schedules up in ``location`` (a path or SQLAlchemy URL; ``None``: the default) from
-    now on; forgets memoised lookups."""
-    from ._settings import check_location
-
-    global _default_runtime
-    _default_runtime = _make_runtime(check_location(location, "use_database(location)"))
-
 
 def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None = None, *,
          window: tuple[int, int] | None = None, softcap: float | None = None,
@@ -187,7 +143,7 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
                     f"{type(out).__name__}: drop out=, or call under torch.no_grad()")
             return _autograd.sdpa(q, k, v, causal, scale, window=window, softcap=softcap,
                                   sinks=sinks, schedule=schedule)
-    rt = _default_runtime
+    rt = _runtime.current  # the warm path: no call when the runtime exists
     if rt is None:
         rt = runtime()
     return _run_sdpa(rt, q, k, v, causal, scale, window=window, softcap=softcap, sinks=sinks,
@@ -303,15 +259,9 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     """
     from . import _paged
 
-    import torch
-
-    if torch.compiler.is_compiling():
-        left, right = window if window is not None else (-1, -1)
-        return _paged.paged_op(q, k_pages, v_pages, block_table, seqused_k, bool(causal),
-                               scale, left, right, float(softcap or 0.0), sinks, max_k)
-    return _paged.paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k,
-                                causal=causal, scale=scale, window=window, softcap=softcap,
-                                sinks=sinks, max_k=max_k)
+    return _paged.paged_attention(q, k_pages, v_pages, block_table, seqused_k, causal=causal,
+                                  scale=scale, window=window, softcap=softcap, sinks=sinks,
+                                  max_k=max_k)
 
 
 def explain_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,

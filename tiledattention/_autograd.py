@@ -16,9 +16,11 @@ from typing import Any, Optional
 
 import torch
 
+from . import _training
 from ._dispatch import family_for_schedule
 from ._family import get_family
 from ._problem import BOTTOM_RIGHT, ROW_STAT_ALIGN, causal_flags, variant_args
+from ._runtime import runtime
 from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
 __all__ = ["FWD_LSE_OP_NAME", "BWD_OP_NAME", "sdpa_fwd_lse", "sdpa_bwd", "grad_enabled",
@@ -52,6 +54,13 @@ def check_flags(causal: bool, bottom_right: bool) -> None:
 def _causal_arg(causal: bool, bottom_right: bool) -> bool | str:
     """The ``causal=`` argument of the runtime's functions for the ops' two flags."""
     return BOTTOM_RIGHT if bottom_right else causal
+
+
+def _variant(window_left: int, window_right: int, softcap: float,
+             sinks: Optional[torch.Tensor]) -> tuple[Any, Any, Any]:
+    """The runtime's ``(window, softcap, sinks)`` for the ops' arguments."""
+    found = variant_kwargs(window_left, window_right, softcap, sinks)
+    return found.get("window"), found.get("softcap"), found.get("sinks")
 
 
 def variant_kwargs(window_left: int, window_right: int, softcap: float,
@@ -101,14 +110,13 @@ def sdpa_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     differentiable). ``schedule``: a schedule of a family serving "sdpa_with_lse" as
     ``schedule_json`` writes it, or ``None`` for the looked-up one. The window, softcap and
     sinks as ``tiledattention.sdpa`` takes them (``-1, -1, 0.0, None``: none)."""
-    import tiledattention  # looked up per call, so tests can substitute a reference
-
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     chosen = None if schedule is None else _schedule_from_json(schedule)
-    return tiledattention.sdpa_with_lse(q, k, v, _causal_arg(causal, bottom_right), scale,
-                                        schedule=chosen, **variant_kwargs(window_left, window_right,
-                                                                    softcap, sinks))
+    # _training's function is looked up per call, so tests can substitute a reference
+    return _training.sdpa_with_lse(runtime(), q, k, v, _causal_arg(causal, bottom_right), scale,
+                                   schedule=chosen, variant=_variant(window_left, window_right,
+                                                                     softcap, sinks))
 
 
 @sdpa_fwd_lse.register_fake
@@ -133,13 +141,11 @@ def sdpa_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     """``tiledattention.sdpa_backward``: ``(dq, dk, dv)``, contiguous, shaped like ``q, k, v``
     (grouped-query ``dk, dv`` summed over each group in the kernel). The sinks' own gradient
     is :func:`sink_grad`'s."""
-    import tiledattention
-
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
-    return tiledattention.sdpa_backward(grad_out, q, k, v, out, lse,
-                                        _causal_arg(causal, bottom_right), scale,
-                                        **variant_kwargs(window_left, window_right, softcap, sinks))
+    return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse,
+                                   _causal_arg(causal, bottom_right), scale,
+                                   variant=_variant(window_left, window_right, softcap, sinks))
 
 
 @sdpa_bwd.register_fake

@@ -40,11 +40,11 @@ from ._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, 
                        sink_logits, variant_args)
 from ._family import serving
 from ._ragged import RaggedLayout, ragged_problem
-from ._runtime import Runtime
+from ._runtime import Runtime, runtime
 from .errors import InputTypeError, InputValueError, UnsupportedOperationError
 
-__all__ = ["paged_forward", "paged_problem", "explain_paged", "gather_pages", "reader",
-           "OP_NAME"]
+__all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
+           "reader", "OP_NAME"]
 
 OP_NAME = "tiledattention::paged_attention"
 
@@ -249,6 +249,20 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     return runtime.resolution(family, family.paged_lookup(problem, shape), device)
 
 
+def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,
+                    causal: Any = True, scale: Optional[float] = None, window: Any = None,
+                    softcap: Optional[float] = None, sinks: Any = None,
+                    max_k: Optional[int] = None) -> torch.Tensor:
+    """``tiledattention.paged_attention`` (see there) on the process's runtime: the torch op
+    while ``torch.compile`` traces, the launch otherwise."""
+    if torch.compiler.is_compiling():
+        left, right = window if window is not None else (-1, -1)
+        return paged_op(q, k_pages, v_pages, block_table, seqused_k, bool(causal), scale, left,
+                        right, float(softcap or 0.0), sinks, max_k)
+    return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k, causal=causal,
+                         scale=scale, window=window, softcap=softcap, sinks=sinks, max_k=max_k)
+
+
 # -- torch.compile ------------------------------------------------------------------------------
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -256,10 +270,8 @@ def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
              scale: Optional[float], window_left: int, window_right: int, softcap: float,
              sinks: Optional[torch.Tensor], max_k: Optional[int]) -> torch.Tensor:
     """:func:`paged_forward` as a torch op (``torch.compile`` traces it as one node)."""
-    import tiledattention
-
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    return paged_forward(tiledattention.runtime(), q, k_pages, v_pages, block_table, seqused_k,
+    return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k,
                          causal=BOTTOM_RIGHT if causal else False, scale=scale, window=window,
                          softcap=softcap or None, sinks=sinks, max_k=max_k)
 

@@ -6,6 +6,10 @@ All are bounded dicts owned by one :class:`Runtime` object (``tiledattention.run
 ``use_database`` or ``clear()`` forgets them together: at most ``max_resolutions``,
 ``max_plans`` and ``max_workspaces`` entries (oldest first out), so a process that meets endless
 shapes (a decode loop with a growing cache, say) holds a fixed amount of memory.
+
+The process's runtime is this module's (:func:`runtime`, :func:`use_database`; the package
+facade re-exports them), so the entry points inside the package reach it without importing the
+facade.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
 from ._device import DeviceInfo, device_info
-from ._family import Family
+from ._family import Family, codecs
+from ._lookup import Resolver, shipped_table
+from ._settings import check_location, database_location, lock_wait_s
+from .errors import ScheduleDatabaseError
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "runtime", "use_database", "open_database", "current"]
 
 
 class Runtime:
@@ -74,3 +81,46 @@ class Runtime:
         self._memo.clear()
         self._plans.clear()
         self._workspaces.clear()
+
+
+#: The process's runtime (``None`` until first used). Read it as ``_runtime.current`` (a module
+#: attribute: ``sdpa``'s warm path reads it without a call) and set it with :func:`use_database`.
+current: Runtime | None = None
+
+
+def open_database(location: str | None = None, *, read_only: bool = False) -> Any:
+    """The schedule database at ``location`` (a path or SQLAlchemy URL; ``None``: the default,
+    ``$TILEDATTN_DB`` or the user cache) with every registered family's codec: a
+    ``db.ScheduleDB``. ``read_only``: ``None`` when a SQLite file does not exist."""
+    import db
+
+    location = check_location(location, "open_database(location)")
+    where = location if location is not None else database_location()
+    wait = lock_wait_s()
+    try:
+        if read_only:
+            return db.ScheduleDB.open_for_lookup(where, codecs=codecs(), lock_wait_s=wait)
+        return db.ScheduleDB(where, codecs=codecs(), lock_wait_s=wait)
+    except db.DatabaseError as exc:
+        raise ScheduleDatabaseError(str(exc)) from exc
+
+
+def _make_runtime(location: str | None) -> Runtime:
+    resolver = Resolver(open_user=lambda: open_database(location, read_only=True),
+                        open_shipped=shipped_table)
+    return Runtime(resolver)
+
+
+def runtime() -> Runtime:
+    """The process's runtime (created on first use, reading ``TILEDATTN_DB``)."""
+    global current
+    if current is None:
+        current = _make_runtime(None)
+    return current
+
+
+def use_database(location: str | None) -> None:
+    """Look schedules up in ``location`` (a path or SQLAlchemy URL; ``None``: the default) from
+    now on; forgets memoised lookups."""
+    global current
+    current = _make_runtime(check_location(location, "use_database(location)"))

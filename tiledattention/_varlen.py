@@ -39,7 +39,7 @@ from ._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
 from ._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
                       ragged_problem)
 from ._ragged_fill import clear_uncovered_rows
-from ._runtime import Runtime
+from ._runtime import Runtime, runtime
 from .errors import (InputTypeError, InputValueError, UnsupportedOperationError,
                      UnsupportedProblemError)
 
@@ -313,9 +313,7 @@ def varlen_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                causal: bool, bottom_right: bool, scale: Optional[float], window_left: int,
                window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``varlen_forward``: ``(out [T_q, H_q, D], lse [1, H_q, T_q])``."""
-    import tiledattention
-
-    return varlen_forward(tiledattention.runtime(), query, key, value, cu_seq_q, cu_seq_k,
+    return varlen_forward(runtime(), query, key, value, cu_seq_q, cu_seq_k,
                           max_q, max_k, is_causal=_is_causal(causal, bottom_right), scale=scale,
                           window=_window_of(window_left, window_right),
                           enable_gqa=query.shape[1] != key.shape[1])
@@ -338,9 +336,7 @@ def varlen_bwd(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                causal: bool, bottom_right: bool, scale: Optional[float], window_left: int,
                window_right: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``varlen_backward``: ``(dq, dk, dv)``."""
-    import tiledattention
-
-    return varlen_backward(tiledattention.runtime(), grad_out, query, key, value, out, lse,
+    return varlen_backward(runtime(), grad_out, query, key, value, out, lse,
                            cu_seq_q, cu_seq_k, max_q, max_k,
                            is_causal=_is_causal(causal, bottom_right), scale=scale,
                            window=_window_of(window_left, window_right),
@@ -375,8 +371,6 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
                 enable_gqa: bool = False, seqused_k: Any = None,
                 block_table: Any = None) -> torch.Tensor:
     """``tiledattention.varlen_attn`` (see there)."""
-    import tiledattention
-
     if block_table is not None or seqused_k is not None:
         return _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale,
                              window_size, enable_gqa, seqused_k, block_table)
@@ -390,7 +384,7 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
         out, _ = varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal,
                             bottom_right, scale, left, right)
         return out
-    out, _ = varlen_forward(tiledattention.runtime(), query, key, value, cu_seq_q, cu_seq_k,
+    out, _ = varlen_forward(runtime(), query, key, value, cu_seq_q, cu_seq_k,
                             max_q, max_k, is_causal=_is_causal(causal, bottom_right),
                             scale=scale, window=_window_of(left, right), enable_gqa=enable_gqa)
     return out
@@ -430,8 +424,6 @@ def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, w
                   enable_gqa, seqused_k, block_table):
     """:func:`varlen_attn` over a paged cache: the packed queries (one count per sequence) as a
     ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``."""
-    import tiledattention
-
     if block_table is None or seqused_k is None:
         raise InputValueError(f"a paged cache takes block_table and seqused_k together; got "
                               f"only {'seqused_k' if block_table is None else 'block_table'}")
@@ -460,7 +452,8 @@ def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, w
             f"sequences * max_q: decode, speculative and equal chunked-prefill steps); got "
             f"{query.shape[0]} query tokens for {sequences} sequences of at most {longest_q}")
     q4 = query.unflatten(0, (sequences, longest_q)).transpose(1, 2)
-    out = tiledattention.paged_attention(q4, key, value, block_table, seqused_k,
-                                         causal=alignment, scale=scale, window=window,
-                                         max_k=longest_k)
+    from ._paged import paged_attention  # the paged cache's entry point (imports torch ops)
+
+    out = paged_attention(q4, key, value, block_table, seqused_k, causal=alignment, scale=scale,
+                          window=window, max_k=longest_k)
     return out.transpose(1, 2).reshape(query.shape)

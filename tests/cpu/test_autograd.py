@@ -124,8 +124,20 @@ def install_training_kernels(monkeypatch) -> TrainingKernels:
     """Replace the training entry points, and ``tiledattention.sdpa``'s no-grad path
     (``_run_sdpa``; the op ``sdpa_fwd`` calls ``tiledattention.sdpa``), by stand-ins."""
     kernels = TrainingKernels()
+    def with_lse(runtime, *args, variant=(None, None, None), **kwargs):
+        assert variant == (None, None, None)
+        return kernels.sdpa_with_lse(*args, **kwargs)
+
+    def backward(runtime, *args, variant=(None, None, None), **kwargs):
+        assert variant == (None, None, None)
+        return kernels.sdpa_backward(*args, **kwargs)
+
+    # the ops call the training entry points on the runtime (tiledattention._training), not
+    # the facade: replace both
     monkeypatch.setattr(tiledattention, "sdpa_with_lse", kernels.sdpa_with_lse)
     monkeypatch.setattr(tiledattention, "sdpa_backward", kernels.sdpa_backward)
+    monkeypatch.setattr(tiledattention._training, "sdpa_with_lse", with_lse)
+    monkeypatch.setattr(tiledattention._training, "sdpa_backward", backward)
     monkeypatch.setattr(tiledattention, "_run_sdpa",
                         lambda runtime, *args, **kwargs: kernels.sdpa(*args, **kwargs))
     return kernels
@@ -242,6 +254,8 @@ def test_fakes_give_the_real_layouts_without_running_a_kernel(shape, dtype, monk
 
     for name in ("sdpa", "sdpa_with_lse", "sdpa_backward"):
         monkeypatch.setattr(tiledattention, name, must_not_run)
+    for name in ("sdpa_with_lse", "sdpa_backward"):
+        monkeypatch.setattr(tiledattention._training, name, must_not_run)
     b, hq, hkv, sq, sk, d = shape
     with FakeTensorMode():
         q, k, v = _qkv_on("cuda", shape, dtype)

@@ -438,7 +438,7 @@ def test_import_takes_rows_near_the_bounds(case, good, tmp_path, tiledtune):
 
 @pytest.mark.parametrize("bad", [123, b"/tmp/x.sqlite", 1.5, ["a.sqlite"]])
 def test_use_database_names_its_argument_and_what_it_takes(bad, monkeypatch):
-    monkeypatch.setattr(ta, "_default_runtime", None)
+    monkeypatch.setattr(ta._runtime, "current", None)
     with pytest.raises(ta.InputTypeError, match=r"use_database\(location\) must be a path "
                                                  r"\(str or os.PathLike\), an SQLAlchemy URL "
                                                  rf"string, or None .*; got {type(bad).__name__}"):
@@ -448,7 +448,7 @@ def test_use_database_names_its_argument_and_what_it_takes(bad, monkeypatch):
 
 
 def test_use_database_refuses_a_blank_location_and_takes_a_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(ta, "_default_runtime", None)
+    monkeypatch.setattr(ta._runtime, "current", None)
     with pytest.raises(ta.InputValueError, match=r"use_database\(location\) must be a path"):
         ta.use_database("  ")
     ta.use_database(tmp_path / "schedules.sqlite")  # os.PathLike

@@ -200,23 +200,42 @@ def test_shipped_schedules_are_normalised():
 
 
 #: tiledattention's own layers: the core every family shares (the attention problem, the
-#: family interface and registry, compiling, the lookup), the families, the entry points that
-#: serve calls through the registry, the integrations built on those. A module imports its own
-#: layer or lower ones, and a family never imports another family.
-FAMILIES = ("forward", "decode", "backward")
-ENTRY_POINTS = ("__init__", "_sdpa", "_training", "_autograd")
-LAYER = {"core": 0, "family": 1, "entry": 2, "integrations": 3}
+#: family interface and registry, compiling, the lookup, the runtime's memory), the families,
+#: the entry points that serve calls through the registry, the package facade
+#: (``tiledattention/__init__.py``: the public names, re-exported), the integrations built on
+#: the facade. A module imports its own layer or lower ones, so nothing below the
+#: integrations imports the facade (``import tiledattention``, ``from tiledattention import
+#: sdpa``, ``from . import runtime`` at the package root), and a family never imports another
+#: family. The families are the registry's (each family's package is the folder its class
+#: lives in), so a fourth family is checked without an edit here.
+FAMILIES = tuple(sorted({type(f).__module__.split(".")[1] for f in tiledattention.families()}))
+ENTRY_POINTS = ("_sdpa", "_training", "_autograd", "_varlen", "_paged")
+LAYER = {"core": 0, "family": 1, "entry": 2, "facade": 3, "integrations": 4}
 
 
 def _layer(parts: tuple[str, ...]) -> tuple[str, str]:
-    """(layer, family name or "") of the module ``tiledattention.<parts>``."""
-    if not parts:
-        return "entry", ""
+    """(layer, family name or "") of the module ``tiledattention.<parts>`` (``()``: the
+    package itself, the facade)."""
+    if not parts or parts == ("__init__",):
+        return "facade", ""
     if parts[0] in FAMILIES:
         return "family", parts[0]
     if parts[0] == "integrations":
         return "integrations", ""
     return ("entry" if parts[0] in ENTRY_POINTS else "core"), ""
+
+
+def _targets(root: Path, module: str, names: tuple[str, ...]) -> list[list[str]]:
+    """The modules an import of ``names`` from ``module`` (absolute) reaches inside the package,
+    as parts after ``tiledattention`` (``[]``: the facade)."""
+    parts = module.split(".")[1:]
+    if parts[-1:] == ["__init__"]:
+        parts = parts[:-1]
+    if names and not parts:  # from tiledattention import x: the module x, or a facade name
+        package = root / "tiledattention"
+        return [[n] if (package / f"{n}.py").exists() or (package / n).is_dir() else []
+                for n in names]
+    return [parts]
 
 
 def _layer_violations(root: Path) -> list[str]:
@@ -225,19 +244,14 @@ def _layer_violations(root: Path) -> list[str]:
         parts = path.relative_to(root / "tiledattention").with_suffix("").parts
         layer, family = _layer(parts)
         for line, module, names in _imports(path) if root == ROOT else _imports_at(root, path):
-            if not module or not module.startswith("tiledattention"):
+            if not module or module.split(".")[0] != "tiledattention":
                 continue
-            targets = [module.split(".")[1:]] if module != "tiledattention" else []
-            if module == "tiledattention" or module.endswith(".__init__"):
-                targets = [[n] for n in names]  # from tiledattention import _x: the module _x
-            for target in targets:
-                if not target or (target[0] not in FAMILIES and not target[0].startswith("_")
-                                  and target[0] not in ("errors", "integrations")):
-                    continue  # a name of the package itself, not a module
+            for target in _targets(root, module, names):
                 t_layer, t_family = _layer(tuple(target))
                 where = f"{path.relative_to(root)}:{line}"
                 if LAYER[t_layer] > LAYER[layer]:
-                    bad.append(f"{where}: {layer} imports {t_layer} ({'.'.join(target)})")
+                    what = ".".join(target) or "the package facade"
+                    bad.append(f"{where}: {layer} imports {t_layer} ({what})")
                 if layer == t_layer == "family" and t_family != family:
                     bad.append(f"{where}: family {family} imports family {t_family}")
     return bad
@@ -256,16 +270,48 @@ def test_families_are_peers_over_one_core():
     assert _layer_violations(ROOT) == []
 
 
+def test_the_layers_know_every_registered_family():
+    assert set(FAMILIES) == {"forward", "decode", "backward"}
+    for family in tiledattention.families():
+        folder = ROOT / "tiledattention" / type(family).__module__.split(".")[1]
+        assert folder.is_dir(), family
+
+
 def test_the_layer_checker_catches_a_family_importing_a_sibling_or_a_core_importing_up(tmp_path):
     pkg = tmp_path / "tiledattention"
     for sub in ("forward", "decode", "integrations"):
         (pkg / sub).mkdir(parents=True)
+    (pkg / "_plans.py").write_text("")
     (pkg / "decode" / "_x.py").write_text("from ..forward._launch import grid_for\n"
-                                          "from .._problem import Problem\n")
+                                          "from .._problem import Problem\n"
+                                          "import tiledattention.forward._plan\n")
     (pkg / "_lookup.py").write_text("from ._sdpa import sdpa\nfrom .decode import DECODE\n")
     (pkg / "_sdpa.py").write_text("from .integrations import attention\n")
     found = _layer_violations(tmp_path)
-    assert len(found) == 4, found  # sibling family; core -> entry; core -> family; entry -> up
+    # sibling family twice (relative and absolute); core -> entry; core -> family; entry -> up
+    assert len(found) == 5, found
+
+
+def test_the_layer_checker_catches_an_import_of_the_package_facade(tmp_path):
+    """``import tiledattention`` inside the package reaches the runtime through the facade (an
+    arrow pointing up); so do ``from tiledattention import sdpa`` and, at the package root,
+    ``from . import runtime``. A module's own import (``from . import _plans``) and the
+    integrations' use of the facade are no such arrow."""
+    pkg = tmp_path / "tiledattention"
+    for sub in ("decode", "integrations"):
+        (pkg / sub).mkdir(parents=True)
+    (pkg / "_plans.py").write_text("")
+    (pkg / "__init__.py").write_text("from . import _plans\nfrom ._paged import paged\n")
+    (pkg / "_paged.py").write_text("def f():\n    import tiledattention\n\n\n"
+                                   "from . import runtime, _plans\n")
+    (pkg / "decode" / "_x.py").write_text("from tiledattention import sdpa\n"
+                                          "from .. import _plans\n")
+    (pkg / "integrations" / "_hf.py").write_text("import tiledattention\n")
+    found = sorted(_layer_violations(tmp_path))
+    assert found == [
+        "tiledattention/_paged.py:2: entry imports facade (the package facade)",
+        "tiledattention/_paged.py:5: entry imports facade (the package facade)",
+        "tiledattention/decode/_x.py:1: family imports facade (the package facade)"], found
 
 
 _NAMED_FAMILIES = ("FORWARD", "DECODE", "BACKWARD", "ForwardFamily", "DecodeFamily",

@@ -95,7 +95,7 @@ def runtime(monkeypatch):
     """The process's runtime, restored afterwards; the device is an H100 (no GPU asked)."""
     import tiledattention._runtime as runtime_module
 
-    monkeypatch.setattr(ta, "_default_runtime", None)
+    monkeypatch.setattr(ta._runtime, "current", None)
     monkeypatch.setattr(runtime_module, "device_info", lambda index: H100)
     monkeypatch.setenv("COLUMNS", "200")
 

@@ -76,7 +76,7 @@ def cpu_device(monkeypatch, launches) -> CpuDevice:
     monkeypatch.setattr(hot, "current_device", lambda: 0)
     monkeypatch.setattr(hot, "capturing", lambda: False)
     monkeypatch.setattr(sdpa_module, "_warm", [])
-    monkeypatch.setattr(tiledattention, "_default_runtime", state.runtime)
+    monkeypatch.setattr(tiledattention._runtime, "current", state.runtime)
     return state
 
 
