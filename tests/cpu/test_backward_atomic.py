@@ -74,6 +74,16 @@ def test_normalise_drops_the_dq_kernels_fields_from_a_one_pass_schedule():
     assert normalise(GQA, busy.replace(dq_mode="kernel")).dq_tile_m == 128
 
 
+def test_wide_one_pass_query_tiles_run_one_cta_per_sm():
+    """128-row query tiles at two CTAs per SM gave a wrong dK on an H200 (the record)."""
+    wide = ONE_PASS.replace(dkdv_tile_m=128, dkdv_occupancy=2)
+    assert normalise(GQA, wide).dkdv_occupancy == 1
+    assert normalise(GQA, wide.replace(dkdv_tile_m=64)).dkdv_occupancy == 2
+    assert normalise(GQA, wide.replace(dq_mode="kernel")).dkdv_occupancy == 2
+    short = dataclasses.replace(GQA, seqlen_q=50)  # the tile is capped at 64 rows
+    assert normalise(short, wide).dkdv_occupancy == 2
+
+
 def test_a_ragged_problem_runs_the_dq_kernel():
     ragged = dataclasses.replace(GQA, ragged=True)
     assert normalise(ragged, ONE_PASS).dq_mode == "kernel"

@@ -56,6 +56,10 @@ WINDOW_TILE_FLOOR = 64
 _TILE_FIELDS = ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n")
 #: The default ``dq_mode`` by GPU generation ("kernel" where not listed): the one-pass backward
 #: (dQ added into a float32 accumulator by the dK/dV kernel) only where it was measured faster.
+#: Hopper keeps the dQ kernel: on an H200 the one-pass backward with the default's dK/dV fields
+#: ran 0.69-0.94x its speed on six training shapes (D 64-256, GQA 1-48, causal and full; at best
+#: 0.75-0.94x with one CTA per SM; docs/records/benchmarks/backward/onepass.md). Elsewhere:
+#: not measured.
 DQ_MODE: dict[str, str] = {}
 
 

@@ -198,6 +198,12 @@ def unequal_walks(problem: Problem) -> bool:
 DQ_FIELDS = ("dq_tile_m", "dq_tile_n", "dq_occupancy", "dq_worker_warps", "kv_latency",
              "dq_heavy_first")
 _BASE_DQ = {name: getattr(BackwardSchedule(), name) for name in DQ_FIELDS}
+#: A one-pass dK/dV kernel walking query tiles of this many rows or more runs one CTA per SM:
+#: at 128 rows and two CTAs per SM (D 64, bf16, tileiras 13.4.92, H200) its dK came out wrong
+#: (relative L2 7e-3 to 2.2e-2 against the two-kernel dK on three shapes, dQ and dV right),
+#: at one CTA per SM, or 64 rows and two CTAs, bit for bit the two-kernel dK
+#: (docs/records/benchmarks/backward/onepass.md)
+ONE_PASS_WIDE_M = 128
 
 
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
@@ -211,14 +217,18 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     the longest sequence's tiles (:func:`ragged_grids`): no splits (their partials and shares
     of a walk assume every batch entry has the whole length) and no work orders (the heavy
     tiles of each sequence lie at its own end, not the grid's). With ``dq_mode="atomic"``
-    the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs); a ragged
-    problem runs ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries).
+    the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
+    tiles of ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
+    ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries).
     Idempotent."""
     if problem.ragged and schedule.dq_mode == "atomic":
         schedule = schedule.replace(dq_mode="kernel")
     if schedule.dq_mode == "atomic":
         canonical = {name: _BASE_DQ[name] for name in DQ_FIELDS
                      if getattr(schedule, name) != _BASE_DQ[name]}
+        if (min(schedule.dkdv_tile_m, max(16, 1 << (problem.seqlen_q - 1).bit_length()))
+                >= ONE_PASS_WIDE_M and schedule.dkdv_occupancy > 1):
+            canonical["dkdv_occupancy"] = 1
         if canonical:
             schedule = schedule.replace(**canonical)
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
