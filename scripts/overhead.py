@@ -95,7 +95,7 @@ def forward_overhead(calls: int, repeats: int) -> Rows:
     index = q.get_device()
     family = tiledattention.choose_family(tiledattention.device_info(index).arch, problem)
     schedule = runtime.resolution(family, family.plan_problem(problem), index).schedule
-    plan = family.plan(problem, schedule, index, None, True)
+    plan = family.plan(tiledattention.Call.of(problem, causal=True), schedule, index)
     grid, kernel, scalars, shape = plan.grid, plan.kernel, plan.scalars, plan.out_shape
     dtype, device = q.dtype, q.device
     raw_stream = torch._C._cuda_getCurrentRawStream

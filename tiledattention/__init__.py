@@ -22,6 +22,7 @@ from .errors import (CompileError, InputTypeError, InputValueError, KernelArgume
                      UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
 from ._problem import (BOTTOM_RIGHT, DTYPES, SUPPORTED_HEAD_DIMS, TOP_LEFT, Problem,
                        problem_from_arrays)
+from ._call import Call
 from ._plans import Plan
 from ._dispatch import choose_family, explain_choice, family_for_schedule
 from ._sdpa import sdpa as _run_sdpa
@@ -45,7 +46,7 @@ __all__ = [
     "Problem", "problem_from_arrays", "BOTTOM_RIGHT", "TOP_LEFT", "DTYPES", "SUPPORTED_HEAD_DIMS",
     "Schedule", "DecodeSchedule", "BackwardSchedule", "Resolution",
     # families
-    "Family", "Case", "Plan", "FORWARD", "DECODE", "BACKWARD", "families", "get_family",
+    "Family", "Case", "Plan", "Call", "FORWARD", "DECODE", "BACKWARD", "families", "get_family",
     "register_family", "unregister_family", "choose_family", "explain_choice",
     "family_for_schedule", "DispatchRule", "dispatch_rule", "shipped_table",
     # compiling and devices

@@ -1,6 +1,7 @@
 """Which registered family serves a call: the families that serve the call's operation
-(``Family.serves``), asked in decreasing ``dispatch_priority``; the first whose ``takes``
-accepts the problem runs it. An explicit schedule picks the family whose schedule type it is.
+(``Family.serves``), asked in decreasing ``dispatch_priority``; the first that accepts the
+problem (``Family.accepts``: a dtype it declares, then its own ``takes``) runs it. An explicit
+schedule picks the family whose schedule type it is.
 Nothing here names a family: each registers its own predicate (the decode family's is its
 measured ``DispatchRule``)."""
 
@@ -20,7 +21,7 @@ def _asked(arch: str, problem: Any, operation: str) -> list[Family]:
     asked = []
     for family in serving(operation):
         asked.append(family)
-        if family.takes(arch, problem):
+        if family.accepts(arch, problem):
             return asked
     raise UnsupportedOperationError(f"no registered kernel family serves {operation} for "
                                     f"{problem.describe()} on {arch}")
@@ -45,6 +46,6 @@ def family_for_schedule(schedule: Any, operation: str = "sdpa") -> Family:
 
 def explain_choice(arch: str, problem: Any, operation: str = "sdpa") -> tuple[Family, str]:
     """``choose_family``'s answer and why, in words: each family asked until it, with its
-    reason (``Family.why_taken``)."""
+    reason (``Family.why_accepted``: a dtype it does not declare, or its ``why_taken``)."""
     asked = _asked(arch, problem, operation)
-    return asked[-1], "; ".join(family.why_taken(arch, problem) for family in asked)
+    return asked[-1], "; ".join(family.why_accepted(arch, problem) for family in asked)

@@ -15,7 +15,9 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import db
 
+from ._call import Call
 from ._compile import CompileResult
+from ._dtypes import DTYPES
 from ._identity import module_identity
 from .errors import (InputTypeError, InputValueError, UnknownFamilyError,
                      UnsupportedOperationError, UnsupportedProblemError)
@@ -92,6 +94,12 @@ class Family(abc.ABC):
     transfer_margin: ClassVar[float] = 1.03
     transfer_limits: ClassVar[tuple[tuple[tuple[str, ...], float], ...]] = ()
     padding_terms: ClassVar[tuple[tuple[str, str, str | None], ...]] = ()
+    #: The input dtypes the family's kernels take (short names of ``tiledattention._dtypes``),
+    #: each with the relative L2 error against the float32 reference a correct schedule may
+    #: have on it: the family's one declaration of its dtypes. ``register_family`` checks the
+    #: names; dispatch refuses a problem of another dtype (:meth:`dtype_refusal`), and
+    #: :meth:`tolerance` reads its bound here.
+    tolerances: ClassVar[Mapping[str, float]] = {}
 
     def __repr__(self) -> str:
         return f"<kernel family {self.name!r}>"
@@ -190,9 +198,31 @@ class Family(abc.ABC):
     def case(self, problem: Any, device_index: int) -> Case:
         """Random inputs (fixed seed) for ``problem`` on CUDA device ``device_index``."""
 
-    @abc.abstractmethod
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The input dtypes the family takes (those of ``tolerances``, in its order)."""
+        return tuple(self.tolerances)
+
+    def dtype_refusal(self, problem: Any) -> str | None:
+        """Why this family cannot take ``problem``'s dtype (one outside its declared
+        ``tolerances``), or ``None``."""
+        dtype = problem.dtype
+        if dtype in self.tolerances:
+            return None
+        return (f"the {self.name} family takes dtype {' or '.join(self.dtypes) or 'none'}; "
+                f"got {dtype} ({problem.describe()})")
+
+    def check_dtype(self, problem: Any) -> None:
+        """Raise an :class:`UnsupportedProblemError` with :meth:`dtype_refusal`'s reason."""
+        why = self.dtype_refusal(problem)
+        if why is not None:
+            raise UnsupportedProblemError(why)
+
     def tolerance(self, problem: Any) -> float:
-        """Largest relative L2 error against the float32 reference a correct schedule has."""
+        """Largest relative L2 error against the float32 reference a correct schedule has
+        (the family's ``tolerances`` for ``problem``'s dtype)."""
+        self.check_dtype(problem)
+        return self.tolerances[problem.dtype]
 
     # -- serving the entry points ------------------------------------------------------------------
     # ``serves`` names the operations of the runtime's entry points this family computes:
@@ -208,8 +238,19 @@ class Family(abc.ABC):
 
     def takes(self, arch: str, problem: Any) -> bool:
         """Whether this family runs ``problem`` on ``arch`` when its schedule is left to the
-        lookup (a family of lower priority gets it otherwise)."""
+        lookup (a family of lower priority gets it otherwise), beyond its declared dtypes,
+        which :meth:`accepts` checks first for every family."""
         return self.pages_refusal(problem) is None
+
+    def accepts(self, arch: str, problem: Any) -> bool:
+        """Whether dispatch gives ``problem`` on ``arch`` to this family: a dtype it declares
+        (:meth:`dtype_refusal`, once for every family) and its own predicate, :meth:`takes`."""
+        return self.dtype_refusal(problem) is None and self.takes(arch, problem)
+
+    def why_accepted(self, arch: str, problem: Any) -> str:
+        """Why :meth:`accepts` decided as it did, in words (``explain``): the dtype refusal,
+        or the family's own reason (:meth:`why_taken`)."""
+        return self.dtype_refusal(problem) or self.why_taken(arch, problem)
 
     def pages_refusal(self, problem: Any) -> str | None:
         """Why this family cannot run ``problem``'s paged cache, or ``None``."""
@@ -258,12 +299,11 @@ class Family(abc.ABC):
         looked up for this one): ``problem`` itself unless plans cover a band of problems."""
         return problem
 
-    def plan(self, problem: Any, schedule: Any, device_index: int, scale: float | None,
-             causal: Any, window: tuple[int, int] | None = None) -> Any:
-        """A launch plan (:class:`tiledattention.Plan`) of ``schedule`` for the calls of
-        ``problem`` on CUDA device ``device_index`` (families serving "sdpa"); ``causal`` and
-        ``window`` are the call's own arguments (a plan kept for a band of problems may need
-        the alignment or a window side that the problem's canonical form drops)."""
+    def plan(self, call: Call, schedule: Any, device_index: int) -> Any:
+        """A launch plan (:class:`tiledattention.Plan`) of ``schedule`` for the calls like
+        ``call`` (its problem with the variant, its scale, the caller's mask: a plan kept for a
+        band of problems may need an alignment or a window side that the problem's canonical
+        form drops) on CUDA device ``device_index`` (families serving "sdpa")."""
         raise UnsupportedOperationError(f"the {self.name} family runs no sdpa call")
 
     def plan_key(self, signature: tuple, k: Any, v: Any) -> tuple:
@@ -299,6 +339,10 @@ def register_family(family: Family) -> Family:
     if not isinstance(family, Family):
         raise InputTypeError(f"register_family() takes a Family; got {type(family).__name__}")
     family.codec()  # checks the name
+    unknown = [name for name in family.tolerances if name not in DTYPES]
+    if unknown:
+        raise InputValueError(f"{family.name}'s tolerances must name dtypes among {DTYPES} "
+                              f"(tiledattention/_dtypes.py); got {unknown}")
     if _REGISTRY.get(family.name, family) is not family:
         raise InputValueError(f"a kernel family named {family.name!r} is already registered")
     _REGISTRY[family.name] = family

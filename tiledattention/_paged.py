@@ -156,9 +156,9 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
 
 def reader(arch: str, shape: Any) -> Any:
     """The family whose kernels read this paged call's pages (the first in dispatch order that
-    reads pages and takes it: the decode family for decode steps, else the forward, which may
+    reads pages and accepts it: the decode family for decode steps, else the forward, which may
     still gather them, ``reads_pages_with``)."""
-    return next((f for f in serving("sdpa") if f.reads_pages and f.takes(arch, shape)), None)
+    return next((f for f in serving("sdpa") if f.reads_pages and f.accepts(arch, shape)), None)
 
 
 def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:

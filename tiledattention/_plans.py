@@ -14,6 +14,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from ._call import Call
+
 __all__ = ["Plan", "bind_torch", "kept_plan", "span", "reach", "clear_of", "contiguous_like",
            "out_spans"]
 
@@ -59,8 +61,8 @@ def kept_plan(runtime: Any, tag: str, family: Any, shape: Any, device: int, scal
     plan = runtime.plan(key)
     if plan is None:
         schedule = runtime.resolution(family, family.plan_problem(shape), device).schedule
-        plan = family.plan(shape, schedule, device, scale, causal,
-                           (shape.window_left, shape.window_right)).for_torch(q, None, k, v)
+        call = Call.of(shape, scale, causal)
+        plan = family.plan(call, schedule, device).for_torch(q, None, k, v)
         runtime.keep_plan(key, plan)
     return plan
 

@@ -1,7 +1,8 @@
 """``tiledattention.sdpa``'s implementation: validate, choose the family, resolve a schedule
 (memoised), plan, launch. Nothing here names a family: the registered families that serve
 "sdpa" decide by their dispatch predicates (``choose_family``), and each builds its own launch
-plan (``Family.plan``).
+plan (``Family.plan``, of the call: its ``Problem`` with the variant, its scale and the
+caller's mask, one ``Call`` value).
 
 The hot path reuses a *plan* (``tiledattention.Plan``: kernel objects, grids, constant
 arguments) built for an earlier call with the same key. A key holds the call's *signature*:
@@ -27,6 +28,7 @@ from typing import Any
 
 from . import _device
 from . import _plans as hot
+from ._call import Call
 from ._dispatch import choose_family, family_for_schedule
 from ._problem import (Problem, check_cuda, check_reach, padded_head_dim, problem_of_arrays,
                        sink_logits)
@@ -203,10 +205,11 @@ def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale
         family = choose_family(_device.device_info(device_index).arch, problem)
         schedule = runtime.resolution(family, family.plan_problem(problem),
                                       device_index).schedule
-    # the call's own window (validated): a plan kept for a band of cache lengths needs a side
-    # the problem's canonical form drops at this length
-    plan = family.plan(problem, schedule, device_index, scale, causal,
-                       None if window is None else (int(window[0]), int(window[1])))
+    else:
+        family.check_dtype(problem)  # an explicit schedule's family: a dtype it declares
+    # the call with the caller's own mask (validated): a plan kept for a band of cache lengths
+    # needs an alignment or a window side the problem's canonical form drops at this length
+    plan = family.plan(Call.of(problem, scale, causal, window), schedule, device_index)
     if kind != "torch":
         if logits is None:
             return plan.run_cupy(q, k, v, out, problem)

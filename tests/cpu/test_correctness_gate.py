@@ -17,7 +17,7 @@ import pytest
 from tiledattention import BACKWARD, DECODE, DTYPES, FORWARD, Problem
 from tuner.measure import GpuExecutor, Timing
 
-#: what the code says (tiledattention/{forward,decode,backward}/_family.py ``TOLERANCE``)
+#: what the code says (tiledattention/{forward,decode,backward}/_family.py ``tolerances``)
 TOLERANCES = {
     "forward": {"bf16": 1e-2, "fp16": 5e-3},
     "decode": {"bf16": 1e-2, "fp16": 5e-3},
@@ -119,9 +119,10 @@ def test_the_gate_passes_errors_at_or_under_the_tolerance(family, dtype, err, ti
 def test_each_familys_tolerances_are_pinned(family):
     """Exactly the documented values, for every dtype a problem can have: a looser (or
     tighter) tolerance is a decision to make here, not by accident."""
-    got = {dtype: FAMILIES[family].tolerance(_problem(family, dtype)) for dtype in DTYPES}
+    got = {dtype: FAMILIES[family].tolerance(_problem(family, dtype))
+           for dtype in FAMILIES[family].dtypes}
     assert got == TOLERANCES[family]
 
 
-def test_the_tolerance_table_covers_every_dtype():
-    assert all(set(t) == set(DTYPES) for t in TOLERANCES.values())
+def test_the_tolerance_table_names_known_dtypes():
+    assert all(set(t) <= set(DTYPES) for t in TOLERANCES.values())

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from tiledattention import DECODE, DecodeSchedule, Problem
+from tiledattention import DECODE, Call, DecodeSchedule, Problem
 from tiledattention.decode import bucket_problem, length_bucket
 from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT, window_keys
 from tiledattention.decode._launch import (COMBINE_PARAMETERS, NO_SINKS, SPLIT_PARAMETERS,
@@ -136,8 +136,8 @@ def test_one_plan_follows_a_growing_cache():
     walk starts at the new length minus the window (the causal offset is a launch-time value)."""
     first = 100_000
     problem = _problem(sk=first, causal=True, bottom_right=True, left=4096)
-    plan = decode_plan(problem, DECODE.default_schedule("sm_90", problem), 0, None,
-                       "bottom_right")
+    plan = decode_plan(Call.of(problem, causal="bottom_right"),
+                       DECODE.default_schedule("sm_90", problem), 0)
     assert plan.bottom_right
     bucket = length_bucket(first)
     for length in (first, first + 1, first + 777, first + 20_000):
@@ -155,14 +155,15 @@ def test_a_call_window_the_problem_dropped_stays_in_the_plan():
     problem = _problem(sk=3000, causal=True, bottom_right=True, left=4096)
     assert not problem.windowed
     schedule = DECODE.default_schedule("sm_90", problem)
-    plan = decode_plan(problem, schedule, 0, None, "bottom_right", window=(4096, -1))
+    plan = decode_plan(Call.of(problem, causal="bottom_right", window=(4096, -1)), schedule, 0)
     assert plan.launches.variant.windowed
     assert length_bucket(5000) == length_bucket(3000)
     [(lo, hi)] = _walked_keys(plan.launches, 1, 5000, 4999)
     assert lo <= 5000 - 4097 < lo + plan.launches.tile_n
     # the problem's own plan has no window: it must not serve that call (the caller passes
     # the call's window, or keys plans so)
-    assert not decode_plan(problem, schedule, 0, None, "bottom_right").launches.variant.windowed
+    own = decode_plan(Call.of(problem, causal="bottom_right"), schedule, 0)
+    assert not own.launches.variant.windowed
 
 
 def _visible(problem: Problem, row: int, key: int) -> bool:

@@ -469,7 +469,8 @@ class _MeanFamily(type(tiledattention.FORWARD)):
     def why_taken(self, arch, problem):
         return f"head_dim {problem.head_dim} {'is' if self.takes(arch, problem) else 'is not'} 40"
 
-    def plan(self, problem, schedule, device_index, scale, causal, window=None):
+    def plan(self, call, schedule, device_index):
+        problem = call.problem
         self.planned.append((problem, schedule))
         return _MeanPlan((problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
                          problem.group_size)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import tiledattention
-from tiledattention import (FORWARD, InputTypeError, InputValueError, Problem, TiledAttentionError,
-                            UnsupportedProblemError)
+from tiledattention import (FORWARD, Call, InputTypeError, InputValueError, Problem,
+                            TiledAttentionError, UnsupportedProblemError)
 from tiledattention.tooling import Runtime
 
 
@@ -144,7 +144,7 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     schedule = Schedule(tile_m=128, tile_n=64, exp2=True)
 
     def plan_for(problem, schedule):
-        return FORWARD.plan(problem, schedule, 0, None, problem.causal)
+        return FORWARD.plan(Call.of(problem), schedule, 0)
 
     plan = plan_for(p, schedule)
     assert plan.grid == (3, 16, 1)  # ceil(300 / 128) query tiles, B * H_q
@@ -190,7 +190,7 @@ def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
         asked.append((family, problem, dev))
         return Resolution(resolved, "default", "test")
 
-    plan = FORWARD.plan(p, Runtime(resolve).resolution(FORWARD, p, 0).schedule, 0, None, False)
+    plan = FORWARD.plan(Call.of(p), Runtime(resolve).resolution(FORWARD, p, 0).schedule, 0)
     assert asked == [(FORWARD, p, device)]
     assert FORWARD.normalise(p, resolved) == Schedule(tile_m=128, tile_n=64)  # not causal
     assert plan.grid == (3, 16, 1)  # unpaired

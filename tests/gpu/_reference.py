@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+from tiledattention import FORWARD
+from tiledattention._dtypes import torch_dtype
+
+#: the forward family's declared bounds (``Family.tolerances``), keyed by torch dtype
+TOLERANCE = {torch_dtype(name): bound for name, bound in FORWARD.tolerances.items()}
 
 
 def reference(q, k, v, causal, scale=None):

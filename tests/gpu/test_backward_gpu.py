@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import tiledattention
 import tiledattention.integrations as ti
 from tiledattention import problem_from_arrays
+from tiledattention._dtypes import torch_dtype
 from tiledattention._reference import attention_reference
 
 from ..backward_cases import CASES
@@ -36,7 +37,9 @@ from ..backward_cases import CASES
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-FAMILY_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 1e-2}  # BACKWARD's case tolerance
+#: BACKWARD's declared bounds (``Family.tolerances``), keyed by torch dtype
+FAMILY_TOLERANCE = {torch_dtype(name): bound for name, bound in
+                    tiledattention.BACKWARD.tolerances.items()}
 FLOOR = 2e-3
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import tiledattention
-from tiledattention import DECODE, DecodeSchedule, Problem
+from tiledattention import DECODE, Call, DecodeSchedule, Problem
 from tiledattention import _plans as hot
 from tiledattention._reference import attention_reference
 from tiledattention.decode._launch import launch, launches, partial_shapes
@@ -171,8 +171,8 @@ def test_the_window_follows_a_growing_cache():
     problem = _problem(sk=first, causal=True, bottom_right=True, left=299, softcap=25.0,
                        sinks=True, batch=1)
     hot.bind_torch()
-    plan = decode_plan(problem, DECODE.default_schedule("sm_90", problem), 0, None,
-                       "bottom_right")
+    plan = decode_plan(Call.of(problem, causal="bottom_right"),
+                       DECODE.default_schedule("sm_90", problem), 0)
     gen = torch.Generator(device="cuda").manual_seed(7)
     k = torch.randn(1, 8, first + 40, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn_like(k)

@@ -171,7 +171,7 @@ def test_warm_host_overhead_stays_near_a_bare_launch():
     problem, _ = problem_from_arrays(q, k, v, True, None)
     family = tiledattention.choose_family(tiledattention.device_info(0).arch, problem)
     schedule = tiledattention.runtime().resolution(family, problem, q.device.index).schedule
-    plan = family.plan(problem, schedule, q.device.index, None, True)
+    plan = family.plan(tiledattention.Call.of(problem, causal=True), schedule, q.device.index)
 
     def bare():
         o = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)

@@ -18,9 +18,6 @@ from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
 
-#: relative L2 error (the largest of dQ's, dK's and dV's) a correct schedule may have against
-#: the float32 reference
-TOLERANCE = {"bf16": 2e-2, "fp16": 1e-2}
 #: the backward's matrix products over the forward's (FlashAttention's count: 5 products of
 #: the forward's size, against 2)
 BACKWARD_FLOP_RATIO = 2.5
@@ -199,6 +196,10 @@ class BackwardFamily(Family):
     name = "backward"
     problem_type = Problem
     schedule_type = BackwardSchedule
+    # the input dtypes the kernels take, each with the relative L2 error (the largest of dQ's,
+    # dK's and dV's) against the float32 reference a correct schedule may have on it: the
+    # family's one list of its dtypes
+    tolerances = {"bf16": 2e-2, "fp16": 1e-2}
     template_modules = ("tiledattention.backward._kernel", "tiledattention.backward._launch",
                         *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
@@ -249,9 +250,6 @@ class BackwardFamily(Family):
         if problem.ragged:
             return RaggedBackwardCase(problem, device_index)
         return BackwardCase(problem, device_index)
-
-    def tolerance(self, problem: Problem) -> float:
-        return TOLERANCE[problem.dtype]
 
     serves = ("sdpa_backward",)
 

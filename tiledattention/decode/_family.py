@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .._call import Call
 from .._compile import CompileResult
 from .._case import AttentionCase, PagedCase, paged_flops
 from .._family import Family, register_family
@@ -119,9 +120,6 @@ class DecodeFamily(Family):
                 f"{problem.describe()}: its default schedule runs it")
         return DecodeCase(problem, device_index)
 
-    def tolerance(self, problem: Problem) -> float:
-        return self.tolerances[problem.dtype]
-
     # sdpa asks decode first: its measured rule (``DispatchRule``) takes few query rows
     serves = ("sdpa",)
     dispatch_priority = 10
@@ -139,13 +137,12 @@ class DecodeFamily(Family):
     def plan_problem(self, problem: Problem) -> Problem:
         return bucket_problem(problem)  # one plan (and lookup) per band of cache lengths
 
-    def plan(self, problem: Problem, schedule: DecodeSchedule, device_index: int,
-             scale: float | None, causal: object = None,
-             window: tuple[int, int] | None = None) -> DecodePlan:
-        """``window``: the call's own ``(left, right)`` (a kept plan serves longer caches of
-        its bucket, where a side the problem's canonical form dropped may bind)."""
-        _check_ragged(problem)
-        return decode_plan(problem, schedule, device_index, scale, causal, window)
+    def plan(self, call: Call, schedule: DecodeSchedule, device_index: int) -> DecodePlan:
+        """A plan kept for the problem's band of cache lengths: built from the caller's own
+        alignment and window (``Call``), which may bind at a longer cache of the band where
+        the problem's canonical form dropped them."""
+        _check_ragged(call.problem)
+        return decode_plan(call, schedule, device_index)
 
     def plan_key(self, signature: tuple, k, v) -> tuple:
         return decode_plan_key(signature, k, v)

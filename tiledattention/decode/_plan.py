@@ -5,9 +5,9 @@ grows by one key per call, every call of a bucket reuses one plan (checking only
 leaves out: K/V's shapes agree and fit the kernels' int32 indexing), and the schedule is looked
 up once per bucket. A sliding window travels with the plan as launch-time values, and the
 kernel places each call's key walk from them and that call's causal offset: the window's start
-follows the cache as it grows. The window is the problem's, or the call's where given
-(``decode_plan(window=)``): a problem's canonical form drops a window side that binds no key at
-its own length, and a later, longer call of the bucket may need it.
+follows the cache as it grows. The window is the caller's (``Call.window``): a problem's
+canonical form drops a window side that binds no key at its own length, and a later, longer
+call of the bucket may need it.
 
 A multi-split call's float32 partial buffers are kept by the runtime between calls
 (``_partials``: per device, stream, thread and shapes; at most ``Runtime``'s
@@ -23,7 +23,8 @@ from typing import Any
 
 from .. import _plans as hot
 from .._plans import Plan, clear_of, contiguous_like, out_spans, reach, span
-from .._problem import INDEX_LIMIT, Problem, causal_flags, padded_head_dim
+from .._call import Call
+from .._problem import INDEX_LIMIT, Problem, padded_head_dim
 from . import _launch
 from ._schedule import DecodeSchedule
 
@@ -151,22 +152,18 @@ class DecodePlan(Plan):
         return out
 
 
-def decode_plan(problem: Problem, schedule: DecodeSchedule, device_index: int,
-                scale: float | None, causal: Any,
-                window: tuple[int, int] | None = None) -> DecodePlan:
-    """The plan for every length of ``problem``'s bucket (resolved for the bucket's length).
-    The call's own ``causal=`` alignment (or the problem's bottom-right) decides the causal
-    offset: the problem's canonical form drops bottom-right where it equals top-left (S_q ==
-    S_k) or no mask, and a later call of the bucket may have another length. ``window``: the
-    call's own ``(left, right)``, where the problem's canonical form may have dropped a side
-    that binds no key at this length (``None``: the problem's)."""
-    if window is None:
-        window = (problem.window_left, problem.window_right)
-    launches = _launch.launches(bucket_problem(problem), schedule, scale, window)
+def decode_plan(call: Call, schedule: DecodeSchedule, device_index: int) -> DecodePlan:
+    """The plan for every length of ``call``'s problem's bucket (resolved for the bucket's
+    length). The caller's alignment and window (``call.bottom_right``, ``call.window``) decide
+    the causal offset and the key walk: the problem's canonical form drops bottom-right where
+    it equals top-left (S_q == S_k) or masks nothing, and a window side that binds no key at
+    this length, and a later call of the bucket may have another length."""
+    problem = call.problem
+    launches = _launch.launches(bucket_problem(problem), schedule, call.scale, call.window)
     return DecodePlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
         launches=launches,
         partial_shapes=(_launch.partial_shapes(launches) if launches.combine is not None
                         else None),
-        bottom_right=causal_flags(causal)[1] or problem.bottom_right,
+        bottom_right=call.bottom_right,
         tile_d=padded_head_dim(problem.head_dim))

@@ -8,6 +8,7 @@ from typing import Callable
 
 from .. import _device
 from .._case import AttentionCase, RaggedCase, ragged_flops
+from .._call import Call
 from .._compile import CompileResult
 from .._family import Family, register_family
 from ..kernel_core import MODULES as KERNEL_CORE_MODULES
@@ -116,9 +117,6 @@ class ForwardFamily(Family):
             return RaggedForwardCase(problem, device_index)
         return ForwardCase(problem, device_index)
 
-    def tolerance(self, problem: Problem) -> float:
-        return self.tolerances[problem.dtype]
-
     # the prefill forward takes every attention call no family of higher priority takes
     serves = ("sdpa", "sdpa_with_lse")
     # its ragged kernel reads a paged cache (chunked prefill, long query runs)
@@ -138,11 +136,9 @@ class ForwardFamily(Family):
     def why_taken(self, arch: str, problem: Problem) -> str:
         return "the prefill forward runs every call no other family takes"
 
-    def plan(self, problem: Problem, schedule: Schedule, device_index: int,
-             scale: float | None, causal: object = None,
-             window: tuple[int, int] | None = None) -> ForwardPlan:
-        # a forward plan is kept per K/V shape: the problem's own window is the call's
-        return forward_plan(problem, schedule, device_index, scale)
+    def plan(self, call: Call, schedule: Schedule, device_index: int) -> ForwardPlan:
+        # a forward plan is kept per K/V shape: the problem's own mask is the call's
+        return forward_plan(call.problem, schedule, device_index, call.scale)
 
     def forward_with_lse(self, stream, q, k, v, out, lse, problem: Problem, schedule: Schedule,
                          scale: float, device_index: int, sinks=None, ragged=None) -> None:

@@ -23,7 +23,7 @@ import argparse
 import warnings
 from typing import Any
 
-from tiledattention import families
+from tiledattention import DTYPES, families
 from tiledattention.tooling import page_tile
 
 from ..errors import UsageError
@@ -66,7 +66,9 @@ def add_problem_options(parser: argparse.ArgumentParser) -> None:
     names (read back by :func:`problem_of`; ``explain`` and ``profile`` share them)."""
     parser.add_argument("--shape", type=parse_shape, default=None, metavar="B,HQ/HKV,SQ:SK,D",
                         help=f"the attention problem: {SHAPE_SYNTAX} (with --dtype, --causal)")
-    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--dtype", choices=DTYPES, default=DTYPES[0],
+                        help="the input dtype (default %(default)s; a family takes its own: "
+                             "Family.tolerances)")
     parser.add_argument("--causal", type=_causal, default=(False, False),
                         metavar="{yes,no,bottom_right}",
                         help="mask: yes (top-left, torch's is_causal), no (default), "
