@@ -23,8 +23,9 @@ def _asked(arch: str, problem: Any, operation: str) -> list[Family]:
         asked.append(family)
         if family.accepts(arch, problem):
             return asked
+    why = "; ".join(family.why_accepted(arch, problem) for family in asked)
     raise UnsupportedOperationError(f"no registered kernel family serves {operation} for "
-                                    f"{problem.describe()} on {arch}")
+                                    f"{problem.describe()} on {arch}" + (f": {why}" if why else ""))
 
 
 def choose_family(arch: str, problem: Any, operation: str = "sdpa") -> Family:

@@ -11,7 +11,8 @@ import pytest
 
 import tiledattention
 from tiledattention import (BACKWARD, DECODE, DTYPES, FORWARD, InputValueError, Problem,
-                            UnsupportedProblemError, choose_family, explain_choice)
+                            UnsupportedOperationError, UnsupportedProblemError, choose_family,
+                            explain_choice)
 from tuner import cli
 
 #: a decode step (decode takes it by shape when it takes the dtype)
@@ -40,6 +41,15 @@ def test_a_dtype_a_family_does_not_declare_goes_to_the_next_family(decode_bf16_o
     assert why.startswith("the decode family takes dtype bf16; got fp16 (B1 H32/8 ")
     with pytest.raises(UnsupportedProblemError, match="decode family takes dtype bf16; got fp16"):
         DECODE.tolerance(fp16)
+
+
+def test_a_dtype_no_family_declares_is_refused_with_each_reason(monkeypatch):
+    monkeypatch.setattr(BACKWARD, "tolerances", {"bf16": 2e-2}, raising=False)
+    problem = Problem(dtype="fp16", **dict(STEP, seqlen_q=4096, seqlen_k=4096))
+    with pytest.raises(UnsupportedOperationError, match=r"no registered kernel family serves "
+                       r"sdpa_backward for .* fp16 .*: the backward family takes dtype bf16; "
+                       r"got fp16"):
+        choose_family("sm_90", problem, "sdpa_backward")
 
 
 def test_explain_shows_the_refusal(decode_bf16_only, capsys, tmp_path):
