@@ -150,6 +150,9 @@ SWEEP = [(n, m, occ) for n in (64, 128) for m in (64, 128) for occ in (1, 2)]
 SWEEP_PROBLEMS = [
     ("gqa4-d64-causal-bf16", _problem(2, 16, 4, 1000, 1000, 64, "bf16", True)),
     ("gqa4-d128-full-fp16", _problem(1, 8, 2, 777, 777, 128, "fp16", False)),
+    # the two shapes where a one-pass dK went wrong at 128 rows and two CTAs per SM
+    ("mha-d64-full-bf16", _problem(8, 16, 16, 577, 577, 64, "bf16", False)),
+    ("mha-d64-causal-bf16", _problem(4, 16, 16, 2048, 2048, 64, "bf16", True)),
 ]
 
 
@@ -171,16 +174,22 @@ def test_one_pass_dk_dv_are_the_two_kernel_ones_bit_for_bit(name, problem, tile_
     if infeasibility(ARCH, problem, schedule) is not None:
         pytest.skip(infeasibility(ARCH, problem, schedule))
     case = BACKWARD.case(problem, 0)
-    _, one_pass = _poisoned_run(case, schedule)
-    one_pass()
-    got = [g.clone() for g in case.grads]
     _, two_kernel = _poisoned_run(case, schedule.replace(dq_mode="kernel"))
     two_kernel()
-    torch.cuda.synchronize()
-    for which, a, b in zip(("dK", "dV"), got[1:], case.grads[1:]):
+    want = [g.clone() for g in case.grads]
+    _, one_pass = _poisoned_run(case, schedule)
+    for _ in range(3):  # a race shows in some runs only
+        one_pass()
+        torch.cuda.synchronize()
+        _same_dk_dv(schedule, case.grads, want)
+
+
+def _same_dk_dv(schedule: BackwardSchedule, got, want) -> None:
+    """dK and dV of ``got`` equal ``want``'s bit for bit; dQ within float32 reduce-add noise."""
+    for which, a, b in zip(("dK", "dV"), got[1:], want[1:]):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16)), (
             f"{which} differs ({schedule.describe()}): relative L2 "
             f"{(torch.linalg.vector_norm((a - b).float()) / torch.linalg.vector_norm(b.float())).item():.3g}")
-    dq_err = (torch.linalg.vector_norm((got[0] - case.grads[0]).float())
-              / torch.linalg.vector_norm(case.grads[0].float())).item()
+    dq_err = (torch.linalg.vector_norm((got[0] - want[0]).float())
+              / torch.linalg.vector_norm(want[0].float())).item()
     assert dq_err <= 5e-3, f"dQ relative L2 {dq_err:.3g} against the two-kernel dQ"
