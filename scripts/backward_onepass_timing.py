@@ -5,7 +5,7 @@ shapes, with torch's cuDNN backward beside them.
 Steady state: each sample is ``n`` back-to-back calls of one configuration between two CUDA
 events (``n`` chosen so that a sample lasts at least 2 ms), configurations interleaved round by
 round, the median of the rounds reported. The kernels are launched from plans built once
-(``launches`` and the scratch: no lookup per call). Each one-pass result is checked against the
+(the family case's launcher: no lookup per call). Each one-pass result is checked against the
 two-kernel gradients (relative L2 of dQ, dK, dV). ``--warm N`` first compiles every
 configuration in ``N`` processes at once (cuTile's disk cache keeps the cubins), so the timed
 process compiles nothing.
@@ -55,44 +55,28 @@ def configurations(problem):
 
 
 class Inputs:
-    """Random q, k, v, dO of a problem, our forward's out and lse, gradient buffers."""
+    """The backward family's GPU case of a problem (random q, k, v and dO, our forward's out and
+    log-sum-exp), whose launcher builds a configuration's plan and scratch once."""
 
-    def __init__(self, problem, seed: int = 0) -> None:
-        import torch
+    def __init__(self, problem) -> None:
+        from tiledattention import BACKWARD
 
-        import tiledattention
-
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[problem.dtype]
-
-        def make(h):
-            return torch.randn(problem.batch, h, problem.seqlen_q, problem.head_dim,
-                               device="cuda", dtype=dtype, generator=gen)
-
-        self.q, self.k, self.v = make(problem.heads_q), make(problem.heads_kv), make(
-            problem.heads_kv)
-        self.grad_out = make(problem.heads_q)
-        self.out, self.lse = tiledattention.sdpa_with_lse(self.q, self.k, self.v,
-                                                          causal=problem.causal)
-        self.delta = torch.empty_like(self.lse)
+        self.case = BACKWARD.case(problem, 0)
         self.problem = problem
+        self.q, self.k, self.v, self.grad_out = (self.case.q, self.case.k, self.case.v,
+                                                 self.case.grad_out)
 
     def runner(self, schedule):
-        """A call of ``schedule`` writing gradients of its own; returns (run, grads)."""
+        """(run, grads): a call of ``schedule`` (no lookup per call), and a function that runs
+        it once more and returns copies of its gradients (the case's buffers are shared)."""
         import torch
 
-        from tiledattention._problem import default_scale
-        from tiledattention.backward._family import allocate_scratch
-        from tiledattention.backward._launch import launch, launches
+        run = self.case.launcher(schedule)
 
-        plan = launches(self.problem, schedule, default_scale(self.problem))
-        scratch = allocate_scratch(plan, self.q.device)
-        grads = tuple(torch.empty_like(x) for x in (self.q, self.k, self.v))
-        stream = torch.cuda.current_stream()
-
-        def run() -> None:
-            launch(stream, plan, self.q, self.k, self.v, self.out, self.grad_out, self.lse,
-                   self.delta, *grads, scratch)
+        def grads() -> tuple:
+            run()
+            torch.cuda.synchronize()
+            return tuple(g.clone() for g in self.case.grads)
 
         return run, grads
 
@@ -165,8 +149,9 @@ def time_shape(shape, rounds: int) -> dict:
             end.record()
             end.synchronize()
             samples[name].append(start.elapsed_time(end) / counts[name])
-    errors = {name: max(_rel(a, b) for a, b in zip(grads[name], grads["kernel"]))
-              for name in grads if name != "kernel"}
+    results = {name: copy() for name, copy in grads.items()}
+    errors = {name: max(_rel(a, b) for a, b in zip(results[name], results["kernel"]))
+              for name in results if name != "kernel"}
     return {"label": shape[0], "ms": {n: statistics.median(s) for n, s in samples.items()},
             "errors": errors}
 

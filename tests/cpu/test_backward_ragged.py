@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, RANGES, UNUSED,
+from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS, RANGES, UNUSED,
                                              VARIANT_VALUES, dkdv_constants, dq_constants,
                                              has_variants, kernel_args, launch, launch_ragged,
                                              launches, normalise, ragged_grids, scratch_shapes)
@@ -106,7 +106,7 @@ def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
         (dkdv_kernel(s), DKDV_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat, "Delta": stat,
              "dK": kv_like, "dV": kv_like, "heads_kv": ctc.ScalarConstraint(ct.int32),
-             **scalars}, dkdv_constants(p, s))),
+             DQ_ACCUM: ctc.TupleConstraint(()), **scalars}, dkdv_constants(p, s))),
         (dq_kernel(s), DQ_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like, "Lse": stat,
              "Delta": stat, "dQ": q_like, "heads_q": ctc.ScalarConstraint(ct.int32),
@@ -182,7 +182,8 @@ def test_kernel_args_put_the_ranges_in_place(packed):
          "heads_q": 8, **values}, dq_constants(RAGGED_WINDOW, s, packed=packed))
     expected_dkdv = DKDV_PARAMETERS.ordered(
         {"Q": q, "K": k, "V": v, "dO": do, "Lse": lse, "Delta": delta, "dK": dk, "dV": dv,
-         "heads_kv": 2, **values}, dkdv_constants(RAGGED_WINDOW, s, packed=packed))
+         "heads_kv": 2, DQ_ACCUM: UNUSED, **values},
+        dkdv_constants(RAGGED_WINDOW, s, packed=packed))
     for got, want in ((dq_args, expected_dq), (dkdv_args, expected_dkdv)):
         assert len(got) == len(want) and all(a is b or a == b for a, b in zip(got, want))
     assert dq_args[DQ_PARAMETERS.names.index(RANGES)] is ranges
