@@ -442,6 +442,13 @@ def attention_bwd_dkdv(
         key_tile(Q, K, V, dO, Lse, Delta, dK, dV)
 
 
+def _row_block(heads):
+    """(row tile, batch, head) of a row-wise kernel's CTA (grid: row tiles x (B x ``heads``))."""
+    tile = ct.bid(0)
+    bh = ct.bid(1)
+    return tile, bh // heads, bh % heads
+
+
 # -- the sum of the split walk's partials -------------------------------------------------------
 @ct.kernel
 def attention_bwd_sum(
@@ -452,11 +459,7 @@ def attention_bwd_sum(
     TILE_D: ConstInt,
 ):
     """Reduce float32 partial gradients in a fixed order (bitwise reproducible)."""
-    tile = ct.bid(0)
-    bh = ct.bid(1)
-    heads = Grad.shape[1]
-    batch = bh // heads
-    head = bh % heads
+    tile, batch, head = _row_block(Grad.shape[1])
     acc = ct.full((TILE, TILE_D), 0.0, dtype=np.float32)
     for part in range(PARTS):
         acc = acc + _load_rows(Parts, part * Grad.shape[0] + batch, head, tile, TILE_D,
@@ -476,11 +479,7 @@ def attention_bwd_delta(
 ):
     """The rows' ``delta`` (the dQ kernel's fused preprocess step, alone) and a zeroed tile
     of the float32 dQ accumulator."""
-    tile = ct.bid(0)
-    bh = ct.bid(1)
-    heads = Out.shape[1]
-    batch = bh // heads
-    head = bh % heads
+    tile, batch, head = _row_block(Out.shape[1])
     # [TILE, TILE_D] each
     o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0)
     do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0)
@@ -499,11 +498,7 @@ def attention_bwd_dq_scale(
     TILE_D: ConstInt,
 ):
     """dQ from the one-pass backward's float32 accumulator: times the scale, cast."""
-    tile = ct.bid(0)
-    bh = ct.bid(1)
-    heads = dQ.shape[1]
-    batch = bh // heads
-    head = bh % heads
+    tile, batch, head = _row_block(dQ.shape[1])
     dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0)  # [TILE, TILE_D]
     ct.store(dQ, index=(batch, head, tile, 0),
              tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))
