@@ -201,10 +201,18 @@ def test_a_pick_that_was_not_timed_is_an_error_naming_the_shape():
 
 # -- the script --------------------------------------------------------------------------------
 def load_script():
+    """scripts/lookup_regret.py as a module; its folder on ``sys.path`` while it loads, as when
+    it runs (it imports its sibling ``_gpu``)."""
+    import sys
+
     spec = importlib.util.spec_from_file_location("lookup_regret",
                                                   ROOT / "scripts" / "lookup_regret.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
     return module
 
 
@@ -305,6 +313,7 @@ def test_a_measured_run_writes_every_field_and_prints_the_tables(tmp_path, monke
     extra = [k for k, (why, _) in pools[first.name].items() if not why.startswith("policy")]
     wrong, broken, uncompiled = extra[:3]
     monkeypatch.setattr(tiledattention, "use_database", lambda location: None)
+    monkeypatch.setattr(script, "require_gpu", lambda: None)  # the GPU is faked out
     monkeypatch.setattr(tiledattention, "device_info", lambda index: tiledattention.DeviceInfo(
         index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132))
     monkeypatch.setattr(script, "compile_ahead", lambda jobs, arch, n, fam: {
