@@ -268,3 +268,29 @@ def test_profile_to_an_out_folder_that_cannot_be_made_exits_2(tmp_path, capsys, 
     assert cli.main(argv) == 2
     err = _lines(capsys.readouterr().err)
     assert len(err) == 1 and "--out" in err[0] and "Traceback" not in err[0], err
+
+
+def test_bench_to_an_out_folder_that_cannot_be_written_exits_2_before_measuring(
+        tmp_path, capsys, monkeypatch):
+    """``bench --out`` naming a file (a folder that cannot be made) is refused in one line,
+    exit 2, before any point is measured (it used to fail with a traceback after the grid)."""
+    import torch
+
+    from tuner.commands import bench_cmd
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the grid was measured")
+
+    monkeypatch.setattr(bench_cmd, "run_grid", measured)
+    monkeypatch.setattr(bench_cmd, "copy_gbps", measured)
+    monkeypatch.setattr(bench_cmd, "matmul_tflops", measured)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert cli.main(["bench", "--quick", "--out", str(blocker / "results")]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "cannot write" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1

@@ -270,6 +270,19 @@ def _print_results(results: Sequence[BenchResult], info: RunInfo, written: Seque
         console.print(f"wrote {path}", markup=False)
 
 
+def _unwritable(folder: Path) -> str | None:
+    """Why the results cannot be written into ``folder`` (made if missing), or ``None``."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"cannot write the results there ({exc.strerror or exc})"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``tiledtune bench``; 0 on success, 2 for bad options or no (such) GPU, 1 when
     tiledattention produced a wrong result."""
@@ -294,8 +307,13 @@ def run(args: argparse.Namespace) -> int:
                       f"exist; this machine has {torch.cuda.device_count()} CUDA device(s)",
                       soft_wrap=True)
         return 2
-    torch.cuda.set_device(settings.device)
     out_dir = Path(args.out or "bench-results")
+    unwritable = _unwritable(out_dir)  # before anything is measured, not after the whole grid
+    if unwritable is not None:
+        console.print(f"[red]tiledtune bench: error:[/] --out {out_dir}: {unwritable}",
+                      soft_wrap=True)
+        return 2
+    torch.cuda.set_device(settings.device)
     console.print(f"tiledtune bench: {len(grid.problems)} points × {len(grid.contenders)} "
                   f"contenders on {torch.cuda.get_device_name(settings.device)} → {out_dir}/",
                   soft_wrap=True)
