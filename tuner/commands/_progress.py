@@ -46,7 +46,8 @@ class LineProgress:
         self.console, self.clock = console, clock
         self.every_s = EVERY_S if every_s is None else every_s
         if not self.every_s > 0:
-            raise TunerValueError(f"every_s must be a positive number of seconds; got {self.every_s!r}")
+            raise TunerValueError(f"every_s must be a positive number of seconds; got "
+                                  f"{self.every_s!r}")
         self.what, self.unit = what, unit
         self.tasks: list[dict] = []
         self._lock = threading.RLock()
