@@ -1,6 +1,6 @@
 """CPU stand-ins the benchmark-engine tests share: a named schedule, a case whose launcher
 writes its float32 reference (exactly right), a runtime whose lookup answers with a fixed row,
-and a timing function that runs each contender once."""
+a timing function that runs each contender once, and a paged case on the CPU."""
 
 from __future__ import annotations
 
@@ -65,3 +65,41 @@ def run_once_timing(fn, **kwargs):
     fn()
     return Timing(median_ms=2.0, spread_ms=0.1, mean_ms=2.0, min_ms=1.9, samples=5)
 
+
+def paged_case(problem, seed: int = 0):
+    """``tiledattention._case.PagedCase`` on the CPU: the caches of ``paged_lengths`` in
+    shuffled pages (NaN in the unused ones and past each length, -1 in unused table slots),
+    ``seqused``, ``q`` and the float32 reference entry by entry."""
+    import types
+
+    import torch
+
+    from tiledattention._reference import attention_reference
+    from tuner.bench import _paged
+
+    gen = torch.Generator().manual_seed(seed)
+    page, hkv, d = problem.page_size, problem.heads_kv, problem.head_dim
+    lengths = _paged.case_lengths(problem)
+    need = [-(-n // page) for n in lengths]
+    order = torch.randperm(sum(need) + 1, generator=gen)
+    k_pages = torch.full((sum(need) + 1, page, hkv, d), float("nan")).bfloat16()
+    v_pages = torch.full_like(k_pages, float("nan"))
+    table = torch.full((problem.batch, max(need)), -1, dtype=torch.int32)
+    q = torch.randn(problem.batch, problem.heads_q, problem.seqlen_q, d, generator=gen).bfloat16()
+    reference = torch.empty(q.shape)
+    used = 0
+    for b, (n, pages) in enumerate(zip(lengths, need)):
+        ids = order[used:used + pages]
+        used += pages
+        table[b, :pages] = ids.to(torch.int32)
+        k, v = (torch.randn(n, hkv, d, generator=gen).bfloat16() for _ in range(2))
+        for i in range(pages):
+            rows = slice(i * page, min((i + 1) * page, n))
+            k_pages[ids[i], :rows.stop - rows.start] = k[rows]
+            v_pages[ids[i], :rows.stop - rows.start] = v[rows]
+        one = dataclasses.replace(problem, batch=1, seqlen_k=n, ragged=False, page_size=0)
+        reference[b] = attention_reference(q[b:b + 1], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], one)[0]
+    return types.SimpleNamespace(problem=problem, q=q, k_pages=k_pages, v_pages=v_pages,
+                                 table=table, seqused=torch.tensor(lengths, dtype=torch.int32),
+                                 reference=reference, out=torch.empty_like(q))

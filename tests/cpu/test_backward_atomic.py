@@ -22,26 +22,15 @@ from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_FIELD
                                              SUM_TILE, kernel_args, launches, normalise,
                                              scratch_shapes)
 from tiledattention.errors import InputTypeError, KernelArgumentError
-from tiledattention.tooling import text_digest
 from tuner.cli import main
+
+from .test_backward import _build, _digests  # one compile cache for both files
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 #: GQA 4/2, S_q != S_k (bottom-right), D 64
 GQA = Problem(batch=1, heads_q=4, heads_kv=2, seqlen_q=200, seqlen_k=300, head_dim=64,
               dtype="bf16", causal=True, bottom_right=True)
 ONE_PASS = BackwardSchedule(dq_mode="atomic")
-_BUILT: dict = {}
-
-
-def _build(problem: Problem, schedule: BackwardSchedule, arch: str = "sm_90"):
-    key = (problem, schedule, arch)
-    if key not in _BUILT:
-        _BUILT[key] = BACKWARD.compile(problem, schedule, arch)
-    return _BUILT[key]
-
-
-def _digests(result) -> tuple[str, ...]:
-    return (text_digest(result.cubin),) + tuple(text_digest(c) for c in result.other_cubins)
 
 
 # -- the schedule field ---------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import types
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,8 @@ from tuner.bench import (PAGED_CONTENDERS, PAGED_POINTS, PAGED_PRESETS, PEER_CON
 from tuner.bench import _engine, _paged
 from tuner.commands import bench_cmd
 
-from ._bench_stand_ins import FixedRuntime, NamedSchedule, ReferenceCase, run_once_timing
+from ._bench_stand_ins import (FixedRuntime, NamedSchedule, ReferenceCase, paged_case,
+                               run_once_timing)
 
 OURS = ("tiledattention", "tiledattention-default")
 SHIPPED = Path(tiledattention.__file__).parent / "pretuned" / "sm_90.json"
@@ -204,46 +204,12 @@ def test_bytes_count_the_valid_kv_bytes_by_hand():
 
 # -- the contenders against the per-entry reference ---------------------------------------------
 
-def _paged_case(problem: Problem, seed: int = 0):
-    """``tiledattention._case.PagedCase`` on the CPU: the caches of ``paged_lengths`` in
-    shuffled pages (NaN in the unused ones and past each length, -1 in unused table slots),
-    ``seqused``, ``q`` and the float32 reference entry by entry."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    page, hkv, d = problem.page_size, problem.heads_kv, problem.head_dim
-    lengths = _paged.case_lengths(problem)
-    need = [-(-n // page) for n in lengths]
-    order = torch.randperm(sum(need) + 1, generator=gen)
-    k_pages = torch.full((sum(need) + 1, page, hkv, d), float("nan")).bfloat16()
-    v_pages = torch.full_like(k_pages, float("nan"))
-    table = torch.full((problem.batch, max(need)), -1, dtype=torch.int32)
-    q = torch.randn(problem.batch, problem.heads_q, problem.seqlen_q, d, generator=gen).bfloat16()
-    reference = torch.empty(q.shape)
-    used = 0
-    for b, (n, pages) in enumerate(zip(lengths, need)):
-        ids = order[used:used + pages]
-        used += pages
-        table[b, :pages] = ids.to(torch.int32)
-        k, v = (torch.randn(n, hkv, d, generator=gen).bfloat16() for _ in range(2))
-        for i in range(pages):
-            rows = slice(i * page, min((i + 1) * page, n))
-            k_pages[ids[i], :rows.stop - rows.start] = k[rows]
-            v_pages[ids[i], :rows.stop - rows.start] = v[rows]
-        one = dataclasses.replace(problem, batch=1, seqlen_k=n, ragged=False, page_size=0)
-        reference[b] = attention_reference(q[b:b + 1], k.transpose(0, 1)[None],
-                                           v.transpose(0, 1)[None], one)[0]
-    return types.SimpleNamespace(problem=problem, q=q, k_pages=k_pages, v_pages=v_pages,
-                                 table=table, seqused=torch.tensor(lengths, dtype=torch.int32),
-                                 reference=reference, out=torch.empty_like(q))
-
-
 @pytest.mark.parametrize("problem", [_p(), _p(seqlen_q=4), _p(heads_q=2), _p(page_size=32)],
                          ids=("decode-step", "four-rows", "mha", "pages-of-32"))
 def test_padded_cache_contender_matches_the_reference(problem, cpu_sdpa, monkeypatch):
     import torch
 
-    case = _paged_case(problem)
+    case = paged_case(problem)
     run, err = _paged.build_paged_contender("cudnn-padded-cache", problem, case)
     assert err < 1e-2
     out = run()
@@ -297,7 +263,7 @@ def test_torch_varlen_paged_contender_matches_the_reference(problem, monkeypatch
     varlen = pytest.importorskip("torch.nn.attention.varlen")
     calls: list = []
     monkeypatch.setattr(varlen, "varlen_attn", _fake_varlen(calls))
-    case = _paged_case(problem)
+    case = paged_case(problem)
     run, err = _paged.build_paged_contender("torch-varlen-paged", problem, case)
     assert err < 1e-2
     out = run()
@@ -313,7 +279,7 @@ def test_torch_varlen_paged_contender_matches_the_reference(problem, monkeypatch
 
 def test_paged_contenders_say_why_not(monkeypatch):
     varlen = pytest.importorskip("torch.nn.attention.varlen")
-    case = _paged_case(_p())
+    case = paged_case(_p())
     monkeypatch.setattr(varlen, "varlen_attn", _fake_varlen([], block_table=False))
     assert "takes no block_table or seqused_k" in _paged.varlen_paged_support()
     with pytest.raises(_paged.NotRunnable, match="takes no block_table"):
@@ -346,7 +312,7 @@ _Sched = NamedSchedule
 
 
 def _Case(problem):
-    return ReferenceCase(_paged_case(problem), "paged problems take no torch SDPA baseline")
+    return ReferenceCase(paged_case(problem), "paged problems take no torch SDPA baseline")
 
 
 class _PagedDecode(type(DECODE)):

@@ -24,7 +24,8 @@ from tuner.bench import (FA4, GRID_PRESETS, PEER_CONTENDERS, PRESETS, BenchResul
 from tuner.bench import _paged, _peers, _ragged
 from tuner.errors import NotRunnable
 
-from ._bench_stand_ins import FixedRuntime, NamedSchedule, ReferenceCase, run_once_timing
+from ._bench_stand_ins import (FixedRuntime, NamedSchedule, ReferenceCase, paged_case,
+                               run_once_timing)
 
 # -- a fake flash_attn.cute --------------------------------------------------------------------
 
@@ -243,43 +244,9 @@ def _pp(**fields) -> Problem:
                  "ragged": True, "page_size": 16, **fields})
 
 
-def _paged_case(problem: Problem):
-    """A ``PagedCase`` on the CPU: the caches in shuffled pages (NaN in the unused ones and
-    past each length; -1 in unused block-table slots), ``seqused``, q and the reference."""
-    import torch
-
-    gen = torch.Generator().manual_seed(2)
-    page, hkv, d = problem.page_size, problem.heads_kv, problem.head_dim
-    lengths = _paged.case_lengths(problem)
-    need = [-(-n // page) for n in lengths]
-    order = torch.randperm(sum(need) + 1, generator=gen)
-    k_pages = torch.full((sum(need) + 1, page, hkv, d), float("nan")).bfloat16()
-    v_pages = torch.full_like(k_pages, float("nan"))
-    table = torch.full((problem.batch, max(need)), -1, dtype=torch.int32)
-    q = torch.randn(problem.batch, problem.heads_q, problem.seqlen_q, d,
-                    generator=gen).bfloat16()
-    reference = torch.empty(q.shape)
-    used = 0
-    for b, (n, pages) in enumerate(zip(lengths, need)):
-        ids = order[used:used + pages]
-        used += pages
-        table[b, :pages] = ids.to(torch.int32)
-        k, v = (torch.randn(n, hkv, d, generator=gen).bfloat16() for _ in range(2))
-        for i in range(pages):
-            rows = slice(i * page, min((i + 1) * page, n))
-            k_pages[ids[i], :rows.stop - rows.start] = k[rows]
-            v_pages[ids[i], :rows.stop - rows.start] = v[rows]
-        one = dataclasses.replace(problem, batch=1, seqlen_k=n, ragged=False, page_size=0)
-        reference[b] = attention_reference(q[b:b + 1], k.transpose(0, 1)[None],
-                                           v.transpose(0, 1)[None], one)[0]
-    return types.SimpleNamespace(q=q, k_pages=k_pages, v_pages=v_pages, table=table,
-                                 seqused=torch.tensor(lengths, dtype=torch.int32),
-                                 reference=reference)
-
-
 def _case(problem: Problem, *, backward: bool = False):
     if problem.page_size:
-        return _paged_case(problem)
+        return paged_case(problem, seed=2)
     if problem.ragged:
         return _ragged_case(problem, backward=backward)
     return _dense_case(problem, backward=backward)
@@ -364,7 +331,7 @@ def test_fa4_matches_the_reference(problem, backward, fa4):
 
 def test_fa4_paged_matches_the_reference(fa4):
     problem = _pp(seqlen_q=4, window_left=20)
-    case = _paged_case(problem)
+    case = paged_case(problem, seed=2)
     run, err = _peers.build_peer_contender(FA4, problem, case, backward=False)
     assert err < 1e-2
     call = fa4.calls[0]
