@@ -26,6 +26,8 @@ from tuner.commands import search_cmd
 from tuner.measure import SimulatedExecutor
 from tuner.search import _driver, study_name
 
+from .test_study_identity import _AtOnce  # the GPU path's compile pool, compiling nothing
+
 PROBLEM = Problem(batch=2, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_k=1024, head_dim=64,
                   dtype="bf16", causal=False)
 SEARCH = ["search", "--device", "sm_90", "--shape", "2,8,1024,64", "--space", "compact",
@@ -39,23 +41,6 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("TILEDATTN_DB", raising=False)
     return tmp_path / "cache" / "tiledattention"
-
-
-class _AtOnce:
-    """The GPU path's compile pool, answering every compile at once (nothing compiles)."""
-
-    def __init__(self, workers: int) -> None:
-        pass
-
-    def submit(self, fn, *args):
-        from concurrent.futures import Future
-
-        done: Future = Future()
-        done.set_result((0.0, None, None))
-        return done
-
-    def close(self, *, now: bool = False) -> None:
-        pass
 
 
 @pytest.fixture
