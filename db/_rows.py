@@ -126,7 +126,7 @@ _MEASURES = tuple(f.name for f in ROW_FIELDS if f.kind == "ms")
 class Provenance:
     """Where a measurement came from: the kernel template's identity and the toolchain."""
 
-    template_hash: str  # identity of the family's kernel template (tiledattention._identity)
+    template_hash: str  # identity of the family's kernel template (tiledattention.core._identity)
     cuda_tile: str
     tileiras: str
     torch: str

@@ -121,9 +121,9 @@ def build(job):
         else:
             schedule = family.schedule_type.from_dict(job["schedule"])
         if job.get("extra"):
-            from tiledattention._compile import array_constraint
-            from tiledattention.forward import _compile
-            from tiledattention.forward._launch import kernel_constants, kernel_for
+            from tiledattention.core._compile import array_constraint
+            from tiledattention.kernels.forward import _compile
+            from tiledattention.kernels.forward._launch import kernel_constants, kernel_for
             p, ordered = problem, _compile.ordered_args
             entries, rows = ((1, p.batch * p.seqlen_q) if job["extra"].get("packed")
                              else (p.batch, p.seqlen_q))

@@ -271,7 +271,7 @@ def case_read_only_mount(tmp: Path) -> list[str]:
     if subprocess.run(["unshare", "-m", "sh", "-c", line], capture_output=True).returncode:
         return ["skipped: cannot make a read-only bind mount here (needs unshare -m and mount)"]
     target = str(mount / "schedules.sqlite")
-    lookup = ("import sys, tiledattention as ta, tiledattention._runtime as r; "
+    lookup = ("import sys, tiledattention as ta, tiledattention.core._runtime as r; "
               "from tiledattention import DeviceInfo, FORWARD, Problem; "
               "r.device_info = lambda i: DeviceInfo(index=0, arch='sm_90', name=sys.argv[2], "
               "sm_count=132); ta.use_database(sys.argv[1]); "

@@ -66,7 +66,7 @@ if str(ROOT) not in sys.path:
 
 import search_spaces  # noqa: E402
 from tiledattention import FORWARD, Problem, Schedule, shipped_table  # noqa: E402
-from tiledattention.forward import head_dim_parts  # noqa: E402
+from tiledattention.kernels.forward import head_dim_parts  # noqa: E402
 from tuner.measure import (CompilePool, IsolatedExecutor, TimingMode, WorkerDied,  # noqa: E402
                            WorkerTimeout, first_line, summarize)
 from tuner.search import compile_job  # noqa: E402

@@ -1,7 +1,7 @@
 """The backward family's search spaces: candidate values per architecture, static feasibility,
 the tiles worth trying for a problem, and an analytic time model for the simulated backend.
 
-The backward pass is two kernels (``tiledattention/backward/_kernel.py``): ``attention_bwd_dq``
+The backward pass is two kernels (``tiledattention/kernels/backward/_kernel.py``): ``attention_bwd_dq``
 (dQ and the row sums ``delta``; a CTA per query tile, walking key tiles) and
 ``attention_bwd_dkdv`` (a CTA per key tile, walking query tiles). Their schedules are tuned
 jointly (one ``BackwardSchedule``), since the key is the pair's time. ``dq_mode`` searches the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import DECODE, DecodeSchedule, Problem
-from tiledattention.decode import layout
+from tiledattention.kernels.decode import layout
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
 

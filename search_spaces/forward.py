@@ -4,7 +4,7 @@ the dimensions that cannot matter for a problem, and an analytic time model for 
 from __future__ import annotations
 
 from tiledattention import FORWARD, Problem, Schedule
-from tiledattention.forward import head_dim_parts
+from tiledattention.kernels.forward import head_dim_parts
 from tiledattention.tooling import array_itemsize
 
 from ._space import (FamilySpace, SearchSpace, arch_limits, register_space,

@@ -12,27 +12,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._compile import ARCHITECTURES, CompileResult
-from ._device import DeviceInfo, device_info, local_devices
-from ._family import Case, Family, families, get_family, register_family, unregister_family
-from ._lookup import Resolution, shipped_table
-from ._settings import database_location
+from .core._compile import ARCHITECTURES, CompileResult
+from .core._device import DeviceInfo, device_info, local_devices
+from .core._family import Case, Family, families, get_family, register_family, unregister_family
+from .core._lookup import Resolution, shipped_table
+from .core._settings import database_location
 from .errors import (CompileError, InputTypeError, InputValueError, KernelArgumentError,
                      ScheduleDatabaseError, ScheduleError, TiledAttentionError,
                      UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
-from ._problem import (BOTTOM_RIGHT, DTYPES, SUPPORTED_HEAD_DIMS, TOP_LEFT, Problem,
-                       problem_from_arrays)
-from ._call import Call
-from ._plans import Plan
-from ._dispatch import choose_family, explain_choice, family_for_schedule
-from ._sdpa import sdpa as _run_sdpa
-from .forward import FORWARD, Schedule, compile_schedule
-from .decode import DECODE, DecodeSchedule, DispatchRule, compile_decode, dispatch_rule
-from .backward import BACKWARD, BackwardSchedule, compile_backward
-from . import _runtime
-from . import _training
+from .core._problem import (BOTTOM_RIGHT, DTYPES, SUPPORTED_HEAD_DIMS, TOP_LEFT, Problem,
+                            problem_from_arrays)
+from .core._call import Call
+from .core._plans import Plan
+from .core._dispatch import choose_family, explain_choice, family_for_schedule
+from .entry_points._sdpa import sdpa as _run_sdpa
+from .kernels.forward import FORWARD, Schedule, compile_schedule
+from .kernels.decode import DECODE, DecodeSchedule, DispatchRule, compile_decode, dispatch_rule
+from .kernels.backward import BACKWARD, BackwardSchedule, compile_backward
+from .core import _runtime
+from .entry_points import _training
 from . import tooling
-from ._runtime import open_database, runtime, use_database
+from .core._runtime import open_database, runtime, use_database
 
 # What users call: the entry points, the problem and schedule types, the families and their
 # registry, device and database selection, the errors. Tools build on ``tiledattention.tooling``.
@@ -124,7 +124,7 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     from the graph's pool whatever this says.
     """
     if ranges is not None:
-        from . import _varlen  # a padded batch: torch tensors only
+        from .entry_points import _varlen  # a padded batch: torch tensors only
 
         return _varlen.padded_forward(runtime(), q, k, v, causal, scale, ranges, window=window,
                                       softcap=softcap, sinks=sinks, schedule=schedule, out=out)
@@ -134,7 +134,8 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     except AttributeError:  # not torch tensors: nothing to differentiate
         grad = False
     if grad:
-        from . import _autograd  # imports torch's op machinery: only calls that may train pay
+        # imports torch's op machinery: only calls that may train pay
+        from .entry_points import _autograd
 
         if _autograd.grad_enabled():
             if out is not None:
@@ -177,7 +178,7 @@ def sdpa_backward(grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
     """The gradients ``(dq, dk, dv)`` of :func:`sdpa_with_lse`'s ``out`` given ``grad_out``
     (dL/d out, shaped like ``out``), with the same ``q, k, v, causal, scale`` and variant
     arguments. The sinks' own gradient is not among these (autograd computes it from ``lse``:
-    ``tiledattention._autograd.sink_grad``).
+    ``tiledattention.entry_points._autograd.sink_grad``).
 
     Grouped-query ``k, v`` get gradients of their own shape (summed over the group in the
     kernel, never expanded). Runs the backward family's schedule for the shape (``schedule``
@@ -232,7 +233,7 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
     query count (``T_q = N * max_q``: decode and speculative steps), and its queries are the
     last positions of its keys (:func:`paged_attention`, which this calls).
     """
-    from . import _varlen
+    from .entry_points import _varlen
 
     return _varlen.varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                                is_causal=is_causal, scale=scale, window_size=window_size,
@@ -258,7 +259,7 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     ``tiledattention::paged_attention``). ``varlen_attn(..., block_table=, seqused_k=)`` is the
     same call in torch's packed convention.
     """
-    from . import _paged
+    from .entry_points import _paged
 
     return _paged.paged_attention(q, k_pages, v_pages, block_table, seqused_k, causal=causal,
                                   scale=scale, window=window, softcap=softcap, sinks=sinks,
@@ -272,7 +273,7 @@ def explain_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_
     """The schedule :func:`paged_attention` would run for these arguments, the family and which
     lookup step chose it, for the call's bucket (``Problem.page_size``: the batch, query count
     and longest cache rounded up to powers of two, the page size exact)."""
-    from . import _paged
+    from .entry_points import _paged
 
     return _paged.explain_paged(runtime(), q, k_pages, v_pages, block_table, seqused_k,
                                 causal=causal, window=window, softcap=softcap, sinks=sinks,
@@ -287,7 +288,7 @@ def explain_varlen(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: An
     ``training`` its backward's), the family and which lookup step chose it. It is looked up
     for the batch's bucket (``Problem.ragged``: the longest lengths and the token count rounded
     up to powers of two), which every batch of that profile shares."""
-    from . import _varlen
+    from .entry_points import _varlen
 
     return _varlen.explain_varlen(runtime(), query, key, value, cu_seq_q, cu_seq_k, max_q,
                                   max_k, is_causal=is_causal, window=window_size,

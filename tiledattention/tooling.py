@@ -5,18 +5,18 @@ a problem, the input dtypes' sizes, the database codecs, the lookup's pieces (``
 stamps, architecture names, the families serving an operation, and the ``.text`` digest that
 restamping compares."""
 
-from ._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
-from ._compile import check_arch, generation
-from ._cubin import text_digest
-from ._dtypes import array_itemsize
-from ._family import codecs, serving
-from ._lookup import Resolver, pick
-from ._problem import page_tile
-from ._provenance import Provenance, current_provenance
-from ._ragged import ragged_problem
-from ._reference import attention_reference, varlen_reference, visible_keys
-from ._runtime import Runtime
-from ._settings import simulated_database_location
+from .core._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
+from .core._compile import check_arch, generation
+from .core._cubin import text_digest
+from .core._dtypes import array_itemsize
+from .core._family import codecs, serving
+from .core._lookup import Resolver, pick
+from .core._problem import page_tile
+from .core._provenance import Provenance, current_provenance
+from .core._ragged import ragged_problem
+from .core._reference import attention_reference, varlen_reference, visible_keys
+from .core._runtime import Runtime
+from .core._settings import simulated_database_location
 
 __all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "array_itemsize",
            "attention_reference",

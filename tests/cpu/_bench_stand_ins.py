@@ -67,14 +67,14 @@ def run_once_timing(fn, **kwargs):
 
 
 def paged_case(problem, seed: int = 0):
-    """``tiledattention._case.PagedCase`` on the CPU: the caches of ``paged_lengths`` in
+    """``tiledattention.core._case.PagedCase`` on the CPU: the caches of ``paged_lengths`` in
     shuffled pages (NaN in the unused ones and past each length, -1 in unused table slots),
     ``seqused``, ``q`` and the float32 reference entry by entry."""
     import types
 
     import torch
 
-    from tiledattention._reference import attention_reference
+    from tiledattention.core._reference import attention_reference
     from tuner.bench import _paged
 
     gen = torch.Generator().manual_seed(seed)

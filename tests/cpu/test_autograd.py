@@ -28,10 +28,10 @@ import tiledattention
 import tiledattention.integrations as ti
 from tiledattention import (DecodeSchedule, InputTypeError, InputValueError, Schedule,
                             TiledAttentionError, UnsupportedOperationError)
-from tiledattention import _autograd
+from tiledattention.entry_points import _autograd
 
 LOG2E = 1.4426950408889634
-ROW_ALIGN = 32  # tiledattention.backward._launch.ROW_STAT_ALIGN, as the kernels store rows
+ROW_ALIGN = 32  # tiledattention.kernels.backward._launch.ROW_STAT_ALIGN, as the kernels store rows
 TORCH_SDPA = F.scaled_dot_product_attention
 
 
@@ -132,12 +132,12 @@ def install_training_kernels(monkeypatch) -> TrainingKernels:
         assert variant == (None, None, None)
         return kernels.sdpa_backward(*args, **kwargs)
 
-    # the ops call the training entry points on the runtime (tiledattention._training), not
+    # the ops call the training entry points on the runtime (tiledattention.entry_points._training), not
     # the facade: replace both
     monkeypatch.setattr(tiledattention, "sdpa_with_lse", kernels.sdpa_with_lse)
     monkeypatch.setattr(tiledattention, "sdpa_backward", kernels.sdpa_backward)
-    monkeypatch.setattr(tiledattention._training, "sdpa_with_lse", with_lse)
-    monkeypatch.setattr(tiledattention._training, "sdpa_backward", backward)
+    monkeypatch.setattr(tiledattention.entry_points._training, "sdpa_with_lse", with_lse)
+    monkeypatch.setattr(tiledattention.entry_points._training, "sdpa_backward", backward)
     monkeypatch.setattr(tiledattention, "_run_sdpa",
                         lambda runtime, *args, **kwargs: kernels.sdpa(*args, **kwargs))
     return kernels
@@ -216,7 +216,7 @@ def test_import_tiledattention_does_not_load_autograd():
             "    tiledattention.sdpa(q, q, q)\n"
             "except tiledattention.InputValueError:\n"
             "    pass\n"
-            "sys.exit(1 if 'tiledattention._autograd' in sys.modules else 0)\n")
+            "sys.exit(1 if 'tiledattention.entry_points._autograd' in sys.modules else 0)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -255,7 +255,7 @@ def test_fakes_give_the_real_layouts_without_running_a_kernel(shape, dtype, monk
     for name in ("sdpa", "sdpa_with_lse", "sdpa_backward"):
         monkeypatch.setattr(tiledattention, name, must_not_run)
     for name in ("sdpa_with_lse", "sdpa_backward"):
-        monkeypatch.setattr(tiledattention._training, name, must_not_run)
+        monkeypatch.setattr(tiledattention.entry_points._training, name, must_not_run)
     b, hq, hkv, sq, sk, d = shape
     with FakeTensorMode():
         q, k, v = _qkv_on("cuda", shape, dtype)

@@ -13,12 +13,13 @@ import tiledattention
 from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError, InputValueError,
                             Problem, ScheduleError)
 from tiledattention.tooling import codecs, text_digest
-from tiledattention.backward._family import BACKWARD_FLOP_RATIO
-from tiledattention._problem import ROW_STAT_ALIGN
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, SUM_PARAMETERS,
-                                             SUM_TILE, dkdv_constants, dq_constants, launches,
-                                             normalise, scratch_shapes, sum_constants)
-from tiledattention.backward._schedule import BACKWARD_SCHEDULE_FORMAT
+from tiledattention.kernels.backward._family import BACKWARD_FLOP_RATIO
+from tiledattention.core._problem import ROW_STAT_ALIGN
+from tiledattention.kernels.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, SUM_PARAMETERS,
+                                                     SUM_TILE, dkdv_constants, dq_constants,
+                                                     launches, normalise, scratch_shapes,
+                                                     sum_constants)
+from tiledattention.kernels.backward._schedule import BACKWARD_SCHEDULE_FORMAT
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -193,7 +194,7 @@ def test_split_launches_and_scratch():
 def test_default_splits_fill_the_waves_of_the_generation():
     """Hopper (132 SMs): a grid short of its waves doubles its splits until it fills them;
     a full grid, or one at the waves already, stays unsplit."""
-    from tiledattention.backward._defaults import FILL, WAVES
+    from tiledattention.kernels.backward._defaults import FILL, WAVES
 
     mqa = Problem(batch=1, heads_q=8, heads_kv=1, seqlen_q=6144, seqlen_k=6144, head_dim=128,
                   dtype="bf16", causal=True)
@@ -244,7 +245,7 @@ def test_training_entry_points_refuse_cpu_tensors_and_bad_arguments():
 def test_family_backward_hands_the_launch_scratch_of_the_schedules_shape(monkeypatch):
     """The family allocates the split partials a schedule needs and none otherwise."""
     torch = pytest.importorskip("torch")
-    import tiledattention.backward._family as family_module
+    import tiledattention.kernels.backward._family as family_module
 
     calls = []
     monkeypatch.setattr(family_module, "launch", lambda *args: calls.append(args))
@@ -280,7 +281,7 @@ def test_default_splits_keep_their_partials_small(arch):
 
 
 def test_default_launches_tile_major_only_causal_grids_of_few_waves():
-    from tiledattention.backward._defaults import TILE_MAJOR_WAVES
+    from tiledattention.kernels.backward._defaults import TILE_MAJOR_WAVES
 
     def default(b, hq, hkv, s, d, causal=True):
         return BACKWARD.default_schedule("sm_90", Problem(
@@ -309,7 +310,7 @@ def test_tile_major_grids_reach_both_kernels_and_put_the_tiles_last():
 
 
 def test_tile_major_gives_way_where_the_tiles_exceed_the_grids_second_dimension():
-    from tiledattention.backward._launch import GRID_Y_LIMIT
+    from tiledattention.kernels.backward._launch import GRID_Y_LIMIT
 
     s = BackwardSchedule(tile_major=True, dkdv_tile_n=16, dq_tile_m=16)
     fits = dataclasses.replace(ODD, seqlen_q=16 * GRID_Y_LIMIT, seqlen_k=16 * GRID_Y_LIMIT,
@@ -320,7 +321,7 @@ def test_tile_major_gives_way_where_the_tiles_exceed_the_grids_second_dimension(
 
 
 def test_splits_give_way_where_the_partials_would_pass_int32_indexing():
-    from tiledattention._problem import INDEX_LIMIT
+    from tiledattention.core._problem import INDEX_LIMIT
 
     big = Problem(batch=1, heads_q=64, heads_kv=64, seqlen_q=65536, seqlen_k=65536,
                   head_dim=128, dtype="bf16", causal=False)  # K: 2**29 elements

@@ -18,9 +18,9 @@ import pytest
 import search_spaces
 import tiledattention
 from tiledattention import BACKWARD, BackwardSchedule, Problem, ScheduleError
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_FIELDS, RANGES,
-                                             SUM_TILE, kernel_args, launches, normalise,
-                                             scratch_shapes)
+from tiledattention.kernels.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_FIELDS, RANGES,
+                                                     SUM_TILE, kernel_args, launches, normalise,
+                                                     scratch_shapes)
 from tiledattention.errors import InputTypeError, KernelArgumentError
 from tuner.cli import main
 
@@ -125,15 +125,15 @@ def test_the_deterministic_schedule_computes_dq_with_the_dq_kernel():
 def _fake_cuda(monkeypatch, calls):
     """Tensors on the CPU pass for CUDA ones: the backward family's launch recorded."""
     torch = pytest.importorskip("torch")
-    import tiledattention._training as training
-    import tiledattention.backward._family as family_module
-    from tiledattention._device import DeviceInfo
+    import tiledattention.entry_points._training as training
+    import tiledattention.kernels.backward._family as family_module
+    from tiledattention.core._device import DeviceInfo
 
     monkeypatch.setattr(family_module, "launch", lambda *args: calls.append(args[1]))
     monkeypatch.setattr(training, "check_cuda", lambda *args: None)
     info = DeviceInfo(index=0, arch="sm_90", name="fake", sm_count=132)
     monkeypatch.setattr(training, "device_info", lambda index: info)
-    monkeypatch.setattr("tiledattention._device.device_info", lambda index: info)
+    monkeypatch.setattr("tiledattention.core._device.device_info", lambda index: info)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *args: None)
     return torch
 
@@ -160,7 +160,7 @@ def test_deterministic_runs_launch_the_dq_kernel(monkeypatch, how):
 
 
 def test_explain_says_which_dq_mode_runs_and_why(capsys, monkeypatch, tmp_path):
-    import tiledattention.backward._defaults as defaults
+    import tiledattention.kernels.backward._defaults as defaults
 
     monkeypatch.setitem(defaults.DQ_MODE, "hopper", "atomic")
     argv = ["explain", "--device", "sm_90", "--shape", "1,4/2,200:300,64", "--causal",

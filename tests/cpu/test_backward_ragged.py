@@ -15,10 +15,11 @@ import dataclasses
 import pytest
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS, RANGES, UNUSED,
-                                             VARIANT_VALUES, dkdv_constants, dq_constants,
-                                             has_variants, kernel_args, launch, launch_ragged,
-                                             launches, normalise, ragged_grids, scratch_shapes)
+from tiledattention.kernels.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
+                                                     RANGES, UNUSED, VARIANT_VALUES, dkdv_constants,
+                                                     dq_constants, has_variants, kernel_args,
+                                                     launch, launch_ragged, launches, normalise,
+                                                     ragged_grids, scratch_shapes)
 from tiledattention.errors import KernelArgumentError, UnsupportedProblemError
 from tiledattention.tooling import text_digest
 
@@ -87,9 +88,9 @@ def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
     import cuda.tile as ct
     from cuda.tile import compilation as ctc
 
-    from tiledattention._compile import array_constraint
-    from tiledattention._problem import row_stat_shape
-    from tiledattention.backward._launch import dkdv_kernel, dq_kernel
+    from tiledattention.core._compile import array_constraint
+    from tiledattention.core._problem import row_stat_shape
+    from tiledattention.kernels.backward._launch import dkdv_kernel, dq_kernel
 
     p = dataclasses.replace(RAGGED_WINDOW, ragged=False)
     s = normalise(p, BACKWARD.default_schedule("sm_90", p).replace(dkdv_splits=1))
@@ -259,8 +260,8 @@ def test_ragged_grids_refuse_what_no_grid_takes():
 def test_family_backward_launches_a_ragged_call_with_its_layout(monkeypatch):
     """``Family.backward(..., ragged=layout)`` hands the layout's ranges, longest counts and
     packing to ``launch_ragged`` (no scratch); without a layout the padded launcher runs."""
-    import tiledattention.backward._family as family_module
-    from tiledattention._ragged import RaggedLayout
+    import tiledattention.kernels.backward._family as family_module
+    from tiledattention.core._ragged import RaggedLayout
 
     calls = []
     monkeypatch.setattr(family_module, "launch_ragged",

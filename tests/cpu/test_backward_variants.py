@@ -16,12 +16,12 @@ import random
 import pytest
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention.backward._defaults import WINDOW_TILE_FLOOR, heaviest_last
-from tiledattention.backward._kernel import _window
-from tiledattention.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, UNUSED,
-                                             VARIANT_VALUES, dkdv_constants, dkdv_walk,
-                                             dq_constants, dq_walk, has_variants, launches,
-                                             normalise, reach, unequal_walks)
+from tiledattention.kernels.backward._defaults import WINDOW_TILE_FLOOR, heaviest_last
+from tiledattention.kernels.backward._kernel import _window
+from tiledattention.kernels.backward._launch import (DKDV_PARAMETERS, DQ_PARAMETERS, UNUSED,
+                                                     VARIANT_VALUES, dkdv_constants, dkdv_walk,
+                                                     dq_constants, dq_walk, has_variants, launches,
+                                                     normalise, reach, unequal_walks)
 from tiledattention.kernel_core.bounds import dkdv_window_query_tiles, dq_window_key_tiles
 from tiledattention.tooling import text_digest
 

@@ -17,7 +17,7 @@ import pytest
 
 import tiledattention
 from tiledattention import DECODE, Problem
-from tiledattention._reference import attention_reference
+from tiledattention.core._reference import attention_reference
 from tuner import bench
 from tuner.bench import (PAGED_CONTENDERS, PAGED_POINTS, PAGED_PRESETS, PEER_CONTENDERS,
                          PRESETS, RAGGED_CONTENDERS, VARIANT_CONTENDERS, BenchConfigError,
@@ -93,7 +93,7 @@ def test_points_are_buckets_of_serving_calls():
     lands on each point (``paged_problem``: the call's bucket)."""
     import torch
 
-    from tiledattention._paged import paged_problem
+    from tiledattention.entry_points._paged import paged_problem
 
     problems = build_grid("decode", preset="paged").problems
     for (name, point), p in zip(PAGED_POINTS.items(), problems):
@@ -169,7 +169,7 @@ VALID_KEYS = {"b16-32k-page64": 4 * (32768 + 24576 + 16384 + 8192),
     p for p in build_grid("decode", preset="paged").problems], ids=str)
 def test_case_lengths_are_the_paged_cases(problem):
     """The bench counts the caches the decode family's paged case holds."""
-    from tiledattention._case import paged_lengths
+    from tiledattention.core._case import paged_lengths
 
     assert _paged.case_lengths(problem) == paged_lengths(problem)
 

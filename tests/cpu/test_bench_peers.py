@@ -17,7 +17,7 @@ import pytest
 
 import tiledattention
 from tiledattention import Problem
-from tiledattention._reference import attention_reference, varlen_reference
+from tiledattention.core._reference import attention_reference, varlen_reference
 from tuner import bench
 from tuner.bench import (FA4, GRID_PRESETS, PEER_CONTENDERS, PRESETS, BenchResult, RunInfo,
                          build_grid, fa4_mask, render_markdown)

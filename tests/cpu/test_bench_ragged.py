@@ -17,11 +17,12 @@ import pytest
 
 import tiledattention
 from tiledattention import BACKWARD, FORWARD, Problem
-from tiledattention._reference import varlen_reference, visible_keys
+from tiledattention.core._reference import varlen_reference, visible_keys
 from tuner import bench
-from tuner.bench import (PEER_CONTENDERS, PRESETS, RAGGED_CONTENDERS, RAGGED_POINTS, VARIANT_CONTENDERS,
-                         BenchConfigError, BenchResult, RunInfo, applies, build_grid,
-                         load_results, padded_mask, render_markdown, valid_tokens, write_csv)
+from tuner.bench import (PEER_CONTENDERS, PRESETS, RAGGED_CONTENDERS, RAGGED_POINTS,
+                         VARIANT_CONTENDERS, BenchConfigError, BenchResult, RunInfo, applies,
+                         build_grid, load_results, padded_mask, render_markdown, valid_tokens,
+                         write_csv)
 from tuner.bench import _engine, _ragged
 from tuner.commands import bench_cmd
 
@@ -81,7 +82,7 @@ def test_ragged_preset_points(kernel, quick, expected):
 
 
 def test_points_are_buckets_of_their_token_counts():
-    from tiledattention._ragged import ragged_problem
+    from tiledattention.core._ragged import ragged_problem
 
     problems = build_grid("forward", preset="ragged").problems
     for (name, point), p in zip(RAGGED_POINTS.items(), problems):

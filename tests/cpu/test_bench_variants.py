@@ -15,9 +15,9 @@ import pytest
 import tiledattention
 from tiledattention import Problem
 from tuner import bench
-from tuner.bench import (PEER_CONTENDERS, PRESETS, VARIANT_CONTENDERS, BenchConfigError, BenchResult, RunInfo,
-                         applies, build_grid, flex_mask_mod, flex_score_mod, load_results,
-                         render_markdown, varlen_window, write_csv)
+from tuner.bench import (PEER_CONTENDERS, PRESETS, VARIANT_CONTENDERS, BenchConfigError,
+                         BenchResult, RunInfo, applies, build_grid, flex_mask_mod, flex_score_mod,
+                         load_results, render_markdown, varlen_window, write_csv)
 from tuner.bench import _engine, _variants
 from tuner.commands import bench_cmd
 from tuner.commands._problems import parse_problem_fields
@@ -146,7 +146,7 @@ def test_contenders_option_on_a_variant_grid():
 def test_varlen_window_is_flash_attentions_window_of_the_same_mask():
     import torch
 
-    from tiledattention._reference import visible_keys
+    from tiledattention.core._reference import visible_keys
 
     for p in (WINDOW, _p(causal=False, window_left=3, window_right=5),
               _p(seqlen_q=5, seqlen_k=40, bottom_right=True, window_left=9),
@@ -186,7 +186,7 @@ def test_varlen_window_is_flash_attentions_window_of_the_same_mask():
 def test_flex_mask_mod_agrees_with_visible_keys(fields):
     import torch
 
-    from tiledattention._reference import visible_keys
+    from tiledattention.core._reference import visible_keys
 
     p = _p(**fields)
     q_idx = torch.arange(p.seqlen_q)[:, None]
@@ -212,7 +212,7 @@ def _case(problem: Problem, *, seed: int = 0):
     family's case, on the CPU."""
     import torch
 
-    from tiledattention._reference import attention_reference
+    from tiledattention.core._reference import attention_reference
 
     gen = torch.Generator().manual_seed(seed)
 
@@ -254,7 +254,7 @@ def test_flex_contender_matches_the_reference(problem, eager_flex):
     assert out.shape == case.q.shape and out.dtype == case.q.dtype
     # the variant matters: the plain problem's attention is far from it
     plain = dataclasses.replace(problem, window_left=-1, softcap=0.0, sinks=False)
-    from tiledattention._reference import attention_reference
+    from tiledattention.core._reference import attention_reference
     assert _variants._rel_l2(attention_reference(case.q, case.k, case.v, plain),
                              case.reference) > 0.05
 

@@ -14,9 +14,9 @@ import tiledattention
 from tiledattention import tooling
 from tiledattention import (FORWARD, InputTypeError, InputValueError, Problem, Schedule,
                             UnsupportedProblemError, compile_schedule)
-from tiledattention._reference import attention_reference as reference
-from tiledattention.forward._launch import kernel_constants, no_effect_flags
-from tiledattention._problem import BOTTOM_RIGHT, TOP_LEFT, causal_flags
+from tiledattention.core._reference import attention_reference as reference
+from tiledattention.kernels.forward._launch import kernel_constants, no_effect_flags
+from tiledattention.core._problem import BOTTOM_RIGHT, TOP_LEFT, causal_flags
 
 
 def problem(sq, sk, *, causal=True, bottom_right=True, d=64, hq=8, hkv=2, dtype="bf16"):

@@ -102,7 +102,7 @@ def test_every_dimension_changes_the_compiled_code():
 
 
 def test_compile_error_names_schedule_and_arch(monkeypatch):
-    import tiledattention.forward._compile as compile_module
+    import tiledattention.kernels.forward._compile as compile_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("tileiras: Return code 5")

@@ -21,18 +21,18 @@ from tiledattention import (DECODE, FORWARD, DecodeSchedule, DeviceInfo, InputVa
                             KernelArgumentError, Problem, ScheduleError, UnsupportedProblemError,
                             shipped_table)
 from tiledattention.tooling import Resolver, Runtime, codecs, text_digest
-from tiledattention.decode import (DISPATCH_RULES, DispatchRule, bucket_problem, dispatch_rule,
-                                   length_bucket)
-from tiledattention._signature import KernelParameters
-from tiledattention.decode import _compile as decode_compile
-from tiledattention.decode import layout
-from tiledattention._compile import SM_COUNTS
-from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT
-from tiledattention.decode._kernel import decode_combine
-from tiledattention.decode._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS,
-                                           combine_constants, combine_kernel, launches,
-                                           split_constants, split_kernel)
-from tiledattention.decode._schedule import DECODE_SCHEDULE_FORMAT, MAX_SPLITS
+from tiledattention.kernels.decode import (DISPATCH_RULES, DispatchRule, bucket_problem,
+                                           dispatch_rule, length_bucket)
+from tiledattention.core._signature import KernelParameters
+from tiledattention.kernels.decode import _compile as decode_compile
+from tiledattention.kernels.decode import layout
+from tiledattention.core._compile import SM_COUNTS
+from tiledattention.kernels.decode._defaults import MIN_KEYS_PER_SPLIT
+from tiledattention.kernels.decode._kernel import decode_combine
+from tiledattention.kernels.decode._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS,
+                                                   combine_constants, combine_kernel, launches,
+                                                   split_constants, split_kernel)
+from tiledattention.kernels.decode._schedule import DECODE_SCHEDULE_FORMAT, MAX_SPLITS
 from tuner.cli import main
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
@@ -550,7 +550,7 @@ def test_causal_offset():
 
 # -- runtime bounds -----------------------------------------------------------------------------
 def test_runtime_holds_at_most_max_resolutions_oldest_out(monkeypatch):
-    import tiledattention._runtime as runtime_module
+    import tiledattention.core._runtime as runtime_module
 
     monkeypatch.setattr(runtime_module, "device_info", lambda index: DeviceInfo(
         index=index, arch="sm_90", name="fake", sm_count=132))

@@ -12,12 +12,12 @@ import random
 import pytest
 
 from tiledattention import DECODE, Call, DecodeSchedule, Problem
-from tiledattention.decode import bucket_problem, length_bucket
-from tiledattention.decode._defaults import MIN_KEYS_PER_SPLIT, window_keys
-from tiledattention.decode._launch import (COMBINE_PARAMETERS, NO_SINKS, SPLIT_PARAMETERS,
-                                           combine_constants, key_walk, launches,
-                                           max_key_tiles, split_constants)
-from tiledattention.decode._plan import decode_plan
+from tiledattention.kernels.decode import bucket_problem, length_bucket
+from tiledattention.kernels.decode._defaults import MIN_KEYS_PER_SPLIT, window_keys
+from tiledattention.kernels.decode._launch import (COMBINE_PARAMETERS, NO_SINKS, SPLIT_PARAMETERS,
+                                                   combine_constants, key_walk, launches,
+                                                   max_key_tiles, split_constants)
+from tiledattention.kernels.decode._plan import decode_plan
 
 from .test_decode import exports  # noqa: F401  (the fixture: every export_cubin call)
 

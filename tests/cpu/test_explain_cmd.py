@@ -174,7 +174,7 @@ def test_bottom_right_causal(capsys, tmp_path):
 
 def test_agrees_with_the_library_runtime(capsys, user_db, monkeypatch):
     """The command's answer is the one sdpa's runtime gives on an H100 with this database."""
-    import tiledattention._runtime as runtime_module
+    import tiledattention.core._runtime as runtime_module
 
     monkeypatch.setattr(runtime_module, "device_info",
                         lambda index: DeviceInfo(index=index, arch="sm_90", name=H100,

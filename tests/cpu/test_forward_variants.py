@@ -20,15 +20,16 @@ import types
 import pytest
 
 from tiledattention import FORWARD, Problem
-from tiledattention._cubin import text_digest
+from tiledattention.core._cubin import text_digest
 from tiledattention.errors import KernelArgumentError
-from tiledattention.forward._defaults import NARROW_WINDOW, default_schedule, row_keys
-from tiledattention.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, UNUSED, grid_for,
-                                            kernel_args, kernel_constants, kernel_parameters,
-                                            no_effect_flags, normalise, ordered_args)
+from tiledattention.kernels.forward._defaults import NARROW_WINDOW, default_schedule, row_keys
+from tiledattention.kernels.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, UNUSED, grid_for,
+                                                    kernel_args, kernel_constants,
+                                                    kernel_parameters, no_effect_flags, normalise,
+                                                    ordered_args)
 from tiledattention.kernel_core.bounds import forward_window_key_tiles
-from tiledattention.forward._plan import ForwardPlan
-from tiledattention.forward._schedule import Schedule
+from tiledattention.kernels.forward._plan import ForwardPlan
+from tiledattention.kernels.forward._schedule import Schedule
 
 BASE = Schedule(tile_m=64, tile_n=64)
 
@@ -225,8 +226,8 @@ def test_a_window_visits_tiles_in_proportion_to_its_width():
 # -- (c) the plan carries the sink logits into their slot -----------------------------------------
 def _plan(problem: Problem, sinks_at_marker: bool) -> ForwardPlan:
     """A ForwardPlan as ``forward_plan`` builds it, without asking a device for its SMs."""
-    from tiledattention.forward._launch import kernel_for
-    from tiledattention.forward._plan import _SinksSlot
+    from tiledattention.kernels.forward._launch import kernel_for
+    from tiledattention.kernels.forward._plan import _SinksSlot
 
     schedule = normalise(problem, BASE)
     marker = _SinksSlot() if sinks_at_marker else None
@@ -237,7 +238,7 @@ def _plan(problem: Problem, sinks_at_marker: bool) -> ForwardPlan:
 
 
 def test_plan_puts_sinks_into_the_sinks_slot(monkeypatch):
-    import tiledattention.forward._plan as plan_module
+    import tiledattention.kernels.forward._plan as plan_module
 
     launched = []
     monkeypatch.setattr(plan_module, "ct", types.SimpleNamespace(
@@ -353,8 +354,8 @@ def test_unused_values_compile_as_ct_launch_passes_them():
     import cuda.tile as ct
     from cuda.tile import compilation as ctc
 
-    from tiledattention._compile import array_constraint
-    from tiledattention.forward._launch import kernel_for
+    from tiledattention.core._compile import array_constraint
+    from tiledattention.kernels.forward._launch import kernel_for
 
     problem = _problem(causal=True)
     schedule = normalise(problem, FORWARD.default_schedule("sm_90", problem))

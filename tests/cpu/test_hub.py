@@ -153,8 +153,8 @@ def test_the_vendored_runtime_raises_the_kernel_errors_and_keeps_the_project_ide
 
 
 def test_the_torch_ops_live_in_the_build_namespace_beside_the_project_ones(kernel):
-    importlib.import_module(f"{kernel.__name__}._vendor.tiledattention._autograd")
-    importlib.import_module("tiledattention._autograd")  # no clash with the project's ops
+    importlib.import_module(f"{kernel.__name__}._vendor.tiledattention.entry_points._autograd")
+    importlib.import_module("tiledattention.entry_points._autograd")  # no clash with the project's ops
     assert hasattr(getattr(torch.ops, kernel.__name__), "sdpa_fwd_lse")
     assert hasattr(getattr(torch.ops, kernel.__name__), "sdpa_bwd")
     assert hasattr(torch.ops.tiledattention, "sdpa_fwd_lse")
@@ -219,7 +219,7 @@ _WITHOUT_THE_PROJECT = textwrap.dedent("""
         sys.modules[name] = None  # as if the project were not installed
     kernel = kernels.get_local_kernel(Path(sys.argv[1]))
     runtime = kernel._load.runtime()
-    __import__(runtime.__name__ + "._autograd")
+    __import__(runtime.__name__ + ".entry_points._autograd")
     print(json.dumps({
         "identities": {f.name: f.template_identity() for f in runtime.families()},
         "shipped": len(list(runtime.shipped_table("sm_90"))),
@@ -250,7 +250,7 @@ def _sources_with(monkeypatch, package: str, relative: str, edit):
 
 
 def test_a_patch_that_no_longer_matches_the_runtime_fails_the_build(tmp_path, monkeypatch):
-    _sources_with(monkeypatch, "tiledattention", "_lookup.py",
+    _sources_with(monkeypatch, "tiledattention", "core/_lookup.py",
                   lambda t: t.replace('resources.files("tiledattention")',
                                       'resources.files("tiledattention" )'))
     with pytest.raises(HubBuildError, match="_lookup.py"):
@@ -259,7 +259,7 @@ def test_a_patch_that_no_longer_matches_the_runtime_fails_the_build(tmp_path, mo
 
 
 def test_a_module_named_in_a_string_fails_the_build(tmp_path, monkeypatch):
-    _sources_with(monkeypatch, "tiledattention", "_device.py",
+    _sources_with(monkeypatch, "tiledattention", "core/_device.py",
                   lambda t: t + '\n\ndef _x():\n    return importlib.import_module("db._rows")\n')
     with pytest.raises(HubBuildError, match=r"_device.py:\d+: .*names the project's package"):
         build_hub_kernel(tmp_path / "k")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tiledattention._identity import module_identity, source_identity
+from tiledattention.core._identity import module_identity, source_identity
 
 # Read by path rather than through find_spec, which would import the package to find the module.
-KERNEL_PATH = Path(__file__).parents[2] / "tiledattention/forward/_kernel.py"
-KERNEL_MODULE = "tiledattention.forward._kernel"
+KERNEL_PATH = Path(__file__).parents[2] / "tiledattention/kernels/forward/_kernel.py"
+KERNEL_MODULE = "tiledattention.kernels.forward._kernel"
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ import tiledattention.integrations as ti
 from tiledattention import InputValueError
 from tiledattention.integrations import _router
 from tiledattention import Problem
-from tiledattention._problem import causal_flags, variant_args
-from tiledattention._reference import attention_reference
+from tiledattention.core._problem import causal_flags, variant_args
+from tiledattention.core._reference import attention_reference
 
 from .test_autograd import TrainingKernels, install_training_kernels, torch_grads
 

@@ -24,17 +24,17 @@ import cuda.tile as ct
 import pytest
 from cuda.tile import compilation as ctc
 
-from tiledattention._compile import array_constraint, export_cubin
-from tiledattention._cubin import elf_sections, text_digest
+from tiledattention.core._compile import array_constraint, export_cubin
+from tiledattention.core._cubin import elf_sections, text_digest
 from tiledattention.errors import KernelArgumentError
-from tiledattention.forward._compile import _export, compile_schedule
-from tiledattention.forward._kernel import attention_fwd
-from tiledattention.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, UNUSED, constant_args,
-                                            grid_for, kernel_args, kernel_constants, kernel_for,
-                                            kernel_parameters, no_effect_flags, normalise,
-                                            ordered_args)
-from tiledattention._problem import Problem, head_dim_parts
-from tiledattention.forward._schedule import Schedule
+from tiledattention.kernels.forward._compile import _export, compile_schedule
+from tiledattention.kernels.forward._kernel import attention_fwd
+from tiledattention.kernels.forward._launch import (NO_LSE, RUNTIME_PARAMETERS, UNUSED,
+                                                    constant_args, grid_for, kernel_args,
+                                                    kernel_constants, kernel_for, kernel_parameters,
+                                                    no_effect_flags, normalise, ordered_args)
+from tiledattention.core._problem import Problem, head_dim_parts
+from tiledattention.kernels.forward._schedule import Schedule
 from tiledattention.kernel_core import MODULES as KERNEL_CORE_MODULES
 
 ARCH = "sm_90"
@@ -322,14 +322,14 @@ def test_split_head_dim_compiles_for_every_architecture(arch):
 
 # -- (e) the kernel files: one entry each, closures, no constant travels by position ----------
 #: every kernel file, each checked together with the kernel core its calls reach
-KERNEL_MODULES = ("tiledattention.forward._kernel", "tiledattention.decode._kernel",
-                  "tiledattention.backward._kernel", "tiledattention._work_kernel",
-                  "tiledattention._clear_kernel")
+KERNEL_MODULES = ("tiledattention.kernels.forward._kernel", "tiledattention.kernels.decode._kernel",
+                  "tiledattention.kernels.backward._kernel", "tiledattention.core._work_kernel",
+                  "tiledattention.entry_points._clear_kernel")
 KERNEL_SOURCES = {name: Path(importlib.util.find_spec(name).origin).read_text()
                   for name in KERNEL_MODULES}
 CORE_SOURCES = tuple(Path(importlib.util.find_spec(name).origin).read_text()
                      for name in KERNEL_CORE_MODULES)
-KERNEL_SOURCE = KERNEL_SOURCES["tiledattention.forward._kernel"]
+KERNEL_SOURCE = KERNEL_SOURCES["tiledattention.kernels.forward._kernel"]
 #: the most positional parameters a kernel helper may take (the ``@ct.kernel`` entries, whose
 #: arguments ``_launch`` lays out by name, excepted)
 MAX_POSITIONAL = 12
@@ -434,9 +434,9 @@ def test_the_constant_check_sees_a_swapped_pair():
 
 
 @pytest.mark.parametrize("module, entries", [
-    ("tiledattention.forward._kernel", ["attention_fwd"]),
-    ("tiledattention.decode._kernel", ["decode_split", "decode_combine"]),
-    ("tiledattention.backward._kernel", ["attention_bwd_dq", "attention_bwd_dkdv",
+    ("tiledattention.kernels.forward._kernel", ["attention_fwd"]),
+    ("tiledattention.kernels.decode._kernel", ["decode_split", "decode_combine"]),
+    ("tiledattention.kernels.backward._kernel", ["attention_bwd_dq", "attention_bwd_dkdv",
                                          "attention_bwd_sum", "attention_bwd_delta",
                                          "attention_bwd_dq_scale"]),
 ], ids=["forward", "decode", "backward"])

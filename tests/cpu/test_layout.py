@@ -66,13 +66,13 @@ def test_imports_run_one_way_and_cross_borders_by_public_names():
 def test_the_checker_catches_upward_and_private_imports(tmp_path, monkeypatch):
     fake = tmp_path / "db"
     fake.mkdir()
-    (fake / "x.py").write_text("import tuner\nfrom tiledattention._lookup import pick\n"
-                               "from tiledattention import _family\nimport optuna\n")
+    (fake / "x.py").write_text("import tuner\nfrom tiledattention.core._lookup import pick\n"
+                               "from tiledattention.core import _family\nimport optuna\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     for top in ("tiledattention", "search_spaces", "tuner"):
         (tmp_path / top).mkdir()
     found = _violations()
-    # tuner: upward; tiledattention._lookup and tiledattention._family: upward and private
+    # tuner: upward; tiledattention.core._lookup and tiledattention.core._family: upward and private
     # each; optuna: the tuner's
     assert len(found) == 6, found
 
@@ -94,7 +94,7 @@ def test_shipped_table_rows_match_the_current_kernel_template():
 def test_a_comment_in_the_kernel_file_changes_no_template_identity(tmp_path, monkeypatch):
     import importlib.util
 
-    from tiledattention._identity import module_identity, source_identity
+    from tiledattention.core._identity import module_identity, source_identity
 
     names = FORWARD.template_modules
     texts = [Path(importlib.util.find_spec(n).origin).read_text() for n in names]
@@ -199,19 +199,25 @@ def test_shipped_schedules_are_normalised():
         assert family.normalise(row.problem, row.schedule) == row.schedule, row.describe_key()
 
 
-#: tiledattention's own layers: the core every family shares (the attention problem, the
-#: family interface and registry, compiling, the lookup, the runtime's memory), the families,
-#: the entry points that serve calls through the registry, the package facade
-#: (``tiledattention/__init__.py``: the public names, re-exported), the integrations built on
-#: the facade. A module imports its own layer or lower ones, so nothing below the
-#: integrations imports the facade (``import tiledattention``, ``from tiledattention import
-#: sdpa``, ``from . import runtime`` at the package root), and a family never imports another
-#: family. The families are the registry's (each family's package is the folder its class
-#: lives in), so a fourth family is checked without an edit here.
-FAMILIES = tuple(sorted({type(f).__module__.split(".")[1] for f in tiledattention.families()
-                         if type(f).__module__.startswith("tiledattention.")}))
-ENTRY_POINTS = ("_sdpa", "_training", "_autograd", "_varlen", "_paged")
+#: tiledattention's own layers, one folder each: ``core/`` (the attention problem, the family
+#: interface and registry, compiling, the lookup, the runtime's memory) with ``kernel_core/``
+#: (what every family's kernels share), ``kernels/<family>/`` (the kernel families),
+#: ``entry_points/`` (the calls served through the registry), the package facade
+#: (``tiledattention/__init__.py``: the public names, re-exported, with ``errors`` and
+#: ``tooling`` beside it) and ``integrations/`` built on the facade. A module imports its own
+#: layer or lower ones, so nothing below the integrations imports the facade (``import
+#: tiledattention``, ``from tiledattention import sdpa``, ``from .. import runtime``), and a
+#: family never imports another family. The families are the registry's (each family's package
+#: is the folder its class lives in), so a fourth family is checked without an edit here.
+FAMILIES = tuple(sorted({type(f).__module__.split(".")[2] for f in tiledattention.families()
+                         if type(f).__module__.startswith("tiledattention.kernels.")}))
 LAYER = {"core": 0, "family": 1, "entry": 2, "facade": 3, "integrations": 4}
+#: the folder of each layer below the facade
+FOLDERS = {"core": "core", "kernel_core": "core", "kernels": "family",
+           "entry_points": "entry", "integrations": "integrations"}
+#: the modules at the top level beside the facade, which any layer may import: the error
+#: hierarchy (errors raised everywhere) and the tools' plumbing
+TOP_LEVEL = {"errors": "core", "tooling": "facade"}
 
 
 def _layer(parts: tuple[str, ...]) -> tuple[str, str]:
@@ -219,11 +225,11 @@ def _layer(parts: tuple[str, ...]) -> tuple[str, str]:
     package itself, the facade)."""
     if not parts or parts == ("__init__",):
         return "facade", ""
-    if parts[0] in FAMILIES:
-        return "family", parts[0]
-    if parts[0] == "integrations":
-        return "integrations", ""
-    return ("entry" if parts[0] in ENTRY_POINTS else "core"), ""
+    if parts[0] == "kernels":
+        return "family", parts[1] if len(parts) > 1 else ""
+    if parts[0] in FOLDERS:
+        return FOLDERS[parts[0]], ""
+    return TOP_LEVEL.get(parts[0], "facade"), ""
 
 
 def _targets(root: Path, module: str, names: tuple[str, ...]) -> list[list[str]]:
@@ -276,45 +282,61 @@ def test_the_layers_know_every_registered_family():
     for family in tiledattention.families():
         if not type(family).__module__.startswith("tiledattention."):
             continue  # a test's own family (tests/cpu/toy_family.py), registered on import
-        folder = ROOT / "tiledattention" / type(family).__module__.split(".")[1]
-        assert folder.is_dir(), family
+        parts = type(family).__module__.split(".")
+        assert parts[1] == "kernels" and (ROOT / "tiledattention/kernels" / parts[2]).is_dir()
+
+
+def test_the_top_level_shows_the_layers():
+    """The package's top level is its architecture: a folder per layer, the facade and the
+    modules beside it; a new module goes into the folder of its layer."""
+    top = {p.name for p in (ROOT / "tiledattention").iterdir() if p.name != "__pycache__"}
+    assert top == {"__init__.py", "errors.py", "tooling.py", "core", "kernel_core", "kernels",
+                   "entry_points", "integrations", "pretuned"}
+    assert {p.name for p in (ROOT / "tiledattention/kernels").iterdir()
+            if p.is_dir() and p.name != "__pycache__"} == set(FAMILIES)
+
+
+def _plant(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / "tiledattention" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def test_the_layer_checker_catches_a_family_importing_a_sibling_or_a_core_importing_up(tmp_path):
-    pkg = tmp_path / "tiledattention"
-    for sub in ("forward", "decode", "integrations"):
-        (pkg / sub).mkdir(parents=True)
-    (pkg / "_plans.py").write_text("")
-    (pkg / "decode" / "_x.py").write_text("from ..forward._launch import grid_for\n"
-                                          "from .._problem import Problem\n"
-                                          "import tiledattention.forward._plan\n")
-    (pkg / "_lookup.py").write_text("from ._sdpa import sdpa\nfrom .decode import DECODE\n")
-    (pkg / "_sdpa.py").write_text("from .integrations import attention\n")
+    _plant(tmp_path, {
+        "core/_plans.py": "",
+        "kernels/decode/_x.py": "from ..forward._launch import grid_for\n"
+                                 "from ...core._problem import Problem\n"
+                                 "import tiledattention.kernels.forward._plan\n",
+        "core/_lookup.py": "from ..entry_points._sdpa import sdpa\n"
+                           "from ..kernels.decode import DECODE\n",
+        "kernel_core/bounds.py": "from ..kernels import forward\n",
+        "entry_points/_sdpa.py": "from ..integrations import attention\n",
+        "integrations/__init__.py": ""})
     found = _layer_violations(tmp_path)
-    # sibling family twice (relative and absolute); core -> entry; core -> family; entry -> up
-    assert len(found) == 5, found
+    # sibling family twice (relative and absolute); core -> entry; core -> family twice;
+    # entry -> up
+    assert len(found) == 6, found
 
 
 def test_the_layer_checker_catches_an_import_of_the_package_facade(tmp_path):
     """``import tiledattention`` inside the package reaches the runtime through the facade (an
-    arrow pointing up); so do ``from tiledattention import sdpa`` and, at the package root,
-    ``from . import runtime``. A module's own import (``from . import _plans``) and the
-    integrations' use of the facade are no such arrow."""
-    pkg = tmp_path / "tiledattention"
-    for sub in ("decode", "integrations"):
-        (pkg / sub).mkdir(parents=True)
-    (pkg / "_plans.py").write_text("")
-    (pkg / "__init__.py").write_text("from . import _plans\nfrom ._paged import paged\n")
-    (pkg / "_paged.py").write_text("def f():\n    import tiledattention\n\n\n"
-                                   "from . import runtime, _plans\n")
-    (pkg / "decode" / "_x.py").write_text("from tiledattention import sdpa\n"
-                                          "from .. import _plans\n")
-    (pkg / "integrations" / "_hf.py").write_text("import tiledattention\n")
+    arrow pointing up); so do ``from tiledattention import sdpa`` and ``from .. import
+    runtime``. A module's own import (``from ..core import _plans``) and the integrations' use
+    of the facade are no such arrow."""
+    _plant(tmp_path, {
+        "core/_plans.py": "",
+        "__init__.py": "from .core import _plans\nfrom .entry_points._paged import paged\n",
+        "entry_points/_paged.py": "def f():\n    import tiledattention\n\n\n"
+                                  "from .. import runtime\nfrom ..core import _plans\n",
+        "kernels/decode/_x.py": "from tiledattention import sdpa\nfrom ...core import _plans\n",
+        "integrations/_hf.py": "import tiledattention\n"})
     found = sorted(_layer_violations(tmp_path))
     assert found == [
-        "tiledattention/_paged.py:2: entry imports facade (the package facade)",
-        "tiledattention/_paged.py:5: entry imports facade (the package facade)",
-        "tiledattention/decode/_x.py:1: family imports facade (the package facade)"], found
+        "tiledattention/entry_points/_paged.py:2: entry imports facade (the package facade)",
+        "tiledattention/entry_points/_paged.py:5: entry imports facade (the package facade)",
+        "tiledattention/kernels/decode/_x.py:1: family imports facade (the package facade)"], found
 
 
 _NAMED_FAMILIES = ("FORWARD", "DECODE", "BACKWARD", "ForwardFamily", "DecodeFamily",
@@ -336,8 +358,10 @@ def _family_names(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["tiledattention/_sdpa.py", "tiledattention/_training.py",
-                                  "tiledattention/_dispatch.py", "tiledattention/_autograd.py",
+@pytest.mark.parametrize("name", ["tiledattention/entry_points/_sdpa.py",
+                                  "tiledattention/entry_points/_training.py",
+                                  "tiledattention/core/_dispatch.py",
+                                  "tiledattention/entry_points/_autograd.py",
                                   "tuner/commands/explain_cmd.py"])
 def test_the_entry_points_name_no_family(name):
     """sdpa, the training path, the dispatcher and explain go through the registry (choose,

@@ -1,4 +1,4 @@
-"""``tiledattention._lazy``: a lazily bound module global imports its module on the first
+"""``tiledattention.core._lazy``: a lazily bound module global imports its module on the first
 attribute read and is then the module itself (the warm path reads a plain global)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from tiledattention._lazy import lazy_module
+from tiledattention.core._lazy import lazy_module
 
 
 def test_the_first_read_imports_the_module_and_rebinds_the_global(monkeypatch):
@@ -19,7 +19,7 @@ def test_the_first_read_imports_the_module_and_rebinds_the_global(monkeypatch):
 
 
 def test_the_launch_modules_bind_cuda_tile_lazily():
-    from tiledattention.decode import _launch
+    from tiledattention.kernels.decode import _launch
 
     assert _launch.ct.__name__ == "cuda.tile"  # the read imports it
     assert _launch.ct is sys.modules["cuda.tile"]  # and the global is the module from then on

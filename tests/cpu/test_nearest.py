@@ -1,5 +1,5 @@
 """The lookup's nearest step, tested directly: the nearest of several rows answers whatever
-their order and times, equal distances go to the faster row (``tiledattention._lookup``'s
+their order and times, equal distances go to the faster row (``tiledattention.core._lookup``'s
 docstring: "ties go to the faster row"), and a row at exactly ``Family.nearest_limit`` answers
 while one just beyond it does not (the family's default does).
 

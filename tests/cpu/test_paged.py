@@ -11,11 +11,11 @@ import torch
 
 import tiledattention
 from tiledattention import BACKWARD, DECODE, FORWARD, DecodeSchedule, Problem
-from tiledattention.decode._compile import compile_decode
-from tiledattention._problem import page_tile
-from tiledattention.decode._launch import normalise, split_constants
+from tiledattention.kernels.decode._compile import compile_decode
+from tiledattention.core._problem import page_tile
+from tiledattention.kernels.decode._launch import normalise, split_constants
 from tiledattention.errors import UnsupportedProblemError
-from tiledattention.forward._launch import kernel_constants as FORWARD_CONSTANTS
+from tiledattention.kernels.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -44,7 +44,7 @@ def test_which_family_reads_pages_and_when_the_forward_gathers_them():
     """A decode step goes to the split-KV kernels; a chunk of a prefill (many query rows) to
     the forward's ragged kernel, which reads pages in place only where one page holds a whole
     key tile (else the call gathers them); the backward refuses paged problems."""
-    from tiledattention._paged import reader
+    from tiledattention.entry_points._paged import reader
 
     assert reader("sm_90", _paged(seqlen_q=1)) is DECODE
     chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384)
@@ -85,7 +85,7 @@ def test_the_paged_forward_walks_masked_tiles_apart():
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("page_size", [64, 256])
 def test_the_paged_forward_compiles(arch, page_size):
-    from tiledattention.forward._compile import compile_schedule
+    from tiledattention.kernels.forward._compile import compile_schedule
 
     chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384, page_size=page_size)
     schedule = FORWARD.default_schedule(arch, chunk)
@@ -98,7 +98,7 @@ def test_the_paged_forward_compiles(arch, page_size):
 
 
     # the decode family's tuner case of a paged bucket: caches of mixed lengths
-    from tiledattention._case import paged_lengths
+    from tiledattention.core._case import paged_lengths
 
     assert paged_lengths(_paged(batch=6, seqlen_k=1000, seqlen_q=4)) == [1000, 750, 500, 250,
                                                                         1000, 750]
@@ -106,7 +106,7 @@ def test_the_paged_forward_compiles(arch, page_size):
 
 
 def test_gathered_pages_are_each_entrys_cache_in_order():
-    from tiledattention._paged import gather_pages
+    from tiledattention.entry_points._paged import gather_pages
 
     pool = torch.arange(6 * 16 * 2 * 4, dtype=torch.float32).view(6, 16, 2, 4)
     table = torch.tensor([[4, 1, -1], [0, 5, 2]], dtype=torch.int32)
@@ -224,7 +224,7 @@ def test_a_paged_row_answers_only_for_its_own_longest_cache():
 
 
 def test_query_key_and_value_are_checked_together():
-    from tiledattention._problem import check_attention_tensors
+    from tiledattention.core._problem import check_attention_tensors
 
     q = torch.randn(2, 4, 1, 64, dtype=torch.bfloat16)
     k = torch.randn(6, 16, 2, 64, dtype=torch.bfloat16)

@@ -93,7 +93,7 @@ def lookup(path: Path) -> ta.Resolution:
 @pytest.fixture
 def runtime(monkeypatch):
     """The process's runtime, restored afterwards; the device is an H100 (no GPU asked)."""
-    import tiledattention._runtime as runtime_module
+    import tiledattention.core._runtime as runtime_module
 
     monkeypatch.setattr(ta._runtime, "current", None)
     monkeypatch.setattr(runtime_module, "device_info", lambda index: H100)
@@ -229,7 +229,7 @@ _READERS = [
     ["-m", "tuner.cli", "explain", "--device", "sm_90", "--device-name", H100.name, "--db",
      "{db}", "--shape", "1,16,4096,128", "--causal", "no"],
     ["-W", "error::RuntimeWarning", "-c",
-     "import sys, tiledattention as ta, tiledattention._runtime as r; "
+     "import sys, tiledattention as ta, tiledattention.core._runtime as r; "
      "from tiledattention import DeviceInfo, FORWARD, Problem; "
      "r.device_info = lambda i: DeviceInfo(index=0, arch='sm_90', name=sys.argv[2], "
      "sm_count=132); ta.use_database(sys.argv[1]); "

@@ -98,7 +98,7 @@ def test_the_lookup_and_the_shipped_loader_ignore_simulated_rows(tmp_path):
     shipped = ta.shipped_table("sm_90")
     text = json.dumps({"format": 3, "rows": [
         row(problem(), backend="simulated").to_dict(), list(shipped)[0].to_dict()]})
-    from tiledattention._lookup import _shipped_rows
+    from tiledattention.core._lookup import _shipped_rows
 
     assert [r.backend for r in _shipped_rows(text, "test")] == ["gpu"]
 

@@ -13,7 +13,7 @@ import pytest
 import db
 from tiledattention import FORWARD, Problem, Schedule
 from tiledattention.tooling import codecs, current_provenance
-from tiledattention._identity import source_identity
+from tiledattention.core._identity import source_identity
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def _identities(path: Path) -> list[str]:
 @pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
 def test_code_change_without_effect_on_text_is_restamped(tmp_path, capsys, monkeypatch,
                                                          relative):
-    old, identity = _old_code(tmp_path, "tiledattention.forward._launch",
+    old, identity = _old_code(tmp_path, "tiledattention.kernels.forward._launch",
                               "def default_scale(", "_UNUSED = 1\n\n\ndef default_scale(")
     assert identity != FORWARD.template_identity()
     path = _rows_file(tmp_path, identity)

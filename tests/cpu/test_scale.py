@@ -133,7 +133,7 @@ def test_list_and_explain_answer_quickly_on_a_large_database(big, monkeypatch):
 def test_read_only_commands_never_import_sqlalchemy_or_the_kernels(big):
     """A SQLite file opened read-only is read through ``sqlite3`` (``db._sql``), and the kernel
     modules load cuda.tile (and with it numpy) only when a kernel is compiled or launched
-    (``tiledattention._lazy``): either import would take longer than ``list`` or ``explain``
+    (``tiledattention.core._lazy``): either import would take longer than ``list`` or ``explain``
     take in all."""
     heavy = ("sqlalchemy", "cuda.tile", "numpy", "torch")
     for argv in (["list", "--db", big],

@@ -1,4 +1,4 @@
-"""``tiledattention.sdpa``'s ``out=`` and its warm path (``tiledattention._sdpa``) on the CPU.
+"""``tiledattention.sdpa``'s ``out=`` and its warm path (``tiledattention.entry_points._sdpa``) on the CPU.
 
 The real validation refuses CPU tensors before anything launches, so most tests here run with
 the CPU standing in for a CUDA device (``cpu_device``): the validator's CUDA check is waived
@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import tiledattention
-import tiledattention._device as device_module
-import tiledattention._plans as hot
-import tiledattention._runtime as runtime_module
-import tiledattention._sdpa as sdpa_module
+import tiledattention.core._device as device_module
+import tiledattention.core._plans as hot
+import tiledattention.core._runtime as runtime_module
+import tiledattention.entry_points._sdpa as sdpa_module
 from tiledattention import InputTypeError, InputValueError, Resolution, TiledAttentionError
 from tiledattention.tooling import Runtime
-from tiledattention._device import DeviceInfo
+from tiledattention.core._device import DeviceInfo
 
 DEVICE = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
 
@@ -76,7 +76,7 @@ def cpu_device(monkeypatch, launches) -> CpuDevice:
     monkeypatch.setattr(hot, "current_device", lambda: 0)
     monkeypatch.setattr(hot, "capturing", lambda: False)
     monkeypatch.setattr(sdpa_module, "_warm", [])
-    monkeypatch.setattr(tiledattention._runtime, "current", state.runtime)
+    monkeypatch.setattr(tiledattention.core._runtime, "current", state.runtime)
     return state
 
 

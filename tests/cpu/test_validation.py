@@ -99,7 +99,7 @@ def test_causal_flops_count_exactly_the_unmasked_pairs(sq, sk):
 def test_runtime_memoises_resolution_per_family_problem_and_device(monkeypatch):
     import types
 
-    import tiledattention._runtime as runtime_module
+    import tiledattention.core._runtime as runtime_module
 
     monkeypatch.setattr(runtime_module, "device_info", lambda index: index)  # no GPU here
     calls = []
@@ -132,10 +132,10 @@ def test_runtime_keeps_at_most_max_plans_oldest_out():
 def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     import math
 
-    import tiledattention._device as device_module
+    import tiledattention.core._device as device_module
     from tiledattention import Schedule
-    from tiledattention._device import DeviceInfo
-    from tiledattention.forward._launch import NO_LSE, UNUSED, constant_args
+    from tiledattention.core._device import DeviceInfo
+    from tiledattention.kernels.forward._launch import NO_LSE, UNUSED, constant_args
 
     device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
     monkeypatch.setattr(device_module, "device_info", lambda index: device)
@@ -172,11 +172,11 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
 def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
     """The plan of what the runtime resolved for (FORWARD, problem, device) runs it
     normalised for the problem."""
-    import tiledattention._device as device_module
-    import tiledattention._runtime as runtime_module
+    import tiledattention.core._device as device_module
+    import tiledattention.core._runtime as runtime_module
     from tiledattention import Resolution, Schedule
-    from tiledattention._device import DeviceInfo
-    from tiledattention.forward._launch import NO_LSE, UNUSED, constant_args
+    from tiledattention.core._device import DeviceInfo
+    from tiledattention.kernels.forward._launch import NO_LSE, UNUSED, constant_args
 
     device = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H100 80GB HBM3", sm_count=132)
     monkeypatch.setattr(device_module, "device_info", lambda index: device)

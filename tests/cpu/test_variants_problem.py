@@ -12,9 +12,9 @@ import torch
 
 from tiledattention import (BACKWARD, DECODE, FORWARD, InputTypeError, InputValueError, Problem,
                             UnsupportedProblemError)
-from tiledattention._autograd import sink_grad
-from tiledattention._problem import sink_logits, variant_args
-from tiledattention._reference import attention_reference, visible_keys
+from tiledattention.entry_points._autograd import sink_grad
+from tiledattention.core._problem import sink_logits, variant_args
+from tiledattention.core._reference import attention_reference, visible_keys
 
 
 def problem(sq=9, sk=13, causal=False, br=False, left=-1, right=-1, softcap=0.0, sinks=False,

@@ -15,12 +15,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import tiledattention
 from tiledattention import FORWARD, KernelArgumentError, Problem, Schedule
-from tiledattention._case import ragged_flops, ragged_lengths
-from tiledattention._ragged import ragged_problem
-from tiledattention._work_table import TABLE_MIN_IDLE_CTAS, use_work_table, work_items
-from tiledattention.forward._compile import compile_schedule
-from tiledattention.forward._launch import (kernel_args, kernel_constants, kernel_parameters,
-                                            normalise, ragged_grid)
+from tiledattention.core._case import ragged_flops, ragged_lengths
+from tiledattention.core._ragged import ragged_problem
+from tiledattention.core._work_table import TABLE_MIN_IDLE_CTAS, use_work_table, work_items
+from tiledattention.kernels.forward._compile import compile_schedule
+from tiledattention.kernels.forward._launch import (kernel_args, kernel_constants,
+                                                    kernel_parameters, normalise, ragged_grid)
 from tiledattention.tooling import varlen_reference
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
@@ -110,8 +110,8 @@ def test_the_ragged_forward_compiles(arch, fields):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_ragged_forward_compiles_with_a_work_table(arch):
-    from tiledattention.forward._compile import _export
-    from tiledattention.forward._launch import kernel_for
+    from tiledattention.kernels.forward._compile import _export
+    from tiledattention.kernels.forward._launch import kernel_for
 
     problem = _ragged()
     schedule = FORWARD.normalise(problem, FORWARD.default_schedule(arch, problem))
@@ -131,9 +131,9 @@ def _ranges_of(q_lens, k_lens=None):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_work_table_kernel_compiles(arch):
-    from tiledattention._compile import array_constraint, export_cubin
-    from tiledattention._work_kernel import fill_work_table
-    from tiledattention._work_table import CHUNK
+    from tiledattention.core._compile import array_constraint, export_cubin
+    from tiledattention.core._work_kernel import fill_work_table
+    from tiledattention.core._work_table import CHUNK
 
     result = export_cubin(fill_work_table, (array_constraint("int32", (4, 77)),
                                             array_constraint("int32", (2, 600)), 128, CHUNK),
@@ -153,7 +153,7 @@ def test_work_items_bound_the_tiles_of_any_lengths():
 def test_a_skewed_batch_walks_a_table_and_an_even_one_its_grid(launches):
     """Where the longest sequence's grid leaves at least TABLE_MIN_IDLE_CTAS idle, the launch
     is 1-D over (work item x head) and takes the table; an even batch keeps the 2-D grid."""
-    from tiledattention.forward._launch import launch_ragged
+    from tiledattention.kernels.forward._launch import launch_ragged
 
     s = Schedule(tile_m=128, tile_n=64)
     heads = 32
@@ -246,7 +246,7 @@ def test_sdpa_ranges_errors(launches):
 
 # -- ops, case, reference -----------------------------------------------------------------------
 def test_the_ops_fakes_give_the_real_shapes_and_strides():
-    from tiledattention import _varlen
+    from tiledattention.entry_points import _varlen
 
     with FakeTensorMode():
         q = torch.empty(45, 8, 64, dtype=torch.bfloat16)
@@ -292,9 +292,9 @@ def test_the_reference_attends_each_sequence_alone(bottom_right):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_uncovered_rows_kernel_compiles(arch):
-    from tiledattention._clear_kernel import clear_outside
-    from tiledattention._compile import array_constraint, export_cubin
-    from tiledattention._ragged_fill import TILE_C, TILE_R
+    from tiledattention.entry_points._clear_kernel import clear_outside
+    from tiledattention.core._compile import array_constraint, export_cubin
+    from tiledattention.entry_points._ragged_fill import TILE_C, TILE_R
 
     for dtype in ("bf16", "fp16"):
         result = export_cubin(clear_outside, (array_constraint(dtype, (4096, 4096)),
@@ -308,7 +308,7 @@ def test_the_decode_family_takes_a_ragged_batch_bottom_right_only():
     """The split-KV kernels take a padded batch's ranges with the queries the last positions of
     each entry's keys (bottom-right, or no mask); a top-left one is the forward's."""
     from tiledattention import DECODE, UnsupportedProblemError
-    from tiledattention.decode._compile import compile_decode
+    from tiledattention.kernels.decode._compile import compile_decode
 
     bottom_right = _ragged(batch=4, seqlen_q=2, seqlen_k=4096, bottom_right=True)
     assert DECODE.takes("sm_90", bottom_right) and bottom_right.causal

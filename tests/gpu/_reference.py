@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tiledattention import FORWARD
-from tiledattention._dtypes import torch_dtype
+from tiledattention.core._dtypes import torch_dtype
 
 #: the forward family's declared bounds (``Family.tolerances``), keyed by torch dtype
 TOLERANCE = {torch_dtype(name): bound for name, bound in FORWARD.tolerances.items()}

@@ -17,8 +17,8 @@ import torch
 
 import tiledattention
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention.backward._family import allocate_scratch
-from tiledattention.backward._launch import launch, launches
+from tiledattention.kernels.backward._family import allocate_scratch
+from tiledattention.kernels.backward._launch import launch, launches
 
 pytestmark = pytest.mark.gpu
 

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 import tiledattention
 import tiledattention.integrations as ti
 from tiledattention import problem_from_arrays
-from tiledattention._dtypes import torch_dtype
-from tiledattention._reference import attention_reference
+from tiledattention.core._dtypes import torch_dtype
+from tiledattention.core._reference import attention_reference
 
 from ..backward_cases import CASES
 
@@ -337,7 +337,7 @@ def test_32k_backward_memory_is_o_s_d_and_runs_no_torch_attention_kernel():
     row_stats = 2 * b * hq * (-(-s // 32) * 32) * 4  # lse + delta, float32, row-aligned
     # the dK/dV split partials of the schedule the lookup gave (none: this grid fills the GPU)
     from tiledattention import BACKWARD
-    from tiledattention.backward._launch import scratch_shapes
+    from tiledattention.kernels.backward._launch import scratch_shapes
 
     problem, _ = problem_from_arrays(q, k, v, True, None)
     schedule = tiledattention.runtime().resolution(BACKWARD, problem, 0).schedule
@@ -374,7 +374,7 @@ def test_split_dkdv_walks_and_heavy_first_dq_match_the_reference(shape, causal, 
     NaN-poisoned gradient buffers and NaN-poisoned partials: a partial a split leaves
     unwritten would reach dK or dV."""
     from tiledattention import BACKWARD
-    from tiledattention.backward._launch import launch, launches, scratch_shapes
+    from tiledattention.kernels.backward._launch import launch, launches, scratch_shapes
 
     b, hq, hkv, sq, sk, d = shape
     q, k, v, grad_out = random_inputs(b, hq, hkv, sq, sk, d, dtype, seed=splits * 7 + sq)

@@ -1,5 +1,5 @@
 """The backward kernels' variants on the GPU: sliding windows, softcap and sinks, gradients against
-autograd through the float32 reference (``tiledattention._reference.attention_reference``, which
+autograd through the float32 reference (``tiledattention.core._reference.attention_reference``, which
 applies window, softcap and sinks explicitly).
 
 Inputs are random (never zeros); the gradient buffers, delta and the split partials are filled
@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention._problem import default_scale, row_stat_shape
-from tiledattention._reference import attention_reference, visible_keys
-from tiledattention.backward._family import allocate_scratch
-from tiledattention.backward._launch import launch, launches
+from tiledattention.core._problem import default_scale, row_stat_shape
+from tiledattention.core._reference import attention_reference, visible_keys
+from tiledattention.kernels.backward._family import allocate_scratch
+from tiledattention.kernels.backward._launch import launch, launches
 
 pytestmark = pytest.mark.gpu
 

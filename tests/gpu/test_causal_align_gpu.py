@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 import tiledattention
 from tiledattention import FORWARD, Schedule, problem_from_arrays
-from tiledattention._reference import attention_reference as forward_reference
-from tiledattention.forward._launch import default_scale, launch
+from tiledattention.core._reference import attention_reference as forward_reference
+from tiledattention.kernels.forward._launch import default_scale, launch
 
 from ._reference import TOLERANCE, random_qkv, rel_l2
 

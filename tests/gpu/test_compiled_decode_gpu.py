@@ -20,7 +20,7 @@ import torch
 import tiledattention
 import tiledattention.integrations as ti
 from tiledattention import DECODE
-from tiledattention.decode import length_bucket
+from tiledattention.kernels.decode import length_bucket
 
 from ._reference import TOLERANCE, reference, rel_l2
 

@@ -30,8 +30,8 @@ import torch
 import tiledattention
 from tiledattention import (DECODE, FORWARD, DecodeSchedule, InputTypeError, InputValueError,
                             Problem, problem_from_arrays)
-from tiledattention._reference import attention_reference
-from tiledattention.decode import length_bucket
+from tiledattention.core._reference import attention_reference
+from tiledattention.kernels.decode import length_bucket
 
 from ..decode_cases import CASES, Combo
 from ._reference import rel_l2

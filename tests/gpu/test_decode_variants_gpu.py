@@ -20,10 +20,10 @@ import torch
 
 import tiledattention
 from tiledattention import DECODE, Call, DecodeSchedule, Problem
-from tiledattention import _plans as hot
-from tiledattention._reference import attention_reference
-from tiledattention.decode._launch import launch, launches, partial_shapes
-from tiledattention.decode._plan import decode_plan
+from tiledattention.core import _plans as hot
+from tiledattention.core._reference import attention_reference
+from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
+from tiledattention.kernels.decode._plan import decode_plan
 
 from ._reference import rel_l2
 

@@ -1,6 +1,6 @@
 """The forward kernel's variants on the GPU: sliding windows, logit softcap and attention sinks,
 against the float32 reference that applies each explicitly
-(``tiledattention._reference.attention_reference``).
+(``tiledattention.core._reference.attention_reference``).
 
 Windows of one key, wider than the sequence, one-sided and two-sided, with S_q != S_k in both
 alignments, odd lengths and grouped heads, under the schedule flags that change the key walk
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from tiledattention import FORWARD, Problem, Schedule
-from tiledattention._problem import row_stat_shape
-from tiledattention._reference import attention_reference, visible_keys
-from tiledattention.forward._launch import default_scale, launch, launch_with_lse
+from tiledattention.core._problem import row_stat_shape
+from tiledattention.core._reference import attention_reference, visible_keys
+from tiledattention.kernels.forward._launch import default_scale, launch, launch_with_lse
 
 from ._reference import rel_l2
 
@@ -253,8 +253,8 @@ def test_the_family_case_passes_its_sinks():
 
 
 def test_the_plan_launches_with_and_without_sinks():
-    from tiledattention import _plans
-    from tiledattention.forward._plan import forward_plan
+    from tiledattention.core import _plans
+    from tiledattention.kernels.forward._plan import forward_plan
 
     _plans.bind_torch()
     device = torch.cuda.current_device()

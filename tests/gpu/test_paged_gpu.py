@@ -122,7 +122,7 @@ def test_chunked_prefill_in_place_or_on_gathered_pages(page_size, monkeypatch):
     holds a whole key tile (128 keys or more under the defaults; 384 keys: tiles of 128),
     else on the gathered pages; one entry has fewer keys than queries (its first rows see
     none: zeros). Odd lengths end inside pages whose rest is NaN."""
-    from tiledattention import _paged
+    from tiledattention.entry_points import _paged
 
     assert tiledattention.explain_paged(
         torch.empty(4, 16, 512, 128, device="cuda", dtype=torch.bfloat16),
@@ -146,7 +146,7 @@ def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():
     import dataclasses
 
     from tiledattention import FORWARD
-    from tiledattention._paged import _forward_in_place, paged_problem
+    from tiledattention.entry_points._paged import _forward_in_place, paged_problem
 
     lengths = [1000, 64, 2049]
     k_pages, v_pages, table, seqused, caches = paged_cache(lengths, 64, 2, 64, torch.float16, 3)

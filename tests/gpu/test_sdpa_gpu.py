@@ -12,7 +12,7 @@ import torch
 
 import tiledattention
 from tiledattention import FORWARD, Schedule, problem_from_arrays
-from tiledattention.forward._launch import default_scale, launch
+from tiledattention.kernels.forward._launch import default_scale, launch
 
 from ._reference import TOLERANCE, random_qkv, reference, rel_l2
 

@@ -11,9 +11,9 @@ import torch
 
 import tiledattention
 from tiledattention import FORWARD, Schedule, problem_from_arrays
-from tiledattention._reference import attention_reference
-from tiledattention.forward import head_dim_parts
-from tiledattention.forward._launch import default_scale, kernel_constants, launch
+from tiledattention.core._reference import attention_reference
+from tiledattention.kernels.forward import head_dim_parts
+from tiledattention.kernels.forward._launch import default_scale, kernel_constants, launch
 
 from ._reference import TOLERANCE, random_qkv, rel_l2
 

@@ -164,7 +164,7 @@ def _table_reference(ranges, tile_m, items):
     ([19200, 3] + [70] * 600, None, 64),  # over one chunk of sequences and of tiles
 ])
 def test_the_work_table_kernel_matches_its_reference(q_lens, k_lens, tile_m):
-    from tiledattention._work_table import make_work_table, work_items
+    from tiledattention.core._work_table import make_work_table, work_items
 
     k_lens = q_lens if k_lens is None else k_lens
     cq = torch.tensor([0] + q_lens, device="cuda").cumsum(0)
@@ -183,7 +183,7 @@ def test_the_work_table_kernel_matches_its_reference(q_lens, k_lens, tile_m):
 def launch_mode(request, monkeypatch):
     """Every ragged forward launch walks a work table, or none does (the launcher picks by how
     many idle CTAs the longest sequence's grid would have)."""
-    import tiledattention._work_table as work_table
+    import tiledattention.core._work_table as work_table
 
     monkeypatch.setattr(work_table, "TABLE_MIN_IDLE_CTAS",
                         0 if request.param == "table" else 1 << 62)

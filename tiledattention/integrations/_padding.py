@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
-from .._problem import BOTTOM_RIGHT, INDEX_LIMIT, TOP_LEFT
+from ..core._problem import BOTTOM_RIGHT, INDEX_LIMIT, TOP_LEFT
 from ..errors import InputTypeError, InputValueError
 
 __all__ = ["PaddingMask", "padding_mask"]

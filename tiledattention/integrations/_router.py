@@ -36,8 +36,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from .._dtypes import DTYPES, torch_dtype
-from .._problem import BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS
+from ..core._dtypes import DTYPES, torch_dtype
+from ..core._problem import BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS
 from ._padding import PaddingMask
 from ._torch_op import attention, autocast_inputs
 
@@ -73,7 +73,7 @@ FALLBACK_REASONS = (
                      # is_causal=True (its dispatch raises for that)
     "padding_mask_grad",  # a PaddingMask call that requires grad (grad mode on and q, k or v
                           # requires grad): the ranges path has no autograd
-    "head_dim",   # head_dim not in tiledattention._problem.SUPPORTED_HEAD_DIMS
+    "head_dim",   # head_dim not in tiledattention.core._problem.SUPPORTED_HEAD_DIMS
     "gqa",        # H_q != H_kv without enable_gqa, or H_q not a multiple of H_kv
     "scale",      # scale not a finite positive number
 )

@@ -1,6 +1,6 @@
 """The torch custom ops: ``tiledattention::sdpa_fwd`` (the forward) here, and the training pair
 ``tiledattention::sdpa_fwd_lse`` / ``tiledattention::sdpa_bwd`` from the core
-(``tiledattention._autograd``, which ``tiledattention.sdpa`` uses too). All are opaque to
+(``tiledattention.entry_points._autograd``, which ``tiledattention.sdpa`` uses too). All are opaque to
 ``torch.compile`` / ``torch.export`` and differentiable.
 
 Each op's implementation calls the runtime (:func:`tiledattention.sdpa`, ``sdpa_with_lse``,
@@ -23,10 +23,10 @@ from typing import Any, Optional
 
 import torch
 
-from .._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward,
-                         check_flags, check_shapes, sdpa_bwd, sdpa_fwd_lse, sink_grad,
-                         variant_kwargs)
-from .._problem import BOTTOM_RIGHT, causal_flags, variant_args
+from ..entry_points._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward,
+                                      check_flags, check_shapes, sdpa_bwd, sdpa_fwd_lse, sink_grad,
+                                      variant_kwargs)
+from ..core._problem import BOTTOM_RIGHT, causal_flags, variant_args
 from ..errors import InputTypeError
 
 __all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "attention", "autocast_inputs",

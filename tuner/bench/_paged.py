@@ -2,7 +2,7 @@
 a lookup bucket; ``--preset paged``) besides tiledattention's, which of them each problem gets,
 and what a paged point's work and bytes are.
 
-A paged problem is timed on its family's paged case (``tiledattention._case.PagedCase``, the
+A paged problem is timed on its family's paged case (``tiledattention.core._case.PagedCase``, the
 decode family's ``PagedDecodeCase``): ``problem.batch`` caches of 1, 3/4, 1/2 and 1/4 of the
 bucket's longest (:func:`case_lengths`, cycling; at least ``S_q`` keys each) in shuffled pages
 of ``page_size`` tokens (``k_pages``, ``v_pages [pages, page_size, H_kv, D]``, NaN in every

@@ -1,7 +1,7 @@
 """The contenders of ragged problems (``Problem.ragged``: packed variable-length sequences, a
 bucket; ``--preset ragged``) besides tiledattention's, and which of them each problem gets.
 
-A ragged problem is timed on its family's ragged case (``tiledattention._case.RaggedCase``):
+A ragged problem is timed on its family's ragged case (``tiledattention.core._case.RaggedCase``):
 ``problem.batch`` packed sequences of 1, 3/4, 1/2 and 1/4 of the bucket's longest query length
 (:func:`case_lengths`), ``[tokens, H, D]`` tensors with offsets ``cu_seq_q``/``cu_seq_k``.
 
@@ -52,7 +52,7 @@ def is_ragged(problem: Any) -> bool:
 
 def case_lengths(problem: Any) -> list[tuple[int, int]]:
     """``(queries, keys)`` of each sequence the family's ragged case packs for ``problem``:
-    ``tiledattention._case.ragged_lengths`` (1, 3/4, 1/2, 1/4 of the longest, cycling) and keys
+    ``tiledattention.core._case.ragged_lengths`` (1, 3/4, 1/2, 1/4 of the longest, cycling) and keys
     scaled by ``S_k / S_q`` (at least one), as ``RaggedCase`` builds them."""
     from tiledattention.tooling import ragged_lengths
 

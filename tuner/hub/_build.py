@@ -127,8 +127,8 @@ def kernel_id_for(name: str, sources: dict[str, dict[Path, bytes]] | None = None
 def _relative_import(node: ast.Import | ast.ImportFrom, depth: int, where: str) -> str | None:
     """The relative form of an absolute import of a vendored package, or ``None`` when
     ``node`` imports no vendored package. ``depth``: how many packages the module sits below
-    ``_vendor`` (1 for ``tiledattention/_lookup.py``; -1 for a module of the kernel's top level,
-    beside ``_vendor``)."""
+    ``_vendor`` (1 for ``tiledattention/errors.py``, 2 for ``tiledattention/core/_lookup.py``; -1
+    for a module of the kernel's top level, beside ``_vendor``)."""
     # "." is the module's own package; depth + 1 dots reach _vendor
     up = "._vendor." if depth < 0 else "." * (depth + 1)
     if isinstance(node, ast.ImportFrom):
@@ -187,17 +187,19 @@ def make_imports_relative(text: str, depth: int, where: str) -> str:
 def _patches(kernel_id: str) -> list[_Patch]:
     """The string-named references to the project's packages, each rewritten at its one place."""
     return [
-        # the shipped table: this package's pretuned/ directory, not an installed tiledattention's
-        _Patch("_lookup.py", 'resources.files("tiledattention")', "resources.files(__package__)"),
+        # the shipped table: the vendored package's pretuned/ directory (core's parent), not
+        # an installed tiledattention's
+        _Patch("core/_lookup.py", 'resources.files("tiledattention")',
+               'resources.files(__package__.rpartition(".")[0])'),
         # template modules: hashed under their project names, read from this build's files
-        _Patch("_identity.py", "importlib.util.find_spec(module_name)",
+        _Patch("core/_identity.py", "importlib.util.find_spec(module_name)",
                "importlib.util.find_spec(_vendored_name(module_name))"),
         # torch ops: in the build's own namespace
-        _Patch("_autograd.py", '"tiledattention::', f'"{kernel_id}::', every=True),
-        _Patch("_autograd.py", "torch.ops.tiledattention.", f"torch.ops.{kernel_id}.",
+        _Patch("entry_points/_autograd.py", '"tiledattention::', f'"{kernel_id}::', every=True),
+        _Patch("entry_points/_autograd.py", "torch.ops.tiledattention.", f"torch.ops.{kernel_id}.",
                every=True),
-        _Patch("_varlen.py", '"tiledattention::', f'"{kernel_id}::', every=True),
-        _Patch("_paged.py", '"tiledattention::', f'"{kernel_id}::', every=True),
+        _Patch("entry_points/_varlen.py", '"tiledattention::', f'"{kernel_id}::', every=True),
+        _Patch("entry_points/_paged.py", '"tiledattention::', f'"{kernel_id}::', every=True),
     ]
 
 
@@ -262,7 +264,8 @@ def _vendored_files(sources: dict[str, dict[Path, bytes]], kernel_id: str
                 out[target] = data
                 continue
             # packages between _vendor and the module: tiledattention/x.py and
-            # tiledattention/__init__.py: 1; tiledattention/forward/y.py: 2
+            # tiledattention/__init__.py: 1; tiledattention/core/y.py: 2;
+            # tiledattention/kernels/forward/y.py: 3
             depth = len(relative.parts)
             text = data.decode("utf-8")
             if package == "tiledattention" and relative == Path("errors.py"):
@@ -275,7 +278,7 @@ def _vendored_files(sources: dict[str, dict[Path, bytes]], kernel_id: str
                     if Path(patch.path) == relative:
                         text = _apply(text, patch)
                         unapplied.discard(patch.path)
-                if relative == Path("_identity.py"):
+                if relative == Path("core/_identity.py"):
                     text += _template.IDENTITY_HELPER.substitute(vendored=repr(VENDORED))
             _check_no_name_lookup(text, where)
             out[target] = text.encode("utf-8")

@@ -193,8 +193,8 @@ __all__ = [
 $error_names]
 ''')
 
-#: Appended to the vendored ``tiledattention/_identity.py``, whose module lookup is redirected
-#: through it: the template modules are named ``tiledattention.forward._kernel`` etc. (and the
+#: Appended to the vendored ``tiledattention/core/_identity.py``, whose module lookup is redirected
+#: through it: the template modules are named ``tiledattention.kernels.forward._kernel`` etc. (and the
 #: identity hashes those names, so rows of the shipped table stay current), but the files are
 #: this build's copies, not those of a tiledattention that may be installed beside it.
 IDENTITY_HELPER = Template('''
@@ -203,7 +203,8 @@ def _vendored_name(module_name: str) -> str:
     """(added by tiledtune hub-build) The module of this build that holds ``module_name``:
     names of tiledattention's packages resolve inside the vendored copy."""
     if module_name.partition(".")[0] in $vendored:
-        return f"{__package__.rpartition('.')[0]}.{module_name}"
+        vendor = __package__.rsplit(".", 2)[0]  # <build>._vendor (of ._vendor.tiledattention.core)
+        return f"{vendor}.{module_name}"
     return module_name
 ''')
 

@@ -1,0 +1,130 @@
+"""What every family's compile-only build shares: the architectures tileiras knows, the result
+of one build, and what a cubin says about itself (static shared memory)."""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ._dtypes import element
+from ..errors import CompileError, InputValueError
+
+__all__ = ["ARCHITECTURES", "SM_COUNTS", "CompileResult", "array_constraint", "check_arch",
+           "cubin_shared_bytes", "export_cubin", "generation"]
+
+#: Architectures tileiras accepts (``--gpu-name``; no ``a``/``f`` suffixes), and the GPU
+#: generation each belongs to (defaults and search spaces differ by generation).
+GENERATIONS = {
+    "sm_80": "ampere", "sm_86": "ampere", "sm_87": "ampere", "sm_88": "ampere",
+    "sm_89": "ada",
+    "sm_90": "hopper",
+    "sm_100": "blackwell", "sm_103": "blackwell", "sm_107": "blackwell", "sm_110": "blackwell",
+    "sm_120": "blackwell-consumer", "sm_121": "blackwell-consumer",
+}
+ARCHITECTURES = tuple(GENERATIONS)
+#: SMs of each generation's largest part: what the defaults size their grids for.
+SM_COUNTS = {"hopper": 132, "blackwell": 148, "blackwell-consumer": 48, "ada": 128,
+             "ampere": 108}
+
+
+def check_arch(arch: object) -> str:
+    """``arch`` if tileiras knows it, else :class:`InputValueError` saying what it takes."""
+    if not isinstance(arch, str) or not re.fullmatch(r"sm_\d{2,3}", arch):
+        raise InputValueError(f"arch must look like 'sm_90'; got {arch!r}")
+    if arch not in ARCHITECTURES:
+        raise InputValueError(f"arch must be one of {', '.join(ARCHITECTURES)}; got {arch!r}")
+    return arch
+
+
+def generation(arch: str) -> str:
+    """The GPU generation of ``arch``: ampere, ada, hopper, blackwell, blackwell-consumer."""
+    return GENERATIONS[check_arch(arch)]
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    arch: str
+    cubin_size: int
+    seconds: float
+    cubin: bytes
+    shared_bytes: int | None  # static shared memory of the kernel (None: not in the cubin)
+    #: the cubins of the schedule's other kernels (decode: the combine), so comparisons of
+    #: compiled code (``tiledtune restamp``) see every kernel a schedule launches
+    other_cubins: tuple[bytes, ...] = ()
+
+
+def cubin_shared_bytes(cubin: bytes) -> int | None:
+    """Static shared memory of the kernel: the size of the cubin's ``.nv.shared.<kernel>`` ELF
+    section. (Register counts and spills need cuobjdump, which the pip toolchain lacks.)"""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        return None
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQII", cubin, shoff + i * shentsize)
+                for i in range(shnum)]
+    names_at = sections[shstrndx][4]
+
+    def name(offset: int) -> str:
+        start = names_at + offset
+        return cubin[start:cubin.index(b"\0", start)].decode(errors="replace")
+
+    for sh_name, _, _, _, _, size, _, _ in sections:
+        label = name(sh_name)
+        if label.startswith(".nv.shared.") and not label.startswith(".nv.shared.reserved"):
+            return size
+    return None
+
+
+
+
+def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None) -> Any:
+    """An array as ``ct.launch`` sees a tensor of ``shape`` (``strides`` in elements, default
+    contiguous) with a contiguous last dim and 16-byte aligned rows: its JIT specialises on
+    16-byte divisible strides and base address and on each dim being a multiple of 16. Matching
+    that makes the cubin's cache key equal to the launch's, so a compile-only build warms
+    cuTile's disk cache for the real launch."""
+    import cuda.tile as ct
+    from cuda.tile import compilation as ctc
+
+    ndim = len(shape)
+    elems_per_16_bytes = 16 // element(dtype).itemsize
+    if strides is None:
+        divisible = tuple(elems_per_16_bytes for _ in range(ndim - 1)) + (1,)
+    else:
+        divisible = tuple(elems_per_16_bytes if st % elems_per_16_bytes == 0 else 1
+                          for st in strides[:-1]) + (1,)
+    return ctc.ArrayConstraint(
+        getattr(ct, element(dtype).torch), ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+        alias_groups=(), may_alias_internally=False,
+        stride_constant=(None,) * (ndim - 1) + (1,), stride_divisible_by=divisible,
+        shape_divisible_by=tuple(16 if n % 16 == 0 else 1 for n in shape),
+        base_addr_divisible_by=16,
+    )
+
+
+def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> CompileResult:
+    """Compile ``kernel`` for ``arch`` with ``args`` (per parameter, in order: an
+    ``ArrayConstraint``, a ``ScalarConstraint`` or a constant's value) into a cubin; raise
+    :class:`CompileError` naming ``label`` when tileiras refuses."""
+    from cuda.tile import compilation as ctc
+
+    check_arch(arch)
+    signature = ctc.KernelSignature(
+        list(args), calling_convention=ctc.CallingConvention.cutile_python_v1())
+    buf = io.BytesIO()
+    start = time.perf_counter()
+    try:
+        ctc.export_kernel(kernel, [signature], buf, gpu_code=arch, output_format="cubin")
+    except Exception as exc:  # tileiras failures come as several exception types
+        message = str(exc).strip().splitlines()
+        raise CompileError(
+            f"{label} does not compile for {arch}: "
+            f"{type(exc).__name__}: {message[-1] if message else ''}"[:2000]
+        ) from exc
+    cubin = buf.getvalue()
+    return CompileResult(arch=arch, cubin_size=len(cubin), seconds=time.perf_counter() - start,
+                         cubin=cubin, shared_bytes=cubin_shared_bytes(cubin))

@@ -1,0 +1,75 @@
+"""What a cubin holds, read without CUDA tools: its ELF sections, and a digest of its machine code.
+
+A cubin is a 64-bit little-endian ELF file. ``text_digest`` hashes only the code sections
+(``.text.<kernel>``), so two builds compare equal when they run the same instructions, whatever
+their debug-line, symbol or note sections say (those change with a comment in the source).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+from ..errors import InputValueError
+
+__all__ = ["elf_sections", "text_digest"]
+
+_ELF_MAGIC = b"\x7fELF"
+_ELFCLASS64 = 2
+_ELFDATA2LSB = 1
+_SHT_NOBITS = 8  # a section that occupies no bytes in the file (.bss, .nv.shared.*)
+
+
+def elf_sections(cubin: bytes) -> list[tuple[str, bytes]]:
+    """``(name, contents)`` of every section of the ELF file ``cubin``, in section-header order.
+
+    A section without file contents (``SHT_NOBITS``, e.g. ``.nv.shared.<kernel>``: static shared
+    memory) comes as ``sh_size`` zero bytes, so ``len`` is its size either way. Raises ``ValueError`` if ``cubin`` is not a 64-bit little-endian ELF file or its
+    headers point outside it.
+    """
+    data = bytes(cubin)
+    if len(data) < 0x40 or data[:4] != _ELF_MAGIC:
+        raise InputValueError(f"cubin must be an ELF file; got {len(data)} bytes starting "
+                         f"{data[:4]!r}")
+    if data[4] != _ELFCLASS64 or data[5] != _ELFDATA2LSB:
+        raise InputValueError(f"cubin must be a 64-bit little-endian ELF file; got class {data[4]}, "
+                         f"data encoding {data[5]}")
+    try:
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+        # Elf64_Shdr: name, type, flags, addr, offset, size, link, info (addralign, entsize follow)
+        headers = [struct.unpack_from("<IIQQQQII", data, shoff + i * shentsize)
+                   for i in range(shnum)]
+        names_at = headers[shstrndx][4]
+    except (struct.error, IndexError) as exc:
+        raise InputValueError(f"cubin has a truncated or corrupt ELF section table: {exc}") from None
+
+    def name(offset: int) -> str:
+        start = names_at + offset
+        end = data.find(b"\0", start)
+        if start >= len(data) or end < 0:
+            raise InputValueError(f"cubin has a section name outside its string table (offset {offset})")
+        return data[start:end].decode(errors="replace")
+
+    sections = []
+    for sh_name, sh_type, _, _, sh_offset, sh_size, _, _ in headers:
+        if sh_type == _SHT_NOBITS:
+            contents = bytes(sh_size)
+        else:
+            if sh_offset + sh_size > len(data):
+                raise InputValueError(f"cubin section {name(sh_name)!r} runs past the end of the file")
+            contents = data[sh_offset:sh_offset + sh_size]
+        sections.append((name(sh_name), contents))
+    return sections
+
+
+def text_digest(cubin: bytes) -> str:
+    """SHA-256 (hex) over the contents of the cubin's code sections (names starting with
+    ``.text``), in section order, each prefixed with its length. Equal digests: the same machine
+    code. Section names do not count (they carry the kernel's symbol, which may be mangled)."""
+    digest = hashlib.sha256()
+    for label, contents in elf_sections(cubin):
+        if label.startswith(".text"):
+            digest.update(struct.pack("<Q", len(contents)))
+            digest.update(contents)
+    return digest.hexdigest()

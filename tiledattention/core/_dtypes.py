@@ -1,0 +1,80 @@
+"""The element types of attention's inputs, declared once: each short name (what problems,
+keys, files and the command line say) with its torch, cuda.tile and CuPy names and its size.
+
+Every table of dtypes in the project derives from :data:`ELEMENTS` (the problem's check, the
+tensor checks of the entry points, the compile-only array types, a test case's inputs, the
+command line's choices); which of them a family's kernels take is the family's own declaration
+(``Family.tolerances``). A new input dtype is one line here and one entry per family that takes
+it (``docs/extending.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputTypeError, UnsupportedProblemError
+
+__all__ = ["Element", "ELEMENTS", "DTYPES", "element", "dtype_of", "torch_dtype",
+           "array_itemsize"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Element:
+    """One input dtype: ``name`` (short: ``"bf16"``), ``torch`` (the attribute of ``torch``
+    and of ``cuda.tile``: ``"bfloat16"``), ``cupy`` (CuPy's dtype name, ``None`` where CuPy
+    has none) and ``itemsize`` in bytes."""
+
+    name: str
+    torch: str
+    cupy: str | None
+    itemsize: int
+
+
+#: The input dtypes, in the order the command line lists them (the first is its default).
+ELEMENTS: dict[str, Element] = {e.name: e for e in (
+    Element(name="bf16", torch="bfloat16", cupy=None, itemsize=2),  # CuPy has no bfloat16
+    Element(name="fp16", torch="float16", cupy="float16", itemsize=2),
+)}
+#: Short dtype names used in keys, files and on the command line.
+DTYPES = tuple(ELEMENTS)
+#: The other arrays the kernels read or write (statistics, offsets), for compile-only builds.
+_AUXILIARY = {"fp32": Element(name="fp32", torch="float32", cupy="float32", itemsize=4),
+              "int32": Element(name="int32", torch="int32", cupy="int32", itemsize=4)}
+_BY_LIBRARY_NAME = {("torch", e.torch): e.name for e in ELEMENTS.values()}
+_BY_LIBRARY_NAME.update({("cupy", e.cupy): e.name for e in ELEMENTS.values() if e.cupy})
+
+
+def element(name: str) -> Element:
+    """The input dtype ``name`` (or an auxiliary array's, ``"fp32"`` / ``"int32"``)."""
+    found = ELEMENTS.get(name) or _AUXILIARY.get(name)
+    if found is None:
+        raise UnsupportedProblemError(f"dtype must be one of {DTYPES}; got {name!r}")
+    return found
+
+
+def _names(kind: str) -> str:
+    names = [getattr(e, kind) for e in ELEMENTS.values() if getattr(e, kind)]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+def dtype_of(name: str, x: Any, kind: str = "torch") -> str:
+    """The short name of array ``x``'s dtype (``kind``: ``"torch"`` or ``"cupy"``); an
+    :class:`InputTypeError` naming the argument ``name`` when no family takes it."""
+    dtype = str(x.dtype)
+    found = _BY_LIBRARY_NAME.get((kind, dtype.rsplit(".", 1)[-1]))
+    if found is None:
+        hint = " (cast with .to(torch.bfloat16))" if kind == "torch" else ""
+        raise InputTypeError(f"{name} must be {_names(kind)}; got {dtype}{hint}")
+    return found
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of the short name ``name``."""
+    import torch
+
+    return getattr(torch, element(name).torch)
+
+
+def array_itemsize(name: str) -> int:
+    return element(name).itemsize

@@ -1,0 +1,282 @@
+"""Attention over a paged K/V cache (``tiledattention.paged_attention`` and
+``varlen_attn(..., block_table=, seqused_k=)``), the layout serving engines keep: K and V are
+pools ``[pages, page_size, H_kv, D]``, an int32 block table ``[B, max_pages]`` names each batch
+entry's pages in order, and ``seqused_k [B]`` says how many of its keys are valid (the last page
+is usually partly filled). Entry ``b``'s queries are the last ``S_q`` positions of its
+``seqused_k[b]`` keys (a decode step, speculative tokens, a chunk of a prefill), so causal
+masks and windows align bottom-right.
+
+Decode steps (few query rows: the decode family's dispatch rule) run on the split-KV decode
+kernels, which read the pages in place (``PAGED``): each key tile looks its pages up in the
+block table, nothing is gathered or copied, and keys past ``seqused_k[b]`` (or past the block
+table's pages) never enter the softmax. Every entry's key walk is split over the same number of
+CTAs, so a batch whose lengths differ by 1000x runs in one launch. Long query runs (chunked
+prefill) run on the forward family's ragged kernel. It reads the pages in place where one page
+holds a whole key tile of its schedule (``ForwardFamily.reads_pages_with``: pages of 128 keys or
+more under the sm_90 defaults); else each entry's pages are gathered into a contiguous copy
+first (:func:`gather_pages`: one read and one write of the keys), since a key tile joined from
+several pages stalls that kernel (docs/records/benchmarks/paged/). Nothing is read on the host: the
+lengths and the block table stay on the device, so a step is capturable in a CUDA graph and
+replays with new lengths and tables.
+
+A decode step over pages is looked up by its batch, query count, page size and longest cache
+(``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
+``Problem.page_size`` with ``ragged``. A paged row answers only for its own longest cache
+(``DecodeFamily.transfer_refusal``): it was tuned on caches of mixed lengths up to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from ..core import _plans as hot
+from ..core._device import device_info
+from ..core._dtypes import dtype_of
+from ..core._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
+                             check_attention_tensors, check_reach, default_scale, padded_head_dim,
+                             sink_logits, variant_args)
+from ..core._family import serving
+from ..core._ragged import RaggedLayout, ragged_problem
+from ..core._runtime import Runtime, runtime
+from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
+
+__all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
+           "reader", "OP_NAME"]
+
+OP_NAME = "tiledattention::paged_attention"
+
+
+def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any) -> None:
+    """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
+    run these arrays."""
+    check_attention_tensors(("q", "k_pages", "v_pages"), q, k_pages, v_pages,
+                            "[B, H_q, S_q, D]", "[pages, page_size, H_kv, D]")
+    b, hq, _, d = q.shape
+    _, page_size, hkv, dk = k_pages.shape
+    if dk != d:
+        raise InputValueError(f"k_pages' head_dim must be q's ({d}); got {dk}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise InputValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}; got {d}")
+    if hq % hkv:
+        raise InputValueError(f"q's heads ({hq}) must be a multiple of k_pages' ({hkv})")
+    if page_size % PAGE_ALIGN:
+        raise InputValueError(f"the page size (k_pages.shape[1]) must be a multiple of "
+                              f"{PAGE_ALIGN}; got {page_size}")
+    for name, x, shape in (("block_table", block_table, "[B, max_pages]"),
+                           ("seqused_k", seqused_k, "[B]")):
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"{name} must be an int32 torch.Tensor {shape}; got "
+                                 f"{type(x).__name__}")
+        if x.dtype != torch.int32 or x.dim() != len(shape.split(",")) or x.shape[0] != b:
+            raise InputValueError(f"{name} must be an int32 tensor {shape} with B = {b}; got "
+                                  f"{x.dtype} of shape {tuple(x.shape)}")
+        if x.device != q.device:
+            raise InputValueError(f"{name} must be on q's device {q.device}; got {x.device}")
+    if block_table.shape[1] < 1 or block_table.stride(1) != 1:
+        raise InputValueError(f"block_table must hold at least one page per entry, contiguous "
+                              f"in its last dim; got shape {tuple(block_table.shape)}, strides "
+                              f"{block_table.stride()}")
+
+
+def _check_device(q: Any) -> None:
+    """The device check, after every other check of a call (:func:`_check`, the scale, the
+    problem, the sinks), so a wrong argument is named even on CPU tensors. The other arrays
+    are on q's device (:func:`_check`)."""
+    if not q.is_cuda:
+        raise InputValueError(f"q, k_pages and v_pages must be CUDA tensors; got tensors on "
+                              f"{q.device}")
+
+
+def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: Any,
+                  softcap: Any, sinks: Any, max_k: Optional[int]):
+    """The bucketed :class:`Problem` of a paged call (``ragged_problem``'s bucket with the page
+    size) and its longest cache (``max_k``, else the block table's capacity)."""
+    sequences, hq, sq, d = block_table.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    tokens = sequences * sq
+    page_size, hkv = k_pages.shape[1], k_pages.shape[2]
+    capacity = block_table.shape[1] * page_size
+    if max_k is None:
+        longest = capacity
+    elif isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
+        raise InputValueError(f"max_k must be a positive int (at least every entry's "
+                              f"seqused_k) or None; got {max_k!r}")
+    else:
+        longest = min(max_k, capacity)
+    is_causal, _ = causal_flags(causal)
+    if causal == TOP_LEFT and sq > 1:
+        raise InputValueError("a paged call's queries are the last positions of each entry's "
+                              "keys: causal=True (or 'bottom_right') aligns them bottom-right; "
+                              "got causal='top_left'")
+    left, right, cap = variant_args(window, softcap)
+    problem = ragged_problem(sequences=sequences, tokens_q=tokens, longest_q=sq,
+                             longest_k=longest, heads_q=hq, heads_kv=hkv, head_dim=d,
+                             dtype=dtype_of("q", q), causal=is_causal, bottom_right=True,
+                             window=(left, right), softcap=cap, sinks=sinks is not None,
+                             page_size=page_size)
+    return problem, longest
+
+
+def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
+                  causal: Any = True, scale: Optional[float] = None, window: Any = None,
+                  softcap: Any = None, sinks: Any = None,
+                  max_k: Optional[int] = None) -> torch.Tensor:
+    """``tiledattention.paged_attention`` (see there): the output ``[B, H_q, S_q, D]``."""
+    _check(q, k_pages, v_pages, block_table, seqused_k)
+    _check_call(scale, q, k_pages, v_pages)
+    problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
+                                     max_k)
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+    _check_device(q)
+    device = q.device.index
+    shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
+                                seqlen_k=longest)
+    family = reader(device_info(device).arch, shape)
+    if family.name == "forward":  # a long query run (chunked prefill)
+        resolution = _in_place(runtime, family, problem, shape, device)
+        if resolution is None:  # its key tiles span pages: the pages gathered first
+            return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k,
+                                     longest, causal=causal, scale=scale, window=window,
+                                     softcap=softcap, sinks=sinks)
+        return _forward_in_place(family, problem, resolution.schedule, q, k_pages, v_pages,
+                                 block_table, seqused_k, longest, scale, sinks)
+    # a decode step: the split-KV kernels' kept plan
+    plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
+                         k_pages, v_pages)
+    out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
+                   pages=block_table)
+    if out is None:
+        raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
+                              f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "
+                              f"pool")
+    return out
+
+
+def reader(arch: str, shape: Any) -> Any:
+    """The family whose kernels read this paged call's pages (the first in dispatch order that
+    reads pages and accepts it: the decode family for decode steps, else the forward, which may
+    still gather them, ``reads_pages_with``)."""
+    return next((f for f in serving("sdpa") if f.reads_pages and f.accepts(arch, shape)), None)
+
+
+def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and 0 < scale < float("inf")):
+        raise InputValueError(f"scale must be a finite positive number or None; got {scale!r}")
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_pages, v_pages)):
+        raise UnsupportedOperationError("a paged cache is for inference: it has no autograd "
+                                        "(run the call under torch.no_grad())")
+    check_reach("k_pages", k_pages, "torch", padded_head_dim(k_pages.shape[-1]))
+
+
+def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> torch.Tensor:
+    """A ``[B, H_kv, pages * page_size, D]`` view of a contiguous copy of each entry's first
+    ``ceil(keys / page_size)`` pages (block-table slots past an entry's pages copy some page of
+    the pool, never read: its ranges end at its key count)."""
+    page_size = pool.shape[1]
+    width = min(block_table.shape[1], -(-keys // page_size))
+    ids = block_table[:, :width].clamp(0, pool.shape[0] - 1).flatten()
+    copy = pool.index_select(0, ids)  # [B * width, page_size, H_kv, D]
+    return copy.view(block_table.shape[0], width * page_size, *pool.shape[2:]).transpose(1, 2)
+
+
+def _in_place(runtime: Runtime, family: Any, problem: Any, shape: Any, device: int) -> Any:
+    """The forward's :class:`Resolution` for a long query run's ragged bucket ``problem``
+    (looked up as ``family.paged_lookup``) where its schedule reads the pages in place, else
+    ``None`` (they are gathered)."""
+    resolution = runtime.resolution(family, family.paged_lookup(problem, shape), device)
+    return resolution if family.reads_pages_with(problem, resolution.schedule) else None
+
+
+def _query_ranges(q: torch.Tensor, seqused_k: torch.Tensor) -> torch.Tensor:
+    """The int32 ``[4, B]`` ranges of a paged call: each entry's ``S_q`` queries over its
+    first ``seqused_k[b]`` keys."""
+    ranges = torch.zeros((4, q.shape[0]), dtype=torch.int32, device=q.device)
+    ranges[1] = q.shape[2]
+    ranges[3] = seqused_k
+    return ranges
+
+
+def _forward_in_place(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages,
+                      block_table, seqused_k, longest: int, scale: Any,
+                      sinks: Any) -> torch.Tensor:
+    """A long query run on the forward family's ragged kernel reading the pages in place
+    (``family.reads_pages_with(problem, schedule)``: each key tile within one page)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+    layout = RaggedLayout(_query_ranges(q, seqused_k), q.shape[2], longest, False, block_table)
+    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k_pages, v_pages, out, None,
+                            problem, schedule,
+                            default_scale(problem) if scale is None else float(scale),
+                            q.device.index, sinks=logits, ragged=layout)
+    return out
+
+
+def _gathered_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
+                      longest: int, **variant: Any) -> torch.Tensor:
+    """A paged call whose query runs are long (chunked prefill): each entry's pages gathered
+    into a contiguous cache (one read and one write of its keys), then the padded batch's
+    ragged forward (``sdpa(..., ranges=)``) with every entry's queries the last of its keys."""
+    from ._varlen import padded_forward
+
+    ranges = _query_ranges(q, seqused_k)
+    k = gather_pages(k_pages, block_table, longest)
+    v = gather_pages(v_pages, block_table, longest)
+    causal = variant.pop("causal")
+    return padded_forward(runtime, q, k, v, BOTTOM_RIGHT if causal else False,
+                          variant.pop("scale"), ranges, **variant)
+
+
+def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
+                  causal: Any = True, window: Any = None, softcap: Any = None,
+                  sinks: Any = None, max_k: Optional[int] = None):
+    """The :class:`Resolution` a paged call gets: a decode step's bucket's, on the split-KV
+    kernels; a long query run's ragged bucket without pages, on the forward's kernel (reading
+    the pages in place or gathered)."""
+    _check(q, k_pages, v_pages, block_table, seqused_k)
+    problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
+                                     max_k)
+    if sinks is not None:
+        sink_logits(sinks, problem.heads_q, q, "torch")
+    _check_device(q)
+    device = q.device.index
+    arch = device_info(device).arch
+    shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
+                                seqlen_k=longest)
+    family = reader(arch, shape)  # the forward reads every paged problem no other family does
+    return runtime.resolution(family, family.paged_lookup(problem, shape), device)
+
+
+def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,
+                    causal: Any = True, scale: Optional[float] = None, window: Any = None,
+                    softcap: Optional[float] = None, sinks: Any = None,
+                    max_k: Optional[int] = None) -> torch.Tensor:
+    """``tiledattention.paged_attention`` (see there) on the process's runtime: the torch op
+    while ``torch.compile`` traces, the launch otherwise."""
+    if torch.compiler.is_compiling():
+        left, right = window if window is not None else (-1, -1)
+        return paged_op(q, k_pages, v_pages, block_table, seqused_k, bool(causal), scale, left,
+                        right, float(softcap or 0.0), sinks, max_k)
+    return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k, causal=causal,
+                         scale=scale, window=window, softcap=softcap, sinks=sinks, max_k=max_k)
+
+
+# -- torch.compile ------------------------------------------------------------------------------
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+             block_table: torch.Tensor, seqused_k: torch.Tensor, causal: bool,
+             scale: Optional[float], window_left: int, window_right: int, softcap: float,
+             sinks: Optional[torch.Tensor], max_k: Optional[int]) -> torch.Tensor:
+    """:func:`paged_forward` as a torch op (``torch.compile`` traces it as one node)."""
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k,
+                         causal=BOTTOM_RIGHT if causal else False, scale=scale, window=window,
+                         softcap=softcap or None, sinks=sinks, max_k=max_k)
+
+
+@paged_op.register_fake
+def _paged_fake(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window_left,
+                window_right, softcap, sinks, max_k):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)

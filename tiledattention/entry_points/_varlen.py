@@ -1,0 +1,459 @@
+"""Packed variable-length attention on torch tensors (``tiledattention.varlen_attn``), with
+torch's ``torch.nn.attention.varlen.varlen_attn`` shapes and semantics: ``query [T_q, H_q, D]``,
+``key, value [T_k, H_kv, D]``, int32 cumulative offsets ``cu_seq_q, cu_seq_k [N + 1]`` and the
+longest lengths ``max_q, max_k`` (the caller's word: nothing reads the offsets on the host).
+
+Sequence ``i`` is query rows ``cu_seq_q[i]:cu_seq_q[i + 1]`` against keys
+``cu_seq_k[i]:cu_seq_k[i + 1]``. Causal masks align per sequence: bottom-right (the queries are
+a sequence's last positions; FlashAttention's and torch's varlen convention, and the same as
+top-left where a sequence has as many queries as keys) or top-left; a window ``(left, right)``
+composes with the same alignment. Rows outside every sequence come out as zeros, and get zero
+gradients.
+
+The forward and the backward run the forward and backward families' kernels on ``[1, H,
+tokens, D]`` views of the packed tensors, each sequence cut out by its range
+(``tiledattention.core._ragged``); the schedules are looked up for the batch's bucket
+(``ragged_problem``). Autograd and ``torch.compile`` go through two custom ops,
+``tiledattention::varlen_fwd`` and ``tiledattention::varlen_bwd``, with fake implementations.
+
+A padded ``[B, H, S, D]`` batch with per-entry ranges (``tiledattention.sdpa(..., ranges=)``,
+:func:`padded_forward`) runs the same forward kernels, each entry cut to its ranges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import torch
+
+from ..core import _plans as hot
+from ..core._device import device_info
+from ..core._dispatch import choose_family
+from ..core._dtypes import dtype_of
+from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
+                             causal_flags, check_attention_tensors, check_cuda, check_reach,
+                             default_scale, padded_head_dim, problem_of_arrays, sink_logits,
+                             variant_args)
+from ..core._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
+                            ragged_problem)
+from ._ragged_fill import clear_uncovered_rows
+from ..core._runtime import Runtime, runtime
+from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
+                      UnsupportedProblemError)
+
+__all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
+           "explain_varlen", "FWD_OP_NAME", "BWD_OP_NAME"]
+
+FWD_OP_NAME = "tiledattention::varlen_fwd"
+BWD_OP_NAME = "tiledattention::varlen_bwd"
+#: the most CTAs a grid's second dimension holds (the ragged grids put sequences x heads there)
+GRID_LIMIT = 65535
+
+
+# -- validation ---------------------------------------------------------------------------------
+def _check_packed(query: Any, key: Any, value: Any, enable_gqa: bool) -> str:
+    """Check the packed tensors; return the dtype's name."""
+    packed = "[tokens, heads, head_dim]"
+    check_attention_tensors(("query", "key", "value"), query, key, value, packed, packed)
+    d = query.shape[2]
+    if key.shape[2] != d:
+        raise InputValueError(f"key must have the head_dim of query ({d}); got {key.shape[2]}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise InputValueError(f"head_dim must be a multiple of 8 in 32..256; got {d}")
+    hq, hkv = query.shape[1], key.shape[1]
+    if hq != hkv and not enable_gqa:
+        raise InputValueError(f"query has {hq} heads and key {hkv}: pass enable_gqa=True for "
+                              f"grouped-query attention")
+    if hq % hkv:
+        raise InputValueError(f"query's heads ({hq}) must be a multiple of key's heads ({hkv})")
+    return dtype_of("query", query)
+
+
+def _check_offsets(cu_seq_q: Any, cu_seq_k: Any, query: Any, key: Any) -> None:
+    for name, cu in (("cu_seq_q", cu_seq_q), ("cu_seq_k", cu_seq_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise InputTypeError(f"{name} must be an int32 torch.Tensor [sequences + 1]; got "
+                                 f"{type(cu).__name__}")
+        if cu.dtype not in (torch.int32, torch.int64) or cu.dim() != 1 or cu.shape[0] < 2:
+            raise InputValueError(f"{name} must be a 1-dim int32 tensor of at least 2 offsets "
+                                  f"[sequences + 1]; got {cu.dtype} of shape {tuple(cu.shape)}")
+        if cu.device != query.device:
+            raise InputValueError(f"{name} must be on query's device {query.device}; got "
+                                  f"{cu.device}")
+    if cu_seq_q.shape != cu_seq_k.shape:
+        raise InputValueError(f"cu_seq_q and cu_seq_k must have one length (sequences + 1); "
+                              f"got {cu_seq_q.shape[0]} and {cu_seq_k.shape[0]}")
+
+
+def _check_max(name: str, value: Any, tokens: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputTypeError(f"{name} must be an int; got {type(value).__name__}")
+    if not 1 <= value <= INDEX_LIMIT:
+        raise InputValueError(f"{name} must be at least 1 (the longest sequence's length); got "
+                              f"{value}")
+    return min(value, tokens)  # no sequence is longer than the tokens
+
+
+def _alignment(is_causal: Any) -> tuple[bool, bool]:
+    """``(causal, bottom_right)`` of ``is_causal``: ``True`` / ``"bottom_right"`` (torch's
+    varlen convention), ``"top_left"``, or ``False`` (no mask; a window still aligns
+    bottom-right, as FlashAttention's and torch's do)."""
+    if is_causal is True or is_causal == BOTTOM_RIGHT:
+        return True, True
+    if is_causal == TOP_LEFT:
+        return True, False
+    if is_causal is False:
+        return False, True
+    raise InputValueError(f"is_causal must be True, False, {BOTTOM_RIGHT!r} or {TOP_LEFT!r}; got "
+                          f"{is_causal!r}"[:200])
+
+
+def _mask_of(is_causal: Any, window_size: Any) -> tuple[bool, bool, int, int]:
+    """``(causal, bottom_right, left, right)`` of torch's ``is_causal`` and ``window_size``:
+    ``window_size=(-1, 0)`` (and any ``(left, 0)``) is torch's spelling of causal."""
+    causal, bottom_right = _alignment(is_causal)
+    left, right, _ = variant_args(window_size, None)
+    if not causal and right == 0:
+        causal, bottom_right = True, True
+    return causal, bottom_right, left, right
+
+
+def _check_scale(scale: Any) -> None:
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise InputTypeError(f"scale must be a float or None; got {type(scale).__name__}")
+    if not math.isfinite(scale) or scale <= 0:
+        raise InputValueError(f"scale must be a finite positive number; got {scale}")
+
+
+def _check_grid(sequences: int, heads_q: int) -> None:
+    """The kernels' grids hold sequences x query heads in a dimension of at most 65535."""
+    if sequences * heads_q > GRID_LIMIT:
+        raise UnsupportedProblemError(
+            f"a ragged batch holds at most {GRID_LIMIT} sequences x query heads; got "
+            f"{sequences} x {heads_q}: split the batch")
+
+
+def _view(x: torch.Tensor) -> torch.Tensor:
+    """``[tokens, H, D]`` as the kernels' ``[1, H, tokens, D]`` (a view)."""
+    return x.unsqueeze(0).transpose(1, 2)
+
+
+def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
+             enable_gqa):
+    """Validate a call; ``(problem, layout, scale)``."""
+    dtype = _check_packed(query, key, value, enable_gqa)
+    _check_offsets(cu_seq_q, cu_seq_k, query, key)
+    longest_q = _check_max("max_q", max_q, query.shape[0])
+    longest_k = _check_max("max_k", max_k, key.shape[0])
+    causal, bottom_right = _alignment(is_causal)
+    left, right, _ = variant_args(window, None)
+    _check_scale(scale)
+    sequences = cu_seq_q.shape[0] - 1
+    _check_grid(sequences, query.shape[1])
+    problem = ragged_problem(sequences=sequences, tokens_q=query.shape[0], longest_q=longest_q,
+                             longest_k=longest_k, heads_q=query.shape[1],
+                             heads_kv=key.shape[1], head_dim=query.shape[2], dtype=dtype,
+                             causal=causal, bottom_right=bottom_right, window=(left, right))
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        check_reach(name, _view(x), "torch", padded_head_dim(problem.head_dim))
+    # last: a wrong argument is named even on CPU tensors
+    check_cuda((("query", query), ("key", key), ("value", value)), "torch")
+    layout = RaggedLayout(packed_ranges(cu_seq_q, cu_seq_k), longest_q, longest_k, True)
+    return problem, layout, default_scale(problem) if scale is None else float(scale)
+
+
+# -- the runtime's entry points -----------------------------------------------------------------
+def varlen_forward(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
+                   is_causal: Any = False, scale: Optional[float] = None,
+                   window: Any = None, enable_gqa: bool = False):
+    """``(out, lse)``: the output ``[T_q, H_q, D]`` (rows outside every sequence are zeros) and
+    the base-2 log-sum-exp of the scaled scores, float32 ``[1, H_q, T_q]`` (rows outside every
+    sequence undefined), for :func:`varlen_backward`."""
+    problem, layout, scale = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                      is_causal, scale, window, enable_gqa)
+    device = query.device.index
+    family = choose_family(device_info(device).arch, problem, "sdpa_with_lse")
+    schedule = runtime.resolution(family, problem, device).schedule
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    lse = packed_row_stat(query.shape[1], query.shape[0], query.device)
+    stream = torch.cuda.current_stream(query.device)
+    family.forward_with_lse(stream, _view(query), _view(key), _view(value), _view(out), lse,
+                            problem, schedule, scale, device, ragged=layout)
+    clear_uncovered_rows(stream, out, layout.ranges, 0)  # tokens of no sequence: zeros
+    return out, lse
+
+
+def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k,
+                    max_q, max_k, *, is_causal: Any = False, scale: Optional[float] = None,
+                    window: Any = None, enable_gqa: bool = False):
+    """``(dq, dk, dv)`` of :func:`varlen_forward`'s output given ``grad_out`` (zeros outside
+    every sequence)."""
+    problem, layout, scale = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                      is_causal, scale, window, enable_gqa)
+    for name, x in (("grad_out", grad_out), ("out", out)):
+        if (not isinstance(x, torch.Tensor) or x.shape != query.shape
+                or x.dtype != query.dtype or x.device != query.device):
+            raise InputValueError(f"{name} must be a tensor like query {tuple(query.shape)}, "
+                                  f"{query.dtype}, {query.device}")
+    stat = (1, query.shape[1], query.shape[0])
+    if (not isinstance(lse, torch.Tensor) or tuple(lse.shape) != stat
+            or lse.dtype != torch.float32 or lse.stride(-1) != 1):
+        raise InputValueError(f"lse must be the float32 {list(stat)} log-sum-exp varlen_forward "
+                              f"returned")
+    device = query.device.index
+    family = choose_family(device_info(device).arch, problem, "sdpa_backward")
+    schedule = runtime.resolution(family, problem, device).schedule
+    grads = tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                  for x in (query, key, value))
+    delta = packed_row_stat(query.shape[1], query.shape[0], query.device)
+    grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+    stream = torch.cuda.current_stream(query.device)
+    family.backward(stream, problem, schedule, scale, _view(query), _view(key), _view(value),
+                    _view(out), _view(grad_out), lse, delta, tuple(_view(g) for g in grads),
+                    ragged=layout)
+    for grad, which in zip(grads, (0, 2, 2)):  # tokens of no sequence: zero gradients
+        clear_uncovered_rows(stream, grad, layout.ranges, which)
+    return grads
+
+
+def explain_varlen(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
+                   is_causal: Any = False, window: Any = None, enable_gqa: bool = False,
+                   training: bool = False):
+    """The :class:`Resolution` the call's bucket gets (the forward's; with ``training``, the
+    backward's)."""
+    problem, _, _ = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
+                             None, window, enable_gqa)
+    device = query.device.index
+    operation = "sdpa_backward" if training else "sdpa_with_lse"
+    family = choose_family(device_info(device).arch, problem, operation)
+    return runtime.resolution(family, problem, device)
+
+
+def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float], ranges, *,
+                   window: Any = None, softcap: Any = None, sinks: Any = None,
+                   schedule: Any = None, out: Any = None):
+    """``tiledattention.sdpa(..., ranges=)``: a padded ``[B, H, S, D]`` batch whose entries
+    attend within their ranges (an int32 ``[4, B]`` tensor: query starts, query ends, key
+    starts, key ends): on the family ``sdpa`` picks for the shape where it takes the ranges
+    (the split-KV decode kernels for few query rows, bottom-right), else on the forward
+    family's ragged kernels."""
+    if not isinstance(q, torch.Tensor):
+        raise InputTypeError(f"ranges= takes torch tensors; got q of type "
+                             f"{type(q).__module__}.{type(q).__name__}")
+    batch = q.shape[0] if q.dim() == 4 else None
+    if (not isinstance(ranges, torch.Tensor) or ranges.dtype != torch.int32
+            or tuple(ranges.shape) != (4, batch) or ranges.device != q.device):
+        raise InputValueError(
+            f"ranges must be an int32 tensor [4, B] = [4, {batch}] on {q.device} (query "
+            f"starts, query ends, key starts, key ends); got "
+            + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
+               if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
+    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    _check_grid(problem.batch, problem.heads_q)
+    if schedule is not None or out is not None:
+        raise InputValueError("ranges= takes no schedule= or out= (the lookup picks the ragged "
+                              "schedule; the output is new); got "
+                              + ("schedule" if schedule is not None else "out"))
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise UnsupportedOperationError(
+            "ranges= has no autograd: for training on sequences of their own lengths, pack "
+            "them and call tiledattention.varlen_attn")
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
+    check_cuda((("q", q), ("k", k), ("v", v)), kind)  # last: a wrong argument is named first
+    # the call's own alignment and window: the canonical form judged them at S_q and S_k,
+    # and each entry's ranges have lengths of their own
+    is_causal, bottom_right = causal_flags(causal)
+    bucket = ragged_problem(sequences=problem.batch, tokens_q=problem.batch * problem.seqlen_q,
+                            longest_q=problem.seqlen_q, longest_k=problem.seqlen_k,
+                            heads_q=problem.heads_q, heads_kv=problem.heads_kv,
+                            head_dim=problem.head_dim, dtype=problem.dtype, causal=is_causal,
+                            bottom_right=bottom_right,
+                            window=variant_args(window, None)[:2], softcap=problem.softcap,
+                            sinks=problem.sinks)
+    device = q.device.index
+    arch = device_info(device).arch
+    family = choose_family(arch, bucket, "sdpa_with_lse")
+    # few query rows: the family sdpa picks for the padded shape itself (the split-KV decode
+    # kernels, which take the ranges as launch values) where it is not the forward
+    shape = dataclasses.replace(bucket, batch=problem.batch, seqlen_q=problem.seqlen_q,
+                                seqlen_k=problem.seqlen_k)
+    rows = choose_family(arch, shape)
+    if rows is not family:
+        plan = hot.kept_plan(runtime, "ranges", rows, shape, device, scale, causal, q, k, v)
+        result = plan.run(runtime, q, k, v, device, None, sinks=logits, ranges=ranges)
+        if result is not None:
+            return result  # else the plan's checks refused the arrays: the forward runs it
+    chosen = runtime.resolution(family, bucket, device).schedule
+    result = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    layout = RaggedLayout(ranges, problem.seqlen_q, problem.seqlen_k, False)
+    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, result, None, bucket,
+                            chosen, default_scale(problem) if scale is None else float(scale),
+                            device, sinks=logits, ragged=layout)
+    return result
+
+
+# -- custom ops: autograd and torch.compile ----------------------------------------------------
+def _window_of(window_left: int, window_right: int) -> Any:
+    return None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+
+
+def _is_causal(causal: bool, bottom_right: bool) -> Any:
+    """The ``is_causal`` argument of the ops' two flags (a window without ``causal`` aligns
+    bottom-right)."""
+    return (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
+
+
+@torch.library.custom_op(FWD_OP_NAME, mutates_args=())
+def varlen_fwd(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, max_q: int, max_k: int,
+               causal: bool, bottom_right: bool, scale: Optional[float], window_left: int,
+               window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``varlen_forward``: ``(out [T_q, H_q, D], lse [1, H_q, T_q])``."""
+    return varlen_forward(runtime(), query, key, value, cu_seq_q, cu_seq_k,
+                          max_q, max_k, is_causal=_is_causal(causal, bottom_right), scale=scale,
+                          window=_window_of(window_left, window_right),
+                          enable_gqa=query.shape[1] != key.shape[1])
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal, bottom_right,
+                     scale, window_left, window_right):
+    tokens, heads = query.shape[0], query.shape[1]
+    padded = packed_row_stat_length(tokens)
+    lse = query.new_empty_strided((1, heads, tokens), (heads * padded, padded, 1),
+                                  dtype=torch.float32)
+    return torch.empty_like(query, memory_format=torch.contiguous_format), lse
+
+
+@torch.library.custom_op(BWD_OP_NAME, mutates_args=())
+def varlen_bwd(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, max_q: int, max_k: int,
+               causal: bool, bottom_right: bool, scale: Optional[float], window_left: int,
+               window_right: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``varlen_backward``: ``(dq, dk, dv)``."""
+    return varlen_backward(runtime(), grad_out, query, key, value, out, lse,
+                           cu_seq_q, cu_seq_k, max_q, max_k,
+                           is_causal=_is_causal(causal, bottom_right), scale=scale,
+                           window=_window_of(window_left, window_right),
+                           enable_gqa=query.shape[1] != key.shape[1])
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, max_q, max_k,
+                     causal, bottom_right, scale, window_left, window_right):
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                 for x in (query, key, value))
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    query, key, value, cu_seq_q, cu_seq_k = inputs[:5]
+    ctx.save_for_backward(query, key, value, output[0], output[1], cu_seq_q, cu_seq_k)
+    ctx.args = inputs[5:]
+
+
+def _backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
+    query, key, value, out, lse, cu_seq_q, cu_seq_k = ctx.saved_tensors
+    dq, dk, dv = varlen_bwd(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k,
+                            *ctx.args)
+    return (dq, dk, dv) + (None,) * (2 + len(ctx.args))
+
+
+varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal: Any = False,
+                scale: Optional[float] = None, window_size: Any = (-1, -1),
+                enable_gqa: bool = False, seqused_k: Any = None,
+                block_table: Any = None) -> torch.Tensor:
+    """``tiledattention.varlen_attn`` (see there)."""
+    if block_table is not None or seqused_k is not None:
+        return _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale,
+                             window_size, enable_gqa, seqused_k, block_table)
+    if _is_cupy(query):
+        return _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                 is_causal=is_causal, scale=scale, window_size=window_size,
+                                 enable_gqa=enable_gqa)
+    causal, bottom_right, left, right = _mask_of(is_causal, window_size)
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in (query, key, value)):
+        out, _ = varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal,
+                            bottom_right, scale, left, right)
+        return out
+    out, _ = varlen_forward(runtime(), query, key, value, cu_seq_q, cu_seq_k,
+                            max_q, max_k, is_causal=_is_causal(causal, bottom_right),
+                            scale=scale, window=_window_of(left, right), enable_gqa=enable_gqa)
+    return out
+
+
+# -- CuPy ----------------------------------------------------------------------------------------
+def _is_cupy(x: Any) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs):
+    """:func:`varlen_attn` on CuPy arrays (all five; float16, as CuPy has no bfloat16): torch
+    views of the same memory (DLPack, no copy), run on CuPy's current stream; the output is a
+    CuPy array. Forward only (CuPy has no autograd)."""
+    import cupy
+
+    arrays = {"query": query, "key": key, "value": value, "cu_seq_q": cu_seq_q,
+              "cu_seq_k": cu_seq_k}
+    for name, x in arrays.items():
+        if not isinstance(x, cupy.ndarray):
+            raise InputTypeError(f"{name} must be a cupy.ndarray like query; got "
+                                 f"{type(x).__name__} (pass all of them as CuPy arrays or all "
+                                 f"as torch tensors)")
+    stream = cupy.cuda.get_current_stream()
+    with torch.cuda.device(query.device.id):
+        # CuPy's default stream is CUDA's legacy null stream, which is torch's default one
+        torch_stream = (torch.cuda.default_stream() if stream.ptr == 0
+                        else torch.cuda.ExternalStream(stream.ptr))
+        with torch.cuda.stream(torch_stream):
+            tensors = {name: torch.from_dlpack(x) for name, x in arrays.items()}
+            out = varlen_attn(*tensors.values(), max_q, max_k, **kwargs)
+    return cupy.from_dlpack(out)
+
+
+# -- a paged cache ------------------------------------------------------------------------------
+def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, window_size,
+                  enable_gqa, seqused_k, block_table):
+    """:func:`varlen_attn` over a paged cache: the packed queries (one count per sequence) as a
+    ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``."""
+    if block_table is None or seqused_k is None:
+        raise InputValueError(f"a paged cache takes block_table and seqused_k together; got "
+                              f"only {'seqused_k' if block_table is None else 'block_table'}")
+    if not isinstance(query, torch.Tensor) or query.dim() != 3:
+        raise InputValueError(f"query must be a torch.Tensor [tokens, heads, head_dim]; got "
+                              f"{getattr(query, 'shape', type(query).__name__)}")
+    if not isinstance(cu_seq_q, torch.Tensor) or cu_seq_q.dim() != 1:
+        raise InputValueError(f"cu_seq_q must be a 1-dim int32 tensor [sequences + 1]; got "
+                              f"{type(cu_seq_q).__name__}")
+    sequences = cu_seq_q.shape[0] - 1
+    longest_q = _check_max("max_q", max_q, query.shape[0])
+    if not isinstance(block_table, torch.Tensor) or block_table.shape[:1] != (sequences,):
+        raise InputValueError(f"block_table must be an int32 tensor [sequences, max_pages] = "
+                              f"[{sequences}, ...]; got "
+                              f"{getattr(block_table, 'shape', type(block_table).__name__)}")
+    if key.dim() == 4 and query.shape[1] != key.shape[2] and not enable_gqa:
+        raise InputValueError(f"query has {query.shape[1]} heads and key {key.shape[2]}: pass "
+                              f"enable_gqa=True for grouped-query heads")
+    causal, bottom_right, left, right = _mask_of(is_causal, window_size)
+    alignment = (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
+    window = None if (left, right) == (-1, -1) else (left, right)
+    longest_k = _check_max("max_k", max_k, INDEX_LIMIT)
+    if query.shape[0] != sequences * longest_q:
+        raise UnsupportedProblemError(
+            f"varlen_attn over a paged cache runs sequences of one query count (tokens = "
+            f"sequences * max_q: decode, speculative and equal chunked-prefill steps); got "
+            f"{query.shape[0]} query tokens for {sequences} sequences of at most {longest_q}")
+    q4 = query.unflatten(0, (sequences, longest_q)).transpose(1, 2)
+    from ._paged import paged_attention  # the paged cache's entry point (imports torch ops)
+
+    out = paged_attention(q4, key, value, block_table, seqused_k, causal=alignment, scale=scale,
+                          window=window, max_k=longest_k)
+    return out.transpose(1, 2).reshape(query.shape)

@@ -1,0 +1,99 @@
+"""Compile-only builds of the backward kernels for any architecture, on a machine without a GPU:
+the same kernel objects and constants the launcher uses, for arrays laid out the way the
+runtime passes them (contiguous q, k, v, out, dO and gradients; the row statistics as
+``[B, H_q, S_q]`` views of padded storage). A ragged problem compiles for packed sequences
+(``varlen_attn``'s layout): ``[1, H, tokens, D]`` views of contiguous ``[tokens, H, D]``
+tensors with ``tokens = batch * seqlen``, contiguous float32 ``[1, H_q, tokens]`` statistics
+and the int32 ``[4, batch]`` ranges."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...core._compile import CompileResult, array_constraint, export_cubin
+from ...core._lazy import lazy_module
+from ...core._problem import Problem
+from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
+                      DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES,
+                      delta_kernel, dkdv_constants, dkdv_kernel, dq_constants, dq_kernel,
+                      dq_scale_kernel, has_variants, normalise, one_pass_constants,
+                      row_stat_shape, sum_constants, sum_kernel)
+from ._schedule import BackwardSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
+
+__all__ = ["compile_backward"]
+
+
+def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
+    """Compile the kernels ``normalise(problem, schedule)`` launches for ``arch``; raise
+    :class:`CompileError`. The result is the dK/dV kernel's cubin (the largest, whose shared
+    memory decides feasibility), with the dQ kernel's (one-pass, ``dq_mode="atomic"``: the
+    delta and dQ-scale kernels') and with ``dkdv_splits > 1`` the partials' sum kernel's in
+    ``other_cubins``; ``seconds`` counts every build."""
+    s = normalise(problem, schedule)
+    p = problem
+    packed = p.ragged
+    if packed:  # [1, H, tokens, D] views of [tokens, H, D] tensors; [1, H_q, tokens] stats
+        q_like, kv_like = (
+            array_constraint(p.dtype, (1, h, p.batch * n, p.head_dim),
+                             (p.batch * n * h * p.head_dim, p.head_dim, h * p.head_dim, 1))
+            for h, n in ((p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k)))
+        tokens = p.batch * p.seqlen_q
+        stat = array_constraint("fp32", (1, p.heads_q, tokens),
+                                (p.heads_q * tokens, tokens, 1))
+    else:
+        q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+        kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+        b, h, padded = row_stat_shape(p)
+        stat = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
+    kv_parts = array_constraint("fp32", (s.dkdv_splits * p.batch, p.heads_kv, p.seqlen_k,
+                                         p.head_dim))
+    scale = ctc.ScalarConstraint(ct.float32)
+    count = ctc.ScalarConstraint(ct.int32)
+    # the variants' launch-time values, or where the launch passes an empty tuple a zero-byte
+    # constant (cuda.tile.compilation takes no tuple); Ranges: the int32 [4, sequences]
+    # ranges of a ragged call
+    variants = ({"window_left": count, "window_right": count, "softcap": scale}
+                if has_variants(p) else dict.fromkeys(VARIANT_VALUES, ctc.ConstantConstraint(0)))
+    variants[RANGES] = (array_constraint("int32", (4, p.batch)) if p.ragged
+                        else ctc.ConstantConstraint(0))
+    one_pass = s.dq_mode == "atomic"
+    # the one-pass backward's float32 dQ accumulator (contiguous, like q; never ragged), else
+    # the zero-byte constant the launch's empty tuple stands for
+    accum = (array_constraint("fp32", (p.batch, p.heads_q, p.seqlen_q, p.head_dim)) if one_pass
+             else ctc.ConstantConstraint(0))
+    label = f"backward {s.describe()}"
+    grads = kv_parts if s.dkdv_splits > 1 else kv_like
+    dkdv = export_cubin(
+        dkdv_kernel(s),
+        DKDV_PARAMETERS.ordered(
+            {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat,
+             "Delta": stat, "dK": grads, "dV": grads, "qk_scale": scale, "heads_kv": count,
+             "group": count, **variants, DQ_ACCUM: accum}, dkdv_constants(p, s, packed=packed)),
+        arch, label + " (dK/dV)")
+    if one_pass:
+        rows = one_pass_constants(p)
+        others = [export_cubin(delta_kernel(), DELTA_PARAMETERS.ordered(
+                      {"Out": q_like, "dO": q_like, "Delta": stat, "dQacc": accum}, rows),
+                      arch, label + " (delta)"),
+                  export_cubin(dq_scale_kernel(), DQ_SCALE_PARAMETERS.ordered(
+                      {"dQacc": accum, "dQ": q_like, "qk_scale": scale}, rows),
+                      arch, label + " (dQ scale)")]
+    else:
+        others = [export_cubin(
+            dq_kernel(s),
+            DQ_PARAMETERS.ordered(
+                {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like,
+                 "Lse": stat, "Delta": stat, "dQ": q_like, "qk_scale": scale, "heads_q": count,
+                 "group": count, **variants}, dq_constants(p, s, packed=packed)), arch,
+            label + " (dQ)")]
+    if s.dkdv_splits > 1:
+        others.append(export_cubin(
+            sum_kernel(), SUM_PARAMETERS.ordered({"Parts": kv_parts, "Grad": kv_like},
+                                                 sum_constants(p, s.dkdv_splits)),
+            arch, label + " (dK/dV sum)"))
+    return dataclasses.replace(dkdv, seconds=dkdv.seconds + sum(o.seconds for o in others),
+                               other_cubins=tuple(o.cubin for o in others))
+

@@ -1,0 +1,140 @@
+"""The backward family's per-architecture default schedule: what runs for a shape nobody tuned
+and the shipped table does not cover."""
+
+from __future__ import annotations
+
+from ...core._compile import SM_COUNTS, generation
+from ...core._problem import Problem, padded_head_dim
+from ._launch import DQ_FIELDS, normalise, reach, unequal_walks
+from ._schedule import SPLITS, BackwardSchedule
+
+__all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
+           "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last", "DQ_MODE",
+           "deterministic_backward_schedule"]
+
+#: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
+#: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
+#: docs/records/benchmarks/backward/README.md). Two CTAs per SM paid 1.3-1.8x in both kernels at
+#: D <= 128; at D = 256 the dK/dV kernel's two [64, 256] float32 accumulators need 8 worker
+#: warps (3.4x faster than without) and Q/dO loads issued three steps ahead (+8%).
+_HOPPER = {
+    64: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=128, dkdv_occupancy=2,
+                         dq_tile_m=64, dq_tile_n=64, dq_occupancy=2),
+    128: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_occupancy=2,
+                          dq_tile_m=128, dq_tile_n=64, dq_occupancy=2, dq_worker_warps=8),
+    256: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_worker_warps=8, q_latency=3,
+                          dq_tile_m=64, dq_tile_n=64, dq_occupancy=2),
+}
+#: Elsewhere (not measured here): Hopper's tiles, one CTA per SM (the consumer parts and Ampere
+#: have less shared memory and register file per CTA to share).
+_OTHER = {d: s.replace(dkdv_occupancy=1, dq_occupancy=1) for d, s in _HOPPER.items()}
+
+
+#: Waves of CTAs (SMs x the dK/dV kernel's occupancy) the dK/dV grid should fill before its walk
+#: is split: one without a mask (every CTA does the same work), two with one (causal walks
+#: differ in length). From the H100 probes of issue 31 (scripts/backward_parallel_probe.py at
+#: c05e939; docs/records/benchmarks/backward/training.md): the multi-query B1 H8/1 S6144 D128
+#: causal backward ran 2.5x faster with 8 splits and tile-major grids (96 CTAs -> 768; probes 1
+#: and 3), B4 H8/1 S2048 D96 full 1.41x with 2; with tile-major grids, splitting a causal grid
+#: that fills two waves cost 5-15% (B1 H32/8 S4096, B2 H32/8 S2048 D64, B1 H32/4 S8192), as did
+#: splitting a full grid (MHA S8192 full, D256 at one CTA per SM).
+WAVES = {False: 1, True: 2}  # by unequal_walks (the causal mask, a one-sided window)
+#: A grid within this share of its waves counts as filling them.
+FILL = 0.9
+#: Most waves a causal dK/dV grid (split) may have for the default to launch tile-major. With
+#: few waves the longest walks finishing last leave SMs idle and tile-major pays (1.02-1.25x on
+#: eleven causal shapes of 1.9-5.7 waves, H100, issue 31); with many, CTAs of many heads run
+#: side by side and lose the L2's reuse of one head's Q and dO (B1 H8 S16384: 7.8 waves,
+#: 0.95x; B16 H16 S1024 D64: 15.5 waves, 0.72x).
+TILE_MAJOR_WAVES = 6
+#: With a window of ``span`` keys a row (both sides bounded, or left-bounded and causal), no
+#: tile is larger than ``max(WINDOW_TILE_FLOOR, next power of two of span)``: a larger one
+#: computes mostly masked scores (a dQ tile of 128 rows under a 32-key window walks 160 keys
+#: for 32 used per row; 64 rows walk 96). Not measured: from the walk's arithmetic, and kept at
+#: 64 or more, the tiles the measured defaults use.
+WINDOW_TILE_FLOOR = 64
+_TILE_FIELDS = ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n")
+#: The default ``dq_mode`` by GPU generation ("kernel" where not listed): the one-pass backward
+#: (dQ added into a float32 accumulator by the dK/dV kernel) only where it was measured faster.
+#: Hopper keeps the dQ kernel: on an H200 the one-pass backward with the default's dK/dV fields
+#: ran 0.69-0.94x its speed on six training shapes (D 64-256, GQA 1-48, causal and full; at best
+#: 0.75-0.94x with one CTA per SM; docs/records/benchmarks/backward/onepass.md). Elsewhere:
+#: not measured.
+DQ_MODE: dict[str, str] = {}
+
+
+def heaviest_last(problem: Problem) -> bool:
+    """Whether the dQ kernel's last query tiles walk the most keys and the dK/dV kernel's
+    first key tiles the most query tiles: with the causal mask (a left window only trims the
+    ramp's start), or a window bounded on the right only."""
+    return problem.causal or (problem.window_right >= 0 and problem.window_left < 0)
+
+
+def _window_tiles(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
+    """``schedule`` with tiles capped for a window of bounded span (``WINDOW_TILE_FLOOR``)."""
+    left, right = reach(problem)
+    span = left + right + 1
+    if span >= problem.seqlen_q + problem.seqlen_k:  # a side is unbounded
+        return schedule
+    cap = max(WINDOW_TILE_FLOOR, 1 << (span - 1).bit_length())
+    return schedule.replace(**{name: min(getattr(schedule, name), cap) for name in _TILE_FIELDS})
+
+
+def waves(arch: str, problem: Problem, schedule: BackwardSchedule, splits: int) -> float:
+    """The dK/dV grid's CTAs (key tiles x batch x K/V heads x ``splits``) over one wave of the
+    generation's largest part (its SMs x the dK/dV kernel's occupancy)."""
+    ctas = -(-problem.seqlen_k // schedule.dkdv_tile_n) * problem.batch * problem.heads_kv
+    return ctas * splits / (SM_COUNTS[generation(arch)] * schedule.dkdv_occupancy)
+
+
+def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
+    """The fewest dK/dV splits (a power of two, at most 16) with which the dK/dV grid fills
+    ``WAVES[unequal_walks]`` waves (``FILL`` of them counts). Splitting only grids short of their
+    waves bounds the partials: fewer than two waves' key tiles of float32 dK and dV (at most
+    0.1 GiB at D = 256 on the largest part)."""
+    splits = 1
+    while (splits < SPLITS[-1]
+           and waves(arch, problem, schedule, splits) < FILL * WAVES[unequal_walks(problem)]):
+        splits *= 2
+    return splits
+
+
+def _two_kernel_default(arch: str, problem: Problem) -> BackwardSchedule:
+    """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``), tiles
+    capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk split over enough CTAs
+    to fill the GPU (``dkdv_splits``; ``normalise`` caps them at the windowed walk), and where
+    the walks grow towards the dQ grid's end (``heaviest_last``: a causal mask) the longest
+    walks first: the dQ kernel's last query tiles (H100 probe 2 of issue 31: 0-3% faster on
+    six causal training shapes, never slower) and, where the dK/dV grid is at most
+    ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what the problem needs
+    (``normalise``). A ragged problem's default is the same tiles, unsplit and unordered
+    (``normalise``: one tile per CTA over the longest sequence's tiles)."""
+    table = _HOPPER if generation(arch) == "hopper" else _OTHER
+    base = normalise(problem, _window_tiles(problem,
+                                            table[max(64, padded_head_dim(problem.head_dim))]))
+    splits = dkdv_splits(arch, problem, base)
+    longest_first = heaviest_last(problem)
+    return normalise(problem, base.replace(
+        dkdv_splits=splits, dq_heavy_first=longest_first,
+        tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))
+
+
+def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
+    """The two-kernel default above (``dq_mode="kernel"``), run one-pass where ``DQ_MODE``
+    says so for the generation (``normalise``: never for a ragged problem)."""
+    schedule = _two_kernel_default(arch, problem)
+    mode = DQ_MODE.get(generation(arch), "kernel")
+    return schedule if mode == "kernel" else normalise(problem, schedule.replace(dq_mode=mode))
+
+
+def deterministic_backward_schedule(arch: str, problem: Problem,
+                                    schedule: BackwardSchedule) -> BackwardSchedule:
+    """``schedule`` where its results are bitwise reproducible run to run; a one-pass schedule
+    (``dq_mode="atomic"``: the order of the float32 additions into dQ varies) runs its dQ with
+    the dQ kernel instead, with the architecture's default dQ fields for the problem."""
+    schedule = normalise(problem, schedule)
+    if schedule.dq_mode == "kernel":
+        return schedule
+    two_kernel = _two_kernel_default(arch, problem)
+    return normalise(problem, schedule.replace(
+        dq_mode="kernel", **{name: getattr(two_kernel, name) for name in DQ_FIELDS}))

@@ -1,0 +1,504 @@
+"""The backward-pass kernel templates (cuTile): a dQ kernel, a dK/dV kernel and a partials' sum;
+for the one-pass backward a delta kernel and a dQ-scale kernel.
+
+With ``S = scale * Q K^T``, ``P = softmax(S)`` and the forward's per-row log-sum-exp ``L``
+(base 2, stored by ``attention_fwd`` with ``STORE_LSE``), the gradients are
+
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = scale * dS K,   dK = scale * dS^T Q
+
+with ``delta_i = sum_d dO_i,d * O_i,d``. Neither kernel materialises ``S`` or ``P``: each
+recomputes its tiles of ``P = 2^(s * scale * log2(e) - L)`` from Q, K and ``L``.
+
+- ``attention_bwd_dq`` (grid: query tiles x (batch x query head)) first computes its rows'
+  ``delta`` from O and dO and stores it (the preprocess step, fused), then walks the key tiles
+  its rows see and accumulates ``dQ`` in float32 registers. It runs first. With
+  ``HEAVY_FIRST`` (causal) the grid's first CTAs take the last query tiles, which see the most
+  keys, so that the short tiles fill the tail of the launch.
+- ``attention_bwd_dkdv`` (grid: key tiles x (batch x K/V head) x splits) holds one
+  ``[TILE_N, D]`` tile of K and V and walks the query tiles that see it, for *every query head
+  of the group*: grouped- and multi-query attention reduce dK and dV over the group in
+  registers, without expanding K/V. With ``SPLITS > 1`` that walk (query heads x query tiles)
+  is shared by ``SPLITS`` CTAs, each storing float32 partials that ``attention_bwd_sum`` adds
+  in a fixed order: more CTAs where key tiles x K/V heads would leave SMs idle (multi-query
+  heads, batch 1).
+
+With ``TILE_MAJOR`` both grids put the tile axis last (slowest): every (batch, head) CTA of
+the first tile launches before any of the second, so that with a causal mask the longest walks
+(the dK/dV kernel's first key tiles, the dQ kernel's last query tiles with ``HEAVY_FIRST``) all
+start in the first waves, not head by head.
+
+All of that is deterministic: no atomics, and partials added in a fixed order.
+
+The one-pass backward (``DQ_ATOMIC``; FlashAttention-3/4's) runs no dQ kernel: the dK/dV
+kernel's walk already has each (query tile, key tile) pair's ``dS``, so it also computes that
+pair's share of dQ, ``dS K`` (5 matrix products a pair instead of the two kernels' 7), and adds
+it into a float32 ``[B, H_q, S_q, D]`` accumulator with a tiled view's ``atomic_store_add``,
+which on sm_90 is a TMA bulk reduce-add (``UTMAREDG``). ``attention_bwd_delta`` computes
+``delta`` and zeroes the accumulator before, ``attention_bwd_dq_scale`` scales and casts it
+after. The additions' order varies run to run, and so may dQ's last bits.
+
+The variants' launch-time values (``window_left``, ``window_right``, ``softcap``, ``Ranges``)
+come after the others and are read only under their constants (``WINDOW``, ``SOFTCAP``,
+``RAGGED``): plain attention passes each a zero-byte placeholder, so its parameter space, and
+its machine code, are those of the kernels before the variants existed (more launch-time bytes
+move other constant-bank data on sm_100 and sm_12x).
+
+``Ranges`` (read with ``RAGGED``) is a ragged batch, whose sequences have lengths of their own.
+Its rows are int32 ``[4, sequences]`` query starts, query ends, key starts and key ends along
+the sequence axis; the grid's batch index is a sequence's, and every array is cut
+(``Array.slice`` along axis 2) to that sequence's query range (Q, Out, dO, dQ, Lse, Delta) or
+key range (K, V, dK, dV), so that lengths, masks, the bottom-right alignment and windows are the
+sequence's own. A CTA whose tile starts at or past its sequence's end writes nothing (the dK/dV
+kernel skips the tile whole; the dQ kernel walks no key tile and skips its stores, since a
+branch around its walk does not compile for sm_100). With ``PACKED`` the sequences lie end to
+end in batch entry 0 (``[1, H, tokens, D]`` views of ``[tokens, H, D]`` tensors); else each is a
+batch entry of its own (a padded batch). Rows and keys outside every sequence are never written.
+
+Masking is the forward's: keys at or past ``S_k`` never count; with ``CAUSAL`` query row ``i``
+sees keys ``0..i + offset`` (offset 0, or ``S_k - S_q`` with ``BOTTOM_RIGHT``). With ``WINDOW``
+(a sliding window; ``window_left``, ``window_right``: -1, ``UNBOUNDED``, for an unbounded
+side) row ``i`` sees keys ``i + offset - window_left .. i + offset + window_right`` only, and
+both kernels walk only
+the tiles of that band, masking its partial tiles at either end. With ``SOFTCAP`` (``c =
+softcap``) the score is ``s = c * tanh(scale * q.k / c)`` and ``dS`` is multiplied by
+``1 - (s / c)^2`` before the dQ and dK products. Attention sinks change nothing here: the
+forward's ``L`` holds the sink's term, and the sink's own gradient is the caller's. A row that
+saw no key has ``L = +inf`` (without sinks): its ``P`` and gradients are 0. Rows and keys past
+the ends load as zeros (``L`` and ``delta`` too), which makes their contributions exactly 0;
+stores clip them.
+Every UPPER_CASE parameter is a compile-time constant (``_launch``).
+"""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import numpy as np
+
+from ...kernel_core.bounds import (dkdv_query_tiles, dkdv_window_query_tiles, dq_key_tiles,
+                                   dq_window_key_tiles)
+from ...kernel_core.numbers import LOG2_E, reach
+from ...kernel_core.ranges import sequence_length, sequence_of, sequence_view_at_least
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+def _load_rows(A, batch, head, tile, TILE_D, rows, latency):
+    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` as a ``[rows, TILE_D]`` tile (zero-filled;
+    ``latency``: the load's hint, 0 for the compiler's)."""
+    return ct.load(A, index=(batch, head, tile, 0), shape=(1, 1, rows, TILE_D),
+                   padding_mode=ct.PaddingMode.ZERO,
+                   latency=ct.static_eval(latency or None)).reshape((rows, TILE_D))
+
+
+def _load_row_stat(A, batch, head, tile, rows):
+    """Entries ``tile * rows ..`` of ``A [B, H, S]`` (float32, zero-filled) as a ``[rows]``."""
+    return ct.load(A, index=(batch, head, tile), shape=(1, 1, rows),
+                   padding_mode=ct.PaddingMode.ZERO).reshape((rows,))
+
+
+def _causal_offset(Q, K, BOTTOM_RIGHT):
+    """Query row ``i`` sees keys ``0..i + offset``."""
+    offset = 0
+    if BOTTOM_RIGHT:
+        offset = K.shape[2] - Q.shape[2]
+    return offset
+
+
+def _score_scales(qk_scale, softcap, SOFTCAP):
+    """``(scale2, tanh_scale)``: ``P = 2^(x * scale2 - L)`` of ``x = q.k``, or with ``SOFTCAP``
+    of ``x = tanh(q.k * tanh_scale)`` (the capped score ``c * x``)."""
+    if SOFTCAP:
+        return softcap * LOG2_E, qk_scale / softcap
+    return qk_scale * LOG2_E, 0.0
+
+
+def _scores(a, b, tanh_scale, SOFTCAP, shape):
+    """``(s, t)``: the ``shape`` tile of scores ``a b^T``, raw, or with ``SOFTCAP`` the capped
+    score over the cap, ``t = tanh(a b^T * tanh_scale)`` (``t`` is for the gradient; None
+    without ``SOFTCAP``)."""
+    s = ct.mma(a, ct.transpose(b), ct.full(shape, 0.0, dtype=np.float32))
+    t = None
+    if SOFTCAP:
+        t = ct.tanh(s * tanh_scale)
+        s = t
+    return s, t
+
+
+def _window(window_left, window_right, far, CAUSAL):
+    """``(left, right)``: row ``i`` sees keys ``i + offset - left .. i + offset + right``
+    (``right`` 0 with ``CAUSAL``); an unbounded side reaches ``far`` (``S_q + S_k``, past
+    every key)."""
+    left = reach(window_left, far)
+    right = 0
+    if not CAUSAL:
+        right = reach(window_right, far)
+    return left, right
+
+
+# -- dQ (and delta) ------------------------------------------------------------------------------
+@ct.kernel
+def attention_bwd_dq(
+    Q, K, V, Out, dO,  # [B, H_q, S_q, D], [B, H_kv, S_k, D] x2, like Q x2
+    Lse,  # [B, H_q, S_q] float32: the forward's log-sum-exp (base 2)
+    Delta,  # [B, H_q, S_q] float32: written here, sum_d dO * Out per row
+    dQ,  # like Q
+    qk_scale: float,
+    heads_q: int,
+    group: int,  # query heads per K/V head
+    window_left: int,  # WINDOW: keys a row sees before its diagonal (-1: unbounded); else ()
+    window_right: int,  # WINDOW: keys a row sees past its diagonal (-1: unbounded); else ()
+    softcap: float,  # SOFTCAP: the cap c; else ()
+    Ranges,  # RAGGED: int32 [4, sequences] query starts, query ends, key starts, key ends;
+    # else ()
+    TILE_M: ConstInt,  # query rows per CTA
+    TILE_N: ConstInt,  # keys per step
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two
+    CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,
+    KV_LATENCY: ConstInt,  # latency hint of the K/V loads (1..10; 0: the compiler's)
+    HEAVY_FIRST: ConstBool,  # CTA 0 takes the last query tile
+    TILE_MAJOR: ConstBool,  # grid (batch x head, query tiles): a tile's CTAs of every head first
+    WINDOW: ConstBool,  # a sliding window bounds either side
+    SOFTCAP: ConstBool,  # scores capped by softcap * tanh(s / softcap)
+    RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
+    PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
+):
+    """Delta and dQ of the CTA's query tile of one (batch, query head). With ``RAGGED`` the
+    batch index is a sequence's, every array is cut to that sequence's range, and a tile past
+    the sequence's queries walks no key tile and stores nothing."""
+    if TILE_MAJOR:
+        q_tile = ct.bid(1)
+        bh = ct.bid(0)
+        tiles = ct.num_blocks(1)
+    else:
+        q_tile = ct.bid(0)
+        bh = ct.bid(1)
+        tiles = ct.num_blocks(0)
+    if HEAVY_FIRST:
+        q_tile = tiles - 1 - q_tile
+    batch = bh // heads_q
+    head = bh % heads_q
+    q_count = 0
+    if RAGGED:
+        # (not one branch on the tile's liveness around the rest, as in the dK/dV kernel:
+        # tileiras 13.4 fails on the walk's two loops inside it for sm_100; a dead tile's walk
+        # is emptied and its stores skipped instead, and its loads read views of at least one
+        # row: a sequence without queries still has a view to read)
+        seq, batch = sequence_of(batch, PACKED)
+        q_count = sequence_length(Ranges, seq, 0)
+        Q = sequence_view_at_least(Q, Ranges, seq, 0, 1)
+        K = sequence_view_at_least(K, Ranges, seq, 2)
+        V = sequence_view_at_least(V, Ranges, seq, 2)
+        Out = sequence_view_at_least(Out, Ranges, seq, 0, 1)
+        dO = sequence_view_at_least(dO, Ranges, seq, 0, 1)
+        Lse = sequence_view_at_least(Lse, Ranges, seq, 0, 1)
+        Delta = sequence_view_at_least(Delta, Ranges, seq, 0, 1)
+        dQ = sequence_view_at_least(dQ, Ranges, seq, 0, 1)
+    kv_head = head // group
+    seqlen_k = K.shape[2]
+    seqlen_q = Q.shape[2]
+    if RAGGED:
+        seqlen_q = q_count
+    scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
+    left, right = 0, 0
+    if WINDOW:
+        left, right = _window(window_left, window_right, seqlen_q + seqlen_k, CAUSAL)
+
+    # delta = rowsum(dO * O), the preprocess step, fused
+    # [TILE_M, TILE_D] each
+    o = _load_rows(Out, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
+    do = _load_rows(dO, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
+    delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
+    if RAGGED:
+        if q_tile * TILE_M < seqlen_q:
+            ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+    else:
+        ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+    delta = delta.reshape((TILE_M, 1))
+    lse = _load_row_stat(Lse, batch, head, q_tile, rows=TILE_M).reshape((TILE_M, 1))
+    q = _load_rows(Q, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)  # [TILE_M, TILE_D]
+
+    offset = _causal_offset(Q, K, BOTTOM_RIGHT)
+    if RAGGED:
+        if BOTTOM_RIGHT:
+            offset = seqlen_k - seqlen_q  # the sequence's own lengths
+    first_row = q_tile * TILE_M
+    rows = first_row + offset + ct.arange(TILE_M, dtype=np.int32)[:, None]  # last key seen
+
+    def add_key_tile(j, masked, dq):
+        """dQ of key tile ``j`` added to ``dq``; ``masked``: apply the sequence-end / causal /
+        window mask."""
+        # [TILE_N, TILE_D] each
+        k = _load_rows(K, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
+        v = _load_rows(V, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
+        s, t = _scores(q, k, tanh_scale, SOFTCAP, (TILE_M, TILE_N))  # [TILE_M, TILE_N]
+        if masked:
+            keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+            keep = keys < seqlen_k
+            if CAUSAL:
+                keep = keep & (keys <= rows)  # rows: the last key each row sees, [TILE_M, 1]
+            if WINDOW:
+                keep = keep & (keys >= rows - left)
+                if not CAUSAL:
+                    keep = keep & (keys <= rows + right)
+            s = ct.where(keep, s, -np.inf)
+        p = ct.exp2(s * scale2 - lse, flush_to_zero=True)  # [TILE_M, TILE_N]
+        dp = ct.mma(do, ct.transpose(v), ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
+        ds = p * (dp - delta)  # [TILE_M, TILE_N]
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)  # d(c * tanh(x / c)) / dx
+        return ct.mma(ds.astype(q.dtype), k, dq)  # [TILE_M, TILE_D]
+
+    if WINDOW:
+        # key tiles [lo, hi) hold the keys the tile's rows see; of them [full_from, full_to)
+        # are seen whole by every row (and are not past S_k): the tiles before and after need
+        # the mask
+        lo, full_from, full_to, hi = dq_window_key_tiles(
+            first_row, min(first_row + TILE_M, seqlen_q) - 1, offset, left, right, seqlen_k,
+            TILE_N)
+        if RAGGED:  # a dead tile (past its sequence's queries) walks none
+            live = min(max(seqlen_q - first_row, 0), 1)
+            lo = lo * live
+            full_from = full_from * live
+            full_to = full_to * live
+            hi = hi * live
+        dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+        for j in range(lo, full_from):
+            dq = add_key_tile(j, True, dq)
+        for j in range(full_from, full_to):
+            dq = add_key_tile(j, False, dq)
+        for j in range(full_to, hi):
+            dq = add_key_tile(j, True, dq)
+    else:
+        # key tiles [0, unmasked) need no mask; the rest of [0, num_kv_tiles) do
+        num_kv_tiles, unmasked = dq_key_tiles(first_row, offset, seqlen_k, TILE_M, TILE_N,
+                                              CAUSAL)
+        if RAGGED:  # a dead tile (past its sequence's queries) walks none
+            live = min(max(seqlen_q - first_row, 0), 1)
+            num_kv_tiles = num_kv_tiles * live
+            unmasked = unmasked * live
+        dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+        for j in range(unmasked):
+            dq = add_key_tile(j, False, dq)
+        for j in range(unmasked, num_kv_tiles):
+            dq = add_key_tile(j, True, dq)
+    dq = dq * qk_scale
+    if RAGGED:
+        if first_row < seqlen_q:
+            ct.store(dQ, index=(batch, head, q_tile, 0),
+                     tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
+    else:
+        ct.store(dQ, index=(batch, head, q_tile, 0),
+                 tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
+
+
+# -- dK and dV -----------------------------------------------------------------------------------
+@ct.kernel
+def attention_bwd_dkdv(
+    Q, K, V, dO,  # [B, H_q, S_q, D], [B, H_kv, S_k, D] x2, like Q
+    Lse, Delta,  # [B, H_q, S_q] float32 (the forward's; attention_bwd_dq's)
+    dK, dV,  # like K; with SPLITS > 1 float32 partials [SPLITS * B, H_kv, S_k, D]
+    qk_scale: float,
+    heads_kv: int,
+    group: int,
+    window_left: int, window_right: int, softcap: float,  # as attention_bwd_dq's
+    Ranges,  # as attention_bwd_dq's
+    dQacc,  # DQ_ATOMIC: float32 [B, H_q, S_q, D], zeroed, dQ / scale added here; else ()
+    TILE_M: ConstInt,  # query rows per step
+    TILE_N: ConstInt,  # keys per CTA
+    TILE_D: ConstInt,
+    CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,
+    Q_LATENCY: ConstInt,  # latency hint of the Q/dO loads (1..10; 0: the compiler's)
+    SPLITS: ConstInt,  # CTAs sharing one key tile's walk over (query head, query tile) pairs
+    TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
+    WINDOW: ConstBool, SOFTCAP: ConstBool, RAGGED: ConstBool, PACKED: ConstBool,  # as dQ's
+    DQ_ATOMIC: ConstBool,  # also add each (query tile, key tile) pair's dS K into dQacc
+):
+    """dK and dV (or split ``split``'s partials) of the CTA's key tile of one (batch, K/V
+    head). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
+    sequence's range, and a tile past the sequence's keys does nothing (``SPLITS`` is then 1:
+    the launcher's ``normalise``). With ``DQ_ATOMIC`` every (query head, query tile) pair it
+    walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
+    if TILE_MAJOR:
+        kv_tile = ct.bid(1)
+        bh = ct.bid(0) // SPLITS
+        split = ct.bid(0) % SPLITS
+    else:
+        kv_tile = ct.bid(0)
+        bh = ct.bid(1)
+        split = ct.bid(2)
+    batch = bh // heads_kv
+    kv_head = bh % heads_kv
+
+    def key_tile(Q, K, V, dO, Lse, Delta, dK, dV):
+        """dK and dV of key tile ``kv_tile``, the sequence lengths the arrays'."""
+        seqlen_q = Q.shape[2]
+        scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
+        left, right = 0, 0
+        if WINDOW:
+            left, right = _window(window_left, window_right, Q.shape[2] + K.shape[2], CAUSAL)
+        # [TILE_N, TILE_D] each
+        k = _load_rows(K, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
+        v = _load_rows(V, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
+
+        num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
+        first_key = kv_tile * TILE_N
+        offset = _causal_offset(Q, K, BOTTOM_RIGHT)
+        # the first row seeing each key, [TILE_N, 1]
+        keys = first_key - offset + ct.arange(TILE_N, dtype=np.int32)[:, None]
+        first = 0
+        unmask_from = 0
+        end = num_q_tiles
+        unmask_to = num_q_tiles
+        if WINDOW:
+            # rows [first_key - offset - right, last_key - offset + left] see some of these
+            # keys: query tiles [first, end); of them [unmask_from, unmask_to) see all of them,
+            # the tiles before and after need the mask
+            first, unmask_from, unmask_to, end = dkdv_window_query_tiles(
+                first_key, min(first_key + TILE_N, K.shape[2]) - 1, offset, left, right,
+                seqlen_q, TILE_M)
+        elif CAUSAL:
+            first, unmask_from = dkdv_query_tiles(first_key, offset, num_q_tiles, TILE_M,
+                                                  TILE_N)
+
+        def add_query_tile(head, i, masked, dk, dv):
+            """Fold query tile ``i`` of query head ``head`` into ``dk, dv``; ``masked``: the
+            causal / window mask."""
+            # [TILE_M, TILE_D] each
+            q = _load_rows(Q, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
+            do = _load_rows(dO, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
+            lse = _load_row_stat(Lse, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
+            delta = _load_row_stat(Delta, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
+            st, tt = _scores(k, q, tanh_scale, SOFTCAP, (TILE_N, TILE_M))  # S^T: [TILE_N, TILE_M]
+            if masked:
+                rows = i * TILE_M + ct.arange(TILE_M, dtype=np.int32)[None, :]  # [1, TILE_M]
+                if WINDOW:
+                    keep = keys <= rows + right
+                    keep = keep & (keys >= rows - left)
+                    st = ct.where(keep, st, -np.inf)
+                else:
+                    st = ct.where(keys <= rows, st, -np.inf)
+            pt = ct.exp2(st * scale2 - lse, flush_to_zero=True)  # P^T: [TILE_N, TILE_M]
+            dv = ct.mma(pt.astype(q.dtype), do, dv)  # [TILE_N, TILE_D]
+            dpt = ct.mma(v, ct.transpose(do), ct.full((TILE_N, TILE_M), 0.0, dtype=np.float32))
+            dst = pt * (dpt - delta)  # [TILE_N, TILE_M]
+            if SOFTCAP:
+                dst = dst * (1.0 - tt * tt)  # d(c * tanh(x / c)) / dx
+            ds = dst.astype(q.dtype)
+            dk = ct.mma(ds, q, dk)  # [TILE_N, TILE_D]
+            if DQ_ATOMIC:
+                # this pair's share of dQ / scale: dS K, [TILE_M, TILE_D]
+                dq = ct.mma(ct.transpose(ds), k,
+                            ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32))
+                dQacc.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
+                    (batch, head, i, 0), dq.reshape((1, 1, TILE_M, TILE_D)))
+            return dk, dv
+
+        # The key tile's work is the (query head g, query tile i) pairs, g-major: group * seen
+        # of them. Split `split` of SPLITS takes the contiguous share [start, stop) of that list.
+        seen = end - first
+        total = group * seen
+        start = split * total // SPLITS
+        stop = (split + 1) * total // SPLITS
+        per_head = max(seen, 1)
+        dk = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)  # [TILE_N, TILE_D]
+        dv = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)  # [TILE_N, TILE_D]
+        for g in range(start // per_head, ct.cdiv(stop, per_head)):
+            head = kv_head * group + g
+            lo = first + max(start - g * seen, 0)
+            hi = first + min(stop - g * seen, seen)
+            for i in range(lo, min(hi, unmask_from)):
+                dk, dv = add_query_tile(head, i, True, dk, dv)
+            if WINDOW:
+                for i in range(max(lo, unmask_from), min(hi, unmask_to)):
+                    dk, dv = add_query_tile(head, i, False, dk, dv)
+                for i in range(max(lo, unmask_to), hi):
+                    dk, dv = add_query_tile(head, i, True, dk, dv)
+            else:
+                for i in range(max(lo, unmask_from), hi):
+                    dk, dv = add_query_tile(head, i, False, dk, dv)
+        dk = dk * qk_scale
+        part = split * Q.shape[0] + batch
+        ct.store(dK, index=(part, kv_head, kv_tile, 0),
+                 tile=dk.astype(dK.dtype).reshape((1, 1, TILE_N, TILE_D)))
+        ct.store(dV, index=(part, kv_head, kv_tile, 0),
+                 tile=dv.astype(dV.dtype).reshape((1, 1, TILE_N, TILE_D)))
+
+    if RAGGED:
+        seq, batch = sequence_of(batch, PACKED)
+        k_seq = sequence_view_at_least(K, Ranges, seq, 2)
+        if kv_tile * TILE_N < k_seq.shape[2]:
+            v_seq = sequence_view_at_least(V, Ranges, seq, 2)
+            dk_seq = sequence_view_at_least(dK, Ranges, seq, 2)
+            dv_seq = sequence_view_at_least(dV, Ranges, seq, 2)
+            q_seq = sequence_view_at_least(Q, Ranges, seq, 0)
+            do_seq = sequence_view_at_least(dO, Ranges, seq, 0)
+            lse_seq = sequence_view_at_least(Lse, Ranges, seq, 0)
+            delta_seq = sequence_view_at_least(Delta, Ranges, seq, 0)
+            key_tile(q_seq, k_seq, v_seq, do_seq, lse_seq, delta_seq, dk_seq, dv_seq)
+    else:
+        key_tile(Q, K, V, dO, Lse, Delta, dK, dV)
+
+
+def _row_block(heads):
+    """(row tile, batch, head) of a row-wise kernel's CTA (grid: row tiles x (B x ``heads``))."""
+    tile = ct.bid(0)
+    bh = ct.bid(1)
+    return tile, bh // heads, bh % heads
+
+
+# -- the sum of the split walk's partials -------------------------------------------------------
+@ct.kernel
+def attention_bwd_sum(
+    Parts,  # float32 [PARTS * B, H, S, D]
+    Grad,  # [B, H, S, D]: the sum of the parts, in Grad's dtype
+    PARTS: ConstInt,
+    TILE: ConstInt,  # rows per CTA
+    TILE_D: ConstInt,
+):
+    """Reduce float32 partial gradients in a fixed order (bitwise reproducible)."""
+    tile, batch, head = _row_block(Grad.shape[1])
+    acc = ct.full((TILE, TILE_D), 0.0, dtype=np.float32)
+    for part in range(PARTS):
+        acc = acc + _load_rows(Parts, part * Grad.shape[0] + batch, head, tile, TILE_D,
+                               rows=TILE, latency=0)
+    ct.store(Grad, index=(batch, head, tile, 0),
+             tile=acc.astype(Grad.dtype).reshape((1, 1, TILE, TILE_D)))
+
+
+# -- the one-pass backward's dQ: row sums first, float32 dQ last ---------------------------------
+@ct.kernel
+def attention_bwd_delta(
+    Out, dO,  # [B, H_q, S_q, D]
+    Delta,  # [B, H_q, S_q] float32: written here, sum_d dO * Out per row
+    dQacc,  # [B, H_q, S_q, D] float32: zeroed here (attention_bwd_dkdv adds into it)
+    TILE: ConstInt,  # rows per CTA
+    TILE_D: ConstInt,
+):
+    """The rows' ``delta`` (the dQ kernel's fused preprocess step, alone) and a zeroed tile
+    of the float32 dQ accumulator."""
+    tile, batch, head = _row_block(Out.shape[1])
+    # [TILE, TILE_D] each
+    o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0)
+    do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0)
+    delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE]
+    ct.store(Delta, index=(batch, head, tile), tile=delta.reshape((1, 1, TILE)))
+    ct.store(dQacc, index=(batch, head, tile, 0),
+             tile=ct.full((1, 1, TILE, TILE_D), 0.0, dtype=np.float32))
+
+
+@ct.kernel
+def attention_bwd_dq_scale(
+    dQacc,  # [B, H_q, S_q, D] float32: dQ / scale (attention_bwd_dkdv's sum)
+    dQ,  # [B, H_q, S_q, D]: dQacc * qk_scale, in dQ's dtype
+    qk_scale: float,
+    TILE: ConstInt,  # rows per CTA
+    TILE_D: ConstInt,
+):
+    """dQ from the one-pass backward's float32 accumulator: times the scale, cast."""
+    tile, batch, head = _row_block(dQ.shape[1])
+    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0)  # [TILE, TILE_D]
+    ct.store(dQ, index=(batch, head, tile, 0),
+             tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))

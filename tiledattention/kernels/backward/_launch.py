@@ -1,0 +1,559 @@
+"""From a (Problem, BackwardSchedule) pair to the launches of the backward kernels.
+
+``launches`` builds what a call needs besides the arrays (hinted kernel objects, grids, constant
+arguments) once per plan; ``launch`` enqueues them on one stream: the dQ kernel (it writes the
+row sums ``delta`` the dK/dV kernel reads), then the dK/dV kernel, and with ``dkdv_splits > 1``
+the sum kernel adding the dK/dV kernel's float32 partials (``scratch_shapes``: the caller
+allocates them) into dK and into dV. The dQ and dK/dV kernels take the variants' launch-time
+values after the others (``VARIANT_VALUES``, then ``Ranges``), read under the constants
+``WINDOW``, ``SOFTCAP`` and ``RAGGED``: a problem with a window, a softcap or a ragged batch
+(:func:`has_variants`) passes the three values, a plain problem (or one whose only variant is
+sinks) passes :data:`UNUSED` for each, so its parameter space, and its machine code, are those
+of the kernels before the variants existed.
+
+With ``dq_mode="atomic"`` (the one-pass backward) no dQ kernel runs: ``attention_bwd_delta``
+writes ``delta`` and zeroes a float32 dQ accumulator (``scratch_shapes``' ``"dq_accum"``; the
+kernel that reads the rows anyway writes the zeros, one launch fewer than a separate memset),
+the dK/dV kernel (``DQ_ATOMIC``) adds every pair's ``dS K`` into it, and
+``attention_bwd_dq_scale`` writes ``dQ = scale * dq_accum`` in the input dtype. The dK/dV
+kernel's accumulator parameter ``dQacc`` comes after ``Ranges`` and is :data:`UNUSED` in the
+other mode, so that mode's machine code is what it was before the one-pass mode existed.
+
+A ragged problem (``Problem.ragged``: sequences of their own lengths) launches with
+:func:`launch_ragged`, which takes the call's ``Ranges`` (int32 ``[4, sequences]``: query starts,
+query ends, key starts, key ends), the longest sequence's query and key counts (the grids'
+extent, :func:`ragged_grids`) and whether the sequences are packed end to end in one batch
+entry (the ``PACKED`` constant: a property of the call's layout, not of the problem). Its
+schedule runs one tile per CTA over grids of the longest sequence's tiles: ``normalise`` gives it
+no dK/dV splits and no work orders (all of them assume every batch entry has the whole length).
+Every other problem passes ``Ranges`` :data:`UNUSED`, an empty tuple, which takes no
+bytes of the parameter space, so its machine code is what it was before ``Ranges`` existed (the
+forward's convention, ``tiledattention/kernels/forward/_launch.py``); a compile-only build passes a
+zero-byte constant instead (``cuda.tile.compilation`` takes no tuple).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from typing import Any, NamedTuple
+
+from ...core._lazy import lazy_module
+from ...core._signature import KernelParameters
+from ...core._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_shape
+from ...errors import KernelArgumentError, UnsupportedProblemError
+from ._schedule import SPLITS, BackwardSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+
+__all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES",
+           "dq_constants", "dkdv_constants", "sum_constants", "dq_kernel", "dkdv_kernel",
+           "sum_kernel", "Launches", "launches", "launch", "row_stat_shape", "normalise",
+           "scratch_shapes", "SUM_TILE", "has_variants", "runtime_values",
+           "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
+           "ragged_grids", "UNUSED", "RANGES", "DQ_ACCUM", "DELTA_PARAMETERS",
+           "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "one_pass_constants"]
+
+
+
+# The kernels, each imported on first use: the kernel module loads cuda.tile, which ``import
+# tiledattention`` does not pay for.
+def _dq() -> ct.kernel:
+    from ._kernel import attention_bwd_dq
+
+    return attention_bwd_dq
+
+
+def _dkdv() -> ct.kernel:
+    from ._kernel import attention_bwd_dkdv
+
+    return attention_bwd_dkdv
+
+
+def _sum() -> ct.kernel:
+    from ._kernel import attention_bwd_sum
+
+    return attention_bwd_sum
+
+
+def _delta() -> ct.kernel:
+    from ._kernel import attention_bwd_delta
+
+    return attention_bwd_delta
+
+
+def _dq_scale() -> ct.kernel:
+    from ._kernel import attention_bwd_dq_scale
+
+    return attention_bwd_dq_scale
+
+
+#: the launch-time values of the dQ and dK/dV kernels after the arrays and ``qk_scale``, the
+#: heads and ``group``: the window's sides (-1: unbounded) and the softcap (0: none), read under
+#: ``WINDOW`` / ``SOFTCAP``
+VARIANT_VALUES = ("window_left", "window_right", "softcap")
+#: their last launch-time value: a ragged call's int32 [4, sequences] ranges
+#: (:func:`launch_ragged`), else :data:`UNUSED`
+RANGES = "Ranges"
+#: what an unread variant value receives (each of them for a problem without variants, and
+#: ``Ranges`` outside a ragged call): an empty tuple, which takes no bytes of the parameter
+#: space (module docstring)
+UNUSED = ()
+#: the dK/dV kernel's last launch-time value, right after ``Ranges``: the one-pass backward's
+#: float32 dQ accumulator, else :data:`UNUSED`
+DQ_ACCUM = "dQacc"
+DQ_PARAMETERS = KernelParameters(_dq, ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ",
+                                       "qk_scale", "heads_q", "group", *VARIANT_VALUES, RANGES))
+DKDV_PARAMETERS = KernelParameters(_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV",
+                                           "qk_scale", "heads_kv", "group", *VARIANT_VALUES,
+                                           RANGES, DQ_ACCUM))
+SUM_PARAMETERS = KernelParameters(_sum, ("Parts", "Grad"))
+DELTA_PARAMETERS = KernelParameters(_delta, ("Out", "dO", "Delta", "dQacc"))
+DQ_SCALE_PARAMETERS = KernelParameters(_dq_scale, ("dQacc", "dQ", "qk_scale"))
+
+#: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step), and of the
+#: one-pass backward's delta and dQ-scale kernels
+SUM_TILE = 64
+#: CUDA's limit on a grid's second dimension, where tile-major grids put the tiles
+GRID_Y_LIMIT = 65535
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def has_variants(problem: Problem) -> bool:
+    """Whether ``problem`` passes the kernels its ``VARIANT_VALUES`` (a window, a softcap or a
+    ragged batch); without, each is :data:`UNUSED`. (Sinks change no backward kernel: the
+    forward's log-sum-exp holds them.)"""
+    return problem.windowed or problem.softcap > 0 or problem.ragged
+
+
+def runtime_values(problem: Problem) -> dict[str, Any]:
+    """The launch-time values after ``group`` by name: ``VARIANT_VALUES``, :data:`UNUSED`
+    without variants. (Not ``Ranges``: a ragged call's own, :func:`kernel_args`.)"""
+    if not has_variants(problem):
+        return dict.fromkeys(VARIANT_VALUES, UNUSED)
+    return {"window_left": problem.window_left, "window_right": problem.window_right,
+            "softcap": float(problem.softcap)}
+
+
+def _variant_constants(problem: Problem, packed: bool) -> dict[str, Any]:
+    """``WINDOW``, ``SOFTCAP``, ``RAGGED`` and ``PACKED`` (``packed``: a ragged call's
+    sequences lie end to end in one batch entry)."""
+    return {"WINDOW": problem.windowed, "SOFTCAP": problem.softcap > 0,
+            "RAGGED": problem.ragged, "PACKED": bool(packed) and problem.ragged}
+
+
+def reach(problem: Problem) -> tuple[int, int]:
+    """``(left, right)``: row ``i`` sees keys ``i + off - left .. i + off + right``; an
+    unbounded side reaches ``S_q + S_k`` (the dQ and dK/dV kernels' ``_window``)."""
+    unbounded = problem.seqlen_q + problem.seqlen_k
+    left = problem.window_left if problem.window_left >= 0 else unbounded
+    right = 0 if problem.causal else (
+        problem.window_right if problem.window_right >= 0 else unbounded)
+    return left, right
+
+
+def _longest_walk(span: int, shift: int, tile: int, step: int, steps: int) -> int:
+    """The most tiles of ``step`` positions (at most ``steps``) that a band of ``span + tile -
+    1`` positions may touch when it starts at ``shift`` plus a multiple of ``tile`` (both tile
+    sizes powers of two): its phase within a ``step`` tile is ``shift``'s with ``tile >=
+    step``, else any of those a multiple of ``tile`` apart; the worst one is taken."""
+    if span >= steps * step:
+        return steps
+    unit = min(tile, step)
+    worst_phase = shift % unit + step - unit
+    return min(steps, (worst_phase + span + tile - 2) // step + 1)
+
+
+def dkdv_walk(problem: Problem, tile_n: int, tile_m: int) -> int:
+    """The most query tiles (of ``tile_m`` rows) any key tile (of ``tile_n`` keys) of the
+    dK/dV kernel walks: every one without a window, fewer with one (key ``k`` is seen by rows
+    ``k - off - right .. k - off + left``)."""
+    left, right = reach(problem)
+    return _longest_walk(left + right + 1, -problem.causal_offset - right, tile_n, tile_m,
+                         math.ceil(problem.seqlen_q / tile_m))
+
+
+def dq_walk(problem: Problem, tile_m: int, tile_n: int) -> int:
+    """The most key tiles (of ``tile_n`` keys) any query tile (of ``tile_m`` rows) of the dQ
+    kernel walks: every one without a mask, fewer with a window (row ``i`` sees keys ``i + off
+    - left .. i + off + right``)."""
+    left, right = reach(problem)
+    return _longest_walk(left + right + 1, problem.causal_offset - left, tile_m, tile_n,
+                         math.ceil(problem.seqlen_k / tile_n))
+
+
+def unequal_walks(problem: Problem) -> bool:
+    """Whether the walks of the kernels' CTAs differ in length across the sequence (not just
+    at its ends), so that the work orders (dQ heavy first, tile-major grids) can matter: with
+    the causal mask, or a window bounded on one side only."""
+    return problem.causal or (problem.window_left < 0) != (problem.window_right < 0)
+
+
+#: the fields of the dQ kernel alone, which the one-pass backward (``dq_mode="atomic"``) does
+#: not launch
+DQ_FIELDS = ("dq_tile_m", "dq_tile_n", "dq_occupancy", "dq_worker_warps", "kv_latency",
+             "dq_heavy_first")
+_BASE_DQ = {name: getattr(BackwardSchedule(), name) for name in DQ_FIELDS}
+#: A one-pass dK/dV kernel walking query tiles of this many rows or more runs one CTA per SM:
+#: at 128 rows and two CTAs per SM (D 64, bf16, tileiras 13.4.92, H200) its dK came out wrong
+#: (relative L2 7e-3 to 2.2e-2 against the two-kernel dK on three shapes, dQ and dV right),
+#: at one CTA per SM, or 64 rows and two CTAs, bit for bit the two-kernel dK
+#: (docs/records/benchmarks/backward/onepass.md)
+ONE_PASS_WIDE_M = 128
+
+
+def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
+    """``schedule`` with tiles no larger than the problem needs (a query tile past the next
+    power of two of ``S_q``, a key tile past ``S_k``'s, computes only padding), no more dK/dV
+    splits than a key tile's longest walk has (query head, query tile) pairs (``dkdv_walk``:
+    the window shortens it) or than keep the float32 partials indexable with int32, no work
+    order (dQ heavy first, tile-major grids) on a problem whose walks are all alike
+    (``unequal_walks``), and no tile-major grid with more tiles than a grid's second
+    dimension takes. A ragged problem (``Problem.ragged``) runs one tile per CTA over grids of
+    the longest sequence's tiles (:func:`ragged_grids`): no splits (their partials and shares
+    of a walk assume every batch entry has the whole length) and no work orders (the heavy
+    tiles of each sequence lie at its own end, not the grid's). With ``dq_mode="atomic"``
+    the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
+    tiles of ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
+    ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries).
+    Idempotent."""
+    if problem.ragged and schedule.dq_mode == "atomic":
+        schedule = schedule.replace(dq_mode="kernel")
+    if schedule.dq_mode == "atomic":
+        canonical = {name: _BASE_DQ[name] for name in DQ_FIELDS
+                     if getattr(schedule, name) != _BASE_DQ[name]}
+        if (min(schedule.dkdv_tile_m, max(16, 1 << (problem.seqlen_q - 1).bit_length()))
+                >= ONE_PASS_WIDE_M and schedule.dkdv_occupancy > 1):
+            canonical["dkdv_occupancy"] = 1
+        if canonical:
+            schedule = schedule.replace(**canonical)
+    q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
+    k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
+    changes: dict[str, Any] = {
+        name: cap for name, cap in (("dkdv_tile_m", q_cap), ("dq_tile_m", q_cap),
+                                    ("dkdv_tile_n", k_cap), ("dq_tile_n", k_cap))
+        if getattr(schedule, name) > cap}
+    tile_m = min(schedule.dkdv_tile_m, q_cap)
+    pairs = problem.group_size * dkdv_walk(problem, min(schedule.dkdv_tile_n, k_cap), tile_m)
+    splits = min(schedule.dkdv_splits, _pow2_floor(pairs), SPLITS[-1])
+    if problem.ragged:
+        splits = 1
+    kv_elements = (problem.batch * problem.heads_kv * problem.seqlen_k
+                   * padded_head_dim(problem.head_dim))
+    while splits > 1 and splits * kv_elements > INDEX_LIMIT:  # the partials index with int32
+        splits //= 2
+    if splits != schedule.dkdv_splits:
+        changes["dkdv_splits"] = splits
+    for name in ("dq_heavy_first", "tile_major"):
+        if getattr(schedule, name) and (problem.ragged or not unequal_walks(problem)):
+            changes[name] = False
+    if schedule.tile_major and max(math.ceil(problem.seqlen_q / min(schedule.dq_tile_m, q_cap)),
+                                   math.ceil(problem.seqlen_k / min(schedule.dkdv_tile_n, k_cap))
+                                   ) > GRID_Y_LIMIT:
+        changes["tile_major"] = False  # the tiles would not fit the grid's second dimension
+    return schedule.replace(**changes) if changes else schedule
+
+
+def dq_constants(problem: Problem, schedule: BackwardSchedule, *,
+                 packed: bool = False) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the dQ kernel ``problem`` runs by name (``packed``: a
+    ragged call's sequences lie end to end, ``PACKED``)."""
+    s = normalise(problem, schedule)
+    return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n,
+            "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
+            "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
+            "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major,
+            **_variant_constants(problem, packed)}
+
+
+def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *,
+                   packed: bool = False) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the dK/dV kernel ``problem`` runs by name (``packed``:
+    a ragged call's sequences lie end to end, ``PACKED``)."""
+    s = normalise(problem, schedule)
+    return {"TILE_M": s.dkdv_tile_m, "TILE_N": s.dkdv_tile_n,
+            "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
+            "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
+            "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
+            **_variant_constants(problem, packed), "DQ_ATOMIC": s.dq_mode == "atomic"}
+
+
+def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of ``attention_bwd_sum`` adding ``parts`` partials."""
+    return {"PARTS": parts, "TILE": SUM_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
+
+
+def one_pass_constants(problem: Problem) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the one-pass backward's delta and dQ-scale kernels."""
+    return {"TILE": SUM_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
+
+
+@functools.lru_cache(maxsize=None)
+def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> ct.kernel:
+    """Cached: each kernel object owns a JIT cache, so a new one per launch would recompile."""
+    return kernel.replace_hints(occupancy=occupancy, num_worker_warps=num_worker_warps)
+
+
+def dq_kernel(schedule: BackwardSchedule) -> ct.kernel:
+    """``attention_bwd_dq`` with the schedule's hints."""
+    return _hinted(_dq(), schedule.dq_occupancy, schedule.dq_worker_warps)
+
+
+def dkdv_kernel(schedule: BackwardSchedule) -> ct.kernel:
+    """``attention_bwd_dkdv`` with the schedule's hints."""
+    return _hinted(_dkdv(), schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
+
+
+def sum_kernel() -> ct.kernel:
+    """``attention_bwd_sum`` (memory-bound: the compiler's hints)."""
+    return _sum()
+
+
+def delta_kernel() -> ct.kernel:
+    """``attention_bwd_delta`` (memory-bound: the compiler's hints)."""
+    return _delta()
+
+
+def dq_scale_kernel() -> ct.kernel:
+    """``attention_bwd_dq_scale`` (memory-bound: the compiler's hints)."""
+    return _dq_scale()
+
+
+def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tuple[int, ...]]:
+    """The float32 buffers ``launch`` needs besides the gradients, by name: with
+    ``dkdv_splits > 1``, ``"dk_parts"`` and ``"dv_parts"`` (``[splits * B, H_kv, S_k, D]``);
+    with ``dq_mode="atomic"``, ``"dq_accum"`` (``[B, H_q, S_q, D]``, contiguous: the bulk
+    reduce-add needs 16-byte-aligned rows)."""
+    s = normalise(problem, schedule)
+    found: dict[str, tuple[int, ...]] = {}
+    if s.dkdv_splits > 1:
+        parts = (s.dkdv_splits * problem.batch, problem.heads_kv, problem.seqlen_k,
+                 problem.head_dim)
+        found.update(dk_parts=parts, dv_parts=parts)
+    if s.dq_mode == "atomic":
+        found["dq_accum"] = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
+    return found
+
+
+class Launches(NamedTuple):
+    """What one backward call launches, less the arrays: built once per plan."""
+
+    splits: int  # the dK/dV kernel's (normalised)
+    dq_grid: tuple[int, int, int]
+    dkdv_grid: tuple[int, int, int]
+    sum_grid: tuple[int, int, int]  # the partials' sum, over dK and over dV
+    dq: Any
+    dkdv: Any
+    dq_scalars: tuple  # the arguments after the arrays: qk_scale, heads_q, group,
+    # VARIANT_VALUES, constants; not Ranges (see ranges_at)
+    dkdv_scalars: tuple  # the arguments after the arrays: qk_scale, heads_kv, group,
+    # VARIANT_VALUES, constants; not Ranges (see ranges_at)
+    sum_scalars: tuple  # the sum kernel's constants
+    stat_shape: tuple[int, int, int]
+    scratch: dict[str, tuple[int, ...]]  # the float32 buffers launch needs (scratch_shapes)
+    problem: Problem
+    ranges_at: int  # where the kernels take Ranges among dq_scalars and dkdv_scalars
+    # (kernel_args puts it there)
+    tiles: tuple[int, int]  # the normalised dq_tile_m and dkdv_tile_n (ragged_grids)
+    dq_packed_scalars: tuple  # a ragged problem's dq_scalars with PACKED on; else ()
+    dkdv_packed_scalars: tuple  # a ragged problem's dkdv_scalars with PACKED on; else ()
+    one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
+    row_grid: tuple[int, int, int]  # the delta and dQ-scale kernels' (rows of S_q x B x H_q)
+    one_pass_scalars: tuple  # their constants
+    scale: float
+
+
+def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, int, int]:
+    """(tiles, heads, splits), or tile-major (heads x splits, tiles, 1) (the kernels' bids)."""
+    return (heads * splits, tiles, 1) if tile_major else (tiles, heads, splits)
+
+
+def _scalars(parameters: KernelParameters, runtime: dict[str, Any],
+             constants: dict[str, Any]) -> tuple[tuple, int]:
+    """The kernel's arguments after its 8 arrays less ``Ranges`` (and the dK/dV kernel's
+    ``dQacc``, which must follow it), and where ``Ranges`` goes among them."""
+    late = (RANGES, DQ_ACCUM) if DQ_ACCUM in parameters.names else (RANGES,)
+    args = parameters.ordered({**runtime, **dict.fromkeys(late, UNUSED)}, constants)[8:]
+    at = parameters.names.index(RANGES) - 8
+    if parameters.names[at + 8:at + 8 + len(late)] != late:
+        raise KernelArgumentError(f"kernel {parameters.kernel_name} must take {late} one after "
+                                  f"the other; got {parameters.names}")
+    return args[:at] + args[at + len(late):], at
+
+
+@functools.lru_cache(maxsize=256)
+def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Launches:
+    """The kernel objects, grids, constants and scratch shapes of ``normalise(problem,
+    schedule)``. Cached: a training loop asks for the same few problems every step. A ragged
+    problem's grids here are those of its bucket (``problem.batch`` sequences of the longest
+    lengths); :func:`launch_ragged` launches the call's own (:func:`ragged_grids`)."""
+    s = normalise(problem, schedule)
+    p = problem
+    dq_runtime = {"Q": None, "K": None, "V": None, "Out": None, "dO": None, "Lse": None,
+                  "Delta": None, "dQ": None, "qk_scale": float(scale), "heads_q": p.heads_q,
+                  "group": p.group_size, **runtime_values(p)}
+    dkdv_runtime = {"Q": None, "K": None, "V": None, "dO": None, "Lse": None, "Delta": None,
+                    "dK": None, "dV": None, "qk_scale": float(scale), "heads_kv": p.heads_kv,
+                    "group": p.group_size, **runtime_values(p)}
+    dq_scalars, ranges_at = _scalars(DQ_PARAMETERS, dq_runtime, dq_constants(p, s))
+    dkdv_scalars, dkdv_ranges_at = _scalars(DKDV_PARAMETERS, dkdv_runtime,
+                                            dkdv_constants(p, s))
+    if ranges_at != dkdv_ranges_at:  # kernel_args places one value for both kernels
+        raise KernelArgumentError(f"the dQ and dK/dV kernels take Ranges at different places "
+                                  f"({ranges_at}, {dkdv_ranges_at} after the arrays)")
+    dq_packed = dkdv_packed = ()
+    if p.ragged:
+        dq_packed = _scalars(DQ_PARAMETERS, dq_runtime, dq_constants(p, s, packed=True))[0]
+        dkdv_packed = _scalars(DKDV_PARAMETERS, dkdv_runtime,
+                               dkdv_constants(p, s, packed=True))[0]
+    return Launches(
+        splits=s.dkdv_splits,
+        dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
+        dkdv_grid=_grid(s.tile_major, math.ceil(p.seqlen_k / s.dkdv_tile_n),
+                        p.batch * p.heads_kv, s.dkdv_splits),
+        sum_grid=(math.ceil(p.seqlen_k / SUM_TILE), p.batch * p.heads_kv, 1),
+        dq=dq_kernel(s), dkdv=dkdv_kernel(s),
+        dq_scalars=dq_scalars, dkdv_scalars=dkdv_scalars,
+        sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
+        stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
+        ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), dq_packed_scalars=dq_packed,
+        dkdv_packed_scalars=dkdv_packed, one_pass=s.dq_mode == "atomic",
+        row_grid=(math.ceil(p.seqlen_q / SUM_TILE), p.batch * p.heads_q, 1),
+        one_pass_scalars=DELTA_PARAMETERS.constant_values(one_pass_constants(p)),
+        scale=float(scale))
+
+
+def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences: int,
+                  longest_q: int, longest_k: int) -> tuple[tuple[int, int, int],
+                                                           tuple[int, int, int]]:
+    """:func:`ragged_grids` of the normalised ``tiles`` (dq_tile_m, dkdv_tile_n)."""
+    counts = []
+    for name, value in (("sequences", sequences), ("longest_q", longest_q),
+                        ("longest_k", longest_k)):
+        try:
+            count = operator.index(value)
+        except TypeError:
+            count = -1
+        if isinstance(value, bool) or count < 0:
+            raise KernelArgumentError(f"{name} must be an int >= 0; got {value!r}")
+        counts.append(count)
+    sequences, longest_q, longest_k = counts
+    if max(sequences, 1) * max(heads_q, heads_kv) > GRID_Y_LIMIT:
+        raise UnsupportedProblemError(
+            f"a ragged batch of {sequences} sequences x {max(heads_q, heads_kv)} heads exceeds "
+            f"a grid's second dimension ({GRID_Y_LIMIT} CTAs)")
+    sequences = max(sequences, 1)
+    return ((max(1, -(-longest_q // tiles[0])), sequences * heads_q, 1),
+            (max(1, -(-longest_k // tiles[1])), sequences * heads_kv, 1))
+
+
+def ragged_grids(problem: Problem, schedule: BackwardSchedule, sequences: int, longest_q: int,
+                 longest_k: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The dQ and dK/dV grids of a ragged call (``problem.ragged``) of ``sequences``
+    sequences: the longest sequence's query tiles (``longest_q``: at least every sequence's
+    query count) for every (sequence x query head), and its key tiles (``longest_k``) for every
+    (sequence x K/V head), one tile a CTA; a CTA past its own sequence's end does nothing.
+    Raises :class:`UnsupportedProblemError` where sequences x heads exceed a grid's second
+    dimension."""
+    s = normalise(problem, schedule)
+    return _ragged_grids((s.dq_tile_m, s.dkdv_tile_n), problem.heads_q, problem.heads_kv,
+                         sequences, longest_q, longest_k)
+
+
+def _describe_given(value: Any) -> str:
+    return "None" if value is None else "an array"
+
+
+def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any,
+                delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any = None, *,
+                packed: bool = False, dq_accum: Any = None) -> tuple[tuple, tuple]:
+    """The positional arguments of the plan's dQ kernel and of its dK/dV kernel, in that order
+    (``dk, dv``: what the dK/dV kernel writes, the float32 partials with ``plan.splits > 1``).
+    ``dq_accum``: the one-pass backward's float32 dQ accumulator, given exactly when
+    ``plan.one_pass`` (the dQ kernel's arguments are then not launched).
+    ``ranges``: the int32 ``[4, sequences]`` ranges of a ragged call, given exactly when
+    ``plan.problem.ragged``; ``packed`` (ragged only): the arrays are ``[1, H, tokens, D]``
+    views of sequences packed end to end. Raises :class:`KernelArgumentError` otherwise."""
+    ragged = plan.problem.ragged
+    if (dq_accum is not None) != plan.one_pass:
+        raise KernelArgumentError(
+            f"dq_accum must be given exactly when the plan is one-pass (dq_mode 'atomic'); got "
+            f"{_describe_given(dq_accum)} for a plan with one_pass={plan.one_pass}")
+    if (ranges is not None) != ragged:
+        raise KernelArgumentError(
+            f"ranges must be given exactly when the problem is ragged; got "
+            f"{_describe_given(ranges)} for {plan.problem.describe()}")
+    if packed and not ragged:
+        raise KernelArgumentError(f"packed applies to a ragged problem only; got packed=True "
+                                  f"for {plan.problem.describe()}")
+    if ragged:
+        shape = tuple(getattr(ranges, "shape", ()))
+        if len(shape) != 2 or shape[0] != 4 or "int32" not in str(getattr(ranges, "dtype", "")):
+            raise KernelArgumentError(f"ranges must be an int32 [4, sequences] array; got "
+                                      f"shape {shape} dtype {getattr(ranges, 'dtype', None)}")
+    dq_scalars, dkdv_scalars = ((plan.dq_packed_scalars, plan.dkdv_packed_scalars) if packed
+                                else (plan.dq_scalars, plan.dkdv_scalars))
+    dq_arrays = (q, k, v, out, grad_out, lse, delta, dq)
+    dkdv_arrays = (q, k, v, grad_out, lse, delta, dk, dv)
+    at = plan.ranges_at
+    value = UNUSED if ranges is None else ranges
+    accum = UNUSED if dq_accum is None else dq_accum
+    return ((*dq_arrays, *dq_scalars[:at], value, *dq_scalars[at:]),
+            (*dkdv_arrays, *dkdv_scalars[:at], value, accum, *dkdv_scalars[at:]))
+
+
+def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
+           lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,
+           scratch: dict[str, Any] | None = None) -> None:
+    """Enqueue the plan's kernels on ``stream``. ``lse`` and ``delta`` are ``[B, H_q, S_q]``
+    float32 views (``delta`` is written here); ``dq, dk, dv`` are preallocated like ``q, k,
+    v``; ``scratch`` holds the float32 buffers of ``plan.scratch`` by name. A ragged problem's
+    plan launches with :func:`launch_ragged` (this raises :class:`KernelArgumentError`).
+    One-pass (``plan.one_pass``): the delta kernel, the dK/dV kernel, the dQ-scale kernel."""
+    dk_to, dv_to = (dk, dv) if plan.splits == 1 else (scratch["dk_parts"], scratch["dv_parts"])
+    accum = scratch["dq_accum"] if plan.one_pass else None
+    dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to,
+                                     dq_accum=accum)
+    if plan.one_pass:
+        ct.launch(stream, plan.row_grid, delta_kernel(),
+                  (out, grad_out, delta, accum, *plan.one_pass_scalars))
+    else:
+        ct.launch(stream, plan.dq_grid, plan.dq, dq_args)
+    ct.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
+    if plan.splits > 1:
+        for parts, grad in ((dk_to, dk), (dv_to, dv)):
+            ct.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
+    if plan.one_pass:
+        ct.launch(stream, plan.row_grid, dq_scale_kernel(),
+                  (accum, dq, plan.scale, *plan.one_pass_scalars))
+
+
+def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
+                  grad_out: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any,
+                  longest_q: int, longest_k: int, *, packed: bool) -> None:
+    """Enqueue the backward of a ragged call on ``stream``: ``plan = launches(problem,
+    schedule, scale)`` of its ``problem.ragged`` bucket, then the dQ kernel (which writes
+    ``delta``) and the dK/dV kernel, over :func:`ragged_grids` (never split: no scratch).
+
+    ``ranges``: int32 ``[4, sequences]`` on the device (rows: query starts, query ends, key
+    starts, key ends, positions along the arrays' sequence axis); ``longest_q``,
+    ``longest_k``: at least the longest sequence's query and key counts (a smaller value
+    leaves the longer sequences' tail rows / keys unwritten).
+
+    ``packed``: the sequences lie end to end in one batch entry: ``q, out, grad_out, dq`` are
+    ``[1, H_q, T_q, D]`` and ``k, v, dk, dv`` ``[1, H_kv, T_k, D]`` views of ``[T, H, D]``
+    tensors (``x.unsqueeze(0).transpose(1, 2)``), ``lse`` and ``delta`` float32 ``[1, H_q,
+    T_q]``. Else a padded batch: ``[B, H, S, D]`` arrays and ``[B, H_q, S_q]`` statistics
+    with ``B`` = sequences, sequence ``b`` in entry ``b``. ``lse`` is the ragged forward's;
+    ``delta`` is scratch shaped like it (written here). Rows and keys outside every sequence
+    are not written (zero-fill ``dq, dk, dv`` first where they must read as zeros)."""
+    dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv,
+                                     ranges, packed=packed)
+    dq_grid, dkdv_grid = _ragged_grids(plan.tiles, plan.problem.heads_q, plan.problem.heads_kv,
+                                       int(ranges.shape[1]), longest_q, longest_k)
+    ct.launch(stream, dq_grid, plan.dq, dq_args)
+    ct.launch(stream, dkdv_grid, plan.dkdv, dkdv_args)

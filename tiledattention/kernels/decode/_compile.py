@@ -1,0 +1,74 @@
+"""Compile-only builds of the decode kernels for any architecture, on a machine without a GPU:
+the same kernel objects and constants the launcher uses, for arrays laid out the way ``sdpa``
+passes them (q and out as ``[B, H', G', S_q, D]`` views of contiguous tensors; with sinks a
+contiguous float32 ``[H_q]`` array, else the int32 placeholder; a paged cache as contiguous
+page pools with an int32 block table)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...core._compile import CompileResult, array_constraint, export_cubin
+from ...core._lazy import lazy_module
+from ...core._problem import Problem
+from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
+                      layout, normalise, split_constants, split_kernel)
+from ._schedule import DecodeSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
+
+__all__ = ["compile_decode"]
+
+
+def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
+    """Compile the split kernel (and the combine kernel, when there is more than one split) of
+    ``normalise(problem, schedule)`` for ``arch``; raise :class:`CompileError`. The result is
+    the split kernel's cubin, with the combine kernel's in ``other_cubins``; ``seconds`` counts
+    both builds."""
+    schedule = normalise(problem, schedule)
+    p, tiles = problem, layout(problem, schedule)
+    shape5 = (p.batch, tiles.view_heads, tiles.view_group, p.seqlen_q, p.head_dim)
+    contiguous = (p.heads_q * p.seqlen_q * p.head_dim, tiles.view_group * p.seqlen_q * p.head_dim,
+                  p.seqlen_q * p.head_dim, p.head_dim, 1)
+    q5 = array_constraint(p.dtype, shape5, contiguous)
+    if p.page_size:  # page pools [pages, page_size, H_kv, D], as many pages as the keys fill
+        pages = p.batch * -(-p.seqlen_k // p.page_size)
+        kv = array_constraint(p.dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
+    else:
+        kv = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    tile_d = split_constants(p, schedule)["TILE_D"]
+    opart = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m, tile_d))
+    lse = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m))
+    direct = schedule.splits == 1
+    # the sink logits, or the placeholder int (what ct.launch makes of a Python int)
+    sinks = (array_constraint("fp32", (p.heads_q,)) if p.sinks
+             else ctc.ScalarConstraint(ct.int32))
+    runtime = {"Q": q5, "K": kv, "V": kv, "Out": q5,
+               "Opart": q5 if direct else opart, "Lse": q5 if direct else lse,
+               "qk_scale": ctc.ScalarConstraint(ct.float32),
+               "causal_offset": ctc.ScalarConstraint(ct.int32),
+               "kv_div": ctc.ScalarConstraint(ct.int32),
+               "window_left": ctc.ScalarConstraint(ct.int32),
+               "window_right": ctc.ScalarConstraint(ct.int32),
+               "softcap": ctc.ScalarConstraint(ct.float32), "Sinks": sinks,
+               # a ragged entry's ranges, or the zero-byte placeholder (a constant here:
+               # export_cubin's convention takes no tuple; the same machine code)
+               "Ranges": (array_constraint("int32", (p.batch,)) if p.page_size
+                          else array_constraint("int32", (4, p.batch)) if p.ragged
+                          else ctc.ConstantConstraint(0)),
+               # a paged cache's block table, or the placeholder
+               "Pages": (array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
+                         if p.page_size else ctc.ConstantConstraint(0))}
+    label = f"decode {schedule.describe()}"
+    result = export_cubin(split_kernel(schedule),
+                          SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),
+                          arch, label)
+    if direct:
+        return result
+    combined = export_cubin(
+        combine_kernel(schedule),
+        COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5, "Sinks": sinks},
+                                   combine_constants(p, schedule)), arch, label + " (combine)")
+    return dataclasses.replace(result, seconds=result.seconds + combined.seconds,
+                               other_cubins=(combined.cubin,))

@@ -1,0 +1,73 @@
+"""The decode family's per-architecture default schedule: what runs for a shape nobody tuned
+and the shipped table does not cover."""
+
+from __future__ import annotations
+
+from ...core._compile import SM_COUNTS, generation
+from ...core._problem import Problem
+from ._launch import layout
+from ._schedule import MAX_SPLITS, DecodeSchedule
+
+__all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
+           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN"]
+
+#: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
+#: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
+#: the shipped rows picked 4 splits at B = 1 with 1k keys and 8-12 with 2k (1.10-1.19x a cap of
+#: 512 keys per split).
+MIN_KEYS_PER_SPLIT = 256
+#: Most query rows the default packs into one tile. On an H100, where a group times S_q
+#: (padded) exceeds 64 rows (multi-query speculative decoding, say), 64-row tiles ran 0.44-0.58x
+#: the time of 128-row ones with the splits recounted for them, on all 7 such shapes probed;
+#: 32-row tiles 0.45-1.27x (issue 29, docs/lookup.md).
+MAX_TILE_M = 64
+#: A windowed call splits its keys only where the window is longer than this and splitting
+#: multiplies its CTAs at least ``WINDOW_SPLIT_MIN_GAIN``-fold: a split costs the combine's
+#: launch and partials, 4-6 us on an H100, which a window's few keys rarely pay back. Tuned
+#: on 10 windowed keys (windows 128-4096, B 1 and 8, H 32/8, 16/8 and 64/8): one split won or
+#: tied at windows of 128 and 512 (1.14-1.31x the 2 splits the cache rule gave) and at B = 8
+#: (64 CTAs already; 1.00-1.31x), while 16 splits of a 4096 window at B = 1 took a third of
+#: one split's time (docs/records/benchmarks/variants/README.md).
+WINDOW_SPLIT_MIN_KEYS = 512
+WINDOW_SPLIT_MIN_GAIN = 4
+
+
+def window_keys(problem: Problem) -> int:
+    """The keys the call's query rows may see at all: the length of the union of their
+    visible ranges (``problem.key_span(0, S_q - 1)``; the whole cache without a window)."""
+    lo, hi = problem.key_span(0, problem.seqlen_q - 1)
+    return max(hi - lo, 0)
+
+
+def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
+    """Per-architecture default: heads of a group packed into one tile, 128-key steps, loads
+    issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
+    split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a plain second kernel
+    (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k).
+
+    With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
+    ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
+    window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys,
+    but only where splitting pays for its second launch (:data:`WINDOW_SPLIT_MIN_KEYS`,
+    :data:`WINDOW_SPLIT_MIN_GAIN`). A ragged batch (a paged cache's) splits by the same rule,
+    counted on its longest cache: on an H200 (page 64, H 32/8, D 128), more splits than the rule
+    gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at 2k) and gained 1.04x and
+    1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8)."""
+    gen = generation(arch)
+    # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
+    # per head (or per MAX_TILE_M rows of it)
+    rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
+    tile_m = min(MAX_TILE_M, max(16, 1 << (rows - 1).bit_length()))
+    keys = problem.seqlen_k
+    tile_n = 128 if problem.head_dim <= 128 else 64
+    if problem.windowed:
+        keys = window_keys(problem)
+        tile_n = min(tile_n, max(32, 1 << max(keys - 1, 0).bit_length()))
+    base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2)
+    rows = layout(problem, base).rows  # CTAs per split
+    wanted = SM_COUNTS[gen] // rows  # one wave: these kernels run one CTA per SM on sm_90
+    if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
+        wanted = 1
+
+    splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    return base.replace(splits=splits)

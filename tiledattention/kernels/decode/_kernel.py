@@ -1,0 +1,290 @@
+"""The split-KV (flash-decoding) kernel templates (cuTile): a split kernel and a combine kernel.
+
+Decode attends few query rows against many keys. One CTA of ``decode_split`` takes one (batch, K/V
+head), one tile of query positions and one *split*, a contiguous range of key tiles: the query rows
+of every query head that shares the K/V head are packed into one ``[TILE_G * TILE_S, D]`` tile
+(``TILE_G`` heads x ``TILE_S`` positions), so each K/V tile is read once per K/V head, not once per
+query head. The queries and the output are passed as ``[B, H_kv, G, S_q, D]`` views (the head dim
+split into K/V head and group: no copy); heads past ``G`` and positions past ``S_q`` are zero-
+filled on load and clipped on store.
+
+With one split (``DIRECT``) the kernel normalises and writes the output itself. Otherwise each
+split writes its normalised partial output and its log-sum-exp (base 2) in float32, and
+``decode_combine`` merges the splits of each row: ``out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s
+- m)``. With ``PDL`` the combine is launched as a programmatic dependent launch: its CTAs are
+scheduled while the split kernel drains and wait for its memory.
+
+Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i`` sees
+keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). With ``WINDOW`` it also
+sees only keys ``i + causal_offset - window_left .. i + causal_offset + window_right`` (a side of
+-1, ``kernel_core.numbers.UNBOUNDED``, is unbounded): each query tile walks only the key tiles of
+its rows' union of visible keys, split over the CTAs of its row, and the key walk starts where that
+range starts (computed from ``causal_offset`` at run time, so it follows a cache that grows). Only
+the tiles at the range's edges are masked (``kernel_core.bounds.decode_key_tiles``). ``SOFTCAP``
+caps the scaled scores at ``softcap * tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[h] - m)`` to
+each row's denominator once: in the single split's normalisation or in the combine, never per
+split. A row that sees no key returns zeros. ``RAGGED`` (a padded batch's per-entry ranges,
+``Ranges``): each batch entry's keys are cut out of K and V, its query rows in range are the last
+positions of those keys (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a
+paged cache): K and V are pools of pages and each entry's keys lie in the pages its row of the
+block table (``Pages``) names, one page lookup per page-sized load. Every UPPER_CASE parameter is a
+compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
+loop whose cache grows by a key per step reuses one compiled kernel.
+"""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import numpy as np
+
+from ...kernel_core.bounds import decode_key_tiles
+from ...kernel_core.numbers import LOG2_E, NEG_BIG
+from ...kernel_core.ranges import page_rows, sequence_view
+from ...kernel_core.softmax import log_sum_exp, normalised, online_softmax
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+def _tile_of_row(row, heads, num_q_tiles):
+    """(batch, head of the view, query tile) of grid row ``row`` = (batch x head) x query tile."""
+    q_tile = row % num_q_tiles
+    bh = row // num_q_tiles
+    return bh // heads, bh % heads, q_tile
+
+
+def _row_sinks(Sinks, head, group, TILE_G, TILE_S, EXP2):
+    """The sink logit of each packed row's query head (``head * group + g`` for tile head
+    ``g``; padded heads get 0), in the kernel's units (times log2(e) with ``EXP2``):
+    ``[TILE_G * TILE_S, 1]``."""
+    g = ct.arange(TILE_G * TILE_S, dtype=np.int32)[:, None] // TILE_S  # [TILE_M, 1]
+    sink = ct.gather(Sinks, head * group + g, mask=g < group, padding_value=0.0)
+    if EXP2:
+        sink = sink * LOG2_E
+    return sink  # [TILE_M, 1]
+
+
+@ct.kernel
+def decode_split(
+    Q, K, V, Out,  # [B, H_kv', G', S_q, D], [B, H_kv, S_k, D] x2, like Q
+    Opart,  # [B * H_kv' * q_tiles, splits, TILE_M, TILE_D] float32 (unused when DIRECT)
+    Lse,  # [B * H_kv' * q_tiles, splits, TILE_M] float32, base-2 log-sum-exp (unused: DIRECT)
+    qk_scale: float,
+    causal_offset: int,  # query position i sees keys 0..i + causal_offset (CAUSAL only)
+    kv_div: int,  # head index of Q's view // kv_div = K/V head (1 when the group is packed)
+    window_left: int,  # WINDOW: row i sees keys from i + causal_offset - window_left (-1: all)
+    window_right: int,  # WINDOW: ... up to i + causal_offset + window_right (-1: all)
+    softcap: float,  # SOFTCAP: scores capped at softcap * tanh(s / softcap)
+    Sinks,  # SINKS: [H_q] float32 sink logits; else a placeholder int the code never reads.
+    # The new launch-time values come last: the others keep their offsets (and the code of a
+    # plain problem its bytes).
+    Ranges,  # RAGGED: int32 [4, B] query starts, query ends, key starts, key ends (PAGED:
+    # int32 [B], the entries' key counts); else ()
+    Pages,  # PAGED: int32 [B, max_pages] block table (K, V: page pools); else ()
+    TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
+    TILE_S: ConstInt,  # query positions per tile
+    TILE_N: ConstInt,  # keys per step
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two
+    CAUSAL: ConstBool,
+    EXP2: ConstBool,
+    K_TRANSPOSED: ConstBool,
+    K_LATENCY: ConstInt,  # 1..10, or 0: let the compiler infer it
+    V_LATENCY: ConstInt,
+    DIRECT: ConstBool,  # one split: normalise and store into Out, no partials
+    PDL: ConstBool,  # a dependent combine kernel may be scheduled early
+    WINDOW: ConstBool,  # a sliding window bounds a side of each row's keys
+    SOFTCAP: ConstBool,
+    SINKS: ConstBool,  # DIRECT only: the sink joins the denominator (else the combine adds it)
+    RAGGED: ConstBool,  # each batch entry's keys and query rows are its Ranges' (bottom-right)
+    PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; entry b's keys
+    # 0..Ranges[b] - 1 lie in its block table's pages, Pages[b]
+    PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
+):
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
+    PAD = ct.static_eval(ct.PaddingMode.ZERO)
+    heads = Q.shape[1]
+    num_q_tiles = ct.cdiv(Q.shape[3], TILE_S)
+    row = ct.bid(0)  # (batch x head of the view) x query tile
+    split = ct.bid(1)
+    splits = ct.num_blocks(1)
+    batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
+    kv_head = head // kv_div
+    if PDL:
+        ct.grid_dependency_control_launch_dependents()
+    q_lo = 0
+    q_hi = Q.shape[3]
+    paged_keys = 0
+    if RAGGED:
+        # the entry's keys cut out of K and V (or, PAGED, counted in its pages, at most the
+        # block table's); its query rows q_lo..q_hi - 1 are the last of them (bottom-right
+        # within the ranges: row i sees keys up to i + len - q_hi); rows outside come out as
+        # zeros
+        if PAGED:  # Ranges: the entries' key counts, [B]; every query row is in range
+            paged_keys = min(ct.gather(Ranges, batch), Pages.shape[1] * K.shape[1])
+            causal_offset = paged_keys - q_hi
+        else:
+            K = sequence_view(K, Ranges, batch, 2)
+            V = sequence_view(V, Ranges, batch, 2)
+            q_lo = ct.gather(Ranges, (0, batch))
+            q_hi = ct.gather(Ranges, (1, batch))
+            causal_offset = K.shape[2] - q_hi
+
+    scale = qk_scale
+    if EXP2:
+        scale = qk_scale * LOG2_E
+    seqlen_k = K.shape[2]
+    if PAGED:
+        seqlen_k = paged_keys
+    first_pos = q_tile * TILE_S
+    # packed row r is head r // TILE_S at position first_pos + r % TILE_S
+    positions = first_pos + ct.arange(TILE_M, dtype=np.int32)[:, None] % TILE_S  # [TILE_M, 1]
+    # this split's key tiles [start, stop); with WINDOW row i keeps keys i + lo_shift .. i +
+    # hi_shift, and the tiles before unmask_from are masked too
+    lo_shift, hi_shift, start, unmask_from, mask_from, stop = decode_key_tiles(
+        first_pos, Q.shape[3], seqlen_k, causal_offset, window_left, window_right, split,
+        splits, TILE_S, TILE_N, WINDOW, CAUSAL)
+    cap_in = 0.0
+    cap_out = 0.0
+    if SOFTCAP:
+        cap_in = qk_scale / softcap  # s / c, from the raw product
+        cap_out = softcap  # c, in the kernel's units
+        if EXP2:
+            cap_out = softcap * LOG2_E
+
+    q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
+    if DIRECT and SINKS:
+        # the sink as a key of value 0 seen first: max = sink, denominator 1
+        m_i = _row_sinks(Sinks, head, Q.shape[2], TILE_G, TILE_S, EXP2)  # [TILE_M, 1]
+        l_i = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+    else:
+        m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+
+    def load_kv(A, j, latency):
+        """Key / value tile ``j`` as ``[TILE_N, TILE_D]``: from the entry's pages with ``PAGED``
+        (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
+        if PAGED:
+            return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
+                             latency=latency, PAD=PAD)
+        tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                       padding_mode=PAD, latency=ct.static_eval(latency or None))
+        return tile.reshape((TILE_N, TILE_D))
+
+    def step(j, masked, m_i, l_i, acc):
+        """Fold key tile ``j`` into the running (max, denominator, accumulator) of the packed
+        rows. ``masked``: apply the sequence-end, causal and window masks (only the tiles at
+        the edges of a row's key range need it). With ``SOFTCAP`` the scores are ``cap_out *
+        tanh(qk * cap_in)``: the capped scaled score in the kernel's units."""
+        if ct.static_eval(K_TRANSPOSED and not PAGED):
+            k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                        order=(0, 1, 3, 2), padding_mode=PAD,
+                        latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
+        else:
+            k = ct.transpose(load_kv(K, j, latency=K_LATENCY))  # [TILE_D, TILE_N]
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
+        qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+        if SOFTCAP:
+            qk = ct.tanh(qk * cap_in) * cap_out  # [TILE_M, TILE_N], scaled
+        if masked:
+            keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+            keep = keys < seqlen_k
+            if WINDOW:
+                keep = keep & (keys >= positions + lo_shift) & (keys <= positions + hi_shift)
+            elif CAUSAL:
+                keep = keep & (keys <= positions + causal_offset)  # [TILE_M, TILE_N]
+            qk = ct.where(keep, qk, -np.inf)
+        # p: [TILE_M, TILE_N]; capped scores are scaled already
+        p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
+        v = load_kv(V, j, latency=V_LATENCY)  # [TILE_N, TILE_D]
+        if PAGED:
+            if masked:
+                # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN
+                # is not 0
+                key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
+                v = ct.where(key_rows < seqlen_k, v, 0.0)
+        acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
+        return m_i, l_i, acc
+
+    if WINDOW:
+        for j in range(start, unmask_from):
+            m_i, l_i, acc = step(j, True, m_i, l_i, acc)
+        for j in range(unmask_from, mask_from):
+            m_i, l_i, acc = step(j, False, m_i, l_i, acc)
+    else:
+        for j in range(start, mask_from):
+            m_i, l_i, acc = step(j, False, m_i, l_i, acc)
+    for j in range(mask_from, stop):
+        m_i, l_i, acc = step(j, True, m_i, l_i, acc)
+
+    # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
+    # acc == 0 and l_i >= 1): zeros out
+    out = normalised(acc, l_i)  # [TILE_M, TILE_D]
+    if RAGGED:  # rows outside the entry's query range: zeros (a zero partial in every split)
+        out = ct.where((positions >= q_lo) & (positions < q_hi), out, 0.0)
+    if DIRECT:
+        ct.store(Out, index=(batch, head, 0, q_tile, 0),
+                 tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
+    else:
+        lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
+        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
+        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
+
+
+@ct.kernel
+def decode_combine(
+    Opart,  # [rows, splits, TILE_M, TILE_D] float32
+    Lse,  # [rows, splits, TILE_M] float32 (base 2)
+    Out,  # [B, H_kv', G', S_q, D] view of the output
+    Sinks,  # SINKS: [H_q] float32 sink logits; else a placeholder int the code never reads
+    TILE_G: ConstInt,
+    TILE_S: ConstInt,
+    CHUNK_D: ConstInt,  # head-dim columns per CTA (grid dim 1 walks the chunks)
+    UNROLL: ConstInt,  # splits merged per step
+    PDL: ConstBool,  # launched as a programmatic dependent of decode_split
+    SINKS: ConstBool,  # each row's sink joins the merged denominator (once)
+):
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
+    if PDL:
+        ct.grid_dependency_control_wait()
+    heads = Out.shape[1]
+    num_q_tiles = ct.cdiv(Out.shape[3], TILE_S)
+    row = ct.bid(0)
+    chunk = ct.bid(1)
+    batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
+
+    # UNROLL splits per step, their loads issued together: the merge is a chain of dependent
+    # steps, and one load per step left it waiting on memory once per split. Splits past the
+    # last one are out of bounds: they load as -inf (weight 0) and zeros.
+    # With SINKS the sink enters as one more split of log-sum-exp sink * log2(e) and output 0.
+    if SINKS:
+        m = _row_sinks(Sinks, head, Out.shape[2], TILE_G, TILE_S, True)  # [TILE_M, 1]
+        total = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+    else:
+        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
+    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
+        lses = ()
+        parts = ()
+        for u in ct.static_iter(range(UNROLL)):
+            split = step * UNROLL + u
+            lses += (ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
+                             padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_M, 1)),)
+            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
+                              padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, CHUNK_D)),)
+        m_new = m
+        for u in ct.static_iter(range(UNROLL)):
+            m_new = max(m_new, lses[u])
+        alpha = ct.exp2(m - m_new, flush_to_zero=True)
+        total = total * alpha
+        acc = acc * alpha
+        for u in ct.static_iter(range(UNROLL)):
+            weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)  # 0 for an empty split
+            total = total + weight
+            acc = acc + parts[u] * weight
+        m = m_new
+    out = normalised(acc, total)
+    ct.store(Out, index=(batch, head, 0, q_tile, chunk),
+             tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))

@@ -1,0 +1,358 @@
+"""From a (Problem, DecodeSchedule) pair to the launches of the split and combine kernels.
+
+Nothing here depends on ``S_k`` except the causal offset, a launch-time value: the constants,
+the kernel objects and the grid of a schedule serve every cache length, so a decode loop whose
+cache grows by one key per call keeps one plan (``_sdpa``). A sliding window is passed as
+launch-time values too (``window_left``, ``window_right``, -1 unbounded): the kernel derives each
+query tile's key range, and so where its walk starts, from them and the causal offset.
+``normalise`` gives every field that cannot change the launches for a problem its canonical
+value.
+
+The variants' launch-time values (``window_left, window_right, softcap, Sinks``) come after the
+older ones. ``Sinks`` is the ``[H_q]`` float32 array of sink logits when ``SINKS`` is on, else
+:data:`NO_SINKS`, an int32 scalar no code reads (as the forward's ``NO_LSE``): with the variants
+off the kernels compile to the same machine code as before these parameters existed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+from ...core._lazy import lazy_module
+from ...core._signature import KernelParameters
+from ...core._problem import Problem, default_scale, padded_head_dim, page_tile
+from ._schedule import TILES_M, DecodeSchedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+
+__all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
+           "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
+           "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
+           "max_key_tiles"]
+
+
+def _split() -> ct.kernel:
+    """``decode_split``, imported on first use: the kernel module loads cuda.tile, which
+    ``import tiledattention`` does not pay for."""
+    from ._kernel import decode_split
+
+    return decode_split
+
+
+def _combine() -> ct.kernel:
+    """``decode_combine``, imported on first use (like :func:`_split`)."""
+    from ._kernel import decode_combine
+
+    return decode_combine
+
+
+SPLIT_PARAMETERS = KernelParameters(
+    _split,
+    ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
+     "window_right", "softcap", "Sinks", "Ranges", "Pages"))
+COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
+
+#: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
+NO_SINKS = 0
+#: What ``Ranges`` receives when ``RAGGED`` is off (and ``Pages`` when ``PAGED`` is): an empty
+#: tuple, a parameter of no bytes (the forward's placeholder), so the split kernel's parameter
+#: space and machine code are unchanged.
+UNUSED = ()
+
+
+
+class Variant(NamedTuple):
+    """The attention variant a plan launches: the window (-1: a side unbounded), the softcap
+    (0: none) and whether sinks join the denominator. Usually the problem's own
+    (:func:`variant_of`); a plan kept for a band of cache lengths may carry the call's window
+    where the canonical problem of one length dropped a side that binds at another."""
+
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sinks: bool = False
+
+    @property
+    def windowed(self) -> bool:
+        return self.window_left >= 0 or self.window_right >= 0
+
+
+def variant_of(problem: Problem, window: tuple[int, int] | None = None) -> Variant:
+    """``problem``'s variant, with ``window`` (the call's ``(left, right)``) instead of the
+    problem's where given."""
+    left, right = window if window is not None else (problem.window_left, problem.window_right)
+    return Variant(int(left), int(right), float(problem.softcap), bool(problem.sinks))
+
+#: Fewest rows a packed tile has (the matrix-product units work on 16-row tiles at least).
+MIN_TILE_ROWS = 16
+
+
+class Layout(NamedTuple):
+    """How a problem's query rows map onto tiles for one schedule."""
+
+    view_heads: int  # heads of the [B, H', G', S_q, D] view of q and out
+    view_group: int  # G': query heads per tile group (the GQA group when packed, else 1)
+    kv_div: int  # view head // kv_div = K/V head
+    tile_g: int  # heads per tile (power of two >= G', padded with zero rows)
+    tile_s: int  # query positions per tile
+    q_tiles: int  # query tiles per (batch, view head)
+    rows: int  # B * H' * q_tiles: the first grid dim
+
+    @property
+    def tile_m(self) -> int:
+        return self.tile_g * self.tile_s
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=4096)
+def layout(problem: Problem, schedule: DecodeSchedule) -> Layout:
+    """The tiling of ``problem``'s query rows under ``schedule``."""
+    group = problem.group_size
+    if schedule.pack_heads:
+        view_heads, view_group, kv_div = problem.heads_kv, group, 1
+    else:
+        view_heads, view_group, kv_div = problem.heads_q, 1, group
+    tile_g = _pow2_at_least(view_group)
+    tile_s = min(_pow2_at_least(problem.seqlen_q), max(1, schedule.tile_m // tile_g))
+    if tile_g * tile_s < MIN_TILE_ROWS:
+        tile_g = MIN_TILE_ROWS // tile_s
+    q_tiles = math.ceil(problem.seqlen_q / tile_s)
+    return Layout(view_heads, view_group, kv_div, tile_g, tile_s, q_tiles,
+                  problem.batch * view_heads * q_tiles)
+
+
+def max_key_tiles(problem: Problem, schedule: DecodeSchedule) -> int | None:
+    """The most key tiles a query tile's walk can touch under ``problem``'s window, whatever
+    the cache length (a plan serves a band of them); ``None`` when the walk grows with the
+    cache. A query tile of rows ``first..last`` walks keys ``first + off - left .. last + off +
+    right``: ``rows - 1 + left + right + 1`` keys with both sides bounded (causal bounds the
+    right at 0); bottom-right, the cache's end bounds the right (``off + S_q = S_k``): at most
+    ``S_q + left`` keys. A range of ``n`` keys at any alignment touches at most ``ceil((n - 1)
+    / tile_n) + 1`` tiles."""
+    if problem.window_left < 0:
+        return None
+    right = 0 if problem.causal else problem.window_right
+    keys = None
+    if right >= 0:
+        rows = min(layout(problem, schedule).tile_s, problem.seqlen_q)
+        keys = rows - 1 + problem.window_left + right + 1
+    if problem.bottom_right:
+        tail = problem.seqlen_q + problem.window_left
+        keys = tail if keys is None else min(keys, tail)
+    if keys is None:
+        return None
+    return -(-(keys - 1) // schedule.tile_n) + 1
+
+
+def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
+    """``schedule`` with every field that cannot change the launches for ``problem`` at a
+    canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
+    splits only add CTAs with no keys: each split would take one tile either way),
+    ``combine`` with one split, ``pack_heads`` when each K/V head has one query head,
+    ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
+    ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
+    when nothing changes)."""
+    changes: dict[str, Any] = {}
+    canonical = DecodeSchedule()
+    if problem.page_size and schedule.k_transposed != canonical.k_transposed:
+        changes["k_transposed"] = canonical.k_transposed
+        schedule = schedule.replace(k_transposed=canonical.k_transposed)
+    most = max_key_tiles(problem, schedule) if problem.windowed else None
+    if most is not None and schedule.splits > most:
+        changes["splits"] = most
+        schedule = schedule.replace(splits=most)
+    if schedule.splits == 1 and schedule.combine != canonical.combine:
+        changes["combine"] = canonical.combine
+    if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
+        changes["pack_heads"] = canonical.pack_heads
+    tiles = layout(problem, schedule)
+    smallest = next(m for m in TILES_M if layout(problem, schedule.replace(tile_m=m)) == tiles)
+    if smallest != schedule.tile_m:
+        changes["tile_m"] = smallest
+    return schedule.replace(**changes) if changes else schedule
+
+
+def split_constants(problem: Problem, schedule: DecodeSchedule,
+                    variant: Variant | None = None) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of ``decode_split`` by name (``variant``: the problem's
+    unless given)."""
+    tiles = layout(problem, schedule)
+    variant = variant_of(problem) if variant is None else variant
+    return {
+        "TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "TILE_N": schedule.tile_n,
+        "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
+        "EXP2": schedule.exp2, "K_TRANSPOSED": schedule.k_transposed,
+        "K_LATENCY": schedule.k_latency or 0, "V_LATENCY": schedule.v_latency or 0,
+        "DIRECT": schedule.splits == 1,
+        "PDL": schedule.splits > 1 and schedule.combine == "pdl",
+        "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
+        "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
+        "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
+        # keys per load from a page: a load never straddles two pages
+        "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
+        else 0,
+    }
+
+
+#: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
+#: row, so it is spread over ``ceil(D / 32)`` CTAs per row instead of one.
+COMBINE_CHUNK_D = 32
+#: Splits the combine merges per step (their loads issued together). An H100 probe
+#: (scripts/decode_parts.py at 7415564) timed the one-split-per-step merge at 10-12 µs for 8-16
+#: splits at B = 1, a sixth of a 32k-key call.
+COMBINE_UNROLL = 8
+
+
+def combine_constants(problem: Problem, schedule: DecodeSchedule,
+                      variant: Variant | None = None) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of ``decode_combine`` by name."""
+    tiles = layout(problem, schedule)
+    variant = variant_of(problem) if variant is None else variant
+    return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s,
+            "CHUNK_D": min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D),
+            "UNROLL": min(COMBINE_UNROLL, _pow2_at_least(schedule.splits)),
+            "PDL": schedule.combine == "pdl", "SINKS": variant.sinks}
+
+
+@functools.lru_cache(maxsize=None)
+def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> ct.kernel:
+    """Cached: each kernel object owns a JIT cache, so a new one per launch would recompile."""
+    return kernel.replace_hints(occupancy=occupancy, num_worker_warps=num_worker_warps)
+
+
+def split_kernel(schedule: DecodeSchedule) -> ct.kernel:
+    return _hinted(_split(), schedule.occupancy, schedule.num_worker_warps)
+
+
+def combine_kernel(schedule: DecodeSchedule) -> ct.kernel:
+    """The combine kernel (no kernel options of its own: it is a short, latency-bound merge)."""
+    return _combine()
+
+
+def grouped_view(x: Any, tiles: Layout) -> Any:
+    """``x [B, H, S, D]`` (torch or CuPy) as the ``[B, H', G', S, D]`` view the kernels index:
+    no copy, whatever the strides."""
+    b, h, s, d = x.shape
+    shape = (b, tiles.view_heads, tiles.view_group, s, d)
+    if hasattr(x, "unflatten"):  # torch
+        return x.unflatten(1, shape[1:3])
+    import cupy
+
+    sb, sh, ss, sd = x.strides
+    return cupy.lib.stride_tricks.as_strided(
+        x, shape, (sb, sh * tiles.view_group, sh, ss, sd))
+
+
+class Launches(NamedTuple):
+    """What one call launches, less the arrays: built once per plan."""
+
+    tiles: Layout
+    splits: int
+    split_grid: tuple[int, int, int]
+    combine_grid: tuple[int, int, int]
+    split: Any  # the hinted decode_split kernel
+    combine: Any  # decode_combine, or None with one split
+    split_constants: tuple
+    combine_constants: tuple
+    pdl: bool
+    scale: float
+    tile_d: int
+    variant: Variant  # its window and softcap are passed at launch; sinks: a Sinks array
+    tile_n: int  # keys per step (key_walk mirrors the split kernel's walk with it)
+    causal: bool  # the problem's causal mask (CAUSAL)
+
+
+def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
+             window: tuple[int, int] | None = None) -> Launches:
+    """The kernel objects, grids and constants of ``normalise(problem, schedule)``;
+    ``window``: the call's ``(left, right)`` where it is not the problem's (``variant_of``)."""
+    schedule = normalise(problem, schedule)
+    tiles = layout(problem, schedule)
+    variant = variant_of(problem, window)
+    split = split_constants(problem, schedule, variant)
+    combine = combine_constants(problem, schedule, variant)
+    return Launches(
+        tiles=tiles, splits=schedule.splits,
+        split_grid=(tiles.rows, schedule.splits, 1),
+        combine_grid=(tiles.rows, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
+        split=split_kernel(schedule),
+        combine=combine_kernel(schedule) if schedule.splits > 1 else None,
+        split_constants=SPLIT_PARAMETERS.constant_values(split),
+        combine_constants=COMBINE_PARAMETERS.constant_values(combine),
+        pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
+        tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
+        causal=problem.causal)
+
+
+def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
+           partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None,
+           pages: Any = None) -> None:
+    """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
+    ``q``; ``partials`` = (Opart, Lse) float32 buffers of :func:`partial_shapes` (``None`` with
+    one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
+    has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
+    ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
+    ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
+    ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts)."""
+    q5 = grouped_view(q, plan.tiles)
+    out5 = grouped_view(out, plan.tiles)
+    opart, lse = partials if partials is not None else (out5, out5)
+    variant = plan.variant
+    sink_arg = sinks if variant.sinks else NO_SINKS
+    ct.launch(stream, plan.split_grid, plan.split,
+              (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
+               variant.window_left, variant.window_right, variant.softcap, sink_arg,
+               UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
+               *plan.split_constants))
+    if plan.combine is not None:
+        ct.launch(stream, plan.combine_grid, plan.combine,
+                  (opart, lse, out5, sink_arg, *plan.combine_constants),
+                  programmatic_dependent_launch=plan.pdl)
+
+
+def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs."""
+    rows, m = plan.tiles.rows, plan.tiles.tile_m
+    return (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
+
+
+def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int
+             ) -> list[list[tuple[int, int]]]:
+    """The key tiles ``[start, stop)`` each (query tile, split) CTA of ``plan`` walks for a
+    call of ``seqlen_q`` query rows against ``seqlen_k`` keys at causal offset ``offset``, per
+    query tile: the split kernel's range arithmetic, in Python (what the CPU tests check the
+    window's splits and their movement with a growing cache against)."""
+    t_n, t_s, splits = plan.tile_n, plan.tiles.tile_s, plan.splits
+    variant = plan.variant
+    causal = plan.causal
+    walks = []
+    for q_tile in range(-(-seqlen_q // t_s)):
+        first_pos = q_tile * t_s
+        last_pos = min(first_pos + t_s, seqlen_q) - 1
+        if variant.windowed:
+            far = 1 << 30
+            reach_left = variant.window_left if variant.window_left >= 0 else far
+            reach_right = variant.window_right if variant.window_right >= 0 else far
+            if causal:
+                reach_right = min(reach_right, 0)
+            kv_start = max(min(first_pos + offset - reach_left, seqlen_k), 0)
+            kv_end = max(min(seqlen_k, last_pos + offset + reach_right + 1), 0)
+            first_tile = kv_start // t_n
+            num_tiles = 0 if kv_end <= kv_start else -(-kv_end // t_n) - first_tile
+        else:
+            kv_end = seqlen_k
+            if causal:
+                kv_end = max(min(seqlen_k, last_pos + offset + 1), 0)
+            first_tile, num_tiles = 0, -(-kv_end // t_n)
+        per_split = -(-num_tiles // splits)
+        walk = []
+        for split in range(splits):
+            start = first_tile + min(split * per_split, num_tiles)
+            walk.append((start, min(start + per_split, first_tile + num_tiles)))
+        walks.append(walk)
+    return walks

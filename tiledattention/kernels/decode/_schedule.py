@@ -1,0 +1,95 @@
+"""The typed schedule of the split-KV decode kernels (``tiledattention/kernels/decode/_kernel.py``).
+
+A :class:`DecodeSchedule` is a frozen, keyword-only value; it round-trips through a plain,
+versioned dict (``to_dict`` / ``from_dict``) like the forward family's ``Schedule``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...core._schedule_value import ScheduleValue
+from ...errors import ScheduleError
+
+__all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT"]
+
+DECODE_SCHEDULE_FORMAT = 1
+#: How the splits are merged: a second kernel, or a second kernel launched as a programmatic
+#: dependent of the first (scheduled while the split kernel drains).
+COMBINES = ("kernel", "pdl")
+_TILES_N = (16, 32, 64, 128, 256)
+TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
+MAX_SPLITS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeSchedule(ScheduleValue):
+    """One point of the decode kernels' schedule space.
+
+    Work split:
+        splits: key ranges per (batch, K/V head) processed by separate CTAs (1..256); 1 writes
+            the output directly, with no partials and no combine step.
+        combine: ``"kernel"`` or ``"pdl"`` (programmatic dependent launch) for the merge.
+    Tiles:
+        tile_n: keys per inner-loop step (power of two, 16..256).
+        tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
+            positions as fit (at least one position; at least 16 rows).
+        pack_heads: pack the query heads that share a K/V head into one tile (each K/V tile is
+            read once per K/V head); otherwise one query head per CTA.
+    Kernel options and loads:
+        occupancy (1..32), num_worker_warps (None, 4 or 8), k_latency / v_latency (1..10 or
+        None), k_transposed (load K transposed), exp2 (base-2 softmax with flush-to-zero).
+    """
+
+    splits: int = 1
+    combine: str = "kernel"
+    tile_n: int = 64
+    tile_m: int = 16
+    pack_heads: bool = True
+    occupancy: int = 1
+    num_worker_warps: int | None = None
+    k_latency: int | None = None
+    v_latency: int | None = None
+    k_transposed: bool = False
+    exp2: bool = True
+
+    FORMAT = DECODE_SCHEDULE_FORMAT
+    LABEL = "decode"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> "DecodeSchedule":
+        """Raise :class:`ScheduleError` naming the first impossible field; return ``self``."""
+        self._check_int_range("splits", self.splits, 1, MAX_SPLITS)
+        if self.combine not in COMBINES:
+            raise ScheduleError(f"DecodeSchedule.combine must be one of {list(COMBINES)}; got "
+                                f"{self.combine!r}")
+        self._check_choice("tile_n", self.tile_n, _TILES_N)
+        self._check_choice("tile_m", self.tile_m, TILES_M)
+        self._check_int_range("occupancy", self.occupancy, 1, 32)
+        if self.num_worker_warps is not None:
+            self._check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
+        for name in ("k_latency", "v_latency"):
+            value = getattr(self, name)
+            if value is not None:
+                self._check_int_range(name, value, 1, 10)
+        self._check_bools()
+        return self
+
+    def describe(self) -> str:
+        """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
+        parts = [f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else ""),
+                 f"n{self.tile_n}", f"m{self.tile_m}", f"occ{self.occupancy}"]
+        if not self.pack_heads:
+            parts.append("unpacked")
+        if self.num_worker_warps is not None:
+            parts.append(f"w{self.num_worker_warps}")
+        if self.k_latency is not None or self.v_latency is not None:
+            parts.append(f"lat(K{self.k_latency or '-'},V{self.v_latency or '-'})")
+        if self.k_transposed:
+            parts.append("Kt")
+        if not self.exp2:
+            parts.append("exp")
+        return " ".join(parts)
+

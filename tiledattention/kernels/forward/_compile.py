@@ -1,0 +1,70 @@
+"""Compile-only builds of the forward kernel: a schedule's cubin for any architecture, on a
+machine without a GPU (``tiledtune search --compile-only``, the CI checks). It compiles the same
+kernel object and constants the launcher uses, for arrays laid out the way ``sdpa`` passes them
+(last dim contiguous, 16-byte aligned rows; a contiguous float32 ``[H_q]`` array of sink logits
+for a problem with sinks), via ``tiledattention.core._compile.export_cubin``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ...core._compile import CompileResult, array_constraint, export_cubin
+from ...core._lazy import lazy_module
+from ._launch import kernel_constants, kernel_for, ordered_args
+from ...core._problem import Problem
+from ._schedule import Schedule
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
+
+__all__ = ["compile_schedule"]
+
+
+def compile_schedule(problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
+    """Compile ``schedule`` for ``problem`` into a cubin for ``arch``; raise :class:`CompileError`.
+
+    The constants are ``kernel_constants(problem, schedule)``, so ``schedule`` and
+    ``normalise(problem, schedule)`` give the same cubin. A ragged problem compiles for packed
+    sequences (``varlen_attn``'s layout)."""
+    return _export(problem, kernel_for(schedule),
+                   kernel_constants(problem, schedule, packed=problem.ragged), arch,
+                   schedule.describe())
+
+
+def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], arch: str,
+            label: str) -> CompileResult:
+    """Compile ``kernel`` with these named constants (exactly the kernel's ``ct.Constant``
+    parameters) for ``problem``'s arrays (contiguous, as ``sdpa`` allocates them) into a cubin
+    for ``arch``. ``label`` names the build in errors. Tests use it to compile constants that
+    no normalised schedule produces."""
+    p = problem
+    if constants.get("PACKED"):  # [1, H, tokens, D] views of [tokens, H, D] tensors
+        q_like, kv_like = (
+            array_constraint(p.dtype, (1, h, p.batch * s, p.head_dim),
+                             (p.batch * s * h * p.head_dim, p.head_dim, h * p.head_dim, 1))
+            for h, s in ((p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k)))
+    else:
+        q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+        kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    if p.page_size:  # page pools [pages, page_size, H_kv, D], as many pages as the keys fill
+        pages = p.batch * -(-p.seqlen_k // p.page_size)
+        kv_like = array_constraint(p.dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
+    runtime = {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
+               "qk_scale": ctc.ScalarConstraint(ct.float32),
+               "heads_q": ctc.ScalarConstraint(ct.int32), "group": ctc.ScalarConstraint(ct.int32)}
+    # the variants' values where their constants read them (ordered_args fills in the others)
+    if constants.get("WINDOW"):
+        runtime["window_left"] = runtime["window_right"] = ctc.ScalarConstraint(ct.int32)
+    if constants.get("SOFTCAP"):
+        runtime["softcap"] = ctc.ScalarConstraint(ct.float32)
+    if constants.get("SINKS"):  # the [H_q] float32 sink logits
+        runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
+    if constants.get("RAGGED"):  # the int32 [4, sequences] query and key ranges
+        runtime["Ranges"] = array_constraint("int32", (4, p.batch))
+    if constants.get("PAGED"):  # the block table
+        runtime["Pages"] = array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
+    if constants.get("WORK_TABLE"):  # the int32 [2, items] work table of a skewed ragged call
+        items = p.batch * -(-p.seqlen_q // constants["TILE_M"])
+        runtime["Work"] = array_constraint("int32", (2, items))
+    return export_cubin(kernel, ordered_args(runtime, constants), arch, label)

@@ -1,0 +1,130 @@
+"""The forward kernel's per-architecture default schedule: what ``sdpa`` runs for a shape nobody
+tuned and the shipped table does not cover."""
+
+from __future__ import annotations
+
+from ...core._compile import generation
+from ...core._problem import Problem, head_dim_parts
+from ._schedule import Schedule
+
+__all__ = ["default_schedule", "row_keys"]
+
+#: A window this narrow (the most keys a row sees) runs on 64x64 tiles: a query tile visits the
+#: key tiles from its first row's first key to its last row's last, TILE_M + span keys rounded
+#: out to TILE_N; at 256 keys a 128x128 tile visits 3-4 key tiles (384-512 keys) per row that
+#: uses 256, a 64x64 one 5-6 (320-384 keys). Chosen by this count, not measured.
+NARROW_WINDOW = 256
+
+
+def row_keys(problem: Problem) -> int:
+    """The most keys one query row sees: ``S_k``, bounded by the window's width (with the
+    causal mask its right side is the diagonal). A plain problem gives ``S_k``."""
+    sk = problem.seqlen_k
+    left = problem.window_left if problem.window_left >= 0 else sk
+    right = 0 if problem.causal else (problem.window_right if problem.window_right >= 0 else sk)
+    return min(sk, left + right + 1)
+
+
+def default_schedule(arch: str, problem: Problem) -> Schedule:
+    """Per-architecture default, used when no tuned schedule is known for a shape.
+
+    sm_90: a decision list by head dim (as the kernel pads it), masking and length, each branch
+    the schedule that won where it applies: in the shipped table's tuned rows (H100 searches)
+    and in the per-shape sweeps of the held-out *fitting* shapes of issue 18
+    (``scripts/lookup_regret.py``, ``docs/lookup.md``). A head dim that is not a power of two
+    runs split into two power-of-two parts (``split_d``: 1.00-1.15x the padded kernel on every
+    fitting shape with D 72, 80, 96 and 192; D 40 is a tie).
+
+    - D <= 64, causal: 64x64 tiles at occupancy 4, key tiles walked sawtooth, longest query
+      tiles first (every shipped D64 causal row: 1.01-1.22x the former 64x128 default).
+    - D <= 64, not causal: the same tiles up to 2k keys (ViT, Whisper and Conformer lengths:
+      1.08-1.42x the former default); 64x128 at occupancy 3 beyond (every shipped D64 row with
+      S >= 2k). A head dim between 32 and 64 (40, 48, 56): 256x64 tiles over a two-CTA
+      cluster, persistent (Stable Diffusion's D40: 1.8x the 64x64 tiles; one shape measured).
+    - 64 < D <= 128, causal: 64x128 at occupancy 2 with exp2, approximate division and K
+      loaded transposed, key tiles walked sawtooth, longest query tiles first (D128 below 4k
+      keys: 1.01-1.04x the same without the last two on the three such fitting shapes,
+      0.99-1.09x on ten more at S 256 to 3500). Where rows see 4k keys or more (S_q >= 4k, or
+      S_k >= 4k bottom-right: chunked prefill), the same 128-row tile split over a cluster of
+      two CTAs, longest query tiles first (H100 probe 8: 0.99-1.24x the 64x128 schedule at
+      S >= 4k; a 512-query chunk over 4608 keys: 1.07x). A split head dim (72, 80, 96) below
+      4k keys: 64x64 tiles at occupancy 3, sawtooth, longest first (the four such fitting
+      shapes, D80/D96 at S 300 to 1337: 1.07-1.25x the 64x128 schedule; at S 4096 it loses to
+      the cluster, 0.99x).
+    - 64 < D <= 128, not causal, lengths multiples of 128: 128x128 tiles, one CTA per SM with
+      8 worker warps, persistent (every shipped D128 non-causal row; D72 at S 256 and 1024).
+      Other lengths (a ragged last tile): D <= 80, 128x64 tiles at occupancy 2 with 8 worker
+      warps, persistent (D72/D80 at S 257, 401, 900, 1025: 1.2-1.7x the 128x128 one); D > 96,
+      128x128 at occupancy 3 over a two-CTA cluster (D128 at S 577: 1.13x). D 96 (64 + 32):
+      64x128 at occupancy 3 at any length (S 1999, and 1024 queries over 4096 keys: 1.15-1.25x
+      the 128x128 one).
+    - D > 128: 128x128 with 8 worker warps at occupancy 3 (every shipped D256 key with
+      S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11).
+
+    Other architectures get the choices public cuTile attention code reports as good there (not
+    measured by this project).
+
+    A sliding window bounds the keys a row sees (:func:`row_keys`): where the rules above go by
+    length, they go by that count instead, and on sm_90 and sm_100 a window of at most
+    :data:`NARROW_WINDOW` keys runs on 64x64 tiles at D <= 128 (each query tile then visits
+    fewer keys its rows do not see; the other architectures' defaults are 64x64 already).
+    Neither is measured yet: no windowed shape has been tuned.
+    """
+    gen = generation(arch)
+    fast_math = dict(exp2=True, approx_div=True, k_transposed=True)
+    split = dict(split_d=head_dim_parts(problem.head_dim, True)[1] != 0)
+    keys = row_keys(problem)
+    if (problem.windowed and keys <= NARROW_WINDOW and problem.head_dim <= 128
+            and gen in ("hopper", "blackwell")):
+        return Schedule(tile_m=64, tile_n=64, occupancy=4 if problem.head_dim <= 64 else 3,
+                        kv_sawtooth=True, **fast_math, **split)
+    if gen == "hopper":
+        d = problem.head_dim
+        if d > 128:
+            return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
+                            k_transposed=True, k_latency=4, v_latency=2,
+                            paired_tiles=problem.causal, **split)
+        small_tiles = dict(tile_m=64, tile_n=64, occupancy=4, exp2=True, approx_div=True,
+                           k_latency=2, v_latency=2, kv_sawtooth=True)
+        if d <= 64:
+            if problem.causal:
+                return Schedule(longest_first=True, unchecked_loads=True, **small_tiles,
+                                **split)
+            if 32 < d < 64:
+                return Schedule(tile_m=256, tile_n=64, occupancy=2, num_ctas=2, k_latency=2,
+                                persistent=True, **fast_math, **split)
+            if keys <= 2048:
+                return Schedule(**small_tiles)
+            return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
+                            k_latency=4, v_latency=2, unchecked_loads=True)
+        if problem.causal:
+            # the keys a query row sees: S_k with bottom-right alignment (chunked prefill), at
+            # most the window's width
+            seen = problem.seqlen_k if problem.bottom_right else problem.seqlen_q
+            if (min(seen, keys) if problem.windowed else seen) >= 4096:
+                return Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
+                                longest_first=True, **fast_math, **split)
+            if split["split_d"]:  # 72 and 80 as 64 + 16, 96 as 64 + 32
+                return Schedule(tile_m=64, tile_n=64, occupancy=3, kv_sawtooth=True,
+                                longest_first=True, **fast_math, **split)
+            return Schedule(tile_m=64, tile_n=128, occupancy=2, kv_sawtooth=True,
+                            longest_first=True, **fast_math, **split)
+        even = problem.seqlen_q % 128 == 0 and problem.seqlen_k % 128 == 0
+        if 80 < d <= 96:  # two parts, 64 + 32: 64-row tiles
+            return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
+                            k_latency=4, v_latency=2, unchecked_loads=True, **split)
+        if even:
+            return Schedule(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8, exp2=True,
+                            approx_div=True, v_latency=4, unchecked_loads=True,
+                            persistent=True, **split)
+        if d <= 80:  # 64 + 16
+            return Schedule(tile_m=128, tile_n=64, occupancy=2, num_worker_warps=8,
+                            k_latency=4, v_latency=4, kv_sawtooth=True, persistent=True,
+                            **fast_math, **split)
+        return Schedule(tile_m=128, tile_n=128, occupancy=3, num_ctas=2, kv_sawtooth=True,
+                        **fast_math, **split)
+    if gen == "blackwell":
+        return Schedule(tile_m=128, tile_n=128, occupancy=2, **fast_math)
+    # consumer Blackwell, Ada, Ampere: 99-163 KiB of shared memory per SM
+    return Schedule(tile_m=64, tile_n=64, occupancy=2 if problem.head_dim <= 128 else 1,
+                    **fast_math)

@@ -1,0 +1,158 @@
+"""The prefill forward as a kernel family: its problem key, schedule, default, normalisation,
+lookup metric, compile-only build and GPU test case."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ...core import _device
+from ...core._case import AttentionCase, RaggedCase, ragged_flops
+from ...core._call import Call
+from ...core._compile import CompileResult
+from ...core._family import Family, register_family
+from ...kernel_core import MODULES as KERNEL_CORE_MODULES
+from ...core._problem import Problem, default_scale, page_tile
+from ...errors import UnsupportedProblemError
+from ._compile import compile_schedule
+from ._defaults import default_schedule
+from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
+                      normalise)
+from ._plan import ForwardPlan, forward_plan
+from ._schedule import Schedule
+
+__all__ = ["FORWARD", "ForwardFamily", "ForwardCase"]
+
+
+class ForwardCase(AttentionCase):
+    """The forward kernel's GPU case: the shared inputs and reference, this family's launcher."""
+
+    def __init__(self, problem: Problem, device_index: int) -> None:
+        super().__init__(problem, device_index)
+        self.sm_count = _device.device_info(device_index).sm_count
+
+    def launcher(self, schedule: Schedule) -> Callable[[], None]:
+        import cuda.tile as ct
+        import torch
+
+        problem = self.problem
+        schedule = normalise(problem, schedule)
+        grid = grid_for(problem, schedule, self.sm_count)
+        kernel = kernel_for(schedule)
+        args = kernel_args(self.q, self.k, self.v, self.out, problem, schedule,
+                           default_scale(problem), sinks=self.sinks)
+
+        def run() -> None:
+            ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+
+        return run
+
+
+class RaggedForwardCase(RaggedCase):
+    """The forward's case of a ragged problem: packed sequences (``RaggedCase``)."""
+
+    def launcher(self, schedule: Schedule) -> Callable[[], None]:
+        import torch
+
+        problem, layout = self.problem, self.layout
+        schedule = normalise(problem, schedule)
+        q, k, v, out = (self.view(x) for x in (self.q, self.k, self.v, self.out))
+
+        def run() -> None:
+            launch_ragged(torch.cuda.current_stream(), q, k, v, out, layout.ranges, problem,
+                          schedule, default_scale(problem), layout.longest_q, packed=True)
+
+        return run
+
+
+class ForwardFamily(Family):
+    """FlashAttention-style prefill forward (``tiledattention.sdpa``)."""
+
+    name = "forward"
+    problem_type = Problem
+    schedule_type = Schedule
+    # the input dtypes the kernels take, each with the relative L2 error against the float32
+    # reference a correct schedule may have on it: the family's one list of its dtypes
+    tolerances = {"bf16": 1e-2, "fp16": 5e-3}
+    template_modules = ("tiledattention.kernels.forward._kernel",
+                        "tiledattention.kernels.forward._launch", *KERNEL_CORE_MODULES)
+    bucket_fields = ("causal", "dtype", "head_dim")
+    seed_across = ("dtype",)
+    # same GQA group size; distance |log2 S_q - log2 S_q'| + |log2 S_k - log2 S_k'| +
+    # 0.5·|log2(B·H_q) - log2(B'·H_q')|: sequence length moves the best tiles more than batch
+    # or heads do
+    match_ratios = (("heads_q", "heads_kv"),)
+    distance_terms = ((("seqlen_q",), 1.0), (("seqlen_k",), 1.0), (("batch", "heads_q"), 0.5))
+    # Farther than this, the default answers: on the 18 held-out fitting shapes of issue 18
+    # (H100, docs/lookup.md) rows within distance 1 never lost to the default, rows at 1.5-4
+    # were up to 1.17x slower than it, and at 5 up to 1.65x (a 16k-token row for 257 tokens).
+    nearest_limit = 1.0
+    # A row transfers (``Family.transfer_refusal``) to a problem of at most twice or half its
+    # B·H_q (the grid's CTAs per tile row) and only as far as its tiles' padding allows: on
+    # shapes differing from shipped keys in batch and heads, nearest rows within distance 1
+    # ran up to 1.43x the default (issue 29).
+    transfer_limits = ((("batch", "heads_q"), 1.0),)
+    padding_terms = (("seqlen_q", "tile_m", None), ("seqlen_k", "tile_n", None))
+
+    def default_schedule(self, arch: str, problem: Problem) -> Schedule:
+        self.check_pages(problem)
+        return default_schedule(arch, problem)
+
+    def normalise(self, problem: Problem, schedule: Schedule) -> Schedule:
+        return normalise(problem, schedule)
+
+    def flops(self, problem: Problem) -> float:
+        return ragged_flops(problem) if problem.ragged else problem.flops
+
+    def compile(self, problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
+        self.check_pages(problem)
+        return compile_schedule(problem, normalise(problem, schedule), arch)
+
+    def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
+        if problem.page_size and not self.tunes_pages:
+            raise UnsupportedProblemError(f"the forward family has no tuner case for a paged "
+                                          f"cache yet; got {problem.describe()}: its default "
+                                          f"schedule runs it")
+        if problem.ragged:
+            return RaggedForwardCase(problem, device_index)
+        return ForwardCase(problem, device_index)
+
+    # the prefill forward takes every attention call no family of higher priority takes
+    serves = ("sdpa", "sdpa_with_lse")
+    # its ragged kernel reads a paged cache (chunked prefill, long query runs)
+    reads_pages = True
+
+    def reads_pages_with(self, problem: Problem, schedule: Schedule) -> bool:
+        """In place only where one page holds a whole key tile: a tile joined from several
+        page loads ran 0.28-0.47x the contiguous kernel (under two-CTA clusters 0.04x) on an
+        H200 and an H100, worse than gathering the pages first."""
+        return page_tile(problem.page_size) >= schedule.tile_n
+
+    def paged_lookup(self, bucket: Problem, shape: Problem) -> Problem:
+        """The bucket without pages (the one the gathered call looks up): pages change where
+        keys lie, not the work, and the forward tunes no paged rows."""
+        return dataclasses.replace(bucket, page_size=0)
+
+    def why_taken(self, arch: str, problem: Problem) -> str:
+        return "the prefill forward runs every call no other family takes"
+
+    def plan(self, call: Call, schedule: Schedule, device_index: int) -> ForwardPlan:
+        # a forward plan is kept per K/V shape: the problem's own mask is the call's
+        return forward_plan(call.problem, schedule, device_index, call.scale)
+
+    def forward_with_lse(self, stream, q, k, v, out, lse, problem: Problem, schedule: Schedule,
+                         scale: float, device_index: int, sinks=None, ragged=None) -> None:
+        """:meth:`Family.forward_with_lse`; ``sinks``: the float32 ``[H_q]`` sink logits when
+        ``problem.sinks`` (the stored log-sum-exp then includes them); ``ragged``: the call's
+        ``RaggedLayout`` when ``problem.ragged``."""
+        schedule = normalise(problem, schedule)
+        if ragged is not None:
+            launch_ragged(stream, q, k, v, out, ragged.ranges, problem, schedule, scale,
+                          ragged.longest_q, packed=ragged.packed, lse=lse, sinks=sinks,
+                          pages=ragged.pages)
+            return
+        launch_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
+                        _device.device_info(device_index).sm_count, sinks=sinks)
+
+
+FORWARD = register_family(ForwardFamily())

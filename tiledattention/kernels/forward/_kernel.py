@@ -1,0 +1,345 @@
+"""The FlashAttention-style forward kernel template (cuTile).
+
+One CTA computes a ``[TILE_M, D]`` block of the output for one (batch, query head): it streams K
+and V in ``TILE_N``-key steps through an online softmax, so the ``S_q x S_k`` score matrix never
+exists in memory. UPPER_CASE parameters are compile-time constants, passed by name from
+``_launch.kernel_constants``; the per-tile work is closures inside the kernel, which read them
+from the kernel's scope (``tests/cpu/test_kernel_constants.py`` parses this file to hold that no
+constant travels by position).
+
+Masking follows ``scaled_dot_product_attention(is_causal=True)``: top-left aligned, row ``i``
+attends keys ``0..i``; with ``BOTTOM_RIGHT`` (torch's ``causal_lower_right``) keys
+``0..i + S_k - S_q``, and a row that sees no key comes out as zeros. A sliding window
+(``WINDOW``) bounds row ``i`` to keys ``i + off - window_left .. i + off + window_right`` (the
+same offset ``off``; a side of -1, ``kernel_core.numbers.UNBOUNDED``, is unbounded): key tiles
+outside every row's window are never visited (``kernel_core.bounds``). ``SOFTCAP`` caps the
+scaled scores at ``softcap * tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[head])`` to every
+row's denominator. ``BOTTOM_RIGHT``, ``TILE_D2``, ``STORE_LSE``, ``WINDOW``, ``SOFTCAP`` and
+``SINKS`` each sit under compile-time branches: without them the code is what it was before
+they existed.
+"""
+
+from __future__ import annotations
+
+import cuda.tile as ct
+import numpy as np
+
+from ...kernel_core.bounds import forward_key_tiles, forward_window_key_tiles
+from ...kernel_core.numbers import LOG2_E, NEG_BIG, bounded
+from ...kernel_core.ranges import page_rows, sequence_length, sequence_of, sequence_view
+from ...kernel_core.softmax import log_sum_exp, online_softmax, reciprocal
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+@ct.kernel
+def attention_fwd(
+    Q, K, V, Out,  # [B, H_q, S_q, D], [B, H_kv, S_k, D], [B, H_kv, S_k, D], [B, H_q, S_q, D]
+    qk_scale: float, heads_q: int, group: int,  # group: query heads per K/V head
+    Lse,  # STORE_LSE: [B, H_q, S_q] float32; else a placeholder int the code never reads.
+    # Lse and the values after it come last of the launch-time values: the parameters before
+    # them keep the offsets of the forward without them.
+    window_left: int, window_right: int,  # WINDOW: keys before / after row + offset, -1 unbounded
+    softcap: float,  # SOFTCAP: the cap (> 0); else unread
+    Sinks,  # SINKS: [H_q] float32 sink logits (natural log, unscaled); else a placeholder int
+    Ranges,  # RAGGED: [4, sequences] int32 query starts, query ends, key starts, key ends
+    Work,  # WORK_TABLE: [2, items] int32 work items: sequences (-1: none) and query tiles
+    Pages,  # PAGED: int32 [sequences, max_pages] block table (K, V: page pools); else ()
+    TILE_M: ConstInt, TILE_N: ConstInt,
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
+    # with TILE_D2 the largest power of two below it: the first part of the head dim
+    TILE_D2: ConstInt,  # 0, or the width of a second part at column TILE_D (a power of two)
+    CAUSAL: ConstBool,
+    BOTTOM_RIGHT: ConstBool,  # causal only: row i sees keys 0..i + S_k - S_q (torch lower-right)
+    EVEN_K: ConstBool,  # S_k % TILE_N == 0
+    EXP2: ConstBool, APPROX_DIV: ConstBool, K_TRANSPOSED: ConstBool,
+    K_LATENCY: ConstInt, V_LATENCY: ConstInt,  # 1..10, or 0: let the compiler infer it
+    ALLOW_TMA: ConstBool, KV_SAWTOOTH: ConstBool, LONGEST_FIRST: ConstBool, CHECK_BOUNDS: ConstBool,
+    SPLIT_MASKED: ConstBool,  # masked key tiles in a loop of their own, after the unmasked ones
+    PERSISTENT: ConstBool,  # grid (CTAs,): each CTA walks work items; else (query tiles, B * H_q)
+    PAIRED: ConstBool,  # causal: a work item is the pair of query tiles (n-1-i, i), not one tile
+    STORE_LSE: ConstBool,  # also store each row's base-2 log-sum-exp into Lse (for the backward)
+    WINDOW: ConstBool,  # a sliding window: window_left and/or window_right bound each row's keys
+    SOFTCAP: ConstBool,  # scores capped at softcap * tanh(s / softcap)
+    SINKS: ConstBool,  # Sinks[head] joins each row's softmax denominator
+    RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
+    PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
+    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs query head i % heads_q of Work's item
+    # i // heads_q (only the tiles sequences have; longest sequences first), not the longest
+    # sequence's tiles for every sequence
+    PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; sequence s's keys
+    # (Ranges' key range counts them) lie in the pages Pages[s] names
+    PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
+):
+    num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
+    # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
+    PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
+
+    def attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, seq, paged_keys):
+        """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of ``batch``'s query head
+        ``head``, from these (per-sequence) arrays. With ``TILE_D2`` the head dim is two
+        parts: ``q``/``acc`` the first ``TILE_D`` columns, ``q2``/``acc2`` the next
+        ``TILE_D2``. ``PAGED``: sequence ``seq``'s ``paged_keys`` keys are read from its
+        pages."""
+        kv_head = head // group
+        scale = qk_scale
+        if EXP2:
+            scale = qk_scale * LOG2_E
+        if SOFTCAP:
+            # scores s = softcap * tanh(q.k * qk_scale / softcap): tanh of q.k * cap_in, then
+            # the softmax scales by softcap (times log2(e) with EXP2) instead of qk_scale
+            cap_in = qk_scale / softcap
+            scale = softcap
+            if EXP2:
+                scale = softcap * LOG2_E
+
+        rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
+        seqlen_k = K.shape[2]
+        if PAGED:
+            seqlen_k = paged_keys
+        offset = 0
+        if BOTTOM_RIGHT:
+            # row i sees keys 0..i + offset; negative when S_q > S_k (early rows then see none)
+            offset = seqlen_k - Q.shape[2]
+            rows = rows + offset  # from here on: the last key each row may see
+
+        m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)  # running max (scaled)
+        l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)  # running denominator
+        if SINKS:
+            # the sink joins every row's softmax as one more score: start the running max at
+            # it (in the units of m_i) and the denominator at its term, exp(sink - m) = 1 (0
+            # for a sink of -inf, which the floor of m_i at NEG_BIG keeps finite)
+            sink = ct.gather(Sinks, head)
+            if EXP2:
+                sink = sink * LOG2_E
+            m_i = ct.maximum(m_i, sink)
+            if EXP2:
+                l_i = ct.exp2(sink - m_i, flush_to_zero=True)
+            else:
+                l_i = ct.exp(sink - m_i)
+        acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+
+        q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, TILE_D),
+                    padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                    allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
+        q2 = None  # the second head-dim part, with TILE_D2
+        acc2 = None
+        if TILE_D2:
+            acc2 = ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32)  # [TILE_M, TILE_D2]
+            q2 = ct.load(Q, index=(batch, head, q_tile, TILE_D // TILE_D2),
+                         shape=(1, 1, TILE_M, TILE_D2), padding_mode=PAD,
+                         check_bounds=CHECK_BOUNDS,
+                         allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D2))
+
+        def load_kv(A, j, part, width, latency):
+            """``[TILE_N, width]`` of key / value tile ``j``, head-dim columns ``part * width``
+            on."""
+            if PAGED:
+                return page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width,
+                                 latency, PAD)
+            tile = ct.load(A, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
+                           padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                           latency=ct.static_eval(latency or None), allow_tma=ALLOW_TMA)
+            return tile.reshape((TILE_N, width))
+
+        def load_k(j, part, width):
+            """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with
+            ``K_TRANSPOSED``)."""
+            if ct.static_eval(K_TRANSPOSED and not PAGED):
+                k = ct.load(K, index=(batch, kv_head, part, j), shape=(1, 1, width, TILE_N),
+                            order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                            latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
+                return k.reshape((width, TILE_N))
+            return ct.transpose(load_kv(K, j, part, width, latency=K_LATENCY))
+
+        def attend(j, masked, m_i, l_i, acc, acc2):
+            """One step: scores against key tile ``j``, online softmax, P·V. ``masked`` (a
+            constant or a per-step flag) applies the causal / window / sequence-end mask."""
+            k = load_k(j, 0, width=TILE_D)  # [TILE_D, TILE_N]
+            qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
+            qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+            if TILE_D2:
+                k2 = load_k(j, TILE_D // TILE_D2, width=TILE_D2)  # [TILE_D2, TILE_N]
+                qk = ct.mma(q2, k2, qk)
+            if SOFTCAP:
+                qk = ct.tanh(qk * cap_in)  # [TILE_M, TILE_N], in units of softcap
+            if masked:
+                keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+                keep = keys < seqlen_k  # [1, TILE_N]
+                if CAUSAL:
+                    keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
+                if WINDOW:
+                    keep = keep & (keys >= first_keys)  # [TILE_M, TILE_N]
+                    if not CAUSAL:
+                        keep = keep & (keys <= last_keys)
+                qk = ct.where(keep, qk, -np.inf)
+            # p: [TILE_M, TILE_N]
+            p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=False)
+            acc = acc * alpha
+            v = load_kv(V, j, 0, width=TILE_D, latency=V_LATENCY)  # [TILE_N, TILE_D]
+            if ct.static_eval(PAGED):
+                # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is not 0
+                key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # [TILE_N, 1]
+                if masked:
+                    v = ct.where(key_rows < seqlen_k, v, 0.0)
+            acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
+            if TILE_D2:
+                v2 = load_kv(V, j, TILE_D // TILE_D2, width=TILE_D2, latency=V_LATENCY)
+                if ct.static_eval(PAGED):
+                    if masked:
+                        v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
+                acc2 = ct.mma(p.astype(q.dtype), v2, acc2 * alpha)  # [TILE_M, TILE_D2]
+            return m_i, l_i, acc, acc2
+
+        backwards = False  # KV_SAWTOOTH: odd query tiles walk their key tiles backwards
+        if WINDOW:
+            # Row r's keys: from r + off - window_left (if bounded) to r + off (CAUSAL) or
+            # r + off + window_right (if bounded), within [0, S_k). ``rows`` holds
+            # r + off.
+            first_row = q_tile * TILE_M
+            if BOTTOM_RIGHT:
+                first_row = first_row + offset
+            first_tile, unmasked_lo, unmasked_hi, end_tile = forward_window_key_tiles(
+                first_row, seqlen_k, window_left, window_right, TILE_M, TILE_N, CAUSAL)
+            first_keys = ct.full((TILE_M, 1), 0, dtype=np.int32)  # each row's first key
+            if bounded(window_left):
+                first_keys = rows - window_left
+            last_keys = rows  # [TILE_M, 1]: each row's last key (CAUSAL: the diagonal)
+            if not CAUSAL:
+                last_keys = ct.full((TILE_M, 1), seqlen_k, dtype=np.int32)  # no bound
+                if bounded(window_right):
+                    last_keys = rows + window_right
+            if KV_SAWTOOTH:
+                backwards = (q_tile % 2) == 1
+            if SPLIT_MASKED:
+                # masked tiles at the window's left edge, the unmasked run, masked tiles at
+                # the right
+                for j in range(first_tile, unmasked_lo):
+                    m_i, l_i, acc, acc2 = attend(j, True, m_i, l_i, acc, acc2)
+                for step in range(unmasked_lo, unmasked_hi):
+                    j = step
+                    if KV_SAWTOOTH:
+                        if backwards:
+                            j = unmasked_lo + unmasked_hi - 1 - step
+                    m_i, l_i, acc, acc2 = attend(j, False, m_i, l_i, acc, acc2)
+                for j in range(unmasked_hi, end_tile):
+                    m_i, l_i, acc, acc2 = attend(j, True, m_i, l_i, acc, acc2)
+            else:
+                for step in range(first_tile, end_tile):
+                    j = step
+                    if KV_SAWTOOTH:
+                        if backwards:
+                            j = first_tile + end_tile - 1 - step
+                    masked = (j < unmasked_lo) | (j >= unmasked_hi)
+                    m_i, l_i, acc, acc2 = attend(j, masked, m_i, l_i, acc, acc2)
+        else:
+            num_kv_tiles, mask_from = forward_key_tiles(q_tile, offset, seqlen_k, TILE_M,
+                                                         TILE_N, CAUSAL, BOTTOM_RIGHT)
+            ANY_MASK = ct.static_eval(CAUSAL or not EVEN_K)
+            if KV_SAWTOOTH:
+                backwards = (q_tile % 2) == 1
+            # Key tiles [0, unmasked) need no mask. With SPLIT_MASKED the first loop walks only
+            # those and a second loop the masked rest, so neither branches per step; otherwise
+            # one loop tests j.
+            unmasked = num_kv_tiles
+            if ct.static_eval(ANY_MASK and SPLIT_MASKED):
+                unmasked = min(mask_from, num_kv_tiles)
+            for step in range(unmasked):
+                j = step
+                if KV_SAWTOOTH:
+                    if backwards:
+                        j = unmasked - 1 - step
+                masked = False
+                if ct.static_eval(ANY_MASK and not SPLIT_MASKED):
+                    masked = j >= mask_from
+                m_i, l_i, acc, acc2 = attend(j, masked, m_i, l_i, acc, acc2)
+            if ct.static_eval(ANY_MASK and SPLIT_MASKED):
+                for j in range(unmasked, num_kv_tiles):
+                    m_i, l_i, acc, acc2 = attend(j, True, m_i, l_i, acc, acc2)
+
+        # normalise: rows that saw no key (nor a finite sink) have l_i == 0 and acc == 0
+        inv_l = reciprocal(l_i, TILE_M, APPROX_DIV,
+                           ct.static_eval(BOTTOM_RIGHT or WINDOW or SINKS or RAGGED))
+        acc = acc * inv_l
+        out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
+        ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
+        if TILE_D2:
+            out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D2))
+            ct.store(Out, index=(batch, head, q_tile, TILE_D // TILE_D2), tile=out2)
+        if STORE_LSE:
+            # base 2, in units of scaled scores: P = 2^(s * scale * log2(e) - lse) in the
+            # backward. A row that saw no key gets +inf, so its probabilities (and gradients)
+            # are zeros; with SINKS the sink's term is in l_i, and such a row gets the sink
+            # (times log2(e)).
+            lse = log_sum_exp(m_i, l_i, EXP2, np.inf)  # [TILE_M, 1]
+            ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
+
+    def attend_tile(q_tile, bh):
+        """Query tile ``q_tile`` of (batch x head) ``bh``. ``RAGGED``: the batch index is a
+        sequence's, and every array is cut to that sequence's query or key range (``Ranges``),
+        so its lengths, masks and alignment are the sequence's own; a tile past the sequence's
+        queries does nothing. ``PACKED``: the sequences lie end to end in one ``[1, H, tokens,
+        D]`` view (loads use batch 0). ``PAGED``: K and V are page pools; the sequence's keys,
+        as many as its key range holds (at most its block table's pages), lie in the pages
+        ``Pages[sequence]`` names."""
+        batch = bh // heads_q
+        head = bh % heads_q
+        if RAGGED:
+            seq, batch = sequence_of(batch, PACKED)
+            q_seq = sequence_view(Q, Ranges, seq, 0)
+            if q_tile * TILE_M < q_seq.shape[2]:
+                paged_keys = 0
+                k_seq = K
+                v_seq = V
+                if PAGED:
+                    paged_keys = min(sequence_length(Ranges, seq, 2), Pages.shape[1] * K.shape[1])
+                else:
+                    k_seq = sequence_view(K, Ranges, seq, 2)
+                    v_seq = sequence_view(V, Ranges, seq, 2)
+                out_seq = sequence_view(Out, Ranges, seq, 0)
+                lse_seq = Lse
+                if STORE_LSE:
+                    lse_seq = sequence_view(Lse, Ranges, seq, 0)
+                attend_rows(q_seq, k_seq, v_seq, out_seq, lse_seq, q_tile, batch, head, seq,
+                            paged_keys)
+        else:
+            attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, batch, 0)
+
+    def attend_slot(slot, bh):
+        """Query tile ``slot`` (mirrored with ``LONGEST_FIRST``), or with ``PAIRED`` the tiles
+        ``n-1-slot`` then ``slot``: each pair's causal key counts add up to the same total."""
+        if PAIRED:
+            count = 1
+            if 2 * slot + 1 < num_q_tiles:
+                count = 2
+            for t in range(count):
+                q_tile = slot
+                if t == 0:
+                    q_tile = num_q_tiles - 1 - slot
+                attend_tile(q_tile, bh)
+        else:
+            q_tile = slot
+            if LONGEST_FIRST:
+                if RAGGED:  # mirrored over the grid's tiles: the longest sequence's
+                    q_tile = ct.num_blocks(0) - 1 - slot
+                else:
+                    q_tile = num_q_tiles - 1 - slot
+            attend_tile(q_tile, bh)
+
+    # work items per (batch x head): query tiles, or pairs of them (the middle tile alone if odd)
+    num_slots = num_q_tiles
+    if PAIRED:
+        num_slots = ct.cdiv(num_q_tiles, 2)
+    if WORK_TABLE:
+        item = ct.bid(0) // heads_q
+        seq = ct.gather(Work, (0, item))
+        if seq >= 0:
+            attend_tile(ct.gather(Work, (1, item)), seq * heads_q + ct.bid(0) % heads_q)
+    elif PERSISTENT:
+        # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
+        # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
+        for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
+            attend_slot(item % num_slots, item // num_slots)
+    else:
+        attend_slot(ct.bid(0), ct.bid(1))
