@@ -25,13 +25,14 @@ raw_stream: Any = None  # device index -> torch's current stream there, as an in
 empty_like: Any = None
 empty: Any = None
 float32: Any = None
+contiguous_format: Any = None
 current_device: Any = None  # () -> the current CUDA device's index
 capturing: Any = None  # () -> whether the current device's current stream is capturing
 
 
 def bind_torch() -> None:
     """Bind the torch functions the warm path calls (once)."""
-    global raw_stream, empty_like, empty, float32, current_device, capturing
+    global raw_stream, empty_like, empty, float32, contiguous_format, current_device, capturing
     if empty_like is not None:
         return
     import torch
@@ -46,7 +47,7 @@ def bind_torch() -> None:
         current_device = torch.cuda.current_device
     if capturing is None:
         capturing = torch.cuda.is_current_stream_capturing
-    empty, float32 = torch.empty, torch.float32
+    empty, float32, contiguous_format = torch.empty, torch.float32, torch.contiguous_format
     empty_like = torch.empty_like
 
 

@@ -7,6 +7,12 @@ dV), their fake implementations for tracing, and the backward formula that joins
 build its ops on these. Being custom ops, both are opaque to ``torch.compile`` and
 ``torch.export``: a compiled training step traces the forward and the backward through them
 without running a kernel while tracing.
+
+An eager call (plain tensors, no ``torch.compile`` tracing, no dispatch mode such as a
+``make_fx`` tracer) takes the same forward, setup and backward functions through a
+``torch.autograd.Function`` instead: the custom op's dispatch costs a few hundred microseconds of
+host time per call (measured on an H200, ``scripts/training_host_time.py``), more than the
+kernels of a small training step. What runs is the same either way.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 from typing import Any, Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _training
 from ..core._dispatch import family_for_schedule
@@ -110,6 +117,15 @@ def sdpa_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     differentiable). ``schedule``: a schedule of a family serving "sdpa_with_lse" as
     ``schedule_json`` writes it, or ``None`` for the looked-up one. The window, softcap and
     sinks as ``tiledattention.sdpa`` takes them (``-1, -1, 0.0, None``: none)."""
+    return _forward_lse(q, k, v, causal, scale, bottom_right, schedule, window_left,
+                        window_right, softcap, sinks)
+
+
+def _forward_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 scale: Optional[float], bottom_right: bool, schedule: Optional[str],
+                 window_left: int, window_right: int, softcap: float,
+                 sinks: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``tiledattention::sdpa_fwd_lse`` computes (its arguments, in its order)."""
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     chosen = None if schedule is None else _schedule_from_json(schedule)
@@ -141,6 +157,15 @@ def sdpa_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     """``tiledattention.sdpa_backward``: ``(dq, dk, dv)``, contiguous, shaped like ``q, k, v``
     (grouped-query ``dk, dv`` summed over each group in the kernel). The sinks' own gradient
     is :func:`sink_grad`'s."""
+    return _backward(grad_out, q, k, v, out, lse, causal, scale, bottom_right, window_left,
+                     window_right, softcap, sinks)
+
+
+def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: Optional[float],
+              bottom_right: bool, window_left: int, window_right: int, softcap: float,
+              sinks: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``tiledattention::sdpa_bwd`` computes (its arguments, in its order)."""
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse,
@@ -188,10 +213,12 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        sinks: Optional[torch.Tensor] = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` through ``tiledattention::sdpa_bwd`` (traceable: the backward formula
-    of both forward ops)."""
-    return torch.ops.tiledattention.sdpa_bwd(_dense_grad(grad_out), q, k, v, out, lse, causal,
-                                             scale, bottom_right, window_left, window_right,
-                                             softcap, sinks)
+    of both forward ops), or, on plain tensors outside any tracing, its implementation called
+    directly."""
+    grad_out = _dense_grad(grad_out)
+    run = _backward if eager(grad_out, q, k, v, out, lse) else torch.ops.tiledattention.sdpa_bwd
+    return run(grad_out, q, k, v, out, lse, causal, scale, bottom_right, window_left,
+               window_right, softcap, sinks)
 
 
 def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -214,6 +241,32 @@ def _fwd_lse_backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple
 
 
 sdpa_fwd_lse.register_autograd(_fwd_lse_backward, setup_context=_fwd_lse_setup_context)
+
+
+def eager(*tensors: Any) -> bool:
+    """Whether a call on these tensors runs eagerly: plain ``torch.Tensor`` objects (no fake,
+    functional or other subclass) with data (not on the meta device, which the ops' fake
+    implementations serve), no ``torch.compile`` tracing and no dispatch mode (such as a
+    ``make_fx`` tracer) active. Then the ops' implementations may be called directly."""
+    for x in tensors:
+        if x is not None and (type(x) is not torch.Tensor or x.is_meta):
+            return False
+    return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+
+
+class _EagerForwardLse(torch.autograd.Function):
+    """``tiledattention::sdpa_fwd_lse`` with its autograd formula, for eager calls: the same
+    forward, setup and backward functions, without the op's dispatch. (A ``forward`` taking
+    ``ctx``, not a separate ``setup_context``: with one, ``apply`` binds the arguments through
+    ``inspect.signature`` on every call, tens of microseconds.)"""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        output = _forward_lse(*inputs)
+        _fwd_lse_setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_fwd_lse_backward)
 
 
 # -- tiledattention.sdpa on inputs that require grad ----------------------------------------------
@@ -257,5 +310,6 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
             raise UnsupportedOperationError(
                 f"these inputs require grad, so the call keeps the log-sum-exp for a backward "
                 f"pass: {exc} (or call under torch.no_grad() / with detached inputs)") from None
-    return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
-                                                 chosen, left, right, cap, sinks)[0]
+    run = (_EagerForwardLse.apply if eager(q, k, v, sinks)
+           else torch.ops.tiledattention.sdpa_fwd_lse)
+    return run(q, k, v, is_causal, scale, bottom_right, chosen, left, right, cap, sinks)[0]

@@ -6,12 +6,21 @@ Each runs the family registered for its operation (``choose_family``: "sdpa_with
 gives for the problem. Extra memory is O(S·D): the float32 log-sum-exp and row sums ``delta``
 (``[B, H_q, S_q]``, in row-aligned storage: ``row_stat_shape``) besides the gradients
 themselves.
+
+A repeated call takes a warm path, as ``sdpa``'s does: its *signature* (q's, k's and v's shapes,
+strides, dtypes and devices, ``causal``, ``scale`` and the variant arguments with their types,
+the sinks' layout, an explicit schedule; for the backward also the layouts of ``grad_out``,
+``out`` and ``lse`` and ``deterministic``) keys what the first call validated and resolved (the
+family, the problem, the schedule, the scale), kept in the runtime beside ``sdpa``'s plans. A
+warm call allocates its outputs and launches: no validation, lookup or schedule work. Calls that
+pass ``grads`` (the caller's buffers), and CuPy arrays, take the validating path every time.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..core import _plans as hot
 from ..core._device import device_info
 from ..core._dispatch import choose_family, family_for_schedule
 from ..core._problem import (Problem, check_cuda, default_scale, problem_of_arrays, row_stat_shape,
@@ -39,9 +48,7 @@ def _torch_problem(function: str, q: Any, k: Any, v: Any, causal: Any, scale: An
 
 def _row_stat(problem: Problem, device: Any) -> Any:
     """A float32 ``[B, H_q, S_q]`` view of row-aligned storage (``row_stat_shape``)."""
-    import torch
-
-    store = torch.empty(row_stat_shape(problem), dtype=torch.float32, device=device)
+    store = hot.empty(row_stat_shape(problem), dtype=hot.float32, device=device)
     return store[:, :, :problem.seqlen_q]
 
 
@@ -61,23 +68,84 @@ def _resolve(runtime: Runtime, operation: str, problem: Problem, device: int, fa
     return family, runtime.resolution(family, problem, device).schedule
 
 
+def _signature(operation: str, q: Any, k: Any, v: Any, causal: Any, scale: Any,
+               variant: tuple, schedule: Any) -> tuple | None:
+    """The warm-path key of a training call on torch tensors (``None``: CuPy arrays or an
+    unhashable argument, which always validate)."""
+    try:
+        window, softcap, sinks = variant
+        key = (operation, q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(),
+               k.dtype, k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), causal,
+               causal.__class__, scale, scale.__class__, schedule)
+        if window is not None or softcap is not None or sinks is not None:
+            key = (key, window, window.__class__, softcap, softcap.__class__,
+                   None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype,
+                                               sinks.get_device()))
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+class _Resolved(NamedTuple):
+    """A validated training call's family, problem, schedule, scale and device: what a warm
+    call of its signature reuses."""
+
+    family: Any
+    problem: Problem
+    schedule: Any
+    scale: float
+    device: int
+
+    def forward(self, q: Any, k: Any, v: Any, sinks: Any) -> tuple[Any, Any]:
+        """``sdpa_with_lse``'s launch: ``(out, lse)``, on torch's current stream."""
+        out = hot.empty_like(q, memory_format=hot.contiguous_format)
+        lse = _row_stat(self.problem, q.device)
+        self.family.forward_with_lse(hot.raw_stream(self.device), q, k, v, out, lse,
+                                     self.problem, self.schedule, self.scale, self.device,
+                                     sinks=sinks)
+        return out, lse
+
+    def backward(self, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                 sinks: Any, grads: Any) -> tuple[Any, Any, Any]:
+        """``sdpa_backward``'s launch into ``grads`` (``None``: new contiguous tensors)."""
+        if grads is None:
+            like = hot.empty_like
+            form = hot.contiguous_format
+            grads = (like(q, memory_format=form), like(k, memory_format=form),
+                     like(v, memory_format=form))
+        delta = _row_stat(self.problem, q.device)
+        self.family.backward(hot.raw_stream(self.device), self.problem, self.schedule,
+                             self.scale, q, k, v, _last_dim_contiguous(out),
+                             _last_dim_contiguous(grad_out), lse, delta, grads, sinks=sinks)
+        return grads
+
+
+def _sinks_of(problem: Problem, q: Any, variant: tuple) -> Any:
+    """The sink logits as the kernels read them (float32 ``[H_q]``), or ``None``."""
+    sinks = variant[2]
+    return None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+
+
 def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
                   scale: float | None = None, *, schedule: Any = None,
                   variant: tuple = (None, None, None)) -> tuple[Any, Any]:
     """``tiledattention.sdpa_with_lse`` on ``runtime`` (see there); ``variant``: the call's
     ``(window, softcap, sinks)``."""
-    import torch
-
+    key = _signature("sdpa_with_lse", q, k, v, causal, scale, variant, schedule)
+    kept = None if key is None else runtime.plan(key)
+    if kept is not None:
+        return kept.forward(q, k, v, _sinks_of(kept.problem, q, variant))
     family = _explicit(schedule, "sdpa_with_lse")
     problem, device, sinks = _torch_problem("sdpa_with_lse", q, k, v, causal, scale, variant)
     check_cuda((("q", q), ("k", k), ("v", v)), "torch")
     family, schedule = _resolve(runtime, "sdpa_with_lse", problem, device, family, schedule)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = _row_stat(problem, q.device)
-    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, lse, problem,
-                            schedule, default_scale(problem) if scale is None else float(scale),
-                            device, sinks=sinks)
-    return out, lse
+    hot.bind_torch()
+    kept = _Resolved(family, problem, schedule,
+                     default_scale(problem) if scale is None else float(scale), device)
+    if key is not None:
+        runtime.keep_plan(key, kept)
+    return kept.forward(q, k, v, sinks)
 
 
 def _check_like(name: str, x: Any, like: Any, like_name: str) -> None:
@@ -96,12 +164,30 @@ def _last_dim_contiguous(x: Any) -> Any:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _layouts(*arrays: Any) -> tuple:
+    """The shapes, strides, dtypes and devices of torch tensors (for a warm-path key)."""
+    return tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in arrays)
+
+
 def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: Any = False, scale: float | None = None, *,
                   schedule: Any = None, grads: tuple[Any, Any, Any] | None = None,
                   variant: tuple = (None, None, None),
                   deterministic: bool = False) -> tuple[Any, Any, Any]:
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
+    key = None
+    if grads is None:
+        key = _signature("sdpa_backward", q, k, v, causal, scale, variant, schedule)
+        if key is not None:
+            try:
+                key = (key, _layouts(grad_out, out, lse), deterministic,
+                       deterministic.__class__)
+            except (AttributeError, TypeError):
+                key = None
+    kept = None if key is None else runtime.plan(key)
+    if kept is not None:
+        return kept.backward(grad_out, q, k, v, out, lse,
+                             _sinks_of(kept.problem, q, variant), None)
     import torch
 
     if not isinstance(deterministic, bool):
@@ -126,16 +212,12 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
             if not g.is_contiguous():
                 raise InputValueError(f"{name} must be contiguous; got strides {g.stride()}")
     check_cuda((("q", q), ("k", k), ("v", v)), "torch")  # last: a wrong argument is named first
-    if grads is None:
-        grads = (torch.empty_like(q, memory_format=torch.contiguous_format),
-                 torch.empty_like(k, memory_format=torch.contiguous_format),
-                 torch.empty_like(v, memory_format=torch.contiguous_format))
     family, schedule = _resolve(runtime, "sdpa_backward", problem, device, family, schedule)
     if deterministic:  # (torch.use_deterministic_algorithms(True): the family's backward)
         schedule = family.deterministic_schedule(device_info(device).arch, problem, schedule)
-    delta = _row_stat(problem, q.device)
-    family.backward(torch.cuda.current_stream(q.device), problem, schedule,
-                    default_scale(problem) if scale is None else scale, q, k, v,
-                    _last_dim_contiguous(out), _last_dim_contiguous(grad_out), lse, delta,
-                    grads, sinks=sinks)
-    return grads
+    hot.bind_torch()
+    kept = _Resolved(family, problem, schedule,
+                     default_scale(problem) if scale is None else scale, device)
+    if key is not None:
+        runtime.keep_plan(key, kept)
+    return kept.backward(grad_out, q, k, v, out, lse, sinks, grads)

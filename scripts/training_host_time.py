@@ -1,0 +1,152 @@
+"""Host time of one training call of attention, per contender: the forward (autograd graph
+recorded), the backward (``torch.autograd.grad``) and the two together, each measured with no
+synchronisation in the loop (the time the host spends before it may go on; the GPU queue
+absorbs the kernels), against torch's cuDNN backend and FlashAttention-4 where installed.
+
+    python scripts/training_host_time.py [--calls 200] [--repeats 5] [--profile]
+
+Each figure is the median over ``--repeats`` rounds of ``--calls`` calls, the contenders
+interleaved round by round, in microseconds per call. Before each round the GPU is drained
+(``torch.cuda.synchronize``); in a round nothing synchronises, so a contender whose kernels take
+longer than its host work is timed by the host alone until the launch queue fills (1024
+launches: the rounds stay well under it for the small shapes; for the large ones a figure above
+the GPU time per call says the host waited for the queue, and the table marks it).
+
+``--profile``: a cProfile of our backward and forward calls on the first shape (the 25 most
+expensive functions by own time) before the table. The table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+from typing import Callable
+
+from _gpu import require_gpu
+
+import torch
+import torch.nn.functional as F
+
+import tiledattention
+
+#: (B, H_q, H_kv, S, D): the issue's three shapes, then two of ours
+SHAPES = [(1, 8, 8, 256, 64), (8, 16, 16, 577, 64), (1, 32, 8, 4096, 128),
+          (4, 12, 4, 1000, 96), (2, 16, 16, 2048, 128)]
+
+
+def _inputs(b: int, hq: int, hkv: int, s: int, d: int):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def make(h: int) -> torch.Tensor:
+        x = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return x.requires_grad_()
+    q, k, v = make(hq), make(hkv), make(hkv)
+    return q, k, v, torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+
+def _contenders(hq: int, hkv: int) -> dict[str, Callable]:
+    found = {"tiledattention": lambda q, k, v: tiledattention.sdpa(q, k, v, causal=True)}
+
+    def cudnn(q, k, v):
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  enable_gqa=hq != hkv)
+    found["cudnn"] = cudnn
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # noqa: BLE001 - not installed: no such contender
+        return found
+
+    def fa4(q, k, v):  # its layout is [B, S, H, D]
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                              causal=True)
+        out = out[0] if isinstance(out, tuple) else out
+        return out.transpose(1, 2)
+    found["fa4"] = fa4
+    return found
+
+
+def _per_call(step: Callable[[], object], calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return host / calls * 1e6
+
+
+def _gpu_ms(step: Callable[[], object], calls: int = 20) -> float:
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first.record()
+    for _ in range(calls):
+        step()
+    last.record()
+    torch.cuda.synchronize()
+    return first.elapsed_time(last) / calls * 1e3  # µs per call
+
+
+def _profile(fn: Callable, q, k, v, g, calls: int) -> str:
+    out = fn(q, k, v)
+    parts = io.StringIO()
+    for what, step in (("backward", lambda: torch.autograd.grad(out, (q, k, v), g,
+                                                                retain_graph=True)),
+                       ("forward", lambda: fn(q, k, v))):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            step()
+        profiler.disable()
+        torch.cuda.synchronize()
+        parts.write(f"--- our {what}, {calls} calls ---\n")
+        pstats.Stats(profiler, stream=parts).sort_stats("tottime").print_stats(25)
+    return parts.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    require_gpu()
+    rows = []
+    for index, (b, hq, hkv, s, d) in enumerate(SHAPES):
+        q, k, v, g = _inputs(b, hq, hkv, s, d)
+        contenders = _contenders(hq, hkv)
+        outs = {name: fn(q, k, v) for name, fn in contenders.items()}
+        for name, out in outs.items():  # warm: compile, plan, autotune
+            torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+        if args.profile and index == 0:
+            print(_profile(contenders["tiledattention"], q, k, v, g, args.calls))
+        # few calls for the large shapes, so the launch queue never fills
+        calls = args.calls if s * s * b * hq < 2**28 else max(10, args.calls // 10)
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.repeats):
+            for name, fn in contenders.items():
+                out = outs[name]
+                steps = {
+                    "fwd": lambda: fn(q, k, v),
+                    "bwd": lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True),
+                    "fwd+bwd": lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g)}
+                for what, step in steps.items():
+                    times.setdefault((name, what), []).append(_per_call(step, calls))
+        for name, fn in contenders.items():
+            out = outs[name]
+            gpu = _gpu_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), g))
+            rows.append((f"B{b} H{hq}/{hkv} S{s} D{d}", name,
+                         *(statistics.median(times[(name, w)]) for w in ("fwd", "bwd",
+                                                                         "fwd+bwd")), gpu))
+    print(f"host µs per call, median of {args.repeats} rounds (bf16, causal); gpu: µs of "
+          "fwd+bwd per call on the GPU (a host figure at or above it: the queue was full)")
+    print(f"{'shape':26s} {'who':15s} {'fwd':>8s} {'bwd':>8s} {'fwd+bwd':>8s} {'gpu':>8s}")
+    for shape, name, fwd, bwd, both, gpu in rows:
+        print(f"{shape:26s} {name:15s} {fwd:8.1f} {bwd:8.1f} {both:8.1f} {gpu:8.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The training calls' warm-path key and the eager autograd route, on the CPU (the GPU half:
+``tests/gpu/test_training_warm_gpu.py``)."""
+
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tiledattention.entry_points import _autograd
+from tiledattention.entry_points._training import _signature
+
+NO_VARIANT = (None, None, None)
+
+
+def _qkv(**kw):
+    return tuple(torch.randn(2, 4, 16, 8, **kw) for _ in range(3))
+
+
+def _key(q, k, v, causal=True, scale=None, variant=NO_VARIANT, schedule=None):
+    return _signature("sdpa_with_lse", q, k, v, causal, scale, variant, schedule)
+
+
+def test_the_key_holds_every_argument_the_first_call_judged():
+    q, k, v = _qkv()
+    base = _key(q, k, v)
+    assert base == _key(*_qkv())  # same shapes and layouts, other data: the same key
+    strided = torch.randn(2, 16, 4, 8).transpose(1, 2)
+    others = [
+        _key(strided, k, v),                                   # q's strides
+        _key(q, k.half(), v),                                  # k's dtype
+        _key(q, k, torch.randn(2, 4, 17, 8)),                  # v's shape
+        _key(q, k, v, causal=1),                               # causal's type (1 == True)
+        _key(q, k, v, causal="bottom_right"),
+        _key(q, k, v, scale=1),                                # scale and its type
+        _key(q, k, v, scale=1.0),
+        _key(q, k, v, variant=((4, 0), None, None)),           # window
+        _key(q, k, v, variant=(None, 20, None)),               # softcap and its type
+        _key(q, k, v, variant=(None, 20.0, None)),
+        _key(q, k, v, variant=(None, None, torch.zeros(4))),   # the sinks' layout
+        _key(q, k, v, variant=(None, None, torch.zeros(4, dtype=torch.float16))),
+        _signature("sdpa_backward", q, k, v, True, None, NO_VARIANT, None),
+    ]
+    assert len({base, *others}) == len(others) + 1
+
+
+def test_arguments_without_a_key_take_the_validating_path():
+    q, k, v = _qkv()
+    assert _key(q, k, v, variant=([4, 0], None, None)) is None  # unhashable: validate
+    assert _key(object(), k, v) is None                        # not a tensor (CuPy, junk)
+
+
+def test_eager_means_plain_tensors_outside_any_tracing():
+    q, k, v = _qkv()
+    assert _autograd.eager(q, k, v, None)
+    assert not _autograd.eager(q, k, torch.empty(2, 4, 16, 8, device="meta"))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(q)
+        assert not _autograd.eager(fake, k, v)
+
+    class Watching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    with Watching():
+        assert not _autograd.eager(q, k, v)
+
+
+def test_the_eager_route_computes_what_the_ops_compute(monkeypatch):
+    """On CPU tensors, with the runtime's entry points replaced by stand-ins (as
+    tests/cpu/test_autograd.py does), the eager Function and the custom ops pass the same
+    arguments and give the same output and gradients."""
+    from tiledattention.entry_points import _training
+
+    def forward(runtime, q, k, v, causal, scale, *, schedule=None, variant=NO_VARIANT):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        return out, out.float().logsumexp(-1)
+
+    def backward(runtime, grad_out, q, k, v, out, lse, causal, scale, *, variant=NO_VARIANT,
+                 **_):  # arithmetic of every input: a route that wires one wrongly differs
+        return grad_out * out + q, k + lse.sum(), v * 2 + grad_out.sum()
+    monkeypatch.setattr(_training, "sdpa_with_lse", forward)
+    monkeypatch.setattr(_training, "sdpa_backward", backward)
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    g = torch.randn(2, 4, 16, 8)
+    results = []
+    for route in ("eager", "ops"):
+        monkeypatch.setattr(_autograd, "eager", lambda *t, r=route: r == "eager")
+        out = _autograd.sdpa(q, k, v, causal=True)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), g)))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
