@@ -263,7 +263,8 @@ def test_no_grad_calls_keep_nothing_for_a_backward_pass():
         b = ti.attention(q, k, v, causal=True)
     assert a.grad_fn is None and b.grad_fn is None
     trained = tiledattention.sdpa(q, k, v, True)
-    assert "sdpa_fwd_lse" in type(trained.grad_fn).__name__
+    # the eager route of tiledattention::sdpa_fwd_lse (entry_points/_autograd.py)
+    assert type(trained.grad_fn).__name__ == "_EagerForwardLseBackward"
     assert rel_l2(trained.detach(), a.float()) <= 1e-2  # the lse kernel's forward, same result
 
 
