@@ -225,18 +225,24 @@ def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     q, k, v, causal, scale, bottom_right, _schedule, left, right, softcap, sinks = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks)
-    ctx.causal, ctx.scale, ctx.bottom_right = causal, scale, bottom_right
-    ctx.window, ctx.softcap = (left, right), softcap
+    ctx.flags = (causal, scale, bottom_right, left, right, softcap)
     ctx.mark_non_differentiable(lse)
+
+
+def _grads(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tensor], flags: tuple,
+           sinks_grad: bool) -> tuple:
+    """The backward formula of the forward that keeps the log-sum-exp: ``(dq, dk, dv,
+    dsinks)``; ``flags``: the forward's ``(causal, scale, bottom_right, window_left,
+    window_right, softcap)``; ``sinks_grad``: whether the sinks (given) need theirs."""
+    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, *flags, sinks)
+    return dq, dk, dv, sink_grad(grad_out, out, lse, sinks) if sinks_grad else None
 
 
 def _fwd_lse_backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
     q, k, v, out, lse, sinks = ctx.saved_tensors
-    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale,
-                                    ctx.bottom_right, *ctx.window, ctx.softcap, sinks)
-    dsinks = None
-    if sinks is not None and ctx.needs_input_grad[10]:
-        dsinks = sink_grad(grad_out, out, lse, sinks)
+    dq, dk, dv, dsinks = _grads(grad_out, q, k, v, out, lse, sinks, ctx.flags,
+                                sinks is not None and ctx.needs_input_grad[10])
     return dq, dk, dv, None, None, None, None, None, None, None, dsinks
 
 
@@ -256,17 +262,28 @@ def eager(*tensors: Any) -> bool:
 
 class _EagerForwardLse(torch.autograd.Function):
     """``tiledattention::sdpa_fwd_lse`` with its autograd formula, for eager calls: the same
-    forward, setup and backward functions, without the op's dispatch. (A ``forward`` taking
-    ``ctx``, not a separate ``setup_context``: with one, ``apply`` binds the arguments through
-    ``inspect.signature`` on every call, tens of microseconds.)"""
+    forward and backward formula without the op's dispatch, and leaner for autograd's engine,
+    whose cost grows with a node's inputs and outputs: the tensors and one tuple of the other
+    arguments in, ``out`` alone out (the log-sum-exp rides on ``ctx``; nothing outside sees it
+    to change it). A ``forward`` taking ``ctx``, not a separate ``setup_context``: with one,
+    ``apply`` binds the arguments through ``inspect.signature`` on every call."""
 
     @staticmethod
-    def forward(ctx: Any, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        output = _forward_lse(*inputs)
-        _fwd_lse_setup_context(ctx, inputs, output)
-        return output
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                sinks: Optional[torch.Tensor], call: tuple) -> torch.Tensor:
+        causal, scale, bottom_right, schedule, left, right, softcap = call
+        out, lse = _forward_lse(q, k, v, causal, scale, bottom_right, schedule, left, right,
+                                softcap, sinks)
+        ctx.save_for_backward(q, k, v, out, sinks)
+        ctx.lse = lse
+        ctx.flags = (causal, scale, bottom_right, left, right, softcap)
+        return out
 
-    backward = staticmethod(_fwd_lse_backward)
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        q, k, v, out, sinks = ctx.saved_tensors
+        return (*_grads(grad_out, q, k, v, out, ctx.lse, sinks, ctx.flags,
+                        sinks is not None and ctx.needs_input_grad[3]), None)
 
 
 # -- tiledattention.sdpa on inputs that require grad ----------------------------------------------
@@ -310,6 +327,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
             raise UnsupportedOperationError(
                 f"these inputs require grad, so the call keeps the log-sum-exp for a backward "
                 f"pass: {exc} (or call under torch.no_grad() / with detached inputs)") from None
-    run = (_EagerForwardLse.apply if eager(q, k, v, sinks)
-           else torch.ops.tiledattention.sdpa_fwd_lse)
-    return run(q, k, v, is_causal, scale, bottom_right, chosen, left, right, cap, sinks)[0]
+    if eager(q, k, v, sinks):
+        return _EagerForwardLse.apply(q, k, v, sinks, (is_causal, scale, bottom_right, chosen,
+                                                       left, right, cap))
+    return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
+                                                 chosen, left, right, cap, sinks)[0]
