@@ -194,6 +194,51 @@ def test_simulated_search_stores_a_normalised_backward_row(tmp_path):
     assert search_spaces.space_for("backward", "sm_90").contains(row.schedule)
 
 
+def test_a_search_reads_only_as_much_of_the_full_space_as_its_budget_needs():
+    """The full backward space has 2.2 million points; a search of n trials walks until n + 1
+    feasible distinct ones (a fraction of a second), not through all of them (40 s on this
+    machine); a space its budget covers is still enumerated whole (brute force)."""
+    import time
+
+    from tuner.search._candidates import feasible
+
+    problem = _problem(heads_q=8, heads_kv=2, seqlen_q=1000, seqlen_k=1000, head_dim=64,
+                       causal=True)
+    full = search_spaces.BACKWARD_SPACE.restrict(search_spaces.space_for("backward", "sm_90"),
+                                                 problem)
+    assert full.size > 2_000_000
+    start = time.monotonic()
+    some = feasible(BACKWARD, full, problem, at_most=8)
+    assert time.monotonic() - start < 2.0
+    assert len(some) == 9 and len({s.key for s in some}) == 9
+    assert all(full.infeasibility("sm_90", problem, s) is None for s in some)
+    compact = search_spaces.BACKWARD_SPACE.restrict(
+        search_spaces.space_for("backward", "sm_90", "compact"), problem)
+    every = feasible(BACKWARD, compact, problem)
+    assert feasible(BACKWARD, compact, problem, at_most=len(every)) == every
+
+
+def test_a_simulated_search_of_the_full_space_walks_only_its_budget(tmp_path, monkeypatch):
+    from tuner.search import _driver
+
+    walked = []
+
+    def counting(family, space, problem, at_most=None):
+        found = feasible(family, space, problem, at_most)
+        walked.append(len(found))
+        return found
+    from tuner.search._candidates import feasible
+    monkeypatch.setattr(_driver, "feasible", counting)
+    store = tmp_path / "sim.sqlite"
+    assert main(["search", "--kernel", "backward", "--device", "sm_90", "--backend",
+                 "simulated", "--shape", "1,8,512,64", "--trials", "6", "--patience", "0",
+                 "--db", str(store)]) == 0
+    assert walked == [7]  # 6 trials: 7 feasible points say the budget does not cover it
+    with db.ScheduleDB.open_for_lookup(store, codecs=codecs()) as database:
+        (row,) = database.rows()
+    assert search_spaces.space_for("backward", "sm_90").contains(row.schedule)
+
+
 def test_compile_only_search_compiles_a_tiny_backward_problem(tmp_path, capsys):
     """Three candidates, two kernels each: about 5 s (so not marked slow)."""
     store = tmp_path / "schedules.sqlite"

@@ -37,12 +37,19 @@ def seeds(family: Family, db: Any, arch: str, problem: Any, space) -> list[Any]:
     return list(unique.values())
 
 
-def feasible(family: Family, space, problem: Any) -> list[Any]:
-    """The feasible points of ``space``, one per normalised schedule."""
-    unique = {}
-    for s in space.feasible(problem):
+def feasible(family: Family, space, problem: Any, at_most: int | None = None) -> list[Any]:
+    """The feasible points of ``space``, one per normalised schedule, in the space's order;
+    with ``at_most``, no more than ``at_most + 1`` of them (enough to tell whether a budget of
+    ``at_most`` trials covers the space, without walking millions of points: the backward's
+    full space has 2.2 million)."""
+    unique: dict[str, Any] = {}
+    for s in space:
+        if space.infeasibility(space.arch, problem, s) is not None:
+            continue
         s = family.normalise(problem, s)
         unique.setdefault(s.key, s)
+        if at_most is not None and len(unique) > at_most:
+            break
     return list(unique.values())
 
 

@@ -174,7 +174,9 @@ class Tuner:
         return spaces.restrict(spaces.space(self.arch, self.config.space), problem)
 
     def _feasible(self, space, problem: Any) -> list[Any]:
-        return feasible(self.family, space, problem)
+        """The space's feasible points when the trial budget covers them all (a brute-force
+        search enqueues each); else ``n_trials + 1`` of them, which says that it does not."""
+        return feasible(self.family, space, problem, self.config.n_trials)
 
     # -- what the study was measured by ------------------------------------------------------
     @property
