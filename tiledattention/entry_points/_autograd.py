@@ -9,10 +9,10 @@ build its ops on these. Being custom ops, both are opaque to ``torch.compile`` a
 without running a kernel while tracing.
 
 An eager call (plain tensors, no ``torch.compile`` tracing, no dispatch mode such as a
-``make_fx`` tracer) takes the same forward, setup and backward functions through a
-``torch.autograd.Function`` instead: the custom op's dispatch costs a few hundred microseconds of
-host time per call (measured on an H200, ``scripts/training_host_time.py``), more than the
-kernels of a small training step. What runs is the same either way.
+``make_fx`` tracer) takes the same forward and backward formula through a
+``torch.autograd.Function`` instead: the custom ops' dispatch cost 200-300 µs of host time per
+call on an H200, more than the kernels of a small training step
+(``docs/records/benchmarks/backward/host-time.md``). What runs is the same either way.
 """
 
 from __future__ import annotations
