@@ -38,10 +38,11 @@ from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP
                              variant_args)
 from ..core._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
                             ragged_problem)
-from ._ragged_fill import clear_uncovered_rows
 from ..core._runtime import Runtime, runtime
 from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
                       UnsupportedProblemError)
+from ._autograd import eager
+from ._ragged_fill import clear_uncovered_rows
 
 __all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
            "explain_varlen", "FWD_OP_NAME", "BWD_OP_NAME"]
@@ -173,8 +174,13 @@ def varlen_forward(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
     """``(out, lse)``: the output ``[T_q, H_q, D]`` (rows outside every sequence are zeros) and
     the base-2 log-sum-exp of the scaled scores, float32 ``[1, H_q, T_q]`` (rows outside every
     sequence undefined), for :func:`varlen_backward`."""
-    problem, layout, scale = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
-                                      is_causal, scale, window, enable_gqa)
+    prepared = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale,
+                        window, enable_gqa)
+    return _run_forward(runtime, query, key, value, *prepared)
+
+
+def _run_forward(runtime: Runtime, query, key, value, problem, layout, scale):
+    """:func:`varlen_forward` of a call ``_prepare`` validated."""
     device = query.device.index
     family = choose_family(device_info(device).arch, problem, "sdpa_with_lse")
     schedule = runtime.resolution(family, problem, device).schedule
@@ -192,8 +198,8 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
                     window: Any = None, enable_gqa: bool = False):
     """``(dq, dk, dv)`` of :func:`varlen_forward`'s output given ``grad_out`` (zeros outside
     every sequence)."""
-    problem, layout, scale = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
-                                      is_causal, scale, window, enable_gqa)
+    prepared = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale,
+                        window, enable_gqa)
     for name, x in (("grad_out", grad_out), ("out", out)):
         if (not isinstance(x, torch.Tensor) or x.shape != query.shape
                 or x.dtype != query.dtype or x.device != query.device):
@@ -204,6 +210,13 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
             or lse.dtype != torch.float32 or lse.stride(-1) != 1):
         raise InputValueError(f"lse must be the float32 {list(stat)} log-sum-exp varlen_forward "
                               f"returned")
+    return _run_backward(runtime, grad_out, query, key, value, out, lse, *prepared)
+
+
+def _run_backward(runtime: Runtime, grad_out, query, key, value, out, lse, problem, layout,
+                  scale):
+    """:func:`varlen_backward` of a call ``_prepare`` validated (``grad_out``, ``out`` and
+    ``lse`` as its forward made them)."""
     device = query.device.index
     family = choose_family(device_info(device).arch, problem, "sdpa_backward")
     schedule = runtime.resolution(family, problem, device).schedule
@@ -366,6 +379,32 @@ def _backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
 varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerVarlen(torch.autograd.Function):
+    """``tiledattention::varlen_fwd`` with its autograd formula, for eager calls (as
+    ``_autograd``'s eager route: the ops' dispatch costs more host time than a batch of short
+    sequences' kernels): the tensors and one tuple of the other arguments in, ``out`` alone
+    out; the backward reuses what the forward validated (the problem, the ranges, the scale)."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, call: tuple) -> torch.Tensor:
+        max_q, max_k, causal, bottom_right, scale, left, right = call
+        prepared = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                            _is_causal(causal, bottom_right), scale, _window_of(left, right),
+                            query.shape[1] != key.shape[1])
+        out, lse = _run_forward(runtime(), query, key, value, *prepared)
+        ctx.save_for_backward(query, key, value, out)
+        ctx.lse, ctx.prepared = lse, prepared
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
+        query, key, value, out = ctx.saved_tensors
+        grads = _run_backward(runtime(), grad_out, query, key, value, out, ctx.lse,
+                              *ctx.prepared)
+        return (*grads, None, None, None)
+
+
 def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal: Any = False,
                 scale: Optional[float] = None, window_size: Any = (-1, -1),
                 enable_gqa: bool = False, seqused_k: Any = None,
@@ -381,6 +420,9 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
     causal, bottom_right, left, right = _mask_of(is_causal, window_size)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                        for x in (query, key, value)):
+        if eager(query, key, value, cu_seq_q, cu_seq_k):
+            return _EagerVarlen.apply(query, key, value, cu_seq_q, cu_seq_k,
+                                      (max_q, max_k, causal, bottom_right, scale, left, right))
         out, _ = varlen_fwd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, causal,
                             bottom_right, scale, left, right)
         return out
