@@ -63,6 +63,13 @@ def test_eager_means_plain_tensors_outside_any_tracing():
             return func(*args, **(kwargs or {}))
     with Watching():
         assert not _autograd.eager(q, k, v)
+    seen = []
+
+    def traced(x):
+        seen.append((torch.jit.is_tracing(), _autograd.eager(x, k, v)))
+        return x * 2
+    torch.jit.trace(traced, q)  # (a deprecated tracer; it records ops, not launches)
+    assert (True, False) in seen and all(tracing != eager for tracing, eager in seen)
 
 
 def test_the_eager_route_computes_what_the_ops_compute(monkeypatch):

@@ -252,12 +252,14 @@ sdpa_fwd_lse.register_autograd(_fwd_lse_backward, setup_context=_fwd_lse_setup_c
 def eager(*tensors: Any) -> bool:
     """Whether a call on these tensors runs eagerly: plain ``torch.Tensor`` objects (no fake,
     functional or other subclass) with data (not on the meta device, which the ops' fake
-    implementations serve), no ``torch.compile`` tracing and no dispatch mode (such as a
-    ``make_fx`` tracer) active. Then the ops' implementations may be called directly."""
+    implementations serve), no ``torch.compile`` or ``torch.jit.trace`` tracing and no
+    dispatch mode (such as a ``make_fx`` tracer) active. Then the ops' implementations may be
+    called directly."""
     for x in tensors:
         if x is not None and (type(x) is not torch.Tensor or x.is_meta):
             return False
-    return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and _get_current_dispatch_mode() is None)
 
 
 class _EagerForwardLse(torch.autograd.Function):
