@@ -134,7 +134,10 @@ def _fake_cuda(monkeypatch, calls):
     info = DeviceInfo(index=0, arch="sm_90", name="fake", sm_count=132)
     monkeypatch.setattr(training, "device_info", lambda index: info)
     monkeypatch.setattr("tiledattention.core._device.device_info", lambda index: info)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda *args: None)
+    from tiledattention.core import _plans
+
+    _plans.bind_torch()
+    monkeypatch.setattr(_plans, "raw_stream", lambda device: 0)  # (the launch is recorded)
     return torch
 
 
