@@ -162,6 +162,34 @@ def test_interleave_option_is_validated():
         bench_cmd.settings_from_args(_args("--interleave", "-1"))
 
 
+def test_timing_host_times_the_contenders_as_isolated_calls_and_the_ceilings_as_gpu_time(
+        cpu_families, monkeypatch):
+    """``--timing host`` (issue 47: the isolated view with the host's time): the contenders'
+    timing gets ``host=True``; the matrix-product and copy ceilings stay GPU time."""
+    settings = bench_cmd.settings_from_args(_args("--timing", "host"))
+    assert settings.host and not bench_cmd.settings_from_args(_args()).host
+    assert settings.timing_kwargs()["host"] is True and "host" not in settings.ceiling_kwargs()
+    cpu, other = cpu_families
+    cpu.lookup = _Sched(2.0, "default sm_90")
+    other.lookup = _Sched(3.0, "other wrong")
+    seen = []
+
+    def timing(fn, **kwargs):
+        seen.append(kwargs["host"])
+        return _fake_timing(fn, **kwargs)
+    bench.measure_point(_preset(), _PROBLEM, _NAMES[:1], settings, env={}, time_fn=timing)
+    assert seen == [True]
+    import tuner.measure as measure
+
+    ceiling = []
+    monkeypatch.setattr(measure, "time_cuda", lambda fn, **kw: ceiling.append(kw) or Timing(
+        median_ms=1.0, spread_ms=0.0, mean_ms=1.0, min_ms=1.0, samples=1))
+    from tuner.bench import _engine
+
+    _engine._ceiling_ms(lambda: None, settings)
+    assert ceiling and "host" not in ceiling[0]
+
+
 # -- --problem: exactly the problems named, instead of the grid ----------------------------------
 
 _GQA = ("batch=1,heads_q=32,heads_kv=8,seqlen_q=4096,seqlen_k=4096,head_dim=128,dtype=bf16,"
@@ -440,8 +468,9 @@ def test_interleaved_timing_takes_only_the_contenders_that_passed(cpu_families):
     other.lookup = _Sched(float("nan"), "nan")  # poison left in the output: wrong
     calls = []
 
-    def fake_interleaved(fns, *, rounds):
+    def fake_interleaved(fns, *, rounds, host=False):
         calls.append((list(fns), rounds))
+        assert host == settings.host
         for fn in fns.values():
             fn()
         return {name: Timing(median_ms=1.0 + i, spread_ms=0.0, mean_ms=1.0 + i, min_ms=1.0 + i,
@@ -461,7 +490,7 @@ def test_interleaved_timing_takes_only_the_contenders_that_passed(cpu_families):
     assert "nan" in by["tiledattention-cpuother"].reason
     assert by["tiledattention-cpuother"].rel_err is None
 
-    def crash(fns, *, rounds):
+    def crash(fns, *, rounds, host=False):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     results = bench.measure_point(_preset(), _PROBLEM, _NAMES[:2], settings, env={},

@@ -35,14 +35,18 @@ def test_timing_mode_values_and_dict_form():
     assert TimingMode() == TimingMode(launch="stream", l2="cold")
     mode = TimingMode(launch="graph", l2="warm")
     assert mode.graph and not mode.flush_l2
-    assert mode.timing_kwargs() == {"graph": True, "flush_l2": False}
+    assert mode.timing_kwargs() == {"graph": True, "flush_l2": False, "host": False}
     assert TimingMode.from_dict(mode.to_dict()) == mode
     assert mode.to_dict() == {"launch": "graph", "l2": "warm"}
     assert mode.describe() == "graph launches, warm L2"
+    host = TimingMode(launch="host")
+    assert host.host and not host.graph
+    assert host.timing_kwargs() == {"graph": False, "flush_l2": True, "host": True}
+    assert host.describe() == "isolated calls with host time, cold L2"
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"launch": "graphs"}, "timing launch must be one of stream, graph; got 'graphs'"),
+    ({"launch": "graphs"}, "timing launch must be one of stream, graph, host; got 'graphs'"),
     ({"l2": "hot"}, "timing L2 state must be one of cold, warm; got 'hot'"),
 ], ids=["launch", "l2"])
 def test_timing_mode_refuses_unknown_values(kwargs, words):
@@ -70,6 +74,40 @@ def test_graph_with_cold_l2_needs_in_graph_event_records(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", OldEvent)
     why = graph_cold_unsupported()
     assert "cannot record timing events inside a CUDA graph" in why and torch.__version__ in why
+
+
+def test_an_isolated_sample_is_the_host_clock_from_the_call_to_the_end_of_its_gpu_work(
+        monkeypatch):
+    """``launch="host"``: the GPU drained before the clock starts, and the clock read after the
+    call's work has finished (a fake torch and clock; the GPU half runs in
+    tests/gpu/test_timing_modes_gpu.py)."""
+    import torch
+
+    from tuner.measure import _timing
+
+    log, now, pending = [], [0.0], [0.0]
+
+    def synchronize():  # the host waits for the GPU work enqueued so far
+        log.append("sync")
+        now[0] += pending[0]
+        pending[0] = 0.0
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+
+    def clock():
+        log.append("clock")
+        return now[0]
+    monkeypatch.setattr(_timing.time, "perf_counter", clock)
+
+    def call():  # 2 ms of host work, then 3 ms of GPU work the host does not wait for
+        log.append("call")
+        now[0] += 0.002
+        pending[0] += 0.003
+    pending[0] = 0.007  # an earlier call's GPU work: drained before the clock starts
+    sampler = _timing._Sampler(False)
+    assert sampler.isolated(call, 1) == [pytest.approx(5.0)]
+    assert log == ["sync", "clock", "call", "sync", "clock"]
+    with pytest.raises(ValueError, match="not both"):
+        _timing.time_cuda(call, graph=True, host=True, flush_l2=False)
 
 
 # -- the flags ----------------------------------------------------------------------------------
@@ -108,7 +146,8 @@ def test_help_describes_both_flags(capsys):
     with pytest.raises(SystemExit):
         main(["search", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--timing {stream,graph}" in text and "--l2 {cold,warm}" in text
+    assert "--timing {stream,graph,host}" in text and "--l2 {cold,warm}" in text
+    assert "the host's time counted" in text
     assert "captured into a CUDA graph" in text and "the flush itself not timed" in text
 
 
@@ -140,7 +179,8 @@ T = Timing(median_ms=1.0, spread_ms=0.01, mean_ms=1.0, min_ms=0.99, samples=30)
 
 
 @pytest.mark.parametrize("mode", [TimingMode(), TimingMode(launch="graph"),
-                                  TimingMode(l2="warm"), TimingMode(launch="graph", l2="warm")],
+                                  TimingMode(l2="warm"), TimingMode(launch="graph", l2="warm"),
+                                  TimingMode(launch="host")],
                          ids=lambda m: f"{m.launch}-{m.l2}")
 def test_the_gpu_executor_times_in_its_mode(mode, monkeypatch):
     import tuner.measure._timing as timing
@@ -155,7 +195,7 @@ def test_the_gpu_executor_times_in_its_mode(mode, monkeypatch):
     executor = GpuExecutor(_Family(), 0, timing=mode)
     assert executor.measure(PROBLEM, object()).timing == T
     retimed = executor.retime(PROBLEM, {"candidate-0": object()})
-    want = {"graph": mode.graph, "flush_l2": mode.flush_l2}
+    want = {"graph": mode.graph, "flush_l2": mode.flush_l2, "host": mode.host}
     assert calls == [("cuda", want), ("interleaved", {"rounds": 30, **want})]
     assert retimed["candidate-0"] == T and retimed["torch-flash"] == T
     assert retimed["torch-cudnn"].startswith("unavailable: cannot time in a CUDA graph")

@@ -140,3 +140,18 @@ def test_search_with_graph_timing_records_its_mode(tmp_path, capsys):
     assert key["median_ms"] is not None and key["schedule_text"] in key["tied"]
     # a candidate that could not be captured would be a crash
     assert "crash" not in key["failures"], key["failures"]
+
+
+def test_host_timing_counts_the_host_and_stream_timing_does_not():
+    """``--timing host``: an isolated call's host work (here 2 ms of sleep before a short
+    kernel) is in its time; stream timing sees the kernel alone."""
+    import time
+
+    x = torch.ones(1 << 20, device="cuda")
+
+    def call():
+        time.sleep(0.002)
+        x.mul_(1.0)
+    host = time_cuda(call, host=True, flush_l2=False, max_samples=20)
+    stream = time_cuda(call, flush_l2=False, max_samples=20)
+    assert host.median_ms >= 2.0 > stream.median_ms + 1.0

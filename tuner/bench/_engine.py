@@ -70,8 +70,16 @@ class BenchSettings:
     device: int = 0
     seed: int = 0
     interleave: int = 0
+    #: the contenders timed as isolated calls with the host's time counted (``--timing host``)
+    host: bool = False
 
     def timing_kwargs(self) -> dict[str, Any]:
+        """``time_cuda``'s keywords for a contender."""
+        return {**self.ceiling_kwargs(), "host": self.host}
+
+    def ceiling_kwargs(self) -> dict[str, Any]:
+        """``time_cuda``'s keywords for a ceiling (the matrix-product and copy rates: GPU
+        time, whatever the contenders' view)."""
         return {name: getattr(self, name) for name in TIMING_DEFAULTS}
 
 
@@ -286,7 +294,8 @@ def measure_point(preset: Preset, problem: Any, contenders: Sequence[str],
         fns = dict((name, run) for name, (run, _, _) in ready.items())
         with _failures(lambda reason: [final(n, "unavailable", reason, ready[n][2])
                                        for n in fns]):
-            for name, timing in interleaved_fn(fns, rounds=settings.interleave).items():
+            for name, timing in interleaved_fn(fns, rounds=settings.interleave,
+                                               host=settings.host).items():
                 timed(name, timing)
     else:
         for name, (run, _, fields) in ready.items():
@@ -369,5 +378,5 @@ def _ceiling_ms(fn: Callable[[], Any], settings: BenchSettings) -> float:
     from ..measure import time_cuda, time_interleaved
 
     timing = (time_interleaved({"ceiling": fn}, rounds=settings.interleave)["ceiling"]
-              if settings.interleave else time_cuda(fn, **settings.timing_kwargs()))
+              if settings.interleave else time_cuda(fn, **settings.ceiling_kwargs()))
     return timing.median_ms

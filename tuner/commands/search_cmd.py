@@ -149,11 +149,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                 "first)")
     timing = parser.add_argument_group(
         "timing (how each candidate is timed: match how the kernel will be deployed)")
-    timing.add_argument("--timing", choices=["stream", "graph"], default=None,
+    timing.add_argument("--timing", choices=["stream", "graph", "host"], default=None,
                         help="stream: each launch enqueued by the host between two CUDA events "
                              "(default); graph: launches captured into a CUDA graph and "
                              "replayed, as in a model served from CUDA graphs (time per launch "
-                             "= replay time / launches)")
+                             "= replay time / launches); host: an isolated call from an idle "
+                             "GPU, the host's time counted (the host clock from the call to "
+                             "the end of its GPU work), for host-bound callers")
     timing.add_argument("--l2", choices=["cold", "warm"], default=None,
                         help="cold: the L2 is flushed (a buffer of at least twice its size "
                              "read) before every timed launch, the flush itself not timed "

@@ -10,11 +10,14 @@ synchronisation, so the host never sits between two launches. Sampling stops onc
 or of a neighbour's load hits all of them alike: use it to decide near-ties.
 
 A :class:`TimingMode` says how a launch is timed, to match how the kernel will be deployed:
-``launch="stream"`` (above: each launch enqueued by the host between two events) or ``"graph"``
+``launch="stream"`` (above: each launch enqueued by the host between two events), ``"graph"``
 (the launch captured into a ``torch.cuda.CUDAGraph`` and replayed, as in a model served from
-CUDA graphs: no host launch path, back-to-back kernels), and ``l2="cold"`` (the flush above
-before every timed launch: inputs come from DRAM) or ``"warm"`` (no flush: inputs stay
-L2-resident from the previous launch, as when a kernel runs again on the same tensors).
+CUDA graphs: no host launch path, back-to-back kernels) or ``"host"`` (an isolated call from an
+idle GPU with the host's time counted: the GPU drained, then the host clock from the call to
+the end of its GPU work, ``torch.cuda.synchronize``; what one call costs a host-bound caller,
+which the other two modes leave out), and ``l2="cold"`` (the flush above before every timed
+launch: inputs come from DRAM) or ``"warm"`` (no flush: inputs stay L2-resident from the
+previous launch, as when a kernel runs again on the same tensors).
 
 * graph, warm: ``N`` launches captured back to back in one graph; a sample is one replay between
   two events (after the spin), divided by ``N`` (``N`` from the warm-up time: replays of about
@@ -55,7 +58,7 @@ _GRAPH_REPLAY_MS = 1.0
 #: ... and at most this many
 _GRAPH_MAX_LAUNCHES = 64
 
-LAUNCHES = ("stream", "graph")
+LAUNCHES = ("stream", "graph", "host")
 L2_STATES = ("cold", "warm")
 #: the tie rule's floor: medians closer than this share of the faster one are a tie
 TIE_REL_FLOOR = 0.01
@@ -81,12 +84,16 @@ class TimingMode:
         return self.launch == "graph"
 
     @property
+    def host(self) -> bool:
+        return self.launch == "host"
+
+    @property
     def flush_l2(self) -> bool:
         return self.l2 == "cold"
 
     def timing_kwargs(self) -> dict[str, bool]:
         """The keywords of :func:`time_cuda` and :func:`time_interleaved` for this mode."""
-        return {"graph": self.graph, "flush_l2": self.flush_l2}
+        return {"graph": self.graph, "flush_l2": self.flush_l2, "host": self.host}
 
     def to_dict(self) -> dict[str, str]:
         return {"launch": self.launch, "l2": self.l2}
@@ -100,6 +107,8 @@ class TimingMode:
 
     def describe(self) -> str:
         """E.g. ``stream launches, cold L2``: what the command-line flags say."""
+        if self.host:
+            return f"isolated calls with host time, {self.l2} L2"
         return f"{self.launch} launches, {self.l2} L2"
 
 
@@ -213,6 +222,20 @@ class _Sampler:
         self._torch.cuda.synchronize()
         return [start.elapsed_time(end) for start, end in events]
 
+    def isolated(self, fn: Callable[[], object], count: int) -> list[float]:
+        """``count`` samples of one call from an idle GPU, host time counted: flush, drain the
+        GPU, then the host clock (ms) from the call until its GPU work has finished."""
+        synchronize, clock = self._torch.cuda.synchronize, time.perf_counter
+        samples = []
+        for _ in range(count):
+            self.flush()
+            synchronize()
+            start = clock()
+            fn()
+            synchronize()
+            samples.append((clock() - start) * 1e3)
+        return samples
+
 
 def first_line(exc: BaseException, limit: int = 500) -> str:
     """``Type: first line of the message``, at most ``limit`` characters."""
@@ -292,7 +315,10 @@ def _launches(single_ms: float) -> int:
     return max(1, min(_GRAPH_MAX_LAUNCHES, math.ceil(_GRAPH_REPLAY_MS / single_ms)))
 
 
-def _check_graph_cold(graph: bool, flush_l2: bool) -> None:
+def _check_graph_cold(graph: bool, flush_l2: bool, host: bool = False) -> None:
+    if graph and host:
+        raise TunerValueError("a launch is timed from a graph or as an isolated call with "
+                              "host time, not both")
     if graph and flush_l2:
         why = graph_cold_unsupported()
         if why is not None:
@@ -301,13 +327,14 @@ def _check_graph_cold(graph: bool, flush_l2: bool) -> None:
 
 def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples: int = 10,
               max_samples: int = 200, max_seconds: float = 2.0, rel_precision: float = 0.01,
-              flush_l2: bool = True, graph: bool = False) -> Timing:
+              flush_l2: bool = True, graph: bool = False, host: bool = False) -> Timing:
     """Time ``fn`` (which enqueues GPU work on torch's current stream). ``flush_l2``: a cold
     L2 before every launch; ``graph``: launches replayed from a CUDA graph (module docstring;
-    :class:`GraphCaptureError` when ``fn`` cannot be captured)."""
+    :class:`GraphCaptureError` when ``fn`` cannot be captured); ``host``: isolated calls with
+    the host's time counted."""
     import torch
 
-    _check_graph_cold(graph, flush_l2)
+    _check_graph_cold(graph, flush_l2, host)
     sampler = _Sampler(flush_l2)
     fn()
     torch.cuda.synchronize()
@@ -320,6 +347,9 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples:
         captured = _Graph(sampler, fn, _launches(single), cold=flush_l2)
         take = captured.take
         per_take = captured.launches if flush_l2 else 1  # samples one replay gives
+    elif host:
+        take = lambda count: sampler.isolated(fn, count)  # noqa: E731
+        per_take = 1
     else:
         take = lambda count: sampler.batch(fn, count)  # noqa: E731
         per_take = 1
@@ -338,7 +368,8 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples:
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 30,
-                     flush_l2: bool = True, graph: bool = False) -> dict[str, Timing | str]:
+                     flush_l2: bool = True, graph: bool = False,
+                     host: bool = False) -> dict[str, Timing | str]:
     """Time every contender once per round, in rotating order; median per contender.
 
     All rounds are enqueued before the one synchronisation, so the host runs ahead of the GPU
@@ -349,15 +380,24 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 3
     round replays each graph once, synchronising after each replay (the host's launch is never
     timed in graph mode: in-graph events, or a spin ahead of the replay), until every contender
     has ``rounds`` samples. A contender that cannot be captured maps to the reason, a string.
+
+    With ``host`` each sample is an isolated call with the host's time counted (module
+    docstring), the contenders in rotating order round by round.
     """
     import torch
 
-    _check_graph_cold(graph, flush_l2)
+    _check_graph_cold(graph, flush_l2, host)
     sampler = _Sampler(flush_l2)
     names = list(fns)
     warm = {name: sampler.batch(fns[name], 3) for name in names}  # warm-up
     if graph:
         return _interleaved_graphs(sampler, fns, warm, rounds, flush_l2)
+    if host:
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                samples[name] += sampler.isolated(fns[name], 1)
+        return {name: summarize(samples[name]) for name in names}
     events: dict[str, list] = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
