@@ -21,7 +21,6 @@ import json
 from typing import Any, Optional
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _training
 from ..core._dispatch import family_for_schedule
@@ -250,16 +249,20 @@ sdpa_fwd_lse.register_autograd(_fwd_lse_backward, setup_context=_fwd_lse_setup_c
 
 
 def eager(*tensors: Any) -> bool:
-    """Whether a call on these tensors runs eagerly: plain ``torch.Tensor`` objects (no fake,
-    functional or other subclass) with data (not on the meta device, which the ops' fake
-    implementations serve), no ``torch.compile`` or ``torch.jit.trace`` tracing and no
-    dispatch mode (such as a ``make_fx`` tracer) active. Then the ops' implementations may be
-    called directly."""
+    """Whether a call on these tensors runs eagerly, with nothing recording it: no
+    ``torch.compile`` tracing (asked first: under Dynamo the rest is never traced), plain
+    ``torch.Tensor`` objects (no fake, functional or other subclass) with data (not on the meta
+    device, which the ops' fake implementations serve), no dispatch mode (``make_fx``,
+    ``torch.export``, FLOP counters), no functorch transform and no ``torch.jit`` trace. Then the
+    ops' implementations may be called directly: nothing would see the op, and its dispatch
+    costs host time."""
+    if torch.compiler.is_compiling():
+        return False
     for x in tensors:
         if x is not None and (type(x) is not torch.Tensor or x.is_meta):
             return False
-    return (not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and _get_current_dispatch_mode() is None)
+    return not (torch._C._len_torch_dispatch_stack()
+                or torch._C._are_functorch_transforms_active() or torch._C._is_tracing())
 
 
 class _EagerForwardLse(torch.autograd.Function):
@@ -286,6 +289,16 @@ class _EagerForwardLse(torch.autograd.Function):
         q, k, v, out, sinks = ctx.saved_tensors
         return (*_grads(grad_out, q, k, v, out, ctx.lse, sinks, ctx.flags,
                         sinks is not None and ctx.needs_input_grad[3]), None)
+
+
+def eager_forward_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                      scale: Optional[float], bottom_right: bool, schedule: Optional[str],
+                      window_left: int, window_right: int, softcap: float,
+                      sinks: Optional[torch.Tensor]) -> torch.Tensor:
+    """``tiledattention::sdpa_fwd_lse(...)[0]`` (its arguments, in its order) through the eager
+    route, for a call :func:`eager` admits."""
+    return _EagerForwardLse.apply(q, k, v, sinks, (causal, scale, bottom_right, schedule,
+                                                   window_left, window_right, softcap))
 
 
 # -- tiledattention.sdpa on inputs that require grad ----------------------------------------------
@@ -330,7 +343,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any = False,
                 f"these inputs require grad, so the call keeps the log-sum-exp for a backward "
                 f"pass: {exc} (or call under torch.no_grad() / with detached inputs)") from None
     if eager(q, k, v, sinks):
-        return _EagerForwardLse.apply(q, k, v, sinks, (is_causal, scale, bottom_right, chosen,
-                                                       left, right, cap))
+        return eager_forward_lse(q, k, v, is_causal, scale, bottom_right, chosen, left, right,
+                                 cap, sinks)
     return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
                                                  chosen, left, right, cap, sinks)[0]

@@ -10,8 +10,11 @@ layouts so tracing never runs a kernel.
 
 :func:`attention` runs ``sdpa_fwd`` when no gradient is needed (nothing is kept for a backward
 pass), and ``sdpa_fwd_lse`` when one is (grad mode on and an input requires grad): its backward
-uses the log-sum-exp that forward stored. An eager call that needs no gradient and that nothing
-traces (:func:`_untraced`) skips the op's dispatch and runs what ``sdpa_fwd`` runs directly.
+uses the log-sum-exp that forward stored. An eager call that nothing traces (``eager``) skips
+the ops' dispatch: without a gradient it runs what ``sdpa_fwd`` runs directly, with one it takes
+``sdpa_fwd_lse``'s eager route (``entry_points/_autograd.py``). The dispatch costs host time: a
+decode step on the H100 machine took 101 µs per call dispatched, 78 µs without
+(``docs/lookup.md``).
 ``sdpa_fwd`` is differentiable too, for graphs that call it directly (an exported one, say): its
 backward first re-runs the forward with ``sdpa_fwd_lse`` to get the log-sum-exp, one extra
 forward pass.
@@ -24,8 +27,8 @@ from typing import Any, Optional
 import torch
 
 from ..entry_points._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward,
-                                      check_flags, check_shapes, sdpa_bwd, sdpa_fwd_lse, sink_grad,
-                                      variant_kwargs)
+                                      check_flags, check_shapes, eager, eager_forward_lse,
+                                      sdpa_bwd, sdpa_fwd_lse, sink_grad, variant_kwargs)
 from ..core._problem import BOTTOM_RIGHT, causal_flags, variant_args
 from ..errors import InputTypeError
 
@@ -66,19 +69,6 @@ def _sdpa_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     check_flags(causal, bottom_right)
     return tiledattention.sdpa(q, k, v, BOTTOM_RIGHT if bottom_right else causal, scale,
                                keep_scratch=keep_scratch, **variant)
-
-
-def _untraced(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Nothing records this call: plain tensors (no fake, functional or other subclass), no
-    dispatch mode (``make_fx``, ``torch.export``, FLOP counters), no functorch transform, no
-    ``torch.jit`` trace. Then :func:`attention` without a gradient runs the kernel directly:
-    nothing would see the op, and its dispatch costs host time (a decode step on the H100
-    machine: 101 µs per call dispatched, 78 µs without; ``docs/lookup.md``)."""
-    tensor = torch.Tensor
-    return (type(q) is tensor and type(k) is tensor and type(v) is tensor
-            and not torch._C._len_torch_dispatch_stack()
-            and not torch._C._are_functorch_transforms_active()
-            and not torch._C._is_tracing())
 
 
 @sdpa_fwd.register_fake
@@ -169,9 +159,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | 
     # needs_grad(q, k, v) spelled out: called from here, Dynamo reads `torch` through two
     # modules' globals and guards that both are one object with a Python lambda, evaluated on
     # every call of a compiled function (the only Python-level guard it would have)
+    # under torch.compile the `not is_compiling()` guards keep Dynamo out of `eager`
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if not torch.compiler.is_compiling() and eager(q, k, v):
+            return eager_forward_lse(q, k, v, is_causal, scale, bottom_right, None, -1, -1, 0.0,
+                                     None)
         return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right)[0]
-    if not torch.compiler.is_compiling() and _untraced(q, k, v):
+    if not torch.compiler.is_compiling() and eager(q, k, v):
         return _sdpa_fwd_impl(q, k, v, is_causal, scale, bottom_right, {}, keep_scratch=True)
     if not bottom_right:
         return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale)
@@ -188,9 +182,12 @@ def _variant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_cau
         raise InputTypeError(f"sinks must be a torch.Tensor or None; got {type(sinks).__name__}")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                     or (sinks is not None and sinks.requires_grad)):
+        if not torch.compiler.is_compiling() and eager(q, k, v, sinks):
+            return eager_forward_lse(q, k, v, is_causal, scale, bottom_right, None, left, right,
+                                     cap, sinks)
         return torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, is_causal, scale, bottom_right,
                                                      None, left, right, cap, sinks)[0]
-    if not torch.compiler.is_compiling() and _untraced(q, k, v):
+    if not torch.compiler.is_compiling() and eager(q, k, v):
         return _sdpa_fwd_impl(q, k, v, is_causal, scale, bottom_right,
                               variant_kwargs(left, right, cap, sinks), keep_scratch=True)
     return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale, bottom_right, left,
