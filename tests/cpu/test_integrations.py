@@ -220,6 +220,19 @@ def test_op_calls_the_kernel_with_its_arguments(shape, causal, kernel):
     assert torch.equal(out, reference_sdpa(q, k, v, causal, 0.25))
 
 
+class Recording(TorchDispatchMode):
+    """A dispatch mode (what make_fx, export and FLOP counters use) that records the ops it
+    sees in ``ops``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
 def test_untraced_eager_calls_skip_the_ops_dispatch(kernel, monkeypatch):
     """Without a gradient and with nothing tracing, attention runs the kernel directly; a
     dispatch mode (what make_fx, export and FLOP counters use) still sees the op."""
@@ -238,19 +251,37 @@ def test_untraced_eager_calls_skip_the_ops_dispatch(kernel, monkeypatch):
         ti.attention(q, k, v[:, :1])
     monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd", real_op)
 
-    seen = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
-    with Record():
+    with Recording() as seen:
         traced = ti.attention(q, k, v, causal=True)
-    assert torch.ops.tiledattention.sdpa_fwd.default in seen
+    assert torch.ops.tiledattention.sdpa_fwd.default in seen.ops
     assert torch.equal(traced, reference_sdpa(q, k, v, True, None))
     # the op keeps no scratch buffer between calls: CUDA graph trees would find it in the pool
     assert kernel.keep_scratch[-1] is False
+
+
+def test_untraced_training_calls_take_the_eager_route(monkeypatch):
+    """With a gradient to compute (the SDPA router's and Hugging Face's training path): eagerly,
+    the eager route's autograd Function and no op dispatched; under a dispatch mode the op,
+    which the mode sees."""
+    from tiledattention.entry_points import _training
+
+    def forward(runtime, q, k, v, causal, scale, *, schedule=None, variant=(None,) * 3):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        return out, out.float().logsumexp(-1)
+    monkeypatch.setattr(_training, "sdpa_with_lse", forward)
+    q, k, v = (torch.randn(2, 4, 16, 8).requires_grad_() for _ in range(3))
+    real = torch.ops.tiledattention.sdpa_fwd_lse
+
+    def op_must_not_run(*args):
+        raise AssertionError("the op was dispatched for an untraced eager call")
+    monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd_lse", op_must_not_run)
+    for kwargs in ({"causal": True}, {"causal": True, "window": (4, 0), "softcap": 5.0}):
+        out = ti.attention(q, k, v, **kwargs)
+        assert type(out.grad_fn).__name__ == "_EagerForwardLseBackward"
+    monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd_lse", real)
+    with Recording() as seen:
+        ti.attention(q, k, v, causal=True)
+    assert torch.ops.tiledattention.sdpa_fwd_lse.default in seen.ops
 
 
 def test_opcheck(kernel):

@@ -97,34 +97,3 @@ def test_the_eager_route_computes_what_the_ops_compute(monkeypatch):
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
-
-def test_the_integrations_training_calls_take_the_eager_route_untraced(monkeypatch):
-    """``tiledattention.integrations.attention`` (the SDPA router's and Hugging Face's path) on
-    inputs that need grad: eagerly, the autograd Function, no op dispatched; under a dispatch
-    mode (make_fx, export, FLOP counters) the op, which the mode sees."""
-    import tiledattention.integrations as ti
-    from tiledattention.entry_points import _training
-
-    def forward(runtime, q, k, v, causal, scale, *, schedule=None, variant=NO_VARIANT):
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
-        return out, out.float().logsumexp(-1)
-    monkeypatch.setattr(_training, "sdpa_with_lse", forward)
-    q, k, v = (x.requires_grad_() for x in _qkv())
-    real = torch.ops.tiledattention.sdpa_fwd_lse
-
-    def op_must_not_run(*args):
-        raise AssertionError("the op was dispatched for an untraced eager call")
-    monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd_lse", op_must_not_run)
-    for kwargs in ({"causal": True}, {"causal": True, "window": (4, 0), "softcap": 5.0}):
-        out = ti.attention(q, k, v, **kwargs)
-        assert type(out.grad_fn).__name__ == "_EagerForwardLseBackward"
-    monkeypatch.setattr(torch.ops.tiledattention, "sdpa_fwd_lse", real)
-    seen = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-    with Record():
-        ti.attention(q, k, v, causal=True)
-    assert torch.ops.tiledattention.sdpa_fwd_lse.default in seen
