@@ -315,7 +315,9 @@ def _launches(single_ms: float) -> int:
     return max(1, min(_GRAPH_MAX_LAUNCHES, math.ceil(_GRAPH_REPLAY_MS / single_ms)))
 
 
-def _check_graph_cold(graph: bool, flush_l2: bool, host: bool = False) -> None:
+def _check_mode(graph: bool, flush_l2: bool, host: bool = False) -> None:
+    """Refuse a timing mode that cannot be: graph and host launches together, or graph
+    launches with a cold L2 on a torch without in-graph event records."""
     if graph and host:
         raise TunerValueError("a launch is timed from a graph or as an isolated call with "
                               "host time, not both")
@@ -334,7 +336,7 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples:
     the host's time counted."""
     import torch
 
-    _check_graph_cold(graph, flush_l2, host)
+    _check_mode(graph, flush_l2, host)
     sampler = _Sampler(flush_l2)
     fn()
     torch.cuda.synchronize()
@@ -386,7 +388,7 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 3
     """
     import torch
 
-    _check_graph_cold(graph, flush_l2, host)
+    _check_mode(graph, flush_l2, host)
     sampler = _Sampler(flush_l2)
     names = list(fns)
     warm = {name: sampler.batch(fns[name], 3) for name in names}  # warm-up
