@@ -325,3 +325,56 @@ def test_the_decode_family_takes_a_ragged_batch_bottom_right_only():
     for arch in ARCHS:
         result = compile_decode(bottom_right, DECODE.default_schedule(arch, bottom_right), arch)
         assert result.cubin[:4] == b"\x7fELF"
+
+
+def test_an_eager_packed_training_call_takes_the_eager_route_and_validates_once(monkeypatch):
+    """varlen_attn on inputs that need grad, eagerly: the autograd Function (no op dispatched),
+    whose backward reuses what its forward validated (``_prepare`` runs once a training step);
+    under a dispatch mode, the op. The launches are replaced by CPU stand-ins."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tiledattention.entry_points import _varlen
+
+    prepared = []
+
+    def prepare(query, key, value, cu_q, cu_k, max_q, max_k, is_causal, scale, window, gqa):
+        prepared.append((is_causal, scale, window, gqa))
+        return ("problem", "layout", 0.5)
+
+    def run_forward(runtime, query, key, value, problem, layout, scale):
+        assert (problem, layout, scale) == ("problem", "layout", 0.5)
+        return query * scale + key.sum(), torch.zeros(1, query.shape[1], query.shape[0])
+
+    def run_backward(runtime, grad_out, query, key, value, out, lse, problem, layout, scale):
+        assert (problem, layout, scale) == ("problem", "layout", 0.5)
+        return grad_out * scale, torch.ones_like(key), torch.ones_like(value) * 2
+    monkeypatch.setattr(_varlen, "_prepare", prepare)
+    monkeypatch.setattr(_varlen, "_run_forward", run_forward)
+    monkeypatch.setattr(_varlen, "_run_backward", run_backward)
+    real = _varlen.varlen_fwd
+
+    def op_must_not_run(*args):
+        raise AssertionError("the op was dispatched for an untraced eager call")
+    monkeypatch.setattr(_varlen, "varlen_fwd", op_must_not_run)
+    q = torch.randn(10, 4, 8).requires_grad_()
+    k, v = (torch.randn(10, 2, 8).requires_grad_() for _ in range(2))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    out = tiledattention.varlen_attn(q, k, v, cu, cu, 6, 6, is_causal=True, enable_gqa=True,
+                                     window_size=(3, 0))
+    assert type(out.grad_fn).__name__ == "_EagerVarlenBackward"
+    g = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    assert torch.equal(dq, g * 0.5) and torch.equal(dv, torch.full_like(v, 2.0))
+    assert prepared == [("bottom_right", None, (3, 0), True)]  # once: the backward reused it
+    monkeypatch.setattr(_varlen, "varlen_fwd", real)
+    seen = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+    with Recording():
+        traced = tiledattention.varlen_attn(q, k, v, cu, cu, 6, 6, is_causal=True,
+                                            enable_gqa=True)
+    assert torch.ops.tiledattention.varlen_fwd.default in seen
+    assert torch.equal(traced, out)
