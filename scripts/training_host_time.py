@@ -9,8 +9,9 @@ Each figure is the median over ``--repeats`` rounds of ``--calls`` calls, the co
 interleaved round by round, in microseconds per call. Before each round the GPU is drained
 (``torch.cuda.synchronize``); in a round nothing synchronises, so a contender whose kernels take
 longer than its host work is timed by the host alone until the launch queue fills (1024
-launches: the rounds stay well under it for the small shapes; for the large ones a figure above
-the GPU time per call says the host waited for the queue, and the table marks it). Last, a
+launches: the rounds stay well under it for the small shapes; the table's ``gpu`` column is the
+GPU time of a forward+backward, and a host figure at or above it says the host waited for the
+GPU). Last, a
 packed batch's training call (64 sequences of 64-511 tokens) through ``varlen_attn`` and
 through its custom op.
 
