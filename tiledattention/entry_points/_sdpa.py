@@ -35,7 +35,7 @@ from ..core._problem import (Problem, check_cuda, check_reach, padded_head_dim, 
 from ..core._runtime import Runtime
 from ..errors import InputTypeError, InputValueError
 
-__all__ = ["sdpa"]
+__all__ = ["sdpa", "as_float32"]
 
 #: The families whose plans were kept (in any runtime), in dispatch order, each with the most
 #: query rows of its kept plans: a call with more rows cannot have a plan of that family (q's
@@ -89,14 +89,14 @@ def sdpa(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
         if sinks is None:
             result = plan.run(scratch, q, k, v, device, out)
         else:
-            result = plan.run(scratch, q, k, v, device, out, sinks=_as_float32(sinks))
+            result = plan.run(scratch, q, k, v, device, out, sinks=as_float32(sinks))
         if result is not None:
             return result  # else the plan's checks failed: validation says why
     return _validated_call(runtime, q, k, v, causal, scale, (window, softcap, sinks),
                            schedule, family, out, signature, scratch)
 
 
-def _as_float32(sinks: Any) -> Any:
+def as_float32(sinks: Any) -> Any:
     """Sink logits as the kernels read them (the key vouched for their shape and device)."""
     return sinks if sinks.dtype is hot.float32 and sinks.is_contiguous() else \
         sinks.detach().float().contiguous()

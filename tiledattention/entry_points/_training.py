@@ -27,6 +27,7 @@ from ..core._problem import (Problem, check_cuda, default_scale, problem_of_arra
                              sink_logits)
 from ..core._runtime import Runtime
 from ..errors import InputTypeError, InputValueError
+from ._sdpa import as_float32
 
 __all__ = ["sdpa_with_lse", "sdpa_backward"]
 
@@ -121,10 +122,11 @@ class _Resolved(NamedTuple):
         return grads
 
 
-def _sinks_of(problem: Problem, q: Any, variant: tuple) -> Any:
-    """The sink logits as the kernels read them (float32 ``[H_q]``), or ``None``."""
+def _sinks_of(variant: tuple) -> Any:
+    """A warm call's sink logits as the kernels read them (float32 ``[H_q]``), or ``None``:
+    the key vouched for their shape, dtype and device (``sink_logits`` checked them once)."""
     sinks = variant[2]
-    return None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
+    return None if sinks is None else as_float32(sinks.detach())
 
 
 def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
@@ -135,7 +137,7 @@ def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
     key = _signature("sdpa_with_lse", q, k, v, causal, scale, variant, schedule)
     kept = None if key is None else runtime.plan(key)
     if kept is not None:
-        return kept.forward(q, k, v, _sinks_of(kept.problem, q, variant))
+        return kept.forward(q, k, v, _sinks_of(variant))
     family = _explicit(schedule, "sdpa_with_lse")
     problem, device, sinks = _torch_problem("sdpa_with_lse", q, k, v, causal, scale, variant)
     check_cuda((("q", q), ("k", k), ("v", v)), "torch")
@@ -187,7 +189,7 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
     kept = None if key is None else runtime.plan(key)
     if kept is not None:
         return kept.backward(grad_out, q, k, v, out, lse,
-                             _sinks_of(kept.problem, q, variant), None)
+                             _sinks_of(variant), None)
     import torch
 
     if not isinstance(deterministic, bool):

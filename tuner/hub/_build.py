@@ -196,8 +196,8 @@ def _patches(kernel_id: str) -> list[_Patch]:
                "importlib.util.find_spec(_vendored_name(module_name))"),
         # torch ops: in the build's own namespace
         _Patch("entry_points/_autograd.py", '"tiledattention::', f'"{kernel_id}::', every=True),
-        _Patch("entry_points/_autograd.py", "torch.ops.tiledattention.", f"torch.ops.{kernel_id}.",
-               every=True),
+        _Patch("entry_points/_autograd.py", "torch.ops.tiledattention.",
+               f"torch.ops.{kernel_id}.", every=True),
         _Patch("entry_points/_varlen.py", '"tiledattention::', f'"{kernel_id}::', every=True),
         _Patch("entry_points/_paged.py", '"tiledattention::', f'"{kernel_id}::', every=True),
     ]

@@ -193,9 +193,10 @@ __all__ = [
 $error_names]
 ''')
 
-#: Appended to the vendored ``tiledattention/core/_identity.py``, whose module lookup is redirected
-#: through it: the template modules are named ``tiledattention.kernels.forward._kernel`` etc. (and the
-#: identity hashes those names, so rows of the shipped table stay current), but the files are
+#: Appended to the vendored ``tiledattention/core/_identity.py``, whose module lookup is
+#: redirected through it: the template modules are named
+#: ``tiledattention.kernels.forward._kernel`` etc. (and the identity hashes those names, so
+#: rows of the shipped table stay current), but the files are
 #: this build's copies, not those of a tiledattention that may be installed beside it.
 IDENTITY_HELPER = Template('''
 

@@ -68,6 +68,15 @@ def _grad_out_and_forward(case: Any, arrays: tuple, lse: Any, **extra: Any) -> N
                              case.device_index, **extra)
 
 
+def _poisoned_error(run: Callable[[], None], grads: tuple, reference: tuple) -> float:
+    """A backward case's error: ``grads`` NaN-poisoned, ``run`` writes them, the largest
+    relative error of the three against ``reference``."""
+    for g in grads:
+        g.fill_(float("nan"))
+    run()
+    return max(relative_errors(grads, reference))
+
+
 class BackwardCase(AttentionCase):
     """Random q, k, v and dO of ``problem`` (and its sink logits); the forward's output and
     log-sum-exp from this project's forward kernel (its default schedule); float32 reference
@@ -102,10 +111,7 @@ class BackwardCase(AttentionCase):
         return run
 
     def error(self, run: Callable[[], None]) -> float:
-        for g in self.grads:
-            g.fill_(float("nan"))
-        run()
-        return max(relative_errors(self.grads, self.reference_grads))
+        return _poisoned_error(run, self.grads, self.reference_grads)
 
     def baselines(self) -> Mapping[str, Callable[[], Any]]:
         """torch's cuDNN and flash backends' backward (their forward runs once, untimed, when a
@@ -184,10 +190,7 @@ class RaggedBackwardCase(RaggedCase):
         return run
 
     def error(self, run: Callable[[], None]) -> float:
-        for g in self.grads:
-            g.fill_(float("nan"))
-        run()
-        return max(relative_errors(self.grads, self.reference_grads))
+        return _poisoned_error(run, self.grads, self.reference_grads)
 
 
 class BackwardFamily(Family):
