@@ -42,15 +42,33 @@ def _problem(shape, dtype="bf16"):
                    dtype=dtype, causal=causal)
 
 
-def configurations(problem):
+#: --sweep: one-pass dK/dV fields beyond the default's, (keys, query rows, occupancy, worker
+#: warps, Q/dO latency hint). The one-pass kernel holds three float32 accumulator tiles (dK, dV
+#: and the pair's dQ share), so 8 worker warps (two warpgroups, as FlashAttention-3's sm_90
+#: backward runs) are the hypothesis; 128 keys x 64 rows is FA3's tile at D 128.
+SWEEP = [(64, 64, 1, 8, None), (128, 64, 1, 8, None), (64, 128, 1, 8, None),
+         (128, 128, 1, 8, None), (128, 64, 1, 8, 3), (64, 64, 2, 8, None),
+         (128, 32, 1, 8, None), (64, 32, 2, 4, None)]
+
+
+def configurations(problem, sweep: bool = False):
     """(name, schedule): the default (two kernels), the same run one-pass, and one-pass at one
-    dK/dV CTA per SM where the default runs two (the accumulator tile takes registers)."""
+    dK/dV CTA per SM where the default runs two (the accumulator tile takes registers); with
+    ``sweep`` also the one-pass at every ``SWEEP`` point that fits the head dim."""
     from tiledattention import BACKWARD
 
     kernel = BACKWARD.default_schedule("sm_90", problem).replace(dq_mode="kernel")
     found = [("kernel", kernel), ("atomic", kernel.replace(dq_mode="atomic"))]
     if kernel.dkdv_occupancy != 1:
         found.append(("atomic occ1", kernel.replace(dq_mode="atomic", dkdv_occupancy=1)))
+    if sweep:
+        for n, m, occ, warps, latency in SWEEP:
+            if problem.head_dim > 128 and n * m > 64 * 64:
+                continue  # three [n or m, 256] float32 tiles do not fit the registers
+            name = f"a{n}x{m} o{occ} w{warps}" + (f" l{latency}" if latency else "")
+            found.append((name, kernel.replace(
+                dq_mode="atomic", dkdv_tile_n=n, dkdv_tile_m=m, dkdv_occupancy=occ,
+                dkdv_worker_warps=warps, q_latency=latency)))
     return found
 
 
@@ -97,16 +115,34 @@ class Inputs:
         return run
 
 
-def _warm_one(index: int) -> str:
+def _warm_one(job: tuple[int, bool]) -> str:
     """Compile (by running once) every configuration of SHAPES[index]."""
     import torch
 
+    index, sweep = job
     problem = _problem(SHAPES[index])
     inputs = Inputs(problem)
-    for _, schedule in configurations(problem):
-        inputs.runner(schedule)[0]()
+    for _, schedule in configurations(problem, sweep):
+        try:
+            inputs.runner(schedule)[0]()
+        except Exception as exc:  # a configuration that does not compile: time_shape says
+            print(f"  {SHAPES[index][0]}: {exc.__class__.__name__}", flush=True)
     torch.cuda.synchronize()
     return SHAPES[index][0]
+
+
+def _fa4(problem, inputs):
+    """FlashAttention-4's backward on the case (its own [B, S, H, D] layout), or None."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    try:
+        from tuner.bench._peers import build_peer_contender
+
+        run, err = build_peer_contender("flash-attn-4", problem, inputs.case, backward=True)
+    except Exception as exc:  # not installed, or not this problem
+        print(f"  FA4 skipped: {exc}", flush=True)
+        return None
+    print(f"  FA4 rel err vs float32 reference: {err:.1e}", flush=True)
+    return run
 
 
 def _rel(a, b) -> float:
@@ -116,18 +152,24 @@ def _rel(a, b) -> float:
             / torch.linalg.vector_norm(b.float())).item()
 
 
-def time_shape(shape, rounds: int) -> dict:
+def time_shape(shape, rounds: int, sweep: bool = False) -> dict:
     import torch
 
     problem = _problem(shape)
     inputs = Inputs(problem)
     runs, grads = {}, {}
-    for name, schedule in configurations(problem):
-        runs[name], grads[name] = inputs.runner(schedule)
+    for name, schedule in configurations(problem, sweep):
+        try:
+            runs[name], grads[name] = inputs.runner(schedule)
+        except Exception as exc:  # e.g. out of shared memory
+            print(f"  {shape[0]} {name}: {exc.__class__.__name__}: {exc}", flush=True)
     try:
         runs["cuDNN"] = inputs.cudnn()
     except RuntimeError as exc:  # no cuDNN backend for the shape
         print(f"  cuDNN skipped for {shape[0]}: {exc}", flush=True)
+    fa4 = _fa4(problem, inputs)
+    if fa4 is not None:
+        runs["FA4"] = fa4
     counts = {}
     for name, run in runs.items():  # warm up; the calls per sample (>= 2 ms a sample)
         for _ in range(3):
@@ -163,11 +205,13 @@ def main(argv=None) -> int:
                         help="compile every configuration in N processes first")
     parser.add_argument("--warm-only", action="store_true")
     parser.add_argument("--shapes", default="", help="comma-separated indices into SHAPES")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time the one-pass backward at every SWEEP point")
     args = parser.parse_args(argv)
     chosen = [int(i) for i in args.shapes.split(",") if i] or list(range(len(SHAPES)))
     if args.warm:
         with multiprocessing.get_context("spawn").Pool(min(args.warm, len(chosen))) as pool:
-            for label in pool.imap_unordered(_warm_one, chosen):
+            for label in pool.imap_unordered(_warm_one, [(i, args.sweep) for i in chosen]):
                 print(f"  compiled {label}", flush=True)
     if args.warm_only:
         return 0
@@ -176,7 +220,7 @@ def main(argv=None) -> int:
     import torch
     from importlib.metadata import version
 
-    results = [time_shape(SHAPES[i], args.rounds) for i in chosen]
+    results = [time_shape(SHAPES[i], args.rounds, args.sweep) for i in chosen]
     props = torch.cuda.get_device_properties(0)
     driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                             capture_output=True, text=True).stdout.strip()
@@ -195,6 +239,15 @@ def main(argv=None) -> int:
         print(f"| {r['label']} | " + " | ".join(cells)
               + f" | {ms['kernel'] / ms['atomic']:.3f}x | {ms['kernel'] / best:.3f}x "
               f"| {err:.1e} |")
+    print("\nEvery configuration, ms (max rel err of dQ/dK/dV vs the two-kernel result):")
+    for r in results:
+        ms = r["ms"]
+        fa4 = ms.get("FA4")
+        print(f"{r['label']}:" + (f"  (FA4 {fa4:.3f} ms)" if fa4 else ""))
+        for name in sorted(ms, key=ms.get):
+            vs = f"  {fa4 / ms[name]:.3f}x FA4" if fa4 else ""
+            err = r["errors"].get(name)
+            print(f"  {name:<22} {ms[name]:8.3f}{vs}" + (f"  err {err:.1e}" if err else ""))
     return 0
 
 

@@ -54,9 +54,9 @@ def test_dq_mode_round_trips_and_defaults_to_the_dq_kernel():
 # -- normalisation --------------------------------------------------------------------------------
 def test_normalise_drops_the_dq_kernels_fields_from_a_one_pass_schedule():
     busy = ONE_PASS.replace(dq_tile_m=128, dq_tile_n=32, dq_occupancy=3, dq_worker_warps=8,
-                            kv_latency=4, dq_heavy_first=True, dkdv_tile_m=32)
+                            kv_latency=4, dq_heavy_first=True, dkdv_tile_m=128)
     n = normalise(GQA, busy)
-    assert n.dq_mode == "atomic" and n.dkdv_tile_m == 32
+    assert n.dq_mode == "atomic" and n.dkdv_tile_m == 128
     assert all(getattr(n, f) == getattr(BackwardSchedule(), f) for f in DQ_FIELDS)
     assert normalise(GQA, n) is n
     # the two-kernel schedule keeps them
@@ -71,6 +71,19 @@ def test_wide_one_pass_query_tiles_run_one_cta_per_sm():
     assert normalise(GQA, wide.replace(dq_mode="kernel")).dkdv_occupancy == 2
     short = dataclasses.replace(GQA, seqlen_q=50)  # the tile is capped at 64 rows
     assert normalise(short, wide).dkdv_occupancy == 2
+
+
+def test_one_pass_query_steps_are_at_least_64_rows():
+    """32-row query steps gave a wrong, run-to-run varying dK on an H200 (the record), also
+    where S_q is shorter than 64 rows; the two-kernel backward keeps its 32-row steps."""
+    narrow = ONE_PASS.replace(dkdv_tile_m=32, dkdv_tile_n=128, dkdv_worker_warps=8)
+    for problem in (GQA, dataclasses.replace(GQA, seqlen_q=20),
+                    dataclasses.replace(GQA, seqlen_q=20, ragged=True)):
+        n = normalise(problem, narrow)
+        assert n.dkdv_tile_m == (32 if problem.ragged else 64), problem
+        assert normalise(problem, n) is n
+    assert normalise(GQA, ONE_PASS.replace(dkdv_tile_m=16)).dkdv_tile_m == 64
+    assert normalise(GQA, narrow.replace(dq_mode="kernel")).dkdv_tile_m == 32
 
 
 def test_a_ragged_problem_runs_the_dq_kernel():
@@ -112,9 +125,9 @@ def test_the_accumulator_follows_ranges_and_is_given_exactly_for_one_pass_plans(
 
 # -- deterministic selection ----------------------------------------------------------------------
 def test_the_deterministic_schedule_computes_dq_with_the_dq_kernel():
-    s = BACKWARD.deterministic_schedule("sm_90", GQA, ONE_PASS.replace(dkdv_tile_m=32))
+    s = BACKWARD.deterministic_schedule("sm_90", GQA, ONE_PASS.replace(dkdv_tile_m=128))
     two_kernel = BACKWARD.default_schedule("sm_90", GQA).replace(dq_mode="kernel")
-    assert s.dq_mode == "kernel" and s.dkdv_tile_m == 32
+    assert s.dq_mode == "kernel" and s.dkdv_tile_m == 128
     assert all(getattr(s, f) == getattr(normalise(GQA, two_kernel), f) for f in DQ_FIELDS)
     kernel = BackwardSchedule(dq_tile_m=128)
     assert BACKWARD.deterministic_schedule("sm_90", GQA, kernel) == kernel

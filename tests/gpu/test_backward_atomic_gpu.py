@@ -145,8 +145,11 @@ def test_one_pass_reduce_adds_stay_right_over_thousands_of_launches():
     assert worst.item() <= 5e-3, f"worst dQ relative L2 over {launches_run} launches: {worst}"
 
 
-#: the dK/dV kernel's shapes swept below: (keys per CTA, query rows per step, CTAs per SM)
-SWEEP = [(n, m, occ) for n in (64, 128) for m in (64, 128) for occ in (1, 2)]
+#: the dK/dV kernel's shapes swept below: (keys per CTA, query rows per step, CTAs per SM,
+#: worker warps); the last two gave a wrong dK at D 128 before ``normalise`` lifted one-pass
+#: query steps to 64 rows
+SWEEP = ([(n, m, occ, None) for n in (64, 128) for m in (64, 128) for occ in (1, 2)]
+         + [(128, 32, 1, 8), (64, 32, 2, 4)])
 SWEEP_PROBLEMS = [
     ("gqa4-d64-causal-bf16", _problem(2, 16, 4, 1000, 1000, 64, "bf16", True)),
     ("gqa4-d128-full-fp16", _problem(1, 8, 2, 777, 777, 128, "fp16", False)),
@@ -156,21 +159,23 @@ SWEEP_PROBLEMS = [
 ]
 
 
-@pytest.mark.parametrize("tile_n, tile_m, occupancy", SWEEP,
-                         ids=[f"n{n}-m{m}-occ{o}" for n, m, o in SWEEP])
+@pytest.mark.parametrize("tile_n, tile_m, occupancy, warps", SWEEP,
+                         ids=[f"n{n}-m{m}-occ{o}" + (f"-w{w}" if w else "")
+                              for n, m, o, w in SWEEP])
 @pytest.mark.parametrize("name, problem", SWEEP_PROBLEMS, ids=[p[0] for p in SWEEP_PROBLEMS])
 def test_one_pass_dk_dv_are_the_two_kernel_ones_bit_for_bit(name, problem, tile_n, tile_m,
-                                                            occupancy):
+                                                            occupancy, warps):
     """dK and dV do not depend on how dQ is made: the one-pass dK/dV kernel computes them in the
     same order as the two-kernel one, so with the same dK/dV fields (after ``normalise``, as a
     call runs them) they must be equal bit for bit. A one-pass configuration that corrupts dK
     (seen at 128 query rows and two CTAs per SM before ``normalise`` kept such tiles at one)
-    fails here although its error would pass the family's tolerance."""
+    fails here although its error would pass the family's tolerance (as did 32-row steps at
+    D 128 before ``normalise`` lifted them to 64)."""
     from search_spaces.backward import infeasibility
 
     schedule = BACKWARD.normalise(problem, BACKWARD.default_schedule(ARCH, problem).replace(
         dq_mode="atomic", dkdv_tile_n=tile_n, dkdv_tile_m=tile_m, dkdv_occupancy=occupancy,
-        dkdv_splits=1))
+        dkdv_worker_warps=warps, dkdv_splits=1))
     if infeasibility(ARCH, problem, schedule) is not None:
         pytest.skip(infeasibility(ARCH, problem, schedule))
     case = BACKWARD.case(problem, 0)

@@ -204,6 +204,14 @@ _BASE_DQ = {name: getattr(BackwardSchedule(), name) for name in DQ_FIELDS}
 #: at one CTA per SM, or 64 rows and two CTAs, bit for bit the two-kernel dK
 #: (docs/records/benchmarks/backward/onepass.md)
 ONE_PASS_WIDE_M = 128
+#: A one-pass dK/dV kernel walks query tiles of at least this many rows: with 32-row steps at
+#: D 128 its dK came out wrong and different run to run (relative L2 0.13-0.49 against the
+#: two-kernel dK on four shapes, dQ and dV right) at 128 keys and one CTA per SM and at 64
+#: keys and two CTAs per SM, though right at 64 keys and one CTA; at 64 rows every tested
+#: configuration was bit for bit the two-kernel dK (tileiras 13.4.92, H200;
+#: docs/records/benchmarks/backward/onepass.md). Not root-caused: a race on the CTA's shared
+#: memory, as above, is the likeliest reading.
+ONE_PASS_MIN_M = 64
 
 
 def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
@@ -218,26 +226,30 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     of a walk assume every batch entry has the whole length) and no work orders (the heavy
     tiles of each sequence lie at its own end, not the grid's). With ``dq_mode="atomic"``
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
-    tiles of ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
+    tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
+    ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
     ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries).
     Idempotent."""
+    q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
+    k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     if problem.ragged and schedule.dq_mode == "atomic":
         schedule = schedule.replace(dq_mode="kernel")
     if schedule.dq_mode == "atomic":
-        canonical = {name: _BASE_DQ[name] for name in DQ_FIELDS
-                     if getattr(schedule, name) != _BASE_DQ[name]}
-        if (min(schedule.dkdv_tile_m, max(16, 1 << (problem.seqlen_q - 1).bit_length()))
-                >= ONE_PASS_WIDE_M and schedule.dkdv_occupancy > 1):
+        base = dict(_BASE_DQ, dq_tile_m=min(_BASE_DQ["dq_tile_m"], q_cap),
+                    dq_tile_n=min(_BASE_DQ["dq_tile_n"], k_cap))  # as capped below
+        canonical = {name: base[name] for name in DQ_FIELDS if getattr(schedule, name) != base[name]}
+        if schedule.dkdv_tile_m < ONE_PASS_MIN_M:
+            canonical["dkdv_tile_m"] = ONE_PASS_MIN_M
+        if min(schedule.dkdv_tile_m, q_cap) >= ONE_PASS_WIDE_M and schedule.dkdv_occupancy > 1:
             canonical["dkdv_occupancy"] = 1
         if canonical:
             schedule = schedule.replace(**canonical)
-    q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
-    k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
+    m_cap = max(q_cap, ONE_PASS_MIN_M) if schedule.dq_mode == "atomic" else q_cap
     changes: dict[str, Any] = {
-        name: cap for name, cap in (("dkdv_tile_m", q_cap), ("dq_tile_m", q_cap),
+        name: cap for name, cap in (("dkdv_tile_m", m_cap), ("dq_tile_m", q_cap),
                                     ("dkdv_tile_n", k_cap), ("dq_tile_n", k_cap))
         if getattr(schedule, name) > cap}
-    tile_m = min(schedule.dkdv_tile_m, q_cap)
+    tile_m = min(schedule.dkdv_tile_m, m_cap)
     pairs = problem.group_size * dkdv_walk(problem, min(schedule.dkdv_tile_n, k_cap), tile_m)
     splits = min(schedule.dkdv_splits, _pow2_floor(pairs), SPLITS[-1])
     if problem.ragged:
