@@ -16,7 +16,8 @@ from db import TiledAttentionError
 
 __all__ = ["TiledAttentionError", "InputTypeError", "InputValueError", "ScheduleError",
            "UnsupportedProblemError", "UnknownFamilyError", "CompileError", "KernelArgumentError",
-           "ScheduleDatabaseError", "UnsupportedOperationError"]
+           "ScheduleDatabaseError", "UnsupportedOperationError", "CompileRequiredError",
+           "DriverError"]
 
 
 
@@ -42,6 +43,16 @@ class UnknownFamilyError(InputValueError):
 
 class CompileError(TiledAttentionError, RuntimeError):
     """cuTile / tileiras failed to compile a schedule for an architecture."""
+
+
+class CompileRequiredError(CompileError):
+    """A call needs a kernel that no shipped cubin holds, and compiling is switched off
+    (``TILEDATTENTION_JIT=0``); names the kernel and its constants."""
+
+
+class DriverError(TiledAttentionError, RuntimeError):
+    """A CUDA driver call that loads or launches a shipped cubin failed (names the call and the
+    driver's error code)."""
 
 
 class KernelArgumentError(TiledAttentionError, TypeError):

@@ -2,24 +2,28 @@
 out of ``tiledattention``'s own surface, which is what a user calls: the shared GPU test case of
 the attention families, its float32 reference and visible-key mask, torch's SDPA arguments for
 a problem, the input dtypes' sizes, the database codecs, the lookup's pieces (``Resolver``, ``pick``), provenance
-stamps, architecture names, the families serving an operation, and the ``.text`` digest that
-restamping compares."""
+stamps, architecture names, the families serving an operation, the ``.text`` digest that
+restamping compares, and what an ahead-of-time build of cubin bundles needs (``capturing``
+builds, a kernel's name and calling convention, the bundle writer)."""
 
 from .core._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
-from .core._compile import check_arch, generation
-from .core._cubin import text_digest
+from .core._aot import PACKAGE_BUNDLES, kernel_name, launch_path, param_specs, write_bundle
+from .core._compile import SM_COUNTS, capturing, check_arch, generation
+from .core._cubin import kernel_symbol, text_digest
 from .core._dtypes import array_itemsize
 from .core._family import codecs, serving
 from .core._lookup import Resolver, pick
 from .core._problem import page_tile
-from .core._provenance import Provenance, current_provenance
+from .core._provenance import Provenance, current_provenance, toolchain_versions
 from .core._ragged import ragged_problem
 from .core._reference import attention_reference, varlen_reference, visible_keys
 from .core._runtime import Runtime
 from .core._settings import simulated_database_location
 
-__all__ = ["AttentionCase", "Provenance", "Resolver", "Runtime", "array_itemsize",
-           "attention_reference",
+__all__ = ["AttentionCase", "PACKAGE_BUNDLES", "Provenance",
+           "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
+           "capturing", "kernel_name", "kernel_symbol", "launch_path", "param_specs",
+           "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
            "page_tile", "paged_lengths", "pick", "ragged_lengths",
            "ragged_problem", "serving", "simulated_database_location", "text_digest",

@@ -43,6 +43,8 @@ COMMANDS = {
     "import": ("tuner.commands.import_cmd", "merge exported schedule files into the database"),
     "restamp": ("tuner.commands.restamp_cmd",
                 "carry rows over a template change that left their compiled code unchanged"),
+    "aot": ("tuner.commands.aot_cmd",
+            "compile shipped schedules into cubin bundles the runtime launches without a compiler"),
     "hub-build": ("tuner.commands.hub_cmd", "lay out a Hugging Face Kernel Hub kernel (-o DIR)"),
     "profile": ("tuner.commands.profile_cmd",
                 "a schedule's kernels under Nsight Compute: table and roofline (GPU + ncu)"),

@@ -3,18 +3,25 @@ of one build, and what a cubin says about itself (static shared memory)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import io
 import re
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
+from ._cubin import elf_sections
 from ._dtypes import element
 from ..errors import CompileError, InputValueError
 
 __all__ = ["ARCHITECTURES", "SM_COUNTS", "CompileResult", "array_constraint", "check_arch",
-           "cubin_shared_bytes", "export_cubin", "generation"]
+           "cubin_shared_bytes", "capturing", "export_cubin", "generation"]
+
+#: ``(builds, compile)`` of an active ``capturing()``, or None
+_capture: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("capture", default=None)
 
 #: Architectures tileiras accepts (``--gpu-name``; no ``a``/``f`` suffixes), and the GPU
 #: generation each belongs to (defaults and search spaces differ by generation).
@@ -60,25 +67,39 @@ class CompileResult:
 def cubin_shared_bytes(cubin: bytes) -> int | None:
     """Static shared memory of the kernel: the size of the cubin's ``.nv.shared.<kernel>`` ELF
     section. (Register counts and spills need cuobjdump, which the pip toolchain lacks.)"""
-    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+    try:
+        sections = elf_sections(cubin)
+    except InputValueError:
         return None
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQII", cubin, shoff + i * shentsize)
-                for i in range(shnum)]
-    names_at = sections[shstrndx][4]
-
-    def name(offset: int) -> str:
-        start = names_at + offset
-        return cubin[start:cubin.index(b"\0", start)].decode(errors="replace")
-
-    for sh_name, _, _, _, _, size, _, _ in sections:
-        label = name(sh_name)
+    for label, contents in sections:
         if label.startswith(".nv.shared.") and not label.startswith(".nv.shared.reserved"):
-            return size
+            return len(contents)
     return None
 
 
+@contextlib.contextmanager
+def capturing(compile: bool = True) -> Iterator[list]:
+    """Within it, :func:`export_cubin` compiles every array with no assumption on the lengths
+    of its dimensions but a 4-D array's head dim (a shipped cubin serves every sequence length
+    and batch) and appends ``(kernel, args, arch, cubin)`` of each build to the list it yields
+    (``tiledtune aot``). With ``compile`` False nothing is compiled: each build is recorded
+    with an empty cubin (which kernels, with which constants, a schedule launches)."""
+    builds: list = []
+    token = _capture.set((builds, compile))
+    try:
+        yield builds
+    finally:
+        _capture.reset(token)
+
+
+def _any_length(arg: Any) -> Any:
+    """An ``ArrayConstraint`` with no assumption on the length of any dimension but a 4-D
+    array's last (the head dim of a ``[B, H, S, D]`` array or a page pool)."""
+    divisible = getattr(arg, "shape_divisible_by", None)
+    if divisible is None:
+        return arg
+    keep = tuple(divisible[-1:]) if len(divisible) == 4 else (1,)
+    return dataclasses.replace(arg, shape_divisible_by=(1,) * (len(divisible) - 1) + keep)
 
 
 def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None) -> Any:
@@ -113,6 +134,12 @@ def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> Com
     from cuda.tile import compilation as ctc
 
     check_arch(arch)
+    captured, compiling = _capture.get() or (None, True)
+    if captured is not None:
+        args = [_any_length(arg) for arg in args]
+        if not compiling:
+            captured.append((kernel, list(args), arch, b""))
+            return CompileResult(arch=arch, cubin_size=0, seconds=0.0, cubin=b"", shared_bytes=None)
     signature = ctc.KernelSignature(
         list(args), calling_convention=ctc.CallingConvention.cutile_python_v1())
     buf = io.BytesIO()
@@ -126,5 +153,7 @@ def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> Com
             f"{type(exc).__name__}: {message[-1] if message else ''}"[:2000]
         ) from exc
     cubin = buf.getvalue()
+    if captured is not None:
+        captured.append((kernel, list(args), arch, cubin))
     return CompileResult(arch=arch, cubin_size=len(cubin), seconds=time.perf_counter() - start,
                          cubin=cubin, shared_bytes=cubin_shared_bytes(cubin))

@@ -12,7 +12,7 @@ import struct
 
 from ..errors import InputValueError
 
-__all__ = ["elf_sections", "text_digest"]
+__all__ = ["elf_sections", "kernel_symbol", "text_digest"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS64 = 2
@@ -73,3 +73,12 @@ def text_digest(cubin: bytes) -> str:
             digest.update(struct.pack("<Q", len(contents)))
             digest.update(contents)
     return digest.hexdigest()
+
+
+def kernel_symbol(cubin: bytes) -> str:
+    """The symbol of the one kernel of ``cubin`` (its ``.text.<symbol>`` section), by which the
+    driver finds it."""
+    names = [name[len(".text."):] for name, _ in elf_sections(cubin) if name.startswith(".text.")]
+    if len(names) != 1:
+        raise InputValueError(f"a cubin of one kernel has one .text section; found {names}")
+    return names[0]

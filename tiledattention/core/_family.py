@@ -194,6 +194,11 @@ class Family(abc.ABC):
     def compile(self, problem: Any, schedule: Any, arch: str) -> CompileResult:
         """Compile-only build for ``arch`` (no GPU needed); raises ``CompileError``."""
 
+    def compile_launchable(self, problem: Any, schedule: Any, arch: str) -> None:
+        """Compile every kernel variant a call of ``problem`` with ``schedule`` may launch
+        (``tiledtune aot`` ships what these builds make): :meth:`compile`'s by default."""
+        self.compile(problem, schedule, arch)
+
     @abc.abstractmethod
     def case(self, problem: Any, device_index: int) -> Case:
         """Random inputs (fixed seed) for ``problem`` on CUDA device ``device_index``."""

@@ -13,7 +13,7 @@ from db import Provenance
 
 from ._family import Family
 
-__all__ = ["Provenance", "current_provenance"]
+__all__ = ["Provenance", "current_provenance", "toolchain_versions"]
 
 
 def _version(dist: str) -> str:
@@ -56,3 +56,8 @@ def current_provenance(family: Family) -> Provenance:
     return Provenance(template_hash=family.template_identity(), cuda_tile=_version("cuda-tile"),
                       tileiras=_tileiras_version(), torch=_version("torch"),
                       driver=_driver_version())
+
+
+def toolchain_versions() -> dict[str, str]:
+    """The cuda-tile and tileiras versions this process compiles with."""
+    return {"cuda_tile": _version("cuda-tile"), "tileiras": _tileiras_version()}

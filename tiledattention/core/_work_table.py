@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _aot
 from ._lazy import lazy_module
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -55,6 +56,6 @@ def make_work_table(stream: Any, ranges: Any, tile_m: int, items: int) -> Any:
     from ._work_kernel import fill_work_table  # with cuda.tile, on first use
 
     table = torch.empty((2, items), dtype=torch.int32, device=ranges.device)
-    ct.launch(stream, (ranges.shape[1] + 1,), fill_work_table,
-              (ranges, table, tile_m, CHUNK))
+    _aot.launch(stream, (ranges.shape[1] + 1,), fill_work_table,
+                (ranges, table, tile_m, CHUNK))
     return table

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core import _aot
 from ..core._lazy import lazy_module
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -30,4 +31,4 @@ def clear_uncovered_rows(stream: Any, out: Any, ranges: Any, which: int) -> None
     from ._clear_kernel import clear_outside  # with cuda.tile, on first use
 
     flat = out.view(out.shape[0], -1)
-    ct.launch(stream, (CTAS,), clear_outside, (flat, ranges, which, TILE_R, TILE_C))
+    _aot.launch(stream, (CTAS,), clear_outside, (flat, ranges, which, TILE_R, TILE_C))

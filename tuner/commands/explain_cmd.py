@@ -24,7 +24,7 @@ import warnings
 from typing import Any
 
 from tiledattention import DTYPES, families
-from tiledattention.tooling import page_tile
+from tiledattention.tooling import launch_path, page_tile
 
 from ..errors import UsageError
 
@@ -269,7 +269,8 @@ def _answer(role: str, family: Any, key: Any, why_family: str, resolution: Any,
               "why": WHY[resolution.source].format(arch=device.arch,
                                                    device=device.name or "-"),
               "row": None, "determinism": family.determinism(key, resolution.schedule),
-              "deterministic_schedule_text": None}
+              "deterministic_schedule_text": None,
+              "launch": launch_path(family, key, resolution.schedule, device.arch)}
     deterministic = family.deterministic_schedule(device.arch, key, resolution.schedule)
     if family.normalise(key, deterministic) != family.normalise(key, resolution.schedule):
         answer["deterministic_schedule_text"] = deterministic.describe()
@@ -298,6 +299,7 @@ def _print(problem: Any, device: Any, sources: dict[str, Any], answers: list[dic
         print(f"  schedule {a['schedule_text']}")
         print(f"  source   {a['source']}: {a['why']}")
         print(f"  detail   {a['detail']}")
+        print(f"  launch   {a['launch']}")
         if a["determinism"] is not None:
             print(f"  mode     {a['determinism']}")
         if a["deterministic_schedule_text"] is not None:

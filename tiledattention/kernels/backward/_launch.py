@@ -39,6 +39,7 @@ import math
 import operator
 from typing import Any, NamedTuple
 
+from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_shape
@@ -237,7 +238,8 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     if schedule.dq_mode == "atomic":
         base = dict(_BASE_DQ, dq_tile_m=min(_BASE_DQ["dq_tile_m"], q_cap),
                     dq_tile_n=min(_BASE_DQ["dq_tile_n"], k_cap))  # as capped below
-        canonical = {name: base[name] for name in DQ_FIELDS if getattr(schedule, name) != base[name]}
+        canonical = {name: base[name] for name in DQ_FIELDS
+                     if getattr(schedule, name) != base[name]}
         if schedule.dkdv_tile_m < ONE_PASS_MIN_M:
             canonical["dkdv_tile_m"] = ONE_PASS_MIN_M
         if min(schedule.dkdv_tile_m, q_cap) >= ONE_PASS_WIDE_M and schedule.dkdv_occupancy > 1:
@@ -531,17 +533,17 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to,
                                      dq_accum=accum)
     if plan.one_pass:
-        ct.launch(stream, plan.row_grid, delta_kernel(),
-                  (out, grad_out, delta, accum, *plan.one_pass_scalars))
+        _aot.launch(stream, plan.row_grid, delta_kernel(),
+                    (out, grad_out, delta, accum, *plan.one_pass_scalars))
     else:
-        ct.launch(stream, plan.dq_grid, plan.dq, dq_args)
-    ct.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
+        _aot.launch(stream, plan.dq_grid, plan.dq, dq_args)
+    _aot.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
     if plan.splits > 1:
         for parts, grad in ((dk_to, dk), (dv_to, dv)):
-            ct.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
+            _aot.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
     if plan.one_pass:
-        ct.launch(stream, plan.row_grid, dq_scale_kernel(),
-                  (accum, dq, plan.scale, *plan.one_pass_scalars))
+        _aot.launch(stream, plan.row_grid, dq_scale_kernel(),
+                    (accum, dq, plan.scale, *plan.one_pass_scalars))
 
 
 def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
@@ -567,5 +569,5 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
                                      ranges, packed=packed)
     dq_grid, dkdv_grid = _ragged_grids(plan.tiles, plan.problem.heads_q, plan.problem.heads_kv,
                                        int(ranges.shape[1]), longest_q, longest_k)
-    ct.launch(stream, dq_grid, plan.dq, dq_args)
-    ct.launch(stream, dkdv_grid, plan.dkdv, dkdv_args)
+    _aot.launch(stream, dq_grid, plan.dq, dq_args)
+    _aot.launch(stream, dkdv_grid, plan.dkdv, dkdv_args)

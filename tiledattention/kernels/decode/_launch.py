@@ -20,6 +20,7 @@ import functools
 import math
 from typing import Any, NamedTuple
 
+from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._problem import Problem, default_scale, padded_head_dim, page_tile
@@ -304,15 +305,15 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     opart, lse = partials if partials is not None else (out5, out5)
     variant = plan.variant
     sink_arg = sinks if variant.sinks else NO_SINKS
-    ct.launch(stream, plan.split_grid, plan.split,
-              (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
-               variant.window_left, variant.window_right, variant.softcap, sink_arg,
-               UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
-               *plan.split_constants))
+    _aot.launch(stream, plan.split_grid, plan.split,
+                (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
+                 variant.window_left, variant.window_right, variant.softcap, sink_arg,
+                 UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
+                 *plan.split_constants))
     if plan.combine is not None:
-        ct.launch(stream, plan.combine_grid, plan.combine,
-                  (opart, lse, out5, sink_arg, *plan.combine_constants),
-                  programmatic_dependent_launch=plan.pdl)
+        _aot.launch(stream, plan.combine_grid, plan.combine,
+                    (opart, lse, out5, sink_arg, *plan.combine_constants),
+                    programmatic_dependent_launch=plan.pdl)
 
 
 def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:

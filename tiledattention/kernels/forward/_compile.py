@@ -7,12 +7,13 @@ for a problem with sinks), via ``tiledattention.core._compile.export_cubin``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 from ...core._compile import CompileResult, array_constraint, export_cubin
 from ...core._lazy import lazy_module
 from ._launch import kernel_constants, kernel_for, ordered_args
-from ...core._problem import Problem
+from ...core._problem import Problem, row_stat_shape
 from ._schedule import Schedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -21,15 +22,24 @@ ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
 __all__ = ["compile_schedule"]
 
 
-def compile_schedule(problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
+def compile_schedule(problem: Problem, schedule: Schedule, arch: str, *,
+                     store_lse: bool | None = False,
+                     work_table: bool | None = False) -> CompileResult:
     """Compile ``schedule`` for ``problem`` into a cubin for ``arch``; raise :class:`CompileError`.
 
     The constants are ``kernel_constants(problem, schedule)``, so ``schedule`` and
     ``normalise(problem, schedule)`` give the same cubin. A ragged problem compiles for packed
-    sequences (``varlen_attn``'s layout)."""
-    return _export(problem, kernel_for(schedule),
-                   kernel_constants(problem, schedule, packed=problem.ragged), arch,
-                   schedule.describe())
+    sequences (``varlen_attn``'s layout). ``store_lse`` / ``work_table`` None builds both
+    values of that constant (``work_table`` for a ragged problem only); the result is the
+    first build's, the others in ``other_cubins``."""
+    builds = [_export(problem, kernel_for(schedule),
+                      kernel_constants(problem, schedule, store_lse=lse, packed=problem.ragged,
+                                       work_table=table), arch, schedule.describe())
+              for lse in ((False, True) if store_lse is None else (store_lse,))
+              for table in ((False, True) if work_table is None and problem.ragged
+                            else (bool(work_table),))]
+    return dataclasses.replace(builds[0], seconds=sum(b.seconds for b in builds),
+                               other_cubins=tuple(b.cubin for b in builds[1:]))
 
 
 def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], arch: str,
@@ -58,6 +68,14 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
         runtime["window_left"] = runtime["window_right"] = ctc.ScalarConstraint(ct.int32)
     if constants.get("SOFTCAP"):
         runtime["softcap"] = ctc.ScalarConstraint(ct.float32)
+    if constants.get("STORE_LSE"):  # float32 log-sum-exps, row-aligned (``row_stat_shape``)
+        if constants.get("PACKED"):
+            tokens = p.batch * p.seqlen_q
+            runtime["Lse"] = array_constraint("fp32", (1, p.heads_q, tokens),
+                                              (p.heads_q * tokens, tokens, 1))
+        else:
+            b, h, padded = row_stat_shape(p)
+            runtime["Lse"] = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
     if constants.get("SINKS"):  # the [H_q] float32 sink logits
         runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
     if constants.get("RAGGED"):  # the int32 [4, sequences] query and key ranges

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Callable
 
 from ...core import _device
+from ...core import _aot
 from ...core._case import AttentionCase, RaggedCase, ragged_flops
 from ...core._call import Call
 from ...core._compile import CompileResult
@@ -32,7 +33,6 @@ class ForwardCase(AttentionCase):
         self.sm_count = _device.device_info(device_index).sm_count
 
     def launcher(self, schedule: Schedule) -> Callable[[], None]:
-        import cuda.tile as ct
         import torch
 
         problem = self.problem
@@ -43,7 +43,7 @@ class ForwardCase(AttentionCase):
                            default_scale(problem), sinks=self.sinks)
 
         def run() -> None:
-            ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+            _aot.launch(torch.cuda.current_stream(), grid, kernel, args)
 
         return run
 
@@ -107,6 +107,13 @@ class ForwardFamily(Family):
     def compile(self, problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
         self.check_pages(problem)
         return compile_schedule(problem, normalise(problem, schedule), arch)
+
+    def compile_launchable(self, problem: Problem, schedule: Schedule, arch: str) -> None:
+        """The call's kernel, the one that also stores the log-sum-exp (the forward of a
+        training call) and, for a ragged problem, the walk of a work table."""
+        self.check_pages(problem)
+        compile_schedule(problem, normalise(problem, schedule), arch, store_lse=None,
+                         work_table=None)
 
     def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
         if problem.page_size and not self.tunes_pages:

@@ -40,6 +40,7 @@ import functools
 import math
 from typing import Any, Mapping
 
+from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._problem import Problem, head_dim_parts, page_tile
@@ -366,16 +367,16 @@ def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,
            schedule: Schedule, scale: float, sm_count: int, sinks: Any = None) -> None:
     """Enqueue one forward pass on ``stream`` (validated inputs, preallocated ``out``;
     ``sinks``: the float32 ``[H_q]`` sink logits when ``problem.sinks``)."""
-    ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
-              kernel_args(q, k, v, out, problem, schedule, scale, sinks=sinks))
+    _aot.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
+                kernel_args(q, k, v, out, problem, schedule, scale, sinks=sinks))
 
 
 def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, problem: Problem,
                     schedule: Schedule, scale: float, sm_count: int, sinks: Any = None) -> None:
     """:func:`launch`, also storing each query row's log-sum-exp into ``lse`` (a float32
     ``[B, H_q, S_q]`` array) for the backward pass (with sinks, their term included)."""
-    ct.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
-              kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks))
+    _aot.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
+                kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks))
 
 
 def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, problem: Problem,
@@ -396,12 +397,12 @@ def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, pr
                        tile_m=schedule.tile_m)
     if use_work_table(sequences=sequences, longest_q=longest_q, items=items,
                       heads=problem.heads_q, tile_m=schedule.tile_m):
-        ct.launch(stream, (items * problem.heads_q, 1, 1), kernel_for(schedule),
-                  kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
-                              ranges=ranges, packed=packed, pages=pages,
-                              work=make_work_table(stream, ranges, schedule.tile_m, items)))
+        _aot.launch(stream, (items * problem.heads_q, 1, 1), kernel_for(schedule),
+                    kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
+                                ranges=ranges, packed=packed, pages=pages,
+                                work=make_work_table(stream, ranges, schedule.tile_m, items)))
         return
     grid = ragged_grid(schedule, problem.heads_q, sequences, longest_q)
-    ct.launch(stream, grid, kernel_for(schedule),
-              kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
-                          ranges=ranges, packed=packed, pages=pages))
+    _aot.launch(stream, grid, kernel_for(schedule),
+                kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
+                            ranges=ranges, packed=packed, pages=pages))

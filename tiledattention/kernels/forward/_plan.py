@@ -8,13 +8,11 @@ from typing import Any
 
 from ...core import _device
 from ...core import _plans as hot
+from ...core import _aot
 from ...core._plans import Plan, clear_of, contiguous_like, out_spans
-from ...core._lazy import lazy_module
 from ...core._problem import Problem, default_scale
 from ._launch import grid_for, kernel_args, kernel_for, normalise
 from ._schedule import Schedule
-
-ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["ForwardPlan", "forward_plan"]
 
@@ -63,11 +61,11 @@ class ForwardPlan(Plan):
             if not clear_of(out, spans[3], q, spans[0], k, spans[1], v, spans[2]):
                 return None
         if sinks is None:  # the warm path of plain problems: as before sinks existed
-            ct.launch(hot.raw_stream(device), self.grid, self.kernel,
-                      (q, k, v, out) + self.scalars)
+            _aot.launch(hot.raw_stream(device), self.grid, self.kernel,
+                        (q, k, v, out) + self.scalars)
         else:
-            ct.launch(hot.raw_stream(device), self.grid, self.kernel,
-                      self._args(q, k, v, out, sinks))
+            _aot.launch(hot.raw_stream(device), self.grid, self.kernel,
+                        self._args(q, k, v, out, sinks))
         return out
 
     def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Problem,
@@ -78,8 +76,8 @@ class ForwardPlan(Plan):
         with cupy.cuda.Device(q.device.id):
             if out is None:
                 out = cupy.empty(self.out_shape, dtype=q.dtype)
-            ct.launch(cupy.cuda.get_current_stream(), self.grid, self.kernel,
-                      self._args(q, k, v, out, sinks))
+            _aot.launch(cupy.cuda.get_current_stream(), self.grid, self.kernel,
+                        self._args(q, k, v, out, sinks))
         return out
 
 

@@ -1,0 +1,95 @@
+"""The shipped cubins against cuTile's JIT on the same calls, in one process: outputs bit for
+bit, and steady-state time interleaved (each sample: 20 back-to-back calls between CUDA events,
+the two paths taking turns, median of the rounds).
+
+    TILEDATTENTION_CUBINS=cubins/cubins-sm_90.zip python scripts/aot_vs_jit.py [--rounds 15]
+
+The calls are ``scripts/cold_start.py``'s (Llama-shaped prefill and decode); the bundle must
+hold their kernels (``cold_start.py --aot-problems``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cold_start import HEAD_DIM, HEADS_KV, HEADS_Q  # noqa: E402
+
+LENGTHS = (173, 1000, 4096, 8192)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    import torch
+
+    import tiledattention
+    from tiledattention.core import _aot
+
+    bundles = os.environ.get(_aot.ENV_CUBINS, "")
+    if not bundles:
+        print(f"set {_aot.ENV_CUBINS} to the bundle", file=sys.stderr)
+        return 2
+
+    def use(shipped: bool) -> None:
+        if shipped:
+            os.environ[_aot.ENV_CUBINS] = bundles
+        else:
+            os.environ.pop(_aot.ENV_CUBINS, None)
+        _aot.reset()
+
+    launched = []
+    real = _aot._driver.launch_kernel
+    _aot._driver.launch_kernel = lambda *a: (launched.append(a[0]), real(*a))[1]
+    torch.manual_seed(0)
+    calls = []
+    for n in LENGTHS:
+        q = torch.randn(1, HEADS_Q, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, HEADS_KV, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        step = q[:, :, -1:].clone()
+        calls.append((f"prefill {n}", lambda q=q, k=k, v=v: tiledattention.sdpa(q, k, v,
+                                                                              causal=True)))
+        calls.append((f"decode {n}", lambda s=step, k=k, v=v: tiledattention.sdpa(s, k, v)))
+    rows = []
+    for name, call in calls:
+        use(False)
+        want = call()
+        use(True)
+        before = len(launched)
+        got = call()
+        torch.cuda.synchronize()
+        shipped = len(launched) > before
+        same = torch.equal(got.view(torch.int16), want.view(torch.int16))
+        samples = {True: [], False: []}
+        for _ in range(args.rounds):
+            for path in (True, False):
+                use(path)
+                call()
+                start, end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))
+                start.record()
+                for _ in range(20):
+                    call()
+                end.record()
+                end.synchronize()
+                samples[path].append(start.elapsed_time(end) / 20)
+        aot, jit = (statistics.median(samples[p]) for p in (True, False))
+        rows.append((name, shipped, same, aot, jit))
+    print(f"device {torch.cuda.get_device_name()}; median of {args.rounds} interleaved rounds")
+    print("| call | from a shipped cubin | bitwise equal to the JIT's | shipped ms | JIT ms "
+          "| JIT / shipped |")
+    print("|---|---|---|---|---|---|")
+    for name, shipped, same, aot, jit in rows:
+        print(f"| {name} | {shipped} | {same} | {aot:.4f} | {jit:.4f} | {jit / aot:.3f} |")
+    return 0 if all(r[1] and r[2] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,487 @@
+"""Shipped cubins: kernels compiled ahead of time, launched through the CUDA driver.
+
+Every kernel launch of the package goes through :func:`launch`. A *bundle* (a zip file,
+``cubins-<arch>.zip``, written by ``tiledtune aot``) holds *images*: one kernel compiled for one
+architecture with one set of compile-time constants, and the constraints its arrays were
+compiled for. When a launch's kernel, constants and architecture have an image whose
+constraints its arguments meet, the image's cubin runs through the driver
+(:mod:`._driver`): no ``tileiras`` process and no cuTile front-end compile, so a fresh process
+runs at speed on its first call. Any other launch is ``ct.launch`` (the JIT), unless
+``TILEDATTENTION_JIT=0``: then it raises :class:`CompileRequiredError` instead of compiling.
+
+Where bundles come from: ``tiledattention/pretuned/cubins-*.zip`` (what ``tiledtune aot
+--into-package`` writes before a wheel is built) and the files named in
+``TILEDATTENTION_CUBINS`` (``os.pathsep``-separated). An image records the kernel template's
+identity (:func:`~._identity.module_identity` of the modules that define its code): one whose
+template changed since it was built is never launched.
+
+An image's arrays are compiled for the layouts the launchers pass (a contiguous last dim,
+16-byte aligned bases and rows) with no assumption on the length of any dimension but a 4-D
+array's head dim, so one image serves every sequence length and batch; a launch whose arrays break a
+constraint (an unaligned view, a dtype the image was not built for) takes the JIT.
+
+The binary calling convention (cuTile's ``cutile_python_v1``): the kernel's parameters in
+order, ``ct.Constant`` ones and zero-byte placeholders left out; an array is its base pointer,
+its shape and its strides (int32, in elements); an int scalar an int32, a float a float32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import struct
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from . import _driver
+from ._lazy import lazy_module
+from ..errors import CompileRequiredError, InputValueError
+
+ct = lazy_module("cuda.tile", globals(), "ct")
+
+__all__ = ["launch", "launch_path", "jit_allowed", "bundle_paths", "kernel_name", "shipped_images",
+           "write_bundle", "read_manifest", "ArraySpec", "param_specs", "Image", "ENV_JIT",
+           "ENV_CUBINS", "BUNDLE_FORMAT", "PACKAGE_BUNDLES"]
+
+ENV_JIT = "TILEDATTENTION_JIT"
+ENV_CUBINS = "TILEDATTENTION_CUBINS"
+BUNDLE_FORMAT = 1
+#: where a wheel's bundles lie (``tiledtune aot --into-package`` writes them)
+PACKAGE_BUNDLES = Path(__file__).resolve().parents[1] / "pretuned"
+_INT32_MAX = 2 ** 31 - 1
+
+
+def jit_allowed() -> bool:
+    """Whether a launch without a shipped image may compile (``TILEDATTENTION_JIT`` is not
+    ``0``, ``false`` or ``no``)."""
+    return os.environ.get(ENV_JIT, "1").strip().lower() not in ("0", "false", "no")
+
+
+def kernel_name(kernel: Any) -> str:
+    """``module:qualname`` of a ``ct.kernel``'s function and its compiler options: what tells
+    two kernel objects apart (``replace_hints`` makes one per option set)."""
+    fn = kernel._annotated_function.pyfunc
+    o = kernel._compiler_options
+    return (f"{fn.__module__}:{fn.__qualname__}[ctas={o.num_ctas},occ={o.occupancy},"
+            f"opt={o.opt_level},warps={o.num_worker_warps}]")
+
+
+# -- the parameters of an image -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArraySpec:
+    """The constraints an array argument was compiled for."""
+
+    dtype: str  # cuTile's name: bfloat16, float16, float32, int32, ...
+    ndim: int
+    stride_constant: tuple  # per dim: the stride it must have, or None
+    stride_divisible_by: tuple
+    shape_divisible_by: tuple
+    base_divisible_by: int
+
+    def to_json(self) -> dict:
+        return {"kind": "array", "dtype": self.dtype, "ndim": self.ndim,
+                "stride_constant": list(self.stride_constant),
+                "stride_divisible_by": list(self.stride_divisible_by),
+                "shape_divisible_by": list(self.shape_divisible_by),
+                "base_divisible_by": self.base_divisible_by}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ArraySpec":
+        return cls(data["dtype"], data["ndim"], tuple(data["stride_constant"]),
+                   tuple(data["stride_divisible_by"]), tuple(data["shape_divisible_by"]),
+                   data["base_divisible_by"])
+
+    def checker(self) -> "_ArrayCheck":
+        """The per-launch test and read of an argument against these constraints."""
+        return _ArrayCheck(self)
+
+
+class _ArrayCheck:
+    """:meth:`fields` of an argument under one :class:`ArraySpec`, with the spec's tests
+    reduced to the dimensions that have one (what every launch of an image runs)."""
+
+    __slots__ = ("spec", "torch_dtype", "stride_tests", "stride_values", "shape_tests", "passed")
+
+    def __init__(self, spec: ArraySpec) -> None:
+        self.spec = spec
+        self.torch_dtype: Any = None  # looked up on the first torch argument
+        self.stride_tests = tuple((d, n) for d, n in enumerate(spec.stride_divisible_by) if n > 1)
+        self.stride_values = tuple((d, c) for d, c in enumerate(spec.stride_constant)
+                                   if c is not None)
+        self.shape_tests = tuple((d, n) for d, n in enumerate(spec.shape_divisible_by) if n > 1)
+        self.passed: tuple = ()  # the (shape, strides) that last passed the tests
+
+    def fields(self, value: Any) -> tuple | None:
+        """``(pointer, *shape, *strides)`` of ``value`` (a torch tensor or CuPy array), or None
+        where it breaks a constraint (then the JIT runs the launch)."""
+        spec = self.spec
+        if hasattr(value, "data_ptr"):  # torch
+            if value.dtype is not self.torch_dtype:
+                if self.torch_dtype is not None or str(value.dtype)[6:] != spec.dtype:
+                    return None
+                self.torch_dtype = value.dtype
+            pointer, shape, strides = value.data_ptr(), value.shape, value.stride()
+        elif hasattr(value, "data") and hasattr(value, "strides"):  # CuPy
+            if value.dtype.name != spec.dtype:
+                return None
+            size = value.itemsize
+            pointer, shape = value.data.ptr, value.shape
+            strides = tuple(s // size for s in value.strides)
+        else:
+            return None
+        if pointer % spec.base_divisible_by:
+            return None
+        if (shape, strides) == self.passed:  # a plan's arrays keep their layout call to call
+            return (pointer, *shape, *strides)
+        if len(shape) != spec.ndim:
+            return None
+        for d, n in self.stride_tests:
+            if strides[d] % n:
+                return None
+        for d, c in self.stride_values:
+            if strides[d] != c:
+                return None
+        for d, n in self.shape_tests:
+            if shape[d] % n:
+                return None
+        if min(strides) < 0 or max(strides) > _INT32_MAX or max(shape) > _INT32_MAX:
+            return None
+        self.passed = (shape, strides)
+        return (pointer, *shape, *strides)
+
+
+def param_specs(kernel: Any, args: Sequence[Any]) -> list:
+    """The parameters of an export of ``kernel`` with ``args`` (per parameter: a constant's
+    value, an ``ArrayConstraint``, a ``ScalarConstraint`` or a zero-byte
+    ``ConstantConstraint``), as JSON values: ``{"kind": "const", "value": v}``, ``{"kind":
+    "omit"}``, ``{"kind": "i32"}`` / ``{"kind": "f32"}`` or an :class:`ArraySpec`'s."""
+    from cuda.tile import compilation as ctc
+
+    annotations = kernel._annotated_function.parameter_annotations
+    if len(annotations) != len(args):
+        raise InputValueError(f"{kernel_name(kernel)} has {len(annotations)} parameters; "
+                              f"got {len(args)} export arguments")
+    specs: list = []
+    for annotation, arg in zip(annotations, args):
+        if annotation.constant:
+            specs.append({"kind": "const", "value": arg})
+        elif isinstance(arg, ctc.ConstantConstraint):
+            specs.append({"kind": "omit"})
+        elif isinstance(arg, ctc.ScalarConstraint):
+            kind = {"int32": "i32", "float32": "f32"}.get(arg.dtype.name)
+            if kind is None:
+                raise InputValueError(f"a scalar of {arg.dtype.name} has no shipped "
+                                      "calling convention here (int32 and float32 have)")
+            specs.append({"kind": kind})
+        elif isinstance(arg, ctc.ArrayConstraint):
+            if arg.index_dtype.name != "int32":
+                raise InputValueError("shipped arrays index with int32; got "
+                                      f"{arg.index_dtype.name}")
+            specs.append(ArraySpec(arg.dtype.name, arg.ndim,
+                                   tuple(arg.stride_constant), tuple(arg.stride_divisible_by),
+                                   tuple(arg.shape_divisible_by),
+                                   arg.base_addr_divisible_by or 1).to_json())
+        else:
+            raise InputValueError(f"an export argument of {type(arg).__name__} has no shipped "
+                                  "calling convention")
+    return specs
+
+
+def _freeze(value: Any) -> Any:
+    """A JSON value as the hashable Python value a launch passes (lists become tuples)."""
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+class Image:
+    """One shipped kernel: its cubin, symbol and parameters; packs a launch's arguments into the
+    driver's parameter buffer and launches it."""
+
+    def __init__(self, symbol: str, specs: list, cubin_reader: Any) -> None:
+        self.symbol = symbol
+        self._read_cubin = cubin_reader
+        self._cubin: bytes | None = None
+        self._handles: dict[int, int] = {}  # device -> the loaded kernel
+        self._lock = threading.Lock()
+        # (argument index, an array's check or "i"/"f") of the parameters that take bytes
+        self.slots: list[tuple[int, Any]] = []
+        layout = ""
+        offsets: list[int] = []
+        size = 0
+        for index, spec in enumerate(specs):
+            kind = spec["kind"]
+            if kind in ("const", "omit"):
+                continue
+            if kind == "array":
+                array = ArraySpec.from_json(spec)
+                self.slots.append((index, array.checker()))
+                codes = "Q" + "i" * (2 * array.ndim)
+            else:
+                self.slots.append((index, "i" if kind == "i32" else "f"))
+                codes = self.slots[-1][1]
+            for code in codes:
+                width = struct.calcsize(code)
+                pad = -size % width
+                layout += "x" * pad + code
+                offsets.append(size + pad)
+                size += pad + width
+        self._struct = struct.Struct("<" + layout)
+        self._buffer = ctypes.create_string_buffer(max(size, 1))
+        base = ctypes.addressof(self._buffer)
+        self._params = (ctypes.c_void_p * max(len(offsets), 1))(*(base + o for o in offsets))
+
+    def values(self, args: Sequence[Any]) -> list | None:
+        """The launch's argument bytes as values in :attr:`slots` order, or None where an
+        array breaks its constraints (a scalar out of int32 range too)."""
+        values: list = []
+        for index, spec in self.slots:
+            arg = args[index]
+            if spec == "i":
+                if not -_INT32_MAX - 1 <= arg <= _INT32_MAX:
+                    return None
+                values.append(arg)
+            elif spec == "f":
+                values.append(arg)
+            else:
+                fields = spec.fields(arg)
+                if fields is None:
+                    return None
+                values.extend(fields)
+        return values
+
+    def handle(self, device: int) -> int:
+        handle = self._handles.get(device)
+        if handle is None:
+            if self._cubin is None:  # kept: the driver may load the image lazily, on first use
+                self._cubin = self._read_cubin()
+            handle = self._handles[device] = _driver.load_kernel(self._cubin, self.symbol,
+                                                                 device)
+        return handle
+
+    def launch(self, stream: int, grid: tuple, args: Sequence[Any], device: int) -> bool:
+        """Launch on ``stream``; False (nothing launched) where the arguments do not fit."""
+        values = self.values(args)
+        if values is None:
+            return False
+        handle = self.handle(device)
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        with self._lock:  # one parameter buffer: the driver copies it during the call
+            self._struct.pack_into(self._buffer, 0, *values)
+            _driver.launch_kernel(handle, grid, stream, self._params)
+        return True
+
+
+# -- bundles --------------------------------------------------------------------------------------
+def bundle_paths() -> list[Path]:
+    """The bundle files in use: the package's, then ``TILEDATTENTION_CUBINS``'s."""
+    found = sorted(PACKAGE_BUNDLES.glob("cubins-*.zip"))
+    extra = os.environ.get(ENV_CUBINS, "")
+    found += [Path(p) for p in extra.split(os.pathsep) if p]
+    return found
+
+
+def read_manifest(path: Path) -> dict:
+    """A bundle's manifest; raises :class:`InputValueError` naming a file that is no bundle."""
+    try:
+        with zipfile.ZipFile(path) as bundle:
+            manifest = json.loads(bundle.read("manifest.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputValueError(f"{path} is not a cubin bundle: {exc}") from exc
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise InputValueError(f"{path}: bundle format {manifest.get('format')!r}; this "
+                              f"tiledattention reads format {BUNDLE_FORMAT}")
+    return manifest
+
+
+def write_bundle(path: Path, arch: str, images: Iterable[dict], versions: dict) -> int:
+    """Write a bundle of ``images`` (each: ``kernel``, ``modules``, ``identity``, ``params``,
+    ``symbol`` and its ``cubin`` bytes) for ``arch``; return how many images it holds.
+    Identical cubins are stored once."""
+    import hashlib
+
+    entries, cubins = [], {}
+    for image in images:
+        digest = hashlib.sha256(image["cubin"]).hexdigest()[:24]
+        cubins[f"{digest}.cubin"] = image["cubin"]
+        entries.append({k: v for k, v in image.items() if k != "cubin"}
+                       | {"file": f"{digest}.cubin"})
+    manifest = {"format": BUNDLE_FORMAT, "arch": arch, "versions": versions, "images": entries}
+    tmp = path.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as out:
+        out.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        for name, data in sorted(cubins.items()):
+            out.writestr(name, data)
+    os.replace(tmp, path)
+    return len(entries)
+
+
+@functools.cache
+def _identity(modules: tuple[str, ...]) -> str:
+    from ._identity import module_identity
+
+    return module_identity(*modules)
+
+
+def shipped_images(paths: Sequence[Path] | None = None) -> dict:
+    """``{kernel name: {arch: {constants: Image}}}`` of every current image in the bundles
+    (``bundle_paths()`` by default); an image whose template changed since its build is left
+    out. A bundle that cannot be read is warned about and skipped."""
+    import warnings
+
+    found: dict = {}
+    for path in bundle_paths() if paths is None else paths:
+        try:
+            manifest = read_manifest(path)
+        except InputValueError as exc:
+            warnings.warn(f"tiledattention: {exc}; its cubins are not used", stacklevel=2)
+            continue
+        arch = manifest["arch"]
+        for entry in manifest["images"]:
+            if _identity(tuple(entry["modules"])) != entry["identity"]:
+                continue  # built from another version of the template: never launched
+            key = tuple(_freeze(spec["value"]) for spec in entry["params"]
+                        if spec["kind"] == "const")
+            reader = functools.partial(_read_member, path, entry["file"])
+            found.setdefault(entry["kernel"], {}).setdefault(arch, {}).setdefault(
+                key, Image(entry["symbol"], entry["params"], reader))
+    return found
+
+
+def _read_member(path: Path, name: str) -> bytes:
+    with zipfile.ZipFile(path) as bundle:
+        return bundle.read(name)
+
+
+# -- the launch -----------------------------------------------------------------------------------
+class _KernelImages:
+    """The images of one kernel object, by architecture and constants."""
+
+    __slots__ = ("const_at", "by_arch")
+
+    def __init__(self, kernel: Any, by_arch: dict) -> None:
+        annotations = kernel._annotated_function.parameter_annotations
+        self.const_at = tuple(i for i, a in enumerate(annotations) if a.constant)
+        self.by_arch = by_arch
+
+
+_UNSEEN = object()
+_kernels: dict[Any, Any] = {}  # kernel object -> _KernelImages, or None where none is shipped
+_images: dict | None = None  # shipped_images(), read on the first launch
+_archs: dict[int, str] = {}  # device index -> sm_XY
+
+
+def reset() -> None:
+    """Forget what was read of the bundles (tests; a process that changed
+    ``TILEDATTENTION_CUBINS``)."""
+    global _images
+    _images = None
+    _kernels.clear()
+
+
+def _device_of(args: Sequence[Any]) -> int | None:
+    """The CUDA device of the launch's first array (torch or CuPy)."""
+    for arg in args:
+        if hasattr(arg, "get_device"):  # torch
+            return arg.get_device()
+        device = getattr(arg, "device", None)
+        if device is not None:  # CuPy
+            return device.id
+    return None
+
+
+def _arch(device: int) -> str:
+    arch = _archs.get(device)
+    if arch is None:
+        from ._device import device_info
+
+        arch = _archs[device] = device_info(device).arch
+    return arch
+
+
+_torch_current_device: Any = None
+
+
+def _current_device() -> int:
+    global _torch_current_device
+    if _torch_current_device is None:
+        import torch
+
+        _torch_current_device = torch.cuda.current_device
+    return _torch_current_device()
+
+
+def _stream_handle(stream: Any) -> int:
+    if isinstance(stream, int):
+        return stream
+    for name in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        if hasattr(stream, name):
+            return int(getattr(stream, name))
+    return int(stream)
+
+
+def shipped_image(kernel: Any, args: Sequence[Any]) -> Image | None:
+    """The image a launch of ``kernel`` with ``args`` would run, or None (the JIT's)."""
+    global _images
+    entry = _kernels.get(kernel, _UNSEEN)
+    if entry is _UNSEEN:
+        if _images is None:
+            _images = shipped_images()
+        by_arch = _images.get(kernel_name(kernel))
+        entry = _kernels[kernel] = None if by_arch is None else _KernelImages(kernel, by_arch)
+    if entry is None:
+        return None
+    device = _device_of(args)
+    if device is None or device < 0:  # no CUDA array: the JIT's launch says what is wrong
+        return None
+    images = entry.by_arch.get(_arch(device))
+    if images is None:
+        return None
+    return images.get(tuple(args[i] for i in entry.const_at))
+
+
+def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
+    """How a call of ``family`` with ``schedule`` launches its kernels on ``arch`` (``explain``):
+    from shipped cubins (and which bundle), or by the JIT (how many kernels no bundle holds)."""
+    from ._compile import capturing
+
+    global _images
+    with capturing(compile=False) as builds:
+        family.compile(problem, schedule, arch)
+    if _images is None:
+        _images = shipped_images()
+    missing = 0
+    for kernel, args, _, _ in builds:
+        key = tuple(_freeze(spec["value"]) for spec in param_specs(kernel, args)
+                    if spec["kind"] == "const")
+        if key not in _images.get(kernel_name(kernel), {}).get(arch, {}):
+            missing += 1
+    if missing == 0:
+        return f"shipped cubins ({len(builds)} kernel(s); no compiler runs)"
+    jit = "JIT" if jit_allowed() else f"refused ({ENV_JIT}=0)"
+    return (f"{jit}: {missing} of {len(builds)} kernel(s) have no shipped cubin for {arch} "
+            "(`tiledtune aot` builds them)")
+
+
+def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options: Any) -> None:
+    """Launch ``kernel`` over ``grid`` on ``stream`` with ``args`` (``ct.launch``'s
+    arguments and options): from a shipped cubin where one fits, else by cuTile's JIT (or,
+    with ``TILEDATTENTION_JIT=0``, :class:`CompileRequiredError`). A shipped launch leaves
+    ``programmatic_dependent_launch`` out: the kernel then simply waits for its predecessor
+    (what the option lets overlap), with the same results."""
+    image = shipped_image(kernel, args)
+    if image is not None:
+        device = _device_of(args)
+        # the driver launches in the thread's current context: the arrays' device's
+        if device == _current_device() and image.launch(_stream_handle(stream), grid, args,
+                                                        device):
+            return
+    if not jit_allowed():
+        raise CompileRequiredError(
+            f"{kernel_name(kernel)} has no shipped cubin for this call and {ENV_JIT}=0 "
+            "forbids compiling it: build one with `tiledtune aot` (its problem or schedule), "
+            f"or unset {ENV_JIT}")
+    ct.launch(stream, grid, kernel, args, **options)

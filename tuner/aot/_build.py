@@ -1,0 +1,137 @@
+"""``tiledtune aot``: compile, for each architecture named, the kernels that the lookup hands
+out on a machine with only the shipped table, into one cubin bundle per architecture.
+
+The problems: every row of the shipped tables (its own problem, looked up for each
+architecture: its row where the row's architecture is the target, else what the lookup
+answers there, normally the default) and the problems named on the command line. For each,
+the schedule is the lookup's answer (:class:`~tiledattention.core._lookup.Resolver` with no
+user database), and the family's compile-only build of it runs under
+:func:`~tiledattention.core._compile.capturing`, which records every kernel it compiles. The
+images are kept once per (kernel, constants) and architecture and written by
+:func:`~tiledattention.core._aot.write_bundle`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = ["Job", "BuildReport", "jobs_for", "build_bundles", "images_of"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One compile: ``family``'s schedule for ``problem`` (a JSON dict) on ``arch``."""
+
+    family: str
+    problem: tuple  # sorted (field, value) pairs of the problem's dict
+    arch: str
+
+    def describe(self) -> str:
+        return f"{self.family} {dict(self.problem)} on {self.arch}"
+
+
+@dataclass
+class BuildReport:
+    """What a build wrote: per architecture its file, image count and bytes; failed jobs."""
+
+    bundles: dict[str, tuple[Path, int, int]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    jobs: int = 0
+
+
+def _device(arch: str) -> Any:
+    from tiledattention import DeviceInfo
+    from tiledattention.tooling import SM_COUNTS, generation
+
+    return DeviceInfo(index=0, arch=arch, name=f"any {arch}",
+                      sm_count=SM_COUNTS[generation(arch)])
+
+
+def jobs_for(archs: Sequence[str], problems: Iterable[tuple[str, Any]],
+             shipped: bool = True) -> list[Job]:
+    """The jobs: each of ``problems`` (``(family name, problem)``) and, with ``shipped``, each
+    shipped row's problem, on every architecture of ``archs``."""
+    from tiledattention import ARCHITECTURES, shipped_table
+
+    named = list(problems)
+    if shipped:
+        for arch in ARCHITECTURES:
+            table = shipped_table(arch)
+            if table is not None:
+                named += [(row.family, row.problem) for row in table.rows()]
+    jobs = [Job(family, tuple(sorted(problem.to_dict().items())), arch)
+            for family, problem in named for arch in archs]
+    return list(dict.fromkeys(jobs))
+
+
+def images_of(job: Job) -> list[dict]:
+    """Compile ``job`` (the lookup's schedule for it) and return its images (JSON-ready dicts
+    with the cubin bytes). Runs in a worker process."""
+    from tiledattention import get_family, shipped_table
+    from tiledattention.tooling import (Resolver, capturing, kernel_name, kernel_symbol,
+                                        param_specs)
+
+    family = get_family(job.family)
+    problem = family.problem_type.from_dict(dict(job.problem))
+    resolver = Resolver(open_user=lambda: None, open_shipped=shipped_table)
+    schedule = resolver(family, problem, _device(job.arch)).schedule
+    with capturing() as builds:
+        family.compile_launchable(problem, schedule, job.arch)
+    modules = list(family.template_modules)
+    identity = family.template_identity()
+    return [{"kernel": kernel_name(kernel), "modules": modules, "identity": identity,
+             "params": param_specs(kernel, args), "symbol": kernel_symbol(cubin),
+             "family": family.name, "cubin": cubin}
+            for kernel, args, _, cubin in builds]
+
+
+def _run(job: Job) -> tuple[Job, list[dict] | str]:
+    try:
+        return job, images_of(job)
+    except Exception as exc:  # a job that does not compile is reported, the others go on
+        return job, f"{type(exc).__name__}: {exc}"
+
+
+def _key(image: dict) -> tuple:
+    return (image["kernel"], json.dumps(image["params"], sort_keys=True))
+
+
+def build_bundles(jobs: Sequence[Job], out_dir: Path, *, processes: int = 1,
+                  progress: Callable[[Job, str | None], None] | None = None) -> BuildReport:
+    """Run ``jobs`` in ``processes`` worker processes and write ``cubins-<arch>.zip`` into
+    ``out_dir`` for each architecture with images (an image compiled twice is kept once)."""
+    from tiledattention.tooling import toolchain_versions, write_bundle
+
+    report = BuildReport(jobs=len(jobs))
+    by_arch: dict[str, dict[tuple, dict]] = {}
+    results: Iterable[tuple[Job, Any]]
+    if processes > 1 and len(jobs) > 1:
+        pool = ProcessPoolExecutor(max_workers=processes)
+        results = pool.map(_run, jobs)
+    else:
+        pool = None
+        results = map(_run, jobs)
+    try:
+        for job, images in results:
+            if isinstance(images, str):
+                report.failures.append(f"{job.describe()}: {images}")
+            else:
+                kept = by_arch.setdefault(job.arch, {})
+                for image in images:
+                    kept.setdefault(_key(image), image)
+            if progress is not None:
+                progress(job, images if isinstance(images, str) else None)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for arch, images in sorted(by_arch.items()):
+        path = out_dir / f"cubins-{arch}.zip"
+        count = write_bundle(path, arch, images.values(), toolchain_versions())
+        report.bundles[arch] = (path, count, os.path.getsize(path))
+    return report
