@@ -133,9 +133,8 @@ def _warm_one(job: tuple[int, bool]) -> str:
 
 def _fa4(problem, inputs):
     """FlashAttention-4's backward on the case (its own [B, S, H, D] layout), or None."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     try:
-        from tuner.bench._peers import build_peer_contender
+        from tuner.bench import build_peer_contender
 
         run, err = build_peer_contender("flash-attn-4", problem, inputs.case, backward=True)
     except Exception as exc:  # not installed, or not this problem

@@ -2,7 +2,8 @@
 causal), each prefill followed by one decode step over its cache, in a fresh process.
 
     # the shipped cubins for these calls (any machine with the compiler, here for sm_90):
-    python scripts/cold_start.py --aot-problems | xargs tiledtune aot --arch sm_90 --no-shipped --out cubins
+    tiledtune aot --arch sm_90 --no-shipped --out cubins \\
+        $(python scripts/cold_start.py --aot-problems)
     # a fresh process, empty cuTile cache, no compiler on PATH, compiling forbidden:
     CUDA_TILE_CACHE_DIR=$(mktemp -d) TILEDATTENTION_CUBINS=cubins/cubins-sm_90.zip \\
         TILEDATTENTION_JIT=0 python scripts/cold_start.py --label aot

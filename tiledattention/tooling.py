@@ -7,7 +7,8 @@ restamping compares, and what an ahead-of-time build of cubin bundles needs (``c
 builds, a kernel's name and calling convention, the bundle writer)."""
 
 from .core._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
-from .core._aot import PACKAGE_BUNDLES, kernel_name, launch_path, param_specs, write_bundle
+from .core._aot import launch_path, reset as forget_shipped_cubins
+from .core._bundles import PACKAGE_BUNDLES, kernel_name, param_specs, write_bundle
 from .core._compile import SM_COUNTS, capturing, check_arch, generation
 from .core._cubin import kernel_symbol, text_digest
 from .core._dtypes import array_itemsize
@@ -22,7 +23,7 @@ from .core._settings import simulated_database_location
 
 __all__ = ["AttentionCase", "PACKAGE_BUNDLES", "Provenance",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
-           "capturing", "kernel_name", "kernel_symbol", "launch_path", "param_specs",
+           "capturing", "forget_shipped_cubins", "kernel_name", "kernel_symbol", "launch_path", "param_specs",
            "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
            "page_tile", "paged_lengths", "pick", "ragged_lengths",

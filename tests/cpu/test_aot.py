@@ -14,7 +14,7 @@ import cuda.tile
 import pytest
 
 from tiledattention import FORWARD, Problem
-from tiledattention.core import _aot
+from tiledattention.core import _aot, _bundles
 from tiledattention.errors import CompileRequiredError, InputValueError
 from tiledattention.kernels.forward._launch import UNUSED, kernel_args, kernel_for, normalise
 from tuner.aot import Job, build_bundles, images_of
@@ -45,7 +45,7 @@ def bundle_dir(tmp_path_factory):
 
 @pytest.fixture
 def use_bundles(bundle_dir, monkeypatch):
-    monkeypatch.setenv(_aot.ENV_CUBINS, str(bundle_dir / "cubins-sm_90.zip"))
+    monkeypatch.setenv(_bundles.ENV_CUBINS, str(bundle_dir / "cubins-sm_90.zip"))
     _aot.reset()
     yield bundle_dir
     _aot.reset()
@@ -53,14 +53,14 @@ def use_bundles(bundle_dir, monkeypatch):
 
 def test_bundles_are_built_for_each_architecture(bundle_dir):
     for arch in ARCHES:
-        manifest = _aot.read_manifest(bundle_dir / f"cubins-{arch}.zip")
-        assert manifest["arch"] == arch and manifest["format"] == _aot.BUNDLE_FORMAT
+        manifest = _bundles.read_manifest(bundle_dir / f"cubins-{arch}.zip")
+        assert manifest["arch"] == arch and manifest["format"] == _bundles.BUNDLE_FORMAT
         kernels = {image["kernel"].split("[")[0] for image in manifest["images"]}
         assert "tiledattention.kernels.forward._kernel:attention_fwd" in kernels
         with zipfile.ZipFile(bundle_dir / f"cubins-{arch}.zip") as z:
             for image in manifest["images"]:
                 assert z.read(image["file"])[:4] == b"\x7fELF"
-    decode = _aot.read_manifest(bundle_dir / "cubins-sm_90.zip")["images"]
+    decode = _bundles.read_manifest(bundle_dir / "cubins-sm_90.zip")["images"]
     assert {i["family"] for i in decode} == {"forward", "decode"}
 
 
@@ -208,7 +208,7 @@ def test_a_file_that_is_no_bundle_is_named_and_skipped(tmp_path):
     bad = tmp_path / "cubins-sm_90.zip"
     bad.write_bytes(b"not a zip")
     with pytest.raises(InputValueError, match="is not a cubin bundle"):
-        _aot.read_manifest(bad)
+        _bundles.read_manifest(bad)
     with pytest.warns(UserWarning, match="its cubins are not used"):
         assert _aot.shipped_images([bad]) == {}
 

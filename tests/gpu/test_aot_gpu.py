@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import tiledattention  # noqa: E402
 from tiledattention import Problem  # noqa: E402
-from tiledattention.core import _aot  # noqa: E402
+from tiledattention.core import _aot, _bundles  # noqa: E402
 from tuner.aot import Job, build_bundles  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -44,10 +44,10 @@ def shipped(bundle, monkeypatch):
 
     def switch(on: bool) -> None:
         if on:
-            monkeypatch.setenv(_aot.ENV_CUBINS, str(bundle))
+            monkeypatch.setenv(_bundles.ENV_CUBINS, str(bundle))
             monkeypatch.setenv(_aot.ENV_JIT, "0")
         else:
-            monkeypatch.delenv(_aot.ENV_CUBINS, raising=False)
+            monkeypatch.delenv(_bundles.ENV_CUBINS, raising=False)
             monkeypatch.delenv(_aot.ENV_JIT, raising=False)
         _aot.reset()
     yield switch, launched

@@ -1,24 +1,17 @@
-"""Shipped cubins: kernels compiled ahead of time, launched through the CUDA driver.
+"""Shipped cubins: kernels compiled ahead of time (``tiledtune aot``), launched through the
+CUDA driver.
 
-Every kernel launch of the package goes through :func:`launch`. A *bundle* (a zip file,
-``cubins-<arch>.zip``, written by ``tiledtune aot``) holds *images*: one kernel compiled for one
-architecture with one set of compile-time constants, and the constraints its arrays were
-compiled for. When a launch's kernel, constants and architecture have an image whose
-constraints its arguments meet, the image's cubin runs through the driver
+Every kernel launch of the package goes through :func:`launch`. When the bundles
+(:mod:`._bundles`) hold an image of the launch's kernel, constants and architecture whose
+array constraints its arguments meet, the image's cubin runs through the driver
 (:mod:`._driver`): no ``tileiras`` process and no cuTile front-end compile, so a fresh process
 runs at speed on its first call. Any other launch is ``ct.launch`` (the JIT), unless
 ``TILEDATTENTION_JIT=0``: then it raises :class:`CompileRequiredError` instead of compiling.
 
-Where bundles come from: ``tiledattention/pretuned/cubins-*.zip`` (what ``tiledtune aot
---into-package`` writes before a wheel is built) and the files named in
-``TILEDATTENTION_CUBINS`` (``os.pathsep``-separated). An image records the kernel template's
-identity (:func:`~._identity.module_identity` of the modules that define its code): one whose
-template changed since it was built is never launched.
-
 An image's arrays are compiled for the layouts the launchers pass (a contiguous last dim,
 16-byte aligned bases and rows) with no assumption on the length of any dimension but a 4-D
-array's head dim, so one image serves every sequence length and batch; a launch whose arrays break a
-constraint (an unaligned view, a dtype the image was not built for) takes the JIT.
+array's head dim, so one image serves every sequence length and batch; a launch whose arrays
+break a constraint (an unaligned view, a dtype the image was not built for) takes the JIT.
 
 The binary calling convention (cuTile's ``cutile_python_v1``): the kernel's parameters in
 order, ``ct.Constant`` ones and zero-byte placeholders left out; an array is its base pointer,
@@ -29,30 +22,24 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import os
 import struct
 import threading
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from . import _driver
+from ._bundles import (ArraySpec, constants_key, current_entries, kernel_name, param_specs,
+                       read_member)
 from ._lazy import lazy_module
-from ..errors import CompileRequiredError, InputValueError
+from ..errors import CompileRequiredError
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
-__all__ = ["launch", "launch_path", "jit_allowed", "bundle_paths", "kernel_name", "shipped_images",
-           "write_bundle", "read_manifest", "ArraySpec", "param_specs", "Image", "ENV_JIT",
-           "ENV_CUBINS", "BUNDLE_FORMAT", "PACKAGE_BUNDLES"]
+__all__ = ["ENV_JIT", "Image", "jit_allowed", "launch", "launch_path", "reset",
+           "shipped_image", "shipped_images"]
 
 ENV_JIT = "TILEDATTENTION_JIT"
-ENV_CUBINS = "TILEDATTENTION_CUBINS"
-BUNDLE_FORMAT = 1
-#: where a wheel's bundles lie (``tiledtune aot --into-package`` writes them)
-PACKAGE_BUNDLES = Path(__file__).resolve().parents[1] / "pretuned"
 _INT32_MAX = 2 ** 31 - 1
 
 
@@ -62,47 +49,8 @@ def jit_allowed() -> bool:
     return os.environ.get(ENV_JIT, "1").strip().lower() not in ("0", "false", "no")
 
 
-def kernel_name(kernel: Any) -> str:
-    """``module:qualname`` of a ``ct.kernel``'s function and its compiler options: what tells
-    two kernel objects apart (``replace_hints`` makes one per option set)."""
-    fn = kernel._annotated_function.pyfunc
-    o = kernel._compiler_options
-    return (f"{fn.__module__}:{fn.__qualname__}[ctas={o.num_ctas},occ={o.occupancy},"
-            f"opt={o.opt_level},warps={o.num_worker_warps}]")
-
-
-# -- the parameters of an image -------------------------------------------------------------------
-@dataclass(frozen=True)
-class ArraySpec:
-    """The constraints an array argument was compiled for."""
-
-    dtype: str  # cuTile's name: bfloat16, float16, float32, int32, ...
-    ndim: int
-    stride_constant: tuple  # per dim: the stride it must have, or None
-    stride_divisible_by: tuple
-    shape_divisible_by: tuple
-    base_divisible_by: int
-
-    def to_json(self) -> dict:
-        return {"kind": "array", "dtype": self.dtype, "ndim": self.ndim,
-                "stride_constant": list(self.stride_constant),
-                "stride_divisible_by": list(self.stride_divisible_by),
-                "shape_divisible_by": list(self.shape_divisible_by),
-                "base_divisible_by": self.base_divisible_by}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ArraySpec":
-        return cls(data["dtype"], data["ndim"], tuple(data["stride_constant"]),
-                   tuple(data["stride_divisible_by"]), tuple(data["shape_divisible_by"]),
-                   data["base_divisible_by"])
-
-    def checker(self) -> "_ArrayCheck":
-        """The per-launch test and read of an argument against these constraints."""
-        return _ArrayCheck(self)
-
-
 class _ArrayCheck:
-    """:meth:`fields` of an argument under one :class:`ArraySpec`, with the spec's tests
+    """:meth:`fields` of an argument under one :class:`~._bundles.ArraySpec`, with the spec's tests
     reduced to the dimensions that have one (what every launch of an image runs)."""
 
     __slots__ = ("spec", "torch_dtype", "stride_tests", "stride_values", "shape_tests", "passed")
@@ -155,48 +103,6 @@ class _ArrayCheck:
         return (pointer, *shape, *strides)
 
 
-def param_specs(kernel: Any, args: Sequence[Any]) -> list:
-    """The parameters of an export of ``kernel`` with ``args`` (per parameter: a constant's
-    value, an ``ArrayConstraint``, a ``ScalarConstraint`` or a zero-byte
-    ``ConstantConstraint``), as JSON values: ``{"kind": "const", "value": v}``, ``{"kind":
-    "omit"}``, ``{"kind": "i32"}`` / ``{"kind": "f32"}`` or an :class:`ArraySpec`'s."""
-    from cuda.tile import compilation as ctc
-
-    annotations = kernel._annotated_function.parameter_annotations
-    if len(annotations) != len(args):
-        raise InputValueError(f"{kernel_name(kernel)} has {len(annotations)} parameters; "
-                              f"got {len(args)} export arguments")
-    specs: list = []
-    for annotation, arg in zip(annotations, args):
-        if annotation.constant:
-            specs.append({"kind": "const", "value": arg})
-        elif isinstance(arg, ctc.ConstantConstraint):
-            specs.append({"kind": "omit"})
-        elif isinstance(arg, ctc.ScalarConstraint):
-            kind = {"int32": "i32", "float32": "f32"}.get(arg.dtype.name)
-            if kind is None:
-                raise InputValueError(f"a scalar of {arg.dtype.name} has no shipped "
-                                      "calling convention here (int32 and float32 have)")
-            specs.append({"kind": kind})
-        elif isinstance(arg, ctc.ArrayConstraint):
-            if arg.index_dtype.name != "int32":
-                raise InputValueError("shipped arrays index with int32; got "
-                                      f"{arg.index_dtype.name}")
-            specs.append(ArraySpec(arg.dtype.name, arg.ndim,
-                                   tuple(arg.stride_constant), tuple(arg.stride_divisible_by),
-                                   tuple(arg.shape_divisible_by),
-                                   arg.base_addr_divisible_by or 1).to_json())
-        else:
-            raise InputValueError(f"an export argument of {type(arg).__name__} has no shipped "
-                                  "calling convention")
-    return specs
-
-
-def _freeze(value: Any) -> Any:
-    """A JSON value as the hashable Python value a launch passes (lists become tuples)."""
-    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
-
-
 class Image:
     """One shipped kernel: its cubin, symbol and parameters; packs a launch's arguments into the
     driver's parameter buffer and launches it."""
@@ -218,7 +124,7 @@ class Image:
                 continue
             if kind == "array":
                 array = ArraySpec.from_json(spec)
-                self.slots.append((index, array.checker()))
+                self.slots.append((index, _ArrayCheck(array)))
                 codes = "Q" + "i" * (2 * array.ndim)
             else:
                 self.slots.append((index, "i" if kind == "i32" else "f"))
@@ -275,85 +181,15 @@ class Image:
         return True
 
 
-# -- bundles --------------------------------------------------------------------------------------
-def bundle_paths() -> list[Path]:
-    """The bundle files in use: the package's, then ``TILEDATTENTION_CUBINS``'s."""
-    found = sorted(PACKAGE_BUNDLES.glob("cubins-*.zip"))
-    extra = os.environ.get(ENV_CUBINS, "")
-    found += [Path(p) for p in extra.split(os.pathsep) if p]
-    return found
-
-
-def read_manifest(path: Path) -> dict:
-    """A bundle's manifest; raises :class:`InputValueError` naming a file that is no bundle."""
-    try:
-        with zipfile.ZipFile(path) as bundle:
-            manifest = json.loads(bundle.read("manifest.json"))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise InputValueError(f"{path} is not a cubin bundle: {exc}") from exc
-    if manifest.get("format") != BUNDLE_FORMAT:
-        raise InputValueError(f"{path}: bundle format {manifest.get('format')!r}; this "
-                              f"tiledattention reads format {BUNDLE_FORMAT}")
-    return manifest
-
-
-def write_bundle(path: Path, arch: str, images: Iterable[dict], versions: dict) -> int:
-    """Write a bundle of ``images`` (each: ``kernel``, ``modules``, ``identity``, ``params``,
-    ``symbol`` and its ``cubin`` bytes) for ``arch``; return how many images it holds.
-    Identical cubins are stored once."""
-    import hashlib
-
-    entries, cubins = [], {}
-    for image in images:
-        digest = hashlib.sha256(image["cubin"]).hexdigest()[:24]
-        cubins[f"{digest}.cubin"] = image["cubin"]
-        entries.append({k: v for k, v in image.items() if k != "cubin"}
-                       | {"file": f"{digest}.cubin"})
-    manifest = {"format": BUNDLE_FORMAT, "arch": arch, "versions": versions, "images": entries}
-    tmp = path.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as out:
-        out.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
-        for name, data in sorted(cubins.items()):
-            out.writestr(name, data)
-    os.replace(tmp, path)
-    return len(entries)
-
-
-@functools.cache
-def _identity(modules: tuple[str, ...]) -> str:
-    from ._identity import module_identity
-
-    return module_identity(*modules)
-
-
 def shipped_images(paths: Sequence[Path] | None = None) -> dict:
     """``{kernel name: {arch: {constants: Image}}}`` of every current image in the bundles
-    (``bundle_paths()`` by default); an image whose template changed since its build is left
-    out. A bundle that cannot be read is warned about and skipped."""
-    import warnings
-
+    (``bundle_paths()`` by default; :func:`~._bundles.current_entries`)."""
     found: dict = {}
-    for path in bundle_paths() if paths is None else paths:
-        try:
-            manifest = read_manifest(path)
-        except InputValueError as exc:
-            warnings.warn(f"tiledattention: {exc}; its cubins are not used", stacklevel=2)
-            continue
-        arch = manifest["arch"]
-        for entry in manifest["images"]:
-            if _identity(tuple(entry["modules"])) != entry["identity"]:
-                continue  # built from another version of the template: never launched
-            key = tuple(_freeze(spec["value"]) for spec in entry["params"]
-                        if spec["kind"] == "const")
-            reader = functools.partial(_read_member, path, entry["file"])
-            found.setdefault(entry["kernel"], {}).setdefault(arch, {}).setdefault(
-                key, Image(entry["symbol"], entry["params"], reader))
+    for path, arch, entry in current_entries(paths):
+        reader = functools.partial(read_member, path, entry["file"])
+        found.setdefault(entry["kernel"], {}).setdefault(arch, {}).setdefault(
+            constants_key(entry["params"]), Image(entry["symbol"], entry["params"], reader))
     return found
-
-
-def _read_member(path: Path, name: str) -> bytes:
-    with zipfile.ZipFile(path) as bundle:
-        return bundle.read(name)
 
 
 # -- the launch -----------------------------------------------------------------------------------
@@ -455,8 +291,7 @@ def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
         _images = shipped_images()
     missing = 0
     for kernel, args, _, _ in builds:
-        key = tuple(_freeze(spec["value"]) for spec in param_specs(kernel, args)
-                    if spec["kind"] == "const")
+        key = constants_key(param_specs(kernel, args))
         if key not in _images.get(kernel_name(kernel), {}).get(arch, {}):
             missing += 1
     if missing == 0:

@@ -8,7 +8,6 @@ import contextvars
 import dataclasses
 import io
 import re
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence

@@ -8,7 +8,7 @@ the schedule is the lookup's answer (:class:`~tiledattention.core._lookup.Resolv
 user database), and the family's compile-only build of it runs under
 :func:`~tiledattention.core._compile.capturing`, which records every kernel it compiles. The
 images are kept once per (kernel, constants) and architecture and written by
-:func:`~tiledattention.core._aot.write_bundle`.
+:func:`~tiledattention.core._bundles.write_bundle`.
 """
 
 from __future__ import annotations

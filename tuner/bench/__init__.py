@@ -17,7 +17,7 @@ from ._engine import (QUICK_TIMING, TIMING_DEFAULTS, BenchSettings, copy_gbps, e
                       run_grid)
 from ._paged import (PAGED_CONTENDERS, applies_paged, paged_bytes, paged_flops,
                      varlen_paged_support)
-from ._peers import FA4, PEER_CONTENDERS, PeerUnavailable, fa4_mask
+from ._peers import FA4, PEER_CONTENDERS, PeerUnavailable, build_peer_contender, fa4_mask
 from ._plots import (MAX_PNG_BYTES, PAGED_PLOTS, PLOTS, RAGGED_PLOTS, VARIANT_PLOTS, Plot,
                      PlotsUnavailable, new_figure, save_png, write_plots)
 from ._presets import (GRID_PRESETS, PAGED_POINTS, PAGED_PRESETS, PRESETS, RAGGED_POINTS,
@@ -41,7 +41,7 @@ __all__ = [
     "PRESETS", "PeerUnavailable", "Plot", "PlotsUnavailable", "Preset", "QUICK_TIMING", "RAGGED_CONTENDERS", "RAGGED_PLOTS",
     "RAGGED_POINTS", "RAGGED_PRESETS", "RunInfo", "STATUSES", "TIMING_DEFAULTS",
     "VARIANT_CONTENDERS", "VARIANT_PLOTS", "VARIANT_POINTS", "VARIANT_PRESETS", "applies",
-    "applies_paged", "applies_ragged", "build_grid", "contenders_of", "copy_gbps", "environment",
+    "applies_paged", "applies_ragged", "build_grid", "build_peer_contender", "contenders_of", "copy_gbps", "environment",
     "fa4_mask", "flex_mask_mod", "flex_score_mod", "geomean", "gpu_clocks", "kernel_of", "load_results",
     "matmul_tflops", "measure_point", "new_figure", "paged_bytes", "paged_flops", "paged_layout",
     "padded_mask", "parse_positive_float", "parse_positive_int", "problem_bytes", "ragged_layout",

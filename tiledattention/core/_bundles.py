@@ -1,0 +1,188 @@
+"""The cubin bundle format of ``tiledtune aot``: what one shipped kernel is, and its file.
+
+A *bundle* is a zip file, ``cubins-<arch>.zip``: a ``manifest.json`` and the cubins it names.
+Each manifest entry (an *image*) is one kernel compiled for one architecture with one set of
+compile-time constants: the kernel's name and compiler options (:func:`kernel_name`), the
+modules whose code it was compiled from and their template identity
+(:func:`~._identity.module_identity`), its symbol, and per parameter what it was compiled
+for (:func:`param_specs`: a constant's value, a left-out placeholder, an int32 or float32
+scalar, or an array's :class:`ArraySpec`). :func:`current_entries` reads the images whose
+template has not changed since their build; :mod:`._aot` launches them.
+
+Bundles are read from ``tiledattention/pretuned/cubins-*.zip`` (``tiledtune aot
+--into-package`` writes them before a wheel is built) and the files named in
+``TILEDATTENTION_CUBINS`` (``os.pathsep``-separated).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from ..errors import InputValueError
+
+__all__ = ["ArraySpec", "BUNDLE_FORMAT", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
+           "constants_key", "current_entries", "kernel_name", "param_specs", "read_manifest",
+           "read_member", "write_bundle"]
+
+ENV_CUBINS = "TILEDATTENTION_CUBINS"
+BUNDLE_FORMAT = 1
+#: where a wheel's bundles lie (``tiledtune aot --into-package`` writes them)
+PACKAGE_BUNDLES = Path(__file__).resolve().parents[1] / "pretuned"
+
+
+def kernel_name(kernel: Any) -> str:
+    """``module:qualname`` of a ``ct.kernel``'s function and its compiler options: what tells
+    two kernel objects apart (``replace_hints`` makes one per option set)."""
+    fn = kernel._annotated_function.pyfunc
+    o = kernel._compiler_options
+    return (f"{fn.__module__}:{fn.__qualname__}[ctas={o.num_ctas},occ={o.occupancy},"
+            f"opt={o.opt_level},warps={o.num_worker_warps}]")
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """The constraints an array argument was compiled for."""
+
+    dtype: str  # cuTile's name: bfloat16, float16, float32, int32, ...
+    ndim: int
+    stride_constant: tuple  # per dim: the stride it must have, or None
+    stride_divisible_by: tuple
+    shape_divisible_by: tuple
+    base_divisible_by: int
+
+    def to_json(self) -> dict:
+        return {"kind": "array", "dtype": self.dtype, "ndim": self.ndim,
+                "stride_constant": list(self.stride_constant),
+                "stride_divisible_by": list(self.stride_divisible_by),
+                "shape_divisible_by": list(self.shape_divisible_by),
+                "base_divisible_by": self.base_divisible_by}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ArraySpec":
+        return cls(data["dtype"], data["ndim"], tuple(data["stride_constant"]),
+                   tuple(data["stride_divisible_by"]), tuple(data["shape_divisible_by"]),
+                   data["base_divisible_by"])
+
+
+def param_specs(kernel: Any, args: Sequence[Any]) -> list:
+    """The parameters of an export of ``kernel`` with ``args`` (per parameter: a constant's
+    value, an ``ArrayConstraint``, a ``ScalarConstraint`` or a zero-byte
+    ``ConstantConstraint``), as JSON values: ``{"kind": "const", "value": v}``, ``{"kind":
+    "omit"}``, ``{"kind": "i32"}`` / ``{"kind": "f32"}`` or an :class:`ArraySpec`'s."""
+    from cuda.tile import compilation as ctc
+
+    annotations = kernel._annotated_function.parameter_annotations
+    if len(annotations) != len(args):
+        raise InputValueError(f"{kernel_name(kernel)} has {len(annotations)} parameters; "
+                              f"got {len(args)} export arguments")
+    specs: list = []
+    for annotation, arg in zip(annotations, args):
+        if annotation.constant:
+            specs.append({"kind": "const", "value": arg})
+        elif isinstance(arg, ctc.ConstantConstraint):
+            specs.append({"kind": "omit"})
+        elif isinstance(arg, ctc.ScalarConstraint):
+            kind = {"int32": "i32", "float32": "f32"}.get(arg.dtype.name)
+            if kind is None:
+                raise InputValueError(f"a scalar of {arg.dtype.name} has no shipped "
+                                      "calling convention here (int32 and float32 have)")
+            specs.append({"kind": kind})
+        elif isinstance(arg, ctc.ArrayConstraint):
+            if arg.index_dtype.name != "int32":
+                raise InputValueError("shipped arrays index with int32; got "
+                                      f"{arg.index_dtype.name}")
+            specs.append(ArraySpec(arg.dtype.name, arg.ndim,
+                                   tuple(arg.stride_constant), tuple(arg.stride_divisible_by),
+                                   tuple(arg.shape_divisible_by),
+                                   arg.base_addr_divisible_by or 1).to_json())
+        else:
+            raise InputValueError(f"an export argument of {type(arg).__name__} has no shipped "
+                                  "calling convention")
+    return specs
+
+
+def constants_key(params: Sequence[dict]) -> tuple:
+    """The values of an image's constant parameters, in order, as a launch passes them (JSON
+    lists become tuples): the key a launch's constants are looked up by."""
+    return tuple(_freeze(spec["value"]) for spec in params if spec["kind"] == "const")
+
+
+def _freeze(value: Any) -> Any:
+    """A JSON value as the hashable Python value a launch passes (lists become tuples)."""
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def bundle_paths() -> list[Path]:
+    """The bundle files in use: the package's, then ``TILEDATTENTION_CUBINS``'s."""
+    found = sorted(PACKAGE_BUNDLES.glob("cubins-*.zip"))
+    extra = os.environ.get(ENV_CUBINS, "")
+    found += [Path(p) for p in extra.split(os.pathsep) if p]
+    return found
+
+
+def read_manifest(path: Path) -> dict:
+    """A bundle's manifest; raises :class:`InputValueError` naming a file that is no bundle."""
+    try:
+        with zipfile.ZipFile(path) as bundle:
+            manifest = json.loads(bundle.read("manifest.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputValueError(f"{path} is not a cubin bundle: {exc}") from exc
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise InputValueError(f"{path}: bundle format {manifest.get('format')!r}; this "
+                              f"tiledattention reads format {BUNDLE_FORMAT}")
+    return manifest
+
+
+def write_bundle(path: Path, arch: str, images: Iterable[dict], versions: dict) -> int:
+    """Write a bundle of ``images`` (each: ``kernel``, ``modules``, ``identity``, ``params``,
+    ``symbol`` and its ``cubin`` bytes) for ``arch``; return how many images it holds.
+    Identical cubins are stored once."""
+    entries, cubins = [], {}
+    for image in images:
+        digest = hashlib.sha256(image["cubin"]).hexdigest()[:24]
+        cubins[f"{digest}.cubin"] = image["cubin"]
+        entries.append({k: v for k, v in image.items() if k != "cubin"}
+                       | {"file": f"{digest}.cubin"})
+    manifest = {"format": BUNDLE_FORMAT, "arch": arch, "versions": versions, "images": entries}
+    tmp = path.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as out:
+        out.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
+        for name, data in sorted(cubins.items()):
+            out.writestr(name, data)
+    os.replace(tmp, path)
+    return len(entries)
+
+
+@functools.cache
+def _identity(modules: tuple[str, ...]) -> str:
+    from ._identity import module_identity
+
+    return module_identity(*modules)
+
+
+def current_entries(paths: Sequence[Path] | None = None) -> Iterator[tuple[Path, str, dict]]:
+    """``(bundle, arch, entry)`` of every image in the bundles (``bundle_paths()`` by default)
+    whose template is the one installed now; an image built from another version of its
+    template is left out. A bundle that cannot be read is warned about and skipped."""
+    for path in bundle_paths() if paths is None else paths:
+        try:
+            manifest = read_manifest(path)
+        except InputValueError as exc:
+            warnings.warn(f"tiledattention: {exc}; its cubins are not used", stacklevel=3)
+            continue
+        for entry in manifest["images"]:
+            if _identity(tuple(entry["modules"])) == entry["identity"]:
+                yield path, manifest["arch"], entry
+
+
+def read_member(path: Path, name: str) -> bytes:
+    with zipfile.ZipFile(path) as bundle:
+        return bundle.read(name)
