@@ -222,3 +222,24 @@ def test_the_command_builds_and_refuses_what_it_cannot(tmp_path, capsys):
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
                  "--problem", fields]) == 2
     assert "kernel=NAME" in capsys.readouterr().err
+
+
+def test_explain_says_how_a_call_launches(use_bundles, monkeypatch, capsys):
+    from tiledattention.tooling import launch_path
+
+    schedule = FORWARD.default_schedule("sm_90", LLAMA)
+    assert launch_path(FORWARD, LLAMA, schedule, "sm_90").startswith("shipped cubins (1 kernel")
+    assert launch_path(FORWARD, LLAMA, schedule, "sm_120").startswith("JIT: 1 of 1 kernel")
+    other = Problem(**{**LLAMA.to_dict(), "head_dim": 64})
+    monkeypatch.setenv(_aot.ENV_JIT, "0")
+    assert launch_path(FORWARD, other, FORWARD.default_schedule("sm_90", other),
+                       "sm_90").startswith("refused (TILEDATTENTION_JIT=0): 1 of 1")
+    monkeypatch.delenv(_bundles.ENV_CUBINS)
+    _aot.reset()
+    assert "no cubin bundle is installed" in launch_path(FORWARD, LLAMA, schedule, "sm_90")
+    monkeypatch.setenv(_bundles.ENV_CUBINS, str(use_bundles / "cubins-sm_90.zip"))
+    monkeypatch.delenv(_aot.ENV_JIT)
+    _aot.reset()
+    assert main(["explain", "--device", "sm_90", "--shape", "1,32/8,1000,128", "--dtype", "bf16",
+                 "--causal", "yes"]) == 0
+    assert "launch   shipped cubins" in capsys.readouterr().out

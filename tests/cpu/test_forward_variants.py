@@ -241,7 +241,7 @@ def test_plan_puts_sinks_into_the_sinks_slot(monkeypatch):
     import tiledattention.kernels.forward._plan as plan_module
 
     launched = []
-    monkeypatch.setattr(plan_module, "launch",
+    monkeypatch.setattr(plan_module._aot, "launch",
                         lambda stream, grid, kernel, args: launched.append(args))
     monkeypatch.setattr(plan_module.hot, "raw_stream", lambda device: 0)
     monkeypatch.setattr(plan_module.hot, "empty_like", lambda q: "out")

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import _driver
-from ._bundles import (ArraySpec, constants_key, current_entries, kernel_name, param_specs,
-                       read_member)
+from ._bundles import (ArraySpec, bundle_paths, constants_key, current_entries, kernel_name,
+                       param_specs, read_member)
 from ._lazy import lazy_module
 from ..errors import CompileRequiredError
 
@@ -281,10 +281,14 @@ def shipped_image(kernel: Any, args: Sequence[Any]) -> Image | None:
 
 def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
     """How a call of ``family`` with ``schedule`` launches its kernels on ``arch`` (``explain``):
-    from shipped cubins (and which bundle), or by the JIT (how many kernels no bundle holds)."""
+    from shipped cubins, or by the JIT (and how many of its kernels no bundle holds). Nothing
+    is compiled to tell."""
     from ._compile import capturing
 
     global _images
+    jit = "JIT" if jit_allowed() else f"refused ({ENV_JIT}=0)"
+    if not bundle_paths():  # (and the kernels are not imported to tell)
+        return f"{jit}: no cubin bundle is installed (`tiledtune aot` builds them)"
     with capturing(compile=False) as builds:
         family.compile(problem, schedule, arch)
     if _images is None:
@@ -296,7 +300,6 @@ def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
             missing += 1
     if missing == 0:
         return f"shipped cubins ({len(builds)} kernel(s); no compiler runs)"
-    jit = "JIT" if jit_allowed() else f"refused ({ENV_JIT}=0)"
     return (f"{jit}: {missing} of {len(builds)} kernel(s) have no shipped cubin for {arch} "
             "(`tiledtune aot` builds them)")
 
