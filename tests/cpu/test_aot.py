@@ -175,6 +175,7 @@ def test_no_image_and_no_jit_is_a_clear_error(use_bundles, monkeypatch):
     jit = []
     monkeypatch.setattr(cuda.tile, "launch", lambda *a: jit.append(a))
     monkeypatch.setenv(_aot.ENV_JIT, "0")
+    _aot.reset()  # launches read the setting once
     other = Problem(**{**LLAMA.to_dict(), "head_dim": 64})  # constants nobody built
     kernel, args, _ = _forward_launch(other)
     with pytest.raises(CompileRequiredError, match="TILEDATTENTION_JIT=0") as info:
@@ -183,6 +184,7 @@ def test_no_image_and_no_jit_is_a_clear_error(use_bundles, monkeypatch):
     kernel, args, _ = _forward_launch(LLAMA)  # a shipped one still runs
     _aot.launch(0, (8, 32), kernel, args)
     monkeypatch.setenv(_aot.ENV_JIT, "1")
+    _aot.reset()
     kernel, args, _ = _forward_launch(other)
     _aot.launch(0, (8, 32), kernel, args)
     assert len(jit) == 1

@@ -6,7 +6,8 @@ Every kernel launch of the package goes through :func:`launch`. When the bundles
 array constraints its arguments meet, the image's cubin runs through the driver
 (:mod:`._driver`): no ``tileiras`` process and no cuTile front-end compile, so a fresh process
 runs at speed on its first call. Any other launch is ``ct.launch`` (the JIT), unless
-``TILEDATTENTION_JIT=0``: then it raises :class:`CompileRequiredError` instead of compiling.
+``TILEDATTENTION_JIT=0`` (read at the first launch): then it raises
+:class:`CompileRequiredError` instead of compiling.
 
 An image's arrays are compiled for the layouts the launchers pass (a contiguous last dim,
 16-byte aligned bases and rows) with no assumption on the length of any dimension but a 4-D
@@ -45,7 +46,8 @@ _INT32_MAX = 2 ** 31 - 1
 
 def jit_allowed() -> bool:
     """Whether a launch without a shipped image may compile (``TILEDATTENTION_JIT`` is not
-    ``0``, ``false`` or ``no``)."""
+    ``0``, ``false`` or ``no``), as the environment says now. Launches read it once, on the
+    first launch of the process and after :func:`reset`."""
     return os.environ.get(ENV_JIT, "1").strip().lower() not in ("0", "false", "no")
 
 
@@ -208,13 +210,15 @@ _UNSEEN = object()
 _kernels: dict[Any, Any] = {}  # kernel object -> _KernelImages, or None where none is shipped
 _images: dict | None = None  # shipped_images(), read on the first launch
 _archs: dict[int, str] = {}  # device index -> sm_XY
+_jit: bool | None = None  # jit_allowed() at the first launch (an environment read costs ~1 µs)
 
 
 def reset() -> None:
-    """Forget what was read of the bundles (tests; a process that changed
-    ``TILEDATTENTION_CUBINS``)."""
-    global _images
+    """Forget what was read of the bundles and of ``TILEDATTENTION_JIT`` (tests; a process
+    that changed ``TILEDATTENTION_CUBINS`` or ``TILEDATTENTION_JIT``)."""
+    global _images, _jit
     _images = None
+    _jit = None
     _kernels.clear()
 
 
@@ -317,7 +321,10 @@ def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options
         if device == _current_device() and image.launch(_stream_handle(stream), grid, args,
                                                         device):
             return
-    if not jit_allowed():
+    global _jit
+    if _jit is None:
+        _jit = jit_allowed()
+    if not _jit:
         raise CompileRequiredError(
             f"{kernel_name(kernel)} has no shipped cubin for this call and {ENV_JIT}=0 "
             "forbids compiling it: build one with `tiledtune aot` (its problem or schedule), "
