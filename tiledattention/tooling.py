@@ -23,7 +23,8 @@ from .core._settings import simulated_database_location
 
 __all__ = ["AttentionCase", "PACKAGE_BUNDLES", "Provenance",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
-           "capturing", "forget_shipped_cubins", "kernel_name", "kernel_symbol", "launch_path", "param_specs",
+           "capturing", "forget_shipped_cubins", "kernel_name", "kernel_symbol", "launch_path",
+           "param_specs",
            "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
            "page_tile", "paged_lengths", "pick", "ragged_lengths",

@@ -138,7 +138,8 @@ def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> Com
         args = [_any_length(arg) for arg in args]
         if not compiling:
             captured.append((kernel, list(args), arch, b""))
-            return CompileResult(arch=arch, cubin_size=0, seconds=0.0, cubin=b"", shared_bytes=None)
+            return CompileResult(arch=arch, cubin_size=0, seconds=0.0, cubin=b"",
+                                 shared_bytes=None)
     signature = ctc.KernelSignature(
         list(args), calling_convention=ctc.CallingConvention.cutile_python_v1())
     buf = io.BytesIO()

@@ -2,16 +2,16 @@
 
     tiledtune aot --arch sm_90,sm_100,sm_120 --out cubins
     tiledtune aot --arch sm_90 --into-package                  # before building a wheel
-    tiledtune aot --arch sm_90 --no-shipped --out cubins --problem kernel=forward,batch=1,\\
-    heads_q=32,heads_kv=8,seqlen_q=4096,seqlen_k=4096,head_dim=128,dtype=bf16,causal=yes
+    P=batch=1,heads_q=32,heads_kv=8,seqlen_q=4096,seqlen_k=4096,head_dim=128,dtype=bf16
+    tiledtune aot --arch sm_90 --no-shipped --out cubins --problem kernel=forward,$P,causal=yes
 
 (a ``--problem`` names its family and every field of the family's problem, as ``tiledtune bench
 --problem`` does.) For every row of the shipped tables (unless ``--no-shipped``) and every
 ``--problem``, on each architecture, the schedule the lookup hands out there with no user
-database is compiled on this machine (no GPU needed) and each kernel it launches is kept, once per compile-time
-constants, in ``cubins-<arch>.zip``. At run time ``tiledattention`` launches a kernel from a
-bundle in ``tiledattention/pretuned/`` or in ``$TILEDATTENTION_CUBINS`` (paths separated by
-``os.pathsep``) whenever one fits, with no ``tileiras`` and no cuTile compile;
+database is compiled on this machine (no GPU needed) and each kernel it launches is kept, once
+per compile-time constants, in ``cubins-<arch>.zip``. At run time ``tiledattention`` launches
+a kernel from a bundle in ``tiledattention/pretuned/`` or in ``$TILEDATTENTION_CUBINS`` (paths
+separated by ``os.pathsep``) whenever one fits, with no ``tileiras`` and no cuTile compile;
 ``TILEDATTENTION_JIT=0`` makes any other launch an error instead of a compile. A cubin for
 sm_120 also runs on sm_121, one for sm_100 on sm_103. Exit status: 0 every job compiled, 1 some
 did not (the bundles hold the others), 2 bad options.

@@ -75,7 +75,8 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
                                               (p.heads_q * tokens, tokens, 1))
         else:
             b, h, padded = row_stat_shape(p)
-            runtime["Lse"] = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
+            runtime["Lse"] = array_constraint("fp32", (b, h, p.seqlen_q),
+                                              (h * padded, padded, 1))
     if constants.get("SINKS"):  # the [H_q] float32 sink logits
         runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
     if constants.get("RAGGED"):  # the int32 [4, sequences] query and key ranges
