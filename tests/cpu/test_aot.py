@@ -230,12 +230,13 @@ def test_explain_says_how_a_call_launches(use_bundles, monkeypatch, capsys):
     from tiledattention.tooling import launch_path
 
     schedule = FORWARD.default_schedule("sm_90", LLAMA)
-    assert launch_path(FORWARD, LLAMA, schedule, "sm_90").startswith("shipped cubins (1 kernel")
-    assert launch_path(FORWARD, LLAMA, schedule, "sm_120").startswith("JIT: 1 of 1 kernel")
+    # the call's kernel and the training forward's (storing the log-sum-exp)
+    assert launch_path(FORWARD, LLAMA, schedule, "sm_90").startswith("shipped cubins (2 kernel")
+    assert launch_path(FORWARD, LLAMA, schedule, "sm_120").startswith("JIT: 2 of 2 kernel")
     other = Problem(**{**LLAMA.to_dict(), "head_dim": 64})
     monkeypatch.setenv(_aot.ENV_JIT, "0")
     assert launch_path(FORWARD, other, FORWARD.default_schedule("sm_90", other),
-                       "sm_90").startswith("refused (TILEDATTENTION_JIT=0): 1 of 1")
+                       "sm_90").startswith("refused (TILEDATTENTION_JIT=0): 2 of 2")
     monkeypatch.delenv(_bundles.ENV_CUBINS)
     _aot.reset()
     assert "no cubin bundle is installed" in launch_path(FORWARD, LLAMA, schedule, "sm_90")

@@ -285,8 +285,9 @@ def shipped_image(kernel: Any, args: Sequence[Any]) -> Image | None:
 
 def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
     """How a call of ``family`` with ``schedule`` launches its kernels on ``arch`` (``explain``):
-    from shipped cubins, or by the JIT (and how many of its kernels no bundle holds). Nothing
-    is compiled to tell."""
+    from shipped cubins, or by the JIT (and how many of the kernel variants such a call may
+    launch, :meth:`Family.compile_launchable`'s, no bundle holds). Nothing is compiled to
+    tell."""
     from ._compile import capturing
 
     global _images
@@ -294,7 +295,7 @@ def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
     if not bundle_paths():  # (and the kernels are not imported to tell)
         return f"{jit}: no cubin bundle is installed (`tiledtune aot` builds them)"
     with capturing(compile=False) as builds:
-        family.compile(problem, schedule, arch)
+        family.compile_launchable(problem, schedule, arch)
     if _images is None:
         _images = shipped_images()
     missing = 0
@@ -303,8 +304,8 @@ def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
         if key not in _images.get(kernel_name(kernel), {}).get(arch, {}):
             missing += 1
     if missing == 0:
-        return f"shipped cubins ({len(builds)} kernel(s); no compiler runs)"
-    return (f"{jit}: {missing} of {len(builds)} kernel(s) have no shipped cubin for {arch} "
+        return f"shipped cubins ({len(builds)} kernel variant(s); no compiler runs)"
+    return (f"{jit}: {missing} of {len(builds)} kernel variant(s) have no shipped cubin for {arch} "
             "(`tiledtune aot` builds them)")
 
 
