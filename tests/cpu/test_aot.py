@@ -17,7 +17,7 @@ from tiledattention import FORWARD, Problem
 from tiledattention.core import _aot, _bundles
 from tiledattention.errors import CompileRequiredError, InputValueError
 from tiledattention.kernels.forward._launch import UNUSED, kernel_args, kernel_for, normalise
-from tuner.aot import Job, build_bundles, images_of
+from tuner.aot import Job, build_bundles, images_of, jobs_for, model_calls
 from tuner.cli import main
 
 torch = pytest.importorskip("torch")
@@ -246,3 +246,24 @@ def test_explain_says_how_a_call_launches(use_bundles, monkeypatch, capsys):
     assert main(["explain", "--device", "sm_90", "--shape", "1,32/8,1000,128", "--dtype", "bf16",
                  "--causal", "yes"]) == 0
     assert "launch   shipped cubins" in capsys.readouterr().out
+
+
+def test_a_models_calls_are_built_in_the_families_that_run_them(capsys, tmp_path):
+    calls = model_calls(32, 8, 128, dtypes=("bf16", "fp16"), batches=(1, 4), lengths=(100,),
+                        training=True)
+    assert len(calls) == 2 * 2 * 4  # dtypes x batches x (prefill, decode, training fwd, bwd)
+    jobs = jobs_for(["sm_90", "sm_120"], [], shipped=False, calls=calls)
+    # the training forward is the prefill's problem in the forward family: one job for both
+    assert len(jobs) == 2 * 2 * 2 * 3
+    by_family = {}
+    for job in jobs:
+        by_family.setdefault(job.family, set()).add(dict(job.problem)["seqlen_q"])
+    assert by_family == {"forward": {100}, "decode": {1}, "backward": {100}}
+    assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
+                 "--lengths", "64"]) == 2
+    assert "describe a --model's calls" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad:  # argparse's refusal of the option
+        main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
+              "--model", "32/7,128"])
+    assert bad.value.code == 2 and "HQ a multiple of HKV" in capsys.readouterr().err
+

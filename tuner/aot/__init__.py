@@ -1,6 +1,7 @@
 """Ahead-of-time builds: the cubin bundles that let the runtime launch shipped schedules with
 no compiler (``tiledtune aot``)."""
 
-from ._build import BuildReport, Job, build_bundles, images_of, jobs_for
+from ._build import LENGTHS, BuildReport, Job, build_bundles, images_of, jobs_for, model_calls
 
-__all__ = ["BuildReport", "Job", "build_bundles", "images_of", "jobs_for"]
+__all__ = ["LENGTHS", "BuildReport", "Job", "build_bundles", "images_of", "jobs_for",
+           "model_calls"]

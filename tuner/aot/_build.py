@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["Job", "BuildReport", "jobs_for", "build_bundles", "images_of"]
+__all__ = ["Job", "BuildReport", "jobs_for", "build_bundles", "images_of", "model_calls",
+           "LENGTHS"]
+
+#: ``tiledtune aot --model``'s default prompt and cache lengths
+LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,35 @@ def _device(arch: str) -> Any:
                       sm_count=SM_COUNTS[generation(arch)])
 
 
+def model_calls(heads_q: int, heads_kv: int, head_dim: int, *, dtypes: Sequence[str],
+                batches: Sequence[int], lengths: Sequence[int],
+                training: bool) -> list[tuple[str, Any]]:
+    """``(operation, problem)`` of a model's calls: at each batch size, dtype and length ``L``
+    a causal prefill of ``L`` tokens and a decode step (one query row over ``L`` keys); with
+    ``training`` also the forward and backward of a training call of ``L`` tokens."""
+    from tiledattention import Problem
+
+    calls = []
+    for dtype in dtypes:
+        for batch in batches:
+            for n in lengths:
+                shape = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                             head_dim=head_dim, dtype=dtype)
+                prefill = Problem(**shape, seqlen_q=n, seqlen_k=n, causal=True)
+                calls += [("sdpa", prefill),
+                          ("sdpa", Problem(**shape, seqlen_q=1, seqlen_k=n, causal=False))]
+                if training:
+                    calls += [("sdpa_with_lse", prefill), ("sdpa_backward", prefill)]
+    return calls
+
+
 def jobs_for(archs: Sequence[str], problems: Iterable[tuple[str, Any]],
-             shipped: bool = True) -> list[Job]:
-    """The jobs: each of ``problems`` (``(family name, problem)``) and, with ``shipped``, each
-    shipped row's problem, on every architecture of ``archs``."""
-    from tiledattention import ARCHITECTURES, shipped_table
+             shipped: bool = True, calls: Iterable[tuple[str, Any]] = ()) -> list[Job]:
+    """The jobs, on every architecture of ``archs``: each of ``problems`` (``(family name,
+    problem)``), with ``shipped`` each shipped row's problem, and each of ``calls``
+    (``(operation, problem)``, :func:`model_calls`) with the family the dispatch picks for it
+    on that architecture."""
+    from tiledattention import ARCHITECTURES, choose_family, shipped_table
 
     named = list(problems)
     if shipped:
@@ -66,6 +94,9 @@ def jobs_for(archs: Sequence[str], problems: Iterable[tuple[str, Any]],
                 named += [(row.family, row.problem) for row in table.rows()]
     jobs = [Job(family, tuple(sorted(problem.to_dict().items())), arch)
             for family, problem in named for arch in archs]
+    jobs += [Job(choose_family(arch, problem, operation).name,
+                 tuple(sorted(problem.to_dict().items())), arch)
+             for operation, problem in calls for arch in archs]
     return list(dict.fromkeys(jobs))
 
 

@@ -2,14 +2,18 @@
 
     tiledtune aot --arch sm_90,sm_100,sm_120 --out cubins
     tiledtune aot --arch sm_90 --into-package                  # before building a wheel
+    tiledtune aot --arch sm_90 --no-shipped --out cubins --model 32/8,128 --training
     P=batch=1,heads_q=32,heads_kv=8,seqlen_q=4096,seqlen_k=4096,head_dim=128,dtype=bf16
     tiledtune aot --arch sm_90 --no-shipped --out cubins --problem kernel=forward,$P,causal=yes
 
 (a ``--problem`` names its family and every field of the family's problem, as ``tiledtune bench
---problem`` does.) For every row of the shipped tables (unless ``--no-shipped``) and every
-``--problem``, on each architecture, the schedule the lookup hands out there with no user
-database is compiled on this machine (no GPU needed) and each kernel it launches is kept, once
-per compile-time constants, in ``cubins-<arch>.zip``. At run time ``tiledattention`` launches
+--problem`` does; a ``--model`` stands for its calls at ``--lengths``, ``--batch`` and
+``--dtypes``: a causal prefill and a decode step at each length, with ``--training`` a training
+call's forward and backward, each in the family ``sdpa``'s dispatch picks.) For every row of
+the shipped tables (unless ``--no-shipped``), every ``--problem`` and every ``--model``'s call,
+on each architecture, the schedule the lookup hands out there with no user database is
+compiled on this machine (no GPU needed) and each kernel it launches is kept, once per
+compile-time constants, in ``cubins-<arch>.zip``. At run time ``tiledattention`` launches
 a kernel from a bundle in ``tiledattention/pretuned/`` or in ``$TILEDATTENTION_CUBINS`` (paths
 separated by ``os.pathsep``) whenever one fits, with no ``tileiras`` and no cuTile compile;
 ``TILEDATTENTION_JIT=0`` makes any other launch an error instead of a compile. A cubin for
@@ -43,8 +47,58 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also build this problem of family NAME (repeatable)")
     parser.add_argument("--no-shipped", dest="shipped", action="store_false",
                         help="leave out the shipped tables' problems")
+    model = parser.add_argument_group(
+        "a model's calls (--model): at each length L a causal prefill of L tokens and a "
+        "decode step over L keys, each in the family sdpa's dispatch picks")
+    model.add_argument("--model", type=_parse_model, action="append", default=[],
+                       metavar="HQ/HKV,D", help="query heads / K/V heads and head dim, e.g. "
+                       "32/8,128 (repeatable)")
+    model.add_argument("--lengths", type=_parse_ints, default=None, metavar="LIST",
+                       help="prompt and cache lengths (default 128,256,...,32768)")
+    model.add_argument("--batch", type=_parse_ints, default=(1,), metavar="LIST",
+                       help="batch sizes (default 1)")
+    model.add_argument("--dtypes", type=_parse_dtypes, default=("bf16",), metavar="LIST",
+                       help="bf16,fp16 (default bf16)")
+    model.add_argument("--training", action="store_true",
+                       help="also the forward and backward of a training call of each length")
     parser.add_argument("--jobs", type=positive_int, default=max(1, os.cpu_count() or 1),
                         metavar="N", help="parallel compile processes (default: the CPU count)")
+
+
+def _parse_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, comma-separated; got "
+                                         f"{text!r}")
+    return values
+
+
+def _parse_dtypes(text: str) -> tuple[str, ...]:
+    from tiledattention import DTYPES
+
+    values = tuple(v.strip() for v in text.split(","))
+    unknown = [v for v in values if v not in DTYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"dtypes must be among {list(DTYPES)}; got {unknown}")
+    return values
+
+
+def _parse_model(text: str) -> tuple[int, int, int]:
+    """``HQ/HKV,D`` or ``H,D`` -> ``(heads_q, heads_kv, head_dim)``."""
+    heads, _, dim = text.partition(",")
+    hq, _, hkv = heads.partition("/")
+    try:
+        found = int(hq), int(hkv or hq), int(dim)
+    except ValueError:
+        found = (0, 0, 0)
+    if min(found) < 1 or found[0] % found[1]:
+        raise argparse.ArgumentTypeError(
+            f"expected HQ/HKV,D (positive integers, HQ a multiple of HKV), e.g. 32/8,128; "
+            f"got {text!r}")
+    return found
 
 
 def _problems(specs: list[dict]) -> list:
@@ -70,11 +124,17 @@ def _problems(specs: list[dict]) -> list:
 def run(args: argparse.Namespace) -> int:
     from tiledattention.tooling import PACKAGE_BUNDLES
 
-    from ..aot import build_bundles, jobs_for
+    from ..aot import LENGTHS, build_bundles, jobs_for, model_calls
+    from ..errors import UsageError
 
-    jobs = jobs_for(args.arch, _problems(args.problem), shipped=args.shipped)
+    if not args.model and (args.lengths or args.training):
+        raise UsageError("--lengths and --training describe a --model's calls: name one")
+    calls = [call for hq, hkv, d in args.model
+             for call in model_calls(hq, hkv, d, dtypes=args.dtypes, batches=args.batch,
+                                     lengths=args.lengths or LENGTHS, training=args.training)]
+    jobs = jobs_for(args.arch, _problems(args.problem), shipped=args.shipped, calls=calls)
     if not jobs:
-        say("aot", "nothing to build: --no-shipped and no --problem")
+        say("aot", "nothing to build: --no-shipped and no --problem or --model")
         return 2
     out = PACKAGE_BUNDLES if args.into_package else args.out
     start = time.perf_counter()
