@@ -13,7 +13,7 @@ import zipfile
 import cuda.tile
 import pytest
 
-from tiledattention import FORWARD, Problem
+from tiledattention import FORWARD, DeviceInfo, Problem
 from tiledattention.core import _aot, _bundles
 from tiledattention.errors import CompileRequiredError, InputValueError
 from tiledattention.kernels.forward._launch import UNUSED, kernel_args, kernel_for, normalise
@@ -105,7 +105,8 @@ class FakeDriver:
         monkeypatch.setattr(_aot._driver, "launch_kernel", self.launch)
         monkeypatch.setattr(_aot, "_device_of", lambda args: 0)
         monkeypatch.setattr(_aot, "_current_device", lambda: 0)
-        monkeypatch.setitem(_aot._archs, 0, "sm_90")
+        monkeypatch.setattr(_aot, "device_info", lambda index: DeviceInfo(
+            index=index, arch="sm_90", name="fake", sm_count=132))
         self.image = None
 
     def load(self, cubin, symbol, device):

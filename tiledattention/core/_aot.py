@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import _driver
+from . import _plans as hot
 from ._bundles import (ArraySpec, bundle_paths, constants_key, current_entries, kernel_name,
                        param_specs, read_member)
+from ._device import device_info
 from ._lazy import lazy_module
 from ..errors import CompileRequiredError
 
@@ -209,7 +211,6 @@ class _KernelImages:
 _UNSEEN = object()
 _kernels: dict[Any, Any] = {}  # kernel object -> _KernelImages, or None where none is shipped
 _images: dict | None = None  # shipped_images(), read on the first launch
-_archs: dict[int, str] = {}  # device index -> sm_XY
 _jit: bool | None = None  # jit_allowed() at the first launch (an environment read costs ~1 µs)
 
 
@@ -220,6 +221,14 @@ def reset() -> None:
     _images = None
     _jit = None
     _kernels.clear()
+
+
+def _loaded_images() -> dict:
+    """:func:`shipped_images` of the bundles in use, read once (until :func:`reset`)."""
+    global _images
+    if _images is None:
+        _images = shipped_images()
+    return _images
 
 
 def _device_of(args: Sequence[Any]) -> int | None:
@@ -233,25 +242,9 @@ def _device_of(args: Sequence[Any]) -> int | None:
     return None
 
 
-def _arch(device: int) -> str:
-    arch = _archs.get(device)
-    if arch is None:
-        from ._device import device_info
-
-        arch = _archs[device] = device_info(device).arch
-    return arch
-
-
-_torch_current_device: Any = None
-
-
 def _current_device() -> int:
-    global _torch_current_device
-    if _torch_current_device is None:
-        import torch
-
-        _torch_current_device = torch.cuda.current_device
-    return _torch_current_device()
+    hot.bind_torch()  # (once; returns at once after)
+    return hot.current_device()
 
 
 def _stream_handle(stream: Any) -> int:
@@ -263,24 +256,27 @@ def _stream_handle(stream: Any) -> int:
     return int(stream)
 
 
-def shipped_image(kernel: Any, args: Sequence[Any]) -> Image | None:
-    """The image a launch of ``kernel`` with ``args`` would run, or None (the JIT's)."""
-    global _images
+def _shipped(kernel: Any, args: Sequence[Any]) -> tuple[Image, int] | None:
+    """``(image, device)`` of a launch of ``kernel`` with ``args`` on a CUDA device, or None
+    where no shipped image has its kernel, architecture and constants."""
     entry = _kernels.get(kernel, _UNSEEN)
     if entry is _UNSEEN:
-        if _images is None:
-            _images = shipped_images()
-        by_arch = _images.get(kernel_name(kernel))
+        by_arch = _loaded_images().get(kernel_name(kernel))
         entry = _kernels[kernel] = None if by_arch is None else _KernelImages(kernel, by_arch)
     if entry is None:
         return None
     device = _device_of(args)
     if device is None or device < 0:  # no CUDA array: the JIT's launch says what is wrong
         return None
-    images = entry.by_arch.get(_arch(device))
-    if images is None:
-        return None
-    return images.get(tuple(args[i] for i in entry.const_at))
+    images = entry.by_arch.get(device_info(device).arch)
+    image = None if images is None else images.get(tuple(args[i] for i in entry.const_at))
+    return None if image is None else (image, device)
+
+
+def shipped_image(kernel: Any, args: Sequence[Any]) -> Image | None:
+    """The image a launch of ``kernel`` with ``args`` would run, or None (the JIT's)."""
+    found = _shipped(kernel, args)
+    return None if found is None else found[0]
 
 
 def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
@@ -290,18 +286,16 @@ def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
     tell."""
     from ._compile import capturing
 
-    global _images
     jit = "JIT" if jit_allowed() else f"refused ({ENV_JIT}=0)"
     if not bundle_paths():  # (and the kernels are not imported to tell)
         return f"{jit}: no cubin bundle is installed (`tiledtune aot` builds them)"
     with capturing(compile=False) as builds:
         family.compile_launchable(problem, schedule, arch)
-    if _images is None:
-        _images = shipped_images()
+    images = _loaded_images()
     missing = 0
     for kernel, args, _, _ in builds:
         key = constants_key(param_specs(kernel, args))
-        if key not in _images.get(kernel_name(kernel), {}).get(arch, {}):
+        if key not in images.get(kernel_name(kernel), {}).get(arch, {}):
             missing += 1
     if missing == 0:
         return f"shipped cubins ({len(builds)} kernel variant(s); no compiler runs)"
@@ -315,9 +309,9 @@ def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options
     with ``TILEDATTENTION_JIT=0``, :class:`CompileRequiredError`). A shipped launch leaves
     ``programmatic_dependent_launch`` out: the kernel then simply waits for its predecessor
     (what the option lets overlap), with the same results."""
-    image = shipped_image(kernel, args)
-    if image is not None:
-        device = _device_of(args)
+    found = _shipped(kernel, args)
+    if found is not None:
+        image, device = found
         # the driver launches in the thread's current context: the arrays' device's
         if device == _current_device() and image.launch(_stream_handle(stream), grid, args,
                                                         device):

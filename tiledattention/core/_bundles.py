@@ -16,7 +16,6 @@ Bundles are read from ``tiledattention/pretuned/cubins-*.zip`` (``tiledtune aot
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from ._identity import module_identity
 from ..errors import InputValueError
 
 __all__ = ["ArraySpec", "BUNDLE_FORMAT", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
@@ -161,13 +161,6 @@ def write_bundle(path: Path, arch: str, images: Iterable[dict], versions: dict) 
     return len(entries)
 
 
-@functools.cache
-def _identity(modules: tuple[str, ...]) -> str:
-    from ._identity import module_identity
-
-    return module_identity(*modules)
-
-
 def current_entries(paths: Sequence[Path] | None = None) -> Iterator[tuple[Path, str, dict]]:
     """``(bundle, arch, entry)`` of every image in the bundles (``bundle_paths()`` by default)
     whose template is the one installed now; an image built from another version of its
@@ -179,7 +172,7 @@ def current_entries(paths: Sequence[Path] | None = None) -> Iterator[tuple[Path,
             warnings.warn(f"tiledattention: {exc}; its cubins are not used", stacklevel=3)
             continue
         for entry in manifest["images"]:
-            if _identity(tuple(entry["modules"])) == entry["identity"]:
+            if module_identity(*entry["modules"]) == entry["identity"]:  # (cached)
                 yield path, manifest["arch"], entry
 
 

@@ -4,11 +4,11 @@ out on a machine with only the shipped table, into one cubin bundle per architec
 The problems: every row of the shipped tables (its own problem, looked up for each
 architecture: its row where the row's architecture is the target, else what the lookup
 answers there, normally the default) and the problems named on the command line. For each,
-the schedule is the lookup's answer (:class:`~tiledattention.core._lookup.Resolver` with no
-user database), and the family's compile-only build of it runs under
-:func:`~tiledattention.core._compile.capturing`, which records every kernel it compiles. The
-images are kept once per (kernel, constants) and architecture and written by
-:func:`~tiledattention.core._bundles.write_bundle`.
+the schedule is the runtime lookup's answer with the shipped table and no user database
+(:func:`tuner.lookup.runtime_resolution`, looked up for the family's plan problem), and the
+family's compile-only build of it runs under :func:`~tiledattention.core._compile.capturing`,
+which records every kernel it compiles. The images are kept once per (kernel, constants) and
+architecture and written by :func:`~tiledattention.core._bundles.write_bundle`.
 """
 
 from __future__ import annotations
@@ -46,14 +46,6 @@ class BuildReport:
     bundles: dict[str, tuple[Path, int, int]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     jobs: int = 0
-
-
-def _device(arch: str) -> Any:
-    from tiledattention import DeviceInfo
-    from tiledattention.tooling import SM_COUNTS, generation
-
-    return DeviceInfo(index=0, arch=arch, name=f"any {arch}",
-                      sm_count=SM_COUNTS[generation(arch)])
 
 
 def model_calls(heads_q: int, heads_kv: int, head_dim: int, *, dtypes: Sequence[str],
@@ -103,14 +95,15 @@ def jobs_for(archs: Sequence[str], problems: Iterable[tuple[str, Any]],
 def images_of(job: Job) -> list[dict]:
     """Compile ``job`` (the lookup's schedule for it) and return its images (JSON-ready dicts
     with the cubin bytes). Runs in a worker process."""
-    from tiledattention import get_family, shipped_table
-    from tiledattention.tooling import (Resolver, capturing, kernel_name, kernel_symbol,
-                                        param_specs)
+    from tiledattention import get_family
+    from tiledattention.tooling import capturing, kernel_name, kernel_symbol, param_specs
+
+    from ..lookup import runtime_resolution, shipped_rows
 
     family = get_family(job.family)
     problem = family.problem_type.from_dict(dict(job.problem))
-    resolver = Resolver(open_user=lambda: None, open_shipped=shipped_table)
-    schedule = resolver(family, problem, _device(job.arch)).schedule
+    schedule = runtime_resolution(family, problem, shipped_rows(family, job.arch),
+                                  job.arch).schedule
     with capturing() as builds:
         family.compile_launchable(problem, schedule, job.arch)
     modules = list(family.template_modules)
