@@ -14,10 +14,12 @@ from typing import Any, Iterator, Sequence
 
 from ._cubin import elf_sections
 from ._dtypes import element
+from ._problem import row_stat_shape
 from ..errors import CompileError, InputValueError
 
 __all__ = ["ARCHITECTURES", "SM_COUNTS", "CompileResult", "array_constraint", "check_arch",
-           "cubin_shared_bytes", "capturing", "export_cubin", "generation"]
+           "cubin_shared_bytes", "capturing", "export_cubin", "generation",
+           "attention_constraints", "row_stat_constraint"]
 
 #: ``(builds, compile)`` of an active ``capturing()``, or None
 _capture: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("capture", default=None)
@@ -124,6 +126,32 @@ def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | 
         shape_divisible_by=tuple(16 if n % 16 == 0 else 1 for n in shape),
         base_addr_divisible_by=16,
     )
+
+
+def attention_constraints(problem: Any, packed: bool) -> tuple[Any, Any]:
+    """``(q_like, kv_like)``: the ``[B, H, S, D]`` arrays of ``problem`` as the launchers pass
+    them (contiguous), or with ``packed`` the ``[1, H, tokens, D]`` views of a packed batch's
+    ``[tokens, H, D]`` tensors."""
+    p = problem
+    if packed:
+        return tuple(array_constraint(p.dtype, (1, h, p.batch * n, p.head_dim),
+                                      (p.batch * n * h * p.head_dim, p.head_dim,
+                                       h * p.head_dim, 1))
+                     for h, n in ((p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k)))
+    return (array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim)),
+            array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim)))
+
+
+def row_stat_constraint(problem: Any, packed: bool) -> Any:
+    """The float32 per-row statistic (log-sum-exp, delta) of ``problem`` as the launchers pass
+    it: ``[B, H_q, S_q]`` views of row-aligned storage (``row_stat_shape``), or with ``packed``
+    a ``[1, H_q, tokens]`` view of a packed batch's."""
+    if packed:
+        tokens = problem.batch * problem.seqlen_q
+        return array_constraint("fp32", (1, problem.heads_q, tokens),
+                                (problem.heads_q * tokens, tokens, 1))
+    b, h, padded = row_stat_shape(problem)
+    return array_constraint("fp32", (b, h, problem.seqlen_q), (h * padded, padded, 1))
 
 
 def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> CompileResult:

@@ -24,7 +24,8 @@ from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "problem_of_arrays", "check_cuda",
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
-           "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_shape", "variant_args",
+           "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_rows", "row_stat_shape",
+           "variant_args",
            "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor", "check_attention_tensors"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
@@ -55,10 +56,15 @@ def padded_head_dim(head_dim: int) -> int:
 ROW_STAT_ALIGN = 32
 
 
+def row_stat_rows(rows: int) -> int:
+    """``rows`` rounded up to ``ROW_STAT_ALIGN``: the storage length of a per-row statistic's
+    rows (16-byte aligned for the kernels' loads)."""
+    return -(-rows // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+
+
 def row_stat_shape(problem: "Problem") -> tuple[int, int, int]:
     """The storage shape of a float32 per-row statistic (log-sum-exp, delta) of ``problem``."""
-    padded = -(-problem.seqlen_q // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
-    return (problem.batch, problem.heads_q, padded)
+    return (problem.batch, problem.heads_q, row_stat_rows(problem.seqlen_q))
 
 
 def default_scale(problem: "Problem") -> float:

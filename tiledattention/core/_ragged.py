@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._problem import INDEX_LIMIT, ROW_STAT_ALIGN, Problem
+from ._problem import INDEX_LIMIT, Problem, row_stat_rows
 
 __all__ = ["RaggedLayout", "ragged_problem", "pow2_at_least", "packed_ranges",
            "packed_row_stat_length", "packed_row_stat"]
@@ -77,7 +77,7 @@ def packed_ranges(cu_seq_q: Any, cu_seq_k: Any) -> Any:
 def packed_row_stat_length(tokens: int) -> int:
     """The storage length of a packed call's per-row statistic: ``tokens`` rounded up to
     ``ROW_STAT_ALIGN`` (16-byte aligned rows, as ``row_stat_shape`` gives a rectangle's)."""
-    return -(-tokens // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+    return row_stat_rows(tokens)
 
 
 def packed_row_stat(heads: int, tokens: int, device: Any) -> Any:

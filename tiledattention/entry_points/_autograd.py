@@ -25,7 +25,7 @@ import torch
 from . import _training
 from ..core._dispatch import family_for_schedule
 from ..core._family import get_family
-from ..core._problem import BOTTOM_RIGHT, ROW_STAT_ALIGN, causal_flags, variant_args
+from ..core._problem import BOTTOM_RIGHT, causal_flags, row_stat_rows, variant_args
 from ..core._runtime import runtime
 from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
 
@@ -70,7 +70,7 @@ def _variant(window_left: int, window_right: int, softcap: float,
 
 
 def variant_kwargs(window_left: int, window_right: int, softcap: float,
-             sinks: Optional[torch.Tensor]) -> dict[str, Any]:
+                   sinks: Optional[torch.Tensor]) -> dict[str, Any]:
     """The runtime's variant keywords for the ops' arguments (left out when unset)."""
     found: dict[str, Any] = {}
     if window_left != -1 or window_right != -1:
@@ -98,7 +98,7 @@ def _row_stat_fake(q: torch.Tensor) -> torch.Tensor:
     view of ``[B, H_q, S_q rounded up to ROW_STAT_ALIGN]`` storage, and tracing records strides,
     so the fake must have the real ones."""
     b, hq, sq, _ = q.shape
-    padded = -(-sq // ROW_STAT_ALIGN) * ROW_STAT_ALIGN
+    padded = row_stat_rows(sq)
     return q.new_empty_strided((b, hq, sq), (hq * padded, padded, 1), dtype=torch.float32)
 
 

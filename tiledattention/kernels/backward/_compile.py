@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...core._compile import CompileResult, array_constraint, export_cubin
+from ...core._compile import (CompileResult, array_constraint, attention_constraints,
+                              export_cubin, row_stat_constraint)
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
                       DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES,
                       delta_kernel, dkdv_constants, dkdv_kernel, dq_constants, dq_kernel,
                       dq_scale_kernel, has_variants, normalise, one_pass_constants,
-                      row_stat_shape, sum_constants, sum_kernel)
+                      sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -35,19 +36,8 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
     s = normalise(problem, schedule)
     p = problem
     packed = p.ragged
-    if packed:  # [1, H, tokens, D] views of [tokens, H, D] tensors; [1, H_q, tokens] stats
-        q_like, kv_like = (
-            array_constraint(p.dtype, (1, h, p.batch * n, p.head_dim),
-                             (p.batch * n * h * p.head_dim, p.head_dim, h * p.head_dim, 1))
-            for h, n in ((p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k)))
-        tokens = p.batch * p.seqlen_q
-        stat = array_constraint("fp32", (1, p.heads_q, tokens),
-                                (p.heads_q * tokens, tokens, 1))
-    else:
-        q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
-        kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
-        b, h, padded = row_stat_shape(p)
-        stat = array_constraint("fp32", (b, h, p.seqlen_q), (h * padded, padded, 1))
+    q_like, kv_like = attention_constraints(p, packed)  # packed: [1, H, tokens, D] views
+    stat = row_stat_constraint(p, packed)
     kv_parts = array_constraint("fp32", (s.dkdv_splits * p.batch, p.heads_kv, p.seqlen_k,
                                          p.head_dim))
     scale = ctc.ScalarConstraint(ct.float32)

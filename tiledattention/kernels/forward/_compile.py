@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from ...core._compile import CompileResult, array_constraint, export_cubin
+from ...core._compile import (CompileResult, array_constraint, attention_constraints,
+                              export_cubin, row_stat_constraint)
 from ...core._lazy import lazy_module
 from ._launch import kernel_constants, kernel_for, ordered_args
-from ...core._problem import Problem, row_stat_shape
+from ...core._problem import Problem
 from ._schedule import Schedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -49,14 +50,7 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
     for ``arch``. ``label`` names the build in errors. Tests use it to compile constants that
     no normalised schedule produces."""
     p = problem
-    if constants.get("PACKED"):  # [1, H, tokens, D] views of [tokens, H, D] tensors
-        q_like, kv_like = (
-            array_constraint(p.dtype, (1, h, p.batch * s, p.head_dim),
-                             (p.batch * s * h * p.head_dim, p.head_dim, h * p.head_dim, 1))
-            for h, s in ((p.heads_q, p.seqlen_q), (p.heads_kv, p.seqlen_k)))
-    else:
-        q_like = array_constraint(p.dtype, (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
-        kv_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+    q_like, kv_like = attention_constraints(p, bool(constants.get("PACKED")))
     if p.page_size:  # page pools [pages, page_size, H_kv, D], as many pages as the keys fill
         pages = p.batch * -(-p.seqlen_k // p.page_size)
         kv_like = array_constraint(p.dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
@@ -68,15 +62,8 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
         runtime["window_left"] = runtime["window_right"] = ctc.ScalarConstraint(ct.int32)
     if constants.get("SOFTCAP"):
         runtime["softcap"] = ctc.ScalarConstraint(ct.float32)
-    if constants.get("STORE_LSE"):  # float32 log-sum-exps, row-aligned (``row_stat_shape``)
-        if constants.get("PACKED"):
-            tokens = p.batch * p.seqlen_q
-            runtime["Lse"] = array_constraint("fp32", (1, p.heads_q, tokens),
-                                              (p.heads_q * tokens, tokens, 1))
-        else:
-            b, h, padded = row_stat_shape(p)
-            runtime["Lse"] = array_constraint("fp32", (b, h, p.seqlen_q),
-                                              (h * padded, padded, 1))
+    if constants.get("STORE_LSE"):  # the float32 log-sum-exps
+        runtime["Lse"] = row_stat_constraint(p, bool(constants.get("PACKED")))
     if constants.get("SINKS"):  # the [H_q] float32 sink logits
         runtime["Sinks"] = array_constraint("fp32", (p.heads_q,))
     if constants.get("RAGGED"):  # the int32 [4, sequences] query and key ranges
