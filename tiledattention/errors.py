@@ -16,9 +16,7 @@ from db import TiledAttentionError
 
 __all__ = ["TiledAttentionError", "InputTypeError", "InputValueError", "ScheduleError",
            "UnsupportedProblemError", "UnknownFamilyError", "CompileError", "KernelArgumentError",
-           "ScheduleDatabaseError", "UnsupportedOperationError", "CompileRequiredError",
-           "DriverError"]
-
+           "ScheduleDatabaseError", "UnsupportedOperationError", "CompileRequiredError"]
 
 
 class InputTypeError(TiledAttentionError, TypeError):
@@ -48,11 +46,6 @@ class CompileError(TiledAttentionError, RuntimeError):
 class CompileRequiredError(CompileError):
     """A call needs a kernel that no shipped cubin holds, and compiling is switched off
     (``TILEDATTENTION_JIT=0``); names the kernel and its constants."""
-
-
-class DriverError(TiledAttentionError, RuntimeError):
-    """A CUDA driver call that loads or launches a shipped cubin failed (names the call and the
-    driver's error code)."""
 
 
 class KernelArgumentError(TiledAttentionError, TypeError):

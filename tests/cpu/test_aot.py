@@ -1,22 +1,24 @@
-"""Shipped cubins on the CPU: ``tiledtune aot`` builds bundles for several architectures; an
-image packs a launch's arguments in cuTile's calling convention (checked field by field
-against the kernel's parameters and through the driver's pointer array); a launch takes the
-image where one fits and the JIT otherwise; ``TILEDATTENTION_JIT=0`` refuses to compile; an
-image of another template version is never used."""
+"""Shipped cubins on the CPU: ``tiledtune aot`` builds bundles for several architectures
+whose images assume what ``ct.launch``'s signature of a call promises and no more; a
+kernel's compile is answered with the image that serves the signature and goes to the JIT
+otherwise; ``TILEDATTENTION_JIT=0`` refuses to compile; an image of another template version
+is never used."""
 
 from __future__ import annotations
 
-import ctypes
+import dataclasses
 import json
+import types
 import zipfile
 
 import cuda.tile
 import pytest
 
-from tiledattention import FORWARD, DeviceInfo, Problem
+from tiledattention import FORWARD, Problem
 from tiledattention.core import _aot, _bundles
 from tiledattention.errors import CompileRequiredError, InputValueError
-from tiledattention.kernels.forward._launch import UNUSED, kernel_args, kernel_for, normalise
+from tiledattention.core._compile import array_constraint
+from tiledattention.kernels.forward._launch import kernel_args, kernel_for, normalise
 from tuner.aot import Job, build_bundles, images_of, jobs_for, model_calls
 from tuner.cli import main
 
@@ -35,9 +37,12 @@ def _job(family: str, problem: Problem, arch: str) -> Job:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    """Bundles for three architectures: Llama-shaped prefill, and a decode step on sm_90."""
+    """Bundles for three architectures: Llama-shaped prefill (on sm_90 at batch 1 and 2), and
+    a decode step on sm_90."""
     out = tmp_path_factory.mktemp("cubins")
-    jobs = [_job("forward", LLAMA, arch) for arch in ARCHES] + [_job("decode", DECODE, "sm_90")]
+    jobs = [_job("forward", LLAMA, arch) for arch in ARCHES] + [
+        _job("forward", dataclasses.replace(LLAMA, batch=2), "sm_90"),
+        _job("decode", DECODE, "sm_90")]
     report = build_bundles(jobs, out, processes=2)
     assert report.failures == []
     return out
@@ -66,7 +71,8 @@ def test_bundles_are_built_for_each_architecture(bundle_dir):
 
 def test_images_assume_nothing_of_lengths_but_the_head_dims():
     """A shipped image serves every sequence length: only the last dimension's divisibility
-    is compiled in (a compile-only build of 1024 tokens would assume 16 | S)."""
+    is compiled in (a compile-only build of 1024 tokens would assume 16 | S), and a dim of
+    length 1 only in the batch-1 image."""
     problem = Problem(batch=2, heads_q=16, heads_kv=16, seqlen_q=1024, seqlen_k=1024,
                       head_dim=64, dtype="fp16", causal=False)
     plain, with_lse = images_of(_job("forward", problem, "sm_90"))  # and a training forward's
@@ -75,19 +81,143 @@ def test_images_assume_nothing_of_lengths_but_the_head_dims():
         assert len(arrays) == count
         for array in arrays[:4]:
             assert array["shape_divisible_by"] == [1, 1, 1, 16]
+            assert array["shape_constant"] == [None] * 4
             assert array["stride_constant"][-1] == 1 and array["base_divisible_by"] == 16
             assert array["dtype"] == "float16"
     lse = [p for p in with_lse["params"] if p["kind"] == "array"][4]
     assert (lse["dtype"], lse["shape_divisible_by"]) == ("float32", [1, 1, 1])
+    one = images_of(_job("forward", dataclasses.replace(problem, batch=1), "sm_90"))[0]
+    assert all(a["shape_constant"] == [1, None, None, None]
+               for a in one["params"] if a["kind"] == "array")
 
 
-def _forward_launch(problem: Problem, q=None):
-    """(kernel, args, q, k, v, out) of a forward launch on CPU tensors (they have data
-    pointers, shapes and strides like CUDA ones)."""
+def test_array_constraints_are_what_ct_launch_derives():
+    """``array_constraint`` mirrors the signature ``ct.launch`` derived on an H200 for a
+    ``[1, 32, 173, 128]`` bf16 tensor and a decode step's ``[2, 8, 4, 1, 128]`` view
+    (``cuda.tile`` 1.7: a stride of 1 and a dim of 1 become constants, 16-byte divisibility
+    of strides and base, 16 | each dim)."""
+    q = array_constraint("bf16", (1, 32, 173, 128))
+    assert q.shape_constant == (1, None, None, None)
+    assert q.stride_constant == (None, None, None, 1)
+    assert q.stride_lower_bound_incl == (0, 0, 0, None)
+    assert q.stride_divisible_by == (8, 8, 8, 1)
+    assert q.shape_divisible_by == (1, 16, 1, 16)
+    assert (q.base_addr_divisible_by, q.alias_groups, q.may_alias_internally) == (16, (), False)
+    step = array_constraint("bf16", (2, 8, 4, 1, 128))
+    assert step.shape_constant == (None, None, None, 1, None)
+    assert step.shape_divisible_by == (1, 1, 1, 1, 16)
+    lse = array_constraint("fp32", (1, 32, 173), (32 * 176, 176, 1))
+    assert lse.stride_divisible_by == (4, 4, 1) and lse.shape_constant == (1, None, None)
+
+
+def test_an_image_is_compiled_in_the_calling_convention_ct_launch_picks():
+    """The oldest that can pass the launch: the backward's sum kernel (two arrays, constants)
+    takes ``cutile_python_v1`` at batch 2 and ``cutile_python_v2`` at batch 1 (a dim of
+    length 1 is a constant); a kernel with empty-tuple placeholders always v2."""
+    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=300, head_dim=64,
+                      dtype="bf16", causal=True)
+    for batch, want in ((2, "cutile_python_v1"), (1, "cutile_python_v2")):
+        images = images_of(_job("backward", dataclasses.replace(problem, batch=batch), "sm_90"))
+        sums = [i for i in images if ":attention_bwd_sum[" in i["kernel"]]
+        assert sums and all(_bundles.convention_of(i["params"]) == want for i in sums)
+        others = [i for i in images if i not in sums]
+        assert all(_bundles.convention_of(i["params"]) == "cutile_python_v2" for i in others)
+
+
+def _signature(problem: Problem):
+    """The signature ``ct.launch`` makes of a forward launch of ``problem`` (its arrays as
+    ``array_constraint`` describes them, which the test above pins) and the kernel."""
+    from cuda.tile import compilation as ctc
+
+    from tiledattention.core._compile import attention_constraints
+    from tiledattention.kernels.forward._launch import kernel_constants, ordered_args
+
+    schedule = normalise(problem, FORWARD.default_schedule("sm_90", problem))
+    q_like, kv_like = attention_constraints(problem, packed=False)
+    runtime = {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
+               "qk_scale": ctc.ScalarConstraint(cuda.tile.float32),
+               "heads_q": ctc.ScalarConstraint(cuda.tile.int32),
+               "group": ctc.ScalarConstraint(cuda.tile.int32),
+               "Lse": ctc.ScalarConstraint(cuda.tile.int32)}
+    runtime.update({name: ctc.TupleConstraint(()) for name in ("window_left", "window_right",
+                                                                "softcap", "Sinks")})
+    args = ordered_args(runtime, kernel_constants(problem, schedule))
+    return kernel_for(schedule), ctc.KernelSignature(
+        list(args), calling_convention=ctc.CallingConvention.cutile_python_v2())
+
+
+class _Original:
+    """A kernel's own ``_compile``, recording the signatures it is asked to compile."""
+
+    def __init__(self) -> None:
+        self.asked = []
+
+    def __call__(self, signature, context, compute_capability=None):
+        self.asked.append(signature)
+        return b"jit", "jit", None, ()
+
+
+def _hook(kernel, jit: bool = True):
+    images = _aot.shipped_images().get(_bundles.kernel_name(kernel), {})
+    original = _Original()
+    return _aot.ShippedCompile(kernel, images, original, jit), original
+
+
+def test_a_launch_signature_gets_the_image_that_serves_it(use_bundles):
+    kernel, signature = _signature(dataclasses.replace(LLAMA, seqlen_q=777, seqlen_k=777))
+    hook, original = _hook(kernel)
+    cubin, symbol, program, providers = hook(signature, None, (9, 0))
+    assert cubin[:4] == b"\x7fELF" and symbol.startswith("attention_fwd")
+    assert (program, providers, hook.served, original.asked) == (None, (), 1, [])
+    # the batch-1 image is another one than the batch-2 one (batch 1 is compiled in)
+    _, other = _signature(dataclasses.replace(LLAMA, batch=2))
+    assert hook(other, None, (9, 0))[0] != cubin and hook.served == 2
+    # no image: another architecture, another calling convention, a head dim nobody built
+    assert hook(signature, None, (12, 0))[0] == b"jit"
+    v3 = types.SimpleNamespace(parameters=signature.parameters,
+                               calling_convention=types.SimpleNamespace(name="cutile_python_v3"))
+    assert hook(v3, None, (9, 0))[0] == b"jit"
+    kernel64, sig64 = _signature(dataclasses.replace(LLAMA, head_dim=64))
+    hook64, original64 = _hook(kernel64)
+    assert hook64(sig64, None, (9, 0))[0] == b"jit" and len(original64.asked) == 1
+    assert hook.served == 2 and len(original.asked) == 2
+
+
+def test_an_image_never_serves_weaker_assumptions(use_bundles):
+    """A launch whose arrays promise less than the image assumed (an unaligned base, a
+    stride not 16-byte divisible, another dtype) is compiled, not served."""
+    kernel, signature = _signature(LLAMA)
+    params = _bundles.param_specs(kernel, signature.parameters)
+    hook, _ = _hook(kernel)
+    image = _aot._find(hook.images_by_arch, "sm_90", params)
+    assert image is not None
+    for field, value in (("base_divisible_by", 1), ("stride_divisible_by", [1, 8, 8, 1]),
+                         ("dtype", "float16"), ("shape_constant", [None] * 4),
+                         ("may_alias_internally", True), ("stride_lower_bound", [None] * 4)):
+        weaker = [dict(p) for p in params]
+        weaker[0][field] = value
+        assert not _bundles.serves(image.params, weaker), field
+    stronger = [dict(p) for p in params]
+    stronger[0]["shape_divisible_by"] = [1, 16, 16, 16]  # (a length of 1024 tokens)
+    assert _bundles.serves(image.params, stronger)
+
+
+def test_no_image_and_no_jit_is_a_clear_error(use_bundles):
+    kernel, signature = _signature(dataclasses.replace(LLAMA, head_dim=64))
+    hook, original = _hook(kernel, jit=False)
+    with pytest.raises(CompileRequiredError, match="TILEDATTENTION_JIT=0") as info:
+        hook(signature, None, (9, 0))
+    assert "attention_fwd" in str(info.value) and original.asked == []
+    kernel, signature = _signature(LLAMA)  # a shipped one still runs
+    hook, original = _hook(kernel, jit=False)
+    assert hook(signature, None, (9, 0))[0][:4] == b"\x7fELF"
+
+
+def _forward_launch(problem: Problem):
+    """(kernel, args, (q, k, v, out)) of a forward launch on CPU tensors."""
     schedule = normalise(problem, FORWARD.default_schedule("sm_90", problem))
     p = problem
-    q = torch.randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim).to(torch.bfloat16) \
-        if q is None else q
+    q = torch.randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim).to(torch.bfloat16)
     k = torch.randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim).to(torch.bfloat16)
     v = torch.randn_like(k)
     out = torch.empty_like(q)
@@ -95,100 +225,25 @@ def _forward_launch(problem: Problem, q=None):
     return kernel_for(schedule), args, (q, k, v, out)
 
 
-class FakeDriver:
-    """``_driver``'s two calls: loads counted, launches recorded with the argument bytes
-    read back through the driver's pointer array."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.loads, self.launches = [], []
-        monkeypatch.setattr(_aot._driver, "load_kernel", self.load)
-        monkeypatch.setattr(_aot._driver, "launch_kernel", self.launch)
-        monkeypatch.setattr(_aot, "_device_of", lambda args: 0)
-        monkeypatch.setattr(_aot, "_current_device", lambda: 0)
-        monkeypatch.setattr(_aot, "device_info", lambda index: DeviceInfo(
-            index=index, arch="sm_90", name="fake", sm_count=132))
-        self.image = None
-
-    def load(self, cubin, symbol, device):
-        assert cubin[:4] == b"\x7fELF" and symbol and device == 0
-        self.loads.append(symbol)
-        return 1234
-
-    def launch(self, handle, grid, stream, params):
-        self.launches.append((handle, grid, stream, params))
-
-
-def _read_params(image: _aot.Image, params) -> list:
-    """The launch's argument values, each read where its pointer in ``params`` points."""
-    values, j = [], 0
-    for _, spec in image.slots:
-        codes = spec if isinstance(spec, str) else "q" + "i" * 2 * spec.spec.ndim
-        for code in codes:
-            ctype = {"q": ctypes.c_uint64, "i": ctypes.c_int32, "f": ctypes.c_float}[code]
-            values.append(ctypes.cast(params[j], ctypes.POINTER(ctype)).contents.value)
-            j += 1
-    return values
-
-
-def test_a_launch_packs_the_calling_convention(use_bundles, monkeypatch):
-    driver = FakeDriver(monkeypatch)
-    jit = []
-    monkeypatch.setattr(cuda.tile, "launch", lambda *a: jit.append(a))
-    kernel, args, (q, k, v, out) = _forward_launch(
-        Problem(**{**LLAMA.to_dict(), "seqlen_q": 777, "seqlen_k": 777}))
-    _aot.launch(99, (7, 32), kernel, args)  # another length than the build's: one image
-    assert jit == [] and len(driver.launches) == 1
-    handle, grid, stream, params = driver.launches[0]
-    assert (handle, grid, stream) == (1234, (7, 32, 1), 99)
-    image = _aot.shipped_image(kernel, args)
-    want = []
-    for t in (q, k, v, out):  # pointer, shape, strides (elements)
-        want += [t.data_ptr(), *t.shape, *t.stride()]
-    want += [0.125, 32, 4, 0]  # qk_scale, heads_q, group, the Lse placeholder (no LSE)
-    got = _read_params(image, params)
-    assert got[:len(want) - 4] == want[:-4]
-    assert got[-4] == pytest.approx(0.125) and got[-3:] == want[-3:]
-    # the packed slots are exactly the parameters that are neither constants nor placeholders
-    annotations = kernel._annotated_function.parameter_annotations
-    assert [i for i, _ in image.slots] == [
-        i for i, a in enumerate(annotations) if not a.constant and args[i] is not UNUSED]
-    _aot.launch(99, (7, 32), kernel, args)  # loaded once
-    assert len(driver.loads) == 1
-
-
-def test_arrays_that_break_a_constraint_take_the_jit(use_bundles, monkeypatch):
-    driver = FakeDriver(monkeypatch)
-    jit = []
-    monkeypatch.setattr(cuda.tile, "launch", lambda *a: jit.append(a))
-    p = LLAMA
-    storage = torch.randn(p.batch * p.heads_q * p.seqlen_q * p.head_dim + 1).to(torch.bfloat16)
-    unaligned = storage[1:].view(p.batch, p.heads_q, p.seqlen_q, p.head_dim)  # 2 bytes in
-    kernel, args, _ = _forward_launch(p, q=unaligned)
-    _aot.launch(0, (8, 32), kernel, args)
-    assert len(jit) == 1 and driver.launches == []
-    kernel, args, _ = _forward_launch(p, q=torch.randn(1, 32, 1000, 128).to(torch.float16))
-    _aot.launch(0, (8, 32), kernel, args)  # a dtype the image was not built for
-    assert len(jit) == 2 and driver.launches == []
-
-
-def test_no_image_and_no_jit_is_a_clear_error(use_bundles, monkeypatch):
-    FakeDriver(monkeypatch)
-    jit = []
-    monkeypatch.setattr(cuda.tile, "launch", lambda *a: jit.append(a))
+def test_a_launch_is_ct_launch_with_the_kernels_compile_answered(use_bundles, monkeypatch):
+    launched = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **kw: launched.append((a, kw)))
+    kernel, args, _ = _forward_launch(LLAMA)
+    own = kernel._compile
+    _aot.launch(7, (8, 32), kernel, args, programmatic_dependent_launch=True)
+    assert launched == [((7, (8, 32), kernel, args), {"programmatic_dependent_launch": True})]
+    assert isinstance(kernel._compile, _aot.ShippedCompile) and kernel._compile.original == own
+    _aot.launch(7, (8, 32), kernel, args)  # prepared once
+    assert kernel._compile.original == own
+    _aot.reset()  # the kernel's own compile back
+    assert kernel._compile == own
+    other, args64, _ = _forward_launch(Problem(**{**LLAMA.to_dict(), "head_dim": 64}))
+    _aot.launch(7, (8, 32), other, args64)  # nothing shipped, compiling allowed: untouched
+    assert other._compile == other.__class__._compile.__get__(other)
     monkeypatch.setenv(_aot.ENV_JIT, "0")
-    _aot.reset()  # launches read the setting once
-    other = Problem(**{**LLAMA.to_dict(), "head_dim": 64})  # constants nobody built
-    kernel, args, _ = _forward_launch(other)
-    with pytest.raises(CompileRequiredError, match="TILEDATTENTION_JIT=0") as info:
-        _aot.launch(0, (8, 32), kernel, args)
-    assert "attention_fwd" in str(info.value) and jit == []
-    kernel, args, _ = _forward_launch(LLAMA)  # a shipped one still runs
-    _aot.launch(0, (8, 32), kernel, args)
-    monkeypatch.setenv(_aot.ENV_JIT, "1")
     _aot.reset()
-    kernel, args, _ = _forward_launch(other)
-    _aot.launch(0, (8, 32), kernel, args)
-    assert len(jit) == 1
+    _aot.launch(7, (8, 32), other, args64)  # compiling off: every kernel is answered by us
+    assert isinstance(other._compile, _aot.ShippedCompile) and not other._compile.jit
 
 
 def test_an_image_of_another_template_version_is_never_used(bundle_dir, tmp_path):
@@ -220,7 +275,8 @@ def test_the_command_builds_and_refuses_what_it_cannot(tmp_path, capsys):
     fields = ",".join(f"{k}={v}" for k, v in LLAMA.to_dict().items())
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
                  "--problem", f"kernel=forward,{fields}"]) == 0
-    assert "sm_90: 2 kernels" in capsys.readouterr().out  # and the one storing the LSE
+    # the call's kernel and the one storing the LSE, each at batch 1 and at batch 2
+    assert "sm_90: 4 kernels" in capsys.readouterr().out
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path)]) == 2
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
                  "--problem", fields]) == 2
@@ -254,8 +310,10 @@ def test_a_models_calls_are_built_in_the_families_that_run_them(capsys, tmp_path
                         training=True)
     assert len(calls) == 2 * 2 * 4  # dtypes x batches x (prefill, decode, training fwd, bwd)
     jobs = jobs_for(["sm_90", "sm_120"], [], shipped=False, calls=calls)
-    # the training forward is the prefill's problem in the forward family: one job for both
-    assert len(jobs) == 2 * 2 * 2 * 3
+    # the training forward is the prefill's problem in the forward family: one job for both;
+    # batch 1 also brings batch 2 (the image of every batch of more than one; batch 1's
+    # compiles the batch in), batch 4 also batch 1: batches 1, 2 and 4
+    assert len(jobs) == 2 * 3 * 2 * 3
     by_family = {}
     for job in jobs:
         by_family.setdefault(job.family, set()).add(dict(job.problem)["seqlen_q"])

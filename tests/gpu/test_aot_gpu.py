@@ -1,8 +1,16 @@
-"""Shipped cubins on the GPU: calls whose kernels a bundle holds run from it, through the
-driver, with compiling switched off, and give the JIT-compiled kernels' results bit for bit
-(prefill, decode, the backward, under a CUDA graph)."""
+"""Shipped cubins on the GPU: a fresh process with compiling switched off
+(``TILEDATTENTION_JIT=0``) and no ``tileiras`` on ``PATH`` runs prefill, decode, the backward
+and a CUDA-graph replay from a bundle, and gives this process's JIT-compiled results bit for
+bit. (A process of its own: cuTile keeps each kernel it loaded for a launch signature, so in
+one process a signature the JIT compiled first would never reach the bundle.)"""
 
 from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +19,7 @@ torch = pytest.importorskip("torch")
 import tiledattention  # noqa: E402
 from tiledattention import Problem  # noqa: E402
 from tiledattention.core import _aot, _bundles  # noqa: E402
-from tuner.aot import Job, build_bundles  # noqa: E402
+from tuner.aot import build_bundles, jobs_for  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -19,6 +27,49 @@ PREFILL = Problem(batch=2, heads_q=16, heads_kv=4, seqlen_q=777, seqlen_k=777, h
                   dtype="bf16", causal=True)
 DECODE = Problem(batch=3, heads_q=16, heads_kv=4, seqlen_q=1, seqlen_k=2049, head_dim=128,
                  dtype="bf16", causal=False)
+#: (name, problem, training) of the calls both processes make; batch 1 takes the other images
+CALLS = [("prefill", PREFILL, False), ("prefill-b1", dataclasses.replace(PREFILL, batch=1), False),
+         ("decode", DECODE, False), ("decode-b1", dataclasses.replace(DECODE, batch=1), False),
+         ("training", PREFILL, True), ("graph", DECODE, False)]
+
+CHILD = r'''
+import sys, torch
+sys.path[:0] = [sys.argv[2], sys.argv[3]]
+from test_aot_gpu import CALLS, run
+from tiledattention.core import _aot
+results = {name: run(problem, training, graph=name == "graph") for name, problem, training in CALLS}
+served = sum(hook.served for hook in _aot._prepared.values() if hook is not None)
+torch.save({"results": results, "served": served}, sys.argv[1])
+'''
+
+
+def run(problem: Problem, training: bool, graph: bool = False) -> list:
+    """The outputs (and with ``training`` the gradients) of one call on seeded inputs; with
+    ``graph`` captured in a CUDA graph and replayed into a poisoned output."""
+    g = torch.Generator(device="cuda").manual_seed(problem.seqlen_k + problem.batch)
+    p = problem
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    q = randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim)
+    k, v = (randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim) for _ in range(2))
+    if training:
+        grad = randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim)
+        out, lse = tiledattention.sdpa_with_lse(q, k, v, causal=p.causal)
+        grads = tiledattention.sdpa_backward(grad, q, k, v, out, lse, causal=p.causal)
+        return [t.cpu() for t in (out, lse, *grads)]
+    out = torch.empty_like(q)
+    tiledattention.sdpa(q, k, v, causal=p.causal, out=out)
+    if graph:
+        torch.cuda.synchronize()
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            tiledattention.sdpa(q, k, v, causal=p.causal, out=out)
+        out.fill_(float("nan"))
+        cuda_graph.replay()
+    torch.cuda.synchronize()
+    return [out.cpu()]
 
 
 @pytest.fixture(scope="module")
@@ -26,96 +77,49 @@ def bundle(tmp_path_factory):
     from tiledattention.core._device import device_info
 
     arch = device_info(torch.cuda.current_device()).arch
-    jobs = [Job(family, tuple(sorted(p.to_dict().items())), arch)
-            for family, p in (("forward", PREFILL), ("decode", DECODE), ("backward", PREFILL))]
+    jobs = jobs_for([arch], [("forward", PREFILL), ("decode", DECODE), ("backward", PREFILL)],
+                    shipped=False)
     out = tmp_path_factory.mktemp("cubins")
-    report = build_bundles(jobs, out, processes=3)
+    report = build_bundles(jobs, out, processes=4)
     assert report.failures == [] and arch in report.bundles
     return report.bundles[arch][0]
 
 
-@pytest.fixture
-def shipped(bundle, monkeypatch):
-    """Within: the bundle in use and compiling forbidden; yields the driver launches made."""
-    launched = []
-    real = _aot._driver.launch_kernel
-    monkeypatch.setattr(_aot._driver, "launch_kernel",
-                        lambda *a: (launched.append(a[0]), real(*a))[1])
-
-    def switch(on: bool) -> None:
-        if on:
-            monkeypatch.setenv(_bundles.ENV_CUBINS, str(bundle))
-            monkeypatch.setenv(_aot.ENV_JIT, "0")
-        else:
-            monkeypatch.delenv(_bundles.ENV_CUBINS, raising=False)
-            monkeypatch.delenv(_aot.ENV_JIT, raising=False)
-        _aot.reset()
-    yield switch, launched
-    switch(False)
+def _without_compiler(path: str) -> str:
+    """``PATH`` without the directories that hold ``tileiras``."""
+    return os.pathsep.join(d for d in path.split(os.pathsep)
+                           if d and not (Path(d) / "tileiras").exists())
 
 
-def _inputs(p: Problem, seed: int = 0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim, device="cuda",
-                    dtype=torch.bfloat16, generator=g)
-    k = torch.randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim, device="cuda",
-                    dtype=torch.bfloat16, generator=g)
-    return q, k, torch.randn_like(k)
+def test_a_fresh_process_runs_from_the_bundle_without_the_compiler(bundle, tmp_path):
+    root = str(Path(__file__).resolve().parents[2])
+    saved = tmp_path / "shipped.pt"
+    env = {**os.environ, _bundles.ENV_CUBINS: str(bundle), _aot.ENV_JIT: "0",
+           "PATH": _without_compiler(os.environ.get("PATH", ""))}
+    here = str(Path(__file__).resolve().parent)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(saved), root, here], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shipped = torch.load(saved)
+    assert shipped["served"] >= 6  # forward, decode split and merge, the backward's kernels
+    for name, problem, training in CALLS:  # here: compiled by cuTile's JIT
+        want = run(problem, training, graph=name == "graph")
+        got = shipped["results"][name]
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), \
+                name
 
 
-def _same(a, b) -> bool:
-    return torch.equal(a.view(torch.int16), b.view(torch.int16))
-
-
-@pytest.mark.parametrize("problem", [PREFILL, DECODE], ids=["prefill", "decode"])
-def test_a_shipped_call_equals_the_jit_bit_for_bit(shipped, problem):
-    switch, launched = shipped
-    q, k, v = _inputs(problem)
-    causal = problem.causal
-    switch(False)
-    want = tiledattention.sdpa(q, k, v, causal=causal)
-    switch(True)
-    got = torch.full_like(want, float("nan"))
-    tiledattention.sdpa(q, k, v, causal=causal, out=got)
-    torch.cuda.synchronize()
-    assert launched, "no kernel ran from the bundle"
-    assert _same(got, want)
-    # another length under the same constants runs from the same images
-    n = problem.seqlen_k - 100
-    tiledattention.sdpa(q[:, :, :min(problem.seqlen_q, n)], k[:, :, :n], v[:, :, :n],
-                        causal=causal)
-    torch.cuda.synchronize()
-
-
-def test_the_backward_from_shipped_cubins_equals_the_jit(shipped):
-    switch, launched = shipped
-    q, k, v = _inputs(PREFILL, 1)
-    grad = torch.randn_like(q)
-    switch(False)
-    out, lse = tiledattention.sdpa_with_lse(q, k, v, causal=True)
-    want = tiledattention.sdpa_backward(grad, q, k, v, out, lse, causal=True)
-    switch(True)
-    out2, lse2 = tiledattention.sdpa_with_lse(q, k, v, causal=True)
-    got = tiledattention.sdpa_backward(grad, q, k, v, out2, lse2, causal=True)
-    torch.cuda.synchronize()
-    assert len(launched) >= 3  # forward, dQ, dK/dV at least
-    assert _same(out2, out) and torch.equal(lse2, lse)
-    assert all(_same(a, b) for a, b in zip(got, want))
-
-
-def test_shipped_launches_replay_in_a_cuda_graph(shipped):
-    switch, launched = shipped
-    q, k, v = _inputs(DECODE, 2)
-    switch(False)
-    want = tiledattention.sdpa(q, k, v)
-    switch(True)
-    out = torch.empty_like(want)
-    tiledattention.sdpa(q, k, v, out=out)  # warm: the plan and the loaded kernel
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tiledattention.sdpa(q, k, v, out=out)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert _same(out, want) and launched
+def test_compiling_off_and_no_image_is_a_clear_error(bundle, tmp_path):
+    other = dataclasses.replace(PREFILL, head_dim=64)  # constants no bundle holds
+    paths = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
+    code = (f"import sys; sys.path[:0] = {paths!r}\n"
+            "from test_aot_gpu import run\n"
+            "from tiledattention import Problem\n"
+            f"run(Problem(**{other.to_dict()!r}), False)\n")
+    env = {**os.environ, _bundles.ENV_CUBINS: str(bundle), _aot.ENV_JIT: "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0
+    assert "CompileRequiredError" in done.stderr and "TILEDATTENTION_JIT=0" in done.stderr

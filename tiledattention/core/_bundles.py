@@ -28,12 +28,12 @@ from typing import Any, Iterable, Iterator, Sequence
 from ._identity import module_identity
 from ..errors import InputValueError
 
-__all__ = ["ArraySpec", "BUNDLE_FORMAT", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
+__all__ = ["ArraySpec", "BUNDLE_FORMAT", "convention_of", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
            "constants_key", "current_entries", "kernel_name", "param_specs", "read_manifest",
-           "read_member", "write_bundle"]
+           "read_member", "serves", "write_bundle"]
 
 ENV_CUBINS = "TILEDATTENTION_CUBINS"
-BUNDLE_FORMAT = 1
+BUNDLE_FORMAT = 2  # 2: each image's calling convention and every array assumption
 #: where a wheel's bundles lie (``tiledtune aot --into-package`` writes them)
 PACKAGE_BUNDLES = Path(__file__).resolve().parents[1] / "pretuned"
 
@@ -49,45 +49,90 @@ def kernel_name(kernel: Any) -> str:
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """The constraints an array argument was compiled for."""
+    """The assumptions an array argument was compiled under (an ``ArrayConstraint``'s)."""
 
     dtype: str  # cuTile's name: bfloat16, float16, float32, int32, ...
     ndim: int
+    index_dtype: str
     stride_constant: tuple  # per dim: the stride it must have, or None
+    shape_constant: tuple  # per dim: the length it must have (1 or None: the launch's)
+    stride_lower_bound: tuple  # per dim: an inclusive lower bound of the stride, or None
     stride_divisible_by: tuple
     shape_divisible_by: tuple
     base_divisible_by: int
+    may_alias_internally: bool
+    alias_groups: tuple
 
     def to_json(self) -> dict:
         return {"kind": "array", "dtype": self.dtype, "ndim": self.ndim,
+                "index_dtype": self.index_dtype,
                 "stride_constant": list(self.stride_constant),
+                "shape_constant": list(self.shape_constant),
+                "stride_lower_bound": list(self.stride_lower_bound),
                 "stride_divisible_by": list(self.stride_divisible_by),
                 "shape_divisible_by": list(self.shape_divisible_by),
-                "base_divisible_by": self.base_divisible_by}
+                "base_divisible_by": self.base_divisible_by,
+                "may_alias_internally": self.may_alias_internally,
+                "alias_groups": list(self.alias_groups)}
 
     @classmethod
     def from_json(cls, data: dict) -> "ArraySpec":
-        return cls(data["dtype"], data["ndim"], tuple(data["stride_constant"]),
-                   tuple(data["stride_divisible_by"]), tuple(data["shape_divisible_by"]),
-                   data["base_divisible_by"])
+        return cls(data["dtype"], data["ndim"], data["index_dtype"],
+                   tuple(data["stride_constant"]), tuple(data["shape_constant"]),
+                   tuple(data["stride_lower_bound"]), tuple(data["stride_divisible_by"]),
+                   tuple(data["shape_divisible_by"]), data["base_divisible_by"],
+                   data["may_alias_internally"], tuple(data["alias_groups"]))
+
+    @classmethod
+    def of(cls, constraint: Any) -> "ArraySpec":
+        """The spec of a ``cuda.tile.compilation.ArrayConstraint``."""
+        c = constraint
+        return cls(c.dtype.name, c.ndim, c.index_dtype.name, tuple(c.stride_constant),
+                   tuple(c.shape_constant), tuple(c.stride_lower_bound_incl),
+                   tuple(c.stride_divisible_by), tuple(c.shape_divisible_by),
+                   c.base_addr_divisible_by or 1, bool(c.may_alias_internally),
+                   tuple(c.alias_groups))
+
+    def serves(self, call: "ArraySpec") -> bool:
+        """Whether code compiled under this spec is right for an array the launch describes
+        as ``call``: the same layout of parameters (dtype, rank, index type, constant shapes
+        and strides) and every assumption of this spec implied by ``call``'s."""
+        if (self.dtype, self.ndim, self.index_dtype, self.stride_constant,
+                self.shape_constant) != (call.dtype, call.ndim, call.index_dtype,
+                                         call.stride_constant, call.shape_constant):
+            return False
+        if call.may_alias_internally and not self.may_alias_internally:
+            return False
+        if not set(call.alias_groups) <= set(self.alias_groups):
+            return False  # (every group the launch allows aliasing in, this code allows too)
+        for mine, theirs in zip(self.stride_lower_bound, call.stride_lower_bound):
+            if mine is not None and (theirs is None or theirs < mine):
+                return False
+        pairs = (zip(self.stride_divisible_by, call.stride_divisible_by),
+                 zip(self.shape_divisible_by, call.shape_divisible_by),
+                 ((self.base_divisible_by, call.base_divisible_by),))
+        return all(theirs % mine == 0 for group in pairs for mine, theirs in group)
 
 
 def param_specs(kernel: Any, args: Sequence[Any]) -> list:
-    """The parameters of an export of ``kernel`` with ``args`` (per parameter: a constant's
-    value, an ``ArrayConstraint``, a ``ScalarConstraint`` or a zero-byte
-    ``ConstantConstraint``), as JSON values: ``{"kind": "const", "value": v}``, ``{"kind":
-    "omit"}``, ``{"kind": "i32"}`` / ``{"kind": "f32"}`` or an :class:`ArraySpec`'s."""
+    """The parameters of ``kernel`` compiled or launched with ``args`` (an export's
+    constraints or constant values, or the ``KernelSignature.parameters`` of a launch), per
+    parameter as JSON values: ``{"kind": "const", "value": v}``, ``{"kind": "omit"}`` (no
+    bytes: a non-constant parameter given a constant or an empty tuple), ``{"kind": "i32"}`` /
+    ``{"kind": "f32"}`` or an :class:`ArraySpec`'s."""
     from cuda.tile import compilation as ctc
 
     annotations = kernel._annotated_function.parameter_annotations
     if len(annotations) != len(args):
         raise InputValueError(f"{kernel_name(kernel)} has {len(annotations)} parameters; "
-                              f"got {len(args)} export arguments")
+                              f"got {len(args)} arguments")
     specs: list = []
     for annotation, arg in zip(annotations, args):
         if annotation.constant:
-            specs.append({"kind": "const", "value": arg})
-        elif isinstance(arg, ctc.ConstantConstraint):
+            value = arg.value if isinstance(arg, ctc.ConstantConstraint) else arg
+            specs.append({"kind": "const", "value": value})
+        elif isinstance(arg, ctc.ConstantConstraint) or (
+                isinstance(arg, ctc.TupleConstraint) and not arg.items):
             specs.append({"kind": "omit"})
         elif isinstance(arg, ctc.ScalarConstraint):
             kind = {"int32": "i32", "float32": "f32"}.get(arg.dtype.name)
@@ -96,17 +141,38 @@ def param_specs(kernel: Any, args: Sequence[Any]) -> list:
                                       "calling convention here (int32 and float32 have)")
             specs.append({"kind": kind})
         elif isinstance(arg, ctc.ArrayConstraint):
-            if arg.index_dtype.name != "int32":
-                raise InputValueError("shipped arrays index with int32; got "
-                                      f"{arg.index_dtype.name}")
-            specs.append(ArraySpec(arg.dtype.name, arg.ndim,
-                                   tuple(arg.stride_constant), tuple(arg.stride_divisible_by),
-                                   tuple(arg.shape_divisible_by),
-                                   arg.base_addr_divisible_by or 1).to_json())
+            specs.append(ArraySpec.of(arg).to_json())
         else:
-            raise InputValueError(f"an export argument of {type(arg).__name__} has no shipped "
+            raise InputValueError(f"an argument of {type(arg).__name__} has no shipped "
                                   "calling convention")
     return specs
+
+
+def convention_of(params: Sequence[dict]) -> str:
+    """The calling convention ``ct.launch`` picks for a launch with parameters ``params``
+    (:func:`param_specs`): the oldest that can pass them, ``cutile_python_v2`` where a
+    parameter takes no bytes (an empty tuple) or an array has a dim of constant length,
+    else ``cutile_python_v1``."""
+    newer = any(p["kind"] == "omit" or (p["kind"] == "array"
+                                        and any(c is not None for c in p["shape_constant"]))
+                for p in params)
+    return "cutile_python_v2" if newer else "cutile_python_v1"
+
+
+def serves(image: Sequence[dict], call: Sequence[dict]) -> bool:
+    """Whether an image compiled with parameters ``image`` is right for a launch whose
+    parameters are ``call`` (both :func:`param_specs`)."""
+    if len(image) != len(call):
+        return False
+    for mine, theirs in zip(image, call):
+        if mine["kind"] != theirs["kind"]:
+            return False
+        if mine["kind"] == "array":
+            if not ArraySpec.from_json(mine).serves(ArraySpec.from_json(theirs)):
+                return False
+        elif mine != theirs:  # (constants: equal values)
+            return False
+    return True
 
 
 def constants_key(params: Sequence[dict]) -> tuple:

@@ -94,35 +94,40 @@ def capturing(compile: bool = True) -> Iterator[list]:
 
 
 def _any_length(arg: Any) -> Any:
-    """An ``ArrayConstraint`` with no assumption on the length of any dimension but a 4-D
-    array's last (the head dim of a ``[B, H, S, D]`` array or a page pool)."""
+    """An ``ArrayConstraint`` with no assumption on the length of any dimension but the last of
+    an array of 4 or more dims (the head dim of a ``[B, H, S, D]`` array, a page pool or a
+    decode step's 5-D view); a dim of length 1 stays the constant the launch makes of it."""
     divisible = getattr(arg, "shape_divisible_by", None)
     if divisible is None:
         return arg
-    keep = tuple(divisible[-1:]) if len(divisible) == 4 else (1,)
+    keep = tuple(divisible[-1:]) if len(divisible) >= 4 else (1,)
     return dataclasses.replace(arg, shape_divisible_by=(1,) * (len(divisible) - 1) + keep)
 
 
 def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None) -> Any:
     """An array as ``ct.launch`` sees a tensor of ``shape`` (``strides`` in elements, default
-    contiguous) with a contiguous last dim and 16-byte aligned rows: its JIT specialises on
-    16-byte divisible strides and base address and on each dim being a multiple of 16. Matching
-    that makes the cubin's cache key equal to the launch's, so a compile-only build warms
-    cuTile's disk cache for the real launch."""
+    contiguous) with 16-byte aligned rows: its JIT specialises on 16-byte divisible strides and
+    base address, on each dim being a multiple of 16, on a stride of 1 and on a dim of length
+    1 (a constant, under the ``cutile_python_v2`` calling convention). Matching that makes the
+    cubin's cache key equal to the launch's, so a compile-only build warms cuTile's disk cache
+    for the real launch, and a shipped cubin's signature one the launch's implies."""
     import cuda.tile as ct
     from cuda.tile import compilation as ctc
 
     ndim = len(shape)
-    elems_per_16_bytes = 16 // element(dtype).itemsize
     if strides is None:
-        divisible = tuple(elems_per_16_bytes for _ in range(ndim - 1)) + (1,)
-    else:
-        divisible = tuple(elems_per_16_bytes if st % elems_per_16_bytes == 0 else 1
-                          for st in strides[:-1]) + (1,)
+        strides = [1] * ndim
+        for d in range(ndim - 2, -1, -1):
+            strides[d] = strides[d + 1] * max(shape[d + 1], 1)
+    elems_per_16_bytes = 16 // element(dtype).itemsize
+    unit = tuple(1 if st == 1 else None for st in strides)
     return ctc.ArrayConstraint(
-        getattr(ct, element(dtype).torch), ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
-        alias_groups=(), may_alias_internally=False,
-        stride_constant=(None,) * (ndim - 1) + (1,), stride_divisible_by=divisible,
+        getattr(ct, element(dtype).torch), ndim, index_dtype=ct.int32,
+        stride_lower_bound_incl=tuple(None if u else 0 for u in unit),
+        alias_groups=(), may_alias_internally=False, stride_constant=unit,
+        shape_constant=tuple(1 if n == 1 else None for n in shape),
+        stride_divisible_by=tuple(1 if u else elems_per_16_bytes if st % elems_per_16_bytes == 0
+                                  else 1 for u, st in zip(unit, strides)),
         shape_divisible_by=tuple(16 if n % 16 == 0 else 1 for n in shape),
         base_addr_divisible_by=16,
     )
@@ -168,8 +173,10 @@ def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> Com
             captured.append((kernel, list(args), arch, b""))
             return CompileResult(arch=arch, cubin_size=0, seconds=0.0, cubin=b"",
                                  shared_bytes=None)
-    signature = ctc.KernelSignature(
-        list(args), calling_convention=ctc.CallingConvention.cutile_python_v1())
+    from ._bundles import convention_of, param_specs
+
+    convention = getattr(ctc.CallingConvention, convention_of(param_specs(kernel, args)))
+    signature = ctc.KernelSignature(list(args), calling_convention=convention())
     buf = io.BytesIO()
     start = time.perf_counter()
     try:

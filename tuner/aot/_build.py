@@ -3,7 +3,8 @@ out on a machine with only the shipped table, into one cubin bundle per architec
 
 The problems: every row of the shipped tables (its own problem, looked up for each
 architecture: its row where the row's architecture is the target, else what the lookup
-answers there, normally the default) and the problems named on the command line. For each,
+answers there, normally the default) and the problems named on the command line, each also
+at the other batch pattern (:func:`batch_patterns`: batch 1 is compiled in). For each,
 the schedule is the runtime lookup's answer with the shipped table and no user database
 (:func:`tuner.lookup.runtime_resolution`, looked up for the family's plan problem), and the
 family's compile-only build of it runs under :func:`~tiledattention.core._compile.capturing`,
@@ -13,6 +14,7 @@ architecture and written by :func:`~tiledattention.core._bundles.write_bundle`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -20,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["Job", "BuildReport", "jobs_for", "build_bundles", "images_of", "model_calls",
-           "LENGTHS"]
+__all__ = ["Job", "BuildReport", "batch_patterns", "jobs_for", "build_bundles", "images_of",
+           "model_calls", "LENGTHS"]
 
 #: ``tiledtune aot --model``'s default prompt and cache lengths
 LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -84,12 +86,22 @@ def jobs_for(archs: Sequence[str], problems: Iterable[tuple[str, Any]],
             table = shipped_table(arch)
             if table is not None:
                 named += [(row.family, row.problem) for row in table.rows()]
-    jobs = [Job(family, tuple(sorted(problem.to_dict().items())), arch)
-            for family, problem in named for arch in archs]
-    jobs += [Job(choose_family(arch, problem, operation).name,
-                 tuple(sorted(problem.to_dict().items())), arch)
-             for operation, problem in calls for arch in archs]
+    jobs = [Job(family, tuple(sorted(each.to_dict().items())), arch)
+            for family, problem in named for each in batch_patterns(problem) for arch in archs]
+    jobs += [Job(choose_family(arch, each, operation).name,
+                 tuple(sorted(each.to_dict().items())), arch)
+             for operation, problem in calls for each in batch_patterns(problem)
+             for arch in archs]
     return list(dict.fromkeys(jobs))
+
+
+def batch_patterns(problem: Any) -> list:
+    """``problem`` and the same problem at the other batch pattern (batch 1 for a larger
+    batch, 2 for batch 1): a launch of batch 1 compiles the batch dimension in as a constant
+    (``ct.launch``'s signature), so its image differs from the one that serves every batch
+    of more than one."""
+    other = 1 if problem.batch > 1 else 2
+    return [problem, dataclasses.replace(problem, batch=other)]
 
 
 def images_of(job: Job) -> list[dict]:
