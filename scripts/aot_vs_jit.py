@@ -41,16 +41,8 @@ def main() -> int:
     import cuda.tile as ct
 
     import tiledattention
-    from tiledattention.core import _aot
+    from tiledattention.tooling import recording_launches, served_from_bundles
 
-    recorded: list = []
-    package_launch = _aot.launch
-
-    def recording(stream, grid, kernel, kernel_args, **options):
-        recorded.append((stream, grid, kernel, kernel_args, options))
-        package_launch(stream, grid, kernel, kernel_args, **options)
-
-    _aot.launch = recording
     twins: dict = {}
 
     def replay(launches, jit: bool) -> None:
@@ -73,9 +65,8 @@ def main() -> int:
         v = torch.randn_like(k)
         for name, (qq, causal) in ((f"prefill {n}", (q, True)),
                                    (f"decode {n}", (q[:, :, -1:].clone(), False))):
-            recorded.clear()
-            tiledattention.sdpa(qq, k, v, causal=causal)  # every kernel from the bundle
-            launches = list(recorded)
+            with recording_launches() as launches:
+                tiledattention.sdpa(qq, k, v, causal=causal)  # every kernel from the bundle
             replay(launches, jit=False)
             torch.cuda.synchronize()
             shipped = tensors(launches)
@@ -97,7 +88,7 @@ def main() -> int:
                     samples[jit].append(start.elapsed_time(end) / 20)
             aot, jit = (statistics.median(samples[j]) for j in (False, True))
             rows.append((name, len(launches), same, aot, jit))
-    served = sum(hook.served for hook in _aot._prepared.values() if hook is not None)
+    served = served_from_bundles()
     print(f"device {torch.cuda.get_device_name()}; {served} launch signatures served from the "
           f"bundle, none compiled (TILEDATTENTION_JIT=0); median of {args.rounds} interleaved "
           "rounds of 20 back-to-back replays")

@@ -4,10 +4,12 @@ the attention families, its float32 reference and visible-key mask, torch's SDPA
 a problem, the input dtypes' sizes, the database codecs, the lookup's pieces (``Resolver``, ``pick``), provenance
 stamps, architecture names, the families serving an operation, the ``.text`` digest that
 restamping compares, and what an ahead-of-time build of cubin bundles needs (``capturing``
-builds, a kernel's name and calling convention, the bundle writer)."""
+builds, a kernel's name and calling convention, the bundle writer) and measures (the launches
+a call makes, the signatures shipped cubins served)."""
 
 from .core._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
-from .core._aot import launch_path, reset as forget_shipped_cubins
+from .core._aot import (launch_path, recording as recording_launches, reset as forget_shipped_cubins,
+                        served as served_from_bundles)
 from .core._bundles import PACKAGE_BUNDLES, kernel_name, param_specs, write_bundle
 from .core._compile import SM_COUNTS, capturing, check_arch, generation
 from .core._cubin import kernel_symbol, text_digest
@@ -24,7 +26,7 @@ from .core._settings import simulated_database_location
 __all__ = ["AttentionCase", "PACKAGE_BUNDLES", "Provenance",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
            "capturing", "forget_shipped_cubins", "kernel_name", "kernel_symbol", "launch_path",
-           "param_specs",
+           "param_specs", "recording_launches", "served_from_bundles",
            "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
            "page_tile", "paged_lengths", "pick", "ragged_lengths",

@@ -45,10 +45,16 @@ COMMANDS = {
                 "carry rows over a template change that left their compiled code unchanged"),
     "aot": ("tuner.commands.aot_cmd",
             "compile shipped schedules into cubin bundles the runtime launches without a compiler"),
+    "warm": ("tuner.commands.warm_cmd",
+             "compile a model's kernels for this machine into the cubin cache, ahead of serving"),
     "hub-build": ("tuner.commands.hub_cmd", "lay out a Hugging Face Kernel Hub kernel (-o DIR)"),
     "profile": ("tuner.commands.profile_cmd",
                 "a schedule's kernels under Nsight Compute: table and roofline (GPU + ncu)"),
 }
+
+
+#: what ``tiledattention[tune]`` adds to the runtime's dependencies (``pyproject.toml``)
+TUNE_MODULES = frozenset({"rich", "optuna", "sqlalchemy", "alembic", "cupy"})
 
 
 DESCRIPTION = (
@@ -111,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv[:1] if argv and argv[0] in COMMANDS else ())
     args = parser.parse_args(argv)
     args.argv = argv  # for commands that start copies of themselves (search --workers)
-    module = importlib.import_module(args._module)
+    module = None
     # a second Ctrl-C must not cut the cleanup of the first short
     with interrupts_once(), warnings_reported(args.command):
         try:
+            module = importlib.import_module(args._module)
             return module.run(args)
         except Terminated:  # SIGTERM: cleaned up like a Ctrl-C, quietly
             return 143
@@ -127,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         except USER_ERRORS as exc:  # the message says what to change
             say(args.command, exc)
             return 2
-        except Exception:  # not ours to explain: a bug, never a "bad option"
+        except Exception as exc:  # not ours to explain: a bug, never a "bad option"
+            missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+            if (missing or "").split(".")[0] in TUNE_MODULES:
+                say(args.command, f"needs {missing}, which the runtime-only install leaves "
+                                  "out: pip install 'tiledattention[tune]'")
+                return 2
             traceback.print_exc()
             say(args.command, "internal error: this is a bug in tiledtune, not in your "
                               "options; please report it with the traceback above and the "

@@ -49,7 +49,8 @@ def bundle_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def use_bundles(bundle_dir, monkeypatch):
+def use_bundles(bundle_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # (no warmed bundle of this machine's)
     monkeypatch.setenv(_bundles.ENV_CUBINS, str(bundle_dir / "cubins-sm_90.zip"))
     _aot.reset()
     yield bundle_dir
@@ -202,6 +203,16 @@ def test_an_image_never_serves_weaker_assumptions(use_bundles):
     assert _bundles.serves(image.params, stronger)
 
 
+def test_another_cuda_tile_release_compiles_instead(use_bundles, monkeypatch):
+    """Only a release whose launcher was checked to take the answer gets cubins."""
+    kernel, signature = _signature(LLAMA)
+    hook, original = _hook(kernel)
+    monkeypatch.setattr(cuda.tile, "__version__", "1.8.0")
+    assert hook(signature, None, (9, 0))[0] == b"jit" and hook.served == 0
+    monkeypatch.setattr(cuda.tile, "__version__", "1.7.2")
+    assert hook(signature, None, (9, 0))[0][:4] == b"\x7fELF" and hook.served == 1
+
+
 def test_no_image_and_no_jit_is_a_clear_error(use_bundles):
     kernel, signature = _signature(dataclasses.replace(LLAMA, head_dim=64))
     hook, original = _hook(kernel, jit=False)
@@ -233,8 +244,11 @@ def test_a_launch_is_ct_launch_with_the_kernels_compile_answered(use_bundles, mo
     _aot.launch(7, (8, 32), kernel, args, programmatic_dependent_launch=True)
     assert launched == [((7, (8, 32), kernel, args), {"programmatic_dependent_launch": True})]
     assert isinstance(kernel._compile, _aot.ShippedCompile) and kernel._compile.original == own
-    _aot.launch(7, (8, 32), kernel, args)  # prepared once
+    with _aot.recording() as launches:
+        _aot.launch(7, (8, 32), kernel, args)  # prepared once
     assert kernel._compile.original == own
+    assert launches == [(7, (8, 32), kernel, args, {})] and len(launched) == 2
+    assert _aot.served() == 0  # (ct.launch is a stand-in here: it compiled nothing)
     _aot.reset()  # the kernel's own compile back
     assert kernel._compile == own
     other, args64, _ = _forward_launch(Problem(**{**LLAMA.to_dict(), "head_dim": 64}))
@@ -326,3 +340,33 @@ def test_a_models_calls_are_built_in_the_families_that_run_them(capsys, tmp_path
               "--model", "32/7,128"])
     assert bad.value.code == 2 and "HQ a multiple of HKV" in capsys.readouterr().err
 
+
+
+def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(monkeypatch, tmp_path,
+                                                                       capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(_bundles.ENV_CUBINS, raising=False)
+    _aot.reset()
+    assert main(["warm", "--model", "32/8,128", "--lengths", "1000", "--arch", "sm_90",
+                 "--jobs", "2"]) == 0
+    warmed = list((tmp_path / "tiledattention" / "cubins").glob("cubins-sm_90-*.zip"))
+    assert len(warmed) == 1 and warmed[0] in _bundles.bundle_paths()
+    try:
+        for shape, causal in (("1,32/8,1000,128", "yes"), ("3,32/8,1000,128", "yes"),
+                              ("1,32/8,1:1000,128", "no"), ("5,32/8,1:1000,128", "no")):
+            capsys.readouterr()
+            assert main(["explain", "--device", "sm_90", "--shape", shape, "--dtype", "bf16",
+                         "--causal", causal]) == 0
+            assert "launch   shipped cubins" in capsys.readouterr().out, shape
+        # another model's request gets a file of its own; the first stays
+        assert main(["warm", "--model", "16/16,64", "--lengths", "300", "--arch", "sm_90",
+                     "--jobs", "2"]) == 0
+        assert len(list(warmed[0].parent.glob("cubins-sm_90-*.zip"))) == 2
+    finally:
+        _aot.reset()
+    capsys.readouterr()
+    assert main(["warm", "--arch", "sm_90"]) == 2
+    assert "--preset NAME or --model" in capsys.readouterr().err
+    monkeypatch.setattr("tiledattention.local_devices", lambda: [])
+    assert main(["warm", "--preset", "llama-3-8b"]) == 2
+    assert "no CUDA device here" in capsys.readouterr().err

@@ -117,3 +117,20 @@ def test_the_message_check_finds_a_message_test(tmp_path, monkeypatch):
         "try:\n    f()\nexcept ValueError as exc:\n    if 'space must be' not in str(exc):\n"
         "        raise\n"))
     assert _message_tests(path) == ["tuner/commands/_planted.py:4"]
+
+
+def test_a_command_of_the_tune_extra_names_the_install_it_needs(monkeypatch, capsys):
+    """Under the runtime-only install (no rich, optuna, sqlalchemy...), a command that needs
+    them says which install brings them: exit 2, one line, no traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "rich", None)  # import rich: ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    for name in [m for m in sys.modules if m.startswith("tuner.commands._report")
+                 or m == "tuner.commands.list_cmd"]:
+        monkeypatch.delitem(sys.modules, name)
+    from tuner.cli import main
+
+    assert main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert "tiledattention[tune]" in err and "Traceback" not in err

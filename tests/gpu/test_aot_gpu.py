@@ -36,9 +36,9 @@ CHILD = r'''
 import sys, torch
 sys.path[:0] = [sys.argv[2], sys.argv[3]]
 from test_aot_gpu import CALLS, run
-from tiledattention.core import _aot
+from tiledattention.tooling import served_from_bundles
 results = {name: run(problem, training, graph=name == "graph") for name, problem, training in CALLS}
-served = sum(hook.served for hook in _aot._prepared.values() if hook is not None)
+served = served_from_bundles()
 torch.save({"results": results, "served": served}, sys.argv[1])
 '''
 

@@ -24,11 +24,12 @@ batch-1 images).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ._bundles import (bundle_paths, constants_key, convention_of, current_entries, kernel_name,
                        param_specs, read_member, serves)
@@ -37,10 +38,15 @@ from ..errors import CompileRequiredError
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
-__all__ = ["ENV_JIT", "Image", "ShippedCompile", "jit_allowed", "launch", "launch_path",
-           "reset", "shipped_images"]
+__all__ = ["ANSWERING_RELEASES", "ENV_JIT", "Image", "ShippedCompile", "jit_allowed", "launch",
+           "launch_path", "recording", "reset", "served", "shipped_images"]
 
 ENV_JIT = "TILEDATTENTION_JIT"
+#: cuda-tile releases whose launcher takes a ``_compile`` answer as :class:`ShippedCompile`
+#: gives it (``(cubin, symbol, None, providers)``; checked on an H200 with 1.7.0). Under any
+#: other, shipped cubins are not used (every kernel compiles, or with ``TILEDATTENTION_JIT=0``
+#: is refused).
+ANSWERING_RELEASES = ("1.7.",)
 
 
 def jit_allowed() -> bool:
@@ -110,10 +116,11 @@ class ShippedCompile:
 
         major, minor = compute_capability or get_compute_capability()
         arch = f"sm_{major}{minor}"
-        params = param_specs(self.kernel, signature.parameters)
         image = None
-        if signature.calling_convention.name == convention_of(params):
-            image = _find(self.images_by_arch, arch, params)
+        if self.images_by_arch and ct.__version__.startswith(ANSWERING_RELEASES):
+            params = param_specs(self.kernel, signature.parameters)
+            if signature.calling_convention.name == convention_of(params):
+                image = _find(self.images_by_arch, arch, params)
         if image is not None:
             self.served += 1
             return image.cubin, image.symbol, None, ()
@@ -172,11 +179,33 @@ def _prepare(kernel: Any) -> ShippedCompile | None:
         return hook
 
 
+_recording: list | None = None  # recording()'s list
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list]:
+    """Within: each launch's ``(stream, grid, kernel, args, options)`` is appended to the list
+    yielded (a benchmark replays a call's launches with it)."""
+    global _recording
+    before, _recording = _recording, []
+    try:
+        yield _recording
+    finally:
+        _recording = before
+
+
+def served() -> int:
+    """How many launch signatures cuTile has been given a shipped cubin for, in all."""
+    return sum(hook.served for hook in list(_prepared.values()) if hook is not None)
+
+
 def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options: Any) -> None:
     """``ct.launch(stream, grid, kernel, args, **options)``, with ``kernel``'s compiles
     answered from shipped cubins where one serves (:class:`ShippedCompile`)."""
     if kernel not in _prepared:
         _prepare(kernel)
+    if _recording is not None:
+        _recording.append((stream, grid, kernel, args, options))
     ct.launch(stream, grid, kernel, args, **options)
 
 

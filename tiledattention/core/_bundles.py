@@ -10,8 +10,9 @@ scalar, or an array's :class:`ArraySpec`). :func:`current_entries` reads the ima
 template has not changed since their build; :mod:`._aot` launches them.
 
 Bundles are read from ``tiledattention/pretuned/cubins-*.zip`` (``tiledtune aot
---into-package`` writes them before a wheel is built) and the files named in
-``TILEDATTENTION_CUBINS`` (``os.pathsep``-separated).
+--into-package`` writes them before a wheel is built), from the user's cubin cache
+(``tiledtune warm``) and from the files named in ``TILEDATTENTION_CUBINS``
+(``os.pathsep``-separated).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from ._identity import module_identity
+from ._settings import cubin_cache
 from ..errors import InputValueError
 
 __all__ = ["ArraySpec", "BUNDLE_FORMAT", "convention_of", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
@@ -187,8 +189,10 @@ def _freeze(value: Any) -> Any:
 
 
 def bundle_paths() -> list[Path]:
-    """The bundle files in use: the package's, then ``TILEDATTENTION_CUBINS``'s."""
+    """The bundle files in use: the package's, ``tiledtune warm``'s (:func:`~._settings.cubin_cache`),
+    then ``TILEDATTENTION_CUBINS``'s."""
     found = sorted(PACKAGE_BUNDLES.glob("cubins-*.zip"))
+    found += sorted(cubin_cache().glob("cubins-*.zip"))
     extra = os.environ.get(ENV_CUBINS, "")
     found += [Path(p) for p in extra.split(os.pathsep) if p]
     return found

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["database_location", "simulated_database_location", "lock_wait_s",
+__all__ = ["database_location", "simulated_database_location", "cubin_cache", "lock_wait_s",
            "check_location", "DB_ENV_VAR", "LOCK_WAIT_ENV_VAR"]
 
 DB_ENV_VAR = "TILEDATTN_DB"
@@ -25,6 +25,12 @@ def database_location() -> str:
     if value:
         return value
     return str(_cache() / "schedules.sqlite")
+
+
+def cubin_cache() -> Path:
+    """Where ``tiledtune warm`` keeps the cubin bundles it builds for this machine's calls, and
+    the runtime reads them: ``cubins/`` in the cache (``$XDG_CACHE_HOME/tiledattention``)."""
+    return _cache() / "cubins"
 
 
 def simulated_database_location() -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["Job", "BuildReport", "batch_patterns", "jobs_for", "build_bundles", "images_of",
+__all__ = ["Job", "BuildReport", "PRESETS", "batch_patterns", "jobs_for", "build_bundles", "images_of",
            "model_calls", "LENGTHS"]
 
 #: ``tiledtune aot --model``'s default prompt and cache lengths
@@ -48,6 +48,13 @@ class BuildReport:
     bundles: dict[str, tuple[Path, int, int]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     jobs: int = 0
+
+
+#: ``tiledtune warm --preset``: (query heads, K/V heads, head dim) of common models
+PRESETS = {
+    "llama-3-8b": (32, 8, 128), "llama-3-70b": (64, 8, 128), "mistral-7b": (32, 8, 128),
+    "qwen2.5-7b": (28, 4, 128), "qwen2.5-72b": (64, 8, 128), "phi-3-mini": (32, 32, 96),
+}
 
 
 def model_calls(heads_q: int, heads_kv: int, head_dim: int, *, dtypes: Sequence[str],
@@ -138,9 +145,11 @@ def _key(image: dict) -> tuple:
 
 
 def build_bundles(jobs: Sequence[Job], out_dir: Path, *, processes: int = 1,
-                  progress: Callable[[Job, str | None], None] | None = None) -> BuildReport:
-    """Run ``jobs`` in ``processes`` worker processes and write ``cubins-<arch>.zip`` into
-    ``out_dir`` for each architecture with images (an image compiled twice is kept once)."""
+                  progress: Callable[[Job, str | None], None] | None = None,
+                  tag: str = "") -> BuildReport:
+    """Run ``jobs`` in ``processes`` worker processes and write ``cubins-<arch>.zip`` (with a
+    ``tag``, ``cubins-<arch>-<tag>.zip``) into ``out_dir`` for each architecture with images
+    (an image compiled twice is kept once)."""
     from tiledattention.tooling import toolchain_versions, write_bundle
 
     report = BuildReport(jobs=len(jobs))
@@ -167,7 +176,7 @@ def build_bundles(jobs: Sequence[Job], out_dir: Path, *, processes: int = 1,
             pool.shutdown(cancel_futures=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     for arch, images in sorted(by_arch.items()):
-        path = out_dir / f"cubins-{arch}.zip"
+        path = out_dir / f"cubins-{arch}{'-' + tag if tag else ''}.zip"
         count = write_bundle(path, arch, images.values(), toolchain_versions())
         report.bundles[arch] = (path, count, os.path.getsize(path))
     return report

@@ -16,9 +16,10 @@ compiled on this machine (no GPU needed) and each kernel it launches is kept, on
 compile-time constants, in ``cubins-<arch>.zip``. At run time ``tiledattention`` launches
 a kernel from a bundle in ``tiledattention/pretuned/`` or in ``$TILEDATTENTION_CUBINS`` (paths
 separated by ``os.pathsep``) whenever one fits, with no ``tileiras`` and no cuTile compile;
-``TILEDATTENTION_JIT=0`` makes any other launch an error instead of a compile. A cubin for
-sm_120 also runs on sm_121, one for sm_100 on sm_103. Exit status: 0 every job compiled, 1 some
-did not (the bundles hold the others), 2 bad options.
+``TILEDATTENTION_JIT=0`` makes any other launch an error instead of a compile. A cubin is code
+for one architecture (tileiras compiles sm_XXa): a DGX Spark needs ``--arch sm_121``, a GB300
+``sm_103``. Exit status: 0 every job compiled, 1 some did not (the bundles hold the others), 2
+bad options.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also build this problem of family NAME (repeatable)")
     parser.add_argument("--no-shipped", dest="shipped", action="store_false",
                         help="leave out the shipped tables' problems")
+    add_model_options(parser)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """``--model``, ``--lengths``, ``--batch``, ``--dtypes``, ``--training`` (a model's calls,
+    :func:`model_jobs`) and ``--jobs``; returns the group (``warm`` adds ``--preset``)."""
     model = parser.add_argument_group(
         "a model's calls (--model): at each length L a causal prefill of L tokens and a "
         "decode step over L keys, each in the family sdpa's dispatch picks")
@@ -56,13 +63,50 @@ def configure(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--lengths", type=_parse_ints, default=None, metavar="LIST",
                        help="prompt and cache lengths (default 128,256,...,32768)")
     model.add_argument("--batch", type=_parse_ints, default=(1,), metavar="LIST",
-                       help="batch sizes (default 1)")
+                       help="batch sizes (default 1; batch 1 also builds the image of every "
+                       "larger batch, and a larger one batch 1's)")
     model.add_argument("--dtypes", type=_parse_dtypes, default=("bf16",), metavar="LIST",
                        help="bf16,fp16 (default bf16)")
     model.add_argument("--training", action="store_true",
                        help="also the forward and backward of a training call of each length")
     parser.add_argument("--jobs", type=positive_int, default=max(1, os.cpu_count() or 1),
                         metavar="N", help="parallel compile processes (default: the CPU count)")
+    return model
+
+
+def model_calls_of(args: argparse.Namespace) -> list:
+    """The ``(operation, problem)`` calls of the ``--model`` options."""
+    from ..aot import LENGTHS, model_calls
+    from ..errors import UsageError
+
+    if not args.model and (args.lengths or args.training):
+        raise UsageError("--lengths and --training describe a --model's calls: name one")
+    return [call for hq, hkv, d in args.model
+            for call in model_calls(hq, hkv, d, dtypes=args.dtypes, batches=args.batch,
+                                    lengths=args.lengths or LENGTHS, training=args.training)]
+
+
+def build(jobs: list, out: Path, processes: int, tag: str = "") -> int:
+    """Build ``jobs`` into bundles in ``out``, reporting progress and the bundles; the exit
+    status (0 every job compiled, 1 some did not)."""
+    from ..aot import build_bundles
+
+    start = time.perf_counter()
+    done = [0]
+
+    def progress(job, failure) -> None:
+        done[0] += 1
+        if failure is not None:
+            say("aot", f"{job.describe()} does not compile: {failure}")
+        elif done[0] % 25 == 0 or done[0] == len(jobs):
+            say("aot", f"{done[0]}/{len(jobs)} compiled")
+
+    report = build_bundles(jobs, out, processes=processes, progress=progress, tag=tag)
+    for arch, (path, count, size) in report.bundles.items():
+        print(f"{arch}: {count} kernels, {size / 1e6:.2f} MB -> {path}")
+    print(f"{report.jobs} jobs, {len(report.failures)} failed, "
+          f"{time.perf_counter() - start:.0f} s")
+    return 1 if report.failures else 0
 
 
 def _parse_ints(text: str) -> tuple[int, ...]:
@@ -124,32 +168,11 @@ def _problems(specs: list[dict]) -> list:
 def run(args: argparse.Namespace) -> int:
     from tiledattention.tooling import PACKAGE_BUNDLES
 
-    from ..aot import LENGTHS, build_bundles, jobs_for, model_calls
-    from ..errors import UsageError
+    from ..aot import jobs_for
 
-    if not args.model and (args.lengths or args.training):
-        raise UsageError("--lengths and --training describe a --model's calls: name one")
-    calls = [call for hq, hkv, d in args.model
-             for call in model_calls(hq, hkv, d, dtypes=args.dtypes, batches=args.batch,
-                                     lengths=args.lengths or LENGTHS, training=args.training)]
-    jobs = jobs_for(args.arch, _problems(args.problem), shipped=args.shipped, calls=calls)
+    jobs = jobs_for(args.arch, _problems(args.problem), shipped=args.shipped,
+                    calls=model_calls_of(args))
     if not jobs:
         say("aot", "nothing to build: --no-shipped and no --problem or --model")
         return 2
-    out = PACKAGE_BUNDLES if args.into_package else args.out
-    start = time.perf_counter()
-    done = [0]
-
-    def progress(job, failure) -> None:
-        done[0] += 1
-        if failure is not None:
-            say("aot", f"{job.describe()} does not compile: {failure}")
-        elif done[0] % 25 == 0 or done[0] == len(jobs):
-            say("aot", f"{done[0]}/{len(jobs)} compiled")
-
-    report = build_bundles(jobs, out, processes=args.jobs, progress=progress)
-    for arch, (path, count, size) in report.bundles.items():
-        print(f"{arch}: {count} kernels, {size / 1e6:.2f} MB -> {path}")
-    print(f"{report.jobs} jobs, {len(report.failures)} failed, "
-          f"{time.perf_counter() - start:.0f} s")
-    return 1 if report.failures else 0
+    return build(jobs, PACKAGE_BUNDLES if args.into_package else args.out, args.jobs)
