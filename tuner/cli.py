@@ -5,11 +5,12 @@ call it directly.
 Exit status, whatever the command: 2 for a bad option (argparse, or a command's
 :class:`~tuner.errors.UsageError`) and for the other errors the user can act on
 (:data:`~tuner.errors.USER_ERRORS`: a problem the kernel does not take, a database, study or
-file that cannot be used), printed as one line ``tiledtune COMMAND: ...``; 1 for any other
-exception, which is a bug: its traceback and a request to report it; 130 on Ctrl-C, 143 on
-SIGTERM, 141 (as for SIGPIPE) when standard output is closed early by its reader
-(``tiledtune explain ... | head``), quietly. Commands give 0 and 1 their own meanings besides (see each ``--help``): 1 is a result
-(nothing matched, some row refused, some key without a schedule), never a missing GPU or another
+file that cannot be used; a module of ``tiledattention[tune]`` the runtime-only install lacks),
+printed as one line ``tiledtune COMMAND: ...``; 1 for any other exception, which is a bug: its
+traceback and a request to report it; 130 on Ctrl-C, 143 on SIGTERM, 141 (as for SIGPIPE) when
+standard output is closed early by its reader (``tiledtune explain ... | head``), quietly.
+Commands give 0 and 1 their own meanings besides (see each ``--help``): 1 is a result (nothing
+matched, some row refused, some key without a schedule), never a missing GPU or another
 condition of the environment, which is 2.
 
 A Python warning raised while a command runs (the runtime's and the database's ``warnings.warn``:

@@ -30,9 +30,9 @@ from ._identity import module_identity
 from ._settings import cubin_cache
 from ..errors import InputValueError
 
-__all__ = ["ArraySpec", "BUNDLE_FORMAT", "convention_of", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
-           "constants_key", "current_entries", "kernel_name", "param_specs", "read_manifest",
-           "read_member", "serves", "write_bundle"]
+__all__ = ["ArraySpec", "BUNDLE_FORMAT", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
+           "constants_key", "convention_of", "current_entries", "kernel_name", "param_specs",
+           "read_manifest", "read_member", "serves", "write_bundle"]
 
 ENV_CUBINS = "TILEDATTENTION_CUBINS"
 BUNDLE_FORMAT = 2  # 2: each image's calling convention and every array assumption
@@ -189,8 +189,8 @@ def _freeze(value: Any) -> Any:
 
 
 def bundle_paths() -> list[Path]:
-    """The bundle files in use: the package's, ``tiledtune warm``'s (:func:`~._settings.cubin_cache`),
-    then ``TILEDATTENTION_CUBINS``'s."""
+    """The bundle files in use: the package's, ``tiledtune warm``'s (the cubin cache,
+    :func:`~._settings.cubin_cache`), then ``TILEDATTENTION_CUBINS``'s."""
     found = sorted(PACKAGE_BUNDLES.glob("cubins-*.zip"))
     found += sorted(cubin_cache().glob("cubins-*.zip"))
     extra = os.environ.get(ENV_CUBINS, "")
@@ -223,7 +223,9 @@ def write_bundle(path: Path, arch: str, images: Iterable[dict], versions: dict) 
                        | {"file": f"{digest}.cubin"})
     manifest = {"format": BUNDLE_FORMAT, "arch": arch, "versions": versions, "images": entries}
     tmp = path.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as out:
+    # LZMA: cubins carry their PTX as text (cuTile compiles with --lineinfo), which LZMA
+    # packs a third smaller than deflate does (the three wheel architectures: 35 MB, not 54)
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_LZMA) as out:
         out.writestr("manifest.json", json.dumps(manifest, indent=1, sort_keys=True))
         for name, data in sorted(cubins.items()):
             out.writestr(name, data)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["Job", "BuildReport", "PRESETS", "batch_patterns", "jobs_for", "build_bundles", "images_of",
-           "model_calls", "LENGTHS"]
+__all__ = ["Job", "BuildReport", "PRESETS", "batch_patterns", "jobs_for", "build_bundles",
+           "images_of", "model_calls", "LENGTHS"]
 
 #: ``tiledtune aot --model``'s default prompt and cache lengths
 LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
