@@ -292,3 +292,34 @@ def test_the_kernel_name_follows_the_hub_rule(tmp_path):
     for bad in ("Tiled", "tiled_attention", "-x", "errors"):
         with pytest.raises(HubBuildError):
             build_hub_kernel(tmp_path / bad, name=bad)
+
+
+def test_shipped_cubins_travel_with_the_kernel_under_their_project_names(monkeypatch, tmp_path):
+    """A Hub build vendors ``pretuned/cubins-*.zip`` (and nothing else that is not code or a
+    table), and a vendored kernel is named as the project's, so the wheel's bundles serve it."""
+    import types
+
+    from tiledattention.core._bundles import kernel_name
+    from tuner.hub import _build
+
+    package = tmp_path / "tiledattention"
+    (package / "pretuned").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "pretuned" / "sm_90.json").write_text("{}")
+    (package / "pretuned" / "cubins-sm_90.zip").write_bytes(b"PK")
+    (package / "pretuned" / "notes.zip").write_bytes(b"PK")
+    monkeypatch.setattr(_build, "_package_dir", lambda name: package)
+    files = _build._sources()["tiledattention"]
+    assert Path("pretuned", "cubins-sm_90.zip") in files
+    assert Path("pretuned", "notes.zip") not in files
+
+    def fake(module):
+        fn = types.SimpleNamespace(__module__=module, __qualname__="attention_fwd")
+        options = types.SimpleNamespace(num_ctas=1, occupancy=2, opt_level=3, num_worker_warps=None)
+        return types.SimpleNamespace(_annotated_function=types.SimpleNamespace(pyfunc=fn),
+                                     _compiler_options=options)
+
+    ours = kernel_name(fake("tiledattention.kernels.forward._kernel"))
+    vendored = kernel_name(fake("_tiledattention_universal_1a2b3c4._vendor.tiledattention"
+                                ".kernels.forward._kernel"))
+    assert ours == vendored and ours.startswith("tiledattention.kernels.forward._kernel:")

@@ -42,10 +42,15 @@ PACKAGE_BUNDLES = Path(__file__).resolve().parents[1] / "pretuned"
 
 def kernel_name(kernel: Any) -> str:
     """``module:qualname`` of a ``ct.kernel``'s function and its compiler options: what tells
-    two kernel objects apart (``replace_hints`` makes one per option set)."""
+    two kernel objects apart (``replace_hints`` makes one per option set). The module is
+    named from the ``tiledattention`` package down, also where a Kernel Hub build vendors it
+    under a package of its own, so the Hub build's bundles are the wheel's."""
     fn = kernel._annotated_function.pyfunc
     o = kernel._compiler_options
-    return (f"{fn.__module__}:{fn.__qualname__}[ctas={o.num_ctas},occ={o.occupancy},"
+    parts = fn.__module__.split(".")
+    module = ".".join(parts[parts.index("tiledattention"):] if "tiledattention" in parts
+                      else parts)
+    return (f"{module}:{fn.__qualname__}[ctas={o.num_ctas},occ={o.occupancy},"
             f"opt={o.opt_level},warps={o.num_worker_warps}]")
 
 

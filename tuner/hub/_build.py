@@ -17,7 +17,9 @@ and what ``kernels`` 0.17 checks when it loads one):
 
 The kernel vendors the runtime: ``tiledattention`` (less ``integrations``, which adapts it to
 transformers and torch's SDPA dispatch) and ``db`` (less the Alembic migrations, which only a
-writer runs) are copied under ``_vendor/``. Their absolute imports of each other are rewritten
+writer runs) are copied under ``_vendor/``, with the shipped cubin bundles where
+``tiledtune aot --into-package`` built them (a vendored kernel keeps its project name, so they
+serve it as they serve the wheel's). Their absolute imports of each other are rewritten
 as relative ones, in place, leaving every other byte of a file as it was (so the template
 identities, hashes over the kernel files' code, come out as in the project and the shipped
 table's rows stay current). Three things are named by string rather than imported, and are
@@ -99,7 +101,9 @@ def _sources() -> dict[str, dict[Path, bytes]]:
             if not path.is_file() or "__pycache__" in relative.parts \
                     or path.suffix in (".pyc", ".pyo") or relative.parts[0] in LEFT_OUT[package]:
                 continue
-            if path.suffix not in (".py", ".json"):
+            if path.suffix not in (".py", ".json") and not (  # and the shipped cubins
+                    relative.parts[0] == "pretuned" and path.name.startswith("cubins-")
+                    and path.suffix == ".zip"):
                 continue
             files[relative] = path.read_bytes()
         found[package] = files
