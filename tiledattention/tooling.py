@@ -19,14 +19,16 @@ from .core._lookup import Resolver, pick
 from .core._problem import page_tile
 from .core._provenance import Provenance, current_provenance, toolchain_versions
 from .core._ragged import ragged_problem
+from .core._identity import module_identity
 from .core._reference import attention_reference, varlen_reference, visible_keys
 from .core._runtime import Runtime
 from .core._settings import simulated_database_location
+from .entry_points._ragged_fill import compile_clear as compile_ragged_clear
 
 __all__ = ["AttentionCase", "PACKAGE_BUNDLES", "Provenance",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
-           "capturing", "forget_shipped_cubins", "kernel_name", "kernel_symbol", "launch_path",
-           "param_specs", "recording_launches", "served_from_bundles",
+           "capturing", "compile_ragged_clear", "forget_shipped_cubins", "kernel_name",
+           "kernel_symbol", "launch_path", "module_identity", "param_specs", "recording_launches", "served_from_bundles",
            "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
            "page_tile", "paged_lengths", "pick", "ragged_lengths",

@@ -49,8 +49,16 @@ def bundle_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def use_bundles(bundle_dir, monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # (no warmed bundle of this machine's)
+def no_installed_bundles(monkeypatch, tmp_path):
+    """No bundle in the package (a wheel build may have left some in the source tree) nor in
+    the cubin cache."""
+    monkeypatch.setattr(_bundles, "PACKAGE_BUNDLES", tmp_path / "package")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(_bundles.ENV_CUBINS, raising=False)
+
+
+@pytest.fixture
+def use_bundles(bundle_dir, monkeypatch, no_installed_bundles):
     monkeypatch.setenv(_bundles.ENV_CUBINS, str(bundle_dir / "cubins-sm_90.zip"))
     _aot.reset()
     yield bundle_dir
@@ -90,6 +98,23 @@ def test_images_assume_nothing_of_lengths_but_the_head_dims():
     one = images_of(_job("forward", dataclasses.replace(problem, batch=1), "sm_90"))[0]
     assert all(a["shape_constant"] == [1, None, None, None]
                for a in one["params"] if a["kind"] == "array")
+
+
+def test_a_packed_batchs_helper_kernels_are_built_and_vouched_for_by_their_module():
+    """A ragged problem's images include the work-table kernel and the clears of uncovered
+    rows (queries and keys), each tied to the identity of its own module too."""
+    from tiledattention.tooling import module_identity
+
+    problem = Problem(batch=5, heads_q=8, heads_kv=2, seqlen_q=512, seqlen_k=512, head_dim=64,
+                      dtype="bf16", causal=True, ragged=True)
+    images = images_of(_job("forward", problem, "sm_90"))
+    by_kernel = {i["kernel"].split("[")[0]: i for i in images}
+    table = by_kernel["tiledattention.core._work_kernel:fill_work_table"]
+    assert table["modules"][-1] == "tiledattention.core._work_kernel"
+    assert table["identity"] == module_identity(*table["modules"])
+    clears = [i for i in images if ":clear_outside[" in i["kernel"]]
+    assert sorted(_bundles.constants_key(i["params"])[0] for i in clears) == [0, 2]
+    assert all(i["modules"][-1] == "tiledattention.entry_points._clear_kernel" for i in clears)
 
 
 def test_array_constraints_are_what_ct_launch_derives():
@@ -159,9 +184,8 @@ class _Original:
 
 
 def _hook(kernel, jit: bool = True):
-    images = _aot.shipped_images().get(_bundles.kernel_name(kernel), {})
     original = _Original()
-    return _aot.ShippedCompile(kernel, images, original, jit), original
+    return _aot.ShippedCompile(kernel, original, jit), original
 
 
 def test_a_launch_signature_gets_the_image_that_serves_it(use_bundles):
@@ -190,7 +214,8 @@ def test_an_image_never_serves_weaker_assumptions(use_bundles):
     kernel, signature = _signature(LLAMA)
     params = _bundles.param_specs(kernel, signature.parameters)
     hook, _ = _hook(kernel)
-    image = _aot._find(hook.images_by_arch, "sm_90", params)
+    image = _aot._find(_aot._loaded_images("sm_90")[_bundles.kernel_name(kernel)], "sm_90",
+                       params)
     assert image is not None
     for field, value in (("base_divisible_by", 1), ("stride_divisible_by", [1, 8, 8, 1]),
                          ("dtype", "float16"), ("shape_constant", [None] * 4),
@@ -251,8 +276,9 @@ def test_a_launch_is_ct_launch_with_the_kernels_compile_answered(use_bundles, mo
     assert _aot.served() == 0  # (ct.launch is a stand-in here: it compiled nothing)
     _aot.reset()  # the kernel's own compile back
     assert kernel._compile == own
+    monkeypatch.delenv(_bundles.ENV_CUBINS)
     other, args64, _ = _forward_launch(Problem(**{**LLAMA.to_dict(), "head_dim": 64}))
-    _aot.launch(7, (8, 32), other, args64)  # nothing shipped, compiling allowed: untouched
+    _aot.launch(7, (8, 32), other, args64)  # no bundle, compiling allowed: untouched
     assert other._compile == other.__class__._compile.__get__(other)
     monkeypatch.setenv(_aot.ENV_JIT, "0")
     _aot.reset()
@@ -342,14 +368,12 @@ def test_a_models_calls_are_built_in_the_families_that_run_them(capsys, tmp_path
 
 
 
-def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(monkeypatch, tmp_path,
-                                                                       capsys):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(_bundles.ENV_CUBINS, raising=False)
+def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(
+        monkeypatch, tmp_path, capsys, no_installed_bundles):
     _aot.reset()
     assert main(["warm", "--model", "32/8,128", "--lengths", "1000", "--arch", "sm_90",
                  "--jobs", "2"]) == 0
-    warmed = list((tmp_path / "tiledattention" / "cubins").glob("cubins-sm_90-*.zip"))
+    warmed = list((tmp_path / "cache" / "tiledattention" / "cubins").glob("cubins-sm_90-*.zip"))
     assert len(warmed) == 1 and warmed[0] in _bundles.bundle_paths()
     try:
         for shape, causal in (("1,32/8,1000,128", "yes"), ("3,32/8,1000,128", "yes"),

@@ -1,6 +1,6 @@
 """Shipped cubins on the GPU: a fresh process with compiling switched off
-(``TILEDATTENTION_JIT=0``) and no ``tileiras`` on ``PATH`` runs prefill, decode, the backward
-and a CUDA-graph replay from a bundle, and gives this process's JIT-compiled results bit for
+(``TILEDATTENTION_JIT=0``) and no ``tileiras`` on ``PATH`` runs prefill, decode, the backward,
+a CUDA-graph replay and a packed batch (its work table and clears too) from a bundle, and gives this process's JIT-compiled results bit for
 bit. (A process of its own: cuTile keeps each kernel it loaded for a launch signature, so in
 one process a signature the JIT compiled first would never reach the bundle.)"""
 
@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 import tiledattention  # noqa: E402
 from tiledattention import Problem  # noqa: E402
+from tiledattention.tooling import ragged_problem  # noqa: E402
 from tiledattention.core import _aot, _bundles  # noqa: E402
 from tuner.aot import build_bundles, jobs_for  # noqa: E402
 
@@ -27,10 +28,15 @@ PREFILL = Problem(batch=2, heads_q=16, heads_kv=4, seqlen_q=777, seqlen_k=777, h
                   dtype="bf16", causal=True)
 DECODE = Problem(batch=3, heads_q=16, heads_kv=4, seqlen_q=1, seqlen_k=2049, head_dim=128,
                  dtype="bf16", causal=False)
+#: a packed batch of five sequences (varlen_attn): its forward, work table and clears
+LENGTHS = (300, 17, 1024, 555, 90)
+RAGGED = ragged_problem(sequences=len(LENGTHS), tokens_q=sum(LENGTHS), longest_q=max(LENGTHS),
+                        longest_k=max(LENGTHS), heads_q=16, heads_kv=4, head_dim=128,
+                        dtype="bf16", causal=True, bottom_right=True)
 #: (name, problem, training) of the calls both processes make; batch 1 takes the other images
 CALLS = [("prefill", PREFILL, False), ("prefill-b1", dataclasses.replace(PREFILL, batch=1), False),
          ("decode", DECODE, False), ("decode-b1", dataclasses.replace(DECODE, batch=1), False),
-         ("training", PREFILL, True), ("graph", DECODE, False)]
+         ("training", PREFILL, True), ("graph", DECODE, False), ("varlen", RAGGED, False)]
 
 CHILD = r'''
 import sys, torch
@@ -51,6 +57,16 @@ def run(problem: Problem, training: bool, graph: bool = False) -> list:
 
     def randn(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    if p.ragged:  # LENGTHS packed, with 7 tokens of no sequence at the end (cleared)
+        tokens = sum(LENGTHS) + 7
+        q = randn(tokens, p.heads_q, p.head_dim)
+        k, v = (randn(tokens, p.heads_kv, p.head_dim) for _ in range(2))
+        cu = torch.tensor((0, *LENGTHS), device="cuda").cumsum(0).to(torch.int32)
+        out = tiledattention.varlen_attn(q, k, v, cu, cu, max(LENGTHS), max(LENGTHS),
+                                         is_causal=True)
+        torch.cuda.synchronize()
+        return [out.cpu()]
 
     q = randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim)
     k, v = (randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim) for _ in range(2))
@@ -77,8 +93,8 @@ def bundle(tmp_path_factory):
     from tiledattention.core._device import device_info
 
     arch = device_info(torch.cuda.current_device()).arch
-    jobs = jobs_for([arch], [("forward", PREFILL), ("decode", DECODE), ("backward", PREFILL)],
-                    shipped=False)
+    jobs = jobs_for([arch], [("forward", PREFILL), ("decode", DECODE), ("backward", PREFILL),
+                             ("forward", RAGGED)], shipped=False)
     out = tmp_path_factory.mktemp("cubins")
     report = build_bundles(jobs, out, processes=4)
     assert report.failures == [] and arch in report.bundles

@@ -73,12 +73,13 @@ class Image:
         return self._cubin
 
 
-def shipped_images(paths: Sequence[Path] | None = None) -> dict:
+def shipped_images(paths: Sequence[Path] | None = None, arch: str | None = None) -> dict:
     """``{kernel name: {arch: {constants: [Image, ...]}}}`` of every current image in the
-    bundles (``bundle_paths()`` by default; :func:`~._bundles.current_entries`)."""
+    bundles (``bundle_paths()`` by default; only ``arch``'s when given;
+    :func:`~._bundles.current_entries`)."""
     found: dict = {}
     seen: set = set()
-    for path, arch, entry in current_entries(paths):
+    for path, arch, entry in current_entries(paths, arch):
         key = (entry["kernel"], arch, repr(entry["params"]))
         if key in seen:  # (the same image in two bundles: the first is used)
             continue
@@ -102,13 +103,15 @@ class ShippedCompile:
     """A kernel object's ``_compile`` while bundles or ``TILEDATTENTION_JIT=0`` are in use:
     a signature that an image serves gets the image's cubin; any other one goes to cuTile's
     compile (``original``), or raises :class:`CompileRequiredError` where ``jit`` is false.
-    ``served`` counts the signatures answered from images."""
+    The images are the bundles' for the launch's architecture (read on its first compile),
+    or ``images`` (``{arch: {constants: [Image]}}``) where given. ``served`` counts the
+    signatures answered from images."""
 
-    def __init__(self, kernel: Any, images_by_arch: dict, original: Any, jit: bool) -> None:
+    def __init__(self, kernel: Any, original: Any, jit: bool, images: dict | None = None) -> None:
         self.kernel = kernel
-        self.images_by_arch = images_by_arch
         self.original = original
         self.jit = jit
+        self.images = images
         self.served = 0
 
     def __call__(self, signature: Any, context: Any, compute_capability: Any = None) -> tuple:
@@ -117,10 +120,12 @@ class ShippedCompile:
         major, minor = compute_capability or get_compute_capability()
         arch = f"sm_{major}{minor}"
         image = None
-        if self.images_by_arch and ct.__version__.startswith(ANSWERING_RELEASES):
+        if ct.__version__.startswith(ANSWERING_RELEASES):
+            by_arch = (self.images if self.images is not None
+                       else _loaded_images(arch).get(kernel_name(self.kernel), {}))
             params = param_specs(self.kernel, signature.parameters)
-            if signature.calling_convention.name == convention_of(params):
-                image = _find(self.images_by_arch, arch, params)
+            if by_arch and signature.calling_convention.name == convention_of(params):
+                image = _find(by_arch, arch, params)
         if image is not None:
             self.served += 1
             return image.cubin, image.symbol, None, ()
@@ -135,7 +140,7 @@ class ShippedCompile:
 # -- the launch -----------------------------------------------------------------------------------
 _lock = threading.Lock()
 _prepared: dict[Any, ShippedCompile | None] = {}  # kernel object -> its hook, or None (plain)
-_images: dict | None = None  # shipped_images(), read on the first launch
+_images: dict[str, dict] = {}  # arch -> shipped_images(arch=arch), read on its first compile
 _jit: bool | None = None  # jit_allowed() at the first launch
 
 
@@ -143,37 +148,37 @@ def reset() -> None:
     """Forget what was read of the bundles and of ``TILEDATTENTION_JIT`` and give every kernel
     its own ``_compile`` back (tests; a process that changed ``TILEDATTENTION_CUBINS`` or
     ``TILEDATTENTION_JIT``). Signatures cuTile has already loaded a kernel for keep it."""
-    global _images, _jit
+    global _jit
     with _lock:
         for kernel, hook in _prepared.items():
             if hook is not None:
                 vars(kernel).pop("_compile", None)
         _prepared.clear()
-        _images = None
+        _images.clear()
         _jit = None
 
 
-def _loaded_images() -> dict:
-    """:func:`shipped_images` of the bundles in use, read once (until :func:`reset`)."""
-    global _images
-    if _images is None:
-        _images = shipped_images()
-    return _images
+def _loaded_images(arch: str) -> dict:
+    """:func:`shipped_images` of ``arch`` in the bundles in use, read once (until
+    :func:`reset`)."""
+    found = _images.get(arch)
+    if found is None:
+        found = _images[arch] = shipped_images(arch=arch)
+    return found
 
 
 def _prepare(kernel: Any) -> ShippedCompile | None:
-    """Put a :class:`ShippedCompile` in ``kernel``'s ``_compile`` where bundles hold images of
-    it or compiling is switched off (once per kernel object)."""
+    """Put a :class:`ShippedCompile` in ``kernel``'s ``_compile`` where bundles are installed
+    or compiling is switched off (once per kernel object)."""
     global _jit
     with _lock:
         if kernel in _prepared:
             return _prepared[kernel]
         if _jit is None:
             _jit = jit_allowed()
-        images = _loaded_images().get(kernel_name(kernel), {})
         hook = None
-        if images or not _jit:
-            hook = ShippedCompile(kernel, images, kernel._compile, _jit)
+        if not _jit or bundle_paths():
+            hook = ShippedCompile(kernel, kernel._compile, _jit)
             kernel._compile = hook
         _prepared[kernel] = hook
         return hook
@@ -221,7 +226,7 @@ def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
         return f"{jit}: no cubin bundle is installed (`tiledtune aot` builds them)"
     with capturing(compile=False) as builds:
         family.compile_launchable(problem, schedule, arch)
-    images = _loaded_images()
+    images = _loaded_images(arch)
     missing = sum(_find(images.get(kernel_name(kernel), {}), arch, param_specs(kernel, args))
                   is None for kernel, args, _, _ in builds)
     if missing == 0:

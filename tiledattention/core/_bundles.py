@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import warnings
 import zipfile
 from dataclasses import dataclass
@@ -238,15 +239,23 @@ def write_bundle(path: Path, arch: str, images: Iterable[dict], versions: dict) 
     return len(entries)
 
 
-def current_entries(paths: Sequence[Path] | None = None) -> Iterator[tuple[Path, str, dict]]:
-    """``(bundle, arch, entry)`` of every image in the bundles (``bundle_paths()`` by default)
-    whose template is the one installed now; an image built from another version of its
-    template is left out. A bundle that cannot be read is warned about and skipped."""
+def current_entries(paths: Sequence[Path] | None = None,
+                    arch: str | None = None) -> Iterator[tuple[Path, str, dict]]:
+    """``(bundle, arch, entry)`` of every image in the bundles (``bundle_paths()`` by default),
+    only ``arch``'s when given, whose template is the one installed now; an image built from
+    another version of its template is left out. A bundle that cannot be read is warned about
+    and skipped; one named for another architecture (``cubins-<arch>[-<tag>].zip``, as
+    ``tiledtune aot`` and ``warm`` name them) is not read."""
     for path in bundle_paths() if paths is None else paths:
+        named = re.match(r"cubins-(sm_\d+)(-|\.zip$)", path.name)
+        if arch is not None and named is not None and named.group(1) != arch:
+            continue
         try:
             manifest = read_manifest(path)
         except InputValueError as exc:
             warnings.warn(f"tiledattention: {exc}; its cubins are not used", stacklevel=3)
+            continue
+        if arch is not None and manifest["arch"] != arch:
             continue
         for entry in manifest["images"]:
             if module_identity(*entry["modules"]) == entry["identity"]:  # (cached)

@@ -47,6 +47,18 @@ def use_work_table(*, sequences: int, longest_q: int, items: int, heads: int,
     return (grid - items) * heads >= TABLE_MIN_IDLE_CTAS
 
 
+def compile_work_table(sequences: int, tile_m: int, arch: str) -> None:
+    """Compile (only) the work-table kernel for ``sequences`` sequences and ``tile_m``-row
+    tiles on ``arch``: what a ragged forward of such a call may launch first (``tiledtune
+    aot`` keeps it, under ``capturing``)."""
+    from ._compile import array_constraint, export_cubin
+    from ._work_kernel import fill_work_table
+
+    export_cubin(fill_work_table, (array_constraint("int32", (4, sequences)),
+                                   array_constraint("int32", (2, 2 * sequences)), tile_m, CHUNK),
+                 arch, "fill_work_table")
+
+
 def make_work_table(stream: Any, ranges: Any, tile_m: int, items: int) -> Any:
     """The int32 ``[2, items]`` work table of the sequences in ``ranges`` (int32 ``[4, N]``,
     a torch tensor), enqueued on ``stream``: row 0 a sequence (-1 for items past the last

@@ -16,7 +16,7 @@ from ..core._lazy import lazy_module
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
-__all__ = ["clear_uncovered_rows"]
+__all__ = ["clear_uncovered_rows", "compile_clear"]
 
 #: rows and columns of one cleared tile, and the CTAs that walk them
 TILE_R = 16
@@ -32,3 +32,18 @@ def clear_uncovered_rows(stream: Any, out: Any, ranges: Any, which: int) -> None
 
     flat = out.view(out.shape[0], -1)
     _aot.launch(stream, (CTAS,), clear_outside, (flat, ranges, which, TILE_R, TILE_C))
+
+
+def compile_clear(problem: Any, arch: str) -> None:
+    """Compile (only) the clears a packed call of ragged ``problem`` may launch on ``arch``:
+    its output's and ``dQ``'s query rows, ``dK``'s and ``dV``'s key rows (``tiledtune aot``
+    keeps them, under ``capturing``)."""
+    from ..core._compile import array_constraint, export_cubin
+    from ._clear_kernel import clear_outside
+
+    p = problem
+    ranges = array_constraint("int32", (4, p.batch))
+    for which, rows, width in ((0, p.batch * p.seqlen_q, p.heads_q * p.head_dim),
+                               (2, p.batch * p.seqlen_k, p.heads_kv * p.head_dim)):
+        export_cubin(clear_outside, (array_constraint(p.dtype, (rows, width)), ranges, which,
+                                     TILE_R, TILE_C), arch, "clear_outside")

@@ -115,7 +115,8 @@ def images_of(job: Job) -> list[dict]:
     """Compile ``job`` (the lookup's schedule for it) and return its images (JSON-ready dicts
     with the cubin bytes). Runs in a worker process."""
     from tiledattention import get_family
-    from tiledattention.tooling import capturing, kernel_name, kernel_symbol, param_specs
+    from tiledattention.tooling import (capturing, compile_ragged_clear, kernel_name,
+                                        kernel_symbol, module_identity, param_specs)
 
     from ..lookup import runtime_resolution, shipped_rows
 
@@ -125,12 +126,18 @@ def images_of(job: Job) -> list[dict]:
                                   job.arch).schedule
     with capturing() as builds:
         family.compile_launchable(problem, schedule, job.arch)
-    modules = list(family.template_modules)
-    identity = family.template_identity()
-    return [{"kernel": kernel_name(kernel), "modules": modules, "identity": identity,
-             "params": param_specs(kernel, args), "symbol": kernel_symbol(cubin),
-             "family": family.name, "cubin": cubin}
-            for kernel, args, _, cubin in builds]
+        if getattr(problem, "ragged", False):  # a packed call's clears of uncovered rows
+            compile_ragged_clear(problem, job.arch)
+    images = []
+    for kernel, args, _, cubin in builds:
+        # the family's template, and a helper kernel's own module (the work table, the clear)
+        modules = list(dict.fromkeys(family.template_modules
+                                     + (kernel._annotated_function.pyfunc.__module__,)))
+        images.append({"kernel": kernel_name(kernel), "modules": modules,
+                       "identity": module_identity(*modules),
+                       "params": param_specs(kernel, args), "symbol": kernel_symbol(cubin),
+                       "family": family.name, "cubin": cubin})
+    return images
 
 
 def _run(job: Job) -> tuple[Job, list[dict] | str]:

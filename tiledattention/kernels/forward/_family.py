@@ -14,6 +14,7 @@ from ...core._compile import CompileResult
 from ...core._family import Family, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._problem import Problem, default_scale, page_tile
+from ...core._work_table import compile_work_table
 from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
 from ._defaults import default_schedule
@@ -110,10 +111,13 @@ class ForwardFamily(Family):
 
     def compile_launchable(self, problem: Problem, schedule: Schedule, arch: str) -> None:
         """The call's kernel, the one that also stores the log-sum-exp (the forward of a
-        training call) and, for a ragged problem, the walk of a work table."""
+        training call) and, for a ragged problem, the walk of a work table and the kernel
+        that fills one."""
         self.check_pages(problem)
-        compile_schedule(problem, normalise(problem, schedule), arch, store_lse=None,
-                         work_table=None)
+        schedule = normalise(problem, schedule)
+        compile_schedule(problem, schedule, arch, store_lse=None, work_table=None)
+        if problem.ragged:
+            compile_work_table(problem.batch, schedule.tile_m, arch)
 
     def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
         if problem.page_size and not self.tunes_pages:
