@@ -64,7 +64,7 @@ def run(problem: Problem, training: bool, graph: bool = False) -> list:
         k, v = (randn(tokens, p.heads_kv, p.head_dim) for _ in range(2))
         cu = torch.tensor((0, *LENGTHS), device="cuda").cumsum(0).to(torch.int32)
         out = tiledattention.varlen_attn(q, k, v, cu, cu, max(LENGTHS), max(LENGTHS),
-                                         is_causal=True)
+                                         is_causal=True, enable_gqa=True)
         torch.cuda.synchronize()
         return [out.cpu()]
 
