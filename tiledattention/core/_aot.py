@@ -6,11 +6,11 @@ compiles a kernel the first time it sees a launch *signature* (the constraints i
 from the arguments: dtypes, ranks, 16-byte alignment and divisibility, dims of length 1 as
 constants, the constants' values) by calling the kernel object's ``_compile(signature,
 context, compute_capability)``, which must return ``(cubin, symbol, None, providers)``; it
-loads and caches what it gets and launches every later call of that signature itself. For a
-kernel that a bundle (:mod:`._bundles`) holds images of, or when ``TILEDATTENTION_JIT=0``
-(read at the first launch), :func:`launch` first puts a :class:`ShippedCompile` in that place:
-it answers a signature with the cubin of an image built for the same kernel, constants and
-architecture whose assumptions the signature implies (:func:`~._bundles.serves`), so no
+loads and caches what it gets and launches every later call of that signature itself. Where
+bundles (:mod:`._bundles`) are installed, or ``TILEDATTENTION_JIT=0`` (read at the first
+launch), :func:`launch` first puts a :class:`ShippedCompile` in that place of each kernel
+object: it answers a signature with the cubin of an image built for the same kernel, constants
+and architecture whose assumptions the signature implies (:func:`~._bundles.serves`), so no
 ``tileiras`` process and no cuTile front end run; any other signature is compiled as before,
 or, with ``TILEDATTENTION_JIT=0``, raises :class:`CompileRequiredError`. The launch itself,
 its streams, CUDA graphs and programmatic dependent launch, stays cuTile's, at its cost.
@@ -103,15 +103,13 @@ class ShippedCompile:
     """A kernel object's ``_compile`` while bundles or ``TILEDATTENTION_JIT=0`` are in use:
     a signature that an image serves gets the image's cubin; any other one goes to cuTile's
     compile (``original``), or raises :class:`CompileRequiredError` where ``jit`` is false.
-    The images are the bundles' for the launch's architecture (read on its first compile),
-    or ``images`` (``{arch: {constants: [Image]}}``) where given. ``served`` counts the
-    signatures answered from images."""
+    The images are the bundles' for the launch's architecture (read on its first compile).
+    ``served`` counts the signatures answered from images."""
 
-    def __init__(self, kernel: Any, original: Any, jit: bool, images: dict | None = None) -> None:
+    def __init__(self, kernel: Any, original: Any, jit: bool) -> None:
         self.kernel = kernel
         self.original = original
         self.jit = jit
-        self.images = images
         self.served = 0
 
     def __call__(self, signature: Any, context: Any, compute_capability: Any = None) -> tuple:
@@ -121,8 +119,7 @@ class ShippedCompile:
         arch = f"sm_{major}{minor}"
         image = None
         if ct.__version__.startswith(ANSWERING_RELEASES):
-            by_arch = (self.images if self.images is not None
-                       else _loaded_images(arch).get(kernel_name(self.kernel), {}))
+            by_arch = _loaded_images(arch).get(kernel_name(self.kernel), {})
             params = param_specs(self.kernel, signature.parameters)
             if by_arch and signature.calling_convention.name == convention_of(params):
                 image = _find(by_arch, arch, params)
