@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import types
 import zipfile
 
@@ -394,3 +395,37 @@ def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(
     monkeypatch.setattr("tiledattention.local_devices", lambda: [])
     assert main(["warm", "--preset", "llama-3-8b"]) == 2
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_shipped_rows_build_for_every_target_and_their_launches_are_served(
+        tmp_path, monkeypatch, no_installed_bundles):
+    """A row of each family of the shipped sm_90 table, built for the wheel's architectures:
+    at its batch and at the other batch pattern, every kernel its launches compile is served by an image, on
+    every architecture (what ``scripts/bundle_coverage.py`` checks for the whole table)."""
+    from tiledattention import get_family, shipped_table
+    from tiledattention.tooling import launch_path
+    from tuner.aot._wheel import WHEEL_ARCHS
+    from tuner.lookup import runtime_resolution, shipped_rows
+
+    rows = {}
+    for row in shipped_table("sm_90").rows():
+        rows.setdefault(row.family, row)
+    assert set(rows) == {"forward", "decode", "backward"}
+    named = [(family, row.problem) for family, row in rows.items()]
+    report = build_bundles(jobs_for(WHEEL_ARCHS, named, shipped=False), tmp_path, processes=2)
+    assert report.failures == [] and set(report.bundles) == set(WHEEL_ARCHS)
+    monkeypatch.setenv(_bundles.ENV_CUBINS, os.pathsep.join(
+        str(path) for path, _, _ in report.bundles.values()))
+    _aot.reset()
+    try:
+        for arch in WHEEL_ARCHS:
+            for name, problem in named:
+                other = 1 if problem.batch > 1 else 2  # (batch 1 is compiled in)
+                for each in (problem, dataclasses.replace(problem, batch=other)):
+                    family = get_family(name)
+                    schedule = runtime_resolution(family, each, shipped_rows(family, arch),
+                                                  arch).schedule
+                    path = launch_path(family, each, schedule, arch)
+                    assert path.startswith("shipped"), (arch, name, each, path)
+    finally:
+        _aot.reset()
