@@ -12,7 +12,7 @@ from .core._aot import (launch_path, recording as recording_launches, reset as f
                         served as served_from_bundles)
 from .core._bundles import PACKAGE_BUNDLES, kernel_name, param_specs, write_bundle
 from .core._compile import SM_COUNTS, capturing, check_arch, generation
-from .core._cubin import kernel_symbol, text_digest
+from .core._cubin import kernel_symbol, text_digest, without_ptx_text
 from .core._dtypes import array_itemsize
 from .core._family import codecs, serving
 from .core._lookup import Resolver, pick
@@ -22,15 +22,15 @@ from .core._ragged import ragged_problem
 from .core._identity import module_identity
 from .core._reference import attention_reference, varlen_reference, visible_keys
 from .core._runtime import Runtime
-from .core._settings import simulated_database_location
+from .core._settings import cubin_cache, simulated_database_location
 from .entry_points._ragged_fill import compile_clear as compile_ragged_clear
 
 __all__ = ["AttentionCase", "PACKAGE_BUNDLES", "Provenance",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
-           "capturing", "compile_ragged_clear", "forget_shipped_cubins", "kernel_name",
+           "capturing", "compile_ragged_clear", "cubin_cache", "forget_shipped_cubins", "kernel_name",
            "kernel_symbol", "launch_path", "module_identity", "param_specs", "recording_launches", "served_from_bundles",
            "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
            "page_tile", "paged_lengths", "pick", "ragged_lengths",
            "ragged_problem", "serving", "simulated_database_location", "text_digest",
-           "torch_sdpa_kwargs", "varlen_reference", "visible_keys"]
+           "torch_sdpa_kwargs", "varlen_reference", "visible_keys", "without_ptx_text"]

@@ -96,6 +96,21 @@ def test_images_assume_nothing_of_lengths_but_the_head_dims():
             assert array["dtype"] == "float16"
     lse = [p for p in with_lse["params"] if p["kind"] == "array"][4]
     assert (lse["dtype"], lse["shape_divisible_by"]) == ("float32", [1, 1, 1])
+    # the PTX text of the debug sections is blanked, the code kept (as cuTile exports it)
+    from tiledattention.core._cubin import elf_sections
+    from tiledattention.tooling import capturing, text_digest
+
+    with capturing() as builds:
+        FORWARD.compile_launchable(problem, FORWARD.default_schedule("sm_90", problem), "sm_90")
+    exported = {_bundles.constants_key(_bundles.param_specs(kernel, args)): cubin
+                for kernel, args, _, cubin in builds}
+    for image in (plain, with_lse):
+        sections = dict(elf_sections(image["cubin"]))
+        ptx = [v for k, v in sections.items() if k.endswith("nv_debug_ptx_txt")]
+        assert ptx and all(len(v) > 1000 and not any(v) for v in ptx)
+        exported_cubin = exported[_bundles.constants_key(image["params"])]
+        assert text_digest(image["cubin"]) == text_digest(exported_cubin)
+        assert image["cubin"] != exported_cubin
     one = images_of(_job("forward", dataclasses.replace(problem, batch=1), "sm_90"))[0]
     assert all(a["shape_constant"] == [1, None, None, None]
                for a in one["params"] if a["kind"] == "array")

@@ -12,7 +12,7 @@ import struct
 
 from ..errors import InputValueError
 
-__all__ = ["elf_sections", "kernel_symbol", "text_digest"]
+__all__ = ["elf_sections", "kernel_symbol", "text_digest", "without_ptx_text"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS64 = 2
@@ -27,6 +27,24 @@ def elf_sections(cubin: bytes) -> list[tuple[str, bytes]]:
     memory) comes as ``sh_size`` zero bytes, so ``len`` is its size either way. Raises ``ValueError`` if ``cubin`` is not a 64-bit little-endian ELF file or its
     headers point outside it.
     """
+    return [(name, contents) for name, _, contents in _sections(cubin)]
+
+
+def without_ptx_text(cubin: bytes) -> bytes:
+    """``cubin`` with the contents of its PTX-text debug sections (``.nv_debug_ptx_txt``, and
+    ``.nv.merc.nv_debug_ptx_txt`` on Blackwell: the PTX cuTile's ``--lineinfo`` build embeds
+    for debuggers, most of a cubin's bytes) overwritten with zeros: every offset, size and
+    other byte stays, so the code and what the driver loads are the same, and the zeros
+    compress to nothing."""
+    data = bytearray(cubin)
+    for name, offset, contents in _sections(cubin):
+        if name.endswith("nv_debug_ptx_txt") and offset is not None:
+            data[offset:offset + len(contents)] = bytes(len(contents))
+    return bytes(data)
+
+
+def _sections(cubin: bytes) -> list[tuple[str, int | None, bytes]]:
+    """``(name, file offset or None for SHT_NOBITS, contents)`` of every section."""
     data = bytes(cubin)
     if len(data) < 0x40 or data[:4] != _ELF_MAGIC:
         raise InputValueError(f"cubin must be an ELF file; got {len(data)} bytes starting "
@@ -54,12 +72,11 @@ def elf_sections(cubin: bytes) -> list[tuple[str, bytes]]:
     sections = []
     for sh_name, sh_type, _, _, sh_offset, sh_size, _, _ in headers:
         if sh_type == _SHT_NOBITS:
-            contents = bytes(sh_size)
-        else:
-            if sh_offset + sh_size > len(data):
-                raise InputValueError(f"cubin section {name(sh_name)!r} runs past the end of the file")
-            contents = data[sh_offset:sh_offset + sh_size]
-        sections.append((name(sh_name), contents))
+            sections.append((name(sh_name), None, bytes(sh_size)))
+            continue
+        if sh_offset + sh_size > len(data):
+            raise InputValueError(f"cubin section {name(sh_name)!r} runs past the end of the file")
+        sections.append((name(sh_name), sh_offset, data[sh_offset:sh_offset + sh_size]))
     return sections
 
 

@@ -9,7 +9,8 @@ the schedule is the runtime lookup's answer with the shipped table and no user d
 (:func:`tuner.lookup.runtime_resolution`, looked up for the family's plan problem), and the
 family's compile-only build of it runs under :func:`~tiledattention.core._compile.capturing`,
 which records every kernel it compiles. The images are kept once per (kernel, constants) and
-architecture and written by :func:`~tiledattention.core._bundles.write_bundle`.
+architecture, without the PTX text their debug sections carry (``without_ptx_text``: the
+same code in a smaller wheel), and written by :func:`~tiledattention.core._bundles.write_bundle`.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def images_of(job: Job) -> list[dict]:
     with the cubin bytes). Runs in a worker process."""
     from tiledattention import get_family
     from tiledattention.tooling import (capturing, compile_ragged_clear, kernel_name,
-                                        kernel_symbol, module_identity, param_specs)
+                                        kernel_symbol, module_identity, param_specs,
+                                        without_ptx_text)
 
     from ..lookup import runtime_resolution, shipped_rows
 
@@ -136,7 +138,7 @@ def images_of(job: Job) -> list[dict]:
         images.append({"kernel": kernel_name(kernel), "modules": modules,
                        "identity": module_identity(*modules),
                        "params": param_specs(kernel, args), "symbol": kernel_symbol(cubin),
-                       "family": family.name, "cubin": cubin})
+                       "family": family.name, "cubin": without_ptx_text(cubin)})
     return images
 
 

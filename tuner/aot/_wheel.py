@@ -31,11 +31,12 @@ _ROOT = Path(__file__).resolve().parents[2]
 def _build_bundles(pretuned: Path) -> None:
     """``tiledtune aot --arch WHEEL_ARCHS --into-package``, in this process."""
     sys.path.insert(0, str(_ROOT))
+    from tiledattention.errors import CompileError
     from tuner.aot import build_bundles, jobs_for
 
     report = build_bundles(jobs_for(WHEEL_ARCHS, []), pretuned, processes=os.cpu_count() or 1)
     if report.failures:
-        raise RuntimeError(f"{len(report.failures)} of {report.jobs} cubin builds failed; the "
+        raise CompileError(f"{len(report.failures)} of {report.jobs} cubin builds failed; the "
                            f"first: {report.failures[0]}")
 
 

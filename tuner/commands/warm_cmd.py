@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tiledattention import local_devices
-    from tiledattention.core._settings import cubin_cache
+    from tiledattention.tooling import cubin_cache
 
     from ..aot import PRESETS, jobs_for
     from ..errors import UsageError
