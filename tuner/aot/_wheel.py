@@ -2,7 +2,8 @@
 (``[tool.setuptools.cmdclass]`` in ``pyproject.toml``).
 
 A wheel ships ``tiledattention/pretuned/cubins-<arch>.zip`` for each of :data:`WHEEL_ARCHS`,
-built by ``tiledtune aot --arch sm_90,sm_100,sm_120 --into-package`` before the wheel. With
+built by ``tiledtune aot --arch sm_90,sm_100,sm_103,sm_120,sm_121 --into-package`` before the
+wheel. With
 ``TILEDATTENTION_WHEEL_CUBINS=build`` the wheel's build runs that step itself (it needs the
 compiler: build without isolation, ``pip wheel --no-build-isolation .``, in an environment
 with ``tiledattention[tune]``); with ``skip`` it ships none. By default a wheel takes the
@@ -21,9 +22,10 @@ from setuptools.command.build_py import build_py
 
 __all__ = ["WHEEL_ARCHS", "ENV_WHEEL", "BuildPy"]
 
-#: the architectures a wheel ships cubins for (an sm_120 cubin is sm_120a code: a DGX Spark,
-#: sm_121, needs its own bundle, from ``tiledtune aot --arch sm_121``)
-WHEEL_ARCHS = ("sm_90", "sm_100", "sm_120")
+#: the architectures a wheel ships cubins for: Hopper, Blackwell (B200, GB300), RTX
+#: Blackwell and DGX Spark (tileiras compiles sm_XXXa code, which runs on its own
+#: architecture only: an sm_120 cubin does not serve sm_121, nor sm_100 sm_103)
+WHEEL_ARCHS = ("sm_90", "sm_100", "sm_103", "sm_120", "sm_121")
 ENV_WHEEL = "TILEDATTENTION_WHEEL_CUBINS"
 _ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ the shipped tables (unless ``--no-shipped``), every ``--problem`` and every ``--
 on each architecture, the schedule the lookup hands out there with no user database is
 compiled on this machine (no GPU needed) and each kernel it launches is kept, once per
 compile-time constants, in ``cubins-<arch>.zip``. At run time ``tiledattention`` launches
-a kernel from a bundle in ``tiledattention/pretuned/`` or in ``$TILEDATTENTION_CUBINS`` (paths
-separated by ``os.pathsep``) whenever one fits, with no ``tileiras`` and no cuTile compile;
+a kernel from a bundle in ``tiledattention/pretuned/``, in the cubin cache (``tiledtune warm``)
+or in ``$TILEDATTENTION_CUBINS`` (paths separated by ``os.pathsep``) whenever one fits, with no ``tileiras`` and no cuTile compile;
 ``TILEDATTENTION_JIT=0`` makes any other launch an error instead of a compile. A cubin is code
 for one architecture (tileiras compiles sm_XXa): a DGX Spark needs ``--arch sm_121``, a GB300
 ``sm_103``. Exit status: 0 every job compiled, 1 some did not (the bundles hold the others), 2
@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def add_model_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """``--model``, ``--lengths``, ``--batch``, ``--dtypes``, ``--training`` (a model's calls,
-    :func:`model_jobs`) and ``--jobs``; returns the group (``warm`` adds ``--preset``)."""
+    :func:`model_calls_of`) and ``--jobs``; returns the group (``warm`` adds ``--preset``)."""
     model = parser.add_argument_group(
         "a model's calls (--model): at each length L a causal prefill of L tokens and a "
         "decode step over L keys, each in the family sdpa's dispatch picks")
@@ -86,9 +86,9 @@ def model_calls_of(args: argparse.Namespace) -> list:
                                     lengths=args.lengths or LENGTHS, training=args.training)]
 
 
-def build(jobs: list, out: Path, processes: int, tag: str = "") -> int:
-    """Build ``jobs`` into bundles in ``out``, reporting progress and the bundles; the exit
-    status (0 every job compiled, 1 some did not)."""
+def build(jobs: list, out: Path, processes: int, tag: str = "", command: str = "aot") -> int:
+    """Build ``jobs`` into bundles in ``out``, reporting progress (as ``tiledtune COMMAND``)
+    and the bundles; the exit status (0 every job compiled, 1 some did not)."""
     from ..aot import build_bundles
 
     start = time.perf_counter()
@@ -97,9 +97,9 @@ def build(jobs: list, out: Path, processes: int, tag: str = "") -> int:
     def progress(job, failure) -> None:
         done[0] += 1
         if failure is not None:
-            say("aot", f"{job.describe()} does not compile: {failure}")
+            say(command, f"{job.describe()} does not compile: {failure}")
         elif done[0] % 25 == 0 or done[0] == len(jobs):
-            say("aot", f"{done[0]}/{len(jobs)} compiled")
+            say(command, f"{done[0]}/{len(jobs)} compiled")
 
     report = build_bundles(jobs, out, processes=processes, progress=progress, tag=tag)
     for arch, (path, count, size) in report.bundles.items():

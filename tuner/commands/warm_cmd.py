@@ -59,4 +59,4 @@ def run(args: argparse.Namespace) -> int:
     jobs = jobs_for(archs, [], shipped=False, calls=aot_cmd.model_calls_of(args))
     tag = hashlib.sha256(repr(sorted(map(repr, jobs))).encode()).hexdigest()[:12]
     say("warm", f"{len(jobs)} jobs for {', '.join(archs)} -> {cubin_cache()}")
-    return aot_cmd.build(jobs, cubin_cache(), args.jobs, tag=tag)
+    return aot_cmd.build(jobs, cubin_cache(), args.jobs, tag=tag, command="warm")
