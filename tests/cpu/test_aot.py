@@ -444,3 +444,39 @@ def test_shipped_rows_build_for_every_target_and_their_launches_are_served(
                     assert path.startswith("shipped"), (arch, name, each, path)
     finally:
         _aot.reset()
+
+
+def test_the_wheels_build_py_ships_builds_or_skips_the_bundles(monkeypatch, tmp_path):
+    """``TILEDATTENTION_WHEEL_CUBINS``: unset, the bundles found ship and the missing
+    architectures are named; ``build`` runs the build first; ``skip`` checks nothing; an
+    editable install neither builds nor checks."""
+    from setuptools.command.build_py import build_py
+
+    from tuner.aot import _wheel
+
+    built, said = [], []
+    monkeypatch.setattr(_wheel, "_ROOT", tmp_path)
+    monkeypatch.setattr(_wheel, "_build_bundles", lambda pretuned: built.append(pretuned))
+    monkeypatch.setattr(build_py, "run", lambda self: None)
+    pretuned = tmp_path / "tiledattention" / "pretuned"
+    pretuned.mkdir(parents=True)
+    (pretuned / "cubins-sm_90.zip").write_bytes(b"PK")
+
+    def run(mode, editable=False):
+        if mode is None:
+            monkeypatch.delenv(_wheel.ENV_WHEEL, raising=False)
+        else:
+            monkeypatch.setenv(_wheel.ENV_WHEEL, mode)
+        command = _wheel.BuildPy.__new__(_wheel.BuildPy)
+        command.editable_mode = editable
+        command.announce = lambda message, level=1: said.append(message)
+        command.run()
+
+    run(None)
+    assert built == [] and len(said) == 1
+    assert "no cubin bundle for sm_100, sm_103, sm_120, sm_121:" in said[0]
+    run("build")
+    assert built == [pretuned] and len(said) == 2
+    run("skip")
+    run("build", editable=True)
+    assert built == [pretuned] and len(said) == 2
