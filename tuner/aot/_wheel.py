@@ -3,12 +3,11 @@
 
 A wheel ships ``tiledattention/pretuned/cubins-<arch>.zip`` for each of :data:`WHEEL_ARCHS`,
 built by ``tiledtune aot --arch sm_90,sm_100,sm_103,sm_120,sm_121 --into-package`` before the
-wheel. With
-``TILEDATTENTION_WHEEL_CUBINS=build`` the wheel's build runs that step itself (it needs the
-compiler: build without isolation, ``pip wheel --no-build-isolation .``, in an environment
-with ``tiledattention[tune]``); with ``skip`` it ships none. By default a wheel takes the
-bundles that are there and says which architectures have none. An editable install never
-builds or checks them. Nothing here imports more than the standard library and setuptools
+wheel. By default the build takes the bundles that are there and says which architectures
+have none; with ``TILEDATTENTION_WHEEL_CUBINS=build`` it runs that step itself first (it needs
+the compiler: build without isolation, ``pip wheel --no-build-isolation .``, in an environment
+with ``tiledattention[tune]``); with ``skip`` it neither builds nor checks. An editable install
+never builds or checks them. Nothing here imports more than the standard library and setuptools
 until a build is asked for (the isolated build environment has nothing else).
 """
 
