@@ -331,8 +331,9 @@ def test_the_command_builds_and_refuses_what_it_cannot(tmp_path, capsys):
     fields = ",".join(f"{k}={v}" for k, v in LLAMA.to_dict().items())
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
                  "--problem", f"kernel=forward,{fields}"]) == 0
-    # the call's kernel and the one storing the LSE, each at batch 1 and at batch 2
-    assert "sm_90: 4 kernels" in capsys.readouterr().out
+    # the call's kernel and the one storing the LSE, each at batch 1 and 2 and at 1000 keys
+    # and 1024 (EVEN_K)
+    assert "sm_90: 8 kernels" in capsys.readouterr().out
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path)]) == 2
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
                  "--problem", fields]) == 2
@@ -368,12 +369,14 @@ def test_a_models_calls_are_built_in_the_families_that_run_them(capsys, tmp_path
     jobs = jobs_for(["sm_90", "sm_120"], [], shipped=False, calls=calls)
     # the training forward is the prefill's problem in the forward family: one job for both;
     # batch 1 also brings batch 2 (the image of every batch of more than one; batch 1's
-    # compiles the batch in), batch 4 also batch 1: batches 1, 2 and 4
-    assert len(jobs) == 2 * 3 * 2 * 3
+    # compiles the batch in), batch 4 also batch 1: batches 1, 2 and 4; and 100 tokens also
+    # 256 (a key count the key tile divides: EVEN_K), the decode step over 100 keys too
+    assert len(jobs) == 2 * 3 * 2 * 3 * 2
+    assert {dict(j.problem)["seqlen_k"] for j in jobs} == {100, 256}
     by_family = {}
     for job in jobs:
         by_family.setdefault(job.family, set()).add(dict(job.problem)["seqlen_q"])
-    assert by_family == {"forward": {100}, "decode": {1}, "backward": {100}}
+    assert by_family == {"forward": {100, 256}, "decode": {1}, "backward": {100, 256}}
     assert main(["aot", "--arch", "sm_90", "--no-shipped", "--out", str(tmp_path),
                  "--lengths", "64"]) == 2
     assert "describe a --model's calls" in capsys.readouterr().err
@@ -392,7 +395,9 @@ def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(
     warmed = list((tmp_path / "cache" / "tiledattention" / "cubins").glob("cubins-sm_90-*.zip"))
     assert len(warmed) == 1 and warmed[0] in _bundles.bundle_paths()
     try:
+        # prompts of other lengths too: unaligned (1500) and aligned to the key tile (2048)
         for shape, causal in (("1,32/8,1000,128", "yes"), ("3,32/8,1000,128", "yes"),
+                              ("1,32/8,1500,128", "yes"), ("2,32/8,2048,128", "yes"),
                               ("1,32/8,1:1000,128", "no"), ("5,32/8,1:1000,128", "no")):
             capsys.readouterr()
             assert main(["explain", "--device", "sm_90", "--shape", shape, "--dtype", "bf16",

@@ -4,7 +4,7 @@ out on a machine with only the shipped table, into one cubin bundle per architec
 The problems: every row of the shipped tables (its own problem, looked up for each
 architecture: its row where the row's architecture is the target, else what the lookup
 answers there, normally the default) and the problems named on the command line, each also
-at the other batch pattern (:func:`batch_patterns`: batch 1 is compiled in). For each,
+at the other batch and key-length patterns (:func:`launch_patterns`). For each,
 the schedule is the runtime lookup's answer with the shipped table and no user database
 (:func:`tuner.lookup.runtime_resolution`, looked up for the family's plan problem), and the
 family's compile-only build of it runs under :func:`~tiledattention.core._compile.capturing`,
@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["Job", "BuildReport", "PRESETS", "batch_patterns", "jobs_for", "build_bundles",
+__all__ = ["Job", "BuildReport", "PRESETS", "launch_patterns", "jobs_for", "build_bundles",
            "images_of", "model_calls", "LENGTHS"]
 
-#: ``tiledtune aot --model``'s default prompt and cache lengths
-LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+#: ``tiledtune aot --model``'s default prompt and cache lengths: a short prompt (one key tile,
+#: unaligned) and the powers of two from 128 (with :func:`launch_patterns`' one key more)
+LENGTHS = (100, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 @dataclass(frozen=True)
@@ -95,21 +96,33 @@ def jobs_for(archs: Sequence[str], problems: Iterable[tuple[str, Any]],
             if table is not None:
                 named += [(row.family, row.problem) for row in table.rows()]
     jobs = [Job(family, tuple(sorted(each.to_dict().items())), arch)
-            for family, problem in named for each in batch_patterns(problem) for arch in archs]
+            for family, problem in named for each in launch_patterns(problem) for arch in archs]
     jobs += [Job(choose_family(arch, each, operation).name,
                  tuple(sorted(each.to_dict().items())), arch)
-             for operation, problem in calls for each in batch_patterns(problem)
+             for operation, problem in calls for each in launch_patterns(problem)
              for arch in archs]
     return list(dict.fromkeys(jobs))
 
 
-def batch_patterns(problem: Any) -> list:
-    """``problem`` and the same problem at the other batch pattern (batch 1 for a larger
-    batch, 2 for batch 1): a launch of batch 1 compiles the batch dimension in as a constant
-    (``ct.launch``'s signature), so its image differs from the one that serves every batch
-    of more than one."""
-    other = 1 if problem.batch > 1 else 2
-    return [problem, dataclasses.replace(problem, batch=other)]
+def launch_patterns(problem: Any) -> list:
+    """``problem`` and its variants whose launches compile differently: both batch patterns
+    (batch 1 is compiled in as a constant, ``ct.launch``'s signature; the image of batch 2
+    serves every batch of more than one) and, unless packed, both key-length patterns (a key
+    count that is a multiple of the key tile is compiled in: the forward's ``EVEN_K``): one
+    key more where the count is a multiple of 32 (every key tile's multiple could be), the
+    count rounded up to a multiple of 256 where it is not one (square problems stay
+    square)."""
+    lengths = [problem.seqlen_k]
+    if not problem.ragged and problem.seqlen_k > 1:
+        k = problem.seqlen_k
+        lengths += [k + 1] if k % 32 == 0 else []
+        lengths += [-(-k // 256) * 256] if k % 256 else []
+    found = []
+    for batch in (problem.batch, 1 if problem.batch > 1 else 2):
+        for k in lengths:
+            q = k if problem.seqlen_q == problem.seqlen_k else problem.seqlen_q
+            found.append(dataclasses.replace(problem, batch=batch, seqlen_q=q, seqlen_k=k))
+    return found
 
 
 def images_of(job: Job) -> list[dict]:

@@ -61,7 +61,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                        metavar="HQ/HKV,D", help="query heads / K/V heads and head dim, e.g. "
                        "32/8,128 (repeatable)")
     model.add_argument("--lengths", type=_parse_ints, default=None, metavar="LIST",
-                       help="prompt and cache lengths (default 128,256,...,32768)")
+                       help="prompt and cache lengths (default 100,128,256,...,32768)")
     model.add_argument("--batch", type=_parse_ints, default=(1,), metavar="LIST",
                        help="batch sizes (default 1; batch 1 also builds the image of every "
                        "larger batch, and a larger one batch 1's)")

@@ -1,7 +1,7 @@
 """``tiledtune warm``: compile, ahead of serving, the kernels a model's calls will run on this
 machine, into the cubin cache the runtime reads.
 
-    tiledtune warm --preset llama-3-8b                      # prefill + decode, 128-32768 tokens
+    tiledtune warm --preset llama-3-8b                      # prefill + decode, 100-32768 tokens
     tiledtune warm --model 28/4,128 --batch 1,16 --dtypes bf16,fp16 --training
     tiledtune warm --preset qwen2.5-7b --arch sm_90,sm_120  # for other machines' GPUs too
 
