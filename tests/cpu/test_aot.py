@@ -390,8 +390,8 @@ def test_a_models_calls_are_built_in_the_families_that_run_them(capsys, tmp_path
 def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(
         monkeypatch, tmp_path, capsys, no_installed_bundles):
     _aot.reset()
-    assert main(["warm", "--model", "32/8,128", "--lengths", "1000", "--arch", "sm_90",
-                 "--jobs", "2"]) == 0
+    assert main(["warm", "--model", "32/8,128", "--lengths", "1000", "--batch", "1",
+                 "--arch", "sm_90", "--jobs", "2"]) == 0
     warmed = list((tmp_path / "cache" / "tiledattention" / "cubins").glob("cubins-sm_90-*.zip"))
     assert len(warmed) == 1 and warmed[0] in _bundles.bundle_paths()
     try:
@@ -404,8 +404,8 @@ def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(
                          "--causal", causal]) == 0
             assert "launch   shipped cubins" in capsys.readouterr().out, shape
         # another model's request gets a file of its own; the first stays
-        assert main(["warm", "--model", "16/16,64", "--lengths", "300", "--arch", "sm_90",
-                     "--jobs", "2"]) == 0
+        assert main(["warm", "--model", "16/16,64", "--lengths", "300", "--batch", "1",
+                     "--arch", "sm_90", "--jobs", "2"]) == 0
         assert len(list(warmed[0].parent.glob("cubins-sm_90-*.zip"))) == 2
     finally:
         _aot.reset()

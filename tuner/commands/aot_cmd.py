@@ -62,9 +62,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                        "32/8,128 (repeatable)")
     model.add_argument("--lengths", type=_parse_ints, default=None, metavar="LIST",
                        help="prompt and cache lengths (default 100,128,256,...,32768)")
-    model.add_argument("--batch", type=_parse_ints, default=(1,), metavar="LIST",
-                       help="batch sizes (default 1; batch 1 also builds the image of every "
-                       "larger batch, and a larger one batch 1's)")
+    model.add_argument("--batch", type=_parse_ints, default=(1, 8, 16), metavar="LIST",
+                       help="batch sizes (default 1,8,16: the decode schedules of batches "
+                       "1-128 on sm_90; each also builds the other batch pattern, batch 1 "
+                       "being compiled in)")
     model.add_argument("--dtypes", type=_parse_dtypes, default=("bf16",), metavar="LIST",
                        help="bf16,fp16 (default bf16)")
     model.add_argument("--training", action="store_true",
