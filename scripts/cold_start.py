@@ -10,6 +10,10 @@ causal), each prefill followed by one decode step over its cache, in a fresh pro
     # the same with the JIT:
     CUDA_TILE_CACHE_DIR=$(mktemp -d) python scripts/cold_start.py --label jit
 
+``--model HQ/HKV,D`` serves another model's shapes at the same lengths, e.g. from the cubins
+``tiledtune warm --model 28/4,128 --arch sm_90`` built into the cubin cache (its default
+lengths and batches, which are not the calls' own lengths).
+
 It prints one JSON line: the first pass's wall time (every call of the sequence once,
 synchronised after each, so each call's compile or load is in its own time), each call's
 first time, and the steady state of the same sequence (its median of ``--repeats`` passes).
@@ -33,7 +37,7 @@ HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 
 
 def aot_problems() -> list[str]:
-    """``--problem`` options of ``tiledtune aot`` for these calls."""
+    """``--problem`` options of ``tiledtune aot`` for these calls (the default model's)."""
     base = f"batch=1,heads_q={HEADS_Q},heads_kv={HEADS_KV},head_dim={HEAD_DIM},dtype=bf16"
     found = []
     for n in LENGTHS:
@@ -47,12 +51,17 @@ def main() -> int:
     parser.add_argument("--label", default="run")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--save", type=Path)
+    parser.add_argument("--model", default=f"{HEADS_Q}/{HEADS_KV},{HEAD_DIM}",
+                        help="HQ/HKV,D of the calls (default %(default)s)")
     parser.add_argument("--aot-problems", action="store_true",
                         help="print the tiledtune aot --problem options and exit")
     args = parser.parse_args()
     if args.aot_problems:
         print(" ".join(aot_problems()))
         return 0
+    heads, _, head_dim = args.model.partition(",")
+    heads_q, _, heads_kv = heads.partition("/")
+    heads_q, heads_kv, head_dim = int(heads_q), int(heads_kv or heads_q), int(head_dim)
     start = time.perf_counter()
     import torch
 
@@ -61,10 +70,10 @@ def main() -> int:
     torch.manual_seed(0)
     calls = []
     for n in LENGTHS:
-        q = torch.randn(1, HEADS_Q, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(1, HEADS_KV, n + 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(1, heads_q, n, head_dim, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, heads_kv, n + 1, head_dim, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        step = torch.randn(1, HEADS_Q, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        step = torch.randn(1, heads_q, 1, head_dim, device="cuda", dtype=torch.bfloat16)
         calls.append((f"prefill {n}", lambda q=q, k=k[:, :, :n], v=v[:, :, :n]:
                       tiledattention.sdpa(q, k, v, causal=True)))
         calls.append((f"decode {n + 1}", lambda s=step, k=k, v=v: tiledattention.sdpa(s, k, v)))
@@ -88,7 +97,7 @@ def main() -> int:
     steady = statistics.median(passes)
     if args.save:
         torch.save([o.cpu() for o in outputs], args.save)
-    print(json.dumps({"label": args.label, "setup_s": round(setup, 3),
+    print(json.dumps({"label": args.label, "model": args.model, "setup_s": round(setup, 3),
                       "first_pass_s": round(first_pass, 3), "steady_pass_s": round(steady, 5),
                       "first_call_overhead_s": round(first_pass - steady, 3),
                       "slowest_first_calls": sorted(first.items(), key=lambda kv: -kv[1])[:4]}))
