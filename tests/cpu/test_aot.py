@@ -419,12 +419,12 @@ def test_warm_builds_a_models_kernels_into_the_cache_the_runtime_reads(
 
 def test_shipped_rows_build_for_every_target_and_their_launches_are_served(
         tmp_path, monkeypatch, no_installed_bundles):
-    """A row of each family of the shipped sm_90 table, built for the wheel's architectures:
-    at its batch and at the other batch pattern, every kernel its launches compile is served by an image, on
+    """A row of each family of the shipped sm_90 table, built for Hopper, Blackwell and RTX
+    Blackwell (three of the wheel's architectures, for CI's time): at its batch, at the other
+    batch pattern and at the other key-length pattern, every kernel its launches compile is served by an image, on
     every architecture (what ``scripts/bundle_coverage.py`` checks for the whole table)."""
     from tiledattention import get_family, shipped_table
     from tiledattention.tooling import launch_path
-    from tuner.aot._wheel import WHEEL_ARCHS
     from tuner.lookup import runtime_resolution, shipped_rows
 
     rows = {}
@@ -432,16 +432,21 @@ def test_shipped_rows_build_for_every_target_and_their_launches_are_served(
         rows.setdefault(row.family, row)
     assert set(rows) == {"forward", "decode", "backward"}
     named = [(family, row.problem) for family, row in rows.items()]
-    report = build_bundles(jobs_for(WHEEL_ARCHS, named, shipped=False), tmp_path, processes=2)
-    assert report.failures == [] and set(report.bundles) == set(WHEEL_ARCHS)
+    report = build_bundles(jobs_for(ARCHES, named, shipped=False), tmp_path, processes=2)
+    assert report.failures == [] and set(report.bundles) == set(ARCHES)
     monkeypatch.setenv(_bundles.ENV_CUBINS, os.pathsep.join(
         str(path) for path, _, _ in report.bundles.values()))
     _aot.reset()
     try:
-        for arch in WHEEL_ARCHS:
+        for arch in ARCHES:
             for name, problem in named:
                 other = 1 if problem.batch > 1 else 2  # (batch 1 is compiled in)
-                for each in (problem, dataclasses.replace(problem, batch=other)):
+                k = problem.seqlen_k  # and a key count the key tile divides or not (EVEN_K)
+                keys = k + 1 if k % 32 == 0 else -(-k // 256) * 256
+                longer = dataclasses.replace(
+                    problem, seqlen_k=keys,
+                    seqlen_q=keys if problem.seqlen_q == k else problem.seqlen_q)
+                for each in (problem, dataclasses.replace(problem, batch=other), longer):
                     family = get_family(name)
                     schedule = runtime_resolution(family, each, shipped_rows(family, arch),
                                                   arch).schedule
