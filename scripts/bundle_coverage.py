@@ -33,20 +33,17 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16")
     args = parser.parse_args()
     start = time.perf_counter()
-    from tiledattention import ARCHITECTURES, Problem, choose_family, get_family, shipped_table
+    from tiledattention import ARCHITECTURES, choose_family, get_family, shipped_table
     from tiledattention.tooling import launch_path
+    from tuner.aot import model_calls
     from tuner.lookup import runtime_resolution, shipped_rows
 
-    calls = []  # (family name or None for the dispatch's choice, problem)
+    calls = []  # (family name, or an operation the dispatch picks the family of; problem)
     if args.model:
         heads, _, dim = args.model.partition(",")
         hq, _, hkv = heads.partition("/")
-        for batch in args.batch:
-            for n in args.lengths:
-                shape = dict(batch=batch, heads_q=int(hq), heads_kv=int(hkv or hq),
-                             head_dim=int(dim), dtype=args.dtype)
-                calls += [(None, Problem(**shape, seqlen_q=n, seqlen_k=n, causal=True)),
-                          (None, Problem(**shape, seqlen_q=1, seqlen_k=n, causal=False))]
+        calls = model_calls(int(hq), int(hkv or hq), int(dim), dtypes=(args.dtype,),
+                            batches=args.batch, lengths=args.lengths, training=False)
     else:
         for table_arch in ARCHITECTURES:
             table = shipped_table(table_arch)
@@ -59,7 +56,7 @@ def main() -> int:
     for arch in args.arch.split(","):
         served = 0
         for name, problem in calls:
-            family = get_family(name) if name else choose_family(arch, problem, "sdpa")
+            family = (choose_family(arch, problem, name) if args.model else get_family(name))
             schedule = runtime_resolution(family, problem, shipped_rows(family, arch),
                                           arch).schedule
             path = launch_path(family, problem, schedule, arch)

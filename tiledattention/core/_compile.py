@@ -81,9 +81,10 @@ def cubin_shared_bytes(cubin: bytes) -> int | None:
 @contextlib.contextmanager
 def capturing(compile: bool = True) -> Iterator[list]:
     """Within it, :func:`export_cubin` compiles every array with no assumption on the lengths
-    of its dimensions but a 4-D array's head dim (a shipped cubin serves every sequence length
-    and batch) and appends ``(kernel, args, arch, cubin)`` of each build to the list it yields
-    (``tiledtune aot``). With ``compile`` False nothing is compiled: each build is recorded
+    of its dimensions but the head dim and the dims of length 1 (:func:`_any_length`: a
+    shipped cubin serves every sequence length, and every batch of the same batch pattern) and
+    appends ``(kernel, args, arch, cubin)`` of each build to the list it yields (``tiledtune
+    aot``). With ``compile`` False nothing is compiled: each build is recorded
     with an empty cubin (which kernels, with which constants, a schedule launches)."""
     builds: list = []
     token = _capture.set((builds, compile))
