@@ -1,9 +1,8 @@
 """GPU probe for the decode family: correctness of a few schedules, a schedule sweep on the
-B = 1 and batched decode points against cuDNN and the copy bandwidth, the merge of the splits in
-the split kernel against the combine kernel (``merge``), and the S_q crossover between the
-decode and forward families (the dispatch rule's measurement).
+B = 1 and batched decode points against cuDNN and the copy bandwidth, and the S_q crossover
+between the decode and forward families (the dispatch rule's measurement).
 
-    python scripts/decode_probe.py --out DIR [--quick] [--skip correct,sweep,merge,crossover]
+    python scripts/decode_probe.py --out DIR [--quick]
 
 Prints tables; writes DIR/probe.json.
 """
@@ -89,45 +88,6 @@ def sweep(point, schedules, copy, log):
         vs = cudnn.median_ms / t.median_ms if cudnn else float("nan")
         out.append({"name": name, "ms": t.median_ms, "gbps": gbps, "copy_share": gbps / copy,
                     "vs_cudnn": vs, "err": errs.get(name)})
-    return out
-
-
-#: Issue 49's points for the merge in the split kernel: B = 1 caches of 4k-32k keys (where
-#: the second launch weighs most), a group of 7, more heads, batched caches
-MERGE_POINTS = ((1, 32, 8, 4096), (1, 32, 8, 8192), (1, 32, 8, 16384), (1, 32, 8, 32768),
-                (1, 28, 4, 12000), (1, 64, 8, 6000), (8, 32, 8, 4096), (24, 32, 8, 3000))
-
-
-def merge_sweep(copy, log):
-    """The default schedule with its combine kernel against the same schedule merging in the
-    split kernel (``combine="last_cta"``), and merging schedules with half and twice the
-    splits, occupancy 2 and 64-key steps; cuDNN and flash beside. GPU time (L2 flushed), and
-    for the default pair and cuDNN an isolated call with the host counted."""
-    out = {}
-    for b, hq, hkv, sk in MERGE_POINTS:
-        p = problem(b, hq, hkv, 1, sk)
-        d = ta.DECODE.default_schedule("sm_90", p)
-        last = d.replace(combine="last_cta")
-        candidates = [d, last, last.replace(splits=max(2, d.splits // 2)),
-                      last.replace(splits=min(256, d.splits * 2)),
-                      last.replace(splits=min(256, d.splits * 2), occupancy=2),
-                      last.replace(tile_n=64)]
-        if d.splits == 1:
-            candidates = [d, d.replace(splits=2, combine="last_cta"),
-                          d.replace(splits=4, combine="last_cta"), d.replace(splits=4)]
-        rows = sweep(p, list(dict.fromkeys(candidates)), copy, log)
-        log(f"== merge {p.describe()} (default {d.describe()})")
-        for row in rows:
-            log(f"  {row['name']:45s} {1e3 * row['ms']:8.1f} us {100 * row['copy_share']:5.1f}% "
-                f"copy  {row['vs_cudnn']:.2f}x cuDNN  err {row['err']}")
-        case = ta.DECODE.case(p, 0)
-        fns = {"default": case.launcher(d), "last_cta": case.launcher(last)}
-        fns.update({n: f for n, f in case.baselines().items() if n == "torch-cudnn"})
-        host = time_interleaved(fns, rounds=25, host=True)
-        log("  isolated call (host counted): " + ", ".join(
-            f"{n} {1e3 * t.median_ms:.1f} us" for n, t in host.items() if not isinstance(t, str)))
-        out[p.describe()] = {"gpu": rows, "host": {n: getattr(t, "median_ms", t)
-                                                    for n, t in host.items()}}
     return out
 
 
@@ -223,8 +183,6 @@ def main() -> None:
         for row in r[:5] + [x for x in r if x["name"].startswith("torch")]:
             log(f"  {row['name']:45s} {row['ms']:.4f} ms {row['vs_cudnn']:.2f}x cuDNN")
     result["sweeps"] = sweeps
-    if "merge" not in skip:
-        result["merge"] = merge_sweep(copy, log)
     if "crossover" not in skip:
         result["crossover"] = crossover(log)
     result["seconds"] = time.time() - start

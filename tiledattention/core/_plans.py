@@ -24,9 +24,7 @@ __all__ = ["Plan", "bind_torch", "kept_plan", "span", "reach", "clear_of", "cont
 raw_stream: Any = None  # device index -> torch's current stream there, as an int (CUstream)
 empty_like: Any = None
 empty: Any = None
-zeros: Any = None
 float32: Any = None
-int32: Any = None
 contiguous_format: Any = None
 current_device: Any = None  # () -> the current CUDA device's index
 capturing: Any = None  # () -> whether the current device's current stream is capturing
@@ -34,8 +32,7 @@ capturing: Any = None  # () -> whether the current device's current stream is ca
 
 def bind_torch() -> None:
     """Bind the torch functions the warm path calls (once)."""
-    global raw_stream, empty_like, empty, zeros, float32, int32, contiguous_format
-    global current_device, capturing
+    global raw_stream, empty_like, empty, float32, contiguous_format, current_device, capturing
     if empty_like is not None:
         return
     import torch
@@ -51,7 +48,6 @@ def bind_torch() -> None:
     if capturing is None:
         capturing = torch.cuda.is_current_stream_capturing
     empty, float32, contiguous_format = torch.empty, torch.float32, torch.contiguous_format
-    zeros, int32 = torch.zeros, torch.int32
     empty_like = torch.empty_like
 
 

@@ -26,8 +26,7 @@ __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_f
            "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_rows", "row_stat_shape",
            "variant_args",
-           "sink_logits", "PAGE_ALIGN", "page_tile", "page_loads", "check_tensor",
-           "check_attention_tensors"]
+           "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor", "check_attention_tensors"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -135,17 +134,6 @@ def page_tile(page_size: int) -> int:
     """The largest power of two dividing ``page_size``: the most keys one load from a paged
     cache may take (a load never straddles two pages)."""
     return page_size & -page_size
-
-
-def page_loads(page_size: int, tile_n: int) -> dict[str, Any]:
-    """How a kernel of ``tile_n``-key steps loads a key tile from pages of ``page_size`` keys
-    (0: no paged cache), as its ``PAGE_ROWS`` and ``PAGE_GATHER`` constants: keys per load (a
-    load never straddles two pages), and whether each load is a whole page, so that the tile's
-    pages are gathered by one load (a power-of-two page smaller than the tile)."""
-    if not page_size:
-        return {"PAGE_ROWS": 0, "PAGE_GATHER": False}
-    rows = min(tile_n, page_tile(page_size))
-    return {"PAGE_ROWS": rows, "PAGE_GATHER": rows == page_size < tile_n}
 
 
 #: The fields ``to_dict`` leaves out at these values (keys stored before they existed).

@@ -45,23 +45,12 @@ def sequence_length(Ranges, seq, which):
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
 
 
-def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD,
-              PAGE_GATHER):
+def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD):
     """Keys ``j * TILE_N ..`` (head-dim columns ``part * width`` on) of sequence ``seq``'s
-    paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, width]`` tile
-    of ``TILE_N / PAGE_ROWS`` parts of ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page
-    size), each from the page ``Pages[seq]`` names for it. With ``PAGE_GATHER`` (``PAGE_ROWS`` is
-    the page size) the parts are whole pages, gathered by one load (a TMA load per page, into
-    one tile the matrix units read); else they are loaded one by one and joined pairwise. A
-    key past the block table's pages loads as ``PAD``'s fill."""
-    if PAGE_GATHER:
-        parts = ct.static_eval(TILE_N // PAGE_ROWS)
-        slots = j * parts + ct.arange(parts, dtype=ct.int32)
-        pages = ct.gather(Pages, (seq, slots), padding_value=-1)  # [parts]
-        tile = ct.load_advanced_indexing(
-            A, (pages, ct.Slice(0, PAGE_ROWS), ct.Slice(kv_head, 1), ct.Slice(part * width, width)),
-            padding_mode=PAD, latency=ct.static_eval(latency or None))
-        return tile.reshape((TILE_N, width))
+    paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, width]`` tile:
+    ``TILE_N / PAGE_ROWS`` loads of ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size),
+    each from the page ``Pages[seq]`` names for it, joined pairwise. A key past the block
+    table's pages loads as ``PAD``'s fill."""
     page_size = A.shape[1]
     parts = ()
     for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):

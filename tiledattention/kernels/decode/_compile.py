@@ -12,7 +12,7 @@ from ...core._compile import CompileResult, array_constraint, export_cubin
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
-                      layout, merges_in_split, normalise, split_constants, split_kernel)
+                      layout, normalise, split_constants, split_kernel)
 from ._schedule import DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -22,9 +22,8 @@ __all__ = ["compile_decode"]
 
 
 def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
-    """Compile the split kernel (and the combine kernel, when there is more than one split and
-    the split kernel does not merge them) of ``normalise(problem, schedule)`` for ``arch``;
-    raise :class:`CompileError`. The result is
+    """Compile the split kernel (and the combine kernel, when there is more than one split) of
+    ``normalise(problem, schedule)`` for ``arch``; raise :class:`CompileError`. The result is
     the split kernel's cubin, with the combine kernel's in ``other_cubins``; ``seconds`` counts
     both builds."""
     schedule = normalise(problem, schedule)
@@ -60,15 +59,12 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
                           else ctc.ConstantConstraint(0)),
                # a paged cache's block table, or the placeholder
                "Pages": (array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
-                         if p.page_size else ctc.ConstantConstraint(0)),
-               # a split-kernel merge's counters, or the placeholder
-               "Counters": (array_constraint("int32", (tiles.rows,))
-                            if merges_in_split(schedule) else ctc.ConstantConstraint(0))}
+                         if p.page_size else ctc.ConstantConstraint(0))}
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
                           SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),
                           arch, label)
-    if direct or merges_in_split(schedule):
+    if direct:
         return result
     combined = export_cubin(
         combine_kernel(schedule),

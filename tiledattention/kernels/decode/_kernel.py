@@ -12,11 +12,7 @@ With one split (``DIRECT``) the kernel normalises and writes the output itself. 
 split writes its normalised partial output and its log-sum-exp (base 2) in float32, and
 ``decode_combine`` merges the splits of each row: ``out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s
 - m)``. With ``PDL`` the combine is launched as a programmatic dependent launch: its CTAs are
-scheduled while the split kernel drains and wait for its memory. With ``MERGE`` there is no
-second kernel: each split CTA counts itself done on its row's counter (an atomic add with
-acquire-release order at device scope, after its partial stores) and the CTA that counts last
-merges the row's partials in the same order the combine does (so the result does not depend on
-which CTA merges) and resets the counter to 0.
+scheduled while the split kernel drains and wait for its memory.
 
 Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i`` sees
 keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). With ``WINDOW`` it also
@@ -31,7 +27,8 @@ split. A row that sees no key returns zeros. ``RAGGED`` (a padded batch's per-en
 ``Ranges``): each batch entry's keys are cut out of K and V, its query rows in range are the last
 positions of those keys (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a
 paged cache): K and V are pools of pages and each entry's keys lie in the pages its row of the
-block table (``Pages``) names, one page lookup per page-sized load. Every UPPER_CASE parameter is a
+block table (``Pages``) names, one page lookup per page-sized load; with ``PAGE_GATHER`` (small
+pages) a key tile's pages come in one gathered load. Every UPPER_CASE parameter is a
 compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
 loop whose cache grows by a key per step reuses one compiled kernel.
 """
@@ -68,54 +65,6 @@ def _row_sinks(Sinks, head, group, TILE_G, TILE_S, EXP2):
     return sink  # [TILE_M, 1]
 
 
-def merged_splits(Opart, Lse, row, chunk, m, total, TILE_M, width, UNROLL, tma):
-    """Row ``row``'s splits merged (head-dim columns ``chunk * width`` on), normalised:
-    ``sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m)``, starting from ``(m, total)`` (a sink
-    enters as a split of log-sum-exp ``m`` and output 0). ``UNROLL`` splits per step, their
-    loads issued together: the merge is a chain of dependent steps, and one load per step left
-    it waiting on memory once per split. Splits past the last one are out of bounds: they
-    load as -inf (weight 0) and zeros. ``tma`` off: plain loads, the kind that reads what
-    other CTAs stored before a device-scope acquire (the split kernel's last-CTA merge)."""
-    allow_tma = ct.static_eval(None if tma else False)
-    acc = ct.full((TILE_M, width), 0.0, dtype=np.float32)
-    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
-        lses = ()
-        parts = ()
-        for u in ct.static_iter(range(UNROLL)):
-            split = step * UNROLL + u
-            lses += (ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
-                             padding_mode=ct.PaddingMode.NEG_INF, allow_tma=allow_tma
-                             ).reshape((TILE_M, 1)),)
-            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, width),
-                              padding_mode=ct.PaddingMode.ZERO, allow_tma=allow_tma
-                              ).reshape((TILE_M, width)),)
-        m_new = m
-        for u in ct.static_iter(range(UNROLL)):
-            m_new = max(m_new, lses[u])
-        alpha = ct.exp2(m - m_new, flush_to_zero=True)
-        total = total * alpha
-        acc = acc * alpha
-        for u in ct.static_iter(range(UNROLL)):
-            weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)  # 0 for an empty split
-            total = total + weight
-            acc = acc + parts[u] * weight
-        m = m_new
-    return normalised(acc, total)
-
-
-def merge_start(Sinks, head, group, TILE_G, TILE_S, SINKS):
-    """The ``(m, total)`` a merge of splits starts from: with ``SINKS`` the row's sink as one
-    more split of log-sum-exp ``sink * log2(e)`` and output 0, else nothing seen."""
-    TILE_M = ct.static_eval(TILE_G * TILE_S)
-    if SINKS:
-        m = _row_sinks(Sinks, head, group, TILE_G, TILE_S, True)  # [TILE_M, 1]
-        total = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
-    else:
-        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-    return m, total
-
-
 @ct.kernel
 def decode_split(
     Q, K, V, Out,  # [B, H_kv', G', S_q, D], [B, H_kv, S_k, D] x2, like Q
@@ -133,7 +82,6 @@ def decode_split(
     Ranges,  # RAGGED: int32 [4, B] query starts, query ends, key starts, key ends (PAGED:
     # int32 [B], the entries' key counts); else ()
     Pages,  # PAGED: int32 [B, max_pages] block table (K, V: page pools); else ()
-    Counters,  # MERGE: int32 [B * H_kv' * q_tiles], zeros between calls; else ()
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -147,16 +95,13 @@ def decode_split(
     PDL: ConstBool,  # a dependent combine kernel may be scheduled early
     WINDOW: ConstBool,  # a sliding window bounds a side of each row's keys
     SOFTCAP: ConstBool,
-    SINKS: ConstBool,  # DIRECT or MERGE: the sink joins the denominator (else the combine
-    # adds it)
+    SINKS: ConstBool,  # DIRECT only: the sink joins the denominator (else the combine adds it)
     RAGGED: ConstBool,  # each batch entry's keys and query rows are its Ranges' (bottom-right)
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; entry b's keys
     # 0..Ranges[b] - 1 lie in its block table's pages, Pages[b]
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
-    PAGE_GATHER: ConstBool,  # PAGED: PAGE_ROWS is the page size; a key tile's pages are
-    # gathered in one load
-    MERGE: ConstBool,  # the split CTA that finishes its row last merges the row's partials
-    UNROLL: ConstInt,  # MERGE: splits merged per step
+    PAGE_GATHER: ConstBool,  # PAGED: PAGE_ROWS is the page size and a key tile's pages are
+    # gathered by one load
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -220,12 +165,25 @@ def decode_split(
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
 
-    def load_kv(A, j, latency):
+    def tile_pages(j):
+        """``PAGE_GATHER``: the pages of key tile ``j`` (``TILE_N / PAGE_ROWS`` of them,
+        ``PAGE_ROWS`` the page size) from the entry's block table; -1 past its end."""
+        slots = j * (TILE_N // PAGE_ROWS) + ct.arange(TILE_N // PAGE_ROWS, dtype=np.int32)
+        return ct.gather(Pages, (batch, slots), padding_value=-1)
+
+    def load_kv(A, j, latency, pages):
         """Key / value tile ``j`` as ``[TILE_N, TILE_D]``: from the entry's pages with ``PAGED``
-        (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
+        (with ``PAGE_GATHER`` the tile's ``pages`` gathered by one load, a TMA load per page
+        into one tile, a page of -1 as zeros; else ``PAGE_ROWS`` keys a load, joined), else
+        from its rows of ``A``."""
+        if PAGE_GATHER:
+            return ct.load_advanced_indexing(
+                A, (pages, ct.Slice(0, PAGE_ROWS), ct.Slice(kv_head, 1), ct.Slice(0, TILE_D)),
+                padding_mode=PAD, latency=ct.static_eval(latency or None)
+            ).reshape((TILE_N, TILE_D))
         if PAGED:
             return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
-                             latency=latency, PAD=PAD, PAGE_GATHER=PAGE_GATHER)
+                             latency=latency, PAD=PAD)
         tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
                        padding_mode=PAD, latency=ct.static_eval(latency or None))
         return tile.reshape((TILE_N, TILE_D))
@@ -235,12 +193,15 @@ def decode_split(
         rows. ``masked``: apply the sequence-end, causal and window masks (only the tiles at
         the edges of a row's key range need it). With ``SOFTCAP`` the scores are ``cap_out *
         tanh(qk * cap_in)``: the capped scaled score in the kernel's units."""
+        pages = None  # PAGE_GATHER: the tile's pages, looked up once for its K and V loads
+        if PAGE_GATHER:
+            pages = tile_pages(j)
         if ct.static_eval(K_TRANSPOSED and not PAGED):
             k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                         order=(0, 1, 3, 2), padding_mode=PAD,
                         latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
         else:
-            k = ct.transpose(load_kv(K, j, latency=K_LATENCY))  # [TILE_D, TILE_N]
+            k = ct.transpose(load_kv(K, j, K_LATENCY, pages))  # [TILE_D, TILE_N]
         qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
         qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
         if SOFTCAP:
@@ -255,7 +216,7 @@ def decode_split(
             qk = ct.where(keep, qk, -np.inf)
         # p: [TILE_M, TILE_N]; capped scores are scaled already
         p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
-        v = load_kv(V, j, latency=V_LATENCY)  # [TILE_N, TILE_D]
+        v = load_kv(V, j, V_LATENCY, pages)  # [TILE_N, TILE_D]
         if PAGED:
             if masked:
                 # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN
@@ -286,25 +247,8 @@ def decode_split(
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
     else:
         lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
-        # MERGE: plain stores (a TMA store may not be complete when the count is made)
-        store_tma = ct.static_eval(False if MERGE else None)
-        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)),
-                 allow_tma=store_tma)
-        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)),
-                 allow_tma=store_tma)
-        if MERGE:
-            # count this split done (acquire-release at device scope: the stores above are
-            # visible before the count, and the merging CTA's loads see every split's); the
-            # CTA that counts last merges the row and sets its counter back to 0 for the next
-            # call (and for a CUDA graph's next replay)
-            done = ct.atomic_add(Counters, row, 1)
-            if done == splits - 1:
-                m, total = merge_start(Sinks, head, Q.shape[2], TILE_G, TILE_S, SINKS)
-                merged = merged_splits(Opart, Lse, row, 0, m, total, TILE_M, width=TILE_D,
-                                       UNROLL=UNROLL, tma=False)
-                ct.store(Out, index=(batch, head, 0, q_tile, 0),
-                         tile=merged.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
-                ct.atomic_xchg(Counters, row, 0)
+        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
+        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
 
 
 @ct.kernel
@@ -329,8 +273,37 @@ def decode_combine(
     chunk = ct.bid(1)
     batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
 
-    m, total = merge_start(Sinks, head, Out.shape[2], TILE_G, TILE_S, SINKS)
-    out = merged_splits(Opart, Lse, row, chunk, m, total, TILE_M, width=CHUNK_D, UNROLL=UNROLL,
-                        tma=True)
+    # UNROLL splits per step, their loads issued together: the merge is a chain of dependent
+    # steps, and one load per step left it waiting on memory once per split. Splits past the
+    # last one are out of bounds: they load as -inf (weight 0) and zeros.
+    # With SINKS the sink enters as one more split of log-sum-exp sink * log2(e) and output 0.
+    if SINKS:
+        m = _row_sinks(Sinks, head, Out.shape[2], TILE_G, TILE_S, True)  # [TILE_M, 1]
+        total = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+    else:
+        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
+    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
+        lses = ()
+        parts = ()
+        for u in ct.static_iter(range(UNROLL)):
+            split = step * UNROLL + u
+            lses += (ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
+                             padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_M, 1)),)
+            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
+                              padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, CHUNK_D)),)
+        m_new = m
+        for u in ct.static_iter(range(UNROLL)):
+            m_new = max(m_new, lses[u])
+        alpha = ct.exp2(m - m_new, flush_to_zero=True)
+        total = total * alpha
+        acc = acc * alpha
+        for u in ct.static_iter(range(UNROLL)):
+            weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)  # 0 for an empty split
+            total = total + weight
+            acc = acc + parts[u] * weight
+        m = m_new
+    out = normalised(acc, total)
     ct.store(Out, index=(batch, head, 0, q_tile, chunk),
              tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))

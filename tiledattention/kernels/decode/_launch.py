@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
-from ...core._problem import Problem, default_scale, padded_head_dim, page_loads
+from ...core._problem import Problem, default_scale, padded_head_dim, page_tile
 from ._schedule import TILES_M, DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -31,7 +31,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "merges_in_split"]
+           "max_key_tiles", "gathers_pages", "GATHER_MIN_PAGES"]
 
 
 def _split() -> ct.kernel:
@@ -52,14 +52,14 @@ def _combine() -> ct.kernel:
 SPLIT_PARAMETERS = KernelParameters(
     _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
-     "window_right", "softcap", "Sinks", "Ranges", "Pages", "Counters"))
+     "window_right", "softcap", "Sinks", "Ranges", "Pages"))
 COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
 NO_SINKS = 0
-#: What ``Ranges`` receives when ``RAGGED`` is off (``Pages`` when ``PAGED`` is, ``Counters``
-#: when ``MERGE`` is): an empty tuple, a parameter of no bytes (the forward's placeholder), so
-#: the split kernel's parameter space and machine code are unchanged.
+#: What ``Ranges`` receives when ``RAGGED`` is off (and ``Pages`` when ``PAGED`` is): an empty
+#: tuple, a parameter of no bytes (the forward's placeholder), so the split kernel's parameter
+#: space and machine code are unchanged.
 UNUSED = ()
 
 
@@ -154,8 +154,7 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     """``schedule`` with every field that cannot change the launches for ``problem`` at a
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
-    ``combine`` with one split (and ``"last_cta"`` where the key tiles are gathered from
-    pages, which does not compile), ``pack_heads`` when each K/V head has one query head,
+    ``combine`` with one split, ``pack_heads`` when each K/V head has one query head,
     ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
     ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
     when nothing changes)."""
@@ -169,11 +168,6 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         changes["splits"] = most
         schedule = schedule.replace(splits=most)
     if schedule.splits == 1 and schedule.combine != canonical.combine:
-        changes["combine"] = canonical.combine
-    elif (schedule.combine == "last_cta"
-          and page_loads(problem.page_size, schedule.tile_n)["PAGE_GATHER"]):
-        # tileiras 13.4 fails ("Return code 5") on a release-ordered atomic after a gathered
-        # TMA load (docs/records/probes/gather_release.py): gathered pages merge in a kernel
         changes["combine"] = canonical.combine
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
         changes["pack_heads"] = canonical.pack_heads
@@ -198,13 +192,27 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "DIRECT": schedule.splits == 1,
         "PDL": schedule.splits > 1 and schedule.combine == "pdl",
         "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
-        # the split kernel adds the sink where it writes the output, else the combine does
-        "SINKS": variant.sinks and (schedule.splits == 1 or merges_in_split(schedule)),
+        "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
         "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
-        **page_loads(problem.page_size, schedule.tile_n),
-        "MERGE": merges_in_split(schedule),
-        "UNROLL": merge_unroll(schedule) if merges_in_split(schedule) else 0,
+        # keys per load from a page: a load never straddles two pages
+        "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
+        else 0,
+        "PAGE_GATHER": gathers_pages(problem.page_size, schedule.tile_n),
     }
+
+
+#: Fewest pages a key tile spans for it to be gathered by one load. On an H200 (paged decode,
+#: H 32/8 and 28/4, D 128, 128-key steps, the same schedule both ways, interleaved): tiles of 8
+#: pages of 16 ran 1.14-1.25x faster gathered than joined from page loads, tiles of 4 pages of
+#: 32 0.65-0.67x, of 2 pages of 64 alike (docs/records/probes/page_gather_ab.py).
+GATHER_MIN_PAGES = 8
+
+
+def gathers_pages(page_size: int, tile_n: int) -> bool:
+    """Whether a key tile of ``tile_n`` keys from pages of ``page_size`` keys (0: no pages) is
+    gathered by one load: a power-of-two page, at least :data:`GATHER_MIN_PAGES` to a tile."""
+    return (page_size > 0 and page_tile(page_size) == page_size
+            and tile_n >= GATHER_MIN_PAGES * page_size)
 
 
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
@@ -216,17 +224,6 @@ COMBINE_CHUNK_D = 32
 COMBINE_UNROLL = 8
 
 
-def merges_in_split(schedule: DecodeSchedule) -> bool:
-    """Whether the split kernel's last CTA of each row merges the splits (no combine kernel)."""
-    return schedule.splits > 1 and schedule.combine == "last_cta"
-
-
-def merge_unroll(schedule: DecodeSchedule) -> int:
-    """Splits a merge takes per step: :data:`COMBINE_UNROLL`, or the next power of two of
-    fewer splits."""
-    return min(COMBINE_UNROLL, _pow2_at_least(schedule.splits))
-
-
 def combine_constants(problem: Problem, schedule: DecodeSchedule,
                       variant: Variant | None = None) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of ``decode_combine`` by name."""
@@ -234,7 +231,7 @@ def combine_constants(problem: Problem, schedule: DecodeSchedule,
     variant = variant_of(problem) if variant is None else variant
     return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s,
             "CHUNK_D": min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D),
-            "UNROLL": merge_unroll(schedule),
+            "UNROLL": min(COMBINE_UNROLL, _pow2_at_least(schedule.splits)),
             "PDL": schedule.combine == "pdl", "SINKS": variant.sinks}
 
 
@@ -275,8 +272,7 @@ class Launches(NamedTuple):
     split_grid: tuple[int, int, int]
     combine_grid: tuple[int, int, int]
     split: Any  # the hinted decode_split kernel
-    combine: Any  # decode_combine, or None with one split or a merge in the split kernel
-    merge: bool  # the split kernel merges (its launch takes a Counters array)
+    combine: Any  # decode_combine, or None with one split
     split_constants: tuple
     combine_constants: tuple
     pdl: bool
@@ -301,9 +297,7 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
         split_grid=(tiles.rows, schedule.splits, 1),
         combine_grid=(tiles.rows, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
-        combine=(combine_kernel(schedule) if schedule.splits > 1
-                 and not merges_in_split(schedule) else None),
-        merge=merges_in_split(schedule),
+        combine=combine_kernel(schedule) if schedule.splits > 1 else None,
         split_constants=SPLIT_PARAMETERS.constant_values(split),
         combine_constants=COMBINE_PARAMETERS.constant_values(combine),
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
@@ -312,39 +306,35 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
-           partials: tuple | None, sinks: Any = None, ranges: Any = None,
+           partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None,
            pages: Any = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
-    ``q``; ``partials`` = the buffers of :func:`partial_shapes`: (Opart, Lse) float32, and with
-    a merge in the split kernel its int32 counters, zeros before the first call (the kernel
-    leaves them at zero); ``None`` with one split; ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
+    ``q``; ``partials`` = (Opart, Lse) float32 buffers of :func:`partial_shapes` (``None`` with
+    one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
     has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
     ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
     ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
-    opart, lse, *counters = partials if partials is not None else (out5, out5)
+    opart, lse = partials if partials is not None else (out5, out5)
     variant = plan.variant
     sink_arg = sinks if variant.sinks else NO_SINKS
     _aot.launch(stream, plan.split_grid, plan.split,
                 (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                  variant.window_left, variant.window_right, variant.softcap, sink_arg,
                  UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
-                 counters[0] if plan.merge else UNUSED, *plan.split_constants))
+                 *plan.split_constants))
     if plan.combine is not None:
         _aot.launch(stream, plan.combine_grid, plan.combine,
                     (opart, lse, out5, sink_arg, *plan.combine_constants),
                     programmatic_dependent_launch=plan.pdl)
 
 
-def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], ...]:
-    """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs, and with a merge
-    in the split kernel the shape of its int32 counters (one per row)."""
+def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs."""
     rows, m = plan.tiles.rows, plan.tiles.tile_m
-    shapes = (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
-    return (*shapes, (rows,)) if plan.merge else shapes
-
+    return (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
 
 
 def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int

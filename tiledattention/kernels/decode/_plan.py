@@ -9,7 +9,7 @@ follows the cache as it grows. The window is the caller's (``Call.window``): a p
 canonical form drops a window side that binds no key at its own length, and a later, longer
 call of the bucket may need it.
 
-A multi-split call's float32 partial buffers (and a split-kernel merge's counters) are kept by the runtime between calls
+A multi-split call's float32 partial buffers are kept by the runtime between calls
 (``_partials``: per device, stream, thread and shapes; at most ``Runtime``'s
 ``max_workspaces`` sets, freed by ``runtime().clear()``), unless the call says otherwise
 (``sdpa(keep_scratch=False)``: the torch op does, since torch.compile's CUDA graph trees run an
@@ -28,8 +28,7 @@ from ...core._problem import INDEX_LIMIT, Problem, padded_head_dim
 from . import _launch
 from ._schedule import DecodeSchedule
 
-__all__ = ["DecodePlan", "decode_plan", "length_bucket", "bucket_problem", "decode_plan_key",
-           "new_partials"]
+__all__ = ["DecodePlan", "decode_plan", "length_bucket", "bucket_problem", "decode_plan_key"]
 
 
 def length_bucket(seqlen_k: int) -> int:
@@ -66,14 +65,10 @@ def decode_plan_key(signature: tuple, k: Any, v: Any) -> tuple:
     return (signature, k_shape[0], k_shape[1], k_shape[3], length_bucket(k_shape[2]))
 
 
-def new_partials(shapes: tuple, device: Any) -> tuple:
-    """torch buffers of ``_launch.partial_shapes`` on ``device``: the float32 partials
-    uninitialised, a split-kernel merge's int32 counters zeros (the kernel leaves them so)."""
-    hot.bind_torch()
-    buffers = tuple(hot.empty(shape, dtype=hot.float32, device=device) for shape in shapes[:2])
-    if len(shapes) > 2:
-        buffers += (hot.zeros(shapes[2], dtype=hot.int32, device=device),)
-    return buffers
+def _new_partials(shapes: Any, device: Any) -> tuple[Any, Any]:
+    opart, lse = shapes
+    return (hot.empty(opart, dtype=hot.float32, device=device),
+            hot.empty(lse, dtype=hot.float32, device=device))
 
 
 def _partials(runtime: Any, shapes: Any, q: Any, device: int, stream: int) -> Any:
@@ -85,11 +80,11 @@ def _partials(runtime: Any, shapes: Any, q: Any, device: int, stream: int) -> An
     a call on a device other than the current one (whose capture state is not what
     ``capturing`` reports), or a call without a ``runtime`` to keep them."""
     if runtime is None or device != hot.current_device() or hot.capturing():
-        return new_partials(shapes, q.device)
+        return _new_partials(shapes, q.device)
     key = (device, stream, get_ident(), shapes)
     found = runtime.workspace(key)
     if found is None:
-        found = new_partials(shapes, q.device)
+        found = _new_partials(shapes, q.device)
         runtime.keep_workspace(key, found)
     return found
 
@@ -102,7 +97,7 @@ class DecodePlan(Plan):
                  tile_d: int, like: bool = False, spans: tuple | None = None) -> None:
         self.out_shape = out_shape
         self.launches = launches  # decode._launch.Launches
-        self.partial_shapes = partial_shapes  # _launch.partial_shapes; None: one split
+        self.partial_shapes = partial_shapes  # ((Opart shape), (Lse shape)); None: one split
         self.bottom_right = bottom_right  # the causal offset is S_k - S_q (else 0)
         self.tile_d = tile_d
         self.like = like  # as in ForwardPlan
@@ -150,10 +145,7 @@ class DecodePlan(Plan):
                 out = cupy.empty(self.out_shape, dtype=q.dtype)
             partials = None
             if self.partial_shapes is not None:
-                opart, lse, *counters = self.partial_shapes
-                partials = (cupy.empty(opart, dtype=cupy.float32),
-                            cupy.empty(lse, dtype=cupy.float32),
-                            *(cupy.zeros(shape, dtype=cupy.int32) for shape in counters))
+                partials = tuple(cupy.empty(s, dtype=cupy.float32) for s in self.partial_shapes)
             offset = problem.seqlen_k - problem.seqlen_q if self.bottom_right else 0
             _launch.launch(cupy.cuda.get_current_stream(), self.launches, q, k, v, out,
                            offset, partials, sinks)
@@ -171,6 +163,7 @@ def decode_plan(call: Call, schedule: DecodeSchedule, device_index: int) -> Deco
     return DecodePlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
         launches=launches,
-        partial_shapes=(_launch.partial_shapes(launches) if launches.splits > 1 else None),
+        partial_shapes=(_launch.partial_shapes(launches) if launches.combine is not None
+                        else None),
         bottom_right=call.bottom_right,
         tile_d=padded_head_dim(problem.head_dim))

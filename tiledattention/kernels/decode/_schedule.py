@@ -14,10 +14,9 @@ from ...errors import ScheduleError
 __all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT"]
 
 DECODE_SCHEDULE_FORMAT = 1
-#: How the splits are merged: a second kernel, a second kernel launched as a programmatic
-#: dependent of the first (scheduled while the split kernel drains), or in the split kernel by
-#: the CTA that finishes each row last (an atomic counter per row; one launch).
-COMBINES = ("kernel", "pdl", "last_cta")
+#: How the splits are merged: a second kernel, or a second kernel launched as a programmatic
+#: dependent of the first (scheduled while the split kernel drains).
+COMBINES = ("kernel", "pdl")
 _TILES_N = (16, 32, 64, 128, 256)
 TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
 MAX_SPLITS = 256
@@ -30,9 +29,7 @@ class DecodeSchedule(ScheduleValue):
     Work split:
         splits: key ranges per (batch, K/V head) processed by separate CTAs (1..256); 1 writes
             the output directly, with no partials and no combine step.
-        combine: how the splits' partials are merged: ``"kernel"`` (a second kernel),
-            ``"pdl"`` (the second kernel as a programmatic dependent launch) or ``"last_cta"``
-            (the split kernel's last CTA of each row merges it: one launch).
+        combine: ``"kernel"`` or ``"pdl"`` (programmatic dependent launch) for the merge.
     Tiles:
         tile_n: keys per inner-loop step (power of two, 16..256).
         tile_m: query rows per CTA (16..128): the packed heads of a group times as many query

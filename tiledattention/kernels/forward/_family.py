@@ -13,7 +13,7 @@ from ...core._call import Call
 from ...core._compile import CompileResult
 from ...core._family import Family, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
-from ...core._problem import Problem, default_scale, page_loads, page_tile
+from ...core._problem import Problem, default_scale, page_tile
 from ...core._work_table import compile_work_table
 from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
@@ -134,12 +134,10 @@ class ForwardFamily(Family):
     reads_pages = True
 
     def reads_pages_with(self, problem: Problem, schedule: Schedule) -> bool:
-        """In place where one page holds a whole key tile, or where a key tile's pages are
-        gathered by one load (``page_loads``: power-of-two pages smaller than the tile); a
-        tile joined from several page loads ran 0.28-0.47x the contiguous kernel (under two-CTA
-        clusters 0.04x) on an H200 and an H100, worse than gathering the pages first."""
-        return (page_tile(problem.page_size) >= schedule.tile_n
-                or page_loads(problem.page_size, schedule.tile_n)["PAGE_GATHER"])
+        """In place only where one page holds a whole key tile: a tile joined from several
+        page loads ran 0.28-0.47x the contiguous kernel (under two-CTA clusters 0.04x) on an
+        H200 and an H100, worse than gathering the pages first."""
+        return page_tile(problem.page_size) >= schedule.tile_n
 
     def paged_lookup(self, bucket: Problem, shape: Problem) -> Problem:
         """The bucket without pages (the one the gathered call looks up): pages change where

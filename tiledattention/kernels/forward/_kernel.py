@@ -71,8 +71,6 @@ def attention_fwd(
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; sequence s's keys
     # (Ranges' key range counts them) lie in the pages Pages[s] names
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
-    PAGE_GATHER: ConstBool,  # PAGED: PAGE_ROWS is the page size; a key tile's pages are
-    # gathered in one load
 ):
     num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
@@ -139,7 +137,7 @@ def attention_fwd(
             on."""
             if PAGED:
                 return page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width,
-                                 latency, PAD, PAGE_GATHER)
+                                 latency, PAD)
             tile = ct.load(A, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
                            padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                            latency=ct.static_eval(latency or None), allow_tma=ALLOW_TMA)

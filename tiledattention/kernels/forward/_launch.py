@@ -43,7 +43,7 @@ from typing import Any, Mapping
 from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
-from ...core._problem import Problem, head_dim_parts, page_loads
+from ...core._problem import Problem, head_dim_parts, page_tile
 from ...core._work_table import make_work_table, use_work_table, work_items
 from ...errors import KernelArgumentError
 from ._schedule import Schedule
@@ -259,7 +259,8 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "PACKED": False,  # kernel_args turns it on for a packed layout
         "WORK_TABLE": False,  # kernel_args turns it on with a ragged call's work table
         "PAGED": problem.page_size > 0,
-        **page_loads(problem.page_size, s.tile_n),
+        # keys per load from a page: a load never straddles two pages
+        "PAGE_ROWS": min(s.tile_n, page_tile(problem.page_size)) if problem.page_size else 0,
     }
 
 
