@@ -129,28 +129,6 @@ def test_a_load_never_straddles_two_pages():
     assert not plain["PAGED"] and plain["PAGE_ROWS"] == 0
 
 
-def test_small_pages_are_gathered_by_one_load(monkeypatch):
-    """A key tile of at least ``GATHER_MIN_PAGES`` whole pages is gathered by one load (tiles
-    of 8 pages of 16 ran 1.14-1.25x faster so on an H200); fewer pages (4 of 32 ran 0.65x),
-    pages that are not a power of two, and a page holding the tile are loaded as before. The
-    flag reaches the compiled code."""
-    import tiledattention.kernels.decode._compile as decode_compile
-    from tiledattention.tooling import text_digest
-
-    flags = {(n, t): split_constants(_paged(page_size=n), DecodeSchedule(tile_n=t))["PAGE_GATHER"]
-             for n, t in ((16, 128), (16, 256), (32, 256), (32, 128), (16, 64), (48, 128),
-                          (64, 128), (256, 128))}
-    assert [key for key, on in flags.items() if on] == [(16, 128), (16, 256), (32, 256)]
-    assert not split_constants(_paged(page_size=0), DecodeSchedule())["PAGE_GATHER"]
-
-    p, schedule = _paged(page_size=16), DecodeSchedule(tile_n=128)
-    gathered = text_digest(compile_decode(p, schedule, "sm_90").cubin)
-    real = decode_compile.split_constants
-    monkeypatch.setattr(decode_compile, "split_constants",
-                        lambda *a: {**real(*a), "PAGE_GATHER": False})
-    assert text_digest(compile_decode(p, schedule, "sm_90").cubin) != gathered
-
-
 def test_a_paged_batch_splits_by_the_cache_rule():
     """The plain rule on the longest cache (more splits lost 1.07-1.26x on caches of one
     length on an H200)."""
@@ -159,6 +137,28 @@ def test_a_paged_batch_splits_by_the_cache_rule():
         plain = DECODE.default_schedule("sm_90", _paged(batch=batch, seqlen_k=seqlen_k,
                                                         ragged=False, page_size=0))
         assert paged.splits == plain.splits
+
+
+def test_small_pages_walk_short_steps_in_two_waves():
+    """Pages of 16 (loads of 16 keys, also pages of 48): 64-key steps and splits for two waves
+    of CTAs (1.60-1.73x the 128-key, one-wave default on an H200); a split that fills the GPU
+    alone runs two CTAs an SM, with larger pages loading K four steps ahead; other larger
+    pages keep the cache rule."""
+    def default(**fields):
+        return DECODE.default_schedule("sm_90", _paged(**fields))
+
+    small = default(batch=8, seqlen_k=16384, page_size=16)  # 64 CTAs a split
+    assert (small.tile_n, small.splits, small.occupancy) == (64, 5, 1)
+    assert default(batch=8, seqlen_k=16384, page_size=48) == small
+    wide = default(batch=64, seqlen_k=2048, page_size=16)  # 512 CTAs: two waves already
+    assert (wide.tile_n, wide.splits, wide.occupancy, wide.k_latency) == (64, 1, 2, 2)
+    large = default(batch=32, seqlen_k=8192, page_size=32)  # 256 CTAs
+    assert (large.tile_n, large.splits, large.occupancy, large.k_latency) == (128, 1, 2, 4)
+    few = default(batch=8, seqlen_k=32768, page_size=64)  # 64 CTAs: the cache rule
+    assert (few.tile_n, few.splits, few.occupancy, few.k_latency) == (128, 2, 1, 2)
+    plain = DECODE.default_schedule("sm_90", _paged(batch=32, seqlen_k=8192, ragged=False,
+                                                    page_size=0))
+    assert plain.occupancy == 1 and plain.tile_n == 128  # contiguous caches are unchanged
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -4,12 +4,13 @@ and the shipped table does not cover."""
 from __future__ import annotations
 
 from ...core._compile import SM_COUNTS, generation
-from ...core._problem import Problem
+from ...core._problem import Problem, page_tile
 from ._launch import layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
-           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN"]
+           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
+           "SMALL_PAGE_WAVES"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -30,6 +31,18 @@ MAX_TILE_M = 64
 #: one split's time (docs/records/benchmarks/variants/README.md).
 WINDOW_SPLIT_MIN_KEYS = 512
 WINDOW_SPLIT_MIN_GAIN = 4
+#: Paged caches whose loads take at most this many keys (pages of 16, or 48: a load never
+#: straddles two pages) walk ``SMALL_PAGE_STEP``-key steps in splits for ``SMALL_PAGE_WAVES``
+#: waves of CTAs. On an H200 (mixed-length paged batches of pages of 16, H 32/8 and 28/4, D 128,
+#: B 8-64; docs/records/probes/paged_defaults.py) 64-key steps ran 1.37-1.52x faster than
+#: 128-key ones (a 128-key tile joined from eight page loads), twice the splits a further
+#: 1.05-1.15x where they made two waves (B 8-48), and occupancy 2 1.07x at B 64 (four waves
+#: of one-split CTAs); larger pages keep 128-key steps (64-key ones ran 0.74-0.90x), and where
+#: one split fills the GPU, occupancy 2 with K loads four steps ahead ran 1.09x and 1.14x (B 40
+#: pages of 256, B 32 pages of 32) and 0.98-0.99x where it took splits.
+SMALL_PAGE_ROWS = 16
+SMALL_PAGE_STEP = 64
+SMALL_PAGE_WAVES = 2
 
 
 def window_keys(problem: Problem) -> int:
@@ -52,7 +65,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     :data:`WINDOW_SPLIT_MIN_GAIN`). A ragged batch (a paged cache's) splits by the same rule,
     counted on its longest cache: on an H200 (page 64, H 32/8, D 128), more splits than the rule
     gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at 2k) and gained 1.04x and
-    1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8)."""
+    1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8). Pages whose
+    loads take 16 keys walk 64-key steps split for two waves (:data:`SMALL_PAGE_STEP`); a
+    paged split that fills the GPU by itself runs two CTAs an SM (with larger pages, K loads
+    four steps ahead)."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
@@ -63,11 +79,19 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     if problem.windowed:
         keys = window_keys(problem)
         tile_n = min(tile_n, max(32, 1 << max(keys - 1, 0).bit_length()))
+    small_pages = bool(problem.page_size) and page_tile(problem.page_size) <= SMALL_PAGE_ROWS
+    if small_pages:
+        tile_n = min(tile_n, SMALL_PAGE_STEP)
     base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2)
     rows = layout(problem, base).rows  # CTAs per split
-    wanted = SM_COUNTS[gen] // rows  # one wave: these kernels run one CTA per SM on sm_90
+    sms = SM_COUNTS[gen]
+    waves = SMALL_PAGE_WAVES if small_pages else 1
+    # one wave (these kernels run one CTA per SM on sm_90), or small pages' waves
+    wanted = sms // rows if waves == 1 else -(-waves * sms // rows)
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
-
     splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    if problem.page_size and rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
+        return base.replace(splits=splits, occupancy=2,
+                            k_latency=base.k_latency if small_pages else 4)
     return base.replace(splits=splits)

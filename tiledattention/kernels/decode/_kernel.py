@@ -27,8 +27,7 @@ split. A row that sees no key returns zeros. ``RAGGED`` (a padded batch's per-en
 ``Ranges``): each batch entry's keys are cut out of K and V, its query rows in range are the last
 positions of those keys (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a
 paged cache): K and V are pools of pages and each entry's keys lie in the pages its row of the
-block table (``Pages``) names, one page lookup per page-sized load; with ``PAGE_GATHER`` (small
-pages) a key tile's pages come in one gathered load. Every UPPER_CASE parameter is a
+block table (``Pages``) names, one page lookup per page-sized load. Every UPPER_CASE parameter is a
 compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
 loop whose cache grows by a key per step reuses one compiled kernel.
 """
@@ -100,8 +99,6 @@ def decode_split(
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; entry b's keys
     # 0..Ranges[b] - 1 lie in its block table's pages, Pages[b]
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
-    PAGE_GATHER: ConstBool,  # PAGED: PAGE_ROWS is the page size and a key tile's pages are
-    # gathered by one load
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -165,22 +162,9 @@ def decode_split(
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
 
-    def tile_pages(j):
-        """``PAGE_GATHER``: the pages of key tile ``j`` (``TILE_N / PAGE_ROWS`` of them,
-        ``PAGE_ROWS`` the page size) from the entry's block table; -1 past its end."""
-        slots = j * (TILE_N // PAGE_ROWS) + ct.arange(TILE_N // PAGE_ROWS, dtype=np.int32)
-        return ct.gather(Pages, (batch, slots), padding_value=-1)
-
-    def load_kv(A, j, latency, pages):
+    def load_kv(A, j, latency):
         """Key / value tile ``j`` as ``[TILE_N, TILE_D]``: from the entry's pages with ``PAGED``
-        (with ``PAGE_GATHER`` the tile's ``pages`` gathered by one load, a TMA load per page
-        into one tile, a page of -1 as zeros; else ``PAGE_ROWS`` keys a load, joined), else
-        from its rows of ``A``."""
-        if PAGE_GATHER:
-            return ct.load_advanced_indexing(
-                A, (pages, ct.Slice(0, PAGE_ROWS), ct.Slice(kv_head, 1), ct.Slice(0, TILE_D)),
-                padding_mode=PAD, latency=ct.static_eval(latency or None)
-            ).reshape((TILE_N, TILE_D))
+        (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
         if PAGED:
             return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
                              latency=latency, PAD=PAD)
@@ -193,15 +177,12 @@ def decode_split(
         rows. ``masked``: apply the sequence-end, causal and window masks (only the tiles at
         the edges of a row's key range need it). With ``SOFTCAP`` the scores are ``cap_out *
         tanh(qk * cap_in)``: the capped scaled score in the kernel's units."""
-        pages = None  # PAGE_GATHER: the tile's pages, looked up once for its K and V loads
-        if PAGE_GATHER:
-            pages = tile_pages(j)
         if ct.static_eval(K_TRANSPOSED and not PAGED):
             k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                         order=(0, 1, 3, 2), padding_mode=PAD,
                         latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
         else:
-            k = ct.transpose(load_kv(K, j, K_LATENCY, pages))  # [TILE_D, TILE_N]
+            k = ct.transpose(load_kv(K, j, latency=K_LATENCY))  # [TILE_D, TILE_N]
         qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
         qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
         if SOFTCAP:
@@ -216,7 +197,7 @@ def decode_split(
             qk = ct.where(keep, qk, -np.inf)
         # p: [TILE_M, TILE_N]; capped scores are scaled already
         p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
-        v = load_kv(V, j, V_LATENCY, pages)  # [TILE_N, TILE_D]
+        v = load_kv(V, j, latency=V_LATENCY)  # [TILE_N, TILE_D]
         if PAGED:
             if masked:
                 # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN

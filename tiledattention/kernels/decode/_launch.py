@@ -31,7 +31,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "gathers_pages", "GATHER_MIN_PAGES"]
+           "max_key_tiles"]
 
 
 def _split() -> ct.kernel:
@@ -197,22 +197,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
-        "PAGE_GATHER": gathers_pages(problem.page_size, schedule.tile_n),
     }
-
-
-#: Fewest pages a key tile spans for it to be gathered by one load. On an H200 (paged decode,
-#: H 32/8 and 28/4, D 128, 128-key steps, the same schedule both ways, interleaved): tiles of 8
-#: pages of 16 ran 1.14-1.25x faster gathered than joined from page loads, tiles of 4 pages of
-#: 32 0.65-0.67x, of 2 pages of 64 alike (docs/records/probes/page_gather_ab.py).
-GATHER_MIN_PAGES = 8
-
-
-def gathers_pages(page_size: int, tile_n: int) -> bool:
-    """Whether a key tile of ``tile_n`` keys from pages of ``page_size`` keys (0: no pages) is
-    gathered by one load: a power-of-two page, at least :data:`GATHER_MIN_PAGES` to a tile."""
-    return (page_size > 0 and page_tile(page_size) == page_size
-            and tile_n >= GATHER_MIN_PAGES * page_size)
 
 
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
