@@ -1,9 +1,10 @@
 """Paged decode on the GPU: a key tile's pages gathered by one load (``PAGE_GATHER``, one TMA load
 per page into one tile) against the same tile joined from page loads (``ct.cat``), the same
 schedule both ways, interleaved, the L2 flushed before each sample; the device copy rate in the
-same run. Decides ``kernels.decode._launch.GATHER_MIN_PAGES``.
+same run. It ran at commit 4bf2d5e, whose decode kernel had ``PAGE_GATHER`` (reverted next: the
+kernel has no such constant since; docs/records/benchmarks/paged/issue49/README.md):
 
-    source .devtk/setup.sh && python3 docs/records/probes/page_gather_ab.py
+    git checkout 4bf2d5e && source .devtk/setup.sh && python3 docs/records/probes/page_gather_ab.py
 
 Each point prints both ways (``gather``, ``joined``), the time and the share of the copy rate on
 the valid K/V bytes (read once), and the relative L2 error of each against the float32
