@@ -402,6 +402,16 @@ def test_default_splits_fill_one_wave(arch, splits):
     assert DECODE.default_schedule(arch, TOKEN).splits == splits  # 8 CTAs per split
 
 
+def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
+    """At least a CTA per SM from one split runs occupancy 2 (1.01-1.57x on an H200 at 144-768
+    CTAs); fewer CTAs keep one an SM and the cache rule's splits."""
+    full = DECODE.default_schedule("sm_90", _problem(batch=24, seqlen_k=3000))  # 192 CTAs
+    assert (full.splits, full.occupancy, full.k_latency, full.tile_n) == (1, 2, 2, 128)
+    fewer = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=8192))  # 96 CTAs
+    assert (fewer.splits, fewer.occupancy) == (1, 1)
+    assert DECODE.default_schedule("sm_90", TOKEN).occupancy == 1  # 16 splits of 8 CTAs
+
+
 def test_default_split_count_follows_cache_length_and_parallelism():
     assert DECODE.default_schedule("sm_90", TOKEN).splits == 16
     assert DECODE.default_schedule("sm_90", dataclasses.replace(TOKEN, batch=32)).splits == 1

@@ -131,8 +131,9 @@ def test_a_load_never_straddles_two_pages():
 
 def test_a_paged_batch_splits_by_the_cache_rule():
     """The plain rule on the longest cache (more splits lost 1.07-1.26x on caches of one
-    length on an H200)."""
-    for batch, seqlen_k in ((16, 32768), (8, 8192), (1, 32768)):
+    length on an H200), where it gives more than one split or one split fills the GPU (fewer
+    rows than SMs at one split: ``test_small_pages_walk_short_steps_in_two_waves``)."""
+    for batch, seqlen_k in ((32, 16384), (8, 8192), (1, 32768)):
         paged = DECODE.default_schedule("sm_90", _paged(batch=batch, seqlen_k=seqlen_k))
         plain = DECODE.default_schedule("sm_90", _paged(batch=batch, seqlen_k=seqlen_k,
                                                         ragged=False, page_size=0))
@@ -156,9 +157,9 @@ def test_small_pages_walk_short_steps_in_two_waves():
     assert (large.tile_n, large.splits, large.occupancy, large.k_latency) == (128, 1, 2, 4)
     few = default(batch=8, seqlen_k=32768, page_size=64)  # 64 CTAs: the cache rule
     assert (few.tile_n, few.splits, few.occupancy, few.k_latency) == (128, 2, 1, 2)
-    plain = DECODE.default_schedule("sm_90", _paged(batch=32, seqlen_k=8192, ragged=False,
-                                                    page_size=0))
-    assert plain.occupancy == 1 and plain.tile_n == 128  # contiguous caches are unchanged
+    short = default(batch=12, seqlen_k=16384, page_size=64)  # 96 CTAs: two splits, two an SM
+    assert (short.tile_n, short.splits, short.occupancy, short.k_latency) == (128, 2, 2, 2)
+
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -10,7 +10,7 @@ from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
-           "SMALL_PAGE_WAVES"]
+           "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -43,6 +43,19 @@ WINDOW_SPLIT_MIN_GAIN = 4
 SMALL_PAGE_ROWS = 16
 SMALL_PAGE_STEP = 64
 SMALL_PAGE_WAVES = 2
+#: Where one split gives at least a CTA per SM (per two with small pages), two CTAs share an SM.
+#: On an H200 (contiguous caches of one length, H 32/8, 28/4 and 64/8, D 128, B 16-64;
+#: docs/records/probes/decode_batched.py) that ran 1.01-1.40x the one-CTA default where the CTAs
+#: outnumbered the SMs (1.16x at B 24 over 3000 keys, which cuDNN led by 1.22x, now 1.05x) and
+#: tied it (0.99-1.0x) at 128 CTAs; below 132 CTAs it lost (0.97x at 96), so the rule starts at
+#: the SM count. On four other batches (144-768 CTAs): 1.10-1.57x, and 0.98x at B 40 over 2000
+#: keys (320 CTAs).
+FULL_GPU_OCCUPANCY = 2
+#: A paged batch of fewer rows than SMs that the cache rule leaves at one split takes two, two
+#: CTAs an SM: 1.23-1.47x on mixed-length paged batches of 80-96 rows (pages of 64 and 256), where
+#: the longest caches' CTAs otherwise run alone at the end, and 1.11-1.14x on three other such
+#: batches (112-120 rows, pages of 32-128). (On a contiguous cache of one length, 96 rows, two
+#: splits ran 0.98x.)
 
 
 def window_keys(problem: Problem) -> int:
@@ -88,10 +101,14 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     waves = SMALL_PAGE_WAVES if small_pages else 1
     # one wave (these kernels run one CTA per SM on sm_90), or small pages' waves
     wanted = sms // rows if waves == 1 else -(-waves * sms // rows)
+    occupancy, k_latency = 1, base.k_latency
+    if rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
+        occupancy = FULL_GPU_OCCUPANCY
+        if problem.page_size and not small_pages:
+            k_latency = 4
+    elif problem.page_size and wanted == 1 and not problem.windowed:
+        wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
     splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
-    if problem.page_size and rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
-        return base.replace(splits=splits, occupancy=2,
-                            k_latency=base.k_latency if small_pages else 4)
-    return base.replace(splits=splits)
+    return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency)
