@@ -14,24 +14,17 @@ FlashAttention-4 beside paged ones where it is importable.
 import sys
 from pathlib import Path
 
-import torch
-
 import tiledattention as ta
 from tuner.measure import time_interleaved
+
+sys.path.insert(0, str(Path(__file__).parent))
+from paged_defaults import add_fa4, copy_rate, previous_default, report  # noqa: E402
 
 CONTIGUOUS = ((24, 32, 8, 3000), (16, 32, 8, 4096), (32, 32, 8, 2048), (48, 28, 4, 1500),
               (12, 32, 8, 8192), (64, 32, 8, 1024), (20, 64, 8, 2500))
 PAGED = ((10, 32, 8, 20000, 256), (20, 28, 4, 10000, 64), (12, 32, 8, 16384, 64))
 CHECK = ((40, 32, 8, 2000), (18, 32, 8, 5000), (96, 32, 8, 700), (36, 28, 4, 2200),
          (14, 32, 8, 9000, 64), (15, 32, 8, 15000, 32), (30, 28, 4, 6000, 128))
-
-
-def previous_default(problem, d):
-    """``paged_defaults.previous_default``, from the probe beside this one."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from paged_defaults import previous_default as previous
-
-    return previous(problem, d)
 
 
 def problem(b, hq, hkv, sk, page=0):
@@ -41,11 +34,7 @@ def problem(b, hq, hkv, sk, page=0):
 
 
 def main():
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    copy = time_interleaved({"copy": lambda: dst.copy_(src)}, rounds=10)["copy"].median_ms
-    copy_gbps = 2 * src.numel() * 4 / (copy * 1e-3) / 1e9
-    print(f"device copy {copy_gbps:.0f} GB/s (read + written)")
+    copy_gbps = copy_rate()
     check = "--check" in sys.argv
     for point in CHECK if check else CONTIGUOUS + PAGED:
         p = problem(*point)
@@ -63,23 +52,14 @@ def main():
             fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
             errors["torch-cudnn"] = float("nan")
         elif check:
-            try:
-                from tuner.bench._peers import build_peer_contender
-                fns["flash-attn-4"], errors["flash-attn-4"] = build_peer_contender(
-                    "flash-attn-4", p, case, backward=False)
-            except Exception as exc:  # not installed, or it cannot take the point
-                print(f"  flash-attn-4: {type(exc).__name__}: {str(exc)[:100]}")
+            add_fa4(p, case, fns, errors)
         times = time_interleaved(fns, rounds=20)
         if p.page_size:
             kv = int(case.seqused.sum()) * p.heads_kv * p.head_dim * 2 * 2
         else:
             kv = p.batch * p.heads_kv * p.seqlen_k * p.head_dim * 2 * 2
         print(f"== {p.describe()} default {d.describe()}")
-        for name, t in sorted(times.items(), key=lambda kv_: kv_[1].median_ms):
-            gbps = kv / (t.median_ms * 1e-3) / 1e9
-            label = candidates[name].describe() if name in candidates else ""
-            print(f"  {name:14s} {1e3 * t.median_ms:8.1f} us {100 * gbps / copy_gbps:5.1f}% of "
-                  f"copy err {errors[name]:.1e} {label}")
+        report(times, kv, copy_gbps, errors, candidates)
 
 
 if __name__ == "__main__":

@@ -37,12 +37,36 @@ def previous_default(problem, d):
     return base.replace(splits=max(1, min(132 // rows, problem.seqlen_k // 256)))
 
 
-def main():
+def copy_rate():
+    """The device-to-device copy rate in GB/s of bytes read + written (1 GiB), printed."""
     src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
     copy = time_interleaved({"copy": lambda: dst.copy_(src)}, rounds=10)["copy"].median_ms
-    copy_gbps = 2 * src.numel() * 4 / (copy * 1e-3) / 1e9
-    print(f"device copy {copy_gbps:.0f} GB/s (read + written)")
+    gbps = 2 * src.numel() * 4 / (copy * 1e-3) / 1e9
+    print(f"device copy {gbps:.0f} GB/s (read + written)")
+    return gbps
+
+
+def add_fa4(problem, case, fns, errors):
+    """FlashAttention-4 beside, where it is importable and takes the point."""
+    try:
+        fns["flash-attn-4"], errors["flash-attn-4"] = build_peer_contender(
+            "flash-attn-4", problem, case, backward=False)
+    except Exception as exc:  # not installed, or it cannot take the point
+        print(f"  flash-attn-4: {type(exc).__name__}: {str(exc)[:100]}")
+
+
+def report(times, kv_bytes, copy_gbps, errors, candidates):
+    """One line per contender, fastest first: time, share of the copy rate, error, schedule."""
+    for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
+        gbps = kv_bytes / (t.median_ms * 1e-3) / 1e9
+        label = candidates[name].describe() if name in candidates else ""
+        print(f"  {name:14s} {1e3 * t.median_ms:8.1f} us {100 * gbps / copy_gbps:5.1f}% of "
+              f"copy err {errors[name]:.1e} {label}")
+
+
+def main():
+    copy_gbps = copy_rate()
     check = "--check" in sys.argv
     for b, hq, hkv, sk, page in CHECK_POINTS if check else POINTS:
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
@@ -56,24 +80,13 @@ def main():
                       "occ2 K4": d.replace(occupancy=2, k_latency=4)}
         if check:
             candidates = {"default": d, "previous": previous_default(p, d)}
-        fns, errors = {}, {}
-        for name, s in candidates.items():
-            fns[name] = case.launcher(s)
-            errors[name] = case.error(fns[name])
-        try:
-            fns["flash-attn-4"], errors["flash-attn-4"] = build_peer_contender(
-                "flash-attn-4", p, case, backward=False)
-        except Exception as exc:  # not installed, or it cannot take the point
-            print(f"  flash-attn-4: {type(exc).__name__}: {str(exc)[:100]}")
+        fns = {name: case.launcher(s) for name, s in candidates.items()}
+        errors = {name: case.error(run) for name, run in fns.items()}
+        add_fa4(p, case, fns, errors)
         times = time_interleaved(fns, rounds=15)
         valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
         print(f"== {p.describe()} lengths {case.seqused.tolist()[:4]}.. default {d.describe()}")
-        for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
-            gbps = valid / (t.median_ms * 1e-3) / 1e9
-            label = candidates[name].describe() if name in candidates else ""
-            print(f"  {name:14s} {1e3 * t.median_ms:8.1f} us {100 * gbps / copy_gbps:5.1f}% of "
-                  f"copy err {errors[name]:.1e} {label}")
-
+        report(times, valid, copy_gbps, errors, candidates)
 
 if __name__ == "__main__":
     main()
