@@ -410,6 +410,10 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     fewer = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=8192))  # 96 CTAs
     assert (fewer.splits, fewer.occupancy) == (1, 1)
     assert DECODE.default_schedule("sm_90", TOKEN).occupancy == 1  # 16 splits of 8 CTAs
+    wide = _problem(batch=64, seqlen_k=3000)  # 512 CTAs: a CTA per SM everywhere
+    assert DECODE.default_schedule("sm_100", wide).occupancy == 2  # 228 KB an SM, as Hopper
+    for arch in ("sm_80", "sm_120"):  # less shared memory an SM: one CTA
+        assert DECODE.default_schedule(arch, wide).occupancy == 1
 
 
 def test_default_split_count_follows_cache_length_and_parallelism():

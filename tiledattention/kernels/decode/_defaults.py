@@ -10,7 +10,7 @@ from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
-           "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY"]
+           "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -51,6 +51,9 @@ SMALL_PAGE_WAVES = 2
 #: the SM count. On four other batches (144-768 CTAs): 1.10-1.57x, and 0.98x at B 40 over 2000
 #: keys (320 CTAs).
 FULL_GPU_OCCUPANCY = 2
+#: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
+#: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
+TWO_CTAS_AN_SM = ("hopper", "blackwell")
 #: A paged batch of fewer rows than SMs that the cache rule leaves at one split takes two, two
 #: CTAs an SM: 1.23-1.47x on mixed-length paged batches of 80-96 rows (pages of 64 and 256), where
 #: the longest caches' CTAs otherwise run alone at the end, and 1.11-1.14x on three other such
@@ -102,11 +105,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # one wave (these kernels run one CTA per SM on sm_90), or small pages' waves
     wanted = sms // rows if waves == 1 else -(-waves * sms // rows)
     occupancy, k_latency = 1, base.k_latency
-    if rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
+    two_ctas = gen in TWO_CTAS_AN_SM
+    if two_ctas and rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
         occupancy = FULL_GPU_OCCUPANCY
         if problem.page_size and not small_pages:
             k_latency = 4
-    elif problem.page_size and wanted == 1 and not problem.windowed:
+    elif two_ctas and problem.page_size and wanted == 1 and not problem.windowed:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
