@@ -161,7 +161,6 @@ def test_small_pages_walk_short_steps_in_two_waves():
     assert (short.tile_n, short.splits, short.occupancy, short.k_latency) == (128, 2, 2, 2)
 
 
-
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("fields", [dict(page_size=16), dict(page_size=256, seqlen_q=4),
                                     dict(page_size=64, seqlen_q=128, heads_q=16, heads_kv=16,

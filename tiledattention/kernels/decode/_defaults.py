@@ -105,12 +105,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # one wave (these kernels run one CTA per SM on sm_90), or small pages' waves
     wanted = sms // rows if waves == 1 else -(-waves * sms // rows)
     occupancy, k_latency = 1, base.k_latency
-    two_ctas = gen in TWO_CTAS_AN_SM
+    two_ctas = gen in TWO_CTAS_AN_SM and not problem.windowed  # (windows: not measured)
     if two_ctas and rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
         occupancy = FULL_GPU_OCCUPANCY
         if problem.page_size and not small_pages:
             k_latency = 4
-    elif two_ctas and problem.page_size and wanted == 1 and not problem.windowed:
+    elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
