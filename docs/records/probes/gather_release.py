@@ -1,9 +1,10 @@
 """Compile-only repro (CPU, cuda-tile 1.7.0, tileiras 13.4.92, 2026-11-29): a gathered TMA load
 (``ct.load_advanced_indexing``) followed by an atomic with release semantics fails to compile
-for sm_90 and sm_100 ("Return code 5 / failed to compile Tile IR program", no location; for
-sm_120 tileiras ran past 10 minutes and was stopped). Without the atomic, with
-``memory_order=RELAXED`` or ``ACQUIRE``, or with the gather's ``allow_tma=False``, it compiles.
-So the decode kernels merge gathered-page calls in a second kernel (``_launch.normalise``).
+for sm_90 ("Return code 5 / failed to compile Tile IR program", no location; the paged decode
+kernel with such a merge failed so for sm_100 too, and for sm_120 tileiras ran past 10 minutes
+and was stopped). Without the atomic, with ``memory_order=RELAXED`` or ``ACQUIRE``, or with
+the gather's ``allow_tma=False``, it compiles. (The decode kernels have neither the merge nor
+the gather now: both were reverted, docs/records/benchmarks/paged/issue49/README.md.)
 
     python docs/records/probes/gather_release.py [sm_90]
 
