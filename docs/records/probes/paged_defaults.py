@@ -13,10 +13,8 @@ paged rule (128-key steps, one wave of splits by the cache rule, occupancy 1) an
 
 import sys
 
-import torch
-
 import tiledattention as ta
-from tuner.bench._peers import build_peer_contender
+from tuner.bench import BenchSettings, build_peer_contender, copy_gbps
 from tuner.measure import time_interleaved
 
 # (batch, heads_q, heads_kv, longest cache, page size)
@@ -38,11 +36,9 @@ def previous_default(problem, d):
 
 
 def copy_rate():
-    """The device-to-device copy rate in GB/s of bytes read + written (1 GiB), printed."""
-    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    copy = time_interleaved({"copy": lambda: dst.copy_(src)}, rounds=10)["copy"].median_ms
-    gbps = 2 * src.numel() * 4 / (copy * 1e-3) / 1e9
+    """The device-to-device copy rate in GB/s of bytes read + written (the bench's ceiling,
+    ``tuner.bench.copy_gbps``, timed in 10 interleaved rounds), printed."""
+    gbps = copy_gbps(BenchSettings(interleave=10))
     print(f"device copy {gbps:.0f} GB/s (read + written)")
     return gbps
 

@@ -49,16 +49,15 @@ SMALL_PAGE_WAVES = 2
 #: outnumbered the SMs (1.16x at B 24 over 3000 keys, which cuDNN led by 1.22x, now 1.05x) and
 #: tied it (0.99-1.0x) at 128 CTAs; below 132 CTAs it lost (0.97x at 96), so the rule starts at
 #: the SM count. On four other batches (144-768 CTAs): 1.10-1.57x, and 0.98x at B 40 over 2000
-#: keys (320 CTAs).
+#: keys (320 CTAs). A paged batch of fewer rows than SMs that the cache rule leaves at one split
+#: takes two splits at this occupancy: 1.23-1.47x on mixed-length paged batches of 80-96 rows
+#: (pages of 64 and 256), where the longest caches' CTAs otherwise run alone at the end, and
+#: 1.11-1.14x on three other such batches (112-120 rows, pages of 32-128). (On a contiguous
+#: cache of one length, 96 rows, two splits ran 0.98x.)
 FULL_GPU_OCCUPANCY = 2
 #: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
 #: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
 TWO_CTAS_AN_SM = ("hopper", "blackwell")
-#: A paged batch of fewer rows than SMs that the cache rule leaves at one split takes two, two
-#: CTAs an SM: 1.23-1.47x on mixed-length paged batches of 80-96 rows (pages of 64 and 256), where
-#: the longest caches' CTAs otherwise run alone at the end, and 1.11-1.14x on three other such
-#: batches (112-120 rows, pages of 32-128). (On a contiguous cache of one length, 96 rows, two
-#: splits ran 0.98x.)
 
 
 def window_keys(problem: Problem) -> int:
