@@ -6,6 +6,7 @@ fake implementations, the ragged case and the per-sequence reference."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import cuda.tile
 import pytest
@@ -327,45 +328,64 @@ def test_the_decode_family_takes_a_ragged_batch_bottom_right_only():
         assert result.cubin[:4] == b"\x7fELF"
 
 
+def _stand_in_launches(monkeypatch, prepared):
+    """``_varlen``'s validation counted into ``prepared`` and its launches replaced by CPU
+    stand-ins (the real validation runs; devices and the lookup are stood in for)."""
+    from tiledattention.core import _runtime
+    from tiledattention.entry_points import _varlen
+
+    real_prepare = _varlen._prepare
+
+    def prepare(query, key, value, cu_q, cu_k, max_q, max_k, is_causal, scale, window, gqa):
+        prepared.append((is_causal, scale, window, gqa))
+        return real_prepare(query, key, value, cu_q, cu_k, max_q, max_k, is_causal, scale,
+                            window, gqa)
+
+    def run_forward(runtime, query, key, value, packed, layout):
+        assert layout.ranges.shape == (4, 2) and layout.longest_q == packed.longest_q
+        return (query * packed.scale + key.sum(),
+                torch.zeros(1, query.shape[1], query.shape[0]))
+
+    def run_backward(runtime, grad_out, query, key, value, out, lse, packed, layout):
+        assert layout.ranges.shape == (4, 2)
+        return grad_out * packed.scale, torch.ones_like(key), torch.ones_like(value) * 2
+    monkeypatch.setattr(_varlen, "check_cuda", lambda arrays, kind: None)
+    monkeypatch.setattr(_varlen, "_prepare", prepare)
+    monkeypatch.setattr(_varlen, "_run_forward", run_forward)
+    monkeypatch.setattr(_varlen, "_run_backward", run_backward)
+    monkeypatch.setattr(_runtime, "current", None)  # a fresh runtime: no kept calls
+
+
 def test_an_eager_packed_training_call_takes_the_eager_route_and_validates_once(monkeypatch):
     """varlen_attn on inputs that need grad, eagerly: the autograd Function (no op dispatched),
-    whose backward reuses what its forward validated (``_prepare`` runs once a training step);
-    under a dispatch mode, the op. The launches are replaced by CPU stand-ins."""
+    whose backward reuses what its forward validated, and a second step of the same signature
+    validates nothing (the kept call); under a dispatch mode, the op. The launches are replaced
+    by CPU stand-ins."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from tiledattention.entry_points import _varlen
 
     prepared = []
-
-    def prepare(query, key, value, cu_q, cu_k, max_q, max_k, is_causal, scale, window, gqa):
-        prepared.append((is_causal, scale, window, gqa))
-        return ("problem", "layout", 0.5)
-
-    def run_forward(runtime, query, key, value, problem, layout, scale):
-        assert (problem, layout, scale) == ("problem", "layout", 0.5)
-        return query * scale + key.sum(), torch.zeros(1, query.shape[1], query.shape[0])
-
-    def run_backward(runtime, grad_out, query, key, value, out, lse, problem, layout, scale):
-        assert (problem, layout, scale) == ("problem", "layout", 0.5)
-        return grad_out * scale, torch.ones_like(key), torch.ones_like(value) * 2
-    monkeypatch.setattr(_varlen, "_prepare", prepare)
-    monkeypatch.setattr(_varlen, "_run_forward", run_forward)
-    monkeypatch.setattr(_varlen, "_run_backward", run_backward)
+    _stand_in_launches(monkeypatch, prepared)
     real = _varlen.varlen_fwd
 
     def op_must_not_run(*args):
         raise AssertionError("the op was dispatched for an untraced eager call")
     monkeypatch.setattr(_varlen, "varlen_fwd", op_must_not_run)
-    q = torch.randn(10, 4, 8).requires_grad_()
-    k, v = (torch.randn(10, 2, 8).requires_grad_() for _ in range(2))
+    bf16 = torch.bfloat16
+    q = torch.randn(10, 4, 32, dtype=bf16).requires_grad_()
+    k, v = (torch.randn(10, 2, 32, dtype=bf16).requires_grad_() for _ in range(2))
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    out = tiledattention.varlen_attn(q, k, v, cu, cu, 6, 6, is_causal=True, enable_gqa=True,
-                                     window_size=(3, 0))
-    assert type(out.grad_fn).__name__ == "_EagerVarlenBackward"
-    g = torch.randn_like(out)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
-    assert torch.equal(dq, g * 0.5) and torch.equal(dv, torch.full_like(v, 2.0))
-    assert prepared == [("bottom_right", None, (3, 0), True)]  # once: the backward reused it
+    scale = 1 / math.sqrt(32)
+    for step in range(2):
+        out = tiledattention.varlen_attn(q, k, v, cu, cu, 6, 6, is_causal=True,
+                                         enable_gqa=True, window_size=(3, 0))
+        assert type(out.grad_fn).__name__ == "_EagerVarlenBackward"
+        g = torch.randn_like(out)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+        assert torch.allclose(dq, g * scale) and torch.equal(dv, torch.full_like(v, 2.0))
+    # once in two steps: the backward and the second step reused the first validation
+    assert prepared == [("bottom_right", None, (3, 0), True)]
     monkeypatch.setattr(_varlen, "varlen_fwd", real)
     seen = []
 
@@ -375,6 +395,45 @@ def test_an_eager_packed_training_call_takes_the_eager_route_and_validates_once(
             return func(*args, **(kwargs or {}))
     with Recording():
         traced = tiledattention.varlen_attn(q, k, v, cu, cu, 6, 6, is_causal=True,
-                                            enable_gqa=True)
+                                            enable_gqa=True, window_size=(3, 0))
     assert torch.ops.tiledattention.varlen_fwd.default in seen
     assert torch.equal(traced, out)
+
+
+@pytest.mark.parametrize("change", ["max_q", "causal", "scale", "dtype", "offsets", "tokens",
+                                    "strides", "scale type"])
+def test_a_packed_call_of_another_signature_is_validated_again(monkeypatch, change):
+    """The warm path's key holds every fact validation judged: a call that differs from a kept
+    one in any of them is validated (and a bad one refused) instead of reusing the kept call."""
+    prepared = []
+    _stand_in_launches(monkeypatch, prepared)
+    q = torch.randn(10, 4, 32, dtype=torch.bfloat16)
+    k, v = torch.randn_like(q[:, :2]), torch.randn_like(q[:, :2])
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    args = dict(query=q, key=k, value=v, cu_seq_q=cu, cu_seq_k=cu, max_q=6, max_k=6)
+    kwargs = dict(is_causal=True, enable_gqa=True, scale=0.25)
+    tiledattention.varlen_attn(*args.values(), **kwargs)
+    tiledattention.varlen_attn(*args.values(), **kwargs)
+    assert len(prepared) == 1
+    if change == "max_q":
+        args["max_q"] = 7
+    elif change == "causal":
+        kwargs["is_causal"] = False
+    elif change == "scale":
+        kwargs["scale"] = 0.5
+    elif change == "scale type":  # 1 == 1.0 hash alike; validation judges each
+        kwargs["scale"] = True
+    elif change == "dtype":
+        args.update(query=q.half(), key=k.half(), value=v.half())
+    elif change == "offsets":
+        args.update(cu_seq_q=cu.long(), cu_seq_k=cu.long())
+    elif change == "tokens":
+        args.update(query=torch.randn(12, 4, 32, dtype=torch.bfloat16))
+    elif change == "strides":
+        args.update(key=torch.randn(10, 32, 2, dtype=torch.bfloat16).transpose(1, 2))
+    if change in ("strides", "scale type"):
+        with pytest.raises(tiledattention.TiledAttentionError):
+            tiledattention.varlen_attn(*args.values(), **kwargs)
+    else:
+        tiledattention.varlen_attn(*args.values(), **kwargs)
+    assert len(prepared) == 2

@@ -16,8 +16,8 @@ from typing import Any
 
 from ._call import Call
 
-__all__ = ["Plan", "bind_torch", "kept_plan", "span", "reach", "clear_of", "contiguous_like",
-           "out_spans"]
+__all__ = ["Plan", "bind_torch", "kept_plan", "layouts", "span", "reach", "clear_of",
+           "contiguous_like", "out_spans"]
 
 # torch's functions the warm path calls (``bind_torch``); a test may bind its own
 # ``raw_stream``, ``current_device`` and ``capturing`` first
@@ -49,6 +49,12 @@ def bind_torch() -> None:
         capturing = torch.cuda.is_current_stream_capturing
     empty, float32, contiguous_format = torch.empty, torch.float32, torch.contiguous_format
     empty_like = torch.empty_like
+
+
+def layouts(*arrays: Any) -> tuple:
+    """The shapes, strides, dtypes and devices of torch tensors: their part of a warm-path key
+    (raises ``AttributeError`` for arrays of another kind)."""
+    return tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in arrays)
 
 
 def kept_plan(runtime: Any, tag: str, family: Any, shape: Any, device: int, scale: Any,

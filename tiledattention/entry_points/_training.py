@@ -166,11 +166,6 @@ def _last_dim_contiguous(x: Any) -> Any:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _layouts(*arrays: Any) -> tuple:
-    """The shapes, strides, dtypes and devices of torch tensors (for a warm-path key)."""
-    return tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in arrays)
-
-
 def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: Any = False, scale: float | None = None, *,
                   schedule: Any = None, grads: tuple[Any, Any, Any] | None = None,
@@ -182,7 +177,7 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
         key = _signature("sdpa_backward", q, k, v, causal, scale, variant, schedule)
         if key is not None:
             try:
-                key = (key, _layouts(grad_out, out, lse), deterministic,
+                key = (key, hot.layouts(grad_out, out, lse), deterministic,
                        deterministic.__class__)
             except (AttributeError, TypeError):
                 key = None

@@ -144,8 +144,8 @@ def _view(x: torch.Tensor) -> torch.Tensor:
 
 
 def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
-             enable_gqa):
-    """Validate a call; ``(problem, layout, scale)``."""
+             enable_gqa) -> "_Packed":
+    """Validate a call; what it judged, as a :class:`_Packed`."""
     dtype = _check_packed(query, key, value, enable_gqa)
     _check_offsets(cu_seq_q, cu_seq_k, query, key)
     longest_q = _check_max("max_q", max_q, query.shape[0])
@@ -163,8 +163,69 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, sca
         check_reach(name, _view(x), "torch", padded_head_dim(problem.head_dim))
     # last: a wrong argument is named even on CPU tensors
     check_cuda((("query", query), ("key", key), ("value", value)), "torch")
-    layout = RaggedLayout(packed_ranges(cu_seq_q, cu_seq_k), longest_q, longest_k, True)
-    return problem, layout, default_scale(problem) if scale is None else float(scale)
+    return _Packed(problem, longest_q, longest_k,
+                   default_scale(problem) if scale is None else float(scale))
+
+
+class _Packed:
+    """A packed call as its first call of one signature validated it (``_prepare``), kept in
+    the runtime by that signature (:func:`_validated`): the bucket's problem, the longest
+    lengths, the scale, and the family and schedule each operation resolved on its first
+    use. A later call of the signature reads the offsets into ranges and launches."""
+
+    __slots__ = ("problem", "longest_q", "longest_k", "scale", "_resolved")
+
+    def __init__(self, problem: Any, longest_q: int, longest_k: int, scale: float) -> None:
+        self.problem = problem
+        self.longest_q = longest_q
+        self.longest_k = longest_k
+        self.scale = scale
+        self._resolved: dict[str, tuple[Any, Any]] = {}
+
+    def resolved(self, runtime: Runtime, operation: str, device: int) -> tuple[Any, Any]:
+        """``(family, schedule)`` of ``operation`` ("sdpa_with_lse" or "sdpa_backward")."""
+        found = self._resolved.get(operation)
+        if found is None:
+            family = choose_family(device_info(device).arch, self.problem, operation)
+            found = (family, runtime.resolution(family, self.problem, device).schedule)
+            self._resolved[operation] = found
+        return found
+
+    def layout(self, cu_seq_q: Any, cu_seq_k: Any) -> RaggedLayout:
+        """The call's ``RaggedLayout``: its offsets as ranges, on their device."""
+        return RaggedLayout(packed_ranges(cu_seq_q, cu_seq_k), self.longest_q, self.longest_k,
+                            True)
+
+
+def _signature(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
+               enable_gqa) -> tuple | None:
+    """The warm-path key of a call on torch tensors: every fact ``_prepare`` judged (the five
+    tensors' layouts, the other arguments with their types); ``None`` for CuPy arrays or an
+    unhashable argument, which always validate."""
+    try:
+        key = ("varlen", hot.layouts(query, key, value, cu_seq_q, cu_seq_k), max_q,
+               max_q.__class__, max_k, max_k.__class__, is_causal, is_causal.__class__, scale,
+               scale.__class__, window, window.__class__, enable_gqa, enable_gqa.__class__)
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+def _validated(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+               is_causal, scale, window, enable_gqa) -> _Packed:
+    """The call's :class:`_Packed`: kept by its signature in ``runtime``, or validated now
+    (and kept)."""
+    signature = _signature(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
+                           scale, window, enable_gqa)
+    packed = None if signature is None else runtime.plan(signature)
+    if packed is None:
+        packed = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
+                          scale, window, enable_gqa)
+        hot.bind_torch()
+        if signature is not None:
+            runtime.keep_plan(signature, packed)
+    return packed
 
 
 # -- the runtime's entry points -----------------------------------------------------------------
@@ -174,21 +235,21 @@ def varlen_forward(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
     """``(out, lse)``: the output ``[T_q, H_q, D]`` (rows outside every sequence are zeros) and
     the base-2 log-sum-exp of the scaled scores, float32 ``[1, H_q, T_q]`` (rows outside every
     sequence undefined), for :func:`varlen_backward`."""
-    prepared = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale,
-                        window, enable_gqa)
-    return _run_forward(runtime, query, key, value, *prepared)
+    packed = _validated(runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                        is_causal, scale, window, enable_gqa)
+    return _run_forward(runtime, query, key, value, packed, packed.layout(cu_seq_q, cu_seq_k))
 
 
-def _run_forward(runtime: Runtime, query, key, value, problem, layout, scale):
-    """:func:`varlen_forward` of a call ``_prepare`` validated."""
-    device = query.device.index
-    family = choose_family(device_info(device).arch, problem, "sdpa_with_lse")
-    schedule = runtime.resolution(family, problem, device).schedule
-    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+def _run_forward(runtime: Runtime, query, key, value, packed: _Packed, layout: RaggedLayout):
+    """:func:`varlen_forward` of a call ``_prepare`` validated (``packed``), with its
+    ``layout``."""
+    device = query.get_device()
+    family, schedule = packed.resolved(runtime, "sdpa_with_lse", device)
+    out = hot.empty_like(query, memory_format=hot.contiguous_format)
     lse = packed_row_stat(query.shape[1], query.shape[0], query.device)
-    stream = torch.cuda.current_stream(query.device)
+    stream = hot.raw_stream(device)
     family.forward_with_lse(stream, _view(query), _view(key), _view(value), _view(out), lse,
-                            problem, schedule, scale, device, ragged=layout)
+                            packed.problem, schedule, packed.scale, device, ragged=layout)
     clear_uncovered_rows(stream, out, layout.ranges, 0)  # tokens of no sequence: zeros
     return out, lse
 
@@ -198,8 +259,8 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
                     window: Any = None, enable_gqa: bool = False):
     """``(dq, dk, dv)`` of :func:`varlen_forward`'s output given ``grad_out`` (zeros outside
     every sequence)."""
-    prepared = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale,
-                        window, enable_gqa)
+    packed = _validated(runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                        is_causal, scale, window, enable_gqa)
     for name, x in (("grad_out", grad_out), ("out", out)):
         if (not isinstance(x, torch.Tensor) or x.shape != query.shape
                 or x.dtype != query.dtype or x.device != query.device):
@@ -210,24 +271,24 @@ def varlen_backward(runtime: Runtime, grad_out, query, key, value, out, lse, cu_
             or lse.dtype != torch.float32 or lse.stride(-1) != 1):
         raise InputValueError(f"lse must be the float32 {list(stat)} log-sum-exp varlen_forward "
                               f"returned")
-    return _run_backward(runtime, grad_out, query, key, value, out, lse, *prepared)
+    return _run_backward(runtime, grad_out, query, key, value, out, lse, packed,
+                         packed.layout(cu_seq_q, cu_seq_k))
 
 
-def _run_backward(runtime: Runtime, grad_out, query, key, value, out, lse, problem, layout,
-                  scale):
-    """:func:`varlen_backward` of a call ``_prepare`` validated (``grad_out``, ``out`` and
-    ``lse`` as its forward made them)."""
-    device = query.device.index
-    family = choose_family(device_info(device).arch, problem, "sdpa_backward")
-    schedule = runtime.resolution(family, problem, device).schedule
-    grads = tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device)
-                  for x in (query, key, value))
+def _run_backward(runtime: Runtime, grad_out, query, key, value, out, lse, packed: _Packed,
+                  layout: RaggedLayout):
+    """:func:`varlen_backward` of a call ``_prepare`` validated (``packed``; ``grad_out``,
+    ``out`` and ``lse`` as its forward made them), with its ``layout``."""
+    device = query.get_device()
+    family, schedule = packed.resolved(runtime, "sdpa_backward", device)
+    form = hot.contiguous_format
+    grads = tuple(hot.empty_like(x, memory_format=form) for x in (query, key, value))
     delta = packed_row_stat(query.shape[1], query.shape[0], query.device)
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-    stream = torch.cuda.current_stream(query.device)
-    family.backward(stream, problem, schedule, scale, _view(query), _view(key), _view(value),
-                    _view(out), _view(grad_out), lse, delta, tuple(_view(g) for g in grads),
-                    ragged=layout)
+    stream = hot.raw_stream(device)
+    family.backward(stream, packed.problem, schedule, packed.scale, _view(query), _view(key),
+                    _view(value), _view(out), _view(grad_out), lse, delta,
+                    tuple(_view(g) for g in grads), ragged=layout)
     for grad, which in zip(grads, (0, 2, 2)):  # tokens of no sequence: zero gradients
         clear_uncovered_rows(stream, grad, layout.ranges, which)
     return grads
@@ -238,8 +299,8 @@ def explain_varlen(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
                    training: bool = False):
     """The :class:`Resolution` the call's bucket gets (the forward's; with ``training``, the
     backward's)."""
-    problem, _, _ = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
-                             None, window, enable_gqa)
+    problem = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, None,
+                       window, enable_gqa).problem
     device = query.device.index
     operation = "sdpa_backward" if training else "sdpa_with_lse"
     family = choose_family(device_info(device).arch, problem, operation)
@@ -383,25 +444,26 @@ class _EagerVarlen(torch.autograd.Function):
     """``tiledattention::varlen_fwd`` with its autograd formula, for eager calls (as
     ``_autograd``'s eager route: the ops' dispatch costs more host time than a batch of short
     sequences' kernels): the tensors and one tuple of the other arguments in, ``out`` alone
-    out; the backward reuses what the forward validated (the problem, the ranges, the scale)."""
+    out; the backward reuses what the forward validated and read (the kept call, the ranges)."""
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, call: tuple) -> torch.Tensor:
         max_q, max_k, causal, bottom_right, scale, left, right = call
-        prepared = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+        packed = _validated(runtime(), query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
                             _is_causal(causal, bottom_right), scale, _window_of(left, right),
                             query.shape[1] != key.shape[1])
-        out, lse = _run_forward(runtime(), query, key, value, *prepared)
+        layout = packed.layout(cu_seq_q, cu_seq_k)
+        out, lse = _run_forward(runtime(), query, key, value, packed, layout)
         ctx.save_for_backward(query, key, value, out)
-        ctx.lse, ctx.prepared = lse, prepared
+        ctx.lse, ctx.packed, ctx.layout = lse, packed, layout
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         query, key, value, out = ctx.saved_tensors
-        grads = _run_backward(runtime(), grad_out, query, key, value, out, ctx.lse,
-                              *ctx.prepared)
+        grads = _run_backward(runtime(), grad_out, query, key, value, out, ctx.lse, ctx.packed,
+                              ctx.layout)
         return (*grads, None, None, None)
 
 
