@@ -58,6 +58,22 @@ def test_a_ragged_call_is_looked_up_by_its_bucket():
     assert (one.batch, one.seqlen_q, one.seqlen_k, one.bottom_right) == (1, 16, 512, False)
 
 
+@pytest.mark.parametrize("seqlen", [512, 1024, 2048, 8192])
+def test_a_packed_batch_at_d128_without_a_mask_runs_64_row_tiles_on_hopper(seqlen):
+    """Packed sequences end inside tiles whatever the bucket's (power-of-two) lengths: up to
+    2048 tokens 64x128 at occupancy 2 (measured on an H200: 1.09-1.23x the rectangle's 128x128
+    tiles), longer ones and the rectangle of the same lengths keep 128x128 tiles, and causal
+    packed batches the rectangle's rule."""
+    packed = _ragged(causal=False, seqlen_q=seqlen, seqlen_k=seqlen)
+    s = FORWARD.default_schedule("sm_90", packed)
+    want = (64, 128, 2, 1) if seqlen <= 2048 else (128, 128, 1, 1)
+    assert (s.tile_m, s.tile_n, s.occupancy, s.num_ctas) == want
+    rectangle = dataclasses.replace(packed, ragged=False)
+    assert FORWARD.default_schedule("sm_90", rectangle).tile_m == 128
+    assert FORWARD.default_schedule("sm_90", dataclasses.replace(packed, causal=True)) == \
+        FORWARD.default_schedule("sm_90", dataclasses.replace(rectangle, causal=True))
+
+
 def test_ragged_keeps_the_alignment_the_bounds_would_drop():
     """Each sequence aligns by its own lengths: bottom-right stays where S_q == S_k (a
     rectangle's canonical form drops it), and a window side stays even where it binds no key

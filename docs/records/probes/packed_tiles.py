@@ -55,8 +55,8 @@ def main():
         cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
                           device="cuda")
         longest = max(lengths)
-        problem, layout, scale = _prepare(q, k, v, cu, cu, longest, longest, causal, None, None,
-                                          hq != hkv)
+        packed = _prepare(q, k, v, cu, cu, longest, longest, causal, None, None, hq != hkv)
+        problem, layout, scale = packed.problem, packed.layout(cu, cu), packed.scale
         fam_f = choose_family("sm_90", problem, "sdpa_with_lse")
         fam_b = choose_family("sm_90", problem, "sdpa_backward")
         looked_f = ta.explain_varlen(q, k, v, cu, cu, longest, longest, is_causal=causal,

@@ -7,13 +7,17 @@ from ...core._compile import generation
 from ...core._problem import Problem, head_dim_parts
 from ._schedule import Schedule
 
-__all__ = ["default_schedule", "row_keys"]
+__all__ = ["default_schedule", "row_keys", "PACKED_SHORT"]
 
 #: A window this narrow (the most keys a row sees) runs on 64x64 tiles: a query tile visits the
 #: key tiles from its first row's first key to its last row's last, TILE_M + span keys rounded
 #: out to TILE_N; at 256 keys a 128x128 tile visits 3-4 key tiles (384-512 keys) per row that
 #: uses 256, a 64x64 one 5-6 (320-384 keys). Chosen by this count, not measured.
 NARROW_WINDOW = 256
+#: The longest bucket length (``Problem.ragged``: the longest sequence rounded up to a power of
+#: two) whose packed D 128 forward runs 64-row tiles without a mask: measured up to 2048 (the
+#: gain fell from 1.23x at 512 to 1.09x at 2048), so longer ones keep the rectangle's tiles.
+PACKED_SHORT = 2048
 
 
 def row_keys(problem: Problem) -> int:
@@ -57,7 +61,11 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
       warps, persistent (D72/D80 at S 257, 401, 900, 1025: 1.2-1.7x the 128x128 one); D > 96,
       128x128 at occupancy 3 over a two-CTA cluster (D128 at S 577: 1.13x). D 96 (64 + 32):
       64x128 at occupancy 3 at any length (S 1999, and 1024 queries over 4096 keys: 1.15-1.25x
-      the 128x128 one).
+      the 128x128 one). A packed batch (``ragged``, D > 96) of sequences up to
+      :data:`PACKED_SHORT` tokens runs 64x128 at occupancy 2: its sequences end inside tiles
+      whatever its bucket's lengths (H200, four packed batches of 16-2048-token sequences, D
+      128, H 12-32: 1.09-1.23x the 128x128 tile, the gain falling with length; 1.01-1.11x
+      128x128 over a cluster of two; ``docs/records/benchmarks/varlen/issue50``).
     - D > 128: 128x128 with 8 worker warps at occupancy 3 (every shipped D256 key with
       S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11).
 
@@ -110,6 +118,9 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
             return Schedule(tile_m=64, tile_n=128, occupancy=2, kv_sawtooth=True,
                             longest_first=True, **fast_math, **split)
         even = problem.seqlen_q % 128 == 0 and problem.seqlen_k % 128 == 0
+        if problem.ragged and d > 96 and problem.seqlen_q <= PACKED_SHORT:
+            return Schedule(tile_m=64, tile_n=128, occupancy=2, exp2=True, approx_div=True,
+                            v_latency=4)
         if 80 < d <= 96:  # two parts, 64 + 32: 64-row tiles
             return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
                             k_latency=4, v_latency=2, unchecked_loads=True, **split)
