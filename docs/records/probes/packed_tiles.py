@@ -29,6 +29,12 @@ FWD = {64: (dict(tile_m=128, tile_n=64, occupancy=2), dict(tile_m=128, tile_n=12
              dict(tile_m=128, tile_n=64, occupancy=1, num_worker_warps=8),
              dict(tile_m=128, tile_n=128, occupancy=3, num_ctas=2, num_worker_warps=None,
                   kv_sawtooth=True, persistent=False))}
+#: causal packed batches at D 128 (the rectangle's rules: 64x128 below 4k keys, 128x128 over a
+#: two-CTA cluster beyond)
+FWD_CAUSAL = (dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, kv_sawtooth=False),
+              dict(tile_m=64, tile_n=64, occupancy=3),
+              dict(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8, kv_sawtooth=False),
+              dict(tile_m=64, tile_n=128, occupancy=2, kv_sawtooth=False))
 BWD = {64: (dict(dkdv_tile_m=64), dict(dq_tile_m=128, dq_worker_warps=8),
             dict(dkdv_tile_n=128, dkdv_occupancy=1, dkdv_worker_warps=8),
             dict(dkdv_tile_m=64, dq_tile_n=128)),
@@ -77,7 +83,8 @@ def main():
         fwd_run(base_f, ref)()
         fns, errs = {}, {}
         tried = [("default", base_f)] + [(",".join(f"{a}={b}" for a, b in c.items()),
-                                          base_f.replace(**c)) for c in FWD[d]]
+                                          base_f.replace(**c))
+                                         for c in (FWD_CAUSAL if causal and d == 128 else FWD[d])]
         if looked_f.schedule != base_f:
             tried.append(("lookup", looked_f.schedule))
         for tag, s in tried:

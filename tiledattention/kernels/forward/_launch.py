@@ -53,6 +53,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
            "default_scale", "launch", "launch_with_lse", "launch_ragged", "ragged_grid",
+           "ragged_launch", "RaggedLaunch",
            "RUNTIME_PARAMETERS", "NO_LSE", "UNUSED"]
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
@@ -208,6 +209,7 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
     return reasons
 
 
+@functools.lru_cache(maxsize=4096)
 def normalise(problem: Problem, schedule: Schedule) -> Schedule:
     """``schedule`` with every flag that cannot change the kernel's work for ``problem`` set to
     its canonical value (the ``Schedule`` default). Key schedules after normalising them: two
@@ -217,7 +219,7 @@ def normalise(problem: Problem, schedule: Schedule) -> Schedule:
 
     Architecture-blind: tileiras may still emit the same code for different constants on some
     targets (unchecked_loads with TMA loads on sm_90 and sm_120, for one); pruning those is the
-    business of the architecture's search space."""
+    business of the architecture's search space. Cached: every launch asks."""
     changes = {flag: getattr(_DEFAULTS, flag) for flag in no_effect_flags(problem, schedule)}
     return schedule.replace(**changes) if changes else schedule
 
@@ -379,6 +381,72 @@ def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, pro
                 kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks))
 
 
+class _Slot:
+    """Stands for an array of a ragged launch's arguments until the launch brings it."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class RaggedLaunch:
+    """A ragged forward's launch, prepared for every call of one problem, schedule, scale and
+    set of counts (:func:`ragged_launch`): the kernel, its grid, and its argument tuple with the
+    slots each call's arrays fill; with a work table, the table's size."""
+
+    __slots__ = ("kernel", "grid", "args", "slots", "items", "tile_m")
+
+    def __init__(self, kernel: Any, grid: tuple, args: tuple, items: int, tile_m: int) -> None:
+        self.kernel, self.grid, self.items, self.tile_m = kernel, grid, items, tile_m
+        self.args = args
+        self.slots = {a.name: i for i, a in enumerate(args) if isinstance(a, _Slot)}
+
+    def run(self, stream: Any, arrays: Mapping[str, Any]) -> None:
+        """Enqueue the launch on ``stream`` with ``arrays`` by parameter name (``Q, K, V,
+        Out, Ranges`` and those of the slots it has: ``Lse``, ``Sinks``, ``Pages``); with a
+        work table, the table first (built from ``Ranges``)."""
+        args = list(self.args)
+        for name, at in self.slots.items():
+            if name != "Work":
+                args[at] = arrays[name]
+        if self.items:
+            args[self.slots["Work"]] = make_work_table(stream, arrays["Ranges"], self.tile_m,
+                                                       self.items)
+        _aot.launch(stream, self.grid, self.kernel, tuple(args))
+
+
+@functools.lru_cache(maxsize=1024)
+def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences: int,
+                  longest_q: int, rows: int, *, packed: bool, lse: bool, sinks: bool,
+                  pages: bool) -> RaggedLaunch:
+    """The :class:`RaggedLaunch` of a ragged batch (``problem.ragged``) of ``sequences``
+    sequences whose longest has at most ``longest_q`` queries, in ``rows`` query rows in all
+    (``packed``: end to end in one batch entry), storing the log-sum-exp with ``lse``, with
+    sink logits (``sinks``) and a paged cache's block table (``pages``) where the problem has
+    them. Cached: a training loop launches the same few every step.
+
+    Where the grid of the longest sequence's tiles would launch many idle CTAs (skewed lengths,
+    ``_work_table``), the launch walks a work table instead: one CTA per (query tile a sequence
+    has x head), the heaviest sequences first."""
+    schedule = normalise(problem, schedule)
+    items = work_items(sequences=sequences, longest_q=longest_q, rows_q=rows,
+                       tile_m=schedule.tile_m)
+    table = use_work_table(sequences=sequences, longest_q=longest_q, items=items,
+                           heads=problem.heads_q, tile_m=schedule.tile_m)
+    slot = {name: _Slot(name) for name in ("Q", "K", "V", "Out", "Lse", "Sinks", "Ranges",
+                                            "Work", "Pages")}
+    args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
+                       lse=slot["Lse"] if lse else None, sinks=slot["Sinks"] if sinks else None,
+                       ranges=slot["Ranges"], packed=packed,
+                       work=slot["Work"] if table else None,
+                       pages=slot["Pages"] if pages else None)
+    grid = ((items * problem.heads_q, 1, 1) if table
+            else ragged_grid(schedule, problem.heads_q, sequences, longest_q))
+    return RaggedLaunch(kernel_for(schedule), grid, args, items if table else 0,
+                        schedule.tile_m)
+
+
 def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, problem: Problem,
                   schedule: Schedule, scale: float, longest_q: int, *, packed: bool,
                   lse: Any = None, sinks: Any = None, pages: Any = None) -> None:
@@ -386,23 +454,10 @@ def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, pr
     ``lse``) as ``[B, H, S, D]`` arrays (``packed``: ``[1, H, tokens, D]`` views), ``ranges``
     the int32 ``[4, sequences]`` query and key ranges, ``longest_q`` at least the longest
     sequence's query count (``pages``: a paged problem's block table, ``k`` and ``v`` then page
-    pools). Rows outside every sequence are not written.
-
-    Where the grid of the longest sequence's tiles would launch many idle CTAs (skewed lengths,
-    ``_work_table``), the launch walks a work table instead, built on ``stream`` by one small
-    kernel: one CTA per (query tile a sequence has x head), the heaviest sequences first."""
+    pools): :func:`ragged_launch`'s. Rows outside every sequence are not written."""
     sequences = ranges.shape[1]
     rows = q.shape[2] * (1 if packed else sequences)
-    items = work_items(sequences=sequences, longest_q=longest_q, rows_q=rows,
-                       tile_m=schedule.tile_m)
-    if use_work_table(sequences=sequences, longest_q=longest_q, items=items,
-                      heads=problem.heads_q, tile_m=schedule.tile_m):
-        _aot.launch(stream, (items * problem.heads_q, 1, 1), kernel_for(schedule),
-                    kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
-                                ranges=ranges, packed=packed, pages=pages,
-                                work=make_work_table(stream, ranges, schedule.tile_m, items)))
-        return
-    grid = ragged_grid(schedule, problem.heads_q, sequences, longest_q)
-    _aot.launch(stream, grid, kernel_for(schedule),
-                kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks,
-                            ranges=ranges, packed=packed, pages=pages))
+    ragged_launch(problem, schedule, float(scale), sequences, longest_q, rows, packed=packed,
+                  lse=lse is not None, sinks=sinks is not None, pages=pages is not None).run(
+        stream, {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "Sinks": sinks,
+                 "Ranges": ranges, "Pages": pages})
