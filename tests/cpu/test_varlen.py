@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import tiledattention
 from tiledattention import FORWARD, KernelArgumentError, Problem, Schedule
 from tiledattention.core._case import ragged_flops, ragged_lengths
-from tiledattention.core._ragged import ragged_problem
+from tiledattention.core._ragged import packed_ranges, ragged_problem
 from tiledattention.core._work_table import TABLE_MIN_IDLE_CTAS, use_work_table, work_items
 from tiledattention.kernels.forward._compile import compile_schedule
 from tiledattention.kernels.forward._launch import (kernel_args, kernel_constants,
@@ -72,6 +72,21 @@ def test_a_packed_batch_at_d128_without_a_mask_runs_64_row_tiles_on_hopper(seqle
     assert FORWARD.default_schedule("sm_90", rectangle).tile_m == 128
     assert FORWARD.default_schedule("sm_90", dataclasses.replace(packed, causal=True)) == \
         FORWARD.default_schedule("sm_90", dataclasses.replace(rectangle, causal=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_packed_ranges_are_each_sequences_starts_and_ends(dtype):
+    """Rows: query starts, query ends, key starts, key ends (int32, contiguous), empty
+    sequences and int64 offsets included."""
+    cu_q = torch.tensor([0, 3, 7, 7, 12], dtype=dtype)
+    cu_k = torch.tensor([0, 5, 6, 9, 20], dtype=dtype)
+    ranges = packed_ranges(cu_q, cu_k)
+    want = torch.tensor([[0, 3, 7, 7], [3, 7, 7, 12], [0, 5, 6, 9], [5, 6, 9, 20]],
+                        dtype=torch.int32)
+    assert ranges.dtype == torch.int32 and ranges.is_contiguous()
+    assert torch.equal(ranges, want)
+    same = packed_ranges(cu_q, cu_q)  # one tensor for both: one copy
+    assert torch.equal(same, torch.cat((want[:2], want[:2])))
 
 
 def test_ragged_keeps_the_alignment_the_bounds_would_drop():
