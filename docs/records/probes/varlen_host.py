@@ -10,43 +10,32 @@ then cProfile's view of where the host's time goes.
 import cProfile
 import io
 import pstats
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 import tiledattention as ta
 
+sys.path.insert(0, str(Path(__file__).parent))
+from packed_ranges_host import encoder_batch, host  # noqa: E402
+
 
 def host_us(fn, n):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    end = time.perf_counter()
-    torch.cuda.synchronize()
-    return (end - start) / n * 1e6
+    return host(fn, n)[0]
 
 
 def main():
-    g = torch.Generator().manual_seed(50)
-    lengths = [int(torch.randint(30, 513, (1,), generator=g)) for _ in range(64)]
-    q = torch.randn(sum(lengths), 12, 64, device="cuda", dtype=torch.bfloat16)
-    k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
-                      device="cuda")
-    longest = max(lengths)
+    q, do, cu, longest, leaves = encoder_batch()
+    k, v = torch.randn_like(q), torch.randn_like(q)
 
     def fwd():
         return ta.varlen_attn(q, k, v, cu, cu, longest, longest)
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
 
     def fwd_bwd():
         out = ta.varlen_attn(*leaves, cu, cu, longest, longest)
         torch.autograd.grad(out, leaves, do)
     dense = torch.randn(64, 12, 256, 64, device="cuda", dtype=torch.bfloat16)
-    for fn in (fwd, fwd_bwd, lambda: ta.sdpa(dense, dense, dense)):
-        for _ in range(5):
-            fn()
     print("fwd host us/call", host_us(fwd, 200))
     print("fwd+bwd host us/call", host_us(fwd_bwd, 100))
     print("dense sdpa host us/call", host_us(lambda: ta.sdpa(dense, dense, dense), 200))
