@@ -212,6 +212,32 @@ def test_a_skewed_batch_walks_a_table_and_an_even_one_its_grid(launches):
     assert TABLE_MIN_IDLE_CTAS > 0
 
 
+def test_a_prepared_ragged_launch_takes_each_calls_own_arrays(launches):
+    """The ragged launch is prepared once per problem, schedule and counts (cached), and every
+    call launches with its own arrays in their parameters' places: a second call with other
+    tensors, ranges and log-sum-exp gets those, never the first call's, and a new work table."""
+    from tiledattention.kernels.forward._launch import launch_ragged
+
+    names = kernel_parameters()
+    lens = [4096] + [100] * 76  # skewed: a work table
+    problem = _ragged(batch=len(lens), seqlen_q=4096, seqlen_k=4096)
+    seen = []
+    for _ in range(2):
+        q = torch.empty(1, 32, sum(lens), 128, dtype=torch.bfloat16)
+        k, v, out = torch.empty_like(q[:, :8]), torch.empty_like(q[:, :8]), torch.empty_like(q)
+        lse, ranges = torch.empty(1, 32, sum(lens)), _ranges_of(lens)
+        launch_ragged(None, q, k, v, out, ranges, problem, Schedule(tile_m=128, tile_n=64), 0.1,
+                      4096, packed=True, lse=lse)
+        _, _, _, args = launches.pop()
+        _, _, _, table_args = launches.pop()
+        for name, x in (("Q", q), ("K", k), ("V", v), ("Out", out), ("Lse", lse),
+                        ("Ranges", ranges), ("Work", table_args[1])):
+            assert args[names.index(name)] is x, name
+        assert table_args[0] is ranges
+        seen.append(args[names.index("Work")])
+    assert seen[0] is not seen[1]
+
+
 def test_a_work_table_comes_with_ranges_only():
     with pytest.raises(KernelArgumentError, match="work table comes only with"):
         kernel_args("q", "k", "v", "o", _ragged(ragged=False), Schedule(), 0.1, work="w")

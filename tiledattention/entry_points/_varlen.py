@@ -16,6 +16,14 @@ tokens, D]`` views of the packed tensors, each sequence cut out by its range
 (``ragged_problem``). Autograd and ``torch.compile`` go through two custom ops,
 ``tiledattention::varlen_fwd`` and ``tiledattention::varlen_bwd``, with fake implementations.
 
+A repeated call takes a warm path, as ``sdpa``'s does: its *signature* (the five tensors'
+shapes, strides, dtypes and devices, ``max_q``, ``max_k``, the mask, window, scale and
+``enable_gqa`` with their types) keys what its first call validated and resolved (``_Packed``:
+the bucket's problem, the longest lengths, the scale, each operation's family and schedule),
+kept in the runtime beside ``sdpa``'s plans. A warm call reads the offsets into ranges,
+allocates and launches. The eager training route's backward reuses its forward's kept call and
+ranges.
+
 A padded ``[B, H, S, D]`` batch with per-entry ranges (``tiledattention.sdpa(..., ranges=)``,
 :func:`padded_forward`) runs the same forward kernels, each entry cut to its ranges.
 """
