@@ -70,6 +70,9 @@ def test_a_packed_batch_at_d128_without_a_mask_runs_64_row_tiles_on_hopper(seqle
     assert (s.tile_m, s.tile_n, s.occupancy, s.num_ctas) == want
     rectangle = dataclasses.replace(packed, ragged=False)
     assert FORWARD.default_schedule("sm_90", rectangle).tile_m == 128
+    # a head dim between 96 and 128 pads to 128 (two parts would pad as much): the same rule
+    odd = FORWARD.default_schedule("sm_90", dataclasses.replace(packed, head_dim=112))
+    assert not odd.split_d and (odd.tile_m == 64) is (seqlen <= 2048)
     assert FORWARD.default_schedule("sm_90", dataclasses.replace(packed, causal=True)) == \
         FORWARD.default_schedule("sm_90", dataclasses.replace(rectangle, causal=True))
 

@@ -120,7 +120,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
         even = problem.seqlen_q % 128 == 0 and problem.seqlen_k % 128 == 0
         if problem.ragged and d > 96 and problem.seqlen_q <= PACKED_SHORT:
             return Schedule(tile_m=64, tile_n=128, occupancy=2, exp2=True, approx_div=True,
-                            v_latency=4)
+                            v_latency=4, **split)
         if 80 < d <= 96:  # two parts, 64 + 32: 64-row tiles
             return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
                             k_latency=4, v_latency=2, unchecked_loads=True, **split)
