@@ -190,6 +190,36 @@ def test_timing_host_times_the_contenders_as_isolated_calls_and_the_ceilings_as_
     assert ceiling and "host" not in ceiling[0]
 
 
+def test_timing_loop_times_the_contenders_back_to_back_on_a_warm_l2(cpu_families):
+    """``--timing loop`` (the steady state with the host's time): the contenders' timing, on
+    its own and interleaved, gets ``loop=True`` and no L2 flush; the ceilings stay GPU time."""
+    settings = bench_cmd.settings_from_args(_args("--timing", "loop"))
+    assert settings.loop and not settings.host
+    assert not bench_cmd.settings_from_args(_args("--timing", "host")).loop
+    assert settings.mode_kwargs() == {"host": False, "loop": True, "flush_l2": False}
+    assert "loop" not in settings.ceiling_kwargs()
+    cpu, other = cpu_families
+    cpu.lookup = _Sched(2.0, "default sm_90")
+    other.lookup = _Sched(3.0, "other wrong")
+    seen = []
+
+    def timing(fn, **kwargs):
+        seen.append((kwargs["loop"], kwargs["flush_l2"]))
+        return _fake_timing(fn, **{k: v for k, v in kwargs.items() if k != "loop"})
+    bench.measure_point(_preset(), _PROBLEM, _NAMES[:1], settings, env={}, time_fn=timing)
+    assert seen == [(True, False)]
+    interleaved = []
+
+    def rounds(fns, **kwargs):
+        interleaved.append(kwargs)
+        return {name: _fake_timing(fn, min_samples=3) for name, fn in fns.items()}
+    looped = dataclasses.replace(settings, interleave=3)
+    rows = bench.measure_point(_preset(), _PROBLEM, _NAMES[:1], looped, env={},
+                               interleaved_fn=rounds)
+    assert interleaved == [{"rounds": 3, "host": False, "loop": True, "flush_l2": False}]
+    assert [row.status for row in rows] == ["ok"]
+
+
 # -- --problem: exactly the problems named, instead of the grid ----------------------------------
 
 _GQA = ("batch=1,heads_q=32,heads_kv=8,seqlen_q=4096,seqlen_k=4096,head_dim=128,dtype=bf16,"

@@ -35,20 +35,30 @@ def test_timing_mode_values_and_dict_form():
     assert TimingMode() == TimingMode(launch="stream", l2="cold")
     mode = TimingMode(launch="graph", l2="warm")
     assert mode.graph and not mode.flush_l2
-    assert mode.timing_kwargs() == {"graph": True, "flush_l2": False, "host": False}
+    assert mode.timing_kwargs() == {"graph": True, "flush_l2": False, "host": False,
+                                    "loop": False}
     assert TimingMode.from_dict(mode.to_dict()) == mode
     assert mode.to_dict() == {"launch": "graph", "l2": "warm"}
     assert mode.describe() == "graph launches, warm L2"
     host = TimingMode(launch="host")
     assert host.host and not host.graph
-    assert host.timing_kwargs() == {"graph": False, "flush_l2": True, "host": True}
+    assert host.timing_kwargs() == {"graph": False, "flush_l2": True, "host": True,
+                                    "loop": False}
     assert host.describe() == "isolated calls with host time, cold L2"
+    loop = TimingMode(launch="loop", l2="warm")
+    assert loop.loop and not loop.host and not loop.flush_l2
+    assert loop.timing_kwargs() == {"graph": False, "flush_l2": False, "host": False,
+                                    "loop": True}
+    assert loop.describe() == "back-to-back calls with host time, warm L2"
+    assert TimingMode.from_dict(loop.to_dict()) == loop
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"launch": "graphs"}, "timing launch must be one of stream, graph, host; got 'graphs'"),
+    ({"launch": "graphs"},
+     "timing launch must be one of stream, graph, host, loop; got 'graphs'"),
     ({"l2": "hot"}, "timing L2 state must be one of cold, warm; got 'hot'"),
-], ids=["launch", "l2"])
+    ({"launch": "loop"}, "loop launches run back to back.*warm L2"),
+], ids=["launch", "l2", "loop-cold"])
 def test_timing_mode_refuses_unknown_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
         TimingMode(**kwargs)
@@ -106,8 +116,50 @@ def test_an_isolated_sample_is_the_host_clock_from_the_call_to_the_end_of_its_gp
     sampler = _timing._Sampler(False)
     assert sampler.isolated(call, 1) == [pytest.approx(5.0)]
     assert log == ["sync", "clock", "call", "sync", "clock"]
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="not two of them"):
         _timing.time_cuda(call, graph=True, host=True, flush_l2=False)
+    with pytest.raises(ValueError, match="not two of them"):
+        _timing.time_cuda(call, loop=True, host=True, flush_l2=False)
+    with pytest.raises(ValueError, match="take a warm L2"):
+        _timing.time_cuda(call, loop=True, flush_l2=True)
+
+
+@pytest.mark.parametrize("host_ms, gpu_ms, want", [(2.0, 0.5, 2.0), (0.5, 3.0, 3.0)],
+                         ids=["host-bound", "gpu-bound"])
+def test_a_loop_sample_runs_at_the_pace_of_the_slower_of_host_and_gpu(monkeypatch, host_ms,
+                                                                       gpu_ms, want):
+    """``launch="loop"``: calls back to back between two events, nothing ahead of them, so a
+    call costs the host's time where the host is slower and the GPU's where it is (a fake
+    torch: a host clock, and a GPU that runs each call's work once the host enqueued it and
+    the work before it is done; events complete when the GPU reaches them)."""
+    import torch
+
+    from tuner.measure import _timing
+
+    host, gpu = [0.0], [0.0]  # ms: the host's clock, and when the GPU's queue is done
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = max(gpu[0], host[0])
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    def call():
+        host[0] += host_ms
+        gpu[0] = max(gpu[0], host[0]) + gpu_ms
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: host.__setitem__(0, max(host[0],
+                                                                                  gpu[0])))
+    sampler = _timing._Sampler(False)
+    samples = sampler.loop(call, 3, 50)
+    assert len(samples) == 3
+    # the first call of the first sample starts an idle GPU; then the slower side's pace
+    assert samples[-1] == pytest.approx(want, rel=0.02)
+    assert all(s == pytest.approx(want, rel=0.05) for s in samples)
 
 
 # -- the flags ----------------------------------------------------------------------------------
@@ -142,11 +194,25 @@ def test_graph_with_cold_l2_is_refused_on_a_torch_without_in_graph_events(monkey
     assert "no local GPU is sm_90" in one_line(capsys.readouterr().err)
 
 
+def test_loop_timing_runs_on_a_warm_l2_and_refuses_a_cold_one(capsys):
+    """``--timing loop``: its calls run back to back, so the L2 is warm without ``--l2``, and
+    ``--l2 cold`` with it is one line naming both flags."""
+    import argparse
+
+    from tuner.commands.search_cmd import timing_mode
+
+    args = argparse.Namespace(timing="loop", l2=None)
+    assert timing_mode(args) == TimingMode(launch="loop", l2="warm")
+    assert main([*SEARCH, "--timing", "loop", "--l2", "cold"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "--timing loop runs its calls back to back" in line and "drop --l2 cold" in line
+
+
 def test_help_describes_both_flags(capsys):
     with pytest.raises(SystemExit):
         main(["search", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--timing {stream,graph,host}" in text and "--l2 {cold,warm}" in text
+    assert "--timing {stream,graph,host,loop}" in text and "--l2 {cold,warm}" in text
     assert "the host's time counted" in text
     assert "captured into a CUDA graph" in text and "the flush itself not timed" in text
 
@@ -180,7 +246,8 @@ T = Timing(median_ms=1.0, spread_ms=0.01, mean_ms=1.0, min_ms=0.99, samples=30)
 
 @pytest.mark.parametrize("mode", [TimingMode(), TimingMode(launch="graph"),
                                   TimingMode(l2="warm"), TimingMode(launch="graph", l2="warm"),
-                                  TimingMode(launch="host")],
+                                  TimingMode(launch="host"),
+                                  TimingMode(launch="loop", l2="warm")],
                          ids=lambda m: f"{m.launch}-{m.l2}")
 def test_the_gpu_executor_times_in_its_mode(mode, monkeypatch):
     import tuner.measure._timing as timing
@@ -195,7 +262,8 @@ def test_the_gpu_executor_times_in_its_mode(mode, monkeypatch):
     executor = GpuExecutor(_Family(), 0, timing=mode)
     assert executor.measure(PROBLEM, object()).timing == T
     retimed = executor.retime(PROBLEM, {"candidate-0": object()})
-    want = {"graph": mode.graph, "flush_l2": mode.flush_l2, "host": mode.host}
+    want = {"graph": mode.graph, "flush_l2": mode.flush_l2, "host": mode.host,
+            "loop": mode.loop}
     assert calls == [("cuda", want), ("interleaved", {"rounds": 30, **want})]
     assert retimed["candidate-0"] == T and retimed["torch-flash"] == T
     assert retimed["torch-cudnn"].startswith("unavailable: cannot time in a CUDA graph")

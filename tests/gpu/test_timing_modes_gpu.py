@@ -158,3 +158,27 @@ def test_host_timing_counts_the_host_and_stream_timing_does_not():
     host = time_cuda(call, host=True, flush_l2=False, max_samples=20)
     stream = time_cuda(call, flush_l2=False, max_samples=20)
     assert host.median_ms >= 0.08 > 0.04 > stream.median_ms, (host, stream)
+
+
+def test_loop_timing_is_the_pace_of_the_slower_of_host_and_gpu():
+    """``--timing loop``: calls back to back; a call whose host work (80 µs) outlasts its
+    kernel costs the host's time, one whose kernel outlasts its host work the kernel's (a
+    kernel of ~0.3 ms: ``torch.cuda._sleep``), and each mode's neighbour reads as before."""
+    import time
+
+    x = torch.ones(1 << 20, device="cuda")
+
+    def host_bound():
+        until = time.perf_counter() + 80e-6
+        while time.perf_counter() < until:
+            pass
+        x.mul_(1.0)
+
+    def gpu_bound():
+        torch.cuda._sleep(600_000)  # ~0.3 ms at 2 GHz
+    looped = time_cuda(host_bound, loop=True, flush_l2=False, max_samples=20)
+    stream = time_cuda(host_bound, flush_l2=False, max_samples=20)
+    assert looped.median_ms >= 0.08 > 0.04 > stream.median_ms, (looped, stream)
+    kernel = time_cuda(gpu_bound, flush_l2=False, max_samples=20)
+    looped = time_cuda(gpu_bound, loop=True, flush_l2=False, max_samples=20)
+    assert looped.median_ms == pytest.approx(kernel.median_ms, rel=0.1), (looped, kernel)

@@ -72,10 +72,20 @@ class BenchSettings:
     interleave: int = 0
     #: the contenders timed as isolated calls with the host's time counted (``--timing host``)
     host: bool = False
+    #: the contenders timed in loops of calls back to back, the host's time counted, on a warm
+    #: L2 (``--timing loop``)
+    loop: bool = False
 
     def timing_kwargs(self) -> dict[str, Any]:
         """``time_cuda``'s keywords for a contender."""
-        return {**self.ceiling_kwargs(), "host": self.host}
+        return {**self.ceiling_kwargs(), **self.mode_kwargs()}
+
+    def mode_kwargs(self) -> dict[str, Any]:
+        """The timing mode's keywords of ``time_cuda`` and ``time_interleaved`` for a
+        contender (a loop runs on a warm L2)."""
+        if self.loop:
+            return {"host": False, "loop": True, "flush_l2": False}
+        return {"host": self.host}
 
     def ceiling_kwargs(self) -> dict[str, Any]:
         """``time_cuda``'s keywords for a ceiling (the matrix-product and copy rates: GPU
@@ -295,7 +305,7 @@ def measure_point(preset: Preset, problem: Any, contenders: Sequence[str],
         with _failures(lambda reason: [final(n, "unavailable", reason, ready[n][2])
                                        for n in fns]):
             for name, timing in interleaved_fn(fns, rounds=settings.interleave,
-                                               host=settings.host).items():
+                                               **settings.mode_kwargs()).items():
                 timed(name, timing)
     else:
         for name, (run, _, fields) in ready.items():

@@ -147,12 +147,14 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     dec.add_argument("--masks", metavar="LIST", help="none,top-left,bottom-right")
     dec.add_argument("--heads", metavar="LIST", help="H_q/H_kv pairs (default 32/8)")
     timing = parser.add_argument_group("timing")
-    timing.add_argument("--timing", choices=["stream", "host"], default=None,
+    timing.add_argument("--timing", choices=["stream", "host", "loop"], default=None,
                         help="stream: each call's GPU time between two CUDA events, the host "
-                             "running ahead (steady state; default); host: isolated calls "
-                             "from an idle GPU with the host's time counted (the host clock "
-                             "from the call to the end of its GPU work). The ceilings are "
-                             "timed in stream mode either way")
+                             "running ahead (GPU time; default); host: isolated calls from an "
+                             "idle GPU with the host's time counted (the host clock from the "
+                             "call to the end of its GPU work); loop: calls back to back "
+                             "between two CUDA events on a warm L2, the host's time counted "
+                             "where it is slower than the GPU (steady state of a loop of eager "
+                             "calls). The ceilings are timed in stream mode either way")
     timing.add_argument("--samples", metavar="N",
                         help=f"most samples per timing (default {TIMING_DEFAULTS['max_samples']})")
     timing.add_argument("--min-samples", metavar="N",
@@ -209,6 +211,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         interleave=(preset.interleave[quick] if getattr(args, "interleave", None) is None
                     else _non_negative_int("--interleave", args.interleave)),
         host=getattr(args, "timing", None) == "host",
+        loop=getattr(args, "timing", None) == "loop",
     )
     if settings.min_samples > settings.max_samples:
         raise BenchConfigError(f"--min-samples ({settings.min_samples}) must not exceed "

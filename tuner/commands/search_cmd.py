@@ -149,27 +149,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                 "first)")
     timing = parser.add_argument_group(
         "timing (how each candidate is timed: match how the kernel will be deployed)")
-    timing.add_argument("--timing", choices=["stream", "graph", "host"], default=None,
+    timing.add_argument("--timing", choices=["stream", "graph", "host", "loop"], default=None,
                         help="stream: each launch enqueued by the host between two CUDA events "
                              "(default); graph: launches captured into a CUDA graph and "
                              "replayed, as in a model served from CUDA graphs (time per launch "
                              "= replay time / launches); host: an isolated call from an idle "
                              "GPU, the host's time counted (the host clock from the call to "
-                             "the end of its GPU work), for host-bound callers")
+                             "the end of its GPU work), for host-bound callers; loop: calls "
+                             "back to back between two CUDA events, the host's time counted "
+                             "where it is slower than the GPU (steady state of a loop of eager "
+                             "calls; a warm L2)")
     timing.add_argument("--l2", choices=["cold", "warm"], default=None,
                         help="cold: the L2 is flushed (a buffer of at least twice its size "
                              "read) before every timed launch, the flush itself not timed "
-                             "(default); warm: no flush, the inputs stay in L2 from the launch "
-                             "before, as when a kernel runs again on the same tensors")
+                             "(default; --timing loop: warm, its only state); warm: no flush, "
+                             "the inputs stay in L2 from the launch before, as when a kernel "
+                             "runs again on the same tensors")
     add_json_option(parser, "each key's result (and where it was stored)")
 
 
 def timing_mode(args: argparse.Namespace):
     """The ``TimingMode`` of ``--timing`` and ``--l2`` (stream launches, a cold L2 unless
-    given)."""
+    given; loop launches run on a warm L2, and ``--l2 cold`` with them is a UsageError)."""
     from ..measure import TimingMode
 
-    return TimingMode(launch=args.timing or "stream", l2=args.l2 or "cold")
+    launch = args.timing or "stream"
+    if launch == "loop" and args.l2 == "cold":
+        raise UsageError("--timing loop runs its calls back to back, each on the L2 the one "
+                         "before left: drop --l2 cold (its L2 is warm)")
+    return TimingMode(launch=launch, l2=args.l2 or ("warm" if launch == "loop" else "cold"))
 
 
 def select_device(arch: str, index: int | None = None):

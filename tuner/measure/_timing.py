@@ -15,7 +15,10 @@ A :class:`TimingMode` says how a launch is timed, to match how the kernel will b
 CUDA graphs: no host launch path, back-to-back kernels) or ``"host"`` (an isolated call from an
 idle GPU with the host's time counted: the GPU drained, then the host clock from the call to
 the end of its GPU work, ``torch.cuda.synchronize``; what one call costs a host-bound caller,
-which the other two modes leave out), and ``l2="cold"`` (the flush above before every timed
+which the other two modes leave out) or ``"loop"`` (steady state with the host's time counted:
+calls back to back between two events, no flush and no spin ahead of them, so a host slower
+than the GPU sets the pace, as in a training or serving loop of eager calls; a warm L2 only),
+and ``l2="cold"`` (the flush above before every timed
 launch: inputs come from DRAM) or ``"warm"`` (no flush: inputs stay L2-resident from the
 previous launch, as when a kernel runs again on the same tensors).
 
@@ -58,7 +61,7 @@ _GRAPH_REPLAY_MS = 1.0
 #: ... and at most this many
 _GRAPH_MAX_LAUNCHES = 64
 
-LAUNCHES = ("stream", "graph", "host")
+LAUNCHES = ("stream", "graph", "host", "loop")
 L2_STATES = ("cold", "warm")
 #: the tie rule's floor: medians closer than this share of the faster one are a tie
 TIE_REL_FLOOR = 0.01
@@ -66,7 +69,8 @@ TIE_REL_FLOOR = 0.01
 
 @dataclass(frozen=True, kw_only=True)
 class TimingMode:
-    """How a launch is timed: ``launch`` "stream" or "graph", ``l2`` "cold" or "warm"."""
+    """How a launch is timed: ``launch`` one of :data:`LAUNCHES`, ``l2`` "cold" or "warm"
+    (``"loop"`` runs its calls back to back: a warm L2 only)."""
 
     launch: str = "stream"
     l2: str = "cold"
@@ -78,6 +82,9 @@ class TimingMode:
         if self.l2 not in L2_STATES:
             raise TunerValueError(f"timing L2 state must be one of {', '.join(L2_STATES)}; got "
                                   f"{self.l2!r}")
+        if self.loop and self.flush_l2:
+            raise TunerValueError("loop launches run back to back, each on the L2 the one "
+                                  "before left: they take a warm L2 (l2='warm'), not a cold one")
 
     @property
     def graph(self) -> bool:
@@ -88,12 +95,17 @@ class TimingMode:
         return self.launch == "host"
 
     @property
+    def loop(self) -> bool:
+        return self.launch == "loop"
+
+    @property
     def flush_l2(self) -> bool:
         return self.l2 == "cold"
 
     def timing_kwargs(self) -> dict[str, bool]:
         """The keywords of :func:`time_cuda` and :func:`time_interleaved` for this mode."""
-        return {"graph": self.graph, "flush_l2": self.flush_l2, "host": self.host}
+        return {"graph": self.graph, "flush_l2": self.flush_l2, "host": self.host,
+                "loop": self.loop}
 
     def to_dict(self) -> dict[str, str]:
         return {"launch": self.launch, "l2": self.l2}
@@ -109,6 +121,8 @@ class TimingMode:
         """E.g. ``stream launches, cold L2``: what the command-line flags say."""
         if self.host:
             return f"isolated calls with host time, {self.l2} L2"
+        if self.loop:
+            return "back-to-back calls with host time, warm L2"
         return f"{self.launch} launches, {self.l2} L2"
 
 
@@ -222,6 +236,24 @@ class _Sampler:
         self._torch.cuda.synchronize()
         return [start.elapsed_time(end) for start, end in events]
 
+    def loop(self, fn: Callable[[], object], count: int, calls: int) -> list[float]:
+        """``count`` samples of ``calls`` calls back to back between two events (ms a call),
+        neither flush nor spin ahead of them, the samples one after another and one
+        synchronisation at the end: the GPU's pace, or the host's where it is slower (module
+        docstring: loop)."""
+        torch = self._torch
+        events = []
+        for _ in range(count):
+            start, end = (torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True))
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / calls for start, end in events]
+
     def isolated(self, fn: Callable[[], object], count: int) -> list[float]:
         """``count`` samples of one call from an idle GPU, host time counted: flush, drain the
         GPU, then the host clock (ms) from the call until its GPU work has finished."""
@@ -315,12 +347,16 @@ def _launches(single_ms: float) -> int:
     return max(1, min(_GRAPH_MAX_LAUNCHES, math.ceil(_GRAPH_REPLAY_MS / single_ms)))
 
 
-def _check_mode(graph: bool, flush_l2: bool, host: bool = False) -> None:
-    """Refuse a timing mode that cannot be: graph and host launches together, or graph
-    launches with a cold L2 on a torch without in-graph event records."""
-    if graph and host:
-        raise TunerValueError("a launch is timed from a graph or as an isolated call with "
-                              "host time, not both")
+def _check_mode(graph: bool, flush_l2: bool, host: bool = False, loop: bool = False) -> None:
+    """Refuse a timing mode that cannot be: two of graph, host and loop launches together, loop
+    launches with a cold L2, or graph launches with a cold L2 on a torch without in-graph event
+    records."""
+    if graph + host + loop > 1:
+        raise TunerValueError("a launch is timed from a graph, as an isolated call with host "
+                              "time or in a loop of calls, not two of them")
+    if loop and flush_l2:
+        raise TunerValueError("loop launches run back to back: they take a warm L2 "
+                              "(flush_l2=False)")
     if graph and flush_l2:
         why = graph_cold_unsupported()
         if why is not None:
@@ -329,14 +365,16 @@ def _check_mode(graph: bool, flush_l2: bool, host: bool = False) -> None:
 
 def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples: int = 10,
               max_samples: int = 200, max_seconds: float = 2.0, rel_precision: float = 0.01,
-              flush_l2: bool = True, graph: bool = False, host: bool = False) -> Timing:
+              flush_l2: bool = True, graph: bool = False, host: bool = False,
+              loop: bool = False) -> Timing:
     """Time ``fn`` (which enqueues GPU work on torch's current stream). ``flush_l2``: a cold
     L2 before every launch; ``graph``: launches replayed from a CUDA graph (module docstring;
     :class:`GraphCaptureError` when ``fn`` cannot be captured); ``host``: isolated calls with
-    the host's time counted."""
+    the host's time counted; ``loop``: calls back to back with the host's time counted (a
+    sample of about a millisecond of GPU time, per call)."""
     import torch
 
-    _check_mode(graph, flush_l2, host)
+    _check_mode(graph, flush_l2, host, loop)
     sampler = _Sampler(flush_l2)
     fn()
     torch.cuda.synchronize()
@@ -351,6 +389,10 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples:
         per_take = captured.launches if flush_l2 else 1  # samples one replay gives
     elif host:
         take = lambda count: sampler.isolated(fn, count)  # noqa: E731
+        per_take = 1
+    elif loop:
+        calls = _launches(statistics.median(warm or sampler.batch(fn, 3)))
+        take = lambda count: sampler.loop(fn, count, calls)  # noqa: E731
         per_take = 1
     else:
         take = lambda count: sampler.batch(fn, count)  # noqa: E731
@@ -370,8 +412,8 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples:
 
 
 def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 30,
-                     flush_l2: bool = True, graph: bool = False,
-                     host: bool = False) -> dict[str, Timing | str]:
+                     flush_l2: bool = True, graph: bool = False, host: bool = False,
+                     loop: bool = False) -> dict[str, Timing | str]:
     """Time every contender once per round, in rotating order; median per contender.
 
     All rounds are enqueued before the one synchronisation, so the host runs ahead of the GPU
@@ -384,21 +426,24 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 3
     has ``rounds`` samples. A contender that cannot be captured maps to the reason, a string.
 
     With ``host`` each sample is an isolated call with the host's time counted (module
-    docstring), the contenders in rotating order round by round.
+    docstring), the contenders in rotating order round by round; with ``loop`` a sample is
+    about a millisecond (of GPU time) of calls back to back, host time counted, per call.
     """
     import torch
 
-    _check_mode(graph, flush_l2, host)
+    _check_mode(graph, flush_l2, host, loop)
     sampler = _Sampler(flush_l2)
     names = list(fns)
     warm = {name: sampler.batch(fns[name], 3) for name in names}  # warm-up
     if graph:
         return _interleaved_graphs(sampler, fns, warm, rounds, flush_l2)
-    if host:
+    if host or loop:
+        calls = {name: _launches(statistics.median(warm[name])) for name in names}
         samples: dict[str, list[float]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                samples[name] += sampler.isolated(fns[name], 1)
+                samples[name] += (sampler.loop(fns[name], 1, calls[name]) if loop
+                                  else sampler.isolated(fns[name], 1))
         return {name: summarize(samples[name]) for name in names}
     events: dict[str, list] = {name: [] for name in names}
     for r in range(rounds):
