@@ -142,10 +142,8 @@ def test_search_with_graph_timing_records_its_mode(tmp_path, capsys):
     assert "crash" not in key["failures"], key["failures"]
 
 
-def test_host_timing_counts_the_host_and_stream_timing_does_not():
-    """``--timing host``: an isolated call's host work (here 80 µs of busy host time before a
-    short kernel) is in its time; stream timing, whose spin ahead of each sample (~0.2 ms)
-    outlasts that host work, sees the kernel alone."""
+def _host_bound_call():
+    """A call of 80 µs of busy host time before a short kernel."""
     import time
 
     x = torch.ones(1 << 20, device="cuda")
@@ -155,6 +153,14 @@ def test_host_timing_counts_the_host_and_stream_timing_does_not():
         while time.perf_counter() < until:
             pass
         x.mul_(1.0)
+    return call
+
+
+def test_host_timing_counts_the_host_and_stream_timing_does_not():
+    """``--timing host``: an isolated call's host work (here 80 µs of busy host time before a
+    short kernel) is in its time; stream timing, whose spin ahead of each sample (~0.2 ms)
+    outlasts that host work, sees the kernel alone."""
+    call = _host_bound_call()
     host = time_cuda(call, host=True, flush_l2=False, max_samples=20)
     stream = time_cuda(call, flush_l2=False, max_samples=20)
     assert host.median_ms >= 0.08 > 0.04 > stream.median_ms, (host, stream)
@@ -164,15 +170,7 @@ def test_loop_timing_is_the_pace_of_the_slower_of_host_and_gpu():
     """``--timing loop``: calls back to back; a call whose host work (80 µs) outlasts its
     kernel costs the host's time, one whose kernel outlasts its host work the kernel's (a
     kernel of ~0.3 ms: ``torch.cuda._sleep``), and each mode's neighbour reads as before."""
-    import time
-
-    x = torch.ones(1 << 20, device="cuda")
-
-    def host_bound():
-        until = time.perf_counter() + 80e-6
-        while time.perf_counter() < until:
-            pass
-        x.mul_(1.0)
+    host_bound = _host_bound_call()
 
     def gpu_bound():
         torch.cuda._sleep(600_000)  # ~0.3 ms at 2 GHz
