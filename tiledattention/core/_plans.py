@@ -54,7 +54,7 @@ def bind_torch() -> None:
 def layouts(*arrays: Any) -> tuple:
     """The shapes, strides, dtypes and devices of torch tensors: their part of a warm-path key
     (raises ``AttributeError`` for arrays of another kind)."""
-    return tuple((x.shape, x.stride(), x.dtype, x.get_device()) for x in arrays)
+    return tuple([(x.shape, x.stride(), x.dtype, x.get_device()) for x in arrays])
 
 
 def kept_plan(runtime: Any, tag: str, family: Any, shape: Any, device: int, scale: Any,

@@ -75,9 +75,8 @@ def _signature(operation: str, q: Any, k: Any, v: Any, causal: Any, scale: Any,
     unhashable argument, which always validate)."""
     try:
         window, softcap, sinks = variant
-        key = (operation, q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(),
-               k.dtype, k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), causal,
-               causal.__class__, scale, scale.__class__, schedule)
+        key = (operation, hot.layouts(q, k, v), causal, causal.__class__, scale,
+               scale.__class__, schedule)
         if window is not None or softcap is not None or sinks is not None:
             key = (key, window, window.__class__, softcap, softcap.__class__,
                    None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype,

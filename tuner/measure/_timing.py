@@ -341,7 +341,8 @@ class _Graph:
 
 
 def _launches(single_ms: float) -> int:
-    """Launches per graph so that a replay takes about ``_GRAPH_REPLAY_MS``."""
+    """Launches per graph so that a replay takes about ``_GRAPH_REPLAY_MS`` (and calls per
+    loop sample, which takes as long where the GPU sets the pace)."""
     if not single_ms > 0:
         return _GRAPH_MAX_LAUNCHES
     return max(1, min(_GRAPH_MAX_LAUNCHES, math.ceil(_GRAPH_REPLAY_MS / single_ms)))
@@ -438,12 +439,15 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 3
     if graph:
         return _interleaved_graphs(sampler, fns, warm, rounds, flush_l2)
     if host or loop:
-        calls = {name: _launches(statistics.median(warm[name])) for name in names}
+        if loop:
+            calls = {name: _launches(statistics.median(warm[name])) for name in names}
+            take = lambda name: sampler.loop(fns[name], 1, calls[name])  # noqa: E731
+        else:
+            take = lambda name: sampler.isolated(fns[name], 1)  # noqa: E731
         samples: dict[str, list[float]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                samples[name] += (sampler.loop(fns[name], 1, calls[name]) if loop
-                                  else sampler.isolated(fns[name], 1))
+                samples[name] += take(name)
         return {name: summarize(samples[name]) for name in names}
     events: dict[str, list] = {name: [] for name in names}
     for r in range(rounds):
