@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tiledattention import FORWARD, Problem, Schedule
 from tiledattention.kernels.forward import head_dim_parts
-from tiledattention.tooling import array_itemsize
+from tiledattention.tooling import FP8_DTYPES, array_itemsize
 
 from ._space import (FamilySpace, SearchSpace, arch_limits, register_space,
                      smem_infeasibility)
@@ -43,6 +43,15 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     elif "split_d" not in space.choices:  # a space that does not search it: split (the default)
         space = SearchSpace(space.arch, space.choices, space.base.replace(split_d=True),
                             space.infeasibility)
+    if problem.dtype in FP8_DTYPES and "tile_n" in space.choices:
+        # FP8: half the bytes a key: 256-key steps fit (the sm_90 default's at D <= 128), and
+        # P·V in bf16 is a choice of accuracy over speed
+        choices = dict(space.choices)
+        choices["tile_n"] = tuple(sorted({*choices["tile_n"], 256}))
+        choices["pv_wide"] = (False, True)
+        space = SearchSpace(space.arch, choices, space.base, space.infeasibility)
+    elif "pv_wide" in space.choices:
+        space = space.without("pv_wide")
     if problem.causal:
         # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases on an
         # H100, equal in one: a static round-robin over tiles of unequal length leaves SMs idle

@@ -7,13 +7,14 @@ restamping compares, and what an ahead-of-time build of cubin bundles needs (``c
 builds, a kernel's name and calling convention, the bundle writer) and measures (the launches
 a call makes, the signatures shipped cubins served)."""
 
-from .core._case import AttentionCase, paged_flops, paged_lengths, ragged_lengths, torch_sdpa_kwargs
+from .core._case import (AttentionCase, dequantise_fp8, paged_flops, paged_lengths, quantise_fp8,
+                         ragged_lengths, torch_sdpa_kwargs)
 from .core._aot import (launch_path, recording as recording_launches, reset as forget_shipped_cubins,
                         served as served_from_bundles)
 from .core._bundles import PACKAGE_BUNDLES, kernel_name, param_specs, write_bundle
 from .core._compile import SM_COUNTS, capturing, check_arch, generation
 from .core._cubin import kernel_symbol, text_digest, without_ptx_text
-from .core._dtypes import array_itemsize
+from .core._dtypes import FP8_DTYPES, array_itemsize
 from .core._family import codecs, serving
 from .core._lookup import Resolver, pick
 from .core._problem import page_tile
@@ -25,7 +26,8 @@ from .core._runtime import Runtime
 from .core._settings import cubin_cache, simulated_database_location
 from .entry_points._ragged_fill import compile_clear as compile_ragged_clear
 
-__all__ = ["AttentionCase", "PACKAGE_BUNDLES", "Provenance",
+__all__ = ["AttentionCase", "FP8_DTYPES", "PACKAGE_BUNDLES", "Provenance", "dequantise_fp8",
+           "quantise_fp8",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
            "capturing", "compile_ragged_clear", "cubin_cache", "forget_shipped_cubins", "kernel_name",
            "kernel_symbol", "launch_path", "module_identity", "param_specs", "recording_launches", "served_from_bundles",

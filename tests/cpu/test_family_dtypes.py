@@ -1,7 +1,7 @@
 """A family declares its input dtypes once (``Family.tolerances``) and dispatch refuses it a
 problem of any other, with the reason, for every family at once (``Family.accepts``);
-``explain`` shows the refusal. A dtype declared by one family only stands in for a new one
-(FP8 of the forward: decode and backward must refuse it)."""
+``explain`` shows the refusal. FP8 inputs are declared by the forward only (decode and
+backward refuse them; decode reads an FP8 cache under 16-bit queries)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,12 @@ STEP = dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=30000, head_di
 
 
 def test_each_family_declares_the_dtypes_it_takes():
-    for family in (FORWARD, DECODE, BACKWARD):
-        assert family.dtypes == tuple(family.tolerances) == DTYPES
+    """The forward takes every dtype (FP8 inputs too); decode and backward the 16-bit ones
+    (decode reads an FP8 cache under them: ``kv_dtypes``)."""
+    assert FORWARD.dtypes == tuple(FORWARD.tolerances) == DTYPES
+    for family in (DECODE, BACKWARD):
+        assert family.dtypes == tuple(family.tolerances) == ("bf16", "fp16")
+    assert (DECODE.kv_dtypes, BACKWARD.kv_dtypes, FORWARD.kv_dtypes) == (("e4m3",), (), ())
 
 
 @pytest.fixture
@@ -88,9 +92,9 @@ def test_a_registered_family_is_refused_the_dtypes_it_does_not_declare():
 def test_a_family_declaring_an_unknown_dtype_is_not_registered():
     class Fp8(_Fp16Only):
         name = "fp8_toy"
-        tolerances = {"fp8_e4m3": 0.1}
+        tolerances = {"fp8_e5m2": 0.1}
 
     with pytest.raises(InputValueError, match=r"fp8_toy's tolerances must name dtypes among "
-                                              r"\('bf16', 'fp16'\).*got \['fp8_e4m3'\]"):
+                                              r"\('bf16', 'fp16', 'e4m3'\).*got \['fp8_e5m2'\]"):
         tiledattention.register_family(Fp8())
     assert "fp8_toy" not in [f.name for f in tiledattention.families()]

@@ -48,8 +48,9 @@ ALL = _problem(seqlen_q=700, causal=True, bottom_right=True, window_left=128, so
 
 # -- (a) launcher logic ----------------------------------------------------------------------------
 def test_variant_values_are_the_last_runtime_parameters_after_lse():
-    assert RUNTIME_PARAMETERS[-8:] == ("Lse", "window_left", "window_right", "softcap", "Sinks",
-                                       "Ranges", "Work", "Pages")
+    assert RUNTIME_PARAMETERS[-11:] == ("Lse", "window_left", "window_right", "softcap", "Sinks",
+                                        "Ranges", "Work", "Pages", "QDescale", "KDescale",
+                                        "VDescale")
     names = kernel_parameters()
     assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
 

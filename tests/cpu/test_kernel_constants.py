@@ -83,14 +83,14 @@ def test_parameters_are_read_from_the_kernel_function():
     assert kernel_parameters() == names
     assert names[:len(RUNTIME_PARAMETERS)] == RUNTIME_PARAMETERS
     upper = {n for n in names if n.isupper() and n not in RUNTIME_PARAMETERS}
-    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 28
+    assert set(kernel_constants(FULL, BASE)) == upper and len(upper) == 31
 
 
 def test_values_land_on_their_parameters_whatever_the_mapping_order():
     runtime = {"Q": "q", "K": "k", "V": "v", "Out": "out", "qk_scale": 0.5, "heads_q": 2,
                "group": 2, "Lse": "lse", "window_left": "wl", "window_right": "wr",
                "softcap": "cap", "Sinks": "sinks", "Ranges": "ranges", "Work": "work",
-               "Pages": "pages"}
+               "Pages": "pages", "QDescale": "qd", "KDescale": "kd", "VDescale": "vd"}
     constants = kernel_constants(CAUSAL, BASE.replace(exp2=True))
     # EXP2 and APPROX_DIV differ; give them in swapped insertion order, and everything reversed
     swapped = dict(constants)
@@ -147,8 +147,9 @@ def test_runtime_values_and_constants_in_kernel_args():
     s = BASE.replace(k_latency=3, tile_n=32)
     args = kernel_args("q", "k", "v", "o", CAUSAL, s, 0.125)
     assert args[:8] == ("q", "k", "v", "o", 0.125, 2, 2, NO_LSE)
-    assert args[8:15] == (UNUSED,) * 7  # no window, softcap, sinks, ranges, work table, pages
-    assert args[15:] == constant_args(CAUSAL, s)
+    # no window, softcap, sinks, ranges, work table, pages, descale factors
+    assert args[8:18] == (UNUSED,) * 10
+    assert args[18:] == constant_args(CAUSAL, s)
     named = dict(zip(kernel_parameters(), args))
     assert (named["TILE_M"], named["TILE_N"], named["TILE_D"], named["K_LATENCY"],
             named["V_LATENCY"], named["EVEN_K"]) == (64, 32, 64, 3, 0, True)
@@ -463,9 +464,9 @@ def test_one_entry_per_kernel_and_launchers_import_them_statically(module, entri
 def test_one_kernel_entry_with_the_log_sum_exp_a_constant():
     names = kernel_parameters()
     assert "Lse" in names and "STORE_LSE" in names
-    # only the variants' and the ragged batch's values (zero bytes when unused) follow Lse:
-    # the plain forward keeps its parameter offsets
-    assert names.index("Lse") == len(RUNTIME_PARAMETERS) - 8
+    # only the variants', the ragged batch's and FP8's values (zero bytes when unused) follow
+    # Lse: the plain forward keeps its parameter offsets
+    assert names.index("Lse") == len(RUNTIME_PARAMETERS) - 11
     assert kernel_constants(CAUSAL, BASE)["STORE_LSE"] is False
     assert kernel_constants(CAUSAL, BASE, store_lse=True)["STORE_LSE"] is True
 

@@ -150,8 +150,8 @@ def test_launch_plan_carries_the_arguments_kernel_args_defines(monkeypatch):
     assert plan.grid == (3, 16, 1)  # ceil(300 / 128) query tiles, B * H_q
     assert plan.out_shape == (2, 8, 300, 64)
     assert plan.scalars[:3] == (1 / math.sqrt(64), 8, 4)  # scale, heads_q, group size
-    # no log-sum-exp, no window, softcap or sinks
-    assert plan.scalars[3:] == (NO_LSE, *(UNUSED,) * 7, *constant_args(p, schedule))
+    # no log-sum-exp, no window, softcap, sinks, ranges, work table, pages or descales
+    assert plan.scalars[3:] == (NO_LSE, *(UNUSED,) * 10, *constant_args(p, schedule))
 
     def grid(problem, schedule):
         return plan_for(problem, schedule).grid
@@ -194,5 +194,5 @@ def test_launch_plan_uses_the_resolved_schedule_normalised(monkeypatch):
     assert asked == [(FORWARD, p, device)]
     assert FORWARD.normalise(p, resolved) == Schedule(tile_m=128, tile_n=64)  # not causal
     assert plan.grid == (3, 16, 1)  # unpaired
-    assert plan.scalars[3:] == (NO_LSE, *(UNUSED,) * 7,
+    assert plan.scalars[3:] == (NO_LSE, *(UNUSED,) * 10,
                                 *constant_args(p, FORWARD.normalise(p, resolved)))

@@ -6,13 +6,35 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from ._dtypes import torch_dtype
+from ._dtypes import FP8_DTYPES, element, torch_dtype
 from ._family import Case
 from ._reference import attention_reference, visible_keys
 from ..errors import UnsupportedOperationError
 
 __all__ = ["AttentionCase", "RaggedCase", "ragged_flops", "ragged_lengths",
-           "torch_sdpa_kwargs"]
+           "torch_sdpa_kwargs", "quantise_fp8", "dequantise_fp8"]
+
+#: The largest finite float8_e4m3fn value.
+E4M3_MAX = 448.0
+
+
+def quantise_fp8(x: Any, heads_kv: int) -> tuple[Any, Any]:
+    """``x`` (``[B, H, S, D]``, H a multiple of ``heads_kv``) as float8_e4m3fn values and their
+    float32 ``[B, H_kv]`` descale factors: each (batch, K/V head group)'s largest magnitude
+    maps to e4m3's largest value (the per-head convention of FlashAttention-3 and cuDNN)."""
+    import torch
+
+    b, h = x.shape[:2]
+    amax = x.float().abs().reshape(b, heads_kv, -1).amax(-1).clamp(min=1e-12)
+    descale = (amax / E4M3_MAX).contiguous()
+    scaled = x.float() / descale.repeat_interleave(h // heads_kv, 1)[:, :, None, None]
+    return scaled.to(torch.float8_e4m3fn), descale
+
+
+def dequantise_fp8(x: Any, descale: Any) -> Any:
+    """The float32 values that e4m3 ``x`` and its ``[B, H_kv]`` ``descale`` stand for."""
+    group = x.shape[1] // descale.shape[1]
+    return x.float() * descale.repeat_interleave(group, 1)[:, :, None, None]
 
 
 def torch_sdpa_kwargs(problem: Any) -> dict[str, Any]:
@@ -77,15 +99,32 @@ class AttentionCase(Case):
             return torch.randn(problem.batch, heads, seqlen, problem.head_dim, dtype=dtype,
                                device="cuda", generator=gen)
 
+        # FP8 inputs (or an FP8 K/V cache): the float32 [B, H_kv] descale factors of q, k,
+        # v (q's ones for 16-bit queries)
+        self.descales = None
+        if problem.dtype in FP8_DTYPES:
+            dtype = torch.bfloat16  # drawn in bf16, then quantised
         self.q = rand(problem.heads_q, problem.seqlen_q)
         self.k = rand(problem.heads_kv, problem.seqlen_k)
         self.v = rand(problem.heads_kv, problem.seqlen_k)
+        quantised = (self.q, self.k, self.v) if problem.dtype in FP8_DTYPES else \
+            (self.k, self.v) if problem.kv_dtype else ()
+        if quantised:
+            factors = [quantise_fp8(x, problem.heads_kv) for x in quantised]
+            if len(factors) == 2:  # 16-bit queries: no factor of their own
+                factors.insert(0, (self.q, torch.ones(problem.batch, problem.heads_kv,
+                                                      device="cuda")))
+            (self.q, q_d), (self.k, k_d), (self.v, v_d) = factors
+            self.descales = (q_d, k_d, v_d)
         # sink logits of the size of the scores' row maxima, so they weigh in the softmax
         self.sinks = (torch.randn(problem.heads_q, device="cuda", generator=gen) + 2.0
                       if problem.sinks else None)
-        self.reference = attention_reference(self.q, self.k, self.v, problem,
-                                             sinks=self.sinks)
-        self.out = torch.empty_like(self.q)
+        # FP8: against the dequantised inputs (what the kernel is asked to compute)
+        q, k, v = (self.q, self.k, self.v) if self.descales is None else (
+            dequantise_fp8(x, d) for x, d in zip((self.q, self.k, self.v), self.descales))
+        self.reference = attention_reference(q, k, v, problem, sinks=self.sinks)
+        self.out = torch.empty(self.q.shape, device="cuda",
+                               dtype=torch_dtype(element(problem.dtype).output_name))
 
     def error(self, run: Callable[[], None]) -> float:
         return poisoned_error(self.out, self.reference, run)
@@ -98,8 +137,8 @@ class AttentionCase(Case):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         q, k, v = self.q, self.k, self.v
-        if self.problem.softcap > 0 or self.problem.sinks:
-            return {}
+        if self.problem.softcap > 0 or self.problem.sinks or self.descales is not None:
+            return {}  # (torch's SDPA takes no FP8 inputs either)
         kwargs = torch_sdpa_kwargs(self.problem)
 
         def backend(which: SDPBackend) -> Callable[[], Any]:

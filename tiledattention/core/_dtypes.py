@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import InputTypeError, UnsupportedProblemError
 
-__all__ = ["Element", "ELEMENTS", "DTYPES", "element", "dtype_of", "torch_dtype",
+__all__ = ["Element", "ELEMENTS", "DTYPES", "FP8_DTYPES", "element", "dtype_of", "torch_dtype",
            "array_itemsize"]
 
 
@@ -23,21 +23,32 @@ __all__ = ["Element", "ELEMENTS", "DTYPES", "element", "dtype_of", "torch_dtype"
 class Element:
     """One input dtype: ``name`` (short: ``"bf16"``), ``torch`` (the attribute of ``torch``
     and of ``cuda.tile``: ``"bfloat16"``), ``cupy`` (CuPy's dtype name, ``None`` where CuPy
-    has none) and ``itemsize`` in bytes."""
+    has none), ``itemsize`` in bytes, and ``output``: the short name of the dtype attention's
+    output has for these inputs (``None``: the inputs' own)."""
 
     name: str
     torch: str
     cupy: str | None
     itemsize: int
+    output: str | None = None
+
+    @property
+    def output_name(self) -> str:
+        """The short name of the output's dtype."""
+        return self.output or self.name
 
 
 #: The input dtypes, in the order the command line lists them (the first is its default).
 ELEMENTS: dict[str, Element] = {e.name: e for e in (
     Element(name="bf16", torch="bfloat16", cupy=None, itemsize=2),  # CuPy has no bfloat16
     Element(name="fp16", torch="float16", cupy="float16", itemsize=2),
+    # FP8 attention (Hopper and later): e4m3 inputs with descale factors, a bf16 output
+    Element(name="e4m3", torch="float8_e4m3fn", cupy=None, itemsize=1, output="bf16"),
 )}
 #: Short dtype names used in keys, files and on the command line.
 DTYPES = tuple(ELEMENTS)
+#: The 8-bit float dtypes: inputs that come with descale factors (``q_descale``, ...).
+FP8_DTYPES = ("e4m3",)
 #: The other arrays the kernels read or write (statistics, offsets), for compile-only builds.
 _AUXILIARY = {"fp32": Element(name="fp32", torch="float32", cupy="float32", itemsize=4),
               "int32": Element(name="int32", torch="int32", cupy="int32", itemsize=4)}
@@ -53,19 +64,21 @@ def element(name: str) -> Element:
     return found
 
 
-def _names(kind: str) -> str:
-    names = [getattr(e, kind) for e in ELEMENTS.values() if getattr(e, kind)]
+def _names(kind: str, fp8: bool) -> str:
+    names = [getattr(e, kind) for e in ELEMENTS.values()
+             if getattr(e, kind) and (fp8 or e.name not in FP8_DTYPES)]
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
-def dtype_of(name: str, x: Any, kind: str = "torch") -> str:
+def dtype_of(name: str, x: Any, kind: str = "torch", fp8: bool = False) -> str:
     """The short name of array ``x``'s dtype (``kind``: ``"torch"`` or ``"cupy"``); an
-    :class:`InputTypeError` naming the argument ``name`` when no family takes it."""
+    :class:`InputTypeError` naming the argument ``name`` when no family takes it, or (without
+    ``fp8``: an entry point that takes no FP8 inputs) when it is an FP8 dtype."""
     dtype = str(x.dtype)
     found = _BY_LIBRARY_NAME.get((kind, dtype.rsplit(".", 1)[-1]))
-    if found is None:
+    if found is None or (found in FP8_DTYPES and not fp8):
         hint = " (cast with .to(torch.bfloat16))" if kind == "torch" else ""
-        raise InputTypeError(f"{name} must be {_names(kind)}; got {dtype}{hint}")
+        raise InputTypeError(f"{name} must be {_names(kind, fp8)}; got {dtype}{hint}")
     return found
 
 

@@ -17,7 +17,7 @@ import db
 
 from ._call import Call
 from ._compile import CompileResult
-from ._dtypes import DTYPES
+from ._dtypes import DTYPES, FP8_DTYPES
 from ._identity import module_identity
 from ..errors import (InputTypeError, InputValueError, UnknownFamilyError,
                       UnsupportedOperationError, UnsupportedProblemError)
@@ -55,6 +55,23 @@ def _log2_apart(a: Any, b: Any, names: tuple[str, ...]) -> float:
     """|log2 prod(a.names) - log2 prod(b.names)|: how far two problems are on one term."""
     return abs(math.log2(math.prod(getattr(a, n) for n in names))
                - math.log2(math.prod(getattr(b, n) for n in names)))
+
+
+#: GPU generations without FP8 in cuda-tile ("float8_e4m3fn is not supported on sm_89":
+#: export_kernel for sm_80, sm_86 and sm_89, cuda-tile 1.7.0).
+NO_FP8_GENERATIONS = ("ampere", "ada")
+
+
+def arch_dtype_refusal(arch: str, problem: Any) -> str | None:
+    """Why ``arch`` cannot run ``problem``'s element types, or ``None``: FP8 inputs or an FP8
+    K/V cache need Hopper or later."""
+    from ._compile import generation
+
+    fp8 = problem.dtype in FP8_DTYPES or getattr(problem, "kv_dtype", "")
+    if fp8 and generation(arch) in NO_FP8_GENERATIONS:
+        return (f"FP8 attention needs sm_90 or later (cuda-tile has no float8_e4m3fn before "
+                f"Hopper); got {arch} for {problem.describe()}")
+    return None
 
 
 class Family(abc.ABC):
@@ -100,6 +117,9 @@ class Family(abc.ABC):
     #: names; dispatch refuses a problem of another dtype (:meth:`dtype_refusal`), and
     #: :meth:`tolerance` reads its bound here.
     tolerances: ClassVar[Mapping[str, float]] = {}
+    #: The FP8 dtypes the family reads K and V in under 16-bit queries (``Problem.kv_dtype``:
+    #: an FP8 K/V cache), their tolerance the queries' dtype's.
+    kv_dtypes: ClassVar[tuple[str, ...]] = ()
 
     def __repr__(self) -> str:
         return f"<kernel family {self.name!r}>"
@@ -210,12 +230,17 @@ class Family(abc.ABC):
 
     def dtype_refusal(self, problem: Any) -> str | None:
         """Why this family cannot take ``problem``'s dtype (one outside its declared
-        ``tolerances``), or ``None``."""
+        ``tolerances``) or its K/V cache's (``kv_dtype``, outside ``kv_dtypes``), or
+        ``None``."""
         dtype = problem.dtype
-        if dtype in self.tolerances:
-            return None
-        return (f"the {self.name} family takes dtype {' or '.join(self.dtypes) or 'none'}; "
-                f"got {dtype} ({problem.describe()})")
+        if dtype not in self.tolerances:
+            return (f"the {self.name} family takes dtype {' or '.join(self.dtypes) or 'none'}; "
+                    f"got {dtype} ({problem.describe()})")
+        kv_dtype = getattr(problem, "kv_dtype", "")
+        if kv_dtype and kv_dtype not in self.kv_dtypes:
+            return (f"the {self.name} family reads K and V in the queries' dtype only; got a "
+                    f"{kv_dtype} cache ({problem.describe()})")
+        return None
 
     def check_dtype(self, problem: Any) -> None:
         """Raise an :class:`UnsupportedProblemError` with :meth:`dtype_refusal`'s reason."""
@@ -249,13 +274,23 @@ class Family(abc.ABC):
 
     def accepts(self, arch: str, problem: Any) -> bool:
         """Whether dispatch gives ``problem`` on ``arch`` to this family: a dtype it declares
-        (:meth:`dtype_refusal`, once for every family) and its own predicate, :meth:`takes`."""
-        return self.dtype_refusal(problem) is None and self.takes(arch, problem)
+        (:meth:`dtype_refusal`, once for every family) that ``arch`` has
+        (:func:`arch_dtype_refusal`) and its own predicate, :meth:`takes`."""
+        return (self.dtype_refusal(problem) is None
+                and arch_dtype_refusal(arch, problem) is None and self.takes(arch, problem))
 
     def why_accepted(self, arch: str, problem: Any) -> str:
         """Why :meth:`accepts` decided as it did, in words (``explain``): the dtype refusal,
         or the family's own reason (:meth:`why_taken`)."""
-        return self.dtype_refusal(problem) or self.why_taken(arch, problem)
+        return (self.dtype_refusal(problem) or arch_dtype_refusal(arch, problem)
+                or self.why_taken(arch, problem))
+
+    def check_arch_dtype(self, arch: str, problem: Any) -> None:
+        """Raise an :class:`UnsupportedProblemError` with :func:`arch_dtype_refusal`'s reason
+        (the compile-only builds of an FP8 problem for an architecture without FP8)."""
+        why = arch_dtype_refusal(arch, problem)
+        if why is not None:
+            raise UnsupportedProblemError(why)
 
     def pages_refusal(self, problem: Any) -> str | None:
         """Why this family cannot run ``problem``'s paged cache, or ``None``."""
@@ -324,6 +359,17 @@ class Family(abc.ABC):
         ``problem.sinks``; ``ragged``: the call's ``tiledattention.core._ragged.RaggedLayout``
         when ``problem.ragged`` (``lse`` may then be ``None``: a forward that keeps none)."""
         raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
+
+    def forward_fp8(self, call: Any, schedule: Any, device_index: int, q: Any, k: Any, v: Any,
+                    out: Any, sinks: Any = None, descales: tuple = (),
+                    scratch: Any = None) -> Any:
+        """Enqueue, on the device's current stream, the attention of an FP8 call
+        (``call.problem``: an FP8 ``dtype`` the family's ``tolerances`` declare, or a
+        ``kv_dtype`` of its ``kv_dtypes``) into ``out`` (in the output's dtype) and return
+        ``out``; ``descales``: the float32 ``[B, H_kv]`` factors of q, k and v
+        (``tiledattention.entry_points._fp8``); ``scratch``: where a launch keeps scratch
+        buffers between calls (a ``Runtime``, or None)."""
+        raise UnsupportedOperationError(f"the {self.name} family takes no FP8 inputs")
 
     def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,
                  v: Any, out: Any, grad_out: Any, lse: Any, delta: Any,

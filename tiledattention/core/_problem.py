@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
-from ._dtypes import DTYPES, dtype_of
+from ._dtypes import DTYPES, FP8_DTYPES, dtype_of
 from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
@@ -138,7 +138,7 @@ def page_tile(page_size: int) -> int:
 
 #: The fields ``to_dict`` leaves out at these values (keys stored before they existed).
 _OPTIONAL = {"bottom_right": False, "window_left": -1, "window_right": -1, "softcap": 0.0,
-             "sinks": False, "ragged": False, "page_size": 0}
+             "sinks": False, "ragged": False, "page_size": 0, "kv_dtype": ""}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +162,8 @@ class Problem:
     apply per sequence, aligned by the sequence's own lengths. ``page_size`` (> 0, ragged
     only): K and V are a paged cache, pools of pages of that many tokens that each sequence
     reaches through its row of a block table (``tiledattention.entry_points._paged``).
+    ``kv_dtype`` (an FP8 dtype, e.g. ``"e4m3"``): K and V are stored in it, with descale
+    factors, under queries (and an output) of ``dtype``: an FP8 K/V cache.
 
     A problem is kept in one canonical form, so the database never holds two keys for one
     computation: bottom-right with ``S_q == S_k`` is top-left, and with ``S_q == 1`` and no
@@ -174,7 +176,7 @@ class Problem:
     #: Fields that make a problem a variant of plain attention: exact parts of every family's
     #: lookup bucket when set (``Family.codec``).
     VARIANT_FIELDS: ClassVar[tuple[str, ...]] = ("window_left", "window_right", "softcap",
-                                                 "sinks", "ragged", "page_size")
+                                                 "sinks", "ragged", "page_size", "kv_dtype")
     #: The optional fields and their defaults (what ``to_dict`` leaves out).
     OPTIONAL_FIELDS: ClassVar[Mapping[str, Any]] = _OPTIONAL
 
@@ -193,6 +195,7 @@ class Problem:
     sinks: bool = False
     ragged: bool = False
     page_size: int = 0
+    kv_dtype: str = ""
 
     def __post_init__(self) -> None:
         for name in _DIMS:
@@ -206,6 +209,11 @@ class Problem:
                     f"int32); got {_shown(value)}")
         if self.dtype not in DTYPES:
             raise UnsupportedProblemError(f"dtype must be one of {DTYPES}; got {self.dtype!r}")
+        if self.kv_dtype and (self.kv_dtype not in FP8_DTYPES or self.dtype in FP8_DTYPES):
+            raise UnsupportedProblemError(
+                f"kv_dtype must be '' (K and V in dtype) or one of {FP8_DTYPES} under 16-bit "
+                f"queries (an FP8 K/V cache); got kv_dtype={self.kv_dtype!r} with "
+                f"dtype={self.dtype!r}")
         if not isinstance(self.causal, bool):
             raise UnsupportedProblemError(f"causal must be a bool; got {self.causal!r}")
         if not isinstance(self.bottom_right, bool):
@@ -352,6 +360,8 @@ class Problem:
             mask += " ragged"
         if self.page_size:
             mask += f" paged{self.page_size}"
+        if self.kv_dtype:
+            mask += f" kv-{self.kv_dtype}"
         return (f"B{self.batch} H{self.heads_q}{kv} S{self.seqlen_q}{sk} D{self.head_dim} "
                 f"{self.dtype} {mask}")
 
@@ -552,14 +562,15 @@ def sink_logits(sinks: Any, heads_q: int, q: Any, kind: str) -> Any:
 
 
 def problem_from_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any = None,
-                        softcap: Any = None, sinks: Any = None) -> tuple[Problem, str]:
+                        softcap: Any = None, sinks: Any = None,
+                        fp8: bool = False) -> tuple[Problem, str]:
     """Validate ``q, k, v`` and the variant arguments and return the :class:`Problem` and the
     array kind (torch / cupy); ``sinks`` is checked by :func:`sink_logits` (only whether it is
     given enters the problem). The arrays' device is checked last (:func:`check_cuda`).
 
     Raises ``TypeError`` / ``ValueError`` naming the argument; touches no GPU state.
     """
-    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
+    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks, fp8)
     check_cuda((("q", q), ("k", k), ("v", v)), kind)
     return problem, kind
 
@@ -580,9 +591,12 @@ def check_cuda(arrays: Sequence[tuple[str, Any]], kind: str) -> None:
 
 
 def problem_of_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any = None,
-                      softcap: Any = None, sinks: Any = None) -> tuple[Problem, str]:
+                      softcap: Any = None, sinks: Any = None,
+                      fp8: bool = False) -> tuple[Problem, str]:
     """:func:`problem_from_arrays` but for the device check: for entry points that check
-    arguments of their own (``out``, ``lse``, ...) first, then call :func:`check_cuda`."""
+    arguments of their own (``out``, ``lse``, ...) first, then call :func:`check_cuda`.
+    ``fp8``: q, k and v may be FP8, or k and v an FP8 cache under 16-bit queries
+    (``Problem.kv_dtype``): the FP8 entry point's call, which takes their descale factors."""
     kinds = []
     for name, x in (("q", q), ("k", k), ("v", v)):
         kind = _kind(x)
@@ -609,7 +623,7 @@ def problem_of_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: A
                 f"{name} must have 4 dims [batch, heads, seqlen, head_dim]; got shape "
                 f"{tuple(x.shape)}"
             )
-        dtypes[name] = dtype_of(name, x, kind)
+        dtypes[name] = dtype_of(name, x, kind, fp8=fp8)
         stride = x.stride(-1) if kind == "torch" else x.strides[-1] // x.itemsize
         if stride != 1 and x.shape[-1] > 1:
             raise InputValueError(
@@ -617,7 +631,11 @@ def problem_of_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: A
             )
         if x.shape[2] < 1:
             raise InputValueError(f"{name} must have seqlen >= 1; got shape {tuple(x.shape)}")
-    if len(set(dtypes.values())) != 1:
+    kv_dtype = ""
+    if (fp8 and dtypes["k"] == dtypes["v"] and dtypes["k"] in FP8_DTYPES
+            and dtypes["q"] not in FP8_DTYPES):
+        kv_dtype = dtypes["k"]  # an FP8 K/V cache under 16-bit queries
+    elif len(set(dtypes.values())) != 1:
         raise InputTypeError(f"q, k and v must have one dtype; got {dtypes}")
     b, hq, sq, d = q.shape
     bk, hkv, sk, dk = k.shape
@@ -638,7 +656,8 @@ def problem_of_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: A
     problem = Problem(batch=int(b), heads_q=int(hq), heads_kv=int(hkv), seqlen_q=int(sq),
                       seqlen_k=int(sk), head_dim=int(d), dtype=dtypes["q"], causal=causal,
                       bottom_right=bottom_right, window_left=window_left,
-                      window_right=window_right, softcap=cap, sinks=sinks is not None)
+                      window_right=window_right, softcap=cap, sinks=sinks is not None,
+                      kv_dtype=kv_dtype)
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_reach(name, x, kind, padded_head_dim(problem.head_dim))
     return problem, kind

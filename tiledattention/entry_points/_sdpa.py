@@ -30,12 +30,13 @@ from ..core import _device
 from ..core import _plans as hot
 from ..core._call import Call
 from ..core._dispatch import choose_family, family_for_schedule
+from ..core._dtypes import element, torch_dtype
 from ..core._problem import (Problem, check_cuda, check_reach, padded_head_dim, problem_of_arrays,
                              sink_logits)
 from ..core._runtime import Runtime
 from ..errors import InputTypeError, InputValueError
 
-__all__ = ["sdpa", "as_float32"]
+__all__ = ["sdpa", "as_float32", "check_out"]
 
 #: The families whose plans were kept (in any runtime), in dispatch order, each with the most
 #: query rows of its kept plans: a call with more rows cannot have a plan of that family (q's
@@ -135,7 +136,7 @@ def _self_overlapping(shape: tuple, strides: tuple) -> bool:
     return False
 
 
-def _check_out(out: Any, q: Any, k: Any, v: Any, problem: Problem, kind: str) -> None:
+def check_out(out: Any, q: Any, k: Any, v: Any, problem: Problem, kind: str) -> None:
     """Raise an InputTypeError / InputValueError naming ``out`` unless the kernels can write
     the result of ``problem`` into it."""
     if kind == "torch":
@@ -154,7 +155,12 @@ def _check_out(out: Any, q: Any, k: Any, v: Any, problem: Problem, kind: str) ->
     if tuple(out.shape) != expected:
         raise InputValueError(f"out must have q's shape [B, H_q, S_q, D] = {expected}; got "
                               f"{tuple(out.shape)}")
-    if out.dtype != q.dtype:
+    output = element(problem.dtype).output_name
+    if output != problem.dtype:  # FP8 inputs: the output's dtype is its own (bf16)
+        if kind != "torch" or out.dtype != torch_dtype(output):
+            raise InputTypeError(f"out must have the output's dtype {torch_dtype(output)} for "
+                                 f"{q.dtype} inputs; got {out.dtype}")
+    elif out.dtype != q.dtype:
         raise InputTypeError(f"out must have q's dtype {q.dtype}; got {out.dtype}")
     if kind == "torch":
         if out.device != q.device:
@@ -198,7 +204,7 @@ def _validated_call(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale
     problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
     if out is not None:
-        _check_out(out, q, k, v, problem, kind)
+        check_out(out, q, k, v, problem, kind)
     check_cuda((("q", q), ("k", k), ("v", v)), kind)  # last: a wrong argument is named first
     device_index = q.device.index if kind == "torch" else q.device.id
     if family is None:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from ..core._dtypes import DTYPES, torch_dtype
+from ..core._dtypes import DTYPES, FP8_DTYPES, torch_dtype
 from ..core._problem import BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS
 from ._padding import PaddingMask
 from ._torch_op import attention, autocast_inputs
@@ -53,7 +53,8 @@ __all__ = [
 
 #: Device types the kernel runs on. ``route_decision`` takes another tuple for tests.
 KERNEL_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
-_KERNEL_DTYPES = tuple(torch_dtype(name) for name in DTYPES)
+#: torch's sdpa takes no descale factors: its FP8 calls are not ours to take
+_KERNEL_DTYPES = tuple(torch_dtype(name) for name in DTYPES if name not in FP8_DTYPES)
 
 #: Every reason ``route_decision`` can give, in the order it checks them.
 FALLBACK_REASONS = (

@@ -16,18 +16,21 @@ from .numbers import LOG2_E
 __all__ = ["online_softmax", "reciprocal", "normalised", "log_sum_exp"]
 
 
-def online_softmax(qk, m_i, l_i, scale, EXP2, prescaled):
+def online_softmax(qk, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
     """Fold a ``[rows, TILE_N]`` tile of raw scores ``qk`` into the running ``(m_i, l_i)``
     (``[rows, 1]``): ``(p, m, l, alpha)``, the tile's probabilities against the new max, the
     new state and ``alpha``, the factor that rescales what was accumulated against the old
     max. Scores are ``qk * scale`` (``scale`` in the units of ``m_i``), or with ``prescaled``
-    (a compile-time bool) ``qk`` itself."""
+    (a compile-time bool) ``qk`` itself. ``shift`` (a compile-time float, in the units of
+    ``m_i``): ``p`` and ``l`` come out times ``2^shift`` (``e^shift`` without ``EXP2``)."""
     if prescaled:
         m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True))  # [rows, 1]
         shifted = qk - m_ij  # [rows, TILE_N]
     else:
         m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)
         shifted = qk * scale - m_ij
+    if shift:
+        shifted = shifted + shift
     if EXP2:
         p = ct.exp2(shifted, flush_to_zero=True)
         alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)  # [rows, 1]

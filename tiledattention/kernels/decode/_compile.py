@@ -2,7 +2,7 @@
 the same kernel objects and constants the launcher uses, for arrays laid out the way ``sdpa``
 passes them (q and out as ``[B, H', G', S_q, D]`` views of contiguous tensors; with sinks a
 contiguous float32 ``[H_q]`` array, else the int32 placeholder; a paged cache as contiguous
-page pools with an int32 block table)."""
+page pools with an int32 block table; an FP8 cache with float32 ``[B, H_kv]`` descales)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,12 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     contiguous = (p.heads_q * p.seqlen_q * p.head_dim, tiles.view_group * p.seqlen_q * p.head_dim,
                   p.seqlen_q * p.head_dim, p.head_dim, 1)
     q5 = array_constraint(p.dtype, shape5, contiguous)
+    kv_dtype = p.kv_dtype or p.dtype  # an FP8 cache: e4m3 K and V
     if p.page_size:  # page pools [pages, page_size, H_kv, D], as many pages as the keys fill
         pages = p.batch * -(-p.seqlen_k // p.page_size)
-        kv = array_constraint(p.dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
+        kv = array_constraint(kv_dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
     else:
-        kv = array_constraint(p.dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+        kv = array_constraint(kv_dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
     tile_d = split_constants(p, schedule)["TILE_D"]
     opart = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m, tile_d))
     lse = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m))
@@ -60,6 +61,10 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
                # a paged cache's block table, or the placeholder
                "Pages": (array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
                          if p.page_size else ctc.ConstantConstraint(0))}
+    # an FP8 cache's float32 [B, H_kv] descale factors of K and V, or the placeholders
+    runtime["KDescale"] = runtime["VDescale"] = (
+        array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype
+        else ctc.ConstantConstraint(0))
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
                           SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),

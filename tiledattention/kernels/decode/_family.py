@@ -43,11 +43,13 @@ def _case_launcher(problem: Problem, schedule: DecodeSchedule, q, k, v, out, off
 
 
 class DecodeCase(AttentionCase):
-    """The decode kernels' GPU case: the shared inputs and reference, this family's launcher."""
+    """The decode kernels' GPU case: the shared inputs and reference, this family's launcher
+    (an FP8 cache's with its K and V descale factors)."""
 
     def launcher(self, schedule: DecodeSchedule) -> Callable[[], None]:
+        descales = None if self.descales is None else self.descales[1:]
         return _case_launcher(self.problem, schedule, self.q, self.k, self.v, self.out,
-                              self.problem.causal_offset, sinks=self.sinks)
+                              self.problem.causal_offset, sinks=self.sinks, descales=descales)
 
 
 class PagedDecodeCase(PagedCase):
@@ -68,6 +70,9 @@ class DecodeFamily(Family):
     # the input dtypes the kernels take, each with the relative L2 error against the float32
     # reference a correct schedule may have on it: the family's one list of its dtypes
     tolerances = {"bf16": 1e-2, "fp16": 5e-3}
+    # an FP8 K/V cache under bf16 / fp16 queries: K and V widened per tile (the error is the
+    # queries' dtype's against the dequantised cache)
+    kv_dtypes = ("e4m3",)
     template_modules = ("tiledattention.kernels.decode._kernel",
                         "tiledattention.kernels.decode._launch", *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
@@ -97,6 +102,7 @@ class DecodeFamily(Family):
 
     def default_schedule(self, arch: str, problem: Problem) -> DecodeSchedule:
         _check_ragged(problem)
+        self.check_arch_dtype(arch, problem)
         return default_decode_schedule(arch, problem)
 
     def normalise(self, problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
@@ -108,6 +114,7 @@ class DecodeFamily(Family):
 
     def compile(self, problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
         _check_ragged(problem)
+        self.check_arch_dtype(arch, problem)
         return compile_decode(problem, schedule, arch)
 
     def case(self, problem: Problem, device_index: int) -> DecodeCase | PagedDecodeCase:
@@ -119,6 +126,19 @@ class DecodeFamily(Family):
                 f"the decode family has no tuner case for a padded ragged batch yet; got "
                 f"{problem.describe()}: its default schedule runs it")
         return DecodeCase(problem, device_index)
+
+    def forward_fp8(self, call: Call, schedule: DecodeSchedule, device_index: int, q, k, v,
+                    out, sinks=None, descales=(), scratch=None):
+        """:meth:`Family.forward_fp8` of an FP8 cache (``kv_dtype``) under 16-bit queries:
+        the plan of the call's band (as ``sdpa`` builds it), its split kernel widening each
+        key and value tile; ``descales``' k and v factors."""
+        from ...core import _plans as hot
+
+        _check_ragged(call.problem)
+        hot.bind_torch()
+        plan = decode_plan(call, schedule, device_index).for_torch(q, out, k, v)
+        return plan.run(scratch, q, k, v, device_index, out, sinks=sinks,
+                        descales=tuple(descales[1:]))
 
     # sdpa asks decode first: its measured rule (``DispatchRule``) takes few query rows
     serves = ("sdpa",)

@@ -81,6 +81,7 @@ def decode_split(
     Ranges,  # RAGGED: int32 [4, B] query starts, query ends, key starts, key ends (PAGED:
     # int32 [B], the entries' key counts); else ()
     Pages,  # PAGED: int32 [B, max_pages] block table (K, V: page pools); else ()
+    KDescale, VDescale,  # KV_FP8: float32 [B, H_kv] factors of the e4m3 K and V; else ()
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -99,6 +100,7 @@ def decode_split(
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; entry b's keys
     # 0..Ranges[b] - 1 lie in its block table's pages, Pages[b]
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
+    KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -129,9 +131,14 @@ def decode_split(
             q_hi = ct.gather(Ranges, (1, batch))
             causal_offset = K.shape[2] - q_hi
 
-    scale = qk_scale
+    score_scale = qk_scale  # what multiplies q.k: with KV_FP8 also k's descale factor
+    v_descale = 1.0
+    if KV_FP8:
+        score_scale = qk_scale * ct.gather(KDescale, (batch, kv_head))
+        v_descale = ct.gather(VDescale, (batch, kv_head))
+    scale = score_scale
     if EXP2:
-        scale = qk_scale * LOG2_E
+        scale = score_scale * LOG2_E
     seqlen_k = K.shape[2]
     if PAGED:
         seqlen_k = paged_keys
@@ -146,7 +153,7 @@ def decode_split(
     cap_in = 0.0
     cap_out = 0.0
     if SOFTCAP:
-        cap_in = qk_scale / softcap  # s / c, from the raw product
+        cap_in = score_scale / softcap  # s / c, from the raw product
         cap_out = softcap  # c, in the kernel's units
         if EXP2:
             cap_out = softcap * LOG2_E
@@ -183,6 +190,8 @@ def decode_split(
                         latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
         else:
             k = ct.transpose(load_kv(K, j, latency=K_LATENCY))  # [TILE_D, TILE_N]
+        if KV_FP8:
+            k = k.astype(q.dtype)
         qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
         qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
         if SOFTCAP:
@@ -204,6 +213,8 @@ def decode_split(
                 # is not 0
                 key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
                 v = ct.where(key_rows < seqlen_k, v, 0.0)
+        if KV_FP8:
+            v = v.astype(q.dtype)
         acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
         return m_i, l_i, acc
 
@@ -221,6 +232,8 @@ def decode_split(
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
     out = normalised(acc, l_i)  # [TILE_M, TILE_D]
+    if KV_FP8:  # linear in the values: each split's partial carries v's factor
+        out = out * v_descale
     if RAGGED:  # rows outside the entry's query range: zeros (a zero partial in every split)
         out = ct.where((positions >= q_lo) & (positions < q_hi), out, 0.0)
     if DIRECT:

@@ -52,7 +52,7 @@ def _combine() -> ct.kernel:
 SPLIT_PARAMETERS = KernelParameters(
     _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
-     "window_right", "softcap", "Sinks", "Ranges", "Pages"))
+     "window_right", "softcap", "Sinks", "Ranges", "Pages", "KDescale", "VDescale"))
 COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
@@ -197,6 +197,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
+        "KV_FP8": bool(problem.kv_dtype),
     }
 
 
@@ -292,14 +293,15 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
            partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None,
-           pages: Any = None) -> None:
+           pages: Any = None, descales: tuple | None = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
     ``q``; ``partials`` = (Opart, Lse) float32 buffers of :func:`partial_shapes` (``None`` with
     one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
     has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
     ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
-    ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts)."""
+    ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts);
+    ``descales``: an FP8 cache's float32 ``[B, H_kv]`` factors of k and v."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     opart, lse = partials if partials is not None else (out5, out5)
@@ -309,7 +311,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
                 (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                  variant.window_left, variant.window_right, variant.softcap, sink_arg,
                  UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
-                 *plan.split_constants))
+                 *(descales or (UNUSED, UNUSED)), *plan.split_constants))
     if plan.combine is not None:
         _aot.launch(stream, plan.combine_grid, plan.combine,
                     (opart, lse, out5, sink_arg, *plan.combine_constants),

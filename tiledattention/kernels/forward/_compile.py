@@ -2,7 +2,8 @@
 machine without a GPU (``tiledtune search --compile-only``, the CI checks). It compiles the same
 kernel object and constants the launcher uses, for arrays laid out the way ``sdpa`` passes them
 (last dim contiguous, 16-byte aligned rows; a contiguous float32 ``[H_q]`` array of sink logits
-for a problem with sinks), via ``tiledattention.core._compile.export_cubin``.
+for a problem with sinks; for FP8 inputs a bf16 output, V as ``[B, H_kv, D, S_k]`` and float32
+``[B, H_kv]`` descale factors), via ``tiledattention.core._compile.export_cubin``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any, Mapping
 
 from ...core._compile import (CompileResult, array_constraint, attention_constraints,
                               export_cubin, row_stat_constraint)
+from ...core._dtypes import element
 from ...core._lazy import lazy_module
-from ._launch import kernel_constants, kernel_for, ordered_args
+from ._launch import kernel_constants, kernel_for, ordered_args, transposed_value_strides
 from ...core._problem import Problem
 from ._schedule import Schedule
 
@@ -54,7 +56,15 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
     if p.page_size:  # page pools [pages, page_size, H_kv, D], as many pages as the keys fill
         pages = p.batch * -(-p.seqlen_k // p.page_size)
         kv_like = array_constraint(p.dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
-    runtime = {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like,
+    out_like = q_like
+    v_like = kv_like
+    if constants.get("FP8"):  # e4m3 inputs: a bf16 output, V as [B, H_kv, D, S_k], descales
+        out_like = array_constraint(element(p.dtype).output_name,
+                                    (p.batch, p.heads_q, p.seqlen_q, p.head_dim))
+        v_like = array_constraint(p.dtype, (p.batch, p.heads_kv, p.head_dim, p.seqlen_k),
+                                  transposed_value_strides(p.batch, p.heads_kv, p.head_dim,
+                                                           p.seqlen_k))
+    runtime = {"Q": q_like, "K": kv_like, "V": v_like, "Out": out_like,
                "qk_scale": ctc.ScalarConstraint(ct.float32),
                "heads_q": ctc.ScalarConstraint(ct.int32), "group": ctc.ScalarConstraint(ct.int32)}
     # the variants' values where their constants read them (ordered_args fills in the others)
@@ -70,6 +80,9 @@ def _export(problem: Problem, kernel: ct.kernel, constants: Mapping[str, Any], a
         runtime["Ranges"] = array_constraint("int32", (4, p.batch))
     if constants.get("PAGED"):  # the block table
         runtime["Pages"] = array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
+    if constants.get("FP8"):  # float32 [B, H_kv] descale factors of q, k and v
+        runtime["QDescale"] = runtime["KDescale"] = runtime["VDescale"] = array_constraint(
+            "fp32", (p.batch, p.heads_kv))
     if constants.get("WORK_TABLE"):  # the int32 [2, items] work table of a skewed ragged call
         items = p.batch * -(-p.seqlen_q // constants["TILE_M"])
         runtime["Work"] = array_constraint("int32", (2, items))

@@ -4,6 +4,7 @@ tuned and the shipped table does not cover."""
 from __future__ import annotations
 
 from ...core._compile import generation
+from ...core._dtypes import FP8_DTYPES
 from ...core._problem import Problem, head_dim_parts
 from ._schedule import Schedule
 
@@ -27,6 +28,40 @@ def row_keys(problem: Problem) -> int:
     left = problem.window_left if problem.window_left >= 0 else sk
     right = 0 if problem.causal else (problem.window_right if problem.window_right >= 0 else sk)
     return min(sk, left + right + 1)
+
+
+def even_tiles(problem: Problem, tile_m: int, tile_n: int) -> bool:
+    """Whether ``problem``'s lengths are whole numbers of ``tile_m`` x ``tile_n`` tiles."""
+    return problem.seqlen_q % tile_m == 0 and problem.seqlen_k % tile_n == 0
+
+
+def _hopper_fp8(problem: Problem) -> Schedule | None:
+    """sm_90's FP8 (e4m3) rules where they differ from bf16's (``None``: bf16's), each the
+    winner of a ``tiledtune search`` on an H200 (``docs/records/benchmarks/fp8``):
+
+    - D <= 128, no mask, whole tiles: 128x256 tiles (a 256-key step holds as many bytes as a
+      bf16 128-key one) with 8 worker warps: within 1% of the best of 30 candidates at B1
+      H32/8 S8192 and B4 H28/4 S4096 (0.90-1.00x our bf16 forward in the layout probe, against
+      0.82-0.93x for the bf16 rule's persistent 128x128 tiles).
+    - D > 128: the bf16 rule's 128x128 tiles over a two-CTA cluster, causal; 128x256 at
+      occupancy 2 over a cluster, no mask: 1.27x and 1.24x the bf16 rule at B2 H16/8 S4096
+      (still 0.6x our bf16 forward there: the e4m3 kernel spills at D 256).
+    """
+    d = problem.head_dim
+    if d <= 128 and not problem.causal and not problem.windowed and even_tiles(problem, 128,
+                                                                                256):
+        return Schedule(tile_m=128, tile_n=256, occupancy=1, num_worker_warps=8, exp2=True,
+                        approx_div=True, unchecked_loads=True)
+    if d > 128 and not problem.windowed:
+        if problem.causal:
+            return Schedule(tile_m=128, tile_n=128, occupancy=3, num_ctas=2,
+                            num_worker_warps=8, exp2=True, approx_div=True, k_latency=4,
+                            v_latency=2, kv_sawtooth=True, unchecked_loads=True,
+                            paired_tiles=True, split_d=head_dim_parts(d, True)[1] != 0)
+        return Schedule(tile_m=128, tile_n=256, occupancy=2, num_ctas=2, num_worker_warps=8,
+                        exp2=True, k_transposed=True, v_latency=2,
+                        split_d=head_dim_parts(d, True)[1] != 0)
+    return None
 
 
 def default_schedule(arch: str, problem: Problem) -> Schedule:
@@ -69,6 +104,9 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     - D > 128: 128x128 with 8 worker warps at occupancy 3 (every shipped D256 key with
       S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11).
 
+    FP8 (e4m3) inputs on sm_90 follow their own rules where they were measured to differ
+    (:func:`_hopper_fp8`), else the bf16 ones.
+
     Other architectures get the choices public cuTile attention code reports as good there (not
     measured by this project).
 
@@ -88,6 +126,10 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
                         kv_sawtooth=True, **fast_math, **split)
     if gen == "hopper":
         d = problem.head_dim
+        if problem.dtype in FP8_DTYPES:
+            fp8 = _hopper_fp8(problem)
+            if fp8 is not None:
+                return fp8
         if d > 128:
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
                             k_transposed=True, k_latency=4, v_latency=2,
@@ -117,7 +159,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
                                 longest_first=True, **fast_math, **split)
             return Schedule(tile_m=64, tile_n=128, occupancy=2, kv_sawtooth=True,
                             longest_first=True, **fast_math, **split)
-        even = problem.seqlen_q % 128 == 0 and problem.seqlen_k % 128 == 0
+        even = even_tiles(problem, 128, 128)
         if problem.ragged and d > 96 and problem.seqlen_q <= PACKED_SHORT:
             return Schedule(tile_m=64, tile_n=128, occupancy=2, exp2=True, approx_div=True,
                             v_latency=4, **split)

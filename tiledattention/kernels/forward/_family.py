@@ -11,15 +11,16 @@ from ...core import _aot
 from ...core._case import AttentionCase, RaggedCase, ragged_flops
 from ...core._call import Call
 from ...core._compile import CompileResult
-from ...core._family import Family, register_family
+from ...core._dtypes import FP8_DTYPES
+from ...core._family import Family, arch_dtype_refusal, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._problem import Problem, default_scale, page_tile
 from ...core._work_table import compile_work_table
 from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
 from ._defaults import default_schedule
-from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
-                      normalise)
+from ._launch import (grid_for, kernel_args, kernel_for, launch, launch_ragged,
+                      launch_with_lse, normalise, transpose_values)
 from ._plan import ForwardPlan, forward_plan
 from ._schedule import Schedule
 
@@ -40,11 +41,18 @@ class ForwardCase(AttentionCase):
         schedule = normalise(problem, schedule)
         grid = grid_for(problem, schedule, self.sm_count)
         kernel = kernel_for(schedule)
-        args = kernel_args(self.q, self.k, self.v, self.out, problem, schedule,
-                           default_scale(problem), sinks=self.sinks)
+        stream = torch.cuda.current_stream
+        if self.descales is None:
+            args = kernel_args(self.q, self.k, self.v, self.out, problem, schedule,
+                               default_scale(problem), sinks=self.sinks)
+            return lambda: _aot.launch(stream(), grid, kernel, args)
+        # FP8: each run transposes the values (a call's copy is part of its time)
+        v, fixed = self.v, kernel_args(self.q, self.k, None, self.out, problem, schedule,
+                                       default_scale(problem), sinks=self.sinks,
+                                       descales=self.descales)
 
         def run() -> None:
-            _aot.launch(torch.cuda.current_stream(), grid, kernel, args)
+            _aot.launch(stream(), grid, kernel, fixed[:2] + (transpose_values(v),) + fixed[3:])
 
         return run
 
@@ -74,7 +82,9 @@ class ForwardFamily(Family):
     schedule_type = Schedule
     # the input dtypes the kernels take, each with the relative L2 error against the float32
     # reference a correct schedule may have on it: the family's one list of its dtypes
-    tolerances = {"bf16": 1e-2, "fp16": 5e-3}
+    # (e4m3: against the dequantised inputs; P·V in e4m3 measured 2.1-2.5e-2 on an H200,
+    # docs/records/benchmarks/fp8)
+    tolerances = {"bf16": 1e-2, "fp16": 5e-3, "e4m3": 5e-2}
     template_modules = ("tiledattention.kernels.forward._kernel",
                         "tiledattention.kernels.forward._launch", *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
@@ -95,8 +105,32 @@ class ForwardFamily(Family):
     transfer_limits = ((("batch", "heads_q"), 1.0),)
     padding_terms = (("seqlen_q", "tile_m", None), ("seqlen_k", "tile_n", None))
 
+    def fp8_refusal(self, arch: str, problem: Problem) -> str | None:
+        """Why this family cannot run ``problem``'s FP8 inputs on ``arch``, or ``None``:
+        cuda-tile has no e4m3 type before Hopper (:func:`arch_dtype_refusal`), and the FP8
+        kernel reads dense ``[B, H, S, D]`` arrays only."""
+        if problem.dtype not in FP8_DTYPES:
+            return None
+        why = arch_dtype_refusal(arch, problem)
+        if why is not None:
+            return why
+        if problem.ragged:
+            return (f"FP8 attention runs dense [B, H, S, D] calls only (no packed, padded or "
+                    f"paged sequences); got {problem.describe()}")
+        return None
+
+    def check_fp8(self, arch: str, problem: Problem) -> None:
+        """Raise an :class:`UnsupportedProblemError` with :meth:`fp8_refusal`'s reason."""
+        why = self.fp8_refusal(arch, problem)
+        if why is not None:
+            raise UnsupportedProblemError(why)
+
+    def takes(self, arch: str, problem: Problem) -> bool:
+        return super().takes(arch, problem) and self.fp8_refusal(arch, problem) is None
+
     def default_schedule(self, arch: str, problem: Problem) -> Schedule:
         self.check_pages(problem)
+        self.check_fp8(arch, problem)
         return default_schedule(arch, problem)
 
     def normalise(self, problem: Problem, schedule: Schedule) -> Schedule:
@@ -107,6 +141,7 @@ class ForwardFamily(Family):
 
     def compile(self, problem: Problem, schedule: Schedule, arch: str) -> CompileResult:
         self.check_pages(problem)
+        self.check_fp8(arch, problem)
         return compile_schedule(problem, normalise(problem, schedule), arch)
 
     def compile_launchable(self, problem: Problem, schedule: Schedule, arch: str) -> None:
@@ -114,7 +149,11 @@ class ForwardFamily(Family):
         training call) and, for a ragged problem, the walk of a work table and the kernel
         that fills one."""
         self.check_pages(problem)
+        self.check_fp8(arch, problem)
         schedule = normalise(problem, schedule)
+        if problem.dtype in FP8_DTYPES:  # no training: no log-sum-exp
+            compile_schedule(problem, schedule, arch)
+            return
         compile_schedule(problem, schedule, arch, store_lse=None, work_table=None)
         if problem.ragged:
             compile_work_table(problem.batch, schedule.tile_m, arch)
@@ -145,7 +184,8 @@ class ForwardFamily(Family):
         return dataclasses.replace(bucket, page_size=0)
 
     def why_taken(self, arch: str, problem: Problem) -> str:
-        return "the prefill forward runs every call no other family takes"
+        return (self.fp8_refusal(arch, problem)
+                or "the prefill forward runs every call no other family takes")
 
     def plan(self, call: Call, schedule: Schedule, device_index: int) -> ForwardPlan:
         # a forward plan is kept per K/V shape: the problem's own mask is the call's
@@ -164,6 +204,21 @@ class ForwardFamily(Family):
             return
         launch_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
                         _device.device_info(device_index).sm_count, sinks=sinks)
+
+    def forward_fp8(self, call: Call, schedule: Schedule, device_index: int, q, k, v, out,
+                    sinks=None, descales=(), scratch=None):
+        """:meth:`Family.forward_fp8` of e4m3 q, k and v (``out`` bf16): the values are
+        transposed into a ``[B, H_kv, D, S_k]`` copy first, the layout e4m3 ``P·V`` reads."""
+        import torch
+
+        problem = call.problem
+        info = _device.device_info(device_index)
+        self.check_fp8(info.arch, problem)
+        scale = default_scale(problem) if call.scale is None else float(call.scale)
+        launch(torch.cuda.current_stream(device_index), q, k, transpose_values(v), out,
+               problem, normalise(problem, schedule), scale, info.sm_count, sinks=sinks,
+               descales=descales)
+        return out
 
 
 FORWARD = register_family(ForwardFamily())

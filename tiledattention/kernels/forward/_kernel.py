@@ -46,6 +46,8 @@ def attention_fwd(
     Ranges,  # RAGGED: [4, sequences] int32 query starts, query ends, key starts, key ends
     Work,  # WORK_TABLE: [2, items] int32 work items: sequences (-1: none) and query tiles
     Pages,  # PAGED: int32 [sequences, max_pages] block table (K, V: page pools); else ()
+    QDescale, KDescale, VDescale,  # FP8: float32 [B, H_kv] factors that turn the stored e4m3
+    # values into real ones (any strides: a per-tensor factor is a stride-0 view); else ()
     TILE_M: ConstInt, TILE_N: ConstInt,
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
@@ -71,8 +73,15 @@ def attention_fwd(
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; sequence s's keys
     # (Ranges' key range counts them) lie in the pages Pages[s] names
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
+    FP8: ConstBool,  # float8_e4m3fn Q, K, V with descale factors; P enters P·V times 2^P_SHIFT
+    V_TRANSPOSED: ConstBool,  # V is [B, H_kv, D, S_k] (the layout FP8 P·V reads from memory)
+    PV_WIDE: ConstBool,  # FP8: P·V in bfloat16 (V widened per tile), not in e4m3
 ):
     num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
+    # FP8 P·V: P (at most 1) enters e4m3 times 2^8, so that its small values keep e4m3's three
+    # mantissa bits (normal from 2^-6, not 2^-14); l_i sums the same scaled P, so the output
+    # is unchanged. In the units of the running max (base 2 with EXP2); 0: P as it is.
+    P_SHIFT = ct.static_eval((8.0 if EXP2 else 8.0 / LOG2_E) if FP8 and not PV_WIDE else 0.0)
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
 
@@ -83,17 +92,24 @@ def attention_fwd(
         ``TILE_D2``. ``PAGED``: sequence ``seq``'s ``paged_keys`` keys are read from its
         pages."""
         kv_head = head // group
-        scale = qk_scale
+        score_scale = qk_scale  # what multiplies q.k: with FP8 also q's and k's descales
+        v_descale = 1.0
+        if FP8:
+            # stored values times their descale factors are the real ones: the scores carry
+            # q's and k's factors, the output v's (``seq``: the factors' batch entry)
+            score_scale = (qk_scale * ct.gather(QDescale, (seq, kv_head))
+                           * ct.gather(KDescale, (seq, kv_head)))
+            v_descale = ct.gather(VDescale, (seq, kv_head))
+        scale = score_scale
         if EXP2:
-            scale = qk_scale * LOG2_E
+            scale = score_scale * LOG2_E
         if SOFTCAP:
-            # scores s = softcap * tanh(q.k * qk_scale / softcap): tanh of q.k * cap_in, then
-            # the softmax scales by softcap (times log2(e) with EXP2) instead of qk_scale
-            cap_in = qk_scale / softcap
+            # scores s = softcap * tanh(q.k * score_scale / softcap): tanh of q.k * cap_in,
+            # then the softmax scales by softcap (times log2(e) with EXP2) instead
+            cap_in = score_scale / softcap
             scale = softcap
             if EXP2:
                 scale = softcap * LOG2_E
-
         rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
         seqlen_k = K.shape[2]
         if PAGED:
@@ -114,15 +130,21 @@ def attention_fwd(
             if EXP2:
                 sink = sink * LOG2_E
             m_i = ct.maximum(m_i, sink)
+            sink_term = sink - m_i
+            if P_SHIFT:
+                sink_term = sink_term + P_SHIFT
             if EXP2:
-                l_i = ct.exp2(sink - m_i, flush_to_zero=True)
+                l_i = ct.exp2(sink_term, flush_to_zero=True)
             else:
-                l_i = ct.exp(sink - m_i)
+                l_i = ct.exp(sink_term)
         acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
 
         q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, TILE_D),
                     padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                     allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
+        pv_dtype = q.dtype  # P·V's inputs: the inputs' dtype, or bfloat16 (PV_WIDE)
+        if PV_WIDE:
+            pv_dtype = ct.bfloat16
         q2 = None  # the second head-dim part, with TILE_D2
         acc2 = None
         if TILE_D2:
@@ -153,6 +175,16 @@ def attention_fwd(
                 return k.reshape((width, TILE_N))
             return ct.transpose(load_kv(K, j, part, width, latency=K_LATENCY))
 
+        def load_v(j, part, width):
+            """Value tile ``j`` as ``[TILE_N, width]`` (from ``[D, S_k]`` with
+            ``V_TRANSPOSED``)."""
+            if V_TRANSPOSED:
+                v = ct.load(V, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
+                            order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                            latency=ct.static_eval(V_LATENCY or None), allow_tma=ALLOW_TMA)
+                return v.reshape((TILE_N, width))
+            return load_kv(V, j, part, width, latency=V_LATENCY)
+
         def attend(j, masked, m_i, l_i, acc, acc2):
             """One step: scores against key tile ``j``, online softmax, P·V. ``masked`` (a
             constant or a per-step flag) applies the causal / window / sequence-end mask."""
@@ -175,21 +207,23 @@ def attention_fwd(
                         keep = keep & (keys <= last_keys)
                 qk = ct.where(keep, qk, -np.inf)
             # p: [TILE_M, TILE_N]
-            p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=False)
+            p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=False,
+                                                shift=P_SHIFT)
             acc = acc * alpha
-            v = load_kv(V, j, 0, width=TILE_D, latency=V_LATENCY)  # [TILE_N, TILE_D]
+            v = load_v(j, 0, width=TILE_D)  # [TILE_N, TILE_D]
             if ct.static_eval(PAGED):
                 # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is not 0
                 key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # [TILE_N, 1]
                 if masked:
                     v = ct.where(key_rows < seqlen_k, v, 0.0)
-            acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, TILE_D]
+            p = p.astype(pv_dtype)
+            acc = ct.mma(p, v.astype(pv_dtype), acc)  # [TILE_M, TILE_D]
             if TILE_D2:
-                v2 = load_kv(V, j, TILE_D // TILE_D2, width=TILE_D2, latency=V_LATENCY)
+                v2 = load_v(j, TILE_D // TILE_D2, width=TILE_D2)
                 if ct.static_eval(PAGED):
                     if masked:
                         v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
-                acc2 = ct.mma(p.astype(q.dtype), v2, acc2 * alpha)  # [TILE_M, TILE_D2]
+                acc2 = ct.mma(p, v2.astype(pv_dtype), acc2 * alpha)  # [TILE_M, TILE_D2]
             return m_i, l_i, acc, acc2
 
         backwards = False  # KV_SAWTOOTH: odd query tiles walk their key tiles backwards
@@ -261,6 +295,8 @@ def attention_fwd(
         # normalise: rows that saw no key (nor a finite sink) have l_i == 0 and acc == 0
         inv_l = reciprocal(l_i, TILE_M, APPROX_DIV,
                            ct.static_eval(BOTTOM_RIGHT or WINDOW or SINKS or RAGGED))
+        if FP8:
+            inv_l = inv_l * v_descale
         acc = acc * inv_l
         out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
         ct.store(Out, index=(batch, head, q_tile, 0), tile=out)

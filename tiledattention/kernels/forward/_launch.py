@@ -43,6 +43,7 @@ from typing import Any, Mapping
 from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
+from ...core._dtypes import FP8_DTYPES
 from ...core._problem import Problem, head_dim_parts, page_tile
 from ...core._work_table import make_work_table, use_work_table, work_items
 from ...errors import KernelArgumentError
@@ -52,14 +53,15 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
-           "default_scale", "launch", "launch_with_lse", "launch_ragged", "ragged_grid",
+           "default_scale", "transpose_values", "transposed_value_strides", "VALUE_ROW_ALIGN",
+           "launch", "launch_with_lse", "launch_ragged", "ragged_grid",
            "ragged_launch", "RaggedLaunch",
            "RUNTIME_PARAMETERS", "NO_LSE", "UNUSED"]
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
 RUNTIME_PARAMETERS = ("Q", "K", "V", "Out", "qk_scale", "heads_q", "group", "Lse",
                       "window_left", "window_right", "softcap", "Sinks", "Ranges", "Work",
-                      "Pages")
+                      "Pages", "QDescale", "KDescale", "VDescale")
 
 #: What ``Lse`` receives when ``STORE_LSE`` is off: an int32 scalar that no code reads.
 NO_LSE = 0
@@ -70,7 +72,8 @@ UNUSED = ()
 #: the variants' runtime values, each with the constant under which the kernel reads it
 _VARIANT_VALUES = (("window_left", "WINDOW"), ("window_right", "WINDOW"), ("softcap", "SOFTCAP"),
                    ("Sinks", "SINKS"), ("Ranges", "RAGGED"), ("Work", "WORK_TABLE"),
-                   ("Pages", "PAGED"))
+                   ("Pages", "PAGED"), ("QDescale", "FP8"), ("KDescale", "FP8"),
+                   ("VDescale", "FP8"))
 
 
 # -- the kernel and its signature ----------------------------------------------------------------
@@ -200,6 +203,7 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         # split_d: two parts only where they cover fewer columns than one padded part
         ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
          "the head dim is a power of two, or two parts would pad as much as one"),
+        ("pv_wide", problem.dtype not in FP8_DTYPES, "only FP8 inputs have a narrower P·V"),
     )
     reasons: dict[str, str] = {}
     for flag, applies, reason in rules:
@@ -263,6 +267,12 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "PAGED": problem.page_size > 0,
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(s.tile_n, page_tile(problem.page_size)) if problem.page_size else 0,
+        # FP8: the descale factors; V comes transposed ([B, H_kv, D, S_k]: e4m3 P·V reads it
+        # from memory with keys innermost; as stored, the compiler transposed every tile
+        # through shared memory, 0.69-0.80x on an H200 at D 128)
+        "FP8": problem.dtype in FP8_DTYPES,
+        "V_TRANSPOSED": problem.dtype in FP8_DTYPES,
+        "PV_WIDE": s.pv_wide,
     }
 
 
@@ -286,7 +296,8 @@ def constant_args(problem: Problem, schedule: Schedule) -> tuple:
 
 def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Schedule,
                 scale: float, lse: Any = None, sinks: Any = None, ranges: Any = None,
-                packed: bool = False, work: Any = None, pages: Any = None) -> tuple:
+                packed: bool = False, work: Any = None, pages: Any = None,
+                descales: tuple | None = None) -> tuple:
     """The positional arguments of ``attention_fwd`` for ``ct.launch``. With ``lse`` (a float32
     ``[B, H_q, S_q]`` array) the kernel also stores each query row's log-sum-exp there
     (``STORE_LSE``); without it ``Lse`` gets the placeholder :data:`NO_LSE`. ``sinks``: the
@@ -295,14 +306,16 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
     are ``[1, H, tokens, D]`` views of packed sequences; ``work``: a ragged call's int32
     ``[2, items]`` work table, ``tiledattention.core._work_table``, for a 1-D grid of
     ``items x H_q`` CTAs; ``pages``: a paged problem's int32 block table, ``k`` and ``v`` then
-    page pools). The window and the softcap come from ``problem``; values the kernel does not
+    page pools; ``descales``: an FP8 problem's float32 ``[B, H_kv]`` (q, k, v) descale
+    factors). The window and the softcap come from ``problem``; values the kernel does not
     read get :data:`UNUSED`."""
     if work is not None and ranges is None:
         raise KernelArgumentError(f"a work table comes only with a ragged call's ranges; got one "
                                   f"without them for {problem.describe()}")
     for name, given, wanted in (("sinks", sinks, problem.sinks),
                                 ("ranges", ranges, problem.ragged),
-                                ("pages", pages, problem.page_size > 0)):
+                                ("pages", pages, problem.page_size > 0),
+                                ("descales", descales, problem.dtype in FP8_DTYPES)):
         if (given is not None) != wanted:
             raise KernelArgumentError(
                 f"{name} must be given exactly when the problem has {name}; got "
@@ -318,6 +331,9 @@ def kernel_args(q: Any, k: Any, v: Any, out: Any, problem: Problem, schedule: Sc
                "Ranges": UNUSED if ranges is None else ranges,
                "Work": UNUSED if work is None else work,
                "Pages": UNUSED if pages is None else pages}
+    for name, factors in zip(("QDescale", "KDescale", "VDescale"),
+                             descales or (UNUSED, UNUSED, UNUSED)):
+        runtime[name] = factors
     constants = _constants(problem, schedule)
     if lse is not None or packed or work is not None:
         constants = kernel_constants(problem, schedule, store_lse=lse is not None,
@@ -361,16 +377,47 @@ def ragged_grid(schedule: Schedule, heads_q: int, sequences: int,
     return (max(1, math.ceil(longest_q / schedule.tile_m)), sequences * heads_q, 1)
 
 
+#: FP8's transposed values keep each head-dim row's start 16-byte aligned (TMA's rule): the key
+#: axis is stored padded to a multiple of this many elements.
+VALUE_ROW_ALIGN = 16
+
+
+def transposed_value_strides(batch: int, heads_kv: int, head_dim: int,
+                             seqlen_k: int) -> tuple[int, int, int, int]:
+    """The strides (in elements) of an FP8 call's ``[B, H_kv, D, S_k]`` transposed values: the
+    key axis stored padded to :data:`VALUE_ROW_ALIGN`."""
+    row = -(-seqlen_k // VALUE_ROW_ALIGN) * VALUE_ROW_ALIGN
+    return (heads_kv * head_dim * row, head_dim * row, row, 1)
+
+
+def transpose_values(v: Any) -> Any:
+    """``v`` (``[B, H_kv, S_k, D]``) as the FP8 kernel reads it: a ``[B, H_kv, D, S_k]`` copy
+    with :func:`transposed_value_strides` (one copy kernel on the current stream)."""
+    import torch
+
+    b, h, sk, d = v.shape
+    strides = transposed_value_strides(b, h, d, sk)
+    vt = torch.empty(b * strides[0], dtype=v.dtype, device=v.device).as_strided(
+        (b, h, d, sk), strides)
+    # torch copies no float8 tensors between layouts: copy their bytes
+    vt.view(torch.uint8).copy_(v.view(torch.uint8).transpose(2, 3))
+    return vt
+
+
 def default_scale(problem: Problem) -> float:
     return 1.0 / math.sqrt(problem.head_dim)
 
 
 def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,
-           schedule: Schedule, scale: float, sm_count: int, sinks: Any = None) -> None:
+           schedule: Schedule, scale: float, sm_count: int, sinks: Any = None,
+           descales: tuple | None = None) -> None:
     """Enqueue one forward pass on ``stream`` (validated inputs, preallocated ``out``;
-    ``sinks``: the float32 ``[H_q]`` sink logits when ``problem.sinks``)."""
+    ``sinks``: the float32 ``[H_q]`` sink logits when ``problem.sinks``; ``descales``: an FP8
+    problem's float32 ``[B, H_kv]`` factors of q, k, v, with ``v`` transposed,
+    :func:`transpose_values`)."""
     _aot.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
-                kernel_args(q, k, v, out, problem, schedule, scale, sinks=sinks))
+                kernel_args(q, k, v, out, problem, schedule, scale, sinks=sinks,
+                            descales=descales))
 
 
 def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, problem: Problem,

@@ -61,6 +61,9 @@ class Schedule(ScheduleValue):
         split_d: a head dim that is not a power of two runs as two power-of-two parts (96 as
             64 + 32, 80 as 64 + 16) in both matrix products, instead of one part padded to the
             next power of two (128) whose zero columns cost matrix work and registers.
+    FP8 inputs:
+        pv_wide: P·V in bfloat16 (each value tile widened from e4m3) instead of e4m3 (P
+            shifted by 2^8 into e4m3's range): about ten times more accurate, slower.
     """
 
     tile_m: int = 64
@@ -82,6 +85,7 @@ class Schedule(ScheduleValue):
     persistent: bool = False
     paired_tiles: bool = False
     split_d: bool = False
+    pv_wide: bool = False
 
     # The dict form's version, and its name in messages ("a schedule ...": the forward was the
     # first family, so its messages name no family). Fields added to the dict form after format
@@ -93,8 +97,8 @@ class Schedule(ScheduleValue):
     FORMAT = SCHEDULE_FORMAT
     LABEL = ""
     ADDED_FIELDS = ("num_worker_warps", "split_masked", "persistent", "paired_tiles",
-                    "split_d")
-    OMITTED_AT_DEFAULT = ("split_d",)
+                    "split_d", "pv_wide")
+    OMITTED_AT_DEFAULT = ("split_d", "pv_wide")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -134,7 +138,7 @@ class Schedule(ScheduleValue):
         if not self.allow_tma:
             parts.append("noTMA")
         for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "persistent", "paired_tiles", "split_d"):
+                     "persistent", "paired_tiles", "split_d", "pv_wide"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)

@@ -1,0 +1,141 @@
+"""``tiledattention.sdpa`` of FP8 inputs: float8_e4m3fn q, k and v with descale factors (the
+convention of FlashAttention-3 and cuDNN: the stored values times ``q_descale``, ``k_descale``,
+``v_descale`` are the real ones), a bfloat16 output; or an FP8 K/V cache: float8_e4m3fn k and v
+with their factors under bf16 / fp16 queries (``Problem.kv_dtype``), the output in q's dtype
+(the decode family's kernels, which widen each key and value tile).
+
+A descale factor is a float32 torch tensor on q's device of shape ``[B, H_kv]``, or one that
+broadcasts to it (``[]``, ``[1]``, ``[B, 1]``, ``[1, H_kv]``: per tensor, per batch entry, per
+K/V head); ``None`` means 1. A query head takes its K/V head's factor. The family that declares the dtype runs
+the call (``Family.forward_fp8``: the prefill forward for FP8 inputs, on Hopper and later; the
+decode family for an FP8 cache, which its dispatch rule must take: few query rows). No
+autograd, no CuPy arrays (CuPy has no float8 type), no packed or paged sequences here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core import _device
+from ..core._call import Call
+from ..core._dispatch import choose_family, family_for_schedule
+from ..core._dtypes import FP8_DTYPES, element, torch_dtype
+from ..core._problem import Problem, check_cuda, problem_of_arrays, sink_logits
+from ..core._runtime import Runtime
+from ..errors import (InputTypeError, InputValueError, KernelArgumentError,
+                      UnsupportedOperationError, UnsupportedProblemError)
+from ._sdpa import check_out
+
+__all__ = ["sdpa_fp8", "is_fp8_call", "DESCALE_NAMES"]
+
+#: The descale arguments, in the order of q, k, v.
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+#: torch's names of the FP8 dtypes (``str(tensor.dtype)``)
+_FP8_TORCH_NAMES = frozenset(f"torch.{element(name).torch}" for name in FP8_DTYPES)
+
+
+def is_fp8_call(q: Any, k: Any, descales: tuple) -> bool:
+    """Whether ``sdpa`` was given FP8 inputs (q, or k: an FP8 cache) or any descale factor
+    (then the FP8 path checks the rest)."""
+    return (descales[0] is not None or descales[1] is not None or descales[2] is not None
+            or str(getattr(q, "dtype", "")) in _FP8_TORCH_NAMES
+            or str(getattr(k, "dtype", "")) in _FP8_TORCH_NAMES)
+
+
+def _check_inputs(q: Any, k: Any, v: Any, descales: tuple) -> bool:
+    """FP8 inputs: torch tensors, k and v float8_e4m3fn, q too or (an FP8 cache) bf16 / fp16
+    without a ``q_descale``, none requiring grad. Returns whether q is FP8."""
+    import torch
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise InputTypeError(f"{name} must be a torch.Tensor for FP8 attention (CuPy has no "
+                                 f"float8 type); got {type(x).__name__}")
+    wanted = torch_dtype("e4m3")
+    given = [n for n, d in zip(DESCALE_NAMES, descales) if d is not None]
+    why = f" (given {', '.join(given)})" if given else ""
+    fp8_q = q.dtype == wanted
+    if not fp8_q and q.dtype not in (torch.bfloat16, torch.float16):
+        raise InputTypeError(f"q must be {wanted} (FP8 attention) or bfloat16 / float16 over an "
+                             f"FP8 K/V cache{why}; got {q.dtype}")
+    if not fp8_q and descales[0] is not None:
+        raise InputValueError(f"q_descale goes with {wanted} queries; got it with {q.dtype} "
+                              f"queries (an FP8 K/V cache takes k_descale and v_descale only)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if name != "q" and x.dtype != wanted:
+            raise InputTypeError(f"{name} must be {wanted} for FP8 attention{why}; got "
+                                 f"{x.dtype}")
+        if x.requires_grad:
+            raise UnsupportedOperationError(
+                f"FP8 attention has no backward pass; got {name} requiring grad (pass "
+                f"{name}.detach(), or train in bf16)")
+    return fp8_q
+
+
+def fp8_descales(descales: tuple, problem: Problem, q: Any) -> tuple:
+    """Each descale factor as the kernel reads it: a contiguous float32 ``[B, H_kv]`` tensor
+    (``None``: ones). Raises naming the argument for a wrong type, dtype, shape or device."""
+    import torch
+
+    target = (problem.batch, problem.heads_kv)
+    checked = []
+    for name, d in zip(DESCALE_NAMES, descales):
+        if d is None:
+            checked.append(torch.ones(target, dtype=torch.float32, device=q.device))
+            continue
+        if not isinstance(d, torch.Tensor):
+            raise InputTypeError(f"{name} must be a float32 torch.Tensor of shape [B, H_kv] = "
+                                 f"{list(target)} (or one that broadcasts to it), or None; got "
+                                 f"{type(d).__name__}")
+        if d.dtype != torch.float32:
+            raise InputTypeError(f"{name} must be float32; got {d.dtype}")
+        if d.dim() > 2 or any(n not in (1, t) for n, t in zip(d.shape[::-1], target[::-1])):
+            raise InputValueError(f"{name} must have shape [B, H_kv] = {list(target)} or one "
+                                  f"that broadcasts to it ([], [1], [B, 1], [1, H_kv]); got "
+                                  f"{list(d.shape)}")
+        if d.device != q.device:
+            raise InputValueError(f"{name} must be on q's device {q.device}; got {d.device}")
+        d = d.detach()
+        if tuple(d.shape) != target or not d.is_contiguous():
+            d = d.expand(target).contiguous()
+        checked.append(d)
+    return tuple(checked)
+
+
+def sdpa_fp8(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale: Any,
+             variant: tuple, schedule: Any, out: Any, descales: tuple) -> Any:
+    """``sdpa`` of FP8 inputs on ``runtime`` (module docstring); ``variant``: the call's
+    ``(window, softcap, sinks)``; ``descales``: ``(q_descale, k_descale, v_descale)``."""
+    import torch
+
+    _check_inputs(q, k, v, descales)
+    window, softcap, sinks = variant
+    problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks,
+                                      fp8=True)
+    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, kind)
+    factors = fp8_descales(descales, problem, q)
+    if out is not None:
+        check_out(out, q, k, v, problem, kind)
+    check_cuda((("q", q), ("k", k), ("v", v)), kind)  # last: a wrong argument is named first
+    device_index = q.device.index
+    arch = _device.device_info(device_index).arch
+    if schedule is None:
+        family = choose_family(arch, problem)  # the family that declares the dtype
+        schedule = runtime.resolution(family, family.plan_problem(problem),
+                                      device_index).schedule
+    else:
+        family = family_for_schedule(schedule)
+        if not family.accepts(arch, problem):
+            raise UnsupportedProblemError(family.why_accepted(arch, problem))
+    if out is None:
+        out = torch.empty(q.shape, dtype=torch_dtype(element(problem.dtype).output_name),
+                          device=q.device)
+    call = Call.of(problem, scale, causal, window)
+    result = family.forward_fp8(call, schedule, device_index, q, k, v, out, sinks=logits,
+                                descales=factors, scratch=runtime)
+    if result is None:  # a plan's own checks of the arrays failed (validated above)
+        raise KernelArgumentError(f"the {family.name} family could not launch "
+                                  f"{problem.describe()} on these arrays")
+    return result
