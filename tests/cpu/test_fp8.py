@@ -219,3 +219,50 @@ def test_entry_points_without_fp8_refuse_it_as_a_dtype():
     with pytest.raises(InputTypeError, match="must be bfloat16 or float16"):
         ta.sdpa_with_lse(Q, K, K)
     assert BACKWARD.dtype_refusal(_problem()) is not None
+
+
+def test_tiledtune_explain_fp8_and_its_refusal(capsys, tmp_path):
+    import json
+
+    from tuner import cli
+
+    db = str(tmp_path / "none.sqlite")
+    code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--problem",
+                     "batch=1,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,head_dim=128,"
+                     "dtype=bf16,causal=false,kv_dtype=e4m3"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    (step,) = json.loads(out)["lookups"]
+    assert step["family"] == "decode" and step["source"] == "shipped"
+    code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--shape",
+                     "1,32/8,8192,128", "--dtype", "e4m3", "--causal", "yes"])
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["lookups"][0]["family"] == "forward"
+    code = cli.main(["explain", "--device", "sm_89", "--db", db, "--shape", "1,32/8,4096,128",
+                     "--dtype", "e4m3"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "FP8 attention needs sm_90" in err and "Traceback" not in err
+
+
+def test_the_fp8_bench_preset_and_its_bytes():
+    from tuner.bench import BenchConfigError
+    from tuner.bench._engine import problem_bytes, result_fields
+    from tuner.bench._presets import build_grid
+
+    prefill = build_grid("forward", preset="fp8").problems
+    assert prefill and all(p.dtype == "e4m3" for p in prefill)
+    assert {p.head_dim for p in prefill} == {128, 256} and any(not p.causal for p in prefill)
+    decode = build_grid("decode", preset="fp8").problems
+    assert decode and all(p.kv_dtype == "e4m3" and p.seqlen_q == 1 for p in decode)
+    with pytest.raises(BenchConfigError, match="FP8 has no backward"):
+        build_grid("backward", preset="fp8")
+    step = decode[0]
+    plain = Problem.from_dict({**step.to_dict(), "kv_dtype": ""})
+    # K and V at one byte an element: the cache's bytes halve, q and the output stay
+    q_out = 2 * 2 * step.batch * step.heads_q * step.head_dim
+    assert problem_bytes(step) - q_out == (problem_bytes(plain) - q_out) // 2
+    assert result_fields(step)["kv_dtype"] == "e4m3" and "kv_dtype" not in result_fields(plain)
+    e4m3 = prefill[0]
+    bf16 = Problem.from_dict({**e4m3.to_dict(), "dtype": "bf16"})
+    elems = e4m3.batch * e4m3.heads_q * e4m3.seqlen_q * e4m3.head_dim
+    assert problem_bytes(bf16) - problem_bytes(e4m3) == elems + (problem_bytes(bf16) - 4 * elems) // 2

@@ -238,3 +238,38 @@ def test_fp8_cache_family_case_checks_the_default_schedule():
     assert case.k.dtype == torch.float8_e4m3fn and case.q.dtype == torch.bfloat16
     schedule = ta.DECODE.default_schedule(_arch(), problem)
     assert case.error(case.launcher(schedule)) < ta.DECODE.tolerances["bf16"]
+
+
+def test_a_repeated_fp8_call_runs_its_kept_plan(monkeypatch):
+    """The second call of a signature skips validation and lookup (a failing validation
+    would raise) and gives the first call's output; a decode loop whose FP8 cache grows by a
+    key a step keeps one plan for the band; a changed factor layout validates again."""
+    from tiledattention.entry_points import _fp8
+
+    problem = _problem(2, 8, 2, 700, 700, 128, causal=True)
+    values, descales = _inputs(problem, seed=4)
+    q, k, v = values
+    first = ta.sdpa(q, k, v, True, q_descale=descales[0], k_descale=descales[1],
+                    v_descale=descales[2])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(_fp8, "_check_inputs", refuse)
+    again = ta.sdpa(q, k, v, True, q_descale=descales[0], k_descale=descales[1],
+                    v_descale=descales[2])
+    assert torch.equal(first, again)
+    with pytest.raises(AssertionError, match="validated again"):  # per-tensor: a new layout
+        ta.sdpa(q, k, v, True, q_descale=descales[0][0, 0])
+    monkeypatch.undo()
+    # a growing FP8 cache: one validation, then the band's plan
+    q1, k8, v8, kd, vd = _cache(1, 32, 8, 1, 1100, 128, torch.bfloat16, seed=6)
+    ta.sdpa(q1, k8[:, :, :1000], v8[:, :, :1000], k_descale=kd, v_descale=vd)
+    monkeypatch.setattr(_fp8, "_check_inputs", refuse)
+    for n in (1001, 1050, 1100):
+        out = ta.sdpa(q1, k8[:, :, :n], v8[:, :, :n], k_descale=kd, v_descale=vd)
+        problem = Problem(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=n,
+                          head_dim=128, dtype="bf16", causal=False, kv_dtype="e4m3")
+        ref = attention_reference(q1, dequantise_fp8(k8[:, :, :n], kd),
+                                  dequantise_fp8(v8[:, :, :n], vd), problem)
+        assert rel_l2(out, ref) < ta.DECODE.tolerances["bf16"]

@@ -132,13 +132,18 @@ class AttentionCase(Case):
     def baselines(self) -> Mapping[str, Callable[[], Any]]:
         """torch's cuDNN and flash backends (what the tuner stores beside each row); for a
         window, torch's SDPA with the materialised mask on its efficient backend (what
-        transformers does); none for a softcap or sinks (torch's SDPA has neither)."""
+        transformers does); none for a softcap or sinks (torch's SDPA has neither). FP8
+        inputs or an FP8 cache: the same backends on the dequantised values in the output's
+        dtype (torch's SDPA takes no FP8; what a user without FP8 kernels would run)."""
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         q, k, v = self.q, self.k, self.v
-        if self.problem.softcap > 0 or self.problem.sinks or self.descales is not None:
-            return {}  # (torch's SDPA takes no FP8 inputs either)
+        if self.problem.softcap > 0 or self.problem.sinks:
+            return {}
+        if self.descales is not None:
+            q, k, v = (dequantise_fp8(x, d).to(self.out.dtype) if x.dtype != self.out.dtype
+                       else x for x, d in zip((q, k, v), self.descales))
         kwargs = torch_sdpa_kwargs(self.problem)
 
         def backend(which: SDPBackend) -> Callable[[], Any]:

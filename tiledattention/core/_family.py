@@ -360,15 +360,15 @@ class Family(abc.ABC):
         when ``problem.ragged`` (``lse`` may then be ``None``: a forward that keeps none)."""
         raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
 
-    def forward_fp8(self, call: Any, schedule: Any, device_index: int, q: Any, k: Any, v: Any,
-                    out: Any, sinks: Any = None, descales: tuple = (),
-                    scratch: Any = None) -> Any:
-        """Enqueue, on the device's current stream, the attention of an FP8 call
-        (``call.problem``: an FP8 ``dtype`` the family's ``tolerances`` declare, or a
-        ``kv_dtype`` of its ``kv_dtypes``) into ``out`` (in the output's dtype) and return
-        ``out``; ``descales``: the float32 ``[B, H_kv]`` factors of q, k and v
-        (``tiledattention.entry_points._fp8``); ``scratch``: where a launch keeps scratch
-        buffers between calls (a ``Runtime``, or None)."""
+    def fp8_plan(self, call: Any, schedule: Any, device_index: int, q: Any, k: Any, v: Any,
+                 out: Any) -> Any:
+        """The launch plan of an FP8 call (``call.problem``: an FP8 ``dtype`` the family's
+        ``tolerances`` declare, or a ``kv_dtype`` of its ``kv_dtypes``) for these arrays
+        (``out``: the caller's, or None), kept by ``sdpa`` per call signature: its ``run(
+        scratch, q, k, v, device, out, sinks=, descales=)`` enqueues the call on the device's
+        current stream with the float32 ``[B, H_kv]`` factors of q, k and v and returns the
+        output (None where the arrays fail the plan's own checks)
+        (``tiledattention.entry_points._fp8``)."""
         raise UnsupportedOperationError(f"the {self.name} family takes no FP8 inputs")
 
     def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,

@@ -24,7 +24,7 @@ from ..core._problem import Problem, check_cuda, problem_of_arrays, sink_logits
 from ..core._runtime import Runtime
 from ..errors import (InputTypeError, InputValueError, KernelArgumentError,
                       UnsupportedOperationError, UnsupportedProblemError)
-from ._sdpa import check_out
+from ._sdpa import as_float32, check_out
 
 __all__ = ["sdpa_fp8", "is_fp8_call", "DESCALE_NAMES"]
 
@@ -81,9 +81,12 @@ def fp8_descales(descales: tuple, problem: Problem, q: Any) -> tuple:
 
     target = (problem.batch, problem.heads_kv)
     checked = []
+    ones = None
     for name, d in zip(DESCALE_NAMES, descales):
         if d is None:
-            checked.append(torch.ones(target, dtype=torch.float32, device=q.device))
+            if ones is None:
+                ones = torch.ones(target, dtype=torch.float32, device=q.device)
+            checked.append(ones)
             continue
         if not isinstance(d, torch.Tensor):
             raise InputTypeError(f"{name} must be a float32 torch.Tensor of shape [B, H_kv] = "
@@ -104,12 +107,74 @@ def fp8_descales(descales: tuple, problem: Problem, q: Any) -> tuple:
     return tuple(checked)
 
 
+class _Kept:
+    """An FP8 call's plan, kept per signature: the family's plan, the ``[B, H_kv]`` shape of
+    the factors and, per factor, how a call's argument becomes one (kept ones for ``None``,
+    the tensor itself, or its contiguous expansion)."""
+
+    __slots__ = ("plan", "target", "ones", "expand")
+
+    def __init__(self, plan: Any, target: tuple, ones: Any, descales: tuple) -> None:
+        self.plan, self.target, self.ones = plan, target, ones
+        self.expand = tuple(d is not None and (tuple(d.shape) != target or not d.is_contiguous())
+                            for d in descales)
+
+    def factors(self, descales: tuple) -> tuple:
+        return tuple(self.ones if d is None else d.expand(self.target).contiguous() if e else d
+                     for d, e in zip(descales, self.expand))
+
+
+#: The families whose FP8 plans were kept (their ``plan_key`` finds a call's plan).
+_warm: list[Any] = []
+
+
+def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, variant: tuple,
+               schedule: Any, descales: tuple) -> tuple:
+    """What a kept FP8 plan depends on besides K and V's shapes (``Family.plan_key``): q's
+    layout, the dtypes, devices and gradient flags of q, k and v, the arguments with their
+    types, the sinks' and the factors' layouts (as ``_sdpa``'s signature)."""
+    window, softcap, sinks = variant
+    return (q.shape, q.stride(), q.dtype, q.get_device(), k.dtype, k.get_device(), v.dtype,
+            v.get_device(), q.requires_grad, k.requires_grad, v.requires_grad, causal,
+            causal.__class__, scale, scale.__class__, schedule, window, window.__class__,
+            softcap, softcap.__class__,
+            None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype,
+                                        sinks.get_device()),
+            tuple(None if d is None else (d.shape, d.stride(), d.dtype, d.get_device(),
+                                          d.requires_grad) for d in descales))
+
+
 def sdpa_fp8(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale: Any,
              variant: tuple, schedule: Any, out: Any, descales: tuple) -> Any:
     """``sdpa`` of FP8 inputs on ``runtime`` (module docstring); ``variant``: the call's
-    ``(window, softcap, sinks)``; ``descales``: ``(q_descale, k_descale, v_descale)``."""
-    import torch
+    ``(window, softcap, sinks)``; ``descales``: ``(q_descale, k_descale, v_descale)``. A call
+    without ``out`` whose signature was seen before runs the kept plan (no validation, lookup
+    or plan building); the others take the validating path."""
+    signature = None
+    if out is None:
+        try:
+            signature = _signature(q, k, v, causal, scale, variant, schedule, descales)
+            for family in _warm:
+                kept = runtime.plan(("fp8", family.plan_key(signature, k, v)))
+                if kept is not None:
+                    sinks = variant[2]
+                    result = kept.plan.run(runtime, q, k, v, q.get_device(), None,
+                                           sinks=None if sinks is None else as_float32(sinks),
+                                           descales=kept.factors(descales))
+                    if result is not None:
+                        return result
+                    break  # the plan's own checks failed: validation says why
+        except (AttributeError, TypeError):  # not torch tensors, unhashable: validation says
+            signature = None
+    return _validated(runtime, q, k, v, causal, scale, variant, schedule, out, descales,
+                      signature)
 
+
+def _validated(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale: Any,
+               variant: tuple, schedule: Any, out: Any, descales: tuple,
+               signature: tuple | None) -> Any:
+    """The validating path: check, choose the family, resolve, build (and keep, with a
+    ``signature``) the plan, launch."""
     _check_inputs(q, k, v, descales)
     window, softcap, sinks = variant
     problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks,
@@ -129,13 +194,16 @@ def sdpa_fp8(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale: Any,
         family = family_for_schedule(schedule)
         if not family.accepts(arch, problem):
             raise UnsupportedProblemError(family.why_accepted(arch, problem))
-    if out is None:
-        out = torch.empty(q.shape, dtype=torch_dtype(element(problem.dtype).output_name),
-                          device=q.device)
-    call = Call.of(problem, scale, causal, window)
-    result = family.forward_fp8(call, schedule, device_index, q, k, v, out, sinks=logits,
-                                descales=factors, scratch=runtime)
-    if result is None:  # a plan's own checks of the arrays failed (validated above)
+    plan = family.fp8_plan(Call.of(problem, scale, causal, window), schedule, device_index,
+                           q, k, v, out)
+    result = plan.run(runtime, q, k, v, device_index, out, sinks=logits, descales=factors)
+    if result is None:  # the plan's own checks of the arrays failed (validated above)
         raise KernelArgumentError(f"the {family.name} family could not launch "
                                   f"{problem.describe()} on these arrays")
+    if signature is not None:
+        ones = next((f for f, d in zip(factors, descales) if d is None), None)
+        runtime.keep_plan(("fp8", family.plan_key(signature, k, v)),
+                          _Kept(plan, (problem.batch, problem.heads_kv), ones, descales))
+        if family not in _warm:
+            _warm.append(family)
     return result

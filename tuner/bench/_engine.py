@@ -38,6 +38,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from tiledattention.tooling import FP8_DTYPES
+
 from ..errors import TunerError
 from ._paged import PAGED_CONTENDERS, build_paged_contender, is_paged, paged_bytes
 from ._peers import PEER_CONTENDERS, build_peer_contender
@@ -104,7 +106,8 @@ class _Final(TunerError):
 
 def problem_bytes(problem: Any) -> int:
     """Bytes one call must move at least: Q and K and V read, the output written, each once,
-    in the input dtype (2 bytes an element): ``2·(2·B·H_q·S_q·D + 2·B·H_kv·S_k·D)``; with a
+    in the input dtype (2 bytes an element, 1 for an FP8 input or cache):
+    ``2·(2·B·H_q·S_q·D + 2·B·H_kv·S_k·D)`` for 16-bit inputs; with a
     sliding window only the keys some query row sees (``problem.key_span``) count in ``S_k``
     (a 4096-key window of a 128k cache reads 4096 keys). A ragged problem counts the sequences
     its family's case packs (``_ragged.case_sequences``), each by its own lengths: the valid
@@ -121,18 +124,22 @@ def problem_bytes(problem: Any) -> int:
         keys = max(0, hi - lo)
     q_and_out = 2 * problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
     k_and_v = 2 * problem.batch * problem.heads_kv * keys * problem.head_dim
-    return 2 * (q_and_out + k_and_v)
+    fp8 = getattr(problem, "kv_dtype", "") or problem.dtype in FP8_DTYPES
+    # FP8: K and V (and q, for FP8 inputs) take one byte an element; the output two
+    return 2 * q_and_out + (k_and_v if fp8 else 2 * k_and_v) - (
+        problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
+        if problem.dtype in FP8_DTYPES else 0)
 
 
 #: The variant fields of a ``BenchResult`` and their values for a plain problem.
 _VARIANT_FIELDS = dict(window_left=-1, window_right=-1, softcap=0.0, sinks=False, ragged=False,
-                       page_size=0)
+                       page_size=0, kv_dtype="")
 
 
 def result_fields(problem: Any) -> dict[str, Any]:
     """The problem's fields of a ``BenchResult`` (``heads`` = H_q, ``seqlen`` = S_k; the window,
-    softcap, sinks, ``ragged`` and ``page_size`` where set: a plain problem's rows keep their
-    defaults)."""
+    softcap, sinks, ``ragged``, ``page_size`` and ``kv_dtype`` where set: a plain problem's
+    rows keep their defaults)."""
     variant = {name: getattr(problem, name, plain) for name, plain in _VARIANT_FIELDS.items()}
     return dict(batch=problem.batch, heads=problem.heads_q, heads_kv=problem.heads_kv,
                 seqlen_q=problem.seqlen_q, seqlen=problem.seqlen_k, head_dim=problem.head_dim,
@@ -251,6 +258,9 @@ class _Point:
                 lookup_detail=f"{family.name}.default_schedule({self.arch!r})")
         if name != "tiledattention":
             family = get_family(name.removeprefix("tiledattention-"))
+            refused = family.dtype_refusal(self.problem)  # e.g. an FP8 cache: decode's only
+            if refused is not None:
+                raise _Final("skipped", refused)
         resolution = runtime().resolution(family, self.problem, self.device)
         return family, resolution.schedule, dict(schedule=resolution.schedule.describe(),
                                                  lookup_source=resolution.source,

@@ -40,7 +40,8 @@ from ._peers import PEER_CONTENDERS
 from ._ragged import RAGGED_CONTENDERS
 from ._variants import VARIANT_CONTENDERS, applies
 
-__all__ = ["BenchConfigError", "GRID_PRESETS", "Grid", "PAGED_POINTS", "PAGED_PRESETS", "Preset",
+__all__ = ["BenchConfigError", "FP8_POINTS", "FP8_PRESETS", "GRID_PRESETS", "Grid", "PAGED_POINTS",
+           "PAGED_PRESETS", "Preset",
            "PRESETS", "RAGGED_POINTS", "RAGGED_PRESETS", "VARIANT_POINTS", "VARIANT_PRESETS",
            "build_grid", "parse_int_list", "parse_positive_float", "parse_positive_int"]
 
@@ -393,9 +394,10 @@ def _variant_grid(preset: "Preset", o: Mapping[str, Any], base: Mapping[str, Any
     puts every point at each batch size given, ``--dtypes`` in each dtype."""
     dtypes = _option(o, base, "dtypes", lambda v: _dtypes(preset, v))
     batches = None if o.get("batch") is None else parse_int_list("--batch", o["batch"])
+    table = base.get("table", VARIANT_POINTS)
     seen: dict[Any, None] = {}
     for dtype, name in product(dtypes, base["points"]):
-        fields = dict(VARIANT_POINTS[name], dtype=dtype)
+        fields = dict(table[name], dtype=dtype)
         if base.get("batch") is not None:
             fields["batch"] = base["batch"]
         for b in batches or (fields["batch"],):
@@ -405,11 +407,14 @@ def _variant_grid(preset: "Preset", o: Mapping[str, Any], base: Mapping[str, Any
 
 
 def _variants_of(preset: Preset, points: tuple[str, ...], quick: tuple[str, ...],
-                 batch: int | None = None) -> Preset:
-    """``preset``'s family, contenders and timing over the named variant points."""
+                 batch: int | None = None, table: Mapping[str, Any] = VARIANT_POINTS,
+                 dtypes: tuple[str, ...] = ("bf16",)) -> Preset:
+    """``preset``'s family, contenders and timing over the named points of ``table`` (the
+    variant points unless given), in ``dtypes`` unless ``--dtypes`` says otherwise."""
     options = ("batch", "dtypes") + (("no_matmul",) if "no_matmul" in preset.options else ())
     return dataclasses.replace(preset, options=options, build=_variant_grid, defaults=tuple(
-        dict(points=names, dtypes=("bf16",), batch=batch) for names in (points, quick)))
+        dict(points=names, dtypes=dtypes, batch=batch, table=table)
+        for names in (points, quick)))
 
 
 #: ``--preset variants``: each family's benchmark over :data:`VARIANT_POINTS`.
@@ -602,14 +607,46 @@ def _paged_of(preset: Preset, points: tuple[str, ...], quick: tuple[str, ...]) -
 #: ``--preset paged``: the decode family's benchmark over :data:`PAGED_POINTS` (the forward
 #: and backward read no paged cache: chunked prefill gathers the pages first).
 PAGED_PRESETS = {"decode": _paged_of(PRESETS["decode"], tuple(PAGED_POINTS), _PAGED_QUICK)}
+# -- the FP8 preset (issue 52) --------------------------------------------------------------------
+
+#: Model-shaped FP8 calls (all but ``dtype``), by name: e4m3 prefill of Llama-3-8B (H 32/8),
+#: Qwen2.5-7B (H 28/4), Mistral-7B, Llama-3-70B's tensor-parallel slice (H 8/1) and Gemma-2's
+#: D 256 layers, causal and full; decode steps over an e4m3 K/V cache under bf16 queries
+#: (``kv_dtype``) at batch 1 and in batches. Contenders: ours, and torch's backends on the
+#: dequantised values in bf16 (the family case's ``baselines``).
+FP8_POINTS = {
+    "llama3-8b-8k": _point(1, (32, 8), 8192, 128),
+    "qwen2.5-7b-4k": _point(4, (28, 4), 4096, 128),
+    "mistral-7b-2k": _point(8, (32, 8), 2048, 128),
+    "llama3-70b-tp8-16k": _point(1, (8, 1), 16384, 128),
+    "gemma2-d256-8k": _point(2, (16, 8), 8192, 256),
+    "qwen2.5-7b-8k-full": _point(1, (28, 4), 8192, 128, causal=False),
+    "decode-fp8-cache-32k": dict(_point(1, (32, 8), 1, 128, seqlen_k=32768, causal=False),
+                                 kv_dtype="e4m3"),
+    "decode-fp8-cache-b32-4k": dict(_point(32, (32, 8), 1, 128, seqlen_k=4096, causal=False),
+                                    kv_dtype="e4m3"),
+    "decode-fp8-cache-b64-2k": dict(_point(64, (28, 4), 1, 128, seqlen_k=2048, causal=False),
+                                    kv_dtype="e4m3"),
+}
+_FP8_PREFILL = tuple(n for n in FP8_POINTS if not n.startswith("decode"))
+_FP8_DECODE = tuple(n for n in FP8_POINTS if n.startswith("decode"))
+#: ``--preset fp8``: e4m3 prefill (``--kernel forward``) and decode over an e4m3 cache
+#: (``--kernel decode``).
+FP8_PRESETS = {
+    "forward": _variants_of(PRESETS["forward"], _FP8_PREFILL, _FP8_PREFILL[:2],
+                            table=FP8_POINTS, dtypes=("e4m3",)),
+    "decode": _variants_of(PRESETS["decode"], _FP8_DECODE, _FP8_DECODE[:1],
+                           table=FP8_POINTS),
+}
 #: The grids ``--preset`` names, each a preset per family (``--kernel``).
 GRID_PRESETS = {"default": PRESETS, "variants": VARIANT_PRESETS, "ragged": RAGGED_PRESETS,
-                "paged": PAGED_PRESETS}
+                "paged": PAGED_PRESETS, "fp8": FP8_PRESETS}
 #: Why a ``--preset`` has no grid for some families (added to the refusal).
 _NO_GRID_WHY = {"paged": "a paged K/V cache is read by the decode family's kernels (one "
                          "query row per entry); give --kernel decode",
                 "ragged": "--kernel decode has --preset paged (decode steps over a paged "
-                          "K/V cache)"}
+                          "K/V cache)",
+                "fp8": "FP8 has no backward pass (train in bf16)"}
 
 
 @dataclass(frozen=True)

@@ -429,7 +429,8 @@ LAYOUTS = {
         label=lambda r: f"B{r.batch} H{r.heads}/{r.heads_kv} S_q{r.seqlen_q} S_k{r.seqlen} "
                         f"D{r.head_dim} {r.dtype} " + ("none" if not r.causal else
                                                        "bottom-right" if r.bottom_right
-                                                       else "top-left"),
+                                                       else "top-left")
+                        + (f" kv-{r.kv_dtype}" if r.kv_dtype else ""),
         intro="µs: median time of one call (CUDA events; the L2 is flushed before every sample, "
               "outside the timed region; with --interleave, the default here, the contenders of "
               "a point take turns sample by sample). GB/s: Q, K and V read and the output "

@@ -67,6 +67,9 @@ class BenchResult:
     #: many tokens (the family's paged case), TFLOP/s and GB/s counted on their valid keys
     #: (GB/s: the K/V bytes only); 0: no pages
     page_size: int = 0
+    #: an FP8 K/V cache under 16-bit queries (``Problem.kv_dtype``, issue 52): its dtype; "":
+    #: K and V in ``dtype``
+    kv_dtype: str = ""
     median_ms: float | None = None
     spread_ms: float | None = None
     samples: int | None = None
@@ -96,7 +99,8 @@ class BenchResult:
         """Every field of the grid point (rows of one point share it)."""
         return (self.dtype, self.batch, self.heads, self.heads_kv, self.seqlen_q, self.seqlen,
                 self.head_dim, self.causal, self.bottom_right, self.window_left,
-                self.window_right, self.softcap, self.sinks, self.ragged, self.page_size)
+                self.window_right, self.softcap, self.sinks, self.ragged, self.page_size,
+                self.kv_dtype)
 
     @property
     def variant(self) -> bool:
@@ -111,15 +115,18 @@ class BenchResult:
     @property
     def mask(self) -> str:
         """``full``, ``causal`` or ``causal-br``; a variant's also names its window
-        (``causal-win(4095,-1)``, ``win(4095,-1)-br``), softcap (`` cap50``) and sinks."""
+        (``causal-win(4095,-1)``, ``win(4095,-1)-br``), softcap (`` cap50``) and sinks; an FP8
+        cache's point ends in `` kv-e4m3``."""
+        cache = f" kv-{self.kv_dtype}" if self.kv_dtype else ""
         if not self.variant:
-            return ("causal-br" if self.bottom_right else "causal") if self.causal else "full"
+            return (("causal-br" if self.bottom_right else "causal") if self.causal
+                    else "full") + cache
         parts = (["causal"] if self.causal else []) + (
             [f"win({self.window_left},{self.window_right})"]
             if self.window_left >= 0 or self.window_right >= 0 else [])
         parts += ["br"] if self.bottom_right else []
         return ("-".join(parts) or "full") + (f" cap{self.softcap:g}" if self.softcap > 0
-                                              else "") + (" sinks" if self.sinks else "")
+                                              else "") + (" sinks" if self.sinks else "") + cache
 
     @property
     def note(self) -> str:

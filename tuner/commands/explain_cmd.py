@@ -235,8 +235,13 @@ def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, 
 def run(args: argparse.Namespace) -> int:
     from tiledattention import DeviceInfo, database_location
 
+    from tiledattention import UnsupportedOperationError
+
     problem = problem_of(args)  # a bad option: tuner.cli prints the UsageError, exit status 2
-    steps = _steps(args, problem)
+    try:
+        steps = _steps(args, problem)
+    except UnsupportedOperationError as exc:  # no family serves it there (FP8 before sm_90)
+        raise UsageError(str(exc)) from None
     device = DeviceInfo(index=-1, arch=args.device, name=args.device_name, sm_count=0)
     lookup = _Lookup(args.db or database_location())
     answers = []

@@ -127,18 +127,16 @@ class DecodeFamily(Family):
                 f"{problem.describe()}: its default schedule runs it")
         return DecodeCase(problem, device_index)
 
-    def forward_fp8(self, call: Call, schedule: DecodeSchedule, device_index: int, q, k, v,
-                    out, sinks=None, descales=(), scratch=None):
-        """:meth:`Family.forward_fp8` of an FP8 cache (``kv_dtype``) under 16-bit queries:
-        the plan of the call's band (as ``sdpa`` builds it), its split kernel widening each
-        key and value tile; ``descales``' k and v factors."""
+    def fp8_plan(self, call: Call, schedule: DecodeSchedule, device_index: int, q, k, v,
+                 out) -> DecodePlan:
+        """:meth:`Family.fp8_plan` of an FP8 cache (``kv_dtype``) under 16-bit queries: the
+        plan of the call's band of cache lengths (as ``sdpa``'s), whose split kernel widens
+        each key and value tile; its runs take the k and v factors of ``descales``."""
         from ...core import _plans as hot
 
         _check_ragged(call.problem)
         hot.bind_torch()
-        plan = decode_plan(call, schedule, device_index).for_torch(q, out, k, v)
-        return plan.run(scratch, q, k, v, device_index, out, sinks=sinks,
-                        descales=tuple(descales[1:]))
+        return decode_plan(call, schedule, device_index).for_torch(q, out, k, v)
 
     # sdpa asks decode first: its measured rule (``DispatchRule``) takes few query rows
     serves = ("sdpa",)

@@ -109,12 +109,13 @@ class DecodePlan(Plan):
 
     def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any,
             sinks: Any = None, ranges: Any = None, pages: Any = None,
-            descales: tuple | None = None) -> Any:
+            descales: tuple = ()) -> Any:
         """As :meth:`Plan.run`; ``sinks``: the call's float32 contiguous ``[H_q]`` sink logits
         (validated by the caller) when the plan's problem has sinks; ``ranges``: a ragged
         plan's int32 ``[4, B]`` query and key ranges; ``pages``: a paged plan's int32 block
         table (``k`` and ``v`` then page pools; both validated by the caller); ``descales``:
-        an FP8 cache's float32 ``[B, H_kv]`` factors of k and v (``Problem.kv_dtype``)."""
+        an FP8 cache's float32 ``[B, H_kv]`` factors of q, k and v (``Problem.kv_dtype``:
+        q's is unused)."""
         k_shape, k_strides, v_strides = k.shape, k.stride(), v.stride()
         tile_d = self.tile_d
         if (v.shape != k_shape or k_strides[3] != 1 or v_strides[3] != 1
@@ -137,7 +138,7 @@ class DecodePlan(Plan):
             partials = _partials(runtime, self.partial_shapes, q, device, stream)
         offset = k_shape[2] - self.out_shape[2] if self.bottom_right else 0
         _launch.launch(stream, self.launches, q, k, v, out, offset, partials, sinks, ranges,
-                       pages, descales)
+                       pages, descales[1:] or None)
         return out
 
     def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Problem,

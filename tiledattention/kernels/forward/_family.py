@@ -11,7 +11,7 @@ from ...core import _aot
 from ...core._case import AttentionCase, RaggedCase, ragged_flops
 from ...core._call import Call
 from ...core._compile import CompileResult
-from ...core._dtypes import FP8_DTYPES
+from ...core._dtypes import FP8_DTYPES, element, torch_dtype
 from ...core._family import Family, arch_dtype_refusal, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._problem import Problem, default_scale, page_tile
@@ -19,9 +19,9 @@ from ...core._work_table import compile_work_table
 from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
 from ._defaults import default_schedule
-from ._launch import (grid_for, kernel_args, kernel_for, launch, launch_ragged,
-                      launch_with_lse, normalise, transpose_values)
-from ._plan import ForwardPlan, forward_plan
+from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
+                      normalise)
+from ._plan import ForwardPlan, Fp8ForwardPlan, forward_plan, fp8_forward_plan
 from ._schedule import Schedule
 
 __all__ = ["FORWARD", "ForwardFamily", "ForwardCase"]
@@ -40,21 +40,14 @@ class ForwardCase(AttentionCase):
         problem = self.problem
         schedule = normalise(problem, schedule)
         grid = grid_for(problem, schedule, self.sm_count)
+        if self.descales is not None:  # FP8: the call's plan (its V transpose is timed too)
+            plan = fp8_forward_plan(problem, schedule, self.device_index, None, self.out.dtype)
+            return lambda: plan.run(None, self.q, self.k, self.v, self.device_index, self.out,
+                                    self.sinks, self.descales)
         kernel = kernel_for(schedule)
-        stream = torch.cuda.current_stream
-        if self.descales is None:
-            args = kernel_args(self.q, self.k, self.v, self.out, problem, schedule,
-                               default_scale(problem), sinks=self.sinks)
-            return lambda: _aot.launch(stream(), grid, kernel, args)
-        # FP8: each run transposes the values (a call's copy is part of its time)
-        v, fixed = self.v, kernel_args(self.q, self.k, None, self.out, problem, schedule,
-                                       default_scale(problem), sinks=self.sinks,
-                                       descales=self.descales)
-
-        def run() -> None:
-            _aot.launch(stream(), grid, kernel, fixed[:2] + (transpose_values(v),) + fixed[3:])
-
-        return run
+        args = kernel_args(self.q, self.k, self.v, self.out, problem, schedule,
+                           default_scale(problem), sinks=self.sinks)
+        return lambda: _aot.launch(torch.cuda.current_stream(), grid, kernel, args)
 
 
 class RaggedForwardCase(RaggedCase):
@@ -205,20 +198,14 @@ class ForwardFamily(Family):
         launch_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
                         _device.device_info(device_index).sm_count, sinks=sinks)
 
-    def forward_fp8(self, call: Call, schedule: Schedule, device_index: int, q, k, v, out,
-                    sinks=None, descales=(), scratch=None):
-        """:meth:`Family.forward_fp8` of e4m3 q, k and v (``out`` bf16): the values are
-        transposed into a ``[B, H_kv, D, S_k]`` copy first, the layout e4m3 ``P·V`` reads."""
-        import torch
-
+    def fp8_plan(self, call: Call, schedule: Schedule, device_index: int, q, k, v,
+                 out) -> Fp8ForwardPlan:
+        """:meth:`Family.fp8_plan` of e4m3 q, k and v (the output bf16): each run transposes
+        the values into a ``[B, H_kv, D, S_k]`` copy first, the layout e4m3 ``P·V`` reads."""
         problem = call.problem
-        info = _device.device_info(device_index)
-        self.check_fp8(info.arch, problem)
-        scale = default_scale(problem) if call.scale is None else float(call.scale)
-        launch(torch.cuda.current_stream(device_index), q, k, transpose_values(v), out,
-               problem, normalise(problem, schedule), scale, info.sm_count, sinks=sinks,
-               descales=descales)
-        return out
+        self.check_fp8(_device.device_info(device_index).arch, problem)
+        return fp8_forward_plan(problem, schedule, device_index, call.scale,
+                                torch_dtype(element(problem.dtype).output_name))
 
 
 FORWARD = register_family(ForwardFamily())

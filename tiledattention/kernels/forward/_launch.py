@@ -409,15 +409,11 @@ def default_scale(problem: Problem) -> float:
 
 
 def launch(stream: Any, q: Any, k: Any, v: Any, out: Any, problem: Problem,
-           schedule: Schedule, scale: float, sm_count: int, sinks: Any = None,
-           descales: tuple | None = None) -> None:
+           schedule: Schedule, scale: float, sm_count: int, sinks: Any = None) -> None:
     """Enqueue one forward pass on ``stream`` (validated inputs, preallocated ``out``;
-    ``sinks``: the float32 ``[H_q]`` sink logits when ``problem.sinks``; ``descales``: an FP8
-    problem's float32 ``[B, H_kv]`` factors of q, k, v, with ``v`` transposed,
-    :func:`transpose_values`)."""
+    ``sinks``: the float32 ``[H_q]`` sink logits when ``problem.sinks``)."""
     _aot.launch(stream, grid_for(problem, schedule, sm_count), kernel_for(schedule),
-                kernel_args(q, k, v, out, problem, schedule, scale, sinks=sinks,
-                            descales=descales))
+                kernel_args(q, k, v, out, problem, schedule, scale, sinks=sinks))
 
 
 def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, problem: Problem,

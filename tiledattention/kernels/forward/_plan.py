@@ -11,10 +11,10 @@ from ...core import _plans as hot
 from ...core import _aot
 from ...core._plans import Plan, clear_of, contiguous_like, out_spans
 from ...core._problem import Problem, default_scale
-from ._launch import grid_for, kernel_args, kernel_for, normalise
+from ._launch import grid_for, kernel_args, kernel_for, normalise, transpose_values
 from ._schedule import Schedule
 
-__all__ = ["ForwardPlan", "forward_plan"]
+__all__ = ["ForwardPlan", "forward_plan", "Fp8ForwardPlan", "fp8_forward_plan"]
 
 
 class ForwardPlan(Plan):
@@ -105,3 +105,54 @@ class _SinksSlot:
     """Stands for the sink logits in a plan's arguments until a launch brings them."""
 
     __slots__ = ()
+
+
+class Fp8ForwardPlan:
+    """The launch of an FP8 (e4m3) problem, kept by ``sdpa`` per call signature: kernel, grid
+    and the arguments after the four arrays, with the places of the sinks and of the three
+    descale factors each call fills; ``run`` transposes the values (``transpose_values``)."""
+
+    __slots__ = ("out_shape", "out_dtype", "grid", "kernel", "scalars", "sinks_at",
+                 "descales_at")
+
+    def __init__(self, out_shape: tuple, out_dtype: Any, grid: tuple, kernel: Any,
+                 scalars: tuple, sinks_at: int | None, descales_at: int) -> None:
+        self.out_shape, self.out_dtype, self.grid, self.kernel = out_shape, out_dtype, grid, kernel
+        self.scalars, self.sinks_at, self.descales_at = scalars, sinks_at, descales_at
+
+    def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any,
+            sinks: Any = None, descales: tuple = ()) -> Any:
+        """Enqueue the call on the device's current stream (``out``: bf16, or None for a new
+        one; ``sinks``: the float32 ``[H_q]`` logits of a problem with sinks; ``descales``:
+        the float32 ``[B, H_kv]`` factors of q, k and v) and return ``out``."""
+        import torch
+
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
+        scalars = list(self.scalars)
+        if self.sinks_at is not None:
+            scalars[self.sinks_at] = sinks
+        scalars[self.descales_at:self.descales_at + 3] = descales
+        _aot.launch(torch.cuda.current_stream(device), self.grid, self.kernel,
+                    (q, k, transpose_values(v), out, *scalars))
+        return out
+
+
+def fp8_forward_plan(problem: Problem, schedule: Schedule, device_index: int,
+                     scale: float | None, out_dtype: Any) -> Fp8ForwardPlan:
+    """The :class:`Fp8ForwardPlan` of ``schedule`` for the FP8 ``problem`` (its variants
+    included) on CUDA device ``device_index``, writing ``out_dtype``."""
+    schedule = normalise(problem, schedule)
+    scale = default_scale(problem) if scale is None else float(scale)
+    sinks, factors = _SinksSlot(), (_SinksSlot(), _SinksSlot(), _SinksSlot())
+    scalars = tuple(kernel_args(None, None, None, None, problem, schedule, scale,
+                                sinks=sinks if problem.sinks else None,
+                                descales=factors)[4:])
+    at = [a is factors[0] for a in scalars].index(True)
+    return Fp8ForwardPlan(
+        out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
+        out_dtype=out_dtype, grid=grid_for(problem, schedule,
+                                           _device.device_info(device_index).sm_count),
+        kernel=kernel_for(schedule), scalars=scalars,
+        sinks_at=[a is sinks for a in scalars].index(True) if problem.sinks else None,
+        descales_at=at)
