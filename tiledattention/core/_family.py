@@ -238,8 +238,8 @@ class Family(abc.ABC):
                     f"got {dtype} ({problem.describe()})")
         kv_dtype = getattr(problem, "kv_dtype", "")
         if kv_dtype and kv_dtype not in self.kv_dtypes:
-            return (f"the {self.name} family reads K and V in the queries' dtype only; got a "
-                    f"{kv_dtype} cache ({problem.describe()})")
+            return (f"the {self.name} family reads K and V in the queries' dtype only; got an "
+                    f"FP8 ({kv_dtype}) cache ({problem.describe()})")
         return None
 
     def check_dtype(self, problem: Any) -> None:

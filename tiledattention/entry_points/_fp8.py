@@ -6,10 +6,12 @@ with their factors under bf16 / fp16 queries (``Problem.kv_dtype``), the output 
 
 A descale factor is a float32 torch tensor on q's device of shape ``[B, H_kv]``, or one that
 broadcasts to it (``[]``, ``[1]``, ``[B, 1]``, ``[1, H_kv]``: per tensor, per batch entry, per
-K/V head); ``None`` means 1. A query head takes its K/V head's factor. The family that declares the dtype runs
-the call (``Family.forward_fp8``: the prefill forward for FP8 inputs, on Hopper and later; the
-decode family for an FP8 cache, which its dispatch rule must take: few query rows). No
-autograd, no CuPy arrays (CuPy has no float8 type), no packed or paged sequences here.
+K/V head); ``None`` means 1. A query head takes its K/V head's factor. The family that declares
+the dtype runs the call (``Family.fp8_plan``: the prefill forward for FP8 inputs, on Hopper and
+later; the decode family for an FP8 cache, which its dispatch rule must take: few query rows).
+As ``_sdpa`` does, a call's plan is kept per signature, so a repeated call (a decode loop whose
+cache grows within a band of lengths) skips validation, lookup and plan building. No autograd,
+no CuPy arrays (CuPy has no float8 type), no packed or paged sequences here.
 """
 
 from __future__ import annotations

@@ -14,9 +14,11 @@ attends keys ``0..i``; with ``BOTTOM_RIGHT`` (torch's ``causal_lower_right``) ke
 same offset ``off``; a side of -1, ``kernel_core.numbers.UNBOUNDED``, is unbounded): key tiles
 outside every row's window are never visited (``kernel_core.bounds``). ``SOFTCAP`` caps the
 scaled scores at ``softcap * tanh(s / softcap)``; ``SINKS`` adds ``exp(Sinks[head])`` to every
-row's denominator. ``BOTTOM_RIGHT``, ``TILE_D2``, ``STORE_LSE``, ``WINDOW``, ``SOFTCAP`` and
-``SINKS`` each sit under compile-time branches: without them the code is what it was before
-they existed.
+row's denominator. ``FP8``: e4m3 Q, K and V whose descale factors fold into the score scale
+and the output's normalisation, P shifted into e4m3's range before P·V, V read from a ``[B,
+H_kv, D, S_k]`` copy (``V_TRANSPOSED``), P·V in bf16 with ``PV_WIDE``. ``BOTTOM_RIGHT``,
+``TILE_D2``, ``STORE_LSE``, ``WINDOW``, ``SOFTCAP``, ``SINKS`` and ``FP8`` each sit under
+compile-time branches: without them the code is what it was before they existed.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def attention_fwd(
     Work,  # WORK_TABLE: [2, items] int32 work items: sequences (-1: none) and query tiles
     Pages,  # PAGED: int32 [sequences, max_pages] block table (K, V: page pools); else ()
     QDescale, KDescale, VDescale,  # FP8: float32 [B, H_kv] factors that turn the stored e4m3
-    # values into real ones (any strides: a per-tensor factor is a stride-0 view); else ()
+    # values into real ones; else ()
     TILE_M: ConstInt, TILE_N: ConstInt,
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
@@ -110,6 +112,7 @@ def attention_fwd(
             scale = softcap
             if EXP2:
                 scale = softcap * LOG2_E
+
         rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
         seqlen_k = K.shape[2]
         if PAGED:
