@@ -122,13 +122,11 @@ def problem_bytes(problem: Any) -> int:
     if getattr(problem, "windowed", False):
         lo, hi = problem.key_span(0, problem.seqlen_q - 1)
         keys = max(0, hi - lo)
-    q_and_out = 2 * problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
+    q = problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim  # and as many out
     k_and_v = 2 * problem.batch * problem.heads_kv * keys * problem.head_dim
-    fp8 = getattr(problem, "kv_dtype", "") or problem.dtype in FP8_DTYPES
-    # FP8: K and V (and q, for FP8 inputs) take one byte an element; the output two
-    return 2 * q_and_out + (k_and_v if fp8 else 2 * k_and_v) - (
-        problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
-        if problem.dtype in FP8_DTYPES else 0)
+    fp8_q = problem.dtype in FP8_DTYPES  # one byte an element (the output stays two)
+    fp8_kv = fp8_q or bool(getattr(problem, "kv_dtype", ""))
+    return q * (1 if fp8_q else 2) + 2 * q + k_and_v * (1 if fp8_kv else 2)
 
 
 #: The variant fields of a ``BenchResult`` and their values for a plain problem.
