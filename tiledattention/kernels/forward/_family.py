@@ -12,7 +12,7 @@ from ...core._case import AttentionCase, RaggedCase, ragged_flops
 from ...core._call import Call
 from ...core._compile import CompileResult
 from ...core._dtypes import FP8_DTYPES, element, torch_dtype
-from ...core._family import Family, arch_dtype_refusal, register_family
+from ...core._family import Family, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._problem import Problem, default_scale, page_tile
 from ...core._work_table import compile_work_table
@@ -98,28 +98,25 @@ class ForwardFamily(Family):
     transfer_limits = ((("batch", "heads_q"), 1.0),)
     padding_terms = (("seqlen_q", "tile_m", None), ("seqlen_k", "tile_n", None))
 
-    def fp8_refusal(self, arch: str, problem: Problem) -> str | None:
-        """Why this family cannot run ``problem``'s FP8 inputs on ``arch``, or ``None``:
-        cuda-tile has no e4m3 type before Hopper (:func:`arch_dtype_refusal`), and the FP8
-        kernel reads dense ``[B, H, S, D]`` arrays only."""
-        if problem.dtype not in FP8_DTYPES:
-            return None
-        why = arch_dtype_refusal(arch, problem)
-        if why is not None:
-            return why
-        if problem.ragged:
+    def fp8_refusal(self, problem: Problem) -> str | None:
+        """Why this family cannot run ``problem``'s FP8 inputs, or ``None``: the FP8 kernel
+        reads dense ``[B, H, S, D]`` arrays only (an architecture without FP8 is refused for
+        every family: ``Family.check_arch_dtype``)."""
+        if problem.dtype in FP8_DTYPES and problem.ragged:
             return (f"FP8 attention runs dense [B, H, S, D] calls only (no packed, padded or "
                     f"paged sequences); got {problem.describe()}")
         return None
 
     def check_fp8(self, arch: str, problem: Problem) -> None:
-        """Raise an :class:`UnsupportedProblemError` with :meth:`fp8_refusal`'s reason."""
-        why = self.fp8_refusal(arch, problem)
+        """Raise an :class:`UnsupportedProblemError` where ``arch`` has no FP8 or the FP8
+        kernel cannot run ``problem`` (:meth:`fp8_refusal`)."""
+        self.check_arch_dtype(arch, problem)
+        why = self.fp8_refusal(problem)
         if why is not None:
             raise UnsupportedProblemError(why)
 
     def takes(self, arch: str, problem: Problem) -> bool:
-        return super().takes(arch, problem) and self.fp8_refusal(arch, problem) is None
+        return super().takes(arch, problem) and self.fp8_refusal(problem) is None
 
     def default_schedule(self, arch: str, problem: Problem) -> Schedule:
         self.check_pages(problem)
@@ -177,7 +174,7 @@ class ForwardFamily(Family):
         return dataclasses.replace(bucket, page_size=0)
 
     def why_taken(self, arch: str, problem: Problem) -> str:
-        return (self.fp8_refusal(arch, problem)
+        return (self.fp8_refusal(problem)
                 or "the prefill forward runs every call no other family takes")
 
     def plan(self, call: Call, schedule: Schedule, device_index: int) -> ForwardPlan:

@@ -22,8 +22,9 @@ property of the call's layout that the launcher passes, not of the problem) and 
 (``WORK_TABLE``, a ragged call's int32 ``[2, items]`` table of query tiles, which the launcher
 builds where the lengths are skewed: ``launch_ragged``), then ``Pages`` (``PAGED``, a paged
 cache's int32 ``[sequences, max_pages]`` block table; K and V are page pools and the ranges'
-key rows count each sequence's keys). A value its constant leaves unread
-gets :data:`UNUSED`, an empty tuple, which takes no bytes of the kernel's parameter space. Not
+key rows count each sequence's keys), and ``QDescale``, ``KDescale``, ``VDescale`` (``FP8``:
+the float32 ``[B, H_kv]`` descale factors of e4m3 q, k and v). A value its constant leaves
+unread gets :data:`UNUSED`, an empty tuple, which takes no bytes of the kernel's parameter space. Not
 an int like ``Lse``'s: on sm_90 the TMA descriptors sit after the parameters at the next
 64-byte boundary, and the plain forward's parameters end exactly on one (176 bytes from 0x210),
 so one more int32 moves every descriptor by 64 bytes and changes the machine code; an empty
