@@ -27,7 +27,9 @@ split. A row that sees no key returns zeros. ``RAGGED`` (a padded batch's per-en
 ``Ranges``): each batch entry's keys are cut out of K and V, its query rows in range are the last
 positions of those keys (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a
 paged cache): K and V are pools of pages and each entry's keys lie in the pages its row of the
-block table (``Pages``) names, one page lookup per page-sized load. Every UPPER_CASE parameter is a
+block table (``Pages``) names, one page lookup per page-sized load. ``KV_FP8`` (an FP8 cache):
+K and V are float8_e4m3fn, widened to the queries' dtype tile by tile, with k's descale factor
+in the score scale and v's on each split's normalised output. Every UPPER_CASE parameter is a
 compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
 loop whose cache grows by a key per step reuses one compiled kernel.
 """
