@@ -266,3 +266,16 @@ def test_the_fp8_bench_preset_and_its_bytes():
     bf16 = Problem.from_dict({**e4m3.to_dict(), "dtype": "bf16"})
     elems = e4m3.batch * e4m3.heads_q * e4m3.seqlen_q * e4m3.head_dim
     assert problem_bytes(bf16) - problem_bytes(e4m3) == elems + (problem_bytes(bf16) - 4 * elems) // 2
+
+
+def test_tiledtune_aot_builds_fp8_model_calls_and_refuses_fp8_training(capsys, tmp_path):
+    from tuner import cli
+
+    args = ["aot", "--arch", "sm_90", "--out", str(tmp_path), "--no-shipped", "--model",
+            "32/8,128", "--lengths", "1000", "--dtypes", "e4m3", "--batch", "1", "--jobs", "1"]
+    assert cli.main(args + ["--training"]) == 2
+    out, err = capsys.readouterr()
+    assert "--model: no registered kernel family serves sdpa_backward" in err
+    assert "got e4m3" in err and "Traceback" not in err
+    assert cli.main(args) == 0  # an e4m3 prefill and an e4m3 decode step (the forward's)
+    assert (tmp_path / "cubins-sm_90.zip").stat().st_size > 0

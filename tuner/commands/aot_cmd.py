@@ -67,7 +67,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                        "1-128 on sm_90; each also builds the other batch pattern, batch 1 "
                        "being compiled in)")
     model.add_argument("--dtypes", type=_parse_dtypes, default=("bf16",), metavar="LIST",
-                       help="bf16,fp16 (default bf16)")
+                       help="bf16, fp16 or e4m3, comma-separated (default bf16; e4m3 has "
+                       "no --training calls)")
     model.add_argument("--training", action="store_true",
                        help="also the forward and backward of a training call of each length")
     parser.add_argument("--jobs", type=positive_int, default=max(1, os.cpu_count() or 1),
@@ -85,6 +86,21 @@ def model_calls_of(args: argparse.Namespace) -> list:
     return [call for hq, hkv, d in args.model
             for call in model_calls(hq, hkv, d, dtypes=args.dtypes, batches=args.batch,
                                     lengths=args.lengths or LENGTHS, training=args.training)]
+
+
+def jobs_of(archs: list, problems: list, shipped: bool, args: argparse.Namespace) -> list:
+    """``tuner.aot.jobs_for`` of ``problems`` (and with ``shipped`` the shipped rows') and the
+    ``--model`` calls; a model call no family serves on an architecture (an FP8 training call,
+    FP8 before sm_90) is the user's error, named."""
+    from tiledattention import UnsupportedOperationError
+
+    from ..aot import jobs_for
+    from ..errors import UsageError
+
+    try:
+        return jobs_for(archs, problems, shipped=shipped, calls=model_calls_of(args))
+    except UnsupportedOperationError as exc:
+        raise UsageError(f"--model: {exc}") from None
 
 
 def build(jobs: list, out: Path, processes: int, tag: str = "", command: str = "aot") -> int:
@@ -169,10 +185,7 @@ def _problems(specs: list[dict]) -> list:
 def run(args: argparse.Namespace) -> int:
     from tiledattention.tooling import PACKAGE_BUNDLES
 
-    from ..aot import jobs_for
-
-    jobs = jobs_for(args.arch, _problems(args.problem), shipped=args.shipped,
-                    calls=model_calls_of(args))
+    jobs = jobs_of(args.arch, _problems(args.problem), args.shipped, args)
     if not jobs:
         say("aot", "nothing to build: --no-shipped and no --problem or --model")
         return 2

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from tiledattention import local_devices
     from tiledattention.tooling import cubin_cache
 
-    from ..aot import PRESETS, jobs_for
+    from ..aot import PRESETS
     from ..errors import UsageError
 
     args.model = list(args.model) + [PRESETS[name] for name in args.preset]
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         archs = sorted({device.arch for device in local_devices()})
         if not archs:
             raise UsageError("no CUDA device here: name the architectures with --arch")
-    jobs = jobs_for(archs, [], shipped=False, calls=aot_cmd.model_calls_of(args))
+    jobs = aot_cmd.jobs_of(archs, [], False, args)
     tag = hashlib.sha256(repr(sorted(map(repr, jobs))).encode()).hexdigest()[:12]
     say("warm", f"{len(jobs)} jobs for {', '.join(archs)} -> {cubin_cache()}")
     return aot_cmd.build(jobs, cubin_cache(), args.jobs, tag=tag, command="warm")
