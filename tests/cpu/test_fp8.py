@@ -279,3 +279,28 @@ def test_tiledtune_aot_builds_fp8_model_calls_and_refuses_fp8_training(capsys, t
     assert "got e4m3" in err and "Traceback" not in err
     assert cli.main(args) == 0  # an e4m3 prefill and an e4m3 decode step (the forward's)
     assert (tmp_path / "cubins-sm_90.zip").stat().st_size > 0
+
+
+def test_descale_factors_reach_the_kernel_contiguous_and_outside_autograd():
+    """A kept plan's factors: a contiguous ``[B, H_kv]`` float32 tensor passes as it is; a
+    per-tensor or strided one, or one requiring grad, as a detached contiguous expansion (a
+    tensor requiring grad cannot be handed to a launch); ``None`` as the kept ones."""
+    from tiledattention.entry_points._fp8 import _Kept, is_fp8_call
+
+    target = (2, 4)
+    given = torch.rand(target)
+    grad = torch.rand(target, requires_grad=True)
+    kept = _Kept("plan", target, "ones", (None, given, grad))
+    ones, same, detached = kept.factors((None, given, grad))
+    assert ones == "ones" and same is given
+    assert not detached.requires_grad and torch.equal(detached, grad.detach())
+    strided = torch.rand(4, 2).t()
+    one = _Kept("plan", target, "ones", (torch.tensor(0.5), strided, None))
+    scalar, copied, _ = one.factors((torch.tensor(0.5), strided, None))
+    assert scalar.shape == target and torch.all(scalar == 0.5)
+    assert copied.is_contiguous() and torch.equal(copied, strided)
+    bf16 = torch.zeros(1, 2, 3, 4, dtype=torch.bfloat16)
+    assert not is_fp8_call(bf16, bf16, (None, None, None))
+    assert is_fp8_call(bf16.to(E4M3), bf16, (None, None, None))
+    assert is_fp8_call(bf16, bf16.to(E4M3), (None, None, None))
+    assert is_fp8_call(bf16, bf16, (None, None, given))

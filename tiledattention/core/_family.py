@@ -16,7 +16,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import db
 
 from ._call import Call
-from ._compile import CompileResult
+from ._compile import CompileResult, generation
 from ._dtypes import DTYPES, FP8_DTYPES
 from ._identity import module_identity
 from ..errors import (InputTypeError, InputValueError, UnknownFamilyError,
@@ -65,8 +65,6 @@ NO_FP8_GENERATIONS = ("ampere", "ada")
 def arch_dtype_refusal(arch: str, problem: Any) -> str | None:
     """Why ``arch`` cannot run ``problem``'s element types, or ``None``: FP8 inputs or an FP8
     K/V cache need Hopper or later."""
-    from ._compile import generation
-
     fp8 = problem.dtype in FP8_DTYPES or getattr(problem, "kv_dtype", "")
     if fp8 and generation(arch) in NO_FP8_GENERATIONS:
         return (f"FP8 attention needs sm_90 or later (cuda-tile has no float8_e4m3fn before "

@@ -16,9 +16,11 @@ no CuPy arrays (CuPy has no float8 type), no packed or paged sequences here.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ..core import _device
+from ..core import _plans as hot
 from ..core._call import Call
 from ..core._dispatch import choose_family, family_for_schedule
 from ..core._dtypes import FP8_DTYPES, element, torch_dtype
@@ -34,16 +36,28 @@ __all__ = ["sdpa_fp8", "is_fp8_call", "DESCALE_NAMES"]
 DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
 
 
-#: torch's names of the FP8 dtypes (``str(tensor.dtype)``)
-_FP8_TORCH_NAMES = frozenset(f"torch.{element(name).torch}" for name in FP8_DTYPES)
+#: torch's FP8 dtypes, once torch is imported (:func:`_fp8_torch_dtypes`)
+_FP8_TORCH: frozenset = frozenset()
+
+
+def _fp8_torch_dtypes() -> frozenset:
+    """torch's FP8 dtype objects, kept once torch is imported (before, no array can be a torch
+    tensor: empty, and ``import tiledattention`` does not import torch for it)."""
+    global _FP8_TORCH
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _FP8_TORCH = frozenset(getattr(torch, element(name).torch) for name in FP8_DTYPES)
+    return _FP8_TORCH
 
 
 def is_fp8_call(q: Any, k: Any, descales: tuple) -> bool:
     """Whether ``sdpa`` was given FP8 inputs (q, or k: an FP8 cache) or any descale factor
-    (then the FP8 path checks the rest)."""
-    return (descales[0] is not None or descales[1] is not None or descales[2] is not None
-            or str(getattr(q, "dtype", "")) in _FP8_TORCH_NAMES
-            or str(getattr(k, "dtype", "")) in _FP8_TORCH_NAMES)
+    (then the FP8 path checks the rest). On every ``sdpa`` call: dtype objects compared, not
+    their names (0.2 µs, against 0.34 µs for ``str(dtype)``)."""
+    if descales[0] is not None or descales[1] is not None or descales[2] is not None:
+        return True
+    dtypes = _FP8_TORCH or _fp8_torch_dtypes()
+    return getattr(q, "dtype", None) in dtypes or getattr(k, "dtype", None) in dtypes
 
 
 def _check_inputs(q: Any, k: Any, v: Any, descales: tuple) -> bool:
@@ -102,28 +116,32 @@ def fp8_descales(descales: tuple, problem: Problem, q: Any) -> tuple:
                                   f"{list(d.shape)}")
         if d.device != q.device:
             raise InputValueError(f"{name} must be on q's device {q.device}; got {d.device}")
-        d = d.detach()
-        if tuple(d.shape) != target or not d.is_contiguous():
-            d = d.expand(target).contiguous()
-        checked.append(d)
+        checked.append(_as_factor(d, target))
     return tuple(checked)
 
 
 class _Kept:
     """An FP8 call's plan, kept per signature: the family's plan, the ``[B, H_kv]`` shape of
     the factors and, per factor, how a call's argument becomes one (kept ones for ``None``,
-    the tensor itself, or its contiguous expansion)."""
+    the tensor itself, or a detached contiguous expansion: :func:`_as_factor`)."""
 
-    __slots__ = ("plan", "target", "ones", "expand")
+    __slots__ = ("plan", "target", "ones", "as_is")
 
     def __init__(self, plan: Any, target: tuple, ones: Any, descales: tuple) -> None:
         self.plan, self.target, self.ones = plan, target, ones
-        self.expand = tuple(d is not None and (tuple(d.shape) != target or not d.is_contiguous())
-                            for d in descales)
+        self.as_is = tuple(d is not None and _as_factor(d, target) is d for d in descales)
 
     def factors(self, descales: tuple) -> tuple:
-        return tuple(self.ones if d is None else d.expand(self.target).contiguous() if e else d
-                     for d, e in zip(descales, self.expand))
+        return tuple(self.ones if d is None else d if as_is else _as_factor(d, self.target)
+                     for d, as_is in zip(descales, self.as_is))
+
+
+def _as_factor(d: Any, target: tuple) -> Any:
+    """A valid descale argument as the kernel reads it: itself when it is a contiguous
+    ``target``-shaped tensor outside autograd, else a detached contiguous expansion."""
+    if tuple(d.shape) == target and d.is_contiguous() and not d.requires_grad:
+        return d
+    return d.detach().expand(target).contiguous()
 
 
 #: The families whose FP8 plans were kept (their ``plan_key`` finds a call's plan).
@@ -136,14 +154,11 @@ def _signature(q: Any, k: Any, v: Any, causal: Any, scale: Any, variant: tuple,
     layout, the dtypes, devices and gradient flags of q, k and v, the arguments with their
     types, the sinks' and the factors' layouts (as ``_sdpa``'s signature)."""
     window, softcap, sinks = variant
-    return (q.shape, q.stride(), q.dtype, q.get_device(), k.dtype, k.get_device(), v.dtype,
-            v.get_device(), q.requires_grad, k.requires_grad, v.requires_grad, causal,
-            causal.__class__, scale, scale.__class__, schedule, window, window.__class__,
-            softcap, softcap.__class__,
-            None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype,
-                                        sinks.get_device()),
-            tuple(None if d is None else (d.shape, d.stride(), d.dtype, d.get_device(),
-                                          d.requires_grad) for d in descales))
+    return (hot.layouts(q), k.dtype, k.get_device(), v.dtype, v.get_device(), q.requires_grad,
+            k.requires_grad, v.requires_grad, causal, causal.__class__, scale, scale.__class__,
+            schedule, window, window.__class__, softcap, softcap.__class__,
+            None if sinks is None else hot.layouts(sinks),
+            tuple(None if d is None else (hot.layouts(d), d.requires_grad) for d in descales))
 
 
 def sdpa_fp8(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any, scale: Any,

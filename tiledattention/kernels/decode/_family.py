@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ...core import _plans as hot
 from ...core._call import Call
 from ...core._compile import CompileResult
 from ...core._case import AttentionCase, PagedCase, paged_flops
@@ -132,8 +133,6 @@ class DecodeFamily(Family):
         """:meth:`Family.fp8_plan` of an FP8 cache (``kv_dtype``) under 16-bit queries: the
         plan of the call's band of cache lengths (as ``sdpa``'s), whose split kernel widens
         each key and value tile; its runs take the k and v factors of ``descales``."""
-        from ...core import _plans as hot
-
         _check_ragged(call.problem)
         hot.bind_torch()
         return decode_plan(call, schedule, device_index).for_torch(q, out, k, v)

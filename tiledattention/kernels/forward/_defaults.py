@@ -35,7 +35,7 @@ def even_tiles(problem: Problem, tile_m: int, tile_n: int) -> bool:
     return problem.seqlen_q % tile_m == 0 and problem.seqlen_k % tile_n == 0
 
 
-def _hopper_fp8(problem: Problem) -> Schedule | None:
+def _hopper_fp8(problem: Problem, split: dict) -> Schedule | None:
     """sm_90's FP8 (e4m3) rules where they differ from bf16's (``None``: bf16's), each the
     winner of a ``tiledtune search`` on an H200 (``docs/records/benchmarks/fp8``):
 
@@ -46,7 +46,8 @@ def _hopper_fp8(problem: Problem) -> Schedule | None:
     - D > 128: the bf16 rule's 128x128 tiles over a two-CTA cluster, causal; 128x256 at
       occupancy 2 over a cluster, no mask: 1.27x and 1.24x the bf16 rule at B2 H16/8 S4096
       (still 0.6x our bf16 forward there: the e4m3 kernel spills at D 256).
-    """
+
+    ``split``: the head-dim split of :func:`default_schedule`."""
     d = problem.head_dim
     if d <= 128 and not problem.causal and not problem.windowed and even_tiles(problem, 128,
                                                                                 256):
@@ -57,10 +58,9 @@ def _hopper_fp8(problem: Problem) -> Schedule | None:
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_ctas=2,
                             num_worker_warps=8, exp2=True, approx_div=True, k_latency=4,
                             v_latency=2, kv_sawtooth=True, unchecked_loads=True,
-                            paired_tiles=True, split_d=head_dim_parts(d, True)[1] != 0)
+                            paired_tiles=True, **split)
         return Schedule(tile_m=128, tile_n=256, occupancy=2, num_ctas=2, num_worker_warps=8,
-                        exp2=True, k_transposed=True, v_latency=2,
-                        split_d=head_dim_parts(d, True)[1] != 0)
+                        exp2=True, k_transposed=True, v_latency=2, **split)
     return None
 
 
@@ -127,7 +127,7 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     if gen == "hopper":
         d = problem.head_dim
         if problem.dtype in FP8_DTYPES:
-            fp8 = _hopper_fp8(problem)
+            fp8 = _hopper_fp8(problem, split)
             if fp8 is not None:
                 return fp8
         if d > 128:

@@ -56,7 +56,7 @@ __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_con
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
            "default_scale", "transpose_values", "transposed_value_strides", "VALUE_ROW_ALIGN",
            "launch", "launch_with_lse", "launch_ragged", "ragged_grid",
-           "ragged_launch", "RaggedLaunch",
+           "ragged_launch", "PreparedLaunch", "Slot", "slots",
            "RUNTIME_PARAMETERS", "NO_LSE", "UNUSED"]
 
 #: The parameters of ``attention_fwd`` that are launch-time values, not compile-time constants.
@@ -425,8 +425,8 @@ def launch_with_lse(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, pro
                 kernel_args(q, k, v, out, problem, schedule, scale, lse=lse, sinks=sinks))
 
 
-class _Slot:
-    """Stands for an array of a ragged launch's arguments until the launch brings it."""
+class Slot:
+    """Stands for an array of a prepared launch's arguments until the launch brings it."""
 
     __slots__ = ("name",)
 
@@ -434,22 +434,29 @@ class _Slot:
         self.name = name
 
 
-class RaggedLaunch:
-    """A ragged forward's launch, prepared for every call of one problem, schedule, scale and
-    set of counts (:func:`ragged_launch`): the kernel, its grid, and its argument tuple with the
-    slots each call's arrays fill; with a work table, the table's size."""
+def slots(*names: str) -> dict[str, Slot]:
+    """A :class:`Slot` for each parameter name."""
+    return {name: Slot(name) for name in names}
+
+
+class PreparedLaunch:
+    """A forward launch prepared for every call of one problem, schedule, scale and set of
+    counts (:func:`ragged_launch`, and the FP8 plan's, ``_plan.fp8_forward_plan``): the kernel,
+    its grid, and its argument tuple with the :class:`Slot` s each call's arrays fill; with a
+    ragged call's work table, the table's size (``items``; 0: none)."""
 
     __slots__ = ("kernel", "grid", "args", "slots", "items", "tile_m")
 
-    def __init__(self, kernel: Any, grid: tuple, args: tuple, items: int, tile_m: int) -> None:
+    def __init__(self, kernel: Any, grid: tuple, args: tuple, items: int = 0,
+                 tile_m: int = 0) -> None:
         self.kernel, self.grid, self.items, self.tile_m = kernel, grid, items, tile_m
         self.args = args
-        self.slots = {a.name: i for i, a in enumerate(args) if isinstance(a, _Slot)}
+        self.slots = {a.name: i for i, a in enumerate(args) if isinstance(a, Slot)}
 
     def run(self, stream: Any, arrays: Mapping[str, Any]) -> None:
         """Enqueue the launch on ``stream`` with ``arrays`` by parameter name (``Q, K, V,
-        Out, Ranges`` and those of the slots it has: ``Lse``, ``Sinks``, ``Pages``); with a
-        work table, the table first (built from ``Ranges``)."""
+        Out`` and those of the slots it has: ``Lse``, ``Sinks``, ``Ranges``, ``Pages``, the
+        descale factors); with a work table, the table first (built from ``Ranges``)."""
         args = list(self.args)
         for name, at in self.slots.items():
             if name != "Work":
@@ -463,8 +470,8 @@ class RaggedLaunch:
 @functools.lru_cache(maxsize=1024)
 def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences: int,
                   longest_q: int, rows: int, *, packed: bool, lse: bool, sinks: bool,
-                  pages: bool) -> RaggedLaunch:
-    """The :class:`RaggedLaunch` of a ragged batch (``problem.ragged``) of ``sequences``
+                  pages: bool) -> PreparedLaunch:
+    """The :class:`PreparedLaunch` of a ragged batch (``problem.ragged``) of ``sequences``
     sequences whose longest has at most ``longest_q`` queries, in ``rows`` query rows in all
     (``packed``: end to end in one batch entry), storing the log-sum-exp with ``lse``, with
     sink logits (``sinks``) and a paged cache's block table (``pages``) where the problem has
@@ -478,8 +485,7 @@ def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences:
                        tile_m=schedule.tile_m)
     table = use_work_table(sequences=sequences, longest_q=longest_q, items=items,
                            heads=problem.heads_q, tile_m=schedule.tile_m)
-    slot = {name: _Slot(name) for name in ("Q", "K", "V", "Out", "Lse", "Sinks", "Ranges",
-                                            "Work", "Pages")}
+    slot = slots("Q", "K", "V", "Out", "Lse", "Sinks", "Ranges", "Work", "Pages")
     args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
                        lse=slot["Lse"] if lse else None, sinks=slot["Sinks"] if sinks else None,
                        ranges=slot["Ranges"], packed=packed,
@@ -487,8 +493,8 @@ def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences:
                        pages=slot["Pages"] if pages else None)
     grid = ((items * problem.heads_q, 1, 1) if table
             else ragged_grid(schedule, problem.heads_q, sequences, longest_q))
-    return RaggedLaunch(kernel_for(schedule), grid, args, items if table else 0,
-                        schedule.tile_m)
+    return PreparedLaunch(kernel_for(schedule), grid, args, items if table else 0,
+                          schedule.tile_m)
 
 
 def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, problem: Problem,

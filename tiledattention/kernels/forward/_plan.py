@@ -11,7 +11,8 @@ from ...core import _plans as hot
 from ...core import _aot
 from ...core._plans import Plan, clear_of, contiguous_like, out_spans
 from ...core._problem import Problem, default_scale
-from ._launch import grid_for, kernel_args, kernel_for, normalise, transpose_values
+from ._launch import (PreparedLaunch, grid_for, kernel_args, kernel_for, normalise, slots,
+                      transpose_values)
 from ._schedule import Schedule
 
 __all__ = ["ForwardPlan", "forward_plan", "Fp8ForwardPlan", "fp8_forward_plan"]
@@ -108,17 +109,15 @@ class _SinksSlot:
 
 
 class Fp8ForwardPlan:
-    """The launch of an FP8 (e4m3) problem, kept by ``sdpa`` per call signature: kernel, grid
-    and the arguments after the four arrays, with the places of the sinks and of the three
-    descale factors each call fills; ``run`` transposes the values (``transpose_values``)."""
+    """The launch of an FP8 (e4m3) problem, kept by ``sdpa`` per call signature: its output's
+    shape and dtype and a :class:`PreparedLaunch` whose slots each call fills (the arrays, the
+    sinks, the three descale factors); ``run`` transposes the values
+    (``transpose_values``)."""
 
-    __slots__ = ("out_shape", "out_dtype", "grid", "kernel", "scalars", "sinks_at",
-                 "descales_at")
+    __slots__ = ("out_shape", "out_dtype", "launch")
 
-    def __init__(self, out_shape: tuple, out_dtype: Any, grid: tuple, kernel: Any,
-                 scalars: tuple, sinks_at: int | None, descales_at: int) -> None:
-        self.out_shape, self.out_dtype, self.grid, self.kernel = out_shape, out_dtype, grid, kernel
-        self.scalars, self.sinks_at, self.descales_at = scalars, sinks_at, descales_at
+    def __init__(self, out_shape: tuple, out_dtype: Any, launch: PreparedLaunch) -> None:
+        self.out_shape, self.out_dtype, self.launch = out_shape, out_dtype, launch
 
     def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any,
             sinks: Any = None, descales: tuple = ()) -> Any:
@@ -129,12 +128,10 @@ class Fp8ForwardPlan:
 
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
-        scalars = list(self.scalars)
-        if self.sinks_at is not None:
-            scalars[self.sinks_at] = sinks
-        scalars[self.descales_at:self.descales_at + 3] = descales
-        _aot.launch(torch.cuda.current_stream(device), self.grid, self.kernel,
-                    (q, k, transpose_values(v), out, *scalars))
+        q_descale, k_descale, v_descale = descales
+        self.launch.run(torch.cuda.current_stream(device), {
+            "Q": q, "K": k, "V": transpose_values(v), "Out": out, "Sinks": sinks,
+            "QDescale": q_descale, "KDescale": k_descale, "VDescale": v_descale})
         return out
 
 
@@ -144,15 +141,11 @@ def fp8_forward_plan(problem: Problem, schedule: Schedule, device_index: int,
     included) on CUDA device ``device_index``, writing ``out_dtype``."""
     schedule = normalise(problem, schedule)
     scale = default_scale(problem) if scale is None else float(scale)
-    sinks, factors = _SinksSlot(), (_SinksSlot(), _SinksSlot(), _SinksSlot())
-    scalars = tuple(kernel_args(None, None, None, None, problem, schedule, scale,
-                                sinks=sinks if problem.sinks else None,
-                                descales=factors)[4:])
-    at = [a is factors[0] for a in scalars].index(True)
+    slot = slots("Q", "K", "V", "Out", "Sinks", "QDescale", "KDescale", "VDescale")
+    args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
+                       sinks=slot["Sinks"] if problem.sinks else None,
+                       descales=(slot["QDescale"], slot["KDescale"], slot["VDescale"]))
+    grid = grid_for(problem, schedule, _device.device_info(device_index).sm_count)
     return Fp8ForwardPlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
-        out_dtype=out_dtype, grid=grid_for(problem, schedule,
-                                           _device.device_info(device_index).sm_count),
-        kernel=kernel_for(schedule), scalars=scalars,
-        sinks_at=[a is sinks for a in scalars].index(True) if problem.sinks else None,
-        descales_at=at)
+        out_dtype=out_dtype, launch=PreparedLaunch(kernel_for(schedule), grid, args))
