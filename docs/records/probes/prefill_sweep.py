@@ -5,13 +5,18 @@ flushed before each sample (GPU time, the host hidden); every candidate's output
 against the float32 reference of the family's case (NaN-poisoned output).
 
     source .devtk/setup.sh && python3 docs/records/probes/prefill_sweep.py [--rounds N]
-        [--only SUBSTRING]
+        [--only SUBSTRING] [--twin JSON] [--set first|stages]
+
+``--twin``: instead of the hand-picked schedules, the default against its twin with the
+fields given as JSON (e.g. ``{"lazy_rescale": true}``).
 
 Each candidate is compiled ahead in a pool of processes (``FORWARD.compile`` for sm_90 warms
 cuTile's disk cache, so the first launch loads the cubin instead of compiling).
 """
 
 import argparse
+import dataclasses
+import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -81,6 +86,54 @@ def candidates(p, default):
     return out
 
 
+# the second round (--set stages): where the first found no schedule near FA4. The default's
+# 128-key step keeps one K and one V tile in shared memory (83 KB a CTA, two CTAs an SM): 64-key
+# steps two loads ahead fit two stages in 100 KB; 256-row tiles over a cluster run one CTA an
+# SM with 255 registers (sm_90 builds, cuobjdump -res-usage). Split head dims (D 96, 80):
+# 64-row tiles, the padded head dim, and the 64-key steps.
+STAGES_POINTS = [
+    (1, 32, 8, 32768, 128, True, "bf16"),
+    (1, 40, 8, 16384, 128, True, "bf16"),
+    (2, 28, 4, 4096, 128, True, "bf16"),
+    (1, 64, 1, 8192, 128, True, "bf16"),
+    (1, 24, 8, 8192, 96, True, "bf16"),
+    (2, 32, 32, 4096, 96, True, "bf16"),
+    (4, 32, 32, 2048, 96, False, "bf16"),
+    (1, 16, 16, 16384, 80, True, "bf16"),
+    (2, 16, 16, 4096, 80, False, "bf16"),
+]
+
+
+def stage_candidates(p, default):
+    """Name -> schedule of the second round: K/V stages and tile shapes around the default."""
+    out = {"default": default}
+    if p.causal:
+        cluster = dict(num_ctas=2, longest_first=True, k_transposed=True, split_d=default.split_d,
+                       **FAST)
+        out["128x64 occ2 cta2 L2"] = Schedule(tile_m=128, tile_n=64, occupancy=2, k_latency=2,
+                                              v_latency=2, **cluster)
+        out["128x64 occ2 cta2 L2 sm unchk"] = Schedule(
+            tile_m=128, tile_n=64, occupancy=2, k_latency=2, v_latency=2, split_masked=True,
+            unchecked_loads=True, **cluster)
+        out["256x64 occ1 cta2"] = Schedule(tile_m=256, tile_n=64, occupancy=1, **cluster)
+        out["256x64 occ1 cta2 L3"] = Schedule(tile_m=256, tile_n=64, occupancy=1, k_latency=3,
+                                              v_latency=3, **cluster)
+    if default.split_d:
+        out["padded"] = ta.FORWARD.default_schedule(
+            "sm_90", dataclasses.replace(p, head_dim=128)).replace(split_d=False)
+        out["64x128 occ3 lf sawtooth"] = Schedule(
+            tile_m=64, tile_n=128, occupancy=3, kv_sawtooth=p.causal, longest_first=p.causal,
+            k_latency=4, v_latency=2, split_d=True, **FAST)
+        out["64x64 occ4"] = Schedule(tile_m=64, tile_n=64, occupancy=4, kv_sawtooth=True,
+                                     longest_first=p.causal, split_d=True, k_transposed=True,
+                                     **FAST)
+        if not p.causal:
+            out["128x64 occ2 w8 pers"] = Schedule(tile_m=128, tile_n=64, occupancy=2,
+                                                  num_worker_warps=8, persistent=True,
+                                                  k_latency=4, v_latency=4, split_d=True, **FAST)
+    return out
+
+
 def problem(b, hq, hkv, s, d, causal, dtype):
     return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=d,
                       dtype=dtype, causal=causal)
@@ -99,10 +152,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--only", default="")
+    parser.add_argument("--twin", type=json.loads, default=None)
+    parser.add_argument("--set", choices=("first", "stages"), default="first")
     args = parser.parse_args()
-    points = [problem(*pt) for pt in POINTS]
+    points = [problem(*pt) for pt in (STAGES_POINTS if args.set == "stages" else POINTS)]
+    pick = stage_candidates if args.set == "stages" else candidates
     points = [p for p in points if args.only in p.describe()]
-    plans = [(p, candidates(p, ta.FORWARD.default_schedule("sm_90", p))) for p in points]
+    plans = []
+    for p in points:
+        default = ta.FORWARD.default_schedule("sm_90", p)
+        plans.append((p, {"default": default, "twin": default.replace(**args.twin)}
+                      if args.twin else pick(p, default)))
     jobs = [(p, s) for p, cands in plans for s in cands.values()]
     start = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
