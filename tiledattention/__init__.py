@@ -264,7 +264,8 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
 def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,
                     causal: bool | str = True, scale: float | None = None,
                     window: tuple[int, int] | None = None, softcap: float | None = None,
-                    sinks: Any = None, max_k: int | None = None) -> Any:
+                    sinks: Any = None, max_k: int | None = None, k_descale: Any = None,
+                    v_descale: Any = None) -> Any:
     """Attention of ``q [B, H_q, S_q, D]`` over a paged K/V cache, the layout serving engines
     keep: ``k_pages, v_pages [pages, page_size, H_kv, D]`` pools (page size a multiple of 16),
     an int32 ``block_table [B, max_pages]`` naming each entry's pages in order, and int32
@@ -278,12 +279,18 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     torch tensors on a GPU, bf16 or fp16; ``torch.compile`` traces it (custom op
     ``tiledattention::paged_attention``). ``varlen_attn(..., block_table=, seqused_k=)`` is the
     same call in torch's packed convention.
+
+    An FP8 cache (Hopper and later): ``torch.float8_e4m3fn`` pools under bf16 or fp16 ``q``,
+    with ``k_descale`` and ``v_descale``, the float32 factors that turn the stored values into
+    the real ones (``[B, H_kv]``, or broadcasting to it: ``[]``, ``[B, 1]``, ``[1, H_kv]``;
+    ``None`` is 1); the output in q's dtype. Decode steps read the pages in place and widen
+    each tile; a long query run (chunked prefill) gathers and dequantises its entries' pages.
     """
     from .entry_points import _paged
 
     return _paged.paged_attention(q, k_pages, v_pages, block_table, seqused_k, causal=causal,
                                   scale=scale, window=window, softcap=softcap, sinks=sinks,
-                                  max_k=max_k)
+                                  max_k=max_k, k_descale=k_descale, v_descale=v_descale)
 
 
 def explain_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,

@@ -253,7 +253,9 @@ class PagedCase(Case):
     :func:`paged_lengths` in shuffled pages (NaN in every unused page and past each length, -1
     in unused block-table slots), the int32 block table and ``seqused_k``, the float32
     reference entry by entry (each entry's queries the last of its keys) and an output
-    buffer."""
+    buffer. An FP8 cache (``kv_dtype``): each entry's keys and values drawn in q's dtype and
+    quantised with its own per-head factors (``descales``: q's ones, k's and v's, float32
+    ``[B, H_kv]``; NaN stays NaN), the reference over the dequantised values."""
 
     def __init__(self, problem: Any, device_index: int) -> None:
         import dataclasses
@@ -277,6 +279,12 @@ class PagedCase(Case):
         self.q = torch.randn(problem.batch, problem.heads_q, problem.seqlen_q, d, dtype=dtype,
                              device="cuda", generator=gen)
         self.reference = torch.empty(self.q.shape, dtype=torch.float32, device="cuda")
+        self.descales = None
+        if problem.kv_dtype:
+            self.k_pages, self.v_pages = (x.to(torch_dtype(problem.kv_dtype))
+                                          for x in (self.k_pages, self.v_pages))
+            self.descales = tuple(torch.ones(problem.batch, hkv, device="cuda")
+                                  for _ in range(3))
         used = 0
         for b, (n, pages) in enumerate(zip(lengths, need)):
             ids = order[used:used + pages]
@@ -284,13 +292,20 @@ class PagedCase(Case):
             self.table[b, :pages] = ids.to(torch.int32)
             k, v = (torch.randn(n, hkv, d, dtype=dtype, device="cuda", generator=gen)
                     for _ in range(2))
+            if problem.kv_dtype:  # this entry's per-head factors; k, v as stored
+                (k, self.descales[1][b]), (v, self.descales[2][b]) = (
+                    (x8[0].transpose(0, 1), f[0])
+                    for x8, f in (quantise_fp8(x.transpose(0, 1)[None], hkv) for x in (k, v)))
             for i in range(pages):
                 rows = slice(i * page, min((i + 1) * page, n))
                 self.k_pages[ids[i], :rows.stop - rows.start] = k[rows]
                 self.v_pages[ids[i], :rows.stop - rows.start] = v[rows]
-            one = dataclasses.replace(problem, batch=1, seqlen_k=n, ragged=False, page_size=0)
-            self.reference[b] = attention_reference(
-                self.q[b:b + 1], k.transpose(0, 1)[None], v.transpose(0, 1)[None], one)[0]
+            one = dataclasses.replace(problem, batch=1, seqlen_k=n, ragged=False, page_size=0,
+                                      kv_dtype="")
+            k, v = (x.transpose(0, 1)[None] for x in (k, v))  # [1, H_kv, n, D]
+            if problem.kv_dtype:
+                k, v = (dequantise_fp8(x, f[b:b + 1]) for x, f in zip((k, v), self.descales[1:]))
+            self.reference[b] = attention_reference(self.q[b:b + 1], k, v, one)[0]
         self.out = torch.empty_like(self.q)
 
     def error(self, run: Callable[[], None]) -> float:

@@ -91,10 +91,11 @@ def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:
 #: A paged cache's page size is a multiple of this many tokens (a key tile never straddles
 #: two pages).
 PAGE_ALIGN = 16
-def check_tensor(name: str, x: Any, dims: str) -> None:
+def check_tensor(name: str, x: Any, dims: str, fp8: bool = False) -> None:
     """Raise an InputTypeError / InputValueError naming ``name`` unless ``x`` is a bf16 or fp16
-    torch tensor of the layout ``dims`` (e.g. ``"[tokens, heads, head_dim]"``: its rank is the
-    count of names) with a contiguous last dim and no empty dim."""
+    (with ``fp8``, also an FP8) torch tensor of the layout ``dims`` (e.g. ``"[tokens, heads,
+    head_dim]"``: its rank is the count of names) with a contiguous last dim and no empty
+    dim."""
     import torch
 
     ndim = dims.count(",") + 1
@@ -103,7 +104,7 @@ def check_tensor(name: str, x: Any, dims: str) -> None:
     if x.dim() != ndim:
         raise InputValueError(f"{name} must have {ndim} dims {dims}; got shape "
                               f"{tuple(x.shape)}")
-    dtype_of(name, x)
+    dtype_of(name, x, fp8=fp8)
     if x.stride(-1) != 1:
         raise InputValueError(f"{name} must be contiguous in its last dim (head_dim); got "
                               f"stride {x.stride(-1)}")
@@ -112,14 +113,19 @@ def check_tensor(name: str, x: Any, dims: str) -> None:
 
 
 def check_attention_tensors(names: tuple[str, str, str], q: Any, k: Any, v: Any, q_dims: str,
-                            kv_dims: str) -> None:
+                            kv_dims: str, kv_fp8: bool = False) -> None:
     """:func:`check_tensor` for a call's query, key and value (``names``), then that they share
-    one dtype and one device and that the value has the key's shape."""
+    one dtype (``kv_fp8``, an FP8 K/V cache: key and value share theirs) and one device and
+    that the value has the key's shape."""
     check_tensor(names[0], q, q_dims)
     for name, x in zip(names[1:], (k, v)):
-        check_tensor(name, x, kv_dims)
+        check_tensor(name, x, kv_dims, fp8=kv_fp8)
     together = f"{names[0]}, {names[1]} and {names[2]}"
-    if k.dtype != q.dtype or v.dtype != q.dtype:
+    if kv_fp8:
+        if v.dtype != k.dtype:
+            raise InputTypeError(f"{names[1]} and {names[2]} of an FP8 cache must have one "
+                                 f"dtype; got {k.dtype}, {v.dtype}")
+    elif k.dtype != q.dtype or v.dtype != q.dtype:
         raise InputTypeError(f"{together} must have one dtype; got {q.dtype}, {k.dtype}, "
                              f"{v.dtype}")
     if k.device != q.device or v.device != q.device:

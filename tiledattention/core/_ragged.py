@@ -47,11 +47,13 @@ def pow2_at_least(n: int) -> int:
 def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: int,
                    heads_q: int, heads_kv: int, head_dim: int, dtype: str, causal: bool,
                    bottom_right: bool, window: tuple[int, int] = (-1, -1),
-                   softcap: float = 0.0, sinks: bool = False, page_size: int = 0) -> Problem:
+                   softcap: float = 0.0, sinks: bool = False, page_size: int = 0,
+                   kv_dtype: str = "") -> Problem:
     """The bucketed :class:`Problem` of a ragged call (module docstring): ``seqlen_q`` and
     ``seqlen_k`` the longest counts rounded up to powers of two (capped at the int32 index
     limit), ``batch`` the number of such sequences ``tokens_q`` fills (rounded up to a power of
-    two, at most ``sequences`` rounded likewise); ``page_size``: a paged cache's, exact.
+    two, at most ``sequences`` rounded likewise); ``page_size``: a paged cache's, exact;
+    ``kv_dtype``: an FP8 cache's element type.
     Raises ``UnsupportedProblemError`` as :class:`Problem` does."""
     seqlen_q = min(pow2_at_least(longest_q), INDEX_LIMIT)
     seqlen_k = min(pow2_at_least(longest_k), INDEX_LIMIT)
@@ -62,7 +64,7 @@ def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: 
                    seqlen_k=seqlen_k, head_dim=head_dim, dtype=dtype, causal=causal,
                    bottom_right=bottom_right and (causal or left >= 0 or right >= 0),
                    window_left=left, window_right=right, softcap=softcap, sinks=sinks,
-                   ragged=True, page_size=page_size)
+                   ragged=True, page_size=page_size, kv_dtype=kv_dtype)
 
 
 def packed_ranges(cu_seq_q: Any, cu_seq_k: Any) -> Any:

@@ -19,6 +19,11 @@ several pages stalls that kernel (docs/records/benchmarks/paged/). Nothing is re
 lengths and the block table stay on the device, so a step is capturable in a CUDA graph and
 replays with new lengths and tables.
 
+An FP8 cache (float8_e4m3fn pools under bf16 / fp16 queries, with ``k_descale`` and
+``v_descale``, FlashAttention-3's convention: float32 ``[B, H_kv]`` or broadcasting to it) runs
+decode steps on the same kernels, which widen each key and value tile (``Problem.kv_dtype``);
+a long query run over it gathers the entries' pages and dequantises them into q's dtype first.
+
 A decode step over pages is looked up by its batch, query count, page size and longest cache
 (``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
 ``Problem.page_size`` with ``ragged``. A paged row answers only for its own longest cache
@@ -38,10 +43,12 @@ from ..core._dtypes import dtype_of
 from ..core._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
                              check_attention_tensors, check_reach, default_scale, padded_head_dim,
                              sink_logits, variant_args)
-from ..core._family import serving
+from ..core._family import arch_dtype_refusal, serving
 from ..core._ragged import RaggedLayout, ragged_problem
 from ..core._runtime import Runtime, runtime
-from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
+from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
+                      UnsupportedProblemError)
+from ._fp8 import DESCALE_NAMES, fp8_descales
 
 __all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
            "reader", "OP_NAME"]
@@ -49,11 +56,20 @@ __all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged",
 OP_NAME = "tiledattention::paged_attention"
 
 
-def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any) -> None:
+def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
+           descales: tuple = (None, None)) -> str:
     """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
-    run these arrays."""
+    run these arrays; return the cache's element type (``Problem.kv_dtype``: ``""`` when K and
+    V are in q's dtype, ``"e4m3"`` for an FP8 cache, which ``descales``, the call's
+    ``(k_descale, v_descale)``, may scale; they go with an FP8 cache only)."""
+    kv_fp8 = isinstance(k_pages, torch.Tensor) and k_pages.dtype == torch.float8_e4m3fn
     check_attention_tensors(("q", "k_pages", "v_pages"), q, k_pages, v_pages,
-                            "[B, H_q, S_q, D]", "[pages, page_size, H_kv, D]")
+                            "[B, H_q, S_q, D]", "[pages, page_size, H_kv, D]", kv_fp8=kv_fp8)
+    kv_dtype = dtype_of("k_pages", k_pages, fp8=True) if kv_fp8 else ""
+    given = [n for n, d in zip(DESCALE_NAMES[1:], descales) if d is not None]
+    if given and not kv_fp8:
+        raise InputValueError(f"{' and '.join(given)} go with an FP8 cache (float8_e4m3fn "
+                                  f"k_pages and v_pages); got {k_pages.dtype} pages")
     b, hq, _, d = q.shape
     _, page_size, hkv, dk = k_pages.shape
     if dk != d:
@@ -79,6 +95,7 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any)
         raise InputValueError(f"block_table must hold at least one page per entry, contiguous "
                               f"in its last dim; got shape {tuple(block_table.shape)}, strides "
                               f"{block_table.stride()}")
+    return kv_dtype
 
 
 def _check_device(q: Any) -> None:
@@ -91,9 +108,10 @@ def _check_device(q: Any) -> None:
 
 
 def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: Any,
-                  softcap: Any, sinks: Any, max_k: Optional[int]):
+                  softcap: Any, sinks: Any, max_k: Optional[int], kv_dtype: str = ""):
     """The bucketed :class:`Problem` of a paged call (``ragged_problem``'s bucket with the page
-    size) and its longest cache (``max_k``, else the block table's capacity)."""
+    size and the cache's element type, ``kv_dtype``) and its longest cache (``max_k``, else the
+    block table's capacity)."""
     sequences, hq, sq, d = block_table.shape[0], q.shape[1], q.shape[2], q.shape[3]
     tokens = sequences * sq
     page_size, hkv = k_pages.shape[1], k_pages.shape[2]
@@ -115,26 +133,34 @@ def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: A
                              longest_k=longest, heads_q=hq, heads_kv=hkv, head_dim=d,
                              dtype=dtype_of("q", q), causal=is_causal, bottom_right=True,
                              window=(left, right), softcap=cap, sinks=sinks is not None,
-                             page_size=page_size)
+                             page_size=page_size, kv_dtype=kv_dtype)
     return problem, longest
 
 
 def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
                   causal: Any = True, scale: Optional[float] = None, window: Any = None,
-                  softcap: Any = None, sinks: Any = None,
-                  max_k: Optional[int] = None) -> torch.Tensor:
+                  softcap: Any = None, sinks: Any = None, max_k: Optional[int] = None,
+                  k_descale: Any = None, v_descale: Any = None) -> torch.Tensor:
     """``tiledattention.paged_attention`` (see there): the output ``[B, H_q, S_q, D]``."""
-    _check(q, k_pages, v_pages, block_table, seqused_k)
+    kv_dtype = _check(q, k_pages, v_pages, block_table, seqused_k, (k_descale, v_descale))
     _check_call(scale, q, k_pages, v_pages)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
-                                     max_k)
+                                     max_k, kv_dtype)
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
-    _check_device(q)
-    device = q.device.index
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
-    family = reader(device_info(device).arch, shape)
-    if family.name == "forward":  # a long query run (chunked prefill)
+    factors = (fp8_descales((None, k_descale, v_descale), shape, q) if kv_dtype else ())
+    _check_device(q)
+    device = q.device.index
+    arch = device_info(device).arch
+    if kv_dtype:
+        arch_check(arch, shape)
+    family = reader(arch, shape)
+    if family is None or family.name == "forward":  # a long query run (chunked prefill)
+        if kv_dtype:  # the forward reads 16-bit caches: the pages gathered and dequantised
+            return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k,
+                                     longest, causal=causal, scale=scale, window=window,
+                                     softcap=softcap, sinks=sinks, factors=factors[1:])
         resolution = _in_place(runtime, family, problem, shape, device)
         if resolution is None:  # its key tiles span pages: the pages gathered first
             return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k,
@@ -146,12 +172,19 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
     out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
-                   pages=block_table)
+                   pages=block_table, descales=factors)
     if out is None:
         raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
                               f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "
                               f"pool")
     return out
+
+
+def arch_check(arch: str, shape: Any) -> None:
+    """Raise an :class:`UnsupportedProblemError` where ``arch`` has no FP8 (before Hopper)."""
+    why = arch_dtype_refusal(arch, shape)
+    if why is not None:
+        raise UnsupportedProblemError(why)
 
 
 def reader(arch: str, shape: Any) -> Any:
@@ -215,18 +248,31 @@ def _forward_in_place(family: Any, problem: Any, schedule: Any, q, k_pages, v_pa
 
 
 def _gathered_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
-                      longest: int, **variant: Any) -> torch.Tensor:
+                      longest: int, factors: tuple = (), **variant: Any) -> torch.Tensor:
     """A paged call whose query runs are long (chunked prefill): each entry's pages gathered
     into a contiguous cache (one read and one write of its keys), then the padded batch's
-    ragged forward (``sdpa(..., ranges=)``) with every entry's queries the last of its keys."""
+    ragged forward (``sdpa(..., ranges=)``) with every entry's queries the last of its keys.
+    ``factors``: an FP8 cache's float32 ``[B, H_kv]`` K and V descale factors, by which the
+    gathered keys and values are dequantised into q's dtype."""
     from ._varlen import padded_forward
 
     ranges = _query_ranges(q, seqused_k)
     k = gather_pages(k_pages, block_table, longest)
     v = gather_pages(v_pages, block_table, longest)
+    if factors:
+        k, v = (dequantised(x, f, q.dtype) for x, f in zip((k, v), factors))
     causal = variant.pop("causal")
     return padded_forward(runtime, q, k, v, BOTTOM_RIGHT if causal else False,
                           variant.pop("scale"), ranges, **variant)
+
+
+def dequantised(x: torch.Tensor, factor: torch.Tensor, dtype: Any) -> torch.Tensor:
+    """``x [B, H_kv, S, D]`` (FP8) times its float32 ``[B, H_kv]`` descale factors, in
+    ``dtype``: one head at a time, so the float32 product never holds more than a head."""
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    for h in range(x.shape[1]):
+        torch.mul(x[:, h].float(), factor[:, h, None, None], out=out[:, h])
+    return out
 
 
 def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
@@ -234,10 +280,10 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                   sinks: Any = None, max_k: Optional[int] = None):
     """The :class:`Resolution` a paged call gets: a decode step's bucket's, on the split-KV
     kernels; a long query run's ragged bucket without pages, on the forward's kernel (reading
-    the pages in place or gathered)."""
-    _check(q, k_pages, v_pages, block_table, seqused_k)
+    the pages in place or gathered; an FP8 cache's gathered and dequantised)."""
+    kv_dtype = _check(q, k_pages, v_pages, block_table, seqused_k)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
-                                     max_k)
+                                     max_k, kv_dtype)
     if sinks is not None:
         sink_logits(sinks, problem.heads_q, q, "torch")
     _check_device(q)
@@ -245,22 +291,29 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     arch = device_info(device).arch
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
+    if kv_dtype:
+        arch_check(arch, shape)
     family = reader(arch, shape)  # the forward reads every paged problem no other family does
+    if family is None:  # a long query run over an FP8 cache: the forward's, dequantised
+        problem, shape = (dataclasses.replace(p, kv_dtype="") for p in (problem, shape))
+        family = reader(arch, shape)
     return runtime.resolution(family, family.paged_lookup(problem, shape), device)
 
 
 def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,
                     causal: Any = True, scale: Optional[float] = None, window: Any = None,
                     softcap: Optional[float] = None, sinks: Any = None,
-                    max_k: Optional[int] = None) -> torch.Tensor:
+                    max_k: Optional[int] = None, k_descale: Any = None,
+                    v_descale: Any = None) -> torch.Tensor:
     """``tiledattention.paged_attention`` (see there) on the process's runtime: the torch op
     while ``torch.compile`` traces, the launch otherwise."""
     if torch.compiler.is_compiling():
         left, right = window if window is not None else (-1, -1)
         return paged_op(q, k_pages, v_pages, block_table, seqused_k, bool(causal), scale, left,
-                        right, float(softcap or 0.0), sinks, max_k)
+                        right, float(softcap or 0.0), sinks, max_k, k_descale, v_descale)
     return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k, causal=causal,
-                         scale=scale, window=window, softcap=softcap, sinks=sinks, max_k=max_k)
+                         scale=scale, window=window, softcap=softcap, sinks=sinks, max_k=max_k,
+                         k_descale=k_descale, v_descale=v_descale)
 
 
 # -- torch.compile ------------------------------------------------------------------------------
@@ -268,15 +321,18 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
 def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
              block_table: torch.Tensor, seqused_k: torch.Tensor, causal: bool,
              scale: Optional[float], window_left: int, window_right: int, softcap: float,
-             sinks: Optional[torch.Tensor], max_k: Optional[int]) -> torch.Tensor:
+             sinks: Optional[torch.Tensor], max_k: Optional[int],
+             k_descale: Optional[torch.Tensor] = None,
+             v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`paged_forward` as a torch op (``torch.compile`` traces it as one node)."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
     return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k,
                          causal=BOTTOM_RIGHT if causal else False, scale=scale, window=window,
-                         softcap=softcap or None, sinks=sinks, max_k=max_k)
+                         softcap=softcap or None, sinks=sinks, max_k=max_k,
+                         k_descale=k_descale, v_descale=v_descale)
 
 
 @paged_op.register_fake
 def _paged_fake(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window_left,
-                window_right, softcap, sinks, max_k):
+                window_right, softcap, sinks, max_k, k_descale=None, v_descale=None):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -55,11 +55,14 @@ class DecodeCase(AttentionCase):
 
 class PagedDecodeCase(PagedCase):
     """A paged problem's case (``PagedCase``: caches of mixed lengths in shuffled pages) with
-    this family's launcher: the kernels read the pages in place."""
+    this family's launcher: the kernels read the pages in place (an FP8 cache's with its K and
+    V descale factors)."""
 
     def launcher(self, schedule: DecodeSchedule) -> Callable[[], None]:
+        descales = None if self.descales is None else self.descales[1:]
         return _case_launcher(self.problem, schedule, self.q, self.k_pages, self.v_pages,
-                              self.out, 0, ranges=self.seqused, pages=self.table)
+                              self.out, 0, ranges=self.seqused, pages=self.table,
+                              descales=descales)
 
 
 class DecodeFamily(Family):

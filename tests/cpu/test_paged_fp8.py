@@ -1,0 +1,113 @@
+"""A paged FP8 cache without a GPU (``paged_attention(..., k_descale=, v_descale=)`` over
+float8_e4m3fn pools): its problem, the family that reads its decode steps, compile-only builds
+of the paged split kernel for every architecture with FP8 (refused before Hopper), the
+dequantising gather of a long query run, and the errors for bad arguments, each before any
+launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tiledattention as ta
+from tiledattention import (DECODE, InputTypeError, InputValueError, Problem,
+                            UnsupportedProblemError)
+from tiledattention.entry_points._paged import (arch_check, dequantised, gather_pages,
+                                                paged_problem, reader)
+
+E4M3 = torch.float8_e4m3fn
+FP8_ARCHES = ("sm_90", "sm_100", "sm_120", "sm_121")
+
+
+def _step(page_size: int = 16, **fields) -> Problem:
+    base = dict(batch=16, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=16384, head_dim=128,
+                dtype="bf16", causal=True, bottom_right=True, ragged=True,
+                page_size=page_size, kv_dtype="e4m3")
+    return Problem(**{**base, **fields})
+
+
+def _call(batch=2, hq=8, hkv=2, sq=1, d=64, page=16, pages=8, kv=E4M3, q=torch.bfloat16):
+    """CPU arrays of a paged call: q, the pools, a block table and the lengths."""
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(batch, hq, sq, d, generator=gen).to(q)
+    k = torch.randn(pages, page, hkv, d, generator=gen).to(kv)
+    v = torch.randn(pages, page, hkv, d, generator=gen).to(kv)
+    table = torch.arange(batch * 2, dtype=torch.int32).reshape(batch, 2) % pages
+    lengths = torch.full((batch,), 2 * page - 3, dtype=torch.int32)
+    return query, k, v, table, lengths
+
+
+def test_a_paged_fp8_call_is_a_paged_problem_with_its_kv_dtype():
+    q, k, v, table, lengths = _call()
+    problem, longest = paged_problem(q, k, table, True, None, None, None, None, "e4m3")
+    assert problem.kv_dtype == "e4m3" and problem.page_size == 16 and problem.ragged
+    assert longest == 32 and "kv-e4m3" in problem.describe()
+    # its decode steps go to the decode family, which reads the pages in place
+    assert reader("sm_90", problem).name == "decode"
+    # a long query run over an FP8 cache: no family reads its pages (gathered, dequantised)
+    long_run = paged_problem(q.expand(2, 8, 512, 64), k, table, True, None, None, None, None,
+                             "e4m3")[0]
+    assert reader("sm_90", long_run) is None
+
+
+@pytest.mark.parametrize("arch", FP8_ARCHES)
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_the_paged_fp8_split_kernel_compiles_for_each_architecture_with_fp8(arch, page_size):
+    problem = _step(page_size)
+    schedule = DECODE.default_schedule(arch, problem)
+    assert DECODE.compile(problem, schedule, arch).cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89"])
+def test_a_paged_fp8_cache_needs_hopper_or_later(arch):
+    with pytest.raises(UnsupportedProblemError, match="FP8 attention needs sm_90 or later"):
+        arch_check(arch, _step())
+    arch_check(arch, _step(kv_dtype=""))  # a 16-bit cache runs anywhere
+
+
+def test_a_long_run_dequantises_the_gathered_pages_by_entry_and_head():
+    q, k, v, table, lengths = _call(batch=3, hkv=2, pages=6)
+    factor = torch.tensor([[0.5, 2.0], [1.0, 4.0], [0.25, 8.0]])
+    gathered = gather_pages(k, table, 32)  # [B, H_kv, 32, D] e4m3
+    got = dequantised(gathered, factor, torch.bfloat16)
+    want = (gathered.float() * factor[:, :, None, None]).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    # head 1 of entry 2 carries its own factor (8), not head 0's
+    assert torch.equal(got[2, 1], (gathered[2, 1].float() * 8.0).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(v_dtype=torch.bfloat16), InputTypeError, "k_pages and v_pages of an FP8 cache must "
+     "have one dtype"),
+    (dict(q_dtype=E4M3), InputTypeError, "q must be bfloat16 or float16"),
+    (dict(k_descale=torch.ones(2, 2, dtype=torch.float16)), InputTypeError,
+     "k_descale must be float32"),
+    (dict(v_descale=torch.ones(3, 2)), InputValueError,
+     r"v_descale must have shape \[B, H_kv\] = \[2, 2\]"),
+    (dict(k_descale=2.0), InputTypeError, "k_descale must be a float32 torch.Tensor"),
+    (dict(kv_dtype=torch.bfloat16, k_descale=torch.ones(())), InputValueError,
+     "k_descale go with an FP8 cache"),
+    (dict(k_descale=torch.ones(2, 2)), InputValueError, "must be CUDA tensors"),
+], ids=["v-dtype", "q-fp8", "descale-dtype", "descale-shape", "descale-type",
+        "descale-without-fp8", "valid-but-on-cpu"])
+def test_bad_paged_fp8_arguments_are_refused_naming_them(change, error, message):
+    q, k, v, table, lengths = _call(q=change.pop("q_dtype", torch.bfloat16),
+                                    kv=change.pop("kv_dtype", E4M3))
+    if "v_dtype" in change:
+        v = v.to(change.pop("v_dtype"))
+    with pytest.raises(error, match=message):
+        ta.paged_attention(q, k, v, table, lengths, **change)
+
+
+def test_the_paged_op_takes_the_descales_under_fake_tensors():
+    """``torch.compile`` traces the custom op with the factors as tensor arguments: its fake
+    gives q's dtype and shape, an FP8 cache's output being in q's dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tiledattention.entry_points._paged import paged_op
+
+    with FakeTensorMode():
+        q, k, v, table, lengths = (torch.empty_like(x) for x in _call())
+        out = paged_op(q, k, v, table, lengths, True, None, -1, -1, 0.0, None, None,
+                       torch.ones(2, 2), torch.ones(2, 2))
+    assert out.dtype == torch.bfloat16 and tuple(out.shape) == tuple(q.shape)
