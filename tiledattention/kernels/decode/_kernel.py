@@ -209,14 +209,14 @@ def decode_split(
         # p: [TILE_M, TILE_N]; capped scores are scaled already
         p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
         v = load_kv(V, j, latency=V_LATENCY)  # [TILE_N, TILE_D]
-        if KV_FP8:
-            v = v.astype(q.dtype)
         if PAGED:
             if masked:
                 # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN
                 # is not 0
                 key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
                 v = ct.where(key_rows < seqlen_k, v, 0.0)
+        if KV_FP8:
+            v = v.astype(q.dtype)
         acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
         return m_i, l_i, acc
 
