@@ -69,7 +69,7 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
     given = [n for n, d in zip(DESCALE_NAMES[1:], descales) if d is not None]
     if given and not kv_fp8:
         raise InputValueError(f"{' and '.join(given)} go with an FP8 cache (float8_e4m3fn "
-                                  f"k_pages and v_pages); got {k_pages.dtype} pages")
+                              f"k_pages and v_pages); got {k_pages.dtype} pages")
     b, hq, _, d = q.shape
     _, page_size, hkv, dk = k_pages.shape
     if dk != d:
@@ -156,11 +156,11 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     if kv_dtype:
         arch_check(arch, shape)
     family = reader(arch, shape)
-    if family is None or family.name == "forward":  # a long query run (chunked prefill)
-        if kv_dtype:  # the forward reads 16-bit caches: the pages gathered and dequantised
-            return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k,
-                                     longest, causal=causal, scale=scale, window=window,
-                                     softcap=softcap, sinks=sinks, factors=factors[1:])
+    if family is None:  # a long query run over an FP8 cache: the forward reads 16-bit caches
+        return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k, longest,
+                                 causal=causal, scale=scale, window=window, softcap=softcap,
+                                 sinks=sinks, factors=factors[1:])
+    if family.name == "forward":  # a long query run (chunked prefill)
         resolution = _in_place(runtime, family, problem, shape, device)
         if resolution is None:  # its key tiles span pages: the pages gathered first
             return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k,
