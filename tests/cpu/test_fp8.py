@@ -228,7 +228,7 @@ def test_tiledtune_explain_fp8_and_its_refusal(capsys, tmp_path):
 
     db = str(tmp_path / "none.sqlite")
     code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--problem",
-                     "batch=1,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,head_dim=128,"
+                     "batch=8,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=8192,head_dim=128,"
                      "dtype=bf16,causal=false,kv_dtype=e4m3"])
     out, err = capsys.readouterr()
     assert code == 0, err

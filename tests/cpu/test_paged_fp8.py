@@ -6,6 +6,8 @@ launch."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -111,3 +113,29 @@ def test_the_paged_op_takes_the_descales_under_fake_tensors():
         out = paged_op(q, k, v, table, lengths, True, None, -1, -1, 0.0, None, None,
                        torch.ones(2, 2), torch.ones(2, 2))
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == tuple(q.shape)
+
+
+def test_an_fp8_cache_splits_more_at_two_ctas_an_sm_unless_one_split_fills_the_gpu():
+    """The decode default of an FP8 cache (``FP8_SPLIT_FACTOR``): four times the bf16 rule's
+    splits (at least four), two CTAs an SM, K loads four steps ahead, on Hopper; a contiguous
+    batch whose one split fills the GPU keeps the bf16 rule's schedule."""
+    from tiledattention.kernels.decode._defaults import (FP8_K_LATENCY, FP8_SPLIT_FACTOR,
+                                                         FULL_GPU_OCCUPANCY)
+
+    def rules(**fields):
+        fp8 = Problem(**{**dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=48000,
+                                head_dim=128, dtype="bf16", causal=False), **fields},
+                      kv_dtype="e4m3")
+        bf16 = dataclasses.replace(fp8, kv_dtype="")
+        return (DECODE.default_schedule("sm_90", fp8), DECODE.default_schedule("sm_90", bf16))
+
+    fp8, bf16 = rules()  # B1: 8 rows, 16 splits by the bf16 rule
+    assert (fp8.splits, fp8.occupancy, fp8.k_latency) == (
+        FP8_SPLIT_FACTOR * bf16.splits, FULL_GPU_OCCUPANCY, FP8_K_LATENCY)
+    paged, paged_bf16 = rules(batch=48, heads_q=28, heads_kv=4, seqlen_k=4096, causal=True,
+                              bottom_right=True, ragged=True, page_size=32)
+    assert paged_bf16.splits == 1 and paged.splits == FP8_SPLIT_FACTOR  # 192 rows: paged
+    full, full_bf16 = rules(batch=64, seqlen_k=1500)  # 512 rows: one split fills the GPU
+    assert full == full_bf16
+    short, _ = rules(seqlen_k=1000)  # at least 512 keys a split
+    assert short.splits == 1

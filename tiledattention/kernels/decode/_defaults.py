@@ -10,7 +10,8 @@ from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
-           "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM"]
+           "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM", "FP8_SPLIT_FACTOR",
+           "FP8_MIN_KEYS_PER_SPLIT", "FP8_K_LATENCY"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -55,6 +56,18 @@ SMALL_PAGE_WAVES = 2
 #: 1.11-1.14x on three other such batches (112-120 rows, pages of 32-128). (On a contiguous
 #: cache of one length, 96 rows, two splits ran 0.98x.)
 FULL_GPU_OCCUPANCY = 2
+#: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
+#: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
+#: ``FP8_K_LATENCY`` steps ahead and ``FP8_SPLIT_FACTOR`` times the rule's splits (at least that
+#: many where the rule gives none to spare), each streaming at least ``FP8_MIN_KEYS_PER_SPLIT``
+#: keys, except a contiguous batch whose one split fills the GPU. On an H200 (H 32/8 and 28/4,
+#: D 128; docs/records/probes/paged_fp8.py --sweep): 1.03-1.68x the bf16 rule on six
+#: mixed-length paged batches (pages of 16-256, B 8-56) and 1.11-1.27x on contiguous caches at
+#: B 1, 4 and 12; a contiguous B 32 over 3000 keys (256 rows, one split fills the GPU) ran
+#: 0.81x with them, so it keeps the rule's.
+FP8_SPLIT_FACTOR = 4
+FP8_MIN_KEYS_PER_SPLIT = 512
+FP8_K_LATENCY = 4
 #: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
 #: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
 TWO_CTAS_AN_SM = ("hopper", "blackwell")
@@ -83,7 +96,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8). Pages whose
     loads take 16 keys walk 64-key steps split for two waves (:data:`SMALL_PAGE_STEP`); a
     paged split that fills the GPU by itself runs two CTAs an SM (with larger pages, K loads
-    four steps ahead)."""
+    four steps ahead). An FP8 cache takes more splits at two CTAs an SM
+    (:data:`FP8_SPLIT_FACTOR`)."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
@@ -111,6 +125,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             k_latency = 4
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
+    if problem.kv_dtype and two_ctas and (problem.page_size or rows < waves * sms):
+        splits = max(1, min(max(wanted, 1) * FP8_SPLIT_FACTOR, keys // FP8_MIN_KEYS_PER_SPLIT,
+                            MAX_SPLITS))
+        return base.replace(splits=splits, occupancy=FULL_GPU_OCCUPANCY,
+                            k_latency=FP8_K_LATENCY)
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
     splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
