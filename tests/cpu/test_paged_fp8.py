@@ -119,9 +119,6 @@ def test_an_fp8_cache_splits_more_at_two_ctas_an_sm_unless_one_split_fills_the_g
     """The decode default of an FP8 cache (``FP8_SPLIT_FACTOR``): four times the bf16 rule's
     splits (at least four), two CTAs an SM, K loads four steps ahead, on Hopper; a contiguous
     batch whose one split fills the GPU keeps the bf16 rule's schedule."""
-    from tiledattention.kernels.decode._defaults import (FP8_K_LATENCY, FP8_SPLIT_FACTOR,
-                                                         FULL_GPU_OCCUPANCY)
-
     def rules(**fields):
         fp8 = Problem(**{**dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=48000,
                                 head_dim=128, dtype="bf16", causal=False), **fields},
@@ -130,11 +127,11 @@ def test_an_fp8_cache_splits_more_at_two_ctas_an_sm_unless_one_split_fills_the_g
         return (DECODE.default_schedule("sm_90", fp8), DECODE.default_schedule("sm_90", bf16))
 
     fp8, bf16 = rules()  # B1: 8 rows, 16 splits by the bf16 rule
-    assert (fp8.splits, fp8.occupancy, fp8.k_latency) == (
-        FP8_SPLIT_FACTOR * bf16.splits, FULL_GPU_OCCUPANCY, FP8_K_LATENCY)
+    assert (bf16.splits, bf16.occupancy, bf16.k_latency) == (16, 1, 2)
+    assert (fp8.splits, fp8.occupancy, fp8.k_latency) == (64, 2, 4)
     paged, paged_bf16 = rules(batch=48, heads_q=28, heads_kv=4, seqlen_k=4096, causal=True,
                               bottom_right=True, ragged=True, page_size=32)
-    assert paged_bf16.splits == 1 and paged.splits == FP8_SPLIT_FACTOR  # 192 rows: paged
+    assert paged_bf16.splits == 1 and paged.splits == 4  # 192 rows, but paged
     full, full_bf16 = rules(batch=64, seqlen_k=1500)  # 512 rows: one split fills the GPU
     assert full == full_bf16
     short, _ = rules(seqlen_k=1000)  # at least 512 keys a split
