@@ -213,3 +213,22 @@ def test_the_margin_and_limits_are_stated_per_family():
     assert FORWARD.transfer_limits == ((("batch", "heads_q"), 1.0),)
     assert DECODE.transfer_limits == ((("batch", "heads_kv"), 0.0), (("seqlen_q",), 0.0))
     assert json.dumps(FORWARD.padding_terms)  # plain data: exported tables carry it
+
+
+def test_the_exported_select_keeps_ragged_rows_to_their_own_longest_cache():
+    """A ragged (paged) decode row answers only for its own longest cache
+    (``Family.ragged_exact``), in the exported module as in the runtime: at every shipped
+    ragged row's bucket with another cache length, both give the same answer, which is never
+    that row's schedule unless another row or the default has it."""
+    rows = [r for r in shipped_rows() if r.family == "decode"]
+    exported: dict = {}
+    exec(compile(render_module(rows, source="shipped"), "schedules.py", "exec"), exported)
+    ragged = [r for r in rows if r.problem.ragged]
+    assert ragged
+    for r in ragged:
+        for length in (r.problem.seqlen_k // 2, 1025):
+            problem = dataclasses.replace(r.problem, seqlen_k=length)
+            answer = resolve(rows, problem, DECODE)
+            expected = None if answer.source == "default" else answer.schedule.to_dict()
+            assert exported["select"]("decode", "sm_90", **problem.to_dict()) == expected
+            assert answer.source == "default", answer.detail

@@ -105,10 +105,13 @@ class Family(abc.ABC):
     # log2 prod(fields')|, the dimensions that decide a schedule's grid); and if that gain,
     # scaled by how much more padding its tiles add on the new problem (``padding_terms``:
     # ``(problem field, schedule tile field, schedule field dividing the problem field first
-    # or None)``), still reaches the margin.
+    # or None)``), still reaches the margin. A ragged row (``Problem.ragged``) answers only for
+    # problems with its own values of the fields ``ragged_exact`` names (field -> what it is,
+    # for messages: it was tuned on a mix of lengths up to them).
     transfer_margin: ClassVar[float] = 1.03
     transfer_limits: ClassVar[tuple[tuple[tuple[str, ...], float], ...]] = ()
     padding_terms: ClassVar[tuple[tuple[str, str, str | None], ...]] = ()
+    ragged_exact: ClassVar[Mapping[str, str]] = {}
     #: The input dtypes the family's kernels take (short names of ``tiledattention.core._dtypes``),
     #: each with the relative L2 error against the float32 reference a correct schedule may
     #: have on it: the family's one declaration of its dtypes. ``register_family`` checks the
@@ -187,6 +190,11 @@ class Family(abc.ABC):
         within ``nearest_limit``: ``None`` when it may (the class comment above says when)."""
         if default_ms is None:
             return "its key's default time is not recorded"
+        if getattr(problem, "ragged", False):
+            for name, what in self.ragged_exact.items():
+                if getattr(stored, name) != getattr(problem, name):
+                    return (f"a ragged row answers only for its own {what} "
+                            f"({getattr(stored, name)}, not {getattr(problem, name)})")
         gain = default_ms / median_ms
         if gain < self.transfer_margin:
             return (f"it ran {gain:.3f}x the default on its own key (a row transfers from "

@@ -27,7 +27,7 @@ a long query run over it gathers the entries' pages and dequantises them into q'
 A decode step over pages is looked up by its batch, query count, page size and longest cache
 (``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
 ``Problem.page_size`` with ``ragged``. A paged row answers only for its own longest cache
-(``DecodeFamily.transfer_refusal``): it was tuned on caches of mixed lengths up to it.
+(``DecodeFamily.ragged_exact``): it was tuned on caches of mixed lengths up to it.
 """
 
 from __future__ import annotations

@@ -115,7 +115,8 @@ def _lookup_spec(family: str) -> dict[str, Any]:
             "nearest_limit": None if math.isinf(f.nearest_limit) else f.nearest_limit,
             "transfer_margin": f.transfer_margin,
             "transfer_limits": [[list(names), limit] for names, limit in f.transfer_limits],
-            "padding_terms": [list(term) for term in f.padding_terms]}
+            "padding_terms": [list(term) for term in f.padding_terms],
+            "ragged_exact": list(f.ragged_exact)}
 
 
 def _clean(text: str) -> str:
@@ -268,15 +269,19 @@ def _padding(terms, problem, schedule):
 
 
 def transfers(family, entry, problem):
-    """Whether ``entry``, tuned for another problem, may answer for ``problem``: it beat the
+    """Whether ``entry``, tuned for another problem, may answer for ``problem``: a ragged
+    problem only with the entry's own values of ``ragged_exact``; it beat the
     default on its own key by ``transfer_margin``, differs by at most the ``transfer_limits``
     (log2 of a product of fields), and keeps that margin once scaled by the padding its tiles
     add on ``problem`` (``padding_terms``)."""
     spec = LOOKUP[family]
     if entry.get("default_ms") is None:
         return False
+    stored = full(family, entry["problem"])
+    if problem.get("ragged") and any(stored[n] != problem[n] for n in spec["ragged_exact"]):
+        return False  # a ragged row answers only for its own values of these
     gain = entry["default_ms"] / entry["median_ms"]
-    stored, problem = lookup_shape(full(family, entry["problem"])), lookup_shape(problem)
+    stored, problem = lookup_shape(stored), lookup_shape(problem)
     for names, limit in spec["transfer_limits"]:
         if abs(math.log2(math.prod(stored[n] for n in names))
                - math.log2(math.prod(problem[n] for n in names))) > limit + 1e-9:

@@ -92,17 +92,11 @@ class DecodeFamily(Family):
     # count ran 0.87-0.95x cuDNN where the neighbouring keys ran 0.98-1.0x)
     transfer_limits = ((("batch", "heads_kv"), 0.0), (("seqlen_q",), 0.0))
     padding_terms = (("seqlen_k", "tile_n", "splits"),)
-
-    def transfer_refusal(self, stored: Problem, schedule: DecodeSchedule, median_ms: float,
-                         default_ms: float | None, problem: Problem) -> str | None:
-        """:meth:`Family.transfer_refusal`, and a paged or ragged row answers only for its own
-        bucket's longest cache: it was tuned on a mix of caches up to that length, and its
-        split count misfits shorter ones (an H200 row of B32 at 16k, 12 splits, ran a B32 step
-        over 4k caches at 0.82x contiguous decode, where the default ran 0.97x)."""
-        if problem.ragged and stored.seqlen_k != problem.seqlen_k:
-            return (f"a ragged row answers only for its own longest cache ({stored.seqlen_k} "
-                    f"keys, not {problem.seqlen_k})")
-        return super().transfer_refusal(stored, schedule, median_ms, default_ms, problem)
+    # a paged or ragged row answers only for its own bucket's longest cache: it was tuned on a
+    # mix of caches up to that length, and its split count misfits shorter ones (an H200 row
+    # of B32 at 16k, 12 splits, ran a B32 step over 4k caches at 0.82x contiguous decode, where
+    # the default ran 0.97x)
+    ragged_exact = {"seqlen_k": "longest cache"}
 
     def default_schedule(self, arch: str, problem: Problem) -> DecodeSchedule:
         _check_ragged(problem)
