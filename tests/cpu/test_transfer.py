@@ -168,10 +168,16 @@ def test_the_issues_calls_take_no_row_of_another_grid(family, problem, before):
         assert found.source == "default", found.detail
 
 
+def _exported(rows) -> dict:
+    """The names the module exported from ``rows`` (shipped) defines."""
+    names: dict = {}
+    exec(compile(render_module(rows, source="shipped"), "schedules.py", "exec"), names)
+    return names
+
+
 def test_the_exported_select_follows_the_runtime_rule():
     rows = [r for r in shipped_rows() if r.family in ("forward", "decode")]
-    exported: dict = {}
-    exec(compile(render_module(rows, source="shipped"), "schedules.py", "exec"), exported)
+    exported = _exported(rows)
     checked = 0
     for r, changes in itertools.product(rows[::3], ({"batch": 2}, {"seqlen_k": 1025},
                                                     {"seqlen_q": 3}, {})):
@@ -192,8 +198,7 @@ def test_the_exported_select_measures_a_window_by_its_span():
     """A sliding window's key is measured by the window's span in the exported module as in
     the runtime (``Problem.lookup_shape``): the same distances and answers at other lengths."""
     rows = [r for r in shipped_rows() if r.family == "forward"]
-    exported: dict = {}
-    exec(compile(render_module(rows, source="shipped"), "schedules.py", "exec"), exported)
+    exported = _exported(rows)
     windowed = [r for r in rows if r.problem.windowed]
     assert windowed
     for r in windowed:
@@ -221,8 +226,7 @@ def test_the_exported_select_keeps_ragged_rows_to_their_own_longest_cache():
     ragged row's bucket with another cache length, both give the same answer, which is never
     that row's schedule unless another row or the default has it."""
     rows = [r for r in shipped_rows() if r.family == "decode"]
-    exported: dict = {}
-    exec(compile(render_module(rows, source="shipped"), "schedules.py", "exec"), exported)
+    exported = _exported(rows)
     ragged = [r for r in rows if r.problem.ragged]
     assert ragged
     for r in ragged:
