@@ -149,7 +149,8 @@ def test_bytarget_values_are_most_common_winners_per_arch(exported):
         "distance_terms": [[list(names), weight] for names, weight in FORWARD.distance_terms],
         "nearest_limit": FORWARD.nearest_limit, "transfer_margin": FORWARD.transfer_margin,
         "transfer_limits": [[list(names), limit] for names, limit in FORWARD.transfer_limits],
-        "padding_terms": [list(term) for term in FORWARD.padding_terms]}
+        "padding_terms": [list(term) for term in FORWARD.padding_terms],
+        "ragged_exact": list(FORWARD.ragged_exact)}
 
 
 def test_header_states_provenance_without_timestamp(tiledtune, source_db, tmp_path):
@@ -788,7 +789,7 @@ def test_module_has_one_table_per_family(tiledtune, mixed_db, toy, tmp_path):
                                     "distance_terms": [[["rows"], 1.0], [["width"], 0.25]],
                                     "nearest_limit": None,  # any distance
                                     "transfer_margin": 1.03, "transfer_limits": [],
-                                    "padding_terms": []}
+                                    "padding_terms": [], "ragged_exact": []}
     # select() and distance() follow the family's own metric, as pick does
     family = toy
     for rows, width in itertools.product((1, 900, 1024, 3000, 4096, 10000), (1, 64, 128, 300)):
