@@ -14,8 +14,8 @@ import torch
 import tiledattention as ta
 from tiledattention import (DECODE, InputTypeError, InputValueError, Problem,
                             UnsupportedProblemError)
-from tiledattention.entry_points._paged import (arch_check, dequantised, gather_pages,
-                                                paged_problem, reader)
+from tiledattention.core._family import check_arch_dtype
+from tiledattention.entry_points._paged import dequantised, gather_pages, paged_problem, reader
 
 E4M3 = torch.float8_e4m3fn
 FP8_ARCHES = ("sm_90", "sm_100", "sm_120", "sm_121")
@@ -63,8 +63,8 @@ def test_the_paged_fp8_split_kernel_compiles_for_each_architecture_with_fp8(arch
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89"])
 def test_a_paged_fp8_cache_needs_hopper_or_later(arch):
     with pytest.raises(UnsupportedProblemError, match="FP8 attention needs sm_90 or later"):
-        arch_check(arch, _step())
-    arch_check(arch, _step(kv_dtype=""))  # a 16-bit cache runs anywhere
+        check_arch_dtype(arch, _step())
+    check_arch_dtype(arch, _step(kv_dtype=""))  # a 16-bit cache runs anywhere
 
 
 def test_a_long_run_dequantises_the_gathered_pages_by_entry_and_head():

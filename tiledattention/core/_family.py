@@ -72,6 +72,13 @@ def arch_dtype_refusal(arch: str, problem: Any) -> str | None:
     return None
 
 
+def check_arch_dtype(arch: str, problem: Any) -> None:
+    """Raise an :class:`UnsupportedProblemError` with :func:`arch_dtype_refusal`'s reason."""
+    why = arch_dtype_refusal(arch, problem)
+    if why is not None:
+        raise UnsupportedProblemError(why)
+
+
 class Family(abc.ABC):
     """A kernel template and everything the tuner and the runtime need to use it.
 
@@ -294,9 +301,7 @@ class Family(abc.ABC):
     def check_arch_dtype(self, arch: str, problem: Any) -> None:
         """Raise an :class:`UnsupportedProblemError` with :func:`arch_dtype_refusal`'s reason
         (the compile-only builds of an FP8 problem for an architecture without FP8)."""
-        why = arch_dtype_refusal(arch, problem)
-        if why is not None:
-            raise UnsupportedProblemError(why)
+        check_arch_dtype(arch, problem)
 
     def pages_refusal(self, problem: Any) -> str | None:
         """Why this family cannot run ``problem``'s paged cache, or ``None``."""

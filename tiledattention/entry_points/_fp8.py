@@ -50,6 +50,11 @@ def _fp8_torch_dtypes() -> frozenset:
     return _FP8_TORCH
 
 
+def is_fp8_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor of an FP8 dtype (an FP8 cache's pages, say)."""
+    return getattr(x, "dtype", None) in (_FP8_TORCH or _fp8_torch_dtypes())
+
+
 def is_fp8_call(q: Any, k: Any, descales: tuple) -> bool:
     """Whether ``sdpa`` was given FP8 inputs (q, or k: an FP8 cache) or any descale factor
     (then the FP8 path checks the rest). On every ``sdpa`` call: dtype objects compared, not
@@ -90,15 +95,17 @@ def _check_inputs(q: Any, k: Any, v: Any, descales: tuple) -> bool:
     return fp8_q
 
 
-def fp8_descales(descales: tuple, problem: Problem, q: Any) -> tuple:
-    """Each descale factor as the kernel reads it: a contiguous float32 ``[B, H_kv]`` tensor
-    (``None``: ones). Raises naming the argument for a wrong type, dtype, shape or device."""
+def fp8_descales(descales: tuple, problem: Problem, q: Any,
+                 names: tuple = DESCALE_NAMES) -> tuple:
+    """Each descale factor (``names``: the arguments they came as, q's, k's and v's by
+    default) as the kernel reads it: a contiguous float32 ``[B, H_kv]`` tensor (``None``:
+    ones). Raises naming the argument for a wrong type, dtype, shape or device."""
     import torch
 
     target = (problem.batch, problem.heads_kv)
     checked = []
     ones = None
-    for name, d in zip(DESCALE_NAMES, descales):
+    for name, d in zip(names, descales):
         if d is None:
             if ones is None:
                 ones = torch.ones(target, dtype=torch.float32, device=q.device)

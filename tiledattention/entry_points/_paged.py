@@ -43,12 +43,11 @@ from ..core._dtypes import dtype_of
 from ..core._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
                              check_attention_tensors, check_reach, default_scale, padded_head_dim,
                              sink_logits, variant_args)
-from ..core._family import arch_dtype_refusal, serving
+from ..core._family import check_arch_dtype, serving
 from ..core._ragged import RaggedLayout, ragged_problem
 from ..core._runtime import Runtime, runtime
-from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
-                      UnsupportedProblemError)
-from ._fp8 import DESCALE_NAMES, fp8_descales
+from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
+from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
 
 __all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
            "reader", "OP_NAME"]
@@ -62,7 +61,7 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
     run these arrays; return the cache's element type (``Problem.kv_dtype``: ``""`` when K and
     V are in q's dtype, ``"e4m3"`` for an FP8 cache, which ``descales``, the call's
     ``(k_descale, v_descale)``, may scale; they go with an FP8 cache only)."""
-    kv_fp8 = isinstance(k_pages, torch.Tensor) and k_pages.dtype == torch.float8_e4m3fn
+    kv_fp8 = is_fp8_tensor(k_pages)
     check_attention_tensors(("q", "k_pages", "v_pages"), q, k_pages, v_pages,
                             "[B, H_q, S_q, D]", "[pages, page_size, H_kv, D]", kv_fp8=kv_fp8)
     kv_dtype = dtype_of("k_pages", k_pages, fp8=True) if kv_fp8 else ""
@@ -149,17 +148,18 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
-    factors = (fp8_descales((None, k_descale, v_descale), shape, q) if kv_dtype else ())
+    # the K and V factors (16-bit queries have none of their own)
+    factors = (fp8_descales((k_descale, v_descale), shape, q, DESCALE_NAMES[1:]) if kv_dtype
+               else ())
     _check_device(q)
     device = q.device.index
     arch = device_info(device).arch
-    if kv_dtype:
-        arch_check(arch, shape)
+    check_arch_dtype(arch, shape)
     family = reader(arch, shape)
     if family is None:  # a long query run over an FP8 cache: the forward reads 16-bit caches
         return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k, longest,
                                  causal=causal, scale=scale, window=window, softcap=softcap,
-                                 sinks=sinks, factors=factors[1:])
+                                 sinks=sinks, factors=factors)
     if family.name == "forward":  # a long query run (chunked prefill)
         resolution = _in_place(runtime, family, problem, shape, device)
         if resolution is None:  # its key tiles span pages: the pages gathered first
@@ -172,19 +172,12 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
     out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
-                   pages=block_table, descales=factors)
+                   pages=block_table, descales=(None, *factors))
     if out is None:
         raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
                               f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "
                               f"pool")
     return out
-
-
-def arch_check(arch: str, shape: Any) -> None:
-    """Raise an :class:`UnsupportedProblemError` where ``arch`` has no FP8 (before Hopper)."""
-    why = arch_dtype_refusal(arch, shape)
-    if why is not None:
-        raise UnsupportedProblemError(why)
 
 
 def reader(arch: str, shape: Any) -> Any:
@@ -291,8 +284,7 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     arch = device_info(device).arch
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
                                 seqlen_k=longest)
-    if kv_dtype:
-        arch_check(arch, shape)
+    check_arch_dtype(arch, shape)
     family = reader(arch, shape)  # the forward reads every paged problem no other family does
     if family is None:  # a long query run over an FP8 cache: the forward's, dequantised
         problem, shape = (dataclasses.replace(p, kv_dtype="") for p in (problem, shape))
