@@ -125,14 +125,63 @@ def test_the_accumulator_follows_ranges_and_is_given_exactly_for_one_pass_plans(
 
 # -- deterministic selection ----------------------------------------------------------------------
 def test_the_deterministic_schedule_computes_dq_with_the_dq_kernel():
-    s = BACKWARD.deterministic_schedule("sm_90", GQA, ONE_PASS.replace(dkdv_tile_m=128))
-    two_kernel = BACKWARD.default_schedule("sm_90", GQA).replace(dq_mode="kernel")
-    assert s.dq_mode == "kernel" and s.dkdv_tile_m == 128
-    assert all(getattr(s, f) == getattr(normalise(GQA, two_kernel), f) for f in DQ_FIELDS)
+    """A one-pass schedule gives way to the two-kernel default (its dK/dV fields too: they
+    were chosen for the one-pass kernel's extra tile); a two-kernel one stays as it is."""
+    two_kernel = BACKWARD.default_schedule("sm_90", GQA)
+    assert two_kernel.dq_mode == "kernel" and two_kernel.dkdv_occupancy == 2
+    for one_pass in (ONE_PASS, ONE_PASS.replace(dkdv_tile_n=128, dkdv_occupancy=1,
+                                                dkdv_worker_warps=8)):
+        assert BACKWARD.deterministic_schedule("sm_90", GQA, one_pass) == two_kernel
     kernel = BackwardSchedule(dq_tile_m=128)
     assert BACKWARD.deterministic_schedule("sm_90", GQA, kernel) == kernel
     assert "bitwise reproducible" in BACKWARD.determinism(GQA, kernel)
     assert "no fixed order" in BACKWARD.determinism(GQA, ONE_PASS)
+
+
+# -- the softcap default ----------------------------------------------------------------------------
+def _capped(d: int = 128, left: int = -1, **fields) -> Problem:
+    """GQA 8/2 over 4096 keys, causal, scores capped at 30 (``fields`` replace any)."""
+    return dataclasses.replace(GQA, **{
+        "heads_q": 8, "seqlen_q": 4096, "seqlen_k": 4096, "head_dim": d, "bottom_right": False,
+        "softcap": 30.0, "window_left": left, **fields})
+
+
+@pytest.mark.parametrize("d, fields", [
+    (64, dict(dkdv_tile_n=128, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8)),
+    (96, dict(dkdv_tile_n=128, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8)),
+    (128, dict(dkdv_tile_n=128, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8)),
+    (256, dict(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8))])
+def test_capped_scores_run_one_pass_on_hopper_with_the_rules_fields(d, fields):
+    s = BACKWARD.default_schedule("sm_90", _capped(d))
+    assert s.dq_mode == "atomic"
+    assert {name: getattr(s, name) for name in fields} == fields
+    # the same problem uncapped, or on other generations: the two kernels
+    assert BACKWARD.default_schedule("sm_90", _capped(d, softcap=0.0)).dq_mode == "kernel"
+    for arch in ("sm_80", "sm_100", "sm_120"):
+        assert BACKWARD.default_schedule(arch, _capped(d)).dq_mode == "kernel"
+    # a deterministic run: the two-kernel default, as without the rule
+    two_kernel = BACKWARD.deterministic_schedule("sm_90", _capped(d), s)
+    assert two_kernel.dq_mode == "kernel" and two_kernel.dkdv_tile_n == 64
+    assert two_kernel.dkdv_occupancy == (1 if d == 256 else 2)
+
+
+@pytest.mark.parametrize("d, left, one_pass", [
+    (128, 127, False), (128, 511, False), (128, 1022, False), (128, 1023, True),
+    (128, 4095, True), (256, 127, False), (256, 510, False), (256, 511, True)])
+def test_a_narrow_window_keeps_the_two_kernels(d, left, one_pass):
+    """The rule's span: a row sees ``left + 1`` keys of a causal window (1024 at D 128, 512
+    at D 256)."""
+    s = BACKWARD.default_schedule("sm_90", _capped(d, left))
+    assert (s.dq_mode == "atomic") == one_pass
+
+
+def test_short_capped_problems_and_ragged_ones():
+    """A problem shorter than the rule's span but unwindowed runs one-pass (every row may see
+    every key); a ragged batch runs the two kernels (the one-pass kernels index whole batch
+    entries)."""
+    short = dataclasses.replace(_capped(), seqlen_q=200, seqlen_k=300)
+    assert BACKWARD.default_schedule("sm_90", short).dq_mode == "atomic"
+    assert BACKWARD.default_schedule("sm_90", _capped(ragged=True)).dq_mode == "kernel"
 
 
 def _fake_cuda(monkeypatch, calls):

@@ -281,10 +281,12 @@ def test_every_variant_together_compiles_for_each_architecture(arch):
 
 @pytest.mark.parametrize("name", sorted(SINGLE))
 def test_each_variant_compiles_and_reaches_the_code(name):
-    """Each variant compiles (sm_90, its default schedule, split in two); a window or a
-    softcap changes both kernels' code, sinks change none (the plain kernels run)."""
+    """Each variant compiles (sm_90, its two-kernel default schedule, split in two); a window
+    or a softcap changes both kernels' code, sinks change none (the plain kernels run)."""
     p = SINGLE[name]
-    s = BACKWARD.default_schedule("sm_90", p).replace(dkdv_splits=2)
+    two_kernel = BACKWARD.deterministic_schedule("sm_90", p,
+                                                 BACKWARD.default_schedule("sm_90", p))
+    s = two_kernel.replace(dkdv_splits=2)
     plain = dataclasses.replace(p, window_left=-1, window_right=-1, softcap=0.0, sinks=False)
     if p.bottom_right and not p.causal:
         plain = dataclasses.replace(plain, bottom_right=False)

@@ -40,6 +40,11 @@ CASES = [
     ("gqa4-d64-top-left-split4-bf16", _problem(1, 8, 2, 1000, 1000, 64, "bf16", True), 4),
     ("gqa4-d64-window-softcap-bf16", _problem(1, 8, 2, 1000, 1000, 64, "bf16", True,
                                               window_left=100, softcap=20.0), None),
+    # capped scores, whose sm_90 default is one-pass (SOFTCAP_ONE_PASS's fields)
+    ("gqa4-d128-softcap-bottom-right-bf16", _problem(2, 8, 2, 777, 1500, 128, "bf16", True,
+                                                     True, softcap=20.0), None),
+    ("gqa2-d256-softcap-fp16", _problem(1, 8, 4, 1000, 1000, 256, "fp16", True,
+                                        softcap=30.0), None),
 ]
 
 
@@ -120,21 +125,28 @@ def test_deterministic_backward_is_bitwise_reproducible(how):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-def test_one_pass_reduce_adds_stay_right_over_thousands_of_launches():
+@pytest.mark.parametrize("softcap", [0.0, 20.0], ids=["split2", "softcap-default"])
+def test_one_pass_reduce_adds_stay_right_over_thousands_of_launches(softcap):
     """Cross-CTA float32 reduce-adds into one accumulator: 3,000 launches of a small GQA
-    problem (8 key tiles x 2 splits add into each query tile of 4 heads), the accumulator and
-    gradients re-poisoned with NaN before each, every launch's dQ held to the two-kernel dQ
-    (relative L2 on the GPU, the worst kept there: a stale or lost add shows as NaN or a
-    large error)."""
-    problem = _problem(1, 8, 2, 512, 512, 64, "bf16", True)
+    problem (8 key tiles x 2 splits add into each query tile of 4 heads; with a softcap, the
+    sm_90 default: 128-key tiles, one CTA per SM, 8 worker warps, its own splits), the
+    accumulator and gradients re-poisoned with NaN before each, every launch's dQ held to the
+    two-kernel dQ (relative L2 on the GPU, the worst kept there: a stale or lost add shows as
+    NaN or a large error)."""
+    problem = _problem(1, 8, 2, 512, 512, 64, "bf16", True, softcap=softcap)
     case = BACKWARD.case(problem, 0)
-    schedule = _one_pass(problem, None).replace(dkdv_splits=2)
-    _, two_kernel = _poisoned_run(case, schedule.replace(dq_mode="kernel"))
+    if softcap:
+        schedule = BACKWARD.default_schedule(ARCH, problem)
+        assert schedule.dq_mode == "atomic" and schedule.dkdv_tile_n == 128
+    else:
+        schedule = _one_pass(problem, None).replace(dkdv_splits=2)
+    _, two_kernel = _poisoned_run(case, BACKWARD.deterministic_schedule(ARCH, problem,
+                                                                        schedule))
     two_kernel()
     reference = case.grads[0].float().clone()
     norm = torch.linalg.vector_norm(reference)
     plan, run = _poisoned_run(case, schedule)
-    assert plan.one_pass and plan.splits == 2
+    assert plan.one_pass and (softcap or plan.splits == 2)
     worst = torch.zeros((), device="cuda")
     launches_run = 3000
     for _ in range(launches_run):
@@ -146,10 +158,10 @@ def test_one_pass_reduce_adds_stay_right_over_thousands_of_launches():
 
 
 #: the dK/dV kernel's shapes swept below: (keys per CTA, query rows per step, CTAs per SM,
-#: worker warps); the last two gave a wrong dK at D 128 before ``normalise`` lifted one-pass
-#: query steps to 64 rows
+#: worker warps); the two 32-row ones gave a wrong dK at D 128 before ``normalise`` lifted
+#: one-pass query steps to 64 rows; the last is the softcap default's (``SOFTCAP_ONE_PASS``)
 SWEEP = ([(n, m, occ, None) for n in (64, 128) for m in (64, 128) for occ in (1, 2)]
-         + [(128, 32, 1, 8), (64, 32, 2, 4)])
+         + [(128, 32, 1, 8), (64, 32, 2, 4), (128, 64, 1, 8)])
 SWEEP_PROBLEMS = [
     ("gqa4-d64-causal-bf16", _problem(2, 16, 4, 1000, 1000, 64, "bf16", True)),
     ("gqa4-d128-full-fp16", _problem(1, 8, 2, 777, 777, 128, "fp16", False)),

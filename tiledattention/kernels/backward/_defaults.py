@@ -3,13 +3,18 @@ and the shipped table does not cover."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from ...core._compile import SM_COUNTS, generation
 from ...core._problem import Problem, padded_head_dim
-from ._launch import DQ_FIELDS, normalise, reach, unequal_walks
+from ._launch import normalise, reach, unequal_walks
 from ._schedule import SPLITS, BackwardSchedule
 
 __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
            "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last", "DQ_MODE",
+           "SOFTCAP_ONE_PASS", "OnePassRule",
            "deterministic_backward_schedule"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
@@ -63,6 +68,33 @@ _TILE_FIELDS = ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n")
 DQ_MODE: dict[str, str] = {}
 
 
+@dataclass(frozen=True, kw_only=True)
+class OnePassRule:
+    """Where a default runs one-pass: with these dK/dV ``fields`` (replacing the two-kernel
+    default's), for problems whose rows see at least ``min_span`` keys (or all of them)."""
+
+    fields: Mapping[str, int]
+    min_span: int
+
+
+#: Capped scores (``softcap``) run one-pass where listed, by padded head dim: the two-kernel
+#: backward computes every score's tanh twice (once in each kernel), the one-pass once. On an
+#: H200 (docs/records/benchmarks/backward/softcap.md) the one-pass ran 1.08-1.51x the two-kernel
+#: default on twelve softcap shapes (D 64-256, GQA 1-8, causal and full, bf16 and fp16, windows
+#: of 1024 keys to unbounded): at D <= 128 with 128-key x 64-row dK/dV tiles, one CTA per SM
+#: and 8 worker warps (the two-kernel fields run one-pass: 0.71-1.14x), at D 256 with the
+#: default's dK/dV fields. Under a narrow window each key tile's walk is a few query tiles and
+#: the float32 adds into dQ cost more than the second kernel: at D 128 a 512- or 128-key
+#: window ran 0.79x one-pass, at D 256 a 512-key window 1.17x (1024 at D <= 128 lies between
+#: a measured loss at 512 and a gain at 1536; not measured itself).
+_WIDE_ONE_PASS = {"dkdv_tile_n": 128, "dkdv_tile_m": 64, "dkdv_occupancy": 1,
+                  "dkdv_worker_warps": 8}
+SOFTCAP_ONE_PASS: dict[str, dict[int, OnePassRule]] = {"hopper": {
+    64: OnePassRule(fields=_WIDE_ONE_PASS, min_span=1024),
+    128: OnePassRule(fields=_WIDE_ONE_PASS, min_span=1024),
+    256: OnePassRule(fields={}, min_span=512)}}
+
+
 def heaviest_last(problem: Problem) -> bool:
     """Whether the dQ kernel's last query tiles walk the most keys and the dK/dV kernel's
     first key tiles the most query tiles: with the causal mask (a left window only trims the
@@ -99,19 +131,19 @@ def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
     return splits
 
 
-def _two_kernel_default(arch: str, problem: Problem) -> BackwardSchedule:
-    """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``), tiles
-    capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk split over enough CTAs
-    to fill the GPU (``dkdv_splits``; ``normalise`` caps them at the windowed walk), and where
-    the walks grow towards the dQ grid's end (``heaviest_last``: a causal mask) the longest
-    walks first: the dQ kernel's last query tiles (H100 probe 2 of issue 31: 0-3% faster on
-    six causal training shapes, never slower) and, where the dK/dV grid is at most
-    ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what the problem needs
-    (``normalise``). A ragged problem's default is the same tiles, unsplit and unordered
-    (``normalise``: one tile per CTA over the longest sequence's tiles)."""
+def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
+    """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``; ``fields``
+    replace its own), tiles capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk
+    split over enough CTAs to fill the GPU (``dkdv_splits``; ``normalise`` caps them at the
+    windowed walk), and where the walks grow towards the dQ grid's end (``heaviest_last``: a
+    causal mask) the longest walks first: the dQ kernel's last query tiles (H100 probe 2 of
+    issue 31: 0-3% faster on six causal training shapes, never slower) and, where the dK/dV
+    grid is at most ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what
+    the problem needs (``normalise``). A ragged problem's default is the same tiles, unsplit
+    and unordered (``normalise``: one tile per CTA over the longest sequence's tiles)."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
-    base = normalise(problem, _window_tiles(problem,
-                                            table[max(64, padded_head_dim(problem.head_dim))]))
+    entry = table[max(64, padded_head_dim(problem.head_dim))].replace(**fields)
+    base = normalise(problem, _window_tiles(problem, entry))
     splits = dkdv_splits(arch, problem, base)
     longest_first = heaviest_last(problem)
     return normalise(problem, base.replace(
@@ -119,10 +151,29 @@ def _two_kernel_default(arch: str, problem: Problem) -> BackwardSchedule:
         tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))
 
 
+def _softcap_one_pass(arch: str, problem: Problem) -> dict[str, Any] | None:
+    """The one-pass fields ``SOFTCAP_ONE_PASS`` gives a capped-score ``problem`` on ``arch``
+    (``dq_mode="atomic"`` among them), or None (no softcap, a narrow window, a ragged batch,
+    or not listed for the generation)."""
+    rules = SOFTCAP_ONE_PASS.get(generation(arch))
+    if rules is None or not problem.softcap or problem.ragged:
+        return None
+    rule = rules[max(64, padded_head_dim(problem.head_dim))]
+    left, right = reach(problem)
+    span = left + right + 1  # past S_q + S_k where a side is unbounded
+    if span < min(rule.min_span, problem.seqlen_q + problem.seqlen_k):
+        return None
+    return dict(rule.fields, dq_mode="atomic")
+
+
 def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
-    """The two-kernel default above (``dq_mode="kernel"``), run one-pass where ``DQ_MODE``
-    says so for the generation (``normalise``: never for a ragged problem)."""
-    schedule = _two_kernel_default(arch, problem)
+    """The two-kernel default above (``dq_mode="kernel"``), run one-pass where
+    ``SOFTCAP_ONE_PASS`` (capped scores) or ``DQ_MODE`` say so for the generation
+    (``normalise``: never for a ragged problem)."""
+    one_pass = _softcap_one_pass(arch, problem)
+    if one_pass is not None:
+        return _default(arch, problem, **one_pass)
+    schedule = _default(arch, problem)
     mode = DQ_MODE.get(generation(arch), "kernel")
     return schedule if mode == "kernel" else normalise(problem, schedule.replace(dq_mode=mode))
 
@@ -130,11 +181,11 @@ def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
 def deterministic_backward_schedule(arch: str, problem: Problem,
                                     schedule: BackwardSchedule) -> BackwardSchedule:
     """``schedule`` where its results are bitwise reproducible run to run; a one-pass schedule
-    (``dq_mode="atomic"``: the order of the float32 additions into dQ varies) runs its dQ with
-    the dQ kernel instead, with the architecture's default dQ fields for the problem."""
+    (``dq_mode="atomic"``: the order of the float32 additions into dQ varies) gives way to the
+    architecture's two-kernel default for the problem (a one-pass schedule's dK/dV fields are
+    chosen for its extra float32 tile: one CTA per SM, 8 worker warps, 128-key tiles at
+    D <= 128 by ``SOFTCAP_ONE_PASS``, not the two-kernel walk's best)."""
     schedule = normalise(problem, schedule)
     if schedule.dq_mode == "kernel":
         return schedule
-    two_kernel = _two_kernel_default(arch, problem)
-    return normalise(problem, schedule.replace(
-        dq_mode="kernel", **{name: getattr(two_kernel, name) for name in DQ_FIELDS}))
+    return _default(arch, problem)

@@ -225,7 +225,7 @@ class BackwardFamily(Family):
 
     def deterministic_schedule(self, arch: str, problem: Problem,
                                schedule: BackwardSchedule) -> BackwardSchedule:
-        """A one-pass schedule (``dq_mode="atomic"``) runs its dQ with the dQ kernel
+        """A one-pass schedule (``dq_mode="atomic"``) gives way to the two-kernel default
         (:func:`~tiledattention.kernels.backward._defaults.deterministic_backward_schedule`)."""
         return deterministic_backward_schedule(arch, problem, schedule)
 
