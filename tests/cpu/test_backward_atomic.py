@@ -18,9 +18,9 @@ import pytest
 import search_spaces
 import tiledattention
 from tiledattention import BACKWARD, BackwardSchedule, Problem, ScheduleError
-from tiledattention.kernels.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_FIELDS, RANGES,
-                                                     SUM_TILE, kernel_args, launches, normalise,
-                                                     scratch_shapes)
+from tiledattention.kernels.backward._launch import (DELTA_TILE, DKDV_PARAMETERS, DQ_ACCUM,
+                                                     DQ_FIELDS, RANGES, SUM_TILE, kernel_args,
+                                                     launches, normalise, scratch_shapes)
 from tiledattention.errors import InputTypeError, KernelArgumentError
 from tuner.cli import main
 
@@ -98,7 +98,9 @@ def test_a_ragged_problem_runs_the_dq_kernel():
 def test_one_pass_launches_and_scratch():
     plan = launches(GQA, ONE_PASS.replace(dkdv_splits=2), 0.125)
     assert plan.one_pass and plan.splits == 2 and plan.scale == 0.125
-    assert plan.row_grid == (-(-200 // SUM_TILE), 1 * 4, 1)
+    assert plan.delta_grid == (-(-200 // DELTA_TILE), 1 * 4, 1) and DELTA_TILE == 128
+    assert plan.dq_scale_grid == (-(-200 // SUM_TILE), 1 * 4, 1)
+    assert plan.delta_scalars == (DELTA_TILE, 64) and plan.dq_scale_scalars == (SUM_TILE, 64)
     shapes = scratch_shapes(GQA, ONE_PASS.replace(dkdv_splits=2))
     assert shapes["dq_accum"] == (1, 4, 200, 64)
     assert set(shapes) == {"dq_accum", "dk_parts", "dv_parts"}

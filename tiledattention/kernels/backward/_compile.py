@@ -16,8 +16,8 @@ from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
                       DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES,
-                      delta_kernel, dkdv_constants, dkdv_kernel, dq_constants, dq_kernel,
-                      dq_scale_kernel, has_variants, normalise, one_pass_constants,
+                      delta_constants, delta_kernel, dkdv_constants, dkdv_kernel, dq_constants,
+                      dq_kernel, dq_scale_constants, dq_scale_kernel, has_variants, normalise,
                       sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
@@ -64,13 +64,12 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
              "group": count, **variants, DQ_ACCUM: accum}, dkdv_constants(p, s, packed=packed)),
         arch, label + " (dK/dV)")
     if one_pass:
-        rows = one_pass_constants(p)
         others = [export_cubin(delta_kernel(), DELTA_PARAMETERS.ordered(
-                      {"Out": q_like, "dO": q_like, "Delta": stat, "dQacc": accum}, rows),
-                      arch, label + " (delta)"),
+                      {"Out": q_like, "dO": q_like, "Delta": stat, "dQacc": accum},
+                      delta_constants(p)), arch, label + " (delta)"),
                   export_cubin(dq_scale_kernel(), DQ_SCALE_PARAMETERS.ordered(
-                      {"dQacc": accum, "dQ": q_like, "qk_scale": scale}, rows),
-                      arch, label + " (dQ scale)")]
+                      {"dQacc": accum, "dQ": q_like, "qk_scale": scale},
+                      dq_scale_constants(p)), arch, label + " (dQ scale)")]
     else:
         others = [export_cubin(
             dq_kernel(s),

@@ -51,10 +51,11 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES",
            "dq_constants", "dkdv_constants", "sum_constants", "dq_kernel", "dkdv_kernel",
            "sum_kernel", "Launches", "launches", "launch", "row_stat_shape", "normalise",
-           "scratch_shapes", "SUM_TILE", "has_variants", "runtime_values",
+           "scratch_shapes", "SUM_TILE", "DELTA_TILE", "has_variants", "runtime_values",
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
            "ragged_grids", "UNUSED", "RANGES", "DQ_ACCUM", "DELTA_PARAMETERS",
-           "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "one_pass_constants"]
+           "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
+           "dq_scale_constants"]
 
 
 
@@ -113,9 +114,15 @@ SUM_PARAMETERS = KernelParameters(_sum, ("Parts", "Grad"))
 DELTA_PARAMETERS = KernelParameters(_delta, ("Out", "dO", "Delta", "dQacc"))
 DQ_SCALE_PARAMETERS = KernelParameters(_dq_scale, ("dQacc", "dQ", "qk_scale"))
 
-#: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step), and of the
-#: one-pass backward's delta and dQ-scale kernels
+#: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step) and of the
+#: one-pass backward's dQ-scale kernel
 SUM_TILE = 64
+#: rows per CTA of the one-pass backward's delta kernel (reads O and dO, writes delta and a
+#: zeroed float32 dQ accumulator): on an H200 128 rows ran it at a device copy's rate of its
+#: bytes, 2.1-2.3x faster than 64 (whatever the occupancy hint) on three shapes, where the
+#: dQ-scale and sum kernels ran 0-8% and 11-84% slower at 128
+#: (docs/records/probes/delta_kernel.py; docs/records/benchmarks/backward/softcap.md)
+DELTA_TILE = 128
 #: CUDA's limit on a grid's second dimension, where tile-major grids put the tiles
 GRID_Y_LIMIT = 65535
 
@@ -301,8 +308,13 @@ def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
     return {"PARTS": parts, "TILE": SUM_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
 
 
-def one_pass_constants(problem: Problem) -> dict[str, Any]:
-    """The ``ct.Constant`` arguments of the one-pass backward's delta and dQ-scale kernels."""
+def delta_constants(problem: Problem) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the one-pass backward's delta kernel."""
+    return {"TILE": DELTA_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
+
+
+def dq_scale_constants(problem: Problem) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the one-pass backward's dQ-scale kernel."""
     return {"TILE": SUM_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
 
 
@@ -376,8 +388,10 @@ class Launches(NamedTuple):
     dq_packed_scalars: tuple  # a ragged problem's dq_scalars with PACKED on; else ()
     dkdv_packed_scalars: tuple  # a ragged problem's dkdv_scalars with PACKED on; else ()
     one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
-    row_grid: tuple[int, int, int]  # the delta and dQ-scale kernels' (rows of S_q x B x H_q)
-    one_pass_scalars: tuple  # their constants
+    delta_grid: tuple[int, int, int]  # the delta kernel's (rows of S_q x B x H_q)
+    delta_scalars: tuple  # its constants
+    dq_scale_grid: tuple[int, int, int]  # the dQ-scale kernel's, like delta_grid
+    dq_scale_scalars: tuple  # its constants
     scale: float
 
 
@@ -436,8 +450,10 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
         ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), dq_packed_scalars=dq_packed,
         dkdv_packed_scalars=dkdv_packed, one_pass=s.dq_mode == "atomic",
-        row_grid=(math.ceil(p.seqlen_q / SUM_TILE), p.batch * p.heads_q, 1),
-        one_pass_scalars=DELTA_PARAMETERS.constant_values(one_pass_constants(p)),
+        delta_grid=(math.ceil(p.seqlen_q / DELTA_TILE), p.batch * p.heads_q, 1),
+        delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p)),
+        dq_scale_grid=(math.ceil(p.seqlen_q / SUM_TILE), p.batch * p.heads_q, 1),
+        dq_scale_scalars=DQ_SCALE_PARAMETERS.constant_values(dq_scale_constants(p)),
         scale=float(scale))
 
 
@@ -533,8 +549,8 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to,
                                      dq_accum=accum)
     if plan.one_pass:
-        _aot.launch(stream, plan.row_grid, delta_kernel(),
-                    (out, grad_out, delta, accum, *plan.one_pass_scalars))
+        _aot.launch(stream, plan.delta_grid, delta_kernel(),
+                    (out, grad_out, delta, accum, *plan.delta_scalars))
     else:
         _aot.launch(stream, plan.dq_grid, plan.dq, dq_args)
     _aot.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
@@ -542,8 +558,8 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
         for parts, grad in ((dk_to, dk), (dv_to, dv)):
             _aot.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
     if plan.one_pass:
-        _aot.launch(stream, plan.row_grid, dq_scale_kernel(),
-                    (accum, dq, plan.scale, *plan.one_pass_scalars))
+        _aot.launch(stream, plan.dq_scale_grid, dq_scale_kernel(),
+                    (accum, dq, plan.scale, *plan.dq_scale_scalars))
 
 
 def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
