@@ -115,8 +115,8 @@ def configurations(problem, sweep: bool = False):
     if problem.softcap:
         from tiledattention.kernels.backward._defaults import SOFTCAP_ONE_PASS
 
-        fields = SOFTCAP_ONE_PASS["hopper"][max(64, padded_head_dim(problem.head_dim))]
-        wide = BACKWARD.normalise(problem, kernel.replace(dq_mode="atomic", **fields))
+        rule = SOFTCAP_ONE_PASS["hopper"][max(64, padded_head_dim(problem.head_dim))]
+        wide = BACKWARD.normalise(problem, kernel.replace(dq_mode="atomic", **rule.fields))
         if wide not in (default, atomic):
             found.append(("softcap one-pass fields", wide))
     if kernel.dkdv_occupancy != 1:
@@ -320,7 +320,8 @@ def main(argv=None) -> int:
     chosen = [int(i) for i in args.shapes.split(",") if i] or list(range(len(shapes)))
     if args.warm:
         with multiprocessing.get_context("spawn").Pool(min(args.warm, len(chosen))) as pool:
-            for label in pool.imap_unordered(_warm_one, [(args.set, i, args.sweep) for i in chosen]):
+            jobs = [(args.set, i, args.sweep) for i in chosen]
+            for label in pool.imap_unordered(_warm_one, jobs):
                 print(f"  compiled {label}", flush=True)
     if args.warm_only:
         return 0
@@ -352,7 +353,8 @@ def main(argv=None) -> int:
         print(f"| {r['label']} | " + " | ".join(cells) + " |")
     if any(r["isolated"] for r in results):
         print("\nIsolated calls (GPU drained, L2 flushed, host counted), ms:")
-        print("| shape | two-kernel | default (which) | two-kernel ÷ default | FA4 | FA4 ÷ default |")
+        print("| shape | two-kernel | default (which) | two-kernel ÷ default | FA4 "
+              "| FA4 ÷ default |")
         print("|---" * 6 + "|")
         for r in results:
             iso, which = r["isolated"], r["default"]

@@ -120,7 +120,7 @@ SUM_TILE = 64
 #: rows per CTA of the one-pass backward's delta kernel (reads O and dO, writes delta and a
 #: zeroed float32 dQ accumulator): on an H200 128 rows ran it at a device copy's rate of its
 #: bytes, 2.1-2.3x faster than 64 (whatever the occupancy hint) on three shapes, where the
-#: dQ-scale and sum kernels ran 0-8% and 11-84% slower at 128
+#: dQ-scale and sum kernels ran 1-14% and 13-84% slower at 128
 #: (docs/records/probes/delta_kernel.py; docs/records/benchmarks/backward/softcap.md)
 DELTA_TILE = 128
 #: CUDA's limit on a grid's second dimension, where tile-major grids put the tiles
