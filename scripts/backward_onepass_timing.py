@@ -79,8 +79,18 @@ SOFTCAP_CHECK = [
     _shape("B2 H32/8 S2048 D128 causal w1536 softcap 30", 2, 32, 8, 2048, 128, True,
            window_left=1535, softcap=30.0),
 ]
+#: --set d256: plain (uncapped) D 256, where the one-pass came within 6% before the 128-row
+#: delta kernel, and the multi-query D 128 shape where it came within 4%
+D256 = [
+    _shape("B2 H16/8 S4096 D256 causal", 2, 16, 8, 4096, 256, True),
+    _shape("B2 H16/4 S2048 D256 full fp16", 2, 16, 4, 2048, 256, False, dtype="fp16"),
+    _shape("B4 H8/8 S3000 D256 causal", 4, 8, 8, 3000, 256, True),
+    _shape("B1 H32/16 S6000 D256 full", 1, 32, 16, 6000, 256, False),
+    _shape("B8 H8/4 S1024 D256 causal", 8, 8, 4, 1024, 256, True),
+    _shape("B1 H48/1 S8192 D128 causal", 1, 48, 1, 8192, 128, True),
+]
 SETS = {"training": SHAPES, "variants": VARIANTS, "softcap": SOFTCAPS,
-        "softcap-check": SOFTCAP_CHECK}
+        "softcap-check": SOFTCAP_CHECK, "d256": D256}
 
 
 def _problem(shape):
