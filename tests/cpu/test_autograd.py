@@ -128,8 +128,8 @@ def install_training_kernels(monkeypatch) -> TrainingKernels:
         assert variant == (None, None, None)
         return kernels.sdpa_with_lse(*args, **kwargs)
 
-    def backward(runtime, *args, variant=(None, None, None), **kwargs):
-        assert variant == (None, None, None)
+    def backward(runtime, *args, variant=(None, None, None), with_row_sums=False, **kwargs):
+        assert variant == (None, None, None) and not with_row_sums  # (no sinks here)
         return kernels.sdpa_backward(*args, **kwargs)
 
     # the ops call the training entry points on the runtime (tiledattention.entry_points._training), not

@@ -12,7 +12,7 @@ import torch
 
 from tiledattention import (BACKWARD, DECODE, FORWARD, InputTypeError, InputValueError, Problem,
                             UnsupportedProblemError)
-from tiledattention.entry_points._autograd import sink_grad
+from tiledattention.entry_points._autograd import sink_grad, sink_grad_from_rows
 from tiledattention.core._problem import sink_logits, variant_args
 from tiledattention.core._reference import attention_reference, visible_keys
 
@@ -190,3 +190,35 @@ def test_sink_grad_is_the_sinks_gradient():
     lse = torch.logsumexp(terms, dim=-1) / math.log(2.0)  # base 2, as the kernels store it
     got = sink_grad(grad_out, out.detach(), lse, sinks.detach())
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    rows = (grad_out * out.detach()).sum(-1)  # delta, as the backward kernels store it
+    torch.testing.assert_close(sink_grad_from_rows(rows, lse, sinks.detach()), want, rtol=1e-4,
+                               atol=1e-6)
+
+
+def test_an_eager_call_takes_the_sinks_gradient_from_the_kernels_row_sums(monkeypatch):
+    """The eager route asks the backward for its row sums ``delta`` (no second pass over dO and
+    O) and builds the sinks' gradient from them; without a sinks gradient it does not ask."""
+    from tiledattention.entry_points import _autograd, _training
+
+    gen = torch.Generator().manual_seed(6)
+    q, grad_out, out = (torch.randn(1, 2, 11, 32, generator=gen) for _ in range(3))
+    k = v = torch.randn(1, 1, 6, 32, generator=gen)
+    lse = torch.randn(1, 2, 11, generator=gen)
+    sinks = torch.tensor([0.7, -1.2])
+    marked = torch.randn(1, 2, 11, generator=gen)  # not dO * O: the route must use these
+    asked = []
+
+    def backward(runtime, grad_out, q, k, v, out, lse, causal, scale, *, variant,
+                 with_row_sums=False):
+        asked.append(with_row_sums)
+        grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+        return (*grads, marked) if with_row_sums else grads
+
+    monkeypatch.setattr(_training, "sdpa_backward", backward)
+    flags = (True, None, True, 2, -1, 0.0)
+    *_, dsinks = _autograd.attention_grads(grad_out, q, k, v, out, lse, sinks, flags, True)
+    assert asked == [True]
+    torch.testing.assert_close(dsinks, sink_grad_from_rows(marked, lse, sinks))
+    assert not torch.allclose(dsinks, sink_grad(grad_out, out, lse, sinks))
+    *_, none = _autograd.attention_grads(grad_out, q, k, v, out, lse, sinks, flags, False)
+    assert none is None and asked == [True, False]

@@ -31,7 +31,7 @@ from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
 
 __all__ = ["FWD_LSE_OP_NAME", "BWD_OP_NAME", "sdpa_fwd_lse", "sdpa_bwd", "grad_enabled",
            "needs_grad", "sdpa", "attention_backward", "check_shapes", "check_flags",
-           "sink_grad", "variant_kwargs"]
+           "sink_grad", "sink_grad_from_rows", "attention_grads", "variant_kwargs"]
 
 #: ``torch.ops.tiledattention.sdpa_fwd_lse``: ``(out, lse)``; ``out`` is differentiable.
 FWD_LSE_OP_NAME = "tiledattention::sdpa_fwd_lse"
@@ -163,13 +163,15 @@ def sdpa_bwd(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
 def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: Optional[float],
               bottom_right: bool, window_left: int, window_right: int, softcap: float,
-              sinks: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What ``tiledattention::sdpa_bwd`` computes (its arguments, in its order)."""
+              sinks: Optional[torch.Tensor], *, with_row_sums: bool = False) -> tuple:
+    """What ``tiledattention::sdpa_bwd`` computes (its arguments, in its order); with
+    ``with_row_sums`` the kernels' row sums ``delta`` too, fourth (:func:`sink_grad_from_rows`)."""
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     return _training.sdpa_backward(runtime(), grad_out, q, k, v, out, lse,
                                    _causal_arg(causal, bottom_right), scale,
-                                   variant=_variant(window_left, window_right, softcap, sinks))
+                                   variant=_variant(window_left, window_right, softcap, sinks),
+                                   with_row_sums=with_row_sums)
 
 
 @sdpa_bwd.register_fake
@@ -188,8 +190,15 @@ def sink_grad(grad_out: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     """The gradient of the sink logits ``[H_q]``: each row's sink takes probability
     ``p = exp(sink - LSE)`` (``lse`` is base 2) and gives no value, so ``d sink_h = -sum over
     batch and rows of p * delta`` with ``delta = sum_d dO * O``, as the keys' ``dS`` has it.
-    In torch (a reduction over ``[B, H_q, S_q]``), in the sinks' dtype."""
-    delta = (grad_out.float() * out.float()).sum(dim=-1)  # [B, H_q, S_q]
+    In torch (a reduction over ``[B, H_q, S_q]``), in the sinks' dtype. An eager call reads
+    ``delta`` from the backward kernels instead (:func:`sink_grad_from_rows`)."""
+    return sink_grad_from_rows((grad_out.float() * out.float()).sum(dim=-1), lse, sinks)
+
+
+def sink_grad_from_rows(delta: torch.Tensor, lse: torch.Tensor,
+                        sinks: torch.Tensor) -> torch.Tensor:
+    """:func:`sink_grad` given the float32 row sums ``delta = sum_d dO * O`` ``[B, H_q, S_q]``
+    (the backward kernels compute them: one pass over dO and O fewer)."""
     log2_e = 1.4426950408889634
     p = torch.exp2(sinks.float().view(1, -1, 1) * log2_e - lse)  # lse +inf: p = 0
     return (-(p * delta).sum(dim=(0, 2))).to(sinks.dtype)
@@ -228,19 +237,25 @@ def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.mark_non_differentiable(lse)
 
 
-def _grads(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           out: torch.Tensor, lse: torch.Tensor, sinks: Optional[torch.Tensor], flags: tuple,
-           sinks_grad: bool) -> tuple:
+def attention_grads(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    sinks: Optional[torch.Tensor], flags: tuple, sinks_grad: bool) -> tuple:
     """The backward formula of the forward that keeps the log-sum-exp: ``(dq, dk, dv,
     dsinks)``; ``flags``: the forward's ``(causal, scale, bottom_right, window_left,
-    window_right, softcap)``; ``sinks_grad``: whether the sinks (given) need theirs."""
+    window_right, softcap)``; ``sinks_grad``: whether the sinks (given) need theirs. An eager
+    call takes the sinks' gradient from the backward kernels' row sums; a traced one
+    (``torch.compile``, fake tensors) from ``dO`` and ``O`` in torch (:func:`sink_grad`)."""
+    if sinks_grad and eager(grad_out, q, k, v, out, lse, sinks):  # delta from the kernels
+        dq, dk, dv, delta = _backward(_dense_grad(grad_out), q, k, v, out, lse, *flags, sinks,
+                                      with_row_sums=True)
+        return dq, dk, dv, sink_grad_from_rows(delta, lse, sinks)
     dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, *flags, sinks)
     return dq, dk, dv, sink_grad(grad_out, out, lse, sinks) if sinks_grad else None
 
 
 def _fwd_lse_backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple:
     q, k, v, out, lse, sinks = ctx.saved_tensors
-    dq, dk, dv, dsinks = _grads(grad_out, q, k, v, out, lse, sinks, ctx.flags,
+    dq, dk, dv, dsinks = attention_grads(grad_out, q, k, v, out, lse, sinks, ctx.flags,
                                 sinks is not None and ctx.needs_input_grad[10])
     return dq, dk, dv, None, None, None, None, None, None, None, dsinks
 
@@ -287,7 +302,7 @@ class _EagerForwardLse(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         q, k, v, out, sinks = ctx.saved_tensors
-        return (*_grads(grad_out, q, k, v, out, ctx.lse, sinks, ctx.flags,
+        return (*attention_grads(grad_out, q, k, v, out, ctx.lse, sinks, ctx.flags,
                         sinks is not None and ctx.needs_input_grad[3]), None)
 
 

@@ -107,8 +107,10 @@ class _Resolved(NamedTuple):
         return out, lse
 
     def backward(self, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
-                 sinks: Any, grads: Any) -> tuple[Any, Any, Any]:
-        """``sdpa_backward``'s launch into ``grads`` (``None``: new contiguous tensors)."""
+                 sinks: Any, grads: Any, with_row_sums: bool = False) -> tuple:
+        """``sdpa_backward``'s launch into ``grads`` (``None``: new contiguous tensors);
+        ``with_row_sums``: the kernels' float32 ``delta = sum_d dO * O`` ``[B, H_q, S_q]``
+        too, as a fourth."""
         if grads is None:
             like = hot.empty_like
             form = hot.contiguous_format
@@ -118,7 +120,7 @@ class _Resolved(NamedTuple):
         self.family.backward(hot.raw_stream(self.device), self.problem, self.schedule,
                              self.scale, q, k, v, _last_dim_contiguous(out),
                              _last_dim_contiguous(grad_out), lse, delta, grads, sinks=sinks)
-        return grads
+        return (*grads, delta) if with_row_sums else grads
 
 
 def _sinks_of(variant: tuple) -> Any:
@@ -169,8 +171,10 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                   causal: Any = False, scale: float | None = None, *,
                   schedule: Any = None, grads: tuple[Any, Any, Any] | None = None,
                   variant: tuple = (None, None, None),
-                  deterministic: bool = False) -> tuple[Any, Any, Any]:
-    """``tiledattention.sdpa_backward`` on ``runtime`` (see there)."""
+                  deterministic: bool = False, with_row_sums: bool = False) -> tuple:
+    """``tiledattention.sdpa_backward`` on ``runtime`` (see there). ``with_row_sums``
+    (internal: the sinks' gradient reads them) returns the kernels' float32 row sums ``delta
+    = sum_d dO * O`` ``[B, H_q, S_q]`` as a fourth value."""
     key = None
     if grads is None:
         key = _signature("sdpa_backward", q, k, v, causal, scale, variant, schedule)
@@ -183,7 +187,7 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
     kept = None if key is None else runtime.plan(key)
     if kept is not None:
         return kept.backward(grad_out, q, k, v, out, lse,
-                             _sinks_of(variant), None)
+                             _sinks_of(variant), None, with_row_sums)
     import torch
 
     if not isinstance(deterministic, bool):
@@ -216,4 +220,4 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                      default_scale(problem) if scale is None else scale, device)
     if key is not None:
         runtime.keep_plan(key, kept)
-    return kept.backward(grad_out, q, k, v, out, lse, sinks, grads)
+    return kept.backward(grad_out, q, k, v, out, lse, sinks, grads, with_row_sums)

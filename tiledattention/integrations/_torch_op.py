@@ -26,9 +26,9 @@ from typing import Any, Optional
 
 import torch
 
-from ..entry_points._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_backward,
+from ..entry_points._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_grads,
                                       check_flags, check_shapes, eager, eager_forward_lse,
-                                      sdpa_bwd, sdpa_fwd_lse, sink_grad, variant_kwargs)
+                                      sdpa_bwd, sdpa_fwd_lse, variant_kwargs)
 from ..core._problem import BOTTOM_RIGHT, causal_flags, variant_args
 from ..errors import InputTypeError
 
@@ -96,11 +96,9 @@ def _backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
     out, lse = torch.ops.tiledattention.sdpa_fwd_lse(q, k, v, ctx.causal, ctx.scale,
                                                      ctx.bottom_right, None, *ctx.variant,
                                                      sinks)
-    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale,
-                                    ctx.bottom_right, *ctx.variant, sinks)
-    dsinks = None
-    if sinks is not None and ctx.needs_input_grad[9]:
-        dsinks = sink_grad(grad_out, out, lse, sinks)
+    dq, dk, dv, dsinks = attention_grads(grad_out, q, k, v, out, lse, sinks,
+                                         (ctx.causal, ctx.scale, ctx.bottom_right, *ctx.variant),
+                                         sinks is not None and ctx.needs_input_grad[9])
     return dq, dk, dv, None, None, None, None, None, None, dsinks
 
 
