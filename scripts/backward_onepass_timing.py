@@ -114,7 +114,7 @@ def configurations(problem, sweep: bool = False):
     fields (``SOFTCAP_ONE_PASS``) on the two-kernel default; with ``sweep`` also the one-pass at
     every ``SWEEP`` point that fits the head dim."""
     from tiledattention import BACKWARD
-    from tiledattention.core._problem import padded_head_dim
+    from tiledattention.kernels.backward import softcap_one_pass_rule
 
     default = BACKWARD.default_schedule("sm_90", problem)
     kernel = BACKWARD.deterministic_schedule("sm_90", problem, default)  # two kernels
@@ -122,10 +122,8 @@ def configurations(problem, sweep: bool = False):
     found = [("kernel", kernel), ("atomic", atomic)]
     if default not in (kernel, atomic):
         found.append(("default", default))
-    if problem.softcap:
-        from tiledattention.kernels.backward._defaults import SOFTCAP_ONE_PASS
-
-        rule = SOFTCAP_ONE_PASS["hopper"][max(64, padded_head_dim(problem.head_dim))]
+    rule = softcap_one_pass_rule("sm_90", problem)
+    if rule is not None:
         wide = BACKWARD.normalise(problem, kernel.replace(dq_mode="atomic", **rule.fields))
         if wide not in (default, atomic):
             found.append(("softcap one-pass fields", wide))

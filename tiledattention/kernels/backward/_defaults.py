@@ -14,7 +14,7 @@ from ._schedule import SPLITS, BackwardSchedule
 
 __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
            "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last", "DQ_MODE",
-           "SOFTCAP_ONE_PASS", "OnePassRule",
+           "SOFTCAP_ONE_PASS", "OnePassRule", "softcap_one_pass_rule",
            "deterministic_backward_schedule"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
@@ -151,14 +151,21 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
         tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))
 
 
-def _softcap_one_pass(arch: str, problem: Problem) -> dict[str, Any] | None:
-    """The one-pass fields ``SOFTCAP_ONE_PASS`` gives a capped-score ``problem`` on ``arch``
-    (``dq_mode="atomic"`` among them), or None (no softcap, a narrow window, a ragged batch,
-    or not listed for the generation)."""
+def softcap_one_pass_rule(arch: str, problem: Problem) -> OnePassRule | None:
+    """``SOFTCAP_ONE_PASS``'s rule for a capped-score ``problem`` on ``arch`` (by generation
+    and padded head dim), or None (no softcap, a ragged batch, or not listed)."""
     rules = SOFTCAP_ONE_PASS.get(generation(arch))
     if rules is None or not problem.softcap or problem.ragged:
         return None
-    rule = rules[max(64, padded_head_dim(problem.head_dim))]
+    return rules[max(64, padded_head_dim(problem.head_dim))]
+
+
+def _softcap_one_pass(arch: str, problem: Problem) -> dict[str, Any] | None:
+    """The one-pass fields (``dq_mode="atomic"`` among them) of
+    :func:`softcap_one_pass_rule`, or None: no rule, or a window narrower than its span."""
+    rule = softcap_one_pass_rule(arch, problem)
+    if rule is None:
+        return None
     left, right = reach(problem)
     span = left + right + 1  # past S_q + S_k where a side is unbounded
     if span < min(rule.min_span, problem.seqlen_q + problem.seqlen_k):
