@@ -5,7 +5,8 @@ Each runs the family registered for its operation (``choose_family``: "sdpa_with
 "sdpa_backward"; an explicit schedule picks the family of its type) with the schedule the lookup
 gives for the problem. Extra memory is O(S·D): the float32 log-sum-exp and row sums ``delta``
 (``[B, H_q, S_q]``, in row-aligned storage: ``row_stat_shape``) besides the gradients
-themselves.
+themselves, and the schedule's float32 scratch (dK/dV splits' partials; a one-pass schedule's dQ
+accumulator, shaped like q).
 
 A repeated call takes a warm path, as ``sdpa``'s does: its *signature* (q's, k's and v's shapes,
 strides, dtypes and devices, ``causal``, ``scale`` and the variant arguments with their types,
