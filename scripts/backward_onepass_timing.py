@@ -1,16 +1,20 @@
 """Time the one-pass backward (``dq_mode="atomic"``) against the two-kernel one
-(``dq_mode="kernel"``, every other field the same: the architecture's default) on training
-shapes, with torch's cuDNN backward beside them.
+(``dq_mode="kernel"``: the architecture's two-kernel default) and the architecture's default
+where it is neither, with torch's cuDNN backward (plain attention only) and FlashAttention-4
+(where ``flash_attn.cute`` imports) beside them, on a set of shapes (``--set``: issue 47's
+training shapes, windows / softcap / sinks, softcaps, a softcap check, plain D 256).
 
 Steady state: each sample is ``n`` back-to-back calls of one configuration between two CUDA
 events (``n`` chosen so that a sample lasts at least 2 ms), configurations interleaved round by
-round, the median of the rounds reported. The kernels are launched from plans built once
-(the family case's launcher: no lookup per call). Each one-pass result is checked against the
-two-kernel gradients (relative L2 of dQ, dK, dV). ``--warm N`` first compiles every
+round, the median of the rounds reported; ``--isolated R`` adds isolated calls
+(``time_interleaved(host=True)``). The kernels are launched from plans built once (the family
+case's launcher: no lookup per call). Each one-pass result is checked against the two-kernel
+gradients (relative L2 of dQ, dK, dV); the two-kernel, default and FA4 runs' kernels are
+listed with their GPU time (torch's profiler). ``--warm N`` first compiles every
 configuration in ``N`` processes at once (cuTile's disk cache keeps the cubins), so the timed
 process compiles nothing.
 
-    source .devtk/setup.sh && python scripts/backward_onepass_timing.py [--rounds 15] [--warm 8]
+    source .devtk/setup.sh && python scripts/backward_onepass_timing.py [--set S] [--warm 8]
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _shape(label, b, hq, hkv, s, d, causal, **variant):
-    """(label, Problem keyword arguments) of a bf16 self-attention shape."""
+    """(label, Problem keyword arguments) of a self-attention shape (bf16 unless ``variant``
+    names a dtype)."""
     return label, dict(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=d,
                        causal=causal, **variant)
 
@@ -59,8 +64,8 @@ SOFTCAPS = [
     _shape("B2 H32/8 S4096 D128 causal softcap 30", 2, 32, 8, 4096, 128, True, softcap=30.0),
     _shape("B8 H12 S1024 D64 full softcap 30", 8, 12, 12, 1024, 64, False, softcap=30.0),
 ]
-#: --set softcap-check: capped scores none of the above (fp16 among them), three under
-#: windows narrower than SOFTCAP_ONE_PASS_MIN_SPAN and two just wider
+#: --set softcap-check: capped scores none of the above (fp16 among them); windows of 128 and
+#: 512 keys (narrower than the softcap rule's span at D 128) and of 512-1536 around it
 SOFTCAP_CHECK = [
     _shape("B3 H16/8 S3000 D256 causal w1024 softcap 50", 3, 16, 8, 3000, 256, True,
            window_left=1023, softcap=50.0),
@@ -317,7 +322,7 @@ def main(argv=None) -> int:
                         help="compile every configuration in N processes first")
     parser.add_argument("--warm-only", action="store_true")
     parser.add_argument("--set", default="training", choices=sorted(SETS),
-                        help="the shapes: issue 47's training shapes or the variants'")
+                        help="the shapes (default: issue 47's training shapes)")
     parser.add_argument("--shapes", default="", help="comma-separated indices into the set")
     parser.add_argument("--isolated", type=int, default=0, metavar="ROUNDS",
                         help="also time isolated calls, host counted, over ROUNDS rounds")

@@ -79,14 +79,15 @@ class OnePassRule:
 
 #: Capped scores (``softcap``) run one-pass where listed, by padded head dim: the two-kernel
 #: backward computes every score's tanh twice (once in each kernel), the one-pass once. On an
-#: H200 (docs/records/benchmarks/backward/softcap.md) the one-pass ran 1.08-1.51x the two-kernel
-#: default on twelve softcap shapes (D 64-256, GQA 1-8, causal and full, bf16 and fp16, windows
-#: of 1024 keys to unbounded): at D <= 128 with 128-key x 64-row dK/dV tiles, one CTA per SM
-#: and 8 worker warps (the two-kernel fields run one-pass: 0.71-1.14x), at D 256 with the
-#: default's dK/dV fields. Under a narrow window each key tile's walk is a few query tiles and
-#: the float32 adds into dQ cost more than the second kernel: at D 128 a 512- or 128-key
-#: window ran 0.79x one-pass, at D 256 a 512-key window 1.17x (1024 at D <= 128 lies between
-#: a measured loss at 512 and a gain at 1536; not measured itself).
+#: H200 (docs/records/benchmarks/backward/softcap.md) the one-pass ran 1.23-1.46x the two-kernel
+#: default on five swept softcap shapes, and as this default 1.17-1.54x on nine others (D 64-256,
+#: GQA 1-8, causal and full, bf16 and fp16, windows of 512 keys to unbounded): at D <= 128 with
+#: 128-key x 64-row dK/dV tiles, one CTA per SM and 8 worker warps (the two-kernel fields run
+#: one-pass: 0.71-1.14x), at D 256 with the default's dK/dV fields. Under a narrow window each
+#: key tile's walk is a few query tiles and the float32 adds into dQ cost more than the second
+#: kernel: at D 128 a 512- or 128-key window ran 0.79-0.93x one-pass, at D 256 a 512-key window
+#: 1.17-1.30x (1024 at D <= 128 lies between a measured loss at 512 and a gain at 1536; not
+#: measured itself).
 _WIDE_ONE_PASS = {"dkdv_tile_n": 128, "dkdv_tile_m": 64, "dkdv_occupancy": 1,
                   "dkdv_worker_warps": 8}
 SOFTCAP_ONE_PASS: dict[str, dict[int, OnePassRule]] = {"hopper": {
