@@ -235,7 +235,6 @@ def time_shape(shape, rounds: int, sweep: bool = False, isolated_rounds: int = 0
     """Steady state (``rounds`` interleaved rounds of back-to-back calls) and, with
     ``isolated_rounds``, isolated calls (the GPU drained, the L2 flushed, the host's time from
     the launch to the end of its GPU work counted: ``time_interleaved(host=True)``)."""
-    import torch
     from tiledattention import BACKWARD
 
     problem = _problem(shape)
@@ -257,27 +256,7 @@ def time_shape(shape, rounds: int, sweep: bool = False, isolated_rounds: int = 0
     fa4 = _fa4(problem, inputs)
     if fa4 is not None:
         runs["FA4"] = fa4
-    counts = {}
-    for name, run in runs.items():  # warm up; the calls per sample (>= 2 ms a sample)
-        for _ in range(3):
-            run()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        counts[name] = max(1, int(2.0 / max(start.elapsed_time(end), 1e-3)) + 1)
-    samples = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start, end = (torch.cuda.Event(enable_timing=True),
-                          torch.cuda.Event(enable_timing=True))
-            start.record()
-            for _ in range(counts[name]):
-                run()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) / counts[name])
+    steady = steady_ms(runs, rounds)
     isolated = {}
     if isolated_rounds:
         from tuner.measure import time_interleaved
@@ -290,9 +269,41 @@ def time_shape(shape, rounds: int, sweep: bool = False, isolated_rounds: int = 0
     errors = {name: max(_rel(a, b) for a, b in zip(results[name], results["kernel"]))
               for name in results if name != "kernel"}
     default = BACKWARD.default_schedule("sm_90", problem)
-    return {"label": shape[0], "ms": {n: statistics.median(s) for n, s in samples.items()},
+    return {"label": shape[0], "ms": steady,
             "errors": errors, "kernels": breakdown, "isolated": isolated,
             "default": next(n for n, s in configurations(problem, sweep) if s == default)}
+
+
+def steady_ms(runs: dict, rounds: int) -> dict[str, float]:
+    """Steady state: per name, the median over ``rounds`` of ms per call, each sample back-to-back
+    calls of one run (enough for at least 2 ms) between CUDA events, the runs interleaved round
+    by round after three warm-up calls each."""
+    import torch
+
+    def event():
+        return torch.cuda.Event(enable_timing=True)
+
+    counts = {}
+    for name, run in runs.items():  # warm up; the calls per sample (>= 2 ms a sample)
+        for _ in range(3):
+            run()
+        start, end = event(), event()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        counts[name] = max(1, int(2.0 / max(start.elapsed_time(end), 1e-3)) + 1)
+    samples = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start, end = event(), event()
+            start.record()
+            for _ in range(counts[name]):
+                run()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / counts[name])
+    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def kernel_times(run, calls: int = 5) -> dict[str, float]:

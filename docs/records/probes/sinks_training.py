@@ -14,11 +14,11 @@ GPU drained and the L2 flushed, host time counted).
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 #: (label, B, H_q, H_kv, S, D, window left or None)
 SHAPES = [("B2 H64/8 S4096 D64 causal w128 sinks", 2, 64, 8, 4096, 64, 127),
@@ -31,6 +31,7 @@ def main() -> int:
 
     import tiledattention
     from tiledattention.entry_points import _autograd
+    from backward_onepass_timing import steady_ms  # (scripts/: the same steady state)
     from tuner.measure import time_interleaved
 
     rows = []
@@ -84,27 +85,7 @@ def main() -> int:
             runs["FA4"] = fa4
         except Exception as exc:  # not installed, or not this problem
             print(f"{label}: FA4 skipped: {exc}", flush=True)
-        counts = {}
-        for name, fn in runs.items():
-            for _ in range(3):
-                fn()
-            start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            counts[name] = max(1, int(2.0 / max(start.elapsed_time(end), 1e-3)) + 1)
-        samples = {name: [] for name in runs}
-        for _ in range(9):
-            for name, fn in runs.items():
-                start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-                start.record()
-                for _ in range(counts[name]):
-                    fn()
-                end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end) / counts[name])
-        steady = {n: statistics.median(x) for n, x in samples.items()}
+        steady = steady_ms(runs, 9)
         isolated = {n: t.median_ms for n, t in time_interleaved(runs, rounds=9,
                                                                   host=True).items()}
         rows.append((label, steady, isolated, err))
