@@ -227,11 +227,10 @@ def test_a_window_visits_tiles_in_proportion_to_its_width():
 # -- (c) the plan carries the sink logits into their slot -----------------------------------------
 def _plan(problem: Problem, sinks_at_marker: bool) -> ForwardPlan:
     """A ForwardPlan as ``forward_plan`` builds it, without asking a device for its SMs."""
-    from tiledattention.kernels.forward._launch import kernel_for
-    from tiledattention.kernels.forward._plan import _SinksSlot
+    from tiledattention.kernels.forward._launch import Slot, kernel_for
 
     schedule = normalise(problem, BASE)
-    marker = _SinksSlot() if sinks_at_marker else None
+    marker = Slot("Sinks") if sinks_at_marker else None
     scalars = tuple(kernel_args(None, None, None, None, problem, schedule, 0.1,
                                 sinks=marker)[4:])
     return ForwardPlan((1,), grid_for(problem, schedule, 132), kernel_for(schedule), scalars,

@@ -11,8 +11,8 @@ from ...core import _plans as hot
 from ...core import _aot
 from ...core._plans import Plan, clear_of, contiguous_like, out_spans
 from ...core._problem import Problem, default_scale
-from ._launch import (PreparedLaunch, grid_for, kernel_args, kernel_for, normalise, slots,
-                      transpose_values)
+from ._launch import (PreparedLaunch, Slot, grid_for, kernel_args, kernel_for, normalise,
+                      slots, transpose_values)
 from ._schedule import Schedule
 
 __all__ = ["ForwardPlan", "forward_plan", "Fp8ForwardPlan", "fp8_forward_plan"]
@@ -90,7 +90,7 @@ def forward_plan(problem: Problem, schedule: Schedule, device_index: int,
     scale = default_scale(problem) if scale is None else float(scale)
     # everything after the four arrays, in the one order kernel_args defines; with sinks, a
     # marker holds the Sinks slot that each launch fills
-    marker = _SinksSlot() if problem.sinks else None
+    marker = Slot("Sinks") if problem.sinks else None
     scalars = tuple(kernel_args(None, None, None, None, problem, schedule, scale,
                                 sinks=marker)[4:])
     return ForwardPlan(
@@ -100,12 +100,6 @@ def forward_plan(problem: Problem, schedule: Schedule, device_index: int,
         scalars=scalars,
         sinks_at=None if marker is None else [a is marker for a in scalars].index(True),
     )
-
-
-class _SinksSlot:
-    """Stands for the sink logits in a plan's arguments until a launch brings them."""
-
-    __slots__ = ()
 
 
 class Fp8ForwardPlan:
