@@ -1,14 +1,10 @@
-"""Probe (issue 47): the one-pass backward's delta kernel (row sums of dO * O, and zeros into
-the float32 dQ accumulator) against what its bytes should cost.
-
-On an H200 it took 170 µs at B2 H32 S4096 D128 (268 MB moved: 1.6 TB/s) where FlashAttention-4's
-preprocess of the same call took 70 µs. Hypothesis: one 64-row CTA per SM at a time leaves
-the memory system waiting (each CTA loads, reduces, then stores); a higher occupancy hint or
-a wider row tile keeps more bytes in flight. Times each variant interleaved (CUDA events around
-back-to-back launches, median of rounds), beside a device copy of the same bytes and torch's
-fill of the accumulator alone; the dQ-scale kernel (reads the accumulator, writes dQ) and the
-partials' sum (two float32 partials into one gradient) at 64 and 128 rows (their own bytes:
-read the µs, not the delta kernel's TB/s column).
+"""Probe (issue 47): the one-pass backward's delta kernel (row sums of dO * O; zeros into the
+float32 dQ accumulator) against what its bytes should cost. On an H200 it took 170 µs at B2 H32
+S4096 D128 (268 MB: 1.6 TB/s); FlashAttention-4's preprocess of the call, 70 µs. Hypothesis:
+too few bytes in flight; a higher occupancy hint or wider row tiles fix it. Each variant timed
+interleaved (CUDA events around back-to-back launches, median of rounds) beside a device copy
+of the same bytes and torch's fill of the accumulator; the dQ-scale and partials' sum kernels
+at 64 and 128 rows too (their own bytes: read the µs, not the TB/s column).
 
     source .devtk/setup.sh && python3 docs/records/probes/delta_kernel.py
 """
@@ -29,9 +25,7 @@ def main() -> int:
     import cuda.tile as ct
     import torch
 
-    from tiledattention.kernels.backward._kernel import (attention_bwd_delta,
-                                                         attention_bwd_dq_scale,
-                                                         attention_bwd_sum)
+    from tiledattention.kernels.backward import _kernel as kernels
 
     rounds = 15
     for b, h, s, d in SHAPES:
@@ -46,7 +40,7 @@ def main() -> int:
         stream = torch.cuda.current_stream()
         runs = {"copy of the bytes": lambda: dst.copy_(src), "accum.zero_()": accum.zero_}
         for tile, occ in VARIANTS:
-            kernel = attention_bwd_delta.replace_hints(occupancy=occ)
+            kernel = kernels.attention_bwd_delta.replace_hints(occupancy=occ)
             grid = ((s + tile - 1) // tile, b * h, 1)
 
             def run(kernel=kernel, grid=grid, tile=tile):
@@ -59,10 +53,10 @@ def main() -> int:
             grid = ((s + tile - 1) // tile, b * h, 1)
 
             def scale(grid=grid, tile=tile):
-                ct.launch(stream, grid, attention_bwd_dq_scale, (accum, dq, 0.1, tile, d))
+                ct.launch(stream, grid, kernels.attention_bwd_dq_scale, (accum, dq, 0.1, tile, d))
 
             def add(grid=grid, tile=tile):
-                ct.launch(stream, grid, attention_bwd_sum, (parts, dq, 2, tile, d))
+                ct.launch(stream, grid, kernels.attention_bwd_sum, (parts, dq, 2, tile, d))
 
             runs[f"dq_scale TILE {tile}"] = scale
             runs[f"sum of 2 TILE {tile}"] = add
