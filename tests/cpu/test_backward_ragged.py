@@ -16,8 +16,9 @@ import pytest
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
 from tiledattention.kernels.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
-                                                     RANGES, UNUSED, VARIANT_VALUES, dkdv_constants,
-                                                     dq_constants, has_variants, kernel_args,
+                                                     RANGES, UNUSED, VARIANT_VALUES, WORK,
+                                                     dkdv_constants, dq_constants, has_variants,
+                                                     kernel_args,
                                                      launch, launch_ragged, launches, normalise,
                                                      ragged_grids, scratch_shapes)
 from tiledattention.errors import KernelArgumentError, UnsupportedProblemError
@@ -62,6 +63,19 @@ def test_ragged_problem_compiles_both_kernels_for_each_architecture(arch):
     assert len(_digests(RAGGED, arch=arch)) == 2
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_kernels_that_walk_work_tables_compile_for_each_architecture(arch):
+    """A skewed ragged call's dQ and dK/dV kernels over work tables (``WORK_TABLE``): other
+    code than over grids, for a causal grouped bucket and a windowed softcapped one."""
+    from tiledattention.kernels.backward._compile import compile_backward
+
+    for problem in (RAGGED, RAGGED_WINDOW) if arch in ("sm_90", "sm_100") else (RAGGED,):
+        s = BACKWARD.default_schedule(arch, problem)
+        result = compile_backward(problem, s, arch, work_table=True)
+        tables = tuple(text_digest(c) for c in (result.cubin, *result.other_cubins))
+        assert len(tables) == 2 and set(tables).isdisjoint(_digests(problem, s, arch))
+
+
 @pytest.mark.parametrize("problem", [RAGGED_FULL, RAGGED_WINDOW], ids=["full-mha-d64",
                                                                        "window-softcap"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
@@ -102,7 +116,8 @@ def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
     scalars = {"qk_scale": ctc.ScalarConstraint(ct.float32), "group": ctc.ScalarConstraint(
         ct.int32), "window_left": ctc.ScalarConstraint(ct.int32),
         "window_right": ctc.ScalarConstraint(ct.int32),
-        "softcap": ctc.ScalarConstraint(ct.float32), RANGES: ctc.TupleConstraint(())}
+        "softcap": ctc.ScalarConstraint(ct.float32), RANGES: ctc.TupleConstraint(()),
+        WORK: ctc.TupleConstraint(())}
     builds = (
         (dkdv_kernel(s), DKDV_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat, "Delta": stat,
@@ -154,8 +169,8 @@ def test_ragged_defaults_are_normal_and_unsplit(arch):
 def test_ragged_problems_pass_their_ranges_last():
     assert has_variants(RAGGED) and has_variants(RAGGED_FULL)
     for params in (DQ_PARAMETERS, DKDV_PARAMETERS):
-        assert params.names[11:14] == VARIANT_VALUES and params.names[14] == RANGES
-        assert {"RAGGED", "PACKED"} <= params.constants
+        assert params.names[11:14] == VARIANT_VALUES and params.names[14:16] == (RANGES, WORK)
+        assert {"RAGGED", "PACKED", "WORK_TABLE"} <= params.constants
     s = BackwardSchedule()
     for constants in (dq_constants(RAGGED, s), dkdv_constants(RAGGED, s)):
         assert constants["RAGGED"] and not constants["PACKED"]
@@ -167,27 +182,34 @@ def test_ragged_problems_pass_their_ranges_last():
     assert not dq_constants(windowed, s)["RAGGED"]
 
 
+@pytest.mark.parametrize("tables", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("packed", [False, True])
-def test_kernel_args_put_the_ranges_in_place(packed):
+def test_kernel_args_put_the_ranges_in_place(packed, tables):
     """The ragged launch's arguments are the kernels' signatures filled by name, the
-    call's ranges at ``Ranges`` and ``PACKED`` as the call's layout."""
+    call's ranges at ``Ranges``, each kernel's work table (or the placeholder) at ``Work``,
+    ``PACKED`` as the call's layout and ``WORK_TABLE`` where a table is given."""
     s = BackwardSchedule(dkdv_tile_n=128, dq_tile_m=32)
     plan = launches(RAGGED_WINDOW, s, 0.125)
     ranges = _Ranges(5)
+    work = tuple(_Ranges(7) if t else None for t in tables)
     q, k, v, out, do, lse, delta, dq, dk, dv = _ARRAYS
-    dq_args, dkdv_args = kernel_args(plan, *_ARRAYS, ranges, packed=packed)
+    dq_args, dkdv_args = kernel_args(plan, *_ARRAYS, ranges, packed=packed, work=work)
     values = {"qk_scale": 0.125, "group": 4, "window_left": 127, "window_right": -1,
               "softcap": 30.0, RANGES: ranges}
+    dq_table, dkdv_table = (UNUSED if w is None else w for w in work)
     expected_dq = DQ_PARAMETERS.ordered(
         {"Q": q, "K": k, "V": v, "Out": out, "dO": do, "Lse": lse, "Delta": delta, "dQ": dq,
-         "heads_q": 8, **values}, dq_constants(RAGGED_WINDOW, s, packed=packed))
+         "heads_q": 8, WORK: dq_table, **values},
+        dq_constants(RAGGED_WINDOW, s, packed=packed, work_table=tables[0]))
     expected_dkdv = DKDV_PARAMETERS.ordered(
         {"Q": q, "K": k, "V": v, "dO": do, "Lse": lse, "Delta": delta, "dK": dk, "dV": dv,
-         "heads_kv": 2, DQ_ACCUM: UNUSED, **values},
-        dkdv_constants(RAGGED_WINDOW, s, packed=packed))
+         "heads_kv": 2, DQ_ACCUM: UNUSED, WORK: dkdv_table, **values},
+        dkdv_constants(RAGGED_WINDOW, s, packed=packed, work_table=tables[1]))
     for got, want in ((dq_args, expected_dq), (dkdv_args, expected_dkdv)):
         assert len(got) == len(want) and all(a is b or a == b for a, b in zip(got, want))
     assert dq_args[DQ_PARAMETERS.names.index(RANGES)] is ranges
+    assert dq_args[DQ_PARAMETERS.names.index("WORK_TABLE")] is tables[0]
+    assert dkdv_args[DKDV_PARAMETERS.names.index("WORK_TABLE")] is tables[1]
 
 
 def test_other_variant_problems_pass_the_zero_byte_placeholder():
@@ -203,11 +225,11 @@ def test_other_variant_problems_pass_the_zero_byte_placeholder():
     plain = dataclasses.replace(windowed, window_left=-1, softcap=0.0)
     plan = launches(plain, BackwardSchedule(), 0.1)
     dq_args, dkdv_args = kernel_args(plan, *_ARRAYS)
-    assert dq_args[8:15] == (0.1, 8, 4, UNUSED, UNUSED, UNUSED, UNUSED)
-    assert dq_args[15:] == plan.dq_scalars[6:]
+    assert dq_args[8:16] == (0.1, 8, 4, UNUSED, UNUSED, UNUSED, UNUSED, UNUSED)
+    assert dq_args[16:] == plan.dq_scalars[6:]
     assert dkdv_args[:8] == (*_ARRAYS[:3], _ARRAYS[4], _ARRAYS[5], _ARRAYS[6], _ARRAYS[8],
                              _ARRAYS[9])
-    assert dkdv_args[11:15] == (UNUSED,) * 4
+    assert dkdv_args[11:17] == (UNUSED,) * 6
 
 
 def test_kernel_args_refuse_ranges_where_they_do_not_belong():
@@ -228,6 +250,8 @@ def test_kernel_args_refuse_ranges_where_they_do_not_belong():
             launch_ragged(None, plan, *_ARRAYS, _Ranges(8), 512, 512, packed=False)
         with pytest.raises(KernelArgumentError, match="packed"):
             kernel_args(plan, *_ARRAYS, packed=True)
+        with pytest.raises(KernelArgumentError, match="work"):
+            kernel_args(plan, *_ARRAYS, work=(None, _Ranges(3)))
     for bad in (_Ranges(8, "int64"), type("Flat", (), {"shape": (32,), "dtype": "int32"})()):
         with pytest.raises(KernelArgumentError, match=r"int32 \[4, sequences\]"):
             kernel_args(ragged_plan, *_ARRAYS, bad)
@@ -254,6 +278,42 @@ def test_ragged_grids_refuse_what_no_grid_takes():
     for bad in (-1, 2.5, True):
         with pytest.raises(KernelArgumentError, match="longest_q"):
             ragged_grids(RAGGED, BackwardSchedule(), 4, bad, 512)
+
+
+def test_a_skewed_batch_walks_work_tables_and_an_even_one_its_grids(monkeypatch):
+    """Where the longest sequence's grid leaves at least TABLE_MIN_IDLE_CTAS idle, a kernel's
+    launch is 1-D over (work item x head) and takes a table built first on the same stream
+    (query tiles for dQ, key tiles for dK/dV); an even batch keeps both 2-D grids."""
+    import cuda.tile
+    import torch
+
+    from tiledattention.core._work_table import use_work_table, work_items
+
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    problem = _problem(hq=28, hkv=4, d=128, sq=16384, sk=16384)
+    plan = launches(problem, BackwardSchedule(dq_tile_m=128, dkdv_tile_n=128), 0.1)
+    for lens, tables in (([12000] + [300] * 40, (True, True)), ([1024] * 16, (False, False)),
+                         ([4096] + [100] * 20, (True, False))):
+        tokens = sum(lens)
+        q = torch.empty(1, 28, tokens, 128, dtype=torch.bfloat16)
+        k = torch.empty(1, 4, tokens, 128, dtype=torch.bfloat16)
+        ends = torch.tensor([0] + lens).cumsum(0)
+        ranges = torch.stack((ends[:-1], ends[1:], ends[:-1], ends[1:])).to(torch.int32)
+        arrays = (q, k, k, q, q, None, None, q, k, k)
+        launch_ragged("stream", plan, *arrays, ranges, max(lens), max(lens), packed=True)
+        grids = [grid for _, grid, _, _ in calls if len(grid) == 3]
+        fills = [args for _, grid, _, args in calls if len(grid) == 1]
+        calls.clear()
+        for kernel, heads in enumerate((28, 4)):
+            items = work_items(sequences=len(lens), longest=max(lens), rows=tokens, tile=128)
+            assert use_work_table(sequences=len(lens), longest=max(lens), items=items,
+                                  heads=heads, tile=128) is tables[kernel]
+            if tables[kernel]:
+                assert grids[kernel] == (items * heads, 1, 1)
+            else:
+                assert grids[kernel] == (-(-max(lens) // 128), len(lens) * heads, 1)
+        assert [f[4] for f in fills] == [kernel == 1 for kernel in (0, 1) if tables[kernel]]
 
 
 # -- the family ----------------------------------------------------------------------------------

@@ -164,25 +164,27 @@ def _ranges_of(q_lens, k_lens=None):
     return torch.stack((cq[:-1], cq[1:], ck[:-1], ck[1:])).to(torch.int32)
 
 
+@pytest.mark.parametrize("keys", [False, True])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_the_work_table_kernel_compiles(arch):
+def test_the_work_table_kernel_compiles(arch, keys):
     from tiledattention.core._compile import array_constraint, export_cubin
     from tiledattention.core._work_kernel import fill_work_table
     from tiledattention.core._work_table import CHUNK
 
     result = export_cubin(fill_work_table, (array_constraint("int32", (4, 77)),
-                                            array_constraint("int32", (2, 600)), 128, CHUNK),
+                                            array_constraint("int32", (2, 600)), 128, CHUNK,
+                                            keys),
                           arch, "fill_work_table")
     assert result.cubin[:4] == b"\x7fELF"
 
 
 def test_work_items_bound_the_tiles_of_any_lengths():
     # 3 sequences in 10 rows: at most 10 // 8 tiles and one partial tile each
-    assert work_items(sequences=3, longest_q=8, rows_q=10, tile_m=8) == 3
-    assert work_items(sequences=3, longest_q=9, rows_q=10, tile_m=8) == 3  # e.g. 9, 1, 0
+    assert work_items(sequences=3, longest=8, rows=10, tile=8) == 3
+    assert work_items(sequences=3, longest=9, rows=10, tile=8) == 3  # e.g. 9, 1, 0
     for lens in ([1, 1, 8], [8, 1, 1], [9, 1, 0], [4, 4, 2]):
         tiles = sum(-(-n // 8) for n in lens)
-        assert tiles <= work_items(sequences=3, longest_q=max(lens), rows_q=10, tile_m=8)
+        assert tiles <= work_items(sequences=3, longest=max(lens), rows=10, tile=8)
 
 
 def test_a_skewed_batch_walks_a_table_and_an_even_one_its_grid(launches):
@@ -200,9 +202,9 @@ def test_a_skewed_batch_walks_a_table_and_an_even_one_its_grid(launches):
         launch_ragged(None, q, k, k, q, _ranges_of(lens), problem, s, 0.1, max(lens),
                       packed=True)
         _, grid, _, args = launches.pop()
-        items = work_items(sequences=len(lens), longest_q=max(lens), rows_q=tokens, tile_m=128)
-        assert use_work_table(sequences=len(lens), longest_q=max(lens), items=items,
-                              heads=heads, tile_m=128) is table
+        items = work_items(sequences=len(lens), longest=max(lens), rows=tokens, tile=128)
+        assert use_work_table(sequences=len(lens), longest=max(lens), items=items,
+                              heads=heads, tile=128) is table
         work = args[kernel_parameters().index("Work")]
         if table:  # the table's kernel first, on the same stream, one CTA per sequence + 1
             assert grid == (items * heads, 1, 1) and 32 + 76 <= items < 8 * 77

@@ -143,11 +143,13 @@ def test_cupy_arrays():
                                    max(lens), max(lens))
 
 
-def _table_reference(ranges, tile_m, items):
+def _table_reference(ranges, tile, items, keys):
     """The work table by torch ops: sequences by float32 queries x keys, descending, ties by
-    index; each one's tiles from its last; -1 past the last tile."""
+    index; each one's query tiles from its last (``keys``: its key tiles from its first); -1
+    past the last tile."""
     q_len = (ranges[1] - ranges[0]).long()
-    tiles = (q_len + tile_m - 1) // tile_m
+    own = (ranges[3] - ranges[2]).long() if keys else q_len
+    tiles = (own + tile - 1) // tile
     weight = q_len.float() * (ranges[3] - ranges[2]).float()
     order = torch.argsort(weight, descending=True, stable=True)
     ends = torch.cumsum(tiles[order], 0)
@@ -155,28 +157,32 @@ def _table_reference(ranges, tile_m, items):
     place = torch.searchsorted(ends, item, right=True).clamp_(max=ranges.shape[1] - 1)
     last = ends[place]
     sequence = torch.where(item < last, order[place], -1)
-    return sequence.int(), (last - 1 - item).int(), item < last
+    first = last - tiles[order][place]
+    tile_of = (item - first) if keys else (last - 1 - item)
+    return sequence.int(), tile_of.int(), item < last
 
 
-@pytest.mark.parametrize("q_lens, k_lens, tile_m", [
+@pytest.mark.parametrize("keys", [False, True])
+@pytest.mark.parametrize("q_lens, k_lens, tile", [
     ([5, 300, 0, 129, 1, 64, 0, 257], [5, 300, 0, 129, 9000, 64, 7, 257], 64),
     ([100] * 7 + [0, 1], [100] * 7 + [3, 0], 128),  # ties keep index order
     ([19200, 3] + [70] * 600, None, 64),  # over one chunk of sequences and of tiles
+    ([7, 40, 1], [3000, 0, 513], 128),  # keys of their own lengths
 ])
-def test_the_work_table_kernel_matches_its_reference(q_lens, k_lens, tile_m):
+def test_the_work_table_kernel_matches_its_reference(q_lens, k_lens, tile, keys):
     from tiledattention.core._work_table import make_work_table, work_items
 
     k_lens = q_lens if k_lens is None else k_lens
     cq = torch.tensor([0] + q_lens, device="cuda").cumsum(0)
     ck = torch.tensor([0] + k_lens, device="cuda").cumsum(0)
     ranges = torch.stack((cq[:-1], cq[1:], ck[:-1], ck[1:])).to(torch.int32)
-    items = work_items(sequences=len(q_lens), longest_q=max(q_lens), rows_q=sum(q_lens),
-                       tile_m=tile_m) + 5
-    table = make_work_table(torch.cuda.current_stream(), ranges, tile_m, items)
-    sequence, tile, used = _table_reference(ranges, tile_m, items)
+    lens = k_lens if keys else q_lens
+    items = work_items(sequences=len(lens), longest=max(lens), rows=sum(lens), tile=tile) + 5
+    table = make_work_table(torch.cuda.current_stream(), ranges, tile, items, keys=keys)
+    sequence, tile_of, used = _table_reference(ranges, tile, items, keys)
     assert torch.equal(table[0], sequence)
-    assert torch.equal(table[1][used], tile[used])
-    assert int(used.sum()) == sum(-(-n // tile_m) for n in q_lens)
+    assert torch.equal(table[1][used], tile_of[used])
+    assert int(used.sum()) == sum(-(-n // tile) for n in lens)
 
 
 @pytest.fixture(params=["table", "grid"])
@@ -345,6 +351,17 @@ def test_gradients_grouped_heads_and_head_dims(hq, hkv, d):
 
 def test_gradients_with_a_window():
     check_grads([40, 300, 129], [40, 300, 129], window=(63, 0), is_causal=False)
+
+
+@pytest.mark.parametrize("is_causal", [True, False, "top_left"])
+def test_gradients_in_both_launch_modes(launch_mode, is_causal):
+    """The backward's dQ and dK/dV kernels over work tables (of query tiles, and of key tiles,
+    the first first) and over their grids; empty sequences, keys of other lengths, a window."""
+    check_grads([3, 100, 0, 1, 50, 129, 1025], [10, 100, 7, 257, 49, 0, 1100],
+                is_causal=is_causal, hq=8, hkv=2)
+    check_grads(LENGTHS, LENGTHS[::-1], is_causal=is_causal, hq=12, hkv=4, d=64,
+                dtype=torch.float16)
+    check_grads(LENGTHS, LENGTHS, window=(63, 0), is_causal=False, hq=7, hkv=1, d=96)
 
 
 def test_the_eager_route_and_the_custom_op_agree_bitwise():

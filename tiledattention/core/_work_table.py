@@ -1,11 +1,13 @@
-"""Work tables for ragged forwards whose sequence lengths are skewed.
+"""Work tables for ragged launches whose sequence lengths are skewed.
 
-A ragged launch's plain grid gives every (sequence x head) the longest sequence's query tiles;
-a CTA past its own sequence's end does nothing, but still costs its launch. With one 5k-token
+A ragged launch's plain grid gives every (sequence x head) the longest sequence's tiles; a CTA
+past its own sequence's end does nothing, but still costs its launch. With one 5k-token
 sequence among 76 short ones (64k tokens, H 32) that is ~80k idle CTAs, 0.8 ms of a 2.8 ms
 forward on an H100. A work table lists only the tiles the sequences have, the heaviest
-sequences (queries x keys) first and each one's last tile first, so the long jobs start early;
-the forward then runs one CTA per (item x head) on a 1-D grid (``WORK_TABLE``).
+sequences (queries x keys) first and each one's heaviest tile under a causal mask first (its
+last query tile, its first key tile), so the long jobs start early; the kernel then runs one
+CTA per (item x head) on a 1-D grid (``WORK_TABLE``): the forward and the backward's dQ kernel
+over query tiles, the backward's dK/dV kernel over key tiles.
 
 The table is built on the device by one small kernel (``_work_kernel``), from the range table
 alone: no host round trip, capturable in a CUDA graph. Its size is a bound the host knows
@@ -23,51 +25,54 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CTAS", "CHUNK"]
 
-#: A ragged forward walks a work table when the plain grid would launch at least this many
-#: idle CTAs (each costs ~10 ns on an H100: module docstring).
+#: A ragged launch walks a work table when the plain grid would launch at least this many
+#: idle CTAs (each costs ~10 ns of a forward on an H100: module docstring).
 TABLE_MIN_IDLE_CTAS = 8192
 #: the sequences one step of the table kernel compares, and the tiles one step writes
 CHUNK = 256
 
 
-def work_items(*, sequences: int, longest_q: int, rows_q: int, tile_m: int) -> int:
-    """How many query tiles a ragged call's sequences can have at most: ``tile_m``-row tiles of
-    ``sequences`` sequences of at most ``longest_q`` queries each, lying in ``rows_q`` query
-    rows in all without overlapping (the caller's word, as ``longest_q`` is)."""
-    per_sequence = -(-int(longest_q) // tile_m)
-    partial = (int(rows_q) + sequences * (tile_m - 1)) // tile_m  # each may end inside a tile
+def work_items(*, sequences: int, longest: int, rows: int, tile: int) -> int:
+    """How many tiles a ragged call's sequences can have at most along one axis (queries or
+    keys): ``tile``-row tiles of ``sequences`` sequences of at most ``longest`` rows each,
+    lying in ``rows`` rows in all without overlapping (the caller's word, as ``longest`` is)."""
+    per_sequence = -(-int(longest) // tile)
+    partial = (int(rows) + sequences * (tile - 1)) // tile  # each may end inside a tile
     return max(1, min(sequences * per_sequence, partial))
 
 
-def use_work_table(*, sequences: int, longest_q: int, items: int, heads: int,
-                   tile_m: int) -> bool:
+def use_work_table(*, sequences: int, longest: int, items: int, heads: int,
+                   tile: int) -> bool:
     """Whether a table of ``items`` leaves at least :data:`TABLE_MIN_IDLE_CTAS` of the plain
     grid's CTAs (the longest sequence's tiles for every sequence x head) unlaunched."""
-    grid = sequences * -(-int(longest_q) // tile_m)
+    grid = sequences * -(-int(longest) // tile)
     return (grid - items) * heads >= TABLE_MIN_IDLE_CTAS
 
 
-def compile_work_table(sequences: int, tile_m: int, arch: str) -> None:
-    """Compile (only) the work-table kernel for ``sequences`` sequences and ``tile_m``-row
-    tiles on ``arch``: what a ragged forward of such a call may launch first (``tiledtune
-    aot`` keeps it, under ``capturing``)."""
+def compile_work_table(sequences: int, tile: int, arch: str, *, keys: bool = False) -> None:
+    """Compile (only) the work-table kernel for ``sequences`` sequences and ``tile``-row query
+    tiles (``keys``: ``tile``-key tiles) on ``arch``: what a ragged launch of such a call may
+    run first (``tiledtune aot`` keeps it, under ``capturing``)."""
     from ._compile import array_constraint, export_cubin
     from ._work_kernel import fill_work_table
 
     export_cubin(fill_work_table, (array_constraint("int32", (4, sequences)),
-                                   array_constraint("int32", (2, 2 * sequences)), tile_m, CHUNK),
+                                   array_constraint("int32", (2, 2 * sequences)), tile, CHUNK,
+                                   bool(keys)),
                  arch, "fill_work_table")
 
 
-def make_work_table(stream: Any, ranges: Any, tile_m: int, items: int) -> Any:
+def make_work_table(stream: Any, ranges: Any, tile: int, items: int, *,
+                    keys: bool = False) -> Any:
     """The int32 ``[2, items]`` work table of the sequences in ``ranges`` (int32 ``[4, N]``,
     a torch tensor), enqueued on ``stream``: row 0 a sequence (-1 for items past the last
-    tile), row 1 one of its ``tile_m``-row query tiles (module docstring for the order)."""
+    tile), row 1 one of its ``tile``-row query tiles, or with ``keys`` its ``tile``-key tiles
+    (module docstring for the order)."""
     import torch
 
     from ._work_kernel import fill_work_table  # with cuda.tile, on first use
 
     table = torch.empty((2, items), dtype=torch.int32, device=ranges.device)
     _aot.launch(stream, (ranges.shape[1] + 1,), fill_work_table,
-                (ranges, table, tile_m, CHUNK))
+                (ranges, table, tile, CHUNK, bool(keys)))
     return table

@@ -11,7 +11,8 @@ and backward, in three views, on the issue's five batches and more:
 Contenders are interleaved sample by sample. TFLOP/s count the valid tokens' attended pairs
 (``4 H D pairs`` forward, 2.5x that backward). Each contender's output (and gradients) is
 checked against the float32 reference first. ``--profile NAME`` prints our kernels' GPU times
-for one batch (torch.profiler).
+for one batch (torch.profiler). ``--grid`` adds our backward with every kernel on its grid of
+the longest sequence's tiles (no work tables: ``tiledattention-grid``).
 
     source .devtk/setup.sh && python3 docs/records/probes/packed_batches.py [--only NAME]
 """
@@ -128,6 +129,20 @@ def contenders(lengths, hq, hkv, d, causal, dtype):
     return fwd, bwd, errs, pairs([mean] * rb, causal) * 4 * hq * d
 
 
+def on_grids(fn):
+    """``fn`` with no ragged launch walking a work table (the threshold out of reach)."""
+    from tiledattention.core import _work_table
+
+    def run():
+        saved = _work_table.TABLE_MIN_IDLE_CTAS
+        _work_table.TABLE_MIN_IDLE_CTAS = 1 << 62
+        try:
+            return fn()
+        finally:
+            _work_table.TABLE_MIN_IDLE_CTAS = saved
+    return run
+
+
 def loop_times(fns, rounds):
     samples = {n: [] for n in fns}
     for r in range(rounds):
@@ -166,6 +181,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--profile", default="")
     ap.add_argument("--views", default="gpu,loop,host")
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--phases", default="fwd,bwd")
     args = ap.parse_args()
     rows = []
     for name, (lengths, hq, hkv, d, causal, dtype) in batches().items():
@@ -176,9 +193,13 @@ def main():
         print(f"# {name}: {len(lengths)} seqs, {sum(lengths)} tokens, longest {max(lengths)}, "
               f"H {hq}/{hkv} D {d} causal {causal} {dtype}; errors "
               + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
+        if args.grid:
+            bwd["tiledattention-grid"] = on_grids(bwd["tiledattention"])
         if args.profile == name:
             profile(fwd, bwd)
         for phase, fns, mult in (("fwd", fwd, 1.0), ("bwd", bwd, 2.5)):
+            if phase not in args.phases.split(","):
+                continue
             for view in args.views.split(","):
                 if view == "loop":
                     t = loop_times(fns, max(3, args.rounds // 3))

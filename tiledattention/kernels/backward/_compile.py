@@ -4,7 +4,8 @@ runtime passes them (contiguous q, k, v, out, dO and gradients; the row statisti
 ``[B, H_q, S_q]`` views of padded storage). A ragged problem compiles for packed sequences
 (``varlen_attn``'s layout): ``[1, H, tokens, D]`` views of contiguous ``[tokens, H, D]``
 tensors with ``tokens = batch * seqlen``, contiguous float32 ``[1, H_q, tokens]`` statistics
-and the int32 ``[4, batch]`` ranges."""
+and the int32 ``[4, batch]`` ranges (``work_table``: the dQ and dK/dV kernels that walk a work
+table, ``Work``, instead of a grid)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ...core._compile import (CompileResult, array_constraint, attention_constra
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
-                      DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES,
+                      DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES, WORK,
                       delta_constants, delta_kernel, dkdv_constants, dkdv_kernel, dq_constants,
                       dq_kernel, dq_scale_constants, dq_scale_kernel, has_variants, normalise,
                       sum_constants, sum_kernel)
@@ -27,12 +28,14 @@ ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
 __all__ = ["compile_backward"]
 
 
-def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
+def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
+                     work_table: bool = False) -> CompileResult:
     """Compile the kernels ``normalise(problem, schedule)`` launches for ``arch``; raise
     :class:`CompileError`. The result is the dK/dV kernel's cubin (the largest, whose shared
     memory decides feasibility), with the dQ kernel's (one-pass, ``dq_mode="atomic"``: the
     delta and dQ-scale kernels') and with ``dkdv_splits > 1`` the partials' sum kernel's in
-    ``other_cubins``; ``seconds`` counts every build."""
+    ``other_cubins``; ``seconds`` counts every build. ``work_table`` (a ragged problem): the
+    dQ and dK/dV kernels that walk work tables (``WORK_TABLE``)."""
     s = normalise(problem, schedule)
     p = problem
     packed = p.ragged
@@ -49,6 +52,13 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
                 if has_variants(p) else dict.fromkeys(VARIANT_VALUES, ctc.ConstantConstraint(0)))
     variants[RANGES] = (array_constraint("int32", (4, p.batch)) if p.ragged
                         else ctc.ConstantConstraint(0))
+    table = work_table and p.ragged
+    # a work table (int32 [2, items]) of query tiles for the dQ kernel, of key tiles for the
+    # dK/dV kernel, or the zero-byte constant
+    dq_variants, dkdv_variants = (
+        {**variants, WORK: (array_constraint("int32", (2, p.batch * -(-length // tile)))
+                            if table else ctc.ConstantConstraint(0))}
+        for length, tile in ((p.seqlen_q, s.dq_tile_m), (p.seqlen_k, s.dkdv_tile_n)))
     one_pass = s.dq_mode == "atomic"
     # the one-pass backward's float32 dQ accumulator (contiguous, like q; never ragged), else
     # the zero-byte constant the launch's empty tuple stands for
@@ -61,7 +71,8 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
         DKDV_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat,
              "Delta": stat, "dK": grads, "dV": grads, "qk_scale": scale, "heads_kv": count,
-             "group": count, **variants, DQ_ACCUM: accum}, dkdv_constants(p, s, packed=packed)),
+             "group": count, **dkdv_variants, DQ_ACCUM: accum},
+            dkdv_constants(p, s, packed=packed, work_table=table)),
         arch, label + " (dK/dV)")
     if one_pass:
         others = [export_cubin(delta_kernel(), DELTA_PARAMETERS.ordered(
@@ -76,7 +87,8 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str) ->
             DQ_PARAMETERS.ordered(
                 {"Q": q_like, "K": kv_like, "V": kv_like, "Out": q_like, "dO": q_like,
                  "Lse": stat, "Delta": stat, "dQ": q_like, "qk_scale": scale, "heads_q": count,
-                 "group": count, **variants}, dq_constants(p, s, packed=packed)), arch,
+                 "group": count, **dq_variants},
+                dq_constants(p, s, packed=packed, work_table=table)), arch,
             label + " (dQ)")]
     if s.dkdv_splits > 1:
         others.append(export_cubin(

@@ -11,6 +11,7 @@ from ...core._family import Family, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._reference import attention_reference
 from ...core._problem import Problem, default_scale
+from ...core._work_table import compile_work_table
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule, deterministic_backward_schedule
 from ._launch import Launches, launch, launch_ragged, launches, normalise, row_stat_shape
@@ -247,6 +248,17 @@ class BackwardFamily(Family):
     def compile(self, problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
         self.check_pages(problem)
         return compile_backward(problem, schedule, arch)
+
+    def compile_launchable(self, problem: Problem, schedule: BackwardSchedule,
+                           arch: str) -> None:
+        """The call's kernels and, for a ragged problem, those that walk work tables and the
+        kernel that fills the tables (of query tiles and of key tiles)."""
+        self.compile(problem, schedule, arch)
+        if problem.ragged:
+            s = normalise(problem, schedule)
+            compile_backward(problem, s, arch, work_table=True)
+            compile_work_table(problem.batch, s.dq_tile_m, arch)
+            compile_work_table(problem.batch, s.dkdv_tile_n, arch, keys=True)
 
     def case(self, problem: Problem, device_index: int) -> BackwardCase | RaggedBackwardCase:
         self.check_pages(problem)

@@ -50,7 +50,10 @@ the sequence axis; the grid's batch index is a sequence's, and every array is cu
 key range (K, V, dK, dV), so that lengths, masks, the bottom-right alignment and windows are the
 sequence's own. A CTA whose tile starts at or past its sequence's end writes nothing (the dK/dV
 kernel skips the tile whole; the dQ kernel walks no key tile and skips its stores, since a
-branch around its walk does not compile for sm_100). With ``PACKED`` the sequences lie end to
+branch around its walk does not compile for sm_100). With ``WORK_TABLE`` (skewed lengths) the grid is
+1-D over (work item x head) instead of the longest sequence's tiles for every sequence:
+``Work`` lists only the tiles the sequences have, heaviest first (query tiles for the dQ
+kernel, key tiles for the dK/dV kernel; ``tiledattention.core._work_table``). With ``PACKED`` the sequences lie end to
 end in batch entry 0 (``[1, H, tokens, D]`` views of ``[tokens, H, D]`` tensors); else each is a
 batch entry of its own (a padded batch). Rows and keys outside every sequence are never written.
 
@@ -151,6 +154,8 @@ def attention_bwd_dq(
     softcap: float,  # SOFTCAP: the cap c; else ()
     Ranges,  # RAGGED: int32 [4, sequences] query starts, query ends, key starts, key ends;
     # else ()
+    Work,  # WORK_TABLE: int32 [2, items] work items: sequences (-1: none) and query tiles;
+    # else ()
     TILE_M: ConstInt,  # query rows per CTA
     TILE_N: ConstInt,  # keys per step
     TILE_D: ConstInt,  # head_dim rounded up to a power of two
@@ -163,22 +168,33 @@ def attention_bwd_dq(
     SOFTCAP: ConstBool,  # scores capped by softcap * tanh(s / softcap)
     RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
     PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
+    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs query head i % heads_q of Work's item
 ):
     """Delta and dQ of the CTA's query tile of one (batch, query head). With ``RAGGED`` the
     batch index is a sequence's, every array is cut to that sequence's range, and a tile past
-    the sequence's queries walks no key tile and stores nothing."""
-    if TILE_MAJOR:
-        q_tile = ct.bid(1)
-        bh = ct.bid(0)
-        tiles = ct.num_blocks(1)
+    the sequence's queries walks no key tile and stores nothing (nor does an item of
+    ``WORK_TABLE`` that names no sequence)."""
+    alive = 1  # 0: a work item past the table's last tile
+    if WORK_TABLE:
+        item = ct.bid(0) // heads_q
+        head = ct.bid(0) % heads_q
+        seq = ct.gather(Work, (0, item))
+        alive = min(seq + 1, 1)
+        batch = max(seq, 0)
+        q_tile = ct.gather(Work, (1, item)) * alive
     else:
-        q_tile = ct.bid(0)
-        bh = ct.bid(1)
-        tiles = ct.num_blocks(0)
-    if HEAVY_FIRST:
-        q_tile = tiles - 1 - q_tile
-    batch = bh // heads_q
-    head = bh % heads_q
+        if TILE_MAJOR:
+            q_tile = ct.bid(1)
+            bh = ct.bid(0)
+            tiles = ct.num_blocks(1)
+        else:
+            q_tile = ct.bid(0)
+            bh = ct.bid(1)
+            tiles = ct.num_blocks(0)
+        if HEAVY_FIRST:
+            q_tile = tiles - 1 - q_tile
+        batch = bh // heads_q
+        head = bh % heads_q
     q_count = 0
     if RAGGED:
         # (not one branch on the tile's liveness around the rest, as in the dK/dV kernel:
@@ -186,7 +202,7 @@ def attention_bwd_dq(
         # is emptied and its stores skipped instead, and its loads read views of at least one
         # row: a sequence without queries still has a view to read)
         seq, batch = sequence_of(batch, PACKED)
-        q_count = sequence_length(Ranges, seq, 0)
+        q_count = sequence_length(Ranges, seq, 0) * alive
         Q = sequence_view_at_least(Q, Ranges, seq, 0, 1)
         K = sequence_view_at_least(K, Ranges, seq, 2)
         V = sequence_view_at_least(V, Ranges, seq, 2)
@@ -303,7 +319,7 @@ def attention_bwd_dkdv(
     heads_kv: int,
     group: int,
     window_left: int, window_right: int, softcap: float,  # as attention_bwd_dq's
-    Ranges,  # as attention_bwd_dq's
+    Ranges, Work,  # as attention_bwd_dq's (Work's tiles: key tiles)
     dQacc,  # DQ_ATOMIC: float32 [B, H_q, S_q, D], zeroed, dQ / scale added here; else ()
     TILE_M: ConstInt,  # query rows per step
     TILE_N: ConstInt,  # keys per CTA
@@ -315,22 +331,33 @@ def attention_bwd_dkdv(
     TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
     WINDOW: ConstBool, SOFTCAP: ConstBool, RAGGED: ConstBool, PACKED: ConstBool,  # as dQ's
     DQ_ATOMIC: ConstBool,  # also add each (query tile, key tile) pair's dS K into dQacc
+    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs K/V head i % heads_kv of Work's item
 ):
     """dK and dV (or split ``split``'s partials) of the CTA's key tile of one (batch, K/V
     head). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
     sequence's range, and a tile past the sequence's keys does nothing (``SPLITS`` is then 1:
     the launcher's ``normalise``). With ``DQ_ATOMIC`` every (query head, query tile) pair it
     walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
-    if TILE_MAJOR:
-        kv_tile = ct.bid(1)
-        bh = ct.bid(0) // SPLITS
-        split = ct.bid(0) % SPLITS
+    alive = 1  # 0: a work item past the table's last tile
+    if WORK_TABLE:
+        item = ct.bid(0) // heads_kv
+        kv_head = ct.bid(0) % heads_kv
+        seq = ct.gather(Work, (0, item))
+        alive = min(seq + 1, 1)
+        batch = max(seq, 0)
+        kv_tile = ct.gather(Work, (1, item)) * alive
+        split = 0
     else:
-        kv_tile = ct.bid(0)
-        bh = ct.bid(1)
-        split = ct.bid(2)
-    batch = bh // heads_kv
-    kv_head = bh % heads_kv
+        if TILE_MAJOR:
+            kv_tile = ct.bid(1)
+            bh = ct.bid(0) // SPLITS
+            split = ct.bid(0) % SPLITS
+        else:
+            kv_tile = ct.bid(0)
+            bh = ct.bid(1)
+            split = ct.bid(2)
+        batch = bh // heads_kv
+        kv_head = bh % heads_kv
 
     def key_tile(Q, K, V, dO, Lse, Delta, dK, dV):
         """dK and dV of key tile ``kv_tile``, the sequence lengths the arrays'."""
@@ -429,7 +456,7 @@ def attention_bwd_dkdv(
     if RAGGED:
         seq, batch = sequence_of(batch, PACKED)
         k_seq = sequence_view_at_least(K, Ranges, seq, 2)
-        if kv_tile * TILE_N < k_seq.shape[2]:
+        if kv_tile * TILE_N < k_seq.shape[2] * alive:
             v_seq = sequence_view_at_least(V, Ranges, seq, 2)
             dk_seq = sequence_view_at_least(dK, Ranges, seq, 2)
             dv_seq = sequence_view_at_least(dV, Ranges, seq, 2)

@@ -26,7 +26,10 @@ extent, :func:`ragged_grids`) and whether the sequences are packed end to end in
 entry (the ``PACKED`` constant: a property of the call's layout, not of the problem). Its
 schedule runs one tile per CTA over grids of the longest sequence's tiles: ``normalise`` gives it
 no dK/dV splits and no work orders (all of them assume every batch entry has the whole length).
-Every other problem passes ``Ranges`` :data:`UNUSED`, an empty tuple, which takes no
+Where the lengths are skewed (the grid would launch many idle CTAs: ``tiledattention.core.
+_work_table``) a kernel walks a work table instead (``WORK_TABLE``, the table in ``Work``,
+right after ``Ranges``): a 1-D grid over the tiles the sequences have, heaviest first.
+Every other problem passes ``Ranges`` (and ``Work``) :data:`UNUSED`, an empty tuple, which takes no
 bytes of the parameter space, so its machine code is what it was before ``Ranges`` existed (the
 forward's convention, ``tiledattention/kernels/forward/_launch.py``); a compile-only build passes a
 zero-byte constant instead (``cuda.tile.compilation`` takes no tuple).
@@ -42,6 +45,7 @@ from typing import Any, NamedTuple
 from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
+from ...core._work_table import make_work_table, use_work_table, work_items
 from ...core._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_shape
 from ...errors import KernelArgumentError, UnsupportedProblemError
 from ._schedule import SPLITS, BackwardSchedule
@@ -53,7 +57,7 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "sum_kernel", "Launches", "launches", "launch", "row_stat_shape", "normalise",
            "scratch_shapes", "SUM_TILE", "DELTA_TILE", "has_variants", "runtime_values",
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
-           "ragged_grids", "UNUSED", "RANGES", "DQ_ACCUM", "DELTA_PARAMETERS",
+           "ragged_grids", "UNUSED", "RANGES", "WORK", "DQ_ACCUM", "DELTA_PARAMETERS",
            "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
            "dq_scale_constants"]
 
@@ -98,18 +102,22 @@ VARIANT_VALUES = ("window_left", "window_right", "softcap")
 #: their last launch-time value: a ragged call's int32 [4, sequences] ranges
 #: (:func:`launch_ragged`), else :data:`UNUSED`
 RANGES = "Ranges"
+#: right after it: a skewed ragged call's int32 [2, items] work table (``WORK_TABLE``), else
+#: :data:`UNUSED`
+WORK = "Work"
 #: what an unread variant value receives (each of them for a problem without variants, and
 #: ``Ranges`` outside a ragged call): an empty tuple, which takes no bytes of the parameter
 #: space (module docstring)
 UNUSED = ()
-#: the dK/dV kernel's last launch-time value, right after ``Ranges``: the one-pass backward's
+#: the dK/dV kernel's last launch-time value, right after ``Work``: the one-pass backward's
 #: float32 dQ accumulator, else :data:`UNUSED`
 DQ_ACCUM = "dQacc"
 DQ_PARAMETERS = KernelParameters(_dq, ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ",
-                                       "qk_scale", "heads_q", "group", *VARIANT_VALUES, RANGES))
+                                       "qk_scale", "heads_q", "group", *VARIANT_VALUES, RANGES,
+                                       WORK))
 DKDV_PARAMETERS = KernelParameters(_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV",
                                            "qk_scale", "heads_kv", "group", *VARIANT_VALUES,
-                                           RANGES, DQ_ACCUM))
+                                           RANGES, WORK, DQ_ACCUM))
 SUM_PARAMETERS = KernelParameters(_sum, ("Parts", "Grad"))
 DELTA_PARAMETERS = KernelParameters(_delta, ("Out", "dO", "Delta", "dQacc"))
 DQ_SCALE_PARAMETERS = KernelParameters(_dq_scale, ("dQacc", "dQ", "qk_scale"))
@@ -147,11 +155,13 @@ def runtime_values(problem: Problem) -> dict[str, Any]:
             "softcap": float(problem.softcap)}
 
 
-def _variant_constants(problem: Problem, packed: bool) -> dict[str, Any]:
-    """``WINDOW``, ``SOFTCAP``, ``RAGGED`` and ``PACKED`` (``packed``: a ragged call's
-    sequences lie end to end in one batch entry)."""
+def _variant_constants(problem: Problem, packed: bool, work_table: bool) -> dict[str, Any]:
+    """``WINDOW``, ``SOFTCAP``, ``RAGGED``, ``PACKED`` (``packed``: a ragged call's sequences
+    lie end to end in one batch entry) and ``WORK_TABLE`` (``work_table``: a ragged call's
+    kernel walks a work table)."""
     return {"WINDOW": problem.windowed, "SOFTCAP": problem.softcap > 0,
-            "RAGGED": problem.ragged, "PACKED": bool(packed) and problem.ragged}
+            "RAGGED": problem.ragged, "PACKED": bool(packed) and problem.ragged,
+            "WORK_TABLE": bool(work_table) and problem.ragged}
 
 
 def reach(problem: Problem) -> tuple[int, int]:
@@ -279,28 +289,30 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     return schedule.replace(**changes) if changes else schedule
 
 
-def dq_constants(problem: Problem, schedule: BackwardSchedule, *,
-                 packed: bool = False) -> dict[str, Any]:
+def dq_constants(problem: Problem, schedule: BackwardSchedule, *, packed: bool = False,
+                 work_table: bool = False) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of the dQ kernel ``problem`` runs by name (``packed``: a
-    ragged call's sequences lie end to end, ``PACKED``)."""
+    ragged call's sequences lie end to end, ``PACKED``; ``work_table``: it walks a table of
+    query tiles, ``WORK_TABLE``)."""
     s = normalise(problem, schedule)
     return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
             "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major,
-            **_variant_constants(problem, packed)}
+            **_variant_constants(problem, packed, work_table)}
 
 
-def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *,
-                   packed: bool = False) -> dict[str, Any]:
+def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *, packed: bool = False,
+                   work_table: bool = False) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of the dK/dV kernel ``problem`` runs by name (``packed``:
-    a ragged call's sequences lie end to end, ``PACKED``)."""
+    a ragged call's sequences lie end to end, ``PACKED``; ``work_table``: it walks a table of
+    key tiles, ``WORK_TABLE``)."""
     s = normalise(problem, schedule)
     return {"TILE_M": s.dkdv_tile_m, "TILE_N": s.dkdv_tile_n,
             "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
             "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
-            **_variant_constants(problem, packed), "DQ_ATOMIC": s.dq_mode == "atomic"}
+            **_variant_constants(problem, packed, work_table), "DQ_ATOMIC": s.dq_mode == "atomic"}
 
 
 def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
@@ -382,11 +394,11 @@ class Launches(NamedTuple):
     stat_shape: tuple[int, int, int]
     scratch: dict[str, tuple[int, ...]]  # the float32 buffers launch needs (scratch_shapes)
     problem: Problem
-    ranges_at: int  # where the kernels take Ranges among dq_scalars and dkdv_scalars
-    # (kernel_args puts it there)
+    ranges_at: int  # where the kernels take Ranges (then Work) among dq_scalars and
+    # dkdv_scalars (kernel_args puts them there)
     tiles: tuple[int, int]  # the normalised dq_tile_m and dkdv_tile_n (ragged_grids)
-    dq_packed_scalars: tuple  # a ragged problem's dq_scalars with PACKED on; else ()
-    dkdv_packed_scalars: tuple  # a ragged problem's dkdv_scalars with PACKED on; else ()
+    ragged_scalars: dict  # a ragged problem's: (PACKED, WORK_TABLE) -> (dq_scalars,
+    # dkdv_scalars) with those constants; else empty
     one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
     delta_grid: tuple[int, int, int]  # the delta kernel's (rows of S_q x B x H_q)
     delta_scalars: tuple  # its constants
@@ -402,9 +414,9 @@ def _grid(tile_major: bool, tiles: int, heads: int, splits: int) -> tuple[int, i
 
 def _scalars(parameters: KernelParameters, runtime: dict[str, Any],
              constants: dict[str, Any]) -> tuple[tuple, int]:
-    """The kernel's arguments after its 8 arrays less ``Ranges`` (and the dK/dV kernel's
-    ``dQacc``, which must follow it), and where ``Ranges`` goes among them."""
-    late = (RANGES, DQ_ACCUM) if DQ_ACCUM in parameters.names else (RANGES,)
+    """The kernel's arguments after its 8 arrays less ``Ranges`` and ``Work`` (and the dK/dV
+    kernel's ``dQacc``), which must follow one another, and where ``Ranges`` goes among them."""
+    late = (RANGES, WORK, DQ_ACCUM) if DQ_ACCUM in parameters.names else (RANGES, WORK)
     args = parameters.ordered({**runtime, **dict.fromkeys(late, UNUSED)}, constants)[8:]
     at = parameters.names.index(RANGES) - 8
     if parameters.names[at + 8:at + 8 + len(late)] != late:
@@ -433,11 +445,13 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
     if ranges_at != dkdv_ranges_at:  # kernel_args places one value for both kernels
         raise KernelArgumentError(f"the dQ and dK/dV kernels take Ranges at different places "
                                   f"({ranges_at}, {dkdv_ranges_at} after the arrays)")
-    dq_packed = dkdv_packed = ()
-    if p.ragged:
-        dq_packed = _scalars(DQ_PARAMETERS, dq_runtime, dq_constants(p, s, packed=True))[0]
-        dkdv_packed = _scalars(DKDV_PARAMETERS, dkdv_runtime,
-                               dkdv_constants(p, s, packed=True))[0]
+    ragged_scalars = {
+        (packed, table): (
+            _scalars(DQ_PARAMETERS, dq_runtime,
+                     dq_constants(p, s, packed=packed, work_table=table))[0],
+            _scalars(DKDV_PARAMETERS, dkdv_runtime,
+                     dkdv_constants(p, s, packed=packed, work_table=table))[0])
+        for packed in (False, True) for table in (False, True)} if p.ragged else {}
     return Launches(
         splits=s.dkdv_splits,
         dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
@@ -448,8 +462,8 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         dq_scalars=dq_scalars, dkdv_scalars=dkdv_scalars,
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
-        ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), dq_packed_scalars=dq_packed,
-        dkdv_packed_scalars=dkdv_packed, one_pass=s.dq_mode == "atomic",
+        ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), ragged_scalars=ragged_scalars,
+        one_pass=s.dq_mode == "atomic",
         delta_grid=(math.ceil(p.seqlen_q / DELTA_TILE), p.batch * p.heads_q, 1),
         delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p)),
         dq_scale_grid=(math.ceil(p.seqlen_q / SUM_TILE), p.batch * p.heads_q, 1),
@@ -498,16 +512,10 @@ def _describe_given(value: Any) -> str:
     return "None" if value is None else "an array"
 
 
-def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any,
-                delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any = None, *,
-                packed: bool = False, dq_accum: Any = None) -> tuple[tuple, tuple]:
-    """The positional arguments of the plan's dQ kernel and of its dK/dV kernel, in that order
-    (``dk, dv``: what the dK/dV kernel writes, the float32 partials with ``plan.splits > 1``).
-    ``dq_accum``: the one-pass backward's float32 dQ accumulator, given exactly when
-    ``plan.one_pass`` (the dQ kernel's arguments are then not launched).
-    ``ranges``: the int32 ``[4, sequences]`` ranges of a ragged call, given exactly when
-    ``plan.problem.ragged``; ``packed`` (ragged only): the arrays are ``[1, H, tokens, D]``
-    views of sequences packed end to end. Raises :class:`KernelArgumentError` otherwise."""
+def _check_call(plan: Launches, ranges: Any, *, packed: bool, tables: tuple[bool, bool],
+                dq_accum: Any) -> None:
+    """:func:`kernel_args`' checks of what a call passes besides the arrays (``tables``:
+    whether each kernel is given a work table)."""
     ragged = plan.problem.ragged
     if (dq_accum is not None) != plan.one_pass:
         raise KernelArgumentError(
@@ -517,23 +525,44 @@ def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
         raise KernelArgumentError(
             f"ranges must be given exactly when the problem is ragged; got "
             f"{_describe_given(ranges)} for {plan.problem.describe()}")
-    if packed and not ragged:
-        raise KernelArgumentError(f"packed applies to a ragged problem only; got packed=True "
-                                  f"for {plan.problem.describe()}")
+    if not ragged and (packed or any(tables)):
+        raise KernelArgumentError(f"packed and work apply to a ragged problem only; got "
+                                  f"packed={packed}, work tables {tables} for "
+                                  f"{plan.problem.describe()}")
     if ragged:
         shape = tuple(getattr(ranges, "shape", ()))
         if len(shape) != 2 or shape[0] != 4 or "int32" not in str(getattr(ranges, "dtype", "")):
             raise KernelArgumentError(f"ranges must be an int32 [4, sequences] array; got "
                                       f"shape {shape} dtype {getattr(ranges, 'dtype', None)}")
-    dq_scalars, dkdv_scalars = ((plan.dq_packed_scalars, plan.dkdv_packed_scalars) if packed
-                                else (plan.dq_scalars, plan.dkdv_scalars))
+
+
+def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any,
+                delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any = None, *,
+                packed: bool = False, dq_accum: Any = None,
+                work: tuple[Any, Any] = (None, None)) -> tuple[tuple, tuple]:
+    """The positional arguments of the plan's dQ kernel and of its dK/dV kernel, in that order
+    (``dk, dv``: what the dK/dV kernel writes, the float32 partials with ``plan.splits > 1``).
+    ``dq_accum``: the one-pass backward's float32 dQ accumulator, given exactly when
+    ``plan.one_pass`` (the dQ kernel's arguments are then not launched).
+    ``ranges``: the int32 ``[4, sequences]`` ranges of a ragged call, given exactly when
+    ``plan.problem.ragged``; ``packed`` (ragged only): the arrays are ``[1, H, tokens, D]``
+    views of sequences packed end to end; ``work`` (ragged only): the dQ kernel's table of
+    query tiles and the dK/dV kernel's of key tiles (``make_work_table``), None for a kernel
+    that runs its grid. Raises :class:`KernelArgumentError` otherwise."""
+    tables = tuple(w is not None for w in work)
+    _check_call(plan, ranges, packed=packed, tables=tables, dq_accum=dq_accum)
+    dq_scalars, dkdv_scalars = plan.dq_scalars, plan.dkdv_scalars
+    if plan.problem.ragged:
+        dq_scalars = plan.ragged_scalars[packed, tables[0]][0]
+        dkdv_scalars = plan.ragged_scalars[packed, tables[1]][1]
     dq_arrays = (q, k, v, out, grad_out, lse, delta, dq)
     dkdv_arrays = (q, k, v, grad_out, lse, delta, dk, dv)
     at = plan.ranges_at
     value = UNUSED if ranges is None else ranges
     accum = UNUSED if dq_accum is None else dq_accum
-    return ((*dq_arrays, *dq_scalars[:at], value, *dq_scalars[at:]),
-            (*dkdv_arrays, *dkdv_scalars[:at], value, accum, *dkdv_scalars[at:]))
+    dq_work, dkdv_work = (UNUSED if w is None else w for w in work)
+    return ((*dq_arrays, *dq_scalars[:at], value, dq_work, *dq_scalars[at:]),
+            (*dkdv_arrays, *dkdv_scalars[:at], value, dkdv_work, accum, *dkdv_scalars[at:]))
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
@@ -580,10 +609,24 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     T_q]``. Else a padded batch: ``[B, H, S, D]`` arrays and ``[B, H_q, S_q]`` statistics
     with ``B`` = sequences, sequence ``b`` in entry ``b``. ``lse`` is the ragged forward's;
     ``delta`` is scratch shaped like it (written here). Rows and keys outside every sequence
-    are not written (zero-fill ``dq, dk, dv`` first where they must read as zeros)."""
+    are not written (zero-fill ``dq, dk, dv`` first where they must read as zeros).
+
+    Where a kernel's grid would launch many idle CTAs (``use_work_table``), a work table of
+    its tiles is built first on ``stream`` and the kernel runs one CTA per (item x head)."""
+    _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=None)
+    sequences = int(ranges.shape[1])
+    heads = (plan.problem.heads_q, plan.problem.heads_kv)
+    grids = _ragged_grids(plan.tiles, *heads, sequences, longest_q, longest_k)
+    per_entry = 1 if packed else sequences
+    walks = ((longest_q, q.shape[2] * per_entry), (longest_k, k.shape[2] * per_entry))
+    work, launched = [None, None], list(grids)
+    for kernel, (tile, count, (longest, rows)) in enumerate(zip(plan.tiles, heads, walks)):
+        items = work_items(sequences=sequences, longest=longest, rows=rows, tile=tile)
+        if use_work_table(sequences=sequences, longest=longest, items=items, heads=count,
+                          tile=tile):
+            work[kernel] = make_work_table(stream, ranges, tile, items, keys=kernel == 1)
+            launched[kernel] = (items * count, 1, 1)
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv,
-                                     ranges, packed=packed)
-    dq_grid, dkdv_grid = _ragged_grids(plan.tiles, plan.problem.heads_q, plan.problem.heads_kv,
-                                       int(ranges.shape[1]), longest_q, longest_k)
-    _aot.launch(stream, dq_grid, plan.dq, dq_args)
-    _aot.launch(stream, dkdv_grid, plan.dkdv, dkdv_args)
+                                     ranges, packed=packed, work=tuple(work))
+    _aot.launch(stream, launched[0], plan.dq, dq_args)
+    _aot.launch(stream, launched[1], plan.dkdv, dkdv_args)

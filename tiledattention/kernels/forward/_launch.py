@@ -481,10 +481,9 @@ def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences:
     ``_work_table``), the launch walks a work table instead: one CTA per (query tile a sequence
     has x head), the heaviest sequences first."""
     schedule = normalise(problem, schedule)
-    items = work_items(sequences=sequences, longest_q=longest_q, rows_q=rows,
-                       tile_m=schedule.tile_m)
-    table = use_work_table(sequences=sequences, longest_q=longest_q, items=items,
-                           heads=problem.heads_q, tile_m=schedule.tile_m)
+    items = work_items(sequences=sequences, longest=longest_q, rows=rows, tile=schedule.tile_m)
+    table = use_work_table(sequences=sequences, longest=longest_q, items=items,
+                           heads=problem.heads_q, tile=schedule.tile_m)
     slot = slots("Q", "K", "V", "Out", "Lse", "Sinks", "Ranges", "Work", "Pages")
     args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
                        lse=slot["Lse"] if lse else None, sinks=slot["Sinks"] if sinks else None,
