@@ -12,7 +12,8 @@ Contenders are interleaved sample by sample. TFLOP/s count the valid tokens' att
 (``4 H D pairs`` forward, 2.5x that backward). Each contender's output (and gradients) is
 checked against the float32 reference first. ``--profile NAME`` prints our kernels' GPU times
 for one batch (torch.profiler). ``--grid`` adds our backward with every kernel on its grid of
-the longest sequence's tiles (no work tables: ``tiledattention-grid``).
+the longest sequence's tiles (no work tables: ``tiledattention-grid``), ``--table`` with every
+kernel walking a work table (``tiledattention-table``). ``--set new``: eight other batches.
 
     source .devtk/setup.sh && python3 docs/records/probes/packed_batches.py [--only NAME]
 """
@@ -129,13 +130,28 @@ def contenders(lengths, hq, hkv, d, causal, dtype):
     return fwd, bwd, errs, pairs([mean] * rb, causal) * 4 * hq * d
 
 
-def on_grids(fn):
-    """``fn`` with no ragged launch walking a work table (the threshold out of reach)."""
+def new_batches():
+    g = torch.Generator().manual_seed(51)
+    return {
+        "skewed-gqa8": ([8000] + uniform(g, 60, 50, 400), 32, 8, 128, True, torch.bfloat16),
+        "docs-chat": ([6000, 5000] + uniform(g, 50, 30, 300), 28, 4, 128, True, torch.float16),
+        "sft-d64": (log_uniform(g, 30, 100, 4000), 16, 16, 64, True, torch.bfloat16),
+        "mqa-mix": (log_uniform(g, 40, 16, 3000), 16, 1, 128, True, torch.bfloat16),
+        "bert-short": (uniform(g, 96, 16, 256), 12, 12, 64, False, torch.float16),
+        "gqa7-long": ([9000, 700, 300], 28, 4, 128, True, torch.bfloat16),
+        "near-equal-d64": (uniform(g, 24, 900, 1100), 16, 4, 64, True, torch.bfloat16),
+        "vision-full": (uniform(g, 48, 100, 1500), 16, 16, 128, False, torch.bfloat16),
+    }
+
+
+def table_threshold(fn, threshold):
+    """``fn`` with ragged launches walking a work table from ``threshold`` idle CTAs on (0:
+    always; ``1 << 62``: never)."""
     from tiledattention.core import _work_table
 
     def run():
         saved = _work_table.TABLE_MIN_IDLE_CTAS
-        _work_table.TABLE_MIN_IDLE_CTAS = 1 << 62
+        _work_table.TABLE_MIN_IDLE_CTAS = threshold
         try:
             return fn()
         finally:
@@ -182,10 +198,13 @@ def main():
     ap.add_argument("--profile", default="")
     ap.add_argument("--views", default="gpu,loop,host")
     ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--set", default="issue", choices=("issue", "new"))
     ap.add_argument("--phases", default="fwd,bwd")
     args = ap.parse_args()
     rows = []
-    for name, (lengths, hq, hkv, d, causal, dtype) in batches().items():
+    chosen = batches() if args.set == "issue" else new_batches()
+    for name, (lengths, hq, hkv, d, causal, dtype) in chosen.items():
         if args.only and name not in args.only.split(","):
             continue
         fwd, bwd, errs, rect_flops = contenders(lengths, hq, hkv, d, causal, dtype)
@@ -194,7 +213,9 @@ def main():
               f"H {hq}/{hkv} D {d} causal {causal} {dtype}; errors "
               + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
         if args.grid:
-            bwd["tiledattention-grid"] = on_grids(bwd["tiledattention"])
+            bwd["tiledattention-grid"] = table_threshold(bwd["tiledattention"], 1 << 62)
+        if args.table:
+            bwd["tiledattention-table"] = table_threshold(bwd["tiledattention"], 0)
         if args.profile == name:
             profile(fwd, bwd)
         for phase, fns, mult in (("fwd", fwd, 1.0), ("bwd", bwd, 2.5)):
