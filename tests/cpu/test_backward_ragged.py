@@ -15,12 +15,13 @@ import dataclasses
 import pytest
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
+from tiledattention.core._work_table import work_items
 from tiledattention.kernels.backward._launch import (DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
                                                      RANGES, UNUSED, VARIANT_VALUES, WORK,
                                                      dkdv_constants, dq_constants, has_variants,
-                                                     kernel_args,
-                                                     launch, launch_ragged, launches, normalise,
-                                                     ragged_grids, scratch_shapes)
+                                                     kernel_args, launch, launch_ragged,
+                                                     launches, normalise, ragged_grids,
+                                                     scratch_shapes)
 from tiledattention.errors import KernelArgumentError, UnsupportedProblemError
 from tiledattention.tooling import text_digest
 
@@ -280,21 +281,26 @@ def test_ragged_grids_refuse_what_no_grid_takes():
             ragged_grids(RAGGED, BackwardSchedule(), 4, bad, 512)
 
 
-def test_a_skewed_batch_walks_work_tables_and_an_even_one_its_grids(monkeypatch):
-    """Where the longest sequence's grid leaves at least TABLE_MIN_IDLE_CTAS idle, a kernel's
-    launch is 1-D over (work item x head) and takes a table built first on the same stream
-    (query tiles for dQ, key tiles for dK/dV); an even batch keeps both 2-D grids."""
+@pytest.mark.parametrize("least", [None, 8192, 1 << 62])
+def test_a_ragged_backward_walks_work_tables(monkeypatch, least):
+    """Each kernel's launch is 1-D over (work item x head) and takes a table built first on
+    the same stream (query tiles for dQ, key tiles for dK/dV), whatever the lengths (the
+    backward's threshold, 0); where a threshold keeps a kernel on its grid (``least``), the
+    grid of the longest sequence's tiles for every sequence."""
     import cuda.tile
     import torch
 
-    from tiledattention.core._work_table import use_work_table, work_items
+    from tiledattention.core import _work_table
 
+    assert _work_table.BACKWARD_TABLE_MIN_IDLE_CTAS == 0
+    if least is not None:
+        monkeypatch.setattr(_work_table, "BACKWARD_TABLE_MIN_IDLE_CTAS", least)
     calls = []
     monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
     problem = _problem(hq=28, hkv=4, d=128, sq=16384, sk=16384)
     plan = launches(problem, BackwardSchedule(dq_tile_m=128, dkdv_tile_n=128), 0.1)
-    for lens, tables in (([12000] + [300] * 40, (True, True)), ([1024] * 16, (False, False)),
-                         ([4096] + [100] * 20, (True, False))):
+    for lens, idle in (([12000] + [300] * 40, (True, True)), ([1024] * 16, (False, False)),
+                       ([4096] + [100] * 20, (True, False))):
         tokens = sum(lens)
         q = torch.empty(1, 28, tokens, 128, dtype=torch.bfloat16)
         k = torch.empty(1, 4, tokens, 128, dtype=torch.bfloat16)
@@ -305,11 +311,12 @@ def test_a_skewed_batch_walks_work_tables_and_an_even_one_its_grids(monkeypatch)
         grids = [grid for _, grid, _, _ in calls if len(grid) == 3]
         fills = [args for _, grid, _, args in calls if len(grid) == 1]
         calls.clear()
+        # idle: whether at least 8192 CTAs of the kernel's grid would idle
+        tables = tuple({None: True, 8192: i, 1 << 62: False}[least] for i in idle)
         for kernel, heads in enumerate((28, 4)):
-            items = work_items(sequences=len(lens), longest=max(lens), rows=tokens, tile=128)
-            assert use_work_table(sequences=len(lens), longest=max(lens), items=items,
-                                  heads=heads, tile=128) is tables[kernel]
             if tables[kernel]:
+                items = work_items(sequences=len(lens), longest=max(lens), rows=tokens,
+                                   tile=128)
                 assert grids[kernel] == (items * heads, 1, 1)
             else:
                 assert grids[kernel] == (-(-max(lens) // 128), len(lens) * heads, 1)

@@ -187,12 +187,12 @@ def test_the_work_table_kernel_matches_its_reference(q_lens, k_lens, tile, keys)
 
 @pytest.fixture(params=["table", "grid"])
 def launch_mode(request, monkeypatch):
-    """Every ragged forward launch walks a work table, or none does (the launcher picks by how
-    many idle CTAs the longest sequence's grid would have)."""
+    """Every ragged launch (forward and backward) walks a work table, or none does (the
+    launchers pick by how many idle CTAs the longest sequence's grid would have)."""
     import tiledattention.core._work_table as work_table
 
-    monkeypatch.setattr(work_table, "TABLE_MIN_IDLE_CTAS",
-                        0 if request.param == "table" else 1 << 62)
+    for name in ("TABLE_MIN_IDLE_CTAS", "BACKWARD_TABLE_MIN_IDLE_CTAS"):
+        monkeypatch.setattr(work_table, name, 0 if request.param == "table" else 1 << 62)
     return request.param
 
 

@@ -23,11 +23,18 @@ from ._lazy import lazy_module
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
-__all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CTAS", "CHUNK"]
+__all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CTAS",
+           "BACKWARD_TABLE_MIN_IDLE_CTAS", "CHUNK"]
 
-#: A ragged launch walks a work table when the plain grid would launch at least this many
+#: A ragged forward walks a work table when the plain grid would launch at least this many
 #: idle CTAs (each costs ~10 ns of a forward on an H100: module docstring).
 TABLE_MIN_IDLE_CTAS = 8192
+#: The ragged backward's threshold: always. Its grids have no heavy-first order (the heavy
+#: tiles of each sequence lie at its own end), so the table's order pays even where no CTA
+#: would idle: on an H200, 19 packed batches, the tables ran 1.00-2.03x the grids' speed (a
+#: 9000-token causal sequence with two short ones, no idle CTA to speak of, 1.22x), 0.99x at
+#: worst (docs/records/benchmarks/varlen/issue50/README.md)
+BACKWARD_TABLE_MIN_IDLE_CTAS = 0
 #: the sequences one step of the table kernel compares, and the tiles one step writes
 CHUNK = 256
 
@@ -41,12 +48,14 @@ def work_items(*, sequences: int, longest: int, rows: int, tile: int) -> int:
     return max(1, min(sequences * per_sequence, partial))
 
 
-def use_work_table(*, sequences: int, longest: int, items: int, heads: int,
-                   tile: int) -> bool:
-    """Whether a table of ``items`` leaves at least :data:`TABLE_MIN_IDLE_CTAS` of the plain
-    grid's CTAs (the longest sequence's tiles for every sequence x head) unlaunched."""
+def use_work_table(*, sequences: int, longest: int, items: int, heads: int, tile: int,
+                   backward: bool = False) -> bool:
+    """Whether a table of ``items`` leaves at least :data:`TABLE_MIN_IDLE_CTAS` (``backward``:
+    :data:`BACKWARD_TABLE_MIN_IDLE_CTAS`) of the plain grid's CTAs (the longest sequence's
+    tiles for every sequence x head) unlaunched."""
     grid = sequences * -(-int(longest) // tile)
-    return (grid - items) * heads >= TABLE_MIN_IDLE_CTAS
+    least = BACKWARD_TABLE_MIN_IDLE_CTAS if backward else TABLE_MIN_IDLE_CTAS
+    return (grid - items) * heads >= least
 
 
 def compile_work_table(sequences: int, tile: int, arch: str, *, keys: bool = False) -> None:

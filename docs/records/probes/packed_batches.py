@@ -149,13 +149,17 @@ def table_threshold(fn, threshold):
     always; ``1 << 62``: never)."""
     from tiledattention.core import _work_table
 
+    names = ("TABLE_MIN_IDLE_CTAS", "BACKWARD_TABLE_MIN_IDLE_CTAS")
+
     def run():
-        saved = _work_table.TABLE_MIN_IDLE_CTAS
-        _work_table.TABLE_MIN_IDLE_CTAS = threshold
+        saved = [getattr(_work_table, n) for n in names]
+        for n in names:
+            setattr(_work_table, n, threshold)
         try:
             return fn()
         finally:
-            _work_table.TABLE_MIN_IDLE_CTAS = saved
+            for n, value in zip(names, saved):
+                setattr(_work_table, n, value)
     return run
 
 

@@ -21,16 +21,16 @@ other mode, so that mode's machine code is what it was before the one-pass mode 
 
 A ragged problem (``Problem.ragged``: sequences of their own lengths) launches with
 :func:`launch_ragged`, which takes the call's ``Ranges`` (int32 ``[4, sequences]``: query starts,
-query ends, key starts, key ends), the longest sequence's query and key counts (the grids'
-extent, :func:`ragged_grids`) and whether the sequences are packed end to end in one batch
-entry (the ``PACKED`` constant: a property of the call's layout, not of the problem). Its
-schedule runs one tile per CTA over grids of the longest sequence's tiles: ``normalise`` gives it
+query ends, key starts, key ends), the longest sequence's query and key counts and whether the
+sequences are packed end to end in one batch entry (the ``PACKED`` constant: a property of the
+call's layout, not of the problem). Its schedule runs one tile per CTA: ``normalise`` gives it
 no dK/dV splits and no work orders (all of them assume every batch entry has the whole length).
-Where the lengths are skewed (the grid would launch many idle CTAs: ``tiledattention.core.
-_work_table``) a kernel walks a work table instead (``WORK_TABLE``, the table in ``Work``,
-right after ``Ranges``): a 1-D grid over the tiles the sequences have, heaviest first.
-Every other problem passes ``Ranges`` (and ``Work``) :data:`UNUSED`, an empty tuple, which takes no
-bytes of the parameter space, so its machine code is what it was before ``Ranges`` existed (the
+Each kernel walks a work table (``WORK_TABLE``, the table in ``Work``, right after ``Ranges``;
+``tiledattention.core._work_table``): a 1-D grid over the tiles the sequences have, heaviest
+first, not the grid of the longest sequence's tiles for every sequence (:func:`ragged_grids`,
+which ``BACKWARD_TABLE_MIN_IDLE_CTAS`` can still choose).
+Every other problem passes ``Ranges`` (and ``Work``) :data:`UNUSED`, an empty tuple, which takes
+no bytes of the parameter space, so its machine code is what it was before ``Ranges`` existed (the
 forward's convention, ``tiledattention/kernels/forward/_launch.py``); a compile-only build passes a
 zero-byte constant instead (``cuda.tile.compilation`` takes no tuple).
 """
@@ -239,10 +239,10 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     the window shortens it) or than keep the float32 partials indexable with int32, no work
     order (dQ heavy first, tile-major grids) on a problem whose walks are all alike
     (``unequal_walks``), and no tile-major grid with more tiles than a grid's second
-    dimension takes. A ragged problem (``Problem.ragged``) runs one tile per CTA over grids of
-    the longest sequence's tiles (:func:`ragged_grids`): no splits (their partials and shares
-    of a walk assume every batch entry has the whole length) and no work orders (the heavy
-    tiles of each sequence lie at its own end, not the grid's). With ``dq_mode="atomic"``
+    dimension takes. A ragged problem (``Problem.ragged``) runs one tile per CTA: no splits
+    (their partials and shares of a walk assume every batch entry has the whole length) and
+    no work orders (the heavy tiles of each sequence lie at its own end, not the grid's: its
+    work tables order them, :func:`launch_ragged`). With ``dq_mode="atomic"``
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
     tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
     ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
@@ -611,8 +611,9 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     ``delta`` is scratch shaped like it (written here). Rows and keys outside every sequence
     are not written (zero-fill ``dq, dk, dv`` first where they must read as zeros).
 
-    Where a kernel's grid would launch many idle CTAs (``use_work_table``), a work table of
-    its tiles is built first on ``stream`` and the kernel runs one CTA per (item x head)."""
+    Each kernel walks a work table of its tiles, built first on ``stream`` (one CTA per item
+    x head, the heaviest first), unless ``BACKWARD_TABLE_MIN_IDLE_CTAS`` (``use_work_table``)
+    keeps it on its grid."""
     _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=None)
     sequences = int(ranges.shape[1])
     heads = (plan.problem.heads_q, plan.problem.heads_kv)
@@ -623,7 +624,7 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     for kernel, (tile, count, (longest, rows)) in enumerate(zip(plan.tiles, heads, walks)):
         items = work_items(sequences=sequences, longest=longest, rows=rows, tile=tile)
         if use_work_table(sequences=sequences, longest=longest, items=items, heads=count,
-                          tile=tile):
+                          tile=tile, backward=True):
             work[kernel] = make_work_table(stream, ranges, tile, items, keys=kernel == 1)
             launched[kernel] = (items * count, 1, 1)
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv,
