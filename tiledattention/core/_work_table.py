@@ -30,10 +30,11 @@ __all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CT
 #: idle CTAs (each costs ~10 ns of a forward on an H100: module docstring).
 TABLE_MIN_IDLE_CTAS = 8192
 #: The ragged backward's threshold: always. Its grids have no heavy-first order (the heavy
-#: tiles of each sequence lie at its own end), so the table's order pays even where no CTA
-#: would idle: on an H200, 19 packed batches, the tables ran 1.00-2.03x the grids' speed (a
-#: 9000-token causal sequence with two short ones, no idle CTA to speak of, 1.22x), 0.99x at
-#: worst (docs/records/benchmarks/varlen/issue50/README.md)
+#: tiles of each sequence lie at its own end), so the table's order pays even where few CTAs
+#: would idle: on an H200 over 19 packed batches the tables ran 1.10x and 1.25x the grids'
+#: speed on geometric mean (up to 2.03x; a 9000-token causal sequence with two short ones
+#: 1.21x), 0.98x at worst (GPU time; isolated calls 0.94x at worst, the tables' two launches:
+#: docs/records/benchmarks/varlen/issue50/README.md)
 BACKWARD_TABLE_MIN_IDLE_CTAS = 0
 #: the sequences one step of the table kernel compares, and the tiles one step writes
 CHUNK = 256
