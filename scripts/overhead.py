@@ -26,7 +26,11 @@ inductor, graph breaks, recompiles) and two references: a hand-captured CUDA gra
 make before each replay for inputs that are not static. Then torch.compile's own floor (``x * 2``
 and torch's SDPA, each eager and under reduce-overhead) and a decode attention block (query
 projection, attention over a static cache, output projection) eager and under reduce-overhead,
-with the op and with torch's SDPA. Logs (perf hints, cudagraphs,
+with the op and with torch's SDPA. Part 3 (``--layers L``, 0 to skip): a whole decode step of an
+L-layer model (each layer: query projection, attention over its static 4096-key cache, output
+projection, residual) eager, under reduce-overhead and as a hand-captured CUDA graph of the
+eager step, with the op, with torch's SDPA and with no attention (the projections alone):
+torch.compile's per-call floor is paid once a step, not once a layer. Logs (perf hints, cudagraphs,
 recompiles, graph breaks) and a cProfile of compiled calls go to DIR (default ``$OUT`` or a
 temporary directory). A failure of any compiled variant is reported in the table.
 
@@ -79,6 +83,23 @@ def interleaved(variants: dict[str, Callable[[], object]], calls: int, repeats: 
 
 def fmt(x: object) -> str:
     return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def captured(fn: Callable[[], object]) -> tuple[Callable[[], object], object]:
+    """A hand-captured CUDA graph of ``fn`` (warmed on a side stream): its replay, and the
+    output the capture holds."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph.replay, out
 
 
 # -- part 1 -------------------------------------------------------------------------------------
@@ -329,20 +350,10 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
                 rows.append((name, "failed", f"{type(exc).__name__}: {exc}"[:300]))
 
         try:  # a hand-captured CUDA graph of the op: no tree bookkeeping, no input copies
-            graph = torch.cuda.CUDAGraph()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    eager_fn(q_static, k_static, v_static)
-            torch.cuda.current_stream().wait_stream(side)
-            with torch.cuda.graph(graph):
-                captured = eager_fn(q_static, k_static, v_static)
-            graph.replay()
-            torch.cuda.synchronize()
-            notes["CUDA graph of the op, replayed"] = ("" if torch.equal(captured, reference)
+            replay, held = captured(lambda: eager_fn(q_static, k_static, v_static))
+            notes["CUDA graph of the op, replayed"] = ("" if torch.equal(held, reference)
                                                        else "RESULT DIFFERS from eager")
-            variants["CUDA graph of the op, replayed"] = graph.replay
+            variants["CUDA graph of the op, replayed"] = replay
         except Exception as exc:
             traceback.print_exc()
             rows.append(("CUDA graph of the op, replayed", "failed",
@@ -396,6 +407,91 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
     return rows
 
 
+# -- part 3 -------------------------------------------------------------------------------------
+def model_step_overhead(calls: int, repeats: int, layers: int) -> Rows:
+    import tiledattention.integrations as ti
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    hidden = 32 * 128
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen) * scale
+    caches = [(rand(1, 8, 4096, 128), rand(1, 8, 4096, 128)) for _ in range(layers)]
+    weights = [(rand(hidden, hidden, scale=hidden ** -0.5),
+                rand(hidden, hidden, scale=hidden ** -0.5)) for _ in range(layers)]
+    h = rand(1, 1, hidden)
+
+    def torch_sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    def step(h, attend):  # the caches and weights are closed over: static addresses
+        for (k, v), (w_q, w_o) in zip(caches, weights):
+            out = attend((h @ w_q).view(1, 1, 32, 128).transpose(1, 2), k, v)
+            h = h + out.transpose(1, 2).reshape(1, 1, hidden) @ w_o
+        return h
+
+    def step_ours(h):
+        return step(h, ti.attention)
+
+    def step_torch(h):
+        return step(h, torch_sdpa)
+
+    def step_none(h):  # the projections alone (attention's output: its query)
+        return step(h, lambda q, k, v: q)
+
+    rows: Rows = [(f"**decode step of a {layers}-layer model** (per layer: query projection, "
+                   "attention over a static B1 Hq32/Hkv8 4096-key D128 bf16 cache, output "
+                   "projection, residual)", "", "")]
+    variants: dict[str, Callable[[], object]] = {}
+    notes: dict[str, str] = {}
+    with torch.no_grad():
+        for label, fn in (("tiledattention (integrations.attention)", step_ours),
+                          ("torch SDPA", step_torch), ("no attention", step_none)):
+            reference = fn(h)
+            variants[f"step eager: {label}"] = (lambda fn: lambda: fn(h))(fn)
+            name = f"step reduce-overhead: {label}"
+            try:
+                from torch._dynamo.utils import counters
+
+                skips = counters["inductor"]["cudagraph_skips"]
+                breaks = sum(counters["graph_break"].values())
+                run = torch.compile(fn, mode="reduce-overhead")
+                for _ in range(10):  # cudagraph trees: warm-up, record, then replays
+                    result = run(h)
+                torch.cuda.synchronize()
+                with ReplayCounter() as replays:
+                    for _ in range(20):
+                        run(h)
+                    torch.cuda.synchronize()
+                err = ((result.float() - reference.float()).norm() / reference.float().norm())
+                notes[name] = (f"rel. L2 vs eager {err.item():.1e}, graph replays per call "
+                               f"{replays.count / 20:.2f}, cudagraph skips "
+                               f"+{counters['inductor']['cudagraph_skips'] - skips}, graph "
+                               f"breaks +{sum(counters['graph_break'].values()) - breaks}")
+                variants[name] = (lambda run: lambda: run(h))(run)
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append((name, "failed", f"{type(exc).__name__}: {exc}"[:300]))
+            name = f"step CUDA graph, replayed: {label}"
+            try:
+                variants[name] = captured(lambda fn=fn: fn(h))[0]
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append((name, "failed", f"{type(exc).__name__}: {exc}"[:300]))
+        times = interleaved(variants, calls, repeats)
+    for name, us in times.items():
+        label = name.split(": ", 1)[1]
+        eager, graph = (times.get(f"step eager: {label}"),
+                        times.get(f"step CUDA graph, replayed: {label}"))
+        note = notes.get(name, "")
+        if "eager" not in name and eager:
+            note = f"{us / eager:.2f}x eager" + (f", {us / graph:.2f}x the graph"
+                                                  if graph and "graph" not in name else "") + (
+                f"; {note}" if note else "")
+        rows.append((name, us, note))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or tempfile.mkdtemp(),
@@ -403,12 +499,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-compile", action="store_true")
+    parser.add_argument("--layers", type=int, default=16,
+                        help="layers of the model whose decode step part 3 times (0: skip)")
+    parser.add_argument("--only-model", action="store_true", help="part 3 alone")
     args = parser.parse_args(argv)
     require_gpu()
     os.makedirs(args.out, exist_ok=True)
     started = time.perf_counter()
-    rows = forward_overhead(args.calls, args.repeats)
-    if not args.skip_compile:
+    rows = [] if args.only_model else forward_overhead(args.calls, args.repeats)
+    if args.layers and not args.skip_compile:
+        try:
+            rows += model_step_overhead(max(10, args.calls // 20), args.repeats, args.layers)
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(("model step part", "failed", f"{type(exc).__name__}: {exc}"[:300]))
+    if not args.skip_compile and not args.only_model:
         try:
             rows += compile_overhead(args.calls, max(3, args.repeats - 2), args.out)
         except Exception as exc:
