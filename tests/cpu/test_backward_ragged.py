@@ -323,6 +323,34 @@ def test_a_ragged_backward_walks_work_tables(monkeypatch, least):
         assert [f[4] for f in fills] == [kernel == 1 for kernel in (0, 1) if tables[kernel]]
 
 
+def test_more_sequences_than_a_grid_dimension_holds_walk_tables(monkeypatch):
+    """Sequences x heads past a grid's second dimension: a kernel walks a table whatever the
+    threshold (its grid would not launch; the grids themselves are refused), the other kernel
+    keeps a grid that fits (4200 sequences x 4 K/V heads)."""
+    import cuda.tile
+    import torch
+
+    from tiledattention.core import _work_table
+
+    monkeypatch.setattr(_work_table, "BACKWARD_TABLE_MIN_IDLE_CTAS", 1 << 62)
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    lens = [3, 17] * 2100  # 4200 sequences x 16 query heads > 65535
+    problem = _problem(hq=16, hkv=4, d=64, sq=32, sk=32, batch=4096)
+    s = BackwardSchedule(dq_tile_m=64, dkdv_tile_n=64)
+    with pytest.raises(UnsupportedProblemError, match="second dimension"):
+        ragged_grids(problem, s, len(lens), 17, 17)
+    tokens = sum(lens)
+    q = torch.empty(1, 16, tokens, 64, dtype=torch.bfloat16)
+    k = torch.empty(1, 4, tokens, 64, dtype=torch.bfloat16)
+    ends = torch.tensor([0] + lens).cumsum(0)
+    ranges = torch.stack((ends[:-1], ends[1:], ends[:-1], ends[1:])).to(torch.int32)
+    launch_ragged("stream", launches(problem, s, 0.1), q, k, k, q, q, None, None, q, k, k,
+                  ranges, 17, 17, packed=True)
+    grids = [grid for _, grid, _, _ in calls if len(grid) == 3]
+    assert grids == [(len(lens) * 16, 1, 1), (1, len(lens) * 4, 1)]  # one tile a sequence
+
+
 # -- the family ----------------------------------------------------------------------------------
 def test_family_backward_launches_a_ragged_call_with_its_layout(monkeypatch):
     """``Family.backward(..., ragged=layout)`` hands the layout's ranges, longest counts and

@@ -217,6 +217,26 @@ def test_a_skewed_batch_walks_a_table_and_an_even_one_its_grid(launches):
     assert TABLE_MIN_IDLE_CTAS > 0
 
 
+def test_more_sequences_than_a_grid_dimension_holds_walk_a_table(launches, monkeypatch):
+    """Sequences x heads past a grid's second dimension (65535): the launch walks a table
+    whatever the threshold, an even batch of short sequences included."""
+    import tiledattention.core._work_table as work_table
+    from tiledattention.kernels.forward._launch import launch_ragged
+
+    monkeypatch.setattr(work_table, "TABLE_MIN_IDLE_CTAS", 1 << 62)
+    lens = [20] * 4097  # x 16 query heads: 65552 CTAs
+    tokens = sum(lens)
+    q = torch.empty(1, 16, tokens, 64, dtype=torch.bfloat16)
+    k = torch.empty(1, 4, tokens, 64, dtype=torch.bfloat16)
+    problem = _ragged(batch=4096, heads_q=16, heads_kv=4, seqlen_q=32, seqlen_k=32, head_dim=64)
+    launch_ragged(None, q, k, k, q, _ranges_of(lens), problem, Schedule(tile_m=64, tile_n=64),
+                  0.1, max(lens), packed=True)
+    _, grid, _, _ = launches.pop()
+    assert grid == (len(lens) * 16, 1, 1)
+    _, table_grid, _, _ = launches.pop()
+    assert table_grid == (len(lens) + 1,) and not launches
+
+
 def test_a_prepared_ragged_launch_takes_each_calls_own_arrays(launches):
     """The ragged launch is prepared once per problem, schedule and counts (cached), and every
     call launches with its own arrays in their parameters' places: a second call with other

@@ -364,6 +364,18 @@ def test_gradients_in_both_launch_modes(launch_mode, is_causal):
     check_grads(LENGTHS, LENGTHS, window=(63, 0), is_causal=False, hq=7, hkv=1, d=96)
 
 
+def test_more_sequences_than_a_grid_dimension_holds():
+    """4100 short sequences, each followed by a NaN poison one, x 16 query heads: past a grid's
+    second dimension (65535), so the forward's and the backward's dQ launches walk tables (the
+    dK/dV grid of 8200 x 4 K/V heads fits): output and gradients against the reference."""
+    gen = torch.Generator().manual_seed(5)
+    lens = torch.randint(0, 40, (4100,), generator=gen).tolist()
+    q, k, v, cu_q, cu_k, real = packed_batch(lens, lens, hq=16, hkv=4, d=64, seed=6)
+    assert (cu_q.shape[0] - 1) * 16 > 65535
+    check(q, k, v, cu_q, cu_k, real, is_causal=True)
+    check_grads(lens, lens, is_causal=True, hq=16, hkv=4, d=64)
+
+
 def test_the_eager_route_and_the_custom_op_agree_bitwise():
     """Eager calls go through an autograd Function (entry_points/_varlen.py) instead of
     tiledattention::varlen_fwd / varlen_bwd; both run the same kernels on the same plan."""

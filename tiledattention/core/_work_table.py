@@ -24,7 +24,7 @@ from ._lazy import lazy_module
 ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CTAS",
-           "BACKWARD_TABLE_MIN_IDLE_CTAS", "CHUNK"]
+           "BACKWARD_TABLE_MIN_IDLE_CTAS", "GRID_Y_LIMIT", "CHUNK"]
 
 #: A ragged forward walks a work table when the plain grid would launch at least this many
 #: idle CTAs (each costs ~10 ns of a forward on an H100: module docstring).
@@ -36,6 +36,9 @@ TABLE_MIN_IDLE_CTAS = 8192
 #: 1.21x), 0.98x at worst (GPU time; isolated calls 0.94x at worst, the tables' two launches:
 #: docs/records/benchmarks/varlen/issue50/README.md)
 BACKWARD_TABLE_MIN_IDLE_CTAS = 0
+#: CUDA's limit on a grid's second dimension, where a ragged grid puts sequences x heads: a
+#: launch past it walks a table (a 1-D grid holds 2^31 - 1 CTAs)
+GRID_Y_LIMIT = 65535
 #: the sequences one step of the table kernel compares, and the tiles one step writes
 CHUNK = 256
 
@@ -53,7 +56,10 @@ def use_work_table(*, sequences: int, longest: int, items: int, heads: int, tile
                    backward: bool = False) -> bool:
     """Whether a table of ``items`` leaves at least :data:`TABLE_MIN_IDLE_CTAS` (``backward``:
     :data:`BACKWARD_TABLE_MIN_IDLE_CTAS`) of the plain grid's CTAs (the longest sequence's
-    tiles for every sequence x head) unlaunched."""
+    tiles for every sequence x head) unlaunched, or the plain grid would not fit
+    (:data:`GRID_Y_LIMIT`)."""
+    if sequences * heads > GRID_Y_LIMIT:
+        return True
     grid = sequences * -(-int(longest) // tile)
     least = BACKWARD_TABLE_MIN_IDLE_CTAS if backward else TABLE_MIN_IDLE_CTAS
     return (grid - items) * heads >= least

@@ -47,6 +47,7 @@ from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP
 from ..core._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
                             ragged_problem)
 from ..core._runtime import Runtime, runtime
+from ..core._work_table import GRID_Y_LIMIT
 from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
                       UnsupportedProblemError)
 from ._autograd import eager
@@ -57,8 +58,6 @@ __all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
 
 FWD_OP_NAME = "tiledattention::varlen_fwd"
 BWD_OP_NAME = "tiledattention::varlen_bwd"
-#: the most CTAs a grid's second dimension holds (the ragged grids put sequences x heads there)
-GRID_LIMIT = 65535
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -139,10 +138,12 @@ def _check_scale(scale: Any) -> None:
 
 
 def _check_grid(sequences: int, heads_q: int) -> None:
-    """The kernels' grids hold sequences x query heads in a dimension of at most 65535."""
-    if sequences * heads_q > GRID_LIMIT:
+    """A padded ragged call's grids (``ranges=``: the forward's, or the split-KV decode
+    kernels') hold sequences x query heads in a dimension of at most ``GRID_Y_LIMIT``. (A
+    packed call has no such limit: past it its launches walk work tables.)"""
+    if sequences * heads_q > GRID_Y_LIMIT:
         raise UnsupportedProblemError(
-            f"a ragged batch holds at most {GRID_LIMIT} sequences x query heads; got "
+            f"a padded ragged batch holds at most {GRID_Y_LIMIT} sequences x query heads; got "
             f"{sequences} x {heads_q}: split the batch")
 
 
@@ -162,7 +163,6 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, sca
     left, right, _ = variant_args(window, None)
     _check_scale(scale)
     sequences = cu_seq_q.shape[0] - 1
-    _check_grid(sequences, query.shape[1])
     problem = ragged_problem(sequences=sequences, tokens_q=query.shape[0], longest_q=longest_q,
                              longest_k=longest_k, heads_q=query.shape[1],
                              heads_kv=key.shape[1], head_dim=query.shape[2], dtype=dtype,

@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
-from ...core._work_table import make_work_table, use_work_table, work_items
+from ...core._work_table import GRID_Y_LIMIT, make_work_table, use_work_table, work_items
 from ...core._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_shape
 from ...errors import KernelArgumentError, UnsupportedProblemError
 from ._schedule import SPLITS, BackwardSchedule
@@ -131,8 +131,6 @@ SUM_TILE = 64
 #: dQ-scale and sum kernels ran 1-14% and 13-84% slower at 128
 #: (docs/records/probes/delta_kernel.py; docs/records/benchmarks/backward/softcap.md)
 DELTA_TILE = 128
-#: CUDA's limit on a grid's second dimension, where tile-major grids put the tiles
-GRID_Y_LIMIT = 65535
 
 
 def _pow2_floor(n: int) -> int:
@@ -471,10 +469,9 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         scale=float(scale))
 
 
-def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences: int,
-                  longest_q: int, longest_k: int) -> tuple[tuple[int, int, int],
-                                                           tuple[int, int, int]]:
-    """:func:`ragged_grids` of the normalised ``tiles`` (dq_tile_m, dkdv_tile_n)."""
+def _counts(sequences: int, longest_q: int, longest_k: int) -> tuple[int, int, int]:
+    """A ragged call's counts as ints; :class:`KernelArgumentError` for any that is not an
+    int >= 0."""
     counts = []
     for name, value in (("sequences", sequences), ("longest_q", longest_q),
                         ("longest_k", longest_k)):
@@ -485,14 +482,25 @@ def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences
         if isinstance(value, bool) or count < 0:
             raise KernelArgumentError(f"{name} must be an int >= 0; got {value!r}")
         counts.append(count)
-    sequences, longest_q, longest_k = counts
+    return counts[0], counts[1], counts[2]
+
+
+def _ragged_grid(tile: int, heads: int, sequences: int, longest: int) -> tuple[int, int, int]:
+    """One kernel's grid of a ragged call: ``longest``'s tiles for every (sequence x head)."""
+    return (max(1, -(-longest // tile)), max(sequences, 1) * heads, 1)
+
+
+def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences: int,
+                  longest_q: int, longest_k: int) -> tuple[tuple[int, int, int],
+                                                           tuple[int, int, int]]:
+    """:func:`ragged_grids` of the normalised ``tiles`` (dq_tile_m, dkdv_tile_n)."""
+    sequences, longest_q, longest_k = _counts(sequences, longest_q, longest_k)
     if max(sequences, 1) * max(heads_q, heads_kv) > GRID_Y_LIMIT:
         raise UnsupportedProblemError(
             f"a ragged batch of {sequences} sequences x {max(heads_q, heads_kv)} heads exceeds "
             f"a grid's second dimension ({GRID_Y_LIMIT} CTAs)")
-    sequences = max(sequences, 1)
-    return ((max(1, -(-longest_q // tiles[0])), sequences * heads_q, 1),
-            (max(1, -(-longest_k // tiles[1])), sequences * heads_kv, 1))
+    return (_ragged_grid(tiles[0], heads_q, sequences, longest_q),
+            _ragged_grid(tiles[1], heads_kv, sequences, longest_k))
 
 
 def ragged_grids(problem: Problem, schedule: BackwardSchedule, sequences: int, longest_q: int,
@@ -502,7 +510,7 @@ def ragged_grids(problem: Problem, schedule: BackwardSchedule, sequences: int, l
     query count) for every (sequence x query head), and its key tiles (``longest_k``) for every
     (sequence x K/V head), one tile a CTA; a CTA past its own sequence's end does nothing.
     Raises :class:`UnsupportedProblemError` where sequences x heads exceed a grid's second
-    dimension."""
+    dimension (:func:`launch_ragged` then walks work tables)."""
     s = normalise(problem, schedule)
     return _ragged_grids((s.dq_tile_m, s.dkdv_tile_n), problem.heads_q, problem.heads_kv,
                          sequences, longest_q, longest_k)
@@ -615,18 +623,19 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     x head, the heaviest first), unless ``BACKWARD_TABLE_MIN_IDLE_CTAS`` (``use_work_table``)
     keeps it on its grid."""
     _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=None)
-    sequences = int(ranges.shape[1])
+    sequences, longest_q, longest_k = _counts(int(ranges.shape[1]), longest_q, longest_k)
     heads = (plan.problem.heads_q, plan.problem.heads_kv)
-    grids = _ragged_grids(plan.tiles, *heads, sequences, longest_q, longest_k)
     per_entry = 1 if packed else sequences
     walks = ((longest_q, q.shape[2] * per_entry), (longest_k, k.shape[2] * per_entry))
-    work, launched = [None, None], list(grids)
+    work, launched = [None, None], [None, None]
     for kernel, (tile, count, (longest, rows)) in enumerate(zip(plan.tiles, heads, walks)):
         items = work_items(sequences=sequences, longest=longest, rows=rows, tile=tile)
         if use_work_table(sequences=sequences, longest=longest, items=items, heads=count,
-                          tile=tile, backward=True):
+                          tile=tile, backward=True):  # always where the grid would not fit
             work[kernel] = make_work_table(stream, ranges, tile, items, keys=kernel == 1)
             launched[kernel] = (items * count, 1, 1)
+        else:
+            launched[kernel] = _ragged_grid(tile, count, sequences, longest)
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv,
                                      ranges, packed=packed, work=tuple(work))
     _aot.launch(stream, launched[0], plan.dq, dq_args)

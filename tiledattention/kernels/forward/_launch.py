@@ -478,8 +478,9 @@ def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences:
     them. Cached: a training loop launches the same few every step.
 
     Where the grid of the longest sequence's tiles would launch many idle CTAs (skewed lengths,
-    ``_work_table``), the launch walks a work table instead: one CTA per (query tile a sequence
-    has x head), the heaviest sequences first."""
+    ``_work_table``) or not fit (sequences x heads past a grid's second dimension), the launch
+    walks a work table instead: one CTA per (query tile a sequence has x head), the heaviest
+    sequences first."""
     schedule = normalise(problem, schedule)
     items = work_items(sequences=sequences, longest=longest_q, rows=rows, tile=schedule.tile_m)
     table = use_work_table(sequences=sequences, longest=longest_q, items=items,
