@@ -139,6 +139,18 @@ def _window(window_left, window_right, far, CAUSAL):
     return left, right
 
 
+def _work_item(Work, heads):
+    """``(tile, sequence, head, alive)`` of the CTA's (work item x head) on a 1-D grid over a
+    work table (``Work``, int32 ``[2, items]``: sequences, -1 for none, and tiles); an item
+    that names no sequence is ``alive`` 0, with sequence 0 and tile 0."""
+    item = ct.bid(0) // heads
+    head = ct.bid(0) % heads
+    seq = ct.gather(Work, (0, item))
+    alive = min(seq + 1, 1)
+    sequence = max(seq, 0)
+    return ct.gather(Work, (1, item)) * alive, sequence, head, alive
+
+
 # -- dQ (and delta) ------------------------------------------------------------------------------
 @ct.kernel
 def attention_bwd_dq(
@@ -176,12 +188,7 @@ def attention_bwd_dq(
     ``WORK_TABLE`` that names no sequence)."""
     alive = 1  # 0: a work item past the table's last tile
     if WORK_TABLE:
-        item = ct.bid(0) // heads_q
-        head = ct.bid(0) % heads_q
-        seq = ct.gather(Work, (0, item))
-        alive = min(seq + 1, 1)
-        batch = max(seq, 0)
-        q_tile = ct.gather(Work, (1, item)) * alive
+        q_tile, batch, head, alive = _work_item(Work, heads_q)
     else:
         if TILE_MAJOR:
             q_tile = ct.bid(1)
@@ -340,12 +347,7 @@ def attention_bwd_dkdv(
     walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
     alive = 1  # 0: a work item past the table's last tile
     if WORK_TABLE:
-        item = ct.bid(0) // heads_kv
-        kv_head = ct.bid(0) % heads_kv
-        seq = ct.gather(Work, (0, item))
-        alive = min(seq + 1, 1)
-        batch = max(seq, 0)
-        kv_tile = ct.gather(Work, (1, item)) * alive
+        kv_tile, batch, kv_head, alive = _work_item(Work, heads_kv)
         split = 0
     else:
         if TILE_MAJOR:
