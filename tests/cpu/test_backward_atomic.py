@@ -110,15 +110,15 @@ def test_one_pass_launches_and_scratch():
 
 def test_the_accumulator_follows_ranges_and_is_given_exactly_for_one_pass_plans():
     names = DKDV_PARAMETERS.names
-    assert names.index(DQ_ACCUM) == names.index(RANGES) + 1
+    assert names.index(DQ_ACCUM) == names.index(RANGES) + 2  # after Work
     one_pass, two_kernel = (launches(GQA, s, 0.125) for s in (ONE_PASS, BackwardSchedule()))
     arrays = tuple(f"a{i}" for i in range(10))
     _, dkdv = kernel_args(one_pass, *arrays, dq_accum="ACC")
     at = 8 + one_pass.ranges_at
-    assert dkdv[at:at + 2] == ((), "ACC")
-    assert dkdv[at + 2:] == one_pass.dkdv_scalars[one_pass.ranges_at:]
+    assert dkdv[at:at + 3] == ((), (), "ACC")
+    assert dkdv[at + 3:] == one_pass.dkdv_scalars[one_pass.ranges_at:]
     _, dkdv = kernel_args(two_kernel, *arrays)
-    assert dkdv[at:at + 2] == ((), ())  # zero-byte placeholders: the code of before
+    assert dkdv[at:at + 3] == ((), (), ())  # zero-byte placeholders: the code of before
     with pytest.raises(KernelArgumentError, match="dq_accum must be given"):
         kernel_args(one_pass, *arrays)
     with pytest.raises(KernelArgumentError, match="dq_accum must be given"):

@@ -50,12 +50,13 @@ the sequence axis; the grid's batch index is a sequence's, and every array is cu
 key range (K, V, dK, dV), so that lengths, masks, the bottom-right alignment and windows are the
 sequence's own. A CTA whose tile starts at or past its sequence's end writes nothing (the dK/dV
 kernel skips the tile whole; the dQ kernel walks no key tile and skips its stores, since a
-branch around its walk does not compile for sm_100). With ``WORK_TABLE`` (skewed lengths) the grid is
-1-D over (work item x head) instead of the longest sequence's tiles for every sequence:
-``Work`` lists only the tiles the sequences have, heaviest first (query tiles for the dQ
-kernel, key tiles for the dK/dV kernel; ``tiledattention.core._work_table``). With ``PACKED`` the sequences lie end to
-end in batch entry 0 (``[1, H, tokens, D]`` views of ``[tokens, H, D]`` tensors); else each is a
-batch entry of its own (a padded batch). Rows and keys outside every sequence are never written.
+branch around its walk does not compile for sm_100). With ``WORK_TABLE`` (what a ragged call
+launches) the grid is 1-D over (work item x head) instead of the longest sequence's tiles for
+every sequence: ``Work`` lists only the tiles the sequences have, heaviest first (query tiles
+for the dQ kernel, key tiles for the dK/dV kernel; ``tiledattention.core._work_table``). With
+``PACKED`` the sequences lie end to end in batch entry 0 (``[1, H, tokens, D]`` views of
+``[tokens, H, D]`` tensors); else each is a batch entry of its own (a padded batch). Rows and
+keys outside every sequence are never written.
 
 Masking is the forward's: keys at or past ``S_k`` never count; with ``CAUSAL`` query row ``i``
 sees keys ``0..i + offset`` (offset 0, or ``S_k - S_q`` with ``BOTTOM_RIGHT``). With ``WINDOW``
