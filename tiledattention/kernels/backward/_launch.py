@@ -102,8 +102,8 @@ VARIANT_VALUES = ("window_left", "window_right", "softcap")
 #: their last launch-time value: a ragged call's int32 [4, sequences] ranges
 #: (:func:`launch_ragged`), else :data:`UNUSED`
 RANGES = "Ranges"
-#: right after it: a skewed ragged call's int32 [2, items] work table (``WORK_TABLE``), else
-#: :data:`UNUSED`
+#: right after it: a ragged call's int32 [2, items] work table of the kernel's tiles
+#: (``WORK_TABLE``), else :data:`UNUSED`
 WORK = "Work"
 #: what an unread variant value receives (each of them for a problem without variants, and
 #: ``Ranges`` outside a ragged call): an empty tuple, which takes no bytes of the parameter
