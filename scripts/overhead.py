@@ -410,6 +410,7 @@ def compile_overhead(calls: int, repeats: int, out_dir: str) -> Rows:
 # -- part 3 -------------------------------------------------------------------------------------
 def model_step_overhead(calls: int, repeats: int, layers: int) -> Rows:
     import tiledattention.integrations as ti
+    from torch._dynamo.utils import counters
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     hidden = 32 * 128
@@ -451,8 +452,6 @@ def model_step_overhead(calls: int, repeats: int, layers: int) -> Rows:
             variants[f"step eager: {label}"] = (lambda fn: lambda: fn(h))(fn)
             name = f"step reduce-overhead: {label}"
             try:
-                from torch._dynamo.utils import counters
-
                 skips = counters["inductor"]["cudagraph_skips"]
                 breaks = sum(counters["graph_break"].values())
                 run = torch.compile(fn, mode="reduce-overhead")
