@@ -56,6 +56,15 @@ class _Ranges:
 _ARRAYS = tuple(object() for _ in range(10))  # q, k, v, out, dO, lse, delta, dq, dk, dv
 
 
+def _packed_ranges(lens):
+    """The int32 ``[4, sequences]`` ranges (CPU) of self-attention sequences packed end to
+    end."""
+    import torch
+
+    ends = torch.tensor([0] + lens).cumsum(0)
+    return torch.stack((ends[:-1], ends[1:], ends[:-1], ends[1:])).to(torch.int32)
+
+
 # -- compile-only builds (the variants' tests' builder and cache) --------------------------------
 @pytest.mark.parametrize("arch", ARCHES)
 def test_ragged_problem_compiles_both_kernels_for_each_architecture(arch):
@@ -304,8 +313,7 @@ def test_a_ragged_backward_walks_work_tables(monkeypatch, least):
         tokens = sum(lens)
         q = torch.empty(1, 28, tokens, 128, dtype=torch.bfloat16)
         k = torch.empty(1, 4, tokens, 128, dtype=torch.bfloat16)
-        ends = torch.tensor([0] + lens).cumsum(0)
-        ranges = torch.stack((ends[:-1], ends[1:], ends[:-1], ends[1:])).to(torch.int32)
+        ranges = _packed_ranges(lens)
         arrays = (q, k, k, q, q, None, None, q, k, k)
         launch_ragged("stream", plan, *arrays, ranges, max(lens), max(lens), packed=True)
         grids = [grid for _, grid, _, _ in calls if len(grid) == 3]
@@ -343,8 +351,7 @@ def test_more_sequences_than_a_grid_dimension_holds_walk_tables(monkeypatch):
     tokens = sum(lens)
     q = torch.empty(1, 16, tokens, 64, dtype=torch.bfloat16)
     k = torch.empty(1, 4, tokens, 64, dtype=torch.bfloat16)
-    ends = torch.tensor([0] + lens).cumsum(0)
-    ranges = torch.stack((ends[:-1], ends[1:], ends[:-1], ends[1:])).to(torch.int32)
+    ranges = _packed_ranges(lens)
     launch_ragged("stream", launches(problem, s, 0.1), q, k, k, q, q, None, None, q, k, k,
                   ranges, 17, 17, packed=True)
     grids = [grid for _, grid, _, _ in calls if len(grid) == 3]

@@ -298,11 +298,6 @@ class Family(abc.ABC):
         return (self.dtype_refusal(problem) or arch_dtype_refusal(arch, problem)
                 or self.why_taken(arch, problem))
 
-    def check_arch_dtype(self, arch: str, problem: Any) -> None:
-        """Raise an :class:`UnsupportedProblemError` with :func:`arch_dtype_refusal`'s reason
-        (the compile-only builds of an FP8 problem for an architecture without FP8)."""
-        check_arch_dtype(arch, problem)
-
     def pages_refusal(self, problem: Any) -> str | None:
         """Why this family cannot run ``problem``'s paged cache, or ``None``."""
         if getattr(problem, "page_size", 0) and not self.reads_pages:

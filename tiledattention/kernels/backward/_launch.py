@@ -559,6 +559,16 @@ def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
     that runs its grid. Raises :class:`KernelArgumentError` otherwise."""
     tables = tuple(w is not None for w in work)
     _check_call(plan, ranges, packed=packed, tables=tables, dq_accum=dq_accum)
+    return _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk, dv), ranges,
+                      packed=packed, dq_accum=dq_accum, work=work)
+
+
+def _arguments(plan: Launches, arrays: tuple, ranges: Any, *, packed: bool, dq_accum: Any,
+               work: tuple[Any, Any]) -> tuple[tuple, tuple]:
+    """:func:`kernel_args` of what :func:`_check_call` has accepted (``arrays``: ``q, k, v,
+    out, grad_out, lse, delta, dq, dk, dv``)."""
+    q, k, v, out, grad_out, lse, delta, dq, dk, dv = arrays
+    tables = tuple(w is not None for w in work)
     dq_scalars, dkdv_scalars = plan.dq_scalars, plan.dkdv_scalars
     if plan.problem.ragged:
         dq_scalars = plan.ragged_scalars[packed, tables[0]][0]
@@ -636,7 +646,7 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
             launched[kernel] = (items * count, 1, 1)
         else:
             launched[kernel] = _ragged_grid(tile, count, sequences, longest)
-    dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk, dv,
-                                     ranges, packed=packed, work=tuple(work))
+    dq_args, dkdv_args = _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk, dv),
+                                    ranges, packed=packed, dq_accum=None, work=tuple(work))
     _aot.launch(stream, launched[0], plan.dq, dq_args)
     _aot.launch(stream, launched[1], plan.dkdv, dkdv_args)

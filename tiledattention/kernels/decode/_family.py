@@ -9,7 +9,7 @@ from ...core import _plans as hot
 from ...core._call import Call
 from ...core._compile import CompileResult
 from ...core._case import AttentionCase, PagedCase, paged_flops
-from ...core._family import Family, register_family
+from ...core._family import Family, check_arch_dtype, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._problem import Problem
 from ...errors import UnsupportedProblemError
@@ -100,7 +100,7 @@ class DecodeFamily(Family):
 
     def default_schedule(self, arch: str, problem: Problem) -> DecodeSchedule:
         _check_ragged(problem)
-        self.check_arch_dtype(arch, problem)
+        check_arch_dtype(arch, problem)
         return default_decode_schedule(arch, problem)
 
     def normalise(self, problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
@@ -112,7 +112,7 @@ class DecodeFamily(Family):
 
     def compile(self, problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
         _check_ragged(problem)
-        self.check_arch_dtype(arch, problem)
+        check_arch_dtype(arch, problem)
         return compile_decode(problem, schedule, arch)
 
     def case(self, problem: Problem, device_index: int) -> DecodeCase | PagedDecodeCase:

@@ -12,7 +12,7 @@ from ...core._case import AttentionCase, RaggedCase, ragged_flops
 from ...core._call import Call
 from ...core._compile import CompileResult
 from ...core._dtypes import FP8_DTYPES, element, torch_dtype
-from ...core._family import Family, register_family
+from ...core._family import Family, check_arch_dtype, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._problem import Problem, default_scale, page_tile
 from ...core._work_table import compile_work_table
@@ -101,7 +101,7 @@ class ForwardFamily(Family):
     def fp8_refusal(self, problem: Problem) -> str | None:
         """Why this family cannot run ``problem``'s FP8 inputs, or ``None``: the FP8 kernel
         reads dense ``[B, H, S, D]`` arrays only (an architecture without FP8 is refused for
-        every family: ``Family.check_arch_dtype``)."""
+        every family: ``check_arch_dtype``)."""
         if problem.dtype in FP8_DTYPES and problem.ragged:
             return (f"FP8 attention runs dense [B, H, S, D] calls only (no packed, padded or "
                     f"paged sequences); got {problem.describe()}")
@@ -110,7 +110,7 @@ class ForwardFamily(Family):
     def check_fp8(self, arch: str, problem: Problem) -> None:
         """Raise an :class:`UnsupportedProblemError` where ``arch`` has no FP8 or the FP8
         kernel cannot run ``problem`` (:meth:`fp8_refusal`)."""
-        self.check_arch_dtype(arch, problem)
+        check_arch_dtype(arch, problem)
         why = self.fp8_refusal(problem)
         if why is not None:
             raise UnsupportedProblemError(why)
