@@ -19,6 +19,7 @@ _MIN_TILES_PER_SPLIT = 2
 _FULL = {
     "splits": _SPLITS,
     "combine": ("pdl", "kernel"),
+    "balanced": (False, True),
     "tile_n": (64, 128, 256),
     "tile_m": (16, 32, 64, 128),
     "occupancy": (1, 2),
@@ -33,6 +34,7 @@ _FULL = {
 # for S_q = 1 (docs/records/benchmarks/decode/README.md), the rest at the base schedule's values.
 _COMPACT = {
     "splits": _SPLITS,
+    "balanced": (False, True),
     "tile_n": (64, 128),
     "occupancy": (1, 2),
     "k_latency": (2, 4),
@@ -54,11 +56,14 @@ def infeasibility(arch: str, problem: Problem, schedule: DecodeSchedule) -> str 
 
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Split counts that leave every split at least two 64-key tiles; the combine strategy only
-    when there can be more than one split; query-row tiling only when S_q > 1."""
+    when there can be more than one split; balanced splits only for a ragged batch without a
+    window (its entries' lengths differ); query-row tiling only when S_q > 1."""
     choices = dict(space.choices)
     most = max(1, math.ceil(problem.seqlen_k / 64) // _MIN_TILES_PER_SPLIT)
     choices["splits"] = tuple(n for n in choices.get("splits", (1,)) if n <= most) or (1,)
     names = [n for n in ("combine",) if choices["splits"] == (1,)]
+    if choices["splits"] == (1,) or not problem.ragged or problem.windowed:
+        names.append("balanced")
     if problem.seqlen_q == 1:
         names.append("tile_m")
     restricted_space = SearchSpace(space.arch, choices, space.base, space.infeasibility)

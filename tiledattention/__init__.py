@@ -272,7 +272,9 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     ``seqused_k [B]``, each entry's valid keys. Entry ``b``'s queries are the last ``S_q``
     positions of its ``seqused_k[b]`` keys (a decode step, speculative tokens, a chunk of a
     prefill): ``causal=True`` masks them bottom-right, as do windows. ``max_k``: at least the
-    longest ``seqused_k`` (a hint for the lookup; default the block table's capacity).
+    longest ``seqused_k`` (a hint for the lookup, and the cache whose share each split takes
+    under a balanced schedule, ``DecodeSchedule.balanced``; default the block table's capacity:
+    pass it where the table is sized for caches much longer than the batch's).
 
     No page is gathered or copied, and nothing is read on the host: a step is capturable in a
     CUDA graph and replays with new lengths and block tables. Inference only (no autograd);

@@ -30,8 +30,8 @@ from tiledattention.core._compile import SM_COUNTS
 from tiledattention.kernels.decode._defaults import MIN_KEYS_PER_SPLIT
 from tiledattention.kernels.decode._kernel import decode_combine
 from tiledattention.kernels.decode._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS,
-                                                   combine_constants, combine_kernel, launches,
-                                                   split_constants, split_kernel)
+                                                   combine_constants, combine_kernel, key_walk,
+                                                   launches, split_constants, split_kernel)
 from tiledattention.kernels.decode._schedule import DECODE_SCHEDULE_FORMAT, MAX_SPLITS
 from tuner.cli import main
 
@@ -120,6 +120,10 @@ GQA = _problem()  # S_q = 1, group 4: every split-kernel dimension applies
 BASE = DecodeSchedule(tile_n=64)  # one split: one kernel per build
 ROWS = _problem(seqlen_q=16, causal=True, bottom_right=True)  # several query positions per tile
 
+#: a paged batch of ten caches (the family's case: mixed lengths up to 1000 keys)
+PAGED = Problem(batch=10, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=1000, head_dim=128,
+                dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=64)
+
 DIFFERENT = {
     "tile_n": (GQA, BASE, BASE.replace(tile_n=128)),
     "k_latency": (GQA, BASE, BASE.replace(k_latency=2)),
@@ -134,6 +138,8 @@ DIFFERENT = {
     # the split kernel signals its dependent launch with PDL
     "combine": (TOKEN, DECODE.default_schedule("sm_90", TOKEN),
                 DECODE.default_schedule("sm_90", TOKEN).replace(combine="pdl")),
+    # a paged batch's splits as long as its longest cache's
+    "balanced": (PAGED, DecodeSchedule(splits=4), DecodeSchedule(splits=4, balanced=True)),
 }
 
 
@@ -174,7 +180,7 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 
 
 # -- DecodeSchedule ------------------------------------------------------------------------------
-TOGGLED = DecodeSchedule(splits=16, combine="pdl", tile_n=256, tile_m=128, pack_heads=False,
+TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tile_n=256, tile_m=128, pack_heads=False,
                          occupancy=2, num_worker_warps=8, k_latency=3, v_latency=10,
                          k_transposed=True, exp2=False)
 
@@ -254,7 +260,7 @@ def test_describe():
     assert DecodeSchedule(splits=16, combine="pdl", tile_n=128, occupancy=2, k_latency=2,
                           v_latency=2).describe() == "split16/pdl n128 m16 occ2 lat(K2,V2)"
     assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
-    assert TOGGLED.describe() == "split16/pdl n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp"
+    assert TOGGLED.describe() == "split16/pdl/bal n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp"
     assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
 
 
@@ -321,7 +327,8 @@ def _random_schedules(rng: random.Random, count: int) -> list[DecodeSchedule]:
                                                                                    "pdl")),
                            tile_n=rng.choice((64, 128)), tile_m=rng.choice((16, 32, 64, 128)),
                            pack_heads=rng.random() < 0.5, occupancy=rng.choice((1, 2)),
-                           k_latency=rng.choice((None, 2)), k_transposed=rng.random() < 0.5)
+                           k_latency=rng.choice((None, 2)), k_transposed=rng.random() < 0.5,
+                           balanced=rng.random() < 0.5)
             for _ in range(count)]
 
 
@@ -343,7 +350,8 @@ def test_normalise_is_idempotent_and_keeps_what_the_kernels_see(problem):
         assert DECODE.normalise(problem, n) == n
         changed = {f.name for f in dataclasses.fields(s) if getattr(n, f.name) != getattr(s,
                                                                                     f.name)}
-        assert changed <= {"combine", "tile_m", "pack_heads"}
+        assert changed <= {"combine", "tile_m", "pack_heads", "balanced"}
+        assert not n.balanced  # none of these is a ragged batch
         if not changed:
             assert n is s
         changed_somewhere |= changed
@@ -603,8 +611,10 @@ def test_runtime_holds_at_most_max_resolutions_oldest_out(monkeypatch):
 # -- search space and a simulated search --------------------------------------------------------
 def test_compact_space_keeps_splits_of_two_key_tiles_at_least():
     space = search_spaces.space_for("decode", "sm_90", "compact")
-    assert set(space.choices) == {"splits", "tile_n", "occupancy", "k_latency"}
+    assert set(space.choices) == {"splits", "balanced", "tile_n", "occupancy", "k_latency"}
     restricted = search_spaces.DECODE_SPACE.restrict(space, _problem(seqlen_k=1024))
+    assert "balanced" not in restricted.choices  # one cache length: nothing to balance
+    assert search_spaces.DECODE_SPACE.restrict(space, PAGED).choices["balanced"] == (False, True)
     assert restricted.choices["splits"] == (1, 2, 3, 4, 6, 8)
     tiles = math.ceil(1024 / 64)
     assert all(tiles / n >= 2 for n in restricted.choices["splits"])
@@ -675,20 +685,20 @@ def test_simulated_search_stores_a_row_that_never_answers_a_lookup(tmp_path):
 # -- kernel arguments by name -------------------------------------------------------------------
 def test_launch_order_of_the_runtime_values_is_the_kernels():
     """``_launch.launch`` passes (Q, K, V, Out, Opart, Lse, scale, offset, kv_div, window_left,
-    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, *constants) and (Opart,
-    Lse, Out, Sinks, *constants) positionally: the kernels must take them so."""
-    assert SPLIT_PARAMETERS.names[:17] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
+    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, share_keys, *constants)
+    and (Opart, Lse, Out, Sinks, *constants) positionally: the kernels must take them so."""
+    assert SPLIT_PARAMETERS.names[:18] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
                                            "causal_offset", "kv_div", "window_left",
                                            "window_right", "softcap", "Sinks", "Ranges",
-                                           "Pages", "KDescale", "VDescale")
-    assert set(SPLIT_PARAMETERS.names[17:]) == SPLIT_PARAMETERS.constants
+                                           "Pages", "KDescale", "VDescale", "share_keys")
+    assert set(SPLIT_PARAMETERS.names[18:]) == SPLIT_PARAMETERS.constants
     assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "Sinks", "TILE_G", "TILE_S",
                                         "CHUNK_D", "UNROLL", "PDL", "SINKS")
     schedule = DecodeSchedule(splits=4, combine="pdl", k_latency=3)
     plan = launches(ODD, schedule, None)
     constants = split_constants(ODD, schedule)
     assert set(constants) == SPLIT_PARAMETERS.constants
-    assert dict(zip(SPLIT_PARAMETERS.names[17:], plan.split_constants)) == constants
+    assert dict(zip(SPLIT_PARAMETERS.names[18:], plan.split_constants)) == constants
     assert dict(zip(COMBINE_PARAMETERS.names[4:], plan.combine_constants)) == \
         combine_constants(ODD, schedule) == {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32,
                                              "UNROLL": 4, "PDL": True, "SINKS": False}
@@ -754,3 +764,57 @@ def test_the_default_packs_at_most_64_query_rows_a_tile(hq, hkv, sq, tile_m):
     assert schedule.tile_m == tile_m
     rows = layout(p, schedule).rows  # the splits are counted for the capped tile's CTAs
     assert schedule.splits == max(1, min(SM_COUNTS["hopper"] // rows, 4096 // MIN_KEYS_PER_SPLIT))
+
+
+# -- balanced splits (a ragged batch: caches of their own lengths) ------------------------------
+def test_balanced_splits_apply_to_a_ragged_batch_of_several_splits_without_a_window():
+    balanced = DecodeSchedule(splits=4, tile_n=128, balanced=True)
+    assert DECODE.normalise(PAGED, balanced) is balanced
+    assert DECODE.normalise(PAGED, balanced.replace(splits=1)) == DecodeSchedule(tile_n=128)
+    assert not DECODE.normalise(_problem(), balanced).balanced  # one cache length
+    windowed = dataclasses.replace(PAGED, window_left=255)
+    assert not DECODE.normalise(windowed, balanced).balanced
+    names = [n for n in SPLIT_PARAMETERS.names if n in SPLIT_PARAMETERS.constants]
+    plan = launches(PAGED, balanced, None)
+    assert plan.share_keys == 1000 and dict(zip(names, plan.split_constants))["BALANCED"]
+    plain = launches(PAGED, balanced.replace(balanced=False), None)
+    assert plain.share_keys == 0 and not dict(zip(names, plain.split_constants))["BALANCED"]
+    # a call's own window walks as before, whatever the schedule
+    assert launches(PAGED, balanced, None, window=(255, -1)).share_keys == 0
+    # an old stored row (no field) reads as proportional splits, and keeps its key
+    assert "balanced" not in DecodeSchedule(splits=4).to_dict()
+    assert DecodeSchedule.from_dict(DecodeSchedule(splits=4).to_dict()) == DecodeSchedule(
+        splits=4)
+
+
+def test_balanced_walk_gives_every_split_the_longest_caches_share():
+    plan = launches(PAGED, DecodeSchedule(splits=4, tile_n=128, balanced=True), None)
+    # 1000 keys: 8 tiles, 2 a split; a cache of 300 keys (3 tiles) fills two splits
+    assert key_walk(plan, 1, 300, 299) == [[(0, 2), (2, 3), (3, 3), (3, 3)]]
+    assert key_walk(plan, 1, 1000, 999) == [[(0, 2), (2, 4), (4, 6), (6, 8)]]
+    # a cache past the plan's longest takes its own share: every tile is walked
+    assert key_walk(plan, 1, 2000, 1999) == [[(0, 4), (4, 8), (8, 12), (12, 16)]]
+    proportional = launches(PAGED, DecodeSchedule(splits=4, tile_n=128), None)
+    assert key_walk(proportional, 1, 300, 299) == [[(0, 1), (1, 2), (2, 3), (3, 3)]]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_balanced_splits_compile(arch, exports):
+    result = DECODE.compile(PAGED, DecodeSchedule(splits=4, balanced=True), arch)
+    assert result.cubin[:4] == b"\x7fELF" and "/bal" in exports[0][2]
+
+
+def test_a_paged_batch_short_of_the_gpu_takes_more_splits():
+    from tiledattention.kernels.decode._defaults import FULL_GPU_OCCUPANCY, PAGED_SPLIT_FACTOR
+
+    # 20 x 4 rows: two splits by the rule (two CTAs an SM), times the factor
+    short = dataclasses.replace(PAGED, batch=20, heads_q=28, heads_kv=4, seqlen_k=10000)
+    d = DECODE.default_schedule("sm_90", short)
+    assert (d.splits, d.occupancy, d.balanced) == (2 * PAGED_SPLIT_FACTOR, FULL_GPU_OCCUPANCY,
+                                                   False)
+    # 160 rows fill the GPU with one split; a window and an FP8 cache keep their rules
+    assert DECODE.default_schedule("sm_90", dataclasses.replace(short, batch=40)).splits == 1
+    windowed = dataclasses.replace(short, window_left=4095)
+    assert DECODE.default_schedule("sm_90", windowed).splits < d.splits
+    # Ampere keeps one CTA an SM and the rule's splits
+    assert DECODE.default_schedule("sm_80", short).splits < d.splits

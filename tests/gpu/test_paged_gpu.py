@@ -237,3 +237,31 @@ def test_bad_arguments_are_refused_before_a_launch():
     with pytest.raises(ValueError, match="top_left"):
         tiledattention.paged_attention(q.expand(2, 4, 3, 64), k_pages, v_pages, table, seqused,
                                        causal="top_left")
+
+
+@pytest.mark.parametrize("hq, hkv, d, dtype, sq, page", [
+    (28, 4, 128, "bf16", 1, 64), (32, 1, 64, "fp16", 1, 16), (16, 4, 128, "bf16", 4, 32),
+    (12, 12, 256, "bf16", 1, 256)])
+def test_balanced_splits_match_the_reference_and_cover_caches_past_the_plans(hq, hkv, d, dtype,
+                                                                              sq, page):
+    """Balanced splits (``DecodeSchedule.balanced``: each split 1 / splits of the plan's longest
+    cache) on the family's paged case (caches of the longest, 3/4, 1/2 and 1/4 of it, NaN past
+    them), and with a plan whose longest cache is a fifth of the batch's: the longer caches
+    take their own share (a walk that stopped at the plan's share would leave keys out)."""
+    import dataclasses
+
+    from tiledattention import DECODE, DecodeSchedule, Problem
+    from tiledattention.kernels.decode._family import _case_launcher
+
+    tol = {"bf16": 1e-2, "fp16": 5e-3}[dtype]
+    problem = Problem(batch=7, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=5003,
+                      head_dim=d, dtype=dtype, causal=True, bottom_right=True, ragged=True,
+                      page_size=page)
+    case = DECODE.case(problem, 0)
+    for splits in (3, 8):
+        schedule = DecodeSchedule(splits=splits, tile_n=64, balanced=True)
+        assert case.error(case.launcher(schedule)) < tol, splits
+        short = dataclasses.replace(problem, seqlen_k=1000)
+        run = _case_launcher(short, schedule, case.q, case.k_pages, case.v_pages, case.out, 0,
+                             ranges=case.seqused, pages=case.table)
+        assert case.error(run) < tol, ("a plan of 1000 keys", splits)

@@ -147,7 +147,7 @@ def dkdv_window_query_tiles(first_key, last_key, offset, left, right, seqlen_q, 
     return first, full_from, full_to, end
 
 def decode_key_tiles(first_pos, seqlen_q, seqlen_k, offset, window_left, window_right, split,
-                    splits, TILE_S, TILE_N, WINDOW, CAUSAL):
+                    splits, TILE_S, TILE_N, WINDOW, CAUSAL, BALANCED=False, share_keys=0):
     """The decode split kernel's walk: ``(lo_shift, hi_shift, start, unmask_from, mask_from,
     stop)``. Query positions ``first_pos .. first_pos + TILE_S - 1`` (those ``< S_q``) see the
     key tiles ``[first, end)``; split ``split`` of ``splits`` walks its contiguous share
@@ -156,7 +156,9 @@ def decode_key_tiles(first_pos, seqlen_q, seqlen_k, offset, window_left, window_
     :data:`~.numbers.FAR`), and the tiles ``[unmask_from, mask_from)`` are seen whole by every
     real position; without it the tiles ``[start, mask_from)`` are (``unmask_from`` is then
     ``start``). The tiles after ``mask_from`` (and, with ``WINDOW``, before ``unmask_from``)
-    need the mask."""
+    need the mask. ``BALANCED`` (no ``WINDOW``): each share is ``1 / splits`` of the key tiles
+    of ``share_keys`` keys (a ragged batch's longest entry) where that is more than this row's
+    own share, so a shorter entry's later splits are empty and the splits stream alike."""
     # the keys this tile's rows can see: all, or up to the last real row's diagonal
     kv_end = seqlen_k
     mask_from_key = seqlen_k - seqlen_k % TILE_N  # key tiles from here on need the end mask
@@ -194,6 +196,8 @@ def decode_key_tiles(first_pos, seqlen_q, seqlen_k, offset, window_left, window_
             mask_from_key = max(min(mask_from_key, first_pos + offset + 1), 0)
         num_tiles = ct.cdiv(kv_end, TILE_N)
         per_split = ct.cdiv(num_tiles, splits)
+        if BALANCED:  # at least the row's own share: every tile is walked whatever the hint
+            per_split = max(ct.cdiv(ct.cdiv(share_keys, TILE_N), splits), per_split)
         start = min(split * per_split, num_tiles)
         stop = min(start + per_split, num_tiles)
         unmask_from = start

@@ -65,6 +65,7 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     runtime["KDescale"] = runtime["VDescale"] = (
         array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype
         else ctc.ConstantConstraint(0))
+    runtime["share_keys"] = ctc.ScalarConstraint(ct.int32)
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
                           SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),

@@ -11,7 +11,7 @@ from ._schedule import MAX_SPLITS, DecodeSchedule
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM", "FP8_SPLIT_FACTOR",
-           "FP8_MIN_KEYS_PER_SPLIT", "FP8_K_LATENCY"]
+           "FP8_MIN_KEYS_PER_SPLIT", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -56,6 +56,17 @@ SMALL_PAGE_WAVES = 2
 #: 1.11-1.14x on three other such batches (112-120 rows, pages of 32-128). (On a contiguous
 #: cache of one length, 96 rows, two splits ran 0.98x.)
 FULL_GPU_OCCUPANCY = 2
+#: A paged batch (no window, a 16-bit cache) whose rows do not fill the GPU takes this many
+#: times the splits above at two CTAs an SM. Its caches have lengths of their own, and a split
+#: of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
+#: 16-256, B 4-28, cache lengths cycling through 1, 3/4, 1/2 and 1/4 of the longest or drawn
+#: log-uniformly from 64 to it; docs/records/probes/paged_balance.py) 4x ran 1.02-1.21x the
+#: rule's splits on the first mix and 1.23-2.08x on the second; on six other batches (B 6-32,
+#: H_kv 1-8, pages of 16-256) 1.02-1.39x and 1.26-2.81x. (Balanced splits, every split as long,
+#: ``DecodeSchedule.balanced``, gained another 0.97-1.14x at 4x; they are left to the tuner:
+#: without ``max_k`` a call's longest cache is its block table's capacity, whose share would
+#: leave a batch of short caches one split an entry.)
+PAGED_SPLIT_FACTOR = 4
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
 #: ``FP8_K_LATENCY`` steps ahead and ``FP8_SPLIT_FACTOR`` times the rule's splits (at least that
@@ -97,7 +108,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8). Pages whose
     loads take 16 keys walk 64-key steps split for two waves (:data:`SMALL_PAGE_STEP`); a
     paged split that fills the GPU by itself runs two CTAs an SM (with larger pages, K loads
-    four steps ahead). An FP8 cache takes more splits at two CTAs an SM
+    four steps ahead); one that does not takes :data:`PAGED_SPLIT_FACTOR` times the splits at
+    two CTAs an SM. An FP8 cache takes more splits at two CTAs an SM
     (:data:`FP8_SPLIT_FACTOR`)."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
@@ -126,6 +138,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             k_latency = 4
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
+    if (problem.page_size and not problem.windowed and not problem.kv_dtype and two_ctas
+            and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):
+        wanted, occupancy = wanted * PAGED_SPLIT_FACTOR, FULL_GPU_OCCUPANCY
     if problem.kv_dtype and two_ctas and (problem.page_size or rows < waves * sms):
         splits = max(1, min(max(wanted, 1) * FP8_SPLIT_FACTOR, keys // FP8_MIN_KEYS_PER_SPLIT,
                             MAX_SPLITS))

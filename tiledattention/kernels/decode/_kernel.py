@@ -27,7 +27,11 @@ split. A row that sees no key returns zeros. ``RAGGED`` (a padded batch's per-en
 ``Ranges``): each batch entry's keys are cut out of K and V, its query rows in range are the last
 positions of those keys (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a
 paged cache): K and V are pools of pages and each entry's keys lie in the pages its row of the
-block table (``Pages``) names, one page lookup per page-sized load. ``KV_FP8`` (an FP8 cache):
+block table (``Pages``) names, one page lookup per page-sized load. ``BALANCED`` (a ragged
+batch without a window): every split takes ``1 / splits`` of the key tiles of ``share_keys``
+keys (the plan's longest cache; a longer entry takes its own share), so a shorter entry uses
+fewer of its splits (the rest store empty partials) and the CTAs stream alike instead of in
+proportion to their entry's length. ``KV_FP8`` (an FP8 cache):
 K and V are float8_e4m3fn, widened to the queries' dtype tile by tile, with k's descale factor
 in the score scale and v's on each split's normalised output. Every UPPER_CASE parameter is a
 compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
@@ -84,6 +88,8 @@ def decode_split(
     # int32 [B], the entries' key counts); else ()
     Pages,  # PAGED: int32 [B, max_pages] block table (K, V: page pools); else ()
     KDescale, VDescale,  # KV_FP8: float32 [B, H_kv] factors of the e4m3 K and V; else ()
+    share_keys: int,  # BALANCED: the batch's longest cache, whose 1 / splits is every split's
+    # share (a row's own share where that is more); else 0
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -103,6 +109,7 @@ def decode_split(
     # 0..Ranges[b] - 1 lie in its block table's pages, Pages[b]
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
+    BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -151,7 +158,7 @@ def decode_split(
     # hi_shift, and the tiles before unmask_from are masked too
     lo_shift, hi_shift, start, unmask_from, mask_from, stop = decode_key_tiles(
         first_pos, Q.shape[3], seqlen_k, causal_offset, window_left, window_right, split,
-        splits, TILE_S, TILE_N, WINDOW, CAUSAL)
+        splits, TILE_S, TILE_N, WINDOW, CAUSAL, BALANCED, share_keys)
     cap_in = 0.0
     cap_out = 0.0
     if SOFTCAP:

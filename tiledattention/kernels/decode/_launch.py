@@ -52,7 +52,8 @@ def _combine() -> ct.kernel:
 SPLIT_PARAMETERS = KernelParameters(
     _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
-     "window_right", "softcap", "Sinks", "Ranges", "Pages", "KDescale", "VDescale"))
+     "window_right", "softcap", "Sinks", "Ranges", "Pages", "KDescale", "VDescale",
+     "share_keys"))
 COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
@@ -154,7 +155,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     """``schedule`` with every field that cannot change the launches for ``problem`` at a
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
-    ``combine`` with one split, ``pack_heads`` when each K/V head has one query head,
+    ``combine`` with one split, ``balanced`` where there is one split, one cache length or a
+    window (whose walk is at most the window's), ``pack_heads`` when each K/V head has one query head,
     ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
     ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
     when nothing changes)."""
@@ -169,6 +171,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         schedule = schedule.replace(splits=most)
     if schedule.splits == 1 and schedule.combine != canonical.combine:
         changes["combine"] = canonical.combine
+    if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
+        changes["balanced"] = False  # one split, entries of one length, or a window's walk
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
         changes["pack_heads"] = canonical.pack_heads
     tiles = layout(problem, schedule)
@@ -194,6 +198,9 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
         "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
         "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
+        # (normalise drops it where it cannot apply; a call's own window walks as before)
+        "BALANCED": (schedule.balanced and problem.ragged and schedule.splits > 1
+                     and not variant.windowed),
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
@@ -267,6 +274,8 @@ class Launches(NamedTuple):
     variant: Variant  # its window and softcap are passed at launch; sinks: a Sinks array
     tile_n: int  # keys per step (key_walk mirrors the split kernel's walk with it)
     causal: bool  # the problem's causal mask (CAUSAL)
+    share_keys: int  # BALANCED: the problem's longest cache (each split's share is 1 / splits
+    # of it); else 0
 
 
 def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
@@ -288,7 +297,7 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
         combine_constants=COMBINE_PARAMETERS.constant_values(combine),
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
         tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
-        causal=problem.causal)
+        causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0)
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
@@ -311,7 +320,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
                 (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                  variant.window_left, variant.window_right, variant.softcap, sink_arg,
                  UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
-                 *(descales or (UNUSED, UNUSED)), *plan.split_constants))
+                 *(descales or (UNUSED, UNUSED)), plan.share_keys, *plan.split_constants))
     if plan.combine is not None:
         _aot.launch(stream, plan.combine_grid, plan.combine,
                     (opart, lse, out5, sink_arg, *plan.combine_constants),
@@ -353,6 +362,8 @@ def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int
                 kv_end = max(min(seqlen_k, last_pos + offset + 1), 0)
             first_tile, num_tiles = 0, -(-kv_end // t_n)
         per_split = -(-num_tiles // splits)
+        if plan.share_keys and not variant.windowed:  # balanced: the longest cache's share
+            per_split = max(-(-(-(-plan.share_keys // t_n)) // splits), per_split)
         walk = []
         for split in range(splits):
             start = first_tile + min(split * per_split, num_tiles)

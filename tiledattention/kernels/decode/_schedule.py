@@ -30,6 +30,10 @@ class DecodeSchedule(ScheduleValue):
         splits: key ranges per (batch, K/V head) processed by separate CTAs (1..256); 1 writes
             the output directly, with no partials and no combine step.
         combine: ``"kernel"`` or ``"pdl"`` (programmatic dependent launch) for the merge.
+        balanced: a ragged batch (per-entry cache lengths, a paged cache's) splits every
+            entry's keys into shares of one size, the longest entry's keys / ``splits``, so a
+            shorter cache takes fewer splits and every CTA streams as many keys (otherwise each
+            entry's keys are divided into ``splits`` shares of its own length).
     Tiles:
         tile_n: keys per inner-loop step (power of two, 16..256).
         tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
@@ -43,6 +47,7 @@ class DecodeSchedule(ScheduleValue):
 
     splits: int = 1
     combine: str = "kernel"
+    balanced: bool = False
     tile_n: int = 64
     tile_m: int = 16
     pack_heads: bool = True
@@ -55,6 +60,9 @@ class DecodeSchedule(ScheduleValue):
 
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
+    # a schedule without balanced splits keeps the dict (and key) it had before they existed
+    ADDED_FIELDS = ("balanced",)
+    OMITTED_AT_DEFAULT = ("balanced",)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -79,7 +87,8 @@ class DecodeSchedule(ScheduleValue):
 
     def describe(self) -> str:
         """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
-        parts = [f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else ""),
+        parts = [f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else "")
+                 + ("/bal" if self.balanced else ""),
                  f"n{self.tile_n}", f"m{self.tile_m}", f"occ{self.occupancy}"]
         if not self.pack_heads:
             parts.append("unpacked")

@@ -1,0 +1,85 @@
+"""Mixed-length paged decode (issue 49): proportional splits (each entry's keys divided into
+``splits`` shares of its own length) against balanced ones (``DecodeSchedule.balanced``: every
+share the longest entry's keys / ``splits``), at the default's split count and multiples of it,
+on two length mixes: the family's case (the longest, 3/4, 1/2, 1/4 of it, cycling) and lengths
+drawn log-uniformly from 64 to the longest (seeded). Interleaved,
+the L2 flushed before each sample; shares of the device copy rate (read + written, same run)
+on the valid K/V bytes read once.
+
+    source .devtk/setup.sh && python3 docs/records/probes/paged_balance.py [--new]
+
+``--new``: other batches (none of the first set's).
+"""
+
+import math
+import random
+import sys
+
+import tiledattention as ta
+from tiledattention.core import _case
+from tiledattention.kernels.decode import _defaults
+from tuner.measure import time_interleaved
+
+from paged_defaults import copy_rate, report
+
+# (batch, heads_q, heads_kv, longest cache, page size)
+POINTS = ((20, 28, 4, 10000, 64), (10, 32, 8, 20000, 256), (4, 32, 8, 32768, 16),
+          (28, 28, 4, 7000, 32), (16, 32, 8, 12000, 16))
+NEW_POINTS = ((6, 64, 8, 40000, 128), (14, 32, 8, 9000, 32), (12, 28, 4, 24000, 64),
+              (24, 32, 4, 5000, 256), (9, 32, 8, 17000, 16), (32, 32, 1, 8000, 64))
+
+
+def log_uniform(problem):
+    """``problem.batch`` lengths from 64 to the longest, log-uniform; one is the longest."""
+    rng = random.Random(problem.batch * 7919 + problem.seqlen_k)
+    top = problem.seqlen_k
+    out = [int(math.exp(rng.uniform(math.log(64), math.log(top)))) for _ in range(problem.batch)]
+    out[rng.randrange(problem.batch)] = top
+    return out
+
+
+MIXES = {"cycling": _case.paged_lengths, "log-uniform": log_uniform}
+
+
+def main():
+    copy_gbps = copy_rate()
+    original = _case.paged_lengths
+    for b, hq, hkv, sk, page in NEW_POINTS if "--new" in sys.argv else POINTS:
+        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
+                       dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
+        d = ta.DECODE.default_schedule("sm_90", p)
+        for mix, lengths in MIXES.items():
+            _case.paged_lengths = lengths
+            case = ta.DECODE.case(p, 0)
+            if "--new" in sys.argv:  # the default against the rule before PAGED_SPLIT_FACTOR
+                factor, _defaults.PAGED_SPLIT_FACTOR = _defaults.PAGED_SPLIT_FACTOR, 1
+                before = ta.DECODE.default_schedule("sm_90", p)
+                _defaults.PAGED_SPLIT_FACTOR = factor
+                candidates = {"default": d, "before": before, "default bal": d.replace(
+                    balanced=True), "2x": d.replace(splits=min(256, 2 * d.splits))}
+                fns = {name: case.launcher(s) for name, s in candidates.items()}
+                errors = {name: case.error(run) for name, run in fns.items()}
+                times = time_interleaved(fns, rounds=15)
+                valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
+                print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:6]}.. "
+                      f"default {d.describe()}")
+                report(times, valid, copy_gbps, errors, candidates)
+                continue
+            candidates = {"default": d, "default bal": d.replace(balanced=True)}
+            for f in (2, 4, 8):
+                s = d.replace(splits=min(256, f * d.splits), occupancy=2)
+                if f == 4:
+                    candidates[f"{f}x"] = s
+                candidates[f"{f}x bal"] = s.replace(balanced=True)
+            fns = {name: case.launcher(s) for name, s in candidates.items()}
+            errors = {name: case.error(run) for name, run in fns.items()}
+            times = time_interleaved(fns, rounds=15)
+            valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
+            print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:6]}.. "
+                  f"default {d.describe()}")
+            report(times, valid, copy_gbps, errors, candidates)
+    _case.paged_lengths = original
+
+
+if __name__ == "__main__":
+    main()
