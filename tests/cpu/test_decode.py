@@ -180,9 +180,9 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 
 
 # -- DecodeSchedule ------------------------------------------------------------------------------
-TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tile_n=256, tile_m=128, pack_heads=False,
-                         occupancy=2, num_worker_warps=8, k_latency=3, v_latency=10,
-                         k_transposed=True, exp2=False)
+TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tile_n=256, tile_m=128,
+                         pack_heads=False, occupancy=2, num_worker_warps=8, k_latency=3,
+                         v_latency=10, k_transposed=True, exp2=False)
 
 
 @pytest.mark.parametrize("field, value, message", [

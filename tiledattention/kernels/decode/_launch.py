@@ -156,8 +156,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
     ``combine`` with one split, ``balanced`` where there is one split, one cache length or a
-    window (whose walk is at most the window's), ``pack_heads`` when each K/V head has one query head,
-    ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
+    window (whose walk is at most the window's), ``pack_heads`` when each K/V head has one
+    query head, ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
     ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
     when nothing changes)."""
     changes: dict[str, Any] = {}
@@ -363,7 +363,8 @@ def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int
             first_tile, num_tiles = 0, -(-kv_end // t_n)
         per_split = -(-num_tiles // splits)
         if plan.share_keys and not variant.windowed:  # balanced: the longest cache's share
-            per_split = max(-(-(-(-plan.share_keys // t_n)) // splits), per_split)
+            share_tiles = -(-plan.share_keys // t_n)
+            per_split = max(-(-share_tiles // splits), per_split)
         walk = []
         for split in range(splits):
             start = first_tile + min(split * per_split, num_tiles)

@@ -31,9 +31,11 @@ class DecodeSchedule(ScheduleValue):
             the output directly, with no partials and no combine step.
         combine: ``"kernel"`` or ``"pdl"`` (programmatic dependent launch) for the merge.
         balanced: a ragged batch (per-entry cache lengths, a paged cache's) splits every
-            entry's keys into shares of one size, the longest entry's keys / ``splits``, so a
-            shorter cache takes fewer splits and every CTA streams as many keys (otherwise each
-            entry's keys are divided into ``splits`` shares of its own length).
+            entry's keys into shares of one size, 1 / ``splits`` of the call's longest cache
+            (a paged call's ``max_k``, else its block table's capacity; an entry longer than
+            that takes its own share), so a shorter cache takes fewer splits and every CTA
+            streams as many keys; otherwise each entry's keys are divided into ``splits``
+            shares of its own length.
     Tiles:
         tile_n: keys per inner-loop step (power of two, 16..256).
         tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
