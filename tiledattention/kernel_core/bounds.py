@@ -147,7 +147,7 @@ def dkdv_window_query_tiles(first_key, last_key, offset, left, right, seqlen_q, 
     return first, full_from, full_to, end
 
 def decode_key_tiles(first_pos, seqlen_q, seqlen_k, offset, window_left, window_right, split,
-                    splits, TILE_S, TILE_N, WINDOW, CAUSAL, BALANCED=False, share_keys=0):
+                    splits, TILE_S, TILE_N, WINDOW, CAUSAL, *, BALANCED=False, share_keys=0):
     """The decode split kernel's walk: ``(lo_shift, hi_shift, start, unmask_from, mask_from,
     stop)``. Query positions ``first_pos .. first_pos + TILE_S - 1`` (those ``< S_q``) see the
     key tiles ``[first, end)``; split ``split`` of ``splits`` walks its contiguous share

@@ -1,14 +1,14 @@
 """Mixed-length paged decode (issue 49): proportional splits (each entry's keys divided into
 ``splits`` shares of its own length) against balanced ones (``DecodeSchedule.balanced``: every
-share the longest entry's keys / ``splits``), at the default's split count and multiples of it,
-on two length mixes: the family's case (the longest, 3/4, 1/2, 1/4 of it, cycling) and lengths
-drawn log-uniformly from 64 to the longest (seeded). Interleaved,
-the L2 flushed before each sample; shares of the device copy rate (read + written, same run)
-on the valid K/V bytes read once.
+share the longest entry's keys / ``splits``), at the split rule's count (before
+``PAGED_SPLIT_FACTOR``) and multiples of it, on two length mixes: the family's case (the
+longest, 3/4, 1/2, 1/4 of it, cycling) and lengths drawn log-uniformly from 64 to the longest
+(seeded). Interleaved, the L2 flushed before each sample; shares of the device copy rate (read
++ written, same run) on the valid K/V bytes read once.
 
     source .devtk/setup.sh && python3 docs/records/probes/paged_balance.py [--new]
 
-``--new``: other batches (none of the first set's).
+``--new``: other batches (none of the first set's), the default against the rule before it.
 """
 
 import math
@@ -41,42 +41,52 @@ def log_uniform(problem):
 MIXES = {"cycling": _case.paged_lengths, "log-uniform": log_uniform}
 
 
+def rule_before(problem):
+    """The default before ``PAGED_SPLIT_FACTOR`` (the factor at 1)."""
+    factor, _defaults.PAGED_SPLIT_FACTOR = _defaults.PAGED_SPLIT_FACTOR, 1
+    try:
+        return ta.DECODE.default_schedule("sm_90", problem)
+    finally:
+        _defaults.PAGED_SPLIT_FACTOR = factor
+
+
+def sweep(problem):
+    """The rule before the factor ("default" in the first part of ``balance.log``, which ran
+    before it existed), 4x its splits, and balanced splits at 1-8x."""
+    d = rule_before(problem)
+    candidates = {"default": d, "default bal": d.replace(balanced=True)}
+    for f in (2, 4, 8):
+        s = d.replace(splits=min(256, f * d.splits), occupancy=2)
+        if f == 4:
+            candidates[f"{f}x"] = s
+        candidates[f"{f}x bal"] = s.replace(balanced=True)
+    return candidates
+
+
+def check(problem):
+    """The default against the rule before it, balanced, and twice the default's splits."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    return {"default": d, "before": rule_before(problem), "default bal": d.replace(balanced=True),
+            "2x": d.replace(splits=min(256, 2 * d.splits))}
+
+
 def main():
     copy_gbps = copy_rate()
+    new = "--new" in sys.argv
     original = _case.paged_lengths
-    for b, hq, hkv, sk, page in NEW_POINTS if "--new" in sys.argv else POINTS:
+    for b, hq, hkv, sk, page in NEW_POINTS if new else POINTS:
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
-        d = ta.DECODE.default_schedule("sm_90", p)
+        candidates = check(p) if new else sweep(p)
         for mix, lengths in MIXES.items():
             _case.paged_lengths = lengths
             case = ta.DECODE.case(p, 0)
-            if "--new" in sys.argv:  # the default against the rule before PAGED_SPLIT_FACTOR
-                factor, _defaults.PAGED_SPLIT_FACTOR = _defaults.PAGED_SPLIT_FACTOR, 1
-                before = ta.DECODE.default_schedule("sm_90", p)
-                _defaults.PAGED_SPLIT_FACTOR = factor
-                candidates = {"default": d, "before": before, "default bal": d.replace(
-                    balanced=True), "2x": d.replace(splits=min(256, 2 * d.splits))}
-                fns = {name: case.launcher(s) for name, s in candidates.items()}
-                errors = {name: case.error(run) for name, run in fns.items()}
-                times = time_interleaved(fns, rounds=15)
-                valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
-                print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:6]}.. "
-                      f"default {d.describe()}")
-                report(times, valid, copy_gbps, errors, candidates)
-                continue
-            candidates = {"default": d, "default bal": d.replace(balanced=True)}
-            for f in (2, 4, 8):
-                s = d.replace(splits=min(256, f * d.splits), occupancy=2)
-                if f == 4:
-                    candidates[f"{f}x"] = s
-                candidates[f"{f}x bal"] = s.replace(balanced=True)
             fns = {name: case.launcher(s) for name, s in candidates.items()}
             errors = {name: case.error(run) for name, run in fns.items()}
             times = time_interleaved(fns, rounds=15)
             valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
             print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:6]}.. "
-                  f"default {d.describe()}")
+                  f"default {candidates['default'].describe()}")
             report(times, valid, copy_gbps, errors, candidates)
     _case.paged_lengths = original
 

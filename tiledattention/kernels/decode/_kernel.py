@@ -158,7 +158,7 @@ def decode_split(
     # hi_shift, and the tiles before unmask_from are masked too
     lo_shift, hi_shift, start, unmask_from, mask_from, stop = decode_key_tiles(
         first_pos, Q.shape[3], seqlen_k, causal_offset, window_left, window_right, split,
-        splits, TILE_S, TILE_N, WINDOW, CAUSAL, BALANCED, share_keys)
+        splits, TILE_S, TILE_N, WINDOW, CAUSAL, BALANCED=BALANCED, share_keys=share_keys)
     cap_in = 0.0
     cap_out = 0.0
     if SOFTCAP:
