@@ -12,6 +12,7 @@ import torch
 import tiledattention
 from tiledattention import BACKWARD, DECODE, FORWARD, DecodeSchedule, Problem
 from tiledattention.kernels.decode._compile import compile_decode
+from tiledattention.kernels.decode._defaults import PAGED_SPLIT_FACTOR
 from tiledattention.core._problem import page_tile
 from tiledattention.kernels.decode._launch import normalise, split_constants
 from tiledattention.errors import UnsupportedProblemError
@@ -130,35 +131,46 @@ def test_a_load_never_straddles_two_pages():
 
 
 def test_a_paged_batch_splits_by_the_cache_rule():
-    """The plain rule on the longest cache (more splits lost 1.07-1.26x on caches of one
-    length on an H200), where it gives more than one split or one split fills the GPU (fewer
-    rows than SMs at one split: ``test_small_pages_walk_short_steps_in_two_waves``)."""
-    for batch, seqlen_k in ((32, 16384), (8, 8192), (1, 32768)):
+    """The plain rule on the longest cache where one split fills the GPU and for one cache
+    (more splits lost 1.07-1.26x on caches of one length on an H200); a batch of several
+    caches short of the GPU takes ``PAGED_SPLIT_FACTOR`` times the rule's splits, two CTAs an
+    SM (their lengths differ: 1.02-2.81x on mixed-length batches)."""
+    for batch, seqlen_k in ((32, 16384), (1, 32768)):
         paged = DECODE.default_schedule("sm_90", _paged(batch=batch, seqlen_k=seqlen_k))
         plain = DECODE.default_schedule("sm_90", _paged(batch=batch, seqlen_k=seqlen_k,
                                                         ragged=False, page_size=0))
         assert paged.splits == plain.splits
+    paged = DECODE.default_schedule("sm_90", _paged(batch=8, seqlen_k=8192))  # 64 CTAs a split
+    plain = DECODE.default_schedule("sm_90", _paged(batch=8, seqlen_k=8192, ragged=False,
+                                                    page_size=0))
+    assert (paged.splits, paged.occupancy) == (PAGED_SPLIT_FACTOR * plain.splits, 2)
 
 
 def test_small_pages_walk_short_steps_in_two_waves():
     """Pages of 16 (loads of 16 keys, also pages of 48): 64-key steps and splits for two waves
-    of CTAs (1.60-1.73x the 128-key, one-wave default on an H200); a split that fills the GPU
-    alone runs two CTAs an SM, with larger pages loading K four steps ahead; other larger
-    pages keep the cache rule."""
+    of CTAs (1.60-1.73x the 128-key, one-wave default on an H200), times
+    ``PAGED_SPLIT_FACTOR`` at two CTAs an SM for a batch short of the GPU; a split that fills
+    the GPU alone runs two CTAs an SM, with larger pages loading K four steps ahead; other
+    larger pages keep the cache rule (times the factor: at least two splits at two CTAs an
+    SM)."""
     def default(**fields):
         return DECODE.default_schedule("sm_90", _paged(**fields))
 
     small = default(batch=8, seqlen_k=16384, page_size=16)  # 64 CTAs a split
-    assert (small.tile_n, small.splits, small.occupancy) == (64, 5, 1)
+    assert (small.tile_n, small.splits, small.occupancy) == (64, 5 * PAGED_SPLIT_FACTOR, 2)
     assert default(batch=8, seqlen_k=16384, page_size=48) == small
     wide = default(batch=64, seqlen_k=2048, page_size=16)  # 512 CTAs: two waves already
     assert (wide.tile_n, wide.splits, wide.occupancy, wide.k_latency) == (64, 1, 2, 2)
     large = default(batch=32, seqlen_k=8192, page_size=32)  # 256 CTAs
     assert (large.tile_n, large.splits, large.occupancy, large.k_latency) == (128, 1, 2, 4)
-    few = default(batch=8, seqlen_k=32768, page_size=64)  # 64 CTAs: the cache rule
-    assert (few.tile_n, few.splits, few.occupancy, few.k_latency) == (128, 2, 1, 2)
+    few = default(batch=8, seqlen_k=32768, page_size=64)  # 64 CTAs: the cache rule's 2
+    assert (few.tile_n, few.splits, few.occupancy, few.k_latency) == (
+        128, 2 * PAGED_SPLIT_FACTOR, 2, 2)
     short = default(batch=12, seqlen_k=16384, page_size=64)  # 96 CTAs: two splits, two an SM
-    assert (short.tile_n, short.splits, short.occupancy, short.k_latency) == (128, 2, 2, 2)
+    assert (short.tile_n, short.splits, short.occupancy, short.k_latency) == (
+        128, 2 * PAGED_SPLIT_FACTOR, 2, 2)
+    one = default(batch=1, seqlen_k=16384, page_size=16)  # one cache: nothing to balance
+    assert one.splits == -(-2 * 132 // 8)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -56,16 +56,17 @@ SMALL_PAGE_WAVES = 2
 #: 1.11-1.14x on three other such batches (112-120 rows, pages of 32-128). (On a contiguous
 #: cache of one length, 96 rows, two splits ran 0.98x.)
 FULL_GPU_OCCUPANCY = 2
-#: A paged batch (no window, a 16-bit cache) whose rows do not fill the GPU takes this many
-#: times the splits above at two CTAs an SM. Its caches have lengths of their own, and a split
-#: of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
+#: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
+#: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
+#: split of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
 #: 16-256, B 4-28, cache lengths cycling through 1, 3/4, 1/2 and 1/4 of the longest or drawn
-#: log-uniformly from 64 to it; docs/records/probes/paged_balance.py) 4x ran 1.02-1.21x the
-#: rule's splits on the first mix and 1.23-2.08x on the second; on six other batches (B 6-32,
-#: H_kv 1-8, pages of 16-256) 1.02-1.39x and 1.26-2.81x. (Balanced splits, every split as long,
-#: ``DecodeSchedule.balanced``, gained another 0.97-1.14x at 4x; they are left to the tuner:
-#: without ``max_k`` a call's longest cache is its block table's capacity, whose share would
-#: leave a batch of short caches one split an entry.)
+#: log-uniformly from 64 to it; docs/records/probes/paged_balance.py) 4x ran 1.02-1.21x the rule's
+#: splits on the first mix and 1.23-2.08x on the second; on six other batches (B 6-32, H_kv 1-8,
+#: pages of 16-256) 1.02-1.39x and 1.26-2.81x. One cache (B 1) has nothing to balance and keeps the
+#: rule (on caches of one length 4x ran 0.94-0.99x at pages of 32-256, 1.08-1.25x at pages of 16).
+#: (Balanced splits, every split as long, ``DecodeSchedule.balanced``, gained another 0.97-1.14x at
+#: 4x; they are left to the tuner: without ``max_k`` a call's longest cache is its block table's
+#: capacity, whose share would leave a batch of short caches one split an entry.)
 PAGED_SPLIT_FACTOR = 4
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
@@ -138,8 +139,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             k_latency = 4
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
-    if (problem.page_size and not problem.windowed and not problem.kv_dtype and two_ctas
-            and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):
+    if (problem.page_size and problem.batch > 1 and not problem.windowed and not problem.kv_dtype
+            and two_ctas and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):
         wanted, occupancy = wanted * PAGED_SPLIT_FACTOR, FULL_GPU_OCCUPANCY
     if problem.kv_dtype and two_ctas and (problem.page_size or rows < waves * sms):
         splits = max(1, min(max(wanted, 1) * FP8_SPLIT_FACTOR, keys // FP8_MIN_KEYS_PER_SPLIT,
