@@ -8,7 +8,9 @@ longest, 3/4, 1/2, 1/4 of it, cycling) and lengths drawn log-uniformly from 64 t
 
     source .devtk/setup.sh && python3 docs/records/probes/paged_balance.py [--new]
 
-``--new``: other batches (none of the first set's), the default against the rule before it.
+``--new``: other batches (none of the first set's), the default against the rule before it,
+and FlashAttention-4 beside where it is importable (``../shared/device/pack-fa4``; it was not
+in the recorded run).
 """
 
 import math
@@ -20,7 +22,7 @@ from tiledattention.core import _case
 from tiledattention.kernels.decode import _defaults
 from tuner.measure import time_interleaved
 
-from paged_defaults import copy_rate, report
+from paged_defaults import add_fa4, copy_rate, report
 
 # (batch, heads_q, heads_kv, longest cache, page size)
 POINTS = ((20, 28, 4, 10000, 64), (10, 32, 8, 20000, 256), (4, 32, 8, 32768, 16),
@@ -83,6 +85,8 @@ def main():
             case = ta.DECODE.case(p, 0)
             fns = {name: case.launcher(s) for name, s in candidates.items()}
             errors = {name: case.error(run) for name, run in fns.items()}
+            if new:
+                add_fa4(p, case, fns, errors)
             times = time_interleaved(fns, rounds=15)
             valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
             print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:6]}.. "
