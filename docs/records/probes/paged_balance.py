@@ -53,8 +53,8 @@ def rule_before(problem):
 
 
 def sweep(problem):
-    """The rule before the factor ("default" in the first part of ``balance.log``, which ran
-    before it existed), 4x its splits, and balanced splits at 1-8x."""
+    """The rule before the factor ("default" in the record's ``small-runs.log`` (balance.log),
+    run before the factor existed), 4x its splits, and balanced splits at 1-8x."""
     d = rule_before(problem)
     candidates = {"default": d, "default bal": d.replace(balanced=True)}
     for f in (2, 4, 8):
