@@ -12,7 +12,8 @@ import torch
 import tiledattention
 from tiledattention import BACKWARD, DECODE, FORWARD, DecodeSchedule, Problem
 from tiledattention.kernels.decode._compile import compile_decode
-from tiledattention.kernels.decode._defaults import PAGED_SPLIT_FACTOR
+from tiledattention.core._compile import SM_COUNTS
+from tiledattention.kernels.decode._defaults import PAGED_SPLIT_FACTOR, SMALL_PAGE_WAVES
 from tiledattention.core._problem import page_tile
 from tiledattention.kernels.decode._launch import normalise, split_constants
 from tiledattention.errors import UnsupportedProblemError
@@ -170,7 +171,7 @@ def test_small_pages_walk_short_steps_in_two_waves():
     assert (short.tile_n, short.splits, short.occupancy, short.k_latency) == (
         128, 2 * PAGED_SPLIT_FACTOR, 2, 2)
     one = default(batch=1, seqlen_k=16384, page_size=16)  # one cache: nothing to balance
-    assert one.splits == -(-2 * 132 // 8)
+    assert one.splits == -(-SMALL_PAGE_WAVES * SM_COUNTS["hopper"] // 8)  # 8 rows, the rule
 
 
 @pytest.mark.parametrize("arch", ARCHS)
