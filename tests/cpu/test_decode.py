@@ -140,9 +140,6 @@ DIFFERENT = {
                 DECODE.default_schedule("sm_90", TOKEN).replace(combine="pdl")),
     # a paged batch's splits as long as its longest cache's
     "balanced": (PAGED, DecodeSchedule(splits=4), DecodeSchedule(splits=4, balanced=True)),
-    # K and V through per-thread loads, contiguous and paged
-    "allow_tma": (GQA, BASE, BASE.replace(allow_tma=False)),
-    "allow_tma_paged": (PAGED, DecodeSchedule(splits=4), DecodeSchedule(splits=4, allow_tma=False)),
 }
 
 
@@ -185,7 +182,7 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 # -- DecodeSchedule ------------------------------------------------------------------------------
 TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tile_n=256, tile_m=128,
                          pack_heads=False, occupancy=2, num_worker_warps=8, k_latency=3,
-                         v_latency=10, k_transposed=True, exp2=False, allow_tma=False)
+                         v_latency=10, k_transposed=True, exp2=False)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -263,8 +260,7 @@ def test_describe():
     assert DecodeSchedule(splits=16, combine="pdl", tile_n=128, occupancy=2, k_latency=2,
                           v_latency=2).describe() == "split16/pdl n128 m16 occ2 lat(K2,V2)"
     assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
-    assert TOGGLED.describe() == ("split16/pdl/bal n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp "
-                                 "noTMA")
+    assert TOGGLED.describe() == "split16/pdl/bal n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp"
     assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
 
 

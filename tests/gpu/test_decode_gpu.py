@@ -498,34 +498,3 @@ def test_fast_path_rejects_what_the_first_call_rejects(sq):
         tiledattention.sdpa(q, k, v, causal=1)
     with pytest.raises(InputTypeError):
         tiledattention.sdpa(q, k, v, scale=True)
-
-
-# (batch, heads_q, heads_kv, S_q, S_k, D, dtype, K/V dtype, page size); odd lengths, grouped
-# and multi-query heads, pages of 16 and 64, each a batch of mixed lengths when paged
-NO_TMA_CASES = [
-    (2, 32, 8, 1, 4097, 128, "bf16", "e4m3", 0),
-    (3, 16, 1, 3, 1999, 64, "fp16", "e4m3", 0),
-    (1, 16, 8, 1, 9000, 256, "bf16", "e4m3", 0),
-    (5, 28, 4, 1, 3001, 128, "bf16", "e4m3", 16),
-    (4, 32, 8, 1, 2500, 128, "bf16", "e4m3", 64),
-    (2, 32, 8, 1, 4097, 128, "bf16", "", 0),
-    (5, 12, 4, 1, 1500, 96, "fp16", "", 32),
-]
-
-
-@pytest.mark.parametrize("b, hq, hkv, sq, sk, d, dtype, kv_dtype, page", NO_TMA_CASES,
-                         ids=lambda v: str(v))
-@pytest.mark.parametrize("splits", [1, 4])
-def test_per_thread_loads_match_the_reference(b, hq, hkv, sq, sk, d, dtype, kv_dtype, page,
-                                              splits):
-    """``allow_tma=False`` (each thread loads its own K/V elements) against the float32
-    reference of the (dequantised) cache: the output poisoned with NaN, and with pages NaN in
-    every unused page and past each length; K loaded transposed too where it is not paged."""
-    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=sk, head_dim=d,
-                      dtype=dtype, causal=sq > 1 or bool(page), bottom_right=sq > 1 or bool(page),
-                      ragged=bool(page), page_size=page, kv_dtype=kv_dtype)
-    case = DECODE.case(problem, torch.cuda.current_device())
-    base = DECODE.default_schedule("sm_90", problem).replace(splits=splits, allow_tma=False)
-    schedules = [base] + ([base.replace(k_transposed=True)] if not page else [])
-    for schedule in schedules:
-        assert case.error(case.launcher(schedule)) < DECODE.tolerances[dtype], schedule.describe()

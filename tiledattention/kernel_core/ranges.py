@@ -45,13 +45,12 @@ def sequence_length(Ranges, seq, which):
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
 
 
-def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD, *,
-              allow_tma=True):
+def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD):
     """Keys ``j * TILE_N ..`` (head-dim columns ``part * width`` on) of sequence ``seq``'s
     paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, width]`` tile:
     ``TILE_N / PAGE_ROWS`` loads of ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size),
     each from the page ``Pages[seq]`` names for it, joined pairwise. A key past the block
-    table's pages loads as ``PAD``'s fill. ``allow_tma``: a compile-time flag, as ``ct.load``'s."""
+    table's pages loads as ``PAD``'s fill."""
     page_size = A.shape[1]
     parts = ()
     for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):
@@ -59,7 +58,7 @@ def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency
         page = ct.gather(Pages, (seq, key // page_size), padding_value=-1)
         parts += (ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, part),
                           shape=(1, PAGE_ROWS, 1, width), padding_mode=PAD,
-                          latency=ct.static_eval(latency or None), allow_tma=allow_tma
+                          latency=ct.static_eval(latency or None)
                           ).reshape((PAGE_ROWS, width)),)
     for level in ct.static_iter(range((TILE_N // PAGE_ROWS).bit_length() - 1)):
         joined = ()

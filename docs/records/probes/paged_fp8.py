@@ -5,17 +5,14 @@ pages of 16 to 256, GQA 32/8 and 28/4. Interleaved, the L2 flushed before each s
 time); shares of the device copy rate (read + written, same run) on each cache's valid K/V
 bytes read once; errors against the float32 attention of the dequantised cache.
 
-    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py [--sweep | --check | --tma]
+    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py [--sweep | --check]
 
 ``--sweep``: for the e4m3 cache only, the default against occupancy 2 with K loads four steps
 ahead at 1, 2, 4 and 6 times its splits (the shape of the searched FP8 rows), on the paged
 batches and on contiguous caches (``CONTIGUOUS``), each candidate compiled ahead in a pool of
 processes. ``--check``: other batches (none of the sweep's; ``CHECK``), the e4m3 cache's
 default against the bf16 rule it replaced (``FP8_SPLIT_FACTOR``) and the same batch over a
-bf16 cache. ``--tma``: per-thread K/V loads (``DecodeSchedule.allow_tma=False``) against the
-default's TMA loads, on the sweep's batches and two of ``CHECK``, for the e4m3 cache (with the
-splits halved and doubled, at one CTA an SM, and with no load-latency hints) and for the bf16
-cache.
+bf16 cache.
 """
 
 import dataclasses
@@ -57,17 +54,6 @@ def sweep_candidates(p):
     return out
 
 
-def tma_candidates(p):
-    """The e4m3 default with TMA loads and without, around the default's splits."""
-    d = ta.DECODE.default_schedule("sm_90", p)
-    off = d.replace(allow_tma=False)
-    return {"default": d, "noTMA": off,
-            "noTMA splits/2": off.replace(splits=max(1, d.splits // 2)),
-            "noTMA splits x2": off.replace(splits=min(256, d.splits * 2)),
-            "noTMA occ1": off.replace(occupancy=1),
-            "noTMA no hints": off.replace(k_latency=None, v_latency=None)}
-
-
 def _compile(job):
     p, s = job
     try:
@@ -85,25 +71,17 @@ def check_candidates(p):
                                                     dataclasses.replace(p, kv_dtype=""))}
 
 
-def sweep(copy_gbps, check=False, tma=False):
+def sweep(copy_gbps, check=False):
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    if tma:
-        points = [fp8_problem(*pt) for pt in POINTS + CONTIGUOUS + CHECK[3:5]]
-        plans = [(p, tma_candidates(p)) for p in points]
-    elif check:
+    if check:
         plans = [(fp8_problem(*pt), None) for pt in CHECK]
         plans = [(p, check_candidates(p)) for p, _ in plans]
     else:
         points = [fp8_problem(*pt) for pt in POINTS] + [fp8_problem(*pt) for pt in CONTIGUOUS]
         plans = [(p, sweep_candidates(p)) for p in points]
     jobs = [(p, s) for p, c in plans for s in c.values()]
-    if check or tma:  # the bf16 cache's default (and, for --tma, without TMA loads)
-        for p, _ in plans:
-            plain = dataclasses.replace(p, kv_dtype="")
-            d = ta.DECODE.default_schedule("sm_90", plain)
-            jobs += [(plain, d)] + ([(plain, d.replace(allow_tma=False))] if tma else [])
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         for failed in pool.map(_compile, jobs):
             if failed:
@@ -115,27 +93,23 @@ def sweep(copy_gbps, check=False, tma=False):
         seqused = getattr(case, "seqused", None)
         keys = int(seqused.sum()) if seqused is not None else p.batch * p.seqlen_k
         nbytes = keys * p.heads_kv * 128 * 2
-        if check or tma:  # the same batch over a bf16 cache, its own default
+        if check:  # the same batch over a bf16 cache, its own default
             plain = ta.DECODE.case(dataclasses.replace(p, kv_dtype=""), 0)
-            d = ta.DECODE.default_schedule("sm_90", dataclasses.replace(p, kv_dtype=""))
-            extra = {"bf16 cache": d}
-            if tma:
-                extra["bf16 cache noTMA"] = d.replace(allow_tma=False)
-            cands = {**cands, **extra}
-            for name, s in extra.items():
-                fns[name] = plain.launcher(s)
-                errors[name] = plain.error(fns[name])
+            cands = {**cands, "bf16 cache": ta.DECODE.default_schedule(
+                "sm_90", dataclasses.replace(p, kv_dtype=""))}
+            fns["bf16 cache"] = plain.launcher(cands["bf16 cache"])
+            errors["bf16 cache"] = plain.error(fns["bf16 cache"])
         times = time_interleaved(fns, rounds=15)
         base = times["default"].median_ms
         print(f"== {p.describe()}")
         for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
             share = nbytes / (t.median_ms * 1e-3) / 1e9 / copy_gbps
-            if name.startswith("bf16 cache"):
+            if name == "bf16 cache":
                 share *= 2  # its bytes are twice the e4m3 cache's
             print(f"  {name:20s} {1e3 * t.median_ms:8.1f} us {base / t.median_ms:5.2f}x "
                   f"{100 * share:5.1f}% of copy err {errors[name]:.1e} "
                   f"{cands[name].describe()}")
-        if check or tma:  # the isolated-call view: an idle GPU, the host's time counted
+        if check:  # the isolated-call view: an idle GPU, the host's time counted
             isolated = time_interleaved(fns, rounds=10, host=True)
             print("  isolated call (host counted): " + ", ".join(
                 f"{name} {1e3 * t.median_ms:.1f} us" for name, t in isolated.items()))
@@ -143,8 +117,8 @@ def sweep(copy_gbps, check=False, tma=False):
 
 def main():
     copy_gbps = copy_rate()
-    if {"--sweep", "--check", "--tma"} & set(sys.argv):
-        sweep(copy_gbps, check="--check" in sys.argv, tma="--tma" in sys.argv)
+    if "--sweep" in sys.argv or "--check" in sys.argv:
+        sweep(copy_gbps, check="--check" in sys.argv)
         return
     rows = []
     for b, hq, hkv, sk, page in POINTS:

@@ -110,7 +110,6 @@ def decode_split(
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
     BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
-    ALLOW_TMA: ConstBool,  # K and V tiles may load through TMA (off: per-thread loads)
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -184,10 +183,9 @@ def decode_split(
         (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
         if PAGED:
             return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
-                             latency=latency, PAD=PAD, allow_tma=ALLOW_TMA)
+                             latency=latency, PAD=PAD)
         tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                       padding_mode=PAD, latency=ct.static_eval(latency or None),
-                       allow_tma=ALLOW_TMA)
+                       padding_mode=PAD, latency=ct.static_eval(latency or None))
         return tile.reshape((TILE_N, TILE_D))
 
     def step(j, masked, m_i, l_i, acc):
@@ -198,8 +196,7 @@ def decode_split(
         if ct.static_eval(K_TRANSPOSED and not PAGED):
             k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                         order=(0, 1, 3, 2), padding_mode=PAD,
-                        latency=ct.static_eval(K_LATENCY or None),
-                        allow_tma=ALLOW_TMA).reshape((TILE_D, TILE_N))
+                        latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
         else:
             k = ct.transpose(load_kv(K, j, latency=K_LATENCY))  # [TILE_D, TILE_N]
         if KV_FP8:

@@ -205,7 +205,6 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
         "KV_FP8": bool(problem.kv_dtype),
-        "ALLOW_TMA": schedule.allow_tma,
     }
 
 

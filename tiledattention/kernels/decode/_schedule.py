@@ -44,10 +44,7 @@ class DecodeSchedule(ScheduleValue):
             read once per K/V head); otherwise one query head per CTA.
     Kernel options and loads:
         occupancy (1..32), num_worker_warps (None, 4 or 8), k_latency / v_latency (1..10 or
-        None), k_transposed (load K transposed), exp2 (base-2 softmax with flush-to-zero),
-        allow_tma (K and V tiles may load through the tensor memory accelerator; off: each
-        thread loads its own elements, which an FP8 cache's tiles, widened in registers after
-        the load, may prefer to shared memory read byte by byte).
+        None), k_transposed (load K transposed), exp2 (base-2 softmax with flush-to-zero).
     """
 
     splits: int = 1
@@ -62,13 +59,12 @@ class DecodeSchedule(ScheduleValue):
     v_latency: int | None = None
     k_transposed: bool = False
     exp2: bool = True
-    allow_tma: bool = True
 
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
-    # a schedule without these keeps the dict (and key) it had before they existed
-    ADDED_FIELDS = ("balanced", "allow_tma")
-    OMITTED_AT_DEFAULT = ("balanced", "allow_tma")
+    # a schedule without balanced splits keeps the dict (and key) it had before they existed
+    ADDED_FIELDS = ("balanced",)
+    OMITTED_AT_DEFAULT = ("balanced",)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -106,7 +102,5 @@ class DecodeSchedule(ScheduleValue):
             parts.append("Kt")
         if not self.exp2:
             parts.append("exp")
-        if not self.allow_tma:
-            parts.append("noTMA")
         return " ".join(parts)
 

@@ -162,7 +162,7 @@ def attention_fwd(
             on."""
             if PAGED:
                 return page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width,
-                                 latency, PAD, allow_tma=ALLOW_TMA)
+                                 latency, PAD)
             tile = ct.load(A, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
                            padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                            latency=ct.static_eval(latency or None), allow_tma=ALLOW_TMA)
