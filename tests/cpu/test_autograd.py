@@ -137,6 +137,9 @@ def install_training_kernels(monkeypatch) -> TrainingKernels:
     monkeypatch.setattr(tiledattention, "sdpa_with_lse", kernels.sdpa_with_lse)
     monkeypatch.setattr(tiledattention, "sdpa_backward", kernels.sdpa_backward)
     monkeypatch.setattr(tiledattention.entry_points._training, "sdpa_with_lse", with_lse)
+    # (the ops and the eager route call this one: the forward and the kept call, none here)
+    monkeypatch.setattr(tiledattention.entry_points._training, "training_forward",
+                        lambda *args, **kwargs: (*with_lse(*args, **kwargs), None))
     monkeypatch.setattr(tiledattention.entry_points._training, "sdpa_backward", backward)
     monkeypatch.setattr(tiledattention, "_run_sdpa",
                         lambda runtime, *args, **kwargs: kernels.sdpa(*args, **kwargs))

@@ -85,7 +85,8 @@ def test_the_eager_route_computes_what_the_ops_compute(monkeypatch):
     def backward(runtime, grad_out, q, k, v, out, lse, causal, scale, *, variant=NO_VARIANT,
                  **_):  # arithmetic of every input: a route that wires one wrongly differs
         return grad_out * out + q, k + lse.sum(), v * 2 + grad_out.sum()
-    monkeypatch.setattr(_training, "sdpa_with_lse", forward)
+    monkeypatch.setattr(_training, "training_forward",
+                        lambda *args, **kwargs: (*forward(*args, **kwargs), None))
     monkeypatch.setattr(_training, "sdpa_backward", backward)
     q, k, v = (x.requires_grad_() for x in _qkv())
     g = torch.randn(2, 4, 16, 8)
@@ -97,3 +98,62 @@ def test_the_eager_route_computes_what_the_ops_compute(monkeypatch):
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
+
+
+class _KeptBackward:
+    """Stands in for a kept backward call: its gradients are arithmetic of every input."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def backward(self, grad_out, q, k, v, out, lse, sinks, grads, with_row_sums=False):
+        assert sinks is None and grads is None and not with_row_sums
+        self.calls += 1
+        return grad_out * out + q, k + lse.sum(), v * 2 + grad_out.sum()
+
+
+def test_a_repeated_backward_runs_the_forwards_kept_backward(monkeypatch):
+    """The eager route's node resolves the backward once per kept forward call
+    (``_training.backward_plan``) and then launches it directly; a gradient laid out otherwise
+    than the output, sinks, a forward with no kept call and a traced backward take the general
+    path (``_training.sdpa_backward``)."""
+    from tiledattention.entry_points import _training
+
+    kept = _training._Resolved(None, None, None, 1.0, 0)
+    bwd = _KeptBackward()
+    resolved, general = [], []
+
+    def forward(runtime, q, k, v, causal, scale, *, schedule=None, variant=NO_VARIANT):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        return out, out.float().logsumexp(-1), None if variant[2] is not None else kept
+
+    def backward_plan(runtime, grad_out, q, k, v, out, lse, causal, scale, *, variant):
+        resolved.append(variant)
+        return bwd, None
+
+    def sdpa_backward(runtime, grad_out, q, k, v, out, lse, causal, scale, *,
+                      variant=NO_VARIANT, **_):
+        general.append(grad_out.stride())
+        return grad_out * out + q, k + lse.sum(), v * 2 + grad_out.sum()
+    monkeypatch.setattr(_training, "training_forward", forward)
+    monkeypatch.setattr(_training, "backward_plan", backward_plan)
+    monkeypatch.setattr(_training, "sdpa_backward", sdpa_backward)
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    g = torch.randn(2, 4, 16, 8)
+    first = torch.autograd.grad(_autograd.sdpa(q, k, v, causal=True), (q, k, v), g)
+    second = torch.autograd.grad(_autograd.sdpa(q, k, v, causal=True), (q, k, v), g)
+    assert len(resolved) == 1 and bwd.calls == 2 and not general
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    # the gradient of out.sum() is expanded (zero strides: the general path copies it dense);
+    # a transposed one is not the output's layout either: the general path takes both
+    torch.autograd.grad(_autograd.sdpa(q, k, v, causal=True).sum(), (q, k, v))
+    transposed = torch.randn(2, 16, 4, 8).transpose(1, 2)
+    torch.autograd.grad(_autograd.sdpa(q, k, v, causal=True), (q, k, v), transposed)
+    assert general == [g.stride(), transposed.stride()] and bwd.calls == 2
+    # sinks (no kept call from the stand-in, and the sinks' own gradient): the general path
+    sinks = torch.zeros(4, requires_grad=True)
+    monkeypatch.setattr(_autograd, "attention_grads",
+                        lambda *a: (*sdpa_backward(None, *a[:6], None, None), None))
+    torch.autograd.grad(_autograd.sdpa(q, k, v, causal=True, sinks=sinks), (q, k, v), g)
+    assert len(general) == 3 and bwd.calls == 2 and len(resolved) == 1

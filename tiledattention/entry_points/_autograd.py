@@ -125,13 +125,24 @@ def _forward_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  window_left: int, window_right: int, softcap: float,
                  sinks: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """What ``tiledattention::sdpa_fwd_lse`` computes (its arguments, in its order)."""
+    return _forward_kept(q, k, v, causal, scale, bottom_right, schedule, window_left,
+                         window_right, softcap, sinks)[:2]
+
+
+def _forward_kept(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  scale: Optional[float], bottom_right: bool, schedule: Optional[str],
+                  window_left: int, window_right: int, softcap: float,
+                  sinks: Optional[torch.Tensor]) -> tuple:
+    """:func:`_forward_lse` and the kept call that ran it (``_training.training_forward``):
+    ``(out, lse, kept)``."""
     check_shapes(q, k, v)
     check_flags(causal, bottom_right)
     chosen = None if schedule is None else _schedule_from_json(schedule)
     # _training's function is looked up per call, so tests can substitute a reference
-    return _training.sdpa_with_lse(runtime(), q, k, v, _causal_arg(causal, bottom_right), scale,
-                                   schedule=chosen, variant=_variant(window_left, window_right,
-                                                                     softcap, sinks))
+    return _training.training_forward(runtime(), q, k, v, _causal_arg(causal, bottom_right),
+                                      scale, schedule=chosen,
+                                      variant=_variant(window_left, window_right, softcap,
+                                                       sinks))
 
 
 @sdpa_fwd_lse.register_fake
@@ -292,16 +303,30 @@ class _EagerForwardLse(torch.autograd.Function):
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 sinks: Optional[torch.Tensor], call: tuple) -> torch.Tensor:
         causal, scale, bottom_right, schedule, left, right, softcap = call
-        out, lse = _forward_lse(q, k, v, causal, scale, bottom_right, schedule, left, right,
-                                softcap, sinks)
+        out, lse, kept = _forward_kept(q, k, v, causal, scale, bottom_right, schedule, left,
+                                       right, softcap, sinks)
         ctx.save_for_backward(q, k, v, out, sinks)
-        ctx.lse = lse
+        ctx.lse, ctx.kept = lse, kept
         ctx.flags = (causal, scale, bottom_right, left, right, softcap)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple:
         q, k, v, out, sinks = ctx.saved_tensors
+        kept = ctx.kept
+        # the forward's kept call knows its backward once one has run: launch it directly
+        # where nothing traces and dO is laid out as the output (sinks take the general path:
+        # their gradient reads the kernels' row sums)
+        if kept is not None and sinks is None and grad_out.stride() == out.stride():
+            if kept.backward_plan is None and eager(grad_out, q, k, v, out):
+                causal, scale, bottom_right, left, right, softcap = ctx.flags
+                kept.backward_plan = _training.backward_plan(
+                    runtime(), grad_out, q, k, v, out, ctx.lse,
+                    _causal_arg(causal, bottom_right), scale,
+                    variant=_variant(left, right, softcap, None))[0]
+            if kept.backward_plan is not None and eager(grad_out):
+                return (*kept.backward_plan.backward(grad_out, q, k, v, out, ctx.lse, None,
+                                                     None), None, None)
         return (*attention_grads(grad_out, q, k, v, out, ctx.lse, sinks, ctx.flags,
                         sinks is not None and ctx.needs_input_grad[3]), None)
 

@@ -15,11 +15,17 @@ the sinks' layout, an explicit schedule; for the backward also the layouts of ``
 family, the problem, the schedule, the scale), kept in the runtime beside ``sdpa``'s plans. A
 warm call allocates its outputs and launches: no validation, lookup or schedule work. Calls that
 pass ``grads`` (the caller's buffers), and CuPy arrays, take the validating path every time.
+
+Autograd's eager route (``_autograd``) goes one step further: :func:`training_forward` hands its
+node the forward's kept call, whose ``backward_plan`` (the kept backward of the same problem,
+set by :func:`backward_plan` on the first backward) the node runs directly, without building
+the backward's signature: a backward node runs on autograd's device thread, where each µs of
+Python cost about two on an H200 (``docs/records/benchmarks/backward/host-time.md``).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..core import _plans as hot
 from ..core._device import device_info
@@ -30,7 +36,7 @@ from ..core._runtime import Runtime
 from ..errors import InputTypeError, InputValueError
 from ._sdpa import as_float32
 
-__all__ = ["sdpa_with_lse", "sdpa_backward"]
+__all__ = ["sdpa_with_lse", "sdpa_backward", "training_forward", "backward_plan"]
 
 
 def _torch_problem(function: str, q: Any, k: Any, v: Any, causal: Any, scale: Any,
@@ -88,15 +94,19 @@ def _signature(operation: str, q: Any, k: Any, v: Any, causal: Any, scale: Any,
         return None
 
 
-class _Resolved(NamedTuple):
+class _Resolved:
     """A validated training call's family, problem, schedule, scale and device: what a warm
-    call of its signature reuses."""
+    call of its signature reuses. A forward's also holds ``backward_plan``: the kept backward
+    of its problem once a backward through autograd's eager route has resolved it (else
+    ``None``)."""
 
-    family: Any
-    problem: Problem
-    schedule: Any
-    scale: float
-    device: int
+    __slots__ = ("family", "problem", "schedule", "scale", "device", "backward_plan")
+
+    def __init__(self, family: Any, problem: Problem, schedule: Any, scale: float,
+                 device: int) -> None:
+        self.family, self.problem, self.schedule = family, problem, schedule
+        self.scale, self.device = scale, device
+        self.backward_plan: _Resolved | None = None
 
     def forward(self, q: Any, k: Any, v: Any, sinks: Any) -> tuple[Any, Any]:
         """``sdpa_with_lse``'s launch: ``(out, lse)``, on torch's current stream."""
@@ -136,10 +146,20 @@ def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
                   variant: tuple = (None, None, None)) -> tuple[Any, Any]:
     """``tiledattention.sdpa_with_lse`` on ``runtime`` (see there); ``variant``: the call's
     ``(window, softcap, sinks)``."""
+    out, lse, _ = training_forward(runtime, q, k, v, causal, scale, schedule=schedule,
+                                   variant=variant)
+    return out, lse
+
+
+def training_forward(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
+                     scale: float | None = None, *, schedule: Any = None,
+                     variant: tuple = (None, None, None)) -> tuple[Any, Any, Any]:
+    """:func:`sdpa_with_lse` and the kept call it ran (``None`` where the call has no warm-path
+    signature): ``(out, lse, kept)``."""
     key = _signature("sdpa_with_lse", q, k, v, causal, scale, variant, schedule)
     kept = None if key is None else runtime.plan(key)
     if kept is not None:
-        return kept.forward(q, k, v, _sinks_of(variant))
+        return (*kept.forward(q, k, v, _sinks_of(variant)), kept)
     family = _explicit(schedule, "sdpa_with_lse")
     problem, device, sinks = _torch_problem("sdpa_with_lse", q, k, v, causal, scale, variant)
     check_cuda((("q", q), ("k", k), ("v", v)), "torch")
@@ -147,9 +167,10 @@ def sdpa_with_lse(runtime: Runtime, q: Any, k: Any, v: Any, causal: Any = False,
     hot.bind_torch()
     kept = _Resolved(family, problem, schedule,
                      default_scale(problem) if scale is None else float(scale), device)
-    if key is not None:
-        runtime.keep_plan(key, kept)
-    return kept.forward(q, k, v, sinks)
+    if key is None:
+        return (*kept.forward(q, k, v, sinks), None)
+    runtime.keep_plan(key, kept)
+    return (*kept.forward(q, k, v, sinks), kept)
 
 
 def _check_like(name: str, x: Any, like: Any, like_name: str) -> None:
@@ -176,6 +197,19 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there). ``with_row_sums``
     (internal: the sinks' gradient reads them) returns the kernels' float32 row sums ``delta
     = sum_d dO * O`` ``[B, H_q, S_q]`` as a fourth value."""
+    kept, sinks = backward_plan(runtime, grad_out, q, k, v, out, lse, causal, scale,
+                                schedule=schedule, grads=grads, variant=variant,
+                                deterministic=deterministic)
+    return kept.backward(grad_out, q, k, v, out, lse, sinks, grads, with_row_sums)
+
+
+def backward_plan(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                  causal: Any = False, scale: float | None = None, *,
+                  schedule: Any = None, grads: tuple[Any, Any, Any] | None = None,
+                  variant: tuple = (None, None, None),
+                  deterministic: bool = False) -> tuple[_Resolved, Any]:
+    """The kept backward call of these arguments (validated and resolved on the first call of
+    their signature) and the sink logits as the kernels read them: ``(kept, sinks)``."""
     key = None
     if grads is None:
         key = _signature("sdpa_backward", q, k, v, causal, scale, variant, schedule)
@@ -187,8 +221,7 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                 key = None
     kept = None if key is None else runtime.plan(key)
     if kept is not None:
-        return kept.backward(grad_out, q, k, v, out, lse,
-                             _sinks_of(variant), None, with_row_sums)
+        return kept, _sinks_of(variant)
     import torch
 
     if not isinstance(deterministic, bool):
@@ -221,4 +254,4 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                      default_scale(problem) if scale is None else scale, device)
     if key is not None:
         runtime.keep_plan(key, kept)
-    return kept.backward(grad_out, q, k, v, out, lse, sinks, grads, with_row_sums)
+    return kept, sinks
