@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -106,8 +107,8 @@ class _KeptBackward:
     def __init__(self):
         self.calls = 0
 
-    def backward(self, grad_out, q, k, v, out, lse, sinks, grads, with_row_sums=False):
-        assert sinks is None and grads is None and not with_row_sums
+    def backward(self, grad_out, q, k, v, out, lse, grads, with_row_sums=False):
+        assert grads is None and not with_row_sums
         self.calls += 1
         return grad_out * out + q, k + lse.sum(), v * 2 + grad_out.sum()
 
@@ -129,7 +130,7 @@ def test_a_repeated_backward_runs_the_forwards_kept_backward(monkeypatch):
 
     def backward_plan(runtime, grad_out, q, k, v, out, lse, causal, scale, *, variant):
         resolved.append(variant)
-        return bwd, None
+        return bwd
 
     def sdpa_backward(runtime, grad_out, q, k, v, out, lse, causal, scale, *,
                       variant=NO_VARIANT, **_):
@@ -157,3 +158,77 @@ def test_a_repeated_backward_runs_the_forwards_kept_backward(monkeypatch):
                         lambda *a: (*sdpa_backward(None, *a[:6], None, None), None))
     torch.autograd.grad(_autograd.sdpa(q, k, v, causal=True, sinks=sinks), (q, k, v), g)
     assert len(general) == 3 and bwd.calls == 2 and len(resolved) == 1
+
+
+@pytest.mark.parametrize("variant", [{}, {"window_left": 64, "softcap": 30.0, "sinks": True}])
+def test_the_prepared_forward_launches_what_launch_with_lse_does(monkeypatch, variant):
+    """A training call's kept forward (``Family.prepare_with_lse``, the forward family's
+    prepared launch) passes ``launch_with_lse``'s grid, kernel and arguments, each call's own
+    arrays in their places."""
+    import cuda.tile
+
+    from tiledattention import FORWARD, Problem
+    from tiledattention.core import _device
+    from tiledattention.core._device import DeviceInfo
+    from tiledattention.kernels.forward._launch import launch_with_lse
+
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(_device, "device_info",
+                        lambda i: DeviceInfo(index=0, arch="sm_90", name="x", sm_count=132))
+    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=333, seqlen_k=333, head_dim=64,
+                      dtype="bf16", causal=True, **variant)
+    schedule = FORWARD.default_schedule("sm_90", problem)
+    run = FORWARD.prepare_with_lse(problem, schedule, 0.125, 0)
+    for _ in range(2):
+        q = torch.empty(2, 8, 333, 64, dtype=torch.bfloat16)
+        k, v, out = torch.empty(2, 2, 333, 64), torch.empty(2, 2, 333, 64), torch.empty_like(q)
+        lse, sinks = torch.empty(2, 8, 333), torch.empty(8) if problem.sinks else None
+        run("stream", q, k, v, out, lse, sinks)
+        launch_with_lse("stream", q, k, v, out, lse, problem,
+                        FORWARD.normalise(problem, schedule), 0.125, 132, sinks=sinks)
+        prepared, direct = calls.pop(0), calls.pop(0)
+        assert prepared[:3] == direct[:3]
+        assert len(prepared[3]) == len(direct[3])
+        for a, b in zip(prepared[3], direct[3]):
+            assert a is b or (not isinstance(a, torch.Tensor) and a == b)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_the_prepared_backward_launches_what_the_familys_backward_does(monkeypatch, splits):
+    """A training call's kept backward (``BackwardFamily.prepare_backward``) launches the same
+    kernels, grids and arguments as ``BACKWARD.backward`` (the float32 dK/dV partials of a
+    split walk are each call's own), and a one-pass schedule keeps asking ``backward`` (which
+    honours torch's deterministic mode per call)."""
+    import cuda.tile
+
+    from tiledattention import BACKWARD, Problem
+
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=333, seqlen_k=333, head_dim=64,
+                      dtype="bf16", causal=True)
+    schedule = BACKWARD.default_schedule("sm_90", problem).replace(dkdv_splits=splits)
+    run = BACKWARD.prepare_backward(problem, schedule, 0.125)
+    q, out, grad_out, dq = (torch.empty(2, 8, 333, 64, dtype=torch.bfloat16) for _ in range(4))
+    k, v, dk, dv = (torch.empty(2, 2, 333, 64, dtype=torch.bfloat16) for _ in range(4))
+    lse, delta = torch.empty(2, 8, 333), torch.empty(2, 8, 333)
+    run("stream", q, k, v, out, grad_out, lse, delta, (dq, dk, dv))
+    prepared = list(calls)
+    calls.clear()
+    BACKWARD.backward("stream", problem, schedule, 0.125, q, k, v, out, grad_out, lse, delta,
+                      (dq, dk, dv))
+    assert len(prepared) == len(calls) == (2 if splits == 1 else 4)
+    for a, b in zip(prepared, calls):
+        assert a[:3] == b[:3] and len(a[3]) == len(b[3])
+        for x, y in zip(a[3], b[3]):
+            if isinstance(x, torch.Tensor) and x is not y:  # a split walk's partials
+                assert x.dtype == y.dtype == torch.float32 and x.shape == y.shape
+            else:
+                assert x is y or x == y
+    one_pass = schedule.replace(dq_mode="atomic", dkdv_splits=1)
+    asked = []
+    monkeypatch.setattr(type(BACKWARD), "backward", lambda self, *a, **k: asked.append(a))
+    BACKWARD.prepare_backward(problem, one_pass, 0.125)("s", q, k, v, out, grad_out, lse, delta,
+                                                         (dq, dk, dv))
+    assert len(asked) == 1 and asked[0][2] is one_pass

@@ -366,6 +366,17 @@ class Family(abc.ABC):
         when ``problem.ragged`` (``lse`` may then be ``None``: a forward that keeps none)."""
         raise UnsupportedOperationError(f"the {self.name} family keeps no log-sum-exp")
 
+    def prepare_with_lse(self, problem: Any, schedule: Any, scale: float,
+                         device_index: int) -> Callable[..., None]:
+        """:meth:`forward_with_lse` of one dense problem, schedule, scale and device, prepared
+        for every later call: ``run(stream, q, k, v, out, lse, sinks)`` (a training call's
+        warm path keeps one per signature). Here: a call of :meth:`forward_with_lse`; a family
+        may prepare the launch's arguments once."""
+        def run(stream: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, sinks: Any) -> None:
+            self.forward_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
+                                  device_index, sinks=sinks)
+        return run
+
     def fp8_plan(self, call: Any, schedule: Any, device_index: int, q: Any, k: Any, v: Any,
                  out: Any) -> Any:
         """The launch plan of an FP8 call (``call.problem``: an FP8 ``dtype`` the family's
@@ -376,6 +387,17 @@ class Family(abc.ABC):
         output (None where the arrays fail the plan's own checks)
         (``tiledattention.entry_points._fp8``)."""
         raise UnsupportedOperationError(f"the {self.name} family takes no FP8 inputs")
+
+    def prepare_backward(self, problem: Any, schedule: Any, scale: float) -> Callable[..., None]:
+        """:meth:`backward` of one dense problem, schedule and scale, prepared for every later
+        call: ``run(stream, q, k, v, out, grad_out, lse, delta, grads)`` (a training call's warm
+        path keeps one per signature). Here: a call of :meth:`backward`; a family may prepare
+        its launches once."""
+        def run(stream: Any, q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any,
+                delta: Any, grads: tuple[Any, Any, Any]) -> None:
+            self.backward(stream, problem, schedule, scale, q, k, v, out, grad_out, lse, delta,
+                          grads)
+        return run
 
     def backward(self, stream: Any, problem: Any, schedule: Any, scale: float, q: Any, k: Any,
                  v: Any, out: Any, grad_out: Any, lse: Any, delta: Any,

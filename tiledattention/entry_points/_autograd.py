@@ -323,10 +323,10 @@ class _EagerForwardLse(torch.autograd.Function):
                 kept.backward_plan = _training.backward_plan(
                     runtime(), grad_out, q, k, v, out, ctx.lse,
                     _causal_arg(causal, bottom_right), scale,
-                    variant=_variant(left, right, softcap, None))[0]
+                    variant=_variant(left, right, softcap, None))
             if kept.backward_plan is not None and eager(grad_out):
-                return (*kept.backward_plan.backward(grad_out, q, k, v, out, ctx.lse, None,
-                                                     None), None, None)
+                return (*kept.backward_plan.backward(grad_out, q, k, v, out, ctx.lse, None),
+                        None, None)
         return (*attention_grads(grad_out, q, k, v, out, ctx.lse, sinks, ctx.flags,
                         sinks is not None and ctx.needs_input_grad[3]), None)
 

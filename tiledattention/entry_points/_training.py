@@ -19,8 +19,8 @@ pass ``grads`` (the caller's buffers), and CuPy arrays, take the validating path
 Autograd's eager route (``_autograd``) goes one step further: :func:`training_forward` hands its
 node the forward's kept call, whose ``backward_plan`` (the kept backward of the same problem,
 set by :func:`backward_plan` on the first backward) the node runs directly, without building
-the backward's signature: a backward node runs on autograd's device thread, where each µs of
-Python cost about two on an H200 (``docs/records/benchmarks/backward/host-time.md``).
+the backward's signature: a backward node runs on autograd's device thread, where its Python
+costs more host time than on the calling thread (``docs/records/benchmarks/backward/host-time.md``).
 """
 
 from __future__ import annotations
@@ -100,37 +100,46 @@ class _Resolved:
     of its problem once a backward through autograd's eager route has resolved it (else
     ``None``)."""
 
-    __slots__ = ("family", "problem", "schedule", "scale", "device", "backward_plan")
+    __slots__ = ("family", "problem", "schedule", "scale", "device", "backward_plan",
+                 "_launch_with_lse", "_launch_backward")
 
     def __init__(self, family: Any, problem: Problem, schedule: Any, scale: float,
                  device: int) -> None:
         self.family, self.problem, self.schedule = family, problem, schedule
         self.scale, self.device = scale, device
         self.backward_plan: _Resolved | None = None
+        # the family's prepared forward / backward, made on the first call that needs one
+        self._launch_with_lse: Any = None
+        self._launch_backward: Any = None
 
     def forward(self, q: Any, k: Any, v: Any, sinks: Any) -> tuple[Any, Any]:
         """``sdpa_with_lse``'s launch: ``(out, lse)``, on torch's current stream."""
         out = hot.empty_like(q, memory_format=hot.contiguous_format)
         lse = _row_stat(self.problem, q.device)
-        self.family.forward_with_lse(hot.raw_stream(self.device), q, k, v, out, lse,
-                                     self.problem, self.schedule, self.scale, self.device,
-                                     sinks=sinks)
+        run = self._launch_with_lse
+        if run is None:
+            run = self._launch_with_lse = self.family.prepare_with_lse(
+                self.problem, self.schedule, self.scale, self.device)
+        run(hot.raw_stream(self.device), q, k, v, out, lse, sinks)
         return out, lse
 
-    def backward(self, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
-                 sinks: Any, grads: Any, with_row_sums: bool = False) -> tuple:
+    def backward(self, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, grads: Any,
+                 with_row_sums: bool = False) -> tuple:
         """``sdpa_backward``'s launch into ``grads`` (``None``: new contiguous tensors);
         ``with_row_sums``: the kernels' float32 ``delta = sum_d dO * O`` ``[B, H_q, S_q]``
-        too, as a fourth."""
+        too, as a fourth. (Sinks need nothing here: ``lse`` holds their term.)"""
         if grads is None:
             like = hot.empty_like
             form = hot.contiguous_format
             grads = (like(q, memory_format=form), like(k, memory_format=form),
                      like(v, memory_format=form))
         delta = _row_stat(self.problem, q.device)
-        self.family.backward(hot.raw_stream(self.device), self.problem, self.schedule,
-                             self.scale, q, k, v, _last_dim_contiguous(out),
-                             _last_dim_contiguous(grad_out), lse, delta, grads, sinks=sinks)
+        run = self._launch_backward
+        if run is None:
+            run = self._launch_backward = self.family.prepare_backward(
+                self.problem, self.schedule, self.scale)
+        run(hot.raw_stream(self.device), q, k, v, _last_dim_contiguous(out),
+            _last_dim_contiguous(grad_out), lse, delta, grads)
         return (*grads, delta) if with_row_sums else grads
 
 
@@ -197,19 +206,18 @@ def sdpa_backward(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
     """``tiledattention.sdpa_backward`` on ``runtime`` (see there). ``with_row_sums``
     (internal: the sinks' gradient reads them) returns the kernels' float32 row sums ``delta
     = sum_d dO * O`` ``[B, H_q, S_q]`` as a fourth value."""
-    kept, sinks = backward_plan(runtime, grad_out, q, k, v, out, lse, causal, scale,
-                                schedule=schedule, grads=grads, variant=variant,
-                                deterministic=deterministic)
-    return kept.backward(grad_out, q, k, v, out, lse, sinks, grads, with_row_sums)
+    kept = backward_plan(runtime, grad_out, q, k, v, out, lse, causal, scale, schedule=schedule,
+                         grads=grads, variant=variant, deterministic=deterministic)
+    return kept.backward(grad_out, q, k, v, out, lse, grads, with_row_sums)
 
 
 def backward_plan(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
                   causal: Any = False, scale: float | None = None, *,
                   schedule: Any = None, grads: tuple[Any, Any, Any] | None = None,
                   variant: tuple = (None, None, None),
-                  deterministic: bool = False) -> tuple[_Resolved, Any]:
-    """The kept backward call of these arguments (validated and resolved on the first call of
-    their signature) and the sink logits as the kernels read them: ``(kept, sinks)``."""
+                  deterministic: bool = False) -> _Resolved:
+    """The kept backward call of these arguments, validated and resolved on the first call of
+    their signature."""
     key = None
     if grads is None:
         key = _signature("sdpa_backward", q, k, v, causal, scale, variant, schedule)
@@ -221,14 +229,14 @@ def backward_plan(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                 key = None
     kept = None if key is None else runtime.plan(key)
     if kept is not None:
-        return kept, _sinks_of(variant)
+        return kept
     import torch
 
     if not isinstance(deterministic, bool):
         raise InputTypeError(f"deterministic must be a bool; got {deterministic!r}")
 
     family = _explicit(schedule, "sdpa_backward")
-    problem, device, sinks = _torch_problem("sdpa_backward", q, k, v, causal, scale, variant)
+    problem, device, _ = _torch_problem("sdpa_backward", q, k, v, causal, scale, variant)
     _check_like("grad_out", grad_out, q, "q")
     _check_like("out", out, q, "q")
     stat = (problem.batch, problem.heads_q, problem.seqlen_q)
@@ -254,4 +262,4 @@ def backward_plan(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                      default_scale(problem) if scale is None else scale, device)
     if key is not None:
         runtime.keep_plan(key, kept)
-    return kept, sinks
+    return kept

@@ -268,6 +268,19 @@ class BackwardFamily(Family):
 
     serves = ("sdpa_backward",)
 
+    def prepare_backward(self, problem: Problem, schedule: BackwardSchedule,
+                         scale: float) -> Callable[..., None]:
+        """:meth:`Family.prepare_backward`: the plan's launches made once (a one-pass schedule
+        asks each call whether torch wants deterministic algorithms: :meth:`backward`)."""
+        if schedule.dq_mode == "atomic" or problem.ragged:
+            return super().prepare_backward(problem, schedule, scale)
+        plan = launches(problem, schedule, scale)
+
+        def run(stream, q, k, v, out, grad_out, lse, delta, grads) -> None:
+            launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
+                   allocate_scratch(plan, q.device))
+        return run
+
     def backward(self, stream, problem: Problem, schedule: BackwardSchedule, scale: float, q, k,
                  v, out, grad_out, lse, delta, grads, sinks=None, ragged=None) -> None:
         """:meth:`Family.backward`. ``sinks`` is not read: the forward's ``lse`` holds the

@@ -21,7 +21,7 @@ from ._compile import compile_schedule
 from ._defaults import default_schedule
 from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
                       normalise)
-from ._plan import ForwardPlan, Fp8ForwardPlan, forward_plan, fp8_forward_plan
+from ._plan import ForwardPlan, Fp8ForwardPlan, dense_launch, forward_plan, fp8_forward_plan
 from ._schedule import Schedule
 
 __all__ = ["FORWARD", "ForwardFamily", "ForwardCase"]
@@ -194,6 +194,19 @@ class ForwardFamily(Family):
             return
         launch_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
                         _device.device_info(device_index).sm_count, sinks=sinks)
+
+    def prepare_with_lse(self, problem: Problem, schedule: Schedule, scale: float,
+                         device_index: int) -> Callable[..., None]:
+        """:meth:`Family.prepare_with_lse`: the launch's arguments prepared once
+        (:func:`~._plan.dense_launch`), each call's arrays put in their places."""
+        prepared = dense_launch(problem, normalise(problem, schedule), float(scale),
+                                _device.device_info(device_index).sm_count,
+                                sinks=problem.sinks)
+
+        def run(stream, q, k, v, out, lse, sinks) -> None:
+            prepared.run(stream, {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse,
+                                  "Sinks": sinks})
+        return run
 
     def fp8_plan(self, call: Call, schedule: Schedule, device_index: int, q, k, v,
                  out) -> Fp8ForwardPlan:

@@ -15,7 +15,7 @@ from ._launch import (PreparedLaunch, Slot, grid_for, kernel_args, kernel_for, n
                       slots, transpose_values)
 from ._schedule import Schedule
 
-__all__ = ["ForwardPlan", "forward_plan", "Fp8ForwardPlan", "fp8_forward_plan"]
+__all__ = ["ForwardPlan", "forward_plan", "Fp8ForwardPlan", "fp8_forward_plan", "dense_launch"]
 
 
 class ForwardPlan(Plan):
@@ -143,3 +143,15 @@ def fp8_forward_plan(problem: Problem, schedule: Schedule, device_index: int,
     return Fp8ForwardPlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
         out_dtype=out_dtype, launch=PreparedLaunch(kernel_for(schedule), grid, args))
+
+
+def dense_launch(problem: Problem, schedule: Schedule, scale: float, sm_count: int, *,
+                 sinks: bool) -> PreparedLaunch:
+    """:func:`~._launch.launch_with_lse` of a dense (not ragged) problem as a
+    :class:`~._launch.PreparedLaunch`
+    (the arrays ``Q, K, V, Out, Lse`` and, with ``sinks``, ``Sinks`` fill its slots): what a
+    training call's warm path keeps, so that a call puts its arrays in place and launches."""
+    slot = slots("Q", "K", "V", "Out", "Lse", "Sinks")
+    args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
+                       lse=slot["Lse"], sinks=slot["Sinks"] if sinks else None)
+    return PreparedLaunch(kernel_for(schedule), grid_for(problem, schedule, sm_count), args)
