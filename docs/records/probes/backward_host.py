@@ -23,12 +23,23 @@ default: a CUDA node's backward runs on the device's engine thread) and off
   no_grad`` and ``fwd no_grad detached``: a no-grad forward on those tensors and on detached
   ones; then a cProfile of 200 ``ours bwd`` calls with the threads off (the second shape).
 
-    source .devtk/setup.sh && python3 docs/records/probes/backward_host.py
+    source .devtk/setup.sh && python3 docs/records/probes/backward_host.py [--quick]
+
+``--quick``: threads on only, 9 rounds, and only ``ours fwd`` (a forward that records the graph),
+``ours bwd``, ``ours fwd+bwd`` and cuDNN's three, one JSON line per shape: for an A/B of two
+trees of the package run one after the other (``PYTHONPATH=old-tree python3 ... --quick``).
+
+``--ab``: in one process, threads on, the training route as it is (``new``) against the route
+of 84b330a (``old``: the node on its general path, the kept calls launching through
+``Family.forward_with_lse`` / ``Family.backward`` as they did), and cuDNN, interleaved round
+by round (15 rounds of 50 calls; medians); a table.
 """
 
 import cProfile
+import json
 import pstats
 import statistics
+import sys
 import threading
 import time
 
@@ -110,7 +121,114 @@ def no_grad(fn):
     return torch.no_grad()(fn)
 
 
+def quick():
+    """The ``--quick`` rows (threads on), one JSON line per shape."""
+    for b, hq, hkv, s, d in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
+                               generator=gen).requires_grad_() for h in (hq, hkv, hkv))
+        g = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                      enable_gqa=hq != hkv)
+
+        def ours():
+            return ta.sdpa(q, k, v, causal=True)
+        row = {"shape": f"B{b} H{hq}/{hkv} S{s} D{d}", "package": ta.__file__}
+        for name, fn in (("ours", ours), ("cudnn", cudnn)):
+            kept = fn()
+            row[f"{name} fwd"] = host(fn, rounds=9)
+            row[f"{name} bwd"] = host(lambda: torch.autograd.grad(kept, (q, k, v), g,
+                                                                  retain_graph=True), rounds=9)
+            row[f"{name} fwd+bwd"] = host(lambda: torch.autograd.grad(fn(), (q, k, v), g),
+                                          rounds=9)
+        print(json.dumps(row))
+
+
+class old_route:
+    """Until ``undo``: the training route of 84b330a (the general path in the node; the kept
+    forward and backward calls launching through the family's ``forward_with_lse`` /
+    ``backward`` on every call, as ``_training._Resolved`` did)."""
+
+    def __init__(self):
+        resolved = _training._Resolved
+        self.saved = (resolved.forward, resolved.backward)
+        self.general = general_route()
+
+        def forward(kept, q, k, v, sinks):
+            out = torch.empty_like(q, memory_format=torch.contiguous_format)
+            lse = _training._row_stat(kept.problem, q.device)
+            stream = torch._C._cuda_getCurrentRawStream(kept.device)
+            kept.family.forward_with_lse(stream, q, k, v, out, lse, kept.problem, kept.schedule,
+                                         kept.scale, kept.device, sinks=sinks)
+            return out, lse
+
+        def backward(kept, grad_out, q, k, v, out, lse, grads, with_row_sums=False):
+            grads = tuple(torch.empty_like(x, memory_format=torch.contiguous_format)
+                          for x in (q, k, v))
+            delta = _training._row_stat(kept.problem, q.device)
+            stream = torch._C._cuda_getCurrentRawStream(kept.device)
+            kept.family.backward(stream, kept.problem, kept.schedule, kept.scale, q, k, v, out,
+                                 grad_out, lse, delta, grads)
+            return (*grads, delta) if with_row_sums else grads
+        resolved.forward, resolved.backward = forward, backward
+
+    def undo(self):
+        _training._Resolved.forward, _training._Resolved.backward = self.saved
+        self.general.undo()
+
+
+def ab(rounds=15, calls=50):
+    """The ``--ab`` table."""
+    print("| shape | route | fwd | bwd | fwd+bwd |\n|---|---|---|---|---|")
+    for b, hq, hkv, s, d in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
+                               generator=gen).requires_grad_() for h in (hq, hkv, hkv))
+        g = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                      enable_gqa=hq != hkv)
+
+        def ours():
+            return ta.sdpa(q, k, v, causal=True)
+        routes = {"new": (ours, None), "old": (ours, old_route), "cudnn": (cudnn, None)}
+        kept, times = {}, {}
+        for name, (fn, route) in routes.items():
+            patch = route() if route else None
+            kept[name] = fn()
+            for _ in range(3):  # warm: the first backward resolves the kept one
+                torch.autograd.grad(fn(), (q, k, v), g)
+            if patch:
+                patch.undo()
+        for _ in range(rounds):
+            for name, (fn, route) in routes.items():
+                patch = route() if route else None
+                out = kept[name]
+                for what, step in (("fwd", fn),
+                                   ("bwd", lambda: torch.autograd.grad(out, (q, k, v), g,
+                                                                       retain_graph=True)),
+                                   ("fwd+bwd", lambda: torch.autograd.grad(fn(), (q, k, v), g))):
+                    times.setdefault((name, what), []).append(host(step, calls, rounds=1))
+                if patch:
+                    patch.undo()
+        for name in routes:
+            print(f"| B{b} H{hq}/{hkv} S{s} D{d} | {name} | " + " | ".join(
+                f"{statistics.median(times[(name, w)]):.1f}" for w in ("fwd", "bwd", "fwd+bwd"))
+                + " |")
+
+
 def main():
+    if "--ab" in sys.argv:
+        ab()
+        return
+    if "--quick" in sys.argv:
+        quick()
+        return
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     rows = []
     for b, hq, hkv, s, d in SHAPES:
