@@ -148,9 +148,9 @@ def fp8_forward_plan(problem: Problem, schedule: Schedule, device_index: int,
 def dense_launch(problem: Problem, schedule: Schedule, scale: float, sm_count: int, *,
                  sinks: bool) -> PreparedLaunch:
     """:func:`~._launch.launch_with_lse` of a dense (not ragged) problem as a
-    :class:`~._launch.PreparedLaunch`
-    (the arrays ``Q, K, V, Out, Lse`` and, with ``sinks``, ``Sinks`` fill its slots): what a
-    training call's warm path keeps, so that a call puts its arrays in place and launches."""
+    :class:`~._launch.PreparedLaunch` (the arrays ``Q, K, V, Out, Lse`` and, with ``sinks``,
+    ``Sinks`` fill its slots): what a training call's warm path keeps, so that a call puts its
+    arrays in place and launches."""
     slot = slots("Q", "K", "V", "Out", "Lse", "Sinks")
     args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
                        lse=slot["Lse"], sinks=slot["Sinks"] if sinks else None)
