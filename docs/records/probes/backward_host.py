@@ -53,6 +53,23 @@ from tiledattention.entry_points import _autograd, _training
 SHAPES = [(1, 8, 8, 256, 64), (8, 16, 16, 577, 64), (1, 32, 8, 4096, 128)]
 
 
+def inputs(b, hq, hkv, s, d):
+    """``(q, k, v, g, ours, cudnn)``: bf16 leaves that require grad, a gradient of the output,
+    and our causal attention and torch's cuDNN backend's on them."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
+                           generator=gen).requires_grad_() for h in (hq, hkv, hkv))
+    g = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hq != hkv)
+
+    def ours():
+        return ta.sdpa(q, k, v, causal=True)
+    return q, k, v, g, ours, cudnn
+
+
 class _Empty(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -124,18 +141,7 @@ def no_grad(fn):
 def quick():
     """The ``--quick`` rows (threads on), one JSON line per shape."""
     for b, hq, hkv, s, d in SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
-                               generator=gen).requires_grad_() for h in (hq, hkv, hkv))
-        g = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                      enable_gqa=hq != hkv)
-
-        def ours():
-            return ta.sdpa(q, k, v, causal=True)
+        q, k, v, g, ours, cudnn = inputs(b, hq, hkv, s, d)
         row = {"shape": f"B{b} H{hq}/{hkv} S{s} D{d}", "package": ta.__file__}
         for name, fn in (("ours", ours), ("cudnn", cudnn)):
             kept = fn()
@@ -184,18 +190,7 @@ def ab(rounds=15, calls=50):
     """The ``--ab`` table."""
     print("| shape | route | fwd | bwd | fwd+bwd |\n|---|---|---|---|---|")
     for b, hq, hkv, s, d in SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
-                               generator=gen).requires_grad_() for h in (hq, hkv, hkv))
-        g = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                      enable_gqa=hq != hkv)
-
-        def ours():
-            return ta.sdpa(q, k, v, causal=True)
+        q, k, v, g, ours, cudnn = inputs(b, hq, hkv, s, d)
         routes = {"new": (ours, None), "old": (ours, old_route), "cudnn": (cudnn, None)}
         kept, times = {}, {}
         for name, (fn, route) in routes.items():
@@ -232,18 +227,8 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     rows = []
     for b, hq, hkv, s, d in SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16,
-                               generator=gen).requires_grad_() for h in (hq, hkv, hkv))
-        g = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q, k, v, g, ours, cudnn = inputs(b, hq, hkv, s, d)
         leaves = (q, k, v)
-
-        def cudnn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                      enable_gqa=hq != hkv)
-
-        ours = lambda: ta.sdpa(q, k, v, causal=True)  # noqa: E731
         o_ours, o_cudnn, o_empty = ours(), cudnn(), _Empty.apply(q)
         with torch.no_grad():
             _, lse = ta.sdpa_with_lse(q, k, v, causal=True)
