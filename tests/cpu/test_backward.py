@@ -327,3 +327,22 @@ def test_splits_give_way_where_the_partials_would_pass_int32_indexing():
                   head_dim=128, dtype="bf16", causal=False)  # K: 2**29 elements
     s = normalise(big, BackwardSchedule(dkdv_splits=16))
     assert s.dkdv_splits == 2 and 2 * 64 * 65536 * 128 <= INDEX_LIMIT < 4 * 64 * 65536 * 128
+
+
+def test_a_short_walk_stays_unsplit_whatever_its_grid():
+    """``SHORT_WALK``: a dK/dV walk of at most 16 (query head, query tile) pairs per key tile
+    is not split even where its grid is far short of the waves; a grouped walk of 32 pairs on
+    the same grid is."""
+    from tiledattention.kernels.backward._defaults import SHORT_WALK, dkdv_splits
+
+    tiny = Problem(batch=1, heads_q=8, heads_kv=8, seqlen_q=256, seqlen_k=256, head_dim=64,
+                   dtype="bf16", causal=True)  # 2 query tiles of 128 rows: 2 pairs
+    s = BACKWARD.default_schedule("sm_90", tiny)
+    assert s.dkdv_splits == 1 and dkdv_splits("sm_90", tiny, s) > 1  # the wave rule would
+    edge = dataclasses.replace(tiny, heads_q=4, heads_kv=4, seqlen_q=2048, seqlen_k=2048,
+                               causal=False)  # 16 query tiles of 128: 16 pairs, 128 CTAs
+    e = BACKWARD.default_schedule("sm_90", edge)
+    assert SHORT_WALK == 16 and e.dkdv_splits == 1 and dkdv_splits("sm_90", edge, e) > 1
+    grouped = dataclasses.replace(tiny, heads_q=8, heads_kv=2, seqlen_q=1024, seqlen_k=1024,
+                                  causal=False)  # 4 heads x 8 query tiles: 32 pairs
+    assert BACKWARD.default_schedule("sm_90", grouped).dkdv_splits > 1

@@ -5,8 +5,13 @@ schedule given, in three views: the GPU's (``time_interleaved``: a spin hides th
 launch), a loop of calls back to back with the host counted (``loop``), and an isolated call
 from an idle GPU with the host counted (``host``). bf16, ``[B, H, S, D]``; µs per call.
 
-    source .devtk/setup.sh && python3 docs/records/probes/backward_splits.py
+    source .devtk/setup.sh && python3 docs/records/probes/backward_splits.py [--grouped]
+
+``--grouped``: head dim 64 with grouped and multi-query heads instead (``GROUPED``), where the
+dK/dV grid has the fewest CTAs.
 """
+
+import sys
 
 import torch
 
@@ -18,6 +23,9 @@ from tuner.measure import time_interleaved
 SHAPES = [(1, 8, 8, 256, 64, True), (1, 16, 16, 512, 64, True), (2, 12, 12, 384, 64, False),
           (1, 16, 16, 1024, 64, True), (4, 12, 4, 1000, 96, True), (1, 32, 8, 1024, 128, True),
           (1, 8, 1, 2048, 128, True), (1, 12, 12, 2048, 64, True), (1, 4, 4, 4096, 128, True)]
+
+GROUPED = [(1, 8, 1, 2048, 64, True), (1, 16, 1, 4096, 64, True), (2, 32, 4, 2048, 64, True),
+           (1, 32, 8, 2048, 64, True), (1, 8, 2, 1024, 64, False), (4, 16, 2, 512, 64, True)]
 
 
 def _compile(job):
@@ -38,8 +46,9 @@ def main():
     import os
     from concurrent.futures import ProcessPoolExecutor
 
+    shapes = GROUPED if "--grouped" in sys.argv else SHAPES
     jobs = []
-    for shape in SHAPES:
+    for shape in shapes:
         problem = _problem(*shape)
         default = BACKWARD.default_schedule("sm_90", problem)
         jobs += [(problem, default), (problem, default.replace(dkdv_splits=1))]
@@ -48,7 +57,7 @@ def main():
             if failed:
                 print("  not compiled:", failed)
     rows = []
-    for b, hq, hkv, s, d, causal in SHAPES:
+    for b, hq, hkv, s, d, causal in shapes:
         problem = _problem(b, hq, hkv, s, d, causal)
         default = BACKWARD.default_schedule("sm_90", problem)
         if default.dkdv_splits == 1:
@@ -66,7 +75,8 @@ def main():
         err = max((torch.linalg.vector_norm((a - r).float()) / torch.linalg.vector_norm(
             r.float())).item() for a, r in zip(fns["one split"](), ref))
         views = {view: time_interleaved(fns, rounds=15, **kw) for view, kw in
-                 (("gpu", {}), ("loop", {"loop": True}), ("isolated", {"host": True}))}
+                 (("gpu", {}), ("loop", {"loop": True, "flush_l2": False}),
+                  ("isolated", {"host": True}))}
         print(f"== {problem.describe()}: {default.describe()}; one split differs by {err:.1e}")
         for name in candidates:
             print(f"  {name:10s} " + "  ".join(f"{view} {1e3 * t[name].median_ms:8.1f} us"

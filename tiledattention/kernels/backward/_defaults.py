@@ -9,10 +9,10 @@ from typing import Any
 
 from ...core._compile import SM_COUNTS, generation
 from ...core._problem import Problem, padded_head_dim
-from ._launch import normalise, reach, unequal_walks
+from ._launch import dkdv_walk, normalise, reach, unequal_walks
 from ._schedule import SPLITS, BackwardSchedule
 
-__all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
+__all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL", "SHORT_WALK",
            "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last", "DQ_MODE",
            "SOFTCAP_ONE_PASS", "OnePassRule", "softcap_one_pass_rule",
            "deterministic_backward_schedule"]
@@ -46,6 +46,15 @@ _OTHER = {d: s.replace(dkdv_occupancy=1, dq_occupancy=1) for d, s in _HOPPER.ite
 WAVES = {False: 1, True: 2}  # by unequal_walks (the causal mask, a one-sided window)
 #: A grid within this share of its waves counts as filling them.
 FILL = 0.9
+#: A dK/dV walk of at most this many (query head, query tile) pairs per key tile is not split,
+#: however few CTAs its grid has: each split would walk a pair or a few, and the float32
+#: partials and their two sums cost more than the parallelism gives. On an H200
+#: (docs/records/probes/backward_splits.py; docs/records/benchmarks/backward/host-time.md) one
+#: split ran 1.19-1.53x the GPU time of the wave rule's 2-4 splits on five such D 64 calls
+#: (walks of 2-16 pairs, B 1-2, H 8-16, S 256-2048), and 1.20-1.45x with the host counted;
+#: walks of 32 pairs or more gained from their splits (one split at 0.30-0.93x on nine calls,
+#: grouped and multi-query heads, D 64-128). Between the two: not measured, split as before.
+SHORT_WALK = 16
 #: Most waves a causal dK/dV grid (split) may have for the default to launch tile-major. With
 #: few waves the longest walks finishing last leave SMs idle and tile-major pays (1.02-1.25x on
 #: eleven causal shapes of 1.9-5.7 waves, H100, issue 31); with many, CTAs of many heads run
@@ -140,12 +149,15 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     causal mask) the longest walks first: the dQ kernel's last query tiles (H100 probe 2 of
     issue 31: 0-3% faster on six causal training shapes, never slower) and, where the dK/dV
     grid is at most ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what
-    the problem needs (``normalise``). A ragged problem's default is the same tiles, unsplit
-    and unordered (``normalise``: one tile per CTA over the longest sequence's tiles)."""
+    the problem needs (``normalise``); a walk of at most ``SHORT_WALK`` pairs stays unsplit. A
+    ragged problem's default is the same tiles, unsplit and unordered (``normalise``: one tile
+    per CTA over the longest sequence's tiles)."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
     entry = table[max(64, padded_head_dim(problem.head_dim))].replace(**fields)
     base = normalise(problem, _window_tiles(problem, entry))
     splits = dkdv_splits(arch, problem, base)
+    if problem.group_size * dkdv_walk(problem, base.dkdv_tile_n, base.dkdv_tile_m) <= SHORT_WALK:
+        splits = 1
     longest_first = heaviest_last(problem)
     return normalise(problem, base.replace(
         dkdv_splits=splits, dq_heavy_first=longest_first,
