@@ -156,8 +156,9 @@ def test_an_image_is_compiled_in_the_calling_convention_ct_launch_picks():
     """The oldest that can pass the launch: the backward's sum kernel (two arrays, constants)
     takes ``cutile_python_v1`` at batch 2 and ``cutile_python_v2`` at batch 1 (a dim of
     length 1 is a constant); a kernel with empty-tuple placeholders always v2."""
-    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=300, seqlen_k=300, head_dim=64,
-                      dtype="bf16", causal=True)
+    # (a walk of 4 heads x 8 query tiles: the default splits it, so the sum kernel is built)
+    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=1000, seqlen_k=1000,
+                      head_dim=64, dtype="bf16", causal=True)
     for batch, want in ((2, "cutile_python_v1"), (1, "cutile_python_v2")):
         images = images_of(_job("backward", dataclasses.replace(problem, batch=batch), "sm_90"))
         sums = [i for i in images if ":attention_bwd_sum[" in i["kernel"]]
