@@ -100,7 +100,6 @@ def test_the_eager_route_computes_what_the_ops_compute(monkeypatch):
         assert torch.equal(a, b)
 
 
-
 class _KeptBackward:
     """Stands in for a kept backward call: its gradients are arithmetic of every input."""
 
@@ -158,6 +157,14 @@ def test_a_repeated_backward_runs_the_forwards_kept_backward(monkeypatch):
                         lambda *a: (*sdpa_backward(None, *a[:6], None, None), None))
     torch.autograd.grad(_autograd.sdpa(q, k, v, causal=True, sinks=sinks), (q, k, v), g)
     assert len(general) == 3 and bwd.calls == 2 and len(resolved) == 1
+
+    class Passthrough(TorchDispatchMode):  # a mode that records ops sees the backward
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    out = _autograd.sdpa(q, k, v, causal=True)  # a kept forward whose backward is resolved
+    with Passthrough():
+        torch.autograd.grad(out, (q, k, v), g)
+    assert len(general) == 4 and bwd.calls == 2
 
 
 @pytest.mark.parametrize("variant", [{}, {"window_left": 64, "softcap": 30.0, "sinks": True}])
