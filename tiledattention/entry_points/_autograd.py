@@ -316,17 +316,18 @@ class _EagerForwardLse(torch.autograd.Function):
         kept = ctx.kept
         # the forward's kept call knows its backward once one has run: launch it directly
         # where nothing traces and dO is laid out as the output (sinks take the general path:
-        # their gradient reads the kernels' row sums)
-        if kept is not None and sinks is None and grad_out.stride() == out.stride():
-            if kept.backward_plan is None and eager(grad_out, q, k, v, out):
+        # their gradient reads the kernels' row sums). The saved tensors are plain (the forward
+        # took the eager route): only dO can come from a tracer.
+        if (kept is not None and sinks is None and grad_out.stride() == out.stride()
+                and eager(grad_out)):
+            if kept.backward_plan is None:
                 causal, scale, bottom_right, left, right, softcap = ctx.flags
                 kept.backward_plan = _training.backward_plan(
                     runtime(), grad_out, q, k, v, out, ctx.lse,
                     _causal_arg(causal, bottom_right), scale,
                     variant=_variant(left, right, softcap, None))
-            if kept.backward_plan is not None and eager(grad_out):
-                return (*kept.backward_plan.backward(grad_out, q, k, v, out, ctx.lse, None),
-                        None, None)
+            return (*kept.backward_plan.backward(grad_out, q, k, v, out, ctx.lse, None),
+                    None, None)
         return (*attention_grads(grad_out, q, k, v, out, ctx.lse, sinks, ctx.flags,
                         sinks is not None and ctx.needs_input_grad[3]), None)
 

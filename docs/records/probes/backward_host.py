@@ -23,11 +23,7 @@ default: a CUDA node's backward runs on the device's engine thread) and off
   no_grad`` and ``fwd no_grad detached``: a no-grad forward on those tensors and on detached
   ones; then a cProfile of 200 ``ours bwd`` calls with the threads off (the second shape).
 
-    source .devtk/setup.sh && python3 docs/records/probes/backward_host.py [--quick]
-
-``--quick``: threads on only, 9 rounds, and only ``ours fwd`` (a forward that records the graph),
-``ours bwd``, ``ours fwd+bwd`` and cuDNN's three, one JSON line per shape: for an A/B of two
-trees of the package run one after the other (``PYTHONPATH=old-tree python3 ... --quick``).
+    source .devtk/setup.sh && python3 docs/records/probes/backward_host.py [--ab]
 
 ``--ab``: in one process, threads on, the training route as it is (``new``) against the route
 of 84b330a (``old``: the node on its general path, the kept calls launching through
@@ -36,7 +32,6 @@ by round (15 rounds of 50 calls; medians); a table.
 """
 
 import cProfile
-import json
 import pstats
 import statistics
 import sys
@@ -138,21 +133,6 @@ def no_grad(fn):
     return torch.no_grad()(fn)
 
 
-def quick():
-    """The ``--quick`` rows (threads on), one JSON line per shape."""
-    for b, hq, hkv, s, d in SHAPES:
-        q, k, v, g, ours, cudnn = inputs(b, hq, hkv, s, d)
-        row = {"shape": f"B{b} H{hq}/{hkv} S{s} D{d}", "package": ta.__file__}
-        for name, fn in (("ours", ours), ("cudnn", cudnn)):
-            kept = fn()
-            row[f"{name} fwd"] = host(fn, rounds=9)
-            row[f"{name} bwd"] = host(lambda: torch.autograd.grad(kept, (q, k, v), g,
-                                                                  retain_graph=True), rounds=9)
-            row[f"{name} fwd+bwd"] = host(lambda: torch.autograd.grad(fn(), (q, k, v), g),
-                                          rounds=9)
-        print(json.dumps(row))
-
-
 class old_route:
     """Until ``undo``: the training route of 84b330a (the general path in the node; the kept
     forward and backward calls launching through the family's ``forward_with_lse`` /
@@ -220,9 +200,6 @@ def ab(rounds=15, calls=50):
 def main():
     if "--ab" in sys.argv:
         ab()
-        return
-    if "--quick" in sys.argv:
-        quick()
         return
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     rows = []
