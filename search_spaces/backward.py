@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
+from tiledattention.kernels.forward import head_dim_parts
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
 
@@ -38,13 +39,16 @@ _FULL = {
     "dq_heavy_first": (False, True),
     "tile_major": (False, True),
     "dq_mode": ("kernel", "atomic"),
+    "split_d": (False, True),
 }
 # The dimensions the H100 probes behind the sm_90 defaults found to matter
 # (scripts/backward_probe.py at 6113995: each kernel's occupancy and worker warps, the dK/dV
 # kernel's query tile and Q/dO latency hint, the dQ kernel's query tile; issue 31's
 # scripts/backward_parallel_probe.py at c05e939: the dK/dV splits), at values that include
-# every default; the key tiles stay at 64, as in every default; both dQ modes. 4096 points
-# (non-causal keys: 1024; a one-pass point normalises the dQ kernel's fields away).
+# every default; the key tiles stay at 64, as in every default; both dQ modes; and for a head
+# dim of two parts (72, 80, 96, 192) both of its forms. 4096 points at a power-of-two head dim
+# (non-causal keys: 1024; a one-pass point normalises the dQ kernel's fields away), twice that
+# at the others.
 _COMPACT = {
     "dkdv_tile_m": (64, 128),
     "dkdv_occupancy": (1, 2),
@@ -57,12 +61,15 @@ _COMPACT = {
     "dq_heavy_first": (False, True),
     "tile_major": (False, True),
     "dq_mode": ("kernel", "atomic"),
+    "split_d": (False, True),
 }
 SPACES = {"full": _FULL, "compact": _COMPACT}
 
 
-def _padded(head_dim: int) -> int:
-    return 1 << (head_dim - 1).bit_length()
+def _columns(problem: Problem, schedule: BackwardSchedule) -> int:
+    """The head-dim columns the kernels compute: the head dim padded to a power of two, or
+    with ``split_d`` its two parts' (``head_dim_parts``)."""
+    return sum(head_dim_parts(problem.head_dim, schedule.split_d))
 
 
 def smem_bytes(problem: Problem, schedule: BackwardSchedule) -> tuple[int, int]:
@@ -77,7 +84,7 @@ def smem_bytes(problem: Problem, schedule: BackwardSchedule) -> tuple[int, int]:
     the dK/dV kernel at D=256 with 128x128 tiles took 162 KiB on sm_90 and 64 KiB on sm_86. A
     resident-plus-pipelined estimate (K and V tiles plus two stages of Q and dO: 384 KiB there)
     would reject schedules that compile and run."""
-    d = _padded(problem.head_dim)
+    d = _columns(problem, schedule)
     return 2 * d * schedule.dkdv_tile_m, 2 * d * schedule.dq_tile_n
 
 
@@ -104,7 +111,10 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     sequence it tiles computes only padding, and ``normalise`` turns it into that cap anyway;
     when every candidate is past it, the cap itself is the one value left. Without a causal
     mask the work orders are not searched; dK/dV splits stop at the walk's length; a ragged
-    problem searches no one-pass backward (it runs none)."""
+    problem searches no one-pass backward (it runs none); a head dim of one part (a power of
+    two, ``head_dim_parts``) searches no ``split_d``."""
+    if head_dim_parts(problem.head_dim, True)[1] == 0 and "split_d" in space.choices:
+        space = space.without("split_d")
     choices = dict(space.choices)
     for name, cap in tile_caps(problem).items():
         if name in choices:
@@ -186,9 +196,10 @@ def model_ms(problem: Problem, schedule: BackwardSchedule) -> float:
     (query tile, key tile) pair, half of them with a causal mask) at 4x the DRAM bandwidth
     (L2 absorbs the reduce-adds), and
     the delta and scale kernels' row traffic."""
-    d = _padded(problem.head_dim)
+    d = _columns(problem, schedule)
     s = schedule
-    half = problem.flops / 2  # one matrix product of the forward's size
+    # one matrix product of the forward's size, over the columns the kernels compute
+    half = problem.flops / 2 * d / problem.head_dim
     one_pass = s.dq_mode == "atomic"
     dkdv_eff = _kernel_efficiency(_DKDV_TILES, s.dkdv_tile_n, s.dkdv_tile_m,
                                   (2 * s.dkdv_tile_n + one_pass * s.dkdv_tile_m) * d * 4,

@@ -346,3 +346,66 @@ def test_a_short_walk_stays_unsplit_whatever_its_grid():
     grouped = dataclasses.replace(tiny, heads_q=8, heads_kv=2, seqlen_q=1024, seqlen_k=1024,
                                   causal=False)  # 4 heads x 8 query tiles: 32 pairs
     assert BACKWARD.default_schedule("sm_90", grouped).dkdv_splits > 1
+
+
+# -- a head dim of two parts (split_d) ----------------------------------------------------------
+def test_split_head_dim_reaches_both_kernels_and_not_the_sum():
+    """D 96 as 64 + 32: both kernels' constants and code change, the partials' sum (a
+    memory-bound pass over the padded head dim) does not."""
+    padded, split = BackwardSchedule(dkdv_splits=2), BackwardSchedule(dkdv_splits=2,
+                                                                       split_d=True)
+    for constants in (dq_constants, dkdv_constants):
+        assert (constants(ODD, padded)["TILE_D"], constants(ODD, padded)["TILE_D2"]) == (128, 0)
+        assert (constants(ODD, split)["TILE_D"], constants(ODD, split)["TILE_D2"]) == (64, 32)
+    a, b = _digests(_build(ODD, padded)), _digests(_build(ODD, split))
+    assert a[0] != b[0] and a[1] != b[1] and a[2] == b[2]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_split_head_dim_compiles_one_pass_for_each_architecture(arch):
+    """D 72 as 64 + 16 (8 columns of the second part zero-filled), the one-pass backward (two
+    reduce-add sites), a window and a softcap."""
+    problem = dataclasses.replace(ODD, head_dim=72, window_left=100, softcap=30.0)
+    schedule = BackwardSchedule(dq_mode="atomic", split_d=True)
+    result = _build(problem, schedule, arch)
+    assert result.arch == arch and result.cubin[:4] == b"\x7fELF"
+    assert dkdv_constants(problem, schedule)["TILE_D2"] == 16
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256, 56, 112, 224])
+def test_split_head_dim_is_normalised_away_where_there_are_no_two_parts(head_dim):
+    """A power of two has one part; 56, 112 and 224 would take two parts no narrower than the
+    padded one (32 + 32 of 64, 64 + 64 of 128, 128 + 128 of 256)."""
+    problem = dataclasses.replace(PLAIN, head_dim=head_dim)
+    assert not normalise(problem, BackwardSchedule(split_d=True)).split_d
+    assert not BACKWARD.default_schedule("sm_90", problem).split_d
+    assert dkdv_constants(problem, BackwardSchedule(split_d=True))["TILE_D2"] == 0
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("head_dim, parts", [(40, (32, 16)), (72, (64, 16)), (80, (64, 16)),
+                                             (96, (128, 0)), (160, (256, 0)),
+                                             (192, (128, 64))])
+def test_defaults_split_a_head_dim_whose_second_part_measured_faster(arch, head_dim, parts):
+    """Second parts of 16 and 64 columns split; of 32 (D 96 = 64 + 32, D 160 = 128 + 32,
+    slower split on an H200) the head dim stays padded."""
+    problem = dataclasses.replace(ODD, head_dim=head_dim)
+    schedule = BACKWARD.default_schedule(arch, problem)
+    assert schedule.split_d == bool(parts[1])
+    assert ("split-d" in schedule.describe()) == bool(parts[1])
+    assert (dq_constants(problem, schedule)["TILE_D"],
+            dq_constants(problem, schedule)["TILE_D2"]) == parts
+    assert BACKWARD.deterministic_schedule(arch, problem, schedule).split_d == bool(parts[1])
+
+
+def test_rows_stored_before_split_d_keep_their_dicts():
+    """``split_d`` is left out of the dict form at its default: a row stored before it reads
+    back as the padded schedule, and writes the same dict."""
+    s = BackwardSchedule(dq_tile_m=128)
+    assert "split_d" not in s.to_dict()
+    assert BackwardSchedule.from_dict(s.to_dict()) == s and not s.split_d
+    split = s.replace(split_d=True)
+    assert split.to_dict()["split_d"] is True
+    assert BackwardSchedule.from_dict(split.to_dict()) == split
+    with pytest.raises(ScheduleError, match="split_d"):
+        BackwardSchedule(split_d=1)

@@ -5,10 +5,12 @@ schedule given, in three views: the GPU's (``time_interleaved``: a spin hides th
 launch), a loop of calls back to back with the host counted (``loop``), and an isolated call
 from an idle GPU with the host counted (``host``). bf16, ``[B, H, S, D]``; µs per call.
 
-    source .devtk/setup.sh && python3 docs/records/probes/backward_splits.py [--grouped]
+    source .devtk/setup.sh && python3 docs/records/probes/backward_splits.py [--grouped | --split-d]
 
 ``--grouped``: head dim 64 with grouped and multi-query heads instead (``GROUPED``), where the
-dK/dV grid has the fewest CTAs.
+dK/dV grid has the fewest CTAs. ``--split-d``: head dims of two parts (``SPLIT_D``: 40, 72, 80,
+96, 160, 192), the default (``split_d``) against the same schedule with the head dim padded to
+a power of two (``split_d=False``), and the table gives the default's speed-up over it.
 """
 
 import sys
@@ -26,6 +28,22 @@ SHAPES = [(1, 8, 8, 256, 64, True), (1, 16, 16, 512, 64, True), (2, 12, 12, 384,
 
 GROUPED = [(1, 8, 1, 2048, 64, True), (1, 16, 1, 4096, 64, True), (2, 32, 4, 2048, 64, True),
            (1, 32, 8, 2048, 64, True), (1, 8, 2, 1024, 64, False), (4, 16, 2, 512, 64, True)]
+
+SPLIT_D = [(2, 8, 8, 4096, 96, False), (4, 12, 4, 1000, 96, True), (1, 32, 32, 3000, 96, True),
+           (8, 32, 8, 1024, 72, True), (4, 16, 16, 2048, 72, False), (2, 20, 20, 4096, 80, True),
+           (8, 16, 16, 577, 80, False), (4, 8, 8, 2048, 40, True), (2, 16, 4, 2048, 160, True),
+           (1, 16, 16, 4096, 192, True)]
+
+#: by mode: (shapes, the variant of the default, its label, whether the default's time over
+#: the variant's is the table's ratio (else the inverse), a default that has no variant)
+MODES = {
+    "splits": (SHAPES, lambda d: d.replace(dkdv_splits=1), "one split", True,
+               lambda d: d.dkdv_splits == 1),
+    "grouped": (GROUPED, lambda d: d.replace(dkdv_splits=1), "one split", True,
+                lambda d: d.dkdv_splits == 1),
+    "split-d": (SPLIT_D, lambda d: d.replace(split_d=False), "padded", False,
+                lambda d: not d.split_d),
+}
 
 
 def _compile(job):
@@ -46,12 +64,14 @@ def main():
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    shapes = GROUPED if "--grouped" in sys.argv else SHAPES
+    mode = ("grouped" if "--grouped" in sys.argv else
+            "split-d" if "--split-d" in sys.argv else "splits")
+    shapes, variant_of, label, default_over_variant, alone = MODES[mode]
     jobs = []
     for shape in shapes:
         problem = _problem(*shape)
         default = BACKWARD.default_schedule("sm_90", problem)
-        jobs += [(problem, default), (problem, default.replace(dkdv_splits=1))]
+        jobs += [(problem, default), (problem, variant_of(default))]
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         for failed in pool.map(_compile, jobs):
             if failed:
@@ -60,34 +80,37 @@ def main():
     for b, hq, hkv, s, d, causal in shapes:
         problem = _problem(b, hq, hkv, s, d, causal)
         default = BACKWARD.default_schedule("sm_90", problem)
-        if default.dkdv_splits == 1:
-            print(f"== {problem.describe()}: the default does not split ({default.describe()})")
+        if alone(default):
+            print(f"== {problem.describe()}: the default has no {label} variant "
+                  f"({default.describe()})")
             continue
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for h in (hq, hkv, hkv))
         g = torch.randn_like(q)
         out, lse = ta.sdpa_with_lse(q, k, v, causal=causal)
-        candidates = {"default": default, "one split": default.replace(dkdv_splits=1)}
+        candidates = {"default": default, label: variant_of(default)}
         fns = {name: (lambda sc=sc: ta.sdpa_backward(g, q, k, v, out, lse, causal, schedule=sc))
                for name, sc in candidates.items()}
         ref = fns["default"]()
         err = max((torch.linalg.vector_norm((a - r).float()) / torch.linalg.vector_norm(
-            r.float())).item() for a, r in zip(fns["one split"](), ref))
+            r.float())).item() for a, r in zip(fns[label](), ref))
         views = {view: time_interleaved(fns, rounds=15, **kw) for view, kw in
                  (("gpu", {}), ("loop", {"loop": True, "flush_l2": False}),
                   ("isolated", {"host": True}))}
-        print(f"== {problem.describe()}: {default.describe()}; one split differs by {err:.1e}")
+        print(f"== {problem.describe()}: {default.describe()}; {label} differs by {err:.1e}")
         for name in candidates:
             print(f"  {name:10s} " + "  ".join(f"{view} {1e3 * t[name].median_ms:8.1f} us"
                                                for view, t in views.items()))
+        ratios = [views[v]["default"].median_ms / views[v][label].median_ms for v in views]
         rows.append((problem.describe(), default.dkdv_splits,
-                     *(views[v]["default"].median_ms / views[v]["one split"].median_ms
-                       for v in views)))
-    print("\n| call | default splits | one split's speed-up: GPU | loop | isolated |\n"
+                     *(r if default_over_variant else 1 / r for r in ratios)))
+    what = (f"{label}'s speed-up" if default_over_variant
+            else f"the default's speed-up over {label}")
+    print(f"\n| call | default splits | {what}: GPU | loop | isolated |\n"
           "|---|---|---|---|---|")
-    for what, splits, gpu, loop, isolated in rows:
-        print(f"| {what} | {splits} | {gpu:.2f} | {loop:.2f} | {isolated:.2f} |")
+    for call, splits, gpu, loop, isolated in rows:
+        print(f"| {call} | {splits} | {gpu:.2f} | {loop:.2f} | {isolated:.2f} |")
 
 
 if __name__ == "__main__":

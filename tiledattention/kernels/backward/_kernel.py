@@ -70,7 +70,12 @@ forward's ``L`` holds the sink's term, and the sink's own gradient is the caller
 saw no key has ``L = +inf`` (without sinks): its ``P`` and gradients are 0. Rows and keys past
 the ends load as zeros (``L`` and ``delta`` too), which makes their contributions exactly 0;
 stores clip them.
-Every UPPER_CASE parameter is a compile-time constant (``_launch``).
+A head dim that is not a power of two is padded to one (``TILE_D``; loads zero-fill the
+columns past ``D``, stores clip them), or with ``TILE_D2`` (the schedule's ``split_d``) runs
+as two power-of-two parts, ``TILE_D`` columns and ``TILE_D2`` more (96 = 64 + 32): Q, K, V and
+dO are loaded as two tiles each, the scores and dP sum two products, and dQ, dK and dV keep an
+accumulator per part (the forward's ``TILE_D2``). Every UPPER_CASE parameter is a compile-time
+constant (``_launch``).
 """
 
 from __future__ import annotations
@@ -95,6 +100,26 @@ def _load_rows(A, batch, head, tile, TILE_D, rows, latency):
                    latency=ct.static_eval(latency or None)).reshape((rows, TILE_D))
 
 
+def _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows, latency):
+    """Rows ``tile * rows ..`` of ``A [B, H, S, D]``, head-dim columns ``TILE_D ..
+    TILE_D + TILE_D2`` (the second part of a split head dim, zero-filled past ``D``), as a
+    ``[rows, TILE_D2]`` tile."""
+    return ct.load(A, index=(batch, head, tile, TILE_D // TILE_D2),
+                   shape=(1, 1, rows, TILE_D2), padding_mode=ct.PaddingMode.ZERO,
+                   latency=ct.static_eval(latency or None)).reshape((rows, TILE_D2))
+
+
+def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows):
+    """Store the float32 ``[rows, TILE_D]`` tile ``x`` (and with ``TILE_D2`` the
+    ``[rows, TILE_D2]`` second head-dim part ``x2``) as rows ``tile * rows ..`` of ``A [B, H,
+    S, D]`` in its dtype."""
+    ct.store(A, index=(batch, head, tile, 0),
+             tile=x.astype(A.dtype).reshape((1, 1, rows, TILE_D)))
+    if TILE_D2:
+        ct.store(A, index=(batch, head, tile, TILE_D // TILE_D2),
+                 tile=x2.astype(A.dtype).reshape((1, 1, rows, TILE_D2)))
+
+
 def _load_row_stat(A, batch, head, tile, rows):
     """Entries ``tile * rows ..`` of ``A [B, H, S]`` (float32, zero-filled) as a ``[rows]``."""
     return ct.load(A, index=(batch, head, tile), shape=(1, 1, rows),
@@ -117,11 +142,14 @@ def _score_scales(qk_scale, softcap, SOFTCAP):
     return qk_scale * LOG2_E, 0.0
 
 
-def _scores(a, b, tanh_scale, SOFTCAP, shape):
-    """``(s, t)``: the ``shape`` tile of scores ``a b^T``, raw, or with ``SOFTCAP`` the capped
-    score over the cap, ``t = tanh(a b^T * tanh_scale)`` (``t`` is for the gradient; None
-    without ``SOFTCAP``)."""
+def _scores(a, b, a2, b2, TILE_D2, tanh_scale, SOFTCAP, shape):
+    """``(s, t)``: the ``shape`` tile of scores ``a b^T`` (plus ``a2 b2^T``, the second
+    head-dim parts, with ``TILE_D2``), raw, or with ``SOFTCAP`` the capped score over the
+    cap, ``t = tanh(a b^T * tanh_scale)`` (``t`` is for the gradient; None without
+    ``SOFTCAP``)."""
     s = ct.mma(a, ct.transpose(b), ct.full(shape, 0.0, dtype=np.float32))
+    if TILE_D2:
+        s = ct.mma(a2, ct.transpose(b2), s)
     t = None
     if SOFTCAP:
         t = ct.tanh(s * tanh_scale)
@@ -138,6 +166,15 @@ def _window(window_left, window_right, far, CAUSAL):
     if not CAUSAL:
         right = reach(window_right, far)
     return left, right
+
+
+def _accumulators(TILE_D, TILE_D2, rows):
+    """A zeroed float32 ``[rows, TILE_D]`` accumulator and, with ``TILE_D2``, its second
+    head-dim part ``[rows, TILE_D2]`` (else None)."""
+    part2 = None
+    if TILE_D2:
+        part2 = ct.full((rows, TILE_D2), 0.0, dtype=np.float32)
+    return ct.full((rows, TILE_D), 0.0, dtype=np.float32), part2
 
 
 def _work_item(Work, heads):
@@ -171,7 +208,9 @@ def attention_bwd_dq(
     # else ()
     TILE_M: ConstInt,  # query rows per CTA
     TILE_N: ConstInt,  # keys per step
-    TILE_D: ConstInt,  # head_dim rounded up to a power of two
+    TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
+    # with TILE_D2 the largest power of two below it: the first part of the head dim
+    TILE_D2: ConstInt,  # 0, or the width of a second head-dim part at column TILE_D
     CAUSAL: ConstBool,
     BOTTOM_RIGHT: ConstBool,
     KV_LATENCY: ConstInt,  # latency hint of the K/V loads (1..10; 0: the compiler's)
@@ -234,6 +273,13 @@ def attention_bwd_dq(
     o = _load_rows(Out, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
     do = _load_rows(dO, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
+    do2 = None  # with TILE_D2 the second head-dim parts of dO and Q: [TILE_M, TILE_D2]
+    q2 = None
+    if TILE_D2:
+        o2 = _load_second_part(Out, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M, latency=0)
+        do2 = _load_second_part(dO, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M, latency=0)
+        delta = delta + ct.sum(o2.astype(np.float32) * do2.astype(np.float32), axis=-1)
+        q2 = _load_second_part(Q, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M, latency=0)
     if RAGGED:
         if q_tile * TILE_M < seqlen_q:
             ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
@@ -250,13 +296,21 @@ def attention_bwd_dq(
     first_row = q_tile * TILE_M
     rows = first_row + offset + ct.arange(TILE_M, dtype=np.int32)[:, None]  # last key seen
 
-    def add_key_tile(j, masked, dq):
-        """dQ of key tile ``j`` added to ``dq``; ``masked``: apply the sequence-end / causal /
-        window mask."""
+    def add_key_tile(j, masked, dq, dq2):
+        """dQ of key tile ``j`` added to ``dq`` (its second head-dim part to ``dq2``);
+        ``masked``: apply the sequence-end / causal / window mask."""
         # [TILE_N, TILE_D] each
         k = _load_rows(K, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
         v = _load_rows(V, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
-        s, t = _scores(q, k, tanh_scale, SOFTCAP, (TILE_M, TILE_N))  # [TILE_M, TILE_N]
+        k2 = None  # [TILE_N, TILE_D2] each with TILE_D2
+        v2 = None
+        if TILE_D2:
+            k2 = _load_second_part(K, batch, kv_head, j, TILE_D, TILE_D2,
+                                   rows=TILE_N, latency=KV_LATENCY)
+            v2 = _load_second_part(V, batch, kv_head, j, TILE_D, TILE_D2,
+                                   rows=TILE_N, latency=KV_LATENCY)
+        # [TILE_M, TILE_N]
+        s, t = _scores(q, k, q2, k2, TILE_D2, tanh_scale, SOFTCAP, (TILE_M, TILE_N))
         if masked:
             keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
             keep = keys < seqlen_k
@@ -269,10 +323,15 @@ def attention_bwd_dq(
             s = ct.where(keep, s, -np.inf)
         p = ct.exp2(s * scale2 - lse, flush_to_zero=True)  # [TILE_M, TILE_N]
         dp = ct.mma(do, ct.transpose(v), ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
+        if TILE_D2:
+            dp = ct.mma(do2, ct.transpose(v2), dp)
         ds = p * (dp - delta)  # [TILE_M, TILE_N]
         if SOFTCAP:
             ds = ds * (1.0 - t * t)  # d(c * tanh(x / c)) / dx
-        return ct.mma(ds.astype(q.dtype), k, dq)  # [TILE_M, TILE_D]
+        ds = ds.astype(q.dtype)
+        if TILE_D2:
+            dq2 = ct.mma(ds, k2, dq2)  # [TILE_M, TILE_D2]
+        return ct.mma(ds, k, dq), dq2  # [TILE_M, TILE_D]
 
     if WINDOW:
         # key tiles [lo, hi) hold the keys the tile's rows see; of them [full_from, full_to)
@@ -287,13 +346,13 @@ def attention_bwd_dq(
             full_from = full_from * live
             full_to = full_to * live
             hi = hi * live
-        dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+        dq, dq2 = _accumulators(TILE_D, TILE_D2, rows=TILE_M)
         for j in range(lo, full_from):
-            dq = add_key_tile(j, True, dq)
+            dq, dq2 = add_key_tile(j, True, dq, dq2)
         for j in range(full_from, full_to):
-            dq = add_key_tile(j, False, dq)
+            dq, dq2 = add_key_tile(j, False, dq, dq2)
         for j in range(full_to, hi):
-            dq = add_key_tile(j, True, dq)
+            dq, dq2 = add_key_tile(j, True, dq, dq2)
     else:
         # key tiles [0, unmasked) need no mask; the rest of [0, num_kv_tiles) do
         num_kv_tiles, unmasked = dq_key_tiles(first_row, offset, seqlen_k, TILE_M, TILE_N,
@@ -302,19 +361,19 @@ def attention_bwd_dq(
             live = min(max(seqlen_q - first_row, 0), 1)
             num_kv_tiles = num_kv_tiles * live
             unmasked = unmasked * live
-        dq = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+        dq, dq2 = _accumulators(TILE_D, TILE_D2, rows=TILE_M)
         for j in range(unmasked):
-            dq = add_key_tile(j, False, dq)
+            dq, dq2 = add_key_tile(j, False, dq, dq2)
         for j in range(unmasked, num_kv_tiles):
-            dq = add_key_tile(j, True, dq)
+            dq, dq2 = add_key_tile(j, True, dq, dq2)
     dq = dq * qk_scale
+    if TILE_D2:
+        dq2 = dq2 * qk_scale
     if RAGGED:
         if first_row < seqlen_q:
-            ct.store(dQ, index=(batch, head, q_tile, 0),
-                     tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
+            _store_parts(dQ, batch, head, q_tile, dq, dq2, TILE_D, TILE_D2, rows=TILE_M)
     else:
-        ct.store(dQ, index=(batch, head, q_tile, 0),
-                 tile=dq.astype(dQ.dtype).reshape((1, 1, TILE_M, TILE_D)))
+        _store_parts(dQ, batch, head, q_tile, dq, dq2, TILE_D, TILE_D2, rows=TILE_M)
 
 
 # -- dK and dV -----------------------------------------------------------------------------------
@@ -331,7 +390,8 @@ def attention_bwd_dkdv(
     dQacc,  # DQ_ATOMIC: float32 [B, H_q, S_q, D], zeroed, dQ / scale added here; else ()
     TILE_M: ConstInt,  # query rows per step
     TILE_N: ConstInt,  # keys per CTA
-    TILE_D: ConstInt,
+    TILE_D: ConstInt,  # as attention_bwd_dq's
+    TILE_D2: ConstInt,  # as attention_bwd_dq's
     CAUSAL: ConstBool,
     BOTTOM_RIGHT: ConstBool,
     Q_LATENCY: ConstInt,  # latency hint of the Q/dO loads (1..10; 0: the compiler's)
@@ -372,6 +432,13 @@ def attention_bwd_dkdv(
         # [TILE_N, TILE_D] each
         k = _load_rows(K, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
         v = _load_rows(V, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
+        k2 = None  # with TILE_D2 the second head-dim parts: [TILE_N, TILE_D2] each
+        v2 = None
+        if TILE_D2:
+            k2 = _load_second_part(K, batch, kv_head, kv_tile, TILE_D, TILE_D2,
+                                   rows=TILE_N, latency=0)
+            v2 = _load_second_part(V, batch, kv_head, kv_tile, TILE_D, TILE_D2,
+                                   rows=TILE_N, latency=0)
 
         num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
         first_key = kv_tile * TILE_N
@@ -393,15 +460,23 @@ def attention_bwd_dkdv(
             first, unmask_from = dkdv_query_tiles(first_key, offset, num_q_tiles, TILE_M,
                                                   TILE_N)
 
-        def add_query_tile(head, i, masked, dk, dv):
-            """Fold query tile ``i`` of query head ``head`` into ``dk, dv``; ``masked``: the
-            causal / window mask."""
+        def add_query_tile(head, i, masked, dk, dv, dk2, dv2):
+            """Fold query tile ``i`` of query head ``head`` into ``dk, dv`` (their second
+            head-dim parts into ``dk2, dv2``); ``masked``: the causal / window mask."""
             # [TILE_M, TILE_D] each
             q = _load_rows(Q, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
             do = _load_rows(dO, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
+            q2 = None  # [TILE_M, TILE_D2] each with TILE_D2
+            do2 = None
+            if TILE_D2:
+                q2 = _load_second_part(Q, batch, head, i, TILE_D, TILE_D2,
+                                       rows=TILE_M, latency=Q_LATENCY)
+                do2 = _load_second_part(dO, batch, head, i, TILE_D, TILE_D2,
+                                        rows=TILE_M, latency=Q_LATENCY)
             lse = _load_row_stat(Lse, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
             delta = _load_row_stat(Delta, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
-            st, tt = _scores(k, q, tanh_scale, SOFTCAP, (TILE_N, TILE_M))  # S^T: [TILE_N, TILE_M]
+            # S^T: [TILE_N, TILE_M]
+            st, tt = _scores(k, q, k2, q2, TILE_D2, tanh_scale, SOFTCAP, (TILE_N, TILE_M))
             if masked:
                 rows = i * TILE_M + ct.arange(TILE_M, dtype=np.int32)[None, :]  # [1, TILE_M]
                 if WINDOW:
@@ -411,20 +486,33 @@ def attention_bwd_dkdv(
                 else:
                     st = ct.where(keys <= rows, st, -np.inf)
             pt = ct.exp2(st * scale2 - lse, flush_to_zero=True)  # P^T: [TILE_N, TILE_M]
-            dv = ct.mma(pt.astype(q.dtype), do, dv)  # [TILE_N, TILE_D]
+            p16 = pt.astype(q.dtype)
+            dv = ct.mma(p16, do, dv)  # [TILE_N, TILE_D]
             dpt = ct.mma(v, ct.transpose(do), ct.full((TILE_N, TILE_M), 0.0, dtype=np.float32))
+            if TILE_D2:
+                dv2 = ct.mma(p16, do2, dv2)  # [TILE_N, TILE_D2]
+                dpt = ct.mma(v2, ct.transpose(do2), dpt)
             dst = pt * (dpt - delta)  # [TILE_N, TILE_M]
             if SOFTCAP:
                 dst = dst * (1.0 - tt * tt)  # d(c * tanh(x / c)) / dx
             ds = dst.astype(q.dtype)
             dk = ct.mma(ds, q, dk)  # [TILE_N, TILE_D]
+            if TILE_D2:
+                dk2 = ct.mma(ds, q2, dk2)  # [TILE_N, TILE_D2]
             if DQ_ATOMIC:
-                # this pair's share of dQ / scale: dS K, [TILE_M, TILE_D]
+                # this pair's share of dQ / scale: dS K, [TILE_M, TILE_D] (and [TILE_M,
+                # TILE_D2] of the second part)
                 dq = ct.mma(ct.transpose(ds), k,
                             ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32))
                 dQacc.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
                     (batch, head, i, 0), dq.reshape((1, 1, TILE_M, TILE_D)))
-            return dk, dv
+                if TILE_D2:
+                    dq2 = ct.mma(ct.transpose(ds), k2,
+                                 ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32))
+                    dQacc.tiled_view((1, 1, TILE_M, TILE_D2)).atomic_store_add(
+                        (batch, head, i, TILE_D // TILE_D2),
+                        dq2.reshape((1, 1, TILE_M, TILE_D2)))
+            return dk, dv, dk2, dv2
 
         # The key tile's work is the (query head g, query tile i) pairs, g-major: group * seen
         # of them. Split `split` of SPLITS takes the contiguous share [start, stop) of that list.
@@ -433,28 +521,29 @@ def attention_bwd_dkdv(
         start = split * total // SPLITS
         stop = (split + 1) * total // SPLITS
         per_head = max(seen, 1)
-        dk = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)  # [TILE_N, TILE_D]
-        dv = ct.full((TILE_N, TILE_D), 0.0, dtype=np.float32)  # [TILE_N, TILE_D]
+        # [TILE_N, TILE_D] and [TILE_N, TILE_D2] each
+        dk, dk2 = _accumulators(TILE_D, TILE_D2, rows=TILE_N)
+        dv, dv2 = _accumulators(TILE_D, TILE_D2, rows=TILE_N)
         for g in range(start // per_head, ct.cdiv(stop, per_head)):
             head = kv_head * group + g
             lo = first + max(start - g * seen, 0)
             hi = first + min(stop - g * seen, seen)
             for i in range(lo, min(hi, unmask_from)):
-                dk, dv = add_query_tile(head, i, True, dk, dv)
+                dk, dv, dk2, dv2 = add_query_tile(head, i, True, dk, dv, dk2, dv2)
             if WINDOW:
                 for i in range(max(lo, unmask_from), min(hi, unmask_to)):
-                    dk, dv = add_query_tile(head, i, False, dk, dv)
+                    dk, dv, dk2, dv2 = add_query_tile(head, i, False, dk, dv, dk2, dv2)
                 for i in range(max(lo, unmask_to), hi):
-                    dk, dv = add_query_tile(head, i, True, dk, dv)
+                    dk, dv, dk2, dv2 = add_query_tile(head, i, True, dk, dv, dk2, dv2)
             else:
                 for i in range(max(lo, unmask_from), hi):
-                    dk, dv = add_query_tile(head, i, False, dk, dv)
+                    dk, dv, dk2, dv2 = add_query_tile(head, i, False, dk, dv, dk2, dv2)
         dk = dk * qk_scale
+        if TILE_D2:
+            dk2 = dk2 * qk_scale
         part = split * Q.shape[0] + batch
-        ct.store(dK, index=(part, kv_head, kv_tile, 0),
-                 tile=dk.astype(dK.dtype).reshape((1, 1, TILE_N, TILE_D)))
-        ct.store(dV, index=(part, kv_head, kv_tile, 0),
-                 tile=dv.astype(dV.dtype).reshape((1, 1, TILE_N, TILE_D)))
+        _store_parts(dK, part, kv_head, kv_tile, dk, dk2, TILE_D, TILE_D2, rows=TILE_N)
+        _store_parts(dV, part, kv_head, kv_tile, dv, dv2, TILE_D, TILE_D2, rows=TILE_N)
 
     if RAGGED:
         seq, batch = sequence_of(batch, PACKED)

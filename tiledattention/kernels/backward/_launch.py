@@ -46,7 +46,8 @@ from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._work_table import GRID_Y_LIMIT, make_work_table, use_work_table, work_items
-from ...core._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_shape
+from ...core._problem import (INDEX_LIMIT, Problem, head_dim_parts, padded_head_dim,
+                              row_stat_shape)
 from ...errors import KernelArgumentError, UnsupportedProblemError
 from ._schedule import SPLITS, BackwardSchedule
 
@@ -244,8 +245,8 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
     tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
     ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
-    ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries).
-    Idempotent."""
+    ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries). ``split_d`` holds
+    only where the head dim has two parts (``head_dim_parts``). Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     if problem.ragged and schedule.dq_mode == "atomic":
@@ -277,6 +278,8 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
         splits //= 2
     if splits != schedule.dkdv_splits:
         changes["dkdv_splits"] = splits
+    if schedule.split_d and head_dim_parts(problem.head_dim, True)[1] == 0:
+        changes["split_d"] = False  # a power of two, or two parts no narrower than one
     for name in ("dq_heavy_first", "tile_major"):
         if getattr(schedule, name) and (problem.ragged or not unequal_walks(problem)):
             changes[name] = False
@@ -287,14 +290,21 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     return schedule.replace(**changes) if changes else schedule
 
 
+def _head_dim_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, int]:
+    """``TILE_D`` and ``TILE_D2`` of the dQ and dK/dV kernels: the head dim padded to a power
+    of two, or with ``split_d`` its two parts (``head_dim_parts``)."""
+    tile_d, tile_d2 = head_dim_parts(problem.head_dim, schedule.split_d)
+    return {"TILE_D": tile_d, "TILE_D2": tile_d2}
+
+
 def dq_constants(problem: Problem, schedule: BackwardSchedule, *, packed: bool = False,
                  work_table: bool = False) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of the dQ kernel ``problem`` runs by name (``packed``: a
     ragged call's sequences lie end to end, ``PACKED``; ``work_table``: it walks a table of
     query tiles, ``WORK_TABLE``)."""
     s = normalise(problem, schedule)
-    return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n,
-            "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
+    return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n, **_head_dim_constants(problem, s),
+            "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
             "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major,
             **_variant_constants(problem, packed, work_table)}
@@ -306,8 +316,8 @@ def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *, packed: bool
     a ragged call's sequences lie end to end, ``PACKED``; ``work_table``: it walks a table of
     key tiles, ``WORK_TABLE``)."""
     s = normalise(problem, schedule)
-    return {"TILE_M": s.dkdv_tile_m, "TILE_N": s.dkdv_tile_n,
-            "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
+    return {"TILE_M": s.dkdv_tile_m, "TILE_N": s.dkdv_tile_n, **_head_dim_constants(problem, s),
+            "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
             "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
             **_variant_constants(problem, packed, work_table), "DQ_ATOMIC": s.dq_mode == "atomic"}

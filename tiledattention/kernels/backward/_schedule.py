@@ -45,6 +45,11 @@ class BackwardSchedule(ScheduleValue):
     computes each (query tile, key tile) pair's share of dQ and adds it into a float32
     accumulator by a bulk reduce-add, and a last kernel scales and casts it (the dq_* fields
     and dq_heavy_first then do not apply).
+    split_d: a head dim that is not a power of two runs as two power-of-two parts in both
+    kernels (96 as 64 + 32, 72 and 80 as 64 + 16, 192 as 128 + 64: the forward's
+    ``head_dim_parts``) instead of one part padded to the next power of two; every matrix
+    product shrinks with it. Without effect (``normalise``) where the parts would not cover
+    fewer columns.
     """
 
     dkdv_tile_n: int = 64
@@ -61,11 +66,15 @@ class BackwardSchedule(ScheduleValue):
     dq_heavy_first: bool = False
     tile_major: bool = False
     dq_mode: str = "kernel"
+    split_d: bool = False
 
     FORMAT = BACKWARD_SCHEDULE_FORMAT
     LABEL = "backward"
     #: added after format 1 was first written; their defaults are what the kernels did before
-    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first", "tile_major", "dq_mode")
+    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first", "tile_major", "dq_mode", "split_d")
+    #: left out of the dict form at its default, so that the rows stored before it keep their
+    #: keys
+    OMITTED_AT_DEFAULT = ("split_d",)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -104,10 +113,11 @@ class BackwardSchedule(ScheduleValue):
                     self.dkdv_worker_warps, self.q_latency)
         if self.dkdv_splits > 1:
             dkdv += f" split{self.dkdv_splits}"
+        orders = (" | tile-major" if self.tile_major else "") + (
+            " | split-d" if self.split_d else "")
         if self.dq_mode == "atomic":
-            return dkdv + " | dq atomic" + (" | tile-major" if self.tile_major else "")
+            return dkdv + " | dq atomic" + orders
         dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                   self.dq_worker_warps, self.kv_latency)
-        return (f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "")
-                + (" | tile-major" if self.tile_major else ""))
+        return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "") + orders
 
