@@ -384,18 +384,22 @@ def test_split_head_dim_is_normalised_away_where_there_are_no_two_parts(head_dim
 
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("head_dim, parts", [(40, (32, 16)), (72, (64, 16)), (80, (64, 16)),
-                                             (96, (128, 0)), (160, (256, 0)),
+                                             (96, (64, 32)), (160, (128, 32)),
                                              (192, (128, 64))])
-def test_defaults_split_a_head_dim_whose_second_part_measured_faster(arch, head_dim, parts):
-    """Second parts of 16 and 64 columns split; of 32 (D 96 = 64 + 32, D 160 = 128 + 32,
-    slower split on an H200) the head dim stays padded."""
+def test_defaults_split_a_head_dim_of_two_parts_with_their_own_fields(arch, head_dim, parts):
+    """Split, the D <= 128 entry's dQ kernel runs one CTA an SM and the D 256 entry's dK/dV
+    kernel loads Q/dO two steps ahead (``SPLIT_FIELDS``: at the padded entry's fields the
+    split kernels spill); everything else is the padded default's."""
     problem = dataclasses.replace(ODD, head_dim=head_dim)
     schedule = BACKWARD.default_schedule(arch, problem)
-    assert schedule.split_d == bool(parts[1])
-    assert ("split-d" in schedule.describe()) == bool(parts[1])
+    assert schedule.split_d and "split-d" in schedule.describe()
     assert (dq_constants(problem, schedule)["TILE_D"],
             dq_constants(problem, schedule)["TILE_D2"]) == parts
-    assert BACKWARD.deterministic_schedule(arch, problem, schedule).split_d == bool(parts[1])
+    padded = BACKWARD.default_schedule(arch, dataclasses.replace(
+        problem, head_dim=min(256, 1 << (head_dim - 1).bit_length())))
+    own = {64: {}, 128: {"dq_occupancy": 1}, 256: {"q_latency": 2}}[max(64, 2 * parts[0])]
+    assert schedule == padded.replace(split_d=True, **own)
+    assert BACKWARD.deterministic_schedule(arch, problem, schedule) == schedule
 
 
 def test_rows_stored_before_split_d_keep_their_dicts():

@@ -15,7 +15,7 @@ from ._schedule import SPLITS, BackwardSchedule
 __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL", "SHORT_WALK",
            "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last", "DQ_MODE",
            "SOFTCAP_ONE_PASS", "OnePassRule", "softcap_one_pass_rule",
-           "deterministic_backward_schedule", "SPLIT_HEAD_DIM"]
+           "deterministic_backward_schedule", "SPLIT_FIELDS"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
@@ -68,14 +68,18 @@ TILE_MAJOR_WAVES = 6
 #: 64 or more, the tiles the measured defaults use.
 WINDOW_TILE_FLOOR = 64
 _TILE_FIELDS = ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n")
-#: The widths of a head dim's second part (``head_dim_parts``) with which the defaults run it
-#: as two power-of-two parts (``split_d``), not padded to a power of two. On an H200
-#: (docs/records/probes/backward_splits.py --split-d; docs/records/benchmarks/backward/
-#: split-head-dim/) the split backward ran 1.17-1.22x the padded one at D 192 (128 + 64) and
-#: 0.94-1.09x at D 40, 72 and 80 (+ 16; 1.03x on geometric mean over five calls, GPU time), but
-#: 0.84-0.93x with a second part of 32 (D 96 = 64 + 32 on three calls, D 160 = 128 + 32): those
-#: stay padded. Why the 32-column part loses is not known.
-SPLIT_HEAD_DIM = (16, 64)
+#: A head dim of two power-of-two parts (40, 72, 80, 96, 160, 192: ``head_dim_parts``) runs as
+#: them (``split_d``), with these fields of the padded default's entry replaced (by padded head
+#: dim): split, the D <= 128 entry's dQ kernel (128 rows, 8 worker warps) fits two CTAs an SM
+#: and then gets 80 registers a thread and spills (192 bytes of stack; the padded one is held to
+#: one CTA by its 232 KB of shared memory, where occupancy 1 and 2 compile to the same code),
+#: and the D 256 entry's dK/dV kernel spills more with Q/dO loads three steps ahead (D 160: 312
+#: local loads; none at two) (sm_90 SASS, cuobjdump). On an H200
+#: (docs/records/probes/backward_split_d_fields.py; docs/records/benchmarks/backward/
+#: split-head-dim/) these ran 1.12-1.21x the padded default at D 72, 80 and 96 (GPU time;
+#: 1.11-1.20x isolated), 1.47x at D 160 and 1.25x at D 192, where the split kernels with the
+#: padded entry's fields ran 0.85-0.88x at D 96 and D 160.
+SPLIT_FIELDS = {64: {}, 128: {"dq_occupancy": 1}, 256: {"q_latency": 2}}
 #: The default ``dq_mode`` by GPU generation ("kernel" where not listed): the one-pass backward
 #: (dQ added into a float32 accumulator by the dK/dV kernel) only where it was measured faster.
 #: Hopper keeps the dQ kernel: on an H200 the one-pass backward with the default's dK/dV fields
@@ -158,12 +162,15 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     issue 31: 0-3% faster on six causal training shapes, never slower) and, where the dK/dV
     grid is at most ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what
     the problem needs (``normalise``); a walk of at most ``SHORT_WALK`` pairs stays unsplit; a
-    head dim of two parts split into them where ``SPLIT_HEAD_DIM`` says so. A
+    head dim of two parts split into them, with ``SPLIT_FIELDS``. A
     ragged problem's default is the same tiles, unsplit and unordered (``normalise``: one tile
     per CTA over the longest sequence's tiles)."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
-    split = head_dim_parts(problem.head_dim, True)[1] in SPLIT_HEAD_DIM
-    entry = table[max(64, padded_head_dim(problem.head_dim))].replace(split_d=split, **fields)
+    padded = max(64, padded_head_dim(problem.head_dim))
+    entry = table[padded]
+    if head_dim_parts(problem.head_dim, True)[1]:
+        entry = entry.replace(split_d=True, **SPLIT_FIELDS[padded])
+    entry = entry.replace(**fields)
     base = normalise(problem, _window_tiles(problem, entry))
     splits = dkdv_splits(arch, problem, base)
     if problem.group_size * dkdv_walk(problem, base.dkdv_tile_n, base.dkdv_tile_m) <= SHORT_WALK:
