@@ -128,6 +128,22 @@ def torch_baseline(q, k, v, causal, grad_out, reference):
     return None, None
 
 
+def poisoned_backward(q, k, v, out, lse, grad_out, problem, schedule):
+    """``(plan, grads)``: the backward of ``schedule`` through the family's launch, every buffer
+    it writes (the gradients, ``delta``, the split partials, the one-pass accumulator)
+    NaN-poisoned first, so that anything it leaves unwritten shows."""
+    from tiledattention.kernels.backward._launch import launch, launches, scratch_shapes
+
+    plan = launches(problem, schedule, problem.head_dim ** -0.5)
+    scratch = {name: torch.full(s, math.nan, device="cuda")
+               for name, s in scratch_shapes(problem, schedule).items()}
+    grads = tuple(torch.full_like(x, math.nan) for x in (q, k, v))
+    delta = torch.full_like(lse, math.nan)
+    launch(torch.cuda.current_stream(), plan, q, k, v, out, grad_out, lse, delta, *grads,
+           scratch)
+    return plan, grads
+
+
 def check_grads(grads, reference, baseline, dtype, label=""):
     name, baseline_errors = baseline
     for i, (which, g, ref) in enumerate(zip(("dq", "dk", "dv"), grads, reference)):
@@ -375,7 +391,6 @@ def test_split_dkdv_walks_and_heavy_first_dq_match_the_reference(shape, causal, 
     NaN-poisoned gradient buffers and NaN-poisoned partials: a partial a split leaves
     unwritten would reach dK or dV."""
     from tiledattention import BACKWARD
-    from tiledattention.kernels.backward._launch import launch, launches, scratch_shapes
 
     b, hq, hkv, sq, sk, d = shape
     q, k, v, grad_out = random_inputs(b, hq, hkv, sq, sk, d, dtype, seed=splits * 7 + sq)
@@ -383,14 +398,8 @@ def test_split_dkdv_walks_and_heavy_first_dq_match_the_reference(shape, causal, 
     problem, _ = problem_from_arrays(q, k, v, causal, None)
     schedule = BACKWARD.default_schedule("sm_90", problem).replace(
         dkdv_splits=splits, dq_heavy_first=bool(causal), tile_major=splits in (4, 16))
-    plan = launches(problem, schedule, d ** -0.5)
+    plan, grads = poisoned_backward(q, k, v, out, lse, grad_out, problem, schedule)
     assert plan.splits > 1
-    scratch = {name: torch.full(s, math.nan, device="cuda")
-               for name, s in scratch_shapes(problem, schedule).items()}
-    grads = tuple(torch.full_like(x, math.nan) for x in (q, k, v))
-    delta = torch.full_like(lse, math.nan)
-    launch(torch.cuda.current_stream(), plan, q, k, v, out, grad_out, lse, delta, *grads,
-           scratch)
     reference = reference_grads(q, k, v, causal, grad_out)
     check_grads(grads, reference, torch_baseline(q, k, v, causal, grad_out, reference), dtype,
                 f"splits {splits}")

@@ -8,36 +8,20 @@ and accumulators; a split and a padded run agree; a packed (ragged) batch; sdpa'
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import tiledattention
 from tiledattention import BACKWARD, problem_from_arrays
 from tiledattention.core._problem import head_dim_parts
-from tiledattention.kernels.backward._launch import (dkdv_constants, dq_constants, launch,
-                                                     launches, scratch_shapes)
+from tiledattention.kernels.backward._launch import dkdv_constants, dq_constants
 
-from .test_backward_gpu import (check_grads, is_zero, random_inputs, reference_grads, rel_l2,
-                                torch_baseline)
+from .test_backward_gpu import (check_grads, is_zero, poisoned_backward, random_inputs,
+                                reference_grads, rel_l2, torch_baseline)
 
 pytestmark = pytest.mark.gpu
 
 MASKS = {"full": False, "tl": True, "br": "bottom_right"}
-
-
-def _run(q, k, v, out, lse, grad_out, problem, schedule):
-    """The backward of ``schedule`` through the family's launch, every buffer it writes (the
-    gradients, ``delta``, the split partials, the one-pass accumulator) NaN-poisoned first."""
-    plan = launches(problem, schedule, problem.head_dim ** -0.5)
-    scratch = {name: torch.full(s, math.nan, device="cuda")
-               for name, s in scratch_shapes(problem, schedule).items()}
-    grads = tuple(torch.full_like(x, math.nan) for x in (q, k, v))
-    delta = torch.full_like(lse, math.nan)
-    launch(torch.cuda.current_stream(), plan, q, k, v, out, grad_out, lse, delta, *grads,
-           scratch)
-    return grads
 
 
 @pytest.mark.parametrize("mode,splits", [("kernel", 1), ("kernel", 2), ("atomic", 1)])
@@ -55,12 +39,13 @@ def test_split_head_dim_gradients_match_the_reference(d, mask, mode, splits):
     first, second = head_dim_parts(d, True)
     for constants in (dq_constants(problem, schedule), dkdv_constants(problem, schedule)):
         assert (constants["TILE_D"], constants["TILE_D2"]) == (first, second) and second
-    grads = _run(q, k, v, out, lse, grad_out, problem, schedule)
+    _, grads = poisoned_backward(q, k, v, out, lse, grad_out, problem, schedule)
     reference = reference_grads(q, k, v, causal, grad_out)
     label = f"D {d} {mask} {schedule.describe()}"
     check_grads(grads, reference, torch_baseline(q, k, v, causal, grad_out, reference), dtype,
                 label)
-    padded = _run(q, k, v, out, lse, grad_out, problem, schedule.replace(split_d=False))
+    _, padded = poisoned_backward(q, k, v, out, lse, grad_out, problem,
+                                  schedule.replace(split_d=False))
     for which, a, b in zip(("dq", "dk", "dv"), grads, padded):
         assert rel_l2(a, b.float()) <= 2e-3, f"{label} {which}: split and padded differ"
 

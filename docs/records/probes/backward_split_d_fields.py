@@ -11,16 +11,12 @@ GPU view (a spin hides the host) and an isolated call (host counted); bf16; µs 
 
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
-import torch
-
-import tiledattention as ta
 from tiledattention import BACKWARD
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, os.path.dirname(__file__))
-from backward_splits import _compile, _problem  # noqa: E402
+from backward_splits import _problem, backward_calls, compile_all, relative_error  # noqa: E402
 
 # (batch, heads_q, heads_kv, seqlen, head_dim, causal)
 SHAPES = [(2, 8, 8, 4096, 96, False), (1, 32, 32, 3000, 96, True), (4, 12, 4, 1000, 96, True),
@@ -44,24 +40,14 @@ def candidates(problem):
 def main():
     jobs = [(_problem(*shape), s) for shape in SHAPES
             for s in candidates(_problem(*shape)).values()]
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        for failed in pool.map(_compile, jobs):
-            if failed:
-                print("  not compiled:", failed)
+    compile_all(jobs)
     table = []
-    for b, hq, hkv, s, d, causal in SHAPES:
-        problem = _problem(b, hq, hkv, s, d, causal)
+    for shape in SHAPES:
+        problem = _problem(*shape)
         found = candidates(problem)
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   for h in (hq, hkv, hkv))
-        g = torch.randn_like(q)
-        out, lse = ta.sdpa_with_lse(q, k, v, causal=causal)
-        fns = {name: (lambda sc=sc: ta.sdpa_backward(g, q, k, v, out, lse, causal, schedule=sc))
-               for name, sc in found.items()}
+        fns = backward_calls(shape, found)
         ref = fns["padded"]()
-        errs = {name: max((torch.linalg.vector_norm((a - r).float()) / torch.linalg.vector_norm(
-            r.float())).item() for a, r in zip(fn(), ref)) for name, fn in fns.items()}
+        errs = {name: relative_error(fn(), ref) for name, fn in fns.items()}
         views = {view: time_interleaved(fns, rounds=15, **kw) for view, kw in
                  (("gpu", {}), ("isolated", {"host": True}))}
         print(f"== {problem.describe()}")

@@ -55,15 +55,42 @@ def _compile(job):
     return None
 
 
+def compile_all(jobs):
+    """Compile ``(problem, schedule)`` pairs in parallel (cuTile's cache serves the launches)."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        for failed in pool.map(_compile, jobs):
+            if failed:
+                print("  not compiled:", failed)
+
+
+def backward_calls(shape, candidates):
+    """Random bf16 inputs of ``shape`` and their forward, and a backward call per candidate
+    schedule (``sdpa_backward`` with the schedule given), by name."""
+    b, hq, hkv, s, d, causal = shape
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for h in (hq, hkv, hkv))
+    g = torch.randn_like(q)
+    out, lse = ta.sdpa_with_lse(q, k, v, causal=causal)
+    return {name: (lambda sc=sc: ta.sdpa_backward(g, q, k, v, out, lse, causal, schedule=sc))
+            for name, sc in candidates.items()}
+
+
+def relative_error(got, want):
+    """The largest relative L2 difference between two runs' gradients."""
+    return max((torch.linalg.vector_norm((a - r).float()) / torch.linalg.vector_norm(
+        r.float())).item() for a, r in zip(got, want))
+
+
 def _problem(b, hq, hkv, s, d, causal):
     return Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=d,
                    dtype="bf16", causal=causal)
 
 
 def main():
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
     mode = ("grouped" if "--grouped" in sys.argv else
             "split-d" if "--split-d" in sys.argv else "splits")
     shapes, variant_of, label, default_over_variant, alone = MODES[mode]
@@ -72,29 +99,18 @@ def main():
         problem = _problem(*shape)
         default = BACKWARD.default_schedule("sm_90", problem)
         jobs += [(problem, default), (problem, variant_of(default))]
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        for failed in pool.map(_compile, jobs):
-            if failed:
-                print("  not compiled:", failed)
+    compile_all(jobs)
     rows = []
-    for b, hq, hkv, s, d, causal in shapes:
-        problem = _problem(b, hq, hkv, s, d, causal)
+    for shape in shapes:
+        problem = _problem(*shape)
         default = BACKWARD.default_schedule("sm_90", problem)
         if alone(default):
             print(f"== {problem.describe()}: the default has no {label} variant "
                   f"({default.describe()})")
             continue
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-                   for h in (hq, hkv, hkv))
-        g = torch.randn_like(q)
-        out, lse = ta.sdpa_with_lse(q, k, v, causal=causal)
         candidates = {"default": default, label: variant_of(default)}
-        fns = {name: (lambda sc=sc: ta.sdpa_backward(g, q, k, v, out, lse, causal, schedule=sc))
-               for name, sc in candidates.items()}
-        ref = fns["default"]()
-        err = max((torch.linalg.vector_norm((a - r).float()) / torch.linalg.vector_norm(
-            r.float())).item() for a, r in zip(fns[label](), ref))
+        fns = backward_calls(shape, candidates)
+        err = relative_error(fns[label](), fns["default"]())
         views = {view: time_interleaved(fns, rounds=15, **kw) for view, kw in
                  (("gpu", {}), ("loop", {"loop": True, "flush_l2": False}),
                   ("isolated", {"host": True}))}

@@ -109,6 +109,17 @@ def _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows, latency):
                    latency=ct.static_eval(latency or None)).reshape((rows, TILE_D2))
 
 
+def _second_parts(A, B, batch, head, tile, TILE_D, TILE_D2, rows, latency):
+    """With ``TILE_D2`` the second head-dim parts of rows ``tile * rows ..`` of ``A`` and ``B``
+    (:func:`_load_second_part`, ``[rows, TILE_D2]`` each), else ``(None, None)``."""
+    a2 = None
+    b2 = None
+    if TILE_D2:
+        a2 = _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
+        b2 = _load_second_part(B, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
+    return a2, b2
+
+
 def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows):
     """Store the float32 ``[rows, TILE_D]`` tile ``x`` (and with ``TILE_D2`` the
     ``[rows, TILE_D2]`` second head-dim part ``x2``) as rows ``tile * rows ..`` of ``A [B, H,
@@ -273,11 +284,11 @@ def attention_bwd_dq(
     o = _load_rows(Out, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
     do = _load_rows(dO, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
-    do2 = None  # with TILE_D2 the second head-dim parts of dO and Q: [TILE_M, TILE_D2]
+    # with TILE_D2 the second head-dim parts of O, dO and Q: [TILE_M, TILE_D2] each
+    o2, do2 = _second_parts(Out, dO, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M,
+                            latency=0)
     q2 = None
     if TILE_D2:
-        o2 = _load_second_part(Out, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M, latency=0)
-        do2 = _load_second_part(dO, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M, latency=0)
         delta = delta + ct.sum(o2.astype(np.float32) * do2.astype(np.float32), axis=-1)
         q2 = _load_second_part(Q, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M, latency=0)
     if RAGGED:
@@ -302,13 +313,9 @@ def attention_bwd_dq(
         # [TILE_N, TILE_D] each
         k = _load_rows(K, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
         v = _load_rows(V, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
-        k2 = None  # [TILE_N, TILE_D2] each with TILE_D2
-        v2 = None
-        if TILE_D2:
-            k2 = _load_second_part(K, batch, kv_head, j, TILE_D, TILE_D2,
-                                   rows=TILE_N, latency=KV_LATENCY)
-            v2 = _load_second_part(V, batch, kv_head, j, TILE_D, TILE_D2,
-                                   rows=TILE_N, latency=KV_LATENCY)
+        # [TILE_N, TILE_D2] each with TILE_D2
+        k2, v2 = _second_parts(K, V, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
+                               latency=KV_LATENCY)
         # [TILE_M, TILE_N]
         s, t = _scores(q, k, q2, k2, TILE_D2, tanh_scale, SOFTCAP, (TILE_M, TILE_N))
         if masked:
@@ -432,13 +439,9 @@ def attention_bwd_dkdv(
         # [TILE_N, TILE_D] each
         k = _load_rows(K, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
         v = _load_rows(V, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
-        k2 = None  # with TILE_D2 the second head-dim parts: [TILE_N, TILE_D2] each
-        v2 = None
-        if TILE_D2:
-            k2 = _load_second_part(K, batch, kv_head, kv_tile, TILE_D, TILE_D2,
-                                   rows=TILE_N, latency=0)
-            v2 = _load_second_part(V, batch, kv_head, kv_tile, TILE_D, TILE_D2,
-                                   rows=TILE_N, latency=0)
+        # with TILE_D2 the second head-dim parts: [TILE_N, TILE_D2] each
+        k2, v2 = _second_parts(K, V, batch, kv_head, kv_tile, TILE_D, TILE_D2, rows=TILE_N,
+                               latency=0)
 
         num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
         first_key = kv_tile * TILE_N
@@ -466,13 +469,9 @@ def attention_bwd_dkdv(
             # [TILE_M, TILE_D] each
             q = _load_rows(Q, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
             do = _load_rows(dO, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
-            q2 = None  # [TILE_M, TILE_D2] each with TILE_D2
-            do2 = None
-            if TILE_D2:
-                q2 = _load_second_part(Q, batch, head, i, TILE_D, TILE_D2,
-                                       rows=TILE_M, latency=Q_LATENCY)
-                do2 = _load_second_part(dO, batch, head, i, TILE_D, TILE_D2,
-                                        rows=TILE_M, latency=Q_LATENCY)
+            # [TILE_M, TILE_D2] each with TILE_D2
+            q2, do2 = _second_parts(Q, dO, batch, head, i, TILE_D, TILE_D2, rows=TILE_M,
+                                    latency=Q_LATENCY)
             lse = _load_row_stat(Lse, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
             delta = _load_row_stat(Delta, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
             # S^T: [TILE_N, TILE_M]
