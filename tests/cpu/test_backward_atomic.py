@@ -152,7 +152,8 @@ def _capped(d: int = 128, left: int = -1, **fields) -> Problem:
     (64, dict(dkdv_tile_n=128, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8)),
     (96, dict(dkdv_tile_n=128, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8)),
     (128, dict(dkdv_tile_n=128, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8)),
-    (256, dict(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8))])
+    (256, dict(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_occupancy=1, dkdv_worker_warps=8,
+               q_latency=3))])
 def test_capped_scores_run_one_pass_on_hopper_with_the_rules_fields(d, fields):
     s = BACKWARD.default_schedule("sm_90", _capped(d))
     assert s.dq_mode == "atomic"
@@ -165,6 +166,7 @@ def test_capped_scores_run_one_pass_on_hopper_with_the_rules_fields(d, fields):
     two_kernel = BACKWARD.deterministic_schedule("sm_90", _capped(d), s)
     assert two_kernel.dq_mode == "kernel" and two_kernel.dkdv_tile_n == 64
     assert two_kernel.dkdv_occupancy == (1 if d == 256 else 2)
+    assert two_kernel.q_latency == (2 if d == 256 else None)
 
 
 @pytest.mark.parametrize("d, left, one_pass", [

@@ -5,12 +5,16 @@ schedule given, in three views: the GPU's (``time_interleaved``: a spin hides th
 launch), a loop of calls back to back with the host counted (``loop``), and an isolated call
 from an idle GPU with the host counted (``host``). bf16, ``[B, H, S, D]``; µs per call.
 
-    source .devtk/setup.sh && python3 docs/records/probes/backward_splits.py [--grouped | --split-d]
+    source .devtk/setup.sh && python3 docs/records/probes/backward_splits.py \
+        [--grouped | --split-d [--softcap] | --latency]
 
 ``--grouped``: head dim 64 with grouped and multi-query heads instead (``GROUPED``), where the
 dK/dV grid has the fewest CTAs. ``--split-d``: head dims of two parts (``SPLIT_D``: 40, 72, 80,
 96, 160, 192), the default (``split_d``) against the same schedule with the head dim padded to
 a power of two (``split_d=False``), and the table gives the default's speed-up over it.
+With ``--softcap`` too: capped scores (``SOFTCAP_SPLIT_D``), whose default runs one-pass.
+``--latency``: head dim 256 (``LATENCY``), the default against the same schedule with the dK/dV
+kernel's Q/dO loads two steps ahead (``q_latency=2``: the default's three spill, cuobjdump).
 """
 
 import sys
@@ -34,6 +38,13 @@ SPLIT_D = [(2, 8, 8, 4096, 96, False), (4, 12, 4, 1000, 96, True), (1, 32, 32, 3
            (8, 16, 16, 577, 80, False), (4, 8, 8, 2048, 40, True), (2, 16, 4, 2048, 160, True),
            (1, 16, 16, 4096, 192, True)]
 
+#: ``--split-d`` with ``--softcap``: capped scores, whose Hopper default runs one-pass
+SOFTCAP_SPLIT_D = [(2, 8, 8, 4096, 96, True, 30.0), (4, 16, 4, 2048, 80, False, 30.0),
+                   (1, 16, 16, 4096, 192, True, 50.0), (2, 16, 4, 2048, 72, True, 30.0)]
+
+LATENCY = [(2, 16, 8, 4096, 256, True), (2, 16, 4, 2048, 256, False),
+           (1, 8, 8, 8192, 256, True), (4, 16, 16, 1024, 256, False), (1, 32, 8, 2048, 256, True)]
+
 #: by mode: (shapes, the variant of the default, its label, whether the default's time over
 #: the variant's is the table's ratio (else the inverse), a default that has no variant)
 MODES = {
@@ -41,6 +52,8 @@ MODES = {
                lambda d: d.dkdv_splits == 1),
     "grouped": (GROUPED, lambda d: d.replace(dkdv_splits=1), "one split", True,
                 lambda d: d.dkdv_splits == 1),
+    "latency": (LATENCY, lambda d: d.replace(q_latency=2), "lat2", True,
+                lambda d: d.q_latency == 2),
     "split-d": (SPLIT_D, lambda d: d.replace(split_d=False), "padded", False,
                 lambda d: not d.split_d),
 }
@@ -67,15 +80,18 @@ def compile_all(jobs):
 
 
 def backward_calls(shape, candidates):
-    """Random bf16 inputs of ``shape`` and their forward, and a backward call per candidate
-    schedule (``sdpa_backward`` with the schedule given), by name."""
-    b, hq, hkv, s, d, causal = shape
+    """Random bf16 inputs of ``shape`` (``(b, hq, hkv, s, d, causal)``, and a softcap where
+    a seventh) and their forward, and a backward call per candidate schedule
+    (``sdpa_backward`` with the schedule given), by name."""
+    b, hq, hkv, s, d, causal, *cap = shape
+    softcap = cap[0] if cap else None
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                for h in (hq, hkv, hkv))
     g = torch.randn_like(q)
-    out, lse = ta.sdpa_with_lse(q, k, v, causal=causal)
-    return {name: (lambda sc=sc: ta.sdpa_backward(g, q, k, v, out, lse, causal, schedule=sc))
+    out, lse = ta.sdpa_with_lse(q, k, v, causal=causal, softcap=softcap)
+    return {name: (lambda sc=sc: ta.sdpa_backward(g, q, k, v, out, lse, causal, softcap=softcap,
+                                                  schedule=sc))
             for name, sc in candidates.items()}
 
 
@@ -85,15 +101,16 @@ def relative_error(got, want):
         r.float())).item() for a, r in zip(got, want))
 
 
-def _problem(b, hq, hkv, s, d, causal):
+def _problem(b, hq, hkv, s, d, causal, softcap=0.0):
     return Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=d,
-                   dtype="bf16", causal=causal)
+                   dtype="bf16", causal=causal, softcap=softcap)
 
 
 def main():
-    mode = ("grouped" if "--grouped" in sys.argv else
-            "split-d" if "--split-d" in sys.argv else "splits")
+    mode = next((m for m in ("grouped", "split-d", "latency") if f"--{m}" in sys.argv), "splits")
     shapes, variant_of, label, default_over_variant, alone = MODES[mode]
+    if mode == "split-d" and "--softcap" in sys.argv:
+        shapes = SOFTCAP_SPLIT_D
     jobs = []
     for shape in shapes:
         problem = _problem(*shape)

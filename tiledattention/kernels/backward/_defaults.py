@@ -21,13 +21,16 @@ __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL",
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
 #: docs/records/benchmarks/backward/README.md). Two CTAs per SM paid 1.3-1.8x in both kernels at
 #: D <= 128; at D = 256 the dK/dV kernel's two [64, 256] float32 accumulators need 8 worker
-#: warps (3.4x faster than without) and Q/dO loads issued three steps ahead (+8%).
+#: warps (3.4x faster than without) and Q/dO loads issued ahead (+8% at three steps on the
+#: H100; on an H200 two steps ran 1.02-1.04x three on five D 256 calls, whose kernel spills
+#: 87 local loads: docs/records/probes/backward_splits.py --latency,
+#: docs/records/benchmarks/backward/split-head-dim/).
 _HOPPER = {
     64: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=128, dkdv_occupancy=2,
                          dq_tile_m=64, dq_tile_n=64, dq_occupancy=2),
     128: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_occupancy=2,
                           dq_tile_m=128, dq_tile_n=64, dq_occupancy=2, dq_worker_warps=8),
-    256: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_worker_warps=8, q_latency=3,
+    256: BackwardSchedule(dkdv_tile_n=64, dkdv_tile_m=64, dkdv_worker_warps=8, q_latency=2,
                           dq_tile_m=64, dq_tile_n=64, dq_occupancy=2),
 }
 #: Elsewhere (not measured here): Hopper's tiles, one CTA per SM (the consumer parts and Ampere
@@ -72,14 +75,15 @@ _TILE_FIELDS = ("dkdv_tile_n", "dkdv_tile_m", "dq_tile_m", "dq_tile_n")
 #: them (``split_d``), with these fields of the padded default's entry replaced (by padded head
 #: dim): split, the D <= 128 entry's dQ kernel (128 rows, 8 worker warps) fits two CTAs an SM
 #: and then gets 80 registers a thread and spills (192 bytes of stack; the padded one is held to
-#: one CTA by its 232 KB of shared memory, where occupancy 1 and 2 compile to the same code),
-#: and the D 256 entry's dK/dV kernel spills more with Q/dO loads three steps ahead (D 160: 312
-#: local loads; none at two) (sm_90 SASS, cuobjdump). On an H200
+#: one CTA by its 232 KB of shared memory, where occupancy 1 and 2 compile to the same code)
+#: (sm_90 SASS, cuobjdump). The D 256 entry's dK/dV kernel, whose Q/dO loads three steps ahead
+#: spilled more split (D 160: 312 local loads), loads two ahead (none). On an H200
 #: (docs/records/probes/backward_split_d_fields.py; docs/records/benchmarks/backward/
 #: split-head-dim/) these ran 1.12-1.21x the padded default at D 72, 80 and 96 (GPU time;
-#: 1.11-1.20x isolated), 1.47x at D 160 and 1.25x at D 192, where the split kernels with the
-#: padded entry's fields ran 0.85-0.88x at D 96 and D 160.
-SPLIT_FIELDS = {64: {}, 128: {"dq_occupancy": 1}, 256: {"q_latency": 2}}
+#: 1.11-1.20x isolated), 1.47x at D 160 and 1.25x at D 192 (against the padded default with
+#: loads three steps ahead), where the split kernels with the padded entry's fields ran
+#: 0.85-0.88x at D 96 and D 160.
+SPLIT_FIELDS = {64: {}, 128: {"dq_occupancy": 1}, 256: {}}
 #: The default ``dq_mode`` by GPU generation ("kernel" where not listed): the one-pass backward
 #: (dQ added into a float32 accumulator by the dK/dV kernel) only where it was measured faster.
 #: Hopper keeps the dQ kernel: on an H200 the one-pass backward with the default's dK/dV fields
@@ -104,17 +108,20 @@ class OnePassRule:
 #: default on five swept softcap shapes, and as this default 1.17-1.54x on nine others (D 64-256,
 #: GQA 1-8, causal and full, bf16 and fp16, windows of 512 keys to unbounded): at D <= 128 with
 #: 128-key x 64-row dK/dV tiles, one CTA per SM and 8 worker warps (the two-kernel fields run
-#: one-pass: 0.71-1.14x), at D 256 with the default's dK/dV fields. Under a narrow window each
-#: key tile's walk is a few query tiles and the float32 adds into dQ cost more than the second
-#: kernel: at D 128 a 512- or 128-key window ran 0.79-0.93x one-pass, at D 256 a 512-key window
-#: 1.17-1.30x (1024 at D <= 128 lies between a measured loss at 512 and a gain at 1536; not
-#: measured itself).
+#: one-pass: 0.71-1.14x), at D 256 with the two-kernel default's dK/dV fields as they were then
+#: (Q/dO loads three steps ahead; the one-pass kernel does not spill there), and padded: split
+#: there (D 192) ran 0.94-0.95x, where D 72, 80 and 96 split ran 1.10-1.23x
+#: (docs/records/probes/backward_splits.py --split-d --softcap). Under a narrow
+#: window each key tile's walk is a few query tiles and the float32 adds into dQ cost more than
+#: the second kernel: at D 128 a 512- or 128-key window ran 0.79-0.93x one-pass, at D 256 a
+#: 512-key window 1.17-1.30x (1024 at D <= 128 lies between a measured loss at 512 and a gain at
+#: 1536; not measured itself).
 _WIDE_ONE_PASS = {"dkdv_tile_n": 128, "dkdv_tile_m": 64, "dkdv_occupancy": 1,
                   "dkdv_worker_warps": 8}
 SOFTCAP_ONE_PASS: dict[str, dict[int, OnePassRule]] = {"hopper": {
     64: OnePassRule(fields=_WIDE_ONE_PASS, min_span=1024),
     128: OnePassRule(fields=_WIDE_ONE_PASS, min_span=1024),
-    256: OnePassRule(fields={}, min_span=512)}}
+    256: OnePassRule(fields={"q_latency": 3, "split_d": False}, min_span=512)}}
 
 
 def heaviest_last(problem: Problem) -> bool:

@@ -109,15 +109,15 @@ def _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows, latency):
                    latency=ct.static_eval(latency or None)).reshape((rows, TILE_D2))
 
 
-def _second_parts(A, B, batch, head, tile, TILE_D, TILE_D2, rows, latency):
-    """With ``TILE_D2`` the second head-dim parts of rows ``tile * rows ..`` of ``A`` and ``B``
-    (:func:`_load_second_part`, ``[rows, TILE_D2]`` each), else ``(None, None)``."""
-    a2 = None
-    b2 = None
+def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency):
+    """With ``TILE_D2`` the second head-dim parts of rows ``tile * rows ..`` of the arrays ``x``
+    and ``y`` (:func:`_load_second_part`, ``[rows, TILE_D2]`` each), else ``(None, None)``."""
+    x2 = None
+    y2 = None
     if TILE_D2:
-        a2 = _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
-        b2 = _load_second_part(B, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
-    return a2, b2
+        x2 = _load_second_part(x, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
+        y2 = _load_second_part(y, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
+    return x2, y2
 
 
 def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows):
