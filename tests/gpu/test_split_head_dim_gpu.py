@@ -76,7 +76,7 @@ def test_sdpa_and_training_forward_split(d):
     want = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), -1) / torch.log(
         torch.tensor(2.0))
     assert torch.allclose(lse, want, atol=2e-2, rtol=1e-3)
-    # the default for this head dim runs correctly too
+    # the default of this head dim too
     default = FORWARD.default_schedule("sm_90", problem)
     out = tiledattention.sdpa(q, k, v, causal=True, schedule=default)
     assert rel_l2(out, ref) <= TOLERANCE[q.dtype]
