@@ -46,14 +46,15 @@ _FULL = {
 # kernel's query tile and Q/dO latency hint, the dQ kernel's query tile; issue 31's
 # scripts/backward_parallel_probe.py at c05e939: the dK/dV splits), at values that include
 # every default; the key tiles stay at 64, as in every default; both dQ modes; and for a head
-# dim of two parts (72, 80, 96, 192) both of its forms. 4096 points at a power-of-two head dim
-# (non-causal keys: 1024; a one-pass point normalises the dQ kernel's fields away), twice that
-# at the others.
+# dim of two parts (72, 80, 96, 192) both of its forms; Q/dO loads two and three steps ahead
+# (two: the D 256 default since the H200's probe; three: the H100's and the softcap rule's).
+# 6144 points at a power-of-two head dim (non-causal keys: 1536; a one-pass point normalises
+# the dQ kernel's fields away), twice that at the others.
 _COMPACT = {
     "dkdv_tile_m": (64, 128),
     "dkdv_occupancy": (1, 2),
     "dkdv_worker_warps": (None, 8),
-    "q_latency": (None, 3),
+    "q_latency": (None, 2, 3),
     "dq_tile_m": (64, 128),
     "dq_occupancy": (1, 2),
     "dq_worker_warps": (None, 8),

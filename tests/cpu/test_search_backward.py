@@ -36,7 +36,7 @@ def test_backward_space_is_registered_and_exported():
     full = search_spaces.space_for("backward", "sm_90")
     compact = search_spaces.space_for("backward", "sm_90", "compact")
     assert full.size == 3 * 4 * 2 * 2 * 4 * 3 * 3 * 4 * 2 * 4 * 5 * 2 * 2 * 2 * 2
-    assert compact.size == 2 * 4096 and set(compact.choices) < set(full.choices)
+    assert compact.size == 2 * 6144 and set(compact.choices) < set(full.choices)
     assert isinstance(full.base, BackwardSchedule)
     with pytest.raises(InputValueError, match="space must be one of"):
         search_spaces.space_for("backward", "sm_90", "huge")
@@ -95,7 +95,7 @@ def test_restricted_caps_follow_each_sequence():
     assert tiny.choices["dkdv_tile_m"] == tiny.choices["dq_tile_m"] == (16,)
     assert "dkdv_tile_n" not in tiny.choices  # not searched: the base's 64, normalised to 16
     assert BACKWARD.normalise(_problem(seqlen_q=3, seqlen_k=9), tiny.base).dkdv_tile_n == 16
-    assert tiny.size == 2 * 128 // 4  # one (head, query tile) pair, no causal mask; 2 modes
+    assert tiny.size == 3 * 128 // 4  # one (head, query tile) pair, no causal mask; 2 modes
     assert (tiny.choices["dkdv_splits"], tiny.choices["dq_heavy_first"]) == ((1,), (False,))
     gqa = search_spaces.BACKWARD_SPACE.restrict(
         search_spaces.space_for("backward", "sm_90", "compact"),
