@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention.kernels.forward import head_dim_parts
+from tiledattention.tooling import head_dim_parts
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
 

@@ -113,11 +113,10 @@ class BackwardSchedule(ScheduleValue):
                     self.dkdv_worker_warps, self.q_latency)
         if self.dkdv_splits > 1:
             dkdv += f" split{self.dkdv_splits}"
-        orders = (" | tile-major" if self.tile_major else "") + (
-            " | split-d" if self.split_d else "")
+        tail = (" | tile-major" if self.tile_major else "") + (" | split-d" if self.split_d else "")
         if self.dq_mode == "atomic":
-            return dkdv + " | dq atomic" + orders
+            return dkdv + " | dq atomic" + tail
         dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                   self.dq_worker_warps, self.kv_latency)
-        return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "") + orders
+        return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "") + tail
 
