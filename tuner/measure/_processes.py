@@ -133,11 +133,17 @@ class CompilePool(ProcessPoolExecutor):
         # CPython's own list of the pool's processes (what 3.14's kill_workers() reads too);
         # copied first, as shutdown() drops it
         processes = dict(getattr(self, "_processes", None) or {})
+        manager = getattr(self, "_executor_manager_thread", None)
         self.shutdown(wait=False, cancel_futures=True)
         for pid in processes:
             kill_group(pid)
         for process in processes.values():  # reap them: killed processes exit at once
             process.join(timeout=1)
+        # the pool's manager thread sees its workers die and closes its wake-up pipe; until
+        # Python 3.12, interpreter exit writes to that pipe unlocked, and one closed meanwhile
+        # prints an "OSError: Bad file descriptor" traceback: let the thread finish first
+        if manager is not None:
+            manager.join(timeout=1)
 
     def close(self, *, now: bool = False) -> None:
         """``kill()`` when ``now``, else wait for the running jobs (queued ones are
