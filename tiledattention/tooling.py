@@ -3,7 +3,8 @@ out of ``tiledattention``'s own surface, which is what a user calls: the shared 
 the attention families, its float32 reference and visible-key mask, torch's SDPA arguments for
 a problem, the input dtypes' sizes, the database codecs, the lookup's pieces (``Resolver``, ``pick``), provenance
 stamps, architecture names, the families serving an operation, the ``.text`` digest that
-restamping compares, and what an ahead-of-time build of cubin bundles needs (``capturing``
+restamping compares, what a compiled kernel asks of an SM (``kernel_resources``,
+``resident_ctas``), and what an ahead-of-time build of cubin bundles needs (``capturing``
 builds, a kernel's name and calling convention, the bundle writer) and measures (the launches
 a call makes, the signatures shipped cubins served)."""
 
@@ -13,7 +14,8 @@ from .core._aot import (launch_path, recording as recording_launches, reset as f
                         served as served_from_bundles)
 from .core._bundles import PACKAGE_BUNDLES, kernel_name, param_specs, write_bundle
 from .core._compile import SM_COUNTS, capturing, check_arch, generation
-from .core._cubin import kernel_symbol, text_digest, without_ptx_text
+from .core._cubin import (KernelResources, kernel_resources, kernel_symbol, text_digest,
+                          without_ptx_text)
 from .core._dtypes import FP8_DTYPES, array_itemsize
 from .core._family import codecs, serving
 from .core._lookup import Resolver, pick
@@ -21,12 +23,14 @@ from .core._problem import head_dim_parts, page_tile
 from .core._provenance import Provenance, current_provenance, toolchain_versions
 from .core._ragged import ragged_problem
 from .core._identity import module_identity
+from .core._residency import Residency, resident_ctas
 from .core._reference import attention_reference, varlen_reference, visible_keys
 from .core._runtime import Runtime
 from .core._settings import cubin_cache, simulated_database_location
 from .entry_points._ragged_fill import compile_clear as compile_ragged_clear
 
-__all__ = ["AttentionCase", "FP8_DTYPES", "PACKAGE_BUNDLES", "Provenance", "dequantise_fp8",
+__all__ = ["AttentionCase", "FP8_DTYPES", "KernelResources", "PACKAGE_BUNDLES", "Provenance",
+           "Residency", "dequantise_fp8", "kernel_resources", "resident_ctas",
            "quantise_fp8",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
            "capturing", "compile_ragged_clear", "cubin_cache", "forget_shipped_cubins", "kernel_name",

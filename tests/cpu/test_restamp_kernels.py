@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +22,8 @@ from tiledattention import BACKWARD, DECODE, CompileResult, Problem
 from tiledattention.tooling import current_provenance, text_digest
 from tuner.transfer import _restamp
 from tuner.transfer._restamp import restamp
+
+from ._elf import SHT_PROGBITS, elf_file
 
 OLD_IDENTITY = "0123456789ab"
 FAMILIES = {"decode": DECODE, "backward": BACKWARD}
@@ -35,23 +36,10 @@ PROBLEMS = {
 
 
 def cubin(code: bytes, debug: bytes = b"line 1") -> bytes:
-    """A 64-bit little-endian ELF file with sections ``.shstrtab``, ``.text.kernel`` (``code``)
-    and ``.nv_debug_line_sass`` (``debug``, which ``text_digest`` ignores)."""
-    names = b"\0.shstrtab\0.text.kernel\0.nv_debug_line_sass\0"
-    offsets = {n: names.index(n.encode()) for n in (".shstrtab", ".text.kernel",
-                                                    ".nv_debug_line_sass")}
-    body = names + code + debug
-    shoff = 64 + len(body)
-    at = {".shstrtab": (64, len(names)), ".text.kernel": (64 + len(names), len(code)),
-          ".nv_debug_line_sass": (64 + len(names) + len(code), len(debug))}
-    header = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
-    header += struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 4, 1)
-    sections = [bytes(64)]
-    for name, kind in ((".shstrtab", 3), (".text.kernel", 1), (".nv_debug_line_sass", 1)):
-        offset, size = at[name]
-        sections.append(struct.pack("<IIQQQQIIQQ", offsets[name], kind, 0, 0, offset, size,
-                                    0, 0, 1, 0))
-    return header + body + b"".join(sections)
+    """A cubin with sections ``.text.kernel`` (``code``) and ``.nv_debug_line_sass``
+    (``debug``, which ``text_digest`` ignores)."""
+    return elf_file([(".text.kernel", SHT_PROGBITS, code),
+                     (".nv_debug_line_sass", SHT_PROGBITS, debug)])
 
 
 OLD_PACKAGE = '''

@@ -67,7 +67,7 @@ class CompileResult:
 
 def cubin_shared_bytes(cubin: bytes) -> int | None:
     """Static shared memory of the kernel: the size of the cubin's ``.nv.shared.<kernel>`` ELF
-    section. (Register counts and spills need cuobjdump, which the pip toolchain lacks.)"""
+    section (``kernel_resources`` reads the registers and stack too)."""
     try:
         sections = elf_sections(cubin)
     except InputValueError:

@@ -1,18 +1,25 @@
-"""What a cubin holds, read without CUDA tools: its ELF sections, and a digest of its machine code.
+"""What a cubin holds, read without CUDA tools: its ELF sections, a digest of its machine code,
+and what its kernel asks of an SM.
 
 A cubin is a 64-bit little-endian ELF file. ``text_digest`` hashes only the code sections
 (``.text.<kernel>``), so two builds compare equal when they run the same instructions, whatever
 their debug-line, symbol or note sections say (those change with a comment in the source).
+``kernel_resources`` reads the attributes the driver loads the kernel by (``.nv.info``: its
+registers a thread, stack, threads a CTA) and its static shared memory, what ``cuobjdump
+--dump-resource-usage`` prints.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
+from dataclasses import dataclass
 
 from ..errors import InputValueError
 
-__all__ = ["elf_sections", "kernel_symbol", "text_digest", "without_ptx_text"]
+__all__ = ["KernelResources", "elf_sections", "kernel_resources", "kernel_symbol",
+           "text_digest", "without_ptx_text"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS64 = 2
@@ -99,3 +106,91 @@ def kernel_symbol(cubin: bytes) -> str:
     if len(names) != 1:
         raise InputValueError(f"a cubin of one kernel has one .text section; found {names}")
     return names[0]
+
+
+#: ``.nv.info`` attribute formats (the first byte of an entry; the second is the attribute)
+_EIFMT_SVAL = 0x04  # a 16-bit length and that many bytes follow; the other formats: 4 bytes
+#: attributes read here (each a ``(symbol index, value)`` pair of 32-bit words, but REQNTID)
+_EIATTR_REQNTID = 0x10  # threads a CTA: x, y, z (in the kernel's own .nv.info.<kernel>)
+_EIATTR_FRAME_SIZE = 0x11
+_EIATTR_MIN_STACK_SIZE = 0x12
+_EIATTR_MAX_STACK_SIZE = 0x23
+_EIATTR_REGCOUNT = 0x2f
+
+
+@dataclass(frozen=True)
+class KernelResources:
+    """What one kernel asks of an SM, as its cubin says.
+
+    registers: a thread's; stack_bytes: a thread's local-memory frame (above zero: the code
+    keeps values in local memory, registers spilled or arrays indexed at run time); threads:
+    a CTA's (``None`` where the cubin does not fix them); shared_bytes: static shared memory a
+    CTA (cuTile kernels allocate all of theirs statically)."""
+
+    symbol: str
+    registers: int
+    stack_bytes: int
+    threads: int | None
+    shared_bytes: int
+
+    @property
+    def name(self) -> str:
+        """The kernel function's name: its symbol without the signature cuTile appends
+        (``_K`` and the mangled argument types)."""
+        found = re.match(r"(.+?)_K[a-z]\d", self.symbol)
+        return found.group(1) if found else self.symbol
+
+    @property
+    def spills(self) -> bool:
+        return self.stack_bytes > 0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "symbol": self.symbol, "registers": self.registers,
+                "stack_bytes": self.stack_bytes, "threads": self.threads,
+                "shared_bytes": self.shared_bytes}
+
+
+def _attributes(contents: bytes) -> list[tuple[int, bytes]]:
+    """``(attribute, value bytes)`` of each entry of a ``.nv.info`` section (a value of four or
+    fewer bytes for the fixed-size formats)."""
+    found, at = [], 0
+    while at + 4 <= len(contents):
+        form, attribute = contents[at], contents[at + 1]
+        if form == _EIFMT_SVAL:
+            size, = struct.unpack_from("<H", contents, at + 2)
+            if at + 4 + size > len(contents):
+                raise InputValueError(f"cubin has a .nv.info entry (attribute {attribute:#x}) "
+                                      "that runs past its section")
+            found.append((attribute, contents[at + 4:at + 4 + size]))
+            at += 4 + size
+        else:
+            found.append((attribute, contents[at + 2:at + 4]))
+            at += 4
+    return found
+
+
+def kernel_resources(cubin: bytes) -> KernelResources:
+    """The registers, stack, threads and static shared memory of the one kernel of ``cubin``
+    (:class:`KernelResources`); :class:`InputValueError` where the cubin lacks them."""
+    sections = elf_sections(cubin)
+    symbol = kernel_symbol(cubin)
+    named = dict(sections)
+    per_symbol: dict[int, int] = {}
+    for attribute, value in _attributes(named.get(".nv.info", b"")):
+        if attribute in (_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE, _EIATTR_MIN_STACK_SIZE,
+                         _EIATTR_MAX_STACK_SIZE) and len(value) == 8:
+            # one kernel a cubin: the symbol index (the first word) is that kernel's
+            per_symbol[attribute] = max(per_symbol.get(attribute, 0),
+                                        struct.unpack("<II", value)[1])
+    if _EIATTR_REGCOUNT not in per_symbol:
+        raise InputValueError(f"cubin of {symbol!r} has no register count in its .nv.info")
+    threads = None
+    for attribute, value in _attributes(named.get(f".nv.info.{symbol}", b"")):
+        if attribute == _EIATTR_REQNTID and len(value) == 12:
+            x, y, z = struct.unpack("<III", value)
+            threads = x * y * z
+    stack = max(per_symbol.get(a, 0) for a in (_EIATTR_FRAME_SIZE, _EIATTR_MIN_STACK_SIZE,
+                                                _EIATTR_MAX_STACK_SIZE))
+    return KernelResources(symbol=symbol, registers=per_symbol[_EIATTR_REGCOUNT],
+                           stack_bytes=stack, threads=threads,
+                           shared_bytes=len(named.get(f".nv.shared.{symbol}", b"")))

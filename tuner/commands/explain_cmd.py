@@ -5,6 +5,7 @@ architecture, the lookup step that chose it and why; no GPU needed.
     tiledtune explain --device sm_90 --shape 1,32/8,1:30000,128       # decode: S_q 1, 30000 keys
     tiledtune explain --device sm_90 --shape 4,16,4096,128 --training      # + the backward
     tiledtune explain --device sm_90 --kernel backward --shape 4,16,4096,128 --json
+    tiledtune explain --device sm_120 --shape 1,32/8,8192,128 --resources  # + what it compiles to
 
 The lookup is the runtime's own (``tiledattention.tooling.Resolver`` over the user database,
 ``--db``, and the shipped table of ``--device``), asked for a device described by its architecture and,
@@ -14,7 +15,11 @@ problem is looked up at its power-of-two cache-length band, as ``sdpa`` does), o
 ``--training`` explains a call that needs gradients: the forward family (such a call runs it
 whatever the shape) and the backward family, with whether its schedule is bitwise reproducible
 (the backward's ``dq_mode``) and what a deterministic run (``torch.use_deterministic_algorithms``)
-runs instead. Exit status: 0 explained, 2 bad input.
+runs instead. ``--resources`` compiles each schedule for the architecture (tileiras, on the CPU)
+and says what each of its kernels asks of an SM, as its cubin says (``kernel_resources``):
+registers a thread, threads and static shared memory a CTA, the stack a thread keeps in local
+memory (above zero: spilled registers), and how many of its CTAs an SM holds and what limits
+them (``resident_ctas``). Exit status: 0 explained, 2 bad input.
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              + "); default: the family sdpa picks by shape")
     parser.add_argument("--training", action="store_true",
                         help="a call that needs gradients: its forward and its backward")
+    parser.add_argument("--resources", action="store_true",
+                        help="compile each schedule for --device and show its kernels' "
+                             "registers, shared memory, stack (spills) and CTAs an SM")
     add_problem_options(parser)
     add_json_option(parser, "the explanation")
 
@@ -252,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
                 resolution = lookup.resolve(family, key, device)
                 found = lookup.row_behind(resolution, family, key, device.name)
                 answers.append(_answer(role, family, key, why, resolution, found, device))
+                if args.resources:
+                    answers[-1]["kernels"] = _kernels(family, key, resolution.schedule,
+                                                      device.arch)
         sources = lookup.sources()
     finally:
         lookup.close()
@@ -288,6 +299,35 @@ def _answer(role: str, family: Any, key: Any, why_family: str, resolution: Any,
     return answer
 
 
+def _kernels(family: Any, problem: Any, schedule: Any, arch: str) -> list[dict] | str:
+    """What each kernel ``schedule`` launches asks of an SM of ``arch`` (compiled here), or
+    why it did not compile."""
+    from tiledattention import CompileError
+    from tiledattention.tooling import kernel_resources, resident_ctas
+
+    try:
+        built = family.compile(problem, schedule, arch)
+    except CompileError as exc:
+        return f"not compiled: {exc}"
+    kernels = []
+    for cubin in (built.cubin, *built.other_cubins):
+        resources = kernel_resources(cubin)
+        residency = resident_ctas(resources, arch)
+        kernels.append({**resources.to_dict(),
+                        "ctas_per_sm": None if residency is None else residency.ctas,
+                        "limited_by": None if residency is None else list(residency.limited_by),
+                        "residency": ("limits of this architecture not known" if residency is None
+                                      else residency.describe())})
+    return kernels
+
+
+def _kernel_line(k: dict) -> str:
+    stack = (f"{k['stack_bytes']} B of stack (spills)" if k["stack_bytes"] else "no stack")
+    threads = "?" if k["threads"] is None else k["threads"]
+    return (f"{k['name']}: {k['registers']} registers, {threads} threads, "
+            f"{k['shared_bytes'] / 1024:.1f} KiB shared, {stack}; {k['residency']}")
+
+
 def _print(problem: Any, device: Any, sources: dict[str, Any], answers: list[dict]) -> None:
     name = device.name or "no device name given: no row counts as this device's"
     print(f"device     {device.arch} ({name})")
@@ -309,6 +349,12 @@ def _print(problem: Any, device: Any, sources: dict[str, Any], answers: list[dic
             print(f"  mode     {a['determinism']}")
         if a["deterministic_schedule_text"] is not None:
             print(f"  deterministic run: {a['deterministic_schedule_text']}")
+        kernels = a.get("kernels")
+        if isinstance(kernels, str):
+            print(f"  kernels  {kernels}")
+        elif kernels is not None:
+            for i, k in enumerate(kernels):
+                print(f"  {'kernels' if i == 0 else '':8} {_kernel_line(k)}")
         row = a["row"]
         if row is not None:
             print(f"  row      {row['problem_text']} on {row['device']}: "
