@@ -655,9 +655,10 @@ def dry_run(args, plan: dict) -> int:
             futures = [pool.submit(compile_job, FORWARD, j["problem"], j["schedule"], args.arch)
                        for j in picked]
             outcomes = [f.result() for f in futures]
-        for j, (seconds, shared_bytes, error) in zip(picked, outcomes):
+        for j, (seconds, kernels, error) in zip(picked, outcomes):
+            shared_kib = kernels[0].shared_bytes // 1024 if kernels else 0
             print(f"  compiled {j['schedule'].describe():50} {seconds:5.1f} s "
-                  f"{'ok, ' + str((shared_bytes or 0) // 1024) + ' KiB smem' if error is None else error[:120]}")
+                  f"{f'ok, {shared_kib} KiB smem' if error is None else error[:120]}")
         good = [s for s, _, e in outcomes if e is None]
         if good:
             compile_s = sorted(good)[len(good) // 2]

@@ -14,6 +14,7 @@ import pytest
 
 import search_spaces
 from tiledattention import FORWARD, Problem
+from tiledattention.tooling import KernelResources
 from tuner.cli import main
 
 SHAPE = ["--device", "sm_121", "--shape", "1,4,256,64", "--space", "compact", "--jobs", "2"]
@@ -22,8 +23,12 @@ PROBLEM = Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=256, seqlen_k=256, he
 
 
 def compiles(family, problem, schedule, arch):
-    """Every candidate compiles, in 2 s (as ``compile_job`` reports it)."""
-    return 2.0, 48 * 1024, None
+    """Every candidate compiles, in 2 s (as ``compile_job`` reports it), to a kernel of 48 to
+    80 KiB of shared memory; those of 128-row tiles keep 16 bytes a thread on the stack."""
+    spills = schedule.tile_m == 128
+    return 2.0, (KernelResources(symbol="attention_fwd", registers=168, threads=256,
+                                 stack_bytes=16 if spills else 0,
+                                 shared_bytes=(80 if spills else 48) * 1024),), None
 
 
 def refuses(family, problem, schedule, arch):
@@ -85,6 +90,18 @@ def test_a_sweep_first_prints_its_size_and_time_and_nothing_failed_prints_no_fai
     assert " ".join(captured.err.split()).startswith(f"{size} {estimate}"), captured.err
     assert f"{total} of {total}" in captured.out  # the table: every candidate compiled
     assert "infeasible" not in captured.out + captured.err  # nothing failed: nothing recorded
+
+    # the sweep into another database, as JSON: the main kernels' shared-memory range and the
+    # candidates that spill
+    assert main(["search", "--compile-only", "--sweep", *SHAPE, "--db",
+                 str(tmp_path / "other.sqlite"), "--json"]) == 0
+    (key,) = json.loads(capsys.readouterr().out)["keys"]
+    spaces = search_spaces.family_space("forward")
+    space = spaces.restrict(spaces.space("sm_121", "compact"), PROBLEM)
+    tall = {FORWARD.normalise(PROBLEM, s).key for s in space.feasible(PROBLEM)
+            if FORWARD.normalise(PROBLEM, s).tile_m == 128}
+    assert 0 < len(tall) < total
+    assert key["spilling"] == len(tall) and key["shared_memory_bytes"] == [48 << 10, 80 << 10]
 
 
 @pytest.mark.parametrize("argv, message", [

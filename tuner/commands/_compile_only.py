@@ -46,7 +46,8 @@ def compile_only(args, problems, console) -> int:
         identity.check(optuna.load_study(study_name=name, storage=storage))
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     table = Table(title=f"compile-only for {args.device}")
-    for col in ("key", "candidates", "compiled", "failed", "median s", "smem KiB (min..max)"):
+    for col in ("key", "candidates", "compiled", "failed", "median s", "smem KiB (min..max)",
+                "spilling"):
         table.add_column(col)
     failures_total = 0
     keys = []  # the --json form of the table's rows
@@ -75,9 +76,9 @@ def compile_only(args, problems, console) -> int:
         ok, failed = [], []
 
         def record(schedule, outcome) -> None:
-            seconds, shared, error = outcome
+            seconds, kernels, error = outcome
             if error is None:
-                ok.append((seconds, shared))
+                ok.append((seconds, kernels))
                 return
             failed.append(schedule)
             study.add_trial(optuna.trial.create_trial(
@@ -106,16 +107,21 @@ def compile_only(args, problems, console) -> int:
                 bar.advance(task)
         failures_total += len(failed)
         times = sorted(s for s, _ in ok)
-        shared = [b for _, b in ok if b is not None]
+        read = [kernels for _, kernels in ok if kernels]
+        shared = [kernels[0].shared_bytes for kernels in read]  # the main kernel's
+        # candidates with a kernel that keeps values in local memory (spilled registers)
+        spilling = sum(any(k.spills for k in kernels) for kernels in read)
         table.add_row(problem.describe(), f"{len(candidates)} of {feasible_count}",
                       str(len(ok)), str(len(failed)),
                       f"{times[len(times) // 2]:.1f}" if times else "-",
-                      f"{min(shared) // 1024}..{max(shared) // 1024}" if shared else "-")
+                      f"{min(shared) // 1024}..{max(shared) // 1024}" if shared else "-",
+                      f"{spilling} of {len(read)}" if read else "-")
         keys.append({"key": problem.describe(), "problem": problem, "candidates": len(candidates),
                      "feasible": feasible_count, "settled_before": len(candidates) - len(todo),
                      "compiled": len(ok), "failed": len(failed),
                      "median_compile_s": times[len(times) // 2] if times else None,
-                     "shared_memory_bytes": [min(shared), max(shared)] if shared else None})
+                     "shared_memory_bytes": [min(shared), max(shared)] if shared else None,
+                     "spilling": spilling if read else None})
     _print_compile_only(args, table, keys, storage_url, failures_total)
     return 0
 

@@ -13,7 +13,8 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from db import canonical_json
-from tiledattention import CompileError, Family
+from tiledattention import CompileError, Family, InputValueError
+from tiledattention.tooling import KernelResources, kernel_resources
 
 from ..errors import TunerValueError
 from ..measure import FAILURES, STATUSES, TIE_REL_FLOOR, Timing, TimingMode, within_noise
@@ -151,12 +152,17 @@ def tell(study, trial, value: float | None = None, *, state: TrialState | None =
 
 
 def compile_job(family: Family, problem: Any, schedule: Any, arch: str
-                ) -> tuple[float, int | None, str | None]:
+                ) -> tuple[float, tuple[KernelResources, ...] | None, str | None]:
     """Compile in a pool process (this warms cuTile's disk cache for the later launch):
-    (seconds, static shared-memory bytes, None), or (seconds, None, the compile error)."""
+    (seconds, what each kernel the schedule launches asks of an SM, the main one first, or
+    None where a cubin does not say, None), or (seconds, None, the compile error)."""
     start = time.perf_counter()
     try:
         built = family.compile(problem, schedule, arch)
     except CompileError as exc:
         return time.perf_counter() - start, None, str(exc)
-    return built.seconds, built.shared_bytes, None
+    try:
+        kernels = tuple(kernel_resources(c) for c in (built.cubin, *built.other_cubins))
+    except InputValueError:  # not a cubin tileiras wrote (a stand-in's)
+        kernels = None
+    return built.seconds, kernels, None
