@@ -76,10 +76,11 @@ def test_ragged_problem_compiles_both_kernels_for_each_architecture(arch):
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_kernels_that_walk_work_tables_compile_for_each_architecture(arch):
     """A skewed ragged call's dQ and dK/dV kernels over work tables (``WORK_TABLE``): other
-    code than over grids, for a causal grouped bucket and a windowed softcapped one."""
+    code than over grids, for a causal grouped bucket and (on sm_90: on sm_100 these builds
+    took over a minute of CI's time) a windowed softcapped one."""
     from tiledattention.kernels.backward._compile import compile_backward
 
-    for problem in (RAGGED, RAGGED_WINDOW) if arch in ("sm_90", "sm_100") else (RAGGED,):
+    for problem in (RAGGED, RAGGED_WINDOW) if arch == "sm_90" else (RAGGED,):
         s = BACKWARD.default_schedule(arch, problem)
         result = compile_backward(problem, s, arch, work_table=True)
         tables = tuple(text_digest(c) for c in (result.cubin, *result.other_cubins))

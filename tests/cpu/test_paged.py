@@ -183,7 +183,9 @@ def test_small_pages_walk_short_steps_in_two_waves():
                          ids=["p16", "p256_spec", "p64_chunk_mha", "p64_window"])
 def test_the_paged_decode_compiles(arch, fields):
     p = _paged(**fields)
-    for splits in (1, 8):  # one split (direct) and the split + combine pair
+    # the split + combine pair everywhere; one split (direct) on Hopper and RTX Blackwell, two
+    # of tileiras's back ends (each build takes seconds of CI's time)
+    for splits in (1, 8) if arch in ("sm_90", "sm_120") else (8,):
         schedule = DECODE.default_schedule(arch, p).replace(splits=splits)
         result = compile_decode(p, schedule, arch)
         assert result.cubin[:4] == b"\x7fELF"

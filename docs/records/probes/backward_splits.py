@@ -23,6 +23,7 @@ import torch
 
 import tiledattention as ta
 from tiledattention import BACKWARD, Problem
+from tiledattention.tooling import kernel_resources
 from tuner.measure import time_interleaved
 
 # (batch, heads_q, heads_kv, seqlen, head_dim, causal): small training calls, grouped and not
@@ -61,22 +62,23 @@ MODES = {
 
 def _compile(job):
     problem, schedule = job
-    try:
-        BACKWARD.compile(problem, schedule, "sm_90")  # fills cuTile's cache for the launches
+    try:  # fills cuTile's cache for the launches
+        built = BACKWARD.compile(problem, schedule, "sm_90")
     except Exception as exc:  # reported by the launch that follows
         return f"{type(exc).__name__}: {exc}"[:160]
-    return None
+    return "; ".join(f"{k.name} {k.registers} registers, {k.stack_bytes} B stack"
+                     for k in map(kernel_resources, (built.cubin, *built.other_cubins)))
 
 
 def compile_all(jobs):
-    """Compile ``(problem, schedule)`` pairs in parallel (cuTile's cache serves the launches)."""
+    """Compile ``(problem, schedule)`` pairs in parallel (cuTile's cache serves the launches),
+    printing what each kernel compiled to (registers, and stack: spills) or why it did not."""
     import os
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        for failed in pool.map(_compile, jobs):
-            if failed:
-                print("  not compiled:", failed)
+        for (problem, schedule), said in zip(jobs, pool.map(_compile, jobs)):
+            print(f"  {problem.describe()} {schedule.describe()}: {said}")
 
 
 def backward_calls(shape, candidates):
