@@ -88,6 +88,9 @@ def test_a_cubin_it_cannot_read_is_refused(broken, says):
     (32, 64, 1024, "sm_90", 32, ("registers", "threads", "CTAs")),
     (128, 256, 83080, "sm_120", 1, ("shared memory",)),  # 100 KiB an SM
     (128, 256, 83080, "sm_89", 1, ("shared memory",)),
+    # 16 KiB declared: on sm_90 the reserved KiB is inside it, on sm_80 it comes on top
+    (32, 128, 16384, "sm_90", 14, ("shared memory",)),
+    (32, 128, 16384, "sm_80", 9, ("shared memory",)),
     (64, 128, 240000, "sm_90", 0, ("shared memory",)),  # more than an SM has
     (255, 1024, 0, "sm_90", 0, ("registers",)),  # 255 x 1024 registers: more than a CTA may
 ])
