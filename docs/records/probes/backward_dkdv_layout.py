@@ -16,10 +16,9 @@ import sys
 
 from tiledattention import BACKWARD
 from tiledattention.kernels.backward._defaults import _default
-from tuner.measure import time_interleaved
 
 sys.path.insert(0, os.path.dirname(__file__))
-from backward_splits import _problem, backward_calls, compile_all, relative_error  # noqa: E402
+from backward_splits import compare_schedules  # noqa: E402
 
 # (batch, heads_q, heads_kv, seqlen, head_dim, causal)
 SHAPES = [(1, 16, 16, 8192, 128, False), (2, 32, 8, 4096, 128, True),
@@ -36,29 +35,7 @@ def candidates(problem):
 
 
 def main():
-    jobs = [(_problem(*shape), s) for shape in SHAPES
-            for s in candidates(_problem(*shape)).values()]
-    compile_all(jobs)
-    table = []
-    for shape in SHAPES:
-        problem = _problem(*shape)
-        found = candidates(problem)
-        fns = backward_calls(shape, found)
-        ref = fns["default"]()
-        errs = {name: relative_error(fn(), ref) for name, fn in fns.items()}
-        views = {view: time_interleaved(fns, rounds=15, **kw) for view, kw in
-                 (("gpu", {}), ("isolated", {"host": True}))}
-        print(f"== {problem.describe()}")
-        for name, sc in found.items():
-            print(f"  {name:14s} {sc.describe():70s} err {errs[name]:.1e}  " + "  ".join(
-                f"{view} {1e3 * t[name].median_ms:8.1f} us" for view, t in views.items()))
-            if name != "default":
-                table.append((problem.describe(), name,
-                              *(views[v]["default"].median_ms / views[v][name].median_ms
-                                for v in views)))
-    print("\n| call | schedule | speed-up over the default: GPU | isolated |\n|---|---|---|---|")
-    for call, name, gpu, isolated in table:
-        print(f"| {call} | {name} | {gpu:.2f} | {isolated:.2f} |")
+    compare_schedules(SHAPES, candidates, "default")
 
 
 if __name__ == "__main__":

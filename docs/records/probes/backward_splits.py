@@ -103,6 +103,35 @@ def relative_error(got, want):
         r.float())).item() for a, r in zip(got, want))
 
 
+def compare_schedules(shapes, candidates, base):
+    """Per shape (``(b, hq, hkv, s, d, causal)``), time the schedules ``candidates(problem)``
+    names (a dict, ``base`` among them) interleaved, in the GPU view and an isolated call,
+    print each one's error against ``base`` and its µs, then a table of speed-ups over
+    ``base``."""
+    compile_all([(_problem(*shape), s) for shape in shapes
+                 for s in candidates(_problem(*shape)).values()])
+    table = []
+    for shape in shapes:
+        problem = _problem(*shape)
+        found = candidates(problem)
+        fns = backward_calls(shape, found)
+        ref = fns[base]()
+        errs = {name: relative_error(fn(), ref) for name, fn in fns.items()}
+        views = {view: time_interleaved(fns, rounds=15, **kw) for view, kw in
+                 (("gpu", {}), ("isolated", {"host": True}))}
+        print(f"== {problem.describe()}")
+        for name, sc in found.items():
+            print(f"  {name:14s} {sc.describe():70s} err {errs[name]:.1e}  " + "  ".join(
+                f"{view} {1e3 * t[name].median_ms:8.1f} us" for view, t in views.items()))
+            if name != base:
+                table.append((problem.describe(), name,
+                              *(views[v][base].median_ms / views[v][name].median_ms
+                                for v in views)))
+    print(f"\n| call | schedule | speed-up over {base}: GPU | isolated |\n|---|---|---|---|")
+    for call, name, gpu, isolated in table:
+        print(f"| {call} | {name} | {gpu:.2f} | {isolated:.2f} |")
+
+
 def _problem(b, hq, hkv, s, d, causal, softcap=0.0):
     return Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=d,
                    dtype="bf16", causal=causal, softcap=softcap)
