@@ -11,10 +11,9 @@ SHT_PROGBITS, SHT_STRTAB, SHT_NOBITS = 1, 3, 8
 def elf_file(sections: list[tuple[str, int, bytes | int]]) -> bytes:
     """An ELF file with a ``.shstrtab`` and ``sections``: ``(name, type, contents)``, or for
     ``SHT_NOBITS`` ``(name, type, size)`` (no bytes in the file)."""
-    names = b"\0" + b"".join(n.encode() + b"\0" for n in [".shstrtab"] + [s[0] for s in sections])
-    name_at = {}
-    for name in [".shstrtab"] + [s[0] for s in sections]:
-        name_at[name] = names.index(b"\0" + name.encode() + b"\0") + 1
+    labels = [".shstrtab", *(name for name, _, _ in sections)]
+    names = b"\0" + b"".join(label.encode() + b"\0" for label in labels)
+    name_at = {label: names.index(b"\0" + label.encode() + b"\0") + 1 for label in labels}
     body, headers = bytearray(names), [bytes(64)]
     headers.append(struct.pack("<IIQQQQIIQQ", name_at[".shstrtab"], SHT_STRTAB, 0, 0, 64,
                                len(names), 0, 0, 1, 0))

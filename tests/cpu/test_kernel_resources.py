@@ -15,7 +15,7 @@ import pytest
 
 from tiledattention import BACKWARD, InputValueError, Problem
 from tiledattention.core._compile import cubin_shared_bytes
-from tiledattention.tooling import (KernelResources, kernel_resources, resident_ctas)
+from tiledattention.tooling import KernelResources, kernel_resources, resident_ctas
 from tuner import cli
 
 from ._elf import SHT_NOBITS, SHT_PROGBITS, elf_file
