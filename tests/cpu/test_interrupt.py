@@ -238,9 +238,14 @@ def test_killing_the_compile_pool_kills_what_its_workers_started(tmp_path):
 
     children = _wait_for(sleeping, 60, "the job's child process")
     workers = _descendants(os.getpid())
+    # CPython's pool internals (3.11): the thread that manages it and the pipe that wakes it
+    manager, wakeup = pool._executor_manager_thread, pool._executor_manager_thread_wakeup
     start = time.monotonic()
     pool.kill()
     assert time.monotonic() - start < 2
+    # kill() returns once that thread has closed the pipe: at exit Python writes to every open
+    # one, unlocked, and a pipe closed meanwhile printed an OSError traceback (CI, once)
+    assert not manager.is_alive() and wakeup._closed
     assert _wait_for(lambda: not _still_running(children) or None, 2, "the child to die")
     assert _wait_for(lambda: not _still_running(
         {p: v for p, v in workers.items() if "spawn_main" in v[1]}) or None, 2, "the workers")
