@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tiledattention import get_family, shipped_table  # noqa: E402
-from tiledattention.tooling import kernel_resources, resident_ctas  # noqa: E402
+from tiledattention.tooling import resident_ctas  # noqa: E402
 
 #: the schedule field holding the occupancy each kernel is compiled for, by kernel name
 ASKED = {"attention_fwd": "occupancy", "decode_split": "occupancy",
@@ -35,7 +35,7 @@ def _compile(job):
         built = family.compile(problem, schedule, arch)
     except Exception as exc:  # reported, not fatal: the audit goes on
         return job, f"{type(exc).__name__}: {exc}"[:200]
-    return job, [kernel_resources(c) for c in (built.cubin, *built.other_cubins)]
+    return job, built.resources()
 
 
 def jobs_for(arch: str, which: str, family_filter: str | None) -> list[tuple]:

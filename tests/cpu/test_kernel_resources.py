@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from tiledattention import BACKWARD, InputValueError, Problem
-from tiledattention.core._compile import cubin_shared_bytes
+from tiledattention.core._cubin import static_shared_bytes
 from tiledattention.tooling import KernelResources, kernel_resources, resident_ctas
 from tuner import cli
 
@@ -125,11 +125,11 @@ def test_explain_shows_what_each_kernel_of_a_schedule_asks_of_an_sm(capsys, tmp_
     problem = Problem(batch=1, heads_q=4, heads_kv=4, seqlen_q=512, seqlen_k=512, head_dim=64,
                       dtype="bf16", causal=True)
     built = BACKWARD.compile(problem, BACKWARD.default_schedule("sm_90", problem), "sm_90")
-    cubins = (built.cubin, *built.other_cubins)
-    assert [kernel_resources(c).to_dict() for c in cubins] == [
+    cubins = built.cubins
+    assert [r.to_dict() for r in built.resources()] == [
         {key: value for key, value in k.items()
          if key not in ("ctas_per_sm", "limited_by", "residency")} for k in step["kernels"]]
-    assert [cubin_shared_bytes(c) for c in cubins] == [k["shared_bytes"] for k in step["kernels"]]
+    assert [static_shared_bytes(c) for c in cubins] == [k["shared_bytes"] for k in step["kernels"]]
 
     assert cli.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -1,5 +1,5 @@
-"""What every family's compile-only build shares: the architectures tileiras knows, the result
-of one build, and what a cubin says about itself (static shared memory)."""
+"""What every family's compile-only build shares: the architectures tileiras knows, and the result
+of one build (its cubins, and what each kernel asks of an SM)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from ._cubin import elf_sections
+from ._cubin import KernelResources, kernel_resources, static_shared_bytes
 from ._dtypes import element
 from ._problem import row_stat_shape
 from ..errors import CompileError, InputValueError
 
 __all__ = ["ARCHITECTURES", "SM_COUNTS", "CompileResult", "array_constraint", "check_arch",
-           "cubin_shared_bytes", "capturing", "export_cubin", "generation",
+           "capturing", "export_cubin", "generation",
            "attention_constraints", "row_stat_constraint"]
 
 #: ``(builds, compile)`` of an active ``capturing()``, or None
@@ -64,18 +64,14 @@ class CompileResult:
     #: compiled code (``tiledtune restamp``) see every kernel a schedule launches
     other_cubins: tuple[bytes, ...] = ()
 
+    @property
+    def cubins(self) -> tuple[bytes, ...]:
+        """Every kernel's cubin, the main one (``cubin``) first."""
+        return (self.cubin, *self.other_cubins)
 
-def cubin_shared_bytes(cubin: bytes) -> int | None:
-    """Static shared memory of the kernel: the size of the cubin's ``.nv.shared.<kernel>`` ELF
-    section (``kernel_resources`` reads the registers and stack too)."""
-    try:
-        sections = elf_sections(cubin)
-    except InputValueError:
-        return None
-    for label, contents in sections:
-        if label.startswith(".nv.shared.") and not label.startswith(".nv.shared.reserved"):
-            return len(contents)
-    return None
+    def resources(self) -> tuple[KernelResources, ...]:
+        """What each kernel asks of an SM (``kernel_resources``), in ``cubins``' order."""
+        return tuple(kernel_resources(c) for c in self.cubins)
 
 
 @contextlib.contextmanager
@@ -192,4 +188,4 @@ def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> Com
     if captured is not None:
         captured.append((kernel, list(args), arch, cubin))
     return CompileResult(arch=arch, cubin_size=len(cubin), seconds=time.perf_counter() - start,
-                         cubin=cubin, shared_bytes=cubin_shared_bytes(cubin))
+                         cubin=cubin, shared_bytes=static_shared_bytes(cubin))

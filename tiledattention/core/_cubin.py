@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..errors import InputValueError
 
 __all__ = ["KernelResources", "elf_sections", "kernel_resources", "kernel_symbol",
-           "text_digest", "without_ptx_text"]
+           "static_shared_bytes", "text_digest", "without_ptx_text"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS64 = 2
@@ -102,10 +102,30 @@ def text_digest(cubin: bytes) -> str:
 def kernel_symbol(cubin: bytes) -> str:
     """The symbol of the one kernel of ``cubin`` (its ``.text.<symbol>`` section), by which the
     driver finds it."""
-    names = [name[len(".text."):] for name, _ in elf_sections(cubin) if name.startswith(".text.")]
+    return _symbol(elf_sections(cubin))
+
+
+def _symbol(sections: list[tuple[str, bytes]]) -> str:
+    names = [name[len(".text."):] for name, _ in sections if name.startswith(".text.")]
     if len(names) != 1:
         raise InputValueError(f"a cubin of one kernel has one .text section; found {names}")
     return names[0]
+
+
+def static_shared_bytes(cubin: bytes) -> int | None:
+    """Static shared memory of the one kernel of ``cubin`` (its ``.nv.shared.<symbol>``
+    section's size), or None where the cubin is no such ELF file or has no such section."""
+    try:
+        sections = elf_sections(cubin)
+        symbol = _symbol(sections)
+    except InputValueError:
+        return None
+    return _shared(dict(sections), symbol)
+
+
+def _shared(named: dict[str, bytes], symbol: str) -> int | None:
+    contents = named.get(f".nv.shared.{symbol}")
+    return None if contents is None else len(contents)
 
 
 #: ``.nv.info`` attribute formats (the first byte of an entry; the second is the attribute)
@@ -173,7 +193,7 @@ def kernel_resources(cubin: bytes) -> KernelResources:
     """The registers, stack, threads and static shared memory of the one kernel of ``cubin``
     (:class:`KernelResources`); :class:`InputValueError` where the cubin lacks them."""
     sections = elf_sections(cubin)
-    symbol = kernel_symbol(cubin)
+    symbol = _symbol(sections)
     named = dict(sections)
     per_symbol: dict[int, int] = {}
     for attribute, value in _attributes(named.get(".nv.info", b"")):
@@ -193,4 +213,4 @@ def kernel_resources(cubin: bytes) -> KernelResources:
                                                 _EIATTR_MAX_STACK_SIZE))
     return KernelResources(symbol=symbol, registers=per_symbol[_EIATTR_REGCOUNT],
                            stack_bytes=stack, threads=threads,
-                           shared_bytes=len(named.get(f".nv.shared.{symbol}", b"")))
+                           shared_bytes=_shared(named, symbol) or 0)

@@ -303,15 +303,14 @@ def _kernels(family: Any, problem: Any, schedule: Any, arch: str) -> list[dict] 
     """What each kernel ``schedule`` launches asks of an SM of ``arch`` (compiled here), or
     why it did not compile."""
     from tiledattention import CompileError
-    from tiledattention.tooling import kernel_resources, resident_ctas
+    from tiledattention.tooling import resident_ctas
 
     try:
         built = family.compile(problem, schedule, arch)
     except CompileError as exc:
         return f"not compiled: {exc}"
     kernels = []
-    for cubin in (built.cubin, *built.other_cubins):
-        resources = kernel_resources(cubin)
+    for resources in built.resources():
         residency = resident_ctas(resources, arch)
         kernels.append({**resources.to_dict(),
                         "ctas_per_sm": None if residency is None else residency.ctas,

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from db import canonical_json
 from tiledattention import CompileError, Family, InputValueError
-from tiledattention.tooling import KernelResources, kernel_resources
+from tiledattention.tooling import KernelResources
 
 from ..errors import TunerValueError
 from ..measure import FAILURES, STATUSES, TIE_REL_FLOOR, Timing, TimingMode, within_noise
@@ -162,7 +162,7 @@ def compile_job(family: Family, problem: Any, schedule: Any, arch: str
     except CompileError as exc:
         return time.perf_counter() - start, None, str(exc)
     try:
-        kernels = tuple(kernel_resources(c) for c in (built.cubin, *built.other_cubins))
+        kernels = built.resources()
     except InputValueError:  # not a cubin tileiras wrote (a stand-in's)
         kernels = None
     return built.seconds, kernels, None

@@ -23,7 +23,6 @@ import torch
 
 import tiledattention as ta
 from tiledattention import BACKWARD, Problem
-from tiledattention.tooling import kernel_resources
 from tuner.measure import time_interleaved
 
 # (batch, heads_q, heads_kv, seqlen, head_dim, causal): small training calls, grouped and not
@@ -67,7 +66,7 @@ def _compile(job):
     except Exception as exc:  # reported by the launch that follows
         return f"{type(exc).__name__}: {exc}"[:160]
     return "; ".join(f"{k.name} {k.registers} registers, {k.stack_bytes} B stack"
-                     for k in map(kernel_resources, (built.cubin, *built.other_cubins)))
+                     for k in built.resources())
 
 
 def compile_all(jobs):
