@@ -192,7 +192,7 @@ def model_ms(problem: Problem, schedule: BackwardSchedule) -> float:
     accumulators against the register file, occupancy, worker warps, latency hint) and share of
     busy SMs (the dK/dV splits multiply its CTAs), the split partials' traffic at 3 TB/s, 3%
     off the causal dQ kernel run heavy tiles first, plus 3 µs per launch. One-pass
-    (``dq_mode`` "atomic" or "red", modelled alike): no dQ kernel; the dK/dV kernel's fifth product (dS K) with a
+    (``dq_mode="atomic"``): no dQ kernel; the dK/dV kernel's fifth product (dS K) with a
     ``[dkdv_tile_m, D]`` float32 tile more in registers, its reduce-adds of float32 dQ (a tile a
     (query tile, key tile) pair, half of them with a causal mask) at 4x the DRAM bandwidth
     (L2 absorbs the reduce-adds), and
@@ -201,7 +201,7 @@ def model_ms(problem: Problem, schedule: BackwardSchedule) -> float:
     s = schedule
     # one matrix product of the forward's size, over the columns the kernels compute
     half = problem.flops / 2 * d / problem.head_dim
-    one_pass = s.one_pass
+    one_pass = s.dq_mode == "atomic"
     dkdv_eff = _kernel_efficiency(_DKDV_TILES, s.dkdv_tile_n, s.dkdv_tile_m,
                                   (2 * s.dkdv_tile_n + one_pass * s.dkdv_tile_m) * d * 4,
                                   s.dkdv_occupancy, s.dkdv_worker_warps, s.q_latency)

@@ -1,4 +1,4 @@
-"""The one-pass backward (``dq_mode`` "atomic" and "red") on the GPU: dQ, dK and dV against the float32
+"""The one-pass backward (``dq_mode="atomic"``) on the GPU: dQ, dK and dV against the float32
 reference (``BACKWARD.case``: torch autograd through float32 attention) within the backward
 family's tolerance (bf16 2e-2, fp16 1e-2, relative L2), from NaN-poisoned gradients, delta and
 scratch (the float32 dQ accumulator included: the delta kernel must zero it); the deterministic
@@ -23,8 +23,6 @@ from tiledattention.kernels.backward._launch import launch, launches
 pytestmark = pytest.mark.gpu
 
 ARCH = "sm_90"
-#: the one-pass modes: dQ shares by a bulk reduce-add, or by element-wise atomic adds
-ONE_PASS_MODES = ("atomic", "red")
 
 
 def _problem(b, hq, hkv, sq, sk, d, dtype, causal, bottom_right=False, **variant):
@@ -50,8 +48,8 @@ CASES = [
 ]
 
 
-def _one_pass(problem: Problem, splits: int | None, mode: str = "atomic") -> BackwardSchedule:
-    s = BACKWARD.default_schedule(ARCH, problem).replace(dq_mode=mode)
+def _one_pass(problem: Problem, splits: int | None) -> BackwardSchedule:
+    s = BACKWARD.default_schedule(ARCH, problem).replace(dq_mode="atomic")
     return s if splits is None else s.replace(dkdv_splits=splits)
 
 
@@ -70,11 +68,10 @@ def _poisoned_run(case, schedule: BackwardSchedule):
     return plan, run
 
 
-@pytest.mark.parametrize("mode", ONE_PASS_MODES)
 @pytest.mark.parametrize("name, problem, splits", CASES, ids=[c[0] for c in CASES])
-def test_one_pass_gradients_match_the_float32_reference(name, problem, splits, mode):
+def test_one_pass_gradients_match_the_float32_reference(name, problem, splits):
     case = BACKWARD.case(problem, 0)
-    schedule = _one_pass(problem, splits, mode)
+    schedule = _one_pass(problem, splits)
     plan, run = _poisoned_run(case, schedule)
     assert plan.one_pass and (splits is None or plan.splits == splits)
     error = case.error(run)
@@ -128,10 +125,8 @@ def test_deterministic_backward_is_bitwise_reproducible(how):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-@pytest.mark.parametrize("softcap, mode", [(0.0, "atomic"), (20.0, "atomic"), (0.0, "red"),
-                                           (20.0, "red")],
-                         ids=["split2", "softcap-default", "red-split2", "red-softcap-fields"])
-def test_one_pass_reduce_adds_stay_right_over_thousands_of_launches(softcap, mode):
+@pytest.mark.parametrize("softcap", [0.0, 20.0], ids=["split2", "softcap-default"])
+def test_one_pass_reduce_adds_stay_right_over_thousands_of_launches(softcap):
     """Cross-CTA float32 reduce-adds into one accumulator: 3,000 launches of a small GQA
     problem (8 key tiles x 2 splits add into each query tile of 4 heads; with a softcap, the
     sm_90 default: 128-key tiles, one CTA per SM, 8 worker warps, its own splits), the
@@ -143,9 +138,8 @@ def test_one_pass_reduce_adds_stay_right_over_thousands_of_launches(softcap, mod
     if softcap:
         schedule = BACKWARD.default_schedule(ARCH, problem)
         assert schedule.dq_mode == "atomic" and schedule.dkdv_tile_n == 128
-        schedule = schedule.replace(dq_mode=mode)
     else:
-        schedule = _one_pass(problem, None, mode).replace(dkdv_splits=2)
+        schedule = _one_pass(problem, None).replace(dkdv_splits=2)
     _, two_kernel = _poisoned_run(case, BACKWARD.deterministic_schedule(ARCH, problem,
                                                                         schedule))
     two_kernel()
@@ -181,9 +175,8 @@ SWEEP_PROBLEMS = [
                          ids=[f"n{n}-m{m}-occ{o}" + (f"-w{w}" if w else "")
                               for n, m, o, w in SWEEP])
 @pytest.mark.parametrize("name, problem", SWEEP_PROBLEMS, ids=[p[0] for p in SWEEP_PROBLEMS])
-@pytest.mark.parametrize("mode", ONE_PASS_MODES)
 def test_one_pass_dk_dv_are_the_two_kernel_ones_bit_for_bit(name, problem, tile_n, tile_m,
-                                                            occupancy, warps, mode):
+                                                            occupancy, warps):
     """dK and dV do not depend on how dQ is made: the one-pass dK/dV kernel computes them in the
     same order as the two-kernel one, so with the same dK/dV fields (after ``normalise``, as a
     call runs them) they must be equal bit for bit. A one-pass configuration that corrupts dK
@@ -193,7 +186,7 @@ def test_one_pass_dk_dv_are_the_two_kernel_ones_bit_for_bit(name, problem, tile_
     from search_spaces.backward import infeasibility
 
     schedule = BACKWARD.normalise(problem, BACKWARD.default_schedule(ARCH, problem).replace(
-        dq_mode=mode, dkdv_tile_n=tile_n, dkdv_tile_m=tile_m, dkdv_occupancy=occupancy,
+        dq_mode="atomic", dkdv_tile_n=tile_n, dkdv_tile_m=tile_m, dkdv_occupancy=occupancy,
         dkdv_worker_warps=warps, dkdv_splits=1))
     if infeasibility(ARCH, problem, schedule) is not None:
         pytest.skip(infeasibility(ARCH, problem, schedule))

@@ -32,7 +32,7 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
                      work_table: bool = False) -> CompileResult:
     """Compile the kernels ``normalise(problem, schedule)`` launches for ``arch``; raise
     :class:`CompileError`. The result is the dK/dV kernel's cubin (the largest, whose shared
-    memory decides feasibility), with the dQ kernel's (one-pass: the
+    memory decides feasibility), with the dQ kernel's (one-pass, ``dq_mode="atomic"``: the
     delta and dQ-scale kernels') and with ``dkdv_splits > 1`` the partials' sum kernel's in
     ``other_cubins``; ``seconds`` counts every build. ``work_table`` (a ragged problem): the
     dQ and dK/dV kernels that walk work tables (``WORK_TABLE``)."""
@@ -59,7 +59,7 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
         {**variants, WORK: (array_constraint("int32", (2, p.batch * -(-length // tile)))
                             if table else ctc.ConstantConstraint(0))}
         for length, tile in ((p.seqlen_q, s.dq_tile_m), (p.seqlen_k, s.dkdv_tile_n)))
-    one_pass = s.one_pass
+    one_pass = s.dq_mode == "atomic"
     # the one-pass backward's float32 dQ accumulator (contiguous, like q; never ragged), else
     # the zero-byte constant the launch's empty tuple stands for
     accum = (array_constraint("fp32", (p.batch, p.heads_q, p.seqlen_q, p.head_dim)) if one_pass

@@ -226,22 +226,19 @@ class BackwardFamily(Family):
 
     def deterministic_schedule(self, arch: str, problem: Problem,
                                schedule: BackwardSchedule) -> BackwardSchedule:
-        """A one-pass schedule (``dq_mode`` "atomic" or "red") gives way to the two-kernel default
+        """A one-pass schedule (``dq_mode="atomic"``) gives way to the two-kernel default
         (:func:`~tiledattention.kernels.backward._defaults.deterministic_backward_schedule`)."""
         return deterministic_backward_schedule(arch, problem, schedule)
 
     def determinism(self, problem: Problem, schedule: BackwardSchedule) -> str:
-        mode = normalise(problem, schedule).dq_mode
-        if mode != "kernel":
-            how = ("a bulk reduce-add" if mode == "atomic"
-                   else "element-wise atomic adds")
-            return (f"dq_mode {mode}: one pass, each (query tile, key tile) pair's dQ share "
-                    f"added into a float32 accumulator by {how}, in no fixed order "
+        if normalise(problem, schedule).dq_mode == "atomic":
+            return ("dq_mode atomic: one pass, each (query tile, key tile) pair's dQ share "
+                    "added into a float32 accumulator by a bulk reduce-add, in no fixed order "
                     "(dQ may differ in its last bits run to run); a deterministic run "
                     "(torch.use_deterministic_algorithms(True), or sdpa_backward's "
                     "deterministic=True) computes dQ with the dQ kernel instead")
         why = (" (a ragged batch runs no one-pass backward)" if problem.ragged
-               and schedule.one_pass else "")
+               and schedule.dq_mode == "atomic" else "")
         return ("dq_mode kernel: dQ by a kernel of its own, dK/dV partials added in a fixed "
                 f"order: bitwise reproducible run to run{why}")
 
@@ -275,7 +272,7 @@ class BackwardFamily(Family):
                          scale: float) -> Callable[..., None]:
         """:meth:`Family.prepare_backward`: the plan's launches made once (a one-pass schedule
         asks each call whether torch wants deterministic algorithms: :meth:`backward`)."""
-        if schedule.one_pass or problem.ragged:
+        if schedule.dq_mode == "atomic" or problem.ragged:
             return super().prepare_backward(problem, schedule, scale)
         plan = launches(problem, schedule, scale)
 
@@ -293,7 +290,7 @@ class BackwardFamily(Family):
         outside every sequence are not written). Under
         ``torch.use_deterministic_algorithms(True)`` a one-pass schedule runs its
         :meth:`deterministic_schedule`."""
-        if schedule.one_pass and _deterministic_asked():
+        if schedule.dq_mode == "atomic" and _deterministic_asked():
             from ...core._device import device_info
 
             schedule = self.deterministic_schedule(device_info(q.device.index).arch, problem,

@@ -33,8 +33,7 @@ The one-pass backward (``DQ_ATOMIC``; FlashAttention-3/4's) runs no dQ kernel: t
 kernel's walk already has each (query tile, key tile) pair's ``dS``, so it also computes that
 pair's share of dQ, ``dS K`` (5 matrix products a pair instead of the two kernels' 7), and adds
 it into a float32 ``[B, H_q, S_q, D]`` accumulator with a tiled view's ``atomic_store_add``,
-which on sm_90 is a TMA bulk reduce-add (``UTMAREDG``), or with ``DQ_RED`` by element-wise
-atomic adds from the registers that hold it (``REDG``: no staging through shared memory). ``attention_bwd_delta`` computes
+which on sm_90 is a TMA bulk reduce-add (``UTMAREDG``). ``attention_bwd_delta`` computes
 ``delta`` and zeroes the accumulator before, ``attention_bwd_dq_scale`` scales and casts it
 after. The additions' order varies run to run, and so may dQ's last bits.
 
@@ -130,22 +129,6 @@ def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows):
     if TILE_D2:
         ct.store(A, index=(batch, head, tile, TILE_D // TILE_D2),
                  tile=x2.astype(A.dtype).reshape((1, 1, rows, TILE_D2)))
-
-
-def _add_dq_share(dQacc, batch, head, tile, share, column, width, rows, RED):
-    """Add the float32 ``[rows, width]`` tile ``share`` into rows ``tile * rows ..`` and
-    columns ``column ..`` of ``dQacc [B, H, S, D]``: by a tiled view's bulk reduce-add (the
-    share staged through shared memory, a TMA reduction on sm_90), or with ``RED`` by an atomic
-    add of each element from the registers that hold it (no staging; rows and columns past the
-    array's are skipped)."""
-    if RED:
-        rows_at = tile * rows + ct.arange(rows, dtype=np.int32)[:, None]
-        columns_at = column + ct.arange(width, dtype=np.int32)[None, :]
-        ct.atomic_add(dQacc, (batch, head, rows_at, columns_at), share,
-                      memory_order=ct.MemoryOrder.RELAXED)
-    else:
-        dQacc.tiled_view((1, 1, rows, width)).atomic_store_add(
-            (batch, head, tile, column // width), share.reshape((1, 1, rows, width)))
 
 
 def _load_row_stat(A, batch, head, tile, rows):
@@ -423,15 +406,13 @@ def attention_bwd_dkdv(
     TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
     WINDOW: ConstBool, SOFTCAP: ConstBool, RAGGED: ConstBool, PACKED: ConstBool,  # as dQ's
     DQ_ATOMIC: ConstBool,  # also add each (query tile, key tile) pair's dS K into dQacc
-    DQ_RED: ConstBool,  # DQ_ATOMIC: element by element from registers, not by a bulk reduce-add
     WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs K/V head i % heads_kv of Work's item
 ):
     """dK and dV (or split ``split``'s partials) of the CTA's key tile of one (batch, K/V
     head). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
     sequence's range, and a tile past the sequence's keys does nothing (``SPLITS`` is then 1:
     the launcher's ``normalise``). With ``DQ_ATOMIC`` every (query head, query tile) pair it
-    walks also adds its ``dS K`` (dQ before the scale) into ``dQacc``: by a bulk reduce-add, or
-    with ``DQ_RED`` by element-wise atomic adds (``_add_dq_share``)."""
+    walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
     alive = 1  # 0: a work item past the table's last tile
     if WORK_TABLE:
         kv_tile, batch, kv_head, alive = _work_item(Work, heads_kv)
@@ -522,11 +503,14 @@ def attention_bwd_dkdv(
                 # TILE_D2] of the second part)
                 dq = ct.mma(ct.transpose(ds), k,
                             ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32))
-                _add_dq_share(dQacc, batch, head, i, dq, 0, TILE_D, TILE_M, DQ_RED)
+                dQacc.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
+                    (batch, head, i, 0), dq.reshape((1, 1, TILE_M, TILE_D)))
                 if TILE_D2:
                     dq2 = ct.mma(ct.transpose(ds), k2,
                                  ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32))
-                    _add_dq_share(dQacc, batch, head, i, dq2, TILE_D, TILE_D2, TILE_M, DQ_RED)
+                    dQacc.tiled_view((1, 1, TILE_M, TILE_D2)).atomic_store_add(
+                        (batch, head, i, TILE_D // TILE_D2),
+                        dq2.reshape((1, 1, TILE_M, TILE_D2)))
             return dk, dv, dk2, dv2
 
         # The key tile's work is the (query head g, query tile i) pairs, g-major: group * seen

@@ -11,10 +11,10 @@ values after the others (``VARIANT_VALUES``, then ``Ranges``), read under the co
 sinks) passes :data:`UNUSED` for each, so its parameter space, and its machine code, are those
 of the kernels before the variants existed.
 
-With ``dq_mode`` "atomic" or "red" (the one-pass backward) no dQ kernel runs: ``attention_bwd_delta``
+With ``dq_mode="atomic"`` (the one-pass backward) no dQ kernel runs: ``attention_bwd_delta``
 writes ``delta`` and zeroes a float32 dQ accumulator (``scratch_shapes``' ``"dq_accum"``; the
 kernel that reads the rows anyway writes the zeros, one launch fewer than a separate memset),
-the dK/dV kernel (``DQ_ATOMIC``; ``DQ_RED`` for "red") adds every pair's ``dS K`` into it, and
+the dK/dV kernel (``DQ_ATOMIC``) adds every pair's ``dS K`` into it, and
 ``attention_bwd_dq_scale`` writes ``dQ = scale * dq_accum`` in the input dtype. The dK/dV
 kernel's accumulator parameter ``dQacc`` comes after ``Ranges`` and is :data:`UNUSED` in the
 other mode, so that mode's machine code is what it was before the one-pass mode existed.
@@ -210,7 +210,7 @@ def unequal_walks(problem: Problem) -> bool:
     return problem.causal or (problem.window_left < 0) != (problem.window_right < 0)
 
 
-#: the fields of the dQ kernel alone, which the one-pass backward (``dq_mode`` not "kernel") does
+#: the fields of the dQ kernel alone, which the one-pass backward (``dq_mode="atomic"``) does
 #: not launch
 DQ_FIELDS = ("dq_tile_m", "dq_tile_n", "dq_occupancy", "dq_worker_warps", "kv_latency",
              "dq_heavy_first")
@@ -241,7 +241,7 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     dimension takes. A ragged problem (``Problem.ragged``) runs one tile per CTA: no splits
     (their partials and shares of a walk assume every batch entry has the whole length) and
     no work orders (the heavy tiles of each sequence lie at its own end, not the grid's: its
-    work tables order them, :func:`launch_ragged`). One-pass (``dq_mode`` not "kernel"),
+    work tables order them, :func:`launch_ragged`). With ``dq_mode="atomic"``
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
     tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
     ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
@@ -249,9 +249,9 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     only where the head dim has two parts (``head_dim_parts``). Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
-    if problem.ragged and schedule.one_pass:
+    if problem.ragged and schedule.dq_mode == "atomic":
         schedule = schedule.replace(dq_mode="kernel")
-    if schedule.one_pass:
+    if schedule.dq_mode == "atomic":
         base = dict(_BASE_DQ, dq_tile_m=min(_BASE_DQ["dq_tile_m"], q_cap),
                     dq_tile_n=min(_BASE_DQ["dq_tile_n"], k_cap))  # as capped below
         canonical = {name: base[name] for name in DQ_FIELDS
@@ -262,7 +262,7 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
             canonical["dkdv_occupancy"] = 1
         if canonical:
             schedule = schedule.replace(**canonical)
-    m_cap = max(q_cap, ONE_PASS_MIN_M) if schedule.one_pass else q_cap
+    m_cap = max(q_cap, ONE_PASS_MIN_M) if schedule.dq_mode == "atomic" else q_cap
     changes: dict[str, Any] = {
         name: cap for name, cap in (("dkdv_tile_m", m_cap), ("dq_tile_m", q_cap),
                                     ("dkdv_tile_n", k_cap), ("dq_tile_n", k_cap))
@@ -320,8 +320,7 @@ def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *, packed: bool
             "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
             "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
-            **_variant_constants(problem, packed, work_table), "DQ_ATOMIC": s.one_pass,
-            "DQ_RED": s.dq_mode == "red"}
+            **_variant_constants(problem, packed, work_table), "DQ_ATOMIC": s.dq_mode == "atomic"}
 
 
 def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
@@ -373,7 +372,7 @@ def dq_scale_kernel() -> ct.kernel:
 def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tuple[int, ...]]:
     """The float32 buffers ``launch`` needs besides the gradients, by name: with
     ``dkdv_splits > 1``, ``"dk_parts"`` and ``"dv_parts"`` (``[splits * B, H_kv, S_k, D]``);
-    one-pass, ``"dq_accum"`` (``[B, H_q, S_q, D]``, contiguous: the bulk
+    with ``dq_mode="atomic"``, ``"dq_accum"`` (``[B, H_q, S_q, D]``, contiguous: the bulk
     reduce-add needs 16-byte-aligned rows)."""
     s = normalise(problem, schedule)
     found: dict[str, tuple[int, ...]] = {}
@@ -381,7 +380,7 @@ def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tu
         parts = (s.dkdv_splits * problem.batch, problem.heads_kv, problem.seqlen_k,
                  problem.head_dim)
         found.update(dk_parts=parts, dv_parts=parts)
-    if s.one_pass:
+    if s.dq_mode == "atomic":
         found["dq_accum"] = (problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
     return found
 
@@ -408,7 +407,7 @@ class Launches(NamedTuple):
     tiles: tuple[int, int]  # the normalised dq_tile_m and dkdv_tile_n (ragged_grids)
     ragged_scalars: dict  # a ragged problem's: (PACKED, WORK_TABLE) -> (dq_scalars,
     # dkdv_scalars) with those constants; else empty
-    one_pass: bool  # the schedule's: the delta and dQ-scale kernels instead of the dQ kernel
+    one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
     delta_grid: tuple[int, int, int]  # the delta kernel's (rows of S_q x B x H_q)
     delta_scalars: tuple  # its constants
     dq_scale_grid: tuple[int, int, int]  # the dQ-scale kernel's, like delta_grid
@@ -472,7 +471,7 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
         ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), ragged_scalars=ragged_scalars,
-        one_pass=s.one_pass,
+        one_pass=s.dq_mode == "atomic",
         delta_grid=(math.ceil(p.seqlen_q / DELTA_TILE), p.batch * p.heads_q, 1),
         delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p)),
         dq_scale_grid=(math.ceil(p.seqlen_q / SUM_TILE), p.batch * p.heads_q, 1),
@@ -538,7 +537,7 @@ def _check_call(plan: Launches, ranges: Any, *, packed: bool, tables: tuple[bool
     ragged = plan.problem.ragged
     if (dq_accum is not None) != plan.one_pass:
         raise KernelArgumentError(
-            f"dq_accum must be given exactly when the plan is one-pass (dq_mode not 'kernel'); got "
+            f"dq_accum must be given exactly when the plan is one-pass (dq_mode 'atomic'); got "
             f"{_describe_given(dq_accum)} for a plan with one_pass={plan.one_pass}")
     if (ranges is not None) != ragged:
         raise KernelArgumentError(

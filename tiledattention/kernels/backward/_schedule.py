@@ -16,11 +16,10 @@ __all__ = ["BackwardSchedule", "BACKWARD_SCHEDULE_FORMAT", "TILES", "SPLITS", "D
 BACKWARD_SCHEDULE_FORMAT = 1
 TILES = (16, 32, 64, 128, 256)
 SPLITS = (1, 2, 4, 8, 16)
-#: how dQ is computed: "kernel", by the dQ kernel (deterministic); "atomic" and "red", by the
-#: dK/dV kernel's walk, added into a float32 accumulator (one pass; the order of the additions,
-#: and so the last bits of dQ, vary run to run): "atomic" by a bulk reduce-add of each share
-#: staged through shared memory (TMA), "red" element by element from the registers that hold it
-DQ_MODES = ("kernel", "atomic", "red")
+#: how dQ is computed: "kernel", by the dQ kernel (deterministic); "atomic", by the dK/dV
+#: kernel's walk, added into a float32 accumulator (one pass; the order of the additions, and
+#: so the last bits of dQ, vary run to run)
+DQ_MODES = ("kernel", "atomic")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,12 +40,11 @@ class BackwardSchedule(ScheduleValue):
         dq_heavy_first (causal only): launch the query tiles that see the most keys first.
     Both kernels: tile_major (causal only): order both grids tile by tile, every (batch,
     head) CTA of one tile before the next tile's, so the longest causal walks start first.
-    dq_mode: "kernel" runs the dQ kernel above (bitwise reproducible); "atomic" and "red" (the
-    one-pass backward) run no dQ kernel: a small kernel computes ``delta``, the dK/dV kernel
-    also computes each (query tile, key tile) pair's share of dQ and adds it into a float32
-    accumulator ("atomic": a bulk reduce-add of the share staged through shared memory; "red":
-    an atomic add of each element from the registers that hold it), and a last kernel scales
-    and casts it (the dq_* fields and dq_heavy_first then do not apply).
+    dq_mode: "kernel" runs the dQ kernel above (bitwise reproducible); "atomic" (the one-pass
+    backward) runs no dQ kernel: a small kernel computes ``delta``, the dK/dV kernel also
+    computes each (query tile, key tile) pair's share of dQ and adds it into a float32
+    accumulator by a bulk reduce-add, and a last kernel scales and casts it (the dq_* fields
+    and dq_heavy_first then do not apply).
     split_d: a head dim that is not a power of two runs as two power-of-two parts in both
     kernels (96 as 64 + 32, 72 and 80 as 64 + 16, 192 as 128 + 64: the forward's
     ``head_dim_parts``) instead of one part padded to the next power of two; every matrix
@@ -100,11 +98,6 @@ class BackwardSchedule(ScheduleValue):
                                 f"got {self.dq_mode!r}")
         return self
 
-    @property
-    def one_pass(self) -> bool:
-        """Whether dQ is added up by the dK/dV kernel's walk (no dQ kernel runs)."""
-        return self.dq_mode != "kernel"
-
     def describe(self) -> str:
         """One-line summary, e.g. ``dkdv n128 m64 occ1 | dq m64 n64 occ2``."""
         def part(label: str, a: int, b: int, occ: int, warps: int | None,
@@ -121,8 +114,8 @@ class BackwardSchedule(ScheduleValue):
         if self.dkdv_splits > 1:
             dkdv += f" split{self.dkdv_splits}"
         tail = (" | tile-major" if self.tile_major else "") + (" | split-d" if self.split_d else "")
-        if self.one_pass:
-            return f"{dkdv} | dq {self.dq_mode}" + tail
+        if self.dq_mode == "atomic":
+            return dkdv + " | dq atomic" + tail
         dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                   self.dq_worker_warps, self.kv_latency)
         return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "") + tail
