@@ -3,9 +3,10 @@ the sm_90 default (two kernels, ``split_d``) against the same problem one-pass w
 softcap rule's D <= 128 dK/dV fields (128 keys x 64 rows, one CTA an SM, 8 worker warps:
 ``atomic wide``) and one-pass with the default's own dK/dV fields (``atomic``). On an H200
 the B2 H8 S4096 D96 full call ran ``atomic wide`` at 1.07x the default in both views
-(``docs/records/benchmarks/backward/onepass.md``). Through ``tiledattention.sdpa_backward``
-with the schedule given, interleaved, in the GPU view (a spin hides the host) and an isolated
-call (host counted); bf16; µs per call; errors against the default's gradients.
+(section 1 of ``docs/records/benchmarks/backward/probes-2026-11-30.md``; this probe is its
+section 3). Through ``tiledattention.sdpa_backward`` with the schedule given, interleaved, in
+the GPU view (a spin hides the host) and an isolated call (host counted); bf16; µs per call;
+errors against the default's gradients.
 
     source .devtk/setup.sh && python3 docs/records/probes/backward_onepass_split_d.py
 """
