@@ -15,7 +15,7 @@ import os
 import sys
 
 from tiledattention import BACKWARD
-from tiledattention.kernels.backward._defaults import _default
+from tiledattention.kernels.backward._defaults import SOFTCAP_ONE_PASS, _default
 
 sys.path.insert(0, os.path.dirname(__file__))
 from backward_splits import compare_schedules  # noqa: E402
@@ -27,7 +27,7 @@ SHAPES = [(2, 8, 8, 4096, 96, False), (4, 12, 4, 1000, 96, True), (1, 32, 32, 30
           (2, 16, 4, 2048, 160, True), (1, 16, 16, 4096, 192, True)]
 
 #: the softcap one-pass rule's dK/dV fields at D <= 128 (FA3's layout)
-WIDE = {"dkdv_tile_n": 128, "dkdv_tile_m": 64, "dkdv_occupancy": 1, "dkdv_worker_warps": 8}
+WIDE = SOFTCAP_ONE_PASS["hopper"][128].fields
 
 
 def candidates(problem):
