@@ -111,9 +111,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Tiles no larger than ``problem`` needs: a tile past the next power of two of the
     sequence it tiles computes only padding, and ``normalise`` turns it into that cap anyway;
     when every candidate is past it, the cap itself is the one value left. Without a causal
-    mask the work orders are not searched; dK/dV splits stop at the walk's length; a ragged
-    problem searches no one-pass backward (it runs none); a head dim of one part (a power of
-    two, ``head_dim_parts``) searches no ``split_d``."""
+    mask the work orders are not searched; dK/dV splits stop at the walk's length; a head dim
+    of one part (a power of two, ``head_dim_parts``) searches no ``split_d``."""
     if head_dim_parts(problem.head_dim, True)[1] == 0 and "split_d" in space.choices:
         space = space.without("split_d")
     choices = dict(space.choices)
@@ -123,8 +122,6 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     for name in ("dq_heavy_first", "tile_major"):
         if not problem.causal and name in choices:
             choices[name] = (False,)  # work orders only a causal mask has
-    if problem.ragged and "dq_mode" in choices:
-        choices["dq_mode"] = ("kernel",)
     if "dkdv_splits" in choices:
         # the split counts normalise keeps at the largest query tile searched, so that every
         # point is its own normal form

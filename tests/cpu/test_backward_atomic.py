@@ -80,15 +80,19 @@ def test_one_pass_query_steps_are_at_least_64_rows():
     for problem in (GQA, dataclasses.replace(GQA, seqlen_q=20),
                     dataclasses.replace(GQA, seqlen_q=20, ragged=True)):
         n = normalise(problem, narrow)
-        assert n.dkdv_tile_m == (32 if problem.ragged else 64), problem
+        assert n.dkdv_tile_m == 64, problem
         assert normalise(problem, n) is n
     assert normalise(GQA, ONE_PASS.replace(dkdv_tile_m=16)).dkdv_tile_m == 64
     assert normalise(GQA, narrow.replace(dq_mode="kernel")).dkdv_tile_m == 32
 
 
-def test_a_ragged_problem_runs_the_dq_kernel():
+def test_a_ragged_problem_runs_one_pass_unsplit():
+    """Each sequence's dQ shares go into its own rows of the accumulator (the kernel cuts it
+    like q), so a ragged batch runs either mode; it never splits its walks."""
     ragged = dataclasses.replace(GQA, ragged=True)
-    assert normalise(ragged, ONE_PASS).dq_mode == "kernel"
+    n = normalise(ragged, ONE_PASS.replace(dkdv_splits=4))
+    assert n.dq_mode == "atomic" and n.dkdv_splits == 1
+    assert normalise(ragged, ONE_PASS.replace(dq_mode="kernel")).dq_mode == "kernel"
     assert normalise(dataclasses.replace(GQA, window_left=32, softcap=10.0),
                      ONE_PASS).dq_mode == "atomic"  # windows and softcaps: the same masks
     assert normalise(GQA, ONE_PASS.replace(dkdv_splits=2)).dkdv_splits == 2  # splits add too
@@ -252,7 +256,7 @@ def test_the_search_spaces_hold_both_dq_modes():
         restricted = search_spaces.BACKWARD_SPACE.restrict(space, GQA)
         assert restricted.choices["dq_mode"] == ("kernel", "atomic")
         ragged = search_spaces.BACKWARD_SPACE.restrict(space, dataclasses.replace(GQA, ragged=True))
-        assert ragged.choices["dq_mode"] == ("kernel",)
+        assert ragged.choices["dq_mode"] == ("kernel", "atomic")
     model = search_spaces.BACKWARD_SPACE.model_ms
     assert model(GQA, ONE_PASS) != model(GQA, BackwardSchedule())
 

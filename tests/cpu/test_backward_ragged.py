@@ -87,6 +87,25 @@ def test_the_kernels_that_walk_work_tables_compile_for_each_architecture(arch):
         assert len(tables) == 2 and set(tables).isdisjoint(_digests(problem, s, arch))
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_a_one_pass_ragged_backward_compiles_for_each_architecture(arch):
+    """One-pass over a work table of key tiles: the dK/dV kernel adding each sequence's dQ
+    shares into its rows of the accumulator, the delta and dQ-scale kernels; the dK/dV kernel
+    is other code than the padded batch's one-pass kernel (on sm_90 also for a causal grouped
+    bucket of a two-part head dim)."""
+    from tiledattention.kernels.backward._compile import compile_backward
+
+    for problem in (RAGGED_FULL, RAGGED) if arch == "sm_90" else (RAGGED_FULL,):
+        s = normalise(problem, BACKWARD.default_schedule(arch, problem).replace(
+            dq_mode="atomic"))
+        assert s.dq_mode == "atomic"
+        result = compile_backward(problem, s, arch, work_table=True)
+        assert len(result.other_cubins) == 2  # delta, dQ scale
+        plain = dataclasses.replace(problem, ragged=False)
+        padded = compile_backward(plain, normalise(plain, s), arch)
+        assert text_digest(result.cubin) != text_digest(padded.cubin)
+
+
 @pytest.mark.parametrize("problem", [RAGGED_FULL, RAGGED_WINDOW], ids=["full-mha-d64",
                                                                        "window-softcap"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
@@ -359,6 +378,52 @@ def test_more_sequences_than_a_grid_dimension_holds_walk_tables(monkeypatch):
     assert grids == [(len(lens) * 16, 1, 1), (1, len(lens) * 4, 1)]  # one tile a sequence
 
 
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_one_pass_ragged_backward_launches_its_row_kernels_over_every_row(monkeypatch, packed):
+    """One-pass: the delta kernel over every row of the call's arrays (all tokens of a packed
+    batch, every entry's rows of a padded one), the dK/dV kernel over its work table with the
+    accumulator, the dQ-scale kernel over the rows again; no dQ kernel and no table of query
+    tiles. The accumulator is required exactly for a one-pass plan."""
+    import cuda.tile
+    import torch
+
+    from tiledattention.kernels.backward._launch import (DELTA_TILE, SUM_TILE, delta_kernel,
+                                                         dq_scale_kernel)
+
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    problem = _problem(hq=8, hkv=2, d=64, sq=512, sk=512)
+    s = BackwardSchedule(dq_mode="atomic", dkdv_tile_n=64, dkdv_tile_m=64)
+    plan = launches(problem, s, 0.1)
+    lens = [300, 17, 512, 5]
+    if packed:
+        entries, rows, ranges = 1, sum(lens), _packed_ranges(lens)
+    else:
+        entries, rows = len(lens), max(lens)
+        ranges = torch.tensor([[0] * 4, lens, [0] * 4, lens], dtype=torch.int32)
+    q = torch.empty(entries, 8, rows, 64, dtype=torch.bfloat16)
+    k = torch.empty(entries, 2, rows, 64, dtype=torch.bfloat16)
+    accum = torch.empty(q.shape, dtype=torch.float32)
+    arrays = (q, k, k, q, q, None, "delta", "dq", k, k)
+    with pytest.raises(KernelArgumentError, match="dq_accum"):
+        launch_ragged("stream", plan, *arrays, ranges, 512, 512, packed=packed)
+    launch_ragged("stream", plan, *arrays, ranges, 512, 512, packed=packed, dq_accum=accum)
+    fills = [c for c in calls if len(c[1]) == 1]  # the work tables' (a 1-D grid)
+    assert len(fills) <= 1 and all(f[3][4] for f in fills)  # key tiles' only
+    launched = [c for c in calls if len(c[1]) == 3]
+    assert [c[2] for c in launched] == [delta_kernel(), plan.dkdv, dq_scale_kernel()]
+    assert launched[0][1] == (-(-rows // DELTA_TILE), entries * 8, 1)
+    assert launched[0][3][:4] == (q, q, "delta", accum)
+    assert launched[2][1] == (-(-rows // SUM_TILE), entries * 8, 1)
+    assert launched[2][3][:3] == (accum, "dq", 0.1)
+    dkdv_args = launched[1][3]
+    assert any(a is accum for a in dkdv_args) and any(a is ranges for a in dkdv_args)
+    plain = launches(problem, s.replace(dq_mode="kernel"), 0.1)
+    with pytest.raises(KernelArgumentError, match="dq_accum"):
+        launch_ragged("stream", plain, *arrays, ranges, 512, 512, packed=packed,
+                      dq_accum=accum)
+
+
 # -- the family ----------------------------------------------------------------------------------
 def test_family_backward_launches_a_ragged_call_with_its_layout(monkeypatch):
     """``Family.backward(..., ragged=layout)`` hands the layout's ranges, longest counts and
@@ -377,4 +442,4 @@ def test_family_backward_launches_a_ragged_call_with_its_layout(monkeypatch):
     args, kwargs = calls[-1]
     assert args[0] == "stream" and args[1] is launches(RAGGED, s, 0.1)
     assert args[2:12] == _ARRAYS and args[12:] == (ranges, 300, 400)
-    assert kwargs == {"packed": True}
+    assert kwargs == {"packed": True, "dq_accum": None}  # a two-kernel default: no accumulator

@@ -364,6 +364,68 @@ def test_gradients_in_both_launch_modes(launch_mode, is_causal):
     check_grads(LENGTHS, LENGTHS, window=(63, 0), is_causal=False, hq=7, hkv=1, d=96)
 
 
+@pytest.fixture
+def one_pass(monkeypatch):
+    """Every ragged backward runs one-pass (``dq_mode="atomic"``): the family's launches are
+    those of its schedule with that mode, whatever the lookup gave."""
+    from tiledattention.kernels.backward import _family
+
+    plain = _family.launches
+
+    def launches(problem, schedule, scale):
+        assert problem.ragged
+        return plain(problem, _family.normalise(problem, schedule.replace(dq_mode="atomic")),
+                     scale)
+    monkeypatch.setattr(_family, "launches", launches)
+
+
+@pytest.mark.parametrize("is_causal", [True, False, "top_left"])
+def test_one_pass_gradients(one_pass, launch_mode, is_causal):
+    """The one-pass backward of packed sequences: each sequence's dQ shares added into its own
+    rows of the float32 accumulator (sequences end mid-tile, so a share spilling past its
+    sequence's end lands in the next one's dQ), with empty sequences, keys of other lengths,
+    grouped and multi-query heads, D 64 / 96 / 128, fp16, a window; NaN poison sequences
+    between the real ones."""
+    check_grads([3, 100, 0, 1, 50, 129, 1025], [10, 100, 7, 257, 49, 0, 1100],
+                is_causal=is_causal, hq=8, hkv=2)
+    check_grads(LENGTHS, LENGTHS[::-1], is_causal=is_causal, hq=12, hkv=4, d=64,
+                dtype=torch.float16)
+    check_grads(LENGTHS, LENGTHS, window=(63, 0), is_causal=False, hq=7, hkv=1, d=96)
+
+
+def test_one_pass_reduce_adds_stay_in_their_sequences_over_thousands_of_launches():
+    """Cross-CTA float32 reduce-adds into the accumulator rows of packed sequences (the tuner's
+    case of a bucket of 8 sequences of 701, 525, 350 and 175 tokens, each ending mid-tile, so
+    query tiles straddle two sequences): 2,000 launches, dQ poisoned with NaN before each and
+    held to the two-kernel backward's dQ (relative L2 on the GPU, the worst kept there: a
+    stale, lost or misplaced add shows as NaN or a large error), after both passed the float32
+    reference."""
+    from tiledattention import BACKWARD, Problem
+
+    problem = Problem(batch=8, heads_q=8, heads_kv=2, seqlen_q=701, seqlen_k=701, head_dim=64,
+                      dtype="bf16", causal=True, ragged=True)
+    case = BACKWARD.case(problem, 0)
+    one_pass = BACKWARD.normalise(problem, BACKWARD.default_schedule("sm_90", problem).replace(
+        dq_mode="atomic"))
+    assert one_pass.dq_mode == "atomic"
+    two_kernel, run = (case.launcher(s) for s in (one_pass.replace(dq_mode="kernel"), one_pass))
+    for launcher in (two_kernel, run):
+        error = case.error(launcher)
+        assert error <= BACKWARD.tolerance(problem), error
+    two_kernel()
+    dq = case.grads[0]
+    reference = dq.float().clone()
+    norm = torch.linalg.vector_norm(reference)
+    worst = torch.zeros((), device="cuda")
+    for _ in range(2000):
+        dq.fill_(float("nan"))
+        run()
+        err = torch.linalg.vector_norm(dq.float() - reference) / norm
+        worst = torch.maximum(worst, torch.nan_to_num(err, nan=float("inf")))  # no sync
+    torch.cuda.synchronize()
+    assert worst.item() <= 5e-3, f"worst dQ relative L2 over 2000 launches: {worst}"
+
+
 def test_more_sequences_than_a_grid_dimension_holds():
     """4100 short sequences, each followed by a NaN poison one, x 16 query heads: past a grid's
     second dimension (65535), so the forward's and the backward's dQ launches walk tables (the

@@ -60,9 +60,10 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
                             if table else ctc.ConstantConstraint(0))}
         for length, tile in ((p.seqlen_q, s.dq_tile_m), (p.seqlen_k, s.dkdv_tile_n)))
     one_pass = s.dq_mode == "atomic"
-    # the one-pass backward's float32 dQ accumulator (contiguous, like q; never ragged), else
-    # the zero-byte constant the launch's empty tuple stands for
-    accum = (array_constraint("fp32", (p.batch, p.heads_q, p.seqlen_q, p.head_dim)) if one_pass
+    # the one-pass backward's float32 dQ accumulator (contiguous, shaped like q's view: packed
+    # [1, H_q, tokens, D]), else the zero-byte constant the launch's empty tuple stands for
+    rows = (1, p.batch * p.seqlen_q) if packed else (p.batch, p.seqlen_q)
+    accum = (array_constraint("fp32", (rows[0], p.heads_q, rows[1], p.head_dim)) if one_pass
              else ctc.ConstantConstraint(0))
     label = f"backward {s.describe()}"
     grads = kv_parts if s.dkdv_splits > 1 else kv_like

@@ -49,6 +49,16 @@ def allocate_scratch(plan: Launches, device: Any) -> dict[str, Any]:
             for name, shape in plan.scratch.items()}
 
 
+def ragged_accumulator(plan: Launches, q: Any) -> Any:
+    """A ragged launch's float32 dQ accumulator (``launch_ragged``'s ``dq_accum``): a
+    contiguous tensor shaped like ``q`` (the ``[B, H_q, S, D]`` view the kernels take) for a
+    one-pass plan, else None."""
+    import torch
+
+    return (torch.empty(tuple(q.shape), dtype=torch.float32, device=q.device)
+            if plan.one_pass else None)
+
+
 def _grad_out_and_forward(case: Any, arrays: tuple, lse: Any, **extra: Any) -> None:
     """A backward case's dO (seed 4321, like ``case.q``), scale, and the forward's output and
     log-sum-exp from the registered forward family (its default schedule) on ``arrays`` (q, k,
@@ -182,11 +192,12 @@ class RaggedBackwardCase(RaggedCase):
         view, layout = self.view, self.layout
         args = [view(x) for x in (self.q, self.k, self.v, self.out, self.grad_out)]
         grads = [view(g) for g in self.grads]
+        accum = ragged_accumulator(plan, args[0])
 
         def run() -> None:
             launch_ragged(torch.cuda.current_stream(), plan, *args, self.lse, self.delta,
                           *grads, layout.ranges, layout.longest_q, layout.longest_k,
-                          packed=True)
+                          packed=True, dq_accum=accum)
 
         return run
 
@@ -286,8 +297,8 @@ class BackwardFamily(Family):
         """:meth:`Family.backward`. ``sinks`` is not read: the forward's ``lse`` holds the
         sinks' term, which is all the kernels need (the caller computes the sinks' own
         gradient). ``ragged``: the call's ``RaggedLayout`` when ``problem.ragged``
-        (:func:`~tiledattention.kernels.backward._launch.launch_ragged`: no scratch; rows and keys
-        outside every sequence are not written). Under
+        (:func:`~tiledattention.kernels.backward._launch.launch_ragged`: rows and keys outside
+        every sequence are not written, but for a one-pass schedule's dQ rows: zeros). Under
         ``torch.use_deterministic_algorithms(True)`` a one-pass schedule runs its
         :meth:`deterministic_schedule`."""
         if schedule.dq_mode == "atomic" and _deterministic_asked():
@@ -299,7 +310,7 @@ class BackwardFamily(Family):
         if ragged is not None:
             launch_ragged(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
                           ragged.ranges, ragged.longest_q, ragged.longest_k,
-                          packed=ragged.packed)
+                          packed=ragged.packed, dq_accum=ragged_accumulator(plan, q))
             return
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
                allocate_scratch(plan, q.device))

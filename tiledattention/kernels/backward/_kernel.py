@@ -394,7 +394,7 @@ def attention_bwd_dkdv(
     group: int,
     window_left: int, window_right: int, softcap: float,  # as attention_bwd_dq's
     Ranges, Work,  # as attention_bwd_dq's (Work's tiles: key tiles)
-    dQacc,  # DQ_ATOMIC: float32 [B, H_q, S_q, D], zeroed, dQ / scale added here; else ()
+    dQacc,  # DQ_ATOMIC: float32 like Q (contiguous), zeroed, dQ / scale added here; else ()
     TILE_M: ConstInt,  # query rows per step
     TILE_N: ConstInt,  # keys per CTA
     TILE_D: ConstInt,  # as attention_bwd_dq's
@@ -429,8 +429,9 @@ def attention_bwd_dkdv(
         batch = bh // heads_kv
         kv_head = bh % heads_kv
 
-    def key_tile(Q, K, V, dO, Lse, Delta, dK, dV):
-        """dK and dV of key tile ``kv_tile``, the sequence lengths the arrays'."""
+    def key_tile(Q, K, V, dO, Lse, Delta, dK, dV, dQsum):
+        """dK and dV of key tile ``kv_tile``, the sequence lengths the arrays'; with
+        ``DQ_ATOMIC`` each pair's dQ share is added into ``dQsum`` (cut like ``Q``)."""
         seqlen_q = Q.shape[2]
         scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
         left, right = 0, 0
@@ -503,12 +504,12 @@ def attention_bwd_dkdv(
                 # TILE_D2] of the second part)
                 dq = ct.mma(ct.transpose(ds), k,
                             ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32))
-                dQacc.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
+                dQsum.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
                     (batch, head, i, 0), dq.reshape((1, 1, TILE_M, TILE_D)))
                 if TILE_D2:
                     dq2 = ct.mma(ct.transpose(ds), k2,
                                  ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32))
-                    dQacc.tiled_view((1, 1, TILE_M, TILE_D2)).atomic_store_add(
+                    dQsum.tiled_view((1, 1, TILE_M, TILE_D2)).atomic_store_add(
                         (batch, head, i, TILE_D // TILE_D2),
                         dq2.reshape((1, 1, TILE_M, TILE_D2)))
             return dk, dv, dk2, dv2
@@ -555,9 +556,12 @@ def attention_bwd_dkdv(
             do_seq = sequence_view_at_least(dO, Ranges, seq, 0)
             lse_seq = sequence_view_at_least(Lse, Ranges, seq, 0)
             delta_seq = sequence_view_at_least(Delta, Ranges, seq, 0)
-            key_tile(q_seq, k_seq, v_seq, do_seq, lse_seq, delta_seq, dk_seq, dv_seq)
+            dq_seq = dQacc
+            if DQ_ATOMIC:
+                dq_seq = sequence_view_at_least(dQacc, Ranges, seq, 0)
+            key_tile(q_seq, k_seq, v_seq, do_seq, lse_seq, delta_seq, dk_seq, dv_seq, dq_seq)
     else:
-        key_tile(Q, K, V, dO, Lse, Delta, dK, dV)
+        key_tile(Q, K, V, dO, Lse, Delta, dK, dV, dQacc)
 
 
 def _row_block(heads):

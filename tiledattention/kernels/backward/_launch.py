@@ -244,13 +244,10 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     work tables order them, :func:`launch_ragged`). With ``dq_mode="atomic"``
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
     tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
-    ``ONE_PASS_WIDE_M`` rows or more one CTA per SM; a ragged problem runs
-    ``dq_mode="kernel"`` (the one-pass kernels index whole batch entries). ``split_d`` holds
+    ``ONE_PASS_WIDE_M`` rows or more one CTA per SM. ``split_d`` holds
     only where the head dim has two parts (``head_dim_parts``). Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
-    if problem.ragged and schedule.dq_mode == "atomic":
-        schedule = schedule.replace(dq_mode="kernel")
     if schedule.dq_mode == "atomic":
         base = dict(_BASE_DQ, dq_tile_m=min(_BASE_DQ["dq_tile_m"], q_cap),
                     dq_tile_n=min(_BASE_DQ["dq_tile_n"], k_cap))  # as capped below
@@ -465,16 +462,16 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
         dkdv_grid=_grid(s.tile_major, math.ceil(p.seqlen_k / s.dkdv_tile_n),
                         p.batch * p.heads_kv, s.dkdv_splits),
-        sum_grid=(math.ceil(p.seqlen_k / SUM_TILE), p.batch * p.heads_kv, 1),
+        sum_grid=_row_grid(p.seqlen_k, SUM_TILE, p.batch, p.heads_kv),
         dq=dq_kernel(s), dkdv=dkdv_kernel(s),
         dq_scalars=dq_scalars, dkdv_scalars=dkdv_scalars,
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
         ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), ragged_scalars=ragged_scalars,
         one_pass=s.dq_mode == "atomic",
-        delta_grid=(math.ceil(p.seqlen_q / DELTA_TILE), p.batch * p.heads_q, 1),
+        delta_grid=_row_grid(p.seqlen_q, DELTA_TILE, p.batch, p.heads_q),
         delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p)),
-        dq_scale_grid=(math.ceil(p.seqlen_q / SUM_TILE), p.batch * p.heads_q, 1),
+        dq_scale_grid=_row_grid(p.seqlen_q, SUM_TILE, p.batch, p.heads_q),
         dq_scale_scalars=DQ_SCALE_PARAMETERS.constant_values(dq_scale_constants(p)),
         scale=float(scale))
 
@@ -593,6 +590,12 @@ def _arguments(plan: Launches, arrays: tuple, ranges: Any, *, packed: bool, dq_a
             (*dkdv_arrays, *dkdv_scalars[:at], value, dkdv_work, accum, *dkdv_scalars[at:]))
 
 
+def _row_grid(rows: int, tile: int, entries: int, heads: int) -> tuple[int, int, int]:
+    """The grid of a row kernel (the delta, dQ-scale and sum kernels): ``tile`` rows of one
+    (entry x head) a CTA."""
+    return (max(1, -(-rows // tile)), entries * heads, 1)
+
+
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
            lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,
            scratch: dict[str, Any] | None = None) -> None:
@@ -605,26 +608,41 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
     accum = scratch["dq_accum"] if plan.one_pass else None
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to,
                                      dq_accum=accum)
-    if plan.one_pass:
-        _aot.launch(stream, plan.delta_grid, delta_kernel(),
-                    (out, grad_out, delta, accum, *plan.delta_scalars))
-    else:
-        _aot.launch(stream, plan.dq_grid, plan.dq, dq_args)
-    _aot.launch(stream, plan.dkdv_grid, plan.dkdv, dkdv_args)
+    _launch_walks(stream, plan, plan.dq_grid, plan.dkdv_grid, dq_args, dkdv_args, plan.delta_grid,
+                  plan.dq_scale_grid, (out, grad_out, delta, dq, accum))
     if plan.splits > 1:
         for parts, grad in ((dk_to, dk), (dv_to, dv)):
             _aot.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
+
+
+def _launch_walks(stream: Any, plan: Launches, dq_grid: tuple, dkdv_grid: tuple, dq_args: tuple,
+                  dkdv_args: tuple, delta_grid: tuple, dq_scale_grid: tuple,
+                  rows: tuple) -> None:
+    """The dQ kernel then the dK/dV kernel, or one-pass (``plan.one_pass``) the delta kernel,
+    the dK/dV kernel and the dQ-scale kernel; ``rows``: ``(out, grad_out, delta, dq,
+    dq_accum)``, what the one-pass row kernels read and write."""
+    out, grad_out, delta, dq, accum = rows
     if plan.one_pass:
-        _aot.launch(stream, plan.dq_scale_grid, dq_scale_kernel(),
+        _aot.launch(stream, delta_grid, delta_kernel(),
+                    (out, grad_out, delta, accum, *plan.delta_scalars))
+    else:
+        _aot.launch(stream, dq_grid, plan.dq, dq_args)
+    _aot.launch(stream, dkdv_grid, plan.dkdv, dkdv_args)
+    if plan.one_pass:
+        _aot.launch(stream, dq_scale_grid, dq_scale_kernel(),
                     (accum, dq, plan.scale, *plan.dq_scale_scalars))
 
 
 def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
                   grad_out: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any,
-                  longest_q: int, longest_k: int, *, packed: bool) -> None:
+                  longest_q: int, longest_k: int, *, packed: bool,
+                  dq_accum: Any = None) -> None:
     """Enqueue the backward of a ragged call on ``stream``: ``plan = launches(problem,
     schedule, scale)`` of its ``problem.ragged`` bucket, then the dQ kernel (which writes
-    ``delta``) and the dK/dV kernel, over :func:`ragged_grids` (never split: no scratch).
+    ``delta``) and the dK/dV kernel, over :func:`ragged_grids` (never split). One-pass
+    (``plan.one_pass``): the delta kernel over every row of the arrays, the dK/dV kernel
+    adding each sequence's dQ shares into ``dq_accum`` (float32, contiguous, shaped like
+    ``q``; given exactly then), and the dQ-scale kernel over every row.
 
     ``ranges``: int32 ``[4, sequences]`` on the device (rows: query starts, query ends, key
     starts, key ends, positions along the arrays' sequence axis); ``longest_q``,
@@ -637,18 +655,21 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     T_q]``. Else a padded batch: ``[B, H, S, D]`` arrays and ``[B, H_q, S_q]`` statistics
     with ``B`` = sequences, sequence ``b`` in entry ``b``. ``lse`` is the ragged forward's;
     ``delta`` is scratch shaped like it (written here). Rows and keys outside every sequence
-    are not written (zero-fill ``dq, dk, dv`` first where they must read as zeros).
+    are not written, except one-pass dQ's, which come out as zeros (zero-fill ``dq, dk, dv``
+    first where they must read as zeros).
 
     Each kernel walks a work table of its tiles, built first on ``stream`` (one CTA per item
     x head, the heaviest first), unless ``BACKWARD_TABLE_MIN_IDLE_CTAS`` (``use_work_table``)
     keeps it on its grid."""
-    _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=None)
+    _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=dq_accum)
     sequences, longest_q, longest_k = _counts(int(ranges.shape[1]), longest_q, longest_k)
     heads = (plan.problem.heads_q, plan.problem.heads_kv)
     per_entry = 1 if packed else sequences
     walks = ((longest_q, q.shape[2] * per_entry), (longest_k, k.shape[2] * per_entry))
     work, launched = [None, None], [None, None]
     for kernel, (tile, count, (longest, rows)) in enumerate(zip(plan.tiles, heads, walks)):
+        if kernel == 0 and plan.one_pass:
+            continue  # no dQ kernel runs
         items = work_items(sequences=sequences, longest=longest, rows=rows, tile=tile)
         if use_work_table(sequences=sequences, longest=longest, items=items, heads=count,
                           tile=tile, backward=True):  # always where the grid would not fit
@@ -657,6 +678,9 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
         else:
             launched[kernel] = _ragged_grid(tile, count, sequences, longest)
     dq_args, dkdv_args = _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk, dv),
-                                    ranges, packed=packed, dq_accum=None, work=tuple(work))
-    _aot.launch(stream, launched[0], plan.dq, dq_args)
-    _aot.launch(stream, launched[1], plan.dkdv, dkdv_args)
+                                    ranges, packed=packed, dq_accum=dq_accum, work=tuple(work))
+    entries, rows = q.shape[0], q.shape[2]
+    _launch_walks(stream, plan, launched[0], launched[1], dq_args, dkdv_args,
+                  _row_grid(rows, DELTA_TILE, entries, heads[0]),
+                  _row_grid(rows, SUM_TILE, entries, heads[0]),
+                  (out, grad_out, delta, dq, dq_accum))
