@@ -7,6 +7,7 @@ for bad FP8 arguments, each before any launch."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -101,6 +102,18 @@ def test_fp8_constants_follow_the_problem_and_pv_wide():
                            schedule)["KV_FP8"] is True
 
 
+def test_fast_acc_reaches_the_kernel_of_fp8_problems_only():
+    s = Schedule(tile_m=128, tile_n=128)
+    assert kernel_constants(_problem(), s)["FAST_ACC"] is False
+    assert kernel_constants(_problem(), s.replace(fast_acc=True))["FAST_ACC"] is True
+    bf16 = _problem(dtype="bf16")
+    assert normalise(bf16, s.replace(fast_acc=True)) == s  # no e4m3 product to accumulate
+    assert kernel_constants(bf16, s.replace(fast_acc=True))["FAST_ACC"] is False
+    assert Schedule.from_dict(s.replace(fast_acc=True).to_dict()).fast_acc is True
+    assert "fast_acc" not in s.to_dict()  # rows stored before it keep their keys
+    assert "fast_acc" in s.replace(fast_acc=True).describe()
+
+
 def test_the_fp8_search_space_has_256_key_steps_and_pv_wide():
     from search_spaces.forward import FORWARD_SPACE, restricted
 
@@ -147,6 +160,7 @@ def test_on_sm_90_fp8_products_run_on_the_e4m3_tensor_core_instruction(tmp_path)
     s = Schedule(tile_m=128, tile_n=128, occupancy=2, exp2=True)
     sass = {}
     for name, problem, schedule in (("e4m3", _problem(), s),
+                                    ("fast", _problem(), s.replace(fast_acc=True)),
                                     ("wide", _problem(), s.replace(pv_wide=True)),
                                     ("bf16", _problem(dtype="bf16"), s)):
         path = tmp_path / f"{name}.cubin"
@@ -157,6 +171,14 @@ def test_on_sm_90_fp8_products_run_on_the_e4m3_tensor_core_instruction(tmp_path)
     assert "HGMMA" not in sass["e4m3"]
     assert "QGMMA" in sass["wide"] and "HGMMA" in sass["wide"]
     assert "QGMMA" not in sass["bf16"]
+    # fast_acc: the products accumulate in place, without a float32 add an element each
+    # (tileiras's default sums each into a zeroed tile first: FADD R, RZ, R)
+    assert sass["fast"].count("QGMMA") == sass["e4m3"].count("QGMMA")
+    adds = {name: len(re.findall(r"\bFADD\b", sass[name])) for name in ("e4m3", "fast")}
+    assert adds["fast"] < adds["e4m3"] - 100, adds
+    zeroed = {name: len(re.findall(r"FADD (R\d+), RZ, \1\b", sass[name]))
+              for name in ("e4m3", "fast")}
+    assert zeroed["e4m3"] >= 64 and 4 * zeroed["fast"] < zeroed["e4m3"], zeroed
 
 
 # -- the transposed values -------------------------------------------------------------------

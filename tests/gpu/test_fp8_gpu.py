@@ -90,11 +90,19 @@ CASES = [
 
 
 @pytest.mark.parametrize("problem", CASES, ids=lambda p: p.describe())
-@pytest.mark.parametrize("wide", [False, True], ids=["pv_e4m3", "pv_bf16"])
-def test_fp8_sdpa_matches_the_dequantised_reference(problem, wide):
+@pytest.mark.parametrize("wide, fast", [(False, None), (True, None), (False, True),
+                                        (False, False), (True, True)],
+                         ids=["pv_e4m3", "pv_bf16", "pv_e4m3-fast_acc", "pv_e4m3-exact_acc",
+                              "pv_bf16-fast_acc"])
+def test_fp8_sdpa_matches_the_dequantised_reference(problem, wide, fast):
+    """The lookup's schedule (``fast``: None), and the default with ``pv_wide`` and with the
+    e4m3 products accumulated in the tensor core's precision (``fast_acc``) or in float32."""
     values, descales = _inputs(problem)
     schedule = FORWARD.default_schedule(_arch(), problem).replace(pv_wide=wide)
-    out = _call(problem, values, descales, schedule=schedule if wide else None)
+    if fast is not None:
+        schedule = schedule.replace(fast_acc=fast)
+    explicit = wide or fast is not None
+    out = _call(problem, values, descales, schedule=schedule if explicit else None)
     err = rel_l2(out, _reference(problem, values, descales))
     assert err < (WIDE_TOL if wide else E4M3_TOL), err
 

@@ -205,6 +205,8 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
          "the head dim is a power of two, or two parts would pad as much as one"),
         ("pv_wide", problem.dtype not in FP8_DTYPES, "only FP8 inputs have a narrower P·V"),
+        ("fast_acc", problem.dtype not in FP8_DTYPES,
+         "only e4m3 products have a narrower accumulator"),
     )
     reasons: dict[str, str] = {}
     for flag, applies, reason in rules:
@@ -274,6 +276,7 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "FP8": problem.dtype in FP8_DTYPES,
         "V_TRANSPOSED": problem.dtype in FP8_DTYPES,
         "PV_WIDE": s.pv_wide,
+        "FAST_ACC": s.fast_acc,
     }
 
 

@@ -64,6 +64,10 @@ class Schedule(ScheduleValue):
     FP8 inputs:
         pv_wide: P·V in bfloat16 (each value tile widened from e4m3) instead of e4m3 (P
             shifted by 2^8 into e4m3's range): about ten times more accurate, slower.
+        fast_acc: the e4m3 matrix products accumulate in the tensor core's own, narrower
+            accumulator (``ct.mma(..., use_fast_acc=True)``, as FlashAttention-3 does) instead
+            of each being summed into a fresh float32 tile that is then added to its
+            accumulator (tileiras's default for e4m3: a float32 add an element and product).
     """
 
     tile_m: int = 64
@@ -86,6 +90,7 @@ class Schedule(ScheduleValue):
     paired_tiles: bool = False
     split_d: bool = False
     pv_wide: bool = False
+    fast_acc: bool = False
 
     # The dict form's version, and its name in messages ("a schedule ...": the forward was the
     # first family, so its messages name no family). Fields added to the dict form after format
@@ -97,8 +102,8 @@ class Schedule(ScheduleValue):
     FORMAT = SCHEDULE_FORMAT
     LABEL = ""
     ADDED_FIELDS = ("num_worker_warps", "split_masked", "persistent", "paired_tiles",
-                    "split_d", "pv_wide")
-    OMITTED_AT_DEFAULT = ("split_d", "pv_wide")
+                    "split_d", "pv_wide", "fast_acc")
+    OMITTED_AT_DEFAULT = ("split_d", "pv_wide", "fast_acc")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -138,7 +143,7 @@ class Schedule(ScheduleValue):
         if not self.allow_tma:
             parts.append("noTMA")
         for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "persistent", "paired_tiles", "split_d", "pv_wide"):
+                     "persistent", "paired_tiles", "split_d", "pv_wide", "fast_acc"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)

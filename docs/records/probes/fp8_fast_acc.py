@@ -1,0 +1,114 @@
+"""FP8 prefill with the e4m3 products accumulated in the tensor core's own precision
+(``Schedule.fast_acc``: ``ct.mma(..., use_fast_acc=True)``) against tileiras's default (each
+product summed into a fresh float32 tile, then added: one FADD an element and product), on the
+GPU (issue 52). Per call: the lookup's schedule for the e4m3 problem with ``fast_acc`` off (as
+shipped before this field) and on, and our bf16 forward of the same shape (its own lookup);
+GPU time (L2 flushed, host hidden), interleaved, median of ``--rounds``; errors by relative L2
+against the float32 attention of the dequantised inputs where that fits, on random normal
+inputs and on one heavy-tailed (Student-t, 3 degrees of freedom) call. Shapes: Llama, Qwen,
+Mistral and Gemma-shaped prefills that are not the FP8 tuning grid.
+
+    source .devtk/setup.sh && python3 docs/records/probes/fp8_fast_acc.py [--rounds N]
+        [--only I,J]   # SHAPES by index (--only 0 --rounds 1: a JIT warm-up of one shape)
+"""
+
+import argparse
+import math
+
+import torch
+
+import tiledattention as ta
+from tiledattention.tooling import dequantise_fp8, quantise_fp8
+from tuner.measure import time_interleaved
+
+SHAPES = [  # name, B, H_q, H_kv, S, D, causal
+    ("llama3-8b 4k x2", 2, 32, 8, 4096, 128, True),
+    ("llama3-8b 16k", 1, 32, 8, 16384, 128, True),
+    ("qwen2.5-7b 3k x3", 3, 28, 4, 3000, 128, True),
+    ("mistral-7b 8k", 1, 32, 8, 8192, 128, True),
+    ("llama3-70b tp4 8k", 1, 16, 2, 8192, 128, True),
+    ("qwen2.5-7b 6k full", 1, 28, 4, 6144, 128, False),
+    ("gemma2 D256 4k x2", 2, 8, 4, 4096, 256, True),
+    ("D256 8k full", 1, 16, 8, 8192, 256, False),
+    ("llama3-8b 2k x8 full", 8, 32, 8, 2048, 128, False),
+]
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def student_t(shape, gen):
+    x = torch.randn(shape, device="cuda", generator=gen)
+    chi2 = sum(torch.randn(shape, device="cuda", generator=gen) ** 2 for _ in range(3))
+    return x / (chi2 / 3).sqrt()
+
+
+def inputs(b, hq, hkv, s, d, gen, heavy=False):
+    make = (lambda shape: student_t(shape, gen)) if heavy else (
+        lambda shape: torch.randn(shape, device="cuda", generator=gen))
+    reals = [make((b, h, s, d)) for h in (hq, hkv, hkv)]
+    quantised = [quantise_fp8(x, hkv) for x in reals]
+    return reals, [x for x, _ in quantised], [f for _, f in quantised]
+
+
+def schedules(q8, k8, v8, causal):
+    """The lookup's schedule for the call with ``fast_acc`` off and on."""
+    looked = ta.explain(q8, k8, v8, causal).schedule
+    return {"fp8": looked.replace(fast_acc=False), "fp8 fast": looked.replace(fast_acc=True)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    only = {int(i) for i in args.only.split(",")} if args.only else set(range(len(SHAPES)))
+    table = []
+    for i, (name, b, hq, hkv, s, d, causal) in enumerate(SHAPES):
+        if i not in only:
+            continue
+        g = torch.Generator(device="cuda").manual_seed(i)
+        reals, (q8, k8, v8), (qd, kd, vd) = inputs(b, hq, hkv, s, d, g)
+        q, k, v = (x.to(torch.bfloat16) for x in reals)
+        fns = {tag: (lambda sch=sch: ta.sdpa(q8, k8, v8, causal, q_descale=qd, k_descale=kd,
+                                              v_descale=vd, schedule=sch))
+               for tag, sch in schedules(q8, k8, v8, causal).items()}
+        fns["bf16"] = lambda: ta.sdpa(q, k, v, causal)
+        errs = {}
+        if b * hq * s * s <= 2 ** 32:  # the float32 reference fits
+            deq = [dequantise_fp8(x, f) for x, f in ((q8, qd), (k8, kd), (v8, vd))]
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                *deq, is_causal=causal, enable_gqa=hq != hkv)
+            errs = {tag: rel(fns[tag](), ref) for tag in ("fp8", "fp8 fast")}
+            del ref, deq
+        times = time_interleaved(fns, rounds=args.rounds)
+        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+        t = {tag: tm.median_ms for tag, tm in times.items()}
+        row = (name, *(flops / t[tag] / 1e9 for tag in ("fp8", "fp8 fast", "bf16")),
+               t["fp8"] / t["fp8 fast"], t["bf16"] / t["fp8"], t["bf16"] / t["fp8 fast"],
+               errs.get("fp8", math.nan), errs.get("fp8 fast", math.nan))
+        table.append(row)
+        print(" ".join(str(x) if isinstance(x, str) else f"{x:.4g}" for x in row), flush=True)
+    g = torch.Generator(device="cuda").manual_seed(99)
+    reals, (q8, k8, v8), (qd, kd, vd) = inputs(1, 32, 8, 4096, 128, g, heavy=True)
+    deq = [dequantise_fp8(x, f) for x, f in ((q8, qd), (k8, kd), (v8, vd))]
+    ref = torch.nn.functional.scaled_dot_product_attention(*deq, is_causal=True, enable_gqa=True)
+    heavy = {tag: rel(ta.sdpa(q8, k8, v8, True, q_descale=qd, k_descale=kd, v_descale=vd,
+                              schedule=sch), ref)
+             for tag, sch in schedules(q8, k8, v8, True).items()}
+    print("\n| prefill (e4m3, per-head descales) | fp8 TFLOP/s | fp8 fast_acc TFLOP/s | bf16 "
+          "TFLOP/s | fast ÷ default (speed) | fp8 ÷ bf16 | fast ÷ bf16 | err fp8 | "
+          "err fast |\n|---|---|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.0f} | {r[3]:.0f} | {r[4]:.2f} | {r[5]:.2f} | "
+              f"{r[6]:.2f} | {r[7]:.1e} | {r[8]:.1e} |")
+    for k, col in (("fast ÷ default", 4), ("fp8 ÷ bf16", 5), ("fast ÷ bf16", 6)):
+        geo = math.exp(sum(math.log(r[col]) for r in table) / len(table))
+        print(f"geometric mean {k}: {geo:.3f}")
+    print(f"heavy-tailed B1 H32/8 S4096 D128 causal, err vs the dequantised inputs: "
+          f"default {heavy['fp8']:.2e}, fast_acc {heavy['fp8 fast']:.2e}")
+
+
+if __name__ == "__main__":
+    main()
