@@ -44,14 +44,15 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         space = SearchSpace(space.arch, space.choices, space.base.replace(split_d=True),
                             space.infeasibility)
     if problem.dtype in FP8_DTYPES and "tile_n" in space.choices:
-        # FP8: half the bytes a key: 256-key steps fit (the sm_90 default's at D <= 128), and
-        # P·V in bf16 is a choice of accuracy over speed
+        # FP8: half the bytes a key: 256-key steps fit (the sm_90 default's at D <= 128), P·V
+        # in bf16 is a choice of accuracy over speed, and so is where e4m3 products accumulate
         choices = dict(space.choices)
         choices["tile_n"] = tuple(sorted({*choices["tile_n"], 256}))
         choices["pv_wide"] = (False, True)
+        choices["fast_acc"] = (False, True)
         space = SearchSpace(space.arch, choices, space.base, space.infeasibility)
-    elif "pv_wide" in space.choices:
-        space = space.without("pv_wide")
+    else:
+        space = space.without("pv_wide", "fast_acc")
     if problem.causal:
         # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases on an
         # H100, equal in one: a static round-robin over tiles of unequal length leaves SMs idle

@@ -120,8 +120,21 @@ def test_the_fp8_search_space_has_256_key_steps_and_pv_wide():
     space = FORWARD_SPACE.spaces["full"]("sm_90")
     fp8 = restricted(space, _problem(causal=False))
     assert 256 in fp8.choices["tile_n"] and fp8.choices["pv_wide"] == (False, True)
+    assert fp8.choices["fast_acc"] == (False, True)
     bf16 = restricted(space, _problem(dtype="bf16", causal=False))
     assert 256 not in bf16.choices["tile_n"] and "pv_wide" not in bf16.choices
+    assert "fast_acc" not in bf16.choices
+
+
+def test_fp8_defaults_accumulate_in_the_tensor_core_at_d128_on_hopper_only():
+    """sm_90, D <= 128: ``fast_acc`` (measured faster with the same error); D 256 (slower
+    causal), bf16, and other architectures (tileiras ignores it there) keep float32 adds."""
+    assert FORWARD.default_schedule("sm_90", _problem()).fast_acc
+    assert FORWARD.default_schedule("sm_90", _problem(causal=False, seqlen_q=4096,
+                                                      seqlen_k=4096)).fast_acc
+    assert not FORWARD.default_schedule("sm_90", _problem(head_dim=256)).fast_acc
+    assert not FORWARD.default_schedule("sm_90", _problem(dtype="bf16")).fast_acc
+    assert not FORWARD.default_schedule("sm_100", _problem()).fast_acc
 
 
 def test_fp8_defaults_fit_every_architecture_with_fp8():
