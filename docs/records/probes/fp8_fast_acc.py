@@ -10,6 +10,7 @@ Mistral and Gemma-shaped prefills that are not the FP8 tuning grid.
 
     source .devtk/setup.sh && python3 docs/records/probes/fp8_fast_acc.py [--rounds N]
         [--only I,J]   # SHAPES by index (--only 0 --rounds 1: a JIT warm-up of one shape)
+        [--tiles]      # instead: other tiles with fast_acc against the lookup's, per shape
 """
 
 import argparse
@@ -58,12 +59,59 @@ def schedules(q8, k8, v8, causal):
     return {"fp8": looked.replace(fast_acc=False), "fp8 fast": looked.replace(fast_acc=True)}
 
 
+#: ``--tiles``: fields replacing the lookup's (fast_acc on) at D 128
+TILES = {"128x128 occ2": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=1),
+         "128x256 occ1 w8": dict(tile_m=128, tile_n=256, occupancy=1, num_ctas=1,
+                                 num_worker_warps=8),
+         "64x128 occ2": dict(tile_m=64, tile_n=128, occupancy=2, num_ctas=1,
+                             num_worker_warps=None),
+         "64x128 occ3": dict(tile_m=64, tile_n=128, occupancy=3, num_ctas=1,
+                             num_worker_warps=None),
+         "64x256 occ2": dict(tile_m=64, tile_n=256, occupancy=2, num_ctas=1,
+                             num_worker_warps=None),
+         "128x128 occ2 cta2": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
+                                   num_worker_warps=None)}
+
+
+def tiles(only, rounds):
+    for i, (name, b, hq, hkv, s, d, causal) in enumerate(SHAPES):
+        if i not in only or d != 128:
+            continue
+        g = torch.Generator(device="cuda").manual_seed(i)
+        _, (q8, k8, v8), (qd, kd, vd) = inputs(b, hq, hkv, s, d, g)
+        looked = ta.explain(q8, k8, v8, causal).schedule.replace(fast_acc=True)
+        tried = {"lookup": looked, **{tag: looked.replace(**f) for tag, f in TILES.items()}}
+        fns, errs, want = {}, {}, None
+        for tag, sch in tried.items():
+            run = (lambda sch=sch: ta.sdpa(q8, k8, v8, causal, q_descale=qd, k_descale=kd,
+                                           v_descale=vd, schedule=sch))
+            try:
+                got = run()
+            except Exception as exc:  # an infeasible tile: reported, the sweep goes on
+                print(f"  {tag}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            want = got if want is None else want
+            errs[tag] = rel(got, want)
+            fns[tag] = run
+        times = time_interleaved(fns, rounds=rounds)
+        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+        base = times["lookup"].median_ms
+        print(f"# {name}: lookup {looked.describe()}", flush=True)
+        for tag, tm in times.items():
+            print(f"  {tag:20s} {flops / tm.median_ms / 1e9:6.0f} TFLOP/s "
+                  f"{base / tm.median_ms:5.2f}x lookup  diff {errs[tag]:.1e}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--only", default="")
+    ap.add_argument("--tiles", action="store_true")
     args = ap.parse_args()
     only = {int(i) for i in args.only.split(",")} if args.only else set(range(len(SHAPES)))
+    if args.tiles:
+        tiles(only, args.rounds)
+        return
     table = []
     for i, (name, b, hq, hkv, s, d, causal) in enumerate(SHAPES):
         if i not in only:
