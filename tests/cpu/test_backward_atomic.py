@@ -102,14 +102,37 @@ def test_a_ragged_problem_runs_one_pass_unsplit():
 def test_one_pass_launches_and_scratch():
     plan = launches(GQA, ONE_PASS.replace(dkdv_splits=2), 0.125)
     assert plan.one_pass and plan.splits == 2 and plan.scale == 0.125
-    assert plan.delta_grid == (-(-200 // DELTA_TILE), 1 * 4, 1) and DELTA_TILE == 128
-    assert plan.dq_scale_grid == (-(-200 // SUM_TILE), 1 * 4, 1)
+    assert DELTA_TILE == 128
     assert plan.delta_scalars == (DELTA_TILE, 64) and plan.dq_scale_scalars == (SUM_TILE, 64)
     shapes = scratch_shapes(GQA, ONE_PASS.replace(dkdv_splits=2))
     assert shapes["dq_accum"] == (1, 4, 200, 64)
     assert set(shapes) == {"dq_accum", "dk_parts", "dv_parts"}
     assert scratch_shapes(GQA, BackwardSchedule()) == {}
     assert not launches(GQA, BackwardSchedule(), 0.125).one_pass
+
+
+def test_one_pass_launches_run_the_row_kernels_over_every_row(monkeypatch):
+    """The delta kernel, the dK/dV kernel with the accumulator, the dQ-scale kernel, the row
+    kernels' grids from the call's ``[B, H_q, S_q, D]`` rows; then the partials' sums."""
+    import cuda.tile
+    import torch
+
+    from tiledattention.kernels.backward._launch import delta_kernel, dq_scale_kernel, launch
+
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    plan = launches(GQA, ONE_PASS.replace(dkdv_splits=2), 0.125)
+    q = torch.empty(1, 4, 200, 64, dtype=torch.bfloat16)
+    k = torch.empty(1, 2, 300, 64, dtype=torch.bfloat16)
+    scratch = {name: torch.empty(shape) for name, shape in scratch_shapes(
+        GQA, ONE_PASS.replace(dkdv_splits=2)).items()}
+    launch("stream", plan, q, k, k, q, q, "lse", "delta", "dq", k, k, scratch)
+    assert [c[2] for c in calls[:3]] == [delta_kernel(), plan.dkdv, dq_scale_kernel()]
+    assert calls[0][1] == (-(-200 // DELTA_TILE), 4, 1)
+    assert calls[0][3][:4] == (q, q, "delta", scratch["dq_accum"])
+    assert calls[2][1] == (-(-200 // SUM_TILE), 4, 1)
+    assert calls[2][3][:3] == (scratch["dq_accum"], "dq", 0.125)
+    assert calls[1][1] == plan.dkdv_grid and len(calls) == 5  # and the two partials' sums
 
 
 def test_the_accumulator_follows_ranges_and_is_given_exactly_for_one_pass_plans():

@@ -405,10 +405,8 @@ class Launches(NamedTuple):
     ragged_scalars: dict  # a ragged problem's: (PACKED, WORK_TABLE) -> (dq_scalars,
     # dkdv_scalars) with those constants; else empty
     one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
-    delta_grid: tuple[int, int, int]  # the delta kernel's (rows of S_q x B x H_q)
-    delta_scalars: tuple  # its constants
-    dq_scale_grid: tuple[int, int, int]  # the dQ-scale kernel's, like delta_grid
-    dq_scale_scalars: tuple  # its constants
+    delta_scalars: tuple  # the delta kernel's constants (its grid: the call's rows)
+    dq_scale_scalars: tuple  # the dQ-scale kernel's constants (likewise)
     scale: float
 
 
@@ -469,9 +467,7 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
         ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), ragged_scalars=ragged_scalars,
         one_pass=s.dq_mode == "atomic",
-        delta_grid=_row_grid(p.seqlen_q, DELTA_TILE, p.batch, p.heads_q),
         delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p)),
-        dq_scale_grid=_row_grid(p.seqlen_q, SUM_TILE, p.batch, p.heads_q),
         dq_scale_scalars=DQ_SCALE_PARAMETERS.constant_values(dq_scale_constants(p)),
         scale=float(scale))
 
@@ -608,28 +604,28 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
     accum = scratch["dq_accum"] if plan.one_pass else None
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to,
                                      dq_accum=accum)
-    _launch_walks(stream, plan, plan.dq_grid, plan.dkdv_grid, dq_args, dkdv_args, plan.delta_grid,
-                  plan.dq_scale_grid, (out, grad_out, delta, dq, accum))
+    _launch_walks(stream, plan, (plan.dq_grid, plan.dkdv_grid), (dq_args, dkdv_args),
+                  (out, grad_out, delta, dq, accum))
     if plan.splits > 1:
         for parts, grad in ((dk_to, dk), (dv_to, dv)):
             _aot.launch(stream, plan.sum_grid, sum_kernel(), (parts, grad, *plan.sum_scalars))
 
 
-def _launch_walks(stream: Any, plan: Launches, dq_grid: tuple, dkdv_grid: tuple, dq_args: tuple,
-                  dkdv_args: tuple, delta_grid: tuple, dq_scale_grid: tuple,
-                  rows: tuple) -> None:
-    """The dQ kernel then the dK/dV kernel, or one-pass (``plan.one_pass``) the delta kernel,
-    the dK/dV kernel and the dQ-scale kernel; ``rows``: ``(out, grad_out, delta, dq,
-    dq_accum)``, what the one-pass row kernels read and write."""
+def _launch_walks(stream: Any, plan: Launches, grids: tuple, args: tuple, rows: tuple) -> None:
+    """The dQ kernel then the dK/dV kernel (``grids``, ``args``: theirs, in that order), or
+    one-pass (``plan.one_pass``) the delta kernel, the dK/dV kernel and the dQ-scale kernel,
+    the row kernels over every row of ``rows``: ``(out, grad_out, delta, dq, dq_accum)``, the
+    ``[B, H_q, S, D]`` arrays they read and write."""
     out, grad_out, delta, dq, accum = rows
     if plan.one_pass:
-        _aot.launch(stream, delta_grid, delta_kernel(),
+        entries, heads, length = out.shape[0], out.shape[1], out.shape[2]
+        _aot.launch(stream, _row_grid(length, DELTA_TILE, entries, heads), delta_kernel(),
                     (out, grad_out, delta, accum, *plan.delta_scalars))
     else:
-        _aot.launch(stream, dq_grid, plan.dq, dq_args)
-    _aot.launch(stream, dkdv_grid, plan.dkdv, dkdv_args)
+        _aot.launch(stream, grids[0], plan.dq, args[0])
+    _aot.launch(stream, grids[1], plan.dkdv, args[1])
     if plan.one_pass:
-        _aot.launch(stream, dq_scale_grid, dq_scale_kernel(),
+        _aot.launch(stream, _row_grid(length, SUM_TILE, entries, heads), dq_scale_kernel(),
                     (accum, dq, plan.scale, *plan.dq_scale_scalars))
 
 
@@ -679,8 +675,5 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
             launched[kernel] = _ragged_grid(tile, count, sequences, longest)
     dq_args, dkdv_args = _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk, dv),
                                     ranges, packed=packed, dq_accum=dq_accum, work=tuple(work))
-    entries, rows = q.shape[0], q.shape[2]
-    _launch_walks(stream, plan, launched[0], launched[1], dq_args, dkdv_args,
-                  _row_grid(rows, DELTA_TILE, entries, heads[0]),
-                  _row_grid(rows, SUM_TILE, entries, heads[0]),
+    _launch_walks(stream, plan, launched, (dq_args, dkdv_args),
                   (out, grad_out, delta, dq, dq_accum))
