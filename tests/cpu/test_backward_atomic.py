@@ -111,6 +111,36 @@ def test_one_pass_launches_and_scratch():
     assert not launches(GQA, BackwardSchedule(), 0.125).one_pass
 
 
+def test_a_deterministic_ragged_run_launches_the_dq_kernel(monkeypatch):
+    """Under ``torch.use_deterministic_algorithms(True)`` a ragged one-pass schedule (a
+    searched bucket's row may be one) runs the two kernels, as a dense one does."""
+    import torch
+
+    import tiledattention.kernels.backward._family as family_module
+    from tiledattention.core._device import DeviceInfo
+    from tiledattention.core._ragged import RaggedLayout
+
+    info = DeviceInfo(index=0, arch="sm_90", name="fake", sm_count=132)
+    monkeypatch.setattr("tiledattention.core._device.device_info", lambda index: info)
+    calls = []
+    monkeypatch.setattr(family_module, "launch_ragged",
+                        lambda *args, **kwargs: calls.append((args[1], kwargs)))
+    ragged = dataclasses.replace(GQA, ragged=True)
+    q = torch.empty(1, 4, 200, 64)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        for deterministic in (False, True):
+            torch.use_deterministic_algorithms(deterministic)
+            BACKWARD.backward("stream", ragged, ONE_PASS, 0.1, q, q, q, q, q, None, None,
+                              (q, q, q), ragged=RaggedLayout(None, 200, 300, True))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    (fast, fast_kwargs), (fixed, fixed_kwargs) = calls
+    assert fast.one_pass and fast_kwargs["dq_accum"].shape == q.shape
+    assert fast_kwargs["dq_accum"].dtype == torch.float32
+    assert not fixed.one_pass and fixed_kwargs["dq_accum"] is None
+
+
 def test_one_pass_launches_run_the_row_kernels_over_every_row(monkeypatch):
     """The delta kernel, the dK/dV kernel with the accumulator, the dQ-scale kernel, the row
     kernels' grids from the call's ``[B, H_q, S_q, D]`` rows; then the partials' sums."""
