@@ -201,30 +201,39 @@ def test_the_prepared_forward_launches_what_launch_with_lse_does(monkeypatch, va
             assert a is b or (not isinstance(a, torch.Tensor) and a == b)
 
 
+@pytest.mark.parametrize("variant", [{}, {"window_left": 100, "softcap": 30.0},
+                                     {"causal": False, "heads_kv": 8, "head_dim": 128}],
+                         ids=["causal-gqa", "window-softcap", "full-mha-d128"])
 @pytest.mark.parametrize("splits", [1, 4])
-def test_the_prepared_backward_launches_what_the_familys_backward_does(monkeypatch, splits):
-    """A training call's kept backward (``BackwardFamily.prepare_backward``) launches the same
-    kernels, grids and arguments as ``BACKWARD.backward`` (the float32 dK/dV partials of a
-    split walk are each call's own), and a one-pass schedule keeps asking ``backward`` (which
-    honours torch's deterministic mode per call)."""
+def test_the_prepared_backward_launches_what_the_familys_backward_does(monkeypatch, splits,
+                                                                       variant):
+    """A training call's kept backward (``BackwardFamily.prepare_backward``: an unsplit walk's
+    argument tuples built once) launches the same kernels, grids and arguments as
+    ``BACKWARD.backward`` (the float32 dK/dV partials of a split walk are each call's own),
+    the variants' values and a tile-major grid included, and a one-pass schedule keeps asking
+    ``backward`` (which honours torch's deterministic mode per call)."""
     import cuda.tile
 
     from tiledattention import BACKWARD, Problem
 
     calls = []
     monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
-    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=333, seqlen_k=333, head_dim=64,
-                      dtype="bf16", causal=True)
-    schedule = BACKWARD.default_schedule("sm_90", problem).replace(dkdv_splits=splits)
+    fields = dict(batch=2, heads_q=8, heads_kv=2, seqlen_q=333, seqlen_k=333, head_dim=64,
+                  dtype="bf16", causal=True)
+    problem = Problem(**{**fields, **variant})
+    schedule = BACKWARD.default_schedule("sm_90", problem).replace(dkdv_splits=splits,
+                                                                   dq_mode="kernel")
+    d, hkv = problem.head_dim, problem.heads_kv
     run = BACKWARD.prepare_backward(problem, schedule, 0.125)
-    q, out, grad_out, dq = (torch.empty(2, 8, 333, 64, dtype=torch.bfloat16) for _ in range(4))
-    k, v, dk, dv = (torch.empty(2, 2, 333, 64, dtype=torch.bfloat16) for _ in range(4))
+    q, out, grad_out, dq = (torch.empty(2, 8, 333, d, dtype=torch.bfloat16) for _ in range(4))
+    k, v, dk, dv = (torch.empty(2, hkv, 333, d, dtype=torch.bfloat16) for _ in range(4))
     lse, delta = torch.empty(2, 8, 333), torch.empty(2, 8, 333)
     run("stream", q, k, v, out, grad_out, lse, delta, (dq, dk, dv))
     prepared = list(calls)
     calls.clear()
     BACKWARD.backward("stream", problem, schedule, 0.125, q, k, v, out, grad_out, lse, delta,
                       (dq, dk, dv))
+    splits = BACKWARD.normalise(problem, schedule).dkdv_splits
     assert len(prepared) == len(calls) == (2 if splits == 1 else 4)
     for a, b in zip(prepared, calls):
         assert a[:3] == b[:3] and len(a[3]) == len(b[3])

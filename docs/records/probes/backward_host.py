@@ -23,12 +23,14 @@ default: a CUDA node's backward runs on the device's engine thread) and off
   no_grad`` and ``fwd no_grad detached``: a no-grad forward on those tensors and on detached
   ones; then a cProfile of 200 ``ours bwd`` calls with the threads off (the second shape).
 
-    source .devtk/setup.sh && python3 docs/records/probes/backward_host.py [--ab]
+    source .devtk/setup.sh && python3 docs/records/probes/backward_host.py [--ab | --launch-ab]
 
 ``--ab``: in one process, threads on, the training route as it is (``new``) against the route
 of 84b330a (``old``: the node on its general path, the kept calls launching through
 ``Family.forward_with_lse`` / ``Family.backward`` as they did), and cuDNN, interleaved round
-by round (15 rounds of 50 calls; medians); a table.
+by round (15 rounds of 50 calls; medians); a table. ``--launch-ab``: the same, ``old`` being
+the route as it is but for the kept backward's launch, made as before its argument tuples were
+built once (``launch`` with its checks and a scratch dict every call).
 """
 
 import cProfile
@@ -166,12 +168,42 @@ class old_route:
         self.general.undo()
 
 
-def ab(rounds=15, calls=50):
-    """The ``--ab`` table."""
+class generic_launch:
+    """Until ``undo``: the kept backward launches as before its argument tuples were built once
+    (``launch`` with its checks and a scratch dict, the plan kept per call), all else alike."""
+
+    def __init__(self):
+        from tiledattention.core import _plans as hot
+        from tiledattention.kernels.backward._family import allocate_scratch
+        from tiledattention.kernels.backward._launch import launch, launches
+
+        resolved = _training._Resolved
+        self.saved = resolved.backward
+        plans = {}
+
+        def backward(kept, grad_out, q, k, v, out, lse, grads, with_row_sums=False):
+            form = hot.contiguous_format
+            grads = (hot.empty_like(q, memory_format=form), hot.empty_like(k, memory_format=form),
+                     hot.empty_like(v, memory_format=form))
+            delta = _training._row_stat(kept.problem, q.device)
+            plan = plans.get(id(kept))
+            if plan is None:
+                plan = plans[id(kept)] = launches(kept.problem, kept.schedule, kept.scale)
+            launch(hot.raw_stream(kept.device), plan, q, k, v, out, grad_out, lse, delta,
+                   *grads, allocate_scratch(plan, q.device))
+            return (*grads, delta) if with_row_sums else grads
+        resolved.backward = backward
+
+    def undo(self):
+        _training._Resolved.backward = self.saved
+
+
+def ab(rounds=15, calls=50, old=None):
+    """The ``--ab`` table (``--launch-ab``: ``old`` is :class:`generic_launch`)."""
     print("| shape | route | fwd | bwd | fwd+bwd |\n|---|---|---|---|---|")
     for b, hq, hkv, s, d in SHAPES:
         q, k, v, g, ours, cudnn = inputs(b, hq, hkv, s, d)
-        routes = {"new": (ours, None), "old": (ours, old_route), "cudnn": (cudnn, None)}
+        routes = {"new": (ours, None), "old": (ours, old or old_route), "cudnn": (cudnn, None)}
         kept, times = {}, {}
         for name, (fn, route) in routes.items():
             patch = route() if route else None
@@ -200,6 +232,9 @@ def ab(rounds=15, calls=50):
 def main():
     if "--ab" in sys.argv:
         ab()
+        return
+    if "--launch-ab" in sys.argv:
+        ab(old=generic_launch)
         return
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     rows = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from ...core._case import AttentionCase, RaggedCase, ragged_flops, torch_sdpa_kwargs
+from ...core import _aot
 from ...core._compile import CompileResult
 from ...core._family import Family, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
@@ -14,7 +15,8 @@ from ...core._problem import Problem, default_scale
 from ...core._work_table import compile_work_table
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule, deterministic_backward_schedule
-from ._launch import Launches, launch, launch_ragged, launches, normalise, row_stat_shape
+from ._launch import (Launches, argument_tails, launch, launch_ragged, launches, normalise,
+                      row_stat_shape)
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -286,11 +288,24 @@ class BackwardFamily(Family):
         if schedule.dq_mode == "atomic" or problem.ragged:
             return super().prepare_backward(problem, schedule, scale)
         plan = launches(problem, schedule, scale)
+        if plan.splits > 1:  # float32 partials each call, and their sums
+            def run(stream, q, k, v, out, grad_out, lse, delta, grads) -> None:
+                launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
+                       allocate_scratch(plan, q.device))
+            return run
+        # what launch() enqueues, its argument tuples' constant tails built here: a warm call
+        # runs no checks and no scratch dict (the kept call validated its arrays)
+        dq_tail, dkdv_tail = argument_tails(plan)
+        dq_grid, dkdv_grid, dq_kernel, dkdv_kernel = (plan.dq_grid, plan.dkdv_grid, plan.dq,
+                                                      plan.dkdv)
+        enqueue = _aot.launch
 
-        def run(stream, q, k, v, out, grad_out, lse, delta, grads) -> None:
-            launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
-                   allocate_scratch(plan, q.device))
-        return run
+        def run_unsplit(stream, q, k, v, out, grad_out, lse, delta, grads) -> None:
+            dq, dk, dv = grads
+            enqueue(stream, dq_grid, dq_kernel, (q, k, v, out, grad_out, lse, delta, dq, *dq_tail))
+            enqueue(stream, dkdv_grid, dkdv_kernel,
+                    (q, k, v, grad_out, lse, delta, dk, dv, *dkdv_tail))
+        return run_unsplit
 
     def backward(self, stream, problem: Problem, schedule: BackwardSchedule, scale: float, q, k,
                  v, out, grad_out, lse, delta, grads, sinks=None, ragged=None) -> None:

@@ -60,7 +60,7 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
            "ragged_grids", "UNUSED", "RANGES", "WORK", "DQ_ACCUM", "DELTA_PARAMETERS",
            "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
-           "dq_scale_constants"]
+           "dq_scale_constants", "argument_tails"]
 
 
 
@@ -584,6 +584,15 @@ def _arguments(plan: Launches, arrays: tuple, ranges: Any, *, packed: bool, dq_a
     dq_work, dkdv_work = (UNUSED if w is None else w for w in work)
     return ((*dq_arrays, *dq_scalars[:at], value, dq_work, *dq_scalars[at:]),
             (*dkdv_arrays, *dkdv_scalars[:at], value, dkdv_work, accum, *dkdv_scalars[at:]))
+
+
+def argument_tails(plan: Launches) -> tuple[tuple, tuple]:
+    """What follows the 8 arrays in the dQ and the dK/dV kernel's arguments of a dense
+    two-kernel call (no ranges, work tables or accumulator: :data:`UNUSED` for each), as
+    :func:`kernel_args` places them: built once per plan by a prepared launch."""
+    at = plan.ranges_at
+    return ((*plan.dq_scalars[:at], UNUSED, UNUSED, *plan.dq_scalars[at:]),
+            (*plan.dkdv_scalars[:at], UNUSED, UNUSED, UNUSED, *plan.dkdv_scalars[at:]))
 
 
 def _row_grid(rows: int, tile: int, entries: int, heads: int) -> tuple[int, int, int]:
