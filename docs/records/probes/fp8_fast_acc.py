@@ -15,12 +15,17 @@ Mistral and Gemma-shaped prefills that are not the FP8 tuning grid.
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import torch
 
 import tiledattention as ta
 from tiledattention.tooling import dequantise_fp8, quantise_fp8
 from tuner.measure import time_interleaved
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fp8_bench import rel, student_t  # noqa: E402
 
 SHAPES = [  # name, B, H_q, H_kv, S, D, causal
     ("llama3-8b 4k x2", 2, 32, 8, 4096, 128, True),
@@ -33,16 +38,6 @@ SHAPES = [  # name, B, H_q, H_kv, S, D, causal
     ("D256 8k full", 1, 16, 8, 8192, 256, False),
     ("llama3-8b 2k x8 full", 8, 32, 8, 2048, 128, False),
 ]
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def student_t(shape, gen):
-    x = torch.randn(shape, device="cuda", generator=gen)
-    chi2 = sum(torch.randn(shape, device="cuda", generator=gen) ** 2 for _ in range(3))
-    return x / (chi2 / 3).sqrt()
 
 
 def inputs(b, hq, hkv, s, d, gen, heavy=False):

@@ -59,6 +59,34 @@ def batches():
     }
 
 
+def packed_call(lengths, hq, hkv, d, causal, dtype):
+    """A packed batch's random ``q, k, v, do`` (``[tokens, H, D]``, seed 1), its offsets
+    ``cu``, the longest length and ``varlen_attn``'s validated call (``_prepare``'s)."""
+    from tiledattention.entry_points._varlen import _prepare
+
+    t = sum(lengths)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(t, hq, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
+    do = torch.randn(t, hq, d, device="cuda", dtype=dtype, generator=g)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
+                      device="cuda")
+    longest = max(lengths)
+    return q, k, v, do, cu, longest, _prepare(q, k, v, cu, cu, longest, longest, causal, None,
+                                              None, hq != hkv)
+
+
+def fa4_backward(fa4, q, k, v, do, cu, longest, causal):
+    """A call of FlashAttention-4's varlen backward (``fa4``: ``flash_attn_varlen_func``) on
+    a kept forward of the packed batch."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = fa4(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+              max_seqlen_k=longest, causal=causal)
+    out = out[0] if isinstance(out, tuple) else out
+    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+
 def pairs(lengths, causal):
     return sum(n * (n + 1) // 2 if causal else n * n for n in lengths)
 

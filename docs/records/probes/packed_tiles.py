@@ -19,11 +19,11 @@ import torch
 import tiledattention as ta
 from tiledattention.core._dispatch import choose_family
 from tiledattention.core._ragged import packed_row_stat
-from tiledattention.entry_points._varlen import _prepare, _view
+from tiledattention.entry_points._varlen import _view
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
-from packed_batches import batches, pairs, rel  # noqa: E402
+from packed_batches import batches, fa4_backward, packed_call, pairs, rel  # noqa: E402
 
 FWD = {64: (dict(tile_m=128, tile_n=64, occupancy=2), dict(tile_m=128, tile_n=128, occupancy=1,
                                                           num_worker_warps=8),
@@ -61,15 +61,7 @@ def main():
         if name not in args.only.split(","):
             continue
         t = sum(lengths)
-        g = torch.Generator(device="cuda").manual_seed(1)
-        q = torch.randn(t, hq, d, device="cuda", dtype=dtype, generator=g)
-        k = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
-        v = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
-        do = torch.randn(t, hq, d, device="cuda", dtype=dtype, generator=g)
-        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
-                          device="cuda")
-        longest = max(lengths)
-        packed = _prepare(q, k, v, cu, cu, longest, longest, causal, None, None, hq != hkv)
+        q, k, v, do, cu, longest, packed = packed_call(lengths, hq, hkv, d, causal, dtype)
         problem, layout, scale = packed.problem, packed.layout(cu, cu), packed.scale
         fam_f = choose_family("sm_90", problem, "sdpa_with_lse")
         fam_b = choose_family("sm_90", problem, "sdpa_backward")
@@ -145,11 +137,7 @@ def main():
             except Exception as exc:
                 print(f"  bwd {tag}: {type(exc).__name__}: {str(exc)[:150]}")
         if fa4 is not None:
-            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-            o4 = fa4(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
-                     max_seqlen_k=longest, causal=causal)
-            o4 = o4[0] if isinstance(o4, tuple) else o4
-            fns["flash-attn-4"] = lambda: torch.autograd.grad(o4, leaves, do, retain_graph=True)
+            fns["flash-attn-4"] = fa4_backward(fa4, q, k, v, do, cu, longest, causal)
         times = time_interleaved(fns, rounds=args.rounds)
         for tag, tm in times.items():
             print(f"  bwd {tag:60s} {tm.median_ms * 1e3:8.1f} us "
