@@ -10,7 +10,7 @@ Mistral and Gemma-shaped prefills that are not the FP8 tuning grid.
 
     source .devtk/setup.sh && python3 docs/records/probes/fp8_fast_acc.py [--rounds N]
         [--only I,J]   # SHAPES by index (--only 0 --rounds 1: a JIT warm-up of one shape)
-        [--tiles]      # instead: other tiles with fast_acc against the lookup's, per shape
+        [--tiles]      # instead: other tiles (with fast_acc) against the lookup's, per shape
 """
 
 import argparse
@@ -68,14 +68,26 @@ TILES = {"128x128 occ2": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=1),
                                    num_worker_warps=None)}
 
 
+#: ``--tiles`` at D 256: the lookup's (``fast_acc`` off there) against it on, and tiles whose
+#: e4m3 kernel does not spill with it (sm_90 cubins: no cluster, 64-key steps)
+TILES_256 = {"fast_acc": dict(fast_acc=True),
+             "no cluster": dict(num_ctas=1),
+             "no cluster, fast_acc": dict(num_ctas=1, fast_acc=True),
+             "64-key steps, fast_acc": dict(tile_n=64, fast_acc=True),
+             "64-key steps, no cluster, fast_acc": dict(tile_n=64, num_ctas=1, fast_acc=True)}
+
+
 def tiles(only, rounds):
     for i, (name, b, hq, hkv, s, d, causal) in enumerate(SHAPES):
-        if i not in only or d != 128:
+        if i not in only:
             continue
         g = torch.Generator(device="cuda").manual_seed(i)
         _, (q8, k8, v8), (qd, kd, vd) = inputs(b, hq, hkv, s, d, g)
-        looked = ta.explain(q8, k8, v8, causal).schedule.replace(fast_acc=True)
-        tried = {"lookup": looked, **{tag: looked.replace(**f) for tag, f in TILES.items()}}
+        looked = ta.explain(q8, k8, v8, causal).schedule
+        if d <= 128:
+            looked = looked.replace(fast_acc=True)
+        tried = {"lookup": looked, **{tag: looked.replace(**f) for tag, f in (
+            TILES if d <= 128 else TILES_256).items()}}
         fns, errs, want = {}, {}, None
         for tag, sch in tried.items():
             run = (lambda sch=sch: ta.sdpa(q8, k8, v8, causal, q_descale=qd, k_descale=kd,
