@@ -11,6 +11,7 @@ Mistral and Gemma-shaped prefills that are not the FP8 tuning grid.
     source .devtk/setup.sh && python3 docs/records/probes/fp8_fast_acc.py [--rounds N]
         [--only I,J]   # SHAPES by index (--only 0 --rounds 1: a JIT warm-up of one shape)
         [--tiles]      # instead: other tiles (with fast_acc) against the lookup's, per shape
+        [--d256]       # instead: D 256 calls, the default against the former rules and bf16
 """
 
 import argparse
@@ -109,15 +110,69 @@ def tiles(only, rounds):
                   f"{base / tm.median_ms:5.2f}x lookup  diff {errs[tag]:.1e}", flush=True)
 
 
+#: ``--d256``: D 256 prefills that are not in ``SHAPES``
+D256 = [("D256 8k causal (32/16)", 1, 32, 16, 8192, 256, True),
+        ("D256 2k x4 causal (16/8)", 4, 16, 8, 2048, 256, True),
+        ("D256 16k causal (16/2)", 1, 16, 2, 16384, 256, True),
+        ("D256 3000 x2 full (16/16)", 2, 16, 16, 3000, 256, False),
+        ("D256 4k x2 full (16/4)", 2, 16, 4, 4096, 256, False)]
+
+
+def former_d256(causal):
+    """The sm_90 FP8 D 256 rules before ``fast_acc`` (two-CTA clusters, float32 adds)."""
+    if causal:
+        return ta.Schedule(tile_m=128, tile_n=128, occupancy=3, num_ctas=2, num_worker_warps=8,
+                           exp2=True, approx_div=True, k_latency=4, v_latency=2,
+                           kv_sawtooth=True, unchecked_loads=True, paired_tiles=True)
+    return ta.Schedule(tile_m=128, tile_n=256, occupancy=2, num_ctas=2, num_worker_warps=8,
+                       exp2=True, k_transposed=True, v_latency=2)
+
+
+def d256(only, rounds):
+    """The default against the former D 256 rules and our bf16 forward, with errors."""
+    print("| prefill (e4m3) | fp8 TFLOP/s | former rule | bf16 | fp8 ÷ former | fp8 ÷ bf16 | "
+          "err fp8 | err former |\n|---|---|---|---|---|---|---|---|")
+    for i, (name, b, hq, hkv, s, d, causal) in enumerate(D256):
+        if i not in only:
+            continue
+        g = torch.Generator(device="cuda").manual_seed(100 + i)
+        reals, (q8, k8, v8), (qd, kd, vd) = inputs(b, hq, hkv, s, d, g)
+        q, k, v = (x.to(torch.bfloat16) for x in reals)
+        fns = {"fp8": lambda: ta.sdpa(q8, k8, v8, causal, q_descale=qd, k_descale=kd,
+                                      v_descale=vd),
+               "former": lambda: ta.sdpa(q8, k8, v8, causal, q_descale=qd, k_descale=kd,
+                                         v_descale=vd, schedule=former_d256(causal)),
+               "bf16": lambda: ta.sdpa(q, k, v, causal)}
+        errs = {}
+        if b * hq * s * s <= 2 ** 32:  # the float32 reference fits
+            deq = [dequantise_fp8(x, f) for x, f in ((q8, qd), (k8, kd), (v8, vd))]
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                *deq, is_causal=causal, enable_gqa=hq != hkv)
+            errs = {tag: rel(fns[tag](), ref) for tag in ("fp8", "former")}
+            del ref, deq
+        t = {tag: tm.median_ms for tag, tm in time_interleaved(fns, rounds=rounds).items()}
+        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+        tf = {tag: flops / ms / 1e9 for tag, ms in t.items()}
+        print(f"| {name} | {tf['fp8']:.0f} | {tf['former']:.0f} | {tf['bf16']:.0f} | "
+              f"{t['former'] / t['fp8']:.2f} | {t['bf16'] / t['fp8']:.2f} | "
+              f"{errs.get('fp8', math.nan):.1e} | {errs.get('former', math.nan):.1e} |",
+              flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--only", default="")
     ap.add_argument("--tiles", action="store_true")
+    ap.add_argument("--d256", action="store_true")
     args = ap.parse_args()
     only = {int(i) for i in args.only.split(",")} if args.only else set(range(len(SHAPES)))
     if args.tiles:
         tiles(only, args.rounds)
+        return
+    if args.d256:
+        d256({int(i) for i in args.only.split(",")} if args.only else set(range(len(D256))),
+             args.rounds)
         return
     table = []
     for i, (name, b, hq, hkv, s, d, causal) in enumerate(SHAPES):

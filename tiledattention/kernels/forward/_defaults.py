@@ -43,9 +43,12 @@ def _hopper_fp8(problem: Problem, split: dict) -> Schedule | None:
       bf16 128-key one) with 8 worker warps: within 1% of the best of 30 candidates at B1
       H32/8 S8192 and B4 H28/4 S4096 (0.90-1.00x our bf16 forward in the layout probe, against
       0.82-0.93x for the bf16 rule's persistent 128x128 tiles).
-    - D > 128: the bf16 rule's 128x128 tiles over a two-CTA cluster, causal; 128x256 at
-      occupancy 2 over a cluster, no mask: 1.27x and 1.24x the bf16 rule at B2 H16/8 S4096
-      (still 0.6x our bf16 forward there: the e4m3 kernel spills at D 256).
+    - D > 128, causal: the bf16 rule's 128x128 tiles at occupancy 3 with 8 worker warps,
+      without a cluster; no mask: 128x64 at occupancy 2 with 8 worker warps. Both with
+      ``fast_acc`` (set by :func:`default_schedule`), whose float32 adds made the e4m3 kernel
+      spill without a cluster: 1.54x and 1.48x the former cluster rules (which a search had
+      found, 1.24-1.27x the bf16 rule then) at B2 H8/4 S4096 causal and B1 H16/8 S8192 full
+      on an H200 (``docs/records/benchmarks/fp8``).
 
     ``split``: the head-dim split of :func:`default_schedule`."""
     d = problem.head_dim
@@ -55,24 +58,22 @@ def _hopper_fp8(problem: Problem, split: dict) -> Schedule | None:
                         approx_div=True, unchecked_loads=True)
     if d > 128 and not problem.windowed:
         if problem.causal:
-            return Schedule(tile_m=128, tile_n=128, occupancy=3, num_ctas=2,
-                            num_worker_warps=8, exp2=True, approx_div=True, k_latency=4,
-                            v_latency=2, kv_sawtooth=True, unchecked_loads=True,
-                            paired_tiles=True, **split)
-        return Schedule(tile_m=128, tile_n=256, occupancy=2, num_ctas=2, num_worker_warps=8,
-                        exp2=True, k_transposed=True, v_latency=2, **split)
+            return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8,
+                            exp2=True, approx_div=True, k_latency=4, v_latency=2,
+                            kv_sawtooth=True, unchecked_loads=True, paired_tiles=True, **split)
+        return Schedule(tile_m=128, tile_n=64, occupancy=2, num_worker_warps=8, exp2=True,
+                        k_transposed=True, v_latency=2, **split)
     return None
 
 
 def default_schedule(arch: str, problem: Problem) -> Schedule:
     """Per-architecture default, used when no tuned schedule is known for a shape: the rules
-    of :func:`_rules`; on sm_90 e4m3 inputs of head dims up to 128 accumulate their products in
-    the tensor core's own precision (``fast_acc``: 1.02-1.10x on eight Llama, Qwen and Mistral
-    prefills on an H200, the errors unchanged at 2.0-2.5e-02; at D 256 0.89x causal, 1.01x
-    full: ``docs/records/benchmarks/fp8``)."""
+    of :func:`_rules`; on sm_90 e4m3 inputs accumulate their products in the tensor core's own
+    precision (``fast_acc``: 1.02-1.10x on seven Llama, Qwen and Mistral prefills at D 128 on
+    an H200, the errors unchanged at 2.0-2.5e-02; at D 256 with the tiles it lets run without
+    a cluster, :func:`_hopper_fp8`: ``docs/records/benchmarks/fp8``)."""
     schedule = _rules(arch, problem)
-    if (generation(arch) == "hopper" and problem.dtype in FP8_DTYPES
-            and problem.head_dim <= 128):
+    if generation(arch) == "hopper" and problem.dtype in FP8_DTYPES:
         return schedule.replace(fast_acc=True)
     return schedule
 
