@@ -138,6 +138,20 @@ def test_fp8_defaults_accumulate_in_the_tensor_core_on_hopper_only():
     assert not FORWARD.default_schedule("sm_100", _problem()).fast_acc
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_the_sm90_fp8_d256_defaults_do_not_spill_without_a_cluster(causal):
+    """The D 256 rules run without a two-CTA cluster because ``fast_acc`` keeps their e4m3
+    kernels off the stack (sm_90 cubins): the causal tile with float32 adds spills."""
+    problem = _problem(head_dim=256, causal=causal, seqlen_q=4096, seqlen_k=4096)
+    s = FORWARD.default_schedule("sm_90", problem)
+    assert s.num_ctas == 1 and s.fast_acc
+    (fast,) = FORWARD.compile(problem, s, "sm_90").resources()
+    assert fast.stack_bytes == 0, fast
+    if causal:
+        (adds,) = FORWARD.compile(problem, s.replace(fast_acc=False), "sm_90").resources()
+        assert adds.stack_bytes > 0, adds
+
+
 def test_fp8_defaults_fit_every_architecture_with_fp8():
     for arch in FP8_ARCHES:
         for problem in (_problem(), _problem(causal=False, seqlen_q=4096, seqlen_k=4096),
