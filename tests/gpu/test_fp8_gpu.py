@@ -84,6 +84,7 @@ CASES = [
     _problem(2, 14, 2, 777, 1537, 128, causal=True, bottom_right=True),  # GQA 7, S_q < S_k
     _problem(1, 8, 1, 1500, 1023, 64, causal=True, bottom_right=True),  # MQA, S_q > S_k
     _problem(2, 8, 8, 513, 513, 256, causal=True),  # D 256
+    _problem(1, 8, 4, 700, 1100, 192),  # D 192 (128 + 64), full, S_q != S_k
     _problem(1, 12, 4, 900, 900, 96),  # a split head dim, full
     _problem(3, 8, 2, 4, 3001, 128, causal=True, bottom_right=True),  # decode-shaped
 ]
