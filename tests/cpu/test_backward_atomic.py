@@ -246,13 +246,14 @@ def test_short_capped_problems_and_ragged_ones():
 
 
 def _fake_cuda(monkeypatch, calls):
-    """Tensors on the CPU pass for CUDA ones: the backward family's launch recorded."""
+    """Tensors on the CPU pass for CUDA ones: the kernels each launch enqueues recorded."""
     torch = pytest.importorskip("torch")
+    import cuda.tile
+
     import tiledattention.entry_points._training as training
-    import tiledattention.kernels.backward._family as family_module
     from tiledattention.core._device import DeviceInfo
 
-    monkeypatch.setattr(family_module, "launch", lambda *args: calls.append(args[1]))
+    monkeypatch.setattr(cuda.tile, "launch", lambda *args, **kwargs: calls.append(args[2]))
     monkeypatch.setattr(training, "check_cuda", lambda *args: None)
     info = DeviceInfo(index=0, arch="sm_90", name="fake", sm_count=132)
     monkeypatch.setattr(training, "device_info", lambda index: info)
@@ -279,8 +280,13 @@ def test_deterministic_runs_launch_the_dq_kernel(monkeypatch, how):
                                      deterministic=how == "argument")
     finally:
         torch.use_deterministic_algorithms(before)
-    (plan,) = calls
-    assert plan.one_pass == (how == "neither")
+    from tiledattention.kernels.backward._launch import (delta_kernel, dkdv_kernel, dq_kernel,
+                                                         dq_scale_kernel)
+
+    fixed = BACKWARD.deterministic_schedule("sm_90", GQA, ONE_PASS)
+    want = ([delta_kernel(), dkdv_kernel(normalise(GQA, ONE_PASS)), dq_scale_kernel()]
+            if how == "neither" else [dq_kernel(fixed), dkdv_kernel(fixed)])
+    assert calls == want, calls
     with pytest.raises(InputTypeError, match="deterministic must be a bool"):
         tiledattention.sdpa_backward(q, q, k, k, q, lse, "bottom_right", deterministic="yes")
 
