@@ -90,9 +90,9 @@ def test_the_kernels_that_walk_work_tables_compile_for_each_architecture(arch):
 @pytest.mark.parametrize("arch", ARCHES)
 def test_a_one_pass_ragged_backward_compiles_for_each_architecture(arch):
     """One-pass over a work table of key tiles: the dK/dV kernel adding each sequence's dQ
-    shares into its rows of the accumulator, the delta and dQ-scale kernels; the dK/dV kernel
-    is other code than the padded batch's one-pass kernel (on sm_90 also for a causal grouped
-    bucket of a two-part head dim)."""
+    shares into its rows of the accumulator, the delta and dQ-scale kernels; on sm_90 (also for
+    a causal grouped bucket of a two-part head dim) the dK/dV kernel is other code than the
+    padded batch's one-pass kernel."""
     from tiledattention.kernels.backward._compile import compile_backward
 
     for problem in (RAGGED_FULL, RAGGED) if arch == "sm_90" else (RAGGED_FULL,):
@@ -101,9 +101,10 @@ def test_a_one_pass_ragged_backward_compiles_for_each_architecture(arch):
         assert s.dq_mode == "atomic"
         result = compile_backward(problem, s, arch, work_table=True)
         assert len(result.other_cubins) == 2  # delta, dQ scale
-        plain = dataclasses.replace(problem, ragged=False)
-        padded = compile_backward(plain, normalise(plain, s), arch)
-        assert text_digest(result.cubin) != text_digest(padded.cubin)
+        if arch == "sm_90":  # (the padded build's compile time spared elsewhere)
+            plain = dataclasses.replace(problem, ragged=False)
+            padded = compile_backward(plain, normalise(plain, s), arch)
+            assert text_digest(result.cubin) != text_digest(padded.cubin)
 
 
 @pytest.mark.parametrize("problem", [RAGGED_FULL, RAGGED_WINDOW], ids=["full-mha-d64",
