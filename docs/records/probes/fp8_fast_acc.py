@@ -49,6 +49,23 @@ def inputs(b, hq, hkv, s, d, gen, heavy=False):
     return reals, [x for x, _ in quantised], [f for _, f in quantised]
 
 
+def errors(fns, tags, values, descales, causal):
+    """Relative L2 error of each of ``fns[tags]`` against the float32 attention of the
+    dequantised inputs, or nothing where that reference would not fit (``{}``)."""
+    q8, k8 = values[:2]
+    if q8.shape[0] * q8.shape[1] * q8.shape[2] * k8.shape[2] > 2 ** 32:
+        return {}
+    deq = [dequantise_fp8(x, f) for x, f in zip(values, descales)]
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *deq, is_causal=causal, enable_gqa=q8.shape[1] != k8.shape[1])
+    return {tag: rel(fns[tag](), ref) for tag in tags}
+
+
+def indices(only, count):
+    """``--only``'s indices, or all ``count``."""
+    return {int(i) for i in only.split(",")} if only else set(range(count))
+
+
 def schedules(q8, k8, v8, causal):
     """The lookup's schedule for the call with ``fast_acc`` off and on."""
     looked = ta.explain(q8, k8, v8, causal).schedule
@@ -143,13 +160,7 @@ def d256(only, rounds):
                "former": lambda: ta.sdpa(q8, k8, v8, causal, q_descale=qd, k_descale=kd,
                                          v_descale=vd, schedule=former_d256(causal)),
                "bf16": lambda: ta.sdpa(q, k, v, causal)}
-        errs = {}
-        if b * hq * s * s <= 2 ** 32:  # the float32 reference fits
-            deq = [dequantise_fp8(x, f) for x, f in ((q8, qd), (k8, kd), (v8, vd))]
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                *deq, is_causal=causal, enable_gqa=hq != hkv)
-            errs = {tag: rel(fns[tag](), ref) for tag in ("fp8", "former")}
-            del ref, deq
+        errs = errors(fns, ("fp8", "former"), (q8, k8, v8), (qd, kd, vd), causal)
         t = {tag: tm.median_ms for tag, tm in time_interleaved(fns, rounds=rounds).items()}
         flops = 4 * b * hq * s * s * d / (2 if causal else 1)
         tf = {tag: flops / ms / 1e9 for tag, ms in t.items()}
@@ -166,13 +177,12 @@ def main():
     ap.add_argument("--tiles", action="store_true")
     ap.add_argument("--d256", action="store_true")
     args = ap.parse_args()
-    only = {int(i) for i in args.only.split(",")} if args.only else set(range(len(SHAPES)))
+    only = indices(args.only, len(SHAPES))
     if args.tiles:
         tiles(only, args.rounds)
         return
     if args.d256:
-        d256({int(i) for i in args.only.split(",")} if args.only else set(range(len(D256))),
-             args.rounds)
+        d256(indices(args.only, len(D256)), args.rounds)
         return
     table = []
     for i, (name, b, hq, hkv, s, d, causal) in enumerate(SHAPES):
@@ -185,13 +195,7 @@ def main():
                                               v_descale=vd, schedule=sch))
                for tag, sch in schedules(q8, k8, v8, causal).items()}
         fns["bf16"] = lambda: ta.sdpa(q, k, v, causal)
-        errs = {}
-        if b * hq * s * s <= 2 ** 32:  # the float32 reference fits
-            deq = [dequantise_fp8(x, f) for x, f in ((q8, qd), (k8, kd), (v8, vd))]
-            ref = torch.nn.functional.scaled_dot_product_attention(
-                *deq, is_causal=causal, enable_gqa=hq != hkv)
-            errs = {tag: rel(fns[tag](), ref) for tag in ("fp8", "fp8 fast")}
-            del ref, deq
+        errs = errors(fns, ("fp8", "fp8 fast"), (q8, k8, v8), (qd, kd, vd), causal)
         times = time_interleaved(fns, rounds=args.rounds)
         flops = 4 * b * hq * s * s * d / (2 if causal else 1)
         t = {tag: tm.median_ms for tag, tm in times.items()}
@@ -201,12 +205,11 @@ def main():
         table.append(row)
         print(" ".join(str(x) if isinstance(x, str) else f"{x:.4g}" for x in row), flush=True)
     g = torch.Generator(device="cuda").manual_seed(99)
-    reals, (q8, k8, v8), (qd, kd, vd) = inputs(1, 32, 8, 4096, 128, g, heavy=True)
-    deq = [dequantise_fp8(x, f) for x, f in ((q8, qd), (k8, kd), (v8, vd))]
-    ref = torch.nn.functional.scaled_dot_product_attention(*deq, is_causal=True, enable_gqa=True)
-    heavy = {tag: rel(ta.sdpa(q8, k8, v8, True, q_descale=qd, k_descale=kd, v_descale=vd,
-                              schedule=sch), ref)
-             for tag, sch in schedules(q8, k8, v8, True).items()}
+    _, (q8, k8, v8), (qd, kd, vd) = inputs(1, 32, 8, 4096, 128, g, heavy=True)
+    heavy = errors({tag: (lambda sch=sch: ta.sdpa(q8, k8, v8, True, q_descale=qd, k_descale=kd,
+                                                   v_descale=vd, schedule=sch))
+                    for tag, sch in schedules(q8, k8, v8, True).items()},
+                   ("fp8", "fp8 fast"), (q8, k8, v8), (qd, kd, vd), True)
     print("\n| prefill (e4m3, per-head descales) | fp8 TFLOP/s | fp8 fast_acc TFLOP/s | bf16 "
           "TFLOP/s | fast ÷ default (speed) | fp8 ÷ bf16 | fast ÷ bf16 | err fp8 | "
           "err fast |\n|---|---|---|---|---|---|---|---|---|")
