@@ -12,6 +12,7 @@ Mistral and Gemma-shaped prefills that are not the FP8 tuning grid.
         [--only I,J]   # SHAPES by index (--only 0 --rounds 1: a JIT warm-up of one shape)
         [--tiles]      # instead: other tiles (with fast_acc) against the lookup's, per shape
         [--d256]       # instead: D 256 calls, the default against the former rules and bf16
+        [--isolated]   # (--d256) isolated calls, host time counted, instead of GPU time
 """
 
 import argparse
@@ -145,8 +146,9 @@ def former_d256(causal):
                        exp2=True, k_transposed=True, v_latency=2)
 
 
-def d256(only, rounds):
-    """The default against the former D 256 rules and our bf16 forward, with errors."""
+def d256(only, rounds, isolated=False):
+    """The default against the former D 256 rules and our bf16 forward, with errors
+    (``isolated``: each sample an isolated call with the host's time counted)."""
     print("| prefill (e4m3) | fp8 TFLOP/s | former rule | bf16 | fp8 ÷ former | fp8 ÷ bf16 | "
           "err fp8 | err former |\n|---|---|---|---|---|---|---|---|")
     for i, (name, b, hq, hkv, s, d, causal) in enumerate(D256):
@@ -161,7 +163,8 @@ def d256(only, rounds):
                                          v_descale=vd, schedule=former_d256(causal)),
                "bf16": lambda: ta.sdpa(q, k, v, causal)}
         errs = errors(fns, ("fp8", "former"), (q8, k8, v8), (qd, kd, vd), causal)
-        t = {tag: tm.median_ms for tag, tm in time_interleaved(fns, rounds=rounds).items()}
+        t = {tag: tm.median_ms for tag, tm in time_interleaved(
+            fns, rounds=rounds, host=isolated).items()}
         flops = 4 * b * hq * s * s * d / (2 if causal else 1)
         tf = {tag: flops / ms / 1e9 for tag, ms in t.items()}
         print(f"| {name} | {tf['fp8']:.0f} | {tf['former']:.0f} | {tf['bf16']:.0f} | "
@@ -176,13 +179,14 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--tiles", action="store_true")
     ap.add_argument("--d256", action="store_true")
+    ap.add_argument("--isolated", action="store_true")
     args = ap.parse_args()
     only = indices(args.only, len(SHAPES))
     if args.tiles:
         tiles(only, args.rounds)
         return
     if args.d256:
-        d256(indices(args.only, len(D256)), args.rounds)
+        d256(indices(args.only, len(D256)), args.rounds, args.isolated)
         return
     table = []
     for i, (name, b, hq, hkv, s, d, causal) in enumerate(SHAPES):
