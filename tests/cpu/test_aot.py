@@ -225,6 +225,40 @@ def test_a_launch_signature_gets_the_image_that_serves_it(use_bundles):
     assert hook.served == 2 and len(original.asked) == 2
 
 
+def test_lengths_of_other_divisibility_reuse_one_length_free_compile(monkeypatch):
+    """No bundle: a launch signature is compiled with its lengths' divisibility dropped, once:
+    another token count (777 and 784 keys: 16 does not divide one, divides the other) reuses
+    that compile; another head dim, constant or architecture compiles again."""
+    monkeypatch.delenv(_bundles.ENV_CUBINS, raising=False)
+    _aot.reset()
+    kernel, odd = _signature(dataclasses.replace(LLAMA, batch=2, seqlen_q=777, seqlen_k=777))
+    _, even = _signature(dataclasses.replace(LLAMA, batch=2, seqlen_q=784, seqlen_k=784))
+    arrays = [p for p in even.parameters if hasattr(p, "shape_divisible_by")]
+    assert any(p.shape_divisible_by[2] == 16 for p in arrays)  # (the launches do differ)
+    hook, original = _hook(kernel)
+    first = hook(odd, None, (9, 0))
+    assert hook(even, None, (9, 0)) is first and (hook.compiled, hook.reused) == (1, 1)
+    [asked] = original.asked
+    for p in asked.parameters:
+        if hasattr(p, "shape_divisible_by"):  # only the head dim keeps its divisibility
+            assert p.shape_divisible_by[:-1] == (1,) * (p.ndim - 1)
+    assert asked.parameters[0].shape_divisible_by[-1] == 16
+    hook(odd, None, (10, 0))  # another architecture
+    _, d64 = _signature(dataclasses.replace(LLAMA, batch=2, head_dim=64))
+    hook(d64, None, (9, 0))
+    assert (hook.compiled, hook.reused, hook.served) == (3, 1, 0)
+    # a calling convention the package does not launch with goes to cuTile as it came
+    v3 = types.SimpleNamespace(parameters=odd.parameters,
+                               calling_convention=types.SimpleNamespace(name="cutile_python_v3"))
+    hook(v3, None, (9, 0))
+    assert original.asked[-1] is v3 and hook.compiled == 3
+    # compiling off: refused, nothing asked
+    off, off_original = _hook(kernel, jit=False)
+    with pytest.raises(CompileRequiredError):
+        off(odd, None, (9, 0))
+    assert off_original.asked == []
+
+
 def test_an_image_never_serves_weaker_assumptions(use_bundles):
     """A launch whose arrays promise less than the image assumed (an unaligned base, a
     stride not 16-byte divisible, another dtype) is compiled, not served."""
@@ -295,8 +329,9 @@ def test_a_launch_is_ct_launch_with_the_kernels_compile_answered(use_bundles, mo
     assert kernel._compile == own
     monkeypatch.delenv(_bundles.ENV_CUBINS)
     other, args64, _ = _forward_launch(Problem(**{**LLAMA.to_dict(), "head_dim": 64}))
-    _aot.launch(7, (8, 32), other, args64)  # no bundle, compiling allowed: untouched
-    assert other._compile == other.__class__._compile.__get__(other)
+    _aot.launch(7, (8, 32), other, args64)  # no bundle, compiling allowed: length-free JIT
+    assert isinstance(other._compile, _aot.ShippedCompile) and other._compile.jit
+    assert other._compile.original == other.__class__._compile.__get__(other)
     monkeypatch.setenv(_aot.ENV_JIT, "0")
     _aot.reset()
     _aot.launch(7, (8, 32), other, args64)  # compiling off: every kernel is answered by us

@@ -1,25 +1,32 @@
-"""Shipped cubins: kernels compiled ahead of time (``tiledtune aot``), handed to cuTile's own
-launcher in place of a compile.
+"""Shipped cubins and length-free compiles: what cuTile's launcher gets in place of its own
+compile of a launch signature.
 
 Every kernel launch of the package goes through :func:`launch`, which is ``ct.launch``. cuTile
 compiles a kernel the first time it sees a launch *signature* (the constraints it derives
 from the arguments: dtypes, ranks, 16-byte alignment and divisibility, dims of length 1 as
 constants, the constants' values) by calling the kernel object's ``_compile(signature,
 context, compute_capability)``, which must return ``(cubin, symbol, None, providers)``; it
-loads and caches what it gets and launches every later call of that signature itself. Where
-bundles (:mod:`._bundles`) are installed, or ``TILEDATTENTION_JIT=0`` (read at the first
-launch), :func:`launch` first puts a :class:`ShippedCompile` in that place of each kernel
-object: it answers a signature with the cubin of an image built for the same kernel, constants
-and architecture whose assumptions the signature implies (:func:`~._bundles.serves`), so no
-``tileiras`` process and no cuTile front end run; any other signature is compiled as before,
-or, with ``TILEDATTENTION_JIT=0``, raises :class:`CompileRequiredError`. The launch itself,
-its streams, CUDA graphs and programmatic dependent launch, stays cuTile's, at its cost.
+loads and caches what it gets and launches every later call of that signature itself.
 
-An image's arrays are compiled with no assumption on the length of any dimension but the last
-of an array of 4 or more dims (the head dim) and the dims of length 1 (batch 1, one query
-row: constants in cuTile's ``cutile_python_v2`` calling convention), so one image serves
-every sequence length and every batch of more than one (``tiledtune aot`` also builds the
-batch-1 images).
+Under a cuda-tile release whose launcher this was checked with (:data:`ANSWERING_RELEASES`),
+:func:`launch` first puts a :class:`ShippedCompile` in that place of each kernel object. Where
+bundles (:mod:`._bundles`) are installed, it answers a signature with the cubin of an image
+built for the same kernel, constants and architecture whose assumptions the signature implies
+(:func:`~._bundles.serves`), so no ``tileiras`` process and no cuTile front end run. Any other
+signature is compiled with no assumption on its arrays' lengths (:func:`~._bundles.any_length`,
+as the images are), once per such signature: cuTile's own signatures tell a token count, a
+sequence count or a cache length divisible by 16 from one that is not, so a packed batch whose
+lengths change from step to step would otherwise compile each kernel again for every new
+combination (10-13 s a compile on an H200, several times in the first steps of a
+padding-free training run: ``docs/records/benchmarks/varlen/issue50/``). With
+``TILEDATTENTION_JIT=0`` (read at the first launch) such a signature raises
+:class:`CompileRequiredError` instead. The launch itself, its streams, CUDA graphs and
+programmatic dependent launch, stays cuTile's, at its cost.
+
+An image's arrays are compiled with the same length-free assumptions, and the dims of length 1
+(batch 1, one query row) are constants in cuTile's ``cutile_python_v2`` calling convention, so
+one image serves every sequence length and every batch of more than one (``tiledtune aot``
+also builds the batch-1 images).
 """
 
 from __future__ import annotations
@@ -31,15 +38,15 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ._bundles import (bundle_paths, constants_key, convention_of, current_entries, kernel_name,
-                       param_specs, read_member, serves)
+from ._bundles import (any_length, bundle_paths, constants_key, convention_of, current_entries,
+                       kernel_name, param_specs, read_member, serves)
 from ._lazy import lazy_module
-from ..errors import CompileRequiredError
+from ..errors import CompileRequiredError, InputValueError
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
-__all__ = ["ANSWERING_RELEASES", "ENV_JIT", "Image", "ShippedCompile", "jit_allowed", "launch",
-           "launch_path", "recording", "reset", "served", "shipped_images"]
+__all__ = ["ANSWERING_RELEASES", "ENV_JIT", "Image", "ShippedCompile", "compiles", "jit_allowed",
+           "launch", "launch_path", "recording", "reset", "served", "shipped_images"]
 
 ENV_JIT = "TILEDATTENTION_JIT"
 #: cuda-tile releases whose launcher takes a ``_compile`` answer as :class:`ShippedCompile`
@@ -100,29 +107,44 @@ def _find(images_by_arch: dict, arch: str, params: list) -> Image | None:
 
 
 class ShippedCompile:
-    """A kernel object's ``_compile`` while bundles or ``TILEDATTENTION_JIT=0`` are in use:
-    a signature that an image serves gets the image's cubin; any other one goes to cuTile's
-    compile (``original``), or raises :class:`CompileRequiredError` where ``jit`` is false.
-    The images are the bundles' for the launch's architecture (read on its first compile).
-    ``served`` counts the signatures answered from images."""
+    """A kernel object's ``_compile`` under a release of :data:`ANSWERING_RELEASES` (or,
+    under another, where bundles or ``TILEDATTENTION_JIT=0`` are in use): a signature that an
+    image serves gets the image's cubin; any other one goes to cuTile's compile
+    (``original``) with its length assumptions dropped (:meth:`compile_length_free`; under
+    another release or calling convention as it came), or raises :class:`CompileRequiredError` where ``jit`` is
+    false. The images are the bundles' for the launch's architecture (read on its first
+    compile). ``served`` counts the signatures answered from images, ``compiled`` the
+    length-free compiles, ``reused`` the signatures answered by an earlier one of those."""
 
     def __init__(self, kernel: Any, original: Any, jit: bool) -> None:
         self.kernel = kernel
         self.original = original
         self.jit = jit
         self.served = 0
+        self.compiled = 0
+        self.reused = 0
+        self._answers: dict = {}  # length-free signature -> cuTile's answer to it
+        self._lock = threading.Lock()
 
     def __call__(self, signature: Any, context: Any, compute_capability: Any = None) -> tuple:
         from cuda.tile._cext import get_compute_capability
 
-        major, minor = compute_capability or get_compute_capability()
-        arch = f"sm_{major}{minor}"
-        image = None
+        capability = tuple(compute_capability or get_compute_capability())
+        arch = "sm_{}{}".format(*capability)
+        # the package's own calling convention for these parameters (the one images are built
+        # for and length-free compiles were checked with), under a release that takes answers
+        ours = False
         if ct.__version__.startswith(ANSWERING_RELEASES):
+            try:
+                params = param_specs(self.kernel, signature.parameters)
+            except InputValueError:  # a parameter no image has a convention for
+                params = None
+            ours = params is not None and (signature.calling_convention.name
+                                           == convention_of(params))
+        image = None
+        if ours:
             by_arch = _loaded_images(arch).get(kernel_name(self.kernel), {})
-            params = param_specs(self.kernel, signature.parameters)
-            if by_arch and signature.calling_convention.name == convention_of(params):
-                image = _find(by_arch, arch, params)
+            image = _find(by_arch, arch, params) if by_arch else None
         if image is not None:
             self.served += 1
             return image.cubin, image.symbol, None, ()
@@ -131,7 +153,31 @@ class ShippedCompile:
                 f"{kernel_name(self.kernel)} has no shipped cubin for this launch on {arch} and "
                 f"{ENV_JIT}=0 forbids compiling it: build one with `tiledtune aot` (its "
                 f"problem or schedule), or unset {ENV_JIT}")
-        return self.original(signature, context, compute_capability)
+        if not ours:
+            return self.original(signature, context, compute_capability)
+        return self.compile_length_free(signature, context, capability)
+
+    def compile_length_free(self, signature: Any, context: Any, capability: tuple) -> tuple:
+        """cuTile's compile of ``signature`` with no assumption on its arrays' lengths
+        (:func:`~._bundles.any_length`), once per such signature and architecture: a later
+        signature that differs only in which lengths divide by 16 gets the same answer. The
+        code is right for it (the lengths are passed to the kernel whatever their divisibility;
+        the parameters' layout does not change) and as fast as far as measured (the shipped
+        images, compiled the same way: ``docs/records/benchmarks/cold-start/``)."""
+        from cuda.tile import compilation as ctc
+
+        params = tuple(any_length(p) for p in signature.parameters)
+        key = repr((params, signature.calling_convention, capability))  # (values unhashable)
+        with self._lock:
+            answer = self._answers.get(key)
+            if answer is not None:
+                self.reused += 1
+                return answer
+            general = signature if params == tuple(signature.parameters) else (
+                ctc.KernelSignature(params, calling_convention=signature.calling_convention))
+            answer = self._answers[key] = self.original(general, context, capability)
+            self.compiled += 1
+            return answer
 
 
 # -- the launch -----------------------------------------------------------------------------------
@@ -165,8 +211,9 @@ def _loaded_images(arch: str) -> dict:
 
 
 def _prepare(kernel: Any) -> ShippedCompile | None:
-    """Put a :class:`ShippedCompile` in ``kernel``'s ``_compile`` where bundles are installed
-    or compiling is switched off (once per kernel object)."""
+    """Put a :class:`ShippedCompile` in ``kernel``'s ``_compile`` under a release of
+    :data:`ANSWERING_RELEASES`, or where bundles are installed or compiling is switched off
+    (once per kernel object)."""
     global _jit
     with _lock:
         if kernel in _prepared:
@@ -174,7 +221,7 @@ def _prepare(kernel: Any) -> ShippedCompile | None:
         if _jit is None:
             _jit = jit_allowed()
         hook = None
-        if not _jit or bundle_paths():
+        if not _jit or bundle_paths() or ct.__version__.startswith(ANSWERING_RELEASES):
             hook = ShippedCompile(kernel, kernel._compile, _jit)
             kernel._compile = hook
         _prepared[kernel] = hook
@@ -199,6 +246,13 @@ def recording() -> Iterator[list]:
 def served() -> int:
     """How many launch signatures cuTile has been given a shipped cubin for, in all."""
     return sum(hook.served for hook in list(_prepared.values()) if hook is not None)
+
+
+def compiles() -> tuple[int, int]:
+    """``(compiled, reused)``: how many length-free compiles ran in this process, and how many
+    launch signatures got the code of an earlier one (:meth:`ShippedCompile.compile_length_free`)."""
+    hooks = [hook for hook in list(_prepared.values()) if hook is not None]
+    return sum(h.compiled for h in hooks), sum(h.reused for h in hooks)
 
 
 def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options: Any) -> None:

@@ -17,6 +17,7 @@ Bundles are read from ``tiledattention/pretuned/cubins-*.zip`` (``tiledtune aot
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,8 +32,8 @@ from ._identity import module_identity
 from ._settings import cubin_cache
 from ..errors import InputValueError
 
-__all__ = ["ArraySpec", "BUNDLE_FORMAT", "ENV_CUBINS", "PACKAGE_BUNDLES", "bundle_paths",
-           "constants_key", "convention_of", "current_entries", "kernel_name", "param_specs",
+__all__ = ["ArraySpec", "BUNDLE_FORMAT", "ENV_CUBINS", "PACKAGE_BUNDLES", "any_length",
+           "bundle_paths", "constants_key", "convention_of", "current_entries", "kernel_name", "param_specs",
            "read_manifest", "read_member", "serves", "write_bundle"]
 
 ENV_CUBINS = "TILEDATTENTION_CUBINS"
@@ -120,6 +121,22 @@ class ArraySpec:
                  zip(self.shape_divisible_by, call.shape_divisible_by),
                  ((self.base_divisible_by, call.base_divisible_by),))
         return all(theirs % mine == 0 for group in pairs for mine, theirs in group)
+
+
+def any_length(arg: Any) -> Any:
+    """``arg`` (an export's or a launch's parameter constraint) with no assumption on the
+    length of any dimension of an array but the last of an array of 4 or more dims (the head dim
+    of a ``[B, H, S, D]`` array, a page pool or a decode step's 5-D view); a dim of length 1
+    stays the constant the launch makes of it, and every other constraint is ``arg`` itself.
+    Code compiled under it serves every sequence length, token count and batch of the same
+    pattern (:func:`serves`): the lengths pass to the kernel either way."""
+    divisible = getattr(arg, "shape_divisible_by", None)
+    if divisible is None:
+        return arg
+    keep = tuple(divisible[-1:]) if len(divisible) >= 4 else (1,)
+    general = (1,) * (len(divisible) - 1) + keep
+    return arg if tuple(divisible) == general else dataclasses.replace(
+        arg, shape_divisible_by=general)
 
 
 def param_specs(kernel: Any, args: Sequence[Any]) -> list:

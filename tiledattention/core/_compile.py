@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import io
 import re
 import time
@@ -14,6 +13,7 @@ from typing import Any, Iterator, Sequence
 
 from ._cubin import KernelResources, kernel_resources, static_shared_bytes
 from ._dtypes import element
+from ._bundles import any_length
 from ._problem import row_stat_shape
 from ..errors import CompileError, InputValueError
 
@@ -77,7 +77,7 @@ class CompileResult:
 @contextlib.contextmanager
 def capturing(compile: bool = True) -> Iterator[list]:
     """Within it, :func:`export_cubin` compiles every array with no assumption on the lengths
-    of its dimensions but the head dim and the dims of length 1 (:func:`_any_length`: a
+    of its dimensions but the head dim and the dims of length 1 (:func:`any_length`: a
     shipped cubin serves every sequence length, and every batch of the same batch pattern) and
     appends ``(kernel, args, arch, cubin)`` of each build to the list it yields (``tiledtune
     aot``). With ``compile`` False nothing is compiled: each build is recorded
@@ -88,17 +88,6 @@ def capturing(compile: bool = True) -> Iterator[list]:
         yield builds
     finally:
         _capture.reset(token)
-
-
-def _any_length(arg: Any) -> Any:
-    """An ``ArrayConstraint`` with no assumption on the length of any dimension but the last of
-    an array of 4 or more dims (the head dim of a ``[B, H, S, D]`` array, a page pool or a
-    decode step's 5-D view); a dim of length 1 stays the constant the launch makes of it."""
-    divisible = getattr(arg, "shape_divisible_by", None)
-    if divisible is None:
-        return arg
-    keep = tuple(divisible[-1:]) if len(divisible) >= 4 else (1,)
-    return dataclasses.replace(arg, shape_divisible_by=(1,) * (len(divisible) - 1) + keep)
 
 
 def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | None = None) -> Any:
@@ -165,7 +154,7 @@ def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> Com
     check_arch(arch)
     captured, compiling = _capture.get() or (None, True)
     if captured is not None:
-        args = [_any_length(arg) for arg in args]
+        args = [any_length(arg) for arg in args]
         if not compiling:
             captured.append((kernel, list(args), arch, b""))
             return CompileResult(arch=arch, cubin_size=0, seconds=0.0, cubin=b"",
