@@ -152,6 +152,28 @@ def test_array_constraints_are_what_ct_launch_derives():
     assert lse.stride_divisible_by == (4, 4, 1) and lse.shape_constant == (1, None, None)
 
 
+
+def test_any_length_drops_what_varies_from_call_to_call_and_keeps_the_rest():
+    """Lengths (but the head dim) and a table's row stride may be anything; the head dim's
+    divisibility, the big arrays' strides (TMA needs them 16-byte divisible), dims of length 1
+    and everything else stay as the launch had them. What this leaves varies with no length:
+    two launches of other token and sequence counts make the same constraints."""
+    def general(dtype, shape, strides=None):
+        return _bundles.any_length(array_constraint(dtype, shape, strides))
+
+    q = general("bf16", (1, 32, 784, 128))  # a packed batch's [1, H, tokens, D] view
+    assert q.shape_divisible_by == (1, 1, 1, 16) and q.stride_divisible_by == (8, 8, 8, 1)
+    assert q.shape_constant == (1, None, None, None)
+    assert general("bf16", (1, 32, 777, 128)) == q
+    ranges = general("int32", (4, 12))  # [4, sequences]: row stride 12, then 13
+    assert ranges.stride_divisible_by == (1, 1) and ranges.shape_divisible_by == (1, 1)
+    assert general("int32", (4, 13)) == ranges
+    lse = general("fp32", (1, 32, 784), (32 * 784, 784, 1))  # row stats: rows stay aligned
+    assert lse.stride_divisible_by == (4, 4, 1) and lse.shape_divisible_by == (1, 1, 1)
+    other = types.SimpleNamespace(value=3)  # a constant or scalar: itself
+    assert _bundles.any_length(other) is other
+    assert _bundles.any_length(q) is q  # (already general)
+
 def test_an_image_is_compiled_in_the_calling_convention_ct_launch_picks():
     """The oldest that can pass the launch: the backward's sum kernel (two arrays, constants)
     takes ``cutile_python_v1`` at batch 2 and ``cutile_python_v2`` at batch 1 (a dim of

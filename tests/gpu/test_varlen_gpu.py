@@ -228,6 +228,27 @@ def test_new_batches_of_one_profile_share_one_lookup():
     assert resolutions <= 2
 
 
+
+def test_batches_of_new_token_counts_compile_nothing_new():
+    """A packed batch's token and sequence counts change from batch to batch (a padding-free
+    training run): the kernels are compiled without assumptions on them (one length-free compile
+    per kernel variant, ``core._aot``), so batches whose counts divide by 16 or not, after one of
+    each bucket and launch mode, reuse those compiles and stay right (forward and gradients)."""
+    from tiledattention.core import _aot
+
+    gen = torch.Generator().manual_seed(5)
+    batches = [[int(n) for n in torch.randint(130, 256, (count,), generator=gen)] + [256]
+               for count in (5, 6, 7, 8, 9, 11, 13)]
+    for i, lens in enumerate(batches):
+        if i == 1:  # the first batch compiled this bucket's kernels
+            compiled, reused = _aot.compiles()
+        check(*packed_batch(lens, lens), is_causal=True)
+        check_grads(lens, lens, hq=8, hkv=2)
+    after = _aot.compiles()
+    assert after[0] == compiled, "a batch of new counts compiled a kernel again"
+    assert after[1] > reused  # (new launch signatures did come, answered by earlier compiles)
+
+
 # -- a padded batch: sdpa(..., ranges=) ----------------------------------------------------------
 def padded_batch(b, hq, hkv, sq, sk, d, q_ranges, k_ranges, dtype=torch.bfloat16, seed=3):
     """q, k, v ``[B, H, S, D]`` with NaN everywhere outside each entry's ranges; the int32

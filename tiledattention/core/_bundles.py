@@ -125,18 +125,22 @@ class ArraySpec:
 
 def any_length(arg: Any) -> Any:
     """``arg`` (an export's or a launch's parameter constraint) with no assumption on the
-    length of any dimension of an array but the last of an array of 4 or more dims (the head dim
-    of a ``[B, H, S, D]`` array, a page pool or a decode step's 5-D view); a dim of length 1
-    stays the constant the launch makes of it, and every other constraint is ``arg`` itself.
-    Code compiled under it serves every sequence length, token count and batch of the same
-    pattern (:func:`serves`): the lengths pass to the kernel either way."""
+    lengths of a call: an array may have any length along every dim but the last of an array of
+    4 or more dims (the head dim of a ``[B, H, S, D]`` array, a page pool or a decode step's 5-D
+    view), and a table of at most 2 dims (ranges, work and block tables, descale factors: read
+    element by element, never by a bulk copy) any row stride; a dim of length 1 stays the
+    constant the launch makes of it, and every other constraint is ``arg`` itself. Code compiled
+    under it serves every sequence length, token count and sequence count of the same pattern
+    (:func:`serves`): lengths and strides pass to the kernel either way."""
     divisible = getattr(arg, "shape_divisible_by", None)
     if divisible is None:
         return arg
-    keep = tuple(divisible[-1:]) if len(divisible) >= 4 else (1,)
-    general = (1,) * (len(divisible) - 1) + keep
-    return arg if tuple(divisible) == general else dataclasses.replace(
-        arg, shape_divisible_by=general)
+    ndim = len(divisible)
+    shape = (1,) * (ndim - 1) + (tuple(divisible[-1:]) if ndim >= 4 else (1,))
+    stride = (1,) * ndim if ndim <= 2 else tuple(arg.stride_divisible_by)
+    if (tuple(divisible), tuple(arg.stride_divisible_by)) == (shape, stride):
+        return arg
+    return dataclasses.replace(arg, shape_divisible_by=shape, stride_divisible_by=stride)
 
 
 def param_specs(kernel: Any, args: Sequence[Any]) -> list:

@@ -76,9 +76,9 @@ class CompileResult:
 
 @contextlib.contextmanager
 def capturing(compile: bool = True) -> Iterator[list]:
-    """Within it, :func:`export_cubin` compiles every array with no assumption on the lengths
-    of its dimensions but the head dim and the dims of length 1 (:func:`any_length`: a
-    shipped cubin serves every sequence length, and every batch of the same batch pattern) and
+    """Within it, :func:`export_cubin` (which compiles every array with no assumption on the
+    lengths of its dimensions but the head dim and the dims of length 1, :func:`any_length`:
+    a shipped cubin serves every sequence length, and every batch of the same batch pattern)
     appends ``(kernel, args, arch, cubin)`` of each build to the list it yields (``tiledtune
     aot``). With ``compile`` False nothing is compiled: each build is recorded
     with an empty cubin (which kernels, with which constants, a schedule launches)."""
@@ -94,7 +94,8 @@ def array_constraint(dtype: str, shape: Sequence[int], strides: Sequence[int] | 
     """An array as ``ct.launch`` sees a tensor of ``shape`` (``strides`` in elements, default
     contiguous) with 16-byte aligned rows: its JIT specialises on 16-byte divisible strides and
     base address, on each dim being a multiple of 16, on a stride of 1 and on a dim of length
-    1 (a constant, under the ``cutile_python_v2`` calling convention). Matching that makes the
+    1 (a constant, under the ``cutile_python_v2`` calling convention). Matching that (then
+    dropping the length assumptions on both sides, :func:`~._bundles.any_length`) makes the
     cubin's cache key equal to the launch's, so a compile-only build warms cuTile's disk cache
     for the real launch, and a shipped cubin's signature one the launch's implies."""
     import cuda.tile as ct
@@ -147,14 +148,17 @@ def row_stat_constraint(problem: Any, packed: bool) -> Any:
 
 def export_cubin(kernel: Any, args: Sequence[Any], arch: str, label: str) -> CompileResult:
     """Compile ``kernel`` for ``arch`` with ``args`` (per parameter, in order: an
-    ``ArrayConstraint``, a ``ScalarConstraint`` or a constant's value) into a cubin; raise
-    :class:`CompileError` naming ``label`` when tileiras refuses."""
+    ``ArrayConstraint``, a ``ScalarConstraint`` or a constant's value; its arrays with no
+    assumption on their lengths, :func:`~._bundles.any_length`, as a launch compiles them) into
+    a cubin; raise :class:`CompileError` naming ``label`` when tileiras refuses."""
     from cuda.tile import compilation as ctc
 
     check_arch(arch)
+    # as every launch's JIT compile is (``_aot.ShippedCompile.compile_length_free``): the same
+    # cache key, so a compile-only build warms cuTile's disk cache for the launch
+    args = [any_length(arg) for arg in args]
     captured, compiling = _capture.get() or (None, True)
     if captured is not None:
-        args = [any_length(arg) for arg in args]
         if not compiling:
             captured.append((kernel, list(args), arch, b""))
             return CompileResult(arch=arch, cubin_size=0, seconds=0.0, cubin=b"",
