@@ -126,13 +126,15 @@ def test_ragged_reaches_both_kernels_code():
 def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
     """Outside a ragged call the compile-only build gives ``Ranges`` a zero-byte constant
     (``export_cubin``'s ``cutile_python_v1`` convention takes no tuple) and ``ct.launch`` the
-    empty tuple :data:`UNUSED`: the same machine code for both kernels (with ``restamp``'s
+    empty tuple :data:`UNUSED` (its JIT compiling the signature length-free, as the build
+    does): the same machine code for both kernels (with ``restamp``'s
     old-against-new check, the windowed and softcapped problems' code stays what it was)."""
     import io
 
     import cuda.tile as ct
     from cuda.tile import compilation as ctc
 
+    from tiledattention.core._bundles import any_length
     from tiledattention.core._compile import array_constraint
     from tiledattention.core._problem import row_stat_shape
     from tiledattention.kernels.backward._launch import dkdv_kernel, dq_kernel
@@ -159,8 +161,10 @@ def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
              "Delta": stat, "dQ": q_like, "heads_q": ctc.ScalarConstraint(ct.int32),
              **scalars}, dq_constants(p, s))))
     for (kernel, args), digest in zip(builds, ours, strict=True):
+        # (as a launch's JIT compiles it: without the length assumptions, core._aot)
         signature = ctc.KernelSignature(
-            list(args), calling_convention=ctc.CallingConvention.cutile_python_v2())
+            [any_length(a) for a in args],
+            calling_convention=ctc.CallingConvention.cutile_python_v2())
         buf = io.BytesIO()
         ctc.export_kernel(kernel, [signature], buf, gpu_code="sm_90", output_format="cubin")
         assert text_digest(buf.getvalue()) == digest

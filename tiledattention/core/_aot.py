@@ -17,8 +17,8 @@ signature is compiled with no assumption on its arrays' lengths (:func:`~._bundl
 as the images are), once per such signature: cuTile's own signatures tell a token count, a
 sequence count or a cache length divisible by 16 from one that is not, so a packed batch whose
 lengths change from step to step would otherwise compile each kernel again for every new
-combination (10-13 s a compile on an H200, several times in the first steps of a
-padding-free training run: ``docs/records/benchmarks/varlen/issue50/``). With
+combination (8-13 s a compile on an H200, in 8 of the first 30 steps of a padding-free
+training run: ``docs/records/benchmarks/varlen/hf-padding-free/``). With
 ``TILEDATTENTION_JIT=0`` (read at the first launch) such a signature raises
 :class:`CompileRequiredError` instead. The launch itself, its streams, CUDA graphs and
 programmatic dependent launch, stays cuTile's, at its cost.
@@ -111,10 +111,11 @@ class ShippedCompile:
     under another, where bundles or ``TILEDATTENTION_JIT=0`` are in use): a signature that an
     image serves gets the image's cubin; any other one goes to cuTile's compile
     (``original``) with its length assumptions dropped (:meth:`compile_length_free`; under
-    another release or calling convention as it came), or raises :class:`CompileRequiredError` where ``jit`` is
-    false. The images are the bundles' for the launch's architecture (read on its first
-    compile). ``served`` counts the signatures answered from images, ``compiled`` the
-    length-free compiles, ``reused`` the signatures answered by an earlier one of those."""
+    another release or calling convention as it came), or raises
+    :class:`CompileRequiredError` where ``jit`` is false. The images are the bundles' for the
+    launch's architecture (read on its first compile). ``served`` counts the signatures
+    answered from images, ``compiled`` the length-free compiles, ``reused`` the signatures
+    answered by an earlier one of those."""
 
     def __init__(self, kernel: Any, original: Any, jit: bool) -> None:
         self.kernel = kernel
@@ -161,9 +162,9 @@ class ShippedCompile:
         """cuTile's compile of ``signature`` with no assumption on its arrays' lengths
         (:func:`~._bundles.any_length`), once per such signature and architecture: a later
         signature that differs only in which lengths divide by 16 gets the same answer. The
-        code is right for it (the lengths are passed to the kernel whatever their divisibility;
-        the parameters' layout does not change) and as fast as far as measured (the shipped
-        images, compiled the same way: ``docs/records/benchmarks/cold-start/``)."""
+        code is right for it (the lengths and strides are passed to the kernel whatever their
+        divisibility; the parameters' layout does not change) and as fast as far as measured
+        (eight dense calls on an H200: ``docs/records/benchmarks/varlen/hf-padding-free/``)."""
         from cuda.tile import compilation as ctc
 
         params = tuple(any_length(p) for p in signature.parameters)
@@ -250,7 +251,8 @@ def served() -> int:
 
 def compiles() -> tuple[int, int]:
     """``(compiled, reused)``: how many length-free compiles ran in this process, and how many
-    launch signatures got the code of an earlier one (:meth:`ShippedCompile.compile_length_free`)."""
+    launch signatures got the code of an earlier one
+    (:meth:`ShippedCompile.compile_length_free`)."""
     hooks = [hook for hook in list(_prepared.values()) if hook is not None]
     return sum(h.compiled for h in hooks), sum(h.reused for h in hooks)
 

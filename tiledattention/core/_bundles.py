@@ -33,8 +33,8 @@ from ._settings import cubin_cache
 from ..errors import InputValueError
 
 __all__ = ["ArraySpec", "BUNDLE_FORMAT", "ENV_CUBINS", "PACKAGE_BUNDLES", "any_length",
-           "bundle_paths", "constants_key", "convention_of", "current_entries", "kernel_name", "param_specs",
-           "read_manifest", "read_member", "serves", "write_bundle"]
+           "bundle_paths", "constants_key", "convention_of", "current_entries", "kernel_name",
+           "param_specs", "read_manifest", "read_member", "serves", "write_bundle"]
 
 ENV_CUBINS = "TILEDATTENTION_CUBINS"
 BUNDLE_FORMAT = 2  # 2: each image's calling convention and every array assumption
