@@ -122,7 +122,7 @@ def run(name: str, implementation: str, batches: list[list[int]], warm: int) -> 
     """Train ``warm`` untimed then ``len(batches) - warm`` timed steps; tokens/s, the timed
     steps' losses and peak memory."""
     import tiledattention.integrations as ti
-    from tiledattention.core import _aot
+    from tiledattention.tooling import jit_compiles
 
     model = model_of(name, implementation)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -136,7 +136,7 @@ def run(name: str, implementation: str, batches: list[list[int]], warm: int) -> 
     for i, batch in enumerate(inputs):
         if i == warm:
             torch.cuda.synchronize()
-            compiled = _aot.compiles()[0]
+            compiled = jit_compiles()[0]
             start = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(**batch).loss
@@ -156,7 +156,7 @@ def run(name: str, implementation: str, batches: list[list[int]], warm: int) -> 
                   peak_gib=torch.cuda.max_memory_allocated() / 2**30,
                   first_loss=losses[0].item(), last_loss=losses[-1].item(),
                   kernel_calls=stats.tiledattention, fallbacks=dict(stats.fallbacks),
-                  compiles_timed=_aot.compiles()[0] - compiled)
+                  compiles_timed=jit_compiles()[0] - compiled)
     del model, opt, inputs
     torch.cuda.empty_cache()
     return result

@@ -6,12 +6,12 @@ stamps, architecture names, the families serving an operation, the ``.text`` dig
 restamping compares, what a compiled kernel asks of an SM (``kernel_resources``,
 ``resident_ctas``), and what an ahead-of-time build of cubin bundles needs (``capturing``
 builds, a kernel's name and calling convention, the bundle writer) and measures (the launches
-a call makes, the signatures shipped cubins served)."""
+a call makes, the signatures shipped cubins served, the JIT's length-free compiles)."""
 
 from .core._case import (AttentionCase, dequantise_fp8, paged_flops, paged_lengths, quantise_fp8,
                          ragged_lengths, torch_sdpa_kwargs)
-from .core._aot import (launch_path, recording as recording_launches, reset as forget_shipped_cubins,
-                        served as served_from_bundles)
+from .core._aot import (compiles as jit_compiles, launch_path, recording as recording_launches,
+                        reset as forget_shipped_cubins, served as served_from_bundles)
 from .core._bundles import PACKAGE_BUNDLES, kernel_name, param_specs, write_bundle
 from .core._compile import SM_COUNTS, capturing, check_arch, generation
 from .core._cubin import (KernelResources, kernel_resources, kernel_symbol, text_digest,
@@ -33,7 +33,8 @@ __all__ = ["AttentionCase", "FP8_DTYPES", "KernelResources", "PACKAGE_BUNDLES", 
            "Residency", "dequantise_fp8", "kernel_resources", "resident_ctas",
            "quantise_fp8",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
-           "capturing", "compile_ragged_clear", "cubin_cache", "forget_shipped_cubins", "kernel_name",
+           "capturing", "compile_ragged_clear", "cubin_cache", "forget_shipped_cubins",
+           "jit_compiles", "kernel_name",
            "kernel_symbol", "launch_path", "module_identity", "param_specs", "recording_launches", "served_from_bundles",
            "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
