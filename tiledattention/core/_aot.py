@@ -142,10 +142,8 @@ class ShippedCompile:
                 params = None
             ours = params is not None and (signature.calling_convention.name
                                            == convention_of(params))
-        image = None
-        if ours:
-            by_arch = _loaded_images(arch).get(kernel_name(self.kernel), {})
-            image = _find(by_arch, arch, params) if by_arch else None
+        image = (_find(_loaded_images(arch).get(kernel_name(self.kernel), {}), arch, params)
+                 if ours else None)
         if image is not None:
             self.served += 1
             return image.cubin, image.symbol, None, ()
