@@ -207,6 +207,11 @@ def test_on_sm_90_fp8_products_run_on_the_e4m3_tensor_core_instruction(tmp_path)
     zeroed = {name: len(re.findall(r"FADD (R\d+), RZ, \1\b", sass[name]))
               for name in ("e4m3", "fast")}
     assert zeroed["e4m3"] >= 64 and 4 * zeroed["fast"] < zeroed["e4m3"], zeroed
+    # P's shift into e4m3's range (2^8) joins each row's max: one fused multiply-add a score
+    # before its exponential, no separate add of the shift (FADD R, R, 8) a score
+    for name in ("e4m3", "fast"):
+        shift_adds = len(re.findall(r"FADD R\d+, R\d+, 8 ;", sass[name]))
+        assert shift_adds < 8, (name, shift_adds)
 
 
 # -- the transposed values -------------------------------------------------------------------
