@@ -32,8 +32,8 @@ batch without a window): every split takes ``1 / splits`` of the key tiles of ``
 keys (the plan's longest cache; a longer entry takes its own share), so a shorter entry uses
 fewer of its splits (the rest store empty partials) and the CTAs stream alike instead of in
 proportion to their entry's length. ``KV_FP8`` (an FP8 cache):
-K and V are float8_e4m3fn, widened to the queries' dtype tile by tile, with k's descale factor
-in the score scale and v's on each split's normalised output. Every UPPER_CASE parameter is a
+K and V are float8_e4m3fn, widened tile by tile (K to the queries' dtype, V and P to float16),
+with k's descale factor in the score scale and v's on each split's normalised output. Every UPPER_CASE parameter is a
 compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
 loop whose cache grows by a key per step reuses one compiled kernel.
 """
@@ -223,8 +223,10 @@ def decode_split(
                 key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
                 v = ct.where(key_rows < seqlen_k, v, 0.0)
         if KV_FP8:
-            v = v.astype(q.dtype)
-        acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
+            # every e4m3 value is a float16 one: one conversion a pair of values (into bf16
+            # it is three); P in float16 too, finer than bf16 on [0, 1]
+            v = v.astype(ct.float16)
+        acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # [TILE_M, TILE_D]  # [TILE_M, TILE_D]
         return m_i, l_i, acc
 
     if WINDOW:
