@@ -282,9 +282,11 @@ def test_tiledtune_explain_fp8_and_its_refusal(capsys, tmp_path):
     from tuner import cli
 
     db = str(tmp_path / "none.sqlite")
+    # a paged FP8 cache's decode step, a shipped key (docs/records/benchmarks/fp8/README.md)
     code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--problem",
-                     "batch=8,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=8192,head_dim=128,"
-                     "dtype=bf16,causal=false,kv_dtype=e4m3"])
+                     "batch=16,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,head_dim=128,"
+                     "dtype=bf16,causal=true,bottom_right=true,ragged=true,page_size=64,"
+                     "kv_dtype=e4m3"])
     out, err = capsys.readouterr()
     assert code == 0, err
     (step,) = json.loads(out)["lookups"]

@@ -240,6 +240,27 @@ def test_fp8_cache_decode_variants_and_per_tensor_factors():
     assert rel_l2(out, ref) < ta.DECODE.tolerances["bf16"]
 
 
+def test_fp8_cache_decode_of_queries_beyond_float16s_range():
+    """The split kernel widens an e4m3 cache's value tiles (and P) to float16, not the
+    scores' operands: a group whose query heads range from past float16's largest value
+    (65504) to far below it attends as the float32 reference does (with the queries cast
+    to float16 as they come, the first head's scores are inf and its output NaN)."""
+    b, hq, hkv, sk, d = 2, 8, 2, 3001, 128
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    size = torch.tensor([3e5, 1e-3, 1.0, 40.0], device="cuda").repeat(hkv)  # per query head
+    q = (torch.randn(b, hq, 1, d, device="cuda", generator=gen)
+         * size[None, :, None, None]).to(torch.bfloat16)
+    reals = [torch.randn(b, hkv, sk, d, device="cuda", generator=gen) for _ in range(2)]
+    (k, kd), (v, vd) = (quantise_fp8(x, hkv) for x in reals)
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype="bf16", causal=False, kv_dtype="e4m3")
+    out = ta.sdpa(q, k, v, k_descale=kd, v_descale=vd)
+    ref = attention_reference(q, dequantise_fp8(k, kd), dequantise_fp8(v, vd), problem)
+    assert not torch.isnan(out).any()
+    for head in range(hq):  # each head on its own: their outputs differ in scale
+        assert rel_l2(out[:, head], ref[:, head]) < ta.DECODE.tolerances["bf16"], head
+
+
 def test_fp8_cache_family_case_checks_the_default_schedule():
     problem = Problem(batch=2, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=8192,
                       head_dim=128, dtype="bf16", causal=False, kv_dtype="e4m3")
