@@ -414,8 +414,8 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     """At least a CTA per SM from one split runs occupancy 2 (on an H200 at 144-768 CTAs:
     1.01-1.57x at 8 of 9 batches, 0.98x at one); fewer CTAs, and windowed calls (not
     measured), keep one an SM."""
-    full = DECODE.default_schedule("sm_90", _problem(batch=24, seqlen_k=3000))  # 192 CTAs
-    assert (full.splits, full.occupancy, full.k_latency, full.tile_n) == (1, 2, 2, 128)
+    full = DECODE.default_schedule("sm_90", _problem(batch=24, seqlen_k=3000, head_dim=128))
+    assert (full.splits, full.occupancy, full.k_latency, full.tile_n) == (1, 2, 2, 128)  # 192
     fewer = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=8192))  # 96 CTAs
     assert (fewer.splits, fewer.occupancy) == (1, 1)
     assert DECODE.default_schedule("sm_90", TOKEN).occupancy == 1  # 16 splits of 8 CTAs
@@ -426,6 +426,41 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     windowed = dataclasses.replace(wide, causal=True, bottom_right=True, window_left=1000,
                                    window_right=0)
     assert DECODE.default_schedule("sm_90", windowed).occupancy == 1
+
+
+def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():
+    """D <= 64 over a contiguous 16-bit cache of 2k keys or more: 256-key steps (on an H200
+    1.04-1.12x the 128-key ones at D 64, batch 1-32); D 128, short caches, windows, pages and
+    FP8 caches (none measured with them) keep their steps."""
+    for arch in ("sm_80", "sm_90", "sm_100", "sm_120"):
+        for b, hq, hkv, sk, d in ((1, 16, 16, 20000, 64), (8, 32, 8, 4096, 64),
+                                  (32, 16, 16, 2048, 64), (1, 32, 8, 9000, 32)):
+            p = _problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_k=sk, head_dim=d)
+            assert DECODE.default_schedule(arch, p).tile_n == 256, (arch, p)
+    assert DECODE.default_schedule("sm_90", _problem(seqlen_k=2047)).tile_n == 128
+    assert DECODE.default_schedule("sm_90", _problem(head_dim=128)).tile_n == 128
+    windowed = dataclasses.replace(_problem(seqlen_k=32768), causal=True, bottom_right=True,
+                                   window_left=4095, window_right=0)
+    assert DECODE.default_schedule("sm_90", windowed).tile_n == 128
+    paged = dataclasses.replace(_problem(seqlen_k=8192, batch=8, causal=True, bottom_right=True),
+                                ragged=True, page_size=256)
+    assert DECODE.default_schedule("sm_90", paged).tile_n == 128
+    fp8 = dataclasses.replace(_problem(seqlen_k=8192), kv_dtype="e4m3")
+    assert DECODE.default_schedule("sm_90", fp8).tile_n == 128
+
+
+def test_the_combine_merges_at_most_1024_rows_into_an_output_row():
+    """One or two K/V heads would take a wave of splits (66-132); the combine walks a row's
+    splits in a chain, so the default stops at 1024 merged rows (on an H200, one K/V head:
+    1.04-1.88x the uncapped splits on eight of nine calls, 0.95x on one)."""
+    for hq, hkv, sk, d, splits in ((8, 1, 50000, 64, 64), (64, 1, 32768, 128, 16),
+                                   (32, 1, 65536, 64, 32), (16, 2, 30000, 128, 64),
+                                   (32, 8, 32768, 128, 16)):
+        p = _problem(heads_q=hq, heads_kv=hkv, seqlen_k=sk, head_dim=d)
+        s = DECODE.default_schedule("sm_90", p)
+        assert s.splits == splits and s.splits * s.tile_m <= 1024, (p, s)
+    fp8 = dataclasses.replace(_problem(heads_q=64, heads_kv=1, seqlen_k=65536), kv_dtype="e4m3")
+    assert DECODE.default_schedule("sm_90", fp8).splits * 64 <= 1024
 
 
 def test_default_split_count_follows_cache_length_and_parallelism():

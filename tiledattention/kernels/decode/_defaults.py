@@ -11,7 +11,8 @@ from ._schedule import MAX_SPLITS, DecodeSchedule
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM", "FP8_SPLIT_FACTOR",
-           "FP8_MIN_KEYS_PER_SPLIT", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR"]
+           "FP8_MIN_KEYS_PER_SPLIT", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
+           "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "MAX_MERGED_ROWS"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -81,6 +82,24 @@ PAGED_SPLIT_FACTOR = 4
 FP8_SPLIT_FACTOR = 4
 FP8_MIN_KEYS_PER_SPLIT = 512
 FP8_K_LATENCY = 4
+#: Head dims up to this walk ``SHORT_HEAD_STEP``-key steps over a contiguous 16-bit cache of at
+#: least ``SHORT_HEAD_MIN_KEYS`` keys without a window: as many bytes a step as 128 keys at
+#: D 128. On an H200 (batch 1-32, H 8-32 with groups of 1 and 4, caches of 2k-30k keys;
+#: docs/records/probes/decode_small_batches.py --heads64 --steps) 256-key steps ran 1.04-1.12x
+#: the 128-key default at D 64 on all seven calls (geometric mean 1.09x; cuDNN's lead there
+#: fell from 1.18-1.23x to 1.03-1.13x). Shorter caches were not measured.
+SHORT_HEAD_DIM = 64
+SHORT_HEAD_STEP = 256
+SHORT_HEAD_MIN_KEYS = 2048
+#: At most this many query rows (splits x the tile's rows) are merged per output row: the combine
+#: kernel walks a row's splits in a chain, so a cache of one or two K/V heads split for a whole
+#: wave (66-132 splits) spent longer merging than streaming. On an H200 (one K/V head, batch 1
+#: and 2, D 64 and 128; docs/records/probes/decode_small_batches.py --mqa) half to a quarter of
+#: those splits ran 1.10-1.88x the default (B1 H64/1 over 32k keys: 128 splits of 64-row tiles
+#: 50.6 µs, 32 splits 26.9 µs), an eighth 0.72-1.66x. Checked on five other calls of one or
+#: two K/V heads (``--check-rows``): 1.04-1.42x the uncapped splits on four, 0.95x on one
+#: (B1 H32/1 over 64k keys, D 64: 32 splits of 32-row tiles against 132).
+MAX_MERGED_ROWS = 1024
 #: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
 #: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
 TWO_CTAS_AN_SM = ("hopper", "blackwell")
@@ -94,7 +113,8 @@ def window_keys(problem: Problem) -> int:
 
 
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
-    """Per-architecture default: heads of a group packed into one tile, 128-key steps, loads
+    """Per-architecture default: heads of a group packed into one tile, 128-key steps (256 at
+    head dims up to 64 over a contiguous cache of 2k keys or more, :data:`SHORT_HEAD_STEP`), loads
     issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a plain second kernel
     (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k).
@@ -111,7 +131,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     paged split that fills the GPU by itself runs two CTAs an SM (with larger pages, K loads
     four steps ahead); one that does not takes :data:`PAGED_SPLIT_FACTOR` times the splits at
     two CTAs an SM. An FP8 cache takes more splits at two CTAs an SM
-    (:data:`FP8_SPLIT_FACTOR`)."""
+    (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine would merge more than
+    :data:`MAX_MERGED_ROWS` rows of partials into one output row."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
@@ -119,6 +140,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     tile_m = min(MAX_TILE_M, max(16, 1 << (rows - 1).bit_length()))
     keys = problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
+    if (problem.head_dim <= SHORT_HEAD_DIM and keys >= SHORT_HEAD_MIN_KEYS
+            and not problem.windowed and not problem.page_size and not problem.kv_dtype):
+        tile_n = SHORT_HEAD_STEP
     if problem.windowed:
         keys = window_keys(problem)
         tile_n = min(tile_n, max(32, 1 << max(keys - 1, 0).bit_length()))
@@ -144,10 +168,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         wanted, occupancy = wanted * PAGED_SPLIT_FACTOR, FULL_GPU_OCCUPANCY
     if problem.kv_dtype and two_ctas and (problem.page_size or rows < waves * sms):
         splits = max(1, min(max(wanted, 1) * FP8_SPLIT_FACTOR, keys // FP8_MIN_KEYS_PER_SPLIT,
-                            MAX_SPLITS))
+                            MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
         return base.replace(splits=splits, occupancy=FULL_GPU_OCCUPANCY,
                             k_latency=FP8_K_LATENCY)
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
-    splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency)

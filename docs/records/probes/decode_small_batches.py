@@ -1,0 +1,196 @@
+"""Decode at batch 1-2 (issue 49: B1 caches of 8k keys at >= 60% of the copy rate, 32k at >=
+85%): the default's split count, occupancy and load depth against neighbours, on the GPU.
+Each call is a decode step over a contiguous bf16 cache (one query row a head); for each, the
+default and variants that change one or two of its fields, timed interleaved (L2 flushed, GPU
+time, median of ``--rounds``) beside torch's cuDNN backend and a device copy of the cache's
+bytes; "% of copy": the K/V bytes over the time, against the copy's rate (bytes read plus
+written). Errors by relative L2 against the float32 reference.
+
+    source .devtk/setup.sh && python3 docs/records/probes/decode_small_batches.py [--rounds 20]
+        [--heads64]   # instead: head dims of 64 and groups of one (HEADS64)
+        [--steps]     # (with --heads64) 256-key steps at D <= 64 instead of the neighbours
+        [--check]     # instead: other calls (CHECK), the default against the former steps
+        [--mqa]       # instead: one K/V head (MQA), the neighbours and fewer splits
+        [--check-rows]  # instead: other calls of few K/V rows (CHECK_ROWS), against the former
+
+Prints one table per call, then a summary: each variant's time over the default's, geometric
+mean over the calls.
+"""
+
+import argparse
+import math
+import statistics
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import tiledattention as ta
+from tiledattention.kernels.decode._schedule import MAX_SPLITS
+from tuner.measure import time_interleaved
+
+CALLS = [  # B, H_q, H_kv, S_k, D
+    (1, 32, 8, 4096, 128),
+    (1, 32, 8, 8192, 128),
+    (1, 32, 8, 16384, 128),
+    (1, 32, 8, 32768, 128),
+    (1, 64, 8, 12000, 128),
+    (2, 28, 4, 9000, 128),
+    (1, 16, 16, 20000, 64),
+    (1, 32, 4, 24000, 256),
+]
+#: ``--heads64``: head dims of 64 and multi-head caches (a group of one), where the default
+#: (one CTA an SM) trailed cuDNN in the first run (B1 H16/16 20000 D64: 0.83x)
+HEADS64 = [
+    (1, 16, 16, 20000, 64),
+    (1, 32, 8, 16384, 64),
+    (1, 12, 12, 8192, 64),
+    (2, 16, 16, 6000, 64),
+    (1, 8, 8, 30000, 64),
+    (1, 32, 32, 8192, 128),
+    (1, 40, 40, 4096, 128),
+    (8, 32, 8, 4096, 64),
+    (32, 16, 16, 2048, 64),
+]
+#: ``--check``: other calls, the default (256-key steps at D <= 64 since the rule) against the
+#: former default
+CHECK = [
+    (1, 24, 8, 12000, 64),
+    (4, 16, 16, 5000, 64),
+    (16, 32, 8, 3000, 64),
+    (1, 64, 64, 6000, 64),
+    (2, 32, 4, 40000, 64),
+    (1, 8, 1, 50000, 64),
+    (64, 12, 12, 2500, 64),
+    (3, 20, 20, 7777, 64),
+    (1, 32, 8, 9000, 32),
+]
+#: ``--mqa``: one K/V head at batch 1-2 (B1 H8/1 50000 D64 ran 0.63x cuDNN in the check: 132
+#: splits of one row, merged by two combine CTAs)
+MQA = [
+    (1, 8, 1, 50000, 64),
+    (1, 48, 1, 8192, 128),
+    (1, 64, 1, 32768, 128),
+    (2, 16, 1, 20000, 64),
+]
+#: ``--check-rows``: other calls of few K/V rows, the default against the former (no cap on
+#: the rows merged per output row)
+CHECK_ROWS = [
+    (1, 16, 2, 30000, 128),
+    (1, 56, 1, 16000, 128),
+    (1, 32, 1, 65536, 64),
+    (3, 40, 1, 9000, 128),
+    (1, 24, 1, 12000, 64),
+]
+
+
+def former_default(problem):
+    """The sm_90 default before the rules of 2026-11-30 (256-key steps at D <= 64, the cap on
+    merged rows): the same function with both switched off."""
+    from tiledattention.kernels.decode import _defaults
+
+    saved = _defaults.SHORT_HEAD_DIM, _defaults.MAX_MERGED_ROWS
+    _defaults.SHORT_HEAD_DIM, _defaults.MAX_MERGED_ROWS = 0, 1 << 30
+    try:
+        return _defaults.default_decode_schedule("sm_90", problem)
+    finally:
+        _defaults.SHORT_HEAD_DIM, _defaults.MAX_MERGED_ROWS = saved
+
+
+def variants(default, head_dim, steps=False, check=None):
+    """Neighbours of the default: splits x2 / x4 / /2, occupancy 2, loads four steps ahead;
+    with ``steps`` instead, longer key steps at head dims up to 64 (the same bytes a step as
+    128 keys at D 128)."""
+    s = default.splits
+    out = {"default": default}
+    if check is not None:
+        return {**out, "former default": check}
+    if steps:
+        if head_dim <= 64:
+            out["n256"] = default.replace(tile_n=256)
+            out["n256 occ2"] = default.replace(tile_n=256, occupancy=2)
+            out["n256 splits x2 occ2"] = default.replace(tile_n=256, occupancy=2,
+                                                         splits=min(2 * s, MAX_SPLITS))
+            out["n256 splits /2"] = default.replace(tile_n=256, splits=max(s // 2, 1))
+            out["n256 K1 V1"] = default.replace(tile_n=256, k_latency=1, v_latency=1)
+        return out
+    for factor, tag in ((2, "x2"), (4, "x4")):
+        out[f"splits {tag}"] = default.replace(splits=min(s * factor, MAX_SPLITS))
+        out[f"splits {tag} occ2"] = default.replace(splits=min(s * factor, MAX_SPLITS), occupancy=2)
+        out[f"splits {tag} occ2 K4"] = default.replace(splits=min(s * factor, MAX_SPLITS), occupancy=2,
+                                                       k_latency=4)
+    out["occ2"] = default.replace(occupancy=2)
+    out["K4"] = default.replace(k_latency=4)
+    if s >= 2:
+        out["splits /2"] = default.replace(splits=s // 2)
+    if s >= 8:
+        out["splits /4"] = default.replace(splits=s // 4)
+        out["splits /8"] = default.replace(splits=s // 8)
+    return out
+
+
+def measure(call, rounds, steps=False, check=False):
+    b, hq, hkv, sk, d = call
+    g = torch.Generator(device="cuda").manual_seed(sum(call))
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=g).to(torch.bfloat16)
+               for h, s in ((hq, 1), (hkv, sk), (hkv, sk)))
+    p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                   dtype="bf16", causal=False)
+    default = ta.DECODE.default_schedule("sm_90", p)
+    tried = variants(default, d, steps, former_default(p) if check else None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                           enable_gqa=hq != hkv)
+    fns, errs = {}, {}
+    for tag, sch in tried.items():
+        fns[tag] = (lambda sch=sch: ta.sdpa(q, k, v, schedule=sch))
+        out = fns[tag]()
+        errs[tag] = ((out.float() - ref).norm() / ref.norm()).item()
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                    enable_gqa=hq != hkv)
+    fns["cudnn"] = cudnn
+    kv_bytes = 2 * k.numel() * k.element_size()
+    src = torch.ones(kv_bytes // 4, dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    fns["copy"] = lambda: dst.copy_(src)
+    t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds).items()}
+    rate = 2 * kv_bytes / t["copy"]  # bytes a ms, read plus written
+    print(f"\n# B{b} H{hq}/{hkv} S_k {sk} D{d}: default {default.describe()}; copy "
+          f"{2 * kv_bytes / t['copy'] / 1e6:.0f} GB/s")
+    print("| schedule | µs | % of copy | ÷ default (speed) | ÷ cuDNN (speed) | err |\n"
+          "|---|---|---|---|---|---|")
+    for tag in tried:
+        print(f"| {tag} ({tried[tag].describe()}) | {t[tag] * 1e3:.1f} | "
+              f"{kv_bytes / t[tag] / rate:.0%} | {t['default'] / t[tag]:.3f} | "
+              f"{t['cudnn'] / t[tag]:.3f} | {errs[tag]:.1e} |")
+    print(f"| cuDNN | {t['cudnn'] * 1e3:.1f} | {kv_bytes / t['cudnn'] / rate:.0%} | "
+          f"{t['default'] / t['cudnn']:.3f} | 1 | |", flush=True)
+    return {tag: t["default"] / t[tag] for tag in tried}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--heads64", action="store_true", help="the calls of HEADS64 instead")
+    ap.add_argument("--steps", action="store_true",
+                    help="(with --heads64) longer key steps instead of the neighbours")
+    ap.add_argument("--check", action="store_true",
+                    help="the calls of CHECK: the default against the former one")
+    ap.add_argument("--check-rows", action="store_true",
+                    help="the calls of CHECK_ROWS: the default against the former one")
+    ap.add_argument("--mqa", action="store_true", help="the calls of MQA instead")
+    args = ap.parse_args()
+    calls = (CHECK if args.check else CHECK_ROWS if args.check_rows else HEADS64 if args.heads64
+             else MQA if args.mqa else CALLS)
+    speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows)
+             for call in calls]
+    print("\n| variant | geometric mean speed ÷ default | min | max |\n|---|---|---|---|")
+    for tag in speed[0]:
+        xs = [s[tag] for s in speed if tag in s]
+        geo = math.exp(statistics.fmean(math.log(x) for x in xs))
+        print(f"| {tag} | {geo:.3f} | {min(xs):.3f} | {max(xs):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
