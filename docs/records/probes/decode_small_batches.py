@@ -114,10 +114,10 @@ def variants(default, head_dim, steps=False, check=None):
             out["n256 K1 V1"] = default.replace(tile_n=256, k_latency=1, v_latency=1)
         return out
     for factor, tag in ((2, "x2"), (4, "x4")):
-        out[f"splits {tag}"] = default.replace(splits=min(s * factor, MAX_SPLITS))
-        out[f"splits {tag} occ2"] = default.replace(splits=min(s * factor, MAX_SPLITS), occupancy=2)
-        out[f"splits {tag} occ2 K4"] = default.replace(splits=min(s * factor, MAX_SPLITS), occupancy=2,
-                                                       k_latency=4)
+        more = min(s * factor, MAX_SPLITS)
+        out[f"splits {tag}"] = default.replace(splits=more)
+        out[f"splits {tag} occ2"] = default.replace(splits=more, occupancy=2)
+        out[f"splits {tag} occ2 K4"] = default.replace(splits=more, occupancy=2, k_latency=4)
     out["occ2"] = default.replace(occupancy=2)
     out["K4"] = default.replace(k_latency=4)
     if s >= 2:

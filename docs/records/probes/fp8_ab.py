@@ -169,7 +169,7 @@ def report(runs: dict, only: list[int]) -> None:
         if kind == "prefill":
             print("\n| prefill (e4m3, per-head descales) | schedule | new fp8 TFLOP/s | old fp8 "
                   "TFLOP/s | bf16 TFLOP/s | new ÷ old (speed) | new fp8 ÷ bf16 | old fp8 ÷ bf16 "
-                  "| err new | err old |\n|---|---|---|---|---|---|---|---|---|---|")
+                  "| err new | err old |\n" + "|---" * 10 + "|")
         else:
             print("\n| decode (bf16 q, e4m3 cache) | schedule | new fp8 µs | old fp8 µs | bf16 µs "
                   "| new ÷ old (speed) | new fp8 ÷ bf16 | old fp8 ÷ bf16 | new % of copy | "

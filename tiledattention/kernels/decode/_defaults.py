@@ -87,7 +87,8 @@ FP8_K_LATENCY = 4
 #: D 128. On an H200 (batch 1-32, H 8-32 with groups of 1 and 4, caches of 2k-30k keys;
 #: docs/records/probes/decode_small_batches.py --heads64 --steps) 256-key steps ran 1.04-1.12x
 #: the 128-key default at D 64 on all seven calls (geometric mean 1.09x; cuDNN's lead there
-#: fell from 1.18-1.23x to 1.03-1.13x). Shorter caches were not measured.
+#: fell from 1.18-1.23x to 1.03-1.13x). Shorter caches were not measured, nor generations with
+#: less shared memory an SM than Hopper's (``TWO_CTAS_AN_SM``): there the steps stay 128 keys.
 SHORT_HEAD_DIM = 64
 SHORT_HEAD_STEP = 256
 SHORT_HEAD_MIN_KEYS = 2048
@@ -113,8 +114,9 @@ def window_keys(problem: Problem) -> int:
 
 
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
-    """Per-architecture default: heads of a group packed into one tile, 128-key steps (256 at
-    head dims up to 64 over a contiguous cache of 2k keys or more, :data:`SHORT_HEAD_STEP`), loads
+    """Per-architecture default: heads of a group packed into one tile, 128-key steps (256 on
+    Hopper and data-centre Blackwell at head dims up to 64 over a contiguous cache of 2k keys or
+    more, :data:`SHORT_HEAD_STEP`), loads
     issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a plain second kernel
     (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k).
@@ -140,8 +142,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     tile_m = min(MAX_TILE_M, max(16, 1 << (rows - 1).bit_length()))
     keys = problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
-    if (problem.head_dim <= SHORT_HEAD_DIM and keys >= SHORT_HEAD_MIN_KEYS
-            and not problem.windowed and not problem.page_size and not problem.kv_dtype):
+    if (gen in TWO_CTAS_AN_SM and problem.head_dim <= SHORT_HEAD_DIM
+            and keys >= SHORT_HEAD_MIN_KEYS and not problem.windowed and not problem.page_size
+            and not problem.kv_dtype):
         tile_n = SHORT_HEAD_STEP
     if problem.windowed:
         keys = window_keys(problem)
@@ -173,5 +176,6 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                             k_latency=FP8_K_LATENCY)
     if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
         wanted = 1
-    splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
+    splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS,
+                        MAX_MERGED_ROWS // tile_m))
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency)

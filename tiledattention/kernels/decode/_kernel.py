@@ -33,9 +33,10 @@ keys (the plan's longest cache; a longer entry takes its own share), so a shorte
 fewer of its splits (the rest store empty partials) and the CTAs stream alike instead of in
 proportion to their entry's length. ``KV_FP8`` (an FP8 cache):
 K and V are float8_e4m3fn, widened tile by tile (K to the queries' dtype, V and P to float16),
-with k's descale factor in the score scale and v's on each split's normalised output. Every UPPER_CASE parameter is a
-compile-time constant (``_launch``); nothing here depends on ``S_k`` at compile time, so a decode
-loop whose cache grows by a key per step reuses one compiled kernel.
+with k's descale factor in the score scale and v's on each split's normalised output. Every
+UPPER_CASE parameter is a compile-time constant (``_launch``); nothing here depends on ``S_k``
+at compile time, so a decode loop whose cache grows by a key per step reuses one compiled
+kernel.
 """
 
 from __future__ import annotations
@@ -226,7 +227,7 @@ def decode_split(
             # every e4m3 value is a float16 one: one conversion a pair of values (into bf16
             # it is three); P in float16 too, finer than bf16 on [0, 1]
             v = v.astype(ct.float16)
-        acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # [TILE_M, TILE_D]  # [TILE_M, TILE_D]
+        acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
         return m_i, l_i, acc
 
     if WINDOW:
