@@ -98,10 +98,12 @@ def test_default_schedule_compiles_for_an_odd_problem(arch, exports):
 
 
 @pytest.mark.parametrize("arch, combine", [("sm_90", "kernel"), ("sm_90", "pdl"),
-                                           ("sm_121", "pdl")])
+                                           ("sm_121", "pdl"), ("sm_90", "block"),
+                                           ("sm_80", "block"), ("sm_100", "block"),
+                                           ("sm_120", "block"), ("sm_121", "block")])
 def test_several_splits_compile_the_split_and_the_combine_kernel(arch, combine, exports):
     default = DECODE.default_schedule("sm_90", TOKEN)
-    assert default.splits == 16 and default.combine == "kernel"
+    assert default.splits == 16 and default.combine == "block"
     schedule = default.replace(combine=combine)
     result = DECODE.compile(TOKEN, schedule, arch)
     assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
@@ -397,7 +399,8 @@ def test_defaults_validate_and_are_normalised(arch, problem):
     s = DECODE.default_schedule(arch, problem)
     assert s.validate() is s
     assert DECODE.normalise(problem, s) == s
-    assert s.pack_heads and s.combine == "kernel" and (s.k_latency, s.v_latency) == (2, 2)
+    assert s.pack_heads and (s.k_latency, s.v_latency) == (2, 2)
+    assert s.combine == ("block" if s.splits > 1 else "kernel")  # one split: no merge
     assert s.tile_n == (64 if problem.head_dim > 128 else 128)
     # the packed group's rows fit one tile, up to 128 rows
     tiles = layout(problem, s)
@@ -451,19 +454,43 @@ def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():
     assert DECODE.default_schedule("sm_90", fp8).tile_n == 128
 
 
-def test_the_combine_merges_at_most_1024_rows_into_an_output_row():
-    """One or two K/V heads would take a wave of splits (66-132); the combine walks a row's
-    splits in a chain, so the default stops at 1024 merged rows (on an H200, one or two K/V
-    heads: a half to a quarter of the splits 1.10-1.88x on four calls; the cap 1.04-1.42x on
-    four of five others, 0.95x on one)."""
-    for hq, hkv, sk, d, splits in ((8, 1, 50000, 64, 64), (64, 1, 32768, 128, 16),
-                                   (32, 1, 65536, 64, 32), (16, 2, 30000, 128, 64),
+def test_the_combine_merges_at_most_2048_rows_into_an_output_row():
+    """One or two K/V heads would take a wave of splits (66-132); the default merges at most
+    2048 rows of partials into an output row, what one block merge holds (on an H200, one K/V
+    head: twice the 1024-row cap's splits, block-merged, 1.63x and 1.57x)."""
+    for hq, hkv, sk, d, splits in ((8, 1, 50000, 64, 128), (64, 1, 32768, 128, 32),
+                                   (32, 1, 65536, 64, 64), (16, 2, 30000, 128, 66),
                                    (32, 8, 32768, 128, 16)):
         p = _problem(heads_q=hq, heads_kv=hkv, seqlen_k=sk, head_dim=d)
         s = DECODE.default_schedule("sm_90", p)
-        assert s.splits == splits and s.splits * s.tile_m <= 1024, (p, s)
+        assert s.splits == splits and s.splits * layout(p, s).tile_m <= 2048, (p, s)
     fp8 = dataclasses.replace(_problem(heads_q=64, heads_kv=1, seqlen_k=65536), kv_dtype="e4m3")
-    assert DECODE.default_schedule("sm_90", fp8).splits * 64 <= 1024
+    assert DECODE.default_schedule("sm_90", fp8).splits * 64 <= 2048
+
+
+def test_the_default_merges_every_split_of_a_row_from_one_block():
+    """``combine="block"``: one load of all of a row's splits (padded to a power of two), the
+    columns per CTA shrunk so the tile holds at most 8192 values (at least 4 columns, 16
+    bytes); past 2048 merged rows ``normalise`` sends it to the stepping merge; one split
+    has no merge. On an H200: 1.011-1.348x the stepping merge on ten calls."""
+    p = _problem(seqlen_k=32768, head_dim=128)
+    s = DECODE.default_schedule("sm_90", p)
+    assert (s.splits, s.combine) == (16, "block")
+    assert combine_constants(p, s) == {"TILE_G": 16, "TILE_S": 1, "CHUNK_D": 32, "UNROLL": 16,
+                                       "PDL": False, "SINKS": False, "BLOCK": True}
+    plan = launches(p, s, None)
+    assert plan.combine_grid == (8, 4, 1) and not plan.pdl
+    mqa = _problem(heads_q=8, heads_kv=1, seqlen_k=50000)  # 128 splits of 16 rows: 4 columns
+    s = DECODE.default_schedule("sm_90", mqa)
+    constants = combine_constants(mqa, s)
+    assert (constants["UNROLL"], constants["CHUNK_D"]) == (128, 4)
+    assert launches(mqa, s, None).combine_grid == (1, 16, 1)
+    odd = DecodeSchedule(splits=37, combine="block", tile_n=128)  # padded to 64
+    assert combine_constants(mqa, odd)["UNROLL"] == 64
+    assert DECODE.normalise(mqa, DecodeSchedule(splits=129, combine="block")).combine == "kernel"
+    assert DECODE.normalise(mqa, DecodeSchedule(splits=1, combine="block")).combine == "kernel"
+    stepping = combine_constants(p, s.replace(combine="kernel"))
+    assert (stepping["UNROLL"], stepping["CHUNK_D"], stepping["BLOCK"]) == (8, 32, False)
 
 
 def test_default_split_count_follows_cache_length_and_parallelism():
@@ -731,7 +758,7 @@ def test_launch_order_of_the_runtime_values_is_the_kernels():
                                            "Pages", "KDescale", "VDescale", "share_keys")
     assert set(SPLIT_PARAMETERS.names[18:]) == SPLIT_PARAMETERS.constants
     assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "Sinks", "TILE_G", "TILE_S",
-                                        "CHUNK_D", "UNROLL", "PDL", "SINKS")
+                                        "CHUNK_D", "UNROLL", "PDL", "SINKS", "BLOCK")
     schedule = DecodeSchedule(splits=4, combine="pdl", k_latency=3)
     plan = launches(ODD, schedule, None)
     constants = split_constants(ODD, schedule)
@@ -739,7 +766,8 @@ def test_launch_order_of_the_runtime_values_is_the_kernels():
     assert dict(zip(SPLIT_PARAMETERS.names[18:], plan.split_constants)) == constants
     assert dict(zip(COMBINE_PARAMETERS.names[4:], plan.combine_constants)) == \
         combine_constants(ODD, schedule) == {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32,
-                                             "UNROLL": 4, "PDL": True, "SINKS": False}
+                                             "UNROLL": 4, "PDL": True, "SINKS": False,
+                                             "BLOCK": False}
     assert plan.split_grid == (16, 4, 1) and plan.combine_grid == (16, 3, 1)  # D 96 in 32s
     assert plan.pdl and plan.scale == pytest.approx(96 ** -0.5)
 
@@ -747,11 +775,11 @@ def test_launch_order_of_the_runtime_values_is_the_kernels():
 def test_ordered_places_values_by_name_whatever_the_mapping_order():
     runtime = {"Opart": "o", "Lse": "l", "Out": "out", "Sinks": 0}
     constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False,
-                 "SINKS": False}
+                 "SINKS": False, "BLOCK": True}
     for r, c in ((runtime, constants), (dict(reversed(list(runtime.items()))),
                                         dict(reversed(list(constants.items()))))):
         assert COMBINE_PARAMETERS.ordered(r, c) == ("o", "l", "out", 0, 8, 2, 32, 4, False,
-                                                    False)
+                                                    False, True)
     values = split_constants(ODD, DecodeSchedule())
     args = SPLIT_PARAMETERS.ordered({n: n.lower() for n in SPLIT_PARAMETERS.runtime},
                                     dict(reversed(list(values.items()))))
@@ -773,7 +801,7 @@ def test_ordered_places_values_by_name_whatever_the_mapping_order():
 def test_a_missing_unknown_misplaced_or_doubled_name_raises(change, message):
     runtime = {"Opart": "o", "Lse": "l", "Out": "out", "Sinks": 0}
     constants = {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32, "UNROLL": 4, "PDL": False,
-                 "SINKS": False}
+                 "SINKS": False, "BLOCK": False}
     change(runtime, constants)
     escaped = message.replace("[", r"\[").replace("]", r"\]")
     with pytest.raises(KernelArgumentError, match=escaped) as exc:

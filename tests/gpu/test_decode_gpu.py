@@ -110,8 +110,11 @@ def test_pairwise_correctness(combo: Combo):
 
         # the decode family explicitly, into a NaN-poisoned buffer, and the same schedule
         # through sdpa
-        schedules = {"default": DECODE.default_schedule("sm_90", problem),
-                     "split3_pdl": SPLIT3_PDL}
+        default = DECODE.default_schedule("sm_90", problem)
+        schedules = {"default": default, "split3_pdl": SPLIT3_PDL,
+                     # every split merged from one tile (the default's splits where it has some)
+                     "block": (default if default.splits > 1 else SPLIT3_PDL).replace(
+                         combine="block")}
         for name, schedule in schedules.items():
             err = case.error(case.launcher(schedule))
             assert err <= tol, f"rel L2 {err:.2e} ({name}: {schedule.describe()})"
@@ -131,6 +134,30 @@ def test_pairwise_correctness(combo: Combo):
                 sdpa_checked(case.q, k2, v2, causal, problem2, ref2,
                              f"sdpa fast path S_k {short} schedule {schedule}", schedule=schedule)
             del ref2
+    finally:
+        del case
+        _release()
+
+
+@gpu
+@pytest.mark.parametrize("shape, splits", [((1, 8, 1, 50000, 64), 64), ((1, 64, 1, 16384, 128), 16),
+                                           ((2, 16, 2, 9001, 128), 37)],
+                         ids=["mqa-d64-64-splits", "mqa-64-row-tiles", "odd-37-splits"])
+def test_block_merge_of_many_splits(shape, splits):
+    """``combine="block"``: all of a row's splits merged from one tile (64 splits of 16-row
+    tiles, 16 of 64-row tiles, 37 padded to 64), as the stepping merge and the reference."""
+    b, hq, hkv, sk, d = shape
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype="bf16", causal=False)
+    case = DECODE.case(problem, torch.cuda.current_device())
+    try:
+        schedule = DECODE.default_schedule("sm_90", problem).replace(splits=splits)
+        outs = {}
+        for combine in ("block", "kernel"):
+            err = case.error(case.launcher(schedule.replace(combine=combine)))
+            assert err <= DECODE.tolerance(problem), (combine, err)
+            outs[combine] = case.out.clone()
+        assert rel_l2(outs["block"], outs["kernel"]) < 1e-3  # the same partials, merged alike
     finally:
         del case
         _release()

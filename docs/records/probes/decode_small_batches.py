@@ -12,6 +12,7 @@ written). Errors by relative L2 against the float32 reference.
         [--check]     # instead: other calls (CHECK), the default against the former steps
         [--mqa]       # instead: one K/V head (MQA), the neighbours and fewer splits
         [--check-rows]  # instead: other calls of few K/V rows (CHECK_ROWS), against the former
+        [--block]     # instead: the calls of BLOCK, the default's merge against combine="block"
 
 Prints one table per call, then a summary: each variant's time over the default's, geometric
 mean over the calls.
@@ -72,8 +73,8 @@ MQA = [
     (1, 64, 1, 32768, 128),
     (2, 16, 1, 20000, 64),
 ]
-#: ``--check-rows``: other calls of few K/V rows, the default against the former (no cap on
-#: the rows merged per output row)
+#: ``--check-rows``: other calls of few K/V rows (and those of ``MQA``), the default against
+#: the former one (no cap on the rows merged per output row, the stepping merge)
 CHECK_ROWS = [
     (1, 16, 2, 30000, 128),
     (1, 56, 1, 16000, 128),
@@ -82,18 +83,36 @@ CHECK_ROWS = [
     (1, 24, 1, 12000, 64),
 ]
 
+#: ``--block``: the default's merge against all of a row's splits merged from one tile
+#: (``combine="block"``), the rest of the schedule the default's
+BLOCK = [
+    (1, 32, 8, 4096, 128),
+    (1, 32, 8, 8192, 128),
+    (1, 32, 8, 32768, 128),
+    (1, 64, 8, 12000, 128),
+    (2, 28, 4, 9000, 128),
+    (4, 32, 8, 16000, 128),
+    (1, 16, 16, 20000, 64),
+    (1, 8, 1, 50000, 64),
+    (1, 64, 1, 32768, 128),
+    (1, 32, 4, 24000, 256),
+]
+
 
 def former_default(problem):
     """The sm_90 default before the rules of 2026-11-30 (256-key steps at D <= 64, the cap on
-    merged rows): the same function with both switched off."""
+    merged rows, the block merge): the same function with them switched off."""
     from tiledattention.kernels.decode import _defaults
 
-    saved = _defaults.SHORT_HEAD_DIM, _defaults.MAX_MERGED_ROWS
-    _defaults.SHORT_HEAD_DIM, _defaults.MAX_MERGED_ROWS = 0, 1 << 30
+    names = ("SHORT_HEAD_DIM", "MAX_MERGED_ROWS", "DEFAULT_COMBINE")
+    saved = [getattr(_defaults, n) for n in names]
+    for name, value in zip(names, (0, 1 << 30, "kernel")):
+        setattr(_defaults, name, value)
     try:
         return _defaults.default_decode_schedule("sm_90", problem)
     finally:
-        _defaults.SHORT_HEAD_DIM, _defaults.MAX_MERGED_ROWS = saved
+        for name, value in zip(names, saved):
+            setattr(_defaults, name, value)
 
 
 def variants(default, head_dim, steps=False, check=None):
@@ -102,6 +121,10 @@ def variants(default, head_dim, steps=False, check=None):
     128 keys at D 128)."""
     s = default.splits
     out = {"default": default}
+    if check == "block":
+        return {**out, "block merge": default.replace(combine="block"),
+                "block merge, splits x2": default.replace(combine="block",
+                                                          splits=min(2 * s, MAX_SPLITS))}
     if check is not None:
         return {**out, "former default": check}
     if steps:
@@ -128,7 +151,7 @@ def variants(default, head_dim, steps=False, check=None):
     return out
 
 
-def measure(call, rounds, steps=False, check=False):
+def measure(call, rounds, steps=False, check=False, block=False):
     b, hq, hkv, sk, d = call
     g = torch.Generator(device="cuda").manual_seed(sum(call))
     q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=g).to(torch.bfloat16)
@@ -136,7 +159,8 @@ def measure(call, rounds, steps=False, check=False):
     p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                    dtype="bf16", causal=False)
     default = ta.DECODE.default_schedule("sm_90", p)
-    tried = variants(default, d, steps, former_default(p) if check else None)
+    tried = variants(default, d, steps,
+                     "block" if block else former_default(p) if check else None)
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                            enable_gqa=hq != hkv)
     fns, errs = {}, {}
@@ -180,10 +204,13 @@ def main():
     ap.add_argument("--check-rows", action="store_true",
                     help="the calls of CHECK_ROWS: the default against the former one")
     ap.add_argument("--mqa", action="store_true", help="the calls of MQA instead")
+    ap.add_argument("--block", action="store_true",
+                    help="the calls of BLOCK: the default's merge against the block merge")
     args = ap.parse_args()
-    calls = (CHECK if args.check else CHECK_ROWS if args.check_rows else HEADS64 if args.heads64
-             else MQA if args.mqa else CALLS)
-    speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows)
+    calls = (CHECK if args.check else CHECK_ROWS + MQA if args.check_rows else HEADS64
+             if args.heads64
+             else MQA if args.mqa else BLOCK if args.block else CALLS)
+    speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows, args.block)
              for call in calls]
     print("\n| variant | geometric mean speed ÷ default | min | max |\n|---|---|---|---|")
     for tag in speed[0]:

@@ -12,7 +12,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM", "FP8_SPLIT_FACTOR",
            "FP8_MIN_KEYS_PER_SPLIT", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
-           "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "MAX_MERGED_ROWS"]
+           "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "MAX_MERGED_ROWS",
+           "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -100,7 +101,16 @@ SHORT_HEAD_MIN_KEYS = 2048
 #: 50.6 µs, 32 splits 26.9 µs), an eighth 0.72-1.66x. Checked on five other calls of one or
 #: two K/V heads (``--check-rows``): 1.04-1.42x the uncapped splits on four, 0.95x on one
 #: (B1 H32/1 over 64k keys, D 64: 32 splits of 32-row tiles against 132).
-MAX_MERGED_ROWS = 1024
+#: With the block merge (``DEFAULT_COMBINE``, one load of all of a row's splits) the cost per
+#: split fell and the cap rose to what one block holds: 2048 rows (on an H200, twice the splits
+#: merged as a block ran 1.63x and 1.57x the 1024-row default on the two multi-query calls that
+#: it changes).
+MAX_MERGED_ROWS = 2048
+#: How the default merges its splits: all of a row's splits from one tile (``"block"``; a
+#: schedule of more rows than a block holds falls back to the stepping merge in ``normalise``).
+#: On an H200 (ten decode calls, B 1-4, H_kv 1-8, D 64-256; decode_small_batches.py --block)
+#: 1.011-1.348x the stepping merge (geometric mean 1.070x), level with it nowhere below.
+DEFAULT_COMBINE = "block"
 #: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
 #: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
 TWO_CTAS_AN_SM = ("hopper", "blackwell")
@@ -119,7 +129,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     more, :data:`SHORT_HEAD_STEP`), loads
     issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a plain second kernel
-    (on an H100 a programmatic dependent launch measured 0-5% slower at S_k = 32k-128k).
+    that loads all of a row's splits at once (:data:`DEFAULT_COMBINE`; on an H100 a
+    programmatic dependent launch measured 0-5% slower at S_k = 32k-128k).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -152,7 +163,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     small_pages = bool(problem.page_size) and page_tile(problem.page_size) <= SMALL_PAGE_ROWS
     if small_pages:
         tile_n = min(tile_n, SMALL_PAGE_STEP)
-    base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2)
+    base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2,
+                          combine=DEFAULT_COMBINE)
     rows = layout(problem, base).rows  # CTAs per split
     sms = SM_COUNTS[gen]
     waves = SMALL_PAGE_WAVES if small_pages else 1

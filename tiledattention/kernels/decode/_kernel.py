@@ -11,8 +11,10 @@ filled on load and clipped on store.
 With one split (``DIRECT``) the kernel normalises and writes the output itself. Otherwise each
 split writes its normalised partial output and its log-sum-exp (base 2) in float32, and
 ``decode_combine`` merges the splits of each row: ``out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s
-- m)``. With ``PDL`` the combine is launched as a programmatic dependent launch: its CTAs are
-scheduled while the split kernel drains and wait for its memory.
+- m)``. With ``BLOCK`` it loads all of a row's splits as one tile and merges them in one step;
+otherwise it walks them ``UNROLL`` at a time. With ``PDL`` the combine is launched as a
+programmatic dependent launch: its CTAs are scheduled while the split kernel drains and wait for
+its memory.
 
 Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i`` sees
 keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). With ``WINDOW`` it also
@@ -257,6 +259,32 @@ def decode_split(
         ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
 
 
+def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,
+                  SINKS):
+    """Row ``row``'s merged output columns ``chunk`` (``[TILE_M, CHUNK_D]``) from all its
+    splits at once (``UNROLL``: at least their count): one load of their log-sum-exps
+    (``[UNROLL, TILE_M]``) and one of their partial outputs (``[UNROLL, TILE_M, CHUNK_D]``;
+    splits past the last load as -inf and zeros, weight 0), so the merge waits on memory
+    once, not once per step. A row that no split saw (every log-sum-exp -inf) comes out as
+    zeros; with ``SINKS`` the sink enters as one more split of log-sum-exp ``sink * log2(e)``
+    and output 0."""
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
+    lse = ct.load(Lse, index=(row, 0, 0), shape=(1, UNROLL, TILE_M),
+                  padding_mode=ct.PaddingMode.NEG_INF).reshape((UNROLL, TILE_M))
+    parts = ct.load(Opart, index=(row, 0, 0, chunk), shape=(1, UNROLL, TILE_M, CHUNK_D),
+                    padding_mode=ct.PaddingMode.ZERO).reshape((UNROLL, TILE_M, CHUNK_D))
+    top = ct.maximum(ct.max(lse, axis=0, keepdims=True), NEG_BIG)  # [1, TILE_M], finite
+    if SINKS:
+        sink = _row_sinks(Sinks, head, group, TILE_G, TILE_S, True).reshape((1, TILE_M))
+        top = ct.maximum(top, sink)
+    weights = ct.exp2(lse - top, flush_to_zero=True)  # [UNROLL, TILE_M]; 0 for empty splits
+    total = ct.sum(weights, axis=0, keepdims=True)  # [1, TILE_M]
+    if SINKS:
+        total = total + ct.exp2(sink - top, flush_to_zero=True)
+    acc = ct.sum(parts * weights.reshape((UNROLL, TILE_M, 1)), axis=0)  # [TILE_M, CHUNK_D]
+    return normalised(acc, total.reshape((TILE_M, 1)))
+
+
 @ct.kernel
 def decode_combine(
     Opart,  # [rows, splits, TILE_M, TILE_D] float32
@@ -266,9 +294,10 @@ def decode_combine(
     TILE_G: ConstInt,
     TILE_S: ConstInt,
     CHUNK_D: ConstInt,  # head-dim columns per CTA (grid dim 1 walks the chunks)
-    UNROLL: ConstInt,  # splits merged per step
+    UNROLL: ConstInt,  # splits merged per step (BLOCK: at least the splits)
     PDL: ConstBool,  # launched as a programmatic dependent of decode_split
     SINKS: ConstBool,  # each row's sink joins the merged denominator (once)
+    BLOCK: ConstBool,  # every split in one step, loaded as one [UNROLL, TILE_M, CHUNK_D] tile
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     if PDL:
@@ -278,6 +307,12 @@ def decode_combine(
     row = ct.bid(0)
     chunk = ct.bid(1)
     batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
+    if BLOCK:
+        out = _merged_block(Opart, Lse, Sinks, row, chunk, head, Out.shape[2], TILE_G, TILE_S,
+                            CHUNK_D, UNROLL, SINKS)
+        ct.store(Out, index=(batch, head, 0, q_tile, chunk),
+                 tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
+        return
 
     # UNROLL splits per step, their loads issued together: the merge is a chain of dependent
     # steps, and one load per step left it waiting on memory once per split. Splits past the

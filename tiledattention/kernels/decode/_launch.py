@@ -155,7 +155,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     """``schedule`` with every field that cannot change the launches for ``problem`` at a
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
-    ``combine`` with one split, ``balanced`` where there is one split, one cache length or a
+    ``combine`` with one split (and ``"block"`` past the merged rows one block holds,
+    :data:`COMBINE_BLOCK_VALUES`), ``balanced`` where there is one split, one cache length or a
     window (whose walk is at most the window's), ``pack_heads`` when each K/V head has one
     query head, ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
     ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
@@ -169,8 +170,11 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     if most is not None and schedule.splits > most:
         changes["splits"] = most
         schedule = schedule.replace(splits=most)
-    if schedule.splits == 1 and schedule.combine != canonical.combine:
-        changes["combine"] = canonical.combine
+    block_rows = _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m
+    if schedule.combine != canonical.combine and (
+            schedule.splits == 1 or (schedule.combine == "block" and block_rows
+                                     > COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D)):
+        changes["combine"] = canonical.combine  # one split, or too many rows for one block
     if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
         changes["balanced"] = False  # one split, entries of one length, or a window's walk
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
@@ -215,6 +219,13 @@ COMBINE_CHUNK_D = 32
 #: (scripts/decode_parts.py at 7415564) timed the one-split-per-step merge at 10-12 µs for 8-16
 #: splits at B = 1, a sixth of a 32k-key call.
 COMBINE_UNROLL = 8
+#: ``combine="block"``: every split of a row merged in one step, from one tile of at most this
+#: many float32 values (splits, padded to a power of two, x the tile's rows x the columns of a
+#: CTA); the columns per CTA shrink to fit, to no fewer than ``BLOCK_MIN_CHUNK_D`` (16 bytes, a
+#: bulk load's least), so it serves up to ``COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D`` merged
+#: rows; ``normalise`` sends a schedule past that to the stepping merge.
+COMBINE_BLOCK_VALUES = 8192
+BLOCK_MIN_CHUNK_D = 4
 
 
 def combine_constants(problem: Problem, schedule: DecodeSchedule,
@@ -222,10 +233,14 @@ def combine_constants(problem: Problem, schedule: DecodeSchedule,
     """The ``ct.Constant`` arguments of ``decode_combine`` by name."""
     tiles = layout(problem, schedule)
     variant = variant_of(problem) if variant is None else variant
-    return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s,
-            "CHUNK_D": min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D),
-            "UNROLL": min(COMBINE_UNROLL, _pow2_at_least(schedule.splits)),
-            "PDL": schedule.combine == "pdl", "SINKS": variant.sinks}
+    splits = _pow2_at_least(schedule.splits)
+    chunk = min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D)
+    block = schedule.combine == "block"
+    if block:
+        chunk = max(BLOCK_MIN_CHUNK_D, min(chunk, COMBINE_BLOCK_VALUES // (splits * tiles.tile_m)))
+    return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "CHUNK_D": chunk,
+            "UNROLL": splits if block else min(COMBINE_UNROLL, splits),
+            "PDL": schedule.combine == "pdl", "SINKS": variant.sinks, "BLOCK": block}
 
 
 @functools.lru_cache(maxsize=None)
