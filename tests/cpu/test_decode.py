@@ -491,6 +491,10 @@ def test_the_default_merges_every_split_of_a_row_from_one_block():
     assert DECODE.normalise(mqa, DecodeSchedule(splits=1, combine="block")).combine == "kernel"
     stepping = combine_constants(p, s.replace(combine="kernel"))
     assert (stepping["UNROLL"], stepping["CHUNK_D"], stepping["BLOCK"]) == (8, 32, False)
+    # sinks keep the stepping merge (the block merge's sink term has not run on a GPU yet)
+    sinks = dataclasses.replace(p, sinks=True)
+    s = DECODE.default_schedule("sm_90", sinks)
+    assert s.splits > 1 and s.combine == "kernel"
 
 
 def test_default_split_count_follows_cache_length_and_parallelism():
