@@ -109,9 +109,9 @@ MAX_MERGED_ROWS = 2048
 #: How the default merges its splits: all of a row's splits from one tile (``"block"``; a
 #: schedule of more rows than a block holds falls back to the stepping merge in ``normalise``).
 #: On an H200 (ten decode calls, B 1-4, H_kv 1-8, D 64-256; decode_small_batches.py --block)
-#: 1.011-1.348x the stepping merge (geometric mean 1.070x), level with it nowhere below. Calls
-#: with sinks keep the stepping merge: the block merge's sink term is compiled and CPU-tested,
-#: not yet run on a GPU.
+#: 1.011-1.348x the stepping merge, faster at every call (geometric mean 1.070x). Calls with
+#: sinks keep the stepping merge: the block merge's sink term is compiled and CPU-tested, not
+#: yet run on a GPU (and the 2048-row cap, measured with the block merge, applies to them too).
 DEFAULT_COMBINE = "block"
 #: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
 #: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
