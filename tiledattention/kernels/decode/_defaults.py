@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core._compile import SM_COUNTS, generation
 from ...core._problem import Problem, page_tile
-from ._launch import layout
+from ._launch import BLOCK_MAX_ROWS, layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
@@ -102,10 +102,10 @@ SHORT_HEAD_MIN_KEYS = 2048
 #: two K/V heads (``--check-rows``): 1.04-1.42x the uncapped splits on four, 0.95x on one
 #: (B1 H32/1 over 64k keys, D 64: 32 splits of 32-row tiles against 132).
 #: With the block merge (``DEFAULT_COMBINE``, one load of all of a row's splits) the cost per
-#: split fell and the cap rose to what one block holds: 2048 rows (on an H200, twice the splits
-#: merged as a block ran 1.63x and 1.57x the 1024-row default on the two multi-query calls that
-#: it changes).
-MAX_MERGED_ROWS = 2048
+#: split fell and the cap rose to what one block holds, ``_launch.BLOCK_MAX_ROWS`` (2048 rows;
+#: on an H200, twice the splits merged as a block ran 1.63x and 1.57x the 1024-row default on
+#: the two multi-query calls that it changes).
+MAX_MERGED_ROWS = BLOCK_MAX_ROWS
 #: How the default merges its splits: all of a row's splits from one tile (``"block"``; a
 #: schedule of more rows than a block holds falls back to the stepping merge in ``normalise``).
 #: On an H200 (ten decode calls, B 1-4, H_kv 1-8, D 64-256; decode_small_batches.py --block)

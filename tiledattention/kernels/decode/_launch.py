@@ -156,7 +156,7 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
     ``combine`` with one split (and ``"block"`` past the merged rows one block holds,
-    :data:`COMBINE_BLOCK_VALUES`), ``balanced`` where there is one split, one cache length or a
+    :data:`BLOCK_MAX_ROWS`), ``balanced`` where there is one split, one cache length or a
     window (whose walk is at most the window's), ``pack_heads`` when each K/V head has one
     query head, ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
     ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
@@ -170,10 +170,9 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     if most is not None and schedule.splits > most:
         changes["splits"] = most
         schedule = schedule.replace(splits=most)
-    block_rows = _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m
-    if schedule.combine != canonical.combine and (
-            schedule.splits == 1 or (schedule.combine == "block" and block_rows
-                                     > COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D)):
+    too_many_rows = schedule.combine == "block" and (
+        _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m > BLOCK_MAX_ROWS)
+    if schedule.combine != canonical.combine and (schedule.splits == 1 or too_many_rows):
         changes["combine"] = canonical.combine  # one split, or too many rows for one block
     if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
         changes["balanced"] = False  # one split, entries of one length, or a window's walk
@@ -222,10 +221,11 @@ COMBINE_UNROLL = 8
 #: ``combine="block"``: every split of a row merged in one step, from one tile of at most this
 #: many float32 values (splits, padded to a power of two, x the tile's rows x the columns of a
 #: CTA); the columns per CTA shrink to fit, to no fewer than ``BLOCK_MIN_CHUNK_D`` (16 bytes, a
-#: bulk load's least), so it serves up to ``COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D`` merged
-#: rows; ``normalise`` sends a schedule past that to the stepping merge.
+#: bulk load's least), so it serves up to ``BLOCK_MAX_ROWS`` merged rows (splits, padded, x
+#: the tile's rows); ``normalise`` sends a schedule past that to the stepping merge.
 COMBINE_BLOCK_VALUES = 8192
 BLOCK_MIN_CHUNK_D = 4
+BLOCK_MAX_ROWS = COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D
 
 
 def combine_constants(problem: Problem, schedule: DecodeSchedule,
