@@ -491,10 +491,11 @@ def test_the_default_merges_every_split_of_a_row_from_one_block():
     assert DECODE.normalise(mqa, DecodeSchedule(splits=1, combine="block")).combine == "kernel"
     stepping = combine_constants(p, s.replace(combine="kernel"))
     assert (stepping["UNROLL"], stepping["CHUNK_D"], stepping["BLOCK"]) == (8, 32, False)
-    # sinks keep the stepping merge (the block merge's sink term has not run on a GPU yet)
+    # sinks too: the block merge adds each row's sink once (test_decode_variants_gpu.py)
     sinks = dataclasses.replace(p, sinks=True)
     s = DECODE.default_schedule("sm_90", sinks)
-    assert s.splits > 1 and s.combine == "kernel"
+    assert s.splits > 1 and s.combine == "block"
+    assert combine_constants(sinks, s)["SINKS"] and combine_constants(sinks, s)["BLOCK"]
 
 
 def test_default_split_count_follows_cache_length_and_parallelism():

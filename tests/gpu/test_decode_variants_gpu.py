@@ -2,10 +2,10 @@
 and attention sinks, against the float32 reference (``attention_reference``, which applies
 them explicitly), by relative L2 error within ``DECODE.tolerance``.
 
-Each case runs through the family's own case (``DecodeCase``: NaN-poisoned output) with three
-schedules: the sm_90 default, one split (the split kernel normalises and adds the sink itself)
-and three splits merged by a programmatic dependent launch with 64-key steps (the combine adds
-the sink once). Covered: windows of 1 key and 2 keys, windows longer than the cache (passed as
+Each case runs through the family's own case (``DecodeCase``: NaN-poisoned output) with four
+schedules: the sm_90 default, one split (the split kernel normalises and adds the sink itself),
+three splits merged by a programmatic dependent launch with 64-key steps (the stepping combine
+adds the sink once) and five splits merged from one tile (the block combine adds it once). Covered: windows of 1 key and 2 keys, windows longer than the cache (passed as
 the call's window, which the problem's canonical form drops), one-sided and two-sided windows,
 S_q > 1 bottom-right (speculative decoding) and top-left with S_q != S_k, a softcap that binds
 (q scaled up 8x), sinks that dominate (8.0), grouped heads (4, 7, MQA), odd cache lengths, rows
@@ -29,9 +29,11 @@ from ._reference import rel_l2
 
 gpu = pytest.mark.gpu
 
-#: one split (DIRECT: the split kernel adds the sink), three splits merged by PDL
+#: one split (DIRECT: the split kernel adds the sink), three splits merged by PDL (the stepping
+#: merge), five merged from one tile (the block merge: its sink term, softcap and windows)
 ONE_SPLIT = DecodeSchedule(splits=1, tile_n=64, k_latency=2, v_latency=2)
 THREE_PDL = DecodeSchedule(splits=3, combine="pdl", tile_n=64, k_transposed=True)
+FIVE_BLOCK = DecodeSchedule(splits=5, combine="block", tile_n=64)
 
 
 def _problem(*, hq=32, hkv=8, sq=1, sk=1025, d=128, dtype="bf16", causal=False,
@@ -80,12 +82,12 @@ def _case(problem: Problem, *, q_times: float = 1.0, sink: float | None = None):
 
 def _schedules(problem: Problem) -> dict[str, DecodeSchedule]:
     return {"default": DECODE.default_schedule("sm_90", problem), "one-split": ONE_SPLIT,
-            "three-pdl": THREE_PDL}
+            "three-pdl": THREE_PDL, "five-block": FIVE_BLOCK}
 
 
 @gpu
 @pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl"])
+@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
 def test_variant_matches_the_reference(name, which):
     problem = CASES[name]
     case = _case(problem)
@@ -96,7 +98,7 @@ def test_variant_matches_the_reference(name, which):
 
 
 @gpu
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl"])
+@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
 def test_a_softcap_that_binds(which):
     """q scaled up 8x: raw scores of tens, capped at 5; without the cap the softmax would be
     nearly one-hot and the reference far from the uncapped result."""
@@ -110,7 +112,7 @@ def test_a_softcap_that_binds(which):
 
 
 @gpu
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl"])
+@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
 def test_dominant_sinks(which):
     """Sinks of 8.0 take most of each row's weight (scores are O(1)): the output shrinks to a
     fraction of the plain one, which only an exactly-once sink term gets right."""
@@ -126,7 +128,7 @@ def test_dominant_sinks(which):
 
 @gpu
 @pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl"])
+@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
 def test_rows_that_see_no_key_are_zeros(sinks, which):
     """Bottom-right with S_q > S_k and a window: the first S_q - S_k rows see no key."""
     problem = _problem(sq=8, sk=5, causal=True, bottom_right=True, left=2, sinks=sinks)

@@ -13,6 +13,10 @@ written). Errors by relative L2 against the float32 reference.
         [--mqa]       # instead: one K/V head (MQA), the neighbours and fewer splits
         [--check-rows]  # instead: other calls of few K/V rows (CHECK_ROWS), against the former
         [--block]     # instead: the calls of BLOCK, the default's merge against combine="block"
+        [--sinks]     # instead: the calls of SINKS with sink logits, the default (block merge)
+                      # against the stepping merge
+        [--few-rows]  # instead: the calls of FEW_ROWS, the default (2048 merged rows, block)
+                      # against its splits capped at 1024 rows, block-merged and stepping
 
 Prints one table per call, then a summary: each variant's time over the default's, geometric
 mean over the calls.
@@ -98,6 +102,26 @@ BLOCK = [
     (1, 32, 4, 24000, 256),
 ]
 
+#: ``--sinks``: decode with attention sinks (GPT-OSS-like heads and others), whose default
+#: merge became the block one after its sink term first ran on a GPU
+SINKS = [
+    (1, 64, 8, 32768, 64),
+    (4, 64, 8, 8000, 64),
+    (1, 32, 8, 8192, 128),
+    (2, 28, 4, 20000, 128),
+    (1, 8, 1, 50000, 64),
+    (1, 40, 1, 12000, 128),
+]
+#: ``--few-rows``: calls of one K/V head whose splits the 2048-row cap raised over the 1024-row
+#: one (not measured when the cap rose), and two more
+FEW_ROWS = [
+    (1, 56, 1, 16000, 128),
+    (1, 32, 1, 65536, 64),
+    (3, 40, 1, 9000, 128),
+    (1, 16, 1, 40000, 128),
+    (2, 12, 1, 30000, 64),
+]
+
 
 def former_default(problem):
     """The sm_90 default before the rules of 2026-11-30 (256-key steps at D <= 64, the cap on
@@ -121,6 +145,12 @@ def variants(default, head_dim, steps=False, check=None):
     128 keys at D 128)."""
     s = default.splits
     out = {"default": default}
+    if check == "sinks":
+        return {**out, "stepping merge": default.replace(combine="kernel")}
+    if check == "few-rows":
+        capped = max(1, min(s, 1024 // default.tile_m))
+        return {**out, "1024 rows, block": default.replace(splits=capped),
+                "1024 rows, stepping": default.replace(splits=capped, combine="kernel")}
     if check == "block":
         return {**out, "block merge": default.replace(combine="block"),
                 "block merge, splits x2": default.replace(combine="block",
@@ -151,21 +181,30 @@ def variants(default, head_dim, steps=False, check=None):
     return out
 
 
-def measure(call, rounds, steps=False, check=False, block=False):
+def measure(call, rounds, steps=False, check=False, block=False, mode=None):
     b, hq, hkv, sk, d = call
     g = torch.Generator(device="cuda").manual_seed(sum(call))
     q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=g).to(torch.bfloat16)
                for h, s in ((hq, 1), (hkv, sk), (hkv, sk)))
+    sinks = None
+    if mode == "sinks":
+        sinks = torch.randn(hq, device="cuda", generator=g) + 2.0
     p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                   dtype="bf16", causal=False)
+                   dtype="bf16", causal=False, sinks=sinks is not None)
     default = ta.DECODE.default_schedule("sm_90", p)
     tried = variants(default, d, steps,
-                     "block" if block else former_default(p) if check else None)
-    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                           enable_gqa=hq != hkv)
+                     mode if mode else "block" if block else former_default(p) if check
+                     else None)
+    kf = k.float().repeat_interleave(hq // hkv, 1)
+    vf = v.float().repeat_interleave(hq // hkv, 1)
+    scores = q.float() @ kf.transpose(-1, -2) / d ** 0.5  # [b, hq, 1, sk]
+    if sinks is not None:  # the sink joins each row's denominator as one more logit
+        scores = torch.cat([scores, sinks.view(1, hq, 1, 1).expand(b, hq, 1, 1)], -1)
+    ref = torch.softmax(scores, -1)[..., :sk] @ vf
+    del kf, vf, scores
     fns, errs = {}, {}
     for tag, sch in tried.items():
-        fns[tag] = (lambda sch=sch: ta.sdpa(q, k, v, schedule=sch))
+        fns[tag] = (lambda sch=sch: ta.sdpa(q, k, v, schedule=sch, sinks=sinks))
         out = fns[tag]()
         errs[tag] = ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -206,12 +245,17 @@ def main():
     ap.add_argument("--mqa", action="store_true", help="the calls of MQA instead")
     ap.add_argument("--block", action="store_true",
                     help="the calls of BLOCK: the default's merge against the block merge")
+    ap.add_argument("--sinks", action="store_true",
+                    help="the calls of SINKS: the default against the stepping merge")
+    ap.add_argument("--few-rows", action="store_true",
+                    help="the calls of FEW_ROWS: the default against 1024 merged rows")
     args = ap.parse_args()
-    calls = (CHECK if args.check else CHECK_ROWS + MQA if args.check_rows else HEADS64
-             if args.heads64
+    mode = "sinks" if args.sinks else "few-rows" if args.few_rows else None
+    calls = (SINKS if args.sinks else FEW_ROWS if args.few_rows else CHECK if args.check
+             else CHECK_ROWS + MQA if args.check_rows else HEADS64 if args.heads64
              else MQA if args.mqa else BLOCK if args.block else CALLS)
-    speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows, args.block)
-             for call in calls]
+    speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows, args.block,
+                     mode) for call in calls]
     print("\n| variant | geometric mean speed ÷ default | min | max |\n|---|---|---|---|")
     for tag in speed[0]:
         xs = [s[tag] for s in speed if tag in s]

@@ -110,8 +110,7 @@ MAX_MERGED_ROWS = BLOCK_MAX_ROWS
 #: schedule of more rows than a block holds falls back to the stepping merge in ``normalise``).
 #: On an H200 (ten decode calls, B 1-4, H_kv 1-8, D 64-256; decode_small_batches.py --block)
 #: 1.011-1.348x the stepping merge, faster at every call (geometric mean 1.070x). Calls with
-#: sinks keep the stepping merge: the block merge's sink term is compiled and CPU-tested, not
-#: yet run on a GPU (and the 2048-row cap, measured with the block merge, applies to them too).
+#: sinks as well (the block merge adds each row's sink once; GPU-tested since).
 DEFAULT_COMBINE = "block"
 #: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
 #: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
@@ -165,9 +164,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     small_pages = bool(problem.page_size) and page_tile(problem.page_size) <= SMALL_PAGE_ROWS
     if small_pages:
         tile_n = min(tile_n, SMALL_PAGE_STEP)
-    # (sinks keep the stepping merge: the block merge's sink term has not run on a GPU yet)
     base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2,
-                          combine="kernel" if problem.sinks else DEFAULT_COMBINE)
+                          combine=DEFAULT_COMBINE)
     rows = layout(problem, base).rows  # CTAs per split
     sms = SM_COUNTS[gen]
     waves = SMALL_PAGE_WAVES if small_pages else 1
