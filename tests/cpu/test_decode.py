@@ -99,11 +99,12 @@ def test_default_schedule_compiles_for_an_odd_problem(arch, exports):
 
 @pytest.mark.parametrize("arch, combine", [("sm_90", "kernel"), ("sm_90", "pdl"),
                                            ("sm_121", "pdl"), ("sm_90", "block"),
+                                           ("sm_90", "block_pdl"), ("sm_120", "block_pdl"),
                                            ("sm_80", "block"), ("sm_100", "block"),
                                            ("sm_120", "block"), ("sm_121", "block")])
 def test_several_splits_compile_the_split_and_the_combine_kernel(arch, combine, exports):
     default = DECODE.default_schedule("sm_90", TOKEN)
-    assert default.splits == 16 and default.combine == "block"
+    assert default.splits == 16 and default.combine == "block_pdl"
     schedule = default.replace(combine=combine)
     result = DECODE.compile(TOKEN, schedule, arch)
     assert result.cubin[:4] == b"\x7fELF" and result.arch == arch
@@ -138,8 +139,8 @@ DIFFERENT = {
     "pack_heads": (ROWS, BASE, BASE.replace(pack_heads=False)),
     "tile_m": (ROWS, BASE, BASE.replace(tile_m=64)),
     # the split kernel signals its dependent launch with PDL
-    "combine": (TOKEN, DECODE.default_schedule("sm_90", TOKEN),
-                DECODE.default_schedule("sm_90", TOKEN).replace(combine="pdl")),
+    "combine": (TOKEN, DECODE.default_schedule("sm_90", TOKEN).replace(combine="block"),
+                DECODE.default_schedule("sm_90", TOKEN).replace(combine="block_pdl")),
     # a paged batch's splits as long as its longest cache's
     "balanced": (PAGED, DecodeSchedule(splits=4), DecodeSchedule(splits=4, balanced=True)),
 }
@@ -400,7 +401,9 @@ def test_defaults_validate_and_are_normalised(arch, problem):
     assert s.validate() is s
     assert DECODE.normalise(problem, s) == s
     assert s.pack_heads and (s.k_latency, s.v_latency) == (2, 2)
-    assert s.combine == ("block" if s.splits > 1 else "kernel")  # one split: no merge
+    # one split: no merge; on Hopper up to D 128 the block merge as a dependent launch
+    merge = "block_pdl" if arch == "sm_90" and problem.head_dim <= 128 else "block"
+    assert s.combine == (merge if s.splits > 1 else "kernel")
     assert s.tile_n == (64 if problem.head_dim > 128 else 128)
     # the packed group's rows fit one tile, up to 128 rows
     tiles = layout(problem, s)
@@ -474,8 +477,7 @@ def test_the_default_merges_every_split_of_a_row_from_one_block():
     bytes); past 2048 merged rows ``normalise`` sends it to the stepping merge; one split
     has no merge. On an H200: 1.011-1.348x the stepping merge on ten calls."""
     p = _problem(seqlen_k=32768, head_dim=128)
-    s = DECODE.default_schedule("sm_90", p)
-    assert (s.splits, s.combine) == (16, "block")
+    s = DECODE.default_schedule("sm_90", p).replace(combine="block")
     assert combine_constants(p, s) == {"TILE_G": 16, "TILE_S": 1, "CHUNK_D": 32, "UNROLL": 16,
                                        "PDL": False, "SINKS": False, "BLOCK": True}
     plan = launches(p, s, None)
@@ -494,8 +496,28 @@ def test_the_default_merges_every_split_of_a_row_from_one_block():
     # sinks too: the block merge adds each row's sink once (test_decode_variants_gpu.py)
     sinks = dataclasses.replace(p, sinks=True)
     s = DECODE.default_schedule("sm_90", sinks)
-    assert s.splits > 1 and s.combine == "block"
+    assert s.splits > 1 and s.combine == "block_pdl"
     assert combine_constants(sinks, s)["SINKS"] and combine_constants(sinks, s)["BLOCK"]
+
+
+def test_the_block_merge_is_a_dependent_launch_where_the_split_kernel_so_compiled_fits():
+    """On Hopper the default block merge is launched as a programmatic dependent of the split
+    kernel (``block_pdl``: 1.03x the block merge on an H200) up to D 128 without a softcap,
+    window, pages, FP8 cache or ragged batch: at D 256 (and with a softcap at D 128) the split
+    kernel compiled with the PDL instruction spills, and it ran 0.73x."""
+    p = _problem(seqlen_k=32768, head_dim=128)
+    s = DECODE.default_schedule("sm_90", p)
+    assert (s.splits, s.combine) == (16, "block_pdl")
+    constants = combine_constants(p, s)
+    assert constants["PDL"] and constants["BLOCK"] and split_constants(p, s)["PDL"]
+    assert launches(p, s, None).pdl
+    for other in (dataclasses.replace(p, head_dim=256), dataclasses.replace(p, softcap=30.0),
+                  dataclasses.replace(p, window_left=4096, causal=True, bottom_right=True),
+                  dataclasses.replace(p, kv_dtype="e4m3")):
+        s = DECODE.default_schedule("sm_90", other)
+        assert s.splits > 1 and s.combine == "block", other.describe()
+    for arch in ("sm_100", "sm_120", "sm_80"):  # not measured there
+        assert DECODE.default_schedule(arch, p).combine == "block", arch
 
 
 def test_default_split_count_follows_cache_length_and_parallelism():

@@ -17,6 +17,12 @@ written). Errors by relative L2 against the float32 reference.
                       # against the stepping merge
         [--few-rows]  # instead: the calls of FEW_ROWS, the default (2048 merged rows, block)
                       # against its splits capped at 1024 rows, block-merged and stepping
+        [--pdl]       # instead: the calls of BLOCK, the block merge against the block merge
+                      # launched as a programmatic dependent (combine="block_pdl")
+        [--host]      # each sample an isolated call from an idle GPU, the host's time counted
+                      # (else GPU time: the host runs ahead)
+        [--pdl-full]  # instead: the calls of PDL_FULL (split grids of the SMs' count or
+                      # near it), the same, and each with a power of two of splits
 
 Prints one table per call, then a summary: each variant's time over the default's, geometric
 mean over the calls.
@@ -112,6 +118,18 @@ SINKS = [
     (1, 8, 1, 50000, 64),
     (1, 40, 1, 12000, 128),
 ]
+#: ``--pdl-full``: calls whose default split grid fills every SM (rows x splits = 132) or
+#: nearly, where the block merge launched as a programmatic dependent ran 0.73x (B1 H32/4 24000
+#: D 256, 33 splits of 4 rows) while it gained on grids of 128 CTAs or fewer
+PDL_FULL = [
+    (1, 32, 4, 24000, 256),
+    (1, 16, 4, 24000, 128),
+    (2, 16, 2, 30000, 128),
+    (1, 12, 12, 20000, 128),
+    (3, 32, 8, 8000, 128),
+    (1, 24, 8, 16000, 64),
+    (1, 28, 4, 16000, 128),
+]
 #: ``--few-rows``: calls of one K/V head whose splits the 2048-row cap raised over the 1024-row
 #: one (not measured when the cap rose), and two more
 FEW_ROWS = [
@@ -145,6 +163,15 @@ def variants(default, head_dim, steps=False, check=None):
     128 keys at D 128)."""
     s = default.splits
     out = {"default": default}
+    if check in ("pdl", "pdl-full"):  # (the default was the block merge when these ran)
+        tried = {"block merge": default.replace(combine="block"),
+                 "block merge, PDL": default.replace(combine="block_pdl")}
+        if check == "pdl-full":
+            pow2 = 1 << (s.bit_length() - 1)
+            tried.update({"pow2 splits": default.replace(splits=pow2, combine="block"),
+                          "pow2 splits, PDL": default.replace(splits=pow2,
+                                                              combine="block_pdl")})
+        return {**out, **tried}
     if check == "sinks":
         return {**out, "stepping merge": default.replace(combine="kernel")}
     if check == "few-rows":
@@ -181,7 +208,7 @@ def variants(default, head_dim, steps=False, check=None):
     return out
 
 
-def measure(call, rounds, steps=False, check=False, block=False, mode=None):
+def measure(call, rounds, steps=False, check=False, block=False, mode=None, host=False):
     b, hq, hkv, sk, d = call
     g = torch.Generator(device="cuda").manual_seed(sum(call))
     q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=g).to(torch.bfloat16)
@@ -217,7 +244,7 @@ def measure(call, rounds, steps=False, check=False, block=False, mode=None):
     src = torch.ones(kv_bytes // 4, dtype=torch.int32, device="cuda")
     dst = torch.empty_like(src)
     fns["copy"] = lambda: dst.copy_(src)
-    t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds).items()}
+    t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds, host=host).items()}
     rate = 2 * kv_bytes / t["copy"]  # bytes a ms, read plus written
     print(f"\n# B{b} H{hq}/{hkv} S_k {sk} D{d}: default {default.describe()}; copy "
           f"{2 * kv_bytes / t['copy'] / 1e6:.0f} GB/s")
@@ -247,15 +274,23 @@ def main():
                     help="the calls of BLOCK: the default's merge against the block merge")
     ap.add_argument("--sinks", action="store_true",
                     help="the calls of SINKS: the default against the stepping merge")
+    ap.add_argument("--pdl", action="store_true",
+                    help="the calls of BLOCK: the block merge against it launched with PDL")
+    ap.add_argument("--host", action="store_true",
+                    help="isolated calls from an idle GPU, the host's time counted")
+    ap.add_argument("--pdl-full", action="store_true",
+                    help="the calls of PDL_FULL: the same, on grids that fill the SMs")
     ap.add_argument("--few-rows", action="store_true",
                     help="the calls of FEW_ROWS: the default against 1024 merged rows")
     args = ap.parse_args()
-    mode = "sinks" if args.sinks else "few-rows" if args.few_rows else None
-    calls = (SINKS if args.sinks else FEW_ROWS if args.few_rows else CHECK if args.check
+    mode = ("sinks" if args.sinks else "few-rows" if args.few_rows else "pdl" if args.pdl
+            else "pdl-full" if args.pdl_full else None)
+    calls = (SINKS if args.sinks else FEW_ROWS if args.few_rows else BLOCK if args.pdl
+             else PDL_FULL if args.pdl_full else CHECK if args.check
              else CHECK_ROWS + MQA if args.check_rows else HEADS64 if args.heads64
              else MQA if args.mqa else BLOCK if args.block else CALLS)
     speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows, args.block,
-                     mode) for call in calls]
+                     mode, args.host) for call in calls]
     print("\n| variant | geometric mean speed ÷ default | min | max |\n|---|---|---|---|")
     for tag in speed[0]:
         xs = [s[tag] for s in speed if tag in s]

@@ -170,7 +170,7 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     if most is not None and schedule.splits > most:
         changes["splits"] = most
         schedule = schedule.replace(splits=most)
-    too_many_rows = schedule.combine == "block" and (
+    too_many_rows = schedule.combine in BLOCK_COMBINES and (
         _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m > BLOCK_MAX_ROWS)
     if schedule.combine != canonical.combine and (schedule.splits == 1 or too_many_rows):
         changes["combine"] = canonical.combine  # one split, or too many rows for one block
@@ -197,7 +197,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "EXP2": schedule.exp2, "K_TRANSPOSED": schedule.k_transposed,
         "K_LATENCY": schedule.k_latency or 0, "V_LATENCY": schedule.v_latency or 0,
         "DIRECT": schedule.splits == 1,
-        "PDL": schedule.splits > 1 and schedule.combine == "pdl",
+        "PDL": schedule.splits > 1 and schedule.combine in PDL_COMBINES,
         "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
         "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
         "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
@@ -224,6 +224,10 @@ COMBINE_UNROLL = 8
 #: bulk load's least), so it serves up to ``BLOCK_MAX_ROWS`` merged rows (splits, padded, x
 #: the tile's rows); ``normalise`` sends a schedule past that to the stepping merge.
 COMBINE_BLOCK_VALUES = 8192
+#: The merges that load all of a row's splits as one block, and those launched as programmatic
+#: dependents of the split kernel.
+BLOCK_COMBINES = ("block", "block_pdl")
+PDL_COMBINES = ("pdl", "block_pdl")
 BLOCK_MIN_CHUNK_D = 4
 BLOCK_MAX_ROWS = COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D
 
@@ -235,12 +239,12 @@ def combine_constants(problem: Problem, schedule: DecodeSchedule,
     variant = variant_of(problem) if variant is None else variant
     splits = _pow2_at_least(schedule.splits)
     chunk = min(padded_head_dim(problem.head_dim), COMBINE_CHUNK_D)
-    block = schedule.combine == "block"
+    block = schedule.combine in BLOCK_COMBINES
     if block:
         chunk = max(BLOCK_MIN_CHUNK_D, min(chunk, COMBINE_BLOCK_VALUES // (splits * tiles.tile_m)))
     return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "CHUNK_D": chunk,
             "UNROLL": splits if block else min(COMBINE_UNROLL, splits),
-            "PDL": schedule.combine == "pdl", "SINKS": variant.sinks, "BLOCK": block}
+            "PDL": schedule.combine in PDL_COMBINES, "SINKS": variant.sinks, "BLOCK": block}
 
 
 @functools.lru_cache(maxsize=None)
