@@ -502,16 +502,21 @@ def test_the_default_merges_every_split_of_a_row_from_one_block():
 
 def test_the_block_merge_is_a_dependent_launch_where_the_split_kernel_so_compiled_fits():
     """On Hopper the default block merge is launched as a programmatic dependent of the split
-    kernel (``block_pdl``: 1.03x the block merge on an H200) up to D 128 without a softcap,
-    window, pages, FP8 cache or ragged batch: at D 256 (and with a softcap at D 128) the split
-    kernel compiled with the PDL instruction spills, and it ran 0.73x."""
+    kernel (``block_pdl``: 1.03x the block merge on an H200, 1.02x paged) up to D 128 without
+    a softcap, window, FP8 cache or padded ragged batch: at D 256 (and with a softcap at D 128)
+    the split kernel compiled with the PDL instruction spills, and it ran 0.73x."""
     p = _problem(seqlen_k=32768, head_dim=128)
     s = DECODE.default_schedule("sm_90", p)
     assert (s.splits, s.combine) == (16, "block_pdl")
     constants = combine_constants(p, s)
     assert constants["PDL"] and constants["BLOCK"] and split_constants(p, s)["PDL"]
     assert launches(p, s, None).pdl
+    paged = Problem(batch=8, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=8192, head_dim=128,
+                    dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=16)
+    s = DECODE.default_schedule("sm_90", paged)
+    assert s.splits > 1 and s.combine == "block_pdl"
     for other in (dataclasses.replace(p, head_dim=256), dataclasses.replace(p, softcap=30.0),
+                  dataclasses.replace(paged, kv_dtype="e4m3"),
                   dataclasses.replace(p, window_left=4096, causal=True, bottom_right=True),
                   dataclasses.replace(p, kv_dtype="e4m3")):
         s = DECODE.default_schedule("sm_90", other)

@@ -168,7 +168,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help=f"warm-up per timing (default {TIMING_DEFAULTS['warmup_ms']})")
     timing.add_argument("--interleave", metavar="ROUNDS",
                         help="time the contenders of a point together, one sample each per "
-                             "round in rotating order, for ROUNDS rounds (0: each on its own, "
+                             "round in an order shuffled per round, for ROUNDS rounds (0: each on its own, "
                              "until --rel-precision; default " + ", ".join(
                                  f"{name} {p.interleave[0]} ({p.interleave[1]} with --quick)"
                                  for name, p in PRESETS.items()) + ")")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -412,10 +413,21 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 30.0, min_samples:
     return summarize(samples)
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """The contenders' order in round ``r``: a shuffle seeded by the round, so that no
+    contender always follows the same one (an isolated call that always came after a device
+    copy of 134 MB read 7% slower than the same call after itself on an H200,
+    ``docs/records/probes/isolated_aa.py``), and every run orders its rounds alike."""
+    order = list(names)
+    random.Random(r).shuffle(order)
+    return order
+
+
 def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 30,
                      flush_l2: bool = True, graph: bool = False, host: bool = False,
                      loop: bool = False) -> dict[str, Timing | str]:
-    """Time every contender once per round, in rotating order; median per contender.
+    """Time every contender once per round, in an order shuffled per round
+    (:func:`round_order`); median per contender.
 
     All rounds are enqueued before the one synchronisation, so the host runs ahead of the GPU
     and a sample does not include the host's time to launch it (synchronising after each
@@ -427,7 +439,7 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 3
     has ``rounds`` samples. A contender that cannot be captured maps to the reason, a string.
 
     With ``host`` each sample is an isolated call with the host's time counted (module
-    docstring), the contenders in rotating order round by round; with ``loop`` a sample is
+    docstring), the contenders in each round's order; with ``loop`` a sample is
     about a millisecond (of GPU time) of calls back to back, host time counted, per call.
     """
     import torch
@@ -446,13 +458,12 @@ def time_interleaved(fns: Mapping[str, Callable[[], object]], *, rounds: int = 3
             take = lambda name: sampler.isolated(fns[name], 1)  # noqa: E731
         samples: dict[str, list[float]] = {name: [] for name in names}
         for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in round_order(names, r):
                 samples[name] += take(name)
         return {name: summarize(samples[name]) for name in names}
     events: dict[str, list] = {name: [] for name in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
+        for name in round_order(names, r):
             events[name].append(sampler.enqueue(fns[name]))
     torch.cuda.synchronize()
     return {name: summarize([start.elapsed_time(end) for start, end in pairs])
@@ -473,7 +484,7 @@ def _interleaved_graphs(sampler: _Sampler, fns: Mapping[str, Callable[[], object
     samples: dict[str, list[float]] = {name: [] for name in names}
     r = 0
     while names and min(len(v) for v in samples.values()) < rounds:
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in round_order(names, r):
             if len(samples[name]) < rounds:
                 samples[name] += graphs[name].take(1)
         r += 1

@@ -11,6 +11,10 @@ longest, 3/4, 1/2, 1/4 of it, cycling) and lengths drawn log-uniformly from 64 t
 ``--new``: other batches (none of the first set's), the default against the rule before it,
 and FlashAttention-4 beside where it is importable (``../shared/device/pack-fa4``; it was not
 in the recorded run).
+
+``--pdl``: the batches of both sets, the default against the same schedule with its block
+merge launched as a programmatic dependent (``combine="block_pdl"``), FlashAttention-4 beside
+where it is importable.
 """
 
 import math
@@ -72,20 +76,28 @@ def check(problem):
             "2x": d.replace(splits=min(256, 2 * d.splits))}
 
 
+def pdl(problem):
+    """The default against its block merge launched as a programmatic dependent."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    return {"default": d, "block_pdl": d.replace(combine="block_pdl")}
+
+
 def main():
     copy_gbps = copy_rate()
     new = "--new" in sys.argv
+    dependent = "--pdl" in sys.argv
     original = _case.paged_lengths
-    for b, hq, hkv, sk, page in NEW_POINTS if new else POINTS:
+    for b, hq, hkv, sk, page in (POINTS + NEW_POINTS if dependent else NEW_POINTS if new
+                                 else POINTS):
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
-        candidates = check(p) if new else sweep(p)
+        candidates = pdl(p) if dependent else check(p) if new else sweep(p)
         for mix, lengths in MIXES.items():
             _case.paged_lengths = lengths
             case = ta.DECODE.case(p, 0)
             fns = {name: case.launcher(s) for name, s in candidates.items()}
             errors = {name: case.error(run) for name, run in fns.items()}
-            if new:
+            if new or dependent:
                 add_fa4(p, case, fns, errors)
             times = time_interleaved(fns, rounds=15)
             valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2

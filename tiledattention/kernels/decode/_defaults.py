@@ -114,12 +114,13 @@ MAX_MERGED_ROWS = BLOCK_MAX_ROWS
 DEFAULT_COMBINE = "block"
 #: Where the default launches that merge as a programmatic dependent of the split kernel
 #: (``"block_pdl"``: its CTAs are scheduled while the split kernel drains): on Hopper, a plain
-#: or sink-merging split over a contiguous 16-bit cache of a head dim up to this (no softcap,
-#: window, pages, FP8 cache or ragged batch). On an H200 1.012-1.106x the block merge on
-#: fifteen such calls but one (0.990x; B 1-4, H_kv 1-16, D 64-128, 4k-50k keys), 1.03x on
-#: geometric mean; at D 256 it ran 0.73x, where the split kernel compiled with the PDL
-#: instruction spills (472 bytes of stack on sm_90, none without); with a softcap it spills 48
-#: bytes at D 128 (``docs/records/benchmarks/paged/issue49/README.md``, section 10).
+#: or sink-merging split over a contiguous or paged 16-bit cache of a head dim up to this (no
+#: softcap, window, FP8 cache or padded ragged batch). On an H200: 0.990-1.106x the block merge
+#: on fifteen contiguous calls (B 1-4, H_kv 1-16, D 64-128, 4k-50k keys; 1.031x on geometric
+#: mean) and 0.989-1.159x on 22 paged batches (B 4-32, pages of 16-256, two length mixes;
+#: 1.021x); at D 256 it ran 0.73x, where the split kernel compiled with the PDL instruction
+#: spills (472 bytes of stack on sm_90, none without); with a softcap it spills 48 bytes at
+#: D 128 (``docs/records/benchmarks/paged/issue49/README.md``, section 10).
 PDL_MAX_HEAD_DIM = 128
 #: Where those occupancy rules apply: generations with 228 KB of shared memory an SM (two CTAs
 #: of these kernels fit; measured on Hopper). Ampere, Ada and consumer Blackwell keep one.
@@ -140,7 +141,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a second kernel that
     loads all of a row's splits at once (:data:`DEFAULT_COMBINE`), on Hopper launched as a
-    programmatic dependent where the split kernel so compiled does not spill
+    programmatic dependent where the split kernel so compiled does not spill and it measured
+    faster
     (:data:`PDL_MAX_HEAD_DIM`; on an H100 the stepping merge so launched measured 0-5% slower
     at S_k = 32k-128k).
 
@@ -203,7 +205,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS,
                         MAX_MERGED_ROWS // tile_m))
     pdl = (splits > 1 and gen == "hopper" and problem.head_dim <= PDL_MAX_HEAD_DIM
-           and not (problem.softcap or problem.windowed or problem.page_size
-                    or problem.kv_dtype or problem.ragged))
+           and not (problem.softcap or problem.windowed or problem.kv_dtype
+                    or (problem.ragged and not problem.page_size)))
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency,
                         combine="block_pdl" if pdl else base.combine)
