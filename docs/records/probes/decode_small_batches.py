@@ -21,6 +21,8 @@ written). Errors by relative L2 against the float32 reference.
                       # launched as a programmatic dependent (combine="block_pdl")
         [--deep64]    # instead: the calls of HEADS64 at D 64, the default against deeper K/V
                       # load pipelines (three and four steps ahead) of its 256-key steps
+        [--wide]      # instead: B1 calls of CALLS, the default against 8 worker warps and
+                      # 64-key steps with K/V four steps ahead (more loads in flight)
         [--host]      # each sample an isolated call from an idle GPU, the host's time counted
                       # (else GPU time: the host runs ahead)
         [--pdl-full]  # instead: the calls of PDL_FULL (split grids of the SMs' count or
@@ -165,6 +167,12 @@ def variants(default, head_dim, steps=False, check=None):
     128 keys at D 128)."""
     s = default.splits
     out = {"default": default}
+    if check == "wide":
+        return {**out, "w8": default.replace(num_worker_warps=8),
+                "n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4),
+                "n64 K4 V4 occ2 splits x2": default.replace(
+                    tile_n=64, k_latency=4, v_latency=4, occupancy=2,
+                    splits=min(2 * s, MAX_SPLITS))}
     if check == "deep64":
         return {**out, "K3 V3": default.replace(k_latency=3, v_latency=3),
                 "K4 V4": default.replace(k_latency=4, v_latency=4),
@@ -284,6 +292,8 @@ def main():
                     help="the calls of SINKS: the default against the stepping merge")
     ap.add_argument("--pdl", action="store_true",
                     help="the calls of BLOCK: the block merge against it launched with PDL")
+    ap.add_argument("--wide", action="store_true",
+                    help="B1 calls of CALLS: more loads in flight")
     ap.add_argument("--deep64", action="store_true",
                     help="the D 64 calls of HEADS64: deeper load pipelines")
     ap.add_argument("--host", action="store_true",
@@ -294,10 +304,12 @@ def main():
                     help="the calls of FEW_ROWS: the default against 1024 merged rows")
     args = ap.parse_args()
     mode = ("sinks" if args.sinks else "few-rows" if args.few_rows else "pdl" if args.pdl
-            else "pdl-full" if args.pdl_full else "deep64" if args.deep64 else None)
+            else "pdl-full" if args.pdl_full else "deep64" if args.deep64
+            else "wide" if args.wide else None)
     calls = (SINKS if args.sinks else FEW_ROWS if args.few_rows else BLOCK if args.pdl
              else PDL_FULL if args.pdl_full
-             else [c for c in HEADS64 if c[4] == 64] if args.deep64 else CHECK if args.check
+             else [c for c in HEADS64 if c[4] == 64] if args.deep64
+             else CALLS[:4] if args.wide else CHECK if args.check
              else CHECK_ROWS + MQA if args.check_rows else HEADS64 if args.heads64
              else MQA if args.mqa else BLOCK if args.block else CALLS)
     speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows, args.block,

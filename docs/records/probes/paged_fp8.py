@@ -5,14 +5,15 @@ pages of 16 to 256, GQA 32/8 and 28/4. Interleaved, the L2 flushed before each s
 time); shares of the device copy rate (read + written, same run) on each cache's valid K/V
 bytes read once; errors against the float32 attention of the dequantised cache.
 
-    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py [--sweep | --check]
+    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py [--sweep | --check | --pdl]
 
 ``--sweep``: for the e4m3 cache only, the default against occupancy 2 with K loads four steps
 ahead at 1, 2, 4 and 6 times its splits (the shape of the searched FP8 rows), on the paged
 batches and on contiguous caches (``CONTIGUOUS``), each candidate compiled ahead in a pool of
 processes. ``--check``: other batches (none of the sweep's; ``CHECK``), the e4m3 cache's
 default against the bf16 rule it replaced (``FP8_SPLIT_FACTOR``) and the same batch over a
-bf16 cache.
+bf16 cache. ``--pdl``: the batches of the sweep, the default against the same schedule
+with its block merge launched as a programmatic dependent (``combine="block_pdl"``).
 """
 
 import dataclasses
@@ -71,7 +72,12 @@ def check_candidates(p):
                                                     dataclasses.replace(p, kv_dtype=""))}
 
 
-def sweep(copy_gbps, check=False):
+def pdl_candidates(p):
+    d = ta.DECODE.default_schedule("sm_90", p)
+    return {"default": d, "block_pdl": d.replace(combine="block_pdl")}
+
+
+def sweep(copy_gbps, check=False, pdl=False):
     import os
     from concurrent.futures import ProcessPoolExecutor
 
@@ -80,7 +86,7 @@ def sweep(copy_gbps, check=False):
         plans = [(p, check_candidates(p)) for p, _ in plans]
     else:
         points = [fp8_problem(*pt) for pt in POINTS] + [fp8_problem(*pt) for pt in CONTIGUOUS]
-        plans = [(p, sweep_candidates(p)) for p in points]
+        plans = [(p, (pdl_candidates if pdl else sweep_candidates)(p)) for p in points]
     jobs = [(p, s) for p, c in plans for s in c.values()]
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         for failed in pool.map(_compile, jobs):
@@ -117,8 +123,8 @@ def sweep(copy_gbps, check=False):
 
 def main():
     copy_gbps = copy_rate()
-    if "--sweep" in sys.argv or "--check" in sys.argv:
-        sweep(copy_gbps, check="--check" in sys.argv)
+    if "--sweep" in sys.argv or "--check" in sys.argv or "--pdl" in sys.argv:
+        sweep(copy_gbps, check="--check" in sys.argv, pdl="--pdl" in sys.argv)
         return
     rows = []
     for b, hq, hkv, sk, page in POINTS:
