@@ -179,4 +179,6 @@ def test_loop_timing_is_the_pace_of_the_slower_of_host_and_gpu():
     assert looped.median_ms >= 0.08 > 0.04 > stream.median_ms, (looped, stream)
     kernel = time_cuda(gpu_bound, flush_l2=False, max_samples=20)
     looped = time_cuda(gpu_bound, loop=True, flush_l2=False, max_samples=20)
-    assert looped.median_ms == pytest.approx(kernel.median_ms, rel=0.1), (looped, kernel)
+    # the fastest samples: the suite's other workers share the GPU, and a median of 20 taken
+    # while they run read 0.56 ms against 0.31 (an H200, -n 8; alone it passes on medians)
+    assert looped.min_ms == pytest.approx(kernel.min_ms, rel=0.1), (looped, kernel)
