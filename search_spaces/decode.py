@@ -57,8 +57,14 @@ def infeasibility(arch: str, problem: Problem, schedule: DecodeSchedule) -> str 
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Split counts that leave every split at least two 64-key tiles; the combine strategy only
     when there can be more than one split; balanced splits only for a ragged batch without a
-    window (its entries' lengths differ); query-row tiling only when S_q > 1."""
+    window (its entries' lengths differ); query-row tiling only when S_q > 1. A space that does
+    not search the merge (``compact``) merges as the problem's default does: the base's
+    stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
+    (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9)."""
     choices = dict(space.choices)
+    base = space.base
+    if "combine" not in choices:
+        base = base.replace(combine=DECODE.default_schedule(space.arch, problem).combine)
     most = max(1, math.ceil(problem.seqlen_k / 64) // _MIN_TILES_PER_SPLIT)
     choices["splits"] = tuple(n for n in choices.get("splits", (1,)) if n <= most) or (1,)
     names = [n for n in ("combine",) if choices["splits"] == (1,)]
@@ -66,7 +72,7 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         names.append("balanced")
     if problem.seqlen_q == 1:
         names.append("tile_m")
-    restricted_space = SearchSpace(space.arch, choices, space.base, space.infeasibility)
+    restricted_space = SearchSpace(space.arch, choices, base, space.infeasibility)
     return restricted_space.without(*[n for n in names if n in choices])
 
 

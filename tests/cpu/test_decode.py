@@ -719,6 +719,14 @@ def test_compact_space_keeps_splits_of_two_key_tiles_at_least():
                if n not in restricted.choices["splits"])
     assert search_spaces.DECODE_SPACE.restrict(space, _problem(seqlen_k=1 << 20)).choices[
         "splits"] == space.choices["splits"]
+    # the merge, not searched here, is the problem's default's (not the base's stepping one)
+    for arch, problem, merge in (("sm_90", _problem(seqlen_k=32768), "block_pdl"),
+                                 ("sm_90", _problem(seqlen_k=32768, head_dim=256), "block"),
+                                 ("sm_100", _problem(seqlen_k=32768), "block")):
+        compact = search_spaces.space_for("decode", arch, "compact")
+        restricted = search_spaces.DECODE_SPACE.restrict(compact, problem)
+        assert restricted.base.combine == merge, (arch, problem.describe())
+        assert {s.combine for s in itertools.islice(restricted, 20)} == {merge}
 
 
 def test_full_space_fixes_tile_m_at_one_position_and_combine_with_one_split():

@@ -142,9 +142,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a second kernel that
     loads all of a row's splits at once (:data:`DEFAULT_COMBINE`), on Hopper launched as a
     programmatic dependent where the split kernel so compiled does not spill and it measured
-    faster
-    (:data:`PDL_MAX_HEAD_DIM`; on an H100 the stepping merge so launched measured 0-5% slower
-    at S_k = 32k-128k).
+    faster (:data:`PDL_MAX_HEAD_DIM`; on an H100 the stepping merge so launched measured 0-5%
+    slower at S_k = 32k-128k).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key

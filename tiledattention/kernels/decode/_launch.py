@@ -224,12 +224,12 @@ COMBINE_UNROLL = 8
 #: bulk load's least), so it serves up to ``BLOCK_MAX_ROWS`` merged rows (splits, padded, x
 #: the tile's rows); ``normalise`` sends a schedule past that to the stepping merge.
 COMBINE_BLOCK_VALUES = 8192
+BLOCK_MIN_CHUNK_D = 4
+BLOCK_MAX_ROWS = COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D
 #: The merges that load all of a row's splits as one block, and those launched as programmatic
 #: dependents of the split kernel.
 BLOCK_COMBINES = ("block", "block_pdl")
 PDL_COMBINES = ("pdl", "block_pdl")
-BLOCK_MIN_CHUNK_D = 4
-BLOCK_MAX_ROWS = COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D
 
 
 def combine_constants(problem: Problem, schedule: DecodeSchedule,

@@ -16,7 +16,8 @@ __all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT"]
 DECODE_SCHEDULE_FORMAT = 1
 #: How the splits are merged: a second kernel walking a row's splits a few at a time, the same
 #: launched as a programmatic dependent of the first (scheduled while the split kernel
-#: drains), or a second kernel merging all of a row's splits from one tile (``"block"``).
+#: drains), or a second kernel merging all of a row's splits from one tile (``"block"``), that
+#: one too as a dependent launch (``"block_pdl"``).
 COMBINES = ("kernel", "pdl", "block", "block_pdl")
 _TILES_N = (16, 32, 64, 128, 256)
 TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
