@@ -25,6 +25,8 @@ written). Errors by relative L2 against the float32 reference.
                       # 64-key steps with K/V four steps ahead (more loads in flight)
         [--waves]     # instead: batched calls of WAVES (one split fills the GPU, in a
                       # fraction of a wave over), the default against 2-4 splits
+        [--kt]        # instead: the calls of CALLS, the default against K loaded transposed
+                      # (what several tuned rows chose), alone and with 8 worker warps
         [--host]      # each sample an isolated call from an idle GPU, the host's time counted
                       # (else GPU time: the host runs ahead)
         [--pdl-full]  # instead: the calls of PDL_FULL (split grids of the SMs' count or
@@ -179,6 +181,10 @@ def variants(default, head_dim, steps=False, check=None):
     128 keys at D 128)."""
     s = default.splits
     out = {"default": default}
+    if check == "kt":
+        return {**out, "Kt": default.replace(k_transposed=True),
+                "Kt w8": default.replace(k_transposed=True, num_worker_warps=8),
+                "Kt K4": default.replace(k_transposed=True, k_latency=4)}
     if check == "waves":
         split = default.replace(combine="block_pdl")
         return {**out, "occ1": default.replace(occupancy=1),
@@ -308,6 +314,8 @@ def main():
                     help="the calls of SINKS: the default against the stepping merge")
     ap.add_argument("--pdl", action="store_true",
                     help="the calls of BLOCK: the block merge against it launched with PDL")
+    ap.add_argument("--kt", action="store_true",
+                    help="the calls of CALLS: K loaded transposed")
     ap.add_argument("--waves", action="store_true",
                     help="the batched calls of WAVES: 2-4 splits against one")
     ap.add_argument("--wide", action="store_true",
@@ -323,11 +331,13 @@ def main():
     args = ap.parse_args()
     mode = ("sinks" if args.sinks else "few-rows" if args.few_rows else "pdl" if args.pdl
             else "pdl-full" if args.pdl_full else "deep64" if args.deep64
-            else "wide" if args.wide else "waves" if args.waves else None)
+            else "wide" if args.wide else "waves" if args.waves else "kt" if args.kt
+            else None)
     calls = (SINKS if args.sinks else FEW_ROWS if args.few_rows else BLOCK if args.pdl
              else PDL_FULL if args.pdl_full
              else [c for c in HEADS64 if c[4] == 64] if args.deep64
-             else CALLS[:4] if args.wide else WAVES if args.waves else CHECK if args.check
+             else CALLS[:4] if args.wide else WAVES if args.waves else CALLS if args.kt
+             else CHECK if args.check
              else CHECK_ROWS + MQA if args.check_rows else HEADS64 if args.heads64
              else MQA if args.mqa else BLOCK if args.block else CALLS)
     speed = [measure(call, args.rounds, args.steps, args.check or args.check_rows, args.block,
