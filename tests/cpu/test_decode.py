@@ -490,6 +490,8 @@ def test_the_default_merges_every_split_of_a_row_from_one_block():
     odd = DecodeSchedule(splits=37, combine="block", tile_n=128)  # padded to 64
     assert combine_constants(mqa, odd)["UNROLL"] == 64
     assert DECODE.normalise(mqa, DecodeSchedule(splits=129, combine="block")).combine == "kernel"
+    # past a block's rows the dependent block merge keeps its dependent launch
+    assert DECODE.normalise(mqa, DecodeSchedule(splits=129, combine="block_pdl")).combine == "pdl"
     assert DECODE.normalise(mqa, DecodeSchedule(splits=1, combine="block")).combine == "kernel"
     stepping = combine_constants(p, s.replace(combine="kernel"))
     assert (stepping["UNROLL"], stepping["CHUNK_D"], stepping["BLOCK"]) == (8, 32, False)

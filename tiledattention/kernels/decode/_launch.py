@@ -172,8 +172,10 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         schedule = schedule.replace(splits=most)
     too_many_rows = schedule.combine in BLOCK_COMBINES and (
         _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m > BLOCK_MAX_ROWS)
-    if schedule.combine != canonical.combine and (schedule.splits == 1 or too_many_rows):
-        changes["combine"] = canonical.combine  # one split, or too many rows for one block
+    if schedule.splits == 1 and schedule.combine != canonical.combine:
+        changes["combine"] = canonical.combine  # one split: no merge
+    elif too_many_rows:  # too many rows for one block: the stepping merge, launched alike
+        changes["combine"] = "pdl" if schedule.combine in PDL_COMBINES else "kernel"
     if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
         changes["balanced"] = False  # one split, entries of one length, or a window's walk
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
