@@ -45,23 +45,12 @@ def sequence_length(Ranges, seq, which):
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
 
 
-def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD,
-              GATHER=False):
+def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD):
     """Keys ``j * TILE_N ..`` (head-dim columns ``part * width`` on) of sequence ``seq``'s
     paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, width]`` tile:
     ``TILE_N / PAGE_ROWS`` loads of ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size),
-    each from the page ``Pages[seq]`` names for it, joined pairwise. ``GATHER`` (``PAGE_ROWS``
-    is the page size): the tile's whole pages by one load instead (one TMA load a page, into
-    one tile). A key past the block table's pages loads as ``PAD``'s fill."""
-    if GATHER:
-        count = ct.static_eval(TILE_N // PAGE_ROWS)
-        slots = j * count + ct.arange(count, dtype=ct.int32)  # [count]
-        pages = ct.gather(Pages, (seq, slots), padding_value=-1)  # [count]
-        tile = ct.load_advanced_indexing(
-            A, (pages, ct.Slice(0, PAGE_ROWS), ct.Slice(kv_head, 1),
-                ct.Slice(part * width, width)),
-            padding_mode=PAD, latency=ct.static_eval(latency or None))
-        return tile.reshape((TILE_N, width))
+    each from the page ``Pages[seq]`` names for it, joined pairwise. A key past the block
+    table's pages loads as ``PAD``'s fill."""
     page_size = A.shape[1]
     parts = ()
     for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):

@@ -4,7 +4,11 @@ route before it (the pages copied into a contiguous cache, then the ragged forwa
 contiguous call (``sdpa(q, k, v, "bottom_right")`` on the same keys), interleaved, the L2
 flushed before each sample, medians.
 
-    source .devtk/setup.sh && python3 docs/records/probes/chunked_pages.py [--rounds 15]
+    git checkout f85b502 && source .devtk/setup.sh && \
+        python3 docs/records/probes/chunked_pages.py [--rounds 15]
+
+It ran at f85b502, whose forward kernel had ``PAGE_GATHER`` (reverted next: the kernel has no
+such constant since; ``docs/records/benchmarks/paged/issue49/README.md``, section 11).
 
 Each point: a chunk of queries at the end of each entry's keys (bottom-right causal), entries'
 key counts equal or mixed; pages shuffled in the pool. Contenders (each checked against the

@@ -19,8 +19,8 @@ from ...core._work_table import compile_work_table
 from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
 from ._defaults import default_schedule
-from ._launch import (gathers_pages, grid_for, kernel_args, kernel_for, launch_ragged,
-                      launch_with_lse, normalise)
+from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
+                      normalise)
 from ._plan import ForwardPlan, Fp8ForwardPlan, dense_launch, forward_plan, fp8_forward_plan
 from ._schedule import Schedule
 
@@ -163,14 +163,10 @@ class ForwardFamily(Family):
     reads_pages = True
 
     def reads_pages_with(self, problem: Problem, schedule: Schedule) -> bool:
-        """In place where one page holds a whole key tile, or where a tile's pages come by one
-        gathered load (``gathers_pages``) outside a cluster (with one, sm_90's kernel
-        compiles to 100k+ instructions); a tile joined from several page loads ran
-        0.28-0.47x the contiguous kernel (under two-CTA clusters 0.04x) on an H200 and an
-        H100, worse than gathering the pages first."""
-        return (page_tile(problem.page_size) >= schedule.tile_n
-                or (gathers_pages(problem.page_size, schedule.tile_n)
-                    and schedule.num_ctas == 1))
+        """In place only where one page holds a whole key tile: a tile joined from several
+        page loads ran 0.28-0.47x the contiguous kernel (under two-CTA clusters 0.04x) on an
+        H200 and an H100, worse than gathering the pages first."""
+        return page_tile(problem.page_size) >= schedule.tile_n
 
     def paged_lookup(self, bucket: Problem, shape: Problem) -> Problem:
         """The bucket without pages (the one the gathered call looks up): pages change where

@@ -76,8 +76,6 @@ def attention_fwd(
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; sequence s's keys
     # (Ranges' key range counts them) lie in the pages Pages[s] names
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
-    PAGE_GATHER: ConstBool,  # PAGED, PAGE_ROWS the page size and below TILE_N: a key tile's
-    # pages come by one gathered load (a TMA load a page), not joined from page loads
     FP8: ConstBool,  # float8_e4m3fn Q, K, V with descale factors; P enters P·V times 2^P_SHIFT
     V_TRANSPOSED: ConstBool,  # V is [B, H_kv, D, S_k] (the layout FP8 P·V reads from memory)
     PV_WIDE: ConstBool,  # FP8: P·V in bfloat16 (V widened per tile), not in e4m3
@@ -171,7 +169,7 @@ def attention_fwd(
             on."""
             if PAGED:
                 return page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width,
-                                 latency, PAD, PAGE_GATHER)
+                                 latency, PAD)
             tile = ct.load(A, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
                            padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                            latency=ct.static_eval(latency or None), allow_tma=ALLOW_TMA)

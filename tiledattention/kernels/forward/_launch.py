@@ -231,14 +231,6 @@ def normalise(problem: Problem, schedule: Schedule) -> Schedule:
     return schedule.replace(**changes) if changes else schedule
 
 
-def gathers_pages(page_size: int, tile_n: int) -> bool:
-    """Whether a key tile of ``tile_n`` keys from a cache paged at ``page_size`` (0: not
-    paged) comes by one gathered load of its whole pages: pages of a power of two smaller
-    than the tile (a page size of another form is joined from loads of its largest
-    power-of-two part)."""
-    return 0 < page_size < tile_n and page_tile(page_size) == page_size
-
-
 # -- constants, grid, arguments -----------------------------------------------------------------
 @functools.lru_cache(maxsize=4096)
 def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
@@ -278,7 +270,6 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "PAGED": problem.page_size > 0,
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(s.tile_n, page_tile(problem.page_size)) if problem.page_size else 0,
-        "PAGE_GATHER": gathers_pages(problem.page_size, s.tile_n),
         # FP8: the descale factors; V comes transposed ([B, H_kv, D, S_k]: e4m3 P·V reads it
         # from memory with keys innermost; as stored, the compiler transposed every tile
         # through shared memory, 0.69-0.80x on an H200 at D 128)
