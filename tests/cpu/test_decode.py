@@ -434,6 +434,29 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     assert DECODE.default_schedule("sm_90", windowed).occupancy == 1
 
 
+def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
+    """A contiguous 16-bit cache whose rows leave more than a third of the SMs idle at one
+    split (and fewer than one split a CTA an SM would fill) splits for two CTAs an SM (on an
+    H200 1.12-1.57x at 68-88 rows on nine of ten calls); 96 rows keep one split at one an SM,
+    as do windowed calls, generations that fit one CTA an SM, and rows that two splits spread
+    a CTA an SM."""
+    from tiledattention.kernels.decode._defaults import FILL_MAX_ROWS_SHARE, FULL_GPU_OCCUPANCY
+
+    assert FILL_MAX_ROWS_SHARE * 132 >= 88
+    for batch, splits in ((9, 3), (11, 3), (10, 3)):  # 72, 88 and 80 rows of H 32/8
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=12000))
+        assert (s.splits, s.occupancy, s.combine) == (splits, FULL_GPU_OCCUPANCY, "block_pdl")
+        assert s.splits * batch * 8 <= FULL_GPU_OCCUPANCY * 132  # every CTA resident at once
+    one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=12000))  # 96 rows
+    assert (one.splits, one.occupancy) == (1, 1)
+    two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=12000))  # 48 rows
+    assert (two.splits, two.occupancy) == (2, 1)
+    windowed = dataclasses.replace(_problem(batch=10, seqlen_k=12000), causal=True,
+                                   bottom_right=True, window_left=8000, window_right=0)
+    assert DECODE.default_schedule("sm_90", windowed).occupancy == 1
+    assert DECODE.default_schedule("sm_80", _problem(batch=10, seqlen_k=12000)).splits == 1
+
+
 def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():
     """D <= 64 over a contiguous 16-bit cache of 2k keys or more, on Hopper and data-centre
     Blackwell: 256-key steps (on an H200 1.04-1.12x the 128-key ones at D 64, batch 1-32); D 128,

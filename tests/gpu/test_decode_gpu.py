@@ -164,6 +164,31 @@ def test_block_merge_of_many_splits(shape, splits):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(10, 32, 8, 7001, 128, "fp16"), (70, 16, 1, 3333, 64, "bf16")],
+                         ids=["80-rows", "70-rows-d64"])
+def test_rows_short_of_the_sms_split_for_two_ctas_an_sm(shape):
+    """The default of a batch whose rows leave a third of the SMs idle (three splits, two CTAs
+    an SM, the block merge as a dependent launch) against one split and the reference."""
+    b, hq, hkv, sk, d, dtype = shape
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype=dtype, causal=False)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.splits, default.occupancy) == (3, 2)
+    case = DECODE.case(problem, torch.cuda.current_device())
+    try:
+        outs = {}
+        for name, schedule in (("default", default),
+                               ("one", default.replace(splits=1, occupancy=1, combine="block"))):
+            err = case.error(case.launcher(schedule))
+            assert err <= DECODE.tolerance(problem), (name, err)
+            outs[name] = case.out.clone()
+        assert rel_l2(outs["default"], outs["one"]) < 1e-3
+    finally:
+        del case
+        _release()
+
+
+@gpu
 @pytest.mark.parametrize("sq,sk", [(2, 1), (7, 3), (16, 1), (64, 40), (16, 15)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_bottom_right_rows_without_keys_are_zero(sq, sk, dtype):

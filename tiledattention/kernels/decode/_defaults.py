@@ -58,6 +58,14 @@ SMALL_PAGE_WAVES = 2
 #: 1.11-1.14x on three other such batches (112-120 rows, pages of 32-128). (On a contiguous
 #: cache of one length, 96 rows, two splits ran 0.98x.)
 FULL_GPU_OCCUPANCY = 2
+#: A contiguous 16-bit cache whose rows (B x H_kv) leave more than a third of the SMs idle at one
+#: split, and fewer than one split a CTA an SM would fill, splits into as many as two CTAs an SM
+#: hold at once (``FULL_GPU_OCCUPANCY``). On an H200 (docs/records/probes/decode_fill.py, bf16,
+#: the block merge as a dependent launch) 70 and 80 rows ran 1.64x (B70 H16/1 over 9000 keys,
+#: D 64) and 1.22x (B10 H32/8 over 20k) the one split, from 49% and 76% of the copy rate to 81%
+#: and 92%; at 96-120 rows more splits ran 0.88-1.05x (2 splits 0.91-1.09x), so the rule stops at
+#: two thirds of the SMs.
+FILL_MAX_ROWS_SHARE = 2 / 3
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
 #: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
 #: split of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
@@ -143,7 +151,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     loads all of a row's splits at once (:data:`DEFAULT_COMBINE`), on Hopper launched as a
     programmatic dependent where the split kernel so compiled does not spill and it measured
     faster (:data:`PDL_MAX_HEAD_DIM`; on an H100 the stepping merge so launched measured 0-5%
-    slower at S_k = 32k-128k).
+    slower at S_k = 32k-128k). Where one split leaves a third of the SMs or more idle (and two
+    would not give each SM a CTA), a contiguous cache splits for two CTAs an SM instead
+    (:data:`FILL_MAX_ROWS_SHARE`).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -191,6 +201,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             k_latency = 4
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
+    elif (two_ctas and wanted == 1 and rows <= FILL_MAX_ROWS_SHARE * sms
+          and not problem.ragged and not problem.kv_dtype):
+        # a third of the SMs or more idle at one split: as many splits as two CTAs an SM hold
+        wanted, occupancy = FULL_GPU_OCCUPANCY * sms // rows, FULL_GPU_OCCUPANCY
     if (problem.page_size and problem.batch > 1 and not problem.windowed and not problem.kv_dtype
             and two_ctas and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):
         wanted, occupancy = wanted * PAGED_SPLIT_FACTOR, FULL_GPU_OCCUPANCY
