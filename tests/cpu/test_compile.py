@@ -50,6 +50,23 @@ def test_hopper_default_pairs_causal_query_tiles_at_head_dim_256():
         "sm_90", dataclasses.replace(d256, head_dim=128)).paired_tiles
 
 
+def test_hopper_default_walks_short_full_head_dim_256_key_tiles_sawtooth():
+    """sm_90, D 256, full mask, rows seeing 513-2048 keys: key tiles walked sawtooth (H200:
+    1.044-1.064x on five calls); not at 512 or 4096 keys, nor causal, nor D 192 (two parts)."""
+    d256 = Problem(batch=8, heads_q=8, heads_kv=2, seqlen_q=1047, seqlen_k=1047, head_dim=256,
+                   dtype="fp16", causal=False)
+    s = FORWARD.default_schedule("sm_90", d256)
+    assert s.kv_sawtooth and (s.tile_m, s.tile_n, s.num_worker_warps) == (128, 128, 8)
+    assert compile_schedule(d256, s, "sm_90").cubin[:4] == b"\x7fELF"
+    assert FORWARD.default_schedule("sm_90", dataclasses.replace(
+        d256, seqlen_q=2048, seqlen_k=2048)).kv_sawtooth
+    for other in (dataclasses.replace(d256, seqlen_q=512, seqlen_k=512),
+                  dataclasses.replace(d256, seqlen_q=4096, seqlen_k=4096),
+                  dataclasses.replace(d256, causal=True),
+                  dataclasses.replace(d256, head_dim=192)):
+        assert not FORWARD.default_schedule("sm_90", other).kv_sawtooth, other
+
+
 def test_hopper_default_runs_short_causal_split_head_dims_on_64x64_tiles():
     """sm_90, causal, a head dim split in two (72, 80, 96) with rows seeing < 4k keys: 64x64
     tiles at occupancy 3, longest first; not for a power of two, nor at 4k keys."""

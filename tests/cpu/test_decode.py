@@ -422,7 +422,8 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     measured), keep one an SM."""
     full = DECODE.default_schedule("sm_90", _problem(batch=24, seqlen_k=3000, head_dim=128))
     assert (full.splits, full.occupancy, full.k_latency, full.tile_n) == (1, 2, 2, 128)  # 192
-    fewer = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=8192))  # 96 CTAs
+    fewer = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=8192,
+                                                      head_dim=128))  # 96 CTAs
     assert (fewer.splits, fewer.occupancy) == (1, 1)
     assert DECODE.default_schedule("sm_90", TOKEN).occupancy == 1  # 16 splits of 8 CTAs
     wide = _problem(batch=64, seqlen_k=3000)  # 512 CTAs: a CTA per SM everywhere
@@ -437,20 +438,29 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
 def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     """A contiguous 16-bit cache whose rows leave more than a third of the SMs idle at one
     split (and fewer than one split a CTA an SM would fill) splits for two CTAs an SM (on an
-    H200 1.12-1.57x at 68-88 rows on nine of ten calls); 96 rows keep one split at one an SM,
-    as do windowed calls, generations that fit one CTA an SM, and rows that two splits spread
-    a CTA an SM."""
+    H200 1.12-1.57x at 68-88 rows on nine of ten calls); 96 rows keep one split at one an SM
+    (unless they walk 256-key steps: 1.04-1.24x at 96-120 rows), as do windowed calls,
+    generations that fit one CTA an SM, and rows that two splits spread a CTA an SM."""
     from tiledattention.kernels.decode._defaults import FILL_MAX_ROWS_SHARE, FULL_GPU_OCCUPANCY
 
     assert FILL_MAX_ROWS_SHARE * 132 >= 88
     for batch, splits in ((9, 3), (11, 3), (10, 3)):  # 72, 88 and 80 rows of H 32/8
-        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=12000))
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=12000,
+                                                      head_dim=128))
         assert (s.splits, s.occupancy, s.combine) == (splits, FULL_GPU_OCCUPANCY, "block_pdl")
         assert s.splits * batch * 8 <= FULL_GPU_OCCUPANCY * 132  # every CTA resident at once
-    one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=12000))  # 96 rows
+    one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=12000,
+                                                    head_dim=128))  # 96 rows
     assert (one.splits, one.occupancy) == (1, 1)
-    two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=12000))  # 48 rows
+    two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=12000,
+                                                    head_dim=128))  # 48 rows
     assert (two.splits, two.occupancy) == (2, 1)
+    # 256-key steps (D 64, 2k keys or more): any idle SM; two splits of 96-128 rows
+    for batch in (12, 16):
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=64, seqlen_k=6000))
+        assert (s.tile_n, s.splits, s.occupancy) == (256, 2, FULL_GPU_OCCUPANCY)
+    short = DECODE.default_schedule("sm_90", _problem(batch=12, heads_q=64, seqlen_k=1500))
+    assert (short.tile_n, short.splits, short.occupancy) == (128, 1, 1)
     windowed = dataclasses.replace(_problem(batch=10, seqlen_k=12000), causal=True,
                                    bottom_right=True, window_left=8000, window_right=0)
     assert DECODE.default_schedule("sm_90", windowed).occupancy == 1

@@ -64,7 +64,8 @@ FULL_GPU_OCCUPANCY = 2
 #: the block merge as a dependent launch) 70 and 80 rows ran 1.64x (B70 H16/1 over 9000 keys,
 #: D 64) and 1.22x (B10 H32/8 over 20k) the one split, from 49% and 76% of the copy rate to 81%
 #: and 92%; at 96-120 rows more splits ran 0.88-1.05x (2 splits 0.91-1.09x), so the rule stops at
-#: two thirds of the SMs.
+#: two thirds of the SMs. Calls that walk ``SHORT_HEAD_STEP``-key steps (D <= 64) split so below
+#: the SM count too: two splits ran 1.04-1.24x the one on six calls of 96-120 rows.
 FILL_MAX_ROWS_SHARE = 2 / 3
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
 #: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
@@ -153,7 +154,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     faster (:data:`PDL_MAX_HEAD_DIM`; on an H100 the stepping merge so launched measured 0-5%
     slower at S_k = 32k-128k). Where one split leaves a third of the SMs or more idle (and two
     would not give each SM a CTA), a contiguous cache splits for two CTAs an SM instead
-    (:data:`FILL_MAX_ROWS_SHARE`).
+    (:data:`FILL_MAX_ROWS_SHARE`; with 256-key steps wherever one split leaves an SM idle).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -201,9 +202,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             k_latency = 4
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
-    elif (two_ctas and wanted == 1 and rows <= FILL_MAX_ROWS_SHARE * sms
-          and not problem.ragged and not problem.kv_dtype):
-        # a third of the SMs or more idle at one split: as many splits as two CTAs an SM hold
+    elif (two_ctas and wanted == 1 and not problem.ragged and not problem.kv_dtype
+          and (rows <= FILL_MAX_ROWS_SHARE * sms or tile_n == SHORT_HEAD_STEP)):
+        # a third of the SMs or more idle at one split (any idle with 256-key steps): as many
+        # splits as two CTAs an SM hold
         wanted, occupancy = FULL_GPU_OCCUPANCY * sms // rows, FULL_GPU_OCCUPANCY
     if (problem.page_size and problem.batch > 1 and not problem.windowed and not problem.kv_dtype
             and two_ctas and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):

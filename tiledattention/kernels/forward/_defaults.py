@@ -19,6 +19,13 @@ NARROW_WINDOW = 256
 #: two) whose packed D 128 forward runs 64-row tiles without a mask: measured up to 2048 (the
 #: gain fell from 1.23x at 512 to 1.09x at 2048), so longer ones keep the rectangle's tiles.
 PACKED_SHORT = 2048
+#: A full-mask D 256 call whose rows see more than the first and at most the second of these
+#: many keys walks its key tiles sawtooth (odd query tiles backwards, so consecutive tiles of a
+#: head meet the same keys in the L2). On an H200 (docs/records/probes/forward_short_d256.py)
+#: 1.044-1.064x the forward walk at 700-2000 keys on five calls (B 8-32, H 8-16, groups 1-8,
+#: bf16 and fp16), 0.987x at 512 keys, 0.997-1.007x at 4k-16k; D 192 (two head-dim parts) at
+#: 2048 keys 0.998x.
+WIDE_SAWTOOTH_KEYS = (512, 2048)
 
 
 def row_keys(problem: Problem) -> int:
@@ -116,7 +123,8 @@ def _rules(arch: str, problem: Problem) -> Schedule:
       128, H 12-32: 1.09-1.23x the 128x128 tile, the gain falling with length; 1.01-1.11x
       128x128 over a cluster of two; ``docs/records/benchmarks/varlen/issue50``).
     - D > 128: 128x128 with 8 worker warps at occupancy 3 (every shipped D256 key with
-      S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11).
+      S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11); a full
+      mask over :data:`WIDE_SAWTOOTH_KEYS` keys at D 256 walks its key tiles sawtooth.
 
     FP8 (e4m3) inputs on sm_90 follow their own rules where they were measured to differ
     (:func:`_hopper_fp8`), else the bf16 ones.
@@ -145,9 +153,12 @@ def _rules(arch: str, problem: Problem) -> Schedule:
             if fp8 is not None:
                 return fp8
         if d > 128:
+            lo, hi = WIDE_SAWTOOTH_KEYS
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
                             k_transposed=True, k_latency=4, v_latency=2,
-                            paired_tiles=problem.causal, **split)
+                            paired_tiles=problem.causal,
+                            kv_sawtooth=(not problem.causal and not split["split_d"]
+                                         and lo < keys <= hi), **split)
         small_tiles = dict(tile_m=64, tile_n=64, occupancy=4, exp2=True, approx_div=True,
                            k_latency=2, v_latency=2, kv_sawtooth=True)
         if d <= 64:

@@ -1,0 +1,67 @@
+"""Short full-mask D 256 prefill (a survey, docs/records/probes/survey_shapes.py, read B32 H8/1
+S1047 fp16 and B32 H8 S933 at 0.94-0.95x cuDNN): the sm_90 default against its neighbours,
+torch's cuDNN beside. Interleaved, L2 flushed, GPU time, medians; every candidate checked
+against the family case's float32 reference.
+
+    source .devtk/setup.sh && python3 docs/records/probes/forward_short_d256.py [--rounds 15]
+        [--check]   # other calls (longer, causal, D 192): the default against key tiles
+                    # walked sawtooth only
+"""
+
+import argparse
+
+import tiledattention as ta
+from tuner.measure import time_interleaved
+
+POINTS = ((32, 8, 1, 1047, "fp16"), (32, 8, 8, 933, "bf16"), (16, 16, 8, 1500, "bf16"),
+          (24, 12, 12, 700, "fp16"))
+#: (B, H_q, H_kv, S, dtype, D, causal)
+CHECK = ((4, 16, 8, 4096, "bf16", 256, False), (2, 32, 8, 8192, "fp16", 256, False),
+         (8, 8, 2, 2000, "bf16", 256, False), (1, 16, 16, 16000, "bf16", 256, False),
+         (64, 4, 4, 512, "fp16", 256, False), (8, 12, 12, 2048, "bf16", 192, False),
+         (2, 16, 8, 4096, "bf16", 256, True), (16, 8, 8, 1000, "fp16", 256, True))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    points = CHECK if args.check else [(*x, 256, False) for x in POINTS]
+    for b, hq, hkv, s, dtype, dim, causal in points:
+        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=dim,
+                       dtype=dtype, causal=causal)
+        case = ta.FORWARD.case(p, 0)
+        d = ta.FORWARD.default_schedule("sm_90", p)
+        candidates = {"default": d,
+                      "occ2": d.replace(occupancy=2),
+                      "approx": d.replace(approx_div=True),
+                      "K2": d.replace(k_latency=2),
+                      "64x128 w4": d.replace(tile_m=64, num_worker_warps=4, occupancy=2),
+                      "128x64": d.replace(tile_n=64),
+                      "128x64 occ2": d.replace(tile_n=64, occupancy=2),
+                      "persistent": d.replace(persistent=True),
+                      "sawtooth": d.replace(kv_sawtooth=True),
+                      "cta2": d.replace(num_ctas=2)}
+        if args.check:
+            candidates = {"default": d, "sawtooth": d.replace(kv_sawtooth=not d.kv_sawtooth)}
+        fns, errors = {}, {}
+        for name, s_ in candidates.items():
+            try:
+                fns[name] = case.launcher(s_)
+                errors[name] = case.error(fns[name])
+            except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
+                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
+                fns.pop(name, None)
+        fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
+        times = time_interleaved(fns, rounds=args.rounds)
+        flops = 4 * b * hq * s * s * dim / (2 if causal else 1)
+        print(f"== {p.describe()} default {d.describe()}")
+        base = times["default"].median_ms
+        for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
+            print(f"  {name:12s} {t.median_ms * 1e3:8.1f} us {flops / t.median_ms / 1e9:6.1f} TF/s "
+                  f"speed x{base / t.median_ms:.3f} err {errors.get(name, float('nan')):.1e}")
+
+
+if __name__ == "__main__":
+    main()
