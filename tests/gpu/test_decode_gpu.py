@@ -168,7 +168,8 @@ def test_block_merge_of_many_splits(shape, splits):
                          ids=["80-rows", "70-rows-d64"])
 def test_rows_short_of_the_sms_split_for_two_ctas_an_sm(shape):
     """The default of a batch whose rows leave a third of the SMs idle (three splits, two CTAs
-    an SM, the block merge as a dependent launch) against one split and the reference."""
+    an SM, the block merge as a dependent launch): as close to the float32 reference as one
+    split (bf16 outputs of the two differ by their rounding, 2.3e-03 relative L2)."""
     b, hq, hkv, sk, d, dtype = shape
     problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                       dtype=dtype, causal=False)
@@ -176,13 +177,13 @@ def test_rows_short_of_the_sms_split_for_two_ctas_an_sm(shape):
     assert (default.splits, default.occupancy) == (3, 2)
     case = DECODE.case(problem, torch.cuda.current_device())
     try:
-        outs = {}
+        errs = {}
         for name, schedule in (("default", default),
                                ("one", default.replace(splits=1, occupancy=1, combine="block"))):
-            err = case.error(case.launcher(schedule))
-            assert err <= DECODE.tolerance(problem), (name, err)
-            outs[name] = case.out.clone()
-        assert rel_l2(outs["default"], outs["one"]) < 1e-3
+            errs[name] = case.error(case.launcher(schedule))
+            assert errs[name] <= DECODE.tolerance(problem), (name, errs[name])
+        # the splits' float32 partials merge without adding error beyond the output's rounding
+        assert errs["default"] <= 1.25 * errs["one"] + 1e-4, errs
     finally:
         del case
         _release()
