@@ -418,8 +418,8 @@ def test_default_splits_fill_one_wave(arch, splits):
 
 def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     """At least a CTA per SM from one split runs occupancy 2 (on an H200 at 144-768 CTAs:
-    1.01-1.57x at 8 of 9 batches, 0.98x at one); fewer CTAs, and windowed calls (not
-    measured), keep one an SM."""
+    1.01-1.57x at 8 of 9 batches, 0.98x at one), windows over a contiguous cache as well; fewer
+    CTAs, and windows over a paged cache (not measured), keep one an SM."""
     full = DECODE.default_schedule("sm_90", _problem(batch=24, seqlen_k=3000, head_dim=128))
     assert (full.splits, full.occupancy, full.k_latency, full.tile_n) == (1, 2, 2, 128)  # 192
     fewer = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=8192,
@@ -431,16 +431,19 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     for arch in ("sm_80", "sm_120"):  # less shared memory an SM: one CTA
         assert DECODE.default_schedule(arch, wide).occupancy == 1
     windowed = dataclasses.replace(wide, causal=True, bottom_right=True, window_left=1000,
-                                   window_right=0)
-    assert DECODE.default_schedule("sm_90", windowed).occupancy == 1
+                                   window_right=0)  # a contiguous cache's window: as its keys
+    assert DECODE.default_schedule("sm_90", windowed).occupancy == 2
+    paged_window = dataclasses.replace(windowed, ragged=True, page_size=256)
+    assert DECODE.default_schedule("sm_90", paged_window).occupancy == 1
 
 
 def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     """A contiguous 16-bit cache whose rows leave more than a third of the SMs idle at one
     split (and fewer than one split a CTA an SM would fill) splits for two CTAs an SM (on an
     H200 1.12-1.57x at 68-88 rows on nine of ten calls); 96 rows keep one split at one an SM
-    (unless they walk 256-key steps: 1.04-1.24x at 96-120 rows), as do windowed calls,
-    generations that fit one CTA an SM, and rows that two splits spread a CTA an SM."""
+    (unless they walk 256-key steps: 1.04-1.24x at 96-120 rows), as do generations that fit
+    one CTA an SM, and rows that two splits spread a CTA an SM; a window over a contiguous
+    cache counts its keys as such a cache."""
     from tiledattention.kernels.decode._defaults import FILL_MAX_ROWS_SHARE, FULL_GPU_OCCUPANCY
 
     assert FILL_MAX_ROWS_SHARE * 132 >= 88
@@ -461,17 +464,19 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
         assert (s.tile_n, s.splits, s.occupancy) == (256, 2, FULL_GPU_OCCUPANCY)
     short = DECODE.default_schedule("sm_90", _problem(batch=12, heads_q=64, seqlen_k=1500))
     assert (short.tile_n, short.splits, short.occupancy) == (128, 1, 1)
-    windowed = dataclasses.replace(_problem(batch=10, seqlen_k=12000), causal=True,
-                                   bottom_right=True, window_left=8000, window_right=0)
-    assert DECODE.default_schedule("sm_90", windowed).occupancy == 1
+    windowed = dataclasses.replace(_problem(batch=10, seqlen_k=12000, head_dim=128),
+                                   causal=True, bottom_right=True, window_left=7999,
+                                   window_right=0)  # 80 rows over a window of 8000 keys
+    assert (DECODE.default_schedule("sm_90", windowed).splits,
+            DECODE.default_schedule("sm_90", windowed).occupancy) == (3, FULL_GPU_OCCUPANCY)
     assert DECODE.default_schedule("sm_80", _problem(batch=10, seqlen_k=12000)).splits == 1
 
 
 def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():
     """D <= 64 over a contiguous 16-bit cache of 2k keys or more, on Hopper and data-centre
-    Blackwell: 256-key steps (on an H200 1.04-1.12x the 128-key ones at D 64, batch 1-32); D 128,
-    short caches, windows, pages, FP8 caches and the generations with less shared memory (none
-    measured with them) keep their steps."""
+    Blackwell: 256-key steps (on an H200 1.04-1.12x the 128-key ones at D 64, batch 1-32), a
+    window of 2k keys or more too; D 128, short caches and windows, pages, FP8 caches and the
+    generations with less shared memory (none measured with them) keep their steps."""
     for arch in ("sm_80", "sm_90", "sm_100", "sm_120"):
         for b, hq, hkv, sk, d in ((1, 16, 16, 20000, 64), (8, 32, 8, 4096, 64),
                                   (32, 16, 16, 2048, 64), (1, 32, 8, 9000, 32)):
@@ -481,8 +486,10 @@ def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():
     assert DECODE.default_schedule("sm_90", _problem(seqlen_k=2047)).tile_n == 128
     assert DECODE.default_schedule("sm_90", _problem(head_dim=128)).tile_n == 128
     windowed = dataclasses.replace(_problem(seqlen_k=32768), causal=True, bottom_right=True,
-                                   window_left=4095, window_right=0)
-    assert DECODE.default_schedule("sm_90", windowed).tile_n == 128
+                                   window_left=4095, window_right=0)  # counted by its keys
+    assert DECODE.default_schedule("sm_90", windowed).tile_n == 256
+    narrow = dataclasses.replace(windowed, window_left=1023)
+    assert DECODE.default_schedule("sm_90", narrow).tile_n == 128
     paged = dataclasses.replace(_problem(seqlen_k=8192, batch=8, causal=True, bottom_right=True),
                                 ragged=True, page_size=256)
     assert DECODE.default_schedule("sm_90", paged).tile_n == 128

@@ -31,7 +31,11 @@ MAX_TILE_M = 64
 #: on 10 windowed keys (windows 128-4096, B 1 and 8, H 32/8, 16/8 and 64/8): one split won or
 #: tied at windows of 128 and 512 (1.14-1.31x the 2 splits the cache rule gave) and at B = 8
 #: (64 CTAs already; 1.00-1.31x), while 16 splits of a 4096 window at B = 1 took a third of
-#: one split's time (docs/records/benchmarks/variants/README.md).
+#: one split's time (docs/records/benchmarks/variants/README.md). Since the block merge (one
+#: load of a row's splits), a window over a contiguous 16-bit cache splits, and runs two CTAs an
+#: SM, as a cache of its keys would: on an H200 (docs/records/probes/decode_window_fill.py,
+#: windows of 1k-4k keys, B 6-40) 1.02-1.53x the one CTA an SM and one split of this rule on six
+#: calls; the gain counts only for paged and FP8 windows (not measured).
 WINDOW_SPLIT_MIN_KEYS = 512
 WINDOW_SPLIT_MIN_GAIN = 4
 #: Paged caches whose loads take at most this many keys (pages of 16, or 48: a load never
@@ -158,10 +162,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
-    window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys,
-    but only where splitting pays for its second launch (:data:`WINDOW_SPLIT_MIN_KEYS`,
-    :data:`WINDOW_SPLIT_MIN_GAIN`). A ragged batch (a paged cache's) splits by the same rule,
-    counted on its longest cache: on an H200 (page 64, H 32/8, D 128), more splits than the rule
+    window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys;
+    over a contiguous 16-bit cache every rule above applies as to a cache of the window's keys,
+    but a window of at most :data:`WINDOW_SPLIT_MIN_KEYS` keys runs one split; a paged or FP8
+    window also splits only where that multiplies its CTAs :data:`WINDOW_SPLIT_MIN_GAIN`-fold
+    and keeps one CTA an SM. A ragged batch (a paged cache's) splits by the same rule, counted
+    on its longest cache: on an H200 (page 64, H 32/8, D 128), more splits than the rule
     gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at 2k) and gained 1.04x and
     1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8). Pages whose
     loads take 16 keys walk 64-key steps split for two waves (:data:`SMALL_PAGE_STEP`); a
@@ -175,14 +181,15 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # per head (or per MAX_TILE_M rows of it)
     rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
     tile_m = min(MAX_TILE_M, max(16, 1 << (rows - 1).bit_length()))
-    keys = problem.seqlen_k
+    # a window over a contiguous 16-bit cache runs as a cache of the window's keys would
+    contiguous_window = problem.windowed and not problem.page_size and not problem.kv_dtype
+    keys = window_keys(problem) if problem.windowed else problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
     if (gen in TWO_CTAS_AN_SM and problem.head_dim <= SHORT_HEAD_DIM
-            and keys >= SHORT_HEAD_MIN_KEYS and not problem.windowed and not problem.page_size
+            and keys >= SHORT_HEAD_MIN_KEYS and not problem.page_size
             and not problem.kv_dtype):
         tile_n = SHORT_HEAD_STEP
     if problem.windowed:
-        keys = window_keys(problem)
         tile_n = min(tile_n, max(32, 1 << max(keys - 1, 0).bit_length()))
     small_pages = bool(problem.page_size) and page_tile(problem.page_size) <= SMALL_PAGE_ROWS
     if small_pages:
@@ -195,7 +202,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # one wave (these kernels run one CTA per SM on sm_90), or small pages' waves
     wanted = sms // rows if waves == 1 else -(-waves * sms // rows)
     occupancy, k_latency = 1, base.k_latency
-    two_ctas = gen in TWO_CTAS_AN_SM and not problem.windowed  # (windows: not measured)
+    # (paged and FP8 windows: not measured)
+    two_ctas = gen in TWO_CTAS_AN_SM and (not problem.windowed or contiguous_window)
     if two_ctas and rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
         occupancy = FULL_GPU_OCCUPANCY
         if problem.page_size and not small_pages:
@@ -215,7 +223,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                             MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
         return base.replace(splits=splits, occupancy=FULL_GPU_OCCUPANCY,
                             k_latency=FP8_K_LATENCY)
-    if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or wanted < WINDOW_SPLIT_MIN_GAIN):
+    if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or (
+            wanted < WINDOW_SPLIT_MIN_GAIN and not contiguous_window)):
         wanted = 1
     splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS,
                         MAX_MERGED_ROWS // tile_m))
