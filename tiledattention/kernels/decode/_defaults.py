@@ -35,7 +35,7 @@ MAX_TILE_M = 64
 #: load of a row's splits), a window over a contiguous 16-bit cache splits, and runs two CTAs an
 #: SM, as a cache of its keys would: on an H200 (docs/records/probes/decode_window_fill.py,
 #: windows of 1k-4k keys, B 6-40) 1.02-1.53x the one CTA an SM and one split of this rule on six
-#: calls; the gain counts only for paged and FP8 windows (not measured).
+#: calls; the four-fold gain still bounds paged and FP8 windows (not measured).
 WINDOW_SPLIT_MIN_KEYS = 512
 WINDOW_SPLIT_MIN_GAIN = 4
 #: Paged caches whose loads take at most this many keys (pages of 16, or 48: a load never

@@ -19,9 +19,9 @@ NARROW_WINDOW = 256
 #: two) whose packed D 128 forward runs 64-row tiles without a mask: measured up to 2048 (the
 #: gain fell from 1.23x at 512 to 1.09x at 2048), so longer ones keep the rectangle's tiles.
 PACKED_SHORT = 2048
-#: A full-mask D 256 call whose rows see more than the first and at most the second of these
-#: many keys walks its key tiles sawtooth (odd query tiles backwards, so consecutive tiles of a
-#: head meet the same keys in the L2). On an H200 (docs/records/probes/forward_short_d256.py)
+#: A full-mask D 256 call (no window) whose rows see more than the first and at most the second
+#: of these many keys walks its key tiles sawtooth (odd query tiles backwards, so consecutive
+#: tiles of a head meet the same keys in the L2). On an H200 (docs/records/probes/forward_short_d256.py)
 #: 1.044-1.064x the forward walk at 700-2000 keys on five calls (B 8-32, H 8-16, groups 1-8,
 #: bf16 and fp16), 0.987x at 512 keys, 0.997-1.007x at 4k-16k; D 192 (two head-dim parts) at
 #: 2048 keys 0.998x.
@@ -157,8 +157,9 @@ def _rules(arch: str, problem: Problem) -> Schedule:
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
                             k_transposed=True, k_latency=4, v_latency=2,
                             paired_tiles=problem.causal,
-                            kv_sawtooth=(not problem.causal and not split["split_d"]
-                                         and lo < keys <= hi), **split)
+                            kv_sawtooth=(not problem.causal and not problem.windowed
+                                         and not split["split_d"] and lo < keys <= hi),
+                            **split)
         small_tiles = dict(tile_m=64, tile_n=64, occupancy=4, exp2=True, approx_div=True,
                            k_latency=2, v_latency=2, kv_sawtooth=True)
         if d <= 64:
