@@ -452,6 +452,9 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
                                                       head_dim=128))
         assert (s.splits, s.occupancy, s.combine) == (splits, FULL_GPU_OCCUPANCY, "block_pdl")
         assert s.splits * batch * 8 <= FULL_GPU_OCCUPANCY * 132  # every CTA resident at once
+    short = DECODE.default_schedule("sm_90", _problem(batch=10, seqlen_k=300,
+                                                      head_dim=128))  # too short to split
+    assert (short.splits, short.occupancy) == (1, 1)
     one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=12000,
                                                     head_dim=128))  # 96 rows
     assert (one.splits, one.occupancy) == (1, 1)

@@ -275,7 +275,7 @@ def test_normalise_keeps_the_launches_of_a_capped_schedule():
 @pytest.mark.parametrize("batch, left, tile_n, splits, occupancy", [
     (1, 4096, 128, 16, 1), (1, 1023, 128, 4, 1), (1, 511, 128, 1, 1), (1, 127, 128, 1, 1),
     (1, 31, 32, 1, 1), (1, 32, 64, 1, 1), (8, 4096, 128, 2, 1), (2, 4096, 128, 8, 1),
-    (4, 4096, 128, 4, 1), (10, 4096, 128, 3, 2), (20, 2047, 128, 1, 2)])
+    (4, 4096, 128, 4, 1), (10, 4096, 128, 3, 2), (20, 2047, 128, 1, 2), (10, 511, 128, 1, 1)])
 def test_windowed_defaults(batch, left, tile_n, splits, occupancy):
     """A window over a contiguous cache splits as a cache of the window's keys would (B 1, 2,
     4 and 8 over 8 K/V heads: 8, 16, 32 and 64 CTAs a split, 132 // CTAs splits; 80 rows: three

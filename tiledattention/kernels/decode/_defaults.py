@@ -211,9 +211,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     elif (two_ctas and wanted == 1 and not problem.ragged and not problem.kv_dtype
-          and (rows <= FILL_MAX_ROWS_SHARE * sms or tile_n == SHORT_HEAD_STEP)):
+          and (rows <= FILL_MAX_ROWS_SHARE * sms or tile_n == SHORT_HEAD_STEP)
+          and keys >= 2 * MIN_KEYS_PER_SPLIT
+          and not (problem.windowed and keys <= WINDOW_SPLIT_MIN_KEYS)):
         # a third of the SMs or more idle at one split (any idle with 256-key steps): as many
-        # splits as two CTAs an SM hold
+        # splits as two CTAs an SM hold (a cache too short to split keeps one CTA an SM: one
+        # split at two an SM below the SM count ran 0.97x)
         wanted, occupancy = FULL_GPU_OCCUPANCY * sms // rows, FULL_GPU_OCCUPANCY
     if (problem.page_size and problem.batch > 1 and not problem.windowed and not problem.kv_dtype
             and two_ctas and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):
