@@ -292,6 +292,21 @@ def test_windowed_defaults(batch, left, tile_n, splits, occupancy):
         assert (same.splits, same.occupancy) == (splits, occupancy)
 
 
+def test_a_capped_wide_head_keeps_the_rules_it_had():
+    """A softcap above D 128 (Gemma 2's local layers: D 256, softcap 50, a 4096 window) keeps
+    the window's one CTA an SM and four-fold splits, and no fill split: its split kernel keeps
+    stack on sm_90, more at two CTAs an SM (not measured either way)."""
+    gemma = _problem(batch=8, hq=16, hkv=8, d=256, sk=8192, causal=True, bottom_right=True,
+                     left=4095, softcap=50.0)
+    schedule = DECODE.default_schedule("sm_90", gemma)  # 64 rows
+    assert (schedule.splits, schedule.occupancy) == (1, 1)
+    unwindowed = _problem(batch=10, hq=16, hkv=8, d=256, sk=8192, softcap=50.0)  # 80 rows
+    schedule = DECODE.default_schedule("sm_90", unwindowed)
+    assert (schedule.splits, schedule.occupancy) == (1, 1)
+    plain = DECODE.default_schedule("sm_90", _problem(batch=10, hq=16, hkv=8, d=256, sk=8192))
+    assert (plain.splits, plain.occupancy) == (3, 2)
+
+
 def test_a_paged_window_keeps_one_cta_an_sm_and_four_fold_splits():
     """A window over a paged cache (not measured at two CTAs an SM) keeps one CTA an SM and
     splits only where that multiplies its CTAs four-fold."""

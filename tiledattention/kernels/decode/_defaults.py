@@ -157,15 +157,16 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     programmatic dependent where the split kernel so compiled does not spill and it measured
     faster (:data:`PDL_MAX_HEAD_DIM`; on an H100 the stepping merge so launched measured 0-5%
     slower at S_k = 32k-128k). Where one split leaves a third of the SMs or more idle (and two
-    would not give each SM a CTA), a contiguous cache splits for two CTAs an SM instead
-    (:data:`FILL_MAX_ROWS_SHARE`; with 256-key steps wherever one split leaves an SM idle).
+    would not give each SM a CTA), a contiguous cache long enough to split splits for two CTAs
+    an SM instead (:data:`FILL_MAX_ROWS_SHARE`; with 256-key steps wherever one split leaves an
+    SM idle; not with a softcap above D 128, whose split kernel keeps stack).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
     window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys;
     over a contiguous 16-bit cache every rule above applies as to a cache of the window's keys,
     but a window of at most :data:`WINDOW_SPLIT_MIN_KEYS` keys runs one split; a paged or FP8
-    window also splits only where that multiplies its CTAs :data:`WINDOW_SPLIT_MIN_GAIN`-fold
+    window, or one with a softcap above D 128, also splits only where that multiplies its CTAs :data:`WINDOW_SPLIT_MIN_GAIN`-fold
     and keeps one CTA an SM. A ragged batch (a paged cache's) splits by the same rule, counted
     on its longest cache: on an H200 (page 64, H 32/8, D 128), more splits than the rule
     gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at 2k) and gained 1.04x and
@@ -181,8 +182,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # per head (or per MAX_TILE_M rows of it)
     rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
     tile_m = min(MAX_TILE_M, max(16, 1 << (rows - 1).bit_length()))
+    # a softcap above D 128 compiles a split kernel that keeps stack (sm_90: 80-128 bytes at one
+    # CTA an SM, 200-280 at two): the rules measured without one leave it as it was
+    capped_wide = problem.softcap > 0 and problem.head_dim > 128
     # a window over a contiguous 16-bit cache runs as a cache of the window's keys would
-    contiguous_window = problem.windowed and not problem.page_size and not problem.kv_dtype
+    contiguous_window = (problem.windowed and not problem.page_size and not problem.kv_dtype
+                         and not capped_wide)
     keys = window_keys(problem) if problem.windowed else problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
     if (gen in TWO_CTAS_AN_SM and problem.head_dim <= SHORT_HEAD_DIM
@@ -211,6 +216,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     elif (two_ctas and wanted == 1 and not problem.ragged and not problem.kv_dtype
+          and not capped_wide
           and (rows <= FILL_MAX_ROWS_SHARE * sms or tile_n == SHORT_HEAD_STEP)
           and keys >= 2 * MIN_KEYS_PER_SPLIT
           and not (problem.windowed and keys <= WINDOW_SPLIT_MIN_KEYS)):
