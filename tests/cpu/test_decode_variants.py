@@ -314,3 +314,5 @@ def test_a_paged_window_keeps_one_cta_an_sm_and_four_fold_splits():
                                          left=4096), ragged=True, page_size=256)
     schedule = DECODE.default_schedule("sm_90", paged)
     assert (schedule.splits, schedule.occupancy) == (1, 1)
+    wide = dataclasses.replace(paged, batch=20)  # 160 rows: a contiguous window takes two an SM
+    assert DECODE.default_schedule("sm_90", wide).occupancy == 1

@@ -44,7 +44,9 @@ D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
 
 def candidates_for(mode, default, rows, merged):
     """The schedules a mode times beside the default."""
-    split = lambda n, **kw: default.replace(splits=n, occupancy=2, combine=merged, **kw)  # noqa: E731
+    def split(n, **changes):
+        return default.replace(splits=n, occupancy=2, combine=merged, **changes)
+
     if mode == "check":
         return {"previous": default.replace(splits=1, occupancy=1, combine="block")}
     if mode == "long":

@@ -166,17 +166,17 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys;
     over a contiguous 16-bit cache every rule above applies as to a cache of the window's keys,
     but a window of at most :data:`WINDOW_SPLIT_MIN_KEYS` keys runs one split; a paged or FP8
-    window, or one with a softcap above D 128, also splits only where that multiplies its CTAs :data:`WINDOW_SPLIT_MIN_GAIN`-fold
-    and keeps one CTA an SM. A ragged batch (a paged cache's) splits by the same rule, counted
-    on its longest cache: on an H200 (page 64, H 32/8, D 128), more splits than the rule
-    gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at 2k) and gained 1.04x and
-    1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B 16 at 8). Pages whose
-    loads take 16 keys walk 64-key steps split for two waves (:data:`SMALL_PAGE_STEP`); a
-    paged split that fills the GPU by itself runs two CTAs an SM (with larger pages, K loads
-    four steps ahead); one that does not takes :data:`PAGED_SPLIT_FACTOR` times the splits at
-    two CTAs an SM. An FP8 cache takes more splits at two CTAs an SM
-    (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine would merge more than
-    :data:`MAX_MERGED_ROWS` rows of partials into one output row."""
+    window, or one with a softcap above D 128, also splits only where that multiplies its CTAs
+    :data:`WINDOW_SPLIT_MIN_GAIN`-fold and keeps one CTA an SM. A ragged batch (a paged cache's)
+    splits by the same rule, counted on its longest cache: on an H200 (page 64, H 32/8, D 128),
+    more splits than the rule gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at
+    2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B
+    16 at 8). Pages whose loads take 16 keys walk 64-key steps split for two waves
+    (:data:`SMALL_PAGE_STEP`); a paged split that fills the GPU by itself runs two CTAs an SM
+    (with larger pages, K loads four steps ahead); one that does not takes
+    :data:`PAGED_SPLIT_FACTOR` times the splits at two CTAs an SM. An FP8 cache takes more
+    splits at two CTAs an SM (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine
+    would merge more than :data:`MAX_MERGED_ROWS` rows of partials into one output row."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
@@ -206,6 +206,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     waves = SMALL_PAGE_WAVES if small_pages else 1
     # one wave (these kernels run one CTA per SM on sm_90), or small pages' waves
     wanted = sms // rows if waves == 1 else -(-waves * sms // rows)
+    # the most splits the keys take (a window of at most WINDOW_SPLIT_MIN_KEYS keys: one)
+    most_splits = (1 if problem.windowed and keys <= WINDOW_SPLIT_MIN_KEYS
+                   else keys // MIN_KEYS_PER_SPLIT)
     occupancy, k_latency = 1, base.k_latency
     # (paged and FP8 windows: not measured)
     two_ctas = gen in TWO_CTAS_AN_SM and (not problem.windowed or contiguous_window)
@@ -215,11 +218,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             k_latency = 4
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
-    elif (two_ctas and wanted == 1 and not problem.ragged and not problem.kv_dtype
-          and not capped_wide
-          and (rows <= FILL_MAX_ROWS_SHARE * sms or tile_n == SHORT_HEAD_STEP)
-          and keys >= 2 * MIN_KEYS_PER_SPLIT
-          and not (problem.windowed and keys <= WINDOW_SPLIT_MIN_KEYS)):
+    elif (two_ctas and wanted == 1 and most_splits > 1 and not problem.ragged
+          and not problem.kv_dtype and not capped_wide
+          and (rows <= FILL_MAX_ROWS_SHARE * sms or tile_n == SHORT_HEAD_STEP)):
         # a third of the SMs or more idle at one split (any idle with 256-key steps): as many
         # splits as two CTAs an SM hold (a cache too short to split keeps one CTA an SM: one
         # split at two an SM below the SM count ran 0.97x)
@@ -232,11 +233,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                             MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
         return base.replace(splits=splits, occupancy=FULL_GPU_OCCUPANCY,
                             k_latency=FP8_K_LATENCY)
-    if problem.windowed and (keys <= WINDOW_SPLIT_MIN_KEYS or (
-            wanted < WINDOW_SPLIT_MIN_GAIN and not contiguous_window)):
+    if problem.windowed and wanted < WINDOW_SPLIT_MIN_GAIN and not contiguous_window:
         wanted = 1
-    splits = max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS,
-                        MAX_MERGED_ROWS // tile_m))
+    splits = max(1, min(wanted, most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
     pdl = (splits > 1 and gen == "hopper" and problem.head_dim <= PDL_MAX_HEAD_DIM
            and not (problem.softcap or problem.windowed or problem.kv_dtype
                     or (problem.ragged and not problem.page_size)))

@@ -21,10 +21,10 @@ NARROW_WINDOW = 256
 PACKED_SHORT = 2048
 #: A full-mask D 256 call (no window) whose rows see more than the first and at most the second
 #: of these many keys walks its key tiles sawtooth (odd query tiles backwards, so consecutive
-#: tiles of a head meet the same keys in the L2). On an H200 (docs/records/probes/forward_short_d256.py)
-#: 1.044-1.064x the forward walk at 700-2000 keys on five calls (B 8-32, H 8-16, groups 1-8,
-#: bf16 and fp16), 0.987x at 512 keys, 0.997-1.007x at 4k-16k; D 192 (two head-dim parts) at
-#: 2048 keys 0.998x.
+#: tiles of a head meet the same keys in the L2). On an H200
+#: (docs/records/probes/forward_short_d256.py) 1.044-1.064x the forward walk at 700-2000 keys on
+#: five calls (B 8-32, H 8-16, groups 1-8, bf16 and fp16), 0.987x at 512 keys, 0.997-1.007x
+#: at 4k-16k; D 192 (two head-dim parts) at 2048 keys 0.998x.
 WIDE_SAWTOOTH_KEYS = (512, 2048)
 
 
