@@ -470,8 +470,8 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     windowed = dataclasses.replace(_problem(batch=10, seqlen_k=12000, head_dim=128),
                                    causal=True, bottom_right=True, window_left=7999,
                                    window_right=0)  # 80 rows over a window of 8000 keys
-    assert (DECODE.default_schedule("sm_90", windowed).splits,
-            DECODE.default_schedule("sm_90", windowed).occupancy) == (3, FULL_GPU_OCCUPANCY)
+    window_default = DECODE.default_schedule("sm_90", windowed)
+    assert (window_default.splits, window_default.occupancy) == (3, FULL_GPU_OCCUPANCY)
     assert DECODE.default_schedule("sm_80", _problem(batch=10, seqlen_k=12000)).splits == 1
 
 

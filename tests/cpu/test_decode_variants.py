@@ -8,7 +8,6 @@ kept plan), the walk against a brute-force visibility check, the bucket problem 
 from __future__ import annotations
 
 import dataclasses
-
 import random
 
 import pytest
