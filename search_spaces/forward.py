@@ -4,7 +4,7 @@ the dimensions that cannot matter for a problem, and an analytic time model for 
 from __future__ import annotations
 
 from tiledattention import FORWARD, Problem, Schedule
-from tiledattention.kernels.forward import head_dim_parts
+from tiledattention.kernels.forward import head_dim_parts, packable
 from tiledattention.tooling import FP8_DTYPES, array_itemsize
 
 from ._space import (FamilySpace, SearchSpace, arch_limits, register_space,
@@ -35,7 +35,8 @@ def infeasibility(arch: str, problem: Problem, schedule: Schedule) -> str | None
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Drop dimensions that cannot matter for ``problem`` (causal work order, tile pairing and
     the masked loop split when it is not causal; the head-dim split for a power of two) or that
-    measured slower everywhere for its kind. A space that does not search ``split_d`` splits a
+    measured slower everywhere for its kind; packed query heads without a group a tile can
+    hold). A space that does not search ``split_d`` splits a
     head dim that can be split (1.00-1.15x the padded kernel on every such fitting shape of
     issue 18)."""
     if head_dim_parts(problem.head_dim, True)[1] == 0:  # a power of two: nothing to split
@@ -53,6 +54,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         space = SearchSpace(space.arch, choices, space.base, space.infeasibility)
     else:
         space = space.without("pv_wide", "fast_acc")
+    if not packable(problem, max(space.choices.get("tile_m", (space.base.tile_m,)))):
+        space = space.without("pack_gqa")  # no group of query heads a tile could hold
     if problem.causal:
         # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases on an
         # H100, equal in one: a static round-robin over tiles of unequal length leaves SMs idle
@@ -80,6 +83,7 @@ _FULL = {
     "persistent": (False, True),
     "paired_tiles": (False, True),
     "split_d": (False, True),
+    "pack_gqa": (False, True),
 }
 _COMPACT = {
     "tile_m": (64, 128),

@@ -30,7 +30,8 @@ FORMAT1_FIELDS = ("tile_m", "tile_n", "occupancy", "num_ctas", "opt_level", "k_l
                   "longest_first", "unchecked_loads")
 #: Fields added since, with the value a dict without them reads as.
 ADDED = {"num_worker_warps": None, "split_masked": False, "persistent": False,
-         "paired_tiles": False, "split_d": False, "pv_wide": False, "fast_acc": False}
+         "paired_tiles": False, "split_d": False, "pv_wide": False, "fast_acc": False,
+         "pack_gqa": False}
 SCHEDULE = Schedule(tile_m=128, tile_n=64, occupancy=2, num_worker_warps=8, exp2=True,
                     persistent=True, split_masked=True)
 

@@ -128,7 +128,7 @@ def test_ranges_go_with_a_ragged_problem_only():
         kernel_args("q", "k", "v", "o", _ragged(), s, 0.1)
     with pytest.raises(KernelArgumentError, match="ranges must be given exactly"):
         kernel_args("q", "k", "v", "o", _ragged(ragged=False), s, 0.1, ranges="r")
-    assert ragged_grid(Schedule(tile_m=128), 32, 5, 1000) == (8, 160, 1)
+    assert ragged_grid(128, 32, 5, 1000) == (8, 160, 1)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

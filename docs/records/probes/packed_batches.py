@@ -14,6 +14,7 @@ checked against the float32 reference first. ``--profile NAME`` prints our kerne
 for one batch (torch.profiler). ``--grid`` adds our backward with every kernel on its grid of
 the longest sequence's tiles (no work tables: ``tiledattention-grid``), ``--table`` with every
 kernel walking a work table (``tiledattention-table``). ``--set new``: eight other batches.
+``--unpacked`` adds our forward with K/V groups unpacked (``tiledattention-unpacked``).
 
     source .devtk/setup.sh && python3 docs/records/probes/packed_batches.py [--only NAME]
 """
@@ -191,6 +192,25 @@ def table_threshold(fn, threshold):
     return run
 
 
+def unpacked(fn):
+    """``fn`` with every ragged forward launch's K/V groups unpacked (``pack_gqa`` off: the
+    forward before 2026-12-01's default)."""
+    from tiledattention.kernels.forward import _launch
+
+    plain = _launch.ragged_launch
+
+    def off(problem, schedule, *args, **kwargs):
+        return plain(problem, schedule.replace(pack_gqa=False), *args, **kwargs)
+
+    def run():
+        _launch.ragged_launch = off
+        try:
+            return fn()
+        finally:
+            _launch.ragged_launch = plain
+    return run
+
+
 def loop_times(fns, rounds):
     samples = {n: [] for n in fns}
     for r in range(rounds):
@@ -233,6 +253,8 @@ def main():
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--set", default="issue", choices=("issue", "new"))
     ap.add_argument("--phases", default="fwd,bwd")
+    ap.add_argument("--unpacked", action="store_true",
+                    help="add our forward with K/V groups unpacked (tiledattention-unpacked)")
     args = ap.parse_args()
     rows = []
     chosen = batches() if args.set == "issue" else new_batches()
@@ -248,6 +270,8 @@ def main():
             bwd["tiledattention-grid"] = table_threshold(bwd["tiledattention"], 1 << 62)
         if args.table:
             bwd["tiledattention-table"] = table_threshold(bwd["tiledattention"], 0)
+        if args.unpacked:
+            fwd["tiledattention-unpacked"] = unpacked(fwd["tiledattention"])
         if args.profile == name:
             profile(fwd, bwd)
         for phase, fns, mult in (("fwd", fwd, 1.0), ("bwd", bwd, 2.5)):

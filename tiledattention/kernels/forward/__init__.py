@@ -5,6 +5,8 @@ core's :class:`~tiledattention.Problem`)."""
 from ...core._problem import head_dim_parts
 from ._compile import compile_schedule
 from ._family import FORWARD, ForwardFamily
+from ._launch import packable
 from ._schedule import Schedule
 
-__all__ = ["FORWARD", "ForwardFamily", "Schedule", "compile_schedule", "head_dim_parts"]
+__all__ = ["FORWARD", "ForwardFamily", "Schedule", "compile_schedule", "head_dim_parts",
+           "packable"]

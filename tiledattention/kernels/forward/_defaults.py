@@ -6,9 +6,10 @@ from __future__ import annotations
 from ...core._compile import generation
 from ...core._dtypes import FP8_DTYPES
 from ...core._problem import Problem, head_dim_parts
+from ._launch import packable
 from ._schedule import Schedule
 
-__all__ = ["default_schedule", "row_keys", "PACKED_SHORT"]
+__all__ = ["default_schedule", "row_keys", "PACKED_SHORT", "packs_heads"]
 
 #: A window this narrow (the most keys a row sees) runs on 64x64 tiles: a query tile visits the
 #: key tiles from its first row's first key to its last row's last, TILE_M + span keys rounded
@@ -73,15 +74,36 @@ def _hopper_fp8(problem: Problem, split: dict) -> Schedule | None:
     return None
 
 
+def packs_heads(arch: str, problem: Problem, schedule: Schedule) -> bool:
+    """Whether the default packs a K/V group's query heads into one tile (``pack_gqa``): on
+    sm_90, for 16-bit inputs whose group a tile can hold (:func:`~._launch.packable`) under a
+    rule of at most three CTAs an SM, in a packed batch of sequences (they end inside tiles:
+    1.05-1.33x the same schedule unpacked on seven packed batches of 8-6000-token sequences,
+    groups 4, 8 and 16, D 128, and 1.05-1.11x on six more beside FlashAttention-4) or where
+    the queries fill at most half a tile (speculative verification, small chunks: 1.29-2.30x
+    at 24-40 queries over 4k-8k keys; chunks of 64-256 queries ran 0.95-1.03x). At four CTAs
+    an SM (the D <= 64 rules: 64 registers a thread) the packed kernel keeps 96 bytes on the
+    stack and ran 0.87-0.90x (one packed batch, one 48-query call); a paged cache was not
+    measured. ``docs/records/benchmarks/varlen/pack-gqa``."""
+    if generation(arch) != "hopper" or problem.dtype in FP8_DTYPES or problem.page_size:
+        return False
+    if not packable(problem, schedule.tile_m) or schedule.occupancy > 3:
+        return False
+    return problem.ragged or 2 * problem.seqlen_q <= schedule.tile_m
+
+
 def default_schedule(arch: str, problem: Problem) -> Schedule:
     """Per-architecture default, used when no tuned schedule is known for a shape: the rules
     of :func:`_rules`; on sm_90 e4m3 inputs accumulate their products in the tensor core's own
     precision (``fast_acc``: 1.02-1.10x on seven Llama, Qwen and Mistral prefills at D 128 on
     an H200, the errors unchanged at 2.0-2.5e-02; at D 256 with the tiles it lets run without
-    a cluster, :func:`_hopper_fp8`: ``docs/records/benchmarks/fp8``)."""
+    a cluster, :func:`_hopper_fp8`: ``docs/records/benchmarks/fp8``), and grouped query heads
+    share a tile where :func:`packs_heads` says so."""
     schedule = _rules(arch, problem)
     if generation(arch) == "hopper" and problem.dtype in FP8_DTYPES:
         return schedule.replace(fast_acc=True)
+    if packs_heads(arch, problem, schedule):
+        return schedule.replace(pack_gqa=True)
     return schedule
 
 

@@ -20,7 +20,7 @@ from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
 from ._defaults import default_schedule
 from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
-                      normalise)
+                      normalise, query_rows)
 from ._plan import ForwardPlan, Fp8ForwardPlan, dense_launch, forward_plan, fp8_forward_plan
 from ._schedule import Schedule
 
@@ -146,7 +146,7 @@ class ForwardFamily(Family):
             return
         compile_schedule(problem, schedule, arch, store_lse=None, work_table=None)
         if problem.ragged:
-            compile_work_table(problem.batch, schedule.tile_m, arch)
+            compile_work_table(problem.batch, query_rows(problem, schedule), arch)
 
     def case(self, problem: Problem, device_index: int) -> ForwardCase | RaggedForwardCase:
         if problem.page_size and not self.tunes_pages:

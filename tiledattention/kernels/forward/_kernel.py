@@ -20,6 +20,12 @@ H_kv, D, S_k]`` copy (``V_TRANSPOSED``), P·V in bf16 with ``PV_WIDE``, the e4m3
 accumulated in the tensor core's own precision with ``FAST_ACC``. ``BOTTOM_RIGHT``,
 ``TILE_D2``, ``STORE_LSE``, ``WINDOW``, ``SOFTCAP``, ``SINKS`` and ``FP8`` each sit under
 compile-time branches: without them the code is what it was before they existed.
+
+With ``PACK`` > 1 (FlashAttention's pack-GQA) a CTA's ``TILE_M`` rows are the ``tile_rows =
+TILE_M / PACK`` query positions of all ``PACK`` query heads of one K/V group, head-major (row
+``r`` is head ``r // tile_rows`` of the group at position ``r % tile_rows``): each K/V tile
+feeds the whole group, and a query tile spans ``tile_rows`` positions. With ``PACK`` = 1
+``tile_rows`` is ``TILE_M`` and the code is the unpacked kernel's.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ def attention_fwd(
     QDescale, KDescale, VDescale,  # FP8: float32 [B, H_kv] factors that turn the stored e4m3
     # values into real ones; else ()
     TILE_M: ConstInt, TILE_N: ConstInt,
+    PACK: ConstInt,  # query heads a tile holds: 1, or the group size (a power of two <= TILE_M)
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
     TILE_D2: ConstInt,  # 0, or the width of a second part at column TILE_D (a power of two)
@@ -81,7 +88,9 @@ def attention_fwd(
     PV_WIDE: ConstBool,  # FP8: P·V in bfloat16 (V widened per tile), not in e4m3
     FAST_ACC: ConstBool,  # FP8: e4m3 products accumulate in the tensor core's own precision
 ):
-    num_q_tiles = ct.cdiv(Q.shape[2], TILE_M)
+    tile_rows = ct.static_eval(TILE_M // PACK)  # query positions per tile
+    heads = heads_q // PACK  # tiles' heads per batch entry: query heads, or K/V groups
+    num_q_tiles = ct.cdiv(Q.shape[2], tile_rows)
     # FP8 P·V: P (at most 1) enters e4m3 times 2^8, so that its small values keep e4m3's three
     # mantissa bits (normal from 2^-6, not 2^-14); l_i sums the same scaled P, so the output
     # is unchanged. In the units of the running max (base 2 with EXP2); 0: P as it is.
@@ -96,10 +105,10 @@ def attention_fwd(
 
     def attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, seq, paged_keys):
         """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of ``batch``'s query head
-        ``head``, from these (per-sequence) arrays. With ``TILE_D2`` the head dim is two
-        parts: ``q``/``acc`` the first ``TILE_D`` columns, ``q2``/``acc2`` the next
-        ``TILE_D2``. ``PAGED``: sequence ``seq``'s ``paged_keys`` keys are read from its
-        pages."""
+        ``head`` (``PACK`` > 1: of heads ``head`` to ``head + PACK - 1``, one K/V group), from
+        these (per-sequence) arrays. With ``TILE_D2`` the head dim is two parts: ``q``/``acc``
+        the first ``TILE_D`` columns, ``q2``/``acc2`` the next ``TILE_D2``. ``PAGED``: sequence
+        ``seq``'s ``paged_keys`` keys are read from its pages."""
         kv_head = head // group
         score_scale = qk_scale  # what multiplies q.k: with FP8 also q's and k's descales
         v_descale = 1.0
@@ -120,7 +129,10 @@ def attention_fwd(
             if EXP2:
                 scale = softcap * LOG2_E
 
-        rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
+        positions = ct.arange(TILE_M, dtype=np.int32)  # [TILE_M]: each row's query position
+        if PACK > 1:
+            positions = positions % tile_rows
+        rows = q_tile * tile_rows + positions[:, None]  # [TILE_M, 1]
         seqlen_k = K.shape[2]
         if PAGED:
             seqlen_k = paged_keys
@@ -137,6 +149,9 @@ def attention_fwd(
             # it (in the units of m_i) and the denominator at its term, exp(sink - m) = 1 (0
             # for a sink of -inf, which the floor of m_i at NEG_BIG keeps finite)
             sink = ct.gather(Sinks, head)
+            if PACK > 1:  # each row's own head's sink
+                heads_of_rows = head + ct.arange(TILE_M, dtype=np.int32) // tile_rows
+                sink = ct.gather(Sinks, heads_of_rows).reshape((TILE_M, 1))
             if EXP2:
                 sink = sink * LOG2_E
             m_i = ct.maximum(m_i, sink)
@@ -149,8 +164,11 @@ def attention_fwd(
                 l_i = ct.exp(sink_term)
         acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
 
-        q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, TILE_D),
-                    padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+        # Q, Out and Lse tiles: one head's TILE_M rows, or PACK heads' tile_rows rows (the
+        # tile index of the head axis is then the K/V head's: its group's heads are PACK apart)
+        head_tile = head // PACK
+        q = ct.load(Q, index=(batch, head_tile, q_tile, 0),
+                    shape=(1, PACK, tile_rows, TILE_D), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                     allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
         pv_dtype = q.dtype  # P·V's inputs: the inputs' dtype, or bfloat16 (PV_WIDE)
         if PV_WIDE:
@@ -159,8 +177,8 @@ def attention_fwd(
         acc2 = None
         if TILE_D2:
             acc2 = ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32)  # [TILE_M, TILE_D2]
-            q2 = ct.load(Q, index=(batch, head, q_tile, TILE_D // TILE_D2),
-                         shape=(1, 1, TILE_M, TILE_D2), padding_mode=PAD,
+            q2 = ct.load(Q, index=(batch, head_tile, q_tile, TILE_D // TILE_D2),
+                         shape=(1, PACK, tile_rows, TILE_D2), padding_mode=PAD,
                          check_bounds=CHECK_BOUNDS,
                          allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D2))
 
@@ -242,11 +260,11 @@ def attention_fwd(
             # Row r's keys: from r + off - window_left (if bounded) to r + off (CAUSAL) or
             # r + off + window_right (if bounded), within [0, S_k). ``rows`` holds
             # r + off.
-            first_row = q_tile * TILE_M
+            first_row = q_tile * tile_rows
             if BOTTOM_RIGHT:
                 first_row = first_row + offset
             first_tile, unmasked_lo, unmasked_hi, end_tile = forward_window_key_tiles(
-                first_row, seqlen_k, window_left, window_right, TILE_M, TILE_N, CAUSAL)
+                first_row, seqlen_k, window_left, window_right, tile_rows, TILE_N, CAUSAL)
             first_keys = ct.full((TILE_M, 1), 0, dtype=np.int32)  # each row's first key
             if bounded(window_left):
                 first_keys = rows - window_left
@@ -279,7 +297,7 @@ def attention_fwd(
                     masked = (j < unmasked_lo) | (j >= unmasked_hi)
                     m_i, l_i, acc, acc2 = attend(j, masked, m_i, l_i, acc, acc2)
         else:
-            num_kv_tiles, mask_from = forward_key_tiles(q_tile, offset, seqlen_k, TILE_M,
+            num_kv_tiles, mask_from = forward_key_tiles(q_tile, offset, seqlen_k, tile_rows,
                                                          TILE_N, CAUSAL, BOTTOM_RIGHT)
             ANY_MASK = ct.static_eval(CAUSAL or not EVEN_K)
             if KV_SAWTOOTH:
@@ -309,33 +327,35 @@ def attention_fwd(
         if FP8:
             inv_l = inv_l * v_descale
         acc = acc * inv_l
-        out = acc.astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D))
-        ct.store(Out, index=(batch, head, q_tile, 0), tile=out)
+        out = acc.astype(Out.dtype).reshape((1, PACK, tile_rows, TILE_D))
+        ct.store(Out, index=(batch, head_tile, q_tile, 0), tile=out)
         if TILE_D2:
-            out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, 1, TILE_M, TILE_D2))
-            ct.store(Out, index=(batch, head, q_tile, TILE_D // TILE_D2), tile=out2)
+            out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, PACK, tile_rows, TILE_D2))
+            ct.store(Out, index=(batch, head_tile, q_tile, TILE_D // TILE_D2), tile=out2)
         if STORE_LSE:
             # base 2, in units of scaled scores: P = 2^(s * scale * log2(e) - lse) in the
             # backward. A row that saw no key gets +inf, so its probabilities (and gradients)
             # are zeros; with SINKS the sink's term is in l_i, and such a row gets the sink
             # (times log2(e)).
             lse = log_sum_exp(m_i, l_i, EXP2, np.inf)  # [TILE_M, 1]
-            ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
+            ct.store(Lse, index=(batch, head_tile, q_tile),
+                     tile=lse.reshape((1, PACK, tile_rows)))
 
     def attend_tile(q_tile, bh):
-        """Query tile ``q_tile`` of (batch x head) ``bh``. ``RAGGED``: the batch index is a
+        """Query tile ``q_tile`` of (batch x head) ``bh`` (``PACK`` > 1: of a K/V group's
+        heads). ``RAGGED``: the batch index is a
         sequence's, and every array is cut to that sequence's query or key range (``Ranges``),
         so its lengths, masks and alignment are the sequence's own; a tile past the sequence's
         queries does nothing. ``PACKED``: the sequences lie end to end in one ``[1, H, tokens,
         D]`` view (loads use batch 0). ``PAGED``: K and V are page pools; the sequence's keys,
         as many as its key range holds (at most its block table's pages), lie in the pages
         ``Pages[sequence]`` names."""
-        batch = bh // heads_q
-        head = bh % heads_q
+        batch = bh // heads
+        head = (bh % heads) * PACK  # the tile's (first) query head
         if RAGGED:
             seq, batch = sequence_of(batch, PACKED)
             q_seq = sequence_view(Q, Ranges, seq, 0)
-            if q_tile * TILE_M < q_seq.shape[2]:
+            if q_tile * tile_rows < q_seq.shape[2]:
                 paged_keys = 0
                 k_seq = K
                 v_seq = V
@@ -379,14 +399,14 @@ def attention_fwd(
     if PAIRED:
         num_slots = ct.cdiv(num_q_tiles, 2)
     if WORK_TABLE:
-        item = ct.bid(0) // heads_q
+        item = ct.bid(0) // heads
         seq = ct.gather(Work, (0, item))
         if seq >= 0:
-            attend_tile(ct.gather(Work, (1, item)), seq * heads_q + ct.bid(0) % heads_q)
+            attend_tile(ct.gather(Work, (1, item)), seq * heads + ct.bid(0) % heads)
     elif PERSISTENT:
         # Work item i is slot i % num_slots of (batch x head) i // num_slots: the CTAs in flight
         # at any moment work on neighbouring tiles of the same heads and share their K/V in L2.
-        for item in range(ct.bid(0), num_slots * Q.shape[0] * heads_q, ct.num_blocks(0)):
+        for item in range(ct.bid(0), num_slots * Q.shape[0] * heads, ct.num_blocks(0)):
             attend_slot(item % num_slots, item // num_slots)
     else:
         attend_slot(ct.bid(0), ct.bid(1))

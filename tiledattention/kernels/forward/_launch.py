@@ -55,7 +55,8 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["hinted_kernel", "kernel_for", "grid_for", "kernel_args", "kernel_constants",
            "constant_args", "ordered_args", "kernel_parameters", "normalise", "no_effect_flags",
            "default_scale", "transpose_values", "transposed_value_strides", "VALUE_ROW_ALIGN",
-           "launch", "launch_with_lse", "launch_ragged", "ragged_grid",
+           "launch", "launch_with_lse", "launch_ragged", "ragged_grid", "packable",
+           "packed_heads", "query_rows",
            "ragged_launch", "PreparedLaunch", "Slot", "slots",
            "RUNTIME_PARAMETERS", "NO_LSE", "UNUSED"]
 
@@ -149,13 +150,34 @@ def _unused(compile_only: bool) -> Any:
 _DEFAULTS = Schedule()
 
 
+def packable(problem: Problem, tile_m: int) -> bool:
+    """Whether ``tile_m`` rows can hold every query head of ``problem``'s K/V groups: a
+    group of more than one head, a power of two, at most ``tile_m`` (tile shapes are powers of
+    two, and a tile's heads must be one group's)."""
+    group = problem.group_size
+    return 1 < group <= tile_m and group & (group - 1) == 0
+
+
+def packed_heads(problem: Problem, schedule: Schedule) -> int:
+    """The query heads one CTA's tile holds: the group size where ``schedule.pack_gqa`` runs
+    (:func:`packable`), else 1."""
+    return problem.group_size if schedule.pack_gqa and packable(problem, schedule.tile_m) else 1
+
+
+def query_rows(problem: Problem, schedule: Schedule) -> int:
+    """The query positions of one tile: ``tile_m``, or ``tile_m / group`` where the tile
+    holds a whole group's heads (:func:`packed_heads`)."""
+    return schedule.tile_m // packed_heads(problem, schedule)
+
+
 def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
     """The flags of ``schedule`` that are off their canonical value (the ``Schedule`` default)
     yet cannot change the work the kernel does for ``problem``, each with the reason."""
-    num_q_tiles = math.ceil(problem.seqlen_q / schedule.tile_m)
+    rows = query_rows(problem, schedule)
+    num_q_tiles = math.ceil(problem.seqlen_q / rows)
     num_k_tiles = math.ceil(problem.seqlen_k / schedule.tile_n)
     even_k = problem.seqlen_k % schedule.tile_n == 0
-    even_all = (even_k and problem.seqlen_q % schedule.tile_m == 0
+    even_all = (even_k and problem.seqlen_q % rows == 0
                 and sum(head_dim_parts(problem.head_dim, schedule.split_d)) == problem.head_dim)
     # query tiles do unequal work under the causal mask or a window (whose ends clip the rows
     # near the first and last keys)
@@ -207,6 +229,9 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("pv_wide", problem.dtype not in FP8_DTYPES, "only FP8 inputs have a narrower P·V"),
         ("fast_acc", problem.dtype not in FP8_DTYPES,
          "only e4m3 products have a narrower accumulator"),
+        ("pack_gqa", not packable(problem, schedule.tile_m),
+         "a tile packs a whole K/V group's query heads only where the group size is a power of "
+         "two above 1 and at most tile_m"),
     )
     reasons: dict[str, str] = {}
     for flag, applies, reason in rules:
@@ -241,6 +266,7 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
     return {
         "TILE_M": s.tile_m,
         "TILE_N": s.tile_n,
+        "PACK": packed_heads(problem, s),
         "TILE_D": tile_d,
         "TILE_D2": tile_d2,
         "CAUSAL": problem.causal,
@@ -365,20 +391,22 @@ def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, 
     """The launch grid; ``sm_count`` is the device's number of SMs (persistent schedules). A
     ragged problem's grid is its call's (:func:`ragged_grid`)."""
     constants = _constants(problem, schedule)
-    slots = math.ceil(problem.seqlen_q / schedule.tile_m)  # work items per (batch x head)
+    # work items per (batch x tile's heads): one head's query tiles, or a packed group's
+    slots = math.ceil(problem.seqlen_q / query_rows(problem, schedule))
+    heads = problem.heads_q // constants["PACK"]
     if constants["PAIRED"]:
         slots = math.ceil(slots / 2)
     if constants["PERSISTENT"]:
-        work = slots * problem.batch * problem.heads_q
+        work = slots * problem.batch * heads
         return (min(work, sm_count * schedule.occupancy), 1, 1)
-    return (slots, problem.batch * problem.heads_q, 1)
+    return (slots, problem.batch * heads, 1)
 
 
-def ragged_grid(schedule: Schedule, heads_q: int, sequences: int,
-                longest_q: int) -> tuple[int, int, int]:
-    """The grid of a ragged call: the longest sequence's query tiles for every (sequence x
-    query head); a CTA past its own sequence's queries does nothing."""
-    return (max(1, math.ceil(longest_q / schedule.tile_m)), sequences * heads_q, 1)
+def ragged_grid(rows: int, heads: int, sequences: int, longest_q: int) -> tuple[int, int, int]:
+    """The grid of a ragged call of ``rows``-position query tiles of ``heads`` tiles' heads
+    (query heads, or packed groups): the longest sequence's query tiles for every (sequence x
+    head); a CTA past its own sequence's queries does nothing."""
+    return (max(1, math.ceil(longest_q / rows)), sequences * heads, 1)
 
 
 #: FP8's transposed values keep each head-dim row's start 16-byte aligned (TMA's rule): the key
@@ -485,19 +513,20 @@ def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences:
     walks a work table instead: one CTA per (query tile a sequence has x head), the heaviest
     sequences first."""
     schedule = normalise(problem, schedule)
-    items = work_items(sequences=sequences, longest=longest_q, rows=rows, tile=schedule.tile_m)
+    tile = query_rows(problem, schedule)  # query positions per tile
+    heads = problem.heads_q // packed_heads(problem, schedule)  # tiles per (sequence x tile)
+    items = work_items(sequences=sequences, longest=longest_q, rows=rows, tile=tile)
     table = use_work_table(sequences=sequences, longest=longest_q, items=items,
-                           heads=problem.heads_q, tile=schedule.tile_m)
+                           heads=heads, tile=tile)
     slot = slots("Q", "K", "V", "Out", "Lse", "Sinks", "Ranges", "Work", "Pages")
     args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
                        lse=slot["Lse"] if lse else None, sinks=slot["Sinks"] if sinks else None,
                        ranges=slot["Ranges"], packed=packed,
                        work=slot["Work"] if table else None,
                        pages=slot["Pages"] if pages else None)
-    grid = ((items * problem.heads_q, 1, 1) if table
-            else ragged_grid(schedule, problem.heads_q, sequences, longest_q))
-    return PreparedLaunch(kernel_for(schedule), grid, args, items if table else 0,
-                          schedule.tile_m)
+    grid = ((items * heads, 1, 1) if table
+            else ragged_grid(tile, heads, sequences, longest_q))
+    return PreparedLaunch(kernel_for(schedule), grid, args, items if table else 0, tile)
 
 
 def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, problem: Problem,

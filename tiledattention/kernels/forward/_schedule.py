@@ -68,6 +68,13 @@ class Schedule(ScheduleValue):
             accumulator (``ct.mma(..., use_fast_acc=True)``, as FlashAttention-3 does) instead
             of each being summed into a fresh float32 tile that is then added to its
             accumulator (tileiras's default for e4m3: a float32 add an element and product).
+    Grouped heads:
+        pack_gqa: one CTA's ``tile_m`` rows are ``tile_m / group`` query positions of every
+            query head of one K/V group (FlashAttention's pack-GQA), not ``tile_m`` positions
+            of one head: each K/V tile is read once for the group, and a short sequence fills
+            its tile with heads instead of padding. Runs where the group size is a power of
+            two of at most ``tile_m``; elsewhere (and without grouped heads) the kernel runs
+            unpacked (``normalise``).
     """
 
     tile_m: int = 64
@@ -91,6 +98,7 @@ class Schedule(ScheduleValue):
     split_d: bool = False
     pv_wide: bool = False
     fast_acc: bool = False
+    pack_gqa: bool = False
 
     # The dict form's version, and its name in messages ("a schedule ...": the forward was the
     # first family, so its messages name no family). Fields added to the dict form after format
@@ -102,8 +110,8 @@ class Schedule(ScheduleValue):
     FORMAT = SCHEDULE_FORMAT
     LABEL = ""
     ADDED_FIELDS = ("num_worker_warps", "split_masked", "persistent", "paired_tiles",
-                    "split_d", "pv_wide", "fast_acc")
-    OMITTED_AT_DEFAULT = ("split_d", "pv_wide", "fast_acc")
+                    "split_d", "pv_wide", "fast_acc", "pack_gqa")
+    OMITTED_AT_DEFAULT = ("split_d", "pv_wide", "fast_acc", "pack_gqa")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -143,7 +151,8 @@ class Schedule(ScheduleValue):
         if not self.allow_tma:
             parts.append("noTMA")
         for flag in ("kv_sawtooth", "longest_first", "unchecked_loads", "split_masked",
-                     "persistent", "paired_tiles", "split_d", "pv_wide", "fast_acc"):
+                     "persistent", "paired_tiles", "split_d", "pv_wide", "fast_acc",
+                     "pack_gqa"):
             if getattr(self, flag):
                 parts.append(flag)
         return " ".join(parts)
