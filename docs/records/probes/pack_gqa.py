@@ -10,6 +10,7 @@ medians. Each contender's output is checked against the float32 reference first.
 - ``packed``: the same with ``pack_gqa`` on.
 
     source .devtk/setup.sh && python3 docs/records/probes/pack_gqa.py [--only NAME] [--rounds N]
+    source .devtk/setup.sh && python3 docs/records/probes/pack_gqa.py --d64 --occ3
 """
 
 import argparse
@@ -24,17 +25,20 @@ from tiledattention.kernels.forward import _launch
 from tiledattention.tooling import varlen_reference
 from tuner.measure import time_interleaved
 
-PACK = [None]  # whether the ragged launches pack (set per contender; None: as resolved)
+PACK = [None]  # the ragged launches' schedule fields (set per contender; None: as resolved)
 _plain_ragged_launch = _launch.ragged_launch
 
 
 def _ragged_launch(problem, schedule, *args, **kwargs):
     if PACK[0] is not None:
-        schedule = schedule.replace(pack_gqa=PACK[0])
+        schedule = schedule.replace(**PACK[0])
     return _plain_ragged_launch(problem, schedule, *args, **kwargs)
 
 
 _launch.ragged_launch = _ragged_launch
+
+
+OCC3 = [False]  # also time the packed schedule at three CTAs an SM (``--occ3``)
 
 
 def uniform(g, n, lo, hi):
@@ -76,6 +80,23 @@ def dense_calls():
     }
 
 
+def d64_batches():
+    g = torch.Generator().manual_seed(53)
+    return {
+        "d64-gqa4-near-equal": (uniform(g, 24, 900, 1100), 16, 4, 64, True, torch.bfloat16),
+        "d64-gqa8-short": (uniform(g, 100, 20, 300), 16, 2, 64, True, torch.float16),
+        "d64-llama1b-sft": (log_uniform(g, 32, 50, 4000), 32, 8, 64, True, torch.bfloat16),
+        "d64-gqa4-full": (uniform(g, 64, 50, 600), 16, 4, 64, False, torch.bfloat16),
+    }
+
+
+def d64_calls():
+    return {
+        "d64-mqa-B16-q48-2k": (16, 16, 1, 48, 2048, 64, torch.bfloat16),
+        "d64-verify-B8-q24-4k": (8, 32, 8, 24, 4096, 64, torch.bfloat16),
+    }
+
+
 def rel(a, b):
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm()).item()
@@ -92,13 +113,16 @@ def ragged_contenders(lengths, hq, hkv, d, causal, dtype):
     longest = max(lengths)
     ref = varlen_reference(q.float(), k.float(), v.float(), cu, cu, causal=causal)
 
-    def call(pack):
+    def call(fields):
         def run():
-            PACK[0] = pack
+            PACK[0] = fields
             return ta.varlen_attn(q, k, v, cu, cu, longest, longest, is_causal=causal,
                                   enable_gqa=True)
         return run
-    fns = {"default": call(None), "unpacked": call(False), "packed": call(True)}
+    fns = {"default": call(None), "unpacked": call(dict(pack_gqa=False)),
+           "packed": call(dict(pack_gqa=True))}
+    if OCC3[0]:
+        fns["packed-occ3"] = call(dict(pack_gqa=True, occupancy=3))
     flops = 4 * hq * d * sum(n * (n + 1) // 2 if causal else n * n for n in lengths)
     return fns, {name: rel(fn(), ref) for name, fn in fns.items()}, flops
 
@@ -120,6 +144,9 @@ def dense_contenders(b, hq, hkv, sq, sk, d, dtype):
            "unpacked": lambda: ta.sdpa(q, k, v, "bottom_right", schedule=base),
            "packed": lambda: ta.sdpa(q, k, v, "bottom_right",
                                      schedule=base.replace(pack_gqa=True))}
+    if OCC3[0]:
+        fns["packed-occ3"] = lambda: ta.sdpa(q, k, v, "bottom_right",
+                                             schedule=base.replace(pack_gqa=True, occupancy=3))
     flops = 4 * b * hq * d * sum(min(sk, sk - sq + i + 1) for i in range(sq))
     return fns, {name: rel(fn(), ref) for name, fn in fns.items()}, flops
 
@@ -128,11 +155,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--occ3", action="store_true",
+                    help="add the packed schedule at three CTAs an SM (packed-occ3)")
+    ap.add_argument("--d64", action="store_true", help="the D 64 set of grouped calls")
     args = ap.parse_args()
+    OCC3[0] = args.occ3
     only = set(filter(None, args.only.split(",")))
     rows = []
-    todo = [(n, ragged_contenders, c) for n, c in ragged_batches().items()]
-    todo += [(n, dense_contenders, c) for n, c in dense_calls().items()]
+    if args.d64:
+        todo = [(n, ragged_contenders, c) for n, c in d64_batches().items()]
+        todo += [(n, dense_contenders, c) for n, c in d64_calls().items()]
+    else:
+        todo = [(n, ragged_contenders, c) for n, c in ragged_batches().items()]
+        todo += [(n, dense_contenders, c) for n, c in dense_calls().items()]
     for name, make, case in todo:
         if only and name not in only:
             continue
@@ -142,12 +177,13 @@ def main():
         print(f"{name}: " + ", ".join(f"{n} {ms[n] * 1e3:.1f} us ({flops / ms[n] / 1e9:.0f} "
                                        f"TF/s, err {errs[n]:.1e})" for n in fns), flush=True)
         rows.append((name, ms, errs))
-    print("\n| call | unpacked us | packed us | packed speed-up | default us | errors |")
-    print("|---|---|---|---|---|---|")
+    print("\n| call | unpacked us | packed us | packed speed-up | default us | "
+          "packed occ3 speed-up | errors |")
+    print("|---|---|---|---|---|---|---|")
     for name, ms, errs in rows:
-        default = f"{ms['default'] * 1e3:.1f}" if "default" in ms else ""
+        occ3 = f"{ms['unpacked'] / ms['packed-occ3']:.3f}" if "packed-occ3" in ms else ""
         print(f"| {name} | {ms['unpacked'] * 1e3:.1f} | {ms['packed'] * 1e3:.1f} | "
-              f"{ms['unpacked'] / ms['packed']:.3f} | {default} | "
+              f"{ms['unpacked'] / ms['packed']:.3f} | {ms['default'] * 1e3:.1f} | {occ3} | "
               f"{max(errs.values()):.1e} |")
 
 

@@ -75,21 +75,28 @@ def _hopper_fp8(problem: Problem, split: dict) -> Schedule | None:
 
 
 def packs_heads(arch: str, problem: Problem, schedule: Schedule) -> bool:
-    """Whether the default packs a K/V group's query heads into one tile (``pack_gqa``): on
-    sm_90, for 16-bit inputs whose group a tile can hold (:func:`~._launch.packable`) under a
-    rule of at most three CTAs an SM, in a packed batch of sequences (they end inside tiles:
-    1.05-1.33x the same schedule unpacked on seven packed batches of 8-6000-token sequences,
-    groups 4, 8 and 16, D 128, and 1.05-1.11x on six more beside FlashAttention-4) or where
-    the queries fill at most half a tile (speculative verification, small chunks: 1.29-2.30x
-    at 24-40 queries over 4k-8k keys; chunks of 64-256 queries ran 0.95-1.03x). At four CTAs
-    an SM (the D <= 64 rules: 64 registers a thread) the packed kernel keeps 96 bytes on the
-    stack and ran 0.87-0.90x (one packed batch, one 48-query call); a paged cache was not
-    measured. ``docs/records/benchmarks/varlen/pack-gqa``."""
+    """Whether the default packs a K/V group's query heads into one tile (``pack_gqa``,
+    ``docs/records/benchmarks/varlen/pack-gqa``): on sm_90, for 16-bit inputs whose group a
+    tile can hold (:func:`~._launch.packable`),
+
+    - in a packed batch of sequences (``ragged``; they end inside tiles) under a rule of at
+      most three CTAs an SM: 1.05-1.33x the same schedule unpacked on seven packed batches of
+      8-6000-token sequences, groups 4, 8 and 16, D 128, and 1.05-1.11x on six more beside
+      FlashAttention-4. The D <= 64 rules' tiles (four CTAs an SM, 64 registers a thread,
+      where the packed kernel keeps 96 bytes on the stack) ran 0.87-0.94x packed at four or
+      three CTAs an SM on four D 64 batches (1.04x on a fifth), so they stay unpacked; a paged
+      cache was not measured;
+    - in a call whose queries fill at most half a tile (speculative verification, small
+      chunks), at most three CTAs an SM: 1.29-2.30x at 24-40 queries over 4k-8k keys (D 128),
+      1.10x at 24 queries (D 64, three CTAs an SM, where four ran 0.90x); chunks of 64-256
+      queries ran 0.94-1.03x packed."""
     if generation(arch) != "hopper" or problem.dtype in FP8_DTYPES or problem.page_size:
         return False
-    if not packable(problem, schedule.tile_m) or schedule.occupancy > 3:
+    if not packable(problem, schedule.tile_m):
         return False
-    return problem.ragged or 2 * problem.seqlen_q <= schedule.tile_m
+    if problem.ragged:
+        return schedule.occupancy <= 3
+    return 2 * problem.seqlen_q <= schedule.tile_m
 
 
 def default_schedule(arch: str, problem: Problem) -> Schedule:
@@ -98,12 +105,12 @@ def default_schedule(arch: str, problem: Problem) -> Schedule:
     precision (``fast_acc``: 1.02-1.10x on seven Llama, Qwen and Mistral prefills at D 128 on
     an H200, the errors unchanged at 2.0-2.5e-02; at D 256 with the tiles it lets run without
     a cluster, :func:`_hopper_fp8`: ``docs/records/benchmarks/fp8``), and grouped query heads
-    share a tile where :func:`packs_heads` says so."""
+    share a tile where :func:`packs_heads` says so (at most three CTAs an SM)."""
     schedule = _rules(arch, problem)
     if generation(arch) == "hopper" and problem.dtype in FP8_DTYPES:
         return schedule.replace(fast_acc=True)
     if packs_heads(arch, problem, schedule):
-        return schedule.replace(pack_gqa=True)
+        return schedule.replace(pack_gqa=True, occupancy=min(schedule.occupancy, 3))
     return schedule
 
 

@@ -89,7 +89,9 @@ def attention_fwd(
     FAST_ACC: ConstBool,  # FP8: e4m3 products accumulate in the tensor core's own precision
 ):
     tile_rows = ct.static_eval(TILE_M // PACK)  # query positions per tile
-    heads = heads_q // PACK  # tiles' heads per batch entry: query heads, or K/V groups
+    heads = heads_q  # tiles' heads per batch entry: query heads, or (PACK > 1) K/V groups
+    if PACK > 1:
+        heads = heads_q // PACK
     num_q_tiles = ct.cdiv(Q.shape[2], tile_rows)
     # FP8 P·V: P (at most 1) enters e4m3 times 2^8, so that its small values keep e4m3's three
     # mantissa bits (normal from 2^-6, not 2^-14); l_i sums the same scaled P, so the output
@@ -129,10 +131,10 @@ def attention_fwd(
             if EXP2:
                 scale = softcap * LOG2_E
 
-        positions = ct.arange(TILE_M, dtype=np.int32)  # [TILE_M]: each row's query position
-        if PACK > 1:
-            positions = positions % tile_rows
-        rows = q_tile * tile_rows + positions[:, None]  # [TILE_M, 1]
+        rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=np.int32)[:, None]  # [TILE_M, 1]
+        if PACK > 1:  # row r is position r % tile_rows of its head
+            positions = ct.arange(TILE_M, dtype=np.int32) % tile_rows
+            rows = q_tile * tile_rows + positions[:, None]
         seqlen_k = K.shape[2]
         if PAGED:
             seqlen_k = paged_keys
@@ -166,9 +168,12 @@ def attention_fwd(
 
         # Q, Out and Lse tiles: one head's TILE_M rows, or PACK heads' tile_rows rows (the
         # tile index of the head axis is then the K/V head's: its group's heads are PACK apart)
-        head_tile = head // PACK
+        head_tile = head
+        if PACK > 1:
+            head_tile = head // PACK
         q = ct.load(Q, index=(batch, head_tile, q_tile, 0),
-                    shape=(1, PACK, tile_rows, TILE_D), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
+                    shape=(1, PACK, tile_rows, TILE_D), padding_mode=PAD,
+                    check_bounds=CHECK_BOUNDS,
                     allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
         pv_dtype = q.dtype  # P·V's inputs: the inputs' dtype, or bfloat16 (PV_WIDE)
         if PV_WIDE:
@@ -351,7 +356,9 @@ def attention_fwd(
         as many as its key range holds (at most its block table's pages), lie in the pages
         ``Pages[sequence]`` names."""
         batch = bh // heads
-        head = (bh % heads) * PACK  # the tile's (first) query head
+        head = bh % heads
+        if PACK > 1:
+            head = head * PACK  # the group's first query head
         if RAGGED:
             seq, batch = sequence_of(batch, PACKED)
             q_seq = sequence_view(Q, Ranges, seq, 0)
