@@ -11,6 +11,7 @@ medians. Each contender's output is checked against the float32 reference first.
 
     source .devtk/setup.sh && python3 docs/records/probes/pack_gqa.py [--only NAME] [--rounds N]
     source .devtk/setup.sh && python3 docs/records/probes/pack_gqa.py --d64 --occ3
+    source .devtk/setup.sh && python3 docs/records/probes/pack_gqa.py --prefill
 """
 
 import argparse
@@ -97,6 +98,37 @@ def d64_calls():
     }
 
 
+def prefill_calls():
+    # name: (B, H_q, H_kv, S, D, dtype, causal): self-attention prefills
+    return {
+        "prefill-B1-H32/8-8k-causal": (1, 32, 8, 8192, 128, torch.bfloat16, True),
+        "prefill-B2-H64/8-4k-causal": (2, 64, 8, 4096, 128, torch.bfloat16, True),
+        "prefill-B4-H32/8-2k-causal-fp16": (4, 32, 8, 2048, 128, torch.float16, True),
+        "prefill-B1-H16/2-16k-causal": (1, 16, 2, 16384, 128, torch.bfloat16, True),
+        "prefill-B8-H32/8-1k-causal": (8, 32, 8, 1000, 128, torch.bfloat16, True),
+        "prefill-B2-H32/8-4k-full": (2, 32, 8, 4096, 128, torch.bfloat16, False),
+        "prefill-B1-H16/4-8k-causal-d256": (1, 16, 4, 8192, 256, torch.bfloat16, True),
+    }
+
+
+def prefill_contenders(b, hq, hkv, s, d, dtype, causal):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(b, hq, s, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, hkv, s, d, device="cuda", dtype=dtype, generator=g)
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=d,
+                      dtype="bf16" if dtype == torch.bfloat16 else "fp16", causal=causal)
+    base = FORWARD.default_schedule("sm_90", problem).replace(pack_gqa=False)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(hq // hkv, 1),
+        v.float().repeat_interleave(hq // hkv, 1), is_causal=causal)
+    fns = {"default": lambda: ta.sdpa(q, k, v, causal),
+           "unpacked": lambda: ta.sdpa(q, k, v, causal, schedule=base),
+           "packed": lambda: ta.sdpa(q, k, v, causal, schedule=base.replace(pack_gqa=True))}
+    pairs = s * (s + 1) // 2 if causal else s * s
+    return fns, {name: rel(fn(), ref) for name, fn in fns.items()}, 4 * b * hq * d * pairs
+
+
 def rel(a, b):
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm()).item()
@@ -158,11 +190,14 @@ def main():
     ap.add_argument("--occ3", action="store_true",
                     help="add the packed schedule at three CTAs an SM (packed-occ3)")
     ap.add_argument("--d64", action="store_true", help="the D 64 set of grouped calls")
+    ap.add_argument("--prefill", action="store_true", help="dense self-attention prefills")
     args = ap.parse_args()
     OCC3[0] = args.occ3
     only = set(filter(None, args.only.split(",")))
     rows = []
-    if args.d64:
+    if args.prefill:
+        todo = [(n, prefill_contenders, c) for n, c in prefill_calls().items()]
+    elif args.d64:
         todo = [(n, ragged_contenders, c) for n, c in d64_batches().items()]
         todo += [(n, dense_contenders, c) for n, c in d64_calls().items()]
     else:
