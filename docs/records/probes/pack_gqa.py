@@ -7,7 +7,9 @@ medians. Each contender's output is checked against the float32 reference first.
 - ``default``: ``varlen_attn`` / ``sdpa`` as they resolve a schedule (the lookup);
 - ``unpacked``: ragged calls: the resolved schedule with ``pack_gqa`` off; dense calls: the
   forward family's default rules' tiles, unpacked;
-- ``packed``: the same with ``pack_gqa`` on.
+- ``packed``: the same with ``pack_gqa`` on;
+- ``flash-attn-4`` (dense calls, where importable): FlashAttention-4's ``flash_attn_func`` on its
+  own ``[B, S, H, D]`` layout.
 
     source .devtk/setup.sh && python3 docs/records/probes/pack_gqa.py [--only NAME] [--rounds N]
     source .devtk/setup.sh && python3 docs/records/probes/pack_gqa.py --d64 --occ3
@@ -129,6 +131,15 @@ def prefill_contenders(b, hq, hkv, s, d, dtype, causal):
     return fns, {name: rel(fn(), ref) for name, fn in fns.items()}, 4 * b * hq * d * pairs
 
 
+def _fa4():
+    """FlashAttention-4's ``flash_attn_func`` where importable, else None."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # not installed here
+        return None
+    return flash_attn_func
+
+
 def rel(a, b):
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm()).item()
@@ -179,6 +190,14 @@ def dense_contenders(b, hq, hkv, sq, sk, d, dtype):
     if OCC3[0]:
         fns["packed-occ3"] = lambda: ta.sdpa(q, k, v, "bottom_right",
                                              schedule=base.replace(pack_gqa=True, occupancy=3))
+    fa4 = _fa4()
+    if fa4 is not None:  # on its own [B, S, H, D] layout, made contiguous outside the timing
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+
+        def flash():
+            out = fa4(qt, kt, vt, causal=True)  # FlashAttention aligns causal bottom-right
+            return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+        fns["flash-attn-4"] = flash
     flops = 4 * b * hq * d * sum(min(sk, sk - sq + i + 1) for i in range(sq))
     return fns, {name: rel(fn(), ref) for name, fn in fns.items()}, flops
 
@@ -191,12 +210,16 @@ def main():
                     help="add the packed schedule at three CTAs an SM (packed-occ3)")
     ap.add_argument("--d64", action="store_true", help="the D 64 set of grouped calls")
     ap.add_argument("--prefill", action="store_true", help="dense self-attention prefills")
+    ap.add_argument("--dense", action="store_true", help="the dense calls of few queries only")
     args = ap.parse_args()
     OCC3[0] = args.occ3
     only = set(filter(None, args.only.split(",")))
     rows = []
     if args.prefill:
         todo = [(n, prefill_contenders, c) for n, c in prefill_calls().items()]
+    elif args.dense:
+        todo = [(n, dense_contenders, c) for n, c in dense_calls().items()]
+        todo += [(n, dense_contenders, c) for n, c in d64_calls().items()]
     elif args.d64:
         todo = [(n, ragged_contenders, c) for n, c in d64_batches().items()]
         todo += [(n, dense_contenders, c) for n, c in d64_calls().items()]
@@ -213,13 +236,15 @@ def main():
                                        f"TF/s, err {errs[n]:.1e})" for n in fns), flush=True)
         rows.append((name, ms, errs))
     print("\n| call | unpacked us | packed us | packed speed-up | default us | "
-          "packed occ3 speed-up | errors |")
-    print("|---|---|---|---|---|---|---|")
+          "packed occ3 speed-up | FA4 us | FA4 / default | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, ms, errs in rows:
         occ3 = f"{ms['unpacked'] / ms['packed-occ3']:.3f}" if "packed-occ3" in ms else ""
+        fa4 = (f"{ms['flash-attn-4'] * 1e3:.1f} | {ms['flash-attn-4'] / ms['default']:.3f}"
+               if "flash-attn-4" in ms else " | ")
         print(f"| {name} | {ms['unpacked'] * 1e3:.1f} | {ms['packed'] * 1e3:.1f} | "
               f"{ms['unpacked'] / ms['packed']:.3f} | {ms['default'] * 1e3:.1f} | {occ3} | "
-              f"{max(errs.values()):.1e} |")
+              f"{fa4} | {max(errs.values()):.1e} |")
 
 
 if __name__ == "__main__":
