@@ -348,13 +348,12 @@ def attention_fwd(
 
     def attend_tile(q_tile, bh):
         """Query tile ``q_tile`` of (batch x head) ``bh`` (``PACK`` > 1: of a K/V group's
-        heads). ``RAGGED``: the batch index is a
-        sequence's, and every array is cut to that sequence's query or key range (``Ranges``),
-        so its lengths, masks and alignment are the sequence's own; a tile past the sequence's
-        queries does nothing. ``PACKED``: the sequences lie end to end in one ``[1, H, tokens,
-        D]`` view (loads use batch 0). ``PAGED``: K and V are page pools; the sequence's keys,
-        as many as its key range holds (at most its block table's pages), lie in the pages
-        ``Pages[sequence]`` names."""
+        heads). ``RAGGED``: the batch index is a sequence's, and every array is cut to that
+        sequence's query or key range (``Ranges``), so its lengths, masks and alignment are
+        the sequence's own; a tile past the sequence's queries does nothing. ``PACKED``: the
+        sequences lie end to end in one ``[1, H, tokens, D]`` view (loads use batch 0).
+        ``PAGED``: K and V are page pools; the sequence's keys, as many as its key range holds
+        (at most its block table's pages), lie in the pages ``Pages[sequence]`` names."""
         batch = bh // heads
         head = bh % heads
         if PACK > 1:
