@@ -63,7 +63,7 @@ def test_a_packed_batch_at_d128_without_a_mask_runs_64_row_tiles_on_hopper(seqle
     """Packed sequences end inside tiles whatever the bucket's (power-of-two) lengths: up to
     2048 tokens 64x128 at occupancy 2 (measured on an H200: 1.09-1.23x the rectangle's 128x128
     tiles), longer ones and the rectangle of the same lengths keep 128x128 tiles, and causal
-    packed batches the rectangle's rule."""
+    packed batches the rectangle's rule (their grouped heads packed: ``pack_gqa``)."""
     packed = _ragged(causal=False, seqlen_q=seqlen, seqlen_k=seqlen)
     s = FORWARD.default_schedule("sm_90", packed)
     want = (64, 128, 2, 1) if seqlen <= 2048 else (128, 128, 1, 1)
@@ -73,7 +73,9 @@ def test_a_packed_batch_at_d128_without_a_mask_runs_64_row_tiles_on_hopper(seqle
     # a head dim between 96 and 128 pads to 128 (two parts would pad as much): the same rule
     odd = FORWARD.default_schedule("sm_90", dataclasses.replace(packed, head_dim=112))
     assert not odd.split_d and (odd.tile_m == 64) is (seqlen <= 2048)
-    assert FORWARD.default_schedule("sm_90", dataclasses.replace(packed, causal=True)) == \
+    # causal: the rectangle's tiles, with a packed batch's grouped heads in one tile
+    causal = FORWARD.default_schedule("sm_90", dataclasses.replace(packed, causal=True))
+    assert causal.pack_gqa and causal.replace(pack_gqa=False) == \
         FORWARD.default_schedule("sm_90", dataclasses.replace(rectangle, causal=True))
 
 
