@@ -80,7 +80,7 @@ def packs_heads(arch: str, problem: Problem, schedule: Schedule) -> bool:
     tile can hold (:func:`~._launch.packable`),
 
     - in a packed batch of sequences (``ragged``; they end inside tiles) under a rule of at
-      most three CTAs an SM: 1.05-1.33x the same schedule unpacked on seven packed batches of
+      most three CTAs an SM: 1.05-1.34x the same schedule unpacked on six packed batches of
       8-6000-token sequences, groups 4, 8 and 16, D 128, and 1.05-1.11x on six more beside
       FlashAttention-4. The D <= 64 rules' tiles (four CTAs an SM, 64 registers a thread,
       where the packed kernel keeps 96 bytes on the stack) ran 0.87-0.94x packed at four or
