@@ -87,9 +87,9 @@ def packs_heads(arch: str, problem: Problem, schedule: Schedule) -> bool:
       three CTAs an SM on four D 64 batches (1.04x on a fifth), so they stay unpacked; a paged
       cache was not measured;
     - in a call whose queries fill at most half a tile (speculative verification, small
-      chunks), at most three CTAs an SM: 1.29-2.30x at 24-40 queries over 4k-8k keys (D 128),
-      1.10x at 24 queries (D 64, three CTAs an SM, where four ran 0.90x); chunks of 64-256
-      queries ran 0.94-1.03x packed."""
+      chunks), at most three CTAs an SM: 1.29-2.30x at 24-40 queries over 4k-8k keys with
+      groups of 4 (D 128; 1.00x a multi-query fp16 call), 1.10x at 24 queries (D 64, three
+      CTAs an SM, where four ran 0.90x); chunks of 64-256 queries ran 0.94-1.03x packed."""
     if generation(arch) != "hopper" or problem.dtype in FP8_DTYPES or problem.page_size:
         return False
     if not packable(problem, schedule.tile_m):
