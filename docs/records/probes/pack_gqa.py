@@ -17,7 +17,6 @@ medians. Each contender's output is checked against the float32 reference first.
 """
 
 import argparse
-import math
 
 import torch
 
@@ -27,6 +26,8 @@ from tiledattention.core._problem import Problem
 from tiledattention.kernels.forward import _launch
 from tiledattention.tooling import varlen_reference
 from tuner.measure import time_interleaved
+
+from packed_batches import log_uniform, rel, uniform  # this directory's probe: its helpers
 
 PACK = [None]  # the ragged launches' schedule fields (set per contender; None: as resolved)
 _plain_ragged_launch = _launch.ragged_launch
@@ -42,15 +43,6 @@ _launch.ragged_launch = _ragged_launch
 
 
 OCC3 = [False]  # also time the packed schedule at three CTAs an SM (``--occ3``)
-
-
-def uniform(g, n, lo, hi):
-    return [int(torch.randint(lo, hi + 1, (1,), generator=g)) for _ in range(n)]
-
-
-def log_uniform(g, n, lo, hi):
-    return [int(math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) *
-                         torch.rand(1, generator=g).item())) for _ in range(n)]
 
 
 def ragged_batches():
@@ -138,11 +130,6 @@ def _fa4():
     except Exception:  # not installed here
         return None
     return flash_attn_func
-
-
-def rel(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def ragged_contenders(lengths, hq, hkv, d, causal, dtype):
