@@ -392,7 +392,7 @@ def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, 
     ragged problem's grid is its call's (:func:`ragged_grid`)."""
     constants = _constants(problem, schedule)
     # work items per (batch x tile's heads): one head's query tiles, or a packed group's
-    slots = math.ceil(problem.seqlen_q / (schedule.tile_m // constants["PACK"]))
+    slots = math.ceil(problem.seqlen_q / query_rows(problem, schedule))
     heads = problem.heads_q // constants["PACK"]
     if constants["PAIRED"]:
         slots = math.ceil(slots / 2)
