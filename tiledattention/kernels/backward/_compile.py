@@ -16,11 +16,10 @@ from ...core._compile import (CompileResult, array_constraint, attention_constra
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
-                      DQ_SCALE_PARAMETERS, DQ_STORED_PARAMETERS, DS_STORE, RANGES,
-                      SUM_PARAMETERS, VARIANT_VALUES, WORK, delta_constants, delta_kernel,
-                      dkdv_constants, dkdv_kernel, dq_constants, dq_kernel, dq_scale_constants,
-                      dq_scale_kernel, dq_stored_constants, has_variants, normalise,
-                      stored_ds_shape, sum_constants, sum_kernel)
+                      DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES, WORK,
+                      delta_constants, delta_kernel, dkdv_constants, dkdv_kernel, dq_constants,
+                      dq_kernel, dq_scale_constants, dq_scale_kernel, has_variants, normalise,
+                      sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -34,8 +33,7 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
     """Compile the kernels ``normalise(problem, schedule)`` launches for ``arch``; raise
     :class:`CompileError`. The result is the dK/dV kernel's cubin (the largest, whose shared
     memory decides feasibility), with the dQ kernel's (one-pass, ``dq_mode="atomic"``: the
-    delta and dQ-scale kernels'; stored-dS, ``dq_mode="stored"``: the delta kernel's and the
-    stored-dS dQ kernel's) and with ``dkdv_splits > 1`` the partials' sum kernel's in
+    delta and dQ-scale kernels') and with ``dkdv_splits > 1`` the partials' sum kernel's in
     ``other_cubins``; ``seconds`` counts every build. ``work_table`` (a ragged problem): the
     dQ and dK/dV kernels that walk work tables (``WORK_TABLE``)."""
     s = normalise(problem, schedule)
@@ -67,12 +65,6 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
     rows = (1, p.batch * p.seqlen_q) if packed else (p.batch, p.seqlen_q)
     accum = (array_constraint("fp32", (rows[0], p.heads_q, rows[1], p.head_dim)) if one_pass
              else ctc.ConstantConstraint(0))
-    stored = stored_ds_shape(p, s)
-    # the stored-dS workspace: a [B, H_q, S_k, S_q] view of rows padded to 16 bytes
-    ds = (array_constraint(p.dtype, (*stored[:3], p.seqlen_q),
-                           (stored[1] * stored[2] * stored[3], stored[2] * stored[3],
-                            stored[3], 1))
-          if stored else ctc.ConstantConstraint(0))
     label = f"backward {s.describe()}"
     grads = kv_parts if s.dkdv_splits > 1 else kv_like
     dkdv = export_cubin(
@@ -80,18 +72,10 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
         DKDV_PARAMETERS.ordered(
             {"Q": q_like, "K": kv_like, "V": kv_like, "dO": q_like, "Lse": stat,
              "Delta": stat, "dK": grads, "dV": grads, "qk_scale": scale, "heads_kv": count,
-             "group": count, **dkdv_variants, DQ_ACCUM: accum, DS_STORE: ds},
+             "group": count, **dkdv_variants, DQ_ACCUM: accum},
             dkdv_constants(p, s, packed=packed, work_table=table)),
         arch, label + " (dK/dV)")
-    if stored:
-        others = [export_cubin(delta_kernel(), DELTA_PARAMETERS.ordered(
-                      {"Out": q_like, "dO": q_like, "Delta": stat, "dQacc": accum},
-                      delta_constants(p, accum=False)), arch, label + " (delta)"),
-                  export_cubin(dq_kernel(s), DQ_STORED_PARAMETERS.ordered(
-                      {"dSt": ds, "K": kv_like, "dQ": q_like, "qk_scale": scale,
-                       "heads_q": count, "group": count},
-                      dq_stored_constants(p, s)), arch, label + " (dQ from dS)")]
-    elif one_pass:
+    if one_pass:
         others = [export_cubin(delta_kernel(), DELTA_PARAMETERS.ordered(
                       {"Out": q_like, "dO": q_like, "Delta": stat, "dQacc": accum},
                       delta_constants(p)), arch, label + " (delta)"),

@@ -13,7 +13,6 @@ from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._reference import attention_reference
 from ...core._problem import Problem, default_scale
 from ...core._work_table import compile_work_table
-from ...errors import KernelArgumentError
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule, deterministic_backward_schedule
 from ._launch import (Launches, argument_tails, launch, launch_ragged, launches, normalise,
@@ -43,22 +42,13 @@ def _deterministic_asked() -> bool:
     return torch.are_deterministic_algorithms_enabled()
 
 
-def allocate_scratch(plan: Launches, device: Any, dtype: Any = None) -> dict[str, Any]:
-    """The buffers (torch, on ``device``) a launch of ``plan`` needs besides the gradients:
-    the float32 ones of ``plan.scratch`` (none without dK/dV splits or one pass) and, for a
-    stored-dS plan, ``"ds"``: the ``[B, H_q, S_k, S_q]`` view of its workspace
-    (``plan.ds_shape``) in ``dtype``, the inputs'."""
+def allocate_scratch(plan: Launches, device: Any) -> dict[str, Any]:
+    """The float32 buffers (torch, on ``device``) a launch of ``plan`` needs besides the
+    gradients (``plan.scratch``): none without dK/dV splits."""
     import torch
 
-    found = {name: torch.empty(shape, dtype=torch.float32, device=device)
-             for name, shape in plan.scratch.items()}
-    if plan.ds_shape is not None:
-        if dtype is None:
-            raise KernelArgumentError("allocate_scratch: a stored-dS plan needs dtype (the "
-                                      "inputs' dtype, of its dS workspace); got None")
-        found["ds"] = torch.empty(plan.ds_shape, dtype=dtype,
-                                  device=device)[..., :plan.problem.seqlen_q]
-    return found
+    return {name: torch.empty(shape, dtype=torch.float32, device=device)
+            for name, shape in plan.scratch.items()}
 
 
 def ragged_accumulator(plan: Launches, q: Any) -> Any:
@@ -125,7 +115,7 @@ class BackwardCase(AttentionCase):
         import torch
 
         plan = launches(self.problem, schedule, self.scale)
-        scratch = allocate_scratch(plan, self.q.device, self.q.dtype)
+        scratch = allocate_scratch(plan, self.q.device)
 
         def run() -> None:
             launch(torch.cuda.current_stream(), plan, self.q, self.k, self.v, self.out,
@@ -260,9 +250,6 @@ class BackwardFamily(Family):
                     "(dQ may differ in its last bits run to run); a deterministic run "
                     "(torch.use_deterministic_algorithms(True), or sdpa_backward's "
                     "deterministic=True) computes dQ with the dQ kernel instead")
-        if normalise(problem, schedule).dq_mode == "stored":
-            return ("dq_mode stored: the dK/dV kernel stores each pair's dS, a dQ kernel "
-                    "multiplies it by K; no atomics: bitwise reproducible run to run")
         why = (" (a ragged batch runs no one-pass backward)" if problem.ragged
                and schedule.dq_mode == "atomic" else "")
         return ("dq_mode kernel: dQ by a kernel of its own, dK/dV partials added in a fixed "
@@ -301,10 +288,10 @@ class BackwardFamily(Family):
         if schedule.dq_mode == "atomic" or problem.ragged:
             return super().prepare_backward(problem, schedule, scale)
         plan = launches(problem, schedule, scale)
-        if plan.splits > 1 or plan.stored:  # float32 partials or the dS workspace each call
+        if plan.splits > 1:  # float32 partials each call, and their sums
             def run(stream, q, k, v, out, grad_out, lse, delta, grads) -> None:
                 launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
-                       allocate_scratch(plan, q.device, q.dtype))
+                       allocate_scratch(plan, q.device))
             return run
         # what launch() enqueues, its argument tuples' constant tails built here: a warm call
         # runs no checks and no scratch dict (the kept call validated its arrays)
@@ -341,7 +328,7 @@ class BackwardFamily(Family):
                           packed=ragged.packed, dq_accum=ragged_accumulator(plan, q))
             return
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
-               allocate_scratch(plan, q.device, q.dtype))
+               allocate_scratch(plan, q.device))
 
 
 BACKWARD = register_family(BackwardFamily())

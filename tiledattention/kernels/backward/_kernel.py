@@ -395,7 +395,6 @@ def attention_bwd_dkdv(
     window_left: int, window_right: int, softcap: float,  # as attention_bwd_dq's
     Ranges, Work,  # as attention_bwd_dq's (Work's tiles: key tiles)
     dQacc,  # DQ_ATOMIC: float32 like Q (contiguous), zeroed, dQ / scale added here; else ()
-    dSt,  # DS_STORE: [B, H_q, S_k, S_q] in Q's dtype, each walked pair's dS^T stored; else ()
     TILE_M: ConstInt,  # query rows per step
     TILE_N: ConstInt,  # keys per CTA
     TILE_D: ConstInt,  # as attention_bwd_dq's
@@ -408,16 +407,12 @@ def attention_bwd_dkdv(
     WINDOW: ConstBool, SOFTCAP: ConstBool, RAGGED: ConstBool, PACKED: ConstBool,  # as dQ's
     DQ_ATOMIC: ConstBool,  # also add each (query tile, key tile) pair's dS K into dQacc
     WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs K/V head i % heads_kv of Work's item
-    DS_STORE: ConstBool,  # also store each (query tile, key tile) pair's dS^T into dSt
-    DS_TMA: ConstBool,  # EXPERIMENT
 ):
     """dK and dV (or split ``split``'s partials) of the CTA's key tile of one (batch, K/V
     head). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
     sequence's range, and a tile past the sequence's keys does nothing (``SPLITS`` is then 1:
     the launcher's ``normalise``). With ``DQ_ATOMIC`` every (query head, query tile) pair it
-    walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add;
-    with ``DS_STORE`` it stores its ``dS^T`` tile into ``dSt`` (not ``RAGGED``), for
-    ``attention_bwd_dq_stored``."""
+    walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
     alive = 1  # 0: a work item past the table's last tile
     if WORK_TABLE:
         kv_tile, batch, kv_head, alive = _work_item(Work, heads_kv)
@@ -501,10 +496,6 @@ def attention_bwd_dkdv(
             if SOFTCAP:
                 dst = dst * (1.0 - tt * tt)  # d(c * tanh(x / c)) / dx
             ds = dst.astype(q.dtype)
-            if DS_STORE:
-                ct.store(dSt, index=(batch, head, kv_tile, i),
-                         tile=ds.reshape((1, 1, TILE_N, TILE_M)),
-                         allow_tma=ct.static_eval(DS_TMA))
             dk = ct.mma(ds, q, dk)  # [TILE_N, TILE_D]
             if TILE_D2:
                 dk2 = ct.mma(ds, q2, dk2)  # [TILE_N, TILE_D2]
@@ -604,23 +595,20 @@ def attention_bwd_sum(
 def attention_bwd_delta(
     Out, dO,  # [B, H_q, S_q, D]
     Delta,  # [B, H_q, S_q] float32: written here, sum_d dO * Out per row
-    dQacc,  # ACCUM: [B, H_q, S_q, D] float32, zeroed here (attention_bwd_dkdv adds into it);
-    # else ()
+    dQacc,  # [B, H_q, S_q, D] float32: zeroed here (attention_bwd_dkdv adds into it)
     TILE: ConstInt,  # rows per CTA
     TILE_D: ConstInt,
-    ACCUM: ConstBool,  # zero the one-pass backward's dQ accumulator too
 ):
-    """The rows' ``delta`` (the dQ kernel's fused preprocess step, alone) and, with
-    ``ACCUM``, a zeroed tile of the float32 dQ accumulator."""
+    """The rows' ``delta`` (the dQ kernel's fused preprocess step, alone) and a zeroed tile
+    of the float32 dQ accumulator."""
     tile, batch, head = _row_block(Out.shape[1])
     # [TILE, TILE_D] each
     o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0)
     do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE]
     ct.store(Delta, index=(batch, head, tile), tile=delta.reshape((1, 1, TILE)))
-    if ACCUM:
-        ct.store(dQacc, index=(batch, head, tile, 0),
-                 tile=ct.full((1, 1, TILE, TILE_D), 0.0, dtype=np.float32))
+    ct.store(dQacc, index=(batch, head, tile, 0),
+             tile=ct.full((1, 1, TILE, TILE_D), 0.0, dtype=np.float32))
 
 
 @ct.kernel
@@ -636,86 +624,3 @@ def attention_bwd_dq_scale(
     dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0)  # [TILE, TILE_D]
     ct.store(dQ, index=(batch, head, tile, 0),
              tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))
-
-
-# -- the stored-dS backward's dQ: one matrix product over the stored dS tiles --------------------
-@ct.kernel
-def attention_bwd_dq_stored(
-    dSt,  # [B, H_q, S_k, S_q]: dS^T, stored by attention_bwd_dkdv (DS_STORE) for the pairs it
-    # walked; the rest is never written and never read here
-    K,  # [B, H_kv, S_k, D]
-    dQ,  # [B, H_q, S_q, D]: written here, scale * dS K
-    qk_scale: float,
-    heads_q: int,
-    group: int,
-    TILE_M: ConstInt,  # query rows per CTA: a multiple of STEP_M
-    TILE_N: ConstInt,  # keys per step: the dK/dV kernel's key tile
-    STEP_M: ConstInt,  # the dK/dV kernel's query tile (its walk stored whole tiles of these)
-    TILE_D: ConstInt,  # as attention_bwd_dq's
-    TILE_D2: ConstInt,  # as attention_bwd_dq's
-    CAUSAL: ConstBool,
-    BOTTOM_RIGHT: ConstBool,
-    KV_LATENCY: ConstInt,  # latency hint of the dS and K loads (1..10; 0: the compiler's)
-    HEAVY_FIRST: ConstBool,  # CTA 0 takes the last query tile
-    TILE_MAJOR: ConstBool,  # grid (batch x head, query tiles): a tile's CTAs of every head first
-):
-    """dQ of the CTA's query tile of one (batch, query head) from the dS tiles the dK/dV
-    kernel stored: ``scale * sum_j dS_ij K_j`` over the key tiles its rows see. Under the
-    causal mask the dK/dV kernel skipped, for each key tile, the query tiles (of ``STEP_M``
-    rows) before the first that sees it; where this tile's rows span such a step, the key
-    tiles past ``full_to`` take only the rows whose step was walked (the others were never
-    written)."""
-    if TILE_MAJOR:
-        q_tile = ct.bid(1)
-        bh = ct.bid(0)
-        tiles = ct.num_blocks(1)
-    else:
-        q_tile = ct.bid(0)
-        bh = ct.bid(1)
-        tiles = ct.num_blocks(0)
-    if HEAVY_FIRST:
-        q_tile = tiles - 1 - q_tile
-    batch = bh // heads_q
-    head = bh % heads_q
-    kv_head = head // group
-    seqlen_k = K.shape[2]
-    offset = 0
-    if BOTTOM_RIGHT:
-        offset = seqlen_k - dQ.shape[2]
-    first_row = q_tile * TILE_M
-    end = ct.cdiv(seqlen_k, TILE_N)
-    full_to = end
-    if CAUSAL:
-        # key tiles [0, end) hold keys the tile's rows see; those before full_to were walked
-        # with every STEP_M-row step of the tile (the first step sees their first key)
-        end = ct.cdiv(max(min(first_row + TILE_M + offset, seqlen_k), 0), TILE_N)
-        full_to = min(ct.cdiv(max(first_row + STEP_M + offset, 0), TILE_N), end)
-    # the step of each of the tile's rows, [1, TILE_M]
-    steps = (first_row + ct.arange(TILE_M, dtype=np.int32)[None, :]) // STEP_M
-
-    def add_key_tile(j, masked, dq, dq2):
-        """``dS K`` of key tile ``j`` added to ``dq`` (its second head-dim part to ``dq2``);
-        ``masked``: keep only the rows whose step the dK/dV kernel walked."""
-        dst = ct.load(dSt, index=(batch, head, j, q_tile), shape=(1, 1, TILE_N, TILE_M),
-                      padding_mode=ct.PaddingMode.ZERO,
-                      latency=ct.static_eval(KV_LATENCY or None)).reshape((TILE_N, TILE_M))
-        if masked:
-            walked = steps >= max(j * TILE_N - offset, 0) // STEP_M
-            dst = ct.where(walked, dst, 0.0)
-        k = _load_rows(K, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
-        ds = ct.transpose(dst)  # [TILE_M, TILE_N]
-        if TILE_D2:
-            k2 = _load_second_part(K, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
-                                   latency=KV_LATENCY)
-            dq2 = ct.mma(ds, k2, dq2)  # [TILE_M, TILE_D2]
-        return ct.mma(ds, k, dq), dq2  # [TILE_M, TILE_D]
-
-    dq, dq2 = _accumulators(TILE_D, TILE_D2, rows=TILE_M)
-    for j in range(full_to):
-        dq, dq2 = add_key_tile(j, False, dq, dq2)
-    for j in range(full_to, end):
-        dq, dq2 = add_key_tile(j, True, dq, dq2)
-    dq = dq * qk_scale
-    if TILE_D2:
-        dq2 = dq2 * qk_scale
-    _store_parts(dQ, batch, head, q_tile, dq, dq2, TILE_D, TILE_D2, rows=TILE_M)

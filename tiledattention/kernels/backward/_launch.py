@@ -60,8 +60,7 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
            "ragged_grids", "UNUSED", "RANGES", "WORK", "DQ_ACCUM", "DELTA_PARAMETERS",
            "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
-           "dq_scale_constants", "argument_tails", "DS_STORE", "DQ_STORED_PARAMETERS",
-           "dq_stored_constants", "stored_ds_shape", "DS_ROW_ALIGN"]
+           "dq_scale_constants", "argument_tails"]
 
 
 
@@ -97,12 +96,6 @@ def _dq_scale() -> ct.kernel:
     return attention_bwd_dq_scale
 
 
-def _dq_stored() -> ct.kernel:
-    from ._kernel import attention_bwd_dq_stored
-
-    return attention_bwd_dq_stored
-
-
 #: the launch-time values of the dQ and dK/dV kernels after the arrays and ``qk_scale``, the
 #: heads and ``group``: the window's sides (-1: unbounded) and the softcap (0: none), read under
 #: ``WINDOW`` / ``SOFTCAP``
@@ -120,20 +113,15 @@ UNUSED = ()
 #: the dK/dV kernel's last launch-time value, right after ``Work``: the one-pass backward's
 #: float32 dQ accumulator, else :data:`UNUSED`
 DQ_ACCUM = "dQacc"
-#: the dK/dV kernel's last launch-time value, right after ``dQacc``: the stored-dS backward's
-#: dS^T workspace (``dq_mode="stored"``), else :data:`UNUSED`
-DS_STORE = "dSt"
 DQ_PARAMETERS = KernelParameters(_dq, ("Q", "K", "V", "Out", "dO", "Lse", "Delta", "dQ",
                                        "qk_scale", "heads_q", "group", *VARIANT_VALUES, RANGES,
                                        WORK))
 DKDV_PARAMETERS = KernelParameters(_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", "dK", "dV",
                                            "qk_scale", "heads_kv", "group", *VARIANT_VALUES,
-                                           RANGES, WORK, DQ_ACCUM, DS_STORE))
+                                           RANGES, WORK, DQ_ACCUM))
 SUM_PARAMETERS = KernelParameters(_sum, ("Parts", "Grad"))
 DELTA_PARAMETERS = KernelParameters(_delta, ("Out", "dO", "Delta", "dQacc"))
 DQ_SCALE_PARAMETERS = KernelParameters(_dq_scale, ("dQacc", "dQ", "qk_scale"))
-DQ_STORED_PARAMETERS = KernelParameters(_dq_stored, ("dSt", "K", "dQ", "qk_scale", "heads_q",
-                                                     "group"))
 
 #: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step) and of the
 #: one-pass backward's dQ-scale kernel
@@ -256,15 +244,10 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     work tables order them, :func:`launch_ragged`). With ``dq_mode="atomic"``
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
     tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
-    ``ONE_PASS_WIDE_M`` rows or more one CTA per SM. With ``dq_mode="stored"`` the dQ
-    kernel steps by the dK/dV kernel's key tile and takes query tiles of at least its query
-    tile (the units its walk stores); a ragged or windowed problem runs ``"kernel"`` instead
-    (the stored walk is written for one dense range of rows and keys). ``split_d`` holds
+    ``ONE_PASS_WIDE_M`` rows or more one CTA per SM. ``split_d`` holds
     only where the head dim has two parts (``head_dim_parts``). Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
-    if schedule.dq_mode == "stored" and (problem.ragged or problem.windowed):
-        schedule = schedule.replace(dq_mode="kernel")
     if schedule.dq_mode == "atomic":
         base = dict(_BASE_DQ, dq_tile_m=min(_BASE_DQ["dq_tile_m"], q_cap),
                     dq_tile_n=min(_BASE_DQ["dq_tile_n"], k_cap))  # as capped below
@@ -292,12 +275,6 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
         splits //= 2
     if splits != schedule.dkdv_splits:
         changes["dkdv_splits"] = splits
-    if schedule.dq_mode == "stored":  # the dQ kernel reads whole stored tiles
-        step_n = min(schedule.dkdv_tile_n, k_cap)
-        rows = max(min(schedule.dq_tile_m, q_cap), tile_m)
-        for name, value in (("dq_tile_n", step_n), ("dq_tile_m", rows)):
-            if value != getattr(schedule, name):
-                changes[name] = value
     if schedule.split_d and head_dim_parts(problem.head_dim, True)[1] == 0:
         changes["split_d"] = False  # a power of two, or two parts no narrower than one
     for name in ("dq_heavy_first", "tile_major"):
@@ -340,20 +317,7 @@ def dkdv_constants(problem: Problem, schedule: BackwardSchedule, *, packed: bool
             "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "Q_LATENCY": s.q_latency or 0,
             "SPLITS": s.dkdv_splits, "TILE_MAJOR": s.tile_major,
-            **_variant_constants(problem, packed, work_table), "DQ_ATOMIC": s.dq_mode == "atomic",
-            "DS_STORE": s.dq_mode == "stored", "DS_TMA": DS_TMA[0]}
-
-DS_TMA = [True]  # EXPERIMENT
-
-
-def dq_stored_constants(problem: Problem, schedule: BackwardSchedule) -> dict[str, Any]:
-    """The ``ct.Constant`` arguments of the stored-dS backward's dQ kernel
-    (``attention_bwd_dq_stored``)."""
-    s = normalise(problem, schedule)
-    return {"TILE_M": s.dq_tile_m, "TILE_N": s.dkdv_tile_n, "STEP_M": s.dkdv_tile_m,
-            **_head_dim_constants(problem, s), "CAUSAL": problem.causal,
-            "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
-            "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major}
+            **_variant_constants(problem, packed, work_table), "DQ_ATOMIC": s.dq_mode == "atomic"}
 
 
 def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
@@ -361,10 +325,9 @@ def sum_constants(problem: Problem, parts: int) -> dict[str, Any]:
     return {"PARTS": parts, "TILE": SUM_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
 
 
-def delta_constants(problem: Problem, accum: bool = True) -> dict[str, Any]:
-    """The ``ct.Constant`` arguments of the delta kernel: the one-pass backward's (``accum``:
-    it zeroes the dQ accumulator too) or the stored-dS backward's (not)."""
-    return {"TILE": DELTA_TILE, "TILE_D": padded_head_dim(problem.head_dim), "ACCUM": accum}
+def delta_constants(problem: Problem) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of the one-pass backward's delta kernel."""
+    return {"TILE": DELTA_TILE, "TILE_D": padded_head_dim(problem.head_dim)}
 
 
 def dq_scale_constants(problem: Problem) -> dict[str, Any]:
@@ -379,10 +342,8 @@ def _hinted(kernel: ct.kernel, occupancy: int, num_worker_warps: int | None) -> 
 
 
 def dq_kernel(schedule: BackwardSchedule) -> ct.kernel:
-    """``attention_bwd_dq`` (with ``dq_mode="stored"`` ``attention_bwd_dq_stored``) with the
-    schedule's hints."""
-    return _hinted(_dq_stored() if schedule.dq_mode == "stored" else _dq(),
-                   schedule.dq_occupancy, schedule.dq_worker_warps)
+    """``attention_bwd_dq`` with the schedule's hints."""
+    return _hinted(_dq(), schedule.dq_occupancy, schedule.dq_worker_warps)
 
 
 def dkdv_kernel(schedule: BackwardSchedule) -> ct.kernel:
@@ -421,21 +382,6 @@ def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tu
     return found
 
 
-#: the stored-dS workspace's rows are padded to a multiple of this many elements (16 bytes of
-#: 16-bit values: what a TMA tensor map's strides must be multiples of)
-DS_ROW_ALIGN = 8
-
-
-def stored_ds_shape(problem: Problem, schedule: BackwardSchedule) -> tuple[int, ...] | None:
-    """With ``dq_mode="stored"`` the shape of the dS^T workspace the dK/dV kernel writes
-    (``[B, H_q, S_k, S_q]`` rounded up to ``DS_ROW_ALIGN``, in the input dtype; the kernels
-    take its ``[..., :S_q]`` view), else None."""
-    if normalise(problem, schedule).dq_mode != "stored":
-        return None
-    return (problem.batch, problem.heads_q, problem.seqlen_k,
-            -(-problem.seqlen_q // DS_ROW_ALIGN) * DS_ROW_ALIGN)
-
-
 class Launches(NamedTuple):
     """What one backward call launches, less the arrays: built once per plan."""
 
@@ -459,9 +405,6 @@ class Launches(NamedTuple):
     ragged_scalars: dict  # a ragged problem's: (PACKED, WORK_TABLE) -> (dq_scalars,
     # dkdv_scalars) with those constants; else empty
     one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
-    stored: bool  # dq_mode "stored": the delta kernel first; dq, dq_scalars are then
-    # attention_bwd_dq_stored's, whose arrays are the dS workspace, K and dQ
-    ds_shape: tuple[int, ...] | None  # stored: the dS workspace's (stored_ds_shape)
     delta_scalars: tuple  # the delta kernel's constants (its grid: the call's rows)
     dq_scale_scalars: tuple  # the dQ-scale kernel's constants (likewise)
     scale: float
@@ -476,7 +419,7 @@ def _scalars(parameters: KernelParameters, runtime: dict[str, Any],
              constants: dict[str, Any]) -> tuple[tuple, int]:
     """The kernel's arguments after its 8 arrays less ``Ranges`` and ``Work`` (and the dK/dV
     kernel's ``dQacc``), which must follow one another, and where ``Ranges`` goes among them."""
-    late = (RANGES, WORK, DQ_ACCUM, DS_STORE) if DQ_ACCUM in parameters.names else (RANGES, WORK)
+    late = (RANGES, WORK, DQ_ACCUM) if DQ_ACCUM in parameters.names else (RANGES, WORK)
     args = parameters.ordered({**runtime, **dict.fromkeys(late, UNUSED)}, constants)[8:]
     at = parameters.names.index(RANGES) - 8
     if parameters.names[at + 8:at + 8 + len(late)] != late:
@@ -512,11 +455,6 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
             _scalars(DKDV_PARAMETERS, dkdv_runtime,
                      dkdv_constants(p, s, packed=packed, work_table=table))[0])
         for packed in (False, True) for table in (False, True)} if p.ragged else {}
-    stored = s.dq_mode == "stored"
-    if stored:  # the dQ kernel is the stored-dS one: its arguments after dSt, K and dQ
-        dq_scalars = DQ_STORED_PARAMETERS.ordered(
-            {"dSt": None, "K": None, "dQ": None, "qk_scale": float(scale),
-             "heads_q": p.heads_q, "group": p.group_size}, dq_stored_constants(p, s))[3:]
     return Launches(
         splits=s.dkdv_splits,
         dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
@@ -528,8 +466,8 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
         ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), ragged_scalars=ragged_scalars,
-        one_pass=s.dq_mode == "atomic", stored=stored, ds_shape=stored_ds_shape(p, s),
-        delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p, accum=not stored)),
+        one_pass=s.dq_mode == "atomic",
+        delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p)),
         dq_scale_scalars=DQ_SCALE_PARAMETERS.constant_values(dq_scale_constants(p)),
         scale=float(scale))
 
@@ -586,7 +524,7 @@ def _describe_given(value: Any) -> str:
 
 
 def _check_call(plan: Launches, ranges: Any, *, packed: bool, tables: tuple[bool, bool],
-                dq_accum: Any, ds: Any = None) -> None:
+                dq_accum: Any) -> None:
     """:func:`kernel_args`' checks of what a call passes besides the arrays (``tables``:
     whether each kernel is given a work table)."""
     ragged = plan.problem.ragged
@@ -594,10 +532,6 @@ def _check_call(plan: Launches, ranges: Any, *, packed: bool, tables: tuple[bool
         raise KernelArgumentError(
             f"dq_accum must be given exactly when the plan is one-pass (dq_mode 'atomic'); got "
             f"{_describe_given(dq_accum)} for a plan with one_pass={plan.one_pass}")
-    if (ds is not None) != plan.stored:
-        raise KernelArgumentError(
-            f"ds must be given exactly when the plan stores dS (dq_mode 'stored'); got "
-            f"{_describe_given(ds)} for a plan with stored={plan.stored}")
     if (ranges is not None) != ragged:
         raise KernelArgumentError(
             f"ranges must be given exactly when the problem is ragged; got "
@@ -616,26 +550,24 @@ def _check_call(plan: Launches, ranges: Any, *, packed: bool, tables: tuple[bool
 def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any, lse: Any,
                 delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any = None, *,
                 packed: bool = False, dq_accum: Any = None,
-                work: tuple[Any, Any] = (None, None), ds: Any = None) -> tuple[tuple, tuple]:
+                work: tuple[Any, Any] = (None, None)) -> tuple[tuple, tuple]:
     """The positional arguments of the plan's dQ kernel and of its dK/dV kernel, in that order
     (``dk, dv``: what the dK/dV kernel writes, the float32 partials with ``plan.splits > 1``).
     ``dq_accum``: the one-pass backward's float32 dQ accumulator, given exactly when
-    ``plan.one_pass`` (the dQ kernel's arguments are then not launched). ``ds``: the
-    ``[B, H_q, S_k, S_q]`` dS^T workspace (a view of ``plan.ds_shape``), given exactly when
-    ``plan.stored`` (the dQ kernel's arguments are then ``ds, k, dq`` and its scalars).
+    ``plan.one_pass`` (the dQ kernel's arguments are then not launched).
     ``ranges``: the int32 ``[4, sequences]`` ranges of a ragged call, given exactly when
     ``plan.problem.ragged``; ``packed`` (ragged only): the arrays are ``[1, H, tokens, D]``
     views of sequences packed end to end; ``work`` (ragged only): the dQ kernel's table of
     query tiles and the dK/dV kernel's of key tiles (``make_work_table``), None for a kernel
     that runs its grid. Raises :class:`KernelArgumentError` otherwise."""
     tables = tuple(w is not None for w in work)
-    _check_call(plan, ranges, packed=packed, tables=tables, dq_accum=dq_accum, ds=ds)
+    _check_call(plan, ranges, packed=packed, tables=tables, dq_accum=dq_accum)
     return _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk, dv), ranges,
-                      packed=packed, dq_accum=dq_accum, work=work, ds=ds)
+                      packed=packed, dq_accum=dq_accum, work=work)
 
 
 def _arguments(plan: Launches, arrays: tuple, ranges: Any, *, packed: bool, dq_accum: Any,
-               work: tuple[Any, Any], ds: Any = None) -> tuple[tuple, tuple]:
+               work: tuple[Any, Any]) -> tuple[tuple, tuple]:
     """:func:`kernel_args` of what :func:`_check_call` has accepted (``arrays``: ``q, k, v,
     out, grad_out, lse, delta, dq, dk, dv``)."""
     q, k, v, out, grad_out, lse, delta, dq, dk, dv = arrays
@@ -650,11 +582,8 @@ def _arguments(plan: Launches, arrays: tuple, ranges: Any, *, packed: bool, dq_a
     value = UNUSED if ranges is None else ranges
     accum = UNUSED if dq_accum is None else dq_accum
     dq_work, dkdv_work = (UNUSED if w is None else w for w in work)
-    dkdv_args = (*dkdv_arrays, *dkdv_scalars[:at], value, dkdv_work, accum,
-                 UNUSED if ds is None else ds, *dkdv_scalars[at:])
-    if plan.stored:
-        return (ds, k, dq, *dq_scalars), dkdv_args
-    return (*dq_arrays, *dq_scalars[:at], value, dq_work, *dq_scalars[at:]), dkdv_args
+    return ((*dq_arrays, *dq_scalars[:at], value, dq_work, *dq_scalars[at:]),
+            (*dkdv_arrays, *dkdv_scalars[:at], value, dkdv_work, accum, *dkdv_scalars[at:]))
 
 
 def argument_tails(plan: Launches) -> tuple[tuple, tuple]:
@@ -663,7 +592,7 @@ def argument_tails(plan: Launches) -> tuple[tuple, tuple]:
     :func:`kernel_args` places them: built once per plan by a prepared launch."""
     at = plan.ranges_at
     return ((*plan.dq_scalars[:at], UNUSED, UNUSED, *plan.dq_scalars[at:]),
-            (*plan.dkdv_scalars[:at], UNUSED, UNUSED, UNUSED, UNUSED, *plan.dkdv_scalars[at:]))
+            (*plan.dkdv_scalars[:at], UNUSED, UNUSED, UNUSED, *plan.dkdv_scalars[at:]))
 
 
 def _row_grid(rows: int, tile: int, entries: int, heads: int) -> tuple[int, int, int]:
@@ -679,14 +608,11 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
     float32 views (``delta`` is written here); ``dq, dk, dv`` are preallocated like ``q, k,
     v``; ``scratch`` holds the float32 buffers of ``plan.scratch`` by name. A ragged problem's
     plan launches with :func:`launch_ragged` (this raises :class:`KernelArgumentError`).
-    One-pass (``plan.one_pass``): the delta kernel, the dK/dV kernel, the dQ-scale kernel.
-    Stored-dS (``plan.stored``): the delta kernel, the dK/dV kernel (storing dS into
-    ``scratch["ds"]``), the dQ kernel over it."""
+    One-pass (``plan.one_pass``): the delta kernel, the dK/dV kernel, the dQ-scale kernel."""
     dk_to, dv_to = (dk, dv) if plan.splits == 1 else (scratch["dk_parts"], scratch["dv_parts"])
     accum = scratch["dq_accum"] if plan.one_pass else None
-    ds = scratch["ds"] if plan.stored else None
     dq_args, dkdv_args = kernel_args(plan, q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to,
-                                     dq_accum=accum, ds=ds)
+                                     dq_accum=accum)
     _launch_walks(stream, plan, (plan.dq_grid, plan.dkdv_grid), (dq_args, dkdv_args),
                   (out, grad_out, delta, dq, accum))
     if plan.splits > 1:
@@ -697,20 +623,16 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_o
 def _launch_walks(stream: Any, plan: Launches, grids: tuple, args: tuple, rows: tuple) -> None:
     """The dQ kernel then the dK/dV kernel (``grids``, ``args``: theirs, in that order), or
     one-pass (``plan.one_pass``) the delta kernel, the dK/dV kernel and the dQ-scale kernel,
-    or stored-dS (``plan.stored``) the delta kernel, the dK/dV kernel and the dQ kernel,
     the row kernels over every row of ``rows``: ``(out, grad_out, delta, dq, dq_accum)``, the
     ``[B, H_q, S, D]`` arrays they read and write."""
     out, grad_out, delta, dq, accum = rows
-    entries, heads, length = out.shape[0], out.shape[1], out.shape[2]
-    if plan.one_pass or plan.stored:
+    if plan.one_pass:
+        entries, heads, length = out.shape[0], out.shape[1], out.shape[2]
         _aot.launch(stream, _row_grid(length, DELTA_TILE, entries, heads), delta_kernel(),
-                    (out, grad_out, delta, UNUSED if accum is None else accum,
-                     *plan.delta_scalars))
+                    (out, grad_out, delta, accum, *plan.delta_scalars))
     else:
         _aot.launch(stream, grids[0], plan.dq, args[0])
     _aot.launch(stream, grids[1], plan.dkdv, args[1])
-    if plan.stored:
-        _aot.launch(stream, grids[0], plan.dq, args[0])
     if plan.one_pass:
         _aot.launch(stream, _row_grid(length, SUM_TILE, entries, heads), dq_scale_kernel(),
                     (accum, dq, plan.scale, *plan.dq_scale_scalars))

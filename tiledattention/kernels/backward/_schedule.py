@@ -18,9 +18,8 @@ TILES = (16, 32, 64, 128, 256)
 SPLITS = (1, 2, 4, 8, 16)
 #: how dQ is computed: "kernel", by the dQ kernel (deterministic); "atomic", by the dK/dV
 #: kernel's walk, added into a float32 accumulator (one pass; the order of the additions, and
-#: so the last bits of dQ, vary run to run); "stored", by one matrix product over the dS tiles
-#: the dK/dV kernel's walk stores (deterministic; a workspace of S_q x S_k per query head)
-DQ_MODES = ("kernel", "atomic", "stored")
+#: so the last bits of dQ, vary run to run)
+DQ_MODES = ("kernel", "atomic")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,8 +116,6 @@ class BackwardSchedule(ScheduleValue):
         tail = (" | tile-major" if self.tile_major else "") + (" | split-d" if self.split_d else "")
         if self.dq_mode == "atomic":
             return dkdv + " | dq atomic" + tail
-        if self.dq_mode == "stored":
-            dkdv += " | ds stored"
         dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                   self.dq_worker_warps, self.kv_latency)
         return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "") + tail
