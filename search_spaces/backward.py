@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import BACKWARD, BackwardSchedule, Problem
-from tiledattention.tooling import head_dim_parts
+from tiledattention.tooling import head_dim_parts, packable
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
 
@@ -40,6 +40,7 @@ _FULL = {
     "tile_major": (False, True),
     "dq_mode": ("kernel", "atomic"),
     "split_d": (False, True),
+    "dq_pack_gqa": (False, True),
 }
 # The dimensions the H100 probes behind the sm_90 defaults found to matter
 # (scripts/backward_probe.py at 6113995: each kernel's occupancy and worker warps, the dK/dV
@@ -49,7 +50,8 @@ _FULL = {
 # dim of two parts (72, 80, 96, 192) both of its forms; Q/dO loads two and three steps ahead
 # (two: the D 256 default since the H200's probe; three: the H100's and the softcap rule's).
 # 6144 points at a power-of-two head dim (non-causal keys: 1536; a one-pass point normalises
-# the dQ kernel's fields away), twice that at the others.
+# the dQ kernel's fields away), twice that at the others; grouped heads whose group a dQ tile
+# can hold (``packable``) search the dQ kernel packed and not, twice again.
 _COMPACT = {
     "dkdv_tile_m": (64, 128),
     "dkdv_occupancy": (1, 2),
@@ -63,6 +65,7 @@ _COMPACT = {
     "tile_major": (False, True),
     "dq_mode": ("kernel", "atomic"),
     "split_d": (False, True),
+    "dq_pack_gqa": (False, True),
 }
 SPACES = {"full": _FULL, "compact": _COMPACT}
 
@@ -112,9 +115,13 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     sequence it tiles computes only padding, and ``normalise`` turns it into that cap anyway;
     when every candidate is past it, the cap itself is the one value left. Without a causal
     mask the work orders are not searched; dK/dV splits stop at the walk's length; a head dim
-    of one part (a power of two, ``head_dim_parts``) searches no ``split_d``."""
+    of one part (a power of two, ``head_dim_parts``) searches no ``split_d``, and a problem
+    whose K/V groups no dQ tile can hold (``packable``) no ``dq_pack_gqa``."""
     if head_dim_parts(problem.head_dim, True)[1] == 0 and "split_d" in space.choices:
         space = space.without("split_d")
+    if "dq_pack_gqa" in space.choices and not packable(
+            problem, max(space.choices.get("dq_tile_m", (space.base.dq_tile_m,)))):
+        space = space.without("dq_pack_gqa")
     choices = dict(space.choices)
     for name, cap in tile_caps(problem).items():
         if name in choices:

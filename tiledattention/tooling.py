@@ -19,7 +19,7 @@ from .core._cubin import (KernelResources, kernel_resources, kernel_symbol, text
 from .core._dtypes import FP8_DTYPES, array_itemsize
 from .core._family import codecs, serving
 from .core._lookup import Resolver, pick
-from .core._problem import head_dim_parts, page_tile
+from .core._problem import head_dim_parts, packable, page_tile
 from .core._provenance import Provenance, current_provenance, toolchain_versions
 from .core._ragged import ragged_problem
 from .core._identity import module_identity
@@ -38,6 +38,6 @@ __all__ = ["AttentionCase", "FP8_DTYPES", "KernelResources", "PACKAGE_BUNDLES", 
            "kernel_symbol", "launch_path", "module_identity", "param_specs", "recording_launches", "served_from_bundles",
            "toolchain_versions", "write_bundle",
            "check_arch", "codecs", "current_provenance", "generation", "paged_flops",
-           "head_dim_parts", "page_tile", "paged_lengths", "pick", "ragged_lengths",
+           "head_dim_parts", "packable", "page_tile", "paged_lengths", "pick", "ragged_lengths",
            "ragged_problem", "serving", "simulated_database_location", "text_digest",
            "torch_sdpa_kwargs", "varlen_reference", "visible_keys", "without_ptx_text"]

@@ -23,7 +23,7 @@ from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "problem_of_arrays", "check_cuda",
-           "padded_head_dim", "head_dim_parts", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
+           "padded_head_dim", "head_dim_parts", "packable", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_rows", "row_stat_shape",
            "variant_args",
            "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor", "check_attention_tensors"]
@@ -70,6 +70,15 @@ def row_stat_shape(problem: "Problem") -> tuple[int, int, int]:
 def default_scale(problem: "Problem") -> float:
     """The softmax scale when the caller gives none: ``1 / sqrt(D)``."""
     return 1.0 / math.sqrt(problem.head_dim)
+
+
+def packable(problem: "Problem", tile_m: int) -> bool:
+    """Whether a tile of ``tile_m`` rows can hold every query head of one of ``problem``'s
+    K/V groups (FlashAttention's pack-GQA, in the forward and the backward's dQ kernel): a
+    group of more than one head, a power of two, at most ``tile_m`` (tile shapes are powers of
+    two, and a tile's heads must be one group's)."""
+    group = problem.group_size
+    return 1 < group <= tile_m and group & (group - 1) == 0
 
 
 def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:

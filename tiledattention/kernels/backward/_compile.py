@@ -18,8 +18,8 @@ from ...core._problem import Problem
 from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
                       DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES, WORK,
                       delta_constants, delta_kernel, dkdv_constants, dkdv_kernel, dq_constants,
-                      dq_kernel, dq_scale_constants, dq_scale_kernel, has_variants, normalise,
-                      sum_constants, sum_kernel)
+                      dq_kernel, dq_query_rows, dq_scale_constants, dq_scale_kernel,
+                      has_variants, normalise, sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -58,7 +58,7 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
     dq_variants, dkdv_variants = (
         {**variants, WORK: (array_constraint("int32", (2, p.batch * -(-length // tile)))
                             if table else ctc.ConstantConstraint(0))}
-        for length, tile in ((p.seqlen_q, s.dq_tile_m), (p.seqlen_k, s.dkdv_tile_n)))
+        for length, tile in ((p.seqlen_q, dq_query_rows(p, s)), (p.seqlen_k, s.dkdv_tile_n)))
     one_pass = s.dq_mode == "atomic"
     # the one-pass backward's float32 dQ accumulator (contiguous, shaped like q's view: packed
     # [1, H_q, tokens, D]), else the zero-byte constant the launch's empty tuple stands for

@@ -15,8 +15,8 @@ from ...core._problem import Problem, default_scale
 from ...core._work_table import compile_work_table
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule, deterministic_backward_schedule
-from ._launch import (Launches, argument_tails, launch, launch_ragged, launches, normalise,
-                      row_stat_shape)
+from ._launch import (Launches, argument_tails, dq_query_rows, launch, launch_ragged, launches,
+                      normalise, row_stat_shape)
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -270,7 +270,7 @@ class BackwardFamily(Family):
         if problem.ragged:
             s = normalise(problem, schedule)
             compile_backward(problem, s, arch, work_table=True)
-            compile_work_table(problem.batch, s.dq_tile_m, arch)
+            compile_work_table(problem.batch, dq_query_rows(problem, s), arch)
             compile_work_table(problem.batch, s.dkdv_tile_n, arch, keys=True)
 
     def case(self, problem: Problem, device_index: int) -> BackwardCase | RaggedBackwardCase:

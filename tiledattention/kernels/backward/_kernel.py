@@ -13,7 +13,10 @@ recomputes its tiles of ``P = 2^(s * scale * log2(e) - L)`` from Q, K and ``L``.
   ``delta`` from O and dO and stores it (the preprocess step, fused), then walks the key tiles
   its rows see and accumulates ``dQ`` in float32 registers. It runs first. With
   ``HEAVY_FIRST`` (causal) the grid's first CTAs take the last query tiles, which see the most
-  keys, so that the short tiles fill the tail of the launch.
+  keys, so that the short tiles fill the tail of the launch. With ``PACK`` > 1 (the schedule's
+  ``dq_pack_gqa``) a CTA's tile holds ``TILE_M / PACK`` positions of every query head of one
+  K/V group (grid: position tiles x (batch x K/V group)), so each K/V tile it loads serves the
+  whole group and a short sequence fills its tile with heads instead of padding.
 - ``attention_bwd_dkdv`` (grid: key tiles x (batch x K/V head) x splits) holds one
   ``[TILE_N, D]`` tile of K and V and walks the query tiles that see it, for *every query head
   of the group*: grouped- and multi-query attention reduce dK and dV over the group in
@@ -92,49 +95,56 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
 
-def _load_rows(A, batch, head, tile, TILE_D, rows, latency):
-    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` as a ``[rows, TILE_D]`` tile (zero-filled;
-    ``latency``: the load's hint, 0 for the compiler's)."""
-    return ct.load(A, index=(batch, head, tile, 0), shape=(1, 1, rows, TILE_D),
+# The row helpers take ``heads``: 1, or (the dQ kernel's ``PACK``) the query heads of one K/V
+# group, whose ``rows`` rows each form one ``[heads * rows, ...]`` tile, head-major; ``head``
+# is then the head axis' tile index (the group's), its heads ``heads`` apart.
+def _load_rows(A, batch, head, tile, TILE_D, rows, latency, heads):
+    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` as a ``[heads * rows, TILE_D]`` tile
+    (zero-filled; ``latency``: the load's hint, 0 for the compiler's)."""
+    return ct.load(A, index=(batch, head, tile, 0), shape=(1, heads, rows, TILE_D),
                    padding_mode=ct.PaddingMode.ZERO,
-                   latency=ct.static_eval(latency or None)).reshape((rows, TILE_D))
+                   latency=ct.static_eval(latency or None)).reshape((heads * rows, TILE_D))
 
 
-def _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows, latency):
+def _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads):
     """Rows ``tile * rows ..`` of ``A [B, H, S, D]``, head-dim columns ``TILE_D ..
     TILE_D + TILE_D2`` (the second part of a split head dim, zero-filled past ``D``), as a
-    ``[rows, TILE_D2]`` tile."""
+    ``[heads * rows, TILE_D2]`` tile."""
     return ct.load(A, index=(batch, head, tile, TILE_D // TILE_D2),
-                   shape=(1, 1, rows, TILE_D2), padding_mode=ct.PaddingMode.ZERO,
-                   latency=ct.static_eval(latency or None)).reshape((rows, TILE_D2))
+                   shape=(1, heads, rows, TILE_D2), padding_mode=ct.PaddingMode.ZERO,
+                   latency=ct.static_eval(latency or None)).reshape((heads * rows, TILE_D2))
 
 
-def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency):
+def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads):
     """With ``TILE_D2`` the second head-dim parts of rows ``tile * rows ..`` of the arrays ``x``
-    and ``y`` (:func:`_load_second_part`, ``[rows, TILE_D2]`` each), else ``(None, None)``."""
+    and ``y`` (:func:`_load_second_part`, ``[heads * rows, TILE_D2]`` each), else ``(None,
+    None)``."""
     x2 = None
     y2 = None
     if TILE_D2:
-        x2 = _load_second_part(x, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
-        y2 = _load_second_part(y, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency)
+        x2 = _load_second_part(x, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency,
+                               heads=heads)
+        y2 = _load_second_part(y, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency,
+                               heads=heads)
     return x2, y2
 
 
-def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows):
-    """Store the float32 ``[rows, TILE_D]`` tile ``x`` (and with ``TILE_D2`` the
-    ``[rows, TILE_D2]`` second head-dim part ``x2``) as rows ``tile * rows ..`` of ``A [B, H,
-    S, D]`` in its dtype."""
+def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows, heads):
+    """Store the float32 ``[heads * rows, TILE_D]`` tile ``x`` (and with ``TILE_D2`` the
+    ``[heads * rows, TILE_D2]`` second head-dim part ``x2``) as rows ``tile * rows ..`` of
+    ``A [B, H, S, D]`` in its dtype."""
     ct.store(A, index=(batch, head, tile, 0),
-             tile=x.astype(A.dtype).reshape((1, 1, rows, TILE_D)))
+             tile=x.astype(A.dtype).reshape((1, heads, rows, TILE_D)))
     if TILE_D2:
         ct.store(A, index=(batch, head, tile, TILE_D // TILE_D2),
-                 tile=x2.astype(A.dtype).reshape((1, 1, rows, TILE_D2)))
+                 tile=x2.astype(A.dtype).reshape((1, heads, rows, TILE_D2)))
 
 
-def _load_row_stat(A, batch, head, tile, rows):
-    """Entries ``tile * rows ..`` of ``A [B, H, S]`` (float32, zero-filled) as a ``[rows]``."""
-    return ct.load(A, index=(batch, head, tile), shape=(1, 1, rows),
-                   padding_mode=ct.PaddingMode.ZERO).reshape((rows,))
+def _load_row_stat(A, batch, head, tile, rows, heads):
+    """Entries ``tile * rows ..`` of ``A [B, H, S]`` (float32, zero-filled) as a
+    ``[heads * rows]``."""
+    return ct.load(A, index=(batch, head, tile), shape=(1, heads, rows),
+                   padding_mode=ct.PaddingMode.ZERO).reshape((heads * rows,))
 
 
 def _causal_offset(Q, K, BOTTOM_RIGHT):
@@ -219,6 +229,7 @@ def attention_bwd_dq(
     # else ()
     TILE_M: ConstInt,  # query rows per CTA
     TILE_N: ConstInt,  # keys per step
+    PACK: ConstInt,  # query heads a tile holds: 1, or the group size (a power of two <= TILE_M)
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
     TILE_D2: ConstInt,  # 0, or the width of a second head-dim part at column TILE_D
@@ -233,13 +244,19 @@ def attention_bwd_dq(
     PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
     WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs query head i % heads_q of Work's item
 ):
-    """Delta and dQ of the CTA's query tile of one (batch, query head). With ``RAGGED`` the
-    batch index is a sequence's, every array is cut to that sequence's range, and a tile past
-    the sequence's queries walks no key tile and stores nothing (nor does an item of
-    ``WORK_TABLE`` that names no sequence)."""
+    """Delta and dQ of the CTA's query tile of one (batch, query head), or with ``PACK`` > 1
+    of one (batch, K/V group): its ``TILE_M`` rows are then ``TILE_M / PACK`` positions of each
+    of the group's query heads, head-major (FlashAttention's pack-GQA: each K/V tile feeds the
+    whole group). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
+    sequence's range, and a tile past the sequence's queries walks no key tile and stores
+    nothing (nor does an item of ``WORK_TABLE`` that names no sequence)."""
+    tile_rows = ct.static_eval(TILE_M // PACK)  # query positions per tile
+    heads = heads_q  # tiles' heads per batch entry: query heads, or (PACK > 1) K/V groups
+    if PACK > 1:
+        heads = heads_q // PACK
     alive = 1  # 0: a work item past the table's last tile
     if WORK_TABLE:
-        q_tile, batch, head, alive = _work_item(Work, heads_q)
+        q_tile, batch, head, alive = _work_item(Work, heads)
     else:
         if TILE_MAJOR:
             q_tile = ct.bid(1)
@@ -251,8 +268,13 @@ def attention_bwd_dq(
             tiles = ct.num_blocks(0)
         if HEAVY_FIRST:
             q_tile = tiles - 1 - q_tile
-        batch = bh // heads_q
-        head = bh % heads_q
+        batch = bh // heads
+        head = bh % heads
+    # the head axis' tile index of Q, Out, dO, dQ, Lse and Delta: the query head, or (PACK >
+    # 1) the group's, whose first query head is PACK times it
+    head_tile = head
+    if PACK > 1:
+        head = head * PACK
     q_count = 0
     if RAGGED:
         # (not one branch on the tile's liveness around the rest, as in the dK/dV kernel:
@@ -281,41 +303,49 @@ def attention_bwd_dq(
 
     # delta = rowsum(dO * O), the preprocess step, fused
     # [TILE_M, TILE_D] each
-    o = _load_rows(Out, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
-    do = _load_rows(dO, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)
+    o = _load_rows(Out, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK)
+    do = _load_rows(dO, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
     # with TILE_D2 the second head-dim parts of O, dO and Q: [TILE_M, TILE_D2] each
-    o2, do2 = _second_parts(Out, dO, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M,
-                            latency=0)
+    o2, do2 = _second_parts(Out, dO, batch, head_tile, q_tile, TILE_D, TILE_D2, rows=tile_rows,
+                            latency=0, heads=PACK)
     q2 = None
     if TILE_D2:
         delta = delta + ct.sum(o2.astype(np.float32) * do2.astype(np.float32), axis=-1)
-        q2 = _load_second_part(Q, batch, head, q_tile, TILE_D, TILE_D2, rows=TILE_M, latency=0)
+        q2 = _load_second_part(Q, batch, head_tile, q_tile, TILE_D, TILE_D2, rows=tile_rows,
+                               latency=0, heads=PACK)
     if RAGGED:
-        if q_tile * TILE_M < seqlen_q:
-            ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+        if q_tile * tile_rows < seqlen_q:
+            ct.store(Delta, index=(batch, head_tile, q_tile),
+                     tile=delta.reshape((1, PACK, tile_rows)))
     else:
-        ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+        ct.store(Delta, index=(batch, head_tile, q_tile),
+                 tile=delta.reshape((1, PACK, tile_rows)))
     delta = delta.reshape((TILE_M, 1))
-    lse = _load_row_stat(Lse, batch, head, q_tile, rows=TILE_M).reshape((TILE_M, 1))
-    q = _load_rows(Q, batch, head, q_tile, TILE_D, rows=TILE_M, latency=0)  # [TILE_M, TILE_D]
+    lse = _load_row_stat(Lse, batch, head_tile, q_tile, rows=tile_rows,
+                         heads=PACK).reshape((TILE_M, 1))
+    # [TILE_M, TILE_D]
+    q = _load_rows(Q, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK)
 
     offset = _causal_offset(Q, K, BOTTOM_RIGHT)
     if RAGGED:
         if BOTTOM_RIGHT:
             offset = seqlen_k - seqlen_q  # the sequence's own lengths
-    first_row = q_tile * TILE_M
-    rows = first_row + offset + ct.arange(TILE_M, dtype=np.int32)[:, None]  # last key seen
+    first_row = q_tile * tile_rows
+    positions = ct.arange(TILE_M, dtype=np.int32)  # each row's position in the tile
+    if PACK > 1:  # row r is position r % tile_rows of its head
+        positions = positions % tile_rows
+    rows = first_row + offset + positions[:, None]  # the last key each row sees, [TILE_M, 1]
 
     def add_key_tile(j, masked, dq, dq2):
         """dQ of key tile ``j`` added to ``dq`` (its second head-dim part to ``dq2``);
         ``masked``: apply the sequence-end / causal / window mask."""
         # [TILE_N, TILE_D] each
-        k = _load_rows(K, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
-        v = _load_rows(V, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY)
+        k = _load_rows(K, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY, heads=1)
+        v = _load_rows(V, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY, heads=1)
         # [TILE_N, TILE_D2] each with TILE_D2
         k2, v2 = _second_parts(K, V, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
-                               latency=KV_LATENCY)
+                               latency=KV_LATENCY, heads=1)
         # [TILE_M, TILE_N]
         s, t = _scores(q, k, q2, k2, TILE_D2, tanh_scale, SOFTCAP, (TILE_M, TILE_N))
         if masked:
@@ -345,7 +375,7 @@ def attention_bwd_dq(
         # are seen whole by every row (and are not past S_k): the tiles before and after need
         # the mask
         lo, full_from, full_to, hi = dq_window_key_tiles(
-            first_row, min(first_row + TILE_M, seqlen_q) - 1, offset, left, right, seqlen_k,
+            first_row, min(first_row + tile_rows, seqlen_q) - 1, offset, left, right, seqlen_k,
             TILE_N)
         if RAGGED:  # a dead tile (past its sequence's queries) walks none
             live = min(max(seqlen_q - first_row, 0), 1)
@@ -362,7 +392,7 @@ def attention_bwd_dq(
             dq, dq2 = add_key_tile(j, True, dq, dq2)
     else:
         # key tiles [0, unmasked) need no mask; the rest of [0, num_kv_tiles) do
-        num_kv_tiles, unmasked = dq_key_tiles(first_row, offset, seqlen_k, TILE_M, TILE_N,
+        num_kv_tiles, unmasked = dq_key_tiles(first_row, offset, seqlen_k, tile_rows, TILE_N,
                                               CAUSAL)
         if RAGGED:  # a dead tile (past its sequence's queries) walks none
             live = min(max(seqlen_q - first_row, 0), 1)
@@ -378,9 +408,11 @@ def attention_bwd_dq(
         dq2 = dq2 * qk_scale
     if RAGGED:
         if first_row < seqlen_q:
-            _store_parts(dQ, batch, head, q_tile, dq, dq2, TILE_D, TILE_D2, rows=TILE_M)
+            _store_parts(dQ, batch, head_tile, q_tile, dq, dq2, TILE_D, TILE_D2, rows=tile_rows,
+                         heads=PACK)
     else:
-        _store_parts(dQ, batch, head, q_tile, dq, dq2, TILE_D, TILE_D2, rows=TILE_M)
+        _store_parts(dQ, batch, head_tile, q_tile, dq, dq2, TILE_D, TILE_D2, rows=tile_rows,
+                     heads=PACK)
 
 
 # -- dK and dV -----------------------------------------------------------------------------------
@@ -438,11 +470,11 @@ def attention_bwd_dkdv(
         if WINDOW:
             left, right = _window(window_left, window_right, Q.shape[2] + K.shape[2], CAUSAL)
         # [TILE_N, TILE_D] each
-        k = _load_rows(K, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
-        v = _load_rows(V, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0)
+        k = _load_rows(K, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1)
+        v = _load_rows(V, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1)
         # with TILE_D2 the second head-dim parts: [TILE_N, TILE_D2] each
         k2, v2 = _second_parts(K, V, batch, kv_head, kv_tile, TILE_D, TILE_D2, rows=TILE_N,
-                               latency=0)
+                               latency=0, heads=1)
 
         num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
         first_key = kv_tile * TILE_N
@@ -468,13 +500,14 @@ def attention_bwd_dkdv(
             """Fold query tile ``i`` of query head ``head`` into ``dk, dv`` (their second
             head-dim parts into ``dk2, dv2``); ``masked``: the causal / window mask."""
             # [TILE_M, TILE_D] each
-            q = _load_rows(Q, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
-            do = _load_rows(dO, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY)
+            q = _load_rows(Q, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY, heads=1)
+            do = _load_rows(dO, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY, heads=1)
             # [TILE_M, TILE_D2] each with TILE_D2
             q2, do2 = _second_parts(Q, dO, batch, head, i, TILE_D, TILE_D2, rows=TILE_M,
-                                    latency=Q_LATENCY)
-            lse = _load_row_stat(Lse, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
-            delta = _load_row_stat(Delta, batch, head, i, rows=TILE_M).reshape((1, TILE_M))
+                                    latency=Q_LATENCY, heads=1)
+            lse = _load_row_stat(Lse, batch, head, i, rows=TILE_M, heads=1).reshape((1, TILE_M))
+            delta = _load_row_stat(Delta, batch, head, i, rows=TILE_M,
+                                   heads=1).reshape((1, TILE_M))
             # S^T: [TILE_N, TILE_M]
             st, tt = _scores(k, q, k2, q2, TILE_D2, tanh_scale, SOFTCAP, (TILE_N, TILE_M))
             if masked:
@@ -542,8 +575,8 @@ def attention_bwd_dkdv(
         if TILE_D2:
             dk2 = dk2 * qk_scale
         part = split * Q.shape[0] + batch
-        _store_parts(dK, part, kv_head, kv_tile, dk, dk2, TILE_D, TILE_D2, rows=TILE_N)
-        _store_parts(dV, part, kv_head, kv_tile, dv, dv2, TILE_D, TILE_D2, rows=TILE_N)
+        _store_parts(dK, part, kv_head, kv_tile, dk, dk2, TILE_D, TILE_D2, rows=TILE_N, heads=1)
+        _store_parts(dV, part, kv_head, kv_tile, dv, dv2, TILE_D, TILE_D2, rows=TILE_N, heads=1)
 
     if RAGGED:
         seq, batch = sequence_of(batch, PACKED)
@@ -585,7 +618,7 @@ def attention_bwd_sum(
     acc = ct.full((TILE, TILE_D), 0.0, dtype=np.float32)
     for part in range(PARTS):
         acc = acc + _load_rows(Parts, part * Grad.shape[0] + batch, head, tile, TILE_D,
-                               rows=TILE, latency=0)
+                               rows=TILE, latency=0, heads=1)
     ct.store(Grad, index=(batch, head, tile, 0),
              tile=acc.astype(Grad.dtype).reshape((1, 1, TILE, TILE_D)))
 
@@ -603,8 +636,8 @@ def attention_bwd_delta(
     of the float32 dQ accumulator."""
     tile, batch, head = _row_block(Out.shape[1])
     # [TILE, TILE_D] each
-    o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0)
-    do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0)
+    o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)
+    do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE]
     ct.store(Delta, index=(batch, head, tile), tile=delta.reshape((1, 1, TILE)))
     ct.store(dQacc, index=(batch, head, tile, 0),
@@ -621,6 +654,6 @@ def attention_bwd_dq_scale(
 ):
     """dQ from the one-pass backward's float32 accumulator: times the scale, cast."""
     tile, batch, head = _row_block(dQ.shape[1])
-    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0)  # [TILE, TILE_D]
+    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)  # [TILE, TILE_D]
     ct.store(dQ, index=(batch, head, tile, 0),
              tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))

@@ -46,8 +46,8 @@ from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._work_table import GRID_Y_LIMIT, make_work_table, use_work_table, work_items
-from ...core._problem import (INDEX_LIMIT, Problem, head_dim_parts, padded_head_dim,
-                              row_stat_shape)
+from ...core._problem import (INDEX_LIMIT, Problem, head_dim_parts, packable,
+                              padded_head_dim, row_stat_shape)
 from ...errors import KernelArgumentError, UnsupportedProblemError
 from ._schedule import SPLITS, BackwardSchedule
 
@@ -60,7 +60,7 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
            "ragged_grids", "UNUSED", "RANGES", "WORK", "DQ_ACCUM", "DELTA_PARAMETERS",
            "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
-           "dq_scale_constants", "argument_tails"]
+           "dq_scale_constants", "argument_tails", "dq_packed_heads", "dq_query_rows"]
 
 
 
@@ -210,10 +210,24 @@ def unequal_walks(problem: Problem) -> bool:
     return problem.causal or (problem.window_left < 0) != (problem.window_right < 0)
 
 
+def dq_packed_heads(problem: Problem, schedule: BackwardSchedule) -> int:
+    """The query heads one dQ kernel tile holds: the group size where ``schedule.dq_pack_gqa``
+    runs (two-kernel, and :func:`~tiledattention.core._problem.packable` at its
+    ``dq_tile_m``), else 1."""
+    return (problem.group_size if schedule.dq_pack_gqa and schedule.dq_mode == "kernel"
+            and packable(problem, schedule.dq_tile_m) else 1)
+
+
+def dq_query_rows(problem: Problem, schedule: BackwardSchedule) -> int:
+    """The query positions of one dQ kernel tile: ``dq_tile_m``, or ``dq_tile_m / group``
+    where the tile holds a whole group's heads (:func:`dq_packed_heads`)."""
+    return schedule.dq_tile_m // dq_packed_heads(problem, schedule)
+
+
 #: the fields of the dQ kernel alone, which the one-pass backward (``dq_mode="atomic"``) does
 #: not launch
 DQ_FIELDS = ("dq_tile_m", "dq_tile_n", "dq_occupancy", "dq_worker_warps", "kv_latency",
-             "dq_heavy_first")
+             "dq_heavy_first", "dq_pack_gqa")
 _BASE_DQ = {name: getattr(BackwardSchedule(), name) for name in DQ_FIELDS}
 #: A one-pass dK/dV kernel walking query tiles of this many rows or more runs one CTA per SM:
 #: at 128 rows and two CTAs per SM (D 64, bf16, tileiras 13.4.92, H200) its dK came out wrong
@@ -244,8 +258,10 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     work tables order them, :func:`launch_ragged`). With ``dq_mode="atomic"``
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
     tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
-    ``ONE_PASS_WIDE_M`` rows or more one CTA per SM. ``split_d`` holds
-    only where the head dim has two parts (``head_dim_parts``). Idempotent."""
+    ``ONE_PASS_WIDE_M`` rows or more one CTA per SM. ``dq_pack_gqa`` holds only where the dQ
+    tile packs (:func:`dq_packed_heads`), whose rows may then reach the group size times the
+    next power of two of ``S_q`` (a tile's positions are its rows over the group). ``split_d``
+    holds only where the head dim has two parts (``head_dim_parts``). Idempotent."""
     q_cap = max(16, 1 << (problem.seqlen_q - 1).bit_length())
     k_cap = max(16, 1 << (problem.seqlen_k - 1).bit_length())
     if schedule.dq_mode == "atomic":
@@ -260,8 +276,9 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
         if canonical:
             schedule = schedule.replace(**canonical)
     m_cap = max(q_cap, ONE_PASS_MIN_M) if schedule.dq_mode == "atomic" else q_cap
+    pack = dq_packed_heads(problem, schedule)
     changes: dict[str, Any] = {
-        name: cap for name, cap in (("dkdv_tile_m", m_cap), ("dq_tile_m", q_cap),
+        name: cap for name, cap in (("dkdv_tile_m", m_cap), ("dq_tile_m", q_cap * pack),
                                     ("dkdv_tile_n", k_cap), ("dq_tile_n", k_cap))
         if getattr(schedule, name) > cap}
     tile_m = min(schedule.dkdv_tile_m, m_cap)
@@ -275,12 +292,15 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
         splits //= 2
     if splits != schedule.dkdv_splits:
         changes["dkdv_splits"] = splits
+    if schedule.dq_pack_gqa and pack == 1:
+        changes["dq_pack_gqa"] = False  # no group to pack at this tile, or no dQ kernel
     if schedule.split_d and head_dim_parts(problem.head_dim, True)[1] == 0:
         changes["split_d"] = False  # a power of two, or two parts no narrower than one
     for name in ("dq_heavy_first", "tile_major"):
         if getattr(schedule, name) and (problem.ragged or not unequal_walks(problem)):
             changes[name] = False
-    if schedule.tile_major and max(math.ceil(problem.seqlen_q / min(schedule.dq_tile_m, q_cap)),
+    if schedule.tile_major and max(math.ceil(problem.seqlen_q
+                                             / (min(schedule.dq_tile_m, q_cap * pack) // pack)),
                                    math.ceil(problem.seqlen_k / min(schedule.dkdv_tile_n, k_cap))
                                    ) > GRID_Y_LIMIT:
         changes["tile_major"] = False  # the tiles would not fit the grid's second dimension
@@ -300,7 +320,8 @@ def dq_constants(problem: Problem, schedule: BackwardSchedule, *, packed: bool =
     ragged call's sequences lie end to end, ``PACKED``; ``work_table``: it walks a table of
     query tiles, ``WORK_TABLE``)."""
     s = normalise(problem, schedule)
-    return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n, **_head_dim_constants(problem, s),
+    return {"TILE_M": s.dq_tile_m, "TILE_N": s.dq_tile_n, "PACK": dq_packed_heads(problem, s),
+            **_head_dim_constants(problem, s),
             "CAUSAL": problem.causal,
             "BOTTOM_RIGHT": problem.bottom_right, "KV_LATENCY": s.kv_latency or 0,
             "HEAVY_FIRST": s.dq_heavy_first, "TILE_MAJOR": s.tile_major,
@@ -401,7 +422,8 @@ class Launches(NamedTuple):
     problem: Problem
     ranges_at: int  # where the kernels take Ranges (then Work) among dq_scalars and
     # dkdv_scalars (kernel_args puts them there)
-    tiles: tuple[int, int]  # the normalised dq_tile_m and dkdv_tile_n (ragged_grids)
+    tiles: tuple[int, int]  # a dQ tile's query positions and dkdv_tile_n (ragged_grids)
+    dq_heads: int  # the dQ grid's heads per batch entry: query heads, or packed K/V groups
     ragged_scalars: dict  # a ragged problem's: (PACKED, WORK_TABLE) -> (dq_scalars,
     # dkdv_scalars) with those constants; else empty
     one_pass: bool  # dq_mode "atomic": the delta and dQ-scale kernels instead of the dQ kernel
@@ -457,7 +479,8 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         for packed in (False, True) for table in (False, True)} if p.ragged else {}
     return Launches(
         splits=s.dkdv_splits,
-        dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / s.dq_tile_m), p.batch * p.heads_q, 1),
+        dq_grid=_grid(s.tile_major, math.ceil(p.seqlen_q / dq_query_rows(p, s)),
+                      p.batch * (p.heads_q // dq_packed_heads(p, s)), 1),
         dkdv_grid=_grid(s.tile_major, math.ceil(p.seqlen_k / s.dkdv_tile_n),
                         p.batch * p.heads_kv, s.dkdv_splits),
         sum_grid=_row_grid(p.seqlen_k, SUM_TILE, p.batch, p.heads_kv),
@@ -465,7 +488,8 @@ def launches(problem: Problem, schedule: BackwardSchedule, scale: float) -> Laun
         dq_scalars=dq_scalars, dkdv_scalars=dkdv_scalars,
         sum_scalars=SUM_PARAMETERS.constant_values(sum_constants(p, s.dkdv_splits)),
         stat_shape=row_stat_shape(p), scratch=scratch_shapes(p, s), problem=p,
-        ranges_at=ranges_at, tiles=(s.dq_tile_m, s.dkdv_tile_n), ragged_scalars=ragged_scalars,
+        ranges_at=ranges_at, tiles=(dq_query_rows(p, s), s.dkdv_tile_n),
+        dq_heads=p.heads_q // dq_packed_heads(p, s), ragged_scalars=ragged_scalars,
         one_pass=s.dq_mode == "atomic",
         delta_scalars=DELTA_PARAMETERS.constant_values(delta_constants(p)),
         dq_scale_scalars=DQ_SCALE_PARAMETERS.constant_values(dq_scale_constants(p)),
@@ -496,7 +520,8 @@ def _ragged_grid(tile: int, heads: int, sequences: int, longest: int) -> tuple[i
 def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences: int,
                   longest_q: int, longest_k: int) -> tuple[tuple[int, int, int],
                                                            tuple[int, int, int]]:
-    """:func:`ragged_grids` of the normalised ``tiles`` (dq_tile_m, dkdv_tile_n)."""
+    """:func:`ragged_grids` of the normalised ``tiles`` (a dQ tile's query positions,
+    dkdv_tile_n)."""
     sequences, longest_q, longest_k = _counts(sequences, longest_q, longest_k)
     if max(sequences, 1) * max(heads_q, heads_kv) > GRID_Y_LIMIT:
         raise UnsupportedProblemError(
@@ -510,12 +535,14 @@ def ragged_grids(problem: Problem, schedule: BackwardSchedule, sequences: int, l
                  longest_k: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """The dQ and dK/dV grids of a ragged call (``problem.ragged``) of ``sequences``
     sequences: the longest sequence's query tiles (``longest_q``: at least every sequence's
-    query count) for every (sequence x query head), and its key tiles (``longest_k``) for every
-    (sequence x K/V head), one tile a CTA; a CTA past its own sequence's end does nothing.
+    query count) for every (sequence x query head, or packed K/V group), and its key tiles
+    (``longest_k``) for every (sequence x K/V head), one tile a CTA; a CTA past its own
+    sequence's end does nothing.
     Raises :class:`UnsupportedProblemError` where sequences x heads exceed a grid's second
     dimension (:func:`launch_ragged` then walks work tables)."""
     s = normalise(problem, schedule)
-    return _ragged_grids((s.dq_tile_m, s.dkdv_tile_n), problem.heads_q, problem.heads_kv,
+    return _ragged_grids((dq_query_rows(problem, s), s.dkdv_tile_n),
+                         problem.heads_q // dq_packed_heads(problem, s), problem.heads_kv,
                          sequences, longest_q, longest_k)
 
 
@@ -668,7 +695,7 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     keeps it on its grid."""
     _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=dq_accum)
     sequences, longest_q, longest_k = _counts(int(ranges.shape[1]), longest_q, longest_k)
-    heads = (plan.problem.heads_q, plan.problem.heads_kv)
+    heads = (plan.dq_heads, plan.problem.heads_kv)
     per_entry = 1 if packed else sequences
     walks = ((longest_q, q.shape[2] * per_entry), (longest_k, k.shape[2] * per_entry))
     work, launched = [None, None], [None, None]

@@ -38,6 +38,12 @@ class BackwardSchedule(ScheduleValue):
         dq_tile_m: query rows per CTA; dq_tile_n: keys per step; dq_occupancy;
         dq_worker_warps; kv_latency: latency hint of its streamed K / V loads;
         dq_heavy_first (causal only): launch the query tiles that see the most keys first.
+        dq_pack_gqa: one CTA's ``dq_tile_m`` rows are ``dq_tile_m / group`` query positions
+        of every query head of one K/V group (FlashAttention's pack-GQA, as the forward's
+        ``pack_gqa``), not ``dq_tile_m`` positions of one head: each K/V tile the dQ kernel
+        loads serves the group, and a short sequence fills its tile with heads instead of
+        padding. Runs where the group size is a power of two of at most ``dq_tile_m``;
+        elsewhere, and one-pass, the kernel runs unpacked (``normalise``).
     Both kernels: tile_major (causal only): order both grids tile by tile, every (batch,
     head) CTA of one tile before the next tile's, so the longest causal walks start first.
     dq_mode: "kernel" runs the dQ kernel above (bitwise reproducible); "atomic" (the one-pass
@@ -67,14 +73,16 @@ class BackwardSchedule(ScheduleValue):
     tile_major: bool = False
     dq_mode: str = "kernel"
     split_d: bool = False
+    dq_pack_gqa: bool = False
 
     FORMAT = BACKWARD_SCHEDULE_FORMAT
     LABEL = "backward"
     #: added after format 1 was first written; their defaults are what the kernels did before
-    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first", "tile_major", "dq_mode", "split_d")
+    ADDED_FIELDS = ("dkdv_splits", "dq_heavy_first", "tile_major", "dq_mode", "split_d",
+                    "dq_pack_gqa")
     #: left out of the dict form at its default, so that the rows stored before it keep their
     #: keys
-    OMITTED_AT_DEFAULT = ("split_d",)
+    OMITTED_AT_DEFAULT = ("split_d", "dq_pack_gqa")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -118,5 +126,6 @@ class BackwardSchedule(ScheduleValue):
             return dkdv + " | dq atomic" + tail
         dq = part("dq", self.dq_tile_m, self.dq_tile_n, self.dq_occupancy,
                   self.dq_worker_warps, self.kv_latency)
-        return f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "") + tail
+        return (f"{dkdv} | {dq}" + (" heavy-first" if self.dq_heavy_first else "")
+                + (" pack-gqa" if self.dq_pack_gqa else "") + tail)
 

@@ -45,7 +45,7 @@ from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._dtypes import FP8_DTYPES
-from ...core._problem import Problem, head_dim_parts, page_tile
+from ...core._problem import Problem, head_dim_parts, packable, page_tile
 from ...core._work_table import make_work_table, use_work_table, work_items
 from ...errors import KernelArgumentError
 from ._schedule import Schedule
@@ -148,14 +148,6 @@ def _unused(compile_only: bool) -> Any:
 
 # -- normalisation ------------------------------------------------------------------------------
 _DEFAULTS = Schedule()
-
-
-def packable(problem: Problem, tile_m: int) -> bool:
-    """Whether ``tile_m`` rows can hold every query head of ``problem``'s K/V groups: a
-    group of more than one head, a power of two, at most ``tile_m`` (tile shapes are powers of
-    two, and a tile's heads must be one group's)."""
-    group = problem.group_size
-    return 1 < group <= tile_m and group & (group - 1) == 0
 
 
 def packed_heads(problem: Problem, schedule: Schedule) -> int:
