@@ -11,6 +11,7 @@ float32 reference first (the largest relative L2 error of dQ, dK, dV).
   with ``dq_pack_gqa`` off / on.
 
     source .devtk/setup.sh && python3 docs/records/probes/backward_pack_gqa.py [--only NAME]
+    source .devtk/setup.sh && python3 docs/records/probes/backward_pack_gqa.py --set new
 """
 
 import argparse
@@ -51,6 +52,20 @@ def ragged_batches():
         "sft-gqa4": (log_uniform(g, 24, 60, 6000), 32, 8, 128, True, torch.bfloat16),
         "skewed-gqa8": ([8000] + uniform(g, 60, 50, 400), 32, 4, 128, True, torch.bfloat16),
         "near-equal-gqa4": (uniform(g, 16, 1900, 2100), 32, 8, 128, True, torch.float16),
+    }
+
+
+def new_batches():
+    """``--set new``: packed batches none of the others are, around the default's bound."""
+    g = torch.Generator().manual_seed(54)
+    return {
+        "enc-gqa4-d64": (uniform(g, 96, 30, 500), 16, 4, 64, False, torch.bfloat16),
+        "chat-gqa8-fp16": (uniform(g, 80, 20, 400), 32, 4, 128, True, torch.float16),
+        "short-gqa2": (uniform(g, 120, 16, 256), 16, 8, 128, True, torch.bfloat16),
+        "mid-gqa4": (uniform(g, 40, 300, 1000), 32, 8, 128, True, torch.bfloat16),
+        "mid-mqa": (uniform(g, 60, 100, 900), 16, 1, 128, True, torch.bfloat16),
+        "mid-gqa4-d64": (uniform(g, 48, 200, 1000), 16, 4, 64, False, torch.float16),
+        "mixed-gqa4": ([1500] + uniform(g, 60, 20, 300), 32, 8, 128, True, torch.bfloat16),
     }
 
 
@@ -143,10 +158,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--set", default="", help="new: the batches of new_batches() only")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
-    todo = [(n, ragged_contenders, c) for n, c in ragged_batches().items()]
-    todo += [(n, dense_contenders, c) for n, c in dense_calls().items()]
+    if args.set == "new":
+        todo = [(n, ragged_contenders, c) for n, c in new_batches().items()]
+    else:
+        todo = [(n, ragged_contenders, c) for n, c in ragged_batches().items()]
+        todo += [(n, dense_contenders, c) for n, c in dense_calls().items()]
     rows = []
     for name, make, case in todo:
         if only and name not in only:
@@ -156,13 +175,16 @@ def main():
         print(f"{name}: " + ", ".join(f"{n} {ms[n] * 1e3:.1f} us ({flops / ms[n] / 1e9:.0f} "
                                        f"TF/s, err {errs[n]:.1e})" for n in fns), flush=True)
         rows.append((name, ms, errs))
-    print("\n| call | unpacked us | packed us | packed speed-up | FA4 us | FA4 / packed | "
-          "worst error |\n|---|---|---|---|---|---|---|")
+    print("\n| call | unpacked us | packed us | packed speed-up | default us | FA4 us | "
+          "FA4 / default | worst error |\n|---|---|---|---|---|---|---|---|")
     for name, ms, errs in rows:
-        fa4 = (f"{ms['flash-attn-4'] * 1e3:.1f} | {ms['flash-attn-4'] / ms['packed']:.3f}"
+        base = ms.get("default", ms["packed"])  # a dense call times no default
+        fa4 = (f"{ms['flash-attn-4'] * 1e3:.1f} | {ms['flash-attn-4'] / base:.3f}"
                if "flash-attn-4" in ms else "| ")
+        default = f"{ms['default'] * 1e3:.1f}" if "default" in ms else ""
         print(f"| {name} | {ms['unpacked'] * 1e3:.1f} | {ms['packed'] * 1e3:.1f} | "
-              f"{ms['unpacked'] / ms['packed']:.3f} | {fa4} | {max(errs.values()):.1e} |")
+              f"{ms['unpacked'] / ms['packed']:.3f} | {default} | {fa4} | "
+              f"{max(errs.values()):.1e} |")
 
 
 if __name__ == "__main__":

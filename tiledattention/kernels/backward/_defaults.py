@@ -8,14 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core._compile import SM_COUNTS, generation
-from ...core._problem import Problem, head_dim_parts, padded_head_dim
+from ...core._problem import Problem, head_dim_parts, packable, padded_head_dim
 from ._launch import dkdv_walk, normalise, reach, unequal_walks
 from ._schedule import SPLITS, BackwardSchedule
 
 __all__ = ["default_backward_schedule", "dkdv_splits", "waves", "WAVES", "FILL", "SHORT_WALK",
            "TILE_MAJOR_WAVES", "WINDOW_TILE_FLOOR", "heaviest_last", "DQ_MODE",
            "SOFTCAP_ONE_PASS", "OnePassRule", "softcap_one_pass_rule",
-           "deterministic_backward_schedule", "SPLIT_FIELDS"]
+           "deterministic_backward_schedule", "SPLIT_FIELDS", "PACK_DQ_MAX_ROWS",
+           "packs_dq_heads"]
 
 #: Hopper defaults by padded head dim, from an H100 sweep of each kernel alone at the bench
 #: grid's S = 4k points, bf16, causal and not (scripts/backward_probe.py at 6113995; numbers in
@@ -160,6 +161,24 @@ def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
     return splits
 
 
+#: A packed batch whose longest sequence (its bucket: the next power of two) is at most this
+#: many tokens packs each K/V group's query heads into one dQ tile on sm_90 (``dq_pack_gqa``,
+#: :func:`packs_dq_heads`).
+PACK_DQ_MAX_ROWS = 512
+
+
+def packs_dq_heads(arch: str, problem: Problem, schedule: BackwardSchedule) -> bool:
+    """Whether the default packs a K/V group's query heads into one dQ tile (``dq_pack_gqa``,
+    ``docs/records/benchmarks/backward/pack-gqa.md``): on sm_90, for a packed batch
+    (``ragged``) of sequences of at most ``PACK_DQ_MAX_ROWS`` tokens whose group the dQ tile
+    can hold (``packable``). On an H200 the backward ran 1.07-1.34x the same schedule
+    unpacked on four such batches (groups 4, 8 and 16, D 64 and 128; their sequences end
+    inside tiles, which packing fills with heads), but 0.93-0.99x on four batches reaching
+    2-8k tokens and 0.93-1.00x on five dense training calls (D 64-128, groups 4-8)."""
+    return (generation(arch) == "hopper" and problem.ragged
+            and problem.seqlen_q <= PACK_DQ_MAX_ROWS and packable(problem, schedule.dq_tile_m))
+
+
 def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``; ``fields``
     replace its own), tiles capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk
@@ -171,7 +190,8 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     the problem needs (``normalise``); a walk of at most ``SHORT_WALK`` pairs stays unsplit; a
     head dim of two parts split into them, with ``SPLIT_FIELDS``. A
     ragged problem's default is the same tiles, unsplit and unordered (``normalise``: one tile
-    per CTA over the longest sequence's tiles)."""
+    per CTA over the longest sequence's tiles), its dQ tiles packed by group where
+    :func:`packs_dq_heads` says so."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
     padded = max(64, padded_head_dim(problem.head_dim))
     entry = table[padded]
@@ -185,7 +205,8 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     longest_first = heaviest_last(problem)
     return normalise(problem, base.replace(
         dkdv_splits=splits, dq_heavy_first=longest_first,
-        tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES))
+        tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES,
+        dq_pack_gqa=packs_dq_heads(arch, problem, base)))
 
 
 def softcap_one_pass_rule(arch: str, problem: Problem) -> OnePassRule | None:
