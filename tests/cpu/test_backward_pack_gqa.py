@@ -99,3 +99,22 @@ def test_packed_dq_tiles_compile_for_every_architecture(arch, case):
     assert normalise(problem, schedule).dq_pack_gqa
     result = BACKWARD.compile(problem, schedule, arch)
     assert result.cubins and all(len(c) > 0 for c in result.cubins)
+
+
+@pytest.mark.parametrize("case, packs", [
+    (dict(hq=32, hkv=8, sq=512, ragged=True), True),  # a packed batch of short sequences
+    (dict(hq=16, hkv=1, sq=256, ragged=True), True),
+    (dict(hq=16, hkv=4, sq=512, d=64, causal=False, ragged=True), True),
+    (dict(hq=32, hkv=8, sq=1024, ragged=True), False),  # longer sequences: 0.93-1.03x
+    (dict(hq=32, hkv=8, sq=4096, ragged=True), False),
+    (dict(hq=32, hkv=8, sq=512), False),  # dense calls: 0.93-1.00x
+    (dict(hq=32, hkv=32, sq=512, ragged=True), False),  # no group
+    (dict(hq=28, hkv=4, sq=512, ragged=True), False),  # 7
+])
+def test_the_hopper_default_packs_packed_batches_of_short_sequences(case, packs):
+    problem = _problem(**case)
+    schedule = BACKWARD.default_schedule("sm_90", problem)
+    assert schedule.dq_pack_gqa is packs
+    assert dq_packed_heads(problem, schedule) == (problem.group_size if packs else 1)
+    for arch in ("sm_100", "sm_120"):  # not measured there
+        assert not BACKWARD.default_schedule(arch, problem).dq_pack_gqa
