@@ -86,12 +86,12 @@ def test_one_pass_query_steps_are_at_least_64_rows():
     assert normalise(GQA, narrow.replace(dq_mode="kernel")).dkdv_tile_m == 32
 
 
-def test_a_ragged_problem_runs_one_pass_unsplit():
+def test_a_ragged_problem_runs_one_pass_and_its_splits():
     """Each sequence's dQ shares go into its own rows of the accumulator (the kernel cuts it
-    like q), so a ragged batch runs either mode; it never splits its walks."""
+    like q), so a ragged batch runs either mode; its splits share each sequence's walk."""
     ragged = dataclasses.replace(GQA, ragged=True)
     n = normalise(ragged, ONE_PASS.replace(dkdv_splits=4))
-    assert n.dq_mode == "atomic" and n.dkdv_splits == 1
+    assert n.dq_mode == "atomic" and n.dkdv_splits == 4
     assert normalise(ragged, ONE_PASS.replace(dq_mode="kernel")).dq_mode == "kernel"
     assert normalise(dataclasses.replace(GQA, window_left=32, softcap=10.0),
                      ONE_PASS).dq_mode == "atomic"  # windows and softcaps: the same masks

@@ -171,21 +171,22 @@ def test_the_ranges_placeholder_compiles_as_ct_launch_passes_it():
 
 
 # -- normalise and defaults ---------------------------------------------------------------------
-def test_normalise_runs_one_tile_per_cta_for_ragged_problems_only():
-    """Splits and work orders assume every batch entry has the bucket's whole length: a ragged
-    problem gets their canonical values; the padded batch of its shape keeps them."""
+def test_normalise_drops_work_orders_for_ragged_problems_only():
+    """Work orders assume every batch entry has the bucket's whole length: a ragged problem
+    gets their canonical values (its work tables order its tiles); the padded batch of its
+    shape keeps them. Splits share each sequence's own walk: both keep them."""
     s = BackwardSchedule(dkdv_splits=8, dq_heavy_first=True, tile_major=True)
     plain = dataclasses.replace(RAGGED, ragged=False)
     kept = normalise(plain, s)
     assert (kept.dkdv_splits, kept.dq_heavy_first, kept.tile_major) == (8, True, True)
     n = normalise(RAGGED, s)
-    assert (n.dkdv_splits, n.dq_heavy_first, n.tile_major) == (1, False, False)
+    assert (n.dkdv_splits, n.dq_heavy_first, n.tile_major) == (8, False, False)
     assert normalise(RAGGED, n) == n
     # the rest of the schedule is left as it was
-    assert dataclasses.replace(n, dkdv_splits=8, dq_heavy_first=True, tile_major=True) == s
-    assert not dkdv_constants(RAGGED, s)["TILE_MAJOR"] and dkdv_constants(RAGGED, s)["SPLITS"] == 1
+    assert dataclasses.replace(n, dq_heavy_first=True, tile_major=True) == s
+    assert not dkdv_constants(RAGGED, s)["TILE_MAJOR"] and dkdv_constants(RAGGED, s)["SPLITS"] == 8
     assert not dq_constants(RAGGED, s)["HEAVY_FIRST"]
-    assert scratch_shapes(RAGGED, s) == {}
+    assert scratch_shapes(RAGGED, s) == {}  # a ragged launch's partials: ragged_parts_shape
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_121"])
@@ -297,14 +298,14 @@ def test_ragged_grids_cover_the_longest_sequence_for_every_sequence_and_head():
     s = BackwardSchedule(dq_tile_m=128, dkdv_tile_n=64, dkdv_splits=4, tile_major=True)
     dq_grid, dkdv_grid = ragged_grids(RAGGED, s, 13, 300, 1000)
     assert dq_grid == (-(-300 // 128), 13 * 8, 1)
-    assert dkdv_grid == (-(-1000 // 64), 13 * 2, 1)  # not split, not tile-major
+    assert dkdv_grid == (-(-1000 // 64), 13 * 2, 4)  # splits on the third axis, not tile-major
     tiny = ragged_grids(RAGGED, s, 3, 0, 0)  # empty sequences: one idle CTA a (sequence, head)
-    assert tiny == ((1, 3 * 8, 1), (1, 3 * 2, 1))
+    assert tiny == ((1, 3 * 8, 1), (1, 3 * 2, 4))
     # the tiles are the normalised schedule's: a bucket of 16 rows runs 16-row tiles
     short = dataclasses.replace(RAGGED, seqlen_q=16, seqlen_k=16)
-    assert ragged_grids(short, s, 2, 16, 16) == ((1, 16, 1), (1, 4, 1))
+    assert ragged_grids(short, s, 2, 16, 16) == ((1, 16, 1), (1, 4, 4))
     plan = launches(RAGGED, s, 0.1)
-    assert plan.tiles == (128, 64) and plan.splits == 1 and plan.scratch == {}
+    assert plan.tiles == (128, 64) and plan.splits == 4 and plan.scratch == {}
 
 
 def test_ragged_grids_refuse_what_no_grid_takes():
@@ -447,4 +448,5 @@ def test_family_backward_launches_a_ragged_call_with_its_layout(monkeypatch):
     args, kwargs = calls[-1]
     assert args[0] == "stream" and args[1] is launches(RAGGED, s, 0.1)
     assert args[2:12] == _ARRAYS and args[12:] == (ranges, 300, 400)
-    assert kwargs == {"packed": True, "dq_accum": None}  # a two-kernel default: no accumulator
+    # a two-kernel default: no accumulator; one split: no partials
+    assert kwargs == {"packed": True, "dq_accum": None, "parts": None}

@@ -41,7 +41,9 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
     packed = p.ragged
     q_like, kv_like = attention_constraints(p, packed)  # packed: [1, H, tokens, D] views
     stat = row_stat_constraint(p, packed)
-    kv_parts = array_constraint("fp32", (s.dkdv_splits * p.batch, p.heads_kv, p.seqlen_k,
+    # the float32 dK/dV partials: [splits * B, H_kv, S_k, D], packed [splits, H_kv, tokens, D]
+    entries, rows = (1, p.batch * p.seqlen_k) if packed else (p.batch, p.seqlen_k)
+    kv_parts = array_constraint("fp32", (s.dkdv_splits * entries, p.heads_kv, rows,
                                          p.head_dim))
     scale = ctc.ScalarConstraint(ct.float32)
     count = ctc.ScalarConstraint(ct.int32)

@@ -200,8 +200,10 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     entry = entry.replace(**fields)
     base = normalise(problem, _window_tiles(problem, entry))
     splits = dkdv_splits(arch, problem, base)
-    if problem.group_size * dkdv_walk(problem, base.dkdv_tile_n, base.dkdv_tile_m) <= SHORT_WALK:
-        splits = 1
+    if (problem.ragged
+            or problem.group_size * dkdv_walk(problem, base.dkdv_tile_n, base.dkdv_tile_m)
+            <= SHORT_WALK):
+        splits = 1  # (a ragged batch: its waves are not its bucket's; not measured split)
     longest_first = heaviest_last(problem)
     return normalise(problem, base.replace(
         dkdv_splits=splits, dq_heavy_first=longest_first,

@@ -16,7 +16,7 @@ from ...core._work_table import compile_work_table
 from ._compile import compile_backward
 from ._defaults import default_backward_schedule, deterministic_backward_schedule
 from ._launch import (Launches, argument_tails, dq_query_rows, launch, launch_ragged, launches,
-                      normalise, row_stat_shape)
+                      normalise, ragged_parts_shape, row_stat_shape)
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -49,6 +49,17 @@ def allocate_scratch(plan: Launches, device: Any) -> dict[str, Any]:
 
     return {name: torch.empty(shape, dtype=torch.float32, device=device)
             for name, shape in plan.scratch.items()}
+
+
+def ragged_parts(plan: Launches, k: Any) -> tuple[Any, Any] | None:
+    """A ragged launch's zeroed float32 partials of dK and dV (``launch_ragged``'s ``parts``,
+    shaped ``ragged_parts_shape``) for a plan with dK/dV splits, else None."""
+    import torch
+
+    shape = ragged_parts_shape(plan, k)
+    if shape is None:
+        return None
+    return tuple(torch.zeros(shape, dtype=torch.float32, device=k.device) for _ in range(2))
 
 
 def ragged_accumulator(plan: Launches, q: Any) -> Any:
@@ -199,7 +210,7 @@ class RaggedBackwardCase(RaggedCase):
         def run() -> None:
             launch_ragged(torch.cuda.current_stream(), plan, *args, self.lse, self.delta,
                           *grads, layout.ranges, layout.longest_q, layout.longest_k,
-                          packed=True, dq_accum=accum)
+                          packed=True, dq_accum=accum, parts=ragged_parts(plan, args[1]))
 
         return run
 
@@ -325,7 +336,8 @@ class BackwardFamily(Family):
         if ragged is not None:
             launch_ragged(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
                           ragged.ranges, ragged.longest_q, ragged.longest_k,
-                          packed=ragged.packed, dq_accum=ragged_accumulator(plan, q))
+                          packed=ragged.packed, dq_accum=ragged_accumulator(plan, q),
+                          parts=ragged_parts(plan, k))
             return
         launch(stream, plan, q, k, v, out, grad_out, lse, delta, *grads,
                allocate_scratch(plan, q.device))

@@ -438,17 +438,25 @@ def attention_bwd_dkdv(
     TILE_MAJOR: ConstBool,  # grid (batch x K/V head x split, key tiles): key tile 0's CTAs first
     WINDOW: ConstBool, SOFTCAP: ConstBool, RAGGED: ConstBool, PACKED: ConstBool,  # as dQ's
     DQ_ATOMIC: ConstBool,  # also add each (query tile, key tile) pair's dS K into dQacc
-    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs K/V head i % heads_kv of Work's item
+    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs (K/V head x split) i % (heads_kv x
+    # SPLITS) of Work's item
 ):
     """dK and dV (or split ``split``'s partials) of the CTA's key tile of one (batch, K/V
     head). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
-    sequence's range, and a tile past the sequence's keys does nothing (``SPLITS`` is then 1:
-    the launcher's ``normalise``). With ``DQ_ATOMIC`` every (query head, query tile) pair it
-    walks also adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
+    sequence's range (the partials too: ``[SPLITS * B, H_kv, S, D]``, rows of the same
+    sequences), and a tile past the sequence's keys does nothing (its partials stay as the
+    launcher zeroed them). With ``DQ_ATOMIC`` every (query head, query tile) pair it walks also
+    adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
     alive = 1  # 0: a work item past the table's last tile
     if WORK_TABLE:
-        kv_tile, batch, kv_head, alive = _work_item(Work, heads_kv)
+        heads = heads_kv  # the CTAs of one work item: its K/V heads x splits
+        if SPLITS > 1:
+            heads = heads_kv * SPLITS
+        kv_tile, batch, kv_head, alive = _work_item(Work, heads)
         split = 0
+        if SPLITS > 1:
+            split = kv_head % SPLITS
+            kv_head = kv_head // SPLITS
     else:
         if TILE_MAJOR:
             kv_tile = ct.bid(1)

@@ -23,8 +23,9 @@ A ragged problem (``Problem.ragged``: sequences of their own lengths) launches w
 :func:`launch_ragged`, which takes the call's ``Ranges`` (int32 ``[4, sequences]``: query starts,
 query ends, key starts, key ends), the longest sequence's query and key counts and whether the
 sequences are packed end to end in one batch entry (the ``PACKED`` constant: a property of the
-call's layout, not of the problem). Its schedule runs one tile per CTA: ``normalise`` gives it
-no dK/dV splits and no work orders (all of them assume every batch entry has the whole length).
+call's layout, not of the problem). Its schedule runs no work orders (they assume every batch
+entry has the whole length); its dK/dV splits share each sequence's key tile walk, their
+float32 partials (:func:`ragged_parts_shape`, zeroed by the caller) cut per sequence like dK.
 Each kernel walks a work table (``WORK_TABLE``, the table in ``Work``, right after ``Ranges``;
 ``tiledattention.core._work_table``): a 1-D grid over the tiles the sequences have, heaviest
 first, not the grid of the longest sequence's tiles for every sequence (:func:`ragged_grids`,
@@ -60,7 +61,8 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "unequal_walks", "dkdv_walk", "dq_walk", "reach", "kernel_args", "launch_ragged",
            "ragged_grids", "UNUSED", "RANGES", "WORK", "DQ_ACCUM", "DELTA_PARAMETERS",
            "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
-           "dq_scale_constants", "argument_tails", "dq_packed_heads", "dq_query_rows"]
+           "dq_scale_constants", "argument_tails", "dq_packed_heads", "dq_query_rows",
+           "ragged_parts_shape"]
 
 
 
@@ -252,10 +254,9 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     the window shortens it) or than keep the float32 partials indexable with int32, no work
     order (dQ heavy first, tile-major grids) on a problem whose walks are all alike
     (``unequal_walks``), and no tile-major grid with more tiles than a grid's second
-    dimension takes. A ragged problem (``Problem.ragged``) runs one tile per CTA: no splits
-    (their partials and shares of a walk assume every batch entry has the whole length) and
-    no work orders (the heavy tiles of each sequence lie at its own end, not the grid's: its
-    work tables order them, :func:`launch_ragged`). With ``dq_mode="atomic"``
+    dimension takes. A ragged problem (``Problem.ragged``) runs no work orders (the heavy
+    tiles of each sequence lie at its own end, not the grid's: its work tables order them,
+    :func:`launch_ragged`); its splits share each sequence's own walk. With ``dq_mode="atomic"``
     the dQ kernel's fields (``DQ_FIELDS``) take their defaults (no dQ kernel runs) and query
     tiles of at least ``ONE_PASS_MIN_M`` rows (however short ``S_q``), and of
     ``ONE_PASS_WIDE_M`` rows or more one CTA per SM. ``dq_pack_gqa`` holds only where the dQ
@@ -284,8 +285,6 @@ def normalise(problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
     tile_m = min(schedule.dkdv_tile_m, m_cap)
     pairs = problem.group_size * dkdv_walk(problem, min(schedule.dkdv_tile_n, k_cap), tile_m)
     splits = min(schedule.dkdv_splits, _pow2_floor(pairs), SPLITS[-1])
-    if problem.ragged:
-        splits = 1
     kv_elements = (problem.batch * problem.heads_kv * problem.seqlen_k
                    * padded_head_dim(problem.head_dim))
     while splits > 1 and splits * kv_elements > INDEX_LIMIT:  # the partials index with int32
@@ -394,7 +393,7 @@ def scratch_shapes(problem: Problem, schedule: BackwardSchedule) -> dict[str, tu
     reduce-add needs 16-byte-aligned rows)."""
     s = normalise(problem, schedule)
     found: dict[str, tuple[int, ...]] = {}
-    if s.dkdv_splits > 1:
+    if s.dkdv_splits > 1 and not problem.ragged:  # a ragged call's: ragged_parts_shape
         parts = (s.dkdv_splits * problem.batch, problem.heads_kv, problem.seqlen_k,
                  problem.head_dim)
         found.update(dk_parts=parts, dv_parts=parts)
@@ -512,23 +511,25 @@ def _counts(sequences: int, longest_q: int, longest_k: int) -> tuple[int, int, i
     return counts[0], counts[1], counts[2]
 
 
-def _ragged_grid(tile: int, heads: int, sequences: int, longest: int) -> tuple[int, int, int]:
-    """One kernel's grid of a ragged call: ``longest``'s tiles for every (sequence x head)."""
-    return (max(1, -(-longest // tile)), max(sequences, 1) * heads, 1)
+def _ragged_grid(tile: int, heads: int, sequences: int, longest: int,
+                 splits: int = 1) -> tuple[int, int, int]:
+    """One kernel's grid of a ragged call: ``longest``'s tiles for every (sequence x head),
+    each tile's ``splits`` CTAs on the third axis."""
+    return (max(1, -(-longest // tile)), max(sequences, 1) * heads, splits)
 
 
 def _ragged_grids(tiles: tuple[int, int], heads_q: int, heads_kv: int, sequences: int,
-                  longest_q: int, longest_k: int) -> tuple[tuple[int, int, int],
-                                                           tuple[int, int, int]]:
+                  longest_q: int, longest_k: int,
+                  splits: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """:func:`ragged_grids` of the normalised ``tiles`` (a dQ tile's query positions,
-    dkdv_tile_n)."""
+    dkdv_tile_n) and dK/dV ``splits``."""
     sequences, longest_q, longest_k = _counts(sequences, longest_q, longest_k)
     if max(sequences, 1) * max(heads_q, heads_kv) > GRID_Y_LIMIT:
         raise UnsupportedProblemError(
             f"a ragged batch of {sequences} sequences x {max(heads_q, heads_kv)} heads exceeds "
             f"a grid's second dimension ({GRID_Y_LIMIT} CTAs)")
     return (_ragged_grid(tiles[0], heads_q, sequences, longest_q),
-            _ragged_grid(tiles[1], heads_kv, sequences, longest_k))
+            _ragged_grid(tiles[1], heads_kv, sequences, longest_k, splits))
 
 
 def ragged_grids(problem: Problem, schedule: BackwardSchedule, sequences: int, longest_q: int,
@@ -536,14 +537,14 @@ def ragged_grids(problem: Problem, schedule: BackwardSchedule, sequences: int, l
     """The dQ and dK/dV grids of a ragged call (``problem.ragged``) of ``sequences``
     sequences: the longest sequence's query tiles (``longest_q``: at least every sequence's
     query count) for every (sequence x query head, or packed K/V group), and its key tiles
-    (``longest_k``) for every (sequence x K/V head), one tile a CTA; a CTA past its own
-    sequence's end does nothing.
+    (``longest_k``) for every (sequence x K/V head), one tile a CTA (a key tile's dK/dV
+    splits on the third axis); a CTA past its own sequence's end does nothing.
     Raises :class:`UnsupportedProblemError` where sequences x heads exceed a grid's second
     dimension (:func:`launch_ragged` then walks work tables)."""
     s = normalise(problem, schedule)
     return _ragged_grids((dq_query_rows(problem, s), s.dkdv_tile_n),
                          problem.heads_q // dq_packed_heads(problem, s), problem.heads_kv,
-                         sequences, longest_q, longest_k)
+                         sequences, longest_q, longest_k, s.dkdv_splits)
 
 
 def _describe_given(value: Any) -> str:
@@ -665,13 +666,27 @@ def _launch_walks(stream: Any, plan: Launches, grids: tuple, args: tuple, rows: 
                     (accum, dq, plan.scale, *plan.dq_scale_scalars))
 
 
+def ragged_parts_shape(plan: Launches, k: Any) -> tuple[int, int, int, int] | None:
+    """The shape of each float32 partial (of dK and of dV) a ragged launch of ``plan`` with
+    dK/dV splits adds up: ``[splits * entries, H_kv, rows, D]`` of ``k``'s view (``[entries,
+    H_kv, rows, D]``); None without splits. The caller zeroes them (rows outside every
+    sequence are never written, and are summed)."""
+    if plan.splits == 1:
+        return None
+    return (plan.splits * k.shape[0], k.shape[1], k.shape[2], k.shape[3])
+
+
 def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
                   grad_out: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any, ranges: Any,
                   longest_q: int, longest_k: int, *, packed: bool,
-                  dq_accum: Any = None) -> None:
+                  dq_accum: Any = None, parts: tuple[Any, Any] | None = None) -> None:
     """Enqueue the backward of a ragged call on ``stream``: ``plan = launches(problem,
     schedule, scale)`` of its ``problem.ragged`` bucket, then the dQ kernel (which writes
-    ``delta``) and the dK/dV kernel, over :func:`ragged_grids` (never split). One-pass
+    ``delta``) and the dK/dV kernel, over :func:`ragged_grids` (with ``plan.splits > 1`` each
+    key tile's walk over (query head, query tile) pairs is shared by that many CTAs, which
+    write the zeroed float32 ``parts`` of dK and of dV, shaped
+    :func:`ragged_parts_shape`; the sum kernel adds them into ``dk`` and ``dv`` in a fixed
+    order, every row: outside the sequences zeros). One-pass
     (``plan.one_pass``): the delta kernel over every row of the arrays, the dK/dV kernel
     adding each sequence's dQ shares into ``dq_accum`` (float32, contiguous, shaped like
     ``q``; given exactly then), and the dQ-scale kernel over every row.
@@ -694,8 +709,14 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     x head, the heaviest first), unless ``BACKWARD_TABLE_MIN_IDLE_CTAS`` (``use_work_table``)
     keeps it on its grid."""
     _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=dq_accum)
+    if (parts is not None) != (plan.splits > 1):
+        raise KernelArgumentError(
+            f"parts must be given exactly when the plan splits its dK/dV walk; got "
+            f"{_describe_given(parts)} for a plan with {plan.splits} split(s)")
     sequences, longest_q, longest_k = _counts(int(ranges.shape[1]), longest_q, longest_k)
-    heads = (plan.dq_heads, plan.problem.heads_kv)
+    # the CTAs of one tile: the dQ grid's heads (query heads or packed groups), and K/V heads
+    # x splits
+    heads = (plan.dq_heads, plan.problem.heads_kv * plan.splits)
     per_entry = 1 if packed else sequences
     walks = ((longest_q, q.shape[2] * per_entry), (longest_k, k.shape[2] * per_entry))
     work, launched = [None, None], [None, None]
@@ -707,9 +728,15 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
                           tile=tile, backward=True):  # always where the grid would not fit
             work[kernel] = make_work_table(stream, ranges, tile, items, keys=kernel == 1)
             launched[kernel] = (items * count, 1, 1)
-        else:
-            launched[kernel] = _ragged_grid(tile, count, sequences, longest)
-    dq_args, dkdv_args = _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk, dv),
+        else:  # a (sequence x K/V head)'s splits of a key tile along the third axis
+            split = plan.splits if kernel else 1
+            launched[kernel] = _ragged_grid(tile, count // split, sequences, longest, split)
+    dk_to, dv_to = (dk, dv) if parts is None else parts
+    dq_args, dkdv_args = _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to),
                                     ranges, packed=packed, dq_accum=dq_accum, work=tuple(work))
     _launch_walks(stream, plan, launched, (dq_args, dkdv_args),
                   (out, grad_out, delta, dq, dq_accum))
+    if parts is not None:
+        grid = _row_grid(k.shape[2], SUM_TILE, k.shape[0], k.shape[1])
+        for partial, grad in zip(parts, (dk, dv)):
+            _aot.launch(stream, grid, sum_kernel(), (partial, grad, *plan.sum_scalars))
