@@ -8,10 +8,12 @@ FlashAttention-4's backward beside where importable (``flash_attn_varlen_func`` 
 float32 reference first (the largest relative L2 error of dQ, dK, dV).
 
 - ``default``: the call as it resolves a schedule; ``unpacked`` / ``packed``: that schedule
-  with ``dq_pack_gqa`` off / on.
+  with ``dq_pack_gqa`` off / on. ``--splits``: packed batches only, the resolved schedule
+  with ``dkdv_splits`` 2, 4 and 8 (``splitN``; a ragged walk's splits) instead.
 
     source .devtk/setup.sh && python3 docs/records/probes/backward_pack_gqa.py [--only NAME]
     source .devtk/setup.sh && python3 docs/records/probes/backward_pack_gqa.py --set new
+    source .devtk/setup.sh && python3 docs/records/probes/backward_pack_gqa.py --splits
 """
 
 import argparse
@@ -38,6 +40,7 @@ def _launches(problem, schedule, scale):
 
 
 _family.launches = _launches
+SPLITS = [False]  # --splits: the ragged contenders are dK/dV split counts
 
 
 def ragged_batches():
@@ -112,8 +115,12 @@ def ragged_contenders(lengths, hq, hkv, d, causal, dtype):
             PACK[0] = fields
             return torch.autograd.grad(out, ours, do, retain_graph=True)
         return run
-    fns = {"default": call(None), "unpacked": call(dict(dq_pack_gqa=False)),
-           "packed": call(dict(dq_pack_gqa=True))}
+    if SPLITS[0]:
+        fns = {"default": call(None), **{f"split{n}": call(dict(dkdv_splits=n))
+                                         for n in (2, 4, 8)}}
+    else:
+        fns = {"default": call(None), "unpacked": call(dict(dq_pack_gqa=False)),
+               "packed": call(dict(dq_pack_gqa=True))}
     fa4 = _fa4("flash_attn_varlen_func")
     if fa4 is not None:
         fns["flash-attn-4"] = fa4_backward(fa4, q, k, v, do, cu, longest, causal)
@@ -159,9 +166,15 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--set", default="", help="new: the batches of new_batches() only")
+    ap.add_argument("--splits", action="store_true",
+                    help="packed batches: the resolved schedule with 2, 4 and 8 dK/dV splits")
     args = ap.parse_args()
+    SPLITS[0] = args.splits
     only = set(filter(None, args.only.split(",")))
-    if args.set == "new":
+    if args.splits:
+        todo = [(n, ragged_contenders, c) for n, c in
+                {**ragged_batches(), **new_batches()}.items()]
+    elif args.set == "new":
         todo = [(n, ragged_contenders, c) for n, c in new_batches().items()]
     else:
         todo = [(n, ragged_contenders, c) for n, c in ragged_batches().items()]
@@ -175,6 +188,14 @@ def main():
         print(f"{name}: " + ", ".join(f"{n} {ms[n] * 1e3:.1f} us ({flops / ms[n] / 1e9:.0f} "
                                        f"TF/s, err {errs[n]:.1e})" for n in fns), flush=True)
         rows.append((name, ms, errs))
+    if args.splits:
+        print("\n| batch | default us | split2 | split4 | split8 | FA4 / default |"
+              "\n|---|---|---|---|---|---|")
+        for name, ms, errs in rows:
+            fa4 = f"{ms['flash-attn-4'] / ms['default']:.3f}" if "flash-attn-4" in ms else ""
+            print(f"| {name} | {ms['default'] * 1e3:.1f} | " + " | ".join(
+                f"{ms['default'] / ms[f'split{n}']:.3f}" for n in (2, 4, 8)) + f" | {fa4} |")
+        return
     print("\n| call | unpacked us | packed us | packed speed-up | default us | FA4 us | "
           "FA4 / default | worst error |\n|---|---|---|---|---|---|---|---|")
     for name, ms, errs in rows:
