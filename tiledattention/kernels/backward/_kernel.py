@@ -242,7 +242,8 @@ def attention_bwd_dq(
     SOFTCAP: ConstBool,  # scores capped by softcap * tanh(s / softcap)
     RAGGED: ConstBool,  # sequences of their own lengths: the batch index picks Ranges' column
     PACKED: ConstBool,  # RAGGED: the sequences lie end to end in batch 0 (else one a batch entry)
-    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs query head i % heads_q of Work's item
+    WORK_TABLE: ConstBool,  # RAGGED: a 1-D grid, CTA i runs query head (PACK > 1: K/V group) i %
+    # heads of Work's item
 ):
     """Delta and dQ of the CTA's query tile of one (batch, query head), or with ``PACK`` > 1
     of one (batch, K/V group): its ``TILE_M`` rows are then ``TILE_M / PACK`` positions of each
