@@ -35,8 +35,8 @@ def test_backward_space_is_registered_and_exported():
     assert search_spaces.BACKWARD_SPACE.model_ms is space_module.model_ms
     full = search_spaces.space_for("backward", "sm_90")
     compact = search_spaces.space_for("backward", "sm_90", "compact")
-    assert full.size == 3 * 4 * 2 * 2 * 4 * 3 * 3 * 4 * 2 * 4 * 5 * 2 * 2 * 2 * 2
-    assert compact.size == 2 * 6144 and set(compact.choices) < set(full.choices)
+    assert full.size == 3 * 4 * 2 * 2 * 4 * 3 * 3 * 4 * 2 * 4 * 5 * 2 * 2 * 2 * 2 * 2
+    assert compact.size == 2 * 2 * 6144 and set(compact.choices) < set(full.choices)
     assert isinstance(full.base, BackwardSchedule)
     with pytest.raises(InputValueError, match="space must be one of"):
         search_spaces.space_for("backward", "sm_90", "huge")
@@ -104,12 +104,14 @@ def test_restricted_caps_follow_each_sequence():
         _problem(heads_kv=4, seqlen_q=100, causal=True))  # group 4 x one 128-row tile
     assert gqa.choices["dkdv_splits"] == (1, 2, 4) and gqa.choices["tile_major"] == (
         False, True)
+    assert gqa.choices["dq_pack_gqa"] == (False, True)  # a group of 4 a dQ tile holds
     big = search_spaces.space_for("backward", "sm_90")
     assert search_spaces.BACKWARD_SPACE.restrict(big, _problem(causal=True)).choices == {
-        name: values for name, values in big.choices.items() if name != "split_d"}
+        name: values for name, values in big.choices.items()
+        if name not in ("split_d", "dq_pack_gqa")}  # no group of heads: nothing to pack
     # a head dim of two parts searches both forms; a power of two, one
     assert search_spaces.BACKWARD_SPACE.restrict(
-        big, _problem(causal=True, head_dim=96)).choices == big.choices
+        big, _problem(causal=True, head_dim=96, heads_kv=4)).choices == big.choices
     for d, split in ((72, True), (80, True), (96, True), (192, True), (64, False), (112, False)):
         assert ("split_d" in search_spaces.BACKWARD_SPACE.restrict(
             big, _problem(head_dim=d)).choices) == split
