@@ -23,7 +23,8 @@ from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "problem_of_arrays", "check_cuda",
-           "padded_head_dim", "head_dim_parts", "packable", "TOP_LEFT", "BOTTOM_RIGHT", "causal_flags",
+           "padded_head_dim", "head_dim_parts", "packable", "TOP_LEFT", "BOTTOM_RIGHT",
+           "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_rows", "row_stat_shape",
            "variant_args",
            "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor", "check_attention_tensors"]

@@ -188,9 +188,10 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     issue 31: 0-3% faster on six causal training shapes, never slower) and, where the dK/dV
     grid is at most ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what
     the problem needs (``normalise``); a walk of at most ``SHORT_WALK`` pairs stays unsplit; a
-    head dim of two parts split into them, with ``SPLIT_FIELDS``. A
-    ragged problem's default is the same tiles, unsplit and unordered (``normalise``: one tile
-    per CTA over the longest sequence's tiles), its dQ tiles packed by group where
+    head dim of two parts split into them, with ``SPLIT_FIELDS``. A ragged problem's default
+    is the same tiles, unordered (``normalise``) and unsplit (its bucket's waves are not its
+    sequences'; of seven packed batches, splits paid on one:
+    ``docs/records/benchmarks/backward/pack-gqa.md``), its dQ tiles packed by group where
     :func:`packs_dq_heads` says so."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER
     padded = max(64, padded_head_dim(problem.head_dim))
@@ -203,7 +204,7 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     if (problem.ragged
             or problem.group_size * dkdv_walk(problem, base.dkdv_tile_n, base.dkdv_tile_m)
             <= SHORT_WALK):
-        splits = 1  # (a ragged batch: its waves are not its bucket's; not measured split)
+        splits = 1
     longest_first = heaviest_last(problem)
     return normalise(problem, base.replace(
         dkdv_splits=splits, dq_heavy_first=longest_first,

@@ -663,6 +663,7 @@ def attention_bwd_dq_scale(
 ):
     """dQ from the one-pass backward's float32 accumulator: times the scale, cast."""
     tile, batch, head = _row_block(dQ.shape[1])
-    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)  # [TILE, TILE_D]
+    # [TILE, TILE_D]
+    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)
     ct.store(dQ, index=(batch, head, tile, 0),
              tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))
