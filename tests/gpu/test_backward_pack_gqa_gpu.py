@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from tiledattention import BACKWARD, Problem
-from tiledattention.kernels.backward import _family
-from tiledattention.kernels.backward._launch import dq_packed_heads, launches, normalise
+from tiledattention.kernels.backward._launch import dq_packed_heads, normalise
 
 from . import test_varlen_gpu as varlen
+from ._backward_fields import force_backward_fields
 from .test_varlen_gpu import LENGTHS, check_grads
 
 pytestmark = pytest.mark.gpu
@@ -51,11 +51,6 @@ CASES = [
 ]
 
 
-def _run(case, schedule):
-    plan = launches(case.problem, schedule, case.scale)
-    return case.launcher(schedule), plan
-
-
 @pytest.mark.parametrize("name, problem, fields", CASES, ids=[c[0] for c in CASES])
 def test_packed_dq_tiles_match_the_reference_and_the_unpacked_kernel(name, problem, fields):
     case = BACKWARD.case(problem, 0)
@@ -70,16 +65,8 @@ def test_packed_dq_tiles_match_the_reference_and_the_unpacked_kernel(name, probl
 @pytest.fixture
 def packed_ragged(monkeypatch):
     """Every ragged backward packs its dQ tiles' group heads (``dq_pack_gqa``), whatever the
-    lookup gave; counts the plans that did."""
-    plain = _family.launches
-    packed = []
-
-    def packing(problem, schedule, scale):
-        schedule = schedule.replace(dq_pack_gqa=True)
-        packed.append(dq_packed_heads(problem, normalise(problem, schedule)))
-        return plain(problem, schedule, scale)
-    monkeypatch.setattr(_family, "launches", packing)
-    return packed
+    lookup gave; the plans it made."""
+    return force_backward_fields(monkeypatch, dq_pack_gqa=True)
 
 
 @pytest.mark.parametrize("is_causal", [True, False, "top_left"])
@@ -87,4 +74,4 @@ def test_packed_variable_length_gradients(packed_ragged, launch_mode, is_causal)
     check_grads(LENGTHS, LENGTHS[::-1], is_causal=is_causal, hq=8, hkv=2)
     check_grads([3, 100, 0, 50, 129, 700], [10, 100, 7, 49, 200, 700], is_causal=is_causal,
                 hq=16, hkv=1, d=64, dtype=torch.float16)
-    assert packed_ragged and all(p > 1 for p in packed_ragged)
+    assert packed_ragged and all(dq_packed_heads(p, s) > 1 for p, s in packed_ragged)

@@ -12,10 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiledattention.kernels.backward import _family
-from tiledattention.kernels.backward._launch import normalise
-
 from . import test_varlen_gpu as varlen
+from ._backward_fields import force_backward_fields
 from .test_varlen_gpu import LENGTHS, check_grads
 
 pytestmark = pytest.mark.gpu
@@ -27,17 +25,9 @@ launch_mode = varlen.launch_mode  # the fixture: every ragged launch on a work t
                 ids=["two-kernel-4", "two-kernel-2", "one-pass-4"])
 def split_ragged(request, monkeypatch):
     """Every ragged backward runs ``dkdv_splits`` splits (at most its walk's pairs) in the
-    given dQ mode, whatever the lookup gave; counts the plans that split."""
+    given dQ mode, whatever the lookup gave; the plans it made."""
     mode, splits = request.param
-    plain = _family.launches
-    split = []
-
-    def splitting(problem, schedule, scale):
-        schedule = schedule.replace(dkdv_splits=splits, dq_mode=mode)
-        split.append(normalise(problem, schedule).dkdv_splits)
-        return plain(problem, schedule, scale)
-    monkeypatch.setattr(_family, "launches", splitting)
-    return split
+    return force_backward_fields(monkeypatch, dkdv_splits=splits, dq_mode=mode)
 
 
 @pytest.mark.parametrize("is_causal", [True, False, "top_left"])
@@ -45,4 +35,4 @@ def test_split_ragged_walks_give_the_reference_gradients(split_ragged, launch_mo
     check_grads(LENGTHS, LENGTHS[::-1], is_causal=is_causal, hq=8, hkv=2)
     check_grads([3, 100, 0, 50, 129, 700], [10, 100, 7, 49, 200, 700], is_causal=is_causal,
                 hq=16, hkv=1, d=64, dtype=torch.float16)
-    assert split_ragged and max(split_ragged) > 1
+    assert split_ragged and max(s.dkdv_splits for _, s in split_ragged) > 1

@@ -214,10 +214,10 @@ def unequal_walks(problem: Problem) -> bool:
 
 def dq_packed_heads(problem: Problem, schedule: BackwardSchedule) -> int:
     """The query heads one dQ kernel tile holds: the group size where ``schedule.dq_pack_gqa``
-    runs (two-kernel, and :func:`~tiledattention.core._problem.packable` at its
-    ``dq_tile_m``), else 1."""
-    return (problem.group_size if schedule.dq_pack_gqa and schedule.dq_mode == "kernel"
-            and packable(problem, schedule.dq_tile_m) else 1)
+    runs (:func:`~tiledattention.core._problem.packable` at its ``dq_tile_m``; a one-pass
+    schedule's is off, ``normalise``), else 1."""
+    return (problem.group_size if schedule.dq_pack_gqa and packable(problem, schedule.dq_tile_m)
+            else 1)
 
 
 def dq_query_rows(problem: Problem, schedule: BackwardSchedule) -> int:
