@@ -450,3 +450,51 @@ def test_family_backward_launches_a_ragged_call_with_its_layout(monkeypatch):
     assert args[2:12] == _ARRAYS and args[12:] == (ranges, 300, 400)
     # a two-kernel default: no accumulator; one split: no partials
     assert kwargs == {"packed": True, "dq_accum": None, "parts": None}
+
+
+@pytest.mark.parametrize("least", [None, 1 << 62], ids=["tables", "grids"])
+def test_a_split_ragged_backward_writes_partials_and_sums_them(monkeypatch, least):
+    """With dK/dV splits a ragged launch runs each (sequence x K/V head)'s key tile as that
+    many CTAs (a work table's items x heads x splits, or the grid's third axis), hands the
+    dK/dV kernel the partials, then sums each into its gradient over every row of ``k``'s
+    view; the partials are required exactly for a split plan, checked before any launch."""
+    import cuda.tile
+    import torch
+
+    from tiledattention.core import _work_table
+    from tiledattention.kernels.backward._launch import SUM_TILE, ragged_parts_shape, sum_kernel
+
+    if least is not None:
+        monkeypatch.setattr(_work_table, "BACKWARD_TABLE_MIN_IDLE_CTAS", least)
+    calls = []
+    monkeypatch.setattr(cuda.tile, "launch", lambda *a, **k: calls.append(a))
+    lens = [3000] + [100] * 39
+    problem = _problem(hq=16, hkv=1, d=128, sq=4096, sk=4096)
+    plan = launches(problem, BackwardSchedule(dq_tile_m=128, dkdv_tile_n=64, dkdv_splits=4), 0.1)
+    assert plan.splits == 4
+    tokens = sum(lens)
+    q = torch.empty(1, 16, tokens, 128, dtype=torch.bfloat16)
+    k = torch.empty(1, 1, tokens, 128, dtype=torch.bfloat16)
+    dk, dv = torch.empty_like(k), torch.empty_like(k)
+    ranges = _packed_ranges(lens)
+    args = (q, k, k, q, q, None, None, q, dk, dv, ranges, max(lens), max(lens))
+    with pytest.raises(KernelArgumentError, match="parts"):
+        launch_ragged("stream", plan, *args, packed=True)
+    assert not calls
+    assert ragged_parts_shape(plan, k) == (4, 1, tokens, 128)
+    parts = tuple(torch.zeros(ragged_parts_shape(plan, k)) for _ in range(2))
+    launch_ragged("stream", plan, *args, packed=True, parts=parts)
+    kernels = [(grid, args) for _, grid, _, args in calls if len(grid) == 3]
+    dkdv_grid, dkdv_args = kernels[1]
+    assert dkdv_args[6] is parts[0] and dkdv_args[7] is parts[1]  # the kernel writes partials
+    if least is None:  # a work table: items x K/V heads x splits
+        items = work_items(sequences=len(lens), longest=max(lens), rows=tokens, tile=64)
+        assert dkdv_grid == (items * 1 * 4, 1, 1)
+    else:  # the longest sequence's key tiles x (sequences x K/V heads) x splits
+        assert dkdv_grid == (-(-max(lens) // 64), len(lens), 4)
+    sums = [(grid, args) for _, grid, kernel, args in calls if kernel is sum_kernel()]
+    assert [args[:2] for _, args in sums] == [(parts[0], dk), (parts[1], dv)]
+    assert all(grid == (-(-tokens // SUM_TILE), 1, 1) for grid, _ in sums)
+    with pytest.raises(KernelArgumentError, match="parts"):  # one split: none to give
+        launch_ragged("stream", launches(problem, BackwardSchedule(), 0.1), *args, packed=True,
+                      parts=parts)
