@@ -47,7 +47,7 @@ def fp8_cache(lengths, page_size, hkv, d, seed=0):
 
 
 def run_fp8(lengths, page_size, hq=32, hkv=8, d=128, sq=1, dtype=torch.bfloat16, seed=0,
-            broadcast=None):
+            broadcast=None, causal=True, window=None):
     k_pages, v_pages, table, seqused, kd, vd, caches = fp8_cache(lengths, page_size, hkv, d,
                                                                  seed)
     if broadcast == "per-tensor":  # one factor for every entry and head
@@ -57,9 +57,10 @@ def run_fp8(lengths, page_size, hq=32, hkv=8, d=128, sq=1, dtype=torch.bfloat16,
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     q = torch.randn(len(lengths), hq, sq, d, generator=gen, device="cuda", dtype=dtype)
     with torch.no_grad():
-        out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused,
-                                             max_k=max(lengths), k_descale=kd, v_descale=vd)
-    want = reference(q, caches)
+        out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, causal=causal,
+                                             window=window, max_k=max(lengths), k_descale=kd,
+                                             v_descale=vd)
+    want = reference(q, caches, causal, window)
     assert out.dtype == dtype and not out.isnan().any(), "a read outside an entry's keys"
     for b in range(len(lengths)):
         assert rel_l2(out[b], want[b]) < TOL[dtype], (b, lengths[b])
@@ -98,6 +99,8 @@ def test_a_long_query_run_over_an_fp8_cache_is_dequantised_and_gathered():
     """Chunked prefill (300 queries an entry) runs the forward on the gathered pages,
     dequantised into q's dtype."""
     run_fp8([300, 2000, 777], 64, hq=16, hkv=4, sq=300, seed=6)
+    # a window without the causal mask: bottom-right as well
+    run_fp8([300, 2000, 777], 64, hq=16, hkv=4, sq=300, seed=6, causal=False, window=(90, 20))
 
 
 def test_compiled_fp8_call_matches_eager():

@@ -157,17 +157,11 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     check_arch_dtype(arch, shape)
     family = reader(arch, shape)
     if family is None:  # a long query run over an FP8 cache: the forward reads 16-bit caches
-        return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k, longest,
-                                 causal=causal, scale=scale, window=window, softcap=softcap,
-                                 sinks=sinks, factors=factors)
+        problem, shape = (dataclasses.replace(p, kv_dtype="") for p in (problem, shape))
+        family = reader(arch, shape)
     if family.name == "forward":  # a long query run (chunked prefill)
-        resolution = _in_place(runtime, family, problem, shape, device)
-        if resolution is None:  # its key tiles span pages: the pages gathered first
-            return _gathered_forward(runtime, q, k_pages, v_pages, block_table, seqused_k,
-                                     longest, causal=causal, scale=scale, window=window,
-                                     softcap=softcap, sinks=sinks)
-        return _forward_in_place(family, problem, resolution.schedule, q, k_pages, v_pages,
-                                 block_table, seqused_k, longest, scale, sinks)
+        return _long_query_run(runtime, family, problem, shape, q, k_pages, v_pages, block_table,
+                               seqused_k, longest, scale, logits, factors)
     # a decode step: the split-KV kernels' kept plan
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
@@ -208,14 +202,6 @@ def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> to
     return copy.view(block_table.shape[0], width * page_size, *pool.shape[2:]).transpose(1, 2)
 
 
-def _in_place(runtime: Runtime, family: Any, problem: Any, shape: Any, device: int) -> Any:
-    """The forward's :class:`Resolution` for a long query run's ragged bucket ``problem``
-    (looked up as ``family.paged_lookup``) where its schedule reads the pages in place, else
-    ``None`` (they are gathered)."""
-    resolution = runtime.resolution(family, family.paged_lookup(problem, shape), device)
-    return resolution if family.reads_pages_with(problem, resolution.schedule) else None
-
-
 def _query_ranges(q: torch.Tensor, seqused_k: torch.Tensor) -> torch.Tensor:
     """The int32 ``[4, B]`` ranges of a paged call: each entry's ``S_q`` queries over its
     first ``seqused_k[b]`` keys."""
@@ -225,38 +211,44 @@ def _query_ranges(q: torch.Tensor, seqused_k: torch.Tensor) -> torch.Tensor:
     return ranges
 
 
-def _forward_in_place(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages,
-                      block_table, seqused_k, longest: int, scale: Any,
-                      sinks: Any) -> torch.Tensor:
-    """A long query run on the forward family's ragged kernel reading the pages in place
-    (``family.reads_pages_with(problem, schedule)``: each key tile within one page)."""
+def _long_query_run(runtime: Runtime, family: Any, problem: Any, shape: Any, q, k_pages, v_pages,
+                    block_table, seqused_k, longest: int, scale: Any, logits: Any,
+                    factors: tuple) -> torch.Tensor:
+    """A paged call whose query runs are long (chunked prefill), on the forward family's ragged
+    kernel with the schedule of its bucket without pages (``family.paged_lookup``):
+    :func:`ragged_forward`."""
+    bucket = family.paged_lookup(problem, shape)
+    schedule = runtime.resolution(family, bucket, q.device.index).schedule
+    return ragged_forward(family, problem, schedule, q, k_pages, v_pages, block_table, seqused_k,
+                          longest, scale, logits, factors)
+
+
+def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages, block_table,
+                   seqused_k, longest: int, scale: Any, logits: Any = None,
+                   factors: tuple = ()) -> torch.Tensor:
+    """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
+    pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
+    else each entry's pages gathered into a contiguous cache first (one read and one write of
+    its keys; an FP8 cache's dequantised into q's dtype by ``factors``, its float32 ``[B,
+    H_kv]`` K and V descales). Either way ``problem``'s mask holds: each entry's queries are
+    the last of its keys, its causal mask and window aligned bottom-right. ``logits``: the
+    float32 ``[H_q]`` sink logits when ``problem.sinks``."""
+    ranges = _query_ranges(q, seqused_k)
+    if not factors and family.reads_pages_with(problem, schedule):
+        k, v, launched = k_pages, v_pages, problem
+        layout = RaggedLayout(ranges, q.shape[2], longest, False, block_table)
+    else:
+        k, v = (gather_pages(pool, block_table, longest) for pool in (k_pages, v_pages))
+        if factors:
+            k, v = (dequantised(x, f, q.dtype) for x, f in zip((k, v), factors))
+        # the same problem over contiguous caches
+        launched = dataclasses.replace(problem, page_size=0, kv_dtype="")
+        layout = RaggedLayout(ranges, q.shape[2], longest, False)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
-    layout = RaggedLayout(_query_ranges(q, seqused_k), q.shape[2], longest, False, block_table)
-    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k_pages, v_pages, out, None,
-                            problem, schedule,
-                            default_scale(problem) if scale is None else float(scale),
+    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, None, launched,
+                            schedule, default_scale(problem) if scale is None else float(scale),
                             q.device.index, sinks=logits, ragged=layout)
     return out
-
-
-def _gathered_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
-                      longest: int, factors: tuple = (), **variant: Any) -> torch.Tensor:
-    """A paged call whose query runs are long (chunked prefill): each entry's pages gathered
-    into a contiguous cache (one read and one write of its keys), then the padded batch's
-    ragged forward (``sdpa(..., ranges=)``) with every entry's queries the last of its keys.
-    ``factors``: an FP8 cache's float32 ``[B, H_kv]`` K and V descale factors, by which the
-    gathered keys and values are dequantised into q's dtype."""
-    from ._varlen import padded_forward
-
-    ranges = _query_ranges(q, seqused_k)
-    k = gather_pages(k_pages, block_table, longest)
-    v = gather_pages(v_pages, block_table, longest)
-    if factors:
-        k, v = (dequantised(x, f, q.dtype) for x, f in zip((k, v), factors))
-    causal = variant.pop("causal")
-    return padded_forward(runtime, q, k, v, BOTTOM_RIGHT if causal else False,
-                          variant.pop("scale"), ranges, **variant)
 
 
 def dequantised(x: torch.Tensor, factor: torch.Tensor, dtype: Any) -> torch.Tensor:
