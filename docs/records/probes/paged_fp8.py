@@ -5,7 +5,7 @@ pages of 16 to 256, GQA 32/8 and 28/4. Interleaved, the L2 flushed before each s
 time); shares of the device copy rate (read + written, same run) on each cache's valid K/V
 bytes read once; errors against the float32 attention of the dequantised cache.
 
-    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py [--sweep | --check | --pdl]
+    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py [--sweep | --check | --pdl | --warps]
 
 ``--sweep``: for the e4m3 cache only, the default against occupancy 2 with K loads four steps
 ahead at 1, 2, 4 and 6 times its splits (the shape of the searched FP8 rows), on the paged
@@ -14,6 +14,9 @@ processes. ``--check``: other batches (none of the sweep's; ``CHECK``), the e4m3
 default against the bf16 rule it replaced (``FP8_SPLIT_FACTOR``) and the same batch over a
 bf16 cache. ``--pdl``: the batches of the sweep, the default against the same schedule
 with its block merge launched as a programmatic dependent (``combine="block_pdl"``).
+``--warps``: the batches of the sweep and ``WARPS_MORE`` (bf16 caches among them), the default
+against the same schedule with eight worker warps (``num_worker_warps=8``: each warp widens half
+the bytes a step), at one and two CTAs an SM and with twice the splits.
 """
 
 import dataclasses
@@ -44,6 +47,26 @@ def fp8_problem(b, hq, hkv, sk, page=0):
     return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
                       dtype="bf16", causal=bool(page), bottom_right=bool(page),
                       ragged=bool(page), page_size=page, kv_dtype="e4m3")
+
+
+# (batch, heads_q, heads_kv, cache length, page size, kv dtype): more for ``--warps``, none a
+# shipped or tested batch; "" is a bf16 cache
+WARPS_MORE = ((1, 32, 8, 8192, 0, "e4m3"), (1, 32, 8, 40000, 0, "e4m3"),
+              (2, 64, 8, 24000, 0, "e4m3"), (6, 28, 4, 10000, 0, "e4m3"),
+              (1, 32, 8, 8192, 0, ""), (1, 32, 8, 32768, 0, ""), (1, 28, 4, 12000, 0, ""))
+
+
+def warps_candidates(p):
+    d = ta.DECODE.default_schedule("sm_90", p)
+    splits = min(2 * d.splits, max(1, p.seqlen_k // 512))
+    forms = {"default": d, "w8 occ1": d.replace(num_worker_warps=8, occupancy=1),
+             "w8 occ2": d.replace(num_worker_warps=8, occupancy=2),
+             "w8 occ2 x2 splits": d.replace(num_worker_warps=8, occupancy=2, splits=splits)}
+    unique = {}
+    for name, s in forms.items():  # a form equal to an earlier one is timed once
+        if s not in unique.values():
+            unique[name] = s
+    return unique
 
 
 def sweep_candidates(p):
@@ -77,7 +100,7 @@ def pdl_candidates(p):
     return {"default": d, "block_pdl": d.replace(combine="block_pdl")}
 
 
-def sweep(copy_gbps, check=False, pdl=False):
+def sweep(copy_gbps, check=False, pdl=False, warps=False):
     import os
     from concurrent.futures import ProcessPoolExecutor
 
@@ -86,7 +109,12 @@ def sweep(copy_gbps, check=False, pdl=False):
         plans = [(p, check_candidates(p)) for p, _ in plans]
     else:
         points = [fp8_problem(*pt) for pt in POINTS] + [fp8_problem(*pt) for pt in CONTIGUOUS]
-        plans = [(p, (pdl_candidates if pdl else sweep_candidates)(p)) for p in points]
+        if warps:
+            points += [dataclasses.replace(fp8_problem(*pt[:5]), kv_dtype=pt[5])
+                       for pt in WARPS_MORE]
+        candidates = (warps_candidates if warps else pdl_candidates if pdl
+                      else sweep_candidates)
+        plans = [(p, candidates(p)) for p in points]
     jobs = [(p, s) for p, c in plans for s in c.values()]
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         for failed in pool.map(_compile, jobs):
@@ -98,7 +126,7 @@ def sweep(copy_gbps, check=False, pdl=False):
         errors = {name: case.error(fn) for name, fn in fns.items()}
         seqused = getattr(case, "seqused", None)
         keys = int(seqused.sum()) if seqused is not None else p.batch * p.seqlen_k
-        nbytes = keys * p.heads_kv * 128 * 2
+        nbytes = keys * p.heads_kv * 128 * 2 * (1 if p.kv_dtype else 2)
         if check:  # the same batch over a bf16 cache, its own default
             plain = ta.DECODE.case(dataclasses.replace(p, kv_dtype=""), 0)
             cands = {**cands, "bf16 cache": ta.DECODE.default_schedule(
@@ -123,8 +151,9 @@ def sweep(copy_gbps, check=False, pdl=False):
 
 def main():
     copy_gbps = copy_rate()
-    if "--sweep" in sys.argv or "--check" in sys.argv or "--pdl" in sys.argv:
-        sweep(copy_gbps, check="--check" in sys.argv, pdl="--pdl" in sys.argv)
+    if {"--sweep", "--check", "--pdl", "--warps"} & set(sys.argv):
+        sweep(copy_gbps, check="--check" in sys.argv, pdl="--pdl" in sys.argv,
+              warps="--warps" in sys.argv)
         return
     rows = []
     for b, hq, hkv, sk, page in POINTS:
