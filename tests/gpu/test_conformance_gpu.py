@@ -35,6 +35,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FORWARD_TOL = {"bf16": 1e-2, "fp16": 5e-3}
 GRAD_TOL = {"bf16": 2e-2, "fp16": 1e-2}
 FP8_CACHE_TOL = 1e-2  # against the float32 attention of the dequantised cache
+FP8_TOL = 5e-2  # e4m3 q, k, v (P·V in e4m3): the forward family's e4m3 bound
 #: score elements the float32 reference may hold at once (1 GiB)
 REFERENCE_ELEMENTS = 1 << 28
 
@@ -169,6 +170,58 @@ def test_sdpa_forward(draw):
     assert rel_l2(got, want) < FORWARD_TOL[draw["dtype"]]
 
 
+# -- FP8: e4m3 q, k and v, or an e4m3 K/V cache under 16-bit queries ---------------------------
+def draw_fp8(seed):
+    draw = draw_dense(seed)
+    rng = random.Random(-seed)
+    cache = rng.random() < 0.5  # else q, k and v all e4m3
+    if cache:  # a cache is read by the decode kernels: calls of few query rows
+        draw["sq"] = rng.choice([1, 1, 2, 4])
+    draw.update(fp8="cache" if cache else "qkv", layout="bhsd",
+                per_tensor=rng.random() < 0.3)
+    if not cache:
+        draw["dtype"] = "bf16"  # the output of e4m3 inputs
+    return draw
+
+
+FP8 = [draw_fp8(6000 + i) for i in range(CASES)]
+
+
+@pytest.mark.parametrize("draw", FP8, ids=describe)
+def test_fp8_sdpa(draw):
+    """Against the float32 attention of the dequantised inputs; factors ``[B, H_kv]`` (a query
+    head takes its K/V head's) or one per tensor."""
+    q, k, v, sinks = dense_inputs(draw)
+    e4m3 = torch.finfo(torch.float8_e4m3fn).max
+    names = ("k", "v") if draw["fp8"] == "cache" else ("q", "k", "v")
+    values, factors = {"q": q.float(), "k": k.float(), "v": v.float()}, {}
+    for name in names:
+        x = values[name]
+        b, h = x.shape[:2]
+        if draw["per_tensor"]:
+            factor = x.abs().amax() / e4m3
+            stored = (x / factor).to(torch.float8_e4m3fn)
+            values[name] = stored.float() * factor
+        else:
+            factor = (x.abs().reshape(b, draw["hkv"], -1).amax(-1) / e4m3).contiguous()
+            group = factor.repeat_interleave(h // draw["hkv"], 1)[:, :, None, None]
+            stored = (x / group).to(torch.float8_e4m3fn)
+            values[name] = stored.float() * group
+        factors[f"{name}_descale"] = factor
+        values[name + "_stored"] = stored
+    inputs = [values.get(f"{n}_stored", x) for n, x in zip("qkv", (q, k, v))]
+    out_dtype = q.dtype if draw["fp8"] == "cache" else torch.bfloat16
+    out = torch.full((*q.shape[:3], draw["d"]), float("nan"), dtype=out_dtype, device="cuda")
+    got = ta.sdpa(*inputs, causal_arg(draw["causal"], draw["bottom_right"]), draw["scale"],
+                  window=draw["window"], softcap=draw["softcap"], sinks=sinks, out=out,
+                  **factors)
+    assert got is out
+    want = dense_reference(values["q"], values["k"], values["v"], sinks=sinks,
+                           **reference_kw(draw))
+    tol = FP8_CACHE_TOL if draw["fp8"] == "cache" else FP8_TOL
+    assert rel_l2(got, want) < tol
+
+
 # -- training: sdpa's gradients ------------------------------------------------------------------
 @pytest.mark.parametrize("draw", TRAINING, ids=describe)
 def test_sdpa_gradients(draw):
@@ -202,7 +255,7 @@ def draw_paged(seed):
     lengths = [rng.randint(sq, longest) for _ in range(b)]
     lengths[rng.randrange(b)] = longest
     causal, _, window, softcap = draw_mask(rng, paged=True)
-    fp8 = sq == 1 and rng.random() < 0.3
+    fp8 = rng.random() < 0.3  # decode steps read it; long runs gather and dequantise it
     return dict(b=b, hq=hq, hkv=hkv, sq=sq, lengths=tuple(lengths), d=rng.choice(HEAD_DIMS),
                 dtype=rng.choice(list(DTYPES)), page=rng.choice([16, 32, 64, 128, 256]),
                 causal=causal, window=window, softcap=softcap, sinks=rng.random() < 0.2,
