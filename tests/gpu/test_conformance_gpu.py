@@ -1,8 +1,8 @@
 """Randomised conformance on the GPU: seeded draws that vary every dimension a user varies at
 once (batch, heads and their grouping, head dim, dtype, odd and unequal lengths, both causal
-alignments, windows, softcap, sinks, memory layouts, page sizes, FP8 caches), each call
-checked against a float32 attention written out below from the definition (independent of the
-package's own reference), by relative L2 error.
+alignments, windows, softcap, sinks, memory layouts, page sizes, FP8 inputs and caches,
+padded ranges), each call checked against a float32 attention written out below from the
+definition (independent of the package's own reference), by relative L2 error.
 
 Every output the library writes into is poisoned first (``out=`` filled with NaN), every page
 no entry uses and every slot past an entry's keys is NaN, and packed batches carry NaN poison
