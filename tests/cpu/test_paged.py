@@ -119,6 +119,45 @@ def test_gathered_pages_are_each_entrys_cache_in_order():
     assert gather_pages(pool, table, 48).shape == (2, 2, 48, 4)  # -1 slots clamp, never read
 
 
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_long_query_run_launches_the_paged_problem_in_place_or_gathered(in_place,
+                                                                        monkeypatch):
+    """A chunked prefill over pages runs the paged problem's own mask either way: a window
+    without the causal mask stays bottom-right on gathered pages (they took it top-left once,
+    found by the GPU conformance draws); in place the kernel gets the pools and the table,
+    gathered each entry's keys in order and no table."""
+    from tiledattention.entry_points import _paged as route
+
+    launched = {}
+
+    class Forward:  # the forward family's two answers this route asks for, and its launch
+        def reads_pages_with(self, problem, schedule):
+            return in_place
+
+        def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale,
+                             device, sinks=None, ragged=None):
+            launched.update(k=k, problem=problem, scale=scale, layout=ragged)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    problem = _paged(batch=2, heads_q=4, heads_kv=2, seqlen_q=64, seqlen_k=64, head_dim=32,
+                     causal=False, window_left=9, window_right=5, page_size=16)
+    pool = torch.randn(6, 16, 2, 32)
+    table = torch.tensor([[4, 1, -1], [0, 5, 2]], dtype=torch.int32)
+    q = torch.randn(2, 4, 64, 32)
+    out = route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem),
+                               q, pool, pool, table, torch.tensor([20, 40]), 40, None)
+    assert out.shape == q.shape
+    got, layout = launched["problem"], launched["layout"]
+    assert (got.bottom_right, got.causal, got.window_left, got.window_right) == (True, False, 9, 5)
+    assert layout.ranges.tolist() == [[0, 0], [64, 64], [0, 0], [20, 40]]
+    assert launched["scale"] == pytest.approx(32 ** -0.5)
+    if in_place:
+        assert got == problem and launched["k"] is pool and layout.pages is table
+    else:
+        assert got == dataclasses.replace(problem, page_size=0) and layout.pages is None
+        assert torch.equal(launched["k"], route.gather_pages(pool, table, 40))
+
+
 def test_a_load_never_straddles_two_pages():
     assert [page_tile(n) for n in (16, 48, 64, 80, 256, 272)] == [16, 16, 64, 16, 256, 16]
     s = normalise(_paged(page_size=48), DecodeSchedule(tile_n=128, k_transposed=True))
