@@ -18,8 +18,9 @@ from .core._family import Case, Family, families, get_family, register_family, u
 from .core._lookup import Resolution, shipped_table
 from .core._settings import database_location
 from .errors import (CompileError, InputTypeError, InputValueError, KernelArgumentError,
-                     ScheduleDatabaseError, ScheduleError, TiledAttentionError,
-                     UnknownFamilyError, UnsupportedOperationError, UnsupportedProblemError)
+                     LaunchOutOfMemoryError, ScheduleDatabaseError, ScheduleError,
+                     TiledAttentionError, UnknownFamilyError, UnsupportedOperationError,
+                     UnsupportedProblemError)
 from .core._problem import (BOTTOM_RIGHT, DTYPES, SUPPORTED_HEAD_DIMS, TOP_LEFT, Problem,
                             problem_from_arrays)
 from .core._call import Call
@@ -55,7 +56,7 @@ __all__ = [
     # errors
     "TiledAttentionError", "InputTypeError", "InputValueError", "UnsupportedProblemError",
     "UnsupportedOperationError", "UnknownFamilyError", "ScheduleError", "ScheduleDatabaseError",
-    "CompileError", "KernelArgumentError",
+    "CompileError", "KernelArgumentError", "LaunchOutOfMemoryError",
     # the tools' module
     "tooling",
 ]

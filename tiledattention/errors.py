@@ -16,7 +16,8 @@ from db import TiledAttentionError
 
 __all__ = ["TiledAttentionError", "InputTypeError", "InputValueError", "ScheduleError",
            "UnsupportedProblemError", "UnknownFamilyError", "CompileError", "KernelArgumentError",
-           "ScheduleDatabaseError", "UnsupportedOperationError", "CompileRequiredError"]
+           "ScheduleDatabaseError", "UnsupportedOperationError", "CompileRequiredError",
+           "LaunchOutOfMemoryError"]
 
 
 class InputTypeError(TiledAttentionError, TypeError):
@@ -55,6 +56,14 @@ class KernelArgumentError(TiledAttentionError, TypeError):
 
 class UnsupportedOperationError(TiledAttentionError, RuntimeError):
     """The operation exists in PyTorch but not (yet) here, e.g. a backward pass."""
+
+
+class LaunchOutOfMemoryError(TiledAttentionError, RuntimeError):
+    """The GPU had no memory left for a kernel's launch (the driver finds a kernel's local
+    memory, where its spilled values live, for every thread that may be resident). The
+    message begins ``"CUDA out of memory."`` as torch's own do, so code that catches those by
+    their text (transformers' and accelerate's batch-size finders) treats it alike; its
+    ``__cause__`` is cuTile's error."""
 
 
 class ScheduleDatabaseError(TiledAttentionError, RuntimeError):

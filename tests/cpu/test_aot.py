@@ -360,6 +360,35 @@ def test_a_launch_is_ct_launch_with_the_kernels_compile_answered(use_bundles, mo
     assert isinstance(other._compile, _aot.ShippedCompile) and not other._compile.jit
 
 
+def test_a_launch_refused_for_want_of_memory_says_so(use_bundles, monkeypatch):
+    """cuTile's out-of-memory launch error becomes ours, worded as torch's own (``"CUDA out of
+    memory."`` first, one argument: what transformers' and accelerate's batch-size finders
+    look for); any other error passes as it came."""
+    from tiledattention import LaunchOutOfMemoryError, TiledAttentionError
+
+    kernel, args, _ = _forward_launch(LLAMA)
+    raised = {}
+
+    def refuse(*a, **kw):
+        raise raised["error"]
+
+    monkeypatch.setattr(cuda.tile, "launch", refuse)
+    raised["error"] = RuntimeError("Failed to launch cuTile kernel: out of memory")
+    with pytest.raises(LaunchOutOfMemoryError) as info:
+        _aot.launch(7, (8, 32), kernel, args)
+    error = info.value
+    assert isinstance(error, RuntimeError) and isinstance(error, TiledAttentionError)
+    assert len(error.args) == 1 and error.args[0].startswith("CUDA out of memory. ")
+    assert f"{kernel._pyfunc.__name__} kernel (grid (8, 32))" in str(error)
+    assert error.__cause__ is raised["error"]
+    for other in (RuntimeError("Failed to launch cuTile kernel: invalid argument"),
+                  ValueError("Grid[0] exceeds 24-bit limit")):
+        raised["error"] = other
+        with pytest.raises(type(other)) as info:
+            _aot.launch(7, (8, 32), kernel, args)
+        assert info.value is other
+
+
 def test_an_image_of_another_template_version_is_never_used(bundle_dir, tmp_path):
     source = bundle_dir / "cubins-sm_90.zip"
     stale = tmp_path / "cubins-sm_90.zip"

@@ -41,7 +41,7 @@ from typing import Any, Iterator, Sequence
 from ._bundles import (any_length, bundle_paths, constants_key, convention_of, current_entries,
                        kernel_name, param_specs, read_member, serves)
 from ._lazy import lazy_module
-from ..errors import CompileRequiredError, InputValueError
+from ..errors import CompileRequiredError, InputValueError, LaunchOutOfMemoryError
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
@@ -257,12 +257,26 @@ def compiles() -> tuple[int, int]:
 
 def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options: Any) -> None:
     """``ct.launch(stream, grid, kernel, args, **options)``, with ``kernel``'s compiles
-    answered from shipped cubins where one serves (:class:`ShippedCompile`)."""
+    answered from shipped cubins where one serves (:class:`ShippedCompile`); a launch the
+    driver refuses for want of device memory raises :class:`LaunchOutOfMemoryError`."""
     if kernel not in _prepared:
         _prepare(kernel)
     if _recording is not None:
         _recording.append((stream, grid, kernel, args, options))
-    ct.launch(stream, grid, kernel, args, **options)
+    try:
+        ct.launch(stream, grid, kernel, args, **options)
+    except RuntimeError as exc:
+        if str(exc) != _LAUNCH_OOM:
+            raise
+        name = getattr(getattr(kernel, "_pyfunc", None), "__name__", type(kernel).__name__)
+        raise LaunchOutOfMemoryError(
+            f"CUDA out of memory. The GPU has no memory left to launch tiledattention's "
+            f"{name} kernel (grid {tuple(grid)}); free some (torch.cuda.empty_cache() returns "
+            f"torch's cached blocks) or make the call smaller") from exc
+
+
+#: cuTile's message for a launch the driver refused for want of device memory
+_LAUNCH_OOM = "Failed to launch cuTile kernel: out of memory"
 
 
 def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
