@@ -255,6 +255,10 @@ def compiles() -> tuple[int, int]:
     return sum(h.compiled for h in hooks), sum(h.reused for h in hooks)
 
 
+#: cuTile's message for a launch the driver refused for want of device memory
+_LAUNCH_OOM = "Failed to launch cuTile kernel: out of memory"
+
+
 def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options: Any) -> None:
     """``ct.launch(stream, grid, kernel, args, **options)``, with ``kernel``'s compiles
     answered from shipped cubins where one serves (:class:`ShippedCompile`); a launch the
@@ -273,10 +277,6 @@ def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options
             f"CUDA out of memory. The GPU has no memory left to launch tiledattention's "
             f"{name} kernel (grid {tuple(grid)}); free some (torch.cuda.empty_cache() returns "
             f"torch's cached blocks) or make the call smaller") from exc
-
-
-#: cuTile's message for a launch the driver refused for want of device memory
-_LAUNCH_OOM = "Failed to launch cuTile kernel: out of memory"
 
 
 def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:
