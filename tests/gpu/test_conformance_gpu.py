@@ -116,7 +116,8 @@ def draw_dense(seed):
     causal, bottom_right, window, softcap = draw_mask(rng)
     return dict(b=b, hq=hq, hkv=hkv, sq=sq, sk=sk, d=d, dtype=rng.choice(list(DTYPES)),
                 causal=causal, bottom_right=bottom_right, window=window, softcap=softcap,
-                sinks=rng.random() < 0.2, scale=rng.choice([None, round(rng.uniform(0.03, 0.2), 4)]),
+                sinks=rng.random() < 0.2,
+                scale=rng.choice([None, round(rng.uniform(0.03, 0.2), 4)]),
                 layout=rng.choice(["bhsd", "bshd"]), seed=seed)
 
 

@@ -5,7 +5,8 @@ pages of 16 to 256, GQA 32/8 and 28/4. Interleaved, the L2 flushed before each s
 time); shares of the device copy rate (read + written, same run) on each cache's valid K/V
 bytes read once; errors against the float32 attention of the dequantised cache.
 
-    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py [--sweep | --check | --pdl | --warps]
+    source .devtk/setup.sh && python3 docs/records/probes/paged_fp8.py \
+        [--sweep | --check | --pdl | --warps]
 
 ``--sweep``: for the e4m3 cache only, the default against occupancy 2 with K loads four steps
 ahead at 1, 2, 4 and 6 times its splits (the shape of the searched FP8 rows), on the paged
