@@ -1,8 +1,8 @@
 """Randomised conformance on the GPU: seeded draws that vary every dimension a user varies at
 once (batch, heads and their grouping, head dim, dtype, odd and unequal lengths, both causal
 alignments, windows, softcap, sinks, memory layouts, page sizes, FP8 inputs and caches,
-padded ranges), each call checked against a float32 attention written out below from the
-definition (independent of the package's own reference), by relative L2 error.
+padded ranges), each call checked against a float32 attention written out from the definition
+(``_reference.attend``, independent of the package's own reference), by relative L2 error.
 
 Every output the library writes into is poisoned first (``out=`` filled with NaN), every page
 no entry uses and every slot past an entry's keys is NaN, and packed batches carry NaN poison
@@ -22,8 +22,9 @@ import pytest
 import torch
 
 import tiledattention as ta
+from tiledattention.tooling import dequantise_fp8, quantise_fp8
 
-from ._reference import rel_l2
+from ._reference import attend, rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -40,40 +41,7 @@ FP8_TOL = 5e-2  # e4m3 q, k, v (P·V in e4m3): the forward family's e4m3 bound
 REFERENCE_ELEMENTS = 1 << 28
 
 
-# -- the reference -------------------------------------------------------------------------------
-def attend(q, k, v, *, causal, bottom_right, window, softcap, sinks, scale):
-    """float32 attention of one entry: ``q [H_q, S_q, D]``, ``k, v [H_kv, S_k, D]``; query row
-    ``i`` sits at key position ``i + off`` (``off = S_k - S_q`` bottom-right, else 0); a row
-    that sees no key gives zeros; ``sinks [H_q]`` join each row's denominator."""
-    group = q.shape[0] // k.shape[0]
-    k = k.float().repeat_interleave(group, 0)
-    v = v.float().repeat_interleave(group, 0)
-    s = torch.matmul(q.float(), k.transpose(1, 2)) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    sq, sk = q.shape[1], k.shape[1]
-    rows = torch.arange(sq, device=q.device)[:, None] + (sk - sq if bottom_right else 0)
-    keys = torch.arange(sk, device=q.device)[None, :]
-    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-    if causal:
-        keep &= keys <= rows
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            keep &= keys >= rows - left
-        if right >= 0:
-            keep &= keys <= rows + right
-    s = s.masked_fill(~keep, -math.inf)
-    if sinks is not None:
-        s = torch.cat([s, sinks.float()[:, None, None].expand(-1, sq, 1)], dim=2)
-    m = s.amax(dim=2, keepdim=True).clamp_min(-1e30)  # a row of -inf alone stays finite
-    p = torch.exp(s - m)
-    total = p.sum(dim=2, keepdim=True)
-    p = p / torch.where(total > 0, total, 1.0)  # a row of no key and no sink: zeros, no NaN
-    out = torch.matmul(p[..., :sk], v)
-    return torch.where(keep.any(dim=1)[None, :, None], out, 0.0)
-
-
+# -- the reference (``_reference.attend``) ---------------------------------------------------------
 def dense_reference(q, k, v, **kw):
     return torch.stack([attend(q[b], k[b], v[b], **kw) for b in range(q.shape[0])])
 
@@ -191,37 +159,35 @@ def draw_fp8(seed):
 FP8 = [draw_fp8(6000 + i) for i in range(CASES)]
 
 
+def fp8_values(x, heads_kv, per_tensor):
+    """``(e4m3 x, its descale factor, the float32 values they stand for)``: one factor for
+    the tensor, or ``[B, H_kv]`` (``tooling.quantise_fp8``'s per-head convention)."""
+    if per_tensor:
+        factor = x.float().abs().amax() / torch.finfo(torch.float8_e4m3fn).max
+        stored = (x.float() / factor).to(torch.float8_e4m3fn)
+        return stored, factor, stored.float() * factor
+    stored, factor = quantise_fp8(x, heads_kv)
+    return stored, factor, dequantise_fp8(stored, factor)
+
+
 @pytest.mark.parametrize("draw", FP8, ids=describe)
 def test_fp8_sdpa(draw):
     """Against the float32 attention of the dequantised inputs; factors ``[B, H_kv]`` (a query
     head takes its K/V head's) or one per tensor."""
     q, k, v, sinks = dense_inputs(draw)
-    e4m3 = torch.finfo(torch.float8_e4m3fn).max
-    names = ("k", "v") if draw["fp8"] == "cache" else ("q", "k", "v")
-    values, factors = {"q": q.float(), "k": k.float(), "v": v.float()}, {}
-    for name in names:
-        x = values[name]
-        b, h = x.shape[:2]
-        if draw["per_tensor"]:
-            factor = x.abs().amax() / e4m3
-            stored = (x / factor).to(torch.float8_e4m3fn)
-            values[name] = stored.float() * factor
-        else:
-            factor = (x.abs().reshape(b, draw["hkv"], -1).amax(-1) / e4m3).contiguous()
-            group = factor.repeat_interleave(h // draw["hkv"], 1)[:, :, None, None]
-            stored = (x / group).to(torch.float8_e4m3fn)
-            values[name] = stored.float() * group
-        factors[f"{name}_descale"] = factor
-        values[name + "_stored"] = stored
-    inputs = [values.get(f"{n}_stored", x) for n, x in zip("qkv", (q, k, v))]
+    names = "kv" if draw["fp8"] == "cache" else "qkv"
+    inputs, real, factors = [q, k, v], [q.float(), k.float(), v.float()], {}
+    for i, name in enumerate("qkv"):
+        if name in names:
+            inputs[i], factors[f"{name}_descale"], real[i] = fp8_values(
+                inputs[i], draw["hkv"], draw["per_tensor"])
     out_dtype = q.dtype if draw["fp8"] == "cache" else torch.bfloat16
     out = torch.full((*q.shape[:3], draw["d"]), float("nan"), dtype=out_dtype, device="cuda")
     got = ta.sdpa(*inputs, causal_arg(draw["causal"], draw["bottom_right"]), draw["scale"],
                   window=draw["window"], softcap=draw["softcap"], sinks=sinks, out=out,
                   **factors)
     assert got is out
-    want = dense_reference(values["q"], values["k"], values["v"], sinks=sinks,
-                           **reference_kw(draw))
+    want = dense_reference(*real, sinks=sinks, **reference_kw(draw))
     tol = FP8_CACHE_TOL if draw["fp8"] == "cache" else FP8_TOL
     assert rel_l2(got, want) < tol
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import tiledattention
 
-from ._reference import rel_l2
+from ._reference import attend, rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -53,28 +52,12 @@ def paged_cache(lengths, page_size, hkv, d, dtype=torch.bfloat16, seed=0, spare_
 def reference(q, caches, causal=True, window=None, scale=None):
     """float32 per entry: q [B, H_q, S_q, D] the last S_q positions of each cache."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    sq = q.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     for b, (k, v) in enumerate(caches):
-        n = k.shape[0]
-        if n == 0:
-            continue
-        group = q.shape[1] // k.shape[1]
-        kk = k.float().transpose(0, 1).repeat_interleave(group, 0)  # [H_q, n, D]
-        vv = v.float().transpose(0, 1).repeat_interleave(group, 0)
-        rows = torch.arange(sq, device=q.device)[:, None] + n - sq
-        keys = torch.arange(n, device=q.device)[None, :]
-        keep = torch.ones(sq, n, dtype=torch.bool, device=q.device)
-        if causal:
-            keep &= keys <= rows
-        if window is not None:
-            left, right = window
-            if left >= 0:
-                keep &= keys >= rows - left
-            if right >= 0:
-                keep &= keys <= rows + right
-        seen = keep.any(-1)
-        o = F.scaled_dot_product_attention(q[b].float(), kk, vv, attn_mask=keep, scale=scale)
-        out[b] = torch.where(seen[None, :, None], o, 0.0)
+        if k.shape[0]:
+            out[b] = attend(q[b], k.transpose(0, 1), v.transpose(0, 1), causal=causal,
+                            bottom_right=True, window=window, softcap=None, sinks=None,
+                            scale=scale)
     return out
 
 

@@ -1,7 +1,7 @@
 """Where an FP8-cache decode step's time goes (issue 52): the split kernel over an e4m3 cache
 and over a bf16 cache of the same shape (each its sm_90 default), one launch each, under Nsight
-Compute. The launches sit between ``cudaProfilerStart`` and ``cudaProfilerStop``, after warm-up
-calls outside them; each call is in an NVTX range named by its cache.
+Compute (``prefill_ncu.profile``: warm-up calls, then one launch each between
+``cudaProfilerStart`` and ``cudaProfilerStop``, in an NVTX range named by its cache).
 
     source .devtk/setup.sh && ncu --profile-from-start off --clock-control none --set full \\
         --kernel-name regex:decode_split --export $OUT/fp8dec --force-overwrite \\
@@ -11,10 +11,13 @@ calls outside them; each call is in an NVTX range named by its cache.
 
 import argparse
 import dataclasses
-
-import torch
+import sys
+from pathlib import Path
 
 import tiledattention as ta
+
+sys.path.insert(0, str(Path(__file__).parent))
+from prefill_ncu import profile  # noqa: E402
 
 
 def main():
@@ -31,17 +34,7 @@ def main():
         schedule = ta.DECODE.default_schedule("sm_90", p)
         print(name, schedule.describe(), flush=True)
         fns[name] = case.launcher(schedule)
-    for fn in fns.values():
-        fn()
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, fn in fns.items():
-        torch.cuda.nvtx.range_push(name)
-        fn()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profile(fns)
 
 
 if __name__ == "__main__":

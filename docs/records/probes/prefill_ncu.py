@@ -20,6 +20,22 @@ import tiledattention as ta
 from tuner.bench import build_peer_contender
 
 
+def profile(fns):
+    """Each of ``fns`` (name -> call) twice to warm up, then once each between
+    ``cudaProfilerStart`` and ``cudaProfilerStop``, in an NVTX range of its name."""
+    for fn in fns.values():
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, fn in fns.items():
+        torch.cuda.nvtx.range_push(name)
+        fn()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="1,40/8,16384,128")
@@ -37,17 +53,7 @@ def main():
         name, text = item.split("=", 1)
         fns[name] = case.launcher(default.replace(**json.loads(text)))
     fns["flash-attn-4"], _ = build_peer_contender("flash-attn-4", p, case, backward=False)
-    for fn in fns.values():
-        fn()
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, fn in fns.items():
-        torch.cuda.nvtx.range_push(name)
-        fn()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    profile(fns)
     print("profiled:", ", ".join(fns), "at", p.describe())
 
 
