@@ -54,7 +54,14 @@ DECODE = [  # name, B, H_q, H_kv, S_k, D
     ("B16 28/4 6000", 16, 28, 4, 6000, 128),
     ("B64 32/8 2000", 64, 32, 8, 2000, 128),
 ]
-CALLS = [("prefill", c) for c in PREFILL] + [("decode", c) for c in DECODE]
+PAGED = [  # name, B, H_q, H_kv, longest cache, D, page size (the family's mixed lengths)
+    ("paged B12 32/8 14000 p16", 12, 32, 8, 14000, 128, 16),
+    ("paged B30 28/4 5000 p32", 30, 28, 4, 5000, 128, 32),
+    ("paged B6 32/8 26000 p64", 6, 32, 8, 26000, 128, 64),
+    ("paged B20 32/8 9000 p256", 20, 32, 8, 9000, 128, 256),
+]
+CALLS = ([("prefill", c) for c in PREFILL] + [("decode", c) for c in DECODE]
+         + [("paged", c) for c in PAGED])
 
 
 def overlaid(old: str) -> str:
@@ -127,6 +134,38 @@ def decode_call(i, rounds):
                 copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate)
 
 
+def paged_call(i, rounds):
+    """A paged decode step over an e4m3 cache against the same batch over a bf16 cache (the
+    family's case: caches of the longest, 3/4, 1/2 and 1/4 of it in shuffled pages), each
+    with its sm_90 default."""
+    import dataclasses
+
+    import torch
+
+    import tiledattention as ta
+    from tuner.measure import time_interleaved
+
+    name, b, hq, hkv, sk, d, page = PAGED[i]
+    p8 = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                    dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page,
+                    kv_dtype="e4m3")
+    p16 = dataclasses.replace(p8, kv_dtype="")
+    sch8 = ta.DECODE.default_schedule("sm_90", p8)
+    case8, case16 = ta.DECODE.case(p8, 0), ta.DECODE.case(p16, 0)
+    keys = int(case8.seqused.sum())
+    bytes8 = 2 * keys * hkv * d
+    src = torch.ones(bytes8 // 4, dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    fns = {"fp8": case8.launcher(sch8),
+           "bf16": case16.launcher(ta.DECODE.default_schedule("sm_90", p16)),
+           "copy": lambda: dst.copy_(src)}
+    err = case8.error(fns["fp8"])
+    t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds).items()}
+    rate = 2 * bytes8 / t["copy"]
+    return dict(fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=sch8.describe(),
+                copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate)
+
+
 def child(old: str | None, rounds: int, only: list[int]) -> None:
     if old:
         sys.path.insert(0, overlaid(old))
@@ -136,8 +175,9 @@ def child(old: str | None, rounds: int, only: list[int]) -> None:
     out = {"package": tiledattention.__file__}
     for i in only:
         kind, (name, *_) = CALLS[i]
-        index = i if kind == "prefill" else i - len(PREFILL)
-        out[name] = (prefill_call if kind == "prefill" else decode_call)(index, rounds)
+        index = i - sum(1 for k, _ in CALLS[:i] if k != kind)
+        call = {"prefill": prefill_call, "decode": decode_call, "paged": paged_call}[kind]
+        out[name] = call(index, rounds)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -162,7 +202,7 @@ def report(runs: dict, only: list[int]) -> None:
     def med(form, name, key):
         return statistics.median(r[name][key] for r in runs[form])
 
-    for kind in ("prefill", "decode"):
+    for kind in ("prefill", "decode", "paged"):
         rows = [CALLS[i][1] for i in only if CALLS[i][0] == kind]
         if not rows:
             continue

@@ -35,9 +35,12 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     kv_dtype = p.kv_dtype or p.dtype  # an FP8 cache: e4m3 K and V
     if p.page_size:  # page pools [pages, page_size, H_kv, D], as many pages as the keys fill
         pages = p.batch * -(-p.seqlen_k // p.page_size)
-        kv = array_constraint(kv_dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
+        kv_shape = (pages, p.page_size, p.heads_kv, p.head_dim)
     else:
-        kv = array_constraint(kv_dtype, (p.batch, p.heads_kv, p.seqlen_k, p.head_dim))
+        kv_shape = (p.batch, p.heads_kv, p.seqlen_k, p.head_dim)
+    k = v = array_constraint(kv_dtype, kv_shape)
+    if p.kv_dtype:  # an FP8 cache's V as the launcher passes it: int16 words of two values
+        v = array_constraint("int16", (*kv_shape[:-1], kv_shape[-1] // 2))
     tile_d = split_constants(p, schedule)["TILE_D"]
     opart = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m, tile_d))
     lse = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m))
@@ -45,7 +48,7 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     # the sink logits, or the placeholder int (what ct.launch makes of a Python int)
     sinks = (array_constraint("fp32", (p.heads_q,)) if p.sinks
              else ctc.ScalarConstraint(ct.int32))
-    runtime = {"Q": q5, "K": kv, "V": kv, "Out": q5,
+    runtime = {"Q": q5, "K": k, "V": v, "Out": q5,
                "Opart": q5 if direct else opart, "Lse": q5 if direct else lse,
                "qk_scale": ctc.ScalarConstraint(ct.float32),
                "causal_offset": ctc.ScalarConstraint(ct.int32),

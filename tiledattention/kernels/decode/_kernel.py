@@ -35,7 +35,13 @@ keys (the plan's longest cache; a longer entry takes its own share), so a shorte
 fewer of its splits (the rest store empty partials) and the CTAs stream alike instead of in
 proportion to their entry's length. ``KV_FP8`` (an FP8 cache):
 K and V are float8_e4m3fn, widened tile by tile (K to the queries' dtype, V and P to float16),
-with k's descale factor in the score scale and v's on each split's normalised output. Every
+with k's descale factor in the score scale and v's on each split's normalised output. V comes
+as int16 words of two values each (the launcher's view of the same bytes, ``[..., D / 2]``):
+read as a 16-bit tile, the compiler feeds the value product by transposing loads from shared
+memory (``LDSM.T``), where a tile of bytes is gathered a byte at a time (``LDS.U8``). Each
+word's low and high bytes (the even and odd head-dim columns) widen into a tile of their own,
+each multiplied into an accumulator of its own, and the two are interleaved back into head-dim
+order once, after the walk. Every
 UPPER_CASE parameter is a compile-time constant (``_launch``); nothing here depends on ``S_k``
 at compile time, so a decode loop whose cache grows by a key per step reuses one compiled
 kernel.
@@ -53,6 +59,21 @@ from ...kernel_core.softmax import log_sum_exp, normalised, online_softmax
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
+
+
+def _e4m3_halves(words):
+    """The two float16 tiles of an int16 tile holding two e4m3 values a word: the low bytes
+    (even head-dim columns) and the high bytes (odd ones). Every e4m3 value is a float16 one."""
+    low = ct.bitcast((words & 0xFF).astype(ct.uint8), ct.float8_e4m3fn)
+    high = ct.bitcast(((words >> 8) & 0xFF).astype(ct.uint8), ct.float8_e4m3fn)
+    return low.astype(ct.float16), high.astype(ct.float16)
+
+
+def _interleaved(even, odd):
+    """``[M, D]`` from the ``[M, D / 2]`` tiles of its even and odd columns."""
+    m, half = even.shape
+    return ct.cat((even.reshape((m, half, 1)), odd.reshape((m, half, 1))), 2).reshape(
+        (m, 2 * half))
 
 
 def _tile_of_row(row, heads, num_q_tiles):
@@ -75,7 +96,8 @@ def _row_sinks(Sinks, head, group, TILE_G, TILE_S, EXP2):
 
 @ct.kernel
 def decode_split(
-    Q, K, V, Out,  # [B, H_kv', G', S_q, D], [B, H_kv, S_k, D] x2, like Q
+    Q, K, V, Out,  # [B, H_kv', G', S_q, D], [B, H_kv, S_k, D] x2 (KV_FP8: V int16 [.., D / 2]),
+    # like Q
     Opart,  # [B * H_kv' * q_tiles, splits, TILE_M, TILE_D] float32 (unused when DIRECT)
     Lse,  # [B * H_kv' * q_tiles, splits, TILE_M] float32, base-2 log-sum-exp (unused: DIRECT)
     qk_scale: float,
@@ -179,17 +201,21 @@ def decode_split(
     else:
         m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+    if KV_FP8:  # the even and odd head-dim columns' accumulators
+        acc = (ct.full((TILE_M, TILE_D // 2), 0.0, dtype=np.float32),
+               ct.full((TILE_M, TILE_D // 2), 0.0, dtype=np.float32))
+    else:
+        acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
 
-    def load_kv(A, j, latency):
-        """Key / value tile ``j`` as ``[TILE_N, TILE_D]``: from the entry's pages with ``PAGED``
+    def load_kv(A, j, latency, width):
+        """Key / value tile ``j`` as ``[TILE_N, width]``: from the entry's pages with ``PAGED``
         (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
         if PAGED:
-            return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
+            return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=width,
                              latency=latency, PAD=PAD)
-        tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+        tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, width),
                        padding_mode=PAD, latency=ct.static_eval(latency or None))
-        return tile.reshape((TILE_N, TILE_D))
+        return tile.reshape((TILE_N, width))
 
     def step(j, masked, m_i, l_i, acc):
         """Fold key tile ``j`` into the running (max, denominator, accumulator) of the packed
@@ -201,7 +227,7 @@ def decode_split(
                         order=(0, 1, 3, 2), padding_mode=PAD,
                         latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
         else:
-            k = ct.transpose(load_kv(K, j, latency=K_LATENCY))  # [TILE_D, TILE_N]
+            k = ct.transpose(load_kv(K, j, K_LATENCY, TILE_D))  # [TILE_D, TILE_N]
         if KV_FP8:
             k = k.astype(q.dtype)
         qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
@@ -218,18 +244,25 @@ def decode_split(
             qk = ct.where(keep, qk, -np.inf)
         # p: [TILE_M, TILE_N]; capped scores are scaled already
         p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
-        v = load_kv(V, j, latency=V_LATENCY)  # [TILE_N, TILE_D]
+        # [TILE_N, TILE_D], or KV_FP8 [TILE_N, TILE_D / 2] words
+        v = load_kv(V, j, V_LATENCY, TILE_D // 2 if KV_FP8 else TILE_D)
         if PAGED:
             if masked:
                 # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN
                 # is not 0
                 key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
-                v = ct.where(key_rows < seqlen_k, v, 0.0)
+                if KV_FP8:
+                    v = ct.where(key_rows < seqlen_k, v, 0)  # words of two zeros
+                else:
+                    v = ct.where(key_rows < seqlen_k, v, 0.0)
         if KV_FP8:
-            # every e4m3 value is a float16 one: one conversion a pair of values (into bf16
-            # it is three); P in float16 too, finer than bf16 on [0, 1]
-            v = v.astype(ct.float16)
-        acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
+            # P in float16, finer than bf16 on [0, 1]
+            even, odd = _e4m3_halves(v)  # [TILE_N, TILE_D / 2] each
+            p = p.astype(ct.float16)
+            acc_even, acc_odd = acc
+            acc = (ct.mma(p, even, acc_even * alpha), ct.mma(p, odd, acc_odd * alpha))
+        else:
+            acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
         return m_i, l_i, acc
 
     if WINDOW:
@@ -243,6 +276,8 @@ def decode_split(
     for j in range(mask_from, stop):
         m_i, l_i, acc = step(j, True, m_i, l_i, acc)
 
+    if KV_FP8:
+        acc = _interleaved(*acc)  # [TILE_M, TILE_D]
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
     out = normalised(acc, l_i)  # [TILE_M, TILE_D]

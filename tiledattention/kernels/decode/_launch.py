@@ -334,6 +334,8 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     ``descales``: an FP8 cache's float32 ``[B, H_kv]`` factors of k and v."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
+    if descales is not None:
+        v = fp8_words(v)
     opart, lse = partials if partials is not None else (out5, out5)
     variant = plan.variant
     sink_arg = sinks if variant.sinks else NO_SINKS
@@ -346,6 +348,14 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
         _aot.launch(stream, plan.combine_grid, plan.combine,
                     (opart, lse, out5, sink_arg, *plan.combine_constants),
                     programmatic_dependent_launch=plan.pdl)
+
+
+def fp8_words(v: Any) -> Any:
+    """An FP8 cache's V (torch, ``[..., D]`` float8_e4m3fn) as what the split kernel reads: the
+    same bytes as int16 words of two values, ``[..., D / 2]`` (no copy)."""
+    import torch
+
+    return v.view(torch.int16)
 
 
 def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
