@@ -34,8 +34,10 @@ batch without a window): every split takes ``1 / splits`` of the key tiles of ``
 keys (the plan's longest cache; a longer entry takes its own share), so a shorter entry uses
 fewer of its splits (the rest store empty partials) and the CTAs stream alike instead of in
 proportion to their entry's length. ``KV_FP8`` (an FP8 cache):
-K and V are float8_e4m3fn, widened tile by tile (K to the queries' dtype, V and P to float16),
-with k's descale factor in the score scale and v's on each split's normalised output. V comes
+K and V are float8_e4m3fn, widened tile by tile to float16 (every e4m3 value is a float16 one:
+one conversion a pair of values), with k's descale factor in the score scale and v's on each
+split's normalised output; the queries go to float16 too, scaled by a power of two into its
+range once a CTA (the factor undone in the score scale), and P goes to float16. V comes
 as int16 words of two values each (the launcher's view of the same bytes, ``[..., D / 2]``):
 read as a 16-bit tile, the compiler feeds the value product by transposing loads from shared
 memory (``LDSM.T``), where a tile of bytes is gathered a byte at a time (``LDS.U8``). Each
@@ -67,6 +69,15 @@ def _e4m3_halves(words):
     low = ct.bitcast((words & 0xFF).astype(ct.uint8), ct.float8_e4m3fn)
     high = ct.bitcast(((words >> 8) & 0xFF).astype(ct.uint8), ct.float8_e4m3fn)
     return low.astype(ct.float16), high.astype(ct.float16)
+
+
+def _as_float16(q):
+    """``q`` (bf16 or fp16) times the power of two that brings its largest magnitude into
+    ``(2^13, 2^14]``, as float16 (exact but where a value falls 2^24 below the largest), and
+    the factor that undoes it."""
+    x = q.astype(np.float32)
+    exponent = ct.ceil(ct.log2(ct.maximum(ct.max(ct.abs(x)), 1.0e-30)))
+    return (x * ct.exp2(14.0 - exponent)).astype(ct.float16), ct.exp2(exponent - 14.0)
 
 
 def _interleaved(even, odd):
@@ -165,10 +176,15 @@ def decode_split(
             q_hi = ct.gather(Ranges, (1, batch))
             causal_offset = K.shape[2] - q_hi
 
+    q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
     score_scale = qk_scale  # what multiplies q.k: with KV_FP8 also k's descale factor
     v_descale = 1.0
     if KV_FP8:
-        score_scale = qk_scale * ct.gather(KDescale, (batch, kv_head))
+        # the keys widen to float16 in one conversion a pair of values (into bf16 it is
+        # three), so the queries go to float16 too, scaled into its range
+        q, q_factor = _as_float16(q)
+        score_scale = qk_scale * ct.gather(KDescale, (batch, kv_head)) * q_factor
         v_descale = ct.gather(VDescale, (batch, kv_head))
     scale = score_scale
     if EXP2:
@@ -192,8 +208,6 @@ def decode_split(
         if EXP2:
             cap_out = softcap * LOG2_E
 
-    q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
-                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
     if DIRECT and SINKS:
         # the sink as a key of value 0 seen first: max = sink, denominator 1
         m_i = _row_sinks(Sinks, head, Q.shape[2], TILE_G, TILE_S, EXP2)  # [TILE_M, 1]
