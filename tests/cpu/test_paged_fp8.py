@@ -116,9 +116,11 @@ def test_the_paged_op_takes_the_descales_under_fake_tensors():
 
 
 def test_an_fp8_cache_splits_more_at_two_ctas_an_sm_unless_one_split_fills_the_gpu():
-    """The decode default of an FP8 cache (``FP8_SPLIT_FACTOR``): four times the bf16 rule's
-    splits (at least four), two CTAs an SM, K loads four steps ahead, on Hopper; a contiguous
-    batch whose one split fills the GPU keeps the bf16 rule's schedule."""
+    """The decode default of an FP8 cache: over a contiguous cache as many splits as two CTAs
+    an SM hold in one wave (at least ``FP8_CONTIGUOUS_MIN_KEYS`` keys a split), over pages four
+    times the bf16 rule's (``FP8_SPLIT_FACTOR``, at least 512 keys), two CTAs an SM, K loads four
+    steps ahead (and V loads four over pages of 16), on Hopper; a contiguous batch whose one
+    split fills the GPU keeps the bf16 rule's schedule."""
     def rules(**fields):
         fp8 = Problem(**{**dict(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=48000,
                                 head_dim=128, dtype="bf16", causal=False), **fields},
@@ -128,11 +130,20 @@ def test_an_fp8_cache_splits_more_at_two_ctas_an_sm_unless_one_split_fills_the_g
 
     fp8, bf16 = rules()  # B1: 8 rows, 16 splits by the bf16 rule
     assert (bf16.splits, bf16.occupancy, bf16.k_latency) == (16, 1, 2)
-    assert (fp8.splits, fp8.occupancy, fp8.k_latency) == (64, 2, 4)
+    assert (fp8.splits, fp8.occupancy, fp8.k_latency, fp8.v_latency) == (33, 2, 4, 2)
+    uneven, _ = rules(batch=6, heads_q=16)  # 48 rows: 264 // 48
+    assert uneven.splits == 5
     paged, paged_bf16 = rules(batch=48, heads_q=28, heads_kv=4, seqlen_k=4096, causal=True,
                               bottom_right=True, ragged=True, page_size=32)
     assert paged_bf16.splits == 1 and paged.splits == 4  # 192 rows, but paged
+    assert paged.v_latency == 2
+    small, _ = rules(batch=8, seqlen_k=20000, causal=True, bottom_right=True, ragged=True,
+                     page_size=16)
+    assert (small.tile_n, small.v_latency) == (64, 4)
     full, full_bf16 = rules(batch=64, seqlen_k=1500)  # 512 rows: one split fills the GPU
     assert full == full_bf16
-    short, _ = rules(seqlen_k=1000)  # at least 512 keys a split
-    assert short.splits == 1
+    short, _ = rules(seqlen_k=1000)  # at least 256 keys a split
+    assert short.splits == 3
+    short_paged, _ = rules(seqlen_k=1000, batch=2, causal=True, bottom_right=True, ragged=True,
+                           page_size=64)  # over pages, at least 512
+    assert short_paged.splits == 1

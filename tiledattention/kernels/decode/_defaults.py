@@ -11,7 +11,8 @@ from ._schedule import MAX_SPLITS, DecodeSchedule
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM", "FP8_SPLIT_FACTOR",
-           "FP8_MIN_KEYS_PER_SPLIT", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
+           "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
+           "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "MAX_MERGED_ROWS",
            "DEFAULT_COMBINE"]
 
@@ -92,10 +93,20 @@ PAGED_SPLIT_FACTOR = 4
 #: mixed-length paged batches (pages of 16-256, B 8-56) and 1.11-1.27x on contiguous caches at
 #: B 1, 4 and 12; a contiguous B 32 over 3000 keys (256 rows, one split fills the GPU) ran
 #: 0.81x with them, so it keeps the rule's. Checked on nine other batches (``--check``):
-#: 1.07-1.77x where it applies, 1.00x at B 1 over 32k keys.
+#: 1.07-1.77x where it applies, 1.00x at B 1 over 32k keys. Once the value tile was read as
+#: int16 words (a leaner step), a contiguous cache ran best with as many splits as two CTAs an SM
+#: hold in one wave (``FULL_GPU_OCCUPANCY x SMs // rows``), each streaming at least
+#: ``FP8_CONTIGUOUS_MIN_KEYS`` keys (docs/records/probes/fp8_words_sweep.py: about half the
+#: former splits, 1.08-1.12x on five caches at B 1-16; 1.03-1.20x one split more where the
+#: rows divide the SMs unevenly); paged batches keep theirs (0.80-1.04x at half).
 FP8_SPLIT_FACTOR = 4
 FP8_MIN_KEYS_PER_SPLIT = 512
+FP8_CONTIGUOUS_MIN_KEYS = MIN_KEYS_PER_SPLIT
 FP8_K_LATENCY = 4
+#: Over small pages (64-key steps) an FP8 cache's value loads run this many steps ahead:
+#: 1.155-1.161x two ahead on three batches at pages of 16 (B 8-40, H 32/8 and 28/4), 0.98-0.99x
+#: at pages of 32 and 0.96-0.99x at 64-256 (docs/records/probes/fp8_words_sweep.py).
+FP8_SMALL_PAGE_V_LATENCY = 4
 #: Head dims up to this walk ``SHORT_HEAD_STEP``-key steps over a contiguous 16-bit cache of at
 #: least ``SHORT_HEAD_MIN_KEYS`` keys without a window: as many bytes a step as 128 keys at
 #: D 128. On an H200 (batch 1-32, H 8-32 with groups of 1 and 4, caches of 2k-30k keys;
@@ -229,10 +240,13 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             and two_ctas and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):
         wanted, occupancy = wanted * PAGED_SPLIT_FACTOR, FULL_GPU_OCCUPANCY
     if problem.kv_dtype and two_ctas and (problem.page_size or rows < waves * sms):
-        splits = max(1, min(max(wanted, 1) * FP8_SPLIT_FACTOR, keys // FP8_MIN_KEYS_PER_SPLIT,
-                            MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
+        wanted, least = ((max(wanted, 1) * FP8_SPLIT_FACTOR, FP8_MIN_KEYS_PER_SPLIT)
+                         if problem.page_size
+                         else (FULL_GPU_OCCUPANCY * sms // rows, FP8_CONTIGUOUS_MIN_KEYS))
+        splits = max(1, min(wanted, keys // least, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
         return base.replace(splits=splits, occupancy=FULL_GPU_OCCUPANCY,
-                            k_latency=FP8_K_LATENCY)
+                            k_latency=FP8_K_LATENCY,
+                            v_latency=FP8_SMALL_PAGE_V_LATENCY if small_pages else base.v_latency)
     if problem.windowed and wanted < WINDOW_SPLIT_MIN_GAIN and not contiguous_window:
         wanted = 1
     splits = max(1, min(wanted, most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))

@@ -176,15 +176,10 @@ def decode_split(
             q_hi = ct.gather(Ranges, (1, batch))
             causal_offset = K.shape[2] - q_hi
 
-    q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
-                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
     score_scale = qk_scale  # what multiplies q.k: with KV_FP8 also k's descale factor
     v_descale = 1.0
     if KV_FP8:
-        # the keys widen to float16 in one conversion a pair of values (into bf16 it is
-        # three), so the queries go to float16 too, scaled into its range
-        q, q_factor = _as_float16(q)
-        score_scale = qk_scale * ct.gather(KDescale, (batch, kv_head)) * q_factor
+        score_scale = qk_scale * ct.gather(KDescale, (batch, kv_head))
         v_descale = ct.gather(VDescale, (batch, kv_head))
     scale = score_scale
     if EXP2:
@@ -208,6 +203,15 @@ def decode_split(
         if EXP2:
             cap_out = softcap * LOG2_E
 
+    q = ct.load(Q, index=(batch, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
+    if KV_FP8:
+        # the keys widen to float16 in one conversion a pair of values (into bf16 it is
+        # three), so the queries go to float16 too, scaled into its range: the factor that
+        # undoes it joins the score scale
+        q, q_factor = _as_float16(q)
+        scale = scale * q_factor
+        cap_in = cap_in * q_factor
     if DIRECT and SINKS:
         # the sink as a key of value 0 seen first: max = sink, denominator 1
         m_i = _row_sinks(Sinks, head, Q.shape[2], TILE_G, TILE_S, EXP2)  # [TILE_M, 1]
