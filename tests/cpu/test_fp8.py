@@ -282,15 +282,20 @@ def test_tiledtune_explain_fp8_and_its_refusal(capsys, tmp_path):
     from tuner import cli
 
     db = str(tmp_path / "none.sqlite")
-    # a paged FP8 cache's decode step, a shipped key (docs/records/benchmarks/fp8/README.md)
-    code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--problem",
-                     "batch=16,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,head_dim=128,"
-                     "dtype=bf16,causal=true,bottom_right=true,ragged=true,page_size=64,"
-                     "kv_dtype=e4m3"])
+    # a paged FP8 cache's decode step: the architecture default (the shipped table has no FP8
+    # decode row: the searches of 2026-12-01 found the default best, docs/shipped-table.md)
+    problem = ("batch=16,heads_q=32,heads_kv=8,seqlen_q=1,seqlen_k=32768,head_dim=128,"
+               "dtype=bf16,causal=true,bottom_right=true,ragged=true,page_size=16,kv_dtype=e4m3")
+    code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--problem", problem])
     out, err = capsys.readouterr()
     assert code == 0, err
     (step,) = json.loads(out)["lookups"]
-    assert step["family"] == "decode" and step["source"] == "shipped"
+    assert step["family"] == "decode" and step["source"] == "default"
+    expected = DECODE.default_schedule("sm_90", Problem(**{
+        k: (v == "true" if v in ("true", "false") else v if k in ("dtype", "kv_dtype")
+            else int(v)) for k, v in (kv.split("=") for kv in problem.split(","))}))
+    assert {k: step["schedule"][k] for k in ("splits", "tile_n", "v_latency")} == {
+        "splits": expected.splits, "tile_n": expected.tile_n, "v_latency": 4}
     code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--shape",
                      "1,32/8,8192,128", "--dtype", "e4m3", "--causal", "yes"])
     out, err = capsys.readouterr()

@@ -22,6 +22,9 @@ where that fits. Shapes are in no other FP8 probe's list.
     git show REV:tiledattention/kernel_core/softmax.py > old/kernel_core/softmax.py   # etc.
     source .devtk/setup.sh && python3 docs/records/probes/fp8_ab.py --old old [--rounds 10]
 
+``--views``: decode and paged calls are also timed in two views with the host's time counted:
+an isolated call from an idle GPU (L2 flushed) and calls back to back (steady state, warm L2).
+
 A warm-up runs every (form, call) once in parallel processes first (the JIT's compiles), so the
 timed processes load cubins from cuTile's disk cache. Prints the tables last.
 """
@@ -130,8 +133,9 @@ def decode_call(i, rounds):
     err = rel(fns["fp8"](), ref)
     t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds).items()}
     rate = 2 * bytes8 / t["copy"]  # bytes a ms, read plus written
-    return dict(fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=sch8.describe(),
-                copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate)
+    return decode_views(fns, rounds, dict(
+        fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=sch8.describe(),
+        copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate))
 
 
 def paged_call(i, rounds):
@@ -162,8 +166,25 @@ def paged_call(i, rounds):
     err = case8.error(fns["fp8"])
     t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds).items()}
     rate = 2 * bytes8 / t["copy"]
-    return dict(fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=sch8.describe(),
-                copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate)
+    return decode_views(fns, rounds, dict(
+        fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=sch8.describe(),
+        copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate))
+
+
+VIEWS = False  # set by --views: decode_views adds the isolated and loop timings
+
+
+def decode_views(fns, rounds, result):
+    """With ``VIEWS``: the FP8 and bf16 calls' isolated (host counted, L2 flushed) and loop
+    (back to back, host counted, warm L2) medians, added to ``result``."""
+    from tuner.measure import time_interleaved
+
+    if VIEWS:
+        pair = {n: fns[n] for n in ("fp8", "bf16")}
+        for view, mode in (("iso", dict(host=True)), ("loop", dict(loop=True, flush_l2=False))):
+            for n, t in time_interleaved(pair, rounds=rounds, **mode).items():
+                result[f"{n}_{view}"] = t.median_ms
+    return result
 
 
 def child(old: str | None, rounds: int, only: list[int]) -> None:
@@ -183,7 +204,7 @@ def child(old: str | None, rounds: int, only: list[int]) -> None:
 
 def command(form: str, old: str, rounds: int, only: list[int]) -> list[str]:
     return [sys.executable, __file__, "--child", form, "--old", old, "--rounds", str(rounds),
-            "--only", ",".join(map(str, only))]
+            "--only", ",".join(map(str, only))] + (["--views"] if VIEWS else [])
 
 
 def run_child(form: str, old: str, rounds: int, only: list[int]) -> dict:
@@ -240,6 +261,17 @@ def report(runs: dict, only: list[int]) -> None:
                       f"{first['old']['err']:.1e} |")
         print(f"{kind} geometric mean: new ÷ old {geo(gains):.3f}, new fp8 ÷ bf16 "
               f"{geo(new_x):.3f}, old fp8 ÷ bf16 {geo(old_x):.3f}")
+        if kind != "prefill" and "fp8_iso" in runs["new"][0][rows[0][0]]:
+            print("\n| call | view | new fp8 µs | old fp8 µs | bf16 µs | new ÷ old (speed) | "
+                  "new fp8 ÷ bf16 | old fp8 ÷ bf16 |\n|---|---|---|---|---|---|---|---|")
+            for view in ("iso", "loop"):
+                for name, *_ in rows:
+                    n8, o8 = med("new", name, f"fp8_{view}"), med("old", name, f"fp8_{view}")
+                    b16 = statistics.median(r[name][f"bf16_{view}"]
+                                            for form in runs for r in runs[form])
+                    print(f"| {name} | {'isolated' if view == 'iso' else 'loop'} | "
+                          f"{n8 * 1e3:.1f} | {o8 * 1e3:.1f} | {b16 * 1e3:.1f} | {o8 / n8:.3f} | "
+                          f"{b16 / n8:.2f} | {b16 / o8:.2f} |")
 
 
 def main() -> None:
@@ -249,7 +281,10 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--child", choices=("new", "old"))
     ap.add_argument("--only", default="")
+    ap.add_argument("--views", action="store_true")
     args = ap.parse_args()
+    global VIEWS
+    VIEWS = args.views
     only = [int(i) for i in args.only.split(",")] if args.only else list(range(len(CALLS)))
     if args.child:
         child(args.old if args.child == "old" else None, args.rounds, only)
