@@ -8,6 +8,9 @@ copy rate (read + written, same run) on the valid K/V bytes read once; errors ag
 float32 attention of the dequantised cache.
 
     source .devtk/setup.sh && python3 docs/records/probes/fp8_words_sweep.py [--rounds 15]
+
+(The sweep recorded in ``docs/records/benchmarks/fp8/README.md`` ran on the tree of 7b3b78e:
+its candidates are the neighbours of that tree's defaults, the former FP8 rule's.)
     source .devtk/setup.sh && python3 docs/records/probes/fp8_words_sweep.py --check
 
 ``--fill``: contiguous batches whose rows leave the rule's splits short of two CTAs an SM in
@@ -30,6 +33,7 @@ from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paged_defaults import copy_rate  # noqa: E402
+from paged_fp8 import _compile  # noqa: E402
 
 # (batch, heads_q, heads_kv, longest cache, page size; 0: contiguous, one length)
 POINTS = ((1, 32, 8, 40000, 0), (1, 32, 8, 8192, 0), (2, 64, 8, 24000, 0), (4, 32, 8, 16000, 0),
@@ -63,6 +67,11 @@ def candidates(p):
              "occ1 splits /2": d.replace(occupancy=1, splits=max(1, d.splits // 2)),
              "K2": d.replace(k_latency=2),
              "V4": d.replace(v_latency=4)}
+    return _unique(forms)
+
+
+def _unique(forms):
+    """``forms`` without a schedule equal to an earlier one's (each timed once)."""
     unique = {}
     for name, s in forms.items():
         if s not in unique.values():
@@ -82,23 +91,15 @@ def check_candidates(p):
             _defaults.MAX_MERGED_ROWS // d.tile_m)))
     elif p.page_size <= 32:
         forms["V2" if d.v_latency == 4 else "V4"] = d.replace(v_latency=6 - d.v_latency)
-    return {n: s for i, (n, s) in enumerate(forms.items()) if s not in list(forms.values())[:i]}
+    return _unique(forms)
 
 
 def fill_candidates(p):
     d = ta.DECODE.default_schedule("sm_90", p)
     forms = {"default": d, "+1 split": d.replace(splits=d.splits + 1),
-             "+2 splits": d.replace(splits=d.splits + 2), "x2 splits": d.replace(splits=2 * d.splits)}
-    return {n: s for i, (n, s) in enumerate(forms.items()) if s not in list(forms.values())[:i]}
-
-
-def _compile(job):
-    p, s = job
-    try:
-        ta.DECODE.compile(p, s, "sm_90")
-    except Exception as exc:  # reported by the launch that follows
-        return f"{type(exc).__name__}: {exc}"[:160]
-    return None
+             "+2 splits": d.replace(splits=d.splits + 2),
+             "x2 splits": d.replace(splits=2 * d.splits)}
+    return _unique(forms)
 
 
 def main():
