@@ -147,3 +147,43 @@ def test_an_fp8_cache_splits_more_at_two_ctas_an_sm_unless_one_split_fills_the_g
     short_paged, _ = rules(seqlen_k=1000, batch=2, causal=True, bottom_right=True, ragged=True,
                            page_size=64)  # over pages, at least 512
     assert short_paged.splits == 1
+
+
+def test_an_fp8_caches_values_reach_the_split_kernel_as_int16_words_of_their_bytes(
+        monkeypatch):
+    """The split kernel reads an e4m3 V as int16 words (``_launch.fp8_words``): each word's low
+    byte is an even head-dim column, its high byte the next odd one; a view whose offset or
+    strides are odd is copied first (a word must not straddle two elements' pairs); the
+    launcher hands the kernel the words and K as it is."""
+    from tiledattention.kernels.decode import _launch
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 3, 5, 16, generator=g) * 40).to(torch.float8_e4m3fn)
+    words = _launch.fp8_words(x)
+    assert words.dtype is torch.int16 and words.shape == (2, 3, 5, 8)
+    assert words.data_ptr() == x.data_ptr()  # the same bytes, no copy
+    as_bytes = x.view(torch.uint8).to(torch.int32)
+    assert torch.equal((words.to(torch.int32) & 0xFF), as_bytes[..., 0::2])
+    assert torch.equal(((words.to(torch.int32) >> 8) & 0xFF), as_bytes[..., 1::2])
+    wide = (torch.randn(2, 3, 5, 17, generator=g) * 40).to(torch.float8_e4m3fn)
+    odd = wide[..., 1:]  # offset 1, strides 255, 85, 17
+    assert torch.equal(_launch.fp8_words(odd), _launch.fp8_words(odd.contiguous()))
+
+    problem = Problem(batch=2, heads_q=8, heads_kv=2, seqlen_q=1, seqlen_k=300, head_dim=64,
+                      dtype="bf16", causal=False, kv_dtype="e4m3")
+    schedule = DECODE.default_schedule("sm_90", problem)
+    plan = _launch.launches(problem, schedule, None)
+    launched = []
+    monkeypatch.setattr(_launch._aot, "launch",
+                        lambda stream, grid, kernel, args, **kw: launched.append(args))
+    q = torch.randn(2, 8, 1, 64).to(torch.bfloat16)
+    k, v = ((torch.randn(2, 2, 300, 64, generator=g) * 40).to(torch.float8_e4m3fn)
+            for _ in range(2))
+    partials = tuple(torch.empty(s) for s in _launch.partial_shapes(plan)) if plan.combine \
+        else None
+    ones = torch.ones(2, 2)
+    _launch.launch(0, plan, q, k, v, torch.empty_like(q), 0, partials, descales=(ones, ones))
+    passed_k, passed_v = launched[0][1], launched[0][2]
+    assert passed_k is k
+    assert passed_v.dtype is torch.int16 and passed_v.shape == (2, 2, 300, 32)
+    assert passed_v.data_ptr() == v.data_ptr()

@@ -351,10 +351,13 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
 
 
 def fp8_words(v: Any) -> Any:
-    """An FP8 cache's V (torch, ``[..., D]`` float8_e4m3fn) as what the split kernel reads: the
-    same bytes as int16 words of two values, ``[..., D / 2]`` (no copy)."""
+    """An FP8 cache's V (torch, ``[..., D]`` float8_e4m3fn, unit stride along D) as what the
+    split kernel reads: the same bytes as int16 words of two values, ``[..., D / 2]``; no copy
+    but where a word would straddle two of V's elements' pairs (an odd offset or stride)."""
     import torch
 
+    if v.storage_offset() % 2 or any(stride % 2 for stride in v.stride()[:-1]):
+        v = v.contiguous()
     return v.view(torch.int16)
 
 
