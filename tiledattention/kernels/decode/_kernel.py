@@ -245,7 +245,7 @@ def decode_split(
                         order=(0, 1, 3, 2), padding_mode=PAD,
                         latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
         else:
-            k = ct.transpose(load_kv(K, j, K_LATENCY, TILE_D))  # [TILE_D, TILE_N]
+            k = ct.transpose(load_kv(K, j, latency=K_LATENCY, width=TILE_D))  # [TILE_D, TILE_N]
         if KV_FP8:
             k = k.astype(q.dtype)
         qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
@@ -263,7 +263,7 @@ def decode_split(
         # p: [TILE_M, TILE_N]; capped scores are scaled already
         p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
         # [TILE_N, TILE_D], or KV_FP8 [TILE_N, TILE_D / 2] words
-        v = load_kv(V, j, V_LATENCY, TILE_D // 2 if KV_FP8 else TILE_D)
+        v = load_kv(V, j, latency=V_LATENCY, width=TILE_D // 2 if KV_FP8 else TILE_D)
         if PAGED:
             if masked:
                 # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN
@@ -295,7 +295,8 @@ def decode_split(
         m_i, l_i, acc = step(j, True, m_i, l_i, acc)
 
     if KV_FP8:
-        acc = _interleaved(*acc)  # [TILE_M, TILE_D]
+        acc_even, acc_odd = acc
+        acc = _interleaved(acc_even, acc_odd)  # [TILE_M, TILE_D]
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
     out = normalised(acc, l_i)  # [TILE_M, TILE_D]
