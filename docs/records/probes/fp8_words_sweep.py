@@ -33,7 +33,7 @@ from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paged_defaults import copy_rate  # noqa: E402
-from paged_fp8 import _compile  # noqa: E402
+from paged_fp8 import _compile, unique_forms  # noqa: E402
 
 # (batch, heads_q, heads_kv, longest cache, page size; 0: contiguous, one length)
 POINTS = ((1, 32, 8, 40000, 0), (1, 32, 8, 8192, 0), (2, 64, 8, 24000, 0), (4, 32, 8, 16000, 0),
@@ -67,16 +67,7 @@ def candidates(p):
              "occ1 splits /2": d.replace(occupancy=1, splits=max(1, d.splits // 2)),
              "K2": d.replace(k_latency=2),
              "V4": d.replace(v_latency=4)}
-    return _unique(forms)
-
-
-def _unique(forms):
-    """``forms`` without a schedule equal to an earlier one's (each timed once)."""
-    unique = {}
-    for name, s in forms.items():
-        if s not in unique.values():
-            unique[name] = s
-    return unique
+    return unique_forms(forms)
 
 
 def check_candidates(p):
@@ -91,7 +82,7 @@ def check_candidates(p):
             _defaults.MAX_MERGED_ROWS // d.tile_m)))
     elif p.page_size <= 32:
         forms["V2" if d.v_latency == 4 else "V4"] = d.replace(v_latency=6 - d.v_latency)
-    return _unique(forms)
+    return unique_forms(forms)
 
 
 def fill_candidates(p):
@@ -99,7 +90,7 @@ def fill_candidates(p):
     forms = {"default": d, "+1 split": d.replace(splits=d.splits + 1),
              "+2 splits": d.replace(splits=d.splits + 2),
              "x2 splits": d.replace(splits=2 * d.splits)}
-    return _unique(forms)
+    return unique_forms(forms)
 
 
 def main():

@@ -63,8 +63,13 @@ def warps_candidates(p):
     forms = {"default": d, "w8 occ1": d.replace(num_worker_warps=8, occupancy=1),
              "w8 occ2": d.replace(num_worker_warps=8, occupancy=2),
              "w8 occ2 x2 splits": d.replace(num_worker_warps=8, occupancy=2, splits=splits)}
+    return unique_forms(forms)
+
+
+def unique_forms(forms):
+    """``forms`` without a schedule equal to an earlier one's (each timed once)."""
     unique = {}
-    for name, s in forms.items():  # a form equal to an earlier one is timed once
+    for name, s in forms.items():
         if s not in unique.values():
             unique[name] = s
     return unique
