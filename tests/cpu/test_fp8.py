@@ -280,6 +280,7 @@ def test_tiledtune_explain_fp8_and_its_refusal(capsys, tmp_path):
     import json
 
     from tuner import cli
+    from tuner.commands._problems import parse_problem_fields
 
     db = str(tmp_path / "none.sqlite")
     # a paged FP8 cache's decode step: the architecture default (the shipped table has no FP8
@@ -291,9 +292,7 @@ def test_tiledtune_explain_fp8_and_its_refusal(capsys, tmp_path):
     assert code == 0, err
     (step,) = json.loads(out)["lookups"]
     assert step["family"] == "decode" and step["source"] == "default"
-    expected = DECODE.default_schedule("sm_90", Problem(**{
-        k: (v == "true" if v in ("true", "false") else v if k in ("dtype", "kv_dtype")
-            else int(v)) for k, v in (kv.split("=") for kv in problem.split(","))}))
+    expected = DECODE.default_schedule("sm_90", Problem(**parse_problem_fields(problem)))
     assert {k: step["schedule"][k] for k in ("splits", "tile_n", "v_latency")} == {
         "splits": expected.splits, "tile_n": expected.tile_n, "v_latency": 4}
     code = cli.main(["explain", "--device", "sm_90", "--db", db, "--json", "--shape",

@@ -110,7 +110,6 @@ def decode_call(i, rounds):
     import tiledattention as ta
     from fp8_bench import rel
     from tiledattention.tooling import dequantise_fp8, quantise_fp8
-    from tuner.measure import time_interleaved
 
     name, b, hq, hkv, sk, d = DECODE[i]
     g = torch.Generator(device="cuda").manual_seed(300 + i)
@@ -122,20 +121,11 @@ def decode_call(i, rounds):
                    dtype="bf16", causal=False)
     sch8 = ta.DECODE.default_schedule("sm_90", ta.Problem(kv_dtype="e4m3", **problem))
     sch16 = ta.DECODE.default_schedule("sm_90", ta.Problem(**problem))
-    bytes8 = 2 * k8.numel()
-    src = torch.ones(bytes8 // 4, dtype=torch.int32, device="cuda")
-    dst = torch.empty_like(src)
     fns = {"fp8": lambda: ta.sdpa(q, k8, v8, k_descale=kd, v_descale=vd, schedule=sch8),
-           "bf16": lambda: ta.sdpa(q, k, v, schedule=sch16),
-           "copy": lambda: dst.copy_(src)}  # reads and writes bytes8 each
+           "bf16": lambda: ta.sdpa(q, k, v, schedule=sch16)}
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.float(), dequantise_fp8(k8, kd), dequantise_fp8(v8, vd), enable_gqa=hq != hkv)
-    err = rel(fns["fp8"](), ref)
-    t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds).items()}
-    rate = 2 * bytes8 / t["copy"]  # bytes a ms, read plus written
-    return decode_views(fns, rounds, dict(
-        fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=sch8.describe(),
-        copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate))
+    return timed_step(fns, 2 * k8.numel(), rounds, rel(fns["fp8"](), ref), sch8)
 
 
 def paged_call(i, rounds):
@@ -144,10 +134,7 @@ def paged_call(i, rounds):
     with its sm_90 default."""
     import dataclasses
 
-    import torch
-
     import tiledattention as ta
-    from tuner.measure import time_interleaved
 
     name, b, hq, hkv, sk, d, page = PAGED[i]
     p8 = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
@@ -156,18 +143,27 @@ def paged_call(i, rounds):
     p16 = dataclasses.replace(p8, kv_dtype="")
     sch8 = ta.DECODE.default_schedule("sm_90", p8)
     case8, case16 = ta.DECODE.case(p8, 0), ta.DECODE.case(p16, 0)
-    keys = int(case8.seqused.sum())
-    bytes8 = 2 * keys * hkv * d
+    fns = {"fp8": case8.launcher(sch8),
+           "bf16": case16.launcher(ta.DECODE.default_schedule("sm_90", p16))}
+    bytes8 = 2 * int(case8.seqused.sum()) * hkv * d
+    return timed_step(fns, bytes8, rounds, case8.error(fns["fp8"]), sch8)
+
+
+def timed_step(fns, bytes8, rounds, err, schedule):
+    """The ``fp8`` and ``bf16`` decode calls of ``fns`` timed beside a device copy of
+    ``bytes8`` bytes (the FP8 cache's), interleaved, L2 flushed: their medians, the shares of
+    the copy rate, ``err`` and ``schedule``; with ``VIEWS`` the host-counted views too."""
+    import torch
+
+    from tuner.measure import time_interleaved
+
     src = torch.ones(bytes8 // 4, dtype=torch.int32, device="cuda")
     dst = torch.empty_like(src)
-    fns = {"fp8": case8.launcher(sch8),
-           "bf16": case16.launcher(ta.DECODE.default_schedule("sm_90", p16)),
-           "copy": lambda: dst.copy_(src)}
-    err = case8.error(fns["fp8"])
-    t = {n: tm.median_ms for n, tm in time_interleaved(fns, rounds=rounds).items()}
-    rate = 2 * bytes8 / t["copy"]
+    timed = {**fns, "copy": lambda: dst.copy_(src)}  # reads and writes bytes8
+    t = {n: tm.median_ms for n, tm in time_interleaved(timed, rounds=rounds).items()}
+    rate = 2 * bytes8 / t["copy"]  # bytes a ms, read plus written
     return decode_views(fns, rounds, dict(
-        fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=sch8.describe(),
+        fp8=t["fp8"], bf16=t["bf16"], err=err, schedule=schedule.describe(),
         copy8=bytes8 / t["fp8"] / rate, copy16=2 * bytes8 / t["bf16"] / rate))
 
 

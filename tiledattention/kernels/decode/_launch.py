@@ -331,7 +331,8 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
     ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts);
-    ``descales``: an FP8 cache's float32 ``[B, H_kv]`` factors of k and v."""
+    ``descales``: an FP8 cache's float32 ``[B, H_kv]`` factors of k and v (its ``v`` then goes
+    to the split kernel as :func:`fp8_words`)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     if descales is not None:
