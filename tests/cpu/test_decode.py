@@ -475,6 +475,39 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     assert DECODE.default_schedule("sm_80", _problem(batch=10, seqlen_k=12000)).splits == 1
 
 
+def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
+    """Rows above the fill rule's share up to ``DEEP_STEP_MAX_ROWS_SHARE`` of the SMs (89-102
+    on an H200: one split, each CTA alone on its SM) over a contiguous 16-bit cache of at least
+    ``DEEP_STEP_MIN_KEYS`` keys at D 65-128 walk 256-key steps with loads one ahead (1.00-1.07x
+    on 15 calls); the fill rule's rows, 104 rows and more, short caches, D 64 and 256, tiles
+    of more rows, windows, softcaps, pages, FP8 caches and Ampere keep their schedules."""
+    from tiledattention.kernels.decode._defaults import DEEP_STEP_MIN_KEYS
+
+    for batch, heads_kv, d in ((89, 1, 128), (23, 4, 128), (12, 8, 128), (102, 1, 96)):
+        p = _problem(batch=batch, heads_q=4 * heads_kv, heads_kv=heads_kv, seqlen_k=9000,
+                     head_dim=d)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.tile_n, s.k_latency, s.v_latency, s.splits, s.occupancy) == (
+            256, 1, 1, 1, 1), (p, s)
+    deep = _problem(batch=12, seqlen_k=9000, head_dim=128)  # 96 rows of H 32/8
+    for p in (_problem(batch=11, seqlen_k=9000, head_dim=128),  # 88 rows: the fill rule's
+              _problem(batch=13, seqlen_k=9000, head_dim=128),  # 104 rows
+              dataclasses.replace(deep, seqlen_k=DEEP_STEP_MIN_KEYS - 1),
+              dataclasses.replace(deep, head_dim=256),
+              dataclasses.replace(deep, seqlen_q=8),  # 32-row tiles
+              dataclasses.replace(deep, softcap=30.0),
+              dataclasses.replace(deep, causal=True, bottom_right=True, window_left=4000,
+                                  window_right=0),
+              dataclasses.replace(deep, kv_dtype="e4m3"),
+              dataclasses.replace(deep, causal=True, bottom_right=True, ragged=True,
+                                  page_size=256)):
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.tile_n, s.k_latency) != (256, 1), (p, s)
+    assert DECODE.default_schedule("sm_80", deep).tile_n == 128
+    d64 = DECODE.default_schedule("sm_90", dataclasses.replace(deep, head_dim=64))
+    assert (d64.tile_n, d64.splits) == (256, 2)  # the short heads' rule
+
+
 def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():
     """D <= 64 over a contiguous 16-bit cache of 2k keys or more, on Hopper and data-centre
     Blackwell: 256-key steps (on an H200 1.04-1.12x the 128-key ones at D 64, batch 1-32), a

@@ -13,7 +13,8 @@ import tiledattention
 from tiledattention import BACKWARD, DECODE, FORWARD, DecodeSchedule, Problem
 from tiledattention.kernels.decode._compile import compile_decode
 from tiledattention.core._compile import SM_COUNTS
-from tiledattention.kernels.decode._defaults import PAGED_SPLIT_FACTOR, SMALL_PAGE_WAVES
+from tiledattention.kernels.decode._defaults import (PAGED_SPLIT_FACTOR, SMALL_PAGE_LATENCY,
+                                                     SMALL_PAGE_WAVES)
 from tiledattention.core._problem import page_tile
 from tiledattention.kernels.decode._launch import normalise, split_constants
 from tiledattention.errors import UnsupportedProblemError
@@ -187,8 +188,9 @@ def test_a_paged_batch_splits_by_the_cache_rule():
 
 
 def test_small_pages_walk_short_steps_in_two_waves():
-    """Pages of 16 (loads of 16 keys, also pages of 48): 64-key steps and splits for two waves
-    of CTAs (1.60-1.73x the 128-key, one-wave default on an H200), times
+    """Pages of 16 (loads of 16 keys, also pages of 48): 64-key steps, K and V loads
+    ``SMALL_PAGE_LATENCY`` steps ahead (not in a window) and splits for two waves of CTAs
+    (1.60-1.73x the 128-key, one-wave default on an H200), times
     ``PAGED_SPLIT_FACTOR`` at two CTAs an SM for a batch short of the GPU; a split that fills
     the GPU alone runs two CTAs an SM, with larger pages loading K four steps ahead; other
     larger pages keep the cache rule (times the factor: at least two splits at two CTAs an
@@ -198,9 +200,13 @@ def test_small_pages_walk_short_steps_in_two_waves():
 
     small = default(batch=8, seqlen_k=16384, page_size=16)  # 64 CTAs a split
     assert (small.tile_n, small.splits, small.occupancy) == (64, 5 * PAGED_SPLIT_FACTOR, 2)
+    assert (small.k_latency, small.v_latency) == (SMALL_PAGE_LATENCY, SMALL_PAGE_LATENCY)
     assert default(batch=8, seqlen_k=16384, page_size=48) == small
+    windowed = default(batch=8, seqlen_k=16384, page_size=16, window_left=4000)
+    assert (windowed.k_latency, windowed.v_latency) == (2, 2)  # not measured with a window
     wide = default(batch=64, seqlen_k=2048, page_size=16)  # 512 CTAs: two waves already
-    assert (wide.tile_n, wide.splits, wide.occupancy, wide.k_latency) == (64, 1, 2, 2)
+    assert (wide.tile_n, wide.splits, wide.occupancy, wide.k_latency) == (
+        64, 1, 2, SMALL_PAGE_LATENCY)
     large = default(batch=32, seqlen_k=8192, page_size=32)  # 256 CTAs
     assert (large.tile_n, large.splits, large.occupancy, large.k_latency) == (128, 1, 2, 4)
     few = default(batch=8, seqlen_k=32768, page_size=64)  # 64 CTAs: the cache rule's 2

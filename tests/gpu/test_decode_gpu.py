@@ -190,6 +190,34 @@ def test_rows_short_of_the_sms_split_for_two_ctas_an_sm(shape):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(23, 16, 4, 5001, 128, "bf16", False),
+                                   (6, 16, 16, 4099, 96, "fp16", False),
+                                   (33, 12, 3, 7777, 128, "bf16", True)],
+                         ids=["92-rows", "96-rows-d96-fp16", "99-rows-sinks"])
+def test_rows_alone_on_their_sms_walk_256_key_steps(shape):
+    """The default of 89-102 rows (256-key steps, loads one ahead, one split, NaN-poisoned
+    output): as close to the float32 reference as the 128-key steps it replaced, over caches of
+    odd lengths whose last step is mostly past the keys."""
+    b, hq, hkv, sk, d, dtype, sinks = shape
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype=dtype, causal=False, sinks=sinks)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.tile_n, default.k_latency, default.v_latency, default.splits) == (256, 1, 1, 1)
+    case = DECODE.case(problem, torch.cuda.current_device())
+    try:
+        errs = {}
+        for name, schedule in (("default", default),
+                               ("before", default.replace(tile_n=128, k_latency=2,
+                                                          v_latency=2))):
+            errs[name] = case.error(case.launcher(schedule))
+            assert errs[name] <= DECODE.tolerance(problem), (name, errs[name])
+        assert errs["default"] <= 1.25 * errs["before"] + 1e-4, errs
+    finally:
+        del case
+        _release()
+
+
+@gpu
 @pytest.mark.parametrize("sq,sk", [(2, 1), (7, 3), (16, 1), (64, 40), (16, 15)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_bottom_right_rows_without_keys_are_zero(sq, sk, dtype):

@@ -14,11 +14,21 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
 - ``--check``: other points (none of the sweep's), the default (since ``FILL_MAX_ROWS_SHARE``)
   against one split at one CTA an SM (the rule before it);
 - ``--long``: 96-120 rows over long caches, 4, 6 and 8 splits with K loads two and four ahead;
-- ``--d64``: D 64 calls of 88-120 rows (256-key steps), 2 and 4 splits.
+- ``--d64``: D 64 calls of 88-120 rows (256-key steps), 2 and 4 splits;
+- ``--depth``: 96-128 rows at D 128 (one split, one CTA an SM: 0.91-0.96x cuDNN) and two
+  B1 caches (8k and 32k keys, the issue's 60% and 85% of the copy rate), deeper
+  load pipelines at one split (K and V loads 3-6 steps ahead, 64-key steps with more of
+  them, 256-key steps), eight worker warps; every candidate compiled ahead in a pool;
+- ``--steps``: other calls of 89-110 rows (none of the sets above; bf16 and fp16, D 96 and
+  128, a sink), 128-key steps two loads ahead against 256-key steps one ahead, at one split;
+  ``--held``: the same on calls of 89-102 rows that neither set ran (after the rule,
+  ``DEEP_STEP_MAX_ROWS_SHARE``, was drawn from them).
 """
 
 import argparse
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import tiledattention as ta
@@ -26,6 +36,7 @@ from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paged_defaults import copy_rate, report  # noqa: E402
+from paged_fp8 import _compile  # noqa: E402
 
 #: (B, H_q, H_kv, keys, D): rows = B x H_kv below 132
 POINTS = ((24, 28, 4, 37185, 128), (10, 32, 8, 20000, 128), (12, 64, 8, 8000, 128),
@@ -38,6 +49,17 @@ CHECK = ((9, 64, 8, 12000, 128), (11, 32, 8, 5000, 128), (84, 8, 1, 6000, 128),
          (4, 20, 20, 11111, 96))
 LONG = ((13, 32, 8, 24000, 128), (120, 8, 1, 20000, 128), (14, 64, 8, 32000, 128),
         (100, 16, 1, 40000, 64), (11, 40, 10, 50000, 128), (6, 16, 16, 28000, 128))
+DEPTH = ((1, 32, 8, 8192, 128), (1, 32, 8, 32768, 128), (24, 28, 4, 37185, 128), (12, 64, 8, 8000, 128), (3, 32, 32, 30000, 128),
+         (20, 40, 5, 16000, 128), (100, 8, 1, 4000, 128), (15, 32, 8, 3000, 128),
+         (13, 32, 8, 24000, 128), (14, 64, 8, 32000, 128), (11, 40, 10, 50000, 128),
+         (16, 32, 8, 20000, 128))
+STEPS = ((23, 16, 4, 20000, 128), (89, 16, 1, 8000, 128, "fp16"), (53, 8, 2, 7000, 128), (90, 8, 1, 6000, 128, "fp16"), (31, 24, 3, 12000, 128),
+         (6, 16, 16, 25000, 96, "fp16"), (97, 4, 1, 16384, 128), (25, 32, 4, 9000, 128),
+         (51, 16, 2, 5000, 128, "fp16"), (26, 32, 4, 30000, 128), (9, 96, 12, 14000, 128),
+         (101, 8, 1, 2500, 128), (33, 12, 3, 40000, 128, "bf16", True))
+HELD = ((91, 8, 1, 12000, 128), (47, 16, 2, 6000, 128, "fp16"), (3, 64, 32, 20000, 128),
+        (19, 40, 5, 30000, 128), (25, 8, 4, 10000, 96, "fp16"), (34, 24, 3, 4500, 128),
+        (49, 16, 2, 3600, 128))
 D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
        (30, 32, 4, 20000, 64), (110, 32, 1, 4000, 64), (11, 24, 8, 15000, 64))
 
@@ -53,6 +75,18 @@ def candidates_for(mode, default, rows, merged):
         return {f"s{n} K{k}": split(n, k_latency=k) for n in (4, 6, 8) for k in (2, 4)}
     if mode == "d64":
         return {f"s{n}": split(n) for n in (2, 4)}
+    if mode in ("steps", "held"):
+        return {"n128 K2 V2": default.replace(tile_n=128, k_latency=2, v_latency=2),
+                "n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1)}
+    if mode == "depth":
+        return {"K3 V3": default.replace(k_latency=3, v_latency=3),
+                "K4 V4": default.replace(k_latency=4, v_latency=4),
+                "K4 V2": default.replace(k_latency=4),
+                "n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4),
+                "n64 K6 V6": default.replace(tile_n=64, k_latency=6, v_latency=6),
+                "n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1),
+                "w8": default.replace(num_worker_warps=8),
+                "w8 K3 V3": default.replace(num_worker_warps=8, k_latency=3, v_latency=3)}
     found = {f"s{n}": split(n) for n in (2, 3, 4, 8)}
     found["s2 occ1"] = default.replace(splits=2, occupancy=1, combine=merged)
     waves = [(abs(rows * s / 264 - round(rows * s / 264)) / (rows * s / 264), s)
@@ -67,32 +101,53 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     modes = parser.add_mutually_exclusive_group()
-    for mode in ("check", "long", "d64"):
+    for mode in ("check", "long", "d64", "depth", "steps", "held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
-    points = {"check": CHECK, "long": LONG, "d64": D64}.get(args.mode, POINTS)
+    points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
+              "steps": STEPS, "held": HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
-    for b, hq, hkv, sk, d in points:
+    plans = []
+    for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks
+        dtype, sinks = (more + ["bf16", False][len(more):])[:2]
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                       dtype="bf16", causal=False)
-        case = ta.DECODE.case(p, 0)
+                       dtype=dtype, causal=False, sinks=sinks)
         default = ta.DECODE.default_schedule("sm_90", p)
-        rows = b * hkv
         merged = "block_pdl" if d <= 128 else "block"
-        candidates = {"default": default,
-                      **candidates_for(args.mode, default, rows, merged)}
+        plans.append((p, {"default": default,
+                          **candidates_for(args.mode, default, b * hkv, merged)}))
+    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        for failed in pool.map(_compile, [(p, s) for p, c in plans for s in c.values()]):
+            if failed:
+                print("  not compiled:", failed)
+    summary = []
+    for p, candidates in plans:
+        case = ta.DECODE.case(p, 0)
+        default = candidates["default"]
+        rows, sk, d = p.batch * p.heads_kv, p.seqlen_k, p.head_dim
         fns = {name: case.launcher(s) for name, s in candidates.items()}
         errors = {name: case.error(run) for name, run in fns.items()}
-        fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
-        errors["torch-cudnn"] = float("nan")
+        baseline = case.baselines().get("torch-cudnn")  # none with sinks
+        if baseline is not None:
+            fns["torch-cudnn"] = baseline
+            errors["torch-cudnn"] = float("nan")
         times = time_interleaved(fns, rounds=args.rounds)
         print(f"== {p.describe()} rows {rows} default {default.describe()}")
         report(times, rows * sk * d * 2 * 2, copy_gbps, errors, candidates)
-        cudnn, base = times["torch-cudnn"].median_ms, times["default"].median_ms
+        base = times["default"].median_ms
+        cudnn = times["torch-cudnn"].median_ms if baseline is not None else float("nan")
         print("  cuDNN/ours: " + "  ".join(f"{n}={cudnn / t.median_ms:.3f}"
                                           for n, t in times.items() if n != "torch-cudnn"))
         print("  speed vs default: " + "  ".join(f"{n}={base / t.median_ms:.3f}"
                                                 for n, t in times.items()))
+        best = min((n for n in times if n != "torch-cudnn"), key=lambda n: times[n].median_ms)
+        summary.append((p.describe(), rows, base, cudnn / base, best,
+                        base / times[best].median_ms, cudnn / times[best].median_ms))
+    print("\n| call | rows | default µs | cuDNN ÷ default | best | ÷ default (speed) | "
+          "cuDNN ÷ best |\n|---|---|---|---|---|---|---|")
+    for desc, rows, base, vs, best, gain, best_vs in summary:
+        print(f"| {desc} | {rows} | {base * 1e3:.1f} | {vs:.3f} | {best} | {gain:.3f} | "
+              f"{best_vs:.3f} |")
 
 
 if __name__ == "__main__":

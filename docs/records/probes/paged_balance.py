@@ -15,11 +15,19 @@ in the recorded run).
 ``--pdl``: the batches of both sets, the default against the same schedule with its block
 merge launched as a programmatic dependent (``combine="block_pdl"``), FlashAttention-4 beside
 where it is importable.
+
+``--depth``: batches at pages of 16 and 32 (``DEPTH_POINTS``, none of the other sets'), the
+default against deeper load pipelines (K and V loads 3-6 steps ahead) and 32-key steps,
+FlashAttention-4 beside where it is importable; a table of each batch's best form last.
+``--held``: batches at pages of 16 none of the sets ran (one cache, a batch one split fills),
+the default (loads ``SMALL_PAGE_LATENCY`` ahead, drawn from ``--depth``) against two ahead.
 """
 
 import math
+import os
 import random
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import tiledattention as ta
 from tiledattention.core import _case
@@ -27,12 +35,20 @@ from tiledattention.kernels.decode import _defaults
 from tuner.measure import time_interleaved
 
 from paged_defaults import add_fa4, copy_rate, report
+from paged_fp8 import _compile
 
 # (batch, heads_q, heads_kv, longest cache, page size)
 POINTS = ((20, 28, 4, 10000, 64), (10, 32, 8, 20000, 256), (4, 32, 8, 32768, 16),
           (28, 28, 4, 7000, 32), (16, 32, 8, 12000, 16))
 NEW_POINTS = ((6, 64, 8, 40000, 128), (14, 32, 8, 9000, 32), (12, 28, 4, 24000, 64),
               (24, 32, 4, 5000, 256), (9, 32, 8, 17000, 16), (32, 32, 1, 8000, 64))
+
+
+DEPTH_POINTS = ((10, 32, 8, 24000, 16), (36, 28, 4, 7000, 16), (20, 40, 8, 12000, 16),
+                (18, 32, 8, 11000, 32), (48, 28, 4, 4000, 32))
+
+HELD_POINTS = ((6, 32, 8, 30000, 16), (28, 28, 4, 9000, 16), (14, 64, 8, 10000, 16),
+               (64, 32, 8, 3000, 16), (1, 32, 8, 32768, 16), (3, 16, 2, 20000, 16))
 
 
 def log_uniform(problem):
@@ -82,29 +98,68 @@ def pdl(problem):
     return {"default": d, "block_pdl": d.replace(combine="block_pdl")}
 
 
+def depth(problem):
+    """The default against deeper load pipelines and 32-key steps."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    return {"default": d, "V4": d.replace(v_latency=4),
+            "K4 V4": d.replace(k_latency=4, v_latency=4),
+            "K3 V3": d.replace(k_latency=3, v_latency=3),
+            "K6 V6": d.replace(k_latency=6, v_latency=6),
+            "V4 occ1": d.replace(v_latency=4, occupancy=1),
+            "n32 K4 V4": d.replace(tile_n=32, k_latency=4, v_latency=4)}
+
+
+def held(problem):
+    """The default against its loads two steps ahead (the rule before
+    ``SMALL_PAGE_LATENCY``)."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    return {"default": d, "K2 V2": d.replace(k_latency=2, v_latency=2)}
+
+
 def main():
     copy_gbps = copy_rate()
     new = "--new" in sys.argv
     dependent = "--pdl" in sys.argv
+    deeper = "--depth" in sys.argv
+    held_out = "--held" in sys.argv
     original = _case.paged_lengths
+    summary = []
     for b, hq, hkv, sk, page in (POINTS + NEW_POINTS if dependent else NEW_POINTS if new
+                                 else DEPTH_POINTS if deeper else HELD_POINTS if held_out
                                  else POINTS):
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
-        candidates = pdl(p) if dependent else check(p) if new else sweep(p)
+        candidates = (pdl(p) if dependent else check(p) if new else depth(p) if deeper
+                      else held(p) if held_out else sweep(p))
+        if deeper or held_out:  # compiled ahead, in a pool
+            with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+                for failed in pool.map(_compile, [(p, s) for s in candidates.values()]):
+                    if failed:
+                        print("  not compiled:", failed)
         for mix, lengths in MIXES.items():
             _case.paged_lengths = lengths
             case = ta.DECODE.case(p, 0)
             fns = {name: case.launcher(s) for name, s in candidates.items()}
             errors = {name: case.error(run) for name, run in fns.items()}
-            if new or dependent:
+            if new or dependent or deeper or held_out:
                 add_fa4(p, case, fns, errors)
             times = time_interleaved(fns, rounds=15)
             valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
             print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:6]}.. "
                   f"default {candidates['default'].describe()}")
             report(times, valid, copy_gbps, errors, candidates)
+            ours = {n: t.median_ms for n, t in times.items() if n in candidates}
+            best = min(ours, key=ours.get)
+            fa4 = next((t.median_ms for n, t in times.items() if n not in candidates), None)
+            summary.append((f"{p.describe()} {mix}", ours["default"], best,
+                            ours["default"] / ours[best], fa4, valid / (ours[best] * 1e-3)
+                            / (copy_gbps * 1e9)))
     _case.paged_lengths = original
+    print("\n| batch | default µs | best | ÷ default (speed) | FA4 ÷ best (time) | best % of copy |"
+          "\n|---|---|---|---|---|---|")
+    for desc, base, best, gain, fa4, share in summary:
+        versus = f"{fa4 / (base / gain):.3f}" if fa4 else "-"
+        print(f"| {desc} | {base * 1e3:.1f} | {best} | {gain:.3f} | {versus} | {share:.0%} |")
 
 
 if __name__ == "__main__":

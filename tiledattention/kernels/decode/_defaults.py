@@ -10,11 +10,11 @@ from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
-           "SMALL_PAGE_WAVES", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM", "FP8_SPLIT_FACTOR",
-           "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
+           "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
+           "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
-           "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "MAX_MERGED_ROWS",
-           "DEFAULT_COMBINE"]
+           "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
+           "DEEP_STEP_MIN_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -51,6 +51,11 @@ WINDOW_SPLIT_MIN_GAIN = 4
 SMALL_PAGE_ROWS = 16
 SMALL_PAGE_STEP = 64
 SMALL_PAGE_WAVES = 2
+#: Over such pages a 16-bit cache's key and value loads run this many steps ahead (no window):
+#: on an H200 (docs/records/probes/paged_balance.py ``--depth``, B 10-36, H 32/8, 28/4 and 40/8,
+#: D 128, two length mixes) 1.014-1.057x two ahead on all six batches (three and six ahead
+#: alike); at pages of 32 (128-key steps) 1.000x.
+SMALL_PAGE_LATENCY = 4
 #: Where one split gives at least a CTA per SM (per two with small pages), two CTAs share an SM.
 #: On an H200 (contiguous caches of one length, H 32/8, 28/4 and 64/8, D 128, B 16-64;
 #: docs/records/probes/decode_batched.py) that ran 1.01-1.40x the one-CTA default where the CTAs
@@ -72,6 +77,18 @@ FULL_GPU_OCCUPANCY = 2
 #: two thirds of the SMs. Calls that walk ``SHORT_HEAD_STEP``-key steps (D <= 64) split so below
 #: the SM count too: two splits ran 1.04-1.24x the one on six calls of 96-120 rows.
 FILL_MAX_ROWS_SHARE = 2 / 3
+#: Rows above that share, up to this one (89-102 on an H200), run one split at one CTA an SM,
+#: each CTA alone on its SM: over a contiguous 16-bit cache of at least ``DEEP_STEP_MIN_KEYS``
+#: keys at head dims above ``SHORT_HEAD_DIM`` up to 128 (16-row tiles, no window or softcap)
+#: they walk ``SHORT_HEAD_STEP``-key steps, each load one step ahead (twice the bytes a load in
+#: flight an SM; 227 KB of shared memory). On an H200 (docs/records/probes/decode_fill.py
+#: ``--depth`` and ``--steps``, bf16 and fp16, D 96 and 128, a sink) 1.001-1.073x the 128-key
+#: steps two ahead on 15 calls of 89-102 rows and 3.5k-40k keys (98-99% of the copy rate at
+#: 96-100 rows over 16k-37k keys, from 91-93%); 0.991x at 101 rows over 2500 keys; at 104-128
+#: rows, where more SMs stream, 0.92-1.00x (deeper 128-key pipelines, 64-key steps and eight
+#: worker warps 0.83-1.01x everywhere).
+DEEP_STEP_MAX_ROWS_SHARE = 0.775
+DEEP_STEP_MIN_KEYS = 3500
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
 #: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
 #: split of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
@@ -170,7 +187,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     slower at S_k = 32k-128k). Where one split leaves a third of the SMs or more idle (and two
     would not give each SM a CTA), a contiguous cache long enough to split splits for two CTAs
     an SM instead (:data:`FILL_MAX_ROWS_SHARE`; with 256-key steps wherever one split leaves an
-    SM idle; not with a softcap above D 128, whose split kernel keeps stack).
+    SM idle; not with a softcap above D 128, whose split kernel keeps stack). Rows above that
+    share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs (one split, each CTA alone on its
+    SM) walk 256-key steps with each load one step ahead at D 65-128.
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -250,8 +269,18 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     if problem.windowed and wanted < WINDOW_SPLIT_MIN_GAIN and not contiguous_window:
         wanted = 1
     splits = max(1, min(wanted, most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
+    if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
+            and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
+            and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
+            and not (problem.windowed or problem.softcap or problem.page_size
+                     or problem.ragged or problem.kv_dtype)):
+        # each CTA alone on its SM: 256-key steps, loads one ahead
+        return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
+    v_latency = base.v_latency
+    if small_pages and not problem.windowed:
+        k_latency = v_latency = SMALL_PAGE_LATENCY
     pdl = (splits > 1 and gen == "hopper" and problem.head_dim <= PDL_MAX_HEAD_DIM
            and not (problem.softcap or problem.windowed or problem.kv_dtype
                     or (problem.ragged and not problem.page_size)))
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency,
-                        combine="block_pdl" if pdl else base.combine)
+                        v_latency=v_latency, combine="block_pdl" if pdl else base.combine)
