@@ -189,7 +189,8 @@ def test_a_paged_batch_splits_by_the_cache_rule():
 
 def test_small_pages_walk_short_steps_in_two_waves():
     """Pages of 16 (loads of 16 keys, also pages of 48): 64-key steps, K and V loads
-    ``SMALL_PAGE_LATENCY`` steps ahead (not in a window) and splits for two waves of CTAs
+    ``SMALL_PAGE_LATENCY`` steps ahead at two CTAs an SM (not one cache's one, nor in a
+    window) and splits for two waves of CTAs
     (1.60-1.73x the 128-key, one-wave default on an H200), times
     ``PAGED_SPLIT_FACTOR`` at two CTAs an SM for a batch short of the GPU; a split that fills
     the GPU alone runs two CTAs an SM, with larger pages loading K four steps ahead; other
@@ -217,6 +218,7 @@ def test_small_pages_walk_short_steps_in_two_waves():
         128, 2 * PAGED_SPLIT_FACTOR, 2, 2)
     one = default(batch=1, seqlen_k=16384, page_size=16)  # one cache: nothing to balance
     assert one.splits == -(-SMALL_PAGE_WAVES * SM_COUNTS["hopper"] // 8)  # 8 rows, the rule
+    assert (one.occupancy, one.k_latency, one.v_latency) == (1, 2, 2)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

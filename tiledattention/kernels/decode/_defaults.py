@@ -51,10 +51,12 @@ WINDOW_SPLIT_MIN_GAIN = 4
 SMALL_PAGE_ROWS = 16
 SMALL_PAGE_STEP = 64
 SMALL_PAGE_WAVES = 2
-#: Over such pages a 16-bit cache's key and value loads run this many steps ahead (no window):
-#: on an H200 (docs/records/probes/paged_balance.py ``--depth``, B 10-36, H 32/8, 28/4 and 40/8,
-#: D 128, two length mixes) 1.014-1.057x two ahead on all six batches (three and six ahead
-#: alike); at pages of 32 (128-key steps) 1.000x.
+#: Over such pages a 16-bit cache's key and value loads run this many steps ahead where two
+#: CTAs share an SM (a batch; no window): on an H200 (docs/records/probes/paged_balance.py
+#: ``--depth``, B 10-36, H 32/8, 28/4 and 40/8, D 128, two length mixes) 1.014-1.057x two ahead
+#: on all six batches (three and six ahead alike), at pages of 32 (128-key steps) 1.000x;
+#: ``--held``: 1.020-1.063x on five other batches (B 3-64), and 0.90x for one cache (B 1, 33
+#: splits at one CTA an SM), which keeps two.
 SMALL_PAGE_LATENCY = 4
 #: Where one split gives at least a CTA per SM (per two with small pages), two CTAs share an SM.
 #: On an H200 (contiguous caches of one length, H 32/8, 28/4 and 64/8, D 128, B 16-64;
@@ -277,7 +279,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     v_latency = base.v_latency
-    if small_pages and not problem.windowed:
+    if small_pages and not problem.windowed and occupancy == FULL_GPU_OCCUPANCY:
         k_latency = v_latency = SMALL_PAGE_LATENCY
     pdl = (splits > 1 and gen == "hopper" and problem.head_dim <= PDL_MAX_HEAD_DIM
            and not (problem.softcap or problem.windowed or problem.kv_dtype
