@@ -442,8 +442,7 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     split (and fewer than one split a CTA an SM would fill) splits for two CTAs an SM (on an
     H200 1.12-1.57x at 68-88 rows on nine of ten calls); 96 rows keep one split at one an SM
     (unless they walk 256-key steps: 1.04-1.24x at 96-120 rows), as do generations that fit
-    one CTA an SM, and rows that two splits spread a CTA an SM; a window over a contiguous
-    cache counts its keys as such a cache."""
+    one CTA an SM; a window over a contiguous cache counts its keys as such a cache."""
     from tiledattention.kernels.decode._defaults import FILL_MAX_ROWS_SHARE, FULL_GPU_OCCUPANCY
 
     assert FILL_MAX_ROWS_SHARE * 132 >= 88
@@ -459,8 +458,9 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
                                                     head_dim=128))  # 96 rows
     assert (one.splits, one.occupancy) == (1, 1)
     two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=12000,
-                                                    head_dim=128))  # 48 rows
-    assert (two.splits, two.occupancy) == (2, 1)
+                                                    head_dim=128))  # 48 rows: the rule's two
+    # splits fill 96 SMs, a fifth or more idle (FILL_MAX_CTAS_SHARE): two CTAs an SM too
+    assert (two.splits, two.occupancy) == (5, FULL_GPU_OCCUPANCY)
     # 256-key steps (D 64, 2k keys or more): any idle SM; two splits of 96-128 rows
     for batch in (12, 16):
         s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=64, seqlen_k=6000))
@@ -473,6 +473,33 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     window_default = DECODE.default_schedule("sm_90", windowed)
     assert (window_default.splits, window_default.occupancy) == (3, FULL_GPU_OCCUPANCY)
     assert DECODE.default_schedule("sm_80", _problem(batch=10, seqlen_k=12000)).splits == 1
+
+
+def test_the_cache_rules_splits_short_of_the_sms_split_for_two_ctas_an_sm():
+    """Where the cache rule's two or more splits fill at most ``FILL_MAX_CTAS_SHARE`` of the
+    SMs at one CTA an SM (45-51 rows at two splits, 34 at three on an H200), the call splits for
+    two CTAs an SM (1.03-1.07x on six held-out calls); 52-66 rows, 33 rows (four splits fill
+    the SMs), D 256, windows and Ampere keep the rule's splits."""
+    from tiledattention.kernels.decode._defaults import FILL_MAX_CTAS_SHARE, FULL_GPU_OCCUPANCY
+
+    assert 102 <= FILL_MAX_CTAS_SHARE * 132 < 104
+    for batch in (45, 48, 51, 34):  # multi-query rows: one a batch entry
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=8, heads_kv=1,
+                                                      seqlen_k=9000, head_dim=128))
+        assert (s.splits, s.occupancy) == (FULL_GPU_OCCUPANCY * 132 // batch,
+                                           FULL_GPU_OCCUPANCY), (batch, s)
+    for batch in (52, 66, 33):
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=8, heads_kv=1,
+                                                      seqlen_k=9000, head_dim=128))
+        assert (s.splits, s.occupancy) == (132 // batch, 1), (batch, s)
+    base = _problem(batch=6, heads_q=64, heads_kv=8, seqlen_k=12000, head_dim=128)  # 48 rows
+    assert DECODE.default_schedule("sm_90", base).occupancy == FULL_GPU_OCCUPANCY
+    for p in (dataclasses.replace(base, head_dim=256),  # (an FP8 cache has a rule of its own)
+              dataclasses.replace(base, causal=True, bottom_right=True, window_left=8000,
+                                  window_right=0)):
+        s = DECODE.default_schedule("sm_90", p)
+        assert s.splits != FULL_GPU_OCCUPANCY * 132 // 48, (p, s)
+    assert DECODE.default_schedule("sm_80", base).occupancy == 1
 
 
 def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():

@@ -22,7 +22,12 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
 - ``--steps``: other calls of 89-110 rows (none of the sets above; bf16 and fp16, D 96 and
   128, a sink), 128-key steps two loads ahead against 256-key steps one ahead, at one split;
   ``--held``: the same on calls of 89-102 rows that neither set ran (after the rule,
-  ``DEEP_STEP_MAX_ROWS_SHARE``, was drawn from them).
+  ``DEEP_STEP_MAX_ROWS_SHARE``, was drawn from them);
+- ``--ctas``: rows whose cache rule gives two or more splits of 89-102 CTAs in all (one CTA
+  an SM, a quarter of the SMs idle: 45-51 rows at two splits), the default against 256-key
+  steps one load ahead and against as many splits as two CTAs an SM hold; ``--ctas-held``:
+  other such calls (34-51 rows), the default (``FILL_MAX_CTAS_SHARE``) against the cache
+  rule's splits at one CTA an SM.
 """
 
 import argparse
@@ -32,6 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import tiledattention as ta
+from tiledattention.kernels.decode._defaults import FULL_GPU_OCCUPANCY
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -60,6 +66,12 @@ STEPS = ((23, 16, 4, 20000, 128), (89, 16, 1, 8000, 128, "fp16"), (53, 8, 2, 700
 HELD = ((91, 8, 1, 12000, 128), (47, 16, 2, 6000, 128, "fp16"), (3, 64, 32, 20000, 128),
         (19, 40, 5, 30000, 128), (25, 8, 4, 10000, 96, "fp16"), (34, 24, 3, 4500, 128),
         (49, 16, 2, 3600, 128))
+CTAS = ((12, 28, 4, 47107, 128, "fp16"), (6, 16, 8, 30000, 128), (47, 8, 1, 9000, 128),
+        (25, 16, 2, 12000, 128), (15, 12, 3, 25000, 128), (3, 128, 16, 16000, 128, "fp16"),
+        (51, 8, 1, 6000, 128))
+CTAS_HELD = ((46, 8, 1, 20000, 128), (17, 24, 3, 15000, 128), (6, 64, 8, 12000, 128),
+             (34, 16, 1, 7000, 128, "fp16"), (49, 4, 1, 30000, 128, "fp16"),
+             (12, 16, 4, 5000, 128))
 D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
        (30, 32, 4, 20000, 64), (110, 32, 1, 4000, 64), (11, 24, 8, 15000, 64))
 
@@ -75,6 +87,14 @@ def candidates_for(mode, default, rows, merged):
         return {f"s{n} K{k}": split(n, k_latency=k) for n in (4, 6, 8) for k in (2, 4)}
     if mode == "d64":
         return {f"s{n}": split(n) for n in (2, 4)}
+    if mode == "ctas":
+        return {"n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1),
+                "n256 K1 V1 block": default.replace(tile_n=256, k_latency=1, v_latency=1,
+                                                    combine="block"),
+                "two an SM": default.replace(splits=FULL_GPU_OCCUPANCY * 132 // rows,
+                                             occupancy=FULL_GPU_OCCUPANCY)}
+    if mode == "ctas-held":
+        return {"before": default.replace(splits=132 // rows, occupancy=1)}
     if mode in ("steps", "held"):
         return {"n128 K2 V2": default.replace(tile_n=128, k_latency=2, v_latency=2),
                 "n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1)}
@@ -101,11 +121,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     modes = parser.add_mutually_exclusive_group()
-    for mode in ("check", "long", "d64", "depth", "steps", "held"):
+    for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
-              "steps": STEPS, "held": HELD}.get(args.mode, POINTS)
+              "steps": STEPS, "held": HELD, "ctas": CTAS,
+              "ctas-held": CTAS_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks

@@ -14,7 +14,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
-           "DEEP_STEP_MIN_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
+           "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -91,6 +91,13 @@ FILL_MAX_ROWS_SHARE = 2 / 3
 #: worker warps 0.83-1.01x everywhere).
 DEEP_STEP_MAX_ROWS_SHARE = 0.775
 DEEP_STEP_MIN_KEYS = 3500
+#: Where the cache rule gives two splits or more (``SMs // rows``) whose CTAs fill at most this
+#: share of the SMs at one an SM (45-51 rows at two splits, 34 at three on an H200), the call
+#: splits for two CTAs an SM as the fill rule does (D <= 128, no window): on an H200
+#: (docs/records/probes/decode_fill.py ``--ctas``, seven calls of 45-51 rows, D 128, bf16 and
+#: fp16, 6k-47k keys) five splits at two an SM ran 1.030-1.065x the two at one on six, 0.988x
+#: on one (B3 H128/16 over 16k keys).
+FILL_MAX_CTAS_SHARE = 0.775
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
 #: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
 #: split of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
@@ -189,9 +196,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     slower at S_k = 32k-128k). Where one split leaves a third of the SMs or more idle (and two
     would not give each SM a CTA), a contiguous cache long enough to split splits for two CTAs
     an SM instead (:data:`FILL_MAX_ROWS_SHARE`; with 256-key steps wherever one split leaves an
-    SM idle; not with a softcap above D 128, whose split kernel keeps stack). Rows above that
-    share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs (one split, each CTA alone on its
-    SM) walk 256-key steps with each load one step ahead at D 65-128.
+    SM idle; not with a softcap above D 128, whose split kernel keeps stack); so does one whose
+    rule gives two splits or more that fill at most :data:`FILL_MAX_CTAS_SHARE` of the SMs (D
+    <= 128, no window). Rows above that share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs
+    (one split, each CTA alone on its SM) walk 256-key steps with each load one step ahead at
+    D 65-128.
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -250,12 +259,16 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             k_latency = 4
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
-    elif (two_ctas and wanted == 1 and most_splits > 1 and not problem.ragged
-          and not problem.kv_dtype and not capped_wide
-          and (rows <= FILL_MAX_ROWS_SHARE * sms or tile_n == SHORT_HEAD_STEP)):
-        # a third of the SMs or more idle at one split (any idle with 256-key steps): as many
-        # splits as two CTAs an SM hold (a cache too short to split keeps one CTA an SM: one
-        # split at two an SM below the SM count ran 0.97x)
+    elif (two_ctas and most_splits > 1 and not problem.ragged and not problem.kv_dtype
+          and not capped_wide
+          and ((wanted == 1 and (rows <= FILL_MAX_ROWS_SHARE * sms
+                                 or tile_n == SHORT_HEAD_STEP))
+               or (wanted > 1 and rows * wanted <= FILL_MAX_CTAS_SHARE * sms
+                   and problem.head_dim <= 128 and not problem.windowed))):
+        # a third of the SMs or more idle at one split (any idle with 256-key steps), or the
+        # rule's splits leaving more than a fifth idle: as many splits as two CTAs an SM hold
+        # (a cache too short to split keeps one CTA an SM: one split at two an SM below the SM
+        # count ran 0.97x)
         wanted, occupancy = FULL_GPU_OCCUPANCY * sms // rows, FULL_GPU_OCCUPANCY
     if (problem.page_size and problem.batch > 1 and not problem.windowed and not problem.kv_dtype
             and two_ctas and rows < waves * sms and PAGED_SPLIT_FACTOR > 1):
