@@ -213,8 +213,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     more splits than the rule gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at
     2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B
     16 at 8). Pages whose loads take 16 keys walk 64-key steps split for two waves
-    (:data:`SMALL_PAGE_STEP`); a paged split that fills the GPU by itself runs two CTAs an SM
-    (with larger pages, K loads four steps ahead); one that does not takes
+    (:data:`SMALL_PAGE_STEP`; at two CTAs an SM, loads :data:`SMALL_PAGE_LATENCY` steps
+    ahead); a paged split that fills the GPU by itself runs two CTAs an SM (with larger pages,
+    K loads four steps ahead); one that does not takes
     :data:`PAGED_SPLIT_FACTOR` times the splits at two CTAs an SM. An FP8 cache takes more
     splits at two CTAs an SM (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine
     would merge more than :data:`MAX_MERGED_ROWS` rows of partials into one output row."""
