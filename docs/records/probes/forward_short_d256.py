@@ -6,9 +6,14 @@ against the family case's float32 reference.
     source .devtk/setup.sh && python3 docs/records/probes/forward_short_d256.py [--rounds 15]
         [--check]   # other calls (longer, causal, D 192): the default against key tiles
                     # walked sawtooth only
+        [--causal]  # short causal D 256 at large batches (a survey, seed 26, read B32 H32/8
+                    # S527 and B32 H64/8 S1119 at 0.82x and 0.89x cuDNN): the default
+                    # (paired query tiles) against its neighbours, compiled ahead in a pool
 """
 
 import argparse
+import os
+from concurrent.futures import ProcessPoolExecutor
 
 import tiledattention as ta
 from tuner.measure import time_interleaved
@@ -21,13 +26,52 @@ CHECK = ((4, 16, 8, 4096, "bf16", 256, False), (2, 32, 8, 8192, "fp16", 256, Fal
          (64, 4, 4, 512, "fp16", 256, False), (8, 12, 12, 2048, "bf16", 192, False),
          (2, 16, 8, 4096, "bf16", 256, True), (16, 8, 8, 1000, "fp16", 256, True))
 
+#: (B, H_q, H_kv, S, dtype): causal, D 256; none the survey's
+CAUSAL = ((32, 16, 8, 600, "bf16"), (24, 32, 8, 900, "fp16"), (48, 8, 2, 1300, "bf16"),
+          (16, 64, 8, 777, "bf16"))
+
+
+def causal_candidates(d):
+    """The short causal D 256 default's neighbours: query tiles unpaired (longest first or in
+    order), 64-row tiles, 64-key steps, two CTAs an SM, key tiles walked sawtooth."""
+    unpaired = d.replace(paired_tiles=False)
+    return {"default": d, "unpaired": unpaired,
+            "unpaired longest": unpaired.replace(longest_first=True),
+            "unpaired sawtooth": unpaired.replace(kv_sawtooth=True, longest_first=True),
+            "64x128 w4 occ2": d.replace(tile_m=64, num_worker_warps=4, occupancy=2),
+            "128x64": d.replace(tile_n=64), "occ2": d.replace(occupancy=2),
+            "persistent": d.replace(persistent=True), "K2": d.replace(k_latency=2)}
+
+
+def _compile(job):
+    p, s = job
+    try:
+        ta.FORWARD.compile(p, s, "sm_90")
+    except Exception as exc:  # reported by the launch that follows
+        return f"{type(exc).__name__}: {exc}"[:160]
+    return None
+
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--causal", action="store_true")
     args = parser.parse_args()
-    points = CHECK if args.check else [(*x, 256, False) for x in POINTS]
+    points = (CHECK if args.check else [(*x, 256, True) for x in CAUSAL] if args.causal
+              else [(*x, 256, False) for x in POINTS])
+    if args.causal:
+        jobs = []
+        for b, hq, hkv, s, dtype, dim, causal in points:
+            p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s,
+                           head_dim=dim, dtype=dtype, causal=causal)
+            jobs += [(p, c) for c in causal_candidates(
+                ta.FORWARD.default_schedule("sm_90", p)).values()]
+        with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+            for failed in pool.map(_compile, jobs):
+                if failed:
+                    print("  not compiled:", failed)
+    summary = []
     for b, hq, hkv, s, dtype, dim, causal in points:
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s, head_dim=dim,
                        dtype=dtype, causal=causal)
@@ -45,6 +89,8 @@ def main():
                       "cta2": d.replace(num_ctas=2)}
         if args.check:
             candidates = {"default": d, "sawtooth": d.replace(kv_sawtooth=not d.kv_sawtooth)}
+        elif args.causal:
+            candidates = causal_candidates(d)
         fns, errors = {}, {}
         for name, s_ in candidates.items():
             try:
@@ -61,6 +107,14 @@ def main():
         for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
             print(f"  {name:12s} {t.median_ms * 1e3:8.1f} us {flops / t.median_ms / 1e9:6.1f} TF/s "
                   f"speed x{base / t.median_ms:.3f} err {errors.get(name, float('nan')):.1e}")
+        best = min((n for n in times if n != "torch-cudnn"), key=lambda n: times[n].median_ms)
+        cudnn = times["torch-cudnn"].median_ms
+        summary.append((p.describe(), base / cudnn, best, base / times[best].median_ms,
+                        cudnn / times[best].median_ms))
+    print("\n| call | cuDNN ÷ default (speed) | best | ÷ default | cuDNN ÷ best |\n"
+          "|---|---|---|---|---|")
+    for desc, vs, best, gain, best_vs in summary:
+        print(f"| {desc} | {1 / vs:.3f} | {best} | {gain:.3f} | {best_vs:.3f} |")
 
 
 if __name__ == "__main__":
