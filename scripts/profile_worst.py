@@ -6,7 +6,8 @@ for ``docs/performance-notes.md``.
 
 The points: the forward's ``docs/records/benchmarks/bench.csv`` (H100, three lowest ratios to
 cuDNN), the decode's ``docs/records/benchmarks/decode/bench.csv`` and the backward's training run 3
-(``docs/records/benchmarks/backward/training/training-3.csv``). Each point's ncu reports, CSV pages
+(``git show 1da4114:docs/records/benchmarks/backward/training/training-3.csv``, out of the tree
+since 2026-12-01). Each point's ncu reports, CSV pages
 and ``profile.json`` go under ``OUT/NAME``; a table of the two profiles' totals and main kernels is
 printed last."""
 
