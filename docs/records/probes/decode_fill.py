@@ -31,9 +31,7 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
 """
 
 import argparse
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import tiledattention as ta
@@ -42,7 +40,7 @@ from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paged_defaults import copy_rate, report  # noqa: E402
-from paged_fp8 import _compile  # noqa: E402
+from compile_ahead import compile_ahead  # noqa: E402
 
 #: (B, H_q, H_kv, keys, D): rows = B x H_kv below 132
 POINTS = ((24, 28, 4, 37185, 128), (10, 32, 8, 20000, 128), (12, 64, 8, 8000, 128),
@@ -55,14 +53,15 @@ CHECK = ((9, 64, 8, 12000, 128), (11, 32, 8, 5000, 128), (84, 8, 1, 6000, 128),
          (4, 20, 20, 11111, 96))
 LONG = ((13, 32, 8, 24000, 128), (120, 8, 1, 20000, 128), (14, 64, 8, 32000, 128),
         (100, 16, 1, 40000, 64), (11, 40, 10, 50000, 128), (6, 16, 16, 28000, 128))
-DEPTH = ((1, 32, 8, 8192, 128), (1, 32, 8, 32768, 128), (24, 28, 4, 37185, 128), (12, 64, 8, 8000, 128), (3, 32, 32, 30000, 128),
-         (20, 40, 5, 16000, 128), (100, 8, 1, 4000, 128), (15, 32, 8, 3000, 128),
-         (13, 32, 8, 24000, 128), (14, 64, 8, 32000, 128), (11, 40, 10, 50000, 128),
-         (16, 32, 8, 20000, 128))
-STEPS = ((23, 16, 4, 20000, 128), (89, 16, 1, 8000, 128, "fp16"), (53, 8, 2, 7000, 128), (90, 8, 1, 6000, 128, "fp16"), (31, 24, 3, 12000, 128),
-         (6, 16, 16, 25000, 96, "fp16"), (97, 4, 1, 16384, 128), (25, 32, 4, 9000, 128),
-         (51, 16, 2, 5000, 128, "fp16"), (26, 32, 4, 30000, 128), (9, 96, 12, 14000, 128),
-         (101, 8, 1, 2500, 128), (33, 12, 3, 40000, 128, "bf16", True))
+DEPTH = ((1, 32, 8, 8192, 128), (1, 32, 8, 32768, 128), (24, 28, 4, 37185, 128),
+         (12, 64, 8, 8000, 128), (3, 32, 32, 30000, 128), (20, 40, 5, 16000, 128),
+         (100, 8, 1, 4000, 128), (15, 32, 8, 3000, 128), (13, 32, 8, 24000, 128),
+         (14, 64, 8, 32000, 128), (11, 40, 10, 50000, 128), (16, 32, 8, 20000, 128))
+STEPS = ((23, 16, 4, 20000, 128), (89, 16, 1, 8000, 128, "fp16"), (53, 8, 2, 7000, 128),
+         (90, 8, 1, 6000, 128, "fp16"), (31, 24, 3, 12000, 128), (6, 16, 16, 25000, 96, "fp16"),
+         (97, 4, 1, 16384, 128), (25, 32, 4, 9000, 128), (51, 16, 2, 5000, 128, "fp16"),
+         (26, 32, 4, 30000, 128), (9, 96, 12, 14000, 128), (101, 8, 1, 2500, 128),
+         (33, 12, 3, 40000, 128, "bf16", True))
 HELD = ((91, 8, 1, 12000, 128), (47, 16, 2, 6000, 128, "fp16"), (3, 64, 32, 20000, 128),
         (19, 40, 5, 30000, 128), (25, 8, 4, 10000, 96, "fp16"), (34, 24, 3, 4500, 128),
         (49, 16, 2, 3600, 128))
@@ -137,10 +136,7 @@ def main():
         merged = "block_pdl" if d <= 128 else "block"
         plans.append((p, {"default": default,
                           **candidates_for(args.mode, default, b * hkv, merged)}))
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        for failed in pool.map(_compile, [(p, s) for p, c in plans for s in c.values()]):
-            if failed:
-                print("  not compiled:", failed)
+    compile_ahead([(p, s) for p, c in plans for s in c.values()])
     summary = []
     for p, candidates in plans:
         case = ta.DECODE.case(p, 0)

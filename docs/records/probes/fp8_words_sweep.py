@@ -23,17 +23,16 @@ was the rule: the probe's first check ran with two, its ``V4`` form four).
 
 import argparse
 import dataclasses
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import tiledattention as ta
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
+from compile_ahead import compile_ahead  # noqa: E402
 from paged_defaults import copy_rate  # noqa: E402
-from paged_fp8 import _compile, unique_forms  # noqa: E402
+from paged_fp8 import unique_forms  # noqa: E402
 
 # (batch, heads_q, heads_kv, longest cache, page size; 0: contiguous, one length)
 POINTS = ((1, 32, 8, 40000, 0), (1, 32, 8, 8192, 0), (2, 64, 8, 24000, 0), (4, 32, 8, 16000, 0),
@@ -107,10 +106,7 @@ def main():
     jobs += [(dataclasses.replace(p, kv_dtype=""),
               ta.DECODE.default_schedule("sm_90", dataclasses.replace(p, kv_dtype="")))
              for p, _ in plans]
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        for failed in pool.map(_compile, jobs):
-            if failed:
-                print("  not compiled:", failed)
+    compile_ahead(jobs)
     rows = []
     for p, cands in plans:
         case = ta.DECODE.case(p, 0)

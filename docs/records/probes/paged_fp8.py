@@ -28,6 +28,7 @@ import tiledattention as ta
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
+from compile_ahead import compile_ahead  # noqa: E402
 from paged_defaults import copy_rate  # noqa: E402
 
 # (batch, heads_q, heads_kv, longest cache, page size): none is a shipped or tested batch
@@ -84,15 +85,6 @@ def sweep_candidates(p):
     return out
 
 
-def _compile(job):
-    p, s = job
-    try:
-        ta.DECODE.compile(p, s, "sm_90")
-    except Exception as exc:  # reported by the launch that follows
-        return f"{type(exc).__name__}: {exc}"[:160]
-    return None
-
-
 def check_candidates(p):
     """The e4m3 cache's default and the bf16 rule it replaced (the default of the same
     problem without ``kv_dtype``)."""
@@ -107,9 +99,6 @@ def pdl_candidates(p):
 
 
 def sweep(copy_gbps, check=False, pdl=False, warps=False):
-    import os
-    from concurrent.futures import ProcessPoolExecutor
-
     if check:
         plans = [(fp8_problem(*pt), None) for pt in CHECK]
         plans = [(p, check_candidates(p)) for p, _ in plans]
@@ -121,11 +110,7 @@ def sweep(copy_gbps, check=False, pdl=False, warps=False):
         candidates = (warps_candidates if warps else pdl_candidates if pdl
                       else sweep_candidates)
         plans = [(p, candidates(p)) for p in points]
-    jobs = [(p, s) for p, c in plans for s in c.values()]
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
-        for failed in pool.map(_compile, jobs):
-            if failed:
-                print("  not compiled:", failed)
+    compile_ahead([(p, s) for p, c in plans for s in c.values()])
     for p, cands in plans:
         case = ta.DECODE.case(p, 0)
         fns = {name: case.launcher(s) for name, s in cands.items()}
