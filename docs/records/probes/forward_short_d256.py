@@ -9,6 +9,10 @@ against the family case's float32 reference.
         [--causal]  # short causal D 256 at large batches (a survey, seed 26, read B32 H32/8
                     # S527 and B32 H64/8 S1119 at 0.82x and 0.89x cuDNN): the default
                     # (paired query tiles) against its neighbours, compiled ahead in a pool
+        [--causal-lengths]  # causal D 192-256 calls of 400-12000 keys: the default against
+                            # its query tiles unpaired, longest first, key tiles sawtooth (the
+                            # form --causal found faster), and paired with keys sawtooth
+        [--causal-held]     # the same on calls neither set ran (CAUSAL_HELD)
 """
 
 import argparse
@@ -33,6 +37,27 @@ CHECK = ((4, 16, 8, 4096, "bf16", 256, False), (2, 32, 8, 8192, "fp16", 256, Fal
 CAUSAL = ((32, 16, 8, 600, "bf16"), (24, 32, 8, 900, "fp16"), (48, 8, 2, 1300, "bf16"),
           (16, 64, 8, 777, "bf16"))
 
+#: (B, H_q, H_kv, S, dtype, D): causal, lengths from a short to a long call
+CAUSAL_LENGTHS = ((64, 8, 8, 400, "bf16", 256), (16, 8, 8, 1600, "bf16", 256),
+                  (8, 16, 8, 2048, "bf16", 256), (4, 32, 8, 3000, "fp16", 256),
+                  (2, 16, 16, 4096, "bf16", 256), (1, 32, 8, 8192, "bf16", 256),
+                  (2, 8, 2, 12000, "fp16", 256), (32, 16, 16, 1000, "fp16", 192),
+                  (4, 16, 4, 2500, "bf16", 192))
+
+CAUSAL_HELD = ((48, 16, 16, 700, "fp16", 256), (8, 32, 8, 1900, "bf16", 256),
+               (128, 4, 4, 300, "bf16", 256), (12, 24, 8, 1111, "bf16", 256),
+               (20, 16, 2, 1500, "fp16", 192), (6, 64, 8, 2048, "bf16", 256),
+               (4, 32, 4, 2600, "bf16", 256), (3, 16, 16, 5000, "fp16", 256))
+
+
+def lengths_candidates(d):
+    """The causal default (paired query tiles) against the unpaired form ``--causal`` found
+    faster at short lengths, and paired tiles walking their keys sawtooth."""
+    return {"default": d,
+            "unpaired sawtooth": d.replace(paired_tiles=False, kv_sawtooth=True,
+                                           longest_first=True),
+            "paired sawtooth": d.replace(kv_sawtooth=True)}
+
 
 def causal_candidates(d):
     """The short causal D 256 default's neighbours: query tiles unpaired (longest first or in
@@ -54,16 +79,21 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--causal-lengths", action="store_true")
+    parser.add_argument("--causal-held", action="store_true")
     args = parser.parse_args()
+    pick = (causal_candidates if args.causal
+            else lengths_candidates if args.causal_lengths or args.causal_held else None)
     points = (CHECK if args.check else [(*x, 256, True) for x in CAUSAL] if args.causal
+              else [(*x, True) for x in CAUSAL_LENGTHS] if args.causal_lengths
+              else [(*x, True) for x in CAUSAL_HELD] if args.causal_held
               else [(*x, 256, False) for x in POINTS])
-    if args.causal:
+    if pick is not None:
         jobs = []
         for b, hq, hkv, s, dtype, dim, causal in points:
             p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=s,
                            head_dim=dim, dtype=dtype, causal=causal)
-            jobs += [(p, c) for c in causal_candidates(
-                ta.FORWARD.default_schedule("sm_90", p)).values()]
+            jobs += [(p, c) for c in pick(ta.FORWARD.default_schedule("sm_90", p)).values()]
         compile_ahead(jobs, family="FORWARD")
     summary = []
     for b, hq, hkv, s, dtype, dim, causal in points:
@@ -83,8 +113,8 @@ def main():
                       "cta2": d.replace(num_ctas=2)}
         if args.check:
             candidates = {"default": d, "sawtooth": d.replace(kv_sawtooth=not d.kv_sawtooth)}
-        elif args.causal:
-            candidates = causal_candidates(d)
+        elif pick is not None:
+            candidates = pick(d)
         fns, errors = {}, {}
         for name, s_ in candidates.items():
             try:
