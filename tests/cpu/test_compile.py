@@ -38,22 +38,30 @@ def test_hopper_default_splits_long_causal_tiles_over_a_cluster():
 
 
 def test_hopper_default_pairs_causal_query_tiles_at_head_dim_256():
-    """sm_90, D > 128, causal: (n-1-i, i) query tile pairs (probe 11); never when not causal."""
-    d256 = Problem(batch=8, heads_q=8, heads_kv=8, seqlen_q=2048, seqlen_k=2048, head_dim=256,
+    """sm_90, D > 128, causal: (n-1-i, i) query tile pairs (probe 11) where rows see more than
+    CAUSAL_UNPAIRED_KEYS keys; at most that many (H200: 1.015-1.21x the pairs on twelve calls),
+    unpaired, longest first, key tiles sawtooth; never paired when not causal."""
+    d256 = Problem(batch=8, heads_q=8, heads_kv=8, seqlen_q=2049, seqlen_k=2049, head_dim=256,
                    dtype="bf16", causal=True)
     paired = FORWARD.default_schedule("sm_90", d256)
-    assert paired.paired_tiles and paired.tile_m == 128
+    assert paired.paired_tiles and paired.tile_m == 128 and not paired.kv_sawtooth
     assert compile_schedule(d256, paired, "sm_90").cubin[:4] == b"\x7fELF"
     assert not FORWARD.default_schedule(
         "sm_90", dataclasses.replace(d256, causal=False)).paired_tiles
     assert not FORWARD.default_schedule(
         "sm_90", dataclasses.replace(d256, head_dim=128)).paired_tiles
+    for short in (dataclasses.replace(d256, seqlen_q=2048, seqlen_k=2048),
+                  dataclasses.replace(d256, seqlen_q=300, seqlen_k=300, head_dim=192)):
+        s = FORWARD.default_schedule("sm_90", short)
+        assert (s.paired_tiles, s.longest_first, s.kv_sawtooth) == (False, True, True)
+    windowed = dataclasses.replace(d256, seqlen_q=1000, seqlen_k=1000, window_left=255)
+    assert FORWARD.default_schedule("sm_90", windowed).paired_tiles  # not measured
 
 
 def test_hopper_default_walks_short_full_head_dim_256_key_tiles_sawtooth():
     """sm_90, D 256, full mask, rows seeing 513-2048 keys: key tiles walked sawtooth (H200:
-    1.044-1.064x on five calls); not at 512 or 4096 keys, nor causal, windowed (not measured)
-    or D 192 (two parts)."""
+    1.044-1.064x on five calls); not at 512 or 4096 keys, windowed (not measured) or D 192
+    (two parts); causal calls this short walk sawtooth by their own rule (the test above)."""
     d256 = Problem(batch=8, heads_q=8, heads_kv=2, seqlen_q=1047, seqlen_k=1047, head_dim=256,
                    dtype="fp16", causal=False)
     s = FORWARD.default_schedule("sm_90", d256)
@@ -63,7 +71,7 @@ def test_hopper_default_walks_short_full_head_dim_256_key_tiles_sawtooth():
         d256, seqlen_q=2048, seqlen_k=2048)).kv_sawtooth
     for other in (dataclasses.replace(d256, seqlen_q=512, seqlen_k=512),
                   dataclasses.replace(d256, seqlen_q=4096, seqlen_k=4096),
-                  dataclasses.replace(d256, causal=True),
+                  dataclasses.replace(d256, seqlen_q=4096, seqlen_k=4096, causal=True),
                   dataclasses.replace(d256, window_left=500, window_right=500),
                   dataclasses.replace(d256, head_dim=192)):
         assert not FORWARD.default_schedule("sm_90", other).kv_sawtooth, other

@@ -168,6 +168,28 @@ def test_the_issues_calls_take_no_row_of_another_grid(family, problem, before):
         assert found.source == "default", found.detail
 
 
+def test_a_decode_row_answers_only_for_caches_within_twice_its_own():
+    """A decode row tuned at 2048 keys ran the survey's B4 H8/1 over 16249 keys at 0.74x the
+    default (H200, ``docs/records/benchmarks/decode/nearest-rows.md``): the cache length is a
+    transfer limit (2x), so that call takes the default, while one of 3000 keys (its bucket,
+    4096, twice the row's) still takes the row."""
+    stored = Problem(batch=1, heads_q=32, heads_kv=4, seqlen_q=1, seqlen_k=2048, head_dim=128,
+                     dtype="bf16", causal=False)
+    tuned = DECODE.default_schedule("sm_90", stored).replace(splits=12, occupancy=2,
+                                                             k_latency=4)
+    rows = [row(stored, tuned, family=DECODE)]
+    far = Problem(batch=4, heads_q=8, heads_kv=1, seqlen_q=1, seqlen_k=16249, head_dim=128,
+                  dtype="bf16", causal=False)
+    found = resolve(rows, DECODE.plan_problem(far), DECODE)
+    assert found.source == "default" and "seqlen_k is 8x apart" in found.detail, found.detail
+    near_ = dataclasses.replace(far, seqlen_k=3000)
+    assert resolve(rows, DECODE.plan_problem(near_), DECODE).schedule == tuned
+    exported = _exported(rows)
+    assert exported["select"]("decode", "sm_90", **DECODE.plan_problem(far).to_dict()) is None
+    assert exported["select"]("decode", "sm_90",
+                              **DECODE.plan_problem(near_).to_dict()) == tuned.to_dict()
+
+
 def _exported(rows) -> dict:
     """The names the module exported from ``rows`` (shipped) defines."""
     names: dict = {}
@@ -216,7 +238,8 @@ def test_the_exported_select_measures_a_window_by_its_span():
 def test_the_margin_and_limits_are_stated_per_family():
     assert FORWARD.transfer_margin == DECODE.transfer_margin == BACKWARD.transfer_margin == 1.03
     assert FORWARD.transfer_limits == ((("batch", "heads_q"), 1.0),)
-    assert DECODE.transfer_limits == ((("batch", "heads_kv"), 0.0), (("seqlen_q",), 0.0))
+    assert DECODE.transfer_limits == ((("batch", "heads_kv"), 0.0), (("seqlen_q",), 0.0),
+                                      (("seqlen_k",), 1.0))
     assert json.dumps(FORWARD.padding_terms)  # plain data: exported tables carry it
 
 

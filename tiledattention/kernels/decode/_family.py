@@ -89,8 +89,11 @@ class DecodeFamily(Family):
     # A row transfers (``Family.transfer_refusal``) only to the same B·H_kv (its split count
     # was chosen for that many CTAs per split) and query rows (they decide the packed tile),
     # as far as its splits' and tiles' padding allows (issue 29: rows of another batch or head
-    # count ran 0.87-0.95x cuDNN where the neighbouring keys ran 0.98-1.0x)
-    transfer_limits = ((("batch", "heads_kv"), 0.0), (("seqlen_q",), 0.0))
+    # count ran 0.87-0.95x cuDNN where the neighbouring keys ran 0.98-1.0x), and to caches at
+    # most twice or half its own (a row tuned at 2048 keys ran B4 H8/1 over 16249 at 0.74x the
+    # default, over 7000-9000 at 0.85-0.87x; with this limit 0.96-1.02x, and 0.91-1.16x on the
+    # calls still within it: docs/records/benchmarks/decode/nearest-rows.md)
+    transfer_limits = ((("batch", "heads_kv"), 0.0), (("seqlen_q",), 0.0), (("seqlen_k",), 1.0))
     padding_terms = (("seqlen_k", "tile_n", "splits"),)
     # a paged or ragged row answers only for its own bucket's longest cache: it was tuned on a
     # mix of caches up to that length, and its split count misfits shorter ones (an H200 row

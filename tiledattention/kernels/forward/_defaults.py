@@ -27,6 +27,13 @@ PACKED_SHORT = 2048
 #: five calls (B 8-32, H 8-16, groups 1-8, bf16 and fp16), 0.987x at 512 keys, 0.997-1.007x
 #: at 4k-16k; D 192 (two head-dim parts) at 2048 keys 0.998x.
 WIDE_SAWTOOTH_KEYS = (512, 2048)
+#: A causal D > 128 call (no window) whose rows see at most this many keys leaves its query
+#: tiles unpaired, takes the longest first and walks their key tiles sawtooth: pairing evens
+#: out long causal walks, but a short one has few tiles to even out and pays for the pair's
+#: second walk in registers. On an H200 (docs/records/probes/forward_short_d256.py
+#: --causal-lengths, --causal-held): 1.015-1.21x the paired default at 300-2048 keys on
+#: twelve calls (B 6-128, D 192 and 256, groups 1-8, bf16 and fp16), 0.94-1.04x from 2600 keys.
+CAUSAL_UNPAIRED_KEYS = 2048
 
 
 def row_keys(problem: Problem) -> int:
@@ -152,8 +159,10 @@ def _rules(arch: str, problem: Problem) -> Schedule:
       128, H 12-32: 1.09-1.23x the 128x128 tile, the gain falling with length; 1.01-1.11x
       128x128 over a cluster of two; ``docs/records/benchmarks/varlen/issue50``).
     - D > 128: 128x128 with 8 worker warps at occupancy 3 (every shipped D256 key with
-      S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11); a full
-      mask over :data:`WIDE_SAWTOOTH_KEYS` keys at D 256 walks its key tiles sawtooth.
+      S >= 4k: 1.2-1.36x 64x128), query tiles paired when causal (H100 probe 11) unless rows
+      see at most :data:`CAUSAL_UNPAIRED_KEYS` keys (then unpaired, longest first, key tiles
+      sawtooth); a full mask over :data:`WIDE_SAWTOOTH_KEYS` keys at D 256 walks its key
+      tiles sawtooth.
 
     FP8 (e4m3) inputs on sm_90 follow their own rules where they were measured to differ
     (:func:`_hopper_fp8`), else the bf16 ones.
@@ -183,11 +192,15 @@ def _rules(arch: str, problem: Problem) -> Schedule:
                 return fp8
         if d > 128:
             lo, hi = WIDE_SAWTOOTH_KEYS
+            short_causal = (problem.causal and not problem.windowed
+                            and keys <= CAUSAL_UNPAIRED_KEYS)
             return Schedule(tile_m=128, tile_n=128, occupancy=3, num_worker_warps=8, exp2=True,
                             k_transposed=True, k_latency=4, v_latency=2,
-                            paired_tiles=problem.causal,
-                            kv_sawtooth=(not problem.causal and not problem.windowed
-                                         and not split["split_d"] and lo < keys <= hi),
+                            paired_tiles=problem.causal and not short_causal,
+                            longest_first=short_causal,
+                            kv_sawtooth=short_causal or (
+                                not problem.causal and not problem.windowed
+                                and not split["split_d"] and lo < keys <= hi),
                             **split)
         small_tiles = dict(tile_m=64, tile_n=64, occupancy=4, exp2=True, approx_div=True,
                            k_latency=2, v_latency=2, kv_sawtooth=True)
