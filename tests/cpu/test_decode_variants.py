@@ -291,14 +291,23 @@ def test_windowed_defaults(batch, left, tile_n, splits, occupancy):
         assert (same.splits, same.occupancy) == (splits, occupancy)
 
 
-def test_a_capped_wide_head_keeps_the_rules_it_had():
+def test_a_capped_wide_window_splits_two_fold_at_one_cta_an_sm():
     """A softcap above D 128 (Gemma 2's local layers: D 256, softcap 50, a 4096 window) keeps
-    the window's one CTA an SM and four-fold splits, and no fill split: its split kernel keeps
-    stack on sm_90, more at two CTAs an SM (not measured either way)."""
+    one CTA an SM (its split kernel keeps stack on sm_90, more at two) and no fill split, but a
+    window over a contiguous cache splits where that doubles its CTAs
+    (``CAPPED_WINDOW_SPLIT_MIN_GAIN``; H200: 1.52-2.29x one split at 36-64 rows on nine calls),
+    not where one split fills the SMs (96 rows: two splits 0.88x); a paged one keeps the
+    four-fold bound (not measured)."""
     gemma = _problem(batch=8, hq=16, hkv=8, d=256, sk=8192, causal=True, bottom_right=True,
                      left=4095, softcap=50.0)
     schedule = DECODE.default_schedule("sm_90", gemma)  # 64 rows
-    assert (schedule.splits, schedule.occupancy) == (1, 1)
+    assert (schedule.splits, schedule.occupancy) == (2, 1)
+    five = DECODE.default_schedule("sm_90", dataclasses.replace(gemma, batch=5))  # 40 rows
+    assert (five.splits, five.occupancy) == (3, 1)
+    full = DECODE.default_schedule("sm_90", dataclasses.replace(gemma, batch=12))  # 96 rows
+    assert (full.splits, full.occupancy) == (1, 1)
+    paged = dataclasses.replace(gemma, seqlen_k=131072, ragged=True, page_size=256)
+    assert DECODE.default_schedule("sm_90", paged).splits == 1
     unwindowed = _problem(batch=10, hq=16, hkv=8, d=256, sk=8192, softcap=50.0)  # 80 rows
     schedule = DECODE.default_schedule("sm_90", unwindowed)
     assert (schedule.splits, schedule.occupancy) == (1, 1)

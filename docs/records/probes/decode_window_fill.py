@@ -9,6 +9,11 @@ in the same run.
     source .devtk/setup.sh && python3 docs/records/probes/decode_window_fill.py [--rounds 20]
         [--check]   # other calls: the default against the default before windows of a
                     # contiguous cache ran as caches of the window's length (``previous``)
+        [--capped]  # Gemma-2-shaped windows with a softcap at D 256 (CAPPED), whose default
+                    # splits only where that multiplies its CTAs four-fold: more splits at one
+                    # CTA an SM (the capped D 256 split kernel keeps stack at two) and at two
+        [--capped-held]  # other capped windows (CAPPED_HELD, D 192 and 256): the default
+                         # (CAPPED_WINDOW_SPLIT_MIN_GAIN) against one split, the rule before
 """
 
 import argparse
@@ -20,6 +25,7 @@ from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
 from paged_defaults import copy_rate, report  # noqa: E402
+from compile_ahead import compile_ahead  # noqa: E402
 
 #: (B, H_q, H_kv, cache keys, window, D)
 POINTS = ((8, 32, 8, 65536, 4096, 128), (1, 32, 8, 65536, 4096, 128),
@@ -28,6 +34,48 @@ POINTS = ((8, 32, 8, 65536, 4096, 128), (1, 32, 8, 65536, 4096, 128),
 CHECK = ((6, 32, 8, 50000, 4096, 128), (10, 40, 8, 32768, 4096, 128),
          (8, 16, 16, 65536, 4096, 64), (20, 32, 8, 20000, 2048, 128),
          (16, 28, 4, 30000, 4096, 128), (40, 16, 16, 8000, 1024, 64))
+
+#: (B, H_q, H_kv, cache keys, window, D): softcap 50 (Gemma 2: 9B H16/8, 2B H8/4)
+CAPPED = ((8, 16, 8, 8192, 4096, 256), (4, 16, 8, 32768, 4096, 256), (2, 8, 4, 16000, 4096, 256),
+          (16, 16, 8, 20000, 4096, 256), (12, 16, 8, 9000, 4096, 256),
+          (6, 8, 4, 30000, 4096, 256), (5, 16, 8, 16384, 4096, 256),
+          (10, 8, 4, 12000, 4096, 256))
+
+CAPPED_HELD = ((7, 16, 8, 10000, 4096, 256), (6, 16, 8, 24000, 4096, 256),
+               (16, 8, 4, 9000, 4096, 256), (8, 16, 8, 12000, 4096, 192),
+               (9, 8, 4, 15000, 1024, 256))
+
+
+def capped(args, copy_gbps):
+    """The capped windows: the default against 2, 4 and a wave's splits at one CTA an SM, and
+    two waves' at two, block-merged (no cuDNN: torch's SDPA has no softcap); held out, the
+    default against one split."""
+    for b, hq, hkv, sk, w, d in CAPPED_HELD if args.capped_held else CAPPED:
+        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                       dtype="bf16", causal=True, bottom_right=True, window_left=w - 1,
+                       window_right=0, softcap=50.0)
+        case = ta.DECODE.case(p, 0)
+        default = ta.DECODE.default_schedule("sm_90", p)
+        rows = b * hkv
+        candidates = {"default": default}
+        if args.capped_held:
+            candidates["one split"] = default.replace(splits=1, combine="kernel")
+        for splits in () if args.capped_held else sorted({2, 4, 132 // rows}):
+            if splits > 1:
+                candidates[f"s{splits}"] = default.replace(splits=splits, occupancy=1,
+                                                           combine="block")
+        if 264 // rows > 1 and not args.capped_held:
+            candidates[f"s{264 // rows} occ2"] = default.replace(
+                splits=264 // rows, occupancy=2, combine="block")
+        compile_ahead([(p, c) for c in candidates.values()])
+        fns = {name: case.launcher(s) for name, s in candidates.items()}
+        errors = {name: case.error(run) for name, run in fns.items()}
+        times = time_interleaved(fns, rounds=args.rounds)
+        print(f"== {p.describe()} rows {rows} default {default.describe()}")
+        report(times, rows * w * d * 4, copy_gbps, errors, candidates)
+        base = times["default"].median_ms
+        print("  speed vs default: " + "  ".join(f"{n}={base / t.median_ms:.3f}"
+                                                for n, t in times.items()), flush=True)
 
 
 def previous(default, rows, window):
@@ -44,8 +92,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--capped", action="store_true")
+    parser.add_argument("--capped-held", action="store_true")
     args = parser.parse_args()
     copy_gbps = copy_rate()
+    if args.capped or args.capped_held:
+        return capped(args, copy_gbps)
     for b, hq, hkv, sk, w, d in CHECK if args.check else POINTS:
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                        dtype="bf16", causal=True, bottom_right=True, window_left=w - 1,

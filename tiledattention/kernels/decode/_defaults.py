@@ -9,7 +9,8 @@ from ._launch import BLOCK_MAX_ROWS, layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
-           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
+           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN",
+           "CAPPED_WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
@@ -39,6 +40,12 @@ MAX_TILE_M = 64
 #: calls; the four-fold gain still bounds paged and FP8 windows (not measured).
 WINDOW_SPLIT_MIN_KEYS = 512
 WINDOW_SPLIT_MIN_GAIN = 4
+#: A window over a contiguous 16-bit cache with a softcap above D 128 (Gemma 2), whose split
+#: kernel keeps stack at two CTAs an SM, splits at one CTA an SM where that multiplies its CTAs
+#: this many times or more (not four): on an H200 (docs/records/probes/decode_window_fill.py
+#: --capped, windows of 4096 keys, D 256, cap 50) two and three splits ran 1.64-2.29x one at
+#: 40-64 rows, and two splits 0.87-0.88x at 96-128 rows (which one split fills).
+CAPPED_WINDOW_SPLIT_MIN_GAIN = 2
 #: Paged caches whose loads take at most this many keys (pages of 16, or 48: a load never
 #: straddles two pages) walk ``SMALL_PAGE_STEP``-key steps in splits for ``SMALL_PAGE_WAVES``
 #: waves of CTAs. On an H200 (mixed-length paged batches of pages of 16, H 32/8 and 28/4, D 128,
@@ -208,7 +215,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     over a contiguous 16-bit cache every rule above applies as to a cache of the window's keys,
     but a window of at most :data:`WINDOW_SPLIT_MIN_KEYS` keys runs one split; a paged or FP8
     window, or one with a softcap above D 128, also splits only where that multiplies its CTAs
-    :data:`WINDOW_SPLIT_MIN_GAIN`-fold and keeps one CTA an SM. A ragged batch (a paged cache's)
+    :data:`WINDOW_SPLIT_MIN_GAIN`-fold (over a contiguous 16-bit cache with a softcap,
+    :data:`CAPPED_WINDOW_SPLIT_MIN_GAIN`-fold) and keeps one CTA an SM. A ragged batch (a paged cache's)
     splits by the same rule, counted on its longest cache: on an H200 (page 64, H 32/8, D 128),
     more splits than the rule gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at
     2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B
@@ -282,7 +290,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         return base.replace(splits=splits, occupancy=FULL_GPU_OCCUPANCY,
                             k_latency=FP8_K_LATENCY,
                             v_latency=FP8_SMALL_PAGE_V_LATENCY if small_pages else base.v_latency)
-    if problem.windowed and wanted < WINDOW_SPLIT_MIN_GAIN and not contiguous_window:
+    least_gain = (CAPPED_WINDOW_SPLIT_MIN_GAIN
+                  if capped_wide and not (problem.page_size or problem.kv_dtype)
+                  else WINDOW_SPLIT_MIN_GAIN)
+    if problem.windowed and wanted < least_gain and not contiguous_window:
         wanted = 1
     splits = max(1, min(wanted, most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
