@@ -9,9 +9,7 @@ against the family case's float32 reference.
 
 The resolutions are the runtime's (``Resolver`` over the shipped sm_90 table, no user
 database), printed with the row each came from; on the CPU ``--plan`` prints them only.
-``--keys``: instead, every shipped contiguous decode row that may transfer (it beat the default
-by ``transfer_margin`` on its own key, on the device it was tuned on) against the default on
-its own key, on this device.
+(``rows_vs_default.py --family decode`` times every shipped row on its own key.)
 """
 
 import argparse
@@ -51,36 +49,11 @@ def resolve(problem, limits):
     return ta.DECODE.normalise(problem, found.schedule), where
 
 
-def own_keys(rounds):
-    """The shipped rows that may transfer, each against the default on its own key."""
-    family = ta.DECODE
-    rows = [r for r in shipped_table("sm_90").rows() if r.family == "decode"
-            and r.default_ms and r.default_ms / r.median_ms >= family.transfer_margin
-            and not r.problem.page_size and not r.problem.windowed]
-    compile_ahead([(r.problem, s) for r in rows
-                   for s in (r.schedule, family.default_schedule("sm_90", r.problem))])
-    print("| key | row | tuned on | gain there | default µs | default ÷ row here |\n"
-          "|---|---|---|---|---|---|")
-    for r in rows:
-        case = family.case(r.problem, 0)
-        fns = {"row": case.launcher(r.schedule),
-               "default": case.launcher(family.default_schedule("sm_90", r.problem))}
-        for name, run in fns.items():
-            case.error(run)  # raises if a schedule is wrong
-        t = {n: x.median_ms for n, x in time_interleaved(fns, rounds=rounds).items()}
-        print(f"| {r.problem.describe()} | {r.schedule.describe()} | {r.device_name} | "
-              f"{r.default_ms / r.median_ms:.3f} | {1e3 * t['default']:.1f} | "
-              f"{t['default'] / t['row']:.3f} |", flush=True)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--plan", action="store_true", help="print the resolutions only")
-    parser.add_argument("--keys", action="store_true", help="the rows on their own keys")
     args = parser.parse_args()
-    if args.keys:
-        return own_keys(args.rounds)
     plans = []
     for b, hq, hkv, sk, dtype in POINTS:
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
@@ -107,7 +80,8 @@ def main():
             for n, t in times.items()))
         summary.append((p.describe(), now_from, limited_from, times))
     print("\n| call | row now | row at a 2x limit | default µs | default ÷ now (speed) | "
-          "default ÷ 2x limit | cuDNN ÷ now | cuDNN ÷ default |\n|---|---|---|---|---|---|---|---|")
+          "default ÷ 2x limit | cuDNN ÷ now | cuDNN ÷ default |\n"
+          "|---|---|---|---|---|---|---|---|")
     for desc, now_from, limited_from, t in summary:
         print(f"| {desc} | {now_from} | {limited_from} | {1e3 * t['default']:.1f} | "
               f"{t['default'] / t['now']:.3f} | {t['default'] / t['2x limit']:.3f} | "

@@ -9,8 +9,8 @@ from ._launch import BLOCK_MAX_ROWS, layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
-           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN",
-           "CAPPED_WINDOW_SPLIT_MIN_GAIN", "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
+           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "CAPPED_WINDOW_SPLIT_MIN_GAIN",
+           "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
@@ -216,8 +216,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     but a window of at most :data:`WINDOW_SPLIT_MIN_KEYS` keys runs one split; a paged or FP8
     window, or one with a softcap above D 128, also splits only where that multiplies its CTAs
     :data:`WINDOW_SPLIT_MIN_GAIN`-fold (over a contiguous 16-bit cache with a softcap,
-    :data:`CAPPED_WINDOW_SPLIT_MIN_GAIN`-fold) and keeps one CTA an SM. A ragged batch (a paged cache's)
-    splits by the same rule, counted on its longest cache: on an H200 (page 64, H 32/8, D 128),
+    :data:`CAPPED_WINDOW_SPLIT_MIN_GAIN`-fold) and keeps one CTA an SM. A ragged batch (a
+    paged cache's) splits by the same rule, counted on its longest cache: on an H200 (page 64, H 32/8, D 128),
     more splits than the rule gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at
     2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B
     16 at 8). Pages whose loads take 16 keys walk 64-key steps split for two waves
