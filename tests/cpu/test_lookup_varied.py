@@ -14,7 +14,7 @@ import pytest
 import tiledattention
 from tiledattention import BACKWARD, DECODE, FORWARD, choose_family, shipped_table, tooling
 from tuner.errors import NotMeasuredError
-from tuner.lookup import (DIMENSIONS, POLICIES, RETIRED_FORWARD_KEYS, SLOWER_THAN_DEFAULT,
+from tuner.lookup import (DIMENSIONS, POLICIES, RETIRED_KEYS, SLOWER_THAN_DEFAULT,
                           VARIED, Policy, dimensions_apart, evaluate, pick, policies_for,
                           regret_table, shape_set, shipped_rows, summarise)
 
@@ -43,9 +43,9 @@ def test_varied_set_is_held_out_and_a_transfer_test(name):
     keys = [k for k in shipped_keys(family)
             if not any(k.to_dict().get(f, None) is not None
                        for f in type(k).VARIANT_FIELDS)]
-    if family is FORWARD:  # the keys the set was drawn around that have left the table since
-        assert not set(RETIRED_FORWARD_KEYS) & set(keys)
-        keys += RETIRED_FORWARD_KEYS
+    # the keys the set was drawn around that have left the table since
+    assert not set(RETIRED_KEYS[name]) & set(keys)
+    keys += RETIRED_KEYS[name]
     assert len(shapes) >= SMALLEST[name]
     assert shape_set("varied", name) == shapes
     assert len({s.problem for s in shapes}) == len(shapes)
@@ -152,8 +152,8 @@ def test_issue_18_rule_takes_the_nearest_row_the_issue_names():
         rows = rows_of(family)
         (shape,) = [s for s in VARIED[name] if s.problem.describe() == text]
         found = [r for r in rows if r.problem.describe() == source]
-        if not found:  # a key that left the table since (RETIRED_FORWARD_KEYS): one row for it
-            (key,) = [k for k in RETIRED_FORWARD_KEYS if k.describe() == source]
+        if not found:  # a key that left the table since (RETIRED_KEYS): a row for it
+            (key,) = [k for k in RETIRED_KEYS[name] if k.describe() == source]
             found = [dataclasses.replace(rows[0], problem=key, schedule=FORWARD.default_schedule(
                 "sm_90", key).replace(tile_m=32))]
             rows = rows + found

@@ -25,7 +25,7 @@ from tiledattention import Problem
 from ..errors import TunerValueError
 
 __all__ = ["HeldOutShape", "FITTING", "REPORT", "VARIED", "SET_NAMES", "DIMENSIONS",
-           "RETIRED_FORWARD_KEYS", "dimensions_apart", "shape_set"]
+           "RETIRED_KEYS", "dimensions_apart", "shape_set"]
 
 
 @dataclass(frozen=True)
@@ -231,18 +231,27 @@ VARIED_BACKWARD: tuple[HeldOutShape, ...] = (  # against issue 31's training-gri
     _p("Gemma-7B training (16 heads, D256)", 1, 16, 16, 4096, 4096, 256, True),  # group
 )
 
-#: Forward keys ``VARIED_FORWARD`` was drawn around (issue 29) that left the shipped sm_90
-#: table on 2026-12-02: their H100 rows ran 0.93-0.97x the default of that day on an H200
-#: (docs/records/benchmarks/prefill/README.md section 7), so those keys and the shapes beside
-#: them now run the default. The set's shapes stay one or two dimensions from a key of the
-#: table or of these.
-RETIRED_FORWARD_KEYS: tuple[Problem, ...] = tuple(
-    Problem(batch=b, heads_q=h, heads_kv=h, seqlen_q=s, seqlen_k=s, head_dim=d, dtype=dtype,
-            causal=causal)
-    for b, h, s, d, causal in ((16, 32, 1024, 64, False), (8, 32, 2048, 64, False),
-                               (16, 16, 1024, 128, True), (8, 16, 2048, 128, True))
-    for dtype in ("bf16", "fp16")
-    if not (causal and (b, dtype) == (16, "fp16")))
+#: Keys the ``VARIED`` sets were drawn around (issue 29; the backward's, issue 31's training
+#: grid) that left the shipped sm_90 table on 2026-12-02: their H100 rows ran 0.87-0.97x the
+#: default of that day on an H200 (docs/records/benchmarks/prefill/README.md section 7,
+#: docs/records/benchmarks/decode/nearest-rows.md), so those keys and the shapes beside them
+#: now run the default. Each set's shapes stay one or two dimensions from a key of the table or
+#: of these (the 34 decode keys that left are not needed for that: the decode set's shapes all
+#: lie that near a key still shipped).
+RETIRED_KEYS: Mapping[str, tuple[Problem, ...]] = MappingProxyType({
+    "forward": tuple(
+        Problem(batch=b, heads_q=h, heads_kv=h, seqlen_q=s, seqlen_k=s, head_dim=d,
+                dtype=dtype, causal=causal)
+        for b, h, s, d, causal in ((16, 32, 1024, 64, False), (8, 32, 2048, 64, False),
+                                   (16, 16, 1024, 128, True), (8, 16, 2048, 128, True))
+        for dtype in ("bf16", "fp16")
+        if not (causal and (b, dtype) == (16, "fp16"))),
+    "decode": (),
+    "backward": tuple(
+        Problem(batch=1, heads_q=hq, heads_kv=hkv, seqlen_q=4096, seqlen_k=4096, head_dim=d,
+                dtype="bf16", causal=True)
+        for hq, hkv, d in ((8, 1, 256), (16, 2, 256), (32, 8, 96))),
+})
 
 #: Issue 29's third held-out set, per family name.
 VARIED: Mapping[str, tuple[HeldOutShape, ...]] = MappingProxyType({
