@@ -152,9 +152,10 @@ def test_issue_18_rule_takes_the_nearest_row_the_issue_names():
         rows = rows_of(family)
         (shape,) = [s for s in VARIED[name] if s.problem.describe() == text]
         found = [r for r in rows if r.problem.describe() == source]
-        if not found:  # a key that left the table since (RETIRED_KEYS): a row for it
+        if not found:  # a key that left the table since (RETIRED_KEYS): a row for it, whose
+            # schedule is no other row's nor the default's
             (key,) = [k for k in RETIRED_KEYS[name] if k.describe() == source]
-            found = [dataclasses.replace(rows[0], problem=key, schedule=FORWARD.default_schedule(
+            found = [dataclasses.replace(rows[0], problem=key, schedule=family.default_schedule(
                 "sm_90", key).replace(tile_m=32))]
             rows = rows + found
         (row,) = found

@@ -9,7 +9,6 @@ from ._policies import (POLICIES, SLOWER_THAN_DEFAULT, STUDY_DEVICE, Policy, as_
                         runtime_resolution, shipped_rows, summarise)
 
 __all__ = ["DIMENSIONS", "FITTING", "REPORT", "RETIRED_KEYS", "SET_NAMES", "VARIED",
-           "HeldOutShape",
-           "dimensions_apart", "shape_set", "POLICIES", "SLOWER_THAN_DEFAULT", "STUDY_DEVICE",
-           "Policy", "as_measured", "evaluate", "pick", "policies_for", "previous_default",
-           "regret_table", "runtime_resolution", "shipped_rows", "summarise"]
+           "HeldOutShape", "dimensions_apart", "shape_set", "POLICIES", "SLOWER_THAN_DEFAULT",
+           "STUDY_DEVICE", "Policy", "as_measured", "evaluate", "pick", "policies_for",
+           "previous_default", "regret_table", "runtime_resolution", "shipped_rows", "summarise"]
