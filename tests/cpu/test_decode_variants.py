@@ -294,9 +294,9 @@ def test_windowed_defaults(batch, left, tile_n, splits, occupancy):
 def test_a_capped_wide_window_splits_two_fold_at_one_cta_an_sm():
     """A softcap above D 128 (Gemma 2's local layers: D 256, softcap 50, a 4096 window) keeps
     one CTA an SM (its split kernel keeps stack on sm_90, more at two) and no fill split, but a
-    window over a contiguous cache splits where that doubles its CTAs
-    (``CAPPED_WINDOW_SPLIT_MIN_GAIN``; H200: 1.52-2.29x one split at 36-64 rows on nine calls),
-    not where one split fills the SMs (96 rows: two splits 0.88x); a paged one keeps the
+    window over a contiguous cache splits as a cache of its keys would, where that doubles its
+    CTAs too (H200: 1.52-2.29x one split at 36-64 rows on nine calls), not where one split fills
+    the SMs (96 rows: two splits 0.88x); a paged one keeps ``WINDOW_SPLIT_MIN_GAIN``'s
     four-fold bound (not measured)."""
     gemma = _problem(batch=8, hq=16, hkv=8, d=256, sk=8192, causal=True, bottom_right=True,
                      left=4095, softcap=50.0)

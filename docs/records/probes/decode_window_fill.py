@@ -13,7 +13,7 @@ in the same run.
                     # splits only where that multiplies its CTAs four-fold: more splits at one
                     # CTA an SM (the capped D 256 split kernel keeps stack at two) and at two
         [--capped-held]  # other capped windows (CAPPED_HELD, D 192 and 256): the default
-                         # (CAPPED_WINDOW_SPLIT_MIN_GAIN) against one split, the rule before
+                         # (split as a cache of the window's keys) against one split, the rule before
 """
 
 import argparse
@@ -46,36 +46,52 @@ CAPPED_HELD = ((7, 16, 8, 10000, 4096, 256), (6, 16, 8, 24000, 4096, 256),
                (9, 8, 4, 15000, 1024, 256))
 
 
+def window_problem(b, hq, hkv, sk, w, d, softcap=0.0):
+    """A decode step of one query row a head over the last ``w`` keys of an ``sk``-key cache."""
+    return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype="bf16", causal=True, bottom_right=True, window_left=w - 1,
+                      window_right=0, softcap=softcap)
+
+
+def print_times(p, default, times, kv_bytes, copy_gbps, errors, candidates, also=""):
+    """The point's line, one line per contender (``paged_defaults.report``), the speeds."""
+    print(f"== {p.describe()} rows {p.batch * p.heads_kv} default {default.describe()}{also}")
+    report(times, kv_bytes, copy_gbps, errors, candidates)
+    base = times["default"].median_ms
+    print("  speed vs default: " + "  ".join(f"{n}={base / t.median_ms:.3f}"
+                                            for n, t in times.items()), flush=True)
+
+
+def capped_candidates(default, rows, held):
+    """The default against 2, 4 and a wave's splits at one CTA an SM and two waves' at two,
+    block-merged; held out, against one split."""
+    if held:
+        return {"default": default, "one split": default.replace(splits=1, combine="kernel")}
+    candidates = {"default": default}
+    for splits in sorted({2, 4, 132 // rows} - {0, 1}):
+        candidates[f"s{splits}"] = default.replace(splits=splits, occupancy=1, combine="block")
+    if 264 // rows > 1:
+        candidates[f"s{264 // rows} occ2"] = default.replace(splits=264 // rows, occupancy=2,
+                                                            combine="block")
+    return candidates
+
+
 def capped(args, copy_gbps):
-    """The capped windows: the default against 2, 4 and a wave's splits at one CTA an SM, and
-    two waves' at two, block-merged (no cuDNN: torch's SDPA has no softcap); held out, the
-    default against one split."""
+    """The capped windows (no cuDNN: torch's SDPA has no softcap), every candidate compiled
+    ahead in one pool."""
+    plans = []
     for b, hq, hkv, sk, w, d in CAPPED_HELD if args.capped_held else CAPPED:
-        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                       dtype="bf16", causal=True, bottom_right=True, window_left=w - 1,
-                       window_right=0, softcap=50.0)
-        case = ta.DECODE.case(p, 0)
+        p = window_problem(b, hq, hkv, sk, w, d, softcap=50.0)
         default = ta.DECODE.default_schedule("sm_90", p)
-        rows = b * hkv
-        candidates = {"default": default}
-        if args.capped_held:
-            candidates["one split"] = default.replace(splits=1, combine="kernel")
-        for splits in () if args.capped_held else sorted({2, 4, 132 // rows}):
-            if splits > 1:
-                candidates[f"s{splits}"] = default.replace(splits=splits, occupancy=1,
-                                                           combine="block")
-        if 264 // rows > 1 and not args.capped_held:
-            candidates[f"s{264 // rows} occ2"] = default.replace(
-                splits=264 // rows, occupancy=2, combine="block")
-        compile_ahead([(p, c) for c in candidates.values()])
+        plans.append((p, w, capped_candidates(default, b * hkv, args.capped_held)))
+    compile_ahead([(p, c) for p, _, candidates in plans for c in candidates.values()])
+    for p, w, candidates in plans:
+        case = ta.DECODE.case(p, 0)
         fns = {name: case.launcher(s) for name, s in candidates.items()}
         errors = {name: case.error(run) for name, run in fns.items()}
         times = time_interleaved(fns, rounds=args.rounds)
-        print(f"== {p.describe()} rows {rows} default {default.describe()}")
-        report(times, rows * w * d * 4, copy_gbps, errors, candidates)
-        base = times["default"].median_ms
-        print("  speed vs default: " + "  ".join(f"{n}={base / t.median_ms:.3f}"
-                                                for n, t in times.items()), flush=True)
+        print_times(p, candidates["default"], times, p.batch * p.heads_kv * w * p.head_dim * 4,
+                    copy_gbps, errors, candidates)
 
 
 def previous(default, rows, window):
@@ -99,9 +115,7 @@ def main():
     if args.capped or args.capped_held:
         return capped(args, copy_gbps)
     for b, hq, hkv, sk, w, d in CHECK if args.check else POINTS:
-        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                       dtype="bf16", causal=True, bottom_right=True, window_left=w - 1,
-                       window_right=0)
+        p = window_problem(b, hq, hkv, sk, w, d)
         flat = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=w,
                           head_dim=d, dtype="bf16", causal=False)
         case, flat_case = ta.DECODE.case(p, 0), ta.DECODE.case(flat, 0)
@@ -124,12 +138,8 @@ def main():
         fns["cuDNN window-length"] = flat_case.baselines()["torch-cudnn"]
         errors["cuDNN window-length"] = float("nan")
         times = time_interleaved(fns, rounds=args.rounds)
-        print(f"== {p.describe()} rows {rows} default {default.describe()} "
-              f"(window-length cache: {flat_default.describe()})")
-        report(times, rows * w * d * 4, copy_gbps, errors, candidates)
-        base = times["default"].median_ms
-        print("  speed vs default: " + "  ".join(f"{n}={base / t.median_ms:.3f}"
-                                                for n, t in times.items()))
+        print_times(p, default, times, rows * w * d * 4, copy_gbps, errors, candidates,
+                    also=f" (window-length cache: {flat_default.describe()})")
 
 
 if __name__ == "__main__":

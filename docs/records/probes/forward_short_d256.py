@@ -9,9 +9,7 @@ against the family case's float32 reference.
         [--causal]  # short causal D 256 at large batches (a survey, seed 26, read B32 H32/8
                     # S527 and B32 H64/8 S1119 at 0.82x and 0.89x cuDNN): the default
                     # (paired query tiles) against its neighbours, compiled ahead in a pool
-        [--causal-lengths]  # causal D 192-256 calls of 400-12000 keys: the default against
-                            # its query tiles unpaired, longest first, key tiles sawtooth (the
-                            # form --causal found faster), and paired with keys sawtooth
+        [--causal-lengths]  # causal D 192-256, 400-12000 keys: lengths_candidates
         [--causal-held]     # the same on calls neither set ran (CAUSAL_HELD)
 """
 
@@ -51,12 +49,15 @@ CAUSAL_HELD = ((48, 16, 16, 700, "fp16", 256), (8, 32, 8, 1900, "bf16", 256),
 
 
 def lengths_candidates(d):
-    """The causal default (paired query tiles) against the unpaired form ``--causal`` found
-    faster at short lengths, and paired tiles walking their keys sawtooth."""
-    return {"default": d,
-            "unpaired sawtooth": d.replace(paired_tiles=False, kv_sawtooth=True,
-                                           longest_first=True),
-            "paired sawtooth": d.replace(kv_sawtooth=True)}
+    """The causal default against paired query tiles (the default before
+    ``CAUSAL_UNPAIRED_KEYS``), unpaired ones longest first with key tiles sawtooth (the form
+    ``--causal`` found faster), and paired ones walking their keys sawtooth; each form once."""
+    forms = {"paired": d.replace(paired_tiles=True, kv_sawtooth=False, longest_first=False),
+             "unpaired sawtooth": d.replace(paired_tiles=False, kv_sawtooth=True,
+                                            longest_first=True),
+             "paired sawtooth": d.replace(paired_tiles=True, kv_sawtooth=True,
+                                          longest_first=False)}
+    return {"default": d, **{name: s for name, s in forms.items() if s != d}}
 
 
 def causal_candidates(d):

@@ -9,7 +9,7 @@ from ._launch import BLOCK_MAX_ROWS, layout
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
-           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN", "CAPPED_WINDOW_SPLIT_MIN_GAIN",
+           "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN",
            "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
@@ -37,15 +37,12 @@ MAX_TILE_M = 64
 #: load of a row's splits), a window over a contiguous 16-bit cache splits, and runs two CTAs an
 #: SM, as a cache of its keys would: on an H200 (docs/records/probes/decode_window_fill.py,
 #: windows of 1k-4k keys, B 6-40) 1.02-1.53x the one CTA an SM and one split of this rule on six
-#: calls; the four-fold gain still bounds paged and FP8 windows (not measured).
+#: calls; so does one with a softcap above D 128 (Gemma 2), at one CTA an SM (its split kernel
+#: keeps stack at two): on an H200 (decode_window_fill.py --capped, windows of 4096 keys, D 256,
+#: cap 50) two and three splits ran 1.64-2.29x one at 40-64 rows. The four-fold gain still
+#: bounds paged and FP8 windows (not measured).
 WINDOW_SPLIT_MIN_KEYS = 512
 WINDOW_SPLIT_MIN_GAIN = 4
-#: A window over a contiguous 16-bit cache with a softcap above D 128 (Gemma 2), whose split
-#: kernel keeps stack at two CTAs an SM, splits at one CTA an SM where that multiplies its CTAs
-#: this many times or more (not four): on an H200 (docs/records/probes/decode_window_fill.py
-#: --capped, windows of 4096 keys, D 256, cap 50) two and three splits ran 1.64-2.29x one at
-#: 40-64 rows, and two splits 0.87-0.88x at 96-128 rows (which one split fills).
-CAPPED_WINDOW_SPLIT_MIN_GAIN = 2
 #: Paged caches whose loads take at most this many keys (pages of 16, or 48: a load never
 #: straddles two pages) walk ``SMALL_PAGE_STEP``-key steps in splits for ``SMALL_PAGE_WAVES``
 #: waves of CTAs. On an H200 (mixed-length paged batches of pages of 16, H 32/8 and 28/4, D 128,
@@ -213,13 +210,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
     window walks 64-key tiles, not 128-key ones), and the splits are counted from those keys;
     over a contiguous 16-bit cache every rule above applies as to a cache of the window's keys,
-    but a window of at most :data:`WINDOW_SPLIT_MIN_KEYS` keys runs one split; a paged or FP8
-    window, or one with a softcap above D 128, also splits only where that multiplies its CTAs
-    :data:`WINDOW_SPLIT_MIN_GAIN`-fold (over a contiguous 16-bit cache with a softcap,
-    :data:`CAPPED_WINDOW_SPLIT_MIN_GAIN`-fold) and keeps one CTA an SM. A ragged batch (a
-    paged cache's) splits by the same rule, counted on its longest cache: on an H200 (page 64, H 32/8, D 128),
-    more splits than the rule gives cost 1.07-1.26x on caches of one length (B 8 at 8k, B 64 at
-    2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B
+    but a window of at most :data:`WINDOW_SPLIT_MIN_KEYS` keys runs one split (with a softcap
+    above D 128, at one CTA an SM); a paged or FP8 window also splits only where that multiplies
+    its CTAs :data:`WINDOW_SPLIT_MIN_GAIN`-fold, and keeps one CTA an SM. A ragged batch (a
+    paged cache's) splits by the same rule, counted on its longest cache: on an H200 (page 64,
+    H 32/8, D 128), more splits than the rule gives cost 1.07-1.26x on caches of one length (B 8
+    at 8k, B 64 at 2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B
     16 at 8). Pages whose loads take 16 keys walk 64-key steps split for two waves
     (:data:`SMALL_PAGE_STEP`; at two CTAs an SM, loads :data:`SMALL_PAGE_LATENCY` steps
     ahead); a paged split that fills the GPU by itself runs two CTAs an SM (with larger pages,
@@ -235,9 +231,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # a softcap above D 128 compiles a split kernel that keeps stack (sm_90: 80-128 bytes at one
     # CTA an SM, 200-280 at two): the rules measured without one leave it as it was
     capped_wide = problem.softcap > 0 and problem.head_dim > 128
-    # a window over a contiguous 16-bit cache runs as a cache of the window's keys would
-    contiguous_window = (problem.windowed and not problem.page_size and not problem.kv_dtype
-                         and not capped_wide)
+    # a window over a contiguous 16-bit cache splits as a cache of the window's keys would (and
+    # runs two CTAs an SM as it would, but for a capped wide head)
+    contiguous = not problem.page_size and not problem.kv_dtype
+    contiguous_window = problem.windowed and contiguous and not capped_wide
     keys = window_keys(problem) if problem.windowed else problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
     if (gen in TWO_CTAS_AN_SM and problem.head_dim <= SHORT_HEAD_DIM
@@ -290,10 +287,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         return base.replace(splits=splits, occupancy=FULL_GPU_OCCUPANCY,
                             k_latency=FP8_K_LATENCY,
                             v_latency=FP8_SMALL_PAGE_V_LATENCY if small_pages else base.v_latency)
-    least_gain = (CAPPED_WINDOW_SPLIT_MIN_GAIN
-                  if capped_wide and not (problem.page_size or problem.kv_dtype)
-                  else WINDOW_SPLIT_MIN_GAIN)
-    if problem.windowed and wanted < least_gain and not contiguous_window:
+    if problem.windowed and not contiguous and wanted < WINDOW_SPLIT_MIN_GAIN:
         wanted = 1
     splits = max(1, min(wanted, most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
