@@ -28,6 +28,12 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   steps one load ahead and against as many splits as two CTAs an SM hold; ``--ctas-held``:
   other such calls (34-51 rows), the default (``FILL_MAX_CTAS_SHARE``) against the cache
   rule's splits at one CTA an SM.
+- ``--short``: caches of 1k-16k keys at few rows (at most a quarter of the SMs), where
+  ``MIN_KEYS_PER_SPLIT`` or the one-CTA-an-SM wave caps the splits: splits of 128, 192 and 256
+  keys at one and two CTAs an SM (``kN occM``), and the default's splits with loads three
+  ahead; ``--short-held``: other such calls (and caches of 24k-64k keys), the default
+  against the rule drawn from that sweep (at most 13 rows, 3000 keys or more: as many splits
+  as two CTAs an SM hold, down to 128 keys a split). Refuted there; not a default.
 """
 
 import argparse
@@ -35,7 +41,8 @@ import sys
 from pathlib import Path
 
 import tiledattention as ta
-from tiledattention.kernels.decode._defaults import FULL_GPU_OCCUPANCY
+from tiledattention.kernels.decode._defaults import FULL_GPU_OCCUPANCY, MAX_MERGED_ROWS
+from tiledattention.kernels.decode._schedule import MAX_SPLITS
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -71,11 +78,19 @@ CTAS = ((12, 28, 4, 47107, 128, "fp16"), (6, 16, 8, 30000, 128), (47, 8, 1, 9000
 CTAS_HELD = ((46, 8, 1, 20000, 128), (17, 24, 3, 15000, 128), (6, 64, 8, 12000, 128),
              (34, 16, 1, 7000, 128, "fp16"), (49, 4, 1, 30000, 128, "fp16"),
              (12, 16, 4, 5000, 128))
+SHORT = ((1, 32, 8, 1024, 128), (1, 32, 8, 2048, 128), (1, 32, 8, 4096, 128),
+         (1, 32, 8, 8192, 128), (1, 32, 8, 16384, 128), (8, 4, 1, 3000, 128),
+         (4, 8, 1, 7000, 128), (2, 28, 4, 5000, 128), (1, 16, 2, 6000, 64),
+         (1, 8, 1, 8192, 128), (3, 16, 4, 4000, 128), (4, 32, 8, 2000, 128))
+SHORT_HELD = ((1, 28, 4, 9000, 128), (1, 64, 8, 6000, 128), (1, 32, 8, 12000, 128, "fp16"),
+              (3, 32, 4, 3500, 128), (2, 8, 2, 20000, 64), (6, 16, 2, 5000, 96, "fp16"),
+              (2, 12, 4, 10000, 128), (1, 40, 8, 24000, 128, "bf16", True),
+              (1, 32, 8, 32768, 128), (1, 8, 1, 65536, 128), (1, 16, 4, 50000, 64))
 D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
        (30, 32, 4, 20000, 64), (110, 32, 1, 4000, 64), (11, 24, 8, 15000, 64))
 
 
-def candidates_for(mode, default, rows, merged):
+def candidates_for(mode, default, rows, merged, keys):
     """The schedules a mode times beside the default."""
     def split(n, **changes):
         return default.replace(splits=n, occupancy=2, combine=merged, **changes)
@@ -97,6 +112,23 @@ def candidates_for(mode, default, rows, merged):
     if mode in ("steps", "held"):
         return {"n128 K2 V2": default.replace(tile_n=128, k_latency=2, v_latency=2),
                 "n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1)}
+    if mode == "short-held":  # the rule drawn from --short
+        n = max(1, min(264 // rows, keys // 128, MAX_SPLITS, MAX_MERGED_ROWS // default.tile_m))
+        return {"k128 occ2": default.replace(splits=n, occupancy=2)}
+    if mode == "short":
+        found = {}
+        for occupancy in (1, 2):
+            for per_split in (128, 192, 256):
+                n = max(1, min(occupancy * 132 // rows, keys // per_split, MAX_SPLITS,
+                               MAX_MERGED_ROWS // default.tile_m))
+                found[f"k{per_split} occ{occupancy}"] = default.replace(
+                    splits=n, occupancy=occupancy, combine=merged if n > 1 else "block")
+        found["K3 V3"] = default.replace(k_latency=3, v_latency=3)
+        unique = {}
+        for name, schedule in found.items():  # one name a schedule, the default's own first
+            if schedule != default and schedule not in unique.values():
+                unique[name] = schedule
+        return unique
     if mode == "depth":
         return {"K3 V3": default.replace(k_latency=3, v_latency=3),
                 "K4 V4": default.replace(k_latency=4, v_latency=4),
@@ -120,12 +152,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
     modes = parser.add_mutually_exclusive_group()
-    for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held"):
+    for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
+                 "short-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
               "steps": STEPS, "held": HELD, "ctas": CTAS,
-              "ctas-held": CTAS_HELD}.get(args.mode, POINTS)
+              "ctas-held": CTAS_HELD, "short": SHORT, "short-held": SHORT_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks
@@ -135,7 +168,7 @@ def main():
         default = ta.DECODE.default_schedule("sm_90", p)
         merged = "block_pdl" if d <= 128 else "block"
         plans.append((p, {"default": default,
-                          **candidates_for(args.mode, default, b * hkv, merged)}))
+                          **candidates_for(args.mode, default, b * hkv, merged, sk)}))
     compile_ahead([(p, s) for p, c in plans for s in c.values()])
     summary = []
     for p, candidates in plans:
