@@ -502,6 +502,39 @@ def test_the_cache_rules_splits_short_of_the_sms_split_for_two_ctas_an_sm():
     assert DECODE.default_schedule("sm_80", base).occupancy == 1
 
 
+def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
+    """Rows past one wave of two CTAs an SM by at most ``PART_WAVE_MAX_SHARE`` of it (265-330
+    on an H200) over a contiguous 16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more take
+    ``PART_WAVE_SPLITS`` splits (1.004-1.142x one on eight held-out calls); a whole wave (264
+    rows), 352 rows and more, short caches, D 256, windows, softcaps, paged and FP8 caches keep
+    one split."""
+    from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
+                                                         PART_WAVE_MAX_SHARE,
+                                                         PART_WAVE_MIN_KEYS, PART_WAVE_SPLITS)
+
+    assert PART_WAVE_SPLITS == 3 and 330 <= PART_WAVE_MAX_SHARE * 264 < 352
+    for batch in (34, 36, 41):  # 272, 288 and 328 rows of H 32/8
+        for head_dim in (64, 96, 128):
+            s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=5000,
+                                                          head_dim=head_dim))
+            assert (s.splits, s.occupancy, s.combine) == (3, FULL_GPU_OCCUPANCY,
+                                                          "block_pdl"), (batch, head_dim, s)
+    base = _problem(batch=34, seqlen_k=5000, head_dim=128)
+    for p in (_problem(batch=33, seqlen_k=5000, head_dim=128),  # 264 rows: one whole wave
+              _problem(batch=44, seqlen_k=5000, head_dim=128),  # 352 rows
+              dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS - 1),
+              dataclasses.replace(base, head_dim=256),
+              dataclasses.replace(base, causal=True, bottom_right=True, window_left=4000,
+                                  window_right=0),
+              dataclasses.replace(base, softcap=30.0),
+              dataclasses.replace(base, causal=True, bottom_right=True, ragged=True,
+                                  page_size=64),
+              dataclasses.replace(base, kv_dtype="e4m3")):
+        s = DECODE.default_schedule("sm_90", p)
+        assert s.splits == 1 and s.occupancy == FULL_GPU_OCCUPANCY, (p.describe(), s)
+    assert DECODE.default_schedule("sm_80", base).splits == 1  # one CTA an SM: no such wave
+
+
 def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
     """Rows above the fill rule's share up to ``DEEP_STEP_MAX_ROWS_SHARE`` of the SMs (89-102
     on an H200: one split, each CTA alone on its SM) over a contiguous 16-bit cache of at least

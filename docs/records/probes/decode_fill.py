@@ -34,6 +34,12 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   ahead; ``--short-held``: other such calls (and caches of 24k-64k keys), the default
   against the rule drawn from that sweep (at most 13 rows, 3000 keys or more: as many splits
   as two CTAs an SM hold, down to 128 keys a split). Refuted there; not a default.
+- ``--waves``: 140-320 rows, where one split fills the GPU and runs two CTAs an SM, but its
+  CTAs fill the 264 places of one wave unevenly (a survey, seed 33, read B48 H28/4 over 6-7k
+  keys, 192 rows, at 0.95-0.97x cuDNN): the sweep's candidates (2-8 splits, and the split
+  count that makes whole waves); ``--waves-above``: 270-600 rows (one wave of two CTAs an SM
+  and part of a second), the same candidates; ``--waves-held``: other calls of 272-320 rows
+  over 3500-20000 keys (D 64-128), the default (``PART_WAVE_SPLITS``) against one split.
 """
 
 import argparse
@@ -86,6 +92,15 @@ SHORT_HELD = ((1, 28, 4, 9000, 128), (1, 64, 8, 6000, 128), (1, 32, 8, 12000, 12
               (3, 32, 4, 3500, 128), (2, 8, 2, 20000, 64), (6, 16, 2, 5000, 96, "fp16"),
               (2, 12, 4, 10000, 128), (1, 40, 8, 24000, 128, "bf16", True),
               (1, 32, 8, 32768, 128), (1, 8, 1, 65536, 128), (1, 16, 4, 50000, 64))
+WAVES = ((48, 28, 4, 6061, 128, "fp16"), (20, 32, 8, 9000, 128), (44, 16, 4, 5000, 128),
+         (25, 32, 8, 7000, 128, "fp16"), (27, 16, 8, 12000, 128), (30, 32, 8, 4000, 128),
+         (70, 16, 4, 3000, 128), (40, 32, 8, 5000, 128))
+WAVES_ABOVE = ((34, 32, 8, 4000, 128), (76, 16, 4, 6000, 128), (44, 32, 8, 3000, 128, "fp16"),
+               (50, 32, 8, 5000, 128), (57, 16, 8, 4000, 128), (130, 16, 4, 2500, 128),
+               (75, 32, 8, 3000, 128), (35, 64, 8, 2000, 128), (9, 128, 32, 8000, 128, "fp16"))
+WAVES_HELD = ((68, 16, 4, 4500, 128), (37, 32, 8, 10000, 128), (10, 120, 30, 5000, 128, "fp16"),
+              (42, 56, 7, 3500, 128), (36, 32, 8, 6000, 96, "fp16"), (40, 32, 8, 5000, 64),
+              (78, 8, 4, 20000, 128), (300, 8, 1, 4000, 128))
 D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
        (30, 32, 4, 20000, 64), (110, 32, 1, 4000, 64), (11, 24, 8, 15000, 64))
 
@@ -112,6 +127,8 @@ def candidates_for(mode, default, rows, merged, keys):
     if mode in ("steps", "held"):
         return {"n128 K2 V2": default.replace(tile_n=128, k_latency=2, v_latency=2),
                 "n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1)}
+    if mode == "waves-held":
+        return {"one split": default.replace(splits=1, combine="block")}
     if mode == "short-held":  # the rule drawn from --short
         n = max(1, min(264 // rows, keys // 128, MAX_SPLITS, MAX_MERGED_ROWS // default.tile_m))
         return {"k128 occ2": default.replace(splits=n, occupancy=2)}
@@ -153,12 +170,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=20)
     modes = parser.add_mutually_exclusive_group()
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
-                 "short-held"):
+                 "short-held", "waves", "waves-above",
+                 "waves-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
               "steps": STEPS, "held": HELD, "ctas": CTAS,
-              "ctas-held": CTAS_HELD, "short": SHORT, "short-held": SHORT_HELD}.get(args.mode, POINTS)
+              "ctas-held": CTAS_HELD, "short": SHORT, "short-held": SHORT_HELD, "waves": WAVES,
+              "waves-above": WAVES_ABOVE, "waves-held": WAVES_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks

@@ -15,7 +15,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
-           "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
+           "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
+           "PART_WAVE_SPLITS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -74,6 +75,17 @@ SMALL_PAGE_LATENCY = 4
 #: 1.11-1.14x on three other such batches (112-120 rows, pages of 32-128). (On a contiguous
 #: cache of one length, 96 rows, two splits ran 0.98x.)
 FULL_GPU_OCCUPANCY = 2
+#: Rows past one wave of two CTAs an SM by at most this share of it (265-330 on an H200), over a
+#: contiguous 16-bit cache of at least ``PART_WAVE_MIN_KEYS`` keys (D <= 128, no window or
+#: softcap), take ``PART_WAVE_SPLITS`` splits: one split leaves the rows past the wave to run
+#: alone at the end. On an H200 (docs/records/probes/decode_fill.py ``--waves-above``, B 9-76, H
+#: 16/4, 32/8 and 128/32, 3000-8000 keys) three splits ran 1.037-1.100x one on five calls of
+#: 272-320 rows (two 1.004-1.099x, four 1.031-1.090x); at 2000 keys 0.988x, at 352 rows 0.98x,
+#: and from 400 rows (and below 264, ``--waves``: 160-240 rows) every split count lost
+#: (0.77-0.98x).
+PART_WAVE_MAX_SHARE = 1.25
+PART_WAVE_MIN_KEYS = 3000
+PART_WAVE_SPLITS = 3
 #: A contiguous 16-bit cache whose rows (B x H_kv) leave more than a third of the SMs idle at one
 #: split, and fewer than one split a CTA an SM would fill, splits into as many as two CTAs an SM
 #: hold at once (``FULL_GPU_OCCUPANCY``). On an H200 (docs/records/probes/decode_fill.py, bf16,
@@ -197,7 +209,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     loads all of a row's splits at once (:data:`DEFAULT_COMBINE`), on Hopper launched as a
     programmatic dependent where the split kernel so compiled does not spill and it measured
     faster (:data:`PDL_MAX_HEAD_DIM`; on an H100 the stepping merge so launched measured 0-5%
-    slower at S_k = 32k-128k). Where one split leaves a third of the SMs or more idle (and two
+    slower at S_k = 32k-128k); rows just past one wave of two CTAs an SM split in three
+    (:data:`PART_WAVE_MAX_SHARE`). Where one split leaves a third of the SMs or more idle (and two
     would not give each SM a CTA), a contiguous cache long enough to split splits for two CTAs
     an SM instead (:data:`FILL_MAX_ROWS_SHARE`; with 256-key steps wherever one split leaves an
     SM idle; not with a softcap above D 128, whose split kernel keeps stack); so does one whose
@@ -263,6 +276,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         occupancy = FULL_GPU_OCCUPANCY
         if problem.page_size and not small_pages:
             k_latency = 4
+        if (contiguous and not (problem.windowed or problem.softcap or problem.ragged)
+                and problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
+                and FULL_GPU_OCCUPANCY * sms < rows
+                <= PART_WAVE_MAX_SHARE * FULL_GPU_OCCUPANCY * sms):
+            wanted = PART_WAVE_SPLITS  # the rows past one wave would run alone at the end
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     elif (two_ctas and most_splits > 1 and not problem.ragged and not problem.kv_dtype
