@@ -39,7 +39,11 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   keys, 192 rows, at 0.95-0.97x cuDNN): the sweep's candidates (2-8 splits, and the split
   count that makes whole waves); ``--waves-above``: 270-600 rows (one wave of two CTAs an SM
   and part of a second), the same candidates; ``--waves-held``: other calls of 272-320 rows
-  over 3500-20000 keys (D 64-128), the default (``PART_WAVE_SPLITS``) against one split.
+  over 3500-20000 keys (D 64-128), the default (``PART_WAVE_SPLITS``) against one split;
+  ``--band``: 160-256 rows (one wave at two CTAs an SM, where no split count helped), deeper
+  loads and 256-key steps at one split.
+
+``--host`` times isolated calls with the host's time counted instead of GPU time (any mode).
 """
 
 import argparse
@@ -127,6 +131,13 @@ def candidates_for(mode, default, rows, merged, keys):
     if mode in ("steps", "held"):
         return {"n128 K2 V2": default.replace(tile_n=128, k_latency=2, v_latency=2),
                 "n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1)}
+    if mode == "band":
+        return {"K4 V4": default.replace(k_latency=4, v_latency=4),
+                "occ1": default.replace(occupancy=1),
+                "n256 K1 V1": default.replace(tile_n=256, k_latency=1, v_latency=1),
+                "n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4),
+                "occ1 n256 K1 V1": default.replace(occupancy=1, tile_n=256, k_latency=1,
+                                                   v_latency=1)}
     if mode == "waves-held":
         return {"one split": default.replace(splits=1, combine="block")}
     if mode == "short-held":  # the rule drawn from --short
@@ -168,16 +179,19 @@ def candidates_for(mode, default, rows, merged, keys):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--host", action="store_true",
+                        help="isolated calls with the host's time counted (default: GPU time)")
     modes = parser.add_mutually_exclusive_group()
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
-                 "waves-held"):
+                 "waves-held", "band"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
               "steps": STEPS, "held": HELD, "ctas": CTAS,
               "ctas-held": CTAS_HELD, "short": SHORT, "short-held": SHORT_HELD, "waves": WAVES,
-              "waves-above": WAVES_ABOVE, "waves-held": WAVES_HELD}.get(args.mode, POINTS)
+              "waves-above": WAVES_ABOVE, "waves-held": WAVES_HELD,
+              "band": WAVES[:6]}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks
@@ -200,7 +214,7 @@ def main():
         if baseline is not None:
             fns["torch-cudnn"] = baseline
             errors["torch-cudnn"] = float("nan")
-        times = time_interleaved(fns, rounds=args.rounds)
+        times = time_interleaved(fns, rounds=args.rounds, host=args.host)
         print(f"== {p.describe()} rows {rows} default {default.describe()}")
         report(times, rows * sk * d * 2 * 2, copy_gbps, errors, candidates)
         base = times["default"].median_ms
