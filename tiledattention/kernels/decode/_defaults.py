@@ -82,7 +82,8 @@ FULL_GPU_OCCUPANCY = 2
 #: 16/4, 32/8 and 128/32, 3000-8000 keys) three splits ran 1.037-1.100x one on five calls of
 #: 272-320 rows (two 1.004-1.099x, four 1.031-1.090x); at 2000 keys 0.988x, at 352 rows 0.98x,
 #: and from 400 rows (and below 264, ``--waves``: 160-240 rows) every split count lost
-#: (0.77-0.98x).
+#: (0.68-0.99x). Held out (``--waves-held``, eight calls of 272-320 rows, D 64-128, 3500-20000
+#: keys): 1.004-1.142x, and 1.026-1.100x as isolated calls with the host's time counted.
 PART_WAVE_MAX_SHARE = 1.25
 PART_WAVE_MIN_KEYS = 3000
 PART_WAVE_SPLITS = 3
