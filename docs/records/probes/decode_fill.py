@@ -1,12 +1,12 @@
-"""Decode batches of fewer (batch x K/V head) rows than SMs, contiguous caches (issue 49: every
-GPU-bound decode shape at least 1.0x cuDNN; a survey found B24 H28/4 over 37k keys, 96 rows, at
-0.91x): the sm_90 default (one split: ``132 // rows``) against more splits at two CTAs an SM,
-merged as the default merges (the block merge, as a dependent launch on Hopper), cuDNN
-beside. Interleaved, the L2 flushed before each sample; shares of the device copy rate
+"""Decode batches over contiguous caches by their (batch x K/V head) rows against the SMs
+(issue 49: every GPU-bound decode shape at least 1.0x cuDNN; a survey found B24 H28/4 over 37k
+keys, 96 rows, at 0.91x): the sm_90 default against other split counts (at two CTAs an SM
+merged as the default merges: the block merge, as a dependent launch on Hopper) and other
+forms of its split kernel, cuDNN beside. Interleaved, the L2 flushed before each sample; shares of the device copy rate
 measured in the same run, on the K/V bytes read once.
 
     source .devtk/setup.sh && python3 docs/records/probes/decode_fill.py [--rounds 20]
-        [--check | --long | --d64]
+        [--check | --long | --d64 | --depth | ... | --waves-held | --band] [--host]
 
 Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls);
 ``sN occ1``: at one. ``fill``: the splits that make the CTAs closest to whole waves of two an SM.
@@ -40,8 +40,8 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   count that makes whole waves); ``--waves-above``: 270-600 rows (one wave of two CTAs an SM
   and part of a second), the same candidates; ``--waves-held``: other calls of 272-320 rows
   over 3500-20000 keys (D 64-128), the default (``PART_WAVE_SPLITS``) against one split;
-  ``--band``: 160-256 rows (one wave at two CTAs an SM, where no split count helped), deeper
-  loads and 256-key steps at one split.
+  ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
+  split with loads four ahead, 64- and 256-key steps, or at one CTA an SM.
 
 ``--host`` times isolated calls with the host's time counted instead of GPU time (any mode).
 """
