@@ -2,8 +2,8 @@
 (issue 49: every GPU-bound decode shape at least 1.0x cuDNN; a survey found B24 H28/4 over 37k
 keys, 96 rows, at 0.91x): the sm_90 default against other split counts (at two CTAs an SM
 merged as the default merges: the block merge, as a dependent launch on Hopper) and other
-forms of its split kernel, cuDNN beside. Interleaved, the L2 flushed before each sample; shares of the device copy rate
-measured in the same run, on the K/V bytes read once.
+forms of its split kernel, cuDNN beside. Interleaved, the L2 flushed before each sample;
+shares of the device copy rate measured in the same run, on the K/V bytes read once.
 
     source .devtk/setup.sh && python3 docs/records/probes/decode_fill.py [--rounds 20]
         [--check | --long | --d64 | --depth | ... | --waves-held | --band] [--host]
