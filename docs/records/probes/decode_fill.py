@@ -41,7 +41,9 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   and part of a second), the same candidates; ``--waves-held``: other calls of 272-320 rows
   over 3500-20000 keys (D 64-128), the default (``PART_WAVE_SPLITS``) against one split;
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
-  split with loads four ahead, 64- and 256-key steps, or at one CTA an SM.
+  split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
+  other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
+  ``--band`` left, not yet run).
 
 ``--host`` times isolated calls with the host's time counted instead of GPU time (any mode).
 """
@@ -105,6 +107,9 @@ WAVES_ABOVE = ((34, 32, 8, 4000, 128), (76, 16, 4, 6000, 128), (44, 32, 8, 3000,
 WAVES_HELD = ((68, 16, 4, 4500, 128), (37, 32, 8, 10000, 128), (10, 120, 30, 5000, 128, "fp16"),
               (42, 56, 7, 3500, 128), (36, 32, 8, 6000, 96, "fp16"), (40, 32, 8, 5000, 64),
               (78, 8, 4, 20000, 128), (300, 8, 1, 4000, 128))
+BAND_HELD = ((22, 32, 8, 8000, 128), (45, 16, 4, 5000, 128, "fp16"), (26, 64, 8, 3500, 128),
+             (60, 28, 4, 10000, 128), (29, 16, 8, 6000, 96, "fp16"), (240, 8, 1, 4000, 128),
+             (32, 32, 8, 16000, 128))
 D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
        (30, 32, 4, 20000, 64), (110, 32, 1, 4000, 64), (11, 24, 8, 15000, 64))
 
@@ -138,6 +143,8 @@ def candidates_for(mode, default, rows, merged, keys):
                 "n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4),
                 "occ1 n256 K1 V1": default.replace(occupancy=1, tile_n=256, k_latency=1,
                                                    v_latency=1)}
+    if mode == "band-held":
+        return {"n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4)}
     if mode == "waves-held":
         return {"one split": default.replace(splits=1, combine="block")}
     if mode == "short-held":  # the rule drawn from --short
@@ -184,14 +191,14 @@ def main():
     modes = parser.add_mutually_exclusive_group()
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
-                 "waves-held", "band"):
+                 "waves-held", "band", "band-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
               "steps": STEPS, "held": HELD, "ctas": CTAS,
               "ctas-held": CTAS_HELD, "short": SHORT, "short-held": SHORT_HELD, "waves": WAVES,
               "waves-above": WAVES_ABOVE, "waves-held": WAVES_HELD,
-              "band": WAVES[:6]}.get(args.mode, POINTS)
+              "band": WAVES[:6], "band-held": BAND_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks
