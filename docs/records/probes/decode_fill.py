@@ -34,7 +34,7 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   ahead; ``--short-held``: other such calls (and caches of 24k-64k keys), the default
   against the rule drawn from that sweep (at most 13 rows, 3000 keys or more: as many splits
   as two CTAs an SM hold, down to 128 keys a split). Refuted there; not a default.
-- ``--waves``: 140-320 rows, where one split fills the GPU and runs two CTAs an SM, but its
+- ``--waves``: 160-320 rows, where one split fills the GPU and runs two CTAs an SM, but its
   CTAs fill the 264 places of one wave unevenly (a survey, seed 33, read B48 H28/4 over 6-7k
   keys, 192 rows, at 0.95-0.97x cuDNN): the sweep's candidates (2-8 splits, and the split
   count that makes whole waves); ``--waves-above``: 270-600 rows (one wave of two CTAs an SM
