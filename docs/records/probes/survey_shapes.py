@@ -2,7 +2,10 @@
 pick: batch, heads, grouping, head dim, dtype, odd lengths, masks), printed as `tiledtune
 bench --problem` arguments, one family a line:
 
-    python3 docs/records/probes/survey_shapes.py [--seed 7] [--count 12]
+    python3 docs/records/probes/survey_shapes.py [--seed 7] [--count 12] [--scale 1]
+
+(``--scale``: the forward's and backward's work budgets a call, times this: 0.1 draws batches a
+tenth as large, calls of ~0.1-4 ms where 1 draws ~1-40 ms.)
 
 then on the GPU machine, for each printed line ``FAMILY ARGS``:
 
@@ -27,10 +30,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--count", type=int, default=12)
+    parser.add_argument("--scale", type=float, default=1.0)
     args = parser.parse_args()
     rnd = random.Random(args.seed)
     lines = {"forward": [], "backward": [], "decode": []}
-    for family, budget in (("forward", 4e12), ("backward", 1.5e12)):
+    for family, budget in (("forward", 4e12 * args.scale), ("backward", 1.5e12 * args.scale)):
         for _ in range(args.count):
             hq, hkv = rnd.choice(GROUPS)
             d = rnd.choice((64, 80, 96, 128, 128, 256))
