@@ -20,6 +20,7 @@ from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compile_ahead import compile_ahead  # noqa: E402
+from forward_short_d256 import checked_launchers  # noqa: E402
 
 #: (B, H_q, H_kv, S, dtype, D): causal
 POINTS = ((21, 24, 3, 1232, "bf16", 128), (8, 32, 8, 2048, "bf16", 128),
@@ -69,14 +70,7 @@ def main():
     summary = []
     for p, d, forms in plans:
         case = ta.FORWARD.case(p, 0)
-        fns, errors = {}, {}
-        for name, s_ in forms.items():
-            try:
-                fns[name] = case.launcher(s_)
-                errors[name] = case.error(fns[name])
-            except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
-                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
-                fns.pop(name, None)
+        fns, errors = checked_launchers(case, forms)
         fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
         times = time_interleaved(fns, rounds=args.rounds, host=args.host)
         flops = 2 * p.batch * p.heads_q * p.seqlen_q * p.seqlen_k * p.head_dim

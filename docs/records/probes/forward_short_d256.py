@@ -75,6 +75,21 @@ def causal_candidates(d):
             "K2": d.replace(k_latency=2)}
 
 
+def checked_launchers(case, candidates):
+    """``(launchers, errors)`` of the named schedules on ``case``: each one's launch and its
+    error against the case's float32 reference; a schedule that fails is printed and left
+    out."""
+    fns, errors = {}, {}
+    for name, schedule in candidates.items():
+        try:
+            fns[name] = case.launcher(schedule)
+            errors[name] = case.error(fns[name])
+        except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
+            print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
+            fns.pop(name, None)
+    return fns, errors
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
@@ -116,14 +131,7 @@ def main():
             candidates = {"default": d, "sawtooth": d.replace(kv_sawtooth=not d.kv_sawtooth)}
         elif pick is not None:
             candidates = pick(d)
-        fns, errors = {}, {}
-        for name, s_ in candidates.items():
-            try:
-                fns[name] = case.launcher(s_)
-                errors[name] = case.error(fns[name])
-            except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
-                print(f"  {name}: {type(exc).__name__}: {str(exc)[:120]}")
-                fns.pop(name, None)
+        fns, errors = checked_launchers(case, candidates)
         fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
         times = time_interleaved(fns, rounds=args.rounds)
         flops = 4 * b * hq * s * s * dim / (2 if causal else 1)
