@@ -3,7 +3,8 @@ default call (split kernel and merge), its split kernel alone (the same plan wit
 launched), a streaming read of the same K/V bytes at the split kernel's grid and occupancy
 (``read_floor.stream_read``, 128-key tiles two loads ahead as the decode walks them), and the
 fastest read form of ``read_floor.py`` (264 CTAs, tiles strided over the grid); then the same
-with as many splits as two CTAs an SM hold (every SM busy; at most the merge's cap). Interleaved, L2 flushed, GPU time.
+with as many splits as two CTAs an SM hold (every SM busy; at most the merge's cap).
+Interleaved, L2 flushed, GPU time.
 
     source .devtk/setup.sh && python3 docs/records/probes/decode_parts.py [--rounds 20]
 """
@@ -62,11 +63,11 @@ def main():
             grid = schedule.splits * rows
             tiles = b * hkv * sk // 128
             out = torch.empty(grid, WIDTH, device="cuda")
-            kernel = form_kernel(128, 2, schedule.occupancy)
+            kernel = form_kernel(schedule.occupancy)
             fns[f"read at its grid{label}"] = (
                 lambda kernel=kernel, out=out, grid=grid, tiles=tiles:
                 ct.launch(stream, (grid, 1, 1), kernel, (k, v, out, tiles, 128, 2, False)))
-        best = form_kernel(128, 4, 2)
+        best = form_kernel(2)
         out = torch.empty(264, WIDTH, device="cuda")
         fns["read, fastest form"] = lambda: ct.launch(stream, (264, 1, 1), best,
                                                       (k, v, out, b * hkv * sk // 128, 128, 4,

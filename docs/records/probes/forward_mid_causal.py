@@ -85,7 +85,8 @@ def main():
                         base / times[best].median_ms, cudnn / times[best].median_ms,
                         {n: base / t.median_ms for n, t in times.items()
                          if n not in ("default", "torch-cudnn")}))
-    print("\n| call | default µs | cuDNN ÷ default | best | ÷ default (speed) | cuDNN ÷ best |\n"
+    print("\n| call | default µs | cuDNN ÷ default | best | ÷ default (speed) | "
+          "cuDNN ÷ best |\n"
           "|---|---|---|---|---|---|")
     for desc, us, vs, best, gain, best_vs, _ in summary:
         print(f"| {desc} | {us:.1f} | {vs:.3f} | {best} | {gain:.3f} | {best_vs:.3f} |")

@@ -3,14 +3,15 @@
 kernel with no attention in it: each CTA walks its share of the K and V tiles (contiguous, as a
 decode split does; or strided over the grid), adds each tile's rows into a float32 tile by a
 matrix product with ones (the tensor cores read the tiles from shared memory, as a decode's
-products do) and stores one 128-wide row of sums. Its fastest form over tile rows, loads in flight, CTAs an SM and walk is
-the floor a cuTile decode of those bytes could reach; it is timed beside the default decode,
+products do) and stores one 128-wide row of sums. Its fastest form over tile rows, loads in
+flight, CTAs an SM and walk is the floor a cuTile decode of those bytes could reach; it is
+timed beside the default decode,
 cuDNN and a copy of the bytes, interleaved, L2 flushed, GPU time (host hidden). Shares are of
 the 1 GiB copy rate of the same run, on the K/V bytes read once (the copy's on its bytes read +
 written).
 
     source .devtk/setup.sh && python3 docs/records/probes/read_floor.py [--rounds 20]
-    python3 docs/records/probes/read_floor.py --export [--sass]   # CPU: the forms compile for sm_90
+    python3 docs/records/probes/read_floor.py --export [--sass]   # CPU: the forms, for sm_90
 """
 
 import argparse
@@ -56,14 +57,16 @@ def stream_read(k, v, out, tiles: int, ROWS: ConstInt, LATENCY: ConstInt, STRIDE
     ct.store(out, (c, 0), ct.sum(acc, axis=0, keepdims=True) * (1.0 / 16))
 
 
-def form_kernel(rows, latency, occupancy):
-    del rows, latency  # (constants of the launch)
+def form_kernel(occupancy):
+    """``stream_read`` compiled for ``occupancy`` CTAs an SM (its other form choices are
+    constants of the launch)."""
     return stream_read.replace_hints(occupancy=occupancy)
 
 
 def export_all(sass):
     """Compile every form for sm_90 on the CPU (no GPU): a typo costs no device time; with
-    ``sass`` (``cuobjdump`` on PATH) count spills, products and TMA loads in each."""
+    ``sass`` (``cuobjdump`` and ``nvdisasm`` on PATH) count stack stores, global loads and
+    TMA loads in each."""
     from tiledattention.core._compile import array_constraint, export_cubin
 
     kv = array_constraint("bf16", (1, 1, 8 * 8192, WIDTH))
@@ -72,7 +75,7 @@ def export_all(sass):
     tiles = ctc.ScalarConstraint(ct.int32)
     for rows, latency, occupancy in FORMS:
         for strided in (False, True):
-            result = export_cubin(form_kernel(rows, latency, occupancy),
+            result = export_cubin(form_kernel(occupancy),
                                   [kv, kv, out, tiles, rows, latency, strided], "sm_90",
                                   f"stream_read {rows} {latency} {occupancy} {strided}")
             print(f"rows {rows} latency {latency} occupancy {occupancy} strided {strided}: "
@@ -124,7 +127,7 @@ def main():
                 grid = occupancy * 132
                 tiles = k.shape[2] // rows
                 out = torch.full((grid, WIDTH), float("nan"), device="cuda")
-                kernel = form_kernel(rows, latency, occupancy)
+                kernel = form_kernel(occupancy)
 
                 def run(kernel=kernel, out=out, grid=grid, tiles=tiles, rows=rows,
                         latency=latency, strided=strided):
