@@ -2,7 +2,7 @@
 default call (split kernel and merge), its split kernel alone (the same plan with no merge
 launched), a streaming read of the same K/V bytes at the split kernel's grid and occupancy
 (``read_floor.stream_read``, 128-key tiles two loads ahead as the decode walks them), and the
-fastest read form of ``read_floor.py`` (264 CTAs, tiles strided over the grid); then the same
+fastest read form of ``read_floor.py`` (two CTAs an SM, tiles strided over the grid); then the same
 with as many splits as two CTAs an SM hold (every SM busy; at most the merge's cap).
 Interleaved, L2 flushed, GPU time.
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import cuda.tile as ct
 
 import tiledattention as ta
+from tiledattention.core._device import device_info
 from tiledattention.kernels.decode._defaults import MAX_MERGED_ROWS
 from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
 from tiledattention.kernels.decode._schedule import MAX_SPLITS
@@ -38,6 +39,7 @@ def main():
     args = parser.parse_args()
     copy_gbps = copy_rate()
     stream = torch.cuda.current_stream()
+    sms = device_info(0).sm_count
     table = []
     for b, hq, hkv, sk in POINTS:
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
@@ -45,7 +47,7 @@ def main():
         case = ta.DECODE.case(p, 0)
         default = ta.DECODE.default_schedule("sm_90", p)
         rows = b * hkv
-        wave = default.replace(splits=min(2 * 132 // rows, MAX_SPLITS,
+        wave = default.replace(splits=min(2 * sms // rows, MAX_SPLITS,
                                           MAX_MERGED_ROWS // default.tile_m), occupancy=2)
         kv_bytes = 2 * b * hkv * sk * WIDTH * 2
         k = case.k.reshape(1, 1, b * hkv * sk, WIDTH)  # (contiguous [B, H_kv, S, D])
@@ -68,8 +70,8 @@ def main():
                 lambda kernel=kernel, out=out, grid=grid, tiles=tiles:
                 ct.launch(stream, (grid, 1, 1), kernel, (k, v, out, tiles, 128, 2, False)))
         best = form_kernel(2)
-        out = torch.empty(264, WIDTH, device="cuda")
-        fns["read, fastest form"] = lambda: ct.launch(stream, (264, 1, 1), best,
+        out = torch.empty(2 * sms, WIDTH, device="cuda")
+        fns["read, fastest form"] = lambda: ct.launch(stream, (2 * sms, 1, 1), best,
                                                       (k, v, out, b * hkv * sk // 128, 128, 4,
                                                        True))
         errors = {name: case.error(fns[name]) for name in ("whole", "whole wave")}

@@ -10,7 +10,7 @@ the 1 GiB copy rate on the valid bytes read once (the read loads whole pages: at
 sequence more).
 
     source .devtk/setup.sh && python3 docs/records/probes/paged_read_floor.py [--rounds 15]
-    python3 docs/records/probes/paged_read_floor.py --export   # CPU: the forms compile for sm_90
+    python3 docs/records/probes/paged_read_floor.py --export   # CPU: the forms, for sm_90
 """
 
 import argparse
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import cuda.tile as ct
 
+sys.path.insert(0, str(Path(__file__).parent))
+from read_floor import WIDTH  # noqa: E402
+
 ConstInt = ct.Constant[int]
-WIDTH = 128
 #: (loads in flight, CTAs an SM)
 FORMS = ((4, 1), (4, 2), (8, 2))
 
@@ -75,9 +77,9 @@ def main():
 
     import tiledattention as ta
     from tiledattention.core import _case
+    from tiledattention.core._device import device_info
     from tuner.measure import time_interleaved
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from compile_ahead import compile_ahead  # noqa: E402
     from paged_balance import HELD_POINTS, MIXES  # noqa: E402
     from paged_defaults import copy_rate  # noqa: E402
@@ -92,6 +94,7 @@ def main():
 
     copy_gbps = copy_rate()
     stream = torch.cuda.current_stream()
+    sms = device_info(0).sm_count
     original = _case.paged_lengths
     table = []
     for b, hq, hkv, sk, page in HELD_POINTS:
@@ -110,7 +113,7 @@ def main():
             error = case.error(fns["default decode"])
             reference = sum(x[flat.long()].float().sum((0, 1)) for x in (k, v))  # [H_kv, D]
             for latency, occupancy in FORMS:
-                splits = occupancy * 132 // hkv
+                splits = occupancy * sms // hkv
                 out = torch.full((hkv * splits, WIDTH), float("nan"), device="cuda")
                 kernel = stream_pages.replace_hints(occupancy=occupancy)
 

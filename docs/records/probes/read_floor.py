@@ -5,10 +5,9 @@ decode split does; or strided over the grid), adds each tile's rows into a float
 matrix product with ones (the tensor cores read the tiles from shared memory, as a decode's
 products do) and stores one 128-wide row of sums. Its fastest form over tile rows, loads in
 flight, CTAs an SM and walk is the floor a cuTile decode of those bytes could reach; it is
-timed beside the default decode,
-cuDNN and a copy of the bytes, interleaved, L2 flushed, GPU time (host hidden). Shares are of
-the 1 GiB copy rate of the same run, on the K/V bytes read once (the copy's on its bytes read +
-written).
+timed beside the default decode, cuDNN and a copy of the bytes, interleaved, L2 flushed, GPU
+time (host hidden). Shares are of the 1 GiB copy rate of the same run, on the K/V bytes read
+once (the copy's on its bytes read + written).
 
     source .devtk/setup.sh && python3 docs/records/probes/read_floor.py [--rounds 20]
     python3 docs/records/probes/read_floor.py --export [--sass]   # CPU: the forms, for sm_90
@@ -16,6 +15,7 @@ written).
 
 import argparse
 import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,8 +85,8 @@ def export_all(sass):
                 path.write_bytes(result.cubin)
                 text = subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True,
                                       text=True).stdout
-                print(f"  STL {text.count('STL')} LDG {text.count('LDG')} "
-                      f"UTMALDG {text.count('UTMALDG')}")
+                ops = re.findall(r"\b(STL|LDG|UTMALDG)\b", text)
+                print("  " + " ".join(f"{op} {ops.count(op)}" for op in ("STL", "LDG", "UTMALDG")))
 
 
 def main():
@@ -101,6 +101,7 @@ def main():
     import torch
 
     import tiledattention as ta
+    from tiledattention.core._device import device_info
     from tuner.measure import time_interleaved
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -108,6 +109,7 @@ def main():
 
     copy_gbps = copy_rate()
     stream = torch.cuda.current_stream()
+    sms = device_info(0).sm_count
     table = []
     for hq, hkv, sk in POINTS:
         p = ta.Problem(batch=1, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
@@ -124,7 +126,7 @@ def main():
         fns["copy of the bytes"] = lambda: both_dst.copy_(both)
         for rows, latency, occupancy in FORMS:
             for strided in (False, True):
-                grid = occupancy * 132
+                grid = occupancy * sms
                 tiles = k.shape[2] // rows
                 out = torch.full((grid, WIDTH), float("nan"), device="cuda")
                 kernel = form_kernel(occupancy)
