@@ -40,15 +40,13 @@ from typing import Any, Iterator, Sequence
 
 from ._bundles import (any_length, bundle_paths, constants_key, convention_of, current_entries,
                        kernel_name, param_specs, read_member, serves)
-from ._direct import DirectLaunch, count, record_answer
 from ._lazy import lazy_module
 from ..errors import CompileRequiredError, InputValueError, LaunchOutOfMemoryError
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["ANSWERING_RELEASES", "ENV_JIT", "Image", "ShippedCompile", "compiles", "jit_allowed",
-           "launch", "launch_path", "prepared_launcher", "recording", "reset", "served",
-           "shipped_images"]
+           "launch", "launch_path", "recording", "reset", "served", "shipped_images"]
 
 ENV_JIT = "TILEDATTENTION_JIT"
 #: cuda-tile releases whose launcher takes a ``_compile`` answer as :class:`ShippedCompile`
@@ -148,9 +146,7 @@ class ShippedCompile:
                  if ours else None)
         if image is not None:
             self.served += 1
-            answer = image.cubin, image.symbol, None, ()
-            record_answer(self.kernel, params, answer)
-            return answer
+            return image.cubin, image.symbol, None, ()
         if not self.jit:
             raise CompileRequiredError(
                 f"{kernel_name(self.kernel)} has no shipped cubin for this launch on {arch} and "
@@ -158,9 +154,7 @@ class ShippedCompile:
                 f"problem or schedule), or unset {ENV_JIT}")
         if not ours:
             return self.original(signature, context, compute_capability)
-        answer = self.compile_length_free(signature, context, capability)
-        record_answer(self.kernel, params, answer)  # (what a prepared call launches directly)
-        return answer
+        return self.compile_length_free(signature, context, capability)
 
     def compile_length_free(self, signature: Any, context: Any, capability: tuple) -> tuple:
         """cuTile's compile of ``signature`` with no assumption on its arrays' lengths
@@ -283,31 +277,6 @@ def launch(stream: Any, grid: tuple, kernel: Any, args: Sequence[Any], **options
             f"CUDA out of memory. The GPU has no memory left to launch tiledattention's "
             f"{name} kernel (grid {tuple(grid)}); free some (torch.cuda.empty_cache() returns "
             f"torch's cached blocks) or make the call smaller") from exc
-
-
-def prepared_launcher(grid: tuple, kernel: Any, pdl: bool = False) -> Any:
-    """The launch of ``kernel`` on ``grid`` for a prepared call: ``launch(stream, args)``.
-    The first goes through :func:`launch` (which compiles or finds the kernel's code), the
-    next ones straight to the driver through a :class:`~._direct.DirectLaunch` made from it
-    where one can be (else :func:`launch` again); every call's arrays must have the shapes,
-    strides and dtypes of the first's. ``stream``: a raw CUDA stream (an int) or a torch
-    stream; ``pdl``: a programmatic dependent launch."""
-    options = {"programmatic_dependent_launch": True} if pdl else {}
-    made: list = []  # [the DirectLaunch, or None] once the first launch ran
-
-    def run(stream: Any, args: Sequence[Any]) -> None:
-        if made:
-            direct = made[0]
-            if direct is not None and direct(stream if isinstance(stream, int)
-                                             else stream.cuda_stream, args):
-                count("direct")
-                return
-            count("fallback")
-            launch(stream, grid, kernel, args, **options)
-            return
-        launch(stream, grid, kernel, args, **options)
-        made.append(DirectLaunch.make(grid, kernel, args, pdl))
-    return run
 
 
 def launch_path(family: Any, problem: Any, schedule: Any, arch: str) -> str:

@@ -305,16 +305,17 @@ class BackwardFamily(Family):
                        allocate_scratch(plan, q.device))
             return run
         # what launch() enqueues, its argument tuples' constant tails built here: a warm call
-        # runs no checks and no scratch dict (the kept call validated its arrays), and after
-        # its first call goes straight to the driver (_aot.prepared_launcher)
+        # runs no checks and no scratch dict (the kept call validated its arrays)
         dq_tail, dkdv_tail = argument_tails(plan)
-        launch_dq = _aot.prepared_launcher(plan.dq_grid, plan.dq)
-        launch_dkdv = _aot.prepared_launcher(plan.dkdv_grid, plan.dkdv)
+        dq_grid, dkdv_grid, dq_kernel, dkdv_kernel = (plan.dq_grid, plan.dkdv_grid, plan.dq,
+                                                      plan.dkdv)
+        enqueue = _aot.launch
 
         def run_unsplit(stream, q, k, v, out, grad_out, lse, delta, grads) -> None:
             dq, dk, dv = grads
-            launch_dq(stream, (q, k, v, out, grad_out, lse, delta, dq, *dq_tail))
-            launch_dkdv(stream, (q, k, v, grad_out, lse, delta, dk, dv, *dkdv_tail))
+            enqueue(stream, dq_grid, dq_kernel, (q, k, v, out, grad_out, lse, delta, dq, *dq_tail))
+            enqueue(stream, dkdv_grid, dkdv_kernel,
+                    (q, k, v, grad_out, lse, delta, dk, dv, *dkdv_tail))
         return run_unsplit
 
     def backward(self, stream, problem: Problem, schedule: BackwardSchedule, scale: float, q, k,

@@ -468,14 +468,13 @@ class PreparedLaunch:
     its grid, and its argument tuple with the :class:`Slot` s each call's arrays fill; with a
     ragged call's work table, the table's size (``items``; 0: none)."""
 
-    __slots__ = ("kernel", "grid", "args", "slots", "items", "tile_m", "_launch")
+    __slots__ = ("kernel", "grid", "args", "slots", "items", "tile_m")
 
     def __init__(self, kernel: Any, grid: tuple, args: tuple, items: int = 0,
                  tile_m: int = 0) -> None:
         self.kernel, self.grid, self.items, self.tile_m = kernel, grid, items, tile_m
         self.args = args
         self.slots = {a.name: i for i, a in enumerate(args) if isinstance(a, Slot)}
-        self._launch = _aot.prepared_launcher(grid, kernel)  # the driver's, after the first
 
     def run(self, stream: Any, arrays: Mapping[str, Any]) -> None:
         """Enqueue the launch on ``stream`` with ``arrays`` by parameter name (``Q, K, V,
@@ -488,7 +487,7 @@ class PreparedLaunch:
         if self.items:
             args[self.slots["Work"]] = make_work_table(stream, arrays["Ranges"], self.tile_m,
                                                        self.items)
-        self._launch(stream, tuple(args))
+        _aot.launch(stream, self.grid, self.kernel, tuple(args))
 
 
 @functools.lru_cache(maxsize=1024)
