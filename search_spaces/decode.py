@@ -18,7 +18,7 @@ _MIN_TILES_PER_SPLIT = 2
 
 _FULL = {
     "splits": _SPLITS,
-    "combine": ("pdl", "kernel", "block", "block_pdl", "last"),
+    "combine": ("pdl", "kernel", "block", "block_pdl"),
     "balanced": (False, True),
     "tile_n": (64, 128, 256),
     "tile_m": (16, 32, 64, 128),

@@ -12,7 +12,7 @@ from ...core._compile import CompileResult, array_constraint, export_cubin
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
-                      layout, merges_in_split, normalise, split_constants, split_kernel)
+                      layout, normalise, split_constants, split_kernel)
 from ._schedule import DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -69,14 +69,11 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
         array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype
         else ctc.ConstantConstraint(0))
     runtime["share_keys"] = ctc.ScalarConstraint(ct.int32)
-    # the last CTA's merge's int32 counters, or the placeholder
-    runtime["Counters"] = (array_constraint("int32", (tiles.rows,)) if merges_in_split(schedule)
-                           else ctc.ConstantConstraint(0))
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
                           SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),
                           arch, label)
-    if direct or merges_in_split(schedule):
+    if direct:
         return result
     combined = export_cubin(
         combine_kernel(schedule),

@@ -16,7 +16,7 @@ from ...errors import UnsupportedProblemError
 from ._compile import compile_decode
 from ._defaults import default_decode_schedule
 from ._dispatch import dispatch_rule
-from ._launch import launch, launches, new_partials, normalise, partial_shapes
+from ._launch import launch, launches, normalise, partial_shapes
 from ._plan import DecodePlan, bucket_problem, decode_plan, decode_plan_key
 from ._schedule import DecodeSchedule
 
@@ -31,7 +31,11 @@ def _case_launcher(problem: Problem, schedule: DecodeSchedule, q, k, v, out, off
     import torch
 
     plan = launches(problem, schedule, None)
-    partials = new_partials(partial_shapes(plan), q.device) if plan.splits > 1 else None
+    partials = None
+    if plan.combine is not None:
+        opart, lse = partial_shapes(plan)
+        partials = (torch.empty(opart, dtype=torch.float32, device=q.device),
+                    torch.empty(lse, dtype=torch.float32, device=q.device))
 
     def run() -> None:
         launch(torch.cuda.current_stream(), plan, q, k, v, out, offset, partials, **arrays)

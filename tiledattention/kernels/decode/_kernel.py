@@ -126,8 +126,6 @@ def decode_split(
     KDescale, VDescale,  # KV_FP8: float32 [B, H_kv] factors of the e4m3 K and V; else ()
     share_keys: int,  # BALANCED: the batch's longest cache, whose 1 / splits is every split's
     # share (a row's own share where that is more); else 0
-    Counters,  # UNROLL: int32 [rows], zeros between calls (each row's merging CTA sets its
-    # counter back to 0); else ()
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -148,9 +146,6 @@ def decode_split(
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
     BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
-    UNROLL: ConstInt,  # > 0: the split CTA that finishes its row last merges it, all of its
-    # splits (padded to this power of two) at once, as decode_combine's BLOCK; 0: no merge here
-    CHUNK_D: ConstInt,  # UNROLL: head-dim columns merged per step
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -314,29 +309,12 @@ def decode_split(
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
     else:
         lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
-        merge = ct.static_eval(UNROLL > 0)
-        store_tma = ct.static_eval(False if merge else None)
-        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)),
-                 allow_tma=store_tma)
-        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)),
-                 allow_tma=store_tma)
-        if merge:
-            # count this split done (acquire-release at device scope: the stores above are
-            # visible before the count); the CTA that counts last merges the row, reading the
-            # partials with device-scope loads, and sets its counter back to 0 (the next
-            # call's, a CUDA graph's next replay)
-            if ct.atomic_add(Counters, row, 1) == splits - 1:
-                for chunk in ct.static_iter(range(TILE_D // CHUNK_D)):
-                    merged = _merged_block(Opart, Lse, Sinks, row, chunk, head, Q.shape[2],
-                                           TILE_G, TILE_S, CHUNK_D, UNROLL, SINKS, STRONG=True)
-                    ct.store(Out, index=(batch, head, 0, q_tile, chunk),
-                             tile=merged.astype(Out.dtype).reshape(
-                                 (1, 1, TILE_G, TILE_S, CHUNK_D)))
-                ct.atomic_xchg(Counters, row, 0)
+        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
+        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
 
 
 def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,
-                  SINKS, *, STRONG=False):
+                  SINKS):
     """Row ``row``'s merged output columns ``chunk`` (``[TILE_M, CHUNK_D]``) from all its
     splits at once (``UNROLL``: at least their count): one load of their log-sum-exps
     (``[UNROLL, TILE_M]``) and one of their partial outputs (``[UNROLL, TILE_M, CHUNK_D]``;
@@ -345,15 +323,9 @@ def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CH
     zeros; with ``SINKS`` the sink enters as one more split of log-sum-exp ``sink * log2(e)``
     and output 0."""
     TILE_M = ct.static_eval(TILE_G * TILE_S)
-    # STRONG: loads that read what other CTAs stored (device-scope, not through TMA)
-    tma = ct.static_eval(False if STRONG else None)
-    order = ct.static_eval(ct.MemoryOrder.RELAXED if STRONG else ct.MemoryOrder.WEAK)
-    scope = ct.static_eval(ct.MemoryScope.DEVICE if STRONG else ct.MemoryScope.NONE)
     lse = ct.load(Lse, index=(row, 0, 0), shape=(1, UNROLL, TILE_M),
-                  padding_mode=ct.PaddingMode.NEG_INF, allow_tma=tma, memory_order=order,
-                  memory_scope=scope).reshape((UNROLL, TILE_M))
+                  padding_mode=ct.PaddingMode.NEG_INF).reshape((UNROLL, TILE_M))
     parts = ct.load(Opart, index=(row, 0, 0, chunk), shape=(1, UNROLL, TILE_M, CHUNK_D),
-                    allow_tma=tma, memory_order=order, memory_scope=scope,
                     padding_mode=ct.PaddingMode.ZERO).reshape((UNROLL, TILE_M, CHUNK_D))
     top = ct.maximum(ct.max(lse, axis=0, keepdims=True), NEG_BIG)  # [1, TILE_M], finite
     if SINKS:

@@ -31,7 +31,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "merges_in_split", "new_partials", "partial_shapes"]
+           "max_key_tiles"]
 
 
 def _split() -> ct.kernel:
@@ -53,7 +53,7 @@ SPLIT_PARAMETERS = KernelParameters(
     _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
      "window_right", "softcap", "Sinks", "Ranges", "Pages", "KDescale", "VDescale",
-     "share_keys", "Counters"))
+     "share_keys"))
 COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
@@ -174,8 +174,7 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m > BLOCK_MAX_ROWS)
     if schedule.splits == 1 and schedule.combine != canonical.combine:
         changes["combine"] = canonical.combine  # one split: no merge
-    elif too_many_rows:  # too many rows for one block: the stepping merge (a second kernel,
-        # launched alike; the last CTA's merge is a block one)
+    elif too_many_rows:  # too many rows for one block: the stepping merge, launched alike
         changes["combine"] = "pdl" if schedule.combine in PDL_COMBINES else "kernel"
     if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
         changes["balanced"] = False  # one split, entries of one length, or a window's walk
@@ -202,9 +201,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "DIRECT": schedule.splits == 1,
         "PDL": schedule.splits > 1 and schedule.combine in PDL_COMBINES,
         "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
-        # the sink joins the one split's denominator or the last CTA's merge; else the combine
-        # adds it
-        "SINKS": variant.sinks and (schedule.splits == 1 or merges_in_split(schedule)),
+        "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
         "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
         # (normalise drops it where it cannot apply; a call's own window walks as before)
         "BALANCED": (schedule.balanced and problem.ragged and schedule.splits > 1
@@ -213,18 +210,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
         "KV_FP8": bool(problem.kv_dtype),
-        # the last CTA's merge: the splits padded to a power of two, and the block merge's
-        # columns a step
-        "UNROLL": _pow2_at_least(schedule.splits) if merges_in_split(schedule) else 0,
-        "CHUNK_D": (combine_constants(problem, schedule, variant)["CHUNK_D"]
-                    if merges_in_split(schedule) else 0),
     }
-
-
-def merges_in_split(schedule: DecodeSchedule) -> bool:
-    """Whether the split kernel merges the rows itself (``combine="last"``, several splits):
-    no combine kernel, a counter a row (:func:`partial_shapes`)."""
-    return schedule.combine == IN_SPLIT_COMBINE and schedule.splits > 1
 
 
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
@@ -244,10 +230,8 @@ BLOCK_MIN_CHUNK_D = 4
 BLOCK_MAX_ROWS = COMBINE_BLOCK_VALUES // BLOCK_MIN_CHUNK_D
 #: The merges that load all of a row's splits as one block, and those launched as programmatic
 #: dependents of the split kernel.
-BLOCK_COMBINES = ("block", "block_pdl", "last")
+BLOCK_COMBINES = ("block", "block_pdl")
 PDL_COMBINES = ("pdl", "block_pdl")
-#: The merge made by the split kernel's last CTA a row (the block merge's arithmetic).
-IN_SPLIT_COMBINE = "last"
 
 
 def combine_constants(problem: Problem, schedule: DecodeSchedule,
@@ -329,8 +313,7 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
         split_grid=(tiles.rows, schedule.splits, 1),
         combine_grid=(tiles.rows, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
-        combine=(combine_kernel(schedule)
-                 if schedule.splits > 1 and not merges_in_split(schedule) else None),
+        combine=combine_kernel(schedule) if schedule.splits > 1 else None,
         split_constants=SPLIT_PARAMETERS.constant_values(split),
         combine_constants=COMBINE_PARAMETERS.constant_values(combine),
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
@@ -342,9 +325,8 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
            partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None,
            pages: Any = None, descales: tuple | None = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
-    ``q``; ``partials`` = the buffers of :func:`partial_shapes` (``None`` with one split): the
-    float32 (Opart, Lse) and, where the split kernel merges, its int32 counters, zeros between
-    calls (each row's merging CTA sets its counter back to 0); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
+    ``q``; ``partials`` = (Opart, Lse) float32 buffers of :func:`partial_shapes` (``None`` with
+    one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
     has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
     ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
@@ -355,15 +337,14 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     out5 = grouped_view(out, plan.tiles)
     if descales is not None:
         v = fp8_words(v)
-    opart, lse, *counters = partials if partials is not None else (out5, out5)
+    opart, lse = partials if partials is not None else (out5, out5)
     variant = plan.variant
     sink_arg = sinks if variant.sinks else NO_SINKS
     _aot.launch(stream, plan.split_grid, plan.split,
                 (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                  variant.window_left, variant.window_right, variant.softcap, sink_arg,
                  UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
-                 *(descales or (UNUSED, UNUSED)), plan.share_keys,
-                 counters[0] if counters else UNUSED, *plan.split_constants))
+                 *(descales or (UNUSED, UNUSED)), plan.share_keys, *plan.split_constants))
     if plan.combine is not None:
         _aot.launch(stream, plan.combine_grid, plan.combine,
                     (opart, lse, out5, sink_arg, *plan.combine_constants),
@@ -381,27 +362,10 @@ def fp8_words(v: Any) -> Any:
     return v.view(torch.int16)
 
 
-def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], ...]:
-    """Shapes of the buffers a multi-split plan needs: the float32 (Opart, Lse), and where the
-    split kernel merges (no combine kernel), its int32 counters, one a row (zeros when made:
-    :func:`new_partials`)."""
+def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs."""
     rows, m = plan.tiles.rows, plan.tiles.tile_m
-    shapes = (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
-    return shapes + ((rows,),) if plan.combine is None else shapes
-
-
-def new_partials(shapes: tuple, device: Any, cupy: bool = False) -> tuple:
-    """New buffers of :func:`partial_shapes` on ``device`` (torch tensors, or CuPy arrays on
-    the current device): float32 partials left as they come, counters zeroed."""
-    if cupy:
-        import cupy as cp
-
-        made = tuple(cp.empty(s, dtype=cp.float32) for s in shapes[:2])
-        return made + tuple(cp.zeros(s, dtype=cp.int32) for s in shapes[2:])
-    import torch
-
-    made = tuple(torch.empty(s, dtype=torch.float32, device=device) for s in shapes[:2])
-    return made + tuple(torch.zeros(s, dtype=torch.int32, device=device) for s in shapes[2:])
+    return (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
 
 
 def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int

@@ -65,22 +65,26 @@ def decode_plan_key(signature: tuple, k: Any, v: Any) -> tuple:
     return (signature, k_shape[0], k_shape[1], k_shape[3], length_bucket(k_shape[2]))
 
 
+def _new_partials(shapes: Any, device: Any) -> tuple[Any, Any]:
+    opart, lse = shapes
+    return (hot.empty(opart, dtype=hot.float32, device=device),
+            hot.empty(lse, dtype=hot.float32, device=device))
+
+
 def _partials(runtime: Any, shapes: Any, q: Any, device: int, stream: int) -> Any:
-    """The scratch buffers of a multi-split call (``_launch.partial_shapes``: the float32
-    Opart and Lse, and where the split kernel merges its counters, which each call leaves at
-    zero), kept by the runtime per (device, stream, thread, shapes): calls in one stream's
-    order reuse them (each call's merge has read them before the next call's split kernel
-    writes them), and calls that may
+    """The float32 (Opart, Lse) scratch buffers of a multi-split call, kept by the runtime per
+    (device, stream, thread, shapes): calls in one stream's order reuse them (each call's
+    combine has read them before the next call's split kernel writes them), and calls that may
     overlap in time (other streams, other threads) never share them. A stream being captured
     into a CUDA graph gets buffers of its own each call (from the graph's memory pool), as does
     a call on a device other than the current one (whose capture state is not what
     ``capturing`` reports), or a call without a ``runtime`` to keep them."""
     if runtime is None or device != hot.current_device() or hot.capturing():
-        return _launch.new_partials(shapes, q.device)
+        return _new_partials(shapes, q.device)
     key = (device, stream, get_ident(), shapes)
     found = runtime.workspace(key)
     if found is None:
-        found = _launch.new_partials(shapes, q.device)
+        found = _new_partials(shapes, q.device)
         runtime.keep_workspace(key, found)
     return found
 
@@ -93,7 +97,7 @@ class DecodePlan(Plan):
                  tile_d: int, like: bool = False, spans: tuple | None = None) -> None:
         self.out_shape = out_shape
         self.launches = launches  # decode._launch.Launches
-        self.partial_shapes = partial_shapes  # _launch.partial_shapes; None: one split
+        self.partial_shapes = partial_shapes  # ((Opart shape), (Lse shape)); None: one split
         self.bottom_right = bottom_right  # the causal offset is S_k - S_q (else 0)
         self.tile_d = tile_d
         self.like = like  # as in ForwardPlan
@@ -146,7 +150,7 @@ class DecodePlan(Plan):
                 out = cupy.empty(self.out_shape, dtype=q.dtype)
             partials = None
             if self.partial_shapes is not None:
-                partials = _launch.new_partials(self.partial_shapes, None, cupy=True)
+                partials = tuple(cupy.empty(s, dtype=cupy.float32) for s in self.partial_shapes)
             offset = problem.seqlen_k - problem.seqlen_q if self.bottom_right else 0
             _launch.launch(cupy.cuda.get_current_stream(), self.launches, q, k, v, out,
                            offset, partials, sinks)
@@ -164,7 +168,7 @@ def decode_plan(call: Call, schedule: DecodeSchedule, device_index: int) -> Deco
     return DecodePlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
         launches=launches,
-        partial_shapes=(_launch.partial_shapes(launches) if launches.splits > 1
+        partial_shapes=(_launch.partial_shapes(launches) if launches.combine is not None
                         else None),
         bottom_right=call.bottom_right,
         tile_d=padded_head_dim(problem.head_dim))
