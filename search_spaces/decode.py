@@ -22,7 +22,7 @@ _FULL = {
     "balanced": (False, True),
     "tile_n": (64, 128, 256),
     "tile_m": (16, 32, 64, 128),
-    "occupancy": (1, 2),
+    "occupancy": (1, 2, 3),  # 3: the default of 172-264 and 331-396 rows on Hopper
     "num_worker_warps": (None, 8),
     "k_latency": (None, 2, 4),
     "v_latency": (None, 2, 4),

@@ -420,8 +420,9 @@ def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     """At least a CTA per SM from one split runs occupancy 2 (on an H200 at 144-768 CTAs:
     1.01-1.57x at 8 of 9 batches, 0.98x at one), windows over a contiguous cache as well; fewer
     CTAs, and windows over a paged cache (not measured), keep one an SM."""
-    full = DECODE.default_schedule("sm_90", _problem(batch=24, seqlen_k=3000, head_dim=128))
-    assert (full.splits, full.occupancy, full.k_latency, full.tile_n) == (1, 2, 2, 128)  # 192
+    full = DECODE.default_schedule("sm_90", _problem(batch=20, seqlen_k=3000, head_dim=128))
+    assert (full.splits, full.occupancy, full.k_latency, full.tile_n) == (1, 2, 2, 128)  # 160
+    # (172-264 rows at D 128 run three CTAs an SM: the three-CTA rule's test below)
     fewer = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=8192,
                                                       head_dim=128))  # 96 CTAs
     assert (fewer.splits, fewer.occupancy) == (1, 1)
@@ -507,7 +508,7 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     on an H200) over a contiguous 16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more take
     ``PART_WAVE_SPLITS`` splits (1.004-1.142x one on eight held-out calls); a whole wave (264
     rows), 352 rows and more, short caches, D 256, windows, softcaps, paged and FP8 caches keep
-    one split."""
+    one split (352 rows at three CTAs an SM: the next test's rule)."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
                                                          PART_WAVE_MAX_SHARE,
                                                          PART_WAVE_MIN_KEYS, PART_WAVE_SPLITS)
@@ -531,8 +532,55 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
                                   page_size=64),
               dataclasses.replace(base, kv_dtype="e4m3")):
         s = DECODE.default_schedule("sm_90", p)
-        assert s.splits == 1 and s.occupancy == FULL_GPU_OCCUPANCY, (p.describe(), s)
+        assert s.splits == 1 and s.occupancy in (FULL_GPU_OCCUPANCY, 3), (p.describe(), s)
     assert DECODE.default_schedule("sm_80", base).splits == 1  # one CTA an SM: no such wave
+
+
+def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
+    """One split at two CTAs an SM over a contiguous 16-bit cache of at least
+    ``PART_WAVE_MIN_KEYS`` keys at D 128 (16-row tiles, no window or softcap) whose rows fill
+    between ``THIRD_CTA_MIN_ROWS_SHARE`` of the SMs and two CTAs each (172-264 on an H200), or
+    fit three CTAs an SM past the three-split rule's rows (331-396), runs three CTAs an SM
+    with 64-key steps, loads two ahead (1.035-1.196x the two-CTA default on ten held-out calls);
+    160 rows, 400 and more, the three-split rule's rows, short caches, D 64 and 96, windows,
+    softcaps, pages, FP8 caches and the other generations keep their schedules."""
+    from tiledattention.kernels.decode._defaults import (PART_WAVE_MIN_KEYS,
+                                                         THIRD_CTA_MIN_ROWS_SHARE,
+                                                         THIRD_CTA_OCCUPANCY, THIRD_CTA_STEP)
+
+    assert 160 < THIRD_CTA_MIN_ROWS_SHARE * 132 <= 176
+    # 176, 264, 196 (multi-query), 232 (one query head a K/V head), 360 and 392 rows
+    for batch, heads_q, heads_kv in ((22, 32, 8), (33, 32, 8), (196, 8, 1), (29, 8, 8),
+                                     (45, 32, 8), (49, 32, 8)):
+        for dtype in ("bf16", "fp16"):
+            p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=5000,
+                         head_dim=128, dtype=dtype)
+            s = DECODE.default_schedule("sm_90", p)
+            assert (s.splits, s.occupancy, s.tile_n, s.k_latency, s.v_latency) == (
+                1, THIRD_CTA_OCCUPANCY, THIRD_CTA_STEP, 2, 2), (p.describe(), s)
+    base = _problem(batch=24, seqlen_k=5000, head_dim=128)  # 192 rows
+    assert DECODE.default_schedule("sm_90", base).occupancy == THIRD_CTA_OCCUPANCY
+    for p in (_problem(batch=20, seqlen_k=5000, head_dim=128),  # 160 rows
+              _problem(batch=50, seqlen_k=5000, head_dim=128),  # 400 rows
+              _problem(batch=75, seqlen_k=5000, head_dim=128),  # 600 rows
+              _problem(batch=36, seqlen_k=5000, head_dim=128),  # 288 rows: three splits
+              dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS - 1),
+              dataclasses.replace(base, head_dim=64),
+              dataclasses.replace(base, head_dim=96),
+              dataclasses.replace(base, seqlen_q=8),  # 32-row tiles
+              dataclasses.replace(base, causal=True, bottom_right=True, window_left=4000,
+                                  window_right=0),
+              dataclasses.replace(base, softcap=30.0),
+              dataclasses.replace(base, causal=True, bottom_right=True, ragged=True,
+                                  page_size=64),
+              dataclasses.replace(base, kv_dtype="e4m3")):
+        s = DECODE.default_schedule("sm_90", p)
+        assert s.occupancy != THIRD_CTA_OCCUPANCY, (p.describe(), s)
+    for arch in ("sm_80", "sm_100", "sm_120"):
+        assert DECODE.default_schedule(arch, base).occupancy != THIRD_CTA_OCCUPANCY, arch
+    # three CTAs an SM fit without stack on sm_90 (tileiras keeps the stages they can hold)
+    (split,) = DECODE.compile(base, DECODE.default_schedule("sm_90", base), "sm_90").resources()
+    assert split.stack_bytes == 0 and 3 * split.shared_bytes <= 228 * 1024, split
 
 
 def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():

@@ -40,6 +40,10 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   count that makes whole waves); ``--waves-above``: 270-600 rows (one wave of two CTAs an SM
   and part of a second), the same candidates; ``--waves-held``: other calls of 272-320 rows
   over 3500-20000 keys (D 64-128), the default (``PART_WAVE_SPLITS``) against one split;
+  ``--occ``: the six ``--band`` calls and five of 352-600 rows, one split at three and four
+  CTAs an SM with 32-128-key steps (smaller shared-memory stages, more CTAs streaming an SM);
+  ``--occ-held``: ten other calls where the rule drawn from it applies, against the default
+  before it (one split, 128-key steps, two CTAs an SM).
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
   split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
   other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
@@ -110,6 +114,14 @@ WAVES_HELD = ((68, 16, 4, 4500, 128), (37, 32, 8, 10000, 128), (10, 120, 30, 500
 BAND_HELD = ((22, 32, 8, 8000, 128), (45, 16, 4, 5000, 128, "fp16"), (26, 64, 8, 3500, 128),
              (60, 28, 4, 10000, 128), (29, 16, 8, 6000, 96, "fp16"), (240, 8, 1, 4000, 128),
              (32, 32, 8, 16000, 128))
+#: --occ: 352-600 rows (one split, two CTAs an SM; section 19 found no split count that helps)
+OCC_ABOVE = ((44, 32, 8, 3000, 128, "fp16"), (50, 32, 8, 5000, 128), (57, 16, 8, 4000, 128),
+             (130, 16, 4, 2500, 128), (75, 32, 8, 3000, 128))
+#: --occ-held: calls none of the sets above ran, where the three-CTA rule applies
+OCC_HELD = ((23, 32, 8, 6000, 128), (60, 12, 4, 5000, 128), (13, 64, 16, 8000, 128, "fp16"),
+            (29, 8, 8, 10000, 128), (196, 8, 1, 4000, 128), (45, 16, 4, 3500, 128, "fp16"),
+            (45, 32, 8, 4000, 128), (96, 16, 4, 3000, 128, "fp16"), (340, 8, 1, 5000, 128),
+            (23, 64, 16, 6000, 128))
 D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
        (30, 32, 4, 20000, 64), (110, 32, 1, 4000, 64), (11, 24, 8, 15000, 64))
 
@@ -143,6 +155,19 @@ def candidates_for(mode, default, rows, merged, keys):
                 "n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4),
                 "occ1 n256 K1 V1": default.replace(occupancy=1, tile_n=256, k_latency=1,
                                                    v_latency=1)}
+    if mode == "occ":
+        return {"occ3 n64 K2 V2": default.replace(occupancy=3, tile_n=64, k_latency=2,
+                                                  v_latency=2),
+                "occ3 n64 K4 V4": default.replace(occupancy=3, tile_n=64, k_latency=4,
+                                                  v_latency=4),
+                "occ3 n128 K1 V1": default.replace(occupancy=3, tile_n=128, k_latency=1,
+                                                   v_latency=1),
+                "occ4 n64 K1 V1": default.replace(occupancy=4, tile_n=64, k_latency=1,
+                                                  v_latency=1),
+                "occ4 n32 K4 V4": default.replace(occupancy=4, tile_n=32, k_latency=4,
+                                                  v_latency=4)}
+    if mode == "occ-held":  # the rule drawn from --occ, against the default before it
+        return {"before": default.replace(occupancy=2, tile_n=128, k_latency=2, v_latency=2)}
     if mode == "band-held":
         return {"n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4)}
     if mode == "waves-held":
@@ -191,14 +216,15 @@ def main():
     modes = parser.add_mutually_exclusive_group()
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
-                 "waves-held", "band", "band-held"):
+                 "waves-held", "band", "band-held", "occ", "occ-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
               "steps": STEPS, "held": HELD, "ctas": CTAS,
               "ctas-held": CTAS_HELD, "short": SHORT, "short-held": SHORT_HELD, "waves": WAVES,
               "waves-above": WAVES_ABOVE, "waves-held": WAVES_HELD,
-              "band": WAVES[:6], "band-held": BAND_HELD}.get(args.mode, POINTS)
+              "band": WAVES[:6], "band-held": BAND_HELD,
+              "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks

@@ -12,6 +12,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN",
            "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
+           "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
@@ -115,6 +116,17 @@ DEEP_STEP_MIN_KEYS = 3500
 #: fp16, 6k-47k keys) five splits at two an SM ran 1.030-1.065x the two at one on six, 0.988x
 #: on one (B3 H128/16 over 16k keys).
 FILL_MAX_CTAS_SHARE = 0.775
+#: One split at two CTAs an SM over a contiguous 16-bit cache at D 128 (16-row tiles, at least
+#: ``PART_WAVE_MIN_KEYS`` keys, no window or softcap) whose rows fill between this share of the
+#: SMs and two CTAs each, or pass that wave by more than ``PART_WAVE_MAX_SHARE`` but fit three
+#: CTAs an SM, runs three CTAs an SM with 64-key steps, loads two ahead (~40 KB of shared memory
+#: a CTA against 112 KB). On an H200 (docs/records/probes/decode_fill.py --occ, eleven calls of
+#: 160-600 rows): 1.028-1.065x at 176-240 rows, 1.159x at 352, 0.956x at 160; cuDNN parity or
+#: better on five of those six (0.93-0.98x before); at 400-520 rows, a wave of three and a bit,
+#: it lost (0.82-0.89x). Hopper only (measured there).
+THIRD_CTA_MIN_ROWS_SHARE = 1.3
+THIRD_CTA_OCCUPANCY = 3
+THIRD_CTA_STEP = 64
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
 #: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
 #: split of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
@@ -316,6 +328,15 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                      or problem.ragged or problem.kv_dtype)):
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
+    if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
+            and problem.head_dim == 128 and keys >= PART_WAVE_MIN_KEYS
+            and not (problem.windowed or problem.softcap or problem.page_size
+                     or problem.ragged or problem.kv_dtype)
+            and (THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
+                 or PART_WAVE_MAX_SHARE * FULL_GPU_OCCUPANCY * sms < rows
+                 <= THIRD_CTA_OCCUPANCY * sms)):
+        # a wave of two CTAs an SM not full, or a wave of three that a third CTA an SM fills
+        return base.replace(occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_STEP)
     v_latency = base.v_latency
     if small_pages and not problem.windowed and occupancy == FULL_GPU_OCCUPANCY:
         k_latency = v_latency = SMALL_PAGE_LATENCY
