@@ -215,6 +215,23 @@ def test_rows_alone_on_their_sms_walk_256_key_steps(shape):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(23, 32, 8, 6007, 128, "bf16", False),
+                                   (45, 16, 4, 3501, 128, "fp16", False),
+                                   (43, 32, 8, 4099, 128, "bf16", True)],
+                         ids=["184-rows", "180-rows-fp16", "344-rows-sinks"])
+def test_rows_at_three_ctas_an_sm_walk_64_key_steps(shape):
+    """The default of 172-264 and 331-396 rows at D 128 (one split at three CTAs an SM, 64-key
+    steps, NaN-poisoned output): as close to the float32 reference as the two-CTA, 128-key
+    form it replaced, over caches of odd lengths whose last step is mostly past the keys."""
+    b, hq, hkv, sk, d, dtype, sinks = shape
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype=dtype, causal=False, sinks=sinks)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.splits, default.occupancy, default.tile_n) == (1, 3, 64)
+    _as_close_as(problem, default, default.replace(occupancy=2, tile_n=128))
+
+
+@gpu
 @pytest.mark.parametrize("sq,sk", [(2, 1), (7, 3), (16, 1), (64, 40), (16, 15)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_bottom_right_rows_without_keys_are_zero(sq, sk, dtype):
