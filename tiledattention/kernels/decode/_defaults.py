@@ -123,7 +123,9 @@ FILL_MAX_CTAS_SHARE = 0.775
 #: a CTA against 112 KB). On an H200 (docs/records/probes/decode_fill.py --occ, eleven calls of
 #: 160-600 rows): 1.028-1.065x at 176-240 rows, 1.159x at 352, 0.956x at 160; cuDNN parity or
 #: better on five of those six (0.93-0.98x before); at 400-520 rows, a wave of three and a bit,
-#: it lost (0.82-0.89x). Hopper only (measured there).
+#: it lost (0.82-0.89x). Held out on ten other calls (``--occ-held``): 1.036-1.196x, cuDNN ÷
+#: ours 0.987-1.104 (0.923-0.978 before; docs/records/benchmarks/paged/issue49/README.md,
+#: section 23). Hopper only (measured there).
 THIRD_CTA_MIN_ROWS_SHARE = 1.3
 THIRD_CTA_OCCUPANCY = 3
 THIRD_CTA_STEP = 64
@@ -230,7 +232,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     rule gives two splits or more that fill at most :data:`FILL_MAX_CTAS_SHARE` of the SMs (D
     <= 128, no window). Rows above that share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs
     (one split, each CTA alone on its SM) walk 256-key steps with each load one step ahead at
-    D 65-128.
+    D 65-128; on Hopper, one split at D 128 whose rows fill from
+    :data:`THIRD_CTA_MIN_ROWS_SHARE` of the SMs to two CTAs each, or fit three CTAs an SM past
+    the three-split rule's rows, runs three CTAs an SM with 64-key steps.
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
