@@ -503,6 +503,19 @@ def test_the_cache_rules_splits_short_of_the_sms_split_for_two_ctas_an_sm():
     assert DECODE.default_schedule("sm_80", base).occupancy == 1
 
 
+def _outside_the_wave_rules(base: Problem) -> tuple:
+    """``base`` as the calls the one-split wave rules leave as they were: a cache shorter than
+    ``PART_WAVE_MIN_KEYS``, a window, a softcap, a paged cache, an FP8 cache."""
+    from tiledattention.kernels.decode._defaults import PART_WAVE_MIN_KEYS
+
+    return (dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS - 1),
+            dataclasses.replace(base, causal=True, bottom_right=True, window_left=4000,
+                                window_right=0),
+            dataclasses.replace(base, softcap=30.0),
+            dataclasses.replace(base, causal=True, bottom_right=True, ragged=True, page_size=64),
+            dataclasses.replace(base, kv_dtype="e4m3"))
+
+
 def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     """Rows past one wave of two CTAs an SM by at most ``PART_WAVE_MAX_SHARE`` of it (265-330
     on an H200) over a contiguous 16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more take
@@ -510,8 +523,7 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     rows), 352 rows and more, short caches, D 256, windows, softcaps, paged and FP8 caches keep
     one split (352 rows at three CTAs an SM: the next test's rule)."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
-                                                         PART_WAVE_MAX_SHARE,
-                                                         PART_WAVE_MIN_KEYS, PART_WAVE_SPLITS)
+                                                         PART_WAVE_MAX_SHARE, PART_WAVE_SPLITS)
 
     assert PART_WAVE_SPLITS == 3 and 330 <= PART_WAVE_MAX_SHARE * 264 < 352
     for batch in (34, 36, 41):  # 272, 288 and 328 rows of H 32/8
@@ -523,14 +535,8 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     base = _problem(batch=34, seqlen_k=5000, head_dim=128)
     for p in (_problem(batch=33, seqlen_k=5000, head_dim=128),  # 264 rows: one whole wave
               _problem(batch=44, seqlen_k=5000, head_dim=128),  # 352 rows
-              dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS - 1),
               dataclasses.replace(base, head_dim=256),
-              dataclasses.replace(base, causal=True, bottom_right=True, window_left=4000,
-                                  window_right=0),
-              dataclasses.replace(base, softcap=30.0),
-              dataclasses.replace(base, causal=True, bottom_right=True, ragged=True,
-                                  page_size=64),
-              dataclasses.replace(base, kv_dtype="e4m3")):
+              *_outside_the_wave_rules(base)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.splits == 1 and s.occupancy in (FULL_GPU_OCCUPANCY, 3), (p.describe(), s)
     assert DECODE.default_schedule("sm_80", base).splits == 1  # one CTA an SM: no such wave
@@ -544,8 +550,7 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     with 64-key steps, loads two ahead (1.035-1.196x the two-CTA default on ten held-out calls);
     160 rows, 400 and more, the three-split rule's rows, short caches, D 64 and 96, windows,
     softcaps, pages, FP8 caches and the other generations keep their schedules."""
-    from tiledattention.kernels.decode._defaults import (PART_WAVE_MIN_KEYS,
-                                                         THIRD_CTA_MIN_ROWS_SHARE,
+    from tiledattention.kernels.decode._defaults import (THIRD_CTA_MIN_ROWS_SHARE,
                                                          THIRD_CTA_OCCUPANCY, THIRD_CTA_STEP)
 
     assert 160 < THIRD_CTA_MIN_ROWS_SHARE * 132 <= 176
@@ -564,16 +569,10 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
               _problem(batch=50, seqlen_k=5000, head_dim=128),  # 400 rows
               _problem(batch=75, seqlen_k=5000, head_dim=128),  # 600 rows
               _problem(batch=36, seqlen_k=5000, head_dim=128),  # 288 rows: three splits
-              dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS - 1),
               dataclasses.replace(base, head_dim=64),
               dataclasses.replace(base, head_dim=96),
               dataclasses.replace(base, seqlen_q=8),  # 32-row tiles
-              dataclasses.replace(base, causal=True, bottom_right=True, window_left=4000,
-                                  window_right=0),
-              dataclasses.replace(base, softcap=30.0),
-              dataclasses.replace(base, causal=True, bottom_right=True, ragged=True,
-                                  page_size=64),
-              dataclasses.replace(base, kv_dtype="e4m3")):
+              *_outside_the_wave_rules(base)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.occupancy != THIRD_CTA_OCCUPANCY, (p.describe(), s)
     for arch in ("sm_80", "sm_100", "sm_120"):

@@ -22,9 +22,10 @@ Then, inside ``grad ours``, the mean µs of each ``ct.launch`` as it runs on the
     source .devtk/setup.sh && python3 docs/records/probes/backward_thread.py
 """
 
-import statistics
+import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,18 +33,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention as ta
 
+sys.path.insert(0, str(Path(__file__).parent))
+from backward_host import _Empty, host  # noqa: E402
+
 SHAPES = [(1, 8, 8, 256, 64), (8, 16, 16, 577, 64), (1, 32, 8, 4096, 128), (4, 12, 4, 1000, 96)]
 CALLS, ROUNDS = 50, 7
-
-
-class _Empty(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
 
 
 def per_call(fn, on_thread=False):
@@ -52,16 +46,7 @@ def per_call(fn, on_thread=False):
     result = {}
 
     def body():
-        fn()
-        times = []
-        for _ in range(ROUNDS):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(CALLS):
-                fn()
-            times.append((time.perf_counter() - start) / CALLS * 1e6)
-        torch.cuda.synchronize()
-        result["us"] = statistics.median(times)
+        result["us"] = host(fn, CALLS, ROUNDS)
 
     if on_thread:
         worker = threading.Thread(target=body)
