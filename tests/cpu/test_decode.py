@@ -520,8 +520,8 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     """Rows past one wave of two CTAs an SM by at most ``PART_WAVE_MAX_SHARE`` of it (265-330
     on an H200) over a contiguous 16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more take
     ``PART_WAVE_SPLITS`` splits (1.004-1.142x one on eight held-out calls); a whole wave (264
-    rows), 352 rows and more, short caches, D 256, windows, softcaps, paged and FP8 caches keep
-    one split (352 rows at three CTAs an SM: the next test's rule)."""
+    rows) and 352 keep one split (at three CTAs an SM: the next test's rule); 400 rows, short
+    caches, D 256, windows, softcaps, paged and FP8 caches one split at two CTAs an SM."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
                                                          PART_WAVE_MAX_SHARE, PART_WAVE_SPLITS)
 
@@ -533,12 +533,14 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
             assert (s.splits, s.occupancy, s.combine) == (3, FULL_GPU_OCCUPANCY,
                                                           "block_pdl"), (batch, head_dim, s)
     base = _problem(batch=34, seqlen_k=5000, head_dim=128)
-    for p in (_problem(batch=33, seqlen_k=5000, head_dim=128),  # 264 rows: one whole wave
-              _problem(batch=44, seqlen_k=5000, head_dim=128),  # 352 rows
+    for p in (_problem(batch=50, seqlen_k=5000, head_dim=128),  # 400 rows
               dataclasses.replace(base, head_dim=256),
               *_outside_the_wave_rules(base)):
         s = DECODE.default_schedule("sm_90", p)
-        assert s.splits == 1 and s.occupancy in (FULL_GPU_OCCUPANCY, 3), (p.describe(), s)
+        assert s.splits == 1 and s.occupancy == FULL_GPU_OCCUPANCY, (p.describe(), s)
+    for batch in (33, 44):  # 264 rows (one whole wave) and 352: one split, three CTAs an SM
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=5000, head_dim=128))
+        assert s.splits == 1, (batch, s)
     assert DECODE.default_schedule("sm_80", base).splits == 1  # one CTA an SM: no such wave
 
 
@@ -554,9 +556,9 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
                                                          THIRD_CTA_OCCUPANCY, THIRD_CTA_STEP)
 
     assert 160 < THIRD_CTA_MIN_ROWS_SHARE * 132 <= 176
-    # 176, 264, 196 (multi-query), 232 (one query head a K/V head), 360 and 392 rows
+    # 176, 264, 196 (multi-query), 232 (one query head a K/V head), 352, 360 and 392 rows
     for batch, heads_q, heads_kv in ((22, 32, 8), (33, 32, 8), (196, 8, 1), (29, 8, 8),
-                                     (45, 32, 8), (49, 32, 8)):
+                                     (44, 32, 8), (45, 32, 8), (49, 32, 8)):
         for dtype in ("bf16", "fp16"):
             p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=5000,
                          head_dim=128, dtype=dtype)
@@ -575,8 +577,10 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
               *_outside_the_wave_rules(base)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.occupancy != THIRD_CTA_OCCUPANCY, (p.describe(), s)
+    wide = _problem(batch=30, seqlen_k=5000, head_dim=128)  # 240 rows: in the band on sm_100 too
     for arch in ("sm_80", "sm_100", "sm_120"):
-        assert DECODE.default_schedule(arch, base).occupancy != THIRD_CTA_OCCUPANCY, arch
+        for p in (base, wide):
+            assert DECODE.default_schedule(arch, p).occupancy != THIRD_CTA_OCCUPANCY, arch
     # three CTAs an SM fit without stack on sm_90 (tileiras keeps the stages they can hold)
     (split,) = DECODE.compile(base, DECODE.default_schedule("sm_90", base), "sm_90").resources()
     assert split.stack_bytes == 0 and 3 * split.shared_bytes <= 228 * 1024, split

@@ -265,6 +265,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # runs two CTAs an SM as it would, but for a capped wide head)
     contiguous = not problem.page_size and not problem.kv_dtype
     contiguous_window = problem.windowed and contiguous and not capped_wide
+    # what the one-split wave and step rules were measured on: a contiguous 16-bit cache of one
+    # length, no window or softcap
+    plain = contiguous and not (problem.windowed or problem.softcap or problem.ragged)
     keys = window_keys(problem) if problem.windowed else problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
     if (gen in TWO_CTAS_AN_SM and problem.head_dim <= SHORT_HEAD_DIM
@@ -280,6 +283,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                           combine=DEFAULT_COMBINE)
     rows = layout(problem, base).rows  # CTAs per split
     sms = SM_COUNTS[gen]
+    # the most rows the three-split rule takes: a quarter past one wave of two CTAs an SM
+    part_wave_rows = PART_WAVE_MAX_SHARE * FULL_GPU_OCCUPANCY * sms
     waves = SMALL_PAGE_WAVES if small_pages else 1
     # one wave (these kernels run one CTA per SM on sm_90), or small pages' waves
     wanted = sms // rows if waves == 1 else -(-waves * sms // rows)
@@ -293,10 +298,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         occupancy = FULL_GPU_OCCUPANCY
         if problem.page_size and not small_pages:
             k_latency = 4
-        if (contiguous and not (problem.windowed or problem.softcap or problem.ragged)
-                and problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
-                and FULL_GPU_OCCUPANCY * sms < rows
-                <= PART_WAVE_MAX_SHARE * FULL_GPU_OCCUPANCY * sms):
+        if (plain and problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
+                and FULL_GPU_OCCUPANCY * sms < rows <= part_wave_rows):
             wanted = PART_WAVE_SPLITS  # the rows past one wave would run alone at the end
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
@@ -328,17 +331,13 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
             and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
             and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
-            and not (problem.windowed or problem.softcap or problem.page_size
-                     or problem.ragged or problem.kv_dtype)):
+            and plain):
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
-            and problem.head_dim == 128 and keys >= PART_WAVE_MIN_KEYS
-            and not (problem.windowed or problem.softcap or problem.page_size
-                     or problem.ragged or problem.kv_dtype)
+            and problem.head_dim == 128 and keys >= PART_WAVE_MIN_KEYS and plain
             and (THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
-                 or PART_WAVE_MAX_SHARE * FULL_GPU_OCCUPANCY * sms < rows
-                 <= THIRD_CTA_OCCUPANCY * sms)):
+                 or part_wave_rows < rows <= THIRD_CTA_OCCUPANCY * sms)):
         # a wave of two CTAs an SM not full, or a wave of three that a third CTA an SM fills
         return base.replace(occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_STEP)
     v_latency = base.v_latency
