@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 
 import tiledattention as ta
-from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
 from compile_ahead import compile_ahead  # noqa: E402
-from forward_short_d256 import checked_launchers  # noqa: E402
+from forward_short_d256 import timed_forms  # noqa: E402
 
 #: (B, H_q, H_kv, S, dtype, D): causal
 POINTS = ((21, 24, 3, 1232, "bf16", 128), (8, 32, 8, 2048, "bf16", 128),
@@ -70,17 +69,10 @@ def main():
     summary = []
     for p, d, forms in plans:
         case = ta.FORWARD.case(p, 0)
-        fns, errors = checked_launchers(case, forms)
-        fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
-        times = time_interleaved(fns, rounds=args.rounds, host=args.host)
-        flops = 2 * p.batch * p.heads_q * p.seqlen_q * p.seqlen_k * p.head_dim
         print(f"== {p.describe()} default {d.describe()}")
-        base = times["default"].median_ms
-        for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
-            print(f"  {name:16s} {t.median_ms * 1e3:8.1f} us {flops / t.median_ms / 1e9:6.1f} "
-                  f"TF/s speed x{base / t.median_ms:.3f} err {errors.get(name, float('nan')):.1e}")
-        best = min((n for n in times if n != "torch-cudnn"), key=lambda n: times[n].median_ms)
-        cudnn = times["torch-cudnn"].median_ms
+        times, base, cudnn, best = timed_forms(
+            case, forms, 2 * p.batch * p.heads_q * p.seqlen_q * p.seqlen_k * p.head_dim,
+            args.rounds, host=args.host, width=16)
         summary.append((p.describe(), base * 1e3, cudnn / base, best,
                         base / times[best].median_ms, cudnn / times[best].median_ms,
                         {n: base / t.median_ms for n, t in times.items()

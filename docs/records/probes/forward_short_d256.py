@@ -90,6 +90,21 @@ def checked_launchers(case, candidates):
     return fns, errors
 
 
+def timed_forms(case, candidates, flops, rounds, host=False, width=12):
+    """The named schedules on ``case`` beside torch's cuDNN, interleaved (``host``: isolated
+    calls with the host's time counted), each printed with its time, TFLOP/s (``flops`` a
+    call), speed over ``"default"`` and error: ``(times, default ms, cuDNN ms, best name)``."""
+    fns, errors = checked_launchers(case, candidates)
+    fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
+    times = time_interleaved(fns, rounds=rounds, host=host)
+    base = times["default"].median_ms
+    for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
+        print(f"  {name:{width}s} {t.median_ms * 1e3:8.1f} us {flops / t.median_ms / 1e9:6.1f} "
+              f"TF/s speed x{base / t.median_ms:.3f} err {errors.get(name, float('nan')):.1e}")
+    best = min((n for n in times if n != "torch-cudnn"), key=lambda n: times[n].median_ms)
+    return times, base, times["torch-cudnn"].median_ms, best
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
@@ -131,17 +146,9 @@ def main():
             candidates = {"default": d, "sawtooth": d.replace(kv_sawtooth=not d.kv_sawtooth)}
         elif pick is not None:
             candidates = pick(d)
-        fns, errors = checked_launchers(case, candidates)
-        fns["torch-cudnn"] = case.baselines()["torch-cudnn"]
-        times = time_interleaved(fns, rounds=args.rounds)
-        flops = 4 * b * hq * s * s * dim / (2 if causal else 1)
         print(f"== {p.describe()} default {d.describe()}")
-        base = times["default"].median_ms
-        for name, t in sorted(times.items(), key=lambda kv: kv[1].median_ms):
-            print(f"  {name:12s} {t.median_ms * 1e3:8.1f} us {flops / t.median_ms / 1e9:6.1f} TF/s "
-                  f"speed x{base / t.median_ms:.3f} err {errors.get(name, float('nan')):.1e}")
-        best = min((n for n in times if n != "torch-cudnn"), key=lambda n: times[n].median_ms)
-        cudnn = times["torch-cudnn"].median_ms
+        times, base, cudnn, best = timed_forms(
+            case, candidates, 4 * b * hq * s * s * dim / (2 if causal else 1), args.rounds)
         summary.append((p.describe(), cudnn / base, best, base / times[best].median_ms,
                         cudnn / times[best].median_ms))
     print("\n| call | cuDNN ÷ default | best | ÷ default (speed) | cuDNN ÷ best |\n"
