@@ -20,9 +20,9 @@ _FULL = {
     "splits": _SPLITS,
     "combine": ("pdl", "kernel", "block", "block_pdl"),
     "balanced": (False, True),
-    "tile_n": (64, 128, 256),
+    "tile_n": (32, 64, 128, 256),
     "tile_m": (16, 32, 64, 128),
-    "occupancy": (1, 2, 3),  # 3: the default of 172-264 and 331-396 rows on Hopper
+    "occupancy": (1, 2, 3, 4),  # 3 and 4: defaults of one split at 172-660 rows on Hopper
     "num_worker_warps": (None, 8),
     "k_latency": (None, 2, 4),
     "v_latency": (None, 2, 4),

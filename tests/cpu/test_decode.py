@@ -520,8 +520,9 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     """Rows past one wave of two CTAs an SM by at most ``PART_WAVE_MAX_SHARE`` of it (265-330
     on an H200) over a contiguous 16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more take
     ``PART_WAVE_SPLITS`` splits (1.004-1.142x one on eight held-out calls); a whole wave (264
-    rows) and 352 keep one split (at three CTAs an SM: the next test's rule); 400 rows, short
-    caches, D 256, windows, softcaps, paged and FP8 caches one split at two CTAs an SM."""
+    rows) and 352 keep one split (at three CTAs an SM: the next test's rule); 512 rows, 400 at
+    D 96, short caches, D 256, windows, softcaps, paged and FP8 caches one split at two CTAs an
+    SM."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
                                                          PART_WAVE_MAX_SHARE, PART_WAVE_SPLITS)
 
@@ -533,7 +534,8 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
             assert (s.splits, s.occupancy, s.combine) == (3, FULL_GPU_OCCUPANCY,
                                                           "block_pdl"), (batch, head_dim, s)
     base = _problem(batch=34, seqlen_k=5000, head_dim=128)
-    for p in (_problem(batch=50, seqlen_k=5000, head_dim=128),  # 400 rows
+    for p in (_problem(batch=64, seqlen_k=5000, head_dim=128),  # 512 rows
+              _problem(batch=50, seqlen_k=5000, head_dim=96),  # 400 rows at D 96
               dataclasses.replace(base, head_dim=256),
               *_outside_the_wave_rules(base)):
         s = DECODE.default_schedule("sm_90", p)
@@ -550,8 +552,9 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     between ``THIRD_CTA_MIN_ROWS_SHARE`` of the SMs and two CTAs each (172-264 on an H200), or
     fit three CTAs an SM past the three-split rule's rows (331-396), runs three CTAs an SM
     with 64-key steps, loads two ahead (1.035-1.196x the two-CTA default on ten held-out calls);
-    160 rows, 400 and more, the three-split rule's rows, short caches, D 64 and 96, windows,
-    softcaps, pages, FP8 caches and the other generations keep their schedules."""
+    160 rows, 397-580 and 661 and more (the next test's), the three-split rule's rows, short
+    caches, D 64 and 96, windows, softcaps, pages, FP8 caches and the other generations keep
+    their schedules."""
     from tiledattention.kernels.decode._defaults import (THIRD_CTA_MIN_ROWS_SHARE,
                                                          THIRD_CTA_OCCUPANCY, THIRD_CTA_STEP)
 
@@ -569,7 +572,8 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     assert DECODE.default_schedule("sm_90", base).occupancy == THIRD_CTA_OCCUPANCY
     for p in (_problem(batch=20, seqlen_k=5000, head_dim=128),  # 160 rows
               _problem(batch=50, seqlen_k=5000, head_dim=128),  # 400 rows
-              _problem(batch=75, seqlen_k=5000, head_dim=128),  # 600 rows
+              _problem(batch=68, seqlen_k=5000, head_dim=128),  # 544 rows
+              _problem(batch=88, seqlen_k=5000, head_dim=128),  # 704 rows
               _problem(batch=36, seqlen_k=5000, head_dim=128),  # 288 rows: three splits
               dataclasses.replace(base, head_dim=64),
               dataclasses.replace(base, head_dim=96),
@@ -584,6 +588,61 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     # three CTAs an SM fit without stack on sm_90 (tileiras keeps the stages they can hold)
     (split,) = DECODE.compile(base, DECODE.default_schedule("sm_90", base), "sm_90").resources()
     assert split.stack_bytes == 0 and 3 * split.shared_bytes <= 228 * 1024, split
+
+
+def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
+    """Past a wave of three CTAs an SM the same calls (one split at D 128 over a contiguous
+    16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more) run one wave of four CTAs an SM with
+    32-key steps, loads four ahead, up to ``FOURTH_CTA_MAX_ROWS_SHARE`` of the SMs (397-495 on
+    an H200: 1.025-1.038x on five held-out calls); from ``THIRD_CTA_SECOND_WAVE_ROWS_SHARES``
+    (581-660: a third wave of two at most half full) three CTAs an SM again (1.047-1.095x on
+    four). 496-580 rows (two waves of two and a few CTAs: 0.963x at 544), 661 and more, D 64
+    and 96, windows, softcaps, pages, FP8 caches and the other generations keep two CTAs an
+    SM."""
+    from tiledattention.kernels.decode._defaults import (
+        FOURTH_CTA_LATENCY, FOURTH_CTA_MAX_ROWS_SHARE, FOURTH_CTA_OCCUPANCY, FOURTH_CTA_STEP,
+        FULL_GPU_OCCUPANCY, THIRD_CTA_OCCUPANCY, THIRD_CTA_SECOND_WAVE_ROWS_SHARES,
+        THIRD_CTA_STEP)
+
+    assert 488 <= FOURTH_CTA_MAX_ROWS_SHARE * 132 < 512
+    low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
+    assert 568 <= low * 132 < 584 and high * 132 == 660
+    four = (1, FOURTH_CTA_OCCUPANCY, FOURTH_CTA_STEP, FOURTH_CTA_LATENCY, FOURTH_CTA_LATENCY)
+    three = (1, THIRD_CTA_OCCUPANCY, THIRD_CTA_STEP, 2, 2)
+    assert four == (1, 4, 32, 4, 4)
+    # 400, 440 and 488 rows of H 32/8, 472 multi-query, 462 of groups of 7; 584, 600 and 656
+    # rows, 620 multi-query
+    for batch, heads_q, heads_kv, want in ((50, 32, 8, four), (55, 32, 8, four),
+                                           (61, 32, 8, four), (472, 8, 1, four),
+                                           (66, 49, 7, four), (73, 32, 8, three),
+                                           (75, 32, 8, three), (82, 32, 8, three),
+                                           (620, 8, 1, three)):
+        for dtype in ("bf16", "fp16"):
+            p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=5000,
+                         head_dim=128, dtype=dtype)
+            s = DECODE.default_schedule("sm_90", p)
+            assert (s.splits, s.occupancy, s.tile_n, s.k_latency, s.v_latency) == want, (
+                p.describe(), s)
+    four_base = _problem(batch=55, seqlen_k=5000, head_dim=128)  # 440 rows
+    three_base = _problem(batch=75, seqlen_k=5000, head_dim=128)  # 600 rows
+    for p in (_problem(batch=62, seqlen_k=5000, head_dim=128),  # 496 rows
+              _problem(batch=66, seqlen_k=5000, head_dim=128),  # 528 rows: two waves of two
+              _problem(batch=68, seqlen_k=5000, head_dim=128),  # 544
+              _problem(batch=71, seqlen_k=5000, head_dim=128),  # 568
+              _problem(batch=83, seqlen_k=5000, head_dim=128),  # 664
+              _problem(batch=99, seqlen_k=5000, head_dim=128),  # 792
+              *(dataclasses.replace(b, head_dim=d) for b in (four_base, three_base)
+                for d in (64, 96)),
+              *_outside_the_wave_rules(four_base), *_outside_the_wave_rules(three_base)):
+        s = DECODE.default_schedule("sm_90", p)
+        assert s.occupancy in (1, FULL_GPU_OCCUPANCY) and s.tile_n != 32, (p.describe(), s)
+    for arch in ("sm_80", "sm_100", "sm_120"):
+        for p in (four_base, three_base):
+            assert DECODE.default_schedule(arch, p).occupancy in (1, FULL_GPU_OCCUPANCY), arch
+    # four CTAs an SM fit without stack on sm_90
+    (split,) = DECODE.compile(four_base, DECODE.default_schedule("sm_90", four_base),
+                              "sm_90").resources()
+    assert split.stack_bytes == 0 and 4 * split.shared_bytes <= 228 * 1024, split
 
 
 def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():

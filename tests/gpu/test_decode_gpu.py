@@ -215,20 +215,26 @@ def test_rows_alone_on_their_sms_walk_256_key_steps(shape):
 
 
 @gpu
-@pytest.mark.parametrize("shape", [(23, 32, 8, 6007, 128, "bf16", False),
-                                   (45, 16, 4, 3501, 128, "fp16", False),
-                                   (43, 32, 8, 4099, 128, "bf16", True)],
-                         ids=["184-rows", "180-rows-fp16", "344-rows-sinks"])
-def test_rows_at_three_ctas_an_sm_walk_64_key_steps(shape):
-    """The default of 172-264 and 331-396 rows at D 128 (one split at three CTAs an SM, 64-key
-    steps, NaN-poisoned output): as close to the float32 reference as the two-CTA, 128-key
-    form it replaced, over caches of odd lengths whose last step is mostly past the keys."""
-    b, hq, hkv, sk, d, dtype, sinks = shape
+@pytest.mark.parametrize("shape", [(23, 32, 8, 6007, 128, "bf16", False, 3, 64),
+                                   (45, 16, 4, 3501, 128, "fp16", False, 3, 64),
+                                   (43, 32, 8, 4099, 128, "bf16", True, 3, 64),
+                                   (118, 16, 4, 3017, 128, "fp16", False, 4, 32),
+                                   (61, 32, 8, 3001, 128, "bf16", True, 4, 32),
+                                   (76, 32, 8, 3119, 128, "bf16", False, 3, 64)],
+                         ids=["184-rows", "180-rows-fp16", "344-rows-sinks", "472-rows-fp16",
+                              "488-rows-sinks", "608-rows"])
+def test_rows_at_three_or_four_ctas_an_sm_walk_short_key_steps(shape):
+    """The default of 172-264, 331-396 and 581-660 rows at D 128 (one split at three CTAs an
+    SM, 64-key steps) and of 397-495 (four CTAs an SM, 32-key steps), NaN-poisoned output: as
+    close to the float32 reference as the two-CTA, 128-key form they replaced, over caches of
+    odd lengths whose last step is mostly past the keys."""
+    b, hq, hkv, sk, d, dtype, sinks, occupancy, step = shape
     problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                       dtype=dtype, causal=False, sinks=sinks)
     default = DECODE.default_schedule("sm_90", problem)
-    assert (default.splits, default.occupancy, default.tile_n) == (1, 3, 64)
-    _as_close_as(problem, default, default.replace(occupancy=2, tile_n=128))
+    assert (default.splits, default.occupancy, default.tile_n) == (1, occupancy, step)
+    _as_close_as(problem, default, default.replace(occupancy=2, tile_n=128, k_latency=2,
+                                                   v_latency=2))
 
 
 @gpu

@@ -44,6 +44,11 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   CTAs an SM with 32-128-key steps (smaller shared-memory stages, more CTAs streaming an SM);
   ``--occ-held``: ten other calls where the rule drawn from it applies, against the default
   before it (one split, 128-key steps, two CTAs an SM).
+  ``--occ-four``: other calls of 400-528 rows (a wave of three CTAs an SM and a bit) and
+  600-792 rows (past two waves of three), one split at four CTAs an SM with 32- and 64-key
+  steps and at three with 64-key steps, against the default (two CTAs an SM, 128-key steps).
+  ``--occ-four-held``: ten other calls in those two bands (397-495 and 529-660 rows), the
+  defaults drawn from ``--occ-four`` against the default before them.
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
   split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
   other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
@@ -117,6 +122,17 @@ BAND_HELD = ((22, 32, 8, 8000, 128), (45, 16, 4, 5000, 128, "fp16"), (26, 64, 8,
 #: --occ: 352-600 rows (one split, two CTAs an SM; section 19 found no split count that helps)
 OCC_ABOVE = ((44, 32, 8, 3000, 128, "fp16"), (50, 32, 8, 5000, 128), (57, 16, 8, 4000, 128),
              (130, 16, 4, 2500, 128), (75, 32, 8, 3000, 128))
+#: --occ-four: 400-528 and 600-792 rows, none of the sets above (the leads --occ left)
+OCC_FOUR = ((100, 16, 4, 4500, 128), (60, 49, 7, 4000, 128), (56, 32, 8, 6000, 128),
+            (120, 12, 4, 3200, 128, "fp16"), (64, 32, 8, 4096, 128), (66, 32, 8, 3001, 128),
+            (75, 56, 8, 3500, 128), (80, 32, 8, 4000, 128, "fp16"), (88, 16, 8, 3000, 128),
+            (99, 32, 8, 3300, 128, "bf16", True))
+#: --occ-four-held: calls none of the sets above ran, in the bands of the rules drawn from it
+OCC_FOUR_HELD = ((51, 64, 8, 4500, 128), (110, 16, 4, 3800, 128, "fp16"), (66, 49, 7, 3500, 128),
+                 (472, 8, 1, 3000, 128), (61, 32, 8, 7000, 128, "bf16", True),
+                 (68, 64, 8, 3200, 128), (142, 16, 4, 3000, 128, "fp16"),
+                 (73, 32, 8, 5000, 128), (620, 8, 1, 4000, 128),
+                 (82, 56, 8, 3300, 128, "bf16", True))
 #: --occ-held: calls none of the sets above ran, where the three-CTA rule applies
 OCC_HELD = ((23, 32, 8, 6000, 128), (60, 12, 4, 5000, 128), (13, 64, 16, 8000, 128, "fp16"),
             (29, 8, 8, 10000, 128), (196, 8, 1, 4000, 128), (45, 16, 4, 3500, 128, "fp16"),
@@ -166,7 +182,14 @@ def candidates_for(mode, default, rows, merged, keys):
                                                   v_latency=1),
                 "occ4 n32 K4 V4": default.replace(occupancy=4, tile_n=32, k_latency=4,
                                                   v_latency=4)}
-    if mode == "occ-held":  # the rule drawn from --occ, against the default before it
+    if mode == "occ-four":
+        return {"occ4 n32 K4 V4": default.replace(occupancy=4, tile_n=32, k_latency=4,
+                                                  v_latency=4),
+                "occ4 n64 K2 V2": default.replace(occupancy=4, tile_n=64, k_latency=2,
+                                                  v_latency=2),
+                "occ3 n64 K2 V2": default.replace(occupancy=3, tile_n=64, k_latency=2,
+                                                  v_latency=2)}
+    if mode in ("occ-held", "occ-four-held"):  # the rules, against the default before them
         return {"before": default.replace(occupancy=2, tile_n=128, k_latency=2, v_latency=2)}
     if mode == "band-held":
         return {"n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4)}
@@ -216,7 +239,7 @@ def main():
     modes = parser.add_mutually_exclusive_group()
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
-                 "waves-held", "band", "band-held", "occ", "occ-held"):
+                 "waves-held", "band", "band-held", "occ", "occ-held", "occ-four", "occ-four-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
@@ -224,7 +247,8 @@ def main():
               "ctas-held": CTAS_HELD, "short": SHORT, "short-held": SHORT_HELD, "waves": WAVES,
               "waves-above": WAVES_ABOVE, "waves-held": WAVES_HELD,
               "band": WAVES[:6], "band-held": BAND_HELD,
-              "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD}.get(args.mode, POINTS)
+              "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD, "occ-four": OCC_FOUR,
+              "occ-four-held": OCC_FOUR_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks

@@ -13,6 +13,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
+           "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "FOURTH_CTA_MAX_ROWS_SHARE",
+           "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP", "FOURTH_CTA_LATENCY",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
@@ -129,6 +131,24 @@ FILL_MAX_CTAS_SHARE = 0.775
 THIRD_CTA_MIN_ROWS_SHARE = 1.3
 THIRD_CTA_OCCUPANCY = 3
 THIRD_CTA_STEP = 64
+#: The same rule past two waves of two CTAs an SM: rows from this share of the SMs to five CTAs'
+#: rows an SM (581-660 on an H200; a third wave of two at most half full, a second wave of three
+#: more than half) run three CTAs an SM. On an H200 (docs/records/probes/decode_fill.py
+#: ``--occ-four``, the record above, section 24): 1.108x and 1.075x at 600 and 640 rows, 1.020x
+#: and 1.007x at 704 and 792 (past the band); held out (``--occ-four-held``) 1.047-1.095x at
+#: 584-656 rows (GPU time; 1.055-1.076x isolated with the host counted), but 0.963x at 544 rows
+#: and 1.006x at 568 (where a third wave of two holds 16-40 CTAs), from which the band's lower
+#: end was drawn.
+THIRD_CTA_SECOND_WAVE_ROWS_SHARES = (4.4, 5)
+#: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
+#: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
+#: 1.017-1.034x at 400-480 rows (0.993x at 512, 1.003x at 528, two whole waves of two; 64-key
+#: steps at four CTAs 0.97-1.02x); held out (``--occ-four-held``, 408-488 rows, D 128, bf16 and
+#: fp16, GQA 7, MQA, a sink) 1.025-1.038x GPU time, 1.013-1.038x isolated.
+FOURTH_CTA_MAX_ROWS_SHARE = 3.75
+FOURTH_CTA_OCCUPANCY = 4
+FOURTH_CTA_STEP = 32
+FOURTH_CTA_LATENCY = 4
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
 #: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
 #: split of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
@@ -233,8 +253,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     <= 128, no window). Rows above that share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs
     (one split, each CTA alone on its SM) walk 256-key steps with each load one step ahead at
     D 65-128; on Hopper, one split at D 128 whose rows fill from
-    :data:`THIRD_CTA_MIN_ROWS_SHARE` of the SMs to two CTAs each, or fit three CTAs an SM past
-    the three-split rule's rows, runs three CTAs an SM with 64-key steps.
+    :data:`THIRD_CTA_MIN_ROWS_SHARE` of the SMs to two CTAs each, fit three CTAs an SM past
+    the three-split rule's rows, or leave a third wave of two at most half full
+    (:data:`THIRD_CTA_SECOND_WAVE_ROWS_SHARES`), runs three CTAs an SM with 64-key steps; rows
+    just past a wave of three (up to :data:`FOURTH_CTA_MAX_ROWS_SHARE` of the SMs) run one wave
+    of four with 32-key steps.
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -335,11 +358,18 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
-            and problem.head_dim == 128 and keys >= PART_WAVE_MIN_KEYS and plain
-            and (THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
-                 or part_wave_rows < rows <= THIRD_CTA_OCCUPANCY * sms)):
-        # a wave of two CTAs an SM not full, or a wave of three that a third CTA an SM fills
-        return base.replace(occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_STEP)
+            and problem.head_dim == 128 and keys >= PART_WAVE_MIN_KEYS and plain):
+        low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
+        if (THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
+                or part_wave_rows < rows <= THIRD_CTA_OCCUPANCY * sms
+                or low * sms < rows <= high * sms):
+            # a wave of two CTAs an SM not full, or a last wave of two at most half full
+            # whose CTAs a third CTA an SM takes into the wave before
+            return base.replace(occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_STEP)
+        if THIRD_CTA_OCCUPANCY * sms < rows <= FOURTH_CTA_MAX_ROWS_SHARE * sms:
+            # a wave of three CTAs an SM and a bit: one wave of four
+            return base.replace(occupancy=FOURTH_CTA_OCCUPANCY, tile_n=FOURTH_CTA_STEP,
+                                k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY)
     v_latency = base.v_latency
     if small_pages and not problem.windowed and occupancy == FULL_GPU_OCCUPANCY:
         k_latency = v_latency = SMALL_PAGE_LATENCY
