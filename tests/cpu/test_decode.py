@@ -596,9 +596,9 @@ def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
     32-key steps, loads four ahead, up to ``FOURTH_CTA_MAX_ROWS_SHARE`` of the SMs (397-495 on
     an H200: 1.025-1.038x on five held-out calls); from ``THIRD_CTA_SECOND_WAVE_ROWS_SHARES``
     (581-660: a third wave of two at most half full) three CTAs an SM again (1.047-1.095x on
-    four). 496-580 rows (two waves of two and a few CTAs: 0.963x at 544), 661 and more, D 64
-    and 96, windows, softcaps, pages, FP8 caches and the other generations keep two CTAs an
-    SM."""
+    four). 496-580 rows (two waves of two and a few CTAs: 0.963x at 544), 661 and more, four
+    CTAs' rows at D 64 and 96, windows, softcaps, pages, FP8 caches and the other generations
+    keep two CTAs an SM."""
     from tiledattention.kernels.decode._defaults import (
         FOURTH_CTA_LATENCY, FOURTH_CTA_MAX_ROWS_SHARE, FOURTH_CTA_OCCUPANCY, FOURTH_CTA_STEP,
         FULL_GPU_OCCUPANCY, THIRD_CTA_OCCUPANCY, THIRD_CTA_SECOND_WAVE_ROWS_SHARES,
@@ -631,8 +631,7 @@ def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
               _problem(batch=71, seqlen_k=5000, head_dim=128),  # 568
               _problem(batch=83, seqlen_k=5000, head_dim=128),  # 664
               _problem(batch=99, seqlen_k=5000, head_dim=128),  # 792
-              *(dataclasses.replace(b, head_dim=d) for b in (four_base, three_base)
-                for d in (64, 96)),
+              *(dataclasses.replace(four_base, head_dim=d) for d in (64, 96)),
               *_outside_the_wave_rules(four_base), *_outside_the_wave_rules(three_base)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.occupancy in (1, FULL_GPU_OCCUPANCY) and s.tile_n != 32, (p.describe(), s)
@@ -643,6 +642,48 @@ def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
     (split,) = DECODE.compile(four_base, DECODE.default_schedule("sm_90", four_base),
                               "sm_90").resources()
     assert split.stack_bytes == 0 and 4 * split.shared_bytes <= 228 * 1024, split
+
+
+def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
+    """At D 33-127 the three-CTA rule's rows past the three-split rule's (331-396 on an H200)
+    and past two waves of two (581-660) run three CTAs an SM, with
+    ``THIRD_CTA_SHORT_HEAD_STEP``-key steps at D <= 64 and 64-key steps above (1.150-1.256x and
+    1.030-1.090x on ten held-out calls); their rows short of a wave of two (172-264: 0.91-1.06x
+    held out), four CTAs' rows, D 32 and below, D 129 and above, short caches, windows,
+    softcaps, pages, FP8 caches and the other generations keep their schedules."""
+    from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY, SHORT_HEAD_DIM,
+                                                         THIRD_CTA_OCCUPANCY,
+                                                         THIRD_CTA_SHORT_HEAD_STEP,
+                                                         THIRD_CTA_STEP)
+
+    assert THIRD_CTA_SHORT_HEAD_STEP == 128 and SHORT_HEAD_DIM == 64
+    # 344 rows (H 16/4), 392 (H 32/8) and 600 (H 32/8), 640 multi-query
+    for batch, heads_q, heads_kv in ((86, 16, 4), (49, 32, 8), (75, 32, 8), (640, 8, 1)):
+        for head_dim, step in ((48, 128), (64, 128), (80, 64), (96, 64), (112, 64)):
+            p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=5000,
+                         head_dim=head_dim, dtype="fp16" if batch % 2 else "bf16")
+            s = DECODE.default_schedule("sm_90", p)
+            assert (s.splits, s.occupancy, s.tile_n, s.k_latency, s.v_latency) == (
+                1, THIRD_CTA_OCCUPANCY, step, 2, 2), (p.describe(), s)
+    assert THIRD_CTA_STEP == 64
+    base = _problem(batch=45, seqlen_k=5000, head_dim=64)  # 360 rows
+    for p in (_problem(batch=27, seqlen_k=5000, head_dim=64),  # 216 rows
+              _problem(batch=30, seqlen_k=5000, head_dim=96),  # 240 rows
+              _problem(batch=55, seqlen_k=5000, head_dim=96),  # 440 rows
+              _problem(batch=55, seqlen_k=5000, head_dim=64),
+              _problem(batch=68, seqlen_k=5000, head_dim=64),  # 544 rows
+              _problem(batch=88, seqlen_k=5000, head_dim=96),  # 704 rows
+              dataclasses.replace(base, head_dim=32),
+              dataclasses.replace(base, head_dim=160),
+              dataclasses.replace(base, head_dim=256),
+              *_outside_the_wave_rules(base)):
+        s = DECODE.default_schedule("sm_90", p)
+        assert s.occupancy in (1, FULL_GPU_OCCUPANCY), (p.describe(), s)
+    for arch in ("sm_80", "sm_100", "sm_120"):
+        assert DECODE.default_schedule(arch, base).occupancy in (1, FULL_GPU_OCCUPANCY), arch
+    # three CTAs an SM fit without stack on sm_90 with 128-key steps at D 64
+    (split,) = DECODE.compile(base, DECODE.default_schedule("sm_90", base), "sm_90").resources()
+    assert split.stack_bytes == 0 and 3 * split.shared_bytes <= 228 * 1024, split
 
 
 def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():

@@ -49,6 +49,10 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   steps and at three with 64-key steps, against the default (two CTAs an SM, 128-key steps).
   ``--occ-four-held``: ten other calls in those two bands (397-495 and 529-660 rows), the
   defaults drawn from ``--occ-four`` against the default before them.
+  ``--occ-dims``: the same bands at D 64, 96 and 256 (the rules above are D 128's), one split
+  at three and four CTAs an SM with shorter key steps than the default's.
+  ``--occ-dims-held``: other calls at D 48-96 in the three-CTA bands, the rule drawn from
+  ``--occ-dims`` against the default before it.
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
   split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
   other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
@@ -133,6 +137,19 @@ OCC_FOUR_HELD = ((51, 64, 8, 4500, 128), (110, 16, 4, 3800, 128, "fp16"), (66, 4
                  (68, 64, 8, 3200, 128), (142, 16, 4, 3000, 128, "fp16"),
                  (73, 32, 8, 5000, 128), (620, 8, 1, 4000, 128),
                  (82, 56, 8, 3300, 128, "bf16", True))
+#: --occ-dims: 200, 240, 360, 440 and 620 rows at D 64, 96 and 256
+OCC_DIMS = tuple((b, hq, hkv, sk, d, *more) for d in (64, 96, 256)
+                 for b, hq, hkv, sk, *more in ((25, 32, 8, 7000), (60, 16, 4, 5000, "fp16"),
+                                               (45, 32, 8, 4500), (55, 64, 8, 4000),
+                                               (155, 16, 4, 3500, "fp16")))
+#: --occ-dims-held: calls at D 48-96 none of the sets above ran, in the three-CTA bands
+OCC_DIMS_HELD = ((22, 32, 8, 6000, 64), (27, 16, 8, 5000, 64, "fp16"), (64, 12, 4, 4000, 64),
+                 (85, 16, 4, 3300, 64), (48, 32, 8, 3500, 64, "bf16", True),
+                 (75, 32, 8, 5000, 64), (81, 64, 8, 3000, 64, "fp16"),
+                 (46, 32, 8, 5000, 96), (27, 32, 8, 8000, 96, "fp16"), (32, 16, 8, 4000, 96),
+                 (86, 16, 4, 3500, 96), (49, 32, 8, 3000, 96, "bf16", True),
+                 (74, 32, 8, 4000, 96), (160, 16, 4, 3100, 96, "fp16"),
+                 (30, 32, 8, 6000, 80), (78, 16, 8, 3500, 80), (24, 32, 8, 8000, 48))
 #: --occ-held: calls none of the sets above ran, where the three-CTA rule applies
 OCC_HELD = ((23, 32, 8, 6000, 128), (60, 12, 4, 5000, 128), (13, 64, 16, 8000, 128, "fp16"),
             (29, 8, 8, 10000, 128), (196, 8, 1, 4000, 128), (45, 16, 4, 3500, 128, "fp16"),
@@ -189,6 +206,18 @@ def candidates_for(mode, default, rows, merged, keys):
                                                   v_latency=2),
                 "occ3 n64 K2 V2": default.replace(occupancy=3, tile_n=64, k_latency=2,
                                                   v_latency=2)}
+    if mode == "occ-dims":
+        if default.tile_n >= 128:  # D 64 (256-key steps) and D 96 (128)
+            return {f"occ{o} n{n} K{k} V{k}": default.replace(occupancy=o, tile_n=n, k_latency=k,
+                                                             v_latency=k)
+                    for o, n, k in ((3, 128, 2), (3, 64, 2), (4, 64, 2), (4, 32, 4))}
+        return {f"occ{o} n{n} K{k} V{k}": default.replace(occupancy=o, tile_n=n, k_latency=k,
+                                                         v_latency=k)
+                for o, n, k in ((2, 32, 4), (3, 32, 2), (3, 32, 4))}
+    if mode == "occ-dims-held":  # before the rule: two CTAs an SM, steps twice as long
+        assert default.occupancy == 3, default  # every call is in a band of the rule
+        return {"before": default.replace(occupancy=2, tile_n=2 * default.tile_n, k_latency=2,
+                                          v_latency=2)}
     if mode in ("occ-held", "occ-four-held"):  # the rules, against the default before them
         return {"before": default.replace(occupancy=2, tile_n=128, k_latency=2, v_latency=2)}
     if mode == "band-held":
@@ -239,7 +268,8 @@ def main():
     modes = parser.add_mutually_exclusive_group()
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
-                 "waves-held", "band", "band-held", "occ", "occ-held", "occ-four", "occ-four-held"):
+                 "waves-held", "band", "band-held", "occ", "occ-held", "occ-four", "occ-four-held",
+                 "occ-dims", "occ-dims-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
@@ -248,7 +278,8 @@ def main():
               "waves-above": WAVES_ABOVE, "waves-held": WAVES_HELD,
               "band": WAVES[:6], "band-held": BAND_HELD,
               "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD, "occ-four": OCC_FOUR,
-              "occ-four-held": OCC_FOUR_HELD}.get(args.mode, POINTS)
+              "occ-four-held": OCC_FOUR_HELD, "occ-dims": OCC_DIMS,
+              "occ-dims-held": OCC_DIMS_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks

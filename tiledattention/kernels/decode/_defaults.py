@@ -13,7 +13,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
-           "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "FOURTH_CTA_MAX_ROWS_SHARE",
+           "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP", "FOURTH_CTA_MAX_ROWS_SHARE",
            "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP", "FOURTH_CTA_LATENCY",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
@@ -131,6 +131,16 @@ FILL_MAX_CTAS_SHARE = 0.775
 THIRD_CTA_MIN_ROWS_SHARE = 1.3
 THIRD_CTA_OCCUPANCY = 3
 THIRD_CTA_STEP = 64
+#: The rows past the three-split rule's and the second wave's (not those short of a wave of
+#: two) run so at head dims of 33-127 too: 65-127 with 64-key steps as 128 (the same 128-column
+#: tiles), 33-64 (``SHORT_HEAD_DIM``, 256-key steps otherwise) with this many keys a step. On an
+#: H200 (docs/records/probes/decode_fill.py ``--occ-dims``, section 25 of the record above): D 64
+#: 1.034-1.200x at 200-620 rows with 128-key steps (64-key steps 0.62-1.04x), D 96 1.023-1.211x
+#: at 240-620 with 64-key steps; held out (``--occ-dims-held``, D 48-96, seventeen calls):
+#: 1.150-1.256x at 340-392 rows and 1.030-1.090x at 592-648 (GPU time; 1.102-1.208x and
+#: 1.046-1.076x isolated), but 0.908-1.062x at 176-256 rows (D 80 at 240 rows 0.908x, D 48 at
+#: 192 0.911x), so those keep two CTAs an SM below D 128.
+THIRD_CTA_SHORT_HEAD_STEP = 128
 #: The same rule past two waves of two CTAs an SM: rows from this share of the SMs to five CTAs'
 #: rows an SM (581-660 on an H200; a third wave of two at most half full, a second wave of three
 #: more than half) run three CTAs an SM. On an H200 (docs/records/probes/decode_fill.py
@@ -257,7 +267,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     the three-split rule's rows, or leave a third wave of two at most half full
     (:data:`THIRD_CTA_SECOND_WAVE_ROWS_SHARES`), runs three CTAs an SM with 64-key steps; rows
     just past a wave of three (up to :data:`FOURTH_CTA_MAX_ROWS_SHARE` of the SMs) run one wave
-    of four with 32-key steps.
+    of four with 32-key steps. At D 33-127 the last two bands of three CTAs an SM apply too
+    (:data:`THIRD_CTA_SHORT_HEAD_STEP`-key steps at D <= 64).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -358,15 +369,19 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
-            and problem.head_dim == 128 and keys >= PART_WAVE_MIN_KEYS and plain):
+            and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS and plain):
         low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
-        if (THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
+        if ((THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
+             and problem.head_dim == 128)
                 or part_wave_rows < rows <= THIRD_CTA_OCCUPANCY * sms
                 or low * sms < rows <= high * sms):
             # a wave of two CTAs an SM not full, or a last wave of two at most half full
             # whose CTAs a third CTA an SM takes into the wave before
-            return base.replace(occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_STEP)
-        if THIRD_CTA_OCCUPANCY * sms < rows <= FOURTH_CTA_MAX_ROWS_SHARE * sms:
+            return base.replace(occupancy=THIRD_CTA_OCCUPANCY,
+                                tile_n=THIRD_CTA_SHORT_HEAD_STEP
+                                if problem.head_dim <= SHORT_HEAD_DIM else THIRD_CTA_STEP)
+        if (THIRD_CTA_OCCUPANCY * sms < rows <= FOURTH_CTA_MAX_ROWS_SHARE * sms
+                and problem.head_dim == 128):
             # a wave of three CTAs an SM and a bit: one wave of four
             return base.replace(occupancy=FOURTH_CTA_OCCUPANCY, tile_n=FOURTH_CTA_STEP,
                                 k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY)
