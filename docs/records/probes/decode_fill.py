@@ -53,6 +53,8 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   at three and four CTAs an SM with shorter key steps than the default's.
   ``--occ-dims-held``: other calls at D 48-96 in the three-CTA bands, the rule drawn from
   ``--occ-dims`` against the default before it.
+  ``--occ-many``: 680-1320 rows at D 64 and 128 (past the bands above), three and four CTAs
+  an SM against the default.
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
   split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
   other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
@@ -150,6 +152,11 @@ OCC_DIMS_HELD = ((22, 32, 8, 6000, 64), (27, 16, 8, 5000, 64, "fp16"), (64, 12, 
                  (86, 16, 4, 3500, 96), (49, 32, 8, 3000, 96, "bf16", True),
                  (74, 32, 8, 4000, 96), (160, 16, 4, 3100, 96, "fp16"),
                  (30, 32, 8, 6000, 80), (78, 16, 8, 3500, 80), (24, 32, 8, 8000, 48))
+#: --occ-many: 680-1320 rows, D 64 and 128
+OCC_MANY = ((85, 32, 8, 4000, 128), (90, 16, 8, 3500, 128, "fp16"), (95, 32, 8, 4000, 64),
+            (105, 32, 8, 3000, 128), (225, 16, 4, 3200, 128, "fp16"), (120, 32, 8, 3000, 128),
+            (132, 32, 8, 3000, 128), (140, 32, 8, 3500, 64), (150, 16, 8, 3000, 128),
+            (165, 32, 8, 3000, 64, "fp16"))
 #: --occ-held: calls none of the sets above ran, where the three-CTA rule applies
 OCC_HELD = ((23, 32, 8, 6000, 128), (60, 12, 4, 5000, 128), (13, 64, 16, 8000, 128, "fp16"),
             (29, 8, 8, 10000, 128), (196, 8, 1, 4000, 128), (45, 16, 4, 3500, 128, "fp16"),
@@ -206,6 +213,12 @@ def candidates_for(mode, default, rows, merged, keys):
                                                   v_latency=2),
                 "occ3 n64 K2 V2": default.replace(occupancy=3, tile_n=64, k_latency=2,
                                                   v_latency=2)}
+    if mode == "occ-many":
+        step = 128 if default.tile_n == 256 else 64
+        return {f"occ3 n{step}": default.replace(occupancy=3, tile_n=step, k_latency=2,
+                                                 v_latency=2),
+                f"occ4 n{step // 2} K4 V4": default.replace(occupancy=4, tile_n=step // 2,
+                                                            k_latency=4, v_latency=4)}
     if mode == "occ-dims":
         if default.tile_n >= 128:  # D 64 (256-key steps) and D 96 (128)
             return {f"occ{o} n{n} K{k} V{k}": default.replace(occupancy=o, tile_n=n, k_latency=k,
@@ -269,7 +282,7 @@ def main():
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
                  "waves-held", "band", "band-held", "occ", "occ-held", "occ-four", "occ-four-held",
-                 "occ-dims", "occ-dims-held"):
+                 "occ-dims", "occ-dims-held", "occ-many"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
@@ -279,7 +292,7 @@ def main():
               "band": WAVES[:6], "band-held": BAND_HELD,
               "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD, "occ-four": OCC_FOUR,
               "occ-four-held": OCC_FOUR_HELD, "occ-dims": OCC_DIMS,
-              "occ-dims-held": OCC_DIMS_HELD}.get(args.mode, POINTS)
+              "occ-dims-held": OCC_DIMS_HELD, "occ-many": OCC_MANY}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks

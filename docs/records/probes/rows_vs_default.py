@@ -7,6 +7,7 @@ against the family case's float32 reference first.
 
     source .devtk/setup.sh && python3 docs/records/probes/rows_vs_default.py --family decode
         [--rounds 12] [--tuned-on "NVIDIA H100 80GB HBM3"]   # rows of that device only
+        [--rows 160-700]   # rows whose B x H_kv lies in that range only
 """
 
 import argparse
@@ -26,10 +27,14 @@ def main():
     parser.add_argument("--family", required=True)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--tuned-on", default=None, help="only the rows of this device name")
+    parser.add_argument("--rows", default=None,
+                        help="LO-HI: only keys whose batch x K/V heads lies in [LO, HI]")
     args = parser.parse_args()
+    low, high = map(int, args.rows.split("-")) if args.rows else (0, float("inf"))
     family = ta.get_family(args.family)
     rows = [r for r in shipped_table("sm_90").rows() if r.family == family.name
-            and (args.tuned_on is None or r.device_name == args.tuned_on)]
+            and (args.tuned_on is None or r.device_name == args.tuned_on)
+            and low <= r.problem.batch * r.problem.heads_kv <= high]
     pairs = [(r, family.normalise(r.problem, r.schedule),
               family.default_schedule("sm_90", r.problem)) for r in rows]
     compile_ahead([(r.problem, s) for r, row, default in pairs for s in (row, default)
