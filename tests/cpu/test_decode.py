@@ -594,8 +594,8 @@ def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
     """Past a wave of three CTAs an SM the same calls (one split at D 128 over a contiguous
     16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more) run one wave of four CTAs an SM with
     32-key steps, loads four ahead, up to ``FOURTH_CTA_MAX_ROWS_SHARE`` of the SMs (397-495 on
-    an H200: 1.025-1.038x on five held-out calls); from ``THIRD_CTA_SECOND_WAVE_ROWS_SHARES``
-    (581-660: a third wave of two at most half full) three CTAs an SM again (1.047-1.095x on
+    an H200: 1.022-1.039x on five held-out calls); from ``THIRD_CTA_SECOND_WAVE_ROWS_SHARES``
+    (581-660: a third wave of two at most half full) three CTAs an SM again (1.047-1.096x on
     four). 496-580 rows (two waves of two and a few CTAs: 0.963x at 544), 661 and more, four
     CTAs' rows at D 64 and 96, windows, softcaps, pages, FP8 caches and the other generations
     keep two CTAs an SM."""

@@ -13,8 +13,9 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
-           "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP", "FOURTH_CTA_MAX_ROWS_SHARE",
-           "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP", "FOURTH_CTA_LATENCY",
+           "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP",
+           "FOURTH_CTA_MAX_ROWS_SHARE", "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP",
+           "FOURTH_CTA_LATENCY",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
@@ -131,6 +132,15 @@ FILL_MAX_CTAS_SHARE = 0.775
 THIRD_CTA_MIN_ROWS_SHARE = 1.3
 THIRD_CTA_OCCUPANCY = 3
 THIRD_CTA_STEP = 64
+#: The same rule past two waves of two CTAs an SM: rows from this share of the SMs to five CTAs'
+#: rows an SM (581-660 on an H200; a third wave of two at most half full, a second wave of three
+#: more than half) run three CTAs an SM. On an H200 (docs/records/probes/decode_fill.py
+#: ``--occ-four``, the record above, section 24): 1.108x and 1.075x at 600 and 640 rows, 1.020x
+#: and 1.007x at 704 and 792 (past the band); held out (``--occ-four-held``) 1.047-1.096x at
+#: 584-656 rows (GPU time; 1.054-1.076x isolated with the host counted), but 0.963x at 544 rows
+#: and 1.006x at 568 (where a third wave of two holds 16-40 CTAs), from which the band's lower
+#: end was drawn.
+THIRD_CTA_SECOND_WAVE_ROWS_SHARES = (4.4, 5)
 #: The rows past the three-split rule's and the second wave's (not those short of a wave of
 #: two) run so at head dims of 33-127 too: 65-127 with 64-key steps as 128 (the same 128-column
 #: tiles), 33-64 (``SHORT_HEAD_DIM``, 256-key steps otherwise) with this many keys a step. On an
@@ -138,23 +148,14 @@ THIRD_CTA_STEP = 64
 #: 1.034-1.200x at 200-620 rows with 128-key steps (64-key steps 0.62-1.04x), D 96 1.023-1.211x
 #: at 240-620 with 64-key steps; held out (``--occ-dims-held``, D 48-96, seventeen calls):
 #: 1.150-1.256x at 340-392 rows and 1.030-1.090x at 592-648 (GPU time; 1.102-1.208x and
-#: 1.046-1.076x isolated), but 0.908-1.062x at 176-256 rows (D 80 at 240 rows 0.908x, D 48 at
+#: 1.046-1.076x isolated), but 0.908-1.063x at 176-256 rows (D 80 at 240 rows 0.908x, D 48 at
 #: 192 0.911x), so those keep two CTAs an SM below D 128.
 THIRD_CTA_SHORT_HEAD_STEP = 128
-#: The same rule past two waves of two CTAs an SM: rows from this share of the SMs to five CTAs'
-#: rows an SM (581-660 on an H200; a third wave of two at most half full, a second wave of three
-#: more than half) run three CTAs an SM. On an H200 (docs/records/probes/decode_fill.py
-#: ``--occ-four``, the record above, section 24): 1.108x and 1.075x at 600 and 640 rows, 1.020x
-#: and 1.007x at 704 and 792 (past the band); held out (``--occ-four-held``) 1.047-1.095x at
-#: 584-656 rows (GPU time; 1.055-1.076x isolated with the host counted), but 0.963x at 544 rows
-#: and 1.006x at 568 (where a third wave of two holds 16-40 CTAs), from which the band's lower
-#: end was drawn.
-THIRD_CTA_SECOND_WAVE_ROWS_SHARES = (4.4, 5)
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
 #: 1.017-1.034x at 400-480 rows (0.993x at 512, 1.003x at 528, two whole waves of two; 64-key
 #: steps at four CTAs 0.97-1.02x); held out (``--occ-four-held``, 408-488 rows, D 128, bf16 and
-#: fp16, GQA 7, MQA, a sink) 1.025-1.038x GPU time, 1.013-1.038x isolated.
+#: fp16, GQA 7, MQA, a sink) 1.022-1.039x GPU time, 1.013-1.037x isolated.
 FOURTH_CTA_MAX_ROWS_SHARE = 3.75
 FOURTH_CTA_OCCUPANCY = 4
 FOURTH_CTA_STEP = 32
