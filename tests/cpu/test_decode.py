@@ -503,14 +503,23 @@ def test_the_cache_rules_splits_short_of_the_sms_split_for_two_ctas_an_sm():
     assert DECODE.default_schedule("sm_80", base).occupancy == 1
 
 
-def _outside_the_wave_rules(base: Problem) -> tuple:
+def _window(base: Problem, keys: int) -> Problem:
+    """``base`` with a sliding window of ``keys`` keys at the cache's end."""
+    return dataclasses.replace(base, causal=True, bottom_right=True, window_left=keys - 1,
+                               window_right=0)
+
+
+def _outside_the_wave_rules(base: Problem, window: bool = True) -> tuple:
     """``base`` as the calls the one-split wave rules leave as they were: a cache shorter than
-    ``PART_WAVE_MIN_KEYS``, a window, a softcap, a paged cache, an FP8 cache."""
+    ``PART_WAVE_MIN_KEYS``, a softcap, a paged cache, an FP8 cache, and a window (with
+    ``window`` False, for the occupancy rules, which take windows: a window of fewer keys than
+    ``PART_WAVE_MIN_KEYS`` and a window with a softcap)."""
     from tiledattention.kernels.decode._defaults import PART_WAVE_MIN_KEYS
 
-    return (dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS - 1),
-            dataclasses.replace(base, causal=True, bottom_right=True, window_left=4000,
-                                window_right=0),
+    windows = ((_window(base, 4001),) if window
+               else (_window(base, PART_WAVE_MIN_KEYS - 1),
+                     dataclasses.replace(_window(base, 4001), softcap=30.0)))
+    return (dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS - 1), *windows,
             dataclasses.replace(base, softcap=30.0),
             dataclasses.replace(base, causal=True, bottom_right=True, ragged=True, page_size=64),
             dataclasses.replace(base, kv_dtype="e4m3"))
@@ -578,7 +587,7 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
               dataclasses.replace(base, head_dim=64),
               dataclasses.replace(base, head_dim=96),
               dataclasses.replace(base, seqlen_q=8),  # 32-row tiles
-              *_outside_the_wave_rules(base)):
+              *_outside_the_wave_rules(base, window=False)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.occupancy != THIRD_CTA_OCCUPANCY, (p.describe(), s)
     wide = _problem(batch=30, seqlen_k=5000, head_dim=128)  # 240 rows: in the band on sm_100 too
@@ -632,7 +641,8 @@ def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
               _problem(batch=83, seqlen_k=5000, head_dim=128),  # 664
               _problem(batch=99, seqlen_k=5000, head_dim=128),  # 792
               *(dataclasses.replace(four_base, head_dim=d) for d in (64, 96)),
-              *_outside_the_wave_rules(four_base), *_outside_the_wave_rules(three_base)):
+              *_outside_the_wave_rules(four_base, window=False),
+              *_outside_the_wave_rules(three_base, window=False)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.occupancy in (1, FULL_GPU_OCCUPANCY) and s.tile_n != 32, (p.describe(), s)
     for arch in ("sm_80", "sm_100", "sm_120"):
@@ -676,7 +686,7 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
               dataclasses.replace(base, head_dim=32),
               dataclasses.replace(base, head_dim=160),
               dataclasses.replace(base, head_dim=256),
-              *_outside_the_wave_rules(base)):
+              *_outside_the_wave_rules(base, window=False)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.occupancy in (1, FULL_GPU_OCCUPANCY), (p.describe(), s)
     for arch in ("sm_80", "sm_100", "sm_120"):
@@ -684,6 +694,30 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
     # three CTAs an SM fit without stack on sm_90 with 128-key steps at D 64
     (split,) = DECODE.compile(base, DECODE.default_schedule("sm_90", base), "sm_90").resources()
     assert split.stack_bytes == 0 and 3 * split.shared_bytes <= 228 * 1024, split
+
+
+def test_windows_over_a_contiguous_cache_take_the_occupancy_bands():
+    """A sliding window of at least ``PART_WAVE_MIN_KEYS`` keys over a longer contiguous cache
+    (no softcap) takes the three- and four-CTA bands as a cache of the window's keys does
+    (1.021-1.216x on ten calls of 192-640 rows, D 64 and 128); its rows counted as a cache's,
+    its keys the window's: a window of fewer keys over the same cache keeps two CTAs an SM."""
+    from tiledattention.kernels.decode._defaults import PART_WAVE_MIN_KEYS
+
+    # 192 and 352 rows (three CTAs), 440 (four), 600 (three), D 64 at 360 (three, 128 keys)
+    for batch, head_dim, want in ((24, 128, (3, 64, 2)), (44, 128, (3, 64, 2)),
+                                  (55, 128, (4, 32, 4)), (75, 128, (3, 64, 2)),
+                                  (45, 64, (3, 128, 2))):
+        for cache in (8192, 20000):
+            p = _window(_problem(batch=batch, seqlen_k=cache, head_dim=head_dim), 4096)
+            s = DECODE.default_schedule("sm_90", p)
+            assert (s.splits, s.occupancy, s.tile_n, s.k_latency) == (1, *want), (
+                p.describe(), s)
+            unwindowed = DECODE.default_schedule("sm_90", _problem(
+                batch=batch, seqlen_k=4096, head_dim=head_dim))
+            assert (s.occupancy, s.tile_n) == (unwindowed.occupancy, unwindowed.tile_n)
+            short = _window(_problem(batch=batch, seqlen_k=cache, head_dim=head_dim),
+                            PART_WAVE_MIN_KEYS - 1)
+            assert DECODE.default_schedule("sm_90", short).occupancy == 2, short.describe()
 
 
 def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():

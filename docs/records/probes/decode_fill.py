@@ -55,6 +55,10 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   ``--occ-dims`` against the default before it.
   ``--occ-many``: 680-1320 rows at D 64 and 128 (past the bands above), three and four CTAs
   an SM against the default.
+  ``--occ-window``: sliding windows of 3500-4096 keys (Mistral's) over longer contiguous
+  caches in the bands of the rules above (drawn without windows), the default against the
+  form those rules give the same call without its window; shares of the copy rate on the
+  window's bytes.
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
   split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
   other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
@@ -64,11 +68,13 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
 """
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 import tiledattention as ta
-from tiledattention.kernels.decode._defaults import FULL_GPU_OCCUPANCY, MAX_MERGED_ROWS
+from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY, MAX_MERGED_ROWS,
+                                                     window_keys)
 from tiledattention.kernels.decode._schedule import MAX_SPLITS
 from tuner.measure import time_interleaved
 
@@ -157,6 +163,17 @@ OCC_MANY = ((85, 32, 8, 4000, 128), (90, 16, 8, 3500, 128, "fp16"), (95, 32, 8, 
             (105, 32, 8, 3000, 128), (225, 16, 4, 3200, 128, "fp16"), (120, 32, 8, 3000, 128),
             (132, 32, 8, 3000, 128), (140, 32, 8, 3500, 64), (150, 16, 8, 3000, 128),
             (165, 32, 8, 3000, 64, "fp16"))
+#: --occ-window: (B, H_q, H_kv, cache keys, D, dtype, sinks, window keys) in the rules' bands
+OCC_WINDOW = ((24, 32, 8, 32768, 128, "bf16", False, 4096),
+              (30, 32, 8, 20000, 128, "fp16", False, 4096),
+              (44, 32, 8, 16384, 128, "bf16", False, 4096),
+              (48, 32, 8, 12000, 128, "bf16", True, 4096),
+              (55, 32, 8, 16000, 128, "bf16", False, 4096),
+              (60, 32, 8, 10000, 128, "fp16", False, 4096),
+              (75, 32, 8, 8192, 128, "bf16", False, 4096),
+              (80, 32, 8, 9000, 128, "bf16", False, 4096),
+              (45, 16, 8, 12000, 64, "bf16", False, 4096),
+              (78, 16, 8, 9000, 64, "fp16", False, 3500))
 #: --occ-held: calls none of the sets above ran, where the three-CTA rule applies
 OCC_HELD = ((23, 32, 8, 6000, 128), (60, 12, 4, 5000, 128), (13, 64, 16, 8000, 128, "fp16"),
             (29, 8, 8, 10000, 128), (196, 8, 1, 4000, 128), (45, 16, 4, 3500, 128, "fp16"),
@@ -282,7 +299,7 @@ def main():
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
                  "waves-held", "band", "band-held", "occ", "occ-held", "occ-four", "occ-four-held",
-                 "occ-dims", "occ-dims-held", "occ-many"):
+                 "occ-dims", "occ-dims-held", "occ-many", "occ-window"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
@@ -292,17 +309,27 @@ def main():
               "band": WAVES[:6], "band-held": BAND_HELD,
               "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD, "occ-four": OCC_FOUR,
               "occ-four-held": OCC_FOUR_HELD, "occ-dims": OCC_DIMS,
-              "occ-dims-held": OCC_DIMS_HELD, "occ-many": OCC_MANY}.get(args.mode, POINTS)
+              "occ-dims-held": OCC_DIMS_HELD, "occ-many": OCC_MANY,
+              "occ-window": OCC_WINDOW}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
-    for b, hq, hkv, sk, d, *more in points:  # more: the dtype, whether the heads have sinks
-        dtype, sinks = (more + ["bf16", False][len(more):])[:2]
+    for b, hq, hkv, sk, d, *more in points:  # more: the dtype, sinks, a window's keys
+        dtype, sinks, window = (more + ["bf16", False, 0][len(more):])[:3]
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                        dtype=dtype, causal=False, sinks=sinks)
+        if window:
+            unwindowed = ta.DECODE.default_schedule("sm_90", p)
+            p = dataclasses.replace(p, causal=True, bottom_right=True, window_left=window - 1,
+                                    window_right=0)
         default = ta.DECODE.default_schedule("sm_90", p)
         merged = "block_pdl" if d <= 128 else "block"
-        plans.append((p, {"default": default,
-                          **candidates_for(args.mode, default, b * hkv, merged, sk)}))
+        if args.mode == "occ-window":  # the form of the rules drawn without a window
+            found = {"unwindowed form": default.replace(
+                occupancy=unwindowed.occupancy, tile_n=unwindowed.tile_n,
+                k_latency=unwindowed.k_latency, v_latency=unwindowed.v_latency)}
+        else:
+            found = candidates_for(args.mode, default, b * hkv, merged, sk)
+        plans.append((p, {"default": default, **found}))
     compile_ahead([(p, s) for p, c in plans for s in c.values()])
     summary = []
     for p, candidates in plans:
@@ -317,7 +344,8 @@ def main():
             errors["torch-cudnn"] = float("nan")
         times = time_interleaved(fns, rounds=args.rounds, host=args.host)
         print(f"== {p.describe()} rows {rows} default {default.describe()}")
-        report(times, rows * sk * d * 2 * 2, copy_gbps, errors, candidates)
+        keys = window_keys(p)  # the cache's, or a window's
+        report(times, rows * keys * d * 2 * 2, copy_gbps, errors, candidates)
         base = times["default"].median_ms
         cudnn = times["torch-cudnn"].median_ms if baseline is not None else float("nan")
         print("  cuDNN/ours: " + "  ".join(f"{n}={cudnn / t.median_ms:.3f}"

@@ -149,7 +149,11 @@ THIRD_CTA_SECOND_WAVE_ROWS_SHARES = (4.4, 5)
 #: at 240-620 with 64-key steps; held out (``--occ-dims-held``, D 48-96, seventeen calls):
 #: 1.150-1.256x at 340-392 rows and 1.030-1.090x at 592-648 (GPU time; 1.102-1.208x and
 #: 1.046-1.076x isolated), but 0.908-1.063x at 176-256 rows (D 80 at 240 rows 0.908x, D 48 at
-#: 192 0.911x), so those keep two CTAs an SM below D 128.
+#: 192 0.911x), so those keep two CTAs an SM below D 128. A sliding window of at least
+#: ``PART_WAVE_MIN_KEYS`` keys over a contiguous cache (no softcap) takes every band of these
+#: rules, counted on the window's keys: on ten calls of 192-640 rows (windows of 3500-4096 keys
+#: over 8k-32k caches, D 64 and 128; ``--occ-window``, section 26) the rules' form ran
+#: 1.021-1.216x the two-CTA default, 91-103% of the copy rate on the window's bytes.
 THIRD_CTA_SHORT_HEAD_STEP = 128
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
@@ -269,7 +273,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     (:data:`THIRD_CTA_SECOND_WAVE_ROWS_SHARES`), runs three CTAs an SM with 64-key steps; rows
     just past a wave of three (up to :data:`FOURTH_CTA_MAX_ROWS_SHARE` of the SMs) run one wave
     of four with 32-key steps. At D 33-127 the last two bands of three CTAs an SM apply too
-    (:data:`THIRD_CTA_SHORT_HEAD_STEP`-key steps at D <= 64).
+    (:data:`THIRD_CTA_SHORT_HEAD_STEP`-key steps at D <= 64), and all of them to a window over a
+    contiguous cache (counted on its keys; no softcap).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -303,6 +308,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # what the one-split wave and step rules were measured on: a contiguous 16-bit cache of one
     # length, no window or softcap
     plain = contiguous and not (problem.windowed or problem.softcap or problem.ragged)
+    # the same with a window (the one-split occupancy rules hold for one too)
+    plain_window = contiguous_window and not (problem.softcap or problem.ragged)
     keys = window_keys(problem) if problem.windowed else problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
     if (gen in TWO_CTAS_AN_SM and problem.head_dim <= SHORT_HEAD_DIM
@@ -370,7 +377,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
-            and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS and plain):
+            and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
+            and (plain or plain_window)):
         low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
         if ((THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
              and problem.head_dim == 128)
