@@ -183,6 +183,13 @@ D64 = ((100, 16, 1, 40000, 64), (120, 8, 1, 9000, 64), (12, 64, 8, 6000, 64),
        (30, 32, 4, 20000, 64), (110, 32, 1, 4000, 64), (11, 24, 8, 15000, 64))
 
 
+def forms(default, *shapes):
+    """``default`` at each ``(occupancy, key step, loads ahead of K and V)``, by name."""
+    return {f"occ{o} n{n} K{k} V{k}": default.replace(occupancy=o, tile_n=n, k_latency=k,
+                                                     v_latency=k)
+            for o, n, k in shapes}
+
+
 def candidates_for(mode, default, rows, merged, keys):
     """The schedules a mode times beside the default."""
     def split(n, **changes):
@@ -213,37 +220,16 @@ def candidates_for(mode, default, rows, merged, keys):
                 "occ1 n256 K1 V1": default.replace(occupancy=1, tile_n=256, k_latency=1,
                                                    v_latency=1)}
     if mode == "occ":
-        return {"occ3 n64 K2 V2": default.replace(occupancy=3, tile_n=64, k_latency=2,
-                                                  v_latency=2),
-                "occ3 n64 K4 V4": default.replace(occupancy=3, tile_n=64, k_latency=4,
-                                                  v_latency=4),
-                "occ3 n128 K1 V1": default.replace(occupancy=3, tile_n=128, k_latency=1,
-                                                   v_latency=1),
-                "occ4 n64 K1 V1": default.replace(occupancy=4, tile_n=64, k_latency=1,
-                                                  v_latency=1),
-                "occ4 n32 K4 V4": default.replace(occupancy=4, tile_n=32, k_latency=4,
-                                                  v_latency=4)}
+        return forms(default, (3, 64, 2), (3, 64, 4), (3, 128, 1), (4, 64, 1), (4, 32, 4))
     if mode == "occ-four":
-        return {"occ4 n32 K4 V4": default.replace(occupancy=4, tile_n=32, k_latency=4,
-                                                  v_latency=4),
-                "occ4 n64 K2 V2": default.replace(occupancy=4, tile_n=64, k_latency=2,
-                                                  v_latency=2),
-                "occ3 n64 K2 V2": default.replace(occupancy=3, tile_n=64, k_latency=2,
-                                                  v_latency=2)}
+        return forms(default, (4, 32, 4), (4, 64, 2), (3, 64, 2))
     if mode == "occ-many":
         step = 128 if default.tile_n == 256 else 64
-        return {f"occ3 n{step}": default.replace(occupancy=3, tile_n=step, k_latency=2,
-                                                 v_latency=2),
-                f"occ4 n{step // 2} K4 V4": default.replace(occupancy=4, tile_n=step // 2,
-                                                            k_latency=4, v_latency=4)}
+        return forms(default, (3, step, 2), (4, step // 2, 4))
     if mode == "occ-dims":
         if default.tile_n >= 128:  # D 64 (256-key steps) and D 96 (128)
-            return {f"occ{o} n{n} K{k} V{k}": default.replace(occupancy=o, tile_n=n, k_latency=k,
-                                                             v_latency=k)
-                    for o, n, k in ((3, 128, 2), (3, 64, 2), (4, 64, 2), (4, 32, 4))}
-        return {f"occ{o} n{n} K{k} V{k}": default.replace(occupancy=o, tile_n=n, k_latency=k,
-                                                         v_latency=k)
-                for o, n, k in ((2, 32, 4), (3, 32, 2), (3, 32, 4))}
+            return forms(default, (3, 128, 2), (3, 64, 2), (4, 64, 2), (4, 32, 4))
+        return forms(default, (2, 32, 4), (3, 32, 2), (3, 32, 4))
     if mode == "occ-dims-held":  # before the rule: two CTAs an SM, steps twice as long
         assert default.occupancy == 3, default  # every call is in a band of the rule
         return {"before": default.replace(occupancy=2, tile_n=2 * default.tile_n, k_latency=2,
