@@ -30,7 +30,12 @@ def main():
     parser.add_argument("--rows", default=None,
                         help="LO-HI: only keys whose batch x K/V heads lies in [LO, HI]")
     args = parser.parse_args()
-    low, high = map(int, args.rows.split("-")) if args.rows else (0, float("inf"))
+    low, high = 0, float("inf")
+    if args.rows:
+        try:
+            low, high = (int(x) for x in args.rows.split("-"))
+        except ValueError:
+            parser.error(f"--rows takes LO-HI, two integers; got {args.rows!r}")
     family = ta.get_family(args.family)
     rows = [r for r in shipped_table("sm_90").rows() if r.family == family.name
             and (args.tuned_on is None or r.device_name == args.tuned_on)
