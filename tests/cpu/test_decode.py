@@ -562,8 +562,8 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     fit three CTAs an SM past the three-split rule's rows (331-396), runs three CTAs an SM
     with 64-key steps, loads two ahead (1.035-1.196x the two-CTA default on ten held-out calls);
     160 rows, 397-580 and 661 and more (the next test's), the three-split rule's rows, short
-    caches, D 64 and 96, windows, softcaps, pages, FP8 caches and the other generations keep
-    their schedules."""
+    caches, D 64 and 96, short or capped windows, softcaps, pages, FP8 caches and the other
+    generations keep their schedules (windows of enough keys: the window test below)."""
     from tiledattention.kernels.decode._defaults import (THIRD_CTA_MIN_ROWS_SHARE,
                                                          THIRD_CTA_OCCUPANCY, THIRD_CTA_STEP)
 
@@ -606,8 +606,8 @@ def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
     an H200: 1.022-1.039x on five held-out calls); from ``THIRD_CTA_SECOND_WAVE_ROWS_SHARES``
     (581-660: a third wave of two at most half full) three CTAs an SM again (1.047-1.096x on
     four). 496-580 rows (two waves of two and a few CTAs: 0.963x at 544), 661 and more, four
-    CTAs' rows at D 64 and 96, windows, softcaps, pages, FP8 caches and the other generations
-    keep two CTAs an SM."""
+    CTAs' rows at D 64 and 96, short or capped windows, softcaps, pages, FP8 caches and the
+    other generations keep two CTAs an SM."""
     from tiledattention.kernels.decode._defaults import (
         FOURTH_CTA_LATENCY, FOURTH_CTA_MAX_ROWS_SHARE, FOURTH_CTA_OCCUPANCY, FOURTH_CTA_STEP,
         FULL_GPU_OCCUPANCY, THIRD_CTA_OCCUPANCY, THIRD_CTA_SECOND_WAVE_ROWS_SHARES,
@@ -659,8 +659,8 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
     and past two waves of two (581-660) run three CTAs an SM, with
     ``THIRD_CTA_SHORT_HEAD_STEP``-key steps at D <= 64 and 64-key steps above (1.150-1.256x and
     1.030-1.090x on ten held-out calls); their rows short of a wave of two (172-264: 0.91-1.06x
-    held out), four CTAs' rows, D 32 and below, D 129 and above, short caches, windows,
-    softcaps, pages, FP8 caches and the other generations keep their schedules."""
+    held out), four CTAs' rows, D 32 and below, D 129 and above, short caches, short or capped
+    windows, softcaps, pages, FP8 caches and the other generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY, SHORT_HEAD_DIM,
                                                          THIRD_CTA_OCCUPANCY,
                                                          THIRD_CTA_SHORT_HEAD_STEP,
