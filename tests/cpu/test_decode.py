@@ -525,6 +525,14 @@ def _outside_the_wave_rules(base: Problem, window: bool = True) -> tuple:
             dataclasses.replace(base, kv_dtype="e4m3"))
 
 
+def _default_fits_without_stack(problem: Problem, ctas: int) -> None:
+    """The sm_90 default's split kernel for ``problem``, compiled on the CPU, keeps no stack
+    and fits ``ctas`` CTAs an SM in shared memory (tileiras keeps the stages they can hold)."""
+    (split,) = DECODE.compile(problem, DECODE.default_schedule("sm_90", problem),
+                              "sm_90").resources()
+    assert split.stack_bytes == 0 and ctas * split.shared_bytes <= 228 * 1024, split
+
+
 def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     """Rows past one wave of two CTAs an SM by at most ``PART_WAVE_MAX_SHARE`` of it (265-330
     on an H200) over a contiguous 16-bit cache of ``PART_WAVE_MIN_KEYS`` keys or more take
@@ -594,9 +602,8 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     for arch in ("sm_80", "sm_100", "sm_120"):
         for p in (base, wide):
             assert DECODE.default_schedule(arch, p).occupancy != THIRD_CTA_OCCUPANCY, arch
-    # three CTAs an SM fit without stack on sm_90 (tileiras keeps the stages they can hold)
-    (split,) = DECODE.compile(base, DECODE.default_schedule("sm_90", base), "sm_90").resources()
-    assert split.stack_bytes == 0 and 3 * split.shared_bytes <= 228 * 1024, split
+    # three CTAs an SM fit without stack on sm_90
+    _default_fits_without_stack(base, THIRD_CTA_OCCUPANCY)
 
 
 def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
@@ -649,9 +656,7 @@ def test_rows_past_a_wave_of_three_run_four_ctas_or_a_second_wave_of_three():
         for p in (four_base, three_base):
             assert DECODE.default_schedule(arch, p).occupancy in (1, FULL_GPU_OCCUPANCY), arch
     # four CTAs an SM fit without stack on sm_90
-    (split,) = DECODE.compile(four_base, DECODE.default_schedule("sm_90", four_base),
-                              "sm_90").resources()
-    assert split.stack_bytes == 0 and 4 * split.shared_bytes <= 228 * 1024, split
+    _default_fits_without_stack(four_base, FOURTH_CTA_OCCUPANCY)
 
 
 def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
@@ -692,8 +697,7 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
     for arch in ("sm_80", "sm_100", "sm_120"):
         assert DECODE.default_schedule(arch, base).occupancy in (1, FULL_GPU_OCCUPANCY), arch
     # three CTAs an SM fit without stack on sm_90 with 128-key steps at D 64
-    (split,) = DECODE.compile(base, DECODE.default_schedule("sm_90", base), "sm_90").resources()
-    assert split.stack_bytes == 0 and 3 * split.shared_bytes <= 228 * 1024, split
+    _default_fits_without_stack(base, THIRD_CTA_OCCUPANCY)
 
 
 def test_windows_over_a_contiguous_cache_take_the_occupancy_bands():

@@ -216,17 +216,17 @@ def test_rows_alone_on_their_sms_walk_256_key_steps(shape):
 
 
 @gpu
-@pytest.mark.parametrize("shape", [(23, 32, 8, 6007, 128, "bf16", False, 3, 64),
-                                   (45, 16, 4, 3501, 128, "fp16", False, 3, 64),
-                                   (43, 32, 8, 4099, 128, "bf16", True, 3, 64),
-                                   (118, 16, 4, 3017, 128, "fp16", False, 4, 32),
-                                   (61, 32, 8, 3001, 128, "bf16", True, 4, 32),
-                                   (76, 32, 8, 3119, 128, "bf16", False, 3, 64),
-                                   (87, 16, 4, 3203, 64, "fp16", False, 3, 128),
-                                   (49, 32, 8, 3077, 96, "bf16", True, 3, 64),
-                                   (79, 16, 8, 3001, 80, "bf16", False, 3, 64),
-                                   (61, 32, 8, 9001, 128, "bf16", 3001, 4, 32),
-                                   (44, 16, 8, 7777, 64, "fp16", 4095, 3, 128)],
+@pytest.mark.parametrize("shape", [(23, 32, 8, 6007, 128, "bf16", False, 0, 3, 64),
+                                   (45, 16, 4, 3501, 128, "fp16", False, 0, 3, 64),
+                                   (43, 32, 8, 4099, 128, "bf16", True, 0, 3, 64),
+                                   (118, 16, 4, 3017, 128, "fp16", False, 0, 4, 32),
+                                   (61, 32, 8, 3001, 128, "bf16", True, 0, 4, 32),
+                                   (76, 32, 8, 3119, 128, "bf16", False, 0, 3, 64),
+                                   (87, 16, 4, 3203, 64, "fp16", False, 0, 3, 128),
+                                   (49, 32, 8, 3077, 96, "bf16", True, 0, 3, 64),
+                                   (79, 16, 8, 3001, 80, "bf16", False, 0, 3, 64),
+                                   (61, 32, 8, 9001, 128, "bf16", False, 3001, 4, 32),
+                                   (44, 16, 8, 7777, 64, "fp16", False, 4095, 3, 128)],
                          ids=["184-rows", "180-rows-fp16", "344-rows-sinks", "472-rows-fp16",
                               "488-rows-sinks", "608-rows", "348-rows-d64-fp16",
                               "392-rows-d96-sinks", "632-rows-d80", "488-rows-window",
@@ -237,14 +237,14 @@ def test_rows_at_three_or_four_ctas_an_sm_walk_short_key_steps(shape):
     rows at D 64 (128-key steps) and D 65-127 (64-key steps), NaN-poisoned output: as close to
     the float32 reference as the two-CTA form with steps twice as long that they replaced
     (four times for the 32-key steps), over caches of odd lengths whose last step is mostly
-    past the keys; two of them sliding windows of odd lengths over a longer cache
-    (``sinks_or_window``: sinks where True, else a window's keys)."""
-    b, hq, hkv, sk, d, dtype, sinks_or_window, occupancy, step = shape
+    past the keys; two of them sliding windows (``window`` keys, odd, at the end of a longer
+    cache)."""
+    b, hq, hkv, sk, d, dtype, sinks, window, occupancy, step = shape
     problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                      dtype=dtype, causal=False, sinks=sinks_or_window is True)
-    if sinks_or_window > 1:  # a window of that many keys (Mistral's kind), at the cache's end
+                      dtype=dtype, causal=False, sinks=sinks)
+    if window:
         problem = dataclasses.replace(problem, causal=True, bottom_right=True,
-                                      window_left=sinks_or_window - 1, window_right=0)
+                                      window_left=window - 1, window_right=0)
     default = DECODE.default_schedule("sm_90", problem)
     assert (default.splits, default.occupancy, default.tile_n) == (1, occupancy, step)
     _as_close_as(problem, default, default.replace(occupancy=2, tile_n=max(128, 2 * step),

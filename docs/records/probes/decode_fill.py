@@ -56,9 +56,10 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   ``--occ-many``: 680-1320 rows at D 64 and 128 (past the bands above), three and four CTAs
   an SM against the default.
   ``--occ-window``: sliding windows of 3500-4096 keys (Mistral's) over longer contiguous
-  caches in the bands of the rules above (drawn without windows), the default against the
-  form those rules give the same call without its window; shares of the copy rate on the
-  window's bytes.
+  caches in the bands of the rules above (drawn without windows): the form those rules give
+  the same call without its window against the two-CTA form windows ran before them (the
+  default, whichever of the two the tree's rules pick, beside); shares of the copy rate on
+  the window's bytes.
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
   split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
   other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
@@ -309,10 +310,13 @@ def main():
                                     window_right=0)
         default = ta.DECODE.default_schedule("sm_90", p)
         merged = "block_pdl" if d <= 128 else "block"
-        if args.mode == "occ-window":  # the form of the rules drawn without a window
+        if args.mode == "occ-window":  # the rules' form drawn without a window, and the
+            # two-CTA form windows ran before them (either may be the tree's default)
             found = {"unwindowed form": default.replace(
                 occupancy=unwindowed.occupancy, tile_n=unwindowed.tile_n,
-                k_latency=unwindowed.k_latency, v_latency=unwindowed.v_latency)}
+                k_latency=unwindowed.k_latency, v_latency=unwindowed.v_latency),
+                "two CTAs an SM": default.replace(occupancy=2, tile_n=256 if d <= 64 else 128,
+                                                  k_latency=2, v_latency=2)}
         else:
             found = candidates_for(args.mode, default, b * hkv, merged, sk)
         plans.append((p, {"default": default, **found}))

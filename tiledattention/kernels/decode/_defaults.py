@@ -200,27 +200,26 @@ FP8_K_LATENCY = 4
 #: at pages of 32 and 0.96-0.99x at 64-256 (docs/records/probes/fp8_words_sweep.py).
 FP8_SMALL_PAGE_V_LATENCY = 4
 #: Head dims up to this walk ``SHORT_HEAD_STEP``-key steps over a contiguous 16-bit cache of at
-#: least ``SHORT_HEAD_MIN_KEYS`` keys without a window: as many bytes a step as 128 keys at
-#: D 128. On an H200 (batch 1-32, H 8-32 with groups of 1 and 4, caches of 2k-30k keys;
-#: docs/records/probes/decode_small_batches.py --heads64 --steps) 256-key steps ran 1.04-1.12x
-#: the 128-key default at D 64 on all seven calls (geometric mean 1.09x; cuDNN's lead there
-#: fell from 1.18-1.23x to 1.03-1.13x). Shorter caches were not measured, nor generations with
+#: least ``SHORT_HEAD_MIN_KEYS`` keys without a window: as many bytes a step as 128 keys at D 128.
+#: On an H200 (batch 1-32, H 8-32 with groups of 1 and 4, caches of 2k-30k keys;
+#: b83b497:docs/records/probes/decode_small_batches.py --heads64 --steps) 256-key steps ran
+#: 1.04-1.12x the 128-key default at D 64 on all seven calls (geometric mean 1.09x; cuDNN's lead
+#: there fell from 1.18-1.23x to 1.03-1.13x). Shorter caches were not measured, nor generations with
 #: less shared memory an SM than Hopper's (``TWO_CTAS_AN_SM``): there the steps stay 128 keys.
 SHORT_HEAD_DIM = 64
 SHORT_HEAD_STEP = 256
 SHORT_HEAD_MIN_KEYS = 2048
 #: At most this many query rows (splits x the tile's rows) are merged per output row: the combine
-#: kernel walks a row's splits in a chain, so a cache of one or two K/V heads split for a whole
-#: wave (66-132 splits) spent longer merging than streaming. On an H200 (one K/V head, batch 1
-#: and 2, D 64 and 128; docs/records/probes/decode_small_batches.py --mqa) half to a quarter of
-#: those splits ran 1.10-1.88x the default (B1 H64/1 over 32k keys: 128 splits of 64-row tiles
-#: 50.6 µs, 32 splits 26.9 µs), an eighth 0.72-1.66x. Checked on five other calls of one or
-#: two K/V heads (``--check-rows``): 1.04-1.42x the uncapped splits on four, 0.95x on one
-#: (B1 H32/1 over 64k keys, D 64: 32 splits of 32-row tiles against 132).
-#: With the block merge (``DEFAULT_COMBINE``, one load of all of a row's splits) the cost per
-#: split fell and the cap rose to what one block holds, ``_launch.BLOCK_MAX_ROWS`` (2048 rows;
-#: on an H200, twice the splits merged as a block ran 1.63x and 1.57x the 1024-row default on
-#: the two multi-query calls that it changes).
+#: kernel walks a row's splits in a chain, so a cache of one or two K/V heads split for a whole wave
+#: (66-132 splits) spent longer merging than streaming. On an H200 (one K/V head, batch 1 and 2, D
+#: 64 and 128; b83b497:docs/records/probes/decode_small_batches.py --mqa) half to a quarter of those
+#: splits ran 1.10-1.88x the default (B1 H64/1 over 32k keys: 128 splits of 64-row tiles 50.6 µs, 32
+#: splits 26.9 µs), an eighth 0.72-1.66x. Checked on five other calls of one or two K/V heads
+#: (``--check-rows``): 1.04-1.42x the uncapped splits on four, 0.95x on one (B1 H32/1 over 64k keys,
+#: D 64: 32 splits of 32-row tiles against 132). With the block merge (``DEFAULT_COMBINE``, one load
+#: of all of a row's splits) the cost per split fell and the cap rose to what one block holds,
+#: ``_launch.BLOCK_MAX_ROWS`` (2048 rows; on an H200, twice the splits merged as a block ran 1.63x
+#: and 1.57x the 1024-row default on the two multi-query calls that it changes).
 MAX_MERGED_ROWS = BLOCK_MAX_ROWS
 #: How the default merges its splits: all of a row's splits from one tile (``"block"``; a
 #: schedule of more rows than a block holds falls back to the stepping merge in ``normalise``).
@@ -285,8 +284,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     its CTAs :data:`WINDOW_SPLIT_MIN_GAIN`-fold, and keeps one CTA an SM. A ragged batch (a
     paged cache's) splits by the same rule, counted on its longest cache: on an H200 (page 64,
     H 32/8, D 128), more splits than the rule gives cost 1.07-1.26x on caches of one length (B 8
-    at 8k, B 64 at 2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B 64 at 4 splits, B
-    16 at 8). Pages whose loads take 16 keys walk 64-key steps split for two waves
+    at 8k, B 64 at 2k) and gained 1.04x and 1.18x on cache lengths drawn from 100 to 32k (B
+    64 at 4 splits, B 16 at 8). Pages whose loads take 16 keys walk 64-key steps split for two waves
     (:data:`SMALL_PAGE_STEP`; at two CTAs an SM, loads :data:`SMALL_PAGE_LATENCY` steps
     ahead); a paged split that fills the GPU by itself runs two CTAs an SM (with larger pages,
     K loads four steps ahead); one that does not takes
@@ -305,11 +304,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # runs two CTAs an SM as it would, but for a capped wide head)
     contiguous = not problem.page_size and not problem.kv_dtype
     contiguous_window = problem.windowed and contiguous and not capped_wide
-    # what the one-split wave and step rules were measured on: a contiguous 16-bit cache of one
-    # length, no window or softcap
-    plain = contiguous and not (problem.windowed or problem.softcap or problem.ragged)
-    # the same with a window (the one-split occupancy rules hold for one too)
-    plain_window = contiguous_window and not (problem.softcap or problem.ragged)
+    # what the one-split occupancy rules were measured on: a contiguous 16-bit cache of one
+    # length, no softcap (a window counted on its keys)
+    uncapped = contiguous and not (problem.softcap or problem.ragged)
+    # and the one-split wave and step rules: the same without a window
+    plain = uncapped and not problem.windowed
     keys = window_keys(problem) if problem.windowed else problem.seqlen_k
     tile_n = 128 if problem.head_dim <= 128 else 64
     if (gen in TWO_CTAS_AN_SM and problem.head_dim <= SHORT_HEAD_DIM
@@ -377,8 +376,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
-            and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
-            and (plain or plain_window)):
+            and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS and uncapped):
         low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
         if ((THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
              and problem.head_dim == 128)
