@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import DECODE, DecodeSchedule, Problem
+from tiledattention.core._compile import SM_COUNTS, generation
 from tiledattention.kernels.decode import layout
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
@@ -20,6 +21,9 @@ _FULL = {
     "splits": _SPLITS,
     "combine": ("pdl", "kernel", "block", "block_pdl"),
     "balanced": (False, True),
+    # every row split, or only those past whole waves of two CTAs an SM (``restricted`` puts
+    # the problem's count in place of the 1, or drops the dimension where there is none)
+    "tail_rows": (0, 1),
     "tile_n": (32, 64, 128, 256),
     "tile_m": (16, 32, 64, 128),
     "occupancy": (1, 2, 3, 4),  # 3 and 4: defaults of one split at 172-660 rows on Hopper
@@ -57,9 +61,11 @@ def infeasibility(arch: str, problem: Problem, schedule: DecodeSchedule) -> str 
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     """Split counts that leave every split at least two 64-key tiles; the combine strategy only
     when there can be more than one split; balanced splits only for a ragged batch without a
-    window (its entries' lengths differ); query-row tiling only when S_q > 1. A space that does
-    not search the merge (``compact``) merges as the problem's default does: the base's
-    stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
+    window (its entries' lengths differ); query-row tiling only when S_q > 1; splitting only
+    the rows past whole waves of two CTAs an SM (``tail_rows``) only where some are, in a
+    batch of one cache length (counted in whole batch entries, as ``normalise`` keeps it). A
+    space that does not search the merge (``compact``) merges as the problem's default does:
+    the base's stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
     (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9)."""
     choices = dict(space.choices)
     base = space.base
@@ -72,6 +78,15 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         names.append("balanced")
     if problem.seqlen_q == 1:
         names.append("tile_m")
+    if "tail_rows" in choices:
+        rows = layout(problem, base).rows
+        wave = 2 * SM_COUNTS[generation(space.arch)]
+        entry = rows // problem.batch
+        tail = -(-(rows % wave) // entry) * entry
+        if problem.ragged or choices["splits"] == (1,) or rows <= wave or not 0 < tail < rows:
+            names.append("tail_rows")
+        else:
+            choices["tail_rows"] = (0, tail)
     restricted_space = SearchSpace(space.arch, choices, base, space.infeasibility)
     return restricted_space.without(*[n for n in names if n in choices])
 
@@ -89,7 +104,9 @@ def model_ms(problem: Problem, schedule: DecodeSchedule) -> float:
     launch."""
     moved = 2 * (2 * problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim
                  + 2 * problem.batch * problem.heads_kv * problem.seqlen_k * problem.head_dim)
-    ctas = layout(problem, schedule).rows * schedule.splits
+    rows = layout(problem, schedule).rows
+    tail = schedule.tail_rows if schedule.tail_rows < rows else 0  # 0: every row splits
+    ctas = rows - tail + tail * schedule.splits if tail else rows * schedule.splits
     fill = min(1.0, ctas / 132) * (0.9 if ctas > 132 and ctas % 132 else 1.0)
     tiles = {64: 0.95, 128: 1.0, 256: 0.9}.get(schedule.tile_n, 0.9)
     launches = 1 if schedule.splits == 1 else 2

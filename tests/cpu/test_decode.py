@@ -31,7 +31,8 @@ from tiledattention.kernels.decode._defaults import MIN_KEYS_PER_SPLIT
 from tiledattention.kernels.decode._kernel import decode_combine
 from tiledattention.kernels.decode._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS,
                                                    combine_constants, combine_kernel, key_walk,
-                                                   launches, split_constants, split_kernel)
+                                                   launches, normalise, partial_shapes,
+                                                   split_constants, split_kernel)
 from tiledattention.kernels.decode._schedule import DECODE_SCHEDULE_FORMAT, MAX_SPLITS
 from tuner.cli import main
 
@@ -183,7 +184,8 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 
 
 # -- DecodeSchedule ------------------------------------------------------------------------------
-TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tile_n=256, tile_m=128,
+TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tail_rows=5, tile_n=256,
+                         tile_m=128,
                          pack_heads=False, occupancy=2, num_worker_warps=8, k_latency=3,
                          v_latency=10, k_transposed=True, exp2=False)
 
@@ -194,6 +196,8 @@ TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tile_n=256, ti
     ("splits", True, "DecodeSchedule.splits must be an int"),
     ("splits", 2.0, "DecodeSchedule.splits must be an int"),
     ("combine", "x", "DecodeSchedule.combine must be one of"),
+    ("tail_rows", -1, "DecodeSchedule.tail_rows must be in 0..1048576"),
+    ("tail_rows", 1.5, "DecodeSchedule.tail_rows must be an int"),
     ("tile_n", 48, "DecodeSchedule.tile_n must be one of"),
     ("tile_n", 512, "DecodeSchedule.tile_n must be one of"),
     ("tile_m", 8, "DecodeSchedule.tile_m must be one of"),
@@ -263,7 +267,8 @@ def test_describe():
     assert DecodeSchedule(splits=16, combine="pdl", tile_n=128, occupancy=2, k_latency=2,
                           v_latency=2).describe() == "split16/pdl n128 m16 occ2 lat(K2,V2)"
     assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
-    assert TOGGLED.describe() == "split16/pdl/bal n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp"
+    assert TOGGLED.describe() == ("split16/pdl/bal/tail5 n256 m128 occ2 unpacked w8 lat(K3,V10) "
+                                  "Kt exp")
     assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
 
 
@@ -724,6 +729,73 @@ def test_windows_over_a_contiguous_cache_take_the_occupancy_bands():
             assert DECODE.default_schedule("sm_90", short).occupancy == 2, short.describe()
 
 
+def test_last_wave_rows_split_to_fill_it_at_head_dims_below_128():
+    """One split at two CTAs an SM at D 33-127 whose rows pass whole waves of two (264 rows a
+    wave on an H200) by at most ``TAIL_MAX_WAVE_SHARE`` of a wave splits only those last rows,
+    in as many splits as fill the wave (2-8): 1.030-1.148x one split on ten held-out calls. A
+    whole number of waves, a larger remainder, the three-CTA bands, D 128 and D 32, short
+    caches, softcaps, paged and FP8 caches, and Ampere keep their schedules; a window of 3000
+    keys or more takes it as a cache of its keys."""
+    from tiledattention.kernels.decode._defaults import TAIL_MAX_SPLITS, TAIL_MAX_WAVE_SHARE
+
+    assert TAIL_MAX_SPLITS == 8 and 105 <= TAIL_MAX_WAVE_SHARE * 264 < 106
+    # (rows, head_dim, rows past whole waves, splits): rows = batch x 8 K/V heads
+    for rows, head_dim, tail, splits in ((536, 64, 8, 8), (552, 48, 24, 8), (568, 96, 40, 6),
+                                         (576, 80, 48, 5), (896, 64, 104, 2),
+                                         (800, 96, 8, 8), (1072, 64, 16, 8)):
+        p = _problem(batch=rows // 8, seqlen_k=5000, head_dim=head_dim)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.splits, s.tail_rows, s.occupancy, s.combine, s.tile_n) == (
+            splits, tail, 2, "block_pdl", 256 if head_dim <= 64 else 128), (rows, head_dim, s)
+        plan = launches(p, s, None)
+        whole = rows - tail
+        assert plan.split_grid == (whole + tail * splits, 1, 1), plan.split_grid
+        assert (plan.whole_rows, plan.whole_batches, plan.combine_grid[0]) == (
+            whole, whole // 8, tail)
+        tile_d = 64 if head_dim <= 64 else 128
+        assert partial_shapes(plan) == ((tail, splits, 16, tile_d), (tail, splits, 16))
+        windowed = _window(_problem(batch=rows // 8, seqlen_k=20000, head_dim=head_dim), 4096)
+        assert DECODE.default_schedule("sm_90", windowed).tail_rows == tail, windowed.describe()
+    # whole batch entries: 800 rows of 16 K/V heads pass three waves by 8, half an entry
+    s = DECODE.default_schedule("sm_90", _problem(batch=50, heads_kv=16, seqlen_k=5000))
+    assert (s.tail_rows, s.splits) == (16, 8), s
+    # 528 (two whole waves), 640 (three CTAs an SM), 688 (160 past), 600 at D 32 and D 128
+    for rows, head_dim in ((528, 64), (640, 64), (688, 96), (544, 32), (544, 128), (800, 128)):
+        s = DECODE.default_schedule("sm_90", _problem(batch=rows // 8, seqlen_k=5000,
+                                                      head_dim=head_dim))
+        assert s.tail_rows == 0 and s.splits == 1, (rows, head_dim, s)
+    base = _problem(batch=67, seqlen_k=5000, head_dim=64)  # 536 rows
+    for p in _outside_the_wave_rules(base, window=False):
+        assert DECODE.default_schedule("sm_90", p).tail_rows == 0, p.describe()
+    for arch in ("sm_80", "sm_100", "sm_120"):
+        assert DECODE.default_schedule(arch, base).tail_rows == 0, arch
+
+
+def test_only_the_tail_rows_split_and_their_partials_alone_are_kept():
+    """``tail_rows``: normalised away with one split, when it covers every row, and for a
+    ragged batch (not measured); its CTAs a one-dimensional grid of the whole rows and the
+    tail's splits; the kernels carry it as ``TAIL`` (with sinks, the split kernel adds those of
+    the unsplit rows: ``SINKS``); it compiles for every architecture."""
+    p = _problem(batch=67, seqlen_k=5000, head_dim=64)  # 536 rows
+    tail = DecodeSchedule(splits=4, tail_rows=8, occupancy=2, combine="block_pdl", tile_n=256)
+    assert normalise(p, tail) == tail
+    assert normalise(p, tail.replace(splits=1)).tail_rows == 0
+    assert normalise(p, tail.replace(tail_rows=536)) == tail.replace(tail_rows=0)
+    assert normalise(p, tail.replace(tail_rows=529)) == tail.replace(tail_rows=0)
+    assert normalise(p, tail.replace(tail_rows=3)).tail_rows == 8  # whole entries of 8 rows
+    paged = dataclasses.replace(p, causal=True, bottom_right=True, ragged=True, page_size=64)
+    assert normalise(paged, tail).tail_rows == 0
+    assert split_constants(p, tail)["TAIL"] and not split_constants(p, tail)["DIRECT"]
+    assert not split_constants(p, tail.replace(tail_rows=0))["TAIL"]
+    sinks = dataclasses.replace(p, sinks=True)
+    assert split_constants(sinks, tail)["SINKS"] and combine_constants(sinks, tail)["SINKS"]
+    assert not split_constants(sinks, tail.replace(tail_rows=0))["SINKS"]
+    for arch in ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121"):
+        result = DECODE.compile(sinks, tail, arch)
+        assert result.cubin[:4] == b"\x7fELF" and len(result.other_cubins) == 1, arch
+    assert _digest(p, tail) != _digest(p, tail.replace(tail_rows=0))
+
+
 def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
     """Rows above the fill rule's share up to ``DEEP_STEP_MAX_ROWS_SHARE`` of the SMs (89-102
     on an H200: one split, each CTA alone on its SM) over a contiguous 16-bit cache of at least
@@ -1067,6 +1139,18 @@ def test_full_space_fixes_tile_m_at_one_position_and_combine_with_one_split():
     short = restrict(full, _problem(seqlen_q=4, seqlen_k=129))  # 3 tiles of 64: one split
     assert short.choices["splits"] == (1,) and "combine" not in short.choices
     assert restrict(full, _problem(seqlen_k=256)).choices["splits"] == (1, 2)
+    # only the rows past whole waves of two CTAs an SM split: where some are (536 rows, 8 past
+    # two waves on sm_90; on sm_100's 148 SMs 240 past one), in whole batch entries
+    assert "tail_rows" not in token.choices  # 8 rows
+    assert restrict(full, _problem(batch=67, seqlen_k=5000)).choices["tail_rows"] == (0, 8)
+    sm100 = search_spaces.space_for("decode", "sm_100", "full")
+    assert restrict(sm100, _problem(batch=67, seqlen_k=5000)).choices["tail_rows"] == (0, 240)
+    wide = restrict(full, _problem(batch=50, heads_q=32, heads_kv=16, seqlen_k=5000))
+    assert wide.choices["tail_rows"] == (0, 16)  # 800 rows, 8 past three waves: an entry
+    for p in (_problem(batch=66, seqlen_k=5000),  # 528 rows: two whole waves
+              dataclasses.replace(_problem(batch=67, seqlen_k=5000), causal=True,
+                                  bottom_right=True, ragged=True, page_size=64)):
+        assert "tail_rows" not in restrict(full, p).choices, p.describe()
 
 
 def test_shared_memory_prunes_per_architecture():
@@ -1117,12 +1201,12 @@ def test_simulated_search_stores_a_row_that_never_answers_a_lookup(tmp_path):
 # -- kernel arguments by name -------------------------------------------------------------------
 def test_launch_order_of_the_runtime_values_is_the_kernels():
     """``_launch.launch`` passes (Q, K, V, Out, Opart, Lse, scale, offset, kv_div, window_left,
-    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, share_keys, *constants)
+    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, split_hint, *constants)
     and (Opart, Lse, Out, Sinks, *constants) positionally: the kernels must take them so."""
     assert SPLIT_PARAMETERS.names[:18] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
                                            "causal_offset", "kv_div", "window_left",
                                            "window_right", "softcap", "Sinks", "Ranges",
-                                           "Pages", "KDescale", "VDescale", "share_keys")
+                                           "Pages", "KDescale", "VDescale", "split_hint")
     assert set(SPLIT_PARAMETERS.names[18:]) == SPLIT_PARAMETERS.constants
     assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "Sinks", "TILE_G", "TILE_S",
                                         "CHUNK_D", "UNROLL", "PDL", "SINKS", "BLOCK")

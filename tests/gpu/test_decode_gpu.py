@@ -252,6 +252,43 @@ def test_rows_at_three_or_four_ctas_an_sm_walk_short_key_steps(shape):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(67, 16, 8, 4001, 64, "bf16", False, 0, 8, 8),
+                                   (69, 64, 8, 3503, 64, "fp16", True, 0, 24, 8),
+                                   (71, 16, 8, 6007, 96, "bf16", False, 0, 40, 6),
+                                   (570, 4, 1, 3001, 64, "bf16", True, 0, 42, 6),
+                                   (110, 64, 8, 4003, 48, "fp16", False, 0, 88, 3),
+                                   (70, 32, 8, 16001, 64, "bf16", False, 4095, 32, 8),
+                                   (105, 32, 8, 9001, 96, "fp16", True, 3501, 48, 5)],
+                         ids=["536-rows-d64", "552-rows-sinks-fp16", "568-rows-d96",
+                              "570-rows-mqa-sinks", "880-rows-d48-fp16", "560-rows-window",
+                              "840-rows-d96-window-sinks"])
+def test_last_wave_rows_split_to_fill_it(shape):
+    """The default of rows a little past whole waves of two CTAs an SM at D 33-127: only the
+    last wave's rows split (``tail_rows``), the rows before written directly by their own CTAs
+    (with sinks, the split kernel adds theirs and the merge the tail's), NaN-poisoned output:
+    as close to the float32 reference as one split, over caches of odd lengths (two of them
+    sliding windows at the end of a longer cache)."""
+    b, hq, hkv, sk, d, dtype, sinks, window, tail, splits = shape
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype=dtype, causal=False, sinks=sinks)
+    if window:
+        problem = dataclasses.replace(problem, causal=True, bottom_right=True,
+                                      window_left=window - 1, window_right=0)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.tail_rows, default.splits, default.occupancy) == (tail, splits, 2)
+    _as_close_as(problem, default, default.replace(splits=1, tail_rows=0, combine="block"))
+    if not (sinks or window):  # and through sdpa: the lookup's plan, twice (the kept plan)
+        case = DECODE.case(problem, torch.cuda.current_device())
+        try:
+            assert tiledattention.explain(case.q, case.k, case.v).schedule == default
+            for label in ("sdpa", "sdpa again"):
+                sdpa_checked(case.q, case.k, case.v, False, problem, case.reference, label)
+        finally:
+            del case
+            _release()
+
+
+@gpu
 @pytest.mark.parametrize("sq,sk", [(2, 1), (7, 3), (16, 1), (64, 40), (16, 15)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_bottom_right_rows_without_keys_are_zero(sq, sk, dtype):

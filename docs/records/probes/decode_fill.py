@@ -60,6 +60,12 @@ Candidates: ``sN``: N splits at two CTAs an SM (the rule's merge for split calls
   the same call without its window against the two-CTA form windows ran before them (the
   default, whichever of the two the tree's rules pick, beside); shares of the copy rate on
   the window's bytes.
+  ``--tail``: rows past whole waves of two CTAs an SM that the bands leave (and two inside
+  them): only the rows of the last, part-empty wave split (``tail_rows``), in 2, 4 or as many
+  splits as fill the wave (at most 8), against the default and the two-CTA form;
+  ``--tail-dims``: the same at D 48-96 and at D 128 with 2-14 rows past whole waves (8 splits
+  too); ``--tail-held``: other calls where the rule drawn from them applies (and two windows,
+  which it leaves out), the default against one split and the rule's form.
   ``--band``: 160-240 rows (one wave at two CTAs an SM, where no split count helped), one
   split with loads four ahead, 64- and 256-key steps, or at one CTA an SM; ``--band-held``:
   other calls of 170-260 rows, the default against 64-key steps four loads ahead (the lead
@@ -175,6 +181,28 @@ OCC_WINDOW = ((24, 32, 8, 32768, 128, "bf16", False, 4096),
               (80, 32, 8, 9000, 128, "bf16", False, 4096),
               (45, 16, 8, 12000, 64, "bf16", False, 4096),
               (78, 16, 8, 9000, 64, "fp16", False, 3500))
+#: --tail: rows the occupancy bands leave past whole waves of two CTAs an SM (D 128 529-580 and
+#: 661-1320 rows, D 64 past 528), and two inside the bands (600 and 640 rows)
+TAIL = ((67, 32, 8, 5000, 128), (70, 64, 8, 4000, 128), (144, 16, 4, 6000, 128, "fp16"),
+        (137, 8, 4, 3500, 128), (75, 32, 8, 4000, 128), (160, 16, 4, 3000, 128),
+        (175, 16, 4, 3000, 128), (105, 32, 8, 4000, 128), (125, 64, 8, 3000, 128),
+        (275, 8, 4, 3000, 128, "fp16"), (70, 32, 8, 6000, 64), (425, 4, 2, 8000, 64))
+#: --tail-dims: the same at head dims below 128 (past 264 rows, outside the three-CTA bands), and
+#: D 128 calls whose last wave holds 2-14 CTAs
+TAIL_DIMS = ((67, 16, 8, 4000, 64), (175, 16, 4, 5000, 64), (90, 64, 8, 3000, 64, "fp16"),
+             (100, 32, 8, 4000, 64), (225, 8, 4, 6000, 64), (250, 16, 4, 3000, 64, "fp16"),
+             (115, 40, 10, 3500, 64), (225, 4, 2, 5000, 64), (125, 16, 4, 4000, 64),
+             (70, 16, 8, 4000, 96), (425, 4, 2, 5000, 96), (175, 8, 4, 4000, 80),
+             (140, 8, 4, 5000, 48), (265, 4, 2, 4000, 128), (100, 32, 8, 3000, 128),
+             (107, 40, 10, 3000, 128))
+#: --tail-held: calls none of the sets above ran with 8-100 rows past whole waves of two CTAs an
+#: SM at D 48-96 (GQA 2-8, MQA, fp16, a sink), and two sliding windows (the last field: keys)
+TAIL_HELD = ((270, 4, 2, 4500, 64), (69, 64, 8, 3500, 64, "fp16"), (71, 16, 8, 6000, 96),
+             (570, 4, 1, 3000, 64), (200, 16, 4, 4000, 80), (210, 28, 4, 3200, 64),
+             (110, 64, 8, 4000, 64, "bf16", True), (223, 16, 4, 3000, 96, "fp16"),
+             (67, 128, 16, 3000, 64), (380, 6, 3, 4000, 48),
+             (70, 32, 8, 16000, 64, "bf16", False, 4096),
+             (105, 32, 8, 9000, 96, "fp16", False, 3500))
 #: --occ-held: calls none of the sets above ran, where the three-CTA rule applies
 OCC_HELD = ((23, 32, 8, 6000, 128), (60, 12, 4, 5000, 128), (13, 64, 16, 8000, 128, "fp16"),
             (29, 8, 8, 10000, 128), (196, 8, 1, 4000, 128), (45, 16, 4, 3500, 128, "fp16"),
@@ -237,6 +265,22 @@ def candidates_for(mode, default, rows, merged, keys):
                                           v_latency=2)}
     if mode in ("occ-held", "occ-four-held"):  # the rules, against the default before them
         return {"before": default.replace(occupancy=2, tile_n=128, k_latency=2, v_latency=2)}
+    if mode in ("tail", "tail-dims"):  # only the rows past whole waves of two CTAs an SM split
+        two = default.replace(occupancy=2, tile_n=256 if default.tile_n == 256 else 128,
+                              k_latency=2, v_latency=2)
+        tail = rows % 264
+        fill = max(2, min(8, 264 // tail))
+        found = {"two CTAs an SM": two}
+        for n in sorted({2, 4, fill} | ({8} if mode == "tail-dims" else set())):
+            found[f"tail{tail} s{n}"] = two.replace(splits=n, tail_rows=tail, combine=merged)
+        return {name: s for name, s in found.items() if s != default}
+    if mode == "tail-held":  # the rule drawn from --tail-dims against one split, and its form
+        wave = 264
+        tail = rows % wave
+        form = default.replace(splits=max(2, min(8, wave // tail)), tail_rows=tail,
+                               occupancy=2, combine="block_pdl")
+        return {name: s for name, s in (("one split", default.replace(
+            splits=1, tail_rows=0, combine="block")), ("tail form", form)) if s != default}
     if mode == "band-held":
         return {"n64 K4 V4": default.replace(tile_n=64, k_latency=4, v_latency=4)}
     if mode == "waves-held":
@@ -286,7 +330,7 @@ def main():
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
                  "waves-held", "band", "band-held", "occ", "occ-held", "occ-four", "occ-four-held",
-                 "occ-dims", "occ-dims-held", "occ-many", "occ-window"):
+                 "occ-dims", "occ-dims-held", "occ-many", "occ-window", "tail", "tail-dims", "tail-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
@@ -297,7 +341,7 @@ def main():
               "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD, "occ-four": OCC_FOUR,
               "occ-four-held": OCC_FOUR_HELD, "occ-dims": OCC_DIMS,
               "occ-dims-held": OCC_DIMS_HELD, "occ-many": OCC_MANY,
-              "occ-window": OCC_WINDOW}.get(args.mode, POINTS)
+              "occ-window": OCC_WINDOW, "tail": TAIL, "tail-dims": TAIL_DIMS, "tail-held": TAIL_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, sinks, a window's keys

@@ -12,7 +12,7 @@ from ...core._compile import CompileResult, array_constraint, export_cubin
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
-                      layout, normalise, split_constants, split_kernel)
+                      layout, normalise, split_constants, split_kernel, tail_rows)
 from ._schedule import DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -42,8 +42,9 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     if p.kv_dtype:  # an FP8 cache's V as the launcher passes it: int16 words of two values
         v = array_constraint("int16", (*kv_shape[:-1], kv_shape[-1] // 2))
     tile_d = split_constants(p, schedule)["TILE_D"]
-    opart = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m, tile_d))
-    lse = array_constraint("fp32", (tiles.rows, schedule.splits, tiles.tile_m))
+    merged = tail_rows(p, schedule) or tiles.rows  # the rows of partials
+    opart = array_constraint("fp32", (merged, schedule.splits, tiles.tile_m, tile_d))
+    lse = array_constraint("fp32", (merged, schedule.splits, tiles.tile_m))
     direct = schedule.splits == 1
     # the sink logits, or the placeholder int (what ct.launch makes of a Python int)
     sinks = (array_constraint("fp32", (p.heads_q,)) if p.sinks
@@ -68,7 +69,7 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     runtime["KDescale"] = runtime["VDescale"] = (
         array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype
         else ctc.ConstantConstraint(0))
-    runtime["share_keys"] = ctc.ScalarConstraint(ct.int32)
+    runtime["split_hint"] = ctc.ScalarConstraint(ct.int32)
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
                           SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),

@@ -15,7 +15,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
            "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP",
            "FOURTH_CTA_MAX_ROWS_SHARE", "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP",
-           "FOURTH_CTA_LATENCY",
+           "FOURTH_CTA_LATENCY", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
@@ -164,6 +164,22 @@ FOURTH_CTA_MAX_ROWS_SHARE = 3.75
 FOURTH_CTA_OCCUPANCY = 4
 FOURTH_CTA_STEP = 32
 FOURTH_CTA_LATENCY = 4
+#: One split at two CTAs an SM at head dims of 33-127 whose rows pass whole waves (of two CTAs
+#: an SM) by at most this share of a wave (529-580, 793-897, ... rows on an H200; the rows past
+#: a wave of two and the three-CTA bands take the rules above) splits only those last rows
+#: (``DecodeSchedule.tail_rows``), in as many splits as fill the last wave, at most
+#: ``TAIL_MAX_SPLITS``: the whole waves' rows run unsplit first, the last rows' splits fill
+#: the last wave with shorter walks instead of leaving it mostly empty. On an H200
+#: (docs/records/probes/decode_fill.py ``--tail`` and ``--tail-dims``, section 27 of
+#: docs/records/benchmarks/paged/issue49/README.md): 1.06-1.22x one split at D 48-96 on nine
+#: calls with 8-108 rows past whole waves, 0.96-1.02x with 172-236; at D 128 (95-103% of the
+#: copy rate already) 0.98-1.03x with 2-48, 0.94-0.96x with more: D 128 keeps one split. Held
+#: out (``--tail-held``, ten calls of 540-1140 rows, D 48-96, GQA 2-8 and MQA, fp16, a sink):
+#: 1.030-1.148x GPU time, 1.031-1.101x isolated with the host counted (cuDNN ÷ ours 1.02-1.19,
+#: 0.95-1.05 before); two sliding windows (3500 and 4096 keys, no softcap, counted on their
+#: keys as the bands are) 1.026x and 1.139x, so windows take it too.
+TAIL_MAX_WAVE_SHARE = 0.4
+TAIL_MAX_SPLITS = 8
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
 #: this many times the splits above at two CTAs an SM. Its caches have lengths of their own, and a
 #: split of the longest ones ran alone at the end: on an H200 (H 32/8 and 28/4, D 128, pages of
@@ -273,7 +289,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     just past a wave of three (up to :data:`FOURTH_CTA_MAX_ROWS_SHARE` of the SMs) run one wave
     of four with 32-key steps. At D 33-127 the last two bands of three CTAs an SM apply too
     (:data:`THIRD_CTA_SHORT_HEAD_STEP`-key steps at D <= 64), and all of them to a window over a
-    contiguous cache (counted on its keys; no softcap).
+    contiguous cache (counted on its keys; no softcap); elsewhere past a wave of two at D
+    33-127 the rows of a last wave at most :data:`TAIL_MAX_WAVE_SHARE` full split to fill it.
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -392,6 +409,14 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             # a wave of three CTAs an SM and a bit: one wave of four
             return base.replace(occupancy=FOURTH_CTA_OCCUPANCY, tile_n=FOURTH_CTA_STEP,
                                 k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY)
+        wave = FULL_GPU_OCCUPANCY * sms
+        entry = rows // problem.batch  # the tail is whole batch entries (the merge's output)
+        tail = -(-(rows % wave) // entry) * entry
+        if rows > wave and 0 < tail <= TAIL_MAX_WAVE_SHARE * wave and problem.head_dim < 128:
+            # the last wave's rows split to fill it (the whole waves' rows first, unsplit)
+            tail_splits = max(2, min(TAIL_MAX_SPLITS, wave // tail, most_splits))
+            return base.replace(splits=tail_splits, tail_rows=tail, occupancy=occupancy,
+                                combine="block_pdl")
     v_latency = base.v_latency
     if small_pages and not problem.windowed and occupancy == FULL_GPU_OCCUPANCY:
         k_latency = v_latency = SMALL_PAGE_LATENCY

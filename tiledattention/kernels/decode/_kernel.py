@@ -10,7 +10,9 @@ filled on load and clipped on store.
 
 With one split (``DIRECT``) the kernel normalises and writes the output itself. Otherwise each
 split writes its normalised partial output and its log-sum-exp (base 2) in float32, and
-``decode_combine`` merges the splits of each row: ``out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s
+``decode_combine`` merges the splits of each row (with ``TAIL`` only the rows from
+``split_hint`` on split, each row before it one CTA that writes its output as ``DIRECT`` does,
+and the merge covers the split rows only): ``out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s
 - m)``. With ``BLOCK`` it loads all of a row's splits as one tile and merges them in one step;
 otherwise it walks them ``UNROLL`` at a time. With ``PDL`` the combine is launched as a
 programmatic dependent launch: its CTAs are scheduled while the split kernel drains and wait for
@@ -30,7 +32,7 @@ split. A row that sees no key returns zeros. ``RAGGED`` (a padded batch's per-en
 positions of those keys (bottom-right), and rows outside the range come out as zeros. ``PAGED`` (a
 paged cache): K and V are pools of pages and each entry's keys lie in the pages its row of the
 block table (``Pages``) names, one page lookup per page-sized load. ``BALANCED`` (a ragged
-batch without a window): every split takes ``1 / splits`` of the key tiles of ``share_keys``
+batch without a window): every split takes ``1 / splits`` of the key tiles of ``split_hint``
 keys (the plan's longest cache; a longer entry takes its own share), so a shorter entry uses
 fewer of its splits (the rest store empty partials) and the CTAs stream alike instead of in
 proportion to their entry's length. ``KV_FP8`` (an FP8 cache):
@@ -124,8 +126,10 @@ def decode_split(
     # int32 [B], the entries' key counts); else ()
     Pages,  # PAGED: int32 [B, max_pages] block table (K, V: page pools); else ()
     KDescale, VDescale,  # KV_FP8: float32 [B, H_kv] factors of the e4m3 K and V; else ()
-    share_keys: int,  # BALANCED: the batch's longest cache, whose 1 / splits is every split's
-    # share (a row's own share where that is more); else 0
+    split_hint: int,  # BALANCED: the batch's longest cache, whose 1 / splits is every split's
+    # share (a row's own share where that is more); TAIL: the rows before the split ones (each
+    # one CTA, unsplit); else 0. (One parameter for both, which never meet: another would move
+    # the TMA descriptors after the parameters, and so every plain kernel's machine code.)
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -146,6 +150,7 @@ def decode_split(
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
     BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
+    TAIL: ConstBool,  # only the rows from split_hint on split (a one-dimensional grid)
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -154,6 +159,19 @@ def decode_split(
     row = ct.bid(0)  # (batch x head of the view) x query tile
     split = ct.bid(1)
     splits = ct.num_blocks(1)
+    if TAIL:
+        # CTAs below whole_rows take a row each, unsplit; the rest take the last rows' splits
+        # (the long walks are scheduled first, the short ones fill the last wave): the grid
+        # is whole_rows + (rows - whole_rows) x tail_splits CTAs
+        cta = row
+        whole_rows = split_hint
+        tail_rows = Q.shape[0] * heads * num_q_tiles - whole_rows
+        tail_splits = (ct.num_blocks(0) - whole_rows) // tail_rows
+        past = max(cta - whole_rows, 0)
+        row = min(cta, whole_rows) + past // tail_splits
+        split = past % tail_splits
+        tail = min(max(cta - whole_rows + 1, 0), 1)  # 0 for a row of its own, 1 in the tail
+        splits = 1 + (tail_splits - 1) * tail
     batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
     kv_head = head // kv_div
     if PDL:
@@ -194,7 +212,7 @@ def decode_split(
     # hi_shift, and the tiles before unmask_from are masked too
     lo_shift, hi_shift, start, unmask_from, mask_from, stop = decode_key_tiles(
         first_pos, Q.shape[3], seqlen_k, causal_offset, window_left, window_right, split,
-        splits, TILE_S, TILE_N, WINDOW, CAUSAL, BALANCED=BALANCED, share_keys=share_keys)
+        splits, TILE_S, TILE_N, WINDOW, CAUSAL, BALANCED=BALANCED, share_keys=split_hint)
     cap_in = 0.0
     cap_out = 0.0
     if SOFTCAP:
@@ -212,10 +230,14 @@ def decode_split(
         q, q_factor = _as_float16(q)
         scale = scale * q_factor
         cap_in = cap_in * q_factor
-    if DIRECT and SINKS:
+    if SINKS:  # DIRECT, or TAIL's unsplit rows (the combine adds a split row's sink)
         # the sink as a key of value 0 seen first: max = sink, denominator 1
         m_i = _row_sinks(Sinks, head, Q.shape[2], TILE_G, TILE_S, EXP2)  # [TILE_M, 1]
         l_i = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+        if TAIL:
+            own = ct.full((TILE_M, 1), tail, dtype=np.int32) == 0
+            m_i = ct.where(own, m_i, NEG_BIG)
+            l_i = ct.where(own, l_i, 0.0)
     else:
         m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
@@ -307,6 +329,15 @@ def decode_split(
     if DIRECT:
         ct.store(Out, index=(batch, head, 0, q_tile, 0),
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
+    elif TAIL:
+        if tail == 0:
+            ct.store(Out, index=(batch, head, 0, q_tile, 0),
+                     tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
+        else:  # the partials are the tail rows' only
+            lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]
+            ct.store(Opart, index=(row - whole_rows, split, 0, 0),
+                     tile=out.reshape((1, 1, TILE_M, TILE_D)))
+            ct.store(Lse, index=(row - whole_rows, split, 0), tile=lse.reshape((1, 1, TILE_M)))
     else:
         lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
         ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))

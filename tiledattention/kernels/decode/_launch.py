@@ -31,7 +31,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles"]
+           "max_key_tiles", "tail_rows"]
 
 
 def _split() -> ct.kernel:
@@ -53,7 +53,7 @@ SPLIT_PARAMETERS = KernelParameters(
     _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
      "window_right", "softcap", "Sinks", "Ranges", "Pages", "KDescale", "VDescale",
-     "share_keys"))
+     "split_hint"))
 COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
@@ -128,6 +128,19 @@ def layout(problem: Problem, schedule: DecodeSchedule) -> Layout:
                   problem.batch * view_heads * q_tiles)
 
 
+def tail_rows(problem: Problem, schedule: DecodeSchedule) -> int:
+    """The rows ``schedule`` splits when only its last rows split: ``tail_rows`` rounded up to
+    whole batch entries (the merge writes the output from the tail's first entry on), else 0:
+    every row splits, or none does, or the batch is ragged (a padded or paged batch: not
+    measured)."""
+    tiles = layout(problem, schedule)
+    entry = tiles.rows // problem.batch  # rows a batch entry
+    tail = -(-schedule.tail_rows // entry) * entry
+    if schedule.splits == 1 or problem.ragged or tail >= tiles.rows:
+        return 0
+    return tail
+
+
 def max_key_tiles(problem: Problem, schedule: DecodeSchedule) -> int | None:
     """The most key tiles a query tile's walk can touch under ``problem``'s window, whatever
     the cache length (a plan serves a band of them); ``None`` when the walk grows with the
@@ -156,7 +169,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
     ``combine`` with one split (and ``"block"`` past the merged rows one block holds,
-    :data:`BLOCK_MAX_ROWS`), ``balanced`` where there is one split, one cache length or a
+    :data:`BLOCK_MAX_ROWS`), ``tail_rows`` rounded up to whole batch entries (0 where one
+    split or every row splits, or the batch is ragged), ``balanced`` where there is one split, one cache length or a
     window (whose walk is at most the window's), ``pack_heads`` when each K/V head has one
     query head, ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
     ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
@@ -176,6 +190,9 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         changes["combine"] = canonical.combine  # one split: no merge
     elif too_many_rows:  # too many rows for one block: the stepping merge, launched alike
         changes["combine"] = "pdl" if schedule.combine in PDL_COMBINES else "kernel"
+    tail = tail_rows(problem, schedule)
+    if tail != schedule.tail_rows:  # whole entries; none with one split, every row split or
+        changes["tail_rows"] = tail  # a ragged batch
     if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
         changes["balanced"] = False  # one split, entries of one length, or a window's walk
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
@@ -193,6 +210,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
     unless given)."""
     tiles = layout(problem, schedule)
     variant = variant_of(problem) if variant is None else variant
+    tail = tail_rows(problem, schedule) > 0
     return {
         "TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "TILE_N": schedule.tile_n,
         "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
@@ -201,7 +219,8 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "DIRECT": schedule.splits == 1,
         "PDL": schedule.splits > 1 and schedule.combine in PDL_COMBINES,
         "WINDOW": variant.windowed, "SOFTCAP": variant.softcap > 0,
-        "SINKS": variant.sinks and schedule.splits == 1,  # else the combine adds the sink
+        # else the combine adds the sink (a tail's split rows' too)
+        "SINKS": variant.sinks and (schedule.splits == 1 or tail),
         "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
         # (normalise drops it where it cannot apply; a call's own window walks as before)
         "BALANCED": (schedule.balanced and problem.ragged and schedule.splits > 1
@@ -210,6 +229,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
         "KV_FP8": bool(problem.kv_dtype),
+        "TAIL": tail,
     }
 
 
@@ -297,6 +317,8 @@ class Launches(NamedTuple):
     causal: bool  # the problem's causal mask (CAUSAL)
     share_keys: int  # BALANCED: the problem's longest cache (each split's share is 1 / splits
     # of it); else 0
+    whole_rows: int  # TAIL: the rows before the split ones, whole batch entries; else 0
+    whole_batches: int  # TAIL: the batch entries of those (the merge's Out starts after); else 0
 
 
 def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
@@ -308,17 +330,22 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
     variant = variant_of(problem, window)
     split = split_constants(problem, schedule, variant)
     combine = combine_constants(problem, schedule, variant)
+    tail = tail_rows(problem, schedule)
+    whole = tiles.rows - tail if tail else 0
+    merged = tail or tiles.rows  # the rows of partials
     return Launches(
         tiles=tiles, splits=schedule.splits,
-        split_grid=(tiles.rows, schedule.splits, 1),
-        combine_grid=(tiles.rows, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
+        split_grid=((whole + tail * schedule.splits, 1, 1) if tail
+                    else (tiles.rows, schedule.splits, 1)),
+        combine_grid=(merged, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
         combine=combine_kernel(schedule) if schedule.splits > 1 else None,
         split_constants=SPLIT_PARAMETERS.constant_values(split),
         combine_constants=COMBINE_PARAMETERS.constant_values(combine),
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
         tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
-        causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0)
+        causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0,
+        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch))
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
@@ -344,8 +371,11 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
                 (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                  variant.window_left, variant.window_right, variant.softcap, sink_arg,
                  UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
-                 *(descales or (UNUSED, UNUSED)), plan.share_keys, *plan.split_constants))
+                 *(descales or (UNUSED, UNUSED)), plan.share_keys or plan.whole_rows,
+                 *plan.split_constants))
     if plan.combine is not None:
+        if plan.whole_batches:  # only the last entries' rows split: the merge writes those
+            out5 = out5[plan.whole_batches:]
         _aot.launch(stream, plan.combine_grid, plan.combine,
                     (opart, lse, out5, sink_arg, *plan.combine_constants),
                     programmatic_dependent_launch=plan.pdl)
@@ -363,8 +393,9 @@ def fp8_words(v: Any) -> Any:
 
 
 def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs."""
-    rows, m = plan.tiles.rows, plan.tiles.tile_m
+    """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs (the tail's rows
+    where only they split)."""
+    rows, m = plan.combine_grid[0], plan.tiles.tile_m
     return (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
 
 

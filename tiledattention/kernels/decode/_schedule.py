@@ -22,6 +22,7 @@ COMBINES = ("kernel", "pdl", "block", "block_pdl")
 _TILES_N = (16, 32, 64, 128, 256)
 TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
 MAX_SPLITS = 256
+MAX_TAIL_ROWS = 1 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,11 @@ class DecodeSchedule(ScheduleValue):
             that takes its own share), so a shorter cache takes fewer splits and every CTA
             streams as many keys; otherwise each entry's keys are divided into ``splits``
             shares of its own length.
+        tail_rows: with ``splits`` > 1, only the last ``tail_rows`` rows (the layout's rows:
+            batch x K/V heads x query tiles) split; the rows before run one CTA each, unsplit,
+            and write the output directly, their CTAs scheduled first (0: every row splits).
+            What a last wave of CTAs that one split leaves part-empty takes: its rows' splits
+            fill it with shorter walks.
     Tiles:
         tile_n: keys per inner-loop step (power of two, 16..256).
         tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
@@ -53,6 +59,7 @@ class DecodeSchedule(ScheduleValue):
     splits: int = 1
     combine: str = "kernel"
     balanced: bool = False
+    tail_rows: int = 0
     tile_n: int = 64
     tile_m: int = 16
     pack_heads: bool = True
@@ -66,8 +73,8 @@ class DecodeSchedule(ScheduleValue):
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
     # a schedule without balanced splits keeps the dict (and key) it had before they existed
-    ADDED_FIELDS = ("balanced",)
-    OMITTED_AT_DEFAULT = ("balanced",)
+    ADDED_FIELDS = ("balanced", "tail_rows")
+    OMITTED_AT_DEFAULT = ("balanced", "tail_rows")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -75,6 +82,7 @@ class DecodeSchedule(ScheduleValue):
     def validate(self) -> "DecodeSchedule":
         """Raise :class:`ScheduleError` naming the first impossible field; return ``self``."""
         self._check_int_range("splits", self.splits, 1, MAX_SPLITS)
+        self._check_int_range("tail_rows", self.tail_rows, 0, MAX_TAIL_ROWS)
         if self.combine not in COMBINES:
             raise ScheduleError(f"DecodeSchedule.combine must be one of {list(COMBINES)}; got "
                                 f"{self.combine!r}")
@@ -93,7 +101,8 @@ class DecodeSchedule(ScheduleValue):
     def describe(self) -> str:
         """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
         parts = [f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else "")
-                 + ("/bal" if self.balanced else ""),
+                 + ("/bal" if self.balanced else "")
+                 + (f"/tail{self.tail_rows}" if self.tail_rows else ""),
                  f"n{self.tile_n}", f"m{self.tile_m}", f"occ{self.occupancy}"]
         if not self.pack_heads:
             parts.append("unpacked")
