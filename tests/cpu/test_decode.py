@@ -732,7 +732,7 @@ def test_windows_over_a_contiguous_cache_take_the_occupancy_bands():
 def test_last_wave_rows_split_to_fill_it_at_head_dims_below_128():
     """One split at two CTAs an SM at D 33-127 whose rows pass whole waves of two (264 rows a
     wave on an H200) by at most ``TAIL_MAX_WAVE_SHARE`` of a wave splits only those last rows,
-    in as many splits as fill the wave (2-8): 1.030-1.148x one split on ten held-out calls. A
+    in as many splits as fill the wave (2-8): 1.023-1.148x one split on ten held-out calls. A
     whole number of waves, a larger remainder, the three-CTA bands, D 128 and D 32, short
     caches, softcaps, paged and FP8 caches, and Ampere keep their schedules; a window of 3000
     keys or more takes it as a cache of its keys."""

@@ -171,13 +171,14 @@ FOURTH_CTA_LATENCY = 4
 #: ``TAIL_MAX_SPLITS``: the whole waves' rows run unsplit first, the last rows' splits fill
 #: the last wave with shorter walks instead of leaving it mostly empty. On an H200
 #: (docs/records/probes/decode_fill.py ``--tail`` and ``--tail-dims``, section 27 of
-#: docs/records/benchmarks/paged/issue49/README.md): 1.06-1.22x one split at D 48-96 on nine
-#: calls with 8-108 rows past whole waves, 0.96-1.02x with 172-236; at D 128 (95-103% of the
-#: copy rate already) 0.98-1.03x with 2-48, 0.94-0.96x with more: D 128 keeps one split. Held
-#: out (``--tail-held``, ten calls of 540-1140 rows, D 48-96, GQA 2-8 and MQA, fp16, a sink):
-#: 1.030-1.148x GPU time, 1.031-1.101x isolated with the host counted (cuDNN ÷ ours 1.02-1.19,
-#: 0.95-1.05 before); two sliding windows (3500 and 4096 keys, no softcap, counted on their
-#: keys as the bands are) 1.026x and 1.139x, so windows take it too.
+#: docs/records/benchmarks/paged/issue49/README.md): 1.056-1.225x one split at D 48-96 on
+#: nine calls with 8-108 rows past whole waves (the rule's split counts), 0.95-1.02x with
+#: 172-236; at D 128 (93-103% of the copy rate already) 0.95-1.04x with 2-48 rows past and
+#: 0.94-0.97x with 72-208: D 128 keeps one split. Held out (``--tail-held``, ten calls of
+#: 540-1140 rows, D 48-96, GQA 2-8 and MQA, fp16, a sink): 1.023-1.148x GPU time, 1.031-1.101x
+#: isolated with the host counted (cuDNN ÷ ours 1.01-1.19, 0.95-1.05 before); two sliding
+#: windows (3500 and 4096 keys, no softcap, counted on their keys as the bands are) 1.022-1.139x,
+#: so windows take it too.
 TAIL_MAX_WAVE_SHARE = 0.4
 TAIL_MAX_SPLITS = 8
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
