@@ -330,7 +330,8 @@ def main():
     for mode in ("check", "long", "d64", "depth", "steps", "held", "ctas", "ctas-held", "short",
                  "short-held", "waves", "waves-above",
                  "waves-held", "band", "band-held", "occ", "occ-held", "occ-four", "occ-four-held",
-                 "occ-dims", "occ-dims-held", "occ-many", "occ-window", "tail", "tail-dims", "tail-held"):
+                 "occ-dims", "occ-dims-held", "occ-many", "occ-window", "tail", "tail-dims",
+                 "tail-held"):
         modes.add_argument(f"--{mode}", dest="mode", action="store_const", const=mode)
     args = parser.parse_args()
     points = {"check": CHECK, "long": LONG, "d64": D64, "depth": DEPTH,
@@ -341,7 +342,8 @@ def main():
               "occ": WAVES[:6] + OCC_ABOVE, "occ-held": OCC_HELD, "occ-four": OCC_FOUR,
               "occ-four-held": OCC_FOUR_HELD, "occ-dims": OCC_DIMS,
               "occ-dims-held": OCC_DIMS_HELD, "occ-many": OCC_MANY,
-              "occ-window": OCC_WINDOW, "tail": TAIL, "tail-dims": TAIL_DIMS, "tail-held": TAIL_HELD}.get(args.mode, POINTS)
+              "occ-window": OCC_WINDOW, "tail": TAIL, "tail-dims": TAIL_DIMS,
+              "tail-held": TAIL_HELD}.get(args.mode, POINTS)
     copy_gbps = copy_rate()
     plans = []
     for b, hq, hkv, sk, d, *more in points:  # more: the dtype, sinks, a window's keys

@@ -170,11 +170,11 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     splits only add CTAs with no keys: each split would take one tile either way),
     ``combine`` with one split (and ``"block"`` past the merged rows one block holds,
     :data:`BLOCK_MAX_ROWS`), ``tail_rows`` rounded up to whole batch entries (0 where one
-    split or every row splits, or the batch is ragged), ``balanced`` where there is one split, one cache length or a
-    window (whose walk is at most the window's), ``pack_heads`` when each K/V head has one
-    query head, ``tile_m`` at the smallest value that gives the same tiling, and for a paged cache
-    ``k_transposed`` canonical (a page's keys load as rows; idempotent; ``schedule`` itself
-    when nothing changes)."""
+    split or every row splits, or the batch is ragged), ``balanced`` where there is one split,
+    one cache length or a window (whose walk is at most the window's), ``pack_heads`` when
+    each K/V head has one query head, ``tile_m`` at the smallest value that gives the same
+    tiling, and for a paged cache ``k_transposed`` canonical (a page's keys load as rows;
+    idempotent; ``schedule`` itself when nothing changes)."""
     changes: dict[str, Any] = {}
     canonical = DecodeSchedule()
     if problem.page_size and schedule.k_transposed != canonical.k_transposed:
