@@ -180,6 +180,17 @@ def _as_close_as(problem, schedule, other) -> None:
         _release()
 
 
+def _one_query(b, hq, hkv, sk, d, dtype, sinks, window) -> Problem:
+    """A decode step of one query row a head over ``sk`` keys; with ``window``, a causal
+    sliding window of that many keys at the cache's end."""
+    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype=dtype, causal=False, sinks=sinks)
+    if window:
+        problem = dataclasses.replace(problem, causal=True, bottom_right=True,
+                                      window_left=window - 1, window_right=0)
+    return problem
+
+
 @gpu
 @pytest.mark.parametrize("shape", [(10, 32, 8, 7001, 128, "fp16"), (70, 16, 1, 3333, 64, "bf16"),
                                    (6, 64, 8, 9999, 128, "bf16")],
@@ -240,11 +251,7 @@ def test_rows_at_three_or_four_ctas_an_sm_walk_short_key_steps(shape):
     past the keys; two of them sliding windows (``window`` keys, odd, at the end of a longer
     cache)."""
     b, hq, hkv, sk, d, dtype, sinks, window, occupancy, step = shape
-    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                      dtype=dtype, causal=False, sinks=sinks)
-    if window:
-        problem = dataclasses.replace(problem, causal=True, bottom_right=True,
-                                      window_left=window - 1, window_right=0)
+    problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, window)
     default = DECODE.default_schedule("sm_90", problem)
     assert (default.splits, default.occupancy, default.tile_n) == (1, occupancy, step)
     _as_close_as(problem, default, default.replace(occupancy=2, tile_n=max(128, 2 * step),
@@ -269,11 +276,7 @@ def test_last_wave_rows_split_to_fill_it(shape):
     as close to the float32 reference as one split, over caches of odd lengths (two of them
     sliding windows at the end of a longer cache)."""
     b, hq, hkv, sk, d, dtype, sinks, window, tail, splits = shape
-    problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                      dtype=dtype, causal=False, sinks=sinks)
-    if window:
-        problem = dataclasses.replace(problem, causal=True, bottom_right=True,
-                                      window_left=window - 1, window_right=0)
+    problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, window)
     default = DECODE.default_schedule("sm_90", problem)
     assert (default.tail_rows, default.splits, default.occupancy) == (tail, splits, 2)
     _as_close_as(problem, default, default.replace(splits=1, tail_rows=0, combine="block"))
