@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from tiledattention import DECODE, DecodeSchedule, Problem
-from tiledattention.core._compile import SM_COUNTS, generation
 from tiledattention.kernels.decode import layout
+from tiledattention.tooling import SM_COUNTS, generation
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
 
