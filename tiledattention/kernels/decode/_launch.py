@@ -404,7 +404,8 @@ def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int
     """The key tiles ``[start, stop)`` each (query tile, split) CTA of ``plan`` walks for a
     call of ``seqlen_q`` query rows against ``seqlen_k`` keys at causal offset ``offset``, per
     query tile: the split kernel's range arithmetic, in Python (what the CPU tests check the
-    window's splits and their movement with a growing cache against)."""
+    window's splits and their movement with a growing cache against). With ``tail_rows`` these
+    are the split rows' walks; each row before them walks one split's."""
     t_n, t_s, splits = plan.tile_n, plan.tiles.tile_s, plan.splits
     variant = plan.variant
     causal = plan.causal
