@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import DECODE, DecodeSchedule, Problem
-from tiledattention.kernels.decode import layout
+from tiledattention.kernels.decode import layout, rows_past_waves
 from tiledattention.tooling import SM_COUNTS, generation
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
@@ -79,11 +79,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     if problem.seqlen_q == 1:
         names.append("tile_m")
     if "tail_rows" in choices:
-        rows = layout(problem, base).rows
-        wave = 2 * SM_COUNTS[generation(space.arch)]
-        entry = rows // problem.batch
-        tail = -(-(rows % wave) // entry) * entry
-        if problem.ragged or choices["splits"] == (1,) or rows <= wave or not 0 < tail < rows:
+        tail = rows_past_waves(problem, base, 2 * SM_COUNTS[generation(space.arch)])
+        if problem.ragged or choices["splits"] == (1,) or not tail:
             names.append("tail_rows")
         else:
             choices["tail_rows"] = (0, tail)

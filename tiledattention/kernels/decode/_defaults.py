@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core._compile import SM_COUNTS, generation
 from ...core._problem import Problem, page_tile
-from ._launch import BLOCK_MAX_ROWS, layout
+from ._launch import BLOCK_MAX_ROWS, layout, rows_past_waves
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
@@ -411,9 +411,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             return base.replace(occupancy=FOURTH_CTA_OCCUPANCY, tile_n=FOURTH_CTA_STEP,
                                 k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY)
         wave = FULL_GPU_OCCUPANCY * sms
-        entry = rows // problem.batch  # the tail is whole batch entries (the merge's output)
-        tail = -(-(rows % wave) // entry) * entry
-        if rows > wave and 0 < tail <= TAIL_MAX_WAVE_SHARE * wave and problem.head_dim < 128:
+        tail = rows_past_waves(problem, base, wave)
+        if 0 < tail <= TAIL_MAX_WAVE_SHARE * wave and problem.head_dim < 128:
             # the last wave's rows split to fill it (the whole waves' rows first, unsplit)
             tail_splits = max(2, min(TAIL_MAX_SPLITS, wave // tail, most_splits))
             return base.replace(splits=tail_splits, tail_rows=tail, occupancy=occupancy,

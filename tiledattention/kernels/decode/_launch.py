@@ -31,7 +31,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "tail_rows"]
+           "max_key_tiles", "tail_rows", "rows_past_waves"]
 
 
 def _split() -> ct.kernel:
@@ -128,17 +128,31 @@ def layout(problem: Problem, schedule: DecodeSchedule) -> Layout:
                   problem.batch * view_heads * q_tiles)
 
 
-def tail_rows(problem: Problem, schedule: DecodeSchedule) -> int:
-    """The rows ``schedule`` splits when only its last rows split: ``tail_rows`` rounded up to
-    whole batch entries (the merge writes the output from the tail's first entry on), else 0:
-    every row splits, or none does, or the batch is ragged (a padded or paged batch: not
-    measured)."""
+def _whole_entries(problem: Problem, schedule: DecodeSchedule, rows: int) -> int:
+    """The last ``rows`` rows of ``schedule``'s layout rounded up to whole batch entries (the
+    merge of a tail writes the output from the tail's first entry on); 0 where that is every
+    row."""
     tiles = layout(problem, schedule)
     entry = tiles.rows // problem.batch  # rows a batch entry
-    tail = -(-schedule.tail_rows // entry) * entry
-    if schedule.splits == 1 or problem.ragged or tail >= tiles.rows:
+    tail = -(-rows // entry) * entry
+    return tail if tail < tiles.rows else 0
+
+
+def tail_rows(problem: Problem, schedule: DecodeSchedule) -> int:
+    """The rows ``schedule`` splits when only its last rows split: ``tail_rows`` in whole batch
+    entries, else 0: every row splits, or none does, or the batch is ragged (a padded or paged
+    batch: not measured)."""
+    if schedule.splits == 1 or problem.ragged:
         return 0
-    return tail
+    return _whole_entries(problem, schedule, schedule.tail_rows)
+
+
+def rows_past_waves(problem: Problem, schedule: DecodeSchedule, wave: int) -> int:
+    """The rows of ``schedule``'s layout past its whole waves of ``wave`` CTAs (one a row), in
+    whole batch entries: what ``tail_rows`` would split to fill the last wave; 0 where the rows
+    fill at most one wave, or whole waves, or the rounding reaches every row."""
+    rows = layout(problem, schedule).rows
+    return _whole_entries(problem, schedule, rows % wave) if rows > wave else 0
 
 
 def max_key_tiles(problem: Problem, schedule: DecodeSchedule) -> int | None:
