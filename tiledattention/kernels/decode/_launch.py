@@ -150,9 +150,8 @@ def tail_rows(problem: Problem, schedule: DecodeSchedule) -> int:
 def rows_past_waves(problem: Problem, schedule: DecodeSchedule, wave: int) -> int:
     """The rows of ``schedule``'s layout past its whole waves of ``wave`` CTAs (one a row), in
     whole batch entries: what ``tail_rows`` would split to fill the last wave; 0 where the rows
-    fill at most one wave, or whole waves, or the rounding reaches every row."""
-    rows = layout(problem, schedule).rows
-    return _whole_entries(problem, schedule, rows % wave) if rows > wave else 0
+    fill whole waves or the tail is every row (at most one wave, or rounded up to all)."""
+    return _whole_entries(problem, schedule, layout(problem, schedule).rows % wave)
 
 
 def max_key_tiles(problem: Problem, schedule: DecodeSchedule) -> int | None:
