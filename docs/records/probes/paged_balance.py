@@ -21,6 +21,9 @@ default against deeper load pipelines (K and V loads 3-6 steps ahead) and 32-key
 FlashAttention-4 beside where it is importable; a table of each batch's best form last.
 ``--held``: batches at pages of 16 none of the sets ran (one cache, a batch one split fills),
 the default (loads ``SMALL_PAGE_LATENCY`` ahead, drawn from ``--depth``) against two ahead.
+``--live``: batches of pages of 16-256 (``LIVE_POINTS``), the default against balanced splits
+at 1-8x its count, whose empty splits store no partials (the merge reads each row's up to its
+last live split).
 """
 
 import math
@@ -114,28 +117,72 @@ def held(problem):
     return {"default": d, "K2 V2": d.replace(k_latency=2, v_latency=2)}
 
 
+#: ``--live``: batches of every page size, most none of the sets ran
+LIVE_POINTS = ((6, 32, 8, 30000, 16), (28, 28, 4, 9000, 16), (14, 64, 8, 10000, 16),
+               (64, 32, 8, 3000, 16), (3, 16, 2, 20000, 16), (12, 32, 8, 16000, 32),
+               (40, 28, 4, 5000, 64), (8, 32, 8, 24000, 256))
+
+
+def live(problem):
+    """The default against balanced splits at 1-8x its count (a shorter entry's empty splits
+    store no partials; the merge reads a row's up to its last live split)."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    found = {"default": d}
+    for f in (1, 2, 4, 8):
+        splits = min(128, f * max(d.splits, 2))
+        s = d.replace(splits=splits, balanced=True, occupancy=2,
+                      combine="block_pdl" if d.splits == 1 else d.combine)
+        if s not in found.values():
+            found[f"bal {splits}"] = s
+    return found
+
+
+def nan_partials_error(case, schedule):
+    """``schedule``'s error on ``case`` with its float32 partial buffers filled with NaN
+    before the call: a merge that read a slot no split stored would return NaN."""
+    import torch
+
+    from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
+
+    plan = launches(case.problem, schedule, None)
+    partials = None
+    if plan.combine is not None:
+        partials = tuple(torch.full(shape, float("nan"), device="cuda")
+                         for shape in partial_shapes(plan))
+
+    def run():
+        launch(torch.cuda.current_stream(), plan, case.q, case.k_pages, case.v_pages,
+               case.out, 0, partials, ranges=case.seqused, pages=case.table)
+
+    return case.error(run)
+
+
 def main():
     copy_gbps = copy_rate()
     new = "--new" in sys.argv
     dependent = "--pdl" in sys.argv
     deeper = "--depth" in sys.argv
     held_out = "--held" in sys.argv
+    living = "--live" in sys.argv
     original = _case.paged_lengths
     summary = []
     for b, hq, hkv, sk, page in (POINTS + NEW_POINTS if dependent else NEW_POINTS if new
                                  else DEPTH_POINTS if deeper else HELD_POINTS if held_out
-                                 else POINTS):
+                                 else LIVE_POINTS if living else POINTS):
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
         candidates = (pdl(p) if dependent else check(p) if new else depth(p) if deeper
-                      else held(p) if held_out else sweep(p))
-        if deeper or held_out:
+                      else held(p) if held_out else live(p) if living else sweep(p))
+        if deeper or held_out or living:
             compile_ahead([(p, s) for s in candidates.values()])
         for mix, lengths in MIXES.items():
             _case.paged_lengths = lengths
             case = ta.DECODE.case(p, 0)
             fns = {name: case.launcher(s) for name, s in candidates.items()}
             errors = {name: case.error(run) for name, run in fns.items()}
+            if living:  # NaN partials: the largest error of any form, each checked so
+                worst = max(nan_partials_error(case, s) for s in candidates.values())
+                print(f"   NaN-partials check: worst rel. L2 {worst:.2e}")
             if new or dependent or deeper or held_out:
                 add_fa4(p, case, fns, errors)
             times = time_interleaved(fns, rounds=15)
