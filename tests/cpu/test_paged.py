@@ -13,7 +13,8 @@ import tiledattention
 from tiledattention import BACKWARD, DECODE, FORWARD, DecodeSchedule, Problem
 from tiledattention.kernels.decode._compile import compile_decode
 from tiledattention.core._compile import SM_COUNTS
-from tiledattention.kernels.decode._defaults import (PAGED_SPLIT_FACTOR, SMALL_PAGE_LATENCY,
+from tiledattention.kernels.decode._defaults import (PAGED_PART_WAVE_MAX_SHARE,
+                                                     PAGED_SPLIT_FACTOR, SMALL_PAGE_LATENCY,
                                                      SMALL_PAGE_WAVES)
 from tiledattention.core._problem import page_tile
 from tiledattention.kernels.decode._launch import normalise, split_constants
@@ -219,6 +220,35 @@ def test_small_pages_walk_short_steps_in_two_waves():
     one = default(batch=1, seqlen_k=16384, page_size=16)  # one cache: nothing to balance
     assert one.splits == -(-SMALL_PAGE_WAVES * SM_COUNTS["hopper"] // 8)  # 8 rows, the rule
     assert (one.occupancy, one.k_latency, one.v_latency) == (1, 2, 2)
+
+
+def test_a_paged_batch_of_a_part_wave_of_two_ctas_an_sm_splits_by_the_factor(monkeypatch):
+    """Pages of more than 16 keys a load at D 128 whose rows fill one CTA an SM but at most
+    ``PAGED_PART_WAVE_MAX_SHARE`` of the SMs: ``PAGED_SPLIT_FACTOR`` splits at two CTAs an SM
+    (the longest caches' one-split CTAs ran alone at the end: 0.99-2.01x on an H200's
+    mixed-length batches of 136-192 rows); past that share, at D 64, over pages of 16, for one
+    cache and with an FP8 cache or a window, the rules before."""
+    def default(**fields):
+        return DECODE.default_schedule("sm_90", _paged(**fields))
+
+    sms = SM_COUNTS["hopper"]
+    for batch, heads_kv, page in ((17, 8, 128), (36, 4, 64), (24, 8, 256), (150, 1, 32)):
+        rows = batch * heads_kv
+        assert sms <= rows <= PAGED_PART_WAVE_MAX_SHARE * sms
+        d = default(batch=batch, heads_q=4 * heads_kv, heads_kv=heads_kv, seqlen_k=9000,
+                    page_size=page)
+        assert (d.splits, d.occupancy, d.combine, d.tile_n, d.k_latency) == (
+            PAGED_SPLIT_FACTOR, 2, "block_pdl", 128, 4), (batch, heads_kv, page)
+    past = default(batch=25, seqlen_k=9000, page_size=64)  # 200 rows
+    assert 200 > PAGED_PART_WAVE_MAX_SHARE * sms and (past.splits, past.occupancy) == (1, 2)
+    others = [dict(head_dim=64), dict(page_size=16), dict(kv_dtype="e4m3"),
+              dict(causal=False, window_left=1000, window_right=0), dict(batch=1, heads_q=640,
+                                                                      heads_kv=160)]
+    fields = [dict(dict(batch=20, seqlen_k=9000, page_size=64), **f) for f in others]  # 160 rows
+    found = [default(**f) for f in fields]
+    monkeypatch.setattr("tiledattention.kernels.decode._defaults.PAGED_PART_WAVE_MAX_SHARE", 0)
+    assert found == [default(**f) for f in fields]  # the rule changes none of them
+    assert default(batch=20, seqlen_k=9000, page_size=64).splits == 1  # nor the rule before
 
 
 @pytest.mark.parametrize("arch", ARCHS)

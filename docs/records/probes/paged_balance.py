@@ -23,7 +23,11 @@ FlashAttention-4 beside where it is importable; a table of each batch's best for
 the default (loads ``SMALL_PAGE_LATENCY`` ahead, drawn from ``--depth``) against two ahead.
 ``--live``: batches of pages of 16-256 (``LIVE_POINTS``), the default against balanced splits
 at 1-8x its count, whose empty splits store no partials (the merge reads each row's up to its
-last live split).
+last live split: the kernels of 79e0064, reverted after).
+``--part``: batches whose rows fill one CTA an SM but not two (``PART_POINTS``, pages of
+32-256), the default's one split against two and four, proportional and balanced.
+``--part-held``: seven other such batches (``PART_HELD_POINTS``), with caches of one length
+as a third mix.
 """
 
 import math
@@ -137,6 +141,30 @@ def live(problem):
     return found
 
 
+#: ``--part``: batches whose rows fill one CTA an SM but not two, pages of 32-256
+PART_POINTS = ((20, 32, 8, 12000, 32), (24, 32, 8, 8000, 128), (30, 32, 8, 6000, 256),
+               (36, 28, 4, 9000, 64), (60, 28, 4, 4000, 32), (17, 64, 8, 10000, 128),
+               (50, 32, 4, 5000, 64))
+
+
+#: ``--part-held``: more of them, none of the sets', with caches of one length too
+PART_HELD_POINTS = ((18, 32, 8, 15000, 64), (42, 28, 4, 6000, 128), (22, 40, 8, 7000, 32),
+                    (45, 16, 4, 8000, 256), (35, 32, 4, 12000, 64), (19, 64, 8, 5000, 256),
+                    (150, 8, 1, 3000, 64))
+
+
+def part(problem):
+    """The default (one split at two CTAs an SM) against two and four splits, proportional
+    and balanced."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    found = {"default": d}
+    for splits in (2, 4):
+        s = d.replace(splits=splits, combine="block_pdl")
+        found[f"{splits}"] = s
+        found[f"{splits} bal"] = s.replace(balanced=True)
+    return found
+
+
 def nan_partials_error(case, schedule):
     """``schedule``'s error on ``case`` with its float32 partial buffers filled with NaN
     before the call: a merge that read a slot no split stored would return NaN."""
@@ -164,23 +192,31 @@ def main():
     deeper = "--depth" in sys.argv
     held_out = "--held" in sys.argv
     living = "--live" in sys.argv
+    parted = "--part" in sys.argv or "--part-held" in sys.argv
+    part_held = "--part-held" in sys.argv
+    mixes = dict(MIXES)
+    if part_held:  # and every cache at the longest
+        mixes["one length"] = lambda problem: [problem.seqlen_k] * problem.batch
     original = _case.paged_lengths
     summary = []
     for b, hq, hkv, sk, page in (POINTS + NEW_POINTS if dependent else NEW_POINTS if new
                                  else DEPTH_POINTS if deeper else HELD_POINTS if held_out
-                                 else LIVE_POINTS if living else POINTS):
+                                 else LIVE_POINTS if living
+                                 else PART_HELD_POINTS if part_held
+                                 else PART_POINTS if parted else POINTS):
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
         candidates = (pdl(p) if dependent else check(p) if new else depth(p) if deeper
-                      else held(p) if held_out else live(p) if living else sweep(p))
-        if deeper or held_out or living:
+                      else held(p) if held_out else live(p) if living
+                      else part(p) if parted else sweep(p))
+        if deeper or held_out or living or parted:
             compile_ahead([(p, s) for s in candidates.values()])
-        for mix, lengths in MIXES.items():
+        for mix, lengths in mixes.items():
             _case.paged_lengths = lengths
             case = ta.DECODE.case(p, 0)
             fns = {name: case.launcher(s) for name, s in candidates.items()}
             errors = {name: case.error(run) for name, run in fns.items()}
-            if living:  # NaN partials: the largest error of any form, each checked so
+            if living or parted:  # NaN partials: the largest error of any form
                 worst = max(nan_partials_error(case, s) for s in candidates.values())
                 print(f"   NaN-partials check: worst rel. L2 {worst:.2e}")
             if new or dependent or deeper or held_out:

@@ -340,29 +340,8 @@ def decode_split(
             ct.store(Lse, index=(row - whole_rows, split, 0), tile=lse.reshape((1, 1, TILE_M)))
     else:
         lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
-        if BALANCED:
-            # a shorter entry's later splits are empty: they store their -inf log-sum-exps
-            # alone (the merge reads a row's partials up to its last live split; split 0's
-            # always, so an entry without keys merges to zeros)
-            if (stop > start) | (split == 0):
-                ct.store(Opart, index=(row, split, 0, 0),
-                         tile=out.reshape((1, 1, TILE_M, TILE_D)))
-        else:
-            ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
+        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
-
-
-def _live_splits(Opart, Lse, row, TILE_M, LIVE):
-    """``Opart`` cut to row ``row``'s splits up to its last live one (a log-sum-exp above
-    -inf in any of its rows; at least split 0), and that count: with balanced splits
-    (``LIVE``: the splits, padded to a power of two) a row's later splits may be empty and
-    store no partials, so what their slots hold is never read (a cut view loads them as
-    zeros)."""
-    lse = ct.load(Lse, index=(row, 0, 0), shape=(1, LIVE, TILE_M),
-                  padding_mode=ct.PaddingMode.NEG_INF).reshape((LIVE, TILE_M))
-    seen = ct.max(lse, axis=1) > NEG_BIG  # [LIVE]
-    count = max(ct.max(ct.where(seen, ct.arange(LIVE, dtype=np.int32) + 1, 0)), 1)
-    return Opart.slice(axis=1, start=0, stop=count), count
 
 
 def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,
@@ -404,8 +383,6 @@ def decode_combine(
     PDL: ConstBool,  # launched as a programmatic dependent of decode_split
     SINKS: ConstBool,  # each row's sink joins the merged denominator (once)
     BLOCK: ConstBool,  # every split in one step, loaded as one [UNROLL, TILE_M, CHUNK_D] tile
-    LIVE: ConstInt,  # balanced splits: their count padded to a power of two (a row's partials
-    # are those up to its last live split, :func:`_live_splits`); else 0: every split's
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     if PDL:
@@ -415,9 +392,6 @@ def decode_combine(
     row = ct.bid(0)
     chunk = ct.bid(1)
     batch, head, q_tile = _tile_of_row(row, heads, num_q_tiles)
-    splits = Opart.shape[1]
-    if LIVE:
-        Opart, splits = _live_splits(Opart, Lse, row, TILE_M, LIVE)
     if BLOCK:
         out = _merged_block(Opart, Lse, Sinks, row, chunk, head, Out.shape[2], TILE_G, TILE_S,
                             CHUNK_D, UNROLL, SINKS)
@@ -436,7 +410,7 @@ def decode_combine(
         m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
     acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
-    for step in range(ct.cdiv(splits, UNROLL)):
+    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
         lses = ()
         parts = ()
         for u in ct.static_iter(range(UNROLL)):

@@ -217,13 +217,6 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     return schedule.replace(**changes) if changes else schedule
 
 
-def _balanced(problem: Problem, schedule: DecodeSchedule, variant: Variant) -> bool:
-    """Whether the splits take shares of the longest cache's keys (``BALANCED``): normalise
-    drops ``balanced`` where it cannot apply, and a call's own window walks as before."""
-    return (schedule.balanced and problem.ragged and schedule.splits > 1
-            and not variant.windowed)
-
-
 def split_constants(problem: Problem, schedule: DecodeSchedule,
                     variant: Variant | None = None) -> dict[str, Any]:
     """The ``ct.Constant`` arguments of ``decode_split`` by name (``variant``: the problem's
@@ -242,7 +235,9 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         # else the combine adds the sink (a tail's split rows' too)
         "SINKS": variant.sinks and (schedule.splits == 1 or tail),
         "RAGGED": problem.ragged, "PAGED": problem.page_size > 0,
-        "BALANCED": _balanced(problem, schedule, variant),
+        # (normalise drops it where it cannot apply; a call's own window walks as before)
+        "BALANCED": (schedule.balanced and problem.ragged and schedule.splits > 1
+                     and not variant.windowed),
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
@@ -284,9 +279,7 @@ def combine_constants(problem: Problem, schedule: DecodeSchedule,
         chunk = max(BLOCK_MIN_CHUNK_D, min(chunk, COMBINE_BLOCK_VALUES // (splits * tiles.tile_m)))
     return {"TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "CHUNK_D": chunk,
             "UNROLL": splits if block else min(COMBINE_UNROLL, splits),
-            "PDL": schedule.combine in PDL_COMBINES, "SINKS": variant.sinks, "BLOCK": block,
-            # balanced splits store a row's partials up to its last live split only
-            "LIVE": splits if _balanced(problem, schedule, variant) else 0}
+            "PDL": schedule.combine in PDL_COMBINES, "SINKS": variant.sinks, "BLOCK": block}
 
 
 @functools.lru_cache(maxsize=None)
