@@ -28,6 +28,8 @@ last live split: the kernels of 79e0064, reverted after).
 32-256), the default's one split against two and four, proportional and balanced.
 ``--part-held``: seven other such batches (``PART_HELD_POINTS``), with caches of one length
 as a third mix.
+``--part-more``: the same question at D 64 and 256 and for pages of 16 a part-wave past two
+waves (``PART_MORE_POINTS``): one to four proportional splits, three mixes.
 """
 
 import math
@@ -153,6 +155,25 @@ PART_HELD_POINTS = ((18, 32, 8, 15000, 64), (42, 28, 4, 6000, 128), (22, 40, 8, 
                     (150, 8, 1, 3000, 64))
 
 
+#: ``--part-more``: head dims 64 and 256 in that band (the sixth field), and pages of 16 a
+#: part-wave past two waves of two CTAs an SM (264-396 rows)
+PART_MORE_POINTS = ((20, 32, 8, 12000, 64, 64), (36, 28, 4, 9000, 128, 64),
+                    (20, 32, 8, 8000, 64, 256), (40, 8, 4, 6000, 64, 256),
+                    (40, 32, 8, 6000, 16), (70, 28, 4, 5000, 16), (45, 64, 8, 4000, 16))
+
+
+def part_more(problem):
+    """The default against one, two, three and four splits (proportional)."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    found = {"default": d}
+    merge = "block_pdl" if problem.head_dim <= 128 else "block"  # D 256: PDL spills
+    for splits in (1, 2, 3, 4):
+        s = d.replace(splits=splits, combine=merge if splits > 1 else "kernel")
+        if s not in found.values():
+            found[f"{splits}"] = s
+    return found
+
+
 def part(problem):
     """The default (one split at two CTAs an SM) against two and four splits, proportional
     and balanced."""
@@ -192,23 +213,25 @@ def main():
     deeper = "--depth" in sys.argv
     held_out = "--held" in sys.argv
     living = "--live" in sys.argv
-    parted = "--part" in sys.argv or "--part-held" in sys.argv
-    part_held = "--part-held" in sys.argv
+    more = "--part-more" in sys.argv
+    parted = "--part" in sys.argv or "--part-held" in sys.argv or more
+    part_held = "--part-held" in sys.argv or more
     mixes = dict(MIXES)
     if part_held:  # and every cache at the longest
         mixes["one length"] = lambda problem: [problem.seqlen_k] * problem.batch
     original = _case.paged_lengths
     summary = []
-    for b, hq, hkv, sk, page in (POINTS + NEW_POINTS if dependent else NEW_POINTS if new
-                                 else DEPTH_POINTS if deeper else HELD_POINTS if held_out
-                                 else LIVE_POINTS if living
-                                 else PART_HELD_POINTS if part_held
-                                 else PART_POINTS if parted else POINTS):
-        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
+    for b, hq, hkv, sk, page, *dim in (
+            POINTS + NEW_POINTS if dependent else NEW_POINTS if new
+            else DEPTH_POINTS if deeper else HELD_POINTS if held_out
+            else LIVE_POINTS if living else PART_MORE_POINTS if more
+            else PART_HELD_POINTS if part_held else PART_POINTS if parted else POINTS):
+        d = dim[0] if dim else 128
+        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
         candidates = (pdl(p) if dependent else check(p) if new else depth(p) if deeper
                       else held(p) if held_out else live(p) if living
-                      else part(p) if parted else sweep(p))
+                      else part_more(p) if more else part(p) if parted else sweep(p))
         if deeper or held_out or living or parted:
             compile_ahead([(p, s) for s in candidates.values()])
         for mix, lengths in mixes.items():
@@ -222,7 +245,7 @@ def main():
             if new or dependent or deeper or held_out:
                 add_fa4(p, case, fns, errors)
             times = time_interleaved(fns, rounds=15)
-            valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
+            valid = int(case.seqused.sum()) * hkv * d * 2 * 2
             print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:6]}.. "
                   f"default {candidates['default'].describe()}")
             report(times, valid, copy_gbps, errors, candidates)
