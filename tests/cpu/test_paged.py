@@ -223,32 +223,34 @@ def test_small_pages_walk_short_steps_in_two_waves():
 
 
 def test_a_paged_batch_of_a_part_wave_of_two_ctas_an_sm_splits_by_the_factor(monkeypatch):
-    """Pages of more than 16 keys a load at D 128 whose rows fill one CTA an SM but at most
-    ``PAGED_PART_WAVE_MAX_SHARE`` of the SMs: ``PAGED_SPLIT_FACTOR`` splits at two CTAs an SM
+    """A batch whose rows fill its waves of one CTA an SM (two over pages of 16) but at most
+    ``PAGED_PART_WAVE_MAX_SHARE`` of them: ``PAGED_SPLIT_FACTOR`` splits at two CTAs an SM
     (the longest caches' one-split CTAs ran alone at the end: 0.99-2.01x on an H200's
-    mixed-length batches of 136-192 rows); past that share, at D 64, over pages of 16, for one
-    cache and with an FP8 cache or a window, the rules before."""
+    mixed-length batches of 136-192 rows at D 64-256, and of 280-360 rows over pages of 16);
+    past that share, for one cache, an FP8 cache or a window, the rules before."""
     def default(**fields):
         return DECODE.default_schedule("sm_90", _paged(**fields))
 
     sms = SM_COUNTS["hopper"]
-    for batch, heads_kv, page in ((17, 8, 128), (36, 4, 64), (24, 8, 256), (150, 1, 32)):
+    for batch, heads_kv, page, dim, waves in ((17, 8, 128, 128, 1), (36, 4, 64, 64, 1),
+                                              (24, 8, 256, 256, 1), (150, 1, 32, 128, 1),
+                                              (40, 8, 16, 128, 2), (49, 8, 16, 128, 2)):
         rows = batch * heads_kv
-        assert sms <= rows <= PAGED_PART_WAVE_MAX_SHARE * sms
+        assert waves * sms <= rows <= PAGED_PART_WAVE_MAX_SHARE * waves * sms
         d = default(batch=batch, heads_q=4 * heads_kv, heads_kv=heads_kv, seqlen_k=9000,
-                    page_size=page)
-        assert (d.splits, d.occupancy, d.combine, d.tile_n, d.k_latency) == (
-            PAGED_SPLIT_FACTOR, 2, "block_pdl", 128, 4), (batch, heads_kv, page)
-    past = default(batch=25, seqlen_k=9000, page_size=64)  # 200 rows
-    assert 200 > PAGED_PART_WAVE_MAX_SHARE * sms and (past.splits, past.occupancy) == (1, 2)
-    others = [dict(head_dim=64), dict(page_size=16), dict(kv_dtype="e4m3"),
-              dict(causal=False, window_left=1000, window_right=0), dict(batch=1, heads_q=640,
-                                                                      heads_kv=160)]
+                    page_size=page, head_dim=dim)
+        assert (d.splits, d.occupancy) == (PAGED_SPLIT_FACTOR, 2), (batch, heads_kv, page)
+        assert d.combine == ("block_pdl" if dim <= 128 else "block")  # D 256: PDL spills
+    for past in (dict(batch=25, page_size=64), dict(batch=50, page_size=16)):  # 200, 400 rows
+        assert (default(seqlen_k=9000, **past).splits,
+                default(seqlen_k=9000, **past).occupancy) == (1, 2)
+    others = [dict(kv_dtype="e4m3"), dict(causal=False, window_left=1000, window_right=0),
+              dict(batch=1, heads_q=640, heads_kv=160)]
     fields = [dict(dict(batch=20, seqlen_k=9000, page_size=64), **f) for f in others]  # 160 rows
     found = [default(**f) for f in fields]
-    monkeypatch.setattr("tiledattention.kernels.decode._defaults.PAGED_PART_WAVE_MAX_SHARE", 0)
+    monkeypatch.setattr("tiledattention.kernels.decode._defaults.PAGED_PART_WAVE_MAX_SHARE", 1)
     assert found == [default(**f) for f in fields]  # the rule changes none of them
-    assert default(batch=20, seqlen_k=9000, page_size=64).splits == 1  # nor the rule before
+    assert default(batch=20, seqlen_k=9000, page_size=64).splits == 1  # the rule before
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -30,6 +30,7 @@ last live split: the kernels of 79e0064, reverted after).
 as a third mix.
 ``--part-more``: the same question at D 64 and 256 and for pages of 16 a part-wave past two
 waves (``PART_MORE_POINTS``): one to four proportional splits, three mixes.
+``--part-check``: the rule held out (``PART_CHECK_POINTS``): the default against one split.
 """
 
 import math
@@ -162,6 +163,19 @@ PART_MORE_POINTS = ((20, 32, 8, 12000, 64, 64), (36, 28, 4, 9000, 128, 64),
                     (40, 32, 8, 6000, 16), (70, 28, 4, 5000, 16), (45, 64, 8, 4000, 16))
 
 
+#: ``--part-check``: the rule's band held out (head dims 64-256, pages of 16-256, H_kv 1-8)
+PART_CHECK_POINTS = ((22, 32, 8, 10000, 32, 64), (45, 12, 4, 7000, 256, 64),
+                     (18, 24, 8, 8000, 64, 96), (36, 16, 4, 5000, 128, 256),
+                     (160, 16, 1, 4000, 32), (35, 32, 8, 7000, 16), (90, 28, 4, 3500, 16),
+                     (48, 64, 8, 5000, 16))
+
+
+def part_check(problem):
+    """The default (the part-wave rule's four splits) against one split, the rule before."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    return {"default": d, "one split": d.replace(splits=1, combine="kernel")}
+
+
 def part_more(problem):
     """The default against one, two, three and four splits (proportional)."""
     d = ta.DECODE.default_schedule("sm_90", problem)
@@ -214,8 +228,9 @@ def main():
     held_out = "--held" in sys.argv
     living = "--live" in sys.argv
     more = "--part-more" in sys.argv
-    parted = "--part" in sys.argv or "--part-held" in sys.argv or more
-    part_held = "--part-held" in sys.argv or more
+    checked = "--part-check" in sys.argv
+    parted = "--part" in sys.argv or "--part-held" in sys.argv or more or checked
+    part_held = "--part-held" in sys.argv or more or checked
     mixes = dict(MIXES)
     if part_held:  # and every cache at the longest
         mixes["one length"] = lambda problem: [problem.seqlen_k] * problem.batch
@@ -225,13 +240,15 @@ def main():
             POINTS + NEW_POINTS if dependent else NEW_POINTS if new
             else DEPTH_POINTS if deeper else HELD_POINTS if held_out
             else LIVE_POINTS if living else PART_MORE_POINTS if more
+            else PART_CHECK_POINTS if checked
             else PART_HELD_POINTS if part_held else PART_POINTS if parted else POINTS):
         d = dim[0] if dim else 128
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
         candidates = (pdl(p) if dependent else check(p) if new else depth(p) if deeper
                       else held(p) if held_out else live(p) if living
-                      else part_more(p) if more else part(p) if parted else sweep(p))
+                      else part_more(p) if more else part_check(p) if checked
+                      else part(p) if parted else sweep(p))
         if deeper or held_out or living or parted:
             compile_ahead([(p, s) for s in candidates.values()])
         for mix, lengths in mixes.items():

@@ -194,14 +194,17 @@ TAIL_MAX_SPLITS = 8
 #: 4x; they are left to the tuner: without ``max_k`` a call's longest cache is its block table's
 #: capacity, whose share would leave a batch of short caches one split an entry.)
 PAGED_SPLIT_FACTOR = 4
-#: So does a paged batch of pages whose loads take more than 16 keys at D 128 whose rows fill one
-#: CTA an SM but at most this share of the SMs (one split at two CTAs an SM leaves the second
-#: slot part-empty, and the longest caches' CTAs run alone at the end): on an H200 (B 17-60, H
-#: 16-64 / 4-8, pages of 32-256; ``paged_balance.py --part``) four splits ran 1.05-1.24x one
-#: split on the cycling mix and 1.54-1.75x on log-uniform lengths at 136-192 rows, but
-#: 0.87-0.93x (cycling) at 200-240 rows; held out (``--part-held``, seven batches of 140-180
-#: rows, H_kv 1-8, pages of 32-256) 0.99-1.20x (cycling), 1.15-2.01x (log-uniform), and
-#: 0.84-0.94x on caches of one length, which a paged batch (continuous batching) seldom has.
+#: So does one whose rows fill its waves (one, or small pages' two) but at most this share of
+#: them, at one CTA an SM (one split at two CTAs an SM leaves the second slot part-empty, and
+#: the longest caches' CTAs run alone at the end): on an H200 (D 128, B 17-60, H_kv 4-8, pages
+#: of 32-256; ``paged_balance.py --part``) four splits ran 1.05-1.24x one split on the cycling
+#: mix and 1.54-1.75x on log-uniform lengths at 136-192 rows, but 0.87-0.93x (cycling) at
+#: 200-240 rows; held out (``--part-held``, seven batches of 140-180 rows, H_kv 1-8, pages of
+#: 32-256) 0.99-1.20x (cycling), 1.15-2.01x (log-uniform), and 0.84-0.94x on caches of one
+#: length, which a paged batch (continuous batching) seldom has. At D 64 and 256 (144-160
+#: rows) and over pages of 16 (280-360 rows; ``--part-more``) 1.08-1.48x (cycling),
+#: 1.18-1.94x (log-uniform) and 0.96-1.28x (one length); pages of 16 at 512 rows lost
+#: 0.83-0.85x at two and four splits (``--live``).
 PAGED_PART_WAVE_MAX_SHARE = 1.5
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
@@ -317,9 +320,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     (:data:`SMALL_PAGE_STEP`; at two CTAs an SM, loads :data:`SMALL_PAGE_LATENCY` steps
     ahead); a paged split that fills the GPU by itself runs two CTAs an SM (with larger pages,
     K loads four steps ahead); one that does not takes
-    :data:`PAGED_SPLIT_FACTOR` times the splits at two CTAs an SM, and so does one of larger
-    pages at D 128 whose rows fill at most :data:`PAGED_PART_WAVE_MAX_SHARE` of the SMs. An
-    FP8 cache takes more splits at two CTAs an SM (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine
+    :data:`PAGED_SPLIT_FACTOR` times the splits at two CTAs an SM, and so does one whose rows
+    fill at most :data:`PAGED_PART_WAVE_MAX_SHARE` of its waves. An FP8 cache takes more
+    splits at two CTAs an SM (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine
     would merge more than :data:`MAX_MERGED_ROWS` rows of partials into one output row."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
@@ -386,9 +389,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         wanted, occupancy = FULL_GPU_OCCUPANCY * sms // rows, FULL_GPU_OCCUPANCY
     if (problem.page_size and problem.batch > 1 and not problem.windowed and not problem.kv_dtype
             and two_ctas and PAGED_SPLIT_FACTOR > 1
-            and (rows < waves * sms
-                 or (not small_pages and problem.head_dim == 128
-                     and rows <= PAGED_PART_WAVE_MAX_SHARE * sms))):
+            and rows <= PAGED_PART_WAVE_MAX_SHARE * waves * sms):
         wanted, occupancy = max(wanted, 1) * PAGED_SPLIT_FACTOR, FULL_GPU_OCCUPANCY
     if problem.kv_dtype and two_ctas and (problem.page_size or rows < waves * sms):
         wanted, least = ((max(wanted, 1) * FP8_SPLIT_FACTOR, FP8_MIN_KEYS_PER_SPLIT)
