@@ -242,8 +242,8 @@ def test_a_paged_batch_of_a_part_wave_of_two_ctas_an_sm_splits_by_the_factor(mon
         assert (d.splits, d.occupancy) == (PAGED_SPLIT_FACTOR, 2), (batch, heads_kv, page)
         assert d.combine == ("block_pdl" if dim <= 128 else "block")  # D 256: PDL spills
     for past in (dict(batch=25, page_size=64), dict(batch=50, page_size=16)):  # 200, 400 rows
-        assert (default(seqlen_k=9000, **past).splits,
-                default(seqlen_k=9000, **past).occupancy) == (1, 2)
+        d = default(seqlen_k=9000, **past)
+        assert (d.splits, d.occupancy) == (1, 2), past
     others = [dict(kv_dtype="e4m3"), dict(causal=False, window_left=1000, window_right=0),
               dict(batch=1, heads_q=640, heads_kv=160)]
     fields = [dict(dict(batch=20, seqlen_k=9000, page_size=64), **f) for f in others]  # 160 rows

@@ -30,7 +30,8 @@ last live split: the kernels of 79e0064, reverted after).
 as a third mix.
 ``--part-more``: the same question at D 64 and 256 and for pages of 16 a part-wave past two
 waves (``PART_MORE_POINTS``): one to four proportional splits, three mixes.
-``--part-check``: the rule held out (``PART_CHECK_POINTS``): the default against one split.
+``--part-check``: the rule held out (``PART_CHECK_POINTS``): the default against one split,
+FlashAttention-4 beside where it is importable.
 """
 
 import math
@@ -259,7 +260,7 @@ def main():
             if living or parted:  # NaN partials: the largest error of any form
                 worst = max(nan_partials_error(case, s) for s in candidates.values())
                 print(f"   NaN-partials check: worst rel. L2 {worst:.2e}")
-            if new or dependent or deeper or held_out:
+            if new or dependent or deeper or held_out or checked:
                 add_fa4(p, case, fns, errors)
             times = time_interleaved(fns, rounds=15)
             valid = int(case.seqused.sum()) * hkv * d * 2 * 2

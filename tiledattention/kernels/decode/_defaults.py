@@ -194,8 +194,8 @@ TAIL_MAX_SPLITS = 8
 #: 4x; they are left to the tuner: without ``max_k`` a call's longest cache is its block table's
 #: capacity, whose share would leave a batch of short caches one split an entry.)
 PAGED_SPLIT_FACTOR = 4
-#: So does one whose rows fill its waves (one, or small pages' two) but at most this share of
-#: them, at one CTA an SM (one split at two CTAs an SM leaves the second slot part-empty, and
+#: So does one whose rows fill its waves of one CTA an SM (one wave; small pages: two) but at
+#: most this share of them (one split at two CTAs an SM leaves the second slot part-empty, and
 #: the longest caches' CTAs run alone at the end): on an H200 (D 128, B 17-60, H_kv 4-8, pages
 #: of 32-256; ``paged_balance.py --part``) four splits ran 1.05-1.24x one split on the cycling
 #: mix and 1.54-1.75x on log-uniform lengths at 136-192 rows, but 0.87-0.93x (cycling) at
