@@ -252,3 +252,22 @@ def test_balanced_splits_match_the_reference_and_cover_caches_past_the_plans(hq,
         run = _case_launcher(short, schedule, case.q, case.k_pages, case.v_pages, case.out, 0,
                              ranges=case.seqused, pages=case.table)
         assert case.error(run) < tol, ("a plan of 1000 keys", splits)
+
+
+@pytest.mark.parametrize("batch, hq, hkv, d, page", [(18, 32, 8, 128, 64), (36, 16, 4, 256, 128),
+                                                     (40, 32, 8, 128, 16), (150, 8, 1, 64, 32)])
+def test_a_batch_of_a_part_wave_splits_in_four_and_matches_the_reference(batch, hq, hkv, d,
+                                                                          page):
+    """Rows (batch x K/V heads) that fill one CTA an SM (two waves over pages of 16) but at
+    most ``PAGED_PART_WAVE_MAX_SHARE`` of that: the default splits every cache in four
+    (``PAGED_SPLIT_FACTOR`` at two CTAs an SM) and stays exact on odd, mixed lengths (1 to
+    4096 keys, NaN past each) through ``paged_attention``."""
+    from tiledattention.kernels.decode._defaults import PAGED_SPLIT_FACTOR
+
+    lengths = [max(1, 4096 * (i * 7 % 11 + 1) // 11 - i % 3) for i in range(batch)]
+    lengths[batch // 2] = 4096
+    out, (q, k_pages, v_pages, table, seqused, _) = run_and_check(lengths, page, hq=hq,
+                                                                    hkv=hkv, d=d)
+    resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused,
+                                              max_k=max(lengths))
+    assert resolution.source == "default" and resolution.schedule.splits == PAGED_SPLIT_FACTOR
