@@ -266,8 +266,8 @@ def test_a_batch_of_a_part_wave_splits_in_four_and_matches_the_reference(batch, 
 
     lengths = [max(1, 4096 * (i * 7 % 11 + 1) // 11 - i % 3) for i in range(batch)]
     lengths[batch // 2] = 4096
-    out, (q, k_pages, v_pages, table, seqused, _) = run_and_check(lengths, page, hq=hq,
-                                                                    hkv=hkv, d=d)
+    _, (q, k_pages, v_pages, table, seqused, _) = run_and_check(lengths, page, hq=hq, hkv=hkv,
+                                                                  d=d)
     resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused,
                                               max_k=max(lengths))
     assert resolution.source == "default" and resolution.schedule.splits == PAGED_SPLIT_FACTOR

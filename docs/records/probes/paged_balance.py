@@ -37,6 +37,7 @@ FlashAttention-4 beside where it is importable.
 import math
 import random
 import sys
+from typing import Callable, NamedTuple
 
 import tiledattention as ta
 from tiledattention.core import _case
@@ -221,46 +222,58 @@ def nan_partials_error(case, schedule):
     return case.error(run)
 
 
+class Mode(NamedTuple):
+    """A command-line mode: its batches, its forms, and what it runs beside them."""
+
+    points: tuple
+    forms: Callable
+    compile_first: bool = False  # compile every form ahead, in a pool
+    nan_check: bool = False  # each form's error with NaN-filled partials too
+    fa4: bool = False  # FlashAttention-4 beside where it is importable
+    one_length: bool = False  # caches all at the longest as a third mix
+
+
+MODES = {
+    "": Mode(POINTS, sweep),
+    "--new": Mode(NEW_POINTS, check, fa4=True),
+    "--pdl": Mode(POINTS + NEW_POINTS, pdl, fa4=True),
+    "--depth": Mode(DEPTH_POINTS, depth, compile_first=True, fa4=True),
+    "--held": Mode(HELD_POINTS, held, compile_first=True, fa4=True),
+    "--live": Mode(LIVE_POINTS, live, compile_first=True, nan_check=True),
+    "--part": Mode(PART_POINTS, part, compile_first=True, nan_check=True),
+    "--part-held": Mode(PART_HELD_POINTS, part, compile_first=True, nan_check=True,
+                        one_length=True),
+    "--part-more": Mode(PART_MORE_POINTS, part_more, compile_first=True, nan_check=True,
+                        one_length=True),
+    "--part-check": Mode(PART_CHECK_POINTS, part_check, compile_first=True, nan_check=True,
+                         fa4=True, one_length=True),
+}
+
+
 def main():
+    mode = MODES[next((a for a in sys.argv[1:] if a in MODES), "")]
     copy_gbps = copy_rate()
-    new = "--new" in sys.argv
-    dependent = "--pdl" in sys.argv
-    deeper = "--depth" in sys.argv
-    held_out = "--held" in sys.argv
-    living = "--live" in sys.argv
-    more = "--part-more" in sys.argv
-    checked = "--part-check" in sys.argv
-    parted = "--part" in sys.argv or "--part-held" in sys.argv or more or checked
-    part_held = "--part-held" in sys.argv or more or checked
     mixes = dict(MIXES)
-    if part_held:  # and every cache at the longest
+    if mode.one_length:  # and every cache at the longest
         mixes["one length"] = lambda problem: [problem.seqlen_k] * problem.batch
     original = _case.paged_lengths
     summary = []
-    for b, hq, hkv, sk, page, *dim in (
-            POINTS + NEW_POINTS if dependent else NEW_POINTS if new
-            else DEPTH_POINTS if deeper else HELD_POINTS if held_out
-            else LIVE_POINTS if living else PART_MORE_POINTS if more
-            else PART_CHECK_POINTS if checked
-            else PART_HELD_POINTS if part_held else PART_POINTS if parted else POINTS):
+    for b, hq, hkv, sk, page, *dim in mode.points:
         d = dim[0] if dim else 128
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
-        candidates = (pdl(p) if dependent else check(p) if new else depth(p) if deeper
-                      else held(p) if held_out else live(p) if living
-                      else part_more(p) if more else part_check(p) if checked
-                      else part(p) if parted else sweep(p))
-        if deeper or held_out or living or parted:
+        candidates = mode.forms(p)
+        if mode.compile_first:
             compile_ahead([(p, s) for s in candidates.values()])
         for mix, lengths in mixes.items():
             _case.paged_lengths = lengths
             case = ta.DECODE.case(p, 0)
             fns = {name: case.launcher(s) for name, s in candidates.items()}
             errors = {name: case.error(run) for name, run in fns.items()}
-            if living or parted:  # NaN partials: the largest error of any form
+            if mode.nan_check:  # NaN partials: the largest error of any form
                 worst = max(nan_partials_error(case, s) for s in candidates.values())
                 print(f"   NaN-partials check: worst rel. L2 {worst:.2e}")
-            if new or dependent or deeper or held_out or checked:
+            if mode.fa4:
                 add_fa4(p, case, fns, errors)
             times = time_interleaved(fns, rounds=15)
             valid = int(case.seqused.sum()) * hkv * d * 2 * 2
