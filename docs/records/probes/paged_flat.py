@@ -1,0 +1,324 @@
+"""A persistent paged decode over a flat work list (issue 49, the "Next hypotheses" entry of
+the thirty-third session): every CTA of one wave takes an equal share of the batch's (row, key
+tile) items, rows being (batch entry, view head, query tile) in order; a row that lies inside
+one CTA's share is written by that CTA, a row cut by CTA boundaries leaves one partial per
+CTA (slot ``row + cta``: unique, rows and CTAs being monotone in one another) and a merge
+kernel combines those. The flat offsets (``Cu[b]``: the items before entry ``b``) come from a
+one-CTA prefix kernel over ``seqused_k``, so nothing waits on the host.
+
+Prediction: mixed-length paged batches (log-uniform lengths at 38-57% of the copy rate with
+today's proportional splits) towards the flat read floor's 78-97%.
+
+    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py [--check]
+
+Interleaved against the default, the L2 flushed before each sample; shares of the device
+copy rate (same run) on the valid K/V bytes read once. ``--check``: correctness only (NaN
+poisoned partials and outputs, lengths of 0, 1 and page boundaries).
+"""
+
+import math
+import random
+import sys
+
+import cuda.tile as ct
+import numpy as np
+import torch
+
+import tiledattention as ta
+from tiledattention.core import _case
+from tiledattention.core._problem import padded_head_dim, page_tile
+from tiledattention.kernel_core.numbers import LOG2_E, NEG_BIG
+from tiledattention.kernel_core.ranges import page_rows
+from tiledattention.kernel_core.softmax import log_sum_exp, normalised, online_softmax
+from tiledattention.kernels.decode._launch import grouped_view, layout, normalise
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+@ct.kernel
+def flat_prefix(Lens, Cu, pages_cap: int, rows_per_entry: int, TILE_N: ConstInt,
+                B_PAD: ConstInt):
+    """``Cu[0] = 0``, ``Cu[b + 1]``: the items of entries ``0..b`` (each entry's rows times
+    its key tiles, its length capped at the block table's keys). One CTA."""
+    idx = ct.arange(B_PAD, dtype=np.int32)
+    n = Lens.shape[0]
+    lens = ct.minimum(ct.gather(Lens, idx, mask=idx < n, padding_value=0), pages_cap)
+    items = (lens + (TILE_N - 1)) // TILE_N * rows_per_entry
+    ct.scatter(Cu, idx + 1, ct.cumsum(items, axis=0), mask=idx < n)
+    ct.scatter(Cu, idx, 0, mask=idx == 0)
+
+
+def _row_of(Cu, x, B_PAD, n, rows_per_entry):
+    """The flat row of item ``x`` (``0 <= x < Cu[n]``): its entry is the last whose first item
+    is at most ``x`` (an empty entry shares its start with the next)."""
+    idx = ct.arange(B_PAD, dtype=np.int32)
+    starts = ct.gather(Cu, idx, mask=idx <= n, padding_value=1 << 30)
+    entry = ct.sum(ct.where(starts <= x, 1, 0)) - 1
+    base = ct.gather(Cu, entry)
+    tiles = max((ct.gather(Cu, entry + 1) - base) // rows_per_entry, 1)
+    return entry * rows_per_entry + (x - base) // tiles
+
+
+@ct.kernel
+def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_div: int,
+               TILE_G: ConstInt, TILE_S: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
+               PAGE_ROWS: ConstInt, K_LATENCY: ConstInt, V_LATENCY: ConstInt,
+               B_PAD: ConstInt, CAUSAL: ConstBool):
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
+    PAD = ct.static_eval(ct.PaddingMode.ZERO)
+    heads = Q.shape[1]
+    q_tiles = ct.cdiv(Q.shape[3], TILE_S)
+    rows_per_entry = heads * q_tiles
+    n = Q.shape[0]
+    total = ct.gather(Cu, n)
+    cta = ct.bid(0)
+    per = ct.cdiv(total, ct.num_blocks(0))
+    lo = min(cta * per, total)
+    hi = min(lo + per, total)
+    first_row = _row_of(Cu, max(min(lo, total - 1), 0), B_PAD, n, rows_per_entry)
+    last_row = _row_of(Cu, max(hi - 1, 0), B_PAD, n, rows_per_entry)
+    segments = max(last_row - first_row + 1, 0)
+    if lo >= hi:
+        segments = 0
+    scale = qk_scale * LOG2_E
+    cap = Pages.shape[1] * K.shape[1]
+    for seg in range(segments):
+        row = first_row + seg
+        entry = row // rows_per_entry
+        within = row % rows_per_entry
+        head = within // q_tiles
+        q_tile = within % q_tiles
+        kv_head = head // kv_div
+        base = ct.gather(Cu, entry)
+        tiles = (ct.gather(Cu, entry + 1) - base) // rows_per_entry
+        row_lo = base + within * tiles
+        row_hi = row_lo + tiles
+        start = max(lo, row_lo) - row_lo
+        stop = min(hi, row_hi) - row_lo
+        seqlen_k = min(ct.gather(Lens, entry), cap)
+        offset = seqlen_k - Q.shape[3]
+        first_pos = q_tile * TILE_S
+        positions = first_pos + ct.arange(TILE_M, dtype=np.int32)[:, None] % TILE_S
+        visible = seqlen_k
+        if CAUSAL:
+            visible = min(seqlen_k, max(first_pos + offset + 1, 0))
+        clean = min(max(visible // TILE_N, start), stop)
+        q = ct.load(Q, index=(entry, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
+                    padding_mode=PAD).reshape((TILE_M, TILE_D))
+        m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+        acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
+        for j in range(start, clean):
+            k = ct.transpose(page_rows(K, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS,
+                                       width=TILE_D, latency=K_LATENCY, PAD=PAD))
+            qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
+            p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, True, prescaled=False)
+            v = page_rows(V, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
+                          latency=V_LATENCY, PAD=PAD)
+            acc = ct.mma(p.astype(v.dtype), v, acc * alpha)
+        for j in range(clean, stop):
+            k = ct.transpose(page_rows(K, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS,
+                                       width=TILE_D, latency=K_LATENCY, PAD=PAD))
+            qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
+            keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
+            keep = keys < seqlen_k
+            if CAUSAL:
+                keep = keep & (keys <= positions + offset)
+            qk = ct.where(keep, qk, -np.inf)
+            p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, True, prescaled=False)
+            v = page_rows(V, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
+                          latency=V_LATENCY, PAD=PAD)
+            key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
+            v = ct.where(key_rows < seqlen_k, v, 0.0)
+            acc = ct.mma(p.astype(v.dtype), v, acc * alpha)
+        out = normalised(acc, l_i)
+        if (row_lo >= lo) & (row_hi <= hi):
+            ct.store(Out, index=(entry, head, 0, q_tile, 0),
+                     tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
+        else:
+            lse = log_sum_exp(m_i, l_i, True, -np.inf)
+            ct.store(Opart, index=(row + cta, 0, 0), tile=out.reshape((1, TILE_M, TILE_D)))
+            ct.store(Lse, index=(row + cta, 0), tile=lse.reshape((1, TILE_M)))
+
+
+@ct.kernel
+def flat_merge(Opart, Lse, Out, Cu, ctas: int, TILE_G: ConstInt, TILE_S: ConstInt,
+               CHUNK_D: ConstInt, UNROLL: ConstInt):
+    """Rows cut by CTA boundaries: their partials (slots ``row + c`` for the CTAs ``c`` that
+    took part) merged; a row of no items written as zeros; the others left to the split
+    kernel."""
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
+    heads = Out.shape[1]
+    q_tiles = ct.cdiv(Out.shape[3], TILE_S)
+    rows_per_entry = heads * q_tiles
+    row = ct.bid(0)
+    chunk = ct.bid(1)
+    per = max(ct.cdiv(ct.gather(Cu, Out.shape[0]), ctas), 1)
+    entry = row // rows_per_entry
+    within = row % rows_per_entry
+    head = within // q_tiles
+    q_tile = within % q_tiles
+    base = ct.gather(Cu, entry)
+    tiles = (ct.gather(Cu, entry + 1) - base) // rows_per_entry
+    row_lo = base + within * tiles
+    first = row_lo // per
+    count = (row_lo + tiles - 1) // per - first + 1
+    if tiles == 0:
+        count = 0
+    if count != 1:
+        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+        acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
+        for step in range(ct.cdiv(count, UNROLL)):
+            lses = ()
+            parts = ()
+            for u in ct.static_iter(range(UNROLL)):
+                live = step * UNROLL + u < count
+                slot = row + first + step * UNROLL + u
+                lse = ct.load(Lse, index=(slot, 0), shape=(1, TILE_M),
+                              padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_M, 1))
+                part = ct.load(Opart, index=(slot, 0, chunk), shape=(1, TILE_M, CHUNK_D),
+                               padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, CHUNK_D))
+                lses += (ct.where(live, lse, -np.inf),)
+                parts += (ct.where(live, part, 0.0),)
+            m_new = m
+            for u in ct.static_iter(range(UNROLL)):
+                m_new = max(m_new, lses[u])
+            alpha = ct.exp2(m - m_new, flush_to_zero=True)
+            total = total * alpha
+            acc = acc * alpha
+            for u in ct.static_iter(range(UNROLL)):
+                weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)
+                total = total + weight
+                acc = acc + parts[u] * weight
+            m = m_new
+        out = normalised(acc, total)
+        ct.store(Out, index=(entry, head, 0, q_tile, chunk),
+                 tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
+
+
+class FlatPlan:
+    """The flat launches of ``problem`` with ``schedule``'s tiles, loads and occupancy."""
+
+    def __init__(self, problem, schedule, ctas_per_sm=None, sms=132):
+        schedule = normalise(problem, schedule)
+        self.tiles = layout(problem, schedule)
+        self.problem = problem
+        occupancy = ctas_per_sm or schedule.occupancy
+        self.ctas = sms * occupancy
+        self.split = flat_split.replace_hints(occupancy=occupancy,
+                                              num_worker_warps=schedule.num_worker_warps)
+        self.tile_d = padded_head_dim(problem.head_dim)
+        self.tile_n = schedule.tile_n
+        self.b_pad = 1 << problem.batch.bit_length()  # > batch: Cu's batch + 1 values fit
+        self.constants = (self.tiles.tile_g, self.tiles.tile_s, schedule.tile_n, self.tile_d,
+                          min(schedule.tile_n, page_tile(problem.page_size)),
+                          schedule.k_latency or 0, schedule.v_latency or 0, self.b_pad,
+                          problem.causal)
+        self.chunk = min(self.tile_d, 32)
+        self.scale = 1.0 / math.sqrt(problem.head_dim)
+        rows = self.tiles.rows
+        self.slots = rows + self.ctas
+        self.rows_per_entry = rows // problem.batch
+
+    def buffers(self):
+        m = self.tiles.tile_m
+        return (torch.empty(self.problem.batch + 1, dtype=torch.int32, device="cuda"),
+                torch.empty(self.slots, m, self.tile_d, dtype=torch.float32, device="cuda"),
+                torch.empty(self.slots, m, dtype=torch.float32, device="cuda"))
+
+    def __call__(self, q, k_pages, v_pages, out, lens, table, buffers=None):
+        cu, opart, lse = buffers or self.buffers()
+        stream = torch.cuda.current_stream()
+        cap = table.shape[1] * k_pages.shape[1]
+        ct.launch(stream, (1, 1, 1), flat_prefix,
+                  (lens, cu, cap, self.rows_per_entry, self.tile_n, self.b_pad))
+        q5, out5 = grouped_view(q, self.tiles), grouped_view(out, self.tiles)
+        ct.launch(stream, (self.ctas, 1, 1), self.split,
+                  (q5, k_pages, v_pages, out5, opart, lse, cu, lens, table, self.scale,
+                   self.tiles.kv_div, *self.constants))
+        ct.launch(stream, (self.tiles.rows, self.tile_d // self.chunk, 1), flat_merge,
+                  (opart, lse, out5, cu, self.ctas, self.tiles.tile_g, self.tiles.tile_s,
+                   self.chunk, 4))
+
+
+def log_uniform(problem):
+    rng = random.Random(problem.batch * 7919 + problem.seqlen_k)
+    top = problem.seqlen_k
+    out = [int(math.exp(rng.uniform(math.log(64), math.log(top)))) for _ in range(problem.batch)]
+    out[rng.randrange(problem.batch)] = top
+    return out
+
+
+def edge_lengths(problem):
+    """Lengths of 2, 1, a page, a page + 1, a tile, and the longest, cycling."""
+    page = problem.page_size
+    pick = (2, 1, page, page + 1, 63, 64, 65, problem.seqlen_k, 3 * page - 1)
+    return [max(problem.seqlen_q, min(n, problem.seqlen_k))
+            for n in (pick[i % len(pick)] for i in range(problem.batch))]
+
+
+MIXES = {"cycling": _case.paged_lengths, "log-uniform": log_uniform}
+
+POINTS = ((16, 32, 8, 12000, 16), (24, 28, 4, 8000, 32), (8, 32, 8, 30000, 64),
+          (40, 32, 8, 5000, 16), (12, 64, 8, 16000, 128), (64, 16, 2, 4000, 16),
+          (6, 32, 8, 40000, 256), (100, 8, 1, 3000, 32))
+CHECK_POINTS = ((9, 32, 8, 3000, 16), (13, 28, 4, 2000, 32), (5, 16, 16, 5000, 64),
+                (27, 8, 1, 700, 16))
+
+
+def main():
+    from paged_defaults import copy_rate, report
+    from tuner.measure import time_interleaved
+
+    check_only = "--check" in sys.argv
+    copy_gbps = None if check_only else copy_rate()
+    original = _case.paged_lengths
+    summary = []
+    mixes = {"edges": edge_lengths, **MIXES} if check_only else MIXES
+    for b, hq, hkv, sk, page in CHECK_POINTS if check_only else POINTS:
+        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
+                       dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
+        d = ta.DECODE.default_schedule("sm_90", p)
+        for mix, lengths in mixes.items():
+            _case.paged_lengths = lengths
+            case = ta.DECODE.case(p, 0)
+            flats = {f"flat occ{o}": FlatPlan(p, d, o) for o in (1, 2)}
+            fns = {"default": case.launcher(d)}
+            for name, plan in flats.items():
+                bufs = plan.buffers()
+                fns[name] = (lambda plan=plan, bufs=bufs: plan(
+                    case.q, case.k_pages, case.v_pages, case.out, case.seqused, case.table,
+                    bufs))
+            errors = {name: case.error(fn) for name, fn in fns.items()}
+            for name, plan in flats.items():  # NaN partials: a merge that read an unwritten slot
+                cu, opart, lse = bufs = plan.buffers()
+                opart.fill_(float("nan"))
+                lse.fill_(float("nan"))
+                errors[name + " nan"] = case.error(lambda: plan(
+                    case.q, case.k_pages, case.v_pages, case.out, case.seqused, case.table,
+                    bufs))
+            print(f"== {p.describe()} {mix} lengths {case.seqused.tolist()[:8]}.. errors "
+                  + " ".join(f"{n}={e:.1e}" for n, e in errors.items()), flush=True)
+            if check_only:
+                continue
+            times = time_interleaved(fns, rounds=15)
+            valid = int(case.seqused.sum()) * hkv * 128 * 2 * 2
+            report(times, valid, copy_gbps, errors, {"default": d})
+            base = times["default"].median_ms
+            best = min((n for n in fns if n != "default"), key=lambda n: times[n].median_ms)
+            summary.append((f"{p.describe()} {mix}", base, best, times[best].median_ms,
+                            valid / (base * 1e-3) / (copy_gbps * 1e9),
+                            valid / (times[best].median_ms * 1e-3) / (copy_gbps * 1e9)))
+    _case.paged_lengths = original
+    if summary:
+        print("\n| batch | default µs | best flat | default ÷ flat (time) | default % copy | "
+              "flat % copy |\n|---|---|---|---|---|---|")
+        for desc, base, best, ms, s0, s1 in summary:
+            print(f"| {desc} | {base * 1e3:.1f} | {best} | {base / ms:.3f} | {s0:.0%} | "
+                  f"{s1:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
