@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from tiledattention import DECODE, DecodeSchedule, Problem
-from tiledattention.kernels.decode import layout, rows_past_waves
+from tiledattention.kernels.decode import flat_applies, layout, rows_past_waves
 from tiledattention.tooling import SM_COUNTS, generation
 
 from ._space import FamilySpace, SearchSpace, register_space, smem_infeasibility
@@ -24,6 +24,7 @@ _FULL = {
     # every row split, or only those past whole waves of two CTAs an SM (``restricted`` puts
     # the problem's count in place of the 1, or drops the dimension where there is none)
     "tail_rows": (0, 1),
+    "flat": (False, True),  # a paged batch's items shared evenly by one wave
     "tile_n": (32, 64, 128, 256),
     "tile_m": (16, 32, 64, 128),
     "occupancy": (1, 2, 3, 4),  # 3 and 4: defaults of one split at 172-660 rows on Hopper
@@ -39,6 +40,7 @@ _FULL = {
 _COMPACT = {
     "splits": _SPLITS,
     "balanced": (False, True),
+    "flat": (False, True),
     "tile_n": (64, 128),
     "occupancy": (1, 2),
     "k_latency": (2, 4),
@@ -66,7 +68,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     batch of one cache length (counted in whole batch entries, as ``normalise`` keeps it). A
     space that does not search the merge (``compact``) merges as the problem's default does:
     the base's stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
-    (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9)."""
+    (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9). The flat walk
+    only where it applies (a plain 16-bit paged cache)."""
     choices = dict(space.choices)
     base = space.base
     if "combine" not in choices:
@@ -74,6 +77,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     most = max(1, math.ceil(problem.seqlen_k / 64) // _MIN_TILES_PER_SPLIT)
     choices["splits"] = tuple(n for n in choices.get("splits", (1,)) if n <= most) or (1,)
     names = [n for n in ("combine",) if choices["splits"] == (1,)]
+    if not flat_applies(problem):
+        names.append("flat")
     if choices["splits"] == (1,) or not problem.ragged or problem.windowed:
         names.append("balanced")
     if problem.seqlen_q == 1:
@@ -107,6 +112,8 @@ def model_ms(problem: Problem, schedule: DecodeSchedule) -> float:
     fill = min(1.0, ctas / 132) * (0.9 if ctas > 132 and ctas % 132 else 1.0)
     tiles = {64: 0.95, 128: 1.0, 256: 0.9}.get(schedule.tile_n, 0.9)
     launches = 1 if schedule.splits == 1 else 2
+    if schedule.flat:  # one even wave, three launches
+        fill, launches = 1.0, 3
     return moved / (3.0e12 * fill * tiles) * 1e3 + 0.003 * launches
 
 

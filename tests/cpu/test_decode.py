@@ -184,8 +184,8 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 
 
 # -- DecodeSchedule ------------------------------------------------------------------------------
-TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tail_rows=5, tile_n=256,
-                         tile_m=128,
+TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tail_rows=5, flat=True,
+                         tile_n=256, tile_m=128,
                          pack_heads=False, occupancy=2, num_worker_warps=8, k_latency=3,
                          v_latency=10, k_transposed=True, exp2=False)
 
@@ -267,8 +267,9 @@ def test_describe():
     assert DecodeSchedule(splits=16, combine="pdl", tile_n=128, occupancy=2, k_latency=2,
                           v_latency=2).describe() == "split16/pdl n128 m16 occ2 lat(K2,V2)"
     assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
-    assert TOGGLED.describe() == ("split16/pdl/bal/tail5 n256 m128 occ2 unpacked w8 lat(K3,V10) "
-                                  "Kt exp")
+    assert TOGGLED.describe() == "flat n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp"
+    assert TOGGLED.replace(flat=False).describe() == (
+        "split16/pdl/bal/tail5 n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp")
     assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
 
 
@@ -1107,9 +1108,12 @@ def test_runtime_holds_at_most_max_resolutions_oldest_out(monkeypatch):
 # -- search space and a simulated search --------------------------------------------------------
 def test_compact_space_keeps_splits_of_two_key_tiles_at_least():
     space = search_spaces.space_for("decode", "sm_90", "compact")
-    assert set(space.choices) == {"splits", "balanced", "tile_n", "occupancy", "k_latency"}
+    assert set(space.choices) == {"splits", "balanced", "flat", "tile_n", "occupancy",
+                                  "k_latency"}
     restricted = search_spaces.DECODE_SPACE.restrict(space, _problem(seqlen_k=1024))
     assert "balanced" not in restricted.choices  # one cache length: nothing to balance
+    assert "flat" not in restricted.choices  # a flat walk is a paged batch's
+    assert search_spaces.DECODE_SPACE.restrict(space, PAGED).choices["flat"] == (False, True)
     assert search_spaces.DECODE_SPACE.restrict(space, PAGED).choices["balanced"] == (False, True)
     assert restricted.choices["splits"] == (1, 2, 3, 4, 6, 8)
     tiles = math.ceil(1024 / 64)

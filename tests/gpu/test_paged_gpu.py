@@ -255,7 +255,7 @@ def test_balanced_splits_match_the_reference_and_cover_caches_past_the_plans(hq,
 
 
 @pytest.mark.parametrize("batch, hq, hkv, d, page", [(18, 32, 8, 128, 64), (36, 16, 4, 256, 128),
-                                                     (40, 32, 8, 128, 16), (150, 8, 1, 64, 32)])
+                                                     (20, 32, 8, 128, 32), (150, 8, 1, 64, 32)])
 def test_a_batch_of_a_part_wave_splits_in_four_and_matches_the_reference(batch, hq, hkv, d,
                                                                           page):
     """Rows (batch x K/V heads) that fill one CTA an SM (two waves over pages of 16) but at
@@ -271,3 +271,38 @@ def test_a_batch_of_a_part_wave_splits_in_four_and_matches_the_reference(batch, 
     resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused,
                                               max_k=max(lengths))
     assert resolution.source == "default" and resolution.schedule.splits == PAGED_SPLIT_FACTOR
+
+
+@pytest.mark.parametrize("batch, hq, hkv, d, dtype, sq", [
+    (23, 32, 8, 128, torch.bfloat16, 1), (9, 28, 4, 64, torch.float16, 1),
+    (13, 16, 2, 256, torch.bfloat16, 1), (70, 8, 1, 96, torch.bfloat16, 1),
+    (6, 32, 8, 128, torch.float16, 3)])
+def test_the_flat_walk_over_pages_of_16_matches_the_reference(batch, hq, hkv, d, dtype, sq):
+    """Pages of 16 at two CTAs an SM walk flat by default (``DecodeSchedule.flat``: one wave
+    shares the batch's key tiles evenly, rows cut by its shares merged after): exact on
+    lengths at and around page and tile edges, one long cache among short ones, grouped and
+    multi-query heads and a speculative step of three queries; and again with the scratch
+    (partials, log-sum-exps) full of NaN before the call, so a merge that read a slot no CTA
+    wrote would show."""
+    from tiledattention import DECODE, Problem
+    from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
+
+    edges = (1, 15, 16, 17, 63, 64, 65, 129, 5000, sq, 2047)
+    lengths = [max(sq, edges[i % len(edges)] + i // len(edges)) for i in range(batch)]
+    out, (q, k_pages, v_pages, table, seqused, caches) = run_and_check(
+        lengths, 16, hq=hq, hkv=hkv, d=d, sq=sq, dtype=dtype)
+    resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused,
+                                              max_k=max(lengths))
+    assert resolution.schedule.flat, resolution.schedule.describe()
+    problem = Problem(batch=batch, heads_q=hq, heads_kv=hkv, seqlen_q=sq, seqlen_k=max(lengths),
+                      head_dim=d, dtype="bf16" if dtype is torch.bfloat16 else "fp16",
+                      causal=True, bottom_right=True, ragged=True, page_size=16)
+    plan = launches(problem, DECODE.default_schedule("sm_90", problem),
+                    None, sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    assert plan.flat is not None
+    scratch = tuple(torch.full(shape, float("nan"), device="cuda")
+                    for shape in partial_shapes(plan))
+    again = torch.full_like(q, float("nan"))
+    launch(torch.cuda.current_stream(), plan, q, k_pages, v_pages, again, 0, scratch,
+           ranges=seqused, pages=table)
+    assert torch.equal(again, out)

@@ -64,7 +64,7 @@ def _row_of(Cu, x, B_PAD, n, rows_per_entry):
 def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_div: int,
                TILE_G: ConstInt, TILE_S: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                PAGE_ROWS: ConstInt, K_LATENCY: ConstInt, V_LATENCY: ConstInt,
-               B_PAD: ConstInt, CAUSAL: ConstBool):
+               B_PAD: ConstInt, CAUSAL: ConstBool, STORE_TMA: ConstBool):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
     heads = Q.shape[1]
@@ -105,7 +105,7 @@ def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_di
             visible = min(seqlen_k, max(first_pos + offset + 1, 0))
         clean = min(max(visible // TILE_N, start), stop)
         q = ct.load(Q, index=(entry, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
-                    padding_mode=PAD).reshape((TILE_M, TILE_D))
+                    padding_mode=PAD, allow_tma=False).reshape((TILE_M, TILE_D))
         m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
         acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
@@ -135,11 +135,14 @@ def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_di
         out = normalised(acc, l_i)
         if (row_lo >= lo) & (row_hi <= hi):
             ct.store(Out, index=(entry, head, 0, q_tile, 0),
-                     tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
+                     tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)),
+                     allow_tma=STORE_TMA)
         else:
             lse = log_sum_exp(m_i, l_i, True, -np.inf)
-            ct.store(Opart, index=(row + cta, 0, 0), tile=out.reshape((1, TILE_M, TILE_D)))
-            ct.store(Lse, index=(row + cta, 0), tile=lse.reshape((1, TILE_M)))
+            ct.store(Opart, index=(row + cta, 0, 0), tile=out.reshape((1, TILE_M, TILE_D)),
+                     allow_tma=STORE_TMA)
+            ct.store(Lse, index=(row + cta, 0), tile=lse.reshape((1, TILE_M)),
+                     allow_tma=STORE_TMA)
 
 
 @ct.kernel
@@ -201,21 +204,20 @@ def flat_merge(Opart, Lse, Out, Cu, ctas: int, TILE_G: ConstInt, TILE_S: ConstIn
 class FlatPlan:
     """The flat launches of ``problem`` with ``schedule``'s tiles, loads and occupancy."""
 
-    def __init__(self, problem, schedule, ctas_per_sm=None, sms=132):
+    def __init__(self, problem, schedule, occupancy=1, waves=1, sms=132):
         schedule = normalise(problem, schedule)
         self.tiles = layout(problem, schedule)
         self.problem = problem
-        occupancy = ctas_per_sm or schedule.occupancy
-        self.ctas = sms * occupancy
+        self.ctas = sms * occupancy * waves
         self.split = flat_split.replace_hints(occupancy=occupancy,
                                               num_worker_warps=schedule.num_worker_warps)
         self.tile_d = padded_head_dim(problem.head_dim)
         self.tile_n = schedule.tile_n
-        self.b_pad = 1 << problem.batch.bit_length()  # > batch: Cu's batch + 1 values fit
+        self.b_pad = max(64, 1 << problem.batch.bit_length())  # > batch: Cu's batch + 1 values fit
         self.constants = (self.tiles.tile_g, self.tiles.tile_s, schedule.tile_n, self.tile_d,
                           min(schedule.tile_n, page_tile(problem.page_size)),
                           schedule.k_latency or 0, schedule.v_latency or 0, self.b_pad,
-                          problem.causal)
+                          problem.causal, False)
         self.chunk = min(self.tile_d, 32)
         self.scale = 1.0 / math.sqrt(problem.head_dim)
         rows = self.tiles.rows
@@ -262,13 +264,128 @@ def edge_lengths(problem):
 MIXES = {"cycling": _case.paged_lengths, "log-uniform": log_uniform}
 
 POINTS = ((16, 32, 8, 12000, 16), (24, 28, 4, 8000, 32), (8, 32, 8, 30000, 64),
-          (40, 32, 8, 5000, 16), (12, 64, 8, 16000, 128), (64, 16, 2, 4000, 16),
-          (6, 32, 8, 40000, 256), (100, 8, 1, 3000, 32))
+          (40, 32, 8, 5000, 16), (12, 64, 8, 16000, 128), (64, 16, 2, 4000, 16))
 CHECK_POINTS = ((9, 32, 8, 3000, 16), (13, 28, 4, 2000, 32), (5, 16, 16, 5000, 64),
                 (27, 8, 1, 700, 16))
 
 
+def diag(stage):
+    """One stage of the flat launches on a small batch, synchronised (``--diag prefix|split|
+    merge``): the prefix against torch's cumsum; the split and merge on torch's offsets."""
+    p = ta.Problem(batch=9, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=3000, head_dim=128,
+                   dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=16)
+    d = ta.DECODE.default_schedule("sm_90", p)
+    if "--edges" in sys.argv:
+        _case.paged_lengths = edge_lengths
+    case = ta.DECODE.case(p, 0)
+    occupancy = int(sys.argv[sys.argv.index("--occ") + 1]) if "--occ" in sys.argv else 1
+    plan = FlatPlan(p, d, occupancy)
+    cu, opart, lse = plan.buffers()
+    items = (case.seqused + plan.tile_n - 1) // plan.tile_n * plan.rows_per_entry
+    want = torch.cat((items.new_zeros(1), items.cumsum(0))).to(torch.int32)
+    stream = torch.cuda.current_stream()
+    if stage == "prefix":
+        cap = case.table.shape[1] * case.k_pages.shape[1]
+        ct.launch(stream, (1, 1, 1), flat_prefix,
+                  (case.seqused, cu, cap, plan.rows_per_entry, plan.tile_n, plan.b_pad))
+        torch.cuda.synchronize()
+        print("prefix", cu.tolist(), "want", want.tolist(), flush=True)
+        return
+    cu.copy_(want)
+    case.out.fill_(float("nan"))
+    q5, out5 = grouped_view(case.q, plan.tiles), grouped_view(case.out, plan.tiles)
+    ct.launch(stream, (plan.ctas, 1, 1), plan.split,
+              (q5, case.k_pages, case.v_pages, out5, opart, lse, cu, case.seqused, case.table,
+               plan.scale, plan.tiles.kv_div, *plan.constants))
+    torch.cuda.synchronize()
+    print("split ran; lengths", case.seqused.tolist(), "rows written", int((~case.out.isnan()).any(-1).sum()), flush=True)
+    if stage == "merge":
+        ct.launch(stream, (plan.tiles.rows, plan.tile_d // plan.chunk, 1), flat_merge,
+                  (opart, lse, out5, cu, plan.ctas, plan.tiles.tile_g, plan.tiles.tile_s,
+                   plan.chunk, 4))
+        torch.cuda.synchronize()
+        err = (torch.linalg.vector_norm(case.out.float() - case.reference)
+               / torch.linalg.vector_norm(case.reference)).item()
+        print("merge ran; error", err, flush=True)
+
+
+def first_forms(p, d):
+    """The first run's: the default's tiles and loads at one CTA an SM, two waves of it,
+    and loads six steps ahead."""
+    return {"flat": FlatPlan(p, d), "flat x2": FlatPlan(p, d, waves=2),
+            "flat K6V6": FlatPlan(p, d.replace(k_latency=6, v_latency=6))}
+
+
+def deep_forms(p, d):
+    """``--deep``: loads eight and ten steps ahead, two waves with six, 128-key steps."""
+    return {"flat K8V8": FlatPlan(p, d.replace(k_latency=8, v_latency=8)),
+            "flat K10V10": FlatPlan(p, d.replace(k_latency=10, v_latency=10)),
+            "flat x2 K6V6": FlatPlan(p, d.replace(k_latency=6, v_latency=6), waves=2),
+            "flat n128 K6V6": FlatPlan(p, d.replace(tile_n=128, k_latency=6, v_latency=6))}
+
+
+def occ2_forms(p, d):
+    """``--occ2``: two CTAs an SM (the stores not by TMA, so the kernel keeps two warpgroups
+    and its register budget), loads four, six and eight steps ahead."""
+    return {"flat occ2": FlatPlan(p, d, 2),
+            "flat occ2 K6V6": FlatPlan(p, d.replace(k_latency=6, v_latency=6), 2),
+            "flat occ2 K8V8": FlatPlan(p, d.replace(k_latency=8, v_latency=8), 2)}
+
+
+FORMS = {"": first_forms, "--deep": deep_forms, "--occ2": occ2_forms}
+DEEP_POINTS = ((16, 32, 8, 12000, 16), (40, 32, 8, 5000, 16), (24, 28, 4, 8000, 32),
+               (12, 64, 8, 16000, 128))
+
+
+#: ``--held``: the default (flat, the product's kernels) against the rule before it on batches
+#: none of the runs above had: head dims 64-256, K/V heads 1-8, 16-1600 rows, both dtypes
+#: (batch, heads_q, heads_kv, longest cache, head dim, dtype)
+HELD_POINTS = ((12, 32, 8, 20000, 128, "bf16"), (30, 28, 4, 6000, 64, "fp16"),
+               (10, 16, 2, 16000, 256, "bf16"), (90, 8, 1, 5000, 128, "bf16"),
+               (200, 32, 8, 3000, 128, "bf16"), (20, 40, 8, 10000, 96, "fp16"),
+               (48, 32, 8, 3000, 256, "bf16"))
+
+
+def held():
+    """``--held``: the default against ``flat=False`` (the split rule), product launches."""
+    from paged_defaults import copy_rate, report
+    from tuner.measure import time_interleaved
+
+    copy_gbps = copy_rate()
+    original = _case.paged_lengths
+    summary = []
+    for b, hq, hkv, sk, d, dtype in HELD_POINTS:
+        p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                       dtype=dtype, causal=True, bottom_right=True, ragged=True, page_size=16)
+        new = ta.DECODE.default_schedule("sm_90", p)
+        candidates = {"default": new, "split rule": new.replace(flat=False)}
+        for mix, lengths in MIXES.items():
+            _case.paged_lengths = lengths
+            case = ta.DECODE.case(p, 0)
+            fns = {name: case.launcher(s) for name, s in candidates.items()}
+            errors = {name: case.error(fn) for name, fn in fns.items()}
+            times = time_interleaved(fns, rounds=15)
+            valid = int(case.seqused.sum()) * hkv * d * 2 * 2
+            print(f"== {p.describe()} {mix}")
+            report(times, valid, copy_gbps, errors, candidates)
+            base, ours = times["split rule"].median_ms, times["default"].median_ms
+            summary.append((f"{p.describe()} {mix}", base, ours,
+                            valid / (base * 1e-3) / (copy_gbps * 1e9),
+                            valid / (ours * 1e-3) / (copy_gbps * 1e9), errors["default"]))
+    _case.paged_lengths = original
+    print("\n| batch | split rule µs | flat µs | rule ÷ flat (time) | rule % copy | flat % copy "
+          "| flat error |\n|---|---|---|---|---|---|---|")
+    for desc, base, ours, s0, s1, err in summary:
+        print(f"| {desc} | {base * 1e3:.1f} | {ours * 1e3:.1f} | {base / ours:.3f} | {s0:.0%} | "
+              f"{s1:.0%} | {err:.1e} |")
+
+
 def main():
+    if "--held" in sys.argv:
+        return held()
+    form = next((a for a in sys.argv[1:] if a in FORMS), "")
+    if "--diag" in sys.argv:
+        return diag(sys.argv[sys.argv.index("--diag") + 1])
     from paged_defaults import copy_rate, report
     from tuner.measure import time_interleaved
 
@@ -277,14 +394,15 @@ def main():
     original = _case.paged_lengths
     summary = []
     mixes = {"edges": edge_lengths, **MIXES} if check_only else MIXES
-    for b, hq, hkv, sk, page in CHECK_POINTS if check_only else POINTS:
+    points = CHECK_POINTS if check_only else DEEP_POINTS if form else POINTS
+    for b, hq, hkv, sk, page in points:
         p = ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=128,
                        dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
         d = ta.DECODE.default_schedule("sm_90", p)
         for mix, lengths in mixes.items():
             _case.paged_lengths = lengths
             case = ta.DECODE.case(p, 0)
-            flats = {f"flat occ{o}": FlatPlan(p, d, o) for o in (1, 2)}
+            flats = FORMS[form](p, d)
             fns = {"default": case.launcher(d)}
             for name, plan in flats.items():
                 bufs = plan.buffers()

@@ -11,8 +11,9 @@ import dataclasses
 from ...core._compile import CompileResult, array_constraint, export_cubin
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
+from ._flat import flat_scratch_shapes
 from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
-                      layout, normalise, split_constants, split_kernel, tail_rows)
+                      launches, layout, normalise, split_constants, split_kernel, tail_rows)
 from ._schedule import DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -39,6 +40,8 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     else:
         kv_shape = (p.batch, p.heads_kv, p.seqlen_k, p.head_dim)
     k = v = array_constraint(kv_dtype, kv_shape)
+    if schedule.flat:
+        return _compile_flat(p, schedule, arch, q5, k)
     if p.kv_dtype:  # an FP8 cache's V as the launcher passes it: int16 words of two values
         v = array_constraint("int16", (*kv_shape[:-1], kv_shape[-1] // 2))
     tile_d = split_constants(p, schedule)["TILE_D"]
@@ -82,3 +85,31 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
                                    combine_constants(p, schedule)), arch, label + " (combine)")
     return dataclasses.replace(result, seconds=result.seconds + combined.seconds,
                                other_cubins=(combined.cubin,))
+
+
+def _compile_flat(p: Problem, schedule: DecodeSchedule, arch: str, q5: object, kv: object
+                  ) -> CompileResult:
+    """A flat schedule's split kernel (the result), its prefix and merge (``other_cubins``),
+    for a contiguous page pool ``kv`` and block table and the launch's scratch views."""
+    from . import _flat_kernel
+
+    flat = launches(p, schedule, None).flat
+    opart_shape, tail_shape = flat_scratch_shapes(flat)
+    slots = opart_shape[0]
+    opart = array_constraint("fp32", opart_shape)
+    lse = array_constraint("fp32", (slots, flat.tile_m))
+    cu = array_constraint("int32", (p.batch + 1,))
+    lens = array_constraint("int32", (p.batch,))
+    table = array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
+    i32, f32 = ctc.ScalarConstraint(ct.int32), ctc.ScalarConstraint(ct.float32)
+    label = f"decode {schedule.describe()}"
+    result = export_cubin(flat.split, [q5, q5, kv, kv, opart, lse, cu, lens, table, f32, i32,
+                                       *flat.split_constants], arch, label)
+    prefix = export_cubin(_flat_kernel.flat_prefix,
+                          [lens, cu, i32, i32, flat.tile_n, flat.b_pad], arch,
+                          label + " (prefix)")
+    merge = export_cubin(_flat_kernel.flat_merge, [opart, lse, q5, cu, i32,
+                                                   *flat.merge_constants], arch,
+                         label + " (merge)")
+    return dataclasses.replace(result, seconds=result.seconds + prefix.seconds + merge.seconds,
+                               other_cubins=(prefix.cubin, merge.cubin))

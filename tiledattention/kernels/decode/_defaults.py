@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core._compile import SM_COUNTS, generation
 from ...core._problem import Problem, page_tile
-from ._launch import BLOCK_MAX_ROWS, layout, rows_past_waves
+from ._launch import BLOCK_MAX_ROWS, flat_applies, layout, rows_past_waves
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
 __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_TILE_M",
@@ -18,7 +18,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "FOURTH_CTA_LATENCY", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR",
-           "PAGED_PART_WAVE_MAX_SHARE", "SHORT_HEAD_DIM",
+           "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
            "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
            "PART_WAVE_SPLITS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
@@ -206,6 +206,18 @@ PAGED_SPLIT_FACTOR = 4
 #: 1.18-1.94x (log-uniform) and 0.96-1.28x (one length); pages of 16 at 512 rows lost
 #: 0.83-0.85x at two and four splits (``--live``).
 PAGED_PART_WAVE_MAX_SHARE = 1.5
+#: A paged batch of several caches over small pages (16 keys a load) at two CTAs an SM, the
+#: longest at most this many keys, walks flat on Hopper (``DecodeSchedule.flat``: one wave
+#: shares the batch's key tiles evenly instead of proportional splits). On an H200
+#: (``docs/records/probes/paged_flat.py``; cache lengths cycling through 1, 3/4, 1/2 and 1/4 of
+#: the longest, or drawn log-uniformly from 64 to it): D 128, H 32/8, B 16 and 40 over 12000
+#: and 5000 keys, 1.13-1.15x the split rule (cycling) and 1.24-1.34x (log-uniform); then seven
+#: other batches (D 64-256, H_kv 1-8, 20-1600 rows, bf16 and fp16; ``--held``): over 3000-6000
+#: keys 1.01-1.22x (cycling) and 1.05-1.40x (log-uniform) on all four, over 10000-20000 keys
+#: 0.83-0.94x (cycling) and 0.79-1.27x (log-uniform), where the splits already stream evenly.
+#: The bound was drawn from those seven: it is not held out. Larger pages (128-key steps)
+#: ran 0.83-1.05x and keep their splits.
+FLAT_MAX_KEYS = 8192
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
 #: ``FP8_K_LATENCY`` steps ahead and ``FP8_SPLIT_FACTOR`` times the rule's splits (at least that
@@ -321,7 +333,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     ahead); a paged split that fills the GPU by itself runs two CTAs an SM (with larger pages,
     K loads four steps ahead); one that does not takes
     :data:`PAGED_SPLIT_FACTOR` times the splits at two CTAs an SM, and so does one whose rows
-    fill at most :data:`PAGED_PART_WAVE_MAX_SHARE` of its waves. An FP8 cache takes more
+    fill at most :data:`PAGED_PART_WAVE_MAX_SHARE` of its waves; on Hopper a small-page batch
+    at two CTAs an SM over at most :data:`FLAT_MAX_KEYS` keys walks flat instead
+    (``DecodeSchedule.flat``: one wave shares its key tiles evenly). An FP8 cache takes more
     splits at two CTAs an SM (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine
     would merge more than :data:`MAX_MERGED_ROWS` rows of partials into one output row."""
     gen = generation(arch)
@@ -438,5 +452,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     pdl = (splits > 1 and gen == "hopper" and problem.head_dim <= PDL_MAX_HEAD_DIM
            and not (problem.softcap or problem.windowed or problem.kv_dtype
                     or (problem.ragged and not problem.page_size)))
+    flat = (gen == "hopper" and small_pages and problem.batch > 1 and flat_applies(problem)
+            and occupancy == FULL_GPU_OCCUPANCY and problem.seqlen_k <= FLAT_MAX_KEYS)
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency,
-                        v_latency=v_latency, combine="block_pdl" if pdl else base.combine)
+                        v_latency=v_latency, combine="block_pdl" if pdl else base.combine,
+                        flat=flat)

@@ -17,7 +17,7 @@ from ._compile import compile_decode
 from ._defaults import default_decode_schedule
 from ._dispatch import dispatch_rule
 from ._launch import launch, launches, normalise, partial_shapes
-from ._plan import DecodePlan, bucket_problem, decode_plan, decode_plan_key
+from ._plan import DecodePlan, bucket_problem, decode_plan, decode_plan_key, flat_sms
 from ._schedule import DecodeSchedule
 
 __all__ = ["DECODE", "DecodeFamily", "DecodeCase"]
@@ -30,7 +30,7 @@ def _case_launcher(problem: Problem, schedule: DecodeSchedule, q, k, v, out, off
     ``ranges``, ``pages``."""
     import torch
 
-    plan = launches(problem, schedule, None)
+    plan = launches(problem, schedule, None, sms=flat_sms(schedule, q.device.index))
     partials = None
     if plan.combine is not None:
         opart, lse = partial_shapes(plan)
@@ -78,6 +78,8 @@ class DecodeFamily(Family):
     # queries' dtype's against the dequantised cache)
     kv_dtypes = ("e4m3",)
     template_modules = ("tiledattention.kernels.decode._kernel",
+                        "tiledattention.kernels.decode._flat_kernel",
+                        "tiledattention.kernels.decode._flat",
                         "tiledattention.kernels.decode._launch", *KERNEL_CORE_MODULES)
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)

@@ -24,6 +24,7 @@ from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._problem import Problem, default_scale, padded_head_dim, page_tile
+from ._flat import FlatLaunches, flat_launches, flat_scratch_shapes, launch_flat
 from ._schedule import TILES_M, DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -187,9 +188,19 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     one cache length or a window (whose walk is at most the window's), ``pack_heads`` when
     each K/V head has one query head, ``tile_m`` at the smallest value that gives the same
     tiling, and for a paged cache ``k_transposed`` canonical (a page's keys load as rows;
-    idempotent; ``schedule`` itself when nothing changes)."""
+    idempotent; ``schedule`` itself when nothing changes). ``flat`` stays on only where it
+    applies (:func:`flat_applies`), and then one split, no balance and no tail."""
     changes: dict[str, Any] = {}
     canonical = DecodeSchedule()
+    if schedule.flat:
+        if not flat_applies(problem):
+            changes["flat"] = False
+        else:  # the work is shared by items, not splits
+            changes.update((name, value) for name, value in (
+                ("splits", 1), ("combine", canonical.combine), ("balanced", False),
+                ("tail_rows", 0)) if getattr(schedule, name) != value)
+        if changes:
+            schedule = schedule.replace(**changes)
     if problem.page_size and schedule.k_transposed != canonical.k_transposed:
         changes["k_transposed"] = canonical.k_transposed
         schedule = schedule.replace(k_transposed=canonical.k_transposed)
@@ -215,6 +226,13 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     if smallest != schedule.tile_m:
         changes["tile_m"] = smallest
     return schedule.replace(**changes) if changes else schedule
+
+
+def flat_applies(problem: Problem) -> bool:
+    """Whether ``DecodeSchedule.flat`` can take ``problem``: a paged cache of 16-bit keys and
+    values, no window, softcap or sinks."""
+    return (problem.page_size > 0 and not problem.kv_dtype and not problem.windowed
+            and problem.softcap == 0 and not problem.sinks)
 
 
 def split_constants(problem: Problem, schedule: DecodeSchedule,
@@ -332,12 +350,21 @@ class Launches(NamedTuple):
     # of it); else 0
     whole_rows: int  # TAIL: the rows before the split ones, whole batch entries; else 0
     whole_batches: int  # TAIL: the batch entries of those (the merge's Out starts after); else 0
+    flat: FlatLaunches | None  # DecodeSchedule.flat: the flat walk's launches (split, combine
+    # and their grids then unused); else None
+
+
+#: The SMs a flat walk's wave fills where no device is named (a compile-only build, whose code
+#: does not depend on the grid): an H100's or H200's.
+DEFAULT_SMS = 132
 
 
 def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
-             window: tuple[int, int] | None = None) -> Launches:
+             window: tuple[int, int] | None = None, sms: int = DEFAULT_SMS) -> Launches:
     """The kernel objects, grids and constants of ``normalise(problem, schedule)``;
-    ``window``: the call's ``(left, right)`` where it is not the problem's (``variant_of``)."""
+    ``window``: the call's ``(left, right)`` where it is not the problem's (``variant_of``);
+    ``sms``: the device's SMs (a flat walk's wave; no other launch depends on them). A flat
+    schedule with a call's window falls back to its one split."""
     schedule = normalise(problem, schedule)
     tiles = layout(problem, schedule)
     variant = variant_of(problem, window)
@@ -352,13 +379,17 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
                     else (tiles.rows, schedule.splits, 1)),
         combine_grid=(merged, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
-        combine=combine_kernel(schedule) if schedule.splits > 1 else None,
+        # (a flat walk's merge: its scratch is kept as the partials are)
+        combine=combine_kernel(schedule) if schedule.splits > 1 or schedule.flat else None,
         split_constants=SPLIT_PARAMETERS.constant_values(split),
         combine_constants=COMBINE_PARAMETERS.constant_values(combine),
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
         tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
         causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0,
-        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch))
+        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch),
+        flat=(flat_launches(problem.batch, tiles, schedule, padded_head_dim(problem.head_dim),
+                            split["PAGE_ROWS"], problem.causal, sms)
+              if schedule.flat and not variant.windowed else None))
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
@@ -375,6 +406,9 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     to the split kernel as :func:`fp8_words`)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
+    if plan.flat is not None:
+        launch_flat(stream, plan.flat, q5, out5, k, v, partials, plan.scale, ranges, pages)
+        return
     if descales is not None:
         v = fp8_words(v)
     opart, lse = partials if partials is not None else (out5, out5)
@@ -407,7 +441,9 @@ def fp8_words(v: Any) -> Any:
 
 def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs (the tail's rows
-    where only they split)."""
+    where only they split), or a flat one (``flat_scratch_shapes``)."""
+    if plan.flat is not None:
+        return flat_scratch_shapes(plan.flat)
     rows, m = plan.combine_grid[0], plan.tiles.tile_m
     return (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
 

@@ -24,6 +24,7 @@ from typing import Any
 from ...core import _plans as hot
 from ...core._plans import Plan, clear_of, contiguous_like, out_spans, reach, span
 from ...core._call import Call
+from ...core._device import device_info
 from ...core._problem import INDEX_LIMIT, Problem, padded_head_dim
 from . import _launch
 from ._schedule import DecodeSchedule
@@ -157,6 +158,14 @@ class DecodePlan(Plan):
         return out
 
 
+def flat_sms(schedule: DecodeSchedule, device_index: int) -> int:
+    """The SMs of device ``device_index`` for a flat schedule's wave (the device is asked
+    only then); ``_launch.DEFAULT_SMS`` otherwise, which no other launch depends on."""
+    if not schedule.flat:
+        return _launch.DEFAULT_SMS
+    return device_info(device_index).sm_count
+
+
 def decode_plan(call: Call, schedule: DecodeSchedule, device_index: int) -> DecodePlan:
     """The plan for every length of ``call``'s problem's bucket (resolved for the bucket's
     length). The caller's alignment and window (``call.bottom_right``, ``call.window``) decide
@@ -164,7 +173,8 @@ def decode_plan(call: Call, schedule: DecodeSchedule, device_index: int) -> Deco
     it equals top-left (S_q == S_k) or masks nothing, and a window side that binds no key at
     this length, and a later call of the bucket may have another length."""
     problem = call.problem
-    launches = _launch.launches(bucket_problem(problem), schedule, call.scale, call.window)
+    launches = _launch.launches(bucket_problem(problem), schedule, call.scale, call.window,
+                                sms=flat_sms(schedule, device_index))
     return DecodePlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
         launches=launches,

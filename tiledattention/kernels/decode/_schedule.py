@@ -45,6 +45,11 @@ class DecodeSchedule(ScheduleValue):
             and write the output directly, their CTAs scheduled first (0: every row splits).
             What a last wave of CTAs that one split leaves part-empty takes: its rows' splits
             fill it with shorter walks.
+        flat: a paged batch's (row, key tile) items shared evenly by one wave of CTAs
+            (``occupancy`` an SM), each walking its share row after row; rows its share
+            cuts are merged after (``_flat_kernel``). Plain 16-bit paged caches only (no
+            window, softcap or sinks); ``splits``, ``combine``, ``balanced`` and
+            ``tail_rows`` then do not apply.
     Tiles:
         tile_n: keys per inner-loop step (power of two, 16..256).
         tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
@@ -60,6 +65,7 @@ class DecodeSchedule(ScheduleValue):
     combine: str = "kernel"
     balanced: bool = False
     tail_rows: int = 0
+    flat: bool = False
     tile_n: int = 64
     tile_m: int = 16
     pack_heads: bool = True
@@ -72,9 +78,9 @@ class DecodeSchedule(ScheduleValue):
 
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
-    # a schedule without balanced splits keeps the dict (and key) it had before they existed
-    ADDED_FIELDS = ("balanced", "tail_rows")
-    OMITTED_AT_DEFAULT = ("balanced", "tail_rows")
+    # a schedule without balanced splits, a tail or a flat walk keeps the dict (and key) it had before they existed
+    ADDED_FIELDS = ("balanced", "tail_rows", "flat")
+    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -100,7 +106,8 @@ class DecodeSchedule(ScheduleValue):
 
     def describe(self) -> str:
         """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
-        parts = [f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else "")
+        parts = ["flat" if self.flat else
+                 f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else "")
                  + ("/bal" if self.balanced else "")
                  + (f"/tail{self.tail_rows}" if self.tail_rows else ""),
                  f"n{self.tile_n}", f"m{self.tile_m}", f"occ{self.occupancy}"]

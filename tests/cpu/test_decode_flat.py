@@ -1,0 +1,98 @@
+"""The flat paged decode on the CPU (``DecodeSchedule.flat``): where it applies and is the
+default, what normalising a flat schedule keeps, its walk (even shares, every key tile once,
+a slot per cut row and CTA) and its compiles for every architecture."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tiledattention import DECODE, DecodeSchedule, Problem
+from tiledattention.kernels.decode import flat_applies
+from tiledattention.kernels.decode._defaults import FLAT_MAX_KEYS
+from tiledattention.kernels.decode._flat import flat_scratch_shapes, flat_walk
+from tiledattention.kernels.decode._launch import launches, normalise
+
+ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+
+
+def _paged(**fields) -> Problem:
+    base = dict(batch=24, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=6000, head_dim=128,
+                dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=16)
+    return Problem(**{**base, **fields})
+
+
+def test_the_default_walks_flat_over_small_pages_of_several_short_caches_on_hopper():
+    assert DECODE.default_schedule("sm_90", _paged()).flat
+    assert DECODE.default_schedule("sm_90", _paged(seqlen_k=FLAT_MAX_KEYS)).flat
+    for other in (_paged(seqlen_k=FLAT_MAX_KEYS + 1), _paged(page_size=64), _paged(batch=1),
+                  _paged(window_left=1000), _paged(kv_dtype="e4m3")):
+        assert not DECODE.default_schedule("sm_90", other).flat, other.describe()
+    for arch in ("sm_80", "sm_100", "sm_120"):  # measured on Hopper only
+        assert not DECODE.default_schedule(arch, _paged()).flat
+
+
+def test_normalise_keeps_flat_only_where_it_applies_and_drops_the_splits_then():
+    flat = DecodeSchedule(flat=True, splits=12, combine="block_pdl", balanced=True)
+    kept = normalise(_paged(), flat)
+    assert kept.flat and kept.splits == 1 and not kept.balanced
+    assert kept.combine == DecodeSchedule().combine and normalise(_paged(), kept) == kept
+    for problem in (_paged(softcap=30.0), _paged(kv_dtype="e4m3"), _paged(window_left=64),
+                    _paged(page_size=0)):
+        assert not flat_applies(problem)
+        assert not normalise(problem, flat).flat, problem.describe()
+    assert "flat" in kept.describe() and "split" not in kept.describe()
+
+
+def test_a_flat_schedule_round_trips_and_an_unflat_one_keeps_its_old_dict():
+    flat = DecodeSchedule(flat=True, tile_n=64, occupancy=2)
+    assert DecodeSchedule.from_dict(flat.to_dict()) == flat
+    assert "flat" not in DecodeSchedule(tile_n=64).to_dict()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_walk_shares_items_evenly_and_covers_every_key_tile_once(seed):
+    """Random batches (lengths of 0 keys up, cut at the block table's keys; 1-64 CTAs): every
+    CTA takes at most ``ceil(total / CTAs)`` items, each row's key tiles are walked exactly
+    once in order, a row one CTA walks whole is written by it, and a cut row's segments land
+    in distinct slots below ``rows + CTAs`` that the merge reads, in order, and no other."""
+    rng = random.Random(seed)
+    batch = rng.randint(1, 30)
+    lengths = [rng.choice((0, 1, 16, 17, 63, 64, 65, rng.randint(0, 9000))) for _ in range(batch)]
+    problem = _paged(batch=batch, heads_q=rng.choice((8, 32)), heads_kv=rng.choice((1, 2, 8)),
+                     seqlen_q=rng.choice((1, 1, 3)), seqlen_k=9000)
+    schedule = DecodeSchedule(flat=True, tile_n=rng.choice((32, 64)), occupancy=2)
+    flat = launches(problem, schedule, None, sms=rng.randint(1, 32)).flat
+    cap = 8000
+    walks, merged = flat_walk(flat, lengths, keys_cap=cap)
+    tiles = [-(-min(n, cap) // flat.tile_n) for n in lengths]
+    per = -(-sum(tiles) * flat.rows_per_entry // flat.ctas)
+    seen = {}
+    for cta, segments in enumerate(walks):
+        assert sum(stop - start for _, start, stop, _ in segments) <= per
+        for row, start, stop, whole in segments:
+            seen.setdefault(row, []).append((start, stop, whole, row + cta))
+    slots = set()
+    for row in range(flat.rows):
+        need = tiles[row // flat.rows_per_entry]
+        parts = [p for p in seen.get(row, []) if p[1] > p[0]]  # (an empty row: none)
+        bounds = [0] + [stop for _, stop, _, _ in parts]
+        assert [p[:2] for p in parts] == list(zip(bounds, bounds[1:])) and bounds[-1] == need
+        if len(parts) == 1:
+            assert parts[0][2] and merged[row] == []  # written whole
+        elif parts:
+            assert not any(p[2] for p in parts)
+            assert merged[row] == [p[3] for p in parts]
+            assert not slots & set(merged[row])
+            slots |= set(merged[row])
+    assert all(slot < flat.rows + flat.ctas for slot in slots)
+    opart, tail = flat_scratch_shapes(flat)
+    assert opart[0] == flat.rows + flat.ctas and tail == (opart[0] * flat.tile_m + batch + 1,)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_flat_schedule_compiles_its_three_kernels(arch):
+    problem = _paged(batch=9, heads_q=28, heads_kv=4, head_dim=96)
+    result = DECODE.compile(problem, DecodeSchedule(flat=True, tile_n=64, occupancy=2), arch)
+    assert result.cubin_size > 0 and len(result.other_cubins) == 2
