@@ -1,35 +1,40 @@
 """A persistent paged decode over a flat work list (issue 49, the "Next hypotheses" entry of
-the thirty-third session): every CTA of one wave takes an equal share of the batch's (row, key
-tile) items, rows being (batch entry, view head, query tile) in order; a row that lies inside
-one CTA's share is written by that CTA, a row cut by CTA boundaries leaves one partial per
-CTA (slot ``row + cta``: unique, rows and CTAs being monotone in one another) and a merge
-kernel combines those. The flat offsets (``Cu[b]``: the items before entry ``b``) come from a
-one-CTA prefix kernel over ``seqused_k``, so nothing waits on the host.
+the thirty-third session; record: ``docs/records/benchmarks/paged/issue49/README.md``,
+section 31): every CTA of one wave takes an equal share of the batch's (row, key tile) items;
+a row inside one CTA's share is written by it, a row cut by share boundaries leaves a partial
+in slot ``row + cta`` for the merge. The prefix and merge kernels are the product's
+(``tiledattention/kernels/decode/_flat_kernel.py``); the split kernel here is the experiment's,
+with ``TMA`` choosing TMA or plain loads of q and stores (TMA: the form that hangs at two CTAs
+an SM; the product's stores are plain).
 
-Prediction: mixed-length paged batches (log-uniform lengths at 38-57% of the copy rate with
-today's proportional splits) towards the flat read floor's 78-97%.
-
-    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py [--check]
+    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py --diag STAGE [--occ 2]
+        [--edges] [--tma]            # prefix | split | merge, synchronised, on one batch
+    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py            # one CTA an SM, TMA
+    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py --deep     # the same, deeper
+    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py --occ2     # two CTAs an SM
+    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py --held     # the product default
+    source .devtk/setup.sh && python3 docs/records/probes/paged_flat.py --check    # errors only
 
 Interleaved against the default, the L2 flushed before each sample; shares of the device
-copy rate (same run) on the valid K/V bytes read once. ``--check``: correctness only (NaN
-poisoned partials and outputs, lengths of 0, 1 and page boundaries).
+copy rate (same run) on the valid K/V bytes read once; every form's error also with its
+scratch NaN-filled before the call.
 """
 
 import math
-import random
 import sys
 
 import cuda.tile as ct
 import numpy as np
 import torch
 
+import paged_balance
 import tiledattention as ta
 from tiledattention.core import _case
 from tiledattention.core._problem import padded_head_dim, page_tile
 from tiledattention.kernel_core.numbers import LOG2_E, NEG_BIG
 from tiledattention.kernel_core.ranges import page_rows
 from tiledattention.kernel_core.softmax import log_sum_exp, normalised, online_softmax
+from tiledattention.kernels.decode._flat_kernel import _row_of, flat_merge, flat_prefix
 from tiledattention.kernels.decode._launch import grouped_view, layout, normalise
 
 ConstInt = ct.Constant[int]
@@ -37,34 +42,10 @@ ConstBool = ct.Constant[bool]
 
 
 @ct.kernel
-def flat_prefix(Lens, Cu, pages_cap: int, rows_per_entry: int, TILE_N: ConstInt,
-                B_PAD: ConstInt):
-    """``Cu[0] = 0``, ``Cu[b + 1]``: the items of entries ``0..b`` (each entry's rows times
-    its key tiles, its length capped at the block table's keys). One CTA."""
-    idx = ct.arange(B_PAD, dtype=np.int32)
-    n = Lens.shape[0]
-    lens = ct.minimum(ct.gather(Lens, idx, mask=idx < n, padding_value=0), pages_cap)
-    items = (lens + (TILE_N - 1)) // TILE_N * rows_per_entry
-    ct.scatter(Cu, idx + 1, ct.cumsum(items, axis=0), mask=idx < n)
-    ct.scatter(Cu, idx, 0, mask=idx == 0)
-
-
-def _row_of(Cu, x, B_PAD, n, rows_per_entry):
-    """The flat row of item ``x`` (``0 <= x < Cu[n]``): its entry is the last whose first item
-    is at most ``x`` (an empty entry shares its start with the next)."""
-    idx = ct.arange(B_PAD, dtype=np.int32)
-    starts = ct.gather(Cu, idx, mask=idx <= n, padding_value=1 << 30)
-    entry = ct.sum(ct.where(starts <= x, 1, 0)) - 1
-    base = ct.gather(Cu, entry)
-    tiles = max((ct.gather(Cu, entry + 1) - base) // rows_per_entry, 1)
-    return entry * rows_per_entry + (x - base) // tiles
-
-
-@ct.kernel
 def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_div: int,
                TILE_G: ConstInt, TILE_S: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                PAGE_ROWS: ConstInt, K_LATENCY: ConstInt, V_LATENCY: ConstInt,
-               B_PAD: ConstInt, CAUSAL: ConstBool, STORE_TMA: ConstBool):
+               B_PAD: ConstInt, CAUSAL: ConstBool, TMA: ConstBool):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
     heads = Q.shape[1]
@@ -105,7 +86,7 @@ def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_di
             visible = min(seqlen_k, max(first_pos + offset + 1, 0))
         clean = min(max(visible // TILE_N, start), stop)
         q = ct.load(Q, index=(entry, head, 0, q_tile, 0), shape=(1, 1, TILE_G, TILE_S, TILE_D),
-                    padding_mode=PAD, allow_tma=False).reshape((TILE_M, TILE_D))
+                    padding_mode=PAD, allow_tma=TMA).reshape((TILE_M, TILE_D))
         m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
         acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
@@ -136,75 +117,19 @@ def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_di
         if (row_lo >= lo) & (row_hi <= hi):
             ct.store(Out, index=(entry, head, 0, q_tile, 0),
                      tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)),
-                     allow_tma=STORE_TMA)
+                     allow_tma=TMA)
         else:
             lse = log_sum_exp(m_i, l_i, True, -np.inf)
             ct.store(Opart, index=(row + cta, 0, 0), tile=out.reshape((1, TILE_M, TILE_D)),
-                     allow_tma=STORE_TMA)
+                     allow_tma=TMA)
             ct.store(Lse, index=(row + cta, 0), tile=lse.reshape((1, TILE_M)),
-                     allow_tma=STORE_TMA)
-
-
-@ct.kernel
-def flat_merge(Opart, Lse, Out, Cu, ctas: int, TILE_G: ConstInt, TILE_S: ConstInt,
-               CHUNK_D: ConstInt, UNROLL: ConstInt):
-    """Rows cut by CTA boundaries: their partials (slots ``row + c`` for the CTAs ``c`` that
-    took part) merged; a row of no items written as zeros; the others left to the split
-    kernel."""
-    TILE_M = ct.static_eval(TILE_G * TILE_S)
-    heads = Out.shape[1]
-    q_tiles = ct.cdiv(Out.shape[3], TILE_S)
-    rows_per_entry = heads * q_tiles
-    row = ct.bid(0)
-    chunk = ct.bid(1)
-    per = max(ct.cdiv(ct.gather(Cu, Out.shape[0]), ctas), 1)
-    entry = row // rows_per_entry
-    within = row % rows_per_entry
-    head = within // q_tiles
-    q_tile = within % q_tiles
-    base = ct.gather(Cu, entry)
-    tiles = (ct.gather(Cu, entry + 1) - base) // rows_per_entry
-    row_lo = base + within * tiles
-    first = row_lo // per
-    count = (row_lo + tiles - 1) // per - first + 1
-    if tiles == 0:
-        count = 0
-    if count != 1:
-        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-        acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
-        for step in range(ct.cdiv(count, UNROLL)):
-            lses = ()
-            parts = ()
-            for u in ct.static_iter(range(UNROLL)):
-                live = step * UNROLL + u < count
-                slot = row + first + step * UNROLL + u
-                lse = ct.load(Lse, index=(slot, 0), shape=(1, TILE_M),
-                              padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_M, 1))
-                part = ct.load(Opart, index=(slot, 0, chunk), shape=(1, TILE_M, CHUNK_D),
-                               padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, CHUNK_D))
-                lses += (ct.where(live, lse, -np.inf),)
-                parts += (ct.where(live, part, 0.0),)
-            m_new = m
-            for u in ct.static_iter(range(UNROLL)):
-                m_new = max(m_new, lses[u])
-            alpha = ct.exp2(m - m_new, flush_to_zero=True)
-            total = total * alpha
-            acc = acc * alpha
-            for u in ct.static_iter(range(UNROLL)):
-                weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)
-                total = total + weight
-                acc = acc + parts[u] * weight
-            m = m_new
-        out = normalised(acc, total)
-        ct.store(Out, index=(entry, head, 0, q_tile, chunk),
-                 tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
+                     allow_tma=TMA)
 
 
 class FlatPlan:
     """The flat launches of ``problem`` with ``schedule``'s tiles, loads and occupancy."""
 
-    def __init__(self, problem, schedule, occupancy=1, waves=1, sms=132):
+    def __init__(self, problem, schedule, occupancy=1, waves=1, sms=132, tma=False):
         schedule = normalise(problem, schedule)
         self.tiles = layout(problem, schedule)
         self.problem = problem
@@ -217,7 +142,7 @@ class FlatPlan:
         self.constants = (self.tiles.tile_g, self.tiles.tile_s, schedule.tile_n, self.tile_d,
                           min(schedule.tile_n, page_tile(problem.page_size)),
                           schedule.k_latency or 0, schedule.v_latency or 0, self.b_pad,
-                          problem.causal, False)
+                          problem.causal, tma)
         self.chunk = min(self.tile_d, 32)
         self.scale = 1.0 / math.sqrt(problem.head_dim)
         rows = self.tiles.rows
@@ -245,14 +170,6 @@ class FlatPlan:
                    self.chunk, 4))
 
 
-def log_uniform(problem):
-    rng = random.Random(problem.batch * 7919 + problem.seqlen_k)
-    top = problem.seqlen_k
-    out = [int(math.exp(rng.uniform(math.log(64), math.log(top)))) for _ in range(problem.batch)]
-    out[rng.randrange(problem.batch)] = top
-    return out
-
-
 def edge_lengths(problem):
     """Lengths of 2, 1, a page, a page + 1, a tile, and the longest, cycling."""
     page = problem.page_size
@@ -261,7 +178,7 @@ def edge_lengths(problem):
             for n in (pick[i % len(pick)] for i in range(problem.batch))]
 
 
-MIXES = {"cycling": _case.paged_lengths, "log-uniform": log_uniform}
+MIXES = {"cycling": _case.paged_lengths, "log-uniform": paged_balance.log_uniform}
 
 POINTS = ((16, 32, 8, 12000, 16), (24, 28, 4, 8000, 32), (8, 32, 8, 30000, 64),
           (40, 32, 8, 5000, 16), (12, 64, 8, 16000, 128), (64, 16, 2, 4000, 16))
@@ -279,7 +196,7 @@ def diag(stage):
         _case.paged_lengths = edge_lengths
     case = ta.DECODE.case(p, 0)
     occupancy = int(sys.argv[sys.argv.index("--occ") + 1]) if "--occ" in sys.argv else 1
-    plan = FlatPlan(p, d, occupancy)
+    plan = FlatPlan(p, d, occupancy, tma="--tma" in sys.argv)
     cu, opart, lse = plan.buffers()
     items = (case.seqused + plan.tile_n - 1) // plan.tile_n * plan.rows_per_entry
     want = torch.cat((items.new_zeros(1), items.cumsum(0))).to(torch.int32)
@@ -312,16 +229,17 @@ def diag(stage):
 def first_forms(p, d):
     """The first run's: the default's tiles and loads at one CTA an SM, two waves of it,
     and loads six steps ahead."""
-    return {"flat": FlatPlan(p, d), "flat x2": FlatPlan(p, d, waves=2),
-            "flat K6V6": FlatPlan(p, d.replace(k_latency=6, v_latency=6))}
+    return {"flat": FlatPlan(p, d, tma=True), "flat x2": FlatPlan(p, d, waves=2, tma=True),
+            "flat K6V6": FlatPlan(p, d.replace(k_latency=6, v_latency=6), tma=True)}
 
 
 def deep_forms(p, d):
     """``--deep``: loads eight and ten steps ahead, two waves with six, 128-key steps."""
-    return {"flat K8V8": FlatPlan(p, d.replace(k_latency=8, v_latency=8)),
-            "flat K10V10": FlatPlan(p, d.replace(k_latency=10, v_latency=10)),
-            "flat x2 K6V6": FlatPlan(p, d.replace(k_latency=6, v_latency=6), waves=2),
-            "flat n128 K6V6": FlatPlan(p, d.replace(tile_n=128, k_latency=6, v_latency=6))}
+    return {"flat K8V8": FlatPlan(p, d.replace(k_latency=8, v_latency=8), tma=True),
+            "flat K10V10": FlatPlan(p, d.replace(k_latency=10, v_latency=10), tma=True),
+            "flat x2 K6V6": FlatPlan(p, d.replace(k_latency=6, v_latency=6), waves=2, tma=True),
+            "flat n128 K6V6": FlatPlan(p, d.replace(tile_n=128, k_latency=6, v_latency=6),
+                                       tma=True)}
 
 
 def occ2_forms(p, d):
