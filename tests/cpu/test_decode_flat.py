@@ -45,6 +45,14 @@ def test_normalise_keeps_flat_only_where_it_applies_and_drops_the_splits_then():
     assert "flat" in kept.describe() and "split" not in kept.describe()
 
 
+def test_a_flat_plan_needs_scratch_and_a_call_with_a_window_runs_one_split_without_a_merge():
+    schedule = DecodeSchedule(flat=True, tile_n=64, occupancy=2)
+    plan = launches(_paged(), schedule, None, sms=132)
+    assert plan.flat is not None and plan.flat.ctas == 264 and plan.scratch
+    windowed = launches(_paged(), schedule, None, window=(100, 0))
+    assert windowed.flat is None and windowed.combine is None and not windowed.scratch
+
+
 def test_a_flat_schedule_round_trips_and_an_unflat_one_keeps_its_old_dict():
     flat = DecodeSchedule(flat=True, tile_n=64, occupancy=2)
     assert DecodeSchedule.from_dict(flat.to_dict()) == flat

@@ -32,7 +32,7 @@ def _case_launcher(problem: Problem, schedule: DecodeSchedule, q, k, v, out, off
 
     plan = launches(problem, schedule, None, sms=flat_sms(schedule, q.device.index))
     partials = None
-    if plan.combine is not None:
+    if plan.scratch:
         opart, lse = partial_shapes(plan)
         partials = (torch.empty(opart, dtype=torch.float32, device=q.device),
                     torch.empty(lse, dtype=torch.float32, device=q.device))

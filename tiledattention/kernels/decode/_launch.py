@@ -353,6 +353,11 @@ class Launches(NamedTuple):
     flat: FlatLaunches | None  # DecodeSchedule.flat: the flat walk's launches (split, combine
     # and their grids then unused); else None
 
+    @property
+    def scratch(self) -> bool:
+        """Whether a call needs the float32 buffers of :func:`partial_shapes`."""
+        return self.combine is not None or self.flat is not None
+
 
 #: The SMs a flat walk's wave fills where no device is named (a compile-only build, whose code
 #: does not depend on the grid): an H100's or H200's.
@@ -369,6 +374,9 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
     tiles = layout(problem, schedule)
     variant = variant_of(problem, window)
     split = split_constants(problem, schedule, variant)
+    flat = (flat_launches(problem.batch, tiles, schedule, padded_head_dim(problem.head_dim),
+                          split["PAGE_ROWS"], problem.causal, sms)
+            if schedule.flat and not variant.windowed else None)
     combine = combine_constants(problem, schedule, variant)
     tail = tail_rows(problem, schedule)
     whole = tiles.rows - tail if tail else 0
@@ -379,17 +387,13 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
                     else (tiles.rows, schedule.splits, 1)),
         combine_grid=(merged, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
-        # (a flat walk's merge: its scratch is kept as the partials are)
-        combine=combine_kernel(schedule) if schedule.splits > 1 or schedule.flat else None,
+        combine=combine_kernel(schedule) if schedule.splits > 1 else None,
         split_constants=SPLIT_PARAMETERS.constant_values(split),
         combine_constants=COMBINE_PARAMETERS.constant_values(combine),
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
         tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
         causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0,
-        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch),
-        flat=(flat_launches(problem.batch, tiles, schedule, padded_head_dim(problem.head_dim),
-                            split["PAGE_ROWS"], problem.causal, sms)
-              if schedule.flat and not variant.windowed else None))
+        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch), flat=flat)
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,

@@ -178,7 +178,7 @@ def decode_plan(call: Call, schedule: DecodeSchedule, device_index: int) -> Deco
     return DecodePlan(
         out_shape=(problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim),
         launches=launches,
-        partial_shapes=(_launch.partial_shapes(launches) if launches.combine is not None
+        partial_shapes=(_launch.partial_shapes(launches) if launches.scratch
                         else None),
         bottom_right=call.bottom_right,
         tile_d=padded_head_dim(problem.head_dim))
