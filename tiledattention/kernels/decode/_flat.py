@@ -62,14 +62,14 @@ def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows:
     """The flat launches of a layout ``tiles`` (``_launch.Layout``) of ``batch`` entries with
     ``schedule``'s tiles, loads and occupancy, over ``sms`` SMs."""
     chunk = min(tile_d, MERGE_CHUNK_D)
+    b_pad = 1 << batch.bit_length()
     return FlatLaunches(
         ctas=sms * schedule.occupancy, rows=tiles.rows, rows_per_entry=tiles.rows // batch,
         tile_m=tiles.tile_m, tile_n=schedule.tile_n, tile_d=tile_d,
-        b_pad=1 << batch.bit_length(),
+        b_pad=b_pad,
         split=_hinted_split(schedule.occupancy, schedule.num_worker_warps),
         split_constants=(tiles.tile_g, tiles.tile_s, schedule.tile_n, tile_d, page_rows,
-                         schedule.k_latency or 0, schedule.v_latency or 0,
-                         1 << batch.bit_length(), causal),
+                         schedule.k_latency or 0, schedule.v_latency or 0, b_pad, causal),
         merge_constants=(tiles.tile_g, tiles.tile_s, chunk, MERGE_UNROLL),
         merge_grid=(tiles.rows, tile_d // chunk, 1), kv_div=tiles.kv_div)
 

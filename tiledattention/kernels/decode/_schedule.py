@@ -78,7 +78,8 @@ class DecodeSchedule(ScheduleValue):
 
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
-    # a schedule without balanced splits, a tail or a flat walk keeps the dict (and key) it had before they existed
+    # a schedule without balanced splits, a tail or a flat walk keeps the dict (and key) it had
+    # before they existed
     ADDED_FIELDS = ("balanced", "tail_rows", "flat")
     OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat")
 
