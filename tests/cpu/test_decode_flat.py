@@ -100,7 +100,7 @@ def test_the_walk_shares_items_evenly_and_covers_every_key_tile_once(seed):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_flat_schedule_compiles_its_three_kernels(arch):
+def test_a_flat_schedule_compiles_its_two_kernels(arch):
     problem = _paged(batch=9, heads_q=28, heads_kv=4, head_dim=96)
     result = DECODE.compile(problem, DecodeSchedule(flat=True, tile_n=64, occupancy=2), arch)
-    assert result.cubin_size > 0 and len(result.other_cubins) == 2
+    assert result.cubin_size > 0 and len(result.other_cubins) == 1

@@ -306,3 +306,70 @@ def test_the_flat_walk_over_pages_of_16_matches_the_reference(batch, hq, hkv, d,
     launch(torch.cuda.current_stream(), plan, q, k_pages, v_pages, again, 0, scratch,
            ranges=seqused, pages=table)
     assert torch.equal(again, out)
+
+
+def test_the_flat_walk_over_a_large_batch_with_entries_of_no_keys():
+    """300 entries (each CTA's offsets tile is 512 wide) of 1-700 keys, every seventh of no
+    keys, walked flat: an empty entry's rows come out as zeros, every other entry as the
+    reference's (an offset one entry off would mix two entries' keys)."""
+    lengths = [0 if i % 7 == 3 else 1 + i * 37 % 700 for i in range(300)]
+    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, 16, 2, 64)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(len(lengths), 8, 1, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+    resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused,
+                                              max_k=max(lengths))
+    assert resolution.schedule.flat, resolution.schedule.describe()
+    out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, max_k=max(lengths))
+    want = reference(q, caches)
+    for b, n in enumerate(lengths):
+        if n:
+            assert rel_l2(out[b], want[b]) < TOL[torch.bfloat16], (b, n)
+        else:
+            assert torch.equal(out[b], torch.zeros_like(out[b])), b
+
+
+def test_a_repeated_paged_call_runs_its_kept_plan_on_new_lengths_and_pages(monkeypatch):
+    """The warm path: a decode call repeating an earlier one's signature runs the kept plan
+    without validating (a validation that raises is never reached), and reads the lengths and
+    the block table of this call (new values in the same tensors), as a serving loop's next
+    step does."""
+    from tiledattention.entry_points import _paged
+
+    first = [700, 33, 5000, 129]
+    k_pages, v_pages, table, seqused, _ = paged_cache(first, 16, 4, 128, spare_pages=400)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(4, 16, 1, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+    tiledattention.paged_attention(q, k_pages, v_pages, table, seqused)
+    # the next step: other lengths over other pages of the same pool
+    later = [1000, 4999, 17, 2048]
+    spare = k_pages.shape[0] - sum(-(-n // 16) for n in later)
+    k2, v2, table2, seqused2, caches = paged_cache(later, 16, 4, 128, seed=9, spare_pages=spare)
+    assert k2.shape == k_pages.shape and table2.shape == table.shape
+    k_pages.copy_(k2), v_pages.copy_(v2), table.copy_(table2), seqused.copy_(seqused2)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm call validated its arguments")
+
+    monkeypatch.setattr(_paged, "_check", refuse)
+    out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused)
+    want = reference(q, caches)
+    for b in range(4):
+        assert rel_l2(out[b], want[b]) < TOL[torch.bfloat16], (b, later[b])
+    with pytest.raises(AssertionError, match="validated"):  # another signature: validated
+        tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, scale=0.05)
+
+
+def test_a_warm_signature_does_not_pass_what_validation_refuses():
+    """What the warm key holds decides validation: the same call with q requiring grad under
+    autograd, or with ``causal`` of another type, is judged again, not run on the kept plan."""
+    from tiledattention.errors import TiledAttentionError
+
+    k_pages, v_pages, table, seqused, _ = paged_cache([300, 40], 16, 2, 64)
+    q = torch.randn(2, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, causal=True)
+    with pytest.raises(TiledAttentionError, match="autograd"):
+        tiledattention.paged_attention(q.requires_grad_(), k_pages, v_pages, table, seqused)
+    q = q.detach()
+    with pytest.raises(TiledAttentionError, match="causal"):
+        tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, causal=1)

@@ -24,6 +24,11 @@ An FP8 cache (float8_e4m3fn pools under bf16 / fp16 queries, with ``k_descale`` 
 decode steps on the same kernels, which widen each key and value tile (``Problem.kv_dtype``);
 a long query run over it gathers the entries' pages and dequantises them into q's dtype first.
 
+A decode step without sinks or an FP8 cache that repeats an earlier call's signature (:func:`_warm_key`:
+the arrays' shapes, strides, dtypes, devices and ``requires_grad``, and the other arguments with
+their types) runs the plan that call kept, with no validation, lookup or problem built: the
+first call of a signature judged all of that, and nothing else decides it.
+
 A decode step over pages is looked up by its batch, query count, page size and longest cache
 (``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
 ``Problem.page_size`` with ``ragged``. A paged row answers only for its own longest cache
@@ -141,6 +146,19 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                   softcap: Any = None, sinks: Any = None, max_k: Optional[int] = None,
                   k_descale: Any = None, v_descale: Any = None) -> torch.Tensor:
     """``tiledattention.paged_attention`` (see there): the output ``[B, H_q, S_q, D]``."""
+    key = None
+    if sinks is None and k_descale is None and v_descale is None:
+        try:
+            key = _warm_key(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window,
+                            softcap, max_k)
+            plan = runtime.plan(key)
+        except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
+            key = plan = None
+        if plan is not None:
+            out = plan.run(runtime, q, k_pages, v_pages, q.get_device(), None,
+                           ranges=seqused_k, pages=block_table)
+            if out is not None:
+                return out  # else the plan's own checks failed: validation says why
     kv_dtype = _check(q, k_pages, v_pages, block_table, seqused_k, (k_descale, v_descale))
     _check_call(scale, q, k_pages, v_pages)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
@@ -171,7 +189,22 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
         raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
                               f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "
                               f"pool")
+    if key is not None and not factors:  # an FP8 cache's factors (ones) are made per call
+        runtime.keep_plan(key, plan)
     return out
+
+
+def _warm_key(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window, softcap,
+              max_k) -> tuple:
+    """A paged decode call's warm-path key: everything validation and the lookup read, each
+    value with its type (``True == 1`` and ``64 == 64.0`` hash alike, and a first call may
+    reject one of them); raises ``AttributeError`` / ``TypeError`` for arguments that cannot
+    have one (not torch tensors, an unhashable window)."""
+    arrays = (q, k_pages, v_pages, block_table, seqused_k)
+    return ("paged", hot.layouts(*arrays), tuple([x.requires_grad for x in arrays]), causal,
+            causal.__class__, scale, scale.__class__, window,
+            None if window is None else tuple(map(type, window)), softcap, softcap.__class__,
+            max_k, max_k.__class__)
 
 
 def reader(arch: str, shape: Any) -> Any:

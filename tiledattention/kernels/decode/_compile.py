@@ -89,15 +89,14 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
 
 def _compile_flat(p: Problem, schedule: DecodeSchedule, arch: str, q5: object, kv: object
                   ) -> CompileResult:
-    """A flat schedule's split kernel (the result), its prefix and merge (``other_cubins``),
+    """A flat schedule's split kernel (the result) and its merge (``other_cubins``),
     for a contiguous page pool ``kv`` and block table and the launch's scratch views."""
     from . import _flat_kernel
 
     flat = launches(p, schedule, None).flat
-    opart_shape, tail_shape = flat_scratch_shapes(flat)
-    slots = opart_shape[0]
+    opart_shape, _ = flat_scratch_shapes(flat)
     opart = array_constraint("fp32", opart_shape)
-    lse = array_constraint("fp32", (slots, flat.tile_m))
+    lse = array_constraint("fp32", (opart_shape[0], flat.tile_m))
     cu = array_constraint("int32", (p.batch + 1,))
     lens = array_constraint("int32", (p.batch,))
     table = array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
@@ -105,11 +104,8 @@ def _compile_flat(p: Problem, schedule: DecodeSchedule, arch: str, q5: object, k
     label = f"decode {schedule.describe()}"
     result = export_cubin(flat.split, [q5, q5, kv, kv, opart, lse, cu, lens, table, f32, i32,
                                        *flat.split_constants], arch, label)
-    prefix = export_cubin(_flat_kernel.flat_prefix,
-                          [lens, cu, i32, i32, flat.tile_n, flat.b_pad], arch,
-                          label + " (prefix)")
     merge = export_cubin(_flat_kernel.flat_merge, [opart, lse, q5, cu, i32,
                                                    *flat.merge_constants], arch,
                          label + " (merge)")
-    return dataclasses.replace(result, seconds=result.seconds + prefix.seconds + merge.seconds,
-                               other_cubins=(prefix.cubin, merge.cubin))
+    return dataclasses.replace(result, seconds=result.seconds + merge.seconds,
+                               other_cubins=(merge.cubin,))

@@ -215,8 +215,11 @@ PAGED_PART_WAVE_MAX_SHARE = 1.5
 #: other batches (D 64-256, H_kv 1-8, 20-1600 rows, bf16 and fp16; ``--held``): over 3000-6000
 #: keys 1.01-1.22x (cycling) and 1.05-1.40x (log-uniform) on all four, over 10000-20000 keys
 #: 0.83-0.94x (cycling) and 0.79-1.27x (log-uniform), where the splits already stream evenly.
-#: The bound was drawn from those seven: it is not held out. Larger pages (128-key steps)
-#: ran 0.83-1.05x and keep their splits.
+#: The bound was drawn from those seven; held out on four batches of 2500-6000 keys
+#: (``docs/records/probes/paged_fa4.py``) 1.17-1.47x, and 0.87-0.95x at B8 over 9000 keys
+#: (section 32 of ``docs/records/benchmarks/paged/issue49/README.md``). Larger pages
+#: (128-key steps) keep their splits: at D 128 five batches ran 1.00-1.20x flat, but nine held
+#: out (D 80-128, pages of 32-256, three length mixes) 0.50-1.17x, 0.86x on geometric mean.
 FLAT_MAX_KEYS = 8192
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads

@@ -1,11 +1,12 @@
-"""The flat paged decode's launches (``DecodeSchedule.flat``, ``_flat_kernel``): a prefix
-kernel, one wave of split CTAs sharing the batch's (row, key tile) items evenly, and a merge of
-the rows their shares cut.
+"""The flat paged decode's launches (``DecodeSchedule.flat``, ``_flat_kernel``): one wave of
+split CTAs sharing the batch's (row, key tile) items evenly, and a merge of the rows their
+shares cut.
 
 Its scratch is one float32 buffer per call, ``[slots * TILE_M + B + 1]`` after the
 ``[slots, TILE_M, TILE_D]`` partial outputs (``slots`` = rows + CTAs): the rows' log-sum-exps,
-then the int32 item offsets ``Cu`` (the same bytes), so the decode plan's two kept scratch
-buffers serve it as they serve the split kernel's partials. :func:`flat_walk` is the kernels'
+then the int32 item offsets ``Cu`` the split kernel writes for the merge (the same bytes), so
+the decode plan's two kept scratch buffers serve it as they serve the split kernel's
+partials. :func:`flat_walk` is the kernels'
 arithmetic in Python, which the CPU tests check the even shares and the slots against.
 """
 
@@ -37,7 +38,7 @@ class FlatLaunches(NamedTuple):
     tile_m: int
     tile_n: int
     tile_d: int
-    b_pad: int  # a power of two past the batch: the prefix's and the row search's tile
+    b_pad: int  # a power of two past the batch: the item offsets' tile
     split: Any  # the hinted flat_split kernel
     split_constants: tuple
     merge_constants: tuple
@@ -84,7 +85,7 @@ def flat_scratch_shapes(flat: FlatLaunches) -> tuple[tuple, tuple]:
 
 def launch_flat(stream: Any, flat: FlatLaunches, q5: Any, out5: Any, k: Any, v: Any,
                 scratch: tuple[Any, Any], scale: float, lens: Any, pages: Any) -> None:
-    """Enqueue the prefix, split and merge kernels on ``stream``: ``q5``, ``out5`` the
+    """Enqueue the split and merge kernels on ``stream``: ``q5``, ``out5`` the
     ``[B, H', G', S_q, D]`` views, ``k``, ``v`` the page pools, ``scratch`` the two float32
     buffers of :func:`flat_scratch_shapes`, ``lens`` the int32 ``[B]`` key counts, ``pages``
     the int32 block table."""
@@ -92,14 +93,10 @@ def launch_flat(stream: Any, flat: FlatLaunches, q5: Any, out5: Any, k: Any, v: 
     slots = flat.rows + flat.ctas
     lse = tail[:slots * flat.tile_m].reshape(slots, flat.tile_m)
     cu = tail[slots * flat.tile_m:slots * flat.tile_m + q5.shape[0] + 1].view(lens.dtype)
-    kernels = _kernels()
-    _aot.launch(stream, (1, 1, 1), kernels.flat_prefix,
-                (lens, cu, pages.shape[1] * k.shape[1], flat.rows_per_entry, flat.tile_n,
-                 flat.b_pad))
     _aot.launch(stream, (flat.ctas, 1, 1), flat.split,
                 (q5, out5, k, v, opart, lse, cu, lens, pages, scale, flat.kv_div,
                  *flat.split_constants))
-    _aot.launch(stream, flat.merge_grid, kernels.flat_merge,
+    _aot.launch(stream, flat.merge_grid, _kernels().flat_merge,
                 (opart, lse, out5, cu, flat.ctas, *flat.merge_constants))
 
 

@@ -3,16 +3,16 @@ whatever its lengths.
 
 The work is a list of *items*, one per (row, key tile), rows being (batch entry, head of the
 view, query tile) in that order, so an entry's rows are adjacent and each has as many items as
-the entry has key tiles. ``flat_prefix`` (one CTA) writes ``Cu``: ``Cu[b]`` items come before
-entry ``b`` and ``Cu[B]`` is their total, from the entries' lengths on the device, so no
-length waits on the host. ``flat_split``'s CTA ``c`` of ``C`` walks items ``[c * per, (c + 1)
-* per)`` with ``per = ceil(total / C)``: the part of each row that falls in its range, row
-after row (a *segment*), folding key tiles into the running softmax as ``decode_split`` does.
-A row whose items all fall in the CTA's range is normalised and written by it; a row cut by a
-range boundary leaves its segment's normalised partial output and base-2 log-sum-exp in
-slot ``row + c``, and ``flat_merge`` merges the slots of such rows (``row + c`` is unique:
-a later CTA never walks an earlier row, so two segments with the same slot would be the same
-one). An entry of no keys has no items: the merge writes its rows as zeros.
+the entry has key tiles. Each CTA computes the entries' item offsets from their lengths on the
+device itself (``_offsets``: a cumulative sum over a tile of the batch; CTA 0 also writes them
+to ``Cu`` for the merge), so no length waits on the host and no kernel runs before the walk. ``flat_split``'s CTA ``c`` of ``C`` walks items
+``[c * per, (c + 1) * per)`` with ``per = ceil(total / C)``: the part of each row that falls in
+its range, row after row (a *segment*), folding key tiles into the running softmax as
+``decode_split`` does. A row whose items all fall in the CTA's range is normalised and written
+by it; a row cut by a range boundary leaves its segment's normalised partial output and base-2
+log-sum-exp in slot ``row + c``, and ``flat_merge`` merges the slots of such rows (``row + c``
+is unique: a later CTA never walks an earlier row, so two segments with the same slot would be
+the same one). An entry of no keys has no items: the merge writes its rows as zeros.
 
 So a batch of one long cache and many short ones streams as evenly as one of equal lengths:
 the proportional splits of ``decode_split`` give each row the same number of CTAs whatever
@@ -34,37 +34,40 @@ from ...kernel_core.softmax import log_sum_exp, normalised, online_softmax
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
-#: An offset past any item: what ``Cu``'s tile holds past its ``B + 1`` values.
-_PAST = 1 << 30
-
-
-@ct.kernel
-def flat_prefix(Lens, Cu, keys_cap: int, rows_per_entry: int, TILE_N: ConstInt,
-                B_PAD: ConstInt):
-    """``Cu[0] = 0`` and ``Cu[b + 1]`` = the items of entries ``0..b``: each entry's rows
-    times its key tiles, its length capped at ``keys_cap`` (its block table's keys). One CTA;
-    ``B_PAD`` > the batch."""
+def _offsets(Lens, entries, keys_cap, rows_per_entry, TILE_N, B_PAD):
+    """``(starts, items)``, int32 ``[B_PAD]``: entry ``b``'s first item and its item count (its
+    rows times its key tiles, its length capped at ``keys_cap``, its block table's keys); past
+    the batch, the total and 0."""
     idx = ct.arange(B_PAD, dtype=np.int32)
-    entries = Lens.shape[0]
     lens = ct.minimum(ct.gather(Lens, idx, mask=idx < entries, padding_value=0), keys_cap)
     items = (lens + (TILE_N - 1)) // TILE_N * rows_per_entry
-    ct.scatter(Cu, idx + 1, ct.cumsum(items, axis=0), mask=idx < entries)
-    ct.scatter(Cu, idx, 0, mask=idx == 0)
+    return ct.cumsum(items, axis=0) - items, items
 
 
-def _row_of(Cu, item, entries, rows_per_entry, B_PAD):
-    """The row of ``item`` (``0 <= item < Cu[entries]``): its entry is the last whose first
-    item is at most ``item`` (an empty entry starts where the next one does)."""
-    idx = ct.arange(B_PAD, dtype=np.int32)
-    starts = ct.gather(Cu, idx, mask=idx <= entries, padding_value=_PAST)
+def _pick(tile, i, B_PAD):
+    """``tile[i]`` of a ``[B_PAD]`` tile, ``i`` a scalar."""
+    return ct.sum(ct.where(ct.arange(B_PAD, dtype=np.int32) == i, tile, 0))
+
+
+def _row_of(starts, items, item, rows_per_entry, B_PAD):
+    """The row of ``item`` (``0 <= item < total``): its entry is the last whose first item is
+    at most ``item`` (an empty entry starts where the next one does; past the batch the starts
+    are the total)."""
     entry = ct.sum(ct.where(starts <= item, 1, 0)) - 1
-    first = ct.gather(Cu, entry)
-    tiles = max((ct.gather(Cu, entry + 1) - first) // rows_per_entry, 1)
-    return entry * rows_per_entry + (item - first) // tiles
+    tiles = max(_pick(items, entry, B_PAD) // rows_per_entry, 1)
+    return entry * rows_per_entry + (item - _pick(starts, entry, B_PAD)) // tiles
 
 
-def _row_items(Cu, row, rows_per_entry):
+def _row_items(starts, items, row, rows_per_entry, B_PAD):
     """Row ``row``'s entry and its items ``[lo, lo + tiles)``: ``(entry, lo, tiles)``."""
+    entry = row // rows_per_entry
+    tiles = _pick(items, entry, B_PAD) // rows_per_entry
+    return entry, _pick(starts, entry, B_PAD) + row % rows_per_entry * tiles, tiles
+
+
+def _row_items_of(Cu, row, rows_per_entry):
+    """:func:`_row_items` from the offsets ``flat_split`` wrote (``Cu``: the starts of the
+    entries and the total after them)."""
     entry = row // rows_per_entry
     first = ct.gather(Cu, entry)
     tiles = (ct.gather(Cu, entry + 1) - first) // rows_per_entry
@@ -103,7 +106,7 @@ def flat_split(
     K, V,  # [pages, page_size, H_kv, D] page pools
     Opart,  # [rows + CTAs, TILE_M, TILE_D] float32: the cut rows' partial outputs
     Lse,  # [rows + CTAs, TILE_M] float32: their base-2 log-sum-exps
-    Cu,  # int32 [B + 1]: flat_prefix's offsets
+    Cu,  # int32 [B + 1]: the entries' first items and the total, for flat_merge
     Lens,  # int32 [B]: the entries' key counts
     Pages,  # int32 [B, max_pages]: the block table
     qk_scale: float,
@@ -124,21 +127,25 @@ def flat_split(
     q_tiles = ct.cdiv(Q.shape[3], TILE_S)
     rows_per_entry = heads * q_tiles
     entries = Q.shape[0]
-    total = ct.gather(Cu, entries)
+    keys_cap = Pages.shape[1] * K.shape[1]
+    starts, items = _offsets(Lens, entries, keys_cap, rows_per_entry, TILE_N, B_PAD)
+    total = ct.sum(items)
     cta = ct.bid(0)
+    if cta == 0:
+        idx = ct.arange(B_PAD, dtype=np.int32)
+        ct.scatter(Cu, idx, starts, mask=idx <= entries)
     per = ct.cdiv(total, ct.num_blocks(0))
     lo = min(cta * per, total)  # this CTA's items [lo, hi)
     hi = min(lo + per, total)
-    first_row = _row_of(Cu, max(min(lo, total - 1), 0), entries, rows_per_entry, B_PAD)
-    last_row = _row_of(Cu, max(hi - 1, 0), entries, rows_per_entry, B_PAD)
+    first_row = _row_of(starts, items, max(min(lo, total - 1), 0), rows_per_entry, B_PAD)
+    last_row = _row_of(starts, items, max(hi - 1, 0), rows_per_entry, B_PAD)
     segments = max(last_row - first_row + 1, 0)
     if lo >= hi:
         segments = 0
     scale = qk_scale * LOG2_E
-    keys_cap = Pages.shape[1] * K.shape[1]
     for segment in range(segments):
         row = first_row + segment
-        entry, row_lo, tiles = _row_items(Cu, row, rows_per_entry)
+        entry, row_lo, tiles = _row_items(starts, items, row, rows_per_entry, B_PAD)
         within = row % rows_per_entry
         head = within // q_tiles
         q_tile = within % q_tiles
@@ -185,7 +192,7 @@ def flat_split(
 def flat_merge(
     Opart, Lse,  # flat_split's partials
     Out,  # [B, H', G', S_q, D] view of the output
-    Cu,  # int32 [B + 1]: flat_prefix's offsets
+    Cu,  # int32 [B + 1]: flat_split's offsets
     ctas: int,  # flat_split's grid
     TILE_G: ConstInt,
     TILE_S: ConstInt,
@@ -200,7 +207,7 @@ def flat_merge(
     row = ct.bid(0)
     chunk = ct.bid(1)
     per = max(ct.cdiv(ct.gather(Cu, Out.shape[0]), ctas), 1)
-    entry, row_lo, tiles = _row_items(Cu, row, rows_per_entry)
+    entry, row_lo, tiles = _row_items_of(Cu, row, rows_per_entry)
     within = row % rows_per_entry
     first = row_lo // per  # the first CTA that walked the row
     count = (row_lo + tiles - 1) // per - first + 1
