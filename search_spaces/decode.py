@@ -112,8 +112,8 @@ def model_ms(problem: Problem, schedule: DecodeSchedule) -> float:
     fill = min(1.0, ctas / 132) * (0.9 if ctas > 132 and ctas % 132 else 1.0)
     tiles = {64: 0.95, 128: 1.0, 256: 0.9}.get(schedule.tile_n, 0.9)
     launches = 1 if schedule.splits == 1 else 2
-    if schedule.flat:  # one even wave, three launches
-        fill, launches = 1.0, 3
+    if schedule.flat:  # one even wave, two launches
+        fill, launches = 1.0, 2
     return moved / (3.0e12 * fill * tiles) * 1e3 + 0.003 * launches
 
 

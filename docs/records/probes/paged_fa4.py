@@ -9,7 +9,9 @@ least 1.0x FA4), on batches none of the earlier paged runs had. Two views, inter
 
 ``default`` is the sm_90 default schedule through the family's launcher; where a flat walk
 applies (pages of 16), ``other`` is the default with ``flat`` flipped (the split rule where the
-default walks flat, else the flat walk). Shares: of a device copy timed in the
+default walks flat, else the flat walk); with ``--pdl``, where the default walks flat, the
+default with its merge launched the other way (a programmatic dependent launch or not).
+Shares: of a device copy timed in the
 same run, on the valid K/V bytes read once.
 
     source .devtk/setup.sh && python3 docs/records/probes/paged_fa4.py [--rounds 15] [--only I,J]
@@ -75,9 +77,9 @@ def prefix_walk(case, schedule):
         _aot.launch(stream, (flat.ctas, 1, 1), split(schedule.occupancy,
                                                      schedule.num_worker_warps),
                     (q5, out5, k, v, opart, lse, cu, lens, pages, scale, flat.kv_div,
-                     *flat.split_constants))
+                     *flat.split_constants[:-1]))  # (the last constant, PDL, came later)
         _aot.launch(stream, flat.merge_grid, old.flat_merge,
-                    (opart, lse, out5, cu, flat.ctas, *flat.merge_constants))
+                    (opart, lse, out5, cu, flat.ctas, *flat.merge_constants[:-1]))
 
     run = case.launcher(schedule)
 
@@ -97,6 +99,7 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--ab", action="store_true")
     ap.add_argument("--held", action="store_true")
+    ap.add_argument("--pdl", action="store_true")
     args = ap.parse_args()
     only = {int(i) for i in args.only.split(",") if i}
     copy_gbps = copy_rate()
@@ -109,7 +112,10 @@ def main():
                        dtype=dtype, causal=True, bottom_right=True, ragged=True, page_size=page)
         default = ta.DECODE.default_schedule("sm_90", p)
         schedules = {"default": default}
-        if flat_applies(p):
+        if args.pdl and default.flat:  # the merge as a dependent launch, or not
+            schedules["other"] = normalise(p, default.replace(
+                combine="kernel" if default.combine == "pdl" else "pdl"))
+        elif flat_applies(p) and not args.pdl:
             schedules["other"] = normalise(p, default.replace(flat=not default.flat))
         for mix, lengths in (HELD_MIXES if args.held else MIXES).items():
             _case.paged_lengths = lengths
@@ -124,7 +130,8 @@ def main():
             add_fa4(p, case, fns, errors)
             gpu = time_interleaved(fns, rounds=args.rounds)
             iso = time_interleaved({n: fns[n] for n in ("public", "flash-attn-4", "default",
-                                                        "flat, prefix kernel") if n in fns},
+                                                        "other", "flat, prefix kernel")
+                                    if n in fns},
                                    rounds=args.rounds, host=True)
             valid = int(case.seqused.sum()) * hkv * d * 2 * 2  # K and V, 2 bytes a value
             share = {n: valid / (t.median_ms * 1e-3) / (copy_gbps * 1e9) for n, t in gpu.items()}
@@ -139,6 +146,8 @@ def main():
                          gpu["other"].median_ms if "other" in gpu else None,
                          fa4.median_ms if fa4 else None, share.get("flash-attn-4"),
                          iso["public"].median_ms,
+                         iso["other"].median_ms / iso["default"].median_ms if "other" in iso
+                         else None,
                          iso["flash-attn-4"].median_ms if "flash-attn-4" in iso else None))
     _case.paged_lengths = original
     if args.ab:
@@ -151,10 +160,12 @@ def main():
                       f"| {i * 1e3:.1f} | {iso['flat, prefix kernel'].median_ms / i:.3f} |")
     print("\n| batch | default | µs (GPU) | % copy | other ÷ default | FA4 ÷ default (GPU) "
           "| FA4 % copy | isolated µs | FA4 ÷ ours (isolated) |\n|---|---|---|---|---|---|---|---|---|")
-    for desc, sched, ms, sh, rule, fa4, fsh, iso, fiso in rows:
+    for desc, sched, ms, sh, rule, fa4, fsh, iso, other_iso, fiso in rows:
         cell = lambda x, f: "-" if x is None else f(x)  # noqa: E731
         print(f"| {desc} | {sched} | {ms * 1e3:.1f} | {sh:.0%} | "
-              f"{cell(rule, lambda r: f'{r / ms:.3f}')} | {cell(fa4, lambda f: f'{f / ms:.3f}')} | "
+              f"{cell(rule, lambda r: f'{r / ms:.3f}')} "
+              f"({cell(other_iso, lambda r: f'{r:.3f}')} isolated) | "
+              f"{cell(fa4, lambda f: f'{f / ms:.3f}')} | "
               f"{cell(fsh, lambda s: f'{s:.0%}')} | {iso * 1e3:.1f} | "
               f"{cell(fiso, lambda f: f'{f / iso:.3f}')} |")
 
