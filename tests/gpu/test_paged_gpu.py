@@ -375,15 +375,13 @@ def test_a_warm_signature_does_not_pass_what_validation_refuses():
         tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, causal=1)
 
 
-@pytest.mark.parametrize("combine", ["kernel", "pdl"])
-def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches(combine):
-    """The flat walk's merge (launched after the split kernel, or as its programmatic
-    dependent: it then waits for the split kernel's memory) reads the partials and offsets that
-    launch wrote: 2,000 launches over a log-uniform batch, each after the scratch was filled
-    with NaN, every output bit-equal to the first, and the first at the reference."""
+def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches():
+    """The flat walk's merge reads the partials and offsets its launch's split kernel wrote:
+    2,000 launches over a log-uniform batch, each after the scratch was filled with NaN, every
+    output bit-equal to the first, and the first the default's."""
     import random
 
-    from tiledattention import DECODE, DecodeSchedule, Problem
+    from tiledattention import DecodeSchedule, Problem
     from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
 
     rng = random.Random(7)
@@ -392,18 +390,17 @@ def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches(combine):
     problem = Problem(batch=37, heads_q=16, heads_kv=4, seqlen_q=1, seqlen_k=max(lengths),
                       head_dim=128, dtype="bf16", causal=True, bottom_right=True, ragged=True,
                       page_size=16)
-    schedule = DecodeSchedule(flat=True, tile_n=64, occupancy=2, k_latency=4, v_latency=4,
-                              combine=combine)
+    schedule = DecodeSchedule(flat=True, tile_n=64, occupancy=2, k_latency=4, v_latency=4)
     plan = launches(problem, schedule, None,
                     sms=torch.cuda.get_device_properties(0).multi_processor_count)
-    assert plan.flat is not None and plan.flat.pdl == (combine == "pdl")
+    assert plan.flat is not None
     scratch = tuple(torch.empty(shape, device="cuda") for shape in partial_shapes(plan))
     stream = torch.cuda.current_stream()
     first, again = torch.full_like(q, float("nan")), torch.empty_like(q)
     for buffer in scratch:
         buffer.fill_(float("nan"))
     launch(stream, plan, q, k_pages, v_pages, first, 0, scratch, ranges=seqused, pages=table)
-    assert rel_l2(first, out) < 1e-6  # the default's walk, the merge launched either way
+    assert rel_l2(first, out) < 1e-6  # the default's walk
     mismatches = 0
     for _ in range(2000):
         for buffer in scratch:

@@ -9,8 +9,9 @@ least 1.0x FA4), on batches none of the earlier paged runs had. Two views, inter
 
 ``default`` is the sm_90 default schedule through the family's launcher; where a flat walk
 applies (pages of 16), ``other`` is the default with ``flat`` flipped (the split rule where the
-default walks flat, else the flat walk); with ``--pdl``, where the default walks flat, the
-default with its merge launched the other way (a programmatic dependent launch or not).
+default walks flat, else the flat walk); with ``--pdl`` (only on the tree of 25ce12a, whose
+flat schedules took ``combine="pdl"``), where the default walks flat, the default with its
+merge launched as a programmatic dependent of the split kernel.
 Shares: of a device copy timed in the
 same run, on the valid K/V bytes read once.
 

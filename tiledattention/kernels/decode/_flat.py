@@ -44,7 +44,6 @@ class FlatLaunches(NamedTuple):
     merge_constants: tuple
     merge_grid: tuple[int, int, int]
     kv_div: int
-    pdl: bool  # the merge is a programmatic dependent launch of the split kernel
 
 
 def _kernels():
@@ -65,16 +64,15 @@ def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows:
     ``schedule``'s tiles, loads and occupancy, over ``sms`` SMs."""
     chunk = min(tile_d, MERGE_CHUNK_D)
     b_pad = 1 << batch.bit_length()
-    pdl = schedule.combine == "pdl"
     return FlatLaunches(
         ctas=sms * schedule.occupancy, rows=tiles.rows, rows_per_entry=tiles.rows // batch,
         tile_m=tiles.tile_m, tile_n=schedule.tile_n, tile_d=tile_d,
         b_pad=b_pad,
         split=_hinted_split(schedule.occupancy, schedule.num_worker_warps),
         split_constants=(tiles.tile_g, tiles.tile_s, schedule.tile_n, tile_d, page_rows,
-                         schedule.k_latency or 0, schedule.v_latency or 0, b_pad, causal, pdl),
-        merge_constants=(tiles.tile_g, tiles.tile_s, chunk, MERGE_UNROLL, pdl),
-        merge_grid=(tiles.rows, tile_d // chunk, 1), kv_div=tiles.kv_div, pdl=pdl)
+                         schedule.k_latency or 0, schedule.v_latency or 0, b_pad, causal),
+        merge_constants=(tiles.tile_g, tiles.tile_s, chunk, MERGE_UNROLL),
+        merge_grid=(tiles.rows, tile_d // chunk, 1), kv_div=tiles.kv_div)
 
 
 def flat_scratch_shapes(flat: FlatLaunches) -> tuple[tuple, tuple]:
@@ -99,8 +97,7 @@ def launch_flat(stream: Any, flat: FlatLaunches, q5: Any, out5: Any, k: Any, v: 
                 (q5, out5, k, v, opart, lse, cu, lens, pages, scale, flat.kv_div,
                  *flat.split_constants))
     _aot.launch(stream, flat.merge_grid, _kernels().flat_merge,
-                (opart, lse, out5, cu, flat.ctas, *flat.merge_constants),
-                programmatic_dependent_launch=flat.pdl)
+                (opart, lse, out5, cu, flat.ctas, *flat.merge_constants))
 
 
 def flat_walk(flat: FlatLaunches, lengths: list[int], keys_cap: int

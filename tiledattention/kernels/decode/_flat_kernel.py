@@ -120,7 +120,6 @@ def flat_split(
     V_LATENCY: ConstInt,
     B_PAD: ConstInt,  # a power of two > B
     CAUSAL: ConstBool,  # query position i sees keys up to i + S_k - S_q
-    PDL: ConstBool,  # the merge may be scheduled while this kernel drains
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -132,8 +131,6 @@ def flat_split(
     starts, items = _offsets(Lens, entries, keys_cap, rows_per_entry, TILE_N, B_PAD)
     total = ct.sum(items)
     cta = ct.bid(0)
-    if PDL:
-        ct.grid_dependency_control_launch_dependents()
     if cta == 0:
         idx = ct.arange(B_PAD, dtype=np.int32)
         ct.scatter(Cu, idx, starts, mask=idx <= entries)
@@ -201,13 +198,10 @@ def flat_merge(
     TILE_S: ConstInt,
     CHUNK_D: ConstInt,  # head-dim columns per CTA (grid dim 1 walks the chunks)
     UNROLL: ConstInt,  # partials merged per step
-    PDL: ConstBool,  # launched as a programmatic dependent of flat_split: waits for its memory
 ):
     """Row ``bid(0)``: its partials merged where CTA boundaries cut it (slots ``row + c`` for
     its CTAs ``c``), zeros where its entry has no keys, nothing where one CTA wrote it."""
     TILE_M = ct.static_eval(TILE_G * TILE_S)
-    if PDL:
-        ct.grid_dependency_control_wait()
     q_tiles = ct.cdiv(Out.shape[3], TILE_S)
     rows_per_entry = Out.shape[1] * q_tiles
     row = ct.bid(0)

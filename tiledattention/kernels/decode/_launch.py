@@ -189,17 +189,15 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     each K/V head has one query head, ``tile_m`` at the smallest value that gives the same
     tiling, and for a paged cache ``k_transposed`` canonical (a page's keys load as rows;
     idempotent; ``schedule`` itself when nothing changes). ``flat`` stays on only where it
-    applies (:func:`flat_applies`), and then one split, no balance and no tail, its merge
-    ``"pdl"`` (any ``PDL_COMBINES``) or ``"kernel"``."""
+    applies (:func:`flat_applies`), and then one split, no balance and no tail."""
     changes: dict[str, Any] = {}
     canonical = DecodeSchedule()
     if schedule.flat:
         if not flat_applies(problem):
             changes["flat"] = False
-        else:  # the work is shared by items, not splits; the merge launched as a dependent
-            merge = "pdl" if schedule.combine in PDL_COMBINES else canonical.combine  # or not
+        else:  # the work is shared by items, not splits
             changes.update((name, value) for name, value in (
-                ("splits", 1), ("combine", merge), ("balanced", False),
+                ("splits", 1), ("combine", canonical.combine), ("balanced", False),
                 ("tail_rows", 0)) if getattr(schedule, name) != value)
         if changes:
             schedule = schedule.replace(**changes)
@@ -212,7 +210,7 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         schedule = schedule.replace(splits=most)
     too_many_rows = schedule.combine in BLOCK_COMBINES and (
         _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m > BLOCK_MAX_ROWS)
-    if schedule.splits == 1 and schedule.combine != canonical.combine and not schedule.flat:
+    if schedule.splits == 1 and schedule.combine != canonical.combine:
         changes["combine"] = canonical.combine  # one split: no merge
     elif too_many_rows:  # too many rows for one block: the stepping merge, launched alike
         changes["combine"] = "pdl" if schedule.combine in PDL_COMBINES else "kernel"

@@ -48,9 +48,8 @@ class DecodeSchedule(ScheduleValue):
         flat: a paged batch's (row, key tile) items shared evenly by one wave of CTAs
             (``occupancy`` an SM), each walking its share row after row; rows its share
             cuts are merged after (``_flat_kernel``). Plain 16-bit paged caches only (no
-            window, softcap or sinks); ``splits``, ``balanced`` and ``tail_rows`` then do
-            not apply, and ``combine`` says only whether the merge is a programmatic
-            dependent launch (``"pdl"``) or not (``"kernel"``).
+            window, softcap or sinks); ``splits``, ``combine``, ``balanced`` and
+            ``tail_rows`` then do not apply.
     Tiles:
         tile_n: keys per inner-loop step (power of two, 16..256).
         tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
@@ -108,7 +107,7 @@ class DecodeSchedule(ScheduleValue):
 
     def describe(self) -> str:
         """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
-        parts = [("flat" + ("/pdl" if self.combine == "pdl" else "")) if self.flat else
+        parts = ["flat" if self.flat else
                  f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else "")
                  + ("/bal" if self.balanced else "")
                  + (f"/tail{self.tail_rows}" if self.tail_rows else ""),
