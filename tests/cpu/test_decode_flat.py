@@ -10,7 +10,7 @@ import pytest
 
 from tiledattention import DECODE, DecodeSchedule, Problem
 from tiledattention.kernels.decode import flat_applies
-from tiledattention.kernels.decode._defaults import FLAT_MAX_KEYS
+from tiledattention.kernels.decode._defaults import FLAT_MAX_KEYS, FLAT_MIN_ROWS
 from tiledattention.kernels.decode._flat import flat_scratch_shapes, flat_walk
 from tiledattention.kernels.decode._launch import launches, normalise
 
@@ -31,6 +31,25 @@ def test_the_default_walks_flat_over_small_pages_of_several_short_caches_on_hopp
         assert not DECODE.default_schedule("sm_90", other).flat, other.describe()
     for arch in ("sm_80", "sm_100", "sm_120"):  # measured on Hopper only
         assert not DECODE.default_schedule(arch, _paged()).flat
+
+
+def test_a_batch_of_few_rows_and_a_short_bf16_head_keep_the_split_rule():
+    """Rows are entries x K/V heads here (one query row a step): below FLAT_MIN_ROWS the split
+    rule; at D 64 an fp16 cache walks flat, a bf16 one (whose flat kernel keeps stack) not."""
+    assert DECODE.default_schedule("sm_90", _paged(batch=FLAT_MIN_ROWS // 8)).flat
+    assert not DECODE.default_schedule("sm_90", _paged(batch=FLAT_MIN_ROWS // 8 - 1)).flat
+    assert not DECODE.default_schedule("sm_90", _paged(heads_q=8, heads_kv=1, batch=10)).flat
+    assert DECODE.default_schedule("sm_90", _paged(head_dim=64, dtype="fp16")).flat
+    assert not DECODE.default_schedule("sm_90", _paged(head_dim=64)).flat
+    assert DECODE.default_schedule("sm_90", _paged(head_dim=96)).flat
+
+
+def test_the_offsets_tile_is_at_least_32_wide():
+    """A tile of 16 or fewer left the sm_90 split kernel with stack (and spills) at D 128."""
+    for batch, want in ((2, 32), (15, 32), (16, 32), (31, 32), (32, 64), (300, 512)):
+        plan = launches(_paged(batch=batch), DecodeSchedule(flat=True, tile_n=64, occupancy=2),
+                        None, sms=132)
+        assert plan.flat.b_pad == want and want in plan.flat.split_constants, batch
 
 
 def test_normalise_keeps_flat_only_where_it_applies_and_drops_the_splits_then():

@@ -275,7 +275,7 @@ def test_a_batch_of_a_part_wave_splits_in_four_and_matches_the_reference(batch, 
 
 @pytest.mark.parametrize("batch, hq, hkv, d, dtype, sq", [
     (23, 32, 8, 128, torch.bfloat16, 1), (9, 28, 4, 64, torch.float16, 1),
-    (13, 16, 2, 256, torch.bfloat16, 1), (70, 8, 1, 96, torch.bfloat16, 1),
+    (17, 16, 2, 256, torch.bfloat16, 1), (70, 8, 1, 96, torch.bfloat16, 1),
     (6, 32, 8, 128, torch.float16, 3)])
 def test_the_flat_walk_over_pages_of_16_matches_the_reference(batch, hq, hkv, d, dtype, sq):
     """Pages of 16 at two CTAs an SM walk flat by default (``DecodeSchedule.flat``: one wave
@@ -313,9 +313,9 @@ def test_the_flat_walk_over_a_large_batch_with_entries_of_no_keys():
     keys, walked flat: an empty entry's rows come out as zeros, every other entry as the
     reference's (an offset one entry off would mix two entries' keys)."""
     lengths = [0 if i % 7 == 3 else 1 + i * 37 % 700 for i in range(300)]
-    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, 16, 2, 64)
+    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, 16, 2, 128)
     gen = torch.Generator(device="cuda").manual_seed(5)
-    q = torch.randn(len(lengths), 8, 1, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(len(lengths), 8, 1, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
     resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused,
                                               max_k=max(lengths))
     assert resolution.schedule.flat, resolution.schedule.describe()

@@ -18,7 +18,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "FOURTH_CTA_LATENCY", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR",
-           "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "SHORT_HEAD_DIM",
+           "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_SHORT_HEAD_DIM",
+           "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
            "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
            "PART_WAVE_SPLITS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
@@ -221,6 +222,14 @@ PAGED_PART_WAVE_MAX_SHARE = 1.5
 #: (128-key steps) keep their splits: at D 128 five batches ran 1.00-1.20x flat, but nine held
 #: out (D 80-128, pages of 32-256, three length mixes) 0.50-1.17x, 0.86x on geometric mean.
 FLAT_MAX_KEYS = 8192
+#: ... and has at least this many rows (the layout's: entries x K/V heads x query tiles): at B10
+#: H8/1 D 128 (10 rows) the flat walk ran 0.60-0.84x the split rule, at 48-112 rows 1.17-1.35x
+#: (``docs/records/probes/paged_flat_stack.py --bpad``; section 33 of the record above).
+FLAT_MIN_ROWS = 32
+#: ... and, at a head dim of at most this, an fp16 cache: the bf16 flat split kernel there keeps
+#: 104-344 bytes of stack on sm_90 (fp16: 0-48) and ran 0.61-0.91x the split rule on three
+#: batches (``paged_flat_stack.py --d64``), where fp16 ran 1.10-1.38x on two (sections 31, 32).
+FLAT_SHORT_HEAD_DIM = 64
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
 #: ``FP8_K_LATENCY`` steps ahead and ``FP8_SPLIT_FACTOR`` times the rule's splits (at least that
@@ -456,7 +465,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
            and not (problem.softcap or problem.windowed or problem.kv_dtype
                     or (problem.ragged and not problem.page_size)))
     flat = (gen == "hopper" and small_pages and problem.batch > 1 and flat_applies(problem)
-            and occupancy == FULL_GPU_OCCUPANCY and problem.seqlen_k <= FLAT_MAX_KEYS)
+            and occupancy == FULL_GPU_OCCUPANCY and problem.seqlen_k <= FLAT_MAX_KEYS
+            and rows >= FLAT_MIN_ROWS
+            and (problem.head_dim > FLAT_SHORT_HEAD_DIM or problem.dtype == "fp16"))
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency,
                         v_latency=v_latency, combine="block_pdl" if pdl else base.combine,
                         flat=flat)

@@ -22,8 +22,12 @@ from ...core._lazy import lazy_module
 ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["FlatLaunches", "flat_launches", "launch_flat", "flat_scratch_shapes", "flat_walk",
-           "MERGE_CHUNK_D", "MERGE_UNROLL"]
+           "MERGE_CHUNK_D", "MERGE_UNROLL", "B_PAD_LEAST"]
 
+#: The least width of the item offsets' tile: tileiras 13.4 gives the sm_90 split kernel 64-80
+#: bytes of stack at D 96-128 with a tile of 16 or fewer (1.13 million local-memory spill
+#: requests in one B12 call under Nsight Compute), none from 32 (``paged_flat_stack.py``).
+B_PAD_LEAST = 32
 #: Head-dim columns per merge CTA, and partials merged per step (as ``decode_combine``'s).
 MERGE_CHUNK_D = 32
 MERGE_UNROLL = 4
@@ -38,7 +42,7 @@ class FlatLaunches(NamedTuple):
     tile_m: int
     tile_n: int
     tile_d: int
-    b_pad: int  # a power of two past the batch: the item offsets' tile
+    b_pad: int  # a power of two past the batch, at least B_PAD_LEAST: the item offsets' tile
     split: Any  # the hinted flat_split kernel
     split_constants: tuple
     merge_constants: tuple
@@ -63,7 +67,7 @@ def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows:
     """The flat launches of a layout ``tiles`` (``_launch.Layout``) of ``batch`` entries with
     ``schedule``'s tiles, loads and occupancy, over ``sms`` SMs."""
     chunk = min(tile_d, MERGE_CHUNK_D)
-    b_pad = 1 << batch.bit_length()
+    b_pad = max(B_PAD_LEAST, 1 << batch.bit_length())
     return FlatLaunches(
         ctas=sms * schedule.occupancy, rows=tiles.rows, rows_per_entry=tiles.rows // batch,
         tile_m=tiles.tile_m, tile_n=schedule.tile_n, tile_d=tile_d,
