@@ -24,10 +24,10 @@ An FP8 cache (float8_e4m3fn pools under bf16 / fp16 queries, with ``k_descale`` 
 decode steps on the same kernels, which widen each key and value tile (``Problem.kv_dtype``);
 a long query run over it gathers the entries' pages and dequantises them into q's dtype first.
 
-A decode step without sinks or an FP8 cache that repeats an earlier call's signature (:func:`_warm_key`:
-the arrays' shapes, strides, dtypes, devices and ``requires_grad``, and the other arguments with
-their types) runs the plan that call kept, with no validation, lookup or problem built: the
-first call of a signature judged all of that, and nothing else decides it.
+A decode step without sinks or an FP8 cache that repeats an earlier call's signature
+(:func:`_warm_key`: the arrays' shapes, strides, dtypes, devices and ``requires_grad``, and the
+other arguments with their types) runs the plan that call kept, with no validation, lookup or
+problem built: the first call of a signature judged all of that, and nothing else decides it.
 
 A decode step over pages is looked up by its batch, query count, page size and longest cache
 (``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):

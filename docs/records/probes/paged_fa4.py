@@ -8,14 +8,13 @@ least 1.0x FA4), on batches none of the earlier paged runs had. Two views, inter
   it (lookup included), FA4 through ``flash_attn_varlen_func`` with ``page_table``.
 
 ``default`` is the sm_90 default schedule through the family's launcher; where a flat walk
-applies (pages of 16), ``other`` is the default with ``flat`` flipped (the split rule where the
-default walks flat, else the flat walk); with ``--pdl`` (only on the tree of 25ce12a, whose
-flat schedules took ``combine="pdl"``), where the default walks flat, the default with its
-merge launched as a programmatic dependent of the split kernel.
-Shares: of a device copy timed in the
-same run, on the valid K/V bytes read once.
+applies (a plain 16-bit paged cache), ``other`` is the default with ``flat`` flipped (the split
+rule where the default walks flat, else the flat walk). Shares: of a device copy timed in the
+same run, on the valid K/V bytes read once. (The ``--pdl`` run of section 32 used this probe
+as it was at 25ce12a, whose flat schedules could launch their merge as a dependent.)
 
     source .devtk/setup.sh && python3 docs/records/probes/paged_fa4.py [--rounds 15] [--only I,J]
+    source .devtk/setup.sh && python3 docs/records/probes/paged_fa4.py --held   # HELD, 3 mixes
 
 ``--ab``: where the default walks flat, also ``flat, prefix kernel``: the flat walk of b1d83d3,
 whose offsets a one-CTA kernel wrote before the split kernel ran (its kernels from
@@ -78,9 +77,9 @@ def prefix_walk(case, schedule):
         _aot.launch(stream, (flat.ctas, 1, 1), split(schedule.occupancy,
                                                      schedule.num_worker_warps),
                     (q5, out5, k, v, opart, lse, cu, lens, pages, scale, flat.kv_div,
-                     *flat.split_constants[:-1]))  # (the last constant, PDL, came later)
+                     *flat.split_constants))
         _aot.launch(stream, flat.merge_grid, old.flat_merge,
-                    (opart, lse, out5, cu, flat.ctas, *flat.merge_constants[:-1]))
+                    (opart, lse, out5, cu, flat.ctas, *flat.merge_constants))
 
     run = case.launcher(schedule)
 
@@ -100,7 +99,6 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--ab", action="store_true")
     ap.add_argument("--held", action="store_true")
-    ap.add_argument("--pdl", action="store_true")
     args = ap.parse_args()
     only = {int(i) for i in args.only.split(",") if i}
     copy_gbps = copy_rate()
@@ -113,10 +111,7 @@ def main():
                        dtype=dtype, causal=True, bottom_right=True, ragged=True, page_size=page)
         default = ta.DECODE.default_schedule("sm_90", p)
         schedules = {"default": default}
-        if args.pdl and default.flat:  # the merge as a dependent launch, or not
-            schedules["other"] = normalise(p, default.replace(
-                combine="kernel" if default.combine == "pdl" else "pdl"))
-        elif flat_applies(p) and not args.pdl:
+        if flat_applies(p):
             schedules["other"] = normalise(p, default.replace(flat=not default.flat))
         for mix, lengths in (HELD_MIXES if args.held else MIXES).items():
             _case.paged_lengths = lengths
@@ -160,7 +155,7 @@ def main():
                 print(f"| {desc} | {g * 1e3:.1f} | {gpu['flat, prefix kernel'].median_ms / g:.3f} "
                       f"| {i * 1e3:.1f} | {iso['flat, prefix kernel'].median_ms / i:.3f} |")
     print("\n| batch | default | µs (GPU) | % copy | other ÷ default | FA4 ÷ default (GPU) "
-          "| FA4 % copy | isolated µs | FA4 ÷ ours (isolated) |\n|---|---|---|---|---|---|---|---|---|")
+          "| FA4 % copy | isolated µs | FA4 ÷ ours (isolated) |\n" + "|---" * 9 + "|")
     for desc, sched, ms, sh, rule, fa4, fsh, iso, other_iso, fiso in rows:
         cell = lambda x, f: "-" if x is None else f(x)  # noqa: E731
         print(f"| {desc} | {sched} | {ms * 1e3:.1f} | {sh:.0%} | "

@@ -5,9 +5,9 @@ shares cut.
 Its scratch is one float32 buffer per call, ``[slots * TILE_M + B + 1]`` after the
 ``[slots, TILE_M, TILE_D]`` partial outputs (``slots`` = rows + CTAs): the rows' log-sum-exps,
 then the int32 item offsets ``Cu`` the split kernel writes for the merge (the same bytes), so
-the decode plan's two kept scratch buffers serve it as they serve the split kernel's
-partials. :func:`flat_walk` is the kernels'
-arithmetic in Python, which the CPU tests check the even shares and the slots against.
+the decode plan's two kept scratch buffers serve it as they serve the split kernel's partials.
+:func:`flat_walk` is the kernels' arithmetic in Python, which the CPU tests check the even
+shares and the slots against.
 """
 
 from __future__ import annotations

@@ -5,14 +5,15 @@ The work is a list of *items*, one per (row, key tile), rows being (batch entry,
 view, query tile) in that order, so an entry's rows are adjacent and each has as many items as
 the entry has key tiles. Each CTA computes the entries' item offsets from their lengths on the
 device itself (``_offsets``: a cumulative sum over a tile of the batch; CTA 0 also writes them
-to ``Cu`` for the merge), so no length waits on the host and no kernel runs before the walk. ``flat_split``'s CTA ``c`` of ``C`` walks items
-``[c * per, (c + 1) * per)`` with ``per = ceil(total / C)``: the part of each row that falls in
-its range, row after row (a *segment*), folding key tiles into the running softmax as
-``decode_split`` does. A row whose items all fall in the CTA's range is normalised and written
-by it; a row cut by a range boundary leaves its segment's normalised partial output and base-2
-log-sum-exp in slot ``row + c``, and ``flat_merge`` merges the slots of such rows (``row + c``
-is unique: a later CTA never walks an earlier row, so two segments with the same slot would be
-the same one). An entry of no keys has no items: the merge writes its rows as zeros.
+to ``Cu`` for the merge), so no length waits on the host and no kernel runs before the walk.
+``flat_split``'s CTA ``c`` of ``C`` walks items ``[c * per, (c + 1) * per)`` with ``per =
+ceil(total / C)``: the part of each row that falls in its range, row after row (a *segment*),
+folding key tiles into the running softmax as ``decode_split`` does. A row whose items all
+fall in the CTA's range is normalised and written by it; a row cut by a range boundary leaves
+its segment's normalised partial output and base-2 log-sum-exp in slot ``row + c``, and
+``flat_merge`` merges the slots of such rows (``row + c`` is unique: a later CTA never walks an
+earlier row, so two segments with the same slot would be the same one). An entry of no keys
+has no items: the merge writes its rows as zeros.
 
 So a batch of one long cache and many short ones streams as evenly as one of equal lengths:
 the proportional splits of ``decode_split`` give each row the same number of CTAs whatever
