@@ -107,6 +107,35 @@ def test_a_one_pass_ragged_backward_compiles_for_each_architecture(arch):
             assert text_digest(result.cubin) != text_digest(padded.cubin)
 
 
+def test_on_sm_90_a_packed_backward_reads_its_rows_through_the_arrays_descriptors(tmp_path):
+    """The packed dQ and dK/dV kernels load each sequence's rows by row from the uncut arrays
+    (whose TMA descriptors the launch makes) and cut a slice only for the tile that runs past
+    the sequence (two loads from cuts, each a descriptor the kernel builds: ``UTMACCTL.IV``)
+    and for the stores (without TMA). Each slice read by TMA costs a CTA a descriptor built in
+    the kernel; cut every array per sequence, as before 2026-12-04, and each kernel builds six."""
+    from tiledattention.core._problem import head_dim_parts
+    from tiledattention.kernels.backward._compile import compile_backward
+
+    from .test_backward_atomic import _cuobjdump
+
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) absent")
+    import subprocess
+
+    for problem in (RAGGED_FULL, RAGGED):
+        s = BACKWARD.default_schedule("sm_90", problem)
+        result = compile_backward(problem, s, "sm_90", work_table=True)
+        for name, cubin in (("dK/dV", result.cubin), ("dQ", result.other_cubins[0])):
+            path = tmp_path / "kernel.cubin"
+            path.write_bytes(cubin)
+            sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True,
+                                  check=True).stdout
+            assert "UTMALDG" in sass, name
+            parts = 2 if head_dim_parts(problem.head_dim, s.split_d)[1] else 1
+            assert sass.count("UTMACCTL.IV") <= 2 * parts, (problem.describe(), name)
+
+
 @pytest.mark.parametrize("problem", [RAGGED_FULL, RAGGED_WINDOW], ids=["full-mha-d64",
                                                                        "window-softcap"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_120"])

@@ -40,6 +40,13 @@ def sequence_view_at_least(A, Ranges, seq, which, at_least=0):
     return A.slice(axis=2, start=start, stop=min(start + length, A.shape[2]))
 
 
+def sequence_start(Ranges, seq, which, rows):
+    """Sequence ``seq``'s first row, ``Ranges[which, seq]``, held below ``rows`` (its array's
+    length): a tile read from there starts inside the array even for an empty sequence at its
+    end (a load wholly outside is undefined)."""
+    return min(ct.gather(Ranges, (which, seq)), rows - 1)
+
+
 def sequence_length(Ranges, seq, which):
     """Sequence ``seq``'s length in ``Ranges`` (rows ``which``, ``which + 1``)."""
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))

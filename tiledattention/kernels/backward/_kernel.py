@@ -89,7 +89,8 @@ import numpy as np
 from ...kernel_core.bounds import (dkdv_query_tiles, dkdv_window_query_tiles, dq_key_tiles,
                                    dq_window_key_tiles)
 from ...kernel_core.numbers import LOG2_E, reach
-from ...kernel_core.ranges import sequence_length, sequence_of, sequence_view_at_least
+from ...kernel_core.ranges import (sequence_length, sequence_of, sequence_start,
+                                   sequence_view_at_least)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -97,62 +98,86 @@ ConstBool = ct.Constant[bool]
 
 # The row helpers take ``heads``: 1, or (the dQ kernel's ``PACK``) the query heads of one K/V
 # group, whose ``rows`` rows each form one ``[heads * rows, ...]`` tile, head-major; ``head``
-# is then the head axis' tile index (the group's), its heads ``heads`` apart.
-def _load_rows(A, batch, head, tile, TILE_D, rows, latency, heads):
-    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` as a ``[heads * rows, TILE_D]`` tile
-    (zero-filled; ``latency``: the load's hint, 0 for the compiler's)."""
-    return ct.load(A, index=(batch, head, tile, 0), shape=(1, heads, rows, TILE_D),
-                   padding_mode=ct.PaddingMode.ZERO,
-                   latency=ct.static_eval(latency or None)).reshape((heads * rows, TILE_D))
+# is then the head axis' tile index (the group's), its heads ``heads`` apart. The loads take
+# ``first`` and ``HOW``, how a tile's rows ``tile * rows ..`` are found:
+#: by tile index (plain attention)
+TILED = 0
+#: (a ragged call) rows ``first + tile * rows ..`` of the uncut array, ``first`` the sequence's
+#: first row, through a view indexed by row: the array's own TMA descriptor (a per-sequence
+#: slice would have every CTA build descriptors of its own, microseconds a CTA). Rows past the
+#: sequence are another sequence's (or never written): the kernels mask what they touch.
+BY_ROW = 1
+#: (a ragged call) by tile index in the sequence's slice, without TMA: zero-filled past the
+#: sequence, no descriptor built (for the one tile a walk has that runs past its sequence)
+CUT = 2
 
 
-def _load_second_part(A, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads):
-    """Rows ``tile * rows ..`` of ``A [B, H, S, D]``, head-dim columns ``TILE_D ..
-    TILE_D + TILE_D2`` (the second part of a split head dim, zero-filled past ``D``), as a
-    ``[heads * rows, TILE_D2]`` tile."""
-    return ct.load(A, index=(batch, head, tile, TILE_D // TILE_D2),
-                   shape=(1, heads, rows, TILE_D2), padding_mode=ct.PaddingMode.ZERO,
-                   latency=ct.static_eval(latency or None)).reshape((heads * rows, TILE_D2))
+def _rows_view(A, heads, rows, width):
+    """``A [B, H, S, D]`` as tiles ``[1, heads, rows, width]`` (zero-filled past ``A``) indexed
+    by row along ``S`` (by tile along the other axes)."""
+    return A.tiled_view((1, heads, rows, width), padding_mode=ct.PaddingMode.ZERO,
+                        traversal_steps=(1, heads, 1, width))
 
 
-def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads):
-    """With ``TILE_D2`` the second head-dim parts of rows ``tile * rows ..`` of the arrays ``x``
-    and ``y`` (:func:`_load_second_part`, ``[heads * rows, TILE_D2]`` each), else ``(None,
-    None)``."""
+def _load_part(A, batch, head, tile, part, width, rows, latency, heads, first, HOW):
+    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` (found as ``HOW`` says), head-dim columns
+    ``part * width ..``, as a ``[heads * rows, width]`` tile (zero-filled; ``latency``: the
+    load's hint, 0 for the compiler's)."""
+    hint = ct.static_eval(latency or None)
+    if HOW == BY_ROW:
+        x = _rows_view(A, heads, rows, width).load((batch, head, first + tile * rows, part),
+                                                   latency=hint)
+    else:
+        x = ct.load(A, index=(batch, head, tile, part), shape=(1, heads, rows, width),
+                    padding_mode=ct.PaddingMode.ZERO, latency=hint,
+                    allow_tma=ct.static_eval(False if HOW == CUT else None))
+    return x.reshape((heads * rows, width))
+
+
+def _load_rows(A, batch, head, tile, TILE_D, rows, latency, heads, first, HOW):
+    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` (found as ``HOW`` says) as a ``[heads *
+    rows, TILE_D]`` tile (:func:`_load_part`)."""
+    return _load_part(A, batch, head, tile, 0, TILE_D, rows, latency, heads, first, HOW)
+
+
+def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first, HOW):
+    """With ``TILE_D2`` the second head-dim parts (columns ``TILE_D .. TILE_D + TILE_D2``,
+    zero-filled past ``D``) of rows ``tile * rows ..`` of the arrays ``x`` and ``y``
+    (``[heads * rows, TILE_D2]`` each), else ``(None, None)``."""
     x2 = None
     y2 = None
     if TILE_D2:
-        x2 = _load_second_part(x, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency,
-                               heads=heads)
-        y2 = _load_second_part(y, batch, head, tile, TILE_D, TILE_D2, rows=rows, latency=latency,
-                               heads=heads)
+        x2 = _load_part(x, batch, head, tile, TILE_D // TILE_D2, TILE_D2, rows, latency, heads,
+                        first, HOW)
+        y2 = _load_part(y, batch, head, tile, TILE_D // TILE_D2, TILE_D2, rows, latency, heads,
+                        first, HOW)
     return x2, y2
 
 
-def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows, heads):
+def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows, heads, HOW):
     """Store the float32 ``[heads * rows, TILE_D]`` tile ``x`` (and with ``TILE_D2`` the
     ``[heads * rows, TILE_D2]`` second head-dim part ``x2``) as rows ``tile * rows ..`` of
-    ``A [B, H, S, D]`` in its dtype."""
+    ``A [B, H, S, D]`` in its dtype; ``HOW``: ``TILED``, or ``CUT`` (``A`` a sequence's
+    slice, which the store clips to it)."""
+    tma = ct.static_eval(False if HOW == CUT else None)
     ct.store(A, index=(batch, head, tile, 0),
-             tile=x.astype(A.dtype).reshape((1, heads, rows, TILE_D)))
+             tile=x.astype(A.dtype).reshape((1, heads, rows, TILE_D)), allow_tma=tma)
     if TILE_D2:
         ct.store(A, index=(batch, head, tile, TILE_D // TILE_D2),
-                 tile=x2.astype(A.dtype).reshape((1, heads, rows, TILE_D2)))
+                 tile=x2.astype(A.dtype).reshape((1, heads, rows, TILE_D2)), allow_tma=tma)
 
 
-def _load_row_stat(A, batch, head, tile, rows, heads):
-    """Entries ``tile * rows ..`` of ``A [B, H, S]`` (float32, zero-filled) as a
-    ``[heads * rows]``."""
-    return ct.load(A, index=(batch, head, tile), shape=(1, heads, rows),
-                   padding_mode=ct.PaddingMode.ZERO).reshape((heads * rows,))
-
-
-def _causal_offset(Q, K, BOTTOM_RIGHT):
-    """Query row ``i`` sees keys ``0..i + offset``."""
-    offset = 0
-    if BOTTOM_RIGHT:
-        offset = K.shape[2] - Q.shape[2]
-    return offset
+def _load_row_stat(A, batch, head, tile, rows, heads, first, HOW):
+    """Entries ``tile * rows ..`` of ``A [B, H, S]`` (found as ``HOW`` says; float32,
+    zero-filled) as a ``[heads * rows]``."""
+    if HOW == BY_ROW:
+        x = A.tiled_view((1, heads, rows), padding_mode=ct.PaddingMode.ZERO,
+                         traversal_steps=(1, heads, 1)).load((batch, head, first + tile * rows))
+    else:
+        x = ct.load(A, index=(batch, head, tile), shape=(1, heads, rows),
+                    padding_mode=ct.PaddingMode.ZERO,
+                    allow_tma=ct.static_eval(False if HOW == CUT else None))
+    return x.reshape((heads * rows,))
 
 
 def _score_scales(qk_scale, softcap, SOFTCAP):
@@ -276,27 +301,29 @@ def attention_bwd_dq(
     head_tile = head
     if PACK > 1:
         head = head * PACK
-    q_count = 0
+    seqlen_q = Q.shape[2]
+    seqlen_k = K.shape[2]
+    q_first, k_first = 0, 0  # RAGGED: the sequence's first query and key rows
+    how = ct.static_eval(BY_ROW if RAGGED else TILED)  # the loads'
+    Kc, Vc = K, V  # RAGGED: the sequence's cuts (the key tile's that runs past its keys)
     if RAGGED:
         # (not one branch on the tile's liveness around the rest, as in the dK/dV kernel:
         # tileiras 13.4 fails on the walk's two loops inside it for sm_100; a dead tile's walk
-        # is emptied and its stores skipped instead, and its loads read views of at least one
-        # row: a sequence without queries still has a view to read)
+        # is emptied and its stores skipped instead, and its loads start inside the arrays)
         seq, batch = sequence_of(batch, PACKED)
-        q_count = sequence_length(Ranges, seq, 0) * alive
-        Q = sequence_view_at_least(Q, Ranges, seq, 0, 1)
-        K = sequence_view_at_least(K, Ranges, seq, 2)
-        V = sequence_view_at_least(V, Ranges, seq, 2)
-        Out = sequence_view_at_least(Out, Ranges, seq, 0, 1)
-        dO = sequence_view_at_least(dO, Ranges, seq, 0, 1)
-        Lse = sequence_view_at_least(Lse, Ranges, seq, 0, 1)
+        seqlen_q = sequence_length(Ranges, seq, 0) * alive
+        seqlen_k = sequence_length(Ranges, seq, 2)
+        q_first = sequence_start(Ranges, seq, 0, Q.shape[2])
+        k_first = sequence_start(Ranges, seq, 2, K.shape[2])
+        Kc = sequence_view_at_least(K, Ranges, seq, 2)
+        Vc = sequence_view_at_least(V, Ranges, seq, 2)
+        # the stores' cuts (stored without TMA: no descriptor built in the kernel)
         Delta = sequence_view_at_least(Delta, Ranges, seq, 0, 1)
         dQ = sequence_view_at_least(dQ, Ranges, seq, 0, 1)
     kv_head = head // group
-    seqlen_k = K.shape[2]
-    seqlen_q = Q.shape[2]
+    whole = 0  # RAGGED: the sequence's key tiles that are whole (a later one runs past it)
     if RAGGED:
-        seqlen_q = q_count
+        whole = seqlen_k // TILE_N
     scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
     left, right = 0, 0
     if WINDOW:
@@ -304,49 +331,61 @@ def attention_bwd_dq(
 
     # delta = rowsum(dO * O), the preprocess step, fused
     # [TILE_M, TILE_D] each
-    o = _load_rows(Out, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK)
-    do = _load_rows(dO, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK)
+    # (a ragged tile's rows past its sequence hold another's: they stay in their own rows of
+    # the products and are not stored)
+    o = _load_rows(Out, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK,
+                   first=q_first, HOW=how)
+    do = _load_rows(dO, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK,
+                    first=q_first, HOW=how)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
     # with TILE_D2 the second head-dim parts of O, dO and Q: [TILE_M, TILE_D2] each
     o2, do2 = _second_parts(Out, dO, batch, head_tile, q_tile, TILE_D, TILE_D2, rows=tile_rows,
-                            latency=0, heads=PACK)
+                            latency=0, heads=PACK, first=q_first, HOW=how)
     q2 = None
     if TILE_D2:
         delta = delta + ct.sum(o2.astype(np.float32) * do2.astype(np.float32), axis=-1)
-        q2 = _load_second_part(Q, batch, head_tile, q_tile, TILE_D, TILE_D2, rows=tile_rows,
-                               latency=0, heads=PACK)
+        q2 = _load_part(Q, batch, head_tile, q_tile, TILE_D // TILE_D2, TILE_D2,
+                        rows=tile_rows, latency=0, heads=PACK, first=q_first, HOW=how)
     if RAGGED:
         if q_tile * tile_rows < seqlen_q:
             ct.store(Delta, index=(batch, head_tile, q_tile),
-                     tile=delta.reshape((1, PACK, tile_rows)))
+                     tile=delta.reshape((1, PACK, tile_rows)), allow_tma=False)
     else:
         ct.store(Delta, index=(batch, head_tile, q_tile),
                  tile=delta.reshape((1, PACK, tile_rows)))
     delta = delta.reshape((TILE_M, 1))
-    lse = _load_row_stat(Lse, batch, head_tile, q_tile, rows=tile_rows,
-                         heads=PACK).reshape((TILE_M, 1))
+    lse = _load_row_stat(Lse, batch, head_tile, q_tile, rows=tile_rows, heads=PACK,
+                         first=q_first, HOW=how).reshape((TILE_M, 1))
     # [TILE_M, TILE_D]
-    q = _load_rows(Q, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK)
+    q = _load_rows(Q, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK,
+                   first=q_first, HOW=how)
 
-    offset = _causal_offset(Q, K, BOTTOM_RIGHT)
-    if RAGGED:
-        if BOTTOM_RIGHT:
-            offset = seqlen_k - seqlen_q  # the sequence's own lengths
+    offset = 0  # query row i sees keys 0..i + offset (a ragged call: by its own lengths)
+    if BOTTOM_RIGHT:
+        offset = seqlen_k - seqlen_q
     first_row = q_tile * tile_rows
     positions = ct.arange(TILE_M, dtype=np.int32)  # each row's position in the tile
     if PACK > 1:  # row r is position r % tile_rows of its head
         positions = positions % tile_rows
     rows = first_row + offset + positions[:, None]  # the last key each row sees, [TILE_M, 1]
 
-    def add_key_tile(j, masked, dq, dq2):
+    def add_key_tile(j, masked, edge, dq, dq2):
         """dQ of key tile ``j`` added to ``dq`` (its second head-dim part to ``dq2``);
-        ``masked``: apply the sequence-end / causal / window mask."""
+        ``masked``: apply the sequence-end / causal / window mask; ``edge`` (``RAGGED``): the
+        tile runs past its sequence's keys, read from their cuts (zero-filled past them: a
+        key another sequence holds, or none wrote, adds nothing, as a plain call's past
+        S_k)."""
+        k_in, v_in, k_how = K, V, how
+        if edge:
+            k_in, v_in, k_how = Kc, Vc, TILED
         # [TILE_N, TILE_D] each
-        k = _load_rows(K, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY, heads=1)
-        v = _load_rows(V, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY, heads=1)
+        k = _load_rows(k_in, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY,
+                       heads=1, first=k_first, HOW=k_how)
+        v = _load_rows(v_in, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY,
+                       heads=1, first=k_first, HOW=k_how)
         # [TILE_N, TILE_D2] each with TILE_D2
-        k2, v2 = _second_parts(K, V, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
-                               latency=KV_LATENCY, heads=1)
+        k2, v2 = _second_parts(k_in, v_in, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
+                               latency=KV_LATENCY, heads=1, first=k_first, HOW=k_how)
         # [TILE_M, TILE_N]
         s, t = _scores(q, k, q2, k2, TILE_D2, tanh_scale, SOFTCAP, (TILE_M, TILE_N))
         if masked:
@@ -385,12 +424,19 @@ def attention_bwd_dq(
             full_to = full_to * live
             hi = hi * live
         dq, dq2 = _accumulators(TILE_D, TILE_D2, rows=TILE_M)
-        for j in range(lo, full_from):
-            dq, dq2 = add_key_tile(j, True, dq, dq2)
+        first_to, hi_whole = full_from, hi
+        if RAGGED:  # (full_to <= whole: a tile seen whole is not past the keys)
+            hi_whole = min(hi, whole)
+            first_to = min(full_from, hi_whole)
+        for j in range(lo, first_to):
+            dq, dq2 = add_key_tile(j, True, False, dq, dq2)
         for j in range(full_from, full_to):
-            dq, dq2 = add_key_tile(j, False, dq, dq2)
-        for j in range(full_to, hi):
-            dq, dq2 = add_key_tile(j, True, dq, dq2)
+            dq, dq2 = add_key_tile(j, False, False, dq, dq2)
+        for j in range(full_to, hi_whole):
+            dq, dq2 = add_key_tile(j, True, False, dq, dq2)
+        if RAGGED:
+            for j in range(max(lo, whole), hi):
+                dq, dq2 = add_key_tile(j, True, True, dq, dq2)
     else:
         # key tiles [0, unmasked) need no mask; the rest of [0, num_kv_tiles) do
         num_kv_tiles, unmasked = dq_key_tiles(first_row, offset, seqlen_k, tile_rows, TILE_N,
@@ -400,20 +446,26 @@ def attention_bwd_dq(
             num_kv_tiles = num_kv_tiles * live
             unmasked = unmasked * live
         dq, dq2 = _accumulators(TILE_D, TILE_D2, rows=TILE_M)
+        masked_to = num_kv_tiles
+        if RAGGED:  # (unmasked <= whole: an unmasked tile is not past the keys)
+            masked_to = min(num_kv_tiles, whole)
         for j in range(unmasked):
-            dq, dq2 = add_key_tile(j, False, dq, dq2)
-        for j in range(unmasked, num_kv_tiles):
-            dq, dq2 = add_key_tile(j, True, dq, dq2)
+            dq, dq2 = add_key_tile(j, False, False, dq, dq2)
+        for j in range(unmasked, masked_to):
+            dq, dq2 = add_key_tile(j, True, False, dq, dq2)
+        if RAGGED:
+            for j in range(max(unmasked, whole), num_kv_tiles):
+                dq, dq2 = add_key_tile(j, True, True, dq, dq2)
     dq = dq * qk_scale
     if TILE_D2:
         dq2 = dq2 * qk_scale
     if RAGGED:
         if first_row < seqlen_q:
             _store_parts(dQ, batch, head_tile, q_tile, dq, dq2, TILE_D, TILE_D2, rows=tile_rows,
-                         heads=PACK)
+                         heads=PACK, HOW=CUT)
     else:
         _store_parts(dQ, batch, head_tile, q_tile, dq, dq2, TILE_D, TILE_D2, rows=tile_rows,
-                     heads=PACK)
+                     heads=PACK, HOW=TILED)
 
 
 # -- dK and dV -----------------------------------------------------------------------------------
@@ -470,24 +522,39 @@ def attention_bwd_dkdv(
         batch = bh // heads_kv
         kv_head = bh % heads_kv
 
-    def key_tile(Q, K, V, dO, Lse, Delta, dK, dV, dQsum):
-        """dK and dV of key tile ``kv_tile``, the sequence lengths the arrays'; with
-        ``DQ_ATOMIC`` each pair's dQ share is added into ``dQsum`` (cut like ``Q``)."""
-        seqlen_q = Q.shape[2]
+    how = ct.static_eval(BY_ROW if RAGGED else TILED)  # the loads'
+    stores = ct.static_eval(CUT if RAGGED else TILED)  # dK's and dV's
+
+    def key_tile(dK, dV, dQc, Kc, Vc, Qc, dOc, Lsec, Deltac, seqlen_q, seqlen_k, q_first,
+                 k_first):
+        """dK and dV of key tile ``kv_tile`` into ``dK, dV``, the sequence ``seqlen_q``
+        queries and ``seqlen_k`` keys long, its rows from ``q_first`` and ``k_first`` on with
+        ``RAGGED`` (else 0); with ``DQ_ATOMIC`` each pair's dQ share is added into ``dQc``.
+        With ``RAGGED`` the arrays ``dK, dV, dQc, Kc, Vc, Qc, dOc, Lsec, Deltac`` are the
+        sequence's cuts: the stores' (the shares', which a row past the sequence would spill
+        into the next), the query tile's that runs past the sequence, and (with
+        ``DQ_ATOMIC``, whose shares sum over the tile's keys) the key tile's."""
         scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
         left, right = 0, 0
         if WINDOW:
-            left, right = _window(window_left, window_right, Q.shape[2] + K.shape[2], CAUSAL)
+            left, right = _window(window_left, window_right, seqlen_q + seqlen_k, CAUSAL)
+        k_in, v_in, k_how = K, V, how
+        if DQ_ATOMIC:  # (zero-filled past the sequence: no share of a key it does not have)
+            k_in, v_in, k_how = Kc, Vc, TILED
         # [TILE_N, TILE_D] each
-        k = _load_rows(K, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1)
-        v = _load_rows(V, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1)
+        k = _load_rows(k_in, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1,
+                       first=k_first, HOW=k_how)
+        v = _load_rows(v_in, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1,
+                       first=k_first, HOW=k_how)
         # with TILE_D2 the second head-dim parts: [TILE_N, TILE_D2] each
-        k2, v2 = _second_parts(K, V, batch, kv_head, kv_tile, TILE_D, TILE_D2, rows=TILE_N,
-                               latency=0, heads=1)
+        k2, v2 = _second_parts(k_in, v_in, batch, kv_head, kv_tile, TILE_D, TILE_D2,
+                               rows=TILE_N, latency=0, heads=1, first=k_first, HOW=k_how)
+        first_key = kv_tile * TILE_N
 
         num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
-        first_key = kv_tile * TILE_N
-        offset = _causal_offset(Q, K, BOTTOM_RIGHT)
+        offset = 0  # query row i sees keys 0..i + offset
+        if BOTTOM_RIGHT:
+            offset = seqlen_k - seqlen_q
         # the first row seeing each key, [TILE_N, 1]
         keys = first_key - offset + ct.arange(TILE_N, dtype=np.int32)[:, None]
         first = 0
@@ -499,24 +566,33 @@ def attention_bwd_dkdv(
             # keys: query tiles [first, end); of them [unmask_from, unmask_to) see all of them,
             # the tiles before and after need the mask
             first, unmask_from, unmask_to, end = dkdv_window_query_tiles(
-                first_key, min(first_key + TILE_N, K.shape[2]) - 1, offset, left, right,
+                first_key, min(first_key + TILE_N, seqlen_k) - 1, offset, left, right,
                 seqlen_q, TILE_M)
         elif CAUSAL:
             first, unmask_from = dkdv_query_tiles(first_key, offset, num_q_tiles, TILE_M,
                                                   TILE_N)
 
-        def add_query_tile(head, i, masked, dk, dv, dk2, dv2):
+        def add_query_tile(head, i, masked, edge, dk, dv, dk2, dv2):
             """Fold query tile ``i`` of query head ``head`` into ``dk, dv`` (their second
-            head-dim parts into ``dk2, dv2``); ``masked``: the causal / window mask."""
+            head-dim parts into ``dk2, dv2``); ``masked``: the causal / window mask; ``edge``
+            (``RAGGED``): the tile runs past its sequence's queries, whose rows it zeroes."""
+            # the edge tile from the cuts, zero-filled past the sequence: those rows then
+            # add nothing, as a plain call's rows past S_q
+            q_in, do_in, lse_in, delta_in, q_how = Q, dO, Lse, Delta, how
+            if edge:
+                q_in, do_in, lse_in, delta_in, q_how = Qc, dOc, Lsec, Deltac, TILED
             # [TILE_M, TILE_D] each
-            q = _load_rows(Q, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY, heads=1)
-            do = _load_rows(dO, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY, heads=1)
+            q = _load_rows(q_in, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY,
+                           heads=1, first=q_first, HOW=q_how)
+            do = _load_rows(do_in, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY,
+                            heads=1, first=q_first, HOW=q_how)
             # [TILE_M, TILE_D2] each with TILE_D2
-            q2, do2 = _second_parts(Q, dO, batch, head, i, TILE_D, TILE_D2, rows=TILE_M,
-                                    latency=Q_LATENCY, heads=1)
-            lse = _load_row_stat(Lse, batch, head, i, rows=TILE_M, heads=1).reshape((1, TILE_M))
-            delta = _load_row_stat(Delta, batch, head, i, rows=TILE_M,
-                                   heads=1).reshape((1, TILE_M))
+            q2, do2 = _second_parts(q_in, do_in, batch, head, i, TILE_D, TILE_D2, rows=TILE_M,
+                                    latency=Q_LATENCY, heads=1, first=q_first, HOW=q_how)
+            lse = _load_row_stat(lse_in, batch, head, i, rows=TILE_M, heads=1, first=q_first,
+                                 HOW=q_how).reshape((1, TILE_M))
+            delta = _load_row_stat(delta_in, batch, head, i, rows=TILE_M, heads=1,
+                                   first=q_first, HOW=q_how).reshape((1, TILE_M))
             # S^T: [TILE_N, TILE_M]
             st, tt = _scores(k, q, k2, q2, TILE_D2, tanh_scale, SOFTCAP, (TILE_N, TILE_M))
             if masked:
@@ -546,12 +622,12 @@ def attention_bwd_dkdv(
                 # TILE_D2] of the second part)
                 dq = ct.mma(ct.transpose(ds), k,
                             ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32))
-                dQsum.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
+                dQc.tiled_view((1, 1, TILE_M, TILE_D)).atomic_store_add(
                     (batch, head, i, 0), dq.reshape((1, 1, TILE_M, TILE_D)))
                 if TILE_D2:
                     dq2 = ct.mma(ct.transpose(ds), k2,
                                  ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32))
-                    dQsum.tiled_view((1, 1, TILE_M, TILE_D2)).atomic_store_add(
+                    dQc.tiled_view((1, 1, TILE_M, TILE_D2)).atomic_store_add(
                         (batch, head, i, TILE_D // TILE_D2),
                         dq2.reshape((1, 1, TILE_M, TILE_D2)))
             return dk, dv, dk2, dv2
@@ -566,44 +642,63 @@ def attention_bwd_dkdv(
         # [TILE_N, TILE_D] and [TILE_N, TILE_D2] each
         dk, dk2 = _accumulators(TILE_D, TILE_D2, rows=TILE_N)
         dv, dv2 = _accumulators(TILE_D, TILE_D2, rows=TILE_N)
+        # with RAGGED the tile running past the sequence's queries (if one does) is walked
+        # apart, read from the cuts; the query tiles before it are whole
+        whole = 0
+        if RAGGED:
+            whole = seqlen_q // TILE_M
         for g in range(start // per_head, ct.cdiv(stop, per_head)):
             head = kv_head * group + g
             lo = first + max(start - g * seen, 0)
             hi = first + min(stop - g * seen, seen)
-            for i in range(lo, min(hi, unmask_from)):
-                dk, dv, dk2, dv2 = add_query_tile(head, i, True, dk, dv, dk2, dv2)
+            hi_whole = hi
+            if RAGGED:
+                hi_whole = min(hi, whole)
+            for i in range(lo, min(hi_whole, unmask_from)):
+                dk, dv, dk2, dv2 = add_query_tile(head, i, True, False, dk, dv, dk2, dv2)
             if WINDOW:
-                for i in range(max(lo, unmask_from), min(hi, unmask_to)):
-                    dk, dv, dk2, dv2 = add_query_tile(head, i, False, dk, dv, dk2, dv2)
-                for i in range(max(lo, unmask_to), hi):
-                    dk, dv, dk2, dv2 = add_query_tile(head, i, True, dk, dv, dk2, dv2)
+                for i in range(max(lo, unmask_from), min(hi_whole, unmask_to)):
+                    dk, dv, dk2, dv2 = add_query_tile(head, i, False, False, dk, dv, dk2, dv2)
+                for i in range(max(lo, unmask_to), hi_whole):
+                    dk, dv, dk2, dv2 = add_query_tile(head, i, True, False, dk, dv, dk2, dv2)
             else:
-                for i in range(max(lo, unmask_from), hi):
-                    dk, dv, dk2, dv2 = add_query_tile(head, i, False, dk, dv, dk2, dv2)
+                for i in range(max(lo, unmask_from), hi_whole):
+                    dk, dv, dk2, dv2 = add_query_tile(head, i, False, False, dk, dv, dk2, dv2)
+            if RAGGED:  # (masked as the problem is: past the queries the cut's zeros do it)
+                for i in range(max(lo, whole), hi):
+                    dk, dv, dk2, dv2 = add_query_tile(head, i, ct.static_eval(CAUSAL or WINDOW),
+                                                      True, dk, dv, dk2, dv2)
         dk = dk * qk_scale
         if TILE_D2:
             dk2 = dk2 * qk_scale
         part = split * Q.shape[0] + batch
-        _store_parts(dK, part, kv_head, kv_tile, dk, dk2, TILE_D, TILE_D2, rows=TILE_N, heads=1)
-        _store_parts(dV, part, kv_head, kv_tile, dv, dv2, TILE_D, TILE_D2, rows=TILE_N, heads=1)
+        _store_parts(dK, part, kv_head, kv_tile, dk, dk2, TILE_D, TILE_D2, rows=TILE_N, heads=1,
+                     HOW=stores)
+        _store_parts(dV, part, kv_head, kv_tile, dv, dv2, TILE_D, TILE_D2, rows=TILE_N, heads=1,
+                     HOW=stores)
 
     if RAGGED:
         seq, batch = sequence_of(batch, PACKED)
-        k_seq = sequence_view_at_least(K, Ranges, seq, 2)
-        if kv_tile * TILE_N < k_seq.shape[2] * alive:
-            v_seq = sequence_view_at_least(V, Ranges, seq, 2)
-            dk_seq = sequence_view_at_least(dK, Ranges, seq, 2)
-            dv_seq = sequence_view_at_least(dV, Ranges, seq, 2)
-            q_seq = sequence_view_at_least(Q, Ranges, seq, 0)
-            do_seq = sequence_view_at_least(dO, Ranges, seq, 0)
-            lse_seq = sequence_view_at_least(Lse, Ranges, seq, 0)
-            delta_seq = sequence_view_at_least(Delta, Ranges, seq, 0)
-            dq_seq = dQacc
+        seqlen_k = sequence_length(Ranges, seq, 2)
+        if kv_tile * TILE_N < seqlen_k * alive:
+            # the loads read the uncut arrays by row; the stores' cuts (stored without TMA: no
+            # descriptor built in the kernel)
+            dq_cut = dQacc
             if DQ_ATOMIC:
-                dq_seq = sequence_view_at_least(dQacc, Ranges, seq, 0)
-            key_tile(q_seq, k_seq, v_seq, do_seq, lse_seq, delta_seq, dk_seq, dv_seq, dq_seq)
+                dq_cut = sequence_view_at_least(dQacc, Ranges, seq, 0)
+            key_tile(sequence_view_at_least(dK, Ranges, seq, 2),
+                     sequence_view_at_least(dV, Ranges, seq, 2), dq_cut,
+                     sequence_view_at_least(K, Ranges, seq, 2),
+                     sequence_view_at_least(V, Ranges, seq, 2),
+                     sequence_view_at_least(Q, Ranges, seq, 0, 1),
+                     sequence_view_at_least(dO, Ranges, seq, 0, 1),
+                     sequence_view_at_least(Lse, Ranges, seq, 0, 1),
+                     sequence_view_at_least(Delta, Ranges, seq, 0, 1),
+                     sequence_length(Ranges, seq, 0), seqlen_k,
+                     sequence_start(Ranges, seq, 0, Q.shape[2]),
+                     sequence_start(Ranges, seq, 2, K.shape[2]))
     else:
-        key_tile(Q, K, V, dO, Lse, Delta, dK, dV, dQacc)
+        key_tile(dK, dV, dQacc, K, V, Q, dO, Lse, Delta, Q.shape[2], K.shape[2], 0, 0)
 
 
 def _row_block(heads):
@@ -627,7 +722,7 @@ def attention_bwd_sum(
     acc = ct.full((TILE, TILE_D), 0.0, dtype=np.float32)
     for part in range(PARTS):
         acc = acc + _load_rows(Parts, part * Grad.shape[0] + batch, head, tile, TILE_D,
-                               rows=TILE, latency=0, heads=1)
+                               rows=TILE, latency=0, heads=1, first=0, HOW=TILED)
     ct.store(Grad, index=(batch, head, tile, 0),
              tile=acc.astype(Grad.dtype).reshape((1, 1, TILE, TILE_D)))
 
@@ -645,8 +740,10 @@ def attention_bwd_delta(
     of the float32 dQ accumulator."""
     tile, batch, head = _row_block(Out.shape[1])
     # [TILE, TILE_D] each
-    o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)
-    do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)
+    o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1, first=0,
+                    HOW=TILED)
+    do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1, first=0,
+                    HOW=TILED)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE]
     ct.store(Delta, index=(batch, head, tile), tile=delta.reshape((1, 1, TILE)))
     ct.store(dQacc, index=(batch, head, tile, 0),
@@ -664,6 +761,7 @@ def attention_bwd_dq_scale(
     """dQ from the one-pass backward's float32 accumulator: times the scale, cast."""
     tile, batch, head = _row_block(dQ.shape[1])
     # [TILE, TILE_D]
-    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1)
+    dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1, first=0,
+                    HOW=TILED)
     ct.store(dQ, index=(batch, head, tile, 0),
              tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))
