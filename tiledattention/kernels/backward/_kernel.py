@@ -154,6 +154,17 @@ def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads
     return x2, y2
 
 
+def _load_pair(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first, HOW):
+    """Rows ``tile * rows ..`` of the arrays ``x`` and ``y`` (found as ``HOW`` says):
+    ``[heads * rows, TILE_D]`` tiles, and with ``TILE_D2`` their second head-dim parts
+    (:func:`_second_parts`, else ``None``): ``(x, y, x2, y2)``."""
+    x1 = _load_rows(x, batch, head, tile, TILE_D, rows, latency, heads, first, HOW)
+    y1 = _load_rows(y, batch, head, tile, TILE_D, rows, latency, heads, first, HOW)
+    x2, y2 = _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first,
+                           HOW)
+    return x1, y1, x2, y2
+
+
 def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows, heads, HOW):
     """Store the float32 ``[heads * rows, TILE_D]`` tile ``x`` (and with ``TILE_D2`` the
     ``[heads * rows, TILE_D2]`` second head-dim part ``x2``) as rows ``tile * rows ..`` of
@@ -378,14 +389,9 @@ def attention_bwd_dq(
         k_in, v_in, k_how = K, V, how
         if edge:
             k_in, v_in, k_how = Kc, Vc, TILED
-        # [TILE_N, TILE_D] each
-        k = _load_rows(k_in, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY,
-                       heads=1, first=k_first, HOW=k_how)
-        v = _load_rows(v_in, batch, kv_head, j, TILE_D, rows=TILE_N, latency=KV_LATENCY,
-                       heads=1, first=k_first, HOW=k_how)
-        # [TILE_N, TILE_D2] each with TILE_D2
-        k2, v2 = _second_parts(k_in, v_in, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
-                               latency=KV_LATENCY, heads=1, first=k_first, HOW=k_how)
+        # [TILE_N, TILE_D] each; with TILE_D2 [TILE_N, TILE_D2] each
+        k, v, k2, v2 = _load_pair(k_in, v_in, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
+                                  latency=KV_LATENCY, heads=1, first=k_first, HOW=k_how)
         # [TILE_M, TILE_N]
         s, t = _scores(q, k, q2, k2, TILE_D2, tanh_scale, SOFTCAP, (TILE_M, TILE_N))
         if masked:
@@ -541,14 +547,9 @@ def attention_bwd_dkdv(
         k_in, v_in, k_how = K, V, how
         if DQ_ATOMIC:  # (zero-filled past the sequence: no share of a key it does not have)
             k_in, v_in, k_how = Kc, Vc, TILED
-        # [TILE_N, TILE_D] each
-        k = _load_rows(k_in, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1,
-                       first=k_first, HOW=k_how)
-        v = _load_rows(v_in, batch, kv_head, kv_tile, TILE_D, rows=TILE_N, latency=0, heads=1,
-                       first=k_first, HOW=k_how)
-        # with TILE_D2 the second head-dim parts: [TILE_N, TILE_D2] each
-        k2, v2 = _second_parts(k_in, v_in, batch, kv_head, kv_tile, TILE_D, TILE_D2,
-                               rows=TILE_N, latency=0, heads=1, first=k_first, HOW=k_how)
+        # [TILE_N, TILE_D] each; with TILE_D2 the second head-dim parts, [TILE_N, TILE_D2]
+        k, v, k2, v2 = _load_pair(k_in, v_in, batch, kv_head, kv_tile, TILE_D, TILE_D2,
+                                  rows=TILE_N, latency=0, heads=1, first=k_first, HOW=k_how)
         first_key = kv_tile * TILE_N
 
         num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
@@ -575,20 +576,15 @@ def attention_bwd_dkdv(
         def add_query_tile(head, i, masked, edge, dk, dv, dk2, dv2):
             """Fold query tile ``i`` of query head ``head`` into ``dk, dv`` (their second
             head-dim parts into ``dk2, dv2``); ``masked``: the causal / window mask; ``edge``
-            (``RAGGED``): the tile runs past its sequence's queries, whose rows it zeroes."""
-            # the edge tile from the cuts, zero-filled past the sequence: those rows then
-            # add nothing, as a plain call's rows past S_q
+            (``RAGGED``): the tile runs past its sequence's queries and reads their cuts,
+            zero-filled past them: those rows add nothing, as a plain call's past S_q."""
             q_in, do_in, lse_in, delta_in, q_how = Q, dO, Lse, Delta, how
             if edge:
                 q_in, do_in, lse_in, delta_in, q_how = Qc, dOc, Lsec, Deltac, TILED
-            # [TILE_M, TILE_D] each
-            q = _load_rows(q_in, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY,
-                           heads=1, first=q_first, HOW=q_how)
-            do = _load_rows(do_in, batch, head, i, TILE_D, rows=TILE_M, latency=Q_LATENCY,
-                            heads=1, first=q_first, HOW=q_how)
-            # [TILE_M, TILE_D2] each with TILE_D2
-            q2, do2 = _second_parts(q_in, do_in, batch, head, i, TILE_D, TILE_D2, rows=TILE_M,
-                                    latency=Q_LATENCY, heads=1, first=q_first, HOW=q_how)
+            # [TILE_M, TILE_D] each; with TILE_D2 [TILE_M, TILE_D2] each
+            q, do, q2, do2 = _load_pair(q_in, do_in, batch, head, i, TILE_D, TILE_D2,
+                                        rows=TILE_M, latency=Q_LATENCY, heads=1, first=q_first,
+                                        HOW=q_how)
             lse = _load_row_stat(lse_in, batch, head, i, rows=TILE_M, heads=1, first=q_first,
                                  HOW=q_how).reshape((1, TILE_M))
             delta = _load_row_stat(delta_in, batch, head, i, rows=TILE_M, heads=1,
