@@ -98,17 +98,18 @@ ConstBool = ct.Constant[bool]
 
 # The row helpers take ``heads``: 1, or (the dQ kernel's ``PACK``) the query heads of one K/V
 # group, whose ``rows`` rows each form one ``[heads * rows, ...]`` tile, head-major; ``head``
-# is then the head axis' tile index (the group's), its heads ``heads`` apart. The loads take
-# ``first`` and ``HOW``, how a tile's rows ``tile * rows ..`` are found:
-#: by tile index (plain attention)
+# is then the head axis' tile index (the group's), its heads ``heads`` apart. The loads and
+# stores take ``HOW``, how a tile's rows ``tile * rows ..`` are found:
+#: by tile index (plain attention; a ragged call's tile that runs past its sequence, from the
+#: sequence's slice: zero-filled past it, at the cost of a TMA descriptor the CTA builds)
 TILED = 0
-#: (a ragged call) rows ``first + tile * rows ..`` of the uncut array, ``first`` the sequence's
-#: first row, through a view indexed by row: the array's own TMA descriptor (a per-sequence
-#: slice would have every CTA build descriptors of its own, microseconds a CTA). Rows past the
-#: sequence are another sequence's (or never written): the kernels mask what they touch.
+#: (a ragged call's loads) rows ``first + tile * rows ..`` of the uncut array, ``first`` the
+#: sequence's first row, through a view indexed by row: the array's own TMA descriptor (a
+#: slice read by TMA has every CTA build one of its own, microseconds a CTA). Rows past the
+#: sequence are another sequence's, or never written (NaN): the kernels read those from slices
 BY_ROW = 1
-#: (a ragged call) by tile index in the sequence's slice, without TMA: zero-filled past the
-#: sequence, no descriptor built (for the one tile a walk has that runs past its sequence)
+#: (a ragged call's stores) by tile index into the sequence's slice, without TMA: clipped to the
+#: sequence, no descriptor built
 CUT = 2
 
 
@@ -129,8 +130,7 @@ def _load_part(A, batch, head, tile, part, width, rows, latency, heads, first, H
                                                    latency=hint)
     else:
         x = ct.load(A, index=(batch, head, tile, part), shape=(1, heads, rows, width),
-                    padding_mode=ct.PaddingMode.ZERO, latency=hint,
-                    allow_tma=ct.static_eval(False if HOW == CUT else None))
+                    padding_mode=ct.PaddingMode.ZERO, latency=hint)
     return x.reshape((heads * rows, width))
 
 
@@ -186,8 +186,7 @@ def _load_row_stat(A, batch, head, tile, rows, heads, first, HOW):
                          traversal_steps=(1, heads, 1)).load((batch, head, first + tile * rows))
     else:
         x = ct.load(A, index=(batch, head, tile), shape=(1, heads, rows),
-                    padding_mode=ct.PaddingMode.ZERO,
-                    allow_tma=ct.static_eval(False if HOW == CUT else None))
+                    padding_mode=ct.PaddingMode.ZERO)
     return x.reshape((heads * rows,))
 
 
