@@ -48,10 +48,11 @@ move other constant-bank data on sm_100 and sm_12x).
 
 ``Ranges`` (read with ``RAGGED``) is a ragged batch, whose sequences have lengths of their own.
 Its rows are int32 ``[4, sequences]`` query starts, query ends, key starts and key ends along
-the sequence axis; the grid's batch index is a sequence's, and every array is cut
-(``Array.slice`` along axis 2) to that sequence's query range (Q, Out, dO, dQ, Lse, Delta) or
-key range (K, V, dK, dV), so that lengths, masks, the bottom-right alignment and windows are the
-sequence's own. A CTA whose tile starts at or past its sequence's end writes nothing (the dK/dV
+the sequence axis; the grid's batch index is a sequence's, whose query range (Q, Out, dO, dQ,
+Lse, Delta) or key range (K, V, dK, dV) the kernels read by row from the uncut arrays (``BY_ROW``:
+the launch's TMA descriptors) and store to through cuts (``Array.slice`` along axis 2, without
+TMA), so that lengths, masks, the bottom-right alignment and windows are the sequence's own; the
+one tile of a walk that runs past its sequence reads the cuts (zero-filled past it). A CTA whose tile starts at or past its sequence's end writes nothing (the dK/dV
 kernel skips the tile whole; the dQ kernel walks no key tile and skips its stores, since a
 branch around its walk does not compile for sm_100). With ``WORK_TABLE`` (what a ragged call
 launches) the grid is 1-D over (work item x head) instead of the longest sequence's tiles for
@@ -283,9 +284,9 @@ def attention_bwd_dq(
     """Delta and dQ of the CTA's query tile of one (batch, query head), or with ``PACK`` > 1
     of one (batch, K/V group): its ``TILE_M`` rows are then ``TILE_M / PACK`` positions of each
     of the group's query heads, head-major (FlashAttention's pack-GQA: each K/V tile feeds the
-    whole group). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
-    sequence's range, and a tile past the sequence's queries walks no key tile and stores
-    nothing (nor does an item of ``WORK_TABLE`` that names no sequence)."""
+    whole group). With ``RAGGED`` the batch index is a sequence's, whose ranges the arrays are
+    read in (the module's docstring), and a tile past the sequence's queries walks no key tile
+    and stores nothing (nor does an item of ``WORK_TABLE`` that names no sequence)."""
     tile_rows = ct.static_eval(TILE_M // PACK)  # query positions per tile
     heads = heads_q  # tiles' heads per batch entry: query heads, or (PACK > 1) K/V groups
     if PACK > 1:
@@ -500,8 +501,8 @@ def attention_bwd_dkdv(
     # SPLITS) of Work's item
 ):
     """dK and dV (or split ``split``'s partials) of the CTA's key tile of one (batch, K/V
-    head). With ``RAGGED`` the batch index is a sequence's, every array is cut to that
-    sequence's range (the partials too: ``[SPLITS * B, H_kv, S, D]``, rows of the same
+    head). With ``RAGGED`` the batch index is a sequence's, whose ranges the arrays are read in
+    (the module's docstring; the partials ``[SPLITS * B, H_kv, S, D]`` hold rows of the same
     sequences), and a tile past the sequence's keys does nothing (its partials stay as the
     launcher zeroed them). With ``DQ_ATOMIC`` every (query head, query tile) pair it walks also
     adds its ``dS K`` (dQ before the scale) into ``dQacc`` by a bulk reduce-add."""
