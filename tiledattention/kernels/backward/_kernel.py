@@ -52,9 +52,10 @@ the sequence axis; the grid's batch index is a sequence's, whose query range (Q,
 Lse, Delta) or key range (K, V, dK, dV) the kernels read by row from the uncut arrays (``BY_ROW``:
 the launch's TMA descriptors) and store to through cuts (``Array.slice`` along axis 2, without
 TMA), so that lengths, masks, the bottom-right alignment and windows are the sequence's own; the
-one tile of a walk that runs past its sequence reads the cuts (zero-filled past it). A CTA whose tile starts at or past its sequence's end writes nothing (the dK/dV
-kernel skips the tile whole; the dQ kernel walks no key tile and skips its stores, since a
-branch around its walk does not compile for sm_100). With ``WORK_TABLE`` (what a ragged call
+one tile of a walk that runs past its sequence reads the cuts (zero-filled past it). A CTA
+whose tile starts at or past its sequence's end writes nothing (the dK/dV kernel skips the tile
+whole; the dQ kernel walks no key tile and skips its stores, since a branch around its walk
+does not compile for sm_100). With ``WORK_TABLE`` (what a ragged call
 launches) the grid is 1-D over (work item x head) instead of the longest sequence's tiles for
 every sequence: ``Work`` lists only the tiles the sequences have, heaviest first (query tiles
 for the dQ kernel, key tiles for the dK/dV kernel; ``tiledattention.core._work_table``). With
