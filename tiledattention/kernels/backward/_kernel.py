@@ -101,7 +101,7 @@ ConstBool = ct.Constant[bool]
 # The row helpers take ``heads``: 1, or (the dQ kernel's ``PACK``) the query heads of one K/V
 # group, whose ``rows`` rows each form one ``[heads * rows, ...]`` tile, head-major; ``head``
 # is then the head axis' tile index (the group's), its heads ``heads`` apart. The loads and
-# stores take ``HOW``, how a tile's rows ``tile * rows ..`` are found:
+# stores take ``how``, how a tile's rows ``tile * rows ..`` are found:
 #: by tile index (plain attention; a ragged call's tile that runs past its sequence, from the
 #: sequence's slice: zero-filled past it, at the cost of a TMA descriptor the CTA builds)
 TILED = 0
@@ -122,12 +122,12 @@ def _rows_view(A, heads, rows, width):
                         traversal_steps=(1, heads, 1, width))
 
 
-def _load_part(A, batch, head, tile, part, width, rows, latency, heads, first, HOW):
-    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` (found as ``HOW`` says), head-dim columns
+def _load_part(A, batch, head, tile, part, rows, latency, heads, first, how, width):
+    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` (found as ``how`` says), head-dim columns
     ``part * width ..``, as a ``[heads * rows, width]`` tile (zero-filled; ``latency``: the
     load's hint, 0 for the compiler's)."""
     hint = ct.static_eval(latency or None)
-    if HOW == BY_ROW:
+    if how == BY_ROW:
         x = _rows_view(A, heads, rows, width).load((batch, head, first + tile * rows, part),
                                                    latency=hint)
     else:
@@ -136,43 +136,43 @@ def _load_part(A, batch, head, tile, part, width, rows, latency, heads, first, H
     return x.reshape((heads * rows, width))
 
 
-def _load_rows(A, batch, head, tile, TILE_D, rows, latency, heads, first, HOW):
-    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` (found as ``HOW`` says) as a ``[heads *
+def _load_rows(A, batch, head, tile, TILE_D, rows, latency, heads, first, how):
+    """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` (found as ``how`` says) as a ``[heads *
     rows, TILE_D]`` tile (:func:`_load_part`)."""
-    return _load_part(A, batch, head, tile, 0, TILE_D, rows, latency, heads, first, HOW)
+    return _load_part(A, batch, head, tile, 0, rows, latency, heads, first, how, width=TILE_D)
 
 
-def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first, HOW):
+def _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first, how):
     """With ``TILE_D2`` the second head-dim parts (columns ``TILE_D .. TILE_D + TILE_D2``,
     zero-filled past ``D``) of rows ``tile * rows ..`` of the arrays ``x`` and ``y``
     (``[heads * rows, TILE_D2]`` each), else ``(None, None)``."""
     x2 = None
     y2 = None
     if TILE_D2:
-        x2 = _load_part(x, batch, head, tile, TILE_D // TILE_D2, TILE_D2, rows, latency, heads,
-                        first, HOW)
-        y2 = _load_part(y, batch, head, tile, TILE_D // TILE_D2, TILE_D2, rows, latency, heads,
-                        first, HOW)
+        x2 = _load_part(x, batch, head, tile, TILE_D // TILE_D2, rows, latency, heads, first, how,
+                        width=TILE_D2)
+        y2 = _load_part(y, batch, head, tile, TILE_D // TILE_D2, rows, latency, heads, first, how,
+                        width=TILE_D2)
     return x2, y2
 
 
-def _load_pair(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first, HOW):
-    """Rows ``tile * rows ..`` of the arrays ``x`` and ``y`` (found as ``HOW`` says):
+def _load_pair(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first, how):
+    """Rows ``tile * rows ..`` of the arrays ``x`` and ``y`` (found as ``how`` says):
     ``[heads * rows, TILE_D]`` tiles, and with ``TILE_D2`` their second head-dim parts
     (:func:`_second_parts`, else ``None``): ``(x, y, x2, y2)``."""
-    x1 = _load_rows(x, batch, head, tile, TILE_D, rows, latency, heads, first, HOW)
-    y1 = _load_rows(y, batch, head, tile, TILE_D, rows, latency, heads, first, HOW)
+    x1 = _load_rows(x, batch, head, tile, TILE_D, rows, latency, heads, first, how)
+    y1 = _load_rows(y, batch, head, tile, TILE_D, rows, latency, heads, first, how)
     x2, y2 = _second_parts(x, y, batch, head, tile, TILE_D, TILE_D2, rows, latency, heads, first,
-                           HOW)
+                           how)
     return x1, y1, x2, y2
 
 
-def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows, heads, HOW):
+def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows, heads, how):
     """Store the float32 ``[heads * rows, TILE_D]`` tile ``x`` (and with ``TILE_D2`` the
     ``[heads * rows, TILE_D2]`` second head-dim part ``x2``) as rows ``tile * rows ..`` of
-    ``A [B, H, S, D]`` in its dtype; ``HOW``: ``TILED``, or ``CUT`` (``A`` a sequence's
+    ``A [B, H, S, D]`` in its dtype; ``how``: ``TILED``, or ``CUT`` (``A`` a sequence's
     slice, which the store clips to it)."""
-    tma = ct.static_eval(False if HOW == CUT else None)
+    tma = ct.static_eval(False if how == CUT else None)
     ct.store(A, index=(batch, head, tile, 0),
              tile=x.astype(A.dtype).reshape((1, heads, rows, TILE_D)), allow_tma=tma)
     if TILE_D2:
@@ -180,10 +180,10 @@ def _store_parts(A, batch, head, tile, x, x2, TILE_D, TILE_D2, rows, heads, HOW)
                  tile=x2.astype(A.dtype).reshape((1, heads, rows, TILE_D2)), allow_tma=tma)
 
 
-def _load_row_stat(A, batch, head, tile, rows, heads, first, HOW):
-    """Entries ``tile * rows ..`` of ``A [B, H, S]`` (found as ``HOW`` says; float32,
+def _load_row_stat(A, batch, head, tile, rows, heads, first, how):
+    """Entries ``tile * rows ..`` of ``A [B, H, S]`` (found as ``how`` says; float32,
     zero-filled) as a ``[heads * rows]``."""
-    if HOW == BY_ROW:
+    if how == BY_ROW:
         x = A.tiled_view((1, heads, rows), padding_mode=ct.PaddingMode.ZERO,
                          traversal_steps=(1, heads, 1)).load((batch, head, first + tile * rows))
     else:
@@ -316,7 +316,7 @@ def attention_bwd_dq(
     seqlen_q = Q.shape[2]
     seqlen_k = K.shape[2]
     q_first, k_first = 0, 0  # RAGGED: the sequence's first query and key rows
-    how = ct.static_eval(BY_ROW if RAGGED else TILED)  # the loads'
+    loads = ct.static_eval(BY_ROW if RAGGED else TILED)  # how the loads find rows
     Kc, Vc = K, V  # RAGGED: the sequence's cuts (the key tile's that runs past its keys)
     if RAGGED:
         # (not one branch on the tile's liveness around the rest, as in the dK/dV kernel:
@@ -346,18 +346,18 @@ def attention_bwd_dq(
     # (a ragged tile's rows past its sequence hold another's: they stay in their own rows of
     # the products and are not stored)
     o = _load_rows(Out, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK,
-                   first=q_first, HOW=how)
+                   first=q_first, how=loads)
     do = _load_rows(dO, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK,
-                    first=q_first, HOW=how)
+                    first=q_first, how=loads)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE_M]
     # with TILE_D2 the second head-dim parts of O, dO and Q: [TILE_M, TILE_D2] each
     o2, do2 = _second_parts(Out, dO, batch, head_tile, q_tile, TILE_D, TILE_D2, rows=tile_rows,
-                            latency=0, heads=PACK, first=q_first, HOW=how)
+                            latency=0, heads=PACK, first=q_first, how=loads)
     q2 = None
     if TILE_D2:
         delta = delta + ct.sum(o2.astype(np.float32) * do2.astype(np.float32), axis=-1)
-        q2 = _load_part(Q, batch, head_tile, q_tile, TILE_D // TILE_D2, TILE_D2,
-                        rows=tile_rows, latency=0, heads=PACK, first=q_first, HOW=how)
+        q2 = _load_part(Q, batch, head_tile, q_tile, TILE_D // TILE_D2, tile_rows, 0,
+                        heads=PACK, first=q_first, how=loads, width=TILE_D2)
     if RAGGED:
         if q_tile * tile_rows < seqlen_q:
             ct.store(Delta, index=(batch, head_tile, q_tile),
@@ -367,10 +367,10 @@ def attention_bwd_dq(
                  tile=delta.reshape((1, PACK, tile_rows)))
     delta = delta.reshape((TILE_M, 1))
     lse = _load_row_stat(Lse, batch, head_tile, q_tile, rows=tile_rows, heads=PACK,
-                         first=q_first, HOW=how).reshape((TILE_M, 1))
+                         first=q_first, how=loads).reshape((TILE_M, 1))
     # [TILE_M, TILE_D]
     q = _load_rows(Q, batch, head_tile, q_tile, TILE_D, rows=tile_rows, latency=0, heads=PACK,
-                   first=q_first, HOW=how)
+                   first=q_first, how=loads)
 
     offset = 0  # query row i sees keys 0..i + offset (a ragged call: by its own lengths)
     if BOTTOM_RIGHT:
@@ -387,12 +387,12 @@ def attention_bwd_dq(
         tile runs past its sequence's keys, read from their cuts (zero-filled past them: a
         key another sequence holds, or none wrote, adds nothing, as a plain call's past
         S_k)."""
-        k_in, v_in, k_how = K, V, how
+        k_in, v_in, k_loads = K, V, loads
         if edge:
-            k_in, v_in, k_how = Kc, Vc, TILED
+            k_in, v_in, k_loads = Kc, Vc, TILED
         # [TILE_N, TILE_D] each; with TILE_D2 [TILE_N, TILE_D2] each
         k, v, k2, v2 = _load_pair(k_in, v_in, batch, kv_head, j, TILE_D, TILE_D2, rows=TILE_N,
-                                  latency=KV_LATENCY, heads=1, first=k_first, HOW=k_how)
+                                  latency=KV_LATENCY, heads=1, first=k_first, how=k_loads)
         # [TILE_M, TILE_N]
         s, t = _scores(q, k, q2, k2, TILE_D2, tanh_scale, SOFTCAP, (TILE_M, TILE_N))
         if masked:
@@ -469,10 +469,10 @@ def attention_bwd_dq(
     if RAGGED:
         if first_row < seqlen_q:
             _store_parts(dQ, batch, head_tile, q_tile, dq, dq2, TILE_D, TILE_D2, rows=tile_rows,
-                         heads=PACK, HOW=CUT)
+                         heads=PACK, how=CUT)
     else:
         _store_parts(dQ, batch, head_tile, q_tile, dq, dq2, TILE_D, TILE_D2, rows=tile_rows,
-                     heads=PACK, HOW=TILED)
+                     heads=PACK, how=TILED)
 
 
 # -- dK and dV -----------------------------------------------------------------------------------
@@ -529,28 +529,28 @@ def attention_bwd_dkdv(
         batch = bh // heads_kv
         kv_head = bh % heads_kv
 
-    how = ct.static_eval(BY_ROW if RAGGED else TILED)  # the loads'
+    loads = ct.static_eval(BY_ROW if RAGGED else TILED)  # how the loads find rows
     stores = ct.static_eval(CUT if RAGGED else TILED)  # dK's and dV's
 
-    def key_tile(dK, dV, dQc, Kc, Vc, Qc, dOc, Lsec, Deltac, seqlen_q, seqlen_k, q_first,
-                 k_first):
+    def key_tile(dK, dV, dQc, cuts, seqlen_q, seqlen_k, q_first, k_first):
         """dK and dV of key tile ``kv_tile`` into ``dK, dV``, the sequence ``seqlen_q``
         queries and ``seqlen_k`` keys long, its rows from ``q_first`` and ``k_first`` on with
         ``RAGGED`` (else 0); with ``DQ_ATOMIC`` each pair's dQ share is added into ``dQc``.
-        With ``RAGGED`` the arrays ``dK, dV, dQc, Kc, Vc, Qc, dOc, Lsec, Deltac`` are the
-        sequence's cuts: the stores' (the shares', which a row past the sequence would spill
-        into the next), the query tile's that runs past the sequence, and (with
-        ``DQ_ATOMIC``, whose shares sum over the tile's keys) the key tile's."""
+        With ``RAGGED`` the arrays ``dK, dV, dQc`` and ``cuts`` (``Kc, Vc, Qc, dOc, Lsec,
+        Deltac``) are the sequence's cuts: the stores' (the shares', which a row past the
+        sequence would spill into the next), the query tile's that runs past the sequence,
+        and (with ``DQ_ATOMIC``, whose shares sum over the tile's keys) the key tile's."""
+        Kc, Vc, Qc, dOc, Lsec, Deltac = cuts
         scale2, tanh_scale = _score_scales(qk_scale, softcap, SOFTCAP)
         left, right = 0, 0
         if WINDOW:
             left, right = _window(window_left, window_right, seqlen_q + seqlen_k, CAUSAL)
-        k_in, v_in, k_how = K, V, how
+        k_in, v_in, k_loads = K, V, loads
         if DQ_ATOMIC:  # (zero-filled past the sequence: no share of a key it does not have)
-            k_in, v_in, k_how = Kc, Vc, TILED
+            k_in, v_in, k_loads = Kc, Vc, TILED
         # [TILE_N, TILE_D] each; with TILE_D2 the second head-dim parts, [TILE_N, TILE_D2]
         k, v, k2, v2 = _load_pair(k_in, v_in, batch, kv_head, kv_tile, TILE_D, TILE_D2,
-                                  rows=TILE_N, latency=0, heads=1, first=k_first, HOW=k_how)
+                                  rows=TILE_N, latency=0, heads=1, first=k_first, how=k_loads)
         first_key = kv_tile * TILE_N
 
         num_q_tiles = ct.cdiv(seqlen_q, TILE_M)
@@ -579,17 +579,17 @@ def attention_bwd_dkdv(
             head-dim parts into ``dk2, dv2``); ``masked``: the causal / window mask; ``edge``
             (``RAGGED``): the tile runs past its sequence's queries and reads their cuts,
             zero-filled past them: those rows add nothing, as a plain call's past S_q."""
-            q_in, do_in, lse_in, delta_in, q_how = Q, dO, Lse, Delta, how
+            q_in, do_in, lse_in, delta_in, q_loads = Q, dO, Lse, Delta, loads
             if edge:
-                q_in, do_in, lse_in, delta_in, q_how = Qc, dOc, Lsec, Deltac, TILED
+                q_in, do_in, lse_in, delta_in, q_loads = Qc, dOc, Lsec, Deltac, TILED
             # [TILE_M, TILE_D] each; with TILE_D2 [TILE_M, TILE_D2] each
             q, do, q2, do2 = _load_pair(q_in, do_in, batch, head, i, TILE_D, TILE_D2,
                                         rows=TILE_M, latency=Q_LATENCY, heads=1, first=q_first,
-                                        HOW=q_how)
+                                        how=q_loads)
             lse = _load_row_stat(lse_in, batch, head, i, rows=TILE_M, heads=1, first=q_first,
-                                 HOW=q_how).reshape((1, TILE_M))
+                                 how=q_loads).reshape((1, TILE_M))
             delta = _load_row_stat(delta_in, batch, head, i, rows=TILE_M, heads=1,
-                                   first=q_first, HOW=q_how).reshape((1, TILE_M))
+                                   first=q_first, how=q_loads).reshape((1, TILE_M))
             # S^T: [TILE_N, TILE_M]
             st, tt = _scores(k, q, k2, q2, TILE_D2, tanh_scale, SOFTCAP, (TILE_N, TILE_M))
             if masked:
@@ -670,9 +670,9 @@ def attention_bwd_dkdv(
             dk2 = dk2 * qk_scale
         part = split * Q.shape[0] + batch
         _store_parts(dK, part, kv_head, kv_tile, dk, dk2, TILE_D, TILE_D2, rows=TILE_N, heads=1,
-                     HOW=stores)
+                     how=stores)
         _store_parts(dV, part, kv_head, kv_tile, dv, dv2, TILE_D, TILE_D2, rows=TILE_N, heads=1,
-                     HOW=stores)
+                     how=stores)
 
     if RAGGED:
         seq, batch = sequence_of(batch, PACKED)
@@ -685,17 +685,17 @@ def attention_bwd_dkdv(
                 dq_cut = sequence_view_at_least(dQacc, Ranges, seq, 0)
             key_tile(sequence_view_at_least(dK, Ranges, seq, 2),
                      sequence_view_at_least(dV, Ranges, seq, 2), dq_cut,
-                     sequence_view_at_least(K, Ranges, seq, 2),
-                     sequence_view_at_least(V, Ranges, seq, 2),
-                     sequence_view_at_least(Q, Ranges, seq, 0, 1),
-                     sequence_view_at_least(dO, Ranges, seq, 0, 1),
-                     sequence_view_at_least(Lse, Ranges, seq, 0, 1),
-                     sequence_view_at_least(Delta, Ranges, seq, 0, 1),
+                     (sequence_view_at_least(K, Ranges, seq, 2),
+                      sequence_view_at_least(V, Ranges, seq, 2),
+                      sequence_view_at_least(Q, Ranges, seq, 0, 1),
+                      sequence_view_at_least(dO, Ranges, seq, 0, 1),
+                      sequence_view_at_least(Lse, Ranges, seq, 0, 1),
+                      sequence_view_at_least(Delta, Ranges, seq, 0, 1)),
                      sequence_length(Ranges, seq, 0), seqlen_k,
                      sequence_start(Ranges, seq, 0, Q.shape[2]),
                      sequence_start(Ranges, seq, 2, K.shape[2]))
     else:
-        key_tile(dK, dV, dQacc, K, V, Q, dO, Lse, Delta, Q.shape[2], K.shape[2], 0, 0)
+        key_tile(dK, dV, dQacc, (K, V, Q, dO, Lse, Delta), Q.shape[2], K.shape[2], 0, 0)
 
 
 def _row_block(heads):
@@ -719,7 +719,7 @@ def attention_bwd_sum(
     acc = ct.full((TILE, TILE_D), 0.0, dtype=np.float32)
     for part in range(PARTS):
         acc = acc + _load_rows(Parts, part * Grad.shape[0] + batch, head, tile, TILE_D,
-                               rows=TILE, latency=0, heads=1, first=0, HOW=TILED)
+                               rows=TILE, latency=0, heads=1, first=0, how=TILED)
     ct.store(Grad, index=(batch, head, tile, 0),
              tile=acc.astype(Grad.dtype).reshape((1, 1, TILE, TILE_D)))
 
@@ -738,9 +738,9 @@ def attention_bwd_delta(
     tile, batch, head = _row_block(Out.shape[1])
     # [TILE, TILE_D] each
     o = _load_rows(Out, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1, first=0,
-                    HOW=TILED)
+                    how=TILED)
     do = _load_rows(dO, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1, first=0,
-                    HOW=TILED)
+                    how=TILED)
     delta = ct.sum(o.astype(np.float32) * do.astype(np.float32), axis=-1)  # [TILE]
     ct.store(Delta, index=(batch, head, tile), tile=delta.reshape((1, 1, TILE)))
     ct.store(dQacc, index=(batch, head, tile, 0),
@@ -759,6 +759,6 @@ def attention_bwd_dq_scale(
     tile, batch, head = _row_block(dQ.shape[1])
     # [TILE, TILE_D]
     dq = _load_rows(dQacc, batch, head, tile, TILE_D, rows=TILE, latency=0, heads=1, first=0,
-                    HOW=TILED)
+                    how=TILED)
     ct.store(dQ, index=(batch, head, tile, 0),
              tile=(dq * qk_scale).astype(dQ.dtype).reshape((1, 1, TILE, TILE_D)))
