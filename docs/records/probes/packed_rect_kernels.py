@@ -1,7 +1,7 @@
 """Where a packed batch's backward loses to the rectangle of its tokens (issue 50): each GPU
 kernel's time (torch's profiler, mean of 10 calls) of ``varlen_attn``'s forward and backward on
 a batch of ``packed_batches.py`` beside ``sdpa`` on the rectangle (the same tokens as
-sequences of the mean length), with the schedules each ran.
+sequences of the mean length), kernels by name (``backward_onepass_timing.kernel_times``).
 
     source .devtk/setup.sh && python3 docs/records/probes/packed_rect_kernels.py [--only a,b]
 """
@@ -10,28 +10,11 @@ import argparse
 import os
 import sys
 
-import torch
-
-sys.path.insert(0, os.path.dirname(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
+from backward_onepass_timing import kernel_times  # noqa: E402
 from packed_batches import batches, contenders  # noqa: E402
-
-
-def kernel_times(fn, calls=10):
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    found = {}
-    for event in prof.key_averages():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            total = getattr(event, "device_time_total", None) or event.cuda_time_total
-            found[event.key[:48]] = total / calls
-    return found
 
 
 def main():
@@ -48,7 +31,7 @@ def main():
               f"{causal} {dtype}", flush=True)
         for phase, fns in (("fwd", fwd), ("bwd", bwd)):
             for who in ("tiledattention", "rectangle"):
-                times = kernel_times(fns[who])
+                times = kernel_times(fns[who], calls=10)
                 print(f"  {phase} {who}: {sum(times.values()):.1f} us in all; " + "; ".join(
                     f"{k} {t:.1f}" for k, t in sorted(times.items(), key=lambda kv: -kv[1])),
                     flush=True)
