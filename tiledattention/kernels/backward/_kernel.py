@@ -441,9 +441,7 @@ def attention_bwd_dq(
             dq, dq2 = add_key_tile(j, False, False, dq, dq2)
         for j in range(full_to, hi_whole):
             dq, dq2 = add_key_tile(j, True, False, dq, dq2)
-        if RAGGED:
-            for j in range(max(lo, whole), hi):
-                dq, dq2 = add_key_tile(j, True, True, dq, dq2)
+        edge_from, edge_to = max(lo, whole), hi
     else:
         # key tiles [0, unmasked) need no mask; the rest of [0, num_kv_tiles) do
         num_kv_tiles, unmasked = dq_key_tiles(first_row, offset, seqlen_k, tile_rows, TILE_N,
@@ -460,9 +458,10 @@ def attention_bwd_dq(
             dq, dq2 = add_key_tile(j, False, False, dq, dq2)
         for j in range(unmasked, masked_to):
             dq, dq2 = add_key_tile(j, True, False, dq, dq2)
-        if RAGGED:
-            for j in range(max(unmasked, whole), num_kv_tiles):
-                dq, dq2 = add_key_tile(j, True, True, dq, dq2)
+        edge_from, edge_to = max(unmasked, whole), num_kv_tiles
+    if RAGGED:  # the key tile past the sequence's keys, if one is
+        for j in range(edge_from, edge_to):
+            dq, dq2 = add_key_tile(j, True, True, dq, dq2)
     dq = dq * qk_scale
     if TILE_D2:
         dq2 = dq2 * qk_scale
