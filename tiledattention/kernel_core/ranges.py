@@ -1,7 +1,8 @@
 """Kernel helpers (cuTile) that cut one sequence out of an array by a ragged call's range
 table (``Problem.ragged``: an int32 ``[4, sequences]`` array of query starts, query ends, key
-starts and key ends along the sequence axis), and that load a sequence's keys from a paged
-cache (``Problem.page_size``). The forward, backward and decode kernels call them under their
+starts and key ends along the sequence axis) or read its rows from the uncut array
+(:func:`rows_view`), and that load a sequence's keys from a paged cache
+(``Problem.page_size``). The forward, backward and decode kernels call them under their
 ``RAGGED`` / ``PAGED`` constants; their families count this module in their template
 identity."""
 
@@ -45,6 +46,16 @@ def sequence_start(Ranges, seq, which, rows):
     length): a tile read from there starts inside the array even for an empty sequence at its
     end (a load wholly outside is undefined)."""
     return min(ct.gather(Ranges, (which, seq)), rows - 1)
+
+
+def rows_view(A, heads, rows, width):
+    """``A [B, H, S, D]`` as tiles ``[1, heads, rows, width]`` (zero-filled past ``A``) indexed
+    by row along ``S`` (by tile along the other axes): a ragged call loads a sequence's tile
+    from its first row on through the array's own TMA descriptor, the launch's (a slice read
+    by TMA has every CTA build a descriptor of its own, microseconds a CTA). Its rows past
+    the sequence are another sequence's, or never written (NaN)."""
+    return A.tiled_view((1, heads, rows, width), padding_mode=ct.PaddingMode.ZERO,
+                        traversal_steps=(1, heads, 1, width))
 
 
 def sequence_length(Ranges, seq, which):

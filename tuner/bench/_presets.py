@@ -442,8 +442,9 @@ def _ragged_point(tokens: int, longest: int, heads: tuple[int, int], head_dim: i
 #: and the number of such sequences the tokens fill, rounded up to powers of two; the family's
 #: ragged case packs that many sequences of 1, 3/4, 1/2 and 1/4 of the longest). Llama-shaped
 #: layers (H 32/8, D 128) at 16k and 32k tokens with the longest sequence 1k-16k, a multi-head
-#: D 64 layer (H 16) and a multi-query one (H 8/1, D 128): the ragged buckets of the shipped
-#: table (``scripts/tune_ragged_shipped.py``; the forward's: the backward's left it on 2026-12-04).
+#: D 64 layer (H 16) and a multi-query one (H 8/1, D 128): the ragged buckets the shipped table
+#: held until the packed kernels changed on 2026-12-04 (``scripts/tune_ragged_shipped.py`` tunes
+#: them; they run their defaults now).
 RAGGED_POINTS = {
     "llama-1k@16k": _ragged_point(16384, 1024, (32, 8), 128),
     "llama-1k@32k": _ragged_point(32768, 1024, (32, 8), 128),
@@ -457,7 +458,7 @@ RAGGED_POINTS = {
     "mqa-4k@16k": _ragged_point(16384, 4096, (8, 1), 128),
 }
 _RAGGED_QUICK = ("llama-1k@16k", "llama-8k@16k", "mha-d64-2k@16k", "mqa-4k@16k")
-#: the backward's: training lengths at 16k tokens (the shipped backward buckets)
+#: the backward's: training lengths at 16k tokens (its buckets the shipped table held)
 _RAGGED_BACKWARD = ("llama-1k@16k", "llama-2k@16k", "llama-4k@16k", "llama-8k@16k",
                     "mha-d64-2k@16k")
 _RAGGED_BACKWARD_QUICK = ("llama-1k@16k", "llama-4k@16k", "mha-d64-2k@16k")

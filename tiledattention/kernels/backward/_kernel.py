@@ -91,7 +91,7 @@ import numpy as np
 from ...kernel_core.bounds import (dkdv_query_tiles, dkdv_window_query_tiles, dq_key_tiles,
                                    dq_window_key_tiles)
 from ...kernel_core.numbers import LOG2_E, reach
-from ...kernel_core.ranges import (sequence_length, sequence_of, sequence_start,
+from ...kernel_core.ranges import (rows_view, sequence_length, sequence_of, sequence_start,
                                    sequence_view_at_least)
 
 ConstInt = ct.Constant[int]
@@ -115,21 +115,14 @@ BY_ROW = 1
 CUT = 2
 
 
-def _rows_view(A, heads, rows, width):
-    """``A [B, H, S, D]`` as tiles ``[1, heads, rows, width]`` (zero-filled past ``A``) indexed
-    by row along ``S`` (by tile along the other axes)."""
-    return A.tiled_view((1, heads, rows, width), padding_mode=ct.PaddingMode.ZERO,
-                        traversal_steps=(1, heads, 1, width))
-
-
 def _load_part(A, batch, head, tile, part, rows, latency, heads, first, how, width):
     """Rows ``tile * rows ..`` of ``A [B, H, S, D]`` (found as ``how`` says), head-dim columns
     ``part * width ..``, as a ``[heads * rows, width]`` tile (zero-filled; ``latency``: the
     load's hint, 0 for the compiler's)."""
     hint = ct.static_eval(latency or None)
     if how == BY_ROW:
-        x = _rows_view(A, heads, rows, width).load((batch, head, first + tile * rows, part),
-                                                   latency=hint)
+        x = rows_view(A, heads, rows, width).load((batch, head, first + tile * rows, part),
+                                                  latency=hint)
     else:
         x = ct.load(A, index=(batch, head, tile, part), shape=(1, heads, rows, width),
                     padding_mode=ct.PaddingMode.ZERO, latency=hint)

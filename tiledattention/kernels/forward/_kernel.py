@@ -35,7 +35,8 @@ import numpy as np
 
 from ...kernel_core.bounds import forward_key_tiles, forward_window_key_tiles
 from ...kernel_core.numbers import LOG2_E, NEG_BIG, bounded
-from ...kernel_core.ranges import page_rows, sequence_length, sequence_of, sequence_view
+from ...kernel_core.ranges import (page_rows, rows_view, sequence_length, sequence_of,
+                                   sequence_start, sequence_view)
 from ...kernel_core.softmax import log_sum_exp, online_softmax, reciprocal
 
 ConstInt = ct.Constant[int]
@@ -104,13 +105,23 @@ def attention_fwd(
     FAST_PV = ct.static_eval(FP8 and FAST_ACC and not PV_WIDE)
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
+    # RAGGED: the key tile that runs past a sequence's keys (its last, if they end inside one)
+    # walks apart, read from the sequence's cuts of K and V; the others by row (not PAGED)
+    EDGE = ct.static_eval(RAGGED and not PAGED)
+    # a ragged call stores through its sequence's cuts without TMA (a cut stored through TMA
+    # has every CTA build a descriptor of its own)
+    STORE_TMA = ct.static_eval(False if RAGGED else None)
 
-    def attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, seq, paged_keys):
+    def attend_rows(Out, Lse, q_tile, batch, head, seq, seqlen_q, seqlen_k, q_first, k_first,
+                    Kc, Vc):
         """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of ``batch``'s query head
-        ``head`` (``PACK`` > 1: of heads ``head`` to ``head + PACK - 1``, one K/V group), from
-        these (per-sequence) arrays. With ``TILE_D2`` the head dim is two parts: ``q``/``acc``
-        the first ``TILE_D`` columns, ``q2``/``acc2`` the next ``TILE_D2``. ``PAGED``: sequence
-        ``seq``'s ``paged_keys`` keys are read from its pages."""
+        ``head`` (``PACK`` > 1: of heads ``head`` to ``head + PACK - 1``, one K/V group), into
+        ``Out`` and ``Lse``. With ``TILE_D2`` the head dim is two parts: ``q``/``acc`` the
+        first ``TILE_D`` columns, ``q2``/``acc2`` the next ``TILE_D2``. The query rows are
+        ``seqlen_q`` long, the keys ``seqlen_k``. ``RAGGED``: ``Out`` and ``Lse`` are sequence
+        ``seq``'s cuts, its rows start at row ``q_first`` of Q and ``k_first`` of K and V, and
+        ``Kc``, ``Vc`` are its cuts of K and V (the edge tile's); ``PAGED``: its keys are read
+        from its pages."""
         kv_head = head // group
         score_scale = qk_scale  # what multiplies q.k: with FP8 also q's and k's descales
         v_descale = 1.0
@@ -135,13 +146,10 @@ def attention_fwd(
         if PACK > 1:  # row r is position r % tile_rows of its head
             positions = ct.arange(TILE_M, dtype=np.int32) % tile_rows
             rows = q_tile * tile_rows + positions[:, None]
-        seqlen_k = K.shape[2]
-        if PAGED:
-            seqlen_k = paged_keys
         offset = 0
         if BOTTOM_RIGHT:
             # row i sees keys 0..i + offset; negative when S_q > S_k (early rows then see none)
-            offset = seqlen_k - Q.shape[2]
+            offset = seqlen_k - seqlen_q
             rows = rows + offset  # from here on: the last key each row may see
 
         m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)  # running max (scaled)
@@ -171,10 +179,21 @@ def attention_fwd(
         head_tile = head
         if PACK > 1:
             head_tile = head // PACK
-        q = ct.load(Q, index=(batch, head_tile, q_tile, 0),
-                    shape=(1, PACK, tile_rows, TILE_D), padding_mode=PAD,
-                    check_bounds=CHECK_BOUNDS,
-                    allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
+
+        def load_q(part, width):
+            """The query tile's ``[TILE_M, width]``, head-dim columns ``part * width`` on;
+            ``RAGGED``: by row from the uncut Q (a row past the sequence, another's or
+            unwritten, stays in its own row of the products, whose output is not stored)."""
+            if RAGGED:
+                tile = rows_view(Q, heads=PACK, rows=tile_rows, width=width).load(
+                    (batch, head_tile, q_first + q_tile * tile_rows, part), allow_tma=ALLOW_TMA)
+            else:
+                tile = ct.load(Q, index=(batch, head_tile, q_tile, part),
+                               shape=(1, PACK, tile_rows, width), padding_mode=PAD,
+                               check_bounds=CHECK_BOUNDS, allow_tma=ALLOW_TMA)
+            return tile.reshape((TILE_M, width))
+
+        q = load_q(0, width=TILE_D)  # [TILE_M, TILE_D]
         pv_dtype = q.dtype  # P·V's inputs: the inputs' dtype, or bfloat16 (PV_WIDE)
         if PV_WIDE:
             pv_dtype = ct.bfloat16
@@ -182,33 +201,41 @@ def attention_fwd(
         acc2 = None
         if TILE_D2:
             acc2 = ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32)  # [TILE_M, TILE_D2]
-            q2 = ct.load(Q, index=(batch, head_tile, q_tile, TILE_D // TILE_D2),
-                         shape=(1, PACK, tile_rows, TILE_D2), padding_mode=PAD,
-                         check_bounds=CHECK_BOUNDS,
-                         allow_tma=ALLOW_TMA).reshape((TILE_M, TILE_D2))
+            q2 = load_q(TILE_D // TILE_D2, width=TILE_D2)  # [TILE_M, TILE_D2]
 
-        def load_kv(A, j, part, width, latency):
-            """``[TILE_N, width]`` of key / value tile ``j``, head-dim columns ``part * width``
-            on."""
+        def load_kv(A, A_cut, j, part, width, latency, edge):
+            """``[TILE_N, width]`` of key / value tile ``j`` of ``A``, head-dim columns ``part *
+            width`` on; ``EDGE``: by row from the uncut ``A``, or (``edge``: the tile runs past
+            the sequence's keys) from its cut ``A_cut``, zero-filled past them (a value row
+            another sequence holds, or none wrote, may be NaN, and 0 * NaN is not 0)."""
             if PAGED:
                 return page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width,
                                  latency, PAD)
-            tile = ct.load(A, index=(batch, kv_head, j, part), shape=(1, 1, TILE_N, width),
-                           padding_mode=PAD, check_bounds=CHECK_BOUNDS,
-                           latency=ct.static_eval(latency or None), allow_tma=ALLOW_TMA)
+            hint = ct.static_eval(latency or None)
+            if ct.static_eval(EDGE and not edge):
+                tile = rows_view(A, heads=1, rows=TILE_N, width=width).load(
+                    (batch, kv_head, k_first + j * TILE_N, part), latency=hint,
+                    allow_tma=ALLOW_TMA)
+            else:
+                source = A
+                if edge:
+                    source = A_cut
+                tile = ct.load(source, index=(batch, kv_head, j, part),
+                               shape=(1, 1, TILE_N, width), padding_mode=PAD,
+                               check_bounds=CHECK_BOUNDS, latency=hint, allow_tma=ALLOW_TMA)
             return tile.reshape((TILE_N, width))
 
-        def load_k(j, part, width):
-            """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with
-            ``K_TRANSPOSED``)."""
-            if ct.static_eval(K_TRANSPOSED and not PAGED):
+        def load_k(j, part, width, edge):
+            """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with ``K_TRANSPOSED``,
+            except by a ragged call: a view by row has no transposed order)."""
+            if ct.static_eval(K_TRANSPOSED and not PAGED and not RAGGED):
                 k = ct.load(K, index=(batch, kv_head, part, j), shape=(1, 1, width, TILE_N),
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
                 return k.reshape((width, TILE_N))
-            return ct.transpose(load_kv(K, j, part, width, latency=K_LATENCY))
+            return ct.transpose(load_kv(K, Kc, j, part, width, latency=K_LATENCY, edge=edge))
 
-        def load_v(j, part, width):
+        def load_v(j, part, width, edge):
             """Value tile ``j`` as ``[TILE_N, width]`` (from ``[D, S_k]`` with
             ``V_TRANSPOSED``)."""
             if V_TRANSPOSED:
@@ -216,16 +243,17 @@ def attention_fwd(
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(V_LATENCY or None), allow_tma=ALLOW_TMA)
                 return v.reshape((TILE_N, width))
-            return load_kv(V, j, part, width, latency=V_LATENCY)
+            return load_kv(V, Vc, j, part, width, latency=V_LATENCY, edge=edge)
 
-        def attend(j, masked, m_i, l_i, acc, acc2):
+        def attend(j, masked, edge, m_i, l_i, acc, acc2):
             """One step: scores against key tile ``j``, online softmax, P·V. ``masked`` (a
-            constant or a per-step flag) applies the causal / window / sequence-end mask."""
-            k = load_k(j, 0, width=TILE_D)  # [TILE_D, TILE_N]
+            constant or a per-step flag) applies the causal / window / sequence-end mask;
+            ``edge`` (a constant): the tile runs past a ragged sequence's keys."""
+            k = load_k(j, 0, width=TILE_D, edge=edge)  # [TILE_D, TILE_N]
             qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
             qk = ct.mma(q, k, qk, use_fast_acc=FAST_QK)  # [TILE_M, TILE_N]
             if TILE_D2:
-                k2 = load_k(j, TILE_D // TILE_D2, width=TILE_D2)  # [TILE_D2, TILE_N]
+                k2 = load_k(j, TILE_D // TILE_D2, width=TILE_D2, edge=edge)  # [TILE_D2, TILE_N]
                 qk = ct.mma(q2, k2, qk, use_fast_acc=FAST_QK)
             if SOFTCAP:
                 qk = ct.tanh(qk * cap_in)  # [TILE_M, TILE_N], in units of softcap
@@ -243,7 +271,7 @@ def attention_fwd(
             p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=False,
                                                 shift=P_SHIFT)
             acc = acc * alpha
-            v = load_v(j, 0, width=TILE_D)  # [TILE_N, TILE_D]
+            v = load_v(j, 0, width=TILE_D, edge=edge)  # [TILE_N, TILE_D]
             if ct.static_eval(PAGED):
                 # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is not 0
                 key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # [TILE_N, 1]
@@ -252,7 +280,7 @@ def attention_fwd(
             p = p.astype(pv_dtype)
             acc = ct.mma(p, v.astype(pv_dtype), acc, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D]
             if TILE_D2:
-                v2 = load_v(j, TILE_D // TILE_D2, width=TILE_D2)
+                v2 = load_v(j, TILE_D // TILE_D2, width=TILE_D2, edge=edge)
                 if ct.static_eval(PAGED):
                     if masked:
                         v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
@@ -261,6 +289,9 @@ def attention_fwd(
             return m_i, l_i, acc, acc2
 
         backwards = False  # KV_SAWTOOTH: odd query tiles walk their key tiles backwards
+        whole = 0  # EDGE: the sequence's key tiles that lie whole before its end
+        if EDGE:
+            whole = seqlen_k // TILE_N
         if WINDOW:
             # Row r's keys: from r + off - window_left (if bounded) to r + off (CAUSAL) or
             # r + off + window_right (if bounded), within [0, S_k). ``rows`` holds
@@ -280,39 +311,52 @@ def attention_fwd(
                     last_keys = rows + window_right
             if KV_SAWTOOTH:
                 backwards = (q_tile % 2) == 1
+            # the loops below end at these; with EDGE before the tile past the keys, which
+            # walks after them (the unmasked run never reaches it)
+            masked_lo_to, walk_to = unmasked_lo, end_tile
+            if EDGE:
+                masked_lo_to = min(unmasked_lo, whole)
+                walk_to = min(end_tile, whole)
             if SPLIT_MASKED:
                 # masked tiles at the window's left edge, the unmasked run, masked tiles at
                 # the right
-                for j in range(first_tile, unmasked_lo):
-                    m_i, l_i, acc, acc2 = attend(j, True, m_i, l_i, acc, acc2)
+                for j in range(first_tile, masked_lo_to):
+                    m_i, l_i, acc, acc2 = attend(j, True, False, m_i, l_i, acc, acc2)
                 for step in range(unmasked_lo, unmasked_hi):
                     j = step
                     if KV_SAWTOOTH:
                         if backwards:
                             j = unmasked_lo + unmasked_hi - 1 - step
-                    m_i, l_i, acc, acc2 = attend(j, False, m_i, l_i, acc, acc2)
-                for j in range(unmasked_hi, end_tile):
-                    m_i, l_i, acc, acc2 = attend(j, True, m_i, l_i, acc, acc2)
+                    m_i, l_i, acc, acc2 = attend(j, False, False, m_i, l_i, acc, acc2)
+                for j in range(unmasked_hi, walk_to):
+                    m_i, l_i, acc, acc2 = attend(j, True, False, m_i, l_i, acc, acc2)
             else:
-                for step in range(first_tile, end_tile):
+                for step in range(first_tile, walk_to):
                     j = step
                     if KV_SAWTOOTH:
                         if backwards:
-                            j = first_tile + end_tile - 1 - step
+                            j = first_tile + walk_to - 1 - step
                     masked = (j < unmasked_lo) | (j >= unmasked_hi)
-                    m_i, l_i, acc, acc2 = attend(j, masked, m_i, l_i, acc, acc2)
+                    m_i, l_i, acc, acc2 = attend(j, masked, False, m_i, l_i, acc, acc2)
+            edge_from, edge_to = max(first_tile, whole), end_tile
         else:
             num_kv_tiles, mask_from = forward_key_tiles(q_tile, offset, seqlen_k, tile_rows,
                                                          TILE_N, CAUSAL, BOTTOM_RIGHT)
             ANY_MASK = ct.static_eval(CAUSAL or not EVEN_K)
             if KV_SAWTOOTH:
                 backwards = (q_tile % 2) == 1
-            # Key tiles [0, unmasked) need no mask. With SPLIT_MASKED the first loop walks only
-            # those and a second loop the masked rest, so neither branches per step; otherwise
-            # one loop tests j.
-            unmasked = num_kv_tiles
+            # Key tiles [0, mask_from) need no mask. With SPLIT_MASKED the first loop walks
+            # only those and a second loop the masked rest, so neither branches per step;
+            # otherwise one loop tests j. With EDGE both end before the tile past the keys
+            # (mask_from <= whole), which walks after them.
+            unmasked = num_kv_tiles  # the first loop's end
+            masked_to = num_kv_tiles  # SPLIT_MASKED: the second's
             if ct.static_eval(ANY_MASK and SPLIT_MASKED):
                 unmasked = min(mask_from, num_kv_tiles)
+            if EDGE:
+                masked_to = min(num_kv_tiles, whole)
+                if not SPLIT_MASKED:
+                    unmasked = masked_to
             for step in range(unmasked):
                 j = step
                 if KV_SAWTOOTH:
@@ -321,10 +365,14 @@ def attention_fwd(
                 masked = False
                 if ct.static_eval(ANY_MASK and not SPLIT_MASKED):
                     masked = j >= mask_from
-                m_i, l_i, acc, acc2 = attend(j, masked, m_i, l_i, acc, acc2)
+                m_i, l_i, acc, acc2 = attend(j, masked, False, m_i, l_i, acc, acc2)
             if ct.static_eval(ANY_MASK and SPLIT_MASKED):
-                for j in range(unmasked, num_kv_tiles):
-                    m_i, l_i, acc, acc2 = attend(j, True, m_i, l_i, acc, acc2)
+                for j in range(unmasked, masked_to):
+                    m_i, l_i, acc, acc2 = attend(j, True, False, m_i, l_i, acc, acc2)
+            edge_from, edge_to = whole, num_kv_tiles
+        if EDGE:  # the key tile past the sequence's keys, if one is
+            for j in range(edge_from, edge_to):
+                m_i, l_i, acc, acc2 = attend(j, True, True, m_i, l_i, acc, acc2)
 
         # normalise: rows that saw no key (nor a finite sink) have l_i == 0 and acc == 0
         inv_l = reciprocal(l_i, TILE_M, APPROX_DIV,
@@ -333,10 +381,11 @@ def attention_fwd(
             inv_l = inv_l * v_descale
         acc = acc * inv_l
         out = acc.astype(Out.dtype).reshape((1, PACK, tile_rows, TILE_D))
-        ct.store(Out, index=(batch, head_tile, q_tile, 0), tile=out)
+        ct.store(Out, index=(batch, head_tile, q_tile, 0), tile=out, allow_tma=STORE_TMA)
         if TILE_D2:
             out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, PACK, tile_rows, TILE_D2))
-            ct.store(Out, index=(batch, head_tile, q_tile, TILE_D // TILE_D2), tile=out2)
+            ct.store(Out, index=(batch, head_tile, q_tile, TILE_D // TILE_D2), tile=out2,
+                     allow_tma=STORE_TMA)
         if STORE_LSE:
             # base 2, in units of scaled scores: P = 2^(s * scale * log2(e) - lse) in the
             # backward. A row that saw no key gets +inf, so its probabilities (and gradients)
@@ -344,40 +393,46 @@ def attention_fwd(
             # (times log2(e)).
             lse = log_sum_exp(m_i, l_i, EXP2, np.inf)  # [TILE_M, 1]
             ct.store(Lse, index=(batch, head_tile, q_tile),
-                     tile=lse.reshape((1, PACK, tile_rows)))
+                     tile=lse.reshape((1, PACK, tile_rows)), allow_tma=STORE_TMA)
 
     def attend_tile(q_tile, bh):
         """Query tile ``q_tile`` of (batch x head) ``bh`` (``PACK`` > 1: of a K/V group's
-        heads). ``RAGGED``: the batch index is a sequence's, and every array is cut to that
-        sequence's query or key range (``Ranges``), so its lengths, masks and alignment are
-        the sequence's own; a tile past the sequence's queries does nothing. ``PACKED``: the
-        sequences lie end to end in one ``[1, H, tokens, D]`` view (loads use batch 0).
-        ``PAGED``: K and V are page pools; the sequence's keys, as many as its key range holds
-        (at most its block table's pages), lie in the pages ``Pages[sequence]`` names."""
+        heads). ``RAGGED``: the batch index is a sequence's, whose query and key ranges
+        (``Ranges``) its rows are read from (by row from the uncut arrays, the tile past the
+        keys from their cuts) and stored to (through cuts, clipped to it), so its lengths,
+        masks and alignment are the sequence's own; a tile past the sequence's queries does
+        nothing. ``PACKED``: the sequences lie end to end in one ``[1, H, tokens, D]`` view
+        (loads use batch 0). ``PAGED``: K and V are page pools; the sequence's keys, as many
+        as its key range holds (at most its block table's pages), lie in the pages
+        ``Pages[sequence]`` names."""
         batch = bh // heads
         head = bh % heads
         if PACK > 1:
             head = head * PACK  # the group's first query head
         if RAGGED:
             seq, batch = sequence_of(batch, PACKED)
-            q_seq = sequence_view(Q, Ranges, seq, 0)
-            if q_tile * tile_rows < q_seq.shape[2]:
-                paged_keys = 0
+            seqlen_q = sequence_length(Ranges, seq, 0)
+            if q_tile * tile_rows < seqlen_q:
+                q_first = sequence_start(Ranges, seq, 0, Q.shape[2])
+                k_first = 0
                 k_seq = K
                 v_seq = V
                 if PAGED:
-                    paged_keys = min(sequence_length(Ranges, seq, 2), Pages.shape[1] * K.shape[1])
+                    seqlen_k = min(sequence_length(Ranges, seq, 2), Pages.shape[1] * K.shape[1])
                 else:
+                    seqlen_k = sequence_length(Ranges, seq, 2)
+                    k_first = sequence_start(Ranges, seq, 2, K.shape[2])
                     k_seq = sequence_view(K, Ranges, seq, 2)
                     v_seq = sequence_view(V, Ranges, seq, 2)
                 out_seq = sequence_view(Out, Ranges, seq, 0)
                 lse_seq = Lse
                 if STORE_LSE:
                     lse_seq = sequence_view(Lse, Ranges, seq, 0)
-                attend_rows(q_seq, k_seq, v_seq, out_seq, lse_seq, q_tile, batch, head, seq,
-                            paged_keys)
+                attend_rows(out_seq, lse_seq, q_tile, batch, head, seq, seqlen_q, seqlen_k,
+                            q_first, k_first, k_seq, v_seq)
         else:
-            attend_rows(Q, K, V, Out, Lse, q_tile, batch, head, batch, 0)
+            attend_rows(Out, Lse, q_tile, batch, head, batch, Q.shape[2], K.shape[2], 0, 0, K,
+                        V)
 
     def attend_slot(slot, bh):
         """Query tile ``slot`` (mirrored with ``LONGEST_FIRST``), or with ``PAIRED`` the tiles

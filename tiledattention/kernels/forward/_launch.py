@@ -211,7 +211,8 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("persistent", problem.ragged, "a ragged batch runs one query tile per CTA"),
         ("paired_tiles", problem.ragged, "a ragged batch runs one query tile per CTA"),
         ("unchecked_loads", problem.ragged, "a ragged batch's sequences end inside tiles"),
-        ("k_transposed", problem.page_size > 0, "a paged cache's keys load as rows of pages"),
+        ("k_transposed", problem.ragged,
+         "a ragged batch's keys load by row (a view of rows, or rows of pages), not transposed"),
         ("split_masked", problem.page_size > 0,
          "a paged cache always walks its masked key tiles apart (value rows past a sequence's "
          "keys are zeroed there only)"),
