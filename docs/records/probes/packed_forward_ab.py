@@ -24,7 +24,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from packed_batches import batches, new_batches, pairs, rel  # noqa: E402
+from packed_batches import batches, new_batches, packed_call, pairs, rel  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
 from tiledattention.kernels.forward import _launch  # noqa: E402
@@ -71,14 +71,7 @@ def launch_before_when_asked(before):
 def calls(lengths, hq, hkv, d, causal, dtype, names):
     """``{name: call}`` of the contenders on one packed batch, and each output's relative L2
     error against the float32 reference."""
-    g = torch.Generator(device="cuda").manual_seed(1)
-    t = sum(lengths)
-    q = torch.randn(t, hq, d, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
-                      device="cuda")
-    longest = max(lengths)
+    q, k, v, _, cu, longest, _ = packed_call(lengths, hq, hkv, d, causal, dtype)
     ref = varlen_reference(q.float(), k.float(), v.float(), cu, cu, causal=causal)
 
     def ours():
