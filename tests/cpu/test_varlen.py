@@ -124,6 +124,14 @@ def test_ragged_normalises_the_whole_length_orders_away():
     assert normalise(_ragged(ragged=False), s).persistent
 
 
+def test_ragged_keys_load_by_row_so_their_transposed_order_normalises_away():
+    """A ragged call reads its key tiles by row (a view of rows has no transposed order), so
+    ``k_transposed`` compiles to nothing there; a dense call keeps it."""
+    s = Schedule(tile_m=64, tile_n=64, k_transposed=True)
+    assert normalise(_ragged(), s).k_transposed == Schedule().k_transposed
+    assert normalise(_ragged(ragged=False), s).k_transposed
+
+
 def test_ranges_go_with_a_ragged_problem_only():
     s = Schedule()
     with pytest.raises(KernelArgumentError, match="ranges must be given exactly"):
