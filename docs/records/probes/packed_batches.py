@@ -97,6 +97,22 @@ def rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def fa4_call(cu, longest, causal):
+    """FlashAttention-4's ``flash_attn_varlen_func`` on the packed batch of offsets ``cu`` as
+    ``call(q, k, v)``, or None where it does not import (said so)."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception as exc:  # not installed here
+        print(f"# flash-attn-4 unavailable: {type(exc).__name__}: {exc}"[:200])
+        return None
+
+    def fa4(q, k, v):
+        out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                     max_seqlen_q=longest, max_seqlen_k=longest, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+    return fa4
+
+
 def contenders(lengths, hq, hkv, d, causal, dtype):
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(1)
@@ -125,17 +141,9 @@ def contenders(lengths, hq, hkv, d, causal, dtype):
         calls["torch-varlen"] = tv
     except ImportError:
         pass
-    try:
-        from flash_attn.cute import flash_attn_varlen_func
-
-        def fa4(q, k, v):
-            out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                         max_seqlen_q=longest, max_seqlen_k=longest,
-                                         causal=causal)
-            return out[0] if isinstance(out, tuple) else out
+    fa4 = fa4_call(cu, longest, causal)
+    if fa4 is not None:
         calls["flash-attn-4"] = fa4
-    except Exception as exc:  # not installed here
-        print(f"# flash-attn-4 unavailable: {type(exc).__name__}: {exc}"[:200])
     mean = round(t / len(lengths))
     rb = max(1, round(t / mean))
     qr = torch.randn(rb, hq, mean, d, device=dev, dtype=dtype, generator=g)

@@ -24,7 +24,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from packed_batches import batches, new_batches, packed_call, pairs, rel  # noqa: E402
+from packed_batches import (batches, fa4_call, new_batches, packed_call, pairs,  # noqa: E402
+                            rel)
 
 import tiledattention as ta  # noqa: E402
 from tiledattention.kernels.forward import _launch  # noqa: E402
@@ -89,17 +90,9 @@ def calls(lengths, hq, hkv, d, causal, dtype, names):
 
     fns = {name: in_place(name) for name in names}
     fns["after"] = ours
-    try:
-        from flash_attn.cute import flash_attn_varlen_func
-
-        def fa4():
-            out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                         max_seqlen_q=longest, max_seqlen_k=longest,
-                                         causal=causal)
-            return out[0] if isinstance(out, tuple) else out
-        fns["flash-attn-4"] = fa4
-    except Exception as exc:  # not installed here
-        print(f"# flash-attn-4 unavailable: {type(exc).__name__}: {exc}"[:200])
+    fa4 = fa4_call(cu, longest, causal)
+    if fa4 is not None:
+        fns["flash-attn-4"] = lambda: fa4(q, k, v)
     errs = {}
     with torch.no_grad():
         for name, fn in fns.items():
