@@ -342,20 +342,24 @@ def _cuobjdump() -> str | None:
     return found
 
 
-def test_on_sm_90_the_dq_shares_are_tma_bulk_reduce_adds(tmp_path):
+def _sass(cubin: bytes, path: Path) -> str:
+    """The SASS of ``cubin`` (written to ``path`` first), by ``cuobjdump -sass``; skips the
+    test where cuobjdump is absent."""
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) absent")
-    sass = {}
+    path.write_bytes(cubin)
+    env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, env=env,
+                          check=True).stdout
+
+
+def test_on_sm_90_the_dq_shares_are_tma_bulk_reduce_adds(tmp_path):
     builds = {mode: _build(VARIANTS, BackwardSchedule(dq_mode=mode)) for mode in ("kernel",
                                                                                 "atomic")}
     assert _digests(builds["kernel"])[0] != _digests(builds["atomic"])[0]
-    for mode, build in builds.items():
-        path = tmp_path / f"{mode}.cubin"
-        path.write_bytes(build.cubin)
-        env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}"}
-        sass[mode] = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True,
-                                    env=env, check=True).stdout
+    sass = {mode: _sass(build.cubin, tmp_path / f"{mode}.cubin")
+            for mode, build in builds.items()}
     assert "UTMAREDG" in sass["atomic"] and ".ADD" in sass["atomic"]
     assert "UTMAREDG" not in sass["kernel"]
     assert "ATOMG" not in sass["atomic"] and "REDG" not in sass["atomic"].replace("UTMAREDG", "")

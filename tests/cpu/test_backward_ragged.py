@@ -116,21 +116,13 @@ def test_on_sm_90_a_packed_backward_reads_its_rows_through_the_arrays_descriptor
     from tiledattention.core._problem import head_dim_parts
     from tiledattention.kernels.backward._compile import compile_backward
 
-    from .test_backward_atomic import _cuobjdump
-
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) absent")
-    import subprocess
+    from .test_backward_atomic import _sass
 
     for problem in (RAGGED_FULL, RAGGED):
         s = BACKWARD.default_schedule("sm_90", problem)
         result = compile_backward(problem, s, "sm_90", work_table=True)
         for name, cubin in (("dK/dV", result.cubin), ("dQ", result.other_cubins[0])):
-            path = tmp_path / "kernel.cubin"
-            path.write_bytes(cubin)
-            sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True,
-                                  check=True).stdout
+            sass = _sass(cubin, tmp_path / "kernel.cubin")
             assert "UTMALDG" in sass, name
             parts = 2 if head_dim_parts(problem.head_dim, s.split_d)[1] else 1
             assert sass.count("UTMACCTL.IV") <= 2 * parts, (problem.describe(), name)

@@ -6,10 +6,7 @@ for bad FP8 arguments, each before any launch."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +19,7 @@ from tiledattention.kernels.decode._launch import split_constants
 from tiledattention.kernels.forward._launch import (VALUE_ROW_ALIGN, kernel_constants,
                                                     normalise, transpose_values)
 
-from .test_backward_atomic import _cuobjdump
+from .test_backward_atomic import _sass
 
 E4M3 = torch.float8_e4m3fn
 FP8_ARCHES = ("sm_90", "sm_100", "sm_120", "sm_121")
@@ -181,20 +178,14 @@ def test_fp8_cache_decode_compiles_for_each_architecture_with_fp8(arch):
 def test_on_sm_90_fp8_products_run_on_the_e4m3_tensor_core_instruction(tmp_path):
     """QGMMA ... E4M3.E4M3 (Hopper's FP8 wgmma) for both products of P·V in e4m3; with
     ``pv_wide`` P·V is a bf16 HGMMA; a bf16 problem has no QGMMA."""
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) absent")
-    env = {**os.environ, "PATH": f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}"}
     s = Schedule(tile_m=128, tile_n=128, occupancy=2, exp2=True)
     sass = {}
     for name, problem, schedule in (("e4m3", _problem(), s),
                                     ("fast", _problem(), s.replace(fast_acc=True)),
                                     ("wide", _problem(), s.replace(pv_wide=True)),
                                     ("bf16", _problem(dtype="bf16"), s)):
-        path = tmp_path / f"{name}.cubin"
-        path.write_bytes(FORWARD.compile(problem, schedule, "sm_90").cubin)
-        sass[name] = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True,
-                                    env=env, check=True).stdout
+        sass[name] = _sass(FORWARD.compile(problem, schedule, "sm_90").cubin,
+                           tmp_path / f"{name}.cubin")
     assert "QGMMA" in sass["e4m3"] and "E4M3.E4M3" in sass["e4m3"]
     assert "HGMMA" not in sass["e4m3"]
     assert "QGMMA" in sass["wide"] and "HGMMA" in sass["wide"]

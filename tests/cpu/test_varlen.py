@@ -159,24 +159,16 @@ def test_on_sm_90_a_packed_forward_reads_its_rows_through_the_arrays_descriptors
     tile that runs past the sequence (each a descriptor the kernel builds: ``UTMACCTL.IV``)
     and stores through cuts without TMA. Cut Q, K, V and Out per sequence, as before
     2026-12-04, and the kernel builds four a head-dim part."""
-    import subprocess
-
     from tiledattention.core._problem import head_dim_parts
 
-    from .test_backward_atomic import _cuobjdump
+    from .test_backward_atomic import _sass
 
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump (nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels) absent")
     for fields in (dict(), dict(causal=False, heads_kv=32, head_dim=64),
                    dict(head_dim=96, heads_q=12, heads_kv=4)):
         problem = _ragged(**fields)
         schedule = FORWARD.normalise(problem, FORWARD.default_schedule("sm_90", problem))
         result = compile_schedule(problem, schedule, "sm_90", store_lse=True, work_table=True)
-        path = tmp_path / "kernel.cubin"
-        path.write_bytes(result.cubin)
-        sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True,
-                              check=True).stdout
+        sass = _sass(result.cubin, tmp_path / "kernel.cubin")
         assert "UTMALDG" in sass
         parts = 2 if head_dim_parts(problem.head_dim, schedule.split_d)[1] else 1
         assert sass.count("UTMACCTL.IV") <= 2 * parts, problem.describe()
