@@ -95,14 +95,18 @@ def test_points_are_buckets_of_their_token_counts():
         assert p.batch * p.seqlen_q == point["tokens"] >= point["longest"] == p.seqlen_q
 
 
-def test_the_shipped_table_has_no_packed_rows():
-    """The ragged forward and backward rows left the table when the packed kernels changed
-    (2026-12-04, ``docs/shipped-table.md``): the preset's points run their buckets' defaults
-    (a ragged decode row is a paged cache's, not a packed batch's)."""
+def test_points_are_the_shipped_ragged_keys():
+    """Each forward point of the preset has a shipped sm_90 row (re-tuned 2026-12-04 after the
+    packed kernels changed, ``docs/shipped-table.md``): the lookup answers it exactly. The
+    backward's rows cover its three shortest buckets; its 4k and 8k points run the default."""
     rows = json.loads(SHIPPED.read_text())["rows"]
     shipped = {(row["family"], Problem.from_dict(row["problem"])) for row in rows
                if row["problem"].get("ragged")}
-    assert not any(family in ("forward", "backward") for family, _ in shipped)
+    for p in build_grid("forward", preset="ragged").problems:
+        assert ("forward", p) in shipped, p.describe()
+    backward = [p.seqlen_q for p in build_grid("backward", preset="ragged").problems
+                if ("backward", p) in shipped]
+    assert backward == [1024, 2048, 2048]
 
 
 def test_tokens_and_dtypes_options():

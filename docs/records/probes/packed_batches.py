@@ -78,16 +78,6 @@ def packed_call(lengths, hq, hkv, d, causal, dtype):
                                               None, hq != hkv)
 
 
-def fa4_backward(fa4, q, k, v, do, cu, longest, causal):
-    """A call of FlashAttention-4's varlen backward (``fa4``: ``flash_attn_varlen_func``) on
-    a kept forward of the packed batch."""
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    out = fa4(*leaves, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
-              max_seqlen_k=longest, causal=causal)
-    out = out[0] if isinstance(out, tuple) else out
-    return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
-
-
 def pairs(lengths, causal):
     return sum(n * (n + 1) // 2 if causal else n * n for n in lengths)
 

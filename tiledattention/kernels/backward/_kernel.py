@@ -452,9 +452,9 @@ def attention_bwd_dq(
         for j in range(unmasked, masked_to):
             dq, dq2 = add_key_tile(j, True, False, dq, dq2)
         edge_from, edge_to = max(unmasked, whole), num_kv_tiles
-    if RAGGED:  # the key tile past the sequence's keys, if one is
-        for j in range(edge_from, edge_to):
-            dq, dq2 = add_key_tile(j, True, True, dq, dq2)
+    if RAGGED:  # the key tile past the sequence's keys (at most one), if one is
+        if edge_from < edge_to:
+            dq, dq2 = add_key_tile(edge_from, True, True, dq, dq2)
     dq = dq * qk_scale
     if TILE_D2:
         dq2 = dq2 * qk_scale

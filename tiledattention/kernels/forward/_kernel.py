@@ -370,9 +370,9 @@ def attention_fwd(
                 for j in range(unmasked, masked_to):
                     m_i, l_i, acc, acc2 = attend(j, True, False, m_i, l_i, acc, acc2)
             edge_from, edge_to = whole, num_kv_tiles
-        if EDGE:  # the key tile past the sequence's keys, if one is
-            for j in range(edge_from, edge_to):
-                m_i, l_i, acc, acc2 = attend(j, True, True, m_i, l_i, acc, acc2)
+        if EDGE:  # the key tile past the sequence's keys (at most one), if one is
+            if edge_from < edge_to:
+                m_i, l_i, acc, acc2 = attend(edge_from, True, True, m_i, l_i, acc, acc2)
 
         # normalise: rows that saw no key (nor a finite sink) have l_i == 0 and acc == 0
         inv_l = reciprocal(l_i, TILE_M, APPROX_DIV,
