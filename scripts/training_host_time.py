@@ -12,11 +12,11 @@ longer than its host work is timed by the host alone until the launch queue fill
 launches: the rounds stay well under it for the small shapes; the table's ``gpu`` column is the
 GPU time of a forward+backward, and a host figure at or above it says the host waited for the
 GPU). Last, a
-packed batch's training call (64 sequences of 64-511 tokens) through ``varlen_attn`` and
-through its custom op.
+packed batch's training call (64 sequences of 64-511 tokens) through ``varlen_attn``, through
+its custom op and through FlashAttention-4's ``flash_attn_varlen_func``.
 
-``--profile``: a cProfile of our backward and forward calls on the first shape (the 25 most
-expensive functions by own time) before the table. The table is printed last.
+``--profile``: a cProfile of our backward and forward calls on the first shape and on the
+packed batch (the 25 most expensive functions by own time) before their rows. The table is printed last.
 """
 
 from __future__ import annotations
@@ -110,10 +110,12 @@ def _profile(fn: Callable, q, k, v, g, calls: int) -> str:
     return parts.getvalue()
 
 
-def _packed_rows(calls: int, repeats: int) -> list[tuple]:
+def _packed_rows(calls: int, repeats: int, profile: bool) -> list[tuple]:
     """Host µs per call of a packed batch's training call (64 sequences of 64-511 tokens,
     H 16/4, D 128, bf16, causal): ``varlen_attn`` (its eager route) against the same through
-    its custom op ``tiledattention::varlen_fwd`` (what every call took before the route)."""
+    its custom op ``tiledattention::varlen_fwd`` (what every call took before the route) and
+    FlashAttention-4's ``flash_attn_varlen_func`` where installed. ``profile``: a cProfile of
+    ``varlen_attn``'s backward and forward first."""
     gen = torch.Generator().manual_seed(1)
     lens = torch.randint(64, 512, (64,), generator=gen)
     cu = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0))).to(torch.int32).cuda()
@@ -127,6 +129,19 @@ def _packed_rows(calls: int, repeats: int) -> list[tuple]:
                                                           is_causal=True, enable_gqa=True),
         "the custom op": lambda: torch.ops.tiledattention.varlen_fwd(
             q, k, v, cu, cu, longest, longest, True, True, None, -1, -1)[0]}
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except Exception:  # noqa: BLE001 - not installed: no such contender
+        pass
+    else:
+        def fa4():
+            out = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                         max_seqlen_q=longest, max_seqlen_k=longest, causal=True)
+            return out[0] if isinstance(out, tuple) else out
+        routes["fa4"] = fa4
+    if profile:  # warm first: compiles, plans
+        torch.autograd.grad(routes["varlen_attn"](), (q, k, v), g)
+        print(_profile(lambda q, k, v: routes["varlen_attn"](), q, k, v, g, calls))
     times: dict[tuple[str, str], list[float]] = {}
     outs = {name: fn() for name, fn in routes.items()}
     for _ in range(repeats):
@@ -178,7 +193,7 @@ def main() -> None:
             rows.append((f"B{b} H{hq}/{hkv} S{s} D{d}", name,
                          *(statistics.median(times[(name, w)]) for w in ("fwd", "bwd",
                                                                          "fwd+bwd")), gpu))
-    rows += _packed_rows(args.calls, args.repeats)
+    rows += _packed_rows(args.calls, args.repeats, args.profile)
     print(f"host µs per call, median of {args.repeats} rounds (bf16, causal); gpu: µs of "
           "fwd+bwd per call on the GPU (a host figure at or above it: the queue was full)")
     print(f"{'shape':30s} {'who':15s} {'fwd':>8s} {'bwd':>8s} {'fwd+bwd':>8s} {'gpu':>8s}")
