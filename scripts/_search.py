@@ -6,18 +6,19 @@ import subprocess
 import sys
 
 
-def search(kernel: str, keys: list[str], db: str, trials: int, timeout: str | None,
-           dry_run: bool) -> int:
-    """Print and (unless ``dry_run``) run ``tiledtune search`` of ``kernel`` on sm_90's compact
-    space over ``keys`` (``--problem`` values); its exit status (0 on a dry run)."""
+def search(kernel: str, keys: list[str], options) -> int:
+    """Print and (unless ``options.dry_run``) run ``tiledtune search`` of ``kernel`` on sm_90
+    over ``keys`` (``--problem`` values), with the options :func:`add_search_options` parsed
+    into ``options`` (the database, trials, timeout, space); its exit status (0 on a dry
+    run)."""
     cmd = [sys.executable, "-m", "tuner.cli", "search", "--kernel", kernel, "--device", "sm_90",
-           "--space", "compact", "--trials", str(trials), "--db", db]
-    if timeout:
-        cmd += ["--timeout", timeout]
+           "--space", options.space, "--trials", str(options.trials), "--db", options.db]
+    if options.timeout:
+        cmd += ["--timeout", options.timeout]
     for key in keys:
         cmd += ["--problem", key]
     print(f"{len(keys)} keys:", " ".join(cmd), flush=True)
-    return 0 if dry_run else subprocess.call(cmd)
+    return 0 if options.dry_run else subprocess.call(cmd)
 
 
 def problem_arg(fields: dict) -> str:
@@ -36,8 +37,11 @@ def problem_args(problems: list[dict]) -> list[str]:
 
 
 def add_search_options(parser, trials: int = 6) -> None:
-    """The options every ``tune_*_shipped.py`` passes to :func:`search`."""
+    """The options every ``tune_*_shipped.py`` passes to :func:`search` (the named space:
+    ``compact`` unless asked)."""
     parser.add_argument("--db", required=True)
     parser.add_argument("--trials", type=int, default=trials)
     parser.add_argument("--timeout", default=None, help="per key, e.g. 30s (tiledtune's syntax)")
+    parser.add_argument("--space", default="compact", choices=("compact", "full"),
+                        help="the named search space (tiledtune search --space)")
     parser.add_argument("--dry-run", action="store_true")

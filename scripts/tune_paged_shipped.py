@@ -33,8 +33,7 @@ def main() -> None:
     add_search_options(ap)
     ap.add_argument("--fp8", action="store_true", help="the FP8 (e4m3) cache's buckets")
     args = ap.parse_args()
-    raise SystemExit(search("decode", keys(args.fp8), args.db, args.trials, args.timeout,
-                            args.dry_run))
+    raise SystemExit(search("decode", keys(args.fp8), args))
 
 
 if __name__ == "__main__":

@@ -79,8 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     status = 0
     for kernel in args.kernel:
-        status = search(kernel, keys(kernel), args.db, args.trials, args.timeout,
-                        args.dry_run) or status
+        status = search(kernel, keys(kernel), args) or status
     raise SystemExit(status)
 
 
