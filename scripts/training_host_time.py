@@ -16,7 +16,8 @@ packed batch's training call (64 sequences of 64-511 tokens) through ``varlen_at
 its custom op and through FlashAttention-4's ``flash_attn_varlen_func``.
 
 ``--profile``: a cProfile of our backward and forward calls on the first shape and on the
-packed batch (the 25 most expensive functions by own time) before their rows. The table is printed last.
+packed batch (the 25 most expensive functions by own time) before the table, which is printed
+last.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""A packed-batch kernel file before and after a change, in one process (issues 50):
+"""A packed-batch kernel file before and after a change, in one process (issue 50):
 ``varlen_attn``'s forward (or, ``--kernel backward``, its backward on a kept forward) on packed
 batches of ``packed_batches.py``, each call once with the kernels of this tree (``after``) and
 once with those of each file of ``--before`` (copies of other
 ``tiledattention/kernels/<kernel>/_kernel.py`` whose kernels' parameters match, named by their
 files' stems: each is loaded beside this one and every kernel of it launched in place of the
-same-named one on the same prepared launch, grid and arguments), FlashAttention-4's
+same-named one, with the same grid and arguments), FlashAttention-4's
 ``flash_attn_varlen_func`` beside where importable. Each output (or each gradient) is checked
 against the float32 reference first. Views: ``gpu`` (one call between events, L2 flushed, the
 host's launch hidden) and ``loop`` (calls back to back, host counted, per call), contenders
