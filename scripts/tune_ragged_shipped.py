@@ -27,9 +27,10 @@ BUCKETS = (
 BACKWARD_BUCKETS = ((1024, 16, 32, 8, 128), (2048, 8, 32, 8, 128), (4096, 4, 32, 8, 128),
                     (8192, 2, 32, 8, 128), (2048, 8, 16, 16, 64))
 #: bidirectional (encoders; both families): BERT-base-shaped (H 12, D 64) and ViT- / larger
-#: encoder-shaped (H 16, D 128) batches of sequences up to 512, 1k and 2k tokens
+#: encoder-shaped (H 12 and 16, D 128) batches of sequences up to 512, 1k and 2k tokens, 16k-64k
+#: tokens
 FULL_MASK_BUCKETS = ((512, 64, 12, 12, 64), (1024, 32, 16, 16, 128), (2048, 16, 16, 16, 128),
-                     (2048, 8, 12, 12, 128))
+                     (2048, 32, 16, 16, 128), (2048, 16, 12, 12, 128))
 
 
 def keys(kernel: str = "forward", full_mask: bool = False) -> list[str]:
