@@ -1,7 +1,8 @@
 """Tune the shipped sm_90 keys for ragged batches (issue 33) on the GPU machine: one
 ``tiledtune search`` per family over ragged buckets (``Problem.ragged``: the longest length
 and the token count rounded up to powers of two; the tuner's case packs sequences of 1, 3/4,
-1/2 and 1/4 the bucket's length). Causal H 32/8, D 128, bf16, longest 1k-16k, 16k-32k tokens,
+1/2 and 1/4 the bucket's length). Causal (bottom-right, as ``varlen_attn(is_causal=True)`` and
+padding-free training look it up) H 32/8, D 128, bf16, longest 1k-16k, 16k-32k tokens,
 and a D 64 multi-head and a D 128 MQA key (the backward: a subset); ``--full-mask`` the
 bidirectional keys of encoders instead (BERT- and ViT-shaped: D 64 and D 128, longest 512-2k).
 ``keys()`` lists them. Prints the command it runs.
@@ -38,7 +39,8 @@ def keys(kernel: str = "forward", full_mask: bool = False) -> list[str]:
                BUCKETS if kernel == "forward" else BACKWARD_BUCKETS)
     return problem_args([
         dict(batch=batch, heads_q=hq, heads_kv=hkv, seqlen_q=longest, seqlen_k=longest,
-             head_dim=d, dtype="bf16", causal=not full_mask, ragged=True)
+             head_dim=d, dtype="bf16", causal=not full_mask, bottom_right=not full_mask,
+             ragged=True)
         for longest, batch, hq, hkv, d in buckets])
 
 

@@ -40,7 +40,7 @@ def _r(**fields) -> Problem:
 
 
 def _bucket(batch: int, heads: tuple[int, int], longest: int, head_dim: int) -> tuple:
-    return (batch, heads[0], heads[1], longest, longest, head_dim, True, False, True)
+    return (batch, heads[0], heads[1], longest, longest, head_dim, True, True, True)
 
 
 def _shape(p: Problem) -> tuple:
@@ -91,7 +91,7 @@ def test_points_are_buckets_of_their_token_counts():
                                    longest_q=point["longest"] - 3,
                                    longest_k=point["longest"] - 3, heads_q=point["heads_q"],
                                    heads_kv=point["heads_kv"], head_dim=point["head_dim"],
-                                   dtype="bf16", causal=True, bottom_right=False), name
+                                   dtype="bf16", causal=True, bottom_right=True), name
         assert p.batch * p.seqlen_q == point["tokens"] >= point["longest"] == p.seqlen_q
 
 
@@ -507,9 +507,9 @@ def test_ragged_rows_round_trip_and_render(tmp_path):
     assert "valid tokens only" in text
     assert ("| point | contender | ms | TFLOP/s | ÷ varlen | ÷ cuDNN padded | "
             "÷ efficient padded |") in text
-    label = "bf16 D128 causal H32/8 L1024 B16 (10240 tokens)"
+    label = "bf16 D128 causal-br H32/8 L1024 B16 (10240 tokens)"
     assert f"| {label} | tiledattention | 1.000 | 1.0 | 2.00 | 8.00 | 4.00 |" in text
-    long = "bf16 D128 causal H32/8 L8192 B2 (14336 tokens)"  # 8192 + 6144
+    long = "bf16 D128 causal-br H32/8 L8192 B2 (14336 tokens)"  # 8192 + 6144
     assert f"| {long} | tiledattention | 1.000 | 1.0 | 1.50 | — | 3.00 |" in text
     # geometric means over the points where both ran
     assert "| tiledattention | 1.73 | 2 | 8.00 | 1 | 3.46 | 2 |" in text

@@ -513,8 +513,8 @@ def test_an_eager_packed_training_call_takes_the_eager_route_and_validates_once(
     assert torch.equal(traced, out)
 
 
-@pytest.mark.parametrize("change", ["max_q", "causal", "scale", "dtype", "offsets", "tokens",
-                                    "strides", "scale type"])
+@pytest.mark.parametrize("change", ["max_q", "causal", "scale", "dtype", "offsets",
+                                    "two offsets tensors", "tokens", "strides", "scale type"])
 def test_a_packed_call_of_another_signature_is_validated_again(monkeypatch, change):
     """The warm path's key holds every fact validation judged: a call that differs from a kept
     one in any of them is validated (and a bad one refused) instead of reusing the kept call."""
@@ -540,6 +540,8 @@ def test_a_packed_call_of_another_signature_is_validated_again(monkeypatch, chan
         args.update(query=q.half(), key=k.half(), value=v.half())
     elif change == "offsets":
         args.update(cu_seq_q=cu.long(), cu_seq_k=cu.long())
+    elif change == "two offsets tensors":  # equal values, but they could differ
+        args.update(cu_seq_k=cu.clone())
     elif change == "tokens":
         args.update(query=torch.randn(12, 4, 32, dtype=torch.bfloat16))
     elif change == "strides":
@@ -550,3 +552,31 @@ def test_a_packed_call_of_another_signature_is_validated_again(monkeypatch, chan
     else:
         tiledattention.varlen_attn(*args.values(), **kwargs)
     assert len(prepared) == 2
+
+
+@pytest.mark.parametrize("is_causal", [True, "top_left", "bottom_right"])
+def test_one_offsets_tensor_takes_the_bottom_right_bucket(monkeypatch, is_causal):
+    """Queries and keys cut by one offsets tensor have as many of each in every sequence, where
+    the two alignments are one mask: the call takes the bottom-right bucket (the shipped causal
+    ragged rows' key) whichever was asked. Two tensors keep the alignment asked (their
+    sequences may differ)."""
+    from tiledattention.entry_points import _varlen
+
+    _stand_in_launches(monkeypatch, [])
+    problems = []
+    stand_in = _varlen._run_forward
+
+    def run_forward(runtime, query, key, value, packed, layout):
+        problems.append(packed.problem)
+        return stand_in(runtime, query, key, value, packed, layout)
+    monkeypatch.setattr(_varlen, "_run_forward", run_forward)
+    q = torch.randn(10, 4, 32, dtype=torch.bfloat16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    for cu_k in (cu, cu.clone()):
+        tiledattention.varlen_attn(q, k, v, cu, cu_k, 6, 6, is_causal=is_causal)
+    shared, separate = problems
+    assert shared.causal and separate.causal
+    assert shared.bottom_right
+    assert separate.bottom_right == (is_causal != "top_left")
+    assert dataclasses.replace(shared, bottom_right=separate.bottom_right) == separate

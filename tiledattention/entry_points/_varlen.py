@@ -7,7 +7,11 @@ Sequence ``i`` is query rows ``cu_seq_q[i]:cu_seq_q[i + 1]`` against keys
 ``cu_seq_k[i]:cu_seq_k[i + 1]``. Causal masks align per sequence: bottom-right (the queries are
 a sequence's last positions; FlashAttention's and torch's varlen convention, and the same as
 top-left where a sequence has as many queries as keys) or top-left; a window ``(left, right)``
-composes with the same alignment. Rows outside every sequence come out as zeros, and get zero
+composes with the same alignment. A call whose queries and keys share one offsets tensor
+(``cu_seq_k is cu_seq_q``: self-attention over packed sequences) has as many queries as keys
+in every sequence, where the two alignments are one mask: its bucket is the bottom-right one
+whichever was asked, the alignment the shipped table's causal ragged rows are keyed by
+(``is_causal=True``'s). Rows outside every sequence come out as zeros, and get zero
 gradients.
 
 The forward and the backward run the forward and backward families' kernels on ``[1, H,
@@ -17,12 +21,12 @@ tokens, D]`` views of the packed tensors, each sequence cut out by its range
 ``tiledattention::varlen_fwd`` and ``tiledattention::varlen_bwd``, with fake implementations.
 
 A repeated call takes a warm path, as ``sdpa``'s does: its *signature* (the five tensors'
-shapes, strides, dtypes and devices, ``max_q``, ``max_k``, the mask, window, scale and
-``enable_gqa`` with their types) keys what its first call validated and resolved (``_Packed``:
-the bucket's problem, the longest lengths, the scale, each operation's family and schedule),
-kept in the runtime beside ``sdpa``'s plans. A warm call reads the offsets into ranges,
-allocates and launches. The eager training route's backward reuses its forward's kept call and
-ranges.
+shapes, strides, dtypes and devices, whether the offsets are one tensor, ``max_q``, ``max_k``,
+the mask, window, scale and ``enable_gqa`` with their types) keys what its first call
+validated and resolved (``_Packed``: the bucket's problem, the longest lengths, the scale, each
+operation's family and schedule), kept in the runtime beside ``sdpa``'s plans. A warm call
+reads the offsets into ranges, allocates and launches. The eager training route's backward
+reuses its forward's kept call and ranges.
 
 A padded ``[B, H, S, D]`` batch with per-entry ranges (``tiledattention.sdpa(..., ranges=)``,
 :func:`padded_forward`) runs the same forward kernels, each entry cut to its ranges.
@@ -163,10 +167,13 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, sca
     left, right, _ = variant_args(window, None)
     _check_scale(scale)
     sequences = cu_seq_q.shape[0] - 1
+    # one offsets tensor for both: every sequence has as many queries as keys, where top-left
+    # is bottom-right (the module docstring)
     problem = ragged_problem(sequences=sequences, tokens_q=query.shape[0], longest_q=longest_q,
                              longest_k=longest_k, heads_q=query.shape[1],
                              heads_kv=key.shape[1], head_dim=query.shape[2], dtype=dtype,
-                             causal=causal, bottom_right=bottom_right, window=(left, right))
+                             causal=causal, bottom_right=bottom_right or cu_seq_k is cu_seq_q,
+                             window=(left, right))
     for name, x in (("query", query), ("key", key), ("value", value)):
         check_reach(name, _view(x), "torch", padded_head_dim(problem.head_dim))
     # last: a wrong argument is named even on CPU tensors
@@ -208,10 +215,11 @@ class _Packed:
 def _signature(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
                enable_gqa) -> tuple | None:
     """The warm-path key of a call on torch tensors: every fact ``_prepare`` judged (the five
-    tensors' layouts, the other arguments with their types); ``None`` for CuPy arrays or an
-    unhashable argument, which always validate."""
+    tensors' layouts, whether the offsets are one tensor, the other arguments with their
+    types); ``None`` for CuPy arrays or an unhashable argument, which always validate."""
     try:
-        key = ("varlen", hot.layouts(query, key, value, cu_seq_q, cu_seq_k), max_q,
+        key = ("varlen", hot.layouts(query, key, value, cu_seq_q, cu_seq_k),
+               cu_seq_k is cu_seq_q, max_q,
                max_q.__class__, max_k, max_k.__class__, is_causal, is_causal.__class__, scale,
                scale.__class__, window, window.__class__, enable_gqa, enable_gqa.__class__)
         hash(key)

@@ -316,9 +316,12 @@ def _packed_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ca
     import tiledattention
 
     window = kwargs.get("sliding_window")
+    cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    shared = cu_k is cu_q
+    cu_q = cu_q.to(torch.int32)
+    cu_k = cu_q if shared else cu_k.to(torch.int32)  # one tensor stays one (varlen_attn reads it)
     out = tiledattention.varlen_attn(
-        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-        kwargs["cu_seq_lens_q"].to(torch.int32), kwargs["cu_seq_lens_k"].to(torch.int32),
+        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu_q, cu_k,
         kwargs["max_length_q"], kwargs["max_length_k"], is_causal=causal, scale=scaling,
         window_size=(-1, -1) if window is None else (int(window) - 1, 0),
         enable_gqa=query.shape[1] != key.shape[1])

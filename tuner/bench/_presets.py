@@ -436,8 +436,9 @@ def _ragged_point(tokens: int, longest: int, heads: tuple[int, int], head_dim: i
                 head_dim=head_dim)
 
 
-#: Model-shaped ragged batches (all but ``dtype``; causal, top-left: each sequence as many keys
-#: as queries), by name: a batch of ``tokens`` packed tokens whose longest sequence has
+#: Model-shaped ragged batches (all but ``dtype``; causal, bottom-right: the bucket
+#: ``varlen_attn(is_causal=True)`` and padding-free training look up; each sequence has as many
+#: keys as queries), by name: a batch of ``tokens`` packed tokens whose longest sequence has
 #: ``longest`` tokens, looked up and timed as its bucket (``ragged_problem``: the longest length
 #: and the number of such sequences the tokens fill, rounded up to powers of two; the family's
 #: ragged case packs that many sequences of 1, 3/4, 1/2 and 1/4 of the longest). Llama-shaped
@@ -486,7 +487,7 @@ def _ragged_grid(preset: "Preset", o: Mapping[str, Any], base: Mapping[str, Any]
                 problem = ragged_problem(
                     sequences=tokens, tokens_q=tokens, longest_q=longest, longest_k=longest,
                     heads_q=point["heads_q"], heads_kv=point["heads_kv"],
-                    head_dim=point["head_dim"], dtype=dtype, causal=True, bottom_right=False)
+                    head_dim=point["head_dim"], dtype=dtype, causal=True, bottom_right=True)
             except UnsupportedProblemError as exc:
                 raise BenchConfigError(f"--preset ragged/--tokens: {tokens} tokens of point "
                                        f"{name} is not a problem the kernels take: "
