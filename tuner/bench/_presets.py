@@ -444,8 +444,8 @@ def _ragged_point(tokens: int, longest: int, heads: tuple[int, int], head_dim: i
 #: ragged case packs that many sequences of 1, 3/4, 1/2 and 1/4 of the longest). Llama-shaped
 #: layers (H 32/8, D 128) at 16k and 32k tokens with the longest sequence 1k-16k, a multi-head
 #: D 64 layer (H 16) and a multi-query one (H 8/1, D 128): the shipped table's ragged buckets
-#: (``scripts/tune_ragged_shipped.py`` tunes them; re-tuned on the packed kernels of 2026-12-04:
-#: every forward point, the backward's 1k and 2k ones).
+#: (``scripts/tune_ragged_shipped.py`` tunes them; tuned bottom-right on 2026-12-04, forward and
+#: backward).
 RAGGED_POINTS = {
     "llama-1k@16k": _ragged_point(16384, 1024, (32, 8), 128),
     "llama-1k@32k": _ragged_point(32768, 1024, (32, 8), 128),
