@@ -53,7 +53,7 @@ def test_ragged_preset_end_to_end(tmp_path, tiny_preset):
                                               *RAGGED_CONTENDERS, "flash-attn-4"]
     problem = tiledattention.Problem(batch=8, heads_q=8, heads_kv=2, seqlen_q=512,
                                      seqlen_k=512, head_dim=64, dtype="bf16", causal=True,
-                                     ragged=True)
+                                     bottom_right=True, ragged=True)
     pairs = 2 * sum(n * (n + 1) // 2 for n in (512, 384, 256, 128))
     assert FORWARD.flops(problem) == 4 * 8 * 64 * pairs  # the valid tokens' causal work
     by = {}
@@ -83,7 +83,7 @@ def test_ragged_preset_end_to_end(tmp_path, tiny_preset):
     assert json.loads((out / "run.json").read_text())["matmul_tflops"] == []
     summary = (out / "summary.md").read_text()
     assert "# tiledattention benchmark: ragged batches" in summary
-    assert "bf16 D64 causal H8/2 L512 B8 (2560 tokens)" in summary
+    assert "bf16 D64 causal-br H8/2 L512 B8 (2560 tokens)" in summary
     for name in ("ragged_tflops_bf16.png", "ragged_speedup_bf16.png"):
         assert (out / name).stat().st_size < bench.MAX_PNG_BYTES
     assert code == 0

@@ -11,9 +11,11 @@ and backward, in three views, on the issue's five batches and more:
 Contenders are interleaved sample by sample. TFLOP/s count the valid tokens' attended pairs
 (``4 H D pairs`` forward, 2.5x that backward). Each contender's output (and gradients) is
 checked against the float32 reference first. ``--profile NAME`` prints our kernels' GPU times
-for one batch (torch.profiler). ``--grid`` adds our backward with every kernel on its grid of
-the longest sequence's tiles (no work tables: ``tiledattention-grid``), ``--table`` with every
-kernel walking a work table (``tiledattention-table``). ``--set new``: eight other batches.
+for one batch (torch.profiler). ``--grid`` adds our forward and backward with every kernel on
+its grid of the longest sequence's tiles (no work tables: ``tiledattention-grid``), ``--table``
+with every kernel walking a work table (``tiledattention-table``). ``--set new``: eight other batches.
+``rectangle``: our ``sdpa`` on one rectangular batch of the same tokens at the mean length
+(``fa4-rectangle``: FA4's ``flash_attn_func`` on it).
 ``--unpacked`` adds our forward with K/V groups unpacked (``tiledattention-unpacked``).
 
     source .devtk/setup.sh && python3 docs/records/probes/packed_batches.py [--only NAME]
@@ -154,6 +156,18 @@ def contenders(lengths, hq, hkv, d, causal, dtype):
     outr = ta.sdpa(*lr, causal)
     dor = torch.randn_like(outr)
     bwd["rectangle"] = lambda: torch.autograd.grad(outr, lr, dor, retain_graph=True)
+    if fa4 is not None:  # FA4 on the same rectangle, its [B, S, H, D] layout
+        from flash_attn.cute import flash_attn_func
+
+        fr = [x.transpose(1, 2).contiguous().detach().requires_grad_() for x in (qr, kr, vr)]
+
+        def fa4_rect(*xs):
+            out = flash_attn_func(*xs, causal=causal)
+            return out[0] if isinstance(out, tuple) else out
+        fwd["fa4-rectangle"] = lambda: fa4_rect(*fr)
+        outf = fa4_rect(*fr)
+        dof = dor.transpose(1, 2).contiguous()
+        bwd["fa4-rectangle"] = lambda: torch.autograd.grad(outf, fr, dof, retain_graph=True)
     return fwd, bwd, errs, pairs([mean] * rb, causal) * 4 * hq * d
 
 
@@ -265,8 +279,10 @@ def main():
               f"H {hq}/{hkv} D {d} causal {causal} {dtype}; errors "
               + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
         if args.grid:
+            fwd["tiledattention-grid"] = table_threshold(fwd["tiledattention"], 1 << 62)
             bwd["tiledattention-grid"] = table_threshold(bwd["tiledattention"], 1 << 62)
         if args.table:
+            fwd["tiledattention-table"] = table_threshold(fwd["tiledattention"], 0)
             bwd["tiledattention-table"] = table_threshold(bwd["tiledattention"], 0)
         if args.unpacked:
             fwd["tiledattention-unpacked"] = unpacked(fwd["tiledattention"])
@@ -282,8 +298,8 @@ def main():
                     t = {n: x.median_ms for n, x in
                          time_interleaved(fns, rounds=args.rounds, host=view == "host").items()}
                 ours = t["tiledattention"]
-                tf = {n: (rect_flops if n == "rectangle" else flops) * mult / (ms * 1e-3) / 1e12
-                      for n, ms in t.items()}
+                tf = {n: (rect_flops if n in ("rectangle", "fa4-rectangle") else flops) * mult
+                      / (ms * 1e-3) / 1e12 for n, ms in t.items()}
                 line = (f"{name:13s} {phase} {view:4s} ours {ours * 1e3:8.1f} us "
                         f"{tf['tiledattention']:6.1f} TF/s | " + " ".join(
                             f"{n} {t[n] / ours:5.2f}x" for n in t if n != "tiledattention")
