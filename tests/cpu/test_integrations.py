@@ -893,6 +893,27 @@ def test_hf_padding_free_training_runs_every_call_on_varlen_attn(kind, monkeypat
     assert rel_l2_cpu(g_mine, g_theirs) < 5e-2
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_hf_packed_call_keeps_one_offsets_tensor_one(monkeypatch, dtype):
+    """The packed call converts the offsets to int32 once when queries and keys share one
+    tensor, so ``varlen_attn`` still sees one (the bucket it takes depends on it); two stay
+    two."""
+    from tiledattention.integrations._hf import _packed_call
+
+    seen = []
+
+    def varlen(q, k, v, cu_q, cu_k, *args, **kwargs):
+        seen.append((cu_k is cu_q, cu_q.dtype, cu_k.dtype))
+        return q
+    monkeypatch.setattr(tiledattention, "varlen_attn", varlen)
+    q, k = torch.randn(1, 4, 10, 8), torch.randn(1, 2, 10, 8)
+    cu = torch.tensor([0, 4, 10], dtype=dtype)
+    for cu_k in (cu, cu.clone()):
+        _packed_call(q, k, k, True, None, dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu_k,
+                                               max_length_q=6, max_length_k=6))
+    assert seen == [(True, torch.int32, torch.int32), (False, torch.int32, torch.int32)]
+
+
 def rel_l2_cpu(a, b):
     return (torch.linalg.vector_norm(a.float() - b.float())
             / torch.linalg.vector_norm(b.float())).item()
