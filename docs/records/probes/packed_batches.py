@@ -10,13 +10,14 @@ and backward, in three views, on the issue's five batches and more:
 
 Contenders are interleaved sample by sample. TFLOP/s count the valid tokens' attended pairs
 (``4 H D pairs`` forward, 2.5x that backward). Each contender's output (and gradients) is
-checked against the float32 reference first. ``--profile NAME`` prints our kernels' GPU times
-for one batch (torch.profiler). ``--grid`` adds our forward and backward with every kernel on
-its grid of the longest sequence's tiles (no work tables: ``tiledattention-grid``), ``--table``
-with every kernel walking a work table (``tiledattention-table``). ``--set new``: eight other batches.
-``rectangle``: our ``sdpa`` on one rectangular batch of the same tokens at the mean length
-(``fa4-rectangle``: FA4's ``flash_attn_func`` on it).
-``--unpacked`` adds our forward with K/V groups unpacked (``tiledattention-unpacked``).
+checked against the float32 reference first. ``rectangle``: our ``sdpa`` on one rectangular
+batch of the same tokens at the mean length (``fa4-rectangle``: FA4's ``flash_attn_func`` on
+it). ``--profile NAME`` prints our kernels' GPU times for one batch (torch.profiler; the
+backward's of the rectangle too). ``--grid`` adds our forward and backward with every kernel on
+its grid of the longest sequence's tiles (no work tables: ``tiledattention-grid``),
+``--table`` with every kernel walking a work table (``tiledattention-table``). ``--set new``:
+eight other batches. ``--unpacked`` adds our forward with K/V groups unpacked
+(``tiledattention-unpacked``).
 
     source .devtk/setup.sh && python3 docs/records/probes/packed_batches.py [--only NAME]
 """
@@ -243,7 +244,8 @@ def profile(fwd, bwd):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
-    for label, fn in (("fwd", fwd["tiledattention"]), ("bwd", bwd["tiledattention"])):
+    for label, fn in (("fwd", fwd["tiledattention"]), ("bwd", bwd["tiledattention"]),
+                      ("bwd of the rectangle", bwd["rectangle"])):
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
