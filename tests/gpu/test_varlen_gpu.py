@@ -320,11 +320,16 @@ def test_ranges_are_checked_before_a_launch():
 
 # -- gradients ------------------------------------------------------------------------------------
 def check_grads(lens_q, lens_k, *, is_causal=True, hq=8, hkv=2, d=128, window=(-1, -1),
-                dtype=torch.bfloat16):
+                dtype=torch.bfloat16, shared=False):
     """varlen_attn's gradients against autograd through the per-sequence reference, on real
     sequences interleaved with NaN poison ones (whose own gradients are not compared); rows and
-    keys outside every sequence get zero gradients."""
-    q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dtype=dtype)
+    keys outside every sequence get zero gradients. ``shared``: one offsets tensor for queries
+    and keys (``lens_q == lens_k``; no poison sequences, whose key counts differ)."""
+    q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=hq, hkv=hkv, d=d, dtype=dtype,
+                                             poison=not shared)
+    if shared:
+        assert lens_q == lens_k
+        cu_k = cu_q
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     lq = (cu_q[1:] - cu_q[:-1]).tolist()
     lk = (cu_k[1:] - cu_k[:-1]).tolist()
@@ -359,6 +364,14 @@ def check_grads(lens_q, lens_k, *, is_causal=True, hq=8, hkv=2, d=128, window=(-
 @pytest.mark.parametrize("is_causal", [True, False, "top_left"])
 def test_gradients_self_attention(is_causal):
     check_grads(LENGTHS, LENGTHS, is_causal=is_causal, hq=16, hkv=4)
+
+
+@pytest.mark.parametrize("is_causal", [True, "top_left"])
+def test_gradients_through_one_offsets_tensor(is_causal):
+    """Queries and keys cut by one offsets tensor take the bottom-right bucket whichever
+    alignment is asked (every sequence has as many queries as keys: one mask), so a top-left
+    call runs the bottom-right kernels: outputs and gradients still the reference's."""
+    check_grads(LENGTHS, LENGTHS, is_causal=is_causal, hq=16, hkv=4, shared=True)
 
 
 def test_gradients_queries_and_keys_of_other_lengths_and_empty_ones():
