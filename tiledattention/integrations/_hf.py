@@ -319,7 +319,7 @@ def _packed_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ca
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
     shared = cu_k is cu_q
     cu_q = cu_q.to(torch.int32)
-    cu_k = cu_q if shared else cu_k.to(torch.int32)  # one tensor stays one (varlen_attn reads it)
+    cu_k = cu_q if shared else cu_k.to(torch.int32)  # one stays one: the bucket depends on it
     out = tiledattention.varlen_attn(
         query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu_q, cu_k,
         kwargs["max_length_q"], kwargs["max_length_k"], is_causal=causal, scale=scaling,
