@@ -233,7 +233,9 @@ def attention_fwd(
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
                 return k.reshape((width, TILE_N))
-            return ct.transpose(load_kv(K, Kc, j, part, width, latency=K_LATENCY, edge=edge))
+            # (the tile past the keys by row too: the mask drops its keys' scores, whatever
+            # those rows hold, by a select; only its values need the cut)
+            return ct.transpose(load_kv(K, Kc, j, part, width, latency=K_LATENCY, edge=False))
 
         def load_v(j, part, width, edge):
             """Value tile ``j`` as ``[TILE_N, width]`` (from ``[D, S_k]`` with
