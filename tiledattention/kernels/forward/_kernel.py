@@ -106,22 +106,23 @@ def attention_fwd(
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
     # RAGGED: the key tile that runs past a sequence's keys (its last, if they end inside one)
-    # walks apart, read from the sequence's cuts of K and V; the others by row (not PAGED)
+    # walks apart, its values read from the sequence's cut of V; the other tiles and its keys
+    # by row (not PAGED)
     EDGE = ct.static_eval(RAGGED and not PAGED)
     # a ragged call stores through its sequence's cuts without TMA (a cut stored through TMA
     # has every CTA build a descriptor of its own)
     STORE_TMA = ct.static_eval(False if RAGGED else None)
 
     def attend_rows(Out, Lse, q_tile, batch, head, seq, seqlen_q, seqlen_k, q_first, k_first,
-                    Kc, Vc):
+                    Vc):
         """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of ``batch``'s query head
         ``head`` (``PACK`` > 1: of heads ``head`` to ``head + PACK - 1``, one K/V group), into
         ``Out`` and ``Lse``. With ``TILE_D2`` the head dim is two parts: ``q``/``acc`` the
         first ``TILE_D`` columns, ``q2``/``acc2`` the next ``TILE_D2``. The query rows are
         ``seqlen_q`` long, the keys ``seqlen_k``. ``RAGGED``: ``Out`` and ``Lse`` are sequence
         ``seq``'s cuts, its rows start at row ``q_first`` of Q and ``k_first`` of K and V, and
-        ``Kc``, ``Vc`` are its cuts of K and V (the edge tile's); ``PAGED``: its keys are read
-        from its pages."""
+        ``Vc`` is its cut of V (the edge tile's values); ``PAGED``: its keys are read from its
+        pages."""
         kv_head = head // group
         score_scale = qk_scale  # what multiplies q.k: with FP8 also q's and k's descales
         v_descale = 1.0
@@ -233,9 +234,9 @@ def attention_fwd(
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
                 return k.reshape((width, TILE_N))
-            # (the tile past the keys by row too: the mask drops its keys' scores, whatever
-            # those rows hold, by a select; only its values need the cut)
-            return ct.transpose(load_kv(K, Kc, j, part, width, latency=K_LATENCY, edge=False))
+            # (the tile past the keys by row too: the mask drops its keys' scores by a select,
+            # whatever those rows hold; only its values need the cut)
+            return ct.transpose(load_kv(K, K, j, part, width, latency=K_LATENCY, edge=False))
 
         def load_v(j, part, width, edge):
             """Value tile ``j`` as ``[TILE_N, width]`` (from ``[D, S_k]`` with
@@ -400,10 +401,10 @@ def attention_fwd(
     def attend_tile(q_tile, bh):
         """Query tile ``q_tile`` of (batch x head) ``bh`` (``PACK`` > 1: of a K/V group's
         heads). ``RAGGED``: the batch index is a sequence's, whose query and key ranges
-        (``Ranges``) its rows are read from (by row from the uncut arrays, the tile past the
-        keys from their cuts) and stored to (through cuts, clipped to it), so its lengths,
-        masks and alignment are the sequence's own; a tile past the sequence's queries does
-        nothing. ``PACKED``: the sequences lie end to end in one ``[1, H, tokens, D]`` view
+        (``Ranges``) its rows are read from (by row from the uncut arrays, the values of the
+        tile past the keys from their cut) and stored to (through cuts, clipped to it), so its
+        lengths, masks and alignment are the sequence's own; a tile past the sequence's queries
+        does nothing. ``PACKED``: the sequences lie end to end in one ``[1, H, tokens, D]`` view
         (loads use batch 0). ``PAGED``: K and V are page pools; the sequence's keys, as many
         as its key range holds (at most its block table's pages), lie in the pages
         ``Pages[sequence]`` names."""
@@ -417,24 +418,21 @@ def attention_fwd(
             if q_tile * tile_rows < seqlen_q:
                 q_first = sequence_start(Ranges, seq, 0, Q.shape[2])
                 k_first = 0
-                k_seq = K
                 v_seq = V
                 if PAGED:
                     seqlen_k = min(sequence_length(Ranges, seq, 2), Pages.shape[1] * K.shape[1])
                 else:
                     seqlen_k = sequence_length(Ranges, seq, 2)
                     k_first = sequence_start(Ranges, seq, 2, K.shape[2])
-                    k_seq = sequence_view(K, Ranges, seq, 2)
                     v_seq = sequence_view(V, Ranges, seq, 2)
                 out_seq = sequence_view(Out, Ranges, seq, 0)
                 lse_seq = Lse
                 if STORE_LSE:
                     lse_seq = sequence_view(Lse, Ranges, seq, 0)
                 attend_rows(out_seq, lse_seq, q_tile, batch, head, seq, seqlen_q, seqlen_k,
-                            q_first, k_first, k_seq, v_seq)
+                            q_first, k_first, v_seq)
         else:
-            attend_rows(Out, Lse, q_tile, batch, head, batch, Q.shape[2], K.shape[2], 0, 0, K,
-                        V)
+            attend_rows(Out, Lse, q_tile, batch, head, batch, Q.shape[2], K.shape[2], 0, 0, V)
 
     def attend_slot(slot, bh):
         """Query tile ``slot`` (mirrored with ``LONGEST_FIRST``), or with ``PAIRED`` the tiles
