@@ -130,3 +130,33 @@ def test_the_architecture_diagram_is_current():
     page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert module.rewritten(page) == page, "run: python scripts/architecture_diagram.py"
     assert "forward[" in module.diagram() and "kernel_core" in page
+
+
+def _local_imports(path: Path) -> list[str]:
+    """The modules a script or probe imports at its top level that no installed package
+    provides (its own folder's, or ``scripts/``'s, which probes put on their path)."""
+    names = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.split(".")[0])
+    return [n for n in names if not (ROOT / n).is_dir() and importlib.util.find_spec(n) is None]
+
+
+@pytest.mark.parametrize("folder", ["scripts", "docs/records/probes"])
+def test_every_module_a_probe_or_script_imports_is_in_the_tree(folder):
+    """A probe or script runs as its record's command says: the modules it imports from
+    ``scripts/`` or the probes' folder are there, unless its docstring says how to restore one
+    that left the tree to keep it small (``git show REV:.../NAME.py``). A probe whose helper
+    left without that note fails here (``compile_ahead.py`` did, 2026-12-04, and with it five
+    probes)."""
+    missing = []
+    for path in sorted((ROOT / folder).glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        for name in _local_imports(path):
+            restored = re.search(rf"git show \w+\^?:[\w/]+/{name}\.py", text)
+            if not restored and not any((ROOT / place / f"{name}.py").is_file()
+                                        for place in ("scripts", "docs/records/probes")):
+                missing.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert missing == []
