@@ -32,6 +32,10 @@ as a third mix.
 waves (``PART_MORE_POINTS``): one to four proportional splits, three mixes.
 ``--part-check``: the rule held out (``PART_CHECK_POINTS``): the default against one split,
 FlashAttention-4 beside where it is importable.
+``--third``: batches over pages of 32-256 whose rows (265-396) are a wave of two CTAs an SM
+and a part-empty second (``THIRD_POINTS``): the default's one split at two CTAs an SM against
+three CTAs an SM with 64-key steps (one wave; the contiguous caches' band rule) and two and
+four splits, FlashAttention-4 beside where it is importable.
 """
 
 import math
@@ -172,6 +176,21 @@ PART_CHECK_POINTS = ((22, 32, 8, 10000, 32, 64), (45, 12, 4, 7000, 256, 64),
                      (48, 64, 8, 5000, 16))
 
 
+#: ``--third``: (batch, heads_q, heads_kv, longest cache, page size): 288-384 rows
+THIRD_POINTS = ((40, 32, 8, 2000, 128), (36, 32, 8, 3000, 64), (80, 28, 4, 2500, 256),
+                (48, 32, 8, 1500, 32), (90, 16, 4, 4000, 128), (44, 32, 8, 6000, 64))
+
+
+def third(problem):
+    """The default (one split at two CTAs an SM) against one wave of three CTAs an SM (64-key
+    steps, loads as the default's or two ahead) and two and four splits."""
+    d = ta.DECODE.default_schedule("sm_90", problem)
+    three = d.replace(occupancy=3, tile_n=64)
+    return {"default": d, "occ3 n64": three, "occ3 n64 K2": three.replace(k_latency=2),
+            "2": d.replace(splits=2, combine="block_pdl"),
+            "4": d.replace(splits=4, combine="block_pdl")}
+
+
 def part_check(problem):
     """The default (the part-wave rule's four splits) against one split, the rule before."""
     d = ta.DECODE.default_schedule("sm_90", problem)
@@ -247,6 +266,7 @@ MODES = {
                         one_length=True),
     "--part-check": Mode(PART_CHECK_POINTS, part_check, compile_first=True, nan_check=True,
                          fa4=True, one_length=True),
+    "--third": Mode(THIRD_POINTS, third, compile_first=True, fa4=True),
 }
 
 
