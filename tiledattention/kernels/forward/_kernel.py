@@ -226,16 +226,16 @@ def attention_fwd(
                                check_bounds=CHECK_BOUNDS, latency=hint, allow_tma=ALLOW_TMA)
             return tile.reshape((TILE_N, width))
 
-        def load_k(j, part, width, edge):
+        def load_k(j, part, width):
             """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with ``K_TRANSPOSED``,
-            except by a ragged call: a view by row has no transposed order)."""
+            except by a ragged call: a view by row has no transposed order). ``EDGE``: by row,
+            the tile past the sequence's keys too (the mask drops those keys' scores by a
+            select, whatever their rows hold; only its values need the cut)."""
             if ct.static_eval(K_TRANSPOSED and not PAGED and not RAGGED):
                 k = ct.load(K, index=(batch, kv_head, part, j), shape=(1, 1, width, TILE_N),
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
                 return k.reshape((width, TILE_N))
-            # (the tile past the keys by row too: the mask drops its keys' scores by a select,
-            # whatever those rows hold; only its values need the cut)
             return ct.transpose(load_kv(K, K, j, part, width, latency=K_LATENCY, edge=False))
 
         def load_v(j, part, width, edge):
@@ -252,11 +252,11 @@ def attention_fwd(
             """One step: scores against key tile ``j``, online softmax, P·V. ``masked`` (a
             constant or a per-step flag) applies the causal / window / sequence-end mask;
             ``edge`` (a constant): the tile runs past a ragged sequence's keys."""
-            k = load_k(j, 0, width=TILE_D, edge=edge)  # [TILE_D, TILE_N]
+            k = load_k(j, 0, width=TILE_D)  # [TILE_D, TILE_N]
             qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
             qk = ct.mma(q, k, qk, use_fast_acc=FAST_QK)  # [TILE_M, TILE_N]
             if TILE_D2:
-                k2 = load_k(j, TILE_D // TILE_D2, width=TILE_D2, edge=edge)  # [TILE_D2, TILE_N]
+                k2 = load_k(j, TILE_D // TILE_D2, width=TILE_D2)  # [TILE_D2, TILE_N]
                 qk = ct.mma(q2, k2, qk, use_fast_acc=FAST_QK)
             if SOFTCAP:
                 qk = ct.tanh(qk * cap_in)  # [TILE_M, TILE_N], in units of softcap
