@@ -10,8 +10,9 @@ import pytest
 
 from tiledattention import DECODE, DecodeSchedule, Problem
 from tiledattention.kernels.decode import flat_applies
-from tiledattention.kernels.decode._defaults import FLAT_MAX_KEYS, FLAT_MIN_ROWS
-from tiledattention.kernels.decode._flat import flat_scratch_shapes, flat_walk
+from tiledattention.kernels.decode._defaults import (FLAT_MAX_KEYS, FLAT_MIN_ROWS,
+                                                     FLAT_ONE_LOOP_LATENCY, SMALL_PAGE_LATENCY)
+from tiledattention.kernels.decode._flat import flat_scratch_shapes, flat_walk, one_loop
 from tiledattention.kernels.decode._launch import launches, normalise
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
@@ -33,15 +34,40 @@ def test_the_default_walks_flat_over_small_pages_of_several_short_caches_on_hopp
         assert not DECODE.default_schedule(arch, _paged()).flat
 
 
-def test_a_batch_of_few_rows_and_a_short_bf16_head_keep_the_split_rule():
+def test_a_batch_of_few_rows_keeps_the_split_rule():
     """Rows are entries x K/V heads here (one query row a step): below FLAT_MIN_ROWS the split
-    rule; at D 64 an fp16 cache walks flat, a bf16 one (whose flat kernel keeps stack) not."""
+    rule."""
     assert DECODE.default_schedule("sm_90", _paged(batch=FLAT_MIN_ROWS // 8)).flat
     assert not DECODE.default_schedule("sm_90", _paged(batch=FLAT_MIN_ROWS // 8 - 1)).flat
     assert not DECODE.default_schedule("sm_90", _paged(heads_q=8, heads_kv=1, batch=10)).flat
-    assert DECODE.default_schedule("sm_90", _paged(head_dim=64, dtype="fp16")).flat
-    assert not DECODE.default_schedule("sm_90", _paged(head_dim=64)).flat
     assert DECODE.default_schedule("sm_90", _paged(head_dim=96)).flat
+
+
+def test_a_short_bf16_head_walks_in_one_loop_with_loads_two_ahead():
+    """At D <= 64 a bf16 cache's split kernel walks its key tiles in one loop (ONE_LOOP, the
+    last split constant) and loads two steps ahead; fp16 and longer heads keep two loops and
+    four."""
+    def walk(**fields):
+        problem = _paged(**fields)
+        schedule = DECODE.default_schedule("sm_90", problem)
+        plan = launches(problem, schedule, None, sms=132)
+        assert schedule.flat and plan.flat is not None, problem.describe()
+        return plan.flat.split_constants[-1], (schedule.k_latency, schedule.v_latency)
+
+    for d in (32, 64):
+        assert walk(head_dim=d) == (True, (FLAT_ONE_LOOP_LATENCY, FLAT_ONE_LOOP_LATENCY)), d
+    assert walk(head_dim=64, dtype="fp16") == (False, (SMALL_PAGE_LATENCY, SMALL_PAGE_LATENCY))
+    assert walk(head_dim=128) == (False, (SMALL_PAGE_LATENCY, SMALL_PAGE_LATENCY))
+    assert one_loop("bf16", 64) and not one_loop("bf16", 128) and not one_loop("fp16", 64)
+
+
+def test_the_sm_90_one_loop_walk_keeps_no_stack():
+    """Why ONE_LOOP: tileiras 13.4 gives the bf16 D 64 split kernel with two loops 96-344
+    bytes of stack (local-memory spills) on sm_90; with one loop, loads two ahead, none."""
+    problem = _paged(batch=16, head_dim=64, seqlen_k=4000)
+    schedule = DECODE.default_schedule("sm_90", problem)
+    split, _ = DECODE.compile(problem, schedule, "sm_90").resources()
+    assert split.stack_bytes == 0, split
 
 
 def test_the_offsets_tile_is_at_least_32_wide():
@@ -119,7 +145,8 @@ def test_the_walk_shares_items_evenly_and_covers_every_key_tile_once(seed):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_flat_schedule_compiles_its_two_kernels(arch):
-    problem = _paged(batch=9, heads_q=28, heads_kv=4, head_dim=96)
+@pytest.mark.parametrize("head_dim", [96, 64])  # two loops; one (bf16 at D <= 64)
+def test_a_flat_schedule_compiles_its_two_kernels(arch, head_dim):
+    problem = _paged(batch=9, heads_q=28, heads_kv=4, head_dim=head_dim)
     result = DECODE.compile(problem, DecodeSchedule(flat=True, tile_n=64, occupancy=2), arch)
     assert result.cubin_size > 0 and len(result.other_cubins) == 1

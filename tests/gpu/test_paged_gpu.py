@@ -276,7 +276,9 @@ def test_a_batch_of_a_part_wave_splits_in_four_and_matches_the_reference(batch, 
 @pytest.mark.parametrize("batch, hq, hkv, d, dtype, sq", [
     (23, 32, 8, 128, torch.bfloat16, 1), (9, 28, 4, 64, torch.float16, 1),
     (17, 16, 2, 256, torch.bfloat16, 1), (70, 8, 1, 96, torch.bfloat16, 1),
-    (6, 32, 8, 128, torch.float16, 3)])
+    (6, 32, 8, 128, torch.float16, 3),
+    # bf16 at D <= 64: the split kernel's one loop, every key tile masked (ONE_LOOP)
+    (33, 32, 8, 64, torch.bfloat16, 1), (12, 16, 4, 32, torch.bfloat16, 2)])
 def test_the_flat_walk_over_pages_of_16_matches_the_reference(batch, hq, hkv, d, dtype, sq):
     """Pages of 16 at two CTAs an SM walk flat by default (``DecodeSchedule.flat``: one wave
     shares the batch's key tiles evenly, rows cut by its shares merged after): exact on

@@ -15,6 +15,9 @@ over pages of 16, cycling and log-uniform cache lengths:
     source .devtk/setup.sh && python3 docs/records/probes/paged_flat_stack.py --bpad
     source .devtk/setup.sh && python3 docs/records/probes/paged_flat_stack.py --d64
     source .devtk/setup.sh && python3 docs/records/probes/paged_flat_stack.py --rule --rounds 10
+
+Since section 35 the bf16 flat kernel at D <= 64 walks its key tiles in one loop (``ONE_LOOP``)
+and ``FLAT_SHORT_HEAD_DIM`` is gone; the recorded runs ran the two loops of ``git show d3ba538``.
 """
 
 import argparse

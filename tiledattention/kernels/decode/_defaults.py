@@ -4,7 +4,8 @@ and the shipped table does not cover."""
 from __future__ import annotations
 
 from ...core._compile import SM_COUNTS, generation
-from ...core._problem import Problem, page_tile
+from ...core._problem import Problem, padded_head_dim, page_tile
+from ._flat import one_loop
 from ._launch import BLOCK_MAX_ROWS, flat_applies, layout, rows_past_waves
 from ._schedule import MAX_SPLITS, DecodeSchedule
 
@@ -18,7 +19,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "FOURTH_CTA_LATENCY", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR",
-           "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_SHORT_HEAD_DIM",
+           "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_ONE_LOOP_LATENCY",
            "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
            "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
@@ -226,10 +227,18 @@ FLAT_MAX_KEYS = 8192
 #: H8/1 D 128 (10 rows) the flat walk ran 0.60-0.84x the split rule, at 48-112 rows 1.17-1.35x
 #: (``docs/records/probes/paged_flat_stack.py --bpad``; section 33 of the record above).
 FLAT_MIN_ROWS = 32
-#: ... and, at a head dim of at most this, an fp16 cache: the bf16 flat split kernel there keeps
-#: 104-344 bytes of stack on sm_90 (fp16: 0-48) and ran 0.61-0.91x the split rule on three
-#: batches (``paged_flat_stack.py --d64``), where fp16 ran 1.10-1.38x on two (sections 31, 32).
-FLAT_SHORT_HEAD_DIM = 64
+#: A flat walk whose split kernel walks its key tiles in one loop (a bf16 cache at D <= 64,
+#: ``_flat.one_loop``) loads keys and values this many steps ahead. The two-loop bf16 kernel
+#: kept 96-344 bytes of stack on sm_90 and ran 0.61-0.91x the split rule (``paged_flat_stack.py
+#: --d64``), so those batches kept the split rule; with one loop and loads two ahead it keeps
+#: none, and on an H200 (``paged_flat_oneloop.py``, pages of 16, GPU view) it ran 0.96-1.35x
+#: the split rule on five batches of 32-640 rows (two length mixes; 1.12-1.35x on seven of the
+#: ten) where two loops ran 0.56-0.81x (loads four ahead) and 0.81-1.16x (two ahead); held out
+#: (``--held``, five other batches, D 32 and 64) 1.08-1.39x on eight mixes and 0.93-0.99x on
+#: the two of 768 rows. With the host counted it won fewer (isolated 0.77-1.08x, back to back
+#: 0.73-1.25x: the flat walk's host path is the longer; section 35 of
+#: ``docs/records/benchmarks/paged/issue49/README.md``).
+FLAT_ONE_LOOP_LATENCY = 2
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
 #: ``FP8_K_LATENCY`` steps ahead and ``FP8_SPLIT_FACTOR`` times the rule's splits (at least that
@@ -346,10 +355,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     K loads four steps ahead); one that does not takes
     :data:`PAGED_SPLIT_FACTOR` times the splits at two CTAs an SM, and so does one whose rows
     fill at most :data:`PAGED_PART_WAVE_MAX_SHARE` of its waves; on Hopper a small-page batch
-    at two CTAs an SM over at most :data:`FLAT_MAX_KEYS` keys walks flat instead
-    (``DecodeSchedule.flat``: one wave shares its key tiles evenly). An FP8 cache takes more
-    splits at two CTAs an SM (:data:`FP8_SPLIT_FACTOR`). Every rule stops where the combine
-    would merge more than :data:`MAX_MERGED_ROWS` rows of partials into one output row."""
+    at two CTAs an SM over at most :data:`FLAT_MAX_KEYS` keys with at least
+    :data:`FLAT_MIN_ROWS` rows walks flat instead (``DecodeSchedule.flat``: one wave shares its
+    key tiles evenly; a bf16 cache at D <= 64 loads :data:`FLAT_ONE_LOOP_LATENCY` ahead). An
+    FP8 cache takes more splits at two CTAs an SM (:data:`FP8_SPLIT_FACTOR`). Every rule stops
+    where the combine would merge more than :data:`MAX_MERGED_ROWS` rows of partials into one
+    output row."""
     gen = generation(arch)
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
@@ -466,8 +477,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                     or (problem.ragged and not problem.page_size)))
     flat = (gen == "hopper" and small_pages and problem.batch > 1 and flat_applies(problem)
             and occupancy == FULL_GPU_OCCUPANCY and problem.seqlen_k <= FLAT_MAX_KEYS
-            and rows >= FLAT_MIN_ROWS
-            and (problem.head_dim > FLAT_SHORT_HEAD_DIM or problem.dtype == "fp16"))
+            and rows >= FLAT_MIN_ROWS)
+    if flat and one_loop(problem.dtype, padded_head_dim(problem.head_dim)):
+        k_latency = v_latency = FLAT_ONE_LOOP_LATENCY
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency,
                         v_latency=v_latency, combine="block_pdl" if pdl else base.combine,
                         flat=flat)

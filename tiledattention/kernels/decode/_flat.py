@@ -22,12 +22,20 @@ from ...core._lazy import lazy_module
 ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["FlatLaunches", "flat_launches", "launch_flat", "flat_scratch_shapes", "flat_walk",
-           "MERGE_CHUNK_D", "MERGE_UNROLL", "B_PAD_LEAST"]
+           "MERGE_CHUNK_D", "MERGE_UNROLL", "B_PAD_LEAST",
+           "ONE_LOOP_DTYPE", "ONE_LOOP_MAX_HEAD_DIM", "one_loop"]
 
 #: The least width of the item offsets' tile: tileiras 13.4 gives the sm_90 split kernel 64-80
 #: bytes of stack at D 96-128 with a tile of 16 or fewer (1.13 million local-memory spill
 #: requests in one B12 call under Nsight Compute), none from 32 (``paged_flat_stack.py``).
 B_PAD_LEAST = 32
+#: A 16-bit cache's dtype and the largest (padded) head dim whose split kernel walks a
+#: segment's key tiles in one loop that masks each (``ONE_LOOP``), not an unmasked loop and a
+#: masked one: tileiras 13.4 gives the sm_90 bf16 kernel at D 64 with two loops 96-344 bytes
+#: of stack and with one loop none at loads two steps ahead, while the fp16 kernel keeps 48
+#: with two loops and 448-912 with one (``docs/records/probes/paged_flat_oneloop.py``).
+ONE_LOOP_DTYPE = "bf16"
+ONE_LOOP_MAX_HEAD_DIM = 64
 #: Head-dim columns per merge CTA, and partials merged per step (as ``decode_combine``'s).
 MERGE_CHUNK_D = 32
 MERGE_UNROLL = 4
@@ -62,10 +70,16 @@ def _hinted_split(occupancy: int, num_worker_warps: int | None) -> Any:
                                                num_worker_warps=num_worker_warps)
 
 
+def one_loop(dtype: str, tile_d: int) -> bool:
+    """Whether the split kernel of a ``dtype`` cache at the padded head dim ``tile_d`` walks
+    its key tiles in one loop (:data:`ONE_LOOP_DTYPE`)."""
+    return dtype == ONE_LOOP_DTYPE and tile_d <= ONE_LOOP_MAX_HEAD_DIM
+
+
 def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows: int,
-                  causal: bool, sms: int) -> FlatLaunches:
-    """The flat launches of a layout ``tiles`` (``_launch.Layout``) of ``batch`` entries with
-    ``schedule``'s tiles, loads and occupancy, over ``sms`` SMs."""
+                  causal: bool, sms: int, dtype: str) -> FlatLaunches:
+    """The flat launches of a layout ``tiles`` (``_launch.Layout``) of ``batch`` entries of a
+    ``dtype`` cache with ``schedule``'s tiles, loads and occupancy, over ``sms`` SMs."""
     chunk = min(tile_d, MERGE_CHUNK_D)
     b_pad = max(B_PAD_LEAST, 1 << batch.bit_length())
     return FlatLaunches(
@@ -74,7 +88,8 @@ def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows:
         b_pad=b_pad,
         split=_hinted_split(schedule.occupancy, schedule.num_worker_warps),
         split_constants=(tiles.tile_g, tiles.tile_s, schedule.tile_n, tile_d, page_rows,
-                         schedule.k_latency or 0, schedule.v_latency or 0, b_pad, causal),
+                         schedule.k_latency or 0, schedule.v_latency or 0, b_pad, causal,
+                         one_loop(dtype, tile_d)),
         merge_constants=(tiles.tile_g, tiles.tile_s, chunk, MERGE_UNROLL),
         merge_grid=(tiles.rows, tile_d // chunk, 1), kv_div=tiles.kv_div)
 

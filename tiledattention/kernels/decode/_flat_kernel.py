@@ -121,6 +121,7 @@ def flat_split(
     V_LATENCY: ConstInt,
     B_PAD: ConstInt,  # a power of two > B
     CAUSAL: ConstBool,  # query position i sees keys up to i + S_k - S_q
+    ONE_LOOP: ConstBool,  # walk a segment's key tiles in one loop, each masked
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -168,12 +169,17 @@ def flat_split(
         acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
 
         keys = (K, V, Pages, entry, kv_head, seqlen_k, positions + offset)
-        for j in range(start, unmasked_stop):
-            m_i, l_i, acc = _fold(q, keys, j, False, m_i, l_i, acc, scale, TILE_N, TILE_D,
-                                  PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
-        for j in range(unmasked_stop, stop):
-            m_i, l_i, acc = _fold(q, keys, j, True, m_i, l_i, acc, scale, TILE_N, TILE_D,
-                                  PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
+        if ONE_LOOP:  # every tile masked, one loop of loads (``_flat.one_loop``)
+            for j in range(start, stop):
+                m_i, l_i, acc = _fold(q, keys, j, True, m_i, l_i, acc, scale, TILE_N, TILE_D,
+                                      PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
+        else:
+            for j in range(start, unmasked_stop):
+                m_i, l_i, acc = _fold(q, keys, j, False, m_i, l_i, acc, scale, TILE_N, TILE_D,
+                                      PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
+            for j in range(unmasked_stop, stop):
+                m_i, l_i, acc = _fold(q, keys, j, True, m_i, l_i, acc, scale, TILE_N, TILE_D,
+                                      PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
         out = normalised(acc, l_i)
         # plain stores, not TMA: a TMA store inside the segment loop gets a warpgroup of its
         # own, and tileiras 13.4 then asks more registers of the CTA's pool than two CTAs an

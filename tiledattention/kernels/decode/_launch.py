@@ -375,7 +375,7 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
     variant = variant_of(problem, window)
     split = split_constants(problem, schedule, variant)
     flat = (flat_launches(problem.batch, tiles, schedule, padded_head_dim(problem.head_dim),
-                          split["PAGE_ROWS"], problem.causal, sms)
+                          split["PAGE_ROWS"], problem.causal, sms, problem.dtype)
             if schedule.flat and not variant.windowed else None)
     combine = combine_constants(problem, schedule, variant)
     tail = tail_rows(problem, schedule)
