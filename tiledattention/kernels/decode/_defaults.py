@@ -234,10 +234,9 @@ FLAT_MIN_ROWS = 32
 #: none, and on an H200 (``paged_flat_oneloop.py``, pages of 16, GPU view) it ran 0.96-1.35x
 #: the split rule on five batches of 32-640 rows (two length mixes; 1.12-1.35x on seven of the
 #: ten) where two loops ran 0.56-0.81x (loads four ahead) and 0.81-1.16x (two ahead); held out
-#: (``--held``, five other batches, D 32 and 64) 1.08-1.39x on eight mixes and 0.93-0.99x on
+#: (``--held``, five other batches, D 32 and 64) 1.09-1.38x on eight mixes and 0.93-0.99x on
 #: the two of 768 rows. With the host counted it won fewer (isolated 0.77-1.08x, back to back
-#: 0.73-1.25x: the flat walk's host path is the longer; section 35 of
-#: ``docs/records/benchmarks/paged/issue49/README.md``).
+#: 0.73-1.25x; section 35 of ``docs/records/benchmarks/paged/issue49/README.md``).
 FLAT_ONE_LOOP_LATENCY = 2
 #: An FP8 (e4m3) cache: its split kernel widens each key and value tile, which leaves it
 #: waiting on latency at the bf16 rule's CTA count. It runs two CTAs an SM with K loads
