@@ -34,6 +34,7 @@ from tiledattention.kernels.decode._launch import normalise
 
 import paged_balance
 from paged_defaults import add_fa4, copy_rate
+from paged_flat_stack import print_table
 from tuner.measure import time_interleaved
 
 MIXES = {"cycling": _case.paged_lengths, "log-uniform": paged_balance.log_uniform}
@@ -99,13 +100,8 @@ def main():
             rows.append((desc, base, {n: base / t.median_ms for n, t in times.items()
                                       if n != "default"}))
     _case.paged_lengths = original
-    names = list(rows[0][2])
-    print("\n(speed-up over the default: its time over each)\n\n| batch | default µs | "
-          + " | ".join(names) + " |")
-    print("|---|---|" + "---|" * len(names))
-    for desc, base, ratios in rows:
-        print(f"| {desc} | {base * 1e3:.1f} | "
-              + " | ".join(f"{ratios[n]:.3f}" for n in names) + " |")
+    print("\n(speed-up over the default: its time over each)")
+    print_table(rows, "default", "{}")
 
 
 if __name__ == "__main__":

@@ -100,11 +100,17 @@ def main():
             rows.append((desc, base, {n: t.median_ms / base for n, t in times.items()
                                       if n != "flat"}))
     _case.paged_lengths = original
+    print_table(rows, "flat", "{} ÷ flat")
+
+
+def print_table(rows, base, column):
+    """``rows`` of ``(batch, base ms, {contender: ratio})`` as a Markdown table: the batch,
+    ``base``'s µs, then each contender's ratio under the heading ``column.format(name)``."""
     names = list(rows[0][2])
-    print("\n| batch | flat µs | " + " | ".join(f"{n} ÷ flat" for n in names) + " |")
+    print(f"\n| batch | {base} µs | " + " | ".join(column.format(n) for n in names) + " |")
     print("|---|---|" + "---|" * len(names))
-    for desc, base, ratios in rows:
-        print(f"| {desc} | {base * 1e3:.1f} | "
+    for desc, ms, ratios in rows:
+        print(f"| {desc} | {ms * 1e3:.1f} | "
               + " | ".join(f"{ratios[n]:.3f}" for n in names) + " |")
 
 

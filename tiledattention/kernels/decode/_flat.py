@@ -32,8 +32,9 @@ B_PAD_LEAST = 32
 #: A 16-bit cache's dtype and the largest (padded) head dim whose split kernel walks a
 #: segment's key tiles in one loop that masks each (``ONE_LOOP``), not an unmasked loop and a
 #: masked one: tileiras 13.4 gives the sm_90 bf16 kernel at D 64 with two loops 96-344 bytes
-#: of stack and with one loop none at loads two steps ahead, while the fp16 kernel keeps 48
-#: with two loops and 448-912 with one (``docs/records/probes/paged_flat_oneloop.py``).
+#: of stack and with one loop none at loads two steps ahead (at D 32: 40 bytes, against
+#: 248-624 with two loops or four ahead), while the fp16 kernel keeps 48 with two loops and
+#: 448-912 with one (``docs/records/probes/paged_flat_oneloop.py``).
 ONE_LOOP_DTYPE = "bf16"
 ONE_LOOP_MAX_HEAD_DIM = 64
 #: Head-dim columns per merge CTA, and partials merged per step (as ``decode_combine``'s).
