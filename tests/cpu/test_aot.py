@@ -117,20 +117,26 @@ def test_images_assume_nothing_of_lengths_but_the_head_dims():
 
 
 def test_a_packed_batchs_helper_kernels_are_built_and_vouched_for_by_their_module():
-    """A ragged problem's images include the work-table kernel and the clears of uncovered
-    rows (queries and keys), each tied to the identity of its own module too."""
+    """A ragged problem's images include the work-table kernel and the clear of the output's
+    uncovered rows (forward), the prologue of work tables and clears (backward), each tied to
+    the identity of its own module too."""
     from tiledattention.tooling import module_identity
 
     problem = Problem(batch=5, heads_q=8, heads_kv=2, seqlen_q=512, seqlen_k=512, head_dim=64,
                       dtype="bf16", causal=True, ragged=True)
+    helpers = "tiledattention.core._work_kernel"
     images = images_of(_job("forward", problem, "sm_90"))
     by_kernel = {i["kernel"].split("[")[0]: i for i in images}
-    table = by_kernel["tiledattention.core._work_kernel:fill_work_table"]
-    assert table["modules"][-1] == "tiledattention.core._work_kernel"
+    table = by_kernel[f"{helpers}:fill_work_table"]
+    assert table["modules"][-1] == helpers
     assert table["identity"] == module_identity(*table["modules"])
     clears = [i for i in images if ":clear_outside[" in i["kernel"]]
-    assert sorted(_bundles.constants_key(i["params"])[0] for i in clears) == [0, 2]
-    assert all(i["modules"][-1] == "tiledattention.entry_points._clear_kernel" for i in clears)
+    assert [_bundles.constants_key(i["params"])[0] for i in clears] == [0]
+    assert all(i["modules"][-1] == helpers for i in clears)
+    backward = images_of(_job("backward", problem, "sm_90"))
+    prologues = [i for i in backward if ":backward_prologue[" in i["kernel"]]
+    assert len(prologues) == 1 and prologues[0]["modules"][-1] == helpers
+    assert prologues[0]["identity"] == module_identity(*prologues[0]["modules"])
 
 
 def test_array_constraints_are_what_ct_launch_derives():

@@ -324,8 +324,7 @@ def test_split_head_dim_compiles_for_every_architecture(arch):
 # -- (e) the kernel files: one entry each, closures, no constant travels by position ----------
 #: every kernel file, each checked together with the kernel core its calls reach
 KERNEL_MODULES = ("tiledattention.kernels.forward._kernel", "tiledattention.kernels.decode._kernel",
-                  "tiledattention.kernels.backward._kernel", "tiledattention.core._work_kernel",
-                  "tiledattention.entry_points._clear_kernel")
+                  "tiledattention.kernels.backward._kernel", "tiledattention.core._work_kernel")
 KERNEL_SOURCES = {name: Path(importlib.util.find_spec(name).origin).read_text()
                   for name in KERNEL_MODULES}
 CORE_SOURCES = tuple(Path(importlib.util.find_spec(name).origin).read_text()

@@ -407,16 +407,23 @@ def test_the_reference_attends_each_sequence_alone(bottom_right):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_the_uncovered_rows_kernel_compiles(arch):
-    from tiledattention.entry_points._clear_kernel import clear_outside
-    from tiledattention.core._compile import array_constraint, export_cubin
-    from tiledattention.entry_points._ragged_fill import TILE_C, TILE_R
+def test_the_uncovered_rows_kernels_compile(arch):
+    """The forward's clear of its output's uncovered rows, and the backward's prologue (work
+    tables and the gradients' clears in one launch), two-kernel and one-pass, both dtypes."""
+    from tiledattention.core._compile import capturing
+    from tiledattention.entry_points._ragged_fill import compile_clear
+    from tiledattention.kernels.backward._compile import compile_prologue
+    from tiledattention.kernels.backward._schedule import BackwardSchedule
 
-    for dtype in ("bf16", "fp16"):
-        result = export_cubin(clear_outside, (array_constraint(dtype, (4096, 4096)),
-                                              array_constraint("int32", (4, 8)), 0, TILE_R,
-                                              TILE_C), arch, "clear_outside")
-        assert result.cubin[:4] == b"\x7fELF"
+    for dtype, head_dim in (("bf16", 64), ("fp16", 96)):
+        problem = Problem(batch=8, heads_q=8, heads_kv=2, seqlen_q=512, seqlen_k=512,
+                          head_dim=head_dim, dtype=dtype, causal=True, ragged=True)
+        with capturing() as builds:
+            compile_clear(problem, arch)
+        assert [b[3][:4] for b in builds] == [b"\x7fELF"]
+        for mode in ("kernel", "atomic"):
+            result = compile_prologue(problem, BackwardSchedule(dq_mode=mode), arch)
+            assert result.cubin[:4] == b"\x7fELF"
 
 
 

@@ -70,20 +70,24 @@ def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: 
 def packed_ranges(cu_seq_q: Any, cu_seq_k: Any) -> Any:
     """The int32 ``[4, sequences]`` ranges of packed sequences from their cumulative offsets
     (``[sequences + 1]`` each), on their device, without a host round trip: each pair of rows
-    copied from a (start, end) view of its offsets, both pairs in one copy where the queries'
-    and keys' offsets are one tensor. Not ``torch.stack``: in a training loop on an H200 its
-    ``cat`` took 350 µs of host time a call (it waited for the GPU), the copies 85 µs less a
-    step (``docs/records/benchmarks/varlen/issue50/README.md``)."""
+    copied from a (start, end) view of its offsets; where the queries' and keys' offsets are
+    one tensor, all four rows are one view of it ([row pair, start or end, sequence]: strides
+    0, 1, 1), copied in one op. Not ``torch.stack``: in a training loop on an H200 its ``cat``
+    took 350 µs of host time a call (it waited for the GPU), the copies 85 µs less a step
+    (``docs/records/benchmarks/varlen/issue50/README.md``)."""
     import torch
 
     sequences = cu_seq_q.shape[0] - 1
-    ranges = torch.empty((4, sequences), dtype=torch.int32, device=cu_seq_q.device)
-    pairs = cu_seq_q.unfold(0, 2, 1).t()  # [2, sequences]: starts, ends
     if cu_seq_k is cu_seq_q:
-        ranges.view(2, 2, sequences).copy_(pairs.expand(2, 2, sequences))
-    else:
-        ranges[0:2] = pairs
-        ranges[2:4] = cu_seq_k.unfold(0, 2, 1).t()
+        step = cu_seq_q.stride(0)
+        pairs = cu_seq_q.as_strided((2, 2, sequences), (0, step, step))
+        form = torch.contiguous_format
+        copied = (pairs.clone(memory_format=form) if cu_seq_q.dtype == torch.int32
+                  else pairs.to(torch.int32, memory_format=form))
+        return copied.view(4, sequences)
+    ranges = torch.empty((4, sequences), dtype=torch.int32, device=cu_seq_q.device)
+    ranges[0:2] = cu_seq_q.unfold(0, 2, 1).t()
+    ranges[2:4] = cu_seq_k.unfold(0, 2, 1).t()
     return ranges
 
 

@@ -24,7 +24,7 @@ from ._lazy import lazy_module
 ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["work_items", "use_work_table", "make_work_table", "TABLE_MIN_IDLE_CTAS",
-           "BACKWARD_TABLE_MIN_IDLE_CTAS", "GRID_Y_LIMIT", "CHUNK"]
+           "BACKWARD_TABLE_MIN_IDLE_CTAS", "GRID_Y_LIMIT", "CHUNK", "CLEAR_TILE_ROWS"]
 
 #: A ragged forward walks a work table when the plain grid would launch at least this many
 #: idle CTAs (each costs ~10 ns of a forward on an H100: module docstring).
@@ -41,6 +41,9 @@ BACKWARD_TABLE_MIN_IDLE_CTAS = 0
 GRID_Y_LIMIT = 65535
 #: the sequences one step of the table kernel compares, and the tiles one step writes
 CHUNK = 256
+#: rows of one tile of zeros where packed sequences leave rows uncovered (``_work_kernel``'s
+#: ``clear_uncovered``)
+CLEAR_TILE_ROWS = 16
 
 
 def work_items(*, sequences: int, longest: int, rows: int, tile: int) -> int:

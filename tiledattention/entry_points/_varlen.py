@@ -152,8 +152,11 @@ def _check_grid(sequences: int, heads_q: int) -> None:
 
 
 def _view(x: torch.Tensor) -> torch.Tensor:
-    """``[tokens, H, D]`` as the kernels' ``[1, H, tokens, D]`` (a view)."""
-    return x.unsqueeze(0).transpose(1, 2)
+    """``[tokens, H, D]`` as the kernels' ``[1, H, tokens, D]`` (a view: the strides of
+    ``x.unsqueeze(0).transpose(1, 2)`` in one op, not two; a warm packed call makes eight)."""
+    tokens, heads, dim = x.shape
+    s_tokens, s_heads, s_dim = x.stride()
+    return x.as_strided((1, heads, tokens, dim), (tokens * s_tokens, s_heads, s_tokens, s_dim))
 
 
 def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
@@ -264,9 +267,10 @@ def _run_forward(runtime: Runtime, query, key, value, packed: _Packed, layout: R
     out = hot.empty_like(query, memory_format=hot.contiguous_format)
     lse = packed_row_stat(query.shape[1], query.shape[0], query.device)
     stream = hot.raw_stream(device)
-    family.forward_with_lse(stream, _view(query), _view(key), _view(value), _view(out), lse,
+    out_view = _view(out)
+    family.forward_with_lse(stream, _view(query), _view(key), _view(value), out_view, lse,
                             packed.problem, schedule, packed.scale, device, ragged=layout)
-    clear_uncovered_rows(stream, out, layout.ranges, 0)  # tokens of no sequence: zeros
+    clear_uncovered_rows(stream, out_view, layout.ranges, 0)  # tokens of no sequence: zeros
     return out, lse
 
 
@@ -302,11 +306,10 @@ def _run_backward(runtime: Runtime, grad_out, query, key, value, out, lse, packe
     delta = packed_row_stat(query.shape[1], query.shape[0], query.device)
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     stream = hot.raw_stream(device)
+    # rows of no sequence get zero gradients: the backward's prologue clears them (packed)
     family.backward(stream, packed.problem, schedule, packed.scale, _view(query), _view(key),
                     _view(value), _view(out), _view(grad_out), lse, delta,
                     tuple(_view(g) for g in grads), ragged=layout)
-    for grad, which in zip(grads, (0, 2, 2)):  # tokens of no sequence: zero gradients
-        clear_uncovered_rows(stream, grad, layout.ranges, which)
     return grads
 
 

@@ -16,16 +16,17 @@ from ...core._compile import (CompileResult, array_constraint, attention_constra
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._launch import (DELTA_PARAMETERS, DKDV_PARAMETERS, DQ_ACCUM, DQ_PARAMETERS,
-                      DQ_SCALE_PARAMETERS, RANGES, SUM_PARAMETERS, VARIANT_VALUES, WORK,
-                      delta_constants, delta_kernel, dkdv_constants, dkdv_kernel, dq_constants,
-                      dq_kernel, dq_query_rows, dq_scale_constants, dq_scale_kernel,
-                      has_variants, normalise, sum_constants, sum_kernel)
+                      DQ_SCALE_PARAMETERS, PROLOGUE_PARAMETERS, RANGES, SUM_PARAMETERS,
+                      VARIANT_VALUES, WORK, delta_constants, delta_kernel, dkdv_constants,
+                      dkdv_kernel, dq_constants, dq_kernel, dq_query_rows, dq_scale_constants,
+                      dq_scale_kernel, has_variants, normalise, prologue_constants,
+                      prologue_kernel, sum_constants, sum_kernel)
 from ._schedule import BackwardSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
 
-__all__ = ["compile_backward"]
+__all__ = ["compile_backward", "compile_prologue"]
 
 
 def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
@@ -101,3 +102,26 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
     return dataclasses.replace(dkdv, seconds=dkdv.seconds + sum(o.seconds for o in others),
                                other_cubins=tuple(o.cubin for o in others))
 
+
+
+def compile_prologue(problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
+    """Compile (only) the prologue a packed backward of ragged ``problem`` launches on ``arch``
+    (``backward_prologue``: the dK/dV kernel's work table, the dQ kernel's unless one-pass, and
+    the clears of the gradients' uncovered rows), for ``tiledtune aot`` (under
+    ``capturing``)."""
+    s = normalise(problem, schedule)
+    p = problem
+    query_table = s.dq_mode != "atomic"
+    q_like, kv_like = attention_constraints(p, True)
+    tiles = (dq_query_rows(p, s), s.dkdv_tile_n)
+
+    def table(length: int, tile: int):
+        return array_constraint("int32", (2, p.batch * -(-length // tile)))
+    return export_cubin(
+        prologue_kernel(),
+        PROLOGUE_PARAMETERS.ordered(
+            {"Ranges": array_constraint("int32", (4, p.batch)),
+             "WorkQ": table(p.seqlen_q, tiles[0]) if query_table else ctc.ConstantConstraint(0),
+             "WorkK": table(p.seqlen_k, tiles[1]), "dQ": q_like, "dK": kv_like, "dV": kv_like},
+            prologue_constants(p, tiles, query_table=query_table, key_table=True, clear=True)),
+        arch, f"backward prologue {s.describe()}")

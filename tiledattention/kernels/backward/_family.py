@@ -12,10 +12,9 @@ from ...core._family import Family, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._reference import attention_reference
 from ...core._problem import Problem, default_scale
-from ...core._work_table import compile_work_table
-from ._compile import compile_backward
+from ._compile import compile_backward, compile_prologue
 from ._defaults import default_backward_schedule, deterministic_backward_schedule
-from ._launch import (Launches, argument_tails, dq_query_rows, launch, launch_ragged, launches,
+from ._launch import (Launches, argument_tails, launch, launch_ragged, launches,
                       normalise, ragged_parts_shape, row_stat_shape)
 from ._schedule import BackwardSchedule
 
@@ -276,13 +275,13 @@ class BackwardFamily(Family):
     def compile_launchable(self, problem: Problem, schedule: BackwardSchedule,
                            arch: str) -> None:
         """The call's kernels and, for a ragged problem, those that walk work tables and the
-        kernel that fills the tables (of query tiles and of key tiles)."""
+        prologue that fills the tables (of query tiles and of key tiles) and clears a packed
+        call's uncovered rows."""
         self.compile(problem, schedule, arch)
         if problem.ragged:
             s = normalise(problem, schedule)
             compile_backward(problem, s, arch, work_table=True)
-            compile_work_table(problem.batch, dq_query_rows(problem, s), arch)
-            compile_work_table(problem.batch, s.dkdv_tile_n, arch, keys=True)
+            compile_prologue(problem, s, arch)
 
     def case(self, problem: Problem, device_index: int) -> BackwardCase | RaggedBackwardCase:
         self.check_pages(problem)

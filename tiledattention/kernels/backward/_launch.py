@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
-from ...core._work_table import GRID_Y_LIMIT, make_work_table, use_work_table, work_items
+from ...core._work_table import CHUNK, CLEAR_TILE_ROWS, GRID_Y_LIMIT, use_work_table, work_items
 from ...core._problem import (INDEX_LIMIT, Problem, head_dim_parts, packable,
                               padded_head_dim, row_stat_shape)
 from ...errors import KernelArgumentError, UnsupportedProblemError
@@ -62,7 +62,8 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "ragged_grids", "UNUSED", "RANGES", "WORK", "DQ_ACCUM", "DELTA_PARAMETERS",
            "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
            "dq_scale_constants", "argument_tails", "dq_packed_heads", "dq_query_rows",
-           "ragged_parts_shape"]
+           "ragged_parts_shape", "PROLOGUE_PARAMETERS", "prologue_constants",
+           "prologue_kernel"]
 
 
 
@@ -98,6 +99,12 @@ def _dq_scale() -> ct.kernel:
     return attention_bwd_dq_scale
 
 
+def _prologue() -> ct.kernel:
+    from ...core._work_kernel import backward_prologue
+
+    return backward_prologue
+
+
 #: the launch-time values of the dQ and dK/dV kernels after the arrays and ``qk_scale``, the
 #: heads and ``group``: the window's sides (-1: unbounded) and the softcap (0: none), read under
 #: ``WINDOW`` / ``SOFTCAP``
@@ -124,6 +131,7 @@ DKDV_PARAMETERS = KernelParameters(_dkdv, ("Q", "K", "V", "dO", "Lse", "Delta", 
 SUM_PARAMETERS = KernelParameters(_sum, ("Parts", "Grad"))
 DELTA_PARAMETERS = KernelParameters(_delta, ("Out", "dO", "Delta", "dQacc"))
 DQ_SCALE_PARAMETERS = KernelParameters(_dq_scale, ("dQacc", "dQ", "qk_scale"))
+PROLOGUE_PARAMETERS = KernelParameters(_prologue, ("Ranges", "WorkQ", "WorkK", "dQ", "dK", "dV"))
 
 #: rows per CTA of the sum kernel (memory-bound: one [64, D] float32 tile a step) and of the
 #: one-pass backward's dQ-scale kernel
@@ -371,6 +379,29 @@ def dkdv_kernel(schedule: BackwardSchedule) -> ct.kernel:
     return _hinted(_dkdv(), schedule.dkdv_occupancy, schedule.dkdv_worker_warps)
 
 
+def prologue_constants(problem: Problem, tiles: tuple[int, int], *, query_table: bool,
+                       key_table: bool, clear: bool) -> dict[str, Any]:
+    """The ``ct.Constant`` arguments of a ragged backward's prologue (``backward_prologue``):
+    ``tiles`` (a dQ tile's query positions, ``dkdv_tile_n``), which of the two work tables it
+    fills, and whether it clears the gradients' uncovered rows (packed sequences)."""
+    return {"TILE_Q": tiles[0], "TILE_K": tiles[1], "CHUNK": CHUNK, "QUERY_TABLE": query_table,
+            "KEY_TABLE": key_table, "CLEAR": clear, "TILE_R": CLEAR_TILE_ROWS,
+            "TILE_D": padded_head_dim(problem.head_dim)}
+
+
+@functools.lru_cache(maxsize=256)
+def _prologue_tail(problem: Problem, tiles: tuple[int, int], query_table: bool, key_table: bool,
+                   clear: bool) -> tuple:
+    """:func:`prologue_constants` in the kernel's order (cached: built once per plan and form)."""
+    return PROLOGUE_PARAMETERS.constant_values(prologue_constants(
+        problem, tiles, query_table=query_table, key_table=key_table, clear=clear))
+
+
+def prologue_kernel() -> ct.kernel:
+    """``backward_prologue`` (the work tables and the clears: the compiler's hints)."""
+    return _prologue()
+
+
 def sum_kernel() -> ct.kernel:
     """``attention_bwd_sum`` (memory-bound: the compiler's hints)."""
     return _sum()
@@ -586,7 +617,7 @@ def kernel_args(plan: Launches, q: Any, k: Any, v: Any, out: Any, grad_out: Any,
     ``ranges``: the int32 ``[4, sequences]`` ranges of a ragged call, given exactly when
     ``plan.problem.ragged``; ``packed`` (ragged only): the arrays are ``[1, H, tokens, D]``
     views of sequences packed end to end; ``work`` (ragged only): the dQ kernel's table of
-    query tiles and the dK/dV kernel's of key tiles (``make_work_table``), None for a kernel
+    query tiles and the dK/dV kernel's of key tiles (``_launch_prologue`` fills them), None for a kernel
     that runs its grid. Raises :class:`KernelArgumentError` otherwise."""
     tables = tuple(w is not None for w in work)
     _check_call(plan, ranges, packed=packed, tables=tables, dq_accum=dq_accum)
@@ -666,6 +697,23 @@ def _launch_walks(stream: Any, plan: Launches, grids: tuple, args: tuple, rows: 
                     (accum, dq, plan.scale, *plan.dq_scale_scalars))
 
 
+def _launch_prologue(stream: Any, plan: Launches, ranges: Any, tables: list,
+                     cleared: tuple | None) -> None:
+    """Enqueue a ragged backward's prologue (``backward_prologue``), one launch of ``sequences
+    + 1`` x 3 CTAs ahead of the dQ and dK/dV kernels: it fills the work ``tables`` given (the
+    dQ kernel's, the dK/dV kernel's; None for a kernel on its grid) and, with ``cleared`` (``dq,
+    dk, dv`` of packed sequences), zeros their rows outside every sequence. Nothing where it
+    has nothing to do."""
+    query_table, key_table = (t is not None for t in tables)
+    if not (query_table or key_table or cleared):
+        return
+    arrays = cleared or (UNUSED, UNUSED, UNUSED)
+    args = (ranges, *(UNUSED if t is None else t for t in tables), *arrays,
+            *_prologue_tail(plan.problem, plan.tiles, query_table, key_table,
+                            cleared is not None))
+    _aot.launch(stream, (ranges.shape[1] + 1, 3, 1), prologue_kernel(), args)
+
+
 def ragged_parts_shape(plan: Launches, k: Any) -> tuple[int, int, int, int] | None:
     """The shape of each float32 partial (of dK and of dV) a ragged launch of ``plan`` with
     dK/dV splits adds up: ``[splits * entries, H_kv, rows, D]`` of ``k``'s view (``[entries,
@@ -701,13 +749,18 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
     tensors (``x.unsqueeze(0).transpose(1, 2)``), ``lse`` and ``delta`` float32 ``[1, H_q,
     T_q]``. Else a padded batch: ``[B, H, S, D]`` arrays and ``[B, H_q, S_q]`` statistics
     with ``B`` = sequences, sequence ``b`` in entry ``b``. ``lse`` is the ragged forward's;
-    ``delta`` is scratch shaped like it (written here). Rows and keys outside every sequence
-    are not written, except one-pass dQ's, which come out as zeros (zero-fill ``dq, dk, dv``
-    first where they must read as zeros).
+    ``delta`` is scratch shaped like it (written here). Packed, the rows and keys of ``dq,
+    dk, dv`` outside every sequence come out as zeros; in a padded batch they are not written,
+    except one-pass dQ's, which come out as zeros (zero-fill ``dq, dk, dv`` first where they
+    must read as zeros).
 
-    Each kernel walks a work table of its tiles, built first on ``stream`` (one CTA per item
-    x head, the heaviest first), unless ``BACKWARD_TABLE_MIN_IDLE_CTAS`` (``use_work_table``)
-    keeps it on its grid."""
+    Each kernel walks a work table of its tiles (one CTA per item x head, the heaviest first),
+    unless ``BACKWARD_TABLE_MIN_IDLE_CTAS`` (``use_work_table``) keeps it on its grid. One
+    launch ahead of the kernels (:func:`_launch_prologue`) fills both tables and, packed,
+    clears the uncovered rows: a launch costs 12-15 µs of an H200 host's time, and a packed
+    backward of short sequences is host-bound in a loop."""
+    import torch
+
     _check_call(plan, ranges, packed=packed, tables=(False, False), dq_accum=dq_accum)
     if (parts is not None) != (plan.splits > 1):
         raise KernelArgumentError(
@@ -726,11 +779,12 @@ def launch_ragged(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any,
         items = work_items(sequences=sequences, longest=longest, rows=rows, tile=tile)
         if use_work_table(sequences=sequences, longest=longest, items=items, heads=count,
                           tile=tile, backward=True):  # always where the grid would not fit
-            work[kernel] = make_work_table(stream, ranges, tile, items, keys=kernel == 1)
+            work[kernel] = torch.empty((2, items), dtype=torch.int32, device=ranges.device)
             launched[kernel] = (items * count, 1, 1)
         else:  # a (sequence x K/V head)'s splits of a key tile along the third axis
             split = plan.splits if kernel else 1
             launched[kernel] = _ragged_grid(tile, count // split, sequences, longest, split)
+    _launch_prologue(stream, plan, ranges, work, (dq, dk, dv) if packed else None)
     dk_to, dv_to = (dk, dv) if parts is None else parts
     dq_args, dkdv_args = _arguments(plan, (q, k, v, out, grad_out, lse, delta, dq, dk_to, dv_to),
                                     ranges, packed=packed, dq_accum=dq_accum, work=tuple(work))
