@@ -185,6 +185,38 @@ def test_the_work_table_kernel_matches_its_reference(q_lens, k_lens, tile, keys)
     assert int(used.sum()) == sum(-(-n // tile) for n in lens)
 
 
+@pytest.mark.parametrize("q_lens, k_lens, tiles", [
+    ([5, 300, 0, 129, 1, 64, 0, 257], [5, 300, 0, 129, 9000, 64, 7, 257], (64, 128)),
+    ([19200, 3] + [70] * 600, None, (128, 64)),  # over one chunk of sequences and of tiles
+])
+def test_the_backward_prologue_fills_both_tables_in_one_launch(q_lens, k_lens, tiles):
+    """The backward's prologue (one launch) writes the dQ kernel's table of query tiles and
+    the dK/dV kernel's of key tiles, each as the work-table reference has it."""
+    import types
+
+    from tiledattention.core._work_table import work_items
+    from tiledattention.kernels.backward import _launch
+
+    k_lens = q_lens if k_lens is None else k_lens
+    cq = torch.tensor([0] + q_lens, device="cuda").cumsum(0)
+    ck = torch.tensor([0] + k_lens, device="cuda").cumsum(0)
+    ranges = torch.stack((cq[:-1], cq[1:], ck[:-1], ck[1:])).to(torch.int32)
+    sizes = [work_items(sequences=len(n), longest=max(n), rows=sum(n), tile=t) + 5
+             for n, t in ((q_lens, tiles[0]), (k_lens, tiles[1]))]
+    tables = [torch.full((2, n), 12345, dtype=torch.int32, device="cuda") for n in sizes]
+    problem = tiledattention.Problem(batch=len(q_lens), heads_q=8, heads_kv=2, seqlen_q=256,
+                                     seqlen_k=256, head_dim=64, dtype="bf16", causal=True,
+                                     ragged=True)
+    plan = types.SimpleNamespace(problem=problem, tiles=tiles)
+    _launch._launch_prologue(torch.cuda.current_stream(), plan, ranges, tables, None)
+    for keys, (table, tile, items, lens) in enumerate(zip(tables, tiles, sizes,
+                                                          (q_lens, k_lens))):
+        sequence, tile_of, used = _table_reference(ranges, tile, items, bool(keys))
+        assert torch.equal(table[0], sequence), keys
+        assert torch.equal(table[1][used], tile_of[used]), keys
+        assert int(used.sum()) == sum(-(-n // tile) for n in lens)
+
+
 @pytest.fixture(params=["table", "grid"])
 def launch_mode(request, monkeypatch):
     """Every ragged launch (forward and backward) walks a work table, or none does (the
@@ -531,22 +563,27 @@ def test_explain_varlen_names_the_bucket_and_its_schedule():
 
 def test_rows_of_no_sequence_get_zero_outputs_and_gradients():
     """Tokens before the first sequence and after the last (NaN here) come out as zeros, and so
-    do their gradients: a small kernel clears exactly those rows (none else are left
-    unwritten)."""
+    do their gradients, though their memory held NaN: the forward's clear and the backward's
+    prologue zero exactly those rows (none else are left unwritten)."""
     gen = torch.Generator(device="cuda").manual_seed(5)
-    q, k, v = (torch.randn(300, h, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    tokens, first, end = 600, 7, 250  # rows of no sequence: 7 before, 350 after (22 tiles)
+    q, k, v = (torch.randn(tokens, h, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
                for h in (4, 2, 2))
     for x in (q, k, v):
-        x[:7] = float("nan")
-        x[250:] = float("nan")
-    cu = torch.tensor([7, 100, 101, 250], dtype=torch.int32, device="cuda")
+        x[:first] = float("nan")
+        x[end:] = float("nan")
+    cu = torch.tensor([first, 100, 101, end], dtype=torch.int32, device="cuda")
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    # NaN-filled blocks of the output's and the gradients' sizes, freed: the caching allocator
+    # hands them out again, so a row nothing writes reads NaN
+    junk = [torch.full_like(x, float("nan")) for x in (q, q, k, v) for _ in range(2)]
+    del junk
     out = tiledattention.varlen_attn(*leaves, cu, cu, 149, 149, is_causal=True,
                                      enable_gqa=True)
     grads = torch.autograd.grad(out, leaves, torch.randn_like(out))
     for name, x in (("out", out), ("dq", grads[0]), ("dk", grads[1]), ("dv", grads[2])):
-        assert torch.equal(x[:7], torch.zeros_like(x[:7])), name
-        assert torch.equal(x[250:], torch.zeros_like(x[250:])), name
-        assert not x[7:250].isnan().any(), name
+        assert torch.equal(x[:first], torch.zeros_like(x[:first])), name
+        assert torch.equal(x[end:], torch.zeros_like(x[end:])), name
+        assert not x[first:end].isnan().any(), name
     want = varlen_reference(q, k, v, cu, cu, causal=True)
-    assert rel_l2(out[7:250], want[7:250]) < TOL[q.dtype]
+    assert rel_l2(out[first:end], want[first:end]) < TOL[q.dtype]
