@@ -1,7 +1,8 @@
 """Shipped cubins on the GPU: a fresh process with compiling switched off
 (``TILEDATTENTION_JIT=0``) and no ``tileiras`` on ``PATH`` runs prefill, decode, the backward,
-a CUDA-graph replay and a packed batch (its work table and clears too) from a bundle, and gives this process's JIT-compiled results bit for
-bit. (A process of its own: cuTile keeps each kernel it loaded for a launch signature, so in
+a CUDA-graph replay and a packed batch (its work table and clears too) and its backward (the
+prologue of work tables and clears too) from a bundle, and gives this process's JIT-compiled
+results bit for bit. (A process of its own: cuTile keeps each kernel it loaded for a launch signature, so in
 one process a signature the JIT compiled first would never reach the bundle.)"""
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ RAGGED = ragged_problem(sequences=len(LENGTHS), tokens_q=sum(LENGTHS), longest_q
 #: (name, problem, training) of the calls both processes make; batch 1 takes the other images
 CALLS = [("prefill", PREFILL, False), ("prefill-b1", dataclasses.replace(PREFILL, batch=1), False),
          ("decode", DECODE, False), ("decode-b1", dataclasses.replace(DECODE, batch=1), False),
-         ("training", PREFILL, True), ("graph", DECODE, False), ("varlen", RAGGED, False)]
+         ("training", PREFILL, True), ("graph", DECODE, False), ("varlen", RAGGED, False),
+         ("varlen-training", RAGGED, True)]
 
 CHILD = r'''
 import sys, torch
@@ -63,10 +65,12 @@ def run(problem: Problem, training: bool, graph: bool = False) -> list:
         q = randn(tokens, p.heads_q, p.head_dim)
         k, v = (randn(tokens, p.heads_kv, p.head_dim) for _ in range(2))
         cu = torch.tensor((0, *LENGTHS), device="cuda").cumsum(0).to(torch.int32)
-        out = tiledattention.varlen_attn(q, k, v, cu, cu, max(LENGTHS), max(LENGTHS),
+        leaves = [x.requires_grad_(training) for x in (q, k, v)]
+        out = tiledattention.varlen_attn(*leaves, cu, cu, max(LENGTHS), max(LENGTHS),
                                          is_causal=True, enable_gqa=True)
+        grads = torch.autograd.grad(out, leaves, randn(*out.shape)) if training else ()
         torch.cuda.synchronize()
-        return [out.cpu()]
+        return [t.detach().cpu() for t in (out, *grads)]
 
     q = randn(p.batch, p.heads_q, p.seqlen_q, p.head_dim)
     k, v = (randn(p.batch, p.heads_kv, p.seqlen_k, p.head_dim) for _ in range(2))
@@ -94,7 +98,7 @@ def bundle(tmp_path_factory):
 
     arch = device_info(torch.cuda.current_device()).arch
     jobs = jobs_for([arch], [("forward", PREFILL), ("decode", DECODE), ("backward", PREFILL),
-                             ("forward", RAGGED)], shipped=False)
+                             ("forward", RAGGED), ("backward", RAGGED)], shipped=False)
     out = tmp_path_factory.mktemp("cubins")
     report = build_bundles(jobs, out, processes=4)
     assert report.failures == [] and arch in report.bundles
