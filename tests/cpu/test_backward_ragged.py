@@ -65,6 +65,20 @@ def _packed_ranges(lens):
     return torch.stack((ends[:-1], ends[1:], ends[:-1], ends[1:])).to(torch.int32)
 
 
+def _prologue_and_rest(calls):
+    """The recorded ``ct.launch`` calls split into the backward's prologue (its arguments by
+    parameter name; None where it did not launch; at most one) and the others' ``(grid,
+    kernel, args)``."""
+    from tiledattention.kernels.backward._launch import PROLOGUE_PARAMETERS, prologue_kernel
+
+    prologues = [(grid, dict(zip(PROLOGUE_PARAMETERS.names, args)))
+                 for _, grid, kernel, args in calls if kernel is prologue_kernel()]
+    assert len(prologues) <= 1
+    rest = [(grid, kernel, args) for _, grid, kernel, args in calls
+            if kernel is not prologue_kernel()]
+    return (prologues or [None])[0], rest
+
+
 # -- compile-only builds (the variants' tests' builder and cache) --------------------------------
 @pytest.mark.parametrize("arch", ARCHES)
 def test_ragged_problem_compiles_both_kernels_for_each_architecture(arch):
@@ -363,8 +377,8 @@ def test_a_ragged_backward_walks_work_tables(monkeypatch, least):
         ranges = _packed_ranges(lens)
         arrays = (q, k, k, q, q, None, None, q, k, k)
         launch_ragged("stream", plan, *arrays, ranges, max(lens), max(lens), packed=True)
-        grids = [grid for _, grid, _, _ in calls if len(grid) == 3]
-        fills = [args for _, grid, _, args in calls if len(grid) == 1]
+        prologue, rest = _prologue_and_rest(calls)
+        grids = [grid for grid, _, _ in rest]
         calls.clear()
         # idle: whether at least 8192 CTAs of the kernel's grid would idle
         tables = tuple({None: True, 8192: i, 1 << 62: False}[least] for i in idle)
@@ -375,7 +389,12 @@ def test_a_ragged_backward_walks_work_tables(monkeypatch, least):
                 assert grids[kernel] == (items * heads, 1, 1)
             else:
                 assert grids[kernel] == (-(-max(lens) // 128), len(lens) * heads, 1)
-        assert [f[4] for f in fills] == [kernel == 1 for kernel in (0, 1) if tables[kernel]]
+        # one prologue launch fills the tables asked for and clears the packed gradients' rows
+        grid, named = prologue
+        assert grid == (len(lens) + 1, 3, 1) and len(grids) == 2
+        assert (named["QUERY_TABLE"], named["KEY_TABLE"], named["CLEAR"]) == (*tables, True)
+        assert named["dQ"] is q and named["dK"] is k and named["dV"] is k
+        assert [isinstance(named[w], torch.Tensor) for w in ("WorkQ", "WorkK")] == list(tables)
 
 
 def test_more_sequences_than_a_grid_dimension_holds_walk_tables(monkeypatch):
@@ -401,8 +420,9 @@ def test_more_sequences_than_a_grid_dimension_holds_walk_tables(monkeypatch):
     ranges = _packed_ranges(lens)
     launch_ragged("stream", launches(problem, s, 0.1), q, k, k, q, q, None, None, q, k, k,
                   ranges, 17, 17, packed=True)
-    grids = [grid for _, grid, _, _ in calls if len(grid) == 3]
-    assert grids == [(len(lens) * 16, 1, 1), (1, len(lens) * 4, 1)]  # one tile a sequence
+    prologue, rest = _prologue_and_rest(calls)
+    assert [grid for grid, _, _ in rest] == [(len(lens) * 16, 1, 1), (1, len(lens) * 4, 1)]
+    assert (prologue[1]["QUERY_TABLE"], prologue[1]["KEY_TABLE"]) == (True, False)
 
 
 @pytest.mark.parametrize("packed", [True, False])
@@ -435,15 +455,16 @@ def test_a_one_pass_ragged_backward_launches_its_row_kernels_over_every_row(monk
     with pytest.raises(KernelArgumentError, match="dq_accum"):
         launch_ragged("stream", plan, *arrays, ranges, 512, 512, packed=packed)
     launch_ragged("stream", plan, *arrays, ranges, 512, 512, packed=packed, dq_accum=accum)
-    fills = [c for c in calls if len(c[1]) == 1]  # the work tables' (a 1-D grid)
-    assert len(fills) <= 1 and all(f[3][4] for f in fills)  # key tiles' only
-    launched = [c for c in calls if len(c[1]) == 3]
-    assert [c[2] for c in launched] == [delta_kernel(), plan.dkdv, dq_scale_kernel()]
-    assert launched[0][1] == (-(-rows // DELTA_TILE), entries * 8, 1)
-    assert launched[0][3][:4] == (q, q, "delta", accum)
-    assert launched[2][1] == (-(-rows // SUM_TILE), entries * 8, 1)
-    assert launched[2][3][:3] == (accum, "dq", 0.1)
-    dkdv_args = launched[1][3]
+    prologue, launched = _prologue_and_rest(calls)
+    assert not prologue[1]["QUERY_TABLE"] and prologue[1]["WorkQ"] == ()  # key tiles' only
+    assert prologue[1]["CLEAR"] == packed  # a padded batch's rows are not cleared
+    assert [kernel for _, kernel, _ in launched] == [delta_kernel(), plan.dkdv,
+                                                     dq_scale_kernel()]
+    assert launched[0][0] == (-(-rows // DELTA_TILE), entries * 8, 1)
+    assert launched[0][2][:4] == (q, q, "delta", accum)
+    assert launched[2][0] == (-(-rows // SUM_TILE), entries * 8, 1)
+    assert launched[2][2][:3] == (accum, "dq", 0.1)
+    dkdv_args = launched[1][2]
     assert any(a is accum for a in dkdv_args) and any(a is ranges for a in dkdv_args)
     plain = launches(problem, s.replace(dq_mode="kernel"), 0.1)
     with pytest.raises(KernelArgumentError, match="dq_accum"):
@@ -505,8 +526,8 @@ def test_a_split_ragged_backward_writes_partials_and_sums_them(monkeypatch, leas
     assert ragged_parts_shape(plan, k) == (4, 1, tokens, 128)
     parts = tuple(torch.zeros(ragged_parts_shape(plan, k)) for _ in range(2))
     launch_ragged("stream", plan, *args, packed=True, parts=parts)
-    kernels = [(grid, args) for _, grid, _, args in calls if len(grid) == 3]
-    dkdv_grid, dkdv_args = kernels[1]
+    _, rest = _prologue_and_rest(calls)
+    dkdv_grid, _, dkdv_args = rest[1]
     assert dkdv_args[6] is parts[0] and dkdv_args[7] is parts[1]  # the kernel writes partials
     if least is None:  # a work table: items x K/V heads x splits
         items = work_items(sequences=len(lens), longest=max(lens), rows=tokens, tile=64)

@@ -141,7 +141,7 @@ def images_of(job: Job) -> list[dict]:
                                   job.arch).schedule
     with capturing() as builds:
         family.compile_launchable(problem, schedule, job.arch)
-        if getattr(problem, "ragged", False):  # a packed call's clears of uncovered rows
+        if getattr(problem, "ragged", False):  # a packed forward's clear of uncovered rows
             compile_ragged_clear(problem, job.arch)
     images = []
     for kernel, args, _, cubin in builds:
