@@ -29,6 +29,12 @@ ctc = lazy_module("cuda.tile.compilation", globals(), "ctc")
 __all__ = ["compile_backward", "compile_prologue"]
 
 
+def _table_constraint(problem: Problem, length: int, tile: int):
+    """A work table (int32 ``[2, items]``) of ``tile``-row tiles of ``problem.batch``
+    sequences of ``length`` rows each."""
+    return array_constraint("int32", (2, problem.batch * -(-length // tile)))
+
+
 def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
                      work_table: bool = False) -> CompileResult:
     """Compile the kernels ``normalise(problem, schedule)`` launches for ``arch``; raise
@@ -59,7 +65,7 @@ def compile_backward(problem: Problem, schedule: BackwardSchedule, arch: str, *,
     # a work table (int32 [2, items]) of query tiles for the dQ kernel, of key tiles for the
     # dK/dV kernel, or the zero-byte constant
     dq_variants, dkdv_variants = (
-        {**variants, WORK: (array_constraint("int32", (2, p.batch * -(-length // tile)))
+        {**variants, WORK: (_table_constraint(p, length, tile)
                             if table else ctc.ConstantConstraint(0))}
         for length, tile in ((p.seqlen_q, dq_query_rows(p, s)), (p.seqlen_k, s.dkdv_tile_n)))
     one_pass = s.dq_mode == "atomic"
@@ -114,14 +120,13 @@ def compile_prologue(problem: Problem, schedule: BackwardSchedule, arch: str) ->
     query_table = s.dq_mode != "atomic"
     q_like, kv_like = attention_constraints(p, True)
     tiles = (dq_query_rows(p, s), s.dkdv_tile_n)
-
-    def table(length: int, tile: int):
-        return array_constraint("int32", (2, p.batch * -(-length // tile)))
     return export_cubin(
         prologue_kernel(),
         PROLOGUE_PARAMETERS.ordered(
             {"Ranges": array_constraint("int32", (4, p.batch)),
-             "WorkQ": table(p.seqlen_q, tiles[0]) if query_table else ctc.ConstantConstraint(0),
-             "WorkK": table(p.seqlen_k, tiles[1]), "dQ": q_like, "dK": kv_like, "dV": kv_like},
+             "WorkQ": (_table_constraint(p, p.seqlen_q, tiles[0]) if query_table
+                       else ctc.ConstantConstraint(0)),
+             "WorkK": _table_constraint(p, p.seqlen_k, tiles[1]),
+             "dQ": q_like, "dK": kv_like, "dV": kv_like},
             prologue_constants(p, tiles, query_table=query_table, key_table=True, clear=True)),
         arch, f"backward prologue {s.describe()}")
