@@ -113,8 +113,10 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
     attends only within its ranges, the causal mask and the window aligned within them as
     ``causal`` says (``"bottom_right"``: the valid queries are the last of the valid keys, as
     in a left-padded generation step); rows outside their entry's query range are zeros.
-    Runs the prefill forward's kernels (torch tensors, no autograd, no ``out``); the values
-    are not read on the host, so a range past ``S_q`` or ``S_k`` is the caller's error.
+    Runs the prefill forward's kernels, or for few query rows the split-KV decode kernels
+    (torch tensors, no autograd, no ``out``); the values are not read on the host (the call
+    may be captured in a CUDA graph), so a range past ``S_q`` or ``S_k`` is the caller's
+    error.
 
     ``keep_scratch``: a decode call that splits the cache writes float32 partial results to
     scratch buffers, which by default the runtime keeps and reuses for the next call on the same
@@ -148,7 +150,8 @@ def sdpa(q: Any, k: Any, v: Any, causal: bool | str = False, scale: float | None
         from .entry_points import _varlen  # a padded batch: torch tensors only
 
         return _varlen.padded_forward(runtime(), q, k, v, causal, scale, ranges, window=window,
-                                      softcap=softcap, sinks=sinks, schedule=schedule, out=out)
+                                      softcap=softcap, sinks=sinks, schedule=schedule, out=out,
+                                      keep_scratch=keep_scratch)
     try:
         grad = q.requires_grad or k.requires_grad or v.requires_grad or (
             sinks is not None and sinks.requires_grad)

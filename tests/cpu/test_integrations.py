@@ -654,6 +654,79 @@ def test_hf_generate_matches_sdpa(kernel, cpu_is_kernel_device):
     assert sorted({c["k"][2] for c in decode}) == list(range(13, 18))
 
 
+def test_hf_static_cache_generate_runs_every_call_as_ranges(kernel, cpu_is_kernel_device):
+    """A static cache's buffer runs past the queries (its unfilled slots are padding) and its
+    layers give the query offset as a tensor: the prefill and every decode step of a
+    left-padded batch still run the kernel, each entry from its first valid key to the
+    queries' end, and generate sdpa's tokens."""
+    mine, theirs = tiny_llama("tiledattention"), tiny_llama("sdpa")
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0,
+                  cache_implementation="static")
+    with torch.no_grad():
+        got = mine.generate(ids, attention_mask=mask, **kwargs)
+        assert torch.equal(got, theirs.generate(ids, attention_mask=mask, **kwargs))
+    assert ti.hf_stats().fallbacks == {} and len(kernel.calls) == 12
+    buffer = kernel.calls[0]["k"][2]
+    assert buffer >= 17 and all(c["k"][2] == buffer for c in kernel.calls)
+    assert kernel.calls[0]["ranges"].tolist() == [[0, 3], [12, 12], [0, 3], [12, 12]]
+    ends = [c["ranges"][3].tolist() for c in kernel.calls if c["q"][2] == 1]
+    assert ends == [[n, n] for n in range(13, 18) for _ in range(2)]
+
+
+def _static_decode(model, ids, mask, compiled):
+    """A prefill of ``ids`` into a static cache of 40 slots, then four greedy decode steps
+    (``torch.compile(fullgraph=True, backend="aot_eager")`` where ``compiled``): their
+    last-position logits, ``[4, B, vocab]`` float32."""
+    transformers = pytest.importorskip("transformers")
+    cache = transformers.StaticCache(config=model.config, max_cache_len=40)
+    length = ids.shape[1]
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask[:, :length], past_key_values=cache,
+                    cache_position=torch.arange(length))
+        step = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
+        logits = []
+        for position in range(length, length + 4):
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            out = step(token, attention_mask=mask[:, :position + 1], past_key_values=cache,
+                       cache_position=torch.tensor([position]))
+            logits.append(out.logits[:, -1].float())
+    return torch.stack(logits)
+
+
+def test_hf_compiled_static_cache_decode_runs_the_ranges_op(kernel, cpu_is_kernel_device):
+    """Compiled, the decode step's mask cannot be read on the host: its ranges are found on the
+    device and the step runs ``tiledattention::sdpa_ranges_fwd`` in one graph, matching sdpa's
+    logits; an entry whose keys have a hole comes out NaN, the others as before."""
+    mine, theirs = tiny_llama("tiledattention"), tiny_llama("sdpa")
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, :3] = 0
+    got = _static_decode(mine, ids, mask, compiled=True)
+    torch.testing.assert_close(got, _static_decode(theirs, ids, mask, compiled=False),
+                               rtol=2e-2, atol=2e-2)
+    decode = [c for c in kernel.calls if c["q"][2] == 1]
+    assert len(decode) == 8 and ti.hf_stats().fallbacks == {}
+    assert decode[-1]["ranges"].tolist() == [[0, 0], [1, 1], [0, 3], [16, 16]]
+    mask[0, 5] = 0  # a hole in entry 0's keys: no range expresses it
+    holed = _static_decode(mine, ids, mask, compiled=True)
+    assert torch.isnan(holed[:, 0]).all() and not torch.isnan(holed[:, 1]).any()
+    torch.testing.assert_close(holed[:, 1], got[:, 1], rtol=2e-2, atol=2e-2)
+
+
+def test_the_ranges_op_is_registered_with_its_schema_and_fake():
+    schema = str(torch.ops.tiledattention.sdpa_ranges_fwd.default._schema)
+    assert schema.startswith("tiledattention::sdpa_ranges_fwd(Tensor q, Tensor k, Tensor v, "
+                             "Tensor ranges, float? scale")
+    with FakeTensorMode():
+        q, k, v = qkv(hq=8, hkv=2, sq=1, sk=40)
+        out = torch.ops.tiledattention.sdpa_ranges_fwd(
+            q, k, v, torch.zeros(4, 2, dtype=torch.int32), None)
+    assert out.shape == q.shape and out.dtype == q.dtype
+
+
 def test_hf_training_runs_the_kernels(kernel, training, cpu_is_kernel_device):
     mine = tiny_llama("tiledattention").train()  # bf16, the same weights
     theirs = tiny_llama("sdpa").train()

@@ -230,6 +230,82 @@ def test_hf_llama_generate_runs_on_the_kernel():
     assert stats.tiledattention == 2 * 8 and stats.torch == 0, stats
 
 
+def _static_steps(model, ids, mask, tokens, form):
+    """A prefill of ``ids`` into a 256-slot static cache, then a decode step for each of
+    ``tokens`` (``[steps, B, 1]``, fed whatever the logits say), run as ``form``:
+    "eager", "compiled" (``torch.compile(mode="reduce-overhead", fullgraph=True)``) or
+    "graph" (the eager step captured by hand into one CUDA graph, the position advanced
+    inside it). Each step's last-position logits, float32 ``[steps, B, vocab]``."""
+    transformers = pytest.importorskip("transformers")
+    cache = transformers.StaticCache(config=model.config, max_cache_len=256)
+    length = ids.shape[1]
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, past_key_values=cache,
+                    cache_position=torch.arange(length, device="cuda"))
+        token = tokens[0].clone()
+        position = torch.tensor([length], device="cuda")
+        full = torch.cat((mask, torch.ones_like(mask[:, :1]).expand(-1, 256 - length)), 1)
+
+        def step():
+            logits = model_call(token, attention_mask=full, past_key_values=cache,
+                                cache_position=position).logits[:, -1].float()
+            position.add_(1)
+            return logits
+
+        model_call = torch.compile(model, mode="reduce-overhead", fullgraph=True) \
+            if form == "compiled" else model
+        logits = []
+        if form == "graph":
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                logits.append(step())  # warm: every kernel compiled before the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = step()
+            position.fill_(length + 1)
+        while len(logits) < len(tokens):
+            token.copy_(tokens[len(logits)])
+            if form == "graph":
+                graph.replay()
+                logits.append(captured.clone())
+            else:
+                logits.append(step())
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("form", ["eager", "compiled", "graph"])
+def test_hf_static_cache_decode_runs_the_kernels_compiled_and_captured(form, monkeypatch):
+    """A left-padded batch's decode steps over a static cache: eagerly (ranges checked on the
+    host), compiled with reduce-overhead and captured by hand (ranges found on the device,
+    the tiledattention::sdpa_ranges_fwd op in the graph), every layer on the kernel, the
+    logits sdpa's within bf16 rounding."""
+    import tiledattention
+
+    reference_model = tiny_llama("sdpa", torch.float32)
+    weights = {name: t.detach().cpu() for name, t in reference_model.state_dict().items()}
+    mine = tiny_llama("tiledattention", torch.bfloat16, weights)
+    theirs = tiny_llama("sdpa", torch.bfloat16, weights)
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    ids = torch.randint(0, 512, (3, 77), device="cuda", generator=gen)
+    tokens = torch.randint(0, 512, (6, 3, 1), device="cuda", generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :20] = 0  # left padding
+    mask[2, :1] = 0
+    ranged = []
+    sdpa = tiledattention.sdpa
+    monkeypatch.setattr(tiledattention, "sdpa", lambda *args, **kw: (
+        ranged.append(kw.get("ranges") is not None), sdpa(*args, **kw))[1])
+    got = _static_steps(mine, ids, mask, tokens, form)
+    expected = _static_steps(theirs, ids, mask, tokens, "eager")
+    assert ranged and all(ranged), ranged  # the prefill and each step traced or run: ranges
+    assert ti.hf_stats().torch == 0, ti.hf_stats()
+    for step, (a, b) in enumerate(zip(got, expected)):
+        assert torch.isfinite(a).all()
+        assert rel_l2(a, b) <= 2e-2, f"step {step}: rel L2 {rel_l2(a, b):.2e}"
+
+
 def test_hf_llama_training_step_matches_sdpa():
     """One mixed-precision (autocast bf16) training step from the same float32 weights: the
     loss and every weight's gradient of the tiledattention model against the sdpa model's."""

@@ -328,7 +328,7 @@ def explain_varlen(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
 
 def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float], ranges, *,
                    window: Any = None, softcap: Any = None, sinks: Any = None,
-                   schedule: Any = None, out: Any = None):
+                   schedule: Any = None, out: Any = None, keep_scratch: bool = True):
     """``tiledattention.sdpa(..., ranges=)``: a padded ``[B, H, S, D]`` batch whose entries
     attend within their ranges (an int32 ``[4, B]`` tensor: query starts, query ends, key
     starts, key ends): on the family ``sdpa`` picks for the shape where it takes the ranges
@@ -377,7 +377,8 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
     rows = choose_family(arch, shape)
     if rows is not family:
         plan = hot.kept_plan(runtime, "ranges", rows, shape, device, scale, causal, q, k, v)
-        result = plan.run(runtime, q, k, v, device, None, sinks=logits, ranges=ranges)
+        result = plan.run(runtime if keep_scratch else None, q, k, v, device, None,
+                          sinks=logits, ranges=ranges)
         if result is not None:
             return result  # else the plan's checks refused the arrays: the forward runs it
     chosen = runtime.resolution(family, bucket, device).schedule

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ._router import RouterStats, _Counts, route_decision
-from ._torch_op import attention, autocast_inputs
+from ._torch_op import attention, autocast_inputs, ranged_attention
 
 __all__ = ["ATTN_IMPLEMENTATION", "hf_stats", "register_hf", "reset_hf_stats",
            "tiledattention_attention_forward", "tiledattention_mask"]
@@ -140,12 +140,22 @@ def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset
     mask = sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=allow_is_causal_skip, **kwargs)
-    if (isinstance(mask, torch.Tensor) and attention_mask is not None
-            and isinstance(q_offset, int) and isinstance(kv_offset, int)
-            and q_offset + q_length == kv_offset + kv_length
-            and not (torch.compiler.is_compiling() or torch.compiler.is_exporting())):
-        _remember_ranges(mask, attention_mask, q_length, kv_length, kv_offset, local_size)
+    if (isinstance(mask, torch.Tensor) and isinstance(kv_offset, int)
+            and not torch.compiler.is_exporting() and _host_may_read()):
+        # the queries' end among the keys: a static cache's buffer runs past it (its layer
+        # gives q_offset as a tensor: read here, once per mask built)
+        end = int(q_offset) + q_length - kv_offset
+        if q_length <= end <= kv_length:
+            _remember_ranges(mask, attention_mask, q_length, kv_length, kv_offset, local_size,
+                             end)
     return mask
+
+
+def _host_may_read() -> bool:
+    """Whether the host may read device values here: not while torch.compile traces (the
+    graph replays without the host) nor while the stream is captured into a CUDA graph."""
+    return not (torch.compiler.is_compiling() or (
+        torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()))
 
 
 #: Masks of padded batches the kernel can run as ranges: ``id(mask) -> (weak reference to the
@@ -155,31 +165,32 @@ def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset
 _RANGES: dict[int, tuple[Any, torch.Tensor]] = {}
 
 
-def _padding_ranges(valid: torch.Tensor, q_length: int) -> torch.Tensor:
-    """From a boolean ``[B, kv_length]`` padding mask: each entry's key range ``[ks, ke)``
-    (its first and one past its last valid key; empty for an entry with none) and query range
-    (the queries are the last ``q_length`` keys: rows whose own position is in ``[ks, ke)``),
-    as an int32 ``[4, B]`` tensor; on the mask's device, without a host round trip."""
+def _padding_ranges(valid: torch.Tensor, q_length: int, end: int) -> torch.Tensor:
+    """From a boolean ``[B, kv_length]`` padding mask, false from key ``end`` on: each entry's
+    key range ``[ks, ke)`` (its first and one past its last valid key; empty for an entry with
+    none) and query range (the queries are the ``q_length`` keys before ``end``: rows whose own
+    position is in ``[ks, ke)``), as an int32 ``[4, B]`` tensor; on the mask's device, without
+    a host round trip."""
     kv_length = valid.shape[1]
     index = torch.arange(kv_length, device=valid.device)
     any_valid = valid.any(dim=1)
     ks = torch.where(valid, index, kv_length).amin(dim=1)
     ke = torch.where(valid, index + 1, 0).amax(dim=1)
     ks = torch.where(any_valid, ks, 0)
-    shift = kv_length - q_length  # query row i is key position i + shift
+    shift = end - q_length  # query row i is key position i + shift
     qs = (ks - shift).clamp(0, q_length)
     qe = (ke - shift).clamp(0, q_length)
     return torch.stack((qs, torch.maximum(qe, qs), ks, ke)).to(torch.int32).contiguous()
 
 
-def _ranges_mask(ranges: torch.Tensor, q_length: int, kv_length: int,
-                 local_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _ranges_mask(ranges: torch.Tensor, q_length: int, kv_length: int, local_size: int | None,
+                 end: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``[B, 1, S_q, S_k]`` mask the kernel computes from ``ranges`` (bottom-right causal
-    within each entry's ranges, and the window of ``local_size`` keys), and which query rows
-    lie inside their entry's range (``[B, 1, S_q, 1]``: the others come out as zeros, whatever
-    transformers' mask says for them)."""
+    within each entry's ranges, and the window of ``local_size`` keys; the queries the keys
+    before ``end``), and which query rows lie inside their entry's range (``[B, 1, S_q, 1]``:
+    the others come out as zeros, whatever transformers' mask says for them)."""
     qs, qe, ks, ke = (r[:, None, None, None].long() for r in ranges)
-    shift = kv_length - q_length
+    shift = end - q_length
     i = torch.arange(q_length, device=ranges.device)[None, None, :, None]
     j = torch.arange(kv_length, device=ranges.device)[None, None, None, :]
     rows = (i >= qs) & (i < qe)
@@ -190,19 +201,28 @@ def _ranges_mask(ranges: torch.Tensor, q_length: int, kv_length: int,
 
 
 def _remember_ranges(mask: torch.Tensor, attention_mask: Any, q_length: int, kv_length: int,
-                     kv_offset: int, local_size: int | None) -> None:
+                     kv_offset: int, local_size: int | None, end: int) -> None:
     """Enter ``mask``'s ranges in :data:`_RANGES` if it is exactly a padded batch's causal
-    (windowed) mask: on the rows inside their ranges it equals the ranges' own mask. One
-    comparison on the device and one host read per mask built (each forward builds one per
-    layer type), none per attention call."""
-    if (attention_mask.dim() != 2 or mask.dim() != 4 or mask.dtype != torch.bool
-            or tuple(mask.shape[2:]) != (q_length, kv_length) or mask.shape[1] != 1):
+    (windowed) mask, the queries the ``q_length`` keys before ``end`` (``kv_length`` but in a
+    static cache, whose unfilled slots follow): on the rows inside their ranges it equals the
+    ranges' own mask. One comparison on the device and one host read per mask built (each
+    forward builds one per layer type), none per attention call."""
+    batch = mask.shape[0]
+    if (mask.dim() != 4 or mask.dtype != torch.bool
+            or tuple(mask.shape[2:]) != (q_length, kv_length) or mask.shape[1] != 1
+            or (attention_mask is not None and (attention_mask.dim() != 2
+                                                or attention_mask.shape[0] != batch))):
         return
-    valid = attention_mask[:, kv_offset:kv_offset + kv_length].bool()
-    if valid.shape != (mask.shape[0], kv_length):
-        return
-    ranges = _padding_ranges(valid, q_length)
-    keep, rows = _ranges_mask(ranges, q_length, kv_length, local_size)
+    # the 2-D padding mask over the buffer's keys (a static cache's is shorter: its unfilled
+    # slots are padding), none past the queries' end
+    valid = torch.zeros((batch, kv_length), dtype=torch.bool, device=mask.device)
+    if attention_mask is None:
+        valid[:, :end] = True
+    else:
+        given = attention_mask[:, kv_offset:kv_offset + end].bool()
+        valid[:, :given.shape[1]] = given
+    ranges = _padding_ranges(valid, q_length, end)
+    keep, rows = _ranges_mask(ranges, q_length, kv_length, local_size, end)
     if bool(((mask == keep) | ~rows).all()):
         for key in [key for key, (ref, _) in _RANGES.items() if ref() is None]:
             del _RANGES[key]
@@ -257,14 +277,18 @@ def tiledattention_attention_forward(
                              scaling, is_causal, kwargs)
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         return _packed_call(q, k, v, bool(causal), scaling, kwargs), None
-    ranges = None
-    if attention_mask is not None and not torch.compiler.is_compiling():
-        ranges = _ranges_of(attention_mask)  # a padded batch's mask the kernel computes
-        if ranges is not None and (
-                tuple(attention_mask.shape[2:]) != (q.shape[2], k.shape[2])
-                or ranges.shape[1] != q.shape[0]
-                or (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)))):
-            ranges = None  # another geometry; or training: ranges have no autograd
+    ranges = exact = None
+    if attention_mask is not None and not (
+            torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        # (training: ranges have no autograd)
+        if _host_may_read():
+            ranges = _ranges_of(attention_mask)  # a padded batch's mask the kernel computes
+            if ranges is not None and (
+                    tuple(attention_mask.shape[2:]) != (q.shape[2], k.shape[2])
+                    or ranges.shape[1] != q.shape[0]):
+                ranges = None  # another geometry
+        elif _decode_mask(attention_mask, q, k, kwargs):
+            ranges, exact = _decode_ranges(attention_mask)
     reason = "attn_mask" if attention_mask is not None and ranges is None else route_decision(
         q, k, v, None, dropout, True, scale=scaling)
     if reason is not None:
@@ -272,7 +296,7 @@ def tiledattention_attention_forward(
                          is_causal, kwargs)
     query, key, value = q, k, v
     if ranges is not None:
-        return _padded_call(query, key, value, scaling, ranges, kwargs), None
+        return _padded_call(query, key, value, scaling, ranges, kwargs, exact), None
 
     # attention_mask is None here: the mask builder found a plain causal (or no) pattern. As in
     # transformers' SDPA path, a single query token attends to every cached key (lower-right
@@ -331,16 +355,51 @@ def _packed_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ca
 
 
 def _padded_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: Any,
-                 ranges: torch.Tensor, kwargs: dict) -> torch.Tensor:
+                 ranges: torch.Tensor, kwargs: dict, exact: torch.Tensor | None
+                 ) -> torch.Tensor:
     """A padded batch's call: each entry within its ranges, bottom-right causal (the queries
-    are the last positions of the keys: what :func:`_remember_ranges` checked), the layer's
-    window, softcap and sinks; ``[B, S_q, H_q, D]`` out."""
-    import tiledattention
+    are the last positions of the keys: what :func:`_remember_ranges` checked, or for one query
+    a row, :func:`_decode_ranges`), the layer's window, softcap and sinks; ``[B, S_q, H_q, D]``
+    out. ``exact``: which entries the ranges express (``None``: all); the others' rows are NaN."""
+    variant = _variant_of(kwargs)
+    if torch.compiler.is_compiling():
+        out = ranged_attention(query, key, value, ranges, scaling, **variant)
+    else:
+        import tiledattention
 
-    _counts.tiledattention += 1
-    out = tiledattention.sdpa(query, key, value, "bottom_right", scaling, ranges=ranges,
-                              **_variant_of(kwargs))
+        _counts.tiledattention += 1
+        out = tiledattention.sdpa(query, key, value, "bottom_right", scaling, ranges=ranges,
+                                  **variant)
+    if exact is not None:
+        out = torch.where(exact[:, None, None, None], out, float("nan"))
     return out.transpose(1, 2).contiguous()
+
+
+def _decode_mask(attention_mask: Any, q: torch.Tensor, k: torch.Tensor, kwargs: dict) -> bool:
+    """Whether a mask the host may not read is one query a row's boolean mask over the keys
+    (``[B, 1, 1, S_k]``: a static cache's decode step, compiled or captured) of a layer with
+    no sliding window (a sliding layer's buffer may hold its keys in two runs)."""
+    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool
+            and attention_mask.dim() == 4 and q.dim() == 4 and q.shape[2] == 1
+            and tuple(attention_mask.shape) == (q.shape[0], 1, 1, k.shape[2])
+            and kwargs.get("sliding_window") is None)
+
+
+def _decode_ranges(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A one-query-a-row mask's ranges, found on the device: each entry's query and its keys
+    from the first to one past the last it may see, as an int32 ``[4, B]`` tensor; and which
+    entries' keys are exactly those (one run, or none: a boolean ``[B]``). One query sees its
+    whole range, so the alignment is immaterial. Inside a compiled graph or a CUDA capture
+    nothing reads this on the host: an entry whose keys have a hole cannot go elsewhere, and
+    its rows come out NaN (:func:`_padded_call`) rather than wrong."""
+    valid = attention_mask[:, 0, 0, :]
+    kv_length = valid.shape[1]
+    index = torch.arange(kv_length, device=valid.device)
+    ke = torch.where(valid, index + 1, 0).amax(dim=1)
+    ks = torch.minimum(torch.where(valid, index, kv_length).amin(dim=1), ke)
+    exact = valid.sum(dim=1) == ke - ks
+    one = torch.ones_like(ks)
+    return torch.stack((one - 1, one, ks, ke)).to(torch.int32), exact
 
 
 def register_hf() -> None:

@@ -1,7 +1,8 @@
-"""The torch custom ops: ``tiledattention::sdpa_fwd`` (the forward) here, and the training pair
-``tiledattention::sdpa_fwd_lse`` / ``tiledattention::sdpa_bwd`` from the core
-(``tiledattention.entry_points._autograd``, which ``tiledattention.sdpa`` uses too). All are opaque to
-``torch.compile`` / ``torch.export`` and differentiable.
+"""The torch custom ops: ``tiledattention::sdpa_fwd`` (the forward) and
+``tiledattention::sdpa_ranges_fwd`` (a padded batch's forward within per-entry ranges) here,
+and the training pair ``tiledattention::sdpa_fwd_lse`` / ``tiledattention::sdpa_bwd`` from the
+core (``tiledattention.entry_points._autograd``, which ``tiledattention.sdpa`` uses too). All
+are opaque to ``torch.compile`` / ``torch.export``; all but the ranged one are differentiable.
 
 Each op's implementation calls the runtime (:func:`tiledattention.sdpa`, ``sdpa_with_lse``,
 ``sdpa_backward``), which validates its inputs and raises a clear error for anything the kernel
@@ -32,8 +33,9 @@ from ..entry_points._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_gr
 from ..core._problem import BOTTOM_RIGHT, causal_flags, variant_args
 from ..errors import InputTypeError
 
-__all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "attention", "autocast_inputs",
-           "sdpa_fwd", "sdpa_fwd_lse", "sdpa_bwd"]
+__all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "RANGES_OP_NAME", "attention",
+           "autocast_inputs", "ranged_attention", "sdpa_fwd", "sdpa_fwd_lse", "sdpa_bwd",
+           "sdpa_ranges_fwd"]
 
 #: Qualified name of the forward op: ``torch.ops.tiledattention.sdpa_fwd``.
 OP_NAME = "tiledattention::sdpa_fwd"
@@ -80,6 +82,46 @@ def _sdpa_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     check_flags(causal, bottom_right)
     b, hq, sq, d = q.shape
     return q.new_empty((b, hq, sq, d))  # contiguous, dtype and device of q
+
+
+#: Qualified name of the ranged forward op: ``torch.ops.tiledattention.sdpa_ranges_fwd``.
+RANGES_OP_NAME = "tiledattention::sdpa_ranges_fwd"
+
+
+@torch.library.custom_op(RANGES_OP_NAME, mutates_args=())
+def sdpa_ranges_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranges: torch.Tensor,
+                    scale: Optional[float], window_left: int = -1, window_right: int = -1,
+                    softcap: float = 0.0, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A padded batch, each entry within its int32 ``[4, B]`` ranges, bottom-right causal
+    (``tiledattention.sdpa(q, k, v, "bottom_right", scale, ranges=ranges)``; rows outside their
+    entry's query range are zeros): ``[B, H_q, S_q, D]``. The ranges stay on the device, so a
+    compiled graph or a CUDA graph holds the call whatever they say. No autograd; no scratch
+    buffers kept (as ``sdpa_fwd``)."""
+    import tiledattention  # looked up per call, so tests can substitute a reference
+
+    check_shapes(q, k, v)
+    return tiledattention.sdpa(q, k, v, BOTTOM_RIGHT, scale, ranges=ranges, keep_scratch=False,
+                               **variant_kwargs(window_left, window_right, softcap, sinks))
+
+
+@sdpa_ranges_fwd.register_fake
+def _sdpa_ranges_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          ranges: torch.Tensor, scale: Optional[float], window_left: int = -1,
+                          window_right: int = -1, softcap: float = 0.0,
+                          sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    check_shapes(q, k, v)
+    return q.new_empty(q.shape)
+
+
+def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranges: torch.Tensor,
+                     scale: float | None = None, *, window: tuple[int, int] | None = None,
+                     softcap: float | None = None, sinks: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+    """``torch.ops.tiledattention.sdpa_ranges_fwd`` with ``tiledattention.sdpa``'s variant
+    keywords: a padded batch's forward that ``torch.compile(fullgraph=True)`` traces."""
+    left, right, cap = variant_args(window, softcap)
+    return torch.ops.tiledattention.sdpa_ranges_fwd(q, k, v, ranges, scale, left, right, cap,
+                                                    sinks)
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
