@@ -141,3 +141,22 @@ def test_calls_that_require_grad_fall_back_to_torch():
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
     with torch.no_grad():
         check(q, k, v, spans, out.detach(), True)
+
+
+def test_a_repeated_decode_signature_runs_warm_with_each_calls_ranges():
+    """A static cache's decode steps: one signature a step, new ranges each time. The kept
+    plan (no validation) reads each call's ranges; a call that needs a gradient is not
+    served warm (it is refused, as a first call would be)."""
+    import tiledattention
+    from tiledattention import UnsupportedOperationError
+
+    sk = 700
+    for step, lengths in enumerate(([700, 3, 0, 351], [1, 699, 350, 64], [9, 9, 700, 0])):
+        q, k, v, spans = padded_inputs(lengths, 16, 4, 1, sk, 128, "left", seed=step)
+        ranges = torch.tensor([[q0 for (q0, _), _ in spans], [q1 for (_, q1), _ in spans],
+                               [k0 for _, (k0, _) in spans], [k1 for _, (_, k1) in spans]],
+                              dtype=torch.int32, device="cuda")
+        check(q, k, v, spans, tiledattention.sdpa(q, k, v, "bottom_right", ranges=ranges),
+              "bottom_right")
+    with pytest.raises(UnsupportedOperationError, match="autograd"):
+        tiledattention.sdpa(q.requires_grad_(), k, v, "bottom_right", ranges=ranges)

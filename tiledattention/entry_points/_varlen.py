@@ -333,7 +333,21 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
     attend within their ranges (an int32 ``[4, B]`` tensor: query starts, query ends, key
     starts, key ends): on the family ``sdpa`` picks for the shape where it takes the ranges
     (the split-KV decode kernels for few query rows, bottom-right), else on the forward
-    family's ragged kernels."""
+    family's ragged kernels. A decode call without sinks that repeats an earlier one's
+    signature (:func:`_ranged_key`) runs the plan that call kept, unvalidated (a static
+    cache's decode steps: one signature a step)."""
+    key = None
+    if sinks is None and schedule is None and out is None:
+        try:
+            key = _ranged_key(q, k, v, ranges, causal, scale, window, softcap)
+            plan = runtime.plan(key)
+        except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
+            key = plan = None
+        if plan is not None:
+            result = plan.run(runtime if keep_scratch else None, q, k, v, q.get_device(), None,
+                              ranges=ranges)
+            if result is not None:
+                return result  # else the plan's checks refused the arrays: validation says
     if not isinstance(q, torch.Tensor):
         raise InputTypeError(f"ranges= takes torch tensors; got q of type "
                              f"{type(q).__module__}.{type(q).__name__}")
@@ -380,6 +394,8 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
         result = plan.run(runtime if keep_scratch else None, q, k, v, device, None,
                           sinks=logits, ranges=ranges)
         if result is not None:
+            if key is not None:
+                runtime.keep_plan(key, plan)
             return result  # else the plan's checks refused the arrays: the forward runs it
     chosen = runtime.resolution(family, bucket, device).schedule
     result = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
@@ -388,6 +404,17 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
                             chosen, default_scale(problem) if scale is None else float(scale),
                             device, sinks=logits, ragged=layout)
     return result
+
+
+def _ranged_key(q, k, v, ranges, causal, scale, window, softcap) -> tuple:
+    """A ranged call's warm-path key: everything validation and the lookup read, each value
+    with its type (``True == 1`` and ``64 == 64.0`` hash alike, and a first call may reject one
+    of them); raises ``AttributeError`` / ``TypeError`` for arguments that cannot have one (not
+    torch tensors, an unhashable window)."""
+    arrays = (q, k, v, ranges)
+    return ("ranged", hot.layouts(*arrays), tuple([x.requires_grad for x in arrays]),
+            torch.is_grad_enabled(), causal, causal.__class__, scale, scale.__class__, window,
+            None if window is None else tuple(map(type, window)), softcap, softcap.__class__)
 
 
 # -- custom ops: autograd and torch.compile ----------------------------------------------------
