@@ -714,6 +714,12 @@ def test_hf_compiled_static_cache_decode_runs_the_ranges_op(kernel, cpu_is_kerne
     holed = _static_decode(mine, ids, mask, compiled=True)
     assert torch.isnan(holed[:, 0]).all() and not torch.isnan(holed[:, 1]).any()
     torch.testing.assert_close(holed[:, 1], got[:, 1], rtol=2e-2, atol=2e-2)
+    # eagerly the host reads the mask: the holed steps go to transformers, exactly
+    ti.reset_hf_stats()
+    eager = _static_decode(mine, ids, mask, compiled=False)
+    assert ti.hf_stats().fallbacks == {"attn_mask": 10}  # the prefill holds the hole too
+    torch.testing.assert_close(eager, _static_decode(theirs, ids, mask, compiled=False),
+                               rtol=2e-2, atol=2e-2)
 
 
 def test_the_ranges_op_is_registered_with_its_schema_and_fake():

@@ -142,6 +142,13 @@ def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset
                      allow_is_causal_skip=allow_is_causal_skip, **kwargs)
     if (isinstance(mask, torch.Tensor) and isinstance(kv_offset, int)
             and not torch.compiler.is_exporting() and _host_may_read()):
+        if local_size is None and _is_key_mask(mask):
+            # one query a row (a static cache's decode step): its keys are the ranges if they
+            # are one run, which one host read tells
+            ranges, exact = _decode_ranges(mask)
+            if bool(exact.all()):
+                _keep_ranges(mask, ranges)
+            return mask
         # the queries' end among the keys: a static cache's buffer runs past it (its layer
         # gives q_offset as a tensor: read here, once per mask built)
         end = int(q_offset) + q_length - kv_offset
@@ -224,9 +231,14 @@ def _remember_ranges(mask: torch.Tensor, attention_mask: Any, q_length: int, kv_
     ranges = _padding_ranges(valid, q_length, end)
     keep, rows = _ranges_mask(ranges, q_length, kv_length, local_size, end)
     if bool(((mask == keep) | ~rows).all()):
-        for key in [key for key, (ref, _) in _RANGES.items() if ref() is None]:
-            del _RANGES[key]
-        _RANGES[id(mask)] = (weakref.ref(mask), ranges)
+        _keep_ranges(mask, ranges)
+
+
+def _keep_ranges(mask: torch.Tensor, ranges: torch.Tensor) -> None:
+    """Enter ``mask``'s ranges in :data:`_RANGES` (dropping dead entries)."""
+    for key in [key for key, (ref, _) in _RANGES.items() if ref() is None]:
+        del _RANGES[key]
+    _RANGES[id(mask)] = (weakref.ref(mask), ranges)
 
 
 def _ranges_of(attention_mask: Any) -> torch.Tensor | None:
@@ -379,10 +391,15 @@ def _decode_mask(attention_mask: Any, q: torch.Tensor, k: torch.Tensor, kwargs: 
     """Whether a mask the host may not read is one query a row's boolean mask over the keys
     (``[B, 1, 1, S_k]``: a static cache's decode step, compiled or captured) of a layer with
     no sliding window (a sliding layer's buffer may hold its keys in two runs)."""
-    return (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool
-            and attention_mask.dim() == 4 and q.dim() == 4 and q.shape[2] == 1
+    return (_is_key_mask(attention_mask) and q.dim() == 4
             and tuple(attention_mask.shape) == (q.shape[0], 1, 1, k.shape[2])
             and kwargs.get("sliding_window") is None)
+
+
+def _is_key_mask(mask: Any) -> bool:
+    """Whether ``mask`` is a boolean ``[B, 1, 1, S_k]`` mask: one query a row, over the keys."""
+    return (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4
+            and mask.shape[1] == 1 and mask.shape[2] == 1)
 
 
 def _decode_ranges(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
