@@ -9,7 +9,11 @@ A padded batch's mask (left or right padding of a causal model, with or without 
 is run as per-entry ranges (``sdpa(..., ranges=)``): the mask builder checks, once per mask it
 builds, that the mask is exactly that (one comparison on the device and one host read), and
 the attention function finds the ranges by the mask object it is given (no autograd: a padded
-training step still goes to SDPA). Packed sequences (transformers' padding-free path, which
+training step still goes to SDPA). A static cache's masks count too (its buffer runs past the
+queries: its unfilled slots are padding). Compiled or captured into a CUDA graph, where the host
+may read nothing, a decode step's mask (one query a row) gives its ranges on the device inside
+the graph (``tiledattention::sdpa_ranges_fwd``), an entry whose keys are not one run coming out
+NaN (:func:`_decode_ranges`). Packed sequences (transformers' padding-free path, which
 passes ``cu_seq_lens_q/k`` and ``max_length_q/k``) run on ``varlen_attn``, differentiable.
 Calls the kernel runs — no mask or a padded batch's, no dropout, bf16/fp16 CUDA, supported
 head dim — go to
@@ -128,7 +132,10 @@ def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset
     mask functions, no packed sequences, not exporting), the queries the last ``q_length``
     positions of the keys (``q_offset + q_length == kv_offset + kv_length``: a dynamic or
     sliding cache), and no key padded. The attention function then runs the window in the
-    kernel (``sliding_window``) with bottom-right alignment."""
+    kernel (``sliding_window``) with bottom-right alignment. Where the host may read, a mask it
+    builds is entered with its ranges when they express it exactly: a one-query-a-row mask
+    whose entries' keys are each one run (:func:`_decode_ranges`, one host read), else a
+    padded batch's causal mask ending at the queries' end (:func:`_remember_ranges`)."""
     from transformers.masking_utils import sdpa_mask
 
     if (local_size is not None and allow_is_causal_skip
