@@ -293,17 +293,58 @@ def test_hf_static_cache_decode_runs_the_kernels_compiled_and_captured(form, mon
     mask = torch.ones_like(ids)
     mask[1, :20] = 0  # left padding
     mask[2, :1] = 0
-    ranged = []
+    calls = []  # (query rows, with ranges) of each kernel call run (not replayed)
     sdpa = tiledattention.sdpa
-    monkeypatch.setattr(tiledattention, "sdpa", lambda *args, **kw: (
-        ranged.append(kw.get("ranges") is not None), sdpa(*args, **kw))[1])
+    monkeypatch.setattr(tiledattention, "sdpa", lambda q, *args, **kw: (
+        calls.append((q.shape[2], kw.get("ranges") is not None)), sdpa(q, *args, **kw))[1])
     got = _static_steps(mine, ids, mask, tokens, form)
     expected = _static_steps(theirs, ids, mask, tokens, "eager")
-    assert ranged and all(ranged), ranged  # the prefill and each step traced or run: ranges
+    assert calls and all(ranged for _, ranged in calls), calls
+    # both layers of at least two steps ran the kernel: eagerly all six, compiled the
+    # graph tree's warm-up and recording, captured the warm step and the capture
+    assert sum(rows == 1 for rows, _ in calls) >= 4, calls
     assert ti.hf_stats().torch == 0, ti.hf_stats()
     for step, (a, b) in enumerate(zip(got, expected)):
         assert torch.isfinite(a).all()
         assert rel_l2(a, b) <= 2e-2, f"step {step}: rel L2 {rel_l2(a, b):.2e}"
+
+
+def test_hf_static_cache_generate_compiles_through_the_kernels(monkeypatch):
+    """``generate(cache_implementation="static")`` on a GPU compiles the decode step itself
+    (transformers' auto-compile, reduce-overhead): every decode step's attention runs the
+    ranges op, and its scores follow the same generation run eagerly (compiling disabled)
+    wherever the two have chosen the same tokens so far."""
+    import tiledattention
+
+    model = tiny_llama("tiledattention", torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(10)
+    ids = torch.randint(0, 512, (2, 45), device="cuda", generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :7] = 0
+    calls = []
+    sdpa = tiledattention.sdpa
+    monkeypatch.setattr(tiledattention, "sdpa", lambda q, *args, **kw: (
+        calls.append((q.shape[2], kw.get("ranges") is not None)), sdpa(q, *args, **kw))[1])
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                  pad_token_id=0, cache_implementation="static", output_scores=True,
+                  return_dict_in_generate=True)
+    with torch.no_grad():
+        compiled = model.generate(ids, **kwargs)
+        assert compiled.sequences.shape == (2, 53)
+        assert calls and all(ranged for _, ranged in calls), calls
+        # the compiled steps' warm-up and recording ran the kernel in both layers
+        assert sum(rows == 1 for rows, _ in calls) >= 4, calls
+        eager = model.generate(ids, disable_compile=True, **kwargs)
+    assert ti.hf_stats().torch == 0, ti.hf_stats()
+    same = 0
+    for step, (a, b) in enumerate(zip(compiled.scores, eager.scores)):
+        finite = torch.isfinite(b)  # min_new_tokens sets the end token's score to -inf
+        assert not a.isnan().any() and torch.equal(torch.isfinite(a), finite), step
+        assert rel_l2(a[finite].float(), b[finite].float()) <= 3e-2, f"step {step}"
+        if not torch.equal(compiled.sequences[:, 45 + step], eager.sequences[:, 45 + step]):
+            break
+        same += 1
+    assert same >= 3, same
 
 
 def test_hf_llama_training_step_matches_sdpa():
