@@ -731,6 +731,11 @@ def test_the_ranges_op_is_registered_with_its_schema_and_fake():
         out = torch.ops.tiledattention.sdpa_ranges_fwd(
             q, k, v, torch.zeros(4, 2, dtype=torch.int32), None)
     assert out.shape == q.shape and out.dtype == q.dtype
+    with FakeTensorMode(), pytest.raises(InputValueError, match=r"ranges must be an int32 "
+                                         r"tensor \[4, B\] = \[4, 2\]"):
+        q, k, v = qkv(hq=8, hkv=2, sq=1, sk=40)
+        torch.ops.tiledattention.sdpa_ranges_fwd(q, k, v, torch.zeros(4, 3, dtype=torch.int32),
+                                                 None)
 
 
 def test_hf_training_runs_the_kernels(kernel, training, cpu_is_kernel_device):

@@ -58,7 +58,7 @@ from ._autograd import eager
 from ._ragged_fill import clear_uncovered_rows
 
 __all__ = ["varlen_attn", "varlen_forward", "varlen_backward", "padded_forward",
-           "explain_varlen", "FWD_OP_NAME", "BWD_OP_NAME"]
+           "explain_varlen", "check_ranges", "FWD_OP_NAME", "BWD_OP_NAME"]
 
 FWD_OP_NAME = "tiledattention::varlen_fwd"
 BWD_OP_NAME = "tiledattention::varlen_bwd"
@@ -351,14 +351,7 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
     if not isinstance(q, torch.Tensor):
         raise InputTypeError(f"ranges= takes torch tensors; got q of type "
                              f"{type(q).__module__}.{type(q).__name__}")
-    batch = q.shape[0] if q.dim() == 4 else None
-    if (not isinstance(ranges, torch.Tensor) or ranges.dtype != torch.int32
-            or tuple(ranges.shape) != (4, batch) or ranges.device != q.device):
-        raise InputValueError(
-            f"ranges must be an int32 tensor [4, B] = [4, {batch}] on {q.device} (query "
-            f"starts, query ends, key starts, key ends); got "
-            + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
-               if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
+    check_ranges(q, ranges)
     problem, kind = problem_of_arrays(q, k, v, causal, scale, window, softcap, sinks)
     _check_grid(problem.batch, problem.heads_q)
     if schedule is not None or out is not None:
@@ -404,6 +397,19 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
                             chosen, default_scale(problem) if scale is None else float(scale),
                             device, sinks=logits, ragged=layout)
     return result
+
+
+def check_ranges(q: torch.Tensor, ranges: Any) -> None:
+    """``ranges`` is an int32 ``[4, B]`` tensor on q's device, else an ``InputValueError``
+    (what tracing can check: the values stay on the device)."""
+    batch = q.shape[0] if q.dim() == 4 else None
+    if (not isinstance(ranges, torch.Tensor) or ranges.dtype != torch.int32
+            or tuple(ranges.shape) != (4, batch) or ranges.device != q.device):
+        raise InputValueError(
+            f"ranges must be an int32 tensor [4, B] = [4, {batch}] on {q.device} (query "
+            f"starts, query ends, key starts, key ends); got "
+            + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
+               if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
 
 
 def _ranged_key(q, k, v, ranges, causal, scale, window, softcap) -> tuple:

@@ -31,6 +31,7 @@ from ..entry_points._autograd import (BWD_OP_NAME, FWD_LSE_OP_NAME, attention_gr
                                       check_flags, check_shapes, eager, eager_forward_lse,
                                       sdpa_bwd, sdpa_fwd_lse, variant_kwargs)
 from ..core._problem import BOTTOM_RIGHT, causal_flags, variant_args
+from ..entry_points._varlen import check_ranges
 from ..errors import InputTypeError
 
 __all__ = ["OP_NAME", "FWD_LSE_OP_NAME", "BWD_OP_NAME", "RANGES_OP_NAME", "attention",
@@ -110,6 +111,7 @@ def _sdpa_ranges_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           window_right: int = -1, softcap: float = 0.0,
                           sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     check_shapes(q, k, v)
+    check_ranges(q, ranges)
     return q.new_empty(q.shape)
 
 
@@ -120,6 +122,8 @@ def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranges: 
     """``torch.ops.tiledattention.sdpa_ranges_fwd`` with ``tiledattention.sdpa``'s variant
     keywords: a padded batch's forward that ``torch.compile(fullgraph=True)`` traces."""
     left, right, cap = variant_args(window, softcap)
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        raise InputTypeError(f"sinks must be a torch.Tensor or None; got {type(sinks).__name__}")
     return torch.ops.tiledattention.sdpa_ranges_fwd(q, k, v, ranges, scale, left, right, cap,
                                                     sinks)
 
