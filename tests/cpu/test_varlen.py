@@ -360,6 +360,43 @@ def test_sdpa_ranges_errors(launches):
     assert launches == []
 
 
+def test_a_ranged_call_that_repeats_a_signature_runs_the_kept_plan_with_its_ranges():
+    """``sdpa(ranges=)``'s warm path (a static cache's decode steps): a call whose signature a
+    kept plan answers runs it unvalidated with its own ranges (CPU tensors would fail
+    validation); a call that needs a gradient is another signature and is refused."""
+    from tiledattention.core import _plans as hot
+    from tiledattention.entry_points._varlen import padded_forward
+
+    class Runtime:
+        def __init__(self):
+            self.plans = {}
+
+        def plan(self, key):
+            return self.plans.get(key)
+
+    class Kept:
+        ranges = []
+
+        def run(self, runtime, q, k, v, device, out, *, ranges):
+            self.ranges.append(ranges)
+            return "kept plan's output"
+
+    q = torch.randn(3, 8, 1, 64, dtype=torch.bfloat16)
+    k = torch.randn(3, 2, 40, 64, dtype=torch.bfloat16)
+    runtime = Runtime()
+    first = torch.tensor([[0] * 3, [1] * 3, [0, 5, 9], [40, 30, 9]], dtype=torch.int32)
+    runtime.plans[hot.warm_key("ranged", (q, k, k, first), "bottom_right", None, None,
+                               None)] = Kept()
+    for ranges in (first, first.flip(1).contiguous()):
+        assert padded_forward(runtime, q, k, k, "bottom_right", None, ranges) == \
+            "kept plan's output"
+    assert Kept.ranges[0] is first and Kept.ranges[1] is ranges
+    with pytest.raises(tiledattention.UnsupportedOperationError, match="no autograd"):
+        padded_forward(runtime, q.requires_grad_(), k, k, "bottom_right", None, first)
+    with pytest.raises(tiledattention.InputValueError, match="q must be a CUDA tensor"):
+        padded_forward(runtime, q.detach(), k, k, "bottom_right", 0.5, first)  # another key
+
+
 # -- ops, case, reference -----------------------------------------------------------------------
 def test_the_ops_fakes_give_the_real_shapes_and_strides():
     from tiledattention.entry_points import _varlen

@@ -16,8 +16,8 @@ from typing import Any
 
 from ._call import Call
 
-__all__ = ["Plan", "bind_torch", "kept_plan", "layouts", "span", "reach", "clear_of",
-           "contiguous_like", "out_spans"]
+__all__ = ["Plan", "bind_torch", "kept_plan", "layouts", "warm_key", "span", "reach",
+           "clear_of", "contiguous_like", "out_spans"]
 
 # torch's functions the warm path calls (``bind_torch``); a test may bind its own
 # ``raw_stream``, ``current_device`` and ``capturing`` first
@@ -28,11 +28,13 @@ float32: Any = None
 contiguous_format: Any = None
 current_device: Any = None  # () -> the current CUDA device's index
 capturing: Any = None  # () -> whether the current device's current stream is capturing
+grad_enabled: Any = None  # () -> whether grad mode is on
 
 
 def bind_torch() -> None:
     """Bind the torch functions the warm path calls (once)."""
     global raw_stream, empty_like, empty, float32, contiguous_format, current_device, capturing
+    global grad_enabled
     if empty_like is not None:
         return
     import torch
@@ -48,6 +50,7 @@ def bind_torch() -> None:
     if capturing is None:
         capturing = torch.cuda.is_current_stream_capturing
     empty, float32, contiguous_format = torch.empty, torch.float32, torch.contiguous_format
+    grad_enabled = torch.is_grad_enabled
     empty_like = torch.empty_like
 
 
@@ -55,6 +58,21 @@ def layouts(*arrays: Any) -> tuple:
     """The shapes, strides, dtypes and devices of torch tensors: their part of a warm-path key
     (raises ``AttributeError`` for arrays of another kind)."""
     return tuple([(x.shape, x.stride(), x.dtype, x.get_device()) for x in arrays])
+
+
+def warm_key(tag: str, arrays: tuple, *values: Any) -> tuple:
+    """The key of a call that repeats an earlier one's signature, for a warm path outside
+    ``sdpa``'s (a ranged or paged call): ``tag``, the torch ``arrays``' layouts and
+    ``requires_grad``, grad mode, and each of ``values`` with its type (``True == 1`` and
+    ``64 == 64.0`` hash alike, and a first call may reject one of them; a tuple, a window,
+    with its items' types). Raises ``AttributeError`` / ``TypeError`` for arguments that cannot
+    have one (not torch tensors, an unhashable value)."""
+    bind_torch()
+    typed = []
+    for value in values:
+        typed += (value, tuple(map(type, value)) if isinstance(value, tuple) else type(value))
+    return (tag, layouts(*arrays), tuple([x.requires_grad for x in arrays]), grad_enabled(),
+            *typed)
 
 
 def kept_plan(runtime: Any, tag: str, family: Any, shape: Any, device: int, scale: Any,

@@ -25,8 +25,8 @@ decode steps on the same kernels, which widen each key and value tile (``Problem
 a long query run over it gathers the entries' pages and dequantises them into q's dtype first.
 
 A decode step without sinks or an FP8 cache that repeats an earlier call's signature
-(:func:`_warm_key`: the arrays' shapes, strides, dtypes, devices and ``requires_grad``, and the
-other arguments with their types) runs the plan that call kept, with no validation, lookup or
+(``core._plans.warm_key``: the arrays' shapes, strides, dtypes, devices and ``requires_grad``,
+grad mode, and the other arguments with their types) runs the plan that call kept, with no validation, lookup or
 problem built: the first call of a signature judged all of that, and nothing else decides it.
 
 A decode step over pages is looked up by its batch, query count, page size and longest cache
@@ -149,8 +149,8 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     key = None
     if sinks is None and k_descale is None and v_descale is None:
         try:
-            key = _warm_key(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window,
-                            softcap, max_k)
+            key = hot.warm_key("paged", (q, k_pages, v_pages, block_table, seqused_k), causal,
+                               scale, window, softcap, max_k)
             plan = runtime.plan(key)
         except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
             key = plan = None
@@ -192,19 +192,6 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     if key is not None and not factors:  # an FP8 cache's factors (ones) are made per call
         runtime.keep_plan(key, plan)
     return out
-
-
-def _warm_key(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window, softcap,
-              max_k) -> tuple:
-    """A paged decode call's warm-path key: everything validation and the lookup read, each
-    value with its type (``True == 1`` and ``64 == 64.0`` hash alike, and a first call may
-    reject one of them); raises ``AttributeError`` / ``TypeError`` for arguments that cannot
-    have one (not torch tensors, an unhashable window)."""
-    arrays = (q, k_pages, v_pages, block_table, seqused_k)
-    return ("paged", hot.layouts(*arrays), tuple([x.requires_grad for x in arrays]), causal,
-            causal.__class__, scale, scale.__class__, window,
-            None if window is None else tuple(map(type, window)), softcap, softcap.__class__,
-            max_k, max_k.__class__)
 
 
 def reader(arch: str, shape: Any) -> Any:

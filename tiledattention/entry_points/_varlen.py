@@ -334,12 +334,12 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
     starts, key ends): on the family ``sdpa`` picks for the shape where it takes the ranges
     (the split-KV decode kernels for few query rows, bottom-right), else on the forward
     family's ragged kernels. A decode call without sinks that repeats an earlier one's
-    signature (:func:`_ranged_key`) runs the plan that call kept, unvalidated (a static
+    signature (``core._plans.warm_key``) runs the plan that call kept, unvalidated (a static
     cache's decode steps: one signature a step)."""
     key = None
     if sinks is None and schedule is None and out is None:
         try:
-            key = _ranged_key(q, k, v, ranges, causal, scale, window, softcap)
+            key = hot.warm_key("ranged", (q, k, v, ranges), causal, scale, window, softcap)
             plan = runtime.plan(key)
         except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
             key = plan = None
@@ -410,17 +410,6 @@ def check_ranges(q: torch.Tensor, ranges: Any) -> None:
             f"starts, query ends, key starts, key ends); got "
             + (f"{ranges.dtype} {tuple(ranges.shape)} on {ranges.device}"
                if isinstance(ranges, torch.Tensor) else type(ranges).__name__))
-
-
-def _ranged_key(q, k, v, ranges, causal, scale, window, softcap) -> tuple:
-    """A ranged call's warm-path key: everything validation and the lookup read, each value
-    with its type (``True == 1`` and ``64 == 64.0`` hash alike, and a first call may reject one
-    of them); raises ``AttributeError`` / ``TypeError`` for arguments that cannot have one (not
-    torch tensors, an unhashable window)."""
-    arrays = (q, k, v, ranges)
-    return ("ranged", hot.layouts(*arrays), tuple([x.requires_grad for x in arrays]),
-            torch.is_grad_enabled(), causal, causal.__class__, scale, scale.__class__, window,
-            None if window is None else tuple(map(type, window)), softcap, softcap.__class__)
 
 
 # -- custom ops: autograd and torch.compile ----------------------------------------------------

@@ -122,8 +122,7 @@ def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranges: 
     """``torch.ops.tiledattention.sdpa_ranges_fwd`` with ``tiledattention.sdpa``'s variant
     keywords: a padded batch's forward that ``torch.compile(fullgraph=True)`` traces."""
     left, right, cap = variant_args(window, softcap)
-    if sinks is not None and not isinstance(sinks, torch.Tensor):
-        raise InputTypeError(f"sinks must be a torch.Tensor or None; got {type(sinks).__name__}")
+    _check_sinks(sinks)
     return torch.ops.tiledattention.sdpa_ranges_fwd(q, k, v, ranges, scale, left, right, cap,
                                                     sinks)
 
@@ -216,14 +215,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | 
     return torch.ops.tiledattention.sdpa_fwd(q, k, v, is_causal, scale, bottom_right)
 
 
+def _check_sinks(sinks: Any) -> None:
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        raise InputTypeError(f"sinks must be a torch.Tensor or None; got {type(sinks).__name__}")
+
+
 def _variant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
                        scale: float | None, bottom_right: bool, window: Any, softcap: Any,
                        sinks: torch.Tensor | None) -> torch.Tensor:
     """:func:`attention` of a call with a window, a softcap or sinks (the same routes, with the
     ops' variant arguments)."""
     left, right, cap = variant_args(window, softcap)
-    if sinks is not None and not isinstance(sinks, torch.Tensor):
-        raise InputTypeError(f"sinks must be a torch.Tensor or None; got {type(sinks).__name__}")
+    _check_sinks(sinks)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                     or (sinks is not None and sinks.requires_grad)):
         if not torch.compiler.is_compiling() and eager(q, k, v, sinks):
