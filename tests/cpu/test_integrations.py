@@ -676,10 +676,10 @@ def test_hf_static_cache_generate_runs_every_call_as_ranges(kernel, cpu_is_kerne
     assert ends == [[n, n] for n in range(13, 18) for _ in range(2)]
 
 
-def _static_decode(model, ids, mask, compiled):
-    """A prefill of ``ids`` into a static cache of 40 slots, then four greedy decode steps
+def _static_decode(model, ids, mask, compiled, steps=4):
+    """A prefill of ``ids`` into a static cache of 40 slots, then ``steps`` greedy decode steps
     (``torch.compile(fullgraph=True, backend="aot_eager")`` where ``compiled``): their
-    last-position logits, ``[4, B, vocab]`` float32."""
+    last-position logits, ``[steps, B, vocab]`` float32."""
     transformers = pytest.importorskip("transformers")
     cache = transformers.StaticCache(config=model.config, max_cache_len=40)
     length = ids.shape[1]
@@ -688,7 +688,7 @@ def _static_decode(model, ids, mask, compiled):
                     cache_position=torch.arange(length))
         step = torch.compile(model, backend="aot_eager", fullgraph=True) if compiled else model
         logits = []
-        for position in range(length, length + 4):
+        for position in range(length, length + steps):
             token = out.logits[:, -1].argmax(-1, keepdim=True)
             out = step(token, attention_mask=mask[:, :position + 1], past_key_values=cache,
                        cache_position=torch.tensor([position]))
@@ -852,6 +852,34 @@ def test_hf_routes_windows_softcap_and_sinks_to_the_kernel(kind, kernel, cpu_is_
     assert any(c["q"][2] == 1 and c["causal"] == "bottom_right" for c in windowed)
     assert all((c.get("softcap") == 5.0) == (kind == "gemma2") for c in kernel.calls)
     assert all(("sinks" in c) == (kind == "gpt_oss") for c in kernel.calls)
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_hf_static_cache_sliding_layers_decode_as_ranges(kind, compiled, kernel,
+                                                         cpu_is_kernel_device):
+    """A static cache's sliding layers (a buffer of the window's 8 slots, rolled once full)
+    run every decode step on the kernel, compiled too, as ranges found from the mask, which
+    holds the window (no window passed besides): while the buffer fills (entry 1 left-padded by
+    2) and after it rolls (its padding leaving the window one step later); the logits match
+    the eager model's."""
+    mine, theirs = tiny_model(kind, "tiledattention"), tiny_model(kind, "eager")
+    ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, :2] = 0
+    got = _static_decode(mine, ids, mask, compiled=compiled, steps=6)
+    torch.testing.assert_close(got, _static_decode(theirs, ids, mask, compiled=False, steps=6),
+                               rtol=3e-2, atol=3e-2)
+    assert ti.hf_stats().fallbacks == {}
+    decode = [c for c in kernel.calls if c["q"][2] == 1]
+    assert len(decode) == 12 and all("window" not in c and "ranges" in c for c in decode)
+    sliding = [c["ranges"][2:].tolist() for c in decode if c["k"][2] == 8]
+    # positions 5-7 fill the buffer; at 8 it holds positions 1-8 (1 padding entry 1's), at 9
+    # and on the last 8; each step once a sliding layer (mistral's two, the others' one)
+    layers = 2 if kind == "mistral" else 1
+    steps = [[[0, 2], [n + 1, n + 1]] for n in (5, 6, 7)] + [[[0, 1], [8, 8]]] + [
+        [[0, 0], [8, 8]]] * 2
+    assert sliding == [ranges for ranges in steps for _ in range(layers)]
 
 
 def test_hf_gemma2_generate_routes_unless_the_prompt_holds_the_pad_token(kernel,

@@ -183,13 +183,20 @@ def test_router_trains_through_the_kernels():
 
 # ---------------------------------------------------------------------------- transformers
 
-def tiny_llama(attn_implementation: str, dtype: torch.dtype, state_dict=None):
+def tiny_llama(attn_implementation: str, dtype: torch.dtype, state_dict=None,
+               sliding: bool = False):
+    """A two-layer Llama (``sliding``: a Gemma 3 text model, its first layer a sliding window
+    of 64 keys, its second global) of small random weights, one seed: the same weights for
+    every ``attn_implementation``."""
     transformers = pytest.importorskip("transformers")
     ti.register_hf()
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-    )
+    common = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=512)
+    config = (transformers.Gemma3TextConfig(
+                  **common, sliding_window=64, query_pre_attn_scalar=64,
+                  layer_types=["sliding_attention", "full_attention"])
+              if sliding else transformers.LlamaConfig(**common))
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation=attn_implementation)
@@ -301,6 +308,40 @@ def test_hf_static_cache_decode_runs_the_kernels_compiled_and_captured(form, mon
     # both layers of at least two steps ran the kernel: eagerly all six, compiled the
     # graph tree's warm-up and recording, captured the warm step and the capture
     assert sum(rows == 1 for rows, _ in calls) >= 4, calls
+    assert ti.hf_stats().torch == 0, ti.hf_stats()
+    for step, (a, b) in enumerate(zip(got, expected)):
+        assert torch.isfinite(a).all()
+        assert rel_l2(a, b) <= 2e-2, f"step {step}: rel L2 {rel_l2(a, b):.2e}"
+
+
+@pytest.mark.parametrize("form", ["eager", "compiled"])
+def test_hf_static_cache_sliding_layers_decode_on_the_kernels(form, monkeypatch):
+    """A static cache's sliding layer (a buffer of its 64-key window, rolled at every step past
+    a 77-token prompt, entry 1's left padding still in the window) and its global layer: every
+    decode step's attention on the kernel, as ranges, compiled with reduce-overhead too (the
+    ranges found on the device); the logits sdpa's within bf16 rounding."""
+    import tiledattention
+
+    mine = tiny_llama("tiledattention", torch.bfloat16, sliding=True)
+    theirs = tiny_llama("sdpa", torch.bfloat16, sliding=True)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    ids = torch.randint(0, 512, (3, 77), device="cuda", generator=gen)
+    tokens = torch.randint(0, 512, (6, 3, 1), device="cuda", generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :20] = 0
+    mask[2, :1] = 0
+    calls = []  # (query rows, keys, with ranges, with a window) of each kernel call run
+    sdpa = tiledattention.sdpa
+    monkeypatch.setattr(tiledattention, "sdpa", lambda q, k, *args, **kw: (
+        calls.append((q.shape[2], k.shape[2], kw.get("ranges") is not None, "window" in kw)),
+        sdpa(q, k, *args, **kw))[1])
+    got = _static_steps(mine, ids, mask, tokens, form)
+    expected = _static_steps(theirs, ids, mask, tokens, "eager")
+    steps = [c for c in calls if c[0] == 1]
+    assert all(ranged and not window for _, _, ranged, window in steps), calls
+    # both layers (the sliding one over its 64 slots) of at least two steps
+    assert sum(keys == 64 for _, keys, _, _ in steps) >= 2, calls
+    assert sum(keys == 256 for _, keys, _, _ in steps) >= 2, calls
     assert ti.hf_stats().torch == 0, ti.hf_stats()
     for step, (a, b) in enumerate(zip(got, expected)):
         assert torch.isfinite(a).all()

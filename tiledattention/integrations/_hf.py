@@ -134,8 +134,9 @@ def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset
     sliding cache), and no key padded. The attention function then runs the window in the
     kernel (``sliding_window``) with bottom-right alignment. Where the host may read, a mask it
     builds is entered with its ranges when they express it exactly: a one-query-a-row mask
-    whose entries' keys are each one run (:func:`_decode_ranges`, one host read), else a
-    padded batch's causal mask ending at the queries' end (:func:`_remember_ranges`)."""
+    whose entries' keys are each one run (:func:`_decode_ranges`, one host read; a sliding
+    layer's window included), else a padded batch's causal mask ending at the queries' end
+    (:func:`_remember_ranges`)."""
     from transformers.masking_utils import sdpa_mask
 
     if (local_size is not None and allow_is_causal_skip
@@ -149,9 +150,10 @@ def tiledattention_mask(batch_size: int, q_length: int, kv_length: int, q_offset
                      allow_is_causal_skip=allow_is_causal_skip, **kwargs)
     if (isinstance(mask, torch.Tensor) and isinstance(kv_offset, int)
             and not torch.compiler.is_exporting() and _host_may_read()):
-        if local_size is None and _is_key_mask(mask):
-            # one query a row (a static cache's decode step): its keys are the ranges if they
-            # are one run, which one host read tells
+        if _is_key_mask(mask):
+            # one query a row (a static cache's decode step, a sliding layer's too: the mask
+            # holds its window): its keys are the ranges if they are one run, which one host
+            # read tells
             ranges, exact = _decode_ranges(mask)
             if bool(exact.all()):
                 _keep_ranges(mask, ranges)
@@ -297,6 +299,7 @@ def tiledattention_attention_forward(
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         return _packed_call(q, k, v, bool(causal), scaling, kwargs), None
     ranges = exact = None
+    variant = _variant_of(kwargs)
     if attention_mask is not None and not (
             torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
         # (training: ranges have no autograd)
@@ -306,8 +309,12 @@ def tiledattention_attention_forward(
                     tuple(attention_mask.shape[2:]) != (q.shape[2], k.shape[2])
                     or ranges.shape[1] != q.shape[0]):
                 ranges = None  # another geometry
-        elif _decode_mask(attention_mask, q, k, kwargs):
+        elif _decode_mask(attention_mask, q, k):
             ranges, exact = _decode_ranges(attention_mask)
+        if ranges is not None and _is_key_mask(attention_mask):
+            # one query a row: its ranges are the whole mask, a sliding layer's window in it
+            # (transformers' static sliding layer keeps its keys in order: one run)
+            variant.pop("window", None)
     reason = "attn_mask" if attention_mask is not None and ranges is None else route_decision(
         q, k, v, None, dropout, True, scale=scaling)
     if reason is not None:
@@ -315,14 +322,13 @@ def tiledattention_attention_forward(
                          is_causal, kwargs)
     query, key, value = q, k, v
     if ranges is not None:
-        return _padded_call(query, key, value, scaling, ranges, kwargs, exact), None
+        return _padded_call(query, key, value, scaling, ranges, variant, exact), None
 
     # attention_mask is None here: the mask builder found a plain causal (or no) pattern. As in
     # transformers' SDPA path, a single query token attends to every cached key (lower-right
     # alignment == no mask), and a longer query with as many or more keys is causal top-left.
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     q_len, kv_len = query.shape[2], key.shape[2]
-    variant = _variant_of(kwargs)
     if "window" in variant:
         # tiledattention_mask left the mask out: the queries are the last q_len keys
         causal = "bottom_right" if kv_len > q_len else True
@@ -374,13 +380,13 @@ def _packed_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ca
 
 
 def _padded_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: Any,
-                 ranges: torch.Tensor, kwargs: dict, exact: torch.Tensor | None
+                 ranges: torch.Tensor, variant: dict, exact: torch.Tensor | None
                  ) -> torch.Tensor:
     """A padded batch's call: each entry within its ranges, bottom-right causal (the queries
     are the last positions of the keys: what :func:`_remember_ranges` checked, or for one query
-    a row, :func:`_decode_ranges`), the layer's window, softcap and sinks; ``[B, S_q, H_q, D]``
-    out. ``exact``: which entries the ranges express (``None``: all); the others' rows are NaN."""
-    variant = _variant_of(kwargs)
+    a row, :func:`_decode_ranges`), with ``variant`` (the layer's window, softcap and sinks:
+    :func:`_variant_of`); ``[B, S_q, H_q, D]`` out. ``exact``: which entries the ranges express
+    (``None``: all); the others' rows are NaN."""
     if torch.compiler.is_compiling():
         out = ranged_attention(query, key, value, ranges, scaling, **variant)
     else:
@@ -394,13 +400,12 @@ def _padded_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
     return out.transpose(1, 2).contiguous()
 
 
-def _decode_mask(attention_mask: Any, q: torch.Tensor, k: torch.Tensor, kwargs: dict) -> bool:
+def _decode_mask(attention_mask: Any, q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether a mask the host may not read is one query a row's boolean mask over the keys
-    (``[B, 1, 1, S_k]``: a static cache's decode step, compiled or captured) of a layer with
-    no sliding window (a sliding layer's buffer may hold its keys in two runs)."""
+    (``[B, 1, 1, S_k]``: a static cache's decode step, compiled or captured; a sliding
+    layer's holds its window, its buffer rolled so that the keys stay in order)."""
     return (_is_key_mask(attention_mask) and q.dim() == 4
-            and tuple(attention_mask.shape) == (q.shape[0], 1, 1, k.shape[2])
-            and kwargs.get("sliding_window") is None)
+            and tuple(attention_mask.shape) == (q.shape[0], 1, 1, k.shape[2]))
 
 
 def _is_key_mask(mask: Any) -> bool:

@@ -3,16 +3,23 @@
 with ``attn_implementation="tiledattention"`` and ``"sdpa"`` (issue 49: "reduce-overhead decode
 step at most the eager step's time, and within 1.5x of a hand-captured CUDA graph").
 
-A Llama of ``--layers`` layers of Llama-3-8B's shape (hidden 4096, H 32/8, D 128, MLP 14336;
-random bf16 weights), a static cache of ``--cache`` slots holding a ``--prompt``-token prefill
-(entry 1 of a batch left-padded by 100 tokens), then steps from that position on, each
-(attention, form) on a cache of its own and all at the same positions. A round times
+``--model``, of ``--layers`` layers and random bf16 weights: ``llama`` (Llama-3-8B's shape:
+hidden 4096, H 32/8, D 128, MLP 14336), ``gemma3`` (Gemma-3-12B's text model: hidden 3840,
+H 16/8, D 256, MLP 15360, five layers of a 1024-key sliding window to one global) or
+``gpt_oss`` (GPT-OSS-20B's attention: hidden 2880, H 64/8, D 64, sinks, a 128-key window on
+alternate layers; 4 experts, 2 a token, not its 32). A static cache of ``--cache`` slots (a
+sliding layer's: its window's, rolled each step once full) holding a ``--prompt``-token
+prefill (entry 1 of a batch left-padded by 100 tokens), then steps from that position on,
+each (attention, form) on a cache of its own and all at the same positions. A round times
 ``--steps`` steps of each back to back, with no synchronisation inside (the host's time
 counted: a generation loop's pace); medians of ``--rounds`` interleaved rounds, µs a step.
-Each form's first step's logits are checked against the eager sdpa model's. Run from the
-project root:
+Each form's first step's logits are checked against the eager step of the last
+``--attention`` (``sdpa``; ``eager`` for ``gpt_oss``, whose sinks SDPA cannot compute). A form
+that fails to build (a hand capture of a step transformers cannot capture) is reported, not
+timed. Run from the project root:
 
     python3 docs/records/probes/hf_static_decode.py --batch 1,8 --out $OUT
+    python3 docs/records/probes/hf_static_decode.py --model gemma3 --layers 6 --out $OUT
 """
 from __future__ import annotations
 
@@ -30,11 +37,30 @@ import tiledattention.integrations as ti
 FORMS = ("eager", "compiled", "graph")
 
 
-def model_of(attn: str, layers: int) -> torch.nn.Module:
-    config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=16384)
+def config_of(model: str, layers: int):
+    """``model``'s transformers config with ``layers`` layers (the module's docstring)."""
+    common = dict(vocab_size=32000, num_hidden_layers=layers, max_position_embeddings=16384)
+    if model == "llama":
+        return transformers.LlamaConfig(
+            **common, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128)
+    if model == "gemma3":
+        return transformers.Gemma3TextConfig(
+            **common, hidden_size=3840, intermediate_size=15360, num_attention_heads=16,
+            num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+            sliding_window=1024,
+            layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                         for i in range(layers)])
+    return transformers.GptOssConfig(
+        **common, hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, sliding_window=128, num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                     for i in range(layers)])
+
+
+def model_of(model: str, attn: str, layers: int) -> torch.nn.Module:
+    config = config_of(model, layers)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(
@@ -98,6 +124,7 @@ class Stepper:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("llama", "gemma3", "gpt_oss"), default="llama")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--prompt", type=int, default=2000)
@@ -108,18 +135,26 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     ti.register_hf()
-    models = {attn: model_of(attn, args.layers) for attn in args.attention.split(",")}
+    models = {attn: model_of(args.model, attn, args.layers)
+              for attn in args.attention.split(",")}
+    last = args.attention.split(",")[-1]  # the reference's attention
     ran = []
     sdpa = tiledattention.sdpa
     tiledattention.sdpa = lambda *a, **kw: (ran.append(kw.get("ranges") is not None),
                                             sdpa(*a, **kw))[1]
     rows = []
     for batch in [int(b) for b in args.batch.split(",")]:
-        steppers = {(attn, form): Stepper(m, form, batch, args.prompt, args.cache)
-                    for attn, m in models.items() for form in FORMS}
+        steppers = {}
+        for attn, m in models.items():
+            for form in FORMS:
+                try:
+                    steppers[attn, form] = Stepper(m, form, batch, args.prompt, args.cache)
+                except Exception as exc:  # noqa: BLE001 - reported, the form left out
+                    print(f"B{batch} {attn} {form}: not built ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200]})")
         ran.clear()  # the prefills' calls (B1's is unpadded: no ranges); count the steps'
-        reference = Stepper(model_of("sdpa", args.layers), "eager", batch, args.prompt,
-                            args.cache).run(1)[1]
+        reference = Stepper(model_of(args.model, last, args.layers), "eager", batch,
+                            args.prompt, args.cache).run(1)[1]
         times = {key: [] for key in steppers}
         for round_ in range(args.rounds + 1):  # round 0 warms: compiles, records, captures
             for (attn, form), stepper in steppers.items():
@@ -129,22 +164,28 @@ def main() -> None:
                 err = float((first - reference).norm() / reference.norm())
                 if not round_:
                     print(f"B{batch} {attn} {form}: first step's logits "
-                          f"rel L2 {err:.2e} against sdpa's eager step")
+                          f"rel L2 {err:.2e} against {last}'s eager step")
         for attn in models:
-            med = {form: statistics.median(times[attn, form]) for form in FORMS}
+            med = {form: statistics.median(times[attn, form]) if times.get((attn, form))
+                   else None for form in FORMS}
             rows.append({"batch": batch, "attention": attn, **med})
     print(f"our kernel's calls in the last batch's steps: {len(ran)}, all with ranges: "
           f"{all(ran)}; "
           f"transformers fallbacks (eager calls): {ti.hf_stats().fallbacks}")
-    print(f"\n{args.layers} layers, static cache {args.cache}, prompt {args.prompt}, "
-          f"{args.steps} steps a round, median of {args.rounds}; µs a step")
+    print(f"\n{args.model}, {args.layers} layers, static cache {args.cache}, prompt "
+          f"{args.prompt}, {args.steps} steps a round, median of {args.rounds}; µs a step")
     print("| B | attention | eager | reduce-overhead | hand-captured graph "
           "| compiled ÷ eager | compiled ÷ graph |")
     print("|---|---|---|---|---|---|---|")
+
+    def cell(x):
+        return "n/a" if x is None else f"{x:.1f}" if x > 10 else f"{x:.2f}"
+
     for r in rows:
-        print(f"| {r['batch']} | {r['attention']} | {r['eager']:.1f} | {r['compiled']:.1f} | "
-              f"{r['graph']:.1f} | {r['compiled'] / r['eager']:.2f} | "
-              f"{r['compiled'] / r['graph']:.2f} |")
+        eager, compiled, graph = r["eager"], r["compiled"], r["graph"]
+        print(f"| {r['batch']} | {r['attention']} | {cell(eager)} | {cell(compiled)} | "
+              f"{cell(graph)} | {cell(compiled and eager and compiled / eager)} | "
+              f"{cell(compiled and graph and compiled / graph)} |")
     if args.out:
         with open(f"{args.out}/hf_static_decode.json", "w") as f:
             json.dump(rows, f, indent=1)
