@@ -738,6 +738,17 @@ def test_the_ranges_op_is_registered_with_its_schema_and_fake():
                                                  None)
 
 
+def test_the_ranges_op_refuses_inputs_that_need_a_gradient_when_called():
+    """The ranges op has no autograd: in grad mode, with an input that requires grad, the call
+    itself is refused with the runtime's error (not a backward that fails later)."""
+    from tiledattention import UnsupportedOperationError
+
+    q, k, v = qkv(hq=8, hkv=2, sq=1, sk=40)
+    ranges = torch.tensor([[0, 0], [1, 1], [0, 3], [40, 40]], dtype=torch.int32)
+    with pytest.raises(UnsupportedOperationError, match="ranges= has no autograd"):
+        ti.ranged_attention(q.requires_grad_(), k, v, ranges)
+
+
 def test_hf_training_runs_the_kernels(kernel, training, cpu_is_kernel_device):
     mine = tiny_llama("tiledattention").train()  # bf16, the same weights
     theirs = tiny_llama("sdpa").train()

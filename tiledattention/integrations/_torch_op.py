@@ -89,15 +89,25 @@ def _sdpa_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 RANGES_OP_NAME = "tiledattention::sdpa_ranges_fwd"
 
 
-@torch.library.custom_op(RANGES_OP_NAME, mutates_args=())
+# Defined and implemented through torch.library's functions rather than ``custom_op``: a
+# compiled graph that replays no CUDA graph (default mode, or a step whose shapes change)
+# dispatches the op on every call, and ``custom_op``'s Python wrappers cost host time of their
+# own (docs/records/benchmarks/paged/issue49/README.md, section 37). No autograd: a call that
+# needs a gradient is refused by the runtime (grad mode stays on in this implementation).
+torch.library.define(
+    RANGES_OP_NAME,
+    "(Tensor q, Tensor k, Tensor v, Tensor ranges, float? scale, int window_left=-1, "
+    "int window_right=-1, float softcap=0.0, Tensor? sinks=None) -> Tensor")
+
+
 def sdpa_ranges_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranges: torch.Tensor,
                     scale: Optional[float], window_left: int = -1, window_right: int = -1,
                     softcap: float = 0.0, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A padded batch, each entry within its int32 ``[4, B]`` ranges, bottom-right causal
     (``tiledattention.sdpa(q, k, v, "bottom_right", scale, ranges=ranges)``; rows outside their
     entry's query range are zeros): ``[B, H_q, S_q, D]``. The ranges stay on the device, so a
-    compiled graph or a CUDA graph holds the call whatever they say. No autograd; no scratch
-    buffers kept (as ``sdpa_fwd``)."""
+    compiled graph or a CUDA graph holds the call whatever they say. No autograd (the runtime
+    refuses inputs that require grad); no scratch buffers kept (as ``sdpa_fwd``)."""
     import tiledattention  # looked up per call, so tests can substitute a reference
 
     check_shapes(q, k, v)
@@ -105,7 +115,9 @@ def sdpa_ranges_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranges: t
                                **variant_kwargs(window_left, window_right, softcap, sinks))
 
 
-@sdpa_ranges_fwd.register_fake
+torch.library.impl(RANGES_OP_NAME, "CompositeExplicitAutograd", sdpa_ranges_fwd)
+
+
 def _sdpa_ranges_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           ranges: torch.Tensor, scale: Optional[float], window_left: int = -1,
                           window_right: int = -1, softcap: float = 0.0,
@@ -113,6 +125,9 @@ def _sdpa_ranges_fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_shapes(q, k, v)
     check_ranges(q, ranges)
     return q.new_empty(q.shape)
+
+
+torch.library.register_fake(RANGES_OP_NAME, _sdpa_ranges_fwd_fake)
 
 
 def ranged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranges: torch.Tensor,
