@@ -131,9 +131,13 @@ def main() -> None:
     parser.add_argument("--cache", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--attention", default="tiledattention,sdpa")
+    parser.add_argument("--attention", default=None,
+                        help="attention implementations, the reference's last (default "
+                             "tiledattention,sdpa; tiledattention,eager for gpt_oss)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.attention is None:  # transformers' SDPA path cannot compute GPT-OSS's sinks
+        args.attention = "tiledattention," + ("eager" if args.model == "gpt_oss" else "sdpa")
     ti.register_hf()
     models = {attn: model_of(args.model, attn, args.layers)
               for attn in args.attention.split(",")}
