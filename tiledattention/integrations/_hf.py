@@ -187,16 +187,20 @@ def _padding_ranges(valid: torch.Tensor, q_length: int, end: int) -> torch.Tenso
     none) and query range (the queries are the ``q_length`` keys before ``end``: rows whose own
     position is in ``[ks, ke)``), as an int32 ``[4, B]`` tensor; on the mask's device, without
     a host round trip."""
-    kv_length = valid.shape[1]
-    index = torch.arange(kv_length, device=valid.device)
-    any_valid = valid.any(dim=1)
-    ks = torch.where(valid, index, kv_length).amin(dim=1)
-    ke = torch.where(valid, index + 1, 0).amax(dim=1)
-    ks = torch.where(any_valid, ks, 0)
+    ks, ke = _key_spans(valid)
     shift = end - q_length  # query row i is key position i + shift
     qs = (ks - shift).clamp(0, q_length)
     qe = (ke - shift).clamp(0, q_length)
     return torch.stack((qs, torch.maximum(qe, qs), ks, ke)).to(torch.int32).contiguous()
+
+
+def _key_spans(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of a boolean ``[B, kv_length]`` mask's first valid key and one past its last
+    (``0, 0`` for a row with none), on the mask's device."""
+    index = torch.arange(valid.shape[1], device=valid.device)
+    ke = torch.where(valid, index + 1, 0).amax(dim=1)
+    ks = torch.minimum(torch.where(valid, index, valid.shape[1]).amin(dim=1), ke)
+    return ks, ke
 
 
 def _ranges_mask(ranges: torch.Tensor, q_length: int, kv_length: int, local_size: int | None,
@@ -422,10 +426,7 @@ def _decode_ranges(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     nothing reads this on the host: an entry whose keys have a hole cannot go elsewhere, and
     its rows come out NaN (:func:`_padded_call`) rather than wrong."""
     valid = attention_mask[:, 0, 0, :]
-    kv_length = valid.shape[1]
-    index = torch.arange(kv_length, device=valid.device)
-    ke = torch.where(valid, index + 1, 0).amax(dim=1)
-    ks = torch.minimum(torch.where(valid, index, kv_length).amin(dim=1), ke)
+    ks, ke = _key_spans(valid)
     exact = valid.sum(dim=1) == ke - ks
     one = torch.ones_like(ks)
     return torch.stack((one - 1, one, ks, ke)).to(torch.int32), exact
