@@ -144,6 +144,69 @@ def test_the_walk_shares_items_evenly_and_covers_every_key_tile_once(seed):
     assert opart[0] == flat.rows + flat.ctas and tail == (opart[0] * flat.tile_m + batch + 1,)
 
 
+def _warm_flat_calls(monkeypatch, calls: int, capturing: bool = False) -> list:
+    """The arrays of ``calls`` warm calls of a kept flat plan (B5 H8/2 over pages of 16, the
+    launches recorded, not run; CPU tensors): per call, each launch's arguments."""
+    import torch
+
+    from tiledattention.core import _aot
+    from tiledattention.core import _plans as hot
+    from tiledattention.core._runtime import Runtime
+    from tiledattention.kernels.decode._launch import partial_shapes
+    from tiledattention.kernels.decode._plan import DecodePlan
+
+    hot.bind_torch()
+    monkeypatch.setattr(hot, "raw_stream", lambda device: 0)
+    monkeypatch.setattr(hot, "current_device", lambda: 0)
+    monkeypatch.setattr(hot, "capturing", lambda: capturing)
+    launched = []
+    monkeypatch.setattr(_aot, "launch", lambda stream, grid, kernel, args, **kw:
+                        launched.append(args))
+    problem = _paged(batch=5, heads_q=8, heads_kv=2, seqlen_k=700, head_dim=64)
+    plan = launches(problem, DecodeSchedule(flat=True, tile_n=64, occupancy=2), None, sms=4)
+    decode = DecodePlan(out_shape=(5, 8, 1, 64), launches=plan,
+                        partial_shapes=partial_shapes(plan), bottom_right=True, tile_d=64)
+    q = torch.randn(5, 8, 1, 64).to(torch.bfloat16)
+    pool = torch.randn(5 * 44, 16, 2, 64).to(torch.bfloat16)
+    table = torch.arange(5 * 44, dtype=torch.int32).reshape(5, 44)
+    lens = torch.tensor([700, 1, 64, 300, 17], dtype=torch.int32)
+    runtime = Runtime(resolve=None)  # the plan is given: nothing to look up
+    per_call = []
+    for _ in range(calls):
+        launched.clear()
+        assert decode.run(runtime, q, pool, pool, 0, None, ranges=lens, pages=table) is not None
+        per_call.append(list(launched))
+    return plan.flat, per_call
+
+
+def test_a_kept_flat_scratch_is_cut_once_into_the_arrays_both_kernels_take(monkeypatch):
+    """The flat kernels' log-sum-exps ``[slots, TILE_M]`` and int32 offsets ``[B + 1]`` are the
+    tail buffer's bytes, in order; a warm call passes the very arrays the first call cut (no
+    view ops a call), and the merge reads the split kernel's."""
+    import torch
+
+    flat, (first, second) = _warm_flat_calls(monkeypatch, 2)
+    slots = flat.rows + flat.ctas
+    (split, merge), (split_again, merge_again) = first, second
+    opart, lse, cu = split[4:7]  # the split kernel's (q, out, k, v, Opart, Lse, Cu, ...)
+    assert opart.shape == (slots, flat.tile_m, flat.tile_d) and opart.dtype == torch.float32
+    assert lse.shape == (slots, flat.tile_m) and lse.dtype == torch.float32
+    assert cu.shape == (6,) and cu.dtype == torch.int32
+    assert cu.data_ptr() == lse.data_ptr() + lse.numel() * 4  # the offsets right after
+    assert cu.untyped_storage().data_ptr() == lse.untyped_storage().data_ptr()
+    assert merge[0] is opart and merge[1] is lse and merge[3] is cu  # (Opart, Lse, out, Cu, ..)
+    assert all(a is b for a, b in zip(split[4:7], split_again[4:7]))
+    assert merge_again[0] is opart and merge_again[1] is lse and merge_again[3] is cu
+
+
+def test_a_captured_flat_call_cuts_scratch_of_its_own(monkeypatch):
+    """A call being captured into a CUDA graph gets buffers of its own each call (the graph's
+    pool), cut as a kept set is."""
+    flat, (first, second) = _warm_flat_calls(monkeypatch, 2, capturing=True)
+    assert first[0][4] is not second[0][4] and first[0][5] is not second[0][5]
+    assert first[0][5].shape == (flat.rows + flat.ctas, flat.tile_m)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("head_dim", [96, 64])  # two loops; one (bf16 at D <= 64)
 def test_a_flat_schedule_compiles_its_two_kernels(arch, head_dim):

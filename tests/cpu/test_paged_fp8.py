@@ -179,8 +179,7 @@ def test_an_fp8_caches_values_reach_the_split_kernel_as_int16_words_of_their_byt
     q = torch.randn(2, 8, 1, 64).to(torch.bfloat16)
     k, v = ((torch.randn(2, 2, 300, 64, generator=g) * 40).to(torch.float8_e4m3fn)
             for _ in range(2))
-    partials = tuple(torch.empty(s) for s in _launch.partial_shapes(plan)) if plan.combine \
-        else None
+    partials = _launch.new_scratch(plan, torch.empty)
     ones = torch.ones(2, 2)
     _launch.launch(0, plan, q, k, v, torch.empty_like(q), 0, partials, descales=(ones, ones))
     passed_k, passed_v = launched[0][1], launched[0][2]

@@ -22,7 +22,7 @@ import tiledattention
 from tiledattention import DECODE, Call, DecodeSchedule, Problem
 from tiledattention.core import _plans as hot
 from tiledattention.core._reference import attention_reference
-from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
+from tiledattention.kernels.decode._launch import launch, launches, new_scratch
 from tiledattention.kernels.decode._plan import decode_plan
 
 from ._reference import rel_l2
@@ -141,11 +141,7 @@ def test_rows_that_see_no_key_are_zeros(sinks, which):
 
 def _run_plan(plan_launches, q, k, v, offset, sinks=None):
     out = torch.full_like(q, float("nan"))
-    partials = None
-    if plan_launches.combine is not None:
-        opart, lse = partial_shapes(plan_launches)
-        partials = (torch.empty(opart, dtype=torch.float32, device="cuda"),
-                    torch.empty(lse, dtype=torch.float32, device="cuda"))
+    partials = new_scratch(plan_launches, lambda shape: torch.empty(shape, device="cuda"))
     launch(torch.cuda.current_stream(), plan_launches, q, k, v, out, offset, partials, sinks)
     return out
 

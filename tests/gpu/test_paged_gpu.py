@@ -287,7 +287,7 @@ def test_the_flat_walk_over_pages_of_16_matches_the_reference(batch, hq, hkv, d,
     (partials, log-sum-exps) full of NaN before the call, so a merge that read a slot no CTA
     wrote would show."""
     from tiledattention import DECODE, Problem
-    from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
+    from tiledattention.kernels.decode._launch import launch, launches, new_scratch
 
     edges = (1, 15, 16, 17, 63, 64, 65, 129, 5000, sq, 2047)
     lengths = [max(sq, edges[i % len(edges)] + i // len(edges)) for i in range(batch)]
@@ -302,8 +302,7 @@ def test_the_flat_walk_over_pages_of_16_matches_the_reference(batch, hq, hkv, d,
     plan = launches(problem, DECODE.default_schedule("sm_90", problem),
                     None, sms=torch.cuda.get_device_properties(0).multi_processor_count)
     assert plan.flat is not None
-    scratch = tuple(torch.full(shape, float("nan"), device="cuda")
-                    for shape in partial_shapes(plan))
+    scratch = new_scratch(plan, lambda shape: torch.full(shape, float("nan"), device="cuda"))
     again = torch.full_like(q, float("nan"))
     launch(torch.cuda.current_stream(), plan, q, k_pages, v_pages, again, 0, scratch,
            ranges=seqused, pages=table)
@@ -384,7 +383,7 @@ def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches():
     import random
 
     from tiledattention import DecodeSchedule, Problem
-    from tiledattention.kernels.decode._launch import launch, launches, partial_shapes
+    from tiledattention.kernels.decode._launch import launch, launches, new_scratch
 
     rng = random.Random(7)
     lengths = [int(2 ** rng.uniform(0, 13)) for _ in range(37)]
@@ -396,10 +395,10 @@ def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches():
     plan = launches(problem, schedule, None,
                     sms=torch.cuda.get_device_properties(0).multi_processor_count)
     assert plan.flat is not None
-    scratch = tuple(torch.empty(shape, device="cuda") for shape in partial_shapes(plan))
+    scratch = new_scratch(plan, lambda shape: torch.empty(shape, device="cuda"))
     stream = torch.cuda.current_stream()
     first, again = torch.full_like(q, float("nan")), torch.empty_like(q)
-    for buffer in scratch:
+    for buffer in scratch:  # the partials, log-sum-exps and offsets: every scratch byte
         buffer.fill_(float("nan"))
     launch(stream, plan, q, k_pages, v_pages, first, 0, scratch, ranges=seqused, pages=table)
     assert rel_l2(first, out) < 1e-6  # the default's walk

@@ -16,7 +16,7 @@ from ...errors import UnsupportedProblemError
 from ._compile import compile_decode
 from ._defaults import default_decode_schedule
 from ._dispatch import dispatch_rule
-from ._launch import launch, launches, normalise, partial_shapes
+from ._launch import launch, launches, new_scratch, normalise
 from ._plan import DecodePlan, bucket_problem, decode_plan, decode_plan_key, flat_sms
 from ._schedule import DecodeSchedule
 
@@ -31,11 +31,8 @@ def _case_launcher(problem: Problem, schedule: DecodeSchedule, q, k, v, out, off
     import torch
 
     plan = launches(problem, schedule, None, sms=flat_sms(schedule, q.device.index))
-    partials = None
-    if plan.scratch:
-        opart, lse = partial_shapes(plan)
-        partials = (torch.empty(opart, dtype=torch.float32, device=q.device),
-                    torch.empty(lse, dtype=torch.float32, device=q.device))
+    partials = new_scratch(plan, lambda shape: torch.empty(shape, dtype=torch.float32,
+                                                           device=q.device))
 
     def run() -> None:
         launch(torch.cuda.current_stream(), plan, q, k, v, out, offset, partials, **arrays)

@@ -24,7 +24,7 @@ from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._problem import Problem, default_scale, padded_head_dim, page_tile
-from ._flat import FlatLaunches, flat_launches, flat_scratch_shapes, launch_flat
+from ._flat import FlatLaunches, flat_launches, flat_scratch, flat_scratch_shapes, launch_flat
 from ._schedule import TILES_M, DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -32,7 +32,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "tail_rows", "rows_past_waves"]
+           "max_key_tiles", "tail_rows", "rows_past_waves", "new_scratch", "partial_shapes"]
 
 
 def _split() -> ct.kernel:
@@ -400,8 +400,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
            partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None,
            pages: Any = None, descales: tuple | None = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
-    ``q``; ``partials`` = (Opart, Lse) float32 buffers of :func:`partial_shapes` (``None`` with
-    one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
+    ``q``; ``partials``: the scratch of :func:`new_scratch` (``None`` with one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
     has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
     ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
@@ -441,6 +440,19 @@ def fp8_words(v: Any) -> Any:
     if v.storage_offset() % 2 or any(stride % 2 for stride in v.stride()[:-1]):
         v = v.contiguous()
     return v.view(torch.int16)
+
+
+def new_scratch(plan: Launches, empty: Any) -> tuple | None:
+    """The scratch a call of ``plan`` launches with, in float32 buffers of
+    :func:`partial_shapes` that ``empty(shape)`` makes: (Opart, Lse), or a flat walk's three
+    arrays (:func:`flat_scratch`, cut here once rather than in every call); None where the
+    plan needs none."""
+    if not plan.scratch:
+        return None
+    opart, lse = (empty(shape) for shape in partial_shapes(plan))
+    if plan.flat is not None:
+        return flat_scratch(plan.flat, opart, lse)
+    return opart, lse
 
 
 def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -9,7 +9,8 @@ follows the cache as it grows. The window is the caller's (``Call.window``): a p
 canonical form drops a window side that binds no key at its own length, and a later, longer
 call of the bucket may need it.
 
-A multi-split call's float32 partial buffers are kept by the runtime between calls
+A multi-split call's float32 partial buffers (a flat walk's with the arrays cut from them) are
+kept by the runtime between calls
 (``_partials``: per device, stream, thread and shapes; at most ``Runtime``'s
 ``max_workspaces`` sets, freed by ``runtime().clear()``), unless the call says otherwise
 (``sdpa(keep_scratch=False)``: the torch op does, since torch.compile's CUDA graph trees run an
@@ -66,26 +67,24 @@ def decode_plan_key(signature: tuple, k: Any, v: Any) -> tuple:
     return (signature, k_shape[0], k_shape[1], k_shape[3], length_bucket(k_shape[2]))
 
 
-def _new_partials(shapes: Any, device: Any) -> tuple[Any, Any]:
-    opart, lse = shapes
-    return (hot.empty(opart, dtype=hot.float32, device=device),
-            hot.empty(lse, dtype=hot.float32, device=device))
+def _partials(runtime: Any, plan: "DecodePlan", q: Any, device: int, stream: int) -> Any:
+    """The scratch of a multi-split or flat call (``_launch.new_scratch``: float32 buffers and,
+    for a flat walk, the arrays cut from them), kept by the runtime per (device, stream,
+    thread, shapes): calls in one stream's order reuse them (each call's combine has read them
+    before the next call's split kernel writes them), and calls that may overlap in time
+    (other streams, other threads) never share them. A stream being captured into a CUDA
+    graph gets buffers of its own each call (from the graph's memory pool), as does a call on
+    a device other than the current one (whose capture state is not what ``capturing``
+    reports), or a call without a ``runtime`` to keep them."""
+    def empty(shape: tuple) -> Any:
+        return hot.empty(shape, dtype=hot.float32, device=q.device)
 
-
-def _partials(runtime: Any, shapes: Any, q: Any, device: int, stream: int) -> Any:
-    """The float32 (Opart, Lse) scratch buffers of a multi-split call, kept by the runtime per
-    (device, stream, thread, shapes): calls in one stream's order reuse them (each call's
-    combine has read them before the next call's split kernel writes them), and calls that may
-    overlap in time (other streams, other threads) never share them. A stream being captured
-    into a CUDA graph gets buffers of its own each call (from the graph's memory pool), as does
-    a call on a device other than the current one (whose capture state is not what
-    ``capturing`` reports), or a call without a ``runtime`` to keep them."""
     if runtime is None or device != hot.current_device() or hot.capturing():
-        return _new_partials(shapes, q.device)
-    key = (device, stream, get_ident(), shapes)
+        return _launch.new_scratch(plan.launches, empty)
+    key = (device, stream, get_ident(), plan.partial_shapes)
     found = runtime.workspace(key)
     if found is None:
-        found = _new_partials(shapes, q.device)
+        found = _launch.new_scratch(plan.launches, empty)
         runtime.keep_workspace(key, found)
     return found
 
@@ -136,7 +135,7 @@ class DecodePlan(Plan):
         stream = hot.raw_stream(device)
         partials = None
         if self.partial_shapes is not None:
-            partials = _partials(runtime, self.partial_shapes, q, device, stream)
+            partials = _partials(runtime, self, q, device, stream)
         offset = k_shape[2] - self.out_shape[2] if self.bottom_right else 0
         _launch.launch(stream, self.launches, q, k, v, out, offset, partials, sinks, ranges,
                        pages, descales[1:] or None)
@@ -149,9 +148,8 @@ class DecodePlan(Plan):
         with cupy.cuda.Device(q.device.id):
             if out is None:
                 out = cupy.empty(self.out_shape, dtype=q.dtype)
-            partials = None
-            if self.partial_shapes is not None:
-                partials = tuple(cupy.empty(s, dtype=cupy.float32) for s in self.partial_shapes)
+            partials = _launch.new_scratch(self.launches,
+                                           lambda shape: cupy.empty(shape, dtype=cupy.float32))
             offset = problem.seqlen_k - problem.seqlen_q if self.bottom_right else 0
             _launch.launch(cupy.cuda.get_current_stream(), self.launches, q, k, v, out,
                            offset, partials, sinks)
