@@ -397,11 +397,12 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
-           partials: tuple[Any, Any] | None, sinks: Any = None, ranges: Any = None,
+           partials: tuple | None, sinks: Any = None, ranges: Any = None,
            pages: Any = None, descales: tuple | None = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
-    ``q``; ``partials``: the scratch of :func:`new_scratch` (``None`` with one split); ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant
-    has sinks (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
+    ``q``; ``partials``: the scratch of :func:`new_scratch` (``None`` with one split);
+    ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant has sinks
+    (the caller validates it), else ignored; ``ranges``: a ragged plan's int32
     ``[4, B]`` query and key ranges (:data:`UNUSED` otherwise: a parameter of no bytes);
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
     ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts);

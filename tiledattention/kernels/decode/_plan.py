@@ -67,6 +67,11 @@ def decode_plan_key(signature: tuple, k: Any, v: Any) -> tuple:
     return (signature, k_shape[0], k_shape[1], k_shape[3], length_bucket(k_shape[2]))
 
 
+def _new_scratch(plan: "DecodePlan", q: Any) -> Any:
+    return _launch.new_scratch(plan.launches,
+                               lambda shape: hot.empty(shape, dtype=hot.float32, device=q.device))
+
+
 def _partials(runtime: Any, plan: "DecodePlan", q: Any, device: int, stream: int) -> Any:
     """The scratch of a multi-split or flat call (``_launch.new_scratch``: float32 buffers and,
     for a flat walk, the arrays cut from them), kept by the runtime per (device, stream,
@@ -76,15 +81,12 @@ def _partials(runtime: Any, plan: "DecodePlan", q: Any, device: int, stream: int
     graph gets buffers of its own each call (from the graph's memory pool), as does a call on
     a device other than the current one (whose capture state is not what ``capturing``
     reports), or a call without a ``runtime`` to keep them."""
-    def empty(shape: tuple) -> Any:
-        return hot.empty(shape, dtype=hot.float32, device=q.device)
-
     if runtime is None or device != hot.current_device() or hot.capturing():
-        return _launch.new_scratch(plan.launches, empty)
+        return _new_scratch(plan, q)
     key = (device, stream, get_ident(), plan.partial_shapes)
     found = runtime.workspace(key)
     if found is None:
-        found = _launch.new_scratch(plan.launches, empty)
+        found = _new_scratch(plan, q)
         runtime.keep_workspace(key, found)
     return found
 
