@@ -61,6 +61,15 @@ class FlatLaunches(NamedTuple):
     merge_grid: tuple[int, int, int]
     kv_div: int
 
+    @property
+    def slots(self) -> int:
+        """The partials' slots: a cut row's partial goes to slot row + CTA (``flat_walk``)."""
+        return self.rows + self.ctas
+
+    @property
+    def batch(self) -> int:
+        return self.rows // self.rows_per_entry
+
 
 def _kernels():
     from . import _flat_kernel
@@ -101,9 +110,7 @@ def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows:
 def flat_scratch_shapes(flat: FlatLaunches) -> tuple[tuple, tuple]:
     """The float32 scratch of a flat call: the partial outputs, and the log-sum-exps with the
     int32 offsets after them."""
-    slots = flat.rows + flat.ctas
-    batch = flat.rows // flat.rows_per_entry
-    return (slots, flat.tile_m, flat.tile_d), (slots * flat.tile_m + batch + 1,)
+    return (flat.slots, flat.tile_m, flat.tile_d), (flat.slots * flat.tile_m + flat.batch + 1,)
 
 
 def flat_scratch(flat: FlatLaunches, opart: Any, tail: Any) -> tuple[Any, Any, Any]:
@@ -112,10 +119,9 @@ def flat_scratch(flat: FlatLaunches, opart: Any, tail: Any) -> tuple[Any, Any, A
     ``[slots, TILE_M]`` and the int32 item offsets ``[B + 1]`` after them in ``tail``."""
     import torch
 
-    slots = flat.rows + flat.ctas
-    batch = flat.rows // flat.rows_per_entry
-    lse = tail[:slots * flat.tile_m].view(slots, flat.tile_m)
-    return opart, lse, tail[slots * flat.tile_m:slots * flat.tile_m + batch + 1].view(torch.int32)
+    rows = flat.slots * flat.tile_m
+    lse = tail[:rows].view(flat.slots, flat.tile_m)
+    return opart, lse, tail[rows:rows + flat.batch + 1].view(torch.int32)
 
 
 def launch_flat(stream: Any, flat: FlatLaunches, q5: Any, out5: Any, k: Any, v: Any,
