@@ -58,6 +58,25 @@ def test_a_ragged_call_is_looked_up_by_its_bucket():
     assert (one.batch, one.seqlen_q, one.seqlen_k, one.bottom_right) == (1, 16, 512, False)
 
 
+def test_a_large_packed_batch_keeps_its_bucket_inside_the_index_range():
+    """The bucket's rounding (sequences filled, lengths to powers of two) must not refuse a
+    call whose own arrays fit the kernels' int32 indexing: 80 sequences of 5000 tokens, 32 K/V
+    heads of D 128 (1.64e9 elements a packed tensor) rounded to 64 x 8192 would reach 2.1e9.
+    A paged call's bucket too, which the forward looks up without its pages."""
+    big = dict(sequences=80, tokens_q=400000, longest_q=5000, longest_k=5000, heads_q=32,
+               heads_kv=32, head_dim=128, dtype="bf16", causal=True, bottom_right=True)
+    p = ragged_problem(**big)
+    assert (p.batch, p.seqlen_k) == (32, 8192)
+    assert p.batch * p.heads_kv * p.seqlen_k * 128 <= 2 ** 31 - 1
+    # the same profile at a quarter of the tokens keeps the plain rounding
+    assert ragged_problem(**{**big, "sequences": 20, "tokens_q": 100000}).batch == 16
+    paged = ragged_problem(**{**big, "sequences": 33, "tokens_q": 33 * 64, "longest_q": 64,
+                              "longest_k": 8929, "heads_q": 56, "heads_kv": 8,
+                              "head_dim": 256, "page_size": 16})
+    assert paged.batch == 32  # 64 (33 rounded up) x 8 x 16384 x 256 is 2 ** 31
+    assert FORWARD.paged_lookup(paged, paged).page_size == 0
+
+
 @pytest.mark.parametrize("seqlen", [512, 1024, 2048, 8192])
 def test_a_packed_batch_at_d128_without_a_mask_runs_64_row_tiles_on_hopper(seqlen):
     """Packed sequences end inside tiles whatever the bucket's (power-of-two) lengths: up to

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._problem import INDEX_LIMIT, Problem, row_stat_rows
+from ._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_rows
 
 __all__ = ["RaggedLayout", "ragged_problem", "pow2_at_least", "packed_ranges",
            "packed_row_stat_length", "packed_row_stat"]
@@ -52,13 +52,21 @@ def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: 
     """The bucketed :class:`Problem` of a ragged call (module docstring): ``seqlen_q`` and
     ``seqlen_k`` the longest counts rounded up to powers of two (capped at the int32 index
     limit), ``batch`` the number of such sequences ``tokens_q`` fills (rounded up to a power of
-    two, at most ``sequences`` rounded likewise); ``page_size``: a paged cache's, exact;
+    two, at most ``sequences`` rounded likewise, halved while the bucket would pass the int32
+    index range the call's own arrays keep); ``page_size``: a paged cache's, exact;
     ``kv_dtype``: an FP8 cache's element type.
     Raises ``UnsupportedProblemError`` as :class:`Problem` does."""
     seqlen_q = min(pow2_at_least(longest_q), INDEX_LIMIT)
     seqlen_k = min(pow2_at_least(longest_k), INDEX_LIMIT)
     filled = pow2_at_least(-(-max(int(tokens_q), 1) // seqlen_q))
     batch = max(1, min(filled, pow2_at_least(sequences)))
+    # a bucket is a lookup key, not the call's arrays (each call checks their reach): where the
+    # rounding would pass the kernels' int32 index range (:class:`Problem` checks it, without
+    # pages for K and V too: the forward looks a paged call up without them), fewer sequences
+    # fill it
+    entry = max(heads_q * seqlen_q, heads_kv * seqlen_k) * padded_head_dim(head_dim)
+    while batch > 1 and batch * entry > INDEX_LIMIT:
+        batch //= 2
     left, right = window
     return Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
                    seqlen_k=seqlen_k, head_dim=head_dim, dtype=dtype, causal=causal,
@@ -105,3 +113,4 @@ def packed_row_stat(heads: int, tokens: int, device: Any) -> Any:
     store = torch.empty((1, heads, packed_row_stat_length(tokens)), dtype=torch.float32,
                         device=device)
     return store[:, :, :tokens]
+
