@@ -253,9 +253,16 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
 
     A paged cache, as torch's: ``block_table`` (int32 ``[N, max_pages]``) with ``seqused_k``
     (int32 ``[N]``), ``key`` and ``value`` then ``[pages, page_size, H_kv, D]`` pools and
-    ``cu_seq_k`` unused (it may be ``None``); inference only. Every sequence must have the same
-    query count (``T_q = N * max_q``: decode and speculative steps), and its queries are the
-    last positions of its keys (:func:`paged_attention`, which this calls).
+    ``cu_seq_k`` unused (it may be ``None``); inference only. A sequence's queries are the last
+    positions of its ``seqused_k`` keys (causal masks and windows align bottom-right). Where
+    every sequence has ``max_q`` queries (``T_q = N * max_q``: decode, speculative and equal
+    chunked-prefill steps; ``cu_seq_q`` is then not read) this is :func:`paged_attention` on
+    a ``[N, H_q, max_q, D]`` view; sequences of their own query counts (a serving engine's
+    mixed step: prefill chunks beside decode tokens, by ``cu_seq_q``) run packed on the
+    prefill kernel, which reads pages of a whole key tile in place and gathers smaller ones
+    into one packed copy first. Traceable by ``torch.compile`` (custom op
+    ``tiledattention::paged_varlen``) and capturable in a CUDA graph (nothing is read on the
+    host).
     """
     from .entry_points import _varlen
 
@@ -316,16 +323,19 @@ def explain_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_
 def explain_varlen(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, max_q: int,
                    max_k: int, *, is_causal: bool | str = False,
                    window_size: tuple[int, int] = (-1, -1), enable_gqa: bool = False,
-                   training: bool = False) -> Resolution:
+                   training: bool = False, seqused_k: Any = None,
+                   block_table: Any = None) -> Resolution:
     """The schedule :func:`varlen_attn` would run for these arguments (its forward's, or with
     ``training`` its backward's), the family and which lookup step chose it. It is looked up
     for the batch's bucket (``Problem.ragged``: the longest lengths and the token count rounded
-    up to powers of two), which every batch of that profile shares."""
+    up to powers of two), which every batch of that profile shares; over a paged cache
+    (``seqused_k``, ``block_table``), for the paged call's bucket."""
     from .entry_points import _varlen
 
     return _varlen.explain_varlen(runtime(), query, key, value, cu_seq_q, cu_seq_k, max_q,
                                   max_k, is_causal=is_causal, window=window_size,
-                                  enable_gqa=enable_gqa, training=training)
+                                  enable_gqa=enable_gqa, training=training,
+                                  seqused_k=seqused_k, block_table=block_table)
 
 
 def explain(q: Any, k: Any, v: Any, causal: bool | str = False, *,

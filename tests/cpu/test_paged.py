@@ -304,16 +304,190 @@ def test_varlen_attn_over_pages_checks_its_arguments():
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     table = torch.zeros(2, 3, dtype=torch.int32)
     used = torch.ones(2, dtype=torch.int32)
-    with pytest.raises(UnsupportedProblemError, match="one query count"):
-        tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table,
-                                   enable_gqa=True)
-    with pytest.raises(ValueError, match="must be CUDA tensors"):  # after every other check
-        tiledattention.varlen_attn(q[:4], k, k, cu, None, 2, 40, seqused_k=used,
-                                   block_table=table, enable_gqa=True)
+    # query counts of their own (2 and 3) and one count (2 and 2): the device check is last
+    for tokens, max_q in ((5, 3), (4, 2)):
+        with pytest.raises(ValueError, match="must be CUDA tensors"):
+            tiledattention.varlen_attn(q[:tokens], k, k, cu, None, max_q, 40, seqused_k=used,
+                                       block_table=table, enable_gqa=True)
     with pytest.raises(ValueError, match="enable_gqa=True"):
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used, block_table=table)
     with pytest.raises(ValueError, match="block_table and seqused_k together"):
         tiledattention.varlen_attn(q, k, k, cu, None, 3, 40, seqused_k=used)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(cu=torch.tensor([0.0, 2.0, 5.0])), ValueError, "cu_seq_q must be an int32 tensor"),
+    (dict(cu=torch.tensor([0, 2, 5], dtype=torch.int32), table=torch.zeros(3, 3,
+                                                                            dtype=torch.int32)),
+     ValueError, r"block_table must be an int32 tensor \[sequences, max_pages\] = \[2"),
+    (dict(used=torch.ones(3, dtype=torch.int32)), ValueError, "seqused_k must be an int32"),
+    (dict(used=torch.ones(2)), ValueError, "seqused_k must be an int32"),
+    (dict(k=torch.randn(6, 16, 2, 32, dtype=torch.bfloat16)), ValueError,
+     "key's head_dim must be query's"),
+    (dict(k=torch.randn(6, 16, 3, 64, dtype=torch.bfloat16)), ValueError,
+     r"query's heads \(4\) must be a multiple of key's \(3\)"),
+    (dict(k=torch.randn(6, 16, 2, 64, dtype=torch.float16)), TypeError, "must have one dtype"),
+    (dict(is_causal="top_left"), ValueError, "last positions of its keys"),
+    (dict(max_k=0), ValueError, "max_k must be at least 1"),
+    (dict(grad=True), RuntimeError, "no autograd"),
+    (dict(), ValueError, "must be CUDA tensors"),
+])
+def test_a_mixed_step_over_pages_names_a_wrong_argument(change, error, match):
+    """Sequences of their own query counts (2 and 3 here) over pages: every argument checked,
+    by the caller's names, before the device check and before anything runs."""
+    args = dict(q=torch.randn(5, 4, 64, dtype=torch.bfloat16),
+                k=torch.randn(6, 16, 2, 64, dtype=torch.bfloat16),
+                cu=torch.tensor([0, 2, 5], dtype=torch.int32),
+                table=torch.zeros(2, 3, dtype=torch.int32), used=torch.ones(2, dtype=torch.int32),
+                is_causal=True, max_k=40, grad=False)
+    args.update(change)
+    q = args["q"].requires_grad_(args["grad"])
+    with pytest.raises(error, match=match):
+        tiledattention.varlen_attn(q, args["k"], args["k"].clone(), args["cu"], None, 3,
+                                   args["max_k"], is_causal=args["is_causal"],
+                                   seqused_k=args["used"], block_table=args["table"],
+                                   enable_gqa=True)
+
+
+@pytest.mark.parametrize("tokens, max_q, route", [(5, 3, "packed"), (4, 2, "paged"),
+                                                  (3, 1, "packed"), (2, 1, "paged")])
+def test_varlen_attn_over_pages_packs_query_counts_of_their_own(tokens, max_q, route,
+                                                                monkeypatch):
+    """One query count (tokens = sequences x max_q) runs as paged_attention's [N, H, max_q, D]
+    batch; else the packed queries go to the packed route with the offsets, the alignment,
+    the window and the longest counts."""
+    from tiledattention.entry_points import _paged
+
+    seen = {}
+    monkeypatch.setattr(_paged, "packed_paged_attention",
+                        lambda *a, **k: seen.update(packed=(a, k)) or a[0])
+    monkeypatch.setattr(_paged, "paged_attention",
+                        lambda q, *a, **k: seen.update(paged=(q, a, k)) or q)
+    q = torch.randn(tokens, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(6, 16, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 2, tokens], dtype=torch.int32)
+    table, used = torch.zeros(2, 3, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    out = tiledattention.varlen_attn(q, k, k, cu, None, max_q, 40, is_causal=False,
+                                     window_size=(7, 0), seqused_k=used, block_table=table,
+                                     enable_gqa=True)
+    assert list(seen) == [route] and out.shape == q.shape
+    if route == "packed":
+        args, kwargs = seen["packed"]
+        assert args[0] is q and args[3] is cu and args[4] is table and args[5] is used
+        assert args[6:] == (max_q, 40)
+        assert kwargs == dict(causal="bottom_right", scale=None, window=(7, 0))
+    else:
+        q4, _, kwargs = seen["paged"]
+        assert q4.shape == (2, 4, max_q, 64) and kwargs["max_k"] == 40
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathered(
+        in_place, monkeypatch):
+    """The packed queries as one [1, H, tokens, D] batch entry, each sequence's rows by the
+    offsets; its keys in its pages (in place: the pools and the table, key ranges from 0) or
+    gathered into one packed copy (sequence b's keys from b x its slots, no table); key ends
+    held to what the pages or the copy hold; rows of no sequence cleared."""
+    from tiledattention.entry_points import _paged as route
+
+    launched, cleared = {}, []
+
+    class Forward:
+        def reads_pages_with(self, problem, schedule):
+            return in_place
+
+        def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale,
+                             device, sinks=None, ragged=None):
+            launched.update(q=q, k=k, out=out, problem=problem, layout=ragged)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: cleared.append(a))
+    pool = torch.randn(7, 16, 2, 32, dtype=torch.bfloat16)
+    table = torch.tensor([[4, 1, -1], [0, 5, 2], [6, 3, 3]], dtype=torch.int32)
+    query = torch.randn(40, 4, 32, dtype=torch.bfloat16)
+    cu = torch.tensor([1, 6, 6, 38], dtype=torch.int32)  # 5, 0 and 32 queries; 2 rows spare
+    used = torch.tensor([20, 3, 60], dtype=torch.int32)  # 60: past 3 pages (48 keys)
+    problem, longest = route.paged_problem(query, pool, table, True, None, None, None, 40,
+                                           longest_q=32)
+    assert (problem.batch, problem.seqlen_q, problem.page_size) == (2, 32, 16)
+    out = route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem),
+                               query, pool, pool, table, used, longest, None, cu_seq_q=cu,
+                               longest_q=32)
+    layout = launched["layout"]
+    assert out.shape == query.shape and layout.packed and layout.longest_q == 32
+    assert launched["q"].shape == (1, 4, 40, 32) and launched["out"].data_ptr() == out.data_ptr()
+    assert torch.equal(launched["q"][0].transpose(0, 1), query)
+    assert cleared and cleared[0][2] is layout.ranges and cleared[0][3] == 0
+    ranges = layout.ranges.tolist()
+    assert ranges[:2] == [[1, 6, 6], [6, 6, 38]]
+    if in_place:
+        assert launched["k"] is pool and layout.pages is table and launched["problem"] == problem
+        assert ranges[2:] == [[0, 0, 0], [20, 3, 48]]
+    else:
+        assert layout.pages is None and launched["problem"].page_size == 0
+        slots = 48  # 40 keys: three pages a sequence
+        assert launched["k"].shape == (1, 2, 3 * slots, 32)
+        assert ranges[2:] == [[0, slots, 2 * slots], [20, slots + 3, 2 * slots + 48]]
+        for b in range(3):
+            keys = launched["k"][0, :, b * slots:(b + 1) * slots].transpose(0, 1)
+            want = torch.cat([pool[i] for i in table[b].clamp(min=0).tolist()])
+            assert torch.equal(keys, want), b
+
+
+def test_a_copy_of_pages_past_the_index_range_is_refused_before_it_is_made(monkeypatch):
+    """Gathered pages hold every entry's share of the longest cache: 300 entries of 2000
+    pages of 16 keys (8 heads of D 256) would copy 2e10 elements from a pool of four pages.
+    Refused before the copy, packed or not; the pool itself passes."""
+    from tiledattention.entry_points import _paged as route
+
+    class Forward:
+        def reads_pages_with(self, problem, schedule):
+            return False
+
+    monkeypatch.setattr(route, "gather_pages", lambda *a: pytest.fail("copied"))
+    pool = torch.zeros(4, 16, 8, 256, dtype=torch.bfloat16)
+    table = torch.zeros(300, 2000, dtype=torch.int32)
+    used = torch.full((300,), 32000, dtype=torch.int32)
+    problem, longest = route.paged_problem(torch.zeros(300, 8, 1, 256, dtype=torch.bfloat16),
+                                           pool, table, True, None, None, None, 32000)
+    schedule = FORWARD.default_schedule("sm_90", FORWARD.paged_lookup(problem, problem))
+    for query, cu in ((torch.zeros(300, 8, 4, 256, dtype=torch.bfloat16), None),
+                      (torch.zeros(600, 8, 256, dtype=torch.bfloat16),
+                       torch.arange(0, 601, 2, dtype=torch.int32))):
+        with pytest.raises(UnsupportedProblemError, match="copies each entry's first 2000"):
+            route.ragged_forward(Forward(), problem, schedule, query, pool, pool, table, used,
+                                 longest, None, cu_seq_q=cu, longest_q=2)
+
+
+def test_the_queries_reach_is_checked_whatever_the_bucket():
+    """A bucket may count fewer sequences than the call (``ragged_problem`` keeps it inside the
+    index range), so the paged routes check q's own reach: 300000 packed queries of 64 heads
+    (2.5e9 elements) or the same as a [B, H, S, D] batch are refused, a tenth of them not."""
+    from tiledattention.entry_points._paged import _check_call
+
+    pool = torch.empty(4, 16, 8, 128, device="meta")
+    for q in (torch.empty(300000, 64, 128, device="meta"),
+              torch.empty(100, 64, 3000, 128, device="meta")):
+        with pytest.raises(UnsupportedProblemError, match="q must lie within"):
+            _check_call(None, q, pool, pool)
+    _check_call(None, torch.empty(30000, 64, 128, device="meta"), pool, pool)
+
+
+def test_the_packed_paged_op_gives_the_query_shape_under_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tiledattention.entry_points import _paged
+
+    with FakeTensorMode():
+        q = torch.empty(45, 8, 64, dtype=torch.bfloat16)
+        k = torch.empty(20, 16, 2, 64, dtype=torch.bfloat16)
+        cu = torch.empty(4, dtype=torch.int32)
+        table = torch.empty(3, 5, dtype=torch.int32)
+        used = torch.empty(3, dtype=torch.int32)
+        out = torch.ops.tiledattention.paged_varlen(q, k, k, cu, table, used, 30, 80, True,
+                                                    None, -1, -1)
+        assert out.shape == q.shape and out.dtype == q.dtype
+    assert _paged.PACKED_OP_NAME == "tiledattention::paged_varlen"
 
 
 def test_explain_names_a_paged_calls_family_or_its_gather(capsys):

@@ -62,7 +62,7 @@ def test_a_large_packed_batch_keeps_its_bucket_inside_the_index_range():
     """The bucket's rounding (sequences filled, lengths to powers of two) must not refuse a
     call whose own arrays fit the kernels' int32 indexing: 80 sequences of 5000 tokens, 32 K/V
     heads of D 128 (1.64e9 elements a packed tensor) rounded to 64 x 8192 would reach 2.1e9.
-    A paged call's bucket too, which the forward looks up without its pages."""
+    A paged call's bucket too, as the forward looks it up (without its pages)."""
     big = dict(sequences=80, tokens_q=400000, longest_q=5000, longest_k=5000, heads_q=32,
                heads_kv=32, head_dim=128, dtype="bf16", causal=True, bottom_right=True)
     p = ragged_problem(**big)
@@ -70,11 +70,15 @@ def test_a_large_packed_batch_keeps_its_bucket_inside_the_index_range():
     assert p.batch * p.heads_kv * p.seqlen_k * 128 <= 2 ** 31 - 1
     # the same profile at a quarter of the tokens keeps the plain rounding
     assert ragged_problem(**{**big, "sequences": 20, "tokens_q": 100000}).batch == 16
+    # a paged bucket's pools are exempt (a decode step's is looked up with its pages), not
+    # the same work without them, which the forward looks a chunk of a prefill up by: 64 (33
+    # rounded up) x 8 x 16384 x 256 is 2 ** 31
     paged = ragged_problem(**{**big, "sequences": 33, "tokens_q": 33 * 64, "longest_q": 64,
                               "longest_k": 8929, "heads_q": 56, "heads_kv": 8,
                               "head_dim": 256, "page_size": 16})
-    assert paged.batch == 32  # 64 (33 rounded up) x 8 x 16384 x 256 is 2 ** 31
-    assert FORWARD.paged_lookup(paged, paged).page_size == 0
+    assert paged.batch == 64
+    unpaged = FORWARD.paged_lookup(paged, paged)
+    assert (unpaged.page_size, unpaged.batch) == (0, 32)
 
 
 @pytest.mark.parametrize("seqlen", [512, 1024, 2048, 8192])

@@ -10,6 +10,8 @@ or faults.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -164,6 +166,104 @@ def test_varlen_attn_with_a_block_table_is_paged_attention():
                                      is_causal=True, enable_gqa=True, seqused_k=seqused,
                                      block_table=table)
     assert torch.equal(got, out.transpose(1, 2).reshape(packed.shape))
+
+
+def check_mixed(out, query, counts, caches, *, is_causal=True, window=(-1, -1)):
+    """Each sequence's rows of a mixed step's output (``counts[b]`` packed queries, the last
+    positions of ``caches[b]``'s keys) against the float32 reference; rows past the last
+    sequence zeros."""
+    d, start = query.shape[2], 0
+    causal = is_causal is not False or window[1] == 0
+    for b, ((k, v), n) in enumerate(zip(caches, counts)):
+        rows = slice(start, start + n)
+        start += n
+        assert not out[rows].isnan().any(), ("a read outside a sequence's keys", b)
+        if not n:
+            continue
+        want = torch.zeros(n, query.shape[1], d, device="cuda")
+        if k.shape[0]:
+            want = attend(query[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                          causal=causal, bottom_right=True,
+                          window=None if window == (-1, -1) else window, softcap=None,
+                          sinks=None, scale=d ** -0.5).transpose(0, 1)
+        assert rel_l2(out[rows], want) < TOL[query.dtype], (b, n, k.shape[0])
+    assert torch.equal(out[start:], torch.zeros_like(out[start:])), "rows of no sequence"
+
+
+def mixed_step(counts, lengths, page_size, hq=32, hkv=8, d=128, dtype=torch.bfloat16,
+               is_causal=True, window=(-1, -1), spare=3, seed=0):
+    """A serving engine's mixed step through ``varlen_attn``: sequence ``b`` has
+    ``counts[b]`` packed queries (0 included), the last positions of its ``lengths[b]`` keys
+    in shuffled pages (NaN around them), and ``spare`` rows of no sequence after the last;
+    the output's memory poisoned with NaN before the call (:func:`check_mixed`). Returns the
+    call's arguments, keywords, output and per-sequence caches."""
+    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, page_size, hkv, d, dtype,
+                                                           seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    query = torch.randn(sum(counts) + spare, hq, d, generator=gen, device="cuda", dtype=dtype)
+    cu = torch.tensor([0] + list(itertools.accumulate(counts)), dtype=torch.int32,
+                      device="cuda")
+    args = (query, k_pages, v_pages, cu, None, max(counts), max(lengths))
+    kwargs = dict(is_causal=is_causal, window_size=window, enable_gqa=hq != hkv,
+                  seqused_k=seqused, block_table=table)
+    poison = torch.full_like(query, float("nan"))  # the allocator hands its block out next
+    del poison
+    with torch.no_grad():
+        out = tiledattention.varlen_attn(*args, **kwargs)
+    check_mixed(out, query, counts, caches, is_causal=is_causal, window=window)
+    return args, kwargs, out, caches
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+def test_a_mixed_step_of_prefill_chunks_and_decode_tokens(page_size, monkeypatch):
+    """Prefill chunks beside decode tokens, a sequence with no queries and one with more
+    queries than keys (its first rows see none: zeros), over pages read in place (256: a
+    whole key tile) or gathered into one packed copy (16, 64)."""
+    from tiledattention.entry_points import _paged
+
+    counts = [1, 300, 1, 0, 77, 1, 512, 40]
+    lengths = [900, 300, 4097, 33, 1500, 1, 2049, 20]
+    real, gathered = _paged.gather_pages, []
+
+    def counting(*args):
+        gathered.append(args[0].shape[1])
+        return real(*args)
+
+    monkeypatch.setattr(_paged, "gather_pages", counting)
+    args, kwargs, _, _ = mixed_step(counts, lengths, page_size)
+    assert tiledattention.explain_varlen(*args, **kwargs).family == "forward"
+    mixed_step(counts, lengths, page_size, window=(255, 0))
+    mixed_step(counts, lengths, page_size, hq=28, hkv=4, d=64, dtype=torch.float16,
+               is_causal=False, seed=3)
+    mixed_step(counts, lengths, page_size, hq=8, hkv=8, d=96, is_causal=False,
+               window=(100, 37), seed=4)
+    assert bool(gathered) == (page_size < 128), gathered
+
+
+def test_a_mixed_step_compiles_and_replays_in_a_cuda_graph():
+    """The mixed step under ``torch.compile`` (the ``paged_varlen`` op) equals eager bit for
+    bit; captured in a CUDA graph it replays with new query counts (at most the captured
+    ``max_q`` each, within the same tokens) and cache lengths, each replay against the
+    reference."""
+    counts, lengths = [1, 200, 1, 64], [3100, 3100, 3100, 3100]
+    args, kwargs, out, caches = mixed_step(counts, lengths, 64, hq=16, hkv=4, seed=7)
+    fn = torch.compile(lambda *a: tiledattention.varlen_attn(*a, **kwargs), fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(fn(*args), out)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = tiledattention.varlen_attn(*args, **kwargs)
+    query, cu, seqused = args[0], args[3], kwargs["seqused_k"]
+    for new_counts, new_lengths in (([100, 1, 164, 1], [101, 2000, 3000, 9]),
+                                    ([1, 1, 1, 200], [5, 6, 7, 263]),
+                                    ([0, 0, 200, 66], [0, 0, 200, 3100])):
+        cu.copy_(torch.tensor([0] + list(itertools.accumulate(new_counts))))
+        seqused.copy_(torch.tensor(new_lengths))
+        query.normal_()
+        graph.replay()
+        now = [(k[:n], v[:n]) for (k, v), n in zip(caches, new_lengths)]
+        check_mixed(captured, query, new_counts, now)
 
 
 def test_compiled_call_matches_eager():

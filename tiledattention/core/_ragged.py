@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from ._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_rows
 
 __all__ = ["RaggedLayout", "ragged_problem", "pow2_at_least", "packed_ranges",
-           "packed_row_stat_length", "packed_row_stat"]
+           "packed_row_stat_length", "packed_row_stat", "packed_view", "without_pages"]
 
 
 class RaggedLayout(NamedTuple):
@@ -53,26 +53,41 @@ def ragged_problem(*, sequences: int, tokens_q: int, longest_q: int, longest_k: 
     ``seqlen_k`` the longest counts rounded up to powers of two (capped at the int32 index
     limit), ``batch`` the number of such sequences ``tokens_q`` fills (rounded up to a power of
     two, at most ``sequences`` rounded likewise, halved while the bucket would pass the int32
-    index range the call's own arrays keep); ``page_size``: a paged cache's, exact;
+    index range, :func:`_fitting`); ``page_size``: a paged cache's, exact;
     ``kv_dtype``: an FP8 cache's element type.
     Raises ``UnsupportedProblemError`` as :class:`Problem` does."""
     seqlen_q = min(pow2_at_least(longest_q), INDEX_LIMIT)
     seqlen_k = min(pow2_at_least(longest_k), INDEX_LIMIT)
     filled = pow2_at_least(-(-max(int(tokens_q), 1) // seqlen_q))
-    batch = max(1, min(filled, pow2_at_least(sequences)))
-    # a bucket is a lookup key, not the call's arrays (each call checks their reach): where the
-    # rounding would pass the kernels' int32 index range (:class:`Problem` checks it, without
-    # pages for K and V too: the forward looks a paged call up without them), fewer sequences
-    # fill it
-    entry = max(heads_q * seqlen_q, heads_kv * seqlen_k) * padded_head_dim(head_dim)
-    while batch > 1 and batch * entry > INDEX_LIMIT:
-        batch //= 2
+    batch = _fitting(max(1, min(filled, pow2_at_least(sequences))), heads_q * seqlen_q,
+                     0 if page_size else heads_kv * seqlen_k, head_dim)
     left, right = window
     return Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
                    seqlen_k=seqlen_k, head_dim=head_dim, dtype=dtype, causal=causal,
                    bottom_right=bottom_right and (causal or left >= 0 or right >= 0),
                    window_left=left, window_right=right, softcap=softcap, sinks=sinks,
                    ragged=True, page_size=page_size, kv_dtype=kv_dtype)
+
+
+def _fitting(batch: int, rows_q: int, rows_k: int, head_dim: int) -> int:
+    """``batch`` halved while ``batch`` entries of ``rows_q`` query rows (heads x length) or
+    ``rows_k`` key rows would pass the kernels' int32 index range (:class:`Problem` checks it):
+    a bucket is a lookup key, not the call's arrays (each call checks their reach)."""
+    entry = max(rows_q, rows_k) * padded_head_dim(head_dim)
+    while batch > 1 and batch * entry > INDEX_LIMIT:
+        batch //= 2
+    return batch
+
+
+def without_pages(bucket: Problem) -> Problem:
+    """A paged bucket as the same work over contiguous caches (the one a call that gathers its
+    pages, or the forward's lookup, takes): no page size, and where its keys would pass the
+    index range the pools exempted it from, fewer sequences (:func:`_fitting`)."""
+    import dataclasses
+
+    batch = _fitting(bucket.batch, bucket.heads_q * bucket.seqlen_q,
+                     bucket.heads_kv * bucket.seqlen_k, bucket.head_dim)
+    return dataclasses.replace(bucket, page_size=0, batch=batch)
 
 
 def packed_ranges(cu_seq_q: Any, cu_seq_k: Any) -> Any:
@@ -114,3 +129,11 @@ def packed_row_stat(heads: int, tokens: int, device: Any) -> Any:
                         device=device)
     return store[:, :, :tokens]
 
+
+def packed_view(x: Any) -> Any:
+    """A packed ``[tokens, H, D]`` tensor as the kernels' ``[1, H, tokens, D]`` (a view: the
+    strides of ``x.unsqueeze(0).transpose(1, 2)`` in one op, not two; a warm packed call makes
+    eight)."""
+    tokens, heads, dim = x.shape
+    s_tokens, s_heads, s_dim = x.stride()
+    return x.as_strided((1, heads, tokens, dim), (tokens * s_tokens, s_heads, s_tokens, s_dim))

@@ -6,6 +6,11 @@ is usually partly filled). Entry ``b``'s queries are the last ``S_q`` positions 
 ``seqused_k[b]`` keys (a decode step, speculative tokens, a chunk of a prefill), so causal
 masks and windows align bottom-right.
 
+``varlen_attn`` over a paged cache whose sequences have query counts of their own (a serving
+engine's mixed step: prefill chunks beside decode tokens, ``cu_seq_q``) runs the packed queries
+on the forward family's ragged kernel the same way (:func:`packed_paged_forward`): the pages in
+place where one holds a whole key tile, else gathered into one packed copy first.
+
 Decode steps (few query rows: the decode family's dispatch rule) run on the split-KV decode
 kernels, which read the pages in place (``PAGED``): each key tile looks its pages up in the
 block table, nothing is gathered or copied, and keys past ``seqused_k[b]`` (or past the block
@@ -26,8 +31,9 @@ a long query run over it gathers the entries' pages and dequantises them into q'
 
 A decode step without sinks or an FP8 cache that repeats an earlier call's signature
 (``core._plans.warm_key``: the arrays' shapes, strides, dtypes, devices and ``requires_grad``,
-grad mode, and the other arguments with their types) runs the plan that call kept, with no validation, lookup or
-problem built: the first call of a signature judged all of that, and nothing else decides it.
+grad mode, and the other arguments with their types) runs the plan that call kept, with no
+validation, lookup or problem built: the first call of a signature judged all of that, and
+nothing else decides it.
 
 A decode step over pages is looked up by its batch, query count, page size and longest cache
 (``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
@@ -45,56 +51,70 @@ import torch
 from ..core import _plans as hot
 from ..core._device import device_info
 from ..core._dtypes import dtype_of
-from ..core._problem import (BOTTOM_RIGHT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT, causal_flags,
-                             check_attention_tensors, check_reach, default_scale, padded_head_dim,
-                             sink_logits, variant_args)
+from ..core._dispatch import choose_family
 from ..core._family import check_arch_dtype, serving
-from ..core._ragged import RaggedLayout, ragged_problem
+from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT,
+                             causal_flags, check_attention_tensors, check_reach, default_scale,
+                             padded_head_dim, sink_logits, variant_args)
+from ..core._ragged import RaggedLayout, packed_view, ragged_problem, without_pages
 from ..core._runtime import Runtime, runtime
-from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
+from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
+                      UnsupportedProblemError)
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
+from ._ragged_fill import clear_uncovered_rows
 
 __all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
-           "reader", "OP_NAME"]
+           "reader", "packed_paged_attention", "packed_paged_forward", "explain_packed_paged",
+           "OP_NAME", "PACKED_OP_NAME"]
 
 OP_NAME = "tiledattention::paged_attention"
+PACKED_OP_NAME = "tiledattention::paged_varlen"
 
 
 def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
-           descales: tuple = (None, None)) -> str:
+           descales: tuple = (None, None), *, packed: bool = False,
+           names: tuple[str, str, str] = ("q", "k_pages", "v_pages")) -> str:
     """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
     run these arrays; return the cache's element type (``Problem.kv_dtype``: ``""`` when K and
     V are in q's dtype, ``"e4m3"`` for an FP8 cache, which ``descales``, the call's
-    ``(k_descale, v_descale)``, may scale; they go with an FP8 cache only)."""
+    ``(k_descale, v_descale)``, may scale; they go with an FP8 cache only). ``packed``: q holds
+    packed sequences' queries ``[tokens, H_q, D]`` (``varlen_attn``'s), one sequence a row of
+    the block table; ``names``: the caller's names of q and the pools."""
     kv_fp8 = is_fp8_tensor(k_pages)
-    check_attention_tensors(("q", "k_pages", "v_pages"), q, k_pages, v_pages,
-                            "[B, H_q, S_q, D]", "[pages, page_size, H_kv, D]", kv_fp8=kv_fp8)
-    kv_dtype = dtype_of("k_pages", k_pages, fp8=True) if kv_fp8 else ""
+    qn, kn, _ = names
+    check_attention_tensors(names, q, k_pages, v_pages,
+                            "[tokens, H_q, D]" if packed else "[B, H_q, S_q, D]",
+                            "[pages, page_size, H_kv, D]", kv_fp8=kv_fp8)
+    kv_dtype = dtype_of(kn, k_pages, fp8=True) if kv_fp8 else ""
     given = [n for n, d in zip(DESCALE_NAMES[1:], descales) if d is not None]
     if given and not kv_fp8:
         raise InputValueError(f"{' and '.join(given)} go with an FP8 cache (float8_e4m3fn "
                               f"k_pages and v_pages); got {k_pages.dtype} pages")
-    b, hq, _, d = q.shape
+    hq, d = q.shape[1], q.shape[-1]
     _, page_size, hkv, dk = k_pages.shape
     if dk != d:
-        raise InputValueError(f"k_pages' head_dim must be q's ({d}); got {dk}")
+        raise InputValueError(f"{kn}'s head_dim must be {qn}'s ({d}); got {dk}")
     if d not in SUPPORTED_HEAD_DIMS:
         raise InputValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}; got {d}")
     if hq % hkv:
-        raise InputValueError(f"q's heads ({hq}) must be a multiple of k_pages' ({hkv})")
+        raise InputValueError(f"{qn}'s heads ({hq}) must be a multiple of {kn}'s ({hkv})")
     if page_size % PAGE_ALIGN:
-        raise InputValueError(f"the page size (k_pages.shape[1]) must be a multiple of "
+        raise InputValueError(f"the page size ({kn}.shape[1]) must be a multiple of "
                               f"{PAGE_ALIGN}; got {page_size}")
+    b = None if packed else q.shape[0]  # packed: the block table's rows count the sequences
     for name, x, shape in (("block_table", block_table, "[B, max_pages]"),
                            ("seqused_k", seqused_k, "[B]")):
         if not isinstance(x, torch.Tensor):
             raise InputTypeError(f"{name} must be an int32 torch.Tensor {shape}; got "
                                  f"{type(x).__name__}")
-        if x.dtype != torch.int32 or x.dim() != len(shape.split(",")) or x.shape[0] != b:
-            raise InputValueError(f"{name} must be an int32 tensor {shape} with B = {b}; got "
+        if (x.dtype != torch.int32 or x.dim() != len(shape.split(","))
+                or (b is not None and x.shape[0] != b)):
+            rows = "" if b is None else f" with B = {b}"
+            raise InputValueError(f"{name} must be an int32 tensor {shape}{rows}; got "
                                   f"{x.dtype} of shape {tuple(x.shape)}")
         if x.device != q.device:
-            raise InputValueError(f"{name} must be on q's device {q.device}; got {x.device}")
+            raise InputValueError(f"{name} must be on {qn}'s device {q.device}; got {x.device}")
+        b = x.shape[0]
     if block_table.shape[1] < 1 or block_table.stride(1) != 1:
         raise InputValueError(f"block_table must hold at least one page per entry, contiguous "
                               f"in its last dim; got shape {tuple(block_table.shape)}, strides "
@@ -112,12 +132,17 @@ def _check_device(q: Any) -> None:
 
 
 def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: Any,
-                  softcap: Any, sinks: Any, max_k: Optional[int], kv_dtype: str = ""):
+                  softcap: Any, sinks: Any, max_k: Optional[int], kv_dtype: str = "",
+                  longest_q: Optional[int] = None):
     """The bucketed :class:`Problem` of a paged call (``ragged_problem``'s bucket with the page
     size and the cache's element type, ``kv_dtype``) and its longest cache (``max_k``, else the
-    block table's capacity)."""
-    sequences, hq, sq, d = block_table.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    tokens = sequences * sq
+    block table's capacity). ``longest_q``: q holds packed sequences' queries ``[tokens, H_q,
+    D]``, none more than ``longest_q`` a sequence (else q is ``[B, H_q, S_q, D]``)."""
+    sequences, hq, d = block_table.shape[0], q.shape[1], q.shape[-1]
+    if longest_q is None:
+        sq, tokens = q.shape[2], sequences * q.shape[2]
+    else:
+        sq, tokens = longest_q, q.shape[0]
     page_size, hkv = k_pages.shape[1], k_pages.shape[2]
     capacity = block_table.shape[1] * page_size
     if max_k is None:
@@ -194,6 +219,89 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     return out
 
 
+def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table,
+                         seqused_k, max_q: int, max_k: int, *, causal: Any = True,
+                         scale: Optional[float] = None, window: Any = None) -> torch.Tensor:
+    """``varlen_attn(..., block_table=, seqused_k=)`` whose sequences have query counts of
+    their own (a serving engine's mixed step: chunks of prefills beside decode tokens):
+    ``query [T, H_q, D]`` packed, sequence ``b``'s rows ``cu_seq_q[b]:cu_seq_q[b + 1]`` (at
+    most ``max_q``) the last positions of its ``seqused_k[b]`` keys (at most ``max_k``), which
+    lie in the pages ``block_table[b]`` names. On the forward family's ragged kernel over the
+    packed queries (:func:`ragged_forward`), with the schedule of the packed bucket without
+    pages; an FP8 cache's pages gathered into q's dtype (``varlen_attn`` takes no descale
+    factors: its values as they are). The output ``[T, H_q, D]``; rows of no sequence zeros."""
+    family, problem, resolution, longest, kv_dtype = _packed_call(
+        runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
+        causal, scale, window)
+    # an FP8 cache: gathered and widened (unit factors)
+    factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32, device=query.device)
+                    for _ in range(2)) if kv_dtype else ()
+    return ragged_forward(family, problem, resolution.schedule, query, k_pages, v_pages,
+                          block_table, seqused_k, longest, scale, None, factors, cu_seq_q,
+                          max_q)
+
+
+def explain_packed_paged(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table,
+                         seqused_k, max_q: int, max_k: int, *, causal: Any = True,
+                         window: Any = None):
+    """The :class:`Resolution` :func:`packed_paged_forward` runs: the packed bucket's without
+    pages, on the forward's kernel (reading the pages in place or gathered)."""
+    return _packed_call(runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
+                        max_q, max_k, causal, None, window)[2]
+
+
+def _packed_call(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
+                 max_q: int, max_k: int, causal: Any, scale: Any, window: Any) -> tuple:
+    """Validate a packed call over pages (:func:`packed_paged_forward`); ``(family, problem,
+    resolution, longest cache, the cache's element type)``."""
+    kv_dtype = _check(query, k_pages, v_pages, block_table, seqused_k, packed=True,
+                      names=("query", "key", "value"))
+    _check_offsets(cu_seq_q, block_table.shape[0], query)
+    _check_call(scale, query, k_pages, v_pages)
+    if causal == TOP_LEFT:
+        raise InputValueError("varlen_attn over a paged cache takes each sequence's queries as "
+                              "the last positions of its keys: is_causal=True aligns them "
+                              "bottom-right; got is_causal='top_left'")
+    problem, longest = paged_problem(query, k_pages, block_table, causal, window, None, None,
+                                     max_k, longest_q=max_q)
+    _check_device(query)
+    device = query.device.index
+    arch = device_info(device).arch
+    check_arch_dtype(arch, problem)
+    family = choose_family(arch, problem, "sdpa_with_lse")
+    resolution = runtime.resolution(family, family.paged_lookup(problem, problem), device)
+    return family, problem, resolution, longest, kv_dtype
+
+
+def packed_paged_attention(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
+                           max_q: int, max_k: int, *, causal: Any = True,
+                           scale: Optional[float] = None, window: Any = None) -> torch.Tensor:
+    """:func:`packed_paged_forward` on the process's runtime: the torch op while
+    ``torch.compile`` traces, the launch otherwise."""
+    if torch.compiler.is_compiling():
+        left, right = window if window is not None else (-1, -1)
+        return packed_paged_op(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
+                               max_q, max_k, bool(causal), scale, left, right)
+    return packed_paged_forward(runtime(), query, k_pages, v_pages, cu_seq_q, block_table,
+                                seqused_k, max_q, max_k, causal=causal, scale=scale,
+                                window=window)
+
+
+def _check_offsets(cu_seq_q: Any, sequences: int, query: Any) -> None:
+    """``cu_seq_q`` is an int32 (or int64) ``[sequences + 1]`` tensor on query's device."""
+    if not isinstance(cu_seq_q, torch.Tensor):
+        raise InputTypeError(f"cu_seq_q must be an int32 torch.Tensor [sequences + 1]; got "
+                             f"{type(cu_seq_q).__name__}")
+    if (cu_seq_q.dtype not in (torch.int32, torch.int64)
+            or tuple(cu_seq_q.shape) != (sequences + 1,)):
+        raise InputValueError(f"cu_seq_q must be an int32 tensor [sequences + 1] = "
+                              f"[{sequences + 1}] (the block table's rows are the sequences); "
+                              f"got {cu_seq_q.dtype} of shape {tuple(cu_seq_q.shape)}")
+    if cu_seq_q.device != query.device:
+        raise InputValueError(f"cu_seq_q must be on query's device {query.device}; got "
+                              f"{cu_seq_q.device}")
+
+
 def reader(arch: str, shape: Any) -> Any:
     """The family whose kernels read this paged call's pages (the first in dispatch order that
     reads pages and accepts it: the decode family for decode steps, else the forward, which may
@@ -208,26 +316,60 @@ def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k_pages, v_pages)):
         raise UnsupportedOperationError("a paged cache is for inference: it has no autograd "
                                         "(run the call under torch.no_grad())")
-    check_reach("k_pages", k_pages, "torch", padded_head_dim(k_pages.shape[-1]))
+    # q too: a bucket's sequences may be fewer than the call's (``ragged_problem``)
+    tile_d = padded_head_dim(k_pages.shape[-1])
+    check_reach("k_pages", k_pages, "torch", tile_d)
+    check_reach("q", q if q.dim() == 4 else packed_view(q), "torch", tile_d)
 
 
-def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> torch.Tensor:
+def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int,
+                 packed: bool = False) -> torch.Tensor:
     """A ``[B, H_kv, pages * page_size, D]`` view of a contiguous copy of each entry's first
     ``ceil(keys / page_size)`` pages (block-table slots past an entry's pages copy some page of
-    the pool, never read: its ranges end at its key count)."""
+    the pool, never read: its ranges end at its key count); ``packed``: the same copy as one
+    ``[1, H_kv, B * pages * page_size, D]`` view, entry ``b``'s keys from ``b * pages *
+    page_size`` on."""
     page_size = pool.shape[1]
     width = min(block_table.shape[1], -(-keys // page_size))
     ids = block_table[:, :width].clamp(0, pool.shape[0] - 1).flatten()
     copy = pool.index_select(0, ids)  # [B * width, page_size, H_kv, D]
-    return copy.view(block_table.shape[0], width * page_size, *pool.shape[2:]).transpose(1, 2)
+    entries = 1 if packed else block_table.shape[0]
+    return copy.view(entries, -1, *pool.shape[2:]).transpose(1, 2)
 
 
-def _query_ranges(q: torch.Tensor, seqused_k: torch.Tensor) -> torch.Tensor:
-    """The int32 ``[4, B]`` ranges of a paged call: each entry's ``S_q`` queries over its
-    first ``seqused_k[b]`` keys."""
-    ranges = torch.zeros((4, q.shape[0]), dtype=torch.int32, device=q.device)
-    ranges[1] = q.shape[2]
-    ranges[3] = seqused_k
+def _check_gathered(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> None:
+    """Raise before copying unless :func:`gather_pages`' copy (every entry's pages up to
+    ``keys``, whole pages) fits the kernels' int32 indexing: a batch whose longest cache sets
+    every entry's share can pass it where the pool does not."""
+    pages, page_size = block_table.shape[1], pool.shape[1]
+    width = min(pages, -(-keys // page_size))
+    elements = block_table.shape[0] * width * page_size * pool.shape[2] * padded_head_dim(
+        pool.shape[3])
+    if elements > INDEX_LIMIT:
+        raise UnsupportedProblemError(
+            f"a call over pages of {page_size} keys (fewer than a key tile) copies each entry's "
+            f"first {width} pages first, {elements} elements, past the kernels' int32 indexing "
+            f"({INDEX_LIMIT}); split the batch, or pass max_k nearer the longest seqused_k")
+
+
+def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, cu_seq_q: Any, key_stride: int,
+            key_limit: int) -> torch.Tensor:
+    """The int32 ``[4, B]`` ranges of a paged call: each entry's queries (``q``'s ``S_q`` rows
+    of its own batch entry, or with ``cu_seq_q`` packed rows ``cu_seq_q[b]:cu_seq_q[b + 1]``)
+    over its first ``seqused_k[b]`` keys, at most ``key_limit``, which start at ``b *
+    key_stride`` (packed keys gathered from the pages; else 0)."""
+    sequences = seqused_k.shape[0]
+    ranges = torch.empty((4, sequences), dtype=torch.int32, device=q.device)
+    if cu_seq_q is None:
+        ranges[0] = 0
+        ranges[1] = q.shape[2]
+    else:
+        ranges[0:2] = cu_seq_q.unfold(0, 2, 1).t()
+    if key_stride:
+        torch.arange(0, sequences * key_stride, key_stride, out=ranges[2])
+    else:
+        ranges[2] = 0
+    torch.add(ranges[2], seqused_k.clamp(max=key_limit), out=ranges[3])
     return ranges
 
 
@@ -245,29 +387,42 @@ def _long_query_run(runtime: Runtime, family: Any, problem: Any, shape: Any, q, 
 
 def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages, block_table,
                    seqused_k, longest: int, scale: Any, logits: Any = None,
-                   factors: tuple = ()) -> torch.Tensor:
+                   factors: tuple = (), cu_seq_q: Any = None,
+                   longest_q: int | None = None) -> torch.Tensor:
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
     pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
     else each entry's pages gathered into a contiguous cache first (one read and one write of
     its keys; an FP8 cache's dequantised into q's dtype by ``factors``, its float32 ``[B,
     H_kv]`` K and V descales). Either way ``problem``'s mask holds: each entry's queries are
     the last of its keys, its causal mask and window aligned bottom-right. ``logits``: the
-    float32 ``[H_q]`` sink logits when ``problem.sinks``."""
-    ranges = _query_ranges(q, seqused_k)
+    float32 ``[H_q]`` sink logits when ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with
+    ``cu_seq_q`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
+    ``cu_seq_q[b]:cu_seq_q[b + 1]``, at most ``longest_q``), whose output has q's shape, rows
+    of no sequence zeros."""
+    packed = cu_seq_q is not None
     if not factors and family.reads_pages_with(problem, schedule):
-        k, v, launched = k_pages, v_pages, problem
-        layout = RaggedLayout(ranges, q.shape[2], longest, False, block_table)
+        k, v, launched, pages, stride = k_pages, v_pages, problem, block_table, 0
     else:
-        k, v = (gather_pages(pool, block_table, longest) for pool in (k_pages, v_pages))
+        _check_gathered(k_pages, block_table, longest)
+        k, v = (gather_pages(pool, block_table, longest, packed) for pool in (k_pages, v_pages))
         if factors:
             k, v = (dequantised(x, f, q.dtype) for x, f in zip((k, v), factors))
         # the same problem over contiguous caches
-        launched = dataclasses.replace(problem, page_size=0, kv_dtype="")
-        layout = RaggedLayout(ranges, q.shape[2], longest, False)
+        launched, pages = dataclasses.replace(without_pages(problem), kv_dtype=""), None
+        stride = k.shape[2] // block_table.shape[0] if packed else 0
+    # (gathered, an entry holds its first `longest` keys, whole pages)
+    limit = block_table.shape[1] * k_pages.shape[1] if pages is not None else (
+        stride or k.shape[2])
+    ranges = _ranges(q, seqused_k, cu_seq_q, stride, limit)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    family.forward_with_lse(torch.cuda.current_stream(q.device), q, k, v, out, None, launched,
-                            schedule, default_scale(problem) if scale is None else float(scale),
+    stream = torch.cuda.current_stream(q.device)
+    q_view, out_view = (packed_view(x) for x in (q, out)) if packed else (q, out)
+    layout = RaggedLayout(ranges, longest_q if packed else q.shape[2], longest, packed, pages)
+    family.forward_with_lse(stream, q_view, k, v, out_view, None, launched, schedule,
+                            default_scale(problem) if scale is None else float(scale),
                             q.device.index, sinks=logits, ragged=layout)
+    if packed:
+        clear_uncovered_rows(stream, out_view, ranges, 0)  # tokens of no sequence: zeros
     return out
 
 
@@ -340,3 +495,22 @@ def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
 def _paged_fake(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window_left,
                 window_right, softcap, sinks, max_k, k_descale=None, v_descale=None):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+@torch.library.custom_op(PACKED_OP_NAME, mutates_args=())
+def packed_paged_op(query: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                    cu_seq_q: torch.Tensor, block_table: torch.Tensor, seqused_k: torch.Tensor,
+                    max_q: int, max_k: int, causal: bool, scale: Optional[float],
+                    window_left: int, window_right: int) -> torch.Tensor:
+    """:func:`packed_paged_forward` as a torch op (``torch.compile`` traces it as one node)."""
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    return packed_paged_forward(runtime(), query, k_pages, v_pages, cu_seq_q, block_table,
+                                seqused_k, max_q, max_k,
+                                causal=BOTTOM_RIGHT if causal else False, scale=scale,
+                                window=window)
+
+
+@packed_paged_op.register_fake
+def _packed_paged_fake(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
+                       causal, scale, window_left, window_right):
+    return torch.empty(query.shape, dtype=query.dtype, device=query.device)

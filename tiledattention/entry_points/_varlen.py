@@ -48,8 +48,8 @@ from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP
                              causal_flags, check_attention_tensors, check_cuda, check_reach,
                              default_scale, padded_head_dim, problem_of_arrays, sink_logits,
                              variant_args)
-from ..core._ragged import (RaggedLayout, packed_ranges, packed_row_stat, packed_row_stat_length,
-                            ragged_problem)
+from ..core._ragged import (RaggedLayout, packed_ranges, packed_row_stat,
+                            packed_row_stat_length, packed_view, ragged_problem)
 from ..core._runtime import Runtime, runtime
 from ..core._work_table import GRID_Y_LIMIT
 from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
@@ -151,14 +151,6 @@ def _check_grid(sequences: int, heads_q: int) -> None:
             f"{sequences} x {heads_q}: split the batch")
 
 
-def _view(x: torch.Tensor) -> torch.Tensor:
-    """``[tokens, H, D]`` as the kernels' ``[1, H, tokens, D]`` (a view: the strides of
-    ``x.unsqueeze(0).transpose(1, 2)`` in one op, not two; a warm packed call makes eight)."""
-    tokens, heads, dim = x.shape
-    s_tokens, s_heads, s_dim = x.stride()
-    return x.as_strided((1, heads, tokens, dim), (tokens * s_tokens, s_heads, s_tokens, s_dim))
-
-
 def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale, window,
              enable_gqa) -> "_Packed":
     """Validate a call; what it judged, as a :class:`_Packed`."""
@@ -178,7 +170,7 @@ def _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, sca
                              causal=causal, bottom_right=bottom_right or cu_seq_k is cu_seq_q,
                              window=(left, right))
     for name, x in (("query", query), ("key", key), ("value", value)):
-        check_reach(name, _view(x), "torch", padded_head_dim(problem.head_dim))
+        check_reach(name, packed_view(x), "torch", padded_head_dim(problem.head_dim))
     # last: a wrong argument is named even on CPU tensors
     check_cuda((("query", query), ("key", key), ("value", value)), "torch")
     return _Packed(problem, longest_q, longest_k,
@@ -267,9 +259,10 @@ def _run_forward(runtime: Runtime, query, key, value, packed: _Packed, layout: R
     out = hot.empty_like(query, memory_format=hot.contiguous_format)
     lse = packed_row_stat(query.shape[1], query.shape[0], query.device)
     stream = hot.raw_stream(device)
-    out_view = _view(out)
-    family.forward_with_lse(stream, _view(query), _view(key), _view(value), out_view, lse,
-                            packed.problem, schedule, packed.scale, device, ragged=layout)
+    out_view = packed_view(out)
+    family.forward_with_lse(stream, packed_view(query), packed_view(key), packed_view(value),
+                            out_view, lse, packed.problem, schedule, packed.scale, device,
+                            ragged=layout)
     clear_uncovered_rows(stream, out_view, layout.ranges, 0)  # tokens of no sequence: zeros
     return out, lse
 
@@ -307,17 +300,33 @@ def _run_backward(runtime: Runtime, grad_out, query, key, value, out, lse, packe
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     stream = hot.raw_stream(device)
     # rows of no sequence get zero gradients: the backward's prologue clears them (packed)
-    family.backward(stream, packed.problem, schedule, packed.scale, _view(query), _view(key),
-                    _view(value), _view(out), _view(grad_out), lse, delta,
-                    tuple(_view(g) for g in grads), ragged=layout)
+    family.backward(stream, packed.problem, schedule, packed.scale,
+                    *(packed_view(x) for x in (query, key, value, out, grad_out)), lse, delta,
+                    tuple(packed_view(g) for g in grads), ragged=layout)
     return grads
 
 
 def explain_varlen(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
                    is_causal: Any = False, window: Any = None, enable_gqa: bool = False,
-                   training: bool = False):
+                   training: bool = False, seqused_k: Any = None, block_table: Any = None):
     """The :class:`Resolution` the call's bucket gets (the forward's; with ``training``, the
-    backward's)."""
+    backward's); over a paged cache (``seqused_k``, ``block_table``), the paged call's."""
+    if block_table is not None or seqused_k is not None:
+        if training:
+            raise UnsupportedOperationError("a paged cache is for inference: it has no "
+                                            "autograd (leave training=False)")
+        from ._paged import explain_packed_paged, explain_paged
+
+        packed, longest_q, longest_k, causal, window = _paged_call(
+            query, key, cu_seq_q, max_q, max_k, is_causal, window, enable_gqa, seqused_k,
+            block_table)
+        if packed:
+            return explain_packed_paged(runtime, query, key, value, cu_seq_q, block_table,
+                                        seqused_k, longest_q, longest_k, causal=causal,
+                                        window=window)
+        q4 = query.unflatten(0, (cu_seq_q.shape[0] - 1, longest_q)).transpose(1, 2)
+        return explain_paged(runtime, q4, key, value, block_table, seqused_k, causal=causal,
+                             window=window, max_k=longest_k)
     problem = _prepare(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, None,
                        window, enable_gqa).problem
     device = query.device.index
@@ -568,8 +577,30 @@ def _cupy_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwa
 # -- a paged cache ------------------------------------------------------------------------------
 def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, window_size,
                   enable_gqa, seqused_k, block_table):
-    """:func:`varlen_attn` over a paged cache: the packed queries (one count per sequence) as a
-    ``[N, H_q, max_q, D]`` view for ``tiledattention.paged_attention``."""
+    """:func:`varlen_attn` over a paged cache: sequences of one query count (``T = N *
+    max_q``: decode, speculative and equal chunked-prefill steps) as a ``[N, H_q, max_q, D]``
+    view for ``tiledattention.paged_attention``; sequences of their own query counts (a
+    mixed step, by ``cu_seq_q``) packed, on the forward's ragged kernel."""
+    from ._paged import packed_paged_attention, paged_attention  # (imports torch ops)
+
+    packed, longest_q, longest_k, causal, window = _paged_call(
+        query, key, cu_seq_q, max_q, max_k, is_causal, window_size, enable_gqa, seqused_k,
+        block_table)
+    if packed:
+        return packed_paged_attention(query, key, value, cu_seq_q, block_table, seqused_k,
+                                      longest_q, longest_k, causal=causal, scale=scale,
+                                      window=window)
+    q4 = query.unflatten(0, (cu_seq_q.shape[0] - 1, longest_q)).transpose(1, 2)
+    out = paged_attention(q4, key, value, block_table, seqused_k, causal=causal, scale=scale,
+                          window=window, max_k=longest_k)
+    return out.transpose(1, 2).reshape(query.shape)
+
+
+def _paged_call(query, key, cu_seq_q, max_q, max_k, is_causal, window_size, enable_gqa,
+                seqused_k, block_table) -> tuple:
+    """Check what :func:`_paged_varlen` reads itself; ``(packed, longest_q, longest_k,
+    causal, window)``: whether the sequences have query counts of their own, the longest
+    counts, and the mask as ``paged_attention`` takes it."""
     if block_table is None or seqused_k is None:
         raise InputValueError(f"a paged cache takes block_table and seqused_k together; got "
                               f"only {'seqused_k' if block_table is None else 'block_table'}")
@@ -592,14 +623,5 @@ def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, w
     alignment = (BOTTOM_RIGHT if bottom_right else TOP_LEFT) if causal else False
     window = None if (left, right) == (-1, -1) else (left, right)
     longest_k = _check_max("max_k", max_k, INDEX_LIMIT)
-    if query.shape[0] != sequences * longest_q:
-        raise UnsupportedProblemError(
-            f"varlen_attn over a paged cache runs sequences of one query count (tokens = "
-            f"sequences * max_q: decode, speculative and equal chunked-prefill steps); got "
-            f"{query.shape[0]} query tokens for {sequences} sequences of at most {longest_q}")
-    q4 = query.unflatten(0, (sequences, longest_q)).transpose(1, 2)
-    from ._paged import paged_attention  # the paged cache's entry point (imports torch ops)
-
-    out = paged_attention(q4, key, value, block_table, seqused_k, causal=alignment, scale=scale,
-                          window=window, max_k=longest_k)
-    return out.transpose(1, 2).reshape(query.shape)
+    packed = query.shape[0] != sequences * longest_q  # query counts of their own
+    return packed, longest_q, longest_k, alignment, window

@@ -3,7 +3,6 @@ lookup metric, compile-only build and GPU test case."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 from ...core import _device
@@ -15,6 +14,7 @@ from ...core._dtypes import FP8_DTYPES, element, torch_dtype
 from ...core._family import Family, check_arch_dtype, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._problem import Problem, default_scale, page_tile
+from ...core._ragged import without_pages
 from ...core._work_table import compile_work_table
 from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
@@ -169,9 +169,10 @@ class ForwardFamily(Family):
         return page_tile(problem.page_size) >= schedule.tile_n
 
     def paged_lookup(self, bucket: Problem, shape: Problem) -> Problem:
-        """The bucket without pages (the one the gathered call looks up): pages change where
-        keys lie, not the work, and the forward tunes no paged rows."""
-        return dataclasses.replace(bucket, page_size=0)
+        """The bucket without pages (the one the gathered call looks up,
+        :func:`~tiledattention.core._ragged.without_pages`): pages change where keys lie, not
+        the work, and the forward tunes no paged rows."""
+        return without_pages(bucket)
 
     def why_taken(self, arch: str, problem: Problem) -> str:
         return (self.fp8_refusal(problem)
