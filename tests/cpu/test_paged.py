@@ -434,6 +434,40 @@ def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathere
             assert torch.equal(keys, want), b
 
 
+def test_a_mixed_step_over_an_fp8_cache_widens_the_gathered_pages(monkeypatch):
+    """An FP8 cache (``varlen_attn`` takes no descales: unit factors) is gathered and widened
+    into q's dtype even where a page holds a whole key tile: the forward reads 16-bit keys."""
+    from tiledattention.entry_points import _paged as route
+
+    launched = {}
+
+    class Forward:
+        def reads_pages_with(self, problem, schedule):
+            return True
+
+        def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale,
+                             device, sinks=None, ragged=None):
+            launched.update(k=k, v=v, problem=problem, layout=ragged)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: None)
+    pool = torch.randn(5, 16, 2, 32).to(torch.float8_e4m3fn)
+    table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32)
+    query = torch.randn(9, 4, 32, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 1, 9], dtype=torch.int32)
+    problem, longest = route.paged_problem(query, pool, table, True, None, None, None, 32,
+                                           longest_q=8)
+    ones = torch.ones((1, 2), dtype=torch.float32)
+    route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem), query,
+                         pool, pool, table, torch.tensor([20, 32], dtype=torch.int32), longest,
+                         None, factors=(ones, ones), cu_seq_q=cu, longest_q=8)
+    assert launched["layout"].pages is None and launched["k"].dtype == torch.bfloat16
+    assert launched["problem"].page_size == 0 and launched["problem"].kv_dtype == ""
+    want = torch.cat([pool[i] for i in (3, 0, 1, 4)]).to(torch.bfloat16)
+    assert torch.equal(launched["k"][0].transpose(0, 1), want)
+    assert launched["layout"].ranges.tolist()[2:] == [[0, 32], [20, 64]]
+
+
 def test_a_copy_of_pages_past_the_index_range_is_refused_before_it_is_made(monkeypatch):
     """Gathered pages hold every entry's share of the longest cache: 300 entries of 2000
     pages of 16 keys (8 heads of D 256) would copy 2e10 elements from a pool of four pages.
