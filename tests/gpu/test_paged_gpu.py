@@ -240,6 +240,24 @@ def test_a_mixed_step_of_prefill_chunks_and_decode_tokens(page_size, monkeypatch
     assert bool(gathered) == (page_size < 128), gathered
 
 
+def test_a_mixed_step_over_an_fp8_cache():
+    """An FP8 cache under a mixed step: its pages gathered and widened (unit descales, as
+    ``varlen_attn`` takes none), against the reference over the cache's e4m3 values."""
+    counts, lengths = [1, 100, 0, 37, 1], [700, 100, 5, 2000, 64]
+    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, 64, 4, 128, seed=11)
+    fp8 = torch.float8_e4m3fn
+    k8, v8 = (x.to(fp8) for x in (k_pages, v_pages))
+    caches = [tuple(x.to(fp8).to(torch.bfloat16) for x in c) for c in caches]
+    query = torch.randn(sum(counts) + 2, 16, 128, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0] + list(itertools.accumulate(counts)), dtype=torch.int32,
+                      device="cuda")
+    with torch.no_grad():
+        out = tiledattention.varlen_attn(query, k8, v8, cu, None, max(counts), max(lengths),
+                                         is_causal=True, enable_gqa=True, seqused_k=seqused,
+                                         block_table=table)
+    check_mixed(out, query, counts, caches)
+
+
 def test_a_mixed_step_compiles_and_replays_in_a_cuda_graph():
     """The mixed step under ``torch.compile`` (the ``paged_varlen`` op) equals eager bit for
     bit; captured in a CUDA graph it replays with new query counts (at most the captured
