@@ -17,6 +17,7 @@ and the lookup's memo stays bounded whatever offsets each batch has.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 from ._problem import INDEX_LIMIT, Problem, padded_head_dim, row_stat_rows
@@ -83,8 +84,6 @@ def without_pages(bucket: Problem) -> Problem:
     """A paged bucket as the same work over contiguous caches (the one a call that gathers its
     pages, or the forward's lookup, takes): no page size, and where its keys would pass the
     index range the pools exempted it from, fewer sequences (:func:`_fitting`)."""
-    import dataclasses
-
     batch = _fitting(bucket.batch, bucket.heads_q * bucket.seqlen_q,
                      bucket.heads_kv * bucket.seqlen_k, bucket.head_dim)
     return dataclasses.replace(bucket, page_size=0, batch=batch)
