@@ -258,9 +258,10 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
     every sequence has ``max_q`` queries (``T_q = N * max_q``: decode, speculative and equal
     chunked-prefill steps; ``cu_seq_q`` is then not read) this is :func:`paged_attention` on
     a ``[N, H_q, max_q, D]`` view; sequences of their own query counts (a serving engine's
-    mixed step: prefill chunks beside decode tokens, by ``cu_seq_q``) run packed on the
-    prefill kernel, which reads pages of a whole key tile in place and gathers smaller ones
-    into one packed copy first. Traceable by ``torch.compile`` (custom op
+    mixed step: prefill chunks beside decode tokens, by ``cu_seq_q``) run their one-query
+    sequences as a decode step (split-KV) and the others packed on the prefill kernel, which
+    reads pages of a whole key tile in place and gathers smaller ones into one packed copy
+    first. Traceable by ``torch.compile`` (custom op
     ``tiledattention::paged_varlen``) and capturable in a CUDA graph (nothing is read on the
     host).
     """

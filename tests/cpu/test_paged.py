@@ -411,8 +411,8 @@ def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathere
                                            longest_q=32)
     assert (problem.batch, problem.seqlen_q, problem.page_size) == (2, 32, 16)
     out = route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem),
-                               query, pool, pool, table, used, longest, None, cu_seq_q=cu,
-                               longest_q=32)
+                               query, pool, pool, table, used, longest, None,
+                               queries=torch.stack((cu[:-1], cu[1:])), longest_q=32)
     layout = launched["layout"]
     assert out.shape == query.shape and layout.packed and layout.longest_q == 32
     assert launched["q"].shape == (1, 4, 40, 32) and launched["out"].data_ptr() == out.data_ptr()
@@ -432,6 +432,74 @@ def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathere
             keys = launched["k"][0, :, b * slots:(b + 1) * slots].transpose(0, 1)
             want = torch.cat([pool[i] for i in table[b].clamp(min=0).tolist()])
             assert torch.equal(keys, want), b
+
+
+@pytest.mark.parametrize("cu, max_q, apart, want", [
+    # counts 1, 5, 0, 1, 33 and two spare rows: one-query sequences on the decode step
+    ([0, 1, 6, 6, 7, 40], 33, True,
+     [200] + [1] * 5 + [203] + [4] * 33 + [0] * 2),
+    # counts 1, 0, 1 and a spare row: no forward at all
+    ([0, 1, 1, 2], 1, True, [200, 202, 0]),
+    # no decode step takes one-query sequences here: the forward takes every sequence
+    ([0, 1, 6, 6, 7, 40], 33, False, [0] + [1] * 5 + [3] + [4] * 33 + [0] * 2),
+])
+def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart, want,
+                                                                 monkeypatch):
+    """Which kernel writes which row of a mixed step: the forward (here: each covered row its
+    sequence's index) the sequences of more than one query, the one-query step (200 + the
+    sequence, exact in bf16) the rest, scattered to their rows after the forward cleared the rows outside
+    its first start and last end; rows of no sequence zeros."""
+    from tiledattention.entry_points import _paged as route
+
+    calls = []
+
+    class Forward:
+        def reads_pages_with(self, problem, schedule):
+            return True
+
+        def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale,
+                             device, sinks=None, ragged=None):
+            calls.append(("forward", ragged.ranges[:2].tolist()))
+            out.fill_(float("nan"))
+            for b, (start, end) in enumerate(ragged.ranges[:2].t().tolist()):
+                out[0, :, start:end] = b
+
+    def clear(stream, out, ranges, which):
+        out[0, :, :int(ranges[which, 0])] = 0
+        out[0, :, int(ranges[which + 1, -1]):] = 0
+
+    def single(runtime, q4, *args, **kwargs):
+        calls.append(("decode", tuple(q4.shape)))
+        n = q4.shape[0]
+        return (200 + torch.arange(n, dtype=q4.dtype))[:, None, None, None].expand(q4.shape)
+
+    forward = Forward()
+    pool = torch.zeros(8, 16, 2, 32, dtype=torch.bfloat16)
+    sequences = len(cu) - 1
+    table = torch.zeros(sequences, 3, dtype=torch.int32)
+    query = torch.randn(len(want), 4, 32, dtype=torch.bfloat16)
+    problem, longest = route.paged_problem(query, pool, table, True, None, None, None, 40,
+                                           longest_q=max_q)
+    resolution = type("R", (), {"schedule": FORWARD.default_schedule("sm_90", problem)})
+    monkeypatch.setattr(route, "_packed_call",
+                        lambda *a: (forward, problem, resolution, longest, ""))
+    monkeypatch.setattr(route, "reader", lambda arch, shape: "decode" if apart else forward)
+    monkeypatch.setattr(route, "device_info", lambda index: type("I", (), {"arch": "sm_90"}))
+    monkeypatch.setattr(route, "paged_forward", single)
+    monkeypatch.setattr(route, "clear_uncovered_rows", clear)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    out = route.packed_paged_forward(None, query, pool, pool,
+                                     torch.tensor(cu, dtype=torch.int32), table,
+                                     torch.full((sequences,), 40, dtype=torch.int32), max_q, 40)
+    assert out.shape == query.shape
+    assert out[:, 0, 0].tolist() == want
+    kinds = [c[0] for c in calls]
+    assert kinds == (["forward"] if max_q > 1 else []) + (["decode"] if apart else [])
+    if apart:
+        assert calls[-1][1] == (sequences, 4, 1, 32)
+    if max_q > 1:
+        ends = [e if e - s > 1 or not apart else s for s, e in zip(cu[:-1], cu[1:])]
+        assert calls[0][1] == [cu[:-1], ends]
 
 
 def test_a_mixed_step_over_an_fp8_cache_widens_the_gathered_pages(monkeypatch):
@@ -460,7 +528,8 @@ def test_a_mixed_step_over_an_fp8_cache_widens_the_gathered_pages(monkeypatch):
     ones = torch.ones((1, 2), dtype=torch.float32)
     route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem), query,
                          pool, pool, table, torch.tensor([20, 32], dtype=torch.int32), longest,
-                         None, factors=(ones, ones), cu_seq_q=cu, longest_q=8)
+                         None, factors=(ones, ones), queries=torch.stack((cu[:-1], cu[1:])),
+                         longest_q=8)
     assert launched["layout"].pages is None and launched["k"].dtype == torch.bfloat16
     assert launched["problem"].page_size == 0 and launched["problem"].kv_dtype == ""
     want = torch.cat([pool[i] for i in (3, 0, 1, 4)]).to(torch.bfloat16)
@@ -490,7 +559,8 @@ def test_a_copy_of_pages_past_the_index_range_is_refused_before_it_is_made(monke
                        torch.arange(0, 601, 2, dtype=torch.int32))):
         with pytest.raises(UnsupportedProblemError, match="copies each entry's first 2000"):
             route.ragged_forward(Forward(), problem, schedule, query, pool, pool, table, used,
-                                 longest, None, cu_seq_q=cu, longest_q=2)
+                                 longest, None, longest_q=2,
+                                 queries=None if cu is None else torch.stack((cu[:-1], cu[1:])))
 
 
 def test_the_queries_reach_is_checked_whatever_the_bucket():

@@ -7,9 +7,10 @@ is usually partly filled). Entry ``b``'s queries are the last ``S_q`` positions 
 masks and windows align bottom-right.
 
 ``varlen_attn`` over a paged cache whose sequences have query counts of their own (a serving
-engine's mixed step: prefill chunks beside decode tokens, ``cu_seq_q``) runs the packed queries
-on the forward family's ragged kernel the same way (:func:`packed_paged_forward`): the pages in
-place where one holds a whole key tile, else gathered into one packed copy first.
+engine's mixed step: prefill chunks beside decode tokens, ``cu_seq_q``) runs its one-query
+sequences as a decode step and the packed queries of the others on the forward family's ragged
+kernel, the pages in place where one holds a whole key tile, else gathered into one packed
+copy first (:func:`packed_paged_forward`).
 
 Decode steps (few query rows: the decode family's dispatch rule) run on the split-KV decode
 kernels, which read the pages in place (``PAGED``): each key tile looks its pages up in the
@@ -226,26 +227,52 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     their own (a serving engine's mixed step: chunks of prefills beside decode tokens):
     ``query [T, H_q, D]`` packed, sequence ``b``'s rows ``cu_seq_q[b]:cu_seq_q[b + 1]`` (at
     most ``max_q``) the last positions of its ``seqused_k[b]`` keys (at most ``max_k``), which
-    lie in the pages ``block_table[b]`` names. On the forward family's ragged kernel over the
-    packed queries (:func:`ragged_forward`), with the schedule of the packed bucket without
-    pages; an FP8 cache's pages gathered into q's dtype (``varlen_attn`` takes no descale
-    factors: its values as they are). The output ``[T, H_q, D]``; rows of no sequence zeros."""
+    lie in the pages ``block_table[b]`` names. The output ``[T, H_q, D]``; rows of no sequence
+    zeros. Nothing is read on the host.
+
+    Where the family of a one-query paged step is another (the split-KV decode kernels), the
+    sequences of one query run as such a step over every sequence's first query (two launches,
+    their rows scattered into the output; the others' rows land in a spare row), and the
+    forward's ragged kernel takes only the sequences of more (their packed queries,
+    :func:`ragged_forward`, the schedule of the packed bucket without pages): a decode token's
+    cache is split over CTAs there, where the forward walks it in one. Else the forward takes
+    every sequence. An FP8 cache's pages are gathered into q's dtype for the forward
+    (``varlen_attn`` takes no descale factors: its values as they are)."""
     family, problem, resolution, longest, kv_dtype = _packed_call(
         runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
         causal, scale, window)
-    # an FP8 cache: gathered and widened (unit factors)
-    factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32, device=query.device)
-                    for _ in range(2)) if kv_dtype else ()
-    return ragged_forward(family, problem, resolution.schedule, query, k_pages, v_pages,
-                          block_table, seqused_k, longest, scale, None, factors, cu_seq_q,
-                          max_q)
+    tokens, sequences = query.shape[0], block_table.shape[0]
+    step = dataclasses.replace(problem, batch=sequences, seqlen_q=1, seqlen_k=longest)
+    apart = reader(device_info(query.device.index).arch, step) is not family
+    starts, ends = cu_seq_q[:-1], cu_seq_q[1:]
+    # row `tokens`: where the one-query step's rows of other sequences land
+    make = torch.zeros if apart and max_q == 1 else torch.empty
+    out = make((tokens + 1, *query.shape[1:]), dtype=query.dtype, device=query.device)
+    if max_q > 1 or not apart:
+        # an FP8 cache: gathered and widened (unit factors)
+        factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32,
+                                   device=query.device) for _ in range(2)) if kv_dtype else ()
+        longer = torch.where(ends - starts > 1, ends, starts) if apart else ends
+        ragged_forward(family, problem, resolution.schedule, query, k_pages, v_pages,
+                       block_table, seqused_k, longest, scale, None, factors,
+                       torch.stack((starts, longer)), max_q, out[:tokens])
+    if apart:
+        firsts = starts.clamp(max=max(tokens - 1, 0)).long()
+        single = paged_forward(runtime, query.index_select(0, firsts).unsqueeze(2), k_pages,
+                               v_pages, block_table, seqused_k, causal=causal, scale=scale,
+                               window=window, max_k=longest)
+        rows = torch.where(ends - starts == 1, starts, tokens).long()
+        out.index_copy_(0, rows, single[:, :, 0])
+    return out[:tokens]
 
 
 def explain_packed_paged(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table,
                          seqused_k, max_q: int, max_k: int, *, causal: Any = True,
                          window: Any = None):
-    """The :class:`Resolution` :func:`packed_paged_forward` runs: the packed bucket's without
-    pages, on the forward's kernel (reading the pages in place or gathered)."""
+    """The :class:`Resolution` :func:`packed_paged_forward` runs its sequences of more than
+    one query with: the packed bucket's without pages, on the forward's kernel (reading the
+    pages in place or gathered). (Its one-query sequences run as a decode step of every
+    sequence: ``explain_paged`` of a ``[N, H_q, 1, D]`` query says how.)"""
     return _packed_call(runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
                         max_q, max_k, causal, None, window)[2]
 
@@ -352,19 +379,19 @@ def _check_gathered(pool: torch.Tensor, block_table: torch.Tensor, keys: int) ->
             f"({INDEX_LIMIT}); split the batch, or pass max_k nearer the longest seqused_k")
 
 
-def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, cu_seq_q: Any, key_stride: int,
+def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, queries: Any, key_stride: int,
             key_limit: int) -> torch.Tensor:
     """The int32 ``[4, B]`` ranges of a paged call: each entry's queries (``q``'s ``S_q`` rows
-    of its own batch entry, or with ``cu_seq_q`` packed rows ``cu_seq_q[b]:cu_seq_q[b + 1]``)
-    over its first ``seqused_k[b]`` keys, at most ``key_limit``, which start at ``b *
-    key_stride`` (packed keys gathered from the pages; else 0)."""
+    of its own batch entry, or ``queries``' packed rows ``queries[0, b]:queries[1, b]``) over
+    its first ``seqused_k[b]`` keys, at most ``key_limit``, which start at ``b * key_stride``
+    (packed keys gathered from the pages; else 0)."""
     sequences = seqused_k.shape[0]
     ranges = torch.empty((4, sequences), dtype=torch.int32, device=q.device)
-    if cu_seq_q is None:
+    if queries is None:
         ranges[0] = 0
         ranges[1] = q.shape[2]
     else:
-        ranges[0:2] = cu_seq_q.unfold(0, 2, 1).t()
+        ranges[0:2] = queries
     if key_stride:
         torch.arange(0, sequences * key_stride, key_stride, out=ranges[2])
     else:
@@ -387,8 +414,8 @@ def _long_query_run(runtime: Runtime, family: Any, problem: Any, shape: Any, q, 
 
 def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages, block_table,
                    seqused_k, longest: int, scale: Any, logits: Any = None,
-                   factors: tuple = (), cu_seq_q: Any = None,
-                   longest_q: int | None = None) -> torch.Tensor:
+                   factors: tuple = (), queries: Any = None, longest_q: int | None = None,
+                   out: Any = None) -> torch.Tensor:
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
     pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
     else each entry's pages gathered into a contiguous cache first (one read and one write of
@@ -396,10 +423,11 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     H_kv]`` K and V descales). Either way ``problem``'s mask holds: each entry's queries are
     the last of its keys, its causal mask and window aligned bottom-right. ``logits``: the
     float32 ``[H_q]`` sink logits when ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with
-    ``cu_seq_q`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
-    ``cu_seq_q[b]:cu_seq_q[b + 1]``, at most ``longest_q``), whose output has q's shape, rows
-    of no sequence zeros."""
-    packed = cu_seq_q is not None
+    ``queries`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
+    ``queries[0, b]:queries[1, b]``, at most ``longest_q``, end to end), whose output (``out``,
+    else new) has q's shape; rows outside the first sequence's start and the last one's end
+    are zeros."""
+    packed = queries is not None
     if not factors and family.reads_pages_with(problem, schedule):
         k, v, launched, pages, stride = k_pages, v_pages, problem, block_table, 0
     else:
@@ -413,8 +441,9 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     # (gathered, an entry holds its first `longest` keys, whole pages)
     limit = block_table.shape[1] * k_pages.shape[1] if pages is not None else (
         stride or k.shape[2])
-    ranges = _ranges(q, seqused_k, cu_seq_q, stride, limit)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ranges = _ranges(q, seqused_k, queries, stride, limit)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     stream = torch.cuda.current_stream(q.device)
     q_view, out_view = (packed_view(x) for x in (q, out)) if packed else (q, out)
     layout = RaggedLayout(ranges, longest_q if packed else q.shape[2], longest, packed, pages)
