@@ -1,7 +1,7 @@
 """Randomised conformance on the GPU: seeded draws that vary every dimension a user varies at
 once (batch, heads and their grouping, head dim, dtype, odd and unequal lengths, both causal
 alignments, windows, softcap, sinks, memory layouts, page sizes, FP8 inputs and caches,
-padded ranges), each call checked against a float32 attention written out from the definition
+padded ranges, mixed prefill and decode steps over pages), each call checked against a float32 attention written out from the definition
 (``_reference.attend``, independent of the package's own reference), by relative L2 error.
 
 Every output the library writes into is poisoned first (``out=`` filled with NaN), every page
@@ -452,3 +452,66 @@ def test_varlen_attention(draw, monkeypatch):
                                  (spans_q, spans_k, spans_k)):
         rows = torch.cat([torch.arange(lo, hi, device="cuda") for lo, hi in spans])
         assert rel_l2(g[rows], r.grad[rows]) < GRAD_TOL[draw["dtype"]], name
+
+
+# -- a serving engine's mixed step over pages (varlen_attn with a block table) -----------------
+def draw_mixed(seed):
+    """Sequences of their own query counts over pages: decode tokens (1), none (0), speculative
+    runs and prefill chunks, some with more queries than keys."""
+    rng = random.Random(seed)
+    hq, hkv = draw_heads(rng, most_q=64)
+    n = rng.randint(2, 24)
+    counts = [rng.choice([0, 1, 1, 1, rng.randint(2, 6), rng.randint(7, 300)]) for _ in range(n)]
+    counts[rng.randrange(n)] = rng.randint(2, 300)  # not one count for all
+    lengths = [rng.randint(max(c - rng.randint(0, 40), 0), 5000) for c in counts]
+    causal = rng.random() < 0.7
+    window = (-1, -1)
+    if rng.random() < 0.3:
+        window = (rng.randint(0, 500), 0 if causal else rng.choice([-1, rng.randint(0, 200)]))
+    return dict(b=n, hq=hq, hkv=hkv, counts=tuple(counts), lengths=tuple(lengths),
+                d=rng.choice(HEAD_DIMS), dtype=rng.choice(list(DTYPES)),
+                page=rng.choice([16, 32, 64, 128, 256]), causal=causal, window=window,
+                spare=rng.randint(0, 5), seed=seed)
+
+
+def describe_mixed(draw):
+    shown = {**draw, "counts": f"{len(draw['counts'])}x{max(draw['counts'])}",
+             "lengths": max(draw["lengths"]),
+             "window": draw["window"] != (-1, -1) and draw["window"]}
+    return describe(shown)
+
+
+MIXED = [draw_mixed(6000 + i) for i in range(CASES)]
+
+
+@pytest.mark.parametrize("draw", MIXED, ids=describe_mixed)
+def test_mixed_paged_step(draw):
+    gen = torch.Generator(device="cuda").manual_seed(draw["seed"])
+    k_pages, v_pages, table, seqused = paged_pools(draw, gen)
+    dtype, d, counts = DTYPES[draw["dtype"]], draw["d"], draw["counts"]
+    query = torch.randn(sum(counts) + draw["spare"], draw["hq"], d, device="cuda", dtype=dtype,
+                        generator=gen)
+    cu = torch.tensor([0] + [sum(counts[:i + 1]) for i in range(len(counts))],
+                      dtype=torch.int32, device="cuda")
+    poison = torch.full_like(query, float("nan"))  # the allocator hands its block out next
+    del poison
+    with torch.no_grad():
+        out = ta.varlen_attn(query, k_pages, v_pages, cu, None, max(counts), max(draw["lengths"]),
+                             is_causal=draw["causal"], window_size=draw["window"],
+                             enable_gqa=draw["hq"] != draw["hkv"], seqused_k=seqused,
+                             block_table=table)
+    window = None if draw["window"] == (-1, -1) else draw["window"]
+    causal = draw["causal"] or (window is not None and window[1] == 0)
+    for i, (ids, n, c) in enumerate(zip(table.tolist(), draw["lengths"], counts)):
+        rows = slice(int(cu[i]), int(cu[i]) + c)
+        if not c:
+            continue
+        k, v = entry_cache(k_pages, v_pages, ids, n, None)
+        want = torch.zeros(c, draw["hq"], d, device="cuda")
+        if n:
+            want = attend(query[rows].transpose(0, 1), k, v, causal=causal, bottom_right=True,
+                          window=window, softcap=None, sinks=None,
+                          scale=1.0 / math.sqrt(d)).transpose(0, 1)
+        assert rel_l2(out[rows], want) < FORWARD_TOL[draw["dtype"]], (i, c, n)
+    tail = out[int(cu[-1]):]
+    assert torch.equal(tail, torch.zeros_like(tail)), "rows of no sequence"
