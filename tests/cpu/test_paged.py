@@ -121,6 +121,23 @@ def test_gathered_pages_are_each_entrys_cache_in_order():
     assert gather_pages(pool, table, 48).shape == (2, 2, 48, 4)  # -1 slots clamp, never read
 
 
+class _Forward:
+    """The forward family's two answers the paged routes ask for (whether it reads the pages
+    in place), and its launch, recorded in ``launched`` instead of run."""
+
+    def __init__(self, in_place: bool) -> None:
+        self.in_place = in_place
+        self.launched: dict = {}
+
+    def reads_pages_with(self, problem, schedule):
+        return self.in_place
+
+    def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale, device,
+                         sinks=None, ragged=None):
+        self.launched.update(q=q, k=k, v=v, out=out, problem=problem, scale=scale,
+                             layout=ragged)
+
+
 @pytest.mark.parametrize("in_place", [True, False])
 def test_a_long_query_run_launches_the_paged_problem_in_place_or_gathered(in_place,
                                                                         monkeypatch):
@@ -130,23 +147,15 @@ def test_a_long_query_run_launches_the_paged_problem_in_place_or_gathered(in_pla
     gathered each entry's keys in order and no table."""
     from tiledattention.entry_points import _paged as route
 
-    launched = {}
-
-    class Forward:  # the forward family's two answers this route asks for, and its launch
-        def reads_pages_with(self, problem, schedule):
-            return in_place
-
-        def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale,
-                             device, sinks=None, ragged=None):
-            launched.update(k=k, problem=problem, scale=scale, layout=ragged)
-
+    forward = _Forward(in_place)
+    launched = forward.launched
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     problem = _paged(batch=2, heads_q=4, heads_kv=2, seqlen_q=64, seqlen_k=64, head_dim=32,
                      causal=False, window_left=9, window_right=5, page_size=16)
     pool = torch.randn(6, 16, 2, 32)
     table = torch.tensor([[4, 1, -1], [0, 5, 2]], dtype=torch.int32)
     q = torch.randn(2, 4, 64, 32)
-    out = route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem),
+    out = route.ragged_forward(forward, problem, FORWARD.default_schedule("sm_90", problem),
                                q, pool, pool, table, torch.tensor([20, 40]), 40, None)
     assert out.shape == q.shape
     got, layout = launched["problem"], launched["layout"]
@@ -390,16 +399,8 @@ def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathere
     held to what the pages or the copy hold; rows of no sequence cleared."""
     from tiledattention.entry_points import _paged as route
 
-    launched, cleared = {}, []
-
-    class Forward:
-        def reads_pages_with(self, problem, schedule):
-            return in_place
-
-        def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale,
-                             device, sinks=None, ragged=None):
-            launched.update(q=q, k=k, out=out, problem=problem, layout=ragged)
-
+    forward, cleared = _Forward(in_place), []
+    launched = forward.launched
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: cleared.append(a))
     pool = torch.randn(7, 16, 2, 32, dtype=torch.bfloat16)
@@ -410,7 +411,7 @@ def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathere
     problem, longest = route.paged_problem(query, pool, table, True, None, None, None, 40,
                                            longest_q=32)
     assert (problem.batch, problem.seqlen_q, problem.page_size) == (2, 32, 16)
-    out = route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem),
+    out = route.ragged_forward(forward, problem, FORWARD.default_schedule("sm_90", problem),
                                query, pool, pool, table, used, longest, None,
                                queries=torch.stack((cu[:-1], cu[1:])), longest_q=32)
     layout = launched["layout"]
@@ -447,8 +448,8 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
                                                                  monkeypatch):
     """Which kernel writes which row of a mixed step: the forward (here: each covered row its
     sequence's index) the sequences of more than one query, the one-query step (200 + the
-    sequence, exact in bf16) the rest, scattered to their rows after the forward cleared the rows outside
-    its first start and last end; rows of no sequence zeros."""
+    sequence, exact in bf16) the rest, scattered to their rows after the forward cleared
+    the rows outside its first start and last end; rows of no sequence zeros."""
     from tiledattention.entry_points import _paged as route
 
     calls = []
@@ -507,16 +508,8 @@ def test_a_mixed_step_over_an_fp8_cache_widens_the_gathered_pages(monkeypatch):
     into q's dtype even where a page holds a whole key tile: the forward reads 16-bit keys."""
     from tiledattention.entry_points import _paged as route
 
-    launched = {}
-
-    class Forward:
-        def reads_pages_with(self, problem, schedule):
-            return True
-
-        def forward_with_lse(self, stream, q, k, v, out, lse, problem, schedule, scale,
-                             device, sinks=None, ragged=None):
-            launched.update(k=k, v=v, problem=problem, layout=ragged)
-
+    forward = _Forward(True)
+    launched = forward.launched
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: None)
     pool = torch.randn(5, 16, 2, 32).to(torch.float8_e4m3fn)
@@ -526,7 +519,7 @@ def test_a_mixed_step_over_an_fp8_cache_widens_the_gathered_pages(monkeypatch):
     problem, longest = route.paged_problem(query, pool, table, True, None, None, None, 32,
                                            longest_q=8)
     ones = torch.ones((1, 2), dtype=torch.float32)
-    route.ragged_forward(Forward(), problem, FORWARD.default_schedule("sm_90", problem), query,
+    route.ragged_forward(forward, problem, FORWARD.default_schedule("sm_90", problem), query,
                          pool, pool, table, torch.tensor([20, 32], dtype=torch.int32), longest,
                          None, factors=(ones, ones), queries=torch.stack((cu[:-1], cu[1:])),
                          longest_q=8)
@@ -543,10 +536,7 @@ def test_a_copy_of_pages_past_the_index_range_is_refused_before_it_is_made(monke
     Refused before the copy, packed or not; the pool itself passes."""
     from tiledattention.entry_points import _paged as route
 
-    class Forward:
-        def reads_pages_with(self, problem, schedule):
-            return False
-
+    forward = _Forward(in_place=False)
     monkeypatch.setattr(route, "gather_pages", lambda *a: pytest.fail("copied"))
     pool = torch.zeros(4, 16, 8, 256, dtype=torch.bfloat16)
     table = torch.zeros(300, 2000, dtype=torch.int32)
@@ -558,7 +548,7 @@ def test_a_copy_of_pages_past_the_index_range_is_refused_before_it_is_made(monke
                       (torch.zeros(600, 8, 256, dtype=torch.bfloat16),
                        torch.arange(0, 601, 2, dtype=torch.int32))):
         with pytest.raises(UnsupportedProblemError, match="copies each entry's first 2000"):
-            route.ragged_forward(Forward(), problem, schedule, query, pool, pool, table, used,
+            route.ragged_forward(forward, problem, schedule, query, pool, pool, table, used,
                                  longest, None, longest_q=2,
                                  queries=None if cu is None else torch.stack((cu[:-1], cu[1:])))
 
