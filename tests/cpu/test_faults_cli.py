@@ -204,6 +204,14 @@ BAD_CALLS = {
     "sdpa_backward-grads": (lambda: ta.sdpa_backward(Q, Q, K, V, Q, LSE,
                                                      grads=(Q, K, _t(1, 4, 16, 32))),
                             "grads[2] must have v's shape"),
+    "sdpa_backward-grads-type": (lambda: ta.sdpa_backward(Q, Q, K, V, Q, LSE, grads=True),
+                                 "grads must be a tuple (dq, dk, dv)"),
+    "sdpa_backward-grads-count": (lambda: ta.sdpa_backward(Q, Q, K, V, Q, LSE, grads=(Q, K)),
+                                  "or None; got tuple of 2"),
+    # an unhashable flag is named, not hashed into the warm path's key
+    "sdpa_backward-deterministic": (lambda: ta.sdpa_backward(Q, Q, K, V, Q, LSE,
+                                                             deterministic=[True]),
+                                    "deterministic must be a bool; got [True]"),
     # varlen
     "varlen-cu_seqlens": (lambda: ta.varlen_attn(PACKED, PACKED, PACKED, _i32(0, 16), CU, 16, 16),
                           "cu_seq_q and cu_seq_k must have one length"),

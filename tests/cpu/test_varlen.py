@@ -356,6 +356,12 @@ BAD = {
     "is_causal": (dict(), {"is_causal": "yes"}, ValueError, "is_causal must be"),
     "scale": (dict(), {"scale": -1.0}, ValueError, "scale must be a finite"),
     "window": (dict(), {"window_size": (-2, 0)}, ValueError, "window's left side"),
+    "enable_gqa type": (dict(), {"enable_gqa": torch.tensor([1, 0])}, TypeError,
+                        "enable_gqa must be a bool; got Tensor"),
+    "paged key type": (dict(k="pages"), {"block_table": torch.zeros(3, 1, dtype=torch.int32),
+                                         "seqused_k": torch.tensor([10, 15, 15],
+                                                                   dtype=torch.int32)},
+                       TypeError, "key must be a torch.Tensor like query; got str"),
 }
 
 
@@ -372,6 +378,18 @@ def test_varlen_attn_errors_name_the_argument(name, launches):
     assert launches == []
 
 
+def test_grouped_heads_need_enable_gqa_with_gradients_too(launches):
+    """The training route (inputs that require grad) refuses grouped heads without
+    enable_gqa=True as the forward-only route does, rather than running them."""
+    q, k, v, cu_q, cu_k = _packed(hq=4, hkv=2)
+    q.requires_grad_()
+    with pytest.raises(tiledattention.InputValueError, match="pass enable_gqa=True"):
+        tiledattention.varlen_attn(q, k, v, cu_q, cu_k, 15, 15)
+    with pytest.raises(tiledattention.InputValueError, match="query must be a CUDA tensor"):
+        tiledattention.varlen_attn(q, k, v, cu_q, cu_k, 15, 15, enable_gqa=True)
+    assert launches == []
+
+
 def test_sdpa_ranges_errors(launches):
     q = torch.randn(2, 4, 8, 64, dtype=torch.bfloat16)
     good = torch.zeros(4, 2, dtype=torch.int32)
@@ -380,6 +398,9 @@ def test_sdpa_ranges_errors(launches):
             tiledattention.sdpa(q, q, q, True, ranges=bad)
     with pytest.raises(tiledattention.InputValueError, match="q must be a CUDA tensor"):
         tiledattention.sdpa(q, q, q, True, ranges=good)
+    with pytest.raises(tiledattention.InputValueError, match=r"q must have 4 dims .* got shape "
+                       r"\(1, 2, 4, 8, 64\)"):  # q's shape named, not a batch of None
+        tiledattention.sdpa(q[None], q[None], q[None], True, ranges=good)
     assert launches == []
 
 

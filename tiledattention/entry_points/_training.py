@@ -218,6 +218,8 @@ def backward_plan(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
                   deterministic: bool = False) -> _Resolved:
     """The kept backward call of these arguments, validated and resolved on the first call of
     their signature."""
+    if not isinstance(deterministic, bool):  # before the warm key, which hashes it
+        raise InputTypeError(f"deterministic must be a bool; got {deterministic!r}")
     key = None
     if grads is None:
         key = _signature("sdpa_backward", q, k, v, causal, scale, variant, schedule)
@@ -232,9 +234,6 @@ def backward_plan(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
         return kept
     import torch
 
-    if not isinstance(deterministic, bool):
-        raise InputTypeError(f"deterministic must be a bool; got {deterministic!r}")
-
     family = _explicit(schedule, "sdpa_backward")
     problem, device, _ = _torch_problem("sdpa_backward", q, k, v, causal, scale, variant)
     _check_like("grad_out", grad_out, q, "q")
@@ -248,6 +247,11 @@ def backward_plan(runtime: Runtime, grad_out: Any, q: Any, k: Any, v: Any, out: 
             + (f"{tuple(lse.shape)}, {lse.dtype}, {lse.device}"
                if isinstance(lse, torch.Tensor) else type(lse).__name__))
     if grads is not None:
+        if not isinstance(grads, (tuple, list)) or len(grads) != 3:
+            raise InputTypeError(f"grads must be a tuple (dq, dk, dv) of tensors like q, k, v, "
+                                 f"or None; got {type(grads).__name__}"
+                                 + (f" of {len(grads)}" if isinstance(grads, (tuple, list))
+                                    else ""))
         for name, g, like, like_name in zip(("grads[0]", "grads[1]", "grads[2]"), grads,
                                             (q, k, v), ("q", "k", "v")):
             _check_like(name, g, like, like_name)

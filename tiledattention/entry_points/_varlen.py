@@ -411,7 +411,9 @@ def padded_forward(runtime: Runtime, q, k, v, causal: Any, scale: Optional[float
 def check_ranges(q: torch.Tensor, ranges: Any) -> None:
     """``ranges`` is an int32 ``[4, B]`` tensor on q's device, else an ``InputValueError``
     (what tracing can check: the values stay on the device)."""
-    batch = q.shape[0] if q.dim() == 4 else None
+    if q.dim() != 4:
+        return  # q's own check names q's shape
+    batch = q.shape[0]
     if (not isinstance(ranges, torch.Tensor) or ranges.dtype != torch.int32
             or tuple(ranges.shape) != (4, batch) or ranges.device != q.device):
         raise InputValueError(
@@ -523,6 +525,8 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
                 enable_gqa: bool = False, seqused_k: Any = None,
                 block_table: Any = None) -> torch.Tensor:
     """``tiledattention.varlen_attn`` (see there)."""
+    if not isinstance(enable_gqa, bool):
+        raise InputTypeError(f"enable_gqa must be a bool; got {type(enable_gqa).__name__}")
     if block_table is not None or seqused_k is not None:
         return _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale,
                              window_size, enable_gqa, seqused_k, block_table)
@@ -533,6 +537,7 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
     causal, bottom_right, left, right = _mask_of(is_causal, window_size)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                        for x in (query, key, value)):
+        _check_packed(query, key, value, enable_gqa)  # the ops take grouped heads as given
         if eager(query, key, value, cu_seq_q, cu_seq_k):
             return _EagerVarlen.apply(query, key, value, cu_seq_q, cu_seq_k,
                                       (max_q, max_k, causal, bottom_right, scale, left, right))
@@ -616,6 +621,8 @@ def _paged_call(query, key, cu_seq_q, max_q, max_k, is_causal, window_size, enab
         raise InputValueError(f"block_table must be an int32 tensor [sequences, max_pages] = "
                               f"[{sequences}, ...]; got "
                               f"{getattr(block_table, 'shape', type(block_table).__name__)}")
+    if not isinstance(key, torch.Tensor):
+        raise InputTypeError(f"key must be a torch.Tensor like query; got {type(key).__name__}")
     if key.dim() == 4 and query.shape[1] != key.shape[2] and not enable_gqa:
         raise InputValueError(f"query has {query.shape[1]} heads and key {key.shape[2]}: pass "
                               f"enable_gqa=True for grouped-query heads")
