@@ -378,6 +378,15 @@ def test_varlen_attn_errors_name_the_argument(name, launches):
     assert launches == []
 
 
+def test_explain_varlen_names_a_flag_that_is_not_a_bool():
+    q, k, v, cu_q, cu_k = _packed(hq=4, hkv=2)
+    for flag in ("enable_gqa", "training"):
+        with pytest.raises(tiledattention.InputTypeError,
+                           match=f"^{flag} must be a bool; got Tensor$"):
+            tiledattention.explain_varlen(q, k, v, cu_q, cu_k, 15, 15,
+                                          **{flag: torch.tensor([1, 0])})
+
+
 def test_grouped_heads_need_enable_gqa_with_gradients_too(launches):
     """The training route (inputs that require grad) refuses grouped heads without
     enable_gqa=True as the forward-only route does, rather than running them."""

@@ -83,6 +83,12 @@ def _check_packed(query: Any, key: Any, value: Any, enable_gqa: bool) -> str:
     return dtype_of("query", query)
 
 
+def _check_flags(**flags: Any) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise InputTypeError(f"{name} must be a bool; got {type(value).__name__}")
+
+
 def _check_offsets(cu_seq_q: Any, cu_seq_k: Any, query: Any, key: Any) -> None:
     for name, cu in (("cu_seq_q", cu_seq_q), ("cu_seq_k", cu_seq_k)):
         if not isinstance(cu, torch.Tensor):
@@ -311,6 +317,7 @@ def explain_varlen(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
                    training: bool = False, seqused_k: Any = None, block_table: Any = None):
     """The :class:`Resolution` the call's bucket gets (the forward's; with ``training``, the
     backward's); over a paged cache (``seqused_k``, ``block_table``), the paged call's."""
+    _check_flags(enable_gqa=enable_gqa, training=training)
     if block_table is not None or seqused_k is not None:
         if training:
             raise UnsupportedOperationError("a paged cache is for inference: it has no "
@@ -525,8 +532,7 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
                 enable_gqa: bool = False, seqused_k: Any = None,
                 block_table: Any = None) -> torch.Tensor:
     """``tiledattention.varlen_attn`` (see there)."""
-    if not isinstance(enable_gqa, bool):
-        raise InputTypeError(f"enable_gqa must be a bool; got {type(enable_gqa).__name__}")
+    _check_flags(enable_gqa=enable_gqa)
     if block_table is not None or seqused_k is not None:
         return _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale,
                              window_size, enable_gqa, seqused_k, block_table)
