@@ -1034,6 +1034,11 @@ def test_sdpa_rejects_an_empty_cache_with_the_validation_error():
     k = torch.randn(1, 4, 0, 64, dtype=torch.bfloat16)
     with pytest.raises(InputValueError, match="k must have seqlen >= 1"):
         tiledattention.sdpa(q, k, k)
+    # no heads: named too (was a ZeroDivisionError in the grouping's check)
+    none = torch.randn(1, 0, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(InputValueError,
+                       match=r"^q must have heads >= 1; got shape \(1, 0, 1, 64\)"):
+        tiledattention.sdpa(none, none, none)
 
 
 # -- bottom-right problems ----------------------------------------------------------------------

@@ -645,8 +645,10 @@ def problem_of_arrays(q: Any, k: Any, v: Any, causal: Any, scale: Any, window: A
             raise InputValueError(
                 f"{name} must be contiguous in its last dim (head_dim); got stride {stride}"
             )
-        if x.shape[2] < 1:
-            raise InputValueError(f"{name} must have seqlen >= 1; got shape {tuple(x.shape)}")
+        for axis, what in ((1, "heads"), (2, "seqlen")):
+            if x.shape[axis] < 1:
+                raise InputValueError(f"{name} must have {what} >= 1; got shape "
+                                      f"{tuple(x.shape)}")
     kv_dtype = ""
     if (fp8 and dtypes["k"] == dtypes["v"] and dtypes["k"] in FP8_DTYPES
             and dtypes["q"] not in FP8_DTYPES):
