@@ -74,13 +74,18 @@ def _check_packed(query: Any, key: Any, value: Any, enable_gqa: bool) -> str:
         raise InputValueError(f"key must have the head_dim of query ({d}); got {key.shape[2]}")
     if d not in SUPPORTED_HEAD_DIMS:
         raise InputValueError(f"head_dim must be a multiple of 8 in 32..256; got {d}")
+    _check_grouping(query, key, enable_gqa)
+    hq, hkv = query.shape[1], key.shape[1]
+    if hq % hkv:
+        raise InputValueError(f"query's heads ({hq}) must be a multiple of key's heads ({hkv})")
+    return dtype_of("query", query)
+
+
+def _check_grouping(query: Any, key: Any, enable_gqa: bool) -> None:
     hq, hkv = query.shape[1], key.shape[1]
     if hq != hkv and not enable_gqa:
         raise InputValueError(f"query has {hq} heads and key {hkv}: pass enable_gqa=True for "
                               f"grouped-query attention")
-    if hq % hkv:
-        raise InputValueError(f"query's heads ({hq}) must be a multiple of key's heads ({hkv})")
-    return dtype_of("query", query)
 
 
 def _check_flags(**flags: Any) -> None:
@@ -543,7 +548,9 @@ def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causa
     causal, bottom_right, left, right = _mask_of(is_causal, window_size)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                        for x in (query, key, value)):
-        _check_packed(query, key, value, enable_gqa)  # the ops take grouped heads as given
+        if (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+                and query.dim() == key.dim() == 3):  # the ops take grouped heads as given
+            _check_grouping(query, key, enable_gqa)
         if eager(query, key, value, cu_seq_q, cu_seq_k):
             return _EagerVarlen.apply(query, key, value, cu_seq_q, cu_seq_k,
                                       (max_q, max_k, causal, bottom_right, scale, left, right))
