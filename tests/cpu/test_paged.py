@@ -18,7 +18,8 @@ from tiledattention.kernels.decode._defaults import (PAGED_PART_WAVE_MAX_SHARE,
                                                      SMALL_PAGE_WAVES)
 from tiledattention.core._problem import page_tile
 from tiledattention.kernels.decode._launch import normalise, split_constants
-from tiledattention.errors import UnsupportedProblemError
+from tiledattention.core._device import DeviceInfo
+from tiledattention.errors import InputValueError, UnsupportedProblemError
 from tiledattention.kernels.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
@@ -293,7 +294,8 @@ def _args(b=2, hq=4, hkv=2, d=64, pages=6, page=16, width=3):
     (dict(table=torch.zeros(2, 3)), ValueError, "block_table must be an int32 tensor"),
     (dict(used=torch.ones(3, dtype=torch.int32)), ValueError, "seqused_k must be an int32"),
     (dict(used=[1, 1]), TypeError, "seqused_k must be an int32 torch.Tensor"),
-    (dict(k=torch.randn(6, 24, 2, 64, dtype=torch.bfloat16)), ValueError, "multiple of 16"),
+    # pages of 24 keys run over a regrouped copy: the call is told its device
+    (dict(k=torch.randn(6, 24, 2, 64, dtype=torch.bfloat16)), ValueError, "must be CUDA"),
     (dict(), ValueError, "must be CUDA tensors"),
 ])
 def test_bad_arguments_name_what_was_expected(change, error, match):
@@ -622,3 +624,89 @@ def test_query_key_and_value_are_checked_together():
         check_attention_tensors(names, q, k, k[:5], *dims)
     with pytest.raises(tiledattention.InputValueError, match="k_pages must have 4 dims"):
         check_attention_tensors(names, q, k[0], k, *dims)
+
+
+# -- pages the kernels cannot read in place -----------------------------------------------------
+@pytest.mark.parametrize("page", [1, 8, 12, 100])
+def test_regrouped_pages_hold_each_sequences_keys_in_order(page):
+    """Pages of a size that is not a multiple of 16 (SGLang's 1, vLLM's 8) are copied into
+    pages the kernels read whole (256 keys, or a multiple of the page and of 16), each
+    sequence's first ``longest`` keys end to end in pages of its own, the table naming them."""
+    from tiledattention.entry_points._regroup import (regroup_pages, regrouped,
+                                                      regrouped_page_size)
+
+    size = regrouped_page_size(page)
+    assert size % 16 == 0 and size % page == 0 and regrouped(torch.empty(1, page, 1, 1))
+    assert size == {1: 256, 8: 256, 12: 768, 100: 400}[page]
+    assert not regrouped(torch.empty(1, 48, 1, 1)) and regrouped_page_size(48) == 48
+    gen = torch.Generator().manual_seed(page)
+    lengths, longest = [1, 300, 777, 0], 777
+    need = [-(-n // page) for n in lengths]
+    pool = torch.randn(sum(need) + 2, page, 2, 8, generator=gen).to(torch.bfloat16)
+    table = torch.full((4, max(need) + 3), -1, dtype=torch.int32)
+    order = torch.randperm(pool.shape[0], generator=gen)
+    used = 0
+    for b, n in enumerate(need):
+        table[b, :n] = order[used:used + n].int()
+        used += n
+    k, v, regrouped_table = regroup_pages(pool, pool * 2, table, longest)
+    groups = -(-(-(-longest // page) * page) // size)
+    assert k.shape == (4 * groups, size, 2, 8) and v.dtype == pool.dtype
+    assert torch.equal(regrouped_table, torch.arange(4 * groups, dtype=torch.int32).view(4, -1))
+    for b, n in enumerate(lengths):
+        want = torch.cat([pool[i] for i in table[b, :need[b]].tolist()] or [pool[:0, 0]])[:n]
+        got = torch.cat([k[i] for i in regrouped_table[b].tolist()])[:n]
+        assert torch.equal(got, want), b
+        assert torch.equal(torch.cat([v[i] for i in regrouped_table[b].tolist()])[:n], want * 2)
+
+
+def test_a_call_over_small_pages_runs_over_the_copy_after_its_checks(monkeypatch):
+    """paged_attention, a mixed step through varlen_attn and explain_paged over pages of 8:
+    the problem looked up is the copy's (pages of 256), the copy is made only after every
+    check (a bad scale or an unfit copy: none made) and the kernels are handed the copy's
+    pools and table."""
+    from tiledattention.entry_points import _paged as route
+
+    copies = []
+
+    class Copied(Exception):
+        pass
+
+    def regroup(k, v, table, longest):
+        copies.append((k.shape, table.shape, longest))
+        raise Copied
+
+    monkeypatch.setattr(route, "regroup_pages", regroup)
+    monkeypatch.setattr(route, "_check_device", lambda q: None)
+    fake = DeviceInfo(index=0, arch="sm_90", name="fake", sm_count=132)
+    monkeypatch.setattr(route, "device_info", lambda index: fake)
+    monkeypatch.setattr("tiledattention.core._runtime.device_info", lambda index: fake)
+    q, k, v, table, used = _args(b=3, hq=4, hkv=2, d=64, pages=40, page=8, width=12)
+    problem, longest = route.paged_problem(q, k, table, True, None, None, None, 90)
+    assert (problem.page_size, longest) == (256, 90)
+    with pytest.raises(InputValueError, match="scale"):
+        tiledattention.paged_attention(q, k, v, table, used, scale=-1.0)
+    assert copies == []
+    with pytest.raises(Copied):
+        tiledattention.paged_attention(q, k, v, table, used, max_k=90)
+    assert copies == [((40, 8, 2, 64), (3, 12), 90)]
+    query = torch.randn(7, 4, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 1, 5, 7], dtype=torch.int32)
+    with pytest.raises(Copied):
+        tiledattention.varlen_attn(query, k, v, cu, None, 4, 96, is_causal=True,
+                                   enable_gqa=True, seqused_k=used, block_table=table)
+    assert copies[-1] == ((40, 8, 2, 64), (3, 12), 96)
+    assert tiledattention.explain_paged(q, k, v, table, used, max_k=90).family == "decode"
+    assert len(copies) == 2  # explaining copies nothing
+
+
+def test_a_regrouped_copy_past_the_index_range_is_refused_before_it_is_made(monkeypatch):
+    from tiledattention.entry_points import _paged as route
+
+    monkeypatch.setattr(route, "regroup_pages", lambda *a: pytest.fail("copied"))
+    q = torch.zeros(300, 8, 1, 256, dtype=torch.bfloat16)
+    pool = torch.zeros(4, 8, 8, 256, dtype=torch.bfloat16)
+    table = torch.zeros(300, 4000, dtype=torch.int32)
+    used = torch.full((300,), 32000, dtype=torch.int32)
+    with pytest.raises(UnsupportedProblemError, match="runs over a copy in pages of 256"):
+        tiledattention.paged_attention(q, pool, pool, table, used)

@@ -332,6 +332,17 @@ def test_a_cuda_graph_replays_growing_ragged_steps():
         assert rel_l2(out, want) < TOL[q.dtype], step
 
 
+@pytest.mark.parametrize("page_size", [1, 8, 12])
+def test_pages_the_kernels_cannot_read_in_place_run_over_a_regrouped_copy(page_size):
+    """Pages of 1 (SGLang's token pool), 8 and 12 keys: decode steps, chunks and a mixed step
+    over a copy in pages of 256 (768 for 12), NaN around the pages and -1 in unused slots."""
+    run_and_check([1, 17, 700, 255, 1500], page_size, hq=16, hkv=4)
+    run_and_check([40, 300, 900], page_size, hq=8, hkv=8, d=64, sq=40, dtype=torch.float16,
+                  seed=2)
+    run_and_check([5, 600], page_size, hq=12, hkv=4, d=96, window=(100, 0), seed=5)
+    mixed_step([1, 30, 0, 1, 7], [500, 300, 9, 1200, 7], page_size)
+
+
 def test_bad_arguments_are_refused_before_a_launch():
     k_pages, v_pages, table, seqused, _ = paged_cache([10, 20], 16, 2, 64)
     q = torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.bfloat16)

@@ -54,7 +54,7 @@ from ..core._device import device_info
 from ..core._dtypes import dtype_of
 from ..core._dispatch import choose_family
 from ..core._family import check_arch_dtype, serving
-from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, PAGE_ALIGN, SUPPORTED_HEAD_DIMS, TOP_LEFT,
+from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
                              causal_flags, check_attention_tensors, check_reach, default_scale,
                              padded_head_dim, sink_logits, variant_args)
 from ..core._ragged import RaggedLayout, packed_view, ragged_problem, without_pages
@@ -62,6 +62,7 @@ from ..core._runtime import Runtime, runtime
 from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
                       UnsupportedProblemError)
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
+from ._regroup import check_regroup, regroup_pages, regrouped, regrouped_page_size
 from ._ragged_fill import clear_uncovered_rows
 
 __all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
@@ -99,9 +100,6 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
         raise InputValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}; got {d}")
     if hq % hkv:
         raise InputValueError(f"{qn}'s heads ({hq}) must be a multiple of {kn}'s ({hkv})")
-    if page_size % PAGE_ALIGN:
-        raise InputValueError(f"the page size ({kn}.shape[1]) must be a multiple of "
-                              f"{PAGE_ALIGN}; got {page_size}")
     b = None if packed else q.shape[0]  # packed: the block table's rows count the sequences
     for name, x, shape in (("block_table", block_table, "[B, max_pages]"),
                            ("seqused_k", seqused_k, "[B]")):
@@ -163,7 +161,7 @@ def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: A
                              longest_k=longest, heads_q=hq, heads_kv=hkv, head_dim=d,
                              dtype=dtype_of("q", q), causal=is_causal, bottom_right=True,
                              window=(left, right), softcap=cap, sinks=sinks is not None,
-                             page_size=page_size, kv_dtype=kv_dtype)
+                             page_size=regrouped_page_size(page_size), kv_dtype=kv_dtype)
     return problem, longest
 
 
@@ -195,7 +193,13 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     # the K and V factors (16-bit queries have none of their own)
     factors = (fp8_descales((k_descale, v_descale), shape, q, DESCALE_NAMES[1:]) if kv_dtype
                else ())
+    small = regrouped(k_pages)
+    if small:
+        check_regroup(k_pages, block_table, longest)
     _check_device(q)
+    if small:  # the call over a copy in pages the kernels read
+        k_pages, v_pages, block_table = regroup_pages(k_pages, v_pages, block_table, longest)
+        key = None  # its plan reads the copy's pools, not these
     device = q.device.index
     arch = device_info(device).arch
     check_arch_dtype(arch, shape)
@@ -241,6 +245,8 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     family, problem, resolution, longest, kv_dtype = _packed_call(
         runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
         causal, scale, window)
+    if regrouped(k_pages):  # the call over a copy in pages the kernels read
+        k_pages, v_pages, block_table = regroup_pages(k_pages, v_pages, block_table, longest)
     tokens, sequences = query.shape[0], block_table.shape[0]
     step = dataclasses.replace(problem, batch=sequences, seqlen_q=1, seqlen_k=longest)
     apart = reader(device_info(query.device.index).arch, step) is not family
@@ -291,6 +297,8 @@ def _packed_call(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_tabl
                               "bottom-right; got is_causal='top_left'")
     problem, longest = paged_problem(query, k_pages, block_table, causal, window, None, None,
                                      max_k, longest_q=max_q)
+    if regrouped(k_pages):
+        check_regroup(k_pages, block_table, longest)
     _check_device(query)
     device = query.device.index
     arch = device_info(device).arch
@@ -475,6 +483,8 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                                      max_k, kv_dtype)
     if sinks is not None:
         sink_logits(sinks, problem.heads_q, q, "torch")
+    if regrouped(k_pages):
+        check_regroup(k_pages, block_table, longest)
     _check_device(q)
     device = q.device.index
     arch = device_info(device).arch
