@@ -279,7 +279,8 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
                     sinks: Any = None, max_k: int | None = None, k_descale: Any = None,
                     v_descale: Any = None) -> Any:
     """Attention of ``q [B, H_q, S_q, D]`` over a paged K/V cache, the layout serving engines
-    keep: ``k_pages, v_pages [pages, page_size, H_kv, D]`` pools (page size a multiple of 16),
+    keep: ``k_pages, v_pages [pages, page_size, H_kv, D]`` pools (a page size not a multiple
+    of 16 runs over a copy in pages of 256 keys, ``docs/usage.md``),
     an int32 ``block_table [B, max_pages]`` naming each entry's pages in order, and int32
     ``seqused_k [B]``, each entry's valid keys. Entry ``b``'s queries are the last ``S_q``
     positions of its ``seqused_k[b]`` keys (a decode step, speculative tokens, a chunk of a
@@ -288,8 +289,8 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     under a balanced schedule, ``DecodeSchedule.balanced``; default the block table's capacity:
     pass it where the table is sized for caches much longer than the batch's).
 
-    No page is gathered or copied, and nothing is read on the host: a step is capturable in a
-    CUDA graph and replays with new lengths and block tables. Inference only (no autograd);
+    A decode step reads pages of a multiple of 16 keys in place, and nothing is read on the
+    host: a step is capturable in a CUDA graph and replays with new lengths and block tables. Inference only (no autograd);
     torch tensors on a GPU, bf16 or fp16; ``torch.compile`` traces it (custom op
     ``tiledattention::paged_attention``). ``varlen_attn(..., block_table=, seqused_k=)`` is the
     same call in torch's packed convention.
