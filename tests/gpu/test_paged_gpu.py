@@ -505,6 +505,11 @@ def test_a_warm_signature_does_not_pass_what_validation_refuses():
         tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, causal=1)
 
 
+def poison(buffer):
+    """NaN in a float scratch array, -1 in an integer one (the flat walk's int32 offsets)."""
+    buffer.fill_(float("nan") if buffer.is_floating_point() else -1)
+
+
 def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches():
     """The flat walk's merge reads the partials and offsets its launch's split kernel wrote:
     2,000 launches over a log-uniform batch, each after the scratch was filled with NaN, every
@@ -528,13 +533,13 @@ def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches():
     stream = torch.cuda.current_stream()
     first, again = torch.full_like(q, float("nan")), torch.empty_like(q)
     for buffer in scratch:  # the partials, log-sum-exps and offsets: every scratch byte
-        buffer.fill_(float("nan"))
+        poison(buffer)
     launch(stream, plan, q, k_pages, v_pages, first, 0, scratch, ranges=seqused, pages=table)
     assert rel_l2(first, out) < 1e-6  # the default's walk
     mismatches = 0
     for _ in range(2000):
         for buffer in scratch:
-            buffer.fill_(float("nan"))
+            poison(buffer)
         again.fill_(float("nan"))
         launch(stream, plan, q, k_pages, v_pages, again, 0, scratch, ranges=seqused,
                pages=table)

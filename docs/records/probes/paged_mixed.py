@@ -16,9 +16,14 @@ Every contender is checked against a float32 reference per sequence first. GB/s 
 valid K/V bytes read once; the copy rate of the same bytes is timed in the same run.
 
     source .devtk/setup.sh && python3 docs/records/probes/paged_mixed.py [--rounds 15]
+
+``--in-place`` adds ``mixed-P-in-place`` for pages of 16 and 64: the same call with the forward
+forced to read the pages in place (key tiles joined from page loads) instead of gathering every
+sequence's pages into one copy.
 """
 
 import argparse
+import contextlib
 import itertools
 
 import torch
@@ -76,7 +81,19 @@ def reference(query, cu, caches):
     return out
 
 
-def contenders(query, cu, caches, counts, lengths):
+@contextlib.contextmanager
+def forward_in_place():
+    """The forward family reads pages of any size in place while inside."""
+    family = type(tiledattention.FORWARD)
+    kept = family.reads_pages_with
+    family.reads_pages_with = lambda self, problem, schedule: True
+    try:
+        yield
+    finally:
+        family.reads_pages_with = kept
+
+
+def contenders(query, cu, caches, counts, lengths, in_place=False):
     hq = query.shape[1]
     used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     fns = {}
@@ -85,6 +102,11 @@ def contenders(query, cu, caches, counts, lengths):
         fns[f"mixed-{page}"] = (lambda k=k_pages, v=v_pages, t=table: tiledattention.varlen_attn(
             query, k, v, cu, None, max(counts), max(lengths), is_causal=True, enable_gqa=True,
             seqused_k=used, block_table=t))
+        if in_place and page < 128:
+            def forced(mixed=fns[f"mixed-{page}"]):
+                with forward_in_place():
+                    return mixed()
+            fns[f"mixed-{page}-in-place"] = forced
         # the same step as separate calls (their tables and queries held apart, as an engine
         # would hold them): the decode tokens together, each chunk alone
         dec = [b for b, n in enumerate(counts) if n == 1]
@@ -131,6 +153,7 @@ def contenders(query, cu, caches, counts, lengths):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--in-place", action="store_true")
     args = parser.parse_args()
     lines = ["| step | contender | µs | GB/s | % of copy | ÷ mixed-64 (time) | rel L2 |",
              "|---|---|---|---|---|---|---|"]
@@ -146,7 +169,7 @@ def main() -> None:
         valid = sum(lengths) * hkv * D * 2 * 2
         fns, errors = {}, {}
         with torch.no_grad():
-            for who, f in contenders(query, cu, caches, counts, lengths).items():
+            for who, f in contenders(query, cu, caches, counts, lengths, args.in_place).items():
                 try:
                     got = f().float()
                     errors[who] = ((got - want).norm() / want.norm()).item()
