@@ -54,7 +54,7 @@ from ..core._device import device_info
 from ..core._dtypes import dtype_of
 from ..core._dispatch import choose_family
 from ..core._family import check_arch_dtype, serving
-from ..core._problem import (BOTTOM_RIGHT, INDEX_LIMIT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
+from ..core._problem import (BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
                              causal_flags, check_attention_tensors, check_reach, default_scale,
                              padded_head_dim, sink_logits, variant_args)
 from ..core._ragged import RaggedLayout, packed_view, ragged_problem, without_pages
@@ -62,7 +62,8 @@ from ..core._runtime import Runtime, runtime
 from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
                       UnsupportedProblemError)
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
-from ._regroup import check_regroup, regroup_pages, regrouped, regrouped_page_size
+from ._regroup import (check_copy, check_regroup, regroup_pages, regrouped,
+                       regrouped_page_size)
 from ._ragged_fill import clear_uncovered_rows
 
 __all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
@@ -374,17 +375,10 @@ def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int,
 
 def _check_gathered(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> None:
     """Raise before copying unless :func:`gather_pages`' copy (every entry's pages up to
-    ``keys``, whole pages) fits the kernels' int32 indexing: a batch whose longest cache sets
-    every entry's share can pass it where the pool does not."""
-    pages, page_size = block_table.shape[1], pool.shape[1]
-    width = min(pages, -(-keys // page_size))
-    elements = block_table.shape[0] * width * page_size * pool.shape[2] * padded_head_dim(
-        pool.shape[3])
-    if elements > INDEX_LIMIT:
-        raise UnsupportedProblemError(
-            f"a call over pages of {page_size} keys (fewer than a key tile) copies each entry's "
-            f"first {width} pages first, {elements} elements, past the kernels' int32 indexing "
-            f"({INDEX_LIMIT}); split the batch, or pass max_k nearer the longest seqused_k")
+    ``keys``, whole pages) fits the kernels' int32 indexing."""
+    width = min(block_table.shape[1], -(-keys // pool.shape[1]))
+    check_copy(pool, block_table.shape[0], width * pool.shape[1],
+               f"(fewer than a key tile) copies each entry's first {width} pages first")
 
 
 def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, queries: Any, key_stride: int,

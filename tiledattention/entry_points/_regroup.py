@@ -21,7 +21,8 @@ import torch
 from ..core._problem import INDEX_LIMIT, PAGE_ALIGN, padded_head_dim
 from ..errors import UnsupportedProblemError
 
-__all__ = ["regrouped", "regrouped_page_size", "check_regroup", "regroup_pages"]
+__all__ = ["regrouped", "regrouped_page_size", "check_copy", "check_regroup",
+           "regroup_pages"]
 
 #: the keys a regrouped page holds at least: a whole key tile a load
 _TILE_KEYS = 256
@@ -52,17 +53,24 @@ def _shape(k_pages: Any, block_table: Any, longest: int) -> tuple[int, int, int]
     return groups * size // page, groups, size
 
 
+def check_copy(pool: Any, sequences: int, keys: int, copy: str) -> None:
+    """Raise before copying unless a copy of ``keys`` keys for each of ``sequences`` from
+    ``pool``'s pages fits the kernels' int32 indexing; ``copy`` says in the message what the
+    call copies (a batch whose longest cache sets every entry's share can pass it where the pool
+    does not)."""
+    elements = sequences * keys * pool.shape[2] * padded_head_dim(pool.shape[3])
+    if elements > INDEX_LIMIT:
+        raise UnsupportedProblemError(
+            f"a call over pages of {pool.shape[1]} keys {copy}, {elements} elements, past the "
+            f"kernels' int32 indexing ({INDEX_LIMIT}); split the batch, or pass max_k nearer "
+            f"the longest seqused_k")
+
+
 def check_regroup(k_pages: Any, block_table: Any, longest: int) -> None:
     """Raise before copying unless the regrouped pools fit the kernels' int32 indexing."""
     _, groups, size = _shape(k_pages, block_table, longest)
-    elements = block_table.shape[0] * groups * size * k_pages.shape[2] * padded_head_dim(
-        k_pages.shape[3])
-    if elements > INDEX_LIMIT:
-        raise UnsupportedProblemError(
-            f"a call over pages of {k_pages.shape[1]} keys (not a multiple of {PAGE_ALIGN}) runs "
-            f"over a copy in pages of {size}: {elements} elements, past the kernels' int32 "
-            f"indexing ({INDEX_LIMIT}); split the batch, or pass max_k nearer the longest "
-            f"seqused_k")
+    check_copy(k_pages, block_table.shape[0], groups * size,
+               f"(not a multiple of {PAGE_ALIGN}) runs over a copy in pages of {size}")
 
 
 def regroup_pages(k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
