@@ -22,6 +22,8 @@ from tiledattention.core._device import DeviceInfo
 from tiledattention.errors import InputValueError, UnsupportedProblemError
 from tiledattention.kernels.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
+from ..paged_copy import read_pages_copy
+
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
 
@@ -110,16 +112,25 @@ def test_the_paged_forward_compiles(arch, page_size):
     assert paged_lengths(_paged(batch=4, seqlen_k=8, seqlen_q=4)) == [8, 6, 4, 4]
 
 
-def test_gathered_pages_are_each_entrys_cache_in_order():
-    from tiledattention.entry_points._paged import gather_pages
+def test_the_page_copy_holds_the_read_pages_of_each_entry_in_order():
+    """The reference of the copy a long query run reads (the kernel's GPU test compares with
+    it): an entry's pages for the keys its ranges read, none for an entry without queries."""
+    from tiledattention.entry_points._page_copy import copy_tile, copy_width
 
     pool = torch.arange(6 * 16 * 2 * 4, dtype=torch.float32).view(6, 16, 2, 4)
-    table = torch.tensor([[4, 1, -1], [0, 5, 2]], dtype=torch.int32)
-    got = gather_pages(pool, table, 20)  # 20 keys: two pages an entry
-    assert got.shape == (2, 2, 32, 4)
-    assert torch.equal(got[0].transpose(0, 1), torch.cat((pool[4], pool[1])))
-    assert torch.equal(got[1].transpose(0, 1), torch.cat((pool[0], pool[5])))
-    assert gather_pages(pool, table, 48).shape == (2, 2, 48, 4)  # -1 slots clamp, never read
+    table = torch.tensor([[4, 1, -1], [0, 5, 2], [3, 2, 1]], dtype=torch.int32)
+    ranges = torch.tensor([[0, 3, 5], [3, 5, 5], [0, 48, 96], [20, 65, 120]])
+    k, v = read_pages_copy(pool, pool, table, ranges, 40)  # 40 keys: three slots an entry
+    assert k.shape == (3, 2, 48, 4) and copy_width(pool, table, 40) == 3
+    assert torch.equal(k[0, :, :32].transpose(0, 1), torch.cat((pool[4], pool[1])))
+    assert torch.equal(v[1, :, :32].transpose(0, 1), torch.cat((pool[0], pool[5])))
+    # not read (past 20 and 17 keys; the third entry has no queries): not copied
+    assert k[0, :, 32:].isnan().all() and v[1, :, 32:].isnan().all() and k[2].isnan().all()
+    # tiles: a page's rows by a power of two dividing it, heads and head dim padded
+    assert copy_tile(16, 8, 128) == (8, 8, 128)
+    assert copy_tile(48, 3, 80) == (16, 4, 128)
+    assert copy_tile(256, 1, 64) == (128, 1, 64)
+    assert copy_tile(16, 64, 256) == (1, 32, 256)
 
 
 class _Forward:
@@ -151,6 +162,7 @@ def test_a_long_query_run_launches_the_paged_problem_in_place_or_gathered(in_pla
     forward = _Forward(in_place)
     launched = forward.launched
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(route, "copy_read_pages", lambda *a: read_pages_copy(*a, fill=0))
     problem = _paged(batch=2, heads_q=4, heads_kv=2, seqlen_q=64, seqlen_k=64, head_dim=32,
                      causal=False, window_left=9, window_right=5, page_size=16)
     pool = torch.randn(6, 16, 2, 32)
@@ -167,7 +179,8 @@ def test_a_long_query_run_launches_the_paged_problem_in_place_or_gathered(in_pla
         assert got == problem and launched["k"] is pool and layout.pages is table
     else:
         assert got == dataclasses.replace(problem, page_size=0) and layout.pages is None
-        assert torch.equal(launched["k"], route.gather_pages(pool, table, 40))
+        assert torch.equal(launched["k"], read_pages_copy(pool, pool, table, layout.ranges,
+                                                          40, fill=0)[0])
 
 
 def test_a_load_never_straddles_two_pages():
@@ -397,14 +410,16 @@ def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathere
         in_place, monkeypatch):
     """The packed queries as one [1, H, tokens, D] batch entry, each sequence's rows by the
     offsets; its keys in its pages (in place: the pools and the table, key ranges from 0) or
-    gathered into one packed copy (sequence b's keys from b x its slots, no table); key ends
-    held to what the pages or the copy hold; rows of no sequence cleared."""
+    copied into one packed copy (sequence b's keys from b x its slots, no table; the pages of
+    the keys it reads, none for a sequence of no queries); key ends held to what the pages or
+    the copy hold; rows of no sequence cleared."""
     from tiledattention.entry_points import _paged as route
 
     forward, cleared = _Forward(in_place), []
     launched = forward.launched
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: cleared.append(a))
+    monkeypatch.setattr(route, "copy_read_pages", read_pages_copy)
     pool = torch.randn(7, 16, 2, 32, dtype=torch.bfloat16)
     table = torch.tensor([[4, 1, -1], [0, 5, 2], [6, 3, 3]], dtype=torch.int32)
     query = torch.randn(40, 4, 32, dtype=torch.bfloat16)
@@ -431,10 +446,12 @@ def test_a_mixed_step_launches_its_packed_queries_over_pages_in_place_or_gathere
         slots = 48  # 40 keys: three pages a sequence
         assert launched["k"].shape == (1, 2, 3 * slots, 32)
         assert ranges[2:] == [[0, slots, 2 * slots], [20, slots + 3, 2 * slots + 48]]
-        for b in range(3):
+        # the pages of the keys read: two, none (no queries), three
+        for b, pages in enumerate((2, 0, 3)):
             keys = launched["k"][0, :, b * slots:(b + 1) * slots].transpose(0, 1)
-            want = torch.cat([pool[i] for i in table[b].clamp(min=0).tolist()])
-            assert torch.equal(keys, want), b
+            want = pool[table[b, :pages].long()].flatten(0, 1)
+            assert torch.equal(keys[:16 * pages], want), b
+            assert keys[16 * pages:].isnan().all(), b
 
 
 @pytest.mark.parametrize("cu, max_q, apart, want", [
@@ -514,6 +531,7 @@ def test_a_mixed_step_over_an_fp8_cache_widens_the_gathered_pages(monkeypatch):
     launched = forward.launched
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: None)
+    monkeypatch.setattr(route, "copy_read_pages", read_pages_copy)
     pool = torch.randn(5, 16, 2, 32).to(torch.float8_e4m3fn)
     table = torch.tensor([[3, 0], [1, 4]], dtype=torch.int32)
     query = torch.randn(9, 4, 32, dtype=torch.bfloat16)
@@ -539,7 +557,7 @@ def test_a_copy_of_pages_past_the_index_range_is_refused_before_it_is_made(monke
     from tiledattention.entry_points import _paged as route
 
     forward = _Forward(in_place=False)
-    monkeypatch.setattr(route, "gather_pages", lambda *a: pytest.fail("copied"))
+    monkeypatch.setattr(route, "copy_read_pages", lambda *a: pytest.fail("copied"))
     pool = torch.zeros(4, 16, 8, 256, dtype=torch.bfloat16)
     table = torch.zeros(300, 2000, dtype=torch.int32)
     used = torch.full((300,), 32000, dtype=torch.int32)

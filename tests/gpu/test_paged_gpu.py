@@ -112,13 +112,13 @@ def test_chunked_prefill_in_place_or_on_gathered_pages(page_size, monkeypatch):
     assert tiledattention.explain_paged(
         torch.empty(4, 16, 512, 128, device="cuda", dtype=torch.bfloat16),
         *paged_cache([600] * 4, page_size, 4, 128)[:4]).family == "forward"
-    real, gathered = _paged.gather_pages, []
+    real, gathered = _paged.copy_read_pages, []
 
     def counting(*args):
         gathered.append(args[0].shape[1])
         return real(*args)
 
-    monkeypatch.setattr(_paged, "gather_pages", counting)
+    monkeypatch.setattr(_paged, "copy_read_pages", counting)
     run_and_check([700, 2001, 300, 4097], page_size, sq=512, hq=16, hkv=4)
     run_and_check([700, 2000, 300, 4096], page_size, sq=512, hq=16, hkv=4, window=(255, 0))
     run_and_check([1025, 513], page_size, sq=512, hq=8, hkv=1, causal=False)
@@ -127,6 +127,49 @@ def test_chunked_prefill_in_place_or_on_gathered_pages(page_size, monkeypatch):
     run_and_check([700, 2001, 300, 4097], page_size, sq=512, hq=16, hkv=4, causal=False,
                   window=(100, 37))
     assert bool(gathered) == (page_size < 128), gathered
+
+
+@pytest.mark.parametrize("page_size, hkv, d, dtype", [
+    (16, 8, 128, torch.bfloat16), (32, 3, 80, torch.float16), (48, 1, 256, torch.bfloat16),
+    (64, 4, 64, torch.float8_e4m3fn), (16, 64, 256, torch.float16)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_page_copy_copies_the_read_pages_exactly(page_size, hkv, d, dtype, packed):
+    """The copy a long query run reads (``_page_copy.copy_read_pages``) against its torch
+    reference, slot by slot: random lengths (odd, past the table, zero), sequences without
+    queries, -1 and out-of-pool table slots past the keys, a pool that is a strided view
+    (K and V interleaved in one tensor), FP8 and head dims and head counts padded in the
+    tiles."""
+    from tiledattention.entry_points._page_copy import copy_read_pages
+
+    from ..paged_copy import read_pages_copy
+
+    gen = torch.Generator(device="cuda").manual_seed(page_size + hkv + d)
+    sequences, slots, pages = 37, 9, 200
+    both = torch.randn(pages, 2, page_size, hkv, d, generator=gen, device="cuda").to(dtype)
+    k_pages, v_pages = both[:, 0], both[:, 1]  # strided pools
+    table = torch.randint(0, pages, (sequences, slots), generator=gen, device="cuda",
+                          dtype=torch.int32)
+    keys = torch.randint(0, slots * page_size + 50, (sequences,), generator=gen, device="cuda")
+    for b in range(0, sequences, 5):  # slots past an entry's pages name no page
+        table[b, -(-int(keys[b]) // page_size):] = -1 if b % 2 else pages + 7
+    starts = torch.randint(0, 4, (sequences,), generator=gen, device="cuda")
+    counts = torch.randint(0, 3, (sequences,), generator=gen, device="cuda")  # 0: no queries
+    longest = slots * page_size - 5
+    width = -(-longest // page_size)
+    stride = width * page_size if packed else 0
+    ranges = torch.stack((starts, starts + counts, torch.arange(sequences, device="cuda")
+                          * stride, torch.arange(sequences, device="cuda") * stride
+                          + keys.clamp(max=width * page_size))).to(torch.int32)
+    got = copy_read_pages(k_pages, v_pages, table, ranges, longest, packed)
+    torch.cuda.synchronize()
+    want = read_pages_copy(k_pages, v_pages, table, ranges, longest, packed)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == dtype
+        g, w = (x.transpose(1, 2).reshape(sequences, width, page_size, hkv, d).float()
+                for x in (g, w))
+        read = ~w.isnan().flatten(2).all(2)  # [B, width]: the slots the copy writes
+        assert read.any() and (~read).any()
+        assert torch.equal(g[read], w[read])
 
 
 def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():
@@ -223,13 +266,13 @@ def test_a_mixed_step_of_prefill_chunks_and_decode_tokens(page_size, monkeypatch
 
     counts = [1, 300, 1, 0, 77, 1, 512, 40]
     lengths = [900, 300, 4097, 33, 1500, 1, 2049, 20]
-    real, gathered = _paged.gather_pages, []
+    real, gathered = _paged.copy_read_pages, []
 
     def counting(*args):
         gathered.append(args[0].shape[1])
         return real(*args)
 
-    monkeypatch.setattr(_paged, "gather_pages", counting)
+    monkeypatch.setattr(_paged, "copy_read_pages", counting)
     args, kwargs, _, _ = mixed_step(counts, lengths, page_size)
     assert tiledattention.explain_varlen(*args, **kwargs).family == "forward"
     mixed_step(counts, lengths, page_size, window=(255, 0))

@@ -20,10 +20,11 @@ CTAs, so a batch whose lengths differ by 1000x runs in one launch. Long query ru
 prefill) run on the forward family's ragged kernel. It reads the pages in place where one page
 holds a whole key tile of its schedule (``ForwardFamily.reads_pages_with``: pages of 128 keys or
 more under the sm_90 defaults); else each entry's pages are gathered into a contiguous copy
-first (:func:`gather_pages`: one read and one write of the keys), since a key tile joined from
-several pages stalls that kernel (docs/records/benchmarks/paged/). Nothing is read on the host: the
-lengths and the block table stay on the device, so a step is capturable in a CUDA graph and
-replays with new lengths and tables.
+first (``_page_copy.copy_read_pages``: one read and one write of the pages holding keys it
+reads), since a key tile joined from several pages stalls that kernel
+(docs/records/benchmarks/paged/). Nothing is read on the host: the lengths and the block table
+stay on the device, so a step is capturable in a CUDA graph and replays with new lengths and
+tables.
 
 An FP8 cache (float8_e4m3fn pools under bf16 / fp16 queries, with ``k_descale`` and
 ``v_descale``, FlashAttention-3's convention: float32 ``[B, H_kv]`` or broadcasting to it) runs
@@ -62,11 +63,11 @@ from ..core._runtime import Runtime, runtime
 from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
                       UnsupportedProblemError)
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
-from ._regroup import (check_copy, check_regroup, regroup_pages, regrouped,
-                       regrouped_page_size)
+from ._page_copy import check_copied, copy_read_pages, copy_width
+from ._regroup import check_regroup, regroup_pages, regrouped, regrouped_page_size
 from ._ragged_fill import clear_uncovered_rows
 
-__all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "gather_pages",
+__all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged",
            "reader", "packed_paged_attention", "packed_paged_forward", "explain_packed_paged",
            "OP_NAME", "PACKED_OP_NAME"]
 
@@ -358,29 +359,6 @@ def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
     check_reach("q", q if q.dim() == 4 else packed_view(q), "torch", tile_d)
 
 
-def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, keys: int,
-                 packed: bool = False) -> torch.Tensor:
-    """A ``[B, H_kv, pages * page_size, D]`` view of a contiguous copy of each entry's first
-    ``ceil(keys / page_size)`` pages (block-table slots past an entry's pages copy some page of
-    the pool, never read: its ranges end at its key count); ``packed``: the same copy as one
-    ``[1, H_kv, B * pages * page_size, D]`` view, entry ``b``'s keys from ``b * pages *
-    page_size`` on."""
-    page_size = pool.shape[1]
-    width = min(block_table.shape[1], -(-keys // page_size))
-    ids = block_table[:, :width].clamp(0, pool.shape[0] - 1).flatten()
-    copy = pool.index_select(0, ids)  # [B * width, page_size, H_kv, D]
-    entries = 1 if packed else block_table.shape[0]
-    return copy.view(entries, -1, *pool.shape[2:]).transpose(1, 2)
-
-
-def _check_gathered(pool: torch.Tensor, block_table: torch.Tensor, keys: int) -> None:
-    """Raise before copying unless :func:`gather_pages`' copy (every entry's pages up to
-    ``keys``, whole pages) fits the kernels' int32 indexing."""
-    width = min(block_table.shape[1], -(-keys // pool.shape[1]))
-    check_copy(pool, block_table.shape[0], width * pool.shape[1],
-               f"(fewer than a key tile) copies each entry's first {width} pages first")
-
-
 def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, queries: Any, key_stride: int,
             key_limit: int) -> torch.Tensor:
     """The int32 ``[4, B]`` ranges of a paged call: each entry's queries (``q``'s ``S_q`` rows
@@ -420,8 +398,8 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
                    out: Any = None) -> torch.Tensor:
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
     pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
-    else each entry's pages gathered into a contiguous cache first (one read and one write of
-    its keys; an FP8 cache's dequantised into q's dtype by ``factors``, its float32 ``[B,
+    else the pages of the keys each entry's queries read copied into slots of its own first
+    (:func:`copy_read_pages`: an entry with no queries copies none; an FP8 cache's dequantised into q's dtype by ``factors``, its float32 ``[B,
     H_kv]`` K and V descales). Either way ``problem``'s mask holds: each entry's queries are
     the last of its keys, its causal mask and window aligned bottom-right. ``logits``: the
     float32 ``[H_q]`` sink logits when ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with
@@ -432,18 +410,20 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     packed = queries is not None
     if not factors and family.reads_pages_with(problem, schedule):
         k, v, launched, pages, stride = k_pages, v_pages, problem, block_table, 0
+        limit = block_table.shape[1] * k_pages.shape[1]
+        ranges = _ranges(q, seqused_k, queries, stride, limit)
     else:
-        _check_gathered(k_pages, block_table, longest)
-        k, v = (gather_pages(pool, block_table, longest, packed) for pool in (k_pages, v_pages))
+        check_copied(k_pages, block_table, longest)
+        # an entry's slots hold its first `longest` keys (whole pages); only the pages of
+        # the keys `ranges` reads are copied
+        limit = copy_width(k_pages, block_table, longest) * k_pages.shape[1]
+        stride = limit if packed else 0
+        ranges = _ranges(q, seqused_k, queries, stride, limit)
+        k, v = copy_read_pages(k_pages, v_pages, block_table, ranges, longest, packed)
         if factors:
             k, v = (dequantised(x, f, q.dtype) for x, f in zip((k, v), factors))
         # the same problem over contiguous caches
         launched, pages = dataclasses.replace(without_pages(problem), kv_dtype=""), None
-        stride = k.shape[2] // block_table.shape[0] if packed else 0
-    # (gathered, an entry holds its first `longest` keys, whole pages)
-    limit = block_table.shape[1] * k_pages.shape[1] if pages is not None else (
-        stride or k.shape[2])
-    ranges = _ranges(q, seqused_k, queries, stride, limit)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     stream = torch.cuda.current_stream(q.device)

@@ -29,6 +29,9 @@ __all__ = ["Job", "BuildReport", "PRESETS", "launch_patterns", "jobs_for", "buil
 #: ``tiledtune aot --model``'s default prompt and cache lengths: a short prompt (one key tile,
 #: unaligned) and the powers of two from 128 (with :func:`launch_patterns`' one key more)
 LENGTHS = (100, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+#: the page size a ragged bucket's page copy is shipped for (the copy's tiles are the same for
+#: every page of 16 keys or more where a page row of the heads holds 512 elements or more)
+SMALL_PAGE = 16
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,8 @@ def images_of(job: Job) -> list[dict]:
     """Compile ``job`` (the lookup's schedule for it) and return its images (JSON-ready dicts
     with the cubin bytes). Runs in a worker process."""
     from tiledattention import get_family
-    from tiledattention.tooling import (capturing, compile_ragged_clear, kernel_name,
+    from tiledattention.tooling import (capturing, compile_page_copy, compile_ragged_clear,
+                                        kernel_name,
                                         kernel_symbol, module_identity, param_specs,
                                         without_ptx_text)
 
@@ -143,6 +147,11 @@ def images_of(job: Job) -> list[dict]:
         family.compile_launchable(problem, schedule, job.arch)
         if getattr(problem, "ragged", False):  # a packed forward's clear of uncovered rows
             compile_ragged_clear(problem, job.arch)
+            # the copy a paged call of the bucket makes first where its kernels read no page
+            # smaller than a key tile in place (pages of 16 keys: the smallest they take)
+            paged = dataclasses.replace(problem, page_size=SMALL_PAGE)
+            if family.reads_pages and not family.reads_pages_with(paged, schedule):
+                compile_page_copy(paged, job.arch)
     images = []
     for kernel, args, _, cubin in builds:
         # the family's template, and a helper kernel's own module (the work table, the clear)

@@ -43,6 +43,9 @@ POINTS = (
     ("speculative B32: 1-5 tokens", (28, 4), [(1 + i % 5, 1000 + 211 * i) for i in range(32)]),
     ("chunks of 64-700 beside 20 decodes", (28, 4),
      [(64 + 90 * i, 700 + 300 * i) for i in range(8)] + [(1, 9000 - 400 * i) for i in range(20)]),
+    ("chunked prefill B4: 512 queries over 16k keys", (32, 8), [(512, 16384)] * 4),
+    ("chunked prefill B6: 300-900 queries over 2k-11k keys", (28, 4),
+     [(300 + 120 * i, 2000 + 1800 * i) for i in range(6)]),
 )
 
 
@@ -154,10 +157,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--in-place", action="store_true")
+    parser.add_argument("--only", default="", help="the steps whose names hold this text")
     args = parser.parse_args()
     lines = ["| step | contender | µs | GB/s | % of copy | ÷ mixed-64 (time) | rel L2 |",
              "|---|---|---|---|---|---|---|"]
-    for name, (hq, hkv), seqs in POINTS:
+    for name, (hq, hkv), seqs in (p for p in POINTS if args.only in p[0]):
         counts, lengths = [n for n, _ in seqs], [s for _, s in seqs]
         gen = torch.Generator(device="cuda").manual_seed(1)
         caches = [tuple(torch.randn(s, hkv, D, generator=gen, dtype=DTYPE, device="cuda")
