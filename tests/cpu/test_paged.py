@@ -467,7 +467,7 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
                                                                  monkeypatch):
     """Which kernel writes which row of a mixed step: the forward (here: each covered row its
     sequence's index) the sequences of more than one query, the one-query step (200 + the
-    sequence, exact in bf16) the rest, scattered to their rows after the forward cleared
+    sequence, exact in bf16; the others' keys held to none there) the rest, scattered to their rows after the forward cleared
     the rows outside its first start and last end; rows of no sequence zeros."""
     from tiledattention.entry_points import _paged as route
 
@@ -488,8 +488,8 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
         out[0, :, :int(ranges[which, 0])] = 0
         out[0, :, int(ranges[which + 1, -1]):] = 0
 
-    def single(runtime, q4, *args, **kwargs):
-        calls.append(("decode", tuple(q4.shape)))
+    def single(runtime, q4, k_pages, v_pages, table, used, **kwargs):
+        calls.append(("decode", tuple(q4.shape), used.tolist()))
         n = q4.shape[0]
         return (200 + torch.arange(n, dtype=q4.dtype))[:, None, None, None].expand(q4.shape)
 
@@ -515,8 +515,9 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
     assert out[:, 0, 0].tolist() == want
     kinds = [c[0] for c in calls]
     assert kinds == (["forward"] if max_q > 1 else []) + (["decode"] if apart else [])
-    if apart:
-        assert calls[-1][1] == (sequences, 4, 1, 32)
+    if apart:  # the sequences of more queries (or none) read no key in the decode step
+        counts = [e - s for s, e in zip(cu[:-1], cu[1:])]
+        assert calls[-1][1:] == ((sequences, 4, 1, 32), [40 if n == 1 else 0 for n in counts])
     if max_q > 1:
         ends = [e if e - s > 1 or not apart else s for s, e in zip(cu[:-1], cu[1:])]
         assert calls[0][1] == [cu[:-1], ends]

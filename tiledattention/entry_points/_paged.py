@@ -238,7 +238,8 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
 
     Where the family of a one-query paged step is another (the split-KV decode kernels), the
     sequences of one query run as such a step over every sequence's first query (two launches,
-    their rows scattered into the output; the others' rows land in a spare row), and the
+    their rows scattered into the output; the others read no key and their rows land in a
+    spare row), and the
     forward's ragged kernel takes only the sequences of more (their packed queries,
     :func:`ragged_forward`, the schedule of the packed bucket without pages): a decode token's
     cache is split over CTAs there, where the forward walks it in one. Else the forward takes
@@ -266,8 +267,10 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
                        torch.stack((starts, longer)), max_q, out[:tokens])
     if apart:
         firsts = starts.clamp(max=max(tokens - 1, 0)).long()
+        # a sequence of more queries (or none) reads no key there: its row is dropped
+        single_keys = torch.where(ends - starts == 1, seqused_k, 0)
         single = paged_forward(runtime, query.index_select(0, firsts).unsqueeze(2), k_pages,
-                               v_pages, block_table, seqused_k, causal=causal, scale=scale,
+                               v_pages, block_table, single_keys, causal=causal, scale=scale,
                                window=window, max_k=longest)
         rows = torch.where(ends - starts == 1, starts, tokens).long()
         out.index_copy_(0, rows, single[:, :, 0])
