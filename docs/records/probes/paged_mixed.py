@@ -3,8 +3,8 @@ sequence its own query count) through ``varlen_attn(..., block_table=, seqused_k
 what a user has instead. bf16, D 128, bottom-right causal. Contenders, interleaved
 (``time_interleaved``: GPU time, L2 flushed before each sample), median of ``--rounds``:
 
-- ``mixed-P``: ours, one call over pages of ``P`` (16, 64, 256: gathered into one packed copy
-  below a whole key tile, else read in place);
+- ``mixed-P``: ours, one call over pages of ``P`` (16, 64, 256: below a whole key tile the
+  pages the chunks read copied into one packed copy first, else read in place);
 - ``split-P``: ours as a serving engine would call it without the mixed route: the decode
   tokens through ``paged_attention`` (the split-KV decode kernels) and each prefill chunk
   through ``paged_attention`` of its own;
@@ -18,8 +18,8 @@ valid K/V bytes read once; the copy rate of the same bytes is timed in the same 
     source .devtk/setup.sh && python3 docs/records/probes/paged_mixed.py [--rounds 15]
 
 ``--in-place`` adds ``mixed-P-in-place`` for pages of 16 and 64: the same call with the forward
-forced to read the pages in place (key tiles joined from page loads) instead of gathering every
-sequence's pages into one copy.
+forced to read the pages in place (key tiles joined from page loads) instead of the copy.
+``--only TEXT`` runs the steps whose names hold it.
 """
 
 import argparse
