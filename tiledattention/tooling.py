@@ -27,6 +27,7 @@ from .core._residency import Residency, resident_ctas
 from .core._reference import attention_reference, varlen_reference, visible_keys
 from .core._runtime import Runtime
 from .core._settings import cubin_cache, simulated_database_location
+from .entry_points._mixed_tables import compile_mixed_tables
 from .entry_points._page_copy import compile_page_copy
 from .entry_points._ragged_fill import compile_clear as compile_ragged_clear
 
@@ -34,7 +35,7 @@ __all__ = ["AttentionCase", "FP8_DTYPES", "KernelResources", "PACKAGE_BUNDLES", 
            "Residency", "dequantise_fp8", "kernel_resources", "resident_ctas",
            "quantise_fp8",
            "Resolver", "Runtime", "SM_COUNTS", "array_itemsize", "attention_reference",
-           "capturing", "compile_page_copy", "compile_ragged_clear", "cubin_cache", "forget_shipped_cubins",
+           "capturing", "compile_mixed_tables", "compile_page_copy", "compile_ragged_clear", "cubin_cache", "forget_shipped_cubins",
            "jit_compiles", "kernel_name",
            "kernel_symbol", "launch_path", "module_identity", "param_specs", "recording_launches", "served_from_bundles",
            "toolchain_versions", "write_bundle",

@@ -117,8 +117,8 @@ def test_images_assume_nothing_of_lengths_but_the_head_dims():
 
 
 def test_a_packed_batchs_helper_kernels_are_built_and_vouched_for_by_their_module():
-    """A ragged problem's images include the work-table kernel and the clear of the output's
-    uncovered rows (forward), the prologue of work tables and clears (backward), each tied to
+    """A ragged problem's images include the work-table kernel, the clear of the output's
+    uncovered rows and the paged routes' copy and tables (forward), the prologue of work tables and clears (backward), each tied to
     the identity of its own module too."""
     from tiledattention.tooling import module_identity
 
@@ -133,6 +133,12 @@ def test_a_packed_batchs_helper_kernels_are_built_and_vouched_for_by_their_modul
     clears = [i for i in images if ":clear_outside[" in i["kernel"]]
     assert [_bundles.constants_key(i["params"])[0] for i in clears] == [0]
     assert all(i["modules"][-1] == helpers for i in clears)
+    # over pages: the copy of the pages a chunk reads (pages of 16) and a mixed step's tables
+    # (with and without its decode step, int32 and int64 offsets)
+    pages = "tiledattention.core._page_kernel"
+    assert len([i for i in images if i["kernel"].startswith(f"{pages}:copy_read_pages")]) == 1
+    tables = [i for i in images if i["kernel"].startswith(f"{pages}:mixed_step_tables")]
+    assert len(tables) == 4 and all(i["modules"][-1] == pages for i in tables)
     backward = images_of(_job("backward", problem, "sm_90"))
     prologues = [i for i in backward if ":backward_prologue[" in i["kernel"]]
     assert len(prologues) == 1 and prologues[0]["modules"][-1] == helpers

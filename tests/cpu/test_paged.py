@@ -22,7 +22,7 @@ from tiledattention.core._device import DeviceInfo
 from tiledattention.errors import InputValueError, UnsupportedProblemError
 from tiledattention.kernels.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
-from ..paged_copy import read_pages_copy
+from ..paged_kernels import mixed_tables_reference, read_pages_copy
 
 ARCHS = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 
@@ -110,6 +110,25 @@ def test_the_paged_forward_compiles(arch, page_size):
     assert paged_lengths(_paged(batch=6, seqlen_k=1000, seqlen_q=4)) == [1000, 750, 500, 250,
                                                                         1000, 750]
     assert paged_lengths(_paged(batch=4, seqlen_k=8, seqlen_q=4)) == [8, 6, 4, 4]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100", "sm_120", "sm_121"])
+def test_the_paged_routes_small_kernels_compile(arch):
+    """The copy of the pages a chunk reads (bf16 and fp16 pools of pages of 16-256, heads and
+    head dims padded; an FP8 pool where FP8 runs) and a mixed step's tables."""
+    from tiledattention.core._compile import capturing
+    from tiledattention.entry_points._mixed_tables import compile_mixed_tables
+    from tiledattention.entry_points._page_copy import compile_page_copy
+
+    cases = [("bf16", "", 8, 128, 16), ("fp16", "", 3, 80, 48), ("bf16", "", 1, 256, 256)]
+    if arch != "sm_80":
+        cases.append(("bf16", "e4m3", 4, 64, 32))
+    with capturing() as builds:
+        for dtype, kv_dtype, hkv, d, page in cases:
+            compile_page_copy(_paged(heads_q=2 * hkv, heads_kv=hkv, head_dim=d, dtype=dtype,
+                                     kv_dtype=kv_dtype, page_size=page), arch)
+        compile_mixed_tables(37, arch, "int64")
+    assert [b[3][:4] for b in builds] == [b"\x7fELF"] * (len(cases) + 2)
 
 
 def test_the_page_copy_holds_the_read_pages_of_each_entry_in_order():
@@ -506,6 +525,7 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
     monkeypatch.setattr(route, "reader", lambda arch, shape: "decode" if apart else forward)
     monkeypatch.setattr(route, "device_info", lambda index: type("I", (), {"arch": "sm_90"}))
     monkeypatch.setattr(route, "paged_forward", single)
+    monkeypatch.setattr(route, "mixed_tables", mixed_tables_reference)
     monkeypatch.setattr(route, "clear_uncovered_rows", clear)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     out = route.packed_paged_forward(None, query, pool, pool,
@@ -521,6 +541,60 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
     if max_q > 1:
         ends = [e if e - s > 1 or not apart else s for s, e in zip(cu[:-1], cu[1:])]
         assert calls[0][1] == [cu[:-1], ends]
+
+
+def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
+    """The second call of a signature takes what the first decided (kept in the runtime under
+    its warm key); another ``max_q``, or another table shape, is judged again; a call the
+    checks refuse keeps nothing."""
+    from tiledattention.core import _runtime
+    from tiledattention.entry_points import _paged as route
+
+    judged, launched = [], []
+    real = route._packed_call
+
+    def counting(*args):
+        judged.append(args[5].shape)
+        return real(*args)
+
+    class Forward(_Forward):
+        name = "forward"
+
+        def forward_with_lse(self, *args, ragged=None, **kwargs):
+            launched.append(ragged.ranges[:2].tolist())
+
+    forward = Forward(in_place=True)
+    monkeypatch.setattr(route, "_packed_call", counting)
+    monkeypatch.setattr(route, "_check_device", lambda q: None)
+    for module in (route, _runtime):
+        monkeypatch.setattr(module, "device_info",
+                            lambda index: type("I", (), {"arch": "sm_90"}))
+    monkeypatch.setattr(route, "choose_family", lambda *a: forward)
+    monkeypatch.setattr(route, "reader", lambda arch, shape: forward)
+    monkeypatch.setattr(route, "mixed_tables", mixed_tables_reference)
+    monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    forward.paged_lookup = lambda bucket, shape: bucket
+    runtime = _runtime.Runtime(lambda family, problem, info: type(
+        "R", (), {"schedule": FORWARD.default_schedule("sm_90", problem)}))
+    pool = torch.zeros(8, 16, 2, 32, dtype=torch.bfloat16)
+    query = torch.randn(9, 4, 32, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 1, 9], dtype=torch.int32)
+    used = torch.tensor([20, 40], dtype=torch.int32)
+    for table, max_q in (((2, 3), 8), ((2, 3), 8), ((2, 3), 9), ((2, 4), 8), ((2, 4), 8)):
+        route.packed_paged_forward(runtime, query, pool, pool, cu,
+                                   torch.zeros(table, dtype=torch.int32), used, max_q, 40)
+    assert judged == [(2, 3), (2, 3), (2, 4)]
+    assert launched == [[[0, 1], [1, 9]]] * 5
+    with pytest.raises(InputValueError, match="scale"):
+        route.packed_paged_forward(runtime, query, pool, pool, cu,
+                                   torch.zeros((2, 3), dtype=torch.int32), used, 8, 40,
+                                   scale=-1.0)
+    with pytest.raises(InputValueError, match="scale"):  # judged again: nothing was kept
+        route.packed_paged_forward(runtime, query, pool, pool, cu,
+                                   torch.zeros((2, 3), dtype=torch.int32), used, 8, 40,
+                                   scale=-1.0)
+    assert len(judged) == 5
 
 
 def test_a_mixed_step_over_an_fp8_cache_widens_the_gathered_pages(monkeypatch):

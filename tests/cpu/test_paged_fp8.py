@@ -17,7 +17,7 @@ from tiledattention import (DECODE, InputTypeError, InputValueError, Problem,
 from tiledattention.core._family import check_arch_dtype
 from tiledattention.entry_points._paged import dequantised, paged_problem, reader
 
-from ..paged_copy import read_pages_copy
+from ..paged_kernels import read_pages_copy
 
 E4M3 = torch.float8_e4m3fn
 FP8_ARCHES = ("sm_90", "sm_100", "sm_120", "sm_121")

@@ -141,7 +141,7 @@ def test_the_page_copy_copies_the_read_pages_exactly(page_size, hkv, d, dtype, p
     tiles."""
     from tiledattention.entry_points._page_copy import copy_read_pages
 
-    from ..paged_copy import read_pages_copy
+    from ..paged_kernels import read_pages_copy
 
     gen = torch.Generator(device="cuda").manual_seed(page_size + hkv + d)
     sequences, slots, pages = 37, 9, 200
@@ -170,6 +170,32 @@ def test_the_page_copy_copies_the_read_pages_exactly(page_size, hkv, d, dtype, p
         read = ~w.isnan().flatten(2).all(2)  # [B, width]: the slots the copy writes
         assert read.any() and (~read).any()
         assert torch.equal(g[read], w[read])
+
+
+@pytest.mark.parametrize("sequences", [1, 37, 300])
+@pytest.mark.parametrize("offsets", [torch.int32, torch.int64])
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_mixed_steps_tables_match_their_reference(sequences, offsets, apart):
+    """The mixed step's index tables (``_mixed_tables.mixed_tables``, one kernel of CTAs of
+    128 sequences) against their torch reference: query counts 0-5 and longer, spare rows
+    before and after, key counts past the limit, both offset dtypes."""
+    from tiledattention.entry_points._mixed_tables import mixed_tables
+
+    from ..paged_kernels import mixed_tables_reference
+
+    gen = torch.Generator(device="cuda").manual_seed(sequences)
+    counts = torch.randint(0, 6, (sequences,), generator=gen, device="cuda")
+    counts[::7] = 40
+    cu = torch.cat((torch.zeros(1, device="cuda", dtype=torch.long), counts.cumsum(0))) + 3
+    tokens = int(cu[-1]) + 2
+    used = torch.randint(0, 5000, (sequences,), generator=gen, device="cuda",
+                         dtype=torch.int32)
+    got = mixed_tables(cu.to(offsets), used, tokens, 4096, 4000, apart)
+    want = mixed_tables_reference(cu, used, tokens, 4096, 4000, apart)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            assert g.dtype == w.dtype and torch.equal(g, w)
 
 
 def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():

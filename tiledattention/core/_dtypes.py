@@ -52,6 +52,8 @@ FP8_DTYPES = ("e4m3",)
 #: The other arrays the kernels read or write (statistics, offsets), for compile-only builds.
 _AUXILIARY = {"fp32": Element(name="fp32", torch="float32", cupy="float32", itemsize=4),
               "int32": Element(name="int32", torch="int32", cupy="int32", itemsize=4),
+              # offsets a caller passes as int64, and row indices torch takes as int64
+              "int64": Element(name="int64", torch="int64", cupy="int64", itemsize=8),
               # an FP8 cache's values as the decode kernel reads them, two to a word
               "int16": Element(name="int16", torch="int16", cupy="int16", itemsize=2)}
 _BY_LIBRARY_NAME = {("torch", e.torch): e.name for e in ELEMENTS.values()}

@@ -1,12 +1,13 @@
-"""The copy of the pages a long query run reads (``tiledattention.entry_points._page_copy``):
-each sequence's pages, in block-table order, into slots of its own, but only the pages holding
-keys the forward's ragged kernel reads (a sequence with no queries there reads none)."""
+"""The small kernels of the paged routes (``tiledattention.entry_points._page_copy``): the copy
+of the pages a long query run reads (each sequence's pages, in block-table order, into slots of
+its own, only those holding keys the forward reads), and a mixed step's index tables."""
 
 from __future__ import annotations
 
 import cuda.tile as ct
 
 ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
 
 
 @ct.kernel
@@ -42,3 +43,39 @@ def copy_read_pages(K, V, Table, Ranges, KOut, VOut, ROWS: ConstInt, HEADS: Cons
             v = ct.load(V, index=(page, *at), shape=shape, padding_mode=ct.PaddingMode.ZERO)
             ct.store(KOut, index=(slot, *at), tile=k)
             ct.store(VOut, index=(slot, *at), tile=v)
+
+
+@ct.kernel
+def mixed_step_tables(Cu, Used, Ranges, Keys, Rows, tokens, key_stride, key_limit,
+                      CHUNK: ConstInt, APART: ConstBool):
+    """The index tables of a mixed paged step (sequence ``b``'s queries ``Cu[b]:Cu[b + 1]`` of
+    ``tokens`` packed rows over its first ``Used[b]`` keys), ``CHUNK`` sequences a CTA: the
+    forward's ``Ranges`` (int32 ``[4, B]``: query starts and ends, key starts ``b *
+    key_stride`` and ends, at most ``key_limit`` keys), and with ``APART`` (the sequences of
+    one query run as a decode step of every sequence) the forward's queries held to sequences
+    of more than one, the decode step's keys (``Keys``, int32 ``[B]``: none but for sequences
+    of one query) and the int64 ``Rows`` ``[2, B]``: each sequence's first query row (the
+    decode step's query, held below ``tokens``) and where its decode row lands (its row, or
+    the spare row ``tokens`` for the others)."""
+    seq = ct.bid(0) * CHUNK + ct.arange(CHUNK, dtype=ct.int32)
+    sequences = Used.shape[0]
+    mine = seq < sequences
+    starts = ct.astype(ct.gather(Cu, seq, mask=mine), ct.int32)
+    ends = ct.astype(ct.gather(Cu, seq + 1, mask=mine), ct.int32)
+    used = ct.gather(Used, seq, mask=mine)
+    counts = ends - starts
+    longer = ends
+    if APART:
+        longer = ct.where(counts > 1, ends, starts)
+    key_starts = seq * key_stride
+    ct.scatter(Ranges, (0, seq), starts, mask=mine)
+    ct.scatter(Ranges, (1, seq), longer, mask=mine)
+    ct.scatter(Ranges, (2, seq), key_starts, mask=mine)
+    ct.scatter(Ranges, (3, seq), key_starts + ct.minimum(used, key_limit), mask=mine)
+    if APART:
+        one = counts == 1
+        ct.scatter(Keys, seq, ct.where(one, used, 0), mask=mine)
+        ct.scatter(Rows, (0, seq), ct.astype(ct.minimum(starts, tokens - 1), ct.int64),
+                   mask=mine)
+        ct.scatter(Rows, (1, seq), ct.astype(ct.where(one, starts, tokens), ct.int64),
+                   mask=mine)

@@ -46,7 +46,7 @@ A decode step over pages is looked up by its batch, query count, page size and l
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 
@@ -63,6 +63,7 @@ from ..core._runtime import Runtime, runtime
 from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
                       UnsupportedProblemError)
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
+from ._mixed_tables import mixed_tables
 from ._page_copy import check_copied, copy_read_pages, copy_width
 from ._regroup import check_regroup, regroup_pages, regrouped, regrouped_page_size
 from ._ragged_fill import clear_uncovered_rows
@@ -239,41 +240,46 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     Where the family of a one-query paged step is another (the split-KV decode kernels), the
     sequences of one query run as such a step over every sequence's first query (two launches,
     their rows scattered into the output; the others read no key and their rows land in a
-    spare row), and the
-    forward's ragged kernel takes only the sequences of more (their packed queries,
-    :func:`ragged_forward`, the schedule of the packed bucket without pages): a decode token's
-    cache is split over CTAs there, where the forward walks it in one. Else the forward takes
-    every sequence. An FP8 cache's pages are gathered into q's dtype for the forward
+    spare row), and the forward's ragged kernel takes only the sequences of more (their packed
+    queries, :func:`ragged_forward`, the schedule of the packed bucket without pages): a decode
+    token's cache is split over CTAs there, where the forward walks it in one. Else the forward
+    takes every sequence. One small kernel writes both launches' index tables from the offsets
+    (:func:`mixed_tables`). An FP8 cache's pages are gathered into q's dtype for the forward
     (``varlen_attn`` takes no descale factors: its values as they are)."""
-    family, problem, resolution, longest, kv_dtype = _packed_call(
-        runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
-        causal, scale, window)
+    try:
+        key = hot.warm_key("packed-paged", (query, k_pages, v_pages, cu_seq_q, block_table,
+                                            seqused_k), max_q, max_k, causal, scale, window)
+        route = runtime.plan(key)
+    except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
+        key = route = None
+    if route is None:
+        route = _packed_route(runtime, query, k_pages, v_pages, cu_seq_q, block_table,
+                              seqused_k, max_q, max_k, causal, scale, window)
+        if key is not None:
+            runtime.keep_plan(key, route)
+    family, problem, schedule, longest, apart, forward, kv_dtype = route
     if regrouped(k_pages):  # the call over a copy in pages the kernels read
         k_pages, v_pages, block_table = regroup_pages(k_pages, v_pages, block_table, longest)
-    tokens, sequences = query.shape[0], block_table.shape[0]
-    step = dataclasses.replace(problem, batch=sequences, seqlen_q=1, seqlen_k=longest)
-    apart = reader(device_info(query.device.index).arch, step) is not family
-    starts, ends = cu_seq_q[:-1], cu_seq_q[1:]
-    # row `tokens`: where the one-query step's rows of other sequences land
-    make = torch.zeros if apart and max_q == 1 else torch.empty
+    tokens = query.shape[0]
+    # an FP8 cache: gathered and widened (unit factors)
+    factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32, device=query.device)
+                    for _ in range(2)) if kv_dtype and forward else ()
+    stride, limit = _key_layout(family, problem, schedule, k_pages, block_table, longest,
+                                factors, True)[1:] if forward else (0, longest)
+    tables = mixed_tables(cu_seq_q, seqused_k, tokens, stride, limit, apart)
+    # row `tokens`: where the one-query step's rows of other sequences land (without the
+    # forward, whose clear zeros them, rows of no sequence are zeros from the start)
+    make = torch.empty if forward else torch.zeros
     out = make((tokens + 1, *query.shape[1:]), dtype=query.dtype, device=query.device)
-    if max_q > 1 or not apart:
-        # an FP8 cache: gathered and widened (unit factors)
-        factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32,
-                                   device=query.device) for _ in range(2)) if kv_dtype else ()
-        longer = torch.where(ends - starts > 1, ends, starts) if apart else ends
-        ragged_forward(family, problem, resolution.schedule, query, k_pages, v_pages,
-                       block_table, seqused_k, longest, scale, None, factors,
-                       torch.stack((starts, longer)), max_q, out[:tokens])
-    if apart:
-        firsts = starts.clamp(max=max(tokens - 1, 0)).long()
-        # a sequence of more queries (or none) reads no key there: its row is dropped
-        single_keys = torch.where(ends - starts == 1, seqused_k, 0)
-        single = paged_forward(runtime, query.index_select(0, firsts).unsqueeze(2), k_pages,
-                               v_pages, block_table, single_keys, causal=causal, scale=scale,
-                               window=window, max_k=longest)
-        rows = torch.where(ends - starts == 1, starts, tokens).long()
-        out.index_copy_(0, rows, single[:, :, 0])
+    if forward:
+        ragged_forward(family, problem, schedule, query, k_pages, v_pages, block_table,
+                       seqused_k, longest, scale, None, factors, tables.ranges[:2], max_q,
+                       out[:tokens], ranges=tables.ranges)
+    if apart:  # the others read no key there, and their rows land in the spare one
+        single = paged_forward(runtime, query.index_select(0, tables.rows[0]).unsqueeze(2),
+                               k_pages, v_pages, block_table, tables.keys, causal=causal,
+                               scale=scale, window=window, max_k=longest)
+        out.index_copy_(0, tables.rows[1], single[:, :, 0])
     return out[:tokens]
 
 
@@ -311,6 +317,33 @@ def _packed_call(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_tabl
     family = choose_family(arch, problem, "sdpa_with_lse")
     resolution = runtime.resolution(family, family.paged_lookup(problem, problem), device)
     return family, problem, resolution, longest, kv_dtype
+
+
+class _PackedRoute(NamedTuple):
+    """What a packed paged call's signature decides (:func:`_packed_route`), kept per
+    signature (``core._plans.warm_key``) so a repeat runs no checks, problem or lookup:
+    ``apart``, its one-query sequences on the decode step; ``forward``, a forward launch;
+    ``kv_dtype``, an FP8 cache's element type (else ``""``)."""
+    family: Any
+    problem: Any
+    schedule: Any
+    longest: int
+    apart: bool
+    forward: bool
+    kv_dtype: str
+
+
+def _packed_route(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
+                  max_q: int, max_k: int, causal: Any, scale: Any, window: Any) -> _PackedRoute:
+    """Validate a packed call over pages and decide its launches (:class:`_PackedRoute`)."""
+    family, problem, resolution, longest, kv_dtype = _packed_call(
+        runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
+        causal, scale, window)
+    step = dataclasses.replace(problem, batch=block_table.shape[0], seqlen_q=1,
+                               seqlen_k=longest)
+    apart = reader(device_info(query.device.index).arch, step) is not family
+    return _PackedRoute(family, problem, resolution.schedule, longest, apart,
+                        max_q > 1 or not apart, kv_dtype)
 
 
 def packed_paged_attention(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
@@ -362,6 +395,20 @@ def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
     check_reach("q", q if q.dim() == 4 else packed_view(q), "torch", tile_d)
 
 
+def _key_layout(family: Any, problem: Any, schedule: Any, k_pages: Any, block_table: Any,
+                longest: int, factors: tuple, packed: bool) -> tuple[bool, int, int]:
+    """``(in place, key stride, key limit)`` of a long query run's keys: the pages themselves
+    where ``family``'s kernel reads them in place under ``schedule`` (an entry's keys from 0,
+    as many as its table's pages hold), else the copy (:func:`copy_read_pages`: an entry's
+    slots hold its first ``longest`` keys, whole pages; packed, entry ``b``'s from ``b`` times
+    that). Raises before any copy that would pass the kernels' int32 indexing."""
+    if not factors and family.reads_pages_with(problem, schedule):
+        return True, 0, block_table.shape[1] * k_pages.shape[1]
+    check_copied(k_pages, block_table, longest)
+    limit = copy_width(k_pages, block_table, longest) * k_pages.shape[1]
+    return False, limit if packed else 0, limit
+
+
 def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, queries: Any, key_stride: int,
             key_limit: int) -> torch.Tensor:
     """The int32 ``[4, B]`` ranges of a paged call: each entry's queries (``q``'s ``S_q`` rows
@@ -398,7 +445,7 @@ def _long_query_run(runtime: Runtime, family: Any, problem: Any, shape: Any, q, 
 def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages, block_table,
                    seqused_k, longest: int, scale: Any, logits: Any = None,
                    factors: tuple = (), queries: Any = None, longest_q: int | None = None,
-                   out: Any = None) -> torch.Tensor:
+                   out: Any = None, ranges: Any = None) -> torch.Tensor:
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
     pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
     else the pages of the keys each entry's queries read copied into slots of its own first
@@ -409,19 +456,16 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     ``queries`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
     ``queries[0, b]:queries[1, b]``, at most ``longest_q``, end to end), whose output (``out``,
     else new) has q's shape; rows outside the first sequence's start and the last one's end
-    are zeros."""
+    are zeros. ``ranges``: the int32 ``[4, B]`` ranges the launch takes (:func:`_key_layout`'s
+    keys), where the caller wrote them (else made here)."""
     packed = queries is not None
-    if not factors and family.reads_pages_with(problem, schedule):
-        k, v, launched, pages, stride = k_pages, v_pages, problem, block_table, 0
-        limit = block_table.shape[1] * k_pages.shape[1]
+    in_place, stride, limit = _key_layout(family, problem, schedule, k_pages, block_table,
+                                          longest, factors, packed)
+    if ranges is None:
         ranges = _ranges(q, seqused_k, queries, stride, limit)
+    if in_place:
+        k, v, launched, pages = k_pages, v_pages, problem, block_table
     else:
-        check_copied(k_pages, block_table, longest)
-        # an entry's slots hold its first `longest` keys (whole pages); only the pages of
-        # the keys `ranges` reads are copied
-        limit = copy_width(k_pages, block_table, longest) * k_pages.shape[1]
-        stride = limit if packed else 0
-        ranges = _ranges(q, seqused_k, queries, stride, limit)
         k, v = copy_read_pages(k_pages, v_pages, block_table, ranges, longest, packed)
         if factors:
             k, v = (dequantised(x, f, q.dtype) for x, f in zip((k, v), factors))

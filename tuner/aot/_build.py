@@ -132,8 +132,8 @@ def images_of(job: Job) -> list[dict]:
     """Compile ``job`` (the lookup's schedule for it) and return its images (JSON-ready dicts
     with the cubin bytes). Runs in a worker process."""
     from tiledattention import get_family
-    from tiledattention.tooling import (capturing, compile_page_copy, compile_ragged_clear,
-                                        kernel_name,
+    from tiledattention.tooling import (capturing, compile_mixed_tables, compile_page_copy,
+                                        compile_ragged_clear, kernel_name,
                                         kernel_symbol, module_identity, param_specs,
                                         without_ptx_text)
 
@@ -152,6 +152,9 @@ def images_of(job: Job) -> list[dict]:
             paged = dataclasses.replace(problem, page_size=SMALL_PAGE)
             if family.reads_pages and not family.reads_pages_with(paged, schedule):
                 compile_page_copy(paged, job.arch)
+            if family.reads_pages:  # a mixed step's index tables (int32 or int64 offsets)
+                for offsets in ("int32", "int64"):
+                    compile_mixed_tables(problem.batch, job.arch, offsets)
     images = []
     for kernel, args, _, cubin in builds:
         # the family's template, and a helper kernel's own module (the work table, the clear)
