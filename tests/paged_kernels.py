@@ -7,20 +7,25 @@ from __future__ import annotations
 import torch
 
 
-def read_pages_copy(k_pages, v_pages, block_table, ranges, keys, packed=False,
-                    fill=float("nan")):
-    """``copy_read_pages``' two views, the slots it leaves unwritten holding ``fill``."""
+def read_pages_copy(k_pages, v_pages, block_table, ranges, keys, packed=False, factors=(),
+                    dtype=None, fill=float("nan")):
+    """``copy_read_pages``' two views, the slots it leaves unwritten holding ``fill``; with
+    ``factors`` (float32 ``[B or 1, H_kv]``) the pages widened into ``dtype`` by them."""
     sequences, page = block_table.shape[0], k_pages.shape[1]
     width = min(block_table.shape[1], -(-keys // page))
     outs = []
-    for pool in (k_pages, v_pages):
+    for i, pool in enumerate((k_pages, v_pages)):
         out = torch.full((sequences * width, *pool.shape[1:]), fill, dtype=torch.float32,
-                         device=pool.device).to(pool.dtype)
+                         device=pool.device)
         for b in range(sequences):
             asked = int(ranges[1, b]) > int(ranges[0, b])
             pages = min(-(-int(ranges[3, b] - ranges[2, b]) // page), width) if asked else 0
             ids = block_table[b, :pages].long().clamp(0, pool.shape[0] - 1)
-            out[b * width:b * width + pages] = pool[ids]
+            got = pool[ids].float()
+            if factors:
+                got = got * factors[i][min(b, factors[i].shape[0] - 1)][None, None, :, None]
+            out[b * width:b * width + pages] = got
+        out = out.to(dtype if factors else pool.dtype)
         outs.append(out.view(1 if packed else sequences, -1, *pool.shape[2:]).transpose(1, 2))
     return tuple(outs)
 
@@ -39,5 +44,5 @@ def mixed_tables_reference(cu_seq_q, seqused_k, tokens, key_stride, key_limit, a
     if not apart:
         return MixedTables(ranges, None, None)
     keys = torch.where(counts == 1, seqused_k, 0).int()
-    rows = torch.stack((starts.clamp(max=tokens - 1), torch.where(counts == 1, starts, tokens)))
+    rows = torch.stack((starts.clamp(max=max(tokens - 1, 0)), torch.where(counts == 1, starts, tokens)))
     return MixedTables(ranges, keys, rows.long())

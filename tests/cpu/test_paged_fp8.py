@@ -15,9 +15,8 @@ import tiledattention as ta
 from tiledattention import (DECODE, InputTypeError, InputValueError, Problem,
                             UnsupportedProblemError)
 from tiledattention.core._family import check_arch_dtype
-from tiledattention.entry_points._paged import dequantised, paged_problem, reader
+from tiledattention.entry_points._paged import paged_problem, reader
 
-from ..paged_kernels import read_pages_copy
 
 E4M3 = torch.float8_e4m3fn
 FP8_ARCHES = ("sm_90", "sm_100", "sm_120", "sm_121")
@@ -67,18 +66,6 @@ def test_a_paged_fp8_cache_needs_hopper_or_later(arch):
     with pytest.raises(UnsupportedProblemError, match="FP8 attention needs sm_90 or later"):
         check_arch_dtype(arch, _step())
     check_arch_dtype(arch, _step(kv_dtype=""))  # a 16-bit cache runs anywhere
-
-
-def test_a_long_run_dequantises_the_gathered_pages_by_entry_and_head():
-    q, k, v, table, lengths = _call(batch=3, hkv=2, pages=6)
-    factor = torch.tensor([[0.5, 2.0], [1.0, 4.0], [0.25, 8.0]])
-    ranges = torch.tensor([[0] * 3, [1] * 3, [0] * 3, [32] * 3])
-    gathered, _ = read_pages_copy(k, v, table, ranges, 32)  # [B, H_kv, 32, D] e4m3
-    got = dequantised(gathered, factor, torch.bfloat16)
-    want = (gathered.float() * factor[:, :, None, None]).to(torch.bfloat16)
-    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
-    # head 1 of entry 2 carries its own factor (8), not head 0's
-    assert torch.equal(got[2, 1], (gathered[2, 1].float() * 8.0).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("change, error, message", [

@@ -137,8 +137,9 @@ def test_the_page_copy_copies_the_read_pages_exactly(page_size, hkv, d, dtype, p
     """The copy a long query run reads (``_page_copy.copy_read_pages``) against its torch
     reference, slot by slot: random lengths (odd, past the table, zero), sequences without
     queries, -1 and out-of-pool table slots past the keys, a pool that is a strided view
-    (K and V interleaved in one tensor), FP8 and head dims and head counts padded in the
-    tiles."""
+    (K and V interleaved in one tensor), head dims and head counts padded in the tiles; an FP8
+    pool copied as it is and widened into bf16 by factors of each entry (or one row) and
+    head."""
     from tiledattention.entry_points._page_copy import copy_read_pages
 
     from ..paged_kernels import read_pages_copy
@@ -160,16 +161,24 @@ def test_the_page_copy_copies_the_read_pages_exactly(page_size, hkv, d, dtype, p
     ranges = torch.stack((starts, starts + counts, torch.arange(sequences, device="cuda")
                           * stride, torch.arange(sequences, device="cuda") * stride
                           + keys.clamp(max=width * page_size))).to(torch.int32)
-    got = copy_read_pages(k_pages, v_pages, table, ranges, longest, packed)
-    torch.cuda.synchronize()
-    want = read_pages_copy(k_pages, v_pages, table, ranges, longest, packed)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == dtype
-        g, w = (x.transpose(1, 2).reshape(sequences, width, page_size, hkv, d).float()
-                for x in (g, w))
-        read = ~w.isnan().flatten(2).all(2)  # [B, width]: the slots the copy writes
-        assert read.any() and (~read).any()
-        assert torch.equal(g[read], w[read])
+    widen = [()]
+    if dtype == torch.float8_e4m3fn:  # widened into bf16 by factors of each entry and head
+        widen.append(tuple(torch.rand(1 if packed else sequences, hkv, generator=gen,
+                                      device="cuda") * 4 + 0.25 for _ in range(2)))
+    for factors in widen:
+        out_dtype = torch.bfloat16 if factors else dtype
+        got = copy_read_pages(k_pages, v_pages, table, ranges, longest, packed, factors,
+                              out_dtype)
+        torch.cuda.synchronize()
+        want = read_pages_copy(k_pages, v_pages, table, ranges, longest, packed, factors,
+                               out_dtype)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == out_dtype
+            g, w = (x.transpose(1, 2).reshape(sequences, width, page_size, hkv, d).float()
+                    for x in (g, w))
+            read = ~w.isnan().flatten(2).all(2)  # [B, width]: the slots the copy writes
+            assert read.any() and (~read).any()
+            assert torch.equal(g[read], w[read])
 
 
 @pytest.mark.parametrize("sequences", [1, 37, 300])

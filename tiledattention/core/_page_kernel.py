@@ -11,16 +11,18 @@ ConstBool = ct.Constant[bool]
 
 
 @ct.kernel
-def copy_read_pages(K, V, Table, Ranges, KOut, VOut, ROWS: ConstInt, HEADS: ConstInt,
-                    TILE_D: ConstInt):
+def copy_read_pages(K, V, Table, Ranges, KOut, VOut, KFactor, VFactor, ROWS: ConstInt,
+                    HEADS: ConstInt, TILE_D: ConstInt, WIDEN: ConstBool):
     """CTA ``(b, g)`` of a ``[B, G]`` grid copies every ``G``-th page from ``g`` on of
     sequence ``b``'s first ``ceil(keys / page_size)`` pages (``keys``: ``Ranges[3, b] -
     Ranges[2, b]``, none where ``Ranges[0, b] == Ranges[1, b]``), page ``p`` named by
     ``Table[b, p]`` (clamped into the pool), from the pools ``K`` and ``V`` (``[pages,
     page_size, H_kv, D]``) into slot ``b * width + p`` of ``KOut`` and ``VOut`` (``[B * width,
     page_size, H_kv, D]``), in tiles of ``ROWS`` keys x ``HEADS`` heads x ``TILE_D`` columns
-    (zero-filled, clipped, past the pool's heads and columns). Slots of pages not read are
-    left as they were."""
+    (zero-filled, clipped, past the pool's heads and columns). ``WIDEN`` (an FP8 pool): each
+    value times its float32 descale factor (``KFactor`` / ``VFactor`` ``[B or 1, H_kv]``: by
+    sequence and K/V head), stored in the outputs' dtype. Slots of pages not read are left as
+    they were."""
     seq = ct.bid(0)
     sequences = Ranges.shape[1]
     width = KOut.shape[0] // sequences
@@ -41,6 +43,13 @@ def copy_read_pages(K, V, Table, Ranges, KOut, VOut, ROWS: ConstInt, HEADS: Cons
             at = (t // head_tiles, t % head_tiles, 0)
             k = ct.load(K, index=(page, *at), shape=shape, padding_mode=ct.PaddingMode.ZERO)
             v = ct.load(V, index=(page, *at), shape=shape, padding_mode=ct.PaddingMode.ZERO)
+            if WIDEN:
+                heads = at[1] * HEADS + ct.arange(HEADS, dtype=ct.int32)
+                entry = min(seq, KFactor.shape[0] - 1)
+                kf = ct.gather(KFactor, (entry, heads)).reshape((1, 1, HEADS, 1))
+                vf = ct.gather(VFactor, (entry, heads)).reshape((1, 1, HEADS, 1))
+                k = ct.astype(ct.astype(k, ct.float32) * kf, KOut.dtype)
+                v = ct.astype(ct.astype(v, ct.float32) * vf, VOut.dtype)
             ct.store(KOut, index=(slot, *at), tile=k)
             ct.store(VOut, index=(slot, *at), tile=v)
 
@@ -75,7 +84,7 @@ def mixed_step_tables(Cu, Used, Ranges, Keys, Rows, tokens, key_stride, key_limi
     if APART:
         one = counts == 1
         ct.scatter(Keys, seq, ct.where(one, used, 0), mask=mine)
-        ct.scatter(Rows, (0, seq), ct.astype(ct.minimum(starts, tokens - 1), ct.int64),
+        ct.scatter(Rows, (0, seq), ct.astype(ct.minimum(starts, max(tokens - 1, 0)), ct.int64),
                    mask=mine)
         ct.scatter(Rows, (1, seq), ct.astype(ct.where(one, starts, tokens), ct.int64),
                    mask=mine)

@@ -1,5 +1,6 @@
 """The copy of a paged cache that a long query run reads where its kernel cannot read the pages
-in place (pages smaller than its key tile, or an FP8 cache it dequantises first).
+in place (pages smaller than its key tile, or an FP8 cache, widened into the queries' dtype as
+it is copied).
 
 Each sequence ``b`` gets ``width`` slots of its own (``width``: the pages of the longest cache
 the call names), its pages copied into them in block-table order, so the forward reads its keys
@@ -54,44 +55,50 @@ def copy_tile(page_size: int, heads: int, head_dim: int) -> tuple[int, int, int]
 
 
 def copy_read_pages(k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
-                    ranges: torch.Tensor, keys: int,
-                    packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    ranges: torch.Tensor, keys: int, packed: bool = False, factors: tuple = (),
+                    dtype: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The copies of ``k_pages`` and ``v_pages`` (``[pages, page_size, H_kv, D]``) a ragged
     forward with ``ranges`` (int32 ``[4, B]``: query starts and ends, key starts and ends)
     reads, as ``[B, H_kv, width * page_size, D]`` views (``packed``: one ``[1, H_kv, B * width
     * page_size, D]`` view), ``width`` = :func:`copy_width` of ``keys``: sequence ``b``'s pages
     ``block_table[b, p]`` for ``p < ceil((ranges[3, b] - ranges[2, b]) / page_size)`` where
-    ``ranges[1, b] > ranges[0, b]``; the other slots unwritten. Enqueued on the current
-    stream."""
+    ``ranges[1, b] > ranges[0, b]``; the other slots unwritten. An FP8 pool's ``factors``
+    (its float32 K and V descales, ``[B or 1, H_kv]``) widen it into ``dtype`` as it is
+    copied. Enqueued on the current stream."""
     from ..core._page_kernel import copy_read_pages as kernel  # with cuda.tile, on first use
 
     sequences = block_table.shape[0]
     width = copy_width(k_pages, block_table, keys)
-    outs = tuple(torch.empty((sequences * width, *pool.shape[1:]), dtype=pool.dtype,
-                             device=pool.device) for pool in (k_pages, v_pages))
+    outs = tuple(torch.empty((sequences * width, *pool.shape[1:]),
+                             dtype=dtype if factors else pool.dtype, device=pool.device)
+                 for pool in (k_pages, v_pages))
     if outs[0].numel():
         sms = device_info(k_pages.device.index).sm_count
         grid = (sequences, min(width, max(1, -(-CTAS_PER_SM * sms // sequences))))
+        # without factors the kernel reads none: the ranges stand in
         _aot.launch(torch.cuda.current_stream(k_pages.device), grid, kernel,
                     (k_pages, v_pages, block_table, ranges, *outs,
-                     *copy_tile(*k_pages.shape[1:])))
+                     *(factors or (ranges, ranges)), *copy_tile(*k_pages.shape[1:]),
+                     bool(factors)))
     entries = 1 if packed else sequences
     return tuple(out.view(entries, -1, *out.shape[2:]).transpose(1, 2) for out in outs)
 
 
 def compile_page_copy(problem: Any, arch: str, pages: int = 64) -> None:
-    """Compile (only) the copy a long query run of paged ``problem`` (``page_size``,
-    ``kv_dtype``) launches on ``arch`` for a pool of contiguous pages (``tiledtune aot``
-    keeps it, under ``capturing``)."""
+    """Compile (only) the copy a long query run of paged ``problem`` (``page_size``; with
+    ``kv_dtype`` an FP8 pool widened into ``dtype`` by ``[B, H_kv]`` factors) launches on
+    ``arch`` for a pool of contiguous pages (``tiledtune aot`` keeps it, under
+    ``capturing``)."""
     from ..core._compile import array_constraint, export_cubin
     from ..core._page_kernel import copy_read_pages as kernel
 
     p = problem
-    dtype = p.kv_dtype or p.dtype
     width = max(1, -(-p.seqlen_k // p.page_size))
-    pool = array_constraint(dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
-    out = array_constraint(dtype, (p.batch * width, p.page_size, p.heads_kv, p.head_dim))
-    export_cubin(kernel, (pool, pool, array_constraint("int32", (p.batch, width)),
-                          array_constraint("int32", (4, p.batch)), out, out,
-                          *copy_tile(p.page_size, p.heads_kv, p.head_dim)),
+    pool = array_constraint(p.kv_dtype or p.dtype, (pages, p.page_size, p.heads_kv, p.head_dim))
+    out = array_constraint(p.dtype, (p.batch * width, p.page_size, p.heads_kv, p.head_dim))
+    ranges = array_constraint("int32", (4, p.batch))
+    factor = array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype else ranges
+    export_cubin(kernel, (pool, pool, array_constraint("int32", (p.batch, width)), ranges, out,
+                          out, factor, factor, *copy_tile(p.page_size, p.heads_kv, p.head_dim),
+                          bool(p.kv_dtype)),
                  arch, "copy_read_pages")

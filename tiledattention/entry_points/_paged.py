@@ -29,7 +29,7 @@ tables.
 An FP8 cache (float8_e4m3fn pools under bf16 / fp16 queries, with ``k_descale`` and
 ``v_descale``, FlashAttention-3's convention: float32 ``[B, H_kv]`` or broadcasting to it) runs
 decode steps on the same kernels, which widen each key and value tile (``Problem.kv_dtype``);
-a long query run over it gathers the entries' pages and dequantises them into q's dtype first.
+a long query run over it copies the entries' pages, dequantised into q's dtype, first.
 
 A decode step without sinks or an FP8 cache that repeats an earlier call's signature
 (``core._plans.warm_key``: the arrays' shapes, strides, dtypes, devices and ``requires_grad``,
@@ -449,8 +449,8 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
     pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
     else the pages of the keys each entry's queries read copied into slots of its own first
-    (:func:`copy_read_pages`: an entry with no queries copies none; an FP8 cache's dequantised into q's dtype by ``factors``, its float32 ``[B,
-    H_kv]`` K and V descales). Either way ``problem``'s mask holds: each entry's queries are
+    (:func:`copy_read_pages`: an entry with no queries copies none; an FP8 cache's widened into
+    q's dtype by ``factors``, its float32 ``[B or 1, H_kv]`` K and V descales). Either way ``problem``'s mask holds: each entry's queries are
     the last of its keys, its causal mask and window aligned bottom-right. ``logits``: the
     float32 ``[H_q]`` sink logits when ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with
     ``queries`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
@@ -466,9 +466,8 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     if in_place:
         k, v, launched, pages = k_pages, v_pages, problem, block_table
     else:
-        k, v = copy_read_pages(k_pages, v_pages, block_table, ranges, longest, packed)
-        if factors:
-            k, v = (dequantised(x, f, q.dtype) for x, f in zip((k, v), factors))
+        k, v = copy_read_pages(k_pages, v_pages, block_table, ranges, longest, packed,
+                               factors, q.dtype)
         # the same problem over contiguous caches
         launched, pages = dataclasses.replace(without_pages(problem), kv_dtype=""), None
     if out is None:
@@ -481,15 +480,6 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
                             q.device.index, sinks=logits, ragged=layout)
     if packed:
         clear_uncovered_rows(stream, out_view, ranges, 0)  # tokens of no sequence: zeros
-    return out
-
-
-def dequantised(x: torch.Tensor, factor: torch.Tensor, dtype: Any) -> torch.Tensor:
-    """``x [B, H_kv, S, D]`` (FP8) times its float32 ``[B, H_kv]`` descale factors, in
-    ``dtype``: one head at a time, so the float32 product never holds more than a head."""
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    for h in range(x.shape[1]):
-        torch.mul(x[:, h].float(), factor[:, h, None, None], out=out[:, h])
     return out
 
 
