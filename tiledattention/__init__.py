@@ -299,7 +299,8 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     with ``k_descale`` and ``v_descale``, the float32 factors that turn the stored values into
     the real ones (``[B, H_kv]``, or broadcasting to it: ``[]``, ``[B, 1]``, ``[1, H_kv]``;
     ``None`` is 1); the output in q's dtype. Decode steps read the pages in place and widen
-    each tile; a long query run (chunked prefill) gathers and dequantises its entries' pages.
+    each tile; a long query run (chunked prefill) copies the pages its entries read,
+    dequantised.
     """
     from .entry_points import _paged
 
