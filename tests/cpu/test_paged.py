@@ -399,10 +399,10 @@ def test_varlen_attn_over_pages_packs_query_counts_of_their_own(tokens, max_q, r
     """One query count (tokens = sequences x max_q) runs as paged_attention's [N, H, max_q, D]
     batch; else the packed queries go to the packed route with the offsets, the alignment,
     the window and the longest counts."""
-    from tiledattention.entry_points import _paged
+    from tiledattention.entry_points import _paged, _paged_mixed
 
     seen = {}
-    monkeypatch.setattr(_paged, "packed_paged_attention",
+    monkeypatch.setattr(_paged_mixed, "packed_paged_attention",
                         lambda *a, **k: seen.update(packed=(a, k)) or a[0])
     monkeypatch.setattr(_paged, "paged_attention",
                         lambda q, *a, **k: seen.update(paged=(q, a, k)) or q)
@@ -488,7 +488,8 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
     sequence's index) the sequences of more than one query, the one-query step (200 + the
     sequence, exact in bf16; the others' keys held to none there) the rest, scattered to their rows after the forward cleared
     the rows outside its first start and last end; rows of no sequence zeros."""
-    from tiledattention.entry_points import _paged as route
+    from tiledattention.entry_points import _paged
+    from tiledattention.entry_points import _paged_mixed as route
 
     calls = []
 
@@ -526,7 +527,7 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
     monkeypatch.setattr(route, "device_info", lambda index: type("I", (), {"arch": "sm_90"}))
     monkeypatch.setattr(route, "paged_forward", single)
     monkeypatch.setattr(route, "mixed_tables", mixed_tables_reference)
-    monkeypatch.setattr(route, "clear_uncovered_rows", clear)
+    monkeypatch.setattr(_paged, "clear_uncovered_rows", clear)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     out = route.packed_paged_forward(None, query, pool, pool,
                                      torch.tensor(cu, dtype=torch.int32), table,
@@ -548,7 +549,8 @@ def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
     its warm key); another ``max_q``, or another table shape, is judged again; a call the
     checks refuse keeps nothing."""
     from tiledattention.core import _runtime
-    from tiledattention.entry_points import _paged as route
+    from tiledattention.entry_points import _paged
+    from tiledattention.entry_points import _paged_mixed as route
 
     judged, launched = [], []
     real = route._packed_call
@@ -565,14 +567,14 @@ def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
 
     forward = Forward(in_place=True)
     monkeypatch.setattr(route, "_packed_call", counting)
-    monkeypatch.setattr(route, "_check_device", lambda q: None)
+    monkeypatch.setattr(route, "check_device", lambda q: None)
     for module in (route, _runtime):
         monkeypatch.setattr(module, "device_info",
                             lambda index: type("I", (), {"arch": "sm_90"}))
     monkeypatch.setattr(route, "choose_family", lambda *a: forward)
     monkeypatch.setattr(route, "reader", lambda arch, shape: forward)
     monkeypatch.setattr(route, "mixed_tables", mixed_tables_reference)
-    monkeypatch.setattr(route, "clear_uncovered_rows", lambda *a: None)
+    monkeypatch.setattr(_paged, "clear_uncovered_rows", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     forward.paged_lookup = lambda bucket, shape: bucket
     runtime = _runtime.Runtime(lambda family, problem, info: type(
@@ -652,20 +654,20 @@ def test_the_queries_reach_is_checked_whatever_the_bucket():
     """A bucket may count fewer sequences than the call (``ragged_problem`` keeps it inside the
     index range), so the paged routes check q's own reach: 300000 packed queries of 64 heads
     (2.5e9 elements) or the same as a [B, H, S, D] batch are refused, a tenth of them not."""
-    from tiledattention.entry_points._paged import _check_call
+    from tiledattention.entry_points._paged import check_call
 
     pool = torch.empty(4, 16, 8, 128, device="meta")
     for q in (torch.empty(300000, 64, 128, device="meta"),
               torch.empty(100, 64, 3000, 128, device="meta")):
         with pytest.raises(UnsupportedProblemError, match="q must lie within"):
-            _check_call(None, q, pool, pool)
-    _check_call(None, torch.empty(30000, 64, 128, device="meta"), pool, pool)
+            check_call(None, q, pool, pool)
+    check_call(None, torch.empty(30000, 64, 128, device="meta"), pool, pool)
 
 
 def test_the_packed_paged_op_gives_the_query_shape_under_fake_tensors():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tiledattention.entry_points import _paged
+    from tiledattention.entry_points import _paged_mixed
 
     with FakeTensorMode():
         q = torch.empty(45, 8, 64, dtype=torch.bfloat16)
@@ -676,7 +678,7 @@ def test_the_packed_paged_op_gives_the_query_shape_under_fake_tensors():
         out = torch.ops.tiledattention.paged_varlen(q, k, k, cu, table, used, 30, 80, True,
                                                     None, -1, -1)
         assert out.shape == q.shape and out.dtype == q.dtype
-    assert _paged.PACKED_OP_NAME == "tiledattention::paged_varlen"
+    assert _paged_mixed.PACKED_OP_NAME == "tiledattention::paged_varlen"
 
 
 def test_explain_names_a_paged_calls_family_or_its_gather(capsys):
@@ -759,6 +761,7 @@ def test_a_call_over_small_pages_runs_over_the_copy_after_its_checks(monkeypatch
     check (a bad scale or an unfit copy: none made) and the kernels are handed the copy's
     pools and table."""
     from tiledattention.entry_points import _paged as route
+    from tiledattention.entry_points import _paged_mixed
 
     copies = []
 
@@ -769,10 +772,11 @@ def test_a_call_over_small_pages_runs_over_the_copy_after_its_checks(monkeypatch
         copies.append((k.shape, table.shape, longest))
         raise Copied
 
-    monkeypatch.setattr(route, "regroup_pages", regroup)
-    monkeypatch.setattr(route, "_check_device", lambda q: None)
     fake = DeviceInfo(index=0, arch="sm_90", name="fake", sm_count=132)
-    monkeypatch.setattr(route, "device_info", lambda index: fake)
+    for module in (route, _paged_mixed):  # paged_attention's route and the mixed step's
+        monkeypatch.setattr(module, "regroup_pages", regroup)
+        monkeypatch.setattr(module, "check_device", lambda q: None)
+        monkeypatch.setattr(module, "device_info", lambda index: fake)
     monkeypatch.setattr("tiledattention.core._runtime.device_info", lambda index: fake)
     q, k, v, table, used = _args(b=3, hq=4, hkv=2, d=64, pages=40, page=8, width=12)
     problem, longest = route.paged_problem(q, k, table, True, None, None, None, 90)

@@ -558,7 +558,7 @@ def test_a_repeated_paged_call_runs_its_kept_plan_on_new_lengths_and_pages(monke
     def refuse(*args, **kwargs):
         raise AssertionError("a warm call validated its arguments")
 
-    monkeypatch.setattr(_paged, "_check", refuse)
+    monkeypatch.setattr(_paged, "check_paged", refuse)
     out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused)
     want = reference(q, caches)
     for b in range(4):

@@ -7,10 +7,7 @@ is usually partly filled). Entry ``b``'s queries are the last ``S_q`` positions 
 masks and windows align bottom-right.
 
 ``varlen_attn`` over a paged cache whose sequences have query counts of their own (a serving
-engine's mixed step: prefill chunks beside decode tokens, ``cu_seq_q``) runs its one-query
-sequences as a decode step and the packed queries of the others on the forward family's ragged
-kernel, the pages in place where one holds a whole key tile, else gathered into one packed
-copy first (:func:`packed_paged_forward`).
+engine's mixed step) runs in ``_paged_mixed`` on this module's routes.
 
 Decode steps (few query rows: the decode family's dispatch rule) run on the split-KV decode
 kernels, which read the pages in place (``PAGED``): each key tile looks its pages up in the
@@ -46,37 +43,33 @@ A decode step over pages is looked up by its batch, query count, page size and l
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import torch
 
 from ..core import _plans as hot
 from ..core._device import device_info
 from ..core._dtypes import dtype_of
-from ..core._dispatch import choose_family
 from ..core._family import check_arch_dtype, serving
 from ..core._problem import (BOTTOM_RIGHT, SUPPORTED_HEAD_DIMS, TOP_LEFT,
                              causal_flags, check_attention_tensors, check_reach, default_scale,
                              padded_head_dim, sink_logits, variant_args)
 from ..core._ragged import RaggedLayout, packed_view, ragged_problem, without_pages
 from ..core._runtime import Runtime, runtime
-from ..errors import (InputTypeError, InputValueError, UnsupportedOperationError,
-                      UnsupportedProblemError)
+from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
-from ._mixed_tables import mixed_tables
 from ._page_copy import check_copied, copy_read_pages, copy_width
 from ._regroup import check_regroup, regroup_pages, regrouped, regrouped_page_size
 from ._ragged_fill import clear_uncovered_rows
 
-__all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged",
-           "reader", "packed_paged_attention", "packed_paged_forward", "explain_packed_paged",
-           "OP_NAME", "PACKED_OP_NAME"]
+__all__ = ["paged_attention", "paged_forward", "paged_problem", "explain_paged", "reader",
+           "ragged_forward", "key_layout", "check_paged", "check_call", "check_device",
+           "OP_NAME"]
 
 OP_NAME = "tiledattention::paged_attention"
-PACKED_OP_NAME = "tiledattention::paged_varlen"
 
 
-def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
+def check_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
            descales: tuple = (None, None), *, packed: bool = False,
            names: tuple[str, str, str] = ("q", "k_pages", "v_pages")) -> str:
     """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
@@ -124,7 +117,7 @@ def _check(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
     return kv_dtype
 
 
-def _check_device(q: Any) -> None:
+def check_device(q: Any) -> None:
     """The device check, after every other check of a call (:func:`_check`, the scale, the
     problem, the sinks), so a wrong argument is named even on CPU tensors. The other arrays
     are on q's device (:func:`_check`)."""
@@ -186,8 +179,8 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                            ranges=seqused_k, pages=block_table)
             if out is not None:
                 return out  # else the plan's own checks failed: validation says why
-    kv_dtype = _check(q, k_pages, v_pages, block_table, seqused_k, (k_descale, v_descale))
-    _check_call(scale, q, k_pages, v_pages)
+    kv_dtype = check_paged(q, k_pages, v_pages, block_table, seqused_k, (k_descale, v_descale))
+    check_call(scale, q, k_pages, v_pages)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k, kv_dtype)
     logits = None if sinks is None else sink_logits(sinks, problem.heads_q, q, "torch")
@@ -199,7 +192,7 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     small = regrouped(k_pages)
     if small:
         check_regroup(k_pages, block_table, longest)
-    _check_device(q)
+    check_device(q)
     if small:  # the call over a copy in pages the kernels read
         k_pages, v_pages, block_table = regroup_pages(k_pages, v_pages, block_table, longest)
         key = None  # its plan reads the copy's pools, not these
@@ -227,154 +220,6 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     return out
 
 
-def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table,
-                         seqused_k, max_q: int, max_k: int, *, causal: Any = True,
-                         scale: Optional[float] = None, window: Any = None) -> torch.Tensor:
-    """``varlen_attn(..., block_table=, seqused_k=)`` whose sequences have query counts of
-    their own (a serving engine's mixed step: chunks of prefills beside decode tokens):
-    ``query [T, H_q, D]`` packed, sequence ``b``'s rows ``cu_seq_q[b]:cu_seq_q[b + 1]`` (at
-    most ``max_q``) the last positions of its ``seqused_k[b]`` keys (at most ``max_k``), which
-    lie in the pages ``block_table[b]`` names. The output ``[T, H_q, D]``; rows of no sequence
-    zeros. Nothing is read on the host.
-
-    Where the family of a one-query paged step is another (the split-KV decode kernels), the
-    sequences of one query run as such a step over every sequence's first query (two launches,
-    their rows scattered into the output; the others read no key and their rows land in a
-    spare row), and the forward's ragged kernel takes only the sequences of more (their packed
-    queries, :func:`ragged_forward`, the schedule of the packed bucket without pages): a decode
-    token's cache is split over CTAs there, where the forward walks it in one. Else the forward
-    takes every sequence. One small kernel writes both launches' index tables from the offsets
-    (:func:`mixed_tables`). An FP8 cache's pages are gathered into q's dtype for the forward
-    (``varlen_attn`` takes no descale factors: its values as they are)."""
-    try:
-        key = hot.warm_key("packed-paged", (query, k_pages, v_pages, cu_seq_q, block_table,
-                                            seqused_k), max_q, max_k, causal, scale, window)
-        route = runtime.plan(key)
-    except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
-        key = route = None
-    if route is None:
-        route = _packed_route(runtime, query, k_pages, v_pages, cu_seq_q, block_table,
-                              seqused_k, max_q, max_k, causal, scale, window)
-        if key is not None:
-            runtime.keep_plan(key, route)
-    family, problem, schedule, longest, apart, forward, kv_dtype = route
-    if regrouped(k_pages):  # the call over a copy in pages the kernels read
-        k_pages, v_pages, block_table = regroup_pages(k_pages, v_pages, block_table, longest)
-    tokens = query.shape[0]
-    # an FP8 cache: gathered and widened (unit factors)
-    factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32, device=query.device)
-                    for _ in range(2)) if kv_dtype and forward else ()
-    stride, limit = _key_layout(family, problem, schedule, k_pages, block_table, longest,
-                                factors, True)[1:] if forward else (0, longest)
-    tables = mixed_tables(cu_seq_q, seqused_k, tokens, stride, limit, apart)
-    # row `tokens`: where the one-query step's rows of other sequences land (without the
-    # forward, whose clear zeros them, rows of no sequence are zeros from the start)
-    make = torch.empty if forward else torch.zeros
-    out = make((tokens + 1, *query.shape[1:]), dtype=query.dtype, device=query.device)
-    if forward:
-        ragged_forward(family, problem, schedule, query, k_pages, v_pages, block_table,
-                       seqused_k, longest, scale, None, factors, tables.ranges[:2], max_q,
-                       out[:tokens], ranges=tables.ranges)
-    if apart:  # the others read no key there, and their rows land in the spare one
-        single = paged_forward(runtime, query.index_select(0, tables.rows[0]).unsqueeze(2),
-                               k_pages, v_pages, block_table, tables.keys, causal=causal,
-                               scale=scale, window=window, max_k=longest)
-        out.index_copy_(0, tables.rows[1], single[:, :, 0])
-    return out[:tokens]
-
-
-def explain_packed_paged(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table,
-                         seqused_k, max_q: int, max_k: int, *, causal: Any = True,
-                         window: Any = None):
-    """The :class:`Resolution` :func:`packed_paged_forward` runs its sequences of more than
-    one query with: the packed bucket's without pages, on the forward's kernel (reading the
-    pages in place or gathered). (Its one-query sequences run as a decode step of every
-    sequence: ``explain_paged`` of a ``[N, H_q, 1, D]`` query says how.)"""
-    return _packed_call(runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
-                        max_q, max_k, causal, None, window)[2]
-
-
-def _packed_call(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
-                 max_q: int, max_k: int, causal: Any, scale: Any, window: Any) -> tuple:
-    """Validate a packed call over pages (:func:`packed_paged_forward`); ``(family, problem,
-    resolution, longest cache, the cache's element type)``."""
-    kv_dtype = _check(query, k_pages, v_pages, block_table, seqused_k, packed=True,
-                      names=("query", "key", "value"))
-    _check_offsets(cu_seq_q, block_table.shape[0], query)
-    _check_call(scale, query, k_pages, v_pages)
-    if causal == TOP_LEFT:
-        raise InputValueError("varlen_attn over a paged cache takes each sequence's queries as "
-                              "the last positions of its keys: is_causal=True aligns them "
-                              "bottom-right; got is_causal='top_left'")
-    problem, longest = paged_problem(query, k_pages, block_table, causal, window, None, None,
-                                     max_k, longest_q=max_q)
-    if regrouped(k_pages):
-        check_regroup(k_pages, block_table, longest)
-    _check_device(query)
-    device = query.device.index
-    arch = device_info(device).arch
-    check_arch_dtype(arch, problem)
-    family = choose_family(arch, problem, "sdpa_with_lse")
-    resolution = runtime.resolution(family, family.paged_lookup(problem, problem), device)
-    return family, problem, resolution, longest, kv_dtype
-
-
-class _PackedRoute(NamedTuple):
-    """What a packed paged call's signature decides (:func:`_packed_route`), kept per
-    signature (``core._plans.warm_key``) so a repeat runs no checks, problem or lookup:
-    ``apart``, its one-query sequences on the decode step; ``forward``, a forward launch;
-    ``kv_dtype``, an FP8 cache's element type (else ``""``)."""
-    family: Any
-    problem: Any
-    schedule: Any
-    longest: int
-    apart: bool
-    forward: bool
-    kv_dtype: str
-
-
-def _packed_route(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
-                  max_q: int, max_k: int, causal: Any, scale: Any, window: Any) -> _PackedRoute:
-    """Validate a packed call over pages and decide its launches (:class:`_PackedRoute`)."""
-    family, problem, resolution, longest, kv_dtype = _packed_call(
-        runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
-        causal, scale, window)
-    step = dataclasses.replace(problem, batch=block_table.shape[0], seqlen_q=1,
-                               seqlen_k=longest)
-    apart = reader(device_info(query.device.index).arch, step) is not family
-    return _PackedRoute(family, problem, resolution.schedule, longest, apart,
-                        max_q > 1 or not apart, kv_dtype)
-
-
-def packed_paged_attention(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
-                           max_q: int, max_k: int, *, causal: Any = True,
-                           scale: Optional[float] = None, window: Any = None) -> torch.Tensor:
-    """:func:`packed_paged_forward` on the process's runtime: the torch op while
-    ``torch.compile`` traces, the launch otherwise."""
-    if torch.compiler.is_compiling():
-        left, right = window if window is not None else (-1, -1)
-        return packed_paged_op(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
-                               max_q, max_k, bool(causal), scale, left, right)
-    return packed_paged_forward(runtime(), query, k_pages, v_pages, cu_seq_q, block_table,
-                                seqused_k, max_q, max_k, causal=causal, scale=scale,
-                                window=window)
-
-
-def _check_offsets(cu_seq_q: Any, sequences: int, query: Any) -> None:
-    """``cu_seq_q`` is an int32 (or int64) ``[sequences + 1]`` tensor on query's device."""
-    if not isinstance(cu_seq_q, torch.Tensor):
-        raise InputTypeError(f"cu_seq_q must be an int32 torch.Tensor [sequences + 1]; got "
-                             f"{type(cu_seq_q).__name__}")
-    if (cu_seq_q.dtype not in (torch.int32, torch.int64)
-            or tuple(cu_seq_q.shape) != (sequences + 1,)):
-        raise InputValueError(f"cu_seq_q must be an int32 tensor [sequences + 1] = "
-                              f"[{sequences + 1}] (the block table's rows are the sequences); "
-                              f"got {cu_seq_q.dtype} of shape {tuple(cu_seq_q.shape)}")
-    if cu_seq_q.device != query.device:
-        raise InputValueError(f"cu_seq_q must be on query's device {query.device}; got "
-                              f"{cu_seq_q.device}")
-
-
 def reader(arch: str, shape: Any) -> Any:
     """The family whose kernels read this paged call's pages (the first in dispatch order that
     reads pages and accepts it: the decode family for decode steps, else the forward, which may
@@ -382,7 +227,7 @@ def reader(arch: str, shape: Any) -> Any:
     return next((f for f in serving("sdpa") if f.reads_pages and f.accepts(arch, shape)), None)
 
 
-def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
+def check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
     if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
                                   and 0 < scale < float("inf")):
         raise InputValueError(f"scale must be a finite positive number or None; got {scale!r}")
@@ -395,7 +240,7 @@ def _check_call(scale: Any, q: Any, k_pages: Any, v_pages: Any) -> None:
     check_reach("q", q if q.dim() == 4 else packed_view(q), "torch", tile_d)
 
 
-def _key_layout(family: Any, problem: Any, schedule: Any, k_pages: Any, block_table: Any,
+def key_layout(family: Any, problem: Any, schedule: Any, k_pages: Any, block_table: Any,
                 longest: int, factors: tuple, packed: bool) -> tuple[bool, int, int]:
     """``(in place, key stride, key limit)`` of a long query run's keys: the pages themselves
     where ``family``'s kernel reads them in place under ``schedule`` (an entry's keys from 0,
@@ -456,10 +301,10 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     ``queries`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
     ``queries[0, b]:queries[1, b]``, at most ``longest_q``, end to end), whose output (``out``,
     else new) has q's shape; rows outside the first sequence's start and the last one's end
-    are zeros. ``ranges``: the int32 ``[4, B]`` ranges the launch takes (:func:`_key_layout`'s
+    are zeros. ``ranges``: the int32 ``[4, B]`` ranges the launch takes (:func:`key_layout`'s
     keys), where the caller wrote them (else made here)."""
     packed = queries is not None
-    in_place, stride, limit = _key_layout(family, problem, schedule, k_pages, block_table,
+    in_place, stride, limit = key_layout(family, problem, schedule, k_pages, block_table,
                                           longest, factors, packed)
     if ranges is None:
         ranges = _ranges(q, seqused_k, queries, stride, limit)
@@ -489,14 +334,14 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     """The :class:`Resolution` a paged call gets: a decode step's bucket's, on the split-KV
     kernels; a long query run's ragged bucket without pages, on the forward's kernel (reading
     the pages in place or gathered; an FP8 cache's gathered and dequantised)."""
-    kv_dtype = _check(q, k_pages, v_pages, block_table, seqused_k)
+    kv_dtype = check_paged(q, k_pages, v_pages, block_table, seqused_k)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k, kv_dtype)
     if sinks is not None:
         sink_logits(sinks, problem.heads_q, q, "torch")
     if regrouped(k_pages):
         check_regroup(k_pages, block_table, longest)
-    _check_device(q)
+    check_device(q)
     device = q.device.index
     arch = device_info(device).arch
     shape = dataclasses.replace(problem, batch=q.shape[0], seqlen_q=q.shape[2],
@@ -545,22 +390,3 @@ def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
 def _paged_fake(q, k_pages, v_pages, block_table, seqused_k, causal, scale, window_left,
                 window_right, softcap, sinks, max_k, k_descale=None, v_descale=None):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-
-@torch.library.custom_op(PACKED_OP_NAME, mutates_args=())
-def packed_paged_op(query: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                    cu_seq_q: torch.Tensor, block_table: torch.Tensor, seqused_k: torch.Tensor,
-                    max_q: int, max_k: int, causal: bool, scale: Optional[float],
-                    window_left: int, window_right: int) -> torch.Tensor:
-    """:func:`packed_paged_forward` as a torch op (``torch.compile`` traces it as one node)."""
-    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    return packed_paged_forward(runtime(), query, k_pages, v_pages, cu_seq_q, block_table,
-                                seqused_k, max_q, max_k,
-                                causal=BOTTOM_RIGHT if causal else False, scale=scale,
-                                window=window)
-
-
-@packed_paged_op.register_fake
-def _packed_paged_fake(query, k_pages, v_pages, cu_seq_q, block_table, seqused_k, max_q, max_k,
-                       causal, scale, window_left, window_right):
-    return torch.empty(query.shape, dtype=query.dtype, device=query.device)

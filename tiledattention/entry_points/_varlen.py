@@ -327,7 +327,8 @@ def explain_varlen(runtime: Runtime, query, key, value, cu_seq_q, cu_seq_k, max_
         if training:
             raise UnsupportedOperationError("a paged cache is for inference: it has no "
                                             "autograd (leave training=False)")
-        from ._paged import explain_packed_paged, explain_paged
+        from ._paged import explain_paged
+        from ._paged_mixed import explain_packed_paged
 
         packed, longest_q, longest_k, causal, window = _paged_call(
             query, key, cu_seq_q, max_q, max_k, is_causal, window, enable_gqa, seqused_k,
@@ -599,7 +600,8 @@ def _paged_varlen(query, key, value, cu_seq_q, max_q, max_k, is_causal, scale, w
     max_q``: decode, speculative and equal chunked-prefill steps) as a ``[N, H_q, max_q, D]``
     view for ``tiledattention.paged_attention``; sequences of their own query counts (a
     mixed step, by ``cu_seq_q``) packed, on the forward's ragged kernel."""
-    from ._paged import packed_paged_attention, paged_attention  # (imports torch ops)
+    from ._paged import paged_attention  # (imports torch ops)
+    from ._paged_mixed import packed_paged_attention
 
     packed, longest_q, longest_k, causal, window = _paged_call(
         query, key, cu_seq_q, max_q, max_k, is_causal, window_size, enable_gqa, seqused_k,

@@ -204,6 +204,8 @@ def _patches(kernel_id: str) -> list[_Patch]:
                f"torch.ops.{kernel_id}.", every=True),
         _Patch("entry_points/_varlen.py", '"tiledattention::', f'"{kernel_id}::', every=True),
         _Patch("entry_points/_paged.py", '"tiledattention::', f'"{kernel_id}::', every=True),
+        _Patch("entry_points/_paged_mixed.py", '"tiledattention::', f'"{kernel_id}::',
+               every=True),
     ]
 
 
