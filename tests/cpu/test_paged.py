@@ -693,6 +693,7 @@ def test_explain_names_a_paged_calls_family_or_its_gather(capsys):
                      f"batch=4,seqlen_q=512,seqlen_k=16384,{fields}"]) == 0
     out = capsys.readouterr().out
     assert "family forward" in out and "reads the pages in place where" in out
+    assert "copies first the pages whose keys its queries read" in out
     assert "tile_n <= 64" in out and "paged" not in out.split("tile_n <=")[1]
 
 

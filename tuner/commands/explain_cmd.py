@@ -235,7 +235,7 @@ def _steps(args: argparse.Namespace, problem: Any) -> list[tuple[str, Any, Any, 
         why = (f"{why}; a long query run over pages of {problem.page_size} keys looks up the "
                f"schedule of the same call without pages, reads the pages in place where one "
                f"holds a whole key tile of it (tile_n <= {page_tile(problem.page_size)}) and "
-               f"gathers them first otherwise")
+               f"otherwise copies first the pages whose keys its queries read")
         problem = looked_up
     return [step("sdpa", family, why)]
 
