@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import torch
 
 from ..core import _aot
 
@@ -23,18 +22,20 @@ class MixedTables(NamedTuple):
     sequences of one query) and ``rows`` (int64 ``[2, B]``: each sequence's first query row,
     below the tokens, and its output row: its own, or the spare row ``tokens``); else
     ``None``."""
-    ranges: torch.Tensor
+    ranges: Any
     keys: Any
     rows: Any
 
 
-def mixed_tables(cu_seq_q: torch.Tensor, seqused_k: torch.Tensor, tokens: int,
+def mixed_tables(cu_seq_q: Any, seqused_k: Any, tokens: int,
                  key_stride: int, key_limit: int, apart: bool) -> MixedTables:
     """The tables of sequences ``b`` with queries ``cu_seq_q[b]:cu_seq_q[b + 1]`` of ``tokens``
     rows over their first ``seqused_k[b]`` keys (at most ``key_limit``, from ``b *
     key_stride`` on); ``apart``: the forward takes only the sequences of more than one query
     (the others' query ranges empty), and a decode step the rest. Enqueued on the current
     stream."""
+    import torch
+
     from ..core._page_kernel import mixed_step_tables  # with cuda.tile, on first use
 
     sequences, device = seqused_k.shape[0], seqused_k.device

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from ..core import _aot
 from ..core._device import device_info
@@ -54,9 +53,9 @@ def copy_tile(page_size: int, heads: int, head_dim: int) -> tuple[int, int, int]
     return rows, head_tile, columns
 
 
-def copy_read_pages(k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
-                    ranges: torch.Tensor, keys: int, packed: bool = False, factors: tuple = (),
-                    dtype: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+def copy_read_pages(k_pages: Any, v_pages: Any, block_table: Any,
+                    ranges: Any, keys: int, packed: bool = False, factors: tuple = (),
+                    dtype: Any = None) -> tuple[Any, Any]:
     """The copies of ``k_pages`` and ``v_pages`` (``[pages, page_size, H_kv, D]``) a ragged
     forward with ``ranges`` (int32 ``[4, B]``: query starts and ends, key starts and ends)
     reads, as ``[B, H_kv, width * page_size, D]`` views (``packed``: one ``[1, H_kv, B * width
@@ -65,6 +64,8 @@ def copy_read_pages(k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: t
     ``ranges[1, b] > ranges[0, b]``; the other slots unwritten. An FP8 pool's ``factors``
     (its float32 K and V descales, ``[B or 1, H_kv]``) widen it into ``dtype`` as it is
     copied. Enqueued on the current stream."""
+    import torch
+
     from ..core._page_kernel import copy_read_pages as kernel  # with cuda.tile, on first use
 
     sequences = block_table.shape[0]

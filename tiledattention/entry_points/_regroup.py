@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
 
 from ..core._problem import INDEX_LIMIT, PAGE_ALIGN, padded_head_dim
 from ..errors import UnsupportedProblemError
@@ -73,12 +72,14 @@ def check_regroup(k_pages: Any, block_table: Any, longest: int) -> None:
                f"(not a multiple of {PAGE_ALIGN}) runs over a copy in pages of {size}")
 
 
-def regroup_pages(k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
-                  longest: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def regroup_pages(k_pages: Any, v_pages: Any, block_table: Any,
+                  longest: int) -> tuple[Any, Any, Any]:
     """``(k_pages, v_pages, block_table)`` of the copy: pools ``[sequences * groups, size,
     H_kv, D]`` (``size`` :func:`regrouped_page_size`), sequence ``b``'s keys in pages ``b *
     groups ...``, and the int32 ``[sequences, groups]`` table naming them; its first ``longest``
     keys (whole pages) hold the original's."""
+    import torch
+
     sequences, slots = block_table.shape
     copied, groups, size = _shape(k_pages, block_table, longest)
     width = min(slots, copied)
