@@ -44,5 +44,6 @@ def mixed_tables_reference(cu_seq_q, seqused_k, tokens, key_stride, key_limit, a
     if not apart:
         return MixedTables(ranges, None, None)
     keys = torch.where(counts == 1, seqused_k, 0).int()
-    rows = torch.stack((starts.clamp(max=max(tokens - 1, 0)), torch.where(counts == 1, starts, tokens)))
+    rows = torch.stack((starts.clamp(max=max(tokens - 1, 0)),
+                        torch.where(counts == 1, starts, tokens)))
     return MixedTables(ranges, keys, rows.long())

@@ -16,12 +16,11 @@ table's pages) never enter the softmax. Every entry's key walk is split over the
 CTAs, so a batch whose lengths differ by 1000x runs in one launch. Long query runs (chunked
 prefill) run on the forward family's ragged kernel. It reads the pages in place where one page
 holds a whole key tile of its schedule (``ForwardFamily.reads_pages_with``: pages of 128 keys or
-more under the sm_90 defaults); else each entry's pages are gathered into a contiguous copy
-first (``_page_copy.copy_read_pages``: one read and one write of the pages holding keys it
-reads), since a key tile joined from several pages stalls that kernel
-(docs/records/benchmarks/paged/). Nothing is read on the host: the lengths and the block table
-stay on the device, so a step is capturable in a CUDA graph and replays with new lengths and
-tables.
+more under the sm_90 defaults); else the pages holding the keys each entry reads are copied
+first (``_page_copy.copy_read_pages``: one read and one write of them), since a key tile joined
+from several pages stalls that kernel (docs/records/benchmarks/paged/). Nothing is read on the
+host: the lengths and the block table stay on the device, so a step is capturable in a CUDA
+graph and replays with new lengths and tables.
 
 An FP8 cache (float8_e4m3fn pools under bf16 / fp16 queries, with ``k_descale`` and
 ``v_descale``, FlashAttention-3's convention: float32 ``[B, H_kv]`` or broadcasting to it) runs
@@ -70,8 +69,8 @@ OP_NAME = "tiledattention::paged_attention"
 
 
 def check_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any,
-           descales: tuple = (None, None), *, packed: bool = False,
-           names: tuple[str, str, str] = ("q", "k_pages", "v_pages")) -> str:
+                descales: tuple = (None, None), *, packed: bool = False,
+                names: tuple[str, str, str] = ("q", "k_pages", "v_pages")) -> str:
     """Raise an InputTypeError / InputValueError naming the argument unless the kernels can
     run these arrays; return the cache's element type (``Problem.kv_dtype``: ``""`` when K and
     V are in q's dtype, ``"e4m3"`` for an FP8 cache, which ``descales``, the call's
@@ -118,7 +117,7 @@ def check_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k:
 
 
 def check_device(q: Any) -> None:
-    """The device check, after every other check of a call (:func:`_check`, the scale, the
+    """The device check, after every other check of a call (:func:`check_paged`, the scale, the
     problem, the sinks), so a wrong argument is named even on CPU tensors. The other arrays
     are on q's device (:func:`_check`)."""
     if not q.is_cuda:
@@ -223,7 +222,7 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
 def reader(arch: str, shape: Any) -> Any:
     """The family whose kernels read this paged call's pages (the first in dispatch order that
     reads pages and accepts it: the decode family for decode steps, else the forward, which may
-    still gather them, ``reads_pages_with``)."""
+    still copy them, ``reads_pages_with``)."""
     return next((f for f in serving("sdpa") if f.reads_pages and f.accepts(arch, shape)), None)
 
 
@@ -259,7 +258,7 @@ def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, queries: Any, key_stride: 
     """The int32 ``[4, B]`` ranges of a paged call: each entry's queries (``q``'s ``S_q`` rows
     of its own batch entry, or ``queries``' packed rows ``queries[0, b]:queries[1, b]``) over
     its first ``seqused_k[b]`` keys, at most ``key_limit``, which start at ``b * key_stride``
-    (packed keys gathered from the pages; else 0)."""
+    (packed keys copied from the pages; else 0)."""
     sequences = seqused_k.shape[0]
     ranges = torch.empty((4, sequences), dtype=torch.int32, device=q.device)
     if queries is None:
@@ -295,8 +294,9 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
     else the pages of the keys each entry's queries read copied into slots of its own first
     (:func:`copy_read_pages`: an entry with no queries copies none; an FP8 cache's widened into
-    q's dtype by ``factors``, its float32 ``[B or 1, H_kv]`` K and V descales). Either way ``problem``'s mask holds: each entry's queries are
-    the last of its keys, its causal mask and window aligned bottom-right. ``logits``: the
+    q's dtype by ``factors``, its float32 ``[B or 1, H_kv]`` K and V descales). Either way
+    ``problem``'s mask holds: each entry's queries are the last of its keys, its causal mask
+    and window aligned bottom-right. ``logits``: the
     float32 ``[H_q]`` sink logits when ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with
     ``queries`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
     ``queries[0, b]:queries[1, b]``, at most ``longest_q``, end to end), whose output (``out``,
@@ -305,7 +305,7 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     keys), where the caller wrote them (else made here)."""
     packed = queries is not None
     in_place, stride, limit = key_layout(family, problem, schedule, k_pages, block_table,
-                                          longest, factors, packed)
+                                         longest, factors, packed)
     if ranges is None:
         ranges = _ranges(q, seqused_k, queries, stride, limit)
     if in_place:
@@ -333,7 +333,7 @@ def explain_paged(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
                   sinks: Any = None, max_k: Optional[int] = None):
     """The :class:`Resolution` a paged call gets: a decode step's bucket's, on the split-KV
     kernels; a long query run's ragged bucket without pages, on the forward's kernel (reading
-    the pages in place or gathered; an FP8 cache's gathered and dequantised)."""
+    the pages in place or copied; an FP8 cache's copied and dequantised)."""
     kv_dtype = check_paged(q, k_pages, v_pages, block_table, seqused_k)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k, kv_dtype)

@@ -50,7 +50,7 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     queries, :func:`ragged_forward`, the schedule of the packed bucket without pages): a decode
     token's cache is split over CTAs there, where the forward walks it in one. Else the forward
     takes every sequence. One small kernel writes both launches' index tables from the offsets
-    (:func:`mixed_tables`). An FP8 cache's pages are gathered into q's dtype for the forward
+    (:func:`mixed_tables`). An FP8 cache's pages are copied into q's dtype for the forward
     (``varlen_attn`` takes no descale factors: its values as they are)."""
     try:
         key = hot.warm_key("packed-paged", (query, k_pages, v_pages, cu_seq_q, block_table,
@@ -67,11 +67,11 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     if regrouped(k_pages):  # the call over a copy in pages the kernels read
         k_pages, v_pages, block_table = regroup_pages(k_pages, v_pages, block_table, longest)
     tokens = query.shape[0]
-    # an FP8 cache: gathered and widened (unit factors)
+    # an FP8 cache: copied and widened (unit factors)
     factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32, device=query.device)
                     for _ in range(2)) if kv_dtype and forward else ()
     stride, limit = key_layout(family, problem, schedule, k_pages, block_table, longest,
-                                factors, True)[1:] if forward else (0, longest)
+                               factors, True)[1:] if forward else (0, longest)
     tables = mixed_tables(cu_seq_q, seqused_k, tokens, stride, limit, apart)
     # row `tokens`: where the one-query step's rows of other sequences land (without the
     # forward, whose clear zeros them, rows of no sequence are zeros from the start)
@@ -94,7 +94,7 @@ def explain_packed_paged(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
                          window: Any = None):
     """The :class:`Resolution` :func:`packed_paged_forward` runs its sequences of more than
     one query with: the packed bucket's without pages, on the forward's kernel (reading the
-    pages in place or gathered). (Its one-query sequences run as a decode step of every
+    pages in place or copied). (Its one-query sequences run as a decode step of every
     sequence: ``explain_paged`` of a ``[N, H_q, 1, D]`` query says how.)"""
     return _packed_call(runtime, query, k_pages, v_pages, cu_seq_q, block_table, seqused_k,
                         max_q, max_k, causal, None, window)[2]
@@ -105,7 +105,7 @@ def _packed_call(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, block_tabl
     """Validate a packed call over pages (:func:`packed_paged_forward`); ``(family, problem,
     resolution, longest cache, the cache's element type)``."""
     kv_dtype = check_paged(query, k_pages, v_pages, block_table, seqused_k, packed=True,
-                      names=("query", "key", "value"))
+                           names=("query", "key", "value"))
     _check_offsets(cu_seq_q, block_table.shape[0], query)
     check_call(scale, query, k_pages, v_pages)
     if causal == TOP_LEFT:
