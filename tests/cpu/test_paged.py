@@ -131,6 +131,48 @@ def test_the_paged_routes_small_kernels_compile(arch):
     assert [b[3][:4] for b in builds] == [b"\x7fELF"] * (len(cases) + 2)
 
 
+def test_the_page_copy_and_the_tables_launch_as_sized(monkeypatch):
+    """The host side of the paged routes' small kernels: the copy's grid (a CTA row a
+    sequence, its pages shared by at most 8 CTAs an SM in all), outputs of every sequence's
+    slots in the pool's dtype (the queries' when an FP8 pool is widened), the factors or the
+    ranges standing in for them; the tables' grid of 128 sequences a CTA and its stand-ins
+    without the decode step."""
+    from tiledattention.core._device import DeviceInfo
+    from tiledattention.entry_points import _mixed_tables, _page_copy
+
+    launched = []
+    for module in (_page_copy, _mixed_tables):
+        monkeypatch.setattr(module._aot, "launch",
+                            lambda stream, grid, kernel, args: launched.append((grid, args)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(_page_copy, "device_info",
+                        lambda index: DeviceInfo(index=0, arch="sm_90", name="x", sm_count=132))
+    pool = torch.zeros(50, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.zeros(3, 9, dtype=torch.int32)
+    ranges = torch.zeros(4, 3, dtype=torch.int32)
+    k, v = _page_copy.copy_read_pages(pool, pool, table, ranges, 100)
+    (grid, args), = launched
+    assert grid == (3, 7) and k.shape == (3, 2, 7 * 16, 64) and k.dtype == torch.bfloat16
+    assert args[4].shape == (21, 16, 2, 64) and args[6] is ranges and args[7] is ranges
+    assert args[8:] == (16, 2, 64, False)
+    fp8 = pool.to(torch.float8_e4m3fn)
+    factors = (torch.ones(3, 2), torch.ones(3, 2))
+    k, _ = _page_copy.copy_read_pages(fp8, fp8, table[:1].expand(300, 9), ranges, 1000, True,
+                                      factors, torch.float16)
+    grid, args = launched[-1]
+    assert grid == (300, 4) and k.shape == (1, 2, 300 * 9 * 16, 64) and k.dtype == torch.float16
+    assert args[6] is factors[0] and args[7] is factors[1] and args[-1] is True
+    cu, used = torch.zeros(301, dtype=torch.int32), torch.zeros(300, dtype=torch.int32)
+    tables = _mixed_tables.mixed_tables(cu, used, 900, 144, 144, False)
+    grid, args = launched[-1]
+    assert grid == (3,) and tables.keys is None and tables.rows is None
+    assert args[3].shape == (300,) and args[4].shape == (2, 1) and args[4].dtype == torch.int64
+    assert args[5:] == (900, 144, 144, 128, False)
+    tables = _mixed_tables.mixed_tables(cu, used, 900, 0, 50, True)
+    assert launched[-1][1][3] is tables.keys and launched[-1][1][4] is tables.rows
+    assert tables.rows.shape == (2, 300) and tables.rows.dtype == torch.int64
+
+
 def test_the_page_copy_holds_the_read_pages_of_each_entry_in_order():
     """The reference of the copy a long query run reads (the kernel's GPU test compares with
     it): an entry's pages for the keys its ranges read, none for an entry without queries."""
