@@ -589,7 +589,7 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
 def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
     """The second call of a signature takes what the first decided (kept in the runtime under
     its warm key); another ``max_q``, or another table shape, is judged again; a call the
-    checks refuse keeps nothing."""
+    checks refuse keeps nothing. The forward's keys are laid out once a call."""
     from tiledattention.core import _runtime
     from tiledattention.entry_points import _paged
     from tiledattention.entry_points import _paged_mixed as route
@@ -619,6 +619,14 @@ def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
     monkeypatch.setattr(_paged, "clear_uncovered_rows", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
     forward.paged_lookup = lambda bucket, shape: bucket
+    laid_out, real_layout = [], _paged.key_layout
+
+    def layout(*args):
+        laid_out.append(args[4].shape)
+        return real_layout(*args)
+
+    for module in (route, _paged):  # the forward's keys are laid out once a call
+        monkeypatch.setattr(module, "key_layout", layout)
     runtime = _runtime.Runtime(lambda family, problem, info: type(
         "R", (), {"schedule": FORWARD.default_schedule("sm_90", problem)}))
     pool = torch.zeros(8, 16, 2, 32, dtype=torch.bfloat16)
@@ -629,7 +637,7 @@ def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
         route.packed_paged_forward(runtime, query, pool, pool, cu,
                                    torch.zeros(table, dtype=torch.int32), used, max_q, 40)
     assert judged == [(2, 3), (2, 3), (2, 4)]
-    assert launched == [[[0, 1], [1, 9]]] * 5
+    assert launched == [[[0, 1], [1, 9]]] * 5 and len(laid_out) == 5
     with pytest.raises(InputValueError, match="scale"):
         route.packed_paged_forward(runtime, query, pool, pool, cu,
                                    torch.zeros((2, 3), dtype=torch.int32), used, 8, 40,

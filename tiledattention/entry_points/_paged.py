@@ -119,7 +119,7 @@ def check_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k:
 def check_device(q: Any) -> None:
     """The device check, after every other check of a call (:func:`check_paged`, the scale, the
     problem, the sinks), so a wrong argument is named even on CPU tensors. The other arrays
-    are on q's device (:func:`_check`)."""
+    are on q's device (:func:`check_paged`)."""
     if not q.is_cuda:
         raise InputValueError(f"q, k_pages and v_pages must be CUDA tensors; got tensors on "
                               f"{q.device}")
@@ -289,23 +289,24 @@ def _long_query_run(runtime: Runtime, family: Any, problem: Any, shape: Any, q, 
 def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages, block_table,
                    seqused_k, longest: int, scale: Any, logits: Any = None,
                    factors: tuple = (), queries: Any = None, longest_q: int | None = None,
-                   out: Any = None, ranges: Any = None) -> torch.Tensor:
+                   out: Any = None, layout: tuple | None = None,
+                   ranges: Any = None) -> torch.Tensor:
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
     pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
     else the pages of the keys each entry's queries read copied into slots of its own first
     (:func:`copy_read_pages`: an entry with no queries copies none; an FP8 cache's widened into
     q's dtype by ``factors``, its float32 ``[B or 1, H_kv]`` K and V descales). Either way
     ``problem``'s mask holds: each entry's queries are the last of its keys, its causal mask
-    and window aligned bottom-right. ``logits``: the
-    float32 ``[H_q]`` sink logits when ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with
-    ``queries`` packed sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows
-    ``queries[0, b]:queries[1, b]``, at most ``longest_q``, end to end), whose output (``out``,
-    else new) has q's shape; rows outside the first sequence's start and the last one's end
-    are zeros. ``ranges``: the int32 ``[4, B]`` ranges the launch takes (:func:`key_layout`'s
-    keys), where the caller wrote them (else made here)."""
+    and window aligned bottom-right. ``logits``: the float32 ``[H_q]`` sink logits when
+    ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with ``queries`` packed sequences'
+    queries ``[tokens, H_q, D]`` (sequence ``b``'s rows ``queries[0, b]:queries[1, b]``, at
+    most ``longest_q``, end to end), whose output (``out``, else new) has q's shape; rows
+    outside the first sequence's start and the last one's end are zeros. A caller that wrote
+    the launch's int32 ``[4, B]`` ``ranges`` itself passes them with the :func:`key_layout`
+    they were written for (``layout``); else both are made here."""
     packed = queries is not None
-    in_place, stride, limit = key_layout(family, problem, schedule, k_pages, block_table,
-                                         longest, factors, packed)
+    in_place, stride, limit = layout or key_layout(family, problem, schedule, k_pages,
+                                                   block_table, longest, factors, packed)
     if ranges is None:
         ranges = _ranges(q, seqused_k, queries, stride, limit)
     if in_place:

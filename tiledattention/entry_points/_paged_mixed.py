@@ -70,9 +70,10 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     # an FP8 cache: copied and widened (unit factors)
     factors = tuple(torch.ones((1, k_pages.shape[2]), dtype=torch.float32, device=query.device)
                     for _ in range(2)) if kv_dtype and forward else ()
-    stride, limit = key_layout(family, problem, schedule, k_pages, block_table, longest,
-                               factors, True)[1:] if forward else (0, longest)
-    tables = mixed_tables(cu_seq_q, seqused_k, tokens, stride, limit, apart)
+    # (in place, key stride, key limit) of the forward's keys; without it, any
+    layout = key_layout(family, problem, schedule, k_pages, block_table, longest, factors,
+                        True) if forward else (True, 0, longest)
+    tables = mixed_tables(cu_seq_q, seqused_k, tokens, layout[1], layout[2], apart)
     # row `tokens`: where the one-query step's rows of other sequences land (without the
     # forward, whose clear zeros them, rows of no sequence are zeros from the start)
     make = torch.empty if forward else torch.zeros
@@ -80,7 +81,7 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     if forward:
         ragged_forward(family, problem, schedule, query, k_pages, v_pages, block_table,
                        seqused_k, longest, scale, None, factors, tables.ranges[:2], max_q,
-                       out[:tokens], ranges=tables.ranges)
+                       out[:tokens], layout=layout, ranges=tables.ranges)
     if apart:  # the others read no key there, and their rows land in the spare one
         single = paged_forward(runtime, query.index_select(0, tables.rows[0]).unsqueeze(2),
                                k_pages, v_pages, block_table, tables.keys, causal=causal,
