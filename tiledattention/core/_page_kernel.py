@@ -12,46 +12,61 @@ ConstBool = ct.Constant[bool]
 
 @ct.kernel
 def copy_read_pages(K, V, Table, Ranges, KOut, VOut, KFactor, VFactor, ROWS: ConstInt,
-                    HEADS: ConstInt, TILE_D: ConstInt, WIDEN: ConstBool):
-    """CTA ``(b, g)`` of a ``[B, G]`` grid copies every ``G``-th page from ``g`` on of
-    sequence ``b``'s first ``ceil(keys / page_size)`` pages (``keys``: ``Ranges[3, b] -
-    Ranges[2, b]``, none where ``Ranges[0, b] == Ranges[1, b]``), page ``p`` named by
-    ``Table[b, p]`` (clamped into the pool), from the pools ``K`` and ``V`` (``[pages,
-    page_size, H_kv, D]``) into slot ``b * width + p`` of ``KOut`` and ``VOut`` (``[B * width,
-    page_size, H_kv, D]``), in tiles of ``ROWS`` keys x ``HEADS`` heads x ``TILE_D`` columns
-    (zero-filled, clipped, past the pool's heads and columns). ``WIDEN`` (an FP8 pool): each
-    value times its float32 descale factor (``KFactor`` / ``VFactor`` ``[B or 1, H_kv]``: by
-    sequence and K/V head), stored in the outputs' dtype. Slots of pages not read are left as
-    they were."""
-    seq = ct.bid(0)
+                    HEADS: ConstInt, TILE_D: ConstInt, WIDEN: ConstBool, CHUNK: ConstInt):
+    """The CTAs of a 1-D grid share out the pages to copy, one at a time: sequence ``b``'s
+    first ``ceil(keys / page_size)`` pages (``keys``: ``Ranges[3, b] - Ranges[2, b]``, none
+    where ``Ranges[0, b] == Ranges[1, b]``; at most ``width``), in sequence order, page ``i`` of
+    all of them to CTA ``i % CTAs``, so a few long sequences among many that copy nothing keep
+    every CTA busy. Page ``p`` of ``b``, named by ``Table[b, p]`` (clamped into the pool), goes
+    from the pools ``K`` and ``V`` (``[pages, page_size, H_kv, D]``) into slot ``b * width +
+    p`` of ``KOut`` and ``VOut`` (``[B * width, page_size, H_kv, D]``), in tiles of ``ROWS``
+    keys x ``HEADS`` heads x ``TILE_D`` columns (zero-filled, clipped, past the pool's heads
+    and columns). ``WIDEN`` (an FP8 pool): each value times its float32 descale factor
+    (``KFactor`` / ``VFactor`` ``[B or 1, H_kv]``: by sequence and K/V head), stored in the
+    outputs' dtype. The sequences' counts are read ``CHUNK`` at a time. Slots of pages not
+    read are left as they were."""
+    me = ct.bid(0)
+    ctas = ct.num_blocks(0)
     sequences = Ranges.shape[1]
     width = KOut.shape[0] // sequences
     page_size = K.shape[1]
-    asked = ct.gather(Ranges, (1, seq)) > ct.gather(Ranges, (0, seq))
-    keys = ct.gather(Ranges, (3, seq)) - ct.gather(Ranges, (2, seq))
-    pages = 0
-    if asked:
-        pages = min(ct.cdiv(keys, page_size), width)
     row_tiles = page_size // ROWS
     head_tiles = ct.cdiv(K.shape[2], HEADS)
     last = K.shape[0] - 1
     shape = (1, ROWS, HEADS, TILE_D)
-    for p in range(ct.bid(1), pages, ct.num_blocks(1)):
-        page = min(max(ct.gather(Table, (seq, p)), 0), last)
-        slot = seq * width + p
-        for t in range(row_tiles * head_tiles):
-            at = (t // head_tiles, t % head_tiles, 0)
-            k = ct.load(K, index=(page, *at), shape=shape, padding_mode=ct.PaddingMode.ZERO)
-            v = ct.load(V, index=(page, *at), shape=shape, padding_mode=ct.PaddingMode.ZERO)
-            if WIDEN:
-                heads = at[1] * HEADS + ct.arange(HEADS, dtype=ct.int32)
-                entry = min(seq, KFactor.shape[0] - 1)
-                kf = ct.gather(KFactor, (entry, heads)).reshape((1, 1, HEADS, 1))
-                vf = ct.gather(VFactor, (entry, heads)).reshape((1, 1, HEADS, 1))
-                k = ct.astype(ct.astype(k, ct.float32) * kf, KOut.dtype)
-                v = ct.astype(ct.astype(v, ct.float32) * vf, VOut.dtype)
-            ct.store(KOut, index=(slot, *at), tile=k)
-            ct.store(VOut, index=(slot, *at), tile=v)
+    lanes = ct.arange(CHUNK, dtype=ct.int32)
+    before = ct.zeros((), dtype=ct.int32)  # the pages of the sequences before this chunk
+    for c in range(ct.cdiv(sequences, CHUNK)):
+        def row(r):
+            """Row ``r`` of the ranges of sequences ``c * CHUNK ..`` (zeros past the last)."""
+            return ct.load(Ranges, index=(r, c), shape=(1, CHUNK),
+                           padding_mode=ct.PaddingMode.ZERO).reshape((CHUNK,))  # [CHUNK]
+        keys = row(3) - row(2)
+        pages = ct.where(row(1) > row(0),
+                         ct.minimum((keys + (page_size - 1)) // page_size, width), 0)
+        ends = ct.cumsum(pages)  # [CHUNK]: each sequence's last page + 1, counted from before
+        # this CTA's first page of the chunk: the least i >= before with i % ctas == me
+        first = before + (me - before % ctas + ctas) % ctas
+        for i in range(first, before + ct.sum(pages), ctas):
+            lane = ct.sum(ct.where(ends <= i - before, 1, 0))  # the sequence's lane
+            seq = c * CHUNK + lane
+            p = i - before - ct.sum(ct.where(lanes == lane, ends - pages, 0))
+            page = min(max(ct.gather(Table, (seq, p)), 0), last)
+            slot = seq * width + p
+            for t in range(row_tiles * head_tiles):
+                at = (t // head_tiles, t % head_tiles, 0)
+                k = ct.load(K, index=(page, *at), shape=shape, padding_mode=ct.PaddingMode.ZERO)
+                v = ct.load(V, index=(page, *at), shape=shape, padding_mode=ct.PaddingMode.ZERO)
+                if WIDEN:
+                    heads = at[1] * HEADS + ct.arange(HEADS, dtype=ct.int32)
+                    entry = min(seq, KFactor.shape[0] - 1)
+                    kf = ct.gather(KFactor, (entry, heads)).reshape((1, 1, HEADS, 1))
+                    vf = ct.gather(VFactor, (entry, heads)).reshape((1, 1, HEADS, 1))
+                    k = ct.astype(ct.astype(k, ct.float32) * kf, KOut.dtype)
+                    v = ct.astype(ct.astype(v, ct.float32) * vf, VOut.dtype)
+                ct.store(KOut, index=(slot, *at), tile=k)
+                ct.store(VOut, index=(slot, *at), tile=v)
+        before += ct.sum(pages)
 
 
 @ct.kernel

@@ -26,8 +26,10 @@ __all__ = ["copy_width", "check_copied", "copy_tile", "copy_read_pages", "compil
 
 #: the most elements one tile of the copy holds
 COPY_TILE_ELEMENTS = 8192
-#: CTAs the copy launches an SM, at most (a sequence's pages are shared among its CTAs)
+#: CTAs the copy launches an SM, at most (they share out every sequence's pages)
 CTAS_PER_SM = 8
+#: sequences whose counts the copy reads at once
+COPY_CHUNK = 128
 
 
 def copy_width(pool: Any, block_table: Any, keys: int) -> int:
@@ -75,12 +77,12 @@ def copy_read_pages(k_pages: Any, v_pages: Any, block_table: Any,
                  for pool in (k_pages, v_pages))
     if outs[0].numel():
         sms = device_info(k_pages.device.index).sm_count
-        grid = (sequences, min(width, max(1, -(-CTAS_PER_SM * sms // sequences))))
         # without factors the kernel reads none: the ranges stand in
-        _aot.launch(torch.cuda.current_stream(k_pages.device), grid, kernel,
+        _aot.launch(torch.cuda.current_stream(k_pages.device),
+                    (min(sequences * width, CTAS_PER_SM * sms),), kernel,
                     (k_pages, v_pages, block_table, ranges, *outs,
                      *(factors or (ranges, ranges)), *copy_tile(*k_pages.shape[1:]),
-                     bool(factors)))
+                     bool(factors), COPY_CHUNK))
     entries = 1 if packed else sequences
     return tuple(out.view(entries, -1, *out.shape[2:]).transpose(1, 2) for out in outs)
 
@@ -101,5 +103,5 @@ def compile_page_copy(problem: Any, arch: str, pages: int = 64) -> None:
     factor = array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype else ranges
     export_cubin(kernel, (pool, pool, array_constraint("int32", (p.batch, width)), ranges, out,
                           out, factor, factor, *copy_tile(p.page_size, p.heads_kv, p.head_dim),
-                          bool(p.kv_dtype)),
+                          bool(p.kv_dtype), COPY_CHUNK),
                  arch, "copy_read_pages")
