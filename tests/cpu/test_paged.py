@@ -131,6 +131,25 @@ def test_the_paged_routes_small_kernels_compile(arch):
     assert [b[3][:4] for b in builds] == [b"\x7fELF"] * (len(cases) + 2)
 
 
+def test_a_paged_long_query_run_walks_a_work_table_whatever_the_grid_would_idle():
+    """A mixed step's forward bounds its query tiles by every sequence's queries, its decode
+    tokens' too: the grid of the longest sequence's tiles for a 512-query chunk beside 63
+    decode tokens is 64 x 16 x 8 groups, 8,192 CTAs for 128 that work, which the plain rule
+    (``TABLE_MIN_IDLE_CTAS``) lets launch; a paged long query run (``ragged_forward``) walks a
+    table of the tiles the sequences have instead, whatever that grid would idle."""
+    from tiledattention.kernels.forward._launch import ragged_launch
+
+    chunk = _paged(batch=64, seqlen_q=512, seqlen_k=16384, page_size=0)
+    schedule = FORWARD.normalise(chunk, FORWARD.default_schedule("sm_90", chunk))
+    plain = ragged_launch(chunk, schedule, 0.1, 64, 512, 575, packed=True, lse=False,
+                          sinks=False, pages=False)
+    tabled = ragged_launch(chunk, schedule, 0.1, 64, 512, 575, packed=True, lse=False,
+                           sinks=False, pages=False, table=True)
+    assert plain.items == 0 and plain.grid == (16, 64 * 8, 1)
+    assert tabled.items == 79 and tabled.grid == (79 * 8, 1, 1) and tabled.tile_m == 32
+    # (ragged_forward's layout asks for the table: the in-place-or-copied test below)
+
+
 def test_the_page_copy_and_the_tables_launch_as_sized(monkeypatch):
     """The host side of the paged routes' small kernels: the copy's grid (a CTA row a
     sequence, its pages shared by at most 8 CTAs an SM in all), outputs of every sequence's
@@ -152,16 +171,18 @@ def test_the_page_copy_and_the_tables_launch_as_sized(monkeypatch):
     ranges = torch.zeros(4, 3, dtype=torch.int32)
     k, v = _page_copy.copy_read_pages(pool, pool, table, ranges, 100)
     (grid, args), = launched
-    assert grid == (3, 7) and k.shape == (3, 2, 7 * 16, 64) and k.dtype == torch.bfloat16
+    # a 1-D grid: every sequence's pages shared out, at most eight CTAs an SM
+    assert grid == (21,) and k.shape == (3, 2, 7 * 16, 64) and k.dtype == torch.bfloat16
     assert args[4].shape == (21, 16, 2, 64) and args[6] is ranges and args[7] is ranges
-    assert args[8:] == (16, 2, 64, False)
+    assert args[8:] == (16, 2, 64, False, 128)
     fp8 = pool.to(torch.float8_e4m3fn)
     factors = (torch.ones(3, 2), torch.ones(3, 2))
     k, _ = _page_copy.copy_read_pages(fp8, fp8, table[:1].expand(300, 9), ranges, 1000, True,
                                       factors, torch.float16)
     grid, args = launched[-1]
-    assert grid == (300, 4) and k.shape == (1, 2, 300 * 9 * 16, 64) and k.dtype == torch.float16
-    assert args[6] is factors[0] and args[7] is factors[1] and args[-1] is True
+    assert grid == (8 * 132,) and k.shape == (1, 2, 300 * 9 * 16, 64)
+    assert k.dtype == torch.float16
+    assert args[6] is factors[0] and args[7] is factors[1] and args[-2] is True
     cu, used = torch.zeros(301, dtype=torch.int32), torch.zeros(300, dtype=torch.int32)
     tables = _mixed_tables.mixed_tables(cu, used, 900, 144, 144, False)
     grid, args = launched[-1]
@@ -235,6 +256,7 @@ def test_a_long_query_run_launches_the_paged_problem_in_place_or_gathered(in_pla
     got, layout = launched["problem"], launched["layout"]
     assert (got.bottom_right, got.causal, got.window_left, got.window_right) == (True, False, 9, 5)
     assert layout.ranges.tolist() == [[0, 0], [64, 64], [0, 0], [20, 40]]
+    assert layout.table  # a work table of the tiles the sequences have, always
     assert launched["scale"] == pytest.approx(32 ** -0.5)
     if in_place:
         assert got == problem and launched["k"] is pool and layout.pages is table

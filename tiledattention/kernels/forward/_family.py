@@ -191,7 +191,7 @@ class ForwardFamily(Family):
         if ragged is not None:
             launch_ragged(stream, q, k, v, out, ragged.ranges, problem, schedule, scale,
                           ragged.longest_q, packed=ragged.packed, lse=lse, sinks=sinks,
-                          pages=ragged.pages)
+                          pages=ragged.pages, table=ragged.table)
             return
         launch_with_lse(stream, q, k, v, out, lse, problem, schedule, scale,
                         _device.device_info(device_index).sm_count, sinks=sinks)

@@ -494,7 +494,7 @@ class PreparedLaunch:
 @functools.lru_cache(maxsize=1024)
 def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences: int,
                   longest_q: int, rows: int, *, packed: bool, lse: bool, sinks: bool,
-                  pages: bool) -> PreparedLaunch:
+                  pages: bool, table: bool = False) -> PreparedLaunch:
     """The :class:`PreparedLaunch` of a ragged batch (``problem.ragged``) of ``sequences``
     sequences whose longest has at most ``longest_q`` queries, in ``rows`` query rows in all
     (``packed``: end to end in one batch entry), storing the log-sum-exp with ``lse``, with
@@ -502,15 +502,15 @@ def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences:
     them. Cached: a training loop launches the same few every step.
 
     Where the grid of the longest sequence's tiles would launch many idle CTAs (skewed lengths,
-    ``_work_table``) or not fit (sequences x heads past a grid's second dimension), the launch
-    walks a work table instead: one CTA per (query tile a sequence has x head), the heaviest
-    sequences first."""
+    ``_work_table``) or not fit (sequences x heads past a grid's second dimension), and always
+    with ``table``, the launch walks a work table instead: one CTA per (query tile a sequence
+    has x head), the heaviest sequences first."""
     schedule = normalise(problem, schedule)
     tile = query_rows(problem, schedule)  # query positions per tile
     heads = problem.heads_q // packed_heads(problem, schedule)  # tiles per (sequence x tile)
     items = work_items(sequences=sequences, longest=longest_q, rows=rows, tile=tile)
-    table = use_work_table(sequences=sequences, longest=longest_q, items=items,
-                           heads=heads, tile=tile)
+    table = table or use_work_table(sequences=sequences, longest=longest_q, items=items,
+                                    heads=heads, tile=tile)
     slot = slots("Q", "K", "V", "Out", "Lse", "Sinks", "Ranges", "Work", "Pages")
     args = kernel_args(slot["Q"], slot["K"], slot["V"], slot["Out"], problem, schedule, scale,
                        lse=slot["Lse"] if lse else None, sinks=slot["Sinks"] if sinks else None,
@@ -524,15 +524,18 @@ def ragged_launch(problem: Problem, schedule: Schedule, scale: float, sequences:
 
 def launch_ragged(stream: Any, q: Any, k: Any, v: Any, out: Any, ranges: Any, problem: Problem,
                   schedule: Schedule, scale: float, longest_q: int, *, packed: bool,
-                  lse: Any = None, sinks: Any = None, pages: Any = None) -> None:
+                  lse: Any = None, sinks: Any = None, pages: Any = None,
+                  table: bool = False) -> None:
     """Enqueue the forward of a ragged batch (``problem.ragged``): ``q, k, v, out`` (and
     ``lse``) as ``[B, H, S, D]`` arrays (``packed``: ``[1, H, tokens, D]`` views), ``ranges``
     the int32 ``[4, sequences]`` query and key ranges, ``longest_q`` at least the longest
     sequence's query count (``pages``: a paged problem's block table, ``k`` and ``v`` then page
-    pools): :func:`ragged_launch`'s. Rows outside every sequence are not written."""
+    pools; ``table``: a work table whatever the grid would idle): :func:`ragged_launch`'s.
+    Rows outside every sequence are not written."""
     sequences = ranges.shape[1]
     rows = q.shape[2] * (1 if packed else sequences)
     ragged_launch(problem, schedule, float(scale), sequences, longest_q, rows, packed=packed,
-                  lse=lse is not None, sinks=sinks is not None, pages=pages is not None).run(
+                  lse=lse is not None, sinks=sinks is not None, pages=pages is not None,
+                  table=table).run(
         stream, {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "Sinks": sinks,
                  "Ranges": ranges, "Pages": pages})
