@@ -318,6 +318,28 @@ def test_a_mixed_step_of_prefill_chunks_and_decode_tokens(page_size, monkeypatch
     assert bool(gathered) == (page_size < 128), gathered
 
 
+@pytest.mark.parametrize("page_size", [16, 256])
+def test_a_mixed_step_of_many_chunks_walks_its_work_table(page_size, monkeypatch):
+    """150 chunks of 30-97 queries beside 150 decode tokens (H 28/4: groups of 7, unpacked):
+    the forward walks a work table of the chunks' tiles (the bound counts the decode tokens
+    too, whose items stay empty), and the pages those chunks read, shared out over every
+    copying CTA one at a time, land where the forward reads them."""
+    from tiledattention.kernels.forward import _launch
+
+    launches = []
+    real = _launch.ragged_launch
+
+    def recording(*args, **kwargs):
+        launches.append(real(*args, **kwargs))
+        return launches[-1]
+
+    monkeypatch.setattr(_launch, "ragged_launch", recording)
+    counts = [30 + (b * 37) % 68 if b % 2 else 1 for b in range(300)]
+    lengths = [max(n, 40 + (b * 911) % 9000) for b, n in enumerate(counts)]
+    mixed_step(counts, lengths, page_size, hq=28, hkv=4, seed=5)
+    assert [p.items > 0 for p in launches] == [True], [(p.grid, p.items) for p in launches]
+
+
 def test_a_mixed_step_over_an_fp8_cache():
     """An FP8 cache under a mixed step: its pages gathered and widened (unit descales, as
     ``varlen_attn`` takes none), against the reference over the cache's e4m3 values."""
