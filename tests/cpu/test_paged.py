@@ -550,8 +550,9 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
                                                                  monkeypatch):
     """Which kernel writes which row of a mixed step: the forward (here: each covered row its
     sequence's index) the sequences of more than one query, the one-query step (200 + the
-    sequence, exact in bf16; the others' keys held to none there) the rest, scattered to their rows after the forward cleared
-    the rows outside its first start and last end; rows of no sequence zeros."""
+    sequence, exact in bf16; the others' keys held to none there) the rest, launched first
+    and scattered to their rows after the forward cleared the rows outside its first start
+    and last end; rows of no sequence zeros."""
     from tiledattention.entry_points import _paged
     from tiledattention.entry_points import _paged_mixed as route
 
@@ -599,13 +600,13 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
     assert out.shape == query.shape
     assert out[:, 0, 0].tolist() == want
     kinds = [c[0] for c in calls]
-    assert kinds == (["forward"] if max_q > 1 else []) + (["decode"] if apart else [])
+    assert kinds == (["decode"] if apart else []) + (["forward"] if max_q > 1 else [])
     if apart:  # the sequences of more queries (or none) read no key in the decode step
         counts = [e - s for s, e in zip(cu[:-1], cu[1:])]
-        assert calls[-1][1:] == ((sequences, 4, 1, 32), [40 if n == 1 else 0 for n in counts])
+        assert calls[0][1:] == ((sequences, 4, 1, 32), [40 if n == 1 else 0 for n in counts])
     if max_q > 1:
         ends = [e if e - s > 1 or not apart else s for s, e in zip(cu[:-1], cu[1:])]
-        assert calls[0][1] == [cu[:-1], ends]
+        assert calls[-1][1] == [cu[:-1], ends]
 
 
 def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
