@@ -21,7 +21,8 @@ valid K/V bytes read once; the copy rate of the same bytes is timed in the same 
 
 ``--in-place`` adds ``mixed-P-in-place`` for pages of 16 and 64: the same call with the forward
 forced to read the pages in place (key tiles joined from page loads) instead of the copy.
-``--only TEXT`` runs the steps whose names hold it.
+``--only TEXT`` runs the steps whose names hold it; ``--kernels`` prints instead each
+contender's kernels (``torch.profiler``, µs a step, five steps after an L2 flush each).
 """
 
 import argparse
@@ -155,11 +156,33 @@ def contenders(query, cu, caches, counts, lengths, in_place=False):
     return fns
 
 
+def kernels(fns, steps=5):
+    """Each contender's GPU time a step by kernel (the flush's fill left out)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for who, f in fns.items():
+        f()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                flush.zero_()
+                f()
+            torch.cuda.synchronize()
+        table = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA" and not (e.name.startswith("void at::native::vec")
+                                                    and e.device_time_total > 20):
+                table[e.name[:60]] = table.get(e.name[:60], 0.0) + e.device_time_total / steps
+        print(f"  {who}: " + "; ".join(f"{n} {us:.1f}" for n, us in
+                                       sorted(table.items(), key=lambda kv: -kv[1])))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--in-place", action="store_true")
     parser.add_argument("--only", default="", help="the steps whose names hold this text")
+    parser.add_argument("--kernels", action="store_true", help="each contender's kernels")
     args = parser.parse_args()
     lines = ["| step | contender | µs | GB/s | % of copy | ÷ mixed-64 (time) | isolated µs "
              "| rel L2 |", "|---|---|---|---|---|---|---|---|"]
@@ -182,6 +205,10 @@ def main() -> None:
                     fns[who] = f
                 except Exception as exc:  # a contender that cannot run the step
                     print(f"  {who}: {type(exc).__name__}: {str(exc)[:160]}")
+            if args.kernels:
+                print(name)
+                kernels(fns)
+                continue
             src = torch.empty(valid // 2, dtype=DTYPE, device="cuda")
             dst = torch.empty_like(src)
             fns["copy"] = lambda: dst.copy_(src)
