@@ -45,9 +45,10 @@ def copy_read_pages(K, V, Table, Ranges, KOut, VOut, KFactor, VFactor, ROWS: Con
         pages = ct.where(row(1) > row(0),
                          ct.minimum((keys + (page_size - 1)) // page_size, width), 0)
         ends = ct.cumsum(pages)  # [CHUNK]: each sequence's last page + 1, counted from before
+        total = ct.sum(pages)
         # this CTA's first page of the chunk: the least i >= before with i % ctas == me
         first = before + (me - before % ctas + ctas) % ctas
-        for i in range(first, before + ct.sum(pages), ctas):
+        for i in range(first, before + total, ctas):
             lane = ct.sum(ct.where(ends <= i - before, 1, 0))  # the sequence's lane
             seq = c * CHUNK + lane
             p = i - before - ct.sum(ct.where(lanes == lane, ends - pages, 0))
@@ -66,7 +67,7 @@ def copy_read_pages(K, V, Table, Ranges, KOut, VOut, KFactor, VFactor, ROWS: Con
                     v = ct.astype(ct.astype(v, ct.float32) * vf, VOut.dtype)
                 ct.store(KOut, index=(slot, *at), tile=k)
                 ct.store(VOut, index=(slot, *at), tile=v)
-        before += ct.sum(pages)
+        before += total
 
 
 @ct.kernel
