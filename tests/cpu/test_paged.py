@@ -151,8 +151,8 @@ def test_a_paged_long_query_run_walks_a_work_table_whatever_the_grid_would_idle(
 
 
 def test_the_page_copy_and_the_tables_launch_as_sized(monkeypatch):
-    """The host side of the paged routes' small kernels: the copy's grid (a CTA row a
-    sequence, its pages shared by at most 8 CTAs an SM in all), outputs of every sequence's
+    """The host side of the paged routes' small kernels: the copy's grid (one axis, every
+    sequence's pages shared out over at most 8 CTAs an SM), outputs of every sequence's
     slots in the pool's dtype (the queries' when an FP8 pool is widened), the factors or the
     ranges standing in for them; the tables' grid of 128 sequences a CTA and its stand-ins
     without the decode step."""
