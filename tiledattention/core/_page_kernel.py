@@ -45,13 +45,14 @@ def copy_read_pages(K, V, Table, Ranges, KOut, VOut, KFactor, VFactor, ROWS: Con
         pages = ct.where(row(1) > row(0),
                          ct.minimum((keys + (page_size - 1)) // page_size, width), 0)
         ends = ct.cumsum(pages)  # [CHUNK]: each sequence's last page + 1, counted from before
+        starts = ends - pages  # [CHUNK]: its first page
         total = ct.sum(pages)
         # this CTA's first page of the chunk: the least i >= before with i % ctas == me
         first = before + (me - before % ctas + ctas) % ctas
         for i in range(first, before + total, ctas):
             lane = ct.sum(ct.where(ends <= i - before, 1, 0))  # the sequence's lane
             seq = c * CHUNK + lane
-            p = i - before - ct.sum(ct.where(lanes == lane, ends - pages, 0))
+            p = i - before - ct.sum(ct.where(lanes == lane, starts, 0))
             page = min(max(ct.gather(Table, (seq, p)), 0), last)
             slot = seq * width + p
             for t in range(row_tiles * head_tiles):

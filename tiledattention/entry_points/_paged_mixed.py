@@ -74,7 +74,6 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
     layout = key_layout(family, problem, schedule, k_pages, block_table, longest, factors,
                         True) if forward else (True, 0, longest)
     tables = mixed_tables(cu_seq_q, seqused_k, tokens, layout[1], layout[2], apart)
-    single = None
     if apart:  # the others read no key there; launched first: the GPU reads the caches
         # while the host prepares the forward's launches
         single = paged_forward(runtime, query.index_select(0, tables.rows[0]).unsqueeze(2),
@@ -88,7 +87,7 @@ def packed_paged_forward(runtime: Runtime, query, k_pages, v_pages, cu_seq_q, bl
         ragged_forward(family, problem, schedule, query, k_pages, v_pages, block_table,
                        seqused_k, longest, scale, None, factors, tables.ranges[:2], max_q,
                        out[:tokens], layout=layout, ranges=tables.ranges)
-    if single is not None:  # after the forward's clear of the rows it does not cover
+    if apart:  # after the forward's clear of the rows it does not cover
         out.index_copy_(0, tables.rows[1], single[:, :, 0])
     return out[:tokens]
 

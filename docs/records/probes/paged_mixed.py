@@ -170,7 +170,7 @@ def kernels(fns, steps=5):
             torch.cuda.synchronize()
         table = {}
         for e in prof.events():
-            if e.device_type.name == "CUDA" and not (e.name.startswith("void at::native::vec")
+            if e.device_type.name == "CUDA" and not ("FillFunctor" in e.name
                                                     and e.device_time_total > 20):
                 table[e.name[:60]] = table.get(e.name[:60], 0.0) + e.device_time_total / steps
         print(f"  {who}: " + "; ".join(f"{n} {us:.1f}" for n, us in
