@@ -81,16 +81,18 @@ def test_a_large_packed_batch_keeps_its_bucket_inside_the_index_range():
     assert (unpaged.page_size, unpaged.batch) == (0, 32)
 
 
-@pytest.mark.parametrize("seqlen", [512, 1024, 2048, 8192])
+@pytest.mark.parametrize("seqlen", [128, 512, 1024, 2048, 8192])
 def test_a_packed_batch_at_d128_without_a_mask_runs_64_row_tiles_on_hopper(seqlen):
     """Packed sequences end inside tiles whatever the bucket's (power-of-two) lengths: up to
     2048 tokens 64x128 at occupancy 2 (measured on an H200: 1.09-1.23x the rectangle's 128x128
-    tiles), longer ones and the rectangle of the same lengths keep 128x128 tiles, and causal
-    packed batches the rectangle's rule (their grouped heads packed: ``pack_gqa``)."""
+    tiles), their key tiles sawtooth up to 512 (on an H100: 1.00-1.10x), longer ones and the
+    rectangle of the same lengths keep 128x128 tiles, and causal packed batches the
+    rectangle's rule (their grouped heads packed: ``pack_gqa``)."""
     packed = _ragged(causal=False, seqlen_q=seqlen, seqlen_k=seqlen)
     s = FORWARD.default_schedule("sm_90", packed)
     want = (64, 128, 2, 1) if seqlen <= 2048 else (128, 128, 1, 1)
     assert (s.tile_m, s.tile_n, s.occupancy, s.num_ctas) == want
+    assert s.kv_sawtooth is (seqlen <= 512)
     rectangle = dataclasses.replace(packed, ragged=False)
     assert FORWARD.default_schedule("sm_90", rectangle).tile_m == 128
     # a head dim between 96 and 128 pads to 128 (two parts would pad as much): the same rule

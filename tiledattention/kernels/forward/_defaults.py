@@ -9,7 +9,7 @@ from ...core._problem import Problem, head_dim_parts
 from ._launch import packable
 from ._schedule import Schedule
 
-__all__ = ["default_schedule", "row_keys", "PACKED_SHORT", "packs_heads"]
+__all__ = ["default_schedule", "row_keys", "PACKED_SHORT", "PACKED_SAWTOOTH", "packs_heads"]
 
 #: A window this narrow (the most keys a row sees) runs on 64x64 tiles: a query tile visits the
 #: key tiles from its first row's first key to its last row's last, TILE_M + span keys rounded
@@ -20,6 +20,11 @@ NARROW_WINDOW = 256
 #: two) whose packed D 128 forward runs 64-row tiles without a mask: measured up to 2048 (the
 #: gain fell from 1.23x at 512 to 1.09x at 2048), so longer ones keep the rectangle's tiles.
 PACKED_SHORT = 2048
+#: The longest bucket length up to which those 64-row tiles walk their key tiles sawtooth: on
+#: an H100, 1.00-1.10x the forward walk on six packed batches of buckets 128-512 (D 128, no
+#: mask, H 8-32, grouped and not, bf16 and fp16), 0.98x at 2048
+#: (``docs/records/benchmarks/varlen/issue50``, fiftieth session).
+PACKED_SAWTOOTH = 512
 #: A full-mask D 256 call (no window) whose rows see more than the first and at most the second
 #: of these many keys walks its key tiles sawtooth (odd query tiles backwards, so consecutive
 #: tiles of a head meet the same keys in the L2). On an H200
@@ -154,7 +159,8 @@ def _rules(arch: str, problem: Problem) -> Schedule:
       128x128 at occupancy 3 over a two-CTA cluster (D128 at S 577: 1.13x). D 96 (64 + 32):
       64x128 at occupancy 3 at any length (S 1999, and 1024 queries over 4096 keys: 1.15-1.25x
       the 128x128 one). A packed batch (``ragged``, D > 96) of sequences up to
-      :data:`PACKED_SHORT` tokens runs 64x128 at occupancy 2: its sequences end inside tiles
+      :data:`PACKED_SHORT` tokens runs 64x128 at occupancy 2 (key tiles sawtooth up to
+      :data:`PACKED_SAWTOOTH`): its sequences end inside tiles
       whatever its bucket's lengths (H200, four packed batches of 16-2048-token sequences, D
       128, H 12-32: 1.09-1.23x the 128x128 tile, the gain falling with length; 1.01-1.11x
       128x128 over a cluster of two; ``docs/records/benchmarks/varlen/issue50``).
@@ -230,7 +236,8 @@ def _rules(arch: str, problem: Problem) -> Schedule:
         even = even_tiles(problem, 128, 128)
         if problem.ragged and d > 96 and problem.seqlen_q <= PACKED_SHORT:
             return Schedule(tile_m=64, tile_n=128, occupancy=2, exp2=True, approx_div=True,
-                            v_latency=4, **split)
+                            v_latency=4, kv_sawtooth=problem.seqlen_q <= PACKED_SAWTOOTH,
+                            **split)
         if 80 < d <= 96:  # two parts, 64 + 32: 64-row tiles
             return Schedule(tile_m=64, tile_n=128, occupancy=3, exp2=True, approx_div=True,
                             k_latency=4, v_latency=2, unchecked_loads=True, **split)
