@@ -16,7 +16,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from packed_batches import batches, log_uniform, new_batches, rel, uniform  # noqa: E402
+from packed_batches import (batches, log_uniform, new_batches, packed_call,  # noqa: E402
+                            rel, uniform)
 
 import tiledattention as ta  # noqa: E402
 from tiledattention.kernels.forward import _launch  # noqa: E402
@@ -115,14 +116,7 @@ def main():
     summary = []
     for name in args.only.split(","):
         lengths, hq, hkv, d, causal, dtype = chosen[name]
-        t = sum(lengths)
-        g = torch.Generator(device="cuda").manual_seed(1)
-        q = torch.randn(t, hq, d, device="cuda", dtype=dtype, generator=g)
-        k = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
-        v = torch.randn(t, hkv, d, device="cuda", dtype=dtype, generator=g)
-        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
-                          device="cuda")
-        longest = max(lengths)
+        q, k, v, _, cu, longest, _ = packed_call(lengths, hq, hkv, d, causal, dtype)
         ref = varlen_reference(q.float(), k.float(), v.float(), cu, cu, causal=causal)
 
         def call():
@@ -130,8 +124,9 @@ def main():
                                   enable_gqa=hq != hkv)
         chosen_schedule = ta.explain_varlen(q, k, v, cu, cu, longest, longest, is_causal=causal,
                                             enable_gqa=hq != hkv).schedule
-        print(f"# {name}: {len(lengths)} seqs, {t} tokens, longest {longest}, H {hq}/{hkv} "
-              f"D {d} causal {causal} {dtype}; default {chosen_schedule.describe()}", flush=True)
+        print(f"# {name}: {len(lengths)} seqs, {sum(lengths)} tokens, longest {longest}, "
+              f"H {hq}/{hkv} D {d} causal {causal} {dtype}; default "
+              f"{chosen_schedule.describe()}", flush=True)
         fns = {"default": call}
         for cand, fields in cands.items():
             fn = forced(call, fields)
