@@ -66,7 +66,6 @@ def extra_batches():
     """Bidirectional D 128 batches named in no other probe (name: lengths, H_q, H_kv, D,
     causal, dtype)."""
     g, h = torch.Generator().manual_seed(77), torch.Generator().manual_seed(78)
-    z = torch.Generator().manual_seed(79)
     bf16, fp16 = torch.bfloat16, torch.float16
     return {
         "x-short-h16": (uniform(g, 200, 20, 256), 16, 16, 128, False, bf16),
@@ -79,10 +78,6 @@ def extra_batches():
         "y-tiny-h32": (uniform(h, 400, 8, 64), 32, 32, 128, False, bf16),
         "y-logu-h24": (log_uniform(h, 64, 20, 500), 24, 8, 128, False, bf16),
         "y-near-1k": (uniform(h, 24, 700, 1000), 16, 16, 128, False, bf16),
-        "z-bert-large": (uniform(z, 128, 40, 500), 16, 16, 128, False, fp16),
-        "z-gqa7-short": (log_uniform(z, 90, 16, 480), 28, 4, 128, False, bf16),
-        "z-h40-mid": (uniform(z, 36, 200, 450), 40, 8, 128, False, bf16),
-        "z-d112": (uniform(z, 70, 50, 400), 16, 16, 112, False, bf16),
     }
 
 
