@@ -205,23 +205,28 @@ def table_threshold(fn, threshold):
     return run
 
 
-def unpacked(fn):
-    """``fn`` with every ragged forward launch's K/V groups unpacked (``pack_gqa`` off: the
-    forward before 2026-12-01's default)."""
+def with_schedule_fields(fn, **fields):
+    """``fn`` with every ragged forward launch's looked-up schedule given ``fields``."""
     from tiledattention.kernels.forward import _launch
 
     plain = _launch.ragged_launch
 
-    def off(problem, schedule, *args, **kwargs):
-        return plain(problem, schedule.replace(pack_gqa=False), *args, **kwargs)
+    def replaced(problem, schedule, *args, **kwargs):
+        return plain(problem, schedule.replace(**fields), *args, **kwargs)
 
     def run():
-        _launch.ragged_launch = off
+        _launch.ragged_launch = replaced
         try:
             return fn()
         finally:
             _launch.ragged_launch = plain
     return run
+
+
+def unpacked(fn):
+    """``fn`` with every ragged forward launch's K/V groups unpacked (``pack_gqa`` off: the
+    forward before 2026-12-01's default)."""
+    return with_schedule_fields(fn, pack_gqa=False)
 
 
 def loop_times(fns, rounds):

@@ -3,7 +3,7 @@ launch (``ragged_launch`` patched to run ``BASE`` updated by the candidate's fie
 batch keeps its looked-up ``pack_gqa``), interleaved with what ``varlen_attn`` runs by itself
 (``default``), GPU view (one call between events, L2 flushed: ``time_interleaved``), medians.
 Each candidate's output is checked against the float32 reference first (relative L2 over
-1e-2: left out, said so). The batches: ``packed_batches.py``'s and ``EXTRA`` (seeds 77, 78).
+1e-2: left out, said so). The batches: ``packed_batches.py``'s and ``extra_batches()``'s.
 
     source .devtk/setup.sh && python3 docs/records/probes/packed_schedules.py \\
         [--causal] [--only a,b] [--cands "name;name"] [--rounds 9]
@@ -17,10 +17,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from packed_batches import (batches, log_uniform, new_batches, packed_call,  # noqa: E402
-                            rel, uniform)
+                            rel, uniform, with_schedule_fields)
 
 import tiledattention as ta  # noqa: E402
-from tiledattention.kernels.forward import _launch  # noqa: E402
 from tiledattention.tooling import varlen_reference  # noqa: E402
 from tuner.measure import time_interleaved  # noqa: E402
 
@@ -83,18 +82,7 @@ def extra_batches():
 
 def forced(fn, fields):
     """``fn`` with every ragged forward launch running ``BASE`` updated by ``fields``."""
-    plain = _launch.ragged_launch
-
-    def patched(problem, schedule, *args, **kwargs):
-        return plain(problem, schedule.replace(**{**BASE, **fields}), *args, **kwargs)
-
-    def run():
-        _launch.ragged_launch = patched
-        try:
-            return fn()
-        finally:
-            _launch.ragged_launch = plain
-    return run
+    return with_schedule_fields(fn, **{**BASE, **fields})
 
 
 def main():
