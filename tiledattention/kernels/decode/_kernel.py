@@ -361,9 +361,8 @@ def decode_split(
             # from device-scope loads (what the other CTAs stored, not a stale copy) and sets
             # the counter back to 0 for the next call (a CUDA graph's next replay)
             if ct.atomic_add(Counters, row, 1.0).astype(np.int32) == splits - 1:
-                merged = _merged_steps(Opart, Lse, Sinks, row, 0, head, Q.shape[2], TILE_S,
-                                       tile_g=MERGE_G, width=TILE_D, unroll=LAST,
-                                       sinks=MERGE_SINKS, strong=True)
+                merged = _merged_steps(Opart, Lse, Sinks, row, 0, head, Q.shape[2], MERGE_G,
+                                       TILE_S, TILE_D, LAST, MERGE_SINKS, strong=True)
                 ct.store(Out, index=(batch, head, 0, q_tile, 0),
                          tile=merged.astype(Out.dtype).reshape((1, 1, MERGE_G, TILE_S, TILE_D)))
                 ct.atomic_xchg(Counters, row, 0.0)
@@ -395,45 +394,46 @@ def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CH
     return normalised(acc, total.reshape((TILE_M, 1)))
 
 
-def _merged_steps(Opart, Lse, Sinks, row, chunk, head, group, TILE_S, *, tile_g, width, unroll,
-                  sinks, strong=False):
-    """Row ``row``'s merged output columns ``chunk`` (``[tile_g * TILE_S, width]``: the first
-    ``tile_g`` heads' rows of its partials) from its splits ``unroll`` at a time, their loads
-    issued together (the merge is a chain of dependent steps, and one load a step left it
-    waiting on memory once a split), each step elementwise across the splits. Splits past the
-    last one are out of bounds: they load as -inf (weight 0) and zeros. With ``sinks`` the
+def _merged_steps(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,
+                  SINKS, strong=False):
+    """Row ``row``'s merged output columns ``chunk`` (``[TILE_G * TILE_S, CHUNK_D]``: the first
+    ``TILE_G * TILE_S`` rows of its partials) from its splits ``UNROLL`` at a time, their
+    loads issued together (the merge is a chain of dependent steps, and one load a step left it
+    waiting on memory once a split), each step's elementwise across the splits. Splits past
+    the last one are out of bounds: they load as -inf (weight 0) and zeros. With ``SINKS`` the
     sink enters as one more split of log-sum-exp ``sink * log2(e)`` and output 0. ``strong``:
     the loads read what other CTAs of this launch stored (device scope, not through TMA or
     the L1 cache)."""
-    TILE_M = ct.static_eval(tile_g * TILE_S)
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
     tma = ct.static_eval(False if strong else None)
     order = ct.static_eval(ct.MemoryOrder.RELAXED if strong else ct.MemoryOrder.WEAK)
     scope = ct.static_eval(ct.MemoryScope.DEVICE if strong else ct.MemoryScope.NONE)
-    if sinks:
-        m = _row_sinks(Sinks, head, group, tile_g, TILE_S, True)  # [TILE_M, 1]
+    if SINKS:
+        m = _row_sinks(Sinks, head, group, TILE_G, TILE_S, True)  # [TILE_M, 1]
         total = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
     else:
         m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
         total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-    acc = ct.full((TILE_M, width), 0.0, dtype=np.float32)
-    for step in range(ct.cdiv(Opart.shape[1], unroll)):
+    acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
+    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
         lses = ()
         parts = ()
-        for u in ct.static_iter(range(unroll)):
-            split = step * unroll + u
+        for u in ct.static_iter(range(UNROLL)):
+            split = step * UNROLL + u
             lses += (ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
                              padding_mode=ct.PaddingMode.NEG_INF, allow_tma=tma,
                              memory_order=order, memory_scope=scope).reshape((TILE_M, 1)),)
-            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, width),
+            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
                               padding_mode=ct.PaddingMode.ZERO, allow_tma=tma,
-                              memory_order=order, memory_scope=scope).reshape((TILE_M, width)),)
+                              memory_order=order, memory_scope=scope
+                              ).reshape((TILE_M, CHUNK_D)),)
         m_new = m
-        for u in ct.static_iter(range(unroll)):
+        for u in ct.static_iter(range(UNROLL)):
             m_new = max(m_new, lses[u])
         alpha = ct.exp2(m - m_new, flush_to_zero=True)
         total = total * alpha
         acc = acc * alpha
-        for u in ct.static_iter(range(unroll)):
+        for u in ct.static_iter(range(UNROLL)):
             weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)  # 0 for an empty split
             total = total + weight
             acc = acc + parts[u] * weight
@@ -469,7 +469,7 @@ def decode_combine(
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
         return
 
-    out = _merged_steps(Opart, Lse, Sinks, row, chunk, head, Out.shape[2], TILE_S, tile_g=TILE_G,
-                        width=CHUNK_D, unroll=UNROLL, sinks=SINKS)
+    out = _merged_steps(Opart, Lse, Sinks, row, chunk, head, Out.shape[2], TILE_G, TILE_S,
+                        CHUNK_D, UNROLL, SINKS)
     ct.store(Out, index=(batch, head, 0, q_tile, chunk),
              tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
