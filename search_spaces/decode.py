@@ -19,7 +19,7 @@ _MIN_TILES_PER_SPLIT = 2
 
 _FULL = {
     "splits": _SPLITS,
-    "combine": ("pdl", "kernel", "block", "block_pdl", "last"),
+    "combine": ("pdl", "kernel", "block", "block_pdl"),
     "balanced": (False, True),
     # every row split, or only those past whole waves of two CTAs an SM (``restricted`` puts
     # the problem's count in place of the 1, or drops the dimension where there is none)

@@ -1210,22 +1210,20 @@ def test_simulated_search_stores_a_row_that_never_answers_a_lookup(tmp_path):
 # -- kernel arguments by name -------------------------------------------------------------------
 def test_launch_order_of_the_runtime_values_is_the_kernels():
     """``_launch.launch`` passes (Q, K, V, Out, Opart, Lse, scale, offset, kv_div, window_left,
-    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, split_hint, Counters,
-    *constants) and (Opart, Lse, Out, Sinks, *constants) positionally: the kernels must take
-    them so."""
-    assert SPLIT_PARAMETERS.names[:19] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
+    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, split_hint, *constants)
+    and (Opart, Lse, Out, Sinks, *constants) positionally: the kernels must take them so."""
+    assert SPLIT_PARAMETERS.names[:18] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
                                            "causal_offset", "kv_div", "window_left",
                                            "window_right", "softcap", "Sinks", "Ranges",
-                                           "Pages", "KDescale", "VDescale", "split_hint",
-                                           "Counters")
-    assert set(SPLIT_PARAMETERS.names[19:]) == SPLIT_PARAMETERS.constants
+                                           "Pages", "KDescale", "VDescale", "split_hint")
+    assert set(SPLIT_PARAMETERS.names[18:]) == SPLIT_PARAMETERS.constants
     assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "Sinks", "TILE_G", "TILE_S",
                                         "CHUNK_D", "UNROLL", "PDL", "SINKS", "BLOCK")
     schedule = DecodeSchedule(splits=4, combine="pdl", k_latency=3)
     plan = launches(ODD, schedule, None)
     constants = split_constants(ODD, schedule)
     assert set(constants) == SPLIT_PARAMETERS.constants
-    assert dict(zip(SPLIT_PARAMETERS.names[19:], plan.split_constants)) == constants
+    assert dict(zip(SPLIT_PARAMETERS.names[18:], plan.split_constants)) == constants
     assert dict(zip(COMBINE_PARAMETERS.names[4:], plan.combine_constants)) == \
         combine_constants(ODD, schedule) == {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32,
                                              "UNROLL": 4, "PDL": True, "SINKS": False,

@@ -23,8 +23,7 @@ __all__ = ["compile_decode"]
 
 
 def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
-    """Compile the split kernel (and the combine kernel, when there is more than one split and
-    the split kernel does not merge them itself: ``combine="last"``) of
+    """Compile the split kernel (and the combine kernel, when there is more than one split) of
     ``normalise(problem, schedule)`` for ``arch``; raise :class:`CompileError`. The result is
     the split kernel's cubin, with the combine kernel's in ``other_cubins``; ``seconds`` counts
     both builds."""
@@ -74,14 +73,11 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
         array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype
         else ctc.ConstantConstraint(0))
     runtime["split_hint"] = ctc.ScalarConstraint(ct.int32)
-    constants = split_constants(p, schedule)
-    last = bool(constants["LAST"])  # combine="last": the row counters, no combine kernel
-    runtime["Counters"] = (array_constraint("fp32", (merged,)) if last
-                           else ctc.ConstantConstraint(0))
     label = f"decode {schedule.describe()}"
     result = export_cubin(split_kernel(schedule),
-                          SPLIT_PARAMETERS.ordered(runtime, constants), arch, label)
-    if direct or last:
+                          SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),
+                          arch, label)
+    if direct:
         return result
     combined = export_cubin(
         combine_kernel(schedule),

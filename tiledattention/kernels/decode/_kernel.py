@@ -16,11 +16,7 @@ and the merge covers the split rows only): ``out = sum_s 2^(lse_s - m) o_s / sum
 - m)``. With ``BLOCK`` it loads all of a row's splits as one tile and merges them in one step;
 otherwise it walks them ``UNROLL`` at a time. With ``PDL`` the combine is launched as a
 programmatic dependent launch: its CTAs are scheduled while the split kernel drains and wait for
-its memory. With ``LAST`` there is no combine kernel: each split CTA stores its partial, counts
-itself on its row's counter (``ct.atomic_add``, acquire-release at device scope, after the
-stores), and the CTA that counts last merges the row (``_merged_steps``: the row's first
-``MERGE_G`` heads, every head-dim column, ``LAST`` splits a step, elementwise across them),
-reading the partials with device-scope loads, and sets the counter back to 0.
+its memory.
 
 Masking: keys at or past ``S_k`` never enter the softmax; with ``CAUSAL`` query position ``i`` sees
 keys ``0..i + causal_offset`` (0: top-left, ``S_k - S_q``: bottom-right). With ``WINDOW`` it also
@@ -134,8 +130,6 @@ def decode_split(
     # share (a row's own share where that is more); TAIL: the rows before the split ones (each
     # one CTA, unsplit); else 0. (One parameter for both, which never meet: another would move
     # the TMA descriptors after the parameters, and so every plain kernel's machine code.)
-    Counters,  # LAST: float32 [rows] of the splits done (whole numbers, exact), zeros
-    # between calls (each row's merging CTA sets its counter back to 0); else (), no bytes
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -157,10 +151,6 @@ def decode_split(
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
     BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
     TAIL: ConstBool,  # only the rows from split_hint on split (a one-dimensional grid)
-    LAST: ConstInt,  # > 0: the split CTA that finishes its row last merges it, this many
-    # splits a step (_merged_steps), instead of decode_combine; 0: no merge here
-    MERGE_G: ConstInt,  # LAST: heads a merged tile holds (a power of two >= G', <= TILE_G)
-    MERGE_SINKS: ConstBool,  # LAST: the merge adds each row's sink (as decode_combine's SINKS)
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -350,22 +340,8 @@ def decode_split(
             ct.store(Lse, index=(row - whole_rows, split, 0), tile=lse.reshape((1, 1, TILE_M)))
     else:
         lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
-        # with LAST the partials are stored without TMA, so that the count below orders them
-        tma = ct.static_eval(False if LAST else None)
-        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)),
-                 allow_tma=tma)
-        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)), allow_tma=tma)
-        if LAST:
-            # count this split done (acquire-release at device scope: its partials are
-            # visible to whoever counts after it); the CTA that counts last merges the row
-            # from device-scope loads (what the other CTAs stored, not a stale copy) and sets
-            # the counter back to 0 for the next call (a CUDA graph's next replay)
-            if ct.atomic_add(Counters, row, 1.0).astype(np.int32) == splits - 1:
-                merged = _merged_steps(Opart, Lse, Sinks, row, 0, head, Q.shape[2], MERGE_G,
-                                       TILE_S, TILE_D, LAST, MERGE_SINKS, strong=True)
-                ct.store(Out, index=(batch, head, 0, q_tile, 0),
-                         tile=merged.astype(Out.dtype).reshape((1, 1, MERGE_G, TILE_S, TILE_D)))
-                ct.atomic_xchg(Counters, row, 0.0)
+        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
+        ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
 
 
 def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,
@@ -394,53 +370,6 @@ def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CH
     return normalised(acc, total.reshape((TILE_M, 1)))
 
 
-def _merged_steps(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,
-                  SINKS, strong=False):
-    """Row ``row``'s merged output columns ``chunk`` (``[TILE_G * TILE_S, CHUNK_D]``: the first
-    ``TILE_G * TILE_S`` rows of its partials) from its splits ``UNROLL`` at a time, their
-    loads issued together (the merge is a chain of dependent steps, and one load a step left it
-    waiting on memory once a split), each step's elementwise across the splits. Splits past
-    the last one are out of bounds: they load as -inf (weight 0) and zeros. With ``SINKS`` the
-    sink enters as one more split of log-sum-exp ``sink * log2(e)`` and output 0. ``strong``:
-    the loads read what other CTAs of this launch stored (device scope, not through TMA or
-    the L1 cache)."""
-    TILE_M = ct.static_eval(TILE_G * TILE_S)
-    tma = ct.static_eval(False if strong else None)
-    order = ct.static_eval(ct.MemoryOrder.RELAXED if strong else ct.MemoryOrder.WEAK)
-    scope = ct.static_eval(ct.MemoryScope.DEVICE if strong else ct.MemoryScope.NONE)
-    if SINKS:
-        m = _row_sinks(Sinks, head, group, TILE_G, TILE_S, True)  # [TILE_M, 1]
-        total = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
-    else:
-        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
-    acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
-    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
-        lses = ()
-        parts = ()
-        for u in ct.static_iter(range(UNROLL)):
-            split = step * UNROLL + u
-            lses += (ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
-                             padding_mode=ct.PaddingMode.NEG_INF, allow_tma=tma,
-                             memory_order=order, memory_scope=scope).reshape((TILE_M, 1)),)
-            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
-                              padding_mode=ct.PaddingMode.ZERO, allow_tma=tma,
-                              memory_order=order, memory_scope=scope
-                              ).reshape((TILE_M, CHUNK_D)),)
-        m_new = m
-        for u in ct.static_iter(range(UNROLL)):
-            m_new = max(m_new, lses[u])
-        alpha = ct.exp2(m - m_new, flush_to_zero=True)
-        total = total * alpha
-        acc = acc * alpha
-        for u in ct.static_iter(range(UNROLL)):
-            weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)  # 0 for an empty split
-            total = total + weight
-            acc = acc + parts[u] * weight
-        m = m_new
-    return normalised(acc, total)
-
-
 @ct.kernel
 def decode_combine(
     Opart,  # [rows, splits, TILE_M, TILE_D] float32
@@ -455,6 +384,7 @@ def decode_combine(
     SINKS: ConstBool,  # each row's sink joins the merged denominator (once)
     BLOCK: ConstBool,  # every split in one step, loaded as one [UNROLL, TILE_M, CHUNK_D] tile
 ):
+    TILE_M = ct.static_eval(TILE_G * TILE_S)
     if PDL:
         ct.grid_dependency_control_wait()
     heads = Out.shape[1]
@@ -469,7 +399,37 @@ def decode_combine(
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
         return
 
-    out = _merged_steps(Opart, Lse, Sinks, row, chunk, head, Out.shape[2], TILE_G, TILE_S,
-                        CHUNK_D, UNROLL, SINKS)
+    # UNROLL splits per step, their loads issued together: the merge is a chain of dependent
+    # steps, and one load per step left it waiting on memory once per split. Splits past the
+    # last one are out of bounds: they load as -inf (weight 0) and zeros.
+    # With SINKS the sink enters as one more split of log-sum-exp sink * log2(e) and output 0.
+    if SINKS:
+        m = _row_sinks(Sinks, head, Out.shape[2], TILE_G, TILE_S, True)  # [TILE_M, 1]
+        total = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+    else:
+        m = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
+        total = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+    acc = ct.full((TILE_M, CHUNK_D), 0.0, dtype=np.float32)
+    for step in range(ct.cdiv(Opart.shape[1], UNROLL)):
+        lses = ()
+        parts = ()
+        for u in ct.static_iter(range(UNROLL)):
+            split = step * UNROLL + u
+            lses += (ct.load(Lse, index=(row, split, 0), shape=(1, 1, TILE_M),
+                             padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_M, 1)),)
+            parts += (ct.load(Opart, index=(row, split, 0, chunk), shape=(1, 1, TILE_M, CHUNK_D),
+                              padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, CHUNK_D)),)
+        m_new = m
+        for u in ct.static_iter(range(UNROLL)):
+            m_new = max(m_new, lses[u])
+        alpha = ct.exp2(m - m_new, flush_to_zero=True)
+        total = total * alpha
+        acc = acc * alpha
+        for u in ct.static_iter(range(UNROLL)):
+            weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)  # 0 for an empty split
+            total = total + weight
+            acc = acc + parts[u] * weight
+        m = m_new
+    out = normalised(acc, total)
     ct.store(Out, index=(batch, head, 0, q_tile, chunk),
              tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))

@@ -54,7 +54,7 @@ SPLIT_PARAMETERS = KernelParameters(
     _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
      "window_right", "softcap", "Sinks", "Ranges", "Pages", "KDescale", "VDescale",
-     "split_hint", "Counters"))
+     "split_hint"))
 COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
@@ -215,9 +215,6 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     elif too_many_rows:  # too many rows for one block: the stepping merge, launched alike
         changes["combine"] = "pdl" if schedule.combine in PDL_COMBINES else "kernel"
     tail = tail_rows(problem, schedule)
-    if tail and schedule.combine == "last":  # the tail's rows merge in a kernel of their own
-        changes["combine"] = "block_pdl"
-        schedule = schedule.replace(combine="block_pdl")
     if tail != schedule.tail_rows:  # whole entries; none with one split, every row split or
         changes["tail_rows"] = tail  # a ragged batch
     if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
@@ -264,23 +261,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         else 0,
         "KV_FP8": bool(problem.kv_dtype),
         "TAIL": tail,
-        **last_merge_constants(problem, schedule, tiles, variant),
     }
-
-
-def last_merge_constants(problem: Problem, schedule: DecodeSchedule, tiles: Layout,
-                         variant: Variant) -> dict[str, Any]:
-    """``decode_split``'s constants of ``combine="last"`` (the split CTA that counts its row
-    last merges it): ``LAST``, the splits it merges a step (all of them, padded to a power of
-    two, where that tile of the row's first ``MERGE_G`` heads holds at most
-    :data:`COMBINE_BLOCK_VALUES` floats; else fewer), ``MERGE_G`` and ``MERGE_SINKS``; 0,
-    16 and False otherwise (no merge in the split kernel)."""
-    if schedule.combine != "last" or schedule.splits == 1:
-        return {"LAST": 0, "MERGE_G": MIN_TILE_ROWS, "MERGE_SINKS": False}
-    merge_g = _pow2_at_least(tiles.view_group)
-    rows = merge_g * tiles.tile_s * padded_head_dim(problem.head_dim)
-    step = max(1, min(_pow2_at_least(schedule.splits), COMBINE_BLOCK_VALUES // rows))
-    return {"LAST": step, "MERGE_G": merge_g, "MERGE_SINKS": variant.sinks}
 
 
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
@@ -371,12 +352,11 @@ class Launches(NamedTuple):
     whole_batches: int  # TAIL: the batch entries of those (the merge's Out starts after); else 0
     flat: FlatLaunches | None  # DecodeSchedule.flat: the flat walk's launches (split, combine
     # and their grids then unused); else None
-    last: bool  # combine="last": the split kernel merges (no combine launch; counters too)
 
     @property
     def scratch(self) -> bool:
         """Whether a call needs the float32 buffers of :func:`partial_shapes`."""
-        return self.combine is not None or self.flat is not None or self.last
+        return self.combine is not None or self.flat is not None
 
 
 #: The SMs a flat walk's wave fills where no device is named (a compile-only build, whose code
@@ -407,14 +387,13 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
                     else (tiles.rows, schedule.splits, 1)),
         combine_grid=(merged, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
-        combine=combine_kernel(schedule) if schedule.splits > 1 and not split["LAST"] else None,
+        combine=combine_kernel(schedule) if schedule.splits > 1 else None,
         split_constants=SPLIT_PARAMETERS.constant_values(split),
         combine_constants=COMBINE_PARAMETERS.constant_values(combine),
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
         tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
         causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0,
-        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch), flat=flat,
-        last=bool(split["LAST"]))
+        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch), flat=flat)
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
@@ -436,9 +415,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
         return
     if descales is not None:
         v = fp8_words(v)
-    opart, lse, counters = (partials if plan.last
-                            else (*partials, UNUSED) if partials is not None
-                            else (out5, out5, UNUSED))
+    opart, lse = partials if partials is not None else (out5, out5)
     variant = plan.variant
     sink_arg = sinks if variant.sinks else NO_SINKS
     _aot.launch(stream, plan.split_grid, plan.split,
@@ -446,7 +423,7 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
                  variant.window_left, variant.window_right, variant.softcap, sink_arg,
                  UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
                  *(descales or (UNUSED, UNUSED)), plan.share_keys or plan.whole_rows,
-                 counters, *plan.split_constants))
+                 *plan.split_constants))
     if plan.combine is not None:
         if plan.whole_batches:  # only the last entries' rows split: the merge writes those
             out5 = out5[plan.whole_batches:]
@@ -468,29 +445,24 @@ def fp8_words(v: Any) -> Any:
 
 def new_scratch(plan: Launches, empty: Any) -> tuple | None:
     """The scratch a call of ``plan`` launches with, in float32 buffers of
-    :func:`partial_shapes` that ``empty(shape)`` makes: (Opart, Lse), with ``combine="last"``
-    (Opart, Lse, Counters: zeros, which each call leaves as it found them), or a flat walk's
-    three arrays (:func:`flat_scratch`, cut here once rather than in every call); None where
-    the plan needs none."""
+    :func:`partial_shapes` that ``empty(shape)`` makes: (Opart, Lse), or a flat walk's three
+    arrays (:func:`flat_scratch`, cut here once rather than in every call); None where the
+    plan needs none."""
     if not plan.scratch:
         return None
-    buffers = [empty(shape) for shape in partial_shapes(plan)]
+    opart, lse = (empty(shape) for shape in partial_shapes(plan))
     if plan.flat is not None:
-        return flat_scratch(plan.flat, *buffers)
-    if plan.last:
-        buffers[2][...] = 0
-    return tuple(buffers)
+        return flat_scratch(plan.flat, opart, lse)
+    return opart, lse
 
 
-def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], ...]:
+def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs (the tail's rows
-    where only they split; with ``combine="last"`` a counter a row after them), or a flat
-    one (``flat_scratch_shapes``)."""
+    where only they split), or a flat one (``flat_scratch_shapes``)."""
     if plan.flat is not None:
         return flat_scratch_shapes(plan.flat)
     rows, m = plan.combine_grid[0], plan.tiles.tile_m
-    shapes = (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
-    return (*shapes, (rows,)) if plan.last else shapes
+    return (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
 
 
 def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int

@@ -17,9 +17,8 @@ DECODE_SCHEDULE_FORMAT = 1
 #: How the splits are merged: a second kernel walking a row's splits a few at a time, the same
 #: launched as a programmatic dependent of the first (scheduled while the split kernel
 #: drains), or a second kernel merging all of a row's splits from one tile (``"block"``), that
-#: one too as a dependent launch (``"block_pdl"``); or no second kernel: the split CTA that
-#: finishes a row last merges it (``"last"``).
-COMBINES = ("kernel", "pdl", "block", "block_pdl", "last")
+#: one too as a dependent launch (``"block_pdl"``).
+COMBINES = ("kernel", "pdl", "block", "block_pdl")
 _TILES_N = (16, 32, 64, 128, 256)
 TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
 MAX_SPLITS = 256
@@ -34,9 +33,7 @@ class DecodeSchedule(ScheduleValue):
         splits: key ranges per (batch, K/V head) processed by separate CTAs (1..256); 1 writes
             the output directly, with no partials and no combine step.
         combine: ``"kernel"``, ``"pdl"`` (programmatic dependent launch), ``"block"`` (all of
-            a row's splits merged from one tile) or ``"block_pdl"`` (both) for the merge, or
-            ``"last"``: no merge kernel, the split CTA that counts its row done last merges it
-            (``"block_pdl"`` where only the last rows split: ``tail_rows``).
+            a row's splits merged from one tile) or ``"block_pdl"`` (both) for the merge.
         balanced: a ragged batch (per-entry cache lengths, a paged cache's) splits every
             entry's keys into shares of one size, 1 / ``splits`` of the call's longest cache
             (a paged call's ``max_k``, else its block table's capacity; an entry longer than
