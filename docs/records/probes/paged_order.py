@@ -6,7 +6,8 @@ on the first two where importable. Interleaved, L2 flushed, GPU view; shares of 
 
     source .devtk/setup.sh && python3 -u docs/records/probes/paged_order.py [0,1,...]
 
-The argument picks points of ``POINTS`` by index.
+The argument picks points of ``POINTS`` by index. ``--model`` (no GPU): longest first over grid
+order in two models of the defaults' grids, slots of equal speed and CTAs sharing 3 TB/s.
 """
 import sys
 
@@ -29,7 +30,40 @@ ORDERS = {"as sent": lambda xs: xs, "longest first": lambda xs: sorted(xs, rever
           "shortest first": sorted}
 
 
+def model_ms(works, slots, shared, cap):
+    """Time of CTAs of ``works`` bytes started in order on ``slots`` slots, each running at
+    ``min(cap, shared / running)`` bytes/s after 2 µs of start (``shared`` None: equal speed)."""
+    pending, running, t = list(works), [], 0.0
+    while pending or running:
+        running += [[pending.pop(0), 2e-6] for _ in range(min(slots - len(running), len(pending)))]
+        rate = cap if shared is None else min(cap, shared / len(running))
+        step = min(start or left / rate for left, start in running)
+        t += step
+        running = [[left - (0 if start else rate * step), max(start - step, 0)]
+                   for left, start in running if start > step or left - rate * step > 1]
+    return t * 1e3
+
+
+def model(problems):
+    for p in problems:
+        d = ta.DECODE.default_schedule("sm_90", p)
+        for mix, lengths in MIXES.items():
+            def works(order):
+                return [n / d.splits * p.head_dim * 4 for _ in range(d.splits) for n in order
+                        for _ in range(p.heads_kv)]
+            ratios = [model_ms(works(lengths(p)), 132 * d.occupancy, shared, cap)
+                      / model_ms(works(sorted(lengths(p), reverse=True)), 132 * d.occupancy,
+                                 shared, cap)
+                      for shared, cap in ((None, 10e9), (3e12, 100e9), (3e12, 200e9))]
+            print(p.describe(), mix, d.describe(), " ".join(f"{r:.3f}" for r in ratios))
+
+
 def main():
+    if "--model" in sys.argv:
+        return model([ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
+                                 head_dim=d, dtype="bf16", causal=True, bottom_right=True,
+                                 ragged=True, page_size=page)
+                      for b, hq, hkv, sk, page, d in POINTS])
     picked = [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else range(len(POINTS))
     copy_gbps = copy_rate()
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
