@@ -44,8 +44,17 @@ def model_ms(works, slots, shared, cap):
     return t * 1e3
 
 
-def model(problems):
-    for p in problems:
+def problems(picked):
+    """The decode problems of ``POINTS`` at indices ``picked``."""
+    return [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                       dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=page)
+            for b, hq, hkv, sk, page, d in (POINTS[i] for i in picked)]
+
+
+def model(points):
+    print("grid order over longest first: equal speed (10 GB/s a CTA); 3 TB/s shared, at most "
+          "100 GB/s a CTA; the same, at most 200 GB/s")
+    for p in points:
         d = ta.DECODE.default_schedule("sm_90", p)
         for mix, lengths in MIXES.items():
             def works(order):
@@ -60,19 +69,13 @@ def model(problems):
 
 def main():
     if "--model" in sys.argv:
-        return model([ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
-                                 head_dim=d, dtype="bf16", causal=True, bottom_right=True,
-                                 ragged=True, page_size=page)
-                      for b, hq, hkv, sk, page, d in POINTS])
+        return model(problems(range(len(POINTS))))
     picked = [int(a) for a in sys.argv[1].split(",")] if len(sys.argv) > 1 else range(len(POINTS))
+    points = problems(picked)
     copy_gbps = copy_rate()
-    problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
-                           head_dim=d, dtype="bf16", causal=True, bottom_right=True,
-                           ragged=True, page_size=page)
-                for b, hq, hkv, sk, page, d in (POINTS[i] for i in picked)]
-    compile_ahead([(p, ta.DECODE.default_schedule("sm_90", p)) for p in problems])
+    compile_ahead([(p, ta.DECODE.default_schedule("sm_90", p)) for p in points])
     original, rows = _case.paged_lengths, []
-    for p in problems:
+    for p in points:
         d = ta.DECODE.default_schedule("sm_90", p)
         for mix, lengths in MIXES.items():
             fns, errors = {}, {}
