@@ -15,7 +15,7 @@ import tiledattention as ta
 from tiledattention.core import _case
 from tuner.measure import time_interleaved
 
-from paged_balance import log_uniform
+from paged_balance import MIXES
 from paged_defaults import add_fa4, copy_rate, report
 from compile_ahead import compile_ahead
 
@@ -25,7 +25,6 @@ POINTS = ((40, 32, 8, 2000, 128, 128), (56, 32, 8, 3000, 64, 128), (100, 28, 4, 
           (128, 28, 4, 3000, 64, 128), (200, 32, 8, 2500, 128, 128),
           (24, 32, 8, 20000, 16, 128), (70, 8, 1, 3000, 64, 128), (48, 32, 8, 6000, 64, 64),
           (33, 40, 8, 7000, 128, 128))
-MIXES = {"cycling": _case.paged_lengths, "log-uniform": log_uniform}
 ORDERS = {"as sent": lambda xs: xs, "longest first": lambda xs: sorted(xs, reverse=True),
           "shortest first": sorted}
 
