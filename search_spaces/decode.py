@@ -25,6 +25,7 @@ _FULL = {
     # the problem's count in place of the 1, or drops the dimension where there is none)
     "tail_rows": (0, 1),
     "flat": (False, True),  # a paged batch's items shared evenly by one wave
+    "longest_first": (False, True),  # a paged batch's entries longest cache first
     "tile_n": (32, 64, 128, 256),
     "tile_m": (16, 32, 64, 128),
     "occupancy": (1, 2, 3, 4),  # 3 and 4: defaults of one split at 172-660 rows on Hopper
@@ -41,6 +42,7 @@ _COMPACT = {
     "splits": _SPLITS,
     "balanced": (False, True),
     "flat": (False, True),
+    "longest_first": (False, True),
     "tile_n": (64, 128),
     "occupancy": (1, 2),
     "k_latency": (2, 4),
@@ -69,7 +71,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     space that does not search the merge (``compact``) merges as the problem's default does:
     the base's stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
     (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9). The flat walk
-    only where it applies (a plain 16-bit paged cache)."""
+    only where it applies (a plain 16-bit paged cache), and so the longest-first order (a paged
+    batch of several entries)."""
     choices = dict(space.choices)
     base = space.base
     if "combine" not in choices:
@@ -79,6 +82,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     names = [n for n in ("combine",) if choices["splits"] == (1,)]
     if not flat_applies(problem):
         names.append("flat")
+    if not problem.page_size or problem.batch == 1:
+        names.append("longest_first")
     if choices["splits"] == (1,) or not problem.ragged or problem.windowed:
         names.append("balanced")
     if problem.seqlen_q == 1:
@@ -111,7 +116,7 @@ def model_ms(problem: Problem, schedule: DecodeSchedule) -> float:
     ctas = rows - tail + tail * schedule.splits if tail else rows * schedule.splits
     fill = min(1.0, ctas / 132) * (0.9 if ctas > 132 and ctas % 132 else 1.0)
     tiles = {64: 0.95, 128: 1.0, 256: 0.9}.get(schedule.tile_n, 0.9)
-    launches = 1 if schedule.splits == 1 else 2
+    launches = (1 if schedule.splits == 1 else 2) + schedule.longest_first
     if schedule.flat:  # one even wave, two launches
         fill, launches = 1.0, 2
     return moved / (3.0e12 * fill * tiles) * 1e3 + 0.003 * launches

@@ -185,7 +185,7 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 
 # -- DecodeSchedule ------------------------------------------------------------------------------
 TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tail_rows=5, flat=True,
-                         tile_n=256, tile_m=128,
+                         longest_first=True, tile_n=256, tile_m=128,
                          pack_heads=False, occupancy=2, num_worker_warps=8, k_latency=3,
                          v_latency=10, k_transposed=True, exp2=False)
 
@@ -269,7 +269,7 @@ def test_describe():
     assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
     assert TOGGLED.describe() == "flat n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp"
     assert TOGGLED.replace(flat=False).describe() == (
-        "split16/pdl/bal/tail5 n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp")
+        "split16/pdl/bal/tail5/longest n256 m128 occ2 unpacked w8 lat(K3,V10) Kt exp")
     assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
 
 
@@ -754,7 +754,7 @@ def test_last_wave_rows_split_to_fill_it_at_head_dims_below_128():
         assert (plan.whole_rows, plan.whole_batches, plan.combine_grid[0]) == (
             whole, whole // 8, tail)
         tile_d = 64 if head_dim <= 64 else 128
-        assert partial_shapes(plan) == ((tail, splits, 16, tile_d), (tail, splits, 16))
+        assert partial_shapes(plan) == ((tail, splits, 16, tile_d), (tail * splits * 16,))
         windowed = _window(_problem(batch=rows // 8, seqlen_k=20000, head_dim=head_dim), 4096)
         assert DECODE.default_schedule("sm_90", windowed).tail_rows == tail, windowed.describe()
     # whole batch entries: 800 rows of 16 K/V heads pass three waves by 8, half an entry
@@ -1210,20 +1210,22 @@ def test_simulated_search_stores_a_row_that_never_answers_a_lookup(tmp_path):
 # -- kernel arguments by name -------------------------------------------------------------------
 def test_launch_order_of_the_runtime_values_is_the_kernels():
     """``_launch.launch`` passes (Q, K, V, Out, Opart, Lse, scale, offset, kv_div, window_left,
-    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, split_hint, *constants)
+    window_right, softcap, Sinks, Ranges, Pages, KDescale, VDescale, split_hint, Order,
+    *constants)
     and (Opart, Lse, Out, Sinks, *constants) positionally: the kernels must take them so."""
-    assert SPLIT_PARAMETERS.names[:18] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
+    assert SPLIT_PARAMETERS.names[:19] == ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale",
                                            "causal_offset", "kv_div", "window_left",
                                            "window_right", "softcap", "Sinks", "Ranges",
-                                           "Pages", "KDescale", "VDescale", "split_hint")
-    assert set(SPLIT_PARAMETERS.names[18:]) == SPLIT_PARAMETERS.constants
+                                           "Pages", "KDescale", "VDescale", "split_hint",
+                                           "Order")
+    assert set(SPLIT_PARAMETERS.names[19:]) == SPLIT_PARAMETERS.constants
     assert COMBINE_PARAMETERS.names == ("Opart", "Lse", "Out", "Sinks", "TILE_G", "TILE_S",
                                         "CHUNK_D", "UNROLL", "PDL", "SINKS", "BLOCK")
     schedule = DecodeSchedule(splits=4, combine="pdl", k_latency=3)
     plan = launches(ODD, schedule, None)
     constants = split_constants(ODD, schedule)
     assert set(constants) == SPLIT_PARAMETERS.constants
-    assert dict(zip(SPLIT_PARAMETERS.names[18:], plan.split_constants)) == constants
+    assert dict(zip(SPLIT_PARAMETERS.names[19:], plan.split_constants)) == constants
     assert dict(zip(COMBINE_PARAMETERS.names[4:], plan.combine_constants)) == \
         combine_constants(ODD, schedule) == {"TILE_G": 8, "TILE_S": 2, "CHUNK_D": 32,
                                              "UNROLL": 4, "PDL": True, "SINKS": False,

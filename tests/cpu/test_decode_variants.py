@@ -73,7 +73,7 @@ def test_new_runtime_parameters_come_last():
     split_runtime = [n for n in SPLIT_PARAMETERS.names if n in SPLIT_PARAMETERS.runtime]
     assert split_runtime == ["Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset",
                              "kv_div", "window_left", "window_right", "softcap", "Sinks", "Ranges",
-                             "Pages", "KDescale", "VDescale", "split_hint"]
+                             "Pages", "KDescale", "VDescale", "split_hint", "Order"]
     combine_runtime = [n for n in COMBINE_PARAMETERS.names if n in COMBINE_PARAMETERS.runtime]
     assert combine_runtime == ["Opart", "Lse", "Out", "Sinks"]
     # the constants follow every runtime value (launch appends them as a tail)

@@ -881,3 +881,96 @@ def test_a_regrouped_copy_past_the_index_range_is_refused_before_it_is_made(monk
     used = torch.full((300,), 32000, dtype=torch.int32)
     with pytest.raises(UnsupportedProblemError, match="runs over a copy in pages of 256"):
         tiledattention.paged_attention(q, pool, pool, table, used)
+
+
+# -- a paged batch's entries longest cache first -------------------------------------------------
+def test_the_longest_first_order_applies_to_paged_batches_of_several_entries_only():
+    """``normalise`` keeps ``longest_first`` only for a paged batch of more than one entry not
+    walked flat, and only then does the split kernel read an order (``ORDERED``) and a plan
+    rank the entries each call."""
+    from tiledattention.kernels.decode._launch import launches
+
+    ordered = DecodeSchedule(tile_n=128, occupancy=2, longest_first=True)
+    paged = _paged(batch=40, seqlen_k=2000, page_size=128)
+    assert normalise(paged, ordered).longest_first
+    assert split_constants(paged, ordered)["ORDERED"]
+    assert launches(paged, ordered, None).order_entries == 40
+    for other in (_paged(batch=1, page_size=128), _paged(page_size=0, ragged=False),
+                  _paged(page_size=0)):
+        assert not normalise(other, ordered).longest_first, other.describe()
+        assert not split_constants(other, ordered)["ORDERED"], other.describe()
+        assert launches(other, ordered, None).order_entries == 0
+    flat = _paged(batch=48, seqlen_k=4000, page_size=16)
+    assert not normalise(flat, ordered.replace(flat=True, tile_n=64)).longest_first
+    assert not split_constants(paged, ordered.replace(longest_first=False))["ORDERED"]
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_an_ordered_call_ranks_its_entries_first_into_the_scratch_after_the_lses(monkeypatch,
+                                                                                 splits):
+    """The order kernel runs first, on the call's key counts, into int32 entries cut from the
+    float32 scratch after the log-sum-exps (alone where one split has none); the split kernel
+    follows as its programmatic dependent and reads that order."""
+    from tiledattention.kernels.decode import _launch
+
+    problem = _paged(batch=40, seqlen_k=2000, page_size=128)
+    plan = _launch.launches(problem, DecodeSchedule(splits=splits, tile_n=128, occupancy=2,
+                                                    longest_first=True), None)
+    rows, m = 40 * 8, 16
+    merged = rows * splits * m if splits > 1 else 0
+    assert _launch.partial_shapes(plan)[1] == (merged + 40,)
+    scratch = _launch.new_scratch(plan, lambda shape: torch.zeros(shape))
+    opart, lse, order = scratch
+    assert order.dtype == torch.int32 and order.shape == (40,)
+    assert (lse is None) is (splits == 1)
+    if splits > 1:
+        assert lse.shape == (rows, splits, m) and opart.shape == (rows, splits, m, 128)
+        assert order.data_ptr() == lse.data_ptr() + 4 * merged
+    launched = []
+    monkeypatch.setattr(_launch._aot, "launch", lambda stream, grid, kernel, args, **options:
+                        launched.append((grid, kernel, args, options)))
+    q = torch.zeros(40, 32, 1, 128, dtype=torch.bfloat16)
+    pool = torch.zeros(700, 128, 8, 128, dtype=torch.bfloat16)
+    lengths = torch.zeros(40, dtype=torch.int32)
+    table = torch.zeros(40, 16, dtype=torch.int32)
+    _launch.launch(None, plan, q, pool, pool, q.clone(), 0, scratch, ranges=lengths, pages=table)
+    (grid, kernel, args, options), split = launched[:2]
+    assert kernel is _launch.order_kernel() and grid == (1, 1, 1)
+    assert args[0] is lengths and args[1] is order and args[2] == _launch.ORDER_CHUNK
+    assert split[1] is plan.split and split[3] == {"programmatic_dependent_launch": True}
+    named = dict(zip(_launch.SPLIT_PARAMETERS.names, split[2]))
+    assert named["Order"] is order and named["Ranges"] is lengths
+    assert len(launched) == (3 if splits > 1 else 2)  # and the merge
+
+
+def test_paged_batches_just_past_a_wave_run_longest_first_by_default():
+    """Hopper: a paged batch whose one split at two CTAs an SM passes one wave (264 CTAs on
+    132 SMs) by at most one more runs its entries longest first; exactly one wave, six waves,
+    a window, one entry, a contiguous cache or another architecture keep the grid order."""
+    def default(arch="sm_90", **fields):
+        return DECODE.default_schedule(arch, _paged(**fields))
+
+    for batch, heads_q, heads_kv, keys, page in ((40, 32, 8, 2000, 128), (100, 28, 4, 1500, 256),
+                                                 (56, 32, 8, 3000, 64), (66, 32, 8, 3000, 32)):
+        s = default(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
+                    page_size=page)
+        assert s.longest_first and s.splits == 1 and s.occupancy == 2, (batch, s)
+    for fields in (dict(batch=33, heads_q=40, heads_kv=8, seqlen_k=7000, page_size=128),
+                   dict(batch=67, heads_q=32, heads_kv=8, seqlen_k=3000, page_size=128),
+                   dict(batch=200, seqlen_k=2500, page_size=128),
+                   dict(batch=40, seqlen_k=2000, page_size=0),
+                   dict(batch=40, seqlen_k=2000, page_size=128, window_left=255)):
+        assert not default(**fields).longest_first, fields
+    assert not default("sm_100", batch=40, seqlen_k=2000, page_size=128).longest_first
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_longest_first_schedule_compiles_with_its_order_kernel(arch):
+    """The split kernel reading the order, with the order kernel beside it (and the merge
+    where it splits)."""
+    problem = _paged(batch=40, seqlen_k=2000, page_size=128)
+    for splits, cubins in ((1, 2), (4, 3)):
+        result = compile_decode(problem, DecodeSchedule(splits=splits, tile_n=128,
+                                                        longest_first=True), arch)
+        assert [c[:4] for c in result.cubins] == [b"\x7fELF"] * cubins
+        assert "decode_order" in result.resources()[-1].symbol

@@ -645,3 +645,54 @@ def test_the_flat_merge_reads_what_the_walk_wrote_over_2000_launches():
                pages=table)
         mismatches += int(not torch.equal(again, first))
     assert mismatches == 0
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_longest_first_reads_the_order_its_call_ranked_over_2000_launches(splits):
+    """``longest_first``: the order kernel ranks each call's key counts and the split kernel,
+    its programmatic dependent, reads that order. Two batches of one shape whose orders differ
+    (ties among their lengths) alternate over 2,000 launches with one scratch, NaN and -1 in
+    every scratch byte before each: a row that read the other call's order, or none, would
+    attend the wrong entry or none. Every output is bit-equal to its batch's first, and the
+    first ones are the float32 reference's."""
+    import random
+
+    from tiledattention import DecodeSchedule, Problem
+    from tiledattention.kernels.decode._launch import launch, launches, new_scratch
+
+    rng = random.Random(11)
+    lengths = [int(2 ** rng.uniform(4, 10.9)) for _ in range(37)] + [700, 700, 1, 2000]
+    batches = []
+    for mix in (lengths, lengths[::-1]):
+        out, (q, k_pages, v_pages, table, seqused, caches) = run_and_check(mix, 128)
+        batches.append((q, k_pages, v_pages, table, seqused, reference(q, caches)))
+    problem = Problem(batch=41, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=2000, head_dim=128,
+                      dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=128)
+    schedule = DecodeSchedule(splits=splits, combine="block_pdl", tile_n=128, occupancy=2,
+                              k_latency=4, v_latency=2, longest_first=True)
+    plan = launches(problem, schedule, None)
+    assert plan.order_entries == 41
+    scratch = new_scratch(plan, lambda shape: torch.empty(shape, device="cuda"))
+    stream = torch.cuda.current_stream()
+
+    def run(batch, out):
+        for buffer in scratch:
+            if buffer is not None:
+                poison(buffer)
+        q, k_pages, v_pages, table, seqused, _ = batch
+        out.fill_(float("nan"))
+        launch(stream, plan, q, k_pages, v_pages, out, 0, scratch, ranges=seqused, pages=table)
+
+    firsts = []
+    for batch in batches:
+        firsts.append(torch.empty_like(batch[0]))
+        run(batch, firsts[-1])
+        assert not firsts[-1].isnan().any()
+        for b in range(41):
+            assert rel_l2(firsts[-1][b], batch[5][b]) < TOL[torch.bfloat16], b
+    again = torch.empty_like(firsts[0])
+    mismatches = 0
+    for i in range(2000):
+        run(batches[i % 2], again)
+        mismatches += int(not torch.equal(again, firsts[i % 2]))
+    assert mismatches == 0

@@ -12,8 +12,9 @@ from ...core._compile import CompileResult, array_constraint, export_cubin
 from ...core._lazy import lazy_module
 from ...core._problem import Problem
 from ._flat import flat_scratch_shapes
-from ._launch import (COMBINE_PARAMETERS, SPLIT_PARAMETERS, combine_constants, combine_kernel,
-                      launches, layout, normalise, split_constants, split_kernel, tail_rows)
+from ._launch import (COMBINE_PARAMETERS, ORDER_CHUNK, SPLIT_PARAMETERS, combine_constants,
+                      combine_kernel, launches, layout, normalise, order_kernel, split_constants,
+                      split_kernel, tail_rows)
 from ._schedule import DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
@@ -25,8 +26,8 @@ __all__ = ["compile_decode"]
 def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> CompileResult:
     """Compile the split kernel (and the combine kernel, when there is more than one split) of
     ``normalise(problem, schedule)`` for ``arch``; raise :class:`CompileError`. The result is
-    the split kernel's cubin, with the combine kernel's in ``other_cubins``; ``seconds`` counts
-    both builds."""
+    the split kernel's cubin, with the combine kernel's (and a longest-first plan's
+    ``decode_order``'s) in ``other_cubins``; ``seconds`` counts every build."""
     schedule = normalise(problem, schedule)
     p, tiles = problem, layout(problem, schedule)
     shape5 = (p.batch, tiles.view_heads, tiles.view_group, p.seqlen_q, p.head_dim)
@@ -49,6 +50,8 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
     opart = array_constraint("fp32", (merged, schedule.splits, tiles.tile_m, tile_d))
     lse = array_constraint("fp32", (merged, schedule.splits, tiles.tile_m))
     direct = schedule.splits == 1
+    constants = split_constants(p, schedule)
+    lengths = array_constraint("int32", (p.batch,))
     # the sink logits, or the placeholder int (what ct.launch makes of a Python int)
     sinks = (array_constraint("fp32", (p.heads_q,)) if p.sinks
              else ctc.ScalarConstraint(ct.int32))
@@ -62,29 +65,36 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
                "softcap": ctc.ScalarConstraint(ct.float32), "Sinks": sinks,
                # a ragged entry's ranges, or the zero-byte placeholder (a constant here:
                # export_cubin's convention takes no tuple; the same machine code)
-               "Ranges": (array_constraint("int32", (p.batch,)) if p.page_size
+               "Ranges": (lengths if p.page_size
                           else array_constraint("int32", (4, p.batch)) if p.ragged
                           else ctc.ConstantConstraint(0)),
                # a paged cache's block table, or the placeholder
                "Pages": (array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
-                         if p.page_size else ctc.ConstantConstraint(0))}
+                         if p.page_size else ctc.ConstantConstraint(0)),
+               # the longest-first order of the entries, or the placeholder
+               "Order": lengths if constants["ORDERED"] else ctc.ConstantConstraint(0)}
     # an FP8 cache's float32 [B, H_kv] descale factors of K and V, or the placeholders
     runtime["KDescale"] = runtime["VDescale"] = (
         array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype
         else ctc.ConstantConstraint(0))
     runtime["split_hint"] = ctc.ScalarConstraint(ct.int32)
     label = f"decode {schedule.describe()}"
-    result = export_cubin(split_kernel(schedule),
-                          SPLIT_PARAMETERS.ordered(runtime, split_constants(p, schedule)),
+    result = export_cubin(split_kernel(schedule), SPLIT_PARAMETERS.ordered(runtime, constants),
                           arch, label)
-    if direct:
+    others = []
+    if not direct:
+        others.append(export_cubin(
+            combine_kernel(schedule),
+            COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5, "Sinks": sinks},
+                                       combine_constants(p, schedule)), arch,
+            label + " (combine)"))
+    if constants["ORDERED"]:
+        others.append(export_cubin(order_kernel(), [lengths, lengths, ORDER_CHUNK], arch,
+                                   label + " (order)"))
+    if not others:
         return result
-    combined = export_cubin(
-        combine_kernel(schedule),
-        COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5, "Sinks": sinks},
-                                   combine_constants(p, schedule)), arch, label + " (combine)")
-    return dataclasses.replace(result, seconds=result.seconds + combined.seconds,
-                               other_cubins=(combined.cubin,))
+    return dataclasses.replace(result, seconds=result.seconds + sum(o.seconds for o in others),
+                               other_cubins=tuple(o.cubin for o in others))
 
 
 def _compile_flat(p: Problem, schedule: DecodeSchedule, arch: str, q5: object, kv: object

@@ -13,6 +13,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "WINDOW_SPLIT_MIN_KEYS", "WINDOW_SPLIT_MIN_GAIN",
            "SMALL_PAGE_ROWS", "SMALL_PAGE_STEP",
            "SMALL_PAGE_WAVES", "SMALL_PAGE_LATENCY", "FULL_GPU_OCCUPANCY", "TWO_CTAS_AN_SM",
+           "LONGEST_FIRST_MAX_WAVES",
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
            "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP",
            "FOURTH_CTA_MAX_ROWS_SHARE", "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP",
@@ -208,6 +209,15 @@ PAGED_SPLIT_FACTOR = 4
 #: 1.18-1.94x (log-uniform) and 0.96-1.28x (one length); pages of 16 at 512 rows lost
 #: 0.83-0.85x at two and four splits (``--live``).
 PAGED_PART_WAVE_MAX_SHARE = 1.5
+#: A paged batch of several caches (a 16-bit cache, no window) whose one split at two CTAs an SM
+#: passes one wave by at most this many waves again runs its entries longest cache first
+#: (``DecodeSchedule.longest_first``): CTAs start in grid order, and a long cache's CTA started
+#: in the last wave ran alone at the end. On an H100 (``docs/records/probes/paged_order.py``,
+#: cache lengths cycling or log-uniform; GPU view) 1.02-1.15x on three batches of 1.2-1.7 waves
+#: (B40 H32/8 over pages of 128, B100 H28/4 over 256, B56 H32/8 over 64), the entries arranged
+#: so on the host 1.06-1.13x; 1.01-1.03x at six waves (B200), 0.96-0.99x at one wave exactly and
+#: at four splits. The ranking is a launch of its own: 0.92-1.01x as isolated calls.
+LONGEST_FIRST_MAX_WAVES = 2
 #: A paged batch of several caches over small pages (16 keys a load) at two CTAs an SM, the
 #: longest at most this many keys, walks flat on Hopper (``DecodeSchedule.flat``: one wave
 #: shares the batch's key tiles evenly instead of proportional splits). On an H200
@@ -477,8 +487,13 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     flat = (gen == "hopper" and small_pages and problem.batch > 1 and flat_applies(problem)
             and occupancy == FULL_GPU_OCCUPANCY and problem.seqlen_k <= FLAT_MAX_KEYS
             and rows >= FLAT_MIN_ROWS)
+    wave = FULL_GPU_OCCUPANCY * sms
+    longest_first = (gen == "hopper" and problem.page_size > 0 and problem.batch > 1
+                     and not problem.windowed and not flat and splits == 1
+                     and occupancy == FULL_GPU_OCCUPANCY
+                     and wave < rows <= LONGEST_FIRST_MAX_WAVES * wave)
     if flat and one_loop(problem.dtype, padded_head_dim(problem.head_dim)):
         k_latency = v_latency = FLAT_ONE_LOOP_LATENCY
     return base.replace(splits=splits, occupancy=occupancy, k_latency=k_latency,
                         v_latency=v_latency, combine="block_pdl" if pdl else base.combine,
-                        flat=flat)
+                        flat=flat, longest_first=longest_first)

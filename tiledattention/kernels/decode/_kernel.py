@@ -130,6 +130,8 @@ def decode_split(
     # share (a row's own share where that is more); TAIL: the rows before the split ones (each
     # one CTA, unsplit); else 0. (One parameter for both, which never meet: another would move
     # the TMA descriptors after the parameters, and so every plain kernel's machine code.)
+    Order,  # ORDERED: int32 [B], the batch entries in the order their CTAs run (decode_order's)
+    # else () (no bytes: the parameters before keep their offsets)
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
@@ -151,6 +153,7 @@ def decode_split(
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
     BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
     TAIL: ConstBool,  # only the rows from split_hint on split (a one-dimensional grid)
+    ORDERED: ConstBool,  # PAGED: grid row r takes entry Order[r // rows an entry]'s rows
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -158,6 +161,13 @@ def decode_split(
     num_q_tiles = ct.cdiv(Q.shape[3], TILE_S)
     row = ct.bid(0)  # (batch x head of the view) x query tile
     split = ct.bid(1)
+    if ORDERED:
+        # CTAs start in grid order: the entries' rows in Order's (longest cache first), so no
+        # long walk starts last and runs alone at the end. This kernel is a programmatic
+        # dependent of decode_order's: wait for its Order
+        ct.grid_dependency_control_wait()
+        entry_rows = heads * num_q_tiles
+        row = ct.gather(Order, row // entry_rows) * entry_rows + row % entry_rows
     splits = ct.num_blocks(1)
     if TAIL:
         # CTAs below whole_rows take a row each, unsplit; the rest take the last rows' splits
@@ -342,6 +352,28 @@ def decode_split(
         lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
         ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
+
+
+@ct.kernel
+def decode_order(
+    Lengths,  # int32 [B]: the entries' key counts
+    Order,  # int32 [B], written: the entries longest first (equal lengths in entry order)
+    CHUNK: ConstInt,  # entries ranked a CTA (grid: ceil(B / CHUNK)), compared CHUNK at a time
+):
+    """Rank each entry by how many come before it (longer, or as long and earlier) and write
+    it at its rank: ``Order`` lists the entries longest cache first, for ``ORDERED``."""
+    ct.grid_dependency_control_launch_dependents()  # the split kernel waits for Order
+    entries = Lengths.shape[0]
+    mine = ct.bid(0) * CHUNK + ct.arange(CHUNK, dtype=np.int32)  # [CHUNK]
+    length = ct.gather(Lengths, mine, mask=mine < entries, padding_value=0)[:, None]
+    rank = ct.full((CHUNK,), 0, dtype=np.int32)
+    for chunk in range(ct.cdiv(entries, CHUNK)):
+        other = (chunk * CHUNK + ct.arange(CHUNK, dtype=np.int32))[None, :]  # [1, CHUNK]
+        other_length = ct.gather(Lengths, other, mask=other < entries, padding_value=0)
+        before = (other < entries) & ((other_length > length) | (
+            (other_length == length) & (other < mine[:, None])))  # [CHUNK, CHUNK]
+        rank = rank + ct.sum(before.astype(np.int32), axis=1)
+    ct.scatter(Order, rank, mine, mask=mine < entries)
 
 
 def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,

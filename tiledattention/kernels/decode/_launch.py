@@ -50,16 +50,24 @@ def _combine() -> ct.kernel:
     return decode_combine
 
 
+def order_kernel() -> ct.kernel:
+    """``decode_order`` (``DecodeSchedule.longest_first``'s ranking), imported on first use."""
+    from ._kernel import decode_order
+
+    return decode_order
+
+
 SPLIT_PARAMETERS = KernelParameters(
     _split,
     ("Q", "K", "V", "Out", "Opart", "Lse", "qk_scale", "causal_offset", "kv_div", "window_left",
      "window_right", "softcap", "Sinks", "Ranges", "Pages", "KDescale", "VDescale",
-     "split_hint"))
+     "split_hint", "Order"))
 COMBINE_PARAMETERS = KernelParameters(_combine, ("Opart", "Lse", "Out", "Sinks"))
 
 #: What ``Sinks`` receives when ``SINKS`` is off: an int32 scalar that no code reads.
 NO_SINKS = 0
-#: What ``Ranges`` receives when ``RAGGED`` is off (and ``Pages`` when ``PAGED`` is): an empty
+#: What ``Ranges`` receives when ``RAGGED`` is off (and ``Pages`` when ``PAGED`` is, ``Order``
+#: when ``ORDERED`` is): an empty
 #: tuple, a parameter of no bytes (the forward's placeholder), so the split kernel's parameter
 #: space and machine code are unchanged.
 UNUSED = ()
@@ -185,7 +193,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     ``combine`` with one split (and ``"block"`` past the merged rows one block holds,
     :data:`BLOCK_MAX_ROWS`), ``tail_rows`` rounded up to whole batch entries (0 where one
     split or every row splits, or the batch is ragged), ``balanced`` where there is one split,
-    one cache length or a window (whose walk is at most the window's), ``pack_heads`` when
+    one cache length or a window (whose walk is at most the window's), ``longest_first`` but
+    for a paged batch of more than one entry without a flat walk, ``pack_heads`` when
     each K/V head has one query head, ``tile_m`` at the smallest value that gives the same
     tiling, and for a paged cache ``k_transposed`` canonical (a page's keys load as rows;
     idempotent; ``schedule`` itself when nothing changes). ``flat`` stays on only where it
@@ -219,6 +228,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         changes["tail_rows"] = tail  # a ragged batch
     if schedule.balanced and (schedule.splits == 1 or not problem.ragged or problem.windowed):
         changes["balanced"] = False  # one split, entries of one length, or a window's walk
+    if schedule.longest_first and not ordered(problem, schedule):
+        changes["longest_first"] = False
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
         changes["pack_heads"] = canonical.pack_heads
     tiles = layout(problem, schedule)
@@ -226,6 +237,13 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     if smallest != schedule.tile_m:
         changes["tile_m"] = smallest
     return schedule.replace(**changes) if changes else schedule
+
+
+def ordered(problem: Problem, schedule: DecodeSchedule) -> bool:
+    """Whether ``schedule`` runs ``problem``'s entries longest first: a paged batch of more
+    than one entry, not walked flat."""
+    return (schedule.longest_first and problem.page_size > 0 and problem.batch > 1
+            and not schedule.flat)
 
 
 def flat_applies(problem: Problem) -> bool:
@@ -261,9 +279,12 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         else 0,
         "KV_FP8": bool(problem.kv_dtype),
         "TAIL": tail,
+        "ORDERED": ordered(problem, schedule),
     }
 
 
+#: Entries ``decode_order`` ranks a CTA (a ``[64, 64]`` comparison a step).
+ORDER_CHUNK = 64
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
 #: row, so it is spread over ``ceil(D / 32)`` CTAs per row instead of one.
 COMBINE_CHUNK_D = 32
@@ -352,11 +373,12 @@ class Launches(NamedTuple):
     whole_batches: int  # TAIL: the batch entries of those (the merge's Out starts after); else 0
     flat: FlatLaunches | None  # DecodeSchedule.flat: the flat walk's launches (split, combine
     # and their grids then unused); else None
+    order_entries: int  # ORDERED: the batch entries decode_order ranks each call; else 0
 
     @property
     def scratch(self) -> bool:
         """Whether a call needs the float32 buffers of :func:`partial_shapes`."""
-        return self.combine is not None or self.flat is not None
+        return self.combine is not None or self.flat is not None or self.order_entries > 0
 
 
 #: The SMs a flat walk's wave fills where no device is named (a compile-only build, whose code
@@ -393,7 +415,8 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
         pdl=bool(combine["PDL"]), scale=default_scale(problem) if scale is None else float(scale),
         tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
         causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0,
-        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch), flat=flat)
+        whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch), flat=flat,
+        order_entries=problem.batch if split["ORDERED"] else 0)
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
@@ -407,7 +430,8 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
     ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts);
     ``descales``: an FP8 cache's float32 ``[B, H_kv]`` factors of k and v (its ``v`` then goes
-    to the split kernel as :func:`fp8_words`)."""
+    to the split kernel as :func:`fp8_words`). An ordered plan first ranks ``ranges`` into
+    the scratch's order (``decode_order``)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     if plan.flat is not None:
@@ -415,15 +439,20 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
         return
     if descales is not None:
         v = fp8_words(v)
-    opart, lse = partials if partials is not None else (out5, out5)
+    opart, lse, order = partials if partials is not None else (None, None, UNUSED)
+    if opart is None:  # one split: placeholders the kernel never reads
+        opart = lse = out5
+    if plan.order_entries:
+        _aot.launch(stream, (math.ceil(plan.order_entries / ORDER_CHUNK), 1, 1), order_kernel(),
+                    (ranges, order, ORDER_CHUNK))
     variant = plan.variant
     sink_arg = sinks if variant.sinks else NO_SINKS
     _aot.launch(stream, plan.split_grid, plan.split,
                 (q5, k, v, out5, opart, lse, plan.scale, offset, plan.tiles.kv_div,
                  variant.window_left, variant.window_right, variant.softcap, sink_arg,
                  UNUSED if ranges is None else ranges, UNUSED if pages is None else pages,
-                 *(descales or (UNUSED, UNUSED)), plan.share_keys or plan.whole_rows,
-                 *plan.split_constants))
+                 *(descales or (UNUSED, UNUSED)), plan.share_keys or plan.whole_rows, order,
+                 *plan.split_constants), programmatic_dependent_launch=bool(plan.order_entries))
     if plan.combine is not None:
         if plan.whole_batches:  # only the last entries' rows split: the merge writes those
             out5 = out5[plan.whole_batches:]
@@ -445,24 +474,46 @@ def fp8_words(v: Any) -> Any:
 
 def new_scratch(plan: Launches, empty: Any) -> tuple | None:
     """The scratch a call of ``plan`` launches with, in float32 buffers of
-    :func:`partial_shapes` that ``empty(shape)`` makes: (Opart, Lse), or a flat walk's three
-    arrays (:func:`flat_scratch`, cut here once rather than in every call); None where the
-    plan needs none."""
+    :func:`partial_shapes` that ``empty(shape)`` makes: (Opart, Lse, Order), the last two cut
+    from the second buffer (Order's int32 entries after the log-sum-exps; the parameter of no
+    bytes where the plan has no order, Opart and Lse None where it has one split), or a flat
+    walk's three arrays (:func:`flat_scratch`), cut here once rather than in every call; None
+    where the plan needs none."""
     if not plan.scratch:
         return None
-    opart, lse = (empty(shape) for shape in partial_shapes(plan))
+    first, second = (empty(shape) for shape in partial_shapes(plan))
     if plan.flat is not None:
-        return flat_scratch(plan.flat, opart, lse)
-    return opart, lse
+        return flat_scratch(plan.flat, first, second)
+    rows, m = plan.combine_grid[0], plan.tiles.tile_m
+    merged = rows * plan.splits * m if plan.combine is not None else 0
+    opart, lse, order = None, None, UNUSED
+    if merged:
+        opart, lse = first, second[:merged].reshape(rows, plan.splits, m)
+    if plan.order_entries:
+        order = second[merged:]
+        order = order.view(int32_of(order))
+    return opart, lse, order
+
+
+def int32_of(array: Any) -> Any:
+    """int32 in ``array``'s library (torch or CuPy)."""
+    if hasattr(array, "unflatten"):
+        import torch
+
+        return torch.int32
+    return "int32"
 
 
 def partial_shapes(plan: Launches) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of the float32 (Opart, Lse) buffers a multi-split plan needs (the tail's rows
-    where only they split), or a flat one (``flat_scratch_shapes``)."""
+    """Shapes of the float32 buffers of :func:`new_scratch`: a multi-split plan's Opart (the
+    tail's rows where only they split) and its log-sum-exps with an ordered plan's entries
+    after them, or a flat one's (``flat_scratch_shapes``)."""
     if plan.flat is not None:
         return flat_scratch_shapes(plan.flat)
     rows, m = plan.combine_grid[0], plan.tiles.tile_m
-    return (rows, plan.splits, m, plan.tile_d), (rows, plan.splits, m)
+    if plan.combine is None:  # one split, ordered: the order alone
+        return (0,), (plan.order_entries,)
+    return (rows, plan.splits, m, plan.tile_d), (rows * plan.splits * m + plan.order_entries,)
 
 
 def key_walk(plan: Launches, seqlen_q: int, seqlen_k: int, offset: int

@@ -50,6 +50,9 @@ class DecodeSchedule(ScheduleValue):
             cuts are merged after (``_flat_kernel``). Plain 16-bit paged caches only (no
             window, softcap or sinks); ``splits``, ``combine``, ``balanced`` and
             ``tail_rows`` then do not apply.
+        longest_first: a paged batch's entries run longest cache first (a small kernel ranks
+            their key counts each call; CTAs start in grid order, so a long walk no longer
+            starts late and runs alone at the end). Paged caches without ``flat`` only.
     Tiles:
         tile_n: keys per inner-loop step (power of two, 16..256).
         tile_m: query rows per CTA (16..128): the packed heads of a group times as many query
@@ -66,6 +69,7 @@ class DecodeSchedule(ScheduleValue):
     balanced: bool = False
     tail_rows: int = 0
     flat: bool = False
+    longest_first: bool = False
     tile_n: int = 64
     tile_m: int = 16
     pack_heads: bool = True
@@ -80,8 +84,8 @@ class DecodeSchedule(ScheduleValue):
     LABEL = "decode"
     # a schedule without balanced splits, a tail or a flat walk keeps the dict (and key) it had
     # before they existed
-    ADDED_FIELDS = ("balanced", "tail_rows", "flat")
-    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat")
+    ADDED_FIELDS = ("balanced", "tail_rows", "flat", "longest_first")
+    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat", "longest_first")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -110,7 +114,8 @@ class DecodeSchedule(ScheduleValue):
         parts = ["flat" if self.flat else
                  f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else "")
                  + ("/bal" if self.balanced else "")
-                 + (f"/tail{self.tail_rows}" if self.tail_rows else ""),
+                 + (f"/tail{self.tail_rows}" if self.tail_rows else "")
+                 + ("/longest" if self.longest_first else ""),
                  f"n{self.tile_n}", f"m{self.tile_m}", f"occ{self.occupancy}"]
         if not self.pack_heads:
             parts.append("unpacked")
