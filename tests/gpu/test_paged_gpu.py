@@ -654,7 +654,8 @@ def test_longest_first_reads_the_order_its_call_ranked_over_2000_launches(splits
     (ties among their lengths) alternate over 2,000 launches with one scratch, NaN and -1 in
     every scratch byte before each: a row that read the other call's order, or none, would
     attend the wrong entry or none. Every output is bit-equal to its batch's first, and the
-    first ones are the float32 reference's."""
+    first ones are the float32 reference's; the order each call ranked is its lengths'
+    stable descending sort."""
     import random
 
     from tiledattention import DecodeSchedule, Problem
@@ -684,9 +685,11 @@ def test_longest_first_reads_the_order_its_call_ranked_over_2000_launches(splits
         launch(stream, plan, q, k_pages, v_pages, out, 0, scratch, ranges=seqused, pages=table)
 
     firsts = []
-    for batch in batches:
+    for batch, mix in zip(batches, (lengths, lengths[::-1])):
         firsts.append(torch.empty_like(batch[0]))
         run(batch, firsts[-1])
+        # longest first, ties in entry order
+        assert scratch[2].tolist() == sorted(range(41), key=lambda e: (-mix[e], e))
         assert not firsts[-1].isnan().any()
         for b in range(41):
             assert rel_l2(firsts[-1][b], batch[5][b]) < TOL[torch.bfloat16], b
