@@ -1113,13 +1113,16 @@ def test_runtime_holds_at_most_max_resolutions_oldest_out(monkeypatch):
 # -- search space and a simulated search --------------------------------------------------------
 def test_compact_space_keeps_splits_of_two_key_tiles_at_least():
     space = search_spaces.space_for("decode", "sm_90", "compact")
-    assert set(space.choices) == {"splits", "balanced", "flat", "tile_n", "occupancy",
-                                  "k_latency"}
+    assert set(space.choices) == {"splits", "balanced", "flat", "longest_first", "tile_n",
+                                  "occupancy", "k_latency"}
     restricted = search_spaces.DECODE_SPACE.restrict(space, _problem(seqlen_k=1024))
     assert "balanced" not in restricted.choices  # one cache length: nothing to balance
     assert "flat" not in restricted.choices  # a flat walk is a paged batch's
-    assert search_spaces.DECODE_SPACE.restrict(space, PAGED).choices["flat"] == (False, True)
-    assert search_spaces.DECODE_SPACE.restrict(space, PAGED).choices["balanced"] == (False, True)
+    assert "longest_first" not in restricted.choices  # and so is an order of its entries
+    paged = search_spaces.DECODE_SPACE.restrict(space, PAGED).choices
+    assert paged["flat"] == paged["balanced"] == paged["longest_first"] == (False, True)
+    assert "longest_first" not in search_spaces.DECODE_SPACE.restrict(
+        space, dataclasses.replace(PAGED, batch=1)).choices  # one entry: nothing to order
     assert restricted.choices["splits"] == (1, 2, 3, 4, 6, 8)
     tiles = math.ceil(1024 / 64)
     assert all(tiles / n >= 2 for n in restricted.choices["splits"])

@@ -216,7 +216,9 @@ PAGED_PART_WAVE_MAX_SHARE = 1.5
 #: cache lengths cycling or log-uniform; GPU view) 1.02-1.15x on three batches of 1.2-1.7 waves
 #: (B40 H32/8 over pages of 128, B100 H28/4 over 256, B56 H32/8 over 64), the entries arranged
 #: so on the host 1.06-1.13x; 1.01-1.03x at six waves (B200), 0.96-0.99x at one wave exactly and
-#: at four splits. The ranking is a launch of its own: 0.92-1.01x as isolated calls.
+#: at four splits. Held out (seven batches, B45-128, H_kv 4-8, D 64 and 128, pages of 32-256)
+#: 0.97-1.26x, 13 of 14 mixes faster. The ranking is a launch of its own, host time that an
+#: isolated call waits for: 0.90-1.02x then (``paged/issue49/README.md`` section 47).
 LONGEST_FIRST_MAX_WAVES = 2
 #: A paged batch of several caches over small pages (16 keys a load) at two CTAs an SM, the
 #: longest at most this many keys, walks flat on Hopper (``DecodeSchedule.flat``: one wave

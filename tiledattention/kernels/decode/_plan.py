@@ -9,8 +9,8 @@ follows the cache as it grows. The window is the caller's (``Call.window``): a p
 canonical form drops a window side that binds no key at its own length, and a later, longer
 call of the bucket may need it.
 
-A multi-split call's float32 partial buffers (a flat walk's with the arrays cut from them) are
-kept by the runtime between calls
+A multi-split call's float32 partial buffers (a flat walk's and a longest-first call's with the
+arrays cut from them) are kept by the runtime between calls
 (``_partials``: per device, stream, thread and shapes; at most ``Runtime``'s
 ``max_workspaces`` sets, freed by ``runtime().clear()``), unless the call says otherwise
 (``sdpa(keep_scratch=False)``: the torch op does, since torch.compile's CUDA graph trees run an
@@ -73,8 +73,8 @@ def _new_scratch(plan: "DecodePlan", q: Any) -> Any:
 
 
 def _partials(runtime: Any, plan: "DecodePlan", q: Any, device: int, stream: int) -> Any:
-    """The scratch of a multi-split or flat call (``_launch.new_scratch``: float32 buffers and,
-    for a flat walk, the arrays cut from them), kept by the runtime per (device, stream,
+    """The scratch of a multi-split, flat or longest-first call (``_launch.new_scratch``: float32
+    buffers and the arrays cut from them), kept by the runtime per (device, stream,
     thread, shapes): calls in one stream's order reuse them (each call's combine has read them
     before the next call's split kernel writes them), and calls that may overlap in time
     (other streams, other threads) never share them. A stream being captured into a CUDA
@@ -99,7 +99,7 @@ class DecodePlan(Plan):
                  tile_d: int, like: bool = False, spans: tuple | None = None) -> None:
         self.out_shape = out_shape
         self.launches = launches  # decode._launch.Launches
-        self.partial_shapes = partial_shapes  # ((Opart shape), (Lse shape)); None: one split
+        self.partial_shapes = partial_shapes  # _launch.partial_shapes; None: no scratch
         self.bottom_right = bottom_right  # the causal offset is S_k - S_q (else 0)
         self.tile_d = tile_d
         self.like = like  # as in ForwardPlan
