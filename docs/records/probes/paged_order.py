@@ -31,8 +31,8 @@ POINTS = ((40, 32, 8, 2000, 128, 128), (56, 32, 8, 3000, 64, 128), (100, 28, 4, 
           # held out of LONGEST_FIRST_MAX_WAVES (kernels/decode/_defaults.py)
           (60, 16, 8, 3000, 32, 128), (45, 64, 8, 3000, 64, 128), (70, 28, 4, 2500, 128, 128),
           (120, 32, 4, 1200, 256, 64))
-ORDERS = {"as sent": lambda xs: xs, "longest first": lambda xs: sorted(xs, reverse=True),
-          "shortest first": sorted}
+#: the entries' lengths as the host arranges them
+ORDERS = {"as sent": lambda xs: xs, "longest first": lambda xs: sorted(xs, reverse=True)}
 
 
 def model_ms(works, slots, shared, cap):
@@ -94,8 +94,7 @@ def main():
         d = defaults[p]
         for mix, lengths in MIXES.items():
             fns, errors = {}, {}
-            for order in ("as sent", "longest first"):
-                arrange = ORDERS[order]
+            for order, arrange in ORDERS.items():
                 _case.paged_lengths = lambda q, lengths=lengths, arrange=arrange: arrange(
                     lengths(q))
                 case = ta.DECODE.case(p, 0)
