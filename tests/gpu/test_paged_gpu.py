@@ -699,3 +699,36 @@ def test_longest_first_reads_the_order_its_call_ranked_over_2000_launches(splits
         run(batches[i % 2], again)
         mismatches += int(not torch.equal(again, firsts[i % 2]))
     assert mismatches == 0
+
+
+def test_a_longest_first_step_replays_in_a_cuda_graph_and_compiles():
+    """A paged step the default runs longest first (41 entries, H 32/8, pages of 128: its
+    bucket of 64 entries passes one wave of two CTAs an SM), captured in a CUDA graph and
+    replayed with lengths whose order changes every replay (the ranking is in the graph), and
+    the same call under ``torch.compile``: each matches the float32 reference."""
+    import random
+
+    rng = random.Random(3)
+    longest = [rng.randrange(200, 2000) for _ in range(41)]
+    k_pages, v_pages, table, seqused, caches = paged_cache(longest, 128, 8, 128, seed=4)
+    q = torch.randn(41, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused, max_k=2000)
+    assert resolution.schedule.longest_first, resolution
+    mixes = [[n - rng.randrange(0, 150) for n in longest] for _ in range(6)]
+    with torch.no_grad():
+        compiled = torch.compile(lambda *a: tiledattention.paged_attention(*a, max_k=2000),
+                                 fullgraph=True)
+        for _ in range(2):  # warm: look up, keep the plan
+            tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, max_k=2000)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused,
+                                                 max_k=2000)
+        for lens in mixes:
+            seqused.copy_(torch.tensor(lens, dtype=torch.int32))
+            graph.replay()
+            want = reference(q, [(k[:n], v[:n]) for (k, v), n in zip(caches, lens)])
+            assert not out.isnan().any()
+            assert rel_l2(out, want) < TOL[q.dtype]
+            assert rel_l2(compiled(q, k_pages, v_pages, table, seqused), want) < TOL[q.dtype]
