@@ -435,7 +435,7 @@ def test_the_constant_check_sees_a_swapped_pair():
 
 @pytest.mark.parametrize("module, entries", [
     ("tiledattention.kernels.forward._kernel", ["attention_fwd"]),
-    ("tiledattention.kernels.decode._kernel", ["decode_split", "decode_combine"]),
+    ("tiledattention.kernels.decode._kernel", ["decode_split", "decode_order", "decode_combine"]),
     ("tiledattention.kernels.backward._kernel", ["attention_bwd_dq", "attention_bwd_dkdv",
                                          "attention_bwd_sum", "attention_bwd_delta",
                                          "attention_bwd_dq_scale"]),
