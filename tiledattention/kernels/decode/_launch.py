@@ -32,8 +32,7 @@ ct = lazy_module("cuda.tile", globals(), "ct")
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
            "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
            "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "tail_rows", "rows_past_waves", "new_scratch", "partial_shapes",
-           "ordered", "order_kernel", "ORDER_CHUNK"]
+           "max_key_tiles", "tail_rows", "rows_past_waves", "new_scratch", "partial_shapes"]
 
 
 def _split() -> ct.kernel:
