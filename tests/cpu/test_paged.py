@@ -974,3 +974,17 @@ def test_a_longest_first_schedule_compiles_with_its_order_kernel(arch):
                                                         longest_first=True), arch)
         assert [c[:4] for c in result.cubins] == [b"\x7fELF"] * cubins
         assert "decode_order" in result.resources()[-1].symbol
+
+
+def test_the_ordered_split_kernel_waits_for_its_order_on_sm_90(tmp_path):
+    """A longest-first plan's split kernel starts as the order kernel's programmatic dependent:
+    its sm_90 code waits for that kernel's memory (``griddepcontrol.wait``, SASS ``ACQBULK``)
+    before it reads the order; the plain split kernel (one split: no merge) never waits."""
+    from .test_backward_atomic import _sass
+
+    problem = _paged(batch=40, seqlen_k=2000, page_size=128)
+    schedule = DecodeSchedule(tile_n=128, occupancy=2, k_latency=4, v_latency=2)
+    sass = {ordered: _sass(compile_decode(problem, schedule.replace(longest_first=ordered),
+                                          "sm_90").cubin, tmp_path / f"{ordered}.cubin")
+            for ordered in (False, True)}
+    assert "ACQBULK" in sass[True] and "ACQBULK" not in sass[False]
