@@ -1,9 +1,7 @@
-"""The online softmax (cuTile): the step that folds one score tile into a row's running state,
-and the epilogue that turns the state into the output and the log-sum-exp.
-
-A row's state is ``(m, l)``: the running max of its scaled scores (in base 2 with ``EXP2``:
-the scores times ``log2(e)``) and the running denominator, ``sum exp(s - m)``. The caller
-keeps the accumulator of ``P V`` and rescales it by the step's ``alpha``.
+"""The online softmax (cuTile): the step that folds a score tile into a row's running state
+``(m, l)`` (the running max of its scaled scores, base 2 with ``EXP2``, and the denominator
+``sum exp(s - m)``; the caller rescales its ``P V`` accumulator by ``alpha``), the epilogue to
+the output and the log-sum-exp, and a merge of splits.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import numpy as np
 
 from .numbers import LOG2_E
 
-__all__ = ["online_softmax", "reciprocal", "normalised", "log_sum_exp"]
+__all__ = ["online_softmax", "reciprocal", "normalised", "merged_splits", "log_sum_exp"]
 
 
 def online_softmax(qk, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
@@ -62,6 +60,22 @@ def normalised(acc, total):
     the division never sees a zero."""
     seen = total > 0.0
     return acc * ct.where(seen, 1.0 / ct.where(seen, total, 1.0), 0.0)
+
+
+def merged_splits(m, total, acc, lses, parts, UNROLL):
+    """A merge's running ``(m, total, acc)`` and ``UNROLL`` more splits: their base-2
+    log-sum-exps ``lses`` (-inf: weight 0) and partial outputs ``parts``."""
+    m_new = m
+    for u in ct.static_iter(range(UNROLL)):
+        m_new = max(m_new, lses[u])
+    alpha = ct.exp2(m - m_new, flush_to_zero=True)
+    total = total * alpha
+    acc = acc * alpha
+    for u in ct.static_iter(range(UNROLL)):
+        weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)
+        total = total + weight
+        acc = acc + parts[u] * weight
+    return m_new, total, acc
 
 
 def log_sum_exp(m_i, l_i, EXP2, EMPTY):

@@ -30,7 +30,7 @@ import numpy as np
 
 from ...kernel_core.numbers import LOG2_E, NEG_BIG
 from ...kernel_core.ranges import page_rows
-from ...kernel_core.softmax import log_sum_exp, normalised, online_softmax
+from ...kernel_core.softmax import log_sum_exp, merged_splits, normalised, online_softmax
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -237,17 +237,7 @@ def flat_merge(
                                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, CHUNK_D))
                 lses += (ct.where(live, lse, -np.inf),)
                 parts += (ct.where(live, part, 0.0),)
-            m_new = m
-            for u in ct.static_iter(range(UNROLL)):
-                m_new = max(m_new, lses[u])
-            alpha = ct.exp2(m - m_new, flush_to_zero=True)
-            total = total * alpha
-            acc = acc * alpha
-            for u in ct.static_iter(range(UNROLL)):
-                weight = ct.exp2(lses[u] - m_new, flush_to_zero=True)
-                total = total + weight
-                acc = acc + parts[u] * weight
-            m = m_new
+            m, total, acc = merged_splits(m, total, acc, lses, parts, UNROLL)
         out = normalised(acc, total)
         ct.store(Out, index=(entry, within // q_tiles, 0, within % q_tiles, chunk),
                  tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, CHUNK_D)))
