@@ -391,6 +391,18 @@ def test_compiled_call_matches_eager():
         assert torch.equal(fn(q, k_pages, v_pages, table, seqused), out)
 
 
+def captured_step(q, k_pages, v_pages, table, seqused, max_k):
+    """A paged decode step captured in a CUDA graph after two warm calls (look up, keep the
+    plan): ``(graph, out)``, ``out`` what each replay writes. Call under ``torch.no_grad()``."""
+    for _ in range(2):
+        tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, max_k=max_k)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, max_k=max_k)
+    return graph, out
+
+
 def test_a_cuda_graph_replays_growing_ragged_steps():
     """Capture one decode step for a fixed batch, then replay 100 steps whose lengths grow by
     one key each (new pages joining the block table as they fill) and whose block tables
@@ -412,13 +424,7 @@ def test_a_cuda_graph_replays_growing_ragged_steps():
     seqused.copy_(lengths)
     table.copy_(step_table(lengths))
     with torch.no_grad():
-        for _ in range(2):  # warm: compile, look up, keep the plan
-            tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, max_k=8192)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused,
-                                                 max_k=8192)
+        graph, out = captured_step(q, k_pages, v_pages, table, seqused, 8192)
     gen = torch.Generator(device="cuda").manual_seed(9)
     for step in range(steps):
         lens = lengths + step + 1
@@ -718,13 +724,7 @@ def test_a_longest_first_step_replays_in_a_cuda_graph_and_compiles():
     with torch.no_grad():
         compiled = torch.compile(lambda *a: tiledattention.paged_attention(*a, max_k=2000),
                                  fullgraph=True)
-        for _ in range(2):  # warm: look up, keep the plan
-            tiledattention.paged_attention(q, k_pages, v_pages, table, seqused, max_k=2000)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = tiledattention.paged_attention(q, k_pages, v_pages, table, seqused,
-                                                 max_k=2000)
+        graph, out = captured_step(q, k_pages, v_pages, table, seqused, 2000)
         for lens in mixes:
             seqused.copy_(torch.tensor(lens, dtype=torch.int32))
             graph.replay()
