@@ -32,6 +32,7 @@ from .kernels.decode import DECODE, DecodeSchedule, DispatchRule, compile_decode
 from .kernels.backward import BACKWARD, BackwardSchedule, compile_backward
 from .core import _runtime
 from .entry_points import _fp8, _training
+from .entry_points._paged_order import PagedOrder
 from . import tooling
 from .core._runtime import open_database, runtime, use_database
 
@@ -39,7 +40,8 @@ from .core._runtime import open_database, runtime, use_database
 # registry, device and database selection, the errors. Tools build on ``tiledattention.tooling``.
 __all__ = [
     # entry points
-    "sdpa", "sdpa_with_lse", "sdpa_backward", "varlen_attn", "paged_attention", "explain",
+    "sdpa", "sdpa_with_lse", "sdpa_backward", "varlen_attn", "paged_attention", "PagedOrder",
+    "explain",
     "explain_varlen", "explain_paged",
     "runtime", "use_database",
     "open_database", "database_location",
@@ -277,7 +279,7 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
                     causal: bool | str = True, scale: float | None = None,
                     window: tuple[int, int] | None = None, softcap: float | None = None,
                     sinks: Any = None, max_k: int | None = None, k_descale: Any = None,
-                    v_descale: Any = None) -> Any:
+                    v_descale: Any = None, order: Any = None) -> Any:
     """Attention of ``q [B, H_q, S_q, D]`` over a paged K/V cache, the layout serving engines
     keep: ``k_pages, v_pages [pages, page_size, H_kv, D]`` pools (a page size not a multiple
     of 16 runs over a copy in pages of 256 keys, ``docs/usage.md``),
@@ -301,12 +303,20 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     ``None`` is 1); the output in q's dtype. Decode steps read the pages in place and widen
     each tile; a long query run (chunked prefill) copies the pages its entries read,
     dequantised.
+
+    ``order``: a :class:`PagedOrder` of this batch (``PagedOrder(seqused_k)``, made once a
+    decode step for all its layers). Where the schedule takes the entries longest cache
+    first (a paged batch whose CTAs pass a wave), the call reads that order instead of
+    ranking the key counts itself (a launch fewer); elsewhere it is not read. Any order of
+    the entries gives the same output, so one ranked from earlier lengths is still right.
+    Not passed on while ``torch.compile`` traces (each call ranks for itself there).
     """
     from .entry_points import _paged
 
     return _paged.paged_attention(q, k_pages, v_pages, block_table, seqused_k, causal=causal,
                                   scale=scale, window=window, softcap=softcap, sinks=sinks,
-                                  max_k=max_k, k_descale=k_descale, v_descale=v_descale)
+                                  max_k=max_k, k_descale=k_descale, v_descale=v_descale,
+                                  order=order)
 
 
 def explain_paged(q: Any, k_pages: Any, v_pages: Any, block_table: Any, seqused_k: Any, *,

@@ -405,6 +405,39 @@ def test_bad_arguments_name_what_was_expected(change, error, match):
                                        args["used"])
 
 
+def _order_of(entries):
+    """A ``PagedOrder`` holding ``entries`` (its constructor ranks on a GPU)."""
+    from tiledattention.entry_points._paged_order import PagedOrder
+
+    order = object.__new__(PagedOrder)
+    order.entries = entries
+    return order
+
+
+def test_a_step_order_is_refused_unless_it_ranks_the_calls_batch():
+    """``order`` is a ``PagedOrder`` of the call's batch, on its device, or ``None``; and a
+    ``PagedOrder`` ranks only an int32 ``[B]`` CUDA tensor. Each is named before any launch."""
+    q, k, v, table, used = _args()
+    for order, error, match in (
+            ([1, 0], tiledattention.InputTypeError, "order must be a tiledattention.PagedOrder"),
+            (used, tiledattention.InputTypeError, "got Tensor"),
+            (_order_of(torch.zeros(3, dtype=torch.int32)), InputValueError,
+             "order must rank this call's batch: 2 entries on cpu; got a PagedOrder of 3"),
+            (_order_of(torch.zeros(2, dtype=torch.int32, device="meta")), InputValueError,
+             "on meta"),
+            (_order_of(torch.zeros(2, dtype=torch.int32)), InputValueError,
+             "must be CUDA tensors")):  # a right order: the device check comes last
+        with pytest.raises(error, match=match):
+            tiledattention.paged_attention(q, k, v, table, used, order=order)
+    for lengths, match in (([3, 1], "must be an int32 torch.Tensor"),
+                           (torch.ones(2), "int32 tensor \\[B\\] with B >= 1; got torch.float32"),
+                           (torch.ones(2, 1, dtype=torch.int32), "of shape \\(2, 1\\)"),
+                           (torch.ones(0, dtype=torch.int32), "of shape \\(0,\\)"),
+                           (used, "must be a CUDA tensor; got one on cpu")):
+        with pytest.raises((tiledattention.InputTypeError, InputValueError), match=match):
+            tiledattention.PagedOrder(lengths)
+
+
 def test_varlen_attn_over_pages_checks_its_arguments():
     q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
     k = torch.randn(6, 16, 2, 64, dtype=torch.bfloat16)
@@ -941,6 +974,34 @@ def test_an_ordered_call_ranks_its_entries_first_into_the_scratch_after_the_lses
     named = dict(zip(_launch.SPLIT_PARAMETERS.names, split[2]))
     assert named["Order"] is order and named["Ranges"] is lengths
     assert len(launched) == (3 if splits > 1 else 2)  # and the merge
+
+
+def test_a_call_given_its_order_launches_the_split_kernel_alone(monkeypatch):
+    """An ordered plan given the caller's order (``PagedOrder``'s entries) ranks nothing: the
+    split kernel reads that order, still as a programmatic dependent of the kernel before it
+    (it waits for that one before reading anything); a plan that is not ordered passes no
+    order, whatever it is given, and starts only after the kernel before it."""
+    from tiledattention.kernels.decode import _launch
+
+    problem = _paged(batch=40, seqlen_k=2000, page_size=128)
+    q = torch.zeros(40, 32, 1, 128, dtype=torch.bfloat16)
+    pool = torch.zeros(700, 128, 8, 128, dtype=torch.bfloat16)
+    lengths, table = torch.zeros(40, dtype=torch.int32), torch.zeros(40, 16, dtype=torch.int32)
+    given = torch.arange(40, dtype=torch.int32)
+    for ordered in (True, False):
+        plan = _launch.launches(problem, DecodeSchedule(tile_n=128, occupancy=2,
+                                                        longest_first=ordered), None)
+        scratch = _launch.new_scratch(plan, lambda shape: torch.zeros(shape))
+        launched = []
+        monkeypatch.setattr(_launch._aot, "launch", lambda stream, grid, kernel, args, **o:
+                            launched.append((kernel, args, o)))
+        _launch.launch(None, plan, q, pool, pool, q.clone(), 0, scratch, ranges=lengths,
+                       pages=table, order=given)
+        (kernel, args, options), = launched
+        named = dict(zip(_launch.SPLIT_PARAMETERS.names, args))
+        assert kernel is plan.split
+        assert options["programmatic_dependent_launch"] is ordered
+        assert named["Order"] is (given if ordered else _launch.UNUSED)
 
 
 def test_paged_batches_just_past_a_wave_run_longest_first_by_default():

@@ -707,20 +707,27 @@ def test_longest_first_reads_the_order_its_call_ranked_over_2000_launches(splits
     assert mismatches == 0
 
 
-def test_a_longest_first_step_replays_in_a_cuda_graph_and_compiles():
-    """A paged step the default runs longest first (41 entries, H 32/8, pages of 128: its
-    bucket of 64 entries passes one wave of two CTAs an SM), captured in a CUDA graph and
-    replayed with lengths whose order changes every replay (the ranking is in the graph), and
-    the same call under ``torch.compile``: each matches the float32 reference."""
+def longest_first_step(seed):
+    """A paged step the default runs longest first (41 entries of 200-2000 keys, H 32/8, pages
+    of 128: its bucket of 64 entries passes one wave of two CTAs an SM) and six other mixes of
+    its lengths: ``(lengths, mixes, (q, k_pages, v_pages, table, seqused), caches)``."""
     import random
 
-    rng = random.Random(3)
+    rng = random.Random(seed)
     longest = [rng.randrange(200, 2000) for _ in range(41)]
-    k_pages, v_pages, table, seqused, caches = paged_cache(longest, 128, 8, 128, seed=4)
+    k_pages, v_pages, table, seqused, caches = paged_cache(longest, 128, 8, 128, seed=seed + 1)
     q = torch.randn(41, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     resolution = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused, max_k=2000)
     assert resolution.schedule.longest_first, resolution
     mixes = [[n - rng.randrange(0, 150) for n in longest] for _ in range(6)]
+    return longest, mixes, (q, k_pages, v_pages, table, seqused), caches
+
+
+def test_a_longest_first_step_replays_in_a_cuda_graph_and_compiles():
+    """A longest-first step captured in a CUDA graph and replayed with lengths whose order
+    changes every replay (the ranking is in the graph), and the same call under
+    ``torch.compile``: each matches the float32 reference."""
+    _, mixes, (q, k_pages, v_pages, table, seqused), caches = longest_first_step(3)
     with torch.no_grad():
         compiled = torch.compile(lambda *a: tiledattention.paged_attention(*a, max_k=2000),
                                  fullgraph=True)
@@ -732,3 +739,37 @@ def test_a_longest_first_step_replays_in_a_cuda_graph_and_compiles():
             assert not out.isnan().any()
             assert rel_l2(out, want) < TOL[q.dtype]
             assert rel_l2(compiled(q, k_pages, v_pages, table, seqused), want) < TOL[q.dtype]
+
+
+def test_a_step_order_ranked_once_serves_each_layer_and_replays_in_a_cuda_graph():
+    """``PagedOrder``: a step's entries ranked once (its key counts' stable longest-first sort)
+    and read by each layer's call instead of ranking: bit-equal to the call that ranks for
+    itself, as is a call given an order ranked from other lengths (any order of the entries is
+    right). Captured with three layers' calls in a CUDA graph, the ranking replays with new
+    lengths, each layer matching the reference. Another batch's order is refused."""
+    longest, mixes, args, caches = longest_first_step(5)
+    q, seqused = args[0], args[4]
+    with torch.no_grad():
+        ranked = tiledattention.paged_attention(*args, max_k=2000)
+        order = tiledattention.PagedOrder(seqused)
+        assert order.entries.tolist() == sorted(range(41), key=lambda e: (-longest[e], e))
+        assert torch.equal(tiledattention.paged_attention(*args, max_k=2000, order=order), ranked)
+        stale = tiledattention.PagedOrder(torch.tensor(mixes[0][::-1], dtype=torch.int32,
+                                                       device="cuda"))
+        assert torch.equal(tiledattention.paged_attention(*args, max_k=2000, order=stale), ranked)
+        with pytest.raises(tiledattention.InputValueError, match="order must rank this call"):
+            tiledattention.paged_attention(*args, max_k=2000,
+                                           order=tiledattention.PagedOrder(seqused[:40]))
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            order = tiledattention.PagedOrder(seqused)
+            outs = [tiledattention.paged_attention(q * (i + 1), *args[1:], max_k=2000,
+                                                   order=order) for i in range(3)]
+        for lens in mixes:
+            seqused.copy_(torch.tensor(lens, dtype=torch.int32))
+            graph.replay()
+            assert order.entries.tolist() == sorted(range(41), key=lambda e: (-lens[e], e))
+            now = [(k[:n], v[:n]) for (k, v), n in zip(caches, lens)]
+            for i, out in enumerate(outs):
+                assert rel_l2(out, reference(q * (i + 1), now)) < TOL[q.dtype], i

@@ -58,6 +58,7 @@ from ..core._runtime import Runtime, runtime
 from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
 from ._page_copy import check_copied, copy_read_pages, copy_width
+from ._paged_order import check_order
 from ._regroup import check_regroup, regroup_pages, regrouped, regrouped_page_size
 from ._ragged_fill import clear_uncovered_rows
 
@@ -163,8 +164,11 @@ def paged_problem(q: Any, k_pages: Any, block_table: Any, causal: Any, window: A
 def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k, *,
                   causal: Any = True, scale: Optional[float] = None, window: Any = None,
                   softcap: Any = None, sinks: Any = None, max_k: Optional[int] = None,
-                  k_descale: Any = None, v_descale: Any = None) -> torch.Tensor:
-    """``tiledattention.paged_attention`` (see there): the output ``[B, H_q, S_q, D]``."""
+                  k_descale: Any = None, v_descale: Any = None,
+                  order: Any = None) -> torch.Tensor:
+    """``tiledattention.paged_attention`` (see there): the output ``[B, H_q, S_q, D]``.
+    ``order``: a :class:`PagedOrder` of ``seqused_k``'s batch, read by a decode step whose
+    schedule takes the entries longest first instead of ranking them itself."""
     key = None
     if sinks is None and k_descale is None and v_descale is None:
         try:
@@ -174,11 +178,14 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
         except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
             key = plan = None
         if plan is not None:
+            check_order(order, seqused_k)
             out = plan.run(runtime, q, k_pages, v_pages, q.get_device(), None,
-                           ranges=seqused_k, pages=block_table)
+                           ranges=seqused_k, pages=block_table,
+                           order=None if order is None else order.entries)
             if out is not None:
                 return out  # else the plan's own checks failed: validation says why
     kv_dtype = check_paged(q, k_pages, v_pages, block_table, seqused_k, (k_descale, v_descale))
+    check_order(order, seqused_k)
     check_call(scale, q, k_pages, v_pages)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k, kv_dtype)
@@ -209,7 +216,8 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
     out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
-                   pages=block_table, descales=(None, *factors))
+                   pages=block_table, descales=(None, *factors),
+                   order=None if order is None else order.entries)
     if out is None:
         raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
                               f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "
@@ -364,16 +372,18 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
                     causal: Any = True, scale: Optional[float] = None, window: Any = None,
                     softcap: Optional[float] = None, sinks: Any = None,
                     max_k: Optional[int] = None, k_descale: Any = None,
-                    v_descale: Any = None) -> torch.Tensor:
+                    v_descale: Any = None, order: Any = None) -> torch.Tensor:
     """``tiledattention.paged_attention`` (see there) on the process's runtime: the torch op
-    while ``torch.compile`` traces, the launch otherwise."""
+    while ``torch.compile`` traces (which takes no ``order``: each call ranks its entries
+    where its schedule wants them ranked, a launch a CUDA graph replays without host time),
+    the launch otherwise."""
     if torch.compiler.is_compiling():
         left, right = window if window is not None else (-1, -1)
         return paged_op(q, k_pages, v_pages, block_table, seqused_k, bool(causal), scale, left,
                         right, float(softcap or 0.0), sinks, max_k, k_descale, v_descale)
     return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k, causal=causal,
                          scale=scale, window=window, softcap=softcap, sinks=sinks, max_k=max_k,
-                         k_descale=k_descale, v_descale=v_descale)
+                         k_descale=k_descale, v_descale=v_descale, order=order)
 
 
 # -- torch.compile ------------------------------------------------------------------------------

@@ -421,7 +421,7 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
            partials: tuple | None, sinks: Any = None, ranges: Any = None,
-           pages: Any = None, descales: tuple | None = None) -> None:
+           pages: Any = None, descales: tuple | None = None, order: Any = None) -> None:
     """Enqueue the split kernel (and the combine) on ``stream``. ``out`` is preallocated like
     ``q``; ``partials``: the scratch of :func:`new_scratch` (``None`` with one split);
     ``sinks``: the contiguous float32 ``[H_q]`` sink logits when the plan's variant has sinks
@@ -431,7 +431,11 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts);
     ``descales``: an FP8 cache's float32 ``[B, H_kv]`` factors of k and v (its ``v`` then goes
     to the split kernel as :func:`fp8_words`). An ordered plan first ranks ``ranges`` into
-    the scratch's order (``decode_order``)."""
+    the scratch's order (:func:`rank_entries`), unless the caller ranked them already
+    (``order``: :func:`rank_entries`' int32 ``[B]`` of these key counts, or of earlier
+    ones: any order of the entries is right, the longest first is faster); a plan that
+    is not ordered ignores ``order``. An ordered plan's split kernel is launched as a
+    programmatic dependent either way (it waits for the kernel before it first)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     if plan.flat is not None:
@@ -439,12 +443,16 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
         return
     if descales is not None:
         v = fp8_words(v)
-    opart, lse, order = partials if partials is not None else (None, None, UNUSED)
+    opart, lse, scratch_order = partials if partials is not None else (None, None, UNUSED)
     if opart is None:  # one split: placeholders the kernel never reads
         opart = lse = out5
-    if plan.order_entries:
-        _aot.launch(stream, (math.ceil(plan.order_entries / ORDER_CHUNK), 1, 1), order_kernel(),
-                    (ranges, order, ORDER_CHUNK))
+    if not plan.order_entries:
+        order = UNUSED
+    elif order is None:
+        order = scratch_order
+        rank_entries(stream, ranges, order)
+    # An ordered split kernel waits for the kernel before it (the ranking, or whatever the
+    # stream ran last) before it reads anything, so it may start as that one's dependent
     variant = plan.variant
     sink_arg = sinks if variant.sinks else NO_SINKS
     _aot.launch(stream, plan.split_grid, plan.split,
@@ -459,6 +467,14 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
         _aot.launch(stream, plan.combine_grid, plan.combine,
                     (opart, lse, out5, sink_arg, *plan.combine_constants),
                     programmatic_dependent_launch=plan.pdl)
+
+
+def rank_entries(stream: Any, lengths: Any, order: Any) -> None:
+    """Enqueue ``decode_order`` on ``stream``: the int32 ``[B]`` ``order`` lists the entries of
+    the int32 ``[B]`` key counts ``lengths`` longest first (equal counts in entry order). It
+    lets a split kernel that follows it as a programmatic dependent start at once."""
+    _aot.launch(stream, (math.ceil(lengths.shape[0] / ORDER_CHUNK), 1, 1), order_kernel(),
+                (lengths, order, ORDER_CHUNK))
 
 
 def fp8_words(v: Any) -> Any:

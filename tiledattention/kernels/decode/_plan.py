@@ -111,13 +111,14 @@ class DecodePlan(Plan):
 
     def run(self, runtime: Any, q: Any, k: Any, v: Any, device: int, out: Any,
             sinks: Any = None, ranges: Any = None, pages: Any = None,
-            descales: tuple = ()) -> Any:
+            descales: tuple = (), order: Any = None) -> Any:
         """As :meth:`Plan.run`; ``sinks``: the call's float32 contiguous ``[H_q]`` sink logits
         (validated by the caller) when the plan's problem has sinks; ``ranges``: a ragged
         plan's int32 ``[4, B]`` query and key ranges; ``pages``: a paged plan's int32 block
         table (``k`` and ``v`` then page pools; both validated by the caller); ``descales``:
         an FP8 cache's float32 ``[B, H_kv]`` factors of q, k and v (``Problem.kv_dtype``:
-        q's is unused)."""
+        q's is unused); ``order``: a paged plan's entries ranked by the caller
+        (``tiledattention.paged_order``'s; ``_launch.launch``)."""
         k_shape, k_strides, v_strides = k.shape, k.stride(), v.stride()
         tile_d = self.tile_d
         if (v.shape != k_shape or k_strides[3] != 1 or v_strides[3] != 1
@@ -140,7 +141,7 @@ class DecodePlan(Plan):
             partials = _partials(runtime, self, q, device, stream)
         offset = k_shape[2] - self.out_shape[2] if self.bottom_right else 0
         _launch.launch(stream, self.launches, q, k, v, out, offset, partials, sinks, ranges,
-                       pages, descales[1:] or None)
+                       pages, descales[1:] or None, order)
         return out
 
     def run_cupy(self, q: Any, k: Any, v: Any, out: Any, problem: Problem,
