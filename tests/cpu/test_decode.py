@@ -569,6 +569,35 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     assert DECODE.default_schedule("sm_80", base).splits == 1  # one CTA an SM: no such wave
 
 
+def test_rows_just_past_the_sms_at_short_heads_split_in_three():
+    """Hopper, D < 128: rows past the SMs by at most ``PART_FILL_MAX_ROWS_SHARE`` of them
+    (133-198) over a contiguous 16-bit cache of ``PART_FILL_MIN_KEYS`` keys or more take
+    ``PART_FILL_SPLITS`` splits at two CTAs an SM, merged as a dependent (1.03-1.15x one split
+    on eight held-out calls, H100); 132 rows (one CTA an SM), 200, D 128, short caches,
+    windows, softcaps, paged and FP8 caches and other generations keep their schedules."""
+    from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
+                                                         PART_FILL_MAX_ROWS_SHARE,
+                                                         PART_FILL_MIN_KEYS, PART_FILL_SPLITS)
+
+    assert PART_FILL_SPLITS == 3 and 198 <= PART_FILL_MAX_ROWS_SHARE * 132 < 200
+    for heads, head_dim, keys in ((17 * 8, 64, PART_FILL_MIN_KEYS), (18 * 8, 96, 30000),
+                                  (20 * 8, 80, 50000), (24 * 8, 64, 9000), (198, 64, 12000)):
+        p = _problem(batch=1, heads_q=heads, heads_kv=heads, seqlen_k=keys, head_dim=head_dim)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.splits, s.occupancy, s.combine) == (PART_FILL_SPLITS, FULL_GPU_OCCUPANCY,
+                                                      "block_pdl"), (p.describe(), s)
+    base = _problem(batch=1, heads_q=144, heads_kv=144, seqlen_k=30000, head_dim=64)
+    for p in (dataclasses.replace(base, heads_q=200, heads_kv=200),
+              dataclasses.replace(base, head_dim=128),
+              dataclasses.replace(base, seqlen_k=PART_FILL_MIN_KEYS - 1),
+              *_outside_the_wave_rules(base)[1:]):
+        assert DECODE.default_schedule("sm_90", p).splits != PART_FILL_SPLITS, p.describe()
+    assert DECODE.default_schedule("sm_90", dataclasses.replace(
+        base, heads_q=132, heads_kv=132)).splits != PART_FILL_SPLITS
+    for arch in ("sm_80", "sm_100", "sm_120"):
+        assert DECODE.default_schedule(arch, base).splits != PART_FILL_SPLITS, arch
+
+
 def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     """One split at two CTAs an SM over a contiguous 16-bit cache of at least
     ``PART_WAVE_MIN_KEYS`` keys at D 128 (16-row tiles, no window or softcap) whose rows fill

@@ -24,7 +24,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
            "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
-           "PART_WAVE_SPLITS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
+           "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
+           "PART_FILL_SPLITS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -95,6 +96,18 @@ FULL_GPU_OCCUPANCY = 2
 PART_WAVE_MAX_SHARE = 1.25
 PART_WAVE_MIN_KEYS = 3000
 PART_WAVE_SPLITS = 3
+#: Rows past the SMs by at most this share of them (133-198 on 132 SMs), at D < 128 over a
+#: contiguous 16-bit cache of at least ``PART_FILL_MIN_KEYS`` keys (no window or softcap), take
+#: ``PART_FILL_SPLITS`` splits at two CTAs an SM: one split runs two CTAs on only a few SMs and
+#: one on the rest, a wave of two part-empty. On an H100 (section 49 of
+#: docs/records/benchmarks/paged/issue49/README.md; bf16 and fp16, MHA to GQA 8, D 64-96) three
+#: splits ran 1.01-1.17x one split on 15 calls of 136-192 rows over 6000-64000 keys (two and
+#: four splits less often faster); at 4000 keys 0.99x, at 200-256 rows 0.95-0.96x, at D 128
+#: (136-144 rows) 0.98x and 1.05x. Held out, eight other calls of 136-188 rows: 1.03-1.15x on
+#: the GPU, 1.02-1.15x as isolated calls, cuDNN's time over ours 0.95-1.02 (0.86-0.98 before).
+PART_FILL_MAX_ROWS_SHARE = 1.5
+PART_FILL_MIN_KEYS = 6000
+PART_FILL_SPLITS = 3
 #: A contiguous 16-bit cache whose rows (B x H_kv) leave more than a third of the SMs idle at one
 #: split, and fewer than one split a CTA an SM would fill, splits into as many as two CTAs an SM
 #: hold at once (``FULL_GPU_OCCUPANCY``). On an H200 (docs/records/probes/decode_fill.py, bf16,
@@ -422,6 +435,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         if (plain and problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
                 and FULL_GPU_OCCUPANCY * sms < rows <= part_wave_rows):
             wanted = PART_WAVE_SPLITS  # the rows past one wave would run alone at the end
+        if (plain and gen == "hopper" and problem.head_dim < 128 and keys >= PART_FILL_MIN_KEYS
+                and sms < rows <= PART_FILL_MAX_ROWS_SHARE * sms):
+            wanted = PART_FILL_SPLITS  # else a wave of two CTAs an SM runs part-empty
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     elif (two_ctas and most_splits > 1 and not problem.ragged and not problem.kv_dtype
