@@ -438,6 +438,29 @@ def test_a_step_order_is_refused_unless_it_ranks_the_calls_batch():
             tiledattention.PagedOrder(lengths)
 
 
+def test_a_compiled_step_traces_the_paged_op_without_its_order():
+    """Under ``torch.compile`` the call hands no order to its op (each call ranks for itself
+    there, a launch a CUDA graph replays): a step given a ``PagedOrder`` traces in one graph
+    of one ``tiledattention::paged_attention`` node whose inputs are the call's five arrays,
+    not the order's entries."""
+    q, k, v, table, used = _args()
+    order = _order_of(torch.arange(2, dtype=torch.int32))
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return lambda *args: (torch.zeros(q.shape, dtype=q.dtype),)
+
+    step = torch.compile(lambda *a: tiledattention.paged_attention(*a, order=order),
+                         backend=backend, fullgraph=True)
+    step(q, k, v, table, used)
+    (gm,) = graphs
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"
+           and "paged_attention" in str(n.target)]
+    assert len(ops) == 1
+    assert len([n for n in gm.graph.nodes if n.op == "placeholder"]) == 5
+
+
 def test_varlen_attn_over_pages_checks_its_arguments():
     q = torch.randn(5, 4, 64, dtype=torch.bfloat16)
     k = torch.randn(6, 16, 2, 64, dtype=torch.bfloat16)
