@@ -11,14 +11,13 @@ earlier key counts of the same batch (a step ago; a CUDA graph replaying with ne
 is still right, only less well ranked. An order is made here only, by the ranking kernel
 from a ``seqused_k``: every entry once, whatever the lengths held. ``torch.compile`` traces
 ``paged_attention`` as a torch op that takes no order (each call ranks where its schedule
-wants it: a launch that a CUDA graph replays without host time).
+wants it: a launch that a CUDA graph replays without host time); a compiled function leaves
+``PagedOrder`` out (its launch breaks the graph).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
 
 from ..errors import InputTypeError, InputValueError
 
@@ -33,8 +32,9 @@ class PagedOrder:
 
     __slots__ = ("entries",)
 
-    @torch.compiler.disable  # a launch, run eagerly where torch.compile traces the caller
     def __init__(self, seqused_k: Any) -> None:
+        import torch  # (``import tiledattention`` imports no torch)
+
         from ..kernels.decode._launch import rank_entries
 
         if not isinstance(seqused_k, torch.Tensor):
