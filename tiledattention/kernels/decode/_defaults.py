@@ -101,7 +101,7 @@ PART_WAVE_SPLITS = 3
 #: ``PART_FILL_SPLITS`` splits at two CTAs an SM: one split runs two CTAs on only a few SMs and
 #: one on the rest, a wave of two part-empty. On an H100 (section 49 of
 #: docs/records/benchmarks/paged/issue49/README.md; bf16 and fp16, MHA to GQA 8, D 64-96) three
-#: splits ran 1.01-1.17x one split on 15 calls of 136-192 rows over 6000-64000 keys (two and
+#: splits ran 1.01-1.17x one split on 14 calls of 136-192 rows over 6000-64000 keys (two and
 #: four splits less often faster); at 4000 keys 0.99x, at 200-256 rows 0.95-0.96x, at D 128
 #: (136-144 rows) 0.98x and 1.05x. Held out, eight other calls of 136-188 rows: 1.03-1.15x on
 #: the GPU, 1.02-1.15x as isolated calls, cuDNN's time over ours 0.95-1.02 (0.86-0.98 before).
