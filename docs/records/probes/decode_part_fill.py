@@ -2,8 +2,9 @@
 split at two CTAs an SM (the default before ``PART_FILL_SPLITS``) against 2-4 splits and a
 third CTA an SM, cuDNN beside (``--sweep 1`` and ``--sweep 2``: the calls the rule was drawn
 from); ``--check``: other calls, the rule's default against the one before it, GPU and
-isolated views. Interleaved, medians of 12-15, the L2 flushed (section 49 of
-``docs/records/benchmarks/paged/issue49/README.md``).
+isolated views. Interleaved, medians of 15, the L2 flushed (section 49 of
+``docs/records/benchmarks/paged/issue49/README.md``; its runs were this logic in two scratch
+scripts, the same points and forms, the sweeps at medians of 12).
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
 """
