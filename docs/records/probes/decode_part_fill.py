@@ -15,11 +15,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention as ta
-from tiledattention.kernels.decode import _defaults, layout
+from tiledattention.kernels.decode import layout
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, "docs/records/probes")
 from compile_ahead import compile_ahead  # noqa: E402
+from paged_defaults import default_with  # noqa: E402
 
 # (batch, heads_q, heads_kv, keys, head dim, dtype)
 SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
@@ -40,11 +41,7 @@ CHECK = ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
 
 def before(problem):
     """The default before the rule (``PART_FILL_MAX_ROWS_SHARE`` at 0)."""
-    share, _defaults.PART_FILL_MAX_ROWS_SHARE = _defaults.PART_FILL_MAX_ROWS_SHARE, 0
-    try:
-        return ta.DECODE.default_schedule("sm_90", problem)
-    finally:
-        _defaults.PART_FILL_MAX_ROWS_SHARE = share
+    return default_with(problem, PART_FILL_MAX_ROWS_SHARE=0)
 
 
 def cudnn(case):

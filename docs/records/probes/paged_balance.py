@@ -45,10 +45,9 @@ from typing import Callable, NamedTuple
 
 import tiledattention as ta
 from tiledattention.core import _case
-from tiledattention.kernels.decode import _defaults
 from tuner.measure import time_interleaved
 
-from paged_defaults import add_fa4, copy_rate, report
+from paged_defaults import add_fa4, copy_rate, default_with, report
 from compile_ahead import compile_ahead
 
 # (batch, heads_q, heads_kv, longest cache, page size)
@@ -79,11 +78,7 @@ MIXES = {"cycling": _case.paged_lengths, "log-uniform": log_uniform}
 
 def rule_before(problem):
     """The default before ``PAGED_SPLIT_FACTOR`` (the factor at 1)."""
-    factor, _defaults.PAGED_SPLIT_FACTOR = _defaults.PAGED_SPLIT_FACTOR, 1
-    try:
-        return ta.DECODE.default_schedule("sm_90", problem)
-    finally:
-        _defaults.PAGED_SPLIT_FACTOR = factor
+    return default_with(problem, PAGED_SPLIT_FACTOR=1)
 
 
 def sweep(problem):

@@ -35,6 +35,21 @@ def previous_default(problem, d):
     return base.replace(splits=max(1, min(132 // rows, problem.seqlen_k // 256)))
 
 
+def default_with(problem, **constants):
+    """The sm_90 decode default of ``problem`` with ``kernels.decode._defaults``' ``constants``
+    set to the values given (a rule as it was before a constant existed), restored after."""
+    from tiledattention.kernels.decode import _defaults
+
+    saved = {name: getattr(_defaults, name) for name in constants}
+    try:
+        for name, value in constants.items():
+            setattr(_defaults, name, value)
+        return ta.DECODE.default_schedule("sm_90", problem)
+    finally:
+        for name, value in saved.items():
+            setattr(_defaults, name, value)
+
+
 def copy_rate():
     """The device-to-device copy rate in GB/s of bytes read + written (the bench's ceiling,
     ``tuner.bench.copy_gbps``, timed in 10 interleaved rounds), printed."""

@@ -164,7 +164,8 @@ def decode_split(
     if ORDERED:
         # CTAs start in grid order: the entries' rows in Order's (longest cache first), so no
         # long walk starts last and runs alone at the end. This kernel is a programmatic
-        # dependent of decode_order's: wait for its Order
+        # dependent of the kernel before it (decode_order's, or any where the caller ranked
+        # the entries): wait for that one's memory before reading Order or anything else
         ct.grid_dependency_control_wait()
         entry_rows = heads * num_q_tiles
         row = ct.gather(Order, row // entry_rows) * entry_rows + row % entry_rows

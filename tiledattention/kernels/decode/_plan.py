@@ -118,7 +118,7 @@ class DecodePlan(Plan):
         table (``k`` and ``v`` then page pools; both validated by the caller); ``descales``:
         an FP8 cache's float32 ``[B, H_kv]`` factors of q, k and v (``Problem.kv_dtype``:
         q's is unused); ``order``: a paged plan's entries ranked by the caller
-        (``tiledattention.paged_order``'s; ``_launch.launch``)."""
+        (``tiledattention.PagedOrder``'s entries; ``_launch.launch``)."""
         k_shape, k_strides, v_strides = k.shape, k.stride(), v.stride()
         tile_d = self.tile_d
         if (v.shape != k_shape or k_strides[3] != 1 or v_strides[3] != 1
