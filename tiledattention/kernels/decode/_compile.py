@@ -72,8 +72,7 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
                "Pages": (array_constraint("int32", (p.batch, -(-p.seqlen_k // p.page_size)))
                          if p.page_size else ctc.ConstantConstraint(0)),
                # the longest-first order of the entries, or the placeholder
-               "Order": (lengths if constants["ORDERED"]
-                         else ctc.ConstantConstraint(0))}
+               "Order": lengths if constants["ORDERED"] else ctc.ConstantConstraint(0)}
     # an FP8 cache's float32 [B, H_kv] descale factors of K and V, or the placeholders
     runtime["KDescale"] = runtime["VDescale"] = (
         array_constraint("fp32", (p.batch, p.heads_kv)) if p.kv_dtype
@@ -89,7 +88,7 @@ def compile_decode(problem: Problem, schedule: DecodeSchedule, arch: str) -> Com
             COMBINE_PARAMETERS.ordered({"Opart": opart, "Lse": lse, "Out": q5, "Sinks": sinks},
                                        combine_constants(p, schedule)), arch,
             label + " (combine)"))
-    if constants["ORDERED"] and not constants["RANK_TILE"]:
+    if constants["ORDERED"]:
         others.append(export_cubin(order_kernel(), [lengths, lengths, ORDER_CHUNK], arch,
                                    label + " (order)"))
     if not others:

@@ -61,9 +61,6 @@ from ...kernel_core.numbers import LOG2_E, NEG_BIG
 from ...kernel_core.ranges import page_rows, sequence_view
 from ...kernel_core.softmax import log_sum_exp, merged_splits, normalised, online_softmax
 
-#: Others an in-kernel ranking (``RANK_TILE``) compares its entries with a step.
-RANK_CHUNK = 64
-
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
@@ -156,10 +153,7 @@ def decode_split(
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
     BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
     TAIL: ConstBool,  # only the rows from split_hint on split (a one-dimensional grid)
-    ORDERED: ConstBool,  # PAGED: grid row r takes the rows of the entry ranked r // rows an
-    # entry (longest cache first): Order's, or with RANK_TILE the kernel's own ranking
-    RANK_TILE: ConstInt,  # ORDERED: 0 (Order given), or the entries padded to a power of two:
-    # each CTA ranks Ranges itself (Order unused)
+    ORDERED: ConstBool,  # PAGED: grid row r takes entry Order[r // rows an entry]'s rows
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
@@ -168,21 +162,13 @@ def decode_split(
     row = ct.bid(0)  # (batch x head of the view) x query tile
     split = ct.bid(1)
     if ORDERED:
-        # CTAs start in grid order: the entries' rows longest cache first, so no long walk
-        # starts last and runs alone at the end. This kernel is a programmatic dependent of
-        # the kernel before it (decode_order's, or any: whatever wrote Ranges or Order): wait
-        # for that one's memory before reading anything
+        # CTAs start in grid order: the entries' rows in Order's (longest cache first), so no
+        # long walk starts last and runs alone at the end. This kernel is a programmatic
+        # dependent of the kernel before it (decode_order's, or any where the caller ranked
+        # the entries): wait for that one's memory before reading Order or anything else
         ct.grid_dependency_control_wait()
         entry_rows = heads * num_q_tiles
-        place = row // entry_rows
-        if RANK_TILE:
-            # no ranking launch: every CTA ranks the (few) key counts and writes the same
-            # order. It takes its entry back from memory: a reduction feeding the row index
-            # gave sm_90's kernel a third warpgroup, and it hung (issue 49's section 46)
-            entries = ct.arange(RANK_TILE, dtype=np.int32)
-            ranks = _ranks(Ranges, entries, ct.static_eval(min(RANK_TILE, RANK_CHUNK)))
-            ct.scatter(Order, ranks, entries, mask=entries < Ranges.shape[0])
-        row = ct.gather(Order, place) * entry_rows + row % entry_rows
+        row = ct.gather(Order, row // entry_rows) * entry_rows + row % entry_rows
     splits = ct.num_blocks(1)
     if TAIL:
         # CTAs below whole_rows take a row each, unsplit; the rest take the last rows' splits
@@ -378,25 +364,17 @@ def decode_order(
     """Rank each entry by how many come before it (longer, or as long and earlier) and write
     it at its rank: ``Order`` lists the entries longest cache first, for ``ORDERED``."""
     ct.grid_dependency_control_launch_dependents()  # the split kernel waits for Order
-    mine = ct.bid(0) * CHUNK + ct.arange(CHUNK, dtype=np.int32)  # [CHUNK]
-    ct.scatter(Order, _ranks(Lengths, mine, CHUNK), mine, mask=mine < Lengths.shape[0])
-
-
-def _ranks(Lengths, mine, CHUNK):
-    """The rank of each entry ``mine`` (``[M]``) among the int32 ``[B]`` key counts
-    ``Lengths``: how many entries come before it, longer or as long and earlier (the ranks
-    of the entries a permutation of ``0..B-1`` whatever the counts), counted ``CHUNK`` others
-    at a time."""
     entries = Lengths.shape[0]
+    mine = ct.bid(0) * CHUNK + ct.arange(CHUNK, dtype=np.int32)  # [CHUNK]
     length = ct.gather(Lengths, mine, mask=mine < entries, padding_value=0)[:, None]
-    rank = ct.full(mine.shape, 0, dtype=np.int32)
+    rank = ct.full((CHUNK,), 0, dtype=np.int32)
     for chunk in range(ct.cdiv(entries, CHUNK)):
         other = (chunk * CHUNK + ct.arange(CHUNK, dtype=np.int32))[None, :]  # [1, CHUNK]
         other_length = ct.gather(Lengths, other, mask=other < entries, padding_value=0)
         before = (other < entries) & ((other_length > length) | (
-            (other_length == length) & (other < mine[:, None])))  # [M, CHUNK]
+            (other_length == length) & (other < mine[:, None])))  # [CHUNK, CHUNK]
         rank = rank + ct.sum(before.astype(np.int32), axis=1)
-    return rank
+    ct.scatter(Order, rank, mine, mask=mine < entries)
 
 
 def _merged_block(Opart, Lse, Sinks, row, chunk, head, group, TILE_G, TILE_S, CHUNK_D, UNROLL,

@@ -280,24 +280,11 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "KV_FP8": bool(problem.kv_dtype),
         "TAIL": tail,
         "ORDERED": ordered(problem, schedule),
-        "RANK_TILE": rank_tile(problem, schedule),
     }
-
-
-def rank_tile(problem: Problem, schedule: DecodeSchedule) -> int:
-    """``RANK_TILE``: where ``schedule`` runs ``problem``'s entries longest first and they are
-    at most :data:`RANK_IN_KERNEL_ENTRIES`, the entries padded to a power of two (each split
-    CTA ranks them itself, no ranking launch); else 0."""
-    if not ordered(problem, schedule) or problem.batch > RANK_IN_KERNEL_ENTRIES:
-        return 0
-    return max(16, 1 << (problem.batch - 1).bit_length())
 
 
 #: Entries ``decode_order`` ranks a CTA (a ``[64, 64]`` comparison a step).
 ORDER_CHUNK = 64
-#: The most entries an ordered split kernel ranks in each CTA (``RANK_TILE``) rather than
-#: after a ranking launch (``decode_order``), whose launch a lone call waits for on the host.
-RANK_IN_KERNEL_ENTRIES = 256
 #: Head-dim columns per combine CTA: the combine reads splits x rows x D floats per output
 #: row, so it is spread over ``ceil(D / 32)`` CTAs per row instead of one.
 COMBINE_CHUNK_D = 32
@@ -386,8 +373,7 @@ class Launches(NamedTuple):
     whole_batches: int  # TAIL: the batch entries of those (the merge's Out starts after); else 0
     flat: FlatLaunches | None  # DecodeSchedule.flat: the flat walk's launches (split, combine
     # and their grids then unused); else None
-    order_entries: int  # ORDERED: the batch entries ranked each call (or by the caller); else 0
-    ranks_in_kernel: bool  # ORDERED with RANK_TILE: the split kernel ranks them (no launch)
+    order_entries: int  # ORDERED: the batch entries decode_order ranks each call; else 0
 
     @property
     def scratch(self) -> bool:
@@ -430,8 +416,7 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
         tile_d=padded_head_dim(problem.head_dim), variant=variant, tile_n=schedule.tile_n,
         causal=problem.causal, share_keys=problem.seqlen_k if split["BALANCED"] else 0,
         whole_rows=whole, whole_batches=whole // (tiles.rows // problem.batch), flat=flat,
-        order_entries=problem.batch if split["ORDERED"] else 0,
-        ranks_in_kernel=bool(split["RANK_TILE"]))
+        order_entries=problem.batch if split["ORDERED"] else 0)
 
 
 def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset: int,
@@ -445,13 +430,12 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
     ``pages``: a paged plan's int32 ``[B, max_pages]`` block table (``k`` and ``v`` then the
     ``[pages, page_size, H_kv, D]`` pools, and ``ranges`` the int32 ``[B]`` key counts);
     ``descales``: an FP8 cache's float32 ``[B, H_kv]`` factors of k and v (its ``v`` then goes
-    to the split kernel as :func:`fp8_words`). An ordered plan whose split kernel does not
-    rank the entries itself (``order_entries``) first ranks ``ranges`` into the scratch's
-    order (:func:`rank_entries`), unless the caller ranked them already (``order``:
-    :func:`rank_entries`' int32 ``[B]`` of these key counts, or of earlier ones: any order of
-    the entries is right, the longest first is faster); other plans ignore ``order``. An
-    ordered plan's split kernel is launched as a programmatic dependent either way (it waits
-    for the kernel before it first)."""
+    to the split kernel as :func:`fp8_words`). An ordered plan first ranks ``ranges`` into
+    the scratch's order (:func:`rank_entries`), unless the caller ranked them already
+    (``order``: :func:`rank_entries`' int32 ``[B]`` of these key counts, or of earlier
+    ones: any order of the entries is right, the longest first is faster); a plan that
+    is not ordered ignores ``order``. An ordered plan's split kernel is launched as a
+    programmatic dependent either way (it waits for the kernel before it first)."""
     q5 = grouped_view(q, plan.tiles)
     out5 = grouped_view(out, plan.tiles)
     if plan.flat is not None:
@@ -464,8 +448,6 @@ def launch(stream: Any, plan: Launches, q: Any, k: Any, v: Any, out: Any, offset
         opart = lse = out5
     if not plan.order_entries:
         order = UNUSED
-    elif plan.ranks_in_kernel:  # each CTA ranks the entries into the scratch's order
-        order = scratch_order
     elif order is None:
         order = scratch_order
         rank_entries(stream, ranges, order)
