@@ -598,6 +598,37 @@ def test_rows_just_past_the_sms_at_short_heads_split_in_three():
         assert DECODE.default_schedule(arch, base).splits != PART_FILL_SPLITS, arch
 
 
+def test_short_caches_at_short_heads_past_the_sms_run_three_ctas_an_sm():
+    """Hopper, D 33-64, a contiguous 16-bit cache of ``SHORT_CACHE_MIN_KEYS`` keys up to
+    ``PART_WAVE_MIN_KEYS`` (no window or softcap) whose rows pass the SMs up to a wave of three
+    CTAs an SM (133-396) runs one split at three CTAs an SM with 128-key steps (1.03-1.30x two
+    an SM on ten held-out calls, H100), in shared memory three CTAs hold, without stack; 132
+    and 397 rows, D 128, caches shorter or longer, windows, softcaps, pages, FP8 caches and
+    the other generations keep their schedules."""
+    from tiledattention.kernels.decode._defaults import (PART_WAVE_MIN_KEYS,
+                                                         SHORT_CACHE_MIN_KEYS,
+                                                         THIRD_CTA_OCCUPANCY)
+
+    for batch, heads_q, heads_kv, head_dim, keys, dtype in (
+            (133, 8, 1, 64, SHORT_CACHE_MIN_KEYS, "bf16"), (24, 32, 8, 64, 1098, "fp16"),
+            (75, 16, 4, 48, 2000, "bf16"), (33, 48, 12, 64, PART_WAVE_MIN_KEYS - 1, "fp16")):
+        p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
+                     head_dim=head_dim, dtype=dtype)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.splits, s.occupancy, s.tile_n) == (1, THIRD_CTA_OCCUPANCY, 128), (
+            p.describe(), s)
+    base = _problem(batch=192, heads_q=8, heads_kv=1, seqlen_k=1500, head_dim=64)
+    _default_fits_without_stack(base, THIRD_CTA_OCCUPANCY)
+    for p in (dataclasses.replace(base, batch=132), dataclasses.replace(base, batch=397),
+              dataclasses.replace(base, head_dim=128), dataclasses.replace(base, head_dim=32),
+              dataclasses.replace(base, seqlen_k=SHORT_CACHE_MIN_KEYS - 1),
+              dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS), _window(base, 1000),
+              *_outside_the_wave_rules(base)[2:]):
+        assert DECODE.default_schedule("sm_90", p).occupancy != THIRD_CTA_OCCUPANCY, p.describe()
+    for arch in ("sm_80", "sm_100", "sm_120"):
+        assert DECODE.default_schedule(arch, base).occupancy != THIRD_CTA_OCCUPANCY, arch
+
+
 def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
     """One split at two CTAs an SM over a contiguous 16-bit cache of at least
     ``PART_WAVE_MIN_KEYS`` keys at D 128 (16-row tiles, no window or softcap) whose rows fill

@@ -25,7 +25,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
            "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
            "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
-           "PART_FILL_SPLITS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
+           "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -172,6 +172,17 @@ THIRD_CTA_SECOND_WAVE_ROWS_SHARES = (4.4, 5)
 #: over 8k-32k caches, D 64 and 128; ``--occ-window``, section 26) the rules' form ran
 #: 1.021-1.216x the two-CTA default, 91-103% of the copy rate on the window's bytes.
 THIRD_CTA_SHORT_HEAD_STEP = 128
+#: Shorter caches (from this many keys to ``PART_WAVE_MIN_KEYS``) at head dims of 33-64 whose
+#: rows pass the SMs, up to a wave of three CTAs an SM (133-396 rows on 132 SMs; no window or
+#: softcap, contiguous 16-bit), run one split at three CTAs an SM with 128-key steps as well,
+#: whatever the band: each CTA's walk is short, and at two an SM the SMs idle while CTAs start
+#: and end. On an H100 (section 50 of docs/records/benchmarks/paged/issue49/README.md, from a
+#: survey's slowest call, B24 H32/8 D64 over 1098 keys at 0.90x cuDNN): 1.10-1.16x two CTAs an
+#: SM on four calls of 160-384 rows over 1098-2000 keys (D 128 lost there: 0.75-0.92x; 64-key
+#: steps 1.02-1.09x). Held out, ten other calls (D 48 and 64, bf16 and fp16, MHA to GQA 8 and
+#: MQA, 140-336 rows over 800-2900 keys): 1.03-1.30x on the GPU, cuDNN's time over ours
+#: 0.96-1.02 (0.76-0.97 before); as isolated calls with the host counted 0.95-1.13x.
+SHORT_CACHE_MIN_KEYS = 800
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
 #: 1.017-1.034x at 400-480 rows (0.993x at 512, 1.003x at 528, two whole waves of two; 64-key
@@ -472,6 +483,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             and plain):
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
+    if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
+            and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
+            and SHORT_CACHE_MIN_KEYS <= keys < PART_WAVE_MIN_KEYS
+            and sms < rows <= THIRD_CTA_OCCUPANCY * sms):
+        # short walks: a third CTA an SM keeps the SMs streaming while CTAs start and end
+        return base.replace(occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_SHORT_HEAD_STEP)
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
             and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS and uncapped):
         low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
