@@ -600,11 +600,10 @@ def test_rows_just_past_the_sms_at_short_heads_split_in_three():
 
 def test_short_caches_at_short_heads_past_the_sms_run_three_ctas_an_sm():
     """Hopper, D 33-64, a contiguous 16-bit cache of ``SHORT_CACHE_MIN_KEYS`` keys up to
-    ``PART_WAVE_MIN_KEYS`` (no window or softcap) whose rows pass the SMs up to a wave of three
-    CTAs an SM (133-396) runs one split at three CTAs an SM with 128-key steps (1.03-1.30x two
-    an SM on ten held-out calls, H100), in shared memory three CTAs hold, without stack; 132
-    and 397 rows, D 128, caches shorter or longer, windows, softcaps, pages, FP8 caches and
-    the other generations keep their schedules."""
+    ``PART_WAVE_MIN_KEYS`` (no window or softcap), rows past the SMs up to a wave of three CTAs
+    an SM (133-396): one split at three CTAs an SM, 128-key steps, no stack; 132 and 397
+    rows, D 128, shorter or longer caches, windows, softcaps, pages, FP8 caches and the
+    other generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (PART_WAVE_MIN_KEYS,
                                                          SHORT_CACHE_MIN_KEYS,
                                                          THIRD_CTA_OCCUPANCY)
@@ -730,10 +729,11 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
     and past two waves of two (581-660) run three CTAs an SM, with
     ``THIRD_CTA_SHORT_HEAD_STEP``-key steps at D <= 64 and 64-key steps above (1.150-1.256x and
     1.030-1.090x on ten held-out calls); their rows short of a wave of two (172-264: 0.91-1.06x
-    held out), four CTAs' rows, D 32 and below, D 129 and above, short caches, short or capped
-    windows, softcaps, pages, FP8 caches and the other generations keep their schedules."""
-    from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY, SHORT_HEAD_DIM,
-                                                         THIRD_CTA_OCCUPANCY,
+    held out), four CTAs' rows, D 32 and below, D 129 and above, caches too short for the
+    short-cache rule (the test above), short or capped windows, softcaps, pages, FP8 caches and
+    the other generations keep their schedules."""
+    from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY, SHORT_CACHE_MIN_KEYS,
+                                                         SHORT_HEAD_DIM, THIRD_CTA_OCCUPANCY,
                                                          THIRD_CTA_SHORT_HEAD_STEP,
                                                          THIRD_CTA_STEP)
 
@@ -757,7 +757,9 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
               dataclasses.replace(base, head_dim=32),
               dataclasses.replace(base, head_dim=160),
               dataclasses.replace(base, head_dim=256),
-              *_outside_the_wave_rules(base, window=False)):
+              # a shorter cache at D 64 takes the short-cache rule down to SHORT_CACHE_MIN_KEYS
+              dataclasses.replace(base, seqlen_k=SHORT_CACHE_MIN_KEYS - 1),
+              *_outside_the_wave_rules(base, window=False)[1:]):
         s = DECODE.default_schedule("sm_90", p)
         assert s.occupancy in (1, FULL_GPU_OCCUPANCY), (p.describe(), s)
     for arch in ("sm_80", "sm_100", "sm_120"):

@@ -51,7 +51,7 @@ def _fp8_torch_dtypes() -> frozenset:
 
 
 def is_fp8_tensor(x: Any) -> bool:
-    """Whether ``x`` is a torch tensor of an FP8 dtype (an FP8 cache's pages, say)."""
+    """Whether ``x`` is a torch tensor of an FP8 dtype."""
     return getattr(x, "dtype", None) in (_FP8_TORCH or _fp8_torch_dtypes())
 
 

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if specs[0].startswith(BASELINE):
         raise UsageError(f"--schedule {specs[0]}: a PyTorch baseline goes in --compare, beside "
                          "a schedule of ours")
-    # given and default schedules are checked before anything else; looked-up ones need the GPU
+    # given and default schedules are checked first; looked-up ones need the GPU
     schedules = [None if spec == "looked-up" else _schedule(family, problem, args.device, spec)
                  for spec in specs]
     ncu = check_profilable(args.device)  # ProfileUnavailable: one line, exit status 2

@@ -1,14 +1,14 @@
 """``tiledtune restamp``: carry rows over a kernel-template change that left their code alone.
 
-    tiledtune restamp --from c518f0c                      # the user database
+    tiledtune restamp --from c518f0c  # the user database
     tiledtune restamp --from c518f0c --file tiledattention/pretuned/sm_90.json
 
 Every row whose template identity is not the current one is compiled (compile-only, for its own
 architecture) with the code of git revision ``--from`` and with the code installed now; rows
 whose ``.text`` sections are identical get the current identity, the others are listed with the
 ``tiledtune search`` command that re-tunes them. Exit status: 0 nothing left to re-tune, 1 some
-rows need re-tuning, 2 the revision, the database or the file could not be used (a missing
-database is never created).
+rows need re-tuning, 2 the revision, database or file unusable (a missing database is never
+created).
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
-"""Contiguous decode whose rows (B x H_kv) pass the SMs by at most half (133-198 on 132): one
-split at two CTAs an SM (the default before ``PART_FILL_SPLITS``) against 2-4 splits and a
-third CTA an SM, cuDNN beside (``--sweep 1`` and ``--sweep 2``: the calls the rule was drawn
-from); ``--check``: other calls, the rule's default against the one before it, GPU and
-isolated views. Interleaved, medians of 15, the L2 flushed (section 49 of
-``docs/records/benchmarks/paged/issue49/README.md``; its runs were this logic in two scratch
-scripts, the same points and forms, the sweeps at medians of 12).
+"""Contiguous decode whose rows (B x H_kv) pass the SMs, against cuDNN, for two rules.
+Part fill (133-198 rows on 132 SMs, 6000+ keys, D < 128): one split at two CTAs an SM (the
+default before ``PART_FILL_SPLITS``) against 2-4 splits and a third CTA an SM (``--sweep 1``
+and ``--sweep 2``: the calls the rule was drawn from; ``--check``: other calls). Short caches
+(800-2999 keys, D 33-64, 133-396 rows): two CTAs an SM (the default before
+``SHORT_CACHE_MIN_KEYS``) against a third and a fourth, splits and 64-key steps (``--sweep 3``:
+128-400 rows, whence the rule; ``--sweep 4``: 280-800 rows, past it; ``--check-short``).
+A check times the rule's default against the one before it, GPU and isolated views.
+Interleaved, medians of 15, the L2 flushed (sections 49 and 50 of
+``docs/records/benchmarks/paged/issue49/README.md``; their runs were this logic in scratch
+scripts, the same points and forms; sweep 4's B70 H28/4 ran against the rule's default).
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
 """
@@ -32,16 +36,35 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
               (21, 64, 8, 6000, 64, "bf16"), (45, 28, 4, 16000, 64, "bf16"),
               (6, 32, 32, 10000, 64, "bf16"), (25, 8, 8, 15000, 96, "fp16"),
               (14, 16, 16, 5000, 80, "bf16"), (4, 40, 40, 64000, 64, "bf16"),
-              (3, 48, 48, 4000, 64, "bf16"), (18, 64, 8, 20000, 128, "bf16"))}
-CHECK = ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
-         (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
-         (44, 16, 4, 9000, 96, "fp16"), (2, 80, 80, 40000, 64, "bf16"),
-         (11, 16, 16, 60000, 64, "bf16"), (47, 32, 4, 12000, 64, "bf16"))
+              (3, 48, 48, 4000, 64, "bf16"), (18, 64, 8, 20000, 128, "bf16")),
+          3: ((24, 32, 8, 1098, 64, "fp16"), (20, 32, 8, 1500, 64, "bf16"),
+              (40, 28, 4, 1200, 64, "bf16"), (24, 32, 8, 1800, 128, "bf16"),
+              (36, 16, 4, 1000, 128, "fp16"), (48, 32, 8, 2000, 64, "bf16"),
+              (8, 16, 16, 2973, 64, "bf16"), (12, 24, 12, 2500, 64, "bf16")),
+          4: ((200, 14, 2, 950, 64, "fp16"), (60, 32, 8, 1000, 64, "bf16"),
+              (70, 28, 4, 1500, 64, "bf16"), (90, 40, 8, 1200, 64, "fp16"),
+              (100, 48, 8, 2000, 64, "bf16"))}
+#: (splits, CTAs an SM) of each sweep's forms; the short-cache sweeps add 64-key steps
+FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
+         3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4))}
+FORMS[2] = FORMS[1]
+CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
+                   (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
+                   (44, 16, 4, 9000, 96, "fp16"), (2, 80, 80, 40000, 64, "bf16"),
+                   (11, 16, 16, 60000, 64, "bf16"), (47, 32, 4, 12000, 64, "bf16")),
+          "short": ((18, 32, 8, 1700, 64, "bf16"), (30, 40, 8, 2600, 64, "fp16"),
+                    (22, 56, 8, 1300, 64, "bf16"), (300, 8, 1, 900, 64, "bf16"),
+                    (64, 20, 5, 2200, 64, "fp16"), (50, 48, 6, 1000, 64, "bf16"),
+                    (140, 8, 1, 2900, 64, "bf16"), (28, 48, 12, 800, 48, "bf16"),
+                    (10, 36, 18, 2000, 64, "fp16"), (37, 32, 8, 1500, 64, "bf16"))}
 
 
-def before(problem):
-    """The default before the rule (``PART_FILL_MAX_ROWS_SHARE`` at 0)."""
-    return default_with(problem, PART_FILL_MAX_ROWS_SHARE=0)
+def before(problem, rule):
+    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` at 0, or
+    ``SHORT_CACHE_MIN_KEYS`` past every cache)."""
+    if rule == "part":
+        return default_with(problem, PART_FILL_MAX_ROWS_SHARE=0)
+    return default_with(problem, SHORT_CACHE_MIN_KEYS=1 << 30)
 
 
 def cudnn(case):
@@ -56,20 +79,26 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check-short", action="store_true")
     args = ap.parse_args()
-    points = CHECK if args.check else SWEEPS[args.sweep]
+    check = "part" if args.check else "short" if args.check_short else None
+    points = CHECKS[check] if check else SWEEPS[args.sweep]
+    rule = check or ("part" if args.sweep <= 2 else "short")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}
     for p in problems:
-        old = before(p)
+        old = before(p, rule)
         forms[p] = {"old": old}
-        if args.check:
+        if check:
             forms[p]["new"] = ta.DECODE.default_schedule("sm_90", p)
-        else:
-            for s, o in ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)):
-                forms[p][f"s{s} occ{o}"] = old.replace(
-                    splits=s, occupancy=o, combine="block_pdl" if s > 1 else old.combine)
+            continue
+        for s, o in FORMS[args.sweep]:
+            forms[p][f"s{s} occ{o}"] = old.replace(
+                splits=s, occupancy=o, combine="block_pdl" if s > 1 else old.combine)
+        if rule == "short":
+            forms[p]["n64"] = old.replace(tile_n=64)
+            forms[p]["n64 occ3"] = old.replace(tile_n=64, occupancy=3)
     compile_ahead([(p, s) for p in problems for s in forms[p].values()])
     for p in problems:
         case = ta.DECODE.case(p, 0)
@@ -81,7 +110,7 @@ def main():
                 f"{forms[p]['old'].describe()} {gpu['old'] * 1e3:.1f} us; old / form: " +
                 "  ".join(f"{n} {gpu['old'] / t:.3f}" for n, t in gpu.items()) +
                 f"; worst error {max(errors.values()):.1e}")
-        if args.check:
+        if check:
             iso = {n: t.median_ms for n, t in
                    time_interleaved(fns, rounds=15, host=True).items()}
             line += (f"; isolated old / new {iso['old'] / iso['new']:.3f}, cuDNN / new "

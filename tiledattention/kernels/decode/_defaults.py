@@ -178,7 +178,7 @@ THIRD_CTA_SHORT_HEAD_STEP = 128
 #: whatever the band: each CTA's walk is short, and at two an SM the SMs idle while CTAs start
 #: and end. On an H100 (section 50 of docs/records/benchmarks/paged/issue49/README.md, from a
 #: survey's slowest call, B24 H32/8 D64 over 1098 keys at 0.90x cuDNN): 1.10-1.16x two CTAs an
-#: SM on four calls of 160-384 rows over 1098-2000 keys (D 128 lost there: 0.75-0.92x; 64-key
+#: SM on four calls of 160-384 rows over 1098-2000 keys (D 128 lost there: 0.84-0.92x; 64-key
 #: steps 1.02-1.09x). Held out, ten other calls (D 48 and 64, bf16 and fp16, MHA to GQA 8 and
 #: MQA, 140-336 rows over 800-2900 keys): 1.03-1.30x on the GPU, cuDNN's time over ours
 #: 0.96-1.02 (0.76-0.97 before); as isolated calls with the host counted 0.95-1.13x.
