@@ -730,7 +730,7 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
     ``THIRD_CTA_SHORT_HEAD_STEP``-key steps at D <= 64 and 64-key steps above (1.150-1.256x and
     1.030-1.090x on ten held-out calls); their rows short of a wave of two (172-264: 0.91-1.06x
     held out), four CTAs' rows, D 32 and below, D 129 and above, caches too short for the
-    short-cache rule (the test above), short or capped windows, softcaps, pages, FP8 caches and
+    short-cache rule (its own test), short or capped windows, softcaps, pages, FP8 caches and
     the other generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY, SHORT_CACHE_MIN_KEYS,
                                                          SHORT_HEAD_DIM, THIRD_CTA_OCCUPANCY,
