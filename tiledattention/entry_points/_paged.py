@@ -58,7 +58,7 @@ from ..core._runtime import Runtime, runtime
 from ..errors import InputTypeError, InputValueError, UnsupportedOperationError
 from ._fp8 import DESCALE_NAMES, fp8_descales, is_fp8_tensor
 from ._page_copy import check_copied, copy_read_pages, copy_width
-from ._paged_order import check_order
+from ._paged_order import given_entries
 from ._regroup import check_regroup, regroup_pages, regrouped, regrouped_page_size
 from ._ragged_fill import clear_uncovered_rows
 
@@ -178,14 +178,13 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
         except (AttributeError, TypeError):  # not torch tensors; an unhashable argument
             key = plan = None
         if plan is not None:
-            check_order(order, seqused_k)
             out = plan.run(runtime, q, k_pages, v_pages, q.get_device(), None,
                            ranges=seqused_k, pages=block_table,
-                           order=None if order is None else order.entries)
+                           order=given_entries(order, seqused_k))
             if out is not None:
                 return out  # else the plan's own checks failed: validation says why
     kv_dtype = check_paged(q, k_pages, v_pages, block_table, seqused_k, (k_descale, v_descale))
-    check_order(order, seqused_k)
+    entries = given_entries(order, seqused_k)
     check_call(scale, q, k_pages, v_pages)
     problem, longest = paged_problem(q, k_pages, block_table, causal, window, softcap, sinks,
                                      max_k, kv_dtype)
@@ -216,8 +215,7 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
     out = plan.run(runtime, q, k_pages, v_pages, device, None, sinks=logits, ranges=seqused_k,
-                   pages=block_table, descales=(None, *factors),
-                   order=None if order is None else order.entries)
+                   pages=block_table, descales=(None, *factors), order=entries)
     if out is None:
         raise InputValueError(f"k_pages and v_pages reach past the kernels' int32 indexing "
                               f"({tuple(k_pages.shape)}, strides {k_pages.stride()}); split the "

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import InputTypeError, InputValueError
 
-__all__ = ["PagedOrder", "check_order"]
+__all__ = ["PagedOrder", "given_entries"]
 
 
 class PagedOrder:
@@ -57,11 +57,12 @@ class PagedOrder:
         return f"PagedOrder(batch={self.batch}, device={self.entries.device})"
 
 
-def check_order(order: Any, seqused_k: Any) -> None:
-    """Raise an InputTypeError / InputValueError naming ``order`` unless it is ``None`` or a
-    :class:`PagedOrder` of ``seqused_k``'s batch on its device (``seqused_k`` validated)."""
+def given_entries(order: Any, seqused_k: Any) -> Any:
+    """``order``'s entries, or ``None`` for no order; raise an InputTypeError /
+    InputValueError naming ``order`` unless it is ``None`` or a :class:`PagedOrder` of
+    ``seqused_k``'s batch on its device (``seqused_k`` validated)."""
     if order is None:
-        return
+        return None
     if type(order) is not PagedOrder:
         raise InputTypeError(f"order must be a tiledattention.PagedOrder (PagedOrder(seqused_k)) "
                              f"or None; got {type(order).__name__}")
@@ -70,3 +71,4 @@ def check_order(order: Any, seqused_k: Any) -> None:
         raise InputValueError(f"order must rank this call's batch: {seqused_k.shape[0]} "
                               f"entries on {seqused_k.device}; got a PagedOrder of "
                               f"{entries.shape[0]} on {entries.device}")
+    return entries
