@@ -598,34 +598,38 @@ def test_rows_just_past_the_sms_at_short_heads_split_in_three():
         assert DECODE.default_schedule(arch, base).splits != PART_FILL_SPLITS, arch
 
 
-def test_short_caches_at_short_heads_past_the_sms_run_three_ctas_an_sm():
+def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm():
     """Hopper, D 33-64, a contiguous 16-bit cache of ``SHORT_CACHE_MIN_KEYS`` keys up to
     ``PART_WAVE_MIN_KEYS`` (no window or softcap), rows past the SMs up to a wave of three CTAs
-    an SM (133-396): one split at three CTAs an SM, 128-key steps, no stack; 132 and 397
-    rows, D 128, shorter or longer caches, windows, softcaps, pages, FP8 caches and the
-    other generations keep their schedules."""
-    from tiledattention.kernels.decode._defaults import (PART_WAVE_MIN_KEYS,
+    an SM (133-396): one split at three CTAs an SM, 128-key steps, no stack; up to a wave of
+    four (397-528): four CTAs. 132 and 529 rows, D 128, shorter or longer caches, windows,
+    softcaps, pages, FP8 caches and the other generations keep their schedules."""
+    from tiledattention.kernels.decode._defaults import (FOURTH_CTA_OCCUPANCY, PART_WAVE_MIN_KEYS,
                                                          SHORT_CACHE_MIN_KEYS,
-                                                         THIRD_CTA_OCCUPANCY)
+                                                         THIRD_CTA_OCCUPANCY as THIRD)
 
-    for batch, heads_q, heads_kv, head_dim, keys, dtype in (
-            (133, 8, 1, 64, SHORT_CACHE_MIN_KEYS, "bf16"), (24, 32, 8, 64, 1098, "fp16"),
-            (75, 16, 4, 48, 2000, "bf16"), (33, 48, 12, 64, PART_WAVE_MIN_KEYS - 1, "fp16")):
+    assert (THIRD, FOURTH_CTA_OCCUPANCY) == (3, 4)
+
+    for batch, heads_q, heads_kv, head_dim, keys, dtype, ctas in (
+            (133, 8, 1, 64, SHORT_CACHE_MIN_KEYS, "bf16", 3), (24, 32, 8, 64, 1098, "fp16", 3),
+            (75, 16, 4, 48, 2000, "bf16", 3), (33, 48, 12, 64, PART_WAVE_MIN_KEYS - 1, "fp16", 3),
+            (397, 8, 1, 64, 1000, "bf16", 4), (200, 14, 2, 64, 950, "fp16", 4),
+            (44, 36, 12, 48, 2999, "bf16", 4), (528, 8, 1, 64, 800, "fp16", 4)):
         p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
                      head_dim=head_dim, dtype=dtype)
         s = DECODE.default_schedule("sm_90", p)
-        assert (s.splits, s.occupancy, s.tile_n) == (1, THIRD_CTA_OCCUPANCY, 128), (
-            p.describe(), s)
+        assert (s.splits, s.occupancy, s.tile_n) == (1, ctas, 128), (p.describe(), s)
     base = _problem(batch=192, heads_q=8, heads_kv=1, seqlen_k=1500, head_dim=64)
-    _default_fits_without_stack(base, THIRD_CTA_OCCUPANCY)
-    for p in (dataclasses.replace(base, batch=132), dataclasses.replace(base, batch=397),
+    _default_fits_without_stack(base, THIRD)
+    _default_fits_without_stack(dataclasses.replace(base, batch=500), 4)
+    for p in (dataclasses.replace(base, batch=132), dataclasses.replace(base, batch=529),
               dataclasses.replace(base, head_dim=128), dataclasses.replace(base, head_dim=32),
               dataclasses.replace(base, seqlen_k=SHORT_CACHE_MIN_KEYS - 1),
               dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS), _window(base, 1000),
               *_outside_the_wave_rules(base)[2:]):
-        assert DECODE.default_schedule("sm_90", p).occupancy != THIRD_CTA_OCCUPANCY, p.describe()
+        assert DECODE.default_schedule("sm_90", p).occupancy not in (THIRD, 4), p.describe()
     for arch in ("sm_80", "sm_100", "sm_120"):
-        assert DECODE.default_schedule(arch, base).occupancy != THIRD_CTA_OCCUPANCY, arch
+        assert DECODE.default_schedule(arch, base).occupancy != THIRD, arch
 
 
 def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
@@ -899,7 +903,7 @@ def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():
     generations with less shared memory (none measured with them) keep their steps."""
     for arch in ("sm_80", "sm_90", "sm_100", "sm_120"):
         for b, hq, hkv, sk, d in ((1, 16, 16, 20000, 64), (8, 32, 8, 4096, 64),
-                                  (32, 16, 16, 2048, 64), (1, 32, 8, 9000, 32)):
+                                  (8, 16, 16, 2048, 64), (1, 32, 8, 9000, 32)):
             p = _problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_k=sk, head_dim=d)
             step = 256 if arch in ("sm_90", "sm_100") else 128
             assert DECODE.default_schedule(arch, p).tile_n == step, (arch, p)

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                  for spec in specs]
     ncu = check_profilable(args.device)  # ProfileUnavailable: one line, exit status 2
     schedules = [s or _schedule(family, problem, args.device, "looked-up") for s in schedules]
-    if args.out is not None:  # before anything is measured: a folder that cannot be made is 2
+    if args.out is not None:  # before measuring: a folder that cannot be made is 2
         try:
             args.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

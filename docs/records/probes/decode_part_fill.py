@@ -4,7 +4,9 @@ default before ``PART_FILL_SPLITS``) against 2-4 splits and a third CTA an SM (`
 and ``--sweep 2``: the calls the rule was drawn from; ``--check``: other calls). Short caches
 (800-2999 keys, D 33-64, 133-396 rows): two CTAs an SM (the default before
 ``SHORT_CACHE_MIN_KEYS``) against a third and a fourth, splits and 64-key steps (``--sweep 3``:
-128-400 rows, whence the rule; ``--sweep 4``: 280-800 rows, past it; ``--check-short``).
+128-400 rows, whence the rule; ``--sweep 4``: 280-800 rows, past it, whence its fourth CTA
+at 397-528 rows; ``--check-short``, ``--check-four``). ``--sweep 5``: 136-176 rows over long
+caches at D 64-128 against splits and the rows past the SMs split alone (``tail_rows``).
 A check times the rule's default against the one before it, GPU and isolated views.
 Interleaved, medians of 15, the L2 flushed (sections 49 and 50 of
 ``docs/records/benchmarks/paged/issue49/README.md``; their runs were this logic in scratch
@@ -20,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention as ta
 from tiledattention.kernels.decode import layout
+from tiledattention.kernels.decode._launch import rows_past_waves
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, "docs/records/probes")
@@ -43,10 +46,15 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
               (8, 16, 16, 2973, 64, "bf16"), (12, 24, 12, 2500, 64, "bf16")),
           4: ((200, 14, 2, 950, 64, "fp16"), (60, 32, 8, 1000, 64, "bf16"),
               (70, 28, 4, 1500, 64, "bf16"), (90, 40, 8, 1200, 64, "fp16"),
-              (100, 48, 8, 2000, 64, "bf16"))}
+              (100, 48, 8, 2000, 64, "bf16")),
+          5: ((12, 12, 12, 21851, 128, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
+              (20, 8, 8, 12000, 128, "fp16"), (19, 56, 8, 30000, 128, "bf16"),
+              (150, 8, 1, 8000, 128, "bf16"), (11, 16, 16, 40000, 128, "fp16"),
+              (12, 12, 12, 21851, 64, "bf16"), (24, 28, 7, 9000, 96, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; the short-cache sweeps add 64-key steps
 FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
-         3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4))}
+         3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
+         5: ((3, 2), (5, 2), (7, 2))}
 FORMS[2] = FORMS[1]
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
@@ -56,12 +64,15 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
                     (22, 56, 8, 1300, 64, "bf16"), (300, 8, 1, 900, 64, "bf16"),
                     (64, 20, 5, 2200, 64, "fp16"), (50, 48, 6, 1000, 64, "bf16"),
                     (140, 8, 1, 2900, 64, "bf16"), (28, 48, 12, 800, 48, "bf16"),
-                    (10, 36, 18, 2000, 64, "fp16"), (37, 32, 8, 1500, 64, "bf16"))}
+                    (10, 36, 18, 2000, 64, "fp16"), (37, 32, 8, 1500, 64, "bf16")),
+          "four": ((50, 32, 8, 1300, 64, "bf16"), (110, 16, 4, 2500, 64, "fp16"),
+                   (420, 8, 1, 1000, 64, "bf16"), (64, 56, 8, 1800, 64, "bf16"),
+                   (43, 40, 10, 900, 48, "fp16"), (66, 32, 8, 2800, 64, "bf16"))}
 
 
 def before(problem, rule):
     """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` at 0, or
-    ``SHORT_CACHE_MIN_KEYS`` past every cache)."""
+    ``SHORT_CACHE_MIN_KEYS`` past every cache: two CTAs an SM)."""
     if rule == "part":
         return default_with(problem, PART_FILL_MAX_ROWS_SHARE=0)
     return default_with(problem, SHORT_CACHE_MIN_KEYS=1 << 30)
@@ -80,10 +91,12 @@ def main():
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--check-short", action="store_true")
+    ap.add_argument("--check-four", action="store_true")
     args = ap.parse_args()
-    check = "part" if args.check else "short" if args.check_short else None
+    check = ("part" if args.check else "short" if args.check_short
+             else "four" if args.check_four else None)
     points = CHECKS[check] if check else SWEEPS[args.sweep]
-    rule = check or ("part" if args.sweep <= 2 else "short")
+    rule = check or ("part" if args.sweep in (1, 2, 5) else "short")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}
@@ -96,6 +109,12 @@ def main():
         for s, o in FORMS[args.sweep]:
             forms[p][f"s{s} occ{o}"] = old.replace(
                 splits=s, occupancy=o, combine="block_pdl" if s > 1 else old.combine)
+        if args.sweep == 5:  # the rows past the SMs split, each SM one whole row's CTA
+            tail = rows_past_waves(p, old, 132)
+            for occ in (1, 2):
+                forms[p][f"tail occ{occ}"] = old.replace(
+                    splits=min(8, 132 // tail), tail_rows=tail, occupancy=occ,
+                    combine="block_pdl")
         if rule == "short":
             forms[p]["n64"] = old.replace(tile_n=64)
             forms[p]["n64 occ3"] = old.replace(tile_n=64, occupancy=3)

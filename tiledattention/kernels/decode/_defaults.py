@@ -181,7 +181,10 @@ THIRD_CTA_SHORT_HEAD_STEP = 128
 #: SM on four calls of 160-384 rows over 1098-2000 keys (D 128 lost there: 0.84-0.92x; 64-key
 #: steps 1.02-1.09x). Held out, ten other calls (D 48 and 64, bf16 and fp16, MHA to GQA 8 and
 #: MQA, 140-336 rows over 800-2900 keys): 1.03-1.30x on the GPU, cuDNN's time over ours
-#: 0.96-1.02 (0.76-0.97 before); as isolated calls with the host counted 0.95-1.13x.
+#: 0.96-1.02 (0.76-0.97 before); as isolated calls with the host counted 0.95-1.13x. Rows past
+#: that wave, up to a wave of four (397-528), run four CTAs an SM so: 1.08x and 1.13x at 480 and
+#: 400 rows (section 50); held out (section 51), six calls of 400-528 rows 1.00-1.08x on the GPU,
+#: cuDNN's time over ours 1.00-1.17; isolated 0.96-1.07x.
 SHORT_CACHE_MIN_KEYS = 800
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
@@ -486,9 +489,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
             and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
             and SHORT_CACHE_MIN_KEYS <= keys < PART_WAVE_MIN_KEYS
-            and sms < rows <= THIRD_CTA_OCCUPANCY * sms):
-        # short walks: a third CTA an SM keeps the SMs streaming while CTAs start and end
-        return base.replace(occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_SHORT_HEAD_STEP)
+            and sms < rows <= FOURTH_CTA_OCCUPANCY * sms):
+        # short walks: a third CTA an SM (a fourth past a wave of three) keeps the SMs
+        # streaming while CTAs start and end
+        ctas = THIRD_CTA_OCCUPANCY if rows <= THIRD_CTA_OCCUPANCY * sms else FOURTH_CTA_OCCUPANCY
+        return base.replace(occupancy=ctas, tile_n=THIRD_CTA_SHORT_HEAD_STEP)
     if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
             and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS and uncapped):
         low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
