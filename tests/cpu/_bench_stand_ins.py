@@ -1,6 +1,6 @@
 """CPU stand-ins the benchmark-engine tests share: a named schedule, a case whose launcher
-writes its float32 reference (exactly right), a runtime whose lookup answers with a fixed row,
-a timing function that runs each contender once, and a paged case on the CPU."""
+writes its float32 reference (exact), a runtime whose lookup is one row, a timing
+function that runs each contender once, and a paged case."""
 
 from __future__ import annotations
 

@@ -599,17 +599,15 @@ def test_rows_just_past_the_sms_at_short_heads_split_in_three():
 
 
 def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm():
-    """Hopper, D 33-64, a contiguous 16-bit cache of ``SHORT_CACHE_MIN_KEYS`` keys up to
-    ``PART_WAVE_MIN_KEYS`` (no window or softcap), rows past the SMs up to a wave of three CTAs
-    an SM (133-396): one split at three CTAs an SM, 128-key steps, no stack; up to a wave of
-    four (397-528): four CTAs. 132 and 529 rows, D 128, shorter or longer caches, windows,
-    softcaps, pages, FP8 caches and the other generations keep their schedules."""
+    """Hopper, D 33-64, a contiguous 16-bit cache of ``SHORT_CACHE_MIN_KEYS`` up to
+    ``PART_WAVE_MIN_KEYS`` keys (no window or softcap), rows past the SMs: one split, 128-key
+    steps, no stack, three CTAs an SM to a wave of three (133-396 rows), four to a wave of four
+    (397-528). 132 and 529 rows, D 128 or 32, other caches, windows, softcaps, pages, FP8
+    caches and the other generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (FOURTH_CTA_OCCUPANCY, PART_WAVE_MIN_KEYS,
-                                                         SHORT_CACHE_MIN_KEYS,
-                                                         THIRD_CTA_OCCUPANCY as THIRD)
+                                                         SHORT_CACHE_MIN_KEYS, THIRD_CTA_OCCUPANCY)
 
-    assert (THIRD, FOURTH_CTA_OCCUPANCY) == (3, 4)
-
+    assert (THIRD_CTA_OCCUPANCY, FOURTH_CTA_OCCUPANCY) == (3, 4)
     for batch, heads_q, heads_kv, head_dim, keys, dtype, ctas in (
             (133, 8, 1, 64, SHORT_CACHE_MIN_KEYS, "bf16", 3), (24, 32, 8, 64, 1098, "fp16", 3),
             (75, 16, 4, 48, 2000, "bf16", 3), (33, 48, 12, 64, PART_WAVE_MIN_KEYS - 1, "fp16", 3),
@@ -620,16 +618,16 @@ def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm()
         s = DECODE.default_schedule("sm_90", p)
         assert (s.splits, s.occupancy, s.tile_n) == (1, ctas, 128), (p.describe(), s)
     base = _problem(batch=192, heads_q=8, heads_kv=1, seqlen_k=1500, head_dim=64)
-    _default_fits_without_stack(base, THIRD)
+    _default_fits_without_stack(base, 3)
     _default_fits_without_stack(dataclasses.replace(base, batch=500), 4)
     for p in (dataclasses.replace(base, batch=132), dataclasses.replace(base, batch=529),
               dataclasses.replace(base, head_dim=128), dataclasses.replace(base, head_dim=32),
               dataclasses.replace(base, seqlen_k=SHORT_CACHE_MIN_KEYS - 1),
               dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS), _window(base, 1000),
               *_outside_the_wave_rules(base)[2:]):
-        assert DECODE.default_schedule("sm_90", p).occupancy not in (THIRD, 4), p.describe()
+        assert DECODE.default_schedule("sm_90", p).occupancy not in (3, 4), p.describe()
     for arch in ("sm_80", "sm_100", "sm_120"):
-        assert DECODE.default_schedule(arch, base).occupancy != THIRD, arch
+        assert DECODE.default_schedule(arch, base).occupancy != 3, arch
 
 
 def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():

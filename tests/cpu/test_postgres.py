@@ -1,7 +1,7 @@
 """Three `tiledtune search` workers share one study on a real PostgreSQL server.
 
-The test starts its own server (own data directory, a loopback port) and stops it afterwards.
-It skips when no PostgreSQL server binaries are installed (.ci/run installs them).
+The test starts its own server (own data directory, a loopback port) and stops it after.
+It skips without PostgreSQL's server binaries (.ci/run installs them).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def postgres_url():
     os.chmod(base, 0o777)
     data, port = os.path.join(base, "data"), _free_port()
     prefix: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root: use its own account
+    if os.geteuid() == 0:  # PostgreSQL refuses root: use its own account
         try:
             pwd.getpwnam("postgres")
         except KeyError:
@@ -92,6 +92,6 @@ def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
         measured = [t for t in study.trials if t.user_attrs.get("ticket")
                     and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
                     and t.user_attrs.get("status") not in (None, "cancelled")]
-        assert len(measured) == 12  # the budget, exactly, over three workers
+        assert len(measured) == 12  # the budget, over 3 workers
         keys = [t.user_attrs["schedule_key"] for t in measured]
         assert len(set(keys)) == len(keys)  # no candidate measured twice

@@ -1,15 +1,15 @@
 """Contiguous decode whose rows (B x H_kv) pass the SMs, against cuDNN, for two rules.
 Part fill (133-198 rows on 132 SMs, 6000+ keys, D < 128): one split at two CTAs an SM (the
 default before ``PART_FILL_SPLITS``) against 2-4 splits and a third CTA an SM (``--sweep 1``
-and ``--sweep 2``: the calls the rule was drawn from; ``--check``: other calls). Short caches
-(800-2999 keys, D 33-64, 133-396 rows): two CTAs an SM (the default before
-``SHORT_CACHE_MIN_KEYS``) against a third and a fourth, splits and 64-key steps (``--sweep 3``:
-128-400 rows, whence the rule; ``--sweep 4``: 280-800 rows, past it, whence its fourth CTA
-at 397-528 rows; ``--check-short``, ``--check-four``). ``--sweep 5``: 136-176 rows over long
-caches at D 64-128 against splits and the rows past the SMs split alone (``tail_rows``).
+and ``2``: the calls the rule was drawn from; ``--check``: other calls). Short caches (800-2999
+keys, D 33-64, 133-528 rows): two CTAs an SM (the default before ``SHORT_CACHE_MIN_KEYS``)
+against a third and a fourth, splits and 64-key steps (``--sweep 3``: 128-400 rows, whence
+the rule; ``4``: 280-800 rows, whence its fourth CTA; ``--check-short``, ``--check-four``).
+``--sweep 5``: 136-176 rows over long caches at D 64-128 against splits and the rows past
+the SMs split alone (``tail_rows``); ``6``: six other calls (neither has run).
 A check times the rule's default against the one before it, GPU and isolated views.
-Interleaved, medians of 15, the L2 flushed (sections 49 and 50 of
-``docs/records/benchmarks/paged/issue49/README.md``; their runs were this logic in scratch
+Interleaved, medians of 15, the L2 flushed (sections 49-51 of
+``docs/records/benchmarks/paged/issue49/README.md``; 49 and 50 ran this logic in scratch
 scripts, the same points and forms; sweep 4's B70 H28/4 ran against the rule's default).
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
@@ -50,11 +50,14 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
           5: ((12, 12, 12, 21851, 128, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
               (20, 8, 8, 12000, 128, "fp16"), (19, 56, 8, 30000, 128, "bf16"),
               (150, 8, 1, 8000, 128, "bf16"), (11, 16, 16, 40000, 128, "fp16"),
-              (12, 12, 12, 21851, 64, "bf16"), (24, 28, 7, 9000, 96, "bf16"))}
+              (12, 12, 12, 21851, 64, "bf16"), (24, 28, 7, 9000, 96, "bf16")),
+          6: ((18, 32, 8, 12000, 128, "fp16"), (140, 8, 1, 10000, 128, "bf16"),
+              (10, 16, 16, 30000, 128, "bf16"), (23, 56, 7, 7000, 128, "bf16"),
+              (9, 16, 16, 50000, 96, "fp16"), (46, 24, 4, 8000, 64, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; the short-cache sweeps add 64-key steps
 FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
          3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
-         5: ((3, 2), (5, 2), (7, 2))}
+         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),)}
 FORMS[2] = FORMS[1]
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
@@ -96,7 +99,7 @@ def main():
     check = ("part" if args.check else "short" if args.check_short
              else "four" if args.check_four else None)
     points = CHECKS[check] if check else SWEEPS[args.sweep]
-    rule = check or ("part" if args.sweep in (1, 2, 5) else "short")
+    rule = check or ("part" if args.sweep in (1, 2, 5, 6) else "short")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}
@@ -109,7 +112,7 @@ def main():
         for s, o in FORMS[args.sweep]:
             forms[p][f"s{s} occ{o}"] = old.replace(
                 splits=s, occupancy=o, combine="block_pdl" if s > 1 else old.combine)
-        if args.sweep == 5:  # the rows past the SMs split, each SM one whole row's CTA
+        if args.sweep in (5, 6):  # the rows past the SMs split, each SM one whole row's CTA
             tail = rows_past_waves(p, old, 132)
             for occ in (1, 2):
                 forms[p][f"tail occ{occ}"] = old.replace(
