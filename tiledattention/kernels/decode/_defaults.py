@@ -376,6 +376,12 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     (:data:`THIRD_CTA_SHORT_HEAD_STEP`-key steps at D <= 64), and all of them to a window over a
     contiguous cache (counted on its keys; no softcap); elsewhere past a wave of two at D
     33-127 the rows of a last wave at most :data:`TAIL_MAX_WAVE_SHARE` full split to fill it.
+    On Hopper below D 128, rows past the SMs by at most :data:`PART_FILL_MAX_ROWS_SHARE` of
+    them over :data:`PART_FILL_MIN_KEYS` keys or more split in :data:`PART_FILL_SPLITS`; at D
+    33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` whose
+    rows pass the SMs, up to a wave of four CTAs an SM, run one split at three CTAs an SM (four
+    past a wave of three) with 128-key steps (both over a contiguous 16-bit cache, no window
+    or softcap).
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
