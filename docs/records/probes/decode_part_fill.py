@@ -1,16 +1,16 @@
-"""Contiguous decode whose rows (B x H_kv) pass the SMs, against cuDNN, for two rules.
+"""Contiguous decode whose rows (B x H_kv) pass the SMs, beside cuDNN, for two rules.
 Part fill (133-198 rows on 132 SMs, 6000+ keys, D < 128): one split at two CTAs an SM (the
 default before ``PART_FILL_SPLITS``) against 2-4 splits and a third CTA an SM (``--sweep 1``
-and ``2``: the calls the rule was drawn from; ``--check``: other calls). Short caches (800-2999
+and ``2``: whence the rule; ``--check``: others). Short caches (800-2999
 keys, D 33-64, 133-528 rows): two CTAs an SM (the default before ``SHORT_CACHE_MIN_KEYS``)
 against a third and a fourth, splits and 64-key steps (``--sweep 3``: 128-400 rows, whence
 the rule; ``4``: 280-800 rows, whence its fourth CTA; ``--check-short``, ``--check-four``).
-``--sweep 5``: 136-176 rows over long caches at D 64-128 against splits and the rows past
-the SMs split alone (``tail_rows``); ``6``: six other calls (neither has run).
-A check times the rule's default against the one before it, GPU and isolated views.
+``--sweep 5``: 136-176 rows over long caches, D 64-128: splits, or only the rows past the
+SMs split (``tail_rows``); ``6``: six other calls (neither has run).
+A check times the rule's default against the one before, GPU and isolated views.
 Interleaved, medians of 15, the L2 flushed (sections 49-51 of
 ``docs/records/benchmarks/paged/issue49/README.md``; 49 and 50 ran this logic in scratch
-scripts, the same points and forms; sweep 4's B70 H28/4 ran against the rule's default).
+scripts; sweep 4's B70 H28/4 ran against the rule's default).
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
 """
@@ -22,6 +22,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tiledattention as ta
 from tiledattention.kernels.decode import layout
+from tiledattention.core._compile import SM_COUNTS
+from tiledattention.kernels.decode._defaults import TAIL_MAX_SPLITS
 from tiledattention.kernels.decode._launch import rows_past_waves
 from tuner.measure import time_interleaved
 
@@ -54,7 +56,7 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
           6: ((18, 32, 8, 12000, 128, "fp16"), (140, 8, 1, 10000, 128, "bf16"),
               (10, 16, 16, 30000, 128, "bf16"), (23, 56, 7, 7000, 128, "bf16"),
               (9, 16, 16, 50000, 96, "fp16"), (46, 24, 4, 8000, 64, "bf16"))}
-#: (splits, CTAs an SM) of each sweep's forms; the short-cache sweeps add 64-key steps
+#: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
 FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
          3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
          5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),)}
@@ -74,8 +76,8 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
 
 
 def before(problem, rule):
-    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` at 0, or
-    ``SHORT_CACHE_MIN_KEYS`` past every cache: two CTAs an SM)."""
+    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0, or
+    ``SHORT_CACHE_MIN_KEYS`` past every cache)."""
     if rule == "part":
         return default_with(problem, PART_FILL_MAX_ROWS_SHARE=0)
     return default_with(problem, SHORT_CACHE_MIN_KEYS=1 << 30)
@@ -112,12 +114,13 @@ def main():
         for s, o in FORMS[args.sweep]:
             forms[p][f"s{s} occ{o}"] = old.replace(
                 splits=s, occupancy=o, combine="block_pdl" if s > 1 else old.combine)
-        if args.sweep in (5, 6):  # the rows past the SMs split, each SM one whole row's CTA
-            tail = rows_past_waves(p, old, 132)
+        if args.sweep in (5, 6):  # only the rows past the SMs split
+            sms = SM_COUNTS["hopper"]
+            tail = rows_past_waves(p, old, sms)
             for occ in (1, 2):
                 forms[p][f"tail occ{occ}"] = old.replace(
-                    splits=min(8, 132 // tail), tail_rows=tail, occupancy=occ,
-                    combine="block_pdl")
+                    splits=max(2, min(TAIL_MAX_SPLITS, sms // tail)), tail_rows=tail,
+                    occupancy=occ, combine="block_pdl")
         if rule == "short":
             forms[p]["n64"] = old.replace(tile_n=64)
             forms[p]["n64 occ3"] = old.replace(tile_n=64, occupancy=3)

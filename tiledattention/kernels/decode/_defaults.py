@@ -492,16 +492,18 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             and plain):
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
-    if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
-            and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
+    # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
+    hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
+                        and tile_m == 16)
+    if (hopper_one_split and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
             and SHORT_CACHE_MIN_KEYS <= keys < PART_WAVE_MIN_KEYS
             and sms < rows <= FOURTH_CTA_OCCUPANCY * sms):
         # short walks: a third CTA an SM (a fourth past a wave of three) keeps the SMs
         # streaming while CTAs start and end
         ctas = THIRD_CTA_OCCUPANCY if rows <= THIRD_CTA_OCCUPANCY * sms else FOURTH_CTA_OCCUPANCY
         return base.replace(occupancy=ctas, tile_n=THIRD_CTA_SHORT_HEAD_STEP)
-    if (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY and tile_m == 16
-            and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS and uncapped):
+    if (hopper_one_split and 32 < problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
+            and uncapped):
         low, high = THIRD_CTA_SECOND_WAVE_ROWS_SHARES
         if ((THIRD_CTA_MIN_ROWS_SHARE * sms <= rows <= FULL_GPU_OCCUPANCY * sms
              and problem.head_dim == 128)
