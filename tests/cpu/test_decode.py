@@ -569,33 +569,49 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     assert DECODE.default_schedule("sm_80", base).splits == 1  # one CTA an SM: no such wave
 
 
-def test_rows_just_past_the_sms_at_short_heads_split_in_three():
-    """Hopper, D < 128: rows past the SMs by at most ``PART_FILL_MAX_ROWS_SHARE`` of them
-    (133-198) over a contiguous 16-bit cache of ``PART_FILL_MIN_KEYS`` keys or more take
-    ``PART_FILL_SPLITS`` splits at two CTAs an SM, merged as a dependent (1.03-1.15x one split
-    on eight held-out calls, H100); 132 rows (one CTA an SM), 200, D 128, short caches,
-    windows, softcaps, paged and FP8 caches and other generations keep their schedules."""
+def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
+    """Hopper, D <= 128: rows past the SMs by at most ``PART_FILL_MAX_ROWS_SHARE`` of them
+    (133-198; at D 128 short of the three-CTA band, 133-171) over a contiguous 16-bit cache of
+    ``PART_FILL_MIN_KEYS`` keys or more run one wave of a CTA an SM unsplit and split the rows
+    past it (in whole batch entries) to fill a second, merged as a dependent (1.025-1.084x on
+    six held-out calls, H100). A tail whose splits fill fewer than half the SMs, or that
+    whole entries round up past twice the rows past the SMs, keeps the rule before:
+    ``PART_FILL_SPLITS`` splits at two CTAs an SM below D 128, one split at D 128. 132 rows,
+    the bands' ends, short caches, windows, softcaps, paged and FP8 caches and other
+    generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
                                                          PART_FILL_MAX_ROWS_SHARE,
                                                          PART_FILL_MIN_KEYS, PART_FILL_SPLITS)
 
     assert PART_FILL_SPLITS == 3 and 198 <= PART_FILL_MAX_ROWS_SHARE * 132 < 200
-    for heads, head_dim, keys in ((17 * 8, 64, PART_FILL_MIN_KEYS), (18 * 8, 96, 30000),
-                                  (20 * 8, 80, 50000), (24 * 8, 64, 9000), (198, 64, 12000)):
-        p = _problem(batch=1, heads_q=heads, heads_kv=heads, seqlen_k=keys, head_dim=head_dim)
+    # (batch, heads_q, heads_kv, keys, head dim) -> (tail rows, splits)
+    for (b, hq, hkv, keys, d), want in (((12, 12, 12, 21851, 128), (12, 8)),
+                                        ((150, 8, 1, PART_FILL_MIN_KEYS, 128), (18, 7)),
+                                        ((13, 12, 12, 33000, 128), (24, 5)),
+                                        ((171, 8, 1, 9000, 128), (39, 3)),
+                                        ((17, 40, 10, 9000, 80), (40, 3)),
+                                        ((46, 24, 4, 8000, 64), (52, 2)),
+                                        ((198, 8, 1, 12000, 96), (66, 2)),
+                                        ((145, 16, 1, 8000, 48), (13, 8))):
+        p = _problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_k=keys, head_dim=d)
         s = DECODE.default_schedule("sm_90", p)
-        assert (s.splits, s.occupancy, s.combine) == (PART_FILL_SPLITS, FULL_GPU_OCCUPANCY,
-                                                      "block_pdl"), (p.describe(), s)
-    base = _problem(batch=1, heads_q=144, heads_kv=144, seqlen_k=30000, head_dim=64)
-    for p in (dataclasses.replace(base, heads_q=200, heads_kv=200),
-              dataclasses.replace(base, head_dim=128),
+        assert ((s.tail_rows, s.splits), s.occupancy, s.combine) == (want, 1, "block_pdl"), (
+            p.describe(), s)
+    before = {64: (PART_FILL_SPLITS, FULL_GPU_OCCUPANCY), 128: (1, FULL_GPU_OCCUPANCY)}
+    for b, hq, hkv in ((35, 16, 4), (34, 32, 4), (3, 48, 48), (1, 144, 144), (7, 40, 20)):
+        for d in before:  # 4-8 rows past in 8 splits; tails rounded up to whole entries
+            p = _problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_k=30000, head_dim=d)
+            s = DECODE.default_schedule("sm_90", p)
+            assert (s.tail_rows, (s.splits, s.occupancy)) == (0, before[d]), (p.describe(), s)
+    base = _problem(batch=18, heads_q=64, heads_kv=8, seqlen_k=30000, head_dim=64)
+    for p in (dataclasses.replace(base, batch=25),  # 200 rows
+              dataclasses.replace(base, batch=22, head_dim=128),  # 176: three CTAs an SM
+              dataclasses.replace(base, batch=33, heads_q=128, heads_kv=4),  # 132
               dataclasses.replace(base, seqlen_k=PART_FILL_MIN_KEYS - 1),
               *_outside_the_wave_rules(base)[1:]):
-        assert DECODE.default_schedule("sm_90", p).splits != PART_FILL_SPLITS, p.describe()
-    assert DECODE.default_schedule("sm_90", dataclasses.replace(
-        base, heads_q=132, heads_kv=132)).splits != PART_FILL_SPLITS
+        assert DECODE.default_schedule("sm_90", p).tail_rows == 0, p.describe()
     for arch in ("sm_80", "sm_100", "sm_120"):
-        assert DECODE.default_schedule(arch, base).splits != PART_FILL_SPLITS, arch
+        assert DECODE.default_schedule(arch, base).tail_rows == 0, arch
 
 
 def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm():

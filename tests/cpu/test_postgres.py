@@ -1,6 +1,6 @@
 """Three `tiledtune search` workers share one study on a real PostgreSQL server.
 
-The test starts its own server (own data directory, a loopback port) and stops it after.
+The test starts its own server (own data directory, loopback port) and stops it after.
 It skips without PostgreSQL's server binaries (.ci/run installs them).
 """
 

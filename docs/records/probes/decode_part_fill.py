@@ -6,7 +6,7 @@ keys, D 33-64, 133-528 rows): two CTAs an SM (the default before ``SHORT_CACHE_M
 against a third and a fourth, splits and 64-key steps (``--sweep 3``: 128-400 rows, whence
 the rule; ``4``: 280-800 rows, whence its fourth CTA; ``--check-short``, ``--check-four``).
 ``--sweep 5``: 136-176 rows over long caches, D 64-128: splits, or only the rows past the
-SMs split (``tail_rows``); ``6``: six other calls (neither has run).
+SMs split (``tail_rows``); ``6``: six other calls; ``--check-tail``: the tail form's rule.
 A check times the rule's default against the one before, GPU and isolated views.
 Interleaved, medians of 15, the L2 flushed (sections 49-51 of
 ``docs/records/benchmarks/paged/issue49/README.md``; 49 and 50 ran this logic in scratch
@@ -72,12 +72,24 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
                     (10, 36, 18, 2000, 64, "fp16"), (37, 32, 8, 1500, 64, "bf16")),
           "four": ((50, 32, 8, 1300, 64, "bf16"), (110, 16, 4, 2500, 64, "fp16"),
                    (420, 8, 1, 1000, 64, "bf16"), (64, 56, 8, 1800, 64, "bf16"),
-                   (43, 40, 10, 900, 48, "fp16"), (66, 32, 8, 2800, 64, "bf16"))}
+                   (43, 40, 10, 900, 48, "fp16"), (66, 32, 8, 2800, 64, "bf16")),
+          "tail": ((7, 40, 20, 25000, 128, "bf16"), (34, 32, 4, 14000, 128, "fp16"),
+                   (165, 8, 1, 6500, 128, "bf16"), (13, 12, 12, 33000, 128, "bf16"),
+                   (17, 40, 10, 9000, 80, "bf16"), (39, 20, 5, 11000, 64, "fp16"),
+                   (26, 28, 7, 20000, 48, "bf16"), (3, 48, 48, 70000, 64, "bf16"),
+                   (145, 16, 1, 8000, 96, "bf16")),
+          "tail-held": ((16, 36, 9, 12000, 128, "bf16"), (35, 16, 4, 18000, 128, "bf16"),
+                        (153, 8, 1, 10000, 64, "fp16"), (21, 56, 8, 7500, 128, "fp16"),
+                        (5, 64, 32, 40000, 96, "bf16"), (47, 16, 4, 9500, 80, "bf16"),
+                        (11, 56, 14, 15000, 64, "bf16"), (2, 80, 80, 50000, 64, "bf16"))}
 
 
 def before(problem, rule):
-    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0, or
-    ``SHORT_CACHE_MIN_KEYS`` past every cache)."""
+    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0, ``SHORT_CACHE_MIN_KEYS``
+    past every cache, or for the tail form: three splits at two CTAs an SM below D 128)."""
+    if rule.startswith("tail"):
+        old = default_with(problem, PART_FILL_MIN_KEYS=1 << 30)
+        return old.replace(splits=3, combine="block_pdl") if problem.head_dim < 128 else old
     if rule == "part":
         return default_with(problem, PART_FILL_MAX_ROWS_SHARE=0)
     return default_with(problem, SHORT_CACHE_MIN_KEYS=1 << 30)
@@ -95,11 +107,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--check-short", action="store_true")
-    ap.add_argument("--check-four", action="store_true")
+    named = ("short", "four", "tail", "tail-held")
+    for name in named:
+        ap.add_argument(f"--check-{name}", action="store_true")
     args = ap.parse_args()
-    check = ("part" if args.check else "short" if args.check_short
-             else "four" if args.check_four else None)
+    check = ("part" if args.check else next((n for n in named if getattr(
+        args, f"check_{n}".replace("-", "_"))), None))
     points = CHECKS[check] if check else SWEEPS[args.sweep]
     rule = check or ("part" if args.sweep in (1, 2, 5, 6) else "short")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,

@@ -96,15 +96,20 @@ FULL_GPU_OCCUPANCY = 2
 PART_WAVE_MAX_SHARE = 1.25
 PART_WAVE_MIN_KEYS = 3000
 PART_WAVE_SPLITS = 3
-#: Rows past the SMs by at most this share of them (133-198 on 132 SMs), at D < 128 over a
-#: contiguous 16-bit cache of at least ``PART_FILL_MIN_KEYS`` keys (no window or softcap), take
-#: ``PART_FILL_SPLITS`` splits at two CTAs an SM: one split runs two CTAs on only a few SMs and
-#: one on the rest, a wave of two part-empty. On an H100 (section 49 of
-#: docs/records/benchmarks/paged/issue49/README.md; bf16 and fp16, MHA to GQA 8, D 64-96) three
-#: splits ran 1.01-1.17x one split on 14 calls of 136-192 rows over 6000-64000 keys (two and
-#: four splits less often faster); at 4000 keys 0.99x, at 200-256 rows 0.95-0.96x, at D 128
-#: (136-144 rows) 0.98x and 1.05x. Held out, eight other calls of 136-188 rows: 1.03-1.15x on
-#: the GPU, 1.02-1.15x as isolated calls, cuDNN's time over ours 0.95-1.02 (0.86-0.98 before).
+#: Rows past the SMs by at most this share of them (133-198 on 132 SMs; at D 128 below
+#: ``THIRD_CTA_MIN_ROWS_SHARE``, whose rows run three CTAs an SM), over a contiguous 16-bit
+#: cache of at least ``PART_FILL_MIN_KEYS`` keys (no window or softcap), run one wave of a CTA
+#: an SM unsplit and split only the rows past it (``tail_rows``) to fill a second, merged as a
+#: dependent: one split at two CTAs an SM runs two on only a few SMs and one on the rest. On an
+#: H100 (section 52 of docs/records/benchmarks/paged/issue49/README.md;
+#: docs/records/probes/decode_part_fill.py ``--sweep 5`` and ``6``: 14 calls of 136-184 rows,
+#: D 64-128, 7000-50000 keys) it ran 1.014-1.195x one split on 13 and 1.03-1.05x the three
+#: splits below D 128 (four calls). It loses (``--check-tail``) where the tail's splits fill
+#: few SMs (4 rows past in 8 splits: 0.964x) or whole entries round the tail up past twice
+#: the rows past the SMs (B3 H48: 0.930x): those keep the rule before, ``PART_FILL_SPLITS``
+#: splits at two CTAs an SM below D 128 (1.01-1.17x one split on 14 calls, section 49), one
+#: split at D 128. Held out (``--check-tail-held``, six calls in the form): 1.025-1.084x on
+#: the GPU, 1.013-1.064x isolated; cuDNN's time over ours 0.968-1.094 and 1.009-1.131.
 PART_FILL_MAX_ROWS_SHARE = 1.5
 PART_FILL_MIN_KEYS = 6000
 PART_FILL_SPLITS = 3
@@ -376,8 +381,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     (:data:`THIRD_CTA_SHORT_HEAD_STEP`-key steps at D <= 64), and all of them to a window over a
     contiguous cache (counted on its keys; no softcap); elsewhere past a wave of two at D
     33-127 the rows of a last wave at most :data:`TAIL_MAX_WAVE_SHARE` full split to fill it.
-    On Hopper below D 128, rows past the SMs by at most :data:`PART_FILL_MAX_ROWS_SHARE` of
-    them over :data:`PART_FILL_MIN_KEYS` keys or more split in :data:`PART_FILL_SPLITS`; at D
+    On Hopper, rows past the SMs by at most :data:`PART_FILL_MAX_ROWS_SHARE` of them (at D 128
+    short of the three-CTA band) over :data:`PART_FILL_MIN_KEYS` keys or more run one wave of
+    a CTA an SM and split the rest to fill a second (``tail_rows``); at D
     33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` whose
     rows pass the SMs, up to a wave of four CTAs an SM, run one split at three CTAs an SM (four
     past a wave of three) with 128-key steps (both over a contiguous 16-bit cache, no window
@@ -455,9 +461,21 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         if (plain and problem.head_dim <= 128 and keys >= PART_WAVE_MIN_KEYS
                 and FULL_GPU_OCCUPANCY * sms < rows <= part_wave_rows):
             wanted = PART_WAVE_SPLITS  # the rows past one wave would run alone at the end
-        if (plain and gen == "hopper" and problem.head_dim < 128 and keys >= PART_FILL_MIN_KEYS
-                and sms < rows <= PART_FILL_MAX_ROWS_SHARE * sms):
-            wanted = PART_FILL_SPLITS  # else a wave of two CTAs an SM runs part-empty
+        part_fill_rows = (THIRD_CTA_MIN_ROWS_SHARE if problem.head_dim == 128
+                          else PART_FILL_MAX_ROWS_SHARE) * sms
+        if (plain and gen == "hopper" and problem.head_dim <= 128 and keys >= PART_FILL_MIN_KEYS
+                and sms < rows <= part_fill_rows):
+            # else a wave of two CTAs an SM runs part-empty: one wave of a CTA an SM, the rows
+            # past it (in whole batch entries) split to fill a second
+            tail = rows_past_waves(problem, base, sms)
+            splits = min(TAIL_MAX_SPLITS, sms // tail, most_splits,
+                         MAX_MERGED_ROWS // tile_m) if tail else 0
+            # a tail whose splits fill too few SMs to stream at the copy rate, or rounded up
+            # to whole entries past twice the rows past the SMs, keeps the rule before
+            if splits >= 2 and tail * splits >= sms // 2 and tail <= 2 * (rows - sms):
+                return base.replace(splits=splits, tail_rows=tail, combine="block_pdl")
+            if problem.head_dim < 128:
+                wanted = PART_FILL_SPLITS
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
     elif (two_ctas and most_splits > 1 and not problem.ragged and not problem.kv_dtype
