@@ -575,8 +575,8 @@ def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
     ``PART_FILL_MIN_KEYS`` keys or more run one wave of a CTA an SM unsplit and split the rows
     past it (in whole batch entries) to fill a second, merged as a dependent (1.025-1.084x on
     six held-out calls, H100). A tail whose splits fill fewer than half the SMs, or that
-    whole entries round up past twice the rows past the SMs, keeps the rule before:
-    ``PART_FILL_SPLITS`` splits at two CTAs an SM below D 128, one split at D 128. 132 rows,
+    whole entries round up past twice the rows past the SMs, and 32-row tiles keep the rule
+    before: ``PART_FILL_SPLITS`` splits at two CTAs an SM below D 128, one split at D 128. 132 rows,
     the bands' ends, short caches, windows, softcaps, paged and FP8 caches and other
     generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
@@ -598,8 +598,9 @@ def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
         assert ((s.tail_rows, s.splits), s.occupancy, s.combine) == (want, 1, "block_pdl"), (
             p.describe(), s)
     before = {64: (PART_FILL_SPLITS, FULL_GPU_OCCUPANCY), 128: (1, FULL_GPU_OCCUPANCY)}
-    for b, hq, hkv in ((35, 16, 4), (34, 32, 4), (3, 48, 48), (1, 144, 144), (7, 40, 20)):
-        for d in before:  # 4-8 rows past in 8 splits; tails rounded up to whole entries
+    for b, hq, hkv in ((35, 16, 4), (34, 32, 4), (3, 48, 48), (1, 144, 144), (7, 40, 20),
+                       (150, 32, 1)):
+        for d in before:  # 4-8 rows past in 8 splits; tails rounded up; 32-row tiles
             p = _problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_k=30000, head_dim=d)
             s = DECODE.default_schedule("sm_90", p)
             assert (s.tail_rows, (s.splits, s.occupancy)) == (0, before[d]), (p.describe(), s)

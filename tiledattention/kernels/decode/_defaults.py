@@ -471,8 +471,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             splits = min(TAIL_MAX_SPLITS, sms // tail, most_splits,
                          MAX_MERGED_ROWS // tile_m) if tail else 0
             # a tail whose splits fill too few SMs to stream at the copy rate, or rounded up
-            # to whole entries past twice the rows past the SMs, keeps the rule before
-            if splits >= 2 and tail * splits >= sms // 2 and tail <= 2 * (rows - sms):
+            # to whole entries past twice the rows past the SMs, or groups of more than 16
+            # heads (not measured), keep the rule before
+            if (splits >= 2 and tail * splits >= sms // 2 and tail <= 2 * (rows - sms)
+                    and tile_m == 16):
                 return base.replace(splits=splits, tail_rows=tail, combine="block_pdl")
             if problem.head_dim < 128:
                 wanted = PART_FILL_SPLITS
