@@ -569,6 +569,38 @@ def test_rows_just_past_a_wave_of_two_ctas_an_sm_split_in_three():
     assert DECODE.default_schedule("sm_80", base).splits == 1  # one CTA an SM: no such wave
 
 
+def test_short_heads_split_for_one_cta_an_sm_take_twice_the_splits_at_two(monkeypatch):
+    """Hopper, D <= 64 over a contiguous 16-bit cache of ``SHORT_HEAD_SPLIT_MIN_KEYS`` keys or
+    more: where the cache rule splits for one CTA an SM (8 rows or more), twice the splits at
+    two CTAs an SM (section 53 of the issue-49 record). D 128, shorter caches, fewer rows,
+    windows, softcaps, paged and FP8 caches and other generations keep their schedules."""
+    from tiledattention.kernels.decode import _defaults
+    from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
+                                                         SHORT_HEAD_SPLIT_MIN_KEYS,
+                                                         SHORT_HEAD_SPLIT_MIN_ROWS)
+
+    assert (SHORT_HEAD_SPLIT_MIN_KEYS, SHORT_HEAD_SPLIT_MIN_ROWS) == (9000, 8)
+    for (b, hq, hkv, keys, d), splits in (((16, 28, 4, 10293, 64), 4), ((4, 24, 3, 58109, 64), 22),
+                                          ((1, 64, 8, 131072, 64), 32),
+                                          ((2, 32, 4, SHORT_HEAD_SPLIT_MIN_KEYS, 48), 32)):
+        p = _problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_k=keys, head_dim=d)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.splits, s.occupancy, s.combine) == (splits, FULL_GPU_OCCUPANCY, "block_pdl"), (
+            p.describe(), s)
+    base = _problem(batch=16, heads_q=28, heads_kv=4, seqlen_k=30000, head_dim=64)
+    others = [(arch, base) for arch in ("sm_80", "sm_100", "sm_120")] + [
+        ("sm_90", p) for p in (dataclasses.replace(base, head_dim=128),
+                               *_outside_the_wave_rules(base)[1:])]
+    for p, splits in ((dataclasses.replace(base, seqlen_k=SHORT_HEAD_SPLIT_MIN_KEYS - 1), 2),
+                      (dataclasses.replace(base, batch=3, heads_q=24, heads_kv=2), 22)):  # 6 rows
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.splits, s.occupancy) == (splits, 1), (p.describe(), s)
+    kept = [DECODE.default_schedule(arch, p) for arch, p in others]
+    monkeypatch.setattr(_defaults, "SHORT_HEAD_SPLIT_MIN_KEYS", 1 << 30)  # the rule off
+    assert kept == [DECODE.default_schedule(arch, p) for arch, p in others]
+    assert DECODE.default_schedule("sm_90", base).occupancy == 1
+
+
 def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
     """Hopper, D <= 128: rows past the SMs by at most ``PART_FILL_MAX_ROWS_SHARE`` of them
     (133-198; at D 128 short of the three-CTA band, 133-171) over a contiguous 16-bit cache of
@@ -1025,8 +1057,8 @@ def test_default_split_count_follows_cache_length_and_parallelism():
         for b, sk in itertools.product((1, 2, 4, 8), (700, 4096, 65536, 1 << 18)):
             p = _problem(batch=b, seqlen_k=sk)
             s = DECODE.default_schedule(arch, p)
-            if s.splits > 1:  # one wave, and every split streams its minimum of keys
-                assert layout(p, s).rows * s.splits <= SM_COUNTS[gen]
+            if s.splits > 1:  # one wave at its occupancy, each split its minimum of keys
+                assert layout(p, s).rows * s.splits <= SM_COUNTS[gen] * s.occupancy
                 assert s.splits * MIN_KEYS_PER_SPLIT <= sk
             assert 1 <= s.splits <= MAX_SPLITS
 

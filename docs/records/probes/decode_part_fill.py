@@ -6,7 +6,8 @@ keys, D 33-64, 133-528 rows): two CTAs an SM (the default before ``SHORT_CACHE_M
 against a third and a fourth, splits and 64-key steps (``--sweep 3``: 128-400 rows, whence
 the rule; ``4``: 280-800 rows, whence its fourth CTA; ``--check-short``, ``--check-four``).
 ``--sweep 5``: 136-176 rows over long caches, D 64-128: splits, or only the rows past the
-SMs split (``tail_rows``); ``6``: six other calls; ``--check-tail``: the tail form's rule.
+SMs split (``tail_rows``); ``6``: six other calls; ``--check-tail``: the tail form's rule;
+``--check-double``: D <= 64 splits doubled at two CTAs an SM (``SHORT_HEAD_SPLIT_FACTOR``).
 A check times the rule's default against the one before, GPU and isolated views.
 Interleaved, medians of 15, the L2 flushed (sections 49-51 of
 ``docs/records/benchmarks/paged/issue49/README.md``; 49 and 50 ran this logic in scratch
@@ -81,12 +82,19 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
           "tail-held": ((16, 36, 9, 12000, 128, "bf16"), (35, 16, 4, 18000, 128, "bf16"),
                         (153, 8, 1, 10000, 64, "fp16"), (21, 56, 8, 7500, 128, "fp16"),
                         (5, 64, 32, 40000, 96, "bf16"), (47, 16, 4, 9500, 80, "bf16"),
-                        (11, 56, 14, 15000, 64, "bf16"), (2, 80, 80, 50000, 64, "bf16"))}
+                        (11, 56, 14, 15000, 64, "bf16"), (2, 80, 80, 50000, 64, "bf16")),
+          "double": ((11, 24, 6, 15000, 64, "fp16"), (3, 56, 8, 60000, 64, "bf16"),
+                     (1, 40, 8, 200000, 64, "bf16"), (13, 40, 5, 12000, 64, "bf16"),
+                     (2, 32, 4, 80000, 48, "fp16"), (9, 28, 7, 30000, 64, "bf16"),
+                     (5, 12, 12, 45000, 64, "bf16"), (1, 96, 12, 65536, 64, "bf16"))}
 
 
 def before(problem, rule):
     """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0, ``SHORT_CACHE_MIN_KEYS``
-    past every cache, or for the tail form: three splits at two CTAs an SM below D 128)."""
+    past every cache, ``SHORT_HEAD_SPLIT_MIN_KEYS`` too, or for the tail form: three splits at
+    two CTAs an SM below D 128)."""
+    if rule == "double":
+        return default_with(problem, SHORT_HEAD_SPLIT_MIN_KEYS=1 << 30)
     if rule.startswith("tail"):
         old = default_with(problem, PART_FILL_MIN_KEYS=1 << 30)
         return old.replace(splits=3, combine="block_pdl") if problem.head_dim < 128 else old
@@ -107,7 +115,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
-    named = ("short", "four", "tail", "tail-held")
+    named = ("short", "four", "tail", "tail-held", "double")
     for name in named:
         ap.add_argument(f"--check-{name}", action="store_true")
     args = ap.parse_args()

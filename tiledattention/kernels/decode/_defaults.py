@@ -22,7 +22,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR",
            "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_ONE_LOOP_LATENCY",
            "SHORT_HEAD_DIM",
-           "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
+           "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "SHORT_HEAD_SPLIT_FACTOR",
+           "SHORT_HEAD_SPLIT_MIN_KEYS", "SHORT_HEAD_SPLIT_MIN_ROWS", "DEEP_STEP_MAX_ROWS_SHARE",
            "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
            "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
            "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
@@ -315,6 +316,17 @@ FP8_SMALL_PAGE_V_LATENCY = 4
 SHORT_HEAD_DIM = 64
 SHORT_HEAD_STEP = 256
 SHORT_HEAD_MIN_KEYS = 2048
+#: On Hopper a contiguous 16-bit cache of at least ``SHORT_HEAD_SPLIT_MIN_KEYS`` keys at D <= 64
+#: (256-key steps, 16-row tiles, no window or softcap) whose rule splits it for one CTA an SM
+#: takes ``SHORT_HEAD_SPLIT_FACTOR`` times the splits at two CTAs an SM: a 256-key step at
+#: D 64 is half a D 128 one's bytes, and one CTA an SM streams it short of the copy rate. On an
+#: H100 (section 53 of docs/records/benchmarks/paged/issue49/README.md, ten calls of 8-64 rows
+#: at 2-16 splits over 9000-131072 keys): 0.999-1.042x the one CTA an SM (six, then four held
+#: out); at D 128 the same ran 0.97-0.98x (five calls), so D 128 keeps its splits. Fewer
+#: than ``SHORT_HEAD_SPLIT_MIN_ROWS`` rows (more than 32 splits after) were not measured.
+SHORT_HEAD_SPLIT_FACTOR = 2
+SHORT_HEAD_SPLIT_MIN_KEYS = 9000
+SHORT_HEAD_SPLIT_MIN_ROWS = 8
 #: At most this many query rows (splits x the tile's rows) are merged per output row: the combine
 #: kernel walks a row's splits in a chain, so a cache of one or two K/V heads split for a whole wave
 #: (66-132 splits) spent longer merging than streaming. On an H200 (one K/V head, batch 1 and 2, D
@@ -383,7 +395,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     33-127 the rows of a last wave at most :data:`TAIL_MAX_WAVE_SHARE` full split to fill it.
     On Hopper, rows past the SMs by at most :data:`PART_FILL_MAX_ROWS_SHARE` of them (at D 128
     short of the three-CTA band) over :data:`PART_FILL_MIN_KEYS` keys or more run one wave of
-    a CTA an SM and split the rest to fill a second (``tail_rows``); at D
+    a CTA an SM and split the rest to fill a second (``tail_rows``); a D <= 64 cache split for
+    one CTA an SM takes :data:`SHORT_HEAD_SPLIT_FACTOR` times the splits at two; at D
     33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` whose
     rows pass the SMs, up to a wave of four CTAs an SM, run one split at three CTAs an SM (four
     past a wave of three) with 128-key steps (both over a contiguous 16-bit cache, no window
@@ -506,6 +519,13 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     if problem.windowed and not contiguous and wanted < WINDOW_SPLIT_MIN_GAIN:
         wanted = 1
     splits = max(1, min(wanted, most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
+    if (gen == "hopper" and plain and occupancy == 1 and splits > 1 and tile_m == 16
+            and tile_n == SHORT_HEAD_STEP and keys >= SHORT_HEAD_SPLIT_MIN_KEYS
+            and rows >= SHORT_HEAD_SPLIT_MIN_ROWS):
+        # a D <= 64 split (256-key steps) alone on its SM: more splits at two CTAs an SM
+        splits = min(SHORT_HEAD_SPLIT_FACTOR * splits, most_splits, MAX_SPLITS,
+                     MAX_MERGED_ROWS // tile_m)
+        occupancy = FULL_GPU_OCCUPANCY
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
             and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
             and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
