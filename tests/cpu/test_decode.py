@@ -608,9 +608,9 @@ def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
     past it (in whole batch entries) to fill a second, merged as a dependent (1.025-1.084x on
     six held-out calls, H100). A tail whose splits fill fewer than half the SMs, or that
     whole entries round up past twice the rows past the SMs, and 32-row tiles keep the rule
-    before: ``PART_FILL_SPLITS`` splits at two CTAs an SM below D 128, one split at D 128. 132 rows,
-    the bands' ends, short caches, windows, softcaps, paged and FP8 caches and other
-    generations keep their schedules."""
+    before: ``PART_FILL_SPLITS`` splits at two CTAs an SM below D 128, one split at D 128.
+    132 rows, the bands' ends, short caches, windows, softcaps, paged and FP8 caches and
+    other generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (FULL_GPU_OCCUPANCY,
                                                          PART_FILL_MAX_ROWS_SHARE,
                                                          PART_FILL_MIN_KEYS, PART_FILL_SPLITS)

@@ -277,16 +277,17 @@ def test_rows_at_three_or_four_ctas_an_sm_walk_short_key_steps(shape):
                               "153-rows-mqa-fp16"])
 def test_last_wave_rows_split_to_fill_it(shape):
     """The default of rows a little past whole waves of two CTAs an SM at D 33-127, or past
-    one of a CTA an SM (at D 128 too): only the
-    last wave's rows split (``tail_rows``), the rows before written directly by their own CTAs
-    (with sinks, the split kernel adds theirs and the merge the tail's), NaN-poisoned output:
-    as close to the float32 reference as one split, over caches of odd lengths (two of them
-    sliding windows at the end of a longer cache)."""
+    one wave of a CTA an SM (D 128 too): only the last wave's rows split (``tail_rows``), the
+    rows before written directly by their own CTAs (with sinks, the split kernel adds theirs
+    and the merge the tail's), NaN-poisoned output: as close to the float32 reference as one
+    split, over caches of odd lengths (two of them sliding windows at the end of a longer
+    cache)."""
     b, hq, hkv, sk, d, dtype, sinks, window, tail, splits = shape
     problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, window)
     default = DECODE.default_schedule("sm_90", problem)
+    waves_of_two = b * hkv > 2 * 132  # else past one wave of a CTA an SM
     assert (default.tail_rows, default.splits, default.occupancy) == (tail, splits,
-                                                                      1 + (b * hkv > 264))
+                                                                      1 + waves_of_two)
     _as_close_as(problem, default, default.replace(splits=1, tail_rows=0, combine="block"))
     if not (sinks or window):  # and through sdpa: the lookup's plan, twice (the kept plan)
         case = DECODE.case(problem, torch.cuda.current_device())

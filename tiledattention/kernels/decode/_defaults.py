@@ -481,14 +481,14 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             # else a wave of two CTAs an SM runs part-empty: one wave of a CTA an SM, the rows
             # past it (in whole batch entries) split to fill a second
             tail = rows_past_waves(problem, base, sms)
-            splits = min(TAIL_MAX_SPLITS, sms // tail, most_splits,
-                         MAX_MERGED_ROWS // tile_m) if tail else 0
+            tail_splits = min(TAIL_MAX_SPLITS, sms // tail, most_splits,
+                              MAX_MERGED_ROWS // tile_m) if tail else 0
             # a tail whose splits fill too few SMs to stream at the copy rate, or rounded up
             # to whole entries past twice the rows past the SMs, or groups of more than 16
             # heads (not measured), keep the rule before
-            if (splits >= 2 and tail * splits >= sms // 2 and tail <= 2 * (rows - sms)
-                    and tile_m == 16):
-                return base.replace(splits=splits, tail_rows=tail, combine="block_pdl")
+            if (tail_splits >= 2 and tail * tail_splits >= sms // 2
+                    and tail <= 2 * (rows - sms) and tile_m == 16):
+                return base.replace(splits=tail_splits, tail_rows=tail, combine="block_pdl")
             if problem.head_dim < 128:
                 wanted = PART_FILL_SPLITS
     elif two_ctas and problem.page_size and wanted == 1:
