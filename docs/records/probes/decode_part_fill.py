@@ -7,7 +7,8 @@ against a third and a fourth, splits and 64-key steps (``--sweep 3``: 128-400 ro
 the rule; ``4``: 280-800 rows, whence its fourth CTA; ``--check-short``, ``--check-four``).
 ``--sweep 5``: 136-176 rows over long caches, D 64-128: splits, or only the rows past the
 SMs split (``tail_rows``); ``6``: six other calls; ``--check-tail``: the tail form's rule;
-``--check-double``: D <= 64 splits doubled at two CTAs an SM (``SHORT_HEAD_SPLIT_FACTOR``).
+``--check-double``: D <= 64 splits doubled at two CTAs an SM (``SHORT_HEAD_SPLIT_FACTOR``);
+``--sweep 7``: D 128 long caches at one CTA an SM, deeper loads (neither has run).
 A check times the rule's default against the one before, GPU and isolated views.
 Interleaved, medians of 15, the L2 flushed (sections 49-51 of
 ``docs/records/benchmarks/paged/issue49/README.md``; 49 and 50 ran this logic in scratch
@@ -56,11 +57,16 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
               (12, 12, 12, 21851, 64, "bf16"), (24, 28, 7, 9000, 96, "bf16")),
           6: ((18, 32, 8, 12000, 128, "fp16"), (140, 8, 1, 10000, 128, "bf16"),
               (10, 16, 16, 30000, 128, "bf16"), (23, 56, 7, 7000, 128, "bf16"),
-              (9, 16, 16, 50000, 96, "fp16"), (46, 24, 4, 8000, 64, "bf16"))}
+              (9, 16, 16, 50000, 96, "fp16"), (46, 24, 4, 8000, 64, "bf16")),
+          7: ((4, 32, 8, 65792, 128, "bf16"), (8, 28, 4, 74555, 128, "fp16"),
+              (16, 28, 4, 50712, 128, "fp16"), (3, 40, 8, 90000, 128, "bf16"),
+              (6, 16, 4, 40000, 128, "bf16"), (2, 64, 8, 120000, 128, "fp16"))}
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
 FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
          3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
-         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),)}
+         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 7: ()}
+#: sweep 7: (key step, K and V loads ahead) at one CTA an SM (sm_90: no stack but 256-key: 16 B)
+DEPTHS = ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (64, 8, 8))
 FORMS[2] = FORMS[1]
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
@@ -122,7 +128,7 @@ def main():
     check = ("part" if args.check else next((n for n in named if getattr(
         args, f"check_{n}".replace("-", "_"))), None))
     points = CHECKS[check] if check else SWEEPS[args.sweep]
-    rule = check or ("part" if args.sweep in (1, 2, 5, 6) else "short")
+    rule = check or ("part" if args.sweep in (1, 2, 5, 6, 7) else "short")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}
@@ -142,6 +148,9 @@ def main():
                 forms[p][f"tail occ{occ}"] = old.replace(
                     splits=max(2, min(TAIL_MAX_SPLITS, sms // tail)), tail_rows=tail,
                     occupancy=occ, combine="block_pdl")
+        if args.sweep == 7:
+            for n, k, v in DEPTHS:
+                forms[p][f"n{n} K{k} V{v}"] = old.replace(tile_n=n, k_latency=k, v_latency=v)
         if rule == "short":
             forms[p]["n64"] = old.replace(tile_n=64)
             forms[p]["n64 occ3"] = old.replace(tile_n=64, occupancy=3)
