@@ -31,6 +31,7 @@ import torch
 import tiledattention
 from tiledattention import (DECODE, FORWARD, DecodeSchedule, InputTypeError, InputValueError,
                             Problem, problem_from_arrays)
+from tiledattention.core._compile import SM_COUNTS
 from tiledattention.core._reference import attention_reference
 from tiledattention.kernels.decode import length_bucket
 
@@ -285,7 +286,7 @@ def test_last_wave_rows_split_to_fill_it(shape):
     b, hq, hkv, sk, d, dtype, sinks, window, tail, splits = shape
     problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, window)
     default = DECODE.default_schedule("sm_90", problem)
-    waves_of_two = b * hkv > 2 * 132  # else past one wave of a CTA an SM
+    waves_of_two = b * hkv > 2 * SM_COUNTS["hopper"]  # else past one wave of a CTA an SM
     assert (default.tail_rows, default.splits, default.occupancy) == (tail, splits,
                                                                       1 + waves_of_two)
     _as_close_as(problem, default, default.replace(splits=1, tail_rows=0, combine="block"))

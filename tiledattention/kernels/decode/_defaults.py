@@ -367,6 +367,13 @@ def window_keys(problem: Problem) -> int:
     return max(hi - lo, 0)
 
 
+def _tail_splits(tail: int, wave: int, most_splits: int) -> int:
+    """The splits of ``tail`` rows that fill a last wave of ``wave`` CTAs, at most
+    :data:`TAIL_MAX_SPLITS` (8 splits of a tile of at most ``MAX_TILE_M`` rows stay under
+    ``MAX_MERGED_ROWS``) and ``most_splits``; 0 without a tail."""
+    return min(TAIL_MAX_SPLITS, wave // tail, most_splits) if tail else 0
+
+
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     """Per-architecture default: heads of a group packed into one tile, 128-key steps (256 on
     Hopper and data-centre Blackwell at head dims up to 64 over a contiguous cache of 2k keys or
@@ -481,8 +488,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             # else a wave of two CTAs an SM runs part-empty: one wave of a CTA an SM, the rows
             # past it (in whole batch entries) split to fill a second
             tail = rows_past_waves(problem, base, sms)
-            tail_splits = min(TAIL_MAX_SPLITS, sms // tail, most_splits,
-                              MAX_MERGED_ROWS // tile_m) if tail else 0
+            tail_splits = _tail_splits(tail, sms, most_splits)
             # a tail whose splits fill too few SMs to stream at the copy rate, or rounded up
             # to whole entries past twice the rows past the SMs, or groups of more than 16
             # heads (not measured), keep the rule before
@@ -518,13 +524,13 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                             v_latency=FP8_SMALL_PAGE_V_LATENCY if small_pages else base.v_latency)
     if problem.windowed and not contiguous and wanted < WINDOW_SPLIT_MIN_GAIN:
         wanted = 1
-    splits = max(1, min(wanted, most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m))
+    split_cap = min(most_splits, MAX_SPLITS, MAX_MERGED_ROWS // tile_m)
+    splits = max(1, min(wanted, split_cap))
     if (gen == "hopper" and plain and occupancy == 1 and splits > 1 and tile_m == 16
             and tile_n == SHORT_HEAD_STEP and keys >= SHORT_HEAD_SPLIT_MIN_KEYS
             and rows >= SHORT_HEAD_SPLIT_MIN_ROWS):
         # a D <= 64 split (256-key steps) alone on its SM: more splits at two CTAs an SM
-        splits = min(SHORT_HEAD_SPLIT_FACTOR * splits, most_splits, MAX_SPLITS,
-                     MAX_MERGED_ROWS // tile_m)
+        splits = min(SHORT_HEAD_SPLIT_FACTOR * splits, split_cap)
         occupancy = FULL_GPU_OCCUPANCY
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
             and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
@@ -563,7 +569,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         tail = rows_past_waves(problem, base, wave)
         if 0 < tail <= TAIL_MAX_WAVE_SHARE * wave and problem.head_dim < 128:
             # the last wave's rows split to fill it (the whole waves' rows first, unsplit)
-            tail_splits = max(2, min(TAIL_MAX_SPLITS, wave // tail, most_splits))
+            tail_splits = max(2, _tail_splits(tail, wave, most_splits))
             return base.replace(splits=tail_splits, tail_rows=tail, occupancy=occupancy,
                                 combine="block_pdl")
     v_latency = base.v_latency
