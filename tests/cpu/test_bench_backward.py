@@ -35,7 +35,7 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
-# -- grid and flags -------------------------------------------------------------------------------
+# -- grid and flags
 
 def test_default_backward_grid_is_the_issues_grid():
     grid = build_backward_grid()
@@ -125,7 +125,7 @@ def test_backward_run_without_a_gpu_gets_past_the_flags(capsys):
     assert "no CUDA device" in _squash(capsys.readouterr().err)
 
 
-# -- reports --------------------------------------------------------------------------------------
+# -- reports
 
 _ENV = dict(device="NVIDIA H100 80GB HBM3", arch="sm_90", driver="580.1",
             torch_version="2.11.0", cuda_tile_version="1.7.0")

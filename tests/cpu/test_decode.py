@@ -406,7 +406,9 @@ def test_defaults_validate_and_are_normalised(arch, problem):
     s = DECODE.default_schedule(arch, problem)
     assert s.validate() is s
     assert DECODE.normalise(problem, s) == s
-    assert s.pack_heads and (s.k_latency, s.v_latency) == (2, 2)
+    # keys three steps ahead for a D 128 split alone on its SM over 32k+ keys (Hopper)
+    k_latency = 3 if arch == "sm_90" and problem is TOKEN else 2
+    assert s.pack_heads and (s.k_latency, s.v_latency) == (k_latency, 2)
     # one split: no merge; on Hopper up to D 128 the block merge as a dependent launch
     merge = "block_pdl" if arch == "sm_90" and problem.head_dim <= 128 else "block"
     assert s.combine == (merge if s.splits > 1 else "kernel")
@@ -461,8 +463,8 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     short = DECODE.default_schedule("sm_90", _problem(batch=10, seqlen_k=300,
                                                       head_dim=128))  # too short to split
     assert (short.splits, short.occupancy) == (1, 1)
-    one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=12000,
-                                                    head_dim=128))  # 96 rows
+    one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=9000,
+                                                    head_dim=128))  # 96 rows (a short cache)
     assert (one.splits, one.occupancy) == (1, 1)
     two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=12000,
                                                     head_dim=128))  # 48 rows: the rule's two
@@ -599,6 +601,32 @@ def test_short_heads_split_for_one_cta_an_sm_take_twice_the_splits_at_two(monkey
     monkeypatch.setattr(_defaults, "SHORT_HEAD_SPLIT_MIN_KEYS", 1 << 30)  # the rule off
     assert kept == [DECODE.default_schedule(arch, p) for arch, p in others]
     assert DECODE.default_schedule("sm_90", base).occupancy == 1
+
+
+def test_d128_splits_over_long_caches_load_keys_three_steps_ahead(monkeypatch):
+    """Hopper, D 128 split at one CTA an SM over a contiguous 16-bit cache of
+    ``LONG_SPLIT_MIN_KEYS`` keys or more: keys loaded ``LONG_SPLIT_K_LATENCY`` steps ahead,
+    values two, no stack (section 54 of the issue-49 record). Shorter caches, D 96, one split,
+    two CTAs an SM, windows, softcaps, paged and FP8 caches and other generations keep theirs."""
+    from tiledattention.kernels.decode import _defaults
+    from tiledattention.kernels.decode._defaults import LONG_SPLIT_K_LATENCY, LONG_SPLIT_MIN_KEYS
+
+    assert (LONG_SPLIT_K_LATENCY, LONG_SPLIT_MIN_KEYS) == (3, 32768)
+    for b, hq, hkv, keys in ((4, 32, 8, 65792), (14, 16, 4, 70000), (1, 64, 8, LONG_SPLIT_MIN_KEYS)):
+        p = _problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_k=keys, head_dim=128)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.k_latency, s.v_latency, s.occupancy, s.splits > 1) == (3, 2, 1, True), s
+    assert _build(p, s).resources()[0].stack_bytes == 0  # the split kernel
+    base = _problem(batch=4, heads_q=32, heads_kv=8, seqlen_k=65792, head_dim=128)
+    others = [(arch, base) for arch in ("sm_80", "sm_100", "sm_120")] + [("sm_90", p) for p in (
+        dataclasses.replace(base, seqlen_k=LONG_SPLIT_MIN_KEYS - 1),
+        dataclasses.replace(base, head_dim=96), _problem(7, 64, 16, seqlen_k=60000, head_dim=128),
+        _problem(6, 32, 8, seqlen_k=60000, head_dim=128), *_outside_the_wave_rules(base)[1:])]
+    kept = [DECODE.default_schedule(arch, p) for arch, p in others]
+    assert all(s.k_latency != 3 for s in kept), kept
+    monkeypatch.setattr(_defaults, "LONG_SPLIT_MIN_KEYS", 1 << 30)  # the rule off
+    assert kept == [DECODE.default_schedule(arch, p) for arch, p in others]
+    assert DECODE.default_schedule("sm_90", base).k_latency == 2
 
 
 def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
@@ -915,8 +943,10 @@ def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
     on an H200: one split, each CTA alone on its SM) over a contiguous 16-bit cache of at least
     ``DEEP_STEP_MIN_KEYS`` keys at D 65-128 walk 256-key steps with loads one ahead (1.00-1.07x
     on 15 calls); the fill rule's rows, 104 rows and more, short caches, D 64 and 256, tiles
-    of more rows, windows, softcaps, pages, FP8 caches and Ampere keep their schedules."""
-    from tiledattention.kernels.decode._defaults import DEEP_STEP_MIN_KEYS
+    of more rows, windows, softcaps, pages, FP8 caches and Ampere keep their schedules. On
+    Hopper at D 128 over ``DEEP_STEP_SPLIT_MIN_KEYS`` keys they split for one wave of three CTAs
+    an SM instead (1.007-1.141x on 14 calls, H100)."""
+    from tiledattention.kernels.decode._defaults import DEEP_STEP_MIN_KEYS, DEEP_STEP_SPLIT_MIN_KEYS
 
     for batch, heads_kv, d in ((89, 1, 128), (23, 4, 128), (12, 8, 128), (102, 1, 96)):
         p = _problem(batch=batch, heads_q=4 * heads_kv, heads_kv=heads_kv, seqlen_k=9000,
@@ -941,6 +971,18 @@ def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
     assert DECODE.default_schedule("sm_80", deep).tile_n == 128
     d64 = DECODE.default_schedule("sm_90", dataclasses.replace(deep, head_dim=64))
     assert (d64.tile_n, d64.splits) == (256, 2)  # the short heads' rule
+    # on Hopper at D 128 over DEEP_STEP_SPLIT_MIN_KEYS keys or more: a wave of three CTAs an SM
+    keys = DEEP_STEP_SPLIT_MIN_KEYS
+    for batch, heads_kv, splits in ((12, 8, 4), (89, 1, 4), (101, 1, 3), (34, 3, 3)):
+        p = _problem(batch=batch, heads_q=4 * heads_kv, heads_kv=heads_kv, seqlen_k=keys,
+                     head_dim=128)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.splits, s.occupancy, s.tile_n, s.combine) == (splits, 3, 64, "block_pdl"), s
+    for arch, p in (("sm_90", dataclasses.replace(deep, seqlen_k=keys - 1)),
+                    ("sm_90", dataclasses.replace(deep, seqlen_k=4 * keys, head_dim=96)),
+                    ("sm_100", _problem(batch=14, seqlen_k=keys, head_dim=128))):  # 112 rows
+        s = DECODE.default_schedule(arch, p)
+        assert (s.tile_n, s.splits) == (256, 1), (arch, p, s)
 
 
 def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():

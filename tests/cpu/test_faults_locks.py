@@ -1,8 +1,7 @@
 """A schedule database another process holds locked (issue 45, point 2): ``import`` and
 ``search`` wait a few seconds at most (``$TILEDATTN_LOCK_WAIT`` to change it), then say in one
 line which file is locked, by which process and what to do, exit status 2; a Ctrl-C during the
-wait ends the command at once. Before, they waited 8 x 30 s in silence, then printed SQLAlchemy's
-"database is locked" traceback as a bug (exit 1), and a Ctrl-C took 24 s.
+wait ends the command at once (before: 8 x 30 s of silence, then a traceback).
 
 The lock is SQLite's own, held by another process (``BEGIN EXCLUSIVE`` on the file, as a
 ``sqlite3`` shell or another tool would); the commands run as processes of their own, so that a

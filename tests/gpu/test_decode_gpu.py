@@ -211,6 +211,53 @@ def test_rows_short_of_the_sms_split_for_two_ctas_an_sm(shape):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(3, 56, 8, 60001, 64, "bf16", False, 10),
+                                   (2, 32, 4, 80003, 48, "fp16", True, 32),
+                                   (9, 28, 7, 30011, 64, "bf16", False, 4)],
+                         ids=["24-rows", "8-rows-d48-sinks-fp16", "63-rows"])
+def test_short_heads_over_long_caches_split_twice_for_two_ctas_an_sm(shape):
+    """The default of D <= 64 rows the cache rule would split for one CTA an SM (twice its
+    splits at two CTAs an SM, 256-key steps, NaN-poisoned output): as close to the float32
+    reference as one split, over caches of odd lengths."""
+    b, hq, hkv, sk, d, dtype, sinks, splits = shape
+    problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, 0)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.splits, default.occupancy, default.tile_n) == (splits, 2, 256)
+    _as_close_as(problem, default, default.replace(splits=1, occupancy=1, combine="block"))
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(1, 64, 8, 100003, 128, "bf16", True),
+                                   (5, 28, 4, 77777, 128, "fp16", False)],
+                         ids=["8-rows-sinks", "20-rows-fp16"])
+def test_d128_splits_over_long_caches_load_keys_three_steps_ahead(shape):
+    """The default of D 128 splits at one CTA an SM over 32768+ keys (keys loaded three steps
+    ahead, values two, NaN-poisoned output): as close to the float32 reference as two ahead."""
+    b, hq, hkv, sk, d, dtype, sinks = shape
+    problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, 0)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.k_latency, default.v_latency, default.occupancy) == (3, 2, 1)
+    assert default.splits > 1
+    _as_close_as(problem, default, default.replace(k_latency=2))
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(96, 8, 1, 10761, "fp16", True, 4), (101, 8, 1, 12001, "bf16", False, 3),
+                                   (23, 32, 4, 45003, "bf16", False, 4)],
+                         ids=["96-rows-sinks-fp16", "101-rows", "92-rows"])
+def test_d128_rows_short_of_the_sms_split_for_a_wave_of_three_ctas(shape):
+    """The default of 89-102 rows at D 128 over 10000+ keys (3 x SMs // rows splits at three
+    CTAs an SM, 64-key steps, NaN-poisoned output): as close to the float32 reference as the
+    one split of 256-key steps it replaced, over caches of odd lengths."""
+    b, hq, hkv, sk, dtype, sinks, splits = shape
+    problem = _one_query(b, hq, hkv, sk, 128, dtype, sinks, 0)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.splits, default.occupancy, default.tile_n) == (splits, 3, 64)
+    _as_close_as(problem, default, default.replace(splits=1, occupancy=1, tile_n=256, k_latency=1,
+                                                   v_latency=1, combine="kernel"))
+
+
+@gpu
 @pytest.mark.parametrize("shape", [(23, 16, 4, 5001, 128, "bf16", False),
                                    (6, 16, 16, 4099, 96, "fp16", False),
                                    (33, 12, 3, 7777, 128, "bf16", True)],

@@ -1,18 +1,10 @@
-"""Contiguous decode whose rows (B x H_kv) pass the SMs, beside cuDNN, for two rules.
-Part fill (133-198 rows on 132 SMs, 6000+ keys, D < 128): one split at two CTAs an SM (the
-default before ``PART_FILL_SPLITS``) against 2-4 splits and a third CTA an SM (``--sweep 1``
-and ``2``: whence the rule; ``--check``: others). Short caches (800-2999
-keys, D 33-64, 133-528 rows): two CTAs an SM (the default before ``SHORT_CACHE_MIN_KEYS``)
-against a third and a fourth, splits and 64-key steps (``--sweep 3``: 128-400 rows, whence
-the rule; ``4``: 280-800 rows, whence its fourth CTA; ``--check-short``, ``--check-four``).
-``--sweep 5``: 136-176 rows over long caches, D 64-128: splits, or only the rows past the
-SMs split (``tail_rows``); ``6``: six other calls; ``--check-tail``: the tail form's rule;
-``--check-double``: D <= 64 splits doubled at two CTAs an SM (``SHORT_HEAD_SPLIT_FACTOR``);
-``--sweep 7``: D 128 long caches at one CTA an SM, deeper loads (neither has run).
-A check times the rule's default against the one before, GPU and isolated views.
-Interleaved, medians of 15, the L2 flushed (sections 49-51 of
-``docs/records/benchmarks/paged/issue49/README.md``; 49 and 50 ran this logic in scratch
-scripts; sweep 4's B70 H28/4 ran against the rule's default).
+"""Contiguous decode schedules at one to four CTAs an SM, beside cuDNN, whence the rules of
+``kernels/decode/_defaults.py`` (sections 49-54 of ``docs/records/benchmarks/paged/issue49/
+README.md``): sweeps 1-2 and ``--check`` ``PART_FILL_*``; 3-4, ``--check-short`` and
+``--check-four`` ``SHORT_CACHE_MIN_KEYS``; 5-6 and ``--check-tail(-held)`` the tail form;
+``--check-double`` ``SHORT_HEAD_SPLIT_*``; 7-8 and ``--check-deep`` ``LONG_SPLIT_*``; 9-11
+``DEEP_STEP_SPLIT_MIN_KEYS``. A check times the rule's default against the one before, GPU
+and isolated views. Interleaved, medians of 15, the L2 flushed.
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
 """
@@ -60,13 +52,36 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
               (9, 16, 16, 50000, 96, "fp16"), (46, 24, 4, 8000, 64, "bf16")),
           7: ((4, 32, 8, 65792, 128, "bf16"), (8, 28, 4, 74555, 128, "fp16"),
               (16, 28, 4, 50712, 128, "fp16"), (3, 40, 8, 90000, 128, "bf16"),
-              (6, 16, 4, 40000, 128, "bf16"), (2, 64, 8, 120000, 128, "fp16"))}
+              (6, 16, 4, 40000, 128, "bf16"), (2, 64, 8, 120000, 128, "fp16")),
+          8: ((4, 32, 8, 65792, 128, "bf16"), (3, 40, 8, 90000, 128, "bf16"),
+              (1, 32, 8, 131072, 128, "bf16"), (7, 64, 16, 60000, 128, "bf16"),
+              (20, 16, 2, 30000, 96, "bf16"), (5, 40, 8, 50000, 80, "fp16"),
+              (110, 8, 1, 20000, 128, "bf16"), (25, 40, 5, 20000, 128, "fp16"),
+              (3, 32, 8, 8000, 128, "bf16")),
+          9: ((12, 64, 8, 35053, 128, "bf16"), (96, 8, 1, 10759, 128, "fp16"),
+              (12, 32, 8, 20000, 128, "bf16"), (100, 8, 1, 30000, 128, "fp16"),
+              (13, 56, 7, 50000, 128, "bf16"), (23, 16, 4, 8000, 96, "bf16")),
+          10: ((12, 64, 8, 35053, 128, "bf16"), (96, 8, 1, 10759, 128, "fp16"),
+               (100, 8, 1, 30000, 128, "fp16"), (13, 56, 7, 50000, 128, "bf16"),
+               (25, 32, 4, 40000, 128, "bf16"), (34, 24, 3, 15000, 128, "fp16"),
+               (90, 16, 1, 20000, 128, "bf16"), (47, 16, 2, 60000, 128, "fp16")),
+          11: ((11, 64, 8, 25000, 128, "fp16"), (98, 8, 1, 16000, 128, "bf16"),
+               (23, 32, 4, 45000, 128, "bf16"), (101, 8, 1, 12000, 128, "bf16"),
+               (31, 24, 3, 70000, 128, "fp16"), (45, 16, 2, 11000, 128, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
 FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
          3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
-         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 7: ()}
-#: sweep 7: (key step, K and V loads ahead) at one CTA an SM (sm_90: no stack but 256-key: 16 B)
-DEPTHS = ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (64, 8, 8))
+         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 7: (), 8: (), 9: (), 10: (), 11: ()}
+#: sweep 9 (89-102 rows, one split of 256-key steps alone on 89-102 SMs): (splits, CTAs an SM,
+#: key step, K and V loads ahead)
+SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 64, 2, 2),
+              (11, 1, 128, 3, 2)),
+          10: ((4, 3, 64, 2, 2), (4, 3, 64, 4, 4), (3, 3, 64, 2, 2), (8, 3, 64, 2, 2),
+               (11, 3, 64, 2, 2), (11, 1, 128, 3, 2)),
+          11: ((3, 3, 64, 2, 2), (4, 3, 64, 2, 2), (11, 1, 128, 3, 2))}
+#: sweeps 7 and 8: (key step, K and V loads ahead) at one CTA an SM
+DEPTHS = {7: ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (64, 8, 8)),
+          8: ((128, 3, 2), (128, 4, 2), (128, 5, 2), (128, 4, 3), (128, 6, 3), (128, 3, 1))}
 FORMS[2] = FORMS[1]
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
@@ -92,15 +107,21 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
           "double": ((11, 24, 6, 15000, 64, "fp16"), (3, 56, 8, 60000, 64, "bf16"),
                      (1, 40, 8, 200000, 64, "bf16"), (13, 40, 5, 12000, 64, "bf16"),
                      (2, 32, 4, 80000, 48, "fp16"), (9, 28, 7, 30000, 64, "bf16"),
-                     (5, 12, 12, 45000, 64, "bf16"), (1, 96, 12, 65536, 64, "bf16"))}
+                     (5, 12, 12, 45000, 64, "bf16"), (1, 96, 12, 65536, 64, "bf16")),
+          "deep": ((2, 32, 8, 50000, 128, "bf16"), (5, 28, 4, 77777, 128, "fp16"),
+                   (1, 64, 8, 100000, 128, "bf16"), (9, 16, 2, 45000, 128, "bf16"),
+                   (3, 48, 8, 36000, 128, "fp16"), (14, 16, 4, 70000, 128, "bf16"),
+                   (1, 128, 16, 33000, 128, "fp16"), (1, 32, 8, 32768, 128, "bf16"),
+                   (2, 32, 8, 40000, 128, "bf16"))}
 
 
 def before(problem, rule):
     """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0, ``SHORT_CACHE_MIN_KEYS``
     past every cache, ``SHORT_HEAD_SPLIT_MIN_KEYS`` too, or for the tail form: three splits at
     two CTAs an SM below D 128)."""
-    if rule == "double":
-        return default_with(problem, SHORT_HEAD_SPLIT_MIN_KEYS=1 << 30)
+    if rule in ("double", "deep"):
+        name = "SHORT_HEAD_SPLIT_MIN_KEYS" if rule == "double" else "LONG_SPLIT_MIN_KEYS"
+        return default_with(problem, **{name: 1 << 30})
     if rule.startswith("tail"):
         old = default_with(problem, PART_FILL_MIN_KEYS=1 << 30)
         return old.replace(splits=3, combine="block_pdl") if problem.head_dim < 128 else old
@@ -121,14 +142,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
-    named = ("short", "four", "tail", "tail-held", "double")
+    named = ("short", "four", "tail", "tail-held", "double", "deep")
     for name in named:
         ap.add_argument(f"--check-{name}", action="store_true")
     args = ap.parse_args()
     check = ("part" if args.check else next((n for n in named if getattr(
         args, f"check_{n}".replace("-", "_"))), None))
     points = CHECKS[check] if check else SWEEPS[args.sweep]
-    rule = check or ("part" if args.sweep in (1, 2, 5, 6, 7) else "short")
+    rule = check or ("part" if args.sweep in (1, 2, 5, 6, 7, 8, 9, 10, 11) else "short")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}
@@ -148,9 +169,11 @@ def main():
                 forms[p][f"tail occ{occ}"] = old.replace(
                     splits=max(2, min(TAIL_MAX_SPLITS, sms // tail)), tail_rows=tail,
                     occupancy=occ, combine="block_pdl")
-        if args.sweep == 7:
-            for n, k, v in DEPTHS:
-                forms[p][f"n{n} K{k} V{v}"] = old.replace(tile_n=n, k_latency=k, v_latency=v)
+        for n, k, v in DEPTHS.get(args.sweep, ()):
+            forms[p][f"n{n} K{k} V{v}"] = old.replace(tile_n=n, k_latency=k, v_latency=v)
+        for sp, o, n, k, v in SHAPES.get(args.sweep, ()):
+            forms[p][f"s{sp} occ{o} n{n} K{k}"] = old.replace(
+                splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v, combine="block_pdl")
         if rule == "short":
             forms[p]["n64"] = old.replace(tile_n=64)
             forms[p]["n64 occ3"] = old.replace(tile_n=64, occupancy=3)

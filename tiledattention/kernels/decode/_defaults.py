@@ -23,8 +23,10 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_ONE_LOOP_LATENCY",
            "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "SHORT_HEAD_SPLIT_FACTOR",
-           "SHORT_HEAD_SPLIT_MIN_KEYS", "SHORT_HEAD_SPLIT_MIN_ROWS", "DEEP_STEP_MAX_ROWS_SHARE",
-           "DEEP_STEP_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
+           "SHORT_HEAD_SPLIT_MIN_KEYS", "SHORT_HEAD_SPLIT_MIN_ROWS", "LONG_SPLIT_K_LATENCY",
+           "LONG_SPLIT_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
+           "DEEP_STEP_MIN_KEYS", "DEEP_STEP_SPLIT_MIN_KEYS", "FILL_MAX_CTAS_SHARE",
+           "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
            "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
            "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
@@ -135,6 +137,11 @@ FILL_MAX_ROWS_SHARE = 2 / 3
 #: worker warps 0.83-1.01x everywhere).
 DEEP_STEP_MAX_ROWS_SHARE = 0.775
 DEEP_STEP_MIN_KEYS = 3500
+#: On Hopper those rows at D 128 over ``DEEP_STEP_SPLIT_MIN_KEYS`` keys or more split for one
+#: wave of three CTAs an SM (3 x SMs // rows splits, 64-key steps, merged as a dependent): the
+#: 256-key walk left 30-42 SMs idle, cuDNN 1.11-1.20x it. On an H100 (section 54 of the issue-49
+#: record, 90-102 rows over 10759-70000 keys): 1.007-1.141x on 14 calls, five held out.
+DEEP_STEP_SPLIT_MIN_KEYS = 10000
 #: Where the cache rule gives two splits or more (``SMs // rows``) whose CTAs fill at most this
 #: share of the SMs at one an SM (45-51 rows at two splits, 34 at three on an H200), the call
 #: splits for two CTAs an SM as the fill rule does (D <= 128, no window): on an H200
@@ -327,6 +334,13 @@ SHORT_HEAD_MIN_KEYS = 2048
 SHORT_HEAD_SPLIT_FACTOR = 2
 SHORT_HEAD_SPLIT_MIN_KEYS = 9000
 SHORT_HEAD_SPLIT_MIN_ROWS = 8
+#: On Hopper a D 128 split at one CTA an SM over a contiguous 16-bit cache of
+#: ``LONG_SPLIT_MIN_KEYS`` keys or more (128-key steps, 16-row tiles, no window or softcap)
+#: loads its keys ``LONG_SPLIT_K_LATENCY`` steps ahead, values two: 1.001-1.056x on eight calls
+#: over 40000-131072 keys (H100, section 54 of the issue-49 record); 0.993x over 8000 keys, D
+#: 80-96 0.997x, one split 0.999-1.001x.
+LONG_SPLIT_K_LATENCY = 3
+LONG_SPLIT_MIN_KEYS = 32768
 #: At most this many query rows (splits x the tile's rows) are merged per output row: the combine
 #: kernel walks a row's splits in a chain, so a cache of one or two K/V heads split for a whole wave
 #: (66-132 splits) spent longer merging than streaming. On an H200 (one K/V head, batch 1 and 2, D
@@ -391,7 +405,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     rule gives two splits or more that fill at most :data:`FILL_MAX_CTAS_SHARE` of the SMs (D
     <= 128, no window). Rows above that share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs
     (one split, each CTA alone on its SM) walk 256-key steps with each load one step ahead at
-    D 65-128; on Hopper, one split at D 128 whose rows fill from
+    D 65-128 (on Hopper at D 128 over :data:`DEEP_STEP_SPLIT_MIN_KEYS` keys, splits for one wave
+    of three CTAs an SM instead); on Hopper, one split at D 128 whose rows fill from
     :data:`THIRD_CTA_MIN_ROWS_SHARE` of the SMs to two CTAs each, fit three CTAs an SM past
     the three-split rule's rows, or leave a third wave of two at most half full
     (:data:`THIRD_CTA_SECOND_WAVE_ROWS_SHARES`), runs three CTAs an SM with 64-key steps; rows
@@ -403,7 +418,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     On Hopper, rows past the SMs by at most :data:`PART_FILL_MAX_ROWS_SHARE` of them (at D 128
     short of the three-CTA band) over :data:`PART_FILL_MIN_KEYS` keys or more run one wave of
     a CTA an SM and split the rest to fill a second (``tail_rows``); a D <= 64 cache split for
-    one CTA an SM takes :data:`SHORT_HEAD_SPLIT_FACTOR` times the splits at two; at D
+    one CTA an SM takes :data:`SHORT_HEAD_SPLIT_FACTOR` times the splits at two, a D 128 one
+    over :data:`LONG_SPLIT_MIN_KEYS` keys loads its keys :data:`LONG_SPLIT_K_LATENCY` ahead; at D
     33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` whose
     rows pass the SMs, up to a wave of four CTAs an SM, run one split at three CTAs an SM (four
     past a wave of three) with 128-key steps (both over a contiguous 16-bit cache, no window
@@ -536,6 +552,11 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
             and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
             and plain):
+        if gen == "hopper" and problem.head_dim == 128 and keys >= DEEP_STEP_SPLIT_MIN_KEYS:
+            # a D 128 cache long enough: split for one wave of three CTAs an SM instead
+            return base.replace(splits=min(THIRD_CTA_OCCUPANCY * sms // rows, split_cap),
+                                occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_STEP,
+                                combine="block_pdl")
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
@@ -572,6 +593,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             tail_splits = max(2, _tail_splits(tail, wave, most_splits))
             return base.replace(splits=tail_splits, tail_rows=tail, occupancy=occupancy,
                                 combine="block_pdl")
+    if (gen == "hopper" and plain and problem.head_dim == 128 and tile_n == 128 and tile_m == 16
+            and splits > 1 and occupancy == 1 and keys >= LONG_SPLIT_MIN_KEYS):
+        k_latency = LONG_SPLIT_K_LATENCY  # a D 128 split alone on its SM: keys further ahead
     v_latency = base.v_latency
     if small_pages and not problem.windowed and occupancy == FULL_GPU_OCCUPANCY:
         k_latency = v_latency = SMALL_PAGE_LATENCY
