@@ -242,7 +242,8 @@ def test_d128_splits_over_long_caches_load_keys_three_steps_ahead(shape):
 
 
 @gpu
-@pytest.mark.parametrize("shape", [(96, 8, 1, 10761, "fp16", True, 4), (101, 8, 1, 12001, "bf16", False, 3),
+@pytest.mark.parametrize("shape", [(96, 8, 1, 10761, "fp16", True, 4),
+                                   (101, 8, 1, 12001, "bf16", False, 3),
                                    (23, 32, 4, 45003, "bf16", False, 4)],
                          ids=["96-rows-sinks-fp16", "101-rows", "92-rows"])
 def test_d128_rows_short_of_the_sms_split_for_a_wave_of_three_ctas(shape):

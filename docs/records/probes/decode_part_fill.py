@@ -1,10 +1,10 @@
-"""Contiguous decode schedules at one to four CTAs an SM, beside cuDNN, whence the rules of
+"""Contiguous decode schedules beside cuDNN, whence the rules of
 ``kernels/decode/_defaults.py`` (sections 49-54 of ``docs/records/benchmarks/paged/issue49/
 README.md``): sweeps 1-2 and ``--check`` ``PART_FILL_*``; 3-4, ``--check-short`` and
 ``--check-four`` ``SHORT_CACHE_MIN_KEYS``; 5-6 and ``--check-tail(-held)`` the tail form;
 ``--check-double`` ``SHORT_HEAD_SPLIT_*``; 7-8 and ``--check-deep`` ``LONG_SPLIT_*``; 9-11
-``DEEP_STEP_SPLIT_MIN_KEYS``. A check times the rule's default against the one before, GPU
-and isolated views. Interleaved, medians of 15, the L2 flushed.
+``DEEP_STEP_SPLIT_MIN_KEYS``. A check times the rule's default against the one before (GPU,
+isolated). Interleaved, medians of 15, L2 flushed.
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
 """
@@ -71,9 +71,8 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
 FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
          3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
-         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 7: (), 8: (), 9: (), 10: (), 11: ()}
-#: sweep 9 (89-102 rows, one split of 256-key steps alone on 89-102 SMs): (splits, CTAs an SM,
-#: key step, K and V loads ahead)
+         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),)}
+#: sweeps 9-11 (89-102 rows): (splits, CTAs an SM, key step, K and V loads ahead)
 SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 64, 2, 2),
               (11, 1, 128, 3, 2)),
           10: ((4, 3, 64, 2, 2), (4, 3, 64, 4, 4), (3, 3, 64, 2, 2), (8, 3, 64, 2, 2),
@@ -116,12 +115,13 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
 
 
 def before(problem, rule):
-    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0, ``SHORT_CACHE_MIN_KEYS``
-    past every cache, ``SHORT_HEAD_SPLIT_MIN_KEYS`` too, or for the tail form: three splits at
-    two CTAs an SM below D 128)."""
-    if rule in ("double", "deep"):
-        name = "SHORT_HEAD_SPLIT_MIN_KEYS" if rule == "double" else "LONG_SPLIT_MIN_KEYS"
-        return default_with(problem, **{name: 1 << 30})
+    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0; ``SHORT_CACHE_MIN_KEYS``,
+    ``SHORT_HEAD_SPLIT_MIN_KEYS``, ``LONG_SPLIT_MIN_KEYS`` or ``DEEP_STEP_SPLIT_MIN_KEYS`` past
+    every cache; or for the tail form: three splits at two CTAs an SM below D 128)."""
+    off = {"double": "SHORT_HEAD_SPLIT_MIN_KEYS", "deep": "LONG_SPLIT_MIN_KEYS",
+           "three": "DEEP_STEP_SPLIT_MIN_KEYS"}
+    if rule in off:
+        return default_with(problem, **{off[rule]: 1 << 30})
     if rule.startswith("tail"):
         old = default_with(problem, PART_FILL_MIN_KEYS=1 << 30)
         return old.replace(splits=3, combine="block_pdl") if problem.head_dim < 128 else old
@@ -149,7 +149,8 @@ def main():
     check = ("part" if args.check else next((n for n in named if getattr(
         args, f"check_{n}".replace("-", "_"))), None))
     points = CHECKS[check] if check else SWEEPS[args.sweep]
-    rule = check or ("part" if args.sweep in (1, 2, 5, 6, 7, 8, 9, 10, 11) else "short")
+    rule = check or {7: "deep", 8: "deep", 9: "three", 10: "three", 11: "three"}.get(
+        args.sweep, "part" if args.sweep in (1, 2, 5, 6) else "short")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}
@@ -159,7 +160,7 @@ def main():
         if check:
             forms[p]["new"] = ta.DECODE.default_schedule("sm_90", p)
             continue
-        for s, o in FORMS[args.sweep]:
+        for s, o in FORMS.get(args.sweep, ()):
             forms[p][f"s{s} occ{o}"] = old.replace(
                 splits=s, occupancy=o, combine="block_pdl" if s > 1 else old.combine)
         if args.sweep in (5, 6):  # only the rows past the SMs split
