@@ -24,10 +24,9 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "SHORT_HEAD_DIM",
            "SHORT_HEAD_STEP", "SHORT_HEAD_MIN_KEYS", "SHORT_HEAD_SPLIT_FACTOR",
            "SHORT_HEAD_SPLIT_MIN_KEYS", "SHORT_HEAD_SPLIT_MIN_ROWS", "LONG_SPLIT_K_LATENCY",
-           "LONG_SPLIT_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE",
-           "DEEP_STEP_MIN_KEYS", "DEEP_STEP_SPLIT_MIN_KEYS", "FILL_MAX_CTAS_SHARE",
-           "PART_WAVE_MAX_SHARE", "PART_WAVE_MIN_KEYS",
-           "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
+           "LONG_SPLIT_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE", "DEEP_STEP_MIN_KEYS",
+           "DEEP_STEP_SPLIT_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE",
+           "PART_WAVE_MIN_KEYS", "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
            "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
@@ -593,8 +592,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             tail_splits = max(2, _tail_splits(tail, wave, most_splits))
             return base.replace(splits=tail_splits, tail_rows=tail, occupancy=occupancy,
                                 combine="block_pdl")
-    if (gen == "hopper" and plain and problem.head_dim == 128 and tile_n == 128 and tile_m == 16
-            and splits > 1 and occupancy == 1 and keys >= LONG_SPLIT_MIN_KEYS):
+    if (gen == "hopper" and plain and problem.head_dim == 128 and tile_m == 16 and splits > 1
+            and occupancy == 1 and keys >= LONG_SPLIT_MIN_KEYS):
         k_latency = LONG_SPLIT_K_LATENCY  # a D 128 split alone on its SM: keys further ahead
     v_latency = base.v_latency
     if small_pages and not problem.windowed and occupancy == FULL_GPU_OCCUPANCY:
