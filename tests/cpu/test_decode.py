@@ -455,8 +455,9 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     from tiledattention.kernels.decode._defaults import FILL_MAX_ROWS_SHARE, FULL_GPU_OCCUPANCY
 
     assert FILL_MAX_ROWS_SHARE * 132 >= 88
+    # (caches short of FILL_FOURTH_CTA_MIN_KEYS: longer ones split for four CTAs an SM)
     for batch, splits in ((9, 3), (11, 3), (10, 3)):  # 72, 88 and 80 rows of H 32/8
-        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=12000,
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=9000,
                                                       head_dim=128))
         assert (s.splits, s.occupancy, s.combine) == (splits, FULL_GPU_OCCUPANCY, "block_pdl")
         assert s.splits * batch * 8 <= FULL_GPU_OCCUPANCY * 132  # every CTA resident at once
@@ -466,7 +467,7 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=9000,
                                                     head_dim=128))  # 96 rows (a short cache)
     assert (one.splits, one.occupancy) == (1, 1)
-    two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=12000,
+    two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=9000,
                                                     head_dim=128))  # 48 rows: the rule's two
     # splits fill 96 SMs, a fifth or more idle (FILL_MAX_CTAS_SHARE): two CTAs an SM too
     assert (two.splits, two.occupancy) == (5, FULL_GPU_OCCUPANCY)
@@ -501,7 +502,7 @@ def test_the_cache_rules_splits_short_of_the_sms_split_for_two_ctas_an_sm():
         s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=8, heads_kv=1,
                                                       seqlen_k=9000, head_dim=128))
         assert (s.splits, s.occupancy) == (132 // batch, 1), (batch, s)
-    base = _problem(batch=6, heads_q=64, heads_kv=8, seqlen_k=12000, head_dim=128)  # 48 rows
+    base = _problem(batch=6, heads_q=64, heads_kv=8, seqlen_k=9000, head_dim=128)  # 48 rows
     assert DECODE.default_schedule("sm_90", base).occupancy == FULL_GPU_OCCUPANCY
     for p in (dataclasses.replace(base, head_dim=256),  # (an FP8 cache has a rule of its own)
               dataclasses.replace(base, causal=True, bottom_right=True, window_left=8000,
@@ -509,6 +510,43 @@ def test_the_cache_rules_splits_short_of_the_sms_split_for_two_ctas_an_sm():
         s = DECODE.default_schedule("sm_90", p)
         assert s.splits != FULL_GPU_OCCUPANCY * 132 // 48, (p, s)
     assert DECODE.default_schedule("sm_80", base).occupancy == 1
+
+
+def test_d128_fill_splits_over_long_caches_run_one_wave_of_four_ctas_an_sm(monkeypatch):
+    """Hopper, D 128, 16-row tiles, a contiguous 16-bit cache of ``FILL_FOURTH_CTA_MIN_KEYS``
+    keys or more that the fill rules split for two CTAs an SM (34, 45-51 and 67-88 rows):
+    4 x SMs // rows splits at four CTAs an SM, 32-key steps, loads four ahead, merged as a
+    dependent, no stack (1.052-1.102x on nine held-out calls, H100; section 55 of the issue-49
+    record). Shorter caches, rows the cache rule's splits fill (52-66, 96), D 96 and 64,
+    windows, softcaps, paged and FP8 caches and the other generations keep theirs."""
+    from tiledattention.kernels.decode import _defaults
+    from tiledattention.kernels.decode._defaults import (FILL_FOURTH_CTA_MIN_KEYS,
+                                                         FOURTH_CTA_LATENCY,
+                                                         FOURTH_CTA_OCCUPANCY, FOURTH_CTA_STEP)
+
+    assert (FILL_FOURTH_CTA_MIN_KEYS, FOURTH_CTA_STEP, FOURTH_CTA_LATENCY) == (10000, 32, 4)
+    for batch, heads_q, heads_kv, keys, dtype, rows in (
+            (9, 64, 8, FILL_FOURTH_CTA_MIN_KEYS, "bf16", 72), (6, 12, 12, 43094, "bf16", 72),
+            (25, 8, 2, 35000, "fp16", 50), (34, 8, 1, 50000, "bf16", 34),
+            (88, 8, 1, 12000, "fp16", 88), (3, 48, 16, 20000, "bf16", 48)):
+        p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
+                     head_dim=128, dtype=dtype)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.splits, s.occupancy, s.tile_n, s.k_latency, s.v_latency, s.combine) == (
+            4 * 132 // rows, FOURTH_CTA_OCCUPANCY, 32, 4, 4, "block_pdl"), (p.describe(), s)
+    split = _build(p, s).resources()[0]  # the split kernel
+    assert split.stack_bytes == 0 and FOURTH_CTA_OCCUPANCY * split.shared_bytes <= 228 * 1024
+    base = _problem(batch=9, heads_q=64, heads_kv=8, seqlen_k=25000, head_dim=128)
+    others = [(arch, base) for arch in ("sm_80", "sm_100", "sm_120")] + [("sm_90", p) for p in (
+        dataclasses.replace(base, seqlen_k=FILL_FOURTH_CTA_MIN_KEYS - 1),
+        dataclasses.replace(base, head_dim=96), dataclasses.replace(base, head_dim=64),
+        dataclasses.replace(base, batch=7), dataclasses.replace(base, batch=12),
+        _window(base, 20000), *_outside_the_wave_rules(base)[2:])]
+    kept = [DECODE.default_schedule(arch, p) for arch, p in others]
+    assert all(s.occupancy != FOURTH_CTA_OCCUPANCY for s in kept), kept
+    monkeypatch.setattr(_defaults, "FILL_FOURTH_CTA_MIN_KEYS", 1 << 30)  # the rule off
+    assert kept == [DECODE.default_schedule(arch, p) for arch, p in others]
+    assert DECODE.default_schedule("sm_90", base).occupancy == 2
 
 
 def _window(base: Problem, keys: int) -> Problem:
@@ -677,19 +715,25 @@ def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
 
 def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm():
     """Hopper, D 33-64, a contiguous 16-bit cache of ``SHORT_CACHE_MIN_KEYS`` up to
-    ``PART_WAVE_MIN_KEYS`` keys (no window or softcap), rows past the SMs: one split, 128-key
+    ``PART_WAVE_MIN_KEYS`` keys (within a wave of two CTAs an SM, 133-264 rows, up to
+    ``SHORT_CACHE_WAVE_MAX_KEYS``; no window or softcap), rows past the SMs: one split, 128-key
     steps, no stack, three CTAs an SM to a wave of three (133-396 rows), four to a wave of four
     (397-528). 132 and 529 rows, D 128 or 32, other caches, windows, softcaps, pages, FP8
     caches and the other generations keep their schedules."""
     from tiledattention.kernels.decode._defaults import (FOURTH_CTA_OCCUPANCY, PART_WAVE_MIN_KEYS,
-                                                         SHORT_CACHE_MIN_KEYS, THIRD_CTA_OCCUPANCY)
+                                                         SHORT_CACHE_MIN_KEYS,
+                                                         SHORT_CACHE_WAVE_MAX_KEYS,
+                                                         THIRD_CTA_OCCUPANCY)
 
     assert (THIRD_CTA_OCCUPANCY, FOURTH_CTA_OCCUPANCY) == (3, 4)
     for batch, heads_q, heads_kv, head_dim, keys, dtype, ctas in (
             (133, 8, 1, 64, SHORT_CACHE_MIN_KEYS, "bf16", 3), (24, 32, 8, 64, 1098, "fp16", 3),
             (75, 16, 4, 48, 2000, "bf16", 3), (33, 48, 12, 64, PART_WAVE_MIN_KEYS - 1, "fp16", 3),
             (397, 8, 1, 64, 1000, "bf16", 4), (200, 14, 2, 64, 950, "fp16", 4),
-            (44, 36, 12, 48, 2999, "bf16", 4), (528, 8, 1, 64, 800, "fp16", 4)):
+            (44, 36, 12, 48, 2999, "bf16", 4), (528, 8, 1, 64, 800, "fp16", 4),
+            # within a wave of two CTAs an SM, caches up to SHORT_CACHE_WAVE_MAX_KEYS
+            (24, 40, 8, 64, 3266, "bf16", 3), (22, 40, 8, 48, 4400, "fp16", 3),
+            (264, 8, 1, 64, 5999, "bf16", 3)):
         p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
                      head_dim=head_dim, dtype=dtype)
         s = DECODE.default_schedule("sm_90", p)
@@ -700,7 +744,11 @@ def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm()
     for p in (dataclasses.replace(base, batch=132), dataclasses.replace(base, batch=529),
               dataclasses.replace(base, head_dim=128), dataclasses.replace(base, head_dim=32),
               dataclasses.replace(base, seqlen_k=SHORT_CACHE_MIN_KEYS - 1),
-              dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS), _window(base, 1000),
+              dataclasses.replace(base, seqlen_k=SHORT_CACHE_WAVE_MAX_KEYS),
+              dataclasses.replace(base, batch=265, seqlen_k=PART_WAVE_MIN_KEYS),
+              dataclasses.replace(base, batch=500, seqlen_k=PART_WAVE_MIN_KEYS),
+              dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS, head_dim=96),
+              _window(base, 1000),
               *_outside_the_wave_rules(base)[2:]):
         assert DECODE.default_schedule("sm_90", p).occupancy not in (3, 4), p.describe()
     for arch in ("sm_80", "sm_100", "sm_120"):
@@ -736,7 +784,8 @@ def test_rows_short_of_a_wave_or_within_a_third_cta_run_three_ctas_an_sm():
               _problem(batch=68, seqlen_k=5000, head_dim=128),  # 544 rows
               _problem(batch=88, seqlen_k=5000, head_dim=128),  # 704 rows
               _problem(batch=36, seqlen_k=5000, head_dim=128),  # 288 rows: three splits
-              dataclasses.replace(base, head_dim=64),
+              # (D 64 short of 6000 keys: the short-cache rule's three CTAs, 128-key steps)
+              dataclasses.replace(base, head_dim=64, seqlen_k=6000),
               dataclasses.replace(base, head_dim=96),
               dataclasses.replace(base, seqlen_q=8),  # 32-row tiles
               *_outside_the_wave_rules(base, window=False)):
@@ -827,7 +876,7 @@ def test_shorter_heads_run_three_ctas_an_sm_past_a_wave_of_two():
                 1, THIRD_CTA_OCCUPANCY, step, 2, 2), (p.describe(), s)
     assert THIRD_CTA_STEP == 64
     base = _problem(batch=45, seqlen_k=5000, head_dim=64)  # 360 rows
-    for p in (_problem(batch=27, seqlen_k=5000, head_dim=64),  # 216 rows
+    for p in (_problem(batch=27, seqlen_k=6000, head_dim=64),  # 216 rows (shorter: short-cache)
               _problem(batch=30, seqlen_k=5000, head_dim=96),  # 240 rows
               _problem(batch=55, seqlen_k=5000, head_dim=96),  # 440 rows
               _problem(batch=55, seqlen_k=5000, head_dim=64),

@@ -141,7 +141,7 @@ def test_every_shipped_row_names_every_field():
     table = Path(tiledattention.__file__).parent / "pretuned" / "sm_90.json"
     rows = list(db.load_rows_file(table, CODECS))
     assert {r.family for r in rows} == {"forward", "decode", "backward"}
-    assert len(rows) == len(json.loads(table.read_text())["rows"]) >= 178  # none skipped
+    assert len(rows) == len(json.loads(table.read_text())["rows"]) >= 177  # none skipped
 
 
 def test_import_refuses_a_row_whose_schedule_lacks_tile_m(tmp_path):

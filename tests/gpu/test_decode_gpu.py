@@ -259,6 +259,42 @@ def test_d128_rows_short_of_the_sms_split_for_a_wave_of_three_ctas(shape):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(9, 64, 8, 25003, "bf16", False, 7),
+                                   (25, 8, 2, 35001, "fp16", True, 10),
+                                   (3, 48, 16, 20011, "bf16", False, 11)],
+                         ids=["72-rows", "50-rows-sinks-fp16", "48-rows-group-3"])
+def test_d128_fill_splits_run_one_wave_of_four_ctas(shape):
+    """The default of D 128 rows the fill rules split for two CTAs an SM, over 10000+ keys
+    (4 x SMs // rows splits at four CTAs an SM, 32-key steps, loads four ahead, NaN-poisoned
+    output): as close to the float32 reference as the two-CTA splits it replaced, over caches
+    of odd lengths."""
+    b, hq, hkv, sk, dtype, sinks, splits = shape
+    problem = _one_query(b, hq, hkv, sk, 128, dtype, sinks, 0)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.splits, default.occupancy, default.tile_n, default.k_latency) == (
+        splits, 4, 32, 4)
+    rows = b * hkv
+    _as_close_as(problem, default, default.replace(splits=2 * 132 // rows, occupancy=2,
+                                                   tile_n=128, k_latency=2, v_latency=2))
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(24, 40, 8, 3267, 64, "bf16", False),
+                                   (22, 40, 8, 4401, 48, "fp16", True),
+                                   (140, 8, 1, 5999, 64, "bf16", False)],
+                         ids=["192-rows", "176-rows-d48-sinks-fp16", "140-rows-mqa"])
+def test_short_heads_within_a_wave_of_two_over_mid_caches_run_three_ctas(shape):
+    """The default of D 33-64 rows within a wave of two CTAs an SM (133-264) over 3000-5999
+    keys (one split at three CTAs an SM, 128-key steps, NaN-poisoned output): as close to the
+    float32 reference as the 256-key steps at two CTAs an SM it replaced, odd lengths."""
+    b, hq, hkv, sk, d, dtype, sinks = shape
+    problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, 0)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.splits, default.occupancy, default.tile_n) == (1, 3, 128)
+    _as_close_as(problem, default, default.replace(occupancy=2, tile_n=256))
+
+
+@gpu
 @pytest.mark.parametrize("shape", [(23, 16, 4, 5001, 128, "bf16", False),
                                    (6, 16, 16, 4099, 96, "fp16", False),
                                    (33, 12, 3, 7777, 128, "bf16", True)],

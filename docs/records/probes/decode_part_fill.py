@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tiledattention as ta
 from tiledattention.kernels.decode import layout
 from tiledattention.core._compile import SM_COUNTS
-from tiledattention.kernels.decode._defaults import TAIL_MAX_SPLITS
+from tiledattention.kernels.decode._defaults import PART_WAVE_MIN_KEYS, TAIL_MAX_SPLITS
 from tiledattention.kernels.decode._launch import rows_past_waves
 from tuner.measure import time_interleaved
 
@@ -67,17 +67,38 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
                (90, 16, 1, 20000, 128, "bf16"), (47, 16, 2, 60000, 128, "fp16")),
           11: ((11, 64, 8, 25000, 128, "fp16"), (98, 8, 1, 16000, 128, "bf16"),
                (23, 32, 4, 45000, 128, "bf16"), (101, 8, 1, 12000, 128, "bf16"),
-               (31, 24, 3, 70000, 128, "fp16"), (45, 16, 2, 11000, 128, "bf16"))}
+               (31, 24, 3, 70000, 128, "fp16"), (45, 16, 2, 11000, 128, "bf16")),
+          12: ((8, 56, 8, 15287, 128, "bf16"), (6, 12, 12, 43094, 128, "bf16"),
+               (4, 16, 16, 13325, 128, "bf16"), (3, 16, 16, 40000, 128, "fp16"),
+               (10, 32, 8, 20000, 128, "bf16"), (7, 40, 8, 30000, 128, "fp16"),
+               (15, 64, 8, 12000, 128, "bf16"), (110, 8, 1, 20000, 128, "bf16"),
+               (2, 32, 8, 60000, 128, "bf16"), (4, 32, 8, 24000, 128, "bf16"),
+               (84, 8, 1, 12000, 128, "fp16"), (26, 16, 4, 25000, 128, "bf16")),
+          13: ((24, 40, 8, 3266, 64, "bf16"), (20, 32, 8, 4000, 64, "bf16"),
+               (36, 28, 4, 5000, 64, "fp16"), (28, 32, 8, 3500, 64, "bf16"),
+               (45, 16, 4, 4500, 64, "bf16"), (17, 64, 8, 5500, 64, "bf16"),
+               (32, 56, 7, 3100, 64, "fp16"), (21, 40, 8, 4200, 96, "bf16"),
+               (50, 12, 4, 3800, 80, "bf16"), (250, 8, 1, 4000, 64, "bf16")),
+          14: ((9, 64, 8, 6000, 128, "bf16"), (25, 8, 2, 8000, 128, "fp16"),
+               (70, 16, 1, 4000, 128, "bf16"), (3, 48, 16, 9000, 128, "bf16"),
+               (10, 32, 8, 20000, 96, "bf16"), (6, 40, 8, 30000, 96, "fp16"),
+               (17, 16, 2, 40000, 80, "bf16"), (9, 64, 8, 25000, 64, "bf16"),
+               (70, 8, 1, 12000, 64, "fp16"), (48, 8, 1, 30000, 64, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
 FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
          3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
-         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),)}
+         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 13: ((3, 2),)}
 #: sweeps 9-11 (89-102 rows): (splits, CTAs an SM, key step, K and V loads ahead)
 SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 64, 2, 2),
               (11, 1, 128, 3, 2)),
           10: ((4, 3, 64, 2, 2), (4, 3, 64, 4, 4), (3, 3, 64, 2, 2), (8, 3, 64, 2, 2),
                (11, 3, 64, 2, 2), (11, 1, 128, 3, 2)),
-          11: ((3, 3, 64, 2, 2), (4, 3, 64, 2, 2), (11, 1, 128, 3, 2))}
+          11: ((3, 3, 64, 2, 2), (4, 3, 64, 2, 2), (11, 1, 128, 3, 2)),
+          13: ((1, 3, 128, 2, 2), (1, 3, 64, 2, 2), (2, 3, 128, 2, 2), (1, 4, 128, 2, 2))}
+#: sweep 12 (D 128 rows short of the SMs): (CTAs an SM, key step, K and V loads ahead), split
+#: for one wave of that many CTAs an SM (CTAs x SMs // rows splits)
+WAVES = {12: ((3, 64, 2, 2), (2, 128, 2, 2), (1, 128, 3, 2), (4, 32, 4, 4)),
+         14: ((4, 32, 4, 4), (4, 64, 2, 2), (3, 64, 2, 2), (3, 128, 2, 2))}
 #: sweeps 7 and 8: (key step, K and V loads ahead) at one CTA an SM
 DEPTHS = {7: ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (64, 8, 8)),
           8: ((128, 3, 2), (128, 4, 2), (128, 5, 2), (128, 4, 3), (128, 6, 3), (128, 3, 1))}
@@ -111,7 +132,20 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
                    (1, 64, 8, 100000, 128, "bf16"), (9, 16, 2, 45000, 128, "bf16"),
                    (3, 48, 8, 36000, 128, "fp16"), (14, 16, 4, 70000, 128, "bf16"),
                    (1, 128, 16, 33000, 128, "fp16"), (1, 32, 8, 32768, 128, "bf16"),
-                   (2, 32, 8, 40000, 128, "bf16"))}
+                   (2, 32, 8, 40000, 128, "bf16")),
+          "three": ((97, 8, 1, 14000, 128, "bf16"), (19, 40, 5, 25000, 128, "fp16"),
+                    (46, 16, 2, 18000, 128, "bf16"), (33, 24, 3, 30000, 128, "bf16"),
+                    (93, 16, 1, 12500, 128, "fp16"), (102, 8, 1, 20000, 128, "bf16"),
+                    (15, 48, 6, 40000, 128, "bf16")),
+          "fill4": ((9, 64, 8, 25000, 128, "bf16"), (17, 16, 4, 16000, 128, "fp16"),
+                    (11, 56, 7, 60000, 128, "bf16"), (86, 8, 1, 12000, 128, "bf16"),
+                    (25, 8, 2, 35000, 128, "fp16"), (6, 64, 8, 70000, 128, "bf16"),
+                    (17, 16, 2, 50000, 128, "bf16"), (70, 16, 1, 10500, 128, "fp16"),
+                    (3, 48, 16, 20000, 128, "bf16")),
+          "short-wave": ((19, 56, 8, 3300, 64, "bf16"), (26, 32, 8, 5800, 64, "fp16"),
+                         (140, 8, 1, 4700, 64, "bf16"), (33, 28, 7, 3900, 64, "bf16"),
+                         (60, 16, 4, 5200, 64, "bf16"), (11, 48, 16, 3600, 64, "fp16"),
+                         (22, 40, 8, 4400, 48, "bf16"), (8, 32, 32, 3000, 64, "bf16"))}
 
 
 def before(problem, rule):
@@ -119,9 +153,11 @@ def before(problem, rule):
     ``SHORT_HEAD_SPLIT_MIN_KEYS``, ``LONG_SPLIT_MIN_KEYS`` or ``DEEP_STEP_SPLIT_MIN_KEYS`` past
     every cache; or for the tail form: three splits at two CTAs an SM below D 128)."""
     off = {"double": "SHORT_HEAD_SPLIT_MIN_KEYS", "deep": "LONG_SPLIT_MIN_KEYS",
-           "three": "DEEP_STEP_SPLIT_MIN_KEYS"}
+           "three": "DEEP_STEP_SPLIT_MIN_KEYS", "fill4": "FILL_FOURTH_CTA_MIN_KEYS"}
     if rule in off:
         return default_with(problem, **{off[rule]: 1 << 30})
+    if rule == "short-wave":
+        return default_with(problem, SHORT_CACHE_WAVE_MAX_KEYS=PART_WAVE_MIN_KEYS)
     if rule.startswith("tail"):
         old = default_with(problem, PART_FILL_MIN_KEYS=1 << 30)
         return old.replace(splits=3, combine="block_pdl") if problem.head_dim < 128 else old
@@ -142,7 +178,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
-    named = ("short", "four", "tail", "tail-held", "double", "deep")
+    named = ("short", "four", "tail", "tail-held", "double", "deep", "three", "fill4",
+             "short-wave")
     for name in named:
         ap.add_argument(f"--check-{name}", action="store_true")
     args = ap.parse_args()
@@ -150,7 +187,8 @@ def main():
         args, f"check_{n}".replace("-", "_"))), None))
     points = CHECKS[check] if check else SWEEPS[args.sweep]
     rule = check or {7: "deep", 8: "deep", 9: "three", 10: "three", 11: "three"}.get(
-        args.sweep, "part" if args.sweep in (1, 2, 5, 6) else "short")
+        args.sweep, {12: "fill4", 13: "short-wave", 14: "fill4"}.get(
+            args.sweep, "part" if args.sweep in (1, 2, 5, 6) else "short"))
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}
@@ -174,7 +212,13 @@ def main():
             forms[p][f"n{n} K{k} V{v}"] = old.replace(tile_n=n, k_latency=k, v_latency=v)
         for sp, o, n, k, v in SHAPES.get(args.sweep, ()):
             forms[p][f"s{sp} occ{o} n{n} K{k}"] = old.replace(
-                splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v, combine="block_pdl")
+                splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v,
+                combine="block_pdl" if sp > 1 else old.combine)
+        for o, n, k, v in WAVES.get(args.sweep, ()):
+            sp = max(1, min(o * SM_COUNTS["hopper"] // layout(p, old).rows, p.seqlen_k // 256))
+            forms[p][f"w{o} s{sp} n{n} K{k}"] = old.replace(
+                splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v,
+                combine="block_pdl" if sp > 1 else old.combine)
         if rule == "short":
             forms[p]["n64"] = old.replace(tile_n=64)
             forms[p]["n64 occ3"] = old.replace(tile_n=64, occupancy=3)

@@ -17,7 +17,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
            "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP",
            "FOURTH_CTA_MAX_ROWS_SHARE", "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP",
-           "FOURTH_CTA_LATENCY", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
+           "FOURTH_CTA_LATENCY", "FILL_FOURTH_CTA_MIN_KEYS", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR",
            "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_ONE_LOOP_LATENCY",
@@ -27,7 +27,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "LONG_SPLIT_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE", "DEEP_STEP_MIN_KEYS",
            "DEEP_STEP_SPLIT_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE",
            "PART_WAVE_MIN_KEYS", "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
-           "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
+           "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "SHORT_CACHE_WAVE_MAX_KEYS",
+           "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -198,6 +199,12 @@ THIRD_CTA_SHORT_HEAD_STEP = 128
 #: 400 rows (section 50); held out (section 51), six calls of 400-528 rows 1.00-1.08x on the GPU,
 #: cuDNN's time over ours 1.00-1.17; isolated 0.96-1.07x.
 SHORT_CACHE_MIN_KEYS = 800
+#: Within one wave of two CTAs an SM (133-264 rows on 132 SMs) that form reaches caches short
+#: of this many keys (from ``PART_WAVE_MIN_KEYS``; the three-split tail rule starts here). On an
+#: H100 (section 55 of the issue-49 record, ``decode_part_fill.py --sweep 13``, from a survey's
+#: B24 H40/8 D64 over 3266 keys at 0.94x cuDNN): 1.010-1.114x two CTAs an SM on eight D 64
+#: calls of 136-250 rows over 3100-5500 keys.
+SHORT_CACHE_WAVE_MAX_KEYS = 6000
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
 #: 1.017-1.034x at 400-480 rows (0.993x at 512, 1.003x at 528, two whole waves of two; 64-key
@@ -207,6 +214,13 @@ FOURTH_CTA_MAX_ROWS_SHARE = 3.75
 FOURTH_CTA_OCCUPANCY = 4
 FOURTH_CTA_STEP = 32
 FOURTH_CTA_LATENCY = 4
+#: On Hopper a D 128 cache that the fill rules split for two CTAs an SM (rows short of the SMs)
+#: over ``FILL_FOURTH_CTA_MIN_KEYS`` keys or more splits for one wave of four instead, in that
+#: form (4 x SMs // rows splits, 32-key steps, loads four ahead). On an H100 (section 55 of the
+#: issue-49 record, ``decode_part_fill.py --sweep 12``): 1.046-1.073x on four calls of 48-84
+#: rows over 12000-43094 keys; where the cache rule's splits already fill the SMs at one CTA
+#: each, 0.985-1.011x (not taken).
+FILL_FOURTH_CTA_MIN_KEYS = 10000
 #: One split at two CTAs an SM at head dims of 33-127 whose rows pass whole waves (of two CTAs
 #: an SM) by at most this share of a wave (529-580, 793-897, ... rows on an H200; the rows past
 #: a wave of two and the three-CTA bands take the rules above) splits only those last rows
@@ -547,6 +561,14 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
         # a D <= 64 split (256-key steps) alone on its SM: more splits at two CTAs an SM
         splits = min(SHORT_HEAD_SPLIT_FACTOR * splits, split_cap)
         occupancy = FULL_GPU_OCCUPANCY
+    if (gen == "hopper" and plain and problem.head_dim == 128 and tile_m == 16 and splits > 1
+            and occupancy == FULL_GPU_OCCUPANCY and rows < sms
+            and keys >= FILL_FOURTH_CTA_MIN_KEYS):
+        # the fill rules' splits at two CTAs an SM: one wave of four instead
+        return base.replace(splits=min(FOURTH_CTA_OCCUPANCY * sms // rows, split_cap),
+                            occupancy=FOURTH_CTA_OCCUPANCY, tile_n=FOURTH_CTA_STEP,
+                            k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY,
+                            combine="block_pdl")
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
             and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
             and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
@@ -562,7 +584,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
                         and tile_m == 16)
     if (hopper_one_split and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
-            and SHORT_CACHE_MIN_KEYS <= keys < PART_WAVE_MIN_KEYS
+            and SHORT_CACHE_MIN_KEYS <= keys < (SHORT_CACHE_WAVE_MAX_KEYS
+                                                if rows <= FULL_GPU_OCCUPANCY * sms
+                                                else PART_WAVE_MIN_KEYS)
             and sms < rows <= FOURTH_CTA_OCCUPANCY * sms):
         # short walks: a third CTA an SM (a fourth past a wave of three) keeps the SMs
         # streaming while CTAs start and end
