@@ -457,7 +457,7 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     assert FILL_MAX_ROWS_SHARE * 132 >= 88
     # (caches short of FILL_FOURTH_CTA_MIN_KEYS: longer ones split for four CTAs an SM)
     for batch, splits in ((9, 3), (11, 3), (10, 3)):  # 72, 88 and 80 rows of H 32/8
-        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=9000,
+        s = DECODE.default_schedule("sm_90", _problem(batch=batch, seqlen_k=3500,
                                                       head_dim=128))
         assert (s.splits, s.occupancy, s.combine) == (splits, FULL_GPU_OCCUPANCY, "block_pdl")
         assert s.splits * batch * 8 <= FULL_GPU_OCCUPANCY * 132  # every CTA resident at once
@@ -467,7 +467,7 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
     one = DECODE.default_schedule("sm_90", _problem(batch=12, seqlen_k=9000,
                                                     head_dim=128))  # 96 rows (a short cache)
     assert (one.splits, one.occupancy) == (1, 1)
-    two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=9000,
+    two = DECODE.default_schedule("sm_90", _problem(batch=6, seqlen_k=3500,
                                                     head_dim=128))  # 48 rows: the rule's two
     # splits fill 96 SMs, a fifth or more idle (FILL_MAX_CTAS_SHARE): two CTAs an SM too
     assert (two.splits, two.occupancy) == (5, FULL_GPU_OCCUPANCY)
@@ -495,39 +495,42 @@ def test_the_cache_rules_splits_short_of_the_sms_split_for_two_ctas_an_sm():
     assert 102 <= FILL_MAX_CTAS_SHARE * 132 < 104
     for batch in (45, 48, 51, 34):  # multi-query rows: one a batch entry
         s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=8, heads_kv=1,
-                                                      seqlen_k=9000, head_dim=128))
+                                                      seqlen_k=3500, head_dim=128))
         assert (s.splits, s.occupancy) == (FULL_GPU_OCCUPANCY * 132 // batch,
                                            FULL_GPU_OCCUPANCY), (batch, s)
     for batch in (52, 66, 33):
         s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=8, heads_kv=1,
-                                                      seqlen_k=9000, head_dim=128))
+                                                      seqlen_k=3500, head_dim=128))
         assert (s.splits, s.occupancy) == (132 // batch, 1), (batch, s)
-    base = _problem(batch=6, heads_q=64, heads_kv=8, seqlen_k=9000, head_dim=128)  # 48 rows
+    base = _problem(batch=6, heads_q=64, heads_kv=8, seqlen_k=3500, head_dim=128)  # 48 rows
     assert DECODE.default_schedule("sm_90", base).occupancy == FULL_GPU_OCCUPANCY
     for p in (dataclasses.replace(base, head_dim=256),  # (an FP8 cache has a rule of its own)
-              dataclasses.replace(base, causal=True, bottom_right=True, window_left=8000,
-                                  window_right=0)):
+              dataclasses.replace(base, seqlen_k=12000, causal=True, bottom_right=True,
+                                  window_left=8000, window_right=0)):
         s = DECODE.default_schedule("sm_90", p)
         assert s.splits != FULL_GPU_OCCUPANCY * 132 // 48, (p, s)
     assert DECODE.default_schedule("sm_80", base).occupancy == 1
 
 
-def test_d128_fill_splits_over_long_caches_run_one_wave_of_four_ctas_an_sm(monkeypatch):
+def test_d128_fill_splits_run_one_wave_of_four_ctas_an_sm(monkeypatch):
     """Hopper, D 128, 16-row tiles, a contiguous 16-bit cache of ``FILL_FOURTH_CTA_MIN_KEYS``
     keys or more that the fill rules split for two CTAs an SM (34, 45-51 and 67-88 rows):
     4 x SMs // rows splits at four CTAs an SM, 32-key steps, loads four ahead, merged as a
-    dependent, no stack (1.052-1.102x on nine held-out calls, H100; section 55 of the issue-49
-    record). Shorter caches, rows the cache rule's splits fill (52-66, 96), D 96 and 64,
-    windows, softcaps, paged and FP8 caches and the other generations keep theirs."""
+    dependent, no stack, where each split takes ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys or more
+    (H100, section 55 of the issue-49 record). Shorter caches or splits, rows the cache rule's
+    splits fill (52-66, 96), D 96 and 64, windows, softcaps, paged and FP8 caches and the other
+    generations keep theirs."""
     from tiledattention.kernels.decode import _defaults
     from tiledattention.kernels.decode._defaults import (FILL_FOURTH_CTA_MIN_KEYS,
+                                                         FILL_FOURTH_CTA_SPLIT_KEYS,
                                                          FOURTH_CTA_LATENCY,
                                                          FOURTH_CTA_OCCUPANCY, FOURTH_CTA_STEP)
 
-    assert (FILL_FOURTH_CTA_MIN_KEYS, FOURTH_CTA_STEP, FOURTH_CTA_LATENCY) == (10000, 32, 4)
+    assert (FILL_FOURTH_CTA_MIN_KEYS, FILL_FOURTH_CTA_SPLIT_KEYS) == (4000, 512)
+    assert (FOURTH_CTA_STEP, FOURTH_CTA_LATENCY) == (32, 4)
     for batch, heads_q, heads_kv, keys, dtype, rows in (
-            (9, 64, 8, FILL_FOURTH_CTA_MIN_KEYS, "bf16", 72), (6, 12, 12, 43094, "bf16", 72),
-            (25, 8, 2, 35000, "fp16", 50), (34, 8, 1, 50000, "bf16", 34),
+            (9, 64, 8, 43094, "bf16", 72), (10, 32, 8, FILL_FOURTH_CTA_MIN_KEYS, "bf16", 80),
+            (25, 8, 2, 35000, "fp16", 50), (34, 8, 1, 15 * 512, "bf16", 34),
             (88, 8, 1, 12000, "fp16", 88), (3, 48, 16, 20000, "bf16", 48)):
         p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
                      head_dim=128, dtype=dtype)
@@ -537,11 +540,15 @@ def test_d128_fill_splits_over_long_caches_run_one_wave_of_four_ctas_an_sm(monke
     split = _build(p, s).resources()[0]  # the split kernel
     assert split.stack_bytes == 0 and FOURTH_CTA_OCCUPANCY * split.shared_bytes <= 228 * 1024
     base = _problem(batch=9, heads_q=64, heads_kv=8, seqlen_k=25000, head_dim=128)
-    others = [(arch, base) for arch in ("sm_80", "sm_100", "sm_120")] + [("sm_90", p) for p in (
-        dataclasses.replace(base, seqlen_k=FILL_FOURTH_CTA_MIN_KEYS - 1),
-        dataclasses.replace(base, head_dim=96), dataclasses.replace(base, head_dim=64),
-        dataclasses.replace(base, batch=7), dataclasses.replace(base, batch=12),
-        _window(base, 20000), *_outside_the_wave_rules(base)[2:])]
+    # 80 rows: split for two CTAs an SM on sm_100's 148 SMs too
+    hopper = (dataclasses.replace(base, seqlen_k=FILL_FOURTH_CTA_MIN_KEYS - 1),
+              _problem(batch=34, heads_q=8, heads_kv=1, seqlen_k=15 * 512 - 1, head_dim=128),
+              dataclasses.replace(base, head_dim=96), dataclasses.replace(base, head_dim=64),
+              dataclasses.replace(base, batch=7), dataclasses.replace(base, batch=12),
+              _window(base, 20000), *_outside_the_wave_rules(base)[2:])
+    others = [(arch, p) for arch in ("sm_80", "sm_100", "sm_120")
+              for p in (base, dataclasses.replace(base, batch=10, heads_q=32))]
+    others += [("sm_90", p) for p in hopper]
     kept = [DECODE.default_schedule(arch, p) for arch, p in others]
     assert all(s.occupancy != FOURTH_CTA_OCCUPANCY for s in kept), kept
     monkeypatch.setattr(_defaults, "FILL_FOURTH_CTA_MIN_KEYS", 1 << 30)  # the rule off

@@ -1,10 +1,11 @@
 """Contiguous decode schedules beside cuDNN, whence the rules of
-``kernels/decode/_defaults.py`` (sections 49-54 of ``docs/records/benchmarks/paged/issue49/
-README.md``): sweeps 1-2 and ``--check`` ``PART_FILL_*``; 3-4, ``--check-short`` and
-``--check-four`` ``SHORT_CACHE_MIN_KEYS``; 5-6 and ``--check-tail(-held)`` the tail form;
-``--check-double`` ``SHORT_HEAD_SPLIT_*``; 7-8 and ``--check-deep`` ``LONG_SPLIT_*``; 9-11
-``DEEP_STEP_SPLIT_MIN_KEYS``. A check times the rule's default against the one before (GPU,
-isolated). Interleaved, medians of 15, L2 flushed.
+``kernels/decode/_defaults.py`` (sections 49-55 of ``docs/records/benchmarks/paged/issue49/
+README.md``): sweeps 1-2 and ``--check`` ``PART_FILL_*``; 3-4, ``--check-short``, ``-four``
+``SHORT_CACHE_MIN_KEYS``; 5-6, ``--check-tail(-held)`` the tail form; ``--check-double``
+``SHORT_HEAD_SPLIT_*``; 7-8, ``--check-deep`` ``LONG_SPLIT_*``; 9-11, ``--check-three``
+``DEEP_STEP_SPLIT_MIN_KEYS``; 12, 14, ``--check-fill4(-short, -held)`` ``FILL_FOURTH_CTA_*``;
+13, ``--check-short-wave`` ``SHORT_CACHE_WAVE_MAX_KEYS``. A check times the rule's default
+against the one before (GPU, isolated). Interleaved, medians of 15, L2 flushed.
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
 """
@@ -103,6 +104,9 @@ WAVES = {12: ((3, 64, 2, 2), (2, 128, 2, 2), (1, 128, 3, 2), (4, 32, 4, 4)),
 DEPTHS = {7: ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (64, 8, 8)),
           8: ((128, 3, 2), (128, 4, 2), (128, 5, 2), (128, 4, 3), (128, 6, 3), (128, 3, 1))}
 FORMS[2] = FORMS[1]
+#: each sweep's rule (``before``), "part" if not named
+RULES = {3: "short", 4: "short", 7: "deep", 8: "deep", 9: "three", 10: "three", 11: "three",
+         12: "fill4", 13: "short-wave", 14: "fill4"}
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
                    (44, 16, 4, 9000, 96, "fp16"), (2, 80, 80, 40000, 64, "bf16"),
@@ -142,6 +146,14 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
                     (25, 8, 2, 35000, 128, "fp16"), (6, 64, 8, 70000, 128, "bf16"),
                     (17, 16, 2, 50000, 128, "bf16"), (70, 16, 1, 10500, 128, "fp16"),
                     (3, 48, 16, 20000, 128, "bf16")),
+          "fill4-short": ((11, 32, 8, 5000, 128, "bf16"), (45, 8, 1, 4500, 128, "bf16"),
+                          (9, 32, 8, 9500, 128, "fp16"), (34, 16, 1, 6500, 128, "bf16"),
+                          (3, 64, 16, 4200, 128, "bf16"), (76, 8, 1, 8000, 128, "bf16"),
+                          (17, 56, 4, 5500, 128, "fp16")),
+          "fill4-held": ((47, 8, 1, 6100, 128, "bf16"), (12, 16, 4, 7200, 128, "fp16"),
+                         (17, 32, 2, 8000, 128, "bf16"), (80, 8, 1, 4100, 128, "bf16"),
+                         (9, 56, 8, 4400, 128, "fp16"), (50, 8, 1, 5200, 128, "bf16"),
+                         (3, 64, 16, 6000, 128, "fp16")),
           "short-wave": ((19, 56, 8, 3300, 64, "bf16"), (26, 32, 8, 5800, 64, "fp16"),
                          (140, 8, 1, 4700, 64, "bf16"), (33, 28, 7, 3900, 64, "bf16"),
                          (60, 16, 4, 5200, 64, "bf16"), (11, 48, 16, 3600, 64, "fp16"),
@@ -149,21 +161,19 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
 
 
 def before(problem, rule):
-    """The default before ``rule`` (``PART_FILL_MAX_ROWS_SHARE`` 0; ``SHORT_CACHE_MIN_KEYS``,
-    ``SHORT_HEAD_SPLIT_MIN_KEYS``, ``LONG_SPLIT_MIN_KEYS`` or ``DEEP_STEP_SPLIT_MIN_KEYS`` past
-    every cache; or for the tail form: three splits at two CTAs an SM below D 128)."""
+    """The default before ``rule``: its constant past every cache (the short-cache rule's wave
+    bound at ``PART_WAVE_MIN_KEYS``); for the tail form, three splits at two CTAs an SM below
+    D 128."""
     off = {"double": "SHORT_HEAD_SPLIT_MIN_KEYS", "deep": "LONG_SPLIT_MIN_KEYS",
-           "three": "DEEP_STEP_SPLIT_MIN_KEYS", "fill4": "FILL_FOURTH_CTA_MIN_KEYS"}
-    if rule in off:
-        return default_with(problem, **{off[rule]: 1 << 30})
+           "three": "DEEP_STEP_SPLIT_MIN_KEYS", "fill4": "FILL_FOURTH_CTA_MIN_KEYS",
+           "short": "SHORT_CACHE_MIN_KEYS", "four": "SHORT_CACHE_MIN_KEYS",
+           "part": "PART_FILL_MIN_KEYS", "tail": "PART_FILL_MIN_KEYS"}
     if rule == "short-wave":
         return default_with(problem, SHORT_CACHE_WAVE_MAX_KEYS=PART_WAVE_MIN_KEYS)
-    if rule.startswith("tail"):
-        old = default_with(problem, PART_FILL_MIN_KEYS=1 << 30)
-        return old.replace(splits=3, combine="block_pdl") if problem.head_dim < 128 else old
-    if rule == "part":
-        return default_with(problem, PART_FILL_MAX_ROWS_SHARE=0)
-    return default_with(problem, SHORT_CACHE_MIN_KEYS=1 << 30)
+    old = default_with(problem, **{off[rule.split("-")[0]]: 1 << 30})
+    if rule.startswith("tail") and problem.head_dim < 128:
+        return old.replace(splits=3, combine="block_pdl")
+    return old
 
 
 def cudnn(case):
@@ -179,16 +189,14 @@ def main():
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
     named = ("short", "four", "tail", "tail-held", "double", "deep", "three", "fill4",
-             "short-wave")
+             "fill4-short", "fill4-held", "short-wave")
     for name in named:
         ap.add_argument(f"--check-{name}", action="store_true")
     args = ap.parse_args()
     check = ("part" if args.check else next((n for n in named if getattr(
         args, f"check_{n}".replace("-", "_"))), None))
     points = CHECKS[check] if check else SWEEPS[args.sweep]
-    rule = check or {7: "deep", 8: "deep", 9: "three", 10: "three", 11: "three"}.get(
-        args.sweep, {12: "fill4", 13: "short-wave", 14: "fill4"}.get(
-            args.sweep, "part" if args.sweep in (1, 2, 5, 6) else "short"))
+    rule = check or RULES.get(args.sweep, "part")
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}

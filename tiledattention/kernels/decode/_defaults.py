@@ -17,7 +17,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
            "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP",
            "FOURTH_CTA_MAX_ROWS_SHARE", "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP",
-           "FOURTH_CTA_LATENCY", "FILL_FOURTH_CTA_MIN_KEYS", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
+           "FOURTH_CTA_LATENCY", "FILL_FOURTH_CTA_MIN_KEYS",
+           "FILL_FOURTH_CTA_SPLIT_KEYS", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR",
            "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_ONE_LOOP_LATENCY",
@@ -216,11 +217,16 @@ FOURTH_CTA_STEP = 32
 FOURTH_CTA_LATENCY = 4
 #: On Hopper a D 128 cache that the fill rules split for two CTAs an SM (rows short of the SMs)
 #: over ``FILL_FOURTH_CTA_MIN_KEYS`` keys or more splits for one wave of four instead, in that
-#: form (4 x SMs // rows splits, 32-key steps, loads four ahead). On an H100 (section 55 of the
-#: issue-49 record, ``decode_part_fill.py --sweep 12``): 1.046-1.073x on four calls of 48-84
-#: rows over 12000-43094 keys; where the cache rule's splits already fill the SMs at one CTA
-#: each, 0.985-1.011x (not taken).
-FILL_FOURTH_CTA_MIN_KEYS = 10000
+#: form (4 x SMs // rows splits, 32-key steps, loads four ahead), where each split takes at
+#: least ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys. On an H100 (section 55 of the issue-49 record,
+#: ``decode_part_fill.py``): 1.019-1.073x on eight swept calls of 48-84 rows over 4000-43094
+#: keys (``--sweep 12``, ``--sweep 14``), 1.052-1.102x on nine held out over 10000-70000
+#: (``--check-fill4``), 1.044-1.099x on four of 67-88 rows over 5000-9500
+#: (``--check-fill4-short``), where 34-48 rows split 11-15 ways over 4200-6500 keys (382-433
+#: keys a split) ran 0.986-1.003x; where the cache rule's splits already fill the SMs at one
+#: CTA each, 0.985-1.011x (not taken); D 80-96 0.990-0.995x, D 64 0.88-0.92x.
+FILL_FOURTH_CTA_MIN_KEYS = 4000
+FILL_FOURTH_CTA_SPLIT_KEYS = 512
 #: One split at two CTAs an SM at head dims of 33-127 whose rows pass whole waves (of two CTAs
 #: an SM) by at most this share of a wave (529-580, 793-897, ... rows on an H200; the rows past
 #: a wave of two and the three-CTA bands take the rules above) splits only those last rows
@@ -416,7 +422,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     an SM instead (:data:`FILL_MAX_ROWS_SHARE`; with 256-key steps wherever one split leaves an
     SM idle; not with a softcap above D 128, whose split kernel keeps stack); so does one whose
     rule gives two splits or more that fill at most :data:`FILL_MAX_CTAS_SHARE` of the SMs (D
-    <= 128, no window). Rows above that share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs
+    <= 128, no window); on Hopper a D 128 cache of :data:`FILL_FOURTH_CTA_MIN_KEYS` keys or
+    more that these two rules split runs one wave of four CTAs an SM instead. Rows above that
+    share up to :data:`DEEP_STEP_MAX_ROWS_SHARE` of the SMs
     (one split, each CTA alone on its SM) walk 256-key steps with each load one step ahead at
     D 65-128 (on Hopper at D 128 over :data:`DEEP_STEP_SPLIT_MIN_KEYS` keys, splits for one wave
     of three CTAs an SM instead); on Hopper, one split at D 128 whose rows fill from
@@ -433,8 +441,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     a CTA an SM and split the rest to fill a second (``tail_rows``); a D <= 64 cache split for
     one CTA an SM takes :data:`SHORT_HEAD_SPLIT_FACTOR` times the splits at two, a D 128 one
     over :data:`LONG_SPLIT_MIN_KEYS` keys loads its keys :data:`LONG_SPLIT_K_LATENCY` ahead; at D
-    33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` whose
-    rows pass the SMs, up to a wave of four CTAs an SM, run one split at three CTAs an SM (four
+    33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` (within a
+    wave of two CTAs an SM, :data:`SHORT_CACHE_WAVE_MAX_KEYS`) whose rows pass the SMs, up
+    to a wave of four CTAs an SM, run one split at three CTAs an SM (four
     past a wave of three) with 128-key steps (both over a contiguous 16-bit cache, no window
     or softcap).
 
@@ -564,11 +573,13 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     if (gen == "hopper" and plain and problem.head_dim == 128 and tile_m == 16 and splits > 1
             and occupancy == FULL_GPU_OCCUPANCY and rows < sms
             and keys >= FILL_FOURTH_CTA_MIN_KEYS):
-        # the fill rules' splits at two CTAs an SM: one wave of four instead
-        return base.replace(splits=min(FOURTH_CTA_OCCUPANCY * sms // rows, split_cap),
-                            occupancy=FOURTH_CTA_OCCUPANCY, tile_n=FOURTH_CTA_STEP,
-                            k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY,
-                            combine="block_pdl")
+        # the fill rules' splits at two CTAs an SM: one wave of four instead, where each split
+        # streams enough keys
+        fourth = min(FOURTH_CTA_OCCUPANCY * sms // rows, split_cap)
+        if keys >= FILL_FOURTH_CTA_SPLIT_KEYS * fourth:
+            return base.replace(splits=fourth, occupancy=FOURTH_CTA_OCCUPANCY,
+                                tile_n=FOURTH_CTA_STEP, k_latency=FOURTH_CTA_LATENCY,
+                                v_latency=FOURTH_CTA_LATENCY, combine="block_pdl")
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
             and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
             and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
