@@ -201,10 +201,9 @@ THIRD_CTA_SHORT_HEAD_STEP = 128
 #: cuDNN's time over ours 1.00-1.17; isolated 0.96-1.07x.
 SHORT_CACHE_MIN_KEYS = 800
 #: Within one wave of two CTAs an SM (133-264 rows on 132 SMs) that form reaches caches short
-#: of this many keys (from ``PART_WAVE_MIN_KEYS``; the three-split tail rule starts here). On an
-#: H100 (section 55 of the issue-49 record, ``decode_part_fill.py --sweep 13``, from a survey's
-#: B24 H40/8 D64 over 3266 keys at 0.94x cuDNN): 1.010-1.114x two CTAs an SM on eight D 64
-#: calls of 136-250 rows over 3100-5500 keys.
+#: of this many keys. On an H100 (section 55 of the issue-49 record): 1.010-1.114x two CTAs an
+#: SM on eight D 64 calls of 136-250 rows over 3100-5500 keys, held out 1.000-1.171x on eight
+#: (0.987-1.077x isolated).
 SHORT_CACHE_WAVE_MAX_KEYS = 6000
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
@@ -217,14 +216,12 @@ FOURTH_CTA_STEP = 32
 FOURTH_CTA_LATENCY = 4
 #: On Hopper a D 128 cache that the fill rules split for two CTAs an SM (rows short of the SMs)
 #: over ``FILL_FOURTH_CTA_MIN_KEYS`` keys or more splits for one wave of four instead, in that
-#: form (4 x SMs // rows splits, 32-key steps, loads four ahead), where each split takes at
-#: least ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys. On an H100 (section 55 of the issue-49 record,
+#: form (4 x SMs // rows splits, 32-key steps, loads four ahead), each split at least
+#: ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys. On an H100 (section 55 of the issue-49 record,
 #: ``decode_part_fill.py``): 1.019-1.073x on eight swept calls of 48-84 rows over 4000-43094
-#: keys (``--sweep 12``, ``--sweep 14``), 1.052-1.102x on nine held out over 10000-70000
-#: (``--check-fill4``), 1.044-1.099x on four of 67-88 rows over 5000-9500
-#: (``--check-fill4-short``), where 34-48 rows split 11-15 ways over 4200-6500 keys (382-433
-#: keys a split) ran 0.986-1.003x; where the cache rule's splits already fill the SMs at one
-#: CTA each, 0.985-1.011x (not taken); D 80-96 0.990-0.995x, D 64 0.88-0.92x.
+#: keys, held out 1.052-1.102x on nine over 10000-70000 and 1.044-1.099x on four over
+#: 5000-9500; 382-433 keys a split (34-48 rows over 4200-6500 keys) 0.986-1.003x; where the
+#: cache rule's splits fill the SMs at one CTA each 0.985-1.011x, D 80-96 0.99x (not taken).
 FILL_FOURTH_CTA_MIN_KEYS = 4000
 FILL_FOURTH_CTA_SPLIT_KEYS = 512
 #: One split at two CTAs an SM at head dims of 33-127 whose rows pass whole waves (of two CTAs
