@@ -264,8 +264,8 @@ def test_d128_rows_short_of_the_sms_split_for_a_wave_of_three_ctas(shape):
                                    (3, 48, 16, 20011, "bf16", False, 11)],
                          ids=["72-rows", "50-rows-sinks-fp16", "48-rows-group-3"])
 def test_d128_fill_splits_run_one_wave_of_four_ctas(shape):
-    """The default of D 128 rows the fill rules split for two CTAs an SM, over 10000+ keys
-    (4 x SMs // rows splits at four CTAs an SM, 32-key steps, loads four ahead, NaN-poisoned
+    """The default of D 128 rows the fill rules split for two CTAs an SM, over 4000+ keys (4 x
+    SMs // rows splits at four CTAs an SM, 32-key steps, loads four ahead, NaN-poisoned
     output): as close to the float32 reference as the two-CTA splits it replaced, over caches
     of odd lengths."""
     b, hq, hkv, sk, dtype, sinks, splits = shape
