@@ -219,7 +219,7 @@ FOURTH_CTA_LATENCY = 4
 #: form (4 x SMs // rows splits, 32-key steps, loads four ahead), each split at least
 #: ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys. On an H100 (section 55 of the issue-49 record,
 #: ``decode_part_fill.py``): 1.019-1.073x on eight swept calls of 48-84 rows over 4000-43094
-#: keys, held out 1.052-1.102x on nine over 10000-70000 and 1.044-1.099x on four over
+#: keys, held out 1.052-1.102x on nine over 10500-70000 and 1.044-1.099x on four over
 #: 5000-9500; 382-433 keys a split (34-48 rows over 4200-6500 keys) 0.986-1.003x; where the
 #: cache rule's splits fill the SMs at one CTA each 0.985-1.011x, D 80-96 0.99x (not taken).
 FILL_FOURTH_CTA_MIN_KEYS = 4000
