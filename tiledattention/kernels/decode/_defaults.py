@@ -220,8 +220,8 @@ FOURTH_CTA_LATENCY = 4
 #: ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys. On an H100 (section 55 of the issue-49 record,
 #: ``decode_part_fill.py``): 1.019-1.073x on eight swept calls of 48-84 rows over 4000-43094
 #: keys, held out 1.052-1.102x on nine over 10500-70000 and 1.044-1.099x on four over
-#: 5000-9500; 382-433 keys a split (34-48 rows over 4200-6500 keys) 0.986-1.003x; where the
-#: cache rule's splits fill the SMs at one CTA each 0.985-1.011x, D 80-96 0.99x (not taken).
+#: 5000-9500; 382-433 keys a split 0.986-1.003x; where one CTA an SM fills the SMs
+#: 0.985-1.011x, D 80-96 0.99x (not taken).
 FILL_FOURTH_CTA_MIN_KEYS = 4000
 FILL_FOURTH_CTA_SPLIT_KEYS = 512
 #: One split at two CTAs an SM at head dims of 33-127 whose rows pass whole waves (of two CTAs
@@ -404,6 +404,11 @@ def _tail_splits(tail: int, wave: int, most_splits: int) -> int:
     return min(TAIL_MAX_SPLITS, wave // tail, most_splits) if tail else 0
 
 
+def _one_wave(base: DecodeSchedule, ctas: int, splits: int, step: int) -> DecodeSchedule:
+    """``base`` in ``splits`` splits, one wave of ``ctas`` CTAs an SM, ``step``-key steps."""
+    return base.replace(splits=splits, occupancy=ctas, tile_n=step, combine="block_pdl")
+
+
 def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     """Per-architecture default: heads of a group packed into one tile, 128-key steps (256 on
     Hopper and data-centre Blackwell at head dims up to 64 over a contiguous cache of 2k keys or
@@ -570,22 +575,19 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     if (gen == "hopper" and plain and problem.head_dim == 128 and tile_m == 16 and splits > 1
             and occupancy == FULL_GPU_OCCUPANCY and rows < sms
             and keys >= FILL_FOURTH_CTA_MIN_KEYS):
-        # the fill rules' splits at two CTAs an SM: one wave of four instead, where each split
-        # streams enough keys
+        # the fill rules' splits: one wave of four CTAs an SM, each split long enough
         fourth = min(FOURTH_CTA_OCCUPANCY * sms // rows, split_cap)
         if keys >= FILL_FOURTH_CTA_SPLIT_KEYS * fourth:
-            return base.replace(splits=fourth, occupancy=FOURTH_CTA_OCCUPANCY,
-                                tile_n=FOURTH_CTA_STEP, k_latency=FOURTH_CTA_LATENCY,
-                                v_latency=FOURTH_CTA_LATENCY, combine="block_pdl")
+            return _one_wave(base, FOURTH_CTA_OCCUPANCY, fourth, FOURTH_CTA_STEP).replace(
+                k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY)
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
             and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
             and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
             and plain):
         if gen == "hopper" and problem.head_dim == 128 and keys >= DEEP_STEP_SPLIT_MIN_KEYS:
             # a D 128 cache long enough: split for one wave of three CTAs an SM instead
-            return base.replace(splits=min(THIRD_CTA_OCCUPANCY * sms // rows, split_cap),
-                                occupancy=THIRD_CTA_OCCUPANCY, tile_n=THIRD_CTA_STEP,
-                                combine="block_pdl")
+            return _one_wave(base, THIRD_CTA_OCCUPANCY,
+                             min(THIRD_CTA_OCCUPANCY * sms // rows, split_cap), THIRD_CTA_STEP)
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
     # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
