@@ -516,21 +516,24 @@ def test_d128_fill_splits_run_one_wave_of_four_ctas_an_sm(monkeypatch):
     """Hopper, D 128, 16-row tiles, a contiguous 16-bit cache of ``FILL_FOURTH_CTA_MIN_KEYS``
     keys or more that the fill rules split for two CTAs an SM (34, 45-51 and 67-88 rows):
     4 x SMs // rows splits at four CTAs an SM, 32-key steps, loads four ahead, merged as a
-    dependent, no stack, where each split takes ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys or more
-    (H100, section 55 of the issue-49 record). Shorter caches or splits, rows the cache rule's
-    splits fill (52-66, 96), D 96 and 64, windows, softcaps, paged and FP8 caches and the other
+    dependent, no stack, where each split takes ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys or more,
+    twice that past ``FILL_FOURTH_CTA_FEW_SPLITS`` splits (34-51 rows; H100 and H200, sections
+    55-56 of the issue-49 record). Shorter caches or splits, rows the cache rule's splits fill
+    (52-66, 96), D 96 and 64, windows, softcaps, paged and FP8 caches and the other
     generations keep theirs."""
     from tiledattention.kernels.decode import _defaults
-    from tiledattention.kernels.decode._defaults import (FILL_FOURTH_CTA_MIN_KEYS,
+    from tiledattention.kernels.decode._defaults import (FILL_FOURTH_CTA_FEW_SPLITS,
+                                                         FILL_FOURTH_CTA_MIN_KEYS,
                                                          FILL_FOURTH_CTA_SPLIT_KEYS,
                                                          FOURTH_CTA_LATENCY,
                                                          FOURTH_CTA_OCCUPANCY, FOURTH_CTA_STEP)
 
     assert (FILL_FOURTH_CTA_MIN_KEYS, FILL_FOURTH_CTA_SPLIT_KEYS) == (4000, 512)
-    assert (FOURTH_CTA_STEP, FOURTH_CTA_LATENCY) == (32, 4)
+    assert (FILL_FOURTH_CTA_FEW_SPLITS, FOURTH_CTA_STEP, FOURTH_CTA_LATENCY) == (8, 32, 4)
     for batch, heads_q, heads_kv, keys, dtype, rows in (
             (9, 64, 8, 43094, "bf16", 72), (10, 32, 8, FILL_FOURTH_CTA_MIN_KEYS, "bf16", 80),
-            (25, 8, 2, 35000, "fp16", 50), (34, 8, 1, 15 * 512, "bf16", 34),
+            (25, 8, 2, 35000, "fp16", 50), (34, 8, 1, 15 * 1024, "bf16", 34),
+            (67, 8, 1, 7 * 512 + 500, "bf16", 67), (48, 8, 1, 11 * 1024, "fp16", 48),
             (88, 8, 1, 12000, "fp16", 88), (3, 48, 16, 20000, "bf16", 48)):
         p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
                      head_dim=128, dtype=dtype)
@@ -542,7 +545,8 @@ def test_d128_fill_splits_run_one_wave_of_four_ctas_an_sm(monkeypatch):
     base = _problem(batch=9, heads_q=64, heads_kv=8, seqlen_k=25000, head_dim=128)
     # 80 rows: split for two CTAs an SM on sm_100's 148 SMs too
     hopper = (dataclasses.replace(base, seqlen_k=FILL_FOURTH_CTA_MIN_KEYS - 1),
-              _problem(batch=34, heads_q=8, heads_kv=1, seqlen_k=15 * 512 - 1, head_dim=128),
+              _problem(batch=34, heads_q=8, heads_kv=1, seqlen_k=15 * 1024 - 1, head_dim=128),
+              _problem(batch=48, heads_q=8, heads_kv=1, seqlen_k=11 * 1024 - 1, head_dim=128),
               dataclasses.replace(base, head_dim=96), dataclasses.replace(base, head_dim=64),
               dataclasses.replace(base, batch=7), dataclasses.replace(base, batch=12),
               _window(base, 20000), *_outside_the_wave_rules(base)[2:])
@@ -722,7 +726,8 @@ def test_rows_just_past_the_sms_run_one_wave_and_split_the_rest():
 
 def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm():
     """Hopper, D 33-64, a contiguous 16-bit cache of ``SHORT_CACHE_MIN_KEYS`` up to
-    ``PART_WAVE_MIN_KEYS`` keys (within a wave of two CTAs an SM, 133-264 rows, up to
+    ``PART_WAVE_MIN_KEYS`` keys (within a wave of two CTAs an SM past
+    ``SHORT_CACHE_WAVE_MIN_ROWS_SHARE`` of the SMs, 199-264 rows, up to
     ``SHORT_CACHE_WAVE_MAX_KEYS``; no window or softcap), rows past the SMs: one split, 128-key
     steps, no stack, three CTAs an SM to a wave of three (133-396 rows), four to a wave of four
     (397-528). 132 and 529 rows, D 128 or 32, other caches, windows, softcaps, pages, FP8
@@ -739,7 +744,7 @@ def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm()
             (397, 8, 1, 64, 1000, "bf16", 4), (200, 14, 2, 64, 950, "fp16", 4),
             (44, 36, 12, 48, 2999, "bf16", 4), (528, 8, 1, 64, 800, "fp16", 4),
             # within a wave of two CTAs an SM, caches up to SHORT_CACHE_WAVE_MAX_KEYS
-            (24, 40, 8, 64, 3266, "bf16", 3), (22, 40, 8, 48, 4400, "fp16", 3),
+            (25, 40, 8, 64, 3266, "bf16", 3), (199, 8, 1, 48, 4400, "fp16", 3),
             (264, 8, 1, 64, 5999, "bf16", 3)):
         p = _problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_k=keys,
                      head_dim=head_dim, dtype=dtype)
@@ -752,6 +757,7 @@ def test_short_caches_at_short_heads_past_the_sms_run_three_or_four_ctas_an_sm()
               dataclasses.replace(base, head_dim=128), dataclasses.replace(base, head_dim=32),
               dataclasses.replace(base, seqlen_k=SHORT_CACHE_MIN_KEYS - 1),
               dataclasses.replace(base, seqlen_k=SHORT_CACHE_WAVE_MAX_KEYS),
+              dataclasses.replace(base, batch=198, seqlen_k=PART_WAVE_MIN_KEYS),
               dataclasses.replace(base, batch=265, seqlen_k=PART_WAVE_MIN_KEYS),
               dataclasses.replace(base, batch=500, seqlen_k=PART_WAVE_MIN_KEYS),
               dataclasses.replace(base, seqlen_k=PART_WAVE_MIN_KEYS, head_dim=96),

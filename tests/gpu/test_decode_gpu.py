@@ -279,12 +279,12 @@ def test_d128_fill_splits_run_one_wave_of_four_ctas(shape):
 
 
 @gpu
-@pytest.mark.parametrize("shape", [(24, 40, 8, 3267, 64, "bf16", False),
-                                   (22, 40, 8, 4401, 48, "fp16", True),
-                                   (140, 8, 1, 5999, 64, "bf16", False)],
-                         ids=["192-rows", "176-rows-d48-sinks-fp16", "140-rows-mqa"])
+@pytest.mark.parametrize("shape", [(25, 40, 8, 3267, 64, "bf16", False),
+                                   (26, 40, 8, 4401, 48, "fp16", True),
+                                   (240, 8, 1, 5999, 64, "bf16", False)],
+                         ids=["200-rows", "208-rows-d48-sinks-fp16", "240-rows-mqa"])
 def test_short_heads_within_a_wave_of_two_over_mid_caches_run_three_ctas(shape):
-    """The default of D 33-64 rows within a wave of two CTAs an SM (133-264) over 3000-5999
+    """The default of D 33-64 rows within a wave of two CTAs an SM (199-264) over 3000-5999
     keys (one split at three CTAs an SM, 128-key steps, NaN-poisoned output): as close to the
     float32 reference as the 256-key steps at two CTAs an SM it replaced, odd lengths."""
     b, hq, hkv, sk, d, dtype, sinks = shape

@@ -1,13 +1,10 @@
 """Contiguous decode schedules beside cuDNN, whence the rules of
-``kernels/decode/_defaults.py`` (sections 49-55 of ``docs/records/benchmarks/paged/issue49/
-README.md``): sweeps 1-2 and ``--check`` ``PART_FILL_*``; 3-4, ``--check-short``, ``-four``
-``SHORT_CACHE_MIN_KEYS``; 5-6, ``--check-tail(-held)`` the tail form; ``--check-double``
-``SHORT_HEAD_SPLIT_*``; 7-8, ``--check-deep`` ``LONG_SPLIT_*``; 9-11, ``--check-three``
-``DEEP_STEP_SPLIT_MIN_KEYS``; 12, 14, ``--check-fill4(-short, -held)`` ``FILL_FOURTH_CTA_*``;
-13, ``--check-short-wave`` ``SHORT_CACHE_WAVE_MAX_KEYS``. A check times the rule's default
-against the one before (GPU, isolated). Interleaved, medians of 15, L2 flushed.
+``kernels/decode/_defaults.py`` (sections 49-56 of ``docs/records/benchmarks/paged/issue49/
+README.md``; ``RULES``: each sweep's rule, ``CHECKS``: each rule's held-out calls; sweeps 1-2
+at 6582740). A check times the rule's default against the one before (GPU, isolated).
+Interleaved, medians of 15, L2 flushed.
 
-    source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 1
+    source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 15
 """
 import argparse
 import sys
@@ -27,17 +24,7 @@ from compile_ahead import compile_ahead  # noqa: E402
 from paged_defaults import default_with  # noqa: E402
 
 # (batch, heads_q, heads_kv, keys, head dim, dtype)
-SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
-              (20, 8, 8, 20000, 64, "bf16"), (5, 32, 32, 12000, 64, "bf16"),
-              (36, 32, 4, 9000, 64, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
-              (10, 16, 16, 25000, 96, "bf16"), (16, 16, 16, 8730, 64, "bf16")),
-          2: ((7, 20, 20, 40000, 64, "fp16"), (34, 32, 4, 12000, 64, "bf16"),
-              (19, 8, 8, 30000, 80, "bf16"), (11, 14, 14, 20000, 96, "fp16"),
-              (21, 64, 8, 6000, 64, "bf16"), (45, 28, 4, 16000, 64, "bf16"),
-              (6, 32, 32, 10000, 64, "bf16"), (25, 8, 8, 15000, 96, "fp16"),
-              (14, 16, 16, 5000, 80, "bf16"), (4, 40, 40, 64000, 64, "bf16"),
-              (3, 48, 48, 4000, 64, "bf16"), (18, 64, 8, 20000, 128, "bf16")),
-          3: ((24, 32, 8, 1098, 64, "fp16"), (20, 32, 8, 1500, 64, "bf16"),
+SWEEPS = {3: ((24, 32, 8, 1098, 64, "fp16"), (20, 32, 8, 1500, 64, "bf16"),
               (40, 28, 4, 1200, 64, "bf16"), (24, 32, 8, 1800, 128, "bf16"),
               (36, 16, 4, 1000, 128, "fp16"), (48, 32, 8, 2000, 64, "bf16"),
               (8, 16, 16, 2973, 64, "bf16"), (12, 24, 12, 2500, 64, "bf16")),
@@ -84,10 +71,20 @@ SWEEPS = {1: ((12, 12, 12, 48589, 64, "bf16"), (9, 16, 16, 30000, 64, "bf16"),
                (70, 16, 1, 4000, 128, "bf16"), (3, 48, 16, 9000, 128, "bf16"),
                (10, 32, 8, 20000, 96, "bf16"), (6, 40, 8, 30000, 96, "fp16"),
                (17, 16, 2, 40000, 80, "bf16"), (9, 64, 8, 25000, 64, "bf16"),
-               (70, 8, 1, 12000, 64, "fp16"), (48, 8, 1, 30000, 64, "bf16"))}
+               (70, 8, 1, 12000, 64, "fp16"), (48, 8, 1, 30000, 64, "bf16")),
+          15: ((19, 56, 8, 3300, 64, "bf16"), (140, 8, 1, 4700, 64, "bf16"),
+               (11, 48, 16, 3600, 64, "fp16"), (22, 40, 8, 4400, 48, "bf16"),
+               (24, 40, 8, 3266, 64, "bf16"), (45, 16, 4, 4500, 64, "bf16"),
+               (17, 64, 8, 5500, 64, "bf16"), (36, 28, 4, 5000, 64, "fp16"),
+               (160, 8, 1, 3500, 64, "bf16"), (28, 48, 6, 4000, 64, "bf16")),
+          16: ((17, 32, 2, 8000, 128, "bf16"), (17, 32, 2, 12000, 128, "bf16"),
+               (12, 16, 4, 7200, 128, "fp16"), (12, 16, 4, 11000, 128, "fp16"),
+               (3, 64, 16, 9000, 128, "bf16"), (50, 8, 1, 5200, 128, "bf16"),
+               (50, 8, 1, 9000, 128, "bf16"), (60, 8, 1, 6000, 128, "bf16"),
+               (15, 32, 4, 8000, 128, "bf16"), (64, 8, 1, 5000, 128, "bf16"),
+               (66, 8, 1, 4500, 128, "fp16"), (9, 56, 8, 7000, 128, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
-FORMS = {1: ((2, 2), (3, 2), (4, 2), (2, 1), (4, 1), (1, 3)),
-         3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
+FORMS = {3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
          5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 13: ((3, 2),)}
 #: sweeps 9-11 (89-102 rows), 13: (splits, CTAs an SM, key step, K and V loads ahead)
 SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 64, 2, 2),
@@ -95,18 +92,20 @@ SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 6
           10: ((4, 3, 64, 2, 2), (4, 3, 64, 4, 4), (3, 3, 64, 2, 2), (8, 3, 64, 2, 2),
                (11, 3, 64, 2, 2), (11, 1, 128, 3, 2)),
           11: ((3, 3, 64, 2, 2), (4, 3, 64, 2, 2), (11, 1, 128, 3, 2)),
-          13: ((1, 3, 128, 2, 2), (1, 3, 64, 2, 2), (2, 3, 128, 2, 2), (1, 4, 128, 2, 2))}
+          13: ((1, 3, 128, 2, 2), (1, 3, 64, 2, 2), (2, 3, 128, 2, 2), (1, 4, 128, 2, 2)),
+          15: ((1, 3, 128, 2, 2), (1, 3, 256, 2, 2), (1, 2, 128, 3, 3), (1, 2, 256, 3, 3),
+               (1, 3, 128, 3, 3), (2, 2, 128, 2, 2))}
 #: sweeps 12, 14 (rows short of the SMs): (CTAs an SM, key step, K and V loads ahead), split
 #: for one wave of that many CTAs an SM (CTAs x SMs // rows splits)
 WAVES = {12: ((3, 64, 2, 2), (2, 128, 2, 2), (1, 128, 3, 2), (4, 32, 4, 4)),
-         14: ((4, 32, 4, 4), (4, 64, 2, 2), (3, 64, 2, 2), (3, 128, 2, 2))}
+         14: ((4, 32, 4, 4), (4, 64, 2, 2), (3, 64, 2, 2), (3, 128, 2, 2)),
+         16: ((4, 32, 4, 4), (3, 64, 2, 2), (4, 64, 2, 2), (3, 64, 3, 3))}
 #: sweeps 7 and 8: (key step, K and V loads ahead) at one CTA an SM
 DEPTHS = {7: ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (64, 8, 8)),
           8: ((128, 3, 2), (128, 4, 2), (128, 5, 2), (128, 4, 3), (128, 6, 3), (128, 3, 1))}
-FORMS[2] = FORMS[1]
-#: each sweep's rule (``before``), "part" if not named
-RULES = {3: "short", 4: "short", 7: "deep", 8: "deep", 9: "three", 10: "three", 11: "three",
-         12: "fill4", 13: "short-wave", 14: "fill4"}
+#: each sweep's rule (``before``)
+RULES = {3: "short", 4: "short", 5: "part", 6: "part", 7: "deep", 8: "deep", 9: "three",
+         10: "three", 11: "three", 12: "fill4", 13: "short-wave", 14: "fill4", 15: "short-wave", 16: "fill4"}
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
                    (44, 16, 4, 9000, 96, "fp16"), (2, 80, 80, 40000, 64, "bf16"),
@@ -196,7 +195,7 @@ def main():
     check = ("part" if args.check else next((n for n in named if getattr(
         args, f"check_{n}".replace("-", "_"))), None))
     points = CHECKS[check] if check else SWEEPS[args.sweep]
-    rule = check or RULES.get(args.sweep, "part")
+    rule = check or RULES[args.sweep]
     problems = [ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
                            head_dim=d, dtype=dt, causal=False) for b, hq, hkv, sk, d, dt in points]
     forms = {}

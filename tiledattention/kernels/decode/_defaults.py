@@ -17,8 +17,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "THIRD_CTA_MIN_ROWS_SHARE", "THIRD_CTA_OCCUPANCY", "THIRD_CTA_STEP",
            "THIRD_CTA_SECOND_WAVE_ROWS_SHARES", "THIRD_CTA_SHORT_HEAD_STEP",
            "FOURTH_CTA_MAX_ROWS_SHARE", "FOURTH_CTA_OCCUPANCY", "FOURTH_CTA_STEP",
-           "FOURTH_CTA_LATENCY", "FILL_FOURTH_CTA_MIN_KEYS",
-           "FILL_FOURTH_CTA_SPLIT_KEYS", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
+           "FOURTH_CTA_LATENCY", "FILL_FOURTH_CTA_MIN_KEYS", "FILL_FOURTH_CTA_SPLIT_KEYS",
+           "FILL_FOURTH_CTA_FEW_SPLITS", "TAIL_MAX_WAVE_SHARE", "TAIL_MAX_SPLITS",
            "FP8_SPLIT_FACTOR", "FP8_MIN_KEYS_PER_SPLIT", "FP8_CONTIGUOUS_MIN_KEYS",
            "FP8_SMALL_PAGE_V_LATENCY", "FP8_K_LATENCY", "PAGED_SPLIT_FACTOR",
            "PAGED_PART_WAVE_MAX_SHARE", "FLAT_MAX_KEYS", "FLAT_MIN_ROWS", "FLAT_ONE_LOOP_LATENCY",
@@ -28,7 +28,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "LONG_SPLIT_MIN_KEYS", "DEEP_STEP_MAX_ROWS_SHARE", "DEEP_STEP_MIN_KEYS",
            "DEEP_STEP_SPLIT_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE",
            "PART_WAVE_MIN_KEYS", "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
-           "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "SHORT_CACHE_WAVE_MAX_KEYS",
+           "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "SHORT_CACHE_WAVE_MIN_ROWS_SHARE",
+           "SHORT_CACHE_WAVE_MAX_KEYS",
            "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
@@ -190,20 +191,18 @@ THIRD_CTA_SHORT_HEAD_STEP = 128
 #: rows pass the SMs, up to a wave of three CTAs an SM (133-396 rows on 132 SMs; no window or
 #: softcap, contiguous 16-bit), run one split at three CTAs an SM with 128-key steps as well,
 #: whatever the band: each CTA's walk is short, and at two an SM the SMs idle while CTAs start
-#: and end. On an H100 (section 50 of docs/records/benchmarks/paged/issue49/README.md, from a
-#: survey's slowest call, B24 H32/8 D64 over 1098 keys at 0.90x cuDNN): 1.10-1.16x two CTAs an
-#: SM on four calls of 160-384 rows over 1098-2000 keys (D 128 lost there: 0.84-0.92x; 64-key
-#: steps 1.02-1.09x). Held out, ten other calls (D 48 and 64, bf16 and fp16, MHA to GQA 8 and
-#: MQA, 140-336 rows over 800-2900 keys): 1.03-1.30x on the GPU, cuDNN's time over ours
-#: 0.96-1.02 (0.76-0.97 before); as isolated calls with the host counted 0.95-1.13x. Rows past
-#: that wave, up to a wave of four (397-528), run four CTAs an SM so: 1.08x and 1.13x at 480 and
-#: 400 rows (section 50); held out (section 51), six calls of 400-528 rows 1.00-1.08x on the GPU,
-#: cuDNN's time over ours 1.00-1.17; isolated 0.96-1.07x.
+#: and end. On an H100 (sections 50-51 of docs/records/benchmarks/paged/issue49/README.md):
+#: 1.10-1.16x two CTAs an SM on four calls of 160-384 rows over 1098-2000 keys (D 128 lost:
+#: 0.84-0.92x); held out, ten calls (D 48-64, 140-336 rows, 800-2900 keys) 1.03-1.30x on the
+#: GPU, 0.95-1.13x isolated, cuDNN's time over ours 0.96-1.02. Rows past that wave, up to a
+#: wave of four (397-528), run four CTAs an SM so: held out, six calls 1.00-1.08x (GPU).
 SHORT_CACHE_MIN_KEYS = 800
-#: Within one wave of two CTAs an SM (133-264 rows on 132 SMs) that form reaches caches short
-#: of this many keys. On an H100 (section 55 of the issue-49 record): 1.010-1.114x two CTAs an
-#: SM on eight D 64 calls of 136-250 rows over 3100-5500 keys, held out 1.000-1.171x on eight
-#: (0.987-1.077x isolated).
+#: Within one wave of two CTAs an SM, past this share of the SMs (199-264 rows on 132 SMs),
+#: that form reaches caches short of ``SHORT_CACHE_WAVE_MAX_KEYS`` keys. On an H100 (section 55
+#: of the issue-49 record): 1.010-1.114x on eight D 64 calls of 136-250 rows over 3100-5500
+#: keys, held out 1.000-1.171x on eight. On an H200 (section 56) those of 208-256 rows ran
+#: 1.010-1.066x, of 140-176 rows 0.899-0.976x (most SMs hold one CTA of the split).
+SHORT_CACHE_WAVE_MIN_ROWS_SHARE = 1.5
 SHORT_CACHE_WAVE_MAX_KEYS = 6000
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
@@ -217,13 +216,15 @@ FOURTH_CTA_LATENCY = 4
 #: On Hopper a D 128 cache that the fill rules split for two CTAs an SM (rows short of the SMs)
 #: over ``FILL_FOURTH_CTA_MIN_KEYS`` keys or more splits for one wave of four instead, in that
 #: form (4 x SMs // rows splits, 32-key steps, loads four ahead), each split at least
-#: ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys. On an H100 (section 55 of the issue-49 record,
-#: ``decode_part_fill.py``): 1.019-1.073x on eight swept calls of 48-84 rows over 4000-43094
-#: keys, held out 1.052-1.102x on nine over 10500-70000 and 1.044-1.099x on four over
-#: 5000-9500; 382-433 keys a split 0.986-1.003x; where one CTA an SM fills the SMs
-#: 0.985-1.011x, D 80-96 0.99x (not taken).
+#: ``FILL_FOURTH_CTA_SPLIT_KEYS`` keys, and twice that where it splits more than
+#: ``FILL_FOURTH_CTA_FEW_SPLITS`` ways (rows short of half the SMs). On an H100 (section 55 of
+#: the issue-49 record, ``decode_part_fill.py``): held out 1.052-1.102x on nine calls of 34-86
+#: rows over 10500-70000 keys, 1.044-1.099x on four over 5000-9500; 382-433 keys a split
+#: 0.986-1.003x. On an H200 (section 56): the nine 1.025-1.084x; over 4100-8000 keys 72-80 rows
+#: (6-7 splits) 1.006-1.024x, 34-50 rows (10-15 splits of 520-654 keys) 0.930-0.963x.
 FILL_FOURTH_CTA_MIN_KEYS = 4000
 FILL_FOURTH_CTA_SPLIT_KEYS = 512
+FILL_FOURTH_CTA_FEW_SPLITS = 8
 #: One split at two CTAs an SM at head dims of 33-127 whose rows pass whole waves (of two CTAs
 #: an SM) by at most this share of a wave (529-580, 793-897, ... rows on an H200; the rows past
 #: a wave of two and the three-CTA bands take the rules above) splits only those last rows
@@ -236,9 +237,8 @@ FILL_FOURTH_CTA_SPLIT_KEYS = 512
 #: 172-236; at D 128 (93-103% of the copy rate already) 0.95-1.04x with 2-48 rows past and
 #: 0.94-0.97x with 72-208: D 128 keeps one split. Held out (``--tail-held``, ten calls of
 #: 540-1140 rows, D 48-96, GQA 2-8 and MQA, fp16, a sink): 1.023-1.148x GPU time, 1.031-1.101x
-#: isolated with the host counted (cuDNN ÷ ours 1.01-1.19, 0.95-1.05 before); two sliding
-#: windows (3500 and 4096 keys, no softcap, counted on their keys as the bands are) 1.022-1.139x,
-#: so windows take it too.
+#: isolated (cuDNN ÷ ours 1.01-1.19); two windows (3500, 4096 keys) 1.022-1.139x: windows take
+#: it too.
 TAIL_MAX_WAVE_SHARE = 0.4
 TAIL_MAX_SPLITS = 8
 #: A paged batch of several caches (no window, a 16-bit cache) whose rows do not fill the GPU takes
@@ -249,9 +249,8 @@ TAIL_MAX_SPLITS = 8
 #: splits on the first mix and 1.23-2.08x on the second; on six other batches (B 6-32, H_kv 1-8,
 #: pages of 16-256) 1.02-1.39x and 1.26-2.81x. One cache (B 1) has nothing to balance and keeps the
 #: rule (on caches of one length 4x ran 0.94-0.99x at pages of 32-256, 1.08-1.25x at pages of 16).
-#: (Balanced splits, every split as long, ``DecodeSchedule.balanced``, gained another 0.97-1.14x at
-#: 4x; they are left to the tuner: without ``max_k`` a call's longest cache is its block table's
-#: capacity, whose share would leave a batch of short caches one split an entry.)
+#: (Balanced splits, ``DecodeSchedule.balanced``, 0.97-1.14x more at 4x, are left to the tuner:
+#: without ``max_k`` a call's longest cache is its block table's capacity.)
 PAGED_SPLIT_FACTOR = 4
 #: So does one whose rows fill its waves of one CTA an SM (one wave; small pages: two) but at
 #: most this share of them (one split at two CTAs an SM leaves the second slot part-empty, and
@@ -444,7 +443,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     one CTA an SM takes :data:`SHORT_HEAD_SPLIT_FACTOR` times the splits at two, a D 128 one
     over :data:`LONG_SPLIT_MIN_KEYS` keys loads its keys :data:`LONG_SPLIT_K_LATENCY` ahead; at D
     33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` (within a
-    wave of two CTAs an SM, :data:`SHORT_CACHE_WAVE_MAX_KEYS`) whose rows pass the SMs, up
+    wave of two CTAs an SM past :data:`SHORT_CACHE_WAVE_MIN_ROWS_SHARE` of the SMs,
+    :data:`SHORT_CACHE_WAVE_MAX_KEYS`) whose rows pass the SMs, up
     to a wave of four CTAs an SM, run one split at three CTAs an SM (four
     past a wave of three) with 128-key steps (both over a contiguous 16-bit cache, no window
     or softcap).
@@ -577,7 +577,8 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
             and keys >= FILL_FOURTH_CTA_MIN_KEYS):
         # the fill rules' splits: one wave of four CTAs an SM, each split long enough
         fourth = min(FOURTH_CTA_OCCUPANCY * sms // rows, split_cap)
-        if keys >= FILL_FOURTH_CTA_SPLIT_KEYS * fourth:
+        least = FILL_FOURTH_CTA_SPLIT_KEYS * (1 if fourth <= FILL_FOURTH_CTA_FEW_SPLITS else 2)
+        if keys >= least * fourth:
             return _one_wave(base, FOURTH_CTA_OCCUPANCY, fourth, FOURTH_CTA_STEP).replace(
                 k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY)
     if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
@@ -594,9 +595,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
                         and tile_m == 16)
     if (hopper_one_split and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
-            and SHORT_CACHE_MIN_KEYS <= keys < (SHORT_CACHE_WAVE_MAX_KEYS
-                                                if rows <= FULL_GPU_OCCUPANCY * sms
-                                                else PART_WAVE_MIN_KEYS)
+            and SHORT_CACHE_MIN_KEYS <= keys < (
+                SHORT_CACHE_WAVE_MAX_KEYS
+                if SHORT_CACHE_WAVE_MIN_ROWS_SHARE * sms < rows <= FULL_GPU_OCCUPANCY * sms
+                else PART_WAVE_MIN_KEYS)
             and sms < rows <= FOURTH_CTA_OCCUPANCY * sms):
         # short walks: a third CTA an SM (a fourth past a wave of three) keeps the SMs
         # streaming while CTAs start and end
