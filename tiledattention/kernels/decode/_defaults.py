@@ -29,8 +29,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "DEEP_STEP_SPLIT_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE",
            "PART_WAVE_MIN_KEYS", "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
            "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "SHORT_CACHE_WAVE_MIN_ROWS_SHARE",
-           "SHORT_CACHE_WAVE_MAX_KEYS",
-           "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
+           "SHORT_CACHE_WAVE_MAX_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
