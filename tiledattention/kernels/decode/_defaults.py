@@ -199,8 +199,8 @@ SHORT_CACHE_MIN_KEYS = 800
 #: Within one wave of two CTAs an SM, past this share of the SMs (199-264 rows on 132 SMs),
 #: that form reaches caches short of ``SHORT_CACHE_WAVE_MAX_KEYS`` keys. On an H100 (section 55
 #: of the issue-49 record): 1.010-1.114x on eight D 64 calls of 136-250 rows over 3100-5500
-#: keys, held out 1.000-1.171x on eight. On an H200 (section 56) those of 208-256 rows ran
-#: 1.010-1.066x, of 140-176 rows 0.899-0.976x (most SMs hold one CTA of the split).
+#: keys, held out 1.000-1.171x on eight. On an H200 (section 56) 208-256 rows ran
+#: 1.010-1.066x, 140-176 rows 0.899-0.976x (an H100 1.004-1.149x at 136-192).
 SHORT_CACHE_WAVE_MIN_ROWS_SHARE = 1.5
 SHORT_CACHE_WAVE_MAX_KEYS = 6000
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
