@@ -593,11 +593,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
     hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
                         and tile_m == 16)
+    short_cache_keys = (SHORT_CACHE_WAVE_MAX_KEYS if SHORT_CACHE_WAVE_MIN_ROWS_SHARE * sms < rows
+                        <= FULL_GPU_OCCUPANCY * sms else PART_WAVE_MIN_KEYS)
     if (hopper_one_split and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
-            and SHORT_CACHE_MIN_KEYS <= keys < (
-                SHORT_CACHE_WAVE_MAX_KEYS
-                if SHORT_CACHE_WAVE_MIN_ROWS_SHARE * sms < rows <= FULL_GPU_OCCUPANCY * sms
-                else PART_WAVE_MIN_KEYS)
+            and SHORT_CACHE_MIN_KEYS <= keys < short_cache_keys
             and sms < rows <= FOURTH_CTA_OCCUPANCY * sms):
         # short walks: a third CTA an SM (a fourth past a wave of three) keeps the SMs
         # streaming while CTAs start and end
