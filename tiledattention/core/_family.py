@@ -17,6 +17,7 @@ import db
 
 from ._call import Call
 from ._compile import CompileResult, generation
+from ._device import DeviceInfo
 from ._dtypes import DTYPES, FP8_DTYPES
 from ._identity import module_identity
 from ..errors import (InputTypeError, InputValueError, UnknownFamilyError,
@@ -152,6 +153,12 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def default_schedule(self, arch: str, problem: Any) -> Any:
         """The schedule to run when nothing tuned is known (per architecture)."""
+
+    def device_default(self, device: DeviceInfo, problem: Any) -> Any:
+        """The default the lookup runs on ``device``: :meth:`default_schedule` for its
+        architecture; a family whose rules measured apart on devices of one architecture
+        refines it by the device's name."""
+        return self.default_schedule(device.arch, problem)
 
     def normalise(self, problem: Any, schedule: Any) -> Any:
         """``schedule`` with every choice that cannot matter for ``problem`` at its canonical

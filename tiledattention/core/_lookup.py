@@ -180,10 +180,11 @@ class Resolver:
             where = next(name for r, name in near if r is row)
             return Resolution(row.schedule, "nearest",
                               f"{row.problem.describe()} in {shown[where]}", family.name)
-        detail = f"{family.name} default for {device.arch}"
+        detail = f"{family.name} default for {device.arch}" + (f" ({device.name})"
+                                                               if device.name else "")
         if refused:
             closest, why = refused[0]
             detail += (f"; the nearest tuned row ({closest.problem.describe()}) does not "
                        f"transfer: {why}")
-        return Resolution(family.default_schedule(device.arch, problem), "default", detail,
+        return Resolution(family.device_default(device, problem), "default", detail,
                           family.name)

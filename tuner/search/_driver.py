@@ -50,7 +50,7 @@ from optuna.trial import TrialState
 
 import search_spaces
 from db import canonical_json, database_identity
-from tiledattention import Family
+from tiledattention import DeviceInfo, Family
 from tiledattention.tooling import current_provenance
 
 from ..measure import (FAILURES, TIE_REL_FLOOR, CompilePool, IsolatedExecutor, Measurement,
@@ -561,7 +561,9 @@ class Tuner:
             finalists.setdefault(s.key, s)
             if len(finalists) >= cfg.finalists:
                 break
-        default = self.family.default_schedule(self.arch, problem)
+        # the default the lookup runs on this device (its rules may take the device's name)
+        device = DeviceInfo(index=-1, arch=self.arch, name=self.device_name, sm_count=0)
+        default = self.family.device_default(device, problem)
         named = {f"candidate-{i}": s for i, s in enumerate(finalists.values())}
         named["default"] = default
         try:

@@ -29,6 +29,7 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "DEEP_STEP_SPLIT_MIN_KEYS", "FILL_MAX_CTAS_SHARE", "PART_WAVE_MAX_SHARE",
            "PART_WAVE_MIN_KEYS", "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
            "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "SHORT_CACHE_WAVE_MIN_ROWS_SHARE",
+           "H100_NAMES", "H100_SHORT_CACHE_WAVE_MIN_ROWS_SHARE", "H100_FILL_ONE_SPLIT_MAX_KEYS",
            "SHORT_CACHE_WAVE_MAX_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
@@ -126,6 +127,12 @@ PART_FILL_SPLITS = 3
 #: two thirds of the SMs. Calls that walk ``SHORT_HEAD_STEP``-key steps (D <= 64) split so below
 #: the SM count too: two splits ran 1.04-1.24x the one on six calls of 96-120 rows.
 FILL_MAX_ROWS_SHARE = 2 / 3
+#: H100: a D 96-128 cache short of this many keys whose rows that rule splits (67-88 on 132
+#: SMs) runs one split at one CTA an SM: over so few keys the splits' start and merge cost more
+#: than the idle SMs. 1.057-1.171x on 13 D 112-128 calls over 900-3900 keys, D 96 1.009x and
+#: 1.110x, cuDNN's time over it 0.966-1.004 (section 57 of the issue-49 record; D 80 0.925x).
+#: Not measured on an H200, whose faster memory the splits can use.
+H100_FILL_ONE_SPLIT_MAX_KEYS = 4000
 #: Rows above that share, up to this one (89-102 on an H200), run one split at one CTA an SM,
 #: each CTA alone on its SM: over a contiguous 16-bit cache of at least ``DEEP_STEP_MIN_KEYS``
 #: keys at head dims above ``SHORT_HEAD_DIM`` up to 128 (16-row tiles, no window or softcap)
@@ -202,6 +209,12 @@ SHORT_CACHE_MIN_KEYS = 800
 #: keys, held out 1.000-1.171x on eight. On an H200 (section 56) 208-256 rows ran
 #: 1.010-1.066x, 140-176 rows 0.899-0.976x (an H100 1.004-1.149x at 136-192).
 SHORT_CACHE_WAVE_MIN_ROWS_SHARE = 1.5
+#: The device the rules named "H100" were measured on, as torch names it (an H100 SXM: 132 SMs
+#: as the H200, HBM3 at 3.35 TB/s against its 4.8). Elsewhere the rules follow the H200 where
+#: the two parted. H100: the short-cache form's reach starts past the SMs (133-264 rows): it
+#: ran 1.004-1.149x on ten calls of 136-192 rows over 3266-5500 keys there (section 56).
+H100_NAMES = ("NVIDIA H100 80GB HBM3",)
+H100_SHORT_CACHE_WAVE_MIN_ROWS_SHARE = 1.0
 SHORT_CACHE_WAVE_MAX_KEYS = 6000
 #: Rows past a wave of three CTAs an SM, up to this share of the SMs (397-495 on an H200), run
 #: four CTAs an SM with 32-key steps, loads four ahead: one wave. On an H200 (``--occ-four``):
@@ -407,11 +420,12 @@ def _one_wave(base: DecodeSchedule, ctas: int, splits: int, step: int) -> Decode
     return base.replace(splits=splits, occupancy=ctas, tile_n=step, combine="block_pdl")
 
 
-def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
-    """Per-architecture default: heads of a group packed into one tile, 128-key steps (256 on
-    Hopper and data-centre Blackwell at head dims up to 64 over a contiguous cache of 2k keys or
-    more, :data:`SHORT_HEAD_STEP`), loads
-    issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
+def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
+                            ) -> DecodeSchedule:
+    """Per-architecture default (``device_name``: the GPU's, for the rules measured apart on
+    devices of one architecture, :data:`H100_NAMES`): heads of a group packed into one tile,
+    128-key steps (256 on Hopper and data-centre Blackwell at head dims up to 64 over a
+    contiguous cache of 2k keys or more, :data:`SHORT_HEAD_STEP`), loads issued two steps ahead, and enough splits to give each SM one CTA (capped so that a
     split streams at least ``MIN_KEYS_PER_SPLIT`` keys); the merge as a second kernel that
     loads all of a row's splits at once (:data:`DEFAULT_COMBINE`), on Hopper launched as a
     programmatic dependent where the split kernel so compiled does not spill and it measured
@@ -446,7 +460,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     :data:`SHORT_CACHE_WAVE_MAX_KEYS`) whose rows pass the SMs, up
     to a wave of four CTAs an SM, run one split at three CTAs an SM (four
     past a wave of three) with 128-key steps (both over a contiguous 16-bit cache, no window
-    or softcap).
+    or softcap). On an H100 the short-cache form's reach starts past the SMs
+    (:data:`H100_SHORT_CACHE_WAVE_MIN_ROWS_SHARE`) and D 96-128 caches of fewer than
+    :data:`H100_FILL_ONE_SPLIT_MAX_KEYS` keys that the fill rule would split run one split at
+    one CTA an SM.
 
     With a sliding window the walk covers only the window's keys (:func:`window_keys`, not
     ``S_k``): the key step is at most the power of two that holds them (at least 32; a 33-key
@@ -471,6 +488,7 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     where the combine would merge more than :data:`MAX_MERGED_ROWS` rows of partials into one
     output row."""
     gen = generation(arch)
+    h100 = gen == "hopper" and device_name in H100_NAMES
     # one tile holds the whole group's rows for up to MAX_TILE_M rows, so K/V are read once
     # per head (or per MAX_TILE_M rows of it)
     rows = problem.group_size * (1 << (problem.seqlen_q - 1).bit_length())
@@ -538,6 +556,9 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
                 wanted = PART_FILL_SPLITS
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
+    elif (h100 and plain and 96 <= problem.head_dim <= 128 and tile_m == 16 and wanted == 1
+          and rows <= FILL_MAX_ROWS_SHARE * sms and keys < H100_FILL_ONE_SPLIT_MAX_KEYS):
+        pass  # a short cache the fill rule would split: one split at one CTA an SM
     elif (two_ctas and most_splits > 1 and not problem.ragged and not problem.kv_dtype
           and not capped_wide
           and ((wanted == 1 and (rows <= FILL_MAX_ROWS_SHARE * sms
@@ -593,8 +614,10 @@ def default_decode_schedule(arch: str, problem: Problem) -> DecodeSchedule:
     # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
     hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
                         and tile_m == 16)
-    short_cache_keys = (SHORT_CACHE_WAVE_MAX_KEYS if SHORT_CACHE_WAVE_MIN_ROWS_SHARE * sms < rows
-                        <= FULL_GPU_OCCUPANCY * sms else PART_WAVE_MIN_KEYS)
+    wave_share = H100_SHORT_CACHE_WAVE_MIN_ROWS_SHARE if h100 else SHORT_CACHE_WAVE_MIN_ROWS_SHARE
+    short_cache_keys = (SHORT_CACHE_WAVE_MAX_KEYS
+                        if wave_share * sms < rows <= FULL_GPU_OCCUPANCY * sms
+                        else PART_WAVE_MIN_KEYS)
     if (hopper_one_split and 32 < problem.head_dim <= SHORT_HEAD_DIM and plain
             and SHORT_CACHE_MIN_KEYS <= keys < short_cache_keys
             and sms < rows <= FOURTH_CTA_OCCUPANCY * sms):

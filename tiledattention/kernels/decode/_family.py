@@ -8,6 +8,7 @@ from typing import Callable
 from ...core import _plans as hot
 from ...core._call import Call
 from ...core._compile import CompileResult
+from ...core._device import DeviceInfo
 from ...core._case import AttentionCase, PagedCase, paged_flops
 from ...core._family import Family, check_arch_dtype, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
@@ -104,6 +105,11 @@ class DecodeFamily(Family):
         _check_ragged(problem)
         check_arch_dtype(arch, problem)
         return default_decode_schedule(arch, problem)
+
+    def device_default(self, device: DeviceInfo, problem: Problem) -> DecodeSchedule:
+        _check_ragged(problem)
+        check_arch_dtype(device.arch, problem)
+        return default_decode_schedule(device.arch, problem, device.name)
 
     def normalise(self, problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         return normalise(problem, schedule)
