@@ -1,7 +1,7 @@
 """Contiguous decode schedules beside cuDNN, whence the rules of
-``kernels/decode/_defaults.py`` (sections 49-56 of ``docs/records/benchmarks/paged/issue49/
+``kernels/decode/_defaults.py`` (sections 49-57 of ``docs/records/benchmarks/paged/issue49/
 README.md``; ``RULES``: each sweep's rule, ``CHECKS``: each rule's held-out calls; sweeps 1-2
-at 6582740). A check times the rule's default against the one before (GPU, isolated).
+at 6582740, sweep 17 and checks four, tail, tail-held at d23e0ed). A check times the rule's default against the one before (GPU, isolated).
 Interleaved, medians of 15, L2 flushed.
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 15
@@ -83,11 +83,6 @@ SWEEPS = {3: ((24, 32, 8, 1098, 64, "fp16"), (20, 32, 8, 1500, 64, "bf16"),
                (50, 8, 1, 9000, 128, "bf16"), (60, 8, 1, 6000, 128, "bf16"),
                (15, 32, 4, 8000, 128, "bf16"), (64, 8, 1, 5000, 128, "bf16"),
                (66, 8, 1, 4500, 128, "fp16"), (9, 56, 8, 7000, 128, "bf16")),
-          17: ((1, 16, 16, 1961, 64, "bf16"), (1, 24, 3, 1487, 128, "bf16"),
-               (1, 48, 1, 5726, 64, "fp16"), (1, 32, 8, 2500, 128, "bf16"),
-               (2, 32, 8, 1500, 128, "fp16"), (1, 8, 1, 3000, 128, "bf16"),
-               (1, 56, 8, 1200, 64, "bf16"), (4, 16, 16, 1094, 128, "fp16"),
-               (2, 40, 8, 3300, 64, "bf16"), (1, 64, 8, 4000, 128, "bf16")),
           18: ((4, 16, 16, 1094, 128, "fp16"), (6, 32, 8, 1000, 128, "bf16"),
                (3, 28, 28, 1300, 128, "bf16"), (9, 16, 8, 900, 128, "fp16"),
                (2, 48, 48, 1200, 64, "bf16"), (12, 32, 8, 1100, 64, "bf16"),
@@ -105,7 +100,6 @@ SWEEPS = {3: ((24, 32, 8, 1098, 64, "fp16"), (20, 32, 8, 1500, 64, "bf16"),
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
 FORMS = {3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
          5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 13: ((3, 2),),
-         17: ((1, 1), (2, 1), (3, 1), (4, 1), (2, 2), (4, 2), (6, 2)),
          18: ((1, 1), (1, 2), (2, 2)), 19: ((1, 1),), 20: ((1, 1),)}
 #: sweeps 9-11 (89-102 rows), 13, 15: (splits, CTAs an SM, key step, K and V loads ahead)
 SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 64, 2, 2),
@@ -127,7 +121,7 @@ DEPTHS = {7: ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (6
 #: each sweep's rule (``before``)
 RULES = {3: "short", 4: "short", 5: "part", 6: "part", 7: "deep", 8: "deep", 9: "three",
          10: "three", 11: "three", 12: "fill4", 13: "short-wave", 14: "fill4", 15: "short-wave",
-         16: "fill4", 17: "launch", 18: "launch", 19: "launch", 20: "launch"}
+         16: "fill4", 18: "arch", 19: "arch", 20: "arch"}
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
                    (44, 16, 4, 9000, 96, "fp16"), (2, 80, 80, 40000, 64, "bf16"),
@@ -137,18 +131,6 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
                     (64, 20, 5, 2200, 64, "fp16"), (50, 48, 6, 1000, 64, "bf16"),
                     (140, 8, 1, 2900, 64, "bf16"), (28, 48, 12, 800, 48, "bf16"),
                     (10, 36, 18, 2000, 64, "fp16"), (37, 32, 8, 1500, 64, "bf16")),
-          "four": ((50, 32, 8, 1300, 64, "bf16"), (110, 16, 4, 2500, 64, "fp16"),
-                   (420, 8, 1, 1000, 64, "bf16"), (64, 56, 8, 1800, 64, "bf16"),
-                   (43, 40, 10, 900, 48, "fp16"), (66, 32, 8, 2800, 64, "bf16")),
-          "tail": ((7, 40, 20, 25000, 128, "bf16"), (34, 32, 4, 14000, 128, "fp16"),
-                   (165, 8, 1, 6500, 128, "bf16"), (13, 12, 12, 33000, 128, "bf16"),
-                   (17, 40, 10, 9000, 80, "bf16"), (39, 20, 5, 11000, 64, "fp16"),
-                   (26, 28, 7, 20000, 48, "bf16"), (3, 48, 48, 70000, 64, "bf16"),
-                   (145, 16, 1, 8000, 96, "bf16")),
-          "tail-held": ((16, 36, 9, 12000, 128, "bf16"), (35, 16, 4, 18000, 128, "bf16"),
-                        (153, 8, 1, 10000, 64, "fp16"), (21, 56, 8, 7500, 128, "fp16"),
-                        (5, 64, 32, 40000, 96, "bf16"), (47, 16, 4, 9500, 80, "bf16"),
-                        (11, 56, 14, 15000, 64, "bf16"), (2, 80, 80, 50000, 64, "bf16")),
           "double": ((11, 24, 6, 15000, 64, "fp16"), (3, 56, 8, 60000, 64, "bf16"),
                      (1, 40, 8, 200000, 64, "bf16"), (13, 40, 5, 12000, 64, "bf16"),
                      (2, 32, 4, 80000, 48, "fp16"), (9, 28, 7, 30000, 64, "bf16"),
@@ -183,20 +165,15 @@ CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"
 
 def before(problem, rule):
     """The default before ``rule``: its constant past every cache (the short-cache rule's wave
-    bound at ``PART_WAVE_MIN_KEYS``); for the tail form, three splits at two CTAs an SM below
-    D 128."""
+    bound at ``PART_WAVE_MIN_KEYS``)."""
     off = {"double": "SHORT_HEAD_SPLIT_MIN_KEYS", "deep": "LONG_SPLIT_MIN_KEYS",
            "three": "DEEP_STEP_SPLIT_MIN_KEYS", "fill4": "FILL_FOURTH_CTA_MIN_KEYS",
-           "short": "SHORT_CACHE_MIN_KEYS", "four": "SHORT_CACHE_MIN_KEYS",
-           "part": "PART_FILL_MIN_KEYS", "tail": "PART_FILL_MIN_KEYS"}
-    if rule == "launch":  # launch-bound small calls: today's default, fewer splits beside
+           "short": "SHORT_CACHE_MIN_KEYS", "part": "PART_FILL_MIN_KEYS"}
+    if rule == "arch":  # no device name
         return ta.DECODE.default_schedule("sm_90", problem)
     if rule == "short-wave":
         return default_with(problem, SHORT_CACHE_WAVE_MAX_KEYS=PART_WAVE_MIN_KEYS)
-    old = default_with(problem, **{off[rule.split("-")[0]]: 1 << 30})
-    if rule.startswith("tail") and problem.head_dim < 128:
-        return old.replace(splits=3, combine="block_pdl")
-    return old
+    return default_with(problem, **{off[rule.split("-")[0]]: 1 << 30})
 
 
 def cudnn(case):
@@ -211,7 +188,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", type=int, choices=sorted(SWEEPS))
     ap.add_argument("--check", action="store_true")
-    named = ("short", "four", "tail", "tail-held", "double", "deep", "three", "fill4",
+    named = ("short", "double", "deep", "three", "fill4",
              "fill4-short", "fill4-held", "short-wave")
     for name in named:
         ap.add_argument(f"--check-{name}", action="store_true")
