@@ -589,3 +589,17 @@ def test_the_wheels_build_py_ships_builds_or_skips_the_bundles(monkeypatch, tmp_
     run("skip")
     run("build", editable=True)
     assert built == [pretuned] and len(said) == 2
+
+
+def test_a_decode_bucket_ships_each_devices_default(monkeypatch):
+    """A bucket whose decode default the device's name changes (an H100 runs a short cache's
+    67-88 rows unsplit) ships both: the H100's schedule and every other sm_90's."""
+    from tiledattention import DECODE
+
+    built = []
+    monkeypatch.setattr(type(DECODE), "compile_launchable",
+                        lambda self, problem, schedule, arch: built.append(schedule))
+    problem = Problem(batch=9, heads_q=16, heads_kv=8, seqlen_q=1, seqlen_k=1600, head_dim=128,
+                      dtype="bf16", causal=False)
+    images_of(_job("decode", problem, "sm_90"))
+    assert [(s.splits, s.occupancy) for s in built] == [(1, 1), (3, 2)]

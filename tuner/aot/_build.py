@@ -137,20 +137,28 @@ def images_of(job: Job) -> list[dict]:
                                         kernel_symbol, module_identity, param_specs,
                                         without_ptx_text)
 
-    from ..lookup import runtime_resolution, shipped_rows
+    from ..lookup import STUDY_DEVICE, runtime_resolution, shipped_rows
 
     family = get_family(job.family)
     problem = family.problem_type.from_dict(dict(job.problem))
-    schedule = runtime_resolution(family, problem, shipped_rows(family, job.arch),
-                                  job.arch).schedule
+    rows = shipped_rows(family, job.arch)
+    # the study's device (an H100) and one of no name: a family whose defaults take the
+    # device's name (decode) answers some problems on the two apart
+    schedules = []
+    for name in (STUDY_DEVICE["name"], ""):
+        schedule = runtime_resolution(family, problem, rows, job.arch, name).schedule
+        if schedule not in schedules:
+            schedules.append(schedule)
     with capturing() as builds:
-        family.compile_launchable(problem, schedule, job.arch)
+        for schedule in schedules:
+            family.compile_launchable(problem, schedule, job.arch)
         if getattr(problem, "ragged", False):  # a packed forward's clear of uncovered rows
             compile_ragged_clear(problem, job.arch)
             # the copy a paged call of the bucket makes first where its kernels read no page
             # smaller than a key tile in place (pages of 16 keys: the smallest they take)
             paged = dataclasses.replace(problem, page_size=SMALL_PAGE)
-            if family.reads_pages and not family.reads_pages_with(paged, schedule):
+            if family.reads_pages and not all(family.reads_pages_with(paged, s)
+                                              for s in schedules):
                 compile_page_copy(paged, job.arch)
             if family.reads_pages:  # a mixed step's index tables (int32 or int64 offsets)
                 for offsets in ("int32", "int64"):

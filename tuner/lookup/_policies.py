@@ -91,13 +91,16 @@ def pick(policy: Policy, family: Family, problem: Any, rows: Sequence[db.Schedul
 
 
 # -- the lookup now ---------------------------------------------------------------------------
-def runtime_resolution(family: Family, problem: Any, rows: Sequence[db.ScheduleRow], arch: str):
+def runtime_resolution(family: Family, problem: Any, rows: Sequence[db.ScheduleRow], arch: str,
+                       device_name: str = STUDY_DEVICE["name"]):
     """What the runtime's lookup answers for ``problem`` (``Resolution``: schedule, source,
-    detail) with ``rows`` as its shipped table and no user database."""
+    detail) with ``rows`` as its shipped table and no user database, on a device of that
+    name (the study's by default)."""
     table = db.RowTable(rows, source=f"the shipped {family.name} rows for {arch}",
                         codecs=codecs())
     resolver = Resolver(open_user=lambda: None, open_shipped=lambda _arch: table)
-    device = DeviceInfo(index=0, arch=arch, **STUDY_DEVICE)
+    device = DeviceInfo(index=0, arch=arch, name=device_name,
+                        sm_count=STUDY_DEVICE["sm_count"])
     return resolver(family, family.plan_problem(problem), device)
 
 
