@@ -52,8 +52,8 @@ WHY = {
                "whose row transfers to this one (ties: the faster row)",
     "default": "no tuned row on {arch} in the user database or the shipped table for this "
                "problem, nor a near one that transfers to it (the detail says why the nearest "
-               "does not): the family's per-architecture default (the decode family's refined by the "
-               "device's name where devices of one architecture measured apart)",
+               "does not): the family's per-architecture default (the decode family's refined "
+               "by the device's name where devices of one architecture measured apart)",
 }
 _CAUSAL = {"yes": (True, False), "true": (True, False), "top_left": (True, False),
            "no": (False, False), "false": (False, False), "bottom_right": (True, True)}

@@ -102,14 +102,16 @@ class DecodeFamily(Family):
     ragged_exact = {"seqlen_k": "longest cache"}
 
     def default_schedule(self, arch: str, problem: Problem) -> DecodeSchedule:
-        _check_ragged(problem)
-        check_arch_dtype(arch, problem)
-        return default_decode_schedule(arch, problem)
+        return self._default(arch, problem, device_name="")
 
     def device_default(self, device: DeviceInfo, problem: Problem) -> DecodeSchedule:
+        return self._default(device.arch, problem, device.name)
+
+    @staticmethod
+    def _default(arch: str, problem: Problem, device_name: str) -> DecodeSchedule:
         _check_ragged(problem)
-        check_arch_dtype(device.arch, problem)
-        return default_decode_schedule(device.arch, problem, device.name)
+        check_arch_dtype(arch, problem)
+        return default_decode_schedule(arch, problem, device_name)
 
     def normalise(self, problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         return normalise(problem, schedule)
