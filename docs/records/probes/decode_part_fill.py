@@ -1,8 +1,8 @@
 """Contiguous decode schedules beside cuDNN, whence the rules of
 ``kernels/decode/_defaults.py`` (sections 49-57 of ``docs/records/benchmarks/paged/issue49/
 README.md``; ``RULES``: each sweep's rule, ``CHECKS``: each rule's held-out calls; sweeps 1-2
-at 6582740, sweep 17 and checks four, tail, tail-held at d23e0ed). A check times the rule's default against the one before (GPU, isolated).
-Interleaved, medians of 15, L2 flushed.
+at 6582740, sweep 17 and checks four, tail, tail-held at d23e0ed). A check times the rule's
+default against the one before (GPU, isolated). Interleaved, medians of 15, L2 flushed.
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 15
 """
