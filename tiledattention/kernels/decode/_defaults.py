@@ -532,6 +532,10 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
     occupancy, k_latency = 1, base.k_latency
     # (paged and FP8 windows: not measured)
     two_ctas = gen in TWO_CTAS_AN_SM and (not problem.windowed or contiguous_window)
+    # on an H100 a short cache the fill rule would split runs one split at one CTA an SM
+    h100_unsplit = (h100 and plain and 96 <= problem.head_dim <= 128 and tile_m == 16
+                    and wanted == 1 and rows <= FILL_MAX_ROWS_SHARE * sms
+                    and keys < H100_FILL_ONE_SPLIT_MAX_KEYS)
     if two_ctas and rows >= waves * sms:  # one split fills the GPU: two CTAs an SM
         occupancy = FULL_GPU_OCCUPANCY
         if problem.page_size and not small_pages:
@@ -557,11 +561,8 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
                 wanted = PART_FILL_SPLITS
     elif two_ctas and problem.page_size and wanted == 1:
         wanted, occupancy = 2, FULL_GPU_OCCUPANCY  # a paged batch of fewer rows than SMs
-    elif (h100 and plain and 96 <= problem.head_dim <= 128 and tile_m == 16 and wanted == 1
-          and rows <= FILL_MAX_ROWS_SHARE * sms and keys < H100_FILL_ONE_SPLIT_MAX_KEYS):
-        pass  # a short cache the fill rule would split: one split at one CTA an SM
     elif (two_ctas and most_splits > 1 and not problem.ragged and not problem.kv_dtype
-          and not capped_wide
+          and not capped_wide and not h100_unsplit
           and ((wanted == 1 and (rows <= FILL_MAX_ROWS_SHARE * sms
                                  or tile_n == SHORT_HEAD_STEP))
                or (wanted > 1 and rows * wanted <= FILL_MAX_CTAS_SHARE * sms
