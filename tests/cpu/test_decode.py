@@ -476,7 +476,7 @@ def test_rows_leaving_a_third_of_the_sms_idle_split_for_two_ctas_an_sm():
         s = DECODE.default_schedule("sm_90", _problem(batch=batch, heads_q=64, seqlen_k=6000))
         assert (s.tile_n, s.splits, s.occupancy) == (256, 2, FULL_GPU_OCCUPANCY)
     short = DECODE.default_schedule("sm_90", _problem(batch=12, heads_q=64, seqlen_k=1500))
-    assert (short.tile_n, short.splits, short.occupancy) == (128, 1, 1)
+    assert (short.splits, short.occupancy) == (1, 1)  # unsplit short of 2k keys
     windowed = dataclasses.replace(_problem(batch=10, seqlen_k=12000, head_dim=128),
                                    causal=True, bottom_right=True, window_left=7999,
                                    window_right=0)  # 80 rows over a window of 8000 keys
@@ -1045,6 +1045,25 @@ def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
                     ("sm_100", _problem(batch=14, seqlen_k=keys, head_dim=128))):  # 112 rows
         s = DECODE.default_schedule(arch, p)
         assert (s.tile_n, s.splits) == (256, 1), (arch, p, s)
+
+
+def test_short_head_caches_alone_on_their_sms_walk_256_key_steps():
+    """D 33-64 caches of ``SHORT_HEAD_ALONE_MIN_KEYS`` to 2047 keys whose one split leaves each
+    CTA alone on its SM (89-131 rows on Hopper) walk 256-key steps (1.08-1.14x on an H200); the
+    fill rule's rows, rows past the SMs, shorter caches, D 32 and 80, softcaps and sm_100 keep
+    128-key steps."""
+    from tiledattention.kernels.decode._defaults import SHORT_HEAD_ALONE_MIN_KEYS as least
+
+    for b, hkv, sk, d in ((12, 8, least, 64), (131, 1, 2047, 48), (89, 1, 1500, 64)):
+        p = _problem(batch=b, heads_q=4 * hkv, heads_kv=hkv, seqlen_k=sk, head_dim=d)
+        s = DECODE.default_schedule("sm_90", p)
+        assert (s.tile_n, s.splits, s.occupancy, s.k_latency) == (256, 1, 1, 2), (p, s)
+    p = _problem(batch=12, seqlen_k=1200)
+    for q in (dataclasses.replace(p, batch=11), dataclasses.replace(p, batch=17),
+              dataclasses.replace(p, seqlen_k=least - 1), dataclasses.replace(p, head_dim=32),
+              dataclasses.replace(p, head_dim=80), dataclasses.replace(p, softcap=30.0)):
+        assert DECODE.default_schedule("sm_90", q).tile_n == 128, q
+    assert DECODE.default_schedule("sm_100", p).tile_n == 128
 
 
 def test_short_heads_walk_256_key_steps_over_a_contiguous_cache():

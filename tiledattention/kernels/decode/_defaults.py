@@ -30,7 +30,8 @@ __all__ = ["default_decode_schedule", "window_keys", "MIN_KEYS_PER_SPLIT", "MAX_
            "PART_WAVE_MIN_KEYS", "PART_WAVE_SPLITS", "PART_FILL_MAX_ROWS_SHARE", "PART_FILL_MIN_KEYS",
            "PART_FILL_SPLITS", "SHORT_CACHE_MIN_KEYS", "SHORT_CACHE_WAVE_MIN_ROWS_SHARE",
            "H100_NAMES", "H100_SHORT_CACHE_WAVE_MIN_ROWS_SHARE", "H100_FILL_ONE_SPLIT_MAX_KEYS",
-           "SHORT_CACHE_WAVE_MAX_KEYS", "MAX_MERGED_ROWS", "DEFAULT_COMBINE"]
+           "SHORT_CACHE_WAVE_MAX_KEYS", "SHORT_HEAD_ALONE_MIN_KEYS", "MAX_MERGED_ROWS",
+           "DEFAULT_COMBINE"]
 
 #: Fewest keys a split should stream: below this a split's fixed cost (its query tile, its
 #: partial output, the combine's share) outweighs the parallelism it adds. The H100 tuning of
@@ -350,6 +351,12 @@ FP8_SMALL_PAGE_V_LATENCY = 4
 SHORT_HEAD_DIM = 64
 SHORT_HEAD_STEP = 256
 SHORT_HEAD_MIN_KEYS = 2048
+#: Shorter caches of at least ``SHORT_HEAD_ALONE_MIN_KEYS`` keys at D 33-64 take those steps
+#: where one split runs each CTA alone on its SM (rows above the fill rule's share, short of the
+#: SMs; 16-row tiles, no window or softcap): on an H200 (section 58 of the issue-49 record,
+#: 96-120 rows over 1000-1500 keys) 1.081-1.140x the 128-key steps on four calls, cuDNN's lead
+#: there 1.13-1.17x before; on an H100 0.991-1.095x on seven (D 48-64, 96-128 rows, 900-2000).
+SHORT_HEAD_ALONE_MIN_KEYS = 900
 #: On Hopper a contiguous 16-bit cache of at least ``SHORT_HEAD_SPLIT_MIN_KEYS`` keys at D <= 64
 #: (256-key steps, 16-row tiles, no window or softcap) whose rule splits it for one CTA an SM
 #: takes ``SHORT_HEAD_SPLIT_FACTOR`` times the splits at two CTAs an SM: a 256-key step at
@@ -453,8 +460,10 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
     33-127 the rows of a last wave at most :data:`TAIL_MAX_WAVE_SHARE` full split to fill it.
     On Hopper, rows past the SMs by at most :data:`PART_FILL_MAX_ROWS_SHARE` of them (at D 128
     short of the three-CTA band) over :data:`PART_FILL_MIN_KEYS` keys or more run one wave of
-    a CTA an SM and split the rest to fill a second (``tail_rows``); a D <= 64 cache split for
-    one CTA an SM takes :data:`SHORT_HEAD_SPLIT_FACTOR` times the splits at two, a D 128 one
+    a CTA an SM and split the rest to fill a second (``tail_rows``); a D 33-64 cache of
+    :data:`SHORT_HEAD_ALONE_MIN_KEYS` keys or more whose one split leaves each CTA alone on its
+    SM walks 256-key steps however short; a D <= 64 cache split for one CTA an SM takes
+    :data:`SHORT_HEAD_SPLIT_FACTOR` times the splits at two, a D 128 one
     over :data:`LONG_SPLIT_MIN_KEYS` keys loads its keys :data:`LONG_SPLIT_K_LATENCY` ahead; at D
     33-64, caches of :data:`SHORT_CACHE_MIN_KEYS` keys up to ``PART_WAVE_MIN_KEYS`` (within a
     wave of two CTAs an SM past :data:`SHORT_CACHE_WAVE_MIN_ROWS_SHARE` of the SMs,
@@ -613,6 +622,11 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
                              min(THIRD_CTA_OCCUPANCY * sms // rows, split_cap), THIRD_CTA_STEP)
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
+    if (gen == "hopper" and splits == 1 and occupancy == 1 and tile_m == 16 and plain
+            and FILL_MAX_ROWS_SHARE * sms < rows < sms and 32 < problem.head_dim <= SHORT_HEAD_DIM
+            and keys >= SHORT_HEAD_ALONE_MIN_KEYS):
+        # a short D <= 64 cache, each CTA alone on its SM: 256-key steps all the same
+        return base.replace(tile_n=SHORT_HEAD_STEP)
     # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
     hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
                         and tile_m == 16)
