@@ -1004,10 +1004,8 @@ def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
     """Rows above the fill rule's share up to ``DEEP_STEP_MAX_ROWS_SHARE`` of the SMs (89-102
     on an H200: one split, each CTA alone on its SM) over a contiguous 16-bit cache of at least
     ``DEEP_STEP_MIN_KEYS`` keys at D 65-128 walk 256-key steps with loads one ahead (1.00-1.07x
-    on 15 calls); the fill rule's rows, 104 rows and more, short caches, D 64 and 256, tiles
-    of more rows, windows, softcaps, pages, FP8 caches and Ampere keep their schedules. On
-    Hopper at D 128 over ``DEEP_STEP_SPLIT_MIN_KEYS`` keys they split for one wave of three CTAs
-    an SM instead (1.007-1.141x on 14 calls, H100)."""
+    on 15 calls); the rest (below) keep their schedules. On Hopper at D 128 over
+    ``DEEP_STEP_SPLIT_MIN_KEYS`` keys: one wave of three CTAs an SM (1.007-1.141x, H100)."""
     from tiledattention.kernels.decode._defaults import DEEP_STEP_MIN_KEYS, DEEP_STEP_SPLIT_MIN_KEYS
 
     for batch, heads_kv, d in ((89, 1, 128), (23, 4, 128), (12, 8, 128), (102, 1, 96)):
@@ -1048,10 +1046,8 @@ def test_rows_alone_on_their_sms_walk_256_key_steps_one_load_ahead():
 
 
 def test_short_head_caches_alone_on_their_sms_walk_256_key_steps():
-    """D 33-64 caches of ``SHORT_HEAD_ALONE_MIN_KEYS`` to 2047 keys whose one split leaves each
-    CTA alone on its SM (89-131 rows on Hopper) walk 256-key steps (1.08-1.14x on an H200); the
-    fill rule's rows, rows past the SMs, shorter caches, D 32 and 80, softcaps and sm_100 keep
-    128-key steps."""
+    """D 33-64 caches of 900-2047 keys, one split, each CTA alone on its SM (89-131 rows on
+    Hopper): 256-key steps (1.08-1.14x on an H200); nothing else."""
     from tiledattention.kernels.decode._defaults import SHORT_HEAD_ALONE_MIN_KEYS as least
 
     for b, hkv, sk, d in ((12, 8, least, 64), (131, 1, 2047, 48), (89, 1, 1500, 64)):
@@ -1059,10 +1055,9 @@ def test_short_head_caches_alone_on_their_sms_walk_256_key_steps():
         s = DECODE.default_schedule("sm_90", p)
         assert (s.tile_n, s.splits, s.occupancy, s.k_latency) == (256, 1, 1, 2), (p, s)
     p = _problem(batch=12, seqlen_k=1200)
-    for q in (dataclasses.replace(p, batch=11), dataclasses.replace(p, batch=17),
-              dataclasses.replace(p, seqlen_k=least - 1), dataclasses.replace(p, head_dim=32),
-              dataclasses.replace(p, head_dim=80), dataclasses.replace(p, softcap=30.0)):
-        assert DECODE.default_schedule("sm_90", q).tile_n == 128, q
+    for change in ({"batch": 11}, {"batch": 17}, {"seqlen_k": least - 1}, {"head_dim": 32},
+                   {"head_dim": 80}, {"softcap": 30.0}):
+        assert DECODE.default_schedule("sm_90", dataclasses.replace(p, **change)).tile_n == 128, change
     assert DECODE.default_schedule("sm_100", p).tile_n == 128
 
 

@@ -1,8 +1,9 @@
 """Contiguous decode schedules beside cuDNN, whence the rules of
-``kernels/decode/_defaults.py`` (sections 49-57 of ``docs/records/benchmarks/paged/issue49/
+``kernels/decode/_defaults.py`` (sections 49-58 of ``docs/records/benchmarks/paged/issue49/
 README.md``; ``RULES``: each sweep's rule, ``CHECKS``: each rule's held-out calls; sweeps 1-2
-at 6582740, sweep 17 and checks four, tail, tail-held at d23e0ed). A check times the rule's
-default against the one before (GPU, isolated). Interleaved, medians of 15, L2 flushed.
+at 6582740, 3-4 and 7-8 at 5413213, sweep 17 and checks four, tail, tail-held at d23e0ed). A
+check times the rule's default against the one before (GPU, isolated). Interleaved, medians of
+15, L2 flushed.
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 15
 """
@@ -24,28 +25,13 @@ from compile_ahead import compile_ahead  # noqa: E402
 from paged_defaults import default_with  # noqa: E402
 
 # (batch, heads_q, heads_kv, keys, head dim, dtype)
-SWEEPS = {3: ((24, 32, 8, 1098, 64, "fp16"), (20, 32, 8, 1500, 64, "bf16"),
-              (40, 28, 4, 1200, 64, "bf16"), (24, 32, 8, 1800, 128, "bf16"),
-              (36, 16, 4, 1000, 128, "fp16"), (48, 32, 8, 2000, 64, "bf16"),
-              (8, 16, 16, 2973, 64, "bf16"), (12, 24, 12, 2500, 64, "bf16")),
-          4: ((200, 14, 2, 950, 64, "fp16"), (60, 32, 8, 1000, 64, "bf16"),
-              (70, 28, 4, 1500, 64, "bf16"), (90, 40, 8, 1200, 64, "fp16"),
-              (100, 48, 8, 2000, 64, "bf16")),
-          5: ((12, 12, 12, 21851, 128, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
+SWEEPS = {5: ((12, 12, 12, 21851, 128, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
               (20, 8, 8, 12000, 128, "fp16"), (19, 56, 8, 30000, 128, "bf16"),
               (150, 8, 1, 8000, 128, "bf16"), (11, 16, 16, 40000, 128, "fp16"),
               (12, 12, 12, 21851, 64, "bf16"), (24, 28, 7, 9000, 96, "bf16")),
           6: ((18, 32, 8, 12000, 128, "fp16"), (140, 8, 1, 10000, 128, "bf16"),
               (10, 16, 16, 30000, 128, "bf16"), (23, 56, 7, 7000, 128, "bf16"),
               (9, 16, 16, 50000, 96, "fp16"), (46, 24, 4, 8000, 64, "bf16")),
-          7: ((4, 32, 8, 65792, 128, "bf16"), (8, 28, 4, 74555, 128, "fp16"),
-              (16, 28, 4, 50712, 128, "fp16"), (3, 40, 8, 90000, 128, "bf16"),
-              (6, 16, 4, 40000, 128, "bf16"), (2, 64, 8, 120000, 128, "fp16")),
-          8: ((4, 32, 8, 65792, 128, "bf16"), (3, 40, 8, 90000, 128, "bf16"),
-              (1, 32, 8, 131072, 128, "bf16"), (7, 64, 16, 60000, 128, "bf16"),
-              (20, 16, 2, 30000, 96, "bf16"), (5, 40, 8, 50000, 80, "fp16"),
-              (110, 8, 1, 20000, 128, "bf16"), (25, 40, 5, 20000, 128, "fp16"),
-              (3, 32, 8, 8000, 128, "bf16")),
           9: ((12, 64, 8, 35053, 128, "bf16"), (96, 8, 1, 10759, 128, "fp16"),
               (12, 32, 8, 20000, 128, "bf16"), (100, 8, 1, 30000, 128, "fp16"),
               (13, 56, 7, 50000, 128, "bf16"), (23, 16, 4, 8000, 96, "bf16")),
@@ -109,8 +95,7 @@ SWEEPS = {3: ((24, 32, 8, 1098, 64, "fp16"), (20, 32, 8, 1500, 64, "bf16"),
                (1, 64, 64, 1500, 64, "bf16"), (22, 16, 4, 1000, 64, "fp16"),
                (12, 32, 8, 2500, 64, "bf16"), (110, 8, 1, 2200, 64, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
-FORMS = {3: ((2, 2), (2, 3), (3, 3), (1, 3), (1, 4)), 4: ((1, 3), (1, 4)),
-         5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 13: ((3, 2),),
+FORMS = {5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 13: ((3, 2),),
          18: ((1, 1), (1, 2), (2, 2)), 19: ((1, 1),), 20: ((1, 1),)}
 #: sweeps 9-11 (89-102 rows), 13, 15: (splits, CTAs an SM, key step, K and V loads ahead)
 SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 64, 2, 2),
@@ -130,13 +115,10 @@ SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 6
 WAVES = {12: ((3, 64, 2, 2), (2, 128, 2, 2), (1, 128, 3, 2), (4, 32, 4, 4)),
          14: ((4, 32, 4, 4), (4, 64, 2, 2), (3, 64, 2, 2), (3, 128, 2, 2)),
          16: ((4, 32, 4, 4), (3, 64, 2, 2), (4, 64, 2, 2), (3, 64, 3, 3))}
-#: sweeps 7 and 8: (key step, K and V loads ahead) at one CTA an SM
-DEPTHS = {7: ((256, 1, 1), (128, 3, 3), (128, 4, 4), (128, 3, 2), (64, 4, 4), (64, 8, 8)),
-          8: ((128, 3, 2), (128, 4, 2), (128, 5, 2), (128, 4, 3), (128, 6, 3), (128, 3, 1))}
 #: each sweep's rule (``before``)
-RULES = {3: "short", 4: "short", 5: "part", 6: "part", 7: "deep", 8: "deep", 9: "three",
-         10: "three", 11: "three", 12: "fill4", 13: "short-wave", 14: "fill4", 15: "short-wave",
-         16: "fill4", 18: "arch", 19: "arch", 20: "arch", 21: "alone", 22: "alone"}
+RULES = {5: "part", 6: "part", 9: "three", 10: "three", 11: "three", 12: "fill4",
+         13: "short-wave", 14: "fill4", 15: "short-wave", 16: "fill4", 18: "arch", 19: "arch",
+         20: "arch", 21: "alone", 22: "alone"}
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
                    (44, 16, 4, 9000, 96, "fp16"), (2, 80, 80, 40000, 64, "bf16"),
@@ -236,8 +218,6 @@ def main():
                 forms[p][f"tail occ{occ}"] = old.replace(
                     splits=max(2, min(TAIL_MAX_SPLITS, sms // tail)), tail_rows=tail,
                     occupancy=occ, combine="block_pdl")
-        for n, k, v in DEPTHS.get(args.sweep, ()):
-            forms[p][f"n{n} K{k} V{v}"] = old.replace(tile_n=n, k_latency=k, v_latency=v)
         for sp, o, n, k, v in SHAPES.get(args.sweep, ()):
             forms[p][f"s{sp} occ{o} n{n} K{k}"] = old.replace(
                 splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v,
@@ -247,9 +227,6 @@ def main():
             forms[p][f"w{o} s{sp} n{n} K{k}"] = old.replace(
                 splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v,
                 combine="block_pdl" if sp > 1 else old.combine)
-        if rule == "short":
-            forms[p]["n64"] = old.replace(tile_n=64)
-            forms[p]["n64 occ3"] = old.replace(tile_n=64, occupancy=3)
     compile_ahead([(p, s) for p in problems for s in forms[p].values()])
     for p in problems:
         case = ta.DECODE.case(p, 0)
