@@ -295,6 +295,22 @@ def test_short_heads_within_a_wave_of_two_over_mid_caches_run_three_ctas(shape):
 
 
 @gpu
+@pytest.mark.parametrize("shape", [(12, 32, 8, 901, 64, "bf16", False),
+                                   (29, 16, 4, 1337, 48, "fp16", True),
+                                   (121, 8, 1, 2047, 64, "bf16", False)],
+                         ids=["96-rows", "116-rows-d48-sinks-fp16", "121-rows-mqa"])
+def test_short_head_caches_alone_on_their_sms_walk_256_key_steps(shape):
+    """The default of D 33-64 rows alone on their SMs over 900-2047 keys (one split, 256-key
+    steps, NaN-poisoned output): as close to the float32 reference as the 128-key steps it
+    replaced, odd lengths."""
+    b, hq, hkv, sk, d, dtype, sinks = shape
+    problem = _one_query(b, hq, hkv, sk, d, dtype, sinks, 0)
+    default = DECODE.default_schedule("sm_90", problem)
+    assert (default.splits, default.occupancy, default.tile_n) == (1, 1, 256)
+    _as_close_as(problem, default, default.replace(tile_n=128))
+
+
+@gpu
 @pytest.mark.parametrize("shape", [(23, 16, 4, 5001, 128, "bf16", False),
                                    (6, 16, 16, 4099, 96, "fp16", False),
                                    (33, 12, 3, 7777, 128, "bf16", True)],
