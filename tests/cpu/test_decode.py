@@ -1057,7 +1057,8 @@ def test_short_head_caches_alone_on_their_sms_walk_256_key_steps():
     p = _problem(batch=12, seqlen_k=1200)
     for change in ({"batch": 11}, {"batch": 17}, {"seqlen_k": least - 1}, {"head_dim": 32},
                    {"head_dim": 80}, {"softcap": 30.0}):
-        assert DECODE.default_schedule("sm_90", dataclasses.replace(p, **change)).tile_n == 128, change
+        q = dataclasses.replace(p, **change)
+        assert DECODE.default_schedule("sm_90", q).tile_n == 128, change
     assert DECODE.default_schedule("sm_100", p).tile_n == 128
 
 

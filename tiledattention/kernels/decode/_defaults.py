@@ -353,7 +353,7 @@ SHORT_HEAD_STEP = 256
 SHORT_HEAD_MIN_KEYS = 2048
 #: Shorter caches of at least ``SHORT_HEAD_ALONE_MIN_KEYS`` keys at D 33-64 take those steps
 #: where one split runs each CTA alone on its SM (rows above the fill rule's share, short of the
-#: SMs; 16-row tiles, no window or softcap): on an H200 (section 58 of the issue-49 record,
+#: SMs; 16-row tiles, a contiguous 16-bit cache, no window or softcap): on an H200 (section 58 of the issue-49 record,
 #: 96-120 rows over 1000-1500 keys) 1.081-1.140x the 128-key steps on four calls, cuDNN's lead
 #: there 1.13-1.17x before; on an H100 0.991-1.095x on seven (D 48-64, 96-128 rows, 900-2000).
 SHORT_HEAD_ALONE_MIN_KEYS = 900
@@ -625,7 +625,7 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
     if (gen == "hopper" and splits == 1 and occupancy == 1 and tile_m == 16 and plain
             and FILL_MAX_ROWS_SHARE * sms < rows < sms and 32 < problem.head_dim <= SHORT_HEAD_DIM
             and keys >= SHORT_HEAD_ALONE_MIN_KEYS):
-        # a short D <= 64 cache, each CTA alone on its SM: 256-key steps all the same
+        # a short D 33-64 cache, each CTA alone on its SM: 256-key steps all the same
         return base.replace(tile_n=SHORT_HEAD_STEP)
     # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
     hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
