@@ -353,9 +353,10 @@ SHORT_HEAD_STEP = 256
 SHORT_HEAD_MIN_KEYS = 2048
 #: Shorter caches of at least ``SHORT_HEAD_ALONE_MIN_KEYS`` keys at D 33-64 take those steps
 #: where one split runs each CTA alone on its SM (rows above the fill rule's share, short of the
-#: SMs; 16-row tiles, a contiguous 16-bit cache, no window or softcap): on an H200 (section 58 of the issue-49 record,
-#: 96-120 rows over 1000-1500 keys) 1.081-1.140x the 128-key steps on four calls, cuDNN's lead
-#: there 1.13-1.17x before; on an H100 0.991-1.095x on seven (D 48-64, 96-128 rows, 900-2000).
+#: SMs; 16-row tiles, a contiguous 16-bit cache, no window or softcap): on an H200 (section 58
+#: of the issue-49 record, 96-120 rows over 1000-1500 keys) 1.081-1.140x the 128-key steps on
+#: four calls, cuDNN's lead there 1.13-1.17x before; on an H100 0.991-1.095x on seven (D 48-64,
+#: 96-128 rows, 900-2000 keys).
 SHORT_HEAD_ALONE_MIN_KEYS = 900
 #: On Hopper a contiguous 16-bit cache of at least ``SHORT_HEAD_SPLIT_MIN_KEYS`` keys at D <= 64
 #: (256-key steps, 16-row tiles, no window or softcap) whose rule splits it for one CTA an SM
@@ -612,20 +613,21 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
         if keys >= least * fourth:
             return _one_wave(base, FOURTH_CTA_OCCUPANCY, fourth, FOURTH_CTA_STEP).replace(
                 k_latency=FOURTH_CTA_LATENCY, v_latency=FOURTH_CTA_LATENCY)
-    if (gen in TWO_CTAS_AN_SM and splits == 1 and occupancy == 1 and tile_m == 16
-            and FILL_MAX_ROWS_SHARE * sms < rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
-            and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS
-            and plain):
+    # one split at one CTA an SM above the fill rule's rows (so short of the SMs): each CTA
+    # alone on its SM
+    alone = (gen in TWO_CTAS_AN_SM and plain and splits == 1 and occupancy == 1 and tile_m == 16
+             and rows > FILL_MAX_ROWS_SHARE * sms)
+    if (alone and rows <= DEEP_STEP_MAX_ROWS_SHARE * sms
+            and SHORT_HEAD_DIM < problem.head_dim <= 128 and keys >= DEEP_STEP_MIN_KEYS):
         if gen == "hopper" and problem.head_dim == 128 and keys >= DEEP_STEP_SPLIT_MIN_KEYS:
             # a D 128 cache long enough: split for one wave of three CTAs an SM instead
             return _one_wave(base, THIRD_CTA_OCCUPANCY,
                              min(THIRD_CTA_OCCUPANCY * sms // rows, split_cap), THIRD_CTA_STEP)
         # each CTA alone on its SM: 256-key steps, loads one ahead
         return base.replace(tile_n=SHORT_HEAD_STEP, k_latency=1, v_latency=1)
-    if (gen == "hopper" and splits == 1 and occupancy == 1 and tile_m == 16 and plain
-            and FILL_MAX_ROWS_SHARE * sms < rows < sms and 32 < problem.head_dim <= SHORT_HEAD_DIM
+    if (alone and gen == "hopper" and 32 < problem.head_dim <= SHORT_HEAD_DIM
             and keys >= SHORT_HEAD_ALONE_MIN_KEYS):
-        # a short D 33-64 cache, each CTA alone on its SM: 256-key steps all the same
+        # a short D 33-64 cache: 256-key steps all the same
         return base.replace(tile_n=SHORT_HEAD_STEP)
     # one split at two CTAs an SM on Hopper, 16-row tiles: what the rules below may change
     hopper_one_split = (gen == "hopper" and splits == 1 and occupancy == FULL_GPU_OCCUPANCY
