@@ -4,8 +4,9 @@ bucketed plans) and through the family's own case (explicit schedules).
 - correctness against the float32 reference (relative L2 <= ``DECODE.tolerance``: bf16 1e-2,
   fp16 5e-3) over a pairwise-covering set of S_q, S_k, GQA group, head dim, causal alignment
   and dtype; each case through ``sdpa`` (first call, then the plan fast path with a shorter,
-  strided K/V of the same bucket) and through two explicit schedules (the sm_90 default and a
-  three-split PDL schedule with transposed K loads); bottom-right rows that see no key must be
+  strided K/V of the same bucket) and through explicit schedules (the sm_90 default, a
+  three-split PDL schedule with transposed K loads, a block merge, and both folding each key
+  tile as slices of its keys); bottom-right rows that see no key must be
   exact zeros;
 - CuPy inputs (contiguous and a head slice), CUDA graph capture and replay with new inputs;
 - the decode-loop host path: one plan per K/V-length bucket, not per length (sizes bounded, host
@@ -116,7 +117,10 @@ def test_pairwise_correctness(combo: Combo):
         schedules = {"default": default, "split3_pdl": SPLIT3_PDL,
                      # every split merged from one tile (the default's splits, if any)
                      "block": (default if default.splits > 1 else SPLIT3_PDL).replace(
-                         combine="block")}
+                         combine="block"),
+                     # each key tile folded as slices of its keys, merged after the walk
+                     "sliced": default.replace(key_slices=4),
+                     "sliced_split3": SPLIT3_PDL.replace(key_slices=2, exp2=False)}
         for name, schedule in schedules.items():
             err = case.error(case.launcher(schedule))
             assert err <= tol, f"rel L2 {err:.2e} ({name}: {schedule.describe()})"

@@ -2,10 +2,12 @@
 and attention sinks, against the float32 reference (``attention_reference``, which applies
 them explicitly), by relative L2 error within ``DECODE.tolerance``.
 
-Each case runs through the family's own case (``DecodeCase``: NaN-poisoned output) with four
+Each case runs through the family's own case (``DecodeCase``: NaN-poisoned output) with six
 schedules: the sm_90 default, one split (the split kernel normalises and adds the sink itself),
 three splits merged by a programmatic dependent launch with 64-key steps (the stepping combine
-adds the sink once) and five splits merged from one tile (the block combine adds it once). Covered: windows of 1 key and 2 keys, windows longer than the cache (passed as
+adds the sink once), five splits merged from one tile (the block combine adds it once), and the
+one-split and five-split ones folding each key tile as slices of its keys (one slice holds the
+sink). Covered: windows of 1 key and 2 keys, windows longer than the cache (passed as
 the call's window, which the problem's canonical form drops), one-sided and two-sided windows,
 S_q > 1 bottom-right (speculative decoding) and top-left with S_q != S_k, a softcap that binds
 (q scaled up 8x), sinks that dominate (8.0), grouped heads (4, 7, MQA), odd cache lengths, rows
@@ -34,6 +36,9 @@ gpu = pytest.mark.gpu
 ONE_SPLIT = DecodeSchedule(splits=1, tile_n=64, k_latency=2, v_latency=2)
 THREE_PDL = DecodeSchedule(splits=3, combine="pdl", tile_n=64, k_transposed=True)
 FIVE_BLOCK = DecodeSchedule(splits=5, combine="block", tile_n=64)
+#: key tiles folded as slices of their keys (one split: four of 32; five splits: two of 32)
+SLICED = {"one-split-sliced": ONE_SPLIT.replace(tile_n=128, key_slices=4),
+          "five-block-sliced": FIVE_BLOCK.replace(key_slices=2)}
 
 
 def _problem(*, hq=32, hkv=8, sq=1, sk=1025, d=128, dtype="bf16", causal=False,
@@ -68,6 +73,9 @@ CASES = {
 }
 
 
+WHICH = ["default", "one-split", "three-pdl", "five-block", *SLICED]
+
+
 def _case(problem: Problem, *, q_times: float = 1.0, sink: float | None = None):
     case = DECODE.case(problem, 0)
     if q_times != 1.0 or sink is not None:
@@ -82,12 +90,12 @@ def _case(problem: Problem, *, q_times: float = 1.0, sink: float | None = None):
 
 def _schedules(problem: Problem) -> dict[str, DecodeSchedule]:
     return {"default": DECODE.default_schedule("sm_90", problem), "one-split": ONE_SPLIT,
-            "three-pdl": THREE_PDL, "five-block": FIVE_BLOCK}
+            "three-pdl": THREE_PDL, "five-block": FIVE_BLOCK, **SLICED}
 
 
 @gpu
 @pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
+@pytest.mark.parametrize("which", WHICH)
 def test_variant_matches_the_reference(name, which):
     problem = CASES[name]
     case = _case(problem)
@@ -98,7 +106,7 @@ def test_variant_matches_the_reference(name, which):
 
 
 @gpu
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
+@pytest.mark.parametrize("which", WHICH)
 def test_a_softcap_that_binds(which):
     """q scaled up 8x: raw scores of tens, capped at 5; without the cap the softmax would be
     nearly one-hot and the reference far from the uncapped result."""
@@ -112,7 +120,7 @@ def test_a_softcap_that_binds(which):
 
 
 @gpu
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
+@pytest.mark.parametrize("which", WHICH)
 def test_dominant_sinks(which):
     """Sinks of 8.0 take most of each row's weight (scores are O(1)): the output shrinks to a
     fraction of the plain one, which only an exactly-once sink term gets right."""
@@ -128,7 +136,7 @@ def test_dominant_sinks(which):
 
 @gpu
 @pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
-@pytest.mark.parametrize("which", ["default", "one-split", "three-pdl", "five-block"])
+@pytest.mark.parametrize("which", WHICH)
 def test_rows_that_see_no_key_are_zeros(sinks, which):
     """Bottom-right with S_q > S_k and a window: the first S_q - S_k rows see no key."""
     problem = _problem(sq=8, sk=5, causal=True, bottom_right=True, left=2, sinks=sinks)

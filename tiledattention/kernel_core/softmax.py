@@ -11,7 +11,8 @@ import numpy as np
 
 from .numbers import LOG2_E
 
-__all__ = ["online_softmax", "reciprocal", "normalised", "merged_splits", "log_sum_exp"]
+__all__ = ["online_softmax", "reciprocal", "normalised", "merged_splits", "merged_slices",
+           "log_sum_exp"]
 
 
 def online_softmax(qk, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
@@ -76,6 +77,21 @@ def merged_splits(m, total, acc, lses, parts, UNROLL):
         total = total + weight
         acc = acc + parts[u] * weight
     return m_new, total, acc
+
+
+def merged_slices(m_i, l_i, acc, EXP2):
+    """One ``(m, l, acc)`` a row (``[rows, 1]``, ``[rows, 1]``, ``[rows, D]``) from the running
+    states of slices of its keys, stacked on the first axis (``[W, rows, ...]``; a slice that
+    saw no key has ``l`` and ``acc`` 0 and a finite ``m``): each rescaled to the largest max.
+    """
+    m = ct.max(m_i, axis=0, keepdims=True)  # [1, rows, 1]
+    if EXP2:
+        weight = ct.exp2(m_i - m, flush_to_zero=True)  # [W, rows, 1]
+    else:
+        weight = ct.exp(m_i - m)
+    rows = m_i.shape[1]
+    return (m.reshape((rows, 1)), ct.sum(l_i * weight, axis=0),
+            ct.sum(acc * weight, axis=0))
 
 
 def log_sum_exp(m_i, l_i, EXP2, EMPTY):

@@ -93,7 +93,13 @@ SWEEPS = {5: ((12, 12, 12, 21851, 128, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
                (3, 40, 40, 2000, 64, "bf16"), (29, 16, 4, 1300, 64, "fp16"),
                (5, 24, 24, 1200, 48, "bf16"), (10, 32, 8, 1200, 64, "bf16"),
                (1, 64, 64, 1500, 64, "bf16"), (22, 16, 4, 1000, 64, "fp16"),
-               (12, 32, 8, 2500, 64, "bf16"), (110, 8, 1, 2200, 64, "bf16"))}
+               (12, 32, 8, 2500, 64, "bf16"), (110, 8, 1, 2200, 64, "bf16")),
+          23: ((3, 28, 28, 1300, 128, "bf16"), (9, 16, 8, 900, 128, "fp16"),
+               (76, 8, 1, 1100, 128, "bf16"), (11, 56, 8, 1700, 128, "fp16"),
+               (10, 32, 8, 1200, 128, "bf16"), (4, 16, 16, 1800, 128, "bf16"),
+               (2, 48, 48, 1200, 64, "bf16"), (12, 32, 8, 1100, 64, "bf16"),
+               (1, 32, 8, 32768, 128, "bf16"), (1, 32, 8, 8192, 128, "bf16"),
+               (17, 32, 8, 16000, 128, "bf16"), (24, 32, 8, 3000, 128, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
 FORMS = {5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 13: ((3, 2),),
          18: ((1, 1), (1, 2), (2, 2)), 19: ((1, 1),), 20: ((1, 1),)}
@@ -115,10 +121,13 @@ SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 6
 WAVES = {12: ((3, 64, 2, 2), (2, 128, 2, 2), (1, 128, 3, 2), (4, 32, 4, 4)),
          14: ((4, 32, 4, 4), (4, 64, 2, 2), (3, 64, 2, 2), (3, 128, 2, 2)),
          16: ((4, 32, 4, 4), (3, 64, 2, 2), (4, 64, 2, 2), (3, 64, 3, 3))}
+#: sweep 23: (key slices, key step, splits, CTAs an SM; 0: the default's)
+SLICES = {23: ((2, 0, 0, 0), (4, 0, 0, 0), (8, 0, 0, 0), (4, 256, 0, 0), (4, 64, 0, 0),
+               (4, 0, 1, 1))}
 #: each sweep's rule (``before``)
 RULES = {5: "part", 6: "part", 9: "three", 10: "three", 11: "three", 12: "fill4",
          13: "short-wave", 14: "fill4", 15: "short-wave", 16: "fill4", 18: "arch", 19: "arch",
-         20: "arch", 21: "alone", 22: "alone"}
+         20: "arch", 21: "alone", 22: "alone", 23: "arch"}
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
                    (5, 28, 28, 50000, 80, "bf16"), (23, 56, 7, 7000, 64, "bf16"),
                    (44, 16, 4, 9000, 96, "fp16"), (2, 80, 80, 40000, 64, "bf16"),
@@ -222,6 +231,10 @@ def main():
             forms[p][f"s{sp} occ{o} n{n} K{k}"] = old.replace(
                 splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v,
                 combine="block_pdl" if sp > 1 else old.combine)
+        for w, n, sp, o in SLICES.get(args.sweep, ()):
+            form = old.replace(key_slices=w, tile_n=n or old.tile_n, splits=sp or old.splits,
+                               occupancy=o or old.occupancy)
+            forms[p][f"ks{w} n{form.tile_n} s{form.splits} occ{form.occupancy}"] = form
         for o, n, k, v in WAVES.get(args.sweep, ()):
             sp = max(1, min(o * SM_COUNTS["hopper"] // layout(p, old).rows, p.seqlen_k // 256))
             forms[p][f"w{o} s{sp} n{n} K{k}"] = old.replace(

@@ -45,7 +45,13 @@ read as a 16-bit tile, the compiler feeds the value product by transposing loads
 memory (``LDSM.T``), where a tile of bytes is gathered a byte at a time (``LDS.U8``). Each
 word's low and high bytes (the even and odd head-dim columns) widen into a tile of their own,
 each multiplied into an accumulator of its own, and the two are interleaved back into head-dim
-order once, after the walk. Every
+order once, after the walk. ``KEY_SLICES`` (``W`` > 1): each key tile is folded as ``W``
+slices of ``TILE_N / W`` consecutive keys (3-D ``[W, ...]`` tiles: the query tile broadcast
+over the slices, ``ct.mma`` batched over them), each slice with its own running max,
+denominator and accumulator, merged once after the walk (``merged_slices``): a slice's row
+reductions stay within the warp that holds it, where a whole tile's meet across the CTA's
+warps every step (named barriers and shared-memory exchanges). A sink joins the first
+slice's state. Every
 UPPER_CASE parameter is a compile-time constant (``_launch``); nothing here depends on ``S_k``
 at compile time, so a decode loop whose cache grows by a key per step reuses one compiled
 kernel.
@@ -59,7 +65,8 @@ import numpy as np
 from ...kernel_core.bounds import decode_key_tiles
 from ...kernel_core.numbers import LOG2_E, NEG_BIG
 from ...kernel_core.ranges import page_rows, sequence_view
-from ...kernel_core.softmax import log_sum_exp, merged_splits, normalised, online_softmax
+from ...kernel_core.softmax import (log_sum_exp, merged_slices, merged_splits, normalised,
+                                    online_softmax)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -135,6 +142,7 @@ def decode_split(
     TILE_G: ConstInt,  # query heads per tile (>= G' when packed; padded heads are zeros)
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
+    KEY_SLICES: ConstInt,  # slices of TILE_N / KEY_SLICES keys, each with its own state
     TILE_D: ConstInt,  # head_dim rounded up to a power of two
     CAUSAL: ConstBool,
     EXP2: ConstBool,
@@ -157,6 +165,14 @@ def decode_split(
 ):
     TILE_M = ct.static_eval(TILE_G * TILE_S)
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
+    W = KEY_SLICES
+    SLICE = ct.static_eval(TILE_N // KEY_SLICES)  # keys a slice
+    SLICED = ct.static_eval(KEY_SLICES > 1)
+    # the running state's, a score tile's and a key index's shapes: 3-D, a slice a row, when
+    # sliced
+    STATE = ct.static_eval((W, TILE_M, 1) if SLICED else (TILE_M, 1))
+    ACC = ct.static_eval((W, TILE_M, TILE_D) if SLICED else (TILE_M, TILE_D))
+    KEYS = ct.static_eval((W, 1, SLICE) if SLICED else (1, TILE_N))
     heads = Q.shape[1]
     num_q_tiles = ct.cdiv(Q.shape[3], TILE_S)
     row = ct.bid(0)  # (batch x head of the view) x query tile
@@ -219,6 +235,7 @@ def decode_split(
     first_pos = q_tile * TILE_S
     # packed row r is head r // TILE_S at position first_pos + r % TILE_S
     positions = first_pos + ct.arange(TILE_M, dtype=np.int32)[:, None] % TILE_S  # [TILE_M, 1]
+    row_positions = positions.reshape((1, TILE_M, 1)) if SLICED else positions
     # this split's key tiles [start, stop); with WINDOW row i keeps keys i + lo_shift .. i +
     # hi_shift, and the tiles before unmask_from are masked too
     lo_shift, hi_shift, start, unmask_from, mask_from, stop = decode_key_tiles(
@@ -242,21 +259,28 @@ def decode_split(
         scale = scale * q_factor
         cap_in = cap_in * q_factor
     if SINKS:  # DIRECT, or TAIL's unsplit rows (the combine adds a split row's sink)
-        # the sink as a key of value 0 seen first: max = sink, denominator 1
+        # the sink as a key of value 0 seen first (sliced: by the first slice): max = sink,
+        # denominator 1
         m_i = _row_sinks(Sinks, head, Q.shape[2], TILE_G, TILE_S, EXP2)  # [TILE_M, 1]
         l_i = ct.full((TILE_M, 1), 1.0, dtype=np.float32)
+        if SLICED:
+            first = ct.broadcast_to(ct.arange(W, dtype=np.int32).reshape((W, 1, 1)) == 0, STATE)
+            m_i = ct.where(first, ct.broadcast_to(m_i.reshape((1, TILE_M, 1)), STATE), NEG_BIG)
+            l_i = ct.where(first, ct.full(STATE, 1.0, dtype=np.float32), 0.0)
         if TAIL:
-            own = ct.full((TILE_M, 1), tail, dtype=np.int32) == 0
+            own = ct.full(STATE, tail, dtype=np.int32) == 0
             m_i = ct.where(own, m_i, NEG_BIG)
             l_i = ct.where(own, l_i, 0.0)
     else:
-        m_i = ct.full((TILE_M, 1), NEG_BIG, dtype=np.float32)
-        l_i = ct.full((TILE_M, 1), 0.0, dtype=np.float32)
+        m_i = ct.full(STATE, NEG_BIG, dtype=np.float32)
+        l_i = ct.full(STATE, 0.0, dtype=np.float32)
     if KV_FP8:  # the even and odd head-dim columns' accumulators
         acc = (ct.full((TILE_M, TILE_D // 2), 0.0, dtype=np.float32),
                ct.full((TILE_M, TILE_D // 2), 0.0, dtype=np.float32))
     else:
-        acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
+        acc = ct.full(ACC, 0.0, dtype=np.float32)
+    if SLICED:  # every slice scores the same query rows
+        q = ct.broadcast_to(q.reshape((1, TILE_M, TILE_D)), (W, TILE_M, TILE_D))
 
     def load_kv(A, j, latency, width):
         """Key / value tile ``j`` as ``[TILE_N, width]``: from the entry's pages with ``PAGED``
@@ -277,23 +301,31 @@ def decode_split(
             k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                         order=(0, 1, 3, 2), padding_mode=PAD,
                         latency=ct.static_eval(K_LATENCY or None)).reshape((TILE_D, TILE_N))
+            if SLICED:  # [W, TILE_D, SLICE]
+                k = ct.permute(k.reshape((TILE_D, W, SLICE)), (1, 0, 2))
         else:
-            k = ct.transpose(load_kv(K, j, latency=K_LATENCY, width=TILE_D))  # [TILE_D, TILE_N]
+            k = load_kv(K, j, latency=K_LATENCY, width=TILE_D)  # [TILE_N, TILE_D]
+            if SLICED:  # [W, TILE_D, SLICE]
+                k = ct.transpose(k.reshape((W, SLICE, TILE_D)), 1, 2)
+            else:
+                k = ct.transpose(k)  # [TILE_D, TILE_N]
         if KV_FP8:
             k = k.astype(q.dtype)
-        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
-        qk = ct.mma(q, k, qk)  # [TILE_M, TILE_N]
+        # the scores: [TILE_M, TILE_N], or sliced [W, TILE_M, SLICE] (below, "scores")
+        qk = ct.mma(q, k, ct.full((W, TILE_M, SLICE) if SLICED else (TILE_M, TILE_N), 0.0,
+                                  dtype=np.float32))
         if SOFTCAP:
-            qk = ct.tanh(qk * cap_in) * cap_out  # [TILE_M, TILE_N], scaled
+            qk = ct.tanh(qk * cap_in) * cap_out  # scaled
         if masked:
-            keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
+            keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32).reshape(KEYS)
             keep = keys < seqlen_k
             if WINDOW:
-                keep = keep & (keys >= positions + lo_shift) & (keys <= positions + hi_shift)
+                keep = keep & (keys >= row_positions + lo_shift) & (
+                    keys <= row_positions + hi_shift)
             elif CAUSAL:
-                keep = keep & (keys <= positions + causal_offset)  # [TILE_M, TILE_N]
+                keep = keep & (keys <= row_positions + causal_offset)  # scores' shape
             qk = ct.where(keep, qk, -np.inf)
-        # p: [TILE_M, TILE_N]; capped scores are scaled already
+        # p: the scores' shape; capped scores are scaled already
         p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
         # [TILE_N, TILE_D], or KV_FP8 [TILE_N, TILE_D / 2] words
         v = load_kv(V, j, latency=V_LATENCY, width=TILE_D // 2 if KV_FP8 else TILE_D)
@@ -313,7 +345,9 @@ def decode_split(
             acc_even, acc_odd = acc
             acc = (ct.mma(p, even, acc_even * alpha), ct.mma(p, odd, acc_odd * alpha))
         else:
-            acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # [TILE_M, TILE_D]
+            if SLICED:
+                v = v.reshape((W, SLICE, TILE_D))
+            acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # ACC
         return m_i, l_i, acc
 
     if WINDOW:
@@ -330,6 +364,8 @@ def decode_split(
     if KV_FP8:
         acc_even, acc_odd = acc
         acc = _interleaved(acc_even, acc_odd)  # [TILE_M, TILE_D]
+    if SLICED:  # [TILE_M, 1] x2, [TILE_M, TILE_D]
+        m_i, l_i, acc = merged_slices(m_i, l_i, acc, EXP2)
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
     out = normalised(acc, l_i)  # [TILE_M, TILE_D]

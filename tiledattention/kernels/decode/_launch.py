@@ -25,7 +25,7 @@ from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._problem import Problem, default_scale, padded_head_dim, page_tile
 from ._flat import FlatLaunches, flat_launches, flat_scratch, flat_scratch_shapes, launch_flat
-from ._schedule import TILES_M, DecodeSchedule
+from ._schedule import MIN_SLICE_KEYS, TILES_M, DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
@@ -196,8 +196,9 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     one cache length or a window (whose walk is at most the window's), ``longest_first`` but
     for a paged batch of more than one entry without a flat walk, ``pack_heads`` when
     each K/V head has one query head, ``tile_m`` at the smallest value that gives the same
-    tiling, and for a paged cache ``k_transposed`` canonical (a page's keys load as rows;
-    idempotent; ``schedule`` itself when nothing changes). ``flat`` stays on only where it
+    tiling, ``key_slices`` at most ``tile_n / 16`` (1 for a flat walk or an FP8 cache), and
+    for a paged cache ``k_transposed`` canonical (a page's keys load as rows; idempotent;
+    ``schedule`` itself when nothing changes). ``flat`` stays on only where it
     applies (:func:`flat_applies`), and then one split, no balance and no tail."""
     changes: dict[str, Any] = {}
     canonical = DecodeSchedule()
@@ -230,6 +231,10 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         changes["balanced"] = False  # one split, entries of one length, or a window's walk
     if schedule.longest_first and not ordered(problem, schedule):
         changes["longest_first"] = False
+    slices = (1 if schedule.flat or problem.kv_dtype
+              else min(schedule.key_slices, schedule.tile_n // MIN_SLICE_KEYS))
+    if slices != schedule.key_slices:  # the flat walk and an FP8 cache fold whole tiles
+        changes["key_slices"] = slices
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
         changes["pack_heads"] = canonical.pack_heads
     tiles = layout(problem, schedule)
@@ -262,6 +267,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
     tail = tail_rows(problem, schedule) > 0
     return {
         "TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "TILE_N": schedule.tile_n,
+        "KEY_SLICES": schedule.key_slices,
         "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
         "EXP2": schedule.exp2, "K_TRANSPOSED": schedule.k_transposed,
         "K_LATENCY": schedule.k_latency or 0, "V_LATENCY": schedule.v_latency or 0,

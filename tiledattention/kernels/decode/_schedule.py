@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...core._schedule_value import ScheduleValue
 from ...errors import ScheduleError
 
-__all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT"]
+__all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT", "KEY_SLICES", "MIN_SLICE_KEYS"]
 
 DECODE_SCHEDULE_FORMAT = 1
 #: How the splits are merged: a second kernel walking a row's splits a few at a time, the same
@@ -20,6 +20,9 @@ DECODE_SCHEDULE_FORMAT = 1
 #: one too as a dependent launch (``"block_pdl"``).
 COMBINES = ("kernel", "pdl", "block", "block_pdl")
 _TILES_N = (16, 32, 64, 128, 256)
+KEY_SLICES = (1, 2, 4, 8)
+#: Fewest keys a slice of a key tile holds: the value product's reduction is 16 keys deep.
+MIN_SLICE_KEYS = 16
 TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
 MAX_SPLITS = 256
 MAX_TAIL_ROWS = 1 << 20
@@ -59,6 +62,11 @@ class DecodeSchedule(ScheduleValue):
             positions as fit (at least one position; at least 16 rows).
         pack_heads: pack the query heads that share a K/V head into one tile (each K/V tile is
             read once per K/V head); otherwise one query head per CTA.
+        key_slices: fold each key tile as this many slices of ``tile_n / key_slices``
+            consecutive keys (1, 2, 4 or 8), each slice with its own running max, denominator
+            and accumulator, merged once after the walk: the warps of a CTA each take a slice
+            and need not meet every step to reduce a row's max and sum across the tile. At
+            least 16 keys a slice; 16-bit caches only.
     Kernel options and loads:
         occupancy (1..32), num_worker_warps (None, 4 or 8), k_latency / v_latency (1..10 or
         None), k_transposed (load K transposed), exp2 (base-2 softmax with flush-to-zero).
@@ -73,6 +81,7 @@ class DecodeSchedule(ScheduleValue):
     tile_n: int = 64
     tile_m: int = 16
     pack_heads: bool = True
+    key_slices: int = 1
     occupancy: int = 1
     num_worker_warps: int | None = None
     k_latency: int | None = None
@@ -82,10 +91,10 @@ class DecodeSchedule(ScheduleValue):
 
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
-    # a schedule without balanced splits, a tail or a flat walk keeps the dict (and key) it had
-    # before they existed
-    ADDED_FIELDS = ("balanced", "tail_rows", "flat", "longest_first")
-    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat", "longest_first")
+    # a schedule without balanced splits, a tail, a flat walk or key slices keeps the dict (and
+    # key) it had before they existed
+    ADDED_FIELDS = ("balanced", "tail_rows", "flat", "longest_first", "key_slices")
+    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat", "longest_first", "key_slices")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,6 +108,7 @@ class DecodeSchedule(ScheduleValue):
                                 f"{self.combine!r}")
         self._check_choice("tile_n", self.tile_n, _TILES_N)
         self._check_choice("tile_m", self.tile_m, TILES_M)
+        self._check_choice("key_slices", self.key_slices, KEY_SLICES)
         self._check_int_range("occupancy", self.occupancy, 1, 32)
         if self.num_worker_warps is not None:
             self._check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
@@ -119,6 +129,8 @@ class DecodeSchedule(ScheduleValue):
                  f"n{self.tile_n}", f"m{self.tile_m}", f"occ{self.occupancy}"]
         if not self.pack_heads:
             parts.append("unpacked")
+        if self.key_slices > 1:
+            parts.append(f"ks{self.key_slices}")
         if self.num_worker_warps is not None:
             parts.append(f"w{self.num_worker_warps}")
         if self.k_latency is not None or self.v_latency is not None:
