@@ -35,6 +35,7 @@ _FULL = {
     "k_transposed": (False, True),
     "pack_heads": (True, False),
     "exp2": (True, False),
+    "key_slices": (1, 2, 4),  # each key tile folded as slices of its keys (8: more code)
 }
 # What the shipped sm_90 rows were tuned over: the dimensions an H100 sweep showed to matter
 # for S_q = 1 (docs/records/benchmarks/decode/README.md), the rest at the base schedule's values.
@@ -72,7 +73,7 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     the base's stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
     (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9). The flat walk
     only where it applies (a plain 16-bit paged cache), and so the longest-first order (a paged
-    batch of several entries)."""
+    batch of several entries). Key slices but for an FP8 cache (which folds whole tiles)."""
     choices = dict(space.choices)
     base = space.base
     if "combine" not in choices:
@@ -88,6 +89,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         names.append("balanced")
     if problem.seqlen_q == 1:
         names.append("tile_m")
+    if problem.kv_dtype:
+        names.append("key_slices")
     if "tail_rows" in choices:
         tail = rows_past_waves(problem, base, 2 * SM_COUNTS[generation(space.arch)])
         if problem.ragged or choices["splits"] == (1,) or not tail:

@@ -9,6 +9,7 @@ written, same run) on the valid K/V bytes read once.
 
 ``--check``: other points (none of the sweep's), the default against the default before the
 paged rule (128-key steps, one wave of splits by the cache rule, occupancy 1) and FA4.
+``--slices``: the sweep's points, the default against it with two and four key slices.
 """
 
 import sys
@@ -91,6 +92,8 @@ def main():
                       "occ2 K4": d.replace(occupancy=2, k_latency=4)}
         if check:
             candidates = {"default": d, "previous": previous_default(p, d)}
+        if "--slices" in sys.argv:  # each key tile folded as slices of its keys
+            candidates = {"default": d, **{f"ks{w}": d.replace(key_slices=w) for w in (2, 4)}}
         fns = {name: case.launcher(s) for name, s in candidates.items()}
         errors = {name: case.error(run) for name, run in fns.items()}
         add_fa4(p, case, fns, errors)
