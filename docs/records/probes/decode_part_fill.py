@@ -1,9 +1,9 @@
 """Contiguous decode schedules beside cuDNN, whence the rules of
 ``kernels/decode/_defaults.py`` (sections 49-58 of ``docs/records/benchmarks/paged/issue49/
 README.md``; ``RULES``: each sweep's rule, ``CHECKS``: each rule's held-out calls; sweeps 1-2
-at 6582740, 3-4 and 7-8 at 5413213, sweep 17 and checks four, tail, tail-held at d23e0ed). A
-check times the rule's default against the one before (GPU, isolated). Interleaved, medians of
-15, L2 flushed.
+at 6582740, 3-4 and 7-8 at 5413213, 5-6 at d06c1f7, sweep 17 and checks four, tail, tail-held
+at d23e0ed). A check times the rule's default against the one before (GPU, isolated).
+Interleaved, medians of 15, L2 flushed.
 
     source .devtk/setup.sh && python3 -u docs/records/probes/decode_part_fill.py --sweep 15
 """
@@ -16,8 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import tiledattention as ta
 from tiledattention.kernels.decode import layout
 from tiledattention.core._compile import SM_COUNTS
-from tiledattention.kernels.decode._defaults import PART_WAVE_MIN_KEYS, TAIL_MAX_SPLITS
-from tiledattention.kernels.decode._launch import rows_past_waves
+from tiledattention.kernels.decode._defaults import PART_WAVE_MIN_KEYS
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, "docs/records/probes")
@@ -25,14 +24,7 @@ from compile_ahead import compile_ahead  # noqa: E402
 from paged_defaults import default_with  # noqa: E402
 
 # (batch, heads_q, heads_kv, keys, head dim, dtype)
-SWEEPS = {5: ((12, 12, 12, 21851, 128, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
-              (20, 8, 8, 12000, 128, "fp16"), (19, 56, 8, 30000, 128, "bf16"),
-              (150, 8, 1, 8000, 128, "bf16"), (11, 16, 16, 40000, 128, "fp16"),
-              (12, 12, 12, 21851, 64, "bf16"), (24, 28, 7, 9000, 96, "bf16")),
-          6: ((18, 32, 8, 12000, 128, "fp16"), (140, 8, 1, 10000, 128, "bf16"),
-              (10, 16, 16, 30000, 128, "bf16"), (23, 56, 7, 7000, 128, "bf16"),
-              (9, 16, 16, 50000, 96, "fp16"), (46, 24, 4, 8000, 64, "bf16")),
-          9: ((12, 64, 8, 35053, 128, "bf16"), (96, 8, 1, 10759, 128, "fp16"),
+SWEEPS = {9: ((12, 64, 8, 35053, 128, "bf16"), (96, 8, 1, 10759, 128, "fp16"),
               (12, 32, 8, 20000, 128, "bf16"), (100, 8, 1, 30000, 128, "fp16"),
               (13, 56, 7, 50000, 128, "bf16"), (23, 16, 4, 8000, 96, "bf16")),
           10: ((12, 64, 8, 35053, 128, "bf16"), (96, 8, 1, 10759, 128, "fp16"),
@@ -101,7 +93,7 @@ SWEEPS = {5: ((12, 12, 12, 21851, 128, "bf16"), (17, 32, 8, 16000, 128, "bf16"),
                (1, 32, 8, 32768, 128, "bf16"), (1, 32, 8, 8192, 128, "bf16"),
                (17, 32, 8, 16000, 128, "bf16"), (24, 32, 8, 3000, 128, "bf16"))}
 #: (splits, CTAs an SM) of each sweep's forms; short-cache sweeps add 64-key steps
-FORMS = {5: ((3, 2), (5, 2), (7, 2)), 6: ((3, 2),), 13: ((3, 2),),
+FORMS = {13: ((3, 2),),
          18: ((1, 1), (1, 2), (2, 2)), 19: ((1, 1),), 20: ((1, 1),)}
 #: sweeps 9-11 (89-102 rows), 13, 15: (splits, CTAs an SM, key step, K and V loads ahead)
 SHAPES = {9: ((2, 2, 128, 2, 2), (3, 2, 128, 2, 2), (11, 2, 128, 2, 2), (4, 3, 64, 2, 2),
@@ -125,7 +117,7 @@ WAVES = {12: ((3, 64, 2, 2), (2, 128, 2, 2), (1, 128, 3, 2), (4, 32, 4, 4)),
 SLICES = {23: ((2, 0, 0, 0), (4, 0, 0, 0), (8, 0, 0, 0), (4, 256, 0, 0), (4, 64, 0, 0),
                (4, 0, 1, 1))}
 #: each sweep's rule (``before``)
-RULES = {5: "part", 6: "part", 9: "three", 10: "three", 11: "three", 12: "fill4",
+RULES = {9: "three", 10: "three", 11: "three", 12: "fill4",
          13: "short-wave", 14: "fill4", 15: "short-wave", 16: "fill4", 18: "arch", 19: "arch",
          20: "arch", 21: "alone", 22: "alone", 23: "arch"}
 CHECKS = {"part": ((8, 18, 18, 30000, 64, "bf16"), (17, 32, 8, 24000, 64, "fp16"),
@@ -220,13 +212,6 @@ def main():
         for s, o in FORMS.get(args.sweep, ()):
             forms[p][f"s{s} occ{o}"] = old.replace(
                 splits=s, occupancy=o, combine="block_pdl" if s > 1 else old.combine)
-        if args.sweep in (5, 6):  # only the rows past the SMs split
-            sms = SM_COUNTS["hopper"]
-            tail = rows_past_waves(p, old, sms)
-            for occ in (1, 2):
-                forms[p][f"tail occ{occ}"] = old.replace(
-                    splits=max(2, min(TAIL_MAX_SPLITS, sms // tail)), tail_rows=tail,
-                    occupancy=occ, combine="block_pdl")
         for sp, o, n, k, v in SHAPES.get(args.sweep, ()):
             forms[p][f"s{sp} occ{o} n{n} K{k}"] = old.replace(
                 splits=sp, occupancy=o, tile_n=n, k_latency=k, v_latency=v,

@@ -108,7 +108,7 @@ PART_WAVE_SPLITS = 3
 #: an SM unsplit and split only the rows past it (``tail_rows``) to fill a second, merged as a
 #: dependent: one split at two CTAs an SM runs two on only a few SMs and one on the rest. On an
 #: H100 (section 52 of docs/records/benchmarks/paged/issue49/README.md;
-#: docs/records/probes/decode_part_fill.py ``--sweep 5`` and ``6``: 14 calls of 136-184 rows,
+#: docs/records/probes/decode_part_fill.py at d06c1f7 ``--sweep 5``, ``6``: 14 calls, 136-184 rows,
 #: D 64-128, 7000-50000 keys) it ran 1.014-1.195x one split on 13 and 1.03-1.05x the three
 #: splits below D 128 (four calls). It loses (``--check-tail``) where the tail's splits fill
 #: few SMs (4 rows past in 8 splits: 0.964x) or whole entries round the tail up past twice
