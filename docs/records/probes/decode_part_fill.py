@@ -1,5 +1,5 @@
 """Contiguous decode schedules beside cuDNN, whence the rules of
-``kernels/decode/_defaults.py`` (sections 49-58 of ``docs/records/benchmarks/paged/issue49/
+``kernels/decode/_defaults.py`` (sections 49-60 of ``docs/records/benchmarks/paged/issue49/
 README.md``; ``RULES``: each sweep's rule, ``CHECKS``: each rule's held-out calls; sweeps 1-2
 at 6582740, 3-4 and 7-8 at 5413213, 5-6 at d06c1f7, sweep 17 and checks four, tail, tail-held
 at d23e0ed). A check times the rule's default against the one before (GPU, isolated).

@@ -66,7 +66,8 @@ class DecodeSchedule(ScheduleValue):
             consecutive keys (1, 2, 4 or 8), each slice with its own running max, denominator
             and accumulator, merged once after the walk: the warps of a CTA each take a slice
             and need not meet every step to reduce a row's max and sum across the tile. At
-            least 16 keys a slice; 16-bit caches only.
+            least 16 keys a slice; 16-bit caches only. Off by default: on an H100 it ran
+            slower on most calls measured (docs/records/benchmarks/paged/issue49, section 60).
     Kernel options and loads:
         occupancy (1..32), num_worker_warps (None, 4 or 8), k_latency / v_latency (1..10 or
         None), k_transposed (load K transposed), exp2 (base-2 softmax with flush-to-zero).
