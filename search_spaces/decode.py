@@ -35,7 +35,8 @@ _FULL = {
     "k_transposed": (False, True),
     "pack_heads": (True, False),
     "exp2": (True, False),
-    "key_slices": (1, 2, 4),  # each key tile folded as slices of its keys (8: more code)
+    # each key tile folded as slices of its keys (8 compiles to more instructions than 4)
+    "key_slices": (1, 2, 4),
 }
 # What the shipped sm_90 rows were tuned over: the dimensions an H100 sweep showed to matter
 # for S_q = 1 (docs/records/benchmarks/decode/README.md), the rest at the base schedule's values.

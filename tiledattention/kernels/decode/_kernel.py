@@ -50,8 +50,9 @@ slices of ``TILE_N / W`` consecutive keys (3-D ``[W, ...]`` tiles: the query til
 over the slices, ``ct.mma`` batched over them), each slice with its own running max,
 denominator and accumulator, merged once after the walk (``merged_slices``): a slice's row
 reductions stay within the warp that holds it, where a whole tile's meet across the CTA's
-warps every step (named barriers and shared-memory exchanges). A sink joins the first
-slice's state. Every
+warps every step (named barriers and shared-memory exchanges); yet on an H100 it walked
+slower on most calls (``docs/records/benchmarks/paged/issue49/``, section 60). A sink joins
+the first slice's state. Every
 UPPER_CASE parameter is a compile-time constant (``_launch``); nothing here depends on ``S_k``
 at compile time, so a decode loop whose cache grows by a key per step reuses one compiled
 kernel.
