@@ -1,9 +1,5 @@
-"""``DecodeSchedule.key_slices`` on the CPU: its validation, a dict form and key that stay what
-they were for schedules that do not slice, ``normalise`` bounding it where a tile cannot be
-sliced, the full search space's choice of it, and the sliced walk compiling for every
-architecture with every variant (a window, softcap, sinks, several splits and a tail, a paged
-cache, transposed K loads, base-e softmax).
-"""
+"""``DecodeSchedule.key_slices`` on the CPU: validation, the dict and key of a schedule without
+slices unchanged, ``normalise``'s bound, the search space, compiles with every variant."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,10 +13,10 @@ from tiledattention.tooling import text_digest
 
 ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
 BASE = DecodeSchedule(tile_n=128, k_latency=2, v_latency=2)
-#: 80 rows of one query head group over a short cache (the calls slicing is for)
+#: 80 rows over a short cache
 ROWS = Problem(batch=10, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=1201, head_dim=128,
                dtype="bf16", causal=False)
-#: every variant at once: 3 query rows bottom-right under a window, softcap and sinks
+#: every variant at once
 VARIANT = Problem(batch=3, heads_q=28, heads_kv=4, seqlen_q=3, seqlen_k=2999, head_dim=96,
                   dtype="fp16", causal=True, bottom_right=True, window_left=700,
                   softcap=30.0, sinks=True)
@@ -54,8 +50,7 @@ def test_normalise_keeps_slices_of_at_least_16_keys(tile_n, asked, kept):
 
 
 def test_an_fp8_cache_and_a_flat_walk_fold_whole_tiles():
-    fp8 = Problem(batch=4, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=4096, head_dim=128,
-                  dtype="bf16", causal=False, kv_dtype="e4m3")
+    fp8 = dataclasses.replace(ROWS, kv_dtype="e4m3")
     assert DECODE.normalise(fp8, BASE.replace(key_slices=4)).key_slices == 1
     flat = DecodeSchedule(flat=True, tile_n=64, key_slices=4)
     assert DECODE.normalise(PAGED, flat).key_slices == 1
@@ -70,12 +65,12 @@ def test_the_full_space_searches_slices_but_for_an_fp8_cache():
 
 
 def test_slices_reach_the_compiled_code_and_a_capped_count_compiles_alike():
-    digests = {w: text_digest(DECODE.compile(ROWS, BASE.replace(key_slices=w), "sm_90").cubin)
-               for w in (1, 2, 4)}
-    assert len(set(digests.values())) == 3
+    def digest(schedule):
+        return text_digest(DECODE.compile(ROWS, schedule, "sm_90").cubin)
+
+    assert len({digest(BASE.replace(key_slices=w)) for w in (1, 2, 4)}) == 3
     capped = BASE.replace(tile_n=32, key_slices=8)  # two slices of 16
-    assert (text_digest(DECODE.compile(ROWS, capped, "sm_90").cubin)
-            == text_digest(DECODE.compile(ROWS, capped.replace(key_slices=2), "sm_90").cubin))
+    assert digest(capped) == digest(capped.replace(key_slices=2))
 
 
 @pytest.mark.parametrize("arch", ARCHES)
