@@ -302,7 +302,8 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     the real ones (``[B, H_kv]``, or broadcasting to it: ``[]``, ``[B, 1]``, ``[1, H_kv]``;
     ``None`` is 1); the output in q's dtype. Decode steps read the pages in place and widen
     each tile; a long query run (chunked prefill) copies the pages its entries read,
-    dequantised.
+    dequantised. A long query run's output has q's strides (a transposed view of packed rows
+    gets one back, no copy); a decode step's is contiguous.
 
     ``order``: a :class:`PagedOrder` of this batch (``PagedOrder(seqused_k)``, made once a
     decode step for all its layers). Where the schedule takes the entries longest cache

@@ -665,6 +665,66 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
         assert calls[-1][1] == [cu[:-1], ends]
 
 
+def test_a_long_query_run_repeating_a_signature_runs_no_checks_again(monkeypatch):
+    """A chunked prefill's second call of a signature runs the ``LongRun`` its first kept
+    (no validation, lookup or key layout again) with the call's own lengths; another
+    ``max_k`` is judged again, and a call with sinks keeps nothing. The output is laid out as
+    q is: a transposed view of packed rows gets a transposed output, which packs with no
+    copy."""
+    from tiledattention.core import _runtime
+    from tiledattention.entry_points import _paged as route
+
+    judged, looked_up, laid_out, launched = [], [], [], []
+    real_check, real_layout = route.check_paged, route.key_layout
+
+    def check(*args):
+        judged.append(args[4].tolist())
+        return real_check(*args)
+
+    def layout(*args):
+        laid_out.append(args[4].shape)
+        return real_layout(*args)
+
+    class Forward(_Forward):
+        name = "forward"
+
+        def paged_lookup(self, bucket, shape):
+            looked_up.append(shape.seqlen_k)
+            return bucket
+
+        def forward_with_lse(self, stream, q, k, v, out, lse, *args, sinks=None, ragged=None):
+            launched.append((ragged.ranges[3].tolist(), sinks is not None))
+            out.copy_(q)
+
+    forward = Forward(in_place=True)
+    monkeypatch.setattr(route, "check_paged", check)
+    monkeypatch.setattr(route, "key_layout", layout)
+    monkeypatch.setattr(route, "check_device", lambda q: None)
+    for module in (route, _runtime):
+        monkeypatch.setattr(module, "device_info",
+                            lambda index: type("I", (), {"arch": "sm_90"}))
+    monkeypatch.setattr(route, "reader", lambda arch, shape: forward)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    runtime = _runtime.Runtime(lambda family, problem, info: type(
+        "R", (), {"schedule": FORWARD.default_schedule("sm_90", problem)}))
+    pool = torch.zeros(8, 16, 2, 32, dtype=torch.bfloat16)
+    table = torch.zeros((2, 3), dtype=torch.int32)
+    packed = torch.randn(2 * 24, 4, 32, dtype=torch.bfloat16)
+    q = packed.unflatten(0, (2, 24)).transpose(1, 2)  # [2, 4, 24, 32], as varlen_attn passes
+    for used, max_k in (([20, 40], 40), ([7, 33], 40), ([20, 40], 48)):
+        out = route.paged_forward(runtime, q, pool, pool, table,
+                                  torch.tensor(used, dtype=torch.int32), max_k=max_k)
+        assert out.stride() == q.stride() and torch.equal(out, q)
+        assert out.transpose(1, 2).reshape(packed.shape).data_ptr() == out.data_ptr()
+    assert judged == [[20, 40], [20, 40]] and looked_up == [40, 48] and len(laid_out) == 2
+    assert launched == [([20, 40], False), ([7, 33], False), ([20, 40], False)]
+    sinks = torch.zeros(4)
+    for _ in range(2):  # sinks: judged every call
+        route.paged_forward(runtime, q, pool, pool, table,
+                            torch.tensor([5, 6], dtype=torch.int32), max_k=40, sinks=sinks)
+    assert len(judged) == 4 and launched[-2:] == [([5, 6], True)] * 2
+
+
 def test_a_mixed_step_repeating_a_signature_runs_no_checks_again(monkeypatch):
     """The second call of a signature takes what the first decided (kept in the runtime under
     its warm key); another ``max_q``, or another table shape, is judged again; a call the

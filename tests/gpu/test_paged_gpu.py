@@ -236,14 +236,20 @@ def test_without_a_mask_and_with_a_window():
     run_and_check([50, 900, 2049], 128, sq=3, window=(255, 0))
 
 
-def test_varlen_attn_with_a_block_table_is_paged_attention():
-    out, (q, k_pages, v_pages, table, seqused, _) = run_and_check([5, 999, 64], 64, sq=2)
-    packed = q.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])  # [N * 2, H, D]
-    cu_q = torch.arange(0, packed.shape[0] + 1, 2, dtype=torch.int32, device="cuda")
-    got = tiledattention.varlen_attn(packed, k_pages, v_pages, cu_q, None, 2, 999,
+@pytest.mark.parametrize("lengths,page_size,sq", [([5, 999, 64], 64, 2),
+                                                  ([300, 999, 128], 64, 80),
+                                                  ([300, 999, 128], 256, 80)])
+def test_varlen_attn_with_a_block_table_is_paged_attention(lengths, page_size, sq):
+    """Sequences of one query count: the paged call's output, packed; a long query run
+    (chunked prefill, copied pages or in place) writes it in the packed layout itself."""
+    out, (q, k_pages, v_pages, table, seqused, _) = run_and_check(lengths, page_size, sq=sq)
+    packed = q.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])  # [N * S_q, H, D]
+    cu_q = torch.arange(0, packed.shape[0] + 1, sq, dtype=torch.int32, device="cuda")
+    got = tiledattention.varlen_attn(packed, k_pages, v_pages, cu_q, None, sq, max(lengths),
                                      is_causal=True, enable_gqa=True, seqused_k=seqused,
                                      block_table=table)
     assert torch.equal(got, out.transpose(1, 2).reshape(packed.shape))
+    assert got.is_contiguous()
 
 
 def check_mixed(out, query, counts, caches, *, is_causal=True, window=(-1, -1)):
@@ -565,22 +571,28 @@ def test_the_flat_walk_over_a_large_batch_with_entries_of_no_keys():
             assert torch.equal(out[b], torch.zeros_like(out[b])), b
 
 
-def test_a_repeated_paged_call_runs_its_kept_plan_on_new_lengths_and_pages(monkeypatch):
-    """The warm path: a decode call repeating an earlier one's signature runs the kept plan
-    without validating (a validation that raises is never reached), and reads the lengths and
-    the block table of this call (new values in the same tensors), as a serving loop's next
-    step does."""
+@pytest.mark.parametrize("sq,page_size", [(1, 16), (80, 16), (80, 128)])
+def test_a_repeated_paged_call_runs_its_kept_plan_on_new_lengths_and_pages(sq, page_size,
+                                                                          monkeypatch):
+    """The warm path: a call repeating an earlier one's signature (a decode step; a long
+    query run over copied pages or in place) runs the kept plan without validating (a
+    validation that raises is never reached), and reads the lengths and the block table of
+    this call (new values in the same tensors), as a serving loop's next step does."""
     from tiledattention.entry_points import _paged
 
-    first = [700, 33, 5000, 129]
-    k_pages, v_pages, table, seqused, _ = paged_cache(first, 16, 4, 128, spare_pages=400)
+    first = [700, 93, 5000, 129]
+    k_pages, v_pages, table, seqused, _ = paged_cache(first, page_size, 4, 128,
+                                                      spare_pages=6400 // page_size)
     gen = torch.Generator(device="cuda").manual_seed(3)
-    q = torch.randn(4, 16, 1, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(4, 16, sq, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
     tiledattention.paged_attention(q, k_pages, v_pages, table, seqused)
+    ran = tiledattention.explain_paged(q, k_pages, v_pages, table, seqused).family
+    assert ran == ("decode" if sq == 1 else "forward")
     # the next step: other lengths over other pages of the same pool
-    later = [1000, 4999, 17, 2048]
-    spare = k_pages.shape[0] - sum(-(-n // 16) for n in later)
-    k2, v2, table2, seqused2, caches = paged_cache(later, 16, 4, 128, seed=9, spare_pages=spare)
+    later = [1000, 4999, 87, 2048]
+    spare = k_pages.shape[0] - sum(-(-n // page_size) for n in later)
+    k2, v2, table2, seqused2, caches = paged_cache(later, page_size, 4, 128, seed=9,
+                                                   spare_pages=spare)
     assert k2.shape == k_pages.shape and table2.shape == table.shape
     k_pages.copy_(k2), v_pages.copy_(v2), table.copy_(table2), seqused.copy_(seqused2)
 

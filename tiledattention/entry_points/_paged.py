@@ -27,11 +27,11 @@ An FP8 cache (float8_e4m3fn pools under bf16 / fp16 queries, with ``k_descale`` 
 decode steps on the same kernels, which widen each key and value tile (``Problem.kv_dtype``);
 a long query run over it copies the entries' pages, dequantised into q's dtype, first.
 
-A decode step without sinks or an FP8 cache that repeats an earlier call's signature
+A call without sinks or an FP8 cache that repeats an earlier call's signature
 (``core._plans.warm_key``: the arrays' shapes, strides, dtypes, devices and ``requires_grad``,
-grad mode, and the other arguments with their types) runs the plan that call kept, with no
-validation, lookup or problem built: the first call of a signature judged all of that, and
-nothing else decides it.
+grad mode, and the other arguments with their types) runs the plan that call kept (a decode
+step's launch plan, a long query run's :class:`LongRun`), with no validation, lookup or
+problem built: the first call of a signature judged all of that, and nothing else decides it.
 
 A decode step over pages is looked up by its batch, query count, page size and longest cache
 (``max_k``, else the block table's capacity; the nearest power of two, as decode steps are):
@@ -209,8 +209,12 @@ def paged_forward(runtime: Runtime, q, k_pages, v_pages, block_table, seqused_k,
         problem, shape = (dataclasses.replace(p, kv_dtype="") for p in (problem, shape))
         family = reader(arch, shape)
     if family.name == "forward":  # a long query run (chunked prefill)
-        return _long_query_run(runtime, family, problem, shape, q, k_pages, v_pages, block_table,
-                               seqused_k, longest, scale, logits, factors)
+        run = _long_query_run(runtime, family, problem, shape, q, k_pages, block_table, longest,
+                              scale, factors)
+        if key is not None and not factors:  # (as a decode step's plan, below)
+            runtime.keep_plan(key, run)
+        return run.run(runtime, q, k_pages, v_pages, device, None, ranges=seqused_k,
+                       pages=block_table, sinks=logits, factors=factors)
     # a decode step: the split-KV kernels' kept plan
     plan = hot.kept_plan(runtime, "paged", family, shape, device, scale, BOTTOM_RIGHT, q,
                          k_pages, v_pages)
@@ -268,28 +272,52 @@ def _ranges(q: torch.Tensor, seqused_k: torch.Tensor, queries: Any, key_stride: 
     sequences = seqused_k.shape[0]
     ranges = torch.empty((4, sequences), dtype=torch.int32, device=q.device)
     if queries is None:
-        ranges[0] = 0
-        ranges[1] = q.shape[2]
+        ranges[:3].zero_()
+        ranges[1].fill_(q.shape[2])
     else:
         ranges[0:2] = queries
     if key_stride:
         torch.arange(0, sequences * key_stride, key_stride, out=ranges[2])
-    else:
-        ranges[2] = 0
-    torch.add(ranges[2], seqused_k.clamp(max=key_limit), out=ranges[3])
+        torch.add(ranges[2], seqused_k.clamp(max=key_limit), out=ranges[3])
+    else:  # keys from 0
+        if queries is not None:
+            ranges[2].zero_()
+        torch.clamp(seqused_k.to(torch.int32), max=key_limit, out=ranges[3])
     return ranges
 
 
-def _long_query_run(runtime: Runtime, family: Any, problem: Any, shape: Any, q, k_pages, v_pages,
-                    block_table, seqused_k, longest: int, scale: Any, logits: Any,
-                    factors: tuple) -> torch.Tensor:
-    """A paged call whose query runs are long (chunked prefill), on the forward family's ragged
-    kernel with the schedule of its bucket without pages (``family.paged_lookup``):
-    :func:`ragged_forward`."""
+class LongRun:
+    """A long query run (chunked prefill) as its first call of one signature judged it: the
+    forward ``family``, the call's ``problem`` and its bucket's ``schedule``, the longest
+    cache, the scale and the keys' :func:`key_layout`. Kept by that signature
+    (``core._plans.warm_key``) where the call has no sinks and no FP8 factors, so a repeat
+    runs :func:`ragged_forward` with no validation, lookup or layout judged again; ``run``
+    takes a decode plan's arguments (``ranges``: ``seqused_k``; ``pages``: the block table)."""
+
+    __slots__ = ("family", "problem", "schedule", "longest", "scale", "layout")
+
+    def __init__(self, family: Any, problem: Any, schedule: Any, longest: int, scale: Any,
+                 layout: tuple) -> None:
+        self.family, self.problem, self.schedule = family, problem, schedule
+        self.longest, self.scale, self.layout = longest, scale, layout
+
+    def run(self, runtime: Runtime, q, k_pages, v_pages, device: int, out: Any, *, ranges,
+            pages, order: Any = None, sinks: Any = None, factors: tuple = ()) -> torch.Tensor:
+        return ragged_forward(self.family, self.problem, self.schedule, q, k_pages, v_pages,
+                              pages, ranges, self.longest, self.scale, sinks, factors,
+                              layout=self.layout)
+
+
+def _long_query_run(runtime: Runtime, family: Any, problem: Any, shape: Any, q, k_pages,
+                    block_table, longest: int, scale: Any, factors: tuple) -> LongRun:
+    """A paged call whose query runs are long (chunked prefill): its :class:`LongRun` on the
+    forward family's ragged kernel with the schedule of its bucket without pages
+    (``family.paged_lookup``)."""
     bucket = family.paged_lookup(problem, shape)
     schedule = runtime.resolution(family, bucket, q.device.index).schedule
-    return ragged_forward(family, problem, schedule, q, k_pages, v_pages, block_table, seqused_k,
-                          longest, scale, logits, factors)
+    return LongRun(family, problem, schedule, longest, scale,
+                   key_layout(family, problem, schedule, k_pages, block_table, longest,
+                              factors, False))
 
 
 def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages, block_table,
@@ -306,7 +334,7 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
     and window aligned bottom-right. ``logits``: the float32 ``[H_q]`` sink logits when
     ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with ``queries`` packed sequences'
     queries ``[tokens, H_q, D]`` (sequence ``b``'s rows ``queries[0, b]:queries[1, b]``, at
-    most ``longest_q``, end to end), whose output (``out``, else new) has q's shape; rows
+    most ``longest_q``, end to end), whose output (``out``, else new and laid out as q is) has q's shape; rows
     outside the first sequence's start and the last one's end are zeros. A caller that wrote
     the launch's int32 ``[4, B]`` ``ranges`` itself passes them with the :func:`key_layout`
     they were written for (``layout``); else both are made here. The forward walks a work
@@ -326,8 +354,8 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
                                factors, q.dtype)
         # the same problem over contiguous caches
         launched, pages = dataclasses.replace(without_pages(problem), kv_dtype=""), None
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:  # laid out as q is: a view of packed rows costs no copy back
+        out = torch.empty_like(q)
     stream = torch.cuda.current_stream(q.device)
     q_view, out_view = (packed_view(x) for x in (q, out)) if packed else (q, out)
     layout = RaggedLayout(ranges, longest_q if packed else q.shape[2], longest, packed, pages,
@@ -394,10 +422,11 @@ def paged_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
              v_descale: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`paged_forward` as a torch op (``torch.compile`` traces it as one node)."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    return paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k,
-                         causal=BOTTOM_RIGHT if causal else False, scale=scale, window=window,
-                         softcap=softcap or None, sinks=sinks, max_k=max_k,
-                         k_descale=k_descale, v_descale=v_descale)
+    out = paged_forward(runtime(), q, k_pages, v_pages, block_table, seqused_k,
+                        causal=BOTTOM_RIGHT if causal else False, scale=scale, window=window,
+                        softcap=softcap or None, sinks=sinks, max_k=max_k,
+                        k_descale=k_descale, v_descale=v_descale)
+    return out.contiguous()  # the layout the fake promises (a long run's follows q's)
 
 
 @paged_op.register_fake

@@ -1,0 +1,105 @@
+"""Chunked prefill over pages against the contiguous call (issue 49's bar: within 5% at pages
+of 16 and 64): pages of 16 and 64 copied first (the route today), pages of 256 read in place;
+``--tiles64`` adds pages of 64 read in place with 64-key tiles (one page a key tile, one TMA
+load). bf16 D 128, bottom-right causal, equal query counts through ``varlen_attn(...,
+block_table=, seqused_k=)``; schedules forced at launch (``packed_batches.
+with_schedule_fields``), in place forced by ``paged_mixed.forward_in_place``.
+GPU view (``time_interleaved``: L2 flushed, interleaved, medians), then the isolated view
+(host counted); every contender checked against the float32 reference first.
+
+    source .devtk/setup.sh && python3 docs/records/probes/chunked_in_place.py [--rounds 9] \\
+        [--tiles64]
+"""
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from packed_batches import with_schedule_fields  # noqa: E402
+from paged_mixed import D, DTYPE, forward_in_place, pages_of, reference  # noqa: E402
+
+import tiledattention as ta  # noqa: E402
+from tuner.measure import time_interleaved  # noqa: E402
+
+#: name, (H_q, H_kv), sequences, queries each, keys each
+POINTS = (("B4 H32/8 512 over 16k", (32, 8), 4, 512, 16384),
+          ("B2 H28/4 1024 over 9000", (28, 4), 2, 1024, 9000),
+          ("B8 H32/8 256 over 5000", (32, 8), 8, 256, 5000))
+#: contender: (page size or 0, in place forced, forced schedule fields)
+FORMS = {"contiguous": (0, False, {}),
+         "p16 copy": (16, False, {}),
+         "p64 copy": (64, False, {}),
+         "p256 in place": (256, False, {})}
+#: ``--tiles64``: 64-key tiles (one page of 64 a tile), with and without two-CTA clusters
+TILES64 = {"contiguous n64": (0, False, {"tile_n": 64}),
+           "contiguous n64 c1": (0, False, {"tile_n": 64, "num_ctas": 1}),
+           "p64 in place n64": (64, True, {"tile_n": 64}),
+           "p64 in place n64 c1": (64, True, {"tile_n": 64, "num_ctas": 1})}
+
+
+def call(query, cu, caches, page, in_place, fields, counts, lengths):
+    hq, hkv = query.shape[1], caches[0][0].shape[1]
+    if page:
+        k, v, table = pages_of(caches, page)
+        used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        extra = {"seqused_k": used, "block_table": table}
+        cu_k = None
+    else:
+        k, v = (torch.cat([c[i] for c in caches]) for i in (0, 1))
+        cu_k = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32,
+                            device="cuda")
+        extra = {}
+
+    def run():
+        return ta.varlen_attn(query, k, v, cu, cu_k, max(counts), max(lengths), is_causal=True,
+                              enable_gqa=hq != hkv, **extra)
+    fn = with_schedule_fields(run, **fields) if fields else run
+    if not in_place:
+        return fn
+
+    def forced():
+        with forward_in_place():
+            return fn()
+    return forced
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--tiles64", action="store_true")
+    args = ap.parse_args()
+    forms = {**FORMS, **(TILES64 if args.tiles64 else {})}
+    rows = ["| call | contender | µs | ÷ contiguous | isolated µs | ÷ contiguous | rel L2 |",
+            "|---|---|---|---|---|---|---|"]
+    for name, (hq, hkv), n, sq, sk in POINTS:
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        caches = [tuple(torch.randn(sk, hkv, D, generator=gen, dtype=DTYPE, device="cuda")
+                        for _ in range(2)) for _ in range(n)]
+        query = torch.randn(n * sq, hq, D, generator=gen, dtype=DTYPE, device="cuda")
+        cu = torch.arange(0, n * sq + 1, sq, dtype=torch.int32, device="cuda")
+        want = reference(query, cu, caches)
+        fns, errs = {}, {}
+        with torch.no_grad():
+            for who, (page, in_place, fields) in forms.items():
+                try:
+                    f = call(query, cu, caches, page, in_place, fields, [sq] * n, [sk] * n)
+                    errs[who] = ((f().float() - want).norm() / want.norm()).item()
+                    fns[who] = f
+                except Exception as exc:  # a form that cannot run: said so
+                    print(f"  {name} {who}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            gpu = time_interleaved(fns, rounds=args.rounds)
+            host = time_interleaved(fns, rounds=args.rounds, host=True)
+        for who in fns:
+            g, h = gpu[who].median_ms, host[who].median_ms
+            rows.append(f"| {name} | {who} | {1e3 * g:.1f} | "
+                        f"{g / gpu['contiguous'].median_ms:.3f} | {1e3 * h:.1f} | "
+                        f"{h / host['contiguous'].median_ms:.3f} | {errs[who]:.1e} |")
+        print("\n".join(rows[-len(fns):]), flush=True)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
