@@ -20,6 +20,7 @@ from tiledattention.core._problem import page_tile
 from tiledattention.kernels.decode._launch import normalise, split_constants
 from tiledattention.core._device import DeviceInfo
 from tiledattention.errors import InputValueError, UnsupportedProblemError
+from tiledattention.kernels.forward._defaults import PAGE_PARTS_MAX_ROWS
 from tiledattention.kernels.forward._launch import kernel_constants as FORWARD_CONSTANTS
 
 from ..paged_kernels import mixed_tables_reference, read_pages_copy
@@ -49,8 +50,9 @@ def test_the_page_size_is_a_variant_field_of_its_own():
 
 def test_which_family_reads_pages_and_when_the_forward_gathers_them():
     """A decode step goes to the split-KV kernels; a chunk of a prefill (many query rows) to
-    the forward's ragged kernel, which reads pages in place only where one page holds a whole
-    key tile (else the call gathers them); the backward refuses paged problems."""
+    the forward's ragged kernel, which reads pages in place where one page holds a whole key
+    tile, or half of one under a bound on the query rows (else the call copies them); the
+    backward refuses paged problems."""
     from tiledattention.entry_points._paged import reader
 
     assert reader("sm_90", _paged(seqlen_q=1)) is DECODE
@@ -59,7 +61,11 @@ def test_which_family_reads_pages_and_when_the_forward_gathers_them():
     assert DECODE.reads_pages and FORWARD.reads_pages and not BACKWARD.reads_pages
     wide = FORWARD.default_schedule("sm_90", chunk)
     assert wide.tile_n == 128
-    assert not FORWARD.reads_pages_with(chunk, wide)  # two pages of 64 a tile: gathered
+    # two pages of 64 a tile: in place up to PAGE_PARTS_MAX_ROWS query rows a K/V group
+    assert FORWARD.reads_pages_with(chunk, wide) and 512 * 4 == PAGE_PARTS_MAX_ROWS
+    assert not FORWARD.reads_pages_with(_paged(seqlen_q=513, page_size=64), wide)
+    assert FORWARD.reads_pages_with(_paged(seqlen_q=2048, heads_kv=32, page_size=64), wide)
+    assert not FORWARD.reads_pages_with(_paged(seqlen_q=64, page_size=32), wide)  # four parts
     assert FORWARD.reads_pages_with(chunk, wide.replace(tile_n=64))
     for size in (128, 256, 384):  # 384: page_tile 128
         assert FORWARD.reads_pages_with(_paged(seqlen_q=512, page_size=size), wide)
@@ -90,17 +96,18 @@ def test_the_paged_forward_walks_masked_tiles_apart():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("page_size", [64, 256])
-def test_the_paged_forward_compiles(arch, page_size):
+@pytest.mark.parametrize("page_size,tile_n", [(64, 64), (64, 128), (256, 0)])
+def test_the_paged_forward_compiles(arch, page_size, tile_n):
+    """In place: a page a key tile, or (pages of 64 under 128-key tiles) two parts of a
+    page's keys a tile; ``tile_n`` 0: the default's."""
     from tiledattention.kernels.forward._compile import compile_schedule
 
     chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384, page_size=page_size)
     schedule = FORWARD.default_schedule(arch, chunk)
-    schedule = FORWARD.normalise(chunk, schedule.replace(tile_n=min(schedule.tile_n,
-                                                                    page_size)))
+    schedule = FORWARD.normalise(chunk, schedule.replace(tile_n=tile_n or schedule.tile_n))
     assert FORWARD.reads_pages_with(chunk, schedule)
     constants = FORWARD_CONSTANTS(chunk, schedule)
-    assert constants["PAGED"] and constants["PAGE_ROWS"] == schedule.tile_n
+    assert constants["PAGED"] and constants["PAGE_ROWS"] == min(page_size, schedule.tile_n)
     assert compile_schedule(chunk, schedule, arch).cubin[:4] == b"\x7fELF"
 
 

@@ -104,9 +104,10 @@ def test_chunked_prefill_and_speculative_steps(sq):
 @pytest.mark.parametrize("page_size", [16, 64, 128, 256, 384])
 def test_chunked_prefill_in_place_or_on_gathered_pages(page_size, monkeypatch):
     """512-row chunks on the forward's ragged kernel: reading the pages in place where a page
-    holds a whole key tile (128 keys or more under the defaults; 384 keys: tiles of 128),
-    else on the gathered pages; one entry has fewer keys than queries (its first rows see
-    none: zeros). Odd lengths end inside pages whose rest is NaN."""
+    holds a whole key tile (128 keys or more under the defaults; 384 keys: tiles of 128), or
+    half of one at 2048 query rows a K/V group or fewer (pages of 64: not the ungrouped H 8/1
+    call's 4096), else on the gathered pages; one entry has fewer keys than queries (its
+    first rows see none: zeros). Odd lengths end inside pages whose rest is NaN."""
     from tiledattention.entry_points import _paged
 
     assert tiledattention.explain_paged(
@@ -126,7 +127,7 @@ def test_chunked_prefill_in_place_or_on_gathered_pages(page_size, monkeypatch):
     # top-left until the conformance test's draw found it)
     run_and_check([700, 2001, 300, 4097], page_size, sq=512, hq=16, hkv=4, causal=False,
                   window=(100, 37))
-    assert bool(gathered) == (page_size < 128), gathered
+    assert len(gathered) == {16: 4, 64: 1}.get(page_size, 0), gathered
 
 
 @pytest.mark.parametrize("page_size, hkv, d, dtype", [
@@ -209,7 +210,7 @@ def test_a_mixed_steps_tables_match_their_reference(sequences, offsets, apart):
 
 def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():
     """The in-place kernel itself at the smallest tile, fp16, grouped heads, called directly
-    (the lookup gathers pages of 64 under its 128-key tiles)."""
+    (the lookup's 128-key tiles read pages of 64 as two parts a tile)."""
     import dataclasses
 
     from tiledattention import FORWARD
@@ -229,6 +230,36 @@ def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():
     assert not out.isnan().any()
     for b in range(len(lengths)):
         assert rel_l2(out[b], want[b]) < TOL[q.dtype], b
+
+
+@pytest.mark.parametrize("page_size,hq,hkv,d,dtype", [
+    (64, 16, 4, 128, torch.bfloat16), (32, 8, 2, 80, torch.float16),
+    (16, 8, 8, 64, torch.bfloat16), (48, 12, 4, 96, torch.bfloat16)])
+@pytest.mark.parametrize("mask", ["causal", "window", "none"])
+def test_a_key_tile_over_smaller_pages_walks_as_parts_of_a_page(page_size, hq, hkv, d, dtype,
+                                                                mask):
+    """Pages smaller than the key tile read in place: each tile walks as parts of a page's
+    keys (a load each), folded as one softmax step. Odd lengths end inside pages whose rest
+    is NaN; one entry has fewer keys than queries; head dims of two parts (80, 96)."""
+    from tiledattention import FORWARD
+    from tiledattention.entry_points._paged import paged_problem, ragged_forward
+
+    lengths = [700, 2001, 150, 4097]
+    k_pages, v_pages, table, seqused, caches = paged_cache(lengths, page_size, hkv, d, dtype, 5)
+    q = torch.randn(len(lengths), hq, 256, d, device="cuda", dtype=dtype)
+    causal, window = {"causal": (True, None), "window": (True, (300, 0)),
+                      "none": (False, None)}[mask]
+    problem, longest = paged_problem(q, k_pages, table, causal, window, None, None,
+                                     max(lengths))
+    schedule = FORWARD.default_schedule("sm_90", problem)
+    assert schedule.tile_n > page_size & -page_size  # parts of a page's keys
+    with torch.no_grad():
+        out = ragged_forward(FORWARD, problem, schedule, q, k_pages, v_pages, table, seqused,
+                             longest, None, layout=(True, 0, table.shape[1] * page_size))
+    want = reference(q, caches, causal, window)
+    assert not out.isnan().any(), "a read outside an entry's keys"
+    for b in range(len(lengths)):
+        assert rel_l2(out[b], want[b]) < TOL[dtype], (b, lengths[b])
 
 
 def test_without_a_mask_and_with_a_window():
@@ -321,7 +352,7 @@ def test_a_mixed_step_of_prefill_chunks_and_decode_tokens(page_size, monkeypatch
                is_causal=False, seed=3)
     mixed_step(counts, lengths, page_size, hq=8, hkv=8, d=96, is_causal=False,
                window=(100, 37), seed=4)
-    assert bool(gathered) == (page_size < 128), gathered
+    assert len(gathered) == {16: 4, 64: 1}.get(page_size, 0), gathered
 
 
 @pytest.mark.parametrize("page_size", [16, 256])

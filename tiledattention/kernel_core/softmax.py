@@ -11,8 +11,8 @@ import numpy as np
 
 from .numbers import LOG2_E
 
-__all__ = ["online_softmax", "reciprocal", "normalised", "merged_splits", "merged_slices",
-           "log_sum_exp"]
+__all__ = ["online_softmax", "online_softmax_parts", "reciprocal", "normalised", "merged_splits",
+           "merged_slices", "log_sum_exp"]
 
 
 def online_softmax(qk, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
@@ -22,22 +22,40 @@ def online_softmax(qk, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
     max. Scores are ``qk * scale`` (``scale`` in the units of ``m_i``), or with ``prescaled``
     (a compile-time bool) ``qk`` itself. ``shift`` (a compile-time float, in the units of
     ``m_i``): ``p`` and ``l`` come out times ``2^shift`` (``e^shift`` without ``EXP2``)."""
-    if prescaled:
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True))  # [rows, 1]
-    else:
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)
+    ps, m_ij, l_i, alpha = online_softmax_parts((qk,), m_i, l_i, scale, EXP2, prescaled, shift)
+    return ps[0], m_ij, l_i, alpha
+
+
+def online_softmax_parts(qks, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
+    """:func:`online_softmax` of one key tile held as parts: ``qks``, a tuple of ``[rows, n]``
+    raw score tiles (its keys, part by part), folded as one step (one new max, one ``alpha``);
+    ``ps``: the parts' probabilities."""
+    m_ij = m_i
+    for i in ct.static_iter(range(len(qks))):
+        qk = qks[i]
+        if prescaled:
+            m_ij = max(m_ij, ct.max(qk, axis=-1, keepdims=True))  # [rows, 1]
+        else:
+            m_ij = max(m_ij, ct.max(qk, axis=-1, keepdims=True) * scale)
     # the shift joins the row's max (one subtraction a row), so that each score costs one
     # fused multiply-add before its exponential, not a multiply-add and an add
     offset = m_ij - shift if shift else m_ij  # [rows, 1]
-    shifted = qk - offset if prescaled else qk * scale - offset  # [rows, TILE_N]
+    ps = ()
+    for i in ct.static_iter(range(len(qks))):
+        qk = qks[i]
+        shifted = qk - offset if prescaled else qk * scale - offset  # [rows, n]
+        if EXP2:
+            ps += (ct.exp2(shifted, flush_to_zero=True),)
+        else:
+            ps += (ct.exp(shifted),)
     if EXP2:
-        p = ct.exp2(shifted, flush_to_zero=True)
         alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)  # [rows, 1]
     else:
-        p = ct.exp(shifted)
         alpha = ct.exp(m_i - m_ij)
-    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
-    return p, m_ij, l_i, alpha
+    l_i = l_i * alpha
+    for i in ct.static_iter(range(len(ps))):
+        l_i = l_i + ct.sum(ps[i], axis=-1, keepdims=True)
+    return ps, m_ij, l_i, alpha
 
 
 def reciprocal(l_i, TILE_M, APPROX_DIV, EMPTY_ROWS):

@@ -1,16 +1,18 @@
 """Chunked prefill over pages against the contiguous call (issue 49's bar: within 5% at pages
-of 16 and 64): pages of 16 and 64 copied first (the route today), pages of 256 read in place;
-``--tiles64`` adds pages of 64 read in place with 64-key tiles (one page a key tile, one TMA
-load). bf16 D 128, bottom-right causal, equal query counts through ``varlen_attn(...,
-block_table=, seqused_k=)``; schedules forced at launch (``packed_batches.
-with_schedule_fields``), in place forced by ``paged_mixed.forward_in_place``.
-GPU view (``time_interleaved``: L2 flushed, interleaved, medians), then the isolated view
-(host counted); every contender checked against the float32 reference first.
+of 16 and 64): each page size as the call's route reads it (``p16``, ``p64``, ``p256``), and
+pages of 16 and 64 forced in place (a key tile walks as parts of a page's keys) or copied
+first (``pages_read``); ``--tiles64`` adds pages of 64 in place under 64-key tiles (one page a
+tile), ``--held`` runs calls the route's rule was not chosen on. bf16, bottom-right causal,
+equal query counts through ``varlen_attn(..., block_table=, seqused_k=)``; schedules forced at
+launch (``packed_batches.with_schedule_fields``). GPU view (``time_interleaved``: L2 flushed,
+interleaved, medians), then the isolated view (host counted); every contender checked
+against the float32 reference first.
 
     source .devtk/setup.sh && python3 docs/records/probes/chunked_in_place.py [--rounds 9] \\
-        [--tiles64]
+        [--tiles64] [--held]
 """
 import argparse
+import contextlib
 import itertools
 import os
 import sys
@@ -19,31 +21,57 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from packed_batches import with_schedule_fields  # noqa: E402
-from paged_mixed import D, DTYPE, forward_in_place, pages_of, reference  # noqa: E402
+from paged_mixed import DTYPE, pages_of, reference  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
 from tuner.measure import time_interleaved  # noqa: E402
 
-#: name, (H_q, H_kv), sequences, queries each, keys each
-POINTS = (("B4 H32/8 512 over 16k", (32, 8), 4, 512, 16384),
-          ("B2 H28/4 1024 over 9000", (28, 4), 2, 1024, 9000),
-          ("B8 H32/8 256 over 5000", (32, 8), 8, 256, 5000))
-#: contender: (page size or 0, in place forced, forced schedule fields)
-FORMS = {"contiguous": (0, False, {}),
-         "p16 copy": (16, False, {}),
-         "p64 copy": (64, False, {}),
-         "p256 in place": (256, False, {})}
+#: name, (H_q, H_kv), sequences, queries each, keys each, head dim
+POINTS = (("B4 H32/8 512 over 16k", (32, 8), 4, 512, 16384, 128),
+          ("B2 H28/4 1024 over 9000", (28, 4), 2, 1024, 9000, 128),
+          ("B8 H32/8 256 over 5000", (32, 8), 8, 256, 5000, 128))
+#: ``--held``: calls the rule (``PAGE_PARTS_MAX_ROWS``) was not chosen on
+HELD = (("B3 H32/8 384 over 12000", (32, 8), 3, 384, 12000, 128),
+        ("B6 H28/4 400 over 3000", (28, 4), 6, 400, 3000, 128),
+        ("B2 H16/2 512 over 7000", (16, 2), 2, 512, 7000, 128),
+        ("B5 H16/16 1000 over 6000", (16, 16), 5, 1000, 6000, 128),
+        ("B1 H32/8 2048 over 16000", (32, 8), 1, 2048, 16000, 128),
+        ("B4 H32/8 640 over 10000 D64", (32, 8), 4, 640, 10000, 64))
+#: contender: (page size or 0, how pages are read: as the call's route decides, or forced
+#: "in place" / "copy", forced schedule fields)
+FORMS = {"contiguous": (0, None, {}),
+         "p16": (16, None, {}),
+         "p16 in place": (16, "in place", {}),
+         "p64": (64, None, {}),
+         "p64 copy": (64, "copy", {}),
+         "p64 in place": (64, "in place", {}),
+         "p256": (256, None, {})}
 #: ``--tiles64``: 64-key tiles (one page of 64 a tile), with and without two-CTA clusters
-TILES64 = {"contiguous n64": (0, False, {"tile_n": 64}),
-           "contiguous n64 c1": (0, False, {"tile_n": 64, "num_ctas": 1}),
-           "p64 in place n64": (64, True, {"tile_n": 64}),
-           "p64 in place n64 c1": (64, True, {"tile_n": 64, "num_ctas": 1})}
+TILES64 = {"contiguous n64": (0, None, {"tile_n": 64}),
+           "contiguous n64 c1": (0, None, {"tile_n": 64, "num_ctas": 1}),
+           "p64 in place n64": (64, "in place", {"tile_n": 64}),
+           "p64 in place n64 c1": (64, "in place", {"tile_n": 64, "num_ctas": 1})}
 
 
-def call(query, cu, caches, page, in_place, fields, counts, lengths):
+@contextlib.contextmanager
+def pages_read(mode):
+    """The forward family reads pages of any size in place (``"in place"``) or copies them
+    (``"copy"``) while inside."""
+    family = type(ta.FORWARD)
+    kept = family.reads_pages_with
+    family.reads_pages_with = lambda self, problem, schedule: mode == "in place"
+    try:
+        yield
+    finally:
+        family.reads_pages_with = kept
+
+
+def call(query, cu, caches, page, mode, fields, counts, lengths):
     hq, hkv = query.shape[1], caches[0][0].shape[1]
     if page:
         k, v, table = pages_of(caches, page)
+        if mode:  # a signature of its own (a repeat runs what its first call decided)
+            table = torch.nn.functional.pad(table, (0, 1 + (mode == "copy")), value=-1)
         used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         extra = {"seqused_k": used, "block_table": table}
         cu_k = None
@@ -57,11 +85,11 @@ def call(query, cu, caches, page, in_place, fields, counts, lengths):
         return ta.varlen_attn(query, k, v, cu, cu_k, max(counts), max(lengths), is_causal=True,
                               enable_gqa=hq != hkv, **extra)
     fn = with_schedule_fields(run, **fields) if fields else run
-    if not in_place:
+    if not mode:
         return fn
 
     def forced():
-        with forward_in_place():
+        with pages_read(mode):
             return fn()
     return forced
 
@@ -70,22 +98,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--tiles64", action="store_true")
+    ap.add_argument("--held", action="store_true", help="the held-out calls instead")
     args = ap.parse_args()
     forms = {**FORMS, **(TILES64 if args.tiles64 else {})}
     rows = ["| call | contender | µs | ÷ contiguous | isolated µs | ÷ contiguous | rel L2 |",
             "|---|---|---|---|---|---|---|"]
-    for name, (hq, hkv), n, sq, sk in POINTS:
+    for name, (hq, hkv), n, sq, sk, d in HELD if args.held else POINTS:
         gen = torch.Generator(device="cuda").manual_seed(2)
-        caches = [tuple(torch.randn(sk, hkv, D, generator=gen, dtype=DTYPE, device="cuda")
+        caches = [tuple(torch.randn(sk, hkv, d, generator=gen, dtype=DTYPE, device="cuda")
                         for _ in range(2)) for _ in range(n)]
-        query = torch.randn(n * sq, hq, D, generator=gen, dtype=DTYPE, device="cuda")
+        query = torch.randn(n * sq, hq, d, generator=gen, dtype=DTYPE, device="cuda")
         cu = torch.arange(0, n * sq + 1, sq, dtype=torch.int32, device="cuda")
         want = reference(query, cu, caches)
         fns, errs = {}, {}
         with torch.no_grad():
-            for who, (page, in_place, fields) in forms.items():
+            for who, (page, mode, fields) in forms.items():
                 try:
-                    f = call(query, cu, caches, page, in_place, fields, [sq] * n, [sk] * n)
+                    f = call(query, cu, caches, page, mode, fields, [sq] * n, [sk] * n)
                     errs[who] = ((f().float() - want).norm() / want.norm()).item()
                     fns[who] = f
                 except Exception as exc:  # a form that cannot run: said so

@@ -9,8 +9,18 @@ from ...core._problem import Problem, head_dim_parts
 from ._launch import packable
 from ._schedule import Schedule
 
-__all__ = ["default_schedule", "row_keys", "PACKED_SHORT", "PACKED_SAWTOOTH", "packs_heads"]
+__all__ = ["default_schedule", "row_keys", "PACKED_SHORT", "PACKED_SAWTOOTH", "packs_heads",
+           "PAGE_PARTS_MAX_ROWS"]
 
+#: A long query run over pages of half a key tile reads them in place (each tile two page
+#: loads, folded as one step) where its longest query run times the query heads of a K/V
+#: group is at most this many rows, else copies them first: the copy costs the same whatever
+#: the queries, the parts' overhead grows with them. H100, bf16 D 128, pages of 64 under
+#: 128-key tiles, time over the contiguous call: 1.14x and 1.19x in place against 1.24x and
+#: 1.42x copied at 2048 and 1024 rows; 1.24x against 1.06x at 7168
+#: (docs/records/probes/chunked_in_place.py). Pages of 32 and 16 (four and eight parts) ran
+#: 1.31-1.47x and 2.2-2.4x: copied.
+PAGE_PARTS_MAX_ROWS = 2048
 #: A window this narrow (the most keys a row sees) runs on 64x64 tiles: a query tile visits the
 #: key tiles from its first row's first key to its last row's last, TILE_M + span keys rounded
 #: out to TILE_N; at 256 keys a 128x128 tile visits 3-4 key tiles (384-512 keys) per row that

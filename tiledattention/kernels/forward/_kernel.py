@@ -37,7 +37,7 @@ from ...kernel_core.bounds import forward_key_tiles, forward_window_key_tiles
 from ...kernel_core.numbers import LOG2_E, NEG_BIG, bounded
 from ...kernel_core.ranges import (page_rows, rows_view, sequence_length, sequence_of,
                                    sequence_start, sequence_view)
-from ...kernel_core.softmax import log_sum_exp, online_softmax, reciprocal
+from ...kernel_core.softmax import log_sum_exp, online_softmax_parts, reciprocal
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -83,7 +83,8 @@ def attention_fwd(
     # sequence's tiles for every sequence
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; sequence s's keys
     # (Ranges' key range counts them) lie in the pages Pages[s] names
-    PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
+    PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N (a key
+    # tile of more walks as parts of PAGE_ROWS keys); else 0
     FP8: ConstBool,  # float8_e4m3fn Q, K, V with descale factors; P enters P·V times 2^P_SHIFT
     V_TRANSPOSED: ConstBool,  # V is [B, H_kv, D, S_k] (the layout FP8 P·V reads from memory)
     PV_WIDE: ConstBool,  # FP8: P·V in bfloat16 (V widened per tile), not in e4m3
@@ -109,6 +110,11 @@ def attention_fwd(
     # walks apart, its values read from the sequence's cut of V; the other tiles and its keys
     # by row (not PAGED)
     EDGE = ct.static_eval(RAGGED and not PAGED)
+    # PAGED over pages smaller than a key tile: the tile walks as PARTS parts of PAGE_ROWS keys
+    # (a page load each), scored apart and folded as one softmax step (no tile joined from
+    # loads); else as one part
+    PARTS = ct.static_eval(TILE_N // PAGE_ROWS if PAGED else 1)
+    PART_N = ct.static_eval(TILE_N // PARTS)  # keys a part
     # a ragged call stores through its sequence's cuts without TMA (a cut stored through TMA
     # has every CTA build a descriptor of its own)
     STORE_TMA = ct.static_eval(False if RAGGED else None)
@@ -208,9 +214,10 @@ def attention_fwd(
             """``[TILE_N, width]`` of key / value tile ``j`` of ``A``, head-dim columns ``part *
             width`` on; ``EDGE``: by row from the uncut ``A``, or (``edge``: the tile runs past
             the sequence's keys) from its cut ``A_cut``, zero-filled past them (a value row
-            another sequence holds, or none wrote, may be NaN, and 0 * NaN is not 0)."""
+            another sequence holds, or none wrote, may be NaN, and 0 * NaN is not 0); ``PAGED``:
+            ``[PART_N, width]``, the ``j``-th ``PART_N`` keys, read from their page."""
             if PAGED:
-                return page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width,
+                return page_rows(A, Pages, seq, kv_head, j, part, PART_N, PAGE_ROWS, width,
                                  latency, PAD)
             hint = ct.static_eval(latency or None)
             if ct.static_eval(EDGE and not edge):
@@ -248,47 +255,66 @@ def attention_fwd(
                 return v.reshape((TILE_N, width))
             return load_kv(V, Vc, j, part, width, latency=V_LATENCY, edge=edge)
 
-        def attend(j, masked, edge, m_i, l_i, acc, acc2):
-            """One step: scores against key tile ``j``, online softmax, P·V. ``masked`` (a
-            constant or a per-step flag) applies the causal / window / sequence-end mask;
-            ``edge`` (a constant): the tile runs past a ragged sequence's keys."""
-            k = load_k(j, 0, width=TILE_D)  # [TILE_D, TILE_N]
-            qk = ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32)
-            qk = ct.mma(q, k, qk, use_fast_acc=FAST_QK)  # [TILE_M, TILE_N]
+        def scores(j, i, masked):
+            """Part ``i`` of key tile ``j``'s scores, ``[TILE_M, PART_N]``: its keys' product
+            with the query tile, capped (``SOFTCAP``); ``masked`` (a constant or a per-step
+            flag): -inf where the causal / window / sequence-end mask drops a key."""
+            block = j  # in keys of PART_N
+            if PARTS > 1:
+                block = j * PARTS + i
+            k = load_k(block, 0, width=TILE_D)  # [TILE_D, PART_N]
+            qk = ct.full((TILE_M, PART_N), 0.0, dtype=np.float32)
+            qk = ct.mma(q, k, qk, use_fast_acc=FAST_QK)  # [TILE_M, PART_N]
             if TILE_D2:
-                k2 = load_k(j, TILE_D // TILE_D2, width=TILE_D2)  # [TILE_D2, TILE_N]
+                k2 = load_k(block, TILE_D // TILE_D2, width=TILE_D2)  # [TILE_D2, PART_N]
                 qk = ct.mma(q2, k2, qk, use_fast_acc=FAST_QK)
             if SOFTCAP:
-                qk = ct.tanh(qk * cap_in)  # [TILE_M, TILE_N], in units of softcap
+                qk = ct.tanh(qk * cap_in)  # [TILE_M, PART_N], in units of softcap
             if masked:
-                keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]  # [1, TILE_N]
-                keep = keys < seqlen_k  # [1, TILE_N]
+                keys = block * PART_N + ct.arange(PART_N, dtype=np.int32)[None, :]  # [1, PART_N]
+                keep = keys < seqlen_k  # [1, PART_N]
                 if CAUSAL:
-                    keep = keep & (keys <= rows)  # [TILE_M, TILE_N]
+                    keep = keep & (keys <= rows)  # [TILE_M, PART_N]
                 if WINDOW:
-                    keep = keep & (keys >= first_keys)  # [TILE_M, TILE_N]
+                    keep = keep & (keys >= first_keys)  # [TILE_M, PART_N]
                     if not CAUSAL:
                         keep = keep & (keys <= last_keys)
                 qk = ct.where(keep, qk, -np.inf)
-            # p: [TILE_M, TILE_N]
-            p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=False,
-                                                shift=P_SHIFT)
+            return qk
+
+        def attend(j, masked, edge, m_i, l_i, acc, acc2):
+            """One step: scores against key tile ``j`` (``PARTS`` parts of it), online softmax,
+            P·V. ``masked`` (a constant or a per-step flag) applies the causal / window /
+            sequence-end mask; ``edge`` (a constant): the tile runs past a ragged sequence's
+            keys."""
+            qks = ()
+            for i in ct.static_iter(range(PARTS)):
+                qks += (scores(j, i, masked),)
+            # ps: PARTS tiles [TILE_M, PART_N]
+            ps, m_i, l_i, alpha = online_softmax_parts(qks, m_i, l_i, scale, EXP2,
+                                                       prescaled=False, shift=P_SHIFT)
             acc = acc * alpha
-            v = load_v(j, 0, width=TILE_D, edge=edge)  # [TILE_N, TILE_D]
-            if ct.static_eval(PAGED):
-                # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is not 0
-                key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]  # [TILE_N, 1]
-                if masked:
-                    v = ct.where(key_rows < seqlen_k, v, 0.0)
-            p = p.astype(pv_dtype)
-            acc = ct.mma(p, v.astype(pv_dtype), acc, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D]
-            if TILE_D2:
-                v2 = load_v(j, TILE_D // TILE_D2, width=TILE_D2, edge=edge)
+            for i in ct.static_iter(range(PARTS)):
+                block = j
+                if PARTS > 1:
+                    block = j * PARTS + i
+                v = load_v(block, 0, width=TILE_D, edge=edge)  # [PART_N, TILE_D]
                 if ct.static_eval(PAGED):
+                    # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is
+                    # not 0
+                    key_rows = block * PART_N + ct.arange(PART_N, dtype=np.int32)[:, None]
                     if masked:
-                        v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
-                acc2 = ct.mma(p, v2.astype(pv_dtype), acc2 * alpha,
-                              use_fast_acc=FAST_PV)  # [TILE_M, TILE_D2]
+                        v = ct.where(key_rows < seqlen_k, v, 0.0)
+                p = ps[i].astype(pv_dtype)
+                acc = ct.mma(p, v.astype(pv_dtype), acc, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D]
+                if TILE_D2:
+                    v2 = load_v(block, TILE_D // TILE_D2, width=TILE_D2, edge=edge)
+                    if ct.static_eval(PAGED):
+                        if masked:
+                            v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
+                    v2 = v2.astype(pv_dtype)
+                    acc2_in = acc2 * alpha if i == 0 else acc2  # rescaled once a tile
+                    acc2 = ct.mma(p, v2, acc2_in, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D2]
             return m_i, l_i, acc, acc2
 
         backwards = False  # KV_SAWTOOTH: odd query tiles walk their key tiles backwards
