@@ -262,8 +262,8 @@ def varlen_attn(query: Any, key: Any, value: Any, cu_seq_q: Any, cu_seq_k: Any, 
     a ``[N, H_q, max_q, D]`` view; sequences of their own query counts (a serving engine's
     mixed step: prefill chunks beside decode tokens, by ``cu_seq_q``) run their one-query
     sequences as a decode step (split-KV) and the others packed on the prefill kernel, which
-    reads pages of a whole key tile in place and gathers smaller ones into one packed copy
-    first. Traceable by ``torch.compile`` (custom op
+    reads pages of a whole key tile in place (of half of one for few query rows) and gathers
+    smaller ones into one packed copy first. Traceable by ``torch.compile`` (custom op
     ``tiledattention::paged_varlen``) and capturable in a CUDA graph (nothing is read on the
     host).
     """

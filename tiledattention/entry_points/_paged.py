@@ -15,10 +15,11 @@ block table, nothing is gathered or copied, and keys past ``seqused_k[b]`` (or p
 table's pages) never enter the softmax. Every entry's key walk is split over the same number of
 CTAs, so a batch whose lengths differ by 1000x runs in one launch. Long query runs (chunked
 prefill) run on the forward family's ragged kernel. It reads the pages in place where one page
-holds a whole key tile of its schedule (``ForwardFamily.reads_pages_with``: pages of 128 keys or
-more under the sm_90 defaults); else the pages holding the keys each entry reads are copied
-first (``_page_copy.copy_read_pages``: one read and one write of them), since a key tile joined
-from several pages stalls that kernel (docs/records/benchmarks/paged/). Nothing is read on the
+holds a whole key tile of its schedule, or half of one for query runs of few rows
+(``ForwardFamily.reads_pages_with``: the tile then walks as two parts of a page's keys); else
+the pages holding the keys each entry reads are copied first (``_page_copy.copy_read_pages``:
+one read and one write of them), which costs less than a tile of four or more parts
+(docs/records/benchmarks/paged/). Nothing is read on the
 host: the lengths and the block table stay on the device, so a step is capturable in a CUDA
 graph and replays with new lengths and tables.
 
@@ -326,8 +327,8 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
                    out: Any = None, layout: tuple | None = None,
                    ranges: Any = None) -> torch.Tensor:
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
-    pages in place where one page holds a whole key tile of it (``family.reads_pages_with``),
-    else the pages of the keys each entry's queries read copied into slots of its own first
+    pages in place where ``family.reads_pages_with`` says so (a page holds a whole key tile,
+    or half of one for few query rows), else the pages of the keys each entry's queries read copied into slots of its own first
     (:func:`copy_read_pages`: an entry with no queries copies none; an FP8 cache's widened into
     q's dtype by ``factors``, its float32 ``[B or 1, H_kv]`` K and V descales). Either way
     ``problem``'s mask holds: each entry's queries are the last of its keys, its causal mask

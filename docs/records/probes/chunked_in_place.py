@@ -9,7 +9,7 @@ interleaved, medians), then the isolated view (host counted); every contender ch
 against the float32 reference first.
 
     source .devtk/setup.sh && python3 docs/records/probes/chunked_in_place.py [--rounds 9] \\
-        [--tiles64] [--held]
+        [--tiles64] [--held] [--only TEXT]
 """
 import argparse
 import contextlib
@@ -99,11 +99,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--tiles64", action="store_true")
     ap.add_argument("--held", action="store_true", help="the held-out calls instead")
+    ap.add_argument("--only", default="", help="the calls whose names hold this text")
     args = ap.parse_args()
     forms = {**FORMS, **(TILES64 if args.tiles64 else {})}
     rows = ["| call | contender | µs | ÷ contiguous | isolated µs | ÷ contiguous | rel L2 |",
             "|---|---|---|---|---|---|---|"]
     for name, (hq, hkv), n, sq, sk, d in HELD if args.held else POINTS:
+        if args.only not in name:
+            continue
         gen = torch.Generator(device="cuda").manual_seed(2)
         caches = [tuple(torch.randn(sk, hkv, d, generator=gen, dtype=DTYPE, device="cuda")
                         for _ in range(2)) for _ in range(n)]

@@ -58,8 +58,8 @@ def pages_of(caches, page, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     need = [-(-k.shape[0] // page) for k, _ in caches]
     order = torch.randperm(sum(need), generator=gen, device="cuda")
-    hkv = caches[0][0].shape[1]
-    k_pages = torch.zeros(sum(need), page, hkv, D, dtype=DTYPE, device="cuda")
+    hkv, d = caches[0][0].shape[1:]
+    k_pages = torch.zeros(sum(need), page, hkv, d, dtype=DTYPE, device="cuda")
     v_pages = torch.zeros_like(k_pages)
     table = torch.full((len(caches), max(need)), -1, dtype=torch.int32, device="cuda")
     used = 0
@@ -68,8 +68,8 @@ def pages_of(caches, page, seed=0):
         used += n
         table[b, :n] = ids.int()
         pad = n * page - k.shape[0]
-        k_pages[ids] = F.pad(k, (0, 0, 0, 0, 0, pad)).view(n, page, hkv, D)
-        v_pages[ids] = F.pad(v, (0, 0, 0, 0, 0, pad)).view(n, page, hkv, D)
+        k_pages[ids] = F.pad(k, (0, 0, 0, 0, 0, pad)).view(n, page, hkv, d)
+        v_pages[ids] = F.pad(v, (0, 0, 0, 0, 0, pad)).view(n, page, hkv, d)
     return k_pages, v_pages, table
 
 
