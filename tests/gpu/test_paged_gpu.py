@@ -238,9 +238,8 @@ def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():
 @pytest.mark.parametrize("mask", ["causal", "window", "none"])
 def test_a_key_tile_over_smaller_pages_walks_as_parts_of_a_page(page_size, hq, hkv, d, dtype,
                                                                 mask):
-    """Pages smaller than the key tile read in place: each tile walks as parts of a page's
-    keys (a load each), folded as one softmax step. Odd lengths end inside pages whose rest
-    is NaN; one entry has fewer keys than queries; head dims of two parts (80, 96)."""
+    """Pages smaller than the key tile read in place, each tile as parts of a page's keys:
+    odd lengths (pages' rest NaN), an entry of fewer keys than queries, D 80 and 96."""
     from tiledattention import FORWARD
     from tiledattention.entry_points._paged import paged_problem, ragged_forward
 
@@ -271,8 +270,7 @@ def test_without_a_mask_and_with_a_window():
                                                   ([300, 999, 128], 64, 80),
                                                   ([300, 999, 128], 256, 80)])
 def test_varlen_attn_with_a_block_table_is_paged_attention(lengths, page_size, sq):
-    """Sequences of one query count: the paged call's output, packed; a long query run
-    (chunked prefill, copied pages or in place) writes it in the packed layout itself."""
+    """One query count: the paged call's output, packed (a long run writes it so)."""
     out, (q, k_pages, v_pages, table, seqused, _) = run_and_check(lengths, page_size, sq=sq)
     packed = q.transpose(1, 2).reshape(-1, q.shape[1], q.shape[3])  # [N * S_q, H, D]
     cu_q = torch.arange(0, packed.shape[0] + 1, sq, dtype=torch.int32, device="cuda")
@@ -605,10 +603,9 @@ def test_the_flat_walk_over_a_large_batch_with_entries_of_no_keys():
 @pytest.mark.parametrize("sq,page_size", [(1, 16), (80, 16), (80, 128)])
 def test_a_repeated_paged_call_runs_its_kept_plan_on_new_lengths_and_pages(sq, page_size,
                                                                           monkeypatch):
-    """The warm path: a call repeating an earlier one's signature (a decode step; a long
-    query run over copied pages or in place) runs the kept plan without validating (a
-    validation that raises is never reached), and reads the lengths and the block table of
-    this call (new values in the same tensors), as a serving loop's next step does."""
+    """The warm path: a call repeating a signature (a decode step, a long query run) runs
+    the kept plan without validating (a validation that raises is never reached) and reads
+    this call's lengths and block table (new values in the same tensors)."""
     from tiledattention.entry_points import _paged
 
     first = [700, 93, 5000, 129]
