@@ -291,9 +291,9 @@ def paged_attention(q: Any, k_pages: Any, v_pages: Any, block_table: Any, sequse
     under a balanced schedule, ``DecodeSchedule.balanced``; default the block table's capacity:
     pass it where the table is sized for caches much longer than the batch's).
 
-    A decode step reads pages of a multiple of 16 keys in place, and nothing is read on the
-    host: a step is capturable in a CUDA graph and replays with new lengths and block tables. Inference only (no autograd);
-    torch tensors on a GPU, bf16 or fp16; ``torch.compile`` traces it (custom op
+    A decode step reads pages of a multiple of 16 keys in place, and nothing is read on the host: a
+    step is capturable in a CUDA graph and replays with new lengths and block tables. Inference only
+    (no autograd); torch tensors on a GPU, bf16 or fp16; ``torch.compile`` traces it (custom op
     ``tiledattention::paged_attention``). ``varlen_attn(..., block_table=, seqused_k=)`` is the
     same call in torch's packed convention.
 

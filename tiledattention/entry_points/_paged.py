@@ -327,20 +327,20 @@ def ragged_forward(family: Any, problem: Any, schedule: Any, q, k_pages, v_pages
                    out: Any = None, layout: tuple | None = None,
                    ranges: Any = None) -> torch.Tensor:
     """A long query run with ``schedule`` on the forward ``family``'s ragged kernel: reading the
-    pages in place where ``family.reads_pages_with`` says so (a page holds a whole key tile,
-    or half of one for few query rows), else the pages of the keys each entry's queries read copied into slots of its own first
-    (:func:`copy_read_pages`: an entry with no queries copies none; an FP8 cache's widened into
-    q's dtype by ``factors``, its float32 ``[B or 1, H_kv]`` K and V descales). Either way
-    ``problem``'s mask holds: each entry's queries are the last of its keys, its causal mask
-    and window aligned bottom-right. ``logits``: the float32 ``[H_q]`` sink logits when
-    ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with ``queries`` packed sequences'
-    queries ``[tokens, H_q, D]`` (sequence ``b``'s rows ``queries[0, b]:queries[1, b]``, at
-    most ``longest_q``, end to end), whose output (``out``, else new and laid out as q is) has q's shape; rows
-    outside the first sequence's start and the last one's end are zeros. A caller that wrote
-    the launch's int32 ``[4, B]`` ``ranges`` itself passes them with the :func:`key_layout`
-    they were written for (``layout``); else both are made here. The forward walks a work
-    table of the query tiles the sequences have, heaviest first, whatever the grid of the
-    longest's tiles would idle (a mixed step's bounds count its decode tokens: 0.93-1.01x
+    pages in place where ``family.reads_pages_with`` says so (a page holds a whole key tile, or
+    half of one for few query rows), else the pages of the keys each entry's queries read copied
+    into slots of its own first (:func:`copy_read_pages`: an entry with no queries copies none;
+    an FP8 cache's widened into q's dtype by ``factors``, its float32 ``[B or 1, H_kv]`` K and V
+    descales). Either way ``problem``'s mask holds: each entry's queries are the last of its
+    keys, its causal mask and window aligned bottom-right. ``logits``: the float32 ``[H_q]``
+    sink logits when ``problem.sinks``. ``q``: ``[B, H_q, S_q, D]``, or with ``queries`` packed
+    sequences' queries ``[tokens, H_q, D]`` (sequence ``b``'s rows ``queries[0, b]:queries[1,
+    b]``, at most ``longest_q``, end to end), whose output (``out``, else new and laid out as q
+    is) has q's shape; rows outside the first sequence's start and the last one's end are zeros.
+    A caller that wrote the launch's int32 ``[4, B]`` ``ranges`` itself passes them with the
+    :func:`key_layout` they were written for (``layout``); else both are made here. The forward
+    walks a work table of the query tiles the sequences have, heaviest first, whatever the grid
+    of the longest's tiles would idle (a mixed step's bounds count its decode tokens: 0.93-1.01x
     that grid's GPU time, 0.96x on geometric mean, over six steps and three page sizes on an
     H100)."""
     packed = queries is not None

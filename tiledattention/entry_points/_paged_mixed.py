@@ -1,10 +1,11 @@
 """A serving engine's mixed step over a paged K/V cache (``varlen_attn(..., block_table=,
-seqused_k=)`` whose sequences have query counts of their own, ``cu_seq_q``: prefill chunks beside
-decode tokens): its one-query sequences as a split-KV decode step (``_paged.paged_forward``), the
-packed queries of the others on the forward family's ragged kernel (``_paged.ragged_forward``:
-pages of a whole key tile read in place, or of half of one for few query rows, smaller ones
-copied first, only the pages the chunks read), both launches' index tables written by one small kernel (``_mixed_tables``). What a call's
-signature decides is kept per signature. Nothing is read on the host: a step compiles
+seqused_k=)`` whose sequences have query counts of their own, ``cu_seq_q``: prefill chunks
+beside decode tokens): its one-query sequences as a split-KV decode step
+(``_paged.paged_forward``), the packed queries of the others on the forward family's ragged
+kernel (``_paged.ragged_forward``: pages of a whole key tile read in place, or of half of one
+for few query rows, smaller ones copied first, only the pages the chunks read), both launches'
+index tables written by one small kernel (``_mixed_tables``). What a call's signature decides is
+kept per signature. Nothing is read on the host: a step compiles
 (``tiledattention::paged_varlen``) and captures in a CUDA graph.
 """
 
