@@ -63,6 +63,21 @@ def sequence_length(Ranges, seq, which):
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))
 
 
+def page_number(Pages, seq, key, page_size):
+    """The pool page that holds sequence ``seq``'s key ``key`` (``Pages[seq, key //
+    page_size]``; -1 past the block table's pages)."""
+    return ct.gather(Pages, (seq, key // page_size), padding_value=-1)
+
+
+def page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD):
+    """Keys ``key ..`` (``PAGE_ROWS`` of them, within one page; head-dim columns ``part *
+    width`` on) of page ``page`` of ``A``, a ``[pages, page_size, H_kv, D]`` pool, as a
+    ``[PAGE_ROWS, width]`` tile; a page of -1 loads as ``PAD``'s fill."""
+    return ct.load(A, index=(page, key % A.shape[1] // PAGE_ROWS, kv_head, part),
+                   shape=(1, PAGE_ROWS, 1, width), padding_mode=PAD,
+                   latency=ct.static_eval(latency or None)).reshape((PAGE_ROWS, width))
+
+
 def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD):
     """Keys ``j * TILE_N ..`` (head-dim columns ``part * width`` on) of sequence ``seq``'s
     paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, width]`` tile:
@@ -73,11 +88,8 @@ def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency
     parts = ()
     for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):
         key = j * TILE_N + i * PAGE_ROWS
-        page = ct.gather(Pages, (seq, key // page_size), padding_value=-1)
-        parts += (ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, part),
-                          shape=(1, PAGE_ROWS, 1, width), padding_mode=PAD,
-                          latency=ct.static_eval(latency or None)
-                          ).reshape((PAGE_ROWS, width)),)
+        page = page_number(Pages, seq, key, page_size)
+        parts += (page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD),)
     for level in ct.static_iter(range((TILE_N // PAGE_ROWS).bit_length() - 1)):
         joined = ()
         for i in ct.static_iter(range(len(parts) // 2)):

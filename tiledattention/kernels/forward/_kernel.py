@@ -35,8 +35,8 @@ import numpy as np
 
 from ...kernel_core.bounds import forward_key_tiles, forward_window_key_tiles
 from ...kernel_core.numbers import LOG2_E, NEG_BIG, bounded
-from ...kernel_core.ranges import (page_rows, rows_view, sequence_length, sequence_of,
-                                   sequence_start, sequence_view)
+from ...kernel_core.ranges import (page_load, page_number, rows_view, sequence_length,
+                                   sequence_of, sequence_start, sequence_view)
 from ...kernel_core.softmax import log_sum_exp, online_softmax_parts, reciprocal
 
 ConstInt = ct.Constant[int]
@@ -210,15 +210,15 @@ def attention_fwd(
             acc2 = ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32)  # [TILE_M, TILE_D2]
             q2 = load_q(TILE_D // TILE_D2, width=TILE_D2)  # [TILE_M, TILE_D2]
 
-        def load_kv(A, A_cut, j, part, width, latency, edge):
+        def load_kv(A, A_cut, j, part, width, latency, edge, page):
             """``[TILE_N, width]`` of key / value tile ``j`` of ``A``, head-dim columns ``part *
             width`` on; ``EDGE``: by row from the uncut ``A``, or (``edge``: the tile runs past
             the sequence's keys) from its cut ``A_cut``, zero-filled past them (a value row
             another sequence holds, or none wrote, may be NaN, and 0 * NaN is not 0); ``PAGED``:
-            ``[PART_N, width]``, the ``j``-th ``PART_N`` keys, read from their page."""
+            ``[PART_N, width]``, the ``j``-th ``PART_N`` keys, from ``page``, which holds them."""
             if PAGED:
-                return page_rows(A, Pages, seq, kv_head, j, part, PART_N, PAGE_ROWS, width,
-                                 latency, PAD)
+                return page_load(A, page, j * PART_N, kv_head, part, PAGE_ROWS, width, latency,
+                                 PAD)
             hint = ct.static_eval(latency or None)
             if ct.static_eval(EDGE and not edge):
                 tile = rows_view(A, heads=1, rows=TILE_N, width=width).load(
@@ -233,7 +233,7 @@ def attention_fwd(
                                check_bounds=CHECK_BOUNDS, latency=hint, allow_tma=ALLOW_TMA)
             return tile.reshape((TILE_N, width))
 
-        def load_k(j, part, width):
+        def load_k(j, part, width, page):
             """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with ``K_TRANSPOSED``,
             except by a ragged call: a view by row has no transposed order). ``EDGE``: by row,
             the tile past the sequence's keys too (the mask drops those keys' scores by a
@@ -243,9 +243,10 @@ def attention_fwd(
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
                 return k.reshape((width, TILE_N))
-            return ct.transpose(load_kv(K, K, j, part, width, latency=K_LATENCY, edge=False))
+            return ct.transpose(load_kv(K, K, j, part, width, latency=K_LATENCY, edge=False,
+                                        page=page))
 
-        def load_v(j, part, width, edge):
+        def load_v(j, part, width, edge, page):
             """Value tile ``j`` as ``[TILE_N, width]`` (from ``[D, S_k]`` with
             ``V_TRANSPOSED``)."""
             if V_TRANSPOSED:
@@ -253,20 +254,19 @@ def attention_fwd(
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(V_LATENCY or None), allow_tma=ALLOW_TMA)
                 return v.reshape((TILE_N, width))
-            return load_kv(V, Vc, j, part, width, latency=V_LATENCY, edge=edge)
+            return load_kv(V, Vc, j, part, width, latency=V_LATENCY, edge=edge, page=page)
 
-        def scores(j, i, masked):
-            """Part ``i`` of key tile ``j``'s scores, ``[TILE_M, PART_N]``: its keys' product
-            with the query tile, capped (``SOFTCAP``); ``masked`` (a constant or a per-step
-            flag): -inf where the causal / window / sequence-end mask drops a key."""
-            block = j  # in keys of PART_N
-            if PARTS > 1:
-                block = j * PARTS + i
-            k = load_k(block, 0, width=TILE_D)  # [TILE_D, PART_N]
+        def scores(block, page, masked):
+            """The ``[TILE_M, PART_N]`` scores of keys ``block * PART_N ..`` (``PAGED``: in
+            ``page``): their product with the query tile, capped (``SOFTCAP``); ``masked`` (a
+            constant or a per-step flag): -inf where the causal / window / sequence-end mask
+            drops a key."""
+            k = load_k(block, 0, width=TILE_D, page=page)  # [TILE_D, PART_N]
             qk = ct.full((TILE_M, PART_N), 0.0, dtype=np.float32)
             qk = ct.mma(q, k, qk, use_fast_acc=FAST_QK)  # [TILE_M, PART_N]
             if TILE_D2:
-                k2 = load_k(block, TILE_D // TILE_D2, width=TILE_D2)  # [TILE_D2, PART_N]
+                k2 = load_k(block, TILE_D // TILE_D2, width=TILE_D2,
+                            page=page)  # [TILE_D2, PART_N]
                 qk = ct.mma(q2, k2, qk, use_fast_acc=FAST_QK)
             if SOFTCAP:
                 qk = ct.tanh(qk * cap_in)  # [TILE_M, PART_N], in units of softcap
@@ -283,22 +283,32 @@ def attention_fwd(
             return qk
 
         def attend(j, masked, edge, m_i, l_i, acc, acc2):
-            """One step: scores against key tile ``j`` (``PARTS`` parts of it), online softmax,
-            P·V. ``masked`` (a constant or a per-step flag) applies the causal / window /
+            """One step: scores against key tile ``j`` (``PARTS`` parts of it, ``PAGED``: each
+            part's page looked up once for its keys and values), online softmax, P·V.
+            ``masked`` (a constant or a per-step flag) applies the causal / window /
             sequence-end mask; ``edge`` (a constant): the tile runs past a ragged sequence's
             keys."""
-            qks = ()
+            blocks, pages, qks = (), (), ()
             for i in ct.static_iter(range(PARTS)):
-                qks += (scores(j, i, masked),)
+                block = j  # in keys of PART_N
+                if PARTS > 1:
+                    block = j * PARTS + i
+                page = None
+                if PAGED:
+                    page = page_number(Pages, seq, block * PART_N, K.shape[1])
+                    pages += (page,)
+                blocks += (block,)
+                qks += (scores(block, page, masked),)
             # ps: PARTS tiles [TILE_M, PART_N]
             ps, m_i, l_i, alpha = online_softmax_parts(qks, m_i, l_i, scale, EXP2,
                                                        prescaled=False, shift=P_SHIFT)
             acc = acc * alpha
             for i in ct.static_iter(range(PARTS)):
-                block = j
-                if PARTS > 1:
-                    block = j * PARTS + i
-                v = load_v(block, 0, width=TILE_D, edge=edge)  # [PART_N, TILE_D]
+                block = blocks[i]
+                page = None
+                if PAGED:
+                    page = pages[i]
+                v = load_v(block, 0, width=TILE_D, edge=edge, page=page)  # [PART_N, TILE_D]
                 if ct.static_eval(PAGED):
                     # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is
                     # not 0
@@ -308,7 +318,7 @@ def attention_fwd(
                 p = ps[i].astype(pv_dtype)
                 acc = ct.mma(p, v.astype(pv_dtype), acc, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D]
                 if TILE_D2:
-                    v2 = load_v(block, TILE_D // TILE_D2, width=TILE_D2, edge=edge)
+                    v2 = load_v(block, TILE_D // TILE_D2, width=TILE_D2, edge=edge, page=page)
                     if ct.static_eval(PAGED):
                         if masked:
                             v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
