@@ -210,7 +210,7 @@ def attention_fwd(
             acc2 = ct.full((TILE_M, TILE_D2), 0.0, dtype=np.float32)  # [TILE_M, TILE_D2]
             q2 = load_q(TILE_D // TILE_D2, width=TILE_D2)  # [TILE_M, TILE_D2]
 
-        def load_kv(A, A_cut, j, part, width, latency, edge, page):
+        def load_kv(A, A_cut, j, part, page, width, latency, edge):
             """``[TILE_N, width]`` of key / value tile ``j`` of ``A``, head-dim columns ``part *
             width`` on; ``EDGE``: by row from the uncut ``A``, or (``edge``: the tile runs past
             the sequence's keys) from its cut ``A_cut``, zero-filled past them (a value row
@@ -233,7 +233,7 @@ def attention_fwd(
                                check_bounds=CHECK_BOUNDS, latency=hint, allow_tma=ALLOW_TMA)
             return tile.reshape((TILE_N, width))
 
-        def load_k(j, part, width, page):
+        def load_k(j, part, page, width):
             """Key tile ``j`` as ``[width, TILE_N]`` (loaded transposed with ``K_TRANSPOSED``,
             except by a ragged call: a view by row has no transposed order). ``EDGE``: by row,
             the tile past the sequence's keys too (the mask drops those keys' scores by a
@@ -243,10 +243,10 @@ def attention_fwd(
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(K_LATENCY or None), allow_tma=ALLOW_TMA)
                 return k.reshape((width, TILE_N))
-            return ct.transpose(load_kv(K, K, j, part, width, latency=K_LATENCY, edge=False,
-                                        page=page))
+            return ct.transpose(load_kv(K, K, j, part, page, width, latency=K_LATENCY,
+                                        edge=False))
 
-        def load_v(j, part, width, edge, page):
+        def load_v(j, part, page, width, edge):
             """Value tile ``j`` as ``[TILE_N, width]`` (from ``[D, S_k]`` with
             ``V_TRANSPOSED``)."""
             if V_TRANSPOSED:
@@ -254,19 +254,18 @@ def attention_fwd(
                             order=(0, 1, 3, 2), padding_mode=PAD, check_bounds=CHECK_BOUNDS,
                             latency=ct.static_eval(V_LATENCY or None), allow_tma=ALLOW_TMA)
                 return v.reshape((TILE_N, width))
-            return load_kv(V, Vc, j, part, width, latency=V_LATENCY, edge=edge, page=page)
+            return load_kv(V, Vc, j, part, page, width, latency=V_LATENCY, edge=edge)
 
         def scores(block, page, masked):
             """The ``[TILE_M, PART_N]`` scores of keys ``block * PART_N ..`` (``PAGED``: in
             ``page``): their product with the query tile, capped (``SOFTCAP``); ``masked`` (a
             constant or a per-step flag): -inf where the causal / window / sequence-end mask
             drops a key."""
-            k = load_k(block, 0, width=TILE_D, page=page)  # [TILE_D, PART_N]
+            k = load_k(block, 0, page, width=TILE_D)  # [TILE_D, PART_N]
             qk = ct.full((TILE_M, PART_N), 0.0, dtype=np.float32)
             qk = ct.mma(q, k, qk, use_fast_acc=FAST_QK)  # [TILE_M, PART_N]
             if TILE_D2:
-                k2 = load_k(block, TILE_D // TILE_D2, width=TILE_D2,
-                            page=page)  # [TILE_D2, PART_N]
+                k2 = load_k(block, TILE_D // TILE_D2, page, width=TILE_D2)  # [TILE_D2, PART_N]
                 qk = ct.mma(q2, k2, qk, use_fast_acc=FAST_QK)
             if SOFTCAP:
                 qk = ct.tanh(qk * cap_in)  # [TILE_M, PART_N], in units of softcap
@@ -308,7 +307,7 @@ def attention_fwd(
                 page = None
                 if PAGED:
                     page = pages[i]
-                v = load_v(block, 0, width=TILE_D, edge=edge, page=page)  # [PART_N, TILE_D]
+                v = load_v(block, 0, page, width=TILE_D, edge=edge)  # [PART_N, TILE_D]
                 if ct.static_eval(PAGED):
                     # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is
                     # not 0
@@ -318,7 +317,7 @@ def attention_fwd(
                 p = ps[i].astype(pv_dtype)
                 acc = ct.mma(p, v.astype(pv_dtype), acc, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D]
                 if TILE_D2:
-                    v2 = load_v(block, TILE_D // TILE_D2, width=TILE_D2, edge=edge, page=page)
+                    v2 = load_v(block, TILE_D // TILE_D2, page, width=TILE_D2, edge=edge)
                     if ct.static_eval(PAGED):
                         if masked:
                             v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
