@@ -66,6 +66,8 @@ def test_which_family_reads_pages_and_when_the_forward_gathers_them():
     assert not FORWARD.reads_pages_with(_paged(seqlen_q=513, page_size=64), wide)
     assert FORWARD.reads_pages_with(_paged(seqlen_q=2048, heads_kv=32, page_size=64), wide)
     assert not FORWARD.reads_pages_with(_paged(seqlen_q=64, page_size=32), wide)  # four parts
+    narrow = wide.replace(tile_n=64)  # two parts of 32 keys: fewer than PAGE_PARTS_MIN_KEYS
+    assert not FORWARD.reads_pages_with(_paged(seqlen_q=64, page_size=32), narrow)
     assert FORWARD.reads_pages_with(chunk, wide.replace(tile_n=64))
     for size in (128, 256, 384):  # 384: page_tile 128
         assert FORWARD.reads_pages_with(_paged(seqlen_q=512, page_size=size), wide)

@@ -10,7 +10,7 @@ from ._launch import packable
 from ._schedule import Schedule
 
 __all__ = ["default_schedule", "row_keys", "PACKED_SHORT", "PACKED_SAWTOOTH", "packs_heads",
-           "PAGE_PARTS_MAX_ROWS"]
+           "PAGE_PARTS_MAX_ROWS", "PAGE_PARTS_MIN_KEYS"]
 
 #: A long query run over pages of half a key tile reads them in place (each tile two page
 #: loads, folded as one step) where its longest query run times the query heads of a K/V
@@ -21,6 +21,9 @@ __all__ = ["default_schedule", "row_keys", "PACKED_SHORT", "PACKED_SAWTOOTH", "p
 #: (docs/records/probes/chunked_in_place.py). Pages of 32 and 16 (four and eight parts) ran
 #: 1.31-1.47x and 2.2-2.4x: copied.
 PAGE_PARTS_MAX_ROWS = 2048
+#: The fewest keys such a part holds: parts of 64 keys are what was measured (a 64-key tile
+#: over pages of 32, the sm_80 / sm_120 defaults' case, was not); smaller pages are copied.
+PAGE_PARTS_MIN_KEYS = 64
 #: A window this narrow (the most keys a row sees) runs on 64x64 tiles: a query tile visits the
 #: key tiles from its first row's first key to its last row's last, TILE_M + span keys rounded
 #: out to TILE_N; at 256 keys a 128x128 tile visits 3-4 key tiles (384-512 keys) per row that

@@ -18,7 +18,7 @@ from ...core._ragged import without_pages
 from ...core._work_table import compile_work_table
 from ...errors import UnsupportedProblemError
 from ._compile import compile_schedule
-from ._defaults import PAGE_PARTS_MAX_ROWS, default_schedule
+from ._defaults import PAGE_PARTS_MAX_ROWS, PAGE_PARTS_MIN_KEYS, default_schedule
 from ._launch import (grid_for, kernel_args, kernel_for, launch_ragged, launch_with_lse,
                       normalise, query_rows)
 from ._plan import ForwardPlan, Fp8ForwardPlan, dense_launch, forward_plan, fp8_forward_plan
@@ -163,13 +163,14 @@ class ForwardFamily(Family):
     reads_pages = True
 
     def reads_pages_with(self, problem: Problem, schedule: Schedule) -> bool:
-        """In place where one page holds a whole key tile, or half of one for query runs of
-        at most ``PAGE_PARTS_MAX_ROWS`` rows a K/V group (the tile walks as two parts of a
-        page's keys); else the call copies the pages first (tiles of more parts ran slower
-        than the copy on an H100)."""
+        """In place where one page holds a whole key tile, or half of one of at least
+        ``PAGE_PARTS_MIN_KEYS`` keys for query runs of at most ``PAGE_PARTS_MAX_ROWS`` rows a
+        K/V group (the tile walks as two parts of a page's keys); else the call copies the
+        pages first (tiles of more or smaller parts ran slower than the copy on an H100)."""
         tile = page_tile(problem.page_size)
         rows = problem.seqlen_q * (problem.heads_q // problem.heads_kv)
         return tile >= schedule.tile_n or (2 * tile == schedule.tile_n
+                                           and tile >= PAGE_PARTS_MIN_KEYS
                                            and rows <= PAGE_PARTS_MAX_ROWS)
 
     def paged_lookup(self, bucket: Problem, shape: Problem) -> Problem:
