@@ -61,12 +61,12 @@ def test_which_family_reads_pages_and_when_the_forward_gathers_them():
     assert DECODE.reads_pages and FORWARD.reads_pages and not BACKWARD.reads_pages
     wide = FORWARD.default_schedule("sm_90", chunk)
     assert wide.tile_n == 128
-    # two pages of 64 a tile: in place up to PAGE_PARTS_MAX_ROWS query rows a K/V group
+    # two pages of 64 a tile: in place to PAGE_PARTS_MAX_ROWS query rows a group
     assert FORWARD.reads_pages_with(chunk, wide) and 512 * 4 == PAGE_PARTS_MAX_ROWS
     assert not FORWARD.reads_pages_with(_paged(seqlen_q=513, page_size=64), wide)
     assert FORWARD.reads_pages_with(_paged(seqlen_q=2048, heads_kv=32, page_size=64), wide)
     assert not FORWARD.reads_pages_with(_paged(seqlen_q=64, page_size=32), wide)  # four parts
-    narrow = wide.replace(tile_n=64)  # two parts of 32 keys: fewer than PAGE_PARTS_MIN_KEYS
+    narrow = wide.replace(tile_n=64)  # parts of 32 keys: below PAGE_PARTS_MIN_KEYS
     assert not FORWARD.reads_pages_with(_paged(seqlen_q=64, page_size=32), narrow)
     assert FORWARD.reads_pages_with(chunk, wide.replace(tile_n=64))
     for size in (128, 256, 384):  # 384: page_tile 128
@@ -675,11 +675,9 @@ def test_a_mixed_steps_one_query_sequences_run_as_a_decode_step(cu, max_q, apart
 
 
 def test_a_long_query_run_repeating_a_signature_runs_no_checks_again(monkeypatch):
-    """A chunked prefill's second call of a signature runs the ``LongRun`` its first kept
-    (no validation, lookup or key layout again) with the call's own lengths; another
-    ``max_k`` is judged again, and a call with sinks keeps nothing. The output is laid out as
-    q is: a transposed view of packed rows gets a transposed output, which packs with no
-    copy."""
+    """A chunked prefill's repeat of a signature runs the kept ``LongRun`` (no checks, lookup
+    or layout) on its own lengths; another ``max_k`` is judged again; sinks keep nothing.
+    The output has q's layout: a view of packed rows packs back with no copy."""
     from tiledattention.core import _runtime
     from tiledattention.entry_points import _paged as route
 
