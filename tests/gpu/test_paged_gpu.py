@@ -238,8 +238,8 @@ def test_the_forward_reads_pages_of_64_in_place_with_tiles_of_64():
 @pytest.mark.parametrize("mask", ["causal", "window", "none"])
 def test_a_key_tile_over_smaller_pages_walks_as_parts_of_a_page(page_size, hq, hkv, d, dtype,
                                                                 mask):
-    """Pages smaller than the key tile read in place, each tile as parts of a page's keys:
-    odd lengths (pages' rest NaN), an entry of fewer keys than queries, D 80 and 96."""
+    """Pages smaller than a key tile read in place, a tile as parts of a page's keys: odd
+    lengths (NaN past them), an entry of fewer keys than queries, D 80, 96."""
     from tiledattention import FORWARD
     from tiledattention.entry_points._paged import paged_problem, ragged_forward
 
@@ -330,8 +330,8 @@ def mixed_step(counts, lengths, page_size, hq=32, hkv=8, d=128, dtype=torch.bflo
 @pytest.mark.parametrize("page_size", [16, 64, 256])
 def test_a_mixed_step_of_prefill_chunks_and_decode_tokens(page_size, monkeypatch):
     """Prefill chunks beside decode tokens, a sequence with no queries and one with more
-    queries than keys (its first rows see none: zeros), over pages read in place (256: a
-    whole key tile) or gathered into one packed copy (16, 64)."""
+    queries than keys (its first rows see none: zeros), over pages read in place (256; 64 as
+    two parts, but the H 28/4 call's 3584 rows) or gathered into one packed copy (16)."""
     from tiledattention.entry_points import _paged
 
     counts = [1, 300, 1, 0, 77, 1, 512, 40]
@@ -604,8 +604,8 @@ def test_the_flat_walk_over_a_large_batch_with_entries_of_no_keys():
 def test_a_repeated_paged_call_runs_its_kept_plan_on_new_lengths_and_pages(sq, page_size,
                                                                           monkeypatch):
     """The warm path: a call repeating a signature (a decode step, a long query run) runs
-    the kept plan without validating (a validation that raises is never reached) and reads
-    this call's lengths and block table (new values in the same tensors)."""
+    the kept plan unvalidated (a validation that raises is never reached) on this call's
+    lengths and block table (new values in the same tensors)."""
     from tiledattention.entry_points import _paged
 
     first = [700, 93, 5000, 129]
