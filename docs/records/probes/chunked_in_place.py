@@ -1,18 +1,17 @@
-"""Chunked prefill over pages against the contiguous call (issue 49's bar: within 5% at pages
-of 16 and 64): each page size as the call's route reads it (``p16``, ``p64``, ``p256``), and
-pages of 16 and 64 forced in place (a key tile walks as parts of a page's keys) or copied
-first (``pages_read``); ``--tiles64`` adds pages of 64 in place under 64-key tiles (one page a
-tile), ``--held`` runs calls the route's rule was not chosen on. bf16, bottom-right causal,
-equal query counts through ``varlen_attn(..., block_table=, seqused_k=)``; schedules forced at
-launch (``packed_batches.with_schedule_fields``). GPU view (``time_interleaved``: L2 flushed,
-interleaved, medians), then the isolated view (host counted); every contender checked
+"""Chunked prefill over pages against the contiguous call (issue 49's bar: within 5% at pages of 16
+and 64): each page size as the call's route reads it (``p16``, ``p64``, ``p256``), and pages of
+16 and 64 forced in place (a key tile walks as parts of a page's keys) or copied first
+(``paged_mixed.pages_read``); ``--tiles64`` adds pages of 64 in place under 64-key tiles (one
+page a tile), ``--held`` runs calls the route's rule was not chosen on. bf16, bottom-right
+causal, equal query counts through ``varlen_attn(..., block_table=, seqused_k=)``; schedules
+forced at launch (``packed_batches.with_schedule_fields``). GPU view (``time_interleaved``: L2
+flushed, interleaved, medians), then the isolated view (host counted); every contender checked
 against the float32 reference first.
 
     source .devtk/setup.sh && python3 docs/records/probes/chunked_in_place.py [--rounds 9] \\
         [--tiles64] [--held] [--only TEXT]
 """
 import argparse
-import contextlib
 import itertools
 import os
 import sys
@@ -21,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from packed_batches import with_schedule_fields  # noqa: E402
-from paged_mixed import DTYPE, pages_of, reference  # noqa: E402
+from paged_mixed import DTYPE, pages_of, pages_read, reference  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
 from tuner.measure import time_interleaved  # noqa: E402
@@ -53,19 +52,6 @@ TILES64 = {"contiguous n64": (0, None, {"tile_n": 64}),
            "p64 in place n64 c1": (64, "in place", {"tile_n": 64, "num_ctas": 1})}
 
 
-@contextlib.contextmanager
-def pages_read(mode):
-    """The forward family reads pages of any size in place (``"in place"``) or copies them
-    (``"copy"``) while inside."""
-    family = type(ta.FORWARD)
-    kept = family.reads_pages_with
-    family.reads_pages_with = lambda self, problem, schedule: mode == "in place"
-    try:
-        yield
-    finally:
-        family.reads_pages_with = kept
-
-
 def call(query, cu, caches, page, mode, fields, counts, lengths):
     hq, hkv = query.shape[1], caches[0][0].shape[1]
     if page:
@@ -89,7 +75,7 @@ def call(query, cu, caches, page, mode, fields, counts, lengths):
         return fn
 
     def forced():
-        with pages_read(mode):
+        with pages_read(mode == "in place"):
             return fn()
     return forced
 

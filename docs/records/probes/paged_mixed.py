@@ -88,11 +88,12 @@ def reference(query, cu, caches):
 
 
 @contextlib.contextmanager
-def forward_in_place():
-    """The forward family reads pages of any size in place while inside."""
+def pages_read(in_place):
+    """The forward family reads pages of any size in place (``in_place``) or copies them while
+    inside."""
     family = type(tiledattention.FORWARD)
     kept = family.reads_pages_with
-    family.reads_pages_with = lambda self, problem, schedule: True
+    family.reads_pages_with = lambda self, problem, schedule: in_place
     try:
         yield
     finally:
@@ -110,7 +111,7 @@ def contenders(query, cu, caches, counts, lengths, in_place=False):
             seqused_k=used, block_table=t))
         if in_place and page < 128:
             def forced(mixed=fns[f"mixed-{page}"]):
-                with forward_in_place():
+                with pages_read(True):
                     return mixed()
             fns[f"mixed-{page}-in-place"] = forced
         # the same step as separate calls (their tables and queries held apart, as an engine

@@ -168,7 +168,7 @@ class ForwardFamily(Family):
         K/V group (the tile walks as two parts of a page's keys); else the call copies the
         pages first (tiles of more or smaller parts ran slower than the copy on an H100)."""
         tile = page_tile(problem.page_size)
-        rows = problem.seqlen_q * (problem.heads_q // problem.heads_kv)
+        rows = problem.seqlen_q * problem.group_size
         return tile >= schedule.tile_n or (2 * tile == schedule.tile_n
                                            and tile >= PAGE_PARTS_MIN_KEYS
                                            and rows <= PAGE_PARTS_MAX_ROWS)
