@@ -69,11 +69,12 @@ def page_number(Pages, seq, key, page_size):
     return ct.gather(Pages, (seq, key // page_size), padding_value=-1)
 
 
-def page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD):
+def page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD, page_size):
     """Keys ``key ..`` (``PAGE_ROWS`` of them, within one page; head-dim columns ``part *
     width`` on) of page ``page`` of ``A``, a ``[pages, page_size, H_kv, D]`` pool, as a
-    ``[PAGE_ROWS, width]`` tile; a page of -1 loads as ``PAD``'s fill."""
-    return ct.load(A, index=(page, key % A.shape[1] // PAGE_ROWS, kv_head, part),
+    ``[PAGE_ROWS, width]`` tile; a page of -1 loads as ``PAD``'s fill. ``page_size``: ``A``'s
+    pages' keys (a constant where the kernel knows it: no division at run time)."""
+    return ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, part),
                    shape=(1, PAGE_ROWS, 1, width), padding_mode=PAD,
                    latency=ct.static_eval(latency or None)).reshape((PAGE_ROWS, width))
 
@@ -89,7 +90,8 @@ def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency
     for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):
         key = j * TILE_N + i * PAGE_ROWS
         page = page_number(Pages, seq, key, page_size)
-        parts += (page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD),)
+        parts += (page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD,
+                            page_size),)
     for level in ct.static_iter(range((TILE_N // PAGE_ROWS).bit_length() - 1)):
         joined = ()
         for i in ct.static_iter(range(len(parts) // 2)):

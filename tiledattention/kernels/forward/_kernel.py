@@ -85,6 +85,7 @@ def attention_fwd(
     # (Ranges' key range counts them) lie in the pages Pages[s] names
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N (a key
     # tile of more walks as parts of PAGE_ROWS keys); else 0
+    PAGE_SIZE: ConstInt,  # PAGED: the pools' keys a page (K.shape[1]); else 0
     FP8: ConstBool,  # float8_e4m3fn Q, K, V with descale factors; P enters P·V times 2^P_SHIFT
     V_TRANSPOSED: ConstBool,  # V is [B, H_kv, D, S_k] (the layout FP8 P·V reads from memory)
     PV_WIDE: ConstBool,  # FP8: P·V in bfloat16 (V widened per tile), not in e4m3
@@ -218,7 +219,7 @@ def attention_fwd(
             ``[PART_N, width]``, the ``j``-th ``PART_N`` keys, from ``page``, which holds them."""
             if PAGED:
                 return page_load(A, page, j * PART_N, kv_head, part, PAGE_ROWS, width, latency,
-                                 PAD)
+                                 PAD, page_size=PAGE_SIZE)
             hint = ct.static_eval(latency or None)
             if ct.static_eval(EDGE and not edge):
                 tile = rows_view(A, heads=1, rows=TILE_N, width=width).load(
@@ -294,7 +295,7 @@ def attention_fwd(
                     block = j * PARTS + i
                 page = None
                 if PAGED:
-                    page = page_number(Pages, seq, block * PART_N, K.shape[1])
+                    page = page_number(Pages, seq, block * PART_N, page_size=PAGE_SIZE)
                     pages += (page,)
                 blocks += (block,)
                 qks += (scores(block, page, masked),)

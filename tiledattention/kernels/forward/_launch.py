@@ -289,6 +289,9 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "PAGED": problem.page_size > 0,
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(s.tile_n, page_tile(problem.page_size)) if problem.page_size else 0,
+        # a page's keys as a constant: the producer finds a key's page and row in it by
+        # shifts, not by two divisions on its way to each load
+        "PAGE_SIZE": problem.page_size,
         # FP8: the descale factors; V comes transposed ([B, H_kv, D, S_k]: e4m3 P·V reads it
         # from memory with keys innermost; as stored, the compiler transposed every tile
         # through shared memory, 0.69-0.80x on an H200 at D 128)
