@@ -2,16 +2,19 @@
 and 64): each page size as the call's route reads it (``p16``, ``p64``, ``p256``), and pages of
 16 and 64 forced in place (a key tile walks as parts of a page's keys) or copied first
 (``paged_mixed.pages_read``); ``--tiles64`` adds pages of 64 in place under 64-key tiles (one
-page a tile), ``--held`` runs calls the route's rule was not chosen on. bf16, bottom-right
-causal, equal query counts through ``varlen_attn(..., block_table=, seqused_k=)``; schedules
-forced at launch (``packed_batches.with_schedule_fields``). GPU view (``time_interleaved``: L2
-flushed, interleaved, medians), then the isolated view (host counted); every contender checked
-against the float32 reference first.
+page a tile), ``--held`` runs calls the route's rule was not chosen on, ``--cost`` adds pages of
+256 and 64 in place in block order (no shuffle) and walking the grid of the longest's tiles
+instead of a work table (``grid``). bf16, bottom-right causal, equal query counts through
+``varlen_attn(..., block_table=, seqused_k=)``; schedules forced at launch
+(``packed_batches.with_schedule_fields``). GPU view (``time_interleaved``: L2 flushed,
+interleaved, medians), then the isolated view (host counted); every contender checked against
+the float32 reference first.
 
     source .devtk/setup.sh && python3 docs/records/probes/chunked_in_place.py [--rounds 9] \\
-        [--tiles64] [--held] [--only TEXT]
+        [--tiles64] [--cost] [--held] [--only TEXT]
 """
 import argparse
+import contextlib
 import itertools
 import os
 import sys
@@ -23,6 +26,7 @@ from packed_batches import with_schedule_fields  # noqa: E402
 from paged_mixed import DTYPE, pages_of, pages_read, reference  # noqa: E402
 
 import tiledattention as ta  # noqa: E402
+from tiledattention.entry_points import _paged  # noqa: E402
 from tuner.measure import time_interleaved  # noqa: E402
 
 #: name, (H_q, H_kv), sequences, queries each, keys each, head dim
@@ -51,13 +55,32 @@ TILES64 = {"contiguous n64": (0, None, {"tile_n": 64}),
            "p64 in place n64": (64, "in place", {"tile_n": 64}),
            "p64 in place n64 c1": (64, "in place", {"tile_n": 64, "num_ctas": 1})}
 
+#: ``--cost``: what a paged forward costs beyond the contiguous one
+COST = {"p256 ordered": (256, "in place ordered", {}), "p256 grid": (256, "in place grid", {}),
+        "p64 in place ordered": (64, "in place ordered", {}),
+        "p64 in place grid": (64, "in place grid", {})}
+#: each forced mode's own signature: its block table padded by this many slots
+PADS = {"in place": 1, "copy": 2, "in place ordered": 3, "in place grid": 4}
+
+
+@contextlib.contextmanager
+def grid_walk():
+    """The paged forward walks the grid of the longest sequence's tiles where the plain rule
+    (``use_work_table``) says so, not always a work table."""
+    kept = _paged.RaggedLayout
+    _paged.RaggedLayout = lambda *a, table=True, **k: kept(*a, table=False, **k)
+    try:
+        yield
+    finally:
+        _paged.RaggedLayout = kept
+
 
 def call(query, cu, caches, page, mode, fields, counts, lengths):
     hq, hkv = query.shape[1], caches[0][0].shape[1]
     if page:
-        k, v, table = pages_of(caches, page)
+        k, v, table = pages_of(caches, page, shuffled=mode != "in place ordered")
         if mode:  # a signature of its own (a repeat runs what its first call decided)
-            table = torch.nn.functional.pad(table, (0, 1 + (mode == "copy")), value=-1)
+            table = torch.nn.functional.pad(table, (0, PADS[mode]), value=-1)
         used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
         extra = {"seqused_k": used, "block_table": table}
         cu_k = None
@@ -75,7 +98,8 @@ def call(query, cu, caches, page, mode, fields, counts, lengths):
         return fn
 
     def forced():
-        with pages_read(mode == "in place"):
+        grid = grid_walk() if mode == "in place grid" else contextlib.nullcontext()
+        with pages_read(mode != "copy"), grid:
             return fn()
     return forced
 
@@ -84,10 +108,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--tiles64", action="store_true")
+    ap.add_argument("--cost", action="store_true")
     ap.add_argument("--held", action="store_true", help="the held-out calls instead")
     ap.add_argument("--only", default="", help="the calls whose names hold this text")
     args = ap.parse_args()
-    forms = {**FORMS, **(TILES64 if args.tiles64 else {})}
+    forms = {**FORMS, **(TILES64 if args.tiles64 else {}), **(COST if args.cost else {})}
     rows = ["| call | contender | µs | ÷ contiguous | isolated µs | ÷ contiguous | rel L2 |",
             "|---|---|---|---|---|---|---|"]
     for name, (hq, hkv), n, sq, sk, d in HELD if args.held else POINTS:

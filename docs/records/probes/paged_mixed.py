@@ -52,12 +52,13 @@ POINTS = (
 )
 
 
-def pages_of(caches, page, seed=0):
+def pages_of(caches, page, seed=0, shuffled=True):
     """Pools and block table holding ``caches`` (per sequence ``(k, v)``, ``[L, H_kv, D]``) in
-    shuffled pages; unused table slots -1."""
+    shuffled pages (else in block order); unused table slots -1."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     need = [-(-k.shape[0] // page) for k, _ in caches]
-    order = torch.randperm(sum(need), generator=gen, device="cuda")
+    order = (torch.randperm(sum(need), generator=gen, device="cuda") if shuffled
+             else torch.arange(sum(need), device="cuda"))
     hkv, d = caches[0][0].shape[1:]
     k_pages = torch.zeros(sum(need), page, hkv, d, dtype=DTYPE, device="cuda")
     v_pages = torch.zeros_like(k_pages)
