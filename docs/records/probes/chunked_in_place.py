@@ -4,14 +4,15 @@ and 64): each page size as the call's route reads it (``p16``, ``p64``, ``p256``
 (``paged_mixed.pages_read``); ``--tiles64`` adds pages of 64 in place under 64-key tiles (one
 page a tile), ``--held`` runs calls the route's rule was not chosen on, ``--cost`` adds pages of
 256 and 64 in place in block order (no shuffle) and walking the grid of the longest's tiles
-instead of a work table (``grid``). bf16, bottom-right causal, equal query counts through
+instead of a work table (``grid``); ``--once`` runs each form twice, untimed (for Nsight
+Compute). bf16, bottom-right causal, equal query counts through
 ``varlen_attn(..., block_table=, seqused_k=)``; schedules forced at launch
 (``packed_batches.with_schedule_fields``). GPU view (``time_interleaved``: L2 flushed,
 interleaved, medians), then the isolated view (host counted); every contender checked against
 the float32 reference first.
 
     source .devtk/setup.sh && python3 docs/records/probes/chunked_in_place.py [--rounds 9] \\
-        [--tiles64] [--cost] [--held] [--only TEXT]
+        [--tiles64] [--cost] [--once] [--held] [--only TEXT]
 """
 import argparse
 import contextlib
@@ -109,6 +110,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--tiles64", action="store_true")
     ap.add_argument("--cost", action="store_true")
+    ap.add_argument("--once", action="store_true", help="each form checked, run once more and "
+                    "not timed: for Nsight Compute")
     ap.add_argument("--held", action="store_true", help="the held-out calls instead")
     ap.add_argument("--only", default="", help="the calls whose names hold this text")
     args = ap.parse_args()
@@ -133,6 +136,11 @@ def main():
                     fns[who] = f
                 except Exception as exc:  # a form that cannot run: said so
                     print(f"  {name} {who}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            if args.once:
+                for f in fns.values():
+                    f()
+                torch.cuda.synchronize()
+                continue
             gpu = time_interleaved(fns, rounds=args.rounds)
             host = time_interleaved(fns, rounds=args.rounds, host=True)
         for who in fns:
