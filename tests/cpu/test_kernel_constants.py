@@ -515,3 +515,15 @@ def test_no_kernel_module_is_imported_by_a_string():
                  and not (isinstance(node.args[0], ast.Constant)
                           and str(node.args[0].value).startswith("cuda."))]
     assert by_string == []
+
+
+def test_a_paged_problem_passes_its_page_size_not_the_keys_a_load_takes():
+    """``PAGE_SIZE``: the pools' keys a page, by which the kernel finds a key's page and its
+    row there; ``PAGE_ROWS``: the keys one load takes (a page of 48 keys: 16)."""
+    paged = Problem(batch=4, heads_q=32, heads_kv=8, seqlen_q=512, seqlen_k=16384,
+                    head_dim=128, dtype="bf16", causal=True, bottom_right=True, ragged=True,
+                    page_size=48)
+    for page, rows in ((48, 16), (64, 64), (256, 64)):  # BASE's key tiles: 64 keys
+        constants = kernel_constants(dataclasses.replace(paged, page_size=page), BASE)
+        assert (constants["PAGE_ROWS"], constants["PAGE_SIZE"]) == (rows, page)
+    assert kernel_constants(FULL, BASE)["PAGE_SIZE"] == 0
