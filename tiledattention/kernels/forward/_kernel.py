@@ -296,18 +296,15 @@ def attention_fwd(
                 page = None
                 if PAGED:
                     page = page_number(Pages, seq, block * PART_N, page_size=PAGE_SIZE)
-                    pages += (page,)
                 blocks += (block,)
+                pages += (page,)
                 qks += (scores(block, page, masked),)
             # ps: PARTS tiles [TILE_M, PART_N]
             ps, m_i, l_i, alpha = online_softmax_parts(qks, m_i, l_i, scale, EXP2,
                                                        prescaled=False, shift=P_SHIFT)
             acc = acc * alpha
             for i in ct.static_iter(range(PARTS)):
-                block = blocks[i]
-                page = None
-                if PAGED:
-                    page = pages[i]
+                block, page = blocks[i], pages[i]
                 v = load_v(block, 0, page, width=TILE_D, edge=edge)  # [PART_N, TILE_D]
                 if ct.static_eval(PAGED):
                     # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is
