@@ -84,14 +84,14 @@ def test_which_family_reads_pages_and_when_the_forward_gathers_them():
         FORWARD.case(chunk, 0)
 
 
-def test_the_paged_forward_walks_masked_tiles_apart():
-    """The kernel zeroes value rows past a sequence's keys in masked tiles only; a per-step
-    mask test around that stalled it, so a paged problem always splits masked tiles off."""
+def test_the_paged_forward_walks_masked_tiles_as_its_schedule_says():
+    """Value rows past the keys are zeroed only in the edge tile (which walks apart), so
+    ``split_masked`` is the schedule's, as without pages."""
     chunk = _paged(seqlen_q=512, batch=4, seqlen_k=16384, page_size=256)
     schedule = FORWARD.default_schedule("sm_90", chunk).replace(split_masked=False)
     constants = FORWARD_CONSTANTS(chunk, schedule)
-    assert constants["PAGED"] and constants["SPLIT_MASKED"] and constants["PAGE_ROWS"] == 128
-    assert FORWARD.normalise(chunk, schedule.replace(split_masked=True)) == \
+    assert constants["PAGED"] and not constants["SPLIT_MASKED"] and constants["PAGE_ROWS"] == 128
+    assert FORWARD.normalise(chunk, schedule.replace(split_masked=True)) != \
         FORWARD.normalise(chunk, schedule)
     plain = dataclasses.replace(chunk, page_size=0)
     assert not FORWARD_CONSTANTS(plain, schedule)["SPLIT_MASKED"]

@@ -30,13 +30,14 @@ def online_softmax_parts(qks, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
     """:func:`online_softmax` of one key tile held as parts: ``qks``, a tuple of ``[rows, n]``
     raw score tiles (its keys, part by part), folded as one step (one new max, one ``alpha``);
     ``ps``: the parts' probabilities."""
-    m_ij = m_i
-    for i in ct.static_iter(range(len(qks))):
-        qk = qks[i]
-        if prescaled:
-            m_ij = max(m_ij, ct.max(qk, axis=-1, keepdims=True))  # [rows, 1]
-        else:
-            m_ij = max(m_ij, ct.max(qk, axis=-1, keepdims=True) * scale)
+    # the parts joined element by element first: one reduction across a row's threads a step
+    joined = qks[0]
+    for i in ct.static_iter(range(1, len(qks))):
+        joined = max(joined, qks[i])  # [rows, n]
+    if prescaled:
+        m_ij = max(m_i, ct.max(joined, axis=-1, keepdims=True))  # [rows, 1]
+    else:
+        m_ij = max(m_i, ct.max(joined, axis=-1, keepdims=True) * scale)
     # the shift joins the row's max (one subtraction a row), so that each score costs one
     # fused multiply-add before its exponential, not a multiply-add and an add
     offset = m_ij - shift if shift else m_ij  # [rows, 1]
@@ -52,9 +53,10 @@ def online_softmax_parts(qks, m_i, l_i, scale, EXP2, prescaled, shift=0.0):
         alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)  # [rows, 1]
     else:
         alpha = ct.exp(m_i - m_ij)
-    l_i = l_i * alpha
-    for i in ct.static_iter(range(len(ps))):
-        l_i = l_i + ct.sum(ps[i], axis=-1, keepdims=True)
+    total = ps[0]
+    for i in ct.static_iter(range(1, len(ps))):
+        total = total + ps[i]  # [rows, n]
+    l_i = l_i * alpha + ct.sum(total, axis=-1, keepdims=True)
     return ps, m_ij, l_i, alpha
 
 

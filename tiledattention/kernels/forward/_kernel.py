@@ -108,9 +108,9 @@ def attention_fwd(
     # Bounds-checked loads zero-fill what lies past the edge; unchecked ones never cross it.
     PAD = ct.static_eval(ct.PaddingMode.ZERO if CHECK_BOUNDS else ct.PaddingMode.UNDETERMINED)
     # RAGGED: the key tile that runs past a sequence's keys (its last, if they end inside one)
-    # walks apart, its values read from the sequence's cut of V; the other tiles and its keys
-    # by row (not PAGED)
-    EDGE = ct.static_eval(RAGGED and not PAGED)
+    # walks apart, its values read from the sequence's cut of V (PAGED: from its pages, the
+    # rows past the keys zeroed); the other tiles and its keys by row (not PAGED)
+    EDGE = ct.static_eval(RAGGED)
     # PAGED over pages smaller than a key tile: the tile walks as PARTS parts of PAGE_ROWS keys
     # (a page load each), scored apart and folded as one softmax step (no tile joined from
     # loads); else as one part
@@ -221,7 +221,7 @@ def attention_fwd(
                 return page_load(A, page, j * PART_N, kv_head, part, PAGE_ROWS, width, latency,
                                  PAD, page_size=PAGE_SIZE)
             hint = ct.static_eval(latency or None)
-            if ct.static_eval(EDGE and not edge):
+            if ct.static_eval(EDGE and not edge and not PAGED):
                 tile = rows_view(A, heads=1, rows=TILE_N, width=width).load(
                     (batch, kv_head, k_first + j * TILE_N, part), latency=hint,
                     allow_tma=ALLOW_TMA)
@@ -306,19 +306,18 @@ def attention_fwd(
             for i in ct.static_iter(range(PARTS)):
                 block, page = blocks[i], pages[i]
                 v = load_v(block, 0, page, width=TILE_D, edge=edge)  # [PART_N, TILE_D]
-                if ct.static_eval(PAGED):
+                if ct.static_eval(PAGED and edge):
                     # a page's rows past the keys hold anything: p is 0 there, but 0 * NaN is
-                    # not 0
+                    # not 0 (only the tile past the keys holds such rows: a masked tile before
+                    # it, the causal diagonal, needs no select of its values)
                     key_rows = block * PART_N + ct.arange(PART_N, dtype=np.int32)[:, None]
-                    if masked:
-                        v = ct.where(key_rows < seqlen_k, v, 0.0)
+                    v = ct.where(key_rows < seqlen_k, v, 0.0)
                 p = ps[i].astype(pv_dtype)
                 acc = ct.mma(p, v.astype(pv_dtype), acc, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D]
                 if TILE_D2:
                     v2 = load_v(block, TILE_D // TILE_D2, page, width=TILE_D2, edge=edge)
-                    if ct.static_eval(PAGED):
-                        if masked:
-                            v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
+                    if ct.static_eval(PAGED and edge):
+                        v2 = ct.where(key_rows < seqlen_k, v2, 0.0)
                     v2 = v2.astype(pv_dtype)
                     acc2_in = acc2 * alpha if i == 0 else acc2  # rescaled once a tile
                     acc2 = ct.mma(p, v2, acc2_in, use_fast_acc=FAST_PV)  # [TILE_M, TILE_D2]

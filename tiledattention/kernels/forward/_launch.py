@@ -213,9 +213,6 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("unchecked_loads", problem.ragged, "a ragged batch's sequences end inside tiles"),
         ("k_transposed", problem.ragged,
          "a ragged batch's keys load by row (a view of rows, or rows of pages), not transposed"),
-        ("split_masked", problem.page_size > 0,
-         "a paged cache always walks its masked key tiles apart (value rows past a sequence's "
-         "keys are zeroed there only)"),
         # split_d: two parts only where they cover fewer columns than one padded part
         ("split_d", head_dim_parts(problem.head_dim, True)[1] == 0,
          "the head dim is a power of two, or two parts would pad as much as one"),
@@ -274,9 +271,7 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "KV_SAWTOOTH": s.kv_sawtooth,
         "LONGEST_FIRST": s.longest_first,
         "CHECK_BOUNDS": not s.unchecked_loads,
-        # a paged cache zeroes value rows past the keys in masked tiles: a per-step mask test
-        # around that stalled the kernel (0.25x on an H200), so its masked tiles walk apart
-        "SPLIT_MASKED": s.split_masked or problem.page_size > 0,
+        "SPLIT_MASKED": s.split_masked,
         "PERSISTENT": s.persistent,
         "PAIRED": s.paired_tiles,
         "STORE_LSE": False,  # kernel_args turns it on when given an lse array
