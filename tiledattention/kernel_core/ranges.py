@@ -79,13 +79,14 @@ def page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD, page_
                    latency=ct.static_eval(latency or None)).reshape((PAGE_ROWS, width))
 
 
-def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD):
+def page_rows(A, Pages, seq, kv_head, j, part, TILE_N, PAGE_ROWS, width, latency, PAD,
+              page_size):
     """Keys ``j * TILE_N ..`` (head-dim columns ``part * width`` on) of sequence ``seq``'s
     paged cache, ``A`` a ``[pages, page_size, H_kv, D]`` pool, as a ``[TILE_N, width]`` tile:
     ``TILE_N / PAGE_ROWS`` loads of ``PAGE_ROWS`` keys (``PAGE_ROWS`` divides the page size),
     each from the page ``Pages[seq]`` names for it, joined pairwise. A key past the block
-    table's pages loads as ``PAD``'s fill."""
-    page_size = A.shape[1]
+    table's pages loads as ``PAD``'s fill. ``page_size``: a constant (``A.shape[1]``), so a
+    key's page and row cost shifts, not divisions."""
     parts = ()
     for i in ct.static_iter(range(TILE_N // PAGE_ROWS)):
         key = j * TILE_N + i * PAGE_ROWS

@@ -92,15 +92,17 @@ def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_di
         acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)
         for j in range(start, clean):
             k = ct.transpose(page_rows(K, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS,
-                                       width=TILE_D, latency=K_LATENCY, PAD=PAD))
+                                       width=TILE_D, latency=K_LATENCY, PAD=PAD,
+                                       page_size=K.shape[1]))
             qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
             p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, True, prescaled=False)
             v = page_rows(V, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
-                          latency=V_LATENCY, PAD=PAD)
+                          latency=V_LATENCY, PAD=PAD, page_size=V.shape[1])
             acc = ct.mma(p.astype(v.dtype), v, acc * alpha)
         for j in range(clean, stop):
             k = ct.transpose(page_rows(K, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS,
-                                       width=TILE_D, latency=K_LATENCY, PAD=PAD))
+                                       width=TILE_D, latency=K_LATENCY, PAD=PAD,
+                                       page_size=K.shape[1]))
             qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=np.float32))
             keys = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
             keep = keys < seqlen_k
@@ -109,7 +111,7 @@ def flat_split(Q, K, V, Out, Opart, Lse, Cu, Lens, Pages, qk_scale: float, kv_di
             qk = ct.where(keep, qk, -np.inf)
             p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, True, prescaled=False)
             v = page_rows(V, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
-                          latency=V_LATENCY, PAD=PAD)
+                          latency=V_LATENCY, PAD=PAD, page_size=V.shape[1])
             key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
             v = ct.where(key_rows < seqlen_k, v, 0.0)
             acc = ct.mma(p.astype(v.dtype), v, acc * alpha)

@@ -90,9 +90,10 @@ def one_loop(dtype: str, tile_d: int) -> bool:
 
 
 def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows: int,
-                  causal: bool, sms: int, dtype: str) -> FlatLaunches:
+                  page_size: int, causal: bool, sms: int, dtype: str) -> FlatLaunches:
     """The flat launches of a layout ``tiles`` (``_launch.Layout``) of ``batch`` entries of a
-    ``dtype`` cache with ``schedule``'s tiles, loads and occupancy, over ``sms`` SMs."""
+    ``dtype`` cache in pages of ``page_size`` keys (``page_rows`` a load) with
+    ``schedule``'s tiles, loads and occupancy, over ``sms`` SMs."""
     chunk = min(tile_d, MERGE_CHUNK_D)
     b_pad = max(B_PAD_LEAST, 1 << batch.bit_length())
     return FlatLaunches(
@@ -101,7 +102,7 @@ def flat_launches(batch: int, tiles: Any, schedule: Any, tile_d: int, page_rows:
         b_pad=b_pad,
         split=_hinted_split(schedule.occupancy, schedule.num_worker_warps),
         split_constants=(tiles.tile_g, tiles.tile_s, schedule.tile_n, tile_d, page_rows,
-                         schedule.k_latency or 0, schedule.v_latency or 0, b_pad, causal,
+                         page_size, schedule.k_latency or 0, schedule.v_latency or 0, b_pad, causal,
                          one_loop(dtype, tile_d)),
         merge_constants=(tiles.tile_g, tiles.tile_s, chunk, MERGE_UNROLL),
         merge_grid=(tiles.rows, tile_d // chunk, 1), kv_div=tiles.kv_div)

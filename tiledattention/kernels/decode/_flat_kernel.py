@@ -75,8 +75,8 @@ def _row_items_of(Cu, row, rows_per_entry):
     return entry, first + row % rows_per_entry * tiles, tiles
 
 
-def _fold(q, keys, j, masked, m_i, l_i, acc, scale, TILE_N, TILE_D, PAGE_ROWS, K_LATENCY,
-          V_LATENCY, CAUSAL):
+def _fold(q, keys, j, masked, m_i, l_i, acc, scale, TILE_N, TILE_D, PAGE_ROWS, PAGE_SIZE,
+          K_LATENCY, V_LATENCY, CAUSAL):
     """Fold key tile ``j`` of an entry into its rows' running ``(m_i, l_i, acc)``. ``keys``:
     the pools, the block table, the entry, its K/V head, its key count and each row's last
     visible key (``[TILE_M, 1]``); ``masked``: the tile reaches past the entry's keys or a
@@ -84,7 +84,7 @@ def _fold(q, keys, j, masked, m_i, l_i, acc, scale, TILE_N, TILE_D, PAGE_ROWS, K
     K, V, Pages, entry, kv_head, seqlen_k, last_key = keys
     PAD = ct.static_eval(ct.PaddingMode.ZERO)
     k = ct.transpose(page_rows(K, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
-                               latency=K_LATENCY, PAD=PAD))  # [TILE_D, TILE_N]
+                               latency=K_LATENCY, PAD=PAD, page_size=PAGE_SIZE))  # [TILE_D, TILE_N]
     qk = ct.mma(q, k, ct.full((q.shape[0], TILE_N), 0.0, dtype=np.float32))
     if masked:
         key_ids = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[None, :]
@@ -94,7 +94,7 @@ def _fold(q, keys, j, masked, m_i, l_i, acc, scale, TILE_N, TILE_D, PAGE_ROWS, K
         qk = ct.where(keep, qk, -np.inf)
     p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, True, prescaled=False)
     v = page_rows(V, Pages, entry, kv_head, j, 0, TILE_N, PAGE_ROWS, width=TILE_D,
-                  latency=V_LATENCY, PAD=PAD)  # [TILE_N, TILE_D]
+                  latency=V_LATENCY, PAD=PAD, page_size=PAGE_SIZE)  # [TILE_N, TILE_D]
     if masked:  # a page's rows past the keys hold anything: 0 * NaN is not 0
         key_rows = j * TILE_N + ct.arange(TILE_N, dtype=np.int32)[:, None]
         v = ct.where(key_rows < seqlen_k, v, 0.0)
@@ -117,6 +117,7 @@ def flat_split(
     TILE_N: ConstInt,  # keys per item
     TILE_D: ConstInt,  # the head dim rounded up to a power of two
     PAGE_ROWS: ConstInt,  # keys per load, dividing the page size and TILE_N
+    PAGE_SIZE: ConstInt,  # the pools' keys a page (K.shape[1])
     K_LATENCY: ConstInt,  # 1..10, or 0: the compiler's choice
     V_LATENCY: ConstInt,
     B_PAD: ConstInt,  # a power of two > B
@@ -129,7 +130,7 @@ def flat_split(
     q_tiles = ct.cdiv(Q.shape[3], TILE_S)
     rows_per_entry = heads * q_tiles
     entries = Q.shape[0]
-    keys_cap = Pages.shape[1] * K.shape[1]
+    keys_cap = Pages.shape[1] * PAGE_SIZE
     starts, items = _offsets(Lens, entries, keys_cap, rows_per_entry, TILE_N, B_PAD)
     total = ct.sum(items)
     cta = ct.bid(0)
@@ -172,14 +173,14 @@ def flat_split(
         if ONE_LOOP:  # every tile masked, one loop of loads (``_flat.one_loop``)
             for j in range(start, stop):
                 m_i, l_i, acc = _fold(q, keys, j, True, m_i, l_i, acc, scale, TILE_N, TILE_D,
-                                      PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
+                                      PAGE_ROWS, PAGE_SIZE, K_LATENCY, V_LATENCY, CAUSAL)
         else:
             for j in range(start, unmasked_stop):
                 m_i, l_i, acc = _fold(q, keys, j, False, m_i, l_i, acc, scale, TILE_N, TILE_D,
-                                      PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
+                                      PAGE_ROWS, PAGE_SIZE, K_LATENCY, V_LATENCY, CAUSAL)
             for j in range(unmasked_stop, stop):
                 m_i, l_i, acc = _fold(q, keys, j, True, m_i, l_i, acc, scale, TILE_N, TILE_D,
-                                      PAGE_ROWS, K_LATENCY, V_LATENCY, CAUSAL)
+                                      PAGE_ROWS, PAGE_SIZE, K_LATENCY, V_LATENCY, CAUSAL)
         out = normalised(acc, l_i)
         # plain stores, not TMA: a TMA store inside the segment loop gets a warpgroup of its
         # own, and tileiras 13.4 then asks more registers of the CTA's pool than two CTAs an

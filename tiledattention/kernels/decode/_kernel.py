@@ -159,6 +159,7 @@ def decode_split(
     PAGED: ConstBool,  # RAGGED: K and V are [pages, page_size, H_kv, D] pools; entry b's keys
     # 0..Ranges[b] - 1 lie in its block table's pages, Pages[b]
     PAGE_ROWS: ConstInt,  # PAGED: keys per load, dividing the page size and TILE_N; else 0
+    PAGE_SIZE: ConstInt,  # PAGED: the pools' keys a page (K.shape[1]); else 0
     KV_FP8: ConstBool,  # K and V float8_e4m3fn (an FP8 cache), widened to Q's dtype per tile
     BALANCED: ConstBool,  # RAGGED, no WINDOW: every split's share is the longest entry's
     TAIL: ConstBool,  # only the rows from split_hint on split (a one-dimensional grid)
@@ -213,7 +214,7 @@ def decode_split(
         # within the ranges: row i sees keys up to i + len - q_hi); rows outside come out as
         # zeros
         if PAGED:  # Ranges: the entries' key counts, [B]; every query row is in range
-            paged_keys = min(ct.gather(Ranges, batch), Pages.shape[1] * K.shape[1])
+            paged_keys = min(ct.gather(Ranges, batch), Pages.shape[1] * PAGE_SIZE)
             causal_offset = paged_keys - q_hi
         else:
             K = sequence_view(K, Ranges, batch, 2)
@@ -288,7 +289,7 @@ def decode_split(
         (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
         if PAGED:
             return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=width,
-                             latency=latency, PAD=PAD)
+                             latency=latency, PAD=PAD, page_size=PAGE_SIZE)
         tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, width),
                        padding_mode=PAD, latency=ct.static_eval(latency or None))
         return tile.reshape((TILE_N, width))

@@ -283,6 +283,8 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         # keys per load from a page: a load never straddles two pages
         "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
         else 0,
+        # a key's page and row by shifts, not divisions on the producer's way to each load
+        "PAGE_SIZE": problem.page_size,
         "KV_FP8": bool(problem.kv_dtype),
         "TAIL": tail,
         "ORDERED": ordered(problem, schedule),
@@ -403,7 +405,8 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
     variant = variant_of(problem, window)
     split = split_constants(problem, schedule, variant)
     flat = (flat_launches(problem.batch, tiles, schedule, padded_head_dim(problem.head_dim),
-                          split["PAGE_ROWS"], problem.causal, sms, problem.dtype)
+                          split["PAGE_ROWS"], problem.page_size, problem.causal, sms,
+                          problem.dtype)
             if schedule.flat and not variant.windowed else None)
     combine = combine_constants(problem, schedule, variant)
     tail = tail_rows(problem, schedule)
