@@ -17,7 +17,7 @@ from tiledattention.kernels.decode._defaults import (PAGED_PART_WAVE_MAX_SHARE,
                                                      PAGED_SPLIT_FACTOR, SMALL_PAGE_LATENCY,
                                                      SMALL_PAGE_WAVES)
 from tiledattention.core._problem import page_tile
-from tiledattention.kernels.decode._launch import normalise, split_constants
+from tiledattention.kernels.decode._launch import launches, normalise, split_constants
 from tiledattention.core._device import DeviceInfo
 from tiledattention.errors import InputValueError, UnsupportedProblemError
 from tiledattention.kernels.forward._defaults import PAGE_PARTS_MAX_ROWS
@@ -141,11 +141,9 @@ def test_the_paged_routes_small_kernels_compile(arch):
 
 
 def test_a_paged_long_query_run_walks_a_work_table_whatever_the_grid_would_idle():
-    """A mixed step's forward bounds its query tiles by every sequence's queries, its decode
-    tokens' too: the grid of the longest sequence's tiles for a 512-query chunk beside 63
-    decode tokens is 64 x 16 x 8 groups, 8,192 CTAs for 128 that work, which the plain rule
-    (``TABLE_MIN_IDLE_CTAS``) lets launch; a paged long query run (``ragged_forward``) walks a
-    table of the tiles the sequences have instead, whatever that grid would idle."""
+    """A mixed step's forward bounds its query tiles by every sequence's queries: a 512-query
+    chunk beside 63 decode tokens makes a grid of 8,192 CTAs for 128 that work, which the plain
+    rule (``TABLE_MIN_IDLE_CTAS``) launches; a paged long query run walks a table instead."""
     from tiledattention.kernels.forward._launch import ragged_launch
 
     chunk = _paged(batch=64, seqlen_q=512, seqlen_k=16384, page_size=0)
@@ -282,6 +280,9 @@ def test_a_load_never_straddles_two_pages():
     rows = {n: split_constants(_paged(page_size=n), DecodeSchedule(tile_n=128))["PAGE_ROWS"]
             for n in (16, 48, 64, 256)}
     assert rows == {16: 16, 48: 16, 64: 64, 256: 128}  # loads of a tile: 8, 8, 2, 1
+    assert split_constants(_paged(page_size=48), DecodeSchedule())["PAGE_SIZE"] == 48
+    flat = launches(_paged(page_size=48), DecodeSchedule(tile_n=64, flat=True), None).flat
+    assert flat.split_constants[4:6] == (16, 48)  # PAGE_ROWS, PAGE_SIZE
     assert split_constants(_paged(), DecodeSchedule())["PAGED"]
     plain = split_constants(_paged(page_size=0), DecodeSchedule())
     assert not plain["PAGED"] and plain["PAGE_ROWS"] == 0
@@ -340,9 +341,9 @@ def test_small_pages_walk_short_steps_in_two_waves():
 def test_a_paged_batch_of_a_part_wave_of_two_ctas_an_sm_splits_by_the_factor(monkeypatch):
     """A batch whose rows fill its waves of one CTA an SM (two over pages of 16) but at most
     ``PAGED_PART_WAVE_MAX_SHARE`` of them: ``PAGED_SPLIT_FACTOR`` splits at two CTAs an SM
-    (the longest caches' one-split CTAs ran alone at the end: 0.99-2.01x on an H200's
-    mixed-length batches of 136-192 rows at D 64-256, and of 280-360 rows over pages of 16);
-    past that share, for one cache, an FP8 cache or a window, the rules before."""
+    (the longest caches' one-split CTAs ran alone at the end: 0.99-2.01x on an H200, mixed
+    lengths, 136-192 rows at D 64-256, 280-360 over pages of 16); past that share, for one
+    cache, an FP8 cache or a window, the rules before."""
     def default(**fields):
         return DECODE.default_schedule("sm_90", _paged(**fields))
 
@@ -1011,8 +1012,6 @@ def test_the_longest_first_order_applies_to_paged_batches_of_several_entries_onl
     """``normalise`` keeps ``longest_first`` only for a paged batch of more than one entry not
     walked flat, and only then does the split kernel read an order (``ORDERED``) and a plan
     rank the entries each call."""
-    from tiledattention.kernels.decode._launch import launches
-
     ordered = DecodeSchedule(tile_n=128, occupancy=2, longest_first=True)
     paged = _paged(batch=40, seqlen_k=2000, page_size=128)
     assert normalise(paged, ordered).longest_first
