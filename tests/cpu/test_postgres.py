@@ -68,6 +68,16 @@ def postgres_url():
         shutil.rmtree(base, ignore_errors=True)
 
 
+def study_trials(url: str, name: str) -> list:
+    """Study ``name``'s trials, its storage's connections closed after (left to the garbage
+    collector, psycopg's would warn in whichever later test it ran in)."""
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        return optuna.load_study(study_name=name, storage=storage).trials
+    finally:
+        storage.engine.dispose()
+
+
 def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     argv = [sys.executable, "-m", "tuner.cli", "search", "--device", "sm_90", "--backend",
             "simulated", "--shape", "2,8,1024,64", "--causal", "yes,no", "--trials", "12",
@@ -78,7 +88,6 @@ def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     outputs = [w.communicate(timeout=600)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0, 0], "\n".join(outputs)[-3000:]
 
-    storage = optuna.storages.RDBStorage(postgres_url)
     with open_database(postgres_url) as db:
         rows = db.rows()
     assert {r.family for r in rows} == {"forward"}
@@ -86,10 +95,9 @@ def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     for causal in (False, True):
         problem = Problem(batch=2, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_k=1024,
                           head_dim=64, dtype="bf16", causal=causal)
-        study = optuna.load_study(study_name=study_name("tiledtune", FORWARD, "sm_90", problem,
-                                                        backend="simulated"),
-                                  storage=storage)
-        measured = [t for t in study.trials if t.user_attrs.get("ticket")
+        trials = study_trials(postgres_url, study_name("tiledtune", FORWARD, "sm_90",
+                                                       problem, backend="simulated"))
+        measured = [t for t in trials if t.user_attrs.get("ticket")
                     and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
                     and t.user_attrs.get("status") not in (None, "cancelled")]
         assert len(measured) == 12  # the budget, over 3 workers
