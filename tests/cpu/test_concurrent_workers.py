@@ -28,7 +28,7 @@ from tiledattention import FORWARD, Problem, open_database
 from tuner.measure import FAILURES, IsolatedExecutor, SimulatedExecutor
 from tuner.search import SearchConfig, Tuner, open_storage, study_name
 
-from .test_postgres import postgres_url, study_trials  # noqa: F401 - the server fixture
+from .test_postgres import postgres_url  # noqa: F401 - the PostgreSQL server fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 8
@@ -60,6 +60,16 @@ def _budget_records(url: str, name: str) -> tuple[int, set[int]]:
     finally:
         engine.dispose()
     return claimed, tickets
+
+
+def _study_trials(url: str, name: str) -> list:
+    """Study ``name``'s trials, its storage's connections closed after (left to the garbage
+    collector, psycopg's would warn in whichever later test it ran in)."""
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        return optuna.load_study(study_name=name, storage=storage).trials
+    finally:
+        storage.engine.dispose()
 
 
 def _queue_candidates(storage: str, count: int) -> None:
@@ -99,7 +109,7 @@ def _check_one_key_exactly(storage: str, db: str, outputs: list[tuple[int, str]]
                          + crashed[0][1][-3000:])
 
     name = study_name("tiledtune", FORWARD, "sm_90", PROBLEM, backend="simulated")
-    trials = study_trials(storage, name)
+    trials = _study_trials(storage, name)
     assert not [t.number for t in trials if t.state == TrialState.RUNNING]  # none left behind
     measured = _measured(trials)
     assert len(measured) == TRIALS  # the budget, exactly, over all workers

@@ -1,7 +1,7 @@
 """Three `tiledtune search` workers share one study on a real PostgreSQL server.
 
-The test starts its own server (own data directory, loopback port) and stops it after.
-It skips without PostgreSQL's server binaries (.ci/run installs them).
+It starts its own server (own data directory and port), stops it after, and skips without
+PostgreSQL's server binaries (.ci/run installs them).
 """
 
 from __future__ import annotations
@@ -43,17 +43,17 @@ def _free_port() -> int:
 def postgres_url():
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not (initdb and pg_ctl):
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl)")
     pytest.importorskip("psycopg")
     base = tempfile.mkdtemp(prefix="tiledtune-pg-", dir="/tmp")
     os.chmod(base, 0o777)
     data, port = os.path.join(base, "data"), _free_port()
     prefix: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses root: use its own account
+    if os.geteuid() == 0:  # PostgreSQL refuses root
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run the server")
+            pytest.skip("root, and no 'postgres' user to run the server")
         prefix = ["runuser", "-u", "postgres", "--"]
     subprocess.run([*prefix, initdb, "-D", data, "-A", "trust", "-U", "postgres"], check=True,
                    capture_output=True)
@@ -68,16 +68,6 @@ def postgres_url():
         shutil.rmtree(base, ignore_errors=True)
 
 
-def study_trials(url: str, name: str) -> list:
-    """Study ``name``'s trials, its storage's connections closed after (left to the garbage
-    collector, psycopg's would warn in whichever later test it ran in)."""
-    storage = optuna.storages.RDBStorage(url)
-    try:
-        return optuna.load_study(study_name=name, storage=storage).trials
-    finally:
-        storage.engine.dispose()
-
-
 def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     argv = [sys.executable, "-m", "tuner.cli", "search", "--device", "sm_90", "--backend",
             "simulated", "--shape", "2,8,1024,64", "--causal", "yes,no", "--trials", "12",
@@ -88,6 +78,7 @@ def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     outputs = [w.communicate(timeout=600)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0, 0], "\n".join(outputs)[-3000:]
 
+    storage = optuna.storages.RDBStorage(postgres_url)
     with open_database(postgres_url) as db:
         rows = db.rows()
     assert {r.family for r in rows} == {"forward"}
@@ -95,11 +86,13 @@ def test_three_workers_share_one_study_exactly(postgres_url, tmp_path):
     for causal in (False, True):
         problem = Problem(batch=2, heads_q=8, heads_kv=8, seqlen_q=1024, seqlen_k=1024,
                           head_dim=64, dtype="bf16", causal=causal)
-        trials = study_trials(postgres_url, study_name("tiledtune", FORWARD, "sm_90",
-                                                       problem, backend="simulated"))
-        measured = [t for t in trials if t.user_attrs.get("ticket")
+        study = optuna.load_study(study_name=study_name("tiledtune", FORWARD, "sm_90", problem,
+                                                        backend="simulated"),
+                                  storage=storage)
+        measured = [t for t in study.trials if t.user_attrs.get("ticket")
                     and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
                     and t.user_attrs.get("status") not in (None, "cancelled")]
         assert len(measured) == 12  # the budget, over 3 workers
         keys = [t.user_attrs["schedule_key"] for t in measured]
         assert len(set(keys)) == len(keys)  # no candidate measured twice
+    storage.engine.dispose()  # psycopg warns if collected
