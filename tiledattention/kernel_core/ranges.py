@@ -73,7 +73,7 @@ def page_load(A, page, key, kv_head, part, PAGE_ROWS, width, latency, PAD, page_
     """Keys ``key ..`` (``PAGE_ROWS`` of them, within one page; head-dim columns ``part *
     width`` on) of page ``page`` of ``A``, a ``[pages, page_size, H_kv, D]`` pool, as a
     ``[PAGE_ROWS, width]`` tile; a page of -1 loads as ``PAD``'s fill. ``page_size``: ``A``'s
-    pages' keys (a constant where the kernel knows it: no division at run time)."""
+    pages' keys, a kernel constant (a key's row in its page by a mask, not a division)."""
     return ct.load(A, index=(page, key % page_size // PAGE_ROWS, kv_head, part),
                    shape=(1, PAGE_ROWS, 1, width), padding_mode=PAD,
                    latency=ct.static_eval(latency or None)).reshape((PAGE_ROWS, width))

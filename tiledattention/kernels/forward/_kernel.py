@@ -221,7 +221,7 @@ def attention_fwd(
                 return page_load(A, page, j * PART_N, kv_head, part, PAGE_ROWS, width, latency,
                                  PAD, page_size=PAGE_SIZE)
             hint = ct.static_eval(latency or None)
-            if ct.static_eval(EDGE and not edge and not PAGED):
+            if ct.static_eval(EDGE and not edge):  # (PAGED returned above)
                 tile = rows_view(A, heads=1, rows=TILE_N, width=width).load(
                     (batch, kv_head, k_first + j * TILE_N, part), latency=hint,
                     allow_tma=ALLOW_TMA)
