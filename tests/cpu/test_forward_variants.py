@@ -7,7 +7,8 @@ arithmetic the kernel runs and this file calls with Python ints) against the vis
 key by key; (c) the plan places the sink logits in the ``Sinks`` slot; (d) the defaults of
 windowed problems;
 (e) compile-only builds of each variant (sm_80/90/100/120/121) and the machine-code rule: the
-compile-only placeholders build the code that ``ct.launch``'s empty tuples build.
+compile-only placeholders build the code that ``ct.launch``'s empty tuples build; (f) a
+paged cache's tiles in parts walk their masked tiles apart.
 """
 
 from __future__ import annotations
@@ -100,6 +101,23 @@ def test_sinks_must_match_the_problem():
         kernel_args("q", "k", "v", "o", ALL, BASE, 0.125)
     with pytest.raises(KernelArgumentError, match="sinks must be given exactly"):
         kernel_args("q", "k", "v", "o", PLAIN, BASE, 0.125, sinks="s")
+
+
+@pytest.mark.parametrize("page_size,parts", [(256, False), (64, True), (16, True)])
+def test_a_paged_tile_in_parts_walks_its_masked_tiles_apart(page_size, parts):
+    """Over pages smaller than a 128-key tile (its parts a page load each) ``SPLIT_MASKED`` is
+    on whatever the schedule says, and normalising drops the then idle flag; a tile of one
+    load (pages of 256) walks as its schedule says, as without pages."""
+    chunk = _problem(seqlen_q=512, seqlen_k=16384, causal=True, bottom_right=True,
+                     ragged=True, page_size=page_size)
+    plain, split = Schedule(tile_m=128, tile_n=128), Schedule(tile_m=128, tile_n=128,
+                                                              split_masked=True)
+    assert kernel_constants(chunk, plain)["SPLIT_MASKED"] is parts
+    assert kernel_constants(chunk, split)["SPLIT_MASKED"]
+    assert (normalise(chunk, split) == normalise(chunk, plain)) is parts
+    unpaged = dataclasses.replace(chunk, page_size=0)
+    assert not kernel_constants(unpaged, plain)["SPLIT_MASKED"]
+    assert kernel_constants(unpaged, split)["SPLIT_MASKED"]
 
 
 def test_ordered_args_fills_only_the_values_their_constants_leave_unread():
