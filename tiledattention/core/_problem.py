@@ -27,7 +27,8 @@ __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_f
            "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_rows", "row_stat_shape",
            "variant_args",
-           "sink_logits", "PAGE_ALIGN", "page_tile", "check_tensor", "check_attention_tensors"]
+           "sink_logits", "PAGE_ALIGN", "page_tile", "page_load_rows", "check_tensor",
+           "check_attention_tensors"]
 
 #: ``causal=`` values: top-left alignment (torch's ``is_causal``; ``True`` means this) and
 #: bottom-right alignment (``torch.nn.attention.bias.causal_lower_right``: the queries are the
@@ -150,6 +151,12 @@ def page_tile(page_size: int) -> int:
     """The largest power of two dividing ``page_size``: the most keys one load from a paged
     cache may take (a load never straddles two pages)."""
     return page_size & -page_size
+
+
+def page_load_rows(page_size: int, tile_n: int) -> int:
+    """The keys one load of a paged cache takes under ``tile_n``-key tiles: the most a load
+    may take (:func:`page_tile`), at most a tile; 0 without pages (``page_size`` 0)."""
+    return min(tile_n, page_tile(page_size)) if page_size else 0
 
 
 #: The fields ``to_dict`` leaves out at these values (keys stored before they existed).

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
-from ...core._problem import Problem, default_scale, padded_head_dim, page_tile
+from ...core._problem import Problem, default_scale, padded_head_dim, page_load_rows
 from ._flat import FlatLaunches, flat_launches, flat_scratch, flat_scratch_shapes, launch_flat
 from ._schedule import MIN_SLICE_KEYS, TILES_M, DecodeSchedule
 
@@ -281,8 +281,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
         "BALANCED": (schedule.balanced and problem.ragged and schedule.splits > 1
                      and not variant.windowed),
         # keys per load from a page: a load never straddles two pages
-        "PAGE_ROWS": min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size
-        else 0,
+        "PAGE_ROWS": page_load_rows(problem.page_size, schedule.tile_n),
         # a key's page and row by shifts, not divisions on the producer's way to each load
         "PAGE_SIZE": problem.page_size,
         "KV_FP8": bool(problem.kv_dtype),

@@ -45,7 +45,7 @@ from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._dtypes import FP8_DTYPES
-from ...core._problem import Problem, head_dim_parts, packable, page_tile
+from ...core._problem import Problem, head_dim_parts, packable, page_load_rows
 from ...core._work_table import make_work_table, use_work_table, work_items
 from ...errors import KernelArgumentError
 from ._schedule import Schedule
@@ -165,7 +165,7 @@ def query_rows(problem: Problem, schedule: Schedule) -> int:
 def page_rows(problem: Problem, schedule: Schedule) -> int:
     """The keys one load of ``problem``'s paged cache takes (a load never straddles two pages,
     nor takes more than a key tile); 0 without pages."""
-    return min(schedule.tile_n, page_tile(problem.page_size)) if problem.page_size else 0
+    return page_load_rows(problem.page_size, schedule.tile_n)
 
 
 def page_parts(problem: Problem, schedule: Schedule) -> int:
