@@ -162,16 +162,10 @@ def query_rows(problem: Problem, schedule: Schedule) -> int:
     return schedule.tile_m // packed_heads(problem, schedule)
 
 
-def page_rows(problem: Problem, schedule: Schedule) -> int:
-    """The keys one load of ``problem``'s paged cache takes (a load never straddles two pages,
-    nor takes more than a key tile); 0 without pages."""
-    return page_load_rows(problem.page_size, schedule.tile_n)
-
-
 def page_parts(problem: Problem, schedule: Schedule) -> int:
     """The parts a key tile walks as over ``problem``'s pages (a page load each); 1 where one
     load takes the whole tile, or without pages."""
-    rows = page_rows(problem, schedule)
+    rows = page_load_rows(problem.page_size, schedule.tile_n)
     return schedule.tile_n // rows if rows else 1
 
 
@@ -301,7 +295,7 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
         "WORK_TABLE": False,  # kernel_args turns it on with a ragged call's work table
         "PAGED": problem.page_size > 0,
         # keys per load from a page: a load never straddles two pages
-        "PAGE_ROWS": page_rows(problem, s),
+        "PAGE_ROWS": page_load_rows(problem.page_size, s.tile_n),
         # a page's keys as a constant: the producer finds a key's page and row in it by
         # shifts, not by two divisions on its way to each load
         "PAGE_SIZE": problem.page_size,
