@@ -15,8 +15,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from chunked_in_place import HELD, POINTS, call  # noqa: E402
-from paged_mixed import DTYPE, pages_of, reference  # noqa: E402
+from chunked_in_place import HELD, POINTS, call, inputs  # noqa: E402
+from paged_mixed import pages_of  # noqa: E402
 
 from tuner.measure import time_interleaved  # noqa: E402
 
@@ -30,12 +30,7 @@ def fa4(query, k, v, **kwargs):
 
 rows = []
 for name, (hq, hkv), n, sq, sk, d in POINTS + HELD[:2]:
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    caches = [tuple(torch.randn(sk, hkv, d, generator=gen, dtype=DTYPE, device="cuda")
-                    for _ in range(2)) for _ in range(n)]
-    query = torch.randn(n * sq, hq, d, generator=gen, dtype=DTYPE, device="cuda")
-    cu = torch.arange(0, n * sq + 1, sq, dtype=torch.int32, device="cuda")
-    want = reference(query, cu, caches)
+    caches, query, cu, want = inputs(hq, hkv, n, sq, sk, d)
     fns = {"ours contiguous": call(query, cu, caches, 0, None, {}, [sq] * n, [sk] * n)}
     for page in (16, 64, 256):
         fns[f"ours p{page}"] = call(query, cu, caches, page, None, {}, [sq] * n, [sk] * n)

@@ -105,6 +105,17 @@ def call(query, cu, caches, page, mode, fields, counts, lengths):
     return forced
 
 
+def inputs(hq, hkv, n, sq, sk, d):
+    """``n`` sequences' ``(k, v)`` caches of ``sk`` keys, their ``sq`` queries each packed
+    ``[n * sq, hq, d]``, the queries' offsets and the float32 reference (seed 2)."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    caches = [tuple(torch.randn(sk, hkv, d, generator=gen, dtype=DTYPE, device="cuda")
+                    for _ in range(2)) for _ in range(n)]
+    query = torch.randn(n * sq, hq, d, generator=gen, dtype=DTYPE, device="cuda")
+    cu = torch.arange(0, n * sq + 1, sq, dtype=torch.int32, device="cuda")
+    return caches, query, cu, reference(query, cu, caches)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
@@ -121,12 +132,7 @@ def main():
     for name, (hq, hkv), n, sq, sk, d in HELD if args.held else POINTS:
         if args.only not in name:
             continue
-        gen = torch.Generator(device="cuda").manual_seed(2)
-        caches = [tuple(torch.randn(sk, hkv, d, generator=gen, dtype=DTYPE, device="cuda")
-                        for _ in range(2)) for _ in range(n)]
-        query = torch.randn(n * sq, hq, d, generator=gen, dtype=DTYPE, device="cuda")
-        cu = torch.arange(0, n * sq + 1, sq, dtype=torch.int32, device="cuda")
-        want = reference(query, cu, caches)
+        caches, query, cu, want = inputs(hq, hkv, n, sq, sk, d)
         fns, errs = {}, {}
         with torch.no_grad():
             for who, (page, mode, fields) in forms.items():
