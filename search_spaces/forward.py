@@ -54,7 +54,8 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         space = SearchSpace(space.arch, choices, space.base, space.infeasibility)
     else:
         space = space.without("pv_wide", "fast_acc")
-    if not packable(problem, max(space.choices.get("tile_m", (space.base.tile_m,)))):
+    if not packable(problem, max(space.choices.get("tile_m", (space.base.tile_m,))),
+                    idle_slots=True):
         space = space.without("pack_gqa")  # no group of query heads a tile could hold
     if problem.causal:
         # persistent CTAs measured 0.75-0.95x the per-tile grid in 16 of 17 causal cases on an

@@ -10,6 +10,7 @@ import pytest
 from search_spaces import FORWARD_SPACE, space_for
 from tiledattention import FORWARD, Problem, Schedule
 from tiledattention.kernels.forward._defaults import default_schedule, packs_heads
+from tiledattention.kernel_core.ranges import head_pieces
 from tiledattention.kernels.forward._launch import (grid_for, kernel_constants, packable,
                                                     packed_heads, query_rows, ragged_launch)
 
@@ -22,21 +23,38 @@ def _problem(hq=32, hkv=8, sq=300, sk=300, d=128, **kw) -> Problem:
                    dtype=kw.pop("dtype", "bf16"), causal=kw.pop("causal", True), **kw)
 
 
-@pytest.mark.parametrize("hq, hkv, tile_m, packs", [
-    (32, 8, 64, True), (16, 1, 64, True), (64, 1, 64, True), (8, 4, 64, True),
-    (8, 8, 64, False),  # no group
-    (28, 4, 64, False),  # a group of 7: not a power of two
-    (64, 1, 32, False),  # 64 heads do not fit 32 rows
+@pytest.mark.parametrize("hq, hkv, tile_m, slots", [
+    (32, 8, 64, 4), (16, 1, 64, 16), (64, 1, 64, 64), (8, 4, 64, 2),
+    (28, 4, 64, 8), (12, 4, 64, 4), (20, 4, 64, 8), (12, 2, 64, 8),  # 7, 3, 5, 6: idle slots
+    (56, 1, 64, 64),
+    (8, 8, 64, 0),  # no group
+    (64, 1, 32, 0),  # 64 heads do not fit 32 rows
+    (40, 1, 32, 0),  # nor do 40 (in 64 slots)
 ])
-def test_a_tile_packs_a_group_that_is_a_power_of_two_it_can_hold(hq, hkv, tile_m, packs):
+def test_a_tile_packs_a_group_its_power_of_two_of_slots_can_hold(hq, hkv, tile_m, slots):
     problem = _problem(hq, hkv)
     schedule = Schedule(tile_m=tile_m, pack_gqa=True)
-    assert packable(problem, tile_m) is packs
+    packs = slots > 0
+    assert packable(problem, tile_m, idle_slots=True) is packs
+    # the backward's dQ tiles pack powers of two only
+    assert packable(problem, tile_m) is (packs and slots == hq // hkv)
     assert FORWARD.normalise(problem, schedule).pack_gqa is packs  # else: runs unpacked
     assert packed_heads(problem, schedule) == (hq // hkv if packs else 1)
-    assert query_rows(problem, schedule) == tile_m // packed_heads(problem, schedule)
-    assert kernel_constants(problem, schedule)["PACK"] == packed_heads(problem, schedule)
-    assert kernel_constants(problem, schedule.replace(pack_gqa=False))["PACK"] == 1
+    assert query_rows(problem, schedule) == tile_m // max(slots, 1)
+    constants = kernel_constants(problem, schedule)
+    assert (constants["PACK"], constants["PACK_HEADS"]) == (max(slots, 1),
+                                                            packed_heads(problem, schedule))
+    plain = kernel_constants(problem, schedule.replace(pack_gqa=False))
+    assert (plain["PACK"], plain["PACK_HEADS"]) == (1, 1)
+
+
+@pytest.mark.parametrize("heads, pieces", [
+    (1, ((0, 1),)), (2, ((0, 2),)), (3, ((0, 2), (2, 1))), (5, ((0, 4), (4, 1))),
+    (6, ((0, 4), (4, 2))), (7, ((0, 4), (4, 2), (6, 1))), (8, ((0, 8),)),
+    (13, ((0, 8), (8, 4), (12, 1))),
+])
+def test_a_group_of_idle_slots_stores_its_heads_as_power_of_two_pieces(heads, pieces):
+    assert head_pieces(heads) == pieces
 
 
 def test_the_grid_counts_positions_per_tile_and_groups_per_batch_entry():
@@ -47,6 +65,8 @@ def test_the_grid_counts_positions_per_tile_and_groups_per_batch_entry():
     assert grid_for(problem, paired, 132) == (10, 16, 1)
     persistent = PACKED.replace(persistent=True, occupancy=2)
     assert grid_for(problem, persistent, 132) == (min(19 * 16, 264), 1, 1)
+    seven = _problem(28, 4, sq=300)  # a group of 7 in 8 slots: 8 positions a 64-row tile
+    assert grid_for(seven, PACKED, 132) == (38, 2 * 4, 1)
 
 
 def test_a_ragged_launch_tiles_its_sequences_by_positions_and_groups():
@@ -65,7 +85,7 @@ def test_a_ragged_launch_tiles_its_sequences_by_positions_and_groups():
 
 def test_the_search_space_has_the_dimension_only_where_a_group_packs():
     for problem, has in ((_problem(32, 8), True), (_problem(8, 8), False),
-                         (_problem(28, 4), False)):
+                         (_problem(28, 4), True)):
         space = FORWARD_SPACE.restrict(space_for(FORWARD.name, "sm_90"), problem)
         assert ("pack_gqa" in space.choices) is has
 
@@ -81,7 +101,7 @@ def test_the_search_space_has_the_dimension_only_where_a_group_packs():
     (dict(hq=32, hkv=8, sq=24, sk=4096, d=64, bottom_right=True), True),  # at 3 CTAs an SM
     (dict(hq=16, hkv=4, sq=1024, d=64, ragged=True), False),  # 4 CTAs an SM
     (dict(hq=32, hkv=32, sq=300, ragged=True), False),  # no group
-    (dict(hq=28, hkv=4, sq=300, ragged=True), False),  # 7
+    (dict(hq=28, hkv=4, sq=300, ragged=True), False),  # 7: idle slots, not measured
     (dict(hq=32, hkv=8, sq=300, ragged=True, page_size=16), False),  # paged: not measured
 ])
 def test_the_hopper_default_packs_packed_batches_and_calls_of_few_queries(case, packs):
@@ -106,7 +126,11 @@ def test_fp8_keeps_its_default_unpacked():
     dict(hq=8, hkv=2, sq=500, sk=500, d=96, causal=False, window_left=100, window_right=20),
     dict(hq=8, hkv=4, sq=200, sk=200, sinks=True, softcap=30.0),
     dict(hq=32, hkv=8, sq=1024, sk=1024, ragged=True),
-], ids=["gqa4", "mqa16-d64-bottom-right", "window-d96", "sinks-softcap", "ragged"])
+    dict(hq=28, hkv=4, sq=400, sk=3000, bottom_right=True),
+    dict(hq=12, hkv=4, sq=300, sk=300, d=96, sinks=True, softcap=30.0),
+    dict(hq=20, hkv=4, sq=1024, sk=1024, ragged=True),
+], ids=["gqa4", "mqa16-d64-bottom-right", "window-d96", "sinks-softcap", "ragged", "gqa7",
+        "gqa3-d96-sinks-softcap", "gqa5-ragged"])
 def test_packed_tiles_compile_for_every_architecture(arch, case):
     problem = _problem(**case)
     schedule = FORWARD.default_schedule(arch, problem).replace(pack_gqa=True)

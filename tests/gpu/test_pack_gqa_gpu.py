@@ -5,7 +5,10 @@ unpacked kernel.
 A packed tile's row ``r`` is head ``r // rows`` at position ``r % rows``: a kernel that mixes
 the heads up, masks by the tile's row instead of its position, or walks the key tiles of
 ``tile_m`` positions instead of ``tile_m / group`` gives another head's output or a wrong
-causal edge, which the reference catches. Groups of 2-16 (multi-query), causal in both
+causal edge, which the reference catches. A group that is not a power of two (3, 5, 6, 7)
+fills a power of two of head slots, the rest idle: one stored over the next group's first
+head, or a piece stored at the wrong head, is caught the same way (the outputs are poisoned).
+Groups of 2-16 (multi-query), causal in both
 alignments with S_q != S_k, odd lengths past the tiles' edges, windows, a binding softcap,
 sinks (each row its own head's), a head dim of two parts, the stored log-sum-exp, persistent
 and paired walks, and packed variable-length batches (NaN poison sequences between the real
@@ -76,6 +79,15 @@ CASES = {
                                sinks=True),
     "gqa4_d96_fp16": dict(hq=12, hkv=3, sq=211, sk=211, causal=True, d=96, dtype="fp16"),
     "gqa4_d64": dict(hq=8, hkv=2, sq=1000, sk=1000, causal=True, d=64),
+    # idle slots: the last group's run past the heads
+    "gqa7_bottom_right_chunk": dict(hq=28, hkv=4, sq=400, sk=1500, causal=True,
+                                    bottom_right=True),
+    "gqa7_mqa_short_queries": dict(hq=7, hkv=1, sq=19, sk=2049, causal=True, bottom_right=True),
+    "gqa3_softcap_sinks": dict(hq=12, hkv=4, sq=333, sk=333, causal=True, softcap=20.0,
+                               sinks=True),
+    "gqa5_window_two_sided": dict(hq=10, hkv=2, sq=600, sk=600, window_left=100,
+                                  window_right=20),
+    "gqa6_d96_fp16": dict(hq=12, hkv=2, sq=211, sk=211, causal=True, d=96, dtype="fp16"),
 }
 
 SCHEDULES = {
@@ -87,6 +99,8 @@ SCHEDULES = {
                                              pack_gqa=True),
     "persistent_paired": Schedule(tile_m=64, tile_n=64, persistent=True, paired_tiles=True,
                                   occupancy=2, pack_gqa=True),
+    "128x128_two_ctas": Schedule(tile_m=128, tile_n=128, occupancy=2, num_ctas=2,
+                                 longest_first=True, pack_gqa=True),
 }
 
 
@@ -114,9 +128,9 @@ def test_packed_heads_match_the_reference_and_the_unpacked_kernel(case, schedule
 
 
 def test_groups_that_do_not_pack_run_unpacked():
-    """A group of 1, of 7 (not a power of two) or wider than the tile runs the plain kernel:
-    the flag normalises away and the output matches the reference."""
-    for hq, hkv, tile_m in ((8, 8, 64), (14, 2, 64), (64, 1, 32)):
+    """A group of 1, or wider than the tile (64 heads, or 40 in 64 slots, over 32 rows) runs
+    the plain kernel: the flag normalises away and the output matches the reference."""
+    for hq, hkv, tile_m in ((8, 8, 64), (40, 1, 32), (64, 1, 32)):
         problem = Problem(batch=1, heads_q=hq, heads_kv=hkv, seqlen_q=100, seqlen_k=100,
                           head_dim=64, dtype="bf16", causal=True)
         schedule = Schedule(tile_m=tile_m, tile_n=64, pack_gqa=True)
@@ -151,6 +165,9 @@ def test_packed_variable_length_batches(packed_ragged, launch_mode, is_causal):
     q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=16, hkv=1, d=64,
                                              dtype=torch.float16, seed=6)
     check(q, k, v, cu_q, cu_k, real, is_causal=is_causal)
+    for hq, hkv in ((28, 4), (12, 4)):  # groups of 7 and 3: idle slots
+        q, k, v, cu_q, cu_k, real = packed_batch(lens_q, lens_k, hq=hq, hkv=hkv, seed=hq)
+        check(q, k, v, cu_q, cu_k, real, is_causal=is_causal)
     assert packed_ragged and all(p > 1 for p in packed_ragged)
 
 
@@ -160,4 +177,5 @@ def test_packed_variable_length_gradients(packed_ragged):
     check_grads(LENGTHS, LENGTHS, is_causal=True, hq=8, hkv=2)
     check_grads([3, 100, 0, 50, 129], [10, 100, 7, 49, 200], is_causal=True, hq=16, hkv=4,
                 d=64, dtype=torch.float16)
+    check_grads([3, 100, 0, 50, 129], [10, 100, 7, 49, 200], is_causal=True, hq=28, hkv=4)
     assert packed_ragged and all(p > 1 for p in packed_ragged)

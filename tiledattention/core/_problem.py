@@ -23,8 +23,8 @@ from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
            "problem_of_arrays", "check_cuda",
-           "padded_head_dim", "head_dim_parts", "packable", "TOP_LEFT", "BOTTOM_RIGHT",
-           "causal_flags",
+           "padded_head_dim", "head_dim_parts", "head_slots", "packable", "TOP_LEFT",
+           "BOTTOM_RIGHT", "causal_flags",
            "check_reach", "default_scale", "ROW_STAT_ALIGN", "row_stat_rows", "row_stat_shape",
            "variant_args",
            "sink_logits", "PAGE_ALIGN", "page_tile", "page_load_rows", "check_tensor",
@@ -74,13 +74,24 @@ def default_scale(problem: "Problem") -> float:
     return 1.0 / math.sqrt(problem.head_dim)
 
 
-def packable(problem: "Problem", tile_m: int) -> bool:
+def head_slots(heads: int) -> int:
+    """The head slots of a tile that holds ``heads`` query heads: the power of two at or above
+    ``heads`` (tile shapes are powers of two)."""
+    return 1 << (heads - 1).bit_length()
+
+
+def packable(problem: "Problem", tile_m: int, *, idle_slots: bool = False) -> bool:
     """Whether a tile of ``tile_m`` rows can hold every query head of one of ``problem``'s
     K/V groups (FlashAttention's pack-GQA, in the forward and the backward's dQ kernel): a
     group of more than one head, a power of two, at most ``tile_m`` (tile shapes are powers of
-    two, and a tile's heads must be one group's)."""
+    two, and a tile's heads must be one group's). With ``idle_slots`` (the forward) a group of
+    any size packs into :func:`head_slots` of it, at most ``tile_m``: the slots past the group
+    are computed and never stored."""
     group = problem.group_size
-    return 1 < group <= tile_m and group & (group - 1) == 0
+    slots = head_slots(group)
+    if not idle_slots and slots != group:
+        return False
+    return 1 < group and slots <= tile_m
 
 
 def head_dim_parts(head_dim: int, split: bool) -> tuple[int, int]:

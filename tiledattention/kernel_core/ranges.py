@@ -48,14 +48,28 @@ def sequence_start(Ranges, seq, which, rows):
     return min(ct.gather(Ranges, (which, seq)), rows - 1)
 
 
-def rows_view(A, heads, rows, width):
+def rows_view(A, heads, rows, width, head_step=None):
     """``A [B, H, S, D]`` as tiles ``[1, heads, rows, width]`` (zero-filled past ``A``) indexed
-    by row along ``S`` (by tile along the other axes): a ragged call loads a sequence's tile
+    by row along ``S`` (by tile along the other axes; ``head_step``: tile ``i`` of the head axis
+    starts at head ``i * head_step``, not ``i * heads``): a ragged call loads a sequence's tile
     from its first row on through the array's own TMA descriptor, the launch's (a slice read
     by TMA has every CTA build a descriptor of its own, microseconds a CTA). Its rows past
     the sequence are another sequence's, or never written (NaN)."""
     return A.tiled_view((1, heads, rows, width), padding_mode=ct.PaddingMode.ZERO,
-                        traversal_steps=(1, heads, 1, width))
+                        traversal_steps=(1, ct.static_eval(head_step or heads), 1, width))
+
+
+def head_pieces(heads):
+    """``heads`` consecutive heads as pieces of a power of two heads each, largest first:
+    ``(first, count)`` pairs (7: ``((0, 4), (4, 2), (6, 1))``), each ``first`` a multiple of its
+    ``count`` (a tile's pieces by :func:`cuda.tile.extract`). Plain Python, for
+    ``ct.static_iter``."""
+    pieces, first = [], 0
+    for bit in reversed(range(heads.bit_length())):
+        if heads >> bit & 1:
+            pieces.append((first, 1 << bit))
+            first += 1 << bit
+    return tuple(pieces)
 
 
 def sequence_length(Ranges, seq, which):

@@ -45,7 +45,7 @@ from ...core import _aot
 from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._dtypes import FP8_DTYPES
-from ...core._problem import Problem, head_dim_parts, packable, page_load_rows
+from ...core._problem import Problem, head_dim_parts, head_slots, packable, page_load_rows
 from ...core._work_table import make_work_table, use_work_table, work_items
 from ...errors import KernelArgumentError
 from ._schedule import Schedule
@@ -152,14 +152,17 @@ _DEFAULTS = Schedule()
 
 def packed_heads(problem: Problem, schedule: Schedule) -> int:
     """The query heads one CTA's tile holds: the group size where ``schedule.pack_gqa`` runs
-    (:func:`packable`), else 1."""
-    return problem.group_size if schedule.pack_gqa and packable(problem, schedule.tile_m) else 1
+    (:func:`packable` with idle slots), else 1."""
+    if schedule.pack_gqa and packable(problem, schedule.tile_m, idle_slots=True):
+        return problem.group_size
+    return 1
 
 
 def query_rows(problem: Problem, schedule: Schedule) -> int:
-    """The query positions of one tile: ``tile_m``, or ``tile_m / group`` where the tile
-    holds a whole group's heads (:func:`packed_heads`)."""
-    return schedule.tile_m // packed_heads(problem, schedule)
+    """The query positions of one tile: ``tile_m``, or ``tile_m`` over the head slots of a
+    tile that holds a whole group's heads (:func:`packed_heads`, rounded up to a power of
+    two)."""
+    return schedule.tile_m // head_slots(packed_heads(problem, schedule))
 
 
 def page_parts(problem: Problem, schedule: Schedule) -> int:
@@ -228,9 +231,9 @@ def no_effect_flags(problem: Problem, schedule: Schedule) -> dict[str, str]:
         ("pv_wide", problem.dtype not in FP8_DTYPES, "only FP8 inputs have a narrower P·V"),
         ("fast_acc", problem.dtype not in FP8_DTYPES,
          "only e4m3 products have a narrower accumulator"),
-        ("pack_gqa", not packable(problem, schedule.tile_m),
-         "a tile packs a whole K/V group's query heads only where the group size is a power of "
-         "two above 1 and at most tile_m"),
+        ("pack_gqa", not packable(problem, schedule.tile_m, idle_slots=True),
+         "a tile packs a whole K/V group's query heads only where the group has more than one "
+         "head and the power of two at or above its size is at most tile_m"),
     )
     reasons: dict[str, str] = {}
     for flag, applies, reason in rules:
@@ -265,7 +268,8 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
     return {
         "TILE_M": s.tile_m,
         "TILE_N": s.tile_n,
-        "PACK": packed_heads(problem, s),
+        "PACK": head_slots(packed_heads(problem, s)),
+        "PACK_HEADS": packed_heads(problem, s),
         "TILE_D": tile_d,
         "TILE_D2": tile_d2,
         "CAUSAL": problem.causal,
@@ -396,7 +400,7 @@ def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, 
     constants = _constants(problem, schedule)
     # work items per (batch x tile's heads): one head's query tiles, or a packed group's
     slots = math.ceil(problem.seqlen_q / query_rows(problem, schedule))
-    heads = problem.heads_q // constants["PACK"]
+    heads = problem.heads_q // constants["PACK_HEADS"]
     if constants["PAIRED"]:
         slots = math.ceil(slots / 2)
     if constants["PERSISTENT"]:

@@ -1,0 +1,159 @@
+"""Groups that are not a power of two (7 of Qwen's 28/4, 3, 5, 6) packed into a power of two of
+head slots, the rest idle (``Schedule.pack_gqa``, issue 49 section 66), beside the call's own
+schedule unpacked and FlashAttention-4. Each call runs its looked-up schedule (``default``),
+that schedule packed at most three CTAs an SM (``pack``), 128x128 tiles over a two-CTA cluster
+packed and not (``m128 pack``, ``m128``), and FA4 (``flash_attn_func`` /
+``flash_attn_varlen_func``); varlen calls force the fields on every ragged launch
+(``packed_batches.with_schedule_fields``), dense ones pass ``schedule=``. bf16, D 128, causal
+(bottom-right for chunks). GPU view (``time_interleaved``: L2 flushed, interleaved, medians),
+then the isolated view (host counted); every contender checked against the float32 reference.
+
+    call 1 (carry .fa4): mkdir -p /root/fa4site && tar -xJf .fa4/fa4site.tar.xz -C /root/fa4site
+    call 2 (carry .devtk): source .devtk/setup.sh && python3 docs/records/probes/pack_idle_slots.py
+        [--rounds 7] [--only TEXT]
+"""
+import argparse
+import dataclasses
+import itertools
+import os
+import random
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from packed_batches import with_schedule_fields  # noqa: E402
+from paged_mixed import DTYPE, reference  # noqa: E402
+
+import tiledattention as ta  # noqa: E402
+from tuner.measure import time_interleaved  # noqa: E402
+
+
+def _lengths(n, lo, hi, seed):
+    rng = random.Random(seed)
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+#: varlen calls: name, (H_q, H_kv), query counts, key counts
+VARLEN = (("B6 H28/4 400 over 3000", (28, 4), [400] * 6, [3000] * 6),
+          ("B3 H40/8 700 over 5000", (40, 8), [700] * 3, [5000] * 3),
+          ("B4 H12/2 512 over 4000", (12, 2), [512] * 4, [4000] * 4),
+          ("B8 H24/8 300 over 2500", (24, 8), [300] * 8, [2500] * 8),
+          ("64 x 100-400 H28/4", (28, 4), *(2 * [_lengths(64, 100, 400, 1)])),
+          ("16 x 500-2000 H20/4", (20, 4), *(2 * [_lengths(16, 500, 2000, 2)])))
+#: dense calls: name, (H_q, H_kv), batch, queries, keys
+DENSE = (("B2 H28/4 2048", (28, 4), 2, 2048, 2048),
+         ("B1 H28/4 8192", (28, 4), 1, 8192, 8192),
+         ("B4 H28/4 32 over 4096", (28, 4), 4, 32, 4096),
+         ("B2 H40/8 1500", (40, 8), 2, 1500, 1500))
+D = 128
+#: forms: the looked-up schedule changed by these fields (None: as looked up)
+FORMS = {"default": None,
+         "pack": dict(pack_gqa=True),
+         "m128": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, pack_gqa=False),
+         "m128 pack": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, pack_gqa=True)}
+
+
+def _changed(schedule, fields):
+    schedule = schedule.replace(**fields)
+    if fields.get("pack_gqa") and schedule.occupancy > 3:
+        schedule = schedule.replace(occupancy=3)
+    return schedule
+
+
+def varlen_case(hq, hkv, lens_q, lens_k):
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    caches = [tuple(torch.randn(sk, hkv, D, generator=gen, dtype=DTYPE, device="cuda")
+                    for _ in range(2)) for sk in lens_k]
+    query = torch.randn(sum(lens_q), hq, D, generator=gen, dtype=DTYPE, device="cuda")
+    cu = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device="cuda")
+    k, v = (torch.cat([c[i] for c in caches]) for i in (0, 1))
+    want = reference(query, cu, caches)
+    args = (query, k, v, cu, cu_k, max(lens_q), max(lens_k))
+
+    def ours(fields):
+        def run():
+            return ta.varlen_attn(*args, is_causal=True, enable_gqa=True)
+        if fields is None:
+            return run
+        base = ta.explain_varlen(*args, is_causal=True, enable_gqa=True).schedule
+        return with_schedule_fields(run, **dataclasses.asdict(_changed(base, fields)))
+
+    def fa4():
+        from flash_attn.cute import flash_attn_varlen_func
+
+        out = flash_attn_varlen_func(query, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu_k,
+                                     max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+                                     causal=True)
+        return out[0] if isinstance(out, tuple) else out
+    return ours, fa4, want
+
+
+def dense_case(hq, hkv, b, sq, sk):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(b, hq, sq, D, generator=gen, dtype=DTYPE, device="cuda")
+    k, v = (torch.randn(b, hkv, sk, D, generator=gen, dtype=DTYPE, device="cuda")
+            for _ in range(2))
+    causal = "bottom_right" if sq != sk else True
+    keep = (torch.arange(sk, device="cuda")[None, :]
+            <= torch.arange(sq, device="cuda")[:, None] + sk - sq)
+    want = F.scaled_dot_product_attention(
+        q.float(), *(x.float().repeat_interleave(hq // hkv, 1) for x in (k, v)), attn_mask=keep)
+    q4, k4, v4 = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+
+    def ours(fields):
+        if fields is None:
+            return lambda: ta.sdpa(q, k, v, causal)
+        schedule = _changed(ta.explain(q, k, v, causal).schedule, fields)
+        return lambda: ta.sdpa(q, k, v, causal, schedule=schedule)
+
+    def fa4():
+        from flash_attn.cute import flash_attn_func
+
+        out = flash_attn_func(q4, k4, v4, causal=True)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    return ours, fa4, want
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--only", default="", help="the calls whose names hold this text")
+    args = ap.parse_args()
+    rows = ["| call | contender | µs | ÷ default | ÷ FA4 | isolated µs | ÷ default | "
+            "÷ FA4 | rel L2 |", "|---|---|---|---|---|---|---|---|---|"]
+    cases = ([(name, varlen_case, (*heads, lq, lk)) for name, heads, lq, lk in VARLEN]
+             + [(name, dense_case, (*heads, b, sq, sk)) for name, heads, b, sq, sk in DENSE])
+    for name, make, shape in cases:
+        if args.only not in name:
+            continue
+        ours, fa4, want = make(*shape)
+        fns, errs = {}, {}
+        with torch.no_grad():
+            contenders = {who: (lambda f=f: ours(f)) for who, f in FORMS.items()}
+            contenders["fa4"] = lambda: fa4
+            for who, build in contenders.items():
+                try:
+                    f = build()
+                    errs[who] = ((f().float() - want).norm() / want.norm()).item()
+                    fns[who] = f
+                except Exception as exc:  # a form that cannot run: said so
+                    print(f"  {name} {who}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            gpu = time_interleaved(fns, rounds=args.rounds)
+            host = time_interleaved(fns, rounds=args.rounds, host=True)
+        for who in fns:
+            g, h = gpu[who].median_ms, host[who].median_ms
+            ratio = (lambda t, who: f"{t[who].median_ms / t['fa4'].median_ms:.3f}"
+                     if "fa4" in t else "-")
+            rows.append(f"| {name} | {who} | {1e3 * g:.1f} | "
+                        f"{g / gpu['default'].median_ms:.3f} | {ratio(gpu, who)} | "
+                        f"{1e3 * h:.1f} | {h / host['default'].median_ms:.3f} | "
+                        f"{ratio(host, who)} | {errs[who]:.1e} |")
+        print("\n".join(rows[-len(fns):]), flush=True)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
