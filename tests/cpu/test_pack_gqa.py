@@ -10,7 +10,6 @@ import pytest
 from search_spaces import FORWARD_SPACE, space_for
 from tiledattention import FORWARD, Problem, Schedule
 from tiledattention.kernels.forward._defaults import default_schedule, packs_heads
-from tiledattention.kernel_core.ranges import head_pieces
 from tiledattention.kernels.forward._launch import (grid_for, kernel_constants, packable,
                                                     packed_heads, query_rows, ragged_launch)
 
@@ -46,15 +45,6 @@ def test_a_tile_packs_a_group_its_power_of_two_of_slots_can_hold(hq, hkv, tile_m
                                                             packed_heads(problem, schedule))
     plain = kernel_constants(problem, schedule.replace(pack_gqa=False))
     assert (plain["PACK"], plain["PACK_HEADS"]) == (1, 1)
-
-
-@pytest.mark.parametrize("heads, pieces", [
-    (1, ((0, 1),)), (2, ((0, 2),)), (3, ((0, 2), (2, 1))), (5, ((0, 4), (4, 1))),
-    (6, ((0, 4), (4, 2))), (7, ((0, 4), (4, 2), (6, 1))), (8, ((0, 8),)),
-    (13, ((0, 8), (8, 4), (12, 1))),
-])
-def test_a_group_of_idle_slots_stores_its_heads_as_power_of_two_pieces(heads, pieces):
-    assert head_pieces(heads) == pieces
 
 
 def test_the_grid_counts_positions_per_tile_and_groups_per_batch_entry():

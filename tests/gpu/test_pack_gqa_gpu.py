@@ -7,7 +7,7 @@ the heads up, masks by the tile's row instead of its position, or walks the key 
 ``tile_m`` positions instead of ``tile_m / group`` gives another head's output or a wrong
 causal edge, which the reference catches. A group that is not a power of two (3, 5, 6, 7)
 fills a power of two of head slots, the rest idle: one stored over the next group's first
-head, or a piece stored at the wrong head, is caught the same way (the outputs are poisoned).
+head, or a group stored at another's heads, is caught the same way (the outputs are poisoned).
 Groups of 2-16 (multi-query), causal in both
 alignments with S_q != S_k, odd lengths past the tiles' edges, windows, a binding softcap,
 sinks (each row its own head's), a head dim of two parts, the stored log-sum-exp, persistent

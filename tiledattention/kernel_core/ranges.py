@@ -59,19 +59,6 @@ def rows_view(A, heads, rows, width, head_step=None):
                         traversal_steps=(1, ct.static_eval(head_step or heads), 1, width))
 
 
-def head_pieces(heads):
-    """``heads`` consecutive heads as pieces of a power of two heads each, largest first:
-    ``(first, count)`` pairs (7: ``((0, 4), (4, 2), (6, 1))``), each ``first`` a multiple of its
-    ``count`` (a tile's pieces by :func:`cuda.tile.extract`). Plain Python, for
-    ``ct.static_iter``."""
-    pieces, first = [], 0
-    for bit in reversed(range(heads.bit_length())):
-        if heads >> bit & 1:
-            pieces.append((first, 1 << bit))
-            first += 1 << bit
-    return tuple(pieces)
-
-
 def sequence_length(Ranges, seq, which):
     """Sequence ``seq``'s length in ``Ranges`` (rows ``which``, ``which + 1``)."""
     return ct.gather(Ranges, (which + 1, seq)) - ct.gather(Ranges, (which, seq))

@@ -1,12 +1,14 @@
 """Groups that are not a power of two (7 of Qwen's 28/4, 3, 5, 6) packed into a power of two of
-head slots, the rest idle (``Schedule.pack_gqa``, issue 49 section 66), beside the call's own
-schedule unpacked and FlashAttention-4. Each call runs its looked-up schedule (``default``),
-that schedule packed at most three CTAs an SM (``pack``), 128x128 tiles over a two-CTA cluster
-packed and not (``m128 pack``, ``m128``), and FA4 (``flash_attn_func`` /
-``flash_attn_varlen_func``); varlen calls force the fields on every ragged launch
-(``packed_batches.with_schedule_fields``), dense ones pass ``schedule=``. bf16, D 128, causal
-(bottom-right for chunks). GPU view (``time_interleaved``: L2 flushed, interleaved, medians),
-then the isolated view (host counted); every contender checked against the float32 reference.
+head slots, the rest idle (``Schedule.pack_gqa``, issue 49 section 66), beside the same calls
+unpacked, a power-of-two group for scale, and FlashAttention-4. Each call runs its looked-up
+schedule (``default``), that schedule packed (``pack``, at most three CTAs an SM), 128x128
+tiles over a two-CTA cluster packed (``m128 c2 pack``), 64x128 tiles at two CTAs an SM and
+128x128 at one with 8 worker warps, both without a cluster, packed and not (``m64``, ``m128
+c1``), and FA4 (``flash_attn_func`` / ``flash_attn_varlen_func``); varlen calls force the
+fields on every ragged launch (``packed_batches.with_schedule_fields``), dense ones pass
+``schedule=``. bf16, D 128, causal (bottom-right for chunks). GPU view (``time_interleaved``:
+L2 flushed, interleaved, medians), then the isolated view (host counted); every contender
+checked against the float32 reference.
 
     call 1 (carry .fa4): mkdir -p /root/fa4site && tar -xJf .fa4/fa4site.tar.xz -C /root/fa4site
     call 2 (carry .devtk): source .devtk/setup.sh && python3 docs/records/probes/pack_idle_slots.py
@@ -41,18 +43,25 @@ VARLEN = (("B6 H28/4 400 over 3000", (28, 4), [400] * 6, [3000] * 6),
           ("B4 H12/2 512 over 4000", (12, 2), [512] * 4, [4000] * 4),
           ("B8 H24/8 300 over 2500", (24, 8), [300] * 8, [2500] * 8),
           ("64 x 100-400 H28/4", (28, 4), *(2 * [_lengths(64, 100, 400, 1)])),
-          ("16 x 500-2000 H20/4", (20, 4), *(2 * [_lengths(16, 500, 2000, 2)])))
+          ("16 x 500-2000 H20/4", (20, 4), *(2 * [_lengths(16, 500, 2000, 2)])),
+          ("64 x 100-400 H32/8", (32, 8), *(2 * [_lengths(64, 100, 400, 1)])))
 #: dense calls: name, (H_q, H_kv), batch, queries, keys
 DENSE = (("B2 H28/4 2048", (28, 4), 2, 2048, 2048),
          ("B1 H28/4 8192", (28, 4), 1, 8192, 8192),
          ("B4 H28/4 32 over 4096", (28, 4), 4, 32, 4096),
-         ("B2 H40/8 1500", (40, 8), 2, 1500, 1500))
+         ("B2 H40/8 1500", (40, 8), 2, 1500, 1500),
+         ("B4 H32/8 32 over 4096", (32, 8), 4, 32, 4096))
 D = 128
 #: forms: the looked-up schedule changed by these fields (None: as looked up)
 FORMS = {"default": None,
          "pack": dict(pack_gqa=True),
-         "m128": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, pack_gqa=False),
-         "m128 pack": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, pack_gqa=True)}
+         "m128 c2 pack": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, pack_gqa=True),
+         "m64": dict(tile_m=64, tile_n=128, occupancy=2, num_ctas=1, pack_gqa=False),
+         "m64 pack": dict(tile_m=64, tile_n=128, occupancy=2, num_ctas=1, pack_gqa=True),
+         "m128 c1": dict(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8, num_ctas=1,
+                         pack_gqa=False),
+         "m128 c1 pack": dict(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8,
+                              num_ctas=1, pack_gqa=True)}
 
 
 def _changed(schedule, fields):
@@ -120,14 +129,15 @@ def dense_case(hq, hkv, b, sq, sk):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--only", default="", help="the calls whose names hold this text")
+    ap.add_argument("--only", default="", help="the calls whose names hold one of these "
+                    "comma-separated texts")
     args = ap.parse_args()
     rows = ["| call | contender | µs | ÷ default | ÷ FA4 | isolated µs | ÷ default | "
             "÷ FA4 | rel L2 |", "|---|---|---|---|---|---|---|---|---|"]
     cases = ([(name, varlen_case, (*heads, lq, lk)) for name, heads, lq, lk in VARLEN]
              + [(name, dense_case, (*heads, b, sq, sk)) for name, heads, b, sq, sk in DENSE])
     for name, make, shape in cases:
-        if args.only not in name:
+        if not any(part in name for part in args.only.split(",")):
             continue
         ours, fa4, want = make(*shape)
         fns, errs = {}, {}

@@ -37,8 +37,8 @@ import numpy as np
 
 from ...kernel_core.bounds import forward_key_tiles, forward_window_key_tiles
 from ...kernel_core.numbers import LOG2_E, NEG_BIG, bounded
-from ...kernel_core.ranges import (head_pieces, page_load, page_number, rows_view,
-                                   sequence_length, sequence_of, sequence_start, sequence_view)
+from ...kernel_core.ranges import (page_load, page_number, rows_view, sequence_length,
+                                   sequence_of, sequence_start, sequence_view)
 from ...kernel_core.softmax import log_sum_exp, online_softmax_parts, reciprocal
 
 ConstInt = ct.Constant[int]
@@ -433,19 +433,14 @@ def attention_fwd(
         def store_rows(A, tile, column):
             """``tile`` (``[1, PACK, tile_rows]``, then ``[width]`` from head-dim tile
             ``column`` on, or nothing: ``column`` is ()) into ``A``'s rows of the query tile;
-            ``IDLE_SLOTS``: its first ``PACK_HEADS`` slots only, as pieces of a power of two
-            heads (7 as 4 + 2 + 1), each through a view stepping one head."""
+            ``IDLE_SLOTS``: into a cut of ``A``'s heads that ends at the group's last, which
+            clips the idle slots, without TMA (a cut through TMA has every CTA build a
+            descriptor of its own; pieces of the tile stored through views of ``A`` instead
+            ran 3-20x slower under a two-CTA cluster, which exchanged them between its CTAs)."""
             if IDLE_SLOTS:
-                for first, n in ct.static_iter(head_pieces(heads=PACK_HEADS)):
-                    shape = ct.static_eval((1, n) + tile.shape[2:])
-                    at = ct.static_eval((0, first // n, 0) + (0,) * len(column))
-                    piece = ct.extract(tile, at, shape=shape)
-                    view = A.tiled_view(shape, traversal_steps=ct.static_eval(
-                        (1, 1) + tile.shape[2:]))
-                    # the log-sum-exp's pieces (no ``column``) without TMA: through TMA
-                    # tileiras 13.4 fails on them under a two-CTA cluster (sm_90, exit 5)
-                    view.store(ct.static_eval((batch, head + first, q_tile) + column), piece,
-                               allow_tma=ct.static_eval(STORE_TMA if column else False))
+                group_rows = A.slice(axis=1, start=head, stop=head + PACK_HEADS)
+                ct.store(group_rows, index=ct.static_eval((batch, 0, q_tile) + column),
+                         tile=tile, allow_tma=False)
             else:
                 ct.store(A, index=ct.static_eval((batch, head_tile, q_tile) + column), tile=tile,
                          allow_tma=STORE_TMA)
