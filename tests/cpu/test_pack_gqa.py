@@ -91,7 +91,10 @@ def test_the_search_space_has_the_dimension_only_where_a_group_packs():
     (dict(hq=32, hkv=8, sq=24, sk=4096, d=64, bottom_right=True), True),  # at 3 CTAs an SM
     (dict(hq=16, hkv=4, sq=1024, d=64, ragged=True), False),  # 4 CTAs an SM
     (dict(hq=32, hkv=32, sq=300, ragged=True), False),  # no group
-    (dict(hq=28, hkv=4, sq=300, ragged=True), False),  # 7: idle slots, not measured
+    (dict(hq=28, hkv=4, sq=300, sk=3000, ragged=True), True),  # 7 in 8 slots: a chunk
+    (dict(hq=28, hkv=4, sq=300, ragged=True), False),  # 7: self-attention
+    (dict(hq=20, hkv=4, sq=300, sk=3000, ragged=True), False),  # 5 in 8: too many idle
+    (dict(hq=28, hkv=4, sq=32, sk=4096, bottom_right=True), True),  # 7: few queries
     (dict(hq=32, hkv=8, sq=300, ragged=True, page_size=16), False),  # paged: not measured
 ])
 def test_the_hopper_default_packs_packed_batches_and_calls_of_few_queries(case, packs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...core._compile import generation
 from ...core._dtypes import FP8_DTYPES
-from ...core._problem import Problem, head_dim_parts
+from ...core._problem import Problem, head_dim_parts, head_slots
 from ._launch import packable
 from ._schedule import Schedule
 
@@ -114,11 +114,23 @@ def packs_heads(arch: str, problem: Problem, schedule: Schedule) -> bool:
     - in a call whose queries fill at most half a tile (speculative verification, small
       chunks), at most three CTAs an SM: 1.29-2.30x at 24-40 queries over 4k-8k keys with
       groups of 4 (D 128; 1.00x a multi-query fp16 call), 1.10x at 24 queries (D 64, three
-      CTAs an SM, where four ran 0.90x); chunks of 64-256 queries ran 0.94-1.03x packed."""
+      CTAs an SM, where four ran 0.90x); chunks of 64-256 queries ran 0.94-1.03x packed.
+
+    A group that is not a power of two packs into idle slots where at most one slot in eight
+    idles (7 in 8) and, in a packed batch, the keys are at least twice the queries (chunked
+    prefill): on an H100 (``docs/records/probes/pack_idle_slots.py``, issue 49 section 66)
+    H28/4 chunks ran 0.85-1.00x unpacked (six calls of 128-900 queries over 2000-6000 keys),
+    self-attention batches 1.00-1.06x (three; left unpacked), 32 queries over 4096 keys 0.81x;
+    groups of 5 ran 1.30-1.44x, of 3 and 6 0.99-1.00x (left unpacked)."""
     if generation(arch) != "hopper" or problem.dtype in FP8_DTYPES or problem.page_size:
         return False
-    if not packable(problem, schedule.tile_m):
+    if not packable(problem, schedule.tile_m, idle_slots=True):
         return False
+    group = problem.group_size
+    if group != head_slots(group):  # idle slots
+        if group * 8 < head_slots(group) * 7 or (
+                problem.ragged and problem.seqlen_k < 2 * problem.seqlen_q):
+            return False
     if problem.ragged:
         return schedule.occupancy <= 3
     return 2 * problem.seqlen_q <= schedule.tile_m
