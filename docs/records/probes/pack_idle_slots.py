@@ -1,18 +1,13 @@
-"""Groups that are not a power of two (7 of Qwen's 28/4, 3, 5, 6) packed into a power of two of
-head slots, the rest idle (``Schedule.pack_gqa``, issue 49 section 66), beside the same calls
-unpacked, a power-of-two group for scale, and FlashAttention-4. Each call runs its looked-up
-schedule (``default``), that schedule packed (``pack``, at most three CTAs an SM), 128x128
-tiles over a two-CTA cluster packed (``m128 c2 pack``), 64x128 tiles at two CTAs an SM and
-128x128 at one with 8 worker warps, both without a cluster, packed and not (``m64``, ``m128
-c1``), and FA4 (``flash_attn_func`` / ``flash_attn_varlen_func``); varlen calls force the
-fields on every ragged launch (``packed_batches.with_schedule_fields``), dense ones pass
-``schedule=``. bf16, D 128, causal (bottom-right for chunks). GPU view (``time_interleaved``:
-L2 flushed, interleaved, medians), then the isolated view (host counted); every contender
-checked against the float32 reference.
+"""Groups that are not a power of two (7 of Qwen's 28/4; 3, 5, 6) packed into a power of two of
+head slots (``pack_gqa``, issue 49 section 66) beside FlashAttention-4. Forms: the looked-up
+schedule (``default``), it packed (``pack``), 64x128 and 128x128 tiles with or without a
+cluster, packed or not (``FORMS``); ``--held``: held-out calls, packed and not. Varlen calls
+force the fields on every ragged launch, dense ones pass ``schedule=``. bf16, D 128, causal
+(bottom-right for chunks); the GPU view, then the isolated one; each checked against float32.
 
     call 1 (carry .fa4): mkdir -p /root/fa4site && tar -xJf .fa4/fa4site.tar.xz -C /root/fa4site
     call 2 (carry .devtk): source .devtk/setup.sh && python3 docs/records/probes/pack_idle_slots.py
-        [--rounds 7] [--held] [--only TEXT]
+        [--rounds 7] [--held]
 """
 import argparse
 import dataclasses
@@ -32,43 +27,50 @@ import tiledattention as ta  # noqa: E402
 from tuner.measure import time_interleaved  # noqa: E402
 
 
+def _chunk(n, hq, hkv, q, k):
+    return f"B{n} H{hq}/{hkv} {q} over {k}", (hq, hkv), [q] * n, [k] * n
+
+
 def _lengths(n, lo, hi, seed):
     rng = random.Random(seed)
     return [rng.randint(lo, hi) for _ in range(n)]
 
 
 #: varlen calls: name, (H_q, H_kv), query counts, key counts
-VARLEN = (("B6 H28/4 400 over 3000", (28, 4), [400] * 6, [3000] * 6),
-          ("B3 H40/8 700 over 5000", (40, 8), [700] * 3, [5000] * 3),
-          ("B4 H12/2 512 over 4000", (12, 2), [512] * 4, [4000] * 4),
-          ("B8 H24/8 300 over 2500", (24, 8), [300] * 8, [2500] * 8),
+VARLEN = (_chunk(6, 28, 4, 400, 3000),
+          _chunk(3, 40, 8, 700, 5000),
+          _chunk(4, 12, 2, 512, 4000),
+          _chunk(8, 24, 8, 300, 2500),
           ("64 x 100-400 H28/4", (28, 4), *(2 * [_lengths(64, 100, 400, 1)])),
           ("16 x 500-2000 H20/4", (20, 4), *(2 * [_lengths(16, 500, 2000, 2)])),
           ("64 x 100-400 H32/8", (32, 8), *(2 * [_lengths(64, 100, 400, 1)])))
-#: ``--held``: calls the default's rule for groups of 7 was not chosen on (the first five:
-#: the rule's first form, which packed self-attention batches too)
-HELD_VARLEN = (("B2 H28/4 256 over 6000", (28, 4), [256] * 2, [6000] * 2),
-               ("B12 H28/4 128 over 2000", (28, 4), [128] * 12, [2000] * 12),
-               ("B3 H28/4 900 over 3500", (28, 4), [900] * 3, [3500] * 3),
+#: ``--held``: calls the rule for groups of 7 was not chosen on (the first five also ran the
+#: rule's first form, which packed self-attention batches too)
+HELD_VARLEN = (_chunk(2, 28, 4, 256, 6000),
+               _chunk(12, 28, 4, 128, 2000),
+               _chunk(3, 28, 4, 900, 3500),
                ("32 x 50-600 H28/4", (28, 4), *(2 * [_lengths(32, 50, 600, 3)])),
                ("8 x 1000-3000 H28/4", (28, 4), *(2 * [_lengths(8, 1000, 3000, 4)])),
-               ("B4 H28/4 300 over 8000", (28, 4), [300] * 4, [8000] * 4),
-               ("B16 H28/4 64 over 1500", (28, 4), [64] * 16, [1500] * 16),
-               ("B5 H28/4 600 over 2400", (28, 4), [600] * 5, [2400] * 5),
-               ("B6 H28/4 400 over 3000", (28, 4), [400] * 6, [3000] * 6))
+               _chunk(4, 28, 4, 300, 8000),
+               _chunk(16, 28, 4, 64, 1500),
+               _chunk(5, 28, 4, 600, 2400),
+               _chunk(6, 28, 4, 400, 3000))
+#: dense calls: name, (H_q, H_kv), batch, queries, keys
+DENSE = (("B2 H28/4 2048", (28, 4), 2, 2048, 2048),
+         ("B1 H28/4 8192", (28, 4), 1, 8192, 8192),
+         ("B4 H28/4 32 over 4096", (28, 4), 4, 32, 4096),
+         ("B2 H40/8 1500", (40, 8), 2, 1500, 1500),
+         ("B4 H32/8 32 over 4096", (32, 8), 4, 32, 4096))
 D = 128
-#: forms: the looked-up schedule changed by these fields (None: as looked up)
-FORMS = {"default": None,
-         "pack": dict(pack_gqa=True),
+_NO_CLUSTER = (("m64", dict(tile_m=64, tile_n=128, occupancy=2, num_ctas=1)),
+               ("m128 c1", dict(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8,
+                                num_ctas=1)))
+#: the looked-up schedule changed by these fields (None: as looked up)
+FORMS = {"default": None, "pack": dict(pack_gqa=True),
          "m128 c2 pack": dict(tile_m=128, tile_n=128, occupancy=2, num_ctas=2, pack_gqa=True),
-         "m64": dict(tile_m=64, tile_n=128, occupancy=2, num_ctas=1, pack_gqa=False),
-         "m64 pack": dict(tile_m=64, tile_n=128, occupancy=2, num_ctas=1, pack_gqa=True),
-         "m128 c1": dict(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8, num_ctas=1,
-                         pack_gqa=False),
-         "m128 c1 pack": dict(tile_m=128, tile_n=128, occupancy=1, num_worker_warps=8,
-                              num_ctas=1, pack_gqa=True)}
-#: ``--held``: the looked-up schedule (forced like the other, for a fair isolated view), and
-#: unpacked
+         **{name + tail: dict(fields, pack_gqa=bool(tail)) for name, fields in _NO_CLUSTER
+            for tail in ("", " pack")}}
+#: ``--held``: the looked-up schedule (forced as the other is: a fair isolated view), unpacked
 HELD_FORMS = {"default": {}, "unpacked": dict(pack_gqa=False)}
 
 
@@ -137,9 +139,7 @@ def dense_case(hq, hkv, b, sq, sk):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--held", action="store_true", help="the held-out calls and forms")
-    ap.add_argument("--only", default="", help="the calls whose names hold one of these "
-                    "comma-separated texts")
+    ap.add_argument("--held", action="store_true")
     args = ap.parse_args()
     rows = ["| call | contender | µs | ÷ default | ÷ FA4 | isolated µs | ÷ default | "
             "÷ FA4 | rel L2 |", "|---|---|---|---|---|---|---|---|---|"]
@@ -148,30 +148,24 @@ def main():
     cases = ([(name, varlen_case, (*heads, lq, lk)) for name, heads, lq, lk in varlen]
              + [(name, dense_case, (*heads, b, sq, sk)) for name, heads, b, sq, sk in dense])
     for name, make, shape in cases:
-        if not any(part in name for part in args.only.split(",")):
-            continue
         ours, fa4, want = make(*shape)
         fns, errs = {}, {}
         with torch.no_grad():
-            contenders = {who: (lambda f=f: ours(f)) for who, f in forms.items()}
-            contenders["fa4"] = lambda: fa4
-            for who, build in contenders.items():
+            for who in [*forms, "fa4"]:
                 try:
-                    f = build()
+                    f = fa4 if who == "fa4" else ours(forms[who])
                     errs[who] = ((f().float() - want).norm() / want.norm()).item()
                     fns[who] = f
-                except Exception as exc:  # a form that cannot run: said so
+                except Exception as exc:  # a form that cannot run
                     print(f"  {name} {who}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
             gpu = time_interleaved(fns, rounds=args.rounds)
             host = time_interleaved(fns, rounds=args.rounds, host=True)
         for who in fns:
-            g, h = gpu[who].median_ms, host[who].median_ms
-            ratio = (lambda t, who: f"{t[who].median_ms / t['fa4'].median_ms:.3f}"
-                     if "fa4" in t else "-")
-            rows.append(f"| {name} | {who} | {1e3 * g:.1f} | "
-                        f"{g / gpu['default'].median_ms:.3f} | {ratio(gpu, who)} | "
-                        f"{1e3 * h:.1f} | {h / host['default'].median_ms:.3f} | "
-                        f"{ratio(host, who)} | {errs[who]:.1e} |")
+            cells = [f"{1e3 * t[who].median_ms:.1f} | "
+                     + " | ".join(f"{t[who].median_ms / t[base].median_ms:.3f}" if base in t
+                                  else "-" for base in ("default", "fa4"))
+                     for t in (gpu, host)]
+            rows.append(f"| {name} | {who} | {' | '.join(cells)} | {errs[who]:.1e} |")
         print("\n".join(rows[-len(fns):]), flush=True)
     print("\n".join(rows))
 
