@@ -119,9 +119,9 @@ def packs_heads(arch: str, problem: Problem, schedule: Schedule) -> bool:
     A group that is not a power of two packs into idle slots where at most one slot in eight
     idles (7 in 8) and, in a packed batch, the keys are at least twice the queries (chunked
     prefill): on an H100 (``docs/records/probes/pack_idle_slots.py``, issue 49 section 66)
-    H28/4 chunks ran 0.85-1.00x unpacked (six calls of 128-900 queries over 2000-6000 keys),
-    self-attention batches 1.00-1.06x (three; left unpacked), 32 queries over 4096 keys 0.81x;
-    groups of 5 ran 1.30-1.44x, of 3 and 6 0.99-1.00x (left unpacked)."""
+    H28/4 chunks took 0.84-1.02x the unpacked time (seven held out, 64-900 queries over
+    1500-8000 keys), self-attention batches 1.00-1.06x (three; left unpacked), 32 queries over
+    4096 keys 0.81x; groups of 5 took 1.30-1.44x, of 3 and 6 0.99-1.00x (left unpacked)."""
     if generation(arch) != "hopper" or problem.dtype in FP8_DTYPES or problem.page_size:
         return False
     if not packable(problem, schedule.tile_m, idle_slots=True):
