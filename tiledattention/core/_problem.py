@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
 from ._dtypes import DTYPES, FP8_DTYPES, dtype_of
+from ..kernel_core.numbers import head_slots
 from ..errors import InputTypeError, InputValueError, UnsupportedProblemError
 
 __all__ = ["Problem", "DTYPES", "SUPPORTED_HEAD_DIMS", "INDEX_LIMIT", "problem_from_arrays",
@@ -72,12 +73,6 @@ def row_stat_shape(problem: "Problem") -> tuple[int, int, int]:
 def default_scale(problem: "Problem") -> float:
     """The softmax scale when the caller gives none: ``1 / sqrt(D)``."""
     return 1.0 / math.sqrt(problem.head_dim)
-
-
-def head_slots(heads: int) -> int:
-    """The head slots of a tile that holds ``heads`` query heads: the power of two at or above
-    ``heads`` (tile shapes are powers of two)."""
-    return 1 << (heads - 1).bit_length()
 
 
 def packable(problem: "Problem", tile_m: int, *, idle_slots: bool = False) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LOG2_E", "NEG_BIG", "UNBOUNDED", "FAR", "bounded", "reach"]
+__all__ = ["LOG2_E", "NEG_BIG", "UNBOUNDED", "FAR", "bounded", "reach", "head_slots"]
 
 #: log2(e): scores times this go through ``exp2`` (and base-2 log-sum-exps back to base e).
 LOG2_E = 1.0 / math.log(2.0)
@@ -35,3 +35,9 @@ def reach(side, far):
     if side <= UNBOUNDED:
         keys = far
     return keys
+
+
+def head_slots(heads: int) -> int:
+    """The head slots of a tile that holds ``heads`` query heads: the power of two at or above
+    ``heads`` (tile shapes are powers of two). Plain Python, for ``ct.static_eval`` too."""
+    return 1 << (heads - 1).bit_length()

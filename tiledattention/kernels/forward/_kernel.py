@@ -22,12 +22,13 @@ accumulated in the tensor core's own precision with ``FAST_ACC``. ``BOTTOM_RIGHT
 compile-time branches: without them the code is what it was before they existed.
 
 With ``PACK`` > 1 (FlashAttention's pack-GQA) a CTA's ``TILE_M`` rows are the ``tile_rows =
-TILE_M / PACK`` query positions of ``PACK`` head slots holding the ``PACK_HEADS`` query heads of
-one K/V group, head-major (row ``r`` is head ``r // tile_rows`` of the group at position ``r %
-tile_rows``): each K/V tile feeds the whole group, and a query tile spans ``tile_rows``
-positions. A group that is not a power of two (7 of Qwen's 28/4) leaves ``PACK - PACK_HEADS``
-slots idle: they load the next group's heads (zeros past the last), and their rows are never
-stored. With ``PACK`` = 1 ``tile_rows`` is ``TILE_M`` and the code is the unpacked kernel's.
+TILE_M / SLOTS`` query positions of ``SLOTS`` head slots (``PACK`` rounded up to a power of
+two) holding the ``PACK`` query heads of one K/V group, head-major (row ``r`` is head ``r //
+tile_rows`` of the group at position ``r % tile_rows``): each K/V tile feeds the whole group,
+and a query tile spans ``tile_rows`` positions. A group that is not a power of two (7 of Qwen's
+28/4) leaves ``SLOTS - PACK`` slots idle: they load the next group's heads (zeros past the
+last), and their rows are never stored. With ``PACK`` = 1 ``tile_rows`` is ``TILE_M`` and the
+code is the unpacked kernel's.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ...kernel_core.bounds import forward_key_tiles, forward_window_key_tiles
-from ...kernel_core.numbers import LOG2_E, NEG_BIG, bounded
+from ...kernel_core.numbers import LOG2_E, NEG_BIG, bounded, head_slots
 from ...kernel_core.ranges import (page_load, page_number, rows_view, sequence_length,
                                    sequence_of, sequence_start, sequence_view)
 from ...kernel_core.softmax import log_sum_exp, online_softmax_parts, reciprocal
@@ -61,8 +62,7 @@ def attention_fwd(
     QDescale, KDescale, VDescale,  # FP8: float32 [B, H_kv] factors that turn the stored e4m3
     # values into real ones; else ()
     TILE_M: ConstInt, TILE_N: ConstInt,
-    PACK: ConstInt,  # head slots a tile holds: 1, or the group size's power of two (<= TILE_M)
-    PACK_HEADS: ConstInt,  # query heads a tile holds: 1, or the group size (<= PACK)
+    PACK: ConstInt,  # query heads a tile holds: 1, or the group size (its power of two <= TILE_M)
     TILE_D: ConstInt,  # head_dim rounded up to a power of two (loads zero-fill the rest), or
     # with TILE_D2 the largest power of two below it: the first part of the head dim
     TILE_D2: ConstInt,  # 0, or the width of a second part at column TILE_D (a power of two)
@@ -94,12 +94,13 @@ def attention_fwd(
     PV_WIDE: ConstBool,  # FP8: P·V in bfloat16 (V widened per tile), not in e4m3
     FAST_ACC: ConstBool,  # FP8: e4m3 products accumulate in the tensor core's own precision
 ):
-    tile_rows = ct.static_eval(TILE_M // PACK)  # query positions per tile
+    SLOTS = ct.static_eval(head_slots(heads=PACK))  # the tile's head slots
+    tile_rows = ct.static_eval(TILE_M // SLOTS)  # query positions per tile
     heads = heads_q  # tiles' heads per batch entry: query heads, or (PACK > 1) K/V groups
     if PACK > 1:
-        heads = heads_q // PACK_HEADS
+        heads = heads_q // PACK
     # a packed group of fewer heads than its slots: the slots past it are not stored
-    IDLE_SLOTS = ct.static_eval(PACK_HEADS < PACK)
+    IDLE_SLOTS = ct.static_eval(PACK < SLOTS)
     num_q_tiles = ct.cdiv(Q.shape[2], tile_rows)
     # FP8 P·V: P (at most 1) enters e4m3 times 2^8, so that its small values keep e4m3's three
     # mantissa bits (normal from 2^-6, not 2^-14); l_i sums the same scaled P, so the output
@@ -128,7 +129,7 @@ def attention_fwd(
     def attend_rows(Out, Lse, q_tile, batch, head, seq, seqlen_q, seqlen_k, q_first, k_first,
                     Vc):
         """The ``[TILE_M, D]`` output block of query tile ``q_tile`` of ``batch``'s query head
-        ``head`` (``PACK`` > 1: of heads ``head`` to ``head + PACK_HEADS - 1``, one K/V group), into
+        ``head`` (``PACK`` > 1: of heads ``head`` to ``head + PACK - 1``, one K/V group), into
         ``Out`` and ``Lse``. With ``TILE_D2`` the head dim is two parts: ``q``/``acc`` the
         first ``TILE_D`` columns, ``q2``/``acc2`` the next ``TILE_D2``. The query rows are
         ``seqlen_q`` long, the keys ``seqlen_k``. ``RAGGED``: ``Out`` and ``Lse`` are sequence
@@ -189,29 +190,29 @@ def attention_fwd(
                 l_i = ct.exp(sink_term)
         acc = ct.full((TILE_M, TILE_D), 0.0, dtype=np.float32)  # [TILE_M, TILE_D]
 
-        # Q, Out and Lse tiles: one head's TILE_M rows, or PACK slots' tile_rows rows (the
+        # Q, Out and Lse tiles: one head's TILE_M rows, or SLOTS slots' tile_rows rows (the
         # tile index of the head axis is then the K/V head's: its group's first heads are
-        # PACK_HEADS apart)
+        # PACK apart)
         head_tile = head
         if PACK > 1:
-            head_tile = head // PACK_HEADS
+            head_tile = head // PACK
 
         def load_q(part, width):
             """The query tile's ``[TILE_M, width]``, head-dim columns ``part * width`` on;
             ``RAGGED``: by row from the uncut Q (a row past the sequence, another's or
             unwritten, stays in its own row of the products, whose output is not stored)."""
             if RAGGED:
-                tile = rows_view(Q, heads=PACK, rows=tile_rows, width=width,
-                                 head_step=PACK_HEADS).load(
+                tile = rows_view(Q, heads=SLOTS, rows=tile_rows, width=width,
+                                 head_step=PACK).load(
                     (batch, head_tile, q_first + q_tile * tile_rows, part), allow_tma=ALLOW_TMA)
             elif IDLE_SLOTS:  # slots from the group's first head on, past Q's heads zeros
-                view = Q.tiled_view((1, PACK, tile_rows, width),
+                view = Q.tiled_view((1, SLOTS, tile_rows, width),
                                     padding_mode=ct.PaddingMode.ZERO,
-                                    traversal_steps=(1, PACK_HEADS, tile_rows, width))
+                                    traversal_steps=(1, PACK, tile_rows, width))
                 tile = view.load((batch, head_tile, q_tile, part), allow_tma=ALLOW_TMA)
             else:
                 tile = ct.load(Q, index=(batch, head_tile, q_tile, part),
-                               shape=(1, PACK, tile_rows, width), padding_mode=PAD,
+                               shape=(1, SLOTS, tile_rows, width), padding_mode=PAD,
                                check_bounds=CHECK_BOUNDS, allow_tma=ALLOW_TMA)
             return tile.reshape((TILE_M, width))
 
@@ -431,23 +432,23 @@ def attention_fwd(
         acc = acc * inv_l
 
         def store_rows(A, tile, column):
-            """``tile`` (``[1, PACK, tile_rows]``, then ``[width]`` from head-dim tile
+            """``tile`` (``[1, SLOTS, tile_rows]``, then ``[width]`` from head-dim tile
             ``column`` on, or nothing: ``column`` is ()) into ``A``'s rows of the query tile;
             ``IDLE_SLOTS``: into a cut of ``A``'s heads that ends at the group's last, which
             clips the idle slots, without TMA (a cut through TMA has every CTA build a
             descriptor of its own; pieces of the tile stored through views of ``A`` instead
             ran 3-20x slower under a two-CTA cluster, which exchanged them between its CTAs)."""
             if IDLE_SLOTS:
-                group_rows = A.slice(axis=1, start=head, stop=head + PACK_HEADS)
+                group_rows = A.slice(axis=1, start=head, stop=head + PACK)
                 ct.store(group_rows, index=ct.static_eval((batch, 0, q_tile) + column),
                          tile=tile, allow_tma=False)
             else:
                 ct.store(A, index=ct.static_eval((batch, head_tile, q_tile) + column), tile=tile,
                          allow_tma=STORE_TMA)
 
-        store_rows(Out, acc.astype(Out.dtype).reshape((1, PACK, tile_rows, TILE_D)), (0,))
+        store_rows(Out, acc.astype(Out.dtype).reshape((1, SLOTS, tile_rows, TILE_D)), (0,))
         if TILE_D2:
-            out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, PACK, tile_rows, TILE_D2))
+            out2 = (acc2 * inv_l).astype(Out.dtype).reshape((1, SLOTS, tile_rows, TILE_D2))
             store_rows(Out, out2, (TILE_D // TILE_D2,))
         if STORE_LSE:
             # base 2, in units of scaled scores: P = 2^(s * scale * log2(e) - lse) in the
@@ -455,7 +456,7 @@ def attention_fwd(
             # are zeros; with SINKS the sink's term is in l_i, and such a row gets the sink
             # (times log2(e)).
             lse = log_sum_exp(m_i, l_i, EXP2, np.inf)  # [TILE_M, 1]
-            store_rows(Lse, lse.reshape((1, PACK, tile_rows)), ())
+            store_rows(Lse, lse.reshape((1, SLOTS, tile_rows)), ())
 
     def attend_tile(q_tile, bh):
         """Query tile ``q_tile`` of (batch x head) ``bh`` (``PACK`` > 1: of a K/V group's
@@ -470,7 +471,7 @@ def attention_fwd(
         batch = bh // heads
         head = bh % heads
         if PACK > 1:
-            head = head * PACK_HEADS  # the group's first query head
+            head = head * PACK  # the group's first query head
         if RAGGED:
             seq, batch = sequence_of(batch, PACKED)
             seqlen_q = sequence_length(Ranges, seq, 0)

@@ -268,8 +268,7 @@ def _constants(problem: Problem, schedule: Schedule) -> dict[str, Any]:
     return {
         "TILE_M": s.tile_m,
         "TILE_N": s.tile_n,
-        "PACK": head_slots(packed_heads(problem, s)),
-        "PACK_HEADS": packed_heads(problem, s),
+        "PACK": packed_heads(problem, s),
         "TILE_D": tile_d,
         "TILE_D2": tile_d2,
         "CAUSAL": problem.causal,
@@ -400,7 +399,7 @@ def grid_for(problem: Problem, schedule: Schedule, sm_count: int) -> tuple[int, 
     constants = _constants(problem, schedule)
     # work items per (batch x tile's heads): one head's query tiles, or a packed group's
     slots = math.ceil(problem.seqlen_q / query_rows(problem, schedule))
-    heads = problem.heads_q // constants["PACK_HEADS"]
+    heads = problem.heads_q // constants["PACK"]
     if constants["PAIRED"]:
         slots = math.ceil(slots / 2)
     if constants["PERSISTENT"]:
