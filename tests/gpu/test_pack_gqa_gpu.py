@@ -7,7 +7,8 @@ the heads up, masks by the tile's row instead of its position, or walks the key 
 ``tile_m`` positions instead of ``tile_m / group`` gives another head's output or a wrong
 causal edge, which the reference catches. A group that is not a power of two (3, 5, 6, 7)
 fills a power of two of head slots, the rest idle: one stored over the next group's first
-head, or a group stored at another's heads, is caught the same way (the outputs are poisoned).
+head, or a group stored at another's heads, is caught the same way (the outputs are poisoned),
+in every layout of q (transposed, rows not 16-byte aligned).
 Groups of 2-16 (multi-query), causal in both
 alignments with S_q != S_k, odd lengths past the tiles' edges, windows, a binding softcap,
 sinks (each row its own head's), a head dim of two parts, the stored log-sum-exp, persistent
@@ -125,6 +126,28 @@ def test_packed_heads_match_the_reference_and_the_unpacked_kernel(case, schedule
     finite = torch.isfinite(plain_lse)
     assert torch.equal(finite, torch.isfinite(lse))
     assert torch.allclose(lse[finite], plain_lse[finite], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "odd_rows"])
+@pytest.mark.parametrize("hq, hkv", [(28, 4), (10, 2)])
+def test_idle_slots_read_q_in_any_layout(hq, hkv, layout):
+    """Groups of 7 and 5 (idle slots) read q through a view stepping a group's heads: q as a
+    transposed ``[B, S, H, D]`` tensor, or cut from rows of ``D + 3`` elements (strides of no
+    16-byte multiple)."""
+    problem = Problem(batch=2, heads_q=hq, heads_kv=hkv, seqlen_q=150, seqlen_k=700,
+                      head_dim=128, dtype="bf16", causal=True, bottom_right=True)
+    q, k, v, _ = _inputs(problem, seed=hq)
+    if layout == "bshd":
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    else:
+        wide = torch.full((*q.shape[:3], q.shape[3] + 3), float("nan"), device="cuda",
+                          dtype=q.dtype)
+        wide[..., :q.shape[3]] = q
+        q = wide[..., :q.shape[3]]
+    ref = attention_reference(q, k, v, problem)
+    for schedule in (SCHEDULES["128x128_two_ctas"], SCHEDULES["64x64"]):
+        out, _ = _run(problem, schedule, q, k, v, None)
+        assert rel_l2(out, ref) <= FORWARD.tolerance(problem), (layout, schedule)
 
 
 def test_groups_that_do_not_pack_run_unpacked():
