@@ -12,12 +12,8 @@ import os
 import random
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pack_idle_slots import dense_case, varlen_case  # noqa: E402
-
-from tuner.measure import time_interleaved  # noqa: E402
+from pack_idle_slots import HEADER, dense_case, measured, varlen_case  # noqa: E402
 
 FAST = dict(exp2=True, approx_div=True, k_transposed=True, longest_first=True)
 FORMS = {"default": {},
@@ -65,38 +61,14 @@ SHORT = [_uniform(*c) for c in (
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--only", default="")
     ap.add_argument("--short", action="store_true")
     ap.add_argument("--no-fa4", action="store_true")
     args = ap.parse_args()
-    rows = ["| call | form | µs | ÷ default | ÷ FA4 | iso µs | ÷ default | ÷ FA4 | rel L2 |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    calls = SHORT if args.short else CALLS
-    cases = [(n, dense_case, (hq, hkv, *lq)) if dense else (n, varlen_case, (hq, hkv, lq, lk))
-             for n, hq, hkv, lq, lk, dense in calls]
+    rows = [HEADER, "|---|---|---|---|---|---|---|---|---|"]
     forms = {k: v for k, v in FORMS.items() if k != "w8" or not args.short}
-    for name, make, shape in cases:
-        if args.only and args.only not in name:
-            continue
-        ours, fa4, want = make(*shape)
-        fns, errs = {}, {}
-        with torch.no_grad():
-            for who in [*forms] + ([] if args.no_fa4 else ["fa4"]):
-                try:
-                    f = fa4 if who == "fa4" else ours(forms[who])
-                    errs[who] = ((f().float() - want).norm() / want.norm()).item()
-                    fns[who] = f
-                except Exception as exc:
-                    print(f"  {name} {who}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            gpu = time_interleaved(fns, rounds=args.rounds)
-            host = time_interleaved(fns, rounds=args.rounds, host=True)
-        for who in fns:
-            cells = [f"{1e3 * t[who].median_ms:.1f} | "
-                     + " | ".join(f"{t[who].median_ms / t[base].median_ms:.3f}" if base in t
-                                  else "-" for base in ("default", "fa4"))
-                     for t in (gpu, host)]
-            rows.append(f"| {name} | {who} | {' | '.join(cells)} | {errs[who]:.1e} |")
-        print("\n".join(rows[-len(fns):]), flush=True)
+    for name, hq, hkv, lq, lk, dense in SHORT if args.short else CALLS:
+        case = dense_case(hq, hkv, *lq) if dense else varlen_case(hq, hkv, lq, lk)
+        rows += measured(name, case, forms, args.rounds, fa4_too=not args.no_fa4)
     print("\n".join(rows))
 
 

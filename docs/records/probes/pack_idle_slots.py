@@ -1,9 +1,8 @@
-"""Groups that are not a power of two (7 of Qwen's 28/4; 3, 5, 6) packed into a power of two of
-head slots (``pack_gqa``, issue 49 section 66) beside FlashAttention-4. Forms: the looked-up
-schedule (``default``), it packed (``pack``), 64x128 and 128x128 tiles with or without a
-cluster, packed or not (``FORMS``); ``--held``: held-out calls, packed and not. Varlen calls
-force the fields on every ragged launch, dense ones pass ``schedule=``. bf16, D 128, causal
-(bottom-right for chunks); the GPU view, then the isolated one; each checked against float32.
+"""Groups that are not a power of two (7, 3, 5, 6) packed into a power of two of head slots
+(``pack_gqa``, issue 49 section 66) beside FlashAttention-4: the looked-up schedule, it packed,
+tiles with or without a cluster, packed or not (``FORMS``); ``--held``: held-out calls. Varlen
+calls force the fields on every ragged launch, dense ones pass ``schedule=``. bf16, D 128,
+causal (bottom-right for chunks); GPU view, then isolated; checked against float32.
 
     call 1 (carry .fa4): mkdir -p /root/fa4site && tar -xJf .fa4/fa4site.tar.xz -C /root/fa4site
     call 2 (carry .devtk): source .devtk/setup.sh && python3 docs/records/probes/pack_idle_slots.py
@@ -44,8 +43,7 @@ VARLEN = (_chunk(6, 28, 4, 400, 3000),
           ("64 x 100-400 H28/4", (28, 4), *(2 * [_lengths(64, 100, 400, 1)])),
           ("16 x 500-2000 H20/4", (20, 4), *(2 * [_lengths(16, 500, 2000, 2)])),
           ("64 x 100-400 H32/8", (32, 8), *(2 * [_lengths(64, 100, 400, 1)])))
-#: ``--held``: calls the rule for groups of 7 was not chosen on (the first five also ran the
-#: rule's first form, which packed self-attention batches too)
+#: ``--held``: calls the rule for groups of 7 was not chosen on
 HELD_VARLEN = (_chunk(2, 28, 4, 256, 6000),
                _chunk(12, 28, 4, 128, 2000),
                _chunk(3, 28, 4, 900, 3500),
@@ -72,6 +70,8 @@ FORMS = {"default": None, "pack": dict(pack_gqa=True),
             for tail in ("", " pack")}}
 #: ``--held``: the looked-up schedule (forced as the other is: a fair isolated view), unpacked
 HELD_FORMS = {"default": {}, "unpacked": dict(pack_gqa=False)}
+HEADER = ("| call | contender | µs | ÷ default | ÷ FA4 | isolated µs | ÷ default | ÷ FA4 | "
+          "rel L2 |")
 
 
 def _changed(schedule, fields):
@@ -136,37 +136,44 @@ def dense_case(hq, hkv, b, sq, sk):
     return ours, fa4, want
 
 
+def measured(name, case, forms, rounds, fa4_too=True):
+    """Rows of ``case`` (``ours, fa4, want``) under ``forms`` and FA4: checked, timed (GPU,
+    isolated), over the first form's and FA4's time."""
+    ours, fa4, want = case
+    fns, errs = {}, {}
+    with torch.no_grad():
+        for who in [*forms] + (["fa4"] if fa4_too else []):
+            try:
+                f = fa4 if who == "fa4" else ours(forms[who])
+                errs[who] = ((f().float() - want).norm() / want.norm()).item()
+                fns[who] = f
+            except Exception as exc:  # a form that cannot run
+                print(f"  {name} {who}: {exc!r:.160}", flush=True)
+        gpu = time_interleaved(fns, rounds=rounds)
+        host = time_interleaved(fns, rounds=rounds, host=True)
+    rows = []
+    for who in fns:
+        cells = [f"{1e3 * t[who].median_ms:.1f} | "
+                 + " | ".join(f"{t[who].median_ms / t[base].median_ms:.3f}" if base in t
+                              else "-" for base in (next(iter(forms)), "fa4"))
+                 for t in (gpu, host)]
+        rows.append(f"| {name} | {who} | {' | '.join(cells)} | {errs[who]:.1e} |")
+    print("\n".join(rows), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--held", action="store_true")
     args = ap.parse_args()
-    rows = ["| call | contender | µs | ÷ default | ÷ FA4 | isolated µs | ÷ default | "
-            "÷ FA4 | rel L2 |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = [HEADER, "|---|---|---|---|---|---|---|---|---|"]
     varlen, dense = (HELD_VARLEN, ()) if args.held else (VARLEN, DENSE)
     forms = HELD_FORMS if args.held else FORMS
     cases = ([(name, varlen_case, (*heads, lq, lk)) for name, heads, lq, lk in varlen]
              + [(name, dense_case, (*heads, b, sq, sk)) for name, heads, b, sq, sk in dense])
     for name, make, shape in cases:
-        ours, fa4, want = make(*shape)
-        fns, errs = {}, {}
-        with torch.no_grad():
-            for who in [*forms, "fa4"]:
-                try:
-                    f = fa4 if who == "fa4" else ours(forms[who])
-                    errs[who] = ((f().float() - want).norm() / want.norm()).item()
-                    fns[who] = f
-                except Exception as exc:  # a form that cannot run
-                    print(f"  {name} {who}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
-            gpu = time_interleaved(fns, rounds=args.rounds)
-            host = time_interleaved(fns, rounds=args.rounds, host=True)
-        for who in fns:
-            cells = [f"{1e3 * t[who].median_ms:.1f} | "
-                     + " | ".join(f"{t[who].median_ms / t[base].median_ms:.3f}" if base in t
-                                  else "-" for base in ("default", "fa4"))
-                     for t in (gpu, host)]
-            rows.append(f"| {name} | {who} | {' | '.join(cells)} | {errs[who]:.1e} |")
-        print("\n".join(rows[-len(fns):]), flush=True)
+        rows += measured(name, make(*shape), forms, args.rounds)
     print("\n".join(rows))
 
 
