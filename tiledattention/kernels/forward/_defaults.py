@@ -126,9 +126,9 @@ def packs_heads(arch: str, problem: Problem, schedule: Schedule) -> bool:
         return False
     if not packable(problem, schedule.tile_m, idle_slots=True):
         return False
-    group = problem.group_size
-    if group != head_slots(group):  # idle slots
-        if group * 8 < head_slots(group) * 7 or (
+    group, slots = problem.group_size, head_slots(problem.group_size)
+    if group != slots:  # idle slots
+        if group * 8 < slots * 7 or (
                 problem.ragged and problem.seqlen_k < 2 * problem.seqlen_q):
             return False
     if problem.ragged:
