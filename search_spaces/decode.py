@@ -37,8 +37,6 @@ _FULL = {
     "exp2": (True, False),
     # each key tile folded as slices of its keys (8 compiles to more instructions than 4)
     "key_slices": (1, 2, 4),
-    # each row's value columns over neighbouring CTAs (more CTAs for a row, no merge)
-    "value_parts": (1, 2, 4),
 }
 # What the shipped sm_90 rows were tuned over: the dimensions an H100 sweep showed to matter
 # for S_q = 1 (docs/records/benchmarks/decode/README.md), the rest at the base schedule's values.
@@ -76,8 +74,7 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     the base's stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
     (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9). The flat walk
     only where it applies (a plain 16-bit paged cache), and so the longest-first order (a paged
-    batch of several entries). Key slices and value parts but for an FP8 cache (which folds
-    whole tiles of whole rows)."""
+    batch of several entries). Key slices but for an FP8 cache (which folds whole tiles)."""
     choices = dict(space.choices)
     base = space.base
     if "combine" not in choices:
@@ -94,7 +91,7 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
     if problem.seqlen_q == 1:
         names.append("tile_m")
     if problem.kv_dtype:
-        names += ["key_slices", "value_parts"]
+        names.append("key_slices")
     if "tail_rows" in choices:
         tail = rows_past_waves(problem, base, 2 * SM_COUNTS[generation(space.arch)])
         if problem.ragged or choices["splits"] == (1,) or not tail:
@@ -120,8 +117,7 @@ def model_ms(problem: Problem, schedule: DecodeSchedule) -> float:
                  + 2 * problem.batch * problem.heads_kv * problem.seqlen_k * problem.head_dim)
     rows = layout(problem, schedule).rows
     tail = schedule.tail_rows if schedule.tail_rows < rows else 0  # 0: every row splits
-    ctas = (rows - tail + tail * schedule.splits if tail
-            else rows * schedule.splits * schedule.value_parts)
+    ctas = rows - tail + tail * schedule.splits if tail else rows * schedule.splits
     fill = min(1.0, ctas / 132) * (0.9 if ctas > 132 and ctas % 132 else 1.0)
     tiles = {64: 0.95, 128: 1.0, 256: 0.9}.get(schedule.tile_n, 0.9)
     launches = (1 if schedule.splits == 1 else 2) + schedule.longest_first

@@ -185,7 +185,7 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 
 # -- DecodeSchedule ------------------------------------------------------------------------------
 TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tail_rows=5, flat=True,
-                         longest_first=True, tile_n=256, tile_m=128, key_slices=8, value_parts=4,
+                         longest_first=True, tile_n=256, tile_m=128, key_slices=8,
                          pack_heads=False, occupancy=2, num_worker_warps=8, k_latency=3,
                          v_latency=10, k_transposed=True, exp2=False)
 
@@ -267,9 +267,9 @@ def test_describe():
     assert DecodeSchedule(splits=16, combine="pdl", tile_n=128, occupancy=2, k_latency=2,
                           v_latency=2).describe() == "split16/pdl n128 m16 occ2 lat(K2,V2)"
     assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
-    assert TOGGLED.describe() == "flat n256 m128 occ2 unpacked ks8 vp4 w8 lat(K3,V10) Kt exp"
+    assert TOGGLED.describe() == "flat n256 m128 occ2 unpacked ks8 w8 lat(K3,V10) Kt exp"
     assert TOGGLED.replace(flat=False).describe() == (
-        "split16/pdl/bal/tail5/longest n256 m128 occ2 unpacked ks8 vp4 w8 lat(K3,V10) Kt exp")
+        "split16/pdl/bal/tail5/longest n256 m128 occ2 unpacked ks8 w8 lat(K3,V10) Kt exp")
     assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
 
 

@@ -38,10 +38,7 @@ THREE_PDL = DecodeSchedule(splits=3, combine="pdl", tile_n=64, k_transposed=True
 FIVE_BLOCK = DecodeSchedule(splits=5, combine="block", tile_n=64)
 #: key tiles folded as slices of their keys (one split: four of 32; five splits: two of 32)
 SLICED = {"one-split-sliced": ONE_SPLIT.replace(tile_n=128, key_slices=4),
-          "five-block-sliced": FIVE_BLOCK.replace(key_slices=2),
-          # each row's value columns over two (four) neighbouring CTAs
-          "one-split-parts2": ONE_SPLIT.replace(value_parts=2),
-          "five-block-parts4": FIVE_BLOCK.replace(value_parts=4, key_slices=2)}
+          "five-block-sliced": FIVE_BLOCK.replace(key_slices=2)}
 
 
 def _problem(*, hq=32, hkv=8, sq=1, sk=1025, d=128, dtype="bf16", causal=False,

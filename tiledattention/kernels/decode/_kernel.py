@@ -52,11 +52,7 @@ denominator and accumulator, merged once after the walk (``merged_slices``): a s
 reductions stay within the warp that holds it, where a whole tile's meet across the CTA's
 warps every step (named barriers and shared-memory exchanges); yet on an H100 it walked
 slower on most calls (``docs/records/benchmarks/paged/issue49/``, section 60). A sink joins
-the first slice's state. ``VALUE_PARTS`` (``P`` > 1): each row runs as ``P`` neighbouring
-CTAs that walk the same keys (the same scores and softmax) and each multiply and write ``1 /
-P`` of the value and output columns (and partials): a row gains CTAs without cutting its
-keys, so with one split no merge follows (the neighbours' key tiles meet in the L2, and DRAM
-reads them about once). Every
+the first slice's state. Every
 UPPER_CASE parameter is a compile-time constant (``_launch``); nothing here depends on ``S_k``
 at compile time, so a decode loop whose cache grows by a key per step reuses one compiled
 kernel.
@@ -148,7 +144,6 @@ def decode_split(
     TILE_S: ConstInt,  # query positions per tile
     TILE_N: ConstInt,  # keys per step
     KEY_SLICES: ConstInt,  # slices of TILE_N / KEY_SLICES keys, each with its own state
-    VALUE_PARTS: ConstInt,  # CTAs a row's head-dim columns of V and Out are cut into
     TILE_D: ConstInt,  # head_dim rounded up to a power of two
     CAUSAL: ConstBool,
     EXP2: ConstBool,
@@ -178,19 +173,12 @@ def decode_split(
     # the running state's, a score tile's and a key index's shapes: 3-D, a slice a row, when
     # sliced
     STATE = ct.static_eval((W, TILE_M, 1) if SLICED else (TILE_M, 1))
-    TILE_DV = ct.static_eval(TILE_D // VALUE_PARTS)  # value (and output) columns a CTA
-    ACC = ct.static_eval((W, TILE_M, TILE_DV) if SLICED else (TILE_M, TILE_DV))
+    ACC = ct.static_eval((W, TILE_M, TILE_D) if SLICED else (TILE_M, TILE_D))
     KEYS = ct.static_eval((W, 1, SLICE) if SLICED else (1, TILE_N))
     heads = Q.shape[1]
     num_q_tiles = ct.cdiv(Q.shape[3], TILE_S)
-    row = ct.bid(0)  # (batch x head of the view) x query tile (x value part)
+    row = ct.bid(0)  # (batch x head of the view) x query tile
     split = ct.bid(1)
-    part = 0  # this CTA's value columns: part * TILE_DV ..
-    if VALUE_PARTS > 1:
-        # a row's parts are neighbours in the grid: they start together, so the key tiles
-        # every part reads come from DRAM once and from the L2 for the others
-        part = row % VALUE_PARTS
-        row = row // VALUE_PARTS
     if ORDERED:
         # CTAs start in grid order: the entries' rows in Order's (longest cache first), so no
         # long walk starts last and runs alone at the end. This kernel is a programmatic
@@ -288,7 +276,7 @@ def decode_split(
     else:
         m_i = ct.full(STATE, NEG_BIG, dtype=np.float32)
         l_i = ct.full(STATE, 0.0, dtype=np.float32)
-    if KV_FP8:  # the even and odd head-dim columns' accumulators (VALUE_PARTS is 1)
+    if KV_FP8:  # the even and odd head-dim columns' accumulators
         acc = (ct.full((TILE_M, TILE_D // 2), 0.0, dtype=np.float32),
                ct.full((TILE_M, TILE_D // 2), 0.0, dtype=np.float32))
     else:
@@ -296,14 +284,13 @@ def decode_split(
     if SLICED:  # every slice scores the same query rows
         q = ct.broadcast_to(q.reshape((1, TILE_M, TILE_D)), (W, TILE_M, TILE_D))
 
-    def load_kv(A, j, latency, width, columns=0):
-        """Key / value tile ``j`` as ``[TILE_N, width]`` (head-dim columns ``columns * width``
-        on): from the entry's pages with ``PAGED`` (``PAGE_ROWS`` keys a load), else from its
-        rows of ``A``."""
+    def load_kv(A, j, latency, width):
+        """Key / value tile ``j`` as ``[TILE_N, width]``: from the entry's pages with ``PAGED``
+        (``PAGE_ROWS`` keys a load), else from its rows of ``A``."""
         if PAGED:
-            return page_rows(A, Pages, batch, kv_head, j, columns, TILE_N, PAGE_ROWS,
-                             width=width, latency=latency, PAD=PAD, page_size=PAGE_SIZE)
-        tile = ct.load(A, index=(batch, kv_head, j, columns), shape=(1, 1, TILE_N, width),
+            return page_rows(A, Pages, batch, kv_head, j, 0, TILE_N, PAGE_ROWS, width=width,
+                             latency=latency, PAD=PAD, page_size=PAGE_SIZE)
+        tile = ct.load(A, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, width),
                        padding_mode=PAD, latency=ct.static_eval(latency or None))
         return tile.reshape((TILE_N, width))
 
@@ -342,9 +329,8 @@ def decode_split(
             qk = ct.where(keep, qk, -np.inf)
         # p: the scores' shape; capped scores are scaled already
         p, m_i, l_i, alpha = online_softmax(qk, m_i, l_i, scale, EXP2, prescaled=SOFTCAP)
-        # [TILE_N, TILE_DV], or KV_FP8 [TILE_N, TILE_D / 2] words
-        v = load_kv(V, j, latency=V_LATENCY, width=TILE_D // 2 if KV_FP8 else TILE_DV,
-                    columns=part)
+        # [TILE_N, TILE_D], or KV_FP8 [TILE_N, TILE_D / 2] words
+        v = load_kv(V, j, latency=V_LATENCY, width=TILE_D // 2 if KV_FP8 else TILE_D)
         if PAGED:
             if masked:
                 # a page's rows past the entry's keys hold anything: p is 0 there, but 0 * NaN
@@ -362,7 +348,7 @@ def decode_split(
             acc = (ct.mma(p, even, acc_even * alpha), ct.mma(p, odd, acc_odd * alpha))
         else:
             if SLICED:
-                v = v.reshape((W, SLICE, TILE_DV))
+                v = v.reshape((W, SLICE, TILE_D))
             acc = ct.mma(p.astype(v.dtype), v, acc * alpha)  # ACC
         return m_i, l_i, acc
 
@@ -380,19 +366,19 @@ def decode_split(
     if KV_FP8:
         acc_even, acc_odd = acc
         acc = _interleaved(acc_even, acc_odd)  # [TILE_M, TILE_D]
-    if SLICED:  # [TILE_M, 1] x2, [TILE_M, TILE_DV]
+    if SLICED:  # [TILE_M, 1] x2, [TILE_M, TILE_D]
         m_i, l_i, acc = merged_slices(m_i, l_i, acc, EXP2)
     # rows that saw no key (an empty split, or masked entirely) have l_i == 0 (with the sink:
     # acc == 0 and l_i >= 1): zeros out
-    out = normalised(acc, l_i)  # [TILE_M, TILE_DV]
+    out = normalised(acc, l_i)  # [TILE_M, TILE_D]
     if KV_FP8:  # linear in the values: each split's partial carries v's factor
         out = out * v_descale
     if RAGGED:  # rows outside the entry's query range: zeros (a zero partial in every split)
         out = ct.where((positions >= q_lo) & (positions < q_hi), out, 0.0)
     if DIRECT:
-        ct.store(Out, index=(batch, head, 0, q_tile, part),
-                 tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_DV)))
-    elif TAIL:  # (VALUE_PARTS is 1)
+        ct.store(Out, index=(batch, head, 0, q_tile, 0),
+                 tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
+    elif TAIL:
         if tail == 0:
             ct.store(Out, index=(batch, head, 0, q_tile, 0),
                      tile=out.astype(Out.dtype).reshape((1, 1, TILE_G, TILE_S, TILE_D)))
@@ -402,9 +388,8 @@ def decode_split(
                      tile=out.reshape((1, 1, TILE_M, TILE_D)))
             ct.store(Lse, index=(row - whole_rows, split, 0), tile=lse.reshape((1, 1, TILE_M)))
     else:
-        # [TILE_M, 1]; an empty split weighs 0. Every value part stores the same one
-        lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)
-        ct.store(Opart, index=(row, split, 0, part), tile=out.reshape((1, 1, TILE_M, TILE_DV)))
+        lse = log_sum_exp(m_i, l_i, EXP2, -np.inf)  # [TILE_M, 1]; an empty split weighs 0
+        ct.store(Opart, index=(row, split, 0, 0), tile=out.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(row, split, 0), tile=lse.reshape((1, 1, TILE_M)))
 
 

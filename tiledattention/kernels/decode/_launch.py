@@ -25,7 +25,7 @@ from ...core._lazy import lazy_module
 from ...core._signature import KernelParameters
 from ...core._problem import Problem, default_scale, padded_head_dim, page_load_rows
 from ._flat import FlatLaunches, flat_launches, flat_scratch, flat_scratch_shapes, launch_flat
-from ._schedule import MIN_PART_COLUMNS, MIN_SLICE_KEYS, TILES_M, DecodeSchedule
+from ._schedule import MIN_SLICE_KEYS, TILES_M, DecodeSchedule
 
 ct = lazy_module("cuda.tile", globals(), "ct")
 
@@ -196,10 +196,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     one cache length or a window (whose walk is at most the window's), ``longest_first`` but
     for a paged batch of more than one entry without a flat walk, ``pack_heads`` when
     each K/V head has one query head, ``tile_m`` at the smallest value that gives the same
-    tiling, ``key_slices`` at most ``tile_n / 16`` (1 for a flat walk or an FP8 cache),
-    ``value_parts`` halved until each part has 16 columns and the last some of the head dim's
-    (1 for a flat walk, an FP8 cache, a tail or a longest-first order, whose rows are not the
-    grid's), and for a paged cache ``k_transposed`` canonical (a page's keys load as rows; idempotent;
+    tiling, ``key_slices`` at most ``tile_n / 16`` (1 for a flat walk or an FP8 cache), and
+    for a paged cache ``k_transposed`` canonical (a page's keys load as rows; idempotent;
     ``schedule`` itself when nothing changes). ``flat`` stays on only where it
     applies (:func:`flat_applies`), and then one split, no balance and no tail."""
     changes: dict[str, Any] = {}
@@ -237,14 +235,6 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
               else min(schedule.key_slices, schedule.tile_n // MIN_SLICE_KEYS))
     if slices != schedule.key_slices:  # the flat walk and an FP8 cache fold whole tiles
         changes["key_slices"] = slices
-    parts = (1 if schedule.flat or problem.kv_dtype or tail or ordered(problem, schedule)
-             else schedule.value_parts)
-    padded = padded_head_dim(problem.head_dim)
-    while parts > 1 and (padded // parts < MIN_PART_COLUMNS
-                         or (parts - 1) * (padded // parts) >= problem.head_dim):
-        parts //= 2  # parts of 16 columns at least, the last holding some of the head dim
-    if parts != schedule.value_parts:
-        changes["value_parts"] = parts
     if problem.group_size == 1 and schedule.pack_heads != canonical.pack_heads:
         changes["pack_heads"] = canonical.pack_heads
     tiles = layout(problem, schedule)
@@ -277,7 +267,7 @@ def split_constants(problem: Problem, schedule: DecodeSchedule,
     tail = tail_rows(problem, schedule) > 0
     return {
         "TILE_G": tiles.tile_g, "TILE_S": tiles.tile_s, "TILE_N": schedule.tile_n,
-        "KEY_SLICES": schedule.key_slices, "VALUE_PARTS": schedule.value_parts,
+        "KEY_SLICES": schedule.key_slices,
         "TILE_D": padded_head_dim(problem.head_dim), "CAUSAL": problem.causal,
         "EXP2": schedule.exp2, "K_TRANSPOSED": schedule.k_transposed,
         "K_LATENCY": schedule.k_latency or 0, "V_LATENCY": schedule.v_latency or 0,
@@ -424,7 +414,7 @@ def launches(problem: Problem, schedule: DecodeSchedule, scale: float | None,
     return Launches(
         tiles=tiles, splits=schedule.splits,
         split_grid=((whole + tail * schedule.splits, 1, 1) if tail
-                    else (tiles.rows * schedule.value_parts, schedule.splits, 1)),
+                    else (tiles.rows, schedule.splits, 1)),
         combine_grid=(merged, math.ceil(problem.head_dim / combine["CHUNK_D"]), 1),
         split=split_kernel(schedule),
         combine=combine_kernel(schedule) if schedule.splits > 1 else None,

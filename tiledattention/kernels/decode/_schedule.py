@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from ...core._schedule_value import ScheduleValue
 from ...errors import ScheduleError
 
-__all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT", "KEY_SLICES", "MIN_SLICE_KEYS",
-           "VALUE_PARTS", "MIN_PART_COLUMNS"]
+__all__ = ["DecodeSchedule", "COMBINES", "DECODE_SCHEDULE_FORMAT", "KEY_SLICES", "MIN_SLICE_KEYS"]
 
 DECODE_SCHEDULE_FORMAT = 1
 #: How the splits are merged: a second kernel walking a row's splits a few at a time, the same
@@ -24,9 +23,6 @@ _TILES_N = (16, 32, 64, 128, 256)
 KEY_SLICES = (1, 2, 4, 8)
 #: Fewest keys a slice of a key tile holds: the value product's reduction is 16 keys deep.
 MIN_SLICE_KEYS = 16
-VALUE_PARTS = (1, 2, 4)
-#: Fewest value columns a part holds: the value product's tiles are 16 columns wide at least.
-MIN_PART_COLUMNS = 16
 TILES_M = (16, 32, 64, 128)  # ascending: normalise takes the first that tiles alike
 MAX_SPLITS = 256
 MAX_TAIL_ROWS = 1 << 20
@@ -72,11 +68,6 @@ class DecodeSchedule(ScheduleValue):
             and need not meet every step to reduce a row's max and sum across the tile. At
             least 16 keys a slice; 16-bit caches only. Off by default: on an H100 it ran
             slower on most calls measured (docs/records/benchmarks/paged/issue49, section 60).
-        value_parts: run each row as this many CTAs (1, 2 or 4), neighbours in the grid, that
-            walk the same keys and each multiply and write ``1 / value_parts`` of the value
-            and output columns (at least 16): more CTAs for a row without cutting its keys, so
-            with one split there is no merge; the key reads of a row's parts meet in the L2.
-            16-bit caches, no tail or longest-first order, no flat walk.
     Kernel options and loads:
         occupancy (1..32), num_worker_warps (None, 4 or 8), k_latency / v_latency (1..10 or
         None), k_transposed (load K transposed), exp2 (base-2 softmax with flush-to-zero).
@@ -92,7 +83,6 @@ class DecodeSchedule(ScheduleValue):
     tile_m: int = 16
     pack_heads: bool = True
     key_slices: int = 1
-    value_parts: int = 1
     occupancy: int = 1
     num_worker_warps: int | None = None
     k_latency: int | None = None
@@ -102,12 +92,10 @@ class DecodeSchedule(ScheduleValue):
 
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
-    # a schedule without balanced splits, a tail, a flat walk, key slices or value parts keeps
-    # the dict (and key) it had before they existed
-    ADDED_FIELDS = ("balanced", "tail_rows", "flat", "longest_first", "key_slices",
-                    "value_parts")
-    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat", "longest_first", "key_slices",
-                          "value_parts")
+    # a schedule without balanced splits, a tail, a flat walk or key slices keeps the dict (and
+    # key) it had before they existed
+    ADDED_FIELDS = ("balanced", "tail_rows", "flat", "longest_first", "key_slices")
+    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat", "longest_first", "key_slices")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -122,7 +110,6 @@ class DecodeSchedule(ScheduleValue):
         self._check_choice("tile_n", self.tile_n, _TILES_N)
         self._check_choice("tile_m", self.tile_m, TILES_M)
         self._check_choice("key_slices", self.key_slices, KEY_SLICES)
-        self._check_choice("value_parts", self.value_parts, VALUE_PARTS)
         self._check_int_range("occupancy", self.occupancy, 1, 32)
         if self.num_worker_warps is not None:
             self._check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
@@ -145,8 +132,6 @@ class DecodeSchedule(ScheduleValue):
             parts.append("unpacked")
         if self.key_slices > 1:
             parts.append(f"ks{self.key_slices}")
-        if self.value_parts > 1:
-            parts.append(f"vp{self.value_parts}")
         if self.num_worker_warps is not None:
             parts.append(f"w{self.num_worker_warps}")
         if self.k_latency is not None or self.v_latency is not None:
