@@ -1,0 +1,113 @@
+"""The decode merge kernel at more CTAs an SM. ``decode_combine`` is compiled with no kernel
+options, so tileiras gives it every register (255 a thread, 256 threads: one CTA fills an SM's
+register file) and a grid of rows x head-dim chunks runs in waves of one CTA an SM (80 rows of
+four chunks: 2.4 waves on 132 SMs). The sm_90 default of each call against the same with
+the merge compiled for 4 and 8 CTAs an SM (64 and 29 registers, no stack on sm_90), cuDNN
+beside; the flat walk's merge (84 registers) likewise on paged batches. GPU view
+(interleaved, L2 flushed, medians) and isolated (host counted).
+
+    source .devtk/setup.sh && python3 -u docs/records/probes/merge_occupancy.py [--rounds 15]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import tiledattention as ta
+from tiledattention.kernels.decode import _flat, _launch
+from tuner.measure import time_interleaved
+
+sys.path.insert(0, str(Path(__file__).parent))
+from paged_defaults import copy_rate  # noqa: E402
+
+#: (B, H_q, H_kv, cache keys, window (0: none), D, dtype)
+CONTIGUOUS = ((10, 32, 8, 1201, 0, 128, "bf16"), (9, 64, 8, 1500, 0, 128, "bf16"),
+              (11, 32, 8, 900, 0, 128, "fp16"), (3, 28, 28, 1300, 0, 128, "bf16"),
+              (14, 28, 4, 1700, 0, 128, "bf16"), (8, 32, 8, 4096, 0, 128, "bf16"),
+              (6, 32, 8, 8000, 0, 128, "bf16"), (16, 28, 4, 6000, 0, 128, "fp16"),
+              (9, 16, 8, 3000, 0, 64, "bf16"), (4, 64, 8, 16000, 0, 128, "bf16"),
+              (5, 40, 8, 12000, 0, 128, "bf16"), (2, 40, 40, 3000, 0, 128, "bf16"),
+              (8, 32, 8, 65536, 4096, 128, "bf16"), (12, 28, 4, 40000, 4096, 128, "bf16"),
+              (1, 32, 8, 32768, 0, 128, "bf16"), (1, 32, 8, 8192, 0, 128, "bf16"))
+#: (B, H_q, H_kv, longest cache, page size, D): the family's mixed lengths
+PAGED = ((48, 32, 8, 8192, 16, 128), (24, 28, 4, 6000, 32, 128), (12, 28, 4, 9000, 32, 128),
+         (40, 32, 8, 4000, 64, 128), (16, 32, 8, 12000, 256, 128))
+OCCUPANCIES = (4, 8)
+
+
+def problem_of(b, hq, hkv, sk, window, d, dtype):
+    if window:
+        return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
+                          head_dim=d, dtype=dtype, causal=True, bottom_right=True,
+                          window_left=window - 1, window_right=0)
+    return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
+                      dtype=dtype, causal=False)
+
+
+def launchers(case, schedule):
+    """The default's launch, then the same with each merge occupancy: the contiguous combine
+    bound into the plan when it is built, the flat merge swapped in around each call."""
+    kernels = _flat._kernels()
+    plain_combine, plain_flat = _launch._combine(), kernels.flat_merge
+    fns = {"default": case.launcher(schedule)}
+    for occ in OCCUPANCIES:
+        combine = plain_combine.replace_hints(occupancy=occ)
+        flat = plain_flat.replace_hints(occupancy=occ)
+        _launch.combine_kernel = lambda s, k=combine: k
+        try:
+            run = case.launcher(schedule)
+        finally:
+            _launch.combine_kernel = lambda s: plain_combine
+
+        def swapped(run=run, flat=flat):
+            kernels.flat_merge = flat
+            try:
+                run()
+            finally:
+                kernels.flat_merge = plain_flat
+        fns[f"merge occ{occ}"] = swapped
+    return fns
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    copy_gbps = copy_rate()
+    points = [(problem_of(*c), c[3] if not c[4] else c[4]) for c in CONTIGUOUS]
+    points += [(ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
+                           head_dim=d, dtype="bf16", causal=True, bottom_right=True,
+                           ragged=True, page_size=page), None) for b, hq, hkv, sk, page, d in PAGED]
+    table = []
+    for p, keys in points:
+        case = ta.DECODE.case(p, 0)
+        schedule = ta.DECODE.default_schedule("sm_90", p)
+        fns = launchers(case, schedule)
+        errors = {n: case.error(f) for n, f in fns.items()}
+        if keys is not None:
+            flat = problem_of(p.batch, p.heads_q, p.heads_kv, keys, 0, p.head_dim, p.dtype)
+            fns["cudnn"] = ta.DECODE.case(flat, 0).baselines()["torch-cudnn"]
+            kv_bytes = p.batch * p.heads_kv * keys * p.head_dim * 4
+        else:
+            kv_bytes = int(case.seqused.sum()) * p.heads_kv * p.head_dim * 4
+        gpu = {n: t.median_ms for n, t in time_interleaved(fns, rounds=args.rounds).items()}
+        iso = {n: t.median_ms for n, t in
+               time_interleaved(fns, rounds=args.rounds, host=True).items()}
+        print(f"== {p.describe()} {schedule.describe()} worst error "
+              f"{max(errors.values()):.1e}")
+        for n in fns:
+            share = kv_bytes / (gpu[n] * 1e-3) / 1e9 / copy_gbps
+            print(f"  {n:12s} {gpu[n] * 1e3:8.1f} us {100 * share:5.1f}% copy  default/form "
+                  f"gpu {gpu['default'] / gpu[n]:.3f} iso {iso['default'] / iso[n]:.3f}",
+                  flush=True)
+        table.append((p.describe(), schedule.describe(),
+                      *(gpu["default"] / gpu[f"merge occ{o}"] for o in OCCUPANCIES),
+                      *(iso["default"] / iso[f"merge occ{o}"] for o in OCCUPANCIES),
+                      gpu["cudnn"] / gpu["default"] if "cudnn" in gpu else float("nan")))
+    print("\ncall | default | gpu occ4 | gpu occ8 | iso occ4 | iso occ8 | cudnn/default gpu")
+    for row in table:
+        print(" | ".join(x if isinstance(x, str) else f"{x:.3f}" for x in row))
+
+
+if __name__ == "__main__":
+    main()
