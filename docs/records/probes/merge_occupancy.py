@@ -49,6 +49,7 @@ def launchers(case, schedule):
     bound into the plan when it is built, the flat merge swapped in around each call."""
     kernels = _flat._kernels()
     plain_combine, plain_flat = _launch._combine(), kernels.flat_merge
+    chooser = _launch.combine_kernel
     fns = {"default": case.launcher(schedule)}
     for occ in OCCUPANCIES:
         combine = plain_combine.replace_hints(occupancy=occ)
@@ -57,7 +58,7 @@ def launchers(case, schedule):
         try:
             run = case.launcher(schedule)
         finally:
-            _launch.combine_kernel = lambda s: plain_combine
+            _launch.combine_kernel = chooser
 
         def swapped(run=run, flat=flat):
             kernels.flat_merge = flat
