@@ -46,10 +46,10 @@ CAPPED_HELD = ((7, 16, 8, 10000, 4096, 256), (6, 16, 8, 24000, 4096, 256),
                (9, 8, 4, 15000, 1024, 256))
 
 
-def window_problem(b, hq, hkv, sk, w, d, softcap=0.0):
+def window_problem(b, hq, hkv, sk, w, d, softcap=0.0, dtype="bf16"):
     """A decode step of one query row a head over the last ``w`` keys of an ``sk``-key cache."""
     return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
-                      dtype="bf16", causal=True, bottom_right=True, window_left=w - 1,
+                      dtype=dtype, causal=True, bottom_right=True, window_left=w - 1,
                       window_right=0, softcap=softcap)
 
 

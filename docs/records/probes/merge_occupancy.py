@@ -18,7 +18,8 @@ from tiledattention.kernels.decode import _flat, _launch
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
-from paged_defaults import copy_rate  # noqa: E402
+from decode_window_fill import window_problem  # noqa: E402
+from paged_defaults import copy_rate, report  # noqa: E402
 
 #: (B, H_q, H_kv, cache keys, window (0: none), D, dtype)
 CONTIGUOUS = ((10, 32, 8, 1201, 0, 128, "bf16"), (9, 64, 8, 1500, 0, 128, "bf16"),
@@ -36,10 +37,9 @@ OCCUPANCIES = (4, 8)
 
 
 def problem_of(b, hq, hkv, sk, window, d, dtype):
+    """A decode step over an ``sk``-key cache (its last ``window`` keys where given)."""
     if window:
-        return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk,
-                          head_dim=d, dtype=dtype, causal=True, bottom_right=True,
-                          window_left=window - 1, window_right=0)
+        return window_problem(b, hq, hkv, sk, window, d, dtype=dtype)
     return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                       dtype=dtype, causal=False)
 
@@ -88,19 +88,19 @@ def main():
         if keys is not None:
             flat = problem_of(p.batch, p.heads_q, p.heads_kv, keys, 0, p.head_dim, p.dtype)
             fns["cudnn"] = ta.DECODE.case(flat, 0).baselines()["torch-cudnn"]
+            errors["cudnn"] = float("nan")
             kv_bytes = p.batch * p.heads_kv * keys * p.head_dim * 4
         else:
             kv_bytes = int(case.seqused.sum()) * p.heads_kv * p.head_dim * 4
-        gpu = {n: t.median_ms for n, t in time_interleaved(fns, rounds=args.rounds).items()}
+        times = time_interleaved(fns, rounds=args.rounds)
+        gpu = {n: t.median_ms for n, t in times.items()}
         iso = {n: t.median_ms for n, t in
                time_interleaved(fns, rounds=args.rounds, host=True).items()}
-        print(f"== {p.describe()} {schedule.describe()} worst error "
-              f"{max(errors.values()):.1e}")
-        for n in fns:
-            share = kv_bytes / (gpu[n] * 1e-3) / 1e9 / copy_gbps
-            print(f"  {n:12s} {gpu[n] * 1e3:8.1f} us {100 * share:5.1f}% copy  default/form "
-                  f"gpu {gpu['default'] / gpu[n]:.3f} iso {iso['default'] / iso[n]:.3f}",
-                  flush=True)
+        print(f"== {p.describe()} {schedule.describe()}")
+        report(times, kv_bytes, copy_gbps, errors, {"default": schedule})
+        print("  default over form: " + "  ".join(
+            f"{n} gpu {gpu['default'] / gpu[n]:.3f} iso {iso['default'] / iso[n]:.3f}"
+            for n in fns), flush=True)
         table.append((p.describe(), schedule.describe(),
                       *(gpu["default"] / gpu[f"merge occ{o}"] for o in OCCUPANCIES),
                       *(iso["default"] / iso[f"merge occ{o}"] for o in OCCUPANCIES),
