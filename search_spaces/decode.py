@@ -20,6 +20,8 @@ _MIN_TILES_PER_SPLIT = 2
 _FULL = {
     "splits": _SPLITS,
     "combine": ("pdl", "kernel", "block", "block_pdl"),
+    # the merge kernel at the compiler's one CTA an SM (255 registers), or two or four an SM
+    "merge_occupancy": (None, 2, 4),
     "balanced": (False, True),
     # every row split, or only those past whole waves of two CTAs an SM (``restricted`` puts
     # the problem's count in place of the 1, or drops the dimension where there is none)
@@ -65,11 +67,12 @@ def infeasibility(arch: str, problem: Problem, schedule: DecodeSchedule) -> str 
 
 
 def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
-    """Split counts that leave every split at least two 64-key tiles; the combine strategy only
-    when there can be more than one split; balanced splits only for a ragged batch without a
-    window (its entries' lengths differ); query-row tiling only when S_q > 1; splitting only
-    the rows past whole waves of two CTAs an SM (``tail_rows``) only where some are, in a
-    batch of one cache length (counted in whole batch entries, as ``normalise`` keeps it). A
+    """Split counts that leave every split at least two 64-key tiles; the combine strategy and
+    the merge's occupancy only when there can be more than one split; balanced splits only for
+    a ragged batch without a window (its entries' lengths differ); query-row tiling only when
+    S_q > 1; splitting only the rows past whole waves of two CTAs an SM (``tail_rows``) only
+    where some are, in a batch of one cache length (counted in whole batch entries, as
+    ``normalise`` keeps it). A
     space that does not search the merge (``compact``) merges as the problem's default does:
     the base's stepping merge ran 0.56-1.04x the block merge on sixteen H200 calls
     (``docs/records/benchmarks/paged/issue49/README.md``, sections 8 and 9). The flat walk
@@ -81,7 +84,7 @@ def restricted(space: SearchSpace, problem: Problem) -> SearchSpace:
         base = base.replace(combine=DECODE.default_schedule(space.arch, problem).combine)
     most = max(1, math.ceil(problem.seqlen_k / 64) // _MIN_TILES_PER_SPLIT)
     choices["splits"] = tuple(n for n in choices.get("splits", (1,)) if n <= most) or (1,)
-    names = [n for n in ("combine",) if choices["splits"] == (1,)]
+    names = [n for n in ("combine", "merge_occupancy") if choices["splits"] == (1,)]
     if not flat_applies(problem):
         names.append("flat")
     if not problem.page_size or problem.batch == 1:

@@ -184,10 +184,10 @@ def test_schedules_with_one_normalised_value_compile_the_same_code(problem, a, b
 
 
 # -- DecodeSchedule ------------------------------------------------------------------------------
-TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tail_rows=5, flat=True,
-                         longest_first=True, tile_n=256, tile_m=128, key_slices=8,
-                         pack_heads=False, occupancy=2, num_worker_warps=8, k_latency=3,
-                         v_latency=10, k_transposed=True, exp2=False)
+TOGGLED = DecodeSchedule(splits=16, combine="pdl", merge_occupancy=4, balanced=True,
+                         tail_rows=5, flat=True, longest_first=True, tile_n=256, tile_m=128,
+                         key_slices=8, pack_heads=False, occupancy=2, num_worker_warps=8,
+                         k_latency=3, v_latency=10, k_transposed=True, exp2=False)
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -204,6 +204,10 @@ TOGGLED = DecodeSchedule(splits=16, combine="pdl", balanced=True, tail_rows=5, f
     ("tile_m", 256, "DecodeSchedule.tile_m must be one of"),
     ("occupancy", 0, "DecodeSchedule.occupancy must be in 1..32"),
     ("occupancy", 33, "DecodeSchedule.occupancy must be in 1..32"),
+    ("merge_occupancy", 0, "DecodeSchedule.merge_occupancy must be in 1..32 or None"),
+    ("merge_occupancy", 33, "DecodeSchedule.merge_occupancy must be in 1..32 or None"),
+    ("merge_occupancy", True, "DecodeSchedule.merge_occupancy must be an int"),
+    ("merge_occupancy", 4.0, "DecodeSchedule.merge_occupancy must be an int"),
     ("num_worker_warps", 2, "DecodeSchedule.num_worker_warps must be one of"),
     ("k_latency", 0, "DecodeSchedule.k_latency must be in 1..10"),
     ("v_latency", 11, "DecodeSchedule.v_latency must be in 1..10"),
@@ -269,7 +273,7 @@ def test_describe():
     assert DecodeSchedule(splits=1, combine="pdl").describe() == "split1 n64 m16 occ1"
     assert TOGGLED.describe() == "flat n256 m128 occ2 unpacked ks8 w8 lat(K3,V10) Kt exp"
     assert TOGGLED.replace(flat=False).describe() == (
-        "split16/pdl/bal/tail5/longest n256 m128 occ2 unpacked ks8 w8 lat(K3,V10) Kt exp")
+        "split16/pdl/occ4/bal/tail5/longest n256 m128 occ2 unpacked ks8 w8 lat(K3,V10) Kt exp")
     assert DecodeSchedule(v_latency=3).describe().endswith("lat(K-,V3)")
 
 

@@ -120,7 +120,10 @@ def test_pairwise_correctness(combo: Combo):
                          combine="block"),
                      # each key tile folded as slices of its keys, merged after the walk
                      "sliced": default.replace(key_slices=4),
-                     "sliced_split3": SPLIT3_PDL.replace(key_slices=2, exp2=False)}
+                     "sliced_split3": SPLIT3_PDL.replace(key_slices=2, exp2=False),
+                     # the merges compiled for four CTAs an SM
+                     "merge_occ4": SPLIT3_PDL.replace(merge_occupancy=4),
+                     "block_occ4": SPLIT3_PDL.replace(combine="block_pdl", merge_occupancy=4)}
         for name, schedule in schedules.items():
             err = case.error(case.launcher(schedule))
             assert err <= tol, f"rel L2 {err:.2e} ({name}: {schedule.describe()})"
@@ -151,7 +154,8 @@ def test_pairwise_correctness(combo: Combo):
                          ids=["mqa-d64-64-splits", "mqa-64-row-tiles", "odd-37-splits"])
 def test_block_merge_of_many_splits(shape, splits):
     """``combine="block"``: all of a row's splits merged from one tile (64 splits of 16-row
-    tiles, 16 of 64-row tiles, 37 padded to 64), as the stepping merge and the reference."""
+    tiles, 16 of 64-row tiles, 37 padded to 64), as the stepping merge and the reference, and
+    compiled for four CTAs an SM as with no kernel option."""
     b, hq, hkv, sk, d = shape
     problem = Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                       dtype="bf16", causal=False)
@@ -159,11 +163,14 @@ def test_block_merge_of_many_splits(shape, splits):
     try:
         schedule = DECODE.default_schedule("sm_90", problem).replace(splits=splits)
         outs = {}
-        for combine in ("block", "kernel"):
-            err = case.error(case.launcher(schedule.replace(combine=combine)))
-            assert err <= DECODE.tolerance(problem), (combine, err)
-            outs[combine] = case.out.clone()
-        assert rel_l2(outs["block"], outs["kernel"]) < 1e-3  # the same partials, merged alike
+        for combine, occupancy in (("block", None), ("kernel", None), ("block", 4)):
+            err = case.error(case.launcher(schedule.replace(combine=combine,
+                                                            merge_occupancy=occupancy)))
+            assert err <= DECODE.tolerance(problem), (combine, occupancy, err)
+            outs[combine, occupancy] = case.out.clone()
+        # the same partials, merged alike (and alike again at four CTAs an SM)
+        assert rel_l2(outs["block", None], outs["kernel", None]) < 1e-3
+        assert rel_l2(outs["block", 4], outs["block", None]) < 1e-6
     finally:
         del case
         _release()

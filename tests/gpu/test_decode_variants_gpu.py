@@ -73,7 +73,7 @@ CASES = {
 }
 
 
-WHICH = ["default", "one-split", "three-pdl", "five-block", *SLICED]
+WHICH = ["default", "one-split", "three-pdl", "five-block", *SLICED, "five-block-occ4"]
 
 
 def _case(problem: Problem, *, q_times: float = 1.0, sink: float | None = None):
@@ -90,7 +90,9 @@ def _case(problem: Problem, *, q_times: float = 1.0, sink: float | None = None):
 
 def _schedules(problem: Problem) -> dict[str, DecodeSchedule]:
     return {"default": DECODE.default_schedule("sm_90", problem), "one-split": ONE_SPLIT,
-            "three-pdl": THREE_PDL, "five-block": FIVE_BLOCK, **SLICED}
+            "three-pdl": THREE_PDL, "five-block": FIVE_BLOCK, **SLICED,
+            # the block merge (its sink term) compiled for four CTAs an SM
+            "five-block-occ4": FIVE_BLOCK.replace(merge_occupancy=4)}
 
 
 @gpu

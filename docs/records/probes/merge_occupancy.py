@@ -1,10 +1,10 @@
-"""The decode merge kernel at more CTAs an SM. ``decode_combine`` is compiled with no kernel
-options, so tileiras gives it every register (255 a thread, 256 threads: one CTA fills an SM's
-register file) and a grid of rows x head-dim chunks runs in waves of one CTA an SM (80 rows of
-four chunks: 2.4 waves on 132 SMs). The sm_90 default of each call against the same with
-the merge compiled for 4 and 8 CTAs an SM (64 and 29 registers, no stack on sm_90), cuDNN
-beside; the flat walk's merge (84 registers) likewise on paged batches. GPU view
-(interleaved, L2 flushed, medians) and isolated (host counted).
+"""The decode merge kernel at more CTAs an SM (``DecodeSchedule.merge_occupancy``). Compiled
+with no kernel option, ``decode_combine`` takes 255 registers a thread at 256 threads (sm_90):
+one CTA fills an SM's register file, and a grid of rows x head-dim chunks runs in waves of one
+CTA an SM (80 rows of four chunks: 2.4 waves on 132 SMs). Each call's sm_90 default (the
+H200's) against the same with its merge compiled for 2 and 4 CTAs an SM (128 and 64
+registers, no stack), cuDNN beside; calls whose default does not split (nothing to merge) are
+skipped. GPU view (interleaved, L2 flushed, medians) and isolated (host counted).
 
     source .devtk/setup.sh && python3 -u docs/records/probes/merge_occupancy.py [--rounds 15]
 """
@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import tiledattention as ta
-from tiledattention.kernels.decode import _flat, _launch
 from tuner.measure import time_interleaved
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -33,7 +32,7 @@ CONTIGUOUS = ((10, 32, 8, 1201, 0, 128, "bf16"), (9, 64, 8, 1500, 0, 128, "bf16"
 #: (B, H_q, H_kv, longest cache, page size, D): the family's mixed lengths
 PAGED = ((48, 32, 8, 8192, 16, 128), (24, 28, 4, 6000, 32, 128), (12, 28, 4, 9000, 32, 128),
          (40, 32, 8, 4000, 64, 128), (16, 32, 8, 12000, 256, 128))
-OCCUPANCIES = (4, 8)
+OCCUPANCIES = (2, 4)
 
 
 def problem_of(b, hq, hkv, sk, window, d, dtype):
@@ -42,32 +41,6 @@ def problem_of(b, hq, hkv, sk, window, d, dtype):
         return window_problem(b, hq, hkv, sk, window, d, dtype=dtype)
     return ta.Problem(batch=b, heads_q=hq, heads_kv=hkv, seqlen_q=1, seqlen_k=sk, head_dim=d,
                       dtype=dtype, causal=False)
-
-
-def launchers(case, schedule):
-    """The default's launch, then the same with each merge occupancy: the contiguous combine
-    bound into the plan when it is built, the flat merge swapped in around each call."""
-    kernels = _flat._kernels()
-    plain_combine, plain_flat = _launch._combine(), kernels.flat_merge
-    chooser = _launch.combine_kernel
-    fns = {"default": case.launcher(schedule)}
-    for occ in OCCUPANCIES:
-        combine = plain_combine.replace_hints(occupancy=occ)
-        flat = plain_flat.replace_hints(occupancy=occ)
-        _launch.combine_kernel = lambda s, k=combine: k
-        try:
-            run = case.launcher(schedule)
-        finally:
-            _launch.combine_kernel = chooser
-
-        def swapped(run=run, flat=flat):
-            kernels.flat_merge = flat
-            try:
-                run()
-            finally:
-                kernels.flat_merge = plain_flat
-        fns[f"merge occ{occ}"] = swapped
-    return fns
 
 
 def main():
@@ -81,9 +54,14 @@ def main():
                            ragged=True, page_size=page), None) for b, hq, hkv, sk, page, d in PAGED]
     table = []
     for p, keys in points:
-        case = ta.DECODE.case(p, 0)
         schedule = ta.DECODE.default_schedule("sm_90", p)
-        fns = launchers(case, schedule)
+        forms = {"default": schedule, **{f"merge occ{o}": schedule.replace(merge_occupancy=o)
+                                         for o in OCCUPANCIES}}
+        if ta.DECODE.normalise(p, forms["merge occ4"]) == ta.DECODE.normalise(p, schedule):
+            print(f"== {p.describe()} {schedule.describe()}: nothing to merge, skipped")
+            continue
+        case = ta.DECODE.case(p, 0)
+        fns = {n: case.launcher(s) for n, s in forms.items()}
         errors = {n: case.error(f) for n, f in fns.items()}
         if keys is not None:
             flat = problem_of(p.batch, p.heads_q, p.heads_kv, keys, 0, p.head_dim, p.dtype)
@@ -97,7 +75,7 @@ def main():
         iso = {n: t.median_ms for n, t in
                time_interleaved(fns, rounds=args.rounds, host=True).items()}
         print(f"== {p.describe()} {schedule.describe()}")
-        report(times, kv_bytes, copy_gbps, errors, {"default": schedule})
+        report(times, kv_bytes, copy_gbps, errors, forms)
         print("  default over form: " + "  ".join(
             f"{n} gpu {gpu['default'] / gpu[n]:.3f} iso {iso['default'] / iso[n]:.3f}"
             for n in fns), flush=True)
@@ -105,7 +83,7 @@ def main():
                       *(gpu["default"] / gpu[f"merge occ{o}"] for o in OCCUPANCIES),
                       *(iso["default"] / iso[f"merge occ{o}"] for o in OCCUPANCIES),
                       gpu["cudnn"] / gpu["default"] if "cudnn" in gpu else float("nan")))
-    print("\ncall | default | gpu occ4 | gpu occ8 | iso occ4 | iso occ8 | cudnn/default gpu")
+    print("\ncall | default | gpu occ2 | gpu occ4 | iso occ2 | iso occ4 | cudnn/default gpu")
     for row in table:
         print(" | ".join(x if isinstance(x, str) else f"{x:.3f}" for x in row))
 

@@ -190,8 +190,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     """``schedule`` with every field that cannot change the launches for ``problem`` at a
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
-    ``combine`` with one split (and ``"block"`` past the merged rows one block holds,
-    :data:`BLOCK_MAX_ROWS`), ``tail_rows`` rounded up to whole batch entries (0 where one
+    ``combine`` and ``merge_occupancy`` with one split (and ``"block"`` past the merged
+    rows one block holds, :data:`BLOCK_MAX_ROWS`), ``tail_rows`` rounded up to whole batch entries (0 where one
     split or every row splits, or the batch is ragged), ``balanced`` where there is one split,
     one cache length or a window (whose walk is at most the window's), ``longest_first`` but
     for a paged batch of more than one entry without a flat walk, ``pack_heads`` when
@@ -222,6 +222,8 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m > BLOCK_MAX_ROWS)
     if schedule.splits == 1 and schedule.combine != canonical.combine:
         changes["combine"] = canonical.combine  # one split: no merge
+    if schedule.splits == 1 and schedule.merge_occupancy != canonical.merge_occupancy:
+        changes["merge_occupancy"] = canonical.merge_occupancy
     elif too_many_rows:  # too many rows for one block: the stepping merge, launched alike
         changes["combine"] = "pdl" if schedule.combine in PDL_COMBINES else "kernel"
     tail = tail_rows(problem, schedule)
@@ -339,8 +341,11 @@ def split_kernel(schedule: DecodeSchedule) -> ct.kernel:
 
 
 def combine_kernel(schedule: DecodeSchedule) -> ct.kernel:
-    """The combine kernel (no kernel options of its own: it is a short, latency-bound merge)."""
-    return _combine()
+    """The combine kernel: with ``merge_occupancy`` compiled for that many CTAs an SM, else
+    with no kernel option."""
+    if schedule.merge_occupancy is None:
+        return _combine()
+    return _hinted(_combine(), schedule.merge_occupancy, None)
 
 
 def grouped_view(x: Any, tiles: Layout) -> Any:

@@ -37,6 +37,10 @@ class DecodeSchedule(ScheduleValue):
             the output directly, with no partials and no combine step.
         combine: ``"kernel"``, ``"pdl"`` (programmatic dependent launch), ``"block"`` (all of
             a row's splits merged from one tile) or ``"block_pdl"`` (both) for the merge.
+        merge_occupancy: CTAs an SM the merge kernel is compiled for (1..32), or ``None``:
+            no kernel option, the compiler's choice (for sm_90 to sm_121 the block merge takes
+            255 registers at 256 threads, one CTA an SM however large its grid). With more
+            than one split only.
         balanced: a ragged batch (per-entry cache lengths, a paged cache's) splits every
             entry's keys into shares of one size, 1 / ``splits`` of the call's longest cache
             (a paged call's ``max_k``, else its block table's capacity; an entry longer than
@@ -75,6 +79,7 @@ class DecodeSchedule(ScheduleValue):
 
     splits: int = 1
     combine: str = "kernel"
+    merge_occupancy: int | None = None
     balanced: bool = False
     tail_rows: int = 0
     flat: bool = False
@@ -92,10 +97,11 @@ class DecodeSchedule(ScheduleValue):
 
     FORMAT = DECODE_SCHEDULE_FORMAT
     LABEL = "decode"
-    # a schedule without balanced splits, a tail, a flat walk or key slices keeps the dict (and
-    # key) it had before they existed
-    ADDED_FIELDS = ("balanced", "tail_rows", "flat", "longest_first", "key_slices")
-    OMITTED_AT_DEFAULT = ("balanced", "tail_rows", "flat", "longest_first", "key_slices")
+    # a schedule without balanced splits, a tail, a flat walk, key slices or a merge occupancy
+    # keeps the dict (and key) it had before they existed
+    ADDED_FIELDS = ("balanced", "tail_rows", "flat", "longest_first", "key_slices",
+                    "merge_occupancy")
+    OMITTED_AT_DEFAULT = ADDED_FIELDS
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,6 +117,8 @@ class DecodeSchedule(ScheduleValue):
         self._check_choice("tile_m", self.tile_m, TILES_M)
         self._check_choice("key_slices", self.key_slices, KEY_SLICES)
         self._check_int_range("occupancy", self.occupancy, 1, 32)
+        if self.merge_occupancy is not None:
+            self._check_int_range("merge_occupancy", self.merge_occupancy, 1, 32, " or None")
         if self.num_worker_warps is not None:
             self._check_choice("num_worker_warps", self.num_worker_warps, (4, 8))
         for name in ("k_latency", "v_latency"):
@@ -121,9 +129,11 @@ class DecodeSchedule(ScheduleValue):
         return self
 
     def describe(self) -> str:
-        """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)``."""
+        """One-line summary, e.g. ``split16/pdl n128 m16 occ2 lat(K2,V2)`` (a merge compiled
+        for four CTAs an SM: ``split16/pdl/occ4 ...``)."""
         parts = ["flat" if self.flat else
                  f"split{self.splits}" + (f"/{self.combine}" if self.splits > 1 else "")
+                 + (f"/occ{self.merge_occupancy}" if self.merge_occupancy is not None else "")
                  + ("/bal" if self.balanced else "")
                  + (f"/tail{self.tail_rows}" if self.tail_rows else "")
                  + ("/longest" if self.longest_first else ""),
