@@ -239,6 +239,13 @@ class Family(abc.ABC):
         (``tiledtune aot`` ships what these builds make): :meth:`compile`'s by default."""
         self.compile(problem, schedule, arch)
 
+    def launch_ctas(self, problem: Any, schedule: Any, sms: int) -> tuple[int, ...] | None:
+        """The CTAs each kernel of :meth:`compile` (in its cubins' order) launches for
+        ``problem`` under ``schedule`` on a GPU of ``sms`` SMs (a grid sized by the SMs), or
+        ``None`` where a call decides them (a ragged batch's work) or the family does not say
+        (``tiledtune explain --resources`` then gives no waves)."""
+        return None
+
     @abc.abstractmethod
     def case(self, problem: Any, device_index: int) -> Case:
         """Random inputs (fixed seed) for ``problem`` on CUDA device ``device_index``."""

@@ -18,8 +18,10 @@ whatever the shape) and the backward family, with whether its schedule is bitwis
 runs instead. ``--resources`` compiles each schedule for the architecture (tileiras, on the CPU)
 and says what each of its kernels asks of an SM, as its cubin says (``kernel_resources``):
 registers a thread, threads and static shared memory a CTA, the stack a thread keeps in local
-memory (above zero: spilled registers), and how many of its CTAs an SM holds and what limits
-them (``resident_ctas``). Exit status: 0 explained, 2 bad input.
+memory (above zero: spilled registers), how many of its CTAs an SM holds and what limits
+them (``resident_ctas``), and how many CTAs it launches for the looked-up problem, in waves on
+the SMs the architecture's defaults assume (``Family.launch_ctas``; none for a ragged batch,
+whose call sizes its grids). Exit status: 0 explained, 2 bad input.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a call that needs gradients: its forward and its backward")
     parser.add_argument("--resources", action="store_true",
                         help="compile each schedule for --device and show its kernels' "
-                             "registers, shared memory, stack (spills) and CTAs an SM")
+                             "registers, shared memory, stack (spills), CTAs an SM and waves")
     add_problem_options(parser)
     add_json_option(parser, "the explanation")
 
@@ -301,31 +303,38 @@ def _answer(role: str, family: Any, key: Any, why_family: str, resolution: Any,
 
 
 def _kernels(family: Any, problem: Any, schedule: Any, arch: str) -> list[dict] | str:
-    """What each kernel ``schedule`` launches asks of an SM of ``arch`` (compiled here), or
-    why it did not compile."""
+    """What each kernel ``schedule`` launches asks of an SM of ``arch`` (compiled here) and
+    its CTAs and waves where the family says, or why it did not compile."""
     from tiledattention import CompileError
-    from tiledattention.tooling import resident_ctas
+    from tiledattention.tooling import SM_COUNTS, generation, resident_ctas
 
     try:
         built = family.compile(problem, schedule, arch)
     except CompileError as exc:
         return f"not compiled: {exc}"
+    sms = SM_COUNTS[generation(arch)]
+    resources = built.resources()
+    counts = family.launch_ctas(problem, schedule, sms) or (None,) * len(resources)
     kernels = []
-    for resources in built.resources():
-        residency = resident_ctas(resources, arch)
-        kernels.append({**resources.to_dict(),
-                        "ctas_per_sm": None if residency is None else residency.ctas,
+    for kernel, ctas in zip(resources, counts, strict=True):
+        residency = resident_ctas(kernel, arch)
+        per_sm = None if residency is None else residency.ctas
+        kernels.append({**kernel.to_dict(), "ctas_per_sm": per_sm,
                         "limited_by": None if residency is None else list(residency.limited_by),
                         "residency": ("limits of this architecture not known" if residency is None
-                                      else residency.describe())})
+                                      else residency.describe()),
+                        "ctas": ctas, "sms": sms,
+                        "waves": None if ctas is None or not per_sm else ctas / (per_sm * sms)})
     return kernels
 
 
 def _kernel_line(k: dict) -> str:
     stack = (f"{k['stack_bytes']} B of stack (spills)" if k["stack_bytes"] else "no stack")
     threads = "?" if k["threads"] is None else k["threads"]
+    grid = ("" if k["ctas"] is None else f"; {k['ctas']} CTAs" + (
+        "" if k["waves"] is None else f", {k['waves']:.2f} waves on {k['sms']} SMs"))
     return (f"{k['name']}: {k['registers']} registers, {threads} threads, "
-            f"{k['shared_bytes'] / 1024:.1f} KiB shared, {stack}; {k['residency']}")
+            f"{k['shared_bytes'] / 1024:.1f} KiB shared, {stack}; {k['residency']}{grid}")
 
 
 def _print(problem: Any, device: Any, sources: dict[str, Any], answers: list[dict]) -> None:

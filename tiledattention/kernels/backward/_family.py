@@ -3,6 +3,7 @@ default, normalisation, lookup metric, compile-only build and GPU test case."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 from ...core._case import AttentionCase, RaggedCase, ragged_flops, torch_sdpa_kwargs
@@ -15,7 +16,7 @@ from ...core._problem import Problem, default_scale
 from ._compile import compile_backward, compile_prologue
 from ._defaults import default_backward_schedule, deterministic_backward_schedule
 from ._launch import (Launches, argument_tails, launch, launch_ragged, launches,
-                      normalise, ragged_parts_shape, row_stat_shape)
+                      normalise, one_pass_grids, ragged_parts_shape, row_stat_shape)
 from ._schedule import BackwardSchedule
 
 __all__ = ["BACKWARD", "BackwardFamily", "BackwardCase", "relative_errors"]
@@ -271,6 +272,20 @@ class BackwardFamily(Family):
     def compile(self, problem: Problem, schedule: BackwardSchedule, arch: str) -> CompileResult:
         self.check_pages(problem)
         return compile_backward(problem, schedule, arch)
+
+    def launch_ctas(self, problem: Problem, schedule: BackwardSchedule,
+                    sms: int) -> tuple[int, ...] | None:
+        """The dK/dV kernel's CTAs, then the dQ kernel's (or one-pass, the delta and dQ-scale
+        kernels'), then the partials' sum's (each of its two launches): :meth:`compile`'s
+        order; ``None`` for a ragged problem, whose call sizes its grids."""
+        if problem.ragged:
+            return None
+        plan = launches(problem, schedule, default_scale(problem))
+        grids = [plan.dkdv_grid]
+        grids += (one_pass_grids(problem.seqlen_q, problem.batch, problem.heads_q)
+                  if plan.one_pass else [plan.dq_grid])
+        grids += [plan.sum_grid] * (plan.splits > 1)
+        return tuple(math.prod(grid) for grid in grids)
 
     def compile_launchable(self, problem: Problem, schedule: BackwardSchedule,
                            arch: str) -> None:

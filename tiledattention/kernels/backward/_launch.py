@@ -62,7 +62,7 @@ __all__ = ["DQ_PARAMETERS", "DKDV_PARAMETERS", "SUM_PARAMETERS", "VARIANT_VALUES
            "ragged_grids", "UNUSED", "RANGES", "WORK", "DQ_ACCUM", "DELTA_PARAMETERS",
            "DQ_SCALE_PARAMETERS", "delta_kernel", "dq_scale_kernel", "delta_constants",
            "dq_scale_constants", "argument_tails", "dq_packed_heads", "dq_query_rows",
-           "ragged_parts_shape", "PROLOGUE_PARAMETERS", "prologue_constants",
+           "ragged_parts_shape", "PROLOGUE_PARAMETERS", "prologue_constants", "one_pass_grids",
            "prologue_kernel"]
 
 
@@ -686,15 +686,21 @@ def _launch_walks(stream: Any, plan: Launches, grids: tuple, args: tuple, rows: 
     ``[B, H_q, S, D]`` arrays they read and write."""
     out, grad_out, delta, dq, accum = rows
     if plan.one_pass:
-        entries, heads, length = out.shape[0], out.shape[1], out.shape[2]
-        _aot.launch(stream, _row_grid(length, DELTA_TILE, entries, heads), delta_kernel(),
+        delta_grid, dq_scale_grid = one_pass_grids(out.shape[2], out.shape[0], out.shape[1])
+        _aot.launch(stream, delta_grid, delta_kernel(),
                     (out, grad_out, delta, accum, *plan.delta_scalars))
     else:
         _aot.launch(stream, grids[0], plan.dq, args[0])
     _aot.launch(stream, grids[1], plan.dkdv, args[1])
     if plan.one_pass:
-        _aot.launch(stream, _row_grid(length, SUM_TILE, entries, heads), dq_scale_kernel(),
+        _aot.launch(stream, dq_scale_grid, dq_scale_kernel(),
                     (accum, dq, plan.scale, *plan.dq_scale_scalars))
+
+
+def one_pass_grids(rows: int, entries: int, heads: int) -> tuple[tuple[int, int, int], ...]:
+    """The grids of the one-pass backward's delta and dQ-scale kernels over ``rows`` query
+    rows of ``entries`` x ``heads``."""
+    return tuple(_row_grid(rows, tile, entries, heads) for tile in (DELTA_TILE, SUM_TILE))
 
 
 def _launch_prologue(stream: Any, plan: Launches, ranges: Any, tables: list,

@@ -3,6 +3,7 @@ default, normalisation, lookup metric, compile-only build and GPU test case."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ...core import _plans as hot
@@ -17,7 +18,7 @@ from ...errors import UnsupportedProblemError
 from ._compile import compile_decode
 from ._defaults import default_decode_schedule
 from ._dispatch import dispatch_rule
-from ._launch import launch, launches, new_scratch, normalise
+from ._launch import launch, launches, new_scratch, normalise, order_grid
 from ._plan import DecodePlan, bucket_problem, decode_plan, decode_plan_key, flat_sms
 from ._schedule import DecodeSchedule
 
@@ -124,6 +125,18 @@ class DecodeFamily(Family):
         _check_ragged(problem)
         check_arch_dtype(arch, problem)
         return compile_decode(problem, schedule, arch)
+
+    def launch_ctas(self, problem: Problem, schedule: DecodeSchedule,
+                    sms: int) -> tuple[int, ...]:
+        """The split kernel's CTAs, then the merge's (more than one split) and the order's (a
+        longest-first batch), or a flat walk's wave and its merge: :meth:`compile`'s order."""
+        plan = launches(problem, schedule, None, sms=sms)
+        if plan.flat is not None:
+            grids = [(plan.flat.ctas, 1, 1), plan.flat.merge_grid]
+        else:
+            grids = [plan.split_grid] + [plan.combine_grid] * (plan.combine is not None)
+            grids += [order_grid(plan.order_entries)] * (plan.order_entries > 0)
+        return tuple(math.prod(grid) for grid in grids)
 
     def case(self, problem: Problem, device_index: int) -> DecodeCase | PagedDecodeCase:
         _check_ragged(problem)

@@ -30,9 +30,10 @@ from ._schedule import MIN_SLICE_KEYS, TILES_M, DecodeSchedule
 ct = lazy_module("cuda.tile", globals(), "ct")
 
 __all__ = ["Layout", "layout", "normalise", "split_constants", "combine_constants",
-           "split_kernel", "combine_kernel", "SPLIT_PARAMETERS", "COMBINE_PARAMETERS",
-           "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant", "variant_of", "key_walk",
-           "max_key_tiles", "tail_rows", "rows_past_waves", "new_scratch", "partial_shapes"]
+           "split_kernel", "combine_kernel", "order_grid", "SPLIT_PARAMETERS",
+           "COMBINE_PARAMETERS", "default_scale", "launch", "NO_SINKS", "UNUSED", "Variant",
+           "variant_of", "key_walk", "max_key_tiles", "tail_rows", "rows_past_waves",
+           "new_scratch", "partial_shapes"]
 
 
 def _split() -> ct.kernel:
@@ -486,8 +487,13 @@ def rank_entries(stream: Any, lengths: Any, order: Any) -> None:
     """Enqueue ``decode_order`` on ``stream``: the int32 ``[B]`` ``order`` lists the entries of
     the int32 ``[B]`` key counts ``lengths`` longest first (equal counts in entry order). It
     lets a split kernel that follows it as a programmatic dependent start at once."""
-    _aot.launch(stream, (math.ceil(lengths.shape[0] / ORDER_CHUNK), 1, 1), order_kernel(),
+    _aot.launch(stream, order_grid(lengths.shape[0]), order_kernel(),
                 (lengths, order, ORDER_CHUNK))
+
+
+def order_grid(entries: int) -> tuple[int, int, int]:
+    """``decode_order``'s grid for a batch of ``entries``: :data:`ORDER_CHUNK` of them a CTA."""
+    return (math.ceil(entries / ORDER_CHUNK), 1, 1)
 
 
 def fp8_words(v: Any) -> Any:

@@ -74,7 +74,7 @@ class ForwardFamily(Family):
     problem_type = Problem
     schedule_type = Schedule
     # the input dtypes the kernels take, each with the relative L2 error against the float32
-    # reference a correct schedule may have on it: the family's one list of its dtypes
+    # reference a correct schedule may have: the family's one list of its dtypes
     # (e4m3: against the dequantised inputs; P·V in e4m3 measured 2.1-2.5e-2 on an H200,
     # docs/records/benchmarks/fp8)
     tolerances = {"bf16": 1e-2, "fp16": 5e-3, "e4m3": 5e-2}
@@ -83,16 +83,15 @@ class ForwardFamily(Family):
     bucket_fields = ("causal", "dtype", "head_dim")
     seed_across = ("dtype",)
     # same GQA group size; distance |log2 S_q - log2 S_q'| + |log2 S_k - log2 S_k'| +
-    # 0.5·|log2(B·H_q) - log2(B'·H_q')|: sequence length moves the best tiles more than batch
-    # or heads do
+    # 0.5·|log2(B·H_q) - log2(B'·H_q')|: length moves the best tiles more than batch or heads
     match_ratios = (("heads_q", "heads_kv"),)
     distance_terms = ((("seqlen_q",), 1.0), (("seqlen_k",), 1.0), (("batch", "heads_q"), 0.5))
-    # Farther than this, the default answers: on the 18 held-out fitting shapes of issue 18
-    # (H100, docs/lookup.md) rows within distance 1 never lost to the default, rows at 1.5-4
-    # were up to 1.17x slower than it, and at 5 up to 1.65x (a 16k-token row for 257 tokens).
+    # Farther than this, the default answers: on 18 held-out fitting shapes (issue 18; H100,
+    # docs/lookup.md) rows within distance 1 never lost to the default, rows at 1.5-4
+    # were up to 1.17x slower, and at 5 up to 1.65x (a 16k-token row for 257 tokens).
     nearest_limit = 1.0
     # A row transfers (``Family.transfer_refusal``) to a problem of at most twice or half its
-    # B·H_q (the grid's CTAs per tile row) and only as far as its tiles' padding allows: on
+    # B·H_q (the grid's blocks a tile row) and only as far as its tiles' padding allows: on
     # shapes differing from shipped keys in batch and heads, nearest rows within distance 1
     # ran up to 1.43x the default (issue 29).
     transfer_limits = ((("batch", "heads_q"), 1.0),)
@@ -133,6 +132,13 @@ class ForwardFamily(Family):
         self.check_pages(problem)
         self.check_fp8(arch, problem)
         return compile_schedule(problem, normalise(problem, schedule), arch)
+
+    def launch_ctas(self, problem: Problem, schedule: Schedule, sms: int) -> tuple[int] | None:
+        """Blocks of ``num_ctas`` CTAs; ragged calls size their grids."""
+        if problem.ragged:
+            return None
+        x, y, z = grid_for(problem, normalise(problem, schedule), sms)
+        return (x * y * z * schedule.num_ctas,)
 
     def compile_launchable(self, problem: Problem, schedule: Schedule, arch: str) -> None:
         """The call's kernel, the one that also stores the log-sum-exp (the forward of a
