@@ -192,15 +192,16 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
     canonical value: ``splits`` at most the key tiles a window lets a query tile walk (more
     splits only add CTAs with no keys: each split would take one tile either way),
     ``combine`` and ``merge_occupancy`` with one split (and ``"block"`` past the merged
-    rows one block holds, :data:`BLOCK_MAX_ROWS`), ``tail_rows`` rounded up to whole batch entries (0 where one
-    split or every row splits, or the batch is ragged), ``balanced`` where there is one split,
-    one cache length or a window (whose walk is at most the window's), ``longest_first`` but
-    for a paged batch of more than one entry without a flat walk, ``pack_heads`` when
-    each K/V head has one query head, ``tile_m`` at the smallest value that gives the same
-    tiling, ``key_slices`` at most ``tile_n / 16`` (1 for a flat walk or an FP8 cache), and
-    for a paged cache ``k_transposed`` canonical (a page's keys load as rows; idempotent;
-    ``schedule`` itself when nothing changes). ``flat`` stays on only where it
-    applies (:func:`flat_applies`), and then one split, no balance and no tail."""
+    rows one block holds, :data:`BLOCK_MAX_ROWS`), ``tail_rows`` rounded up to whole batch
+    entries (0 where one split or every row splits, or the batch is ragged), ``balanced``
+    where there is one split, one cache length or a window (whose walk is at most the
+    window's), ``longest_first`` but for a paged batch of more than one entry without a flat
+    walk, ``pack_heads`` when each K/V head has one query head, ``tile_m`` at the smallest
+    value that gives the same tiling, ``key_slices`` at most ``tile_n / 16`` (1 for a flat
+    walk or an FP8 cache), and for a paged cache ``k_transposed`` canonical (a page's keys
+    load as rows; idempotent; ``schedule`` itself when nothing changes). ``flat`` stays on
+    only where it applies (:func:`flat_applies`), and then one split, no balance and no
+    tail."""
     changes: dict[str, Any] = {}
     canonical = DecodeSchedule()
     if schedule.flat:
