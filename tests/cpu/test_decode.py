@@ -242,6 +242,22 @@ def test_round_trip_through_dict_json_and_the_family_codec(schedule):
     assert DECODE.codec().schedule(schedule.to_json()) == schedule
 
 
+#: a value off the default of each field a schedule leaves out of its dict at the default
+OMITTED = {"balanced": True, "tail_rows": 5, "flat": True, "longest_first": True,
+           "key_slices": 4, "merge_occupancy": 4}
+
+
+@pytest.mark.parametrize("name", list(OMITTED))
+def test_a_field_added_since_keeps_the_dict_and_key_of_a_schedule_not_using_it(name):
+    assert set(OMITTED) == set(DecodeSchedule.OMITTED_AT_DEFAULT)
+    base = DecodeSchedule(splits=3, tile_n=128, k_latency=2, v_latency=2)
+    plain = base.to_dict()
+    assert name not in plain  # a row stored before the field: the same dict and key
+    using = base.replace(**{name: OMITTED[name]})
+    assert using.to_dict() == {**plain, name: OMITTED[name]} and using.key != base.key
+    assert DecodeSchedule.from_dict(using.to_dict()) == using
+
+
 def test_from_dict_rejects_unknown_fields_newer_formats_and_non_mappings():
     data = DecodeSchedule().to_dict()
     with pytest.raises(ScheduleError, match=r"unknown decode schedule field\(s\) \['tile_k'\]"):

@@ -1,5 +1,6 @@
-"""``DecodeSchedule.key_slices`` on the CPU: validation, the dict and key of a schedule without
-slices unchanged, ``normalise``'s bound, the search space, compiles with every variant."""
+"""``DecodeSchedule.key_slices`` on the CPU: validation, ``normalise``'s bound, the search
+space, compiles with every variant (the dict and key of a schedule without slices:
+``test_decode.py``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,14 +31,8 @@ def test_validation_names_the_field(value):
         DecodeSchedule(key_slices=value)
 
 
-def test_a_schedule_that_does_not_slice_keeps_its_dict_and_key():
-    plain = BASE.to_dict()
-    assert "key_slices" not in plain
-    assert DecodeSchedule.from_dict(plain) == BASE  # a row stored before the field
-    sliced = BASE.replace(key_slices=4)
-    assert sliced.to_dict() == {**plain, "key_slices": 4}
-    assert DecodeSchedule.from_dict(sliced.to_dict()) == sliced and sliced.key != BASE.key
-    assert sliced.describe() == "split1 n128 m16 occ1 ks4 lat(K2,V2)"
+def test_describe_names_the_slices():  # the dict and key: test_decode.py
+    assert BASE.replace(key_slices=4).describe() == "split1 n128 m16 occ1 ks4 lat(K2,V2)"
 
 
 @pytest.mark.parametrize("tile_n, asked, kept", [(16, 2, 1), (32, 8, 2), (64, 8, 4),

@@ -1,6 +1,6 @@
-"""``DecodeSchedule.merge_occupancy`` on the CPU: the dict and key of a schedule without it
-unchanged, ``normalise`` dropping it where nothing merges, the search space, and the option
-reaching the merge kernel's compiled code for every architecture."""
+"""``DecodeSchedule.merge_occupancy`` on the CPU: ``normalise`` dropping it where nothing
+merges, the search space, and the option reaching the merge kernel's compiled code for every
+architecture."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,31 +8,20 @@ import dataclasses
 import pytest
 
 import search_spaces
-from tiledattention import DECODE, DecodeSchedule, Problem
+from tiledattention import DECODE, DecodeSchedule
 from tiledattention.tooling import text_digest
 
-ARCHES = ("sm_80", "sm_90", "sm_100", "sm_120", "sm_121")
+# 80 rows over a short cache; every variant at once (the merge adds the sinks); a paged batch
+from .test_decode_key_slices import ARCHES, PAGED, ROWS, VARIANT
+
 #: the sm_90 default of 80 rows over a short cache (three splits, the block merge)
 SPLIT3 = DecodeSchedule(splits=3, combine="block_pdl", tile_n=128, occupancy=2, k_latency=2,
                         v_latency=2)
-ROWS = Problem(batch=10, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=1201, head_dim=128,
-               dtype="bf16", causal=False)
-#: every variant at once (the merge adds the sinks)
-VARIANT = Problem(batch=3, heads_q=28, heads_kv=4, seqlen_q=3, seqlen_k=2999, head_dim=96,
-                  dtype="fp16", causal=True, bottom_right=True, window_left=700,
-                  softcap=30.0, sinks=True)
-PAGED = Problem(batch=5, heads_q=16, heads_kv=2, seqlen_q=1, seqlen_k=3000, head_dim=64,
-                dtype="bf16", causal=True, bottom_right=True, ragged=True, page_size=16)
 
 
-def test_a_schedule_without_it_keeps_its_dict_and_key():
-    plain = SPLIT3.to_dict()
-    assert "merge_occupancy" not in plain
-    assert DecodeSchedule.from_dict(plain) == SPLIT3  # a row stored before the field
-    hinted = SPLIT3.replace(merge_occupancy=4)
-    assert hinted.to_dict() == {**plain, "merge_occupancy": 4}
-    assert DecodeSchedule.from_dict(hinted.to_dict()) == hinted and hinted.key != SPLIT3.key
-    assert hinted.describe() == "split3/block_pdl/occ4 n128 m16 occ2 lat(K2,V2)"
+def test_describe_names_it_after_the_merge():  # the dict and key: test_decode.py
+    described = SPLIT3.replace(merge_occupancy=4).describe()
+    assert described == "split3/block_pdl/occ4 n128 m16 occ2 lat(K2,V2)"
 
 
 def test_normalise_drops_it_where_nothing_merges():
