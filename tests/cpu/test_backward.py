@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 import tiledattention
-from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, InputTypeError, InputValueError,
-                            Problem, ScheduleError)
+from tiledattention import (BACKWARD, FORWARD, BackwardSchedule, DeviceInfo, InputTypeError,
+                            InputValueError, Problem, ScheduleError)
 from tiledattention.tooling import codecs, text_digest
 from tiledattention.kernels.backward._family import BACKWARD_FLOP_RATIO
 from tiledattention.core._problem import ROW_STAT_ALIGN
@@ -207,6 +207,13 @@ def test_default_splits_fill_the_waves_of_the_generation():
     assert BACKWARD.default_schedule("sm_90", mha).dkdv_splits == 1
     # fewer SMs on the DGX Spark part: fewer splits for the same grid
     assert BACKWARD.default_schedule("sm_121", mqa).dkdv_splits < s.dkdv_splits
+    # the device's own SMs: an RTX 5090's 170 (sm_120; the generation's 48), an H200's 132
+    rtx = DeviceInfo(index=0, arch="sm_120", name="NVIDIA GeForce RTX 5090", sm_count=170)
+    assert (BACKWARD.device_default(rtx, mqa).dkdv_splits
+            > BACKWARD.default_schedule("sm_120", mqa).dkdv_splits)
+    h200 = DeviceInfo(index=0, arch="sm_90", name="NVIDIA H200", sm_count=132)
+    for p in (mqa, mha, ODD, PLAIN):
+        assert BACKWARD.device_default(h200, p) == BACKWARD.default_schedule("sm_90", p)
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -444,6 +444,21 @@ def test_default_splits_fill_one_wave(arch, splits):
     assert DECODE.default_schedule(arch, TOKEN).splits == splits  # 8 CTAs per split
 
 
+def test_the_device_default_counts_the_devices_own_sms():
+    """An RTX 5090 (sm_120, 170 SMs) splits for its SMs, not the generation's 48; an H100 or
+    H200 (132) runs what sm_90's default runs; no SM count known: the generation's."""
+    rtx = DeviceInfo(index=0, arch="sm_120", name="NVIDIA GeForce RTX 5090", sm_count=170)
+    assert DECODE.device_default(rtx, TOKEN).splits == 170 // 8  # 8 CTAs a split
+    unknown = dataclasses.replace(rtx, sm_count=0)
+    assert DECODE.device_default(unknown, TOKEN) == DECODE.default_schedule("sm_120", TOKEN)
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        hopper = DeviceInfo(index=0, arch="sm_90", name=name, sm_count=SM_COUNTS["hopper"])
+        for b, sk, d in itertools.product((1, 10, 20, 40, 90), (1201, 8192, 20000), (64, 128)):
+            p = _problem(batch=b, seqlen_k=sk, head_dim=d)
+            assert DECODE.device_default(hopper, p) == DECODE.device_default(
+                dataclasses.replace(hopper, sm_count=0), p)
+
+
 def test_a_default_split_that_fills_the_gpu_runs_two_ctas_an_sm():
     """At least a CTA per SM from one split runs occupancy 2 (on an H200 at 144-768 CTAs:
     1.01-1.57x at 8 of 9 batches, 0.98x at one), windows over a contiguous cache as well; fewer

@@ -9,15 +9,17 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
 import db as dbmod
 import search_spaces
 from db import ScheduleRow
-from tiledattention import FORWARD, Problem, Schedule
+from tiledattention import DECODE, FORWARD, DeviceInfo, Problem, Schedule
 from tiledattention.tooling import codecs, current_provenance
 from tuner.cli import main
 from tuner.measure import IsolatedExecutor, SimulatedExecutor, SimulatedFaults, summarize
@@ -333,3 +335,38 @@ def test_compile_only_for_sm_121_records_failures_as_infeasible(tmp_path, capsys
     assert code == 0
     out = capsys.readouterr().out  # the results table on stdout
     assert "compile-only for sm_121" in out and "B1 H4 S256 D64 bf16 full" in out
+
+
+# -- the default the finalists are re-timed beside -----------------------------------------------
+TOKEN = Problem(batch=1, heads_q=32, heads_kv=8, seqlen_q=1, seqlen_k=32768, head_dim=128,
+                dtype="bf16", causal=False)
+
+
+class _Recorder:
+    """An executor that records what it is asked to re-time, and fails it (the search then
+    keeps its own timings and stores nothing)."""
+
+    def __init__(self):
+        self.named = None
+
+    def call(self, what, problem, named, *args, **kwargs):
+        self.named = named
+        raise RuntimeError("not timed here")
+
+
+def test_the_search_retimes_the_default_of_the_devices_own_sms(tmp_path):
+    """The default the lookup runs on the device tuned: the decode family's counts its SMs
+    (``Tuner(sm_count=)``, the GPU's), so a 170-SM sm_120 part meets what sdpa runs there."""
+    space = search_spaces.space_for("decode", "sm_120", "full")
+    finalist = DECODE.default_schedule("sm_120", TOKEN).replace(splits=4)
+    trial = types.SimpleNamespace(value=1.0, params=space.params(finalist),
+                                  user_attrs={"status": "ok", "schedule_key": finalist.key})
+    study = types.SimpleNamespace(
+        get_trials=lambda deepcopy, states: [trial] if TrialState.COMPLETE in states else [])
+    executor = _Recorder()
+    tuner = Tuner(executor, family=DECODE, arch="sm_120", device_name="NVIDIA GeForce RTX 5090",
+                  storage_url=f"sqlite:///{tmp_path}/studies.sqlite", sm_count=170)
+    tuner._finish(study, TOKEN, types.SimpleNamespace())
+    device = DeviceInfo(index=-1, arch="sm_120", name="NVIDIA GeForce RTX 5090", sm_count=170)
+    assert executor.named["default"] == DECODE.device_default(device, TOKEN)
+    assert executor.named["default"].splits == 170 // 8  # not the generation's 48 // 8

@@ -34,7 +34,9 @@ GENERATIONS = {
     "sm_120": "blackwell-consumer", "sm_121": "blackwell-consumer",
 }
 ARCHITECTURES = tuple(GENERATIONS)
-#: SMs of each generation's largest part: what the defaults size their grids for.
+#: SMs of one part of each generation (a consumer Blackwell's: the DGX Spark's): what the
+#: defaults size their grids for where the device's own count is not known (a compile-only
+#: build, ``explain``); on a device the decode and backward defaults count its own.
 SM_COUNTS = {"hopper": 132, "blackwell": 148, "blackwell-consumer": 48, "ada": 128,
              "ampere": 108}
 

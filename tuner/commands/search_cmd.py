@@ -329,9 +329,10 @@ def _search(args, problems, console) -> int:
         device = select_device(args.device, args.device_index)
         factory = _GpuFactory(family, device.index, timing)
         arch, device_name, device_index = device.arch, device.name, device.index
+        sm_count = device.sm_count
     else:
         factory = functools.partial(SimulatedExecutor, args.device, family=family, timing=timing)
-        arch, device_name, device_index = args.device, SIMULATED_DEVICE, None
+        arch, device_name, device_index, sm_count = args.device, SIMULATED_DEVICE, None, 0
     database_at = db_location(args)
     database = open_database(database_at)  # checked (and migrated) before anything is tuned
     storage = storage_location(args, database_at)
@@ -370,7 +371,7 @@ def _search(args, problems, console) -> int:
         tuner = Tuner(executor, family=family, arch=arch, device_name=device_name,
                       storage_url=storage, db=db, config=config,
                       compile_workers=compile_workers, backend=args.backend,
-                      device_index=device_index, on_event=on_event)
+                      device_index=device_index, sm_count=sm_count, on_event=on_event)
         # leaving on a Ctrl-C kills the compile processes and the executor's worker at once,
         # with their tileiras compiles
         with tuner:

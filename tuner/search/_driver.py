@@ -132,10 +132,11 @@ class Tuner:
     def __init__(self, executor: IsolatedExecutor, *, family: Family, arch: str,
                  device_name: str, storage_url: str, db=None,
                  config: SearchConfig = SearchConfig(), compile_workers: int = 0,
-                 backend: str = "gpu", device_index: int | None = None,
+                 backend: str = "gpu", device_index: int | None = None, sm_count: int = 0,
                  on_event: Callable[[str, dict], None] | None = None) -> None:
         self.executor = executor
         self.device_index = device_index  # the local GPU measuring, recorded on its trials
+        self.sm_count = sm_count  # its SMs, which device defaults count (0: not known)
         self.family = family
         self.backend = backend  # what measures: "gpu", or "simulated" (stored with each row)
         self.arch = arch
@@ -561,8 +562,9 @@ class Tuner:
             finalists.setdefault(s.key, s)
             if len(finalists) >= cfg.finalists:
                 break
-        # the default the lookup runs on this device (its rules may take the device's name)
-        device = DeviceInfo(index=-1, arch=self.arch, name=self.device_name, sm_count=0)
+        # the default the lookup runs on this device (its rules may take its name and SMs)
+        device = DeviceInfo(index=-1, arch=self.arch, name=self.device_name,
+                            sm_count=self.sm_count)
         default = self.family.device_default(device, problem)
         named = {f"candidate-{i}": s for i, s in enumerate(finalists.values())}
         named["default"] = default

@@ -142,21 +142,23 @@ def _window_tiles(problem: Problem, schedule: BackwardSchedule) -> BackwardSched
     return schedule.replace(**{name: min(getattr(schedule, name), cap) for name in _TILE_FIELDS})
 
 
-def waves(arch: str, problem: Problem, schedule: BackwardSchedule, splits: int) -> float:
-    """The dK/dV grid's CTAs (key tiles x batch x K/V heads x ``splits``) over one wave of the
-    generation's largest part (its SMs x the dK/dV kernel's occupancy)."""
+def waves(arch: str, problem: Problem, schedule: BackwardSchedule, splits: int,
+          sms: int = 0) -> float:
+    """The dK/dV grid's CTAs (key tiles x batch x K/V heads x ``splits``) over one wave of
+    ``sms`` SMs (0: the generation's ``SM_COUNTS``) x the dK/dV kernel's occupancy."""
     ctas = -(-problem.seqlen_k // schedule.dkdv_tile_n) * problem.batch * problem.heads_kv
-    return ctas * splits / (SM_COUNTS[generation(arch)] * schedule.dkdv_occupancy)
+    return ctas * splits / ((sms or SM_COUNTS[generation(arch)]) * schedule.dkdv_occupancy)
 
 
-def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule) -> int:
+def dkdv_splits(arch: str, problem: Problem, schedule: BackwardSchedule, sms: int = 0) -> int:
     """The fewest dK/dV splits (a power of two, at most 16) with which the dK/dV grid fills
     ``WAVES[unequal_walks]`` waves (``FILL`` of them counts). Splitting only grids short of their
     waves bounds the partials: fewer than two waves' key tiles of float32 dK and dV (at most
-    0.1 GiB at D = 256 on the largest part)."""
+    0.1 GiB at D = 256 on 148 SMs)."""
     splits = 1
     while (splits < SPLITS[-1]
-           and waves(arch, problem, schedule, splits) < FILL * WAVES[unequal_walks(problem)]):
+           and waves(arch, problem, schedule, splits, sms)
+           < FILL * WAVES[unequal_walks(problem)]):
         splits *= 2
     return splits
 
@@ -179,9 +181,9 @@ def packs_dq_heads(arch: str, problem: Problem, schedule: BackwardSchedule) -> b
             and problem.seqlen_q <= PACK_DQ_MAX_ROWS and packable(problem, schedule.dq_tile_m))
 
 
-def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
+def _default(arch: str, problem: Problem, sms: int = 0, **fields: Any) -> BackwardSchedule:
     """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``; ``fields``
-    replace its own), tiles capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk
+    replace its own; ``sms``: the device's SMs, 0 for the generation's), tiles capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk
     split over enough CTAs to fill the GPU (``dkdv_splits``; ``normalise`` caps them at the
     windowed walk), and where the walks grow towards the dQ grid's end (``heaviest_last``: a
     causal mask) the longest walks first: the dQ kernel's last query tiles (H100 probe 2 of
@@ -200,7 +202,7 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
         entry = entry.replace(split_d=True, **SPLIT_FIELDS[padded])
     entry = entry.replace(**fields)
     base = normalise(problem, _window_tiles(problem, entry))
-    splits = dkdv_splits(arch, problem, base)
+    splits = dkdv_splits(arch, problem, base, sms)
     if (problem.ragged
             or problem.group_size * dkdv_walk(problem, base.dkdv_tile_n, base.dkdv_tile_m)
             <= SHORT_WALK):
@@ -208,7 +210,8 @@ def _default(arch: str, problem: Problem, **fields: Any) -> BackwardSchedule:
     longest_first = heaviest_last(problem)
     return normalise(problem, base.replace(
         dkdv_splits=splits, dq_heavy_first=longest_first,
-        tile_major=longest_first and waves(arch, problem, base, splits) <= TILE_MAJOR_WAVES,
+        tile_major=(longest_first
+                    and waves(arch, problem, base, splits, sms) <= TILE_MAJOR_WAVES),
         dq_pack_gqa=packs_dq_heads(arch, problem, base)))
 
 
@@ -234,14 +237,15 @@ def _softcap_one_pass(arch: str, problem: Problem) -> dict[str, Any] | None:
     return dict(rule.fields, dq_mode="atomic")
 
 
-def default_backward_schedule(arch: str, problem: Problem) -> BackwardSchedule:
+def default_backward_schedule(arch: str, problem: Problem, sms: int = 0) -> BackwardSchedule:
     """The two-kernel default above (``dq_mode="kernel"``), run one-pass where
     ``SOFTCAP_ONE_PASS`` (capped scores) or ``DQ_MODE`` say so for the generation
-    (``normalise``: never for a ragged problem)."""
+    (``normalise``: never for a ragged problem); its waves counted on ``sms`` SMs (0: the
+    generation's ``SM_COUNTS``)."""
     one_pass = _softcap_one_pass(arch, problem)
     if one_pass is not None:
-        return _default(arch, problem, **one_pass)
-    schedule = _default(arch, problem)
+        return _default(arch, problem, sms, **one_pass)
+    schedule = _default(arch, problem, sms)
     mode = DQ_MODE.get(generation(arch), "kernel")
     return schedule if mode == "kernel" else normalise(problem, schedule.replace(dq_mode=mode))
 

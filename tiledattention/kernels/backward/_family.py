@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 from ...core._case import AttentionCase, RaggedCase, ragged_flops, torch_sdpa_kwargs
 from ...core import _aot
 from ...core._compile import CompileResult
+from ...core._device import DeviceInfo
 from ...core._family import Family, register_family
 from ...kernel_core import MODULES as KERNEL_CORE_MODULES
 from ...core._reference import attention_reference
@@ -244,6 +245,11 @@ class BackwardFamily(Family):
     def default_schedule(self, arch: str, problem: Problem) -> BackwardSchedule:
         self.check_pages(problem)
         return default_backward_schedule(arch, problem)
+
+    def device_default(self, device: DeviceInfo, problem: Problem) -> BackwardSchedule:
+        """The architecture's default, its dK/dV waves counted on the device's own SMs."""
+        self.check_pages(problem)
+        return default_backward_schedule(device.arch, problem, device.sm_count)
 
     def normalise(self, problem: Problem, schedule: BackwardSchedule) -> BackwardSchedule:
         return normalise(problem, schedule)

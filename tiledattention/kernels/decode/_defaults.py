@@ -428,10 +428,11 @@ def _one_wave(base: DecodeSchedule, ctas: int, splits: int, step: int) -> Decode
     return base.replace(splits=splits, occupancy=ctas, tile_n=step, combine="block_pdl")
 
 
-def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
-                            ) -> DecodeSchedule:
+def default_decode_schedule(arch: str, problem: Problem, device_name: str = "",
+                            sms: int = 0) -> DecodeSchedule:
     """Per-architecture default (``device_name``: the GPU's, for the rules measured apart on
-    devices of one architecture, :data:`H100_NAMES`): heads of a group packed into one tile,
+    devices of one architecture, :data:`H100_NAMES`; ``sms``: its SMs, which the rules below
+    count waves and shares of, 0 for the generation's ``SM_COUNTS``): heads of a group packed into one tile,
     128-key steps (256 on Hopper and data-centre Blackwell at head dims up to 64 over a
     contiguous cache of 2k keys or more, :data:`SHORT_HEAD_STEP`), loads issued two steps
     ahead, and enough splits to give each SM one CTA (capped so that a split streams at least
@@ -530,7 +531,7 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = ""
     base = DecodeSchedule(tile_n=tile_n, tile_m=tile_m, k_latency=2, v_latency=2,
                           combine=DEFAULT_COMBINE)
     rows = layout(problem, base).rows  # CTAs per split
-    sms = SM_COUNTS[gen]
+    sms = sms or SM_COUNTS[gen]
     # the most rows the three-split rule takes: a quarter past one wave of two CTAs an SM
     part_wave_rows = PART_WAVE_MAX_SHARE * FULL_GPU_OCCUPANCY * sms
     waves = SMALL_PAGE_WAVES if small_pages else 1
