@@ -157,7 +157,7 @@ class Family(abc.ABC):
     def device_default(self, device: DeviceInfo, problem: Any) -> Any:
         """The default the lookup runs on ``device``: :meth:`default_schedule` for its
         architecture; a family whose rules measured apart on devices of one architecture
-        refines it by the device's name, one whose rules count the SMs by its SMs."""
+        refines it by the device's name, one whose rules count waves by its own SMs."""
         return self.default_schedule(device.arch, problem)
 
     def normalise(self, problem: Any, schedule: Any) -> Any:

@@ -183,16 +183,16 @@ def packs_dq_heads(arch: str, problem: Problem, schedule: BackwardSchedule) -> b
 
 def _default(arch: str, problem: Problem, sms: int = 0, **fields: Any) -> BackwardSchedule:
     """Per-architecture default by head dim (``_HOPPER`` on sm_90, else ``_OTHER``; ``fields``
-    replace its own; ``sms``: the device's SMs, 0 for the generation's), tiles capped for a narrow window (``WINDOW_TILE_FLOOR``), its dK/dV walk
-    split over enough CTAs to fill the GPU (``dkdv_splits``; ``normalise`` caps them at the
-    windowed walk), and where the walks grow towards the dQ grid's end (``heaviest_last``: a
-    causal mask) the longest walks first: the dQ kernel's last query tiles (H100 probe 2 of
-    issue 31: 0-3% faster on six causal training shapes, never slower) and, where the dK/dV
-    grid is at most ``TILE_MAJOR_WAVES`` waves, both grids tile-major; tiles capped at what
-    the problem needs (``normalise``); a walk of at most ``SHORT_WALK`` pairs stays unsplit; a
-    head dim of two parts split into them, with ``SPLIT_FIELDS``. A ragged problem's default
-    is the same tiles, unordered (``normalise``) and unsplit (its bucket's waves are not its
-    sequences'; of seven packed batches, splits paid on one:
+    replace its own; ``sms``: the device's SMs, 0 for the generation's), tiles capped for a narrow
+    window (``WINDOW_TILE_FLOOR``), its dK/dV walk split over enough CTAs to fill the GPU
+    (``dkdv_splits``; ``normalise`` caps them at the windowed walk), and where the walks grow
+    towards the dQ grid's end (``heaviest_last``: a causal mask) the longest walks first: the dQ
+    kernel's last query tiles (H100 probe 2 of issue 31: 0-3% faster on six causal training shapes,
+    never slower) and, where the dK/dV grid is at most ``TILE_MAJOR_WAVES`` waves, both grids
+    tile-major; tiles capped at what the problem needs (``normalise``); a walk of at most
+    ``SHORT_WALK`` pairs stays unsplit; a head dim of two parts split into them, with
+    ``SPLIT_FIELDS``. A ragged problem's default is the same tiles, unordered (``normalise``) and
+    unsplit (its bucket's waves are not its sequences'; of seven packed batches, splits paid on one:
     ``docs/records/benchmarks/backward/pack-gqa.md``), its dQ tiles packed by group where
     :func:`packs_dq_heads` says so."""
     table = _HOPPER if generation(arch) == "hopper" else _OTHER

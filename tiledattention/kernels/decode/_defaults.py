@@ -432,9 +432,9 @@ def default_decode_schedule(arch: str, problem: Problem, device_name: str = "",
                             sms: int = 0) -> DecodeSchedule:
     """Per-architecture default (``device_name``: the GPU's, for the rules measured apart on
     devices of one architecture, :data:`H100_NAMES`; ``sms``: its SMs, which the rules below
-    count waves and shares of, 0 for the generation's ``SM_COUNTS``): heads of a group packed into one tile,
-    128-key steps (256 on Hopper and data-centre Blackwell at head dims up to 64 over a
-    contiguous cache of 2k keys or more, :data:`SHORT_HEAD_STEP`), loads issued two steps
+    count waves and shares of, 0 for the generation's ``SM_COUNTS``): heads of a group packed
+    into one tile, 128-key steps (256 on Hopper and data-centre Blackwell at head dims up to 64
+    over a contiguous cache of 2k keys or more, :data:`SHORT_HEAD_STEP`), loads issued two steps
     ahead, and enough splits to give each SM one CTA (capped so that a split streams at least
     ``MIN_KEYS_PER_SPLIT`` keys); the merge as a second kernel that
     loads all of a row's splits at once (:data:`DEFAULT_COMBINE`), on Hopper launched as a
