@@ -224,10 +224,10 @@ def normalise(problem: Problem, schedule: DecodeSchedule) -> DecodeSchedule:
         _pow2_at_least(schedule.splits) * layout(problem, schedule).tile_m > BLOCK_MAX_ROWS)
     if schedule.splits == 1 and schedule.combine != canonical.combine:
         changes["combine"] = canonical.combine  # one split: no merge
-    if schedule.splits == 1 and schedule.merge_occupancy != canonical.merge_occupancy:
-        changes["merge_occupancy"] = canonical.merge_occupancy
     elif too_many_rows:  # too many rows for one block: the stepping merge, launched alike
         changes["combine"] = "pdl" if schedule.combine in PDL_COMBINES else "kernel"
+    if schedule.splits == 1 and schedule.merge_occupancy != canonical.merge_occupancy:
+        changes["merge_occupancy"] = canonical.merge_occupancy  # nor the merge's options
     tail = tail_rows(problem, schedule)
     if tail != schedule.tail_rows:  # whole entries; none with one split, every row split or
         changes["tail_rows"] = tail  # a ragged batch
